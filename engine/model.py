@@ -1,0 +1,148 @@
+"""A dense decoder's shape (`ModelConfig`) and the step graph of one decode step or prefill chunk built from it
+(`build_step`). Shapes only: the weights live in the model's weight store, which the graph's constants name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lanefuse.engine.ir import Constant, Graph, StepIO
+
+MAX_CHUNK = 64  # the largest prefill chunk a step graph is built for
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str  # LlamaForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    vocab: int
+    eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] = ()  # llama3: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+    partial_rotary: float = 1.0
+    tie_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm of q and k before the rotation
+    max_len: int = 256  # rows of each KV-cache table
+    formats: tuple[tuple[str, str], ...] = ()  # weight name -> checkpoint format (f32 / f16 / bf16), default f32
+    name: str = "model"
+
+    @property
+    def rot(self) -> int:
+        r = int(self.head_dim * self.partial_rotary)
+        return r - (r % 2)
+
+    def fmt(self, weight: str) -> str:
+        return dict(self.formats).get(weight, "f32")
+
+    def weight_names(self) -> dict[str, tuple[int, ...]]:
+        """Every checkpoint tensor the graph reads, with its expected shape (HF names)."""
+        d, h, kv, hd, f = self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter
+        w: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, d), "model.norm.weight": (d,)}
+        if not self.tie_embeddings:
+            w["lm_head.weight"] = (self.vocab, d)
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            w[p + "input_layernorm.weight"] = (d,)
+            w[p + "post_attention_layernorm.weight"] = (d,)
+            w[p + "self_attn.q_proj.weight"] = (h * hd, d)
+            w[p + "self_attn.k_proj.weight"] = (kv * hd, d)
+            w[p + "self_attn.v_proj.weight"] = (kv * hd, d)
+            w[p + "self_attn.o_proj.weight"] = (d, h * hd)
+            if self.qkv_bias:
+                w[p + "self_attn.q_proj.bias"] = (h * hd,)
+                w[p + "self_attn.k_proj.bias"] = (kv * hd,)
+                w[p + "self_attn.v_proj.bias"] = (kv * hd,)
+            if self.qk_norm:
+                w[p + "self_attn.q_norm.weight"] = (hd,)
+                w[p + "self_attn.k_norm.weight"] = (hd,)
+            w[p + "mlp.gate_proj.weight"] = (f, d)
+            w[p + "mlp.up_proj.weight"] = (f, d)
+            w[p + "mlp.down_proj.weight"] = (d, f)
+        return w
+
+
+def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
+    """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
+    `pos` names; the logits and next token of the last row."""
+    if not 1 <= rows <= MAX_CHUNK:
+        raise ValueError(f"a step of {rows} rows (1..{MAX_CHUNK})")
+    d, h, kv, hd, L = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
+    caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
+    g = Graph(io=StepIO(caches=caches))
+    g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
+    g.tensor("token", (rows,), "i32")
+    g.tensor("pos", (1,), "i32")
+    for k, v in caches:
+        g.tensor(k, (L, kv * hd))
+        g.tensor(v, (L, kv * hd))
+
+    def w(name: str, shape: tuple[int, ...], transposed: bool = True) -> str:
+        kind = "rows" if len(shape) == 2 else "values"
+        if name not in g.constants:
+            g.constant(Constant(name, shape, kind, cfg.fmt(name) if kind == "rows" else "f32",
+                                transposed if kind == "rows" else False, name))
+        return name
+
+    shapes = cfg.weight_names()
+    g.constant(Constant("rope.cos", (L, cfg.rot // 2), "values", "f32", False, "rope.cos"))
+    g.constant(Constant("rope.sin", (L, cfg.rot // 2), "values", "f32", False, "rope.sin"))
+    embed = w("model.embed_tokens.weight", shapes["model.embed_tokens.weight"], transposed=False)
+    x = g.add("gather", [embed, "token"], "x0")
+    for i in range(cfg.layers):
+        p = f"model.layers.{i}."
+        t = f"L{i}."
+
+        def op(kind, ins, out, **attrs):
+            return g.add(kind, ins, t + out, layer=i, **attrs)
+
+        def W(name):
+            return w(p + name, shapes[p + name])
+
+        hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+        q = op("matmul", [hn, W("self_attn.q_proj.weight")], "q")
+        k = op("matmul", [hn, W("self_attn.k_proj.weight")], "k")
+        v = op("matmul", [hn, W("self_attn.v_proj.weight")], "v")
+        if cfg.qkv_bias:
+            q = op("add", [q, W("self_attn.q_proj.bias")], "q_bias")
+            k = op("add", [k, W("self_attn.k_proj.bias")], "k_bias")
+            v = op("add", [v, W("self_attn.v_proj.bias")], "v_bias")
+        if cfg.qk_norm:
+            q = op("rmsnorm", [q, W("self_attn.q_norm.weight")], "q_norm", eps=cfg.eps, heads=h)
+            k = op("rmsnorm", [k, W("self_attn.k_norm.weight")], "k_norm", eps=cfg.eps, heads=kv)
+        q = op("rope", [q, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
+        k = op("rope", [k, "rope.cos", "rope.sin", "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
+        kc = op("set_row", [caches[i][0], k, "pos"], "kc")
+        vc = op("set_row", [caches[i][1], v, "pos"], "vc")
+        a = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
+               scale=float(hd) ** -0.5, window=0, softcap=0.0)
+        o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
+        x1 = op("add", [x, o], "resid_attn")
+        h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
+        gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
+        up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
+        act = op("silu", [gp], "gate_act")
+        m = op("mul", [act, up], "glu")
+        dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
+        x = op("add", [x1, dn], "resid_ffn")
+    if rows > 1:
+        x = g.add("view", [x], "last", row=rows - 1)
+    hn = g.add("rmsnorm", [x, w("model.norm.weight", shapes["model.norm.weight"])], "final_norm", eps=cfg.eps)
+    head = embed if cfg.tie_embeddings else w("lm_head.weight", shapes["lm_head.weight"])
+    g.add("matmul", [hn, head], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g
+
+
+@dataclass
+class ModelSpec:
+    """What a model is for the step builder and the runners: its shape and where its weights come from."""
+
+    cfg: ModelConfig
+    source: dict[str, Any] = field(default_factory=dict)  # {"kind": "demo", "seed": 0} | {"kind": "checkpoint", "path": ...}

@@ -1,0 +1,237 @@
+"""The lifted op kinds: each one's inputs, typed attributes and result shape, as one table (`OPS`). What each op
+computes lives in the reference interpreter (`interp.py`); the rule table and the lanes name ops by these kinds and
+their inputs by these names."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from lanefuse.engine.errors import UserError
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    kind: str
+    ins: tuple[str, ...]  # input names; a trailing `?` marks an optional input
+    attrs: dict[str, type]  # attribute name -> int | float | str | bool
+    defaults: dict[str, Any]
+    doc: str
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(i for i in self.ins if not i.endswith("?"))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(i.rstrip("?") for i in self.ins)
+
+
+def _d(kind, ins, attrs=None, defaults=None, doc=""):
+    return OpDef(kind, tuple(ins), attrs or {}, defaults or {}, doc)
+
+
+OPS: dict[str, OpDef] = {d.kind: d for d in [
+    _d("gather", ["table", "index"], doc="rows of a constant table at the i32 indices: (V, d), (R,) -> (R, d)"),
+    _d("rmsnorm", ["x", "w"], {"eps": float, "heads": int}, {"heads": 1},
+       doc="RMSNorm over each row, or over each of `heads` equal parts of a row, times w: (R, n) -> (R, n)"),
+    _d("matmul", ["x", "w"], doc="x times the transpose of checkpoint rows w (n, k): (R, k) -> (R, n)"),
+    _d("add", ["a", "b"], doc="a + b, b of a's shape or one row broadcast over a's rows"),
+    _d("mul", ["a", "b"], doc="a * b, b of a's shape or one row broadcast over a's rows"),
+    _d("sub", ["a", "b"], doc="a - b, b of a's shape or one row broadcast over a's rows"),
+    _d("rope", ["x", "cos", "sin", "pos"], {"heads": int, "hd": int, "rot": int},
+       doc="rotate-half rotary embedding of the first `rot` values of each head; row r at position pos + r"),
+    _d("set_row", ["table", "src", "pos"],
+       doc="write src's rows into table rows pos.. in place: (L, c), (R, c), (1,) -> (L, c)"),
+    _d("attention", ["q", "k", "v", "pos", "sinks?"],
+       {"heads": int, "kv_heads": int, "hd": int, "vd": int, "scale": float, "window": int, "softcap": float},
+       {"window": 0, "softcap": 0.0},
+       doc="grouped-query attention of row r over cache rows 0..pos+r (the last `window` of them when set)"),
+    _d("silu", ["x"], doc="x * sigmoid(x)"),
+    _d("sigmoid", ["x"], doc="1 / (1 + exp(-x))"),
+    _d("gelu", ["x"], doc="GELU, tanh approximation"),
+    _d("swiglu", ["g", "u"], doc="silu(g) * u"),
+    _d("argmax", ["x"], doc="the index of each row's largest value (first on ties): (R, n) -> i32 (R,)"),
+    _d("scale", ["x"], {"factor": float}, doc="x * factor"),
+    _d("softcap", ["x"], {"cap": float}, doc="cap * tanh(x / cap)"),
+    _d("view", ["x"], {"row": int}, doc="one row of a computed tensor, no launch: (R, n) -> (1, n)"),
+]}
+
+
+def opdef(kind: str) -> OpDef:
+    d = OPS.get(kind)
+    if d is None:
+        near = difflib.get_close_matches(kind, OPS, n=1)
+        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        raise UserError(f"unknown op kind `{kind}`{hint}; known: {', '.join(sorted(OPS))}")
+    return d
+
+
+def _rows_cols(s: Shape) -> tuple[int, int]:
+    if len(s) != 2:
+        raise ValueError(f"expected a 2-D tensor, got {s}")
+    return s[0], s[1]
+
+
+def _same(shapes, attrs):
+    return shapes[0], "f32"
+
+
+def _broadcast(shapes, attrs):
+    a, b = shapes[0], shapes[1]
+    if b == a or (len(b) == 2 and len(a) == 2 and b[0] == 1 and b[1] == a[1]) or (len(b) == 1 and b[0] == a[-1]):
+        return a, "f32"
+    raise ValueError(f"{b} neither matches {a} nor broadcasts as one row")
+
+
+def _gather(shapes, attrs):
+    v, d = _rows_cols(shapes[0])
+    if len(shapes[1]) != 1:
+        raise ValueError(f"index must be 1-D, got {shapes[1]}")
+    return (shapes[1][0], d), "f32"
+
+
+def _rmsnorm(shapes, attrs):
+    r, n = _rows_cols(shapes[0])
+    h = attrs["heads"]
+    if h < 1 or n % h:
+        raise ValueError(f"{h} heads do not divide a row of {n}")
+    if shapes[1] != (n // h,):
+        raise ValueError(f"weight {shapes[1]} is not ({n // h},)")
+    return (r, n), "f32"
+
+
+def _matmul(shapes, attrs):
+    r, k = _rows_cols(shapes[0])
+    n, k2 = _rows_cols(shapes[1])
+    if k != k2:
+        raise ValueError(f"x {shapes[0]} and w {shapes[1]} disagree on k")
+    return (r, n), "f32"
+
+
+def _rope(shapes, attrs):
+    r, n = _rows_cols(shapes[0])
+    h, hd, rot = attrs["heads"], attrs["hd"], attrs["rot"]
+    if h * hd != n:
+        raise ValueError(f"{h} heads of {hd} are not a row of {n}")
+    if rot % 2 or rot > hd or rot < 2:
+        raise ValueError(f"rotary width {rot} is not even and within the head ({hd})")
+    if shapes[1] != shapes[2] or len(shapes[1]) != 2 or shapes[1][1] != rot // 2:
+        raise ValueError(f"cos {shapes[1]} / sin {shapes[2]} are not (positions, {rot // 2})")
+    if shapes[3] != (1,):
+        raise ValueError(f"pos {shapes[3]} is not (1,)")
+    return (r, n), "f32"
+
+
+def _set_row(shapes, attrs):
+    (l, c), (r, c2) = _rows_cols(shapes[0]), _rows_cols(shapes[1])
+    if c != c2 or r > l:
+        raise ValueError(f"rows {shapes[1]} do not fit table {shapes[0]}")
+    if shapes[2] != (1,):
+        raise ValueError(f"pos {shapes[2]} is not (1,)")
+    return (l, c), "f32"
+
+
+def _attention(shapes, attrs):
+    r, nq = _rows_cols(shapes[0])
+    lk, nk = _rows_cols(shapes[1])
+    lv, nv = _rows_cols(shapes[2])
+    h, kv, hd, vd = attrs["heads"], attrs["kv_heads"], attrs["hd"], attrs["vd"]
+    if nq != h * hd:
+        raise ValueError(f"q {shapes[0]} is not {h} heads of {hd}")
+    if nk != kv * hd or nv != kv * vd or lk != lv:
+        raise ValueError(f"k {shapes[1]} / v {shapes[2]} are not {kv} heads of {hd} / {vd} over one length")
+    if kv < 1 or h % kv:
+        raise ValueError(f"{h} query heads do not group over {kv} key/value heads")
+    if shapes[3] != (1,):
+        raise ValueError(f"pos {shapes[3]} is not (1,)")
+    if len(shapes) > 4 and shapes[4] != (h,):
+        raise ValueError(f"sinks {shapes[4]} is not ({h},)")
+    return (r, h * vd), "f32"
+
+
+def _swiglu(shapes, attrs):
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"g {shapes[0]} and u {shapes[1]} differ")
+    return shapes[0], "f32"
+
+
+def _argmax(shapes, attrs):
+    r, _ = _rows_cols(shapes[0])
+    return (r,), "i32"
+
+
+def _view(shapes, attrs):
+    r, n = _rows_cols(shapes[0])
+    if not 0 <= attrs["row"] < r:
+        raise ValueError(f"row {attrs['row']} outside {r} rows")
+    return (1, n), "f32"
+
+
+INFER: dict[str, Callable] = {
+    "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul, "add": _broadcast, "mul": _broadcast,
+    "sub": _broadcast, "rope": _rope, "set_row": _set_row, "attention": _attention, "silu": _same,
+    "sigmoid": _same, "gelu": _same, "swiglu": _swiglu, "argmax": _argmax, "scale": _same, "softcap": _same,
+    "view": _view,
+}
+
+
+def full_attrs(op) -> dict[str, Any]:
+    d = opdef(op.kind)
+    a = dict(d.defaults)
+    a.update(op.a)
+    return a
+
+
+def check_attrs(op) -> dict[str, Any]:
+    d = opdef(op.kind)
+    a = full_attrs(op)
+    for k, t in d.attrs.items():
+        if k not in a:
+            raise UserError(f"op `{op.kind}` -> `{op.out}`: missing attribute `{k}` ({t.__name__})")
+        v = a[k]
+        if t is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+            a[k] = v
+        if not isinstance(v, t) or (t is int and isinstance(v, bool)):
+            raise UserError(f"op `{op.kind}` -> `{op.out}`: attribute `{k}` is {v!r}, expected {t.__name__}")
+    for k in a:
+        if k not in d.attrs:
+            near = difflib.get_close_matches(k, d.attrs, n=1)
+            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            raise UserError(f"op `{op.kind}` -> `{op.out}`: unknown attribute `{k}`{hint}")
+    return a
+
+
+def infer(g, op) -> tuple[Shape, str]:
+    """The result shape and dtype of lifted op `op` in graph `g`; a mismatch names the op and the shapes."""
+    d = opdef(op.kind)
+    n_req, n_all = len(d.required), len(d.ins)
+    if not n_req <= len(op.ins) <= n_all:
+        raise UserError(f"op `{op.kind}` -> `{op.out}` takes inputs ({', '.join(d.ins)}), got {len(op.ins)}")
+    a = check_attrs(op)
+    shapes = []
+    for i, name in enumerate(op.ins):
+        acc = op.acc(i)
+        s = g.shape(name)
+        if acc is not None:
+            total = 1
+            for x in s:
+                total *= x
+            units = total // acc.pitch if acc.pitch else 0
+            if acc.pitch <= 0 or total % acc.pitch or acc.offset + acc.width > acc.pitch:
+                raise UserError(f"op `{op.kind}` -> `{op.out}`: access {acc} does not fit `{name}` {s}")
+            s = (units, acc.width)
+        shapes.append(s)
+    want_i32 = {"gather": [1], "rope": [3], "set_row": [2], "attention": [3]}.get(op.kind, [])
+    for i in want_i32:
+        if g.dtype(op.ins[i]) != "i32":
+            raise UserError(f"op `{op.kind}` -> `{op.out}`: input `{op.ins[i]}` must be i32")
+    try:
+        return INFER[op.kind](shapes, a)
+    except ValueError as e:
+        ins = ", ".join(f"{n} {s}" for n, s in zip(op.ins, shapes))
+        raise UserError(f"op `{op.kind}` -> `{op.out}`: shape mismatch: {e} (inputs: {ins})") from None
