@@ -1,0 +1,129 @@
+"""The step-local arena: every array a step computes and reads within the step, placed by its lifetime (first launch
+that writes it to last launch that touches it) at the lowest ALIGN-aligned offset clear of every array live beside
+it, largest first; a launch's scratch placed for that launch alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALIGN = 256  # cudaMalloc's alignment, past every vector load the kernels make
+
+
+def aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Live:
+    """An array to place: `bytes` live from launch `first` to launch `last` (inclusive). `launch` is set for a
+    launch's scratch (then first == last == launch)."""
+
+    name: str
+    bytes: int
+    first: int
+    last: int
+    scratch_of: int | None = None
+
+
+@dataclass(frozen=True)
+class Placed:
+    name: str
+    offset: int
+    bytes: int
+    first: int
+    last: int
+    scratch_of: int | None = None
+
+
+@dataclass
+class Arena:
+    arrays: list[Placed] = field(default_factory=list)
+    bytes: int = 0
+    lower_bound: int = 0
+    order: str = "largest"  # the placement order that gave the fewest bytes
+
+    def offset(self, name: str) -> int:
+        for p in self.arrays:
+            if p.name == name:
+                return p.offset
+        raise KeyError(name)
+
+    def by_name(self) -> dict[str, Placed]:
+        return {p.name: p for p in self.arrays}
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes / self.lower_bound if self.lower_bound else 1.0
+
+    def to_json(self) -> dict:
+        return {"bytes": self.bytes, "lower_bound": self.lower_bound, "ratio": round(self.ratio, 4),
+                "arrays": [{"name": p.name, "offset": p.offset, "bytes": p.bytes, "first": p.first, "last": p.last,
+                            "scratch": p.scratch_of is not None} for p in self.arrays]}
+
+
+def lower_bound(items: list[Live]) -> int:
+    """The peak, over launches, of the aligned bytes live at once."""
+    events: dict[int, int] = {}
+    for it in items:
+        events[it.first] = events.get(it.first, 0) + aligned(it.bytes)
+        events[it.last + 1] = events.get(it.last + 1, 0) - aligned(it.bytes)
+    peak = cur = 0
+    for t in sorted(events):
+        cur += events[t]
+        peak = max(peak, cur)
+    return peak
+
+
+def _first_fit(items: list[Live]) -> list[Placed]:
+    placed: list[Placed] = []
+    for it in items:
+        size = aligned(it.bytes)
+        # the intervals already taken by arrays alive at the same time, by offset
+        busy = sorted((p.offset, p.offset + aligned(p.bytes)) for p in placed
+                      if p.first <= it.last and it.first <= p.last)
+        off = 0
+        for lo, hi in busy:
+            if off + size <= lo:
+                break
+            off = max(off, hi)
+        placed.append(Placed(it.name, off, it.bytes, it.first, it.last, it.scratch_of))
+    return placed
+
+
+ORDERS = {
+    "largest": lambda it: (-aligned(it.bytes), it.first, it.name),
+    "longest": lambda it: (-(it.last - it.first), -aligned(it.bytes), it.name),
+    "earliest": lambda it: (it.first, -aligned(it.bytes), it.name),
+}
+
+
+def place(items: list[Live]) -> Arena:
+    """Place `items`: largest first at the lowest aligned offset clear of every array live beside it; where another
+    first-fit order (longest lifetime, earliest start) spans fewer bytes, that one is kept. Deterministic."""
+    names = [it.name for it in items]
+    if len(set(names)) != len(names):
+        raise ValueError("an array placed twice in the arena")
+    best: tuple[int, str, list[Placed]] | None = None
+    for order, key in ORDERS.items():
+        placed = _first_fit(sorted(items, key=key))
+        span = max((p.offset + aligned(p.bytes) for p in placed), default=0)
+        if best is None or span < best[0]:
+            best = (span, order, placed)
+    assert best is not None
+    span, order, placed = best
+    placed.sort(key=lambda p: (p.offset, p.first, p.name))
+    return Arena(placed, span, lower_bound(items), order)
+
+
+def check(arena: Arena) -> None:
+    """The arena's invariants: aligned offsets, no two arrays live at once overlapping, bytes >= the lower bound."""
+    arr = arena.arrays
+    for p in arr:
+        assert p.offset % ALIGN == 0, f"{p.name} at {p.offset} is not aligned"
+        assert p.offset + p.bytes <= arena.bytes, f"{p.name} runs past the arena"
+    for i, p in enumerate(arr):
+        for q in arr[i + 1:]:
+            if p.first <= q.last and q.first <= p.last:
+                assert p.offset + p.bytes <= q.offset or q.offset + q.bytes <= p.offset, \
+                    f"{p.name} and {q.name} overlap while both live"
+    assert arena.bytes >= arena.lower_bound

@@ -1,0 +1,102 @@
+"""The `lanefuse` command: run, plan, rules, explore. User errors end in one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from lanefuse.engine.errors import UserError
+
+EPILOG = "MODEL is a checkpoint folder (config.json + safetensors), a step YAML, or nothing for the built-in demo model."
+
+
+def _model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint folder, step YAML, or omit for the demo model")
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hold", action="append", default=[], metavar="RULE",
+                   help="hold a fusion rule or schedule step back (repeatable)")
+    p.add_argument("--rules", action="append", default=[], metavar="DIR",
+                   help="add the rule YAML files of DIR to the table (repeatable; also $LANEFUSE_RULES)")
+    p.add_argument("--lane", default=None, metavar="LANE", help="the lane table to plan for (default: cuda)")
+    p.add_argument("--numerics", default=None, choices=["f32"], help="activation numerics (default f32)")
+    p.add_argument("--spec", metavar="FILE", help="a plan file (YAML: lane, numerics, held rules, knobs, forced "
+                                                  "choices) to replay")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="set a lane knob (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="lanefuse",
+        description="Compile one step of LLM inference (a decode step or a prefill chunk) into fused GPU kernel "
+                    "launches with a rule-table driven e-graph engine, and run it.",
+        epilog=EPILOG)
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="generate greedy tokens with a fused plan (or the reference interpreter)",
+                       description="Prefill the prompt in chunks, then decode --tokens greedy tokens.", epilog=EPILOG)
+    _model_arg(p)
+    p.add_argument("--prompt-ids", metavar="IDS", help="comma-separated prompt token ids, e.g. 1,2,3")
+    p.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder and the "
+                                                    "`tokenizers` package)")
+    p.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to generate (default 16)")
+    p.add_argument("--json", metavar="FILE", help="write {model, prompt_ids, generated_ids, logits} to FILE")
+    p.add_argument("--reference", action="store_true", help="run the reference interpreter of the lifted graph")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
+                   help="auto: CuPy when a CUDA device is present, numpy otherwise")
+    p.add_argument("--plan", metavar="FILE", help="run a plan saved by `lanefuse plan --save` (no solver needed)")
+    _plan_args(p)
+
+    p = sub.add_parser("plan", help="plan a step: launches, census, fusions fired, arena, estimated cost",
+                       description="Optimize the step graph under the lane and print the plan.", epilog=EPILOG)
+    _model_arg(p)
+    p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step: 1 = decode, >1 = prefill chunk")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="print the plan as JSON (to FILE, or stdout)")
+    p.add_argument("--trace", metavar="FILE", help="write the rewrite trace as JSON to FILE")
+    p.add_argument("--save", metavar="FILE", help="save the plan for `lanefuse run --plan FILE`")
+    p.add_argument("--lifted", action="store_true", help="print the lifted graph instead (op, inputs, output, shape)")
+    p.add_argument("--layer", type=int, default=None, metavar="N", help="show only layer N's launches")
+    _plan_args(p)
+
+    p = sub.add_parser("rules", help="list the fusion rule table, or check a rules folder",
+                       description="List every rule: name, class, source file:line, rules it depends on.")
+    p.add_argument("--rules", action="append", default=[], metavar="DIR", help="add a user rules folder")
+    p.add_argument("--check", nargs="?", const="", metavar="DIR",
+                   help="validate the table (and DIR) and say which classes no lane links")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+
+    p = sub.add_parser("explore", help="explore fusion choices interactively (terminal, or --web in a browser)",
+                       epilog=EPILOG)
+    _model_arg(p)
+    p.add_argument("--web", action="store_true", help="serve the explorer page on 127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="port for --web (default: a free one)")
+    p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step (1 = decode)")
+    _plan_args(p)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if not args.cmd:
+        ap.print_help()
+        return 2
+    try:
+        from lanefuse.lane import commands
+
+        return getattr(commands, "cmd_" + args.cmd)(args) or 0
+    except UserError as e:
+        print(f"lanefuse: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("lanefuse: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""What each `lanefuse` subcommand does, given its parsed arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+from lanefuse.engine.errors import UserError
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a failed run never leaves partial output behind."""
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise UserError(f"{path}: folder {d} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".lanefuse-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def _prompt_ids(args, src) -> tuple[list[int], object | None]:
+    if args.prompt_ids and args.prompt:
+        raise UserError("give --prompt-ids or --prompt, not both")
+    tok = None
+    if args.prompt is not None:
+        if not src.path or not os.path.isdir(src.path) or not os.path.exists(os.path.join(src.path, "tokenizer.json")):
+            raise UserError("--prompt needs a checkpoint folder with tokenizer.json (use --prompt-ids for the demo)")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise UserError("--prompt needs the `tokenizers` package (pip install tokenizers)") from None
+        tok = Tokenizer.from_file(os.path.join(src.path, "tokenizer.json"))
+        ids = tok.encode(args.prompt).ids
+    elif args.prompt_ids:
+        try:
+            ids = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
+        except ValueError:
+            raise UserError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    else:
+        ids = [1]
+    if not ids:
+        raise UserError("the prompt is empty")
+    vocab = src.cfg.vocab if src.cfg else None
+    if vocab is not None:
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise UserError(f"prompt ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+    return ids, tok
+
+
+def cmd_run(args) -> int:
+    from lanefuse.engine.generate import generate
+    from lanefuse.lane.source import open_model
+
+    if args.tokens < 1:
+        raise UserError(f"--tokens {args.tokens}: give at least 1")
+    src = open_model(args.model, progress=_tty())
+    if src.cfg is None:
+        raise UserError(f"{src.name}: a step YAML without a model behind it cannot generate tokens")
+    ids, tok = _prompt_ids(args, src)
+    if len(ids) + args.tokens > src.cfg.max_len:
+        raise UserError(f"{len(ids)} prompt + {args.tokens} generated tokens exceed the KV cache of "
+                        f"{src.cfg.max_len} rows")
+    step_fn, label = _step_fn(args, src)
+    res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty())
+    out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids],
+           "logits": [[float(v) for v in row.reshape(-1)] for row in res.logits]}
+    if args.json:
+        write_atomic(args.json, json.dumps(out) + "\n")
+    print(f"model: {src.name} ({label})")
+    print("prompt ids:   ", ",".join(map(str, ids)))
+    print("generated ids:", ",".join(map(str, out["generated_ids"])))
+    if tok is not None:
+        print("text:", tok.decode(out["generated_ids"]))
+    return 0
+
+
+def _step_fn(args, src):
+    """The step function generation runs: the reference interpreter, or a fused plan on the chosen backend."""
+    if args.reference:
+        return None, "reference interpreter"
+    try:
+        from lanefuse.lane.runner import plan_step_fn
+    except ImportError:
+        return None, "reference interpreter"
+    return plan_step_fn(args, src)
+
+
+def cmd_plan(args) -> int:
+    from lanefuse.lane.source import open_model
+
+    if args.rows < 1:
+        raise UserError(f"--rows {args.rows}: give at least 1")
+    src = open_model(args.model, progress=_tty())
+    g = src.graph(args.rows)
+    if args.lifted:
+        return _print_lifted(g, args)
+    from lanefuse.lane.report import plan_command
+
+    return plan_command(args, src, g)
+
+
+def _print_lifted(g, args) -> int:
+    rows = []
+    for op in g.ops:
+        if args.layer is not None and op.layer != args.layer:
+            continue
+        attrs = " ".join(f"{k}={v}" for k, v in op.attrs)
+        rows.append((op.kind, ", ".join(op.ins), op.out, "x".join(map(str, g.shape(op.out))), attrs))
+    if args.json:
+        write_atomic(args.json, json.dumps([dict(zip(("op", "inputs", "output", "shape", "attrs"), r))
+                                            for r in rows], indent=1) + "\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"lifted step graph: {len(g.ops)} ops", header_style="bold")
+    for c in ("op", "inputs", "output", "shape", "attrs"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(*r)
+    Console().print(t)
+    return 0
+
+
+def cmd_rules(args) -> int:
+    from lanefuse.lane.report import rules_command
+
+    return rules_command(args)
+
+
+def cmd_explore(args) -> int:
+    from lanefuse.lane.explore_cli import explore_command
+
+    return explore_command(args)
