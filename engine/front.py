@@ -1,0 +1,54 @@
+"""The front: a checkpoint folder (config.json + safetensors) read into a `ModelConfig` and its weight store, every
+tensor the step reads checked for presence and shape, and each one's stored format recorded in the config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.hfconfig import config_from_hf
+from lanefuse.engine.model import ModelConfig
+from lanefuse.engine.weights import Weights
+
+
+def _progress(items, desc: str):
+    if not sys.stderr.isatty():
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="tensor", leave=False)
+
+
+def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weights]:
+    """The model in checkpoint folder `path`: its config (KV caches of `max_len` rows, at most the model's
+    max_position_embeddings) and its weights."""
+    folder = Path(path)
+    if not folder.exists():
+        raise UserError(f"{folder}: no such file or folder")
+    if not folder.is_dir():
+        raise UserError(f"{folder}: expected a checkpoint folder (config.json and safetensors files)")
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder)")
+    try:
+        raw_cfg = json.loads(cfg_path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{cfg_path}: not readable JSON ({e})") from None
+    if not isinstance(raw_cfg, dict):
+        raise UserError(f"{cfg_path}: expected a JSON object")
+    cfg = config_from_hf(raw_cfg, str(cfg_path), max_len=max_len, name=folder.resolve().name)
+    store = Weights.from_folder(folder)
+    stored = set(store.names())
+    formats = []
+    for name, shape in _progress(list(cfg.weight_names().items()), "checking tensors"):
+        if name not in stored:
+            raise UserError(f"{folder}: the checkpoint has no tensor `{name}` (expected shape {shape})")
+        got = store.shape(name)
+        if got != shape:
+            raise UserError(f"{folder}: tensor `{name}` has shape {got}, expected {shape} (from config.json)")
+        formats.append((name, store.format(name)))
+    cfg = dataclasses.replace(cfg, formats=tuple(formats))
+    return cfg, store.with_config(cfg)

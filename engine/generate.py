@@ -1,0 +1,100 @@
+"""Greedy generation: the prompt prefilled in chunks, then one decode step a token, the KV caches carried across
+steps. Each step runs through `step_fn(graph, env) -> values` (the reference interpreter unless a backend plugs in)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.ir import Graph
+from lanefuse.engine.model import MAX_CHUNK, ModelConfig, build_step
+
+StepFn = Callable[[Graph, dict], dict]
+
+
+@dataclass
+class GenResult:
+    prompt_ids: list[int]
+    generated_ids: list[int]
+    logits: list[np.ndarray] = field(default_factory=list)  # (vocab,) the logits each generated token was taken from
+
+
+def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Zeroed KV-cache tables kc{i} / vc{i}: (max_len, kv_heads*head_dim) f32 each."""
+    shape = (cfg.max_len, cfg.kv_heads * cfg.head_dim)
+    out = {}
+    for i in range(cfg.layers):
+        out[f"kc{i}"] = np.zeros(shape, dtype=np.float32)
+        out[f"vc{i}"] = np.zeros(shape, dtype=np.float32)
+    return out
+
+
+def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
+             chunk: int = MAX_CHUNK, progress: bool = False) -> GenResult:
+    """Greedy-decode `n_tokens` after `prompt_ids`."""
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise UserError("the prompt is empty: give at least one token")
+    bad = [t for t in prompt if not 0 <= t < cfg.vocab]
+    if bad:
+        raise UserError(f"prompt token {bad[0]} is outside the vocabulary (0..{cfg.vocab - 1})")
+    if n_tokens < 0:
+        raise UserError(f"cannot generate {n_tokens} tokens")
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise UserError(f"a prefill chunk of {chunk} rows (1..{MAX_CHUNK})")
+    need = len(prompt) + max(n_tokens - 1, 0)
+    if need > cfg.max_len:
+        raise UserError(f"{len(prompt)} prompt tokens and {n_tokens} generated need {need} positions; the KV caches "
+                        f"hold {cfg.max_len}")
+    if step_fn is None:
+        def step_fn(g: Graph, env: dict) -> dict:
+            return evaluate(g, weights, env)
+
+    graphs: dict[int, Graph] = {}
+
+    def step(tokens: list[int], pos: int) -> tuple[np.ndarray, int]:
+        rows = len(tokens)
+        if rows not in graphs:
+            graphs[rows] = build_step(cfg, rows)
+        env = dict(caches)
+        env["token"] = np.asarray(tokens, dtype=np.int32)
+        env["pos"] = np.asarray([pos], dtype=np.int32)
+        out = step_fn(graphs[rows], env)
+        logits = np.asarray(out["logits"], dtype=np.float32).reshape(-1)
+        return logits, int(np.asarray(out["next"]).reshape(-1)[0])
+
+    caches = new_caches(cfg)
+    result = GenResult(prompt, [], [])
+    if n_tokens == 0:
+        return result
+    n_chunks = (len(prompt) + chunk - 1) // chunk
+    show = progress and sys.stdout.isatty()
+    bar = None
+    if show:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n_chunks + n_tokens - 1, desc="generating", unit="step", leave=False)
+    try:
+        for c in range(n_chunks):
+            logits, nxt = step(prompt[c * chunk:(c + 1) * chunk], c * chunk)
+            if bar:
+                bar.update(1)
+        pos = len(prompt)
+        while True:
+            result.generated_ids.append(nxt)
+            result.logits.append(logits)
+            if len(result.generated_ids) == n_tokens:
+                break
+            logits, nxt = step([nxt], pos)
+            pos += 1
+            if bar:
+                bar.update(1)
+    finally:
+        if bar:
+            bar.close()
+    return result

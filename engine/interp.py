@@ -1,0 +1,257 @@
+"""The reference interpreter: what each lifted op means, in numpy. Values are f32; every reduction (a norm's sum of
+squares, a product's dot, a softmax) runs in f64 so a result does not depend on the order it is summed in. A fused op
+runs as its parts. Other modules evaluate single ops through `run_op` / `apply_op`."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.ir import Access, Dst, Graph, Op
+from lanefuse.engine.opdefs import full_attrs
+
+F32 = np.float32
+F64 = np.float64
+
+
+# -- the ops, one function each: (input arrays, attributes) -> result ------------------------------------------------
+
+def _gather(table, index, **a):
+    return np.asarray(table, dtype=F32)[np.asarray(index, dtype=np.int64)]  # (R, d)
+
+
+def _rmsnorm(x, w, eps, heads=1, **a):
+    r, n = x.shape
+    xs = np.asarray(x, dtype=F64).reshape(r, heads, n // heads)  # (R, heads, hd)
+    ms = np.mean(xs * xs, axis=-1, keepdims=True)
+    y = xs / np.sqrt(ms + eps) * np.asarray(w, dtype=F64)
+    return y.reshape(r, n).astype(F32)
+
+
+def _matmul(x, w, **a):
+    return (np.asarray(x, dtype=F64) @ np.asarray(w, dtype=F64).T).astype(F32)  # (R, k) @ (k, n) -> (R, n)
+
+
+def _binary(fn):
+    def impl(a_, b, **a):
+        return fn(np.asarray(a_, dtype=F64), np.asarray(b, dtype=F64)).astype(F32)
+    return impl
+
+
+def _positions(pos, rows: int) -> np.ndarray:
+    return int(np.asarray(pos).reshape(-1)[0]) + np.arange(rows)
+
+
+def _rope(x, cos, sin, pos, heads, hd, rot, **a):
+    r = x.shape[0]
+    p = _positions(pos, r)
+    if p[-1] >= cos.shape[0] or p[0] < 0:
+        raise UserError(f"rope: positions {p[0]}..{p[-1]} outside the {cos.shape[0]} rows of the cos/sin tables")
+    c = np.asarray(cos, dtype=F64)[p][:, None, :]  # (R, 1, rot/2)
+    s = np.asarray(sin, dtype=F64)[p][:, None, :]
+    xs = np.asarray(x, dtype=F64).reshape(r, heads, hd).copy()
+    half = rot // 2
+    x1, x2 = xs[..., :half].copy(), xs[..., half:rot].copy()
+    xs[..., :half] = x1 * c - x2 * s
+    xs[..., half:rot] = x2 * c + x1 * s
+    return xs.reshape(r, heads * hd).astype(F32)
+
+
+def _set_row(table, src, pos, **a):
+    p = int(np.asarray(pos).reshape(-1)[0])
+    r = src.shape[0]
+    if p < 0 or p + r > table.shape[0]:
+        raise UserError(f"set_row: rows {p}..{p + r - 1} outside a table of {table.shape[0]} rows")
+    table[p:p + r] = src  # in place: the result is the table itself
+    return table
+
+
+def _attention(q, k, v, pos, sinks=None, *, heads, kv_heads, hd, vd, scale, window=0, softcap=0.0, **a):
+    r = q.shape[0]
+    p = _positions(pos, r)
+    if p[-1] >= k.shape[0]:
+        raise UserError(f"attention: position {p[-1]} outside a cache of {k.shape[0]} rows")
+    group = heads // kv_heads
+    qs = np.asarray(q, dtype=F64).reshape(r, heads, hd)
+    out = np.zeros((r, heads, vd), dtype=F64)
+    for i in range(r):
+        lo = max(0, p[i] - window + 1) if window > 0 else 0
+        ks = np.asarray(k[lo:p[i] + 1], dtype=F64).reshape(-1, kv_heads, hd)  # (T, kv, hd)
+        vs = np.asarray(v[lo:p[i] + 1], dtype=F64).reshape(-1, kv_heads, vd)
+        for h in range(heads):
+            j = h // group
+            s = ks[:, j, :] @ qs[i, h] * scale  # (T,)
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            m = s.max()
+            if sinks is not None:
+                m = max(m, float(sinks[h]))
+            e = np.exp(s - m)
+            den = e.sum() + (np.exp(float(sinks[h]) - m) if sinks is not None else 0.0)
+            out[i, h] = (e / den) @ vs[:, j, :]
+    return out.reshape(r, heads * vd).astype(F32)
+
+
+def _silu(x, **a):
+    x = np.asarray(x, dtype=F64)
+    return (x / (1.0 + np.exp(-x))).astype(F32)
+
+
+def _sigmoid(x, **a):
+    return (1.0 / (1.0 + np.exp(-np.asarray(x, dtype=F64)))).astype(F32)
+
+
+def _gelu(x, **a):
+    x = np.asarray(x, dtype=F64)
+    return (0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))).astype(F32)
+
+
+def _swiglu(g, u, **a):
+    g = np.asarray(g, dtype=F64)
+    return (g / (1.0 + np.exp(-g)) * np.asarray(u, dtype=F64)).astype(F32)
+
+
+def _argmax(x, **a):
+    return np.argmax(np.asarray(x), axis=-1).astype(np.int32)  # the first of equal maxima
+
+
+def _scale(x, factor, **a):
+    return (np.asarray(x, dtype=F64) * factor).astype(F32)
+
+
+def _softcap(x, cap, **a):
+    return (cap * np.tanh(np.asarray(x, dtype=F64) / cap)).astype(F32)
+
+
+def _view(x, row, **a):
+    return np.array(x[row:row + 1], dtype=x.dtype)
+
+
+OP_IMPL: dict[str, Callable[..., np.ndarray]] = {
+    "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul,
+    "add": _binary(np.add), "mul": _binary(np.multiply), "sub": _binary(np.subtract),
+    "rope": _rope, "set_row": _set_row, "attention": _attention,
+    "silu": _silu, "sigmoid": _sigmoid, "gelu": _gelu, "swiglu": _swiglu, "argmax": _argmax,
+    "scale": _scale, "softcap": _softcap, "view": _view,
+}
+
+
+# -- placements: an input's access, a result's destination ----------------------------------------------------------
+
+def read_access(x: np.ndarray, acc: Access | None) -> np.ndarray:
+    """The part of every unit of `x` an access names, as (units, width): unit u's values start at u*pitch+offset."""
+    if acc is None:
+        return x
+    flat = x.reshape(-1)
+    units = flat.size // acc.pitch
+    idx = np.arange(units)[:, None] * acc.pitch + acc.offset + np.arange(acc.width)[None, :]
+    return flat[idx]
+
+
+def row_of(sel, env: dict[str, np.ndarray]) -> int:
+    if sel is None:
+        return 0
+    if sel.param is not None:
+        return int(np.asarray(env[sel.param]).reshape(-1)[0])
+    return int(sel.fixed or 0)
+
+
+def write_dst(table: np.ndarray, y: np.ndarray, dst: Dst, env: dict[str, np.ndarray]) -> None:
+    """Write result `y` into `table` in place: rows from the row `dst.row` selects, or (with `dst.unit`) each
+    `unit.width` values of y into a part of every unit of the table from that row on."""
+    row = row_of(dst.row, env)
+    cols = table.shape[-1] if table.ndim > 1 else 1
+    flat = table.reshape(-1)
+    base = row * cols
+    vals = np.asarray(y).reshape(-1)
+    if dst.unit is None:
+        if base + vals.size > flat.size:
+            raise UserError(f"a write of {vals.size} values from row {row} overflows table {table.shape}")
+        flat[base:base + vals.size] = vals
+        return
+    u = dst.unit
+    units = vals.size // u.width
+    idx = base + np.arange(units)[:, None] * u.pitch + u.offset + np.arange(u.width)[None, :]
+    if idx.size and idx.max() >= flat.size:
+        raise UserError(f"a write of {units} units of {u.width} from row {row} overflows table {table.shape}")
+    flat[idx] = vals.reshape(units, u.width)
+
+
+# -- evaluating ops ------------------------------------------------------------------------------------------------
+
+def run_op(op: Op, *arrays: np.ndarray) -> np.ndarray:
+    """Lifted op `op` on its input arrays (whole tensors: each input's access is applied here), without its dst.
+    A set_row writes its table argument in place and returns it."""
+    if op.fused:
+        raise ValueError("run_op takes a lifted op; evaluate a fused op with apply_op")
+    ins = [read_access(np.asarray(x), op.acc(i)) for i, x in enumerate(arrays)]
+    return OP_IMPL[op.kind](*ins, **full_attrs(op))
+
+
+def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarray] | None = None) -> None:
+    """Evaluate `op` against `env` (name -> array), binding its results in `env`; a fused op runs its parts in order.
+    `const(name)` supplies a name `env` lacks (a constant)."""
+    if op.fused:
+        for p in op.parts:
+            apply_op(p, env, const)
+        return
+
+    def get(name: str) -> np.ndarray:
+        if name in env:
+            return env[name]
+        if const is not None:
+            v = const(name)
+            env[name] = v
+            return v
+        raise UserError(f"op `{op.kind}` -> `{op.out}` reads `{name}`, which has no value")
+
+    y = run_op(op, *[get(n) for n in op.ins])
+    if op.dst is not None and op.kind != "set_row":
+        if op.dst.table not in env:
+            raise UserError(f"op `{op.kind}` -> `{op.out}` writes into `{op.dst.table}`, which has no value")
+        write_dst(env[op.dst.table], y, op.dst, env)
+    env[op.out] = y
+
+
+def evaluate(g: Graph, weights: Any, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run graph `g` on step inputs `env` (token, pos, cache tables) with constants from `weights` (anything with
+    `get(name) -> array`). Cache tables are written in place. Returns every value: the inputs and each op's results."""
+    vals: dict[str, np.ndarray] = {}
+    for name in g.io.inputs:
+        if name not in env:
+            raise UserError(f"step input `{name}` is missing")
+    for name, x in env.items():
+        t = g.tensors.get(name)
+        if t is None:
+            vals[name] = x
+            continue
+        if t.dtype == "i32":
+            x = np.asarray(x, dtype=np.int32)
+        elif name in g.io.tables:
+            if not isinstance(x, np.ndarray) or x.dtype != F32:
+                raise UserError(f"cache table `{name}` must be an f32 numpy array (it is written in place)")
+        else:
+            x = np.asarray(x, dtype=F32)
+        if tuple(x.shape) != t.shape:
+            raise UserError(f"step input `{name}` has shape {tuple(x.shape)}, the step declares {t.shape}")
+        vals[name] = x
+    cache: dict[str, np.ndarray] = {}
+
+    def const(name: str) -> np.ndarray:
+        c = g.constants.get(name)
+        if c is None:
+            raise UserError(f"`{name}` is neither a step input nor a constant")
+        if name not in cache:
+            v = np.asarray(weights.get(c.source or c.name), dtype=F32)
+            if tuple(v.shape) != c.shape:
+                raise UserError(f"constant `{name}`: the weights hold {tuple(v.shape)}, the step declares {c.shape}")
+            cache[name] = v
+        return cache[name]
+
+    for op in g.ops:
+        apply_op(op, vals, const)
+    for name in cache:
+        vals.pop(name, None)
+    return vals
