@@ -1,0 +1,53 @@
+"""The closed set of guard predicates a rule may name (`guards: [single_reader(r)]`): each one's arguments, what it
+means in words, and the egglog query atoms it compiles to over the facts the e-graph loads about the step graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+# The facts the loader asserts for every original tensor (see egraph.py): Orig(t, name, index), Layer(t, layer),
+# Cols(t, last dim), and the flags SingleReader(t), Values(t), Rows(t), StepNext(t).
+
+
+@dataclass(frozen=True)
+class Guard:
+    name: str
+    args: tuple[str, ...]  # "tensor" | "int"; a trailing "..." repeats the last
+    doc: str
+    compile: Callable[[list[str], Callable[[], str]], list[str]]  # (egglog arg texts, fresh var) -> query atoms
+
+
+def _ordered(args, fresh):
+    idx = [fresh() for _ in args]
+    atoms = [f"(Orig {a} {fresh()} {i})" for a, i in zip(args, idx)]
+    atoms += [f"(< {a} {b})" for a, b in zip(idx, idx[1:])]
+    return atoms
+
+
+def _same_layer(args, fresh):
+    lay = fresh()
+    return [f"(Layer {a} {lay})" for a in args]
+
+
+def _cols_multiple(args, fresh):
+    c = fresh()
+    return [f"(Cols {args[0]} {c})", f"(= (% {c} {args[1]}) 0)"]
+
+
+GUARDS: dict[str, Guard] = {g.name: g for g in [
+    Guard("single_reader", ("tensor",), "the tensor has exactly one reader in the step graph",
+          lambda a, f: [f"(SingleReader {a[0]})"]),
+    Guard("is_step_next", ("tensor",), "the tensor is the step's next token",
+          lambda a, f: [f"(StepNext {a[0]})"]),
+    Guard("is_values", ("tensor",), "the tensor is a constant of f32 values (a bias, a norm weight)",
+          lambda a, f: [f"(Values {a[0]})"]),
+    Guard("is_rows", ("tensor",), "the tensor is a constant of checkpoint rows (a weight matrix)",
+          lambda a, f: [f"(Rows {a[0]})"]),
+    Guard("distinct", ("tensor", "tensor"), "the two tensors are different", lambda a, f: [f"(!= {a[0]} {a[1]})"]),
+    Guard("ordered", ("tensor", "tensor", "..."),
+          "the tensors are distinct and appear in this order in the step graph (picks one order of a group)", _ordered),
+    Guard("same_layer", ("tensor", "tensor", "..."), "the tensors are computed in the same layer", _same_layer),
+    Guard("cols_multiple", ("tensor", "int"), "the tensor's last dimension is a multiple of the number",
+          _cols_multiple),
+]}
