@@ -172,18 +172,27 @@ def to_yaml(g: Graph) -> str:
 
 # -- parsing --------------------------------------------------------------------------------------------------------
 
+_SAFE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # yaml's safe loader, in C where libyaml is present
+
+
+def _safe_load(text: str):
+    """The document's node tree (for line numbers) and its data, parsed once by a safe loader."""
+    loader = _SAFE(text)
+    try:
+        root = loader.get_single_node()
+        return root, (loader.construct_document(root) if root is not None else None)
+    finally:
+        loader.dispose()
+
+
 class _Where:
     """Where a part of the document is: the source file and, per top-level key and op index, its line."""
 
-    def __init__(self, text: str, source: str):
+    def __init__(self, root, source: str):
         self.source = source
         self.keys: dict[str, int] = {}
         self.ops: list[int] = []
         self.entries: dict[tuple[str, str], int] = {}
-        try:
-            root = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError:
-            return
         if not isinstance(root, yaml.MappingNode):
             return
         for k, v in root.value:
@@ -290,13 +299,13 @@ def _shape_text(text: Any, what: str) -> tuple[tuple[int, ...], str]:
 
 def from_yaml(text: str, source: str = "<file>") -> Graph:
     """The graph a step YAML describes; a mistake is a `UserError` citing `source`, the line and the op."""
-    w = _Where(text, source)
     try:
-        doc = yaml.safe_load(text)
+        root, doc = _safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark else None
-        raise UserError(f"{w.at(line)}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        raise UserError(f"{source}{f':{line}' if line else ''}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    w = _Where(root, source)
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a step YAML is a mapping with {', '.join(TOP_KEYS)}")
     for k in doc:
@@ -367,7 +376,8 @@ def from_yaml(text: str, source: str = "<file>") -> Graph:
         try:
             _declare_outs(g, op, lambda o, got: False)
         except UserError as e:
-            raise UserError(f"{w.op(i)}: {e}") from None
+            msg = str(e) if str(e).startswith("op `") else f"op `{op.kind}` -> `{op.out}`: {e}"
+            raise UserError(f"{w.op(i)}: {msg}") from None
         g.ops.append(op)
     try:
         g.validate()
