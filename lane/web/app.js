@@ -1,0 +1,801 @@
+// lanefuse explore: the page over the explorer's JSON API (lane/webserver.py). Vanilla JS, hand-drawn SVG, no
+// network beyond the server it came from. One state object from the server is drawn into every panel.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const SVGNS = "http://www.w3.org/2000/svg";
+
+// ---- small helpers -----------------------------------------------------------------------------------------------
+function h(tag, attrs, ...kids) {
+  const el = document.createElement(tag);
+  setAttrs(el, attrs);
+  for (const k of kids.flat()) if (k !== null && k !== undefined && k !== false) el.append(k instanceof Node ? k : String(k));
+  return el;
+}
+function s(tag, attrs, ...kids) {
+  const el = document.createElementNS(SVGNS, tag);
+  setAttrs(el, attrs);
+  for (const k of kids.flat()) if (k !== null && k !== undefined && k !== false) el.append(k instanceof Node ? k : String(k));
+  return el;
+}
+function setAttrs(el, attrs) {
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "tip") el._tip = v;
+    else if (k === "text") el.textContent = v;
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+}
+const fmtUs = (x) => (x === null || x === undefined ? "∞" : x >= 100 ? x.toFixed(1) : x.toFixed(2)) ;
+function fmtBytes(b) {
+  if (b === null || b === undefined) return "–";
+  if (b < 1024) return b + " B";
+  if (b < 1024 * 1024) return (b / 1024).toFixed(b % 1024 ? 1 : 0) + " KiB";
+  if (b < 1024 ** 3) return (b / 1024 ** 2).toFixed(1) + " MiB";
+  return (b / 1024 ** 3).toFixed(2) + " GiB";
+}
+const fmtShape = (sh) => (sh && sh.length ? sh.join("×") : "");
+function delta(b, a, fmt = (x) => String(x), lowerIsBetter = true) {
+  const d = a - b;
+  if (!d || Math.abs(d) < 1e-9) return h("span", { class: "delta same" }, "±0");
+  const cls = (d > 0) === lowerIsBetter ? "up" : "down";
+  return h("span", { class: "delta " + cls }, (d > 0 ? "+" : "−") + fmt(Math.abs(d)));
+}
+function hash(str) { let x = 2166136261; for (const c of str) { x ^= c.charCodeAt(0); x = Math.imul(x, 16777619); } return x >>> 0; }
+
+// launch kind -> colour: fixed for the lane's kinds, a stable hash for any other
+const KIND_COLOUR = {
+  gemv: "#4e9cff", gemm: "#3f7fe0", gemm_parts: "#7b8cff", gemv_glu: "#b07cff", gemv_parts: "#8f9cff", fold: "#ff7eb6",
+  norm: "#3ecf8e", rope: "#f5c04a", rope_parts: "#ffa24a", attention: "#ff6b6b", set_row: "#8aa0b4", binary: "#4fd1c5",
+  unary: "#7fd6e8", gather: "#c3e88d", argmax: "#e0a0ff", quantize: "#d4b483", moe: "#ff9f7f", conv: "#9fe0a0",
+  gated_delta: "#f08fd0", gates: "#c0b0ff", copy: "#a0a8b4", view: "#6b7482",
+};
+function colour(kind) {
+  if (!kind) return "#6b7482";
+  if (KIND_COLOUR[kind]) return KIND_COLOUR[kind];
+  return `hsl(${hash(kind) % 360} 62% 66%)`;
+}
+function tint(hex, alpha) { // "#rrggbb" or hsl() -> a translucent fill
+  if (hex.startsWith("#")) return hex + Math.round(alpha * 255).toString(16).padStart(2, "0");
+  return hex.replace(")", ` / ${alpha})`);
+}
+
+// ---- the page's state ----------------------------------------------------------------------------------------
+const S = {
+  st: null, layer: null, sel: null, choices: null, history: [], showInputs: false, litKind: null,
+  view: null, viewKey: null, layout: null, busy: 0,
+};
+
+// ---- the API -------------------------------------------------------------------------------------------------
+class ShownError extends Error {}
+async function api(path, body) {
+  const opt = body === undefined ? {} :
+    { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+  let r;
+  try { r = await fetch(path, opt); } catch (e) { toast("the server does not answer: is `lanefuse explore --web` still running?"); throw new ShownError(e.message); }
+  let j = null;
+  try { j = await r.json(); } catch (e) { j = { error: `a ${r.status} answer that is not JSON` }; }
+  if (!r.ok) { toast(j && j.error ? j.error : `${r.status} ${r.statusText}`); throw new ShownError(j && j.error); }
+  return j;
+}
+function busy(on) {
+  S.busy += on ? 1 : -1;
+  $("busy").classList.toggle("hidden", S.busy <= 0);
+  document.body.style.cursor = S.busy > 0 ? "progress" : "";
+}
+
+async function load(layer) {
+  busy(true);
+  try {
+    const q = layer === null || layer === undefined ? "" : `?layer=${layer}`;
+    const st = await api("/api/state" + q);
+    const prevLayer = S.layer;
+    apply(st);
+    if (S.sel && prevLayer !== null && prevLayer !== st.layer) { // the same tensor in the new layer
+      const short = shortName(S.sel, prevLayer);
+      const next = st.graph.nodes.find((n) => shortName(n.id, st.layer) === short);
+      S.sel = next ? next.id : null;
+    }
+    await loadChoices();
+  } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); }
+  finally { busy(false); }
+}
+
+async function loadChoices() {
+  if (!S.sel) { S.choices = null; renderInspector(); return; }
+  const want = S.sel;
+  try {
+    const ch = await api("/api/choices?tensor=" + encodeURIComponent(want));
+    if (S.sel === want) { S.choices = ch; renderInspector(); }
+  } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); S.choices = []; renderInspector(); }
+}
+
+// a change: POST it, draw the new state, show what it did; `undo` is the change that takes it back
+async function act(path, body, label, undo) {
+  const before = S.st;
+  busy(true);
+  try {
+    const st = await api(path, { ...body, layer: S.layer });
+    const diff = st.diff || clientDiff(before, st);
+    S.history.unshift({ label, undo, diff });
+    S.history.length = Math.min(S.history.length, 40);
+    apply(st);
+    showDiff(label, diff, undo);
+    await loadChoices();
+  } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); }
+  finally { busy(false); }
+}
+const hold = (rule) => act("/api/hold", { rule }, `hold ${rule}`, ["/api/release", { rule }, `release ${rule}`]);
+const release = (rule) => act("/api/release", { rule }, `release ${rule}`, ["/api/hold", { rule }, `hold ${rule}`]);
+function force(tensor, index, what) {
+  const was = S.st.forced[tensor];
+  const undo = was === undefined ? ["/api/unforce", { tensor }, `unforce ${tensor}`] : ["/api/force", { tensor, index: was }, `force ${tensor} #${was}`];
+  return act("/api/force", { tensor, index }, `force ${tensor} → ${what}`, undo);
+}
+function unforce(tensor) {
+  const was = S.st.forced[tensor];
+  return act("/api/unforce", { tensor }, `unforce ${tensor}`, ["/api/force", { tensor, index: was }, `force ${tensor} #${was}`]);
+}
+function setKnob(name, value) {
+  const was = S.st.knobs[name];
+  return act("/api/knob", { name, value }, `${name} = ${JSON.stringify(value)}`, ["/api/knob", { name, value: was }, `${name} = ${JSON.stringify(was)}`]);
+}
+function undoLast() {
+  const last = S.history[0];
+  if (!last || !last.undo) return;
+  const [path, body, label] = last.undo;
+  act(path, body, label, null);
+}
+
+function clientDiff(b, a) {
+  if (!b) return null;
+  const keys = (x, y) => [...new Set([...Object.keys(x || {}), ...Object.keys(y || {})])].sort();
+  const ch = (x, y) => Object.fromEntries(keys(x, y).filter((k) => (x[k] || 0) !== (y[k] || 0)).map((k) => [k, [x[k] || 0, y[k] || 0]]));
+  return { launches: [b.launches, a.launches], cost_us: [b.cost_us, a.cost_us], arena: [b.arena.bytes, a.arena.bytes],
+    census: ch(b.census, a.census), fusions: ch(b.fusions, a.fusions) };
+}
+
+// ---- drawing the state -----------------------------------------------------------------------------------------
+const shortName = (id, layer) => (id.startsWith(`L${layer}.`) ? id.slice(`L${layer}.`.length) : id);
+
+function apply(st) {
+  S.st = st;
+  S.layer = st.layer;
+  if (S.sel && !st.graph.nodes.some((n) => n.id === S.sel)) { S.sel = null; S.choices = null; }
+  renderHeader(); renderRules(); renderKnobs(); renderForced(); renderHistory();
+  renderCost(); renderCensus(); renderFusions(); renderGraph(); renderArena(); renderInspector();
+}
+
+function renderHeader() {
+  const st = S.st;
+  $("model").textContent = st.model;
+  const sel = $("layer");
+  if (sel.options.length !== st.layers) {
+    sel.replaceChildren(...Array.from({ length: st.layers }, (_, i) => h("option", { value: i }, `layer ${i}`)));
+  }
+  sel.value = st.layer;
+  $("prev").disabled = st.layer <= 0;
+  $("next").disabled = st.layer >= st.layers - 1;
+  const nFused = Object.values(st.fusions).reduce((a, b) => a + b, 0);
+  $("stats").replaceChildren(
+    h("div", { class: "stat", title: "launches in the whole step" }, h("b", {}, st.launches), h("span", {}, "launches")),
+    h("div", { class: "stat", title: "the lane's estimate of the whole step" }, h("b", {}, fmtUs(st.cost_us)), h("span", {}, "µs")),
+    h("div", { class: "stat", title: "the step-local arena (lower bound: the most bytes alive at once)" },
+      h("b", {}, fmtBytes(st.arena.bytes)), h("span", {}, `arena (≥ ${fmtBytes(st.arena.lower_bound)})`)),
+    h("div", { class: "stat", title: "fused ops chosen in the whole step" }, h("b", {}, nFused), h("span", {}, "fusions")),
+  );
+  $("graph-title").textContent = `L${st.layer}: ${st.graph.nodes.length} tensors → ${st.groups.length} launches`;
+}
+
+function showDiff(label, d, undo) {
+  const el = $("diff");
+  if (!d) { el.classList.add("hidden"); return; }
+  const [lb, la] = d.launches, [cb, ca] = d.cost_us;
+  const item = (k, ...v) => h("span", { class: "item" }, h("span", { class: "k" }, k + " "), ...v);
+  const pct = cb ? ` ${((ca - cb) / cb * 100 >= 0 ? "+" : "−")}${Math.abs((ca - cb) / cb * 100).toFixed(1)}%` : "";
+  const kids = [
+    h("span", { class: "what" }, label),
+    item("launches", `${lb} → ${la} `, delta(lb, la)),
+    item("cost", `${fmtUs(cb)} → ${fmtUs(ca)} µs `, delta(cb, ca, (x) => x.toFixed(2)), h("span", { class: "dim" }, pct)),
+  ];
+  if (d.arena) kids.push(item("arena", `${fmtBytes(d.arena[0])} → ${fmtBytes(d.arena[1])} `, delta(d.arena[0], d.arena[1], fmtBytes)));
+  const cen = Object.entries(d.census || {});
+  if (cen.length) kids.push(item("census", ...cen.map(([k, [b, a]]) => h("span", { style: `margin-right:8px` },
+    h("span", { class: "sw", style: `background:${colour(k)};margin-right:3px` }), `${k} ${b}→${a}`))));
+  const fus = Object.entries(d.fusions || {});
+  if (fus.length) kids.push(item("fusions", fus.map(([k, [b, a]]) => `${k} ${b}→${a}`).join("  ")));
+  kids.push(h("span", { class: "spacer" }));
+  if (undo) kids.push(h("button", { id: "undo", title: "take this change back (u)", onclick: undoLast }, "undo"));
+  kids.push(h("button", { title: "dismiss", onclick: () => el.classList.add("hidden") }, "×"));
+  el.replaceChildren(...kids);
+  el.className = la > lb || (la === lb && ca > cb + 1e-9) ? "worse" : la < lb || ca < cb - 1e-9 ? "better" : "";
+  // restart the flash
+  el.style.animation = "none"; void el.offsetWidth; el.style.animation = "";
+}
+
+function renderRules() {
+  const st = S.st, q = $("rule-filter").value.trim().toLowerCase();
+  const held = new Set(st.rules.filter((r) => r.held).map((r) => r.name));
+  const rows = [];
+  const lane = st.rules.filter((r) => r.cls === "lane step");
+  const shared = st.rules.filter((r) => r.cls !== "lane step");
+  const row = (r) => {
+    if (q && !(r.name.toLowerCase().includes(q) || (r.cls || "").toLowerCase().includes(q) || (r.why || "").toLowerCase().includes(q))) return null;
+    const blockedBy = (r.depends_on || []).filter((d) => held.has(d));
+    const cls = [r.held ? "held" : "", blockedBy.length ? "blocked" : "", r.fired ? "" : "zero"].join(" ");
+    const cb = h("input", { type: "checkbox", "data-rule": r.name, "aria-label": `hold ${r.name}` });
+    cb.checked = r.held;
+    cb.addEventListener("change", () => (cb.checked ? hold(r.name) : release(r.name)));
+    const tip = () => [
+      ["h", r.name], ["class", r.cls], ["why", r.why], ["fired", `${r.fired} in the step`],
+      r.depends_on && r.depends_on.length ? ["needs", r.depends_on.join(", ")] : null,
+      blockedBy.length ? ["blocked", `by held ${blockedBy.join(", ")}`] : null,
+      ["", r.held ? "held back: the engine does not apply it" : "click the switch to hold it back"],
+    ];
+    return h("tr", { class: cls, "data-rule-row": r.name, tip },
+      h("td", {}, h("label", { class: "switch", title: r.held ? "held: click to release" : "click to hold back" }, cb, h("i"))),
+      h("td", { class: "name" }, r.name),
+      h("td", { class: "cls" }, r.cls !== r.name && r.cls !== "lane step" ? r.cls : ""),
+      h("td", { class: "num" }, r.fired));
+  };
+  rows.push(h("tr", { class: "group" }, h("td", { colspan: 3 }, "shared rules"), h("td", { class: "num" }, "fired")));
+  rows.push(...shared.map(row).filter(Boolean));
+  if (lane.length) {
+    rows.push(h("tr", { class: "group" }, h("td", { colspan: 4 }, "lane schedule steps")));
+    rows.push(...lane.map(row).filter(Boolean));
+  }
+  $("rules").replaceChildren(...rows);
+  $("rules-count").textContent = `${held.size ? held.size + " held · " : ""}${st.rules.length}`;
+}
+
+function renderKnobs() {
+  const knobs = Object.entries(S.st.knobs || {});
+  $("knobs-panel").classList.toggle("hidden", !knobs.length);
+  $("knobs").replaceChildren(...knobs.map(([name, v]) => {
+    let input;
+    if (typeof v === "boolean") {
+      input = h("input", { type: "checkbox", "data-knob": name });
+      input.checked = v;
+      input.addEventListener("change", () => setKnob(name, input.checked));
+    } else {
+      input = h("input", { type: typeof v === "number" ? "number" : "text", "data-knob": name, value: v, title: "Enter to set" });
+      input.addEventListener("keydown", (e) => {
+        if (e.key !== "Enter") return;
+        const raw = input.value;
+        setKnob(name, typeof v === "number" ? Number(raw) : raw);
+      });
+    }
+    return h("div", { class: "knob" }, h("span", { class: "name" }, name), input);
+  }));
+}
+
+function renderForced() {
+  const f = Object.entries(S.st.forced || {});
+  $("forced-count").textContent = f.length || "";
+  $("forced").replaceChildren(...(f.length ? f.map(([t, i]) => h("span", { class: "chip", "data-forced": t, title: "select", onclick: () => select(t) },
+    `${t} #${i}`, h("button", { title: `unforce ${t}`, onclick: (e) => { e.stopPropagation(); unforce(t); } }, "×")))
+    : [h("span", { class: "faint" }, "nothing forced: extraction picks every choice")]));
+}
+
+function renderHistory() {
+  $("history-panel").classList.toggle("hidden", !S.history.length);
+  $("history").replaceChildren(...S.history.map((e) => h("li", { title: e.label },
+    h("span", { class: "a" }, e.label),
+    e.diff ? delta(e.diff.launches[0], e.diff.launches[1]) : "",
+    e.diff ? h("span", {}, delta(e.diff.cost_us[0], e.diff.cost_us[1], (x) => x.toFixed(1)), h("span", { class: "faint" }, "µs")) : "")));
+}
+
+function renderCost() {
+  const st = S.st, d = S.history.length ? S.history[0].diff : null;
+  const perLayer = st.groups.length;
+  const row = (k, v, extra) => [h("span", { class: "k" }, k), h("span", {}, v, extra ? " " : "", extra || "")];
+  $("cost").replaceChildren(
+    ...row("step", h("b", {}, fmtUs(st.cost_us) + " µs"), d ? delta(d.cost_us[0], d.cost_us[1], (x) => x.toFixed(2)) : null),
+    ...row("launches", h("b", {}, st.launches), d ? delta(d.launches[0], d.launches[1]) : null),
+    ...row(`layer ${st.layer}`, `${perLayer} launches, ${st.graph.nodes.length} tensors (${(st.graph.nodes.length / Math.max(perLayer, 1)).toFixed(2)} per launch)`),
+    ...row("arena", `${fmtBytes(st.arena.bytes)} · lower bound ${fmtBytes(st.arena.lower_bound)} · ${st.arena.arrays.length} arrays`),
+  );
+}
+
+function renderCensus() {
+  const st = S.st, d = (S.history[0] && S.history[0].diff && S.history[0].diff.census) || {};
+  const entries = Object.entries(st.census);
+  for (const k of Object.keys(d)) if (!(k in st.census)) entries.push([k, 0]);
+  entries.sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+  const max = Math.max(1, ...entries.map((e) => e[1]));
+  $("census").replaceChildren(
+    h("tr", {}, h("th", {}, "launch kind"), h("th", { class: "num" }, "count"), h("th", { class: "num" }, "Δ"), h("th", {}, "")),
+    ...entries.map(([k, n]) => h("tr", {
+      "data-kind": k, class: S.litKind === k ? "lit" : "",
+      tip: () => [["h", k], ["count", `${n} in the step`], ["layer", `${st.groups.filter((g) => g.launch === k).length} in layer ${st.layer}`], ["", "click to light them in the graph"]],
+      onclick: () => { S.litKind = S.litKind === k ? null : k; renderCensus(); renderGraph(); },
+    },
+      h("td", {}, h("span", { class: "sw", style: `background:${colour(k)};margin-right:6px` }), k),
+      h("td", { class: "num", "data-count": k }, n),
+      h("td", { class: "num" }, d[k] ? delta(d[k][0], d[k][1]) : ""),
+      h("td", { class: "bar-cell" }, h("div", { class: "barv", style: `width:${(n / max) * 100}%;background:${colour(k)}` })))),
+    h("tr", {}, h("td", { class: "dim" }, "total"), h("td", { class: "num" }, h("b", {}, st.launches)), h("td"), h("td")),
+  );
+}
+
+function renderFusions() {
+  const st = S.st, d = (S.history[0] && S.history[0].diff && S.history[0].diff.fusions) || {};
+  const entries = Object.entries(st.fusions);
+  for (const k of Object.keys(d)) if (!(k in st.fusions)) entries.push([k, 0]);
+  entries.sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+  const why = Object.fromEntries(st.rules.map((r) => [r.name, r]));
+  $("fusions").replaceChildren(
+    h("tr", {}, h("th", {}, "rule"), h("th", { class: "num" }, "count"), h("th", { class: "num" }, "Δ"), h("th", {}, "class")),
+    ...(entries.length ? entries.map(([k, n]) => h("tr", { tip: why[k] ? [["h", k], ["class", why[k].cls], ["why", why[k].why]] : null },
+      h("td", { class: n ? "" : "faint" }, k), h("td", { class: "num" }, n), h("td", { class: "num" }, d[k] ? delta(d[k][0], d[k][1], String, false) : ""),
+      h("td", { class: "faint" }, why[k] && why[k].cls !== k ? why[k].cls : "")))
+      : [h("tr", {}, h("td", { colspan: 4, class: "faint" }, "no fusion fired: every op runs alone"))]),
+  );
+}
+
+// ---- the graph: a layered DAG by topological depth -------------------------------------------------------------
+const NODE_H = 32, IN_H = 18, ROW = 58, GAP = 18, CH = 7.0;
+
+function layout(st) {
+  const nodes = new Map();
+  st.graph.nodes.forEach((n, i) => nodes.set(n.id, { ...n, input: false, preds: [], succs: [], ord: i }));
+  const inputs = new Set(st.graph.inputs || []);
+  const edges = [];
+  for (const [a, b] of st.graph.edges) {
+    if (!nodes.has(b)) continue;
+    if (!nodes.has(a)) {
+      if (!S.showInputs) continue;
+      nodes.set(a, { id: a, op: inputs.has(a) ? "input" : "?", shape: null, group: null, input: true, preds: [], succs: [], ord: nodes.size });
+    }
+    nodes.get(a).succs.push(b); nodes.get(b).preds.push(a);
+    edges.push([a, b]);
+  }
+  const groupSize = new Map();
+  for (const g of st.groups) groupSize.set(g.id, g.tensors.length);
+  // topological order (Kahn); anything left in a cycle goes last
+  const indeg = new Map([...nodes.values()].map((n) => [n.id, n.preds.length]));
+  const order = [], ready = [...nodes.values()].filter((n) => !n.preds.length).sort((a, b) => a.ord - b.ord);
+  while (ready.length) {
+    const n = ready.shift(); order.push(n);
+    for (const t of n.succs) { indeg.set(t, indeg.get(t) - 1); if (!indeg.get(t)) ready.push(nodes.get(t)); }
+  }
+  for (const n of nodes.values()) if (!order.includes(n)) order.push(n);
+  // depth: longest path over computed tensors; a lone op (no fused group) sinks to just above its first reader
+  for (const n of order) {
+    if (n.input) continue;
+    n.depth = 0;
+    for (const p of n.preds) { const pn = nodes.get(p); if (!pn.input && pn.depth !== undefined) n.depth = Math.max(n.depth, pn.depth + 1); }
+  }
+  for (const n of [...order].reverse()) {
+    if (n.input || !n.succs.length) continue;
+    const alone = n.group === null || n.group === undefined || (groupSize.get(n.group) || 1) <= 1;
+    if (!alone) continue;
+    const lo = Math.min(...n.succs.map((t) => nodes.get(t).depth));
+    if (lo - 1 > n.depth) n.depth = lo - 1;
+  }
+  for (const n of order) if (n.input) n.depth = Math.min(...n.succs.map((t) => nodes.get(t).depth)) - 1;
+  const minD = Math.min(0, ...[...nodes.values()].map((n) => n.depth));
+  const rows = [];
+  for (const n of order) { n.depth -= minD; (rows[n.depth] = rows[n.depth] || []).push(n); }
+  for (let i = 0; i < rows.length; i++) rows[i] = rows[i] || [];
+  // sizes
+  for (const n of nodes.values()) {
+    const nm = n.input ? n.id : shortName(n.id, st.layer);
+    n.label = nm;
+    n.sub = n.input ? "" : `${n.op} · ${fmtShape(n.shape)}`;
+    n.w = n.input ? Math.max(44, nm.length * 6.2 + 14) : Math.max(92, nm.length * CH + 30, n.sub.length * 5.9 + 18);
+    n.h = n.input ? IN_H : NODE_H;
+  }
+  // order within rows: barycenter sweeps, each fused group kept together
+  const pos = new Map();
+  const index = () => rows.forEach((r) => r.forEach((n, i) => pos.set(n.id, i - (r.length - 1) / 2)));
+  index();
+  const sweep = (r, key) => {
+    const bc = new Map(r.map((n) => { const nb = key(n).filter((x) => pos.has(x)); return [n.id, nb.length ? nb.reduce((a, x) => a + pos.get(x), 0) / nb.length : pos.get(n.id)]; }));
+    const gk = new Map();
+    for (const n of r) if (n.group !== null && n.group !== undefined) (gk.get(n.group) || gk.set(n.group, []).get(n.group)).push(bc.get(n.id));
+    const gmean = (n) => (n.group !== null && n.group !== undefined && gk.get(n.group).length > 1 ? gk.get(n.group).reduce((a, b) => a + b, 0) / gk.get(n.group).length : bc.get(n.id));
+    r.sort((a, b) => gmean(a) - gmean(b) || (a.group ?? -1) - (b.group ?? -1) || bc.get(a.id) - bc.get(b.id) || a.ord - b.ord);
+    r.forEach((n, i) => pos.set(n.id, i - (r.length - 1) / 2));
+  };
+  for (let it = 0; it < 4; it++) {
+    for (let i = 1; i < rows.length; i++) sweep(rows[i], (n) => n.preds);
+    for (let i = rows.length - 2; i >= 0; i--) sweep(rows[i], (n) => n.succs);
+  }
+  for (let i = 1; i < rows.length; i++) sweep(rows[i], (n) => n.preds);
+  // x: each node under the mean of its readers' sources, rows kept apart by GAP, then inputs over their readers
+  const place = (r, want) => {
+    if (!r.length) return;
+    const xs = r.map((n) => want(n));
+    for (let i = 0; i < r.length; i++) {
+      let x = xs[i];
+      if (i > 0) x = Math.max(x, r[i - 1].x + r[i - 1].w / 2 + GAP + r[i].w / 2);
+      r[i].x = x;
+    }
+    const shift = r.reduce((a, n, i) => a + (n.x - xs[i]), 0) / r.length;
+    r.forEach((n) => (n.x -= shift));
+  };
+  const packed = (r) => { let x = 0; const m = new Map(); r.forEach((n) => { m.set(n.id, x + n.w / 2); x += n.w + GAP; }); const c = x / 2; return (n) => m.get(n.id) - c; };
+  rows.forEach((r, i) => {
+    const comp = r.filter((n) => !n.input);
+    const pk = packed(comp);
+    place(comp, (n) => { const ps = n.preds.map((p) => nodes.get(p)).filter((p) => !p.input && p.x !== undefined); return ps.length ? ps.reduce((a, p) => a + p.x, 0) / ps.length : pk(n); });
+    r.forEach((n) => (n.y = i * ROW));
+  });
+  rows.forEach((r) => {
+    if (!r.some((n) => n.input)) return;
+    const want = (n) => (n.input ? n.succs.reduce((a, t) => a + nodes.get(t).x, 0) / n.succs.length : n.x);
+    r.sort((a, b) => want(a) - want(b));
+    place(r, want);
+  });
+  // a node outside a fused group never sits inside the group's box: push it clear, and its row-mates with it
+  for (let it = 0; it < 2; it++) for (const g of st.groups) {
+    const mem = g.tensors.map((t) => nodes.get(t)).filter(Boolean);
+    if (mem.length < 2) continue;
+    const ids = new Set(g.tensors);
+    const x0 = Math.min(...mem.map((n) => n.x - n.w / 2)) - 8, x1 = Math.max(...mem.map((n) => n.x + n.w / 2)) + 8;
+    const cx = (x0 + x1) / 2;
+    for (let r = Math.min(...mem.map((n) => n.depth)); r <= Math.max(...mem.map((n) => n.depth)); r++) {
+      const row = [...rows[r]].sort((a, b) => a.x - b.x);
+      let edge = x0 - 10;
+      for (const n of row.filter((n) => !ids.has(n.id) && n.x < cx).reverse()) {
+        if (n.x + n.w / 2 > edge) n.x = edge - n.w / 2;
+        edge = n.x - n.w / 2 - GAP;
+      }
+      edge = x1 + 10;
+      for (const n of row.filter((n) => !ids.has(n.id) && n.x >= cx)) {
+        if (n.x - n.w / 2 < edge) n.x = edge + n.w / 2;
+        edge = n.x + n.w / 2 + GAP;
+      }
+    }
+  }
+  // groups' boxes
+  const boxes = [];
+  for (const g of st.groups) {
+    const mem = g.tensors.map((t) => nodes.get(t)).filter(Boolean);
+    if (mem.length < 2) continue;
+    const x0 = Math.min(...mem.map((n) => n.x - n.w / 2)) - 8, x1 = Math.max(...mem.map((n) => n.x + n.w / 2)) + 8;
+    const y0 = Math.min(...mem.map((n) => n.y - n.h / 2)) - 14, y1 = Math.max(...mem.map((n) => n.y + n.h / 2)) + 8;
+    boxes.push({ g, x0, x1, y0, y1 });
+  }
+  const all = [...nodes.values()];
+  const bx0 = Math.min(...all.map((n) => n.x - n.w / 2), ...boxes.map((b) => b.x0)) - 20;
+  const bx1 = Math.max(...all.map((n) => n.x + n.w / 2), ...boxes.map((b) => b.x1)) + 20;
+  const by0 = Math.min(...all.map((n) => n.y - n.h / 2), ...boxes.map((b) => b.y0)) - 20;
+  const by1 = Math.max(...all.map((n) => n.y + n.h / 2), ...boxes.map((b) => b.y1)) + 20;
+  return { nodes, edges, boxes, bounds: { x0: bx0, y0: by0, x1: bx1, y1: by1 } };
+}
+
+function groupOf(id) {
+  const n = S.st.graph.nodes.find((x) => x.id === id);
+  return n && n.group !== null && n.group !== undefined ? S.st.groups[n.group] : S.st.groups.find((g) => g.tensors.includes(id)) || null;
+}
+
+function renderGraph() {
+  const st = S.st, svg = $("graph");
+  const L = layout(st);
+  S.layout = L;
+  const gcol = (g) => colour(g ? g.launch : null);
+  const groupById = new Map(st.groups.map((g) => [g.id, g]));
+  const nodeGroup = (n) => (n.group === null || n.group === undefined ? null : groupById.get(n.group) || st.groups[n.group] || null);
+  const root = s("g", { id: "viewport" });
+  const defs = s("defs", {},
+    s("marker", { id: "arrow", viewBox: "0 0 8 8", refX: 7, refY: 4, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" },
+      s("path", { d: "M0,0 L8,4 L0,8 z", fill: "#6b7482" })),
+    s("marker", { id: "arrow-hot", viewBox: "0 0 8 8", refX: 7, refY: 4, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" },
+      s("path", { d: "M0,0 L8,4 L0,8 z", fill: "#6cb6ff" })));
+  // group boxes under everything
+  for (const b of L.boxes) {
+    const c = colour(b.g.launch), lbl = `${b.g.launch} · ${b.g.rule || b.g.cls}`;
+    const lit = S.litKind === b.g.launch ? " lit" : "";
+    root.append(s("g", { class: "gbox" + lit, "data-group": b.g.id },
+      s("rect", { x: b.x0, y: b.y0, width: b.x1 - b.x0, height: b.y1 - b.y0, rx: 7, fill: tint(c, 0.07), stroke: tint(c, 0.75), "stroke-width": 1.2 }),
+      s("rect", { x: b.x0 + 6, y: b.y0 - 6, width: lbl.length * 5.8 + 10, height: 12, rx: 3, fill: "#0f1114" }),
+      s("text", { x: b.x0 + 11, y: b.y0 + 3, fill: c }, lbl)));
+  }
+  // edges
+  const hot = new Set();
+  const focus = S.hover || S.sel;
+  const edgeEls = [];
+  for (const [a, b] of L.edges) {
+    const na = L.nodes.get(a), nb = L.nodes.get(b);
+    const ga = nodeGroup(na), gb = nodeGroup(nb);
+    const fused = ga && gb && ga === gb;
+    const x1 = na.x, y1 = na.y + na.h / 2, x2 = nb.x, y2 = nb.y - nb.h / 2 - 1;
+    const dy = Math.max(18, (y2 - y1) * 0.5);
+    const isHot = focus && (a === focus || b === focus);
+    if (isHot) { hot.add(a); hot.add(b); }
+    const cls = ["edge", na.input ? "in" : "", fused ? "fused" : "", isHot ? "hot" : ""].join(" ");
+    const e = s("path", { class: cls, d: `M${x1},${y1} C${x1},${y1 + dy} ${x2},${y2 - dy} ${x2},${y2}`,
+      stroke: fused ? gcol(ga) : null, "marker-end": fused ? null : isHot ? "url(#arrow-hot)" : "url(#arrow)" });
+    edgeEls.push(e);
+  }
+  root.append(...edgeEls);
+  // nodes
+  for (const n of L.nodes.values()) {
+    const g = nodeGroup(n), c = gcol(g);
+    const forced = !n.input && st.forced && n.id in st.forced;
+    const cls = ["node", n.input ? "input" : "", S.sel === n.id ? "sel" : "", forced ? "forced" : "",
+      (S.litKind && g && g.launch === S.litKind) || (focus && hot.has(n.id)) || focus === n.id ? "lit" : ""].join(" ");
+    const x = n.x - n.w / 2, y = n.y - n.h / 2;
+    const el = s("g", { class: cls, "data-tensor": n.id, transform: `translate(${x},${y})` });
+    if (n.input) {
+      el.append(s("rect", { class: "box", width: n.w, height: n.h, rx: n.h / 2 }), s("text", { x: n.w / 2, y: 12.5, "text-anchor": "middle" }, n.label));
+    } else {
+      el.append(
+        s("rect", { class: "box", width: n.w, height: n.h, rx: 4, fill: tint(c, 0.16), stroke: c }),
+        s("rect", { x: 0, y: 0, width: 3, height: n.h, fill: c }),
+        s("rect", { class: "ring", x: -3, y: -3, width: n.w + 6, height: n.h + 6, rx: 6, fill: "none", stroke: "none" }),
+        s("text", { class: "nm", x: 10, y: 13.5 }, n.label),
+        s("text", { class: "sub", x: 10, y: 25.5 }, n.sub));
+      if (forced) el.append(s("text", { class: "pin", x: n.w - 7, y: 12, "text-anchor": "end" }, `⚑${st.forced[n.id]}`));
+      el.addEventListener("click", (e) => { e.stopPropagation(); select(n.id); });
+    }
+    el._tip = () => nodeTip(n, g);
+    el.addEventListener("mouseenter", () => { S.hover = n.id; highlight(); });
+    el.addEventListener("mouseleave", () => { S.hover = null; highlight(); });
+    root.append(el);
+  }
+  svg.replaceChildren(defs, root);
+  svg.classList.toggle("dimmed", !!S.litKind);
+  // the view: kept across changes of the same layer and graph, fitted otherwise
+  const key = `${st.layer}|${S.showInputs}|${st.graph.nodes.length}`;
+  if (S.viewKey !== key || !S.view) { S.viewKey = key; fit(); } else applyView();
+  renderLegend();
+}
+
+// a light redraw on hover: the edges and nodes around the focus
+function highlight() {
+  if (!S.layout) return;
+  const focus = S.hover || S.sel;
+  const svg = $("graph");
+  const near = new Set(focus ? [focus] : []);
+  svg.querySelectorAll(".edge").forEach((e, i) => {
+    const [a, b] = S.layout.edges[i];
+    const on = !!focus && (a === focus || b === focus);
+    if (on) { near.add(a); near.add(b); }
+    e.classList.toggle("hot", on);
+    if (!e.classList.contains("fused")) e.setAttribute("marker-end", on ? "url(#arrow-hot)" : "url(#arrow)");
+  });
+  svg.querySelectorAll(".node").forEach((el) => {
+    const id = el.getAttribute("data-tensor");
+    const g = groupOf(id);
+    el.classList.toggle("lit", near.has(id) || (!!S.litKind && !!g && g.launch === S.litKind));
+  });
+  document.querySelectorAll("#arena .arr").forEach((el) => el.classList.toggle("lit", el.getAttribute("data-array") === focus));
+}
+
+function nodeTip(n, g) {
+  const st = S.st;
+  if (n.input) return [["h", n.id], ["", "a step input or constant the layer reads"], ["read by", n.succs.map((t) => shortName(t, st.layer)).join(", ")]];
+  const reads = st.graph.edges.filter((e) => e[1] === n.id).map((e) => shortName(e[0], st.layer));
+  const readBy = st.graph.edges.filter((e) => e[0] === n.id).map((e) => shortName(e[1], st.layer));
+  const arr = st.arena.arrays.find((a) => a.name === n.id);
+  return [
+    ["h", n.id], ["op", `${n.op}  ${fmtShape(n.shape)}`],
+    g ? ["launch", `${g.launch} #${st.groups.indexOf(g)}  (${g.rule ? g.cls + " by " + g.rule : g.cls})`] : ["launch", "none"],
+    g && g.tensors.length > 1 ? ["with", g.tensors.filter((t) => t !== n.id).map((t) => shortName(t, st.layer)).join(", ")] : null,
+    ["reads", reads.join(", ") || "–"], ["read by", readBy.join(", ") || "– (leaves the layer)"],
+    arr ? ["arena", `@${arr.offset} +${fmtBytes(arr.bytes)}  launches ${arr.first}..${arr.last}`] : ["arena", "not placed (stays inside its launch, or a table written in place)"],
+    st.forced && n.id in st.forced ? ["forced", `choice #${st.forced[n.id]}`] : null,
+  ];
+}
+
+function renderLegend() {
+  const kinds = [...new Set(S.st.groups.map((g) => g.launch))].sort();
+  $("legend").replaceChildren(...kinds.map((k) => h("span", { class: "lg", tip: [["h", k], ["", `${S.st.groups.filter((g) => g.launch === k).length} in this layer, ${S.st.census[k] || 0} in the step`]] },
+    h("span", { class: "sw", style: `background:${colour(k)}` }), k)));
+}
+
+// pan and zoom
+function applyView() {
+  const v = S.view, vp = $("viewport");
+  if (vp) vp.setAttribute("transform", `translate(${v.x},${v.y}) scale(${v.k})`);
+}
+function fit() {
+  const L = S.layout, wrap = $("graph-wrap");
+  if (!L) return;
+  const W = wrap.clientWidth || 800, H = wrap.clientHeight || 600, b = L.bounds;
+  const k = Math.max(0.72, Math.min(1.3, W / (b.x1 - b.x0), H / (b.y1 - b.y0)));
+  const x = W / 2 - ((b.x0 + b.x1) / 2) * k;
+  const y = (b.y1 - b.y0) * k <= H ? H / 2 - ((b.y0 + b.y1) / 2) * k : -b.y0 * k;
+  S.view = { k, x, y };
+  applyView();
+}
+function zoom(f, cx, cy) {
+  const v = S.view, wrap = $("graph-wrap");
+  if (!v) return;
+  if (cx === undefined) { cx = wrap.clientWidth / 2; cy = wrap.clientHeight / 2; }
+  const k = Math.max(0.2, Math.min(3, v.k * f));
+  v.x = cx - ((cx - v.x) * k) / v.k; v.y = cy - ((cy - v.y) * k) / v.k; v.k = k;
+  applyView();
+}
+function setupPanZoom() {
+  const svg = $("graph");
+  let drag = null;
+  svg.addEventListener("wheel", (e) => {
+    e.preventDefault();
+    if (!S.view) return;
+    const r = svg.getBoundingClientRect();
+    if (e.ctrlKey || e.metaKey) zoom(Math.exp(-e.deltaY * 0.002), e.clientX - r.left, e.clientY - r.top);
+    else { S.view.x -= e.shiftKey ? e.deltaY : e.deltaX; S.view.y -= e.shiftKey ? 0 : e.deltaY; applyView(); }
+  }, { passive: false });
+  svg.addEventListener("mousedown", (e) => {
+    if (e.button !== 0 || e.target.closest(".node")) return;
+    drag = { x: e.clientX, y: e.clientY, vx: S.view.x, vy: S.view.y, moved: false };
+    svg.classList.add("panning");
+  });
+  window.addEventListener("mousemove", (e) => {
+    if (!drag) return;
+    S.view.x = drag.vx + e.clientX - drag.x; S.view.y = drag.vy + e.clientY - drag.y;
+    if (Math.abs(e.clientX - drag.x) + Math.abs(e.clientY - drag.y) > 3) drag.moved = true;
+    applyView();
+  });
+  window.addEventListener("mouseup", () => { if (drag) svg.classList.remove("panning"); setTimeout(() => (drag = null), 0); });
+  svg.addEventListener("click", (e) => { if (!e.target.closest(".node") && !(drag && drag.moved)) select(null); });
+  svg.addEventListener("dblclick", (e) => { if (!e.target.closest(".node")) fit(); });
+}
+
+// ---- the arena: launch index across, offset down ---------------------------------------------------------------
+function renderArena() {
+  const st = S.st, a = st.arena, svg = $("arena");
+  const W = svg.clientWidth || 800, H = svg.clientHeight || 168;
+  const ml = 62, mr = 12, mt = 20, mb = 8;
+  const n = Math.max(1, a.launches), top = Math.max(1, a.bytes, a.lower_bound);
+  const cw = (W - ml - mr) / n, sy = (H - mt - mb) / top;
+  const X = (i) => ml + i * cw, Y = (b) => mt + b * sy;
+  const grid = s("g", { class: "grid" }), axis = s("g", { class: "axis" });
+  const every = Math.max(1, Math.ceil(24 / cw));
+  for (let i = 0; i <= n; i++) {
+    grid.append(s("line", { x1: X(i), x2: X(i), y1: mt, y2: H - mb }));
+    if (i < n && i % every === 0) axis.append(s("text", { x: X(i) + cw / 2, y: 12, "text-anchor": "middle" }, i));
+  }
+  for (let k = 0; k <= 4; k++) {
+    const b = (top * k) / 4;
+    grid.append(s("line", { x1: ml, x2: W - mr, y1: Y(b), y2: Y(b) }));
+    axis.append(s("text", { x: ml - 6, y: Y(b) + 3, "text-anchor": "end" }, fmtBytes(Math.round(b))));
+  }
+  const arrs = s("g", {});
+  for (const r of a.arrays) {
+    const g = groupOf(r.name), c = colour(g ? g.launch : null);
+    const x = X(r.first) + 1, w = Math.max(2, (r.last - r.first + 1) * cw - 2), y = Y(r.offset), hh = Math.max(2, r.bytes * sy);
+    const label = shortName(r.name, st.layer);
+    const el = s("g", { class: "arr" + (S.sel === r.name ? " lit" : ""), "data-array": r.name },
+      s("rect", { x, y, width: w, height: hh, rx: 2, fill: c, "fill-opacity": 0.85 }));
+    if (w > label.length * 6 + 6 && hh >= 11) el.append(s("text", { x: x + 4, y: y + Math.min(hh / 2 + 3.5, 11) }, label));
+    el._tip = () => [["h", r.name], ["offset", `${r.offset} (${fmtBytes(r.offset)})`], ["bytes", `${r.bytes} (${fmtBytes(r.bytes)})`],
+      ["alive", `launches ${r.first}..${r.last}`], g ? ["written by", `${g.launch} #${st.groups.indexOf(g)}`] : null];
+    el.addEventListener("click", () => { if (st.graph.nodes.some((x) => x.id === r.name)) select(r.name); });
+    el.addEventListener("mouseenter", () => { S.hover = r.name; highlight(); });
+    el.addEventListener("mouseleave", () => { S.hover = null; highlight(); });
+    arrs.append(el);
+  }
+  const lines = s("g", {},
+    s("g", { class: "top" }, s("line", { x1: ml, x2: W - mr, y1: Y(a.bytes), y2: Y(a.bytes) }),
+      s("text", { x: W - mr - 4, y: Y(a.bytes) - 3, "text-anchor": "end" }, `arena ${fmtBytes(a.bytes)}`)),
+    a.lower_bound !== a.bytes ? s("g", { class: "bound" }, s("line", { x1: ml, x2: W - mr, y1: Y(a.lower_bound), y2: Y(a.lower_bound) }),
+      s("text", { x: W - mr - 4, y: Y(a.lower_bound) + 10, "text-anchor": "end" }, `lower bound ${fmtBytes(a.lower_bound)}`)) : null);
+  svg.replaceChildren(grid, axis, arrs, lines);
+  const eff = a.bytes ? ((a.lower_bound / a.bytes) * 100).toFixed(0) : "100";
+  $("arena-title").textContent = `layer ${st.layer} · ${fmtBytes(a.bytes)} placed, lower bound ${fmtBytes(a.lower_bound)} (${eff}%) · ${a.arrays.length} arrays over ${a.launches} launches · launch index → , offset ↓`;
+}
+
+// ---- the inspector: one tensor's alternatives ------------------------------------------------------------------
+async function select(id) {
+  S.sel = id; S.choices = null;
+  renderGraph(); renderArena(); renderInspector();
+  if (id) await loadChoices();
+}
+
+function renderInspector() {
+  const st = S.st, id = S.sel;
+  $("sel-name").textContent = id || "";
+  if (!id) {
+    $("tensor-info").className = "dim";
+    $("tensor-info").textContent = "click a tensor in the graph to see its alternatives";
+    $("choices").replaceChildren();
+    return;
+  }
+  const n = st.graph.nodes.find((x) => x.id === id), g = groupOf(id);
+  const forced = st.forced && id in st.forced;
+  const kv = (k, v) => [h("span", { class: "k" }, k), h("span", {}, v)];
+  $("tensor-info").className = "";
+  $("tensor-info").replaceChildren(h("div", { class: "kv" },
+    ...kv("op", `${n ? n.op : "?"}  ${n ? fmtShape(n.shape) : ""}`),
+    ...kv("launch", g ? h("span", {}, h("span", { class: "sw", style: `background:${colour(g.launch)};margin-right:5px` }), `${g.launch} #${st.groups.indexOf(g)} · ${g.rule ? g.cls + " (" + g.rule + ")" : g.cls}`) : "–"),
+    ...(g && g.tensors.length > 1 ? kv("with", g.tensors.filter((t) => t !== id).map((t) => shortName(t, st.layer)).join(", ")) : []),
+    ...kv("forced", forced ? h("span", {}, h("span", { class: "badge forced", id: "forced-badge" }, `forced #${st.forced[id]}`), " ",
+      h("button", { id: "unforce-btn", onclick: () => unforce(id) }, "unforce")) : h("span", { class: "faint" }, "no: extraction's pick"))));
+  if (!S.choices) { $("choices").replaceChildren(h("tr", {}, h("td", { class: "faint" }, "loading choices…"))); return; }
+  const ch = S.choices;
+  const finite = ch.filter((c) => c.plan_cost_us !== null && c.plan_cost_us !== undefined).map((c) => c.plan_cost_us);
+  const best = finite.length ? Math.min(...finite) : null;
+  const rows = [h("tr", {}, h("th", {}, "#"), h("th", {}, "op / fused class"), h("th", { class: "num", title: "its own cost" }, "own µs"),
+    h("th", {}, "support"), h("th", { class: "num", title: "the best whole step if forced to this choice" }, "step µs"), h("th", {}))];
+  for (const c of ch) {
+    const isForced = forced && st.forced[id] === c.index;
+    const can = c.support !== "refuse" && c.support !== "decompose" && !isForced;
+    const d = c.plan_cost_us !== null && c.plan_cost_us !== undefined ? c.plan_cost_us - st.cost_us : null;
+    rows.push(h("tr", { class: [c.chosen ? "chosen" : "", c.support].join(" "), "data-choice": c.index,
+      tip: [["h", `${id} #${c.index}`], ["op", c.op], ["rule", c.rule || "– (the lifted op)"], ["own", `${fmtUs(c.cost_us)} µs`],
+        ["support", c.support], c.reason ? ["why", c.reason] : null, ["step", c.plan_cost_us === null || c.plan_cost_us === undefined ? "no plan: refused" : `${fmtUs(c.plan_cost_us)} µs if forced`]] },
+      h("td", { class: "faint" }, c.chosen ? "●" : c.index),
+      h("td", { class: "op" }, c.op, c.rule && c.rule !== c.op ? h("span", { class: "faint" }, ` (${c.rule})`) : ""),
+      h("td", { class: "num" }, fmtUs(c.cost_us)),
+      h("td", {}, h("span", { class: "badge " + c.support }, c.support)),
+      h("td", { class: "num" + (c.plan_cost_us === best ? " best" : "") }, c.plan_cost_us === null || c.plan_cost_us === undefined ? "–" : fmtUs(c.plan_cost_us),
+        d !== null && Math.abs(d) > 1e-9 ? h("span", {}, " ", delta(0, d, (x) => x.toFixed(1))) : ""),
+      h("td", { class: "act" }, isForced ? h("span", { class: "badge forced" }, "forced")
+        : h("button", { "data-force": c.index, disabled: !can, title: can ? `force ${id} to #${c.index}` : c.reason || "", onclick: () => force(id, c.index, c.op) },
+          c.chosen && !forced ? "pin" : "force"))));
+    if (c.reason) rows.push(h("tr", { class: "why" }, h("td", { colspan: 6 }, (c.support === "refuse" ? "refused: " : c.support === "decompose" ? "decomposes: " : "") + c.reason)));
+  }
+  $("choices").replaceChildren(...rows);
+}
+
+// ---- tooltips and toasts -----------------------------------------------------------------------------------------
+function setupTips() {
+  const tip = $("tip");
+  let cur = null;
+  document.addEventListener("mouseover", (e) => {
+    let el = e.target;
+    while (el && el !== document && !el._tip) el = el.parentNode;
+    cur = el && el._tip ? el : null;
+    if (!cur) { tip.classList.add("hidden"); return; }
+    const spec = typeof cur._tip === "function" ? cur._tip() : cur._tip;
+    tip.replaceChildren(...spec.filter(Boolean).map(([k, v]) => (k === "h" ? h("div", { class: "h" }, v) : h("div", {}, k ? h("span", { class: "k" }, k + " ") : "", v))));
+    tip.classList.remove("hidden");
+  });
+  document.addEventListener("mousemove", (e) => {
+    if (!cur) return;
+    const r = tip.getBoundingClientRect();
+    let x = e.clientX + 14, y = e.clientY + 14;
+    if (x + r.width > innerWidth - 6) x = e.clientX - r.width - 14;
+    if (y + r.height > innerHeight - 6) y = e.clientY - r.height - 14;
+    tip.style.left = x + "px"; tip.style.top = y + "px";
+  });
+}
+function toast(msg) {
+  const el = h("div", { class: "toast", role: "alert" }, h("span", {}, msg), h("button", { onclick: () => el.remove(), title: "dismiss" }, "×"));
+  $("toasts").append(el);
+  setTimeout(() => el.remove(), 8000);
+  while ($("toasts").children.length > 4) $("toasts").firstChild.remove();
+}
+
+// ---- wiring ------------------------------------------------------------------------------------------------------
+function setup() {
+  $("layer").addEventListener("change", (e) => load(Number(e.target.value)));
+  $("prev").addEventListener("click", () => S.st && S.st.layer > 0 && load(S.st.layer - 1));
+  $("next").addEventListener("click", () => S.st && S.st.layer < S.st.layers - 1 && load(S.st.layer + 1));
+  $("rule-filter").addEventListener("input", () => S.st && renderRules());
+  $("show-inputs").addEventListener("change", (e) => { S.showInputs = e.target.checked; renderGraph(); });
+  $("fit").addEventListener("click", fit);
+  $("zoom-in").addEventListener("click", () => zoom(1.2));
+  $("zoom-out").addEventListener("click", () => zoom(1 / 1.2));
+  $("help-btn").addEventListener("click", () => $("help").classList.toggle("hidden"));
+  document.addEventListener("keydown", (e) => {
+    if (e.target.matches("input, select, textarea")) { if (e.key === "Escape") e.target.blur(); return; }
+    if (!S.st || e.ctrlKey || e.metaKey || e.altKey) return;
+    if (e.key === "[" && S.st.layer > 0) load(S.st.layer - 1);
+    else if (e.key === "]" && S.st.layer < S.st.layers - 1) load(S.st.layer + 1);
+    else if (e.key === "/") { e.preventDefault(); $("rule-filter").focus(); }
+    else if (e.key === "f") fit();
+    else if (e.key === "+" || e.key === "=") zoom(1.2);
+    else if (e.key === "-") zoom(1 / 1.2);
+    else if (e.key === "u") undoLast();
+    else if (e.key === "?") $("help").classList.toggle("hidden");
+    else if (e.key === "Escape") { $("help").classList.add("hidden"); select(null); }
+  });
+  let t = null;
+  window.addEventListener("resize", () => { clearTimeout(t); t = setTimeout(() => { if (S.st) { renderArena(); fit(); } }, 120); });
+  window.addEventListener("unhandledrejection", (e) => { e.preventDefault(); toast(String(e.reason && e.reason.message || e.reason)); });
+  setupPanZoom();
+  setupTips();
+  const q = new URLSearchParams(location.search);
+  load(q.has("layer") ? Number(q.get("layer")) : null);
+}
+
+// for tests and the console: the page's state and its actions
+window.lanefuse = { get state() { return S.st; }, get selected() { return S.sel; }, api, hold, release, force, unforce, setKnob, select, load, undo: undoLast };
+setup();
