@@ -1,0 +1,351 @@
+"""The e-graph: the one module that imports egglog. A step graph loads in bulk (one TSV per op kind, read with
+egglog's `input`), each rule of the table compiles to its own ruleset of egglog rules, saturation runs the rules not
+held back within an e-node budget and a match limit, an audit checks that no e-class holds two tensors of the step
+graph, and a snapshot decodes `freeze()` into Python e-classes and e-nodes."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from egglog import bindings
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.ir import Graph
+from lanefuse.engine.opdefs import OPS, full_attrs
+from lanefuse.engine.pattern import Arg
+from lanefuse.engine.rules import RuleTable, Variant, lifted_layout
+
+FACTS = ("SingleReader", "Values", "Rows", "StepNext")
+
+
+@dataclass(frozen=True)
+class ENode:
+    fn: str  # the constructor: Leaf, proj, a lifted kind's (`matmul`, `attention_5`, `matmul_x`), a variant's `F..`
+    children: tuple[int, ...]  # the e-classes of its tensor arguments, in order
+    prims: tuple  # its other arguments (attributes, constants, names), in order
+    cls: int
+
+
+@dataclass
+class Snapshot:
+    """The saturated e-graph as Python data: e-classes (ids) of e-nodes, and the step tensor each class holds."""
+
+    classes: dict[int, list[ENode]]
+    names: dict[int, str]  # e-class -> the step graph's tensor in it (bundle classes have none)
+    by_name: dict[str, int]
+
+    @property
+    def n_nodes(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+
+@dataclass
+class SatReport:
+    iterations: int = 0
+    stop: str = ""
+    matches: dict[str, int] = field(default_factory=dict)  # rule name -> matches over all iterations
+    seconds: float = 0.0
+
+
+def _var(name: str) -> str:
+    return "v_" + "".join(c if c.isalnum() else "_" + format(ord(c), "x") + "_" for c in name)
+
+
+def _lit(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        r = repr(v)
+        if r in ("inf", "-inf", "nan"):
+            raise UserError(f"attribute value {r} cannot enter the e-graph")
+        return r if ("." in r or "e" in r) else r + ".0"
+    s = str(v)
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _tsv(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _arg_text(a: Arg) -> str:
+    return _var(a.var) if a.var is not None else _lit(a.lit)
+
+
+def compile_variant(v: Variant, rule_guards, rule_outputs, absorb, label: str) -> list[str]:
+    """The egglog rules of one variant (one per commutative order of its query)."""
+    out = []
+    types = dict(v.types)
+    for qi, query in enumerate(v.queries):
+        n = [0]
+
+        def fresh() -> str:
+            n[0] += 1
+            return f"g_{n[0]}"
+
+        atoms = []
+        for a in query:
+            atoms.append(f"(= {_var(a.var)} ({a.ctor} {' '.join(_arg_text(x) for x in a.args)}))")
+        for p in v.params:
+            if p.role == "name" and types.get(p.name) != "name":
+                atoms.append(f"(Orig {_var(p.name)} {_var(p.name + '#name')} {fresh()})")
+        for gname, gargs in rule_guards:
+            from lanefuse.engine.guards import GUARDS
+
+            atoms += GUARDS[gname].compile([_arg_text(a) for a in gargs], fresh)
+        args = []
+        consts = dict(v.const_values) if hasattr(v, "const_values") else {}
+        for p in v.params:
+            if p.role == "const":
+                args.append(_lit(consts[p.name]))
+            elif p.role == "name" and types.get(p.name) != "name":
+                args.append(_var(p.name + "#name"))
+            else:
+                args.append(_var(p.name))
+        node = f"({v.ctor} {' '.join(args)})"
+        if len(rule_outputs) == 1:
+            actions = [f"(union {_var(rule_outputs[0])} {node})"]
+        else:
+            actions = [f"(let b_ {node})"] + [f"(union {_var(o)} (proj b_ {i}))" for i, o in enumerate(rule_outputs)]
+        out.append(f"(rule ({' '.join(atoms)}) ({' '.join(actions)}) :ruleset {label} :name \"{v.ctor}.{qi}\")")
+    return out
+
+
+class EGraph:
+    """One step graph in egglog with every rule of a table compiled, ready to saturate under a held set."""
+
+    def __init__(self, g: Graph, table: RuleTable):
+        t0 = time.perf_counter()
+        self.g, self.table = g, table
+        self.eg = bindings.EGraph()
+        self.variant_of: dict[str, Variant] = {}
+        self.rule_label: dict[str, str] = {}
+        self._combined = 0
+        self.loaded_nodes = 0
+        with tempfile.TemporaryDirectory(prefix="lanefuse-eg-") as tmp:
+            prog = self._declarations() + self._load(Path(tmp)) + self._rulesets()
+            self.program = "\n".join(prog)
+            # One command at a time: a long program parses and runs in time quadratic in its length (egglog 13).
+            for cmd in prog:
+                self._run(cmd)
+        self.load_seconds = time.perf_counter() - t0
+
+    # -- program text ---------------------------------------------------------------------------------------------
+    def _declarations(self) -> list[str]:
+        lines = ["(sort T)", "(constructor Leaf (String) T)", "(constructor N (String) T)",
+                 "(constructor proj (T i64) T)", "(relation Orig (T String i64))", "(relation Layer (T i64))",
+                 "(relation Cols (T i64))"] + [f"(relation {f} (T))" for f in FACTS]
+        self.lifted: dict[str, tuple] = {}
+        for kind, d in OPS.items():
+            for n in range(len(d.required), len(d.ins) + 1):
+                ctor, layout = lifted_layout(kind, n)
+                self.lifted[ctor] = (kind, n, layout, False)
+                lines.append(f"(constructor {ctor} ({' '.join(t for _, t in layout)}) T)")
+                xc = ctor + "_x"  # an op with a strided read or a placed result: loaded, never matched
+                self.lifted[xc] = (kind, n, layout, True)
+                lines.append(f"(constructor {xc} ({' '.join(t for _, t in layout)} i64) T)")
+        for r in self.table.rules:
+            for v in self.table.variants[r.name]:
+                object.__setattr__(v, "const_values", r.consts) if False else None
+                self.variant_of[v.ctor] = v
+                lines.append(f"(constructor {v.ctor} ({' '.join(p.type for p in v.params)}) T)")
+        return lines
+
+    def _load(self, tmp: Path) -> list[str]:
+        g = self.g
+        rows: dict[str, list[list]] = {}
+        index: dict[str, int] = {}
+
+        def idx(n: str):
+            if n not in index:
+                index[n] = len(index)
+
+        readers: dict[str, set[int]] = {}
+        for k, op in enumerate(g.ops):
+            if op.fused:
+                raise UserError(f"op `{op.out}` is already fused; optimize takes a graph of lifted ops")
+            for i in op.ins:
+                idx(i)
+                readers.setdefault(i, set()).add(k)
+            idx(op.out)
+        for n in list(g.io.inputs) + list(g.constants):
+            idx(n)
+        produced = {op.out for op in g.ops}
+        leaves = [n for n in index if n not in produced]
+        for k, op in enumerate(g.ops):
+            n = len(op.ins)
+            ctor, layout = lifted_layout(op.kind, n)
+            a = full_attrs(op)
+            special = op.dst is not None or any(x is not None for x in op.access)
+            row = [op.out] + list(op.ins) + [a[name] for name, t in layout[n:]]
+            if special:
+                ctor += "_x"
+                row.append(k)
+            rows.setdefault(ctor, []).append(row)
+        layer = {op.out: op.layer for op in g.ops}
+        orig = [[n, index[n], layer.get(n, -1), g.shape(n)[-1] if g.shape(n) else 1] for n in index]
+        facts = {
+            "SingleReader": [[n] for n, r in readers.items() if len(r) == 1],
+            "Values": [[n] for n, c in g.constants.items() if c.kind == "values"],
+            "Rows": [[n] for n, c in g.constants.items() if c.kind == "rows"],
+            "StepNext": [[g.io.next]] if g.io.next in index else [],
+        }
+        lines = ["(relation in_leaf (String))", "(relation in_orig (String i64 i64 i64))"]
+        lines += [f"(relation in_{f} (String))" for f in FACTS]
+        files = {"in_leaf": [[n] for n in leaves], "in_orig": orig}
+        files.update({f"in_{f}": v for f, v in facts.items()})
+        loads = ["(rule ((in_leaf s)) ((union (N s) (Leaf s))) :ruleset load_)",
+                 "(rule ((in_orig s i l c)) ((Orig (N s) s i) (Layer (N s) l) (Cols (N s) c)) :ruleset load_)"]
+        loads += [f"(rule ((in_{f} s)) (({f} (N s))) :ruleset load_)" for f in FACTS]
+        for ctor, rs in rows.items():
+            kind, n, layout, special = self.lifted[ctor]
+            types = ["String"] * (1 + n) + [t for _, t in layout[n:]] + (["i64"] if special else [])
+            lines.append(f"(relation in_{ctor} ({' '.join(types)}))")
+            files[f"in_{ctor}"] = rs
+            vs = [f"a{i}" for i in range(len(types))]
+            args = [f"(N {vs[1 + i]})" for i in range(n)] + vs[1 + n:]
+            loads.append(f"(rule ((in_{ctor} {' '.join(vs)})) ((union (N {vs[0]}) ({ctor} {' '.join(args)}))) "
+                         f":ruleset load_)")
+        for name, rs in files.items():
+            p = tmp / f"{name}.tsv"
+            p.write_text("".join("\t".join(_tsv(x) for x in r) + "\n" for r in rs))
+            lines.append(f'(input {name} "{p}")')
+        self.loaded_nodes = len(g.ops) + len(leaves)
+        return lines + ["(ruleset load_)"] + loads + ["(run load_ 1)"]
+
+    def _rulesets(self) -> list[str]:
+        lines = []
+        for i, r in enumerate(self.table.rules):
+            label = f"R{i}_"
+            self.rule_label[r.name] = label
+            lines.append(f"(ruleset {label})")
+            for v in self.table.variants[r.name]:
+                v.__dict__["const_values"] = r.consts
+                lines += compile_variant(v, r.guards, r.outputs, r.absorb, label)
+        return lines
+
+    def _run(self, text: str):
+        try:
+            return self.eg.run_program(*self.eg.parse_program(text))
+        except bindings.EggSmolError as e:  # a compiled rule egglog refuses is an engine bug, said with the text
+            raise RuntimeError(f"egglog refused the program: {e}\n--- program ---\n{text[:4000]}") from None
+
+    # -- saturation -----------------------------------------------------------------------------------------------
+    def push(self):
+        self._run("(push)")
+
+    def pop(self):
+        self._run("(pop)")
+
+    def saturate(self, held=frozenset(), max_iters: int = 12, node_budget: int | None = None,
+                 match_limit: int = 100_000) -> SatReport:
+        t0 = time.perf_counter()
+        rep = SatReport(matches={r.name: 0 for r in self.table.rules})
+        active = [r for r in self.table.rules if r.name not in held]
+        budget = node_budget or max(20_000, 40 * self.loaded_nodes)
+        if not active:
+            rep.stop = "no rules"
+            return rep
+        self._combined += 1
+        name = f"P{self._combined}_"
+        self._run(f"(unstable-combined-ruleset {name} {' '.join(self.rule_label[r.name] for r in active)})")
+        rule_of = {v.ctor: r for r in active for v in self.table.variants[r.name]}
+        added = 0
+        for it in range(max_iters):
+            out = self._run(f"(run {name} 1)")
+            report = out[-1].report
+            rep.iterations = it + 1
+            last: dict[str, int] = {}
+            for label, m in report.num_matches_per_rule.items():
+                rn = rule_of[label.rsplit(".", 1)[0]].name
+                last[rn] = last.get(rn, 0) + m
+            for rn, m in last.items():
+                rep.matches[rn] += m
+                added += m * (1 + len(self.table.by_name[rn].outputs))
+            worst = max(last.items(), key=lambda kv: kv[1], default=("", 0))
+            if worst[1] > match_limit:
+                r = self.table.by_name[worst[0]]
+                raise UserError(f"rule `{r.where}` matched {worst[1]} times in one iteration (limit {match_limit}); "
+                                f"its pattern is too loose: join its ops on a shared input or layer, add guards, "
+                                f"or hold it (--hold {r.name})")
+            if self.loaded_nodes + added > budget:
+                n = self.snapshot().n_nodes
+                if n > budget:
+                    r = self.table.by_name[worst[0]]
+                    raise UserError(f"the e-graph grew to {n} e-nodes after {it + 1} iterations (budget {budget}); "
+                                    f"the likely cause is rule `{r.where}` ({worst[1]} matches in the last "
+                                    f"iteration): add guards to it or hold it (--hold {r.name})")
+            if not report.updated:
+                rep.stop = "saturated"
+                break
+        else:
+            rep.stop = f"iteration limit ({max_iters})"
+        rep.seconds = time.perf_counter() - t0
+        return rep
+
+    # -- snapshot -------------------------------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        eg = self.eg
+        frozen = eg.freeze()
+        ids: dict = {}
+
+        def cid(v) -> int:
+            i = ids.get(v)
+            if i is None:
+                i = ids[v] = len(ids)
+            return i
+
+        conv = {"i64": eg.value_to_i64, "f64": eg.value_to_f64, "String": eg.value_to_string}
+        classes: dict[int, list[ENode]] = {}
+        names: dict[int, str] = {}
+        by_name: dict[str, int] = {}
+        for fname, fn in frozen.functions.items():
+            if fn.output_sort != "T":
+                continue
+            sorts = fn.input_sorts
+            if fname == "N":
+                for row in fn.rows:
+                    c, nm = cid(row.output), eg.value_to_string(row.inputs[0])
+                    if c in names and names[c] != nm:
+                        self._merged(names[c], nm, c, classes)
+                    names[c] = nm
+                    by_name[nm] = c
+                continue
+            for row in fn.rows:
+                ch, pr = [], []  # noqa
+                for s, v in zip(sorts, row.inputs):
+                    if s == "T":
+                        ch.append(cid(v))
+                    else:
+                        pr.append(conv[s](v))
+                c = cid(row.output)
+                classes.setdefault(c, []).append(ENode(fname, tuple(ch), tuple(pr), c))
+        snap = Snapshot(classes, names, by_name)
+        self._audit(snap, frozen)
+        return snap
+
+    def _merged(self, a: str, b: str, c: int, classes):
+        raise UserError(f"unsound rule: tensors `{a}` and `{b}` ended up equal")
+
+    def _audit(self, snap: Snapshot, frozen) -> None:
+        """No e-class may hold two tensors of the step graph: a rule that merged them is wrong."""
+        seen: dict[int, list[str]] = {}
+        for row in frozen.functions["N"].rows:
+            pass
+        counts: dict[int, list[str]] = {}
+        for nm, c in snap.by_name.items():
+            counts.setdefault(c, []).append(nm)
+        for c, nms in counts.items():
+            if len(nms) > 1:
+                rules = sorted({self.variant_of[n.fn].rule for n in snap.classes.get(c, []) if n.fn in self.variant_of})
+                culprits = ", ".join(f"`{self.table.by_name[r].where}`" for r in rules) or "unknown"
+                raise UserError(f"unsound rule: tensors {', '.join(f'`{n}`' for n in sorted(nms))} ended up in one "
+                                f"e-class; made by {culprits}; fix or hold that rule")
