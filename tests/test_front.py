@@ -1,0 +1,247 @@
+"""The front and the weight store: checkpoint folders written with numpy (f32, f16, bf16, sharded, tied) load into the
+config and weights the step reads; config.json of transformers 4.x and 5.x read alike; each mistake is one clear
+UserError; a step YAML's `weights:` entry resolves."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from lanefuse.engine.demo import random_arrays
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.front import load_model
+from lanefuse.engine.generate import generate
+from lanefuse.engine.hfconfig import config_from_hf
+from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.stepweights import step_weights
+from lanefuse.engine.weights import Weights, bf16_to_f32, f32_to_bf16, inv_freq
+
+HF = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": 50, "rms_norm_eps": 1e-5,
+      "max_position_embeddings": 64, "tie_word_embeddings": False, "rope_theta": 10000.0, "hidden_act": "silu"}
+
+
+def _save_bf16(path, arrays: dict[str, np.ndarray]) -> None:
+    """A safetensors file of bf16 tensors, written by hand (numpy has no bf16)."""
+    header, blobs, off = {}, [], 0
+    for name, a in arrays.items():
+        b = f32_to_bf16(a).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write_checkpoint(folder, config: dict, fmt: str = "f32", shards: int = 1, drop=(), reshape=None, seed=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    cfg = config_from_hf(config)
+    arrays = random_arrays(cfg, seed)
+    for n in drop:
+        arrays.pop(n)
+    for n, shape in (reshape or {}).items():
+        arrays[n] = np.zeros(shape, dtype=np.float32)
+    names = list(arrays)
+    parts = [names[i::shards] for i in range(shards)]
+    weight_map = {}
+    for i, part in enumerate(parts):
+        fname = "model.safetensors" if shards == 1 else f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        sub = {n: arrays[n] for n in part}
+        if fmt == "bf16":
+            _save_bf16(folder / fname, sub)
+        else:
+            save_file({n: a.astype(np.float16 if fmt == "f16" else np.float32) for n, a in sub.items()},
+                      str(folder / fname))
+        weight_map.update({n: fname for n in part})
+    if shards > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return arrays
+
+
+def test_load_f32_and_generate_like_memory(tmp_path):
+    arrays = write_checkpoint(tmp_path / "m", HF)
+    cfg, w = load_model(tmp_path / "m")
+    assert cfg.arch == "LlamaForCausalLM" and cfg.hidden == 32 and cfg.kv_heads == 2 and cfg.max_len == 64
+    assert cfg.fmt("model.layers.1.mlp.up_proj.weight") == "f32"
+    np.testing.assert_array_equal(w.get("model.layers.0.self_attn.q_proj.weight"),
+                                  arrays["model.layers.0.self_attn.q_proj.weight"])
+    mem = Weights.from_dict(arrays, cfg)
+    a = generate(cfg, w, [1, 2, 3], 5)
+    b = generate(cfg, mem, [1, 2, 3], 5)
+    assert a.generated_ids == b.generated_ids
+    assert w.shape("rope.cos") == (64, 4) and "rope.sin" in w.names()
+
+
+def test_load_f16(tmp_path):
+    arrays = write_checkpoint(tmp_path / "m", HF, fmt="f16")
+    cfg, w = load_model(tmp_path / "m")
+    name = "model.layers.0.mlp.down_proj.weight"
+    raw, fmt = w.raw(name)
+    assert fmt == "f16" and raw.dtype == np.float16 and cfg.fmt(name) == "f16"
+    np.testing.assert_array_equal(w.get(name), arrays[name].astype(np.float16).astype(np.float32))
+
+
+def test_load_bf16_without_torch(tmp_path):
+    arrays = write_checkpoint(tmp_path / "m", HF, fmt="bf16")
+    cfg, w = load_model(tmp_path / "m")
+    name = "model.embed_tokens.weight"
+    raw, fmt = w.raw(name)
+    assert fmt == "bf16" and raw.dtype == np.uint16 and cfg.fmt(name) == "bf16"
+    want = bf16_to_f32(f32_to_bf16(arrays[name]))
+    np.testing.assert_array_equal(w.get(name), want)
+    assert np.abs(want - arrays[name]).max() <= np.abs(arrays[name]).max() * 2 ** -8
+
+
+def test_bf16_rounds_to_nearest_even():
+    x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -2.5, 1.0 + 2 ** -7], dtype=np.float32)
+    got = bf16_to_f32(f32_to_bf16(x))  # halfway cases go to the even mantissa
+    assert list(got) == [1.0, 1.0, 1.0 + 2 ** -6, -2.5, 1.0 + 2 ** -7]
+
+
+def test_load_sharded(tmp_path):
+    arrays = write_checkpoint(tmp_path / "m", HF, shards=3)
+    cfg, w = load_model(tmp_path / "m")
+    assert len({w.store.where(n) for n in arrays}) == 3
+    np.testing.assert_array_equal(w.get("lm_head.weight"), arrays["lm_head.weight"])
+
+
+def test_tied_embeddings(tmp_path):
+    write_checkpoint(tmp_path / "m", {**HF, "tie_word_embeddings": True})
+    cfg, w = load_model(tmp_path / "m")
+    assert cfg.tie_embeddings and "lm_head.weight" not in w.names()
+    assert generate(cfg, w, [4], 3).generated_ids
+
+
+@pytest.mark.parametrize("make,expect", [
+    (lambda p: p / "nowhere", r"nowhere: no such file or folder"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", r"empty: no config.json in this folder"),
+    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", r"f.txt: expected a checkpoint folder"),
+])
+def test_path_errors(tmp_path, make, expect):
+    with pytest.raises(UserError, match=expect):
+        load_model(make(tmp_path))
+
+
+def test_unsupported_architecture_lists_the_supported(tmp_path):
+    write_checkpoint(tmp_path / "m", HF)
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**HF, "architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(UserError, match=r"architecture `MistralForCausalLM` is not supported \(supported: "
+                                        r"LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM\)"):
+        load_model(tmp_path / "m")
+
+
+def test_missing_tensor_is_named_with_its_shape(tmp_path):
+    write_checkpoint(tmp_path / "m", HF, drop=["model.layers.1.self_attn.k_proj.weight"])
+    with pytest.raises(UserError, match=r"no tensor `model.layers.1.self_attn.k_proj.weight` "
+                                        r"\(expected shape \(16, 32\)\)"):
+        load_model(tmp_path / "m")
+
+
+def test_misshaped_tensor_names_both_shapes(tmp_path):
+    write_checkpoint(tmp_path / "m", HF, reshape={"model.norm.weight": (31,)})
+    with pytest.raises(UserError, match=r"tensor `model.norm.weight` has shape \(31,\), expected \(32,\)"):
+        load_model(tmp_path / "m")
+
+
+def test_unsupported_dtype_is_named(tmp_path):
+    write_checkpoint(tmp_path / "m", HF)
+    save_file({"model.norm.weight": np.ones(32)}, str(tmp_path / "m" / "model.safetensors"))  # f64, the rest gone
+    with pytest.raises(UserError, match=r"model.norm.weight|has no tensor"):
+        load_model(tmp_path / "m")
+    with pytest.raises(UserError, match=r"tensor `model.norm.weight` in model.safetensors is F64"):
+        Weights.from_folder(tmp_path / "m").get("model.norm.weight")
+
+
+def test_bad_config_json(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    with pytest.raises(UserError, match="config.json: not readable JSON"):
+        load_model(tmp_path / "m")
+
+
+@pytest.mark.parametrize("change,expect", [
+    ({"hidden_act": "gelu"}, "hidden_act `gelu` is not supported"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type `yarn` is not supported"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "llama3 rope scaling lacks low_freq_factor"),
+    ({"num_hidden_layers": None}, "missing `num_hidden_layers`"),
+    ({"use_sliding_window": True}, "sliding-window"),
+])
+def test_config_refusals(change, expect):
+    with pytest.raises(UserError, match=expect):
+        config_from_hf({**HF, **change})
+
+
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def test_config_4x_and_5x_read_alike():
+    v4 = {**HF, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", **LLAMA3}}
+    v4_old = {**HF, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3}}
+    v5 = {k: v for k, v in HF.items() if k != "rope_theta"}
+    v5["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3}
+    a, b, c = config_from_hf(v4), config_from_hf(v4_old), config_from_hf(v5)
+    assert a == b == c
+    assert a.rope_theta == 500000.0 and dict(a.rope_scaling)["factor"] == 8.0
+
+
+def test_qwen_shapes():
+    q2 = config_from_hf({**HF, "architectures": ["Qwen2ForCausalLM"]})
+    q3 = config_from_hf({**HF, "architectures": ["Qwen3ForCausalLM"], "head_dim": 16})
+    assert q2.qkv_bias and not q2.qk_norm and q3.qk_norm and q3.head_dim == 16
+    assert q3.weight_names()["model.layers.0.self_attn.q_proj.weight"] == (64, 32)
+
+
+def test_llama3_inv_freq_regimes():
+    cfg = config_from_hf({**HF, "rope_scaling": {"rope_type": "llama3", **LLAMA3}})
+    base = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)
+    got = inv_freq(cfg)
+    wavelen = 2 * np.pi / base
+    hi, lo = wavelen < 16, wavelen > 64  # original 64 / high_freq_factor 4, / low_freq_factor 1
+    assert hi.any() and lo.any() and (~hi & ~lo).any()
+    np.testing.assert_array_equal(got[hi], base[hi])  # high frequencies unchanged
+    np.testing.assert_allclose(got[lo], base[lo] / 8.0)  # low frequencies divided by the factor
+    mid = ~hi & ~lo
+    assert np.all(got[mid] < base[mid]) and np.all(got[mid] > base[mid] / 8.0)  # smoothed between
+
+
+@pytest.mark.hf
+def test_llama3_inv_freq_matches_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, rope_theta=10000.0,
+                                  rope_scaling={"rope_type": "llama3", **LLAMA3})
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
+    cfg = config_from_hf({**HF, "hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+                          "rope_scaling": {"rope_type": "llama3", **LLAMA3}})
+    np.testing.assert_allclose(inv_freq(cfg), want.double().numpy(), rtol=1e-6)
+
+
+def test_step_weights(tmp_path):
+    g = build_step(ModelConfig("Qwen3ForCausalLM", 256, 4, 8, 2, 32, 512, 512, qk_norm=True, name="demo"), 1)
+    g.meta["weights"] = {"demo": True}
+    assert step_weights(g).get("model.norm.weight").shape == (256,)
+    g.meta["weights"] = {"random": 3}
+    w = step_weights(g)
+    assert w.get("lm_head.weight").shape == (512, 256) and w.get("rope.cos").shape == (256, 16)
+    g.meta["weights"] = {"demos": True}
+    with pytest.raises(UserError, match=r"unknown weights source `demos` \(did you mean `demo`\?\)"):
+        step_weights(g)
+    g.meta.pop("weights")
+    with pytest.raises(UserError, match="the step names no weights"):
+        step_weights(g)
+
+
+def test_step_weights_checkpoint_relative_to_the_yaml(tmp_path):
+    write_checkpoint(tmp_path / "ckpt", HF)
+    cfg, _ = load_model(tmp_path / "ckpt")
+    g = build_step(cfg, 1)
+    g.meta["weights"] = {"checkpoint": "ckpt"}
+    w = step_weights(g, tmp_path)
+    assert w.get("rope.cos").shape == g.constants["rope.cos"].shape
