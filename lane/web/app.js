@@ -90,13 +90,13 @@ async function load(layer) {
   try {
     const q = layer === null || layer === undefined ? "" : `?layer=${layer}`;
     const st = await api("/api/state" + q);
-    const prevLayer = S.layer;
-    apply(st);
-    if (S.sel && prevLayer !== null && prevLayer !== st.layer) { // the same tensor in the new layer
-      const short = shortName(S.sel, prevLayer);
+    if (S.sel && S.layer !== null && S.layer !== st.layer) { // the same tensor in the new layer
+      const short = shortName(S.sel, S.layer);
       const next = st.graph.nodes.find((n) => shortName(n.id, st.layer) === short);
       S.sel = next ? next.id : null;
+      S.choices = null;
     }
+    apply(st);
     await loadChoices();
   } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); }
   finally { busy(false); }
