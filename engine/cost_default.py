@@ -1,0 +1,55 @@
+"""The cost a plan is extracted under until a lane passes its own: one launch's fixed overhead plus the bytes it
+moves over the bandwidth, in microseconds. `Refusal` is how any cost function says an op can never run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from lanefuse.engine.ir import Graph, Op
+
+LAUNCH_US = 2.5  # a kernel launch's fixed cost
+BYTES_PER_US = 3.0e6  # ~3 TB/s of memory bandwidth
+_WIDTH = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an op can never be chosen, in the user's words."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class CostFn(Protocol):
+    def __call__(self, op: Op, g: Graph) -> float | Refusal: ...
+
+
+def nbytes(g: Graph, name: str) -> int:
+    if name in g.constants:
+        c = g.constants[name]
+        return c.size * _WIDTH.get(c.format if c.kind == "rows" else "f32", 4)
+    t = g.tensors.get(name)
+    return t.size * _WIDTH.get(t.dtype, 4) if t else 0
+
+
+def _moved(op: Op, g: Graph) -> int:
+    if op.kind == "set_row":  # reads its rows, writes them into the table: the table itself is not streamed
+        return 2 * nbytes(g, op.ins[1])
+    tables = set(g.io.tables)
+    ins = sum(nbytes(g, i) for i in dict.fromkeys(op.ins) if i not in tables or op.kind == "attention")
+    return ins + sum(nbytes(g, o) for o in op.outs if o not in tables)
+
+
+def default_cost(op: Op, g: Graph) -> float | Refusal:
+    """One launch per op (a fused op is one launch; a bare arg-max of the next token needs a second to advance),
+    plus its bytes moved. A result placed into a table's rows
+    (`into_row`) is written by its producer's launch: it costs nothing of its own."""
+    if op.fused and op.cls == "into_row":
+        return 0.0
+    launches = 1
+    if op.kind == "argmax" and op.out == g.io.next:
+        launches = 2  # the advance of the token and position runs as a launch of its own
+    return launches * LAUNCH_US + _moved(op, g) / BYTES_PER_US

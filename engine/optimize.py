@@ -1,0 +1,387 @@
+"""The engine's public API: `optimize(g, table, held, cost, forced, method)` saturates the step graph under the rules
+not held back and extracts the cheapest runnable plan; `Session` keeps one loaded e-graph to re-plan for other held
+sets, costs and forced choices (the explorer), and lists each tensor's alternatives."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lanefuse.engine.cost_default import CostFn, Refusal, default_cost
+from lanefuse.engine.egraph import EGraph, ENode, SatReport, Snapshot
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.extract import INF, NoPlan, Problem, solve_ilp, solve_local
+from lanefuse.engine.ir import Dst, Graph, Op, RowSel, attrs_of
+from lanefuse.engine.rules import RuleTable, Variant
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One e-node of a tensor's e-class: what op it would be, the rule that made it, its own cost or refusal."""
+
+    index: int
+    label: str  # `matmul`, `gemv_norm_epilogue (gemv_norm_epilogue)`, `merged_qkv (merged_qkv) output 1`, `input`
+    cls: str | None
+    rule: str | None
+    cost: float | Refusal
+
+
+@dataclass
+class Optimized:
+    graph: Graph
+    fusions: dict[str, int]
+    trace: dict[str, Any]
+    cost: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def _debug_level() -> int:
+    try:
+        return int(os.environ.get("LANEFUSE_DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+class _Decoded:
+    """A snapshot turned into the extraction problem: each node's op (lifted or fused), cost and rank."""
+
+    def __init__(self, snap: Snapshot, eg: EGraph, g: Graph, table: RuleTable):
+        self.snap, self.g, self.table, self.eg = snap, g, table, eg
+        self.producer = {op.out: (k, op) for k, op in enumerate(g.ops)}
+        self.proj_of: dict[int, dict[int, int]] = {}  # bundle class -> {output index: class}
+        for ns in snap.classes.values():
+            for n in ns:
+                if n.fn == "proj":
+                    self.proj_of.setdefault(n.children[0], {})[n.prims[0]] = n.cls
+        # every class's nodes in a stable order: inputs, then lifted ops, then fused ops, then projections
+        self.nodes: list[ENode] = []
+        self.classes: dict[int, list[int]] = {}
+        for c in sorted(snap.classes, key=lambda c: (snap.names.get(c, "~"), c)):
+            for n in sorted(snap.classes[c], key=self._rank_key):
+                self.classes.setdefault(c, []).append(len(self.nodes))
+                self.nodes.append(n)
+        self.ops: list[Op | None] = [self._op(n) for n in self.nodes]
+
+    def _rank_key(self, n: ENode):
+        tier = 0 if n.fn == "Leaf" else 1 if n.fn in self.eg.lifted else 2 if n.fn in self.eg.variant_of else 3
+        return (tier, n.fn, tuple(self.snap.names.get(c, "") for c in n.children), repr(n.prims))
+
+    def name(self, c: int) -> str:
+        return self.snap.names.get(c, f"<bundle {c}>")
+
+    def _op(self, n: ENode) -> Op | None:
+        if n.fn in ("Leaf", "proj"):
+            return None
+        if n.fn in self.eg.lifted:
+            return self.producer[self.snap.names[n.cls]][1]
+        v = self.eg.variant_of[n.fn]
+        return self._fused(n, v)
+
+    def _fused(self, n: ENode, v: Variant) -> Op:
+        rule = self.table.by_name[v.rule]
+        binds: dict[str, Any] = {}
+        ch, pr = iter(n.children), iter(n.prims)
+        children = []
+        for p in v.params:
+            if p.type == "T":
+                nm = self.name(next(ch))
+                binds[p.name] = nm
+                children.append(nm)
+            else:
+                binds[p.name] = next(pr)
+        if rule.multi:
+            outs_cls = self.proj_of.get(n.cls, {})
+            outs = [self.name(outs_cls[i]) if i in outs_cls else None for i in range(len(rule.outputs))]
+        else:
+            outs = [self.name(n.cls)]
+        for var, nm in zip(rule.outputs, outs):
+            binds[var] = nm
+        outs = [o for o in outs if o is not None]
+        parts = self._parts(tuple(outs), frozenset(children))
+        return Op("fused", tuple(dict.fromkeys(children)), outs[0], layer=max((pt.layer for pt in parts), default=-1),
+                  cls=rule.cls, rule=rule.name, parts=parts, keeps=tuple(outs[1:]), binds=attrs_of(binds))
+
+    def _parts(self, outs: tuple[str, ...], stop: frozenset[str]) -> tuple[Op, ...]:
+        """The step graph's ops between the fused op's inputs and its outputs, in graph order."""
+        seen: dict[int, Op] = {}
+        stack = list(outs)
+        while stack:
+            t = stack.pop()
+            if t in stop or t not in self.producer:
+                continue
+            k, op = self.producer[t]
+            if k in seen:
+                continue
+            seen[k] = op
+            stack.extend(op.ins)
+        return tuple(seen[k] for k in sorted(seen))
+
+    def label(self, i: int) -> tuple[str, str | None, str | None]:
+        n, op = self.nodes[i], self.ops[i]
+        if n.fn == "Leaf":
+            return "input", None, None
+        if n.fn == "proj":
+            v = self.eg.variant_of[self.snap.classes[n.children[0]][0].fn]
+            r = self.table.by_name[v.rule]
+            return f"{r.cls} ({r.name}) output {n.prims[0]}", r.cls, r.name
+        if op.fused:
+            return f"{op.cls} ({op.rule})", op.cls, op.rule
+        return op.kind, None, None
+
+
+class Session:
+    """One step graph loaded into an e-graph with every rule compiled; each held set is saturated once (inside
+    push/pop, so a held rule never fires) and its snapshot kept for re-extraction under other costs and choices."""
+
+    def __init__(self, g: Graph, table: RuleTable, max_iters: int = 12, node_budget: int | None = None,
+                 match_limit: int = 100_000):
+        self.g, self.table = g, table
+        self.max_iters, self.node_budget, self.match_limit = max_iters, node_budget, match_limit
+        self.eg = EGraph(g, table)
+        self._snaps: dict[frozenset, tuple[_Decoded, SatReport, dict]] = {}
+
+    def _saturated(self, held: frozenset) -> tuple[_Decoded, SatReport, dict]:
+        if held not in self._snaps:
+            times = {}
+            self.eg.push()
+            try:
+                rep = self.eg.saturate(held, self.max_iters, self.node_budget, self.match_limit)
+                times["saturate"] = rep.seconds
+                t0 = time.perf_counter()
+                snap = self.eg.snapshot()
+                times["snapshot"] = time.perf_counter() - t0
+            finally:
+                self.eg.pop()
+            t0 = time.perf_counter()
+            dec = _Decoded(snap, self.eg, self.g, self.table)
+            times["decode"] = time.perf_counter() - t0
+            self._snaps[held] = (dec, rep, times)
+        return self._snaps[held]
+
+    def _held(self, held) -> tuple[frozenset, list[str]]:
+        held = frozenset(held)
+        warnings = []
+        for h, deps in self.table.check_held(held).items():
+            deps = {d: how for d, how in deps.items() if d not in held}
+            if deps:
+                said = ", ".join(f"`{d}` ({'disabled' if how == 'fully' else 'its matches through it'})"
+                                 for d, how in sorted(deps.items()))
+                warnings.append(f"holding `{h}` also holds back {said}: they build on its class "
+                                f"`{self.table.by_name[h].cls}`")
+        return held, warnings
+
+    def choices(self, tensor: str, held=frozenset(), cost: CostFn = default_cost) -> list[Alternative]:
+        held, _ = self._held(held)
+        dec = self._saturated(held)[0]
+        c = dec.snap.by_name.get(tensor)
+        if c is None:
+            import difflib
+
+            near = difflib.get_close_matches(tensor, dec.snap.by_name, n=1)
+            raise UserError(f"unknown tensor `{tensor}`" + (f" (did you mean `{near[0]}`?)" if near else ""))
+        out = []
+        for k, i in enumerate(dec.classes[c]):
+            lab, cls, rule = dec.label(i)
+            op = dec.ops[i]
+            out.append(Alternative(k, lab, cls, rule, cost(op, self.g) if op is not None else 0.0))
+        return out
+
+    def plan(self, held=frozenset(), cost: CostFn = default_cost, forced: dict[str, int] | None = None,
+             method: str = "ilp") -> Optimized:
+        if method not in ("ilp", "local"):
+            raise UserError(f"unknown extraction method `{method}` (ilp or local)")
+        t_all = time.perf_counter()
+        held, warnings = self._held(held)
+        dec, rep, times = self._saturated(held)
+        times = dict(times, load=self.eg.load_seconds)
+        t0 = time.perf_counter()
+        costs: list[float] = []
+        refusals: dict[int, Refusal] = {}
+        for i, op in enumerate(dec.ops):
+            v = cost(op, self.g) if op is not None else 0.0
+            if isinstance(v, Refusal):
+                refusals[i] = v
+                v = INF
+            costs.append(float(v))
+        times["cost"] = time.perf_counter() - t0
+        prob = self._problem(dec, costs, forced or {})
+        t0 = time.perf_counter()
+        try:
+            choice = solve_ilp(prob) if method == "ilp" else solve_local(prob)
+        except NoPlan as e:
+            raise UserError(self._no_plan(dec, e.classes, refusals, forced)) from None
+        times["extract"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        graph, fusions = self._emit(dec, choice)
+        times["emit"] = time.perf_counter() - t0
+        total = sum(costs[n] for n in choice.values())
+        trace = self._trace(dec, rep, choice, costs, refusals, times, held)
+        trace["time"]["total"] = time.perf_counter() - t_all
+        if _debug_level() >= 2:
+            print(match_table(self.table, rep), file=sys.stderr)
+        return Optimized(graph, fusions, trace, total, warnings)
+
+    # -- the problem ----------------------------------------------------------------------------------------------
+    def _problem(self, dec: _Decoded, costs: list[float], forced: dict[str, int]) -> Problem:
+        snap = dec.snap
+        children = [tuple(dict.fromkeys(n.children)) for n in dec.nodes]
+        internal = []
+        for i, n in enumerate(dec.nodes):
+            ins: tuple[int, ...] = ()
+            v = dec.eg.variant_of.get(n.fn)
+            if v is not None:
+                names = [p.name for p in v.params if p.type != "T"]
+                prims = dict(zip(names, n.prims))
+                ins = tuple(snap.by_name[prims[p.name]] for p in v.params
+                            if p.role == "name" and prims.get(p.name) in snap.by_name)
+            internal.append(ins)
+        g = self.g
+        read = {i for op in g.ops for i in op.ins}
+        root_names = list(dict.fromkeys([*g.io.outputs, *(op.out for op in g.ops if op.out not in read)]))
+        roots = [snap.by_name[r] for r in root_names if r in snap.by_name]
+        fixed = {}
+        for t, k in forced.items():
+            c = snap.by_name.get(t)
+            if c is None:
+                import difflib
+
+                near = difflib.get_close_matches(t, snap.by_name, n=1)
+                raise UserError(f"forced choice for unknown tensor `{t}`" + (f" (did you mean `{near[0]}`?)" if near else ""))
+            alts = dec.classes[c]
+            if not 0 <= k < len(alts):
+                raise UserError(f"forced choice {k} for `{t}`: it has alternatives 0..{len(alts) - 1}")
+            fixed[c] = alts[k]
+        bundles = {}
+        for bc, outs in dec.proj_of.items():
+            bundles[bc] = [(oc, next(i for i in dec.classes[oc] if dec.nodes[i].fn == "proj"
+                                     and dec.nodes[i].children[0] == bc and dec.nodes[i].prims[0] == k))
+                           for k, oc in sorted(outs.items())]
+        node_class = [n.cls for n in dec.nodes]
+        return Problem(dec.classes, node_class, children, costs, roots, internal, fixed, bundles)
+
+    def _no_plan(self, dec: _Decoded, classes, refusals, forced) -> str:
+        lines = []
+        for c in classes:
+            ref = [(dec.label(i)[0], refusals[i]) for i in dec.classes.get(c, []) if i in refusals]
+            if ref and len(ref) == len(dec.classes[c]):
+                lines.append(f"`{dec.name(c)}`: " + "; ".join(f"{lab} refused: {why}" for lab, why in ref))
+        if not lines:
+            refused = sorted({(dec.label(i)[0], str(r)) for i, r in refusals.items()})
+            why = "; ".join(f"{lab}: {r}" for lab, r in refused[:8])
+            return ("no runnable plan: the forced choices and refusals leave no valid choice"
+                    + (f" (forced: {forced})" if forced else "") + (f"; refused: {why}" if why else ""))
+        return "no runnable plan: every way to compute " + " | ".join(lines)
+
+    # -- the plan as a graph --------------------------------------------------------------------------------------
+    def _emit(self, dec: _Decoded, choice: dict[int, int]) -> tuple[Graph, dict[str, int]]:
+        ops: list[Op] = []
+        placements: list[Op] = []
+        fusions: dict[str, int] = {}
+        for c, i in sorted(choice.items()):
+            op = dec.ops[i]
+            if op is None:
+                continue
+            if op.fused:
+                fusions[op.rule] = fusions.get(op.rule, 0) + 1
+                if self.table.by_name[op.rule].absorb:
+                    placements.append(op)
+                    continue
+            ops.append(op)
+        for pl in placements:
+            ops = self._place(ops, pl)
+        # keeps: what another op reads or the step outputs
+        read = {i for op in ops for i in op.ins} | set(self.g.io.outputs)
+        ops = [replace(op, keeps=tuple(k for k in op.keeps if k in read)) if op.fused else op for op in ops]
+        index = {op.out: k for k, op in enumerate(self.g.ops)}
+        ops = _topo(ops, index)
+        out = self.g.replace_ops(ops)
+        return out, fusions
+
+    def _place(self, ops: list[Op], pl: Op) -> list[Op]:
+        """Fold a row placement into the op that writes the absorbed tensor: that op's result lands in the table."""
+        rule = self.table.by_name[pl.rule]
+        src = pl.b[rule.absorb]
+        row = pl.parts[-1]  # the row write the placement absorbs
+        d = Dst(row.ins[0], RowSel(param=row.ins[2]))
+        for k, op in enumerate(ops):
+            if src not in op.outs:
+                continue
+            if not op.fused:
+                ops[k] = Op("fused", tuple(dict.fromkeys(op.ins + (row.ins[0],))), pl.out, dst=d, layer=op.layer,
+                            cls=rule.cls, rule=rule.name, parts=(replace(op, dst=d), row), binds=pl.binds)
+            else:
+                parts = tuple(replace(p, dst=d) if p.out == src else p for p in op.parts) + (row,)
+                placed = tuple(dict(op.b).get("into_row", ())) + ((src, row.ins[0], row.ins[2]),)
+                binds = attrs_of({**op.b, "into_row": placed})
+                ops[k] = replace(op, ins=tuple(dict.fromkeys(op.ins + (row.ins[0],))),
+                                 out=pl.out if op.out == src else op.out,
+                                 keeps=tuple(pl.out if x == src else x for x in op.keeps), parts=parts, binds=binds)
+            return ops
+        raise RuntimeError(f"placement `{pl.rule}`: no op writes `{src}`")
+
+    def _trace(self, dec, rep: SatReport, choice, costs, refusals, times, held) -> dict:
+        tensors = {}
+        for c, i in sorted(choice.items(), key=lambda kv: dec.name(kv[0])):
+            if c not in dec.snap.names or dec.nodes[i].fn == "Leaf":
+                continue
+            alts = []
+            for j in dec.classes[c]:
+                if j == i:
+                    continue
+                alts.append({"alt": dec.label(j)[0], "cost": str(refusals[j]) if j in refusals else costs[j]})
+            alts.sort(key=lambda a: (isinstance(a["cost"], str), a["cost"] if not isinstance(a["cost"], str) else 0))
+            tensors[dec.name(c)] = {"chosen": dec.label(i)[0], "cost": costs[i], "runners_up": alts}
+        return {
+            "held": sorted(held),
+            "saturation": {"iterations": rep.iterations, "stop": rep.stop, "matches": dict(rep.matches)},
+            "egraph": {"nodes": dec.snap.n_nodes, "classes": len(dec.snap.classes)},
+            "time": {k: round(v, 6) for k, v in times.items()},
+            "tensors": tensors,
+        }
+
+
+def _topo(ops: list[Op], index: dict[str, int]) -> list[Op]:
+    """A valid order close to the step graph's: among ready ops, the one whose first part came first."""
+    writer = {o: k for k, op in enumerate(ops) for o in op.outs}
+    key = [min((index.get(p.out, 1 << 30) for p in op.leaves()), default=1 << 30) for op in ops]
+    deps = [{writer[i] for i in op.ins if i in writer and writer[i] != k} for k, op in enumerate(ops)]
+    users: dict[int, list[int]] = {}
+    for k, ds in enumerate(deps):
+        for d in ds:
+            users.setdefault(d, []).append(k)
+    left = [len(ds) for ds in deps]
+    heap = [(key[k], k) for k in range(len(ops)) if left[k] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, k = heapq.heappop(heap)
+        out.append(ops[k])
+        for u in users.get(k, []):
+            left[u] -= 1
+            if left[u] == 0:
+                heapq.heappush(heap, (key[u], u))
+    if len(out) != len(ops):
+        raise RuntimeError("the extracted plan has a cycle")
+    return out
+
+
+def match_table(table: RuleTable, rep: SatReport) -> str:
+    """The per-rule match counts of a saturation, rules that never matched included (LANEFUSE_DEBUG=2)."""
+    w = max((len(r.where) for r in table.rules), default=10)
+    lines = [f"saturation: {rep.iterations} iterations, stopped: {rep.stop}", f"{'rule':<{w}}  matches"]
+    for r in table.rules:
+        m = rep.matches.get(r.name, 0)
+        lines.append(f"{r.where:<{w}}  {m}" + ("  (never matched)" if m == 0 else ""))
+    return "\n".join(lines)
+
+
+def optimize(g: Graph, table: RuleTable, held: frozenset[str] = frozenset(), cost: CostFn = default_cost,
+             forced: dict[str, int] | None = None, method: str = "ilp", session: Session | None = None) -> Optimized:
+    """The cheapest runnable plan of `g` under the rules of `table` not `held`, as a graph of lifted and fused ops."""
+    s = session if session is not None else Session(g, table)
+    return s.plan(held, cost, forced, method)
