@@ -1,0 +1,67 @@
+// Arg-max of each row (the first index on ties): grid (blocks, rows), each block the max of its chunk into the block
+// maxima; the last block to arrive (an arrival counter it resets to zero) picks each row's and, on an advance, writes
+// the last row's token into the token buffer and adds `step` to the position.
+#define AB 256
+
+extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int* out, float* bv, int* bi,
+                                                             unsigned* counter, i64 n, i64 rows, int* token,
+                                                             int* position, i64 step) {
+    __shared__ float sv[AB];
+    __shared__ i64 si[AB];
+    __shared__ int last;
+    i64 r = blockIdx.y, nb = gridDim.x, per = (n + nb - 1) / nb;
+    i64 a = (i64)blockIdx.x * per, b = min(n, a + per);
+    float best = NEG_INF;
+    i64 bix = n;
+    for (i64 i = a + threadIdx.x; i < b; i += AB) {
+        float v = x[r * n + i];
+        if (v > best || (v == best && i < bix)) {
+            best = v;
+            bix = i;
+        }
+    }
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = bix;
+    __syncthreads();
+    for (int o = AB / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            float v = sv[threadIdx.x + o];
+            i64 j = si[threadIdx.x + o];
+            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) {
+                sv[threadIdx.x] = v;
+                si[threadIdx.x] = j;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        bv[r * nb + blockIdx.x] = sv[0];
+        bi[r * nb + blockIdx.x] = (int)si[0];
+        __threadfence();
+        last = atomicAdd(counter, 1u) == (unsigned)(nb * rows - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (i64 rr = threadIdx.x; rr < rows; rr += AB) {
+        float m = NEG_INF;
+        int mi = (int)n;
+        for (i64 k = 0; k < nb; k++) {
+            float v = __ldcg(bv + rr * nb + k);
+            int j = __ldcg(bi + rr * nb + k);
+            if (v > m || (v == m && j < mi)) {
+                m = v;
+                mi = j;
+            }
+        }
+        out[rr] = mi < n ? mi : 0;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (token) {
+            token[0] = out[rows - 1];
+            position[0] += (int)step;
+        }
+        *counter = 0u;
+    }
+}

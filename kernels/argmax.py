@@ -1,0 +1,77 @@
+"""`argmax`: the index of each row's largest value (the first on ties), as i32; with an `advance` (fused_sampling) it
+also writes the next token into the token buffer the next decode step reads and moves the position on, on the
+device. Block maxima in scratch, the last block to arrive finishing (argmax.cu)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import Launch, Scratch, names
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What the arg-max that closes a step writes besides its result: the last row's index into `token` (element 0)
+    and `step` added to `position`."""
+
+    token: str
+    position: str
+    step: int = 1
+
+
+@dataclass(frozen=True)
+class ArgMax(Launch):
+    x: str
+    out: str
+    n: int
+    rows: int = 1
+    advance: Advance | None = None
+
+    census: ClassVar[str] = "argmax"
+    stem: ClassVar[tuple[str, ...]] = ("argmax",)
+
+    @property
+    def blocks(self) -> int:
+        return max(1, min(128, -(-self.n // 2048)))
+
+    def reads(self):
+        return names(self.x, self.advance.position if self.advance else None)
+
+    def writes(self):
+        a = self.advance
+        return names(self.out, a.token if a else None, a.position if a else None)
+
+    def scratch(self):
+        nb = self.blocks * self.rows
+        return (Scratch("maxima", "f32", 4 * nb), Scratch("indices", "i32", 4 * nb),
+                Scratch("arrivals", "i32", 4, counter=True))
+
+    def bytes(self):
+        return 4 * (self.rows * self.n + self.rows)
+
+    def flops(self):
+        return self.rows * self.n
+
+    def numpy(self, env):
+        x = env.array(self.x)[: self.rows * self.n].reshape(self.rows, self.n)
+        idx = np.argmax(x, axis=1).astype(np.int32)  # the first index of the largest value
+        env.array(self.out)[: self.rows] = idx
+        if self.advance is not None:
+            env.array(self.advance.token)[0] = idx[-1]
+            env.array(self.advance.position)[0] += self.advance.step
+
+    def grid_block(self):
+        return ((self.blocks, self.rows, 1), (256, 1, 1))
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import NULL, i64
+
+        g, b = self.grid_block()
+        bv, bi, cnt = (denv.scratch(self, s) for s in self.scratch())
+        a = self.advance
+        denv.function(self.stem, "argmax_rows")(g, b, (
+            denv.array(self.x), denv.array(self.out), bv, bi, cnt, i64(self.n), i64(self.rows),
+            denv.array(a.token) if a else NULL, denv.array(a.position) if a else NULL, i64(a.step if a else 0)))

@@ -1,0 +1,122 @@
+// Attention of row r (position pos + r) over cache rows lo..pos+r (lo: the window's first, else 0), GQA (query head
+// h reads key/value head h / group), scale, sinks (a per-head logit in the softmax's denominator). A block takes
+// `per_block` heads of one row and one split of the keys; its four warps stride the split's keys with an online
+// softmax each (flash-decoding), then combine in shared memory. One split writes the output; more write their
+// (max, sum, weighted values) partials and attention_combine merges them with the sink.
+#define AW 4
+#define MAXPB 4
+#define MAXD 256
+#define VPL (MAXD / 32)
+
+extern "C" __global__ void __launch_bounds__(128) attention_split(
+    const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
+    i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 vstride, i64 voff,
+    float scale) {
+    __shared__ float qs[MAXPB][MAXD];
+    __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
+    __shared__ float wacc[AW][MAXPB][MAXD];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    i64 h0 = (i64)blockIdx.x * per_block, r = blockIdx.y, z = blockIdx.z;
+    for (i64 i = threadIdx.x; i < per_block * hd; i += blockDim.x)
+        qs[i / hd][i % hd] = q[(r * heads + h0 + i / hd) * hd + i % hd];
+    __syncthreads();
+    i64 p = (posp ? (i64)posp[0] : 0) + r;
+    i64 lo = window > 0 ? max((i64)0, p - window + 1) : 0;
+    i64 cnt = p - lo + 1, chunk = (cnt + splits - 1) / splits;
+    i64 js = lo + z * chunk, je = min(p + 1, js + chunk);
+    float m[MAXPB], s[MAXPB], acc[MAXPB][VPL];
+#pragma unroll
+    for (int hh = 0; hh < MAXPB; hh++) {
+        m[hh] = NEG_INF;
+        s[hh] = 0.f;
+#pragma unroll
+        for (int t = 0; t < VPL; t++) acc[hh][t] = 0.f;
+    }
+    for (i64 j = js + warp; j < je; j += AW) {
+#pragma unroll
+        for (int hh = 0; hh < MAXPB; hh++) {
+            if (hh < per_block) {
+                i64 kvh = (h0 + hh) / group;
+                const float* kr = kc + j * kstride + kvh * hd;
+                float d = 0.f;
+                for (i64 i = lane; i < hd; i += 32) d += qs[hh][i] * kr[i];
+                float l = warp_sum(d) * scale;
+                float mn = fmaxf(m[hh], l);
+                float corr = expf(m[hh] - mn), e = expf(l - mn);
+                s[hh] = s[hh] * corr + e;
+                const float* vr = vc + j * vstride + voff + kvh * vd;
+#pragma unroll
+                for (int t = 0; t < VPL; t++) {
+                    i64 i = lane + 32 * t;
+                    if (i < vd) acc[hh][t] = acc[hh][t] * corr + e * vr[i];
+                }
+                m[hh] = mn;
+            }
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < MAXPB; hh++) {
+        if (hh < per_block) {
+            if (lane == 0) {
+                wm[warp][hh] = m[hh];
+                wsum[warp][hh] = s[hh];
+            }
+#pragma unroll
+            for (int t = 0; t < VPL; t++) {
+                i64 i = lane + 32 * t;
+                if (i < vd) wacc[warp][hh][i] = acc[hh][t];
+            }
+        }
+    }
+    __syncthreads();
+    for (i64 e = threadIdx.x; e < per_block * vd; e += blockDim.x) {
+        int hh = (int)(e / vd);
+        i64 i = e % vd, h = h0 + hh;
+        float M = NEG_INF;
+        for (int w = 0; w < AW; w++) M = fmaxf(M, wm[w][hh]);
+        float S = 0.f, A = 0.f;
+        for (int w = 0; w < AW; w++) {
+            if (wm[w][hh] != NEG_INF) {
+                float f = expf(wm[w][hh] - M);
+                S += wsum[w][hh] * f;
+                A += wacc[w][hh][i] * f;
+            }
+        }
+        if (splits == 1) {
+            if (sinks) {
+                float sk = sinks[h], mf = fmaxf(M, sk), f = expf(M - mf);
+                S = S * f + expf(sk - mf);
+                A = A * f;
+            }
+            out[(r * heads + h) * vd + i] = A / S;
+        } else {
+            float* pp = part + ((r * heads + h) * splits + z) * (vd + 2);
+            if (i == 0) {
+                pp[0] = M;
+                pp[1] = S;
+            }
+            pp[2 + i] = A;
+        }
+    }
+}
+
+extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
+                                             i64 splits) {
+    i64 h = blockIdx.x, r = blockIdx.y;
+    const float* pp = part + (r * heads + h) * splits * (vd + 2);
+    float M = sinks ? sinks[h] : NEG_INF;
+    for (i64 z = 0; z < splits; z++) M = fmaxf(M, pp[z * (vd + 2)]);
+    float S = sinks ? expf(sinks[h] - M) : 0.f;
+    for (i64 z = 0; z < splits; z++) {
+        float mz = pp[z * (vd + 2)];
+        if (mz != NEG_INF) S += pp[z * (vd + 2) + 1] * expf(mz - M);
+    }
+    for (i64 i = threadIdx.x; i < vd; i += blockDim.x) {
+        float A = 0.f;
+        for (i64 z = 0; z < splits; z++) {
+            float mz = pp[z * (vd + 2)];
+            if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
+        }
+        out[(r * heads + h) * vd + i] = A / S;
+    }
+}

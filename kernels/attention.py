@@ -1,0 +1,145 @@
+"""`attention`: grouped-query attention of each row over the rows of a key and a value cache table up to its
+position (its last `window` when set), with a scale and per-head sinks; `per_block` heads a block, the keys in
+`splits` chunks combined flash-decoding style (attention.cu)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import MAX_HEAD, Launch, Scratch, names
+
+MAX_PER_BLOCK = 4
+
+
+def span(length: int, window: int) -> int:
+    """The most positions one query of an attention over a cache of `length` rows attends: the cache, or its window."""
+    return min(length, window) if window > 0 else length
+
+
+def split_range(lo: int, p: int, splits: int, z: int) -> tuple[int, int]:
+    """Keys [js, je) of split z for a query at p attending from lo (attention.cu's partition)."""
+    cnt = p - lo + 1
+    ch = -(-cnt // splits)
+    js = lo + z * ch
+    return js, min(p + 1, js + ch)
+
+
+@dataclass(frozen=True)
+class Attention(Launch):
+    """out (rows, heads·vd): row r at position pos + r attends cache rows lo..pos+r of kc (len, kv·hd) and vc (values
+    of row j at j·vstride + voff + kvh·vd), head h reading kv head h // group."""
+
+    q: str
+    kc: str
+    vc: str
+    pos: str
+    out: str
+    heads: int
+    group: int
+    hd: int
+    vd: int
+    len: int
+    rows: int
+    scale: float
+    window: int = 0
+    sinks: str | None = None
+    per_block: int = 1
+    splits: int = 1
+    vstride: int = 0  # 0: kv·vd (a value table of its own)
+    voff: int = 0
+    gate: tuple[str, str] | None = None  # reserved: (gate tensor, activation) the output is gated by
+
+    census: ClassVar[str] = "attention"
+    stem: ClassVar[tuple[str, ...]] = ("attention",)
+
+    @property
+    def kv(self) -> int:
+        return self.heads // self.group
+
+    @property
+    def vpitch(self) -> int:
+        return self.vstride or self.kv * self.vd
+
+    def reads(self):
+        return names(self.q, self.kc, self.vc, self.pos, self.sinks)
+
+    def writes(self):
+        return (self.out,)
+
+    def scratch(self):
+        if self.splits == 1:
+            return ()
+        return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),)
+
+    def check(self):
+        if self.gate is not None:
+            return "an attention whose output is gated (attn_output_gate is not written yet)"
+        if self.group < 1 or self.heads % self.group:
+            return "query heads that do not group evenly over the key/value heads"
+        if self.hd > MAX_HEAD or self.vd > MAX_HEAD:
+            return f"a head wider than {MAX_HEAD} values (key {self.hd}, value {self.vd})"
+        if not 1 <= self.per_block <= MAX_PER_BLOCK or self.heads % self.per_block:
+            return f"{self.per_block} heads a block (1..{MAX_PER_BLOCK}, dividing {self.heads} heads)"
+        if self.splits < 1:
+            return "an attention in no splits"
+        return None
+
+    def bytes(self):
+        n = span(self.len, self.window)
+        return 4 * (self.rows * self.heads * (self.hd + self.vd) + n * self.kv * (self.hd + self.vd))
+
+    def flops(self):
+        return 2 * self.rows * self.heads * span(self.len, self.window) * (self.hd + self.vd)
+
+    def numpy(self, env):
+        hd, vd, H = self.hd, self.vd, self.heads
+        q = env.array(self.q)[: self.rows * H * hd].reshape(self.rows, H, hd).astype(np.float64)
+        kc, vc = env.array(self.kc), env.array(self.vc)
+        sinks = env.weight(self.sinks)[0] if self.sinks else None
+        pos = env.param(self.pos)
+        out = np.zeros((self.rows, H, vd))
+        kp, vp = self.kv * hd, self.vpitch
+        for r in range(self.rows):
+            p = pos + r
+            lo = max(0, p - self.window + 1) if self.window > 0 else 0
+            for h in range(H):
+                g = h // self.group
+                ms, ss, accs = [], [], []
+                for z in range(self.splits):
+                    js, je = split_range(lo, p, self.splits, z)
+                    if je <= js:
+                        continue
+                    j = np.arange(js, je)
+                    k = kc[(j * kp + g * hd)[:, None] + np.arange(hd)].astype(np.float64)
+                    v = vc[(j * vp + self.voff + g * vd)[:, None] + np.arange(vd)].astype(np.float64)
+                    logit = (k @ q[r, h]) * self.scale
+                    m = logit.max()
+                    e = np.exp(logit - m)
+                    ms.append(m), ss.append(e.sum()), accs.append(e @ v)
+                if sinks is not None:
+                    ms.append(float(sinks[h])), ss.append(1.0), accs.append(np.zeros(vd))
+                big = max(ms)
+                f = np.exp(np.array(ms) - big)
+                out[r, h] = (f @ np.array(accs)) / (f @ np.array(ss))
+        env.array(self.out)[: out.size] = out.reshape(-1).astype(np.float32)
+
+    def grid_block(self):
+        return ((self.heads // self.per_block, self.rows, self.splits), (128, 1, 1))
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import NULL, f32, i64
+
+        grid, block = self.grid_block()
+        part = denv.scratch(self, self.scratch()[0]) if self.splits > 1 else NULL
+        sinks = denv.opt(self.sinks)
+        out = denv.array(self.out)
+        denv.function(self.stem, "attention_split")(grid, block, (
+            denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
+            i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
+            i64(self.splits), i64(self.kv * self.hd), i64(self.vpitch), i64(self.voff), f32(self.scale)))
+        if self.splits > 1:
+            denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
+                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits)))

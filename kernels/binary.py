@@ -1,0 +1,72 @@
+"""`binary`: out = a op b for op add/mul/sub, b of a's size or one row broadcast over a's rows, optionally gated:
+a op act(b) (glu_act_mul: act(g)·u with a = u, b = g)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import ACTS, Launch, act, names, operand
+from lanefuse.kernels.elementwise import act_code, grid
+
+OPS = ("add", "mul", "sub")
+
+
+@dataclass(frozen=True)
+class Binary(Launch):
+    op: str
+    a: str
+    b: str
+    out: str
+    n: int
+    row: int = 0  # b's length when it is one row broadcast over a's rows; 0: b has a's size
+    gate: str | None = None  # the activation applied to b first
+
+    census: ClassVar[str] = "binary"
+    stem: ClassVar[tuple[str, ...]] = ("binary",)
+
+    def reads(self):
+        return names(self.a, self.b)
+
+    def writes(self):
+        return (self.out,)
+
+    def check(self):
+        if self.op not in OPS:
+            return f"an elementwise `{self.op}` (the kernel adds, multiplies, subtracts)"
+        if self.gate is not None and self.gate not in ACTS:
+            return f"a gate activation `{self.gate}` (one of {', '.join(ACTS)})"
+        if self.row and self.n % self.row:
+            return f"a row of {self.row} broadcast over {self.n} values"
+        return None
+
+    def bytes(self):
+        return 4 * (2 * self.n + (self.row or self.n))
+
+    def flops(self):
+        return self.n * (1 + 4 * (self.gate is not None))
+
+    def numpy(self, env):
+        a = env.array(self.a)[: self.n].astype(np.float32)
+        if self.row:
+            b = np.tile(operand(env, self.b)[: self.row], self.n // self.row)
+        else:
+            b = operand(env, self.b)[: self.n]
+        b = b.astype(np.float32)
+        if self.gate is not None:
+            b = act(self.gate, b).astype(np.float32)
+        y = {"add": a + b, "mul": a * b, "sub": a - b}[self.op]
+        env.array(self.out)[: self.n] = y
+
+    def grid_block(self):
+        return grid(self.n)
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        g, b = self.grid_block()
+        bv = denv.opt(self.b)
+        denv.function(self.stem, "binary")(g, b, (denv.array(self.a), bv, denv.array(self.out), i64(self.n),
+                                                  i64(self.row), i64(OPS.index(self.op)), i64(act_code(self.gate))))

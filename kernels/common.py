@@ -1,0 +1,200 @@
+"""What every launch kind shares: where a launch reads (`Part`) and writes (`Dst`), its scratch (`Scratch`), checkpoint
+row formats and their decoding, the activations, and the `Launch` base the kinds fill in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+import numpy as np
+
+GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
+MAX_CHUNK = 64  # the largest prefill chunk a lane compiles
+QBLOCK = 32  # values of an activation's quantized form that share one scale
+ALIGN = 256  # every array's alignment in the arena: cudaMalloc's, past every vector load the kernels make
+MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel holds; wider is refused
+FORMATS = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value
+FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2}  # the kernels' template argument
+ACTS = ("silu", "sigmoid", "gelu")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of every unit of a wider tensor: unit u's `width` values start at `u*pitch + offset`."""
+
+    pitch: int
+    offset: int
+    width: int
+
+    def indices(self, units: int) -> np.ndarray:
+        u = np.arange(units, dtype=np.int64)[:, None]
+        return (u * self.pitch + self.offset + np.arange(self.width, dtype=np.int64)[None, :]).reshape(-1)
+
+
+@dataclass(frozen=True)
+class Dst:
+    """Where a launch writes its result of `count` values: `buf` from its start (row None), or the rows of a table
+    `pitch` values a row from a starting row — the row an i32 parameter names (`row` a str: its value, 0-based) or a
+    fixed row (`row` an int); the result laid contiguously there, or (`unit`) as a part of every unit of it: value e in
+    unit e // unit.width."""
+
+    buf: str
+    row: str | int | None = None
+    pitch: int = 0
+    unit: Part | None = None
+
+    @staticmethod
+    def to(name: str) -> "Dst":
+        return Dst(name)
+
+    def base(self, env) -> int:
+        if self.row is None:
+            return 0
+        r = env.param(self.row) if isinstance(self.row, str) else int(self.row)
+        return r * self.pitch
+
+    def indices(self, count: int, env) -> np.ndarray:
+        """The flat indices in `buf` that values 0..count-1 of the result land at."""
+        base = self.base(env)
+        if self.unit is None:
+            return base + np.arange(count, dtype=np.int64)
+        u = self.unit
+        e = np.arange(count, dtype=np.int64)
+        return base + (e // u.width) * u.pitch + u.offset + e % u.width
+
+    def write(self, env, values: np.ndarray) -> None:
+        v = np.asarray(values, dtype=np.float32).reshape(-1)
+        env.array(self.buf)[self.indices(v.size, env)] = v
+
+    def params(self) -> tuple[str, ...]:
+        return (self.row,) if isinstance(self.row, str) else ()
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """A launch's scratch: `tag` names it beside the launch, `dtype` its element type, `nbytes` its size. A counter (an
+    arrival count the launch's last block resets) is zero before the launch and left zero by it, so it keeps a zeroed
+    buffer of its own; the rest live in the arena while the launch runs."""
+
+    tag: str
+    dtype: str
+    nbytes: int
+    counter: bool = False
+
+
+def read_part(env, name: str, part: Part | None, units: int, width: int) -> np.ndarray:
+    """`units` rows of `width` values of tensor `name`: the whole of it, or a part of every unit of it."""
+    a = env.array(name)
+    if part is None:
+        return a[: units * width].reshape(units, width)
+    assert part.width == width, f"part of width {part.width} read as {width}"
+    return a[part.indices(units)].reshape(units, width)
+
+
+def operand(env, name: str) -> np.ndarray:
+    """The flat f32 values of an operand that may be a computed array or a constant (a bias, a broadcast row)."""
+    try:
+        return env.array(name)
+    except KeyError:
+        raw, fmt = env.weight(name)
+        return decode(raw, fmt).reshape(-1)
+
+
+def decode(raw: np.ndarray, fmt: str) -> np.ndarray:
+    """Checkpoint values to f32: f16 as float16, bf16 as the uint16 of its top half."""
+    if fmt == "f32":
+        return np.asarray(raw, dtype=np.float32)
+    if fmt == "f16":
+        return np.asarray(raw, dtype=np.float16).astype(np.float32)
+    if fmt == "bf16":
+        return (np.asarray(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    raise ValueError(f"unknown checkpoint format `{fmt}` (expected one of {', '.join(FORMATS)})")
+
+
+def encode(values: np.ndarray, fmt: str) -> np.ndarray:
+    """f32 values as checkpoint storage in `fmt` (bf16 rounded to nearest even), for tests and demo weights."""
+    v = np.asarray(values, dtype=np.float32)
+    if fmt == "f32":
+        return v.copy()
+    if fmt == "f16":
+        return v.astype(np.float16)
+    if fmt == "bf16":
+        u = v.view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    raise ValueError(f"unknown checkpoint format `{fmt}`")
+
+
+def act(name: str, x: np.ndarray) -> np.ndarray:
+    """The activations in f64, as the kernels compute them in f32."""
+    x = np.asarray(x, dtype=np.float64)
+    if name == "silu":
+        return x / (1.0 + np.exp(-x))
+    if name == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-x))
+    if name == "gelu":
+        return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    raise ValueError(f"unknown activation `{name}` (expected one of {', '.join(ACTS)})")
+
+
+def rms(x: np.ndarray, eps: float) -> np.ndarray:
+    """1/sqrt(mean(x²) + eps) over the last axis, in f64."""
+    x = np.asarray(x, dtype=np.float64)
+    return 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+class Launch:
+    """The interface every launch kind fills in. Fields are the kind's frozen dataclass; everything else derives."""
+
+    census: ClassVar[str] = ""
+    stem: ClassVar[str] = ""  # the CUDA source: prelude.cu + each stem's .cu, in order (see compile.py)
+
+    def reads(self) -> tuple[str, ...]:
+        """Tensors (arrays, weights, parameters) the launch reads."""
+        raise NotImplementedError
+
+    def writes(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def scratch(self) -> tuple[Scratch, ...]:
+        return ()
+
+    def check(self) -> str | None:
+        """Why the kernel cannot run this launch, in the user's words; None when it can."""
+        return None
+
+    def bytes(self) -> int:
+        raise NotImplementedError
+
+    def flops(self) -> int:
+        return 0
+
+    def numpy(self, env) -> None:
+        raise NotImplementedError
+
+    def grid_block(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        raise NotImplementedError
+
+    def cuda(self, denv) -> None:
+        raise NotImplementedError
+
+    def key(self) -> str:
+        """A stable name for this launch: its census name, the first tensor it writes, a hash of its fields."""
+        w = self.writes()
+        return f"{self.census}:{w[0] if w else ''}:{hash(self) & 0xFFFFFFFF:08x}"
+
+    def describe(self) -> str:
+        vals = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return f"{self.census}({vals})"
+
+
+def names(*xs) -> tuple[str, ...]:
+    """The tensor names among xs, skipping None, in order, once each."""
+    out: list[str] = []
+    for x in xs:
+        if isinstance(x, str) and x not in out:
+            out.append(x)
+    return tuple(out)

@@ -1,0 +1,120 @@
+"""The device Env the CUDA side of every launch runs against: one device allocation for the step's arena with each
+placed array a view at its offset, the arrays a step carries (caches, token, position, logits) on the device, the
+weights uploaded once, scratch and arrival counters, and small descriptor tables. CuPy is imported lazily."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lanefuse.kernels.common import Dst, Launch, Scratch
+from lanefuse.kernels.compile import function
+
+NULL = np.uint64(0)
+
+
+def i64(v) -> np.int64:
+    return np.int64(int(v))
+
+
+def f32(v) -> np.float32:
+    return np.float32(v)
+
+
+class DeviceEnv:
+    """`arena_bytes` bytes on the device; `placed` {name: (offset, nbytes, dtype "f32"|"i32")} views into it;
+    `arrays` {name: numpy array} held apart (caches, step inputs and outputs), uploaded now; `weights` {name: (numpy
+    raw, format)} uploaded once; `scratch` {(launch key, tag): offset} a launch's scratch placed in the arena (any
+    other scratch gets a buffer of its own; counters always do, zeroed once)."""
+
+    def __init__(self, arena_bytes: int, placed: dict[str, tuple[int, int, str]] | None = None,
+                 arrays: dict[str, np.ndarray] | None = None,
+                 weights: dict[str, tuple[np.ndarray, str]] | None = None,
+                 scratch: dict[tuple[str, str], int] | None = None):
+        import cupy
+
+        self.cp = cupy
+        self.arena = cupy.zeros(max(int(arena_bytes), 1), dtype=cupy.uint8)
+        self.views: dict[str, object] = {}
+        for name, (offset, nbytes, dtype) in (placed or {}).items():
+            self.views[name] = self.arena[offset:offset + nbytes].view(np.dtype(_np_dtype(dtype)))
+        for name, a in (arrays or {}).items():
+            self.views[name] = cupy.asarray(np.ascontiguousarray(a).reshape(-1))
+        self.weights = {n: (cupy.asarray(np.ascontiguousarray(raw)).reshape(-1), fmt)
+                        for n, (raw, fmt) in (weights or {}).items()}
+        self.scratch_at = dict(scratch or {})
+        self._scratch: dict[tuple[str, str], object] = {}
+        self._tables: dict[str, object] = {}
+
+    # -- the Env protocol, on the device ---------------------------------------------------------------------------
+    def array(self, name: str):
+        if name not in self.views:
+            raise KeyError(f"no device array `{name}` (have: {', '.join(sorted(self.views))})")
+        return self.views[name]
+
+    def weight(self, name: str):
+        if name not in self.weights:
+            raise KeyError(f"no device weight `{name}` (have: {', '.join(sorted(self.weights))})")
+        return self.weights[name]
+
+    def param(self, name: str) -> int:
+        """The parameter's value on the host (a device sync: for tests and the host side only)."""
+        return int(self.array(name)[0].get())
+
+    # -- what the launches' cuda() use -----------------------------------------------------------------------------
+    def ptr(self, name: str | None) -> int:
+        """The device address of an array or weight (0 for None)."""
+        if name is None:
+            return 0
+        a = self.views.get(name)
+        if a is None:
+            a = self.weight(name)[0]
+        return int(a.data.ptr)
+
+    def opt(self, name: str | None):
+        """A kernel argument for an optional array: the array, or a null pointer."""
+        if name is None:
+            return NULL
+        return self.array(name) if name in self.views else self.weight(name)[0]
+
+    def dst_words(self, d: Dst) -> tuple[int, ...]:
+        """A Dst as the seven words the kernels take (pointers as their integer addresses)."""
+        rowp = self.ptr(d.row) if isinstance(d.row, str) else 0
+        fixed = int(d.row) if isinstance(d.row, int) else 0
+        u = d.unit
+        return (self.ptr(d.buf), rowp, fixed, d.pitch, u.pitch if u else 0, u.offset if u else 0, u.width if u else 0)
+
+    def dst(self, d: Dst) -> tuple:
+        w = self.dst_words(d)
+        return (np.uint64(w[0]), np.uint64(w[1])) + tuple(i64(x) for x in w[2:])
+
+    def scratch(self, launch: Launch, s: Scratch):
+        key = (launch.key(), s.tag)
+        a = self._scratch.get(key)
+        if a is None:
+            dt = np.dtype(_np_dtype(s.dtype))
+            n = max(s.nbytes // dt.itemsize, 1)
+            if key in self.scratch_at and not s.counter:
+                off = self.scratch_at[key]
+                a = self.arena[off:off + n * dt.itemsize].view(dt)
+            else:
+                a = self.cp.zeros(n, dtype=dt)
+            self._scratch[key] = a
+        return a
+
+    def table(self, key: str, words: list[int]):
+        """A small int64 descriptor table on the device, uploaded once per key (pointers are stable)."""
+        t = self._tables.get(key)
+        if t is None:
+            t = self.cp.asarray(np.array([int(w) for w in words], dtype=np.int64))
+            self._tables[key] = t
+        return t
+
+    def function(self, stems: tuple[str, ...], name: str):
+        return function(stems, name)
+
+    def host(self, name: str) -> np.ndarray:
+        return self.cp.asnumpy(self.array(name))
+
+
+def _np_dtype(dtype: str):
+    return {"f32": np.float32, "i32": np.int32, "u8": np.uint8}[dtype]

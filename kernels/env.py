@@ -1,0 +1,42 @@
+"""The Env protocol the numpy twins read and write through, and `HostEnv`, a dict-backed Env for tests and for a runner
+that keeps its own arrays. A backend's Env hands out views: a write through one lands where the launch placed it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Env(Protocol):
+    def array(self, name: str) -> np.ndarray:
+        """The flat f32 (or i32) array backing tensor `name`, writable: an arena view, a cache table, a step input."""
+
+    def weight(self, name: str) -> tuple[np.ndarray, str]:
+        """Constant `name`: checkpoint rows as stored (f32, f16 as float16, bf16 as uint16) and their format, or f32
+        values and "f32"."""
+
+    def param(self, name: str) -> int:
+        """The value of i32 parameter `name` (e.g. the position `pos`)."""
+
+
+class HostEnv:
+    """An Env over dicts of flat numpy arrays; `param` reads element 0 of an i32 array of the same name."""
+
+    def __init__(self, arrays: dict[str, np.ndarray] | None = None,
+                 weights: dict[str, tuple[np.ndarray, str]] | None = None):
+        self.arrays = {k: np.ascontiguousarray(v).reshape(-1) for k, v in (arrays or {}).items()}
+        self.weights = dict(weights or {})
+
+    def array(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            raise KeyError(f"no array `{name}` in this env (have: {', '.join(sorted(self.arrays))})")
+        return self.arrays[name]
+
+    def weight(self, name: str) -> tuple[np.ndarray, str]:
+        if name not in self.weights:
+            raise KeyError(f"no weight `{name}` in this env (have: {', '.join(sorted(self.weights))})")
+        return self.weights[name]
+
+    def param(self, name: str) -> int:
+        return int(self.array(name)[0])

@@ -1,0 +1,56 @@
+"""`gather`: embedding rows of a constant table (checkpoint rows in a format, or f32 values) at the i32 indices,
+optionally scaled (embed_scale)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import FORMATS, Launch, decode
+
+
+@dataclass(frozen=True)
+class Gather(Launch):
+    table: str
+    index: str
+    out: str
+    cols: int
+    rows: int = 1
+    format: str = "f32"
+    scale: float | None = None
+
+    census: ClassVar[str] = "gather"
+    stem: ClassVar[tuple[str, ...]] = ("gather",)
+
+    def reads(self):
+        return (self.table, self.index)
+
+    def writes(self):
+        return (self.out,)
+
+    def check(self):
+        return None if self.format in FORMATS else f"a table in format `{self.format}`"
+
+    def bytes(self):
+        return self.rows * self.cols * (FORMATS.get(self.format, 4) + 4) + 4 * self.rows
+
+    def numpy(self, env):
+        raw, fmt = env.weight(self.table)
+        idx = env.array(self.index)[: self.rows].astype(np.int64)
+        rows = decode(raw.reshape(-1, self.cols)[idx], fmt)
+        if self.scale is not None:
+            rows = rows * np.float32(self.scale)
+        env.array(self.out)[: self.rows * self.cols] = rows.reshape(-1)
+
+    def grid_block(self):
+        return ((self.rows, 1, 1), (256, 1, 1))
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import f32, i64
+
+        g, b = self.grid_block()
+        denv.function(self.stem, f"gather_{self.format}")(g, b, (
+            denv.weight(self.table)[0], denv.array(self.index), denv.array(self.out), i64(self.cols),
+            f32(1.0 if self.scale is None else self.scale)))

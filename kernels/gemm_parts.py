@@ -1,0 +1,82 @@
+"""`gemm_parts`: several products of one activation in one launch (merged_qkv, gemv_parts): each part its weight
+(checkpoint rows (n, k), one format for all), bias, n and destination."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lanefuse.kernels.common import FORMATS, GEMV_ROWS, Dst, Launch, decode, names
+from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_numpy
+
+
+@dataclass(frozen=True)
+class GemmPart:
+    w: str
+    y: Dst
+    n: int
+    bias: str | None = None
+
+
+@dataclass(frozen=True)
+class GemmParts(Launch):
+    x: str
+    format: str
+    k: int
+    m: int
+    parts: tuple[GemmPart, ...]
+    per_warp: int = 1
+
+    census: ClassVar[str] = "gemm_parts"
+    stem: ClassVar[tuple[str, ...]] = ("gemv", "gemm_parts")
+
+    def blocks(self) -> list[int]:
+        """Each part's output blocks (WARPS·per_warp outputs a block)."""
+        return [-(-p.n // (WARPS * self.per_warp)) for p in self.parts]
+
+    def reads(self):
+        return names(self.x, *(v for p in self.parts for v in (p.w, p.bias, *p.y.params())))
+
+    def writes(self):
+        return names(*(p.y.buf for p in self.parts))
+
+    def check(self):
+        if not self.parts:
+            return "a product in no parts"
+        if self.format not in FORMATS:
+            return f"weights in format `{self.format}`"
+        for p in self.parts:
+            why = gemv_check(self.k, p.n, self.m, self.per_warp, 1)
+            if why:
+                return why
+        return None
+
+    def bytes(self):
+        n = sum(p.n for p in self.parts)
+        return FORMATS[self.format] * n * self.k + 4 * self.m * (self.k + n)
+
+    def flops(self):
+        return 2 * self.m * self.k * sum(p.n for p in self.parts)
+
+    def numpy(self, env):
+        for p in self.parts:
+            raw, fmt = env.weight(p.w)
+            gemv_numpy(env, self.x, decode(raw, fmt), p.bias, p.y, self.k, p.n, self.m, 1)
+
+    def grid_block(self):
+        return ((sum(self.blocks()), -(-self.m // GEMV_ROWS), 1), (32 * WARPS, 1, 1))
+
+    def table(self, denv) -> list[int]:
+        words, first = [], 0
+        for p, nb in zip(self.parts, self.blocks()):
+            words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
+            first += nb
+        return words
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        g, b = self.grid_block()
+        t = denv.table(self.key(), self.table(denv))
+        denv.function(self.stem, f"gemm_parts_{self.format}_{self.per_warp}")(g, b, (
+            denv.array(self.x), t, i64(len(self.parts)), i64(self.k), i64(self.m)))

@@ -1,0 +1,173 @@
+"""`gemv` and `gemv_f32`: y = x · wᵀ (+ bias) for m rows of x, over checkpoint rows (n, k) in f32/f16/bf16, or f32
+values of the same layout — one kernel (gemv.cu), a warp per output or four (`per_warp`), optional split-K."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import FORMATS, GEMV_ROWS, Dst, Launch, Scratch, decode, names, operand
+
+WARPS = 4  # warps a block
+
+
+def chunk(k: int, split: int) -> int:
+    """The k values each split-K chunk sums: whole four-value words (gemv_chunk in gemv.cu)."""
+    return ((k + split - 1) // split + 3) // 4 * 4
+
+
+def products(x: np.ndarray, w: np.ndarray, split: int) -> np.ndarray:
+    """x (m, k) · w (n, k)ᵀ as the kernel sums it: each k chunk in f64 rounded to f32, chunks summed in order in f32."""
+    k = x.shape[1]
+    kc = chunk(k, split)
+    acc = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
+    for z in range(split):
+        k0, k1 = min(k, z * kc), min(k, (z + 1) * kc)
+        part = (x[:, k0:k1].astype(np.float64) @ w[:, k0:k1].astype(np.float64).T).astype(np.float32)
+        acc = part if z == 0 else (acc + part).astype(np.float32)
+    return acc
+
+
+def gemv_numpy(env, x: str, wv: np.ndarray, bias: str | None, y: Dst, k: int, n: int, m: int, split: int) -> None:
+    xv = env.array(x)[: m * k].reshape(m, k)
+    acc = products(xv, wv.reshape(n, k), split)
+    if bias is not None:
+        acc = (acc + operand(env, bias)[:n][None, :]).astype(np.float32)
+    y.write(env, acc)
+
+
+def gemv_grid(n: int, m: int, per_warp: int, split: int):
+    return ((-(-n // (WARPS * per_warp)), -(-m // GEMV_ROWS), split), (32 * WARPS, 1, 1))
+
+
+def gemv_cuda(launch, denv, fmt: str, per_warp: int) -> None:
+    from lanefuse.kernels.cupy_env import NULL, i64
+
+    grid, block = gemv_grid(launch.n, launch.m, per_warp, launch.split)
+    raw = denv.weight(launch.w)[0]
+    bias = denv.opt(launch.bias)
+    if launch.split == 1:
+        f = denv.function(("gemv",), f"gemv_{fmt}_{per_warp}")
+        f(grid, block, (denv.array(launch.x), raw, bias, *denv.dst(launch.y), NULL,
+                        i64(launch.k), i64(launch.n), i64(launch.m), i64(1)))
+        return
+    part = denv.scratch(launch, launch.scratch()[0])
+    f = denv.function(("gemv",), f"gemv_{fmt}_{per_warp}")
+    f(grid, block, (denv.array(launch.x), raw, NULL, *denv.dst(launch.y), part,
+                    i64(launch.k), i64(launch.n), i64(launch.m), i64(launch.split)))
+    total = launch.m * launch.n
+    c = denv.function(("gemv",), "gemv_combine")
+    c((min(1024, -(-total // 256)),), (256,), (part, bias, *denv.dst(launch.y), i64(launch.n), i64(launch.m),
+                                              i64(launch.split)))
+
+
+def gemv_check(k: int, n: int, m: int, per_warp: int, split: int) -> str | None:
+    if min(k, n, m) < 1:
+        return f"a product of no values ({m} rows, k {k}, n {n})"
+    if per_warp not in (1, 4):
+        return f"{per_warp} outputs a warp (the GEMV takes 1 or 4)"
+    if split < 1 or (split > 1 and chunk(k, split) * (split - 1) >= k):
+        return f"a split-K of {split} over k {k} leaves a chunk empty"
+    return None
+
+
+@dataclass(frozen=True)
+class Gemv(Launch):
+    """y (m, n) = x (m, k) · wᵀ (+ bias (n,)), w checkpoint rows (n, k) in `format`; `per_warp` outputs a warp;
+    `split` > 1 sums k in that many chunks (partials in scratch, a combine pass)."""
+
+    x: str
+    w: str
+    format: str
+    y: Dst
+    k: int
+    n: int
+    m: int
+    bias: str | None = None
+    per_warp: int = 1
+    split: int = 1
+
+    census: ClassVar[str] = "gemv"
+    stem: ClassVar[tuple[str, ...]] = ("gemv",)
+
+    def reads(self):
+        return names(self.x, self.w, self.bias, *self.y.params())
+
+    def writes(self):
+        return (self.y.buf,)
+
+    def scratch(self):
+        if self.split == 1:
+            return ()
+        return (Scratch("partials", "f32", 4 * self.split * self.m * self.n),)
+
+    def check(self):
+        if self.format not in FORMATS:
+            return f"weights in format `{self.format}` (the GEMV reads f32, f16, bf16)"
+        return gemv_check(self.k, self.n, self.m, self.per_warp, self.split)
+
+    def bytes(self):
+        return (FORMATS[self.format] * self.n * self.k + 4 * self.m * self.k + 4 * self.m * self.n
+                + (4 * self.n if self.bias else 0))
+
+    def flops(self):
+        return 2 * self.m * self.n * self.k
+
+    def numpy(self, env):
+        raw, fmt = env.weight(self.w)
+        gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split)
+
+    def grid_block(self):
+        return gemv_grid(self.n, self.m, self.per_warp, self.split)
+
+    def cuda(self, denv):
+        gemv_cuda(self, denv, self.format, self.per_warp)
+
+
+@dataclass(frozen=True)
+class GemvF32(Launch):
+    """y (m, n) = x (m, k) · wᵀ (+ bias), w f32 values (n, k) (a constant that is not checkpoint rows)."""
+
+    x: str
+    w: str
+    y: Dst
+    k: int
+    n: int
+    m: int
+    bias: str | None = None
+    split: int = 1
+
+    census: ClassVar[str] = "gemv_f32"
+    stem: ClassVar[tuple[str, ...]] = ("gemv",)
+    per_warp: ClassVar[int] = 1
+
+    def reads(self):
+        return names(self.x, self.w, self.bias, *self.y.params())
+
+    def writes(self):
+        return (self.y.buf,)
+
+    def scratch(self):
+        return Gemv.scratch(self)  # type: ignore[arg-type]
+
+    def check(self):
+        return gemv_check(self.k, self.n, self.m, 1, self.split)
+
+    def bytes(self):
+        return 4 * (self.n * self.k + self.m * self.k + self.m * self.n + (self.n if self.bias else 0))
+
+    def flops(self):
+        return 2 * self.m * self.n * self.k
+
+    def numpy(self, env):
+        raw, _ = env.weight(self.w)
+        gemv_numpy(env, self.x, np.asarray(raw, dtype=np.float32), self.bias, self.y, self.k, self.n, self.m,
+                   self.split)
+
+    def grid_block(self):
+        return gemv_grid(self.n, self.m, 1, self.split)
+
+    def cuda(self, denv):
+        gemv_cuda(self, denv, "f32", 1)

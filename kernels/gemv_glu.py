@@ -1,0 +1,74 @@
+"""`gemv_glu`: the gate and up products of one activation and their GLU in one launch (gemv_gate_up_glu):
+out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows (n, k) of one format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import ACTS, FORMATS, Launch, act, decode, names, operand
+from lanefuse.kernels.elementwise import act_code
+from lanefuse.kernels.gemv import gemv_check, gemv_grid, products
+
+
+@dataclass(frozen=True)
+class GemvGlu(Launch):
+    x: str
+    wg: str
+    wu: str
+    format: str
+    out: str
+    k: int
+    n: int
+    m: int
+    act: str = "silu"
+    bg: str | None = None
+    bu: str | None = None
+    per_warp: int = 1
+
+    census: ClassVar[str] = "gemv_glu"
+    stem: ClassVar[tuple[str, ...]] = ("gemv", "gemv_glu")
+
+    def reads(self):
+        return names(self.x, self.wg, self.wu, self.bg, self.bu)
+
+    def writes(self):
+        return (self.out,)
+
+    def check(self):
+        if self.format not in FORMATS:
+            return f"weights in format `{self.format}`"
+        if self.act not in ACTS:
+            return f"a gate activation `{self.act}`"
+        return gemv_check(self.k, self.n, self.m, self.per_warp, 1)
+
+    def bytes(self):
+        return 2 * FORMATS[self.format] * self.n * self.k + 4 * self.m * (self.k + self.n)
+
+    def flops(self):
+        return 4 * self.m * self.n * self.k
+
+    def numpy(self, env):
+        x = env.array(self.x)[: self.m * self.k].reshape(self.m, self.k)
+
+        def product(w: str, b: str | None) -> np.ndarray:
+            raw, fmt = env.weight(w)
+            y = products(x, decode(raw, fmt).reshape(self.n, self.k), 1)
+            return y if b is None else (y + operand(env, b)[: self.n]).astype(np.float32)
+
+        g = act(self.act, product(self.wg, self.bg)).astype(np.float32)
+        env.array(self.out)[: self.m * self.n] = (g * product(self.wu, self.bu)).reshape(-1)
+
+    def grid_block(self):
+        return gemv_grid(self.n, self.m, self.per_warp, 1)
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        g, b = self.grid_block()
+        denv.function(self.stem, f"gemv_glu_{self.format}_{self.per_warp}")(g, b, (
+            denv.array(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], denv.opt(self.bg),
+            denv.opt(self.bu), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m),
+            i64(act_code(self.act))))

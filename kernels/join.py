@@ -1,0 +1,55 @@
+"""`join`: every (row, head) of the result is a's head of `ha` values then b's of `hb` (a latent attention's query
+parts put back together), landing where a Dst says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import Dst, Launch, names
+from lanefuse.kernels.elementwise import grid
+
+
+@dataclass(frozen=True)
+class Join(Launch):
+    a: str
+    b: str
+    y: Dst
+    rows: int
+    heads: int
+    ha: int
+    hb: int
+
+    census: ClassVar[str] = "join"
+    stem: ClassVar[tuple[str, ...]] = ("join",)
+
+    @property
+    def units(self) -> int:
+        return self.rows * self.heads
+
+    def reads(self):
+        return names(self.a, self.b, *self.y.params())
+
+    def writes(self):
+        return (self.y.buf,)
+
+    def bytes(self):
+        return 8 * self.units * (self.ha + self.hb)
+
+    def numpy(self, env):
+        u = self.units
+        a = env.array(self.a)[: u * self.ha].reshape(u, self.ha)
+        b = env.array(self.b)[: u * self.hb].reshape(u, self.hb)
+        self.y.write(env, np.concatenate([a, b], axis=1))
+
+    def grid_block(self):
+        return grid(self.units * (self.ha + self.hb))
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        g, b = self.grid_block()
+        denv.function(self.stem, "join")(g, b, (denv.array(self.a), denv.array(self.b), *denv.dst(self.y),
+                                                i64(self.units), i64(self.ha), i64(self.hb)))

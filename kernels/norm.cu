@@ -1,0 +1,58 @@
+// RMSNorm of a row (or of each of `heads` equal parts of it), a block a row: s = x (+ add, itself normed first under
+// `pre`), written to `sum` when set, then y = s / rms(s) (· w) landing where the Dst says. Reads go through L2
+// (__ldcg) so a fold's last block sees what the other blocks of its launch wrote.
+struct NormArgs {
+    const float* x;
+    i64 xpitch, xoff;  // row r of x at r * xpitch + xoff (a part of every unit), else xpitch = cols
+    const float* add;
+    const float* prew;
+    float preeps;
+    int pre;
+    float* sum;
+    const float* w;
+    float eps;
+    i64 cols, heads;
+    Dst y;
+};
+
+#define NORM_PARAMS                                                                                               \
+    const float *nx, i64 xpitch, i64 xoff, const float *add, const float *prew, float preeps, i64 pre, float *sum, \
+        const float *nw, float eps, i64 cols, i64 heads, DST_PARAMS(ny)
+#define NORM_ARGS NormArgs{nx, xpitch, xoff, add, prew, preeps, (int)pre, sum, nw, eps, cols, heads, DST(ny)}
+
+__device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
+    const float* xr = a.x + r * a.xpitch + a.xoff;
+    const float* ar = a.add ? a.add + r * a.cols : nullptr;
+    float pinv = 1.f;
+    if (ar && a.pre) {
+        float ss = 0.f;
+        for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) {
+            float v = __ldcg(ar + c);
+            ss += v * v;
+        }
+        pinv = rsqrtf(block_sum(ss) / (float)a.cols + a.preeps);
+    }
+    i64 hd = a.cols / a.heads;
+    for (i64 h = 0; h < a.heads; h++) {
+        float ss = 0.f;
+        for (i64 c = threadIdx.x; c < hd; c += blockDim.x) {
+            i64 i = h * hd + c;
+            float v = __ldcg(xr + i);
+            if (ar) v += a.pre ? __ldcg(ar + i) * pinv * a.prew[i] : __ldcg(ar + i);
+            ss += v * v;
+        }
+        float inv = rsqrtf(block_sum(ss) / (float)hd + a.eps);
+        for (i64 c = threadIdx.x; c < hd; c += blockDim.x) {
+            i64 i = h * hd + c;
+            float v = __ldcg(xr + i);
+            if (ar) v += a.pre ? __ldcg(ar + i) * pinv * a.prew[i] : __ldcg(ar + i);
+            if (a.sum) a.sum[r * a.cols + i] = v;
+            a.y.y[dst_at(a.y, r * a.cols + i)] = v * inv * (a.w ? a.w[c] : 1.f);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) norm_rows(NORM_PARAMS) {
+    NormArgs a = NORM_ARGS;
+    norm_row(a, blockIdx.x);
+}

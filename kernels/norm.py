@@ -1,0 +1,111 @@
+"""`norm`: RMSNorm over each row (or each of `heads` parts of it), with the residual add (`add`, writing the sum to
+`sum`), a sandwich pre-norm of the added operand (`pre`), x read as a part of every unit (`part`), and the result
+landing in a Dst (`into`). A block a row (norm.cu)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import Dst, Launch, Part, read_part, names, rms
+
+
+@dataclass(frozen=True)
+class PreNorm:
+    """The norm the launch takes of its added operand before adding it: that operand's own norm weight and eps."""
+
+    w: str
+    eps: float
+
+
+@dataclass(frozen=True)
+class Norm(Launch):
+    """out (rows, cols) = rmsnorm(x (+ add)) · w, per head when heads > 1 (w then (cols/heads,))."""
+
+    x: str
+    w: str | None
+    out: str
+    rows: int
+    cols: int
+    eps: float
+    heads: int = 1
+    part: Part | None = None
+    add: str | None = None
+    sum: str | None = None
+    pre: PreNorm | None = None
+    into: Dst | None = None
+    quant: bool = False  # reserved: the q8 form of the result
+
+    census: ClassVar[str] = "norm"
+    stem: ClassVar[tuple[str, ...]] = ("norm",)
+
+    def dst(self) -> Dst:
+        return self.into if self.into is not None else Dst(self.out)
+
+    def reads(self):
+        return names(self.x, self.add, self.w, self.pre.w if self.pre else None, *self.dst().params())
+
+    def writes(self):
+        return names(self.dst().buf, self.sum)
+
+    def check(self):
+        if self.quant:
+            return "a norm that quantizes its result (q8 numerics are not written yet)"
+        if self.heads < 1 or self.cols % self.heads:
+            return f"{self.heads} heads that do not divide a row of {self.cols}"
+        if self.pre is not None and self.add is None:
+            return "a pre-norm with no added operand"
+        if self.part is not None and self.part.width != self.cols:
+            return f"x read as parts {self.part.width} wide for rows of {self.cols}"
+        return None
+
+    def bytes(self):
+        n = self.rows * self.cols
+        return 4 * (n * (2 + (self.add is not None) + (self.sum is not None)) + self.cols)
+
+    def flops(self):
+        return 4 * self.rows * self.cols
+
+    def numpy(self, env):
+        r, c = self.rows, self.cols
+        s = read_part(env, self.x, self.part, r, c).astype(np.float32)
+        if self.add is not None:
+            a = env.array(self.add)[: r * c].reshape(r, c).astype(np.float32)
+            if self.pre is not None:
+                a = (a * rms(a, self.pre.eps) * env.weight(self.pre.w)[0][:c]).astype(np.float32)
+            s = (s + a).astype(np.float32)
+        if self.sum is not None:
+            env.array(self.sum)[: r * c] = s.reshape(-1)
+        hd = c // self.heads
+        sh = s.reshape(r, self.heads, hd)
+        y = sh * rms(sh, self.eps)
+        if self.w is not None:
+            y = y * np.asarray(env.weight(self.w)[0], dtype=np.float64)[:hd]
+        self.dst().write(env, y)
+
+    def grid_block(self):
+        return ((self.rows, 1, 1), (threads(self.cols // self.heads), 1, 1))
+
+    def args(self, denv) -> tuple:
+        """The kernel's NORM_PARAMS (norm.cu), shared with the fold that runs this norm in its last block."""
+        from lanefuse.kernels.cupy_env import f32, i64
+
+        p = self.part
+        return (denv.array(self.x), i64(p.pitch if p else self.cols), i64(p.offset if p else 0),
+                denv.opt(self.add), denv.opt(self.pre.w if self.pre else None),
+                f32(self.pre.eps if self.pre else 0.0), i64(self.pre is not None), denv.opt(self.sum),
+                denv.opt(self.w), f32(self.eps), i64(self.cols), i64(self.heads), *denv.dst(self.dst()))
+
+    def cuda(self, denv):
+        grid, block = self.grid_block()
+        denv.function(self.stem, "norm_rows")(grid, block, self.args(denv))
+
+
+def threads(width: int) -> int:
+    """Threads a block for a row of `width` values: the power of two at or past it, 64 to 1024."""
+    t = 64
+    while t < width and t < 1024:
+        t *= 2
+    return t

@@ -1,0 +1,169 @@
+"""`rope` and `rope_parts`: the rotary embedding of every head of a row (HF rotate_half over the first `rot` values,
+position pos + row), optionally per-head RMS-normed first, read as a part of every unit and landing where a Dst says
+(e.g. rows of a cache table from the row `pos` names). `rope_parts` turns several sides (q and k) sharing cos, sin
+and pos in one launch; `rope` is the launch of one side. One kernel (rope.cu)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import Dst, Launch, Part, names, read_part, rms
+
+MAX_HD = 1024
+
+
+@dataclass(frozen=True)
+class RopeSide:
+    """One rotation of a launch: x (rows, heads·hd) (or a part of every row of a wider tensor), its optional
+    per-head norm (weight (hd,), eps), and where the rotated heads land."""
+
+    x: str
+    y: Dst
+    heads: int
+    part: Part | None = None
+    norm: tuple[str, float] | None = None
+
+
+def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int) -> None:
+    w = s.heads * hd
+    x = read_part(env, s.x, s.part, rows, w).astype(np.float32).reshape(rows, s.heads, hd)
+    if s.norm is not None:
+        nw = np.asarray(env.weight(s.norm[0])[0], dtype=np.float64)[:hd]
+        x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
+    x = x.astype(np.float64)
+    half = rot // 2
+    p = env.param(pos) + np.arange(rows)
+    c = env.weight(cos)[0].reshape(-1, half)[p][:, None, :].astype(np.float64)
+    sn = env.weight(sin)[0].reshape(-1, half)[p][:, None, :].astype(np.float64)
+    y = x.copy()
+    x1, x2 = x[..., :half], x[..., half:rot]
+    y[..., :half] = x1 * c - x2 * sn
+    y[..., half:rot] = x2 * c + x1 * sn
+    s.y.write(env, y)
+
+
+def side_check(s: RopeSide, hd: int, rot: int) -> str | None:
+    if hd > MAX_HD:
+        return f"a head of {hd} values (the rotation holds at most {MAX_HD})"
+    if rot % 2 or not 2 <= rot <= hd:
+        return f"a rotary width {rot} that is not even and within the head ({hd})"
+    if s.part is not None and s.part.width != s.heads * hd:
+        return f"x read as parts {s.part.width} wide for {s.heads} heads of {hd}"
+    return None
+
+
+@dataclass(frozen=True)
+class RopeParts(Launch):
+    """Several sides rotated in one launch, sharing cos, sin (positions, rot/2), pos and the head shape."""
+
+    sides: tuple[RopeSide, ...]
+    cos: str
+    sin: str
+    pos: str
+    rows: int
+    hd: int
+    rot: int
+
+    census: ClassVar[str] = "rope_parts"
+    stem: ClassVar[tuple[str, ...]] = ("rope",)
+
+    def reads(self):
+        ins = [v for s in self.sides for v in (s.x, s.norm[0] if s.norm else None, *s.y.params())]
+        return names(*ins, self.cos, self.sin, self.pos)
+
+    def writes(self):
+        return names(*(s.y.buf for s in self.sides))
+
+    def check(self):
+        if not self.sides:
+            return "a launch of no rotations"
+        for s in self.sides:
+            why = side_check(s, self.hd, self.rot)
+            if why:
+                return why
+        return None
+
+    def bytes(self):
+        n = sum(s.heads for s in self.sides) * self.rows * self.hd
+        return 4 * (2 * n + self.rows * self.rot)
+
+    def flops(self):
+        return 6 * sum(s.heads for s in self.sides) * self.rows * self.hd
+
+    def numpy(self, env):
+        for s in self.sides:
+            side_numpy(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot)
+
+    def grid_block(self):
+        return ((self.rows * sum(s.heads for s in self.sides), 1, 1), (128, 1, 1))
+
+    def table(self, denv) -> list[int]:
+        words: list[int] = []
+        first = 0
+        for s in self.sides:
+            p = s.part
+            eps = int(np.array(s.norm[1] if s.norm else 0.0, dtype=np.float32).view(np.int32))
+            words += [denv.ptr(s.x), p.pitch if p else s.heads * self.hd, p.offset if p else 0,
+                      denv.ptr(s.norm[0] if s.norm else None), eps, s.heads, first, *denv.dst_words(s.y)]
+            first += self.rows * s.heads
+        return words
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        grid, block = self.grid_block()
+        t = denv.table(self.key(), self.table(denv))
+        denv.function(self.stem, "rope_parts")(grid, block, (t, i64(len(self.sides)), denv.weight(self.cos)[0],
+                                                             denv.weight(self.sin)[0], denv.array(self.pos),
+                                                             i64(self.hd), i64(self.rot)))
+
+
+@dataclass(frozen=True)
+class Rope(Launch):
+    """The rotation of one tensor's heads: a launch of one side."""
+
+    x: str
+    cos: str
+    sin: str
+    pos: str
+    y: Dst
+    rows: int
+    heads: int
+    hd: int
+    rot: int
+    part: Part | None = None
+    norm: tuple[str, float] | None = None
+
+    census: ClassVar[str] = "rope"
+    stem: ClassVar[tuple[str, ...]] = ("rope",)
+
+    def parts(self) -> RopeParts:
+        side = RopeSide(self.x, self.y, self.heads, self.part, self.norm)
+        return RopeParts((side,), self.cos, self.sin, self.pos, self.rows, self.hd, self.rot)
+
+    def reads(self):
+        return self.parts().reads()
+
+    def writes(self):
+        return (self.y.buf,)
+
+    def check(self):
+        return self.parts().check()
+
+    def bytes(self):
+        return self.parts().bytes()
+
+    def flops(self):
+        return self.parts().flops()
+
+    def numpy(self, env):
+        self.parts().numpy(env)
+
+    def grid_block(self):
+        return self.parts().grid_block()
+
+    def cuda(self, denv):
+        self.parts().cuda(denv)

@@ -1,0 +1,7 @@
+// table rows row0.. = src's `count` rows (row0 = *rowp when set, else `row`); rows past the table are not written.
+extern "C" __global__ void set_row(float* table, const int* rowp, i64 row, const float* src, i64 cols, i64 count,
+                                   i64 len) {
+    i64 r0 = rowp ? (i64)rowp[0] : row, n = count * cols;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        if (r0 + i / cols < len) table[r0 * cols + i] = src[i];
+}

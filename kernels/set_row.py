@@ -1,0 +1,53 @@
+"""`set_row`: a cache write in place: `count` rows of src into the table's rows from the row a parameter names (or a
+fixed row); rows past the table's `len` are dropped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lanefuse.kernels.common import Launch, names
+from lanefuse.kernels.elementwise import grid
+
+
+@dataclass(frozen=True)
+class SetRow(Launch):
+    table: str
+    src: str
+    row: str | int
+    cols: int
+    count: int
+    len: int
+    quant: bool = False  # reserved: the row's quantized form carried too
+
+    census: ClassVar[str] = "set_row"
+    stem: ClassVar[tuple[str, ...]] = ("set_row",)
+
+    def reads(self):
+        return names(self.src, self.row)
+
+    def writes(self):
+        return (self.table,)
+
+    def check(self):
+        return "a row write carrying its quantized form (not written yet)" if self.quant else None
+
+    def bytes(self):
+        return 8 * self.count * self.cols
+
+    def numpy(self, env):
+        r0 = env.param(self.row) if isinstance(self.row, str) else int(self.row)
+        n = max(0, min(self.count, self.len - r0)) * self.cols
+        env.array(self.table)[r0 * self.cols: r0 * self.cols + n] = env.array(self.src)[:n]
+
+    def grid_block(self):
+        return grid(self.count * self.cols)
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import NULL, i64
+
+        g, b = self.grid_block()
+        rowp = denv.array(self.row) if isinstance(self.row, str) else NULL
+        fixed = self.row if isinstance(self.row, int) else 0
+        denv.function(self.stem, "set_row")(g, b, (denv.array(self.table), rowp, i64(fixed), denv.array(self.src),
+                                                   i64(self.cols), i64(self.count), i64(self.len)))

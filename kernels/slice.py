@@ -1,0 +1,51 @@
+"""`slice`: a part of every group of a tensor copied out: y's group g is x's `width` values from g·every + start (a
+head slice, or a row of a table written in place before the row's last reader)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lanefuse.kernels.common import Launch, Part
+from lanefuse.kernels.elementwise import grid
+
+
+@dataclass(frozen=True)
+class Slice(Launch):
+    x: str
+    y: str
+    groups: int
+    every: int
+    start: int
+    width: int
+
+    census: ClassVar[str] = "slice"
+    stem: ClassVar[tuple[str, ...]] = ("slice",)
+
+    def reads(self):
+        return (self.x,)
+
+    def writes(self):
+        return (self.y,)
+
+    def check(self):
+        if self.start + self.width > self.every:
+            return f"a slice of {self.width} from {self.start} past a group of {self.every}"
+        return None
+
+    def bytes(self):
+        return 8 * self.groups * self.width
+
+    def numpy(self, env):
+        n = self.groups * self.width
+        env.array(self.y)[:n] = env.array(self.x)[Part(self.every, self.start, self.width).indices(self.groups)]
+
+    def grid_block(self):
+        return grid(self.groups * self.width)
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        g, b = self.grid_block()
+        denv.function(self.stem, "slice")(g, b, (denv.array(self.x), denv.array(self.y), i64(self.groups),
+                                                 i64(self.every), i64(self.start), i64(self.width)))

@@ -1,0 +1,48 @@
+"""`swiglu`: out = silu(g) · u over n values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import Launch, act, names
+from lanefuse.kernels.elementwise import grid
+
+
+@dataclass(frozen=True)
+class SwiGlu(Launch):
+    g: str
+    u: str
+    out: str
+    n: int
+
+    census: ClassVar[str] = "swiglu"
+    stem: ClassVar[tuple[str, ...]] = ("swiglu",)
+
+    def reads(self):
+        return names(self.g, self.u)
+
+    def writes(self):
+        return (self.out,)
+
+    def bytes(self):
+        return 12 * self.n
+
+    def flops(self):
+        return 5 * self.n
+
+    def numpy(self, env):
+        g = act("silu", env.array(self.g)[: self.n].astype(np.float32)).astype(np.float32)
+        env.array(self.out)[: self.n] = g * env.array(self.u)[: self.n].astype(np.float32)
+
+    def grid_block(self):
+        return grid(self.n)
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        g, b = self.grid_block()
+        denv.function(self.stem, "swiglu")(g, b, (denv.array(self.g), denv.array(self.u), denv.array(self.out),
+                                                  i64(self.n)))

@@ -1,0 +1,48 @@
+"""`unary`: y = act(x) for silu, sigmoid, gelu (tanh approximation)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lanefuse.kernels.common import ACTS, Launch, act
+from lanefuse.kernels.elementwise import act_code, grid
+
+
+@dataclass(frozen=True)
+class Unary(Launch):
+    act: str
+    x: str
+    y: str
+    n: int
+
+    census: ClassVar[str] = "unary"
+    stem: ClassVar[tuple[str, ...]] = ("unary",)
+
+    def reads(self):
+        return (self.x,)
+
+    def writes(self):
+        return (self.y,)
+
+    def check(self):
+        return None if self.act in ACTS else f"an activation `{self.act}` (one of {', '.join(ACTS)})"
+
+    def bytes(self):
+        return 8 * self.n
+
+    def flops(self):
+        return 4 * self.n
+
+    def numpy(self, env):
+        env.array(self.y)[: self.n] = act(self.act, env.array(self.x)[: self.n].astype("float32"))
+
+    def grid_block(self):
+        return grid(self.n)
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        g, b = self.grid_block()
+        denv.function(self.stem, "unary")(g, b, (denv.array(self.x), denv.array(self.y), i64(self.n),
+                                                 i64(act_code(self.act))))

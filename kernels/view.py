@@ -1,0 +1,37 @@
+"""`view`: a row or part of a computed tensor read in place, `offset` values into it — no launch: the lane's arena
+places `out` inside `src`, so both backends run nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lanefuse.kernels.common import Launch
+
+
+@dataclass(frozen=True)
+class View(Launch):
+    src: str
+    offset: int
+    out: str
+
+    census: ClassVar[str] = "view"
+    launches: ClassVar[bool] = False
+
+    def reads(self):
+        return (self.src,)
+
+    def writes(self):
+        return (self.out,)
+
+    def bytes(self):
+        return 0
+
+    def numpy(self, env):
+        return None
+
+    def grid_block(self):
+        return ((0, 0, 0), (0, 0, 0))
+
+    def cuda(self, denv):
+        return None
