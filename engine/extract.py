@@ -123,7 +123,8 @@ def _highs():
     return h
 
 
-def solve_ilp(p: Problem, time_limit: float = 60.0) -> dict[int, int]:
+def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None = None) -> dict[int, int]:
+    """The optimum. `start` (e.g. the local search's choice) is handed to HiGHS as its first incumbent."""
     import highspy
     import numpy as np
 
@@ -182,6 +183,15 @@ def solve_ilp(p: Problem, time_limit: float = 60.0) -> dict[int, int]:
         lp.a_matrix_.value_ = np.array(value)
         lp.integrality_ = [highspy.HighsVarType.kInteger] * len(nodes)
         h.passModel(lp)
+        if start:
+            sol = highspy.HighsSolution()
+            v = np.zeros(len(nodes))
+            for n in start.values():
+                if n in col:
+                    v[col[n]] = 1.0
+            sol.col_value = v
+            sol.value_valid = True
+            h.setSolution(sol)
         h.run()
         status = h.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:

@@ -233,12 +233,10 @@ class Session:
         internal = []
         for i, n in enumerate(dec.nodes):
             ins: tuple[int, ...] = ()
-            v = dec.eg.variant_of.get(n.fn)
-            if v is not None:
-                names = [p.name for p in v.params if p.type != "T"]
-                prims = dict(zip(names, n.prims))
-                ins = tuple(snap.by_name[prims[p.name]] for p in v.params
-                            if p.role == "name" and prims.get(p.name) in snap.by_name)
+            op = dec.ops[i]
+            if op is not None and op.fused:  # the tensors it computes inside and does not write
+                outs = set(op.outs)
+                ins = tuple(snap.by_name[p.out] for p in op.parts if p.out not in outs and p.out in snap.by_name)
             internal.append(ins)
         g = self.g
         read = {i for op in g.ops for i in op.ins}

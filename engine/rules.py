@@ -489,7 +489,9 @@ def _variant(rule: Rule, combo, ctx: _Ctx, ctor: str) -> Variant:
                 seen.append(a.var)
     children = [v for v in seen if ctx.types[v] == "T" and v not in produced]
     attrs = [v for v in seen if ctx.types[v] in ("i64", "f64", "String") and ctx.types[v] != "name"]
-    names = [v for v in produced if v not in rule.outputs] + [v for v in seen if ctx.types[v] == "name"]
+    # The tensors a fused op computes inside are found from its parts (optimize.py), not carried in the e-node:
+    # naming them in the query would cost a join per tensor.
+    names: list[str] = []
     params = ([Param(v, "T", "child") for v in children] + [Param(v, ctx.types[v], "attr") for v in attrs]
               + [Param(k, _TYPES[type(val)], "const") for k, val in rule.consts]
               + [Param(v, "String", "name") for v in names])
