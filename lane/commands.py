@@ -65,6 +65,7 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
 
 def cmd_run(args) -> int:
     from lanefuse.engine.generate import generate
+    from lanefuse.engine.model import MAX_CHUNK
     from lanefuse.lane.source import open_model
 
     if args.tokens < 1:
@@ -77,7 +78,8 @@ def cmd_run(args) -> int:
         raise UserError(f"{len(ids)} prompt + {args.tokens} generated tokens exceed the KV cache of "
                         f"{src.cfg.max_len} rows")
     step_fn, label = _step_fn(args, src)
-    res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty())
+    chunk = 1 if getattr(args, "plan", None) else MAX_CHUNK  # a saved plan is a decode step: prefill row by row
+    res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty())
     out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids],
            "logits": [[float(v) for v in row.reshape(-1)] for row in res.logits]}
     if args.json:

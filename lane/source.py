@@ -44,7 +44,8 @@ def open_model(model: str | None, progress: bool = False) -> Source:
         cfg, weights = load_model(model, progress=progress)
         return Source(os.path.basename(os.path.normpath(model)), cfg, weights, path=model)
     if model.endswith((".yaml", ".yml")):
-        from lanefuse.engine.stepyaml import from_yaml, weights_for
+        from lanefuse.engine.stepweights import step_weights
+        from lanefuse.engine.stepyaml import from_yaml
 
         try:
             with open(model, encoding="utf-8") as f:
@@ -52,8 +53,8 @@ def open_model(model: str | None, progress: bool = False) -> Source:
         except OSError as e:
             raise UserError(f"{model}: cannot read: {e.strerror}") from None
         g = from_yaml(text, source=model)
-        cfg, weights = weights_for(g, model)
-        return Source(os.path.basename(model), cfg, weights, step=g, path=model)
+        weights = step_weights(g, base=os.path.dirname(os.path.abspath(model))) if g.meta.get("weights") else None
+        return Source(os.path.basename(model), None, weights, step=g, path=model)
     if model.endswith(".gguf"):
         raise UserError(f"{model}: GGUF checkpoints are not supported yet (give a safetensors checkpoint folder)")
     raise UserError(f"{model}: not a checkpoint folder or a step YAML (.yaml)")

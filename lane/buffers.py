@@ -1,0 +1,94 @@
+"""Each tensor's buffer: its home (a view's or a table row's home is the tensor it is part of), its lifetime over the
+launches, and the arena placement of every array computed and read within the step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lanefuse.engine.ir import Graph
+from lanefuse.lane.arena import Arena, Live, place
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One tensor's storage: `home` is the tensor whose array holds it, `offset` its first element there; `where`
+    is arena (step-local), io (a step input or output), table (a cache) or scratch."""
+
+    name: str
+    home: str
+    offset: int  # elements into home
+    size: int  # elements
+    dtype: str
+    where: str
+
+
+def aliases(g: Graph) -> dict[str, tuple[str, int]]:
+    """Tensors that live inside another: a row view (a part of its source) and a table after a row write (the table
+    itself). name -> (tensor it is part of, element offset)."""
+    out: dict[str, tuple[str, int]] = {}
+    for op in g.ops:
+        for leaf in op.leaves():
+            if leaf.kind == "set_row":
+                out[leaf.out] = (leaf.ins[0], 0)
+            elif leaf.kind == "view":
+                cols = g.shape(leaf.ins[0])[1]
+                out[leaf.out] = (leaf.ins[0], leaf.a["row"] * cols)
+    return out
+
+
+def home_of(name: str, al: dict[str, tuple[str, int]]) -> tuple[str, int]:
+    off = 0
+    seen = set()
+    while name in al and name not in seen:
+        seen.add(name)
+        name, o = al[name]
+        off += o
+    return name, off
+
+
+def buffers(g: Graph, al: dict[str, tuple[str, int]]) -> dict[str, Buffer]:
+    io_in, io_out, tables = set(g.io.inputs), set(g.io.outputs), set(g.io.tables)
+    out: dict[str, Buffer] = {}
+    for name, t in g.tensors.items():
+        home, off = home_of(name, al)
+        if home in tables:
+            where = "table"
+        elif home in io_in or home in io_out:
+            where = "io"
+        else:
+            where = "arena"
+        out[name] = Buffer(name, home, off, t.size, t.dtype, where)
+    return out
+
+
+def lifetimes(launches, bufs: dict[str, Buffer]) -> list[Live]:
+    """Each arena array's lifetime: from the first launch that touches its home (through any alias) to the last;
+    and each launch's scratch, live for that launch."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for i, l in enumerate(launches):
+        for name in list(l.reads()) + list(l.writes()):
+            b = bufs.get(name)
+            if b is None or b.where != "arena":
+                continue
+            h = b.home
+            first.setdefault(h, i)
+            last[h] = i
+            hb = bufs[h]
+            size[h] = hb.size * 4
+    items = [Live(h, size[h], first[h], last[h]) for h in sorted(first)]
+    for i, l in enumerate(launches):
+        for s in l.scratch():
+            if not s.counter:
+                items.append(Live(f"#{i}.{s.tag}", s.nbytes, i, i, scratch_of=i))
+    return items
+
+
+def counters(launches) -> list[tuple[int, str, int]]:
+    """The arrival counters: (launch, tag, bytes), each in a zeroed buffer of its own that its launch leaves zero."""
+    return [(i, s.tag, s.nbytes) for i, l in enumerate(launches) for s in l.scratch() if s.counter]
+
+
+def arena_for(launches, bufs: dict[str, Buffer]) -> Arena:
+    return place(lifetimes(launches, bufs))

@@ -1,0 +1,58 @@
+"""The lane's knobs: the chip it plans for (H200 defaults, each overridable) and the schedule's own settings."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, fields, replace
+
+from lanefuse.engine.errors import UserError
+
+
+@dataclass(frozen=True)
+class Knobs:
+    sms: int = 132  # streaming multiprocessors
+    smem_kib_per_block: int = 227  # shared memory a block may take
+    hbm_gbps: float = 4300.0  # measured device-to-device bandwidth (spec 4800)
+    launch_us: float = 2.0  # fixed cost of one kernel launch inside a CUDA graph
+    tflops_f32: float = 60.0  # f32 CUDA-core peak, for products where flops dominate
+    l2_mib: int = 60
+    wide_rows: int = 4096  # a product with at least this many outputs takes four rows a warp (rows_a_warp)
+    attn_split_min: int = 256  # attended positions a split of a split attention takes at least
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+KNOB_NAMES = tuple(f.name for f in fields(Knobs))
+
+
+def set_knob(k: Knobs, name: str, value) -> Knobs:
+    types = {f.name: f.type for f in fields(Knobs)}
+    if name not in types:
+        near = difflib.get_close_matches(name, KNOB_NAMES, n=1)
+        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        raise UserError(f"unknown knob `{name}`{hint}; knobs: {', '.join(KNOB_NAMES)}")
+    conv = float if types[name] in (float, "float") else int
+    try:
+        v = conv(value)
+    except (TypeError, ValueError):
+        raise UserError(f"knob `{name}`: {value!r} is not a number") from None
+    if v <= 0:
+        raise UserError(f"knob `{name}`: {v} must be positive")
+    return replace(k, **{name: v})
+
+
+def parse_knobs(pairs: list[str] | dict, base: Knobs | None = None) -> Knobs:
+    k = base or Knobs()
+    items = pairs.items() if isinstance(pairs, dict) else []
+    if not isinstance(pairs, dict):
+        parsed = []
+        for p in pairs:
+            if "=" not in p:
+                raise UserError(f"--knob {p!r}: expected NAME=VALUE, e.g. --knob sms=108")
+            n, v = p.split("=", 1)
+            parsed.append((n.strip(), v.strip()))
+        items = parsed
+    for n, v in items:
+        k = set_knob(k, n, v)
+    return k

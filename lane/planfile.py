@@ -1,0 +1,81 @@
+"""Plans travel: a Schedule written as JSON (`save`) and read back (`load`) with no solver imported — the launches'
+dataclasses by their class names, tuples as lists, everything else as plain JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import pkgutil
+
+from lanefuse.engine.errors import UserError
+
+FORMAT = "lanefuse-plan/1"
+
+
+def _classes() -> dict[str, type]:
+    """Every dataclass the kernels package and the plan define, by name."""
+    import lanefuse.kernels as kpkg
+
+    out: dict[str, type] = {}
+    mods = [importlib.import_module(f"lanefuse.kernels.{m.name}") for m in pkgutil.iter_modules(kpkg.__path__)
+            if not m.name.startswith(("cupy", "compile"))]
+    mods.append(importlib.import_module("lanefuse.lane.schedule"))
+    mods.append(importlib.import_module("lanefuse.lane.buffers"))
+    mods.append(importlib.import_module("lanefuse.lane.arena"))
+    for m in mods:
+        for v in vars(m).values():
+            if isinstance(v, type) and dataclasses.is_dataclass(v):
+                out[v.__name__] = v
+    return out
+
+
+def encode(x):
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        d = {"_t": type(x).__name__}
+        for f in dataclasses.fields(x):
+            d[f.name] = encode(getattr(x, f.name))
+        return d
+    if isinstance(x, (list, tuple)):
+        return [encode(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): encode(v) for k, v in x.items()}
+    return x
+
+
+def decode(x, classes: dict[str, type]):
+    if isinstance(x, dict):
+        if "_t" in x:
+            cls = classes.get(x["_t"])
+            if cls is None:
+                raise UserError(f"the plan names a launch or record `{x['_t']}` this lanefuse does not know")
+            kw = {}
+            for f in dataclasses.fields(cls):
+                if f.name in x:
+                    v = decode(x[f.name], classes)
+                    kw[f.name] = tuple(v) if isinstance(v, list) else v
+            return cls(**kw)
+        return {k: decode(v, classes) for k, v in x.items()}
+    if isinstance(x, list):
+        return [decode(v, classes) for v in x]
+    return x
+
+
+def save(schedule, path: str) -> None:
+    from lanefuse.lane.commands import write_atomic
+
+    doc = {"format": FORMAT, "schedule": encode(schedule)}
+    write_atomic(path, json.dumps(doc) + "\n")
+
+
+def load(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the plan: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: not a lanefuse plan (bad JSON: {e.msg})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UserError(f"{path}: not a lanefuse plan (expected format {FORMAT!r})")
+    return decode(doc["schedule"], _classes())

@@ -1,0 +1,121 @@
+"""The numpy backend: a Schedule run launch by launch with each kind's numpy twin, every step-local array a view
+into ONE arena byte buffer at its placed offset (a placement bug shows as a wrong number), the caches and the step's
+inputs and outputs in buffers of their own. `LANEFUSE_CHECK=2` runs the reference interpreter beside it and names
+the first launch that diverges."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.lane.schedule import Schedule
+
+DT = {"f32": np.float32, "i32": np.int32}
+
+
+class ArenaEnv:
+    """The Env the numpy twins read and write through: arena views, cache tables, step I/O, weights."""
+
+    def __init__(self, s: Schedule, weights, tables: dict[str, np.ndarray]):
+        self.s = s
+        self.weights = weights
+        self.arena = np.zeros(s.arena.bytes, dtype=np.uint8)
+        self.placed = s.arena.by_name()
+        self.tables = tables
+        self.io: dict[str, np.ndarray] = {}
+        self._views: dict[str, np.ndarray] = {}
+        self._weights: dict[str, tuple[np.ndarray, str]] = {}
+
+    def _home(self, home: str) -> np.ndarray:
+        b = self.s.buffers[home]
+        if b.where == "arena":
+            p = self.placed[home]
+            return np.frombuffer(self.arena, dtype=DT[b.dtype], count=b.size, offset=p.offset)
+        if b.where == "table":
+            t = self.tables[home]
+            return t.reshape(-1)
+        if home not in self.io:
+            self.io[home] = np.zeros(b.size, dtype=DT[b.dtype])
+        return self.io[home]
+
+    def array(self, name: str) -> np.ndarray:
+        v = self._views.get(name)
+        if v is not None:
+            return v
+        b = self.s.buffers.get(name)
+        if b is None:
+            raise KeyError(f"no buffer for `{name}` in the plan")
+        base = self._home(b.home)
+        v = base[b.offset: b.offset + b.size] if name != b.home else base
+        self._views[name] = v
+        return v
+
+    def weight(self, name: str) -> tuple[np.ndarray, str]:
+        w = self._weights.get(name)
+        if w is None:
+            c = self.s.constants[name]
+            src = c.source or c.name
+            if c.kind == "values":
+                w = (np.asarray(self.weights.get(src), dtype=np.float32).reshape(-1), "f32")
+            else:
+                raw, fmt = self.weights.raw(src)
+                w = (np.asarray(raw).reshape(-1), fmt)
+            self._weights[name] = w
+        return w
+
+    def param(self, name: str) -> int:
+        return int(self.array(name)[0])
+
+
+class NumpyRunner:
+    """Runs one Schedule step after step; the arena and weights are kept across steps."""
+
+    def __init__(self, s: Schedule, weights):
+        self.s = s
+        self.weights = weights
+        self.env = ArenaEnv(s, weights, {})
+
+    def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
+        s, env = self.s, self.env
+        env.tables = {n: inputs[n] for n in s.io.tables}
+        env._views.clear()
+        for n in (s.io.token, s.io.position):
+            env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
+        check = os.environ.get("LANEFUSE_CHECK", "0") == "2" and lifted is not None
+        ref = self._reference(lifted, inputs) if check else None
+        for i, x in enumerate(s.launches):
+            x.launch.numpy(env)
+            if ref is not None:
+                self._compare(i, x, ref, inputs)
+        return {s.io.logits: env.array(s.io.logits).reshape(s.tensors[s.io.logits].shape).copy(),
+                s.io.next: env.array(s.io.next).copy()}
+
+    def _reference(self, lifted, inputs):
+        from lanefuse.engine.interp import evaluate
+
+        env = {k: (np.array(v, copy=True) if k in self.s.io.tables else v) for k, v in inputs.items()}
+        return evaluate(lifted, self.weights, env)
+
+    def _compare(self, i: int, x, ref, inputs) -> None:
+        s, env = self.s, self.env
+        pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
+        for name in x.launch.writes():
+            b = s.buffers.get(name)
+            if b is None or name not in ref or name == s.io.token or name == s.io.position:
+                continue
+            got = env.array(name)
+            want = np.asarray(ref[name]).reshape(-1)
+            if b.where == "table":
+                cols = s.tensors[name].shape[-1]
+                lo, hi = pos * cols, (pos + s.rows) * cols
+                got, want = got[lo:hi], want[lo:hi]
+            if got.shape != want.shape:
+                continue
+            err = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
+            scale = float(np.max(np.abs(want))) if want.size else 0.0
+            if err > 1e-4 * max(scale, 1.0):
+                raise UserError(f"LANEFUSE_CHECK=2: launch {i} ({x.launch.census}, layer {x.layer}, computing "
+                                f"{', '.join(x.ops) or '-'}) diverges from the reference at `{name}`: max |diff| "
+                                f"{err:.3g} (values up to {scale:.3g})")

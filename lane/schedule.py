@@ -1,0 +1,115 @@
+"""The lane's schedule: how each linked launch runs — four rows a warp for a wide product (`rows_a_warp`), split-K
+for a product too narrow to fill the chip (`split_k`), attention heads a block and splits with a combine pass
+(`attn_splits`) — and the Schedule a plan returns. Each step is named; a plan can hold it back like a rule."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from lanefuse.engine.ir import Constant, StepIO, Tensor
+from lanefuse.kernels import Attention, Fold, GemmParts, Gemv, GemvGlu
+from lanefuse.lane.arena import Arena
+from lanefuse.lane.buffers import Buffer
+from lanefuse.lane.knobs import Knobs
+
+# The lane's own steps, held back like rules (`--hold rows_a_warp`).
+STEPS = {
+    "rows_a_warp": "four rows a warp for a product of at least `wide_rows` outputs",
+    "split_k": "a product whose outputs fill too few blocks splits its k across blocks, then combines",
+    "attn_splits": "a long attention split across blocks with a combine pass (flash-decoding); heads a block",
+    "gemv_parts": "the products of one activation linked as one GEMV in parts (merged_qkv whole)",
+}
+
+WARPS = 4  # warps a GEMV block (kernels/gemv.py)
+MAX_PER_BLOCK = 4  # heads an attention block holds (kernels/attention.py)
+
+
+def _per_warp(n: int, k: Knobs, held) -> int:
+    return 4 if "rows_a_warp" not in held and n >= k.wide_rows else 1
+
+
+def _split(n: int, kk: int, m: int, per_warp: int, k: Knobs, held) -> int:
+    """Split k until the product's blocks fill the chip once, each split at least 512 values of k."""
+    if "split_k" in held or m > 8:
+        return 1
+    blocks = -(-n // (WARPS * per_warp))
+    if blocks >= k.sms:
+        return 1
+    return max(1, min(-(-k.sms // blocks), kk // 512, 16))
+
+
+def schedule_launch(l, k: Knobs, held=frozenset()):
+    """One linked launch with the schedule's settings filled in."""
+    if isinstance(l, Fold):
+        return dataclasses.replace(l, first=schedule_launch(l.first, k, held), then=schedule_launch(l.then, k, held))
+    if isinstance(l, Gemv):
+        pw = _per_warp(l.n, k, held)
+        return dataclasses.replace(l, per_warp=pw, split=_split(l.n, l.k, l.m, pw, k, held))
+    if isinstance(l, (GemmParts, GemvGlu)):
+        n = sum(p.n for p in l.parts) if isinstance(l, GemmParts) else 2 * l.n
+        return dataclasses.replace(l, per_warp=_per_warp(n, k, held))
+    if isinstance(l, Attention):
+        if "attn_splits" in held:
+            return dataclasses.replace(l, per_block=1, splits=1)
+        per_block = 1
+        for c in range(min(MAX_PER_BLOCK, l.group), 0, -1):
+            if l.group % c == 0 and l.heads % c == 0:
+                per_block = c
+                break
+        blocks = (l.heads // per_block) * l.rows
+        span = l.len if not l.window else min(l.len, l.window)
+        splits = 1
+        if blocks < k.sms:
+            splits = max(1, min(-(-k.sms // blocks), span // k.attn_split_min, 32))
+        return dataclasses.replace(l, per_block=per_block, splits=splits)
+    return l
+
+
+@dataclass
+class Launched:
+    """One launch of the schedule: the launch, the lifted ops it computes (their outputs), its layer, and the class
+    and rule of the fused op it came from."""
+
+    launch: object
+    ops: tuple[str, ...]
+    layer: int
+    cls: str | None
+    rule: str | None
+    cost_us: float
+
+
+@dataclass
+class Schedule:
+    """A step lowered: its launches in order, its buffers and arena, the fusions that fired, the census."""
+
+    model: str
+    rows: int
+    lane: str
+    numerics: str
+    knobs: Knobs
+    held: tuple[str, ...]
+    launches: list[Launched]
+    buffers: dict[str, Buffer]
+    arena: Arena
+    counters: list
+    fusions: dict[str, int]
+    census: dict[str, int]
+    cost_us: float
+    layers: int
+    io: StepIO
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    constants: dict[str, Constant] = field(default_factory=dict)
+    source: dict = field(default_factory=dict)  # how to open the model again: {"kind": "demo"} or a path
+    timings: dict = field(default_factory=dict)
+
+    def per_layer(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for l in self.launches:
+            if l.launch.census != "view":
+                out[l.layer] = out.get(l.layer, 0) + 1
+        return out
+
+    @property
+    def n_launches(self) -> int:
+        return sum(1 for l in self.launches if l.launch.census != "view")

@@ -1,0 +1,83 @@
+"""The lane's shim: what can run (support per class from the lane's table, and each launch's own preconditions) and
+what it costs — the price of each e-node the engine's extraction weighs: its launches' fixed overhead plus bytes moved
+over bandwidth (flops over peak where those dominate); a class run as its parts costs its parts; a refusal is never
+chosen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lanefuse.engine.cost_default import Refusal
+from lanefuse.engine.ir import Graph, Op
+from lanefuse.lane.knobs import Knobs
+from lanefuse.lane.link import Link, Refused
+from lanefuse.lane.table import LaneTable
+
+
+def launch_us(l, knobs: Knobs) -> float:
+    """One launch's estimated time: overhead + max(bytes / bandwidth, flops / peak); a view costs nothing."""
+    if l.census == "view":
+        return 0.0
+    mem = l.bytes() / (knobs.hbm_gbps * 1e3)
+    comp = l.flops() / (knobs.tflops_f32 * 1e6)
+    return knobs.launch_us + max(mem, comp)
+
+
+@dataclass
+class Shim:
+    g: Graph
+    table: LaneTable
+    knobs: Knobs = field(default_factory=Knobs)
+    held_steps: frozenset[str] = frozenset()
+
+    def __post_init__(self):
+        self.link = Link(self.g, self.table, self.held_steps)
+        self._cache: dict = {}
+
+    def support(self, cls: str):
+        return self.table.support(cls)
+
+    def launches(self, op: Op):
+        from lanefuse.lane.schedule import schedule_launch
+
+        return [schedule_launch(x.launch, self.knobs, self.held_steps) for x in self.link.op(op)]
+
+    def cost(self, op: Op, g: Graph | None = None) -> float | Refusal:
+        """The engine's cost function: microseconds, or a Refusal with the reason."""
+        key = _key(op, self.g)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        try:
+            v: float | Refusal = sum(launch_us(l, self.knobs) for l in self.launches(op))
+            if not op.fused and op.kind == "argmax" and op.out == self.g.io.next:
+                v += self.knobs.launch_us  # without its advance, the token and position take a launch of their own
+        except Refused as e:
+            v = Refusal(str(e))
+        self._cache[key] = v
+        return v
+
+    __call__ = cost
+
+
+def _sig(g: Graph, name: str):
+    c = g.constants.get(name)
+    if c is not None:
+        return ("c", c.shape, c.kind, c.format)
+    t = g.tensors.get(name)
+    return ("t", t.shape, t.dtype, name in g.io.tables) if t is not None else ("?", name)
+
+
+def _key(op: Op, g: Graph):
+    """Ops of one shape cost the same (every layer's): the key keeps the structure and shapes, not the names."""
+    names = {}
+
+    def n(x):  # a tensor's place in this op (which inputs are the same tensor matters), and its signature
+        return (names.setdefault(x, len(names)), _sig(g, x))
+
+    def k(o: Op):
+        binds = tuple((a, v if not isinstance(v, str) else n(v)) for a, v in o.binds if not isinstance(v, tuple))
+        return (o.kind, o.cls, o.rule, o.attrs, tuple(n(i) for i in o.ins), n(o.out), tuple(n(x) for x in o.keeps),
+                o.dst is not None, binds, tuple(k(p) for p in o.parts))
+
+    return k(op)

@@ -1,0 +1,52 @@
+"""Plan files: the choices that make a plan — lane, numerics, held rules and steps, knobs, forced choices — as YAML
+that `lanefuse plan --spec FILE` replays and the explorer's `save FILE` writes."""
+
+from __future__ import annotations
+
+import yaml
+
+from lanefuse.engine.errors import UserError
+
+KEYS = {"lane": str, "numerics": str, "held": list, "knobs": dict, "forced": dict, "model": str}
+
+
+def load_spec(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the plan file: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"{path}{line}: bad YAML in the plan file: {getattr(e, 'problem', e)}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: a plan file is a mapping with keys {', '.join(KEYS)}")
+    out = {}
+    for k, v in doc.items():
+        if k not in KEYS:
+            import difflib
+
+            near = difflib.get_close_matches(str(k), KEYS, n=1)
+            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            raise UserError(f"{path}: unknown key `{k}`{hint}; a plan file has {', '.join(KEYS)}")
+        if v is None:
+            continue
+        if not isinstance(v, KEYS[k]):
+            raise UserError(f"{path}: `{k}` must be a {KEYS[k].__name__}")
+        out[k] = v
+    forced = out.get("forced", {})
+    for t, i in forced.items():
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise UserError(f"{path}: forced choice for `{t}` must be an alternative's index (an integer)")
+    out["held"] = [str(h) for h in out.get("held", [])]
+    return out
+
+
+def dump_spec(lane: str, numerics: str, held, knobs: dict, forced: dict, model: str | None = None) -> str:
+    doc = {"lane": lane, "numerics": numerics, "held": sorted(held), "knobs": dict(knobs), "forced": dict(forced)}
+    if model:
+        doc["model"] = model
+    return "# a lanefuse plan file: replay with `lanefuse plan --spec FILE`\n" + yaml.safe_dump(doc, sort_keys=False)
