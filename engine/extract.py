@@ -73,23 +73,50 @@ def _closure(p: Problem, choice: dict[int, int]) -> dict[int, int]:
     """The choice restricted to the classes the roots reach through chosen nodes; raises on a cycle."""
     out: dict[int, int] = {}
     state: dict[int, int] = {}
-
-    def visit(c: int):
-        st = state.get(c)
-        if st == 2:
-            return
-        if st == 1:
-            raise _Cycle(c)
-        state[c] = 1
-        n = choice[c]
-        for d in p.children[n]:
-            visit(d)
-        state[c] = 2
-        out[c] = n
-
     for r in p.roots:
-        visit(r)
+        if state.get(r) == 2:
+            continue
+        stack = [(r, iter(p.children[choice[r]]))]
+        state[r] = 1
+        while stack:
+            c, it = stack[-1]
+            d = next(it, None)
+            if d is None:
+                stack.pop()
+                state[c] = 2
+                out[c] = choice[c]
+                continue
+            st = state.get(d)
+            if st == 1:
+                raise _Cycle(d)
+            if st is None:
+                state[d] = 1
+                stack.append((d, iter(p.children[choice[d]])))
     return out
+
+
+def has_cycle(p: Problem) -> bool:
+    """Whether any choice at all could be cyclic: a cycle among classes through any usable node."""
+    succ = {c: {d for n in ns if p.cost[n] < INF for d in p.children[n]} for c, ns in p.classes.items()}
+    state: dict[int, int] = {}
+    for r in succ:
+        if r in state:
+            continue
+        state[r] = 1
+        stack = [(r, iter(succ[r]))]
+        while stack:
+            c, it = stack[-1]
+            d = next(it, None)
+            if d is None:
+                stack.pop()
+                state[c] = 2
+                continue
+            if state.get(d) == 1:
+                return True
+            if d not in state:
+                state[d] = 1
+                stack.append((d, iter(succ.get(d, ()))))
+    return False
 
 
 class _Cycle(Exception):
@@ -275,28 +302,34 @@ def solve_local(p: Problem, start: dict[int, int] | None = None, max_passes: int
         """Apply moves; keep them iff valid and strictly cheaper. Exact delta by reference counting."""
         delta = 0.0
         log: list[tuple[str, int, int]] = []
+        touched: list[int] = [c for c, _ in moves]  # classes whose node or liveness changed
         ok = True
 
-        def inc(c):
+        def inc(c0):
             nonlocal delta, ok
-            ref[c] = ref.get(c, 0) + 1
-            log.append(("inc", c, 0))
-            if ref[c] == 1:
-                if choice.get(c) is None or p.cost[choice[c]] == INF:
-                    ok = False
-                    return
-                delta += p.cost[choice[c]]
-                for d in p.children[choice[c]]:
-                    inc(d)
+            stack = [c0]
+            while stack:
+                c = stack.pop()
+                ref[c] = ref.get(c, 0) + 1
+                log.append(("inc", c, 0))
+                if ref[c] == 1:
+                    if choice.get(c) is None or p.cost[choice[c]] == INF:
+                        ok = False
+                        continue
+                    delta += p.cost[choice[c]]
+                    touched.append(c)
+                    stack.extend(p.children[choice[c]])
 
-        def dec(c):
+        def dec(c0):
             nonlocal delta
-            ref[c] -= 1
-            log.append(("dec", c, 0))
-            if ref[c] == 0:
-                delta -= p.cost[choice[c]]
-                for d in p.children[choice[c]]:
-                    dec(d)
+            stack = [c0]
+            while stack:
+                c = stack.pop()
+                ref[c] -= 1
+                log.append(("dec", c, 0))
+                if ref[c] == 0:
+                    delta -= p.cost[choice[c]]
+                    stack.extend(p.children[choice[c]])
 
         for c, n in moves:
             old = choice.get(c)
@@ -313,7 +346,7 @@ def solve_local(p: Problem, start: dict[int, int] | None = None, max_passes: int
                 for d in p.children[old]:
                     dec(d)
         if ok:
-            ok = delta < -1e-12 and _valid()
+            ok = delta < -1e-12 and _valid(touched)
         if not ok:
             for kind, c, old in reversed(log):
                 if kind == "inc":
@@ -325,13 +358,21 @@ def solve_local(p: Problem, start: dict[int, int] | None = None, max_passes: int
             return False
         return True
 
-    def _valid() -> bool:
-        try:
-            _closure(p, choice)
-        except _Cycle:
-            return False
-        for d, ns in internal_of.items():
-            if live(d) and any(live(p.node_class[n]) and choice[p.node_class[n]] == n for n in ns):
+    cyclic = has_cycle(p)
+
+    def _valid(touched: list[int]) -> bool:
+        if cyclic:
+            try:
+                _closure(p, choice)
+            except _Cycle:
+                return False
+        for c in touched:
+            if not live(c):
+                continue
+            n = choice[c]
+            if p.internal and any(live(d) for d in p.internal[n]):
+                return False
+            if any(live(p.node_class[m]) and choice[p.node_class[m]] == m for m in internal_of.get(c, ())):
                 return False
         return True
 

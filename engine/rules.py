@@ -203,6 +203,7 @@ def load_classes(dirs) -> dict[str, dict]:
 def load_table(extra_dirs=(), builtin: bool = True) -> RuleTable:
     """The shared table plus the user's rule dirs (`extra_dirs`, then LANEFUSE_RULES, colon-separated)."""
     dirs = ([str(_builtin_dir())] if builtin else []) + user_dirs(extra_dirs)
+    dirs = list({str(Path(d).resolve()): d for d in dirs}.values())  # a dir named twice loads once
     for d in dirs[1 if builtin else 0:]:
         if not Path(d).is_dir():
             raise UserError(f"rules dir `{d}` does not exist (from --rules or LANEFUSE_RULES)")
@@ -516,16 +517,17 @@ def rules_listing(table: RuleTable) -> list[tuple[str, str, str, list[str]]]:
 
 
 def check_rules_dir(path: str, lane_classes) -> list[str]:
-    """Problems with a rules dir added to the shared table: load errors, and classes its rules make that no lane
-    links (`lane_classes`: every class some lane's table links)."""
+    """Problems with a rules dir added to the shared table: load errors, and classes the dir's rules make that no
+    lane links (`lane_classes`: every class some lane's table links)."""
     try:
         table = load_table([path])
     except UserError as e:
         return [str(e)]
     problems = []
     lane_classes = set(lane_classes)
+    mine = str(Path(path).resolve())
     for r in table.rules:
-        if r.cls not in lane_classes:
+        if str(Path(r.file).resolve()).startswith(mine) and r.cls not in lane_classes:
             problems.append(f"{r.where}: class `{r.cls}` is linked by no lane; add it to a lane's class table "
                             f"(native, decompose or refuse)")
     return problems
