@@ -18,7 +18,7 @@ class Fold(Launch):
     then: Launch
 
     census: ClassVar[str] = "fold"
-    stem: ClassVar[tuple[str, ...]] = ("gemv", "norm", "fold")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "norm", "fold")
 
     @property
     def fused(self) -> bool:

@@ -28,7 +28,7 @@ class GemmParts(Launch):
     per_warp: int = 1
 
     census: ClassVar[str] = "gemm_parts"
-    stem: ClassVar[tuple[str, ...]] = ("gemv", "gemm_parts")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemm_parts")
 
     def blocks(self) -> list[int]:
         """Each part's output blocks (WARPS·per_warp outputs a block)."""

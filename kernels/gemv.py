@@ -49,16 +49,16 @@ def gemv_cuda(launch, denv, fmt: str, per_warp: int) -> None:
     raw = denv.weight(launch.w)[0]
     bias = denv.opt(launch.bias)
     if launch.split == 1:
-        f = denv.function(("gemv",), f"gemv_{fmt}_{per_warp}")
+        f = denv.function(("gemv_core", "gemv"), f"gemv_{fmt}_{per_warp}")
         f(grid, block, (denv.array(launch.x), raw, bias, *denv.dst(launch.y), NULL,
                         i64(launch.k), i64(launch.n), i64(launch.m), i64(1)))
         return
     part = denv.scratch(launch, launch.scratch()[0])
-    f = denv.function(("gemv",), f"gemv_{fmt}_{per_warp}")
+    f = denv.function(("gemv_core", "gemv"), f"gemv_{fmt}_{per_warp}")
     f(grid, block, (denv.array(launch.x), raw, NULL, *denv.dst(launch.y), part,
                     i64(launch.k), i64(launch.n), i64(launch.m), i64(launch.split)))
     total = launch.m * launch.n
-    c = denv.function(("gemv",), "gemv_combine")
+    c = denv.function(("gemv_core", "gemv"), "gemv_combine")
     c((min(1024, -(-total // 256)),), (256,), (part, bias, *denv.dst(launch.y), i64(launch.n), i64(launch.m),
                                               i64(launch.split)))
 
@@ -90,7 +90,7 @@ class Gemv(Launch):
     split: int = 1
 
     census: ClassVar[str] = "gemv"
-    stem: ClassVar[tuple[str, ...]] = ("gemv",)
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv")
 
     def reads(self):
         return names(self.x, self.w, self.bias, *self.y.params())
@@ -140,7 +140,7 @@ class GemvF32(Launch):
     split: int = 1
 
     census: ClassVar[str] = "gemv_f32"
-    stem: ClassVar[tuple[str, ...]] = ("gemv",)
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv")
     per_warp: ClassVar[int] = 1
 
     def reads(self):

@@ -29,7 +29,7 @@ class GemvGlu(Launch):
     per_warp: int = 1
 
     census: ClassVar[str] = "gemv_glu"
-    stem: ClassVar[tuple[str, ...]] = ("gemv", "gemv_glu")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_glu")
 
     def reads(self):
         return names(self.x, self.wg, self.wu, self.bg, self.bu)

@@ -1,0 +1,433 @@
+"""Each launch kind's numpy twin against a hand-written numpy formula on random data: odd sizes, destinations in rows
+of a table or parts of every unit, inputs read as parts, GQA, windows, sinks, splits, rows a warp. Every write goes
+through the Env, so an element written where it should not be shows as a changed sentinel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts,
+                              Gemv, GemvF32, GemvGlu, HostEnv, Join, Norm, Part, PreNorm, Quant, Rope, RopeParts,
+                              RopeSide, Scale, SetRow, Slice, SwiGlu, Unary, View)
+from lanefuse.kernels.common import decode, encode
+
+SENTINEL = -777.0
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def r32(g, *shape):
+    return g.standard_normal(shape).astype(np.float32)
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def close(a, b, tol=2e-5):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tol, atol=tol)
+
+
+def dst_case(kind, rows, n, g):
+    """(Dst, the buffer's initial contents, a function giving the result's rows out of the buffer, the env extras)."""
+    if kind == "own":
+        return Dst("y"), np.full(rows * n, SENTINEL, np.float32), lambda b: b.reshape(rows, n), {}
+    if kind == "table":
+        L, p = rows + 5, 3
+        buf = np.full(L * n, SENTINEL, np.float32)
+        return (Dst("y", row="at", pitch=n), buf, lambda b: b.reshape(L, n)[p:p + rows],
+                {"at": np.array([p], np.int32)})
+    if kind == "fixed":
+        L = rows + 2
+        buf = np.full(L * n, SENTINEL, np.float32)
+        return Dst("y", row=2, pitch=n), buf, lambda b: b.reshape(L, n)[2:2 + rows], {}
+    # unit: a part of every row of a wider tensor
+    w = n + 7
+    buf = np.full(rows * w, SENTINEL, np.float32)
+    return Dst("y", unit=Part(w, 4, n)), buf, lambda b: b.reshape(rows, w)[:, 4:4 + n], {}
+
+
+def untouched(buf, view_rows):
+    """Everything outside the result's place still holds the sentinel."""
+    b = buf.copy()
+    view_rows(b)[...] = SENTINEL
+    assert np.all(b == SENTINEL), "a value was written outside the destination"
+
+
+# -- gemv ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (3, 64, 33), (9, 129, 17), (1, 256, 8)])
+@pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 3), (4, 2)])
+@pytest.mark.parametrize("dst", ["own", "table", "unit"])
+def test_gemv(fmt, m, k, n, per_warp, split, dst):
+    if split > 1 and Gemv("x", "w", fmt, Dst("y"), k, n, m, split=split).check():
+        pytest.skip("split leaves a chunk empty")
+    g = rng(m * k + n)
+    x, w, b = r32(g, m, k), r32(g, n, k), r32(g, n)
+    raw = encode(w, fmt)
+    d, buf, rows_of, extra = dst_case(dst, m, n, g)
+    env = HostEnv({"x": x, "y": buf, **extra}, {"w": (raw, fmt), "b": (b, "f32")})
+    Gemv("x", "w", fmt, d, k, n, m, bias="b", per_warp=per_warp, split=split).numpy(env)
+    want = x.astype(np.float64) @ decode(raw, fmt).astype(np.float64).T + b
+    out = env.array("y")
+    close(rows_of(out), want, 1e-4)
+    untouched(out, rows_of)
+
+
+def test_gemv_f32_values():
+    g = rng(1)
+    x, w = r32(g, 2, 19), r32(g, 11, 19)
+    env = HostEnv({"x": x, "y": np.zeros(22, np.float32)}, {"w": (w, "f32")})
+    GemvF32("x", "w", Dst("y"), 19, 11, 2).numpy(env)
+    close(env.array("y").reshape(2, 11), x.astype(np.float64) @ w.T, 1e-5)
+
+
+# -- norm ----------------------------------------------------------------------------------------------------------
+
+def rmsnorm(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("rows,cols,heads", [(1, 7, 1), (3, 96, 1), (2, 24, 3), (5, 33, 1)])
+@pytest.mark.parametrize("add,pre,part,dst", [(False, False, False, "own"), (True, False, False, "own"),
+                                              (True, True, False, "own"), (False, False, True, "unit"),
+                                              (True, False, True, "table")])
+def test_norm(rows, cols, heads, add, pre, part, dst):
+    g = rng(rows * cols)
+    hd = cols // heads
+    x, a, w, pw = r32(g, rows, cols), r32(g, rows, cols), r32(g, hd), r32(g, cols)
+    arrays = {"a": a, "s": np.zeros(rows * cols, np.float32)}
+    if part:
+        wide = r32(g, rows, cols + 9)
+        wide[:, 5:5 + cols] = x
+        arrays["x"] = wide
+    else:
+        arrays["x"] = x
+    d, buf, rows_of, extra = dst_case(dst, rows, cols, g)
+    arrays.update(y=buf, **extra)
+    env = HostEnv(arrays, {"w": (w, "f32"), "pw": (pw, "f32")})
+    launch = Norm("x", "w", "y", rows, cols, 1e-5, heads=heads, part=Part(cols + 9, 5, cols) if part else None,
+                  add="a" if add else None, sum="s" if add else None, pre=PreNorm("pw", 1e-6) if pre else None,
+                  into=d if dst != "own" else None)
+    assert launch.check() is None
+    launch.numpy(env)
+    s = x.astype(np.float64)
+    if add:
+        s = s + (rmsnorm(a, pw, 1e-6) if pre else a)
+        close(env.array("s").reshape(rows, cols), s)
+    want = rmsnorm(s.reshape(rows, heads, hd), w, 1e-5).reshape(rows, cols)
+    close(rows_of(env.array("y")), want, 1e-4)
+    untouched(env.array("y"), rows_of)
+
+
+# -- rope ----------------------------------------------------------------------------------------------------------
+
+def rope_ref(x, cos, sin, pos, hd, rot):
+    """HF rotate_half over the first `rot` values of each head: x (rows, heads, hd), tables (L, rot/2)."""
+    rows = x.shape[0]
+    c = np.concatenate([cos, cos], -1)[pos + np.arange(rows)][:, None, :]
+    s = np.concatenate([sin, sin], -1)[pos + np.arange(rows)][:, None, :]
+    xr = x[..., :rot].astype(np.float64)
+    half = rot // 2
+    rotated = np.concatenate([-xr[..., half:], xr[..., :half]], -1)
+    y = x.astype(np.float64).copy()
+    y[..., :rot] = xr * c + rotated * s
+    return y
+
+
+def tables(g, L, rot):
+    ang = g.uniform(0, 6.28, (L, rot // 2))
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+@pytest.mark.parametrize("rows,heads,hd,rot", [(1, 2, 8, 8), (3, 3, 10, 4), (2, 1, 64, 64), (4, 2, 6, 2)])
+@pytest.mark.parametrize("norm,part,dst", [(False, False, "own"), (True, False, "table"), (True, True, "unit")])
+def test_rope(rows, heads, hd, rot, norm, part, dst):
+    g = rng(rows * hd + rot)
+    L, pos, n = 16, 5, heads * hd
+    x, nw = r32(g, rows, n), r32(g, hd)
+    cos, sin = tables(g, L, rot)
+    arrays = {"pos": np.array([pos], np.int32)}
+    if part:
+        wide = r32(g, rows, n + 6)
+        wide[:, 2:2 + n] = x
+        arrays["x"] = wide
+    else:
+        arrays["x"] = x
+    d, buf, rows_of, extra = dst_case(dst, rows, n, g)
+    arrays.update(y=buf, **extra)
+    env = HostEnv(arrays, {"cos": (cos, "f32"), "sin": (sin, "f32"), "nw": (nw, "f32")})
+    launch = Rope("x", "cos", "sin", "pos", d, rows, heads, hd, rot, part=Part(n + 6, 2, n) if part else None,
+                  norm=("nw", 1e-6) if norm else None)
+    assert launch.check() is None
+    launch.numpy(env)
+    xh = x.reshape(rows, heads, hd)
+    if norm:
+        xh = rmsnorm(xh, nw, 1e-6).astype(np.float32)
+    want = rope_ref(xh, cos, sin, pos, hd, rot).reshape(rows, n)
+    close(rows_of(env.array("y")), want, 1e-4)
+    untouched(env.array("y"), rows_of)
+
+
+def test_rope_parts_q_and_k_into_cache():
+    g = rng(7)
+    rows, hd, rot, L, pos = 2, 8, 6, 12, 4
+    q, k = r32(g, rows, 4 * hd), r32(g, rows, 2 * hd)
+    cos, sin = tables(g, L, rot)
+    env = HostEnv({"q": q, "k": k, "qo": np.zeros(rows * 4 * hd, np.float32),
+                   "kc": np.full(L * 2 * hd, SENTINEL, np.float32), "pos": np.array([pos], np.int32)},
+                  {"cos": (cos, "f32"), "sin": (sin, "f32"), "kn": (r32(g, hd), "f32")})
+    sides = (RopeSide("q", Dst("qo"), 4), RopeSide("k", Dst("kc", row="pos", pitch=2 * hd), 2, norm=("kn", 1e-6)))
+    RopeParts(sides, "cos", "sin", "pos", rows, hd, rot).numpy(env)
+    close(env.array("qo").reshape(rows, 4, hd), rope_ref(q.reshape(rows, 4, hd), cos, sin, pos, hd, rot), 1e-4)
+    kn = rmsnorm(k.reshape(rows, 2, hd), env.weight("kn")[0], 1e-6).astype(np.float32)
+    kc = env.array("kc").reshape(L, 2, hd)
+    close(kc[pos:pos + rows], rope_ref(kn, cos, sin, pos, hd, rot), 1e-4)
+    assert np.all(kc[:pos] == SENTINEL) and np.all(kc[pos + rows:] == SENTINEL)
+
+
+# -- attention -----------------------------------------------------------------------------------------------------
+
+def attention_ref(q, kc, vc, pos, heads, kv, hd, vd, scale, window=0, sinks=None):
+    rows = q.shape[0]
+    out = np.zeros((rows, heads, vd))
+    K, V = kc.reshape(-1, kv, hd).astype(np.float64), vc.reshape(-1, kv, vd).astype(np.float64)
+    for r in range(rows):
+        p = pos + r
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(heads):
+            gk = h // (heads // kv)
+            logit = K[lo:p + 1, gk] @ q[r, h].astype(np.float64) * scale
+            z = logit if sinks is None else np.append(logit, sinks[h])
+            e = np.exp(z - z.max())
+            out[r, h] = e[:p + 1 - lo] @ V[lo:p + 1, gk] / e.sum()
+    return out
+
+
+@pytest.mark.parametrize("heads,kv,hd,vd", [(4, 2, 8, 8), (6, 1, 16, 6), (2, 2, 4, 10), (8, 2, 64, 64)])
+@pytest.mark.parametrize("rows,pos", [(1, 0), (1, 13), (3, 9)])
+@pytest.mark.parametrize("window,sinks,splits,per_block", [(0, False, 1, 1), (5, False, 1, 2), (0, True, 3, 1),
+                                                           (4, True, 2, 2), (0, False, 7, 1)])
+def test_attention(heads, kv, hd, vd, rows, pos, window, sinks, splits, per_block):
+    if heads % per_block:
+        pytest.skip("per_block does not divide the heads")
+    g = rng(heads * hd + pos)
+    L = 20
+    q, kc, vc, sk = r32(g, rows, heads * hd), r32(g, L, kv * hd), r32(g, L, kv * vd), r32(g, heads)
+    env = HostEnv({"q": q, "kc": kc, "vc": vc, "pos": np.array([pos], np.int32),
+                   "o": np.zeros(rows * heads * vd, np.float32)}, {"sk": (sk, "f32")})
+    a = Attention("q", "kc", "vc", "pos", "o", heads, heads // kv, hd, vd, L, rows, hd ** -0.5, window=window,
+                  sinks="sk" if sinks else None, per_block=per_block, splits=splits)
+    assert a.check() is None
+    a.numpy(env)
+    want = attention_ref(q.reshape(rows, heads, hd), kc, vc, pos, heads, kv, hd, vd, hd ** -0.5, window,
+                         sk if sinks else None)
+    close(env.array("o").reshape(rows, heads, vd), want, 1e-5)
+
+
+def test_attention_values_in_the_key_rows():
+    """vstride/voff: the values read in place as a part of every row of another table."""
+    g = rng(3)
+    heads, hd, vd, L, pos = 2, 8, 4, 10, 6
+    kc = r32(g, L, hd)
+    wide = r32(g, L, 3 + vd)
+    env = HostEnv({"q": r32(g, 1, heads * hd), "kc": kc, "vc": wide, "pos": np.array([pos], np.int32),
+                   "o": np.zeros(heads * vd, np.float32)})
+    Attention("q", "kc", "vc", "pos", "o", heads, heads, hd, vd, L, 1, 0.3, vstride=3 + vd, voff=3).numpy(env)
+    want = attention_ref(env.array("q").reshape(1, heads, hd), kc, wide[:, 3:], pos, heads, 1, hd, vd, 0.3)
+    close(env.array("o").reshape(1, heads, vd), want, 1e-5)
+
+
+def test_attention_refuses_wide_heads_and_gates():
+    a = Attention("q", "k", "v", "pos", "o", 4, 2, 512, 512, 8, 1, 1.0)
+    assert "wider" in a.check()
+    assert "gated" in Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, gate=("g", "silu")).check()
+
+
+# -- elementwise ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["add", "mul", "sub"])
+@pytest.mark.parametrize("row", [0, 13])
+@pytest.mark.parametrize("gate", [None, "silu", "sigmoid", "gelu"])
+def test_binary(op, row, gate):
+    g = rng(row)
+    n = 39
+    a, b = r32(g, n), r32(g, row or n)
+    env = HostEnv({"a": a, "b": b, "o": np.zeros(n, np.float32)})
+    Binary(op, "a", "b", "o", n, row=row, gate=gate).numpy(env)
+    bb = np.tile(b, n // row).astype(np.float64) if row else b.astype(np.float64)
+    acts = {None: lambda v: v, "silu": silu, "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+            "gelu": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))}
+    bb = acts[gate](bb)
+    want = {"add": a + bb, "mul": a * bb, "sub": a - bb}[op]
+    close(env.array("o"), want, 1e-5)
+
+
+def test_binary_broadcasts_a_constant_row():
+    g = rng(2)
+    a, b = r32(g, 3, 5), r32(g, 5)
+    env = HostEnv({"a": a, "o": np.zeros(15, np.float32)}, {"b": (b, "f32")})
+    Binary("add", "a", "b", "o", 15, row=5).numpy(env)
+    close(env.array("o").reshape(3, 5), a + b)
+
+
+def test_swiglu_unary_scale():
+    g = rng(4)
+    x, u = r32(g, 37), r32(g, 37)
+    env = HostEnv({"x": x, "u": u, "o": np.zeros(37, np.float32), "s": np.zeros(37, np.float32),
+                   "t": np.zeros(37, np.float32)})
+    SwiGlu("x", "u", "o", 37).numpy(env)
+    close(env.array("o"), silu(x.astype(np.float64)) * u)
+    Unary("sigmoid", "x", "s", 37).numpy(env)
+    close(env.array("s"), 1 / (1 + np.exp(-x.astype(np.float64))))
+    Scale("x", "t", 37, 0.125).numpy(env)
+    close(env.array("t"), x * 0.125, 0)
+
+
+def test_slice_and_join():
+    g = rng(5)
+    x = r32(g, 4, 10)
+    env = HostEnv({"x": x, "y": np.zeros(12, np.float32), "j": np.full(2 * 3 * 7 + 5, SENTINEL, np.float32)})
+    Slice("x", "y", 4, 10, 6, 3).numpy(env)
+    close(env.array("y").reshape(4, 3), x[:, 6:9], 0)
+    a, b = r32(g, 2, 3 * 4), r32(g, 2, 3 * 3)
+    env.arrays.update(a=a.reshape(-1), b=b.reshape(-1))
+    Join("a", "b", Dst("j"), 2, 3, 4, 3).numpy(env)
+    want = np.concatenate([a.reshape(6, 4), b.reshape(6, 3)], 1).reshape(-1)
+    close(env.array("j")[:42], want, 0)
+    assert np.all(env.array("j")[42:] == SENTINEL)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("scale", [None, 2.5])
+def test_gather(fmt, scale):
+    g = rng(6)
+    table = r32(g, 11, 9)
+    raw = encode(table, fmt)
+    idx = np.array([3, 0, 10], np.int32)
+    env = HostEnv({"t": idx, "o": np.zeros(27, np.float32)}, {"E": (raw, fmt)})
+    Gather("E", "t", "o", 9, rows=3, format=fmt, scale=scale).numpy(env)
+    want = decode(raw, fmt)[idx] * (scale or 1.0)
+    close(env.array("o").reshape(3, 9), want, 0)
+
+
+@pytest.mark.parametrize("row", ["pos", 1, 6])
+def test_set_row(row):
+    g = rng(8)
+    L, c, cnt = 8, 5, 3
+    src = r32(g, cnt, c)
+    env = HostEnv({"T": np.full(L * c, SENTINEL, np.float32), "src": src, "pos": np.array([2], np.int32)})
+    SetRow("T", "src", row, c, cnt, L).numpy(env)
+    r0 = 2 if row == "pos" else row
+    want = np.full((L, c), SENTINEL, np.float32)
+    keep = min(cnt, L - r0)
+    want[r0:r0 + keep] = src[:keep]
+    close(env.array("T").reshape(L, c), want, 0)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 5), (1, 5000), (3, 2049)])
+def test_argmax_with_ties_and_advance(rows, n):
+    g = rng(n)
+    x = r32(g, rows, n)
+    x[-1, n // 3] = x[-1, n // 2] = 99.0  # a tie: the first index wins
+    env = HostEnv({"x": x, "o": np.zeros(rows, np.int32), "tok": np.zeros(1, np.int32),
+                   "pos": np.array([7], np.int32)})
+    ArgMax("x", "o", n, rows, advance=Advance("tok", "pos", step=rows)).numpy(env)
+    want = [int(np.argmax(r)) for r in x]
+    assert list(env.array("o")) == want and want[-1] == n // 3
+    assert env.array("tok")[0] == n // 3 and env.array("pos")[0] == 7 + rows
+
+
+# -- products in parts, the GLU, folds -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_gemv_glu(fmt, per_warp):
+    g = rng(9)
+    m, k, n = 3, 21, 13
+    x, wg, wu, bg = r32(g, m, k), r32(g, n, k), r32(g, n, k), r32(g, n)
+    env = HostEnv({"x": x, "o": np.zeros(m * n, np.float32)},
+                  {"wg": (encode(wg, fmt), fmt), "wu": (encode(wu, fmt), fmt), "bg": (bg, "f32")})
+    GemvGlu("x", "wg", "wu", fmt, "o", k, n, m, bg="bg", per_warp=per_warp).numpy(env)
+    G = x.astype(np.float64) @ decode(encode(wg, fmt), fmt).T + bg
+    U = x.astype(np.float64) @ decode(encode(wu, fmt), fmt).T
+    close(env.array("o").reshape(m, n), silu(G) * U, 1e-4)
+
+
+def test_gemm_parts_into_one_wide_tensor():
+    """merged_qkv: q, k, v products landing as parts of every row of one (rows, q+k+v) tensor, k also in a cache."""
+    g = rng(10)
+    m, k, nq, nk = 2, 17, 12, 4
+    x = r32(g, m, k)
+    wq, wk, wv, bq = r32(g, nq, k), r32(g, nk, k), r32(g, nk, k), r32(g, nq)
+    W = nq + 2 * nk
+    L = 6
+    env = HostEnv({"x": x, "qkv": np.full(m * W, SENTINEL, np.float32), "kc": np.full(L * nk, SENTINEL, np.float32),
+                   "pos": np.array([3], np.int32)},
+                  {"wq": (wq, "f32"), "wk": (wk, "f32"), "wv": (wv, "f32"), "bq": (bq, "f32")})
+    parts = (GemmPart("wq", Dst("qkv", unit=Part(W, 0, nq)), nq, bias="bq"),
+             GemmPart("wk", Dst("kc", row="pos", pitch=nk), nk),
+             GemmPart("wv", Dst("qkv", unit=Part(W, nq + nk, nk)), nk))
+    GemmParts("x", "f32", k, m, parts, per_warp=4).numpy(env)
+    y = env.array("qkv").reshape(m, W)
+    x64 = x.astype(np.float64)
+    close(y[:, :nq], x64 @ wq.T + bq)
+    close(y[:, nq + nk:], x64 @ wv.T)
+    assert np.all(y[:, nq:nq + nk] == SENTINEL)
+    close(env.array("kc").reshape(L, nk)[3:5], x64 @ wk.T)
+
+
+def test_fold_gemv_then_add_norm():
+    g = rng(11)
+    m, k, n = 1, 40, 24
+    x, w, res, nw = r32(g, m, k), r32(g, n, k), r32(g, m, n), r32(g, n)
+    env = HostEnv({"x": x, "o": np.zeros(n, np.float32), "res": res, "sum": np.zeros(n, np.float32),
+                   "y": np.zeros(n, np.float32)}, {"w": (w, "f32"), "nw": (nw, "f32")})
+    f = Fold(Gemv("x", "w", "f32", Dst("o"), k, n, m, per_warp=4),
+             Norm("res", "nw", "y", m, n, 1e-6, add="o", sum="sum"))
+    assert f.fused and [s.counter for s in f.scratch()] == [True]
+    f.numpy(env)
+    o = x.astype(np.float64) @ w.T
+    close(env.array("sum"), (res + o).reshape(-1))
+    close(env.array("y"), rmsnorm(res + o, nw, 1e-6).reshape(-1), 1e-4)
+
+
+def test_view_runs_nothing_and_quant_refuses():
+    env = HostEnv({"x": np.ones(4, np.float32)})
+    View("x", 2, "v").numpy(env)
+    assert Quant("x", 64).check()
+    with pytest.raises(NotImplementedError):
+        Quant("x", 64).numpy(env)
+
+
+# -- the registry ----------------------------------------------------------------------------------------------------
+
+def test_registry_names_every_kind_once():
+    want = {"gemv", "gemv_f32", "norm", "rope", "rope_parts", "attention", "binary", "swiglu", "gemv_glu",
+            "gemm_parts", "gather", "set_row", "argmax", "slice", "join", "unary", "scale", "fold", "quant", "view"}
+    assert set(KINDS) == want
+    from importlib import resources
+
+    here = resources.files("lanefuse.kernels")
+    for name, k in KINDS.items():
+        assert k.census == name
+        for s in (k.stem if isinstance(k.stem, tuple) else ()):
+            assert here.joinpath(f"{s}.cu").is_file(), f"{name}: no {s}.cu"
+
+
+def test_scratch_and_costs():
+    a = Attention("q", "k", "v", "pos", "o", 8, 2, 64, 64, 128, 1, 0.125, splits=4)
+    (s,) = a.scratch()
+    assert s.tag == "partials" and s.nbytes == 4 * 8 * 4 * 66 and not s.counter
+    assert a.bytes() > 0 and a.flops() > 0
+    gm = Gemv("x", "w", "bf16", Dst("y"), 4096, 1024, 1)
+    assert gm.bytes() == 2 * 4096 * 1024 + 4 * 4096 + 4 * 1024 and gm.flops() == 2 * 4096 * 1024
+    am = ArgMax("x", "o", 150000, advance=Advance("tok", "pos"))
+    assert [x.counter for x in am.scratch()] == [False, False, True]
+    assert set(am.writes()) == {"o", "tok", "pos"}
+    assert Gemv("x", "w", "f32", Dst("kc", row="pos", pitch=8), 8, 8, 1).reads() == ("x", "w", "pos")
