@@ -5,6 +5,7 @@ part's launches; a refused class is an error with the table's reason. Placements
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from lanefuse.engine.ir import Graph, Op
@@ -76,9 +77,14 @@ class Link:
         if support == "refuse":
             raise Refused(entry.reason, f"class `{op.cls}` ({op.rule}) -> `{op.out}`")
         if support == "decompose":
+            # run as its parts: a result the fusion placed in a table's rows goes back to its own buffer, and the
+            # row write among the parts copies it there
+            written = {leaf.ins[1] for leaf in op.leaves() if leaf.kind == "set_row"}
             out: list[Linked] = []
             for p in op.parts:
-                out.extend(self.op(p, placed))
+                if p.dst is not None and p.out in written:
+                    p = dataclasses.replace(p, dst=None)
+                out.extend(self.op(p, {k: v for k, v in placed.items() if k not in written}))
             return out
         ch = entry.choice
         assert ch is not None

