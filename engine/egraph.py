@@ -305,6 +305,7 @@ class EGraph:
 
         conv = {"i64": eg.value_to_i64, "f64": eg.value_to_f64, "String": eg.value_to_string}
         classes: dict[int, list[ENode]] = {}
+        merged: dict[int, set[str]] = {}  # e-class -> the step tensors in it (one, unless a rule is unsound)
         names: dict[int, str] = {}
         by_name: dict[str, int] = {}
         for fname, fn in frozen.functions.items():
@@ -314,8 +315,7 @@ class EGraph:
             if fname == "N":
                 for row in fn.rows:
                     c, nm = cid(row.output), eg.value_to_string(row.inputs[0])
-                    if c in names and names[c] != nm:
-                        self._merged(names[c], nm, c, classes)
+                    merged.setdefault(c, set()).add(nm)
                     names[c] = nm
                     by_name[nm] = c
                 continue
@@ -329,21 +329,12 @@ class EGraph:
                 c = cid(row.output)
                 classes.setdefault(c, []).append(ENode(fname, tuple(ch), tuple(pr), c))
         snap = Snapshot(classes, names, by_name)
-        self._audit(snap, frozen)
+        self._audit(snap, merged)
         return snap
 
-    def _merged(self, a: str, b: str, c: int, classes):
-        raise UserError(f"unsound rule: tensors `{a}` and `{b}` ended up equal")
-
-    def _audit(self, snap: Snapshot, frozen) -> None:
+    def _audit(self, snap: Snapshot, merged: dict[int, set[str]]) -> None:
         """No e-class may hold two tensors of the step graph: a rule that merged them is wrong."""
-        seen: dict[int, list[str]] = {}
-        for row in frozen.functions["N"].rows:
-            pass
-        counts: dict[int, list[str]] = {}
-        for nm, c in snap.by_name.items():
-            counts.setdefault(c, []).append(nm)
-        for c, nms in counts.items():
+        for c, nms in merged.items():
             if len(nms) > 1:
                 rules = sorted({self.variant_of[n.fn].rule for n in snap.classes.get(c, []) if n.fn in self.variant_of})
                 culprits = ", ".join(f"`{self.table.by_name[r].where}`" for r in rules) or "unknown"

@@ -264,9 +264,10 @@ class Session:
 
     def _no_plan(self, dec: _Decoded, classes, refusals, forced) -> str:
         lines = []
-        for c in classes:
+        refused_all = [c for c in dec.classes if dec.classes[c] and all(i in refusals for i in dec.classes[c])]
+        for c in list(classes) + [c for c in refused_all if c not in set(classes)]:
             ref = [(dec.label(i)[0], refusals[i]) for i in dec.classes.get(c, []) if i in refusals]
-            if ref and len(ref) == len(dec.classes[c]):
+            if ref and len(ref) == len(dec.classes[c]) and not any(dec.name(c) in x for x in lines):
                 lines.append(f"`{dec.name(c)}`: " + "; ".join(f"{lab} refused: {why}" for lab, why in ref))
         if not lines:
             refused = sorted({(dec.label(i)[0], str(r)) for i, r in refusals.items()})
