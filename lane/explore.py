@@ -1,0 +1,656 @@
+"""The explorer: one step graph and lane kept live for what-ifs — hold or release a rule or schedule step, force a
+tensor's alternative, set a knob — each re-planned on ONE engine Session (a saturated e-graph cached per held set),
+with the diff against the plan before, each tensor's alternatives with their costs and refusals, and `why` in words.
+`lanefuse explore` drives it from the terminal (lane/explore_cli.py) or the web page (lane/webserver.py), whose
+protocol `state / choices / hold / release / force / unforce / set_knob` this class implements.
+
+Speed: the first plan is exact (the ILP); every what-if after it takes the engine's local search (`method="local"`),
+about 20-30 ms on the demo model against ~350 ms for the ILP, and `plan(exact=True)` re-plans the current choices
+exactly. A configuration seen before (say: hold, then release) answers its cached plan, so going back is exact too.
+
+Alternative indices: a tensor's alternatives are numbered once, in the engine's order under NO held rule, and keep
+those numbers across hold and release; an alternative a held rule removes stays listed (support `held`, with the
+rule to release) and cannot be forced. A plan file (`save`) records the engine's own indices under its held rules,
+which is what `lanefuse plan --spec FILE` replays.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lanefuse.engine.cost_default import Refusal
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.ir import Graph, Op
+from lanefuse.engine.optimize import Session
+from lanefuse.lane.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
+from lanefuse.lane.plan import lower
+from lanefuse.lane.schedule import STEPS, Schedule
+from lanefuse.lane.shim import Shim
+
+NUMERICS = "f32"
+
+
+class _Session(Session):
+    """The engine's Session, keeping the last extraction's choice (e-class -> e-node) beside the plan it emits: the
+    explorer needs it to say which alternative of a tensor was chosen and whether a forced choice binds."""
+
+    last: tuple[Any, dict[int, int]] | None = None
+
+    def _emit(self, dec, choice):
+        self.last = (dec, dict(choice))
+        return super()._emit(dec, choice)
+
+
+@dataclass
+class _Plan:
+    """One configuration's plan: the lowered schedule, the extraction behind it and how it was found."""
+
+    sched: Schedule
+    dec: Any  # the engine's decoded snapshot the choice indexes
+    choice: dict[int, int]
+    method: str  # "ilp" (exact) or "local" (local search)
+    engine_cost: float
+    warnings: list[str]
+    ms: float
+
+
+@dataclass
+class _Config:
+    held_rules: frozenset[str] = frozenset()
+    held_steps: frozenset[str] = frozenset()
+    knobs: Knobs = field(default_factory=Knobs)
+    forced: dict[str, int] = field(default_factory=dict)  # tensor -> the explorer's stable alternative index
+
+
+def _near(name: str, known) -> str:
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean `{near[0]}`?)" if near else ""
+
+
+class Explorer:
+    """A session over one step graph `g` and lane. Every change re-plans at once; `state()` is the page's JSON."""
+
+    def __init__(self, g: Graph, lane: str = "cuda", rules_dirs=(), knobs: Knobs | dict | list | None = None,
+                 held=(), forced: dict[str, int] | None = None, model_name: str = "", what_if: str = "local"):
+        from lanefuse.engine.rules import load_table
+        from lanefuse.lane.table import load_lane
+
+        if what_if not in ("local", "ilp"):
+            raise UserError(f"what-if method `{what_if}`: local or ilp")
+        t0 = time.perf_counter()
+        self.g = g
+        self.table = load_table(tuple(rules_dirs))
+        self.lane = load_lane(lane, tuple(rules_dirs))
+        self.model = model_name or str(g.meta.get("model", "") or "step")
+        self.what_if = what_if
+        self.session = _Session(g, self.table)
+        self._shims: dict[tuple, tuple[Shim, dict]] = {}
+        self._plans: dict[tuple, _Plan] = {}
+        self._sigs: dict[tuple[frozenset, str], list[tuple]] = {}
+        self._alts: dict[str, list[tuple]] = {}  # tensor -> alternative signatures, in stable index order
+        self._plan_costs: dict[tuple, float | None] = {}
+        # the step graph by layer: an op outside the layers (embedding, head) goes with the first or the last layer
+        self.producer: dict[str, Op] = {op.out: op for op in g.ops}
+        self.layers = max(1, g.layers)
+        first = next((k for k, op in enumerate(g.ops) if op.layer >= 0), 0)
+        self.layer_of: dict[str, int] = {}
+        for k, op in enumerate(g.ops):
+            self.layer_of[op.out] = op.layer if op.layer >= 0 else (0 if k < first else self.layers - 1)
+        self.layer = 0
+
+        kn = knobs if isinstance(knobs, Knobs) else parse_knobs(knobs or [], Knobs())
+        cfg = _Config(knobs=kn)
+        for h in held:
+            self._check_name(h)
+            if h in STEPS:
+                cfg.held_steps |= {h}
+            else:
+                cfg.held_rules |= {h}
+        self.cfg = cfg
+        # a plan file's forced choices are the engine's indices under its held rules: number them the explorer's way
+        for t, k in (forced or {}).items():
+            self._tensor(t)
+            sigs = self._cur_sigs(t)
+            if not isinstance(k, int) or not 0 <= k < len(sigs):
+                raise UserError(f"forced choice {k!r} for `{t}`: it has alternatives 0..{len(sigs) - 1}")
+            self.cfg.forced[t] = self._stable(t).index(sigs[k])
+        self._prev: _Plan | None = None
+        self._what: str | None = None
+        self._cur = self._plan_for(self.cfg, "ilp")
+        self.setup_ms = (time.perf_counter() - t0) * 1e3
+        self.last_ms = self._cur.ms
+
+    # ---- names ---------------------------------------------------------------------------------------------------
+    def rule_names(self) -> list[str]:
+        return list(self.table.names) + list(STEPS)
+
+    def tensor_names(self) -> list[str]:
+        return [op.out for op in self.g.ops]
+
+    @staticmethod
+    def knob_names() -> list[str]:
+        return list(KNOB_NAMES)
+
+    def _check_name(self, name: str) -> None:
+        if name in STEPS or name in self.table.by_name:
+            return
+        known = self.rule_names()
+        raise UserError(f"no rule or schedule step `{name}`{_near(name, known)}; known: {', '.join(known)}")
+
+    def _tensor(self, t: str) -> Op:
+        op = self.producer.get(t)
+        if op is None:
+            if t in self.g.constants or t in self.g.io.inputs or t in self.g.tensors:
+                raise UserError(f"`{t}` is a step input or constant: nothing computes it, so it has no alternatives")
+            raise UserError(f"no tensor `{t}` in the step graph{_near(t, self.producer)}")
+        return op
+
+    # ---- the engine ------------------------------------------------------------------------------------------------
+    def _shim(self, knobs: Knobs, held_steps: frozenset) -> tuple[Shim, dict]:
+        key = (knobs, held_steps)
+        if key not in self._shims:
+            self._shims[key] = (Shim(self.g, self.lane, knobs, held_steps), {})
+        return self._shims[key]
+
+    def _own_cost(self, cfg: _Config, op: Op) -> float | Refusal:
+        shim, memo = self._shim(cfg.knobs, cfg.held_steps)
+        e = memo.get(id(op))
+        if e is None or e[0] is not op:  # the snapshot keeps its ops alive, so an id names one op
+            e = memo[id(op)] = (op, shim.cost(op, self.g))
+        return e[1]
+
+    def _cost_fn(self, cfg: _Config, forced: dict[str, int], local: bool):
+        """The shim's cost, memoized per op. With forced choices, a fused op that would compute a forced tensor
+        inside (not writing it) is refused: the exact extraction implies that already, and the local search then
+        keeps a forced tensor written. For the local search, a multi-output op writing a forced tensor that is not
+        forced to this op is refused too: the search's bundle moves would otherwise switch a forced class."""
+        names = frozenset(forced)
+        mine: dict[str, Op | None] = {}  # forced tensor -> the multi-output op its forced alternative projects
+        if local and forced:
+            dec = self._dec(cfg.held_rules)
+            for t, k in forced.items():
+                n = dec.nodes[dec.classes[dec.snap.by_name[t]][k]]
+                mine[t] = dec.ops[dec.classes[n.children[0]][0]] if n.fn == "proj" else None
+
+        def cost(op: Op, g=None):
+            v = self._own_cost(cfg, op)
+            if names and op.fused and not isinstance(v, Refusal):
+                inside = ({p.out for p in op.parts} - set(op.outs)) & names
+                if inside:
+                    return Refusal(f"it computes the forced `{sorted(inside)[0]}` inside")
+                if mine and len(op.outs) > 1:
+                    for t in names.intersection(op.outs):
+                        if mine[t] is not op:
+                            return Refusal(f"it writes `{t}`, which is forced to another alternative")
+            return v
+
+        return cost
+
+    def _dec(self, held_rules: frozenset):
+        return self.session._saturated(held_rules)[0]
+
+    def _sig(self, dec, i: int, depth: int = 0) -> tuple:
+        """An e-node by what it is (constructor, the tensors or bundles it reads, its attributes): the same across
+        the e-graphs of different held sets, where its id and index are not."""
+        n = dec.nodes[i]
+        kids = []
+        for c in n.children:
+            name = dec.snap.names.get(c)
+            if name is not None or depth > 3:
+                kids.append(name)
+            else:
+                kids.append(tuple(self._sig(dec, j, depth + 1) for j in dec.classes[c]))
+        return (n.fn, tuple(kids), n.prims)
+
+    def _cur_sigs(self, t: str, held_rules: frozenset | None = None) -> list[tuple]:
+        held_rules = self.cfg.held_rules if held_rules is None else held_rules
+        key = (held_rules, t)
+        if key not in self._sigs:
+            dec = self._dec(held_rules)
+            c = dec.snap.by_name.get(t)
+            self._sigs[key] = [self._sig(dec, i) for i in dec.classes[c]] if c is not None else []
+        return self._sigs[key]
+
+    def _stable(self, t: str) -> list[tuple]:
+        """`t`'s alternatives in their stable order: the engine's under no held rule, then any seen only since."""
+        if t not in self._alts:
+            self._alts[t] = list(self._cur_sigs(t, frozenset()))
+        alts = self._alts[t]
+        for s in self._cur_sigs(t):
+            if s not in alts:
+                alts.append(s)
+        return alts
+
+    def _engine_forced(self, cfg: _Config) -> tuple[dict[str, int], list[str]]:
+        """The forced choices as the engine's indices under `cfg`'s held rules; a force a held rule removed does not
+        bind (and says so)."""
+        out, notes = {}, []
+        for t, k in sorted(cfg.forced.items()):
+            sig = self._stable(t)[k]
+            cur = self._cur_sigs(t, cfg.held_rules)
+            if sig in cur:
+                out[t] = cur.index(sig)
+            else:
+                notes.append(f"the force of `{t}` to #{k} does not bind: {self._held_why(t, k, cfg)}")
+        return out, notes
+
+    def _key(self, cfg: _Config, forced: dict[str, int]) -> tuple:
+        return (cfg.held_rules, cfg.held_steps, cfg.knobs, tuple(sorted(forced.items())))
+
+    def _plan_for(self, cfg: _Config, method: str | None = None) -> _Plan:
+        forced, notes = self._engine_forced(cfg)
+        key = self._key(cfg, forced)
+        hit = self._plans.get(key)
+        if hit is not None and (method != "ilp" or hit.method == "ilp"):
+            return hit
+        t0 = time.perf_counter()
+        method = method or self.what_if
+        opt, dec, choice = self._extract(cfg, forced, method)
+        shim, _ = self._shim(cfg.knobs, cfg.held_steps)
+        sched = lower(opt.graph, self.lane, cfg.knobs, cfg.held_steps, shim)
+        sched.held = tuple(sorted(cfg.held_rules | cfg.held_steps))
+        sched.fusions = dict(sorted(opt.fusions.items()))
+        sched.numerics = NUMERICS
+        sched.source = dict(self.g.meta.get("source", {}) or {})
+        sched.timings = {"trace": opt.trace, "warnings": list(opt.warnings), "method": method}
+        p = _Plan(sched, dec, choice, method, opt.cost, list(opt.warnings) + notes, (time.perf_counter() - t0) * 1e3)
+        self._plans[key] = p
+        return p
+
+    def _extract(self, cfg: _Config, forced: dict[str, int], method: str):
+        """Extract under `cfg`; a local search that leaves a forced tensor unwritten falls back to the exact ILP."""
+        opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, method == "local"), forced, method)
+        dec, choice = self.session.last
+        if method == "local" and not self._binds(dec, choice, forced):
+            opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, False), forced, "ilp")
+            dec, choice = self.session.last
+        return opt, dec, choice
+
+    @staticmethod
+    def _binds(dec, choice: dict[int, int], forced: dict[str, int]) -> bool:
+        for t, k in forced.items():
+            c = dec.snap.by_name[t]
+            if choice.get(c) != dec.classes[c][k]:
+                return False
+        return True
+
+    def _change(self, what: str, cfg: _Config) -> None:
+        """Re-plan under `cfg`; on a user error (no plan) the explorer stays as it was."""
+        t0 = time.perf_counter()
+        p = self._plan_for(cfg)
+        self._prev, self._cur, self.cfg, self._what = self._cur, p, cfg, what
+        self.last_ms = (time.perf_counter() - t0) * 1e3
+
+    def _copy(self) -> _Config:
+        c = self.cfg
+        return _Config(c.held_rules, c.held_steps, c.knobs, dict(c.forced))
+
+    # ---- the actions ---------------------------------------------------------------------------------------------
+    def hold(self, rule: str) -> None:
+        self._check_name(rule)
+        cfg = self._copy()
+        if rule in STEPS:
+            cfg.held_steps |= {rule}
+        else:
+            cfg.held_rules |= {rule}
+        self._change(f"hold {rule}", cfg)
+
+    def release(self, rule: str) -> None:
+        self._check_name(rule)
+        cfg = self._copy()
+        cfg.held_steps -= {rule}
+        cfg.held_rules -= {rule}
+        self._change(f"release {rule}", cfg)
+
+    def force(self, tensor: str, index: int) -> None:
+        self._tensor(tensor)
+        alts = self._stable(tensor)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(alts):
+            raise UserError(f"`{tensor}` has alternatives 0..{len(alts) - 1}, not {index!r}")
+        ch = self._alternative(self.cfg, tensor, index)
+        if ch["support"] == "held":
+            raise UserError(f"cannot force `{tensor}` to #{index} {ch['op']}: {ch['reason']}")
+        if ch["support"] == "refuse":
+            raise UserError(f"cannot force `{tensor}` to #{index} {ch['op']}: the {self.lane.name} lane refuses "
+                            f"{ch['reason']}")
+        cfg = self._copy()
+        cfg.forced[tensor] = index
+        self._change(f"force {tensor} #{index}", cfg)
+
+    def unforce(self, tensor: str) -> None:
+        self._tensor(tensor)
+        if tensor not in self.cfg.forced:
+            now = ", ".join(sorted(self.cfg.forced)) or "nothing"
+            raise UserError(f"`{tensor}` is not forced (forced: {now})")
+        cfg = self._copy()
+        del cfg.forced[tensor]
+        self._change(f"unforce {tensor}", cfg)
+
+    def set_knob(self, name: str, value) -> None:
+        cfg = self._copy()
+        cfg.knobs = set_knob(cfg.knobs, name, value)
+        self._change(f"knob {name}={getattr(cfg.knobs, name)}", cfg)
+
+    def plan(self, exact: bool = False) -> Schedule:
+        """The current plan; `exact` re-plans the current choices with the ILP (kept for this configuration)."""
+        if exact and self._cur.method != "ilp":
+            t0 = time.perf_counter()
+            p = self._plan_for(self.cfg, "ilp")
+            if _summary(p) != _summary(self._cur):
+                self._prev, self._what = self._cur, "plan exactly"
+            self._cur = p
+            self.last_ms = (time.perf_counter() - t0) * 1e3
+        return self._cur.sched
+
+    @property
+    def method(self) -> str:
+        return self._cur.method
+
+    @property
+    def held(self) -> list[str]:
+        return sorted(self.cfg.held_rules | self.cfg.held_steps)
+
+    @property
+    def forced(self) -> dict[str, int]:
+        return dict(sorted(self.cfg.forced.items()))
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.cfg.knobs
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._cur.warnings)
+
+    def diff(self) -> dict | None:
+        """The current plan against the one before the last change: launches, cost, arena bytes as [before, after];
+        census and fusions fired, the kinds and rules that changed only; what the change was."""
+        if self._prev is None:
+            return None
+        b, a = _summary(self._prev), _summary(self._cur)
+        ch = lambda x, y: {k: [x.get(k, 0), y.get(k, 0)] for k in sorted(set(x) | set(y))  # noqa: E731
+                           if x.get(k, 0) != y.get(k, 0)}
+        return {"what": self._what, "launches": [b["launches"], a["launches"]],
+                "cost_us": [b["cost_us"], a["cost_us"]], "arena": [b["arena"], a["arena"]],
+                "census": ch(b["census"], a["census"]), "fusions": ch(b["fusions"], a["fusions"]),
+                "warnings": list(self._cur.warnings), "method": self._cur.method, "ms": round(self.last_ms, 1)}
+
+    def save(self, path: str) -> None:
+        """Write the held rules, the forced choices (the engine's indices under the held rules) and the knobs as a
+        plan file `lanefuse plan --spec FILE` replays."""
+        from lanefuse.lane.commands import write_atomic
+        from lanefuse.lane.spec import dump_spec
+
+        forced, _ = self._engine_forced(self.cfg)
+        default = Knobs().to_json()
+        knobs = {k: v for k, v in self.cfg.knobs.to_json().items() if default.get(k) != v}
+        write_atomic(path, dump_spec(self.lane.name, NUMERICS, self.held, knobs, forced,
+                                     self.model if self.model != "step" else None))
+
+    # ---- alternatives ------------------------------------------------------------------------------------------
+    def choices(self, tensor: str) -> list[dict]:
+        """`tensor`'s alternatives: the op or fused class, the rule that made it, its own cost (µs), its support
+        (lifted, native, decompose, refuse, held) with the reason, the best whole-step cost if forced (the local
+        search), and whether the plan chose it."""
+        self._tensor(tensor)
+        return [self._alternative(self.cfg, tensor, k, plan_cost=True) for k in range(len(self._stable(tensor)))]
+
+    def _alternative(self, cfg: _Config, t: str, k: int, plan_cost: bool = False) -> dict:
+        sig = self._stable(t)[k]
+        cur = self._cur_sigs(t, cfg.held_rules)
+        if sig not in cur:
+            base = self._dec(frozenset())
+            c = base.snap.by_name[t]
+            j = next((i for i in base.classes[c] if self._sig(base, i) == sig), None)
+            d = self._describe(base, j, cfg) if j is not None else {"op": "?", "label": "?", "rule": None}
+            return {**d, "index": k, "cost_us": None, "support": "held", "reason": self._held_why(t, k, cfg),
+                    "plan_cost_us": None, "chosen": False, "forced": cfg.forced.get(t) == k}
+        dec = self._dec(cfg.held_rules)
+        c = dec.snap.by_name[t]
+        i = dec.classes[c][cur.index(sig)]
+        d = self._describe(dec, i, cfg)
+        p = self._cur if cfg is self.cfg else None
+        chosen = p is not None and p.dec is dec and p.choice.get(c) == i
+        out = {**d, "index": k, "chosen": chosen, "forced": cfg.forced.get(t) == k, "plan_cost_us": None}
+        if plan_cost and out["support"] not in ("refuse", "input"):
+            if chosen:
+                out["plan_cost_us"] = round(p.engine_cost, 4)
+            else:
+                out["plan_cost_us"] = self._plan_cost(cfg, t, k)
+        return out
+
+    def _describe(self, dec, i: int, cfg: _Config) -> dict:
+        """What e-node `i` is: label, op or class, rule, what it writes, reads and computes; its own cost and the
+        lane's support for it."""
+        n = dec.nodes[i]
+        label, cls, rule = dec.label(i)
+        op = dec.ops[i]
+        out = {"label": label, "op": cls or label, "rule": rule}
+        if n.fn == "Leaf":
+            return {**out, "op": "input", "cost_us": 0.0, "support": "input", "reason": "a step input"}
+        if n.fn == "proj":  # one output of a multi-output fused op: the op itself is the bundle's node
+            b = dec.classes[n.children[0]]
+            op = dec.ops[b[0]]
+            out["output"] = n.prims[0]
+        v = self._own_cost(cfg, op)
+        out["writes"] = list(op.outs)
+        out["reads"] = [x for x in op.ins if x in self.producer]
+        out["covers"] = [p.out for p in op.parts] if op.fused else [op.out]
+        if isinstance(v, Refusal):
+            return {**out, "cost_us": None, "support": "refuse", "reason": str(v.reason if hasattr(v, "reason") else v)}
+        out["cost_us"] = round(float(v), 4)
+        if not op.fused:
+            return {**out, "support": "lifted", "reason": None}
+        entry = self.lane.support(op.cls)
+        sup = entry.support
+        if sup == "native" and op.cls == "merged_qkv" and "gemv_parts" in cfg.held_steps:
+            return {**out, "support": "decompose", "reason": "the schedule step `gemv_parts` is held: the products "
+                                                             "run as their own launches"}
+        if sup == "decompose":
+            return {**out, "support": "decompose",
+                    "reason": entry.reason or entry.why or f"the {self.lane.name} lane runs class `{op.cls}` as its "
+                                                          f"parts' launches"}
+        return {**out, "support": sup, "reason": entry.reason or None if sup == "refuse" else None}
+
+    def _held_why(self, t: str, k: int, cfg: _Config) -> str:
+        base = self._dec(frozenset())
+        c = base.snap.by_name.get(t)
+        sig = self._stable(t)[k]
+        j = next((i for i in base.classes.get(c, []) if self._sig(base, i) == sig), None) if c is not None else None
+        rule = base.label(j)[2] if j is not None else None
+        if rule is None:
+            return "the held rules do not make it"
+        if rule in cfg.held_rules:
+            return f"rule `{rule}` is held (release it to use this)"
+        via = sorted(set(self.table.depends_on(rule)) & cfg.held_rules)
+        if via:
+            return f"rule `{rule}` builds on the held {', '.join(f'`{v}`' for v in via)} (release it to use this)"
+        return f"the held rules ({', '.join(sorted(cfg.held_rules))}) leave it unmade"
+
+    def _plan_cost(self, cfg: _Config, t: str, k: int) -> float | None:
+        """The best whole-step cost (µs) with `t` forced to #k besides the current forces: the local search."""
+        forced, _ = self._engine_forced(cfg)
+        forced[t] = self._cur_sigs(t, cfg.held_rules).index(self._stable(t)[k])
+        key = self._key(cfg, forced)
+        if key not in self._plan_costs:
+            hit = self._plans.get(key)
+            if hit is not None:
+                self._plan_costs[key] = hit.engine_cost
+            else:
+                try:
+                    opt, _, _ = self._extract(cfg, forced, "local")
+                    self._plan_costs[key] = opt.cost
+                except UserError:
+                    self._plan_costs[key] = None
+        v = self._plan_costs[key]
+        return None if v is None else round(v, 4)
+
+    def _owner(self, t: str) -> tuple[int, Any] | None:
+        """The launch of the current plan that computes `t`: (index, Launched)."""
+        for n, x in enumerate(self._cur.sched.launches):
+            if t in x.ops:
+                return n, x
+        return None
+
+    def why(self, tensor: str) -> str:
+        """Why the plan computes `tensor` the way it does, and why not each other way, in words."""
+        self._tensor(tensor)
+        ch = self.choices(tensor)
+        st = self._cur
+        step = st.engine_cost
+        lines = []
+        chosen = next((c for c in ch if c["chosen"]), None)
+        own = self._owner(tensor)
+        where = ""
+        if own is not None:
+            n, x = own
+            what = f"{x.cls} by `{x.rule}`" if x.rule else (x.cls or self.producer[tensor].kind)
+            where = f"launch #{n} ({x.launch.census}, {what}, layer {x.layer})"
+        if chosen is not None:
+            forced = " — forced by you" if chosen["forced"] else ""
+            lines.append(f"{tensor}: #{chosen['index']} {_what(chosen)}{forced}, own {_us(chosen['cost_us'])}; "
+                         f"it runs in {where}." if where else f"{tensor}: #{chosen['index']} {_what(chosen)}{forced}.")
+            lines.append(f"The step costs {step:.2f} µs with it ({st.method} extraction); the others:")
+        else:
+            lines.append(f"{tensor} is computed inside {where}, a fused op that does not write it: none of its own "
+                         f"alternatives is chosen (forcing one makes the plan write it).")
+            lines.append(f"The step costs {step:.2f} µs ({st.method} extraction); forced to each alternative:")
+        for c in ch:
+            if c is chosen:
+                continue
+            head = f"  #{c['index']} {_what(c)}: "
+            if c["support"] == "held":
+                lines.append(head + f"not made: {c['reason']}.")
+            elif c["support"] == "refuse":
+                lines.append(head + f"refused by the {self.lane.name} lane: {c['reason']}.")
+            elif c["plan_cost_us"] is None:
+                lines.append(head + "no runnable plan with it (it conflicts with a forced choice or a refusal).")
+            else:
+                d = c["plan_cost_us"] - step
+                if d >= 0.005:
+                    verdict = f"the step would cost {c['plan_cost_us']:.2f} µs (+{d:.2f} µs)"
+                elif d <= -0.005 and tensor in self.cfg.forced:
+                    verdict = f"the step would cost {c['plan_cost_us']:.2f} µs ({d:.2f} µs): cheaper than your force"
+                elif d <= -0.005:
+                    verdict = (f"the step would cost {c['plan_cost_us']:.2f} µs ({d:.2f} µs): cheaper than this plan, "
+                               f"which the {st.method} search missed (`plan exact` re-plans exactly)")
+                else:
+                    verdict = f"the step would cost the same {c['plan_cost_us']:.2f} µs: a tie, broken by rank"
+                extra = f"; {c['reason']}" if c["support"] == "decompose" and c["reason"] else ""
+                lines.append(head + f"own {_us(c['cost_us'])}; {verdict}{extra}.")
+        for w in st.warnings:
+            lines.append(f"note: {w}")
+        return "\n".join(lines)
+
+    # ---- the state (the page's JSON) -------------------------------------------------------------------------------
+    def state(self, layer: int | None = None) -> dict:
+        if layer is not None:
+            if isinstance(layer, bool) or not 0 <= int(layer) < self.layers:
+                raise UserError(f"layer {layer} is out of range: the model has layers 0..{self.layers - 1}")
+            self.layer = int(layer)
+        n = self.layer
+        p = self._cur
+        sched = p.sched
+        ops = [op for op in self.g.ops if self.layer_of[op.out] == n]
+        mine = {op.out for op in ops}
+        groups, gid, idx = [], {}, []
+        for k, x in enumerate(sched.launches):
+            if not mine.intersection(x.ops):
+                continue
+            cls = x.cls or (self.producer[x.ops[0]].kind if x.ops and x.ops[0] in self.producer else None)
+            g = {"id": len(groups), "launch": x.launch.census, "cls": cls, "rule": x.rule, "tensors": list(x.ops),
+                 "layer": x.layer, "index": k, "cost_us": round(x.cost_us, 4)}
+            for t in x.ops:
+                gid.setdefault(t, g["id"])
+            groups.append(g)
+            idx.append(k)
+        nodes = [{"id": op.out, "op": op.kind, "shape": list(self.g.shape(op.out)), "group": gid.get(op.out)}
+                 for op in ops]
+        edges = [[i, op.out] for op in ops for i in dict.fromkeys(op.ins)]
+        inputs = sorted({i for op in ops for i in op.ins if i not in mine})
+        s = _summary(p)
+        rules = []
+        for name in self.table.names:
+            r = self.table.by_name[name]
+            rules.append({"name": name, "cls": r.cls, "why": r.why, "where": r.where,
+                          "held": name in self.cfg.held_rules, "fired": sched.fusions.get(name, 0),
+                          "depends_on": self.table.depends_on(name)})
+        shaped = _steps_fired(sched)
+        for name, why in STEPS.items():
+            rules.append({"name": name, "cls": "lane step", "why": self.lane.schedule.get(name, why),
+                          "where": self.lane.source, "held": name in self.cfg.held_steps,
+                          "fired": shaped.get(name, 0), "depends_on": []})
+        return {"model": self.model, "lane": self.lane.name, "numerics": NUMERICS, "rows": int(self.g.meta.get("rows", 1)),
+                "layers": self.layers, "layer": n,
+                "graph": {"nodes": nodes, "edges": edges, "inputs": inputs},
+                "groups": groups, "rules": rules, "held": self.held, "knobs": self.cfg.knobs.to_json(),
+                "forced": self.forced, "census": s["census"], "launches": s["launches"], "cost_us": s["cost_us"],
+                "fusions": s["fusions"], "arena": _arena_window(sched, idx), "diff": self.diff(),
+                "warnings": list(p.warnings), "method": p.method, "ms": round(self.last_ms, 1)}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------------
+def _summary(p: _Plan) -> dict:
+    s = p.sched
+    return {"census": dict(s.census), "launches": s.n_launches, "cost_us": round(s.cost_us, 4),
+            "fusions": dict(s.fusions), "arena": s.arena.bytes}
+
+
+def _arena_window(sched: Schedule, idx: list[int]) -> dict:
+    """The whole step's arena bytes and bound, and the arrays alive during one layer's launches (`idx`, the global
+    launch indices), their lifetimes renumbered to the layer's launches 0..len(idx)-1."""
+    import bisect
+
+    arrays = []
+    if idx:
+        lo, hi = idx[0], idx[-1]
+        for a in sched.arena.arrays:
+            if a.last < lo or a.first > hi:
+                continue
+            f = bisect.bisect_left(idx, a.first)
+            l = bisect.bisect_right(idx, a.last) - 1
+            if f > l:
+                continue
+            arrays.append({"name": a.name, "offset": a.offset, "bytes": a.bytes, "first": f, "last": l})
+    return {"bytes": sched.arena.bytes, "lower_bound": sched.arena.lower_bound, "launches": len(idx),
+            "arrays": arrays}
+
+
+def _launches_in(l):
+    yield l
+    for name in ("first", "then"):
+        sub = getattr(l, name, None)
+        if sub is not None and hasattr(sub, "census"):
+            yield from _launches_in(sub)
+
+
+def _steps_fired(sched: Schedule) -> dict[str, int]:
+    """How many launches each schedule step shaped."""
+    out = dict.fromkeys(STEPS, 0)
+    for x in sched.launches:
+        for l in _launches_in(x.launch):
+            if getattr(l, "per_warp", 1) > 1:
+                out["rows_a_warp"] += 1
+            if getattr(l, "split", 1) > 1:
+                out["split_k"] += 1
+            if getattr(l, "splits", 1) > 1:
+                out["attn_splits"] += 1
+            if l.census == "gemm_parts":
+                out["gemv_parts"] += 1
+    return out
+
+
+def _what(c: dict) -> str:
+    if c["support"] == "lifted":
+        return f"{c['op']} (the lifted op)"
+    out = f" output {c['output']}" if "output" in c else ""
+    rule = f" by `{c['rule']}`" if c.get("rule") and c["rule"] != c["op"] else ""
+    writes = f" writing {', '.join(c['writes'])}" if len(c.get("writes", [])) > 1 else ""
+    return f"{c['op']}{rule}{out}{writes}"
+
+
+def _us(v) -> str:
+    return "∞ (refused)" if v is None else f"{v:.2f} µs"
