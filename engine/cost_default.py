@@ -38,8 +38,13 @@ def nbytes(g: Graph, name: str) -> int:
 def _moved(op: Op, g: Graph) -> int:
     if op.kind == "set_row":  # reads its rows, writes them into the table: the table itself is not streamed
         return 2 * nbytes(g, op.ins[1])
+    if op.kind == "gather":  # reads the rows it copies, not the table
+        return 2 * nbytes(g, op.out)
     tables = set(g.io.tables)
     ins = sum(nbytes(g, i) for i in dict.fromkeys(op.ins) if i not in tables or op.kind == "attention")
+    for p in op.leaves() if op.fused else ():
+        if p.kind == "gather":  # a fused gather reads rows too
+            ins -= nbytes(g, p.ins[0]) - nbytes(g, p.out)
     return ins + sum(nbytes(g, o) for o in op.outs if o not in tables)
 
 

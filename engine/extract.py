@@ -176,10 +176,26 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
                 raise NoPlan([c])
             continue
         rows.append((1.0 if c in need else 0.0, 1.0, idx, [1.0] * len(idx)))
-    for n in nodes:
-        for d in p.children[n]:
+    # A class's nodes that read class d, together, imply d: at most one of them is chosen, so this aggregate is
+    # valid, and far tighter than one row a node (the LP can no longer split a class over two alternatives that
+    # share a child and pay for the child once).
+    # A bundle's output reads what the bundle reads: counted so, the outputs of two alternatives of a class (a
+    # bundle and a lifted op reading one product) cannot share that product in the LP either.
+    via_bundle: dict[int, set[int]] = {}
+    for bc, outs in p.bundles.items():
+        usable = [n for n in p.classes.get(bc, []) if n in col]
+        common = set(p.children[usable[0]]).intersection(*(p.children[n] for n in usable[1:])) if usable else set()
+        for _, pn in outs:
+            via_bundle[pn] = common
+    for c in live_cls:
+        by_child: dict[int, list[int]] = {}
+        for n in p.classes[c]:
+            if n in col:
+                for d in set(p.children[n]) | via_bundle.get(n, set()):
+                    by_child.setdefault(d, []).append(col[n])
+        for d, parents in by_child.items():
             idx = [col[m] for m in p.classes[d] if m in col]
-            rows.append((-INF, 0.0, [col[n]] + idx, [1.0] + [-1.0] * len(idx)))
+            rows.append((-INF, 0.0, parents + idx, [1.0] * len(parents) + [-1.0] * len(idx)))
         for d in (p.internal[n] if p.internal else ()):
             idx = [col[m] for m in p.classes.get(d, []) if m in col]
             if idx:
