@@ -12,16 +12,12 @@ __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const Nor
     if (threadIdx.x == 0) *counter = 0u;
 }
 
-#define FOLD_KERNEL(NAME, FMT, PW)                                                                            \
+#define FOLD_KERNEL(NAME, PW)                                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
-        NAME(const float* x, const void* w, const float* bias, DST_PARAMS(y), i64 k, i64 n, i64 m,           \
+        NAME(const float* x, const void* w, i64 fmt, const float* bias, DST_PARAMS(y), i64 k, i64 n, i64 m,  \
              unsigned* counter, i64 rows, NORM_PARAMS) {                                                      \
-        gemv_body<FMT, PW>(x, w, bias, DST(y), nullptr, k, n, m, 1, blockIdx.x);                              \
+        gemv_body<PW>((int)fmt, x, w, bias, DST(y), nullptr, k, n, m, 1, blockIdx.x);                         \
         fold_tail(counter, rows, NORM_ARGS);                                                                  \
     }
-FOLD_KERNEL(fold_gemv_norm_f32_1, 0, 1)
-FOLD_KERNEL(fold_gemv_norm_f32_4, 0, 4)
-FOLD_KERNEL(fold_gemv_norm_f16_1, 1, 1)
-FOLD_KERNEL(fold_gemv_norm_f16_4, 1, 4)
-FOLD_KERNEL(fold_gemv_norm_bf16_1, 2, 1)
-FOLD_KERNEL(fold_gemv_norm_bf16_4, 2, 4)
+FOLD_KERNEL(fold_gemv_norm_1, 1)
+FOLD_KERNEL(fold_gemv_norm_4, 4)

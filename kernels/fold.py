@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lanefuse.kernels.common import Launch, Scratch, names
+from lanefuse.kernels.common import FORMAT_CODE, Launch, Scratch, names
 from lanefuse.kernels.gemv import Gemv
 from lanefuse.kernels.norm import Norm
 
@@ -64,6 +64,6 @@ class Fold(Launch):
         nm: Norm = self.then  # type: ignore[assignment]
         grid, block = g.grid_block()
         counter = denv.scratch(self, self.scratch()[0])
-        denv.function(self.stem, f"fold_gemv_norm_{g.format}_{g.per_warp}")(grid, block, (
-            denv.array(g.x), denv.weight(g.w)[0], denv.opt(g.bias), *denv.dst(g.y), i64(g.k), i64(g.n), i64(g.m),
+        denv.function(self.stem, f"fold_gemv_norm_{g.per_warp}")(grid, block, (
+            denv.array(g.x), denv.weight(g.w)[0], i64(FORMAT_CODE[g.format]), denv.opt(g.bias), *denv.dst(g.y), i64(g.k), i64(g.n), i64(g.m),
             counter, i64(nm.rows), *nm.args(denv)))

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import FORMATS, Launch, decode
+from lanefuse.kernels.common import FORMAT_CODE, FORMATS, Launch, decode
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,6 @@ class Gather(Launch):
         from lanefuse.kernels.cupy_env import f32, i64
 
         g, b = self.grid_block()
-        denv.function(self.stem, f"gather_{self.format}")(g, b, (
-            denv.weight(self.table)[0], denv.array(self.index), denv.array(self.out), i64(self.cols),
+        denv.function(self.stem, "gather")(g, b, (
+            denv.weight(self.table)[0], i64(FORMAT_CODE[self.format]), denv.array(self.index), denv.array(self.out), i64(self.cols),
             f32(1.0 if self.scale is None else self.scale)))

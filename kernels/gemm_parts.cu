@@ -2,23 +2,19 @@
 // (0: none), outputs n, first output block, Dst) takes the output blocks from its first; each runs the GEMV body.
 #define GP 11
 
-template <int FMT, int PW>
-__device__ __forceinline__ void parts_body(const float* x, const i64* t, i64 nparts, i64 k, i64 m) {
+template <int PW>
+__device__ __forceinline__ void parts_body(int fmt, const float* x, const i64* t, i64 nparts, i64 k, i64 m) {
     int p = 0;
     while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * GP + 3]) p++;
     const i64* d = t + p * GP;
     Dst y = dst_from(d + 4);
-    gemv_body<FMT, PW>(x, (const void*)d[0], (const float*)d[1], y, nullptr, k, d[2], m, 1, blockIdx.x - d[3]);
+    gemv_body<PW>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, d[2], m, 1, blockIdx.x - d[3]);
 }
 
-#define PARTS_KERNEL(NAME, FMT, PW)                                                                      \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const i64* t, i64 nparts,     \
-                                                           i64 k, i64 m) {                               \
-        parts_body<FMT, PW>(x, t, nparts, k, m);                                                         \
+#define PARTS_KERNEL(NAME, PW)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const i64* t, i64 nparts, i64 fmt, \
+                                                           i64 k, i64 m) {                                   \
+        parts_body<PW>((int)fmt, x, t, nparts, k, m);                                                        \
     }
-PARTS_KERNEL(gemm_parts_f32_1, 0, 1)
-PARTS_KERNEL(gemm_parts_f32_4, 0, 4)
-PARTS_KERNEL(gemm_parts_f16_1, 1, 1)
-PARTS_KERNEL(gemm_parts_f16_4, 1, 4)
-PARTS_KERNEL(gemm_parts_bf16_1, 2, 1)
-PARTS_KERNEL(gemm_parts_bf16_4, 2, 4)
+PARTS_KERNEL(gemm_parts_1, 1)
+PARTS_KERNEL(gemm_parts_4, 4)

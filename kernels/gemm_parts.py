@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lanefuse.kernels.common import FORMATS, GEMV_ROWS, Dst, Launch, decode, names
+from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, names
 from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_numpy
 
 
@@ -78,5 +78,5 @@ class GemmParts(Launch):
 
         g, b = self.grid_block()
         t = denv.table(self.key(), self.table(denv))
-        denv.function(self.stem, f"gemm_parts_{self.format}_{self.per_warp}")(g, b, (
-            denv.array(self.x), t, i64(len(self.parts)), i64(self.k), i64(self.m)))
+        denv.function(self.stem, f"gemm_parts_{self.per_warp}")(g, b, (
+            denv.array(self.x), t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]), i64(self.k), i64(self.m)))

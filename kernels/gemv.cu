@@ -1,18 +1,13 @@
 // The GEMV kernels: y = x · wᵀ (+ bias) for each format and 1 or 4 outputs a warp; split-K partials summed in order
 // with the bias by gemv_combine.
-#define GEMV_KERNEL(NAME, FMT, PW)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* w, const float* bias,   \
-                                                           DST_PARAMS(y), float* part, i64 k, i64 n, i64 m, \
-                                                           i64 split) {                                        \
-        gemv_body<FMT, PW>(x, w, bias, DST(y), part, k, n, m, split, blockIdx.x);                             \
+#define GEMV_KERNEL(NAME, PW)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* w, i64 fmt, const float* bias, \
+                                                           DST_PARAMS(y), float* part, i64 k, i64 n, i64 m,         \
+                                                           i64 split) {                                             \
+        gemv_body<PW>((int)fmt, x, w, bias, DST(y), part, k, n, m, split, blockIdx.x);                              \
     }
-GEMV_KERNEL(gemv_f32_1, 0, 1)
-GEMV_KERNEL(gemv_f32_4, 0, 4)
-GEMV_KERNEL(gemv_f16_1, 1, 1)
-GEMV_KERNEL(gemv_f16_4, 1, 4)
-GEMV_KERNEL(gemv_bf16_1, 2, 1)
-GEMV_KERNEL(gemv_bf16_4, 2, 4)
-
+GEMV_KERNEL(gemv_1, 1)
+GEMV_KERNEL(gemv_4, 4)
 extern "C" __global__ void gemv_combine(const float* part, const float* bias, DST_PARAMS(y), i64 n, i64 m, i64 split) {
     Dst d = DST(y);
     i64 total = m * n;

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import FORMATS, GEMV_ROWS, Dst, Launch, Scratch, decode, names, operand
+from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, Scratch, decode, names, operand
 
 WARPS = 4  # warps a block
 
@@ -48,14 +48,15 @@ def gemv_cuda(launch, denv, fmt: str, per_warp: int) -> None:
     grid, block = gemv_grid(launch.n, launch.m, per_warp, launch.split)
     raw = denv.weight(launch.w)[0]
     bias = denv.opt(launch.bias)
+    code = i64(FORMAT_CODE[fmt])
     if launch.split == 1:
-        f = denv.function(("gemv_core", "gemv"), f"gemv_{fmt}_{per_warp}")
-        f(grid, block, (denv.array(launch.x), raw, bias, *denv.dst(launch.y), NULL,
+        f = denv.function(("gemv_core", "gemv"), f"gemv_{per_warp}")
+        f(grid, block, (denv.array(launch.x), raw, code, bias, *denv.dst(launch.y), NULL,
                         i64(launch.k), i64(launch.n), i64(launch.m), i64(1)))
         return
     part = denv.scratch(launch, launch.scratch()[0])
-    f = denv.function(("gemv_core", "gemv"), f"gemv_{fmt}_{per_warp}")
-    f(grid, block, (denv.array(launch.x), raw, NULL, *denv.dst(launch.y), part,
+    f = denv.function(("gemv_core", "gemv"), f"gemv_{per_warp}")
+    f(grid, block, (denv.array(launch.x), raw, code, NULL, *denv.dst(launch.y), part,
                     i64(launch.k), i64(launch.n), i64(launch.m), i64(launch.split)))
     total = launch.m * launch.n
     c = denv.function(("gemv_core", "gemv"), "gemv_combine")

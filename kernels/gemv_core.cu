@@ -5,8 +5,8 @@
 #define GR 8
 #define WARPS 4
 
-template <int FMT, int PW>
-__device__ __forceinline__ void gemv_tile(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 m,
+template <int PW>
+__device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 m,
                                           i64 j0, i64 n, i64 r0, i64 k0, i64 k1, float (&acc)[PW][GR]) {
     int lane = threadIdx.x & 31;
 #pragma unroll
@@ -15,13 +15,13 @@ __device__ __forceinline__ void gemv_tile(const float* __restrict__ x, const voi
         for (int r = 0; r < GR; r++) acc[p][r] = 0.f;
     int nr = (int)min((i64)GR, m - r0);
     unsigned long long wa = (unsigned long long)w, xa = (unsigned long long)x;
-    bool vec = ((k | k0) & 3) == 0 && (xa & 15) == 0 && (wa & (FMT == 0 ? 15 : 7)) == 0;
+    bool vec = ((k | k0) & 3) == 0 && (xa & 15) == 0 && (wa & (fmt == 0 ? 15 : 7)) == 0;
     if (vec) {
         for (i64 i = k0 + 4 * lane; i < k1; i += 128) {
             float4 wv[PW];
 #pragma unroll
             for (int p = 0; p < PW; p++)
-                wv[p] = (j0 + p < n) ? wget4<FMT>(w, (j0 + p) * k + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                wv[p] = (j0 + p < n) ? wget4(fmt, w, (j0 + p) * k + i) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
             for (int r = 0; r < GR; r++) {
                 if (r < nr) {
@@ -36,7 +36,7 @@ __device__ __forceinline__ void gemv_tile(const float* __restrict__ x, const voi
         for (i64 i = k0 + lane; i < k1; i += 32) {
             float wv[PW];
 #pragma unroll
-            for (int p = 0; p < PW; p++) wv[p] = (j0 + p < n) ? wget<FMT>(w, (j0 + p) * k + i) : 0.f;
+            for (int p = 0; p < PW; p++) wv[p] = (j0 + p < n) ? wget(fmt, w, (j0 + p) * k + i) : 0.f;
 #pragma unroll
             for (int r = 0; r < GR; r++) {
                 if (r < nr) {
@@ -57,8 +57,8 @@ __device__ __forceinline__ void gemv_tile(const float* __restrict__ x, const voi
 __device__ __forceinline__ i64 gemv_chunk(i64 k, i64 split) { return ((k + split - 1) / split + 3) / 4 * 4; }
 
 // The warp's outputs j0.. of output block `bx` (blocks of WARPS*PW outputs), rows of slab blockIdx.y.
-template <int FMT, int PW>
-__device__ __forceinline__ void gemv_body(const float* x, const void* w, const float* bias, const Dst& d, float* part,
+template <int PW>
+__device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w, const float* bias, const Dst& d, float* part,
                                           i64 k, i64 n, i64 m, i64 split, i64 bx) {
     i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
     if (j0 >= n) return;
@@ -66,7 +66,7 @@ __device__ __forceinline__ void gemv_body(const float* x, const void* w, const f
     i64 kc = gemv_chunk(k, split);
     i64 k0 = (i64)blockIdx.z * kc, k1 = min(k, k0 + kc);
     float acc[PW][GR];
-    gemv_tile<FMT, PW>(x, w, k, m, j0, n, r0, k0, k1, acc);
+    gemv_tile<PW>(fmt, x, w, k, m, j0, n, r0, k0, k1, acc);
     if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
     for (int p = 0; p < PW; p++)

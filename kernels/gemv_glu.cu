@@ -1,14 +1,14 @@
 // The gate and up products of one activation and their GLU in one launch: out = act(x·wgᵀ + bg) · (x·wuᵀ + bu),
 // the GEMV's warp per output (or four), slabs of GR rows.
-template <int FMT, int PW>
-__device__ __forceinline__ void glu_body(const float* x, const void* wg, const void* wu, const float* bg,
+template <int PW>
+__device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
                                          const float* bu, float* out, i64 k, i64 n, i64 m, int a) {
     i64 j0 = ((i64)blockIdx.x * WARPS + (threadIdx.x >> 5)) * PW;
     if (j0 >= n) return;
     i64 r0 = (i64)blockIdx.y * GR;
     float ga[PW][GR], ua[PW][GR];
-    gemv_tile<FMT, PW>(x, wg, k, m, j0, n, r0, 0, k, ga);
-    gemv_tile<FMT, PW>(x, wu, k, m, j0, n, r0, 0, k, ua);
+    gemv_tile<PW>(fmt, x, wg, k, m, j0, n, r0, 0, k, ga);
+    gemv_tile<PW>(fmt, x, wu, k, m, j0, n, r0, 0, k, ua);
     if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
     for (int p = 0; p < PW; p++)
@@ -20,15 +20,11 @@ __device__ __forceinline__ void glu_body(const float* x, const void* wg, const v
         }
 }
 
-#define GLU_KERNEL(NAME, FMT, PW)                                                                                \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* wg, const void* wu,       \
-                                                           const float* bg, const float* bu, float* out, i64 k, \
-                                                           i64 n, i64 m, i64 a) {                                \
-        glu_body<FMT, PW>(x, wg, wu, bg, bu, out, k, n, m, (int)a);                                              \
+#define GLU_KERNEL(NAME, PW)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* wg, const void* wu,      \
+                                                           i64 fmt, const float* bg, const float* bu, float* out, \
+                                                           i64 k, i64 n, i64 m, i64 a) {                         \
+        glu_body<PW>((int)fmt, x, wg, wu, bg, bu, out, k, n, m, (int)a);                                         \
     }
-GLU_KERNEL(gemv_glu_f32_1, 0, 1)
-GLU_KERNEL(gemv_glu_f32_4, 0, 4)
-GLU_KERNEL(gemv_glu_f16_1, 1, 1)
-GLU_KERNEL(gemv_glu_f16_4, 1, 4)
-GLU_KERNEL(gemv_glu_bf16_1, 2, 1)
-GLU_KERNEL(gemv_glu_bf16_4, 2, 4)
+GLU_KERNEL(gemv_glu_1, 1)
+GLU_KERNEL(gemv_glu_4, 4)

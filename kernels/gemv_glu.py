@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import ACTS, FORMATS, Launch, act, decode, names, operand
+from lanefuse.kernels.common import ACTS, FORMAT_CODE, FORMATS, Launch, act, decode, names, operand
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import gemv_check, gemv_grid, products
 
@@ -68,7 +68,8 @@ class GemvGlu(Launch):
         from lanefuse.kernels.cupy_env import i64
 
         g, b = self.grid_block()
-        denv.function(self.stem, f"gemv_glu_{self.format}_{self.per_warp}")(g, b, (
-            denv.array(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], denv.opt(self.bg),
+        denv.function(self.stem, f"gemv_glu_{self.per_warp}")(g, b, (
+            denv.array(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
+            denv.opt(self.bg),
             denv.opt(self.bu), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m),
             i64(act_code(self.act))))

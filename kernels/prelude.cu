@@ -13,18 +13,18 @@ __device__ __forceinline__ float f16f(unsigned h) {
     return f;
 }
 
-// FMT: 0 f32, 1 f16, 2 bf16.
-template <int FMT> __device__ __forceinline__ float wget(const void* w, i64 i) {
-    if (FMT == 0) return ((const float*)w)[i];
-    if (FMT == 1) return f16f(((const u16*)w)[i]);
+// fmt: 0 f32, 1 f16, 2 bf16 (a launch's argument: one uniform branch, one kernel for every format).
+__device__ __forceinline__ float wget(int fmt, const void* w, i64 i) {
+    if (fmt == 0) return ((const float*)w)[i];
+    if (fmt == 1) return f16f(((const u16*)w)[i]);
     return bf16f(((const u16*)w)[i]);
 }
 
 // Four values from i (a multiple of 4, the row aligned as the arena and cudaMalloc align it).
-template <int FMT> __device__ __forceinline__ float4 wget4(const void* w, i64 i) {
-    if (FMT == 0) return *(const float4*)((const float*)w + i);
+__device__ __forceinline__ float4 wget4(int fmt, const void* w, i64 i) {
+    if (fmt == 0) return *(const float4*)((const float*)w + i);
     uint2 v = *(const uint2*)((const u16*)w + i);
-    if (FMT == 1) return make_float4(f16f(v.x), f16f(v.x >> 16), f16f(v.y), f16f(v.y >> 16));
+    if (fmt == 1) return make_float4(f16f(v.x), f16f(v.x >> 16), f16f(v.y), f16f(v.y >> 16));
     return make_float4(bf16f(v.x), bf16f(v.x >> 16), bf16f(v.y), bf16f(v.y >> 16));
 }
 

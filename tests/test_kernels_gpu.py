@@ -1,0 +1,192 @@
+"""Each launch kind's CUDA launch against its numpy twin on random data across shapes (odd sizes, placements, the
+widest head the attention admits, split-K, splits, four rows a warp). Skipped without a CUDA device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lanefuse.kernels import (MAX_HEAD, Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts,
+                              Gemv, GemvF32, GemvGlu, HostEnv, Join, Norm, Part, PreNorm, Rope, RopeParts, RopeSide,
+                              Scale, SetRow, Slice, SwiGlu, Unary)
+from lanefuse.kernels.common import encode
+
+
+def _device() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver, no device
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _device(), reason="no CUDA device")]
+
+
+def r32(g, *shape):
+    return g.standard_normal(shape).astype(np.float32)
+
+
+def both(launch, arrays, weights, tol=1e-4, placed=False):
+    """Run `launch` on the host and on the device from the same inputs; every array must agree afterwards."""
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    assert launch.check() is None, launch.check()
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+    launch.numpy(host)
+    if placed:  # every array a view into one arena at 256-aligned offsets (odd gaps between them)
+        offs, at = {}, 0
+        for name, a in arrays.items():
+            offs[name] = (at, a.nbytes, "i32" if a.dtype == np.int32 else "f32")
+            at += (a.nbytes + 255 + 512) // 256 * 256
+        dev = DeviceEnv(at, offs, {}, weights)
+        for name, a in arrays.items():
+            dev.array(name)[...] = dev.cp.asarray(a.reshape(-1))
+    else:
+        dev = DeviceEnv(0, {}, arrays, weights)
+    launch.cuda(dev)
+    launch.cuda(dev) if getattr(launch, "repeatable", False) else None
+    dev.cp.cuda.Device().synchronize()
+    for name in arrays:
+        np.testing.assert_allclose(dev.host(name), host.array(name), rtol=tol, atol=tol, err_msg=name)
+    return dev
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (1, 4096, 1031), (3, 129, 33), (9, 256, 64), (64, 96, 40)])
+@pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 3), (4, 2)])
+def test_gemv(fmt, m, k, n, per_warp, split):
+    g = np.random.default_rng(k + n)
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    if launch.check():
+        pytest.skip(launch.check())
+    both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+         {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, placed=(m == 3))
+
+
+def test_gemv_f32_and_into_a_cache_row():
+    g = np.random.default_rng(1)
+    both(GemvF32("x", "w", Dst("kc", row="pos", pitch=24), 33, 24, 2),
+         {"x": r32(g, 2, 33), "kc": np.zeros(10 * 24, np.float32), "pos": np.array([4], np.int32)},
+         {"w": (r32(g, 24, 33), "f32")})
+
+
+@pytest.mark.parametrize("rows,cols,heads", [(1, 7, 1), (3, 4096, 1), (2, 256, 4), (5, 1000, 1)])
+@pytest.mark.parametrize("variant", ["plain", "add", "pre", "part_into"])
+def test_norm(rows, cols, heads, variant):
+    g = np.random.default_rng(cols)
+    hd = cols // heads
+    arrays = {"x": r32(g, rows, cols + 5), "a": r32(g, rows, cols), "s": np.zeros(rows * cols, np.float32),
+              "y": np.zeros(rows * cols + 11, np.float32), "pos": np.array([1], np.int32)}
+    launch = Norm("x", "w", "y", rows, cols, 1e-5, heads=heads, part=Part(cols + 5, 3, cols),
+                  add="a" if variant != "plain" else None, sum="s" if variant != "plain" else None,
+                  pre=PreNorm("pw", 1e-6) if variant == "pre" else None,
+                  into=Dst("y", row="pos", pitch=cols) if variant == "part_into" else None)
+    both(launch, arrays, {"w": (r32(g, hd), "f32"), "pw": (r32(g, cols), "f32")})
+
+
+@pytest.mark.parametrize("rows,heads,hd,rot", [(1, 2, 8, 8), (3, 5, 128, 64), (2, 1, 1024, 1024), (4, 3, 10, 4)])
+def test_rope_parts(rows, heads, hd, rot):
+    g = np.random.default_rng(hd)
+    L, pos = 40, 7
+    ang = g.uniform(0, 6.28, (L, rot // 2))
+    sides = (RopeSide("q", Dst("qo"), heads, part=Part(heads * hd + 2, 2, heads * hd), norm=("qn", 1e-6)),
+             RopeSide("k", Dst("kc", row="pos", pitch=hd), 1))
+    arrays = {"q": r32(g, rows, heads * hd + 2), "k": r32(g, rows, hd), "qo": np.zeros(rows * heads * hd, np.float32),
+              "kc": np.zeros(L * hd, np.float32), "pos": np.array([pos], np.int32)}
+    weights = {"cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32"),
+               "qn": (r32(g, hd), "f32")}
+    both(RopeParts(sides, "cos", "sin", "pos", rows, hd, rot), arrays, weights)
+    both(Rope("k", "cos", "sin", "pos", Dst("kc", row="pos", pitch=hd), rows, 1, hd, rot, norm=("qn", 1e-6)),
+         arrays, weights)
+
+
+@pytest.mark.parametrize("heads,kv,hd,vd", [(4, 2, 8, 8), (6, 1, 64, 6), (32, 8, 128, 128),
+                                            (8, 2, MAX_HEAD, MAX_HEAD), (3, 3, 36, 50)])
+@pytest.mark.parametrize("rows,pos", [(1, 0), (1, 1000), (5, 37)])
+@pytest.mark.parametrize("window,sinks,splits,per_block", [(0, False, 1, 1), (100, False, 1, 2), (0, True, 4, 1),
+                                                           (17, True, 3, 2), (0, False, 16, 4)])
+def test_attention(heads, kv, hd, vd, rows, pos, window, sinks, splits, per_block):
+    if heads % per_block:
+        pytest.skip("per_block does not divide the heads")
+    g = np.random.default_rng(heads * hd + pos)
+    L = 1024 + 8
+    arrays = {"q": r32(g, rows, heads * hd), "kc": r32(g, L, kv * hd), "vc": r32(g, L, kv * vd),
+              "pos": np.array([pos], np.int32), "o": np.zeros(rows * heads * vd, np.float32)}
+    a = Attention("q", "kc", "vc", "pos", "o", heads, heads // kv, hd, vd, L, rows, hd ** -0.5, window=window,
+                  sinks="sk" if sinks else None, per_block=per_block, splits=splits)
+    both(a, arrays, {"sk": (r32(g, heads), "f32")}, tol=2e-4)
+
+
+@pytest.mark.parametrize("op,row,gate", [("add", 0, None), ("mul", 13, "silu"), ("sub", 0, "gelu"),
+                                         ("mul", 0, "sigmoid")])
+def test_binary(op, row, gate):
+    g = np.random.default_rng(3)
+    n = 13 * 77
+    both(Binary(op, "a", "b", "o", n, row=row, gate=gate),
+         {"a": r32(g, n), "b": r32(g, row or n), "o": np.zeros(n, np.float32)}, {})
+
+
+def test_elementwise_kinds():
+    g = np.random.default_rng(4)
+    n = 100003
+    arrays = {"x": r32(g, n), "u": r32(g, n), "o": np.zeros(n, np.float32)}
+    both(SwiGlu("x", "u", "o", n), arrays, {})
+    for a in ("silu", "sigmoid", "gelu"):
+        both(Unary(a, "x", "o", n), arrays, {})
+    both(Scale("x", "o", n, 0.3), arrays, {})
+    both(Slice("x", "o", 7, 1000, 13, 77), arrays, {})
+    both(Join("x", "u", Dst("o", unit=Part(20, 3, 11)), 3, 5, 4, 7), arrays, {})
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+def test_gather_and_set_row(fmt):
+    g = np.random.default_rng(5)
+    table = r32(g, 1000, 129)
+    both(Gather("E", "t", "o", 129, rows=3, format=fmt, scale=1.5),
+         {"t": np.array([999, 0, 17], np.int32), "o": np.zeros(3 * 129, np.float32)}, {"E": (encode(table, fmt), fmt)})
+    both(SetRow("T", "src", "pos", 129, 3, 20),
+         {"T": np.zeros(20 * 129, np.float32), "src": r32(g, 3, 129), "pos": np.array([18], np.int32)}, {})
+
+
+@pytest.mark.parametrize("rows,n", [(1, 5), (1, 151936), (3, 32000), (64, 2049)])
+def test_argmax_advance(rows, n):
+    g = np.random.default_rng(n)
+    x = r32(g, rows, n)
+    x[-1, n // 3] = x[-1, n // 2] = 50.0
+    dev = both(ArgMax("x", "o", n, rows, advance=Advance("tok", "pos", step=rows)),
+               {"x": x, "o": np.zeros(rows, np.int32), "tok": np.zeros(1, np.int32), "pos": np.array([9], np.int32)},
+               {})
+    # the arrival counter was left zero: a second launch runs the same
+    a = ArgMax("x", "o", n, rows, advance=Advance("tok", "pos", step=rows))
+    a.cuda(dev)
+    assert int(dev.host("pos")[0]) == 9 + 2 * rows and int(dev.host("tok")[0]) == n // 3
+
+
+@pytest.mark.parametrize("fmt", ["f16", "bf16"])
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_gemv_glu_and_parts(fmt, per_warp):
+    g = np.random.default_rng(6)
+    m, k, n = 3, 1024, 299
+    w = {"wg": (encode(r32(g, n, k), fmt), fmt), "wu": (encode(r32(g, n, k), fmt), fmt), "bg": (r32(g, n), "f32")}
+    both(GemvGlu("x", "wg", "wu", fmt, "o", k, n, m, bg="bg", per_warp=per_warp),
+         {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32)}, w)
+    W = 2 * n + 5
+    parts = (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+             GemmPart("wu", Dst("kc", row="pos", pitch=n), n), GemmPart("wu", Dst("qkv", unit=Part(W, n + 5, n)), n))
+    both(GemmParts("x", fmt, k, m, parts, per_warp=per_warp),
+         {"x": r32(g, m, k), "qkv": np.zeros(m * W, np.float32), "kc": np.zeros(8 * n, np.float32),
+          "pos": np.array([2], np.int32)}, w)
+
+
+@pytest.mark.parametrize("m,k,n,per_warp", [(1, 4096, 4096, 4), (2, 333, 77, 1), (1, 2048, 896, 1)])
+def test_fold_gemv_norm(m, k, n, per_warp):
+    g = np.random.default_rng(7)
+    f = Fold(Gemv("x", "w", "bf16", Dst("o"), k, n, m, per_warp=per_warp),
+             Norm("res", "nw", "y", m, n, 1e-6, add="o", sum="sum"))
+    arrays = {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32), "res": r32(g, m, n),
+              "sum": np.zeros(m * n, np.float32), "y": np.zeros(m * n, np.float32)}
+    dev = both(f, arrays, {"w": (encode(r32(g, n, k), "bf16"), "bf16"), "nw": (r32(g, n), "f32")}, tol=3e-4)
+    f.cuda(dev)  # the counter was reset: the second launch's last block runs the norm again
+    np.testing.assert_allclose(dev.host("sum"), arrays["res"].reshape(-1) + dev.host("o"), rtol=1e-5, atol=1e-5)
