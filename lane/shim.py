@@ -33,6 +33,7 @@ class Shim:
     def __post_init__(self):
         self.link = Link(self.g, self.table, self.held_steps)
         self._cache: dict = {}
+        self._sigs: dict = {"\0tables": frozenset(self.g.io.tables)}
 
     def support(self, cls: str):
         return self.table.support(cls)
@@ -44,7 +45,7 @@ class Shim:
 
     def cost(self, op: Op, g: Graph | None = None) -> float | Refusal:
         """The engine's cost function: microseconds, or a Refusal with the reason."""
-        key = _key(op, self.g)
+        key = _key(op, self.g, self._sigs)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -60,20 +61,23 @@ class Shim:
     __call__ = cost
 
 
-def _sig(g: Graph, name: str):
+def _sig(g: Graph, name: str, tables: frozenset):
     c = g.constants.get(name)
     if c is not None:
         return ("c", c.shape, c.kind, c.format)
     t = g.tensors.get(name)
-    return ("t", t.shape, t.dtype, name in g.io.tables) if t is not None else ("?", name)
+    return ("t", t.shape, t.dtype, name in tables) if t is not None else ("?", name)
 
 
-def _key(op: Op, g: Graph):
+def _key(op: Op, g: Graph, sigs: dict):
     """Ops of one shape cost the same (every layer's): the key keeps the structure and shapes, not the names."""
     names = {}
 
     def n(x):  # a tensor's place in this op (which inputs are the same tensor matters), and its signature
-        return (names.setdefault(x, len(names)), _sig(g, x))
+        sg = sigs.get(x)
+        if sg is None:
+            sg = sigs[x] = _sig(g, x, sigs["\0tables"])
+        return (names.setdefault(x, len(names)), sg)
 
     def k(o: Op):
         binds = tuple((a, v if not isinstance(v, str) else n(v)) for a, v in o.binds if not isinstance(v, tuple))
