@@ -196,6 +196,7 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
         for d, parents in by_child.items():
             idx = [col[m] for m in p.classes[d] if m in col]
             rows.append((-INF, 0.0, parents + idx, [1.0] * len(parents) + [-1.0] * len(idx)))
+    for n in nodes:  # a fused node's internal tensors are never also computed on their own
         for d in (p.internal[n] if p.internal else ()):
             idx = [col[m] for m in p.classes.get(d, []) if m in col]
             if idx:
@@ -287,7 +288,8 @@ def solve_local(p: Problem, start: dict[int, int] | None = None, max_passes: int
         if c in p.forced:
             choice[c] = p.forced[c]
             continue
-        usable = [n for n in ns if p.cost[n] < INF]
+        # first usable node, preferring one with nothing inside it (a lifted op): a valid start
+        usable = sorted((n for n in ns if p.cost[n] < INF), key=lambda n: bool(p.internal and p.internal[n]))
         if start and c in start:
             choice[c] = start[c]
         elif usable:
@@ -410,4 +412,6 @@ def solve_local(p: Problem, start: dict[int, int] | None = None, max_passes: int
                     improved = True
         if not improved:
             break
+    if not _valid([c for c in p.classes if live(c)]):
+        raise NoPlan(sorted(c for c in p.classes if live(c)))
     return _closure(p, choice)
