@@ -264,7 +264,10 @@ class EGraph:
             report = out[-1].report
             rep.iterations = it + 1
             last: dict[str, int] = {}
-            for label, m in report.num_matches_per_rule.items():
+            # the run report's fields as egglog 13 and 14 both name them; absent ones leave the counts empty
+            for label, m in (getattr(report, "num_matches_per_rule", None) or {}).items():
+                if label.rsplit(".", 1)[0] not in rule_of:
+                    continue
                 rn = rule_of[label.rsplit(".", 1)[0]].name
                 last[rn] = last.get(rn, 0) + m
             for rn, m in last.items():
@@ -283,7 +286,7 @@ class EGraph:
                     raise UserError(f"the e-graph grew to {n} e-nodes after {it + 1} iterations (budget {budget}); "
                                     f"the likely cause is rule `{r.where}` ({worst[1]} matches in the last "
                                     f"iteration): add guards to it or hold it (--hold {r.name})")
-            if not report.updated:
+            if not getattr(report, "updated", True):
                 rep.stop = "saturated"
                 break
         else:
