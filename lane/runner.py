@@ -47,11 +47,11 @@ def plan_options(args) -> dict:
     return opts
 
 
-def make_runner(schedule, weights, device: str):
+def make_runner(schedule, weights, device: str, state=None):
     if device == "gpu":
         from lanefuse.lane.run_cupy import CupyRunner
 
-        return CupyRunner(schedule, weights)
+        return CupyRunner(schedule, weights, state)
     from lanefuse.lane.run_numpy import NumpyRunner
 
     return NumpyRunner(schedule, weights)
@@ -69,6 +69,11 @@ def plan_step_fn(args, src):
 
         saved = load(args.plan)
     opts = None if saved is not None else plan_options(args)
+    state = None
+    if device == "gpu":
+        from lanefuse.lane.run_cupy import DeviceState
+
+        state = DeviceState()  # the caches and weights every plan of this model shares on the device
 
     def step_fn(g, env):
         rows = int(g.meta.get("rows", 1))
@@ -82,7 +87,7 @@ def plan_step_fn(args, src):
             else:
                 s = plan(g, lane=opts["lane"], numerics=opts["numerics"], knobs=opts["knobs"], held=opts["held"],
                          rules_dirs=opts["rules_dirs"], forced=opts["forced"] or None)
-            r = runners[rows] = make_runner(s, src.weights, device)
+            r = runners[rows] = make_runner(s, src.weights, device, state)
         return r.step(env, lifted=g)
 
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"

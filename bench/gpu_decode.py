@@ -1,0 +1,151 @@
+"""GPU decode benchmark: time per token and tokens/s of saved decode plans on the device, CUDA graph on and off,
+against the HBM roofline (the bytes a token must read — weights and the KV cache — over the chip's bandwidth), with
+launches per step. Plans come from bench/gpu_prepare.py (no solver needed here).
+
+    python bench/gpu_decode.py --plans PLANDIR [--pos 512] [--iters 200] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import numpy as np
+
+SPEC_TBPS = 4.8  # H200 HBM3e, the datasheet's figure
+
+
+def device_weights(s, seed: int = 0):
+    """Random weights made on the device for every constant of the plan (bf16/f16 rows as their bits)."""
+    import cupy as cp
+
+    rng = cp.random.default_rng(seed)
+    out = {}
+    for name, c in s.constants.items():
+        n = c.size
+        if c.kind == "values":
+            v = (1.0 + 0.01 * rng.standard_normal(n, dtype=cp.float32)).astype(cp.float32)
+            out[name] = (v, "f32")
+            continue
+        scale = 1.0 / np.sqrt(c.shape[-1])
+        v = rng.standard_normal(n, dtype=cp.float32) * cp.float32(scale)
+        if c.format == "bf16":
+            out[name] = ((v.view(cp.uint32) >> 16).astype(cp.uint16), "bf16")
+        elif c.format == "f16":
+            out[name] = (v.astype(cp.float16), "f16")
+        else:
+            out[name] = (v, "f32")
+        del v
+    return out
+
+
+def _flat(l):
+    return _flat(l.first) + _flat(l.then) if l.census == "fold" else [l]
+
+
+def token_bytes(s, pos: int) -> int:
+    """What one decode token must read from HBM: every weight it multiplies (a gathered table: one row), and the
+    KV cache up to the position."""
+    multiplied = {n for x in s.launches for l in _flat(x.launch) if l.census != "gather" for n in l.reads()}
+    total = 0
+    for c in s.constants.values():
+        if c.source.startswith("rope."):
+            continue  # one row of each table
+        width = {"f32": 4, "f16": 2, "bf16": 2}[c.format if c.kind == "rows" else "f32"]
+        total += (c.size if c.name in multiplied else c.shape[-1]) * width
+    for k, _ in s.io.caches:
+        total += 2 * (pos + 1) * s.tensors[k].shape[-1] * 4
+    return total
+
+
+def copy_bandwidth() -> float:
+    """A device-to-device copy's bandwidth in TB/s (read + write), for a second roofline."""
+    import cupy as cp
+
+    a = cp.empty(1 << 30, dtype=cp.uint8)
+    b = cp.empty_like(a)
+    for _ in range(3):
+        b[:] = a
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record()
+    for _ in range(20):
+        b[:] = a
+    e1.record()
+    e1.synchronize()
+    ms = cp.cuda.get_elapsed_time(e0, e1) / 20
+    return 2 * a.nbytes / (ms * 1e-3) / 1e12
+
+
+def time_plan(s, weights_state, pos: int, iters: int, graph: bool) -> float:
+    """Median microseconds a decode step takes at `pos`, over `iters` replays (CUDA events)."""
+    import cupy as cp
+
+    from lanefuse.lane.run_cupy import CupyRunner
+
+    r = CupyRunner(s, None, weights_state, graph=graph)
+    r.state.loaded = True
+    r.load_inputs({s.io.token: np.array([1], np.int32), s.io.position: np.array([pos], np.int32)})
+    r._replay()  # compiles, captures
+    times = []
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(5):
+        r.load_inputs({s.io.token: np.array([1], np.int32), s.io.position: np.array([pos], np.int32)})
+        e0.record(r._stream)
+        for _ in range(iters):
+            if graph:
+                r._graph.launch(stream=r._stream)
+            else:
+                with r._stream:
+                    r.run_launches()
+            # the arg-max advanced the position: keep timing at `pos`
+        e1.record(r._stream)
+        e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / iters)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plans", default=os.environ.get("LANEFUSE_PLANS", "plans"))
+    ap.add_argument("--pos", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from lanefuse.lane.planfile import load
+    from lanefuse.lane.run_cupy import DeviceState
+
+    bw = copy_bandwidth()
+    print(f"device-to-device copy: {bw:.2f} TB/s (spec {SPEC_TBPS} TB/s)")
+    results = []
+    for name in ("demo-decode", "qwen3-8b-decode"):
+        path = os.path.join(args.plans, name + ".json")
+        if not os.path.exists(path):
+            print(f"{name}: no plan at {path} (run bench/gpu_suite.sh prepare)")
+            continue
+        s = load(path)
+        pos = min(args.pos, s.tensors[s.io.caches[0][0]].shape[0] - args.iters * 0 - 2)
+        state = DeviceState()
+        state.weights.update(device_weights(s))
+        nbytes = token_bytes(s, pos)
+        row = {"plan": name, "launches": s.n_launches, "token_bytes": nbytes, "pos": pos}
+        for graph in (True, False):
+            us = time_plan(s, state, pos, args.iters, graph)
+            roof_spec = nbytes / (SPEC_TBPS * 1e12) * 1e6
+            roof_copy = nbytes / (bw * 1e12) * 1e6
+            key = "graph" if graph else "no_graph"
+            row[key] = {"us_per_token": round(us, 2), "tokens_per_s": round(1e6 / us, 1),
+                        "roofline_us_spec": round(roof_spec, 2), "ratio_spec": round(roof_spec / us, 3),
+                        "ratio_copy": round(roof_copy / us, 3)}
+            print(f"{name:16s} graph {'on ' if graph else 'off'}: {us:9.1f} µs/token {1e6 / us:9.1f} tok/s · "
+                  f"{nbytes / 1e9:.3f} GB a token · roofline {roof_spec:.1f} µs → {roof_spec / us:.1%} of spec HBM, "
+                  f"{roof_copy / us:.1%} of copy bandwidth · {s.n_launches} launches")
+        results.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_tbps": bw, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The CuPy backend: the same Schedule as the numpy backend, on the device — one device allocation for the arena
+with every step-local array a view at its placed offset, the caches and the step's carried state on the device
+(shared by a model's decode and prefill plans), the weights uploaded once. A decode step is captured once as a CUDA
+graph and replayed each token; the arg-max's advance writes the next token and position on the device, so the host
+reads only the generated tokens (and the logits where asked)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lanefuse.kernels.cupy_env import DeviceEnv
+from lanefuse.lane.schedule import Schedule
+
+
+class DeviceState:
+    """What a model's plans share on the device: the KV-cache tables and the weights, by name."""
+
+    def __init__(self):
+        self.tables: dict[str, object] = {}
+        self.weights: dict[str, tuple[object, str]] = {}
+        self.loaded = False  # the caches were uploaded from the host once
+
+
+def _weights_of(s: Schedule, weights, have) -> dict[str, tuple[np.ndarray, str]]:
+    """The host copies of the constants the device does not hold yet."""
+    out = {}
+    for name, c in s.constants.items():
+        if name in have:
+            continue
+        src = c.source or c.name
+        if c.kind == "values":
+            out[name] = (np.asarray(weights.get(src), dtype=np.float32).reshape(-1), "f32")
+        else:
+            raw, fmt = weights.raw(src)
+            out[name] = (np.asarray(raw).reshape(-1), fmt)
+    return out
+
+
+class CupyRunner:
+    """Runs one Schedule on the device; `step` has the numpy backend's interface."""
+
+    def __init__(self, s: Schedule, weights, state: DeviceState | None = None, graph: bool = True):
+        import cupy
+
+        self.cp = cupy
+        self.s = s
+        self.state = state or DeviceState()
+        placed = s.arena.by_name()
+        arena_views = {}
+        for name, b in s.buffers.items():
+            if b.where == "arena" and b.home in placed:
+                arena_views[name] = (placed[b.home].offset + 4 * b.offset, 4 * b.size, b.dtype)
+        scratch = {}
+        for i, x in enumerate(s.launches):
+            for sc in x.launch.scratch():
+                p = placed.get(f"#{i}.{sc.tag}")
+                if p is not None:
+                    scratch[(x.launch.key(), sc.tag)] = p.offset
+        missing = _weights_of(s, weights, self.state.weights)
+        self.env = DeviceEnv(s.arena.bytes, arena_views, {}, missing, scratch)
+        self.state.weights.update(self.env.weights)
+        self.env.weights = self.state.weights
+        for name, b in s.buffers.items():  # the caches (shared), the step's inputs and outputs
+            if b.where == "table":
+                t = self.state.tables.get(b.home)
+                if t is None:
+                    t = self.state.tables[b.home] = cupy.zeros(s.tensors[b.home].size, dtype=cupy.float32)
+                self.env.views[name] = t[b.offset: b.offset + b.size]
+        for name, b in s.buffers.items():
+            if b.where == "io":
+                if b.home not in self.env.views:
+                    dt = cupy.int32 if s.tensors[b.home].dtype == "i32" else cupy.float32
+                    self.env.views[b.home] = cupy.zeros(s.tensors[b.home].size, dtype=dt)
+                self.env.views[name] = self.env.views[b.home][b.offset: b.offset + b.size]
+        self.use_graph = graph
+        self._graph = None
+        self._stream = None
+
+    def run_launches(self) -> None:
+        for x in self.s.launches:
+            if x.launch.census != "view":
+                x.launch.cuda(self.env)
+
+    def _replay(self) -> None:
+        cp = self.cp
+        if not self.use_graph:
+            self.run_launches()
+            return
+        if self._graph is None:
+            self._stream = cp.cuda.Stream(non_blocking=True)
+            with self._stream:
+                self.run_launches()  # compile every kernel and touch every buffer before capture
+                self._stream.synchronize()
+                self._stream.begin_capture()
+                self.run_launches()
+                self._graph = self._stream.end_capture()
+        self._graph.launch(stream=self._stream)
+        self._stream.synchronize()
+
+    def load_inputs(self, inputs: dict) -> None:
+        io = self.s.io
+        for n in (io.token, io.position):
+            self.env.views[n][:] = self.cp.asarray(np.asarray(inputs[n], dtype=np.int32).reshape(-1))
+
+    def step(self, inputs: dict, lifted=None) -> dict:
+        """One step: upload the token and position, replay, read the logits and the next token. The caches stay on
+        the device (the host's copies in `inputs` are not read after the first step of a model)."""
+        io = self.s.io
+        if not self.state.loaded:
+            for n in io.tables:
+                if n in inputs:
+                    self.state.tables[n][:] = self.cp.asarray(np.asarray(inputs[n], dtype=np.float32).reshape(-1))
+            self.state.loaded = True
+        self.load_inputs(inputs)
+        self._replay()
+        return {io.logits: self.cp.asnumpy(self.env.views[io.logits]).reshape(self.s.tensors[io.logits].shape),
+                io.next: self.cp.asnumpy(self.env.views[io.next])}
+
+    def decode(self, n: int) -> list[int]:
+        """`n` decode steps replayed back to back from the device's own token and position (the arg-max advances
+        them); the host reads each generated token only."""
+        out = []
+        for _ in range(n):
+            self._replay()
+            out.append(int(self.env.views[self.s.io.next][0].get()))
+        return out
