@@ -61,11 +61,33 @@ class _Decoded:
         # every class's nodes in a stable order: inputs, then lifted ops, then fused ops, then projections
         self.nodes: list[ENode] = []
         self.classes: dict[int, list[int]] = {}
+        twins = self._twins()
         for c in sorted(snap.classes, key=lambda c: (snap.names.get(c, "~"), c)):
+            if c in twins:
+                continue
             for n in sorted(snap.classes[c], key=self._rank_key):
+                if n in twins or (n.fn == "proj" and n.children[0] in twins):
+                    continue
                 self.classes.setdefault(c, []).append(len(self.nodes))
                 self.nodes.append(n)
+        for t in twins:
+            self.proj_of.pop(t, None) if isinstance(t, int) else None
         self.ops: list[Op | None] = [self._op(n) for n in self.nodes]
+
+    def _twins(self) -> set:
+        """Fused nodes (and bundle classes) equal to another but for the order of a commutative op's inputs: the
+        same variant over the same inputs into the same results. Extraction keeps the first of each."""
+        seen, twins = set(), set()
+        for c in sorted(self.snap.classes):
+            for n in self.snap.classes[c]:
+                if n.fn not in self.eg.variant_of:
+                    continue
+                outs = tuple(sorted(self.proj_of.get(c, {}).items())) if c in self.proj_of else (c,)
+                key = (n.fn, tuple(sorted(n.children)), n.prims, outs)
+                if key in seen:
+                    twins.add(c if c in self.proj_of else n)
+                seen.add(key)
+        return twins
 
     def _rank_key(self, n: ENode):
         tier = 0 if n.fn == "Leaf" else 1 if n.fn in self.eg.lifted else 2 if n.fn in self.eg.variant_of else 3
