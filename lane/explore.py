@@ -17,7 +17,11 @@ which is what `lanefuse plan --spec FILE` replays.
 from __future__ import annotations
 
 import difflib
+import functools
+import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,11 +74,56 @@ def _near(name: str, known) -> str:
     return f" (did you mean `{near[0]}`?)" if near else ""
 
 
+def _engine_thread(fn):
+    """Run the method on the explorer's engine thread (directly when already there)."""
+
+    @functools.wraps(fn)
+    def on_thread(self, *args, **kwargs):
+        if threading.current_thread() is self._thread:
+            return fn(self, *args, **kwargs)
+        return self._pool.submit(fn, self, *args, **kwargs).result()
+
+    return on_thread
+
+
 class Explorer:
     """A session over one step graph `g` and lane. Every change re-plans at once; `state()` is the page's JSON."""
 
     def __init__(self, g: Graph, lane: str = "cuda", rules_dirs=(), knobs: Knobs | dict | list | None = None,
                  held=(), forced: dict[str, int] | None = None, model_name: str = "", what_if: str = "local"):
+        # egglog's e-graph must stay on the thread that made it (the web server answers from many): the engine's
+        # work runs on one thread of the explorer's own, and every public method goes there
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="lanefuse-explore")
+        self._thread = self._pool.submit(threading.current_thread).result()
+        try:
+            self._pool.submit(self._setup, g, lane, rules_dirs, knobs, held, forced, model_name, what_if).result()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Drop the e-graph on its own thread and end that thread; the explorer is done with after this."""
+        pool = self.__dict__.get("_pool")
+        if pool is None:
+            return
+        d = self.__dict__
+        if threading.current_thread() is self._thread:
+            d.clear()
+            pool.shutdown(wait=False)
+        else:
+            pool.submit(d.clear).result()
+            pool.shutdown(wait=True)
+
+    def __del__(self):
+        pool = self.__dict__.get("_pool")
+        if pool is not None:
+            try:  # the work item keeps the attributes alive until the engine thread clears them
+                pool.submit(self.__dict__.clear)
+                pool.shutdown(wait=False)
+            except RuntimeError:  # the interpreter is shutting down
+                pass
+
+    def _setup(self, g, lane, rules_dirs, knobs, held, forced, model_name, what_if) -> None:
         from lanefuse.engine.rules import load_table
         from lanefuse.lane.table import load_lane
 
@@ -289,6 +338,7 @@ class Explorer:
         return _Config(c.held_rules, c.held_steps, c.knobs, dict(c.forced))
 
     # ---- the actions ---------------------------------------------------------------------------------------------
+    @_engine_thread
     def hold(self, rule: str) -> None:
         self._check_name(rule)
         cfg = self._copy()
@@ -298,6 +348,7 @@ class Explorer:
             cfg.held_rules |= {rule}
         self._change(f"hold {rule}", cfg)
 
+    @_engine_thread
     def release(self, rule: str) -> None:
         self._check_name(rule)
         cfg = self._copy()
@@ -305,6 +356,7 @@ class Explorer:
         cfg.held_rules -= {rule}
         self._change(f"release {rule}", cfg)
 
+    @_engine_thread
     def force(self, tensor: str, index: int) -> None:
         self._tensor(tensor)
         alts = self._stable(tensor)
@@ -320,6 +372,7 @@ class Explorer:
         cfg.forced[tensor] = index
         self._change(f"force {tensor} #{index}", cfg)
 
+    @_engine_thread
     def unforce(self, tensor: str) -> None:
         self._tensor(tensor)
         if tensor not in self.cfg.forced:
@@ -329,11 +382,13 @@ class Explorer:
         del cfg.forced[tensor]
         self._change(f"unforce {tensor}", cfg)
 
+    @_engine_thread
     def set_knob(self, name: str, value) -> None:
         cfg = self._copy()
         cfg.knobs = set_knob(cfg.knobs, name, value)
         self._change(f"knob {name}={getattr(cfg.knobs, name)}", cfg)
 
+    @_engine_thread
     def plan(self, exact: bool = False) -> Schedule:
         """The current plan; `exact` re-plans the current choices with the ILP (kept for this configuration)."""
         if exact and self._cur.method != "ilp":
@@ -365,6 +420,7 @@ class Explorer:
     def warnings(self) -> list[str]:
         return list(self._cur.warnings)
 
+    @_engine_thread
     def diff(self) -> dict | None:
         """The current plan against the one before the last change: launches, cost, arena bytes as [before, after];
         census and fusions fired, the kinds and rules that changed only; what the change was."""
@@ -376,8 +432,10 @@ class Explorer:
         return {"what": self._what, "launches": [b["launches"], a["launches"]],
                 "cost_us": [b["cost_us"], a["cost_us"]], "arena": [b["arena"], a["arena"]],
                 "census": ch(b["census"], a["census"]), "fusions": ch(b["fusions"], a["fusions"]),
-                "warnings": list(self._cur.warnings), "method": self._cur.method, "ms": round(self.last_ms, 1)}
+                "warnings": [w for w in self._cur.warnings if w not in self._prev.warnings],  # what this change said
+                "method": self._cur.method, "ms": round(self.last_ms, 1)}
 
+    @_engine_thread
     def save(self, path: str) -> None:
         """Write the held rules, the forced choices (the engine's indices under the held rules) and the knobs as a
         plan file `lanefuse plan --spec FILE` replays."""
@@ -391,6 +449,7 @@ class Explorer:
                                      self.model if self.model != "step" else None))
 
     # ---- alternatives ------------------------------------------------------------------------------------------
+    @_engine_thread
     def choices(self, tensor: str) -> list[dict]:
         """`tensor`'s alternatives: the op or fused class, the rule that made it, its own cost (µs), its support
         (lifted, native, decompose, refuse, held) with the reason, the best whole-step cost if forced (the local
@@ -440,7 +499,12 @@ class Explorer:
         out["reads"] = [x for x in op.ins if x in self.producer]
         out["covers"] = [p.out for p in op.parts] if op.fused else [op.out]
         if isinstance(v, Refusal):
-            return {**out, "cost_us": None, "support": "refuse", "reason": str(v.reason if hasattr(v, "reason") else v)}
+            entry = self.lane.support(op.cls) if op.fused else None
+            if entry is not None and entry.support == "refuse" and entry.reason:
+                why = entry.reason  # the table's words
+            else:  # the shim's words start with where it refused, which its cache may name for another layer's op
+                why = re.sub(r"^(class )?`[^`]*`[^:]*?-> `[^`]*`: ", "", str(v))
+            return {**out, "cost_us": None, "support": "refuse", "reason": why}
         out["cost_us"] = round(float(v), 4)
         if not op.fused:
             return {**out, "support": "lifted", "reason": None}
@@ -495,6 +559,7 @@ class Explorer:
                 return n, x
         return None
 
+    @_engine_thread
     def why(self, tensor: str) -> str:
         """Why the plan computes `tensor` the way it does, and why not each other way, in words."""
         self._tensor(tensor)
@@ -546,6 +611,7 @@ class Explorer:
         return "\n".join(lines)
 
     # ---- the state (the page's JSON) -------------------------------------------------------------------------------
+    @_engine_thread
     def state(self, layer: int | None = None) -> dict:
         if layer is not None:
             if isinstance(layer, bool) or not 0 <= int(layer) < self.layers:
