@@ -86,3 +86,120 @@ def test_nvcc(stems, arch):
 def test_some_compiler_or_skip():
     if nvrtc() is None and NVCC is None:
         pytest.skip("neither NVRTC (cuda-python) nor nvcc is present: the kernel sources were not compiled")
+
+
+# -- every launch's arguments against its kernel's parameters (from NVRTC's PTX), no device needed -------------------
+
+class RecordingEnv:
+    """Stands in for DeviceEnv: arrays are host arrays, and each kernel call is recorded as (stems, name, args)."""
+
+    def __init__(self):
+        import numpy as np
+
+        self.np = np
+        self.calls = []
+        self.views = {}
+
+    def array(self, name):
+        return self.np.zeros(4, self.np.float32)
+
+    def weight(self, name):
+        return self.np.zeros(4, self.np.float32), "f32"
+
+    def opt(self, name):
+        return self.np.uint64(0) if name is None else self.array(name)
+
+    def ptr(self, name):
+        return 0 if name is None else 4096
+
+    def dst_words(self, d):
+        from lanefuse.kernels.cupy_env import DeviceEnv
+
+        return DeviceEnv.dst_words(self, d)
+
+    def dst(self, d):
+        from lanefuse.kernels.cupy_env import DeviceEnv
+
+        return DeviceEnv.dst(self, d)
+
+    def scratch(self, launch, s):
+        return self.np.zeros(4, self.np.float32)
+
+    def table(self, key, words):
+        return self.np.array(words, self.np.int64)
+
+    def function(self, stems, name):
+        return lambda grid, block, args: self.calls.append((tuple(stems), name, grid, block, args))
+
+
+def samples():
+    from lanefuse.kernels import (Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts, Gemv,
+                                  GemvF32, GemvGlu, Join, Norm, Part, PreNorm, Rope, RopeParts, RopeSide, Scale,
+                                  SetRow, Slice, SwiGlu, Unary)
+
+    cache = Dst("kc", row="pos", pitch=8)
+    return [
+        Gemv("x", "w", "bf16", Dst("y"), 64, 8, 1, bias="b", per_warp=4), Gemv("x", "w", "f16", cache, 64, 8, 2, split=2),
+        GemvF32("x", "w", Dst("y", unit=Part(10, 1, 8)), 16, 8, 1),
+        Norm("x", "w", "y", 2, 8, 1e-6, part=Part(9, 1, 8), add="a", sum="s", pre=PreNorm("pw", 1e-6), into=cache),
+        Rope("x", "cos", "sin", "pos", cache, 1, 1, 8, 8, norm=("n", 1e-6)),
+        RopeParts((RopeSide("q", Dst("q2"), 2), RopeSide("k", cache, 1)), "cos", "sin", "pos", 1, 8, 4),
+        Attention("q", "kc", "vc", "pos", "o", 4, 2, 8, 8, 16, 1, 0.3, sinks="sk"),
+        Attention("q", "kc", "vc", "pos", "o", 4, 2, 8, 8, 16, 1, 0.3, splits=3, per_block=2),
+        Binary("mul", "a", "b", "o", 8, row=4, gate="silu"), SwiGlu("g", "u", "o", 8), Unary("gelu", "x", "y", 8),
+        Scale("x", "y", 8, 0.5), Slice("x", "y", 2, 8, 2, 3), Join("a", "b", cache, 1, 2, 2, 2),
+        Gather("E", "t", "o", 8, format="f16", scale=2.0), SetRow("T", "src", "pos", 8, 1, 16),
+        SetRow("T", "src", 3, 8, 1, 16), ArgMax("x", "o", 100, advance=Advance("tok", "pos")), ArgMax("x", "o", 100),
+        GemvGlu("x", "wg", "wu", "bf16", "o", 32, 8, 1, bg="bg", per_warp=4),
+        GemmParts("x", "f32", 32, 1, (GemmPart("wq", Dst("q"), 8, bias="b"), GemmPart("wk", cache, 8))),
+        Fold(Gemv("x", "w", "f32", Dst("o"), 32, 8, 1), Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s")),
+    ]
+
+
+def ptx_params(stems, arch="sm_90") -> dict[str, list[str]]:
+    import re
+
+    n = nvrtc()
+    src = source(stems).encode()
+    _, prog = n.nvrtcCreateProgram(src, b"kernel.cu", 0, [], [])
+    opts = [f"--gpu-architecture=compute_{arch[3:]}".encode(), *(o.encode() for o in OPTIONS)]
+    (res,) = n.nvrtcCompileProgram(prog, len(opts), opts)
+    assert res == n.nvrtcResult.NVRTC_SUCCESS
+    _, size = n.nvrtcGetPTXSize(prog)
+    ptx = b" " * size
+    n.nvrtcGetPTX(prog, ptx)
+    n.nvrtcDestroyProgram(prog)
+    text = ptx.decode(errors="replace")
+    out = {}
+    for m in re.finditer(r"\.entry\s+(\w+)\s*\((.*?)\)", text, re.S):
+        out[m.group(1)] = re.findall(r"\.param\s+\.(\w+)", m.group(2))
+    return out
+
+
+def arg_kind(a) -> str:
+    import numpy as np
+
+    if isinstance(a, np.ndarray) or isinstance(a, (np.int64, np.uint64)):
+        return "b64"
+    if isinstance(a, np.float32):
+        return "f32"
+    return f"unexpected {type(a).__name__}"
+
+
+def test_launch_arguments_match_the_kernels():
+    if nvrtc() is None:
+        pytest.skip("cuda-python's NVRTC bindings are not installed")
+    env = RecordingEnv()
+    for launch in samples():
+        assert launch.check() is None, (launch.census, launch.check())
+        launch.cuda(env)
+    entries: dict[tuple, dict] = {}
+    for stems, name, grid, block, args in env.calls:
+        if stems not in entries:
+            entries[stems] = ptx_params(stems)
+        params = entries[stems].get(name)
+        assert params is not None, f"no kernel `{name}` in {stems} (have {sorted(entries[stems])})"
+        want = ["f32" if p == "f32" else "b64" if p in ("u64", "b64", "s64") else p for p in params]
+        got = [arg_kind(a) for a in args]
+        assert got == want, f"{name}: passes {got}, kernel takes {params}"
+        assert all(int(v) >= 1 for v in grid) and 32 <= block[0] <= 1024 and block[0] % 32 == 0, (name, grid, block)
