@@ -296,11 +296,15 @@ def solve_local(p: Problem, start: dict[int, int] | None = None, max_passes: int
             choice[c] = usable[0]
     ref: dict[int, int] = {}
 
-    def add(c):
-        ref[c] = ref.get(c, 0) + 1
-        if ref[c] == 1:
-            for d in p.children[choice[c]]:
-                add(d)
+    def add(c0):
+        stack = [c0]
+        while stack:
+            c = stack.pop()
+            ref[c] = ref.get(c, 0) + 1
+            if ref[c] == 1:
+                if c not in choice:
+                    raise NoPlan([c])
+                stack.extend(p.children[choice[c]])
 
     for r in p.roots:
         if r not in choice:
