@@ -217,12 +217,12 @@ class Explorer:
         keeps a forced tensor written. For the local search, a multi-output op writing a forced tensor that is not
         forced to this op is refused too: the search's bundle moves would otherwise switch a forced class."""
         names = frozenset(forced)
-        mine: dict[str, Op | None] = {}  # forced tensor -> the multi-output op its forced alternative projects
+        mine: dict[str, set[int]] = {}  # forced tensor -> the multi-output ops (ids) its forced alternative projects
         if local and forced:
             dec = self._dec(cfg.held_rules)
             for t, k in forced.items():
                 n = dec.nodes[dec.classes[dec.snap.by_name[t]][k]]
-                mine[t] = dec.ops[dec.classes[n.children[0]][0]] if n.fn == "proj" else None
+                mine[t] = {id(dec.ops[j]) for j in dec.classes[n.children[0]]} if n.fn == "proj" else set()
 
         def cost(op: Op, g=None):
             v = self._own_cost(cfg, op)
@@ -232,7 +232,7 @@ class Explorer:
                     return Refusal(f"it computes the forced `{sorted(inside)[0]}` inside")
                 if mine and len(op.outs) > 1:
                     for t in names.intersection(op.outs):
-                        if mine[t] is not op:
+                        if id(op) not in mine[t]:
                             return Refusal(f"it writes `{t}`, which is forced to another alternative")
             return v
 
@@ -311,9 +311,14 @@ class Explorer:
 
     def _extract(self, cfg: _Config, forced: dict[str, int], method: str):
         """Extract under `cfg`; a local search that leaves a forced tensor unwritten falls back to the exact ILP."""
-        opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, method == "local"), forced, method)
-        dec, choice = self.session.last
-        if method == "local" and not self._binds(dec, choice, forced):
+        try:
+            opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, method == "local"), forced, method)
+            dec, choice = self.session.last
+        except UserError:
+            if method != "local" or not forced:
+                raise
+            dec, choice = None, {}  # the local search found nothing under the forces: the ILP decides
+        if method == "local" and (dec is None or not self._binds(dec, choice, forced)):
             opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, False), forced, "ilp")
             dec, choice = self.session.last
         return opt, dec, choice
@@ -465,12 +470,14 @@ class Explorer:
             c = base.snap.by_name[t]
             j = next((i for i in base.classes[c] if self._sig(base, i) == sig), None)
             d = self._describe(base, j, cfg) if j is not None else {"op": "?", "label": "?", "rule": None}
+            d["also"] = [x for x in d.get("covers", []) if x != t]
             return {**d, "index": k, "cost_us": None, "support": "held", "reason": self._held_why(t, k, cfg),
                     "plan_cost_us": None, "chosen": False, "forced": cfg.forced.get(t) == k}
         dec = self._dec(cfg.held_rules)
         c = dec.snap.by_name[t]
         i = dec.classes[c][cur.index(sig)]
         d = self._describe(dec, i, cfg)
+        d["also"] = [x for x in d.get("covers", []) if x != t]  # what else it computes: tells same-class ones apart
         p = self._cur if cfg is self.cfg else None
         chosen = p is not None and p.dec is dec and p.choice.get(c) == i
         out = {**d, "index": k, "chosen": chosen, "forced": cfg.forced.get(t) == k, "plan_cost_us": None}

@@ -216,13 +216,15 @@ class Shell(cmd.Cmd):
         step = self.ex.plan().cost_us
         t = Table(title=f"{tensor}: {len(ch)} alternatives (step {step:.2f} µs)", header_style="bold")
         for c, kw in (("#", {"justify": "right"}), ("", {}), ("op / class", {}), ("rule", {}),
-                      ("writes", {"overflow": "fold"}), ("own µs", {"justify": "right"}), ("support", {}),
+                      ("also computes", {"overflow": "fold"}), ("own µs", {"justify": "right"}), ("support", {}),
                       ("step µs if forced", {"justify": "right"}), ("reason", {"overflow": "fold"})):
             t.add_column(c, **kw)
         for c in ch:
             mark = ("●" if c["chosen"] else "") + ("⚑" if c["forced"] else "")
             op = c["op"] + (f" out {c['output']}" if "output" in c else "")
-            t.add_row(str(c["index"]), mark, op, c["rule"] or "", ", ".join(c.get("writes", [])),
+            also = ", ".join(x.split(".", 1)[1] if x.startswith(tensor.split(".")[0] + ".") else x
+                             for x in c.get("also", []))
+            t.add_row(str(c["index"]), mark, op, c["rule"] or "", also,
                       _us(c["cost_us"]), c["support"], _us(c["plan_cost_us"], "–"), c["reason"] or "")
         self.console.print(t)
         if not any(c["chosen"] for c in ch):

@@ -715,13 +715,15 @@ function renderInspector() {
     h("th", {}, "support"), h("th", { class: "num", title: "the best whole step if forced to this choice" }, "step µs"), h("th", {}))];
   for (const c of ch) {
     const isForced = forced && st.forced[id] === c.index;
-    const can = c.support !== "refuse" && c.support !== "decompose" && !isForced;
+    const can = c.support !== "refuse" && c.support !== "decompose" && c.support !== "held" && !isForced;
     const d = c.plan_cost_us !== null && c.plan_cost_us !== undefined ? c.plan_cost_us - st.cost_us : null;
     rows.push(h("tr", { class: [c.chosen ? "chosen" : "", c.support].join(" "), "data-choice": c.index,
-      tip: [["h", `${id} #${c.index}`], ["op", c.op], ["rule", c.rule || "– (the lifted op)"], ["own", `${fmtUs(c.cost_us)} µs`],
+      tip: [["h", `${id} #${c.index}`], ["op", c.op], ["rule", c.rule || "– (the lifted op)"],
+        c.also && c.also.length ? ["with", c.also.join(", ")] : null, ["own", `${fmtUs(c.cost_us)} µs`],
         ["support", c.support], c.reason ? ["why", c.reason] : null, ["step", c.plan_cost_us === null || c.plan_cost_us === undefined ? "no plan: refused" : `${fmtUs(c.plan_cost_us)} µs if forced`]] },
       h("td", { class: "faint" }, c.chosen ? "●" : c.index),
-      h("td", { class: "op" }, c.op, c.rule && c.rule !== c.op ? h("span", { class: "faint" }, ` (${c.rule})`) : ""),
+      h("td", { class: "op" }, c.op, c.rule && c.rule !== c.op ? h("span", { class: "faint" }, ` (${c.rule})`) : "",
+        c.also && c.also.length ? h("span", { class: "faint" }, ` +${c.also.map((t) => shortName(t, st.layer)).join(" ")}`) : ""),
       h("td", { class: "num" }, fmtUs(c.cost_us)),
       h("td", {}, h("span", { class: "badge " + c.support }, c.support)),
       h("td", { class: "num" + (c.plan_cost_us === best ? " best" : "") }, c.plan_cost_us === null || c.plan_cost_us === undefined ? "–" : fmtUs(c.plan_cost_us),
@@ -729,7 +731,7 @@ function renderInspector() {
       h("td", { class: "act" }, isForced ? h("span", { class: "badge forced" }, "forced")
         : h("button", { "data-force": c.index, disabled: !can, title: can ? `force ${id} to #${c.index}` : c.reason || "", onclick: () => force(id, c.index, c.op) },
           c.chosen && !forced ? "pin" : "force"))));
-    if (c.reason) rows.push(h("tr", { class: "why" }, h("td", { colspan: 6 }, (c.support === "refuse" ? "refused: " : c.support === "decompose" ? "decomposes: " : "") + c.reason)));
+    if (c.reason) rows.push(h("tr", { class: "why" }, h("td", { colspan: 6 }, (c.support === "refuse" ? "refused: " : c.support === "decompose" ? "decomposes: " : c.support === "held" ? "held: " : "") + c.reason)));
   }
   $("choices").replaceChildren(...rows);
 }
