@@ -11,7 +11,7 @@ from lanefuse.engine.ir import Graph
 from lanefuse.lane.buffers import aliases, arena_for, buffers, counters
 from lanefuse.lane.knobs import Knobs
 from lanefuse.lane.link import Link, Refused
-from lanefuse.lane.schedule import STEPS, Launched, Schedule, schedule_launch
+from lanefuse.lane.schedule import STEPS, Launched, Schedule, kernels_of, schedule_launch
 from lanefuse.lane.shim import Shim, launch_us
 from lanefuse.lane.table import LaneTable, load_lane
 
@@ -85,8 +85,8 @@ def lower(og: Graph, lt: LaneTable, knobs: Knobs, held_steps=frozenset(), shim: 
     arena = arena_for(seq, bufs)
     census: dict[str, int] = {}
     for x in launched:
-        if x.launch.census != "view":
-            census[x.launch.census] = census.get(x.launch.census, 0) + 1
+        for k in kernels_of(x.launch):
+            census[k.census] = census.get(k.census, 0) + 1
     return Schedule(model=str(og.meta.get("model", "")), rows=int(og.meta.get("rows", 1)), lane=lt.name,
                     numerics="f32", knobs=knobs, held=tuple(sorted(held_steps)), launches=launched, buffers=bufs,
                     arena=arena, counters=counters(seq), fusions={}, census=dict(sorted(census.items())),

@@ -39,10 +39,23 @@ def _split(n: int, kk: int, m: int, per_warp: int, k: Knobs, held) -> int:
     return max(1, min(-(-k.sms // blocks), kk // 512, 16))
 
 
+def kernels_of(l) -> list:
+    """The kernel launches a linked launch makes: none for a view, two for a fold whose pair has no kernel of its
+    own, one otherwise. The census and the launch counts count these."""
+    if l.census == "view":
+        return []
+    if isinstance(l, Fold) and not l.fused:
+        return kernels_of(l.first) + kernels_of(l.then)
+    return [l]
+
+
 def schedule_launch(l, k: Knobs, held=frozenset()):
     """One linked launch with the schedule's settings filled in."""
     if isinstance(l, Fold):
-        return dataclasses.replace(l, first=schedule_launch(l.first, k, held), then=schedule_launch(l.then, k, held))
+        first = schedule_launch(l.first, k, held)
+        if isinstance(first, Gemv):
+            first = dataclasses.replace(first, split=1)  # the fold's last block norms the whole product: no split-K
+        return dataclasses.replace(l, first=first, then=schedule_launch(l.then, k, held))
     if isinstance(l, Gemv):
         pw = _per_warp(l.n, k, held)
         return dataclasses.replace(l, per_warp=pw, split=_split(l.n, l.k, l.m, pw, k, held))
@@ -104,12 +117,12 @@ class Schedule:
     timings: dict = field(default_factory=dict)
 
     def per_layer(self) -> dict[int, int]:
+        """Kernel launches by layer (-1: the step's head and tail outside every layer)."""
         out: dict[int, int] = {}
         for l in self.launches:
-            if l.launch.census != "view":
-                out[l.layer] = out.get(l.layer, 0) + 1
+            out[l.layer] = out.get(l.layer, 0) + len(kernels_of(l.launch))
         return out
 
     @property
     def n_launches(self) -> int:
-        return sum(1 for l in self.launches if l.launch.census != "view")
+        return sum(len(kernels_of(l.launch)) for l in self.launches)

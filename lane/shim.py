@@ -15,12 +15,16 @@ from lanefuse.lane.table import LaneTable
 
 
 def launch_us(l, knobs: Knobs) -> float:
-    """One launch's estimated time: overhead + max(bytes / bandwidth, flops / peak); a view costs nothing."""
-    if l.census == "view":
-        return 0.0
-    mem = l.bytes() / (knobs.hbm_gbps * 1e3)
-    comp = l.flops() / (knobs.tflops_f32 * 1e6)
-    return knobs.launch_us + max(mem, comp)
+    """One linked launch's estimated time: for each kernel it makes, overhead + max(bytes / bandwidth, flops /
+    peak); a view costs nothing."""
+    from lanefuse.lane.schedule import kernels_of
+
+    total = 0.0
+    for k in kernels_of(l):
+        mem = k.bytes() / (knobs.hbm_gbps * 1e3)
+        comp = k.flops() / (knobs.tflops_f32 * 1e6)
+        total += knobs.launch_us + max(mem, comp)
+    return total
 
 
 @dataclass
@@ -48,17 +52,22 @@ class Shim:
         key = _key(op, self.g, self._sigs)
         hit = self._cache.get(key)
         if hit is not None:
-            return hit
+            return Refusal(f"{_what(op)}: {hit.reason}") if isinstance(hit, Refusal) else hit
         try:
             v: float | Refusal = sum(launch_us(l, self.knobs) for l in self.launches(op))
             if not op.fused and op.kind == "argmax" and op.out == self.g.io.next:
                 v += self.knobs.launch_us  # without its advance, the token and position take a launch of their own
         except Refused as e:
-            v = Refusal(str(e))
+            self._cache[key] = Refusal(e.reason)  # ops of one shape share the reason, not the names
+            return Refusal(f"{_what(op)}: {e.reason}")
         self._cache[key] = v
         return v
 
     __call__ = cost
+
+
+def _what(op: Op) -> str:
+    return f"class `{op.cls}` ({op.rule}) -> `{op.out}`" if op.fused else f"`{op.kind}` -> `{op.out}`"
 
 
 def _sig(g: Graph, name: str, tables: frozenset):
