@@ -34,9 +34,29 @@ def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
     return out
 
 
+def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
+                        progress: bool = False) -> GenResult:
+    """Greedy-decode with one given decode-step graph (a step YAML): the prompt fed row by row, the caches as the
+    graph declares them."""
+    rows = int(g.meta.get("rows", g.tensors[g.io.token].shape[0]))
+    if rows != 1:
+        raise UserError(f"a step of {rows} rows cannot generate tokens: give a decode step (1 row)")
+    tables = [g.tensors[n] for n in g.io.tables]
+    if not tables:
+        raise UserError("the step carries no KV-cache tables to generate with")
+    vocab = g.tensors[g.io.logits].shape[-1]
+    layers = len(g.io.caches)
+    first = tables[0]
+    cfg = ModelConfig("step", 0, layers, 1, 1, first.shape[1], 0, vocab, max_len=first.shape[0])
+    caches = {t.name: np.zeros(t.shape, dtype=np.float32) for t in tables}
+    return generate(cfg, weights, prompt_ids, n_tokens, step_fn=step_fn, chunk=1, progress=progress,
+                    graph=g, caches=caches)
+
+
 def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
-             chunk: int = MAX_CHUNK, progress: bool = False) -> GenResult:
-    """Greedy-decode `n_tokens` after `prompt_ids`."""
+             chunk: int = MAX_CHUNK, progress: bool = False, graph: Graph | None = None,
+             caches: dict[str, np.ndarray] | None = None) -> GenResult:
+    """Greedy-decode `n_tokens` after `prompt_ids` (with `graph`, that one decode step for every row)."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise UserError("the prompt is empty: give at least one token")
@@ -60,7 +80,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
     def step(tokens: list[int], pos: int) -> tuple[np.ndarray, int]:
         rows = len(tokens)
         if rows not in graphs:
-            graphs[rows] = build_step(cfg, rows)
+            graphs[rows] = graph if graph is not None else build_step(cfg, rows)
         env = dict(caches)
         env["token"] = np.asarray(tokens, dtype=np.int32)
         env["pos"] = np.asarray([pos], dtype=np.int32)
@@ -68,7 +88,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         logits = np.asarray(out["logits"], dtype=np.float32).reshape(-1)
         return logits, int(np.asarray(out["next"]).reshape(-1)[0])
 
-    caches = new_caches(cfg)
+    caches = caches if caches is not None else new_caches(cfg)
     result = GenResult(prompt, [], [])
     if n_tokens == 0:
         return result

@@ -64,22 +64,23 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
 
 
 def cmd_run(args) -> int:
-    from lanefuse.engine.generate import generate
+    from lanefuse.engine.generate import generate, generate_step_graph
     from lanefuse.engine.model import MAX_CHUNK
     from lanefuse.lane.source import open_model
 
     if args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: give at least 1")
     src = open_model(args.model, progress=_tty())
-    if src.cfg is None:
-        raise UserError(f"{src.name}: a step YAML without a model behind it cannot generate tokens")
+    if src.weights is None:
+        raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
+                        f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
     ids, tok = _prompt_ids(args, src)
-    if len(ids) + args.tokens > src.cfg.max_len:
-        raise UserError(f"{len(ids)} prompt + {args.tokens} generated tokens exceed the KV cache of "
-                        f"{src.cfg.max_len} rows")
     step_fn, label = _step_fn(args, src)
-    chunk = 1 if getattr(args, "plan", None) else MAX_CHUNK  # a saved plan is a decode step: prefill row by row
-    res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty())
+    if src.step is not None:
+        res = generate_step_graph(src.step, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty())
+    else:
+        chunk = 1 if getattr(args, "plan", None) else MAX_CHUNK  # a saved plan is a decode step: row by row
+        res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty())
     out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids],
            "logits": [[float(v) for v in row.reshape(-1)] for row in res.logits]}
     if args.json:

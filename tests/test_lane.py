@@ -265,3 +265,22 @@ def test_cli_errors_are_one_line():
     assert r.returncode != 0 and "no such file or folder" in r.stderr
     r = _cli("run", "--prompt-ids", "1,x")
     assert r.returncode != 0 and "comma-separated integers" in r.stderr
+
+
+def test_run_a_step_yaml_equals_the_demo(tmp_path):
+    from lanefuse.engine.demo import demo_config
+    from lanefuse.engine.stepyaml import to_yaml
+
+    g = build_step(demo_config(), 1)
+    g.meta["weights"] = {"demo": True}
+    (tmp_path / "step.yaml").write_text(to_yaml(g))
+    a = _cli("run", str(tmp_path / "step.yaml"), "--prompt-ids", "1,2,3", "--tokens", "5", "--json",
+             str(tmp_path / "a.json"))
+    b = _cli("run", "--reference", "--prompt-ids", "1,2,3", "--tokens", "5", "--json", str(tmp_path / "b.json"))
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    ja, jb = json.loads((tmp_path / "a.json").read_text()), json.loads((tmp_path / "b.json").read_text())
+    assert ja["generated_ids"] == jb["generated_ids"]
+    g.meta.pop("weights")
+    (tmp_path / "bare.yaml").write_text(to_yaml(g))
+    r = _cli("run", str(tmp_path / "bare.yaml"), "--tokens", "2")
+    assert r.returncode != 0 and "names no weights" in r.stderr and "Traceback" not in r.stderr
