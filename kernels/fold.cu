@@ -1,5 +1,5 @@
-// A GEMV and then a norm in one launch (gemv_norm_epilogue): every block runs its outputs of the product; the last
-// block to arrive (an arrival counter it resets to zero) runs the norm over every row, reading through L2.
+// Folds run as one launch. A GEMV and then a norm (gemv_norm_epilogue): every block runs its outputs of the product;
+// the last block to arrive (an arrival counter it resets to zero) runs the norm over every row, reading through L2.
 __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const NormArgs& a) {
     __shared__ int last;
     __threadfence();
@@ -21,3 +21,99 @@ __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const Nor
     }
 FOLD_KERNEL(fold_gemv_norm_1, 1)
 FOLD_KERNEL(fold_gemv_norm_4, 4)
+
+// Products in parts (or one GEMV) and then their heads' norm and rotation (qkv_head_epilogue) in one launch. Every
+// block runs its outputs of the product exactly as gemm_parts does, the raw product written to its part's Dst. A block
+// of a rotated part then arrives at each head its outputs touch (a counter a head and a slab of rows); the last block
+// of a head to arrive runs that head's epilogue over the slab's rows, reading the raw product back through L2: a warp a
+// row, the per-head RMS norm (optional), the rotation (rope.cu's arithmetic) at position pos + row, written to the
+// side's Dst. The grid stays the GEMV's, so a wide head never serializes its outputs in one block. A part is PR
+// words: gemm_parts' 11 (weight, bias (0: none), n, first block, Dst), then its side's heads (0: not rotated), first
+// counter, norm weight (0: none), eps (f32 bits) and Dst (7 words).
+#define PR 22
+
+__device__ __forceinline__ float head_value(const Dst& y, i64 at, i64 i, const float* nw, float inv) {
+    float v = __ldcg(y.y + dst_at(y, at + i));
+    return nw ? v * inv * nw[i] : v;
+}
+
+// Head h of rows r0..r0+nr-1 of a part of n outputs a row (raw product in y), s its side's words.
+__device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s, i64 h, i64 r0, i64 nr,
+                                              const float* cos, const float* sin, i64 pos, i64 hd, i64 rot) {
+    i64 heads = s[0], half = rot / 2;
+    const float* nw = (const float*)s[2];
+    float eps = __int_as_float((int)s[3]);
+    Dst o = dst_from(s + 4);
+    int lane = threadIdx.x & 31;
+    for (i64 r = r0 + (threadIdx.x >> 5); r < r0 + nr; r += WARPS) {
+        i64 at = r * n + h * hd, p = pos + r;
+        float inv = 1.f;
+        if (nw) {
+            float ss = 0.f;
+            for (i64 i = lane; i < hd; i += 32) {
+                float v = __ldcg(y.y + dst_at(y, at + i));
+                ss += v * v;
+            }
+            inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+        }
+        for (i64 i = lane; i < hd; i += 32) {
+            float v = head_value(y, at, i, nw, inv), out = v;
+            if (i < half) out = v * cos[p * half + i] - head_value(y, at, i + half, nw, inv) * sin[p * half + i];
+            else if (i < rot)
+                out = v * cos[p * half + i - half] + head_value(y, at, i - half, nw, inv) * sin[p * half + i - half];
+            o.y[dst_at(o, (r * heads + h) * hd + i)] = out;
+        }
+    }
+}
+
+template <int PW>
+__device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const i64* t, i64 nparts, i64 k, i64 m,
+                                                unsigned* counters, const float* cos, const float* sin,
+                                                const int* posp, i64 hd, i64 rot) {
+    __shared__ int last;
+    int p = 0;
+    while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * PR + 3]) p++;
+    const i64* d = t + p * PR;
+    Dst y = dst_from(d + 4);
+    i64 n = d[2], bx = blockIdx.x - d[3];
+    gemv_body<PW>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, n, m, 1, bx);
+    const i64* s = d + 11;
+    if (s[0] == 0) return;  // a part not rotated: a plain GEMV block
+    const i64 per = WARPS * PW;
+    i64 j0 = bx * per, j1 = min(n, j0 + per);
+    i64 r0 = (i64)blockIdx.y * GR, nr = min((i64)GR, m - r0);
+    i64 pos = posp ? (i64)posp[0] : 0;
+    __threadfence();
+    for (i64 h = j0 / hd; h <= (j1 - 1) / hd; h++) {
+        __syncthreads();  // every write of the product fenced; `last` read by all before it is set again
+        unsigned* c = counters + (s[1] + h) * gridDim.y + blockIdx.y;
+        unsigned blocks = (unsigned)(((h + 1) * hd - 1) / per - (h * hd) / per + 1);  // blocks touching head h
+        if (threadIdx.x == 0) last = atomicAdd(c, 1u) == blocks - 1;
+        __syncthreads();
+        if (!last) continue;
+        __threadfence();
+        head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, hd, rot);
+        if (threadIdx.x == 0) *c = 0u;
+    }
+}
+
+#define PARTS_ROPE_KERNEL(NAME, PW)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        NAME(const float* x, const i64* t, i64 nparts, i64 fmt, i64 k, i64 m, unsigned* counters,            \
+             const float* cos, const float* sin, const int* posp, i64 hd, i64 rot) {                         \
+        parts_rope_body<PW>((int)fmt, x, t, nparts, k, m, counters, cos, sin, posp, hd, rot);                 \
+    }
+PARTS_ROPE_KERNEL(fold_parts_rope_1, 1)
+PARTS_ROPE_KERNEL(fold_parts_rope_4, 4)
+
+// An embedding gather and then a norm of the gathered rows (embed_norm), a block a row: the row gathered (decoded
+// from its format, times scale) and kept in `out`, then normed from there as norm_rows does (rows of the norm's cols).
+extern "C" __global__ void __launch_bounds__(1024) fold_gather_norm(const void* table, i64 fmt, const int* index,
+                                                                   float* out, float scale, NORM_PARAMS) {
+    i64 r = blockIdx.x, row = index[r];
+    for (i64 c = threadIdx.x; c < cols; c += blockDim.x)
+        out[r * cols + c] = wget((int)fmt, table, row * cols + c) * scale;
+    __syncthreads();  // the row written is seen by every thread of the block (norm_row reads it through L2)
+    NormArgs a = NORM_ARGS;
+    norm_row(a, r);
+}

@@ -1,15 +1,93 @@
 """`fold`: two launches as one, `first` then `then` over what `first` wrote (gemv_norm_epilogue, embed_norm,
-qkv_head_epilogue). A GEMV then a norm runs as one kernel, the norm done by the last block to arrive (fold.cu, an
-arrival counter the launch resets to zero); any other pair runs as its two kernels in turn."""
+qkv_head_epilogue). Three pairs run as one kernel (fold.cu): a GEMV then a norm (the norm done by the last block to
+arrive); products in parts (or one GEMV) then their heads' norm and rotation (each head's epilogue done by the last
+block of its outputs to arrive); an embedding gather then a norm of the gathered rows (a block a row). Any other pair
+runs as its two kernels in turn. The numpy twin is always `first` then `then`: exactly what each fused kernel does."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lanefuse.kernels.common import FORMAT_CODE, Launch, Scratch, names
+import numpy as np
+
+from lanefuse.kernels.common import FORMAT_CODE, GEMV_ROWS, Dst, Launch, Part, Scratch, names
+from lanefuse.kernels.gather import Gather
+from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
 from lanefuse.kernels.gemv import Gemv
 from lanefuse.kernels.norm import Norm
+from lanefuse.kernels.rope import Rope, RopeParts, RopeSide
+
+PR = 22  # descriptor words a part of fold_parts_rope (fold.cu)
+
+
+def as_parts(l: Launch) -> GemmParts | None:
+    """A GEMV without split-K as products in one part; products in parts as they are; else None."""
+    if isinstance(l, GemmParts):
+        return l
+    if isinstance(l, Gemv) and l.split == 1:
+        return GemmParts(l.x, l.format, l.k, l.m, (GemmPart(l.w, l.y, l.n, l.bias),), per_warp=l.per_warp)
+    return None
+
+
+def as_rope_parts(l: Launch) -> RopeParts | None:
+    if isinstance(l, RopeParts):
+        return l
+    if isinstance(l, Rope):
+        return l.parts()
+    return None
+
+
+def _layout(d: Dst, n: int) -> tuple[int, int] | None:
+    """(row pitch, offset in a row) of a product of n outputs a row written through d; None if rows of a table."""
+    if d.row is not None:
+        return None
+    if d.unit is None:
+        return (n, 0)
+    return (d.unit.pitch, d.unit.offset) if d.unit.width == n else None
+
+
+def _reads(s: RopeSide, hd: int) -> tuple[int, int]:
+    p = s.part
+    return (p.pitch, p.offset) if p is not None else (s.heads * hd, 0)
+
+
+def rotated(gp: GemmParts, rp: RopeParts) -> tuple[list[RopeSide | None], str | None]:
+    """Each part's side (None: not rotated) when every side rotates exactly what one part writes, else the reason
+    the pair runs as two kernels."""
+    if rp.rows != gp.m:
+        return [], f"a rotation of {rp.rows} rows after products of {gp.m}"
+    why = rp.check()
+    if why:
+        return [], why
+    by_part: list[RopeSide | None] = [None] * len(gp.parts)
+    written = {p.y.buf for p in gp.parts}
+    for s in rp.sides:
+        at = [i for i, p in enumerate(gp.parts)
+              if p.y.buf == s.x and p.n == s.heads * rp.hd and _layout(p.y, p.n) == _reads(s, rp.hd)]
+        if len(at) != 1 or by_part[at[0]] is not None:
+            return [], f"a rotation of `{s.x}` that is not exactly one product's result"
+        p = gp.parts[at[0]]
+        pitch, off = _reads(s, rp.hd)
+        for q in gp.parts:  # another part writing into what this side reads would be lost
+            if q is p or q.y.buf != s.x:
+                continue
+            lq = _layout(q.y, q.n)
+            if lq is None or lq[0] != pitch or not (lq[1] + q.n <= off or off + p.n <= lq[1]):
+                return [], f"products overlapping in `{s.x}`"
+        if s.y.buf in written or s.y.buf == gp.x or any(s.y.buf == o.x for o in rp.sides):
+            return [], f"a rotation written into `{s.y.buf}`, which the products write or read"
+        by_part[at[0]] = s
+    return by_part, None
+
+
+def gathered(g: Gather, nm: Norm) -> str | None:
+    """Why a gather then a norm is not one kernel (the norm must take the gathered rows as they lie); None if it is."""
+    if nm.x != g.out or nm.rows != g.rows or nm.cols != g.cols:
+        return f"a norm of `{nm.x}` ({nm.rows}x{nm.cols}) that is not the gathered `{g.out}` ({g.rows}x{g.cols})"
+    if nm.part is not None and nm.part != Part(g.cols, 0, g.cols):
+        return "a norm reading the gathered rows as parts"
+    return None
 
 
 @dataclass(frozen=True)
@@ -20,10 +98,29 @@ class Fold(Launch):
     census: ClassVar[str] = "fold"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "norm", "fold")
 
+    def form(self) -> tuple[str | None, str]:
+        """(the fused kernel's form, why): "gemv_norm", "parts_rope", "gather_norm", or None and the reason the
+        pair runs as two kernels, in the user's words."""
+        if isinstance(self.then, Norm):
+            if isinstance(self.first, Gemv):
+                if self.first.split == 1:
+                    return "gemv_norm", ""
+                return None, f"a product split {self.first.split} ways before its norm"
+            if isinstance(self.first, Gather):
+                why = gathered(self.first, self.then)
+                return (None, why) if why else ("gather_norm", "")
+        gp, rp = as_parts(self.first), as_rope_parts(self.then)
+        if gp is not None and rp is not None:
+            _, why = rotated(gp, rp)
+            return (None, why) if why else ("parts_rope", "")
+        if isinstance(self.first, Gemv) and rp is not None:
+            return None, f"a product split {self.first.split} ways before its rotation"
+        return None, f"no kernel runs a {self.first.census} then a {self.then.census}"
+
     @property
     def fused(self) -> bool:
-        """Whether the pair runs as one kernel: a GEMV without split-K, then a norm."""
-        return isinstance(self.first, Gemv) and self.first.split == 1 and isinstance(self.then, Norm)
+        """Whether the pair runs as one kernel (see `form`)."""
+        return self.form()[0] is not None
 
     def reads(self):
         return names(*self.first.reads(), *self.then.reads())
@@ -32,8 +129,15 @@ class Fold(Launch):
         return names(*self.first.writes(), *self.then.writes())
 
     def scratch(self):
-        if self.fused:
+        f = self.form()[0]
+        if f == "gemv_norm":
             return (Scratch("arrivals", "i32", 4, counter=True),)
+        if f == "parts_rope":  # an arrival count a rotated head and a slab of rows
+            rp = as_rope_parts(self.then)
+            heads = sum(s.heads for s in rp.sides)
+            return (Scratch("arrivals", "i32", 4 * heads * -(-rp.rows // GEMV_ROWS), counter=True),)
+        if f == "gather_norm":
+            return ()
         return (tuple(Scratch("first." + s.tag, s.dtype, s.nbytes, s.counter) for s in self.first.scratch())
                 + tuple(Scratch("then." + s.tag, s.dtype, s.nbytes, s.counter) for s in self.then.scratch()))
 
@@ -51,19 +155,58 @@ class Fold(Launch):
         self.then.numpy(env)
 
     def grid_block(self):
+        f = self.form()[0]
+        if f == "parts_rope":
+            return as_parts(self.first).grid_block()
+        if f == "gather_norm":
+            return self.then.grid_block()  # a block a row, as wide as the norm's head
         return self.first.grid_block()
 
+    def table(self, denv, gp: GemmParts, rp: RopeParts) -> list[int]:
+        """fold_parts_rope's descriptor: each part's 11 words as gemm_parts takes them, then its side's heads (0: not
+        rotated), first arrival counter, norm weight (0: none), eps (f32 bits) and Dst."""
+        by_part, _ = rotated(gp, rp)
+        words, first, head = [], 0, 0
+        for p, nb, s in zip(gp.parts, gp.blocks(), by_part):
+            words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
+            first += nb
+            if s is None:
+                words += [0, 0, 0, 0, *([0] * 7)]
+                continue
+            eps = int(np.array(s.norm[1] if s.norm else 0.0, dtype=np.float32).view(np.int32))
+            words += [s.heads, head, denv.ptr(s.norm[0] if s.norm else None), eps, *denv.dst_words(s.y)]
+            head += s.heads
+        assert len(words) == PR * len(gp.parts)
+        return words
+
     def cuda(self, denv):
-        if not self.fused:
+        f = self.form()[0]
+        if f is None:
             self.first.cuda(denv)
             self.then.cuda(denv)
             return
-        from lanefuse.kernels.cupy_env import i64
+        from lanefuse.kernels.cupy_env import f32, i64
 
-        g: Gemv = self.first  # type: ignore[assignment]
-        nm: Norm = self.then  # type: ignore[assignment]
-        grid, block = g.grid_block()
-        counter = denv.scratch(self, self.scratch()[0])
-        denv.function(self.stem, f"fold_gemv_norm_{g.per_warp}")(grid, block, (
-            denv.array(g.x), denv.weight(g.w)[0], i64(FORMAT_CODE[g.format]), denv.opt(g.bias), *denv.dst(g.y), i64(g.k), i64(g.n), i64(g.m),
-            counter, i64(nm.rows), *nm.args(denv)))
+        grid, block = self.grid_block()
+        if f == "gemv_norm":
+            g: Gemv = self.first  # type: ignore[assignment]
+            nm: Norm = self.then  # type: ignore[assignment]
+            counter = denv.scratch(self, self.scratch()[0])
+            denv.function(self.stem, f"fold_gemv_norm_{g.per_warp}")(grid, block, (
+                denv.array(g.x), denv.weight(g.w)[0], i64(FORMAT_CODE[g.format]), denv.opt(g.bias), *denv.dst(g.y),
+                i64(g.k), i64(g.n), i64(g.m), counter, i64(nm.rows), *nm.args(denv)))
+        elif f == "parts_rope":
+            gp, rp = as_parts(self.first), as_rope_parts(self.then)
+            counters = denv.scratch(self, self.scratch()[0])
+            t = denv.table(self.key(), self.table(denv, gp, rp))
+            denv.function(self.stem, f"fold_parts_rope_{gp.per_warp}")(grid, block, (
+                denv.array(gp.x), t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k), i64(gp.m),
+                counters, denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], denv.array(rp.pos), i64(rp.hd),
+                i64(rp.rot)))
+        else:
+            g2: Gather = self.first  # type: ignore[assignment]
+            nm2: Norm = self.then  # type: ignore[assignment]
+            denv.function(self.stem, "fold_gather_norm")(grid, block, (
+                denv.weight(g2.table)[0], i64(FORMAT_CODE[g2.format]), denv.array(g2.index), denv.array(g2.out),
+                f32(1.0 if g2.scale is None else g2.scale), *nm2.args(denv)))
+

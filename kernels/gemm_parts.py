@@ -1,5 +1,6 @@
 """`gemm_parts`: several products of one activation in one launch (merged_qkv, gemv_parts): each part its weight
-(checkpoint rows (n, k), one format for all), bias, n and destination."""
+(checkpoint rows (n, k), one format for all), bias, n and destination. Folded with a rotation in parts (fold.py), the
+same blocks also run each rotated head's norm and rotation."""
 
 from __future__ import annotations
 

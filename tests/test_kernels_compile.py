@@ -47,24 +47,42 @@ def nvrtc():
 NVCC = shutil.which("nvcc")
 
 
+_NVRTC: dict[tuple, tuple] = {}
+
+
+def nvrtc_compile(stems, arch) -> tuple[bool, str, str]:
+    """(compiled, log, PTX) of the module `stems` on `arch` as CuPy compiles it, once a session: the PTX the argument
+    check reads comes from the same compile (NVRTC keeps it beside the cubin)."""
+    key = (tuple(stems), arch)
+    if key not in _NVRTC:
+        n = nvrtc()
+        src = source(stems).encode()
+        err, prog = n.nvrtcCreateProgram(src, b"kernel.cu", 0, [], [])
+        assert err == n.nvrtcResult.NVRTC_SUCCESS
+        opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
+        opts += [f"-I{d}".encode() for d in include_dirs()]
+        (res,) = n.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = n.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        n.nvrtcGetProgramLog(prog, log)
+        ptx = ""
+        if res == n.nvrtcResult.NVRTC_SUCCESS:
+            _, size = n.nvrtcGetPTXSize(prog)
+            buf = b" " * size
+            n.nvrtcGetPTX(prog, buf)
+            ptx = buf.decode(errors="replace")
+        n.nvrtcDestroyProgram(prog)
+        _NVRTC[key] = (res == n.nvrtcResult.NVRTC_SUCCESS, log.rstrip(b"\x00 \n").decode(errors="replace"), ptx)
+    return _NVRTC[key]
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("stems", STEMS, ids=["+".join(s) for s in STEMS])
 def test_nvrtc(stems, arch):
-    n = nvrtc()
-    if n is None:
+    if nvrtc() is None:
         pytest.skip("cuda-python's NVRTC bindings are not installed")
-    src = source(stems).encode()
-    err, prog = n.nvrtcCreateProgram(src, b"kernel.cu", 0, [], [])
-    assert err == n.nvrtcResult.NVRTC_SUCCESS
-    opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
-    opts += [f"-I{d}".encode() for d in include_dirs()]
-    (res,) = n.nvrtcCompileProgram(prog, len(opts), opts)
-    _, size = n.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
-    n.nvrtcGetProgramLog(prog, log)
-    text = log.rstrip(b"\x00 \n").decode(errors="replace")
-    n.nvrtcDestroyProgram(prog)
-    assert res == n.nvrtcResult.NVRTC_SUCCESS, text
+    ok, text, _ = nvrtc_compile(stems, arch)
+    assert ok, text
     assert not text, f"NVRTC warnings for {stems} on {arch}:\n{text}"
 
 
@@ -153,25 +171,41 @@ def samples():
         GemvGlu("x", "wg", "wu", "bf16", "o", 32, 8, 1, bg="bg", per_warp=4),
         GemmParts("x", "f32", 32, 1, (GemmPart("wq", Dst("q"), 8, bias="b"), GemmPart("wk", cache, 8))),
         Fold(Gemv("x", "w", "f32", Dst("o"), 32, 8, 1), Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s")),
+        *fused_folds(),
     ]
+
+
+def fused_folds():
+    """A fold of each fused form the lane makes, each one kernel: products in parts then their heads' norm and
+    rotation (four outputs a warp and one), one product then its heads' epilogue, a gather then its norm."""
+    from lanefuse.kernels import (Dst, Fold, Gather, GemmPart, GemmParts, Gemv, Norm, Rope, RopeParts,
+                                  RopeSide)
+
+    cache = Dst("kc", row="pos", pitch=8)
+    parts = (GemmPart("wq", Dst("q"), 16, bias="bq"), GemmPart("wk", Dst("k"), 8), GemmPart("wv", cache, 8))
+    sides = (RopeSide("q", Dst("qr"), 2, norm=("qn", 1e-6)), RopeSide("k", Dst("kr", row="pos", pitch=8), 1))
+    return [
+        Fold(GemmParts("x", "bf16", 32, 5, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", 5, 8, 8))
+        for pw in (1, 4)
+    ] + [
+        Fold(Gemv("x", "w", "f16", Dst("q"), 32, 16, 1, per_warp=4),
+             Rope("q", "cos", "sin", "pos", cache, 1, 2, 8, 4, norm=("qn", 1e-6))),
+        Fold(Gather("E", "t", "e", 8, rows=2, format="bf16", scale=2.0), Norm("e", "nw", "y", 2, 8, 1e-6)),
+    ]
+
+
+def test_the_sample_folds_are_fused():
+    for f in fused_folds():
+        assert f.fused, f.form()
 
 
 def ptx_params(stems, arch="sm_90") -> dict[str, list[str]]:
     import re
 
-    n = nvrtc()
-    src = source(stems).encode()
-    _, prog = n.nvrtcCreateProgram(src, b"kernel.cu", 0, [], [])
-    opts = [f"--gpu-architecture=compute_{arch[3:]}".encode(), *(o.encode() for o in OPTIONS)]
-    (res,) = n.nvrtcCompileProgram(prog, len(opts), opts)
-    assert res == n.nvrtcResult.NVRTC_SUCCESS
-    _, size = n.nvrtcGetPTXSize(prog)
-    ptx = b" " * size
-    n.nvrtcGetPTX(prog, ptx)
-    n.nvrtcDestroyProgram(prog)
-    text = ptx.decode(errors="replace")
+    ok, text, ptx = nvrtc_compile(stems, arch)
+    assert ok, text
     out = {}
-    for m in re.finditer(r"\.entry\s+(\w+)\s*\((.*?)\)", text, re.S):
+    for m in re.finditer(r"\.entry\s+(\w+)\s*\((.*?)\)", ptx, re.S):
         out[m.group(1)] = re.findall(r"\.param\s+\.(\w+)", m.group(2))
     return out
 

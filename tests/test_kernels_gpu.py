@@ -190,3 +190,82 @@ def test_fold_gemv_norm(m, k, n, per_warp):
     dev = both(f, arrays, {"w": (encode(r32(g, n, k), "bf16"), "bf16"), "nw": (r32(g, n), "f32")}, tol=3e-4)
     f.cuda(dev)  # the counter was reset: the second launch's last block runs the norm again
     np.testing.assert_allclose(dev.host("sum"), arrays["res"].reshape(-1) + dev.host("o"), rtol=1e-5, atol=1e-5)
+
+
+def _qkv(g, fmt, m, k, heads, kv, hd, rot, norm, pw, bias, L, pos):
+    """A q/k/v fold as the lane makes it: q, k, v of one activation in parts, q's and k's heads normed (or not) and
+    rotated, the rotated key and the value straight into their cache rows at pos."""
+    nq, nk = heads * hd, kv * hd
+    parts = (GemmPart("wq", Dst("q"), nq, bias="bq" if bias else None), GemmPart("wk", Dst("k"), nk,
+                                                                                  bias="bk" if bias else None),
+             GemmPart("wv", Dst("vc", row="pos", pitch=nk), nk))
+    sides = (RopeSide("q", Dst("qr"), heads, norm=("qn", 1e-6) if norm else None),
+             RopeSide("k", Dst("kc", row="pos", pitch=nk), kv, norm=("kn", 1e-6) if norm else None))
+    f = Fold(GemmParts("x", fmt, k, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, hd, rot))
+    ang = g.uniform(0, 6.28, (L, rot // 2))
+    arrays = {"x": r32(g, m, k), "q": np.zeros(m * nq, np.float32), "k": np.zeros(m * nk, np.float32),
+              "qr": np.zeros(m * nq, np.float32), "kc": r32(g, L, nk), "vc": r32(g, L, nk),
+              "pos": np.array([pos], np.int32)}
+    weights = {"wq": (encode(r32(g, nq, k), fmt), fmt), "wk": (encode(r32(g, nk, k), fmt), fmt),
+               "wv": (encode(r32(g, nk, k), fmt), fmt), "bq": (r32(g, nq), "f32"), "bk": (r32(g, nk), "f32"),
+               "qn": (r32(g, hd), "f32"), "kn": (r32(g, hd), "f32"), "cos": (np.cos(ang).astype(np.float32), "f32"),
+               "sin": (np.sin(ang).astype(np.float32), "f32")}
+    return f, arrays, weights
+
+
+def _again(f, dev, arrays, host_names=("qr", "kc")):
+    """A second launch on zeroed results: the arrival counters were left zero, so every head's epilogue runs again."""
+    want = {n: dev.host(n).copy() for n in host_names}
+    for n in host_names:
+        dev.array(n)[...] = 0
+    f.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for n in host_names:
+        np.testing.assert_array_equal(dev.host(n), want[n], err_msg=f"{n} on a second launch")
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("m", [1, 5, 17])
+@pytest.mark.parametrize("heads,kv,hd,rot", [(8, 2, 64, 64), (16, 4, 128, 128), (4, 1, 256, 256), (4, 2, 64, 32),
+                                             (5, 1, 12, 8)])
+@pytest.mark.parametrize("norm,pw,bias", [(True, 1, False), (False, 4, True), (True, 4, False)])
+def test_fold_products_then_head_epilogue(fmt, m, heads, kv, hd, rot, norm, pw, bias):
+    g = np.random.default_rng(m * hd + heads + pw)
+    k, L, pos = (1024 if hd != 12 else 129), 64, 37
+    f, arrays, weights = _qkv(g, fmt, m, k, heads, kv, hd, rot, norm, pw, bias, L, pos)
+    assert f.fused, f.form()
+    dev = both(f, arrays, weights, tol=2e-4, placed=(m == 5))
+    _again(f, dev, arrays)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f32"])
+@pytest.mark.parametrize("m,hd", [(1, 128), (5, 64), (3, 256)])
+def test_fold_one_product_then_head_epilogue(fmt, m, hd):
+    g = np.random.default_rng(hd + m)
+    heads, k, L, pos = 4, 512, 16, 3
+    n = heads * hd
+    ang = g.uniform(0, 6.28, (L, hd // 2))
+    f = Fold(Gemv("x", "w", fmt, Dst("o"), k, n, m, bias="b", per_warp=4),
+             Rope("o", "cos", "sin", "pos", Dst("kc", row="pos", pitch=n), m, heads, hd, hd, norm=("nw", 1e-6)))
+    assert f.fused, f.form()
+    arrays = {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32), "kc": np.zeros(L * n, np.float32),
+              "pos": np.array([pos], np.int32)}
+    weights = {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32"), "nw": (r32(g, hd), "f32"),
+               "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
+    dev = both(f, arrays, weights, tol=2e-4)
+    _again(f, dev, arrays, ("kc",))
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("rows,cols,heads,scale", [(1, 7, 1, None), (3, 1000, 1, 1.5), (2, 4096, 1, 64.0 ** 0.5),
+                                                   (5, 256, 4, None)])
+def test_fold_gather_then_norm(fmt, rows, cols, heads, scale):
+    g = np.random.default_rng(cols + rows)
+    V = 50
+    f = Fold(Gather("E", "t", "e", cols, rows=rows, format=fmt, scale=scale),
+             Norm("e", "nw", "y", rows, cols, 1e-6, heads=heads))
+    assert f.fused, f.form()
+    idx = g.integers(0, V, rows).astype(np.int32)
+    idx[0] = V - 1
+    both(f, {"t": idx, "e": np.zeros(rows * cols, np.float32), "y": np.zeros(rows * cols, np.float32)},
+         {"E": (encode(r32(g, V, cols), fmt), fmt), "nw": (r32(g, cols // heads), "f32")}, placed=(rows == 3))

@@ -4,6 +4,8 @@ through the Env, so an element written where it should not be shows as a changed
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -395,6 +397,113 @@ def test_fold_gemv_then_add_norm():
     o = x.astype(np.float64) @ w.T
     close(env.array("sum"), (res + o).reshape(-1))
     close(env.array("y"), rmsnorm(res + o, nw, 1e-6).reshape(-1), 1e-4)
+
+
+def test_the_lanes_folds_are_each_one_kernel():
+    """Every fold the lane plans for the demo step (the head epilogue of q/k/v in parts, the GEMV-then-norms) runs
+    as one kernel: the decode step's launches are the kernels it runs."""
+    from lanefuse.engine.demo import demo_config
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.plan import plan
+
+    for rows in (1, 5):
+        s = plan(build_step(demo_config(), rows))
+        folds = [x.launch for x in s.launches if isinstance(x.launch, Fold)]
+        assert {f.form()[0] for f in folds} == {"gather_norm", "parts_rope", "gemv_norm"}
+        for f in folds:
+            assert f.fused, (f.form()[1], f.describe())
+            assert f.check() is None
+
+
+def qkv_fold(m=2, hd=8, heads=3, kv=1, norm=True, pw=1, fmt="f32"):
+    """q/k/v of one activation in parts, q and k normed and rotated (k into a cache row), v into its cache row."""
+    parts = (GemmPart("wq", Dst("q"), heads * hd, bias="bq"), GemmPart("wk", Dst("k"), kv * hd),
+             GemmPart("wv", Dst("vc", row="pos", pitch=kv * hd), kv * hd))
+    sides = (RopeSide("q", Dst("qr"), heads, norm=("qn", 1e-6) if norm else None),
+             RopeSide("k", Dst("kc", row="pos", pitch=kv * hd), kv, norm=("kn", 1e-6) if norm else None))
+    return Fold(GemmParts("x", fmt, 24, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, hd, hd))
+
+
+def test_fold_products_then_head_epilogue_is_first_then_then():
+    g = rng(12)
+    m, hd, heads, kv, L, pos = 2, 8, 3, 1, 9, 4
+    f = qkv_fold(m, hd, heads, kv)
+    assert f.fused and f.form()[0] == "parts_rope"
+    (sc,) = f.scratch()
+    assert sc.counter and sc.nbytes == 4 * (heads + kv) * 1  # a counter a rotated head and a slab of rows
+    assert f.grid_block() == f.first.grid_block()
+    ang = g.uniform(0, 6.28, (L, hd // 2))
+    arrays = lambda: {"x": r32(g, m, 24), "q": np.zeros(m * heads * hd, np.float32),  # noqa: E731
+                      "k": np.zeros(m * kv * hd, np.float32), "qr": np.zeros(m * heads * hd, np.float32),
+                      "kc": np.zeros(L * kv * hd, np.float32), "vc": np.zeros(L * kv * hd, np.float32),
+                      "pos": np.array([pos], np.int32)}
+    weights = {"wq": (r32(g, heads * hd, 24), "f32"), "wk": (r32(g, kv * hd, 24), "f32"),
+               "wv": (r32(g, kv * hd, 24), "f32"), "bq": (r32(g, heads * hd), "f32"), "qn": (r32(g, hd), "f32"),
+               "kn": (r32(g, hd), "f32"), "cos": (np.cos(ang).astype(np.float32), "f32"),
+               "sin": (np.sin(ang).astype(np.float32), "f32")}
+    a = arrays()
+    one, two = HostEnv({k: v.copy() for k, v in a.items()}, weights), HostEnv(a, weights)
+    f.numpy(one)
+    f.first.numpy(two)
+    f.then.numpy(two)
+    for name in a:
+        assert np.array_equal(one.array(name), two.array(name)), name
+    q = a["x"].astype(np.float64) @ weights["wq"][0].T.astype(np.float64) + weights["bq"][0]
+    close(one.array("q"), q.reshape(-1), 1e-4)
+    qh = q.reshape(m, heads, hd)
+    qh = qh / np.sqrt(np.mean(qh * qh, -1, keepdims=True) + 1e-6) * weights["qn"][0]
+    c = np.cos(ang)[pos:pos + m][:, None, :]
+    sn = np.sin(ang)[pos:pos + m][:, None, :]
+    h = hd // 2
+    want = np.concatenate([qh[..., :h] * c - qh[..., h:] * sn, qh[..., h:] * c + qh[..., :h] * sn], -1)
+    close(one.array("qr").reshape(m, heads, hd), want, 1e-4)
+
+
+def test_folds_that_stay_two_kernels_say_why():
+    f = qkv_fold()
+    gp, rp = f.first, f.then
+    cases = {
+        "not exactly one product": replace(f, then=replace(rp, sides=(replace(rp.sides[0], x="other"),))),
+        "rows": replace(f, then=replace(rp, rows=3)),
+        "which the products write": replace(f, then=replace(rp, sides=(replace(rp.sides[0], y=Dst("k")),))),
+        "split 2 ways": Fold(Gemv("x", "wq", "f32", Dst("q"), 24, 24, 2, split=2),
+                             Rope("q", "cos", "sin", "pos", Dst("qr"), 2, 3, 8, 8)),
+        "not the gathered": Fold(Gather("E", "t", "e", 8), Norm("other", "nw", "y", 1, 8, 1e-6)),
+        "no kernel runs a gemv_glu then a norm": Fold(GemvGlu("x", "wg", "wu", "f32", "o", 4, 8, 1),
+                                                      Norm("o", "nw", "y", 1, 8, 1e-6)),
+    }
+    for why, fold in cases.items():
+        form, reason = fold.form()
+        assert form is None and not fold.fused and why in reason, (why, reason)
+        assert all(s.tag.startswith(("first.", "then.")) for s in fold.scratch())
+    # a v part rotated too, written as a part of every row of one wide tensor next to q: still one kernel
+    W = 24 + 8
+    wide = replace(f, first=replace(gp, parts=(replace(gp.parts[0], y=Dst("qk", unit=Part(W, 0, 24))),
+                                               replace(gp.parts[1], y=Dst("qk", unit=Part(W, 24, 8))), gp.parts[2])),
+                   then=replace(rp, sides=(replace(rp.sides[0], x="qk", part=Part(W, 0, 24)),
+                                           replace(rp.sides[1], x="qk", part=Part(W, 24, 8)))))
+    assert wide.fused, wide.form()
+    overlap = replace(wide, first=replace(wide.first, parts=(wide.first.parts[0],
+                                                             replace(gp.parts[1], y=Dst("qk", unit=Part(W, 20, 8))),
+                                                             gp.parts[2])))
+    assert not overlap.fused and "overlapping" in overlap.form()[1]
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+def test_fold_gather_then_norm(fmt):
+    g = rng(13)
+    V, cols, rows = 11, 40, 3
+    table = r32(g, V, cols)
+    nw = r32(g, cols)
+    f = Fold(Gather("E", "t", "e", cols, rows=rows, format=fmt, scale=1.5), Norm("e", "nw", "y", rows, cols, 1e-6))
+    assert f.fused and f.form()[0] == "gather_norm" and f.scratch() == ()
+    assert f.grid_block() == ((rows, 1, 1), (64, 1, 1))
+    env = HostEnv({"t": np.array([10, 0, 4], np.int32), "e": np.zeros(rows * cols, np.float32),
+                   "y": np.zeros(rows * cols, np.float32)}, {"E": (encode(table, fmt), fmt), "nw": (nw, "f32")})
+    f.numpy(env)
+    e = decode(encode(table, fmt), fmt)[[10, 0, 4]] * 1.5
+    close(env.array("e"), e.reshape(-1))
+    close(env.array("y"), rmsnorm(e, nw, 1e-6).reshape(-1), 1e-4)
 
 
 def test_view_runs_nothing_and_quant_refuses():
