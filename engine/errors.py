@@ -7,3 +7,11 @@ class UserError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
         self.code = code
+
+
+def did_you_mean(name: str, known) -> str:
+    """` (did you mean `x`?)` for the nearest known name, or nothing."""
+    import difflib
+
+    m = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    return f" (did you mean `{m[0]}`?)" if m else ""

@@ -13,6 +13,13 @@ FORMATS = ("f32", "f16", "bf16")  # checkpoint row formats; the GGUF block forma
 ATTR_TYPES = (int, float, str, bool)
 
 
+def numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 @dataclass(frozen=True)
 class Tensor:
     name: str
@@ -21,10 +28,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return numel(self.shape)
 
 
 @dataclass(frozen=True)
@@ -46,10 +50,7 @@ class Constant:
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return numel(self.shape)
 
 
 @dataclass(frozen=True)

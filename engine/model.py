@@ -72,7 +72,7 @@ def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
     `pos` names; the logits and next token of the last row."""
     if not 1 <= rows <= MAX_CHUNK:
         raise ValueError(f"a step of {rows} rows (1..{MAX_CHUNK})")
-    d, h, kv, hd, L = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
+    h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
     caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
     g = Graph(io=StepIO(caches=caches))
     g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}

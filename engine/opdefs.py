@@ -4,11 +4,10 @@ their inputs by these names."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 
 Shape = tuple[int, ...]
 
@@ -64,8 +63,7 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
 def opdef(kind: str) -> OpDef:
     d = OPS.get(kind)
     if d is None:
-        near = difflib.get_close_matches(kind, OPS, n=1)
-        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        hint = did_you_mean(kind, OPS)
         raise UserError(f"unknown op kind `{kind}`{hint}; known: {', '.join(sorted(OPS))}")
     return d
 
@@ -200,8 +198,7 @@ def check_attrs(op) -> dict[str, Any]:
             raise UserError(f"op `{op.kind}` -> `{op.out}`: attribute `{k}` is {v!r}, expected {t.__name__}")
     for k in a:
         if k not in d.attrs:
-            near = difflib.get_close_matches(k, d.attrs, n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(k, d.attrs)
             raise UserError(f"op `{op.kind}` -> `{op.out}`: unknown attribute `{k}`{hint}")
     return a
 

@@ -4,7 +4,6 @@ alternative kinds, and per producing rule where a pattern names a fused class) f
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.guards import GUARDS
 from lanefuse.engine.opdefs import OPS
 from lanefuse.engine.pattern import Arg, Item, PatternError, parse_call, parse_item
@@ -25,9 +24,6 @@ MAX_VARIANTS = 512  # a rule whose alternatives expand past this is refused (spl
 _TYPES = {int: "i64", float: "f64", str: "String", bool: "i64"}
 
 
-def _near(name: str, known) -> str:
-    m = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean `{m[0]}`?)" if m else ""
 
 
 # -- YAML with line numbers -----------------------------------------------------------------------------------------
@@ -136,7 +132,7 @@ class RuleTable:
     def rule(self, name: str) -> Rule:
         r = self.by_name.get(name)
         if r is None:
-            raise UserError(f"unknown rule `{name}`{_near(name, self.by_name)}; known: {', '.join(self.names)}")
+            raise UserError(f"unknown rule `{name}`{did_you_mean(name, self.by_name)}; known: {', '.join(self.names)}")
         return r
 
     @property
@@ -250,13 +246,13 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
     at = f"{fname}:{line}" + (f" (rule `{name}`)" if name else "")
     for k in e:
         if k not in RULE_KEYS:
-            raise UserError(f"{at}: unknown key `{k}`{_near(str(k), RULE_KEYS)}; a rule has {', '.join(RULE_KEYS)}")
+            raise UserError(f"{at}: unknown key `{k}`{did_you_mean(str(k), RULE_KEYS)}; a rule has {', '.join(RULE_KEYS)}")
     for k in ("name", "class", "match"):
         if k not in e:
             raise UserError(f"{at}: missing `{k}:`")
     cls = str(e["class"])
     if cls not in classes:
-        raise UserError(f"{at}: unknown class `{cls}`{_near(cls, classes)}; the classes are listed in "
+        raise UserError(f"{at}: unknown class `{cls}`{did_you_mean(cls, classes)}; the classes are listed in "
                         f"rules/classes.yaml")
     match = e["match"]
     if not isinstance(match, dict) or not [k for k in match if k != "__line__"]:
@@ -276,10 +272,10 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
     keeps = tuple(str(k) for k in (e.get("keeps") or []))
     for v in (out,) + keeps:
         if v not in vars_:
-            raise UserError(f"{at}: output `{v}` is not a pattern variable{_near(v, vars_)} ({', '.join(vars_)})")
+            raise UserError(f"{at}: output `{v}` is not a pattern variable{did_you_mean(v, vars_)} ({', '.join(vars_)})")
     absorb = e.get("absorb")
     if absorb is not None and absorb not in vars_:
-        raise UserError(f"{at}: absorb `{absorb}` is not a pattern variable{_near(str(absorb), vars_)}")
+        raise UserError(f"{at}: absorb `{absorb}` is not a pattern variable{did_you_mean(str(absorb), vars_)}")
     if absorb is not None and (absorb in (out,) + keeps):
         raise UserError(f"{at}: absorb `{absorb}` cannot also be an output")
     guards = []
@@ -292,7 +288,7 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
             raise UserError(f"{at}: {err}{hint}") from None
         spec = GUARDS.get(gname)
         if spec is None:
-            raise UserError(f"{at}: unknown guard `{gname}`{_near(gname, GUARDS)}; known: {', '.join(GUARDS)}")
+            raise UserError(f"{at}: unknown guard `{gname}`{did_you_mean(gname, GUARDS)}; known: {', '.join(GUARDS)}")
         want = spec.args
         ok = len(gargs) == len(want) or (want[-1] == "..." and len(gargs) >= len(want) - 1)
         if not ok:
@@ -329,7 +325,7 @@ def _expand_all(table: RuleTable) -> None:
                 if k not in table.classes:
                     known = list(OPS) + [c for c in by_class]
                     raise UserError(f"{r.file}:{r.line} (rule `{r.name}`): match `{it.var}`: unknown op or class "
-                                    f"`{k}`{_near(k, known)}")
+                                    f"`{k}`{did_you_mean(k, known)}")
                 if k not in by_class:
                     raise UserError(f"{r.file}:{r.line} (rule `{r.name}`): match `{it.var}` names class `{k}`, which "
                                     f"no rule makes")
@@ -383,7 +379,7 @@ def _lifted_atom(it: Item, kind: str, ctx: _Ctx) -> tuple[Atom, list[list[Arg]]]
         given[names[i]] = a
     for k, a in it.kw:
         if k not in names:
-            raise UserError(f"{at}: `{kind}` has no input or attribute `{k}`{_near(k, names)} "
+            raise UserError(f"{at}: `{kind}` has no input or attribute `{k}`{did_you_mean(k, names)} "
                             f"(inputs {', '.join(d.ins)}; attributes {', '.join(d.attrs) or 'none'})")
         if k in given:
             raise UserError(f"{at}: `{k}` given twice")
@@ -435,7 +431,7 @@ def _class_atoms(it: Item, cls: str, table: RuleTable, by_class, ctx: _Ctx) -> l
     if not out:
         bad = [k for k, _ in it.kw if k not in params_seen]
         raise UserError(f"{at}: no rule making `{cls}` has the variable(s) {', '.join(f'`{b}`' for b in bad)}"
-                        f"{_near(bad[0], params_seen) if bad else ''}; its rules bind {', '.join(sorted(params_seen))}")
+                        f"{did_you_mean(bad[0], params_seen) if bad else ''}; its rules bind {', '.join(sorted(params_seen))}")
     return out
 
 
@@ -500,7 +496,7 @@ def _variant(rule: Rule, combo, ctx: _Ctx, ctor: str) -> Variant:
         for a in gargs:
             if a.var is not None and a.var not in ctx.types:
                 raise UserError(f"{at}: guard `{g}` names `{a.var}`, which no pattern binds"
-                                f"{_near(a.var, ctx.types)}")
+                                f"{did_you_mean(a.var, ctx.types)}")
             spec = GUARDS[g].args
     orders = [o for _, o, _ in combo]
     queries = []

@@ -4,12 +4,11 @@ constant the step declares)."""
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 import numpy as np
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.weights import Weights
 
@@ -48,8 +47,7 @@ def step_weights(g: Graph, base: str | Path = ".") -> Weights:
         raise UserError(f"`weights: {spec}` must name one of {', '.join(KINDS)}")
     (kind, value), = spec.items()
     if kind not in KINDS:
-        near = difflib.get_close_matches(str(kind), KINDS, n=1)
-        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        hint = did_you_mean(str(kind), KINDS)
         raise UserError(f"unknown weights source `{kind}`{hint}; expected one of {', '.join(KINDS)}")
     if kind == "demo":
         from lanefuse.engine.demo import demo_model

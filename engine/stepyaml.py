@@ -4,13 +4,12 @@ cite the file, line and op. A `weights:` entry (demo / checkpoint / random) says
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any
 
 import yaml
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Access, Constant, Dst, Graph, Op, RowSel, StepIO, Tensor, attrs_of
 from lanefuse.engine.opdefs import OPS, infer
 
@@ -213,9 +212,6 @@ class _Where:
         return self.at(self.ops[i] if i < len(self.ops) else None)
 
 
-def _near(word: str, options) -> str:
-    m = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean `{m[0]}`?)" if m else ""
 
 
 def _int(v: Any, what: str) -> int:
@@ -247,7 +243,7 @@ def _parse_op(d: Any, where: str) -> Op:
         raise UserError(f"{where}: an op needs `op: KIND` and `out: NAME`")
     me = f"{where}: op `{kind}` -> `{out}`"
     if kind != "fused" and kind not in OPS:
-        raise UserError(f"{me}: unknown op kind{_near(kind, OPS)}; known: {', '.join(sorted(OPS))}, fused")
+        raise UserError(f"{me}: unknown op kind{did_you_mean(kind, OPS)}; known: {', '.join(sorted(OPS))}, fused")
     ins = d.get("ins", [])
     if not isinstance(ins, list) or not all(isinstance(i, str) for i in ins):
         raise UserError(f"{me}: `ins` must be a list of tensor names")
@@ -257,7 +253,7 @@ def _parse_op(d: Any, where: str) -> Op:
         if k in OP_KEYS:
             continue
         if kind in OPS and k not in known:
-            raise UserError(f"{me}: unknown key `{k}`{_near(k, list(OP_KEYS) + list(known))}")
+            raise UserError(f"{me}: unknown key `{k}`{did_you_mean(k, list(OP_KEYS) + list(known))}")
         if known.get(k) is float and isinstance(v, str):
             try:
                 v = float(v)  # YAML 1.1 reads `1e-6` (no dot) as a string
@@ -310,7 +306,7 @@ def from_yaml(text: str, source: str = "<file>") -> Graph:
         raise UserError(f"{source}: a step YAML is a mapping with {', '.join(TOP_KEYS)}")
     for k in doc:
         if k not in TOP_KEYS:
-            raise UserError(f"{w.key(str(k))}: unknown key `{k}`{_near(str(k), TOP_KEYS)}")
+            raise UserError(f"{w.key(str(k))}: unknown key `{k}`{did_you_mean(str(k), TOP_KEYS)}")
     for k in ("io", "ops"):
         if k not in doc:
             raise UserError(f"{source}: missing `{k}`")
@@ -328,7 +324,7 @@ def from_yaml(text: str, source: str = "<file>") -> Graph:
         raise UserError(f"{w.key('io')}: `io` must be a mapping of {', '.join(IO_KEYS)}")
     for k in io:
         if k not in IO_KEYS:
-            raise UserError(f"{w.key('io')}: unknown io key `{k}`{_near(str(k), IO_KEYS)}")
+            raise UserError(f"{w.key('io')}: unknown io key `{k}`{did_you_mean(str(k), IO_KEYS)}")
     caches = io.get("caches") or []
     if not isinstance(caches, list) or not all(isinstance(c, list) and len(c) == 2 for c in caches):
         raise UserError(f"{w.key('io')}: io `caches` must be a list of [key table, value table] pairs")
@@ -345,7 +341,7 @@ def from_yaml(text: str, source: str = "<file>") -> Graph:
             raise UserError(f"{at}: expected {{shape: [...], kind, format, transposed, source}}")
         for k in c:
             if k not in CONST_KEYS:
-                raise UserError(f"{at}: unknown key `{k}`{_near(str(k), CONST_KEYS)}")
+                raise UserError(f"{at}: unknown key `{k}`{did_you_mean(str(k), CONST_KEYS)}")
         if not isinstance(c["shape"], list):
             raise UserError(f"{at}: `shape` must be a list of sizes")
         shape = tuple(_int(x, f"{at}: shape") for x in c["shape"])

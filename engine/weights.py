@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 
 ST_FORMATS = {"F32": ("f32", np.float32), "F16": ("f16", np.float16), "BF16": ("bf16", np.uint16)}
 GENERATED = ("rope.cos", "rope.sin")
@@ -223,8 +223,5 @@ class Weights:
 
     def _known(self, name: str) -> None:
         if name not in self.store.names():
-            import difflib
-
-            near = difflib.get_close_matches(name, self.store.names(), n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(name, self.store.names())
             raise UserError(f"no weight `{name}`{hint}")

@@ -16,7 +16,6 @@ which is what `lanefuse plan --spec FILE` replays.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 import threading
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lanefuse.engine.cost_default import Refusal
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.optimize import Session
 from lanefuse.lane.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
@@ -69,9 +68,6 @@ class _Config:
     forced: dict[str, int] = field(default_factory=dict)  # tensor -> the explorer's stable alternative index
 
 
-def _near(name: str, known) -> str:
-    near = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean `{near[0]}`?)" if near else ""
 
 
 def _engine_thread(fn):
@@ -187,14 +183,14 @@ class Explorer:
         if name in STEPS or name in self.table.by_name:
             return
         known = self.rule_names()
-        raise UserError(f"no rule or schedule step `{name}`{_near(name, known)}; known: {', '.join(known)}")
+        raise UserError(f"no rule or schedule step `{name}`{did_you_mean(name, known)}; known: {', '.join(known)}")
 
     def _tensor(self, t: str) -> Op:
         op = self.producer.get(t)
         if op is None:
             if t in self.g.constants or t in self.g.io.inputs or t in self.g.tensors:
                 raise UserError(f"`{t}` is a step input or constant: nothing computes it, so it has no alternatives")
-            raise UserError(f"no tensor `{t}` in the step graph{_near(t, self.producer)}")
+            raise UserError(f"no tensor `{t}` in the step graph{did_you_mean(t, self.producer)}")
         return op
 
     # ---- the engine ------------------------------------------------------------------------------------------------

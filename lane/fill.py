@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.kernels.common import Dst, Part
 
 _CALL = re.compile(r"^([a-z_][a-z0-9_]*)\((.*)\)$")
@@ -164,10 +164,7 @@ def evaluate(expr: Any, s: Scope) -> Any:
     if m:
         fn = FUNCS.get(m.group(1))
         if fn is None:
-            import difflib
-
-            near = difflib.get_close_matches(m.group(1), FUNCS, n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(m.group(1), FUNCS)
             raise UserError(f"{s.where}: unknown field function `{m.group(1)}`{hint}; known: {', '.join(sorted(FUNCS))}")
         args = [evaluate(a, s) for a in _split_args(m.group(2))]
         return fn(s, *args)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import asdict, dataclass, fields, replace
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -29,8 +28,7 @@ KNOB_NAMES = tuple(f.name for f in fields(Knobs))
 def set_knob(k: Knobs, name: str, value) -> Knobs:
     types = {f.name: f.type for f in fields(Knobs)}
     if name not in types:
-        near = difflib.get_close_matches(name, KNOB_NAMES, n=1)
-        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        hint = did_you_mean(name, KNOB_NAMES)
         raise UserError(f"unknown knob `{name}`{hint}; knobs: {', '.join(KNOB_NAMES)}")
     conv = float if types[name] in (float, "float") else int
     try:

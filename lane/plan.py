@@ -3,10 +3,9 @@ linked to its launches, the schedule's settings, the buffers and the arena."""
 
 from __future__ import annotations
 
-import difflib
 import time
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph
 from lanefuse.lane.buffers import aliases, arena_for, buffers, counters
 from lanefuse.lane.knobs import Knobs
@@ -28,8 +27,7 @@ def split_held(held, table) -> tuple[frozenset[str], frozenset[str]]:
         elif h in table.by_name:
             rules.add(h)
         else:
-            near = difflib.get_close_matches(h, known, n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(h, known)
             raise UserError(f"--hold {h}: no rule or schedule step of that name{hint}; known: "
                             f"{', '.join(sorted(known))}")
     return frozenset(rules), frozenset(steps)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 
 KEYS = {"lane": str, "numerics": str, "held": list, "knobs": dict, "forced": dict, "model": str}
 
@@ -27,10 +27,7 @@ def load_spec(path: str) -> dict:
     out = {}
     for k, v in doc.items():
         if k not in KEYS:
-            import difflib
-
-            near = difflib.get_close_matches(str(k), KEYS, n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(str(k), KEYS)
             raise UserError(f"{path}: unknown key `{k}`{hint}; a plan file has {', '.join(KEYS)}")
         if v is None:
             continue

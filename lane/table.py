@@ -4,7 +4,6 @@ a reason. A table may start from another (`base:`) and change some entries."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.opdefs import OPS
 from lanefuse.kernels import KINDS
 from lanefuse.lane.fill import check_expr
@@ -88,8 +87,7 @@ def _choice(e: Any, where: str) -> Choice:
         raise UserError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     launch = e.get("launch")
     if launch is not None and launch not in KINDS:
-        near = difflib.get_close_matches(str(launch), KINDS, n=1)
-        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        hint = did_you_mean(str(launch), KINDS)
         raise UserError(f"{where}: unknown launch kind `{launch}`{hint}; kinds: {', '.join(sorted(KINDS))}")
     fields = e.get("fields") or {}
     _check_fields(fields, launch, where)
@@ -106,8 +104,7 @@ def _check_fields(fields: dict, launch: str | None, where: str) -> None:
     names = {f.name for f in dataclasses.fields(KINDS[launch])}
     for k, v in fields.items():
         if k not in names:
-            near = difflib.get_close_matches(k, names, n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(k, names)
             raise UserError(f"{where}: launch `{launch}` has no field `{k}`{hint}")
         if isinstance(v, dict) and "launch" in v:
             _choice(v, f"{where}.{k}")
@@ -118,8 +115,7 @@ def _check_fields(fields: dict, launch: str | None, where: str) -> None:
 def load_lane(name: str = "cuda", extra=()) -> LaneTable:
     lanes = known_lanes(extra)
     if name not in lanes:
-        near = difflib.get_close_matches(name, lanes, n=1)
-        hint = f" (did you mean `{near[0]}`?)" if near else ""
+        hint = did_you_mean(name, lanes)
         raise UserError(f"unknown lane `{name}`{hint}; lanes: {', '.join(sorted(lanes))}")
     return _load(lanes[name], lanes, set())
 
@@ -145,8 +141,7 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
     for kind, entries in (doc.get("ops") or {}).items():
         where = f"{path.name}: ops.{kind}"
         if kind not in OPS:
-            near = difflib.get_close_matches(kind, OPS, n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(kind, OPS)
             raise UserError(f"{where}: unknown op kind `{kind}`{hint}")
         entries = entries if isinstance(entries, list) else [entries]
         ops[kind] = [_choice(e, where) for e in entries]
@@ -155,8 +150,7 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
     for cls, e in (doc.get("classes") or {}).items():
         where = f"{path.name}: classes.{cls}"
         if cls not in known:
-            near = difflib.get_close_matches(cls, known, n=1)
-            hint = f" (did you mean `{near[0]}`?)" if near else ""
+            hint = did_you_mean(cls, known)
             raise UserError(f"{where}: unknown class `{cls}`{hint} (the classes are listed in rules/classes.yaml)")
         if not isinstance(e, dict) or e.get("support") not in SUPPORTS:
             raise UserError(f"{where}: `support:` must be one of {', '.join(SUPPORTS)}")
