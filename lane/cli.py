@@ -94,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as e:  # a bug of lanefuse's, not the user's: one line, the traceback on request
+        import os
+
+        if os.environ.get("LANEFUSE_DEBUG", "0") not in ("", "0"):
+            raise
+        print(f"lanefuse: internal error: {type(e).__name__}: {e} (LANEFUSE_DEBUG=1 shows the traceback; "
+              f"please report it)", file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

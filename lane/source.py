@@ -41,7 +41,7 @@ def open_model(model: str | None, progress: bool = False) -> Source:
     if os.path.isdir(model):
         from lanefuse.engine.front import load_model
 
-        cfg, weights = load_model(model, progress=progress)
+        cfg, weights = load_model(model)  # its progress bar shows where stderr is a terminal
         return Source(os.path.basename(os.path.normpath(model)), cfg, weights, path=model)
     if model.endswith((".yaml", ".yml")):
         from lanefuse.engine.stepweights import step_weights
