@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 INF = math.inf
 
@@ -31,24 +32,59 @@ class NoPlan(Exception):
         self.classes = classes
 
 
-def needed_classes(p: Problem) -> set[int]:
-    """Dominator tightening: a root is needed, and so is every class all usable nodes of a needed class read."""
-    need = set(p.roots)
-    stack = list(p.roots)
-    while stack:
-        c = stack.pop()
-        if c in p.forced:
-            common = set(p.children[p.forced[c]])
-        else:
-            usable = [n for n in p.classes[c] if p.cost[n] < INF]
-            if not usable:
-                raise NoPlan([c])
-            common = set(p.children[usable[0]])
-            for n in usable[1:]:
-                common &= set(p.children[n])
-        for d in common - need:
-            need.add(d)
-            stack.append(d)
+def _usable(p: Problem, c: int) -> list[int]:
+    if c in p.forced:
+        return [p.forced[c]] if p.cost[p.forced[c]] < INF else []
+    return [n for n in p.classes.get(c, ()) if p.cost[n] < INF]
+
+
+def requirements(p: Problem) -> dict[int, int]:
+    """class -> the classes (a bitset: bit d) live whenever it is live: itself, and what every usable node of it
+    requires through its children. Children are visited first; a child still being visited (a cycle) counts as
+    itself only, so every set is a valid under-estimate on cyclic e-graphs too."""
+    req: dict[int, int] = {}
+    state: dict[int, int] = {}  # 1: being visited, 2: done
+    for r in sorted(p.classes):
+        if r in state:
+            continue
+        state[r] = 1
+        stack = [(r, iter([d for n in _usable(p, r) for d in p.children[n]]))]
+        while stack:
+            c, it = stack[-1]
+            d = next(it, None)
+            if d is not None:
+                if d not in state:
+                    state[d] = 1
+                    stack.append((d, iter([e for n in _usable(p, d) for e in p.children[n]])))
+                continue
+            stack.pop()
+            acc = None
+            for n in _usable(p, c):
+                o = 0
+                for d in p.children[n]:
+                    o |= req[d] if state.get(d) == 2 else 1 << d
+                acc = o if acc is None else acc & o
+            req[c] = 1 << c | (acc or 0)
+            state[c] = 2
+    return req
+
+
+def needed_classes(p: Problem, live: set[int] | None = None) -> set[int]:
+    """Dominator tightening: the roots, the forced classes the roots reach, and every class they require (all
+    usable nodes of a required class read it, directly or through what they all require)."""
+    req = requirements(p)
+    live = reachable(p) if live is None else live
+    mask = 0
+    for c in [*p.roots, *(c for c in p.forced if c in live)]:
+        mask |= req[c]
+    need = set()
+    while mask:
+        low = mask & -mask
+        need.add(low.bit_length() - 1)
+        mask ^= low
+    for c in sorted(need):
+        if not _usable(p, c):
+            raise NoPlan([c])
     return need
 
 
@@ -150,6 +186,16 @@ def _highs():
     return h
 
 
+def _objective(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float]]:
+    """The usable nodes of the live classes and their costs as both exact solvers minimise them: scaled to a median
+    of 1, plus a tie-break far below any real difference that prefers the lower rank."""
+    nodes = [n for c in live_cls for n in p.classes[c] if p.cost[n] < INF]
+    finite = [p.cost[n] for n in nodes if p.cost[n] > 0]
+    scale = 1.0 / (sorted(finite)[len(finite) // 2] if finite else 1.0)
+    eps = 1e-7
+    return nodes, [p.cost[n] * scale + eps * i / max(1, len(nodes)) for i, n in enumerate(nodes)]
+
+
 def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None = None) -> dict[int, int]:
     """The optimum. `start` (e.g. the local search's choice) is handed to HiGHS as its first incumbent."""
     import highspy
@@ -157,13 +203,8 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
 
     need = needed_classes(p)
     live_cls = sorted(reachable(p))
-    nodes = [n for c in live_cls for n in p.classes[c] if p.cost[n] < INF]
+    nodes, costs = _objective(p, live_cls)
     col = {n: i for i, n in enumerate(nodes)}
-    finite = [p.cost[n] for n in nodes if p.cost[n] > 0]
-    scale = 1.0 / (sorted(finite)[len(finite) // 2] if finite else 1.0)
-    # a tie-break far below any real difference: prefer the lower rank
-    eps = 1e-7
-    costs = [p.cost[n] * scale + eps * i / max(1, len(nodes)) for i, n in enumerate(nodes)]
     lb = [0.0] * len(nodes)
     for c, n in p.forced.items():
         if n in col:
@@ -219,6 +260,11 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
         lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
         starts, index, value = [0], [], []
         for r in rows:
+            if len(set(r[2])) < len(r[2]):  # a node that reads (or computes inside) its own class: one entry a column
+                merged: dict[int, float] = {}
+                for j, v in zip(r[2], r[3]):
+                    merged[j] = merged.get(j, 0.0) + v
+                r = (r[0], r[1], list(merged), list(merged.values()))
             index += r[2]
             value += r[3]
             starts.append(len(index))
@@ -251,6 +297,156 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
         except _Cycle:
             cyc = _find_cycle(p, choice)
             rows.append((-INF, float(len(cyc) - 1), [col[n] for n in cyc], [1.0] * len(cyc)))
+
+
+# -- exact, by variable elimination ----------------------------------------------------------------------------------
+# A step graph is a chain of layers that touch through a few tensors, so the choice problem has a small tree-width
+# (about 9 at any depth for a Qwen3 step). One binary variable a class not every plan needs: is it computed. Each
+# class gives one table over its own variable and those of the classes its nodes read or compute inside: the
+# cheapest node whose needs the assignment meets (0 when the class is not computed). Eliminating the variables one
+# at a time (fewest neighbours first) finds the minimum of the tables' sum exactly; the ILP's LP relaxation is weak
+# here (bundles paid once serve both sides of a choice), which is what made HiGHS slow.
+MAX_WIDTH = 16  # the widest table (variables) elimination may build before the ILP takes over
+
+
+def solve_exact(p: Problem) -> dict[int, int]:
+    """The optimum of `solve_ilp`'s objective (same scaled costs, same tie-break), by variable elimination; the ILP
+    decides when the elimination would be too wide, when no plan exists (for its error) or on a cyclic plan."""
+    choice = solve_elimination(p)
+    return choice if choice is not None else solve_ilp(p)
+
+
+def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] | None:
+    """The optimum by variable elimination, or None where it cannot tell (too wide, infeasible, cyclic)."""
+    import heapq
+
+    import numpy as np
+
+    live = reachable(p)
+    need = needed_classes(p, live)
+    live_cls = sorted(live)
+    nodes, costs = _objective(p, live_cls)
+    weight = dict(zip(nodes, costs))
+    # each class's usable nodes: (cost, node, classes it needs computed, classes it needs not computed), free only
+    opts: dict[int, list[tuple[float, int, tuple[int, ...], tuple[int, ...]]]] = {}
+    for c in live_cls:
+        lst = []
+        for n in _usable(p, c):
+            inside = set(p.internal[n]) & live if p.internal and p.internal[n] else ()
+            if inside and inside & need:
+                continue
+            on = [d for d in p.children[n] if d not in need]
+            if inside and inside.intersection(on):
+                continue
+            lst.append((weight[n], n, tuple(on), tuple(inside)))
+        if not lst and c in need:
+            return None
+        opts[c] = lst
+    factors: list[tuple[tuple[int, ...], Any] | None] = []
+    of_var: dict[int, set[int]] = {}
+    adj: dict[int, set[int]] = {c: set() for c in live_cls if c not in need}
+    const = 0.0
+    for c in live_cls:
+        lst = opts[c]
+        free = c not in need
+        scope = ([c] if free else []) + sorted({d for _, _, on, off in lst for d in on + off} - {c})
+        k = len(scope)
+        if k > max_width:
+            return None
+        bit = {v: 1 << (k - 1 - j) for j, v in enumerate(scope)}  # axis j of the (2,)*k table
+        rows = []
+        for wn, n, on, off in lst:
+            m_on = sum(bit[d] for d in set(on))
+            m_off = sum(bit[d] for d in set(off))
+            if not m_on & m_off:
+                rows.append((wn, m_on, m_off))
+        own = bit[c] if free else 0
+        t = [INF if a & own == own else 0.0 for a in range(1 << k)]
+        full = (1 << k) - 1
+        for wn, m_on, m_off in rows:  # every assignment that meets the node's needs: the other bits run free
+            m_on |= own
+            rest = full & ~(m_on | m_off)
+            sub = rest
+            while True:
+                a = sub | m_on
+                if wn < t[a]:
+                    t[a] = wn
+                if not sub:
+                    break
+                sub = (sub - 1) & rest
+        if k == 0:
+            const += t[0]
+            continue
+        fid = len(factors)
+        factors.append((tuple(scope), np.array(t).reshape((2,) * k)))
+        for v in scope:
+            of_var.setdefault(v, set()).add(fid)
+            adj[v].update(scope)
+    if const == INF:
+        return None
+    for v in adj:
+        adj[v].discard(v)
+    heap = [(len(nb), v) for v, nb in adj.items()]
+    heapq.heapify(heap)
+    trail = []
+    done: set[int] = set()
+    while heap:
+        deg, v = heapq.heappop(heap)
+        if v in done or deg != len(adj[v]):
+            continue
+        done.add(v)
+        nb = adj.pop(v)
+        if len(nb) + 1 > max_width:
+            return None
+        for u in nb:
+            adj[u].discard(v)
+            adj[u].update(nb - {u})
+            heapq.heappush(heap, (len(adj[u]), u))
+        z = sorted(nb) + [v]
+        axis = {u: i for i, u in enumerate(z)}
+        total = np.zeros((1,) * len(z))
+        for f in sorted(of_var.pop(v, ())):
+            scope, arr = factors[f]
+            factors[f] = None
+            for u in scope:
+                if u != v:
+                    of_var[u].discard(f)
+            perm = sorted(range(len(scope)), key=lambda j: axis[scope[j]])
+            shape = [1] * len(z)
+            for u in scope:
+                shape[axis[u]] = 2
+            total = total + arr.transpose(perm).reshape(shape)
+        trail.append((v, z[:-1], total.argmin(axis=-1)))
+        rest = total.min(axis=-1)
+        if not nb:
+            const += float(rest)
+            continue
+        fid = len(factors)
+        factors.append((tuple(z[:-1]), rest))
+        for u in nb:
+            of_var.setdefault(u, set()).add(fid)
+    if const == INF:
+        return None
+    val: dict[int, int] = {}
+    for v, us, arg in reversed(trail):
+        val[v] = int(arg[tuple(val[u] for u in us)])
+
+    def computed(d):
+        return d in need or val.get(d) == 1
+
+    choice = {}
+    for c in live_cls:
+        if not computed(c):
+            continue
+        fit = [(wn, n) for wn, n, on, off in opts[c]
+               if all(computed(d) for d in on) and not any(computed(d) for d in off)]
+        if not fit:
+            return None
+        choice[c] = min(fit)[1]
+    try:
+        return _closure(p, choice)
+    except _Cycle:
+        return None
 
 
 def _find_cycle(p: Problem, choice: dict[int, int]) -> list[int]:
@@ -402,11 +598,12 @@ def solve_local(p: Problem, start: dict[int, int] | None = None, max_passes: int
     for _ in range(max_passes):
         improved = False
         for bc in sorted(p.bundles):
-            outs = p.bundles[bc]
+            # a forced output keeps its node: the bundle then writes it too, but never takes it over
+            outs = [(oc, pn) for oc, pn in p.bundles[bc] if p.forced.get(oc, pn) == pn]
             for b in p.classes[bc]:
-                if p.cost[b] == INF:
+                if p.cost[b] == INF or p.forced.get(bc, b) != b:
                     continue
-                if try_moves([(bc, b)] + [(oc, pn) for oc, pn in outs]):
+                if try_moves([(bc, b)] + outs):
                     improved = True
         for c in order:
             if c in p.forced or not live(c):

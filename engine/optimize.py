@@ -15,7 +15,7 @@ from typing import Any
 from lanefuse.engine.cost_default import CostFn, Refusal, default_cost
 from lanefuse.engine.egraph import EGraph, ENode, SatReport, Snapshot
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.extract import INF, NoPlan, Problem, solve_ilp, solve_local
+from lanefuse.engine.extract import INF, NoPlan, Problem, solve_exact, solve_local
 from lanefuse.engine.ir import Dst, Graph, Op, RowSel, attrs_of
 from lanefuse.engine.rules import RuleTable, Variant
 
@@ -234,7 +234,7 @@ class Session:
         prob = self._problem(dec, costs, forced or {})
         t0 = time.perf_counter()
         try:
-            choice = solve_ilp(prob) if method == "ilp" else solve_local(prob)
+            choice = solve_exact(prob) if method == "ilp" else solve_local(prob)  # ilp: the exact optimum
         except NoPlan as e:
             raise UserError(self._no_plan(dec, e.classes, refusals, forced)) from None
         times["extract"] = time.perf_counter() - t0

@@ -1,6 +1,7 @@
-"""Extraction against brute force on small random e-graphs: the ILP finds the optimum (shared classes counted once,
-bundles paid once, internals never recomputed), the local search never beats it, forced choices hold; and on the
-step graph no tensor is computed twice."""
+"""Extraction against brute force on small random e-graphs (bundles, forced choices, cycles): the ILP and the
+elimination find the optimum (shared classes counted once, bundles paid once, internals never recomputed), the local
+search never beats it, forced choices hold; on Qwen3 step graphs the elimination picks what the ILP picks; and on
+the step graph no tensor is computed twice."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanefuse.engine.extract import INF, NoPlan, Problem, solve_ilp, solve_local, total_cost
+from lanefuse.engine.extract import (INF, NoPlan, Problem, needed_classes, solve_elimination, solve_exact, solve_ilp,
+                                     solve_local, total_cost)
 
 
 def brute(p: Problem) -> float:
@@ -35,8 +37,9 @@ def brute(p: Problem) -> float:
             stack.extend(p.children[n])
         if not ok:
             continue
-        # acyclic: classes are numbered so children are lower (see the generator), so any choice is acyclic
         if any(d in live for c in live for d in (p.internal[choice[c]] if p.internal else ())):
+            continue
+        if _cyclic(p, choice, live):
             continue
         for c in live:
             if p.forced.get(c, choice[c]) != choice[c]:
@@ -44,6 +47,52 @@ def brute(p: Problem) -> float:
         if ok:
             best = min(best, sum(p.cost[choice[c]] for c in live))
     return best
+
+
+def _cyclic(p: Problem, choice: dict[int, int], live: set[int]) -> bool:
+    state: dict[int, int] = {}
+
+    def visit(c):
+        state[c] = 1
+        for d in p.children[choice[c]]:
+            if state.get(d) == 1 or (d not in state and visit(d)):
+                return True
+        state[c] = 2
+        return False
+
+    return any(c not in state and visit(c) for c in sorted(live))
+
+
+@st.composite
+def rich_problems(draw):
+    """`problems`, and sometimes a multi-output bundle (a class whose outputs are projections into two higher
+    classes), a back edge (a node reading a higher class: cycles) and a forced choice of a class every plan needs."""
+    p = draw(problems())
+    n_cls = len(p.classes)
+    if n_cls >= 5 and draw(st.booleans()):  # class 2 becomes a bundle with outputs in two higher classes
+        outs = sorted(draw(st.lists(st.integers(3, n_cls - 1), min_size=2, max_size=2, unique=True)))
+        p.bundles[2] = []
+        for oc in outs:
+            nid = len(p.node_class)
+            p.node_class.append(oc)
+            p.children.append((2,))
+            p.cost.append(0.0)
+            p.internal.append(())
+            p.classes[oc].append(nid)
+            p.bundles[2].append((oc, nid))
+    if draw(st.booleans()):  # a back edge
+        n = draw(st.sampled_from([n for n in range(len(p.node_class)) if p.node_class[n] >= 2]))
+        up = draw(st.integers(p.node_class[n], n_cls - 1))
+        p.children[n] = tuple(sorted(set(p.children[n]) | {up}))
+    if draw(st.booleans()):
+        try:
+            need = sorted(needed_classes(p))
+        except NoPlan:
+            need = []
+        if need:
+            c = draw(st.sampled_from(need))
+            p.forced = {c: draw(st.sampled_from(p.classes[c]))}
+    return p
 
 
 @st.composite
@@ -83,6 +132,82 @@ def test_ilp_is_optimal_and_local_no_better(p):
     live_ok = all(p.cost[n] < INF for n in loc.values())
     if live_ok:
         assert total_cost(p, loc) >= want - 1e-9
+
+
+@settings(max_examples=300, deadline=None)
+@given(rich_problems())
+def test_exact_solvers_match_brute_force_with_bundles_forces_and_cycles(p):
+    want = brute(p)
+    if want == math.inf:
+        for solve in (solve_ilp, solve_exact):
+            with pytest.raises(NoPlan):
+                solve(p)
+        try:
+            assert solve_elimination(p) is None
+        except NoPlan:
+            pass
+        return
+    for solve in (solve_ilp, solve_exact):
+        got = solve(p)
+        assert total_cost(p, got) == pytest.approx(want)
+        assert all(got[c] == n for c, n in p.forced.items())
+    el = solve_elimination(p)
+    if el is not None:  # None: it could not tell (a cyclic plan), and solve_exact asked the ILP
+        assert total_cost(p, el) == pytest.approx(want)  # (equal rank sums can tie: the two may differ then)
+    try:
+        loc = solve_local(p)
+    except NoPlan:
+        return
+    assert all(loc[c] == n for c, n in p.forced.items() if c in loc)
+    if all(p.cost[n] < INF for n in loc.values()):
+        assert total_cost(p, loc) >= want - 1e-9
+
+
+def test_needed_classes_see_through_bundles():
+    # class 3 (a norm) is either a lifted op over class 2 (an add of class 1) or a projection of bundle 4, which
+    # reads class 1 too: every way to compute 3 needs 1, though no single node of 3 reads it
+    p = Problem(classes={0: [0], 1: [1], 2: [2, 6], 3: [3, 5], 4: [4]}, node_class=[0, 1, 2, 3, 4, 3, 2],
+                children=[(), (0,), (1,), (2,), (1,), (4,), (4,)], cost=[0.0, 1.0, 1.0, 1.0, 1.5, 0.0, 0.0],
+                roots=[3], internal=[()] * 7, bundles={4: [(3, 5), (2, 6)]})
+    assert needed_classes(p) == {0, 1, 3}
+    assert solve_exact(p) == solve_ilp(p) == {0: 0, 1: 1, 3: 5, 4: 4}
+
+
+def test_local_search_bundle_move_keeps_a_forced_output():
+    # bundle 3 writes classes 1 and 2 (cheaper than both on their own); class 1 is forced to its own op
+    p = Problem(classes={0: [0], 1: [1, 4], 2: [2, 5], 3: [3]}, node_class=[0, 1, 2, 3, 1, 2],
+                children=[(), (0,), (0,), (0,), (3,), (3,)], cost=[0.0, 5.0, 5.0, 6.0, 0.0, 0.0],
+                roots=[1, 2], internal=[()] * 6, bundles={3: [(1, 4), (2, 5)]})
+    assert solve_local(p) == {0: 0, 1: 4, 2: 5, 3: 3}
+    p.forced = {1: 1}
+    for solve in (solve_local, solve_exact, solve_ilp):
+        ch = solve(p)
+        assert ch[1] == 1 and total_cost(p, ch) == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 5, 12])
+def test_elimination_matches_ilp_on_qwen3_steps(layers):
+    from lanefuse.engine.cost_default import Refusal, default_cost
+    from lanefuse.engine.model import ModelConfig, build_step
+    from lanefuse.engine.optimize import Session
+    from lanefuse.engine.rules import load_table
+
+    cfg = ModelConfig("Qwen3ForCausalLM", hidden=4096, layers=layers, heads=32, kv_heads=8, head_dim=128,
+                      inter=12288, vocab=151936, qk_norm=True)
+    g = build_step(cfg)
+    s = Session(g, load_table())
+    dec = s._saturated(frozenset())[0]
+    costs = [INF if isinstance(v, Refusal) else float(v)
+             for v in (default_cost(op, g) if op is not None else 0.0 for op in dec.ops)]
+    p = s._problem(dec, costs, {})
+    el = solve_elimination(p)
+    assert el is not None and el == solve_ilp(p)
+    # and under a forced choice: a tensor that every plan computes, forced to its last usable alternative
+    c = next(c for c in sorted(needed_classes(p), reverse=True)
+             if len([n for n in p.classes[c] if p.cost[n] < INF]) > 1)
+    p.forced = {c: [n for n in p.classes[c] if p.cost[n] < INF][-1]}
+    el = solve_elimination(p)
+    assert el is not None and el == solve_ilp(p) and el[c] == p.forced[c]
 
 
 def test_shared_child_counted_once_and_bundle_paid_once():
