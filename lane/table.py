@@ -112,8 +112,20 @@ def _check_fields(fields: dict, launch: str | None, where: str) -> None:
             check_expr(v, f"{where}.{k}")
 
 
+_CACHE: dict = {}
+
+
 def load_lane(name: str = "cuda", extra=()) -> LaneTable:
+    """The lane table `name` (a user folder's `lanes/` may add or override tables); read once per file state."""
     lanes = known_lanes(extra)
+    key = (name, tuple((str(p), p.stat().st_mtime_ns) for p in lanes.values()))
+    if key in _CACHE:
+        return _CACHE[key]
+    _CACHE[key] = _load_named(name, lanes)
+    return _CACHE[key]
+
+
+def _load_named(name: str, lanes: dict[str, Path]) -> LaneTable:
     if name not in lanes:
         hint = did_you_mean(name, lanes)
         raise UserError(f"unknown lane `{name}`{hint}; lanes: {', '.join(sorted(lanes))}")
@@ -125,7 +137,7 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
         raise UserError(f"{path}: the lane tables' `base:` entries form a cycle")
     seen.add(path.stem)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -166,5 +178,5 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
 
 def _known_classes() -> set[str]:
     p = Path(str(resources.files("lanefuse.rules"))) / "classes.yaml"
-    doc = yaml.safe_load(p.read_text(encoding="utf-8")) or []
+    doc = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
     return {e["class"] for e in doc}
