@@ -284,3 +284,50 @@ def test_run_a_step_yaml_equals_the_demo(tmp_path):
     (tmp_path / "bare.yaml").write_text(to_yaml(g))
     r = _cli("run", str(tmp_path / "bare.yaml"), "--tokens", "2")
     assert r.returncode != 0 and "names no weights" in r.stderr and "Traceback" not in r.stderr
+
+
+@st.composite
+def small_models(draw):
+    """A random small dense decoder: architecture, heads and groups, head width, partial rotary, formats."""
+    arch = draw(st.sampled_from(["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]))
+    kv = draw(st.sampled_from([1, 2]))
+    heads = kv * draw(st.sampled_from([1, 2, 3]))
+    hd = draw(st.sampled_from([8, 12, 16, 32]))
+    hidden = draw(st.sampled_from([24, 48, 64]))
+    cfg = ModelConfig(arch, hidden, draw(st.integers(1, 2)), heads, kv, hd, draw(st.sampled_from([32, 40, 96])),
+                      draw(st.sampled_from([50, 97, 128])), qkv_bias=arch == "Qwen2ForCausalLM",
+                      qk_norm=arch == "Qwen3ForCausalLM", partial_rotary=draw(st.sampled_from([1.0, 0.5])),
+                      tie_embeddings=draw(st.booleans()), max_len=32, name="random")
+    fmt = draw(st.sampled_from(["f32", "f16", "bf16"]))
+    fmts = tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2 and "embed" not in n)
+    return dataclasses.replace(cfg, formats=fmts)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=small_models(), rows=st.sampled_from([1, 2, 5]),
+       held=st.sets(st.sampled_from(HOLDABLE), max_size=4), lane=st.sampled_from(["cuda", "conservative"]))
+def test_random_models_shapes_and_held_sets(cfg, rows, held, lane):
+    """Random architectures and shapes, random rows and held rules, both lanes: the plan run in its arena equals the
+    reference interpreter of the lifted graph (the caches too)."""
+    from lanefuse.engine.weights import f32_to_bf16
+
+    arrays = random_arrays(cfg, seed=5)
+    for name, fmt in cfg.formats:
+        arrays[name] = f32_to_bf16(arrays[name]) if fmt == "bf16" else arrays[name].astype(np.float16)
+    w = Weights.from_dict(arrays, cfg)
+    g = build_step(cfg, rows)
+    env = new_caches(cfg)
+    rng = np.random.default_rng(rows)
+    for k in env:
+        env[k][:6] = rng.standard_normal(env[k][:6].shape).astype(np.float32)
+    env["token"] = rng.integers(0, cfg.vocab, rows).astype(np.int32)
+    env["pos"] = np.asarray([6], np.int32)
+    ref_env = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in env.items()}
+    ref = evaluate(g, w, ref_env)
+    s = plan(g, lane=lane, held=sorted(held))
+    check(s.arena)
+    out = NumpyRunner(s, w).step(env, lifted=g)
+    assert int(out["next"][0]) == int(ref["next"][0])
+    assert _rel(out["logits"], ref["logits"]) <= TOL
+    for k in g.io.tables:
+        assert _rel(env[k], ref_env[k]) <= TOL, k
