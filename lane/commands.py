@@ -70,7 +70,10 @@ def cmd_run(args) -> int:
 
     if args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: give at least 1")
-    src = open_model(args.model, progress=_tty())
+    model = args.model
+    if getattr(args, "plan", None):
+        model = _model_of_plan(args.plan, model)
+    src = open_model(model, progress=_tty())
     if src.weights is None:
         raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
                         f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
@@ -91,6 +94,23 @@ def cmd_run(args) -> int:
     if tok is not None:
         print("text:", tok.decode(out["generated_ids"]))
     return 0
+
+
+def _model_of_plan(path: str, model: str | None) -> str | None:
+    """The model a saved plan is run with: the one given, which must be the one the plan was made for, or else the
+    one the plan names."""
+    from lanefuse.lane.planfile import load
+
+    s = load(path)
+    made = s.source.get("path") if s.source.get("kind") == "path" else None
+    if model is None:
+        if s.source.get("kind") not in ("demo", "path"):
+            raise UserError(f"{path}: the plan was made for `{s.model}` without weights behind it; give MODEL")
+        return made
+    name = os.path.basename(os.path.normpath(model)) if model != "demo" else "demo"
+    if s.model and name != s.model and (made is None or os.path.abspath(model) != made):
+        raise UserError(f"{path}: the plan was made for `{s.model}`, not `{name}`")
+    return model
 
 
 def _step_fn(args, src):

@@ -331,3 +331,16 @@ def test_random_models_shapes_and_held_sets(cfg, rows, held, lane):
     assert _rel(out["logits"], ref["logits"]) <= TOL
     for k in g.io.tables:
         assert _rel(env[k], ref_env[k]) <= TOL, k
+
+
+def test_a_saved_plan_runs_its_own_model_only(tmp_path):
+    p = _cli("plan", "--save", str(tmp_path / "plan.json"))
+    assert p.returncode == 0, p.stderr
+    (tmp_path / "other").mkdir()
+    r = _cli("run", str(tmp_path / "other"), "--plan", str(tmp_path / "plan.json"), "--tokens", "2")
+    assert r.returncode != 0 and "the plan was made for `demo`" in r.stderr
+    r = _cli("run", "--plan", str(tmp_path / "nope.json"))
+    assert r.returncode != 0 and "cannot read the plan" in r.stderr
+    (tmp_path / "bad.json").write_text("{not json")
+    r = _cli("run", "--plan", str(tmp_path / "bad.json"))
+    assert r.returncode != 0 and "not a lanefuse plan" in r.stderr and "Traceback" not in r.stderr
