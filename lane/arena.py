@@ -76,16 +76,26 @@ def lower_bound(items: list[Live]) -> int:
 
 def _first_fit(items: list[Live]) -> list[Placed]:
     placed: list[Placed] = []
+    alive: dict[int, list[int]] = {}  # launch -> the placed arrays (indices) live at it: lifetimes are a few launches
+    odd: list[int] = []  # placed arrays with an empty lifetime (first > last), tested against every later one
     for it in items:
         size = aligned(it.bytes)
         # the intervals already taken by arrays alive at the same time, by offset
-        busy = sorted((p.offset, p.offset + aligned(p.bytes)) for p in placed
+        if it.first <= it.last:
+            near = {k for t in range(it.first, it.last + 1) for k in alive.get(t, ())}.union(odd)
+        else:  # an empty lifetime: the plain overlap test, as for any other
+            near = range(len(placed))
+        busy = sorted((p.offset, p.offset + aligned(p.bytes)) for p in map(placed.__getitem__, near)
                       if p.first <= it.last and it.first <= p.last)
         off = 0
         for lo, hi in busy:
             if off + size <= lo:
                 break
             off = max(off, hi)
+        for t in range(it.first, it.last + 1):
+            alive.setdefault(t, []).append(len(placed))
+        if it.first > it.last:
+            odd.append(len(placed))
         placed.append(Placed(it.name, off, it.bytes, it.first, it.last, it.scratch_of))
     return placed
 
