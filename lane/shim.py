@@ -78,19 +78,49 @@ def _sig(g: Graph, name: str, tables: frozenset):
     return ("t", t.shape, t.dtype, name in tables) if t is not None else ("?", name)
 
 
-def _key(op: Op, g: Graph, sigs: dict):
-    """Ops of one shape cost the same (every layer's): the key keeps the structure and shapes, not the names."""
-    names = {}
+_NAME = ("name",)  # where a bound value is a tensor name (a tuple: tuple values never enter a key)
 
-    def n(x):  # a tensor's place in this op (which inputs are the same tensor matters), and its signature
+
+def _shape(o: Op, memo: dict) -> tuple[tuple, list[str]]:
+    """An op's structure without its names, and the names it touches in a fixed order; a part's are kept (the
+    parts of every fused op are the step graph's own ops, shared by every alternative that computes them)."""
+    hit = memo.get(id(o))
+    if hit is not None and hit[0] is o:
+        return hit[1], hit[2]
+    names = []
+    binds = []
+    for a, v in o.binds:
+        if isinstance(v, tuple):
+            continue
+        if isinstance(v, str):
+            names.append(v)
+            v = _NAME
+        binds.append((a, v))
+    names += o.ins
+    names.append(o.out)
+    names += o.keeps
+    parts = []
+    for p in o.parts:
+        ps, pn = _shape(p, memo)
+        parts.append(ps)
+        names += pn
+    struct = (o.kind, o.cls, o.rule, o.attrs, len(o.ins), len(o.keeps), o.dst is not None, tuple(binds),
+              tuple(parts))
+    memo[id(o)] = (o, struct, names)
+    return struct, names
+
+
+def _key(op: Op, g: Graph, sigs: dict):
+    """Ops of one shape cost the same (every layer's): the key keeps the structure and shapes, not the names — each
+    name as its place among the op's distinct names (which inputs are the same tensor matters) and their
+    signatures."""
+    struct, names = _shape(op, sigs.setdefault("\0ops", {}))
+    place: dict[str, int] = {}
+    pattern = tuple([place.setdefault(x, len(place)) for x in names])
+    shapes = []
+    for x in place:
         sg = sigs.get(x)
         if sg is None:
             sg = sigs[x] = _sig(g, x, sigs["\0tables"])
-        return (names.setdefault(x, len(names)), sg)
-
-    def k(o: Op):
-        binds = tuple((a, v if not isinstance(v, str) else n(v)) for a, v in o.binds if not isinstance(v, tuple))
-        return (o.kind, o.cls, o.rule, o.attrs, tuple(n(i) for i in o.ins), n(o.out), tuple(n(x) for x in o.keeps),
-                o.dst is not None, binds, tuple(k(p) for p in o.parts))
-
-    return k(op)
+        shapes.append(sg)
+    return struct, pattern, tuple(shapes)
