@@ -65,7 +65,8 @@ class _Decoded:
         for c in sorted(snap.classes, key=lambda c: (snap.names.get(c, "~"), c)):
             if c in twins:
                 continue
-            for n in sorted(snap.classes[c], key=self._rank_key):
+            ns = snap.classes[c]
+            for n in (sorted(ns, key=self._rank_key) if len(ns) > 1 else ns):
                 if n in twins or (n.fn == "proj" and n.children[0] in twins):
                     continue
                 self.classes.setdefault(c, []).append(len(self.nodes))
@@ -330,7 +331,7 @@ class Session:
         row = pl.parts[-1]  # the row write the placement absorbs
         d = Dst(row.ins[0], RowSel(param=row.ins[2]))
         for k, op in enumerate(ops):
-            if src not in op.outs:
+            if src != op.out and src not in op.keeps:  # `src not in op.outs`, without building the tuple
                 continue
             if not op.fused:
                 ops[k] = Op("fused", tuple(dict.fromkeys(op.ins + (row.ins[0],))), pl.out, dst=d, layer=op.layer,
