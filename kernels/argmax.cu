@@ -1,7 +1,15 @@
-// Arg-max of each row (the first index on ties): grid (blocks, rows), each block the max of its chunk into the block
-// maxima; the last block to arrive (an arrival counter it resets to zero) picks each row's and, on an advance, writes
-// the last row's token into the token buffer and adds `step` to the position.
+// Arg-max of each row as numpy's argmax: the first index on ties, and a NaN is the largest value (the first NaN wins).
+// Grid (blocks, rows), each block the max of its chunk into the block maxima; the last block to arrive (an arrival
+// counter it resets to zero) picks each row's and, on an advance, writes the last row's token into the token buffer
+// and adds `step` to the position.
 #define AB 256
+
+// Whether (v, i) beats (b, bi): NaN above every number, then the larger value, then the smaller index.
+__device__ __forceinline__ bool am_better(float v, i64 i, float b, i64 bi) {
+    bool vn = v != v, bn = b != b;
+    if (vn != bn) return vn;
+    return v > b || ((vn || v == b) && i < bi);
+}
 
 extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int* out, float* bv, int* bi,
                                                              unsigned* counter, i64 n, i64 rows, int* token,
@@ -15,7 +23,7 @@ extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int
     i64 bix = n;
     for (i64 i = a + threadIdx.x; i < b; i += AB) {
         float v = x[r * n + i];
-        if (v > best || (v == best && i < bix)) {
+        if (am_better(v, i, best, bix)) {
             best = v;
             bix = i;
         }
@@ -27,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int
         if (threadIdx.x < o) {
             float v = sv[threadIdx.x + o];
             i64 j = si[threadIdx.x + o];
-            if (v > sv[threadIdx.x] || (v == sv[threadIdx.x] && j < si[threadIdx.x])) {
+            if (am_better(v, j, sv[threadIdx.x], si[threadIdx.x])) {
                 sv[threadIdx.x] = v;
                 si[threadIdx.x] = j;
             }
@@ -49,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int
         for (i64 k = 0; k < nb; k++) {
             float v = __ldcg(bv + rr * nb + k);
             int j = __ldcg(bi + rr * nb + k);
-            if (v > m || (v == m && j < mi)) {
+            if (am_better(v, j, m, mi)) {
                 m = v;
                 mi = j;
             }

@@ -1,4 +1,4 @@
-"""`argmax`: the index of each row's largest value (the first on ties), as i32; with an `advance` (fused_sampling) it
+"""`argmax`: the index of each row's largest value (numpy's: the first on ties, a NaN above every number), as i32; with an `advance` (fused_sampling) it
 also writes the next token into the token buffer the next decode step reads and moves the position on, on the
 device. Block maxima in scratch, the last block to arrive finishing (argmax.cu)."""
 
@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import Launch, Scratch, names
+from lanefuse.kernels.common import MAX_GRID_Y, Launch, Scratch, names
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,13 @@ class ArgMax(Launch):
     def writes(self):
         a = self.advance
         return names(self.out, a.token if a else None, a.position if a else None)
+
+    def check(self):
+        if self.n < 1 or self.rows < 1:
+            return f"an arg-max over {self.rows} rows of {self.n} values"
+        if self.rows > MAX_GRID_Y:
+            return f"an arg-max of {self.rows} rows (a launch takes at most {MAX_GRID_Y}, a block row each)"
+        return None
 
     def scratch(self):
         nb = self.blocks * self.rows

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import MAX_HEAD, Launch, Scratch, names
+from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, names
 
 MAX_PER_BLOCK = 4
 
@@ -85,6 +85,9 @@ class Attention(Launch):
             return f"{self.per_block} heads a block (1..{MAX_PER_BLOCK}, dividing {self.heads} heads)"
         if self.splits < 1:
             return "an attention in no splits"
+        if self.rows > MAX_GRID_Y or self.splits > MAX_GRID_Y:
+            return (f"an attention of {self.rows} rows in {self.splits} splits (a launch takes at most {MAX_GRID_Y} "
+                    "of each: rows and splits are its grid's y and z)")
         return None
 
     def bytes(self):

@@ -12,6 +12,7 @@ GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per 
 MAX_CHUNK = 64  # the largest prefill chunk a lane compiles
 QBLOCK = 32  # values of an activation's quantized form that share one scale
 ALIGN = 256  # every array's alignment in the arena: cudaMalloc's, past every vector load the kernels make
+MAX_GRID_Y = 65535  # the most blocks a launch's grid takes in y (and in z)
 MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel holds; wider is refused
 FORMATS = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value
 FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2}  # the kernels' template argument

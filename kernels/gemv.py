@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, Scratch, decode, names, operand
+from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Dst, Launch, Scratch, decode, names, operand
 
 WARPS = 4  # warps a block
 
@@ -71,6 +71,9 @@ def gemv_check(k: int, n: int, m: int, per_warp: int, split: int) -> str | None:
         return f"{per_warp} outputs a warp (the GEMV takes 1 or 4)"
     if split < 1 or (split > 1 and chunk(k, split) * (split - 1) >= k):
         return f"a split-K of {split} over k {k} leaves a chunk empty"
+    if split > MAX_GRID_Y or -(-m // GEMV_ROWS) > MAX_GRID_Y:
+        return (f"a product of {m} rows split {split} ways (a launch takes at most {MAX_GRID_Y} slabs of "
+                f"{GEMV_ROWS} rows and {MAX_GRID_Y} splits)")
     return None
 
 

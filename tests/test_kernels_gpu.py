@@ -164,6 +164,21 @@ def test_argmax_advance(rows, n):
     assert int(dev.host("pos")[0]) == 9 + 2 * rows and int(dev.host("tok")[0]) == n // 3
 
 
+@pytest.mark.parametrize("n", [5, 4100, 151936])
+def test_argmax_nan_and_infinities(n):
+    """numpy's rules on the device: a NaN above every number (the first NaN wins, across blocks), +inf ties to the
+    first, a row of -inf picks 0."""
+    g = np.random.default_rng(n)
+    x = r32(g, 5, n)
+    x[0, [n - 1, n // 2]] = np.nan
+    x[0, 0] = np.inf
+    x[1] = -np.inf
+    x[2, [n // 3, n - 1]] = np.inf
+    x[3, n - 1] = np.nan
+    x[4, :] = np.nan
+    both(ArgMax("x", "o", n, 5), {"x": x, "o": np.full(5, -1, np.int32)}, {})
+
+
 @pytest.mark.parametrize("fmt", ["f16", "bf16"])
 @pytest.mark.parametrize("per_warp", [1, 4])
 def test_gemv_glu_and_parts(fmt, per_warp):

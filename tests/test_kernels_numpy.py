@@ -345,6 +345,33 @@ def test_argmax_with_ties_and_advance(rows, n):
     assert env.array("tok")[0] == n // 3 and env.array("pos")[0] == 7 + rows
 
 
+def test_argmax_takes_numpys_nan_and_infinity_rules():
+    """The twin is numpy's argmax: a NaN is above every number (the first NaN wins), and a row of -inf picks 0; the
+    kernel's comparison (argmax.cu am_better) is written to agree."""
+    n = 4100
+    x = np.zeros((4, n), np.float32)
+    x[0, 5] = 3.0
+    x[0, [9, 4000]] = np.nan  # NaN beats the larger number before it; the first NaN wins
+    x[1] = -np.inf
+    x[2, [7, 3000]] = np.inf  # +inf ties: the first
+    x[3, 2] = np.nan
+    x[3, 4090] = np.inf
+    env = HostEnv({"x": x, "o": np.zeros(4, np.int32)})
+    ArgMax("x", "o", n, 4).numpy(env)
+    assert list(env.array("o")) == [9, 0, 7, 2] == [int(np.argmax(r)) for r in x]
+
+
+def test_launches_refuse_grids_past_the_limits():
+    """Rows and splits are grid y and z (at most 65535 blocks each): past that a launch refuses, with the reason."""
+    assert "65535" in Attention("q", "k", "v", "pos", "o", 8, 2, 64, 64, 128, 70000, 0.1).check()
+    assert "65535" in Attention("q", "k", "v", "pos", "o", 8, 2, 64, 64, 128, 1, 0.1, splits=70000).check()
+    assert "65535" in ArgMax("x", "o", 10, rows=70000).check()
+    assert ArgMax("x", "o", 0).check() and ArgMax("x", "o", 151936, rows=64).check() is None
+    assert "65535" in Gemv("x", "w", "f32", Dst("y"), 4 * 70000, 8, 1, split=70000).check()
+    assert "65535" in Gemv("x", "w", "f32", Dst("y"), 64, 8, 8 * 65536).check()
+    assert Gemv("x", "w", "f32", Dst("y"), 4096, 8, 64, split=32).check() is None
+
+
 # -- products in parts, the GLU, folds -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])
