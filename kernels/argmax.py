@@ -1,6 +1,6 @@
-"""`argmax`: the index of each row's largest value (numpy's: the first on ties, a NaN above every number), as i32; with an `advance` (fused_sampling) it
-also writes the next token into the token buffer the next decode step reads and moves the position on, on the
-device. Block maxima in scratch, the last block to arrive finishing (argmax.cu)."""
+"""`argmax`: the index of each row's largest value (numpy's: the first on ties, a NaN above every number), as i32;
+with an `advance` (fused_sampling) it also writes the next token into the token buffer the next decode step reads
+and moves the position on, on the device. Block maxima in scratch, the last block to arrive finishing (argmax.cu)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Dst, Launch, Scratch, decode, names, operand
+from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Dst, Launch, Scratch, decode, names,
+                                     operand)
 
 WARPS = 4  # warps a block
 
