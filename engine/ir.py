@@ -186,6 +186,13 @@ class Graph:
     def constant(self, c: Constant) -> str:
         if c.name in self.tensors or c.name in self.constants:
             raise UserError(f"constant `{c.name}` is declared twice")
+        if c.kind not in ("rows", "values"):
+            raise UserError(f"constant `{c.name}`: kind `{c.kind}` is neither `rows` nor `values`")
+        if c.kind == "rows" and len(c.shape) != 2:
+            raise UserError(f"constant `{c.name}`: checkpoint rows are a matrix, not shape {c.shape} "
+                            f"(declare a vector as `kind: values`)")
+        if c.kind == "rows" and c.format not in FORMATS:
+            raise UserError(f"constant `{c.name}`: unknown format `{c.format}` (expected one of {', '.join(FORMATS)})")
         self.constants[c.name] = c
         return c.name
 

@@ -87,6 +87,11 @@ def _norm(s, w, eps):
     return None if w is None else (_tensor(s, w), float(eps))
 
 
+def _is_rows(s, t):
+    c = s.g.constants.get(t) if isinstance(t, str) else None
+    return c is not None and c.kind == "rows"
+
+
 def _is_computed(s, t):
     return isinstance(t, str) and t not in s.g.constants
 
@@ -132,7 +137,7 @@ def _div(s, a, b):
 FUNCS: dict[str, Callable] = {
     "rows": _rows, "cols": _cols, "size": _size, "format": _format, "is_values": _is_values, "dst": _dst,
     "into": _into, "part": _part, "norm": _norm, "pos": _pos, "token": _token, "mul": _mul, "div": _div,
-    "is_computed": _is_computed, "leaf": _leaf, "bcast": _bcast, "advance": _advance,
+    "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf, "bcast": _bcast, "advance": _advance,
 }
 
 

@@ -344,3 +344,17 @@ def test_a_saved_plan_runs_its_own_model_only(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     r = _cli("run", "--plan", str(tmp_path / "bad.json"))
     assert r.returncode != 0 and "not a lanefuse plan" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_operands_the_kernels_read_as_values_must_be_values():
+    """A vector is never checkpoint rows; an elementwise operand held as checkpoint rows is refused with a reason."""
+    from lanefuse.engine.ir import Constant, Graph
+
+    with pytest.raises(UserError, match="checkpoint rows are a matrix"):
+        Graph().constant(Constant("bias", (8,), "rows", "bf16"))
+    cfg, _ = demo_model()
+    g = build_step(cfg, 1)
+    g.constant(Constant("shift", (1, cfg.vocab), "rows", "bf16", False, "shift"))
+    g.add("add", ["logits", "shift"], "shifted")
+    with pytest.raises(UserError, match="elementwise op on checkpoint rows"):
+        plan(g)
