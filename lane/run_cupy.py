@@ -124,6 +124,7 @@ class CupyRunner:
         """One step: upload the token and position, replay, read the logits and the next token. The caches stay on
         the device (the host's copies in `inputs` are not read after the first step of a model)."""
         io = self.s.io
+        self.s.check_position(int(np.asarray(inputs[io.position]).reshape(-1)[0]))
         if not self.state.loaded:
             with self._stream:
                 for n in io.tables:
@@ -141,6 +142,12 @@ class CupyRunner:
     def decode(self, n: int) -> list[int]:
         """`n` decode steps replayed back to back from the device's own token and position (the arg-max advances
         them); the host reads each generated token only."""
+        length = self.s.tensors[self.s.io.caches[0][0]].shape[0] if self.s.io.caches else None
+        pos = int(self.cp.asnumpy(self.env.views[self.s.io.position][:1], stream=self._stream)[0])
+        if length is not None and pos + n > length:
+            from lanefuse.engine.errors import UserError
+
+            raise UserError(f"{n} decode steps from position {pos} run past the KV cache of {length} rows")
         out = []
         for _ in range(n):
             self._replay()

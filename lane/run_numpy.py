@@ -79,6 +79,7 @@ class NumpyRunner:
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
+        s.check_position(int(np.asarray(inputs[s.io.position]).reshape(-1)[0]))
         env.tables = {n: inputs[n] for n in s.io.tables}
         env._views.clear()
         for n in (s.io.token, s.io.position):

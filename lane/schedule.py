@@ -123,6 +123,16 @@ class Schedule:
             out[l.layer] = out.get(l.layer, 0) + len(kernels_of(l.launch))
         return out
 
+    def check_position(self, pos: int) -> None:
+        """A step's rows must land inside the caches: the kernels do not check it on the device."""
+        from lanefuse.engine.errors import UserError
+
+        if not self.io.caches:
+            return
+        length = self.tensors[self.io.caches[0][0]].shape[0]
+        if pos < 0 or pos + self.rows > length:
+            raise UserError(f"a step of {self.rows} row(s) at position {pos} runs past the KV cache of {length} rows")
+
     @property
     def n_launches(self) -> int:
         return sum(len(kernels_of(l.launch)) for l in self.launches)
