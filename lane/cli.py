@@ -66,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="validate the table (and DIR) and say which classes no lane links")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
 
+    p = sub.add_parser("check", help="check the fused plans against the reference interpreter, launch by launch",
+                       description="Plan the decode step and a prefill chunk, run each plan on the numpy backend "
+                                   "(every step-local array in its arena) beside the reference interpreter of the "
+                                   "lifted graph, and name the first launch that diverges.", epilog=EPILOG)
+    _model_arg(p)
+    p.add_argument("--rows", type=int, action="append", metavar="R",
+                   help="step rows to check (repeatable; default 1 and 8)")
+    p.add_argument("--device", default="cpu", choices=["cpu"], help="the backend checked (numpy)")
+    _plan_args(p)
+
     p = sub.add_parser("explore", help="explore fusion choices interactively (terminal, or --web in a browser)",
                        epilog=EPILOG)
     _model_arg(p)

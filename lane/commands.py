@@ -161,6 +161,54 @@ def _print_lifted(g, args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    """Each plan against the reference interpreter on a step with a cache history: one line a step, the first
+    divergent launch named, a non-zero exit on any difference."""
+    import numpy as np
+
+    from lanefuse.engine.generate import new_caches
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.lane.report import plan_from_args
+    from lanefuse.lane.run_numpy import NumpyRunner
+    from lanefuse.lane.source import open_model
+
+    src = open_model(args.model, progress=_tty())
+    if src.weights is None:
+        raise UserError(f"{src.name}: the step YAML names no weights to check with")
+    rows_list = args.rows or ([int(src.step.meta.get("rows", 1))] if src.step is not None else [1, 8])
+    bad = 0
+    os.environ["LANEFUSE_CHECK"] = "2"
+    for rows in rows_list:
+        g = src.graph(rows)
+        s = plan_from_args(args, src, g)
+        rng = np.random.default_rng(rows)
+        env = {n: np.zeros(g.tensors[n].shape, np.float32) for n in g.io.tables}
+        hist = 4
+        for n in env:
+            env[n][:hist] = rng.standard_normal(env[n][:hist].shape).astype(np.float32)
+        vocab = g.tensors[g.io.logits].shape[-1]
+        env[g.io.token] = rng.integers(0, vocab, g.tensors[g.io.token].shape[0]).astype(np.int32)
+        env[g.io.position] = np.asarray([hist], np.int32)
+        ref_env = {k: v.copy() for k, v in env.items()}
+        ref = evaluate(g, src.weights, ref_env)
+        try:
+            out = NumpyRunner(s, src.weights).step(env, lifted=g)
+        except UserError as e:
+            print(f"rows {rows}: {s.n_launches} launches: DIVERGES: {e}")
+            bad += 1
+            continue
+        want = np.asarray(ref[g.io.logits], np.float64)
+        rel = float(np.max(np.abs(out[g.io.logits] - want)) / max(np.max(np.abs(want)), 1e-30))
+        same = int(out[g.io.next][0]) == int(np.asarray(ref[g.io.next]).reshape(-1)[0])
+        ok = same and rel <= 1e-4
+        bad += not ok
+        print(f"rows {rows}: {s.n_launches} launches, fusions {sum(s.fusions.values())}: next token "
+              f"{'equal' if same else 'DIFFERENT'}, logits within {rel:.2e} of their scale -> {'ok' if ok else 'FAIL'}")
+    if bad:
+        raise UserError(f"{bad} of {len(rows_list)} step(s) differ from the reference", code=1)
+    return 0
+
+
 def cmd_rules(args) -> int:
     from lanefuse.lane.report import rules_command
 

@@ -358,3 +358,9 @@ def test_operands_the_kernels_read_as_values_must_be_values():
     g.add("add", ["logits", "shift"], "shifted")
     with pytest.raises(UserError, match="elementwise op on checkpoint rows"):
         plan(g)
+
+
+def test_check_command_runs_every_plan_against_the_reference():
+    r = _cli("check", "--rows", "1", "--rows", "3", "--hold", "add_norm")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("-> ok") == 2 and "rows 3:" in r.stdout
