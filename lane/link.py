@@ -72,8 +72,8 @@ class Link:
             return [Linked(self.lifted(op, placed), covered(op), op.layer)]
         entry = self.table.support(op.cls)
         support = entry.support
-        if support == "native" and op.cls in ("merged_qkv",) and "gemv_parts" in self.held_steps:
-            support = "decompose"
+        if support == "native" and any(op.cls in self.table.gated.get(h, ()) for h in self.held_steps):
+            support = "decompose"  # a held schedule step of the lane's table runs this class as its parts
         if support == "refuse":
             raise Refused(entry.reason, f"class `{op.cls}` ({op.rule}) -> `{op.out}`")
         if support == "decompose":

@@ -47,8 +47,9 @@ class LaneTable:
     why: str
     ops: dict[str, list[Choice]]
     classes: dict[str, ClassEntry]
-    schedule: dict[str, str]
+    schedule: dict[str, str]  # the lane's schedule steps a plan can hold back: name -> why
     source: str
+    gated: dict[str, tuple[str, ...]] = field(default_factory=dict)  # step -> classes it runs as parts when held
 
     def support(self, cls: str) -> ClassEntry:
         e = self.classes.get(cls)
@@ -144,6 +145,7 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
         raise UserError(f"{path}{line}: bad YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(doc, dict) or "lane" not in doc:
         raise UserError(f"{path}: a lane table is a mapping with `lane:`, `ops:` and `classes:`")
+    known = _known_classes()
     base = None
     if doc.get("base"):
         if doc["base"] not in lanes:
@@ -158,7 +160,6 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
         entries = entries if isinstance(entries, list) else [entries]
         ops[kind] = [_choice(e, where) for e in entries]
     classes: dict[str, ClassEntry] = dict(base.classes) if base else {}
-    known = _known_classes()
     for cls, e in (doc.get("classes") or {}).items():
         where = f"{path.name}: classes.{cls}"
         if cls not in known:
@@ -172,8 +173,17 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
         ch = _choice(e, where) if sup == "native" else None
         classes[cls] = ClassEntry(cls, sup, ch, e.get("reason", ""), e.get("why", ""), where)
     sched = dict(base.schedule) if base else {}
-    sched.update(doc.get("schedule") or {})
-    return LaneTable(str(doc["lane"]), str(doc.get("why", "")), ops, classes, sched, str(path))
+    gated = dict(base.gated) if base else {}
+    for step, e in (doc.get("schedule") or {}).items():
+        if isinstance(e, dict):
+            for cls in e.get("decompose") or []:
+                if cls not in known:
+                    raise UserError(f"{path.name}: schedule.{step}: unknown class `{cls}`{did_you_mean(cls, known)}")
+            sched[step] = str(e.get("why", ""))
+            gated[step] = tuple(e.get("decompose") or ())
+        else:
+            sched[step] = str(e)
+    return LaneTable(str(doc["lane"]), str(doc.get("why", "")), ops, classes, sched, str(path), gated)
 
 
 def _known_classes() -> set[str]:
