@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Constant, Graph, StepIO
 
 MAX_CHUNK = 64  # the largest prefill chunk a step graph is built for
@@ -71,7 +72,7 @@ def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
     """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
     `pos` names; the logits and next token of the last row."""
     if not 1 <= rows <= MAX_CHUNK:
-        raise ValueError(f"a step of {rows} rows (1..{MAX_CHUNK})")
+        raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
     h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
     caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
     g = Graph(io=StepIO(caches=caches))

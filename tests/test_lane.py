@@ -364,3 +364,8 @@ def test_check_command_runs_every_plan_against_the_reference():
     r = _cli("check", "--rows", "1", "--rows", "3", "--hold", "add_norm")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("-> ok") == 2 and "rows 3:" in r.stdout
+
+
+def test_a_step_of_too_many_rows_is_a_user_error():
+    r = _cli("plan", "--rows", "65")
+    assert r.returncode == 2 and "prefill chunk of up to 64" in r.stderr and "internal error" not in r.stderr
