@@ -10,6 +10,16 @@ from lanefuse.engine.errors import UserError
 EPILOG = "MODEL is a checkpoint folder (config.json + safetensors), a step YAML, or nothing for the built-in demo model."
 
 
+def _port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is not a port (0..65535; 0 picks a free one)")
+    return v
+
+
 def _model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint folder, step YAML, or omit for the demo model")
 
@@ -80,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG)
     _model_arg(p)
     p.add_argument("--web", action="store_true", help="serve the explorer page on 127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="port for --web (default: a free one)")
+    p.add_argument("--port", type=_port, default=0, help="port for --web (default: a free one)")
     p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step (1 = decode)")
     _plan_args(p)
     return ap
