@@ -81,9 +81,10 @@ def _sig(g: Graph, name: str, tables: frozenset):
 _NAME = ("name",)  # where a bound value is a tensor name (a tuple: tuple values never enter a key)
 
 
-def _shape(o: Op, memo: dict) -> tuple[tuple, list[str]]:
-    """An op's structure without its names, and the names it touches in a fixed order; a part's are kept (the
-    parts of every fused op are the step graph's own ops, shared by every alternative that computes them)."""
+def _shape(o: Op, memo: dict) -> tuple[int, list[str]]:
+    """An op's structure without its names (interned as a small number, so keys hash cheaply), and the names it
+    touches in a fixed order; a part's are kept (the parts of every fused op are the step graph's own ops, shared by
+    every alternative that computes them)."""
     hit = memo.get(id(o))
     if hit is not None and hit[0] is o:
         return hit[1], hit[2]
@@ -106,8 +107,10 @@ def _shape(o: Op, memo: dict) -> tuple[tuple, list[str]]:
         names += pn
     struct = (o.kind, o.cls, o.rule, o.attrs, len(o.ins), len(o.keeps), o.dst is not None, tuple(binds),
               tuple(parts))
-    memo[id(o)] = (o, struct, names)
-    return struct, names
+    interned = memo.setdefault("\0structs", {})
+    sid = interned.setdefault(struct, len(interned))
+    memo[id(o)] = (o, sid, names)
+    return sid, names
 
 
 def _key(op: Op, g: Graph, sigs: dict):
@@ -118,9 +121,10 @@ def _key(op: Op, g: Graph, sigs: dict):
     place: dict[str, int] = {}
     pattern = tuple([place.setdefault(x, len(place)) for x in names])
     shapes = []
+    interned = sigs.setdefault("\0sigs", {})
     for x in place:
         sg = sigs.get(x)
         if sg is None:
-            sg = sigs[x] = _sig(g, x, sigs["\0tables"])
+            sg = sigs[x] = interned.setdefault(_sig(g, x, sigs["\0tables"]), len(interned))
         shapes.append(sg)
     return struct, pattern, tuple(shapes)
