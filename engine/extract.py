@@ -38,28 +38,35 @@ def _usable(p: Problem, c: int) -> list[int]:
     return [n for n in p.classes.get(c, ()) if p.cost[n] < INF]
 
 
-def requirements(p: Problem) -> dict[int, int]:
+def _usable_map(p: Problem) -> dict[int, list[int]]:
+    return {c: _usable(p, c) for c in (p.classes.keys() | p.forced.keys())}
+
+
+def requirements(p: Problem, usable: dict[int, list[int]] | None = None) -> dict[int, int]:
     """class -> the classes (a bitset: bit d) live whenever it is live: itself, and what every usable node of it
     requires through its children. Children are visited first; a child still being visited (a cycle) counts as
     itself only, so every set is a valid under-estimate on cyclic e-graphs too."""
+    if usable is None:
+        usable = _usable_map(p)
+    kids = {c: [d for n in ns for d in p.children[n]] for c, ns in usable.items()}
     req: dict[int, int] = {}
     state: dict[int, int] = {}  # 1: being visited, 2: done
     for r in sorted(p.classes):
         if r in state:
             continue
         state[r] = 1
-        stack = [(r, iter([d for n in _usable(p, r) for d in p.children[n]]))]
+        stack = [(r, iter(kids[r]))]
         while stack:
             c, it = stack[-1]
             d = next(it, None)
             if d is not None:
                 if d not in state:
                     state[d] = 1
-                    stack.append((d, iter([e for n in _usable(p, d) for e in p.children[n]])))
+                    stack.append((d, iter(kids.get(d, ()))))
                 continue
             stack.pop()
             acc = None
-            for n in _usable(p, c):
+            for n in usable.get(c, ()):
                 o = 0
                 for d in p.children[n]:
                     o |= req[d] if state.get(d) == 2 else 1 << d
@@ -69,10 +76,12 @@ def requirements(p: Problem) -> dict[int, int]:
     return req
 
 
-def needed_classes(p: Problem, live: set[int] | None = None) -> set[int]:
+def needed_classes(p: Problem, live: set[int] | None = None, usable: dict[int, list[int]] | None = None) -> set[int]:
     """Dominator tightening: the roots, the forced classes the roots reach, and every class they require (all
     usable nodes of a required class read it, directly or through what they all require)."""
-    req = requirements(p)
+    if usable is None:
+        usable = _usable_map(p)
+    req = requirements(p, usable)
     live = reachable(p) if live is None else live
     mask = 0
     for c in [*p.roots, *(c for c in p.forced if c in live)]:
@@ -83,7 +92,7 @@ def needed_classes(p: Problem, live: set[int] | None = None) -> set[int]:
         need.add(low.bit_length() - 1)
         mask ^= low
     for c in sorted(need):
-        if not _usable(p, c):
+        if not usable.get(c):
             raise NoPlan([c])
     return need
 
@@ -322,8 +331,9 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
 
     import numpy as np
 
+    usable = _usable_map(p)
     live = reachable(p)
-    need = needed_classes(p, live)
+    need = needed_classes(p, live, usable)
     live_cls = sorted(live)
     nodes, costs = _objective(p, live_cls)
     weight = dict(zip(nodes, costs))
@@ -331,7 +341,7 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
     opts: dict[int, list[tuple[float, int, tuple[int, ...], tuple[int, ...]]]] = {}
     for c in live_cls:
         lst = []
-        for n in _usable(p, c):
+        for n in usable[c]:
             inside = set(p.internal[n]) & live if p.internal and p.internal[n] else ()
             if inside and inside & need:
                 continue
@@ -349,21 +359,32 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
     for c in live_cls:
         lst = opts[c]
         free = c not in need
-        scope = ([c] if free else []) + sorted({d for _, _, on, off in lst for d in on + off} - {c})
+        vs = {d for _, _, on, off in lst for d in on + off}
+        if free:
+            vs.add(c)
+        if not vs:  # a needed class whose nodes need nothing undecided: its cheapest node, always
+            const += min([o[0] for o in lst], default=INF)
+            continue
+        scope = sorted(vs)
         k = len(scope)
         if k > max_width:
             return None
         bit = {v: 1 << (k - 1 - j) for j, v in enumerate(scope)}  # axis j of the (2,)*k table
-        rows = []
-        for wn, n, on, off in lst:
-            m_on = sum(bit[d] for d in set(on))
-            m_off = sum(bit[d] for d in set(off))
-            if not m_on & m_off:
-                rows.append((wn, m_on, m_off))
         own = bit[c] if free else 0
-        t = [INF if a & own == own else 0.0 for a in range(1 << k)]
         full = (1 << k) - 1
-        for wn, m_on, m_off in rows:  # every assignment that meets the node's needs: the other bits run free
+        if free:
+            t = [INF if a & own else 0.0 for a in range(1 << k)]
+        else:
+            t = [INF] * (1 << k)
+        for wn, n, on, off in lst:  # every assignment that meets the node's needs: the other bits run free
+            m_on = 0
+            for d in on:
+                m_on |= bit[d]
+            m_off = 0
+            for d in off:
+                m_off |= bit[d]
+            if m_on & m_off:
+                continue
             m_on |= own
             rest = full & ~(m_on | m_off)
             sub = rest
@@ -374,9 +395,6 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
                 if not sub:
                     break
                 sub = (sub - 1) & rest
-        if k == 0:
-            const += t[0]
-            continue
         fid = len(factors)
         factors.append((tuple(scope), np.array(t).reshape((2,) * k)))
         for v in scope:
@@ -402,27 +420,33 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
             adj[u].discard(v)
             adj[u].update(nb - {u})
             heapq.heappush(heap, (len(adj[u]), u))
-        z = sorted(nb) + [v]
+        # every table keeps its axes in variable order, so a factor only needs unit axes inserted (a view)
+        z = sorted(nb | {v})
         axis = {u: i for i, u in enumerate(z)}
-        total = np.zeros((1,) * len(z))
+        total = None
         for f in sorted(of_var.pop(v, ())):
             scope, arr = factors[f]
             factors[f] = None
             for u in scope:
                 if u != v:
                     of_var[u].discard(f)
-            perm = sorted(range(len(scope)), key=lambda j: axis[scope[j]])
-            shape = [1] * len(z)
-            for u in scope:
-                shape[axis[u]] = 2
-            total = total + arr.transpose(perm).reshape(shape)
-        trail.append((v, z[:-1], total.argmin(axis=-1)))
-        rest = total.min(axis=-1)
+            if len(scope) != len(z):
+                shape = [1] * len(z)
+                for u in scope:
+                    shape[axis[u]] = 2
+                arr = arr.reshape(shape)
+            total = arr if total is None else total + arr
+        if total is None or total.ndim != len(z) or total.size != 1 << len(z):
+            total = np.zeros((2,) * len(z)) + (0.0 if total is None else total)
+        j = axis[v]
+        zr = z[:j] + z[j + 1:]
+        trail.append((v, zr, total.argmin(axis=j)))
+        rest = total.min(axis=j)
         if not nb:
             const += float(rest)
             continue
         fid = len(factors)
-        factors.append((tuple(z[:-1]), rest))
+        factors.append((tuple(zr), rest))
         for u in nb:
             of_var.setdefault(u, set()).add(fid)
     if const == INF:
