@@ -327,6 +327,7 @@ def solve_exact(p: Problem) -> dict[int, int]:
 
 def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] | None:
     """The optimum by variable elimination, or None where it cannot tell (too wide, infeasible, cyclic)."""
+    import bisect
     import heapq
 
     import numpy as np
@@ -356,6 +357,7 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
     of_var: dict[int, set[int]] = {}
     adj: dict[int, set[int]] = {c: set() for c in live_cls if c not in need}
     const = 0.0
+    shapes: dict[tuple, tuple[Any, Any]] = {}
     for c in live_cls:
         lst = opts[c]
         free = c not in need
@@ -372,31 +374,30 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
         bit = {v: 1 << (k - 1 - j) for j, v in enumerate(scope)}  # axis j of the (2,)*k table
         own = bit[c] if free else 0
         full = (1 << k) - 1
-        if free:
-            t = [INF if a & own else 0.0 for a in range(1 << k)]
-        else:
-            t = [INF] * (1 << k)
-        for wn, n, on, off in lst:  # every assignment that meets the node's needs: the other bits run free
+        rows, ws = [], []
+        for wn, n, on, off in lst:
             m_on = 0
             for d in on:
                 m_on |= bit[d]
             m_off = 0
             for d in off:
                 m_off |= bit[d]
-            if m_on & m_off:
-                continue
-            m_on |= own
-            rest = full & ~(m_on | m_off)
-            sub = rest
-            while True:
-                a = sub | m_on
-                if wn < t[a]:
-                    t[a] = wn
-                if not sub:
-                    break
-                sub = (sub - 1) & rest
+            if not m_on & m_off:
+                rows.append((m_on | own, m_off))
+                ws.append(wn)
+        # the table's shape (which assignments each node's needs meet) repeats layer after layer: the masks are
+        # worked out once a shape, and the cheapest node an assignment meets is one minimum over them
+        key = (k, own, tuple(rows))
+        shape = shapes.get(key)
+        if shape is None:
+            idx = np.arange(1 << k)
+            init = np.where(idx & own, INF, 0.0) if free else np.full(1 << k, INF)
+            meets = np.array([(idx & (m_on | m_off)) == m_on for m_on, m_off in rows]) if rows else None
+            shape = shapes[key] = (init, meets)
+        init, meets = shape
+        t = init if meets is None else np.minimum(init, np.where(meets, np.array(ws)[:, None], INF).min(axis=0))
         fid = len(factors)
-        factors.append((tuple(scope), np.array(t).reshape((2,) * k)))
+        factors.append((tuple(scope), t.reshape((2,) * k)))
         for v in scope:
             of_var.setdefault(v, set()).add(fid)
             adj[v].update(scope)
@@ -407,22 +408,26 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
     heap = [(len(nb), v) for v, nb in adj.items()]
     heapq.heapify(heap)
     trail = []
-    done: set[int] = set()
+    heappop, heappush = heapq.heappop, heapq.heappush
     while heap:
-        deg, v = heapq.heappop(heap)
-        if v in done or deg != len(adj[v]):
+        deg, v = heappop(heap)
+        nb = adj.get(v)
+        if nb is None or deg != len(nb):
             continue
-        done.add(v)
-        nb = adj.pop(v)
+        del adj[v]
         if len(nb) + 1 > max_width:
             return None
         for u in nb:
-            adj[u].discard(v)
-            adj[u].update(nb - {u})
-            heapq.heappush(heap, (len(adj[u]), u))
+            au = adj[u]
+            au |= nb
+            au.discard(u)
+            au.discard(v)
+            heappush(heap, (len(au), u))
         # every table keeps its axes in variable order, so a factor only needs unit axes inserted (a view)
-        z = sorted(nb | {v})
-        axis = {u: i for i, u in enumerate(z)}
+        z = sorted(nb)
+        j = bisect.bisect(z, v)
+        z.insert(j, v)
+        n_z = len(z)
         total = None
         for f in sorted(of_var.pop(v, ())):
             scope, arr = factors[f]
@@ -430,18 +435,19 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
             for u in scope:
                 if u != v:
                     of_var[u].discard(f)
-            if len(scope) != len(z):
-                shape = [1] * len(z)
+            if len(scope) != n_z:
+                shape = [1] * n_z
                 for u in scope:
-                    shape[axis[u]] = 2
+                    shape[bisect.bisect_left(z, u)] = 2
                 arr = arr.reshape(shape)
             total = arr if total is None else total + arr
-        if total is None or total.ndim != len(z) or total.size != 1 << len(z):
-            total = np.zeros((2,) * len(z)) + (0.0 if total is None else total)
-        j = axis[v]
+        if total is None or total.ndim != n_z or total.size != 1 << n_z:
+            total = np.zeros((2,) * n_z) + (0.0 if total is None else total)
+        # the variable's axis has two entries: its minimum and where it lies (0 on a tie, as argmin would say)
+        lo, hi = total[(slice(None),) * j + (0,)], total[(slice(None),) * j + (1,)]
         zr = z[:j] + z[j + 1:]
-        trail.append((v, zr, total.argmin(axis=j)))
-        rest = total.min(axis=j)
+        trail.append((v, zr, hi < lo))
+        rest = np.minimum(lo, hi)
         if not nb:
             const += float(rest)
             continue
@@ -455,18 +461,19 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
     for v, us, arg in reversed(trail):
         val[v] = int(arg[tuple(val[u] for u in us)])
 
-    def computed(d):
-        return d in need or val.get(d) == 1
+    comp = need | {v for v, x in val.items() if x}  # the classes computed
 
     choice = {}
     for c in live_cls:
-        if not computed(c):
+        if c not in comp:
             continue
-        fit = [(wn, n) for wn, n, on, off in opts[c]
-               if all(computed(d) for d in on) and not any(computed(d) for d in off)]
-        if not fit:
+        best = None
+        for wn, n, on, off in opts[c]:
+            if comp.issuperset(on) and comp.isdisjoint(off) and (best is None or (wn, n) < best):
+                best = (wn, n)
+        if best is None:
             return None
-        choice[c] = min(fit)[1]
+        choice[c] = best[1]
     try:
         return _closure(p, choice)
     except _Cycle:
