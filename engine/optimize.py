@@ -52,6 +52,7 @@ class _Decoded:
 
     def __init__(self, snap: Snapshot, eg: EGraph, g: Graph, table: RuleTable):
         self.snap, self.g, self.table, self.eg = snap, g, table, eg
+        self._plans: dict[str, tuple] = {}
         self.producer = {op.out: (k, op) for k, op in enumerate(g.ops)}
         self.proj_of: dict[int, dict[int, int]] = {}  # bundle class -> {output index: class}
         for ns in snap.classes.values():
@@ -62,12 +63,14 @@ class _Decoded:
         self.nodes: list[ENode] = []
         self.classes: dict[int, list[int]] = {}
         twins = self._twins()
+        twin_cls = {t for t in twins if isinstance(t, int)}
+        twin_nodes = twins - twin_cls
         for c in sorted(snap.classes, key=lambda c: (snap.names.get(c, "~"), c)):
-            if c in twins:
+            if c in twin_cls:
                 continue
             ns = snap.classes[c]
             for n in (sorted(ns, key=self._rank_key) if len(ns) > 1 else ns):
-                if n in twins or (n.fn == "proj" and n.children[0] in twins):
+                if (twin_nodes and n in twin_nodes) or (n.fn == "proj" and n.children[0] in twin_cls):
                     continue
                 self.classes.setdefault(c, []).append(len(self.nodes))
                 self.nodes.append(n)
@@ -91,11 +94,14 @@ class _Decoded:
         return twins
 
     def _rank_key(self, n: ENode):
-        tier = 0 if n.fn == "Leaf" else 1 if n.fn in self.eg.lifted else 2 if n.fn in self.eg.variant_of else 3
-        return (tier, n.fn, tuple(self.snap.names.get(c, "") for c in n.children), repr(n.prims))
+        fn = n.fn
+        tier = 0 if fn == "Leaf" else 1 if fn in self.eg.lifted else 2 if fn in self.eg.variant_of else 3
+        names = self.snap.names
+        return (tier, fn, tuple([names.get(c, "") for c in n.children]), repr(n.prims))
 
     def name(self, c: int) -> str:
-        return self.snap.names.get(c, f"<bundle {c}>")
+        nm = self.snap.names.get(c)
+        return nm if nm is not None else f"<bundle {c}>"
 
     def _op(self, n: ENode) -> Op | None:
         if n.fn in ("Leaf", "proj"):
@@ -106,17 +112,25 @@ class _Decoded:
         return self._fused(n, v)
 
     def _fused(self, n: ENode, v: Variant) -> Op:
-        rule = self.table.by_name[v.rule]
+        plan = self._plans.get(v.ctor)
+        if plan is None:  # what a variant's arguments bind, worked out once a variant
+            rule = self.table.by_name[v.rule]
+            plan = self._plans[v.ctor] = (rule, tuple((p.name, p.type == "T") for p in v.params))
+        rule, params = plan
+        names = self.snap.names
         binds: dict[str, Any] = {}
         ch, pr = iter(n.children), iter(n.prims)
         children = []
-        for p in v.params:
-            if p.type == "T":
-                nm = self.name(next(ch))
-                binds[p.name] = nm
+        for pname, is_t in params:
+            if is_t:
+                c = next(ch)
+                nm = names.get(c)
+                if nm is None:
+                    nm = f"<bundle {c}>"
+                binds[pname] = nm
                 children.append(nm)
             else:
-                binds[p.name] = next(pr)
+                binds[pname] = next(pr)
         if rule.multi:
             outs_cls = self.proj_of.get(n.cls, {})
             outs = [self.name(outs_cls[i]) if i in outs_cls else None for i in range(len(rule.outputs))]
@@ -126,23 +140,24 @@ class _Decoded:
             binds[var] = nm
         outs = [o for o in outs if o is not None]
         parts = self._parts(tuple(outs), frozenset(children))
-        return Op("fused", tuple(dict.fromkeys(children)), outs[0], layer=max((pt.layer for pt in parts), default=-1),
+        return Op("fused", tuple(dict.fromkeys(children)), outs[0], layer=max([pt.layer for pt in parts], default=-1),
                   cls=rule.cls, rule=rule.name, parts=parts, keeps=tuple(outs[1:]), binds=attrs_of(binds))
 
     def _parts(self, outs: tuple[str, ...], stop: frozenset[str]) -> tuple[Op, ...]:
         """The step graph's ops between the fused op's inputs and its outputs, in graph order."""
         seen: dict[int, Op] = {}
+        producer = self.producer
         stack = list(outs)
         while stack:
             t = stack.pop()
-            if t in stop or t not in self.producer:
+            if t in stop:
                 continue
-            k, op = self.producer[t]
-            if k in seen:
+            ko = producer.get(t)
+            if ko is None or ko[0] in seen:
                 continue
-            seen[k] = op
-            stack.extend(op.ins)
-        return tuple(seen[k] for k in sorted(seen))
+            seen[ko[0]] = ko[1]
+            stack.extend(ko[1].ins)
+        return tuple([seen[k] for k in sorted(seen)])
 
     def label(self, i: int) -> tuple[str, str | None, str | None]:
         n, op = self.nodes[i], self.ops[i]
