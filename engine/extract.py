@@ -390,12 +390,25 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
         key = (k, own, tuple(rows))
         shape = shapes.get(key)
         if shape is None:
-            idx = np.arange(1 << k)
-            init = np.where(idx & own, INF, 0.0) if free else np.full(1 << k, INF)
-            meets = np.array([(idx & (m_on | m_off)) == m_on for m_on, m_off in rows]) if rows else None
-            shape = shapes[key] = (init, meets)
-        init, meets = shape
-        t = init if meets is None else np.minimum(init, np.where(meets, np.array(ws)[:, None], INF).min(axis=0))
+            if len(rows) << k <= 32:  # small: the assignments each node meets, as lists
+                init = [INF if a & own else 0.0 for a in range(1 << k)] if free else [INF] * (1 << k)
+                meets = [[a for a in range(1 << k) if a & (m_on | m_off) == m_on] for m_on, m_off in rows]
+                shape = shapes[key] = (False, init, meets)
+            else:
+                idx = np.arange(1 << k)
+                init = np.where(idx & own, INF, 0.0) if free else np.full(1 << k, INF)
+                meets = np.array([(idx & (m_on | m_off)) == m_on for m_on, m_off in rows]) if rows else None
+                shape = shapes[key] = (True, init, meets)
+        wide, init, meets = shape
+        if wide:
+            t = init if meets is None else np.minimum(init, np.where(meets, np.array(ws)[:, None], INF).min(axis=0))
+        else:
+            t = init[:]
+            for wn, at in zip(ws, meets):
+                for a in at:
+                    if wn < t[a]:
+                        t[a] = wn
+            t = np.array(t)
         fid = len(factors)
         factors.append((tuple(scope), t.reshape((2,) * k)))
         for v in scope:
