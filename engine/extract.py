@@ -99,11 +99,12 @@ def needed_classes(p: Problem, live: set[int] | None = None, usable: dict[int, l
 
 def reachable(p: Problem) -> set[int]:
     seen, stack = set(p.roots), list(p.roots)
+    classes, cost, children = p.classes, p.cost, p.children
     while stack:
         c = stack.pop()
-        for n in p.classes[c]:
-            if p.cost[n] < INF:
-                for d in p.children[n]:
+        for n in classes[c]:
+            if cost[n] < INF:
+                for d in children[n]:
                     if d not in seen:
                         seen.add(d)
                         stack.append(d)
@@ -198,11 +199,13 @@ def _highs():
 def _objective(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float]]:
     """The usable nodes of the live classes and their costs as both exact solvers minimise them: scaled to a median
     of 1, plus a tie-break far below any real difference that prefers the lower rank."""
-    nodes = [n for c in live_cls for n in p.classes[c] if p.cost[n] < INF]
-    finite = [p.cost[n] for n in nodes if p.cost[n] > 0]
+    cost, classes = p.cost, p.classes
+    nodes = [n for c in live_cls for n in classes[c] if cost[n] < INF]
+    finite = [x for x in map(cost.__getitem__, nodes) if x > 0]
     scale = 1.0 / (sorted(finite)[len(finite) // 2] if finite else 1.0)
     eps = 1e-7
-    return nodes, [p.cost[n] * scale + eps * i / max(1, len(nodes)) for i, n in enumerate(nodes)]
+    m = max(1, len(nodes))
+    return nodes, [cost[n] * scale + eps * i / m for i, n in enumerate(nodes)]
 
 
 def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None = None) -> dict[int, int]:
@@ -340,13 +343,14 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
     weight = dict(zip(nodes, costs))
     # each class's usable nodes: (cost, node, classes it needs computed, classes it needs not computed), free only
     opts: dict[int, list[tuple[float, int, tuple[int, ...], tuple[int, ...]]]] = {}
+    internal, children = p.internal, p.children
     for c in live_cls:
         lst = []
         for n in usable[c]:
-            inside = set(p.internal[n]) & live if p.internal and p.internal[n] else ()
+            inside = set(internal[n]) & live if internal and internal[n] else ()
             if inside and inside & need:
                 continue
-            on = [d for d in p.children[n] if d not in need]
+            on = [d for d in children[n] if d not in need]
             if inside and inside.intersection(on):
                 continue
             lst.append((weight[n], n, tuple(on), tuple(inside)))
