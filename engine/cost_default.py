@@ -40,7 +40,7 @@ def _moved(op: Op, g: Graph) -> int:
         return 2 * nbytes(g, op.ins[1])
     if op.kind == "gather":  # reads the rows it copies, not the table
         return 2 * nbytes(g, op.out)
-    tables = set(g.io.tables)
+    tables = g.io.table_set
     ins = sum(nbytes(g, i) for i in dict.fromkeys(op.ins) if i not in tables or op.kind == "attention")
     for p in op.leaves() if op.fused else ():
         if p.kind == "gather":  # a fused gather reads rows too

@@ -4,6 +4,7 @@ each result's destination. A graph prints to a step YAML and parses back equal (
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from lanefuse.engine.errors import UserError
@@ -147,7 +148,7 @@ class StepIO:
     logits: str = "logits"
     next: str = "next"
 
-    @property
+    @cached_property
     def inputs(self) -> tuple[str, ...]:
         names = [self.token, self.position]
         for k, v in self.caches:
@@ -158,9 +159,13 @@ class StepIO:
     def outputs(self) -> tuple[str, ...]:
         return (self.logits, self.next)
 
-    @property
+    @cached_property
     def tables(self) -> tuple[str, ...]:
         return tuple(n for kv in self.caches for n in kv)
+
+    @cached_property
+    def table_set(self) -> frozenset[str]:
+        return frozenset(self.tables)
 
 
 @dataclass
