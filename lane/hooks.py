@@ -12,17 +12,6 @@ def _leaves(op: Op) -> dict[str, Op]:
     return {leaf.out: leaf for leaf in op.leaves()}
 
 
-def _place_rows(link, op: Op, placed: dict) -> dict:
-    """A row write inside the fused op whose source another member computes: that member writes the table's rows."""
-    placed = dict(placed)
-    leaves = _leaves(op)
-    for leaf in leaves.values():
-        if leaf.kind == "set_row" and leaf.ins[1] in leaves:
-            pitch = link.g.shape(leaf.ins[0])[-1]
-            placed[leaf.ins[1]] = placed.get(leaf.out) or Dst(leaf.ins[0], leaf.ins[2], pitch)
-    return placed
-
-
 def _chain(op: Op, t: str) -> dict[str, Op]:
     """The member that computes `t`: its product, bias, head norm and rotation, found walking back from `t`."""
     leaves = _leaves(op)
@@ -74,7 +63,6 @@ def gemm_parts(link, op: Op, placed: dict) -> list:
     in the same launch's epilogue (a fold of the parts and a rotation in parts)."""
     from lanefuse.lane.link import Refused
 
-    placed = _place_rows(link, op, placed)
     parts, sides, rope, x, fmt = [], [], None, None, None
     for t in _members(op):
         ch = _chain(op, t)
@@ -112,7 +100,6 @@ def head_epilogue(link, op: Op, placed: dict) -> list:
     """One product whose heads are normed and rotated in its epilogue: a fold of the GEMV and the rotation."""
     from lanefuse.lane.link import Refused
 
-    placed = _place_rows(link, op, placed)
     ch = _chain(op, op.out)
     if "product" not in ch or "rope" not in ch:
         raise Refused("a head epilogue without its product and rotation", f"`{op.cls}` -> `{op.out}`")
@@ -136,7 +123,6 @@ def rope_parts(link, op: Op, placed: dict) -> list:
     """A layer's rotations (each with its head norm or not) in one launch."""
     from lanefuse.lane.link import Refused
 
-    placed = _place_rows(link, op, placed)
     sides, rope = [], None
     for t in _members(op):
         ch = _chain(op, t)
@@ -155,7 +141,6 @@ def rope_parts(link, op: Op, placed: dict) -> list:
 
 def into_row(link, op: Op, placed: dict) -> list:
     """The producer's own launch, its result written straight into the table's rows: the row write is no launch."""
-    placed = _place_rows(link, op, placed)
     producer = [p for p in op.parts if not (not p.fused and p.kind == "set_row")]
     out = []
     for p in producer:

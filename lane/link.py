@@ -88,6 +88,7 @@ class Link:
             return out
         ch = entry.choice
         assert ch is not None
+        placed = self.absorbed(op, placed)
         if ch.hook:
             hook = self.hooks.get(ch.hook)
             if hook is None:
@@ -135,6 +136,21 @@ class Link:
         raise Refused("no entry of the lane's table applies", scope.where)
 
     # -- fused ops ---------------------------------------------------------------------------------------------
+    def absorbed(self, op: Op, placed: dict[str, Dst]) -> dict[str, Dst]:
+        """Where a fused op linked whole writes its results: a part's own destination, and the source of a row
+        write among its parts lands straight in the table's rows (the row write is no launch)."""
+        placed = dict(placed)
+        leaves = op.leaves()
+        for leaf in leaves:
+            if leaf.dst is not None:
+                placed.setdefault(leaf.out, to_dst(self.g, leaf.dst))
+        outs = {leaf.out for leaf in leaves}
+        for leaf in leaves:
+            if leaf.kind == "set_row" and leaf.ins[1] in outs:
+                pitch = self.g.shape(leaf.ins[0])[-1]
+                placed[leaf.ins[1]] = placed.get(leaf.out) or Dst(leaf.ins[0], leaf.ins[2], pitch)
+        return placed
+
     def scope_fused(self, op: Op, placed: dict[str, Dst]) -> Scope:
         names: dict = {"out": op.out, "kind": op.cls}
         names.update(op.b)
@@ -143,8 +159,6 @@ class Link:
             for i, a in enumerate(leaf.access):
                 if a is not None:
                     access[leaf.ins[i]] = to_part(a)
-            if leaf.dst is not None:
-                placed.setdefault(leaf.out, to_dst(self.g, leaf.dst))
         return Scope(names, self.g, placed, access, where=f"lane {self.table.name}: classes.{op.cls}",
                      leaves=tuple(op.leaves()))
 
