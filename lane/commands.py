@@ -166,7 +166,6 @@ def cmd_check(args) -> int:
     divergent launch named, a non-zero exit on any difference."""
     import numpy as np
 
-    from lanefuse.engine.generate import new_caches
     from lanefuse.engine.interp import evaluate
     from lanefuse.lane.report import plan_from_args
     from lanefuse.lane.run_numpy import NumpyRunner
@@ -177,7 +176,6 @@ def cmd_check(args) -> int:
         raise UserError(f"{src.name}: the step YAML names no weights to check with")
     rows_list = args.rows or ([int(src.step.meta.get("rows", 1))] if src.step is not None else [1, 8])
     bad = 0
-    os.environ["LANEFUSE_CHECK"] = "2"
     for rows in rows_list:
         g = src.graph(rows)
         s = plan_from_args(args, src, g)
@@ -192,7 +190,7 @@ def cmd_check(args) -> int:
         ref_env = {k: v.copy() for k, v in env.items()}
         ref = evaluate(g, src.weights, ref_env)
         try:
-            out = NumpyRunner(s, src.weights).step(env, lifted=g)
+            out = NumpyRunner(s, src.weights, check=True).step(env, lifted=g)
         except UserError as e:
             print(f"rows {rows}: {s.n_launches} launches: DIVERGES: {e}")
             bad += 1

@@ -72,8 +72,10 @@ class ArenaEnv:
 class NumpyRunner:
     """Runs one Schedule step after step; the arena and weights are kept across steps."""
 
-    def __init__(self, s: Schedule, weights):
+    def __init__(self, s: Schedule, weights, check: bool | None = None):
         self.s = s
+        # run the reference beside each step and compare launch by launch (LANEFUSE_CHECK=2, read once here)
+        self.check = os.environ.get("LANEFUSE_CHECK", "0") == "2" if check is None else check
         self.weights = weights
         self.env = ArenaEnv(s, weights, {})
 
@@ -84,7 +86,7 @@ class NumpyRunner:
         env._views.clear()
         for n in (s.io.token, s.io.position):
             env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
-        check = os.environ.get("LANEFUSE_CHECK", "0") == "2" and lifted is not None
+        check = self.check and lifted is not None
         ref = self._reference(lifted, inputs) if check else None
         for i, x in enumerate(s.launches):
             x.launch.numpy(env)
