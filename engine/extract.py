@@ -377,7 +377,6 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
             return None
         bit = {v: 1 << (k - 1 - j) for j, v in enumerate(scope)}  # axis j of the (2,)*k table
         own = bit[c] if free else 0
-        full = (1 << k) - 1
         rows, ws = [], []
         for wn, n, on, off in lst:
             m_on = 0

@@ -5,7 +5,6 @@ sets, costs and forced choices (the explorer), and lists each tensor's alternati
 from __future__ import annotations
 
 import heapq
-import math
 import os
 import sys
 import time

@@ -497,7 +497,6 @@ def _variant(rule: Rule, combo, ctx: _Ctx, ctor: str) -> Variant:
             if a.var is not None and a.var not in ctx.types:
                 raise UserError(f"{at}: guard `{g}` names `{a.var}`, which no pattern binds"
                                 f"{did_you_mean(a.var, ctx.types)}")
-            spec = GUARDS[g].args
     orders = [o for _, o, _ in combo]
     queries = []
     for choice in itertools.product(*orders):
