@@ -122,41 +122,68 @@ def compile_variant(v: Variant, rule_guards, rule_outputs, absorb, label: str) -
 class EGraph:
     """One step graph in egglog with every rule of a table compiled, ready to saturate under a held set."""
 
-    def __init__(self, g: Graph, table: RuleTable):
+    def __init__(self, g: Graph, table: RuleTable, eager: bool = False):
         t0 = time.perf_counter()
         self.g, self.table = g, table
         self.eg = bindings.EGraph()
         self.variant_of: dict[str, Variant] = {}
+        self.rule_of: dict[str, object] = {}  # variant constructor -> its rule
         self.rule_label: dict[str, str] = {}
         self._combined = 0
+        self._depth = 0  # push depth
+        self._pending: list[str] = []  # variants compiled inside a push, compiled again once it pops
         self.loaded_nodes = 0
-        with tempfile.TemporaryDirectory(prefix="lanefuse-eg-") as tmp:
-            prog = self._declarations() + self._load(Path(tmp)) + self._rulesets()
-            self.program = "\n".join(prog)
-            # One command at a time: a long program parses and runs in time quadratic in its length (egglog 13).
-            for cmd in prog:
-                self._run(cmd)
-        self.load_seconds = time.perf_counter() - t0
-
-    # -- program text ---------------------------------------------------------------------------------------------
-    def _declarations(self) -> list[str]:
-        lines = ["(sort T)", "(constructor Leaf (String) T)", "(constructor N (String) T)",
-                 "(constructor proj (T i64) T)", "(relation Orig (T String i64))", "(relation Layer (T i64))",
-                 "(relation Cols (T i64))"] + [f"(relation {f} (T))" for f in FACTS]
         self.lifted: dict[str, tuple] = {}
         for kind, d in OPS.items():
             for n in range(len(d.required), len(d.ins) + 1):
                 ctor, layout = lifted_layout(kind, n)
                 self.lifted[ctor] = (kind, n, layout, False)
-                lines.append(f"(constructor {ctor} ({' '.join(t for _, t in layout)}) T)")
-                xc = ctor + "_x"  # an op with a strided read or a placed result: loaded, never matched
-                self.lifted[xc] = (kind, n, layout, True)
-                lines.append(f"(constructor {xc} ({' '.join(t for _, t in layout)} i64) T)")
-        for r in self.table.rules:
-            for v in self.table.variants[r.name]:
-                object.__setattr__(v, "const_values", r.consts) if False else None
+                self.lifted[ctor + "_x"] = (kind, n, layout, True)  # a strided read or a placed result: never matched
+        for i, r in enumerate(table.rules):
+            self.rule_label[r.name] = f"R{i}_"
+            for v in table.variants[r.name]:
                 self.variant_of[v.ctor] = v
-                lines.append(f"(constructor {v.ctor} ({' '.join(p.type for p in v.params)}) T)")
+                self.rule_of[v.ctor] = r
+        self.compiled: set[str] = set()  # the variants whose constructor and rules egglog has, outside any push
+        self._rows: dict[str, list[list]] = {}
+        with tempfile.TemporaryDirectory(prefix="lanefuse-eg-") as tmp:
+            load = self._load(Path(tmp))
+            prog = self._declarations(self.lifted if eager else self._rows) + load
+            # the variants over lifted ops alone; the others compile once what they match exists (see `saturate`)
+            # (`eager`: every variant now, as a test compares)
+            base = [c for c, v in self.variant_of.items() if eager or any(all(a.ctor in self._rows for a in q)
+                                                                            for q in v.queries)]
+            prog += self._compile(base)
+            # One command at a time: a long program parses and runs in time quadratic in its length (egglog 13).
+            for cmd in prog:
+                self._run(cmd)
+        self.compiled.update(base)
+        self.program_lines = prog
+        self.load_seconds = time.perf_counter() - t0
+
+    @property
+    def program(self) -> str:
+        """The egglog program run so far outside any push: declarations, the graph's load, the compiled rules."""
+        return "\n".join(self.program_lines)
+
+    # -- program text ---------------------------------------------------------------------------------------------
+    def _declarations(self, lifted) -> list[str]:
+        lines = ["(sort T)", "(constructor Leaf (String) T)", "(constructor N (String) T)",
+                 "(constructor proj (T i64) T)", "(relation Orig (T String i64))", "(relation Layer (T i64))",
+                 "(relation Cols (T i64))"] + [f"(relation {f} (T))" for f in FACTS]
+        for ctor in lifted:  # the lifted constructors the graph uses
+            kind, n, layout, special = self.lifted[ctor]
+            lines.append(f"(constructor {ctor} ({' '.join(t for _, t in layout)}{' i64' if special else ''}) T)")
+        lines += [f"(ruleset {label})" for label in self.rule_label.values()]
+        return lines
+
+    def _compile(self, ctors) -> list[str]:
+        """The constructors and rules of these variants, each rule into its rule's ruleset."""
+        lines = [f"(constructor {c} ({' '.join(p.type for p in self.variant_of[c].params)}) T)" for c in ctors]
+        for ctor in ctors:
+            v, r = self.variant_of[ctor], self.rule_of[ctor]
+            v.__dict__["const_values"] = r.consts
+            lines += compile_variant(v, r.guards, r.outputs, r.absorb, self.rule_label[r.name])
         return lines
 
     def _load(self, tmp: Path) -> list[str]:
@@ -190,6 +217,7 @@ class EGraph:
                 ctor += "_x"
                 row.append(k)
             rows.setdefault(ctor, []).append(row)
+        self._rows = rows
         layer = {op.out: op.layer for op in g.ops}
         orig = [[n, index[n], layer.get(n, -1), g.shape(n)[-1] if g.shape(n) else 1] for n in index]
         facts = {
@@ -221,17 +249,6 @@ class EGraph:
         self.loaded_nodes = len(g.ops) + len(leaves)
         return lines + ["(ruleset load_)"] + loads + ["(run load_ 1)"]
 
-    def _rulesets(self) -> list[str]:
-        lines = []
-        for i, r in enumerate(self.table.rules):
-            label = f"R{i}_"
-            self.rule_label[r.name] = label
-            lines.append(f"(ruleset {label})")
-            for v in self.table.variants[r.name]:
-                v.__dict__["const_values"] = r.consts
-                lines += compile_variant(v, r.guards, r.outputs, r.absorb, label)
-        return lines
-
     def _run(self, text: str):
         try:
             return self.eg.run_program(*self.eg.parse_program(text))
@@ -241,12 +258,24 @@ class EGraph:
     # -- saturation -----------------------------------------------------------------------------------------------
     def push(self):
         self._run("(push)")
+        self._depth += 1
 
     def pop(self):
         self._run("(pop)")
+        self._depth -= 1
+        if self._depth == 0 and self._pending:  # what a saturation inside compiled, kept for the next one
+            todo, self._pending = [c for c in dict.fromkeys(self._pending) if c not in self.compiled], []
+            lines = self._compile(todo)
+            for cmd in lines:
+                self._run(cmd)
+            self.program_lines += lines
+            self.compiled.update(todo)
 
     def saturate(self, held=frozenset(), max_iters: int = 12, node_budget: int | None = None,
                  match_limit: int = 100_000) -> SatReport:
+        """Run the rules not held back until nothing changes. A variant that matches through other rules' fused
+        constructors is compiled only once such a constructor exists in the e-graph (a rule that matched), then
+        the rules run again: stages, each to its fixed point. `max_iters` bounds the iterations of each stage."""
         t0 = time.perf_counter()
         rep = SatReport(matches={r.name: 0 for r in self.table.rules})
         active = [r for r in self.table.rules if r.name not in held]
@@ -254,43 +283,65 @@ class EGraph:
         if not active:
             rep.stop = "no rules"
             return rep
-        self._combined += 1
-        name = f"P{self._combined}_"
-        self._run(f"(unstable-combined-ruleset {name} {' '.join(self.rule_label[r.name] for r in active)})")
-        rule_of = {v.ctor: r for r in active for v in self.table.variants[r.name]}
+        names = {r.name for r in active}
+        cands = [c for c, r in self.rule_of.items() if r.name in names]
+        have = set(self._rows)  # the constructors present: the graph's, and every variant that matched
+        compiled = set(self.compiled)
+        labels = " ".join(self.rule_label[r.name] for r in active)
         added = 0
-        for it in range(max_iters):
-            out = self._run(f"(run {name} 1)")
-            report = out[-1].report
-            rep.iterations = it + 1
-            last: dict[str, int] = {}
-            # the run report's fields as egglog 13 and 14 both name them; absent ones leave the counts empty
-            for label, m in (getattr(report, "num_matches_per_rule", None) or {}).items():
-                if label.rsplit(".", 1)[0] not in rule_of:
-                    continue
-                rn = rule_of[label.rsplit(".", 1)[0]].name
-                last[rn] = last.get(rn, 0) + m
-            for rn, m in last.items():
-                rep.matches[rn] += m
-                added += m * (1 + len(self.table.by_name[rn].outputs))
-            worst = max(last.items(), key=lambda kv: kv[1], default=("", 0))
-            if worst[1] > match_limit:
-                r = self.table.by_name[worst[0]]
-                raise UserError(f"rule `{r.where}` matched {worst[1]} times in one iteration (limit {match_limit}); "
-                                f"its pattern is too loose: join its ops on a shared input or layer, add guards, "
-                                f"or hold it (--hold {r.name})")
-            if self.loaded_nodes + added > budget:
-                n = self.snapshot().n_nodes
-                if n > budget:
-                    r = self.table.by_name[worst[0]]
-                    raise UserError(f"the e-graph grew to {n} e-nodes after {it + 1} iterations (budget {budget}); "
-                                    f"the likely cause is rule `{r.where}` ({worst[1]} matches in the last "
-                                    f"iteration): add guards to it or hold it (--hold {r.name})")
-            if not getattr(report, "updated", True):
-                rep.stop = "saturated"
+        while True:
+            todo = [c for c in cands if c not in compiled
+                    and any(all(a.ctor in have for a in q) for q in self.variant_of[c].queries)]
+            if todo:
+                for cmd in self._compile(todo):
+                    self._run(cmd)
+                compiled.update(todo)
+                if self._depth:
+                    self._pending += todo
+                else:
+                    self.compiled.update(todo)
+            elif rep.stop:
                 break
-        else:
-            rep.stop = f"iteration limit ({max_iters})"
+            self._combined += 1
+            name = f"P{self._combined}_"
+            self._run(f"(unstable-combined-ruleset {name} {labels})")
+            for it in range(max_iters):
+                out = self._run(f"(run {name} 1)")
+                report = out[-1].report
+                rep.iterations += 1
+                last: dict[str, int] = {}
+                # the run report's fields as egglog 13 and 14 both name them
+                for label, m in (getattr(report, "num_matches_per_rule", None) or {}).items():
+                    ctor = label.rsplit(".", 1)[0]
+                    r = self.rule_of.get(ctor)
+                    if r is None or r.name not in names:
+                        continue
+                    if m:
+                        have.add(ctor)
+                    last[r.name] = last.get(r.name, 0) + m
+                for rn, m in last.items():
+                    rep.matches[rn] += m
+                    added += m * (1 + len(self.table.by_name[rn].outputs))
+                worst = max(last.items(), key=lambda kv: kv[1], default=("", 0))
+                if worst[1] > match_limit:
+                    r = self.table.by_name[worst[0]]
+                    raise UserError(f"rule `{r.where}` matched {worst[1]} times in one iteration (limit "
+                                    f"{match_limit}); its pattern is too loose: join its ops on a shared input or "
+                                    f"layer, add guards, or hold it (--hold {r.name})")
+                if self.loaded_nodes + added > budget:
+                    n = self.snapshot().n_nodes
+                    if n > budget:
+                        r = self.table.by_name[worst[0]]
+                        raise UserError(f"the e-graph grew to {n} e-nodes after {rep.iterations} iterations "
+                                        f"(budget {budget}); the likely cause is rule `{r.where}` ({worst[1]} "
+                                        f"matches in the last iteration): add guards to it or hold it "
+                                        f"(--hold {r.name})")
+                if not getattr(report, "updated", True):
+                    rep.stop = "saturated"
+                    break
+            else:
+                rep.stop = f"iteration limit ({max_iters})"
+                break
         rep.seconds = time.perf_counter() - t0
         return rep
 
