@@ -9,6 +9,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from egglog import bindings
 
@@ -21,8 +22,7 @@ from lanefuse.engine.rules import RuleTable, Variant, lifted_layout
 FACTS = ("SingleReader", "Values", "Rows", "StepNext")
 
 
-@dataclass(frozen=True)
-class ENode:
+class ENode(NamedTuple):
     fn: str  # the constructor: Leaf, proj, a lifted kind's (`matmul`, `attention_5`, `matmul_x`), a variant's `F..`
     children: tuple[int, ...]  # the e-classes of its tensor arguments, in order
     prims: tuple  # its other arguments (attributes, constants, names), in order
@@ -207,6 +207,7 @@ class EGraph:
             idx(n)
         produced = {op.out for op in g.ops}
         leaves = [n for n in index if n not in produced]
+        attrs = self._attrs = {}  # an op's attributes as its e-node holds them
         for k, op in enumerate(g.ops):
             n = len(op.ins)
             ctor, layout = lifted_layout(op.kind, n)
@@ -217,6 +218,7 @@ class EGraph:
                 ctor += "_x"
                 row.append(k)
             rows.setdefault(ctor, []).append(row)
+            attrs[op.out] = tuple([int(x) if isinstance(x, bool) else x for x in row[1 + n:]])
         self._rows = rows
         layer = {op.out: op.layer for op in g.ops}
         orig = [[n, index[n], layer.get(n, -1), g.shape(n)[-1] if g.shape(n) else 1] for n in index]
@@ -347,41 +349,43 @@ class EGraph:
 
     # -- snapshot -------------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
+        """Decode `freeze()`. An e-class value reads as its id through `value_to_i64` (egglog 13 and 14 alike);
+        a lifted op's attributes are the graph's, as loaded, so only fused nodes' attributes are converted."""
         eg = self.eg
         frozen = eg.freeze()
-        ids: dict = {}
-
-        def cid(v) -> int:
-            i = ids.get(v)
-            if i is None:
-                i = ids[v] = len(ids)
-            return i
-
-        conv = {"i64": eg.value_to_i64, "f64": eg.value_to_f64, "String": eg.value_to_string}
+        to_i = eg.value_to_i64
+        conv = {"i64": to_i, "f64": eg.value_to_f64, "String": eg.value_to_string}
         classes: dict[int, list[ENode]] = {}
         merged: dict[int, set[str]] = {}  # e-class -> the step tensors in it (one, unless a rule is unsound)
         names: dict[int, str] = {}
         by_name: dict[str, int] = {}
-        for fname, fn in frozen.functions.items():
-            if fn.output_sort != "T":
+        fns = frozen.functions
+        for row in fns["N"].rows:
+            c, nm = to_i(row.output), eg.value_to_string(row.inputs[0])
+            merged.setdefault(c, set()).add(nm)
+            names[c] = nm
+            by_name[nm] = c
+        attrs = self._attrs
+        for fname, fn in fns.items():
+            if fn.output_sort != "T" or fname == "N":
                 continue
             sorts = fn.input_sorts
-            if fname == "N":
+            tpos = [i for i, s in enumerate(sorts) if s == "T"]
+            if fname == "Leaf":
                 for row in fn.rows:
-                    c, nm = cid(row.output), eg.value_to_string(row.inputs[0])
-                    merged.setdefault(c, set()).add(nm)
-                    names[c] = nm
-                    by_name[nm] = c
-                continue
-            for row in fn.rows:
-                ch, pr = [], []  # noqa
-                for s, v in zip(sorts, row.inputs):
-                    if s == "T":
-                        ch.append(cid(v))
-                    else:
-                        pr.append(conv[s](v))
-                c = cid(row.output)
-                classes.setdefault(c, []).append(ENode(fname, tuple(ch), tuple(pr), c))
+                    c = to_i(row.output)
+                    classes.setdefault(c, []).append(ENode(fname, (), (names[c],), c))
+            elif fname in self.lifted:
+                for row in fn.rows:
+                    c, ins = to_i(row.output), row.inputs
+                    classes.setdefault(c, []).append(ENode(fname, tuple([to_i(ins[i]) for i in tpos]),
+                                                           attrs[names[c]], c))
+            else:
+                kinds = [(i, conv[s]) for i, s in enumerate(sorts) if s != "T"]
+                for row in fn.rows:
+                    c, ins = to_i(row.output), row.inputs
+                    classes.setdefault(c, []).append(ENode(fname, tuple([to_i(ins[i]) for i in tpos]),
+                                                           tuple([f(ins[i]) for i, f in kinds]), c))
         snap = Snapshot(classes, names, by_name)
         self._audit(snap, merged)
         return snap
