@@ -28,8 +28,8 @@ class CostFn(Protocol):
 
 
 def nbytes(g: Graph, name: str) -> int:
-    if name in g.constants:
-        c = g.constants[name]
+    c = g.constants.get(name)
+    if c is not None:
         return c.size * _WIDTH.get(c.format if c.kind == "rows" else "f32", 4)
     t = g.tensors.get(name)
     return t.size * _WIDTH.get(t.dtype, 4) if t else 0

@@ -68,12 +68,6 @@ def _lit(v) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _tsv(v) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
 
 
 def _arg_text(a: Arg) -> str:
@@ -208,17 +202,20 @@ class EGraph:
         produced = {op.out for op in g.ops}
         leaves = [n for n in index if n not in produced]
         attrs = self._attrs = {}  # an op's attributes as its e-node holds them
+        names: dict[str, list[str]] = {}  # constructor -> its attributes' names
         for k, op in enumerate(g.ops):
             n = len(op.ins)
             ctor, layout = lifted_layout(op.kind, n)
+            if ctor not in names:
+                names[ctor] = [name for name, _ in layout[n:]]
             a = full_attrs(op)
             special = op.dst is not None or any(x is not None for x in op.access)
-            row = [op.out] + list(op.ins) + [a[name] for name, t in layout[n:]]
+            row = [op.out, *op.ins, *[int(x) if isinstance(x, bool) else x for x in map(a.__getitem__, names[ctor])]]
             if special:
                 ctor += "_x"
                 row.append(k)
             rows.setdefault(ctor, []).append(row)
-            attrs[op.out] = tuple([int(x) if isinstance(x, bool) else x for x in row[1 + n:]])
+            attrs[op.out] = tuple(row[1 + n:])
         self._rows = rows
         layer = {op.out: op.layer for op in g.ops}
         orig = [[n, index[n], layer.get(n, -1), g.shape(n)[-1] if g.shape(n) else 1] for n in index]
@@ -246,7 +243,7 @@ class EGraph:
                          f":ruleset load_)")
         for name, rs in files.items():
             p = tmp / f"{name}.tsv"
-            p.write_text("".join("\t".join(_tsv(x) for x in r) + "\n" for r in rs))
+            p.write_text("".join(["\t".join(map(str, r)) + "\n" for r in rs]))  # str of a float is its repr
             lines.append(f'(input {name} "{p}")')
         self.loaded_nodes = len(g.ops) + len(leaves)
         return lines + ["(ruleset load_)"] + loads + ["(run load_ 1)"]
@@ -259,19 +256,19 @@ class EGraph:
 
     # -- saturation -----------------------------------------------------------------------------------------------
     def push(self):
-        self._run("(push)")
-        self._depth += 1
-
-    def pop(self):
-        self._run("(pop)")
-        self._depth -= 1
-        if self._depth == 0 and self._pending:  # what a saturation inside compiled, kept for the next one
+        if self._depth == 0 and self._pending:  # what an earlier saturation compiled inside its push, kept for good
             todo, self._pending = [c for c in dict.fromkeys(self._pending) if c not in self.compiled], []
             lines = self._compile(todo)
             for cmd in lines:
                 self._run(cmd)
             self.program_lines += lines
             self.compiled.update(todo)
+        self._run("(push)")
+        self._depth += 1
+
+    def pop(self):
+        self._run("(pop)")
+        self._depth -= 1
 
     def saturate(self, held=frozenset(), max_iters: int = 12, node_budget: int | None = None,
                  match_limit: int = 100_000) -> SatReport:

@@ -27,7 +27,7 @@ class Tensor:
     shape: tuple[int, ...]
     dtype: str = "f32"
 
-    @property
+    @cached_property
     def size(self) -> int:
         return numel(self.shape)
 
@@ -49,7 +49,7 @@ class Constant:
     def dtype(self) -> str:
         return "f32"
 
-    @property
+    @cached_property
     def size(self) -> int:
         return numel(self.shape)
 

@@ -4,6 +4,8 @@ sets, costs and forced choices (the explorer), and lists each tensor's alternati
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import os
 import sys
@@ -37,6 +39,19 @@ class Optimized:
     trace: dict[str, Any]
     cost: float
     warnings: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Planning allocates a few hundred thousand small objects that all live until the plan is made: the cyclic
+    collector's full passes over them would cost a fifth of the time and free nothing."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _debug_level() -> int:
@@ -114,8 +129,9 @@ class _Decoded:
         plan = self._plans.get(v.ctor)
         if plan is None:  # what a variant's arguments bind, worked out once a variant
             rule = self.table.by_name[v.rule]
-            plan = self._plans[v.ctor] = (rule, tuple((p.name, p.type == "T") for p in v.params))
-        rule, params = plan
+            plan = self._plans[v.ctor] = (rule, tuple((p.name, p.type == "T") for p in v.params), rule.outputs,
+                                          rule.multi)
+        rule, params, outputs, multi = plan
         names = self.snap.names
         binds: dict[str, Any] = {}
         ch, pr = iter(n.children), iter(n.prims)
@@ -130,19 +146,21 @@ class _Decoded:
                 children.append(nm)
             else:
                 binds[pname] = next(pr)
-        if rule.multi:
+        if multi:
             outs_cls = self.proj_of.get(n.cls, {})
-            outs = [self.name(outs_cls[i]) if i in outs_cls else None for i in range(len(rule.outputs))]
+            outs = [self.name(outs_cls[i]) if i in outs_cls else None for i in range(len(outputs))]
+            for var, nm in zip(outputs, outs):
+                binds[var] = nm
+            outs = [o for o in outs if o is not None]
         else:
             outs = [self.name(n.cls)]
-        for var, nm in zip(rule.outputs, outs):
-            binds[var] = nm
-        outs = [o for o in outs if o is not None]
-        parts = self._parts(tuple(outs), frozenset(children))
-        return Op("fused", tuple(dict.fromkeys(children)), outs[0], layer=max([pt.layer for pt in parts], default=-1),
-                  cls=rule.cls, rule=rule.name, parts=parts, keeps=tuple(outs[1:]), binds=attrs_of(binds))
+            binds[outputs[0]] = outs[0]
+        parts = self._parts(outs, set(children))
+        layer = max([pt.layer for pt in parts], default=-1)
+        return Op("fused", tuple(dict.fromkeys(children)), outs[0], (), (), None, layer, rule.cls, rule.name, parts,
+                  tuple(outs[1:]), tuple(sorted(binds.items())))
 
-    def _parts(self, outs: tuple[str, ...], stop: frozenset[str]) -> tuple[Op, ...]:
+    def _parts(self, outs: list[str], stop: set[str]) -> tuple[Op, ...]:
         """The step graph's ops between the fused op's inputs and its outputs, in graph order."""
         seen: dict[int, Op] = {}
         producer = self.producer
@@ -179,21 +197,23 @@ class Session:
                  match_limit: int = 100_000):
         self.g, self.table = g, table
         self.max_iters, self.node_budget, self.match_limit = max_iters, node_budget, match_limit
-        self.eg = EGraph(g, table)
+        with _gc_paused():
+            self.eg = EGraph(g, table)
         self._snaps: dict[frozenset, tuple[_Decoded, SatReport, dict]] = {}
 
     def _saturated(self, held: frozenset) -> tuple[_Decoded, SatReport, dict]:
         if held not in self._snaps:
             times = {}
+            t0 = time.perf_counter()
             self.eg.push()
             try:
                 rep = self.eg.saturate(held, self.max_iters, self.node_budget, self.match_limit)
-                times["saturate"] = rep.seconds
+                times["saturate"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 snap = self.eg.snapshot()
-                times["snapshot"] = time.perf_counter() - t0
             finally:
                 self.eg.pop()
+            times["snapshot"] = time.perf_counter() - t0  # the pop included
             t0 = time.perf_counter()
             dec = _Decoded(snap, self.eg, self.g, self.table)
             times["decode"] = time.perf_counter() - t0
@@ -214,7 +234,8 @@ class Session:
 
     def choices(self, tensor: str, held=frozenset(), cost: CostFn = default_cost) -> list[Alternative]:
         held, _ = self._held(held)
-        dec = self._saturated(held)[0]
+        with _gc_paused():
+            dec = self._saturated(held)[0]
         c = dec.snap.by_name.get(tensor)
         if c is None:
             import difflib
@@ -230,6 +251,10 @@ class Session:
 
     def plan(self, held=frozenset(), cost: CostFn = default_cost, forced: dict[str, int] | None = None,
              method: str = "ilp") -> Optimized:
+        with _gc_paused():
+            return self._plan(held, cost, forced, method)
+
+    def _plan(self, held, cost: CostFn, forced: dict[str, int] | None, method: str) -> Optimized:
         if method not in ("ilp", "local"):
             raise UserError(f"unknown extraction method `{method}` (ilp or local)")
         t_all = time.perf_counter()
@@ -328,8 +353,9 @@ class Session:
                     placements.append(op)
                     continue
             ops.append(op)
+        writer = {o: k for k, op in enumerate(ops) for o in op.outs}
         for pl in placements:
-            ops = self._place(ops, pl)
+            self._place(ops, pl, writer)
         # keeps: what another op reads or the step outputs
         read = {i for op in ops for i in op.ins} | set(self.g.io.outputs)
         ops = [replace(op, keeps=tuple(k for k in op.keeps if k in read)) if op.fused else op for op in ops]
@@ -338,15 +364,16 @@ class Session:
         out = self.g.replace_ops(ops)
         return out, fusions
 
-    def _place(self, ops: list[Op], pl: Op) -> list[Op]:
-        """Fold a row placement into the op that writes the absorbed tensor: that op's result lands in the table."""
+    def _place(self, ops: list[Op], pl: Op, writer: dict[str, int]) -> None:
+        """Fold a row placement into the op that writes the absorbed tensor: that op's result lands in the table.
+        `writer` (tensor -> index in `ops`) follows the change."""
         rule = self.table.by_name[pl.rule]
         src = pl.b[rule.absorb]
         row = pl.parts[-1]  # the row write the placement absorbs
         d = Dst(row.ins[0], RowSel(param=row.ins[2]))
-        for k, op in enumerate(ops):
-            if src != op.out and src not in op.keeps:  # `src not in op.outs`, without building the tuple
-                continue
+        k = writer.get(src)
+        if k is not None:
+            op = ops[k]
             if not op.fused:
                 ops[k] = Op("fused", tuple(dict.fromkeys(op.ins + (row.ins[0],))), pl.out, dst=d, layer=op.layer,
                             cls=rule.cls, rule=rule.name, parts=(replace(op, dst=d), row), binds=pl.binds)
@@ -357,7 +384,9 @@ class Session:
                 ops[k] = replace(op, ins=tuple(dict.fromkeys(op.ins + (row.ins[0],))),
                                  out=pl.out if op.out == src else op.out,
                                  keeps=tuple(pl.out if x == src else x for x in op.keeps), parts=parts, binds=binds)
-            return ops
+            del writer[src]
+            writer[pl.out] = k
+            return
         raise RuntimeError(f"placement `{pl.rule}`: no op writes `{src}`")
 
     def _trace(self, dec, rep: SatReport, choice, costs, refusals, times, held) -> dict:

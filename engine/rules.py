@@ -4,6 +4,7 @@ alternative kinds, and per producing rule where a pattern names a fused class) f
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -110,6 +111,7 @@ class Variant:
         return next((p for p in self.params if p.name == name), None)
 
 
+@functools.lru_cache(maxsize=None)
 def lifted_layout(kind: str, n_ins: int) -> tuple[str, tuple[tuple[str, str], ...]]:
     """The egglog constructor of a lifted op of `kind` with `n_ins` inputs, and its (argument, type) list: the
     inputs, then every attribute in the op table's order."""
