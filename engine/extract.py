@@ -48,31 +48,34 @@ def requirements(p: Problem, usable: dict[int, list[int]] | None = None) -> dict
     itself only, so every set is a valid under-estimate on cyclic e-graphs too."""
     if usable is None:
         usable = _usable_map(p)
-    kids = {c: [d for n in ns for d in p.children[n]] for c, ns in usable.items()}
+    children = p.children
     req: dict[int, int] = {}
-    state: dict[int, int] = {}  # 1: being visited, 2: done
+    opened: set[int] = set()  # classes whose children were pushed
     for r in sorted(p.classes):
-        if r in state:
+        if r in opened:
             continue
-        state[r] = 1
-        stack = [(r, iter(kids[r]))]
+        stack = [r]
         while stack:
-            c, it = stack[-1]
-            d = next(it, None)
-            if d is not None:
-                if d not in state:
-                    state[d] = 1
-                    stack.append((d, iter(kids.get(d, ()))))
+            c = stack[-1]
+            if c in req:
+                stack.pop()
                 continue
-            stack.pop()
+            if c not in opened:  # first visit: its children go first
+                opened.add(c)
+                for n in usable.get(c, ()):
+                    for d in children[n]:
+                        if d not in opened:
+                            stack.append(d)
+                continue
+            stack.pop()  # second visit: every child is done, or open below it (a cycle)
             acc = None
             for n in usable.get(c, ()):
                 o = 0
-                for d in p.children[n]:
-                    o |= req[d] if state.get(d) == 2 else 1 << d
+                for d in children[n]:
+                    x = req.get(d)
+                    o |= (1 << d) if x is None else x
                 acc = o if acc is None else acc & o
             req[c] = 1 << c | (acc or 0)
-            state[c] = 2
     return req
 
 
@@ -86,11 +89,7 @@ def needed_classes(p: Problem, live: set[int] | None = None, usable: dict[int, l
     mask = 0
     for c in [*p.roots, *(c for c in p.forced if c in live)]:
         mask |= req[c]
-    need = set()
-    while mask:
-        low = mask & -mask
-        need.add(low.bit_length() - 1)
-        mask ^= low
+    need = {i for i, b in enumerate(bin(mask)[:1:-1]) if b == "1"}  # the set bits, lowest first
     for c in sorted(need):
         if not usable.get(c):
             raise NoPlan([c])
