@@ -11,7 +11,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from functools import cached_property
+from typing import Any, Callable
 
 from lanefuse.engine.cost_default import CostFn, Refusal, default_cost
 from lanefuse.engine.egraph import EGraph, ENode, SatReport, Snapshot
@@ -36,9 +37,16 @@ class Alternative:
 class Optimized:
     graph: Graph
     fusions: dict[str, int]
-    trace: dict[str, Any]
+    summary: dict[str, Any]  # held rules, saturation, e-graph size, time by stage
     cost: float
     warnings: list[str] = field(default_factory=list)
+    runners_up: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
+
+    @cached_property
+    def trace(self) -> dict[str, Any]:
+        """The summary and, for each tensor, the chosen alternative with the runner-up costs (worked out on first
+        use: a plan that writes no trace does not pay for it)."""
+        return {**self.summary, "tensors": self.runners_up() if self.runners_up else {}}
 
 
 @contextlib.contextmanager
@@ -271,8 +279,8 @@ class Session:
                 v = INF
             costs.append(float(v))
         times["cost"] = time.perf_counter() - t0
-        prob = self._problem(dec, costs, forced or {})
         t0 = time.perf_counter()
+        prob = self._problem(dec, costs, forced or {})
         try:
             choice = solve_exact(prob) if method == "ilp" else solve_local(prob)  # ilp: the exact optimum
         except NoPlan as e:
@@ -282,11 +290,17 @@ class Session:
         graph, fusions = self._emit(dec, choice)
         times["emit"] = time.perf_counter() - t0
         total = sum(costs[n] for n in choice.values())
-        trace = self._trace(dec, rep, choice, costs, refusals, times, held)
-        trace["time"]["total"] = time.perf_counter() - t_all
+        summary = {
+            "held": sorted(held),
+            "saturation": {"iterations": rep.iterations, "stop": rep.stop, "matches": dict(rep.matches)},
+            "egraph": {"nodes": dec.snap.n_nodes, "classes": len(dec.snap.classes)},
+            "time": {k: round(v, 6) for k, v in times.items()},
+        }
+        summary["time"]["total"] = time.perf_counter() - t_all
         if _debug_level() >= 2:
             print(match_table(self.table, rep), file=sys.stderr)
-        return Optimized(graph, fusions, trace, total, warnings)
+        return Optimized(graph, fusions, summary, total, warnings,
+                         lambda: self._runners_up(dec, choice, costs, refusals))
 
     # -- the problem ----------------------------------------------------------------------------------------------
     def _problem(self, dec: _Decoded, costs: list[float], forced: dict[str, int]) -> Problem:
@@ -389,7 +403,7 @@ class Session:
             return
         raise RuntimeError(f"placement `{pl.rule}`: no op writes `{src}`")
 
-    def _trace(self, dec, rep: SatReport, choice, costs, refusals, times, held) -> dict:
+    def _runners_up(self, dec, choice, costs, refusals) -> dict:
         tensors = {}
         for c, i in sorted(choice.items(), key=lambda kv: dec.name(kv[0])):
             if c not in dec.snap.names or dec.nodes[i].fn == "Leaf":
@@ -401,13 +415,7 @@ class Session:
                 alts.append({"alt": dec.label(j)[0], "cost": str(refusals[j]) if j in refusals else costs[j]})
             alts.sort(key=lambda a: (isinstance(a["cost"], str), a["cost"] if not isinstance(a["cost"], str) else 0))
             tensors[dec.name(c)] = {"chosen": dec.label(i)[0], "cost": costs[i], "runners_up": alts}
-        return {
-            "held": sorted(held),
-            "saturation": {"iterations": rep.iterations, "stop": rep.stop, "matches": dict(rep.matches)},
-            "egraph": {"nodes": dec.snap.n_nodes, "classes": len(dec.snap.classes)},
-            "time": {k: round(v, 6) for k, v in times.items()},
-            "tensors": tensors,
-        }
+        return tensors
 
 
 def _topo(ops: list[Op], index: dict[str, int]) -> list[Op]:

@@ -300,7 +300,7 @@ class Explorer:
         sched.fusions = dict(sorted(opt.fusions.items()))
         sched.numerics = NUMERICS
         sched.source = dict(self.g.meta.get("source", {}) or {})
-        sched.timings = {"trace": opt.trace, "warnings": list(opt.warnings), "method": method}
+        sched.timings = {"optimized": opt, "warnings": list(opt.warnings), "method": method}
         p = _Plan(sched, dec, choice, method, opt.cost, list(opt.warnings) + notes, (time.perf_counter() - t0) * 1e3)
         self._plans[key] = p
         return p

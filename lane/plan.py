@@ -56,7 +56,7 @@ def plan(g: Graph, lane: str | LaneTable = "cuda", numerics: str = "f32", knobs:
     sched.fusions = dict(sorted(opt.fusions.items()))
     sched.numerics = numerics
     sched.source = dict(source or g.meta.get("source", {}) or {})
-    sched.timings = {"engine_s": t1 - t0, "lower_s": time.perf_counter() - t1, "trace": opt.trace,
+    sched.timings = {"engine_s": t1 - t0, "lower_s": time.perf_counter() - t1, "optimized": opt,
                      "warnings": list(opt.warnings)}
     return sched
 

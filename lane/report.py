@@ -66,7 +66,8 @@ def _source_of(src) -> dict:
 def plan_command(args, src, g) -> int:
     s = plan_from_args(args, src, g)
     if args.trace:
-        write_atomic(args.trace, json.dumps(s.timings.get("trace", {}), indent=1, default=str) + "\n")
+        opt = s.timings.get("optimized")
+        write_atomic(args.trace, json.dumps(opt.trace if opt is not None else {}, indent=1, default=str) + "\n")
     if args.save:
         from lanefuse.lane.planfile import save
 

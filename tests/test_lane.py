@@ -255,6 +255,23 @@ def test_plan_json_and_saved_plan_runs_without_the_solver(tmp_path):
     assert a["generated_ids"] == b["generated_ids"] and len(a["logits"]) == 6
 
 
+def test_plan_trace_file(tmp_path):
+    """`plan --trace FILE`: saturation (iterations, stop reason, every rule's matches, unmatched ones included), the
+    e-graph's size, time by stage, and each tensor's chosen alternative with the runners-up and their costs."""
+    r = _cli("plan", "--hold", "add_norm", "--trace", str(tmp_path / "t.json"))
+    assert r.returncode == 0, r.stderr
+    t = json.loads((tmp_path / "t.json").read_text())
+    assert t["held"] == ["add_norm"] and t["saturation"]["stop"] == "saturated" and t["saturation"]["iterations"] > 1
+    assert set(t["saturation"]["matches"]) == {x.name for x in load_table().rules}
+    assert t["saturation"]["matches"]["add_norm"] == 0 and t["saturation"]["matches"]["merged_qkv"] > 0
+    assert t["egraph"]["nodes"] > t["egraph"]["classes"] > 0
+    assert {"load", "saturate", "snapshot", "decode", "cost", "extract", "emit", "total"} <= set(t["time"])
+    q = next(v for k, v in t["tensors"].items() if v["chosen"].startswith("merged_qkv"))
+    assert q["runners_up"] and all(isinstance(a["cost"], (float, str)) for a in q["runners_up"])
+    finite = [a["cost"] for a in q["runners_up"] if not isinstance(a["cost"], str)]
+    assert finite == sorted(finite)  # cheapest first, refusals (their reasons) last
+
+
 def test_cli_errors_are_one_line():
     r = _cli("plan", "--hold", "nope")
     assert r.returncode != 0 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
