@@ -64,7 +64,9 @@ def decode(x, classes: dict[str, type]):
 def save(schedule, path: str) -> None:
     from lanefuse.lane.commands import write_atomic
 
-    doc = {"format": FORMAT, "schedule": encode(schedule)}
+    # the engine's result (the optimized graph, the trace) stays behind: a plan file holds what runs
+    kept = {k: v for k, v in schedule.timings.items() if k != "optimized"}
+    doc = {"format": FORMAT, "schedule": encode(dataclasses.replace(schedule, timings=kept))}
     write_atomic(path, json.dumps(doc) + "\n")
 
 
