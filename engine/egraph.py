@@ -14,6 +14,7 @@ from typing import NamedTuple
 from egglog import bindings
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.guards import GUARDS
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.opdefs import OPS, full_attrs
 from lanefuse.engine.pattern import Arg
@@ -91,10 +92,11 @@ def compile_variant(v: Variant, rule_guards, rule_outputs, absorb, label: str) -
         for p in v.params:
             if p.role == "name" and types.get(p.name) != "name":
                 atoms.append(f"(Orig {_var(p.name)} {_var(p.name + '#name')} {fresh()})")
+        lead = []
         for gname, gargs in rule_guards:
-            from lanefuse.engine.guards import GUARDS
-
-            atoms += GUARDS[gname].compile([_arg_text(a) for a in gargs], fresh)
+            guard = GUARDS[gname]
+            (lead if guard.lead else atoms).extend(guard.compile([_arg_text(a) for a in gargs], fresh))
+        atoms = lead + atoms
         args = []
         consts = dict(v.const_values) if hasattr(v, "const_values") else {}
         for p in v.params:
