@@ -99,6 +99,7 @@ class _Decoded:
         for t in twins:
             self.proj_of.pop(t, None) if isinstance(t, int) else None
         self.ops: list[Op | None] = [self._op(n) for n in self.nodes]
+        self.leaves = {c for c, ns in self.classes.items() if len(ns) == 1 and self.nodes[ns[0]].fn == "Leaf"}
 
     def _twins(self) -> set:
         """Fused nodes (and bundle classes) equal to another but for the order of a commutative op's inputs: the
@@ -283,6 +284,7 @@ class Session:
         prob = self._problem(dec, costs, forced or {})
         try:
             choice = solve_exact(prob) if method == "ilp" else solve_local(prob)  # ilp: the exact optimum
+            choice = self._with_leaves(dec, choice)
         except NoPlan as e:
             raise UserError(self._no_plan(dec, e.classes, refusals, forced)) from None
         times["extract"] = time.perf_counter() - t0
@@ -305,7 +307,10 @@ class Session:
     # -- the problem ----------------------------------------------------------------------------------------------
     def _problem(self, dec: _Decoded, costs: list[float], forced: dict[str, int]) -> Problem:
         snap = dec.snap
-        children = [tuple(dict.fromkeys(n.children)) for n in dec.nodes]
+        # an input or constant is there for the taking (its one node costs nothing and needs nothing): its class stays
+        # out of the problem, a third of the classes fewer; `_with_leaves` adds those the plan reads back
+        leaves = dec.leaves
+        children = [tuple([d for d in dict.fromkeys(n.children) if d not in leaves]) for n in dec.nodes]
         internal = []
         for i, n in enumerate(dec.nodes):
             ins: tuple[int, ...] = ()
@@ -329,14 +334,26 @@ class Session:
             alts = dec.classes[c]
             if not 0 <= k < len(alts):
                 raise UserError(f"forced choice {k} for `{t}`: it has alternatives 0..{len(alts) - 1}")
-            fixed[c] = alts[k]
+            if c not in leaves:
+                fixed[c] = alts[k]
         bundles = {}
         for bc, outs in dec.proj_of.items():
             bundles[bc] = [(oc, next(i for i in dec.classes[oc] if dec.nodes[i].fn == "proj"
                                      and dec.nodes[i].children[0] == bc and dec.nodes[i].prims[0] == k))
                            for k, oc in sorted(outs.items())]
         node_class = [n.cls for n in dec.nodes]
-        return Problem(dec.classes, node_class, children, costs, roots, internal, fixed, bundles)
+        classes = {c: ns for c, ns in dec.classes.items() if c not in leaves}
+        return Problem(classes, node_class, children, costs, roots, internal, fixed, bundles)
+
+    @staticmethod
+    def _with_leaves(dec: _Decoded, choice: dict[int, int]) -> dict[int, int]:
+        """The choice with the inputs and constants its nodes read (the problem left them out)."""
+        out = dict(choice)
+        for i in choice.values():
+            for d in dec.nodes[i].children:
+                if d in dec.leaves:
+                    out[d] = dec.classes[d][0]
+        return out
 
     def _no_plan(self, dec: _Decoded, classes, refusals, forced) -> str:
         lines = []
