@@ -28,11 +28,21 @@ class CostFn(Protocol):
 
 
 def nbytes(g: Graph, name: str) -> int:
-    c = g.constants.get(name)
-    if c is not None:
-        return c.size * _WIDTH.get(c.format if c.kind == "rows" else "f32", 4)
-    t = g.tensors.get(name)
-    return t.size * _WIDTH.get(t.dtype, 4) if t else 0
+    memo = g.__dict__.get("_nbytes")  # a name's size never changes once declared
+    if memo is None:
+        memo = g.__dict__["_nbytes"] = {}
+    n = memo.get(name)
+    if n is None:
+        c = g.constants.get(name)
+        if c is not None:
+            n = c.size * _WIDTH.get(c.format if c.kind == "rows" else "f32", 4)
+        else:
+            t = g.tensors.get(name)
+            if t is None:
+                return 0  # not declared (yet): not remembered
+            n = t.size * _WIDTH.get(t.dtype, 4)
+        memo[name] = n
+    return n
 
 
 def _moved(op: Op, g: Graph) -> int:
