@@ -119,8 +119,8 @@ class _Decoded:
     def _rank_key(self, n: ENode):
         fn = n.fn
         tier = 0 if fn == "Leaf" else 1 if fn in self.eg.lifted else 2 if fn in self.eg.variant_of else 3
-        names = self.snap.names
-        return (tier, fn, tuple([names.get(c, "") for c in n.children]), repr(n.prims))
+        get = self.snap.names.get
+        return (tier, fn, tuple([get(c, "") for c in n.children]), repr(n.prims) if n.prims else "")
 
     def name(self, c: int) -> str:
         nm = self.snap.names.get(c)
@@ -173,16 +173,13 @@ class _Decoded:
         """The step graph's ops between the fused op's inputs and its outputs, in graph order."""
         seen: dict[int, Op] = {}
         producer = self.producer
-        stack = list(outs)
+        stack = [t for t in outs if t not in stop]
         while stack:
-            t = stack.pop()
-            if t in stop:
-                continue
-            ko = producer.get(t)
+            ko = producer.get(stack.pop())
             if ko is None or ko[0] in seen:
                 continue
-            seen[ko[0]] = ko[1]
-            stack.extend(ko[1].ins)
+            op = seen[ko[0]] = ko[1]
+            stack += [i for i in op.ins if i not in stop]
         return tuple([seen[k] for k in sorted(seen)])
 
     def label(self, i: int) -> tuple[str, str | None, str | None]:
