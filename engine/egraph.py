@@ -5,6 +5,7 @@ graph, and a snapshot decodes `freeze()` into Python e-classes and e-nodes."""
 
 from __future__ import annotations
 
+import csv
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -220,7 +221,8 @@ class EGraph:
             attrs[op.out] = tuple(row[1 + n:])
         self._rows = rows
         layer = {op.out: op.layer for op in g.ops}
-        orig = [[n, index[n], layer.get(n, -1), g.shape(n)[-1] if g.shape(n) else 1] for n in index]
+        shapes = {**{n: t.shape for n, t in g.tensors.items()}, **{n: c.shape for n, c in g.constants.items()}}
+        orig = [[n, i, layer.get(n, -1), (shapes.get(n) or g.shape(n) or (1,))[-1]] for n, i in index.items()]
         facts = {
             "SingleReader": [[n] for n, r in readers.items() if len(r) == 1],
             "Values": [[n] for n, c in g.constants.items() if c.kind == "values"],
@@ -245,7 +247,8 @@ class EGraph:
                          f":ruleset load_)")
         for name, rs in files.items():
             p = tmp / f"{name}.tsv"
-            p.write_text("".join(["\t".join(map(str, r)) + "\n" for r in rs]))  # str of a float is its repr
+            with open(p, "w", newline="") as f:  # csv writes a float as its repr, as egglog reads it back
+                csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n").writerows(rs)
             lines.append(f'(input {name} "{p}")')
         self.loaded_nodes = len(g.ops) + len(leaves)
         return lines + ["(ruleset load_)"] + loads + ["(run load_ 1)"]
