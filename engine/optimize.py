@@ -307,7 +307,12 @@ class Session:
         # an input or constant is there for the taking (its one node costs nothing and needs nothing): its class stays
         # out of the problem, a third of the classes fewer; `_with_leaves` adds those the plan reads back
         leaves = dec.leaves
-        children = [tuple([d for d in dict.fromkeys(n.children) if d not in leaves]) for n in dec.nodes]
+        children = []
+        for n in dec.nodes:
+            ch = [d for d in n.children if d not in leaves]
+            if len(ch) > 1 and len(set(ch)) < len(ch):  # a node reading one class twice reads it once
+                ch = list(dict.fromkeys(ch))
+            children.append(tuple(ch))
         internal = []
         for i, n in enumerate(dec.nodes):
             ins: tuple[int, ...] = ()
@@ -333,11 +338,8 @@ class Session:
                 raise UserError(f"forced choice {k} for `{t}`: it has alternatives 0..{len(alts) - 1}")
             if c not in leaves:
                 fixed[c] = alts[k]
-        bundles = {}
-        for bc, outs in dec.proj_of.items():
-            bundles[bc] = [(oc, next(i for i in dec.classes[oc] if dec.nodes[i].fn == "proj"
-                                     and dec.nodes[i].children[0] == bc and dec.nodes[i].prims[0] == k))
-                           for k, oc in sorted(outs.items())]
+        proj = {(n.children[0], n.prims[0]): i for i, n in enumerate(dec.nodes) if n.fn == "proj"}
+        bundles = {bc: [(oc, proj[bc, k]) for k, oc in sorted(outs.items())] for bc, outs in dec.proj_of.items()}
         node_class = [n.cls for n in dec.nodes]
         classes = {c: ns for c, ns in dec.classes.items() if c not in leaves}
         return Problem(classes, node_class, children, costs, roots, internal, fixed, bundles)
