@@ -39,7 +39,11 @@ def _usable(p: Problem, c: int) -> list[int]:
 
 
 def _usable_map(p: Problem) -> dict[int, list[int]]:
-    return {c: _usable(p, c) for c in (p.classes.keys() | p.forced.keys())}
+    cost = p.cost
+    out = {c: [n for n in ns if cost[n] < INF] for c, ns in p.classes.items()}
+    for c in p.forced:
+        out[c] = _usable(p, c)
+    return out
 
 
 def requirements(p: Problem, usable: dict[int, list[int]] | None = None) -> dict[int, int]:
