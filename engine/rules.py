@@ -25,8 +25,6 @@ MAX_VARIANTS = 512  # a rule whose alternatives expand past this is refused (spl
 _TYPES = {int: "i64", float: "f64", str: "String", bool: "i64"}
 
 
-
-
 # -- YAML with line numbers -----------------------------------------------------------------------------------------
 class _LineLoader(yaml.SafeLoader):
     """The safe loader, recording each mapping's first line under the key `__line__`."""
