@@ -424,24 +424,24 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
         return None
     for v in adj:
         adj[v].discard(v)
+    # fewest neighbours first; a neighbour count is checked when its variable comes up (the tables it is in say it)
+    # and the variable queued again if it grew, instead of every neighbour's count kept up to date
     heap = [(len(nb), v) for v, nb in adj.items()]
     heapq.heapify(heap)
+    del adj
     trail = []
     heappop, heappush = heapq.heappop, heapq.heappush
     while heap:
         deg, v = heappop(heap)
-        nb = adj.get(v)
-        if nb is None or deg != len(nb):
+        nb = set()
+        for f in of_var.get(v, ()):
+            nb.update(factors[f][0])
+        nb.discard(v)
+        if len(nb) > deg:
+            heappush(heap, (len(nb), v))
             continue
-        del adj[v]
         if len(nb) + 1 > max_width:
             return None
-        for u in nb:
-            au = adj[u]
-            au |= nb
-            au.discard(u)
-            au.discard(v)
-            heappush(heap, (len(au), u))
         # every table keeps its axes in variable order, so a factor only needs unit axes inserted (a view)
         z = sorted(nb)
         j = bisect.bisect(z, v)
