@@ -205,6 +205,8 @@ class EGraph:
         produced = {op.out for op in g.ops}
         leaves = [n for n in index if n not in produced]
         attrs = self._attrs = {}  # an op's attributes as its e-node holds them
+        self._ops: list[tuple[str, str, tuple[str, ...]]] = []  # each op's constructor, result and inputs
+        self._leaves = leaves
         names: dict[str, list[str]] = {}  # constructor -> its attributes' names
         for k, op in enumerate(g.ops):
             n = len(op.ins)
@@ -219,6 +221,7 @@ class EGraph:
                 row.append(k)
             rows.setdefault(ctor, []).append(row)
             attrs[op.out] = tuple(row[1 + n:])
+            self._ops.append((ctor, op.out, op.ins))
         self._rows = rows
         layer = {op.out: op.layer for op in g.ops}
         shapes = {**{n: t.shape for n, t in g.tensors.items()}, **{n: c.shape for n, c in g.constants.items()}}
@@ -351,8 +354,7 @@ class EGraph:
 
     # -- snapshot -------------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """Decode `freeze()`. An e-class value reads as its id through `value_to_i64` (egglog 13 and 14 alike);
-        a lifted op's attributes are the graph's, as loaded, so only fused nodes' attributes are converted."""
+        """Decode `freeze()`. An e-class value reads as its id through `value_to_i64` (egglog 13 and 14 alike)."""
         eg = self.eg
         frozen = eg.freeze()
         to_i = eg.value_to_i64
@@ -367,27 +369,25 @@ class EGraph:
             merged.setdefault(c, set()).add(nm)
             names[c] = nm
             by_name[nm] = c
+        # the inputs' and the graph's ops' e-nodes are as loaded (rules only add fused nodes and projections): each
+        # is rebuilt from the graph over the classes its tensors now are in, not read back row by row
+        for nm in self._leaves:
+            c = by_name[nm]
+            classes.setdefault(c, []).append(ENode("Leaf", (), (nm,), c))
         attrs = self._attrs
+        for fname, out, ins in self._ops:
+            c = by_name[out]
+            classes.setdefault(c, []).append(ENode(fname, tuple([by_name[i] for i in ins]), attrs[out], c))
         for fname, fn in fns.items():
-            if fn.output_sort != "T" or fname == "N":
+            if fn.output_sort != "T" or fname == "N" or fname == "Leaf" or fname in self.lifted:
                 continue
             sorts = fn.input_sorts
             tpos = [i for i, s in enumerate(sorts) if s == "T"]
-            if fname == "Leaf":
-                for row in fn.rows:
-                    c = to_i(row.output)
-                    classes.setdefault(c, []).append(ENode(fname, (), (names[c],), c))
-            elif fname in self.lifted:
-                for row in fn.rows:
-                    c, ins = to_i(row.output), row.inputs
-                    classes.setdefault(c, []).append(ENode(fname, tuple([to_i(ins[i]) for i in tpos]),
-                                                           attrs[names[c]], c))
-            else:
-                kinds = [(i, conv[s]) for i, s in enumerate(sorts) if s != "T"]
-                for row in fn.rows:
-                    c, ins = to_i(row.output), row.inputs
-                    classes.setdefault(c, []).append(ENode(fname, tuple([to_i(ins[i]) for i in tpos]),
-                                                           tuple([f(ins[i]) for i, f in kinds]), c))
+            kinds = [(i, conv[s]) for i, s in enumerate(sorts) if s != "T"]
+            for row in fn.rows:
+                c, ins = to_i(row.output), row.inputs
+                classes.setdefault(c, []).append(ENode(fname, tuple([to_i(ins[i]) for i in tpos]),
+                                                       tuple([f(ins[i]) for i, f in kinds]), c))
         snap = Snapshot(classes, names, by_name)
         self._audit(snap, merged)
         return snap
