@@ -19,7 +19,7 @@ from lanefuse.engine.guards import GUARDS
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.opdefs import OPS, full_attrs
 from lanefuse.engine.pattern import Arg
-from lanefuse.engine.rules import RuleTable, Variant, lifted_layout
+from lanefuse.engine.rules import Rule, RuleTable, Variant, lifted_layout
 
 FACTS = ("SingleReader", "Values", "Rows", "StepNext")
 
@@ -49,7 +49,6 @@ class SatReport:
     iterations: int = 0
     stop: str = ""
     matches: dict[str, int] = field(default_factory=dict)  # rule name -> matches over all iterations
-    seconds: float = 0.0
 
 
 def _var(name: str) -> str:
@@ -70,13 +69,11 @@ def _lit(v) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-
-
 def _arg_text(a: Arg) -> str:
     return _var(a.var) if a.var is not None else _lit(a.lit)
 
 
-def compile_variant(v: Variant, rule_guards, rule_outputs, absorb, label: str) -> list[str]:
+def compile_variant(v: Variant, rule: Rule, label: str) -> list[str]:
     """The egglog rules of one variant (one per commutative order of its query)."""
     out = []
     types = dict(v.types)
@@ -94,12 +91,12 @@ def compile_variant(v: Variant, rule_guards, rule_outputs, absorb, label: str) -
             if p.role == "name" and types.get(p.name) != "name":
                 atoms.append(f"(Orig {_var(p.name)} {_var(p.name + '#name')} {fresh()})")
         lead = []
-        for gname, gargs in rule_guards:
+        for gname, gargs in rule.guards:
             guard = GUARDS[gname]
             (lead if guard.lead else atoms).extend(guard.compile([_arg_text(a) for a in gargs], fresh))
         atoms = lead + atoms
         args = []
-        consts = dict(v.const_values) if hasattr(v, "const_values") else {}
+        consts = dict(rule.consts)
         for p in v.params:
             if p.role == "const":
                 args.append(_lit(consts[p.name]))
@@ -108,10 +105,10 @@ def compile_variant(v: Variant, rule_guards, rule_outputs, absorb, label: str) -
             else:
                 args.append(_var(p.name))
         node = f"({v.ctor} {' '.join(args)})"
-        if len(rule_outputs) == 1:
-            actions = [f"(union {_var(rule_outputs[0])} {node})"]
+        if len(rule.outputs) == 1:
+            actions = [f"(union {_var(rule.outputs[0])} {node})"]
         else:
-            actions = [f"(let b_ {node})"] + [f"(union {_var(o)} (proj b_ {i}))" for i, o in enumerate(rule_outputs)]
+            actions = [f"(let b_ {node})"] + [f"(union {_var(o)} (proj b_ {i}))" for i, o in enumerate(rule.outputs)]
         out.append(f"(rule ({' '.join(atoms)}) ({' '.join(actions)}) :ruleset {label} :name \"{v.ctor}.{qi}\")")
     return out
 
@@ -124,11 +121,11 @@ class EGraph:
         self.g, self.table = g, table
         self.eg = bindings.EGraph()
         self.variant_of: dict[str, Variant] = {}
-        self.rule_of: dict[str, object] = {}  # variant constructor -> its rule
+        self.rule_of: dict[str, Rule] = {}  # variant constructor -> its rule
         self.rule_label: dict[str, str] = {}
         self._combined = 0
         self._depth = 0  # push depth
-        self._pending: list[str] = []  # variants compiled inside a push, compiled again once it pops
+        self._pending: list[str] = []  # variants compiled inside a push, compiled again at the next push
         self.loaded_nodes = 0
         self.lifted: dict[str, tuple] = {}
         for kind, d in OPS.items():
@@ -150,12 +147,11 @@ class EGraph:
             # (`eager`: every variant now, as a test compares)
             base = [c for c, v in self.variant_of.items() if eager or any(all(a.ctor in self._rows for a in q)
                                                                             for q in v.queries)]
-            prog += self._compile(base)
             # One command at a time: a long program parses and runs in time quadratic in its length (egglog 13).
             for cmd in prog:
                 self._run(cmd)
-        self.compiled.update(base)
-        self.program_lines = prog
+            self.program_lines = prog
+            self._add(base)
         self.load_seconds = time.perf_counter() - t0
 
     @property
@@ -174,14 +170,20 @@ class EGraph:
         lines += [f"(ruleset {label})" for label in self.rule_label.values()]
         return lines
 
-    def _compile(self, ctors) -> list[str]:
-        """The constructors and rules of these variants, each rule into its rule's ruleset."""
+    def _add(self, ctors: list[str]) -> None:
+        """Declare these variants' constructors and compile their rules, each into its rule's ruleset. Outside a push
+        they are kept (`compiled`, `program`); inside one they are gone at the pop, so the next push adds them again."""
         lines = [f"(constructor {c} ({' '.join(p.type for p in self.variant_of[c].params)}) T)" for c in ctors]
-        for ctor in ctors:
-            v, r = self.variant_of[ctor], self.rule_of[ctor]
-            v.__dict__["const_values"] = r.consts
-            lines += compile_variant(v, r.guards, r.outputs, r.absorb, self.rule_label[r.name])
-        return lines
+        for c in ctors:
+            r = self.rule_of[c]
+            lines += compile_variant(self.variant_of[c], r, self.rule_label[r.name])
+        for cmd in lines:
+            self._run(cmd)
+        if self._depth:
+            self._pending += ctors
+        else:
+            self.program_lines += lines
+            self.compiled.update(ctors)
 
     def _load(self, tmp: Path) -> list[str]:
         g = self.g
@@ -266,11 +268,7 @@ class EGraph:
     def push(self):
         if self._depth == 0 and self._pending:  # what an earlier saturation compiled inside its push, kept for good
             todo, self._pending = [c for c in dict.fromkeys(self._pending) if c not in self.compiled], []
-            lines = self._compile(todo)
-            for cmd in lines:
-                self._run(cmd)
-            self.program_lines += lines
-            self.compiled.update(todo)
+            self._add(todo)
         self._run("(push)")
         self._depth += 1
 
@@ -283,7 +281,6 @@ class EGraph:
         """Run the rules not held back until nothing changes. A variant that matches through other rules' fused
         constructors is compiled only once such a constructor exists in the e-graph (a rule that matched), then
         the rules run again: stages, each to its fixed point. `max_iters` bounds the iterations of each stage."""
-        t0 = time.perf_counter()
         rep = SatReport(matches={r.name: 0 for r in self.table.rules})
         active = [r for r in self.table.rules if r.name not in held]
         budget = node_budget or max(20_000, 40 * self.loaded_nodes)
@@ -300,13 +297,8 @@ class EGraph:
             todo = [c for c in cands if c not in compiled
                     and any(all(a.ctor in have for a in q) for q in self.variant_of[c].queries)]
             if todo:
-                for cmd in self._compile(todo):
-                    self._run(cmd)
+                self._add(todo)
                 compiled.update(todo)
-                if self._depth:
-                    self._pending += todo
-                else:
-                    self.compiled.update(todo)
             elif rep.stop:
                 break
             self._combined += 1
@@ -349,7 +341,6 @@ class EGraph:
             else:
                 rep.stop = f"iteration limit ({max_iters})"
                 break
-        rep.seconds = time.perf_counter() - t0
         return rep
 
     # -- snapshot -------------------------------------------------------------------------------------------------
