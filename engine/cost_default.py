@@ -51,25 +51,11 @@ def _moved(op: Op, g: Graph) -> int:
     if op.kind == "gather":  # reads the rows it copies, not the table
         return 2 * nbytes(g, op.out)
     tables = g.io.table_set
-    every = op.kind == "attention"
-    moved = 0
-    for i in dict.fromkeys(op.ins):
-        if every or i not in tables:
-            moved += nbytes(g, i)
-    if op.fused:
-        stack = list(op.parts)
-        while stack:
-            p = stack.pop()
-            if p.kind == "fused":
-                stack += p.parts
-            elif p.kind == "gather":  # a fused gather reads rows too
-                moved -= nbytes(g, p.ins[0]) - nbytes(g, p.out)
-    if op.out not in tables:
-        moved += nbytes(g, op.out)
-    for o in op.keeps:
-        if o != op.out and o not in tables:
-            moved += nbytes(g, o)
-    return moved
+    ins = sum(nbytes(g, i) for i in dict.fromkeys(op.ins) if i not in tables or op.kind == "attention")
+    for p in op.leaves() if op.fused else ():
+        if p.kind == "gather":  # a fused gather reads rows too
+            ins -= nbytes(g, p.ins[0]) - nbytes(g, p.out)
+    return ins + sum(nbytes(g, o) for o in op.outs if o not in tables)
 
 
 def default_cost(op: Op, g: Graph) -> float | Refusal:
