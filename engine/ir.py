@@ -117,7 +117,9 @@ class Op:
 
     @property
     def outs(self) -> tuple[str, ...]:
-        return (self.out,) + tuple(k for k in self.keeps if k != self.out)
+        if not self.keeps:
+            return (self.out,)
+        return (self.out,) + tuple([k for k in self.keeps if k != self.out])
 
     def acc(self, i: int) -> Access | None:
         return self.access[i] if i < len(self.access) else None
@@ -131,8 +133,13 @@ class Op:
         if not self.fused:
             return [self]
         out: list[Op] = []
-        for p in self.parts:
-            out.extend(p.leaves())
+        stack = list(self.parts[::-1])
+        while stack:  # depth first, parts in order
+            p = stack.pop()
+            if p.kind == "fused":
+                stack.extend(p.parts[::-1])
+            else:
+                out.append(p)
         return out
 
 
