@@ -82,7 +82,7 @@ def time_plan(s, weights_state, pos: int, iters: int, graph: bool) -> float:
     """Median microseconds a decode step takes at `pos`, over `iters` replays (CUDA events)."""
     import cupy as cp
 
-    from lanefuse.lane.run_cupy import CupyRunner
+    from lanefuse.lane.run.cupy_runner import CupyRunner
 
     r = CupyRunner(s, None, weights_state, graph=graph)
     r.state.loaded = True
@@ -113,8 +113,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--json")
     args = ap.parse_args()
-    from lanefuse.lane.planfile import load
-    from lanefuse.lane.run_cupy import DeviceState
+    from lanefuse.lane.lower.planfile import load
+    from lanefuse.lane.run.cupy_runner import DeviceState
 
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw:.2f} TB/s (spec {SPEC_TBPS} TB/s)")

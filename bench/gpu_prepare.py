@@ -15,8 +15,8 @@ import sys
 
 from lanefuse.engine.demo import demo_config
 from lanefuse.engine.model import build_step
-from lanefuse.lane.plan import plan
-from lanefuse.lane.planfile import save
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.lower.planfile import save
 
 
 def main() -> None:

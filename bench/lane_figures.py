@@ -14,7 +14,7 @@ import time
 from lanefuse.engine.demo import demo_config
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.rules import load_table
-from lanefuse.lane.plan import plan
+from lanefuse.lane.lower.plan import plan
 
 
 def qwen3_8b(layers: int = 36) -> ModelConfig:

@@ -2,7 +2,7 @@
 
 from hypothesis import given, settings, strategies as st
 
-from lanefuse.lane.arena import ALIGN, Live, aligned, check, lower_bound, place
+from lanefuse.lane.lower.arena import ALIGN, Live, aligned, check, lower_bound, place
 
 
 @st.composite

@@ -16,8 +16,8 @@ from lanefuse.engine.demo import demo_model
 from lanefuse.engine.generate import generate
 from lanefuse.engine.model import build_step
 from lanefuse.kernels.common import Launch
-from lanefuse.lane.plan import plan
-from lanefuse.lane.run_numpy import NumpyRunner
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.run.numpy_runner import NumpyRunner
 
 
 class _Arr(np.ndarray):
@@ -96,7 +96,7 @@ def fake_cupy(monkeypatch):
 
 @pytest.mark.parametrize("graph", [True, False])
 def test_cupy_runner_matches_numpy_runner(fake_cupy, graph):
-    from lanefuse.lane.run_cupy import CupyRunner, DeviceState
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
 
     cfg, w = demo_model()
     plans = {r: plan(build_step(cfg, r)) for r in (1, 4)}
@@ -114,7 +114,7 @@ def test_device_decode_loop_advances_on_the_device(fake_cupy):
     """After one step, `decode` replays with the token and position the arg-max advanced: the same tokens as
     stepping from the host."""
     from lanefuse.engine.generate import new_caches
-    from lanefuse.lane.run_cupy import CupyRunner, DeviceState
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
 
     cfg, w = demo_model()
     s = plan(build_step(cfg, 1))

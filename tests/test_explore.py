@@ -20,12 +20,12 @@ import pytest
 from lanefuse.engine.demo import demo_model
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import build_step
-from lanefuse.lane.cli import build_parser
-from lanefuse.lane.explore import Explorer
-from lanefuse.lane.explore_cli import explore_command
-from lanefuse.lane.knobs import parse_knobs
-from lanefuse.lane.plan import plan
-from lanefuse.lane.spec import load_spec
+from lanefuse.lane.cli.main import build_parser
+from lanefuse.lane.explore.explorer import Explorer
+from lanefuse.lane.cli.explore import explore_command
+from lanefuse.lane.lower.knobs import parse_knobs
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.lower.spec import load_spec
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -331,7 +331,7 @@ def test_terminal_explorer_as_a_subprocess(tmp_path):
 
 @pytest.fixture
 def served(ex):
-    from lanefuse.lane.webserver import serve
+    from lanefuse.lane.explore.server import serve
 
     server, url = serve(ex)
     yield ex, url

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from lanefuse.lane.runner import has_cuda
+from lanefuse.lane.run.step import has_cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="no CUDA device (or CuPy) here")]
 
@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="no CUD
 def _plan(name: str, graph_fn):
     plans = os.environ.get("LANEFUSE_PLANS")
     if plans and os.path.exists(os.path.join(plans, name + ".json")):
-        from lanefuse.lane.planfile import load
+        from lanefuse.lane.lower.planfile import load
 
         return load(os.path.join(plans, name + ".json"))
     pytest.importorskip("egglog", reason="no engine here and no saved plan in $LANEFUSE_PLANS")
-    from lanefuse.lane.plan import plan
+    from lanefuse.lane.lower.plan import plan
 
     return plan(graph_fn())
 
@@ -36,8 +36,8 @@ def _generate(cfg, weights, s, runner_cls, n=32, state=None):
 
 
 def _pair(cfg, weights, s):
-    from lanefuse.lane.run_cupy import CupyRunner, DeviceState
-    from lanefuse.lane.run_numpy import NumpyRunner
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     cpu = _generate(cfg, weights, s, NumpyRunner)
     gpu = _generate(cfg, weights, s, CupyRunner, state=DeviceState())
@@ -72,7 +72,7 @@ def test_decode_step_cuda_graph_replays_match():
     from lanefuse.engine.demo import demo_model
     from lanefuse.engine.generate import new_caches
     from lanefuse.engine.model import build_step
-    from lanefuse.lane.run_cupy import CupyRunner, DeviceState
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
 
     cfg, w = demo_model()
     s = _plan("demo-decode", lambda: build_step(cfg, 1))

@@ -109,8 +109,8 @@ def test_saved_formats_recorded(tmp_path):
 @pytest.mark.parametrize("name", list(CASES))
 def test_hf_parity_of_the_fused_plan(name, tmp_path):
     """The fused plan, run by the numpy backend inside its arena, against transformers itself."""
-    from lanefuse.lane.plan import plan
-    from lanefuse.lane.run_numpy import NumpyRunner
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     folder, ref = _build(name, tmp_path)
     want_tokens, want_logits = _hf_greedy(ref, PROMPT, N_TOKENS)

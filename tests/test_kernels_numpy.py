@@ -431,7 +431,7 @@ def test_the_lanes_folds_are_each_one_kernel():
     as one kernel: the decode step's launches are the kernels it runs."""
     from lanefuse.engine.demo import demo_config
     from lanefuse.engine.model import build_step
-    from lanefuse.lane.plan import plan
+    from lanefuse.lane.lower.plan import plan
 
     for rows in (1, 5):
         s = plan(build_step(demo_config(), rows))

@@ -21,10 +21,10 @@ from lanefuse.engine.interp import evaluate
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.rules import load_table
 from lanefuse.engine.weights import Weights
-from lanefuse.lane.arena import check
-from lanefuse.lane.plan import plan
-from lanefuse.lane.run_numpy import NumpyRunner
-from lanefuse.lane.schedule import STEPS
+from lanefuse.lane.lower.arena import check
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.run.numpy_runner import NumpyRunner
+from lanefuse.lane.lower.schedule import STEPS
 
 TOL = 1e-4
 

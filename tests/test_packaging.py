@@ -16,5 +16,5 @@ def test_package_data_is_found():
     names = {p.name for p in resources.files("lanefuse.rules").iterdir()}
     assert {"classes.yaml", "norm.yaml", "README.md", "lanes"} <= names
     assert {"cuda.yaml", "conservative.yaml"} <= {p.name for p in (resources.files("lanefuse.rules") / "lanes").iterdir()}
-    assert "index.html" in {p.name for p in (resources.files("lanefuse.lane") / "web").iterdir()}
+    assert "index.html" in {p.name for p in (resources.files("lanefuse.lane.explore") / "web").iterdir()}
     assert "gemv.cu" in {p.name for p in resources.files("lanefuse.kernels").iterdir()}

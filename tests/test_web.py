@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_explorer import FakeExplorer  # noqa: E402
 
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.lane.webserver import serve  # noqa: E402
+from lanefuse.lane.explore.server import serve  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -76,13 +76,13 @@ def test_serves_the_page_from_the_package(served):
     for name, ctype in (("app.js", "text/javascript"), ("app.css", "text/css"), ("favicon.svg", "image/svg+xml")):
         with urllib.request.urlopen(url + name, timeout=10) as r:
             assert r.status == 200 and r.headers.get_content_type() == ctype
-    web = importlib.resources.files("lanefuse.lane").joinpath("web")
+    web = importlib.resources.files("lanefuse.lane.explore").joinpath("web")
     for name in ("index.html", "app.js", "app.css"):
         assert web.joinpath(name).is_file()
 
 
 def test_assets_reach_nothing_outside():
-    web = importlib.resources.files("lanefuse.lane").joinpath("web")
+    web = importlib.resources.files("lanefuse.lane.explore").joinpath("web")
     for name in ("index.html", "app.js", "app.css"):
         text = web.joinpath(name).read_text()
         # the SVG namespace is a name, not a fetch

@@ -37,7 +37,7 @@ def _product_out(ch: dict[str, Op]) -> str:
 
 
 def _side(link, ch: dict[str, Op], placed: dict) -> RopeSide:
-    from lanefuse.lane.link import to_part
+    from lanefuse.lane.lower.link import to_part
 
     rope = ch["rope"]
     norm = ch.get("norm")
@@ -61,7 +61,7 @@ def _members(op: Op) -> list[str]:
 def gemm_parts(link, op: Op, placed: dict) -> list:
     """The products of one activation as one GEMV in parts; members whose heads are rotated take their rotations
     in the same launch's epilogue (a fold of the parts and a rotation in parts)."""
-    from lanefuse.lane.link import Refused
+    from lanefuse.lane.lower.link import Refused
 
     parts, sides, rope, x, fmt = [], [], None, None, None
     for t in _members(op):
@@ -98,7 +98,7 @@ def gemm_parts(link, op: Op, placed: dict) -> list:
 
 def head_epilogue(link, op: Op, placed: dict) -> list:
     """One product whose heads are normed and rotated in its epilogue: a fold of the GEMV and the rotation."""
-    from lanefuse.lane.link import Refused
+    from lanefuse.lane.lower.link import Refused
 
     ch = _chain(op, op.out)
     if "product" not in ch or "rope" not in ch:
@@ -121,7 +121,7 @@ def head_epilogue(link, op: Op, placed: dict) -> list:
 
 def rope_parts(link, op: Op, placed: dict) -> list:
     """A layer's rotations (each with its head norm or not) in one launch."""
-    from lanefuse.lane.link import Refused
+    from lanefuse.lane.lower.link import Refused
 
     sides, rope = [], None
     for t in _members(op):

@@ -28,10 +28,10 @@ from lanefuse.engine.cost_default import Refusal
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.optimize import Session
-from lanefuse.lane.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
-from lanefuse.lane.plan import lower
-from lanefuse.lane.schedule import STEPS, Schedule
-from lanefuse.lane.shim import Shim
+from lanefuse.lane.lower.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
+from lanefuse.lane.lower.plan import lower
+from lanefuse.lane.lower.schedule import STEPS, Schedule
+from lanefuse.lane.lower.shim import Shim
 
 NUMERICS = "f32"
 
@@ -121,7 +121,7 @@ class Explorer:
 
     def _setup(self, g, lane, rules_dirs, knobs, held, forced, model_name, what_if) -> None:
         from lanefuse.engine.rules import load_table
-        from lanefuse.lane.table import load_lane
+        from lanefuse.lane.lower.table import load_lane
 
         if what_if not in ("local", "ilp"):
             raise UserError(f"what-if method `{what_if}`: local or ilp")
@@ -440,8 +440,8 @@ class Explorer:
     def save(self, path: str) -> None:
         """Write the held rules, the forced choices (the engine's indices under the held rules) and the knobs as a
         plan file `lanefuse plan --spec FILE` replays."""
-        from lanefuse.lane.commands import write_atomic
-        from lanefuse.lane.spec import dump_spec
+        from lanefuse.lane.lower.files import write_atomic
+        from lanefuse.lane.lower.spec import dump_spec
 
         forced, _ = self._engine_forced(self.cfg)
         default = Knobs().to_json()

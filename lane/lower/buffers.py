@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lanefuse.engine.ir import Graph
-from lanefuse.lane.arena import Arena, Live, place
+from lanefuse.lane.lower.arena import Arena, Live, place
 
 
 @dataclass(frozen=True)

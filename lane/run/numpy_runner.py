@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.lane.schedule import Schedule
+from lanefuse.lane.lower.schedule import Schedule
 
 DT = {"f32": np.float32, "i32": np.int32}
 

@@ -14,7 +14,7 @@ import yaml
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.opdefs import OPS
 from lanefuse.kernels import KINDS
-from lanefuse.lane.fill import check_expr
+from lanefuse.lane.lower.fill import check_expr
 
 SUPPORTS = ("native", "decompose", "refuse")
 

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.print_help()
         return 2
     try:
-        from lanefuse.lane import commands
+        from lanefuse.lane.cli import commands
 
         return getattr(commands, "cmd_" + args.cmd)(args) or 0
     except UserError as e:

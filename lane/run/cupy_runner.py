@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from lanefuse.kernels.cupy_env import DeviceEnv
-from lanefuse.lane.schedule import Schedule
+from lanefuse.lane.lower.schedule import Schedule
 
 
 class DeviceState:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 from lanefuse.engine.ir import Constant, StepIO, Tensor
 from lanefuse.kernels import Attention, Fold, GemmParts, Gemv, GemvGlu
-from lanefuse.lane.arena import Arena
-from lanefuse.lane.buffers import Buffer
-from lanefuse.lane.knobs import Knobs
+from lanefuse.lane.lower.arena import Arena
+from lanefuse.lane.lower.buffers import Buffer
+from lanefuse.lane.lower.knobs import Knobs
 
 # The lane's own steps, held back like rules (`--hold rows_a_warp`).
 STEPS = {

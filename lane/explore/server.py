@@ -137,7 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path in ASSETS:
             name, ctype = ASSETS[url.path]
             try:
-                body = importlib.resources.files("lanefuse.lane").joinpath("web", name).read_bytes()
+                body = importlib.resources.files("lanefuse.lane.explore").joinpath("web", name).read_bytes()
             except FileNotFoundError:
                 self._json(HTTPStatus.NOT_FOUND, {"error": f"the package lacks web/{name}: reinstall lanefuse"})
                 return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from lanefuse.lane.commands import write_atomic
+from lanefuse.lane.lower.files import write_atomic
 
 
 def _fields(l) -> str:
@@ -27,7 +27,7 @@ def _fields(l) -> str:
 
 
 def launch_json(x) -> dict:
-    from lanefuse.lane.planfile import encode
+    from lanefuse.lane.lower.planfile import encode
 
     d = {"kind": x.launch.census, "layer": x.layer, "ops": list(x.ops), "class": x.cls, "rule": x.rule,
          "cost_us": round(x.cost_us, 4), "writes": list(x.launch.writes()), "reads": list(x.launch.reads())}
@@ -49,8 +49,8 @@ def schedule_json(s) -> dict:
 
 
 def plan_from_args(args, src, g):
-    from lanefuse.lane.plan import plan
-    from lanefuse.lane.runner import plan_options
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.step import plan_options
 
     o = plan_options(args)
     return plan(g, lane=o["lane"], numerics=o["numerics"], knobs=o["knobs"], held=o["held"],
@@ -69,7 +69,7 @@ def plan_command(args, src, g) -> int:
         opt = s.timings.get("optimized")
         write_atomic(args.trace, json.dumps(opt.trace if opt is not None else {}, indent=1, default=str) + "\n")
     if args.save:
-        from lanefuse.lane.planfile import save
+        from lanefuse.lane.lower.planfile import save
 
         save(s, args.save)
     if args.json:
@@ -123,7 +123,7 @@ def print_plan(s, layer=None) -> None:
 
 def rules_command(args) -> int:
     from lanefuse.engine.rules import check_rules_dir, load_table, rules_listing
-    from lanefuse.lane.table import known_lanes, load_lane
+    from lanefuse.lane.lower.table import known_lanes, load_lane
 
     dirs = list(args.rules or [])
     if args.check:

@@ -7,12 +7,12 @@ import time
 
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph
-from lanefuse.lane.buffers import aliases, arena_for, buffers, counters
-from lanefuse.lane.knobs import Knobs
-from lanefuse.lane.link import Link, Refused
-from lanefuse.lane.schedule import STEPS, Launched, Schedule, kernels_of, schedule_launch
-from lanefuse.lane.shim import Shim, launch_us
-from lanefuse.lane.table import LaneTable, load_lane
+from lanefuse.lane.lower.buffers import aliases, arena_for, buffers, counters
+from lanefuse.lane.lower.knobs import Knobs
+from lanefuse.lane.lower.link import Link, Refused
+from lanefuse.lane.lower.schedule import STEPS, Launched, Schedule, kernels_of, schedule_launch
+from lanefuse.lane.lower.shim import Shim, launch_us
+from lanefuse.lane.lower.table import LaneTable, load_lane
 
 NUMERICS = ("f32",)
 

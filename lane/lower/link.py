@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.opdefs import full_attrs, opdef
 from lanefuse.kernels import KINDS, Dst, Part
-from lanefuse.lane.fill import Scope, evaluate
-from lanefuse.lane.table import Choice, LaneTable
+from lanefuse.lane.lower.fill import Scope, evaluate
+from lanefuse.lane.lower.table import Choice, LaneTable
 
 
 class Refused(Exception):
@@ -59,7 +59,7 @@ class Link:
 
     def __post_init__(self):
         if not self.hooks:
-            from lanefuse.lane.hooks import HOOKS
+            from lanefuse.lane.lower.hooks import HOOKS
 
             self.hooks = HOOKS
 

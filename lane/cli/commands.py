@@ -5,28 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 
 from lanefuse.engine.errors import UserError
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write `text` to `path` whole or not at all: a failed run never leaves partial output behind."""
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise UserError(f"{path}: folder {d} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".lanefuse-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from lanefuse.lane.lower.files import write_atomic
 
 
 def _tty() -> bool:
@@ -66,7 +47,7 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
 def cmd_run(args) -> int:
     from lanefuse.engine.generate import generate, generate_step_graph
     from lanefuse.engine.model import MAX_CHUNK
-    from lanefuse.lane.source import open_model
+    from lanefuse.lane.cli.source import open_model
 
     if args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: give at least 1")
@@ -99,7 +80,7 @@ def cmd_run(args) -> int:
 def _model_of_plan(path: str, model: str | None) -> str | None:
     """The model a saved plan is run with: the one given, which must be the one the plan was made for, or else the
     one the plan names."""
-    from lanefuse.lane.planfile import load
+    from lanefuse.lane.lower.planfile import load
 
     s = load(path)
     made = s.source.get("path") if s.source.get("kind") == "path" else None
@@ -118,14 +99,14 @@ def _step_fn(args, src):
     if args.reference:
         return None, "reference interpreter"
     try:
-        from lanefuse.lane.runner import plan_step_fn
+        from lanefuse.lane.run.step import plan_step_fn
     except ImportError:
         return None, "reference interpreter"
     return plan_step_fn(args, src)
 
 
 def cmd_plan(args) -> int:
-    from lanefuse.lane.source import open_model
+    from lanefuse.lane.cli.source import open_model
 
     if args.rows < 1:
         raise UserError(f"--rows {args.rows}: give at least 1")
@@ -133,7 +114,7 @@ def cmd_plan(args) -> int:
     g = src.graph(args.rows)
     if args.lifted:
         return _print_lifted(g, args)
-    from lanefuse.lane.report import plan_command
+    from lanefuse.lane.cli.report import plan_command
 
     return plan_command(args, src, g)
 
@@ -167,9 +148,9 @@ def cmd_check(args) -> int:
     import numpy as np
 
     from lanefuse.engine.interp import evaluate
-    from lanefuse.lane.report import plan_from_args
-    from lanefuse.lane.run_numpy import NumpyRunner
-    from lanefuse.lane.source import open_model
+    from lanefuse.lane.cli.report import plan_from_args
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+    from lanefuse.lane.cli.source import open_model
 
     src = open_model(args.model, progress=_tty())
     if src.weights is None:
@@ -208,12 +189,12 @@ def cmd_check(args) -> int:
 
 
 def cmd_rules(args) -> int:
-    from lanefuse.lane.report import rules_command
+    from lanefuse.lane.cli.report import rules_command
 
     return rules_command(args)
 
 
 def cmd_explore(args) -> int:
-    from lanefuse.lane.explore_cli import explore_command
+    from lanefuse.lane.cli.explore import explore_command
 
     return explore_command(args)

@@ -20,9 +20,9 @@ def _classes() -> dict[str, type]:
     out: dict[str, type] = {}
     mods = [importlib.import_module(f"lanefuse.kernels.{m.name}") for m in pkgutil.iter_modules(kpkg.__path__)
             if not m.name.startswith(("cupy", "compile"))]
-    mods.append(importlib.import_module("lanefuse.lane.schedule"))
-    mods.append(importlib.import_module("lanefuse.lane.buffers"))
-    mods.append(importlib.import_module("lanefuse.lane.arena"))
+    mods.append(importlib.import_module("lanefuse.lane.lower.schedule"))
+    mods.append(importlib.import_module("lanefuse.lane.lower.buffers"))
+    mods.append(importlib.import_module("lanefuse.lane.lower.arena"))
     for m in mods:
         for v in vars(m).values():
             if isinstance(v, type) and dataclasses.is_dataclass(v):
@@ -62,7 +62,7 @@ def decode(x, classes: dict[str, type]):
 
 
 def save(schedule, path: str) -> None:
-    from lanefuse.lane.commands import write_atomic
+    from lanefuse.lane.lower.files import write_atomic
 
     # the engine's result (the optimized graph, the trace) stays behind: a plan file holds what runs
     kept = {k: v for k, v in schedule.timings.items() if k != "optimized"}

@@ -29,8 +29,8 @@ def pick_device(device: str) -> str:
 
 def plan_options(args) -> dict:
     """What `plan()` takes from the command's flags and an optional plan file (--spec)."""
-    from lanefuse.lane.knobs import parse_knobs
-    from lanefuse.lane.spec import load_spec
+    from lanefuse.lane.lower.knobs import parse_knobs
+    from lanefuse.lane.lower.spec import load_spec
 
     opts = {"lane": "cuda", "numerics": "f32", "held": [], "knobs": {}, "forced": {}}
     if getattr(args, "spec", None):
@@ -49,29 +49,29 @@ def plan_options(args) -> dict:
 
 def make_runner(schedule, weights, device: str, state=None):
     if device == "gpu":
-        from lanefuse.lane.run_cupy import CupyRunner
+        from lanefuse.lane.run.cupy_runner import CupyRunner
 
         return CupyRunner(schedule, weights, state)
-    from lanefuse.lane.run_numpy import NumpyRunner
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     return NumpyRunner(schedule, weights)
 
 
 def plan_step_fn(args, src):
     """A step function for `generate`: plans each step graph once (or loads a saved plan) and runs it."""
-    from lanefuse.lane.plan import plan
+    from lanefuse.lane.lower.plan import plan
 
     device = pick_device(getattr(args, "device", "auto"))
     runners: dict[int, object] = {}
     saved = None
     if getattr(args, "plan", None):
-        from lanefuse.lane.planfile import load
+        from lanefuse.lane.lower.planfile import load
 
         saved = load(args.plan)
     opts = None if saved is not None else plan_options(args)
     state = None
     if device == "gpu":
-        from lanefuse.lane.run_cupy import DeviceState
+        from lanefuse.lane.run.cupy_runner import DeviceState
 
         state = DeviceState()  # the caches and weights every plan of this model shares on the device
 

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 
 from lanefuse.engine.cost_default import Refusal
 from lanefuse.engine.ir import Graph, Op
-from lanefuse.lane.knobs import Knobs
-from lanefuse.lane.link import Link, Refused
-from lanefuse.lane.table import LaneTable
+from lanefuse.lane.lower.knobs import Knobs
+from lanefuse.lane.lower.link import Link, Refused
+from lanefuse.lane.lower.table import LaneTable
 
 
 def launch_us(l, knobs: Knobs) -> float:
     """One linked launch's estimated time: for each kernel it makes, overhead + max(bytes / bandwidth, flops /
     peak); a view costs nothing."""
-    from lanefuse.lane.schedule import kernels_of
+    from lanefuse.lane.lower.schedule import kernels_of
 
     total = 0.0
     for k in kernels_of(l):
@@ -43,7 +43,7 @@ class Shim:
         return self.table.support(cls)
 
     def launches(self, op: Op):
-        from lanefuse.lane.schedule import schedule_launch
+        from lanefuse.lane.lower.schedule import schedule_launch
 
         return [schedule_launch(x.launch, self.knobs, self.held_steps) for x in self.link.op(op)]
 
