@@ -3,24 +3,14 @@ moves over the bandwidth, in microseconds. `Refusal` is how any cost function sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 from lanefuse.engine.ir import Graph, Op
+from lanefuse.engine.refusal import Refusal
 
 LAUNCH_US = 2.5  # a kernel launch's fixed cost
 BYTES_PER_US = 3.0e6  # ~3 TB/s of memory bandwidth
 _WIDTH = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why an op can never be chosen, in the user's words."""
-
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 class CostFn(Protocol):
