@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from lanefuse.engine.cost_default import CostFn, Refusal, default_cost
 from lanefuse.engine.egraph import EGraph, ENode, SatReport, Snapshot
+from lanefuse.engine import flags
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.extract import INF, NoPlan, Problem, solve_exact, solve_local
 from lanefuse.engine.ir import Dst, Graph, Op, RowSel, attrs_of
@@ -60,13 +61,6 @@ def _gc_paused():
     finally:
         if was:
             gc.enable()
-
-
-def _debug_level() -> int:
-    try:
-        return int(os.environ.get("LANEFUSE_DEBUG", "0") or 0)
-    except ValueError:
-        return 0
 
 
 class _Decoded:
@@ -203,6 +197,7 @@ class Session:
                  match_limit: int = 100_000):
         self.g, self.table = g, table
         self.max_iters, self.node_budget, self.match_limit = max_iters, node_budget, match_limit
+        self.debug = flags.read("LANEFUSE_DEBUG")  # 2: print each rule's matches per plan
         with _gc_paused():
             self.eg = EGraph(g, table)
         self._snaps: dict[frozenset, tuple[_Decoded, SatReport, dict]] = {}
@@ -296,7 +291,7 @@ class Session:
             "time": {k: round(v, 6) for k, v in times.items()},
         }
         summary["time"]["total"] = time.perf_counter() - t_all
-        if _debug_level() >= 2:
+        if self.debug >= 2:
             print(match_table(self.table, rep), file=sys.stderr)
         return Optimized(graph, fusions, summary, total, warnings,
                          lambda: self._runners_up(dec, choice, costs, refusals))

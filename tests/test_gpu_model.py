@@ -1,4 +1,4 @@
-"""Whole steps on the GPU: the CuPy backend against the numpy backend on the same Schedule — a decode step's logits,
+"""Whole steps on the GPU: the CuPy backend against the numpy backend on the same Plan — a decode step's logits,
 and 32 generated tokens of the demo model and of a transformers-made model. Skipped without a CUDA device. Plans come
 from the engine where it is installed, else from $LANEFUSE_PLANS (bench/gpu_prepare.py)."""
 

@@ -205,12 +205,11 @@ def test_check_2_names_the_first_divergent_launch(monkeypatch):
         env.array(self.out)[:] += 1.0
 
     monkeypatch.setattr(GemvGlu, "numpy", broken)
-    monkeypatch.setenv("LANEFUSE_CHECK", "2")
     env = new_caches(cfg)
     env["token"], env["pos"] = np.asarray([7], np.int32), np.asarray([0], np.int32)
     first = next(i for i, x in enumerate(s.launches) if x.launch.census == "gemv_glu")
     with pytest.raises(UserError, match=rf"launch {first} \(gemv_glu, layer 0.*L0.glu"):
-        NumpyRunner(s, w).step(env, lifted=g)
+        NumpyRunner(s, w, check=True).step(env, lifted=g)  # what LANEFUSE_CHECK=2 asks of `lanefuse run`
 
 
 def test_unknown_held_name_lists_the_known_ones():

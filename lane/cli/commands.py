@@ -51,19 +51,22 @@ def cmd_run(args) -> int:
 
     if args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: give at least 1")
-    model = args.model
+    model, saved = args.model, None
     if getattr(args, "plan", None):
-        model = _model_of_plan(args.plan, model)
+        from lanefuse.lane.lower.planfile import load
+
+        saved = load(args.plan)
+        model = _model_of_plan(args.plan, saved, model)
     src = open_model(model, progress=_tty())
     if src.weights is None:
         raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
                         f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
     ids, tok = _prompt_ids(args, src)
-    step_fn, label = _step_fn(args, src)
+    step_fn, label = _step_fn(args, src, saved)
     if src.step is not None:
         res = generate_step_graph(src.step, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty())
     else:
-        chunk = 1 if getattr(args, "plan", None) else MAX_CHUNK  # a saved plan is a decode step: row by row
+        chunk = 1 if saved is not None else MAX_CHUNK  # a saved plan is a decode step: row by row
         res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty())
     out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids],
            "logits": [[float(v) for v in row.reshape(-1)] for row in res.logits]}
@@ -77,12 +80,9 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _model_of_plan(path: str, model: str | None) -> str | None:
-    """The model a saved plan is run with: the one given, which must be the one the plan was made for, or else the
-    one the plan names."""
-    from lanefuse.lane.lower.planfile import load
-
-    s = load(path)
+def _model_of_plan(path: str, s, model: str | None) -> str | None:
+    """The model the saved plan `s` (read from `path`) is run with: the one given, which must be the one the plan
+    was made for, or else the one the plan names."""
     made = s.source.get("path") if s.source.get("kind") == "path" else None
     if model is None:
         if s.source.get("kind") not in ("demo", "path"):
@@ -94,15 +94,20 @@ def _model_of_plan(path: str, model: str | None) -> str | None:
     return model
 
 
-def _step_fn(args, src):
-    """The step function generation runs: the reference interpreter, or a fused plan on the chosen backend."""
+def _step_fn(args, src, saved):
+    """The step function generation runs: the reference interpreter, or a fused plan (the saved one, or planned
+    under the command's flags) on the chosen backend."""
     if args.reference:
         return None, "reference interpreter"
-    try:
-        from lanefuse.lane.run.step import plan_step_fn
-    except ImportError:
-        return None, "reference interpreter"
-    return plan_step_fn(args, src)
+    from lanefuse.engine import flags
+    from lanefuse.lane.run.step import plan_step_fn
+
+    opts = None
+    if saved is None:
+        from lanefuse.lane.cli.options import plan_options
+
+        opts = plan_options(args)
+    return plan_step_fn(src.weights, args.device, opts, saved, args.plan or "", check=flags.read("LANEFUSE_CHECK") == 2)
 
 
 def cmd_plan(args) -> int:

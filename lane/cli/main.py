@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as e:  # a bug of lanefuse's, not the user's: one line, the traceback on request
-        import os
+        from lanefuse.engine import flags
 
-        if os.environ.get("LANEFUSE_DEBUG", "0") not in ("", "0"):
+        if flags.read("LANEFUSE_DEBUG") >= 1:
             raise
         print(f"lanefuse: internal error: {type(e).__name__}: {e} (LANEFUSE_DEBUG=1 shows the traceback; "
               f"please report it)", file=sys.stderr)

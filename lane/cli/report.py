@@ -43,18 +43,18 @@ def schedule_json(s) -> dict:
         "census": s.census, "fusions": s.fusions, "layers": s.layers,
         "launches_per_layer": {str(k): v for k, v in sorted(per_layer.items())},
         "arena": s.arena.to_json(), "cost_us": round(s.cost_us, 3), "knobs": s.knobs.to_json(),
-        "warnings": list(s.timings.get("warnings", [])),
-        "timings_s": {k: round(v, 4) for k, v in s.timings.items() if isinstance(v, float)},
+        "warnings": list(s.warnings), "method": s.method,
+        "timings_s": {k: round(v, 4) for k, v in s.timings.items()},
     }
 
 
-def plan_from_args(args, src, g):
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.step import plan_options
+def plan_from_args(args, src, g, traced: bool = False):
+    """The plan of `g` under the command's flags (and the engine's result beside it where `traced`)."""
+    from lanefuse.lane.cli.options import plan_options
+    from lanefuse.lane.lower.plan import plan_traced
 
-    o = plan_options(args)
-    return plan(g, lane=o["lane"], numerics=o["numerics"], knobs=o["knobs"], held=o["held"],
-                rules_dirs=o["rules_dirs"], forced=o["forced"] or None, source=_source_of(src))
+    p, opt = plan_traced(g, plan_options(args), source=_source_of(src))
+    return (p, opt) if traced else p
 
 
 def _source_of(src) -> dict:
@@ -64,10 +64,9 @@ def _source_of(src) -> dict:
 
 
 def plan_command(args, src, g) -> int:
-    s = plan_from_args(args, src, g)
+    s, opt = plan_from_args(args, src, g, traced=True)
     if args.trace:
-        opt = s.timings.get("optimized")
-        write_atomic(args.trace, json.dumps(opt.trace if opt is not None else {}, indent=1, default=str) + "\n")
+        write_atomic(args.trace, json.dumps(opt.trace, indent=1, default=str) + "\n")
     if args.save:
         from lanefuse.lane.lower.planfile import save
 
@@ -94,7 +93,7 @@ def print_plan(s, layer=None) -> None:
                  f", {body[0]} a layer" if body else "")
               + f" over {s.layers} layers · estimated step {s.cost_us:.1f} µs · arena {s.arena.bytes:,} B "
                 f"(lower bound {s.arena.lower_bound:,} B, ×{s.arena.ratio:.3f})")
-    for w in s.timings.get("warnings", []):
+    for w in s.warnings:
         con.print(f"[yellow]note:[/] {w}")
     t = Table(title="census", header_style="bold")
     t.add_column("launch kind")
@@ -122,27 +121,43 @@ def print_plan(s, layer=None) -> None:
 
 
 def rules_command(args) -> int:
-    from lanefuse.engine.rules import check_rules_dir, load_table, rules_listing
+    """`lanefuse rules`: the table; with `--check [DIR]`, every rule and lane table checked (DIR's added): errors
+    (a broken class contract) one a line on stderr and exit 1, warnings (a class no lane links) on stdout."""
+    import sys
+
+    from lanefuse.engine.errors import UserError
+    from lanefuse.engine.rules import check_rules_dir, contract_problems, load_table, rules_listing
     from lanefuse.lane.lower.table import known_lanes, load_lane
 
     dirs = list(args.rules or [])
     if args.check:
         dirs.append(args.check)
-    table = load_table(dirs)
+    table = load_table(dirs, contracts=args.check is None)
     rows = rules_listing(table)
     if args.check is not None:
+        errors = contract_problems(table)
         linked: set[str] = set()
+        lanes_ok = True
         for name in known_lanes(dirs):
-            linked |= load_lane(name, dirs).linked()
-        problems = check_rules_dir(args.check, linked) if args.check else \
-            [f"class `{r.cls}` ({r.name}) is linked by no lane" for r in table.rules if r.cls not in linked]
-        print(f"rules: {len(rows)} rules load cleanly; lanes: {', '.join(sorted(known_lanes(dirs)))}")
-        for p in problems:
-            print(f"warning: {p}")
-        unlinked = sorted({r.cls for r in table.rules} - linked)
-        print("every class a rule makes is linked by some lane" if not unlinked else
-              f"classes no lane links: {', '.join(unlinked)}")
-        return 0
+            try:
+                linked |= load_lane(name, dirs).linked()
+            except UserError as e:  # a lane on a broken base reports its base's error: listed once
+                errors.append(str(e))
+                lanes_ok = False
+        errors = list(dict.fromkeys(errors))
+        print(f"rules: {len(rows)} rules load{' cleanly' if not errors else ''}; lanes: "
+              f"{', '.join(sorted(known_lanes(dirs)))}")
+        if lanes_ok:  # what each class's linking says needs every lane's table
+            problems = check_rules_dir(args.check, linked) if args.check else \
+                [f"class `{r.cls}` ({r.name}) is linked by no lane" for r in table.rules if r.cls not in linked]
+            for p in problems:
+                print(f"warning: {p}")
+            unlinked = sorted({r.cls for r in table.rules} - linked)
+            print("every class a rule makes is linked by some lane" if not unlinked else
+                  f"classes no lane links: {', '.join(unlinked)}")
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+        return 1 if errors else 0
     if args.json:
         print(json.dumps([{"name": n, "class": c, "source": w, "depends_on": d} for n, c, w, d in rows], indent=1))
         return 0

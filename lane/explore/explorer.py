@@ -29,8 +29,8 @@ from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.optimize import Session
 from lanefuse.lane.lower.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
-from lanefuse.lane.lower.plan import lower
-from lanefuse.lane.lower.schedule import STEPS, Schedule
+from lanefuse.lane.lower.plan import Plan, lower
+from lanefuse.lane.lower.schedule import STEPS
 from lanefuse.lane.lower.shim import Shim
 
 NUMERICS = "f32"
@@ -51,7 +51,7 @@ class _Session(Session):
 class _Plan:
     """One configuration's plan: the lowered schedule, the extraction behind it and how it was found."""
 
-    sched: Schedule
+    sched: Plan
     dec: Any  # the engine's decoded snapshot the choice indexes
     choice: dict[int, int]
     method: str  # "ilp" (exact) or "local" (local search)
@@ -295,12 +295,7 @@ class Explorer:
         method = method or self.what_if
         opt, dec, choice = self._extract(cfg, forced, method)
         shim, _ = self._shim(cfg.knobs, cfg.held_steps)
-        sched = lower(opt.graph, self.lane, cfg.knobs, cfg.held_steps, shim)
-        sched.held = tuple(sorted(cfg.held_rules | cfg.held_steps))
-        sched.fusions = dict(sorted(opt.fusions.items()))
-        sched.numerics = NUMERICS
-        sched.source = dict(self.g.meta.get("source", {}) or {})
-        sched.timings = {"optimized": opt, "warnings": list(opt.warnings), "method": method}
+        sched = lower(opt, shim, cfg.held_rules, NUMERICS, method, self.g.meta.get("source", {}), notes)
         p = _Plan(sched, dec, choice, method, opt.cost, list(opt.warnings) + notes, (time.perf_counter() - t0) * 1e3)
         self._plans[key] = p
         return p
@@ -390,7 +385,7 @@ class Explorer:
         self._change(f"knob {name}={getattr(cfg.knobs, name)}", cfg)
 
     @_engine_thread
-    def plan(self, exact: bool = False) -> Schedule:
+    def plan(self, exact: bool = False) -> Plan:
         """The current plan; `exact` re-plans the current choices with the ILP (kept for this configuration)."""
         if exact and self._cur.method != "ilp":
             t0 = time.perf_counter()
@@ -668,7 +663,7 @@ def _summary(p: _Plan) -> dict:
             "fusions": dict(s.fusions), "arena": s.arena.bytes}
 
 
-def _arena_window(sched: Schedule, idx: list[int]) -> dict:
+def _arena_window(sched: Plan, idx: list[int]) -> dict:
     """The whole step's arena bytes and bound, and the arrays alive during one layer's launches (`idx`, the global
     launch indices), their lifetimes renumbered to the layer's launches 0..len(idx)-1."""
     import bisect
@@ -696,7 +691,7 @@ def _launches_in(l):
             yield from _launches_in(sub)
 
 
-def _steps_fired(sched: Schedule) -> dict[str, int]:
+def _steps_fired(sched: Plan) -> dict[str, int]:
     """How many launches each schedule step shaped."""
     out = dict.fromkeys(STEPS, 0)
     for x in sched.launches:

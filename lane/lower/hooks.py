@@ -1,11 +1,13 @@
 """The link hooks: the few classes whose launch is built from a variable number of members (products in parts,
 rotations in parts, a product with its heads' epilogue, a result placed in a table's rows), so their fields cannot
-be one fixed mapping of pattern variables. rules/README.md lists them."""
+be one fixed mapping of pattern variables. rules/README.md lists them. A hook returns its launches, or a Refusal."""
 
 from __future__ import annotations
 
 from lanefuse.engine.ir import Op
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, Gemv, Rope, RopeParts, RopeSide
+from lanefuse.lane.lower.placement import to_part
 
 
 def _leaves(op: Op) -> dict[str, Op]:
@@ -37,8 +39,6 @@ def _product_out(ch: dict[str, Op]) -> str:
 
 
 def _side(link, ch: dict[str, Op], placed: dict) -> RopeSide:
-    from lanefuse.lane.lower.link import to_part
-
     rope = ch["rope"]
     norm = ch.get("norm")
     x = norm.ins[0] if norm is not None else rope.ins[0]
@@ -58,11 +58,9 @@ def _members(op: Op) -> list[str]:
     return list(op.outs)
 
 
-def gemm_parts(link, op: Op, placed: dict) -> list:
+def gemm_parts(link, op: Op, placed: dict) -> list | Refusal:
     """The products of one activation as one GEMV in parts; members whose heads are rotated take their rotations
     in the same launch's epilogue (a fold of the parts and a rotation in parts)."""
-    from lanefuse.lane.lower.link import Refused
-
     parts, sides, rope, x, fmt = [], [], None, None, None
     for t in _members(op):
         ch = _chain(op, t)
@@ -72,11 +70,11 @@ def gemm_parts(link, op: Op, placed: dict) -> list:
         w = p.ins[1]
         c = link.g.constants.get(w)
         if c is None or c.kind != "rows":
-            raise Refused("products in parts by a matrix that is not checkpoint rows", f"`{op.cls}` -> `{t}`")
+            return Refusal("products in parts by a matrix that is not checkpoint rows", f"`{op.cls}` -> `{t}`")
         if x is None:
             x, fmt = p.ins[0], c.format
         if p.ins[0] != x or c.format != fmt:
-            raise Refused("products in parts of different activations or checkpoint formats", f"`{op.cls}` -> `{t}`")
+            return Refusal("products in parts of different activations or checkpoint formats", f"`{op.cls}` -> `{t}`")
         out = _product_out(ch)
         bias = ch["bias"].ins[1] if "bias" in ch else None
         if "rope" in ch:
@@ -87,7 +85,7 @@ def gemm_parts(link, op: Op, placed: dict) -> list:
             y = placed.get(out) or Dst(out)
         parts.append(GemmPart(w=w, y=y, n=link.g.shape(w)[0], bias=bias))
     if not parts:
-        raise Refused("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
+        return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
     k = link.g.shape(x)[1]
     m = link.g.shape(x)[0]
     gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts))
@@ -96,17 +94,15 @@ def gemm_parts(link, op: Op, placed: dict) -> list:
     return [Fold(first=gp, then=_rope_parts(sides, rope, link))]
 
 
-def head_epilogue(link, op: Op, placed: dict) -> list:
+def head_epilogue(link, op: Op, placed: dict) -> list | Refusal:
     """One product whose heads are normed and rotated in its epilogue: a fold of the GEMV and the rotation."""
-    from lanefuse.lane.lower.link import Refused
-
     ch = _chain(op, op.out)
     if "product" not in ch or "rope" not in ch:
-        raise Refused("a head epilogue without its product and rotation", f"`{op.cls}` -> `{op.out}`")
+        return Refusal("a head epilogue without its product and rotation", f"`{op.cls}` -> `{op.out}`")
     p = ch["product"]
     c = link.g.constants.get(p.ins[1])
     if c is None or c.kind != "rows":
-        raise Refused("a head epilogue on a product by a matrix that is not checkpoint rows", f"-> `{op.out}`")
+        return Refusal("a head epilogue on a product by a matrix that is not checkpoint rows", f"-> `{op.out}`")
     out = _product_out(ch)
     g = link.g
     gemv = Gemv(x=p.ins[0], w=p.ins[1], format=c.format, y=Dst(out), k=g.shape(p.ins[0])[1], n=g.shape(p.ins[1])[0],
@@ -119,10 +115,8 @@ def head_epilogue(link, op: Op, placed: dict) -> list:
     return [Fold(first=gemv, then=r)]
 
 
-def rope_parts(link, op: Op, placed: dict) -> list:
+def rope_parts(link, op: Op, placed: dict) -> list | Refusal:
     """A layer's rotations (each with its head norm or not) in one launch."""
-    from lanefuse.lane.lower.link import Refused
-
     sides, rope = [], None
     for t in _members(op):
         ch = _chain(op, t)
@@ -130,21 +124,24 @@ def rope_parts(link, op: Op, placed: dict) -> list:
             continue
         if rope is not None and (ch["rope"].ins[1:4] != rope.ins[1:4] or ch["rope"].a["hd"] != rope.a["hd"]
                                  or ch["rope"].a["rot"] != rope.a["rot"]):
-            raise Refused("rotations in one launch over different tables, positions or head widths",
+            return Refusal("rotations in one launch over different tables, positions or head widths",
                           f"`{op.cls}` -> `{t}`")
         rope = ch["rope"]
         sides.append(_side(link, ch, placed))
     if rope is None:
-        raise Refused("a launch of rotations with no rotation", f"`{op.cls}` -> `{op.out}`")
+        return Refusal("a launch of rotations with no rotation", f"`{op.cls}` -> `{op.out}`")
     return [_rope_parts(sides, rope, link)]
 
 
-def into_row(link, op: Op, placed: dict) -> list:
+def into_row(link, op: Op, placed: dict) -> list | Refusal:
     """The producer's own launch, its result written straight into the table's rows: the row write is no launch."""
     producer = [p for p in op.parts if not (not p.fused and p.kind == "set_row")]
     out = []
     for p in producer:
-        out.extend(x.launch for x in link.op(p, placed))
+        got = link.op(p, placed)
+        if isinstance(got, Refusal):
+            return got
+        out.extend(x.launch for x in got)
     return out
 
 

@@ -1,7 +1,9 @@
 """The link: each op of the optimized graph to the launches the lane's table names for it, each launch with the lifted
 ops it computes. A lifted op takes its kind's launch; a fused op of a class the lane links whole takes its class's
 launch (fields filled from the rule's pattern variables) or its hook's; a class the lane runs as its parts takes each
-part's launches; a refused class is an error with the table's reason. Placements become launch fields."""
+part's launches; a class the lane refuses, or a launch whose kind refuses its fields, gives a `Refusal` (returned,
+not raised: the shim prices it as never chosen, `plan()` turns it into the user's error). Placements become launch
+fields."""
 
 from __future__ import annotations
 
@@ -10,18 +12,12 @@ from dataclasses import dataclass, field
 
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.opdefs import full_attrs, opdef
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import KINDS, Dst, Part
 from lanefuse.lane.lower.fill import Scope, evaluate
+from lanefuse.lane.lower.hooks import HOOKS
+from lanefuse.lane.lower.placement import to_dst, to_part
 from lanefuse.lane.lower.table import Choice, LaneTable
-
-
-class Refused(Exception):
-    """The lane cannot run an op: `reason` in the user's words, `where` the op (its class or kind and output)."""
-
-    def __init__(self, reason: str, where: str = ""):
-        super().__init__(f"{where}: {reason}" if where else reason)
-        self.reason = reason
-        self.where = where
 
 
 @dataclass
@@ -35,19 +31,18 @@ class Linked:
     rule: str | None = None
 
 
+def refused(why, where: str) -> Refusal:
+    """A kind's `check()` result (a Refusal) placed at `where`."""
+    return why.at(where) if isinstance(why, Refusal) else Refusal(str(why), where)
+
+
+def where_of(op: Op) -> str:
+    """How a refusal names an op: its class and rule, or its kind, and its output."""
+    return f"class `{op.cls}` ({op.rule}) -> `{op.out}`" if op.fused else f"`{op.kind}` -> `{op.out}`"
+
+
 def covered(op: Op) -> tuple[str, ...]:
     return tuple(leaf.out for leaf in op.leaves())
-
-
-def to_part(acc) -> Part | None:
-    return None if acc is None else Part(acc.pitch, acc.offset, acc.width)
-
-
-def to_dst(g: Graph, d) -> Dst:
-    """An IR destination as a launch's: the table's rows from the row a parameter names (or a fixed row)."""
-    pitch = g.shape(d.table)[-1]
-    row = None if d.row is None else (d.row.param if d.row.param is not None else d.row.fixed)
-    return Dst(d.table, row, pitch, to_part(d.unit))
 
 
 @dataclass
@@ -55,27 +50,23 @@ class Link:
     g: Graph
     table: LaneTable
     held_steps: frozenset[str] = frozenset()
-    hooks: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if not self.hooks:
-            from lanefuse.lane.lower.hooks import HOOKS
-
-            self.hooks = HOOKS
+    hooks: dict = field(default_factory=lambda: dict(HOOKS))
 
     # -- the public entry --------------------------------------------------------------------------------------
-    def op(self, op: Op, placed: dict[str, Dst] | None = None) -> list[Linked]:
+    def op(self, op: Op, placed: dict[str, Dst] | None = None) -> list[Linked] | Refusal:
+        """`op`'s launches, or why the lane cannot run it."""
         placed = dict(placed or {})
         if op.dst is not None:
             placed[op.out] = to_dst(self.g, op.dst)
         if not op.fused:
-            return [Linked(self.lifted(op, placed), covered(op), op.layer)]
+            l = self.lifted(op, placed)
+            return l if isinstance(l, Refusal) else [Linked(l, covered(op), op.layer)]
         entry = self.table.support(op.cls)
         support = entry.support
         if support == "native" and any(op.cls in self.table.gated.get(h, ()) for h in self.held_steps):
             support = "decompose"  # a held schedule step of the lane's table runs this class as its parts
         if support == "refuse":
-            raise Refused(entry.reason, f"class `{op.cls}` ({op.rule}) -> `{op.out}`")
+            return Refusal(entry.reason, where_of(op))
         if support == "decompose":
             # run as its parts: a result the fusion placed in a table's rows goes back to its own buffer, and the
             # row write among the parts copies it there
@@ -84,7 +75,10 @@ class Link:
             for p in op.parts:
                 if p.dst is not None and p.out in written:
                     p = dataclasses.replace(p, dst=None)
-                out.extend(self.op(p, {k: v for k, v in placed.items() if k not in written}))
+                got = self.op(p, {k: v for k, v in placed.items() if k not in written})
+                if isinstance(got, Refusal):
+                    return got
+                out.extend(got)
             return out
         ch = entry.choice
         assert ch is not None
@@ -92,16 +86,19 @@ class Link:
         if ch.hook:
             hook = self.hooks.get(ch.hook)
             if hook is None:
-                raise Refused(f"the lane table names link hook `{ch.hook}`, which lanefuse does not have",
-                              entry.where)
+                return Refusal(f"the lane table names link hook `{ch.hook}`, which lanefuse does not have",
+                               entry.where)
             launches = hook(self, op, placed)
         else:
-            scope = self.scope_fused(op, placed)
-            launches = [self.build(ch, scope)]
+            launches = [self.build(ch, self.scope_fused(op, placed))]
+        if isinstance(launches, Refusal):
+            return launches
         for l in launches:
+            if isinstance(l, Refusal):
+                return l
             why = l.check()
             if why:
-                raise Refused(why, f"class `{op.cls}` -> `{op.out}`")
+                return refused(why, f"class `{op.cls}` -> `{op.out}`")
         return [Linked(l, covered(op) if i == len(launches) - 1 else (), op.layer, op.cls, op.rule)
                 for i, l in enumerate(launches)]
 
@@ -118,22 +115,25 @@ class Link:
     def lifted(self, op: Op, placed: dict[str, Dst]):
         choices = self.table.ops.get(op.kind)
         if not choices:
-            raise Refused(f"the {self.table.name} lane has no launch for `{op.kind}`", f"`{op.kind}` -> `{op.out}`")
+            return Refusal(f"the {self.table.name} lane has no launch for `{op.kind}`", where_of(op))
         scope = self.scope_lifted(op, placed)
         ch = self.pick(choices, scope)
+        if ch is None:
+            return Refusal("no entry of the lane's table applies", scope.where)
         if ch.refuse:
-            raise Refused(ch.refuse, f"`{op.kind}` -> `{op.out}`")
+            return Refusal(ch.refuse, where_of(op))
         l = self.build(ch, scope)
+        if isinstance(l, Refusal):
+            return l
         why = l.check()
-        if why:
-            raise Refused(why, f"`{op.kind}` -> `{op.out}`")
-        return l
+        return refused(why, where_of(op)) if why else l
 
-    def pick(self, choices: list[Choice], scope: Scope) -> Choice:
+    def pick(self, choices: list[Choice], scope: Scope) -> Choice | None:
+        """The first entry whose `if:` holds; None where none does."""
         for ch in choices:
             if ch.when is None or evaluate(ch.when, scope):
                 return ch
-        raise Refused("no entry of the lane's table applies", scope.where)
+        return None
 
     # -- fused ops ---------------------------------------------------------------------------------------------
     def absorbed(self, op: Op, placed: dict[str, Dst]) -> dict[str, Dst]:
@@ -163,23 +163,29 @@ class Link:
                      leaves=tuple(op.leaves()))
 
     def build(self, ch: Choice, scope: Scope):
+        """The launch `ch` names with its fields filled in `scope`, or why its fields make none."""
         kw = {}
         for name, expr in ch.fields.items():
             if isinstance(expr, dict) and "launch" in expr:
-                sub = Choice(None, expr["launch"], expr.get("fields") or {})
-                kw[name] = self.build(sub, scope)
+                sub = self.build(Choice(None, expr["launch"], expr.get("fields") or {}), scope)
+                if isinstance(sub, Refusal):
+                    return sub
+                kw[name] = sub
             else:
                 kw[name] = evaluate(expr, scope)
         try:
             return KINDS[ch.launch](**kw)
         except TypeError as e:
-            raise Refused(f"the table's fields do not make a `{ch.launch}` launch: {e}", scope.where) from None
+            return Refusal(f"the table's fields do not make a `{ch.launch}` launch: {e}", scope.where)
 
 
-def link(g: Graph, table: LaneTable, held_steps=frozenset()) -> list[Linked]:
-    """Every op of `g` to its launches, in order; the first op the lane cannot run raises `Refused`."""
+def link(g: Graph, table: LaneTable, held_steps=frozenset()) -> list[Linked] | Refusal:
+    """Every op of `g` to its launches, in order; or the refusal of the first op the lane cannot run."""
     lk = Link(g, table, frozenset(held_steps))
     out: list[Linked] = []
     for op in g.ops:
-        out.extend(lk.op(op))
+        got = lk.op(op)
+        if isinstance(got, Refusal):
+            return got
+        out.extend(got)
     return out

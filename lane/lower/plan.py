@@ -1,28 +1,124 @@
-"""`plan()`: a step graph to its Schedule — the engine's optimized graph under this lane's cost and shim, each op
-linked to its launches, the schedule's settings, the buffers and the arena."""
+"""`plan(g, options)`: a step graph to its `Plan` — the engine's optimized graph under this lane's cost and shim,
+each op linked to its launches, the schedule's settings, the buffers and the arena, built once. `PlanOptions` is
+what a plan is made under (the command makes one from its flags; the explorer from its state)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field, fields
 
 from lanefuse.engine.errors import UserError, did_you_mean
-from lanefuse.engine.ir import Graph
-from lanefuse.lane.lower.buffers import aliases, arena_for, buffers, counters
+from lanefuse.engine.ir import Constant, Graph, StepIO, Tensor
+from lanefuse.engine.refusal import Refusal
+from lanefuse.lane.lower.arena import Arena
+from lanefuse.lane.lower.buffers import Buffer, aliases, arena_for, buffers, counters
 from lanefuse.lane.lower.knobs import Knobs
-from lanefuse.lane.lower.link import Link, Refused
-from lanefuse.lane.lower.schedule import STEPS, Launched, Schedule, kernels_of, schedule_launch
+from lanefuse.lane.lower.schedule import kernels_of, schedule_launch
 from lanefuse.lane.lower.shim import Shim, launch_us
 from lanefuse.lane.lower.table import LaneTable, load_lane
 
 NUMERICS = ("f32",)
+METHODS = ("ilp", "local")
 
 
-def split_held(held, table) -> tuple[frozenset[str], frozenset[str]]:
+@dataclass(frozen=True)
+class PlanOptions:
+    """What a plan is made under: the lane, the numerics, the chip (knobs), the rules and schedule steps held back,
+    the user's rule folders, forced choices (tensor -> the engine's alternative index) and the extraction method."""
+
+    lane: str = "cuda"
+    numerics: str = "f32"
+    knobs: Knobs = field(default_factory=Knobs)
+    held: tuple[str, ...] = ()
+    rules_dirs: tuple[str, ...] = ()
+    forced: dict[str, int] = field(default_factory=dict)
+    method: str = "ilp"
+
+    def __post_init__(self):
+        if self.numerics not in NUMERICS:
+            raise UserError(f"--numerics {self.numerics}: this lane runs {', '.join(NUMERICS)} (q8 comes later)")
+        if self.method not in METHODS:
+            raise UserError(f"extraction method `{self.method}`: one of {', '.join(METHODS)}")
+        object.__setattr__(self, "held", tuple(dict.fromkeys(self.held)))
+        object.__setattr__(self, "rules_dirs", tuple(self.rules_dirs))
+        object.__setattr__(self, "forced", dict(self.forced or {}))
+
+
+OPTION_NAMES = tuple(f.name for f in fields(PlanOptions))
+
+
+@dataclass
+class Launched:
+    """One launch of the plan: the launch, the lifted ops it computes (their outputs), its layer, and the class
+    and rule of the fused op it came from."""
+
+    launch: object
+    ops: tuple[str, ...]
+    layer: int
+    cls: str | None
+    rule: str | None
+    cost_us: float
+
+
+@dataclass
+class Plan:
+    """A step lowered: its launches in order, its buffers and arena, the fusions that fired, the census; what it
+    was made under (lane, numerics, knobs, held), what the engine said (warnings) and how long each stage took."""
+
+    model: str
+    rows: int
+    lane: str
+    numerics: str
+    knobs: Knobs
+    held: tuple[str, ...]
+    launches: list[Launched]
+    buffers: dict[str, Buffer]
+    arena: Arena
+    counters: list
+    fusions: dict[str, int]
+    census: dict[str, int]
+    cost_us: float
+    layers: int
+    io: StepIO
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    constants: dict[str, Constant] = field(default_factory=dict)
+    source: dict = field(default_factory=dict)  # how to open the model again: {"kind": "demo"} or a path
+    warnings: tuple[str, ...] = ()
+    method: str = "ilp"  # how the engine extracted it: ilp (exact) or local (local search)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds by stage: engine_s, lower_s
+
+    def per_layer(self) -> dict[int, int]:
+        """Kernel launches by layer (-1: the step's head and tail outside every layer)."""
+        out: dict[int, int] = {}
+        for l in self.launches:
+            out[l.layer] = out.get(l.layer, 0) + len(kernels_of(l.launch))
+        return out
+
+    def check_position(self, pos: int) -> None:
+        """A step's rows must land inside the caches: the kernels do not check it on the device."""
+        if not self.io.caches:
+            return
+        length = self.tensors[self.io.caches[0][0]].shape[0]
+        if pos < 0 or pos + self.rows > length:
+            raise UserError(f"a step of {self.rows} row(s) at position {pos} runs past the KV cache of {length} rows")
+
+    @property
+    def n_launches(self) -> int:
+        return sum(len(kernels_of(l.launch)) for l in self.launches)
+
+
+def steps_of(lt: LaneTable) -> dict[str, str]:
+    """The lane's schedule steps a plan can hold back (its table is their one list): name -> what it does."""
+    return dict(lt.schedule)
+
+
+def split_held(held, table, lt: LaneTable) -> tuple[frozenset[str], frozenset[str]]:
     """Held names as (rules, schedule steps); an unknown name lists the known ones."""
     rules, steps = set(), set()
-    known = set(table.names) | set(STEPS)
+    lane_steps = steps_of(lt)
+    known = set(table.names) | set(lane_steps)
     for h in held:
-        if h in STEPS:
+        if h in lane_steps:
             steps.add(h)
         elif h in table.by_name:
             rules.add(h)
@@ -33,49 +129,66 @@ def split_held(held, table) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(rules), frozenset(steps)
 
 
-def plan(g: Graph, lane: str | LaneTable = "cuda", numerics: str = "f32", knobs: Knobs | None = None, held=(),
-         rules_dirs=(), forced: dict[str, int] | None = None, method: str = "ilp", session=None, table=None,
-         source: dict | None = None) -> Schedule:
-    """The step `g` lowered under `lane` and `numerics`, with `held` rules and schedule steps held back."""
+def options(base: PlanOptions | None = None, **changes) -> PlanOptions:
+    """`base` (or the defaults) with some fields changed; an unknown field name is a TypeError naming the fields."""
+    bad = sorted(set(changes) - set(OPTION_NAMES))
+    if bad:
+        raise TypeError(f"plan options have no {', '.join(bad)} (they are {', '.join(OPTION_NAMES)})")
+    o = base or PlanOptions()
+    if not changes:
+        return o
+    kw = {n: getattr(o, n) for n in OPTION_NAMES}
+    kw.update({k: v for k, v in changes.items() if v is not None})
+    kw["knobs"] = kw["knobs"] or Knobs()
+    return PlanOptions(**kw)
+
+
+def plan(g: Graph, opts: PlanOptions | None = None, *, session=None, table=None, source: dict | None = None,
+         **changes) -> Plan:
+    """The step `g` lowered under `opts` (keyword arguments change single options: `plan(g, held=["add_norm"])`)."""
+    return plan_traced(g, opts, session=session, table=table, source=source, **changes)[0]
+
+
+def plan_traced(g: Graph, opts: PlanOptions | None = None, *, session=None, table=None, source: dict | None = None,
+                **changes):
+    """`plan()` and the engine's result beside it (its trace: `lanefuse plan --trace`)."""
     from lanefuse.engine.optimize import Session
     from lanefuse.engine.rules import load_table
 
     t0 = time.perf_counter()
-    if numerics not in NUMERICS:
-        raise UserError(f"--numerics {numerics}: this lane runs {', '.join(NUMERICS)} (q8 comes later)")
-    knobs = knobs or Knobs()
-    lt = lane if isinstance(lane, LaneTable) else load_lane(lane, rules_dirs)
-    table = table or (session.table if session is not None else load_table(rules_dirs))
-    held_rules, held_steps = split_held(held, table)
-    shim = Shim(g, lt, knobs, held_steps)
+    o = options(opts, **changes)
+    lt = load_lane(o.lane, o.rules_dirs)
+    table = table or (session.table if session is not None else load_table(o.rules_dirs))
+    held_rules, held_steps = split_held(o.held, table, lt)
+    shim = Shim(g, lt, o.knobs, held_steps)
     s = session if session is not None else Session(g, table)
-    opt = s.plan(held_rules, shim.cost, forced, method)
+    opt = s.plan(held_rules, shim.cost, o.forced or None, o.method)
     t1 = time.perf_counter()
-    sched = lower(opt.graph, lt, knobs, held_steps, shim)
-    sched.held = tuple(sorted(held_rules | held_steps))
-    sched.fusions = dict(sorted(opt.fusions.items()))
-    sched.numerics = numerics
-    sched.source = dict(source or g.meta.get("source", {}) or {})
-    sched.timings = {"engine_s": t1 - t0, "lower_s": time.perf_counter() - t1, "optimized": opt,
-                     "warnings": list(opt.warnings)}
-    return sched
+    p = lower(opt, shim, held_rules, o.numerics, o.method, source or g.meta.get("source", {}),
+              timings={"engine_s": t1 - t0})
+    return p, opt
 
 
-def lower(og: Graph, lt: LaneTable, knobs: Knobs, held_steps=frozenset(), shim: Shim | None = None) -> Schedule:
-    """Link, schedule and place the optimized graph `og`."""
-    lk = shim.link if shim is not None else Link(og, lt, frozenset(held_steps))
+def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method: str = "ilp",
+          source: dict | None = None, warnings=(), timings: dict[str, float] | None = None) -> Plan:
+    """The engine's optimized graph (`opt`, its result) linked, scheduled and placed under the shim's lane, knobs
+    and held steps: the Plan, built once."""
+    t0 = time.perf_counter()
+    og: Graph = opt.graph
+    lt, knobs, held_steps = shim.table, shim.knobs, shim.held_steps
+    lk = shim.link
     lk.g = og
     launched: list[Launched] = []
     for op in og.ops:
-        try:
-            linked = lk.op(op)
-        except Refused as e:
-            raise UserError(f"the {lt.name} lane cannot run {e}") from None
+        linked = lk.op(op)
+        if isinstance(linked, Refusal):
+            raise UserError(f"the {lt.name} lane cannot run {linked}")
         for x in linked:
             l = schedule_launch(x.launch, knobs, held_steps)
             why = l.check()
             if why:
-                raise UserError(f"the {lt.name} lane cannot run {x.cls or op.kind} -> `{op.out}`: {why}")
+                raise UserError(f"the {lt.name} lane cannot run {x.cls or op.kind} -> `{op.out}`: "
+                                f"{getattr(why, 'reason', why)}")
             launched.append(Launched(l, x.ops, x.layer, x.cls, x.rule, launch_us(l, knobs)))
     al = aliases(og)
     bufs = buffers(og, al)
@@ -85,8 +198,12 @@ def lower(og: Graph, lt: LaneTable, knobs: Knobs, held_steps=frozenset(), shim: 
     for x in launched:
         for k in kernels_of(x.launch):
             census[k.census] = census.get(k.census, 0) + 1
-    return Schedule(model=str(og.meta.get("model", "")), rows=int(og.meta.get("rows", 1)), lane=lt.name,
-                    numerics="f32", knobs=knobs, held=tuple(sorted(held_steps)), launches=launched, buffers=bufs,
-                    arena=arena, counters=counters(seq), fusions={}, census=dict(sorted(census.items())),
-                    cost_us=sum(x.cost_us for x in launched), layers=og.layers, io=og.io, tensors=dict(og.tensors),
-                    constants=dict(og.constants))
+    times = dict(timings or {})
+    times["lower_s"] = time.perf_counter() - t0
+    return Plan(model=str(og.meta.get("model", "")), rows=int(og.meta.get("rows", 1)), lane=lt.name,
+                numerics=numerics, knobs=knobs, held=tuple(sorted(set(held_rules) | set(held_steps))),
+                launches=launched, buffers=bufs, arena=arena, counters=counters(seq),
+                fusions=dict(sorted(opt.fusions.items())), census=dict(sorted(census.items())),
+                cost_us=sum(x.cost_us for x in launched), layers=og.layers, io=og.io, tensors=dict(og.tensors),
+                constants=dict(og.constants), source=dict(source or {}),
+                warnings=tuple(opt.warnings) + tuple(warnings), method=method, timings=times)

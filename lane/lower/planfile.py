@@ -1,4 +1,4 @@
-"""Plans travel: a Schedule written as JSON (`save`) and read back (`load`) with no solver imported — the launches'
+"""Plans travel: a Plan written as JSON (`save`) and read back (`load`) with no solver imported — the launches'
 dataclasses by their class names, tuples as lists, everything else as plain JSON."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pkgutil
 
 from lanefuse.engine.errors import UserError
 
-FORMAT = "lanefuse-plan/1"
+FORMAT = "lanefuse-plan/2"  # /2: the record is a Plan (warnings, method, timings of its own)
 
 
 def _classes() -> dict[str, type]:
@@ -20,13 +20,18 @@ def _classes() -> dict[str, type]:
     out: dict[str, type] = {}
     mods = [importlib.import_module(f"lanefuse.kernels.{m.name}") for m in pkgutil.iter_modules(kpkg.__path__)
             if not m.name.startswith(("cupy", "compile"))]
-    mods.append(importlib.import_module("lanefuse.lane.lower.schedule"))
-    mods.append(importlib.import_module("lanefuse.lane.lower.buffers"))
-    mods.append(importlib.import_module("lanefuse.lane.lower.arena"))
     for m in mods:
         for v in vars(m).values():
             if isinstance(v, type) and dataclasses.is_dataclass(v):
                 out[v.__name__] = v
+    from lanefuse.engine.ir import Constant, StepIO, Tensor
+    from lanefuse.lane.lower.arena import Arena, Placed
+    from lanefuse.lane.lower.buffers import Buffer
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import Launched, Plan
+
+    for v in (Plan, Launched, Buffer, Arena, Placed, Knobs, StepIO, Tensor, Constant):  # the plan's own records
+        out[v.__name__] = v
     return out
 
 
@@ -61,12 +66,10 @@ def decode(x, classes: dict[str, type]):
     return x
 
 
-def save(schedule, path: str) -> None:
+def save(plan, path: str) -> None:
     from lanefuse.lane.lower.files import write_atomic
 
-    # the engine's result (the optimized graph, the trace) stays behind: a plan file holds what runs
-    kept = {k: v for k, v in schedule.timings.items() if k != "optimized"}
-    doc = {"format": FORMAT, "schedule": encode(dataclasses.replace(schedule, timings=kept))}
+    doc = {"format": FORMAT, "plan": encode(plan)}
     write_atomic(path, json.dumps(doc) + "\n")
 
 
@@ -80,4 +83,4 @@ def load(path: str):
         raise UserError(f"{path}:{e.lineno}: not a lanefuse plan (bad JSON: {e.msg})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise UserError(f"{path}: not a lanefuse plan (expected format {FORMAT!r})")
-    return decode(doc["schedule"], _classes())
+    return decode(doc["plan"], _classes())

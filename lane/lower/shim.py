@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lanefuse.engine.cost_default import Refusal
 from lanefuse.engine.ir import Graph, Op
+from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.knobs import Knobs
-from lanefuse.lane.lower.link import Link, Refused
+from lanefuse.lane.lower.link import Link, where_of
 from lanefuse.lane.lower.table import LaneTable
 
 
@@ -42,32 +42,32 @@ class Shim:
     def support(self, cls: str):
         return self.table.support(cls)
 
-    def launches(self, op: Op):
+    def launches(self, op: Op) -> list | Refusal:
+        """`op`'s launches with the schedule's settings, or why the lane cannot run it."""
         from lanefuse.lane.lower.schedule import schedule_launch
 
-        return [schedule_launch(x.launch, self.knobs, self.held_steps) for x in self.link.op(op)]
+        linked = self.link.op(op)
+        if isinstance(linked, Refusal):
+            return linked
+        return [schedule_launch(x.launch, self.knobs, self.held_steps) for x in linked]
 
     def cost(self, op: Op, g: Graph | None = None) -> float | Refusal:
         """The engine's cost function: microseconds, or a Refusal with the reason."""
         key = _key(op, self.g, self._sigs)
         hit = self._cache.get(key)
         if hit is not None:
-            return Refusal(f"{_what(op)}: {hit.reason}") if isinstance(hit, Refusal) else hit
-        try:
-            v: float | Refusal = sum(launch_us(l, self.knobs) for l in self.launches(op))
-            if not op.fused and op.kind == "argmax" and op.out == self.g.io.next:
-                v += self.knobs.launch_us  # without its advance, the token and position take a launch of their own
-        except Refused as e:
-            self._cache[key] = Refusal(e.reason)  # ops of one shape share the reason, not the names
-            return Refusal(f"{_what(op)}: {e.reason}")
+            return Refusal(hit.reason, where_of(op)) if isinstance(hit, Refusal) else hit
+        launches = self.launches(op)
+        if isinstance(launches, Refusal):
+            self._cache[key] = Refusal(launches.reason)  # ops of one shape share the reason, not the names
+            return Refusal(launches.reason, where_of(op))
+        v = sum(launch_us(l, self.knobs) for l in launches)
+        if not op.fused and op.kind == "argmax" and op.out == self.g.io.next:
+            v += self.knobs.launch_us  # without its advance, the token and position take a launch of their own
         self._cache[key] = v
         return v
 
     __call__ = cost
-
-
-def _what(op: Op) -> str:
-    return f"class `{op.cls}` ({op.rule}) -> `{op.out}`" if op.fused else f"`{op.kind}` -> `{op.out}`"
 
 
 def _sig(g: Graph, name: str, tables: frozenset):

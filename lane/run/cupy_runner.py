@@ -1,4 +1,4 @@
-"""The CuPy backend: the same Schedule as the numpy backend, on the device — one device allocation for the arena
+"""The CuPy backend: the same Plan as the numpy backend, on the device — one device allocation for the arena
 with every step-local array a view at its placed offset, the caches and the step's carried state on the device
 (shared by a model's decode and prefill plans), the weights uploaded once. A decode step is captured once as a CUDA
 graph and replayed each token; the arg-max's advance writes the next token and position on the device, so the host
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from lanefuse.kernels.cupy_env import DeviceEnv
-from lanefuse.lane.lower.schedule import Schedule
+from lanefuse.lane.lower.plan import Plan
 
 
 class DeviceState:
@@ -21,7 +21,7 @@ class DeviceState:
         self.loaded = False  # the caches were uploaded from the host once
 
 
-def _weights_of(s: Schedule, weights, have) -> dict[str, tuple[np.ndarray, str]]:
+def _weights_of(s: Plan, weights, have) -> dict[str, tuple[np.ndarray, str]]:
     """The host copies of the constants the device does not hold yet."""
     out = {}
     for name, c in s.constants.items():
@@ -37,9 +37,9 @@ def _weights_of(s: Schedule, weights, have) -> dict[str, tuple[np.ndarray, str]]
 
 
 class CupyRunner:
-    """Runs one Schedule on the device; `step` has the numpy backend's interface."""
+    """Runs one Plan on the device; `step` has the numpy backend's interface."""
 
-    def __init__(self, s: Schedule, weights, state: DeviceState | None = None, graph: bool = True):
+    def __init__(self, s: Plan, weights, state: DeviceState | None = None, graph: bool = True):
         import cupy
 
         self.cp = cupy

@@ -1,16 +1,14 @@
-"""The numpy backend: a Schedule run launch by launch with each kind's numpy twin, every step-local array a view
+"""The numpy backend: a Plan run launch by launch with each kind's numpy twin, every step-local array a view
 into ONE arena byte buffer at its placed offset (a placement bug shows as a wrong number), the caches and the step's
 inputs and outputs in buffers of their own. `LANEFUSE_CHECK=2` runs the reference interpreter beside it and names
 the first launch that diverges."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.lane.lower.schedule import Schedule
+from lanefuse.lane.lower.plan import Plan
 
 DT = {"f32": np.float32, "i32": np.int32}
 
@@ -18,7 +16,7 @@ DT = {"f32": np.float32, "i32": np.int32}
 class ArenaEnv:
     """The Env the numpy twins read and write through: arena views, cache tables, step I/O, weights."""
 
-    def __init__(self, s: Schedule, weights, tables: dict[str, np.ndarray]):
+    def __init__(self, s: Plan, weights, tables: dict[str, np.ndarray]):
         self.s = s
         self.weights = weights
         self.arena = np.zeros(s.arena.bytes, dtype=np.uint8)
@@ -70,12 +68,11 @@ class ArenaEnv:
 
 
 class NumpyRunner:
-    """Runs one Schedule step after step; the arena and weights are kept across steps."""
+    """Runs one Plan step after step; the arena and weights are kept across steps."""
 
-    def __init__(self, s: Schedule, weights, check: bool | None = None):
+    def __init__(self, s: Plan, weights, check: bool = False):
         self.s = s
-        # run the reference beside each step and compare launch by launch (LANEFUSE_CHECK=2, read once here)
-        self.check = os.environ.get("LANEFUSE_CHECK", "0") == "2" if check is None else check
+        self.check = check  # run the reference beside each step and compare launch by launch (LANEFUSE_CHECK=2)
         self.weights = weights
         self.env = ArenaEnv(s, weights, {})
 

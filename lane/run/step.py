@@ -3,9 +3,8 @@ and run by the chosen backend (numpy on the CPU; CuPy on a CUDA device)."""
 
 from __future__ import annotations
 
-import os
-
 from lanefuse.engine.errors import UserError
+from lanefuse.lane.lower.plan import PlanOptions
 
 
 def has_cuda() -> bool:
@@ -27,48 +26,25 @@ def pick_device(device: str) -> str:
     return "gpu" if has_cuda() else "cpu"
 
 
-def plan_options(args) -> dict:
-    """What `plan()` takes from the command's flags and an optional plan file (--spec)."""
-    from lanefuse.lane.lower.knobs import parse_knobs
-    from lanefuse.lane.lower.spec import load_spec
-
-    opts = {"lane": "cuda", "numerics": "f32", "held": [], "knobs": {}, "forced": {}}
-    if getattr(args, "spec", None):
-        opts.update(load_spec(args.spec))
-    if getattr(args, "lane", None):
-        opts["lane"] = args.lane
-    if getattr(args, "numerics", None):
-        opts["numerics"] = args.numerics
-    opts["held"] = list(dict.fromkeys(list(opts["held"]) + list(getattr(args, "hold", []) or [])))
-    knobs = parse_knobs(opts["knobs"])
-    opts["knobs"] = parse_knobs(getattr(args, "knob", []) or [], knobs)
-    rules = list(getattr(args, "rules", []) or [])
-    opts["rules_dirs"] = rules
-    return opts
-
-
-def make_runner(schedule, weights, device: str, state=None):
+def make_runner(p, weights, device: str, state=None, check: bool = False):
+    """The runner of plan `p` on `device` (gpu or cpu); `check` runs the reference beside each numpy step."""
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import CupyRunner
 
-        return CupyRunner(schedule, weights, state)
+        return CupyRunner(p, weights, state)
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
-    return NumpyRunner(schedule, weights)
+    return NumpyRunner(p, weights, check=check)
 
 
-def plan_step_fn(args, src):
-    """A step function for `generate`: plans each step graph once (or loads a saved plan) and runs it."""
+def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = None, saved=None,
+                 saved_path: str = "", check: bool = False):
+    """A step function for `generate`: plans each step graph once under `options` (or runs the `saved` plan, read
+    from `saved_path`) on the chosen backend; and its label. `check` runs the reference beside each numpy step."""
     from lanefuse.lane.lower.plan import plan
 
-    device = pick_device(getattr(args, "device", "auto"))
+    device = pick_device(device)
     runners: dict[int, object] = {}
-    saved = None
-    if getattr(args, "plan", None):
-        from lanefuse.lane.lower.planfile import load
-
-        saved = load(args.plan)
-    opts = None if saved is not None else plan_options(args)
     state = None
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import DeviceState
@@ -81,16 +57,15 @@ def plan_step_fn(args, src):
         if r is None:
             if saved is not None:
                 if saved.rows != rows:
-                    raise UserError(f"{args.plan}: the plan is a step of {saved.rows} rows; this step has {rows} "
+                    raise UserError(f"{saved_path}: the plan is a step of {saved.rows} rows; this step has {rows} "
                                     f"(save a decode plan and prefill with --rows, or run without --plan)")
                 s = saved
             else:
-                s = plan(g, lane=opts["lane"], numerics=opts["numerics"], knobs=opts["knobs"], held=opts["held"],
-                         rules_dirs=opts["rules_dirs"], forced=opts["forced"] or None)
-            r = runners[rows] = make_runner(s, src.weights, device, state)
+                s = plan(g, options)
+            r = runners[rows] = make_runner(s, weights, device, state, check)
         return r.step(env, lifted=g)
 
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"
-    if os.environ.get("LANEFUSE_CHECK") == "2":
+    if check and device == "cpu":
         label += ", checked launch by launch"
     return step_fn, label

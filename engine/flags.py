@@ -1,0 +1,47 @@
+"""The environment flags lanefuse reads, declared once: name, default, what it does. They are read at call
+boundaries (the command's entry, a planning session, a test's setup), never in a hot loop; `read(name)` gives a
+flag's value, parsed as its declaration says. The README lists them from here."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    default: str
+    kind: str  # int, path list (os.pathsep-separated), path, choice
+    what: str
+
+
+FLAGS = {f.name: f for f in (
+    Flag("LANEFUSE_DEBUG", "0", "int", "1: an internal error shows its traceback; 2: the engine prints each rule's "
+                                       "matches per plan"),
+    Flag("LANEFUSE_CHECK", "0", "int", "2: `lanefuse run` on the numpy backend runs the reference interpreter beside "
+                                       "the plan and names the first launch that diverges"),
+    Flag("LANEFUSE_RULES", "", "path list", "rule folders added to the table, as with --rules (separated by "
+                                            f"`{os.pathsep}`)"),
+    Flag("LANEFUSE_PLANS", "", "path", "tests and bench/gpu_decode.py: the folder of saved plans the GPU suite runs"),
+    Flag("LANEFUSE_SCREENSHOTS", "", "path", "tests: where the browser tests leave their screenshots"),
+)}
+
+
+def read(name: str, environ=None):
+    """Flag `name`'s value: an int, a list of paths, or a string (the default where it is unset or empty)."""
+    f = FLAGS[name]
+    raw = (os.environ if environ is None else environ).get(name, "") or f.default
+    if f.kind == "int":
+        try:
+            return int(raw)
+        except ValueError:
+            return int(f.default)
+    if f.kind == "path list":
+        return [p for p in raw.split(os.pathsep) if p]
+    return raw
+
+
+def table() -> list[tuple[str, str, str]]:
+    """(name, default, what it does) of every flag, for the README and `--help`."""
+    return [(f.name, f.default or "unset", f.what) for f in FLAGS.values()]
