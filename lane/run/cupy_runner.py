@@ -10,6 +10,7 @@ import numpy as np
 
 from lanefuse.kernels.cupy_env import DeviceEnv
 from lanefuse.lane.lower.plan import Plan
+from lanefuse.lane.run.constants import host_constant
 
 
 class DeviceState:
@@ -23,17 +24,7 @@ class DeviceState:
 
 def _weights_of(s: Plan, weights, have) -> dict[str, tuple[np.ndarray, str]]:
     """The host copies of the constants the device does not hold yet."""
-    out = {}
-    for name, c in s.constants.items():
-        if name in have:
-            continue
-        src = c.source or c.name
-        if c.kind == "values":
-            out[name] = (np.asarray(weights.get(src), dtype=np.float32).reshape(-1), "f32")
-        else:
-            raw, fmt = weights.raw(src)
-            out[name] = (np.asarray(raw).reshape(-1), fmt)
-    return out
+    return {name: host_constant(c, weights) for name, c in s.constants.items() if name not in have}
 
 
 class CupyRunner:

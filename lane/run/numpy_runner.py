@@ -9,6 +9,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.lower.plan import Plan
+from lanefuse.lane.run.constants import host_constant
 
 DT = {"f32": np.float32, "i32": np.int32}
 
@@ -53,14 +54,7 @@ class ArenaEnv:
     def weight(self, name: str) -> tuple[np.ndarray, str]:
         w = self._weights.get(name)
         if w is None:
-            c = self.s.constants[name]
-            src = c.source or c.name
-            if c.kind == "values":
-                w = (np.asarray(self.weights.get(src), dtype=np.float32).reshape(-1), "f32")
-            else:
-                raw, fmt = self.weights.raw(src)
-                w = (np.asarray(raw).reshape(-1), fmt)
-            self._weights[name] = w
+            w = self._weights[name] = host_constant(self.s.constants[name], self.weights)
         return w
 
     def param(self, name: str) -> int:
