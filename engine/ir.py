@@ -11,9 +11,6 @@ from lanefuse.engine.errors import UserError
 
 DTYPES = ("f32", "i32")
 FORMATS = ("f32", "f16", "bf16")  # checkpoint row formats; the GGUF block formats come later
-ATTR_TYPES = (int, float, str, bool)
-
-
 def numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -239,9 +236,6 @@ class Graph:
         if name in self.constants:
             return "f32"
         raise UserError(f"unknown tensor `{name}`")
-
-    def producers(self) -> dict[str, Op]:
-        return {o: op for op in self.ops for o in op.outs}
 
     def readers(self) -> dict[str, list[Op]]:
         r: dict[str, list[Op]] = {}

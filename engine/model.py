@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from lanefuse.engine.errors import UserError
@@ -139,11 +139,3 @@ def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
     g.add("argmax", ["logits"], "next")
     g.validate()
     return g
-
-
-@dataclass
-class ModelSpec:
-    """What a model is for the step builder and the runners: its shape and where its weights come from."""
-
-    cfg: ModelConfig
-    source: dict[str, Any] = field(default_factory=dict)  # {"kind": "demo", "seed": 0} | {"kind": "checkpoint", "path": ...}
