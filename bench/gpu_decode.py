@@ -107,8 +107,10 @@ def time_plan(s, weights_state, pos: int, iters: int, graph: bool) -> float:
 
 
 def main() -> None:
+    from lanefuse.engine import flags
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--plans", default=os.environ.get("LANEFUSE_PLANS", "plans"))
+    ap.add_argument("--plans", default=flags.read("LANEFUSE_PLANS") or "plans")
     ap.add_argument("--pos", type=int, default=512)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--json")

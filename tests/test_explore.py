@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from lanefuse.engine import flags
 from lanefuse.engine.demo import demo_model
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import build_step
@@ -383,7 +384,7 @@ def test_page_over_the_real_explorer(served, tmp_path):
     except ImportError:
         pytest.skip("playwright is missing")
     ex, url = served
-    shots = Path(os.environ.get("LANEFUSE_SCREENSHOTS") or tmp_path)
+    shots = Path(flags.read("LANEFUSE_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

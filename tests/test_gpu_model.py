@@ -9,13 +9,14 @@ import os
 import numpy as np
 import pytest
 
+from lanefuse.engine import flags
 from lanefuse.lane.run.step import has_cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not has_cuda(), reason="no CUDA device (or CuPy) here")]
 
 
 def _plan(name: str, graph_fn):
-    plans = os.environ.get("LANEFUSE_PLANS")
+    plans = flags.read("LANEFUSE_PLANS")
     if plans and os.path.exists(os.path.join(plans, name + ".json")):
         from lanefuse.lane.lower.planfile import load
 
@@ -59,7 +60,7 @@ def test_transformers_made_model_32_tokens():
     from lanefuse.engine.front import load_model
     from lanefuse.engine.model import build_step
 
-    plans = os.environ.get("LANEFUSE_PLANS", "")
+    plans = flags.read("LANEFUSE_PLANS")
     folder = os.path.join(plans, "tiny-hf")
     if not os.path.isdir(folder):
         pytest.skip("no transformers-made model in $LANEFUSE_PLANS (bench/gpu_prepare.py makes one)")

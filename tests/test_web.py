@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_explorer import FakeExplorer  # noqa: E402
 
+from lanefuse.engine import flags  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
 from lanefuse.lane.explore.server import serve  # noqa: E402
 
@@ -225,7 +226,7 @@ def browser_page(served, tmp_path):
 
 
 def _shots(tmp_path: Path) -> Path:
-    d = Path(os.environ.get("LANEFUSE_SCREENSHOTS") or tmp_path)
+    d = Path(flags.read("LANEFUSE_SCREENSHOTS") or tmp_path)
     d.mkdir(parents=True, exist_ok=True)
     return d
 
