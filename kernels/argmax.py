@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import MAX_GRID_Y, Launch, Scratch, names
 
 
@@ -46,9 +47,9 @@ class ArgMax(Launch):
 
     def check(self):
         if self.n < 1 or self.rows < 1:
-            return f"an arg-max over {self.rows} rows of {self.n} values"
+            return Refusal(f"an arg-max over {self.rows} rows of {self.n} values")
         if self.rows > MAX_GRID_Y:
-            return f"an arg-max of {self.rows} rows (a launch takes at most {MAX_GRID_Y}, a block row each)"
+            return Refusal(f"an arg-max of {self.rows} rows (a launch takes at most {MAX_GRID_Y}, a block row each)")
         return None
 
     def scratch(self):

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, names
 
 MAX_PER_BLOCK = 4
@@ -76,18 +77,18 @@ class Attention(Launch):
 
     def check(self):
         if self.gate is not None:
-            return "an attention whose output is gated (attn_output_gate is not written yet)"
+            return Refusal("an attention whose output is gated (attn_output_gate is not written yet)")
         if self.group < 1 or self.heads % self.group:
-            return "query heads that do not group evenly over the key/value heads"
+            return Refusal("query heads that do not group evenly over the key/value heads")
         if self.hd > MAX_HEAD or self.vd > MAX_HEAD:
-            return f"a head wider than {MAX_HEAD} values (key {self.hd}, value {self.vd})"
+            return Refusal(f"a head wider than {MAX_HEAD} values (key {self.hd}, value {self.vd})")
         if not 1 <= self.per_block <= MAX_PER_BLOCK or self.heads % self.per_block:
-            return f"{self.per_block} heads a block (1..{MAX_PER_BLOCK}, dividing {self.heads} heads)"
+            return Refusal(f"{self.per_block} heads a block (1..{MAX_PER_BLOCK}, dividing {self.heads} heads)")
         if self.splits < 1:
-            return "an attention in no splits"
+            return Refusal("an attention in no splits")
         if self.rows > MAX_GRID_Y or self.splits > MAX_GRID_Y:
-            return (f"an attention of {self.rows} rows in {self.splits} splits (a launch takes at most {MAX_GRID_Y} "
-                    "of each: rows and splits are its grid's y and z)")
+            return Refusal(f"an attention of {self.rows} rows in {self.splits} splits (a launch takes at most "
+                           f"{MAX_GRID_Y} of each: rows and splits are its grid's y and z)")
         return None
 
     def bytes(self):

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, Launch, act, names, operand
 from lanefuse.kernels.elementwise import act_code, grid
 
@@ -35,11 +36,11 @@ class Binary(Launch):
 
     def check(self):
         if self.op not in OPS:
-            return f"an elementwise `{self.op}` (the kernel adds, multiplies, subtracts)"
+            return Refusal(f"an elementwise `{self.op}` (the kernel adds, multiplies, subtracts)")
         if self.gate is not None and self.gate not in ACTS:
-            return f"a gate activation `{self.gate}` (one of {', '.join(ACTS)})"
+            return Refusal(f"a gate activation `{self.gate}` (one of {', '.join(ACTS)})")
         if self.row and self.n % self.row:
-            return f"a row of {self.row} broadcast over {self.n} values"
+            return Refusal(f"a row of {self.row} broadcast over {self.n} values")
         return None
 
     def bytes(self):

@@ -8,6 +8,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
+
 GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
 MAX_CHUNK = 64  # the largest prefill chunk a lane compiles
 QBLOCK = 32  # values of an activation's quantized form that share one scale
@@ -163,8 +165,9 @@ class Launch:
     def scratch(self) -> tuple[Scratch, ...]:
         return ()
 
-    def check(self) -> str | None:
-        """Why the kernel cannot run this launch, in the user's words; None when it can."""
+    def check(self) -> Refusal | None:
+        """Why the kernel cannot run this launch, in the user's words (`where` left to the caller); None when it
+        can."""
         return None
 
     def bytes(self) -> int:

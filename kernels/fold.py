@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import FORMAT_CODE, GEMV_ROWS, Dst, Launch, Part, Scratch, names
 from lanefuse.kernels.gather import Gather
 from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
@@ -52,11 +53,11 @@ def _reads(s: RopeSide, hd: int) -> tuple[int, int]:
     return (p.pitch, p.offset) if p is not None else (s.heads * hd, 0)
 
 
-def rotated(gp: GemmParts, rp: RopeParts) -> tuple[list[RopeSide | None], str | None]:
+def rotated(gp: GemmParts, rp: RopeParts) -> tuple[list[RopeSide | None], Refusal | None]:
     """Each part's side (None: not rotated) when every side rotates exactly what one part writes, else the reason
     the pair runs as two kernels."""
     if rp.rows != gp.m:
-        return [], f"a rotation of {rp.rows} rows after products of {gp.m}"
+        return [], Refusal(f"a rotation of {rp.rows} rows after products of {gp.m}")
     why = rp.check()
     if why:
         return [], why
@@ -66,7 +67,7 @@ def rotated(gp: GemmParts, rp: RopeParts) -> tuple[list[RopeSide | None], str | 
         at = [i for i, p in enumerate(gp.parts)
               if p.y.buf == s.x and p.n == s.heads * rp.hd and _layout(p.y, p.n) == _reads(s, rp.hd)]
         if len(at) != 1 or by_part[at[0]] is not None:
-            return [], f"a rotation of `{s.x}` that is not exactly one product's result"
+            return [], Refusal(f"a rotation of `{s.x}` that is not exactly one product's result")
         p = gp.parts[at[0]]
         pitch, off = _reads(s, rp.hd)
         for q in gp.parts:  # another part writing into what this side reads would be lost
@@ -74,19 +75,20 @@ def rotated(gp: GemmParts, rp: RopeParts) -> tuple[list[RopeSide | None], str | 
                 continue
             lq = _layout(q.y, q.n)
             if lq is None or lq[0] != pitch or not (lq[1] + q.n <= off or off + p.n <= lq[1]):
-                return [], f"products overlapping in `{s.x}`"
+                return [], Refusal(f"products overlapping in `{s.x}`")
         if s.y.buf in written or s.y.buf == gp.x or any(s.y.buf == o.x for o in rp.sides):
-            return [], f"a rotation written into `{s.y.buf}`, which the products write or read"
+            return [], Refusal(f"a rotation written into `{s.y.buf}`, which the products write or read")
         by_part[at[0]] = s
     return by_part, None
 
 
-def gathered(g: Gather, nm: Norm) -> str | None:
+def gathered(g: Gather, nm: Norm) -> Refusal | None:
     """Why a gather then a norm is not one kernel (the norm must take the gathered rows as they lie); None if it is."""
     if nm.x != g.out or nm.rows != g.rows or nm.cols != g.cols:
-        return f"a norm of `{nm.x}` ({nm.rows}x{nm.cols}) that is not the gathered `{g.out}` ({g.rows}x{g.cols})"
+        return Refusal(f"a norm of `{nm.x}` ({nm.rows}x{nm.cols}) that is not the gathered `{g.out}` "
+                       f"({g.rows}x{g.cols})")
     if nm.part is not None and nm.part != Part(g.cols, 0, g.cols):
-        return "a norm reading the gathered rows as parts"
+        return Refusal("a norm reading the gathered rows as parts")
     return None
 
 
@@ -98,24 +100,24 @@ class Fold(Launch):
     census: ClassVar[str] = "fold"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "norm", "fold")
 
-    def form(self) -> tuple[str | None, str]:
-        """(the fused kernel's form, why): "gemv_norm", "parts_rope", "gather_norm", or None and the reason the
-        pair runs as two kernels, in the user's words."""
+    def form(self) -> tuple[str | None, Refusal | None]:
+        """(the fused kernel's form, None): "gemv_norm", "parts_rope" or "gather_norm"; or (None, why) when the pair
+        runs as two kernels, why in the user's words."""
         if isinstance(self.then, Norm):
             if isinstance(self.first, Gemv):
                 if self.first.split == 1:
-                    return "gemv_norm", ""
-                return None, f"a product split {self.first.split} ways before its norm"
+                    return "gemv_norm", None
+                return None, Refusal(f"a product split {self.first.split} ways before its norm")
             if isinstance(self.first, Gather):
                 why = gathered(self.first, self.then)
-                return (None, why) if why else ("gather_norm", "")
+                return (None, why) if why else ("gather_norm", None)
         gp, rp = as_parts(self.first), as_rope_parts(self.then)
         if gp is not None and rp is not None:
             _, why = rotated(gp, rp)
-            return (None, why) if why else ("parts_rope", "")
+            return (None, why) if why else ("parts_rope", None)
         if isinstance(self.first, Gemv) and rp is not None:
-            return None, f"a product split {self.first.split} ways before its rotation"
-        return None, f"no kernel runs a {self.first.census} then a {self.then.census}"
+            return None, Refusal(f"a product split {self.first.split} ways before its rotation")
+        return None, Refusal(f"no kernel runs a {self.first.census} then a {self.then.census}")
 
     @property
     def fused(self) -> bool:

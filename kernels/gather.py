@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import FORMAT_CODE, FORMATS, Launch, decode
 
 
@@ -31,7 +32,7 @@ class Gather(Launch):
         return (self.out,)
 
     def check(self):
-        return None if self.format in FORMATS else f"a table in format `{self.format}`"
+        return None if self.format in FORMATS else Refusal(f"a table in format `{self.format}`")
 
     def bytes(self):
         return self.rows * self.cols * (FORMATS.get(self.format, 4) + 4) + 4 * self.rows
@@ -52,5 +53,5 @@ class Gather(Launch):
 
         g, b = self.grid_block()
         denv.function(self.stem, "gather")(g, b, (
-            denv.weight(self.table)[0], i64(FORMAT_CODE[self.format]), denv.array(self.index), denv.array(self.out), i64(self.cols),
-            f32(1.0 if self.scale is None else self.scale)))
+            denv.weight(self.table)[0], i64(FORMAT_CODE[self.format]), denv.array(self.index), denv.array(self.out),
+            i64(self.cols), f32(1.0 if self.scale is None else self.scale)))

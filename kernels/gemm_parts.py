@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, names
 from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_numpy
 
@@ -43,9 +44,9 @@ class GemmParts(Launch):
 
     def check(self):
         if not self.parts:
-            return "a product in no parts"
+            return Refusal("a product in no parts")
         if self.format not in FORMATS:
-            return f"weights in format `{self.format}`"
+            return Refusal(f"weights in format `{self.format}`")
         for p in self.parts:
             why = gemv_check(self.k, p.n, self.m, self.per_warp, 1)
             if why:

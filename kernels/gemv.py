@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Dst, Launch, Scratch, decode, names,
                                      operand)
 
@@ -65,16 +66,16 @@ def gemv_cuda(launch, denv, fmt: str, per_warp: int) -> None:
                                               i64(launch.split)))
 
 
-def gemv_check(k: int, n: int, m: int, per_warp: int, split: int) -> str | None:
+def gemv_check(k: int, n: int, m: int, per_warp: int, split: int) -> Refusal | None:
     if min(k, n, m) < 1:
-        return f"a product of no values ({m} rows, k {k}, n {n})"
+        return Refusal(f"a product of no values ({m} rows, k {k}, n {n})")
     if per_warp not in (1, 4):
-        return f"{per_warp} outputs a warp (the GEMV takes 1 or 4)"
+        return Refusal(f"{per_warp} outputs a warp (the GEMV takes 1 or 4)")
     if split < 1 or (split > 1 and chunk(k, split) * (split - 1) >= k):
-        return f"a split-K of {split} over k {k} leaves a chunk empty"
+        return Refusal(f"a split-K of {split} over k {k} leaves a chunk empty")
     if split > MAX_GRID_Y or -(-m // GEMV_ROWS) > MAX_GRID_Y:
-        return (f"a product of {m} rows split {split} ways (a launch takes at most {MAX_GRID_Y} slabs of "
-                f"{GEMV_ROWS} rows and {MAX_GRID_Y} splits)")
+        return Refusal(f"a product of {m} rows split {split} ways (a launch takes at most {MAX_GRID_Y} slabs of "
+                       f"{GEMV_ROWS} rows and {MAX_GRID_Y} splits)")
     return None
 
 
@@ -110,7 +111,7 @@ class Gemv(Launch):
 
     def check(self):
         if self.format not in FORMATS:
-            return f"weights in format `{self.format}` (the GEMV reads f32, f16, bf16)"
+            return Refusal(f"weights in format `{self.format}` (the GEMV reads f32, f16, bf16)")
         return gemv_check(self.k, self.n, self.m, self.per_warp, self.split)
 
     def bytes(self):

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, FORMAT_CODE, FORMATS, Launch, act, decode, names, operand
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import gemv_check, gemv_grid, products
@@ -39,9 +40,9 @@ class GemvGlu(Launch):
 
     def check(self):
         if self.format not in FORMATS:
-            return f"weights in format `{self.format}`"
+            return Refusal(f"weights in format `{self.format}`")
         if self.act not in ACTS:
-            return f"a gate activation `{self.act}`"
+            return Refusal(f"a gate activation `{self.act}`")
         return gemv_check(self.k, self.n, self.m, self.per_warp, 1)
 
     def bytes(self):

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import Dst, Launch, Part, read_part, names, rms
 
 
@@ -52,13 +53,13 @@ class Norm(Launch):
 
     def check(self):
         if self.quant:
-            return "a norm that quantizes its result (q8 numerics are not written yet)"
+            return Refusal("a norm that quantizes its result (q8 numerics are not written yet)")
         if self.heads < 1 or self.cols % self.heads:
-            return f"{self.heads} heads that do not divide a row of {self.cols}"
+            return Refusal(f"{self.heads} heads that do not divide a row of {self.cols}")
         if self.pre is not None and self.add is None:
-            return "a pre-norm with no added operand"
+            return Refusal("a pre-norm with no added operand")
         if self.part is not None and self.part.width != self.cols:
-            return f"x read as parts {self.part.width} wide for rows of {self.cols}"
+            return Refusal(f"x read as parts {self.part.width} wide for rows of {self.cols}")
         return None
 
     def bytes(self):

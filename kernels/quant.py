@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import QBLOCK, Launch
 
 WHY = "an activation quantizer (the q8 numerics are not written yet)"
@@ -25,7 +26,7 @@ class Quant(Launch):
         return (self.x + ".q8",)
 
     def check(self):
-        return WHY
+        return Refusal(WHY)
 
     def bytes(self):
         return 4 * self.n + self.n + 4 * (-(-self.n // QBLOCK))

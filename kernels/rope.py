@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import Dst, Launch, Part, names, read_part, rms
 
 MAX_HD = 1024
@@ -45,13 +46,13 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
     s.y.write(env, y)
 
 
-def side_check(s: RopeSide, hd: int, rot: int) -> str | None:
+def side_check(s: RopeSide, hd: int, rot: int) -> Refusal | None:
     if hd > MAX_HD:
-        return f"a head of {hd} values (the rotation holds at most {MAX_HD})"
+        return Refusal(f"a head of {hd} values (the rotation holds at most {MAX_HD})")
     if rot % 2 or not 2 <= rot <= hd:
-        return f"a rotary width {rot} that is not even and within the head ({hd})"
+        return Refusal(f"a rotary width {rot} that is not even and within the head ({hd})")
     if s.part is not None and s.part.width != s.heads * hd:
-        return f"x read as parts {s.part.width} wide for {s.heads} heads of {hd}"
+        return Refusal(f"x read as parts {s.part.width} wide for {s.heads} heads of {hd}")
     return None
 
 
@@ -79,7 +80,7 @@ class RopeParts(Launch):
 
     def check(self):
         if not self.sides:
-            return "a launch of no rotations"
+            return Refusal("a launch of no rotations")
         for s in self.sides:
             why = side_check(s, self.hd, self.rot)
             if why:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import Launch, names
 from lanefuse.kernels.elementwise import grid
 
@@ -30,7 +31,7 @@ class SetRow(Launch):
         return (self.table,)
 
     def check(self):
-        return "a row write carrying its quantized form (not written yet)" if self.quant else None
+        return Refusal("a row write carrying its quantized form (not written yet)") if self.quant else None
 
     def bytes(self):
         return 8 * self.count * self.cols

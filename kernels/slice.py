@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import Launch, Part
 from lanefuse.kernels.elementwise import grid
 
@@ -30,7 +31,7 @@ class Slice(Launch):
 
     def check(self):
         if self.start + self.width > self.every:
-            return f"a slice of {self.width} from {self.start} past a group of {self.every}"
+            return Refusal(f"a slice of {self.width} from {self.start} past a group of {self.every}")
         return None
 
     def bytes(self):

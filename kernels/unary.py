@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, Launch, act
 from lanefuse.kernels.elementwise import act_code, grid
 
@@ -26,7 +27,7 @@ class Unary(Launch):
         return (self.y,)
 
     def check(self):
-        return None if self.act in ACTS else f"an activation `{self.act}` (one of {', '.join(ACTS)})"
+        return None if self.act in ACTS else Refusal(f"an activation `{self.act}` (one of {', '.join(ACTS)})")
 
     def bytes(self):
         return 8 * self.n

@@ -60,7 +60,7 @@ def test_gemv(fmt, m, k, n, per_warp, split):
     g = np.random.default_rng(k + n)
     launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
     if launch.check():
-        pytest.skip(launch.check())
+        pytest.skip(str(launch.check()))
     both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
          {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, placed=(m == 3))
 
