@@ -26,5 +26,11 @@ KINDS: dict[str, type[Launch]] = {k.census: k for k in (
     Gemv, GemvF32, Norm, Rope, RopeParts, Attention, Binary, SwiGlu, GemvGlu, GemmParts, Gather, SetRow, ArgMax,
     Slice, Join, Unary, Scale, Fold, Quant, View)}
 
+
+def honoured_steps() -> frozenset[str]:
+    """The lane's schedule steps some kind's `tune` honours (the lane table's `schedule:` lists them, with the steps
+    it takes itself)."""
+    return frozenset(s for k in KINDS.values() for s in k.steps)
+
 __all__ = ["KINDS", "ALIGN", "GEMV_ROWS", "MAX_CHUNK", "MAX_HEAD", "QBLOCK", "Launch", "Part", "Dst", "Scratch",
-           "Env", "HostEnv", "Advance", "PreNorm", "RopeSide", "GemmPart", *(k.__name__ for k in KINDS.values())]
+           "Env", "HostEnv", "Advance", "PreNorm", "RopeSide", "GemmPart", "honoured_steps", *(k.__name__ for k in KINDS.values())]

@@ -4,7 +4,7 @@ position (its last `window` when set), with a scale and per-head sinks; `per_blo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -12,7 +12,8 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, names
 
-MAX_PER_BLOCK = 4
+MAX_PER_BLOCK = 4  # heads a block holds
+MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
 
 
 def span(length: int, window: int) -> int:
@@ -55,6 +56,7 @@ class Attention(Launch):
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("attention",)
+    steps: ClassVar[tuple[str, ...]] = ("attn_splits",)
 
     @property
     def kv(self) -> int:
@@ -90,6 +92,23 @@ class Attention(Launch):
             return Refusal(f"an attention of {self.rows} rows in {self.splits} splits (a launch takes at most "
                            f"{MAX_GRID_Y} of each: rows and splits are its grid's y and z)")
         return None
+
+    def tune(self, knobs, held=frozenset()):
+        """`attn_splits`: the most heads of one key/value head a block holds, and when the blocks do not fill the
+        chip, the keys split until they fill it once, each split at least `attn_split_min` positions."""
+        if "attn_splits" in held:
+            return replace(self, per_block=1, splits=1)
+        per_block = 1
+        for c in range(min(MAX_PER_BLOCK, self.group), 0, -1):
+            if self.group % c == 0 and self.heads % c == 0:
+                per_block = c
+                break
+        blocks = (self.heads // per_block) * self.rows
+        splits = 1
+        if blocks < knobs.sms:
+            n = span(self.len, self.window)
+            splits = max(1, min(-(-knobs.sms // blocks), n // knobs.attn_split_min, MAX_SPLITS))
+        return replace(self, per_block=per_block, splits=splits)
 
     def bytes(self):
         n = span(self.len, self.window)

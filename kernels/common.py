@@ -1,10 +1,12 @@
 """What every launch kind shares: where a launch reads (`Part`) and writes (`Dst`), its scratch (`Scratch`), checkpoint
-row formats and their decoding, the activations, and the `Launch` base the kinds fill in."""
+row formats and their decoding, the activations, and the `Launch` base the kinds fill in (what a launch of the kind
+computes, costs and refuses, how the schedule tunes it and which kernels it makes)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -149,11 +151,20 @@ def f32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
+class Chip(Protocol):
+    """What a launch's `tune` reads of the lane's knobs (lane/lower/knobs.py `Knobs`)."""
+
+    sms: int  # streaming multiprocessors
+    wide_rows: int  # a product with at least this many outputs takes four rows a warp (rows_a_warp)
+    attn_split_min: int  # attended positions a split of a split attention takes at least
+
+
 class Launch:
     """The interface every launch kind fills in. Fields are the kind's frozen dataclass; everything else derives."""
 
     census: ClassVar[str] = ""
-    stem: ClassVar[str] = ""  # the CUDA source: prelude.cu + each stem's .cu, in order (see compile.py)
+    stem: ClassVar[tuple[str, ...]] = ()  # the CUDA source: prelude.cu + each stem's .cu, in order (see compile.py)
+    steps: ClassVar[tuple[str, ...]] = ()  # the lane's schedule steps `tune` honours (a held step is not taken)
 
     def reads(self) -> tuple[str, ...]:
         """Tensors (arrays, weights, parameters) the launch reads."""
@@ -169,6 +180,15 @@ class Launch:
         """Why the kernel cannot run this launch, in the user's words (`where` left to the caller); None when it
         can."""
         return None
+
+    def tune(self, knobs: Chip, held: Collection[str] = frozenset()) -> Launch:
+        """This launch with the schedule's settings filled in for the chip `knobs` describes, taking none of the
+        `held` steps; a kind with no settings (no `steps`) is as it is."""
+        return self
+
+    def kernels(self) -> tuple[Launch, ...]:
+        """The kernel launches this launch makes, which the census and the launch counts count: itself."""
+        return (self,)
 
     def bytes(self) -> int:
         raise NotImplementedError

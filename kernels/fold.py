@@ -6,7 +6,7 @@ runs as its two kernels in turn. The numpy twin is always `first` then `then`: e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -145,6 +145,18 @@ class Fold(Launch):
 
     def check(self):
         return self.first.check() or self.then.check()
+
+    def tune(self, knobs, held=frozenset()):
+        """Each of the pair tuned by its own steps, except that a GEMV first takes no split-K: the fold's last block
+        norms the whole product."""
+        first = self.first.tune(knobs, held)
+        if isinstance(first, Gemv):
+            first = replace(first, split=1)
+        return replace(self, first=first, then=self.then.tune(knobs, held))
+
+    def kernels(self):
+        """One kernel when the pair is fused; else the kernels of each in turn."""
+        return (self,) if self.fused else self.first.kernels() + self.then.kernels()
 
     def bytes(self):
         return self.first.bytes() + self.then.bytes()

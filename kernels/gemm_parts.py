@@ -4,12 +4,12 @@ same blocks also run each rotated head's norm and rotation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, names
-from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_numpy
+from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_numpy, rows_a_warp
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class GemmParts(Launch):
 
     census: ClassVar[str] = "gemm_parts"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemm_parts")
+    steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
     def blocks(self) -> list[int]:
         """Each part's output blocks (WARPS·per_warp outputs a block)."""
@@ -52,6 +53,9 @@ class GemmParts(Launch):
             if why:
                 return why
         return None
+
+    def tune(self, knobs, held=frozenset()):
+        return replace(self, per_warp=rows_a_warp(sum(p.n for p in self.parts), knobs, held))
 
     def bytes(self):
         n = sum(p.n for p in self.parts)

@@ -3,14 +3,15 @@ values of the same layout — one kernel (gemv.cu), a warp per output or four (`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Dst, Launch, Scratch, decode, names,
-                                     operand)
+from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Chip, Dst, Launch, Scratch, decode,
+                                     names, operand)
 
 WARPS = 4  # warps a block
 
@@ -79,6 +80,22 @@ def gemv_check(k: int, n: int, m: int, per_warp: int, split: int) -> Refusal | N
     return None
 
 
+def rows_a_warp(n: int, knobs: Chip, held: Collection[str]) -> int:
+    """Outputs a warp for a product of n outputs (`rows_a_warp`): four once it has at least `wide_rows`."""
+    return 4 if "rows_a_warp" not in held and n >= knobs.wide_rows else 1
+
+
+def split_k(n: int, k: int, m: int, per_warp: int, knobs: Chip, held: Collection[str]) -> int:
+    """The splits of k (`split_k`) for a product of one slab of rows whose blocks do not fill the chip: until they
+    fill it once, each split at least 512 values of k, at most 16."""
+    if "split_k" in held or m > GEMV_ROWS:
+        return 1
+    blocks = -(-n // (WARPS * per_warp))
+    if blocks >= knobs.sms:
+        return 1
+    return max(1, min(-(-knobs.sms // blocks), k // 512, 16))
+
+
 @dataclass(frozen=True)
 class Gemv(Launch):
     """y (m, n) = x (m, k) · wᵀ (+ bias (n,)), w checkpoint rows (n, k) in `format`; `per_warp` outputs a warp;
@@ -97,6 +114,7 @@ class Gemv(Launch):
 
     census: ClassVar[str] = "gemv"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv")
+    steps: ClassVar[tuple[str, ...]] = ("rows_a_warp", "split_k")
 
     def reads(self):
         return names(self.x, self.w, self.bias, *self.y.params())
@@ -113,6 +131,10 @@ class Gemv(Launch):
         if self.format not in FORMATS:
             return Refusal(f"weights in format `{self.format}` (the GEMV reads f32, f16, bf16)")
         return gemv_check(self.k, self.n, self.m, self.per_warp, self.split)
+
+    def tune(self, knobs, held=frozenset()):
+        pw = rows_a_warp(self.n, knobs, held)
+        return replace(self, per_warp=pw, split=split_k(self.n, self.k, self.m, pw, knobs, held))
 
     def bytes(self):
         return (FORMATS[self.format] * self.n * self.k + 4 * self.m * self.k + 4 * self.m * self.n

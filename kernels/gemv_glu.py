@@ -3,7 +3,7 @@ out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, FORMAT_CODE, FORMATS, Launch, act, decode, names, operand
 from lanefuse.kernels.elementwise import act_code
-from lanefuse.kernels.gemv import gemv_check, gemv_grid, products
+from lanefuse.kernels.gemv import gemv_check, gemv_grid, products, rows_a_warp
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class GemvGlu(Launch):
 
     census: ClassVar[str] = "gemv_glu"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_glu")
+    steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
     def reads(self):
         return names(self.x, self.wg, self.wu, self.bg, self.bu)
@@ -44,6 +45,9 @@ class GemvGlu(Launch):
         if self.act not in ACTS:
             return Refusal(f"a gate activation `{self.act}`")
         return gemv_check(self.k, self.n, self.m, self.per_warp, 1)
+
+    def tune(self, knobs, held=frozenset()):
+        return replace(self, per_warp=rows_a_warp(2 * self.n, knobs, held))  # the gate's and the up's outputs
 
     def bytes(self):
         return 2 * FORMATS[self.format] * self.n * self.k + 4 * self.m * (self.k + self.n)

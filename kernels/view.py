@@ -16,13 +16,15 @@ class View(Launch):
     out: str
 
     census: ClassVar[str] = "view"
-    launches: ClassVar[bool] = False
 
     def reads(self):
         return (self.src,)
 
     def writes(self):
         return (self.out,)
+
+    def kernels(self):
+        return ()  # no kernel: the arena placed `out` inside `src`
 
     def bytes(self):
         return 0

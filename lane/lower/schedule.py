@@ -4,11 +4,9 @@ for a product too narrow to fill the chip (`split_k`), attention heads a block a
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from lanefuse.engine.ir import Constant, StepIO, Tensor
-from lanefuse.kernels import Attention, Fold, GemmParts, Gemv, GemvGlu
 from lanefuse.lane.lower.arena import Arena
 from lanefuse.lane.lower.buffers import Buffer
 from lanefuse.lane.lower.knobs import Knobs
@@ -21,62 +19,17 @@ STEPS = {
     "gemv_parts": "the products of one activation linked as one GEMV in parts (merged_qkv whole)",
 }
 
-WARPS = 4  # warps a GEMV block (kernels/gemv.py)
-MAX_PER_BLOCK = 4  # heads an attention block holds (kernels/attention.py)
-
-
-def _per_warp(n: int, k: Knobs, held) -> int:
-    return 4 if "rows_a_warp" not in held and n >= k.wide_rows else 1
-
-
-def _split(n: int, kk: int, m: int, per_warp: int, k: Knobs, held) -> int:
-    """Split k until the product's blocks fill the chip once, each split at least 512 values of k."""
-    if "split_k" in held or m > 8:
-        return 1
-    blocks = -(-n // (WARPS * per_warp))
-    if blocks >= k.sms:
-        return 1
-    return max(1, min(-(-k.sms // blocks), kk // 512, 16))
-
 
 def kernels_of(l) -> list:
-    """The kernel launches a linked launch makes: none for a view, two for a fold whose pair has no kernel of its
-    own, one otherwise. The census and the launch counts count these."""
-    if l.census == "view":
-        return []
-    if isinstance(l, Fold) and not l.fused:
-        return kernels_of(l.first) + kernels_of(l.then)
-    return [l]
+    """The kernel launches a linked launch makes (its kind's `kernels()`): none for a view, two for a fold whose
+    pair has no kernel of its own, one otherwise. The census and the launch counts count these."""
+    return list(l.kernels())
 
 
 def schedule_launch(l, k: Knobs, held=frozenset()):
-    """One linked launch with the schedule's settings filled in."""
-    if isinstance(l, Fold):
-        first = schedule_launch(l.first, k, held)
-        if isinstance(first, Gemv):
-            first = dataclasses.replace(first, split=1)  # the fold's last block norms the whole product: no split-K
-        return dataclasses.replace(l, first=first, then=schedule_launch(l.then, k, held))
-    if isinstance(l, Gemv):
-        pw = _per_warp(l.n, k, held)
-        return dataclasses.replace(l, per_warp=pw, split=_split(l.n, l.k, l.m, pw, k, held))
-    if isinstance(l, (GemmParts, GemvGlu)):
-        n = sum(p.n for p in l.parts) if isinstance(l, GemmParts) else 2 * l.n
-        return dataclasses.replace(l, per_warp=_per_warp(n, k, held))
-    if isinstance(l, Attention):
-        if "attn_splits" in held:
-            return dataclasses.replace(l, per_block=1, splits=1)
-        per_block = 1
-        for c in range(min(MAX_PER_BLOCK, l.group), 0, -1):
-            if l.group % c == 0 and l.heads % c == 0:
-                per_block = c
-                break
-        blocks = (l.heads // per_block) * l.rows
-        span = l.len if not l.window else min(l.len, l.window)
-        splits = 1
-        if blocks < k.sms:
-            splits = max(1, min(-(-k.sms // blocks), span // k.attn_split_min, 32))
-        return dataclasses.replace(l, per_block=per_block, splits=splits)
-    return l
+    """One linked launch with the schedule's settings filled in: its kind's `tune` (the steps each kind honours are
+    its `steps`)."""
+    return l.tune(k, held)
 
 
 @dataclass

@@ -1,0 +1,143 @@
+"""The registry against the kinds: each kind found once by its census, with a numpy twin and its CUDA sources; its
+refusals as Refusal values; its tuning reading only the schedule steps it declares, and those steps together the
+lane table's `schedule:`; the kernels each launch makes; what the elementwise base derives."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import resources
+
+import pytest
+import yaml
+
+from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts, Gemv,
+                              GemvF32, GemvGlu, Join, Launch, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale,
+                              SetRow, Slice, SwiGlu, Unary, View, honoured_steps)
+from lanefuse.lane.lower.knobs import Knobs
+
+# A launch of every kind at its untuned settings (a warp an output, no splits, a head a block).
+SAMPLES: dict[str, Launch] = {
+    "argmax": ArgMax("x", "o", 100, advance=Advance("tok", "pos")),
+    "attention": Attention("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 4096, 1, 0.125),
+    "binary": Binary("add", "a", "b", "o", 64, row=16, gate="silu"),
+    "fold": Fold(Gemv("x", "w", "f32", Dst("y"), 4096, 4096, 1), Norm("y", "nw", "z", 1, 4096, 1e-6)),
+    "gather": Gather("E", "t", "e", 64, rows=2, format="bf16", scale=2.0),
+    "gemm_parts": GemmParts("x", "f32", 64, 1, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("k"), 512))),
+    "gemv": Gemv("x", "w", "bf16", Dst("y"), 4096, 64, 1, bias="b"),
+    "gemv_f32": GemvF32("x", "w", Dst("y"), 4096, 64, 1),
+    "gemv_glu": GemvGlu("x", "wg", "wu", "f16", "o", 64, 2048, 1),
+    "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),
+    "norm": Norm("x", "w", "o", 2, 64, 1e-6, add="r", sum="s"),
+    "quant": Quant("x", 64),
+    "rope": Rope("x", "cos", "sin", "pos", Dst("y"), 1, 4, 16, 16),
+    "rope_parts": RopeParts((RopeSide("q", Dst("qr"), 4), RopeSide("k", Dst("kc", row="pos", pitch=16), 1)),
+                            "cos", "sin", "pos", 1, 16, 16),
+    "scale": Scale("x", "y", 64, 0.5),
+    "set_row": SetRow("kc", "k", "pos", 16, 1, 32),
+    "slice": Slice("x", "y", 4, 16, 8, 8),
+    "swiglu": SwiGlu("g", "u", "o", 64),
+    "unary": Unary("gelu", "x", "y", 64),
+    "view": View("x", 16, "v"),
+}
+
+
+def lane_steps(lane: str = "cuda") -> set[str]:
+    path = resources.files("lanefuse.rules").joinpath("lanes", f"{lane}.yaml")
+    return set(yaml.safe_load(path.read_text(encoding="utf-8"))["schedule"])
+
+
+def test_every_kind_has_a_sample():
+    assert set(SAMPLES) == set(KINDS)
+    assert all(type(SAMPLES[name]) is k for name, k in KINDS.items())
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_kind_has_its_census_numpy_twin_and_sources(name):
+    k, l = KINDS[name], SAMPLES[name]
+    assert k.census == name
+    assert k.numpy is not Launch.numpy, f"{name}: no numpy twin"
+    here = resources.files("lanefuse.kernels")
+    for s in k.stem:
+        assert here.joinpath(f"{s}.cu").is_file(), f"{name}: no {s}.cu"
+    if not k.stem:  # no source: a kind that makes no kernel, or one that refuses every launch (written later)
+        assert l.kernels() == () or isinstance(l.check(), Refusal)
+    else:
+        assert l.check() is None, l.check()
+
+
+def test_refusals_are_values_in_the_users_words():
+    refused = [Quant("x", 4), Unary("relu", "x", "y", 4), Binary("div", "a", "b", "o", 4), Slice("x", "y", 1, 4, 2, 4),
+               SetRow("t", "s", 0, 4, 1, 4, quant=True), Gather("E", "t", "e", 4, format="q4"),
+               Gemv("x", "w", "f32", Dst("y"), 4, 4, 1, per_warp=2), GemvF32("x", "w", Dst("y"), 0, 4, 1),
+               GemmParts("x", "f32", 4, 1, ()), GemvGlu("x", "wg", "wu", "f32", "o", 4, 4, 1, act="relu"),
+               Attention("q", "k", "v", "pos", "o", 3, 2, 8, 8, 8, 1, 1.0), Norm("x", "w", "o", 1, 10, 1e-6, heads=3),
+               ArgMax("x", "o", 0), Rope("x", "cos", "sin", "pos", Dst("y"), 1, 1, 8, 3),
+               RopeParts((), "cos", "sin", "pos", 1, 8, 8),
+               Fold(Gather("E", "t", "e", 4, format="q4"), Norm("e", "w", "o", 1, 4, 1e-6))]
+    for l in refused:
+        why = l.check()
+        assert isinstance(why, Refusal) and why.where == "" and str(why) == why.reason, (l.census, why)
+    # a fold that runs as its two kernels says why as a Refusal too
+    form, why = Fold(Gemv("x", "w", "f32", Dst("y"), 4096, 64, 1, split=4), SAMPLES["norm"]).form()
+    assert form is None and isinstance(why, Refusal) and "split 4 ways" in why.reason
+    assert SAMPLES["fold"].form() == ("gemv_norm", None)
+
+
+def test_tuning_steps_are_the_lane_tables():
+    # gemv_parts: a step the lane table takes itself, running merged_qkv as its parts when held
+    assert honoured_steps() | {"gemv_parts"} == lane_steps("cuda")
+    assert all(set(k.steps) <= lane_steps("cuda") for k in KINDS.values())
+
+
+# Launches the schedule changes under the default knobs: four rows a warp, split-K, heads a block and splits.
+TUNED = [Gemv("x", "w", "f32", Dst("y"), 4096, 4096, 1), Gemv("x", "w", "f32", Dst("y"), 4096, 64, 1),
+         SAMPLES["gemm_parts"], SAMPLES["gemv_glu"], SAMPLES["attention"],
+         Fold(Gemv("x", "w", "f32", Dst("y"), 4096, 64, 1), SAMPLES["norm"]), SAMPLES["fold"]]
+
+
+@pytest.mark.parametrize("launch", list(SAMPLES.values()) + TUNED, ids=lambda l: l.census)
+def test_tune_reads_only_the_steps_its_kind_declares(launch):
+    knobs = Knobs()
+    every = frozenset(lane_steps("cuda"))
+    tuned = launch.tune(knobs, frozenset())
+    assert type(tuned) is type(launch) and tuned.check() == launch.check()  # the schedule keeps a launch runnable
+    assert launch.tune(knobs, every) == launch  # every step held: the untuned settings
+    if isinstance(launch, Fold):
+        return  # a fold's steps are its pair's
+    assert launch.tune(knobs, every - set(launch.steps)) == tuned
+    if not launch.steps:
+        assert tuned == launch
+
+
+def test_tune_fills_the_schedules_settings():
+    k = Knobs()
+    assert TUNED[0].tune(k) == replace(TUNED[0], per_warp=4)  # wide: four rows a warp
+    assert TUNED[1].tune(k) == replace(TUNED[1], split=8)  # 16 blocks on 132 SMs: k in 8 splits of 512
+    assert TUNED[1].tune(k, {"split_k"}) == TUNED[1]
+    assert SAMPLES["gemm_parts"].tune(k).per_warp == 4 and SAMPLES["gemv_glu"].tune(k).per_warp == 4
+    a = SAMPLES["attention"].tune(k)
+    assert (a.per_block, a.splits) == (4, 16)  # 2 blocks; 4096 positions in splits of at least 256
+    f = TUNED[5].tune(k)
+    assert f.first.split == 1 and f.fused  # the fold's last block norms the whole product: no split-K
+
+
+def test_kernels_a_launch_makes():
+    assert View("x", 0, "v").kernels() == ()
+    assert SAMPLES["gemv"].kernels() == (SAMPLES["gemv"],)
+    fused = SAMPLES["fold"]
+    assert fused.fused and fused.kernels() == (fused,)
+    two = Fold(SAMPLES["gemv_glu"], Norm("o", "nw", "y", 1, 2048, 1e-6))
+    assert not two.fused and two.kernels() == (two.first, two.then)
+
+
+def test_elementwise_kinds_derive_reads_writes_and_grid():
+    j = SAMPLES["join"]
+    assert j.reads() == ("a", "b", "pos") and j.writes() == ("t",)
+    assert j.grid_block() == ((1, 1, 1), (256, 1, 1))
+    assert SAMPLES["set_row"].reads() == ("k", "pos") and SAMPLES["set_row"].writes() == ("kc",)
+    assert SetRow("kc", "k", 3, 16, 1, 32).reads() == ("k",)  # a fixed row reads no parameter
+    assert SAMPLES["binary"].reads() == ("a", "b") and SAMPLES["binary"].writes() == ("o",)
+    assert SwiGlu("g", "g", "o", 5000).reads() == ("g",) and SwiGlu("g", "u", "o", 5000).grid_block()[0] == (20, 1, 1)
+    assert Slice("x", "y", 4, 16, 8, 8).grid_block() == ((1, 1, 1), (256, 1, 1))
+    assert Join("a", "b", Dst("y", unit=Part(12, 0, 12)), 1, 1, 8, 4).reads() == ("a", "b")
