@@ -4,7 +4,7 @@ registered here by its census name. CuPy is imported only when a launch runs on 
 from lanefuse.kernels.argmax import Advance, ArgMax
 from lanefuse.kernels.attention import Attention
 from lanefuse.kernels.binary import Binary
-from lanefuse.kernels.common import (ALIGN, GEMV_ROWS, MAX_CHUNK, MAX_HEAD, QBLOCK, Dst, Launch, Part, Scratch)
+from lanefuse.kernels.common import (ALIGN, GEMV_ROWS, MAX_HEAD, QBLOCK, Dst, Launch, Part, Scratch)
 from lanefuse.kernels.env import Env, HostEnv
 from lanefuse.kernels.fold import Fold
 from lanefuse.kernels.gather import Gather
@@ -32,5 +32,5 @@ def honoured_steps() -> frozenset[str]:
     it takes itself)."""
     return frozenset(s for k in KINDS.values() for s in k.steps)
 
-__all__ = ["KINDS", "ALIGN", "GEMV_ROWS", "MAX_CHUNK", "MAX_HEAD", "QBLOCK", "Launch", "Part", "Dst", "Scratch",
+__all__ = ["KINDS", "ALIGN", "GEMV_ROWS", "MAX_HEAD", "QBLOCK", "Launch", "Part", "Dst", "Scratch",
            "Env", "HostEnv", "Advance", "PreNorm", "RopeSide", "GemmPart", "honoured_steps", *(k.__name__ for k in KINDS.values())]

@@ -13,7 +13,6 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 
 GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
-MAX_CHUNK = 64  # the largest prefill chunk a lane compiles
 QBLOCK = 32  # values of an activation's quantized form that share one scale
 ALIGN = 256  # every array's alignment in the arena: cudaMalloc's, past every vector load the kernels make
 MAX_GRID_Y = 65535  # the most blocks a launch's grid takes in y (and in z)

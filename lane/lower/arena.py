@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ALIGN = 256  # cudaMalloc's alignment, past every vector load the kernels make
+from lanefuse.kernels import ALIGN
 
 
 def aligned(n: int) -> int:
