@@ -1,30 +1,41 @@
-"""The kernel library: every launch kind defined once (its fields, numpy twin, CUDA source and launch, grid, cost),
-registered here by its census name. CuPy is imported only when a launch runs on the device."""
+"""The kernel library: every launch kind defined once, in a module of its own (its fields, numpy twin, CUDA source and
+launch, grid, cost, tuning), and `KINDS`, found from those modules: a kind is a `Launch` subclass with a census name.
+CuPy is imported only when a launch runs on the device."""
 
-from lanefuse.kernels.argmax import Advance, ArgMax
-from lanefuse.kernels.attention import Attention
-from lanefuse.kernels.binary import Binary
-from lanefuse.kernels.common import (ALIGN, GEMV_ROWS, MAX_HEAD, QBLOCK, Dst, Launch, Part, Scratch)
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from lanefuse.kernels.argmax import Advance
+from lanefuse.kernels.common import ALIGN, GEMV_ROWS, MAX_HEAD, QBLOCK, Dst, Launch, Part, Scratch
 from lanefuse.kernels.env import Env, HostEnv
-from lanefuse.kernels.fold import Fold
-from lanefuse.kernels.gather import Gather
-from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
-from lanefuse.kernels.gemv import Gemv, GemvF32
-from lanefuse.kernels.gemv_glu import GemvGlu
-from lanefuse.kernels.join import Join
-from lanefuse.kernels.norm import Norm, PreNorm
-from lanefuse.kernels.quant import Quant
-from lanefuse.kernels.rope import Rope, RopeParts, RopeSide
-from lanefuse.kernels.scale import Scale
-from lanefuse.kernels.set_row import SetRow
-from lanefuse.kernels.slice import Slice
-from lanefuse.kernels.swiglu import SwiGlu
-from lanefuse.kernels.unary import Unary
-from lanefuse.kernels.view import View
+from lanefuse.kernels.gemm_parts import GemmPart
+from lanefuse.kernels.norm import PreNorm
+from lanefuse.kernels.rope import RopeSide
 
-KINDS: dict[str, type[Launch]] = {k.census: k for k in (
-    Gemv, GemvF32, Norm, Rope, RopeParts, Attention, Binary, SwiGlu, GemvGlu, GemmParts, Gather, SetRow, ArgMax,
-    Slice, Join, Unary, Scale, Fold, Quant, View)}
+DEVICE = ("compile", "cupy_env")  # the device side, imported when a launch runs there
+
+
+def find_kinds() -> dict[str, type[Launch]]:
+    """Every launch kind in this package's modules by its census name; a census two kinds claim is an error."""
+    kinds: dict[str, type[Launch]] = {}
+    for m in pkgutil.iter_modules(__path__):
+        if m.name in DEVICE:
+            continue
+        mod = importlib.import_module(f"{__name__}.{m.name}")
+        for v in vars(mod).values():
+            if not (isinstance(v, type) and issubclass(v, Launch) and v.__module__ == mod.__name__ and v.census):
+                continue
+            if v.census in kinds:
+                raise TypeError(f"launch kinds {kinds[v.census].__qualname__} ({kinds[v.census].__module__}) and "
+                                f"{v.__qualname__} ({mod.__name__}) both have census `{v.census}`; rename one")
+            kinds[v.census] = v
+    return dict(sorted(kinds.items()))
+
+
+KINDS: dict[str, type[Launch]] = find_kinds()
+globals().update({k.__name__: k for k in KINDS.values()})  # each kind importable from here: `from ... import Gemv`
 
 
 def honoured_steps() -> frozenset[str]:
@@ -32,5 +43,7 @@ def honoured_steps() -> frozenset[str]:
     it takes itself)."""
     return frozenset(s for k in KINDS.values() for s in k.steps)
 
-__all__ = ["KINDS", "ALIGN", "GEMV_ROWS", "MAX_HEAD", "QBLOCK", "Launch", "Part", "Dst", "Scratch",
-           "Env", "HostEnv", "Advance", "PreNorm", "RopeSide", "GemmPart", "honoured_steps", *(k.__name__ for k in KINDS.values())]
+
+__all__ = ["KINDS", "ALIGN", "GEMV_ROWS", "MAX_HEAD", "QBLOCK", "Launch", "Part", "Dst", "Scratch", "Env", "HostEnv",
+           "Advance", "PreNorm", "RopeSide", "GemmPart", "find_kinds", "honoured_steps",
+           *(k.__name__ for k in KINDS.values())]

@@ -159,7 +159,8 @@ class Chip(Protocol):
 
 
 class Launch:
-    """The interface every launch kind fills in. Fields are the kind's frozen dataclass; everything else derives."""
+    """The interface every launch kind fills in. Fields are the kind's frozen dataclass; everything else derives.
+    A kind is a concrete subclass with a `census` name, found in its module by the registry (kernels/__init__.py)."""
 
     census: ClassVar[str] = ""
     stem: ClassVar[tuple[str, ...]] = ()  # the CUDA source: prelude.cu + each stem's .cu, in order (see compile.py)
