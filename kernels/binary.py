@@ -9,14 +9,14 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, Launch, act, names, operand
-from lanefuse.kernels.elementwise import act_code, grid
+from lanefuse.kernels.common import ACTS, act, operand
+from lanefuse.kernels.elementwise import Elementwise, act_code
 
 OPS = ("add", "mul", "sub")
 
 
 @dataclass(frozen=True)
-class Binary(Launch):
+class Binary(Elementwise):
     op: str
     a: str
     b: str
@@ -27,12 +27,11 @@ class Binary(Launch):
 
     census: ClassVar[str] = "binary"
     stem: ClassVar[tuple[str, ...]] = ("binary",)
+    inputs: ClassVar[tuple[str, ...]] = ("a", "b")
+    output: ClassVar[str] = "out"
 
-    def reads(self):
-        return names(self.a, self.b)
-
-    def writes(self):
-        return (self.out,)
+    def elements(self):
+        return self.n
 
     def check(self):
         if self.op not in OPS:
@@ -61,13 +60,8 @@ class Binary(Launch):
         y = {"add": a + b, "mul": a * b, "sub": a - b}[self.op]
         env.array(self.out)[: self.n] = y
 
-    def grid_block(self):
-        return grid(self.n)
-
-    def cuda(self, denv):
+    def args(self, denv):
         from lanefuse.kernels.cupy_env import i64
 
-        g, b = self.grid_block()
-        bv = denv.opt(self.b)
-        denv.function(self.stem, "binary")(g, b, (denv.array(self.a), bv, denv.array(self.out), i64(self.n),
-                                                  i64(self.row), i64(OPS.index(self.op)), i64(act_code(self.gate))))
+        return (denv.array(self.a), denv.opt(self.b), denv.array(self.out), i64(self.n), i64(self.row),
+                i64(OPS.index(self.op)), i64(act_code(self.gate)))

@@ -8,12 +8,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import Dst, Launch, names
-from lanefuse.kernels.elementwise import grid
+from lanefuse.kernels.common import Dst
+from lanefuse.kernels.elementwise import Elementwise
 
 
 @dataclass(frozen=True)
-class Join(Launch):
+class Join(Elementwise):
     a: str
     b: str
     y: Dst
@@ -24,16 +24,15 @@ class Join(Launch):
 
     census: ClassVar[str] = "join"
     stem: ClassVar[tuple[str, ...]] = ("join",)
+    inputs: ClassVar[tuple[str, ...]] = ("a", "b")
+    output: ClassVar[str] = "y"
 
     @property
     def units(self) -> int:
         return self.rows * self.heads
 
-    def reads(self):
-        return names(self.a, self.b, *self.y.params())
-
-    def writes(self):
-        return (self.y.buf,)
+    def elements(self):
+        return self.units * (self.ha + self.hb)
 
     def bytes(self):
         return 8 * self.units * (self.ha + self.hb)
@@ -44,12 +43,8 @@ class Join(Launch):
         b = env.array(self.b)[: u * self.hb].reshape(u, self.hb)
         self.y.write(env, np.concatenate([a, b], axis=1))
 
-    def grid_block(self):
-        return grid(self.units * (self.ha + self.hb))
-
-    def cuda(self, denv):
+    def args(self, denv):
         from lanefuse.kernels.cupy_env import i64
 
-        g, b = self.grid_block()
-        denv.function(self.stem, "join")(g, b, (denv.array(self.a), denv.array(self.b), *denv.dst(self.y),
-                                                i64(self.units), i64(self.ha), i64(self.hb)))
+        return (denv.array(self.a), denv.array(self.b), *denv.dst(self.y), i64(self.units), i64(self.ha),
+                i64(self.hb))

@@ -7,12 +7,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import Launch
-from lanefuse.kernels.elementwise import grid
+from lanefuse.kernels.elementwise import Elementwise
 
 
 @dataclass(frozen=True)
-class Scale(Launch):
+class Scale(Elementwise):
     x: str
     y: str
     n: int
@@ -20,12 +19,11 @@ class Scale(Launch):
 
     census: ClassVar[str] = "scale"
     stem: ClassVar[tuple[str, ...]] = ("scale",)
+    inputs: ClassVar[tuple[str, ...]] = ("x",)
+    output: ClassVar[str] = "y"
 
-    def reads(self):
-        return (self.x,)
-
-    def writes(self):
-        return (self.y,)
+    def elements(self):
+        return self.n
 
     def bytes(self):
         return 8 * self.n
@@ -36,12 +34,7 @@ class Scale(Launch):
     def numpy(self, env):
         env.array(self.y)[: self.n] = env.array(self.x)[: self.n].astype(np.float32) * np.float32(self.factor)
 
-    def grid_block(self):
-        return grid(self.n)
-
-    def cuda(self, denv):
+    def args(self, denv):
         from lanefuse.kernels.cupy_env import f32, i64
 
-        g, b = self.grid_block()
-        denv.function(self.stem, "scale")(g, b, (denv.array(self.x), denv.array(self.y), i64(self.n),
-                                                 f32(self.factor)))
+        return (denv.array(self.x), denv.array(self.y), i64(self.n), f32(self.factor))

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Launch, names
-from lanefuse.kernels.elementwise import grid
+from lanefuse.kernels.elementwise import Elementwise
 
 
 @dataclass(frozen=True)
-class SetRow(Launch):
+class SetRow(Elementwise):
     table: str
     src: str
     row: str | int
@@ -23,12 +22,11 @@ class SetRow(Launch):
 
     census: ClassVar[str] = "set_row"
     stem: ClassVar[tuple[str, ...]] = ("set_row",)
+    inputs: ClassVar[tuple[str, ...]] = ("src", "row")  # row: a parameter's name, or a fixed row (not read)
+    output: ClassVar[str] = "table"
 
-    def reads(self):
-        return names(self.src, self.row)
-
-    def writes(self):
-        return (self.table,)
+    def elements(self):
+        return self.count * self.cols
 
     def check(self):
         return Refusal("a row write carrying its quantized form (not written yet)") if self.quant else None
@@ -41,14 +39,10 @@ class SetRow(Launch):
         n = max(0, min(self.count, self.len - r0)) * self.cols
         env.array(self.table)[r0 * self.cols: r0 * self.cols + n] = env.array(self.src)[:n]
 
-    def grid_block(self):
-        return grid(self.count * self.cols)
-
-    def cuda(self, denv):
+    def args(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
 
-        g, b = self.grid_block()
         rowp = denv.array(self.row) if isinstance(self.row, str) else NULL
         fixed = self.row if isinstance(self.row, int) else 0
-        denv.function(self.stem, "set_row")(g, b, (denv.array(self.table), rowp, i64(fixed), denv.array(self.src),
-                                                   i64(self.cols), i64(self.count), i64(self.len)))
+        return (denv.array(self.table), rowp, i64(fixed), denv.array(self.src), i64(self.cols), i64(self.count),
+                i64(self.len))

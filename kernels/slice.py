@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Launch, Part
-from lanefuse.kernels.elementwise import grid
+from lanefuse.kernels.common import Part
+from lanefuse.kernels.elementwise import Elementwise
 
 
 @dataclass(frozen=True)
-class Slice(Launch):
+class Slice(Elementwise):
     x: str
     y: str
     groups: int
@@ -22,12 +22,11 @@ class Slice(Launch):
 
     census: ClassVar[str] = "slice"
     stem: ClassVar[tuple[str, ...]] = ("slice",)
+    inputs: ClassVar[tuple[str, ...]] = ("x",)
+    output: ClassVar[str] = "y"
 
-    def reads(self):
-        return (self.x,)
-
-    def writes(self):
-        return (self.y,)
+    def elements(self):
+        return self.groups * self.width
 
     def check(self):
         if self.start + self.width > self.every:
@@ -41,12 +40,8 @@ class Slice(Launch):
         n = self.groups * self.width
         env.array(self.y)[:n] = env.array(self.x)[Part(self.every, self.start, self.width).indices(self.groups)]
 
-    def grid_block(self):
-        return grid(self.groups * self.width)
-
-    def cuda(self, denv):
+    def args(self, denv):
         from lanefuse.kernels.cupy_env import i64
 
-        g, b = self.grid_block()
-        denv.function(self.stem, "slice")(g, b, (denv.array(self.x), denv.array(self.y), i64(self.groups),
-                                                 i64(self.every), i64(self.start), i64(self.width)))
+        return (denv.array(self.x), denv.array(self.y), i64(self.groups), i64(self.every), i64(self.start),
+                i64(self.width))

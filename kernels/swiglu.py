@@ -7,12 +7,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import Launch, act, names
-from lanefuse.kernels.elementwise import grid
+from lanefuse.kernels.common import act
+from lanefuse.kernels.elementwise import Elementwise
 
 
 @dataclass(frozen=True)
-class SwiGlu(Launch):
+class SwiGlu(Elementwise):
     g: str
     u: str
     out: str
@@ -20,12 +20,11 @@ class SwiGlu(Launch):
 
     census: ClassVar[str] = "swiglu"
     stem: ClassVar[tuple[str, ...]] = ("swiglu",)
+    inputs: ClassVar[tuple[str, ...]] = ("g", "u")
+    output: ClassVar[str] = "out"
 
-    def reads(self):
-        return names(self.g, self.u)
-
-    def writes(self):
-        return (self.out,)
+    def elements(self):
+        return self.n
 
     def bytes(self):
         return 12 * self.n
@@ -37,12 +36,7 @@ class SwiGlu(Launch):
         g = act("silu", env.array(self.g)[: self.n].astype(np.float32)).astype(np.float32)
         env.array(self.out)[: self.n] = g * env.array(self.u)[: self.n].astype(np.float32)
 
-    def grid_block(self):
-        return grid(self.n)
-
-    def cuda(self, denv):
+    def args(self, denv):
         from lanefuse.kernels.cupy_env import i64
 
-        g, b = self.grid_block()
-        denv.function(self.stem, "swiglu")(g, b, (denv.array(self.g), denv.array(self.u), denv.array(self.out),
-                                                  i64(self.n)))
+        return (denv.array(self.g), denv.array(self.u), denv.array(self.out), i64(self.n))

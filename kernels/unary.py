@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, Launch, act
-from lanefuse.kernels.elementwise import act_code, grid
+from lanefuse.kernels.common import ACTS, act
+from lanefuse.kernels.elementwise import Elementwise, act_code
 
 
 @dataclass(frozen=True)
-class Unary(Launch):
+class Unary(Elementwise):
     act: str
     x: str
     y: str
@@ -19,12 +19,11 @@ class Unary(Launch):
 
     census: ClassVar[str] = "unary"
     stem: ClassVar[tuple[str, ...]] = ("unary",)
+    inputs: ClassVar[tuple[str, ...]] = ("x",)
+    output: ClassVar[str] = "y"
 
-    def reads(self):
-        return (self.x,)
-
-    def writes(self):
-        return (self.y,)
+    def elements(self):
+        return self.n
 
     def check(self):
         return None if self.act in ACTS else Refusal(f"an activation `{self.act}` (one of {', '.join(ACTS)})")
@@ -38,12 +37,7 @@ class Unary(Launch):
     def numpy(self, env):
         env.array(self.y)[: self.n] = act(self.act, env.array(self.x)[: self.n].astype("float32"))
 
-    def grid_block(self):
-        return grid(self.n)
-
-    def cuda(self, denv):
+    def args(self, denv):
         from lanefuse.kernels.cupy_env import i64
 
-        g, b = self.grid_block()
-        denv.function(self.stem, "unary")(g, b, (denv.array(self.x), denv.array(self.y), i64(self.n),
-                                                 i64(act_code(self.act))))
+        return (denv.array(self.x), denv.array(self.y), i64(self.n), i64(act_code(self.act)))
