@@ -1,12 +1,14 @@
 """The fusion rule table: loading the YAML (the shared `rules/*.yaml` and a user's `--rules DIR` / LANEFUSE_RULES
 dirs), validating each entry with its file:line, and expanding each rule into its concrete variants (one per choice of
-alternative kinds, and per producing rule where a pattern names a fused class) for the e-graph to compile."""
+alternative kinds, and per producing rule where a pattern names a fused class) for the e-graph to compile. The classes
+(`classes.yaml`) are read here too, each with its contract: the variables every rule of it binds."""
 
 from __future__ import annotations
 
 import functools
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -20,6 +22,8 @@ from lanefuse.engine.opdefs import OPS
 from lanefuse.engine.pattern import Arg, Item, PatternError, parse_call, parse_item
 
 RULE_KEYS = ("name", "class", "why", "match", "out", "keeps", "guards", "with", "absorb")
+CLASS_KEYS = ("class", "joins", "launch", "vars")
+_VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\??$")  # a contract's variable; `v?`: optional (some rules bind it)
 COMMUTATIVE = ("add", "mul")  # their two inputs may match either way round; the compiler expands both orders
 MAX_VARIANTS = 512  # a rule whose alternatives expand past this is refused (split it)
 _TYPES = {int: "i64", float: "f64", str: "String", bool: "i64"}
@@ -180,29 +184,66 @@ def user_dirs(extra=()) -> list[str]:
     return dirs + [str(d) for d in extra]
 
 
+def rule_dirs(extra=(), builtin: bool = True) -> list[str]:
+    """The folders the tables load from, in order: the shared one, then LANEFUSE_RULES's, then `extra` (--rules); a
+    folder named twice counts once, and a user folder that does not exist is an error."""
+    dirs = ([str(_builtin_dir())] if builtin else []) + user_dirs(extra)
+    dirs = list({str(Path(d).resolve()): d for d in dirs}.values())
+    for d in dirs[1 if builtin else 0:]:
+        if not Path(d).is_dir():
+            raise UserError(f"rules dir `{d}` does not exist (from --rules or LANEFUSE_RULES)")
+    return dirs
+
+
 def load_classes(dirs) -> dict[str, dict]:
+    """The fused classes of the `classes.yaml` of each of `dirs`: name -> its entry (`joins`, `launch`, `vars`: the
+    contract) with the `file` and `line` it is written at. A folder adds classes; it never redefines one."""
     classes: dict[str, dict] = {}
     for d in dirs:
         p = Path(d) / "classes.yaml"
         if not p.exists():
             continue
+        fname = short_path(p)
         data = _load_yaml(p) or []
         if not isinstance(data, list):
-            raise UserError(f"{p}:1: expected a list of `- {{class: NAME, joins: ...}}` entries")
+            raise UserError(f"{fname}:1: expected a list of `- {{class: NAME, joins: ..., vars: [...]}}` entries")
         for e in data:
+            line = e.pop("__line__", 1) if isinstance(e, dict) else 1
+            at = f"{fname}:{line}"
             if not isinstance(e, dict) or "class" not in e:
-                raise UserError(f"{p}:{e.get('__line__', 1) if isinstance(e, dict) else 1}: an entry without `class:`")
-            classes[str(e["class"])] = {**e, "file": str(p)}
+                raise UserError(f"{at}: an entry without `class:`")
+            name = str(e["class"])
+            for k in e:
+                if k not in CLASS_KEYS:
+                    raise UserError(f"{at}: class `{name}`: unknown key `{k}`{did_you_mean(str(k), CLASS_KEYS)}; a "
+                                    f"class has {', '.join(CLASS_KEYS)}")
+            if name in classes:
+                first = classes[name]
+                raise UserError(f"{at}: class `{name}` is defined twice (first at {first['file']}:{first['line']}); "
+                                f"a folder adds classes of new names")
+            vs = e.get("vars")
+            if vs is None:
+                raise UserError(f"{at}: class `{name}` has no `vars:`: list the variables every rule of it binds and "
+                                f"its lane entries read, e.g. `vars: [x, w, y]` (`vars: []` for none)")
+            if not isinstance(vs, list) or not all(isinstance(v, str) and _VAR.match(v) for v in vs):
+                raise UserError(f"{at}: class `{name}`: `vars:` is a list of variable names, e.g. `[x, w, y]` "
+                                f"(`v?` for one only some rules bind), got {vs!r}")
+            if len({v.rstrip("?") for v in vs}) != len(vs):
+                raise UserError(f"{at}: class `{name}`: a variable is listed twice in `vars:`")
+            classes[name] = {**e, "vars": tuple(vs), "file": fname, "line": line}
     return classes
 
 
-def load_table(extra_dirs=(), builtin: bool = True) -> RuleTable:
-    """The shared table plus the user's rule dirs (`extra_dirs`, then LANEFUSE_RULES, colon-separated)."""
-    dirs = ([str(_builtin_dir())] if builtin else []) + user_dirs(extra_dirs)
-    dirs = list({str(Path(d).resolve()): d for d in dirs}.values())  # a dir named twice loads once
-    for d in dirs[1 if builtin else 0:]:
-        if not Path(d).is_dir():
-            raise UserError(f"rules dir `{d}` does not exist (from --rules or LANEFUSE_RULES)")
+def contract(entry: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A class's contract, from its classes.yaml entry: (the variables every rule binds, the optional ones `v?`)."""
+    vs = entry.get("vars", ())
+    return tuple(v for v in vs if not v.endswith("?")), tuple(v[:-1] for v in vs if v.endswith("?"))
+
+
+def load_table(extra_dirs=(), builtin: bool = True, contracts: bool = True) -> RuleTable:
+    """The shared table plus the user's rule dirs (`extra_dirs`, then LANEFUSE_RULES, separated by os.pathsep). With
+    `contracts`, a rule that does not bind its class's variables is an error (`contract_problems` lists them all)."""
+    dirs = rule_dirs(extra_dirs, builtin)
     classes = load_classes(dirs)
     rules: list[Rule] = []
     seen: dict[str, Rule] = {}
@@ -218,19 +259,25 @@ def load_table(extra_dirs=(), builtin: bool = True) -> RuleTable:
                 rules.append(r)
     table = RuleTable(rules, classes, dirs=tuple(dirs))
     _expand_all(table)
+    if contracts:
+        problems = contract_problems(table)
+        if problems:
+            more = f" (and {len(problems) - 1} more; `lanefuse rules --check` lists them)" if len(problems) > 1 else ""
+            raise UserError(problems[0] + more)
     return table
 
 
-def _short(path: Path) -> str:
+def short_path(path: Path) -> str:
+    """A table file as errors cite it: `rules/...` for the shared tables, the path as given for a user's."""
     try:
-        return str(path.relative_to(_builtin_dir().parent))
+        return str(Path(path).relative_to(_builtin_dir().parent))
     except ValueError:
         return str(path)
 
 
 def _load_file(path: Path, classes: dict) -> list[Rule]:
     data = _load_yaml(path)
-    fname = _short(path)
+    fname = short_path(path)
     if data is None:
         return []
     if not isinstance(data, list):
@@ -505,6 +552,36 @@ def _variant(rule: Rule, combo, ctx: _Ctx, ctor: str) -> Variant:
     return Variant(rule.name, ctor, tuple(params), tuple(queries), tuple(sorted(ctx.types.items())), via)
 
 
+# -- class contracts ------------------------------------------------------------------------------------------------
+def rule_binds(table: RuleTable, rule: Rule) -> set[str]:
+    """The names every variant of `rule` binds, which a lane entry of its class can read: the pattern's variables
+    no pattern op produces (its inputs and attribute variables, `eps=eps`, or `y.eps` for one left out), the
+    constants of `with:`, and its results (`out`, `keeps`). An intermediate a pattern op produces is not bound."""
+    sets = [{p.name for p in v.params if p.role != "name"} | set(rule.outputs) for v in table.variants[rule.name]]
+    return set.intersection(*sets) if sets else set(rule.outputs)
+
+
+def contract_problems(table: RuleTable) -> list[str]:
+    """One line for each variable of a class's contract that a rule of the class does not bind."""
+    out = []
+    for r in table.rules:
+        entry = table.classes[r.cls]
+        need, _ = contract(entry)
+        bound = rule_binds(table, r)
+        produced = {it.var for it in r.items} - set(r.outputs)
+        for v in need:
+            if v in bound:
+                continue
+            if v in produced:
+                hint = f"; `{v}` is computed inside the fused op, not bound: list it in `keeps:` to make it a result"
+            else:
+                hint = (f"; the rule binds {', '.join(sorted(bound))}{did_you_mean(v, bound)}: name the variable `{v}` "
+                        f"in its pattern or `with:`")
+            out.append(f"{r.where}: rule of class `{r.cls}` does not bind `{v}` (the class's contract: "
+                       f"{', '.join(entry['vars'])}){hint}")
+    return out
+
+
 # -- listings for the command ---------------------------------------------------------------------------------------
 def rules_listing(table: RuleTable) -> list[tuple[str, str, str, list[str]]]:
     """One row a rule: (name, class, file:line, the rules it matches through)."""
@@ -515,7 +592,7 @@ def check_rules_dir(path: str, lane_classes) -> list[str]:
     """Problems with a rules dir added to the shared table: load errors, and classes the dir's rules make that no
     lane links (`lane_classes`: every class some lane's table links)."""
     try:
-        table = load_table([path])
+        table = load_table([path], contracts=False)  # contract errors are `contract_problems`'s
     except UserError as e:
         return [str(e)]
     problems = []

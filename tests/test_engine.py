@@ -194,8 +194,9 @@ def test_unsound_rule_is_named_by_audit(tmp_path, monkeypatch):
     g.add("argmax", ["logits"], "next")
     d = tmp_path / "r"
     d.mkdir()
-    # a rule whose fused node is the same for two tensors of the step merges them: the audit names it
-    (d / "bad.yaml").write_text("- name: bad.act\n  class: glu_act_mul\n  match:\n    y: silu(x)\n")
+    # a rule whose fused node is the same for two tensors of the step merges them: the audit names it (its class,
+    # fused_sampling, has the contract x, y that `y: silu(x)` binds, so the rule loads)
+    (d / "bad.yaml").write_text("- name: bad.act\n  class: fused_sampling\n  match:\n    y: silu(x)\n")
     monkeypatch.setenv("LANEFUSE_RULES", str(d))
     with pytest.raises(UserError) as e:
         optimize(g, load_table())

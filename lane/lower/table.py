@@ -1,11 +1,11 @@
 """A lane's table (rules/lanes/NAME.yaml): each lifted op kind's launch and each fused class's support — native (its
 launch and how the fused op's pattern variables fill its fields, or a named link hook), decompose, or refuse with
-a reason. A table may start from another (`base:`) and change some entries."""
+a reason. A table may start from another (`base:`) and change some entries. A field reads only what its op has:
+a lifted op's inputs and attributes, a class's contract (its `vars:` in classes.yaml); checked when the table loads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +13,12 @@ import yaml
 
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.opdefs import OPS
+from lanefuse.engine.rules import contract, load_classes, rule_dirs, short_path
 from lanefuse.kernels import KINDS
-from lanefuse.lane.lower.fill import check_expr
+from lanefuse.lane.lower.fill import _CALL, _NAME, _split_args, check_expr
 
 SUPPORTS = ("native", "decompose", "refuse")
+ALWAYS = ("out", "kind")  # every op's scope holds its result and its kind (a fused op's: its class)
 
 
 @dataclass(frozen=True)
@@ -62,22 +64,22 @@ class LaneTable:
 
 
 def lane_dirs(extra=()) -> list[Path]:
-    import os
+    """The `lanes/` folders, the shared one first, then each user folder's (LANEFUSE_RULES, then `extra`)."""
+    return [Path(d) / "lanes" for d in rule_dirs(extra) if (Path(d) / "lanes").is_dir()]
 
-    dirs = [Path(str(resources.files("lanefuse.rules"))) / "lanes"]
-    env = os.environ.get("LANEFUSE_RULES", "")
-    for d in list(extra) + [p for p in env.split(os.pathsep) if p]:
-        if (Path(d) / "lanes").is_dir():
-            dirs.append(Path(d) / "lanes")
-    return dirs
+
+def lane_stacks(extra=()) -> dict[str, list[Path]]:
+    """Each lane name's tables, bottom up: the shared one (if any), then the user folders' in order. The top one is
+    the lane; a table's `base:` naming its own lane means the one below it."""
+    out: dict[str, list[Path]] = {}
+    for d in lane_dirs(extra):
+        for p in sorted(d.glob("*.yaml")):
+            out.setdefault(p.stem, []).append(p)
+    return out
 
 
 def known_lanes(extra=()) -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for d in lane_dirs(extra):
-        for p in sorted(d.glob("*.yaml")):
-            out[p.stem] = p
-    return out
+    return {name: stack[-1] for name, stack in lane_stacks(extra).items()}
 
 
 def _choice(e: Any, where: str) -> Choice:
@@ -117,26 +119,41 @@ _CACHE: dict = {}
 
 
 def load_lane(name: str = "cuda", extra=()) -> LaneTable:
-    """The lane table `name` (a user folder's `lanes/` may add or override tables); read once per file state."""
-    lanes = known_lanes(extra)
-    key = (name, tuple((str(p), p.stat().st_mtime_ns) for p in lanes.values()))
+    """The lane table `name` (a user folder's `lanes/` may add or override tables, and its classes.yaml add classes);
+    read once per file state."""
+    dirs = rule_dirs(extra)
+    stacks = lane_stacks(extra)
+    files = [p for st in stacks.values() for p in st] + [Path(d) / "classes.yaml" for d in dirs]
+    key = (name, tuple((str(p), st.st_mtime_ns, st.st_size) for p in files if p.exists() for st in [p.stat()]))
     if key in _CACHE:
         return _CACHE[key]
-    _CACHE[key] = _load_named(name, lanes)
+    if name not in stacks:
+        hint = did_you_mean(name, stacks)
+        raise UserError(f"unknown lane `{name}`{hint}; lanes: {', '.join(sorted(stacks))}")
+    _CACHE[key] = _load(stacks[name][-1], stacks, load_classes(dirs), set())
     return _CACHE[key]
 
 
-def _load_named(name: str, lanes: dict[str, Path]) -> LaneTable:
-    if name not in lanes:
-        hint = did_you_mean(name, lanes)
-        raise UserError(f"unknown lane `{name}`{hint}; lanes: {', '.join(sorted(lanes))}")
-    return _load(lanes[name], lanes, set())
+def _base(path: Path, base: str, stacks: dict[str, list[Path]]) -> Path:
+    """The table a `base: NAME` entry of `path` starts from: the top table of that name, or, where NAME is the
+    table's own lane, the one below it (a user's cuda.yaml with `base: cuda` starts from the shared one)."""
+    stack = stacks.get(base)
+    if not stack:
+        raise UserError(f"{short_path(path)}: base lane `{base}` is not known{did_you_mean(base, stacks)} "
+                        f"(lanes: {', '.join(sorted(stacks))})")
+    if base != path.stem:
+        return stack[-1]
+    mine = [i for i, p in enumerate(stack) if p.resolve() == path.resolve()]
+    if not mine or mine[0] == 0:
+        raise UserError(f"{short_path(path)}: `base: {base}` names this table itself, and no `{base}` table lies "
+                        f"below it; name another lane")
+    return stack[mine[0] - 1]
 
 
-def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
-    if path.stem in seen:
-        raise UserError(f"{path}: the lane tables' `base:` entries form a cycle")
-    seen.add(path.stem)
+def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], seen: set[Path]) -> LaneTable:
+    if path.resolve() in seen:
+        raise UserError(f"{short_path(path)}: the lane tables' `base:` entries form a cycle")
+    seen.add(path.resolve())
     try:
         doc = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
@@ -145,12 +162,7 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
         raise UserError(f"{path}{line}: bad YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(doc, dict) or "lane" not in doc:
         raise UserError(f"{path}: a lane table is a mapping with `lane:`, `ops:` and `classes:`")
-    known = _known_classes()
-    base = None
-    if doc.get("base"):
-        if doc["base"] not in lanes:
-            raise UserError(f"{path}: base lane `{doc['base']}` is not known ({', '.join(sorted(lanes))})")
-        base = _load(lanes[doc["base"]], lanes, seen)
+    base = _load(_base(path, str(doc["base"]), stacks), stacks, known, seen) if doc.get("base") else None
     ops: dict[str, list[Choice]] = dict(base.ops) if base else {}
     for kind, entries in (doc.get("ops") or {}).items():
         where = f"{path.name}: ops.{kind}"
@@ -159,18 +171,29 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
             raise UserError(f"{where}: unknown op kind `{kind}`{hint}")
         entries = entries if isinstance(entries, list) else [entries]
         ops[kind] = [_choice(e, where) for e in entries]
+        d = OPS[kind]
+        for ch in ops[kind]:
+            _check_reads(ch, set(d.names) | set(d.attrs), set(), path, ("ops", kind),
+                         f"`{kind}`'s inputs and attributes (engine/opdefs.py)")
     classes: dict[str, ClassEntry] = dict(base.classes) if base else {}
     for cls, e in (doc.get("classes") or {}).items():
         where = f"{path.name}: classes.{cls}"
         if cls not in known:
             hint = did_you_mean(cls, known)
-            raise UserError(f"{where}: unknown class `{cls}`{hint} (the classes are listed in rules/classes.yaml)")
+            raise UserError(f"{where}: unknown class `{cls}`{hint} (the classes are listed in rules/classes.yaml "
+                            f"and a user folder's classes.yaml)")
         if not isinstance(e, dict) or e.get("support") not in SUPPORTS:
             raise UserError(f"{where}: `support:` must be one of {', '.join(SUPPORTS)}")
         sup = e["support"]
         if sup == "refuse" and not e.get("reason"):
             raise UserError(f"{where}: a refused class needs a `reason:` in the user's words")
         ch = _choice(e, where) if sup == "native" else None
+        if ch is not None:
+            c = known[cls]
+            need, optional = contract(c)
+            _check_reads(ch, set(need), set(optional), path, ("classes", cls),
+                         f"class `{cls}`'s contract ({', '.join(c['vars']) or 'no variables'}; "
+                         f"{c['file']}:{c['line']})")
         classes[cls] = ClassEntry(cls, sup, ch, e.get("reason", ""), e.get("why", ""), where)
     sched = dict(base.schedule) if base else {}
     gated = dict(base.gated) if base else {}
@@ -186,7 +209,63 @@ def _load(path: Path, lanes: dict[str, Path], seen: set[str]) -> LaneTable:
     return LaneTable(str(doc["lane"]), str(doc.get("why", "")), ops, classes, sched, str(path), gated)
 
 
-def _known_classes() -> set[str]:
-    p = Path(str(resources.files("lanefuse.rules"))) / "classes.yaml"
-    doc = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
-    return {e["class"] for e in doc}
+# -- what a field reads ---------------------------------------------------------------------------------------------
+def names_read(expr: Any) -> list[tuple[str, bool]]:
+    """The names a field expression reads, each with whether it is optional (`v?`); a quoted string, a number and a
+    function's own name are no names."""
+    if isinstance(expr, list):
+        return [n for e in expr for n in names_read(e)]
+    if not isinstance(expr, str):
+        return []
+    e = expr.strip()
+    m = _CALL.match(e)
+    if m:
+        return [n for a in _split_args(m.group(2)) for n in names_read(a)]
+    if e.endswith("?") and _NAME.match(e[:-1]):
+        return [(e[:-1], True)]
+    if _NAME.match(e):
+        return [(e, False)]
+    return []
+
+
+def _reads(ch: Choice) -> list[tuple[str, str, bool]]:
+    """(where in the entry, name, optional) for every name the choice's `if` and fields read, nested launches too."""
+    out = [("if", n, o) for n, o in names_read(ch.when)]
+
+    def walk(fields: dict, at: str):
+        for k, v in fields.items():
+            if isinstance(v, dict) and "launch" in v:
+                walk(v.get("fields") or {}, f"{at}{k}.")
+            else:
+                out.extend((f"{at}{k}", n, o) for n, o in names_read(v))
+
+    walk(ch.fields, "")
+    return out
+
+
+def _check_reads(ch: Choice, need: set[str], optional: set[str], path: Path, keys: tuple[str, str], what: str):
+    """Every name the choice reads is `out`, `kind`, or one of `need`; an optional one (`optional`) only as `v?`."""
+    for field_at, name, opt in _reads(ch):
+        if name in ALWAYS or name in need or (opt and name in optional):
+            continue
+        at = f"{short_path(path)}:{_line(path, *keys)}: {'.'.join(keys)}"
+        what_field = "its `if:`" if field_at == "if" else f"field `{field_at}`"
+        if name in optional:
+            raise UserError(f"{at}: {what_field} reads `{name}`, which {what} marks optional: read it as `{name}?`")
+        hint = did_you_mean(name, need | optional)
+        fix = ("add it to the class's `vars:` if every rule of the class binds it (`v?` if only some do), or read the "
+               "fused op's parts (`leaf(kind)`)" if keys[0] == "classes" else "read one of those")
+        raise UserError(f"{at}: {what_field} reads `{name}`, which is not in {what}{hint}; {fix}")
+
+
+def _line(path: Path, *keys: str) -> int:
+    """The line of the entry `keys` (a path of mapping keys) in the YAML file `path`, for an error to cite."""
+    node, line = yaml.compose(path.read_text(encoding="utf-8")), 1
+    for k in keys:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        hit = next(((kn, vn) for kn, vn in node.value if kn.value == k), None)
+        if hit is None:
+            break
+        line, node = hit[0].start_mark.line + 1, hit[1]
+    return line
