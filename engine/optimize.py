@@ -1,6 +1,7 @@
 """The engine's public API: `optimize(g, table, held, cost, forced, method)` saturates the step graph under the rules
 not held back and extracts the cheapest runnable plan; `Session` keeps one loaded e-graph to re-plan for other held
-sets, costs and forced choices (the explorer), and lists each tensor's alternatives."""
+sets, costs and forced choices (the explorer), and lists each tensor's alternatives (`Session.alternatives`), which
+a plan's `Optimized.chosen` indexes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Callable
 from lanefuse.engine.cost_default import CostFn, Refusal, default_cost
 from lanefuse.engine.egraph import EGraph, ENode, SatReport, Snapshot
 from lanefuse.engine import flags
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.extract import INF, NoPlan, Problem, solve_exact, solve_local
 from lanefuse.engine.ir import Dst, Graph, Op, RowSel, attrs_of
 from lanefuse.engine.rules import RuleTable, Variant
@@ -25,23 +26,50 @@ from lanefuse.engine.rules import RuleTable, Variant
 
 @dataclass(frozen=True)
 class Alternative:
-    """One e-node of a tensor's e-class: what op it would be, the rule that made it, its own cost or refusal."""
+    """One way to compute a tensor: one e-node of its e-class under a held set (`Session.alternatives`).
+
+    `index` is its place among the class's alternatives under that held set, the number `forced` takes; it can move
+    when another held set adds or removes alternatives. `signature` says what it is — its constructor, the tensors it
+    reads (a bundle it reads by that bundle's own alternatives), its attributes — and is equal for the same
+    alternative in the e-graphs of every held set of one Session: compare signatures, not indices, across held sets.
+    `op` is the op it stands for: the lifted op, or the fused op with its parts; for one output of a multi-output
+    fused op, that fused op (`output` says which of its outputs) and `bundle` every fused op of the bundle (the
+    e-graph may hold more than one way to compute the same outputs together); None for a step input or constant."""
 
     index: int
     label: str  # `matmul`, `gemv_norm_epilogue (gemv_norm_epilogue)`, `merged_qkv (merged_qkv) output 1`, `input`
     cls: str | None
     rule: str | None
-    cost: float | Refusal
+    cost: float | Refusal | None  # under the cost function asked with; None when asked with none
+    signature: tuple = ()
+    op: Op | None = field(default=None, repr=False, compare=False)
+    output: int | None = None
+    bundle: tuple[Op, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """`input` (a step input or constant), `lifted`, `fused`, or `output` (one output of a multi-output op)."""
+        if self.op is None:
+            return "input"
+        if self.output is not None:
+            return "output"
+        return "fused" if self.op.fused else "lifted"
 
 
 @dataclass
 class Optimized:
+    """The engine's result: the plan as a graph of lifted and fused ops, the fusions that fired, its cost, and which
+    alternative each tensor got (`chosen`: tensor -> the index of its chosen alternative under the plan's held set,
+    as `Session.alternatives` numbers them, for every tensor the plan computes or reads; a tensor computed inside a
+    fused op that does not write it has none)."""
+
     graph: Graph
     fusions: dict[str, int]
     summary: dict[str, Any]  # held rules, saturation, e-graph size, time by stage
     cost: float
     warnings: list[str] = field(default_factory=list)
     runners_up: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
+    chosen: dict[str, int] = field(default_factory=dict, repr=False)
 
     @cached_property
     def trace(self) -> dict[str, Any]:
@@ -94,6 +122,11 @@ class _Decoded:
             self.proj_of.pop(t, None) if isinstance(t, int) else None
         self.ops: list[Op | None] = [self._op(n) for n in self.nodes]
         self.leaves = {c for c, ns in self.classes.items() if len(ns) == 1 and self.nodes[ns[0]].fn == "Leaf"}
+        self.pos = [0] * len(self.nodes)  # node -> its index among its class's nodes
+        for ns in self.classes.values():
+            for k, i in enumerate(ns):
+                self.pos[i] = k
+        self._alts: dict[int, list[Alternative]] = {}
 
     def _twins(self) -> set:
         """Fused nodes (and bundle classes) equal to another but for the order of a commutative op's inputs: the
@@ -188,6 +221,36 @@ class _Decoded:
             return f"{op.cls} ({op.rule})", op.cls, op.rule
         return op.kind, None, None
 
+    def signature(self, i: int, depth: int = 0) -> tuple:
+        """Node `i` by what it is: (constructor, what it reads, attributes), a read tensor by its name and a read
+        bundle by its nodes' signatures (four bundles deep at most). The constructors and names are the Session's
+        e-graph's, so the same node under another held set has the same signature, where its index differs."""
+        n = self.nodes[i]
+        names = self.snap.names
+        kids = []
+        for c in n.children:
+            name = names.get(c)
+            if name is not None or depth > 3:
+                kids.append(name)
+            else:
+                kids.append(tuple(self.signature(j, depth + 1) for j in self.classes.get(c, ())))
+        return (n.fn, tuple(kids), n.prims)
+
+    def alternatives(self, c: int) -> list[Alternative]:
+        """Class `c`'s nodes as alternatives, without costs (worked out once a class)."""
+        out = self._alts.get(c)
+        if out is None:
+            out = self._alts[c] = []
+            for k, i in enumerate(self.classes.get(c, ())):
+                n, op = self.nodes[i], self.ops[i]
+                label, cls, rule = self.label(i)
+                output, bundle = None, ()
+                if n.fn == "proj":  # one output of a multi-output op: the op is its bundle's
+                    bundle = tuple(self.ops[j] for j in self.classes.get(n.children[0], ()))
+                    op, output = bundle[0], n.prims[0]
+                out.append(Alternative(k, label, cls, rule, None, self.signature(i), op, output, bundle))
+        return out
+
 
 class Session:
     """One step graph loaded into an e-graph with every rule compiled; each held set is saturated once (inside
@@ -233,22 +296,24 @@ class Session:
                                 f"`{self.table.by_name[h].cls}`")
         return held, warnings
 
-    def choices(self, tensor: str, held=frozenset(), cost: CostFn = default_cost) -> list[Alternative]:
+    def alternatives(self, tensor: str, held=frozenset(), cost: CostFn | None = None) -> list[Alternative]:
+        """Every way to compute `tensor` under the rules not `held` (its e-class's nodes, saturated once a held set),
+        in the engine's order: the index of each is what `plan(forced=...)` takes and `Optimized.chosen` gives.
+        With `cost`, each carries its own cost or refusal under it; without, `cost` is None."""
         held, _ = self._held(held)
         with _gc_paused():
             dec = self._saturated(held)[0]
         c = dec.snap.by_name.get(tensor)
         if c is None:
-            import difflib
+            raise UserError(f"unknown tensor `{tensor}`{did_you_mean(tensor, dec.snap.by_name)}")
+        alts = dec.alternatives(c)
+        if cost is None:
+            return list(alts)
+        return [replace(a, cost=cost(a.op, self.g) if a.op is not None else 0.0) for a in alts]
 
-            near = difflib.get_close_matches(tensor, dec.snap.by_name, n=1)
-            raise UserError(f"unknown tensor `{tensor}`" + (f" (did you mean `{near[0]}`?)" if near else ""))
-        out = []
-        for k, i in enumerate(dec.classes[c]):
-            lab, cls, rule = dec.label(i)
-            op = dec.ops[i]
-            out.append(Alternative(k, lab, cls, rule, cost(op, self.g) if op is not None else 0.0))
-        return out
+    def choices(self, tensor: str, held=frozenset(), cost: CostFn = default_cost) -> list[Alternative]:
+        """`alternatives` with their costs under `cost` (the default cost unless given)."""
+        return self.alternatives(tensor, held, cost)
 
     def plan(self, held=frozenset(), cost: CostFn = default_cost, forced: dict[str, int] | None = None,
              method: str = "ilp") -> Optimized:
@@ -293,8 +358,10 @@ class Session:
         summary["time"]["total"] = time.perf_counter() - t_all
         if self.debug >= 2:
             print(match_table(self.table, rep), file=sys.stderr)
+        names, pos = dec.snap.names, dec.pos
+        chosen = {names[c]: pos[i] for c, i in choice.items() if c in names}
         return Optimized(graph, fusions, summary, total, warnings,
-                         lambda: self._runners_up(dec, choice, costs, refusals))
+                         lambda: self._runners_up(dec, choice, costs, refusals), chosen)
 
     # -- the problem ----------------------------------------------------------------------------------------------
     def _problem(self, dec: _Decoded, costs: list[float], forced: dict[str, int]) -> Problem:
