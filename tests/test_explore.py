@@ -1,6 +1,7 @@
-"""The explorer (lane/explore.py) on the demo model: forced choices, hold and release, the diff, alternatives with
-their refusals, a saved plan file replayed by `plan()`; the terminal explorer driven by a script; the web server and
-page over the real Explorer. What-if timings are printed, never asserted."""
+"""The explorer (lane/explore/explorer.py) on the demo model: forced choices, hold and release, the diff, alternatives
+with their refusals, a saved plan file replayed by `plan()`; the engine API it stands on, and that it reads no private
+attribute and names no fused class; the terminal explorer driven by a script; the web server and page over the real
+Explorer. What-if timings are printed, never asserted."""
 
 from __future__ import annotations
 
@@ -260,6 +261,110 @@ def test_what_if_timings(step):
     print(f"\nexplorer on the demo model: open + exact plan {first:.0f} ms; what-ifs ({ex.what_if} search):")
     for k, v in times.items():
         print(f"  {k:<30} {v:7.1f} ms")
+
+
+def test_schedule_steps_fired_come_from_the_lane_table(ex):
+    lane_steps = list(ex.lane.schedule)
+
+    def fired():
+        return {r["name"]: r["fired"] for r in ex.state()["rules"] if r["cls"] == "lane step"}
+
+    assert list(fired()) == lane_steps  # the lane table's `schedule:` is the one list of steps, in its order
+    gated = [s for s in lane_steps if ex.lane.gated.get(s)]
+    assert gated and all(fired()[s] > 0 for s in gated)  # merged products run whole: the step shaped them
+    ex.hold(gated[0])
+    assert fired()[gated[0]] == 0
+    ex.release(gated[0])
+    before = fired()["rows_a_warp"]
+    ex.set_knob("wide_rows", 1)  # every product is now wide: four rows a warp shapes each one
+    assert fired()["rows_a_warp"] > before
+    ex.hold("rows_a_warp")
+    assert fired()["rows_a_warp"] == 0
+
+
+# ---- the engine's public API, as the explorer reads it ---------------------------------------------------------------
+
+def test_session_alternatives_signatures_and_chosen(step):
+    from lanefuse.engine.optimize import Session
+    from lanefuse.engine.rules import load_table
+
+    s = Session(step, load_table(()))
+    free, held = s.alternatives("L0.q"), s.alternatives("L0.q", {"merged_pair"})
+    assert [a.index for a in free] == list(range(len(free))) and all(a.cost is None for a in free)
+    assert free[0].kind == "lifted" and free[0].op.kind == "matmul" and free[0].cls is None
+    outputs = [a for a in free if a.kind == "output"]
+    assert outputs and all(a.op.fused and a.bundle and a.output is not None and "L0.q" in a.op.outs for a in outputs)
+    # a signature names the same alternative under every held set; the held rule's alternatives are gone
+    assert {a.signature for a in held} < {a.signature for a in free}
+    assert {a.rule for a in free} - {a.rule for a in held} == {"merged_pair"}
+    assert [a.signature for a in s.alternatives("L0.q")] == [a.signature for a in free]  # stable
+    # `choices` is `alternatives` with their costs
+    assert [a.signature for a in s.choices("L0.q")] == [a.signature for a in free]
+    assert all(a.cost is not None for a in s.choices("L0.q"))
+    # the plan says which alternative each tensor got, in the same numbering: a force binds
+    opt = s.plan(forced={"L0.q": 0})
+    assert opt.chosen["L0.q"] == 0
+    pair = next(a.index for a in free if a.rule == "merged_pair")
+    assert s.plan(forced={"L0.q": pair}).chosen["L0.q"] == pair
+    top = s.plan()
+    q_rot = s.alternatives("L0.q_rot")
+    assert q_rot[top.chosen["L0.q_rot"]].kind in ("lifted", "fused", "output")
+    assert "L0.q_norm" not in top.chosen  # computed inside a fused op that does not write it
+    with pytest.raises(UserError, match="did you mean `L0.q"):
+        s.alternatives("L0.qq")
+
+
+def _explore_modules():
+    import lanefuse.lane.explore as pkg
+
+    return sorted(Path(pkg.__file__).parent.glob("*.py"))
+
+
+def test_the_explorer_reads_no_private_engine_attribute():
+    """lane/explore/ reads only public attributes of what it did not define: an attribute starting with `_` only on
+    `self`, `cls` or a name the module defines itself (dunders such as `super().__init__` are Python's, not the
+    engine's)."""
+    import ast
+
+    bad = []
+    for f in _explore_modules():
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        own = {"self", "cls"}
+        for n in tree.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(n.name)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+                own.update(t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                           if isinstance(t, ast.Name))
+            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+                own.update(a.asname or a.name.split(".")[0] for a in n.names if (a.asname or a.name).startswith("_"))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
+                continue
+            if node.attr.startswith("__") and node.attr.endswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in own:
+                continue
+            bad.append(f"{f.name}:{node.lineno}: {ast.unparse(node)}")
+    assert bad == [], "private attributes read in lane/explore/:\n" + "\n".join(bad)
+
+
+def test_the_explorer_names_no_fused_class():
+    """Which class a held schedule step runs as parts, or how a class links, is the lane table's to say: no fused
+    class of classes.yaml is spelled in a string of lane/explore/*.py."""
+    import ast
+
+    from lanefuse.engine.rules import load_classes, rule_dirs
+
+    classes = sorted(load_classes(rule_dirs()))
+    assert "merged_qkv" in classes
+    word = re.compile(r"(?<!\w)(" + "|".join(map(re.escape, classes)) + r")(?!\w)")
+    bad = []
+    for f in _explore_modules():
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                bad += [f"{f.name}:{node.lineno}: `{m}`" for m in word.findall(node.value)]
+    assert bad == [], "fused class names in lane/explore/:\n" + "\n".join(bad)
 
 
 # ---- the terminal explorer -----------------------------------------------------------------------------------------

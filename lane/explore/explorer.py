@@ -1,63 +1,56 @@
 """The explorer: one step graph and lane kept live for what-ifs — hold or release a rule or schedule step, force a
 tensor's alternative, set a knob — each re-planned on ONE engine Session (a saturated e-graph cached per held set),
 with the diff against the plan before, each tensor's alternatives with their costs and refusals, and `why` in words.
-`lanefuse explore` drives it from the terminal (lane/explore_cli.py) or the web page (lane/webserver.py), whose
-protocol `state / choices / hold / release / force / unforce / set_knob` this class implements.
+`lanefuse explore` drives it from the terminal (lane/explore/shell.py) or the web page (lane/explore/server.py), whose
+protocol `state / choices / hold / release / force / unforce / set_knob` this class implements. It stands on the
+engine's public API (`Session.alternatives`, `Session.plan`, `Optimized.chosen`) and the lane's `lower()`; what a
+schedule step is and which classes it gates come from the lane table.
 
 Speed: the first plan is exact (the ILP); every what-if after it takes the engine's local search (`method="local"`),
 about 20-30 ms on the demo model against ~350 ms for the ILP, and `plan(exact=True)` re-plans the current choices
 exactly. A configuration seen before (say: hold, then release) answers its cached plan, so going back is exact too.
 
 Alternative indices: a tensor's alternatives are numbered once, in the engine's order under NO held rule, and keep
-those numbers across hold and release; an alternative a held rule removes stays listed (support `held`, with the
-rule to release) and cannot be forced. A plan file (`save`) records the engine's own indices under its held rules,
-which is what `lanefuse plan --spec FILE` replays.
+those numbers across hold and release (an alternative is known by its `signature`, the same under every held set);
+an alternative a held rule removes stays listed (support `held`, with the rule to release) and cannot be forced. A
+plan file (`save`) records the engine's own indices under its held rules, which is what `lanefuse plan --spec FILE`
+replays.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
-from lanefuse.engine.cost_default import Refusal
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph, Op
-from lanefuse.engine.optimize import Session
+from lanefuse.engine.optimize import Alternative, Optimized, Session
+from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
-from lanefuse.lane.lower.plan import Plan, lower
-from lanefuse.lane.lower.schedule import STEPS
+from lanefuse.lane.lower.plan import Launched, Plan, lower, split_held, steps_of
 from lanefuse.lane.lower.shim import Shim
+from lanefuse.lane.lower.table import LaneTable
 
 NUMERICS = "f32"
 
 
-class _Session(Session):
-    """The engine's Session, keeping the last extraction's choice (e-class -> e-node) beside the plan it emits: the
-    explorer needs it to say which alternative of a tensor was chosen and whether a forced choice binds."""
-
-    last: tuple[Any, dict[int, int]] | None = None
-
-    def _emit(self, dec, choice):
-        self.last = (dec, dict(choice))
-        return super()._emit(dec, choice)
-
-
 @dataclass
 class _Plan:
-    """One configuration's plan: the lowered schedule, the extraction behind it and how it was found."""
+    """One configuration's plan: the lowered schedule, the engine's result behind it and how it was found."""
 
     sched: Plan
-    dec: Any  # the engine's decoded snapshot the choice indexes
-    choice: dict[int, int]
+    opt: Optimized  # its cost, and which alternative each tensor got (`chosen`)
     method: str  # "ilp" (exact) or "local" (local search)
-    engine_cost: float
     warnings: list[str]
     ms: float
+    shaped: dict[str, int] | None = None  # launches each schedule step shaped, worked out on first use
+
+    @property
+    def engine_cost(self) -> float:
+        return self.opt.cost
 
 
 @dataclass
@@ -66,8 +59,6 @@ class _Config:
     held_steps: frozenset[str] = frozenset()
     knobs: Knobs = field(default_factory=Knobs)
     forced: dict[str, int] = field(default_factory=dict)  # tensor -> the explorer's stable alternative index
-
-
 
 
 def _engine_thread(fn):
@@ -131,11 +122,13 @@ class Explorer:
         self.lane = load_lane(lane, tuple(rules_dirs))
         self.model = model_name or str(g.meta.get("model", "") or "step")
         self.what_if = what_if
-        self.session = _Session(g, self.table)
+        self.steps = steps_of(self.lane)  # the lane's schedule steps: name -> what it does
+        self.session = Session(g, self.table)
         self._shims: dict[tuple, tuple[Shim, dict]] = {}
         self._plans: dict[tuple, _Plan] = {}
+        self._alt_cache: dict[tuple[frozenset, str], list[Alternative]] = {}
         self._sigs: dict[tuple[frozenset, str], list[tuple]] = {}
-        self._alts: dict[str, list[tuple]] = {}  # tensor -> alternative signatures, in stable index order
+        self._order: dict[str, list[tuple]] = {}  # tensor -> alternative signatures, in stable index order
         self._plan_costs: dict[tuple, float | None] = {}
         # the step graph by layer: an op outside the layers (embedding, head) goes with the first or the last layer
         self.producer: dict[str, Op] = {op.out: op for op in g.ops}
@@ -147,14 +140,10 @@ class Explorer:
         self.layer = 0
 
         kn = knobs if isinstance(knobs, Knobs) else parse_knobs(knobs or [], Knobs())
-        cfg = _Config(knobs=kn)
         for h in held:
             self._check_name(h)
-            if h in STEPS:
-                cfg.held_steps |= {h}
-            else:
-                cfg.held_rules |= {h}
-        self.cfg = cfg
+        held_rules, held_steps = split_held(held, self.table, self.lane)
+        self.cfg = _Config(held_rules, held_steps, kn)
         # a plan file's forced choices are the engine's indices under its held rules: number them the explorer's way
         for t, k in (forced or {}).items():
             self._tensor(t)
@@ -170,7 +159,7 @@ class Explorer:
 
     # ---- names ---------------------------------------------------------------------------------------------------
     def rule_names(self) -> list[str]:
-        return list(self.table.names) + list(STEPS)
+        return list(self.table.names) + list(self.steps)
 
     def tensor_names(self) -> list[str]:
         return [op.out for op in self.g.ops]
@@ -180,7 +169,7 @@ class Explorer:
         return list(KNOB_NAMES)
 
     def _check_name(self, name: str) -> None:
-        if name in STEPS or name in self.table.by_name:
+        if name in self.steps or name in self.table.by_name:
             return
         known = self.rule_names()
         raise UserError(f"no rule or schedule step `{name}`{did_you_mean(name, known)}; known: {', '.join(known)}")
@@ -215,10 +204,8 @@ class Explorer:
         names = frozenset(forced)
         mine: dict[str, set[int]] = {}  # forced tensor -> the multi-output ops (ids) its forced alternative projects
         if local and forced:
-            dec = self._dec(cfg.held_rules)
             for t, k in forced.items():
-                n = dec.nodes[dec.classes[dec.snap.by_name[t]][k]]
-                mine[t] = {id(dec.ops[j]) for j in dec.classes[n.children[0]]} if n.fn == "proj" else set()
+                mine[t] = {id(op) for op in self._alts(t, cfg.held_rules)[k].bundle}
 
         def cost(op: Op, g=None):
             v = self._own_cost(cfg, op)
@@ -234,36 +221,32 @@ class Explorer:
 
         return cost
 
-    def _dec(self, held_rules: frozenset):
-        return self.session._saturated(held_rules)[0]
-
-    def _sig(self, dec, i: int, depth: int = 0) -> tuple:
-        """An e-node by what it is (constructor, the tensors or bundles it reads, its attributes): the same across
-        the e-graphs of different held sets, where its id and index are not."""
-        n = dec.nodes[i]
-        kids = []
-        for c in n.children:
-            name = dec.snap.names.get(c)
-            if name is not None or depth > 3:
-                kids.append(name)
-            else:
-                kids.append(tuple(self._sig(dec, j, depth + 1) for j in dec.classes[c]))
-        return (n.fn, tuple(kids), n.prims)
+    def _alts(self, t: str, held_rules: frozenset) -> list[Alternative]:
+        """`t`'s alternatives in the engine's order under `held_rules` (the engine's indices)."""
+        key = (held_rules, t)
+        hit = self._alt_cache.get(key)
+        if hit is None:
+            hit = self._alt_cache[key] = self.session.alternatives(t, held_rules)
+        return hit
 
     def _cur_sigs(self, t: str, held_rules: frozenset | None = None) -> list[tuple]:
+        """The signatures of `t`'s alternatives under `held_rules` (the current ones by default), in the engine's
+        order."""
         held_rules = self.cfg.held_rules if held_rules is None else held_rules
         key = (held_rules, t)
         if key not in self._sigs:
-            dec = self._dec(held_rules)
-            c = dec.snap.by_name.get(t)
-            self._sigs[key] = [self._sig(dec, i) for i in dec.classes[c]] if c is not None else []
+            self._sigs[key] = [a.signature for a in self._alts(t, held_rules)]
         return self._sigs[key]
+
+    def _unheld(self, t: str, sig: tuple) -> Alternative | None:
+        """The alternative of `t` with signature `sig` in the e-graph of no held rule."""
+        return next((a for a in self._alts(t, frozenset()) if a.signature == sig), None)
 
     def _stable(self, t: str) -> list[tuple]:
         """`t`'s alternatives in their stable order: the engine's under no held rule, then any seen only since."""
-        if t not in self._alts:
-            self._alts[t] = list(self._cur_sigs(t, frozenset()))
-        alts = self._alts[t]
+        if t not in self._order:
+            self._order[t] = list(self._cur_sigs(t, frozenset()))
+        alts = self._order[t]
         for s in self._cur_sigs(t):
             if s not in alts:
                 alts.append(s)
@@ -293,34 +276,24 @@ class Explorer:
             return hit
         t0 = time.perf_counter()
         method = method or self.what_if
-        opt, dec, choice = self._extract(cfg, forced, method)
+        opt = self._extract(cfg, forced, method)
         shim, _ = self._shim(cfg.knobs, cfg.held_steps)
         sched = lower(opt, shim, cfg.held_rules, NUMERICS, method, self.g.meta.get("source", {}), notes)
-        p = _Plan(sched, dec, choice, method, opt.cost, list(opt.warnings) + notes, (time.perf_counter() - t0) * 1e3)
+        p = _Plan(sched, opt, method, list(opt.warnings) + notes, (time.perf_counter() - t0) * 1e3)
         self._plans[key] = p
         return p
 
-    def _extract(self, cfg: _Config, forced: dict[str, int], method: str):
+    def _extract(self, cfg: _Config, forced: dict[str, int], method: str) -> Optimized:
         """Extract under `cfg`; a local search that leaves a forced tensor unwritten falls back to the exact ILP."""
+        opt = None
         try:
             opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, method == "local"), forced, method)
-            dec, choice = self.session.last
         except UserError:
             if method != "local" or not forced:
-                raise
-            dec, choice = None, {}  # the local search found nothing under the forces: the ILP decides
-        if method == "local" and (dec is None or not self._binds(dec, choice, forced)):
+                raise  # else the local search found nothing under the forces: the ILP decides
+        if method == "local" and (opt is None or any(opt.chosen.get(t) != k for t, k in forced.items())):
             opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, False), forced, "ilp")
-            dec, choice = self.session.last
-        return opt, dec, choice
-
-    @staticmethod
-    def _binds(dec, choice: dict[int, int], forced: dict[str, int]) -> bool:
-        for t, k in forced.items():
-            c = dec.snap.by_name[t]
-            if choice.get(c) != dec.classes[c][k]:
-                return False
-        return True
+        return opt
 
     def _change(self, what: str, cfg: _Config) -> None:
         """Re-plan under `cfg`; on a user error (no plan) the explorer stays as it was."""
@@ -338,7 +311,7 @@ class Explorer:
     def hold(self, rule: str) -> None:
         self._check_name(rule)
         cfg = self._copy()
-        if rule in STEPS:
+        if rule in self.steps:
             cfg.held_steps |= {rule}
         else:
             cfg.held_rules |= {rule}
@@ -457,20 +430,16 @@ class Explorer:
         sig = self._stable(t)[k]
         cur = self._cur_sigs(t, cfg.held_rules)
         if sig not in cur:
-            base = self._dec(frozenset())
-            c = base.snap.by_name[t]
-            j = next((i for i in base.classes[c] if self._sig(base, i) == sig), None)
-            d = self._describe(base, j, cfg) if j is not None else {"op": "?", "label": "?", "rule": None}
+            a = self._unheld(t, sig)
+            d = self._describe(a, cfg) if a is not None else {"op": "?", "label": "?", "rule": None}
             d["also"] = [x for x in d.get("covers", []) if x != t]
             return {**d, "index": k, "cost_us": None, "support": "held", "reason": self._held_why(t, k, cfg),
                     "plan_cost_us": None, "chosen": False, "forced": cfg.forced.get(t) == k}
-        dec = self._dec(cfg.held_rules)
-        c = dec.snap.by_name[t]
-        i = dec.classes[c][cur.index(sig)]
-        d = self._describe(dec, i, cfg)
+        j = cur.index(sig)
+        d = self._describe(self._alts(t, cfg.held_rules)[j], cfg)
         d["also"] = [x for x in d.get("covers", []) if x != t]  # what else it computes: tells same-class ones apart
         p = self._cur if cfg is self.cfg else None
-        chosen = p is not None and p.dec is dec and p.choice.get(c) == i
+        chosen = p is not None and p.opt.chosen.get(t) == j
         out = {**d, "index": k, "chosen": chosen, "forced": cfg.forced.get(t) == k, "plan_cost_us": None}
         if plan_cost and out["support"] not in ("refuse", "input"):
             if chosen:
@@ -479,38 +448,33 @@ class Explorer:
                 out["plan_cost_us"] = self._plan_cost(cfg, t, k)
         return out
 
-    def _describe(self, dec, i: int, cfg: _Config) -> dict:
-        """What e-node `i` is: label, op or class, rule, what it writes, reads and computes; its own cost and the
-        lane's support for it."""
-        n = dec.nodes[i]
-        label, cls, rule = dec.label(i)
-        op = dec.ops[i]
-        out = {"label": label, "op": cls or label, "rule": rule}
-        if n.fn == "Leaf":
+    def _describe(self, a: Alternative, cfg: _Config) -> dict:
+        """What alternative `a` is: label, op or class, rule, what it writes, reads and computes; its own cost and the
+        lane's support for it (a class a held schedule step gates runs as its parts)."""
+        out = {"label": a.label, "op": a.cls or a.label, "rule": a.rule}
+        op = a.op
+        if op is None:
             return {**out, "op": "input", "cost_us": 0.0, "support": "input", "reason": "a step input"}
-        if n.fn == "proj":  # one output of a multi-output fused op: the op itself is the bundle's node
-            b = dec.classes[n.children[0]]
-            op = dec.ops[b[0]]
-            out["output"] = n.prims[0]
+        if a.output is not None:  # one output of a multi-output fused op: `op` is the op itself
+            out["output"] = a.output
         v = self._own_cost(cfg, op)
         out["writes"] = list(op.outs)
         out["reads"] = [x for x in op.ins if x in self.producer]
         out["covers"] = [p.out for p in op.parts] if op.fused else [op.out]
         if isinstance(v, Refusal):
             entry = self.lane.support(op.cls) if op.fused else None
-            if entry is not None and entry.support == "refuse" and entry.reason:
-                why = entry.reason  # the table's words
-            else:  # the shim's words start with where it refused, which its cache may name for another layer's op
-                why = re.sub(r"^(class )?`[^`]*`[^:]*?-> `[^`]*`: ", "", str(v))
-            return {**out, "cost_us": None, "support": "refuse", "reason": why}
+            table_says = entry is not None and entry.support == "refuse" and entry.reason
+            return {**out, "cost_us": None, "support": "refuse", "reason": entry.reason if table_says else v.reason}
         out["cost_us"] = round(float(v), 4)
         if not op.fused:
             return {**out, "support": "lifted", "reason": None}
         entry = self.lane.support(op.cls)
         sup = entry.support
-        if sup == "native" and op.cls == "merged_qkv" and "gemv_parts" in cfg.held_steps:
-            return {**out, "support": "decompose", "reason": "the schedule step `gemv_parts` is held: the products "
-                                                             "run as their own launches"}
+        gate = _gating_step(self.lane, op.cls, cfg.held_steps)
+        if sup == "native" and gate is not None:
+            return {**out, "support": "decompose",
+                    "reason": f"the schedule step `{gate}` is held: the {self.lane.name} lane runs class `{op.cls}` "
+                              f"as its parts' launches"}
         if sup == "decompose":
             return {**out, "support": "decompose",
                     "reason": entry.reason or entry.why or f"the {self.lane.name} lane runs class `{op.cls}` as its "
@@ -518,11 +482,8 @@ class Explorer:
         return {**out, "support": sup, "reason": entry.reason or None if sup == "refuse" else None}
 
     def _held_why(self, t: str, k: int, cfg: _Config) -> str:
-        base = self._dec(frozenset())
-        c = base.snap.by_name.get(t)
-        sig = self._stable(t)[k]
-        j = next((i for i in base.classes.get(c, []) if self._sig(base, i) == sig), None) if c is not None else None
-        rule = base.label(j)[2] if j is not None else None
+        a = self._unheld(t, self._stable(t)[k])
+        rule = a.rule if a is not None else None
         if rule is None:
             return "the held rules do not make it"
         if rule in cfg.held_rules:
@@ -543,14 +504,14 @@ class Explorer:
                 self._plan_costs[key] = hit.engine_cost
             else:
                 try:
-                    opt, _, _ = self._extract(cfg, forced, "local")
+                    opt = self._extract(cfg, forced, "local")
                     self._plan_costs[key] = opt.cost
                 except UserError:
                     self._plan_costs[key] = None
         v = self._plan_costs[key]
         return None if v is None else round(v, 4)
 
-    def _owner(self, t: str) -> tuple[int, Any] | None:
+    def _owner(self, t: str) -> tuple[int, Launched] | None:
         """The launch of the current plan that computes `t`: (index, Launched)."""
         for n, x in enumerate(self._cur.sched.launches):
             if t in x.ops:
@@ -642,11 +603,12 @@ class Explorer:
             rules.append({"name": name, "cls": r.cls, "why": r.why, "where": r.where,
                           "held": name in self.cfg.held_rules, "fired": sched.fusions.get(name, 0),
                           "depends_on": self.table.depends_on(name)})
-        shaped = _steps_fired(sched)
-        for name, why in STEPS.items():
-            rules.append({"name": name, "cls": "lane step", "why": self.lane.schedule.get(name, why),
+        if p.shaped is None:
+            p.shaped = _steps_fired(sched, self.lane)
+        for name, why in self.steps.items():
+            rules.append({"name": name, "cls": "lane step", "why": why,
                           "where": self.lane.source, "held": name in self.cfg.held_steps,
-                          "fired": shaped.get(name, 0), "depends_on": []})
+                          "fired": p.shaped.get(name, 0), "depends_on": []})
         return {"model": self.model, "lane": self.lane.name, "numerics": NUMERICS, "rows": int(self.g.meta.get("rows", 1)),
                 "layers": self.layers, "layer": n,
                 "graph": {"nodes": nodes, "edges": edges, "inputs": inputs},
@@ -683,27 +645,30 @@ def _arena_window(sched: Plan, idx: list[int]) -> dict:
             "arrays": arrays}
 
 
-def _launches_in(l):
-    yield l
-    for name in ("first", "then"):
-        sub = getattr(l, name, None)
-        if sub is not None and hasattr(sub, "census"):
-            yield from _launches_in(sub)
+def _gating_step(lane: LaneTable, cls: str | None, held_steps) -> str | None:
+    """The held schedule step that runs class `cls` as its parts (the lane table's `decompose:` of the step)."""
+    return next((h for h in sorted(held_steps) if cls in lane.gated.get(h, ())), None)
 
 
-def _steps_fired(sched: Plan) -> dict[str, int]:
-    """How many launches each schedule step shaped."""
-    out = dict.fromkeys(STEPS, 0)
+def _steps_fired(sched: Plan, lane: LaneTable) -> dict[str, int]:
+    """How many launches each schedule step of the lane shaped (none for a held one): a step some launch kind's
+    `tune` honours shaped a launch where tuning it with that step held too gives another launch; a step that runs
+    classes as their parts when held (its `decompose:` in the lane table) shaped each launch of those classes."""
+    held = frozenset(h for h in sched.held if h in lane.schedule)
+    out = dict.fromkeys(lane.schedule, 0)
     for x in sched.launches:
-        for l in _launches_in(x.launch):
-            if getattr(l, "per_warp", 1) > 1:
-                out["rows_a_warp"] += 1
-            if getattr(l, "split", 1) > 1:
-                out["split_k"] += 1
-            if getattr(l, "splits", 1) > 1:
-                out["attn_splits"] += 1
-            if l.census == "gemm_parts":
-                out["gemv_parts"] += 1
+        l = x.launch
+        base = None
+        for step in out:
+            if step in held:
+                continue
+            if x.cls in lane.gated.get(step, ()):
+                out[step] += 1
+                continue
+            if base is None:
+                base = l.tune(sched.knobs, held)
+            if l.tune(sched.knobs, held | {step}) != base:
+                out[step] += 1
     return out
 
 
