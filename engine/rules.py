@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from lanefuse.engine import flags
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.guards import GUARDS
 from lanefuse.engine.opdefs import OPS
@@ -180,7 +181,7 @@ def _builtin_dir() -> Path:
 
 
 def user_dirs(extra=()) -> list[str]:
-    dirs = [d for d in os.environ.get("LANEFUSE_RULES", "").split(":") if d]
+    dirs = flags.read("LANEFUSE_RULES")  # os.pathsep-separated, like PATH
     return dirs + [str(d) for d in extra]
 
 
