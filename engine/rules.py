@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
