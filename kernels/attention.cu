@@ -2,7 +2,8 @@
 // h reads key/value head h / group), scale, sinks (a per-head logit in the softmax's denominator). A block takes
 // `per_block` heads of one row and one split of the keys; its four warps stride the split's keys with an online
 // softmax each (flash-decoding), then combine in shared memory. One split writes the output; more write their
-// (max, sum, weighted values) partials and attention_combine merges them with the sink.
+// (max, sum, weighted values) partials and attention_combine merges them with the sink. Row j's keys start at
+// j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables).
 #define AW 4
 #define MAXPB 4
 #define MAXD 256
@@ -10,8 +11,8 @@
 
 extern "C" __global__ void __launch_bounds__(128) attention_split(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
-    i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 vstride, i64 voff,
-    float scale) {
+    i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
+    i64 voff, float scale) {
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
@@ -37,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
         for (int hh = 0; hh < MAXPB; hh++) {
             if (hh < per_block) {
                 i64 kvh = (h0 + hh) / group;
-                const float* kr = kc + j * kstride + kvh * hd;
+                const float* kr = kc + j * kstride + koff + kvh * hd;
                 float d = 0.f;
                 for (i64 i = lane; i < hd; i += 32) d += qs[hh][i] * kr[i];
                 float l = warp_sum(d) * scale;

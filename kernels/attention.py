@@ -31,8 +31,9 @@ def split_range(lo: int, p: int, splits: int, z: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Attention(Launch):
-    """out (rows, heads·vd): row r at position pos + r attends cache rows lo..pos+r of kc (len, kv·hd) and vc (values
-    of row j at j·vstride + voff + kvh·vd), head h reading kv head h // group."""
+    """out (rows, heads·vd): row r at position pos + r attends cache rows lo..pos+r of kc (keys of row j at
+    j·kstride + koff + kvh·hd) and vc (values of row j at j·vstride + voff + kvh·vd), head h reading kv head
+    h // group: keys and values may be parts of every row of wider tables (the two halves of one cache row)."""
 
     q: str
     kc: str
@@ -50,6 +51,8 @@ class Attention(Launch):
     sinks: str | None = None
     per_block: int = 1
     splits: int = 1
+    kstride: int = 0  # 0: kv·hd (a key table of its own)
+    koff: int = 0
     vstride: int = 0  # 0: kv·vd (a value table of its own)
     voff: int = 0
     gate: tuple[str, str] | None = None  # reserved: (gate tensor, activation) the output is gated by
@@ -61,6 +64,10 @@ class Attention(Launch):
     @property
     def kv(self) -> int:
         return self.heads // self.group
+
+    @property
+    def kpitch(self) -> int:
+        return self.kstride or self.kv * self.hd
 
     @property
     def vpitch(self) -> int:
@@ -124,7 +131,7 @@ class Attention(Launch):
         sinks = env.weight(self.sinks)[0] if self.sinks else None
         pos = env.param(self.pos)
         out = np.zeros((self.rows, H, vd))
-        kp, vp = self.kv * hd, self.vpitch
+        kp, vp = self.kpitch, self.vpitch
         for r in range(self.rows):
             p = pos + r
             lo = max(0, p - self.window + 1) if self.window > 0 else 0
@@ -136,7 +143,7 @@ class Attention(Launch):
                     if je <= js:
                         continue
                     j = np.arange(js, je)
-                    k = kc[(j * kp + g * hd)[:, None] + np.arange(hd)].astype(np.float64)
+                    k = kc[(j * kp + self.koff + g * hd)[:, None] + np.arange(hd)].astype(np.float64)
                     v = vc[(j * vp + self.voff + g * vd)[:, None] + np.arange(vd)].astype(np.float64)
                     logit = (k @ q[r, h]) * self.scale
                     m = logit.max()
@@ -162,7 +169,7 @@ class Attention(Launch):
         denv.function(self.stem, "attention_split")(grid, block, (
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
-            i64(self.splits), i64(self.kv * self.hd), i64(self.vpitch), i64(self.voff), f32(self.scale)))
+            i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale)))
         if self.splits > 1:
             denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
                 part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits)))
