@@ -105,8 +105,8 @@ def _shape(o: Op, memo: dict) -> tuple[int, list[str]]:
         ps, pn = _shape(p, memo)
         parts.append(ps)
         names += pn
-    struct = (o.kind, o.cls, o.rule, o.attrs, len(o.ins), len(o.keeps), o.dst is not None, tuple(binds),
-              tuple(parts))
+    struct = (o.kind, o.cls, o.rule, o.attrs, o.access, len(o.ins), len(o.keeps), o.dst is not None, tuple(binds),
+              tuple(parts))  # an access names no tensor: the part of every unit read is what the launch can take
     interned = memo.setdefault("\0structs", {})
     sid = interned.setdefault(struct, len(interned))
     memo[id(o)] = (o, sid, names)
