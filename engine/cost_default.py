@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from lanefuse.engine.ir import Graph, Op
+from lanefuse.engine.placement import absorbed, arg, row_write
 from lanefuse.engine.refusal import Refusal
 
 LAUNCH_US = 2.5  # a kernel launch's fixed cost
@@ -36,23 +37,24 @@ def nbytes(g: Graph, name: str) -> int:
 
 
 def _moved(op: Op, g: Graph) -> int:
-    if op.kind == "set_row":  # reads its rows, writes them into the table: the table itself is not streamed
-        return 2 * nbytes(g, op.ins[1])
+    w = row_write(op)
+    if w is not None:  # reads its rows, writes them into the table: the table itself is not streamed
+        return 2 * nbytes(g, w.src)
     if op.kind == "gather":  # reads the rows it copies, not the table
         return 2 * nbytes(g, op.out)
     tables = g.io.table_set
     ins = sum(nbytes(g, i) for i in dict.fromkeys(op.ins) if i not in tables or op.kind == "attention")
     for p in op.leaves() if op.fused else ():
         if p.kind == "gather":  # a fused gather reads rows too
-            ins -= nbytes(g, p.ins[0]) - nbytes(g, p.out)
+            ins -= nbytes(g, arg(p, "table")) - nbytes(g, p.out)
     return ins + sum(nbytes(g, o) for o in op.outs if o not in tables)
 
 
 def default_cost(op: Op, g: Graph) -> float | Refusal:
     """One launch per op (a fused op is one launch; a bare arg-max of the next token needs a second to advance),
-    plus its bytes moved. A result placed into a table's rows
-    (`into_row`) is written by its producer's launch: it costs nothing of its own."""
-    if op.fused and op.cls == "into_row":
+    plus its bytes moved. A placement (a fused op that absorbs a row write: its producer's launch writes the row
+    straight into the table) costs nothing of its own."""
+    if absorbed(op) is not None:
         return 0.0
     launches = 1
     if op.kind == "argmax" and op.out == g.io.next:

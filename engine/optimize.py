@@ -20,7 +20,8 @@ from lanefuse.engine.egraph import EGraph, ENode, SatReport, Snapshot
 from lanefuse.engine import flags
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.extract import INF, NoPlan, Problem, solve_exact, solve_local
-from lanefuse.engine.ir import Dst, Graph, Op, RowSel, attrs_of
+from lanefuse.engine.ir import Graph, Op
+from lanefuse.engine import placement
 from lanefuse.engine.rules import RuleTable, Variant
 
 
@@ -193,8 +194,9 @@ class _Decoded:
             binds[outputs[0]] = outs[0]
         parts = self._parts(outs, set(children))
         layer = max([pt.layer for pt in parts], default=-1)
-        return Op("fused", tuple(dict.fromkeys(children)), outs[0], (), (), None, layer, rule.cls, rule.name, parts,
-                  tuple(outs[1:]), tuple(sorted(binds.items())))
+        attrs = ((placement.ABSORB, rule.absorb),) if rule.absorb else ()  # a placement: its producer writes the row
+        return Op("fused", tuple(dict.fromkeys(children)), outs[0], attrs=attrs, layer=layer, cls=rule.cls,
+                  rule=rule.name, parts=parts, keeps=tuple(outs[1:]), binds=tuple(sorted(binds.items())))
 
     def _parts(self, outs: list[str], stop: set[str]) -> tuple[Op, ...]:
         """The step graph's ops between the fused op's inputs and its outputs, in graph order."""
@@ -441,45 +443,20 @@ class Session:
                 continue
             if op.fused:
                 fusions[op.rule] = fusions.get(op.rule, 0) + 1
-                if self.table.by_name[op.rule].absorb:
+                if placement.absorbed(op) is not None:
                     placements.append(op)
                     continue
             ops.append(op)
         writer = {o: k for k, op in enumerate(ops) for o in op.outs}
         for pl in placements:
-            self._place(ops, pl, writer)
+            placement.fold(ops, pl, writer)
         # keeps: what another op reads or the step outputs
         read = {i for op in ops for i in op.ins} | set(self.g.io.outputs)
         ops = [replace(op, keeps=tuple(k for k in op.keeps if k in read)) if op.fused else op for op in ops]
         index = {op.out: k for k, op in enumerate(self.g.ops)}
-        ops = _topo(ops, index)
+        ops = placement.views_first(_topo(ops, index), index)
         out = self.g.replace_ops(ops)
         return out, fusions
-
-    def _place(self, ops: list[Op], pl: Op, writer: dict[str, int]) -> None:
-        """Fold a row placement into the op that writes the absorbed tensor: that op's result lands in the table.
-        `writer` (tensor -> index in `ops`) follows the change."""
-        rule = self.table.by_name[pl.rule]
-        src = pl.b[rule.absorb]
-        row = pl.parts[-1]  # the row write the placement absorbs
-        d = Dst(row.ins[0], RowSel(param=row.ins[2]))
-        k = writer.get(src)
-        if k is not None:
-            op = ops[k]
-            if not op.fused:
-                ops[k] = Op("fused", tuple(dict.fromkeys(op.ins + (row.ins[0],))), pl.out, dst=d, layer=op.layer,
-                            cls=rule.cls, rule=rule.name, parts=(replace(op, dst=d), row), binds=pl.binds)
-            else:
-                parts = tuple(replace(p, dst=d) if p.out == src else p for p in op.parts) + (row,)
-                placed = tuple(dict(op.b).get("into_row", ())) + ((src, row.ins[0], row.ins[2]),)
-                binds = attrs_of({**op.b, "into_row": placed})
-                ops[k] = replace(op, ins=tuple(dict.fromkeys(op.ins + (row.ins[0],))),
-                                 out=pl.out if op.out == src else op.out,
-                                 keeps=tuple(pl.out if x == src else x for x in op.keeps), parts=parts, binds=binds)
-            del writer[src]
-            writer[pl.out] = k
-            return
-        raise RuntimeError(f"placement `{pl.rule}`: no op writes `{src}`")
 
     def _runners_up(self, dec, choice, costs, refusals) -> dict:
         tensors = {}

@@ -1,11 +1,13 @@
-"""Each tensor's buffer: its home (a view's or a table row's home is the tensor it is part of), its lifetime over the
-launches, and the arena placement of every array computed and read within the step."""
+"""Each tensor's buffer: its home (a free view's or a table row's home is the tensor it is part of: engine/placement.py
+says which tensors live inside another), its lifetime over the launches, and the arena placement of every array
+computed and read within the step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from lanefuse.engine.ir import Graph
+from lanefuse.engine.placement import home_of
 from lanefuse.lane.lower.arena import Arena, Live, place
 
 
@@ -20,30 +22,6 @@ class Buffer:
     size: int  # elements
     dtype: str
     where: str
-
-
-def aliases(g: Graph) -> dict[str, tuple[str, int]]:
-    """Tensors that live inside another: a row view (a part of its source) and a table after a row write (the table
-    itself). name -> (tensor it is part of, element offset)."""
-    out: dict[str, tuple[str, int]] = {}
-    for op in g.ops:
-        for leaf in op.leaves():
-            if leaf.kind == "set_row":
-                out[leaf.out] = (leaf.ins[0], 0)
-            elif leaf.kind == "view":
-                cols = g.shape(leaf.ins[0])[1]
-                out[leaf.out] = (leaf.ins[0], leaf.a["row"] * cols)
-    return out
-
-
-def home_of(name: str, al: dict[str, tuple[str, int]]) -> tuple[str, int]:
-    off = 0
-    seen = set()
-    while name in al and name not in seen:
-        seen.add(name)
-        name, o = al[name]
-        off += o
-    return name, off
 
 
 def buffers(g: Graph, al: dict[str, tuple[str, int]]) -> dict[str, Buffer]:

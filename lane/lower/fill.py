@@ -2,8 +2,12 @@
 
 A field's value is a literal (number, true/false, null), a name (an op input, an attribute, a rule's pattern
 variable, `out`), or one call from a closed set of named functions (`FUNCS`): `rows(t)`, `cols(t)`, `format(w)`,
-`dst(t)`, `into(t)`, `part(t)`, `norm(w, eps)`, ... A nested mapping with a `launch:` key is a launch of its own (the
-parts of a fold)."""
+`dst(t)`, `into(t)`, `part(x)`, `norm(w, eps)`, ... A nested mapping with a `launch:` key is a launch of its own (the
+parts of a fold).
+
+An op's input read as a part of every unit of a wider tensor (its access) is taken by a field through `part(x)`,
+`pitch(x)` or `offset(x)` — by the input's name, so two inputs of one tensor (keys and values in one cache row) stay
+apart; the link refuses an op whose fields leave a strided read untaken (`Scope.untaken`)."""
 
 from __future__ import annotations
 
@@ -18,16 +22,72 @@ _CALL = re.compile(r"^([a-z_][a-z0-9_]*)\((.*)\)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 
+@dataclass(frozen=True)
+class Strided:
+    """One input an op reads as a part of every unit of a wider tensor: the lifted op (its result) and the input's
+    place among its inputs, the input's name in its kind's definition, the tensor, the part."""
+
+    op: str
+    index: int
+    input: str
+    tensor: str
+    part: Part
+
+    def __str__(self) -> str:
+        p = self.part
+        of = f" of `{self.tensor}`" if self.tensor != self.input else ""
+        return f"`{self.input}` ({p.width} of every {p.pitch} values from {p.offset}{of})"
+
+
 @dataclass
 class Scope:
-    """What a field expression may read: names -> tensor names or attribute values; the graph; placements."""
+    """What a field expression may read: names -> tensor names or attribute values; the graph; placements; the
+    op's strided reads, and which of them the fields took."""
 
     names: dict[str, Any]
     g: Any  # the optimized Graph
     placed: dict[str, Dst] = field(default_factory=dict)  # tensor -> where a row write absorbed into this op puts it
-    access: dict[str, Part] = field(default_factory=dict)  # tensor -> the part of every unit this op reads of it
+    strided: tuple[Strided, ...] = ()  # every input the op reads as a part of every unit of a wider tensor
+    via: dict[str, tuple[int, ...]] = field(default_factory=dict)  # a name -> the strided reads it stands for
     where: str = ""  # for messages: the lane table entry
     leaves: tuple = ()  # a fused op's lifted parts, in order
+    taken: set[int] = field(default_factory=set)  # the strided reads a field took (by place in `strided`)
+    wrote: set[str] = field(default_factory=set)  # the tensors a field placed (`dst`, `into`)
+
+    def take(self, name: str) -> Part | None:
+        """The part of every unit the op reads through `name` (an input's name, a pattern variable), or None where
+        it reads it whole; the reads it stands for count as taken."""
+        if name in self.names:
+            ks = self.via.get(name, ())
+        else:  # an expression giving a tensor: every read of that tensor
+            t = evaluate(name, self)
+            ks = tuple(k for k, r in enumerate(self.strided) if r.tensor == t)
+        if not ks:
+            return None
+        part = self.strided[ks[0]].part
+        self.taken.update(k for k in ks if self.strided[k].part == part)  # a tensor read in two ways stays untaken
+        return part
+
+    def take_read(self, leaf, i: int) -> Part | None:
+        """The part lifted op `leaf` reads its input `i` through, taken (a hook's own field)."""
+        for k, r in enumerate(self.strided):
+            if r.op == leaf.out and r.index == i:
+                self.taken.add(k)
+                return r.part
+        return None
+
+    def take_all(self, op) -> None:
+        """Every strided read of `op`'s lifted ops taken (a part the link linked, and checked, on its own)."""
+        outs = {leaf.out for leaf in op.leaves()}
+        self.taken.update(k for k, r in enumerate(self.strided) if r.op in outs)
+
+    def untaken(self) -> list[Strided]:
+        return [r for k, r in enumerate(self.strided) if k not in self.taken]
+
+    def dst(self, t: str) -> Dst:
+        """Where the op writes tensor t: a placement's destination, or t's own buffer."""
+        self.wrote.add(t)
+        return self.placed.get(t) or Dst(t)
 
 
 def _tensor(s: Scope, v) -> str:
@@ -70,17 +130,38 @@ def _is_values(s, t):
 
 def _dst(s, t):
     """Where the op writes tensor t: the table row a row write absorbed into this op names, or t's own buffer."""
-    t = _tensor(s, t)
-    return s.placed.get(t) or Dst(t)
+    return s.dst(_tensor(s, t))
 
 
 def _into(s, t):
     """Like dst, but None for the own buffer (a norm's `into`)."""
-    return s.placed.get(_tensor(s, t))
+    t = _tensor(s, t)
+    s.wrote.add(t)
+    return s.placed.get(t)
 
 
-def _part(s, t):
-    return s.access.get(_tensor(s, t)) if isinstance(t, str) else None
+def _part(s, name):
+    """The part of every unit the op reads its input `name` as; None where it reads it whole."""
+    return s.take(name)
+
+
+def _pitch(s, name):
+    """The pitch of the units the op reads its input `name` from (0 where it reads it whole)."""
+    p = s.take(name)
+    return 0 if p is None else p.pitch
+
+
+def _offset(s, name):
+    """Where in each unit the op's input `name` starts (0 where it reads it whole)."""
+    p = s.take(name)
+    return 0 if p is None else p.offset
+
+
+def _copied(s, t):
+    """Whether view t is taken as a copy: its tensor is written in place after it and before its last reader."""
+    from lanefuse.engine.placement import copied_views
+
+    return _tensor(s, t) in copied_views(s.g)
 
 
 def _norm(s, w, eps):
@@ -136,9 +217,11 @@ def _div(s, a, b):
 
 FUNCS: dict[str, Callable] = {
     "rows": _rows, "cols": _cols, "size": _size, "format": _format, "is_values": _is_values, "dst": _dst,
-    "into": _into, "part": _part, "norm": _norm, "pos": _pos, "token": _token, "mul": _mul, "div": _div,
-    "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf, "bcast": _bcast, "advance": _advance,
+    "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "pos": _pos, "token": _token,
+    "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf, "bcast": _bcast,
+    "advance": _advance, "copied": _copied,
 }
+READS = ("part", "pitch", "offset")  # functions of an input's read, given the input's name, not its tensor
 
 
 def _split_args(text: str) -> list[str]:
@@ -171,7 +254,13 @@ def evaluate(expr: Any, s: Scope) -> Any:
         if fn is None:
             hint = did_you_mean(m.group(1), FUNCS)
             raise UserError(f"{s.where}: unknown field function `{m.group(1)}`{hint}; known: {', '.join(sorted(FUNCS))}")
-        args = [evaluate(a, s) for a in _split_args(m.group(2))]
+        raw = _split_args(m.group(2))
+        if m.group(1) in READS:
+            if len(raw) != 1:
+                raise UserError(f"{s.where}: `{m.group(1)}` takes one input, got {expr!r}")
+            evaluate(raw[0], s)  # an unknown name is the usual error
+            return fn(s, raw[0])
+        args = [evaluate(a, s) for a in raw]
         return fn(s, *args)
     if e.startswith("'") and e.endswith("'"):
         return e[1:-1]

@@ -1,13 +1,15 @@
 """The link hooks: the few classes whose launch is built from a variable number of members (products in parts,
 rotations in parts, a product with its heads' epilogue, a result placed in a table's rows), so their fields cannot
-be one fixed mapping of pattern variables. rules/README.md lists them. A hook returns its launches, or a Refusal."""
+be one fixed mapping of pattern variables. rules/README.md lists them. A hook takes the fused op's scope (its
+placements; the strided reads it takes, through `scope.take_read`) and returns its launches, or a Refusal."""
 
 from __future__ import annotations
 
 from lanefuse.engine.ir import Op
+from lanefuse.engine.placement import arg, row_write
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, Gemv, Rope, RopeParts, RopeSide
-from lanefuse.lane.lower.placement import to_part
+from lanefuse.lane.lower.fill import Scope
 
 
 def _leaves(op: Op) -> dict[str, Op]:
@@ -21,8 +23,9 @@ def _chain(op: Op, t: str) -> dict[str, Op]:
     cur = t
     while cur in leaves:
         leaf = leaves[cur]
-        if leaf.kind == "set_row":
-            cur = leaf.ins[1]
+        w = row_write(leaf)
+        if w is not None:  # a row placed in a table: its producer's chain
+            cur = w.src
             continue
         role = {"matmul": "product", "add": "bias", "rmsnorm": "norm", "rope": "rope"}.get(leaf.kind)
         if role is None or role in found:
@@ -30,7 +33,7 @@ def _chain(op: Op, t: str) -> dict[str, Op]:
         found[role] = leaf
         if role == "product":
             break
-        cur = leaf.ins[0]
+        cur = leaf.ins[0]  # the member's own operand: x of a norm or rotation, a of a bias (the product)
     return found
 
 
@@ -38,19 +41,23 @@ def _product_out(ch: dict[str, Op]) -> str:
     return (ch.get("bias") or ch["product"]).out
 
 
-def _side(link, ch: dict[str, Op], placed: dict) -> RopeSide:
+def _side(ch: dict[str, Op], scope: Scope) -> RopeSide:
     rope = ch["rope"]
     norm = ch.get("norm")
-    x = norm.ins[0] if norm is not None else rope.ins[0]
     first = norm if norm is not None else rope
-    return RopeSide(x=x, y=placed.get(rope.out) or Dst(rope.out), heads=rope.a["heads"], part=to_part(first.acc(0)),
-                    norm=(norm.ins[1], float(norm.a["eps"])) if norm is not None else None)
+    return RopeSide(x=arg(first, "x"), y=scope.dst(rope.out), heads=rope.a["heads"], part=scope.take_read(first, 0),
+                    norm=(arg(norm, "w"), float(norm.a["eps"])) if norm is not None else None)
+
+
+def _tables(rope: Op) -> tuple[str | None, ...]:
+    """What rotations in one launch share: their cos and sin tables and their position."""
+    return tuple(arg(rope, n) for n in ("cos", "sin", "pos"))
 
 
 def _rope_parts(sides: list[RopeSide], rope: Op, link) -> RopeParts:
     a = rope.a
-    return RopeParts(sides=tuple(sides), cos=rope.ins[1], sin=rope.ins[2], pos=rope.ins[3],
-                     rows=link.g.shape(rope.ins[0])[0], hd=a["hd"], rot=a["rot"])
+    return RopeParts(sides=tuple(sides), cos=arg(rope, "cos"), sin=arg(rope, "sin"), pos=arg(rope, "pos"),
+                     rows=link.g.shape(arg(rope, "x"))[0], hd=a["hd"], rot=a["rot"])
 
 
 def _members(op: Op) -> list[str]:
@@ -58,7 +65,7 @@ def _members(op: Op) -> list[str]:
     return list(op.outs)
 
 
-def gemm_parts(link, op: Op, placed: dict) -> list | Refusal:
+def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
     """The products of one activation as one GEMV in parts; members whose heads are rotated take their rotations
     in the same launch's epilogue (a fold of the parts and a rotation in parts)."""
     parts, sides, rope, x, fmt = [], [], None, None, None
@@ -67,22 +74,22 @@ def gemm_parts(link, op: Op, placed: dict) -> list | Refusal:
         if "product" not in ch:
             continue
         p = ch["product"]
-        w = p.ins[1]
+        w = arg(p, "w")
         c = link.g.constants.get(w)
         if c is None or c.kind != "rows":
             return Refusal("products in parts by a matrix that is not checkpoint rows", f"`{op.cls}` -> `{t}`")
         if x is None:
-            x, fmt = p.ins[0], c.format
-        if p.ins[0] != x or c.format != fmt:
+            x, fmt = arg(p, "x"), c.format
+        if arg(p, "x") != x or c.format != fmt:
             return Refusal("products in parts of different activations or checkpoint formats", f"`{op.cls}` -> `{t}`")
         out = _product_out(ch)
-        bias = ch["bias"].ins[1] if "bias" in ch else None
+        bias = arg(ch["bias"], "b") if "bias" in ch else None
         if "rope" in ch:
             y = Dst(out)
-            sides.append(_side(link, ch, placed))
+            sides.append(_side(ch, scope))
             rope = ch["rope"]
         else:
-            y = placed.get(out) or Dst(out)
+            y = scope.dst(out)
         parts.append(GemmPart(w=w, y=y, n=link.g.shape(w)[0], bias=bias))
     if not parts:
         return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
@@ -94,53 +101,55 @@ def gemm_parts(link, op: Op, placed: dict) -> list | Refusal:
     return [Fold(first=gp, then=_rope_parts(sides, rope, link))]
 
 
-def head_epilogue(link, op: Op, placed: dict) -> list | Refusal:
+def head_epilogue(link, op: Op, scope: Scope) -> list | Refusal:
     """One product whose heads are normed and rotated in its epilogue: a fold of the GEMV and the rotation."""
     ch = _chain(op, op.out)
     if "product" not in ch or "rope" not in ch:
         return Refusal("a head epilogue without its product and rotation", f"`{op.cls}` -> `{op.out}`")
     p = ch["product"]
-    c = link.g.constants.get(p.ins[1])
+    x, w = arg(p, "x"), arg(p, "w")
+    c = link.g.constants.get(w)
     if c is None or c.kind != "rows":
         return Refusal("a head epilogue on a product by a matrix that is not checkpoint rows", f"-> `{op.out}`")
     out = _product_out(ch)
     g = link.g
-    gemv = Gemv(x=p.ins[0], w=p.ins[1], format=c.format, y=Dst(out), k=g.shape(p.ins[0])[1], n=g.shape(p.ins[1])[0],
-                m=g.shape(p.ins[0])[0], bias=ch["bias"].ins[1] if "bias" in ch else None)
-    side = _side(link, ch, placed)
+    gemv = Gemv(x=x, w=w, format=c.format, y=Dst(out), k=g.shape(x)[1], n=g.shape(w)[0], m=g.shape(x)[0],
+                bias=arg(ch["bias"], "b") if "bias" in ch else None)
+    side = _side(ch, scope)
     rope = ch["rope"]
     a = rope.a
-    r = Rope(x=out, cos=rope.ins[1], sin=rope.ins[2], pos=rope.ins[3], y=side.y, rows=g.shape(out)[0],
-             heads=a["heads"], hd=a["hd"], rot=a["rot"], norm=side.norm)
+    r = Rope(x=out, cos=arg(rope, "cos"), sin=arg(rope, "sin"), pos=arg(rope, "pos"), y=side.y, rows=g.shape(out)[0],
+             heads=a["heads"], hd=a["hd"], rot=a["rot"], norm=side.norm, part=side.part)
     return [Fold(first=gemv, then=r)]
 
 
-def rope_parts(link, op: Op, placed: dict) -> list | Refusal:
+def rope_parts(link, op: Op, scope: Scope) -> list | Refusal:
     """A layer's rotations (each with its head norm or not) in one launch."""
     sides, rope = [], None
     for t in _members(op):
         ch = _chain(op, t)
         if "rope" not in ch:
             continue
-        if rope is not None and (ch["rope"].ins[1:4] != rope.ins[1:4] or ch["rope"].a["hd"] != rope.a["hd"]
+        if rope is not None and (_tables(ch["rope"]) != _tables(rope) or ch["rope"].a["hd"] != rope.a["hd"]
                                  or ch["rope"].a["rot"] != rope.a["rot"]):
             return Refusal("rotations in one launch over different tables, positions or head widths",
                           f"`{op.cls}` -> `{t}`")
         rope = ch["rope"]
-        sides.append(_side(link, ch, placed))
+        sides.append(_side(ch, scope))
     if rope is None:
         return Refusal("a launch of rotations with no rotation", f"`{op.cls}` -> `{op.out}`")
     return [_rope_parts(sides, rope, link)]
 
 
-def into_row(link, op: Op, placed: dict) -> list | Refusal:
+def into_row(link, op: Op, scope: Scope) -> list | Refusal:
     """The producer's own launch, its result written straight into the table's rows: the row write is no launch."""
-    producer = [p for p in op.parts if not (not p.fused and p.kind == "set_row")]
+    producer = [p for p in op.parts if row_write(p) is None]
     out = []
     for p in producer:
-        got = link.op(p, placed)
+        got = link.op(p, scope.placed)
         if isinstance(got, Refusal):
             return got
+        scope.take_all(p)  # its own link took or refused its strided reads
         out.extend(x.launch for x in got)
     return out
 

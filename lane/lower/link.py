@@ -3,20 +3,20 @@ ops it computes. A lifted op takes its kind's launch; a fused op of a class the 
 launch (fields filled from the rule's pattern variables) or its hook's; a class the lane runs as its parts takes each
 part's launches; a class the lane refuses, or a launch whose kind refuses its fields, gives a `Refusal` (returned,
 not raised: the shim prices it as never chosen, `plan()` turns it into the user's error). Placements become launch
-fields."""
+fields; an input read strided (its access) that no field takes, or a placed result no field writes there, is a
+refusal too."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.opdefs import full_attrs, opdef
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels import KINDS, Dst, Part
-from lanefuse.lane.lower.fill import Scope, evaluate
+from lanefuse.kernels import KINDS, Dst
+from lanefuse.lane.lower.fill import Scope, Strided, evaluate
 from lanefuse.lane.lower.hooks import HOOKS
-from lanefuse.lane.lower.placement import to_dst, to_part
+from lanefuse.lane.lower.placement import placed_parts, placed_whole, to_dst, to_part
 from lanefuse.lane.lower.table import Choice, LaneTable
 
 
@@ -45,6 +45,14 @@ def covered(op: Op) -> tuple[str, ...]:
     return tuple(leaf.out for leaf in op.leaves())
 
 
+def untaken(scope: Scope, what: str, where: str) -> Refusal | None:
+    """A strided read of the op that the fields of its launch (`what`) did not take: it cannot be honoured."""
+    left = scope.untaken()
+    if not left:
+        return None
+    return Refusal(f"a strided read of {left[0]} that the {what} kernel cannot take", where)
+
+
 @dataclass
 class Link:
     g: Graph
@@ -70,32 +78,34 @@ class Link:
         if support == "decompose":
             # run as its parts: a result the fusion placed in a table's rows goes back to its own buffer, and the
             # row write among the parts copies it there
-            written = {leaf.ins[1] for leaf in op.leaves() if leaf.kind == "set_row"}
+            parts, rest = placed_parts(op, placed)
             out: list[Linked] = []
-            for p in op.parts:
-                if p.dst is not None and p.out in written:
-                    p = dataclasses.replace(p, dst=None)
-                got = self.op(p, {k: v for k, v in placed.items() if k not in written})
+            for p in parts:
+                got = self.op(p, rest)
                 if isinstance(got, Refusal):
                     return got
                 out.extend(got)
             return out
         ch = entry.choice
         assert ch is not None
-        placed = self.absorbed(op, placed)
+        scope = self.scope_fused(op, placed_whole(self.g, op, placed))
         if ch.hook:
             hook = self.hooks.get(ch.hook)
             if hook is None:
                 return Refusal(f"the lane table names link hook `{ch.hook}`, which lanefuse does not have",
                                entry.where)
-            launches = hook(self, op, placed)
+            launches = hook(self, op, scope)
         else:
-            launches = [self.build(ch, self.scope_fused(op, placed))]
+            launches = [self.build(ch, scope)]
         if isinstance(launches, Refusal):
             return launches
         for l in launches:
             if isinstance(l, Refusal):
                 return l
+        left = untaken(scope, ch.launch or ch.hook, where_of(op))
+        if left:
+            return left
+        for l in launches:
             why = l.check()
             if why:
                 return refused(why, f"class `{op.cls}` -> `{op.out}`")
@@ -109,8 +119,9 @@ class Link:
         for i, n in enumerate(d.names):
             names[n] = op.ins[i] if i < len(op.ins) else None
         names.update(full_attrs(op))
-        access = {op.ins[i]: to_part(a) for i, a in enumerate(op.access) if a is not None}
-        return Scope(names, self.g, placed, access, where=f"lane {self.table.name}: ops.{op.kind}")
+        strided = _strided(op)
+        via = {r.input: (k,) for k, r in enumerate(strided)}  # an input's reads by its name
+        return Scope(names, self.g, placed, strided, via, where=f"lane {self.table.name}: ops.{op.kind}")
 
     def lifted(self, op: Op, placed: dict[str, Dst]):
         choices = self.table.ops.get(op.kind)
@@ -125,6 +136,12 @@ class Link:
         l = self.build(ch, scope)
         if isinstance(l, Refusal):
             return l
+        left = untaken(scope, ch.launch, where_of(op))
+        if left:
+            return left
+        if op.out in placed and op.out not in scope.wrote:
+            return Refusal(f"a result placed in `{placed[op.out].buf}` that the {ch.launch} kernel cannot write there",
+                           where_of(op))
         why = l.check()
         return refused(why, where_of(op)) if why else l
 
@@ -136,31 +153,18 @@ class Link:
         return None
 
     # -- fused ops ---------------------------------------------------------------------------------------------
-    def absorbed(self, op: Op, placed: dict[str, Dst]) -> dict[str, Dst]:
-        """Where a fused op linked whole writes its results: a part's own destination, and the source of a row
-        write among its parts lands straight in the table's rows (the row write is no launch)."""
-        placed = dict(placed)
-        leaves = op.leaves()
-        for leaf in leaves:
-            if leaf.dst is not None:
-                placed.setdefault(leaf.out, to_dst(self.g, leaf.dst))
-        outs = {leaf.out for leaf in leaves}
-        for leaf in leaves:
-            if leaf.kind == "set_row" and leaf.ins[1] in outs:
-                pitch = self.g.shape(leaf.ins[0])[-1]
-                placed[leaf.ins[1]] = placed.get(leaf.out) or Dst(leaf.ins[0], leaf.ins[2], pitch)
-        return placed
-
     def scope_fused(self, op: Op, placed: dict[str, Dst]) -> Scope:
         names: dict = {"out": op.out, "kind": op.cls}
         names.update(op.b)
-        access: dict[str, Part] = {}
-        for leaf in op.leaves():
-            for i, a in enumerate(leaf.access):
-                if a is not None:
-                    access[leaf.ins[i]] = to_part(a)
-        return Scope(names, self.g, placed, access, where=f"lane {self.table.name}: classes.{op.cls}",
-                     leaves=tuple(op.leaves()))
+        leaves = tuple(op.leaves())
+        strided = tuple(r for leaf in leaves for r in _strided(leaf))
+        via = {}  # a pattern variable -> the reads of the tensor it binds
+        for v, t in op.binds:
+            ks = tuple(k for k, r in enumerate(strided) if isinstance(t, str) and r.tensor == t)
+            if ks:
+                via[v] = ks
+        return Scope(names, self.g, placed, strided, via, where=f"lane {self.table.name}: classes.{op.cls}",
+                     leaves=leaves)
 
     def build(self, ch: Choice, scope: Scope):
         """The launch `ch` names with its fields filled in `scope`, or why its fields make none."""
@@ -177,6 +181,13 @@ class Link:
             return KINDS[ch.launch](**kw)
         except TypeError as e:
             return Refusal(f"the table's fields do not make a `{ch.launch}` launch: {e}", scope.where)
+
+
+def _strided(op: Op) -> tuple[Strided, ...]:
+    """Lifted op `op`'s inputs read as a part of every unit of a wider tensor, by their names."""
+    names = opdef(op.kind).names
+    return tuple(Strided(op.out, i, names[i], op.ins[i], to_part(a)) for i, a in enumerate(op.access)
+                 if a is not None)
 
 
 def link(g: Graph, table: LaneTable, held_steps=frozenset()) -> list[Linked] | Refusal:
