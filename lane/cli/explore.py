@@ -17,8 +17,6 @@ def _open(args):
     if args.rows < 1:
         raise UserError(f"--rows {args.rows}: give at least 1")
     spec = load_spec(args.spec) if getattr(args, "spec", None) else {}
-    if spec.get("numerics", "f32") != "f32" or (getattr(args, "numerics", None) or "f32") != "f32":
-        raise UserError("the explorer plans f32 numerics only (q8 comes later)")
     src = open_model(args.model, progress=sys.stderr.isatty())
     g = src.graph(args.rows)
     held = list(dict.fromkeys(list(spec.get("held", [])) + list(args.hold or [])))
@@ -30,7 +28,8 @@ def _open(args):
         knobs[k.strip()] = v.strip()
     lane = args.lane or spec.get("lane") or "cuda"
     return Explorer(g, lane=lane, rules_dirs=tuple(args.rules or ()), knobs=knobs, held=held,
-                    forced=spec.get("forced") or None, model_name=src.name)
+                    forced=spec.get("forced") or None, model_name=src.name,
+                    numerics=getattr(args, "numerics", None) or spec.get("numerics") or "f32")
 
 
 def explore_command(args, stdin=None, stdout=None) -> int:

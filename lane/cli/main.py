@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from lanefuse.engine.errors import UserError
+from lanefuse.lane.lower.plan import NUMERICS
 
 EPILOG = "MODEL is a checkpoint folder (config.json + safetensors), a step YAML, or nothing for the built-in demo model."
 
@@ -30,7 +31,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="DIR",
                    help="add the rule YAML files of DIR to the table (repeatable; also $LANEFUSE_RULES)")
     p.add_argument("--lane", default=None, metavar="LANE", help="the lane table to plan for (default: cuda)")
-    p.add_argument("--numerics", default=None, choices=["f32"], help="activation numerics (default f32)")
+    p.add_argument("--numerics", default=None, choices=NUMERICS, help="activation numerics (default f32)")
     p.add_argument("--spec", metavar="FILE", help="a plan file (YAML: lane, numerics, held rules, knobs, forced "
                                                   "choices) to replay")
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="set a lane knob (repeatable)")

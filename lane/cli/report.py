@@ -39,7 +39,7 @@ def schedule_json(s) -> dict:
     per_layer = s.per_layer()
     return {
         "model": s.model, "rows": s.rows, "lane": s.lane, "numerics": s.numerics, "held": list(s.held),
-        "launches": [launch_json(x) for x in s.launches if x.launch.census != "view"],
+        "launches": [launch_json(x) for x in s.launches if x.launch.kernels()],
         "census": s.census, "fusions": s.fusions, "layers": s.layers,
         "launches_per_layer": {str(k): v for k, v in sorted(per_layer.items())},
         "arena": s.arena.to_json(), "cost_us": round(s.cost_us, 3), "knobs": s.knobs.to_json(),
@@ -113,7 +113,7 @@ def print_plan(s, layer=None) -> None:
     for c in ("#", "kind", "class / rule", "computes", "µs", "fields"):
         lt.add_column(c, overflow="fold")
     for i, x in enumerate(s.launches):
-        if x.layer != show or x.launch.census == "view":
+        if x.layer != show or not x.launch.kernels():
             continue
         lt.add_row(str(i), x.launch.census, f"{x.cls} ({x.rule})" if x.cls else "-", ", ".join(x.ops),
                    f"{x.cost_us:.2f}", _fields(x.launch))

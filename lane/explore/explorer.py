@@ -30,11 +30,10 @@ from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.optimize import Alternative, Optimized, Session
 from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
-from lanefuse.lane.lower.plan import Launched, Plan, lower, split_held, steps_of
+from lanefuse.lane.lower.plan import METHODS, NUMERICS, Launched, Plan, lower, split_held, steps_of
 from lanefuse.lane.lower.shim import Shim
 from lanefuse.lane.lower.table import LaneTable
 
-NUMERICS = "f32"
 
 
 @dataclass
@@ -77,13 +76,15 @@ class Explorer:
     """A session over one step graph `g` and lane. Every change re-plans at once; `state()` is the page's JSON."""
 
     def __init__(self, g: Graph, lane: str = "cuda", rules_dirs=(), knobs: Knobs | dict | list | None = None,
-                 held=(), forced: dict[str, int] | None = None, model_name: str = "", what_if: str = "local"):
+                 held=(), forced: dict[str, int] | None = None, model_name: str = "", what_if: str = "local",
+                 numerics: str = "f32"):
         # egglog's e-graph must stay on the thread that made it (the web server answers from many): the engine's
         # work runs on one thread of the explorer's own, and every public method goes there
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="lanefuse-explore")
         self._thread = self._pool.submit(threading.current_thread).result()
         try:
-            self._pool.submit(self._setup, g, lane, rules_dirs, knobs, held, forced, model_name, what_if).result()
+            self._pool.submit(self._setup, g, lane, rules_dirs, knobs, held, forced, model_name, what_if,
+                              numerics).result()
         except BaseException:
             self.close()
             raise
@@ -110,11 +111,14 @@ class Explorer:
             except RuntimeError:  # the interpreter is shutting down
                 pass
 
-    def _setup(self, g, lane, rules_dirs, knobs, held, forced, model_name, what_if) -> None:
+    def _setup(self, g, lane, rules_dirs, knobs, held, forced, model_name, what_if, numerics) -> None:
         from lanefuse.engine.rules import load_table
         from lanefuse.lane.lower.table import load_lane
 
-        if what_if not in ("local", "ilp"):
+        if numerics not in NUMERICS:
+            raise UserError(f"numerics `{numerics}`: this lane plans {', '.join(NUMERICS)}")
+        self.numerics = numerics
+        if what_if not in METHODS:
             raise UserError(f"what-if method `{what_if}`: local or ilp")
         t0 = time.perf_counter()
         self.g = g
@@ -278,7 +282,7 @@ class Explorer:
         method = method or self.what_if
         opt = self._extract(cfg, forced, method)
         shim, _ = self._shim(cfg.knobs, cfg.held_steps)
-        sched = lower(opt, shim, cfg.held_rules, NUMERICS, method, self.g.meta.get("source", {}), notes)
+        sched = lower(opt, shim, cfg.held_rules, self.numerics, method, self.g.meta.get("source", {}), notes)
         p = _Plan(sched, opt, method, list(opt.warnings) + notes, (time.perf_counter() - t0) * 1e3)
         self._plans[key] = p
         return p
@@ -414,7 +418,7 @@ class Explorer:
         forced, _ = self._engine_forced(self.cfg)
         default = Knobs().to_json()
         knobs = {k: v for k, v in self.cfg.knobs.to_json().items() if default.get(k) != v}
-        write_atomic(path, dump_spec(self.lane.name, NUMERICS, self.held, knobs, forced,
+        write_atomic(path, dump_spec(self.lane.name, self.numerics, self.held, knobs, forced,
                                      self.model if self.model != "step" else None))
 
     # ---- alternatives ------------------------------------------------------------------------------------------
@@ -609,7 +613,7 @@ class Explorer:
             rules.append({"name": name, "cls": "lane step", "why": why,
                           "where": self.lane.source, "held": name in self.cfg.held_steps,
                           "fired": p.shaped.get(name, 0), "depends_on": []})
-        return {"model": self.model, "lane": self.lane.name, "numerics": NUMERICS, "rows": int(self.g.meta.get("rows", 1)),
+        return {"model": self.model, "lane": self.lane.name, "numerics": self.numerics, "rows": int(self.g.meta.get("rows", 1)),
                 "layers": self.layers, "layer": n,
                 "graph": {"nodes": nodes, "edges": edges, "inputs": inputs},
                 "groups": groups, "rules": rules, "held": self.held, "knobs": self.cfg.knobs.to_json(),
