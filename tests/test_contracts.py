@@ -18,7 +18,7 @@ import pytest
 
 from lanefuse.engine.demo import demo_config, demo_model
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.generate import new_caches
+from lanefuse.lane.run.generate import new_caches
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.model import build_step
 from lanefuse.engine.rules import contract_problems, load_classes, load_table, rule_binds

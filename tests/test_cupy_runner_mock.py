@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lanefuse.engine.demo import demo_model
-from lanefuse.engine.generate import generate
+from lanefuse.lane.run.generate import generate
 from lanefuse.engine.model import build_step
 from lanefuse.kernels.common import Launch
 from lanefuse.lane.lower.plan import plan
@@ -113,7 +113,7 @@ def test_cupy_runner_matches_numpy_runner(fake_cupy, graph):
 def test_device_decode_loop_advances_on_the_device(fake_cupy):
     """After one step, `decode` replays with the token and position the arg-max advanced: the same tokens as
     stepping from the host."""
-    from lanefuse.engine.generate import new_caches
+    from lanefuse.lane.run.generate import new_caches
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
 
     cfg, w = demo_model()

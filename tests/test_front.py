@@ -14,7 +14,7 @@ from safetensors.numpy import save_file
 from lanefuse.engine.demo import random_arrays
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.front import load_model
-from lanefuse.engine.generate import generate
+from lanefuse.lane.run.generate import generate
 from lanefuse.engine.hfconfig import config_from_hf
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.stepweights import step_weights

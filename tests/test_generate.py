@@ -8,7 +8,7 @@ import pytest
 
 from lanefuse.engine.demo import demo_model, random_arrays
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.generate import generate
+from lanefuse.lane.run.generate import generate
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.weights import Weights

@@ -29,7 +29,7 @@ def _plan(name: str, graph_fn):
 
 def _generate(cfg, weights, s, runner_cls, n=32, state=None):
     """Greedy decode with one decode plan (the prompt prefilled row by row)."""
-    from lanefuse.engine.generate import generate
+    from lanefuse.lane.run.generate import generate
 
     kw = {"state": state} if state is not None else {}
     r = runner_cls(s, weights, **kw)
@@ -71,7 +71,7 @@ def test_transformers_made_model_32_tokens():
 def test_decode_step_cuda_graph_replays_match():
     """Graph capture on and off give the same logits; the device advances the token and position itself."""
     from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.generate import new_caches
+    from lanefuse.lane.run.generate import new_caches
     from lanefuse.engine.model import build_step
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
 

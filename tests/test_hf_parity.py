@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from lanefuse.engine.front import load_model  # noqa: E402
-from lanefuse.engine.generate import generate  # noqa: E402
+from lanefuse.lane.run.generate import generate  # noqa: E402
 
 pytestmark = pytest.mark.hf
 

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanefuse.engine.demo import demo_model, random_arrays
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.generate import generate, new_caches
+from lanefuse.lane.run.generate import generate, new_caches
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.rules import load_table

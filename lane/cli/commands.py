@@ -45,7 +45,7 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
 
 
 def cmd_run(args) -> int:
-    from lanefuse.engine.generate import generate, generate_step_graph
+    from lanefuse.lane.run.generate import generate, generate_step_graph
     from lanefuse.engine.model import MAX_CHUNK
     from lanefuse.lane.cli.source import open_model
 
