@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, fields
 
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Constant, Graph, StepIO, Tensor
+from lanefuse.engine.placement import aliases
 from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.arena import Arena
-from lanefuse.engine.placement import aliases
 from lanefuse.lane.lower.buffers import Buffer, arena_for, buffers, counters
 from lanefuse.lane.lower.knobs import Knobs
 from lanefuse.lane.lower.schedule import kernels_of, schedule_launch
