@@ -289,3 +289,21 @@ def check_expr(expr: Any, where: str) -> None:
                 raise UserError(f"{where}: unknown field function `{m.group(1)}`; known: {', '.join(sorted(FUNCS))}")
             for a in _split_args(m.group(2)):
                 check_expr(a, where)
+
+
+def names_read(expr: Any) -> list[tuple[str, bool]]:
+    """The names a field expression reads, each with whether it is optional (`v?`); a quoted string, a number and a
+    function's own name are no names."""
+    if isinstance(expr, list):
+        return [n for e in expr for n in names_read(e)]
+    if not isinstance(expr, str):
+        return []
+    e = expr.strip()
+    m = _CALL.match(e)
+    if m:
+        return [n for a in _split_args(m.group(2)) for n in names_read(a)]
+    if e.endswith("?") and _NAME.match(e[:-1]):
+        return [(e[:-1], True)]
+    if _NAME.match(e):
+        return [(e, False)]
+    return []

@@ -14,7 +14,6 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.arena import Arena
 from lanefuse.lane.lower.buffers import Buffer, arena_for, buffers, counters
 from lanefuse.lane.lower.knobs import Knobs
-from lanefuse.lane.lower.schedule import kernels_of, schedule_launch
 from lanefuse.lane.lower.shim import Shim, launch_us
 from lanefuse.lane.lower.table import LaneTable, load_lane
 
@@ -92,7 +91,7 @@ class Plan:
         """Kernel launches by layer (-1: the step's head and tail outside every layer)."""
         out: dict[int, int] = {}
         for l in self.launches:
-            out[l.layer] = out.get(l.layer, 0) + len(kernels_of(l.launch))
+            out[l.layer] = out.get(l.layer, 0) + len(l.launch.kernels())
         return out
 
     def check_position(self, pos: int) -> None:
@@ -105,7 +104,7 @@ class Plan:
 
     @property
     def n_launches(self) -> int:
-        return sum(len(kernels_of(l.launch)) for l in self.launches)
+        return sum(len(l.launch.kernels()) for l in self.launches)
 
 
 def steps_of(lt: LaneTable) -> dict[str, str]:
@@ -185,7 +184,7 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
         if isinstance(linked, Refusal):
             raise UserError(f"the {lt.name} lane cannot run {linked}")
         for x in linked:
-            l = schedule_launch(x.launch, knobs, held_steps)
+            l = x.launch.tune(knobs, held_steps)
             why = l.check()
             if why:
                 raise UserError(f"the {lt.name} lane cannot run {x.cls or op.kind} -> `{op.out}`: "
@@ -197,7 +196,7 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
     arena = arena_for(seq, bufs)
     census: dict[str, int] = {}
     for x in launched:
-        for k in kernels_of(x.launch):
+        for k in x.launch.kernels():
             census[k.census] = census.get(k.census, 0) + 1
     times = dict(timings or {})
     times["lower_s"] = time.perf_counter() - t0

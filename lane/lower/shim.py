@@ -17,10 +17,8 @@ from lanefuse.lane.lower.table import LaneTable
 def launch_us(l, knobs: Knobs) -> float:
     """One linked launch's estimated time: for each kernel it makes, overhead + max(bytes / bandwidth, flops /
     peak); a view costs nothing."""
-    from lanefuse.lane.lower.schedule import kernels_of
-
     total = 0.0
-    for k in kernels_of(l):
+    for k in l.kernels():
         mem = k.bytes() / (knobs.hbm_gbps * 1e3)
         comp = k.flops() / (knobs.tflops_f32 * 1e6)
         total += knobs.launch_us + max(mem, comp)
@@ -44,12 +42,10 @@ class Shim:
 
     def launches(self, op: Op) -> list | Refusal:
         """`op`'s launches with the schedule's settings, or why the lane cannot run it."""
-        from lanefuse.lane.lower.schedule import schedule_launch
-
         linked = self.link.op(op)
         if isinstance(linked, Refusal):
             return linked
-        return [schedule_launch(x.launch, self.knobs, self.held_steps) for x in linked]
+        return [x.launch.tune(self.knobs, self.held_steps) for x in linked]
 
     def cost(self, op: Op, g: Graph | None = None) -> float | Refusal:
         """The engine's cost function: microseconds, or a Refusal with the reason."""

@@ -15,7 +15,7 @@ from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.opdefs import OPS
 from lanefuse.engine.rules import contract, load_classes, rule_dirs, short_path
 from lanefuse.kernels import KINDS
-from lanefuse.lane.lower.fill import _CALL, _NAME, _split_args, check_expr
+from lanefuse.lane.lower.fill import check_expr, names_read
 
 SUPPORTS = ("native", "decompose", "refuse")
 ALWAYS = ("out", "kind")  # every op's scope holds its result and its kind (a fused op's: its class)
@@ -210,24 +210,6 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
 
 
 # -- what a field reads ---------------------------------------------------------------------------------------------
-def names_read(expr: Any) -> list[tuple[str, bool]]:
-    """The names a field expression reads, each with whether it is optional (`v?`); a quoted string, a number and a
-    function's own name are no names."""
-    if isinstance(expr, list):
-        return [n for e in expr for n in names_read(e)]
-    if not isinstance(expr, str):
-        return []
-    e = expr.strip()
-    m = _CALL.match(e)
-    if m:
-        return [n for a in _split_args(m.group(2)) for n in names_read(a)]
-    if e.endswith("?") and _NAME.match(e[:-1]):
-        return [(e[:-1], True)]
-    if _NAME.match(e):
-        return [(e, False)]
-    return []
-
-
 def _reads(ch: Choice) -> list[tuple[str, str, bool]]:
     """(where in the entry, name, optional) for every name the choice's `if` and fields read, nested launches too."""
     out = [("if", n, o) for n, o in names_read(ch.when)]
