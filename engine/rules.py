@@ -95,6 +95,7 @@ class Atom:
     var: str  # the tensor this atom's e-node computes
     ctor: str  # an egglog constructor: a lifted kind's, or a fused variant's
     args: tuple[Arg, ...]
+    kind: str = ""  # the lifted op kind, for a lifted atom ("" for a fused variant's)
 
 
 @dataclass(frozen=True)
@@ -444,7 +445,7 @@ def _lifted_atom(it: Item, kind: str, ctx: _Ctx) -> tuple[Atom, list[list[Arg]]]
     orders = [list(args)]
     if kind in COMMUTATIVE and args[0] != args[1]:
         orders.append([args[1], args[0]] + args[2:])
-    return Atom(it.var, ctor, tuple(args)), orders
+    return Atom(it.var, ctor, tuple(args), kind), orders
 
 
 def _class_atoms(it: Item, cls: str, table: RuleTable, by_class, ctx: _Ctx) -> list[tuple[Atom, list[list[Arg]], str]]:
@@ -507,7 +508,7 @@ def _expand(rule: Rule, table: RuleTable, by_class, idx: int) -> list[Variant]:
         for it, (atom, _, via) in zip(rule.items, combo):
             # re-type in one context: a variable shared by items must agree
             if via is None:
-                _lifted_atom(it, atom.ctor.split("_")[0] if atom.ctor not in OPS else atom.ctor, ctx)
+                _lifted_atom(it, atom.kind, ctx)
             else:
                 v = next(v for v in table.variants[via] if v.ctor == atom.ctor)
                 for p, a in zip(v.params, atom.args):
@@ -547,7 +548,8 @@ def _variant(rule: Rule, combo, ctx: _Ctx, ctor: str) -> Variant:
     orders = [o for _, o, _ in combo]
     queries = []
     for choice in itertools.product(*orders):
-        queries.append(tuple(Atom(atom.var, atom.ctor, tuple(args)) for (atom, _, _), args in zip(combo, choice)))
+        queries.append(tuple(Atom(atom.var, atom.ctor, tuple(args), atom.kind)
+                             for (atom, _, _), args in zip(combo, choice)))
     via = tuple(sorted({v for _, _, v in combo if v}))
     return Variant(rule.name, ctor, tuple(params), tuple(queries), tuple(sorted(ctx.types.items())), via)
 
