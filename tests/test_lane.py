@@ -212,6 +212,27 @@ def test_check_2_names_the_first_divergent_launch(monkeypatch):
         NumpyRunner(s, w, check=True).step(env, lifted=g)  # what LANEFUSE_CHECK=2 asks of `lanefuse run`
 
 
+def test_check_2_names_a_wrong_cache_row_write():
+    from lanefuse.kernels import SetRow
+
+    cfg, w = demo_model()
+    g = build_step(cfg, 1)
+    s = plan(g, held=["place.key_row", "place.value_row"])  # the row writes as launches of their own
+    real = SetRow.numpy
+
+    def broken(self, env):
+        real(self, env)
+        env.array(self.table)[env.param(self.row) * self.cols] += 1.0
+
+    env = new_caches(cfg)
+    env["token"], env["pos"] = np.asarray([7], np.int32), np.asarray([3], np.int32)
+    first = next(i for i, x in enumerate(s.launches) if x.launch.census == "set_row")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SetRow, "numpy", broken)
+        with pytest.raises(UserError, match=rf"launch {first} \(set_row, layer 0"):
+            NumpyRunner(s, w, check=True).step(env, lifted=g)
+
+
 def test_unknown_held_name_lists_the_known_ones():
     cfg, _ = demo_model()
     with pytest.raises(UserError, match=r"no rule or schedule step.*did you mean `add_norm`.*known:"):
