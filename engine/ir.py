@@ -125,18 +125,24 @@ class Op:
     def fused(self) -> bool:
         return self.kind == "fused"
 
-    def leaves(self) -> list["Op"]:
-        """The lifted ops this op computes, in order."""
+    def leaves(self) -> tuple["Op", ...]:
+        """The lifted ops this op computes, in order (worked out once: an op never changes)."""
+        hit = self.__dict__.get("_leaves")
+        if hit is not None:
+            return hit
         if not self.fused:
-            return [self]
-        out: list[Op] = []
-        stack = list(self.parts[::-1])
-        while stack:  # depth first, parts in order
-            p = stack.pop()
-            if p.kind == "fused":
-                stack.extend(p.parts[::-1])
-            else:
-                out.append(p)
+            out: tuple[Op, ...] = (self,)
+        else:
+            found: list[Op] = []
+            stack = list(self.parts[::-1])
+            while stack:  # depth first, parts in order
+                p = stack.pop()
+                if p.kind == "fused":
+                    stack.extend(p.parts[::-1])
+                else:
+                    found.append(p)
+            out = tuple(found)
+        self.__dict__["_leaves"] = out
         return out
 
 

@@ -5,6 +5,7 @@ their inputs by these names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 from lanefuse.engine.errors import UserError, did_you_mean
@@ -20,13 +21,18 @@ class OpDef:
     defaults: dict[str, Any]
     doc: str
 
-    @property
+    @cached_property
     def required(self) -> tuple[str, ...]:
         return tuple(i for i in self.ins if not i.endswith("?"))
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(i.rstrip("?") for i in self.ins)
+
+    @cached_property
+    def position(self) -> dict[str, int]:
+        """Input name -> its place among the op's inputs."""
+        return {n: k for k, n in enumerate(self.names)}
 
 
 def _d(kind, ins, attrs=None, defaults=None, doc=""):

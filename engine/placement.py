@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from lanefuse.engine.ir import Dst, Graph, Op, RowSel, attrs_of
-from lanefuse.engine.opdefs import opdef
+from lanefuse.engine.opdefs import OPS
 
 ABSORB = "absorb"  # the attribute of a placement's fused op: the pattern variable whose producer writes the row
 PLACED = "into_row"  # the bind a fused producer gains for each row placed in it: ((row, table, pos), ...)
@@ -16,7 +16,7 @@ PLACED = "into_row"  # the bind a fused producer gains for each row placed in it
 
 def arg(op: Op, name: str) -> str | None:
     """Lifted op `op`'s input `name` (as its kind's definition names it), None where an optional one is missing."""
-    k = opdef(op.kind).names.index(name)
+    k = OPS[op.kind].position[name]
     return op.ins[k] if k < len(op.ins) else None
 
 
@@ -97,18 +97,19 @@ def _view_offset(g: Graph, leaf: Op) -> int:
     return leaf.a["row"] * g.shape(arg(leaf, "x"))[1]
 
 
-def _inside(g: Graph, views: bool = True) -> dict[str, tuple[str, int]]:
-    """name -> (the tensor it is part of, element offset): a table after a row write (the table itself) and, with
-    `views`, every row view."""
-    out: dict[str, tuple[str, int]] = {}
+def _inside(g: Graph) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[str, int]]]:
+    """What lives inside another tensor, name -> (the tensor it is part of, element offset): the tables after their
+    row writes (the table itself), and every row view."""
+    rows: dict[str, tuple[str, int]] = {}
+    views: dict[str, tuple[str, int]] = {}
     for op in g.ops:
         for leaf in op.leaves():
             w = row_write(leaf)
             if w is not None:
-                out[w.out] = (w.table, 0)
-            elif views and leaf.kind == "view":
-                out[leaf.out] = (arg(leaf, "x"), _view_offset(g, leaf))
-    return out
+                rows[w.out] = (w.table, 0)
+            elif leaf.kind == "view":
+                views[leaf.out] = (arg(leaf, "x"), _view_offset(g, leaf))
+    return rows, views
 
 
 def home_of(name: str, al: dict[str, tuple[str, int]]) -> tuple[str, int]:
@@ -132,11 +133,15 @@ def writes_in_place(op: Op) -> list[str]:
     return out
 
 
-def copied_views(g: Graph) -> frozenset[str]:
+def copied_views(g: Graph, rows: dict[str, tuple[str, int]] | None = None) -> frozenset[str]:
     """The views that are copies when taken: those whose tensor's home is written in place after the view and before
-    the view's last reader (a reader of a view of it included). The rest are free views into their tensor."""
-    rows = _inside(g, views=False)
+    the view's last reader (a reader of a view of it included). The rest are free views into their tensor. `rows`:
+    the tables after their row writes, where the caller has them."""
     ops = g.ops
+    views = [(k, leaf) for k, op in enumerate(ops) for leaf in op.leaves() if leaf.kind == "view"]
+    if not views:
+        return frozenset()
+    rows = _inside(g)[0] if rows is None else rows
     last: dict[str, int] = {}
     for k, op in enumerate(ops):
         for i in op.ins:
@@ -147,7 +152,6 @@ def copied_views(g: Graph) -> frozenset[str]:
     for k, op in enumerate(ops):
         for t in writes_in_place(op):
             writes.setdefault(home_of(t, rows)[0], []).append(k)
-    views = [(k, leaf) for k, op in enumerate(ops) for leaf in op.leaves() if leaf.kind == "view"]
     free: dict[str, str] = {}  # a free view -> its tensor
     copied: set[str] = set()
     end: dict[str, int] = {}  # a view -> the last op that reads it, through a free view of it too
@@ -165,8 +169,9 @@ def copied_views(g: Graph) -> frozenset[str]:
 def aliases(g: Graph) -> dict[str, tuple[str, int]]:
     """Tensors that live inside another: a table after a row write (the table itself) and a row view that is not a
     copy (a part of its tensor). name -> (tensor it is part of, element offset)."""
-    copied = copied_views(g)
-    return {n: v for n, v in _inside(g).items() if n not in copied}
+    rows, views = _inside(g)
+    copied = copied_views(g, rows)
+    return {**rows, **{n: v for n, v in views.items() if n not in copied}}
 
 
 def views_first(ops: list[Op], index: dict[str, int]) -> list[Op]:

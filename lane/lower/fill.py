@@ -53,6 +53,7 @@ class Scope:
     leaves: tuple = ()  # a fused op's lifted parts, in order
     taken: set[int] = field(default_factory=set)  # the strided reads a field took (by place in `strided`)
     wrote: set[str] = field(default_factory=set)  # the tensors a field placed (`dst`, `into`)
+    copied: Callable[[], frozenset[str]] = frozenset  # the graph's views taken as copies (worked out once a graph)
 
     def take(self, name: str) -> Part | None:
         """The part of every unit the op reads through `name` (an input's name, a pattern variable), or None where
@@ -159,9 +160,7 @@ def _offset(s, name):
 
 def _copied(s, t):
     """Whether view t is taken as a copy: its tensor is written in place after it and before its last reader."""
-    from lanefuse.engine.placement import copied_views
-
-    return _tensor(s, t) in copied_views(s.g)
+    return _tensor(s, t) in s.copied()
 
 
 def _norm(s, w, eps):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.opdefs import full_attrs, opdef
+from lanefuse.engine.placement import copied_views
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import KINDS, Dst
 from lanefuse.lane.lower.fill import Scope, Strided, evaluate
@@ -59,6 +60,7 @@ class Link:
     table: LaneTable
     held_steps: frozenset[str] = frozenset()
     hooks: dict = field(default_factory=lambda: dict(HOOKS))
+    _copied: tuple | None = field(default=None, repr=False)
 
     # -- the public entry --------------------------------------------------------------------------------------
     def op(self, op: Op, placed: dict[str, Dst] | None = None) -> list[Linked] | Refusal:
@@ -112,6 +114,13 @@ class Link:
         return [Linked(l, covered(op) if i == len(launches) - 1 else (), op.layer, op.cls, op.rule)
                 for i, l in enumerate(launches)]
 
+    def copied(self) -> frozenset[str]:
+        """The views of the graph linked that are taken as copies (engine/placement.py), worked out once a graph."""
+        hit = self._copied
+        if hit is None or hit[0] is not self.g:
+            hit = self._copied = (self.g, copied_views(self.g))
+        return hit[1]
+
     # -- lifted ops --------------------------------------------------------------------------------------------
     def scope_lifted(self, op: Op, placed: dict[str, Dst]) -> Scope:
         d = opdef(op.kind)
@@ -121,7 +130,8 @@ class Link:
         names.update(full_attrs(op))
         strided = _strided(op)
         via = {r.input: (k,) for k, r in enumerate(strided)}  # an input's reads by its name
-        return Scope(names, self.g, placed, strided, via, where=f"lane {self.table.name}: ops.{op.kind}")
+        return Scope(names, self.g, placed, strided, via, where=f"lane {self.table.name}: ops.{op.kind}",
+                     copied=self.copied)
 
     def lifted(self, op: Op, placed: dict[str, Dst]):
         choices = self.table.ops.get(op.kind)
@@ -156,14 +166,16 @@ class Link:
     def scope_fused(self, op: Op, placed: dict[str, Dst]) -> Scope:
         names: dict = {"out": op.out, "kind": op.cls}
         names.update(op.b)
-        leaves = tuple(op.leaves())
-        strided = tuple(r for leaf in leaves for r in _strided(leaf))
+        leaves = op.leaves()
+        strided = tuple(r for leaf in leaves if leaf.access for r in _strided(leaf))
         via = {}  # a pattern variable -> the reads of the tensor it binds
-        for v, t in op.binds:
-            ks = tuple(k for k, r in enumerate(strided) if isinstance(t, str) and r.tensor == t)
-            if ks:
-                via[v] = ks
+        if strided:
+            for v, t in op.binds:
+                ks = tuple(k for k, r in enumerate(strided) if isinstance(t, str) and r.tensor == t)
+                if ks:
+                    via[v] = ks
         return Scope(names, self.g, placed, strided, via, where=f"lane {self.table.name}: classes.{op.cls}",
+                     copied=self.copied,
                      leaves=leaves)
 
     def build(self, ch: Choice, scope: Scope):
@@ -185,6 +197,8 @@ class Link:
 
 def _strided(op: Op) -> tuple[Strided, ...]:
     """Lifted op `op`'s inputs read as a part of every unit of a wider tensor, by their names."""
+    if not op.access:
+        return ()
     names = opdef(op.kind).names
     return tuple(Strided(op.out, i, names[i], op.ins[i], to_part(a)) for i, a in enumerate(op.access)
                  if a is not None)
