@@ -180,6 +180,8 @@ def views_first(ops: list[Op], index: dict[str, int]) -> list[Op]:
     which may come before the view. A view reads only its tensor: it moves where that tensor is computed before the
     writer."""
     ops = list(ops)
+    if not any(op.kind == "view" for op in ops):
+        return ops
     rows: dict[str, tuple[str, int]] = {}
     for op in ops:
         for w in row_writes(op):
