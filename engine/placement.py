@@ -11,7 +11,7 @@ from lanefuse.engine.ir import Dst, Graph, Op, RowSel, attrs_of
 from lanefuse.engine.opdefs import OPS
 
 ABSORB = "absorb"  # the attribute of a placement's fused op: the pattern variable whose producer writes the row
-PLACED = "into_row"  # the bind a fused producer gains for each row placed in it: ((row, table, pos), ...)
+PLACED = "placed_rows"  # the bind a fused producer gains for each row placed in it: ((row, table, pos), ...)
 
 
 def arg(op: Op, name: str) -> str | None:
