@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("egglog", reason="the engine needs egglog (the GPU machine has none)")
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanefuse.engine.errors import UserError

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("egglog", reason="the engine needs egglog (the GPU machine has none)")
+
 from lanefuse.engine import flags
 from lanefuse.engine.demo import demo_model
 from lanefuse.engine.errors import UserError
