@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.lower.files import write_atomic
@@ -57,11 +58,16 @@ def cmd_run(args) -> int:
 
         saved = load(args.plan)
         model = _model_of_plan(args.plan, saved, model)
+    t_load = time.perf_counter()
     src = open_model(model, progress=_tty())
+    load_s = time.perf_counter() - t_load
     if src.weights is None:
         raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
                         f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
     ids, tok = _prompt_ids(args, src)
+    if not args.prompt_ids and args.prompt is None:
+        print(f"lanefuse: no --prompt-ids or --prompt given: the prompt is token id {ids[0]} (give --prompt-ids "
+              f"1,2,3 or --prompt TEXT)", file=sys.stderr)
     step_fn, label = _step_fn(args, src, saved)
     if src.step is not None:
         res = generate_step_graph(src.step, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty())
@@ -70,6 +76,9 @@ def cmd_run(args) -> int:
         res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty())
     out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids],
            "logits": [[float(v) for v in row.reshape(-1)] for row in res.logits]}
+    from lanefuse.lane.cli.timings import print_timings, run_timings
+
+    out["timings"] = run_timings(load_s, res, getattr(step_fn, "spent", None))
     if args.json:
         write_atomic(args.json, json.dumps(out) + "\n")
     print(f"model: {src.name} ({label})")
@@ -77,6 +86,8 @@ def cmd_run(args) -> int:
     print("generated ids:", ",".join(map(str, out["generated_ids"])))
     if tok is not None:
         print("text:", tok.decode(out["generated_ids"]))
+    sys.stdout.flush()
+    print_timings(out["timings"])
     return 0
 
 

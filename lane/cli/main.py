@@ -11,6 +11,15 @@ from lanefuse.lane.lower.plan import NUMERICS
 EPILOG = "MODEL is a checkpoint folder (config.json + safetensors), a step YAML, or nothing for the built-in demo model."
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lanefuse")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _port(text: str) -> int:
     try:
         v = int(text)
@@ -43,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile one step of LLM inference (a decode step or a prefill chunk) into fused GPU kernel "
                     "launches with a rule-table driven e-graph engine, and run it.",
         epilog=EPILOG)
+    ap.add_argument("--version", action="version", version=f"lanefuse {_version()}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
     p = sub.add_parser("run", help="generate greedy tokens with a fused plan (or the reference interpreter)",

@@ -4,6 +4,7 @@ steps. Each step runs through `step_fn(graph, env) -> values` (the reference int
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,6 +23,16 @@ class GenResult:
     prompt_ids: list[int]
     generated_ids: list[int]
     logits: list[np.ndarray] = field(default_factory=list)  # (vocab,) the logits each generated token was taken from
+    prompt_s: float = 0.0  # seconds in the prefill steps (the prompt eval), planning inside them left out
+    decode_s: float = 0.0  # seconds in the decode steps after the first generated token, planning left out
+    setup_s: float = 0.0  # seconds the step function spent planning and setting up runners (its `spent` dict)
+
+
+def _setup_s(step_fn) -> float:
+    """Seconds a step function has spent planning and setting up its runners so far (`step_fn.spent`, where it
+    keeps one), so the prompt-eval and decode times count the steps alone."""
+    spent = getattr(step_fn, "spent", None)
+    return sum(spent.values()) if spent else 0.0
 
 
 def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -84,9 +95,13 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         env = dict(caches)
         env["token"] = np.asarray(tokens, dtype=np.int32)
         env["pos"] = np.asarray([pos], dtype=np.int32)
+        t0, s0 = time.perf_counter(), _setup_s(step_fn)
         out = step_fn(graphs[rows], env)
         logits = np.asarray(out["logits"], dtype=np.float32).reshape(-1)
-        return logits, int(np.asarray(out["next"]).reshape(-1)[0])
+        nxt = int(np.asarray(out["next"]).reshape(-1)[0])  # on CuPy: waits for the step to finish
+        setup = _setup_s(step_fn) - s0
+        result.setup_s += setup
+        return logits, nxt, time.perf_counter() - t0 - setup
 
     caches = caches if caches is not None else new_caches(cfg)
     result = GenResult(prompt, [], [])
@@ -101,7 +116,8 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         bar = tqdm(total=n_chunks + n_tokens - 1, desc="generating", unit="step", leave=False)
     try:
         for c in range(n_chunks):
-            logits, nxt = step(prompt[c * chunk:(c + 1) * chunk], c * chunk)
+            logits, nxt, dt = step(prompt[c * chunk:(c + 1) * chunk], c * chunk)
+            result.prompt_s += dt
             if bar:
                 bar.update(1)
         pos = len(prompt)
@@ -110,7 +126,8 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             result.logits.append(logits)
             if len(result.generated_ids) == n_tokens:
                 break
-            logits, nxt = step([nxt], pos)
+            logits, nxt, dt = step([nxt], pos)
+            result.decode_s += dt
             pos += 1
             if bar:
                 bar.update(1)

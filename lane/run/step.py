@@ -3,6 +3,8 @@ and run by the chosen backend (numpy on the CPU; CuPy on a CUDA device)."""
 
 from __future__ import annotations
 
+import time
+
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.lower.plan import PlanOptions
 
@@ -61,9 +63,15 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                                     f"(save a decode plan and prefill with --rows, or run without --plan)")
                 s = saved
             else:
+                t0 = time.perf_counter()
                 s = plan(g, options)
+                spent["plan_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
             r = runners[rows] = make_runner(s, weights, device, state, check)
+            spent["setup_s"] += time.perf_counter() - t0
         return r.step(env, lifted=g)
+
+    spent = step_fn.spent = {"plan_s": 0.0, "setup_s": 0.0}  # seconds planning, setting up runners: `run`'s timings
 
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"
     if check and device == "cpu":
