@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from lanefuse.engine.hfconfig import config_from_hf
 from lanefuse.engine.model import ModelConfig
 from lanefuse.engine.weights import Weights
 
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
 
 def _progress(items, desc: str):
     if not sys.stderr.isatty():
@@ -20,6 +23,19 @@ def _progress(items, desc: str):
     from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit="tensor", leave=False)
+
+
+def _check_layers(cfg_path: Path, layers: int, stored: set[str]) -> None:
+    """`num_hidden_layers` against the layers the checkpoint holds tensors for (model.layers.N.*)."""
+    held = {int(m.group(1)) for m in map(_LAYER.match, stored) if m}
+    if not held:
+        raise UserError(f"{cfg_path.parent}: the checkpoint has no tensor `model.layers.0.input_layernorm.weight` "
+                        f"(no model.layers.* tensors at all; config.json's `num_hidden_layers` is {layers})")
+    if len(held) != layers or held != set(range(layers)):  # the length first: never a set of 10^8
+        have = f"model.layers.0..{max(held)}" if held == set(range(len(held))) else \
+            f"layers {sorted(held)[:8]}"
+        raise UserError(f"{cfg_path}: `num_hidden_layers` is {layers}, but the checkpoint holds {len(held)} "
+                        f"layer(s) ({have})")
 
 
 def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weights]:
@@ -34,7 +50,9 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     if not cfg_path.exists():
         raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder)")
     try:
-        raw_cfg = json.loads(cfg_path.read_text())
+        raw_cfg = json.loads(cfg_path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{cfg_path}: not UTF-8 text (config.json is JSON)") from None
     except (OSError, ValueError) as e:
         raise UserError(f"{cfg_path}: not readable JSON ({e})") from None
     if not isinstance(raw_cfg, dict):
@@ -42,6 +60,7 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     cfg = config_from_hf(raw_cfg, str(cfg_path), max_len=max_len, name=folder.resolve().name)
     store = Weights.from_folder(folder)
     stored = set(store.names())
+    _check_layers(cfg_path, cfg.layers, stored)  # before the names of cfg.layers layers are listed
     formats = []
     for name, shape in _progress(list(cfg.weight_names().items()), "checking tensors"):
         if name not in stored:

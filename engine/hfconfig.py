@@ -1,8 +1,10 @@
 """A transformers `config.json` (as 4.x writes it: rope_theta, rope_scaling; or 5.x: rope_parameters) read into a
-`ModelConfig`, refusing in words what the step builder cannot express."""
+`ModelConfig` in one typed pass: every size a positive integer, every number finite and in range, the heads dividing
+as the step needs, each refusal naming the file and the key."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lanefuse.engine.errors import UserError
@@ -11,64 +13,153 @@ from lanefuse.engine.model import ModelConfig
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+MAX_SIZE = 1 << 31  # no size of a real model comes near; beyond it a shape's product overflows what numpy indexes
 
 
-def _rope(c: dict[str, Any], where: str) -> tuple[float, tuple[tuple[str, Any], ...], float]:
+def _show(v: Any) -> str:
+    """A value echoed in a message, cut short."""
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+class _Reader:
+    """Typed reads of one config mapping; `where` names the file, `prefix` the enclosing key (`rope_scaling.`)."""
+
+    def __init__(self, c: dict[str, Any], where: str, prefix: str = ""):
+        self.c, self.where, self.prefix = c, where, prefix
+
+    def _bad(self, key: str, v: Any, expected: str) -> UserError:
+        return UserError(f"{self.where}: `{self.prefix}{key}` is {_show(v)}; expected {expected}")
+
+    def has(self, key: str) -> bool:
+        return self.c.get(key) is not None
+
+    def size(self, key: str, default: int | None = None) -> int:
+        """A positive integer (a JSON integer, or a float with no fraction); `default` where the key is absent."""
+        v = self.c.get(key)
+        if v is None:
+            if default is None:
+                raise UserError(f"{self.where}: missing `{self.prefix}{key}` (a positive integer)")
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            raise self._bad(key, v, "a positive integer")
+        if not 1 <= v <= MAX_SIZE:
+            raise self._bad(key, v, f"a positive integer (1..{MAX_SIZE})")
+        return int(v)
+
+    def number(self, key: str, default: float, low: float = 0.0, high: float = math.inf,
+               low_open: bool = True, expected: str = "a positive number") -> float:
+        """A finite number in (low, high] (or [low, high] where not `low_open`)."""
+        v = self.c.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self._bad(key, v, expected)
+        x = float(v)
+        if not math.isfinite(x) or x > high or x < low or (low_open and x == low):
+            raise self._bad(key, v, expected)
+        return x
+
+    def flag(self, key: str) -> bool:
+        v = self.c.get(key)
+        if v is None:
+            return False
+        if not isinstance(v, bool):
+            raise self._bad(key, v, "true or false")
+        return v
+
+    def text(self, key: str, default: str) -> str:
+        v = self.c.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            raise self._bad(key, v, "a string")
+        return v
+
+
+def _rope(r: _Reader) -> tuple[float, tuple[tuple[str, Any], ...], float]:
     """rope_theta, the scaling entries (rope_type and its factors), partial rotary factor."""
+    c, where = r.c, r.where
     params = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling") or {}
-    if not isinstance(params, dict) or not isinstance(scaling, dict):
-        raise UserError(f"{where}: rope_parameters / rope_scaling must be mappings")
+    for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(v, dict):
+            raise UserError(f"{where}: `{key}` is {_show(v)}; expected a mapping (or null)")
     merged = {**scaling, **params}
-    theta = float(merged.get("rope_theta", c.get("rope_theta", 10000.0)))
+    m = _Reader(merged, where, "rope_parameters." if params else "rope_scaling.")
+    top_theta = r.number("rope_theta", 10000.0)
+    theta = m.number("rope_theta", top_theta)
     kind = merged.get("rope_type", merged.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise UserError(f"{where}: rope type `{kind}` is not supported (supported: {', '.join(ROPE_TYPES)})")
-    entries = [("rope_type", kind)]
-    for k in ROPE_KEYS:
-        if kind != "default" and k in merged:
-            entries.append((k, float(merged[k]) if k != "original_max_position_embeddings" else int(merged[k])))
-    if kind == "linear" and "factor" not in merged:
+        raise UserError(f"{where}: rope type `{_show(kind)[1:-1] if isinstance(kind, str) else _show(kind)}` is not "
+                        f"supported (supported: {', '.join(ROPE_TYPES)})")
+    if kind == "linear" and merged.get("factor") is None:
         raise UserError(f"{where}: linear rope scaling without a `factor`")
     if kind == "llama3":
-        missing = [k for k in ROPE_KEYS if k not in merged]
+        missing = [k for k in ROPE_KEYS if merged.get(k) is None]
         if missing:
             raise UserError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
-    partial = float(merged.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
+    entries: list[tuple[str, Any]] = [("rope_type", kind)]
+    if kind != "default":
+        for k in ROPE_KEYS:
+            if merged.get(k) is None:
+                continue
+            entries.append((k, m.size(k) if k == "original_max_position_embeddings" else m.number(k, 1.0)))
+    if kind == "llama3":
+        sc = dict(entries)
+        if sc["low_freq_factor"] == sc["high_freq_factor"]:
+            raise UserError(f"{where}: llama3 rope scaling with low_freq_factor equal to high_freq_factor "
+                            f"({sc['low_freq_factor']}); they must differ")
+    partial = m.number("partial_rotary_factor", r.number("partial_rotary_factor", 1.0, high=1.0,
+                                                         expected="a number in (0, 1]"),
+                       high=1.0, expected="a number in (0, 1]")
     return theta, tuple(entries) if kind != "default" else (), partial
 
 
 def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int = 512, name: str = "model") -> ModelConfig:
-    archs = c.get("architectures") or []
+    r = _Reader(c, where)
+    archs = c.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise UserError(f"{where}: `architectures` is {_show(archs)}; expected a list of names, e.g. "
+                        f"[\"{SUPPORTED[0]}\"]")
     arch = archs[0] if archs else None
     if arch not in SUPPORTED:
         raise UserError(f"{where}: architecture `{arch}` is not supported (supported: {', '.join(SUPPORTED)})")
 
-    def need(key: str) -> int:
-        if key not in c or c[key] is None:
-            raise UserError(f"{where}: missing `{key}`")
-        return int(c[key])
-
-    if c.get("hidden_act", "silu") != "silu":
-        raise UserError(f"{where}: hidden_act `{c['hidden_act']}` is not supported (only silu)")
-    if c.get("mlp_bias"):
+    act = r.text("hidden_act", "silu")
+    if act != "silu":
+        raise UserError(f"{where}: hidden_act `{act}` is not supported (only silu)")
+    if r.flag("mlp_bias"):
         raise UserError(f"{where}: mlp_bias is not supported")
-    if arch == "LlamaForCausalLM" and c.get("attention_bias"):
+    if arch == "LlamaForCausalLM" and r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for Llama")
-    if arch == "Qwen3ForCausalLM" and c.get("attention_bias"):
+    if arch == "Qwen3ForCausalLM" and r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias is not supported for Qwen3")
-    if c.get("use_sliding_window"):
+    if r.flag("use_sliding_window"):
         raise UserError(f"{where}: sliding-window attention (use_sliding_window) is not supported")
-    hidden, heads = need("hidden_size"), need("num_attention_heads")
-    kv = int(c.get("num_key_value_heads") or heads)
-    head_dim = int(c.get("head_dim") or hidden // heads)
-    theta, scaling, partial = _rope(c, where)
-    max_pos = int(c.get("max_position_embeddings") or max_len)
+    hidden, heads, layers = r.size("hidden_size"), r.size("num_attention_heads"), r.size("num_hidden_layers")
+    inter, vocab = r.size("intermediate_size"), r.size("vocab_size")
+    kv = r.size("num_key_value_heads", heads)
+    if heads % kv:
+        raise UserError(f"{where}: `num_key_value_heads` {kv} does not divide `num_attention_heads` {heads}")
+    if r.has("head_dim"):
+        head_dim = r.size("head_dim")
+    elif hidden % heads:
+        raise UserError(f"{where}: `num_attention_heads` {heads} does not divide `hidden_size` {hidden} "
+                        f"(give `head_dim` where heads are not hidden_size / num_attention_heads wide)")
+    else:
+        head_dim = hidden // heads
+    eps = r.number("rms_norm_eps", 1e-6)
+    theta, scaling, partial = _rope(r)
+    if int(head_dim * partial) < 2:
+        raise UserError(f"{where}: a rotary width of {int(head_dim * partial)} (head_dim {head_dim} x "
+                        f"partial_rotary_factor {partial}); expected at least 2")
+    max_pos = r.size("max_position_embeddings", max_len)
     return ModelConfig(
-        arch=arch, hidden=hidden, layers=need("num_hidden_layers"), heads=heads, kv_heads=kv, head_dim=head_dim,
-        inter=need("intermediate_size"), vocab=need("vocab_size"), eps=float(c.get("rms_norm_eps", 1e-6)),
+        arch=arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,
+        inter=inter, vocab=vocab, eps=eps,
         rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        tie_embeddings=r.flag("tie_word_embeddings"),
         qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
         max_len=min(max_len, max_pos), name=name,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -104,23 +105,23 @@ class SafetensorsStore:
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         index = self.folder / "model.safetensors.index.json"
-        if index.exists():
-            try:
-                files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (ValueError, KeyError, AttributeError) as e:
-                raise UserError(f"{index}: not a safetensors index ({e})") from None
-            paths = [self.folder / f for f in files]
-        else:
-            paths = sorted(self.folder.glob("*.safetensors"))
+        paths = [self.folder / f for f in _index_files(index)] if index.exists() else \
+            sorted(self.folder.glob("*.safetensors"))
         if not paths:
             raise UserError(f"{self.folder} holds no .safetensors files")
         self.entries: dict[str, tuple[Path, str, tuple[int, ...], int]] = {}  # name -> file, dtype, shape, byte offset
-        for p in paths:
-            if not p.exists():
-                raise UserError(f"{p} is named by the index but does not exist")
-            for name, (dt, shape, off) in _header(p).items():
-                self.entries[name] = (p, dt, shape, off)
         self._open: dict[Path, Any] = {}
+        for p in paths:
+            if not p.is_file():
+                raise UserError(f"{p} is named by {index.name} but is not a file" if index.exists() else
+                                f"{p} is not a file")
+            for name, (dt, shape, off) in _header(p).items():
+                if name in self.entries:
+                    raise UserError(f"{self.folder}: tensor `{name}` is in both {self.entries[name][0].name} and "
+                                    f"{p.name}")
+                self.entries[name] = (p, dt, shape, off)
+            self._open[p] = _library_open(p)
+        self._checked: set[str] = set()
 
     def names(self) -> list[str]:
         return list(self.entries)
@@ -135,35 +136,123 @@ class SafetensorsStore:
         p, dt, shape, off = self.entries[name]
         shape_, fmt = self.info(name)
         if fmt == "bf16":
-            n = int(np.prod(shape)) if shape else 1
-            arr = np.memmap(p, dtype=np.uint16, mode="r", offset=off, shape=(n,)).reshape(shape)
-            return arr, fmt
-        if p not in self._open:
-            from safetensors import safe_open
-
-            self._open[p] = safe_open(str(p), framework="numpy")
-        return self._open[p].get_tensor(name), fmt
+            n = math.prod(shape)
+            arr = (np.memmap(p, dtype=np.uint16, mode="r", offset=off, shape=(n,)) if n else
+                   np.zeros(0, np.uint16)).reshape(shape)
+        else:
+            arr = self._open[p].get_tensor(name)
+        if name not in self._checked:
+            _check_finite(arr, fmt, f"{p}: tensor `{name}`")
+            self._checked.add(name)
+        return arr, fmt
 
     def where(self, name: str) -> str:
         return self.entries[name][0].name
 
 
-def _header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
-    """A safetensors file's tensors: name -> (dtype, shape, absolute byte offset of its data)."""
+def _index_files(index: Path) -> list[str]:
+    """The shard files a model.safetensors.index.json names, each a plain path inside the index's folder."""
     try:
+        doc = json.loads(index.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{index}: not UTF-8 text (a safetensors index is JSON)") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{index}: not a readable safetensors index ({e})") from None
+    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+        raise UserError(f"{index}: expected a `weight_map` of tensor name -> shard file name")
+    files = sorted(set(wmap.values()))
+    for f in files:
+        # lexically inside the folder: no absolute path, no `..` (symlinked shards, as the hub cache keeps, are fine)
+        norm = os.path.normpath(f)
+        if os.path.isabs(f) or norm == ".." or norm.startswith(".." + os.sep) or not f:
+            raise UserError(f"{index}: shard `{f[:80]}` lies outside the checkpoint folder; shards must be files "
+                            f"inside it")
+    return files
+
+
+def _library_open(path: Path):
+    """The safetensors library's own reading of the file (it checks the header again, the spans contiguous)."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(path), framework="numpy")
+    except Exception as e:  # SafetensorError: the library's refusal, in its words
+        raise UserError(f"{path}: the safetensors library refuses the file ({str(e)[:200]})") from None
+
+
+def _check_finite(arr: np.ndarray, fmt: str, where: str) -> None:
+    """Refuse a stored tensor holding NaN or inf (bf16: the exponent bits all ones)."""
+    bad = ((np.asarray(arr).view(np.uint16) & 0x7F80) == 0x7F80) if fmt == "bf16" else ~np.isfinite(arr)
+    if bad.any():
+        count, first = int(bad.sum()), np.unravel_index(int(np.argmax(bad)), bad.shape)
+        raise UserError(f"{where} holds {count} non-finite value(s) (NaN or inf), the first at index "
+                        f"{tuple(int(i) for i in first)}; the weights are broken")
+
+
+# bytes an element of each safetensors dtype takes (the format's own list), to check each tensor's span
+ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+MAX_HEADER = 100_000_000  # the safetensors library's own cap
+
+
+def _header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """A safetensors file's tensors: name -> (dtype, shape, absolute byte offset of its data), every span checked:
+    a known dtype, end - start = elements x itemsize, inside the file, no two overlapping."""
+    try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            if n > 100_000_000:
-                raise ValueError("header too large")
-            head = json.loads(f.read(n))
-        out = {}
-        for name, e in head.items():
-            if name == "__metadata__":
-                continue
-            out[name] = (e["dtype"], tuple(int(d) for d in e["shape"]), 8 + n + int(e["data_offsets"][0]))
-        return out
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
-        raise UserError(f"{path}: not a readable safetensors file ({e})") from None
+            lead = f.read(8)
+            if len(lead) < 8:
+                raise UserError(f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header size)")
+            n = struct.unpack("<Q", lead)[0]
+            if n > MAX_HEADER or 8 + n > size:
+                raise UserError(f"{path}: not a safetensors file (its header claims {n} bytes; the file holds "
+                                f"{size}): truncated or not safetensors")
+            raw = f.read(n)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        head = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a safetensors file (its header is not UTF-8 text)") from None
+    except ValueError as e:
+        raise UserError(f"{path}: not a safetensors file (its header is not JSON: {e})") from None
+    if not isinstance(head, dict):
+        raise UserError(f"{path}: not a safetensors file (its header is not a JSON object)")
+    data = size - 8 - n  # bytes after the header
+    out, spans = {}, []
+    for name, e in head.items():
+        if name == "__metadata__":
+            continue
+        where = f"{path}: tensor `{str(name)[:80]}`"
+        if not isinstance(e, dict):
+            raise UserError(f"{where}: its header entry is not a mapping of dtype, shape, data_offsets")
+        dt, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if dt not in ST_ITEMSIZE:
+            raise UserError(f"{where}: unknown dtype {str(dt)[:20]!r} (safetensors dtypes: {', '.join(ST_ITEMSIZE)})")
+        if (not isinstance(shape, list)
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise UserError(f"{where}: shape {str(shape)[:40]} is not a list of non-negative integers")
+        if (not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)):
+            raise UserError(f"{where}: data_offsets {str(offs)[:40]} is not a pair of non-negative integers")
+        start, end = offs
+        want = math.prod(shape) * ST_ITEMSIZE[dt]
+        if end - start != want:
+            raise UserError(f"{where}: data_offsets [{start}, {end}] span {end - start} bytes; its {dt} shape "
+                            f"{tuple(shape)} needs {want}")
+        if end > data:
+            raise UserError(f"{where}: data_offsets [{start}, {end}] run past the end of the file ({data} bytes of "
+                            f"data after the header): the file is truncated or its offsets are wrong")
+        out[name] = (dt, tuple(shape), 8 + n + start)
+        if end > start:
+            spans.append((start, end, name))
+    spans.sort()
+    for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise UserError(f"{path}: tensors `{a}` [{s0}, {e0}] and `{b}` [{s1}, {e1}] overlap in the file")
+    return out
 
 
 # -- the store ------------------------------------------------------------------------------------------------------
