@@ -35,6 +35,15 @@ def _setup_s(step_fn) -> float:
     return sum(spent.values()) if spent else 0.0
 
 
+def _not_finite(logits: np.ndarray, rows: int, pos: int, n_prompt: int) -> str:
+    """The refusal of a step whose logits hold NaN or inf, naming the step: no token is taken from such logits."""
+    what = (f"the prefill chunk of prompt rows {pos}..{pos + rows - 1}" if pos < n_prompt else
+            f"the decode step of generated token {pos - n_prompt + 2} (position {pos})")
+    n = int((~np.isfinite(logits)).sum())
+    return (f"{what} gave {n} non-finite logit(s) of {logits.size} (NaN or inf): the model's weights or its "
+            f"config's numbers overflow; no token taken from it")
+
+
 def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
     """Zeroed KV-cache tables kc{i} / vc{i}: (max_len, kv_heads*head_dim) f32 each."""
     shape = (cfg.max_len, cfg.kv_heads * cfg.head_dim)
@@ -101,6 +110,8 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         nxt = int(np.asarray(out["next"]).reshape(-1)[0])  # on CuPy: waits for the step to finish
         setup = _setup_s(step_fn) - s0
         result.setup_s += setup
+        if not np.isfinite(logits).all():
+            raise UserError(_not_finite(logits, rows, pos, len(prompt)))
         return logits, nxt, time.perf_counter() - t0 - setup
 
     caches = caches if caches is not None else new_caches(cfg)
