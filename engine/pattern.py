@@ -38,6 +38,12 @@ class PatternError(ValueError):
     pass
 
 
+def _cut(text, n: int = 80) -> str:
+    """A pattern's text as a message cites it: at most `n` characters (the file may hold any size of string)."""
+    text = str(text)
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
 def _arg(text: str) -> Arg:
     t = text.strip()
     if _IDENT.match(t):
@@ -53,7 +59,7 @@ def _arg(text: str) -> Arg:
     try:
         return Arg(lit=float(t))
     except ValueError:
-        raise PatternError(f"`{t}` is neither a variable nor a literal") from None
+        raise PatternError(f"`{_cut(t)}` is neither a variable nor a literal") from None
 
 
 def _split(body: str) -> list[str]:
@@ -79,10 +85,10 @@ def _split(body: str) -> list[str]:
 
 def parse_item(var: str, text: str) -> Item:
     if not _IDENT.match(var) or "." in var:
-        raise PatternError(f"pattern variable `{var}` is not a name (letters, digits, `_`)")
+        raise PatternError(f"pattern variable `{_cut(var)}` is not a name (letters, digits, `_`)")
     m = _HEAD.match(str(text))
     if not m:
-        raise PatternError(f"`{text}` is not `kind(args)`; write e.g. `rmsnorm(s, w, eps=eps)`")
+        raise PatternError(f"`{_cut(text)}` is not `kind(args)`; write e.g. `rmsnorm(s, w, eps=eps)`")
     kinds = tuple(k.strip() for k in m.group(1).split("|"))
     pos: list[Arg] = []
     kw: list[tuple[str, Arg]] = []
@@ -90,11 +96,11 @@ def parse_item(var: str, text: str) -> Item:
         km = _KW.match(piece.strip())
         if km:
             if any(k == km.group(1) for k, _ in kw):
-                raise PatternError(f"`{km.group(1)}=` is given twice in `{text}`")
+                raise PatternError(f"`{km.group(1)}=` is given twice in `{_cut(text)}`")
             kw.append((km.group(1), _arg(km.group(2))))
         else:
             if kw:
-                raise PatternError(f"a positional argument after a keyword one in `{text}`")
+                raise PatternError(f"a positional argument after a keyword one in `{_cut(text)}`")
             pos.append(_arg(piece))
     return Item(var, kinds, tuple(pos), tuple(kw), str(text))
 
@@ -103,5 +109,5 @@ def parse_call(text: str) -> tuple[str, tuple[Arg, ...]]:
     """A guard's text, `name(arg, ...)`."""
     m = _HEAD.match(str(text))
     if not m or "|" in m.group(1):
-        raise PatternError(f"guard `{text}` is not `name(args)`; write e.g. `single_reader(s)`")
+        raise PatternError(f"guard `{_cut(text)}` is not `name(args)`; write e.g. `single_reader(s)`")
     return m.group(1).strip(), tuple(_arg(p) for p in _split(m.group(2)))

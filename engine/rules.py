@@ -15,22 +15,26 @@ from typing import Any
 
 import yaml
 
-from lanefuse.engine import flags
+from lanefuse.engine import flags, yamlsafe
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.guards import GUARDS
 from lanefuse.engine.opdefs import OPS
 from lanefuse.engine.pattern import Arg, Item, PatternError, parse_call, parse_item
+from lanefuse.engine.yamlsafe import short
 
 RULE_KEYS = ("name", "class", "why", "match", "out", "keeps", "guards", "with", "absorb")
 CLASS_KEYS = ("class", "joins", "launch", "vars")
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\??$")  # a contract's variable; `v?`: optional (some rules bind it)
 COMMUTATIVE = ("add", "mul")  # their two inputs may match either way round; the compiler expands both orders
 MAX_VARIANTS = 512  # a rule whose alternatives expand past this is refused (split it)
+# The queries (variants × commutative orders) a rule may compile to: each costs egglog a join to compile and to run,
+# and chained adds double them per add (14: 16k queries, 52 s and 2.4 GB). The shared table's largest (merged_qkv) has 50.
+MAX_QUERIES = 256
 _TYPES = {int: "i64", float: "f64", str: "String", bool: "i64"}
 
 
 # -- YAML with line numbers -----------------------------------------------------------------------------------------
-class _LineLoader(yaml.SafeLoader):
+class _LineLoader(yamlsafe.SAFE):
     """The safe loader, recording each mapping's first line under the key `__line__`."""
 
 
@@ -44,12 +48,9 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 
 
 def _load_yaml(path: Path) -> Any:
-    try:
-        return yaml.load(path.read_text(), Loader=_LineLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise UserError(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}; fix the syntax there") from None
+    """A table file's data (each mapping with its `__line__`), read safely (engine/yamlsafe.py): not UTF-8, bad
+    syntax or an alias bomb is an error citing the file and line."""
+    return yamlsafe.load_file(path, short_path(path), _LineLoader)
 
 
 # -- the table ------------------------------------------------------------------------------------------------------
@@ -130,6 +131,7 @@ class RuleTable:
     classes: dict[str, dict]
     variants: dict[str, list[Variant]] = field(default_factory=dict)
     dirs: tuple[str, ...] = ()
+    warnings: list[str] = field(default_factory=list)  # what loads but is likely a mistake (a pattern that never joins)
 
     def __post_init__(self):
         self.by_name = {r.name: r for r in self.rules}
@@ -213,11 +215,16 @@ def load_classes(dirs) -> dict[str, dict]:
             at = f"{fname}:{line}"
             if not isinstance(e, dict) or "class" not in e:
                 raise UserError(f"{at}: an entry without `class:`")
-            name = str(e["class"])
+            name = e["class"]
+            if not isinstance(name, str) or not name.strip():
+                raise UserError(f"{at}: `class:` must be the class's name, a non-empty string, got {short(name)}")
             for k in e:
                 if k not in CLASS_KEYS:
-                    raise UserError(f"{at}: class `{name}`: unknown key `{k}`{did_you_mean(str(k), CLASS_KEYS)}; a "
-                                    f"class has {', '.join(CLASS_KEYS)}")
+                    raise UserError(f"{at}: class `{name}`: unknown key `{_cut(str(k))}`{did_you_mean(str(k), CLASS_KEYS)}; "
+                                    f"a class has {', '.join(CLASS_KEYS)}")
+            for k in ("joins", "launch"):
+                if e.get(k) is not None and not isinstance(e[k], str):
+                    raise UserError(f"{at}: class `{name}`: `{k}:` must be a string, got {short(e[k])}")
             if name in classes:
                 first = classes[name]
                 raise UserError(f"{at}: class `{name}` is defined twice (first at {first['file']}:{first['line']}); "
@@ -228,7 +235,7 @@ def load_classes(dirs) -> dict[str, dict]:
                                 f"its lane entries read, e.g. `vars: [x, w, y]` (`vars: []` for none)")
             if not isinstance(vs, list) or not all(isinstance(v, str) and _VAR.match(v) for v in vs):
                 raise UserError(f"{at}: class `{name}`: `vars:` is a list of variable names, e.g. `[x, w, y]` "
-                                f"(`v?` for one only some rules bind), got {vs!r}")
+                                f"(`v?` for one only some rules bind), got {short(vs)}")
             if len({v.rstrip("?") for v in vs}) != len(vs):
                 raise UserError(f"{at}: class `{name}`: a variable is listed twice in `vars:`")
             classes[name] = {**e, "vars": tuple(vs), "file": fname, "line": line}
@@ -291,14 +298,23 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
         raise UserError(f"{fname}: an entry is not a mapping (`- name: ..., class: ..., match: ...`)")
     line = e.pop("__line__", 0)
     name = e.get("name")
-    at = f"{fname}:{line}" + (f" (rule `{name}`)" if name else "")
+    at = f"{fname}:{line}" + (f" (rule `{name}`)" if isinstance(name, str) and name.strip() else "")
     for k in e:
         if k not in RULE_KEYS:
-            raise UserError(f"{at}: unknown key `{k}`{did_you_mean(str(k), RULE_KEYS)}; a rule has {', '.join(RULE_KEYS)}")
+            raise UserError(f"{at}: unknown key `{_cut(str(k))}`{did_you_mean(str(k), RULE_KEYS)}; a rule has "
+                            f"{', '.join(RULE_KEYS)}")
     for k in ("name", "class", "match"):
         if k not in e:
             raise UserError(f"{at}: missing `{k}:`")
-    cls = str(e["class"])
+    if not isinstance(name, str) or not name.strip():
+        raise UserError(f"{at}: `name:` must be the rule's name, a non-empty string (a stable key such as "
+                        f"`my.add_norm`), got {short(name)}")
+    for k in ("class", "why"):
+        if e.get(k) is not None and not isinstance(e[k], str):
+            raise UserError(f"{at}: `{k}:` must be a string, got {short(e[k])}")
+    if not e["class"]:
+        raise UserError(f"{at}: `class:` is empty; name one of the classes of rules/classes.yaml")
+    cls = e["class"]
     if cls not in classes:
         raise UserError(f"{at}: unknown class `{cls}`{did_you_mean(cls, classes)}; the classes are listed in "
                         f"rules/classes.yaml")
@@ -309,6 +325,9 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
     for var, text in match.items():
         if var == "__line__":
             continue
+        if not isinstance(text, str):
+            raise UserError(f"{at}: match `{_cut(str(var))}`: expected `kind(args)` text, e.g. `rmsnorm(s, w)`, got "
+                            f"{short(text)}")
         try:
             items.append(parse_item(str(var), text))
         except PatternError as err:
@@ -316,18 +335,28 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
     vars_ = [i.var for i in items]
     if len(set(vars_)) != len(vars_):
         raise UserError(f"{at}: a pattern variable is defined twice")
-    out = str(e.get("out", vars_[-1]))
-    keeps = tuple(str(k) for k in (e.get("keeps") or []))
+    out = e.get("out", vars_[-1])
+    if not isinstance(out, str):
+        raise UserError(f"{at}: `out:` is one pattern variable ({', '.join(vars_)}), got {short(out)}")
+    keeps_ = e.get("keeps") or []
+    if not isinstance(keeps_, list) or not all(isinstance(k, str) for k in keeps_):
+        raise UserError(f"{at}: `keeps:` is a list of pattern variables, e.g. `[s]`, got {short(keeps_)}")
+    keeps = tuple(keeps_)
     for v in (out,) + keeps:
         if v not in vars_:
             raise UserError(f"{at}: output `{v}` is not a pattern variable{did_you_mean(v, vars_)} ({', '.join(vars_)})")
     absorb = e.get("absorb")
+    if absorb is not None and not isinstance(absorb, str):
+        raise UserError(f"{at}: `absorb:` is one pattern variable, got {short(absorb)}")
     if absorb is not None and absorb not in vars_:
         raise UserError(f"{at}: absorb `{absorb}` is not a pattern variable{did_you_mean(str(absorb), vars_)}")
     if absorb is not None and (absorb in (out,) + keeps):
         raise UserError(f"{at}: absorb `{absorb}` cannot also be an output")
     guards = []
-    for g in e.get("guards") or []:
+    gs = e.get("guards") or []
+    if not isinstance(gs, list) or not all(isinstance(g, str) for g in gs):
+        raise UserError(f"{at}: `guards:` is a list of guards, one a line (`- single_reader(p)`), got {short(gs)}")
+    for g in gs:
         try:
             gname, gargs = parse_call(g)
         except PatternError as err:
@@ -346,7 +375,10 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
     if not isinstance(consts, dict):
         raise UserError(f"{at}: `with:` is a mapping of constant binds, e.g. {{act: silu}}")
     consts.pop("__line__", None)
-    return Rule(str(name), cls, str(e.get("why", "")), tuple(items), out, keeps, tuple(guards),
+    for k, v in consts.items():
+        if not isinstance(k, str) or not isinstance(v, (str, int, float)):
+            raise UserError(f"{at}: `with:` binds a name to a number, string or boolean, got {short(k)}: {short(v)}")
+    return Rule(name, cls, e.get("why") or "", tuple(items), out, keeps, tuple(guards),
                 tuple(consts.items()), absorb, fname, line)
 
 
@@ -386,6 +418,54 @@ def _expand_all(table: RuleTable) -> None:
         visit(r, [])
     for idx, r in enumerate(order):
         table.variants[r.name] = _expand(r, table, by_class, idx)
+        w = _unjoined(r, table.variants[r.name])
+        if w:
+            table.warnings.append(w)
+
+
+def _unjoined(rule: Rule, variants: list[Variant]) -> str | None:
+    """A warning where the pattern's ops fall into groups that share no tensor variable (nor a `same_layer` guard):
+    such a rule matches every op of one group with every op of the other (a one-letter slip, `rmsnorm(t, ...)` for
+    `rmsnorm(s, ...)`), and its matches grow as their product."""
+    if len(rule.items) < 2 or not variants:
+        return None
+    v = variants[0]
+    types = dict(v.types)
+    parent = {it.var: it.var for it in rule.items}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    owner: dict[str, str] = {}  # a tensor variable -> the first item naming it
+
+    def join(item_var: str, var: str):
+        if var in owner:
+            parent[find(item_var)] = find(owner[var])
+        else:
+            owner[var] = item_var
+
+    for atom in v.queries[0]:
+        join(atom.var, atom.var)
+        for a in atom.args:
+            if a.var is not None and types.get(a.var) == "T" and not a.var.startswith(f"{atom.var}."):
+                join(atom.var, a.var)
+    for g, gargs in rule.guards:
+        if g == "same_layer":
+            vs = [a.var for a in gargs if a.var is not None and a.var in owner]
+            for x in vs[1:]:
+                parent[find(owner[x])] = find(owner[vs[0]])
+    groups: dict[str, list[Item]] = {}
+    for it in rule.items:
+        groups.setdefault(find(it.var), []).append(it)
+    if len(groups) < 2:
+        return None
+    parts = [" + ".join(f"`{it.var}: {_cut(it.text)}`" for it in g) for g in groups.values()]
+    return (f"{rule.where}: its pattern's ops do not join: {' and '.join(parts)} share no variable, so it matches "
+            f"every pair of them (in every layer); make one op read the other's result or a shared input (or add "
+            f"`same_layer(...)`)")
 
 
 class _Ctx:
@@ -401,21 +481,26 @@ class _Ctx:
         self.types[var] = t
 
 
+def _cut(text: str, n: int = 80) -> str:
+    """A pattern's text as a message cites it: at most `n` characters."""
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
 def _lit(a: Arg, t: str, at: str) -> Arg:
     v = a.lit
     if t == "T":
-        raise UserError(f"{at}: a literal {v!r} where a tensor is expected")
+        raise UserError(f"{at}: a literal {short(v)} where a tensor is expected")
     if t == "f64" and isinstance(v, int) and not isinstance(v, bool):
         return Arg(lit=float(v))
     want = {"i64": int, "f64": float, "String": str}[t]
     if not isinstance(v, want) and not (t == "i64" and isinstance(v, bool)):
-        raise UserError(f"{at}: literal {v!r} is not {t}")
+        raise UserError(f"{at}: literal {short(v)} is not {t}")
     return a
 
 
 def _lifted_atom(it: Item, kind: str, ctx: _Ctx) -> tuple[Atom, list[list[Arg]]]:
     d = OPS[kind]
-    at = f"{ctx.at}: match `{it.var}: {it.text}`"
+    at = f"{ctx.at}: match `{it.var}: {_cut(it.text)}`"
     n_ins = len(d.required)
     if len(it.pos) > len(d.names):
         raise UserError(f"{at}: `{kind}` takes inputs ({', '.join(d.ins)}), got {len(it.pos)}")
@@ -449,7 +534,7 @@ def _lifted_atom(it: Item, kind: str, ctx: _Ctx) -> tuple[Atom, list[list[Arg]]]
 
 
 def _class_atoms(it: Item, cls: str, table: RuleTable, by_class, ctx: _Ctx) -> list[tuple[Atom, list[list[Arg]], str]]:
-    at = f"{ctx.at}: match `{it.var}: {it.text}`"
+    at = f"{ctx.at}: match `{it.var}: {_cut(it.text)}`"
     if it.pos:
         raise UserError(f"{at}: a fused class takes keyword arguments only (its rule's variables), e.g. "
                         f"`{cls}(x=p)`")
@@ -502,6 +587,14 @@ def _expand(rule: Rule, table: RuleTable, by_class, idx: int) -> list[Variant]:
     if n > MAX_VARIANTS:
         raise UserError(f"{rule.file}:{rule.line} (rule `{rule.name}`): its alternatives expand to {n} variants "
                         f"(at most {MAX_VARIANTS}); split it into several rules")
+    nq = 1  # every variant's commutative orders, summed over the variants
+    for alts in per_item:
+        nq *= sum(len(orders) for _, orders, _ in alts)
+    if nq > MAX_QUERIES:
+        n_comm = sum(1 for it in rule.items if any(k in COMMUTATIVE for k in it.kinds))
+        raise UserError(f"{rule.file}:{rule.line} (rule `{rule.name}`): its {n} variant(s) and the two orders of its "
+                        f"{n_comm} add/mul op(s) expand to {nq} queries (at most {MAX_QUERIES}); split it into "
+                        f"several rules (a chain of adds as rules matching each other's class)")
     variants = []
     for k, combo in enumerate(itertools.product(*per_item)):
         ctx = _Ctx(rule)
@@ -600,6 +693,8 @@ def check_rules_dir(path: str, lane_classes) -> list[str]:
     problems = []
     lane_classes = set(lane_classes)
     mine = str(Path(path).resolve())
+    problems += [w for w in table.warnings if w.split(" @ ", 1)[0] in
+                 {r.name for r in table.rules if str(Path(r.file).resolve()).startswith(mine)}]
     for r in table.rules:
         if str(Path(r.file).resolve()).startswith(mine) and r.cls not in lane_classes:
             problems.append(f"{r.where}: class `{r.cls}` is linked by no lane; add it to a lane's class table "
