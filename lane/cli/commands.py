@@ -8,7 +8,7 @@ import sys
 import time
 
 from lanefuse.engine.errors import UserError
-from lanefuse.lane.lower.files import write_atomic
+from lanefuse.lane.lower.files import json_text, write_atomic
 
 
 def _tty() -> bool:
@@ -16,7 +16,7 @@ def _tty() -> bool:
 
 
 def _prompt_ids(args, src) -> tuple[list[int], object | None]:
-    if args.prompt_ids and args.prompt:
+    if args.prompt_ids is not None and args.prompt is not None:
         raise UserError("give --prompt-ids or --prompt, not both")
     tok = None
     if args.prompt is not None:
@@ -28,11 +28,14 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
             raise UserError("--prompt needs the `tokenizers` package (pip install tokenizers)") from None
         tok = Tokenizer.from_file(os.path.join(src.path, "tokenizer.json"))
         ids = tok.encode(args.prompt).ids
-    elif args.prompt_ids:
+    elif args.prompt_ids is not None:
         try:
             ids = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
         except ValueError:
-            raise UserError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers, e.g. 1,2,3") from None
+            raise UserError(f"--prompt-ids {args.prompt_ids[:40]!r}: expected comma-separated integers, "
+                            f"e.g. 1,2,3") from None
+        if not ids:
+            raise UserError(f"--prompt-ids {args.prompt_ids[:40]!r}: no token ids; give at least one, e.g. 1,2,3")
     else:
         ids = [1]
     if not ids:
@@ -80,7 +83,7 @@ def cmd_run(args) -> int:
 
     out["timings"] = run_timings(load_s, res, getattr(step_fn, "spent", None))
     if args.json:
-        write_atomic(args.json, json.dumps(out) + "\n")
+        write_atomic(args.json, json_text(out, f"--json {args.json}"))
     print(f"model: {src.name} ({label})")
     print("prompt ids:   ", ",".join(map(str, ids)))
     print("generated ids:", ",".join(map(str, out["generated_ids"])))

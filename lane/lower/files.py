@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -27,3 +28,13 @@ def write_atomic(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def json_text(obj, what: str, **kw) -> str:
+    """`obj` as JSON text (a newline at its end), NaN and inf refused in words: JSON has no such numbers, and a
+    bare `NaN` would be read by no strict parser. `what` names the output in the refusal."""
+    try:
+        return json.dumps(obj, allow_nan=False, **kw) + "\n"
+    except ValueError:
+        raise UserError(f"{what}: not written: it would hold a non-finite number (NaN or inf), which JSON cannot "
+                        f"hold") from None
