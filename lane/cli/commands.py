@@ -131,6 +131,9 @@ def cmd_plan(args) -> int:
         raise UserError(f"--rows {args.rows}: give at least 1")
     src = open_model(args.model, progress=_tty())
     g = src.graph(args.rows)
+    if args.layer is not None and not -1 <= args.layer < g.layers:
+        raise UserError(f"--layer {args.layer}: {src.name} has layers 0..{g.layers - 1} (-1: the step's tail outside "
+                        f"every layer)")
     if args.lifted:
         return _print_lifted(g, args)
     from lanefuse.lane.cli.report import plan_command
@@ -149,15 +152,14 @@ def _print_lifted(g, args) -> int:
         write_atomic(args.json, json.dumps([dict(zip(("op", "inputs", "output", "shape", "attrs"), r))
                                             for r in rows], indent=1) + "\n")
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from lanefuse.lane.cli.tables import console, table
 
-    t = Table(title=f"lifted step graph: {len(g.ops)} ops", header_style="bold")
+    t = table(f"lifted step graph: {len(g.ops)} ops")
     for c in ("op", "inputs", "output", "shape", "attrs"):
         t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(*r)
-    Console().print(t)
+    console().print(t)
     return 0
 
 

@@ -75,15 +75,73 @@ def plan_command(args, src, g) -> int:
         write_atomic(args.json, json.dumps(schedule_json(s), indent=1) + "\n")
         if args.json == "-":
             return 0
-    print_plan(s, args.layer)
+    print_plan(s, args.layer, rule_counts(s, opt, args.rules))
     return 0
 
 
-def print_plan(s, layer=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def rule_counts(s, opt, rules_dirs=()) -> list[dict]:
+    """Each rule of the table with its matches in saturation and the times the plan chose it, and what a user should
+    know of it: held back, a user rule that never matched, a class the plan's lane does not link."""
+    from lanefuse.engine.rules import load_table
+    from lanefuse.lane.lower.table import load_lane
 
-    con = Console()
+    table = load_table(tuple(rules_dirs or ()))
+    matches = (opt.summary.get("saturation") or {}).get("matches", {}) if opt is not None else {}
+    linked = load_lane(s.lane, tuple(rules_dirs or ())).linked()
+    out = []
+    for r in table.rules:
+        m, c = int(matches.get(r.name, 0)), int(s.fusions.get(r.name, 0))
+        notes = []
+        if r.name in s.held:
+            notes.append("held back")
+        elif not str(r.file).startswith("rules/") and m == 0:
+            notes.append("your rule never matched this step")
+        if r.cls not in linked and r.cls != "into_row":
+            notes.append(f"class `{r.cls}` is linked by no launch of the {s.lane} lane: never chosen")
+        out.append({"rule": r.name, "where": f"{r.file}:{r.line}", "class": r.cls, "matched": m, "chosen": c,
+                    "note": "; ".join(notes)})
+    return out
+
+
+def _kinds(launches) -> str:
+    """A layer's launch kinds in order, runs compressed: `fold ×2, attention, gemv_glu, fold`."""
+    kinds = [k.census for x in launches for k in x.launch.kernels()]
+    out: list[list] = []
+    for k in kinds:
+        if out and out[-1][0] == k:
+            out[-1][1] += 1
+        else:
+            out.append([k, 1])
+    return ", ".join(k if n == 1 else f"{k} ×{n}" for k, n in out)
+
+
+def layer_summary(s) -> list[tuple[str, int, str]]:
+    """(layers, launches, kinds) for runs of equal layers (`1–35`), then the step's tail (outside every layer)."""
+    by: dict[int, list] = {}
+    for x in s.launches:
+        if x.launch.kernels():
+            by.setdefault(x.layer, []).append(x)
+    rows: list[list] = []
+    for i in sorted(k for k in by if k >= 0):
+        n, kinds = sum(len(x.launch.kernels()) for x in by[i]), _kinds(by[i])
+        if rows and rows[-1][2] == n and rows[-1][3] == kinds and rows[-1][1] == i - 1:
+            rows[-1][1] = i
+        else:
+            rows.append([i, i, n, kinds])
+    out = [(f"{a}" if a == b else f"{a}–{b}", n, k) for a, b, n, k in rows]
+    tail = by.get(-1, [])
+    if tail:
+        computes = ", ".join(f"{', '.join(x.ops)} ({x.launch.census})" for x in tail)
+        out.append(("tail", sum(len(x.launch.kernels()) for x in tail), computes))
+    return out
+
+
+def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
+    """The plan on stdout: its line, census, per-rule counts (`rules`, from `rule_counts`), every layer summarized
+    with the step's tail, and one layer's launches (`layer`: 0 unless given; -1 the tail)."""
+    from lanefuse.lane.cli.tables import console, table
+
+    con = console()
     per_layer = s.per_layer()
     body = [v for k, v in per_layer.items() if k >= 0]
     con.print(f"[bold]{s.model}[/] · {s.rows} row{'s' if s.rows > 1 else ''} · lane [bold]{s.lane}[/] · {s.numerics}"
@@ -95,21 +153,39 @@ def print_plan(s, layer=None) -> None:
                 f"(lower bound {s.arena.lower_bound:,} B, ×{s.arena.ratio:.3f})")
     for w in s.warnings:
         con.print(f"[yellow]note:[/] {w}")
-    t = Table(title="census", header_style="bold")
+    t = table("census")
     t.add_column("launch kind")
     t.add_column("count", justify="right")
     for k, v in sorted(s.census.items(), key=lambda kv: -kv[1]):
         t.add_row(k, str(v))
-    f = Table(title="fusions fired", header_style="bold")
-    f.add_column("rule")
-    f.add_column("count", justify="right")
-    for k, v in sorted(s.fusions.items()):
-        f.add_row(k, str(v))
-    from rich.columns import Columns
-
-    con.print(Columns([t, f]))
+    if rules is None:
+        f = table("fusions fired")
+        f.add_column("rule")
+        f.add_column("count", justify="right")
+        for k, v in sorted(s.fusions.items()):
+            f.add_row(k, str(v))
+    else:
+        f = table("rules: matched in saturation, chosen by the plan")
+        for c in ("rule", "source", "matched", "chosen", "note"):
+            f.add_column(c, justify="right" if c in ("matched", "chosen") else "left")
+        for r in rules:
+            f.add_row(r["rule"], r["where"], str(r["matched"]), str(r["chosen"]), r["note"] or "")
+    con.print(t)
+    con.print(f)
+    for r in rules or ():
+        if r["note"]:
+            con.print(f"[yellow]note:[/] {r['rule']} @ {r['where']}: {r['note']}")
+    lay = table("every layer")
+    for c in ("layer", "launches", "kinds, in order"):
+        lay.add_column(c, justify="right" if c == "launches" else "left")
+    for name, n, kinds in layer_summary(s):
+        lay.add_row(name, str(n), kinds)
+    con.print(lay)
+    final = next((x for x in s.launches if "final_norm" in x.ops), None)
+    if final is not None and final.layer >= 0:
+        con.print(f"the final norm is fused into layer {final.layer}'s last {final.launch.census} launch")
     show = 0 if layer is None else layer
-    lt = Table(title=f"layer {show} launches", header_style="bold")
+    lt = table(f"layer {show} launches" if show >= 0 else "the step's tail: launches")
     for c in ("#", "kind", "class / rule", "computes", "µs", "fields"):
         lt.add_column(c, overflow="fold")
     for i, x in enumerate(s.launches):
@@ -118,6 +194,8 @@ def print_plan(s, layer=None) -> None:
         lt.add_row(str(i), x.launch.census, f"{x.cls} ({x.rule})" if x.cls else "-", ", ".join(x.ops),
                    f"{x.cost_us:.2f}", _fields(x.launch))
     con.print(lt)
+    if layer is None and s.layers > 1:
+        con.print(f"`--layer N` shows layer N's launches (0..{s.layers - 1}; -1: the step's tail)")
 
 
 def rules_command(args) -> int:
@@ -161,13 +239,12 @@ def rules_command(args) -> int:
     if args.json:
         print(json.dumps([{"name": n, "class": c, "source": w, "depends_on": d} for n, c, w, d in rows], indent=1))
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from lanefuse.lane.cli.tables import console, table
 
-    t = Table(title=f"rule table: {len(rows)} rules", header_style="bold")
+    t = table(f"rule table: {len(rows)} rules")
     for c in ("name", "class", "source", "depends on"):
         t.add_column(c, overflow="fold")
     for n, c, w, d in rows:
         t.add_row(n, c, w, ", ".join(d) or "-")
-    Console().print(t)
+    console().print(t)
     return 0
