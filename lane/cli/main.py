@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder and the "
                                                     "`tokenizers` package)")
     p.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to generate (default 16)")
-    p.add_argument("--json", metavar="FILE", help="write {model, prompt_ids, generated_ids, logits} to FILE")
+    p.add_argument("--json", metavar="FILE", help="write {model, prompt_ids, generated_ids, logits} to FILE (`-`: "
+                                                  "stdout, the other lines then go to stderr)")
     p.add_argument("--reference", action="store_true", help="run the reference interpreter of the lifted graph")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto: CuPy when a CUDA device is present, numpy otherwise")
@@ -73,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Optimize the step graph under the lane and print the plan.", epilog=EPILOG)
     _model_arg(p)
     p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step: 1 = decode, >1 = prefill chunk")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="print the plan as JSON (to FILE, or stdout)")
+    p.add_argument("--json", metavar="FILE", help="write the plan as JSON to FILE (`-`: stdout, nothing else printed); "
+                                                  "FILE is required, so `--json` never takes MODEL for its file")
     p.add_argument("--trace", metavar="FILE", help="write the rewrite trace as JSON to FILE")
     p.add_argument("--save", metavar="FILE", help="save the plan for `lanefuse run --plan FILE`")
     p.add_argument("--lifted", action="store_true", help="print the lifted graph instead (op, inputs, output, shape)")
@@ -107,6 +109,43 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+OUTPUTS = ("json", "save", "trace")  # the flags that name a file lanefuse writes
+INPUTS = ("model", "spec", "plan")  # the flags that name a file it reads
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work starts, an output path that cannot be written (a folder, a missing or read-only folder),
+    one that would overwrite an input (MODEL, --spec, --plan) or another output, and a JSON file named `.yaml`/`.yml`
+    (a step YAML it would destroy: `--json MODEL` was meant as MODEL)."""
+    import os
+
+    from lanefuse.lane.lower.files import check_output_path
+
+    seen: dict[str, str] = {}
+    for flag in OUTPUTS:
+        path = getattr(args, flag, None)
+        if not isinstance(path, str):
+            continue
+        if path == "-":  # stdout takes one output, whole
+            if "-" in seen:
+                raise UserError(f"--{flag} -: --{seen['-']} already writes to stdout; give one of them a file")
+            seen["-"] = flag
+            continue
+        if path.lower().endswith((".yaml", ".yml")):
+            raise UserError(f"--{flag} {path}: a JSON output must not be named .yaml/.yml (is it MODEL? write "
+                            f"`lanefuse {args.cmd} {path} --{flag} FILE.json`, or `--json -` for stdout)")
+        check_output_path(path, f"--{flag}")
+        real = os.path.realpath(path)
+        for inp in INPUTS:
+            src = getattr(args, inp, None)
+            if isinstance(src, str) and os.path.exists(src) and os.path.realpath(src) == real:
+                raise UserError(f"--{flag} {path}: is the {'MODEL' if inp == 'model' else '--' + inp} file it reads; "
+                                f"give another output name")
+        if real in seen:
+            raise UserError(f"--{flag} {path}: --{seen[real]} writes the same file; give each its own name")
+        seen[real] = flag
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -116,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lanefuse.lane.cli import commands
 
+        check_outputs(args)
         return getattr(commands, "cmd_" + args.cmd)(args) or 0
     except UserError as e:
         print(f"lanefuse: error: {e}", file=sys.stderr)
