@@ -12,6 +12,7 @@ import yaml
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Access, Constant, Dst, Graph, Op, RowSel, StepIO, Tensor, attrs_of
 from lanefuse.engine.opdefs import OPS, infer
+from lanefuse.engine.yamlsafe import load_text, short
 
 TOP_KEYS = ("meta", "weights", "io", "tensors", "constants", "ops")
 OP_KEYS = ("op", "out", "ins", "layer", "access", "dst", "class", "rule", "keeps", "binds", "parts", "attrs")
@@ -171,19 +172,6 @@ def to_yaml(g: Graph) -> str:
 
 # -- parsing --------------------------------------------------------------------------------------------------------
 
-_SAFE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # yaml's safe loader, in C where libyaml is present
-
-
-def _safe_load(text: str):
-    """The document's node tree (for line numbers) and its data, parsed once by a safe loader."""
-    loader = _SAFE(text)
-    try:
-        root = loader.get_single_node()
-        return root, (loader.construct_document(root) if root is not None else None)
-    finally:
-        loader.dispose()
-
-
 class _Where:
     """Where a part of the document is: the source file and, per top-level key and op index, its line."""
 
@@ -195,12 +183,15 @@ class _Where:
         if not isinstance(root, yaml.MappingNode):
             return
         for k, v in root.value:
+            if not isinstance(k, yaml.ScalarNode):
+                continue
             self.keys[str(k.value)] = k.start_mark.line + 1
             if k.value == "ops" and isinstance(v, yaml.SequenceNode):
                 self.ops = [item.start_mark.line + 1 for item in v.value]
             if k.value in ("tensors", "constants") and isinstance(v, yaml.MappingNode):
                 for kk, _ in v.value:
-                    self.entries[(k.value, str(kk.value))] = kk.start_mark.line + 1
+                    if isinstance(kk, yaml.ScalarNode):
+                        self.entries[(k.value, str(kk.value))] = kk.start_mark.line + 1
 
     def at(self, line: int | None) -> str:
         return f"{self.source}:{line}" if line else self.source
@@ -214,9 +205,15 @@ class _Where:
 
 
 
+def _cut(x: Any, n: int = 80) -> str:
+    """A name or key from the document as a message cites it: at most `n` characters."""
+    t = str(x)
+    return t if len(t) <= n else t[:n - 3] + "..."
+
+
 def _int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise UserError(f"{what} must be an integer, got {v!r}")
+        raise UserError(f"{what} must be an integer, got {short(v)}")
     return v
 
 
@@ -224,24 +221,24 @@ def _access(v: Any, what: str) -> Access | None:
     if v is None:
         return None
     if not isinstance(v, list) or len(v) != 3:
-        raise UserError(f"{what} must be [pitch, offset, width] or null, got {v!r}")
+        raise UserError(f"{what} must be [pitch, offset, width] or null, got {short(v)}")
     return Access(*(_int(x, what) for x in v))
 
 
 def _rowsel(v: Any, what: str) -> RowSel:
     if not isinstance(v, dict) or set(v) - {"param", "fixed"}:
-        raise UserError(f"{what} must be {{param: NAME}} or {{fixed: ROW}}, got {v!r}")
+        raise UserError(f"{what} must be {{param: NAME}} or {{fixed: ROW}}, got {short(v)}")
     fixed = v.get("fixed")
     return RowSel(param=v.get("param"), fixed=None if fixed is None else _int(fixed, what))
 
 
 def _parse_op(d: Any, where: str) -> Op:
     if not isinstance(d, dict):
-        raise UserError(f"{where}: an op must be a mapping with `op`, `out`, `ins`, got {d!r}")
+        raise UserError(f"{where}: an op must be a mapping with `op`, `out`, `ins`, got {short(d)}")
     kind, out = d.get("op"), d.get("out")
     if not isinstance(kind, str) or not isinstance(out, str):
         raise UserError(f"{where}: an op needs `op: KIND` and `out: NAME`")
-    me = f"{where}: op `{kind}` -> `{out}`"
+    me = f"{where}: op `{_cut(kind)}` -> `{_cut(out)}`"
     if kind != "fused" and kind not in OPS:
         raise UserError(f"{me}: unknown op kind{did_you_mean(kind, OPS)}; known: {', '.join(sorted(OPS))}, fused")
     ins = d.get("ins", [])
@@ -253,7 +250,7 @@ def _parse_op(d: Any, where: str) -> Op:
         if k in OP_KEYS:
             continue
         if kind in OPS and k not in known:
-            raise UserError(f"{me}: unknown key `{k}`{did_you_mean(k, list(OP_KEYS) + list(known))}")
+            raise UserError(f"{me}: unknown key `{_cut(k)}`{did_you_mean(k, list(OP_KEYS) + list(known))}")
         if known.get(k) is float and isinstance(v, str):
             try:
                 v = float(v)  # YAML 1.1 reads `1e-6` (no dot) as a string
@@ -262,7 +259,7 @@ def _parse_op(d: Any, where: str) -> Op:
         attrs[k] = v
     for k, v in attrs.items():
         if not isinstance(v, (int, float, str, bool)):
-            raise UserError(f"{me}: attribute `{k}` must be a number, string or boolean, got {v!r}")
+            raise UserError(f"{me}: attribute `{k}` must be a number, string or boolean, got {short(v)}")
     access = tuple(_access(a, f"{me}: access") for a in (d.get("access") or []))
     dst = None
     if d.get("dst") is not None:
@@ -288,7 +285,7 @@ def _parse_op(d: Any, where: str) -> Op:
 def _shape_text(text: Any, what: str) -> tuple[tuple[int, ...], str]:
     m = TENSOR_RE.match(text) if isinstance(text, str) else None
     if not m:
-        raise UserError(f"{what}: expected `f32[d0, d1]` or `i32[d0]`, got {text!r}")
+        raise UserError(f"{what}: expected `f32[d0, d1]` or `i32[d0]`, got {short(text)}")
     dims = tuple(int(x) for x in m.group(2).replace(",", " ").split())
     return dims, m.group(1)
 
@@ -296,17 +293,19 @@ def _shape_text(text: Any, what: str) -> tuple[tuple[int, ...], str]:
 def from_yaml(text: str, source: str = "<file>") -> Graph:
     """The graph a step YAML describes; a mistake is a `UserError` citing `source`, the line and the op."""
     try:
-        root, doc = _safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        raise UserError(f"{source}{f':{line}' if line else ''}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        return _from_yaml(text, source)
+    except RecursionError:  # fused ops nested hundreds deep in `parts`
+        raise UserError(f"{source}: the step's ops are nested too deep (`parts` inside `parts`); flatten them") from None
+
+
+def _from_yaml(text: str, source: str) -> Graph:
+    root, doc = load_text(text, source)  # bad syntax or an alias bomb: a UserError citing the line
     w = _Where(root, source)
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a step YAML is a mapping with {', '.join(TOP_KEYS)}")
     for k in doc:
         if k not in TOP_KEYS:
-            raise UserError(f"{w.key(str(k))}: unknown key `{k}`{did_you_mean(str(k), TOP_KEYS)}")
+            raise UserError(f"{w.key(str(k))}: unknown key `{_cut(k)}`{did_you_mean(str(k), TOP_KEYS)}")
     for k in ("io", "ops"):
         if k not in doc:
             raise UserError(f"{source}: missing `{k}`")
@@ -324,9 +323,13 @@ def from_yaml(text: str, source: str = "<file>") -> Graph:
         raise UserError(f"{w.key('io')}: `io` must be a mapping of {', '.join(IO_KEYS)}")
     for k in io:
         if k not in IO_KEYS:
-            raise UserError(f"{w.key('io')}: unknown io key `{k}`{did_you_mean(str(k), IO_KEYS)}")
+            raise UserError(f"{w.key('io')}: unknown io key `{_cut(k)}`{did_you_mean(str(k), IO_KEYS)}")
+    for k in ("token", "position", "logits", "next"):
+        if k in io and not isinstance(io[k], (str, int)):
+            raise UserError(f"{w.key('io')}: io `{k}` must be a tensor name, got {short(io[k])}")
     caches = io.get("caches") or []
-    if not isinstance(caches, list) or not all(isinstance(c, list) and len(c) == 2 for c in caches):
+    if not isinstance(caches, list) or not all(isinstance(c, list) and len(c) == 2
+                                               and all(isinstance(x, (str, int)) for x in c) for c in caches):
         raise UserError(f"{w.key('io')}: io `caches` must be a list of [key table, value table] pairs")
     step_io = StepIO(**{k: str(io[k]) for k in ("token", "position", "logits", "next") if k in io},
                      caches=tuple((str(a), str(b)) for a, b in caches))
@@ -336,17 +339,20 @@ def from_yaml(text: str, source: str = "<file>") -> Graph:
     if not isinstance(consts, dict):
         raise UserError(f"{w.key('constants')}: `constants` must be a mapping of name -> {{shape: [...]}}")
     for name, c in consts.items():
-        at = f"{w.at(w.entries.get(('constants', str(name))))}: constant `{name}`"
+        at = f"{w.at(w.entries.get(('constants', str(name))))}: constant `{_cut(name)}`"
         if not isinstance(c, dict) or "shape" not in c:
             raise UserError(f"{at}: expected {{shape: [...], kind, format, transposed, source}}")
         for k in c:
             if k not in CONST_KEYS:
-                raise UserError(f"{at}: unknown key `{k}`{did_you_mean(str(k), CONST_KEYS)}")
+                raise UserError(f"{at}: unknown key `{_cut(k)}`{did_you_mean(str(k), CONST_KEYS)}")
         if not isinstance(c["shape"], list):
             raise UserError(f"{at}: `shape` must be a list of sizes")
         shape = tuple(_int(x, f"{at}: shape") for x in c["shape"])
         if c.get("kind", "rows") not in ("rows", "values"):
-            raise UserError(f"{at}: kind `{c['kind']}` is not rows or values")
+            raise UserError(f"{at}: kind `{_cut(c['kind'])}` is not rows or values")
+        for k in ("format", "source"):
+            if k in c and not isinstance(c[k], str):
+                raise UserError(f"{at}: `{k}` must be a string, got {short(c[k])}")
         try:
             g.constant(Constant(str(name), shape, c.get("kind", "rows"), str(c.get("format", "f32")),
                                 bool(c.get("transposed", False)), str(c.get("source", name))))
@@ -357,7 +363,7 @@ def from_yaml(text: str, source: str = "<file>") -> Graph:
     if not isinstance(tensors, dict):
         raise UserError(f"{w.key('tensors')}: `tensors` must be a mapping of name -> f32[dims]")
     for name, t in tensors.items():
-        at = f"{w.at(w.entries.get(('tensors', str(name))))}: tensor `{name}`"
+        at = f"{w.at(w.entries.get(('tensors', str(name))))}: tensor `{_cut(name)}`"
         shape, dtype = _shape_text(t, at)
         try:
             g.tensor(str(name), shape, dtype)

@@ -29,14 +29,14 @@ def short(v: Any) -> str:
     return _short.repr(v)
 
 
-def read_text(path, source: str | None = None) -> str:
+def read_text(path, source: str | None = None, what: str = "") -> str:
     """The text of `path` as UTF-8; an unreadable file or a byte that is not UTF-8 is a `UserError` naming `source`
     (the path as given by default) and, for a bad byte, its line."""
     source = str(path) if source is None else source
     try:
         data = Path(path).read_bytes()
     except OSError as e:
-        raise UserError(f"{source}: cannot read: {e.strerror or e}") from None
+        raise UserError(f"{source}: cannot read{' ' + what if what else ''}: {e.strerror or e}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -112,4 +112,4 @@ def load_text(text: str, source: str, loader=SAFE, what: str = "") -> tuple[Any,
 def load_file(path, source: str | None = None, loader=SAFE, what: str = "") -> Any:
     """The data of the YAML file `path` (see `load_text`), errors citing `source` (the path by default)."""
     source = str(path) if source is None else source
-    return load_text(read_text(path, source), source, loader, what)[1]
+    return load_text(read_text(path, source, what), source, loader, what)[1]

@@ -6,20 +6,13 @@ from __future__ import annotations
 import yaml
 
 from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.yamlsafe import load_file, short
 
 KEYS = {"lane": str, "numerics": str, "held": list, "knobs": dict, "forced": dict, "model": str}
 
 
 def load_spec(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the plan file: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{line}: bad YAML in the plan file: {getattr(e, 'problem', e)}") from None
+    doc = load_file(path, what="the plan file")  # unreadable, not UTF-8, bad syntax, an alias bomb: a UserError
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
@@ -28,7 +21,7 @@ def load_spec(path: str) -> dict:
     for k, v in doc.items():
         if k not in KEYS:
             hint = did_you_mean(str(k), KEYS)
-            raise UserError(f"{path}: unknown key `{k}`{hint}; a plan file has {', '.join(KEYS)}")
+            raise UserError(f"{path}: unknown key `{short(k)}`{hint}; a plan file has {', '.join(KEYS)}")
         if v is None:
             continue
         if not isinstance(v, KEYS[k]):
@@ -37,7 +30,13 @@ def load_spec(path: str) -> dict:
     forced = out.get("forced", {})
     for t, i in forced.items():
         if not isinstance(i, int) or isinstance(i, bool):
-            raise UserError(f"{path}: forced choice for `{t}` must be an alternative's index (an integer)")
+            raise UserError(f"{path}: forced choice for {short(t)} must be an alternative's index (an integer)")
+    for h in out.get("held", []):
+        if not isinstance(h, (str, int)) or isinstance(h, bool):
+            raise UserError(f"{path}: `held` is a list of rule (or schedule step) names, got {short(h)}")
+    for k, v in out.get("knobs", {}).items():
+        if not isinstance(k, str) or isinstance(v, (list, dict)):
+            raise UserError(f"{path}: `knobs` maps a knob's name to a value, got {short(k)}: {short(v)}")
     out["held"] = [str(h) for h in out.get("held", [])]
     return out
 

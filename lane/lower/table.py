@@ -14,6 +14,7 @@ import yaml
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.opdefs import OPS
 from lanefuse.engine.rules import contract, load_classes, rule_dirs, short_path
+from lanefuse.engine.yamlsafe import load_file, load_text, read_text, short
 from lanefuse.kernels import KINDS
 from lanefuse.lane.lower.fill import check_expr, names_read
 
@@ -87,7 +88,12 @@ def _choice(e: Any, where: str) -> Choice:
         raise UserError(f"{where}: expected a mapping with `launch:` and `fields:`, a `hook:`, or `refuse:`")
     unknown = set(e) - {"if", "launch", "fields", "hook", "refuse", "support", "why", "reason"}
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        raise UserError(f"{where}: unknown key(s) {short(', '.join(sorted(map(str, unknown))))}")
+    for k in ("launch", "hook", "refuse", "why", "reason"):
+        if e.get(k) is not None and not isinstance(e[k], str):
+            raise UserError(f"{where}: `{k}:` must be a string, got {short(e[k])}")
+    if not isinstance(e.get("fields") or {}, dict):
+        raise UserError(f"{where}: `fields:` must be a mapping of field: expression, got {short(e['fields'])}")
     launch = e.get("launch")
     if launch is not None and launch not in KINDS:
         hint = did_you_mean(str(launch), KINDS)
@@ -154,14 +160,15 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
     if path.resolve() in seen:
         raise UserError(f"{short_path(path)}: the lane tables' `base:` entries form a cycle")
     seen.add(path.resolve())
-    try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{path}{line}: bad YAML: {getattr(e, 'problem', e)}") from None
+    doc = load_file(path)  # not UTF-8, bad syntax or an alias bomb: a UserError citing the file and line
     if not isinstance(doc, dict) or "lane" not in doc:
         raise UserError(f"{path}: a lane table is a mapping with `lane:`, `ops:` and `classes:`")
+    for k in ("lane", "base", "why"):
+        if doc.get(k) is not None and not isinstance(doc[k], str):
+            raise UserError(f"{path}:{_line(path, k)}: `{k}:` must be a string, got {short(doc[k])}")
+    for k in ("ops", "classes", "schedule"):
+        if doc.get(k) is not None and not isinstance(doc[k], dict):
+            raise UserError(f"{path}:{_line(path, k)}: `{k}:` must be a mapping (name: entry), got {short(doc[k])}")
     base = _load(_base(path, str(doc["base"]), stacks), stacks, known, seen) if doc.get("base") else None
     ops: dict[str, list[Choice]] = dict(base.ops) if base else {}
     for kind, entries in (doc.get("ops") or {}).items():
@@ -187,6 +194,9 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
         sup = e["support"]
         if sup == "refuse" and not e.get("reason"):
             raise UserError(f"{where}: a refused class needs a `reason:` in the user's words")
+        for k in ("reason", "why"):
+            if e.get(k) is not None and not isinstance(e[k], str):
+                raise UserError(f"{where}: `{k}:` must be a string, got {short(e[k])}")
         ch = _choice(e, where) if sup == "native" else None
         if ch is not None:
             c = known[cls]
@@ -199,7 +209,11 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
     gated = dict(base.gated) if base else {}
     for step, e in (doc.get("schedule") or {}).items():
         if isinstance(e, dict):
-            for cls in e.get("decompose") or []:
+            dec = e.get("decompose") or []
+            if not isinstance(dec, list) or not all(isinstance(c, str) for c in dec):
+                raise UserError(f"{path.name}: schedule.{step}: `decompose:` must be a list of class names, got "
+                                f"{short(dec)}")
+            for cls in dec:
                 if cls not in known:
                     raise UserError(f"{path.name}: schedule.{step}: unknown class `{cls}`{did_you_mean(cls, known)}")
             sched[step] = str(e.get("why", ""))
@@ -242,11 +256,11 @@ def _check_reads(ch: Choice, need: set[str], optional: set[str], path: Path, key
 
 def _line(path: Path, *keys: str) -> int:
     """The line of the entry `keys` (a path of mapping keys) in the YAML file `path`, for an error to cite."""
-    node, line = yaml.compose(path.read_text(encoding="utf-8")), 1
+    node, line = load_text(read_text(path), str(path))[0], 1
     for k in keys:
         if not isinstance(node, yaml.MappingNode):
             break
-        hit = next(((kn, vn) for kn, vn in node.value if kn.value == k), None)
+        hit = next(((kn, vn) for kn, vn in node.value if isinstance(kn, yaml.ScalarNode) and kn.value == k), None)
         if hit is None:
             break
         line, node = hit[0].start_mark.line + 1, hit[1]
