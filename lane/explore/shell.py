@@ -8,6 +8,7 @@ import difflib
 import os
 import shlex
 import sys
+import traceback
 
 from lanefuse.engine.errors import UserError
 
@@ -82,13 +83,31 @@ class Shell(cmd.Cmd):
         return readline
 
     def onecmd(self, line: str) -> bool:
+        """One command; its error, the user's or a bug of lanefuse's, is one line and the session (its held rules,
+        forced choices and knobs) goes on."""
         try:
             return super().onecmd(line)
         except UserError as e:
-            self.failed = True
-            self.stdout.flush()
-            print(f"error: {e}", file=sys.stderr if self.stdout is sys.stdout else self.stdout, flush=True)
-            return False
+            self._error(f"error: {e}")
+        except OSError as e:  # the system refused a file the command named (`save DIR`, a full disk)
+            where = f"{e.filename}: " if e.filename else ""
+            self._error(f"error: {where}{e.strerror or e}")
+        except Exception as e:  # a bug: one line (the traceback on request), and the session stays
+            from lanefuse.engine import flags
+
+            if flags.read("LANEFUSE_DEBUG") >= 1:
+                traceback.print_exc(file=self._err())
+            self._error(f"internal error: {type(e).__name__}: {_short(e)} (the session goes on; LANEFUSE_DEBUG=1 "
+                        f"shows the traceback; please report it)")
+        return False
+
+    def _err(self):
+        return sys.stderr if self.stdout is sys.stdout else self.stdout
+
+    def _error(self, line: str) -> None:
+        self.failed = True
+        self.stdout.flush()
+        print(line, file=self._err(), flush=True)
 
     def emptyline(self) -> bool:
         return False
@@ -346,6 +365,12 @@ def _isatty(f) -> bool:
         return f.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def _short(e: Exception, limit: int = 300) -> str:
+    """An exception's message on one short line."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _us(v, none: str = "∞") -> str:
