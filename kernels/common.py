@@ -86,6 +86,15 @@ class Scratch:
     counter: bool = False
 
 
+def dst_view(d: Dst, env, m: int, n: int) -> np.ndarray | None:
+    """The (m, n) values Dst `d` writes as a view of its buffer where they lie contiguous (from a buffer's start, rows
+    of a table), for a fast twin to write in place; None where they are parts of units."""
+    if d.unit is not None:
+        return None
+    b = d.base(env)
+    return env.array(d.buf)[b: b + m * n].reshape(m, n)
+
+
 def read_part(env, name: str, part: Part | None, units: int, width: int) -> np.ndarray:
     """`units` rows of `width` values of tensor `name`: the whole of it, or a part of every unit of it."""
     a = env.array(name)
@@ -197,7 +206,18 @@ class Launch:
         return 0
 
     def numpy(self, env) -> None:
+        """The exact twin: what the kernel computes, its sums imitated in f64 (what the GPU tests compare against)."""
         raise NotImplementedError
+
+    def fast(self, env) -> None:
+        """The fast twin the CPU runner runs: the same result within f32 rounding (f32 BLAS on weights decoded once);
+        the exact twin where a kind has no faster one."""
+        self.numpy(env)
+
+    def fast_temp(self) -> int:
+        """f32 values of temporaries the fast twin takes from `env.temp` (the tail of the numpy runner's arena)."""
+        return 0
+
 
     def grid_block(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         raise NotImplementedError

@@ -19,6 +19,12 @@ class Env(Protocol):
     def param(self, name: str) -> int:
         """The value of i32 parameter `name` (e.g. the position `pos`)."""
 
+    def matrix(self, name: str) -> np.ndarray:
+        """Constant `name` as flat f32 values, decoded once (the fast twins read weights through this)."""
+
+    def temp(self, count: int) -> np.ndarray:
+        """`count` f32 values a fast twin may use as a temporary for the length of its launch."""
+
 
 class HostEnv:
     """An Env over dicts of flat numpy arrays; `param` reads element 0 of an i32 array of the same name."""
@@ -40,3 +46,12 @@ class HostEnv:
 
     def param(self, name: str) -> int:
         return int(self.array(name)[0])
+
+    def matrix(self, name: str) -> np.ndarray:
+        from lanefuse.kernels.common import decode
+
+        raw, fmt = self.weight(name)
+        return decode(raw, fmt).reshape(-1)
+
+    def temp(self, count: int) -> np.ndarray:
+        return np.empty(count, dtype=np.float32)

@@ -168,6 +168,13 @@ class Fold(Launch):
         self.first.numpy(env)
         self.then.numpy(env)
 
+    def fast(self, env):
+        self.first.fast(env)
+        self.then.fast(env)
+
+    def fast_temp(self):
+        return max(self.first.fast_temp(), self.then.fast_temp())
+
     def grid_block(self):
         f = self.form()[0]
         if f == "parts_rope":

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, names
-from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_numpy, rows_a_warp
+from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_fast, gemv_numpy, rows_a_warp
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,13 @@ class GemmParts(Launch):
         for p in self.parts:
             raw, fmt = env.weight(p.w)
             gemv_numpy(env, self.x, decode(raw, fmt), p.bias, p.y, self.k, p.n, self.m, 1)
+
+    def fast(self, env):
+        for p in self.parts:
+            gemv_fast(env, self.x, p.w, p.bias, p.y, self.k, p.n, self.m)
+
+    def fast_temp(self):
+        return max((self.m * p.n for p in self.parts if p.y.unit is not None), default=0)
 
     def grid_block(self):
         return ((sum(self.blocks()), -(-self.m // GEMV_ROWS), 1), (32 * WARPS, 1, 1))

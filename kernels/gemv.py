@@ -11,7 +11,7 @@ import numpy as np
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Chip, Dst, Launch, Scratch, decode,
-                                     names, operand)
+                                     dst_view, names, operand)
 
 WARPS = 4  # warps a block
 
@@ -39,6 +39,27 @@ def gemv_numpy(env, x: str, wv: np.ndarray, bias: str | None, y: Dst, k: int, n:
     if bias is not None:
         acc = (acc + operand(env, bias)[:n][None, :]).astype(np.float32)
     y.write(env, acc)
+
+
+def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """out (m, n) = x (m, k) · w (n, k)ᵀ by f32 BLAS, in place: a GEMV for one row, a GEMM for more."""
+    if x.shape[0] == 1:
+        np.matmul(w, x[0], out=out[0])
+    else:
+        np.matmul(x, w.T, out=out)
+
+
+def gemv_fast(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int) -> None:
+    """The fast twin of `gemv_numpy`: the product in f32 (any split-K sums the same values), written straight into
+    y's view where y is contiguous, else through a temporary (`env.temp`, m·n values)."""
+    xv = env.array(x)[: m * k].reshape(m, k)
+    out = dst_view(y, env, m, n)
+    acc = out if out is not None else env.temp(m * n).reshape(m, n)
+    fast_products(xv, env.matrix(w).reshape(n, k), acc)
+    if bias is not None:
+        np.add(acc, operand(env, bias)[:n], out=acc)
+    if out is None:
+        y.write(env, acc)
 
 
 def gemv_grid(n: int, m: int, per_warp: int, split: int):
@@ -147,6 +168,12 @@ class Gemv(Launch):
         raw, fmt = env.weight(self.w)
         gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split)
 
+    def fast(self, env):
+        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m)
+
+    def fast_temp(self):
+        return 0 if self.y.unit is None else self.m * self.n
+
     def grid_block(self):
         return gemv_grid(self.n, self.m, self.per_warp, self.split)
 
@@ -193,6 +220,12 @@ class GemvF32(Launch):
         raw, _ = env.weight(self.w)
         gemv_numpy(env, self.x, np.asarray(raw, dtype=np.float32), self.bias, self.y, self.k, self.n, self.m,
                    self.split)
+
+    def fast(self, env):
+        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m)
+
+    def fast_temp(self):
+        return Gemv.fast_temp(self)  # type: ignore[arg-type]
 
     def grid_block(self):
         return gemv_grid(self.n, self.m, 1, self.split)

@@ -11,7 +11,32 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, FORMAT_CODE, FORMATS, Launch, act, decode, names, operand
 from lanefuse.kernels.elementwise import act_code
-from lanefuse.kernels.gemv import gemv_check, gemv_grid, products, rows_a_warp
+from lanefuse.kernels.gemv import fast_products, gemv_check, gemv_grid, products, rows_a_warp
+
+
+def act_in_place(name: str, x: np.ndarray, t: np.ndarray) -> None:
+    """x = act(x) in f32, `t` (as large as x) a temporary; exp overflowing to inf gives the activation's limit."""
+    with np.errstate(over="ignore"):
+        if name == "gelu":
+            np.multiply(x, x, out=t)
+            np.multiply(t, x, out=t)
+            t *= 0.044715
+            t += x
+            t *= 0.7978845608028654
+            np.tanh(t, out=t)
+            t += 1.0
+            t *= 0.5
+            np.multiply(x, t, out=x)
+            return
+        np.negative(x, out=t)
+        np.exp(t, out=t)
+        t += 1.0
+        if name == "silu":
+            np.divide(x, t, out=x)
+        elif name == "sigmoid":
+            np.reciprocal(t, out=x)
+        else:
+            raise ValueError(f"unknown activation `{name}` (expected one of {', '.join(ACTS)})")
 
 
 @dataclass(frozen=True)
@@ -65,6 +90,25 @@ class GemvGlu(Launch):
 
         g = act(self.act, product(self.wg, self.bg)).astype(np.float32)
         env.array(self.out)[: self.m * self.n] = (g * product(self.wu, self.bu)).reshape(-1)
+
+    def fast(self, env):
+        """In f32, in place: the gate's product and activation in `out`, the up product in a temporary."""
+        m, n, k = self.m, self.n, self.k
+        x = env.array(self.x)[: m * k].reshape(m, k)
+        g = env.array(self.out)[: m * n].reshape(m, n)
+        t = env.temp(m * n).reshape(m, n)
+        fast_products(x, env.matrix(self.wg).reshape(n, k), g)
+        if self.bg is not None:
+            np.add(g, operand(env, self.bg)[:n], out=g)
+        act_in_place(self.act, g, t)
+        fast_products(x, env.matrix(self.wu).reshape(n, k), t)
+        if self.bu is not None:
+            np.add(t, operand(env, self.bu)[:n], out=t)
+        np.multiply(g, t, out=g)
+
+    def fast_temp(self):
+        return self.m * self.n
+
 
     def grid_block(self):
         return gemv_grid(self.n, self.m, self.per_warp, 1)

@@ -1,5 +1,6 @@
 """The constants a plan reads, as both backends load them from the checkpoint: f32 values, or checkpoint rows as
-stored (f32, f16 as float16, bf16 as uint16) with their format — the kernels decode rows themselves."""
+stored (f32, f16 as float16, bf16 as uint16) with their format — the exact twins decode rows themselves; or, for the
+fast twins, decoded to f32 once (the weight store's cache, shared by every plan of the model)."""
 
 from __future__ import annotations
 
@@ -13,3 +14,9 @@ def host_constant(c, weights) -> tuple[np.ndarray, str]:
         return np.asarray(weights.get(src), dtype=np.float32).reshape(-1), "f32"
     raw, fmt = weights.raw(src)
     return np.asarray(raw).reshape(-1), fmt
+
+
+def host_matrix(c, weights) -> np.ndarray:
+    """Constant `c` as f32 values, flat, decoded once: f32 rows are the stored values themselves; f16 and bf16 rows
+    cost 4 bytes a value in memory (twice the checkpoint) for an f32 BLAS product with no conversion a step."""
+    return weights.get(c.source or c.name).reshape(-1)

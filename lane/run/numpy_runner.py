@@ -9,7 +9,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.lower.plan import Plan
-from lanefuse.lane.run.constants import host_constant
+from lanefuse.lane.run.constants import host_constant, host_matrix
 
 DT = {"f32": np.float32, "i32": np.int32}
 
@@ -17,10 +17,13 @@ DT = {"f32": np.float32, "i32": np.int32}
 class ArenaEnv:
     """The Env the numpy twins read and write through: arena views, cache tables, step I/O, weights."""
 
-    def __init__(self, s: Plan, weights, tables: dict[str, np.ndarray]):
+    def __init__(self, s: Plan, weights, tables: dict[str, np.ndarray], exact: bool = True, temp: int = 0):
         self.s = s
         self.weights = weights
-        self.arena = np.zeros(s.arena.bytes, dtype=np.uint8)
+        self.exact = exact
+        # the plan's arena, then (fast twins) a tail of `temp` f32 values every launch's temporaries share in turn
+        self.arena = np.zeros(s.arena.bytes + (-s.arena.bytes % 64) + 4 * temp, dtype=np.uint8)
+        self._temp = np.frombuffer(self.arena, dtype=np.float32, count=temp, offset=len(self.arena) - 4 * temp)
         self.placed = s.arena.by_name()
         self.tables = tables
         self.io: dict[str, np.ndarray] = {}
@@ -54,8 +57,21 @@ class ArenaEnv:
     def weight(self, name: str) -> tuple[np.ndarray, str]:
         w = self._weights.get(name)
         if w is None:
-            w = self._weights[name] = host_constant(self.s.constants[name], self.weights)
+            c = self.s.constants[name]
+            if not self.exact and (c.kind == "values" or c.format == "f32"):
+                w = (host_matrix(c, self.weights), "f32")  # the same values, one copy with the fast twins' matrices
+            else:
+                w = host_constant(c, self.weights)
+            self._weights[name] = w
         return w
+
+    def matrix(self, name: str) -> np.ndarray:
+        """Constant `name` as flat f32 values, decoded once (the fast twins' weights)."""
+        return host_matrix(self.s.constants[name], self.weights)
+
+    def temp(self, count: int) -> np.ndarray:
+        """`count` f32 values of the arena's tail, a fast twin's temporary for the length of its launch."""
+        return self._temp[:count]
 
     def param(self, name: str) -> int:
         return int(self.array(name)[0])
@@ -64,11 +80,13 @@ class ArenaEnv:
 class NumpyRunner:
     """Runs one Plan step after step; the arena and weights are kept across steps."""
 
-    def __init__(self, s: Plan, weights, check: bool = False):
+    def __init__(self, s: Plan, weights, check: bool = False, exact: bool = True):
         self.s = s
         self.check = check  # run the reference beside each step and compare launch by launch (LANEFUSE_CHECK=2)
+        self.exact = exact or check  # the exact twins (the kernels' sums imitated in f64), else each kind's fast twin
         self.weights = weights
-        self.env = ArenaEnv(s, weights, {})
+        temp = 0 if self.exact else max((x.launch.fast_temp() for x in s.launches), default=0)
+        self.env = ArenaEnv(s, weights, {}, exact=self.exact, temp=temp)
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
@@ -82,7 +100,10 @@ class NumpyRunner:
         pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
         for i, x in enumerate(s.launches):
             before = self._table_rows(x, pos) if ref is not None else None
-            x.launch.numpy(env)
+            if self.exact:
+                x.launch.numpy(env)
+            else:
+                x.launch.fast(env)
             if ref is not None:
                 self._compare(i, x, ref, pos, before)
         return {s.io.logits: env.array(s.io.logits).reshape(s.tensors[s.io.logits].shape).copy(),

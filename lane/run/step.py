@@ -28,19 +28,20 @@ def pick_device(device: str) -> str:
     return "gpu" if has_cuda() else "cpu"
 
 
-def make_runner(p, weights, device: str, state=None, check: bool = False):
-    """The runner of plan `p` on `device` (gpu or cpu); `check` runs the reference beside each numpy step."""
+def make_runner(p, weights, device: str, state=None, check: bool = False, exact: bool = False):
+    """The runner of plan `p` on `device` (gpu or cpu); on the CPU the fast numpy runner (f32 BLAS on weights decoded
+    once), or the exact twins where `exact` or `check` (which runs the reference beside each numpy step)."""
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import CupyRunner
 
         return CupyRunner(p, weights, state)
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
-    return NumpyRunner(p, weights, check=check)
+    return NumpyRunner(p, weights, check=check, exact=exact or check)
 
 
 def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = None, saved=None,
-                 saved_path: str = "", check: bool = False):
+                 saved_path: str = "", check: bool = False, exact: bool = False):
     """A step function for `generate`: plans each step graph once under `options` (or runs the `saved` plan, read
     from `saved_path`) on the chosen backend; and its label. `check` runs the reference beside each numpy step."""
     from lanefuse.lane.lower.plan import plan
@@ -67,7 +68,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                 s = plan(g, options)
                 spent["plan_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            r = runners[rows] = make_runner(s, weights, device, state, check)
+            r = runners[rows] = make_runner(s, weights, device, state, check, exact)
             spent["setup_s"] += time.perf_counter() - t0
         return r.step(env, lifted=g)
 
@@ -76,4 +77,6 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"
     if check and device == "cpu":
         label += ", checked launch by launch"
+    elif exact and device == "cpu":
+        label += ", exact twins"
     return step_fn, label

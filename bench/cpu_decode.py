@@ -1,0 +1,164 @@
+"""CPU decode speed, side by side in one run: lanefuse's numpy backend (the fast runner `lanefuse run` uses, and the
+exact twin with --exact) against transformers eager (torch CPU, KV cache) on the same random Qwen3-shaped f32 model
+(issue 18: hidden 1024, 8 layers, 16 heads, 8 kv heads, head_dim 64, intermediate 3072, vocab 32000), and the
+machine's f32 GEMV bandwidth (numpy). Rounds are interleaved and figures are medians: the machine may be shared.
+
+    python bench/cpu_decode.py [--rounds 5] [--tokens 24] [--threads 2] [--exact] [--layers 8]
+
+transformers runs in a subprocess whose cwd and sys.path leave this checkout out (its `kernels/` folder would shadow
+the `kernels` package transformers imports)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPT = [3, 17, 5, 42, 8, 11, 29, 7]  # an 8-token prompt, as in the issue
+
+SHAPE = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, head_dim=64,
+             intermediate_size=3072, vocab_size=32000, max_position_embeddings=512, tie_word_embeddings=False)
+
+# The transformers side: builds and saves the model (`build`), or serves decode timings round by round (`serve`).
+# It runs as `python -c HF` in another folder, so nothing of this checkout is importable there.
+HF = r'''
+import json, sys, time
+import torch, transformers
+cmd, folder, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(threads)
+if cmd == "build":
+    shape = json.loads(sys.argv[4])
+    cfg = transformers.Qwen3Config(**shape)
+    torch.manual_seed(18)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # a scale that keeps the residual alive (see shared/PEERS-NOTES.md)
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+    model.save_pretrained(folder)
+    print("saved")
+    sys.exit(0)
+model = transformers.Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+print("ready", flush=True)
+for line in sys.stdin:
+    prompt, n = json.loads(line)
+    times, toks = [], []
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), use_cache=True)
+        pkv, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
+        for _ in range(n):
+            toks.append(nxt)
+            t0 = time.perf_counter()
+            out = model(torch.tensor([[nxt]]), past_key_values=pkv, use_cache=True)
+            times.append(time.perf_counter() - t0)
+            pkv, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
+    print(json.dumps({"times": times, "tokens": toks}), flush=True)
+'''
+
+
+def hf_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", HF, *args]
+
+
+def gemv_bandwidth(repeats: int = 30) -> float:
+    """GB/s numpy's f32 GEMV streams on a matrix well past the caches (64 MiB): the floor of a decode step."""
+    import numpy as np
+
+    w = np.random.default_rng(0).standard_normal((8192, 2048), dtype=np.float32)
+    x = np.ones(2048, dtype=np.float32)
+    y = np.empty(8192, dtype=np.float32)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.dot(w, x, out=y)
+        ts.append(time.perf_counter() - t0)
+    return w.nbytes / statistics.median(ts) / 1e9
+
+
+class Lanefuse:
+    """lanefuse on the checkpoint: the decode step planned once, then timed step by step."""
+
+    def __init__(self, folder: str, exact: bool):
+        from lanefuse.engine.front import load_model
+        from lanefuse.lane.run.step import plan_step_fn
+
+        self.cfg, self.weights = load_model(folder)
+        self.times: list[float] = []
+        step_fn, self.label = plan_step_fn(self.weights, "cpu", exact=exact)
+
+        def timed(g, env):
+            t0 = time.perf_counter()
+            out = step_fn(g, env)
+            if int(g.meta.get("rows", 1)) == 1:
+                self.times.append(time.perf_counter() - t0)
+            return out
+
+        self.step_fn = timed
+        self.round(2)  # plans the prefill chunk and the decode step, reads the weights in
+
+    def round(self, n: int) -> tuple[list[float], list[int]]:
+        from lanefuse.lane.run.generate import generate
+
+        self.times = []
+        res = generate(self.cfg, self.weights, PROMPT, n + 1, step_fn=self.step_fn)
+        return self.times, res.generated_ids
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians over them)")
+    ap.add_argument("--tokens", type=int, default=24, help="decode steps timed a round")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (numpy's BLAS takes its own default)")
+    ap.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
+    ap.add_argument("--exact", action="store_true", help="time the exact twin (the f64-sum imitation) instead")
+    args = ap.parse_args()
+    shape = dict(SHAPE, num_hidden_layers=args.layers)
+    elsewhere = tempfile.mkdtemp(prefix="lanefuse-bench-")
+    folder = os.path.join(elsewhere, "qwen3")
+    env = dict(os.environ, PYTHONPATH="")
+    subprocess.run(hf_cmd("build", folder, str(args.threads), json.dumps(shape)), cwd=elsewhere, env=env,
+                   check=True, stdout=subprocess.DEVNULL)
+    hf = subprocess.Popen(hf_cmd("serve", folder, str(args.threads)), cwd=elsewhere, env=env, text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert hf.stdout.readline().strip() == "ready"
+    lf = Lanefuse(folder, args.exact)
+    lf_ms, hf_ms, bw = [], [], []
+    same = True
+    for _ in range(args.rounds):
+        t, lf_toks = lf.round(args.tokens)
+        lf_ms.append(1e3 * statistics.median(t))
+        hf.stdin.write(json.dumps([PROMPT, args.tokens]) + "\n")
+        hf.stdin.flush()
+        got = json.loads(hf.stdout.readline())
+        hf_ms.append(1e3 * statistics.median(got["times"]))
+        same = same and got["tokens"] == lf_toks[: len(got["tokens"])]
+        bw.append(gemv_bandwidth())
+    hf.stdin.close()
+    hf.wait()
+    params = sum(math.prod(lf.weights.shape(n)) for n in lf.weights.store.names())
+    gb = 4 * params / 1e9
+    lms, hms, gbs = statistics.median(lf_ms), statistics.median(hf_ms), statistics.median(bw)
+    floor = 1e3 * gb / gbs
+    print(f"model: Qwen3-shaped, {args.layers} layers, {params / 1e6:.0f}M parameters, {1e3 * gb:.0f} MB f32; "
+          f"{len(PROMPT)}-token prompt, {args.tokens} decode steps a round, {args.rounds} rounds interleaved")
+    print(f"lanefuse ({lf.label}): {lms:.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
+    print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
+          f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
+    print(f"numpy f32 GEMV bandwidth: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights")
+    print(f"lanefuse speed / transformers: {hms / lms:.2f}x; lanefuse at {floor / lms:.0%} of the GEMV bandwidth; "
+          f"greedy tokens {'the same' if same else 'DIFFER'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The fast numpy runner (what `lanefuse run` uses on the CPU: f32 BLAS on weights decoded once) against the exact
+twins (the kernels' sums imitated in f64, what `lanefuse check`, LANEFUSE_CHECK=2 and the GPU tests use): each fast
+twin on odd shapes and destinations, and whole generations — the same greedy tokens, logits within FAST_TOL of their
+scale. The fast runner allocates no array a launch in its hot path beyond what it states."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.demo import demo_model, random_arrays
+from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.weights import Weights, f32_to_bf16
+from lanefuse.kernels import (Attention, Dst, Fold, GemmPart, GemmParts, Gemv, GemvF32, GemvGlu, HostEnv, Norm,
+                              Part)
+from lanefuse.kernels.common import encode
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.run.generate import generate, new_caches
+from lanefuse.lane.run.numpy_runner import NumpyRunner
+from lanefuse.lane.run.step import make_runner, plan_step_fn
+
+FAST_TOL = 1e-4  # f32 rounding of sums against the exact twin's f64 sums, relative to the values' scale
+SENTINEL = -777.0
+
+
+def r32(g, *shape):
+    return g.standard_normal(shape).astype(np.float32)
+
+
+def twins(launch, arrays, weights):
+    """Both twins of `launch` on copies of the same env: (exact env, fast env)."""
+    envs = []
+    for how in ("numpy", "fast"):
+        env = HostEnv({k: v.copy() for k, v in arrays.items()}, dict(weights))
+        getattr(launch, how)(env)
+        envs.append(env)
+    return envs
+
+
+def agree(exact, fast, names):
+    for n in names:
+        want, got = exact.array(n), fast.array(n)
+        assert np.array_equal(want == SENTINEL, got == SENTINEL), f"`{n}`: written in other places"
+        scale = max(float(np.max(np.abs(want[want != SENTINEL]), initial=0.0)), 1.0)
+        assert float(np.max(np.abs(got.astype(np.float64) - want))) <= FAST_TOL * scale, n
+
+
+def dst(kind: str, rows: int, n: int):
+    """(Dst, its buffer, env extras): a buffer of its own, rows of a table from a row `at` names, parts of units."""
+    if kind == "own":
+        return Dst("y"), np.full(rows * n, SENTINEL, np.float32), {}
+    if kind == "table":
+        return Dst("y", row="at", pitch=n), np.full((rows + 5) * n, SENTINEL, np.float32), {
+            "at": np.array([3], np.int32)}
+    return Dst("y", unit=Part(n + 7, 4, n)), np.full(rows * (n + 7), SENTINEL, np.float32), {}
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("m,k,n", [(1, 7, 5), (3, 64, 33), (9, 129, 17)])
+@pytest.mark.parametrize("where", ["own", "table", "unit"])
+@pytest.mark.parametrize("split", [1, 2])
+def test_gemv_fast(fmt, m, k, n, where, split):
+    g = np.random.default_rng(m * k + n)
+    d, buf, extra = dst(where, m, n)
+    arrays = {"x": r32(g, m, k), "y": buf, **extra}
+    weights = {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}
+    exact, fast = twins(Gemv("x", "w", fmt, d, k, n, m, bias="b", split=split), arrays, weights)
+    agree(exact, fast, ["y"])
+    exact, fast = twins(GemvF32("x", "w", d, k, n, m, split=split), arrays,
+                        {"w": (r32(g, n, k).reshape(-1), "f32")})
+    agree(exact, fast, ["y"])
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_gemm_parts_fast(m):
+    g = np.random.default_rng(m)
+    k = 40
+    arrays = {"x": r32(g, m, k), "a": np.full(m * 12, SENTINEL, np.float32),
+              "t": np.full(9 * 20, SENTINEL, np.float32), "pos": np.array([2], np.int32)}
+    parts = (GemmPart("wa", Dst("a", unit=Part(12, 2, 8)), 8, bias="ba"),
+             GemmPart("wt", Dst("t", row="pos", pitch=20), 20))
+    weights = {"wa": (encode(r32(g, 8, k), "bf16"), "bf16"), "wt": (encode(r32(g, 20, k), "bf16"), "bf16"),
+               "ba": (r32(g, 8), "f32")}
+    exact, fast = twins(GemmParts("x", "bf16", k, m, parts), arrays, weights)
+    agree(exact, fast, ["a", "t"])
+
+
+@pytest.mark.parametrize("act", ["silu", "sigmoid", "gelu"])
+@pytest.mark.parametrize("m,bias", [(1, False), (3, True)])
+def test_gemv_glu_fast(act, m, bias):
+    g = np.random.default_rng(7)
+    k, n = 33, 50
+    arrays = {"x": 4 * r32(g, m, k), "o": np.full(m * n, SENTINEL, np.float32)}
+    weights = {"wg": (encode(r32(g, n, k), "f16"), "f16"), "wu": (encode(r32(g, n, k), "f16"), "f16"),
+               "bg": (r32(g, n), "f32"), "bu": (r32(g, n), "f32")}
+    launch = GemvGlu("x", "wg", "wu", "f16", "o", k, n, m, act=act, bg="bg" if bias else None,
+                     bu="bu" if bias else None)
+    exact, fast = twins(launch, arrays, weights)
+    agree(exact, fast, ["o"])
+
+
+@pytest.mark.parametrize("heads,kv,hd,vd", [(4, 2, 8, 8), (6, 1, 16, 6), (8, 2, 64, 64)])
+@pytest.mark.parametrize("rows,pos", [(1, 0), (1, 13), (3, 9)])
+@pytest.mark.parametrize("window,sinks,splits", [(0, False, 1), (5, False, 2), (0, True, 3), (4, True, 1)])
+def test_attention_fast(heads, kv, hd, vd, rows, pos, window, sinks, splits):
+    g = np.random.default_rng(heads * hd + pos)
+    L = 20
+    arrays = {"q": r32(g, rows * heads * hd), "kc": r32(g, L * kv * hd), "vc": r32(g, L * kv * vd),
+              "pos": np.array([pos], np.int32), "o": np.full(rows * heads * vd, SENTINEL, np.float32)}
+    launch = Attention("q", "kc", "vc", "pos", "o", heads, heads // kv, hd, vd, L, rows, hd ** -0.5, window=window,
+                       sinks="sk" if sinks else None, splits=splits)
+    exact, fast = twins(launch, arrays, {"sk": (r32(g, heads), "f32")})
+    agree(exact, fast, ["o"])
+
+
+def test_attention_fast_keys_and_values_as_halves_of_one_row():
+    g = np.random.default_rng(5)
+    heads, kv, hd, L, pos = 4, 2, 8, 12, 7
+    row = 2 * kv * hd + 3
+    arrays = {"q": r32(g, heads * hd), "c": r32(g, L * row), "pos": np.array([pos], np.int32),
+              "o": np.full(heads * hd, SENTINEL, np.float32)}
+    launch = Attention("q", "c", "c", "pos", "o", heads, heads // kv, hd, hd, L, 1, 0.3, kstride=row, koff=1,
+                       vstride=row, voff=1 + kv * hd)
+    exact, fast = twins(launch, arrays, {})
+    agree(exact, fast, ["o"])
+
+
+def test_fold_fast_runs_both_fast_twins():
+    g = np.random.default_rng(2)
+    k, n = 24, 16
+    arrays = {"x": r32(g, k), "y": np.zeros(n, np.float32), "r": r32(g, n), "s": np.zeros(n, np.float32),
+              "o": np.zeros(n, np.float32)}
+    f = Fold(Gemv("x", "w", "f32", Dst("y"), k, n, 1), Norm("r", "nw", "o", 1, n, 1e-6, add="y", sum="s"))
+    exact, fast = twins(f, arrays, {"w": (r32(g, n, k), "f32"), "nw": (r32(g, n), "f32")})
+    agree(exact, fast, ["y", "s", "o"])
+    assert f.fast_temp() == 0
+
+
+# -- whole runs -------------------------------------------------------------------------------------------------------
+
+MODELS = {
+    "qwen2_bias_tied": ModelConfig("Qwen2ForCausalLM", 64, 2, 4, 2, 16, 128, 120, qkv_bias=True, rope_theta=1e6,
+                                   tie_embeddings=True, max_len=64, name="tiny-qwen2"),
+    "qwen3_bf16": ModelConfig("Qwen3ForCausalLM", 64, 2, 4, 1, 32, 96, 100, qk_norm=True, max_len=64,
+                              formats=(("model.layers.0.mlp.up_proj.weight", "bf16"),
+                                       ("model.layers.1.self_attn.q_proj.weight", "bf16")), name="tiny-qwen3"),
+    "llama_partial": ModelConfig("LlamaForCausalLM", 64, 1, 4, 4, 16, 64, 90, partial_rotary=0.5, max_len=64,
+                                 name="tiny-partial"),
+}
+
+
+def _weights(cfg: ModelConfig) -> Weights:
+    arrays = random_arrays(cfg, seed=11)
+    for name, fmt in cfg.formats:
+        arrays[name] = f32_to_bf16(arrays[name])
+    return Weights.from_dict(arrays, cfg)
+
+
+def _gen(cfg, w, prompt, n, exact: bool):
+    fn, _ = plan_step_fn(w, "cpu", exact=exact)
+    return generate(cfg, w, prompt, n, step_fn=fn, chunk=4)
+
+
+def _rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def _fast_against_exact(cfg, w, prompt, n):
+    fast, exact = _gen(cfg, w, prompt, n, False), _gen(cfg, w, prompt, n, True)
+    assert fast.generated_ids == exact.generated_ids
+    err = max(_rel(a, b) for a, b in zip(fast.logits, exact.logits))
+    assert err <= FAST_TOL, err
+    return err, exact.generated_ids
+
+
+def test_demo_fast_runner_matches_exact_32_tokens():
+    cfg, w = demo_model()
+    err, ids = _fast_against_exact(cfg, w, list(range(1, 10)), 32)  # a prefill of 4-row chunks, then decode
+    assert len(set(ids)) > 4  # the tokens are not one repeated value
+    print(f"\ndemo: fast runner against exact twins, max |diff| / max |logits| = {err:.2e}")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_models_fast_runner_matches_exact(name):
+    cfg = MODELS[name]
+    _fast_against_exact(cfg, _weights(cfg), [3, 1, 4, 1, 5], 12)
+
+
+def test_runner_choice():
+    """`lanefuse run` on the CPU gets the fast runner; a check (LANEFUSE_CHECK=2) or `exact` the exact twins; a
+    NumpyRunner made directly (`lanefuse check`, the GPU tests) is exact unless told otherwise."""
+    cfg, w = demo_model()
+    s = plan(build_step(cfg, 1))
+    assert not make_runner(s, w, "cpu").exact
+    assert make_runner(s, w, "cpu", check=True).exact
+    assert make_runner(s, w, "cpu", exact=True).exact
+    assert NumpyRunner(s, w).exact
+    assert plan_step_fn(w, "cpu")[1] == "fused plan, numpy backend"
+    assert "exact" in plan_step_fn(w, "cpu", exact=True)[1]
+
+
+def test_fast_step_reuses_its_arrays():
+    """A second decode step at another position writes into the same arena and reads the same decoded weights: no
+    weight decoded again, the arena not reallocated, the temporaries a tail of the arena."""
+    cfg, w = demo_model()
+    s = plan(build_step(cfg, 1))
+    r = NumpyRunner(s, w, exact=False)
+    env = new_caches(cfg)
+    for p in (0, 1):
+        env["token"], env["pos"] = np.array([5 + p], np.int32), np.array([p], np.int32)
+        r.step(env)
+        if p == 0:
+            arena, mats = r.env.arena, {n: r.env.matrix(n) for n in s.constants}
+    assert r.env.arena is arena
+    assert all(r.env.matrix(n) is not None and np.shares_memory(r.env.matrix(n), m) for n, m in mats.items())
+    assert r.env._temp.size == 0 or np.shares_memory(r.env._temp, r.env.arena)
