@@ -292,3 +292,236 @@ def test_page_shows_a_user_error_as_a_toast(browser_page):
     assert "Traceback" not in page.content()
     # the only thing logged is the browser's note of the 400 itself
     assert all("status of 400" in line for line in log), log
+
+
+# ---- malformed and hostile requests (issue 11, item 13): each a 4xx with a JSON message, the terminal quiet -----------
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].strip("/"))
+
+
+def _raw(url: str, head: bytes, body: bytes = b"", then: bytes = b"") -> bytes:
+    """Send a hand-made request's head (and body), read every answer until the server closes or 3 s pass; `then`
+    is sent after the first answer came (the rest of a body the server should not have waited for)."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", _port(url)), timeout=3)
+    out = b""
+    try:
+        s.sendall(head + body)
+        if then:
+            out += s.recv(65536)
+            try:
+                s.sendall(then)
+            except OSError:
+                pass
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            out += b
+    except (TimeoutError, ConnectionError):
+        pass
+    finally:
+        s.close()
+    return out
+
+
+def _answers(raw: bytes) -> list[tuple[int, dict, dict]]:
+    """The (status, headers, JSON body) of each answer on a connection."""
+    out = []
+    while raw.startswith(b"HTTP/"):
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        hdrs = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        n = int(hdrs.get("content-length", 0))
+        out.append((int(lines[0].split()[1]), hdrs, json.loads(rest[:n])))
+        raw = rest[n:]
+    return out
+
+
+def _post_head(path: str, length: str | None, extra: str = "", ctype: str = "application/json") -> bytes:
+    h = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ctype}\r\n"
+    if length is not None:
+        h += f"Content-Length: {length}\r\n"
+    return (h + extra + "\r\n").encode()
+
+
+def _one(raw: bytes) -> tuple[int, dict, dict]:
+    a = _answers(raw)
+    assert len(a) == 1, raw[:500]
+    return a[0]
+
+
+class _Knobbed(FakeExplorer):
+    """FakeExplorer with the real lane's kinds of knob beside its own: an integer, a float."""
+
+    def __init__(self):
+        super().__init__()
+        self.knobs.update({"sms": 132, "hbm_gbps": 4300.0})
+
+    def set_knob(self, name, value):
+        if name in ("sms", "hbm_gbps"):
+            self._change(lambda: self.knobs.__setitem__(name, value))
+        else:
+            super().set_knob(name, value)
+
+
+@pytest.fixture
+def knobbed():
+    ex = _Knobbed()
+    server, url = serve(ex)
+    yield ex, url
+    server.stop()
+
+
+def test_content_length_minus_one_is_refused_and_the_connection_closed(served, capsys):
+    ex, url = served
+    status, hdrs, err = _one(_raw(url, _post_head("/api/hold", "-1"), then=b"x" * 5_000_000))
+    assert status == 400 and "Content-Length -1 is not one byte count" in err["error"]
+    assert hdrs["connection"] == "close" and not ex.held
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("length,status,words", [
+    ("abc", 400, "Content-Length abc is not one byte count"),
+    ("1e3", 400, "is not one byte count"),
+    ("+5", 400, "is not one byte count"),
+    ("70000", 413, "a body of 70000 bytes is too long"),
+    ("99999999999999999999", 413, "too long"),
+])
+def test_a_bad_content_length_is_a_4xx_and_ends_the_connection(served, capsys, length, status, words):
+    ex, url = served
+    smuggled = b"POST /api/hold HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" \
+               b"Content-Length: 20\r\n\r\n{\"rule\": \"add_norm\"}"
+    st, hdrs, err = _one(_raw(url, _post_head("/api/hold", length), smuggled))  # one answer: the body is no request
+    assert st == status and words in err["error"] and hdrs["connection"] == "close"
+    assert not ex.held
+    assert capsys.readouterr().err == ""
+
+
+def test_two_lengths_chunked_and_a_short_body_are_refused(served, capsys):
+    _, url = served
+    st, _, err = _one(_raw(url, _post_head("/api/hold", "2", "Content-Length: 3\r\n"), b"{}"))
+    assert st == 400 and "not one byte count" in err["error"]
+    st, _, err = _one(_raw(url, _post_head("/api/hold", None, "Transfer-Encoding: chunked\r\n"), b"2\r\n{}\r\n0\r\n\r\n"))
+    assert st == 411 and "Content-Length" in err["error"]
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", _port(url)), timeout=5)
+    s.sendall(_post_head("/api/hold", "100") + b'{"rule": ')
+    s.shutdown(socket.SHUT_WR)
+    raw = b""
+    while (b := s.recv(65536)):
+        raw += b
+    s.close()
+    st, _, err = _one(raw)
+    assert st == 400 and "the body ended after 9 of 100 bytes" in err["error"]
+    assert capsys.readouterr().err == ""
+
+
+def test_deep_json_nan_and_huge_numbers_are_400(knobbed, capsys):
+    ex, url = knobbed
+    deep = b"[" * 30000 + b"]" * 30000
+    st, _, err = _one(_raw(url, _post_head("/api/hold", str(len(deep)), "Connection: close\r\n"), deep))
+    assert st == 400 and "nests too deep" in err["error"]
+    deep = b'{"rule": ' + b"{\"a\": " * 9000 + b"1" + b"}" * 9000 + b"}"
+    st, _, err = _one(_raw(url, _post_head("/api/hold", str(len(deep)), "Connection: close\r\n"), deep))
+    assert st == 400 and "nests too deep" in err["error"]
+    for value, words in ((b"1e999", "1e999, too large for a number"), (b"-1e999", "too large for a number"),
+                         (b"NaN", "NaN, which JSON has not"), (b"Infinity", "Infinity, which JSON has not"),
+                         (b"1" * 5000, "not JSON")):
+        body = b'{"name": "hbm_gbps", "value": ' + value + b"}"
+        st, _, err = _one(_raw(url, _post_head("/api/knob", str(len(body)), "Connection: close\r\n"), body))
+        assert st == 400 and words in err["error"], (value[:20], err)
+    assert ex.knobs["hbm_gbps"] == 4300.0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_knob_takes_only_its_own_json_type(knobbed, capsys):
+    ex, url = knobbed
+    for name, value, words in (("sms", "12", "takes an integer, not \"12\""), ("sms", 12.5, "takes an integer"),
+                               ("sms", True, "takes an integer"), ("sms", None, "takes an integer"),
+                               ("hbm_gbps", "4000", "takes a number"), ("fuse_quant", 1, "takes true or false"),
+                               ("numerics", 8, "takes a string")):
+        status, err = post(url + "api/knob", {"name": name, "value": value})
+        assert status == 400 and words in err["error"], (name, value, err)
+    assert ex.knobs["sms"] == 132
+    status, st = post(url + "api/knob", {"name": "sms", "value": 12})
+    assert status == 200 and st["knobs"]["sms"] == 12
+    status, st = post(url + "api/knob", {"name": "hbm_gbps", "value": 4000})  # a float knob takes an integer
+    assert status == 200 and st["knobs"]["hbm_gbps"] == 4000
+    status, err = post(url + "api/knob", {"name": "smz", "value": 1})  # an unknown name: the explorer's words
+    assert status == 400 and "no knob `smz`" in err["error"]
+    assert capsys.readouterr().err == ""
+
+
+def test_the_real_explorers_knobs_refuse_strings_and_infinity(capsys):
+    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.explore.explorer import Explorer
+
+    cfg, _ = demo_model()
+    ex = Explorer(build_step(cfg, 1), model_name="demo")
+    server, url = serve(ex)
+    try:
+        status, err = post(url + "api/knob", {"name": "sms", "value": "12"})
+        assert status == 400 and "knob `sms` takes an integer" in err["error"]
+        body = b'{"name": "hbm_gbps", "value": 1e999}'
+        st, _, err = _one(_raw(url, _post_head("/api/knob", str(len(body)), "Connection: close\r\n"), body))
+        assert st == 400 and "too large" in err["error"]
+        assert ex.knobs.sms == 132 and ex.knobs.hbm_gbps == 4300.0
+        status, st = post(url + "api/knob", {"name": "sms", "value": 100})
+        assert status == 200 and st["knobs"]["sms"] == 100
+    finally:
+        server.stop()
+        ex.close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1:1", "https://127.0.0.1",
+                                    "http://localhost.evil.example", "http://[::1"])
+def test_a_foreign_origin_cannot_change_the_state(served, capsys, origin):
+    ex, url = served
+    body = b'{"rule": "add_norm"}'
+    st, _, err = _one(_raw(url, _post_head("/api/hold", str(len(body)), f"Origin: {origin}\r\nConnection: close\r\n"),
+                           body))
+    assert st == 403 and "only from its own page" in err["error"]
+    assert not ex.held
+    assert capsys.readouterr().err == ""
+
+
+def test_the_pages_own_origin_and_no_origin_pass(served):
+    ex, url = served
+    body = b'{"rule": "add_norm"}'
+    for origin in (url.rstrip("/"), url.rstrip("/").replace("127.0.0.1", "localhost")):
+        st, _, out = _one(_raw(url, _post_head("/api/hold", str(len(body)), f"Origin: {origin}\r\nConnection: close\r\n"),
+                               body))
+        assert st == 200 and "add_norm" in ex.held
+        post(url + "api/release", {"rule": "add_norm"})
+    status, _ = post(url + "api/hold", {"rule": "add_norm"})  # no Origin: a script, not a page
+    assert status == 200
+
+
+def test_closed_tabs_and_garbage_leave_the_terminal_quiet(served, capsys):
+    import socket
+    import struct
+    import time
+
+    _, url = served
+    for i in range(50):  # a tab closed mid-answer: the socket reset while the page's script is being sent
+        s = socket.create_connection(("127.0.0.1", _port(url)), timeout=5)
+        s.sendall(b"GET /app.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 3)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    st, _, err = _one(_raw(url, b"GARBAGE\r\n\r\n"))
+    assert st == 400 and "Bad request" in err["error"]
+    st, _, err = _one(_raw(url, b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n"))
+    assert st == 414
+    # a GET with a body: answered, and the connection closed so the body is not read as a request
+    a = _answers(_raw(url, b"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 24\r\n\r\n",
+                      b"GET /api/state HTTP/1.1\r\n"))
+    assert len(a) == 1 and a[0][0] == 200 and a[0][1]["connection"] == "close"
+    time.sleep(0.5)
+    assert get(url + "api/state")[0] == 200  # the server still serves
+    assert capsys.readouterr().err == ""

@@ -8,7 +8,10 @@ API (every answer is JSON; a POST answers with the new state):
   POST /api/force   {"tensor", "index"}    POST /api/unforce {"tensor"}
   POST /api/knob    {"name", "value"}
 A POST body may carry "layer" to say which layer's state to answer with. A UserError answers 400 {"error": message};
-a malformed request 400 as well; a bug 500 {"error": one line} (the traceback goes to the server's stderr only).
+a malformed request a 4xx as well (400; 403 for a foreign Host or Origin; 411/413 for a body of no or too great a
+length, the connection then closed so no unread body is taken for a request), the terminal quiet; a bug 500
+{"error": one line} (the traceback goes to the server's stderr only). A knob's value must have the JSON type of its
+current value (a finite number for a number: `"12"` and `1e999` are refused). A tab closed mid-answer is not an error.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ ASSETS = {  # path -> (file under lane/web, content type)
 }
 LOOPBACK = ("127.0.0.1", "localhost")
 MAX_BODY = 1 << 16
+GONE = (ConnectionError, TimeoutError)  # the client went away (a closed tab) or stalled: nothing to tell anyone
 
 
 class Explorer(Protocol):
@@ -50,7 +54,51 @@ class Explorer(Protocol):
 
 
 class BadRequest(Exception):
-    """A request the page should never send: answered 400 like a UserError."""
+    """A request the page should never send: answered 400 like a UserError (or `status`); `close` ends the connection
+    (its body was not read, so what follows it is no request)."""
+
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST, close: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.close = close
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"the body holds {name}, which JSON has not; send a finite number")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise BadRequest(f"the body holds {_clip(text, 20)}, too large for a number; send a finite number")
+    return v
+
+
+def _knob_value(name: str, v: Any, current: dict) -> Any:
+    """`v` as knob `name` takes it: the JSON type of the knob's current value (a bool, a string; a finite number, an
+    integer for an integer knob). An unknown name passes through for the explorer to refuse with its near names."""
+    if name not in current:
+        return v
+    cur = current[name]
+    if isinstance(cur, bool):
+        ok, want = isinstance(v, bool), "true or false"
+    elif isinstance(cur, int):
+        ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
+    elif isinstance(cur, float):
+        ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+    elif isinstance(cur, str):
+        ok, want = isinstance(v, str), "a string"
+    else:
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        raise BadRequest(f"knob `{name}`: {v} is not a finite number")
+    if not ok:
+        raise BadRequest(f"knob `{name}` takes {want}, not {_clip(json.dumps(v))}")
+    return v
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _finite(x: Any) -> Any:
@@ -92,12 +140,32 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # ---- plumbing ----------------------------------------------------------------------------------------------
+    timeout = 30  # a stalled client (a body promised, never sent) frees its thread
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except GONE:  # a closed tab, a reset, a stalled client: the terminal stays quiet
+            self.close_connection = True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a bad request line, a header too long) answer JSON like the rest."""
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # no request line worth the name: answer with a status line all the same
+            self.request_version = "HTTP/1.0"
+        try:
+            self._json(code, {"error": message or HTTPStatus(code).phrase})
+        except GONE:
+            pass
+
     def _send(self, status: int, body: bytes, ctype: str, cache: bool = False) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "max-age=60" if cache else "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -111,6 +179,19 @@ class _Handler(BaseHTTPRequestHandler):
         host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
         return host in LOOPBACK
 
+    def _origin_ok(self) -> bool:
+        # a state-changing request from a page of another site (or a sandboxed one: `null`) is refused; a client that
+        # sends no Origin (curl, a script) is not a browser page and passes
+        origin = self.headers.get("Origin")
+        if origin is None:
+            return True
+        try:
+            u = urlsplit(origin)
+            port = u.port
+        except ValueError:  # not a URL at all
+            return False
+        return u.scheme == "http" and u.hostname in LOOPBACK and port == self.server.server_address[1]
+
     def _api(self, fn) -> None:
         if not self._host_ok():
             self._json(HTTPStatus.FORBIDDEN, {"error": "this server answers only requests to 127.0.0.1"})
@@ -118,16 +199,23 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             with self.server.lock:  # the explorer is one mutable object: one request at a time
                 out = fn()
-            self._json(HTTPStatus.OK, out)
-        except (UserError, BadRequest) as e:
-            self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+            status = HTTPStatus.OK
+        except BadRequest as e:
+            status, out = e.status, {"error": str(e)}
+        except UserError as e:
+            status, out = HTTPStatus.BAD_REQUEST, {"error": str(e)}
+        except RecursionError:
+            status, out = HTTPStatus.BAD_REQUEST, {"error": "the request nests too deep"}
         except Exception as e:  # a bug: one line to the page, the traceback to the terminal
             traceback.print_exc(file=sys.stderr)
-            self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(e).__name__}: {e}"})
+            status, out = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(e).__name__}: {e}"}
+        self._json(status, out)  # outside the try: a tab closed mid-answer is no bug (`handle` drops it)
 
     # ---- GET ---------------------------------------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802
         url = urlsplit(self.path)
+        if (self.headers.get("Content-Length") or "0").strip() != "0" or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True  # a body is never read here: what follows is no request
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         ex = self.server.explorer
         if url.path == "/api/state":
@@ -153,7 +241,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._body()
         except BadRequest as e:
-            self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+            self.close_connection = self.close_connection or e.close
+            self._json(e.status, {"error": str(e)})
+            return
+        if not self._origin_ok():  # after the body is read: the connection stays a sequence of whole requests
+            self._json(HTTPStatus.FORBIDDEN, {"error": "this server takes changes only from its own page on "
+                                                       "127.0.0.1, not from " + _clip(self.headers["Origin"])})
             return
         ex = self.server.explorer
         actions = {
@@ -161,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
             "/api/release": lambda: ex.release(_field(body, "rule", str)),
             "/api/force": lambda: ex.force(_field(body, "tensor", str), _field(body, "index", int)),
             "/api/unforce": lambda: ex.unforce(_field(body, "tensor", str)),
-            "/api/knob": lambda: ex.set_knob(_field(body, "name", str), _field(body, "value", object)),
+            "/api/knob": lambda: ex.set_knob(_field(body, "name", str), self._knob(body)),
         }
         act = actions.get(url.path)
         if act is None:
@@ -175,19 +268,38 @@ class _Handler(BaseHTTPRequestHandler):
 
         self._api(run)
 
+    def _knob(self, body: dict) -> Any:
+        name, value = _field(body, "name", str), _field(body, "value", object)
+        if self.server.knob_values is None:  # a knob keeps its type: its current values read once
+            self.server.knob_values = dict(self.server.explorer.state().get("knobs") or {})
+        return _knob_value(name, value, self.server.knob_values)
+
     def _body(self) -> dict:
         # only a JSON body: a form on another site cannot send one without the browser asking first (CORS)
-        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        n = int(self.headers.get("Content-Length") or 0)
+        if self.headers.get("Transfer-Encoding"):
+            raise BadRequest("send the body with a Content-Length, not a Transfer-Encoding",
+                             HTTPStatus.LENGTH_REQUIRED, close=True)
+        lengths = self.headers.get_all("Content-Length") or []
+        text = lengths[0].strip() if len(lengths) == 1 else ("0" if not lengths else None)
+        if text is None or not text.isascii() or not text.isdigit():
+            shown = ", ".join(_clip(v, 20) for v in lengths)
+            raise BadRequest(f"Content-Length {shown} is not one byte count", close=True)
+        n = int(text)
         if n > MAX_BODY:
-            raise BadRequest(f"a body of {n} bytes is too long")
+            raise BadRequest(f"a body of {n} bytes is too long (at most {MAX_BODY})",
+                             HTTPStatus.REQUEST_ENTITY_TOO_LARGE, close=True)
         raw = self.rfile.read(n) if n else b""
+        if len(raw) < n:
+            raise BadRequest(f"the body ended after {len(raw)} of {n} bytes", close=True)
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise BadRequest("the body must be JSON (Content-Type: application/json)")
         try:
-            body = json.loads(raw or b"{}")
+            body = json.loads(raw or b"{}", parse_constant=_no_constant, parse_float=_finite_float)
+        except RecursionError:
+            raise BadRequest("the body nests too deep") from None
         except ValueError as e:
-            raise BadRequest(f"the body is not JSON: {e}") from None
+            raise BadRequest(f"the body is not JSON: {_clip(str(e))}") from None
         if not isinstance(body, dict):
             raise BadRequest("the body must be a JSON object")
         return body
@@ -201,6 +313,14 @@ class ExplorerServer(ThreadingHTTPServer):
         self.explorer = explorer
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        self.knob_values: dict | None = None  # the explorer's knobs, read at the first knob request
+
+    def handle_error(self, request, client_address) -> None:
+        """What escapes a handler: a client gone is no news; anything else one line, not a traceback."""
+        e = sys.exc_info()[1]
+        if isinstance(e, GONE):
+            return
+        print(f"lanefuse explore: a request failed: {type(e).__name__}: {_clip(str(e), 200)}", file=sys.stderr)
 
     def stop(self) -> None:
         self.shutdown()
