@@ -13,6 +13,7 @@ from lanefuse.engine.model import ModelConfig
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+MAX_LAYERS = 10_000  # the deepest released models have about 130
 MAX_SIZE = 1 << 31  # no size of a real model comes near; beyond it a shape's product overflows what numpy indexes
 
 
@@ -138,6 +139,8 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
     if r.flag("use_sliding_window"):
         raise UserError(f"{where}: sliding-window attention (use_sliding_window) is not supported")
     hidden, heads, layers = r.size("hidden_size"), r.size("num_attention_heads"), r.size("num_hidden_layers")
+    if layers > MAX_LAYERS:  # before anything lists the layers' tensors (a checkpoint's count is checked too)
+        raise UserError(f"{where}: `num_hidden_layers` is {layers}; expected at most {MAX_LAYERS}")
     inter, vocab = r.size("intermediate_size"), r.size("vocab_size")
     kv = r.size("num_key_value_heads", heads)
     if heads % kv:
