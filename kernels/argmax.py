@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import MAX_GRID_Y, Launch, Scratch, names
+from lanefuse.kernels.common import MAX_GRID_Y, Launch, Scratch, names, reach
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,11 @@ class ArgMax(Launch):
         nb = self.blocks * self.rows
         return (Scratch("maxima", "f32", 4 * nb), Scratch("indices", "i32", 4 * nb),
                 Scratch("arrivals", "i32", 4, counter=True))
+
+    def extents(self, top, tokens):
+        a = self.advance
+        return reach((self.x, self.rows * self.n), (self.out, self.rows), (a.token if a else None, 1),
+                     (a.position if a else None, 1))
 
     def bytes(self):
         return 4 * (self.rows * self.n + self.rows)

@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, names
+from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, names, reach
 
 MAX_PER_BLOCK = 4  # heads a block holds
 MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
@@ -116,6 +116,16 @@ class Attention(Launch):
             n = span(self.len, self.window)
             splits = max(1, min(-(-knobs.sms // blocks), n // knobs.attn_split_min, MAX_SPLITS))
         return replace(self, per_block=per_block, splits=splits)
+
+    def extents(self, top, tokens):
+        j = top + self.rows - 1  # the last cache row a query attends
+        return reach((self.q, self.rows * self.heads * self.hd), (self.pos, 1), (self.sinks, self.heads),
+                     (self.kc, j * self.kpitch + self.koff + self.kv * self.hd),
+                     (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
+                     (self.out, self.rows * self.heads * self.vd))
+
+    def weights(self):
+        return {self.sinks: "f32"} if self.sinks else {}
 
     def bytes(self):
         n = span(self.len, self.window)

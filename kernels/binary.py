@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, act, operand
+from lanefuse.kernels.common import ACTS, act, operand, reach
 from lanefuse.kernels.elementwise import Elementwise, act_code
 
 OPS = ("add", "mul", "sub")
@@ -41,6 +41,12 @@ class Binary(Elementwise):
         if self.row and self.n % self.row:
             return Refusal(f"a row of {self.row} broadcast over {self.n} values")
         return None
+
+    def extents(self, top, tokens):
+        return reach((self.a, self.n), (self.b, self.row or self.n), (self.out, self.n))
+
+    def weights(self):
+        return {self.b: None}
 
     def bytes(self):
         return 4 * (2 * self.n + (self.row or self.n))

@@ -34,6 +34,10 @@ class Part:
         u = np.arange(units, dtype=np.int64)[:, None]
         return (u * self.pitch + self.offset + np.arange(self.width, dtype=np.int64)[None, :]).reshape(-1)
 
+    def extent(self, units: int) -> int:
+        """The elements of the wider tensor `units` units reach: one past the last value read."""
+        return (units - 1) * self.pitch + self.offset + self.width if units > 0 and self.width > 0 else 0
+
 
 @dataclass(frozen=True)
 class Dst:
@@ -72,6 +76,16 @@ class Dst:
 
     def params(self) -> tuple[str, ...]:
         return (self.row,) if isinstance(self.row, str) else ()
+
+    def extent(self, count: int, top: int) -> int:
+        """The elements of `buf` a result of `count` values reaches (one past the last index written), a row that a
+        parameter names being at most `top`."""
+        if count <= 0:
+            return 0
+        row = 0 if self.row is None else (top if isinstance(self.row, str) else self.row)
+        e, u = count - 1, self.unit
+        last = e if u is None else (e // max(u.width, 1)) * u.pitch + u.offset + e % max(u.width, 1)
+        return row * self.pitch + last + 1
 
 
 @dataclass(frozen=True)
@@ -190,6 +204,17 @@ class Launch:
         can."""
         return None
 
+    def extents(self, top: int, tokens: int) -> dict[str, int]:
+        """How many elements of each tensor it names the launch reaches (reads or writes), from its fields: a saved
+        plan's arrays and constants must hold at least that many (lane/lower/plancheck.py). `top` is the highest row
+        a position parameter names (the cache's rows less the step's), `tokens` the number of token ids."""
+        raise NotImplementedError
+
+    def weights(self) -> dict[str, str | None]:
+        """The constants the launch reads as weights, each with the format its kernel reads it in; None for an
+        operand that may be an array or f32 values. Everything else it names is an array."""
+        return {}
+
     def tune(self, knobs: Chip, held: Collection[str] = frozenset()) -> Launch:
         """This launch with the schedule's settings filled in for the chip `knobs` describes, taking none of the
         `held` steps; a kind with no settings (no `steps`) is as it is."""
@@ -233,6 +258,15 @@ class Launch:
     def describe(self) -> str:
         vals = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
         return f"{self.census}({vals})"
+
+
+def reach(*pairs) -> dict[str, int]:
+    """(name, elements) pairs as {name: the most elements}, names that are None skipped."""
+    out: dict[str, int] = {}
+    for name, n in pairs:
+        if isinstance(name, str):
+            out[name] = max(out.get(name, 0), int(n))
+    return out
 
 
 def names(*xs) -> tuple[str, ...]:

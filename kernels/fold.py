@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import FORMAT_CODE, GEMV_ROWS, Dst, Launch, Part, Scratch, names
+from lanefuse.kernels.common import FORMAT_CODE, GEMV_ROWS, Dst, Launch, Part, Scratch, names, reach
 from lanefuse.kernels.gather import Gather
 from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
 from lanefuse.kernels.gemv import Gemv
@@ -157,6 +157,12 @@ class Fold(Launch):
     def kernels(self):
         """One kernel when the pair is fused; else the kernels of each in turn."""
         return (self,) if self.fused else self.first.kernels() + self.then.kernels()
+
+    def extents(self, top, tokens):
+        return reach(*self.first.extents(top, tokens).items(), *self.then.extents(top, tokens).items())
+
+    def weights(self):
+        return {**self.first.weights(), **self.then.weights()}
 
     def bytes(self):
         return self.first.bytes() + self.then.bytes()

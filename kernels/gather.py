@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import FORMAT_CODE, FORMATS, Launch, decode
+from lanefuse.kernels.common import FORMAT_CODE, FORMATS, Launch, decode, reach
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,12 @@ class Gather(Launch):
 
     def check(self):
         return None if self.format in FORMATS else Refusal(f"a table in format `{self.format}`")
+
+    def extents(self, top, tokens):
+        return reach((self.table, tokens * self.cols), (self.index, self.rows), (self.out, self.rows * self.cols))
+
+    def weights(self):
+        return {self.table: self.format}
 
     def bytes(self):
         return self.rows * self.cols * (FORMATS.get(self.format, 4) + 4) + 4 * self.rows

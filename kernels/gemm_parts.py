@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, names
+from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, names, reach
 from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_fast, gemv_numpy, rows_a_warp
 
 
@@ -56,6 +56,14 @@ class GemmParts(Launch):
 
     def tune(self, knobs, held=frozenset()):
         return replace(self, per_warp=rows_a_warp(sum(p.n for p in self.parts), knobs, held))
+
+    def extents(self, top, tokens):
+        return reach((self.x, self.m * self.k), *(v for p in self.parts for v in (
+            (p.w, p.n * self.k), (p.bias, p.n), (p.y.buf, p.y.extent(self.m * p.n, top)))))
+
+    def weights(self):
+        out: dict[str, str | None] = {p.bias: None for p in self.parts if p.bias}
+        return {**out, **{p.w: self.format for p in self.parts}}
 
     def bytes(self):
         n = sum(p.n for p in self.parts)

@@ -11,7 +11,7 @@ import numpy as np
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Chip, Dst, Launch, Scratch, decode,
-                                     dst_view, names, operand)
+                                     dst_view, names, operand, reach)
 
 WARPS = 4  # warps a block
 
@@ -157,6 +157,13 @@ class Gemv(Launch):
         pw = rows_a_warp(self.n, knobs, held)
         return replace(self, per_warp=pw, split=split_k(self.n, self.k, self.m, pw, knobs, held))
 
+    def extents(self, top, tokens):
+        return reach((self.x, self.m * self.k), (self.w, self.n * self.k), (self.bias, self.n),
+                     (self.y.buf, self.y.extent(self.m * self.n, top)))
+
+    def weights(self):
+        return {self.w: self.format, **({self.bias: None} if self.bias else {})}
+
     def bytes(self):
         return (FORMATS[self.format] * self.n * self.k + 4 * self.m * self.k + 4 * self.m * self.n
                 + (4 * self.n if self.bias else 0))
@@ -209,6 +216,12 @@ class GemvF32(Launch):
 
     def check(self):
         return gemv_check(self.k, self.n, self.m, 1, self.split)
+
+    def extents(self, top, tokens):
+        return Gemv.extents(self, top, tokens)  # type: ignore[arg-type]
+
+    def weights(self):
+        return {self.w: "f32", **({self.bias: None} if self.bias else {})}
 
     def bytes(self):
         return 4 * (self.n * self.k + self.m * self.k + self.m * self.n + (self.n if self.bias else 0))

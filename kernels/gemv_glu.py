@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, FORMAT_CODE, FORMATS, Launch, act, decode, names, operand
+from lanefuse.kernels.common import ACTS, FORMAT_CODE, FORMATS, Launch, act, decode, names, operand, reach
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import fast_products, gemv_check, gemv_grid, products, rows_a_warp
 
@@ -73,6 +73,14 @@ class GemvGlu(Launch):
 
     def tune(self, knobs, held=frozenset()):
         return replace(self, per_warp=rows_a_warp(2 * self.n, knobs, held))  # the gate's and the up's outputs
+
+    def extents(self, top, tokens):
+        nk, n = self.n * self.k, self.n
+        return reach((self.x, self.m * self.k), (self.wg, nk), (self.wu, nk), (self.bg, n), (self.bu, n),
+                     (self.out, self.m * n))
+
+    def weights(self):
+        return {self.wg: self.format, self.wu: self.format, **{b: None for b in (self.bg, self.bu) if b}}
 
     def bytes(self):
         return 2 * FORMATS[self.format] * self.n * self.k + 4 * self.m * (self.k + self.n)

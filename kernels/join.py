@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import Dst
+from lanefuse.kernels.common import Dst, reach
 from lanefuse.kernels.elementwise import Elementwise
 
 
@@ -33,6 +33,10 @@ class Join(Elementwise):
 
     def elements(self):
         return self.units * (self.ha + self.hb)
+
+    def extents(self, top, tokens):
+        u = self.units
+        return reach((self.a, u * self.ha), (self.b, u * self.hb), (self.y.buf, self.y.extent(u * (self.ha + self.hb), top)))
 
     def bytes(self):
         return 8 * self.units * (self.ha + self.hb)

@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, read_part, names, rms
+from lanefuse.kernels.common import Dst, Launch, Part, read_part, names, reach, rms
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,15 @@ class Norm(Launch):
         if self.part is not None and self.part.width != self.cols:
             return Refusal(f"x read as parts {self.part.width} wide for rows of {self.cols}")
         return None
+
+    def extents(self, top, tokens):
+        n, d = self.rows * self.cols, self.dst()
+        x = self.part.extent(self.rows) if self.part is not None else n
+        return reach((self.x, x), (self.add, n), (self.sum, n), (self.w, self.cols // max(self.heads, 1)),
+                     (self.pre.w if self.pre else None, self.cols), (d.buf, d.extent(n, top)))
+
+    def weights(self):
+        return {w: "f32" for w in (self.w, self.pre.w if self.pre else None) if w is not None}
 
     def bytes(self):
         n = self.rows * self.cols

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import QBLOCK, Launch
+from lanefuse.kernels.common import QBLOCK, Launch, reach
 
 WHY = "an activation quantizer (the q8 numerics are not written yet)"
 
@@ -27,6 +27,9 @@ class Quant(Launch):
 
     def check(self):
         return Refusal(WHY)
+
+    def extents(self, top, tokens):
+        return reach((self.x, self.n))
 
     def bytes(self):
         return 4 * self.n + self.n + 4 * (-(-self.n // QBLOCK))

@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, names, read_part, rms
+from lanefuse.kernels.common import Dst, Launch, Part, names, reach, read_part, rms
 
 MAX_HD = 1024
 
@@ -87,6 +87,17 @@ class RopeParts(Launch):
                 return why
         return None
 
+    def extents(self, top, tokens):
+        r, hd = self.rows, self.hd
+        sides = [v for s in self.sides for v in (
+            (s.x, s.part.extent(r) if s.part is not None else r * s.heads * hd), (s.norm[0] if s.norm else None, hd),
+            (s.y.buf, s.y.extent(r * s.heads * hd, top)))]
+        tab = (top + r) * (self.rot // 2)  # cos and sin: a row of rot/2 a position
+        return reach(*sides, (self.cos, tab), (self.sin, tab), (self.pos, 1))
+
+    def weights(self):
+        return {w: "f32" for w in (self.cos, self.sin, *(s.norm[0] for s in self.sides if s.norm))}
+
     def bytes(self):
         n = sum(s.heads for s in self.sides) * self.rows * self.hd
         return 4 * (2 * n + self.rows * self.rot)
@@ -153,6 +164,12 @@ class Rope(Launch):
 
     def check(self):
         return self.parts().check()
+
+    def extents(self, top, tokens):
+        return self.parts().extents(top, tokens)
+
+    def weights(self):
+        return self.parts().weights()
 
     def bytes(self):
         return self.parts().bytes()

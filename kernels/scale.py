@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.kernels.common import reach
 from lanefuse.kernels.elementwise import Elementwise
 
 
@@ -24,6 +25,9 @@ class Scale(Elementwise):
 
     def elements(self):
         return self.n
+
+    def extents(self, top, tokens):
+        return reach((self.x, self.n), (self.y, self.n))
 
     def bytes(self):
         return 8 * self.n

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.common import reach
 from lanefuse.kernels.elementwise import Elementwise
 
 
@@ -30,6 +31,11 @@ class SetRow(Elementwise):
 
     def check(self):
         return Refusal("a row write carrying its quantized form (not written yet)") if self.quant else None
+
+    def extents(self, top, tokens):
+        r = top if isinstance(self.row, str) else self.row  # rows past `len` are dropped
+        return reach((self.src, self.count * self.cols),
+                     (self.table, min(r + self.count, self.len) * self.cols if r < self.len else 0))
 
     def bytes(self):
         return 8 * self.count * self.cols

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Part
+from lanefuse.kernels.common import Part, reach
 from lanefuse.kernels.elementwise import Elementwise
 
 
@@ -32,6 +32,10 @@ class Slice(Elementwise):
         if self.start + self.width > self.every:
             return Refusal(f"a slice of {self.width} from {self.start} past a group of {self.every}")
         return None
+
+    def extents(self, top, tokens):
+        return reach((self.x, Part(self.every, self.start, self.width).extent(self.groups)),
+                     (self.y, self.groups * self.width))
 
     def bytes(self):
         return 8 * self.groups * self.width

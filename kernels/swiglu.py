@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import act
+from lanefuse.kernels.common import act, reach
 from lanefuse.kernels.elementwise import Elementwise
 
 
@@ -25,6 +25,9 @@ class SwiGlu(Elementwise):
 
     def elements(self):
         return self.n
+
+    def extents(self, top, tokens):
+        return reach((self.g, self.n), (self.u, self.n), (self.out, self.n))
 
     def bytes(self):
         return 12 * self.n

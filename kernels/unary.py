@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, act
+from lanefuse.kernels.common import ACTS, act, reach
 from lanefuse.kernels.elementwise import Elementwise, act_code
 
 
@@ -27,6 +27,9 @@ class Unary(Elementwise):
 
     def check(self):
         return None if self.act in ACTS else Refusal(f"an activation `{self.act}` (one of {', '.join(ACTS)})")
+
+    def extents(self, top, tokens):
+        return reach((self.x, self.n), (self.y, self.n))
 
     def bytes(self):
         return 8 * self.n

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lanefuse.kernels.common import Launch
+from lanefuse.kernels.common import Launch, reach
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class View(Launch):
 
     def kernels(self):
         return ()  # no kernel: the arena placed `out` inside `src`
+
+    def extents(self, top, tokens):
+        return reach((self.src, self.offset))  # `out` inside `src`: its buffer says where (lane/lower/plancheck.py)
 
     def bytes(self):
         return 0

@@ -59,6 +59,10 @@ def cmd_run(args) -> int:
     if getattr(args, "plan", None):
         from lanefuse.lane.lower.planfile import load
 
+        given = [f"--{f}" for f in ("hold", "rules", "spec", "knob", "lane", "numerics") if getattr(args, f, None)]
+        if given:
+            raise UserError(f"--plan {args.plan}: the saved plan fixes {', '.join(given)} (it was planned under its "
+                            f"own); drop them, or plan again with them and `lanefuse plan --save`")
         saved = load(args.plan)
         model = _model_of_plan(args.plan, saved, model)
     t_load = time.perf_counter()

@@ -74,6 +74,11 @@ def save(plan, path: str) -> None:
 
 
 def load(path: str):
+    """The plan saved at `path`, checked whole before anything runs it (lane/lower/plancheck.py): the first bad
+    field is a one-line error naming the file."""
+    from lanefuse.lane.lower.plan import Plan
+    from lanefuse.lane.lower.plancheck import Bad, Decoder, check
+
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -81,6 +86,23 @@ def load(path: str):
         raise UserError(f"{path}: cannot read the plan: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path}:{e.lineno}: not a lanefuse plan (bad JSON: {e.msg})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not a lanefuse plan (not UTF-8 text: byte {e.start})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a lanefuse plan (JSON nested too deep)") from None
+    if not isinstance(doc, dict) or "format" not in doc:
         raise UserError(f"{path}: not a lanefuse plan (expected format {FORMAT!r})")
-    return decode(doc["plan"], _classes())
+    if doc["format"] != FORMAT:
+        raise UserError(f"{path}: format: {str(doc['format'])[:40]!r}, but this lanefuse reads {FORMAT!r} "
+                        f"(save the plan again with `lanefuse plan --save`)")
+    extra = sorted(set(doc) - {"format", "plan"})
+    if extra:
+        raise UserError(f"{path}: {extra[0][:40]}: not a field of a lanefuse plan")
+    try:
+        p = Decoder(_classes()).record(doc.get("plan"), Plan, "")
+        check(p)
+    except Bad as e:
+        raise UserError(f"{path}: {e}") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a lanefuse plan (records nested too deep)") from None
+    return p

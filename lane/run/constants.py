@@ -20,3 +20,22 @@ def host_matrix(c, weights) -> np.ndarray:
     """Constant `c` as f32 values, flat, decoded once: f32 rows are the stored values themselves; f16 and bf16 rows
     cost 4 bytes a value in memory (twice the checkpoint) for an f32 BLAS product with no conversion a step."""
     return weights.get(c.source or c.name).reshape(-1)
+
+
+def check_constants(p, weights) -> None:
+    """Each constant of plan `p` against the checkpoint's: its shape (a values constant: its size) and, for checkpoint
+    rows, its format. A saved plan is checked so before it runs; the first mismatch is a UserError."""
+    from lanefuse.engine.errors import UserError
+
+    shape_of, format_of = getattr(weights, "shape", None), getattr(weights, "format", None)
+    if shape_of is None:
+        return
+    for name, c in p.constants.items():
+        src = c.source or c.name
+        have = tuple(int(d) for d in shape_of(src))
+        same = int(np.prod(have)) == c.size if c.kind == "values" else have == tuple(c.shape)
+        if not same:
+            raise UserError(f"constants[{name!r}].shape: {list(c.shape)} but the checkpoint's `{src}` is {list(have)}")
+        if c.kind == "rows" and format_of is not None and format_of(src) != c.format:
+            raise UserError(f"constants[{name!r}].format: {c.format} but the checkpoint holds `{src}` as "
+                            f"{format_of(src)}")

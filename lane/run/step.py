@@ -40,6 +40,22 @@ def make_runner(p, weights, device: str, state=None, check: bool = False, exact:
     return NumpyRunner(p, weights, check=check, exact=exact or check)
 
 
+def check_saved(p, path: str, g, weights) -> None:
+    """A saved plan against what it runs on: the step's inputs and outputs shaped as this model's step graph `g`
+    has them, its constants as the checkpoint holds them."""
+    from lanefuse.lane.run.constants import check_constants
+
+    for n in (*p.io.inputs, *p.io.outputs):
+        want = g.tensors[n].shape if n in g.tensors else None
+        if tuple(p.tensors[n].shape) != tuple(want or ()):
+            raise UserError(f"{path}: tensors[{n!r}].shape: {list(p.tensors[n].shape)} but this model's step has "
+                            f"{list(want) if want else 'no such tensor'}")
+    try:
+        check_constants(p, weights)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
 def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = None, saved=None,
                  saved_path: str = "", check: bool = False, exact: bool = False):
     """A step function for `generate`: plans each step graph once under `options` (or runs the `saved` plan, read
@@ -62,6 +78,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                 if saved.rows != rows:
                     raise UserError(f"{saved_path}: the plan is a step of {saved.rows} rows; this step has {rows} "
                                     f"(save a decode plan and prefill with --rows, or run without --plan)")
+                check_saved(saved, saved_path, g, weights)
                 s = saved
             else:
                 t0 = time.perf_counter()

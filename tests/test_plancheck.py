@@ -1,0 +1,252 @@
+"""A saved plan is checked before it runs (lane/lower/plancheck.py): a table of tampered plans, each refused through the
+command with one line naming the file and the first bad field (rc 2, no internal error); every good plan still loads
+and runs with the same tokens; `run --plan` refuses the flags the plan fixes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plans")
+    r = _cli("plan", "--save", str(d / "plan.json"))
+    assert r.returncode == 0, r.stderr
+    return d / "plan.json"
+
+
+def _records(x):
+    if isinstance(x, dict):
+        yield x
+        for v in x.values():
+            yield from _records(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _records(v)
+
+
+def _first(p, kind):
+    return next(r for r in _records(p["launches"]) if r.get("_t") == kind)
+
+
+def _array(p, name):
+    return next(a for a in p["arena"]["arrays"] if a["name"] == name)
+
+
+def _overlap(p):  # two live arrays at one offset: L0.attn_norm (0) and x0 (1024) live together
+    _array(p, "x0")["offset"] = _array(p, "L0.attn_norm")["offset"]
+
+
+def _halve_cols(p):
+    n = _first(p, "Norm")
+    n["cols"] //= 2
+
+
+def _far(p):
+    _array(p, "x0")["offset"] = 256 * 4_000_000
+
+
+def _bigger_n(p):
+    _first(p, "ArgMax")["n"] *= 2
+
+
+def _misaligned(p):
+    _array(p, "x0")["offset"] += 4
+
+
+def _kind(p):
+    p["launches"][2]["launch"]["_t"] = "Frobnicate"
+
+
+def _string(p):
+    _first(p, "Attention")["rows"] = "1"
+
+
+def _bool(p):
+    _first(p, "Attention")["rows"] = True
+
+
+def _missing(p):
+    del _first(p, "Attention")["hd"]
+
+
+def _unknown_field(p):
+    _first(p, "Attention")["hdd"] = 32
+
+
+def _past_home(p):
+    p["buffers"]["L0.kc"]["offset"] = 64
+
+
+def _no_home(p):
+    p["buffers"]["L0.kc"]["home"] = "kc9"
+
+
+def _shrunk_lifetime(p):
+    a = _array(p, "x0")
+    a["last"] = a["first"]
+
+
+def _format_lie(p):
+    _first(p, "GemvGlu")["format"] = "bf16"
+
+
+def _writes_nothing_known(p):
+    _first(p, "Attention")["out"] = "L0.atn"
+
+
+def _nan(p):
+    _first(p, "Norm")["eps"] = float("nan")
+
+
+def _huge_arena(p):
+    p["arena"]["bytes"] = 10 ** 15
+
+
+def _refused(p):
+    _first(p, "Attention")["group"] = 3
+
+
+def _weight_as_array(p):
+    _first(p, "Attention")["q"] = "model.layers.0.input_layernorm.weight"
+
+
+def _big_cache_row(p):
+    _first(p, "Attention")["koff"] = 64
+
+
+def _lower_bound(p):
+    p["arena"]["lower_bound"] = p["arena"]["bytes"] + 1
+
+
+def _shape_string(p):
+    p["tensors"]["x0"]["shape"] = ["1", 256]
+
+
+def _wrong_constant_shape(p):  # a constant bigger than the launches reach: only the checkpoint says it is wrong
+    p["constants"]["model.norm.weight"]["shape"] = [512]
+
+
+TAMPERED = [
+    ("two live arrays at one offset", _overlap, "arena.arrays[", "overlap `L0.attn_norm`"),
+    ("a norm's cols halved", _halve_cols, "launches[0] (fold).then.out", "128 values written but `L0.attn_norm` holds 256"),
+    ("a far offset", _far, "(x0).offset", "past the arena's"),
+    ("a bigger n", _bigger_n, "(argmax).x", "1024 values of `logits` reached but it holds 512"),
+    ("a misaligned offset", _misaligned, "(x0).offset", "not a multiple of 256"),
+    ("an unknown launch kind", _kind, "launches[2]", "`Frobnicate` this lanefuse does not know"),
+    ("a string where an int goes", _string, "launches[2] (attention).rows", "expected an integer, got '1'"),
+    ("a bool where an int goes", _bool, "launches[2] (attention).rows", "expected an integer, got True"),
+    ("a missing field", _missing, "launches[2] (attention)", "has no `hd`"),
+    ("an unknown field", _unknown_field, "launches[2] (attention).hdd", "has no field `hdd` (did you mean `hd`?)"),
+    ("a buffer past its home", _past_home, "buffers['L0.kc'].offset", "past `kc0`'s 16384"),
+    ("a buffer with no home", _no_home, "buffers['L0.kc'].home", "`kc9` is not a buffer"),
+    ("a lifetime shorter than its launches", _shrunk_lifetime, "(x0).last", "launches 0..3 use it"),
+    ("a weight's format misstated", _format_lie, "launches[4] (gemv_glu)", "as bf16 values but the plan holds it as f32"),
+    ("a result into no tensor", _writes_nothing_known, "launches[2] (attention)", "writes `L0.atn`"),
+    ("a NaN eps", _nan, ".eps", "expected a finite number"),
+    ("an arena of a petabyte", _huge_arena, "arena.bytes", "more than all its arrays side by side"),
+    ("a launch its kernel refuses", _refused, "launches[2] (attention)", "refused: query heads that do not group"),
+    ("a weight where an array goes", _weight_as_array, "launches[2] (attention)", "which is a constant"),
+    ("a key offset past the cache row", _big_cache_row, "launches[2] (attention).kc", "reached but it holds 16384"),
+    ("a lower bound past the arena", _lower_bound, "arena.lower_bound", "for an arena of"),
+    ("a string in a shape", _shape_string, "tensors['x0'].shape[0]", "expected an integer"),
+    ("a constant shaped otherwise than the weights", _wrong_constant_shape, "constants['model.norm.weight'].shape",
+     "[512] but the checkpoint's `model.norm.weight` is [256]"),
+]
+
+
+def _refusal(path: Path, *args):
+    r = _cli("run", "--plan", str(path), "--tokens", "1", *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()  # notices (`lanefuse: KV cache: ...`) may come first; one error line, the last
+    assert [x for x in lines if "error" in x] == lines[-1:], r.stderr
+    assert lines[-1].startswith(f"lanefuse: error: {path}"), r.stderr
+    return lines[-1]
+
+
+@pytest.mark.parametrize("what,tamper,where,message", TAMPERED, ids=[t[0] for t in TAMPERED])
+def test_a_tampered_plan_is_refused_naming_the_field(saved, tmp_path, what, tamper, where, message):
+    doc = json.loads(saved.read_text())
+    tamper(doc["plan"])
+    bad = tmp_path / "plan.json"
+    bad.write_text(json.dumps(doc))
+    err = _refusal(bad)
+    assert where in err and message in err, err
+
+
+BAD_FILES = [
+    ("wrong format version", lambda t: t.replace('"lanefuse-plan/2"', '"lanefuse-plan/1"'),
+     "format: 'lanefuse-plan/1', but this lanefuse reads 'lanefuse-plan/2'"),
+    ("truncated JSON", lambda t: t[: len(t) // 2], "not a lanefuse plan (bad JSON"),
+    ("not a plan record", lambda t: json.dumps({"format": "lanefuse-plan/2", "plan": [1, 2]}),
+     "expected a Plan record, got [1, 2]"),
+    ("an extra top-level key", lambda t: t.replace('{"format"', '{"extra": 1, "format"', 1),
+     "extra: not a field of a lanefuse plan"),
+    ("nested too deep", lambda t: '{"format": "lanefuse-plan/2", "plan": ' + "[" * 100000 + "]" * 100000 + "}",
+     "not a lanefuse plan"),
+]
+
+
+@pytest.mark.parametrize("what,change,message", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_a_bad_plan_file_is_refused(saved, tmp_path, what, change, message):
+    bad = tmp_path / "plan.json"
+    bad.write_text(change(saved.read_text()))
+    err = _refusal(bad)
+    assert message in err, err
+
+
+@pytest.mark.parametrize("flags", [("--hold", "add_norm"), ("--hold", "no_such_rule"), ("--rules", "/tmp"),
+                                   ("--spec", "x.yaml"), ("--knob", "sms=8"), ("--lane", "cuda"),
+                                   ("--numerics", "f32")], ids=lambda f: f[0])
+def test_run_plan_refuses_the_flags_the_plan_fixes(saved, flags):
+    r = _cli("run", "--plan", str(saved), "--tokens", "1", *flags)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"the saved plan fixes {flags[0]}" in r.stderr and "internal error" not in r.stderr
+
+
+def test_the_saved_plan_runs_with_the_tokens_of_a_fresh_plan(saved, tmp_path):
+    a = _cli("run", "--plan", str(saved), "--prompt-ids", "1,2,3", "--tokens", "5", "--json", str(tmp_path / "a.json"))
+    assert a.returncode == 0, a.stderr
+    b = _cli("run", "--prompt-ids", "1,2,3", "--tokens", "5", "--json", str(tmp_path / "b.json"))
+    assert b.returncode == 0, b.stderr
+    ga = json.loads((tmp_path / "a.json").read_text())["generated_ids"]
+    assert ga == json.loads((tmp_path / "b.json").read_text())["generated_ids"] and len(ga) == 5
+
+
+def test_every_plan_the_gpu_suite_prepares_loads_and_the_runnable_ones_run(tmp_path):
+    """`bench/gpu_suite.sh prepare` plans (demo decode and prefill, the 36-layer shape, a tiny HF checkpoint's):
+    each loads through the checks, and the decode plans with weights run to the tokens of a fresh plan."""
+    pytest.importorskip("egglog")
+    from lanefuse.lane.lower.planfile import load
+
+    out = tmp_path / "plans"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_prepare.py"), str(out)], capture_output=True,
+                       text=True, timeout=600, cwd=ROOT / "bench")
+    assert r.returncode == 0, r.stderr
+    plans = sorted(out.glob("*.json"))
+    assert len(plans) >= 4, plans
+    for f in plans:
+        assert load(str(f)).launches
+    for name, model in (("demo-decode.json", None), ("tiny-hf-decode.json", "tiny-hf")):
+        args = [model] if model else []
+        a = _cli("run", *args, "--plan", name, "--tokens", "3", "--json", "a.json", cwd=out)
+        assert a.returncode == 0, a.stderr
+        b = _cli("run", *args, "--tokens", "3", "--json", "b.json", cwd=out)
+        assert b.returncode == 0, b.stderr
+        assert (json.loads((out / "a.json").read_text())["generated_ids"]
+                == json.loads((out / "b.json").read_text())["generated_ids"])
