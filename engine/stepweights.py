@@ -58,6 +58,6 @@ def step_weights(g: Graph, base: str | Path = ".") -> Weights:
 
         path = Path(str(value))
         return load_model(path if path.is_absolute() else Path(base) / path, max_len=_max_len(g))[1]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UserError(f"`weights: {{random: {value!r}}}` needs an integer seed")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"`weights: {{random: {str(value)[:40]}}}` needs a non-negative integer seed")
     return random_weights(g, value)

@@ -363,3 +363,15 @@ def test_json_output_refuses_nan_in_words():
     assert json_text({"a": [1.5]}, "x") == '{"a": [1.5]}\n'
     with pytest.raises(UserError, match=r"--json out.json: not written: .*non-finite number \(NaN or inf\)"):
         json_text({"logits": [[0.0, float("nan")]]}, "--json out.json")
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, "3"])
+def test_a_step_yamls_random_seed_must_be_a_non_negative_integer(seed):
+    from lanefuse.engine.demo import demo_config
+    from lanefuse.engine.model import build_step
+    from lanefuse.engine.stepweights import step_weights
+
+    g = build_step(demo_config(16), 1)
+    g.meta["weights"] = {"random": seed}
+    with pytest.raises(UserError, match="needs a non-negative integer seed"):
+        step_weights(g)
