@@ -3,7 +3,10 @@ exact twin with --exact) against transformers eager (torch CPU, KV cache) on the
 (issue 18: hidden 1024, 8 layers, 16 heads, 8 kv heads, head_dim 64, intermediate 3072, vocab 32000), and the
 machine's f32 GEMV bandwidth (numpy). Rounds are interleaved and figures are medians: the machine may be shared.
 
-    python bench/cpu_decode.py [--rounds 5] [--tokens 24] [--threads 2] [--exact] [--layers 8]
+    python bench/cpu_decode.py [--rounds 5] [--tokens 24] [--threads 2] [--exact] [--layers 8] [--dtype bfloat16]
+
+--dtype saves the checkpoint in bf16 or f16: transformers loads it as f32, lanefuse decodes it to f32 once at load
+(the cost is printed: the time, and 4 bytes a parameter held against the checkpoint's 2).
 
 transformers runs in a subprocess whose cwd and sys.path leave this checkout out (its `kernels/` folder would shadow
 the `kernels` package transformers imports)."""
@@ -14,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +37,7 @@ import torch, transformers
 cmd, folder, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(threads)
 if cmd == "build":
-    shape = json.loads(sys.argv[4])
+    shape, dtype = json.loads(sys.argv[4]), sys.argv[5]
     cfg = transformers.Qwen3Config(**shape)
     torch.manual_seed(18)
     model = transformers.Qwen3ForCausalLM(cfg).eval()
@@ -45,7 +49,7 @@ if cmd == "build":
                 p.copy_(torch.randn_like(p))
             else:
                 p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-    model.save_pretrained(folder)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
     print("saved")
     sys.exit(0)
 model = transformers.Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -93,6 +97,9 @@ class Lanefuse:
         from lanefuse.lane.run.step import plan_step_fn
 
         self.cfg, self.weights = load_model(folder)
+        t0 = time.perf_counter()
+        self.f32_bytes = sum(self.weights.get(n).nbytes for n in self.weights.store.names())  # decoded once, cached
+        self.decode_s = time.perf_counter() - t0
         self.times: list[float] = []
         step_fn, self.label = plan_step_fn(self.weights, "cpu", exact=exact)
 
@@ -118,16 +125,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians over them)")
     ap.add_argument("--tokens", type=int, default=24, help="decode steps timed a round")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (numpy's BLAS takes its own default)")
+    ap.add_argument("--threads", type=int, default=2, help="torch's threads and numpy's BLAS threads")
     ap.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
     ap.add_argument("--exact", action="store_true", help="time the exact twin (the f64-sum imitation) instead")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the checkpoint's dtype (both systems compute in f32)")
     args = ap.parse_args()
+    # the same threads for both: numpy's OpenBLAS reads this when numpy is first imported (below, not before)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
     shape = dict(SHAPE, num_hidden_layers=args.layers)
     elsewhere = tempfile.mkdtemp(prefix="lanefuse-bench-")
     folder = os.path.join(elsewhere, "qwen3")
     env = dict(os.environ, PYTHONPATH="")
-    subprocess.run(hf_cmd("build", folder, str(args.threads), json.dumps(shape)), cwd=elsewhere, env=env,
-                   check=True, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run(hf_cmd("build", folder, str(args.threads), json.dumps(shape), args.dtype), cwd=elsewhere,
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+        return measure(args, folder, elsewhere, env)
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def measure(args, folder: str, elsewhere: str, env: dict) -> int:
     hf = subprocess.Popen(hf_cmd("serve", folder, str(args.threads)), cwd=elsewhere, env=env, text=True,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert hf.stdout.readline().strip() == "ready"
@@ -146,12 +164,15 @@ def main() -> int:
     hf.stdin.close()
     hf.wait()
     params = sum(math.prod(lf.weights.shape(n)) for n in lf.weights.store.names())
-    gb = 4 * params / 1e9
+    gb = 4 * params / 1e9  # the f32 bytes a decode step streams
+    ckpt = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
     lms, hms, gbs = statistics.median(lf_ms), statistics.median(hf_ms), statistics.median(bw)
     floor = 1e3 * gb / gbs
-    print(f"model: Qwen3-shaped, {args.layers} layers, {params / 1e6:.0f}M parameters, {1e3 * gb:.0f} MB f32; "
+    print(f"model: Qwen3-shaped, {args.layers} layers, {params / 1e6:.0f}M parameters, {args.dtype} checkpoint "
+          f"{ckpt / 1e6:.0f} MB; "
           f"{len(PROMPT)}-token prompt, {args.tokens} decode steps a round, {args.rounds} rounds interleaved")
-    print(f"lanefuse ({lf.label}): {lms:.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
+    print(f"lanefuse weights decoded to f32 once at load: {lf.f32_bytes / 1e6:.0f} MB held in {lf.decode_s:.2f} s")
+    print(f"lanefuse ({lf.label}, {os.environ['OPENBLAS_NUM_THREADS']} BLAS threads): {lms:.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
     print(f"numpy f32 GEMV bandwidth: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights")

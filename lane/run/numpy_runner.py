@@ -1,7 +1,10 @@
 """The numpy backend: a Plan run launch by launch with each kind's numpy twin, every step-local array a view
 into ONE arena byte buffer at its placed offset (a placement bug shows as a wrong number), the caches and the step's
-inputs and outputs in buffers of their own. `LANEFUSE_CHECK=2` runs the reference interpreter beside it and names
-the first launch that diverges."""
+inputs and outputs in buffers of their own. Two sets of twins: the exact ones (the kernels' sums imitated in f64, what
+the GPU is compared against) and the fast ones `lanefuse run` takes on the CPU (f32 BLAS on weights decoded once,
+results written into the arena views, temporaries in a tail of the arena; equal to the exact ones within f32
+rounding). `LANEFUSE_CHECK=2` runs the reference interpreter beside the exact twins and names the first launch that
+diverges."""
 
 from __future__ import annotations
 
