@@ -84,10 +84,13 @@ def test_plan_counts_matches_and_choices_per_rule(tmp_path):
     row = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["gemv_norm_epilogue"])
     assert row[1] == "rules/norm.yaml:11" and row[2:4] == ["8", "8"]  # matched 8, chosen 8
     notes = [line for line in r.stdout.splitlines() if line.startswith("note: ")]
-    assert "note: merged_qkv @ rules/products.yaml:11: held back" in notes
+    assert "note: merged_qkv @ rules/products.yaml:11: held back: released, the plan would choose it 4 times" in notes
     assert f"note: my.gelu_glu @ {tmp_path / 'mine.yaml'}:1: your rule never matched this step" in notes
     assert f"note: my.add @ {tmp_path / 'mine.yaml'}:9: class `my_add` is linked by no launch of the cuda lane: " \
            f"never chosen" in notes
+    idle = _cli("plan", "--hold", "embed_scale")  # the demo model scales no embedding: the hold changes nothing
+    assert "note: embed_scale @ rules/norm.yaml:30: held back, and not chosen anyway: the plan with it released " \
+           "does not choose it" in idle.stdout
 
 
 def test_explore_help_lists_the_shell_commands():
