@@ -22,6 +22,9 @@ class Env(Protocol):
     def matrix(self, name: str) -> np.ndarray:
         """Constant `name` as flat f32 values, decoded once (the fast twins read weights through this)."""
 
+    def stacked(self, names: tuple[str, ...]) -> np.ndarray:
+        """Constants `names` (rows of one width) as one flat f32 matrix, their rows in turn, decoded once."""
+
     def temp(self, count: int) -> np.ndarray:
         """`count` f32 values a fast twin may use as a temporary for the length of its launch."""
 
@@ -52,6 +55,9 @@ class HostEnv:
 
         raw, fmt = self.weight(name)
         return decode(raw, fmt).reshape(-1)
+
+    def stacked(self, names: tuple[str, ...]) -> np.ndarray:
+        return np.concatenate([self.matrix(n) for n in names])
 
     def temp(self, count: int) -> np.ndarray:
         return np.empty(count, dtype=np.float32)

@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import numpy as np
+
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, names, reach
-from lanefuse.kernels.gemv import WARPS, gemv_check, gemv_fast, gemv_numpy, rows_a_warp
+from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, dst_view, names, operand,
+                                     reach)
+from lanefuse.kernels.gemv import WARPS, fast_products, gemv_check, gemv_fast, gemv_numpy, rows_a_warp
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,32 @@ class GemmParts(Launch):
             gemv_numpy(env, self.x, decode(raw, fmt), p.bias, p.y, self.k, p.n, self.m, 1)
 
     def fast(self, env):
-        for p in self.parts:
+        """One f32 BLAS product over the parts' weights stacked (decoded once), into a temporary (m, Σn), each part
+        then added its bias and copied to its destination."""
+        if len(self.parts) == 1:
+            p = self.parts[0]
             gemv_fast(env, self.x, p.w, p.bias, p.y, self.k, p.n, self.m)
+            return
+        m, k, total = self.m, self.k, sum(p.n for p in self.parts)
+        acc = env.temp(m * total).reshape(m, total)
+        fast_products(env.array(self.x)[: m * k].reshape(m, k),
+                      env.stacked(tuple(p.w for p in self.parts)).reshape(total, k), acc)
+        at = 0
+        for p in self.parts:
+            y = acc[:, at: at + p.n]
+            at += p.n
+            if p.bias is not None:
+                np.add(y, operand(env, p.bias)[: p.n], out=y)
+            out = dst_view(p.y, env, m, p.n)
+            if out is None:
+                p.y.write(env, y)
+            else:
+                np.copyto(out, y)
 
     def fast_temp(self):
-        return max((self.m * p.n for p in self.parts if p.y.unit is not None), default=0)
+        if len(self.parts) == 1:
+            return self.m * self.parts[0].n if self.parts[0].y.unit is not None else 0
+        return self.m * sum(p.n for p in self.parts)
 
     def grid_block(self):
         return ((sum(self.blocks()), -(-self.m // GEMV_ROWS), 1), (32 * WARPS, 1, 1))

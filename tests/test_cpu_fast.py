@@ -212,5 +212,17 @@ def test_fast_step_reuses_its_arrays():
         if p == 0:
             arena, mats = r.env.arena, {n: r.env.matrix(n) for n in s.constants}
     assert r.env.arena is arena
-    assert all(r.env.matrix(n) is not None and np.shares_memory(r.env.matrix(n), m) for n, m in mats.items())
-    assert r.env._temp.size == 0 or np.shares_memory(r.env._temp, r.env.arena)
+    assert all(np.shares_memory(r.env.matrix(n), m) for n, m in mats.items())
+    assert r.env.temp(1).base is not None and np.shares_memory(r.env.temp(1), r.env.arena)
+
+
+def test_stacked_weights_are_decoded_once_for_every_plan():
+    """Products in parts (q, k, v; gate and up) read one stacked f32 matrix, the same for the decode step's plan and
+    a prefill chunk's: decoded once from the stored rows (bf16 here)."""
+    cfg = MODELS["qwen3_bf16"]
+    w = _weights(cfg)
+    runners = [NumpyRunner(plan(build_step(cfg, rows)), w, exact=False) for rows in (1, 4)]
+    names = ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight")
+    a, b = (r.env.stacked(names) for r in runners)
+    assert a is b and a.dtype == np.float32
+    assert np.array_equal(a.reshape(2 * cfg.inter, cfg.hidden)[cfg.inter:], w.get(names[1]))

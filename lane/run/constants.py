@@ -4,6 +4,8 @@ fast twins, decoded to f32 once (the weight store's cache, shared by every plan 
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 
@@ -20,6 +22,29 @@ def host_matrix(c, weights) -> np.ndarray:
     """Constant `c` as f32 values, flat, decoded once: f32 rows are the stored values themselves; f16 and bf16 rows
     cost 4 bytes a value in memory (twice the checkpoint) for an f32 BLAS product with no conversion a step."""
     return weights.get(c.source or c.name).reshape(-1)
+
+
+_STACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # weights -> {names: stacked rows}, as they live
+
+
+def host_stacked(cs, weights) -> np.ndarray:
+    """Constants `cs` (checkpoint rows of one width) as one f32 matrix, flat, their rows one after the other:
+    decoded once from the stored rows, straight into it (no copy of each kept beside it), and shared by every plan of
+    the same weights — one BLAS product for products in parts (q, k, v; gate and up)."""
+    key = tuple(c.source or c.name for c in cs)
+    built = _STACKS.setdefault(weights, {})
+    out = built.get(key)
+    if out is None:
+        from lanefuse.kernels.common import decode
+
+        out = np.empty(sum(c.size for c in cs), dtype=np.float32)
+        at = 0
+        for c, n in zip(cs, key):
+            raw, fmt = weights.raw(n)  # one at a time: the stored rows of one constant in memory at once
+            out[at: at + c.size] = decode(np.asarray(raw), fmt).reshape(-1)
+            at += c.size
+        built[key] = out
+    return out
 
 
 def check_constants(p, weights) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.lower.plan import Plan
-from lanefuse.lane.run.constants import host_constant, host_matrix
+from lanefuse.lane.run.constants import host_constant, host_matrix, host_stacked
 
 DT = {"f32": np.float32, "i32": np.int32}
 
@@ -71,6 +71,10 @@ class ArenaEnv:
     def matrix(self, name: str) -> np.ndarray:
         """Constant `name` as flat f32 values, decoded once (the fast twins' weights)."""
         return host_matrix(self.s.constants[name], self.weights)
+
+    def stacked(self, names: tuple[str, ...]) -> np.ndarray:
+        """Constants `names` (rows of one width) as one flat f32 matrix, their rows in turn, decoded once."""
+        return host_stacked([self.s.constants[n] for n in names], self.weights)
 
     def temp(self, count: int) -> np.ndarray:
         """`count` f32 values of the arena's tail, a fast twin's temporary for the length of its launch."""
