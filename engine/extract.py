@@ -6,6 +6,7 @@ for interactive what-ifs. Both break ties the same deterministic way (the lower 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,15 @@ class Problem:
     internal: list[tuple[int, ...]] = field(default_factory=list)  # node -> classes it computes inside (not chosen with it)
     forced: dict[int, int] = field(default_factory=dict)  # class -> node
     bundles: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # bundle class -> [(out class, proj node)]
+
+
+class TimeLimit(Exception):
+    """The ILP reached its time limit before proving an optimum (`solve_exact` then falls back to the local
+    search)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"the ILP reached its {seconds:g} s limit")
+        self.seconds = seconds
 
 
 class NoPlan(Exception):
@@ -212,7 +222,8 @@ def _objective(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float]]
 
 
 def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None = None) -> dict[int, int]:
-    """The optimum. `start` (e.g. the local search's choice) is handed to HiGHS as its first incumbent."""
+    """The optimum. `start` (e.g. the local search's choice) is handed to HiGHS as its first incumbent. Past
+    `time_limit` seconds (all its solves together) it raises `TimeLimit`."""
     import highspy
     import numpy as np
 
@@ -257,12 +268,18 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
             idx = [col[m] for m in p.classes.get(d, []) if m in col]
             if idx:
                 rows.append((-INF, 1.0, [col[n]] + idx, [1.0] * (1 + len(idx))))
+    # One limit for the whole solve: a cyclic optimum adds a cut and solves again, and a rule matching a cross
+    # product can need thousands of cuts, each solve well inside any limit of its own.
+    deadline = time.monotonic() + float(time_limit)
     while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeLimit(float(time_limit))
         h = _highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", 1e-9)
-        h.setOptionValue("time_limit", float(time_limit))
+        h.setOptionValue("time_limit", left)
         h.setOptionValue("threads", 1)
         h.setOptionValue("random_seed", 0)
         lp = highspy.HighsLp()
@@ -299,6 +316,8 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
             h.setSolution(sol)
         h.run()
         status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kTimeLimit:
+            raise TimeLimit(float(time_limit))
         if status != highspy.HighsModelStatus.kOptimal:
             raise NoPlan(sorted(need))
         x = h.getSolution().col_value
@@ -322,13 +341,36 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
 # at a time (fewest neighbours first) finds the minimum of the tables' sum exactly; the ILP's LP relaxation is weak
 # here (bundles paid once serve both sides of a choice), which is what made HiGHS slow.
 MAX_WIDTH = 16  # the widest table (variables) elimination may build before the ILP takes over
+# The ILP's time limit: a few seconds, more for a bigger e-graph (every real step solves in well under a second; a
+# rule that matches a cross product, every add with every norm, can keep HiGHS busy for many minutes).
+ILP_SECONDS = 5.0
+ILP_SECONDS_PER_NODE = 1e-3
+ILP_SECONDS_MAX = 60.0
 
 
-def solve_exact(p: Problem) -> dict[int, int]:
+def ilp_time_limit(p: Problem) -> float:
+    """The seconds `solve_exact` gives the ILP on `p`: ILP_SECONDS, plus a millisecond an e-node, at most a minute."""
+    return min(ILP_SECONDS_MAX, ILP_SECONDS + ILP_SECONDS_PER_NODE * len(p.node_class))
+
+
+def solve_exact(p: Problem, warnings: list[str] | None = None, time_limit: float | None = None) -> dict[int, int]:
     """The optimum of `solve_ilp`'s objective (same scaled costs, same tie-break), by variable elimination; the ILP
-    decides when the elimination would be too wide, when no plan exists (for its error) or on a cyclic plan."""
+    decides when the elimination would be too wide, when no plan exists (for its error) or on a cyclic plan. Where
+    the ILP reaches its time limit (`ilp_time_limit` by default), the local search's choice is returned instead and
+    `warnings` (where given) says so."""
     choice = solve_elimination(p)
-    return choice if choice is not None else solve_ilp(p)
+    if choice is not None:
+        return choice
+    limit = ilp_time_limit(p) if time_limit is None else time_limit
+    try:
+        return solve_ilp(p, time_limit=limit)
+    except TimeLimit:
+        if warnings is not None:
+            warnings.append(f"the exact extraction (ILP) did not finish within its {limit:.3g} s limit "
+                            f"({len(p.node_class):,} e-nodes); the plan is the local search's, which may not be "
+                            f"optimal (a rule matching far more than it should, e.g. a pattern whose ops do not "
+                            f"join, grows the e-graph)")
+        return solve_local(p)
 
 
 def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] | None:

@@ -327,6 +327,7 @@ class Session:
             raise UserError(f"unknown extraction method `{method}` (ilp or local)")
         t_all = time.perf_counter()
         held, warnings = self._held(held)
+        warnings = [w for w in self.table.warnings if w.split(" @ ", 1)[0] not in held] + warnings  # unjoined patterns
         dec, rep, times = self._saturated(held)
         times = dict(times, load=self.eg.load_seconds)
         t0 = time.perf_counter()
@@ -342,7 +343,8 @@ class Session:
         t0 = time.perf_counter()
         prob = self._problem(dec, costs, forced or {})
         try:
-            choice = solve_exact(prob) if method == "ilp" else solve_local(prob)  # ilp: the exact optimum
+            # ilp: the exact optimum (the local search's choice, with a warning, where the ILP runs out of time)
+            choice = solve_exact(prob, warnings) if method == "ilp" else solve_local(prob)
             choice = self._with_leaves(dec, choice)
         except NoPlan as e:
             raise UserError(self._no_plan(dec, e.classes, refusals, forced)) from None

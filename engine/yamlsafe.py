@@ -95,7 +95,8 @@ def load_text(text: str, source: str, loader=SAFE, what: str = "") -> tuple[Any,
             root = ld.get_single_node()
             if root is None:
                 return None, None
-            _check_aliases(root, source)
+            if "&" in text:  # no anchor, no alias (an alias to no anchor is a syntax error)
+                _check_aliases(root, source)
             return root, ld.construct_document(root)
         finally:
             ld.dispose()
