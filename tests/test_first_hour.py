@@ -84,7 +84,108 @@ def test_plan_counts_matches_and_choices_per_rule(tmp_path):
     row = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["gemv_norm_epilogue"])
     assert row[1] == "rules/norm.yaml:11" and row[2:4] == ["8", "8"]  # matched 8, chosen 8
     notes = [line for line in r.stdout.splitlines() if line.startswith("note: ")]
-    assert "note: merged_qkv @ rules/products.yaml:11: held back" in notes
+    assert "note: merged_qkv @ rules/products.yaml:11: held back: released, the plan would choose it 4 times" in notes
     assert f"note: my.gelu_glu @ {tmp_path / 'mine.yaml'}:1: your rule never matched this step" in notes
     assert f"note: my.add @ {tmp_path / 'mine.yaml'}:9: class `my_add` is linked by no launch of the cuda lane: " \
            f"never chosen" in notes
+    js = _cli("plan", "--json", "-")
+    rule = next(r for r in json.loads(js.stdout)["rules"] if r["rule"] == "gemv_norm_epilogue")
+    assert rule == {"rule": "gemv_norm_epilogue", "where": "rules/norm.yaml:11", "class": "gemv_norm_epilogue",
+                    "matched": 8, "chosen": 8, "note": ""}
+    idle = _cli("plan", "--hold", "embed_scale")  # the demo model scales no embedding: the hold changes nothing
+    assert "note: embed_scale @ rules/norm.yaml:30: held back, and not chosen anyway: the plan with it released " \
+           "does not choose it" in idle.stdout
+
+
+def test_explore_help_lists_the_shell_commands():
+    from lanefuse.lane.explore.shell import COMMANDS
+
+    r = _cli("explore", "--help")
+    assert r.returncode == 0, r.stderr
+    for usage, what in COMMANDS:
+        assert any(line.split() == [*usage.split(), *what.split()] for line in r.stdout.splitlines()), usage
+
+
+# ---- --ctx: the KV caches' rows ------------------------------------------------------------------------------------
+def test_ctx_sets_the_cache_rows_and_is_said(tmp_path):
+    r = _cli("run", "--ctx", "64", "--prompt-ids", "1,2", "--tokens", "3")
+    assert r.returncode == 0, r.stderr
+    assert "lanefuse: KV cache: 64 rows (--ctx;" in r.stderr and "the model allows 256" in r.stderr
+    default = _cli("run", "--prompt-ids", "1,2", "--tokens", "3", "--reference")
+    assert "lanefuse: KV cache: 256 rows (what the model allows;" in default.stderr
+    assert r.stdout.splitlines()[-1] == default.stdout.splitlines()[-1]  # the same tokens: rows past the end unused
+    p = _cli("plan", "--ctx", "128")
+    assert p.returncode == 0 and "KV cache 128 rows" in p.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--ctx", "999"], "lanefuse: error: --ctx 999: the demo model allows at most 256 positions"),
+    (["--ctx", "0"], "argument --ctx: 0: give at least 1 row"),
+    (["--ctx", "8", "--tokens", "20"], "need 20 positions; the KV caches hold 8 (--ctx N gives them more rows)"),
+])
+def test_ctx_is_validated(args, said):
+    r = _cli("run", "--prompt-ids", "1", *args)
+    assert r.returncode != 0 and said in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- a shape without its weights -----------------------------------------------------------------------------------
+def _config(d, **over):
+    from lanefuse.engine.demo import demo_config
+
+    cfg = demo_config()
+    c = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers,
+         "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+         "intermediate_size": cfg.inter, "vocab_size": cfg.vocab, "rms_norm_eps": cfg.eps, "rope_theta": 10000.0,
+         "max_position_embeddings": 40960, "hidden_act": "silu", "torch_dtype": "bfloat16", **over}
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(c))
+    return d
+
+
+def _formats(out: str) -> set[str]:
+    def walk(v):
+        if isinstance(v, dict):
+            if "format" in v:
+                yield v["format"]
+            for x in v.values():
+                yield from walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                yield from walk(x)
+
+    return set(walk(json.loads(out)["launches"]))
+
+
+def test_a_config_only_folder_plans_in_its_torch_dtype_or_the_format_given(tmp_path):
+    d = _config(tmp_path / "shape")
+    r = _cli("plan", str(d), "--json", "-")
+    assert r.returncode == 0, r.stderr
+    assert _formats(r.stdout) == {"bf16"}
+    assert "lanefuse: shape only: no weights in" in r.stderr and "bf16 (from config.json's torch_dtype" in r.stderr
+    f16 = _cli("plan", str(d), "--weights-format", "f16", "--json", "-")
+    assert f16.returncode == 0 and _formats(f16.stdout) == {"f16"}
+    text = _cli("plan", str(d))
+    assert text.returncode == 0 and "KV cache 4096 rows" in text.stdout and "every layer" in text.stdout
+    ex = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "explore", str(d)], input="fired\nquit\n",
+                        capture_output=True, text=True, timeout=300)
+    assert ex.returncode == 0 and "fusions fired" in ex.stdout, ex.stderr
+
+
+def test_a_config_only_folder_does_not_run(tmp_path):
+    d = _config(tmp_path / "shape")
+    r = _cli("run", str(d), "--prompt-ids", "1")
+    assert r.returncode != 0 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith(f"lanefuse: error: {d}: config.json and no weights (*.safetensors): `plan` and "
+                               f"`explore` take its shape")
+    nodtype = _config(tmp_path / "nodtype", torch_dtype=None)
+    p = _cli("plan", str(nodtype))
+    assert p.returncode != 0 and "give --weights-format f32|f16|bf16" in p.stderr
+
+
+def test_a_gguf_folder_is_said_to_be_gguf(tmp_path):
+    (tmp_path / "model-q8_0.gguf").write_bytes(b"GGUF")
+    r = _cli("plan", str(tmp_path))
+    assert r.returncode != 0
+    assert r.stderr.strip() == f"lanefuse: error: {tmp_path}: holds a GGUF checkpoint (model-q8_0.gguf); GGUF is " \
+                               f"not supported yet (give a Hugging Face safetensors folder: config.json + " \
+                               f"model.safetensors)"

@@ -72,7 +72,8 @@ def plan_command(args, src, g) -> int:
 
         save(s, args.save)
     if args.json:
-        write_atomic(args.json, json.dumps(schedule_json(s), indent=1) + "\n")
+        write_atomic(args.json, json.dumps({**schedule_json(s), "rules": rule_counts(s, opt, args.rules)}, indent=1)
+                     + "\n")
         if args.json == "-":
             return 0
     print_plan(s, args.layer, rule_counts(s, opt, args.rules))
