@@ -51,7 +51,7 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
 def cmd_run(args) -> int:
     from lanefuse.lane.run.generate import generate, generate_step_graph
     from lanefuse.engine.model import MAX_CHUNK
-    from lanefuse.lane.cli.source import open_model
+    from lanefuse.lane.cli.source import open_for
 
     if args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: give at least 1")
@@ -66,8 +66,12 @@ def cmd_run(args) -> int:
         saved = load(args.plan)
         model = _model_of_plan(args.plan, saved, model)
     t_load = time.perf_counter()
-    src = open_model(model, progress=_tty())
+    src = open_for(args, model, progress=_tty(), ctx=_cache_rows(saved))
     load_s = time.perf_counter() - t_load
+    if src.no_weights:
+        raise UserError(src.no_weights)
+    if src.ctx_said:
+        print(f"lanefuse: {src.ctx_said}", file=sys.stderr)
     if src.weights is None:
         raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
                         f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
@@ -96,6 +100,13 @@ def cmd_run(args) -> int:
     sys.stdout.flush()
     print_timings(out["timings"])
     return 0
+
+
+def _cache_rows(saved) -> int | None:
+    """The KV caches' rows a saved plan was made for: a run of it opens the model with as many."""
+    if saved is None or not saved.io.caches:
+        return None
+    return int(saved.tensors[saved.io.caches[0][0]].shape[0])
 
 
 def _model_of_plan(path: str, s, model: str | None) -> str | None:
@@ -129,11 +140,13 @@ def _step_fn(args, src, saved):
 
 
 def cmd_plan(args) -> int:
-    from lanefuse.lane.cli.source import open_model
+    from lanefuse.lane.cli.source import open_for
 
     if args.rows < 1:
         raise UserError(f"--rows {args.rows}: give at least 1")
-    src = open_model(args.model, progress=_tty())
+    src = open_for(args, args.model, progress=_tty())
+    if src.shape_said:
+        print(f"lanefuse: {src.shape_said}", file=sys.stderr)
     g = src.graph(args.rows)
     if args.layer is not None and not -1 <= args.layer < g.layers:
         raise UserError(f"--layer {args.layer}: {src.name} has layers 0..{g.layers - 1} (-1: the step's tail outside "
@@ -175,11 +188,11 @@ def cmd_check(args) -> int:
     from lanefuse.engine.interp import evaluate
     from lanefuse.lane.cli.report import plan_from_args
     from lanefuse.lane.run.numpy_runner import NumpyRunner
-    from lanefuse.lane.cli.source import open_model
+    from lanefuse.lane.cli.source import open_for
 
-    src = open_model(args.model, progress=_tty())
+    src = open_for(args, args.model, progress=_tty())
     if src.weights is None:
-        raise UserError(f"{src.name}: the step YAML names no weights to check with")
+        raise UserError(src.no_weights or f"{src.name}: the step YAML names no weights to check with")
     rows_list = args.rows or ([int(src.step.meta.get("rows", 1))] if src.step is not None else [1, 8])
     bad = 0
     for rows in rows_list:

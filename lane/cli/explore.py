@@ -11,13 +11,13 @@ from lanefuse.lane.explore.shell import Shell
 def _open(args):
     """The explorer for the parsed arguments: the model, a plan file's choices, then --hold and --knob on top."""
     from lanefuse.lane.explore.explorer import Explorer
-    from lanefuse.lane.cli.source import open_model
+    from lanefuse.lane.cli.source import open_for
     from lanefuse.lane.lower.spec import load_spec
 
     if args.rows < 1:
         raise UserError(f"--rows {args.rows}: give at least 1")
     spec = load_spec(args.spec) if getattr(args, "spec", None) else {}
-    src = open_model(args.model, progress=sys.stderr.isatty())
+    src = open_for(args, args.model, progress=sys.stderr.isatty())
     g = src.graph(args.rows)
     held = list(dict.fromkeys(list(spec.get("held", [])) + list(args.hold or [])))
     knobs = dict(spec.get("knobs", {}))

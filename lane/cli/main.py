@@ -20,6 +20,16 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _explore_epilog() -> str:
+    """The shell's commands, from the list its `help` prints."""
+    from lanefuse.lane.explore.shell import COMMANDS
+
+    w = max(len(u) for u, _ in COMMANDS)
+    lines = ["commands of the explorer's shell (`help` in it lists them too):"]
+    lines += [f"  {u:<{w}}  {what}" for u, what in COMMANDS]
+    return "\n".join(lines) + "\n\n" + EPILOG
+
+
 def _port(text: str) -> int:
     try:
         v = int(text)
@@ -34,7 +44,27 @@ def _model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint folder, step YAML, or omit for the demo model")
 
 
+def _rows(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of rows") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v}: give at least 1 row")
+    return v
+
+
+def _shape_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ctx", type=_rows, default=None, metavar="N",
+                   help="KV cache rows: the positions a run can reach (default: what the model allows, at most "
+                        "4096 and a quarter of memory; said in the output)")
+    p.add_argument("--weights-format", choices=("f32", "f16", "bf16"), default=None,
+                   help="a folder holding only config.json: the checkpoint format to plan its weights in (default: "
+                        "the config's torch_dtype)")
+
+
 def _plan_args(p: argparse.ArgumentParser) -> None:
+    _shape_args(p)
     p.add_argument("--hold", action="append", default=[], metavar="RULE",
                    help="hold a fusion rule or schedule step back (repeatable)")
     p.add_argument("--rules", action="append", default=[], metavar="DIR",
@@ -100,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_args(p)
 
     p = sub.add_parser("explore", help="explore fusion choices interactively (terminal, or --web in a browser)",
-                       epilog=EPILOG)
+                       description="Explore the fusion choices of a step: a command loop in the terminal (scripted "
+                                   "where stdin is not a terminal), or --web: the same on a local page.",
+                       epilog=_explore_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _model_arg(p)
     p.add_argument("--web", action="store_true", help="serve the explorer page on 127.0.0.1")
     p.add_argument("--port", type=_port, default=0, help="port for --web (default: a free one)")

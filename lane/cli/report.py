@@ -76,13 +76,14 @@ def plan_command(args, src, g) -> int:
                      + "\n")
         if args.json == "-":
             return 0
-    print_plan(s, args.layer, rule_counts(s, opt, args.rules))
+    print_plan(s, args.layer, rule_counts(s, opt, args.rules, _released(args, g)))
     return 0
 
 
-def rule_counts(s, opt, rules_dirs=()) -> list[dict]:
+def rule_counts(s, opt, rules_dirs=(), released=None) -> list[dict]:
     """Each rule of the table with its matches in saturation and the times the plan chose it, and what a user should
-    know of it: held back, a user rule that never matched, a class the plan's lane does not link."""
+    know of it: held back (and whether `released`, the plan with the held rules released, chooses it), a user rule
+    that never matched, a class the plan's lane does not link."""
     from lanefuse.engine.rules import load_table
     from lanefuse.lane.lower.table import load_lane
 
@@ -94,7 +95,10 @@ def rule_counts(s, opt, rules_dirs=()) -> list[dict]:
         m, c = int(matches.get(r.name, 0)), int(s.fusions.get(r.name, 0))
         notes = []
         if r.name in s.held:
-            notes.append("held back")
+            again = released.fusions.get(r.name, 0) if released is not None else None
+            notes.append("held back" if again is None else
+                         f"held back: released, the plan would choose it {again} times" if again else
+                         "held back, and not chosen anyway: the plan with it released does not choose it")
         elif not str(r.file).startswith("rules/") and m == 0:
             notes.append("your rule never matched this step")
         if r.cls not in linked and r.cls != "into_row":
@@ -102,6 +106,22 @@ def rule_counts(s, opt, rules_dirs=()) -> list[dict]:
         out.append({"rule": r.name, "where": f"{r.file}:{r.line}", "class": r.cls, "matched": m, "chosen": c,
                     "note": "; ".join(notes)})
     return out
+
+
+def _released(args, g):
+    """The plan of `g` with its held rules released (held schedule steps stay held), to say whether a hold changed
+    anything; None where no rule is held."""
+    import dataclasses
+
+    from lanefuse.engine.rules import load_table
+    from lanefuse.lane.cli.options import plan_options
+    from lanefuse.lane.lower.plan import plan
+
+    o = plan_options(args)
+    names = set(load_table(o.rules_dirs).by_name)
+    if not any(h in names for h in o.held):
+        return None
+    return plan(g, dataclasses.replace(o, held=tuple(h for h in o.held if h not in names)))
 
 
 def _kinds(launches) -> str:
@@ -145,8 +165,9 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
     con = console()
     per_layer = s.per_layer()
     body = [v for k, v in per_layer.items() if k >= 0]
+    ctx = s.tensors[s.io.caches[0][0]].shape[0] if s.io.caches and s.io.caches[0][0] in s.tensors else None
     con.print(f"[bold]{s.model}[/] · {s.rows} row{'s' if s.rows > 1 else ''} · lane [bold]{s.lane}[/] · {s.numerics}"
-              + (f" · held: {', '.join(s.held)}" if s.held else ""))
+              + (f" · KV cache {ctx} rows" if ctx else "") + (f" · held: {', '.join(s.held)}" if s.held else ""))
     con.print(f"launches: [bold]{s.n_launches}[/] a step"
               + (f", {min(body)}–{max(body)} a layer" if body and min(body) != max(body) else
                  f", {body[0]} a layer" if body else "")

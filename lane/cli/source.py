@@ -17,6 +17,9 @@ class Source:
     weights: object | None
     step: Graph | None = None  # a step YAML's own graph
     path: str | None = None
+    ctx_said: str = ""  # the KV caches' rows and why (`--ctx`), said in the output
+    no_weights: str = ""  # why there are no weights to run, where a folder holds only config.json
+    shape_said: str = ""  # a config-only folder: what the plan assumes of the weights
 
     def graph(self, rows: int = 1) -> Graph:
         if self.step is not None:
@@ -28,21 +31,30 @@ class Source:
         return build_step(self.cfg, rows)
 
 
-def open_model(model: str | None, progress: bool = False) -> Source:
-    """Resolve MODEL: nothing -> the demo model; a folder -> an HF checkpoint; a .yaml/.yml file -> a step YAML."""
+def open_model(model: str | None, progress: bool = False, ctx: int | None = None,
+               weights_format: str | None = None) -> Source:
+    """Resolve MODEL: nothing -> the demo model; a folder -> an HF checkpoint (or, holding only config.json, its
+    shape without weights); a .yaml/.yml file -> a step YAML. `ctx`: the KV caches' rows (default: `context_rows`)."""
+    if ctx is not None and ctx < 1:
+        raise UserError(f"--ctx {ctx}: give at least 1 row")
     if model is None or model == "demo":
-        from lanefuse.engine.demo import demo_model
+        from lanefuse.engine.demo import demo_config, demo_model
 
-        cfg, weights = demo_model()
-        return Source("demo", cfg, weights)
+        if weights_format:
+            raise UserError("--weights-format is for a folder holding only config.json (the demo model has weights)")
+        rows, said = context_rows(DEMO_CTX, demo_config(), ctx, "the demo model")
+        cfg, weights = demo_model(rows)
+        return Source("demo", cfg, weights, ctx_said=said)
     if not os.path.exists(model):
         raise UserError(f"{model}: no such file or folder (give a checkpoint folder, a step YAML, or nothing for "
                         f"the demo model)")
     if os.path.isdir(model):
-        from lanefuse.engine.front import load_model
-
-        cfg, weights = load_model(model)  # its progress bar shows where stderr is a terminal
-        return Source(os.path.basename(os.path.normpath(model)), cfg, weights, path=model)
+        return _open_folder(model, ctx, weights_format)
+    if ctx is not None or weights_format:
+        flag = "--ctx" if ctx is not None else "--weights-format"
+        if model.endswith((".yaml", ".yml")):
+            raise UserError(f"{model}: {flag} is for a checkpoint folder or the demo model (a step YAML fixes its "
+                            f"caches' rows and its weights' formats)")
     if model.endswith((".yaml", ".yml")):
         from lanefuse.engine.stepweights import step_weights
         from lanefuse.engine.stepyaml import from_yaml
@@ -55,3 +67,96 @@ def open_model(model: str | None, progress: bool = False) -> Source:
     if model.endswith(".gguf"):
         raise UserError(f"{model}: GGUF checkpoints are not supported yet (give a safetensors checkpoint folder)")
     raise UserError(f"{model}: not a checkpoint folder or a step YAML (.yaml)")
+
+
+def open_for(args, model: str | None = None, progress: bool = False, ctx: int | None = None) -> Source:
+    """`open_model` under the command's --ctx and --weights-format (`ctx` where the command knows it otherwise)."""
+    return open_model(model, progress, getattr(args, "ctx", None) or ctx, getattr(args, "weights_format", None))
+
+
+DEMO_CTX = 256  # the demo model's positions: its goldens are pinned at this cache length
+CTX_CAP = 4096  # the default cache rows at most, where the model allows more
+CTX_MEMORY = 0.25  # ... and at most this share of the machine's memory for the KV caches (f32)
+FORMATS = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}  # torch_dtype -> checkpoint format
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def context_rows(allowed: int, cfg: ModelConfig, ctx: int | None, who: str) -> tuple[int, str]:
+    """The KV caches' rows: `ctx` where given (at most the `allowed` positions), else the allowed ones capped at
+    CTX_CAP and by memory; and the sentence that says so."""
+    row_bytes = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 4  # f32 keys and values, every layer
+    if ctx is not None:
+        if ctx > allowed:
+            raise UserError(f"--ctx {ctx}: {who} allows at most {allowed} positions")
+        return ctx, f"KV cache: {ctx} rows (--ctx; {ctx * row_bytes / 2**20:.1f} MiB; the model allows {allowed})"
+    rows, why = allowed, "what the model allows"
+    if rows > CTX_CAP:
+        rows, why = CTX_CAP, f"the model allows {allowed}; capped at {CTX_CAP}"
+    mem = _memory_bytes()
+    if mem and rows * row_bytes > CTX_MEMORY * mem:
+        rows = max(1, int(CTX_MEMORY * mem // row_bytes))
+        why = f"the model allows {allowed}; capped by memory: {CTX_MEMORY:.0%} of {mem / 2**30:.0f} GiB"
+    return rows, f"KV cache: {rows} rows ({why}; {rows * row_bytes / 2**20:.1f} MiB; --ctx N to change)"
+
+
+def _read_config(folder: str) -> tuple[str, dict]:
+    import json
+
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+        if ggufs:
+            raise UserError(f"{folder}: holds a GGUF checkpoint ({ggufs[0]}); GGUF is not supported yet (give a "
+                            f"Hugging Face safetensors folder: config.json + model.safetensors)")
+        raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder)")
+    try:  # as the front reads it (engine/front.py load_model), so both say the same of a broken one
+        with open(path, "rb") as f:
+            raw = json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text (config.json is JSON)") from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return path, raw
+
+
+def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> Source:
+    """A checkpoint folder; one holding config.json and no safetensors is the model's shape alone: it plans and
+    explores, with each weight's format from --weights-format or the config's torch_dtype, and does not run."""
+    import dataclasses
+
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    path, raw = _read_config(folder)
+    name = os.path.basename(os.path.abspath(folder))
+    shape = config_from_hf(raw, path, max_len=1 << 30, name=name)  # the positions the model allows: its max_len
+    allowed = int(raw.get("max_position_embeddings") or 512)
+    rows, said = context_rows(allowed, shape, ctx, f"{name} (max_position_embeddings in config.json)")
+    has_weights = any(f.endswith(".safetensors") for f in os.listdir(folder))
+    if has_weights:
+        if weights_format:
+            raise UserError(f"--weights-format {weights_format}: {folder} holds safetensors, which give each "
+                            f"tensor's format (the flag is for a folder holding only config.json)")
+        from lanefuse.engine.front import load_model
+
+        cfg, weights = load_model(folder, max_len=rows)  # its progress bar shows where stderr is a terminal
+        return Source(os.path.basename(os.path.normpath(folder)), cfg, weights, path=folder, ctx_said=said)
+    dtype = raw.get("torch_dtype") or raw.get("dtype")
+    fmt = weights_format or FORMATS.get(str(dtype))
+    if fmt is None:
+        raise UserError(f"{folder}: config.json and no weights (*.safetensors), and its torch_dtype "
+                        f"({dtype!r}) names no checkpoint format: give --weights-format f32|f16|bf16 to plan its shape")
+    cfg = config_from_hf(raw, path, max_len=rows, name=name)
+    cfg = dataclasses.replace(cfg, formats=tuple((w, fmt) for w in cfg.weight_names()))
+    whence = "--weights-format" if weights_format else f"config.json's torch_dtype {dtype}"
+    return Source(os.path.basename(os.path.normpath(folder)), cfg, None, path=folder, ctx_said=said,
+                  no_weights=f"{folder}: config.json and no weights (*.safetensors): `plan` and `explore` take its "
+                             f"shape ({fmt} weights, from {whence}); `run` and `check` need the checkpoint's tensors",
+                  shape_said=f"shape only: no weights in {folder}; weights planned as {fmt} (from {whence})")

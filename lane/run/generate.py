@@ -90,7 +90,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
     need = len(prompt) + max(n_tokens - 1, 0)
     if need > cfg.max_len:
         raise UserError(f"{len(prompt)} prompt tokens and {n_tokens} generated need {need} positions; the KV caches "
-                        f"hold {cfg.max_len}")
+                        f"hold {cfg.max_len} (--ctx N gives them more rows)")
     if step_fn is None:
         def step_fn(g: Graph, env: dict) -> dict:
             return evaluate(g, weights, env)
