@@ -114,8 +114,11 @@ def test_ctx_sets_the_cache_rows_and_is_said(tmp_path):
     default = _cli("run", "--prompt-ids", "1,2", "--tokens", "3", "--reference")
     assert "lanefuse: KV cache: 256 rows (what the model allows;" in default.stderr
     assert r.stdout.splitlines()[-1] == default.stdout.splitlines()[-1]  # the same tokens: rows past the end unused
-    p = _cli("plan", "--ctx", "128")
+    p = _cli("plan", "--ctx", "128", "--save", str(tmp_path / "p.json"))
     assert p.returncode == 0 and "KV cache 128 rows" in p.stdout.splitlines()[0]
+    saved = _cli("run", "--plan", str(tmp_path / "p.json"), "--prompt-ids", "1,2", "--tokens", "3")
+    assert saved.returncode == 0, saved.stderr
+    assert "lanefuse: KV cache: 128 rows (the saved plan's;" in saved.stderr
 
 
 @pytest.mark.parametrize("args, said", [

@@ -70,8 +70,13 @@ def open_model(model: str | None, progress: bool = False, ctx: int | None = None
 
 
 def open_for(args, model: str | None = None, progress: bool = False, ctx: int | None = None) -> Source:
-    """`open_model` under the command's --ctx and --weights-format (`ctx` where the command knows it otherwise)."""
-    return open_model(model, progress, getattr(args, "ctx", None) or ctx, getattr(args, "weights_format", None))
+    """`open_model` under the command's --ctx and --weights-format (`ctx`: the rows a saved plan was made for, where
+    --ctx is not given)."""
+    given = getattr(args, "ctx", None)
+    src = open_model(model, progress, given or ctx, getattr(args, "weights_format", None))
+    if given is None and ctx is not None:
+        src.ctx_said = src.ctx_said.replace("(--ctx;", "(the saved plan's;")
+    return src
 
 
 DEMO_CTX = 256  # the demo model's positions: its goldens are pinned at this cache length
