@@ -89,6 +89,15 @@ def gemv_bandwidth(repeats: int = 30) -> float:
     return w.nbytes / statistics.median(ts) / 1e9
 
 
+def resident() -> int:
+    """This process's resident bytes (Linux), 0 where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
 class Lanefuse:
     """lanefuse on the checkpoint: the decode step planned once, then timed step by step."""
 
@@ -97,9 +106,6 @@ class Lanefuse:
         from lanefuse.lane.run.step import plan_step_fn
 
         self.cfg, self.weights = load_model(folder)
-        t0 = time.perf_counter()
-        self.f32_bytes = sum(self.weights.get(n).nbytes for n in self.weights.store.names())  # decoded once, cached
-        self.decode_s = time.perf_counter() - t0
         self.times: list[float] = []
         step_fn, self.label = plan_step_fn(self.weights, "cpu", exact=exact)
 
@@ -111,7 +117,9 @@ class Lanefuse:
             return out
 
         self.step_fn = timed
-        self.round(2)  # plans the prefill chunk and the decode step, reads the weights in
+        rss, t0 = resident(), time.perf_counter()
+        self.round(2)  # plans the prefill chunk and the decode step, reads (and decodes) the weights once
+        self.load_s, self.load_bytes = time.perf_counter() - t0, resident() - rss
 
     def round(self, n: int) -> tuple[list[float], list[int]]:
         from lanefuse.lane.run.generate import generate
@@ -171,7 +179,8 @@ def measure(args, folder: str, elsewhere: str, env: dict) -> int:
     print(f"model: Qwen3-shaped, {args.layers} layers, {params / 1e6:.0f}M parameters, {args.dtype} checkpoint "
           f"{ckpt / 1e6:.0f} MB; "
           f"{len(PROMPT)}-token prompt, {args.tokens} decode steps a round, {args.rounds} rounds interleaved")
-    print(f"lanefuse weights decoded to f32 once at load: {lf.f32_bytes / 1e6:.0f} MB held in {lf.decode_s:.2f} s")
+    print(f"lanefuse first steps (plans, weights read and decoded to f32 once): {lf.load_s:.2f} s, resident memory "
+          f"+{lf.load_bytes / 1e6:.0f} MB (f32 weights: {1e3 * gb:.0f} MB)")
     print(f"lanefuse ({lf.label}, {os.environ['OPENBLAS_NUM_THREADS']} BLAS threads): {lms:.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
