@@ -90,12 +90,16 @@ def gemv_bandwidth(repeats: int = 30) -> float:
 
 
 def resident() -> int:
-    """This process's resident bytes (Linux), 0 where unknown."""
+    """This process's resident anonymous bytes (Linux; the checkpoint's file pages it maps are the page cache's, not
+    counted), 0 where unknown."""
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError):
-        return 0
+        pass
+    return 0
 
 
 class Lanefuse:
@@ -180,7 +184,7 @@ def measure(args, folder: str, elsewhere: str, env: dict) -> int:
           f"{ckpt / 1e6:.0f} MB; "
           f"{len(PROMPT)}-token prompt, {args.tokens} decode steps a round, {args.rounds} rounds interleaved")
     print(f"lanefuse first steps (plans, weights read and decoded to f32 once): {lf.load_s:.2f} s, resident memory "
-          f"+{lf.load_bytes / 1e6:.0f} MB (f32 weights: {1e3 * gb:.0f} MB)")
+          f"+{lf.load_bytes / 1e6:.0f} MB anonymous (f32 weights: {1e3 * gb:.0f} MB)")
     print(f"lanefuse ({lf.label}, {os.environ['OPENBLAS_NUM_THREADS']} BLAS threads): {lms:.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
