@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, read_part, names, reach, rms
+from lanefuse.kernels.common import Dst, Launch, Part, dst_view, read_part, names, reach, rms
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,41 @@ class Norm(Launch):
         if self.w is not None:
             y = y * np.asarray(env.weight(self.w)[0], dtype=np.float64)[:hd]
         self.dst().write(env, y)
+
+    def fast(self, env):
+        """In f32, written in place: the sum into `sum` (or a temporary), each head's mean square, the scaled values
+        into the destination's view (or a temporary where it is parts of units). A pre-norm runs the exact twin."""
+        if self.pre is not None:
+            self.numpy(env)
+            return
+        r, c, hd = self.rows, self.cols, self.cols // self.heads
+        s = read_part(env, self.x, self.part, r, c)
+        t = env.temp(self.fast_temp())
+        if self.add is not None or self.sum is not None:
+            into = env.array(self.sum)[: r * c].reshape(r, c) if self.sum is not None else t[: r * c].reshape(r, c)
+            if self.add is not None:
+                np.add(s, env.array(self.add)[: r * c].reshape(r, c), out=into)
+            else:
+                np.copyto(into, s)
+            s = into
+        sh = s.reshape(r, self.heads, hd)
+        inv = np.einsum("rhd,rhd->rh", sh, sh)[..., None]  # (rows, heads, 1)
+        inv /= hd
+        inv += self.eps
+        np.sqrt(inv, out=inv)
+        np.reciprocal(inv, out=inv)
+        d = self.dst()
+        out = dst_view(d, env, r, c)
+        y = out if out is not None else t[r * c: 2 * r * c].reshape(r, c)
+        yh = y.reshape(r, self.heads, hd)
+        np.multiply(sh, inv, out=yh)
+        if self.w is not None:
+            np.multiply(yh, env.weight(self.w)[0][:hd], out=yh)
+        if out is None:
+            d.write(env, y)
+
+    def fast_temp(self):
+        return 2 * self.rows * self.cols
 
     def grid_block(self):
         return ((self.rows, 1, 1), (threads(self.cols // self.heads), 1, 1))
