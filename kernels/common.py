@@ -188,6 +188,7 @@ class Launch:
     census: ClassVar[str] = ""
     stem: ClassVar[tuple[str, ...]] = ()  # the CUDA source: prelude.cu + each stem's .cu, in order (see compile.py)
     steps: ClassVar[tuple[str, ...]] = ()  # the lane's schedule steps `tune` honours (a held step is not taken)
+    partial: ClassVar[tuple[str, ...]] = ()  # fields naming a tensor the launch reaches only a part of, by design
 
     def reads(self) -> tuple[str, ...]:
         """Tensors (arrays, weights, parameters) the launch reads."""

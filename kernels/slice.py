@@ -24,6 +24,7 @@ class Slice(Elementwise):
     stem: ClassVar[tuple[str, ...]] = ("slice",)
     inputs: ClassVar[tuple[str, ...]] = ("x",)
     output: ClassVar[str] = "y"
+    partial: ClassVar[tuple[str, ...]] = ("x",)  # a part of every group
 
     def elements(self):
         return self.groups * self.width

@@ -16,6 +16,7 @@ class View(Launch):
     out: str
 
     census: ClassVar[str] = "view"
+    partial: ClassVar[tuple[str, ...]] = ("src",)  # `out` is a part of it
 
     def reads(self):
         return (self.src,)

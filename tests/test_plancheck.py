@@ -141,6 +141,11 @@ def _wrong_constant_shape(p):  # a constant bigger than the launches reach: only
     p["constants"]["model.norm.weight"]["shape"] = [512]
 
 
+def _halve_k(p):  # the head's product over half of its input: other tokens, exit 0, before the checks
+    g = _first(p, "Gemv")
+    g["k"] //= 2
+
+
 TAMPERED = [
     ("two live arrays at one offset", _overlap, "arena.arrays[", "overlap `L0.attn_norm`"),
     ("a norm's cols halved", _halve_cols, "launches[0] (fold).then.out", "128 values written but `L0.attn_norm` holds 256"),
@@ -163,6 +168,7 @@ TAMPERED = [
     ("a weight where an array goes", _weight_as_array, "launches[2] (attention)", "which is a constant"),
     ("a key offset past the cache row", _big_cache_row, "launches[2] (attention).kc", "reached but it holds 16384"),
     ("a lower bound past the arena", _lower_bound, "arena.lower_bound", "for an arena of"),
+    ("a product's k halved", _halve_k, "launches[3] (fold).first.x", "128 values read but `L0.attn` holds 256"),
     ("a string in a shape", _shape_string, "tensors['x0'].shape[0]", "expected an integer"),
     ("a constant shaped otherwise than the weights", _wrong_constant_shape, "constants['model.norm.weight'].shape",
      "[512] but the checkpoint's `model.norm.weight` is [256]"),
@@ -250,3 +256,49 @@ def test_every_plan_the_gpu_suite_prepares_loads_and_the_runnable_ones_run(tmp_p
         assert b.returncode == 0, b.stderr
         assert (json.loads((out / "a.json").read_text())["generated_ids"]
                 == json.loads((out / "b.json").read_text())["generated_ids"])
+
+
+def _round_trip(p):
+    from lanefuse.lane.lower.plan import Plan
+    from lanefuse.lane.lower.planfile import _classes, encode
+    from lanefuse.lane.lower.plancheck import Decoder, check
+
+    q = Decoder(_classes()).record(json.loads(json.dumps(encode(p))), Plan, "")
+    check(q)
+    return q
+
+
+def test_the_plans_the_lane_makes_pass_the_checks():
+    """Plans of every test architecture, decode and prefill, held rules and steps, the conservative lane: saved and
+    read back, each passes every check (the checks refuse nothing the lane makes) and comes back equal."""
+    pytest.importorskip("egglog")
+    from test_lane import ARCHS
+
+    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+
+    cfg, _ = demo_model()
+    cases = [(cfg, rows, {}) for rows in (1, 8)]
+    cases += [(cfg, 1, {"held": ["add_norm", "split_k"]}), (cfg, 4, {"lane": "conservative"})]
+    cases += [(c, rows, {}) for name, c in sorted(ARCHS.items()) if name != "qwen3" for rows in (1, 4)]
+    for c, rows, kw in cases:
+        p = plan(build_step(c, rows), **kw)
+        q = _round_trip(p)
+        assert [x.launch for x in q.launches] == [x.launch for x in p.launches]
+        assert tuple(q.arena.arrays) == tuple(p.arena.arrays) and q.arena.bytes == p.arena.bytes
+
+
+def test_a_gate_and_up_of_two_formats_is_refused_on_load():
+    """The cuda lane links a gate and an up product of two formats (f32, bf16) as one gemv_glu of the gate's format
+    (its kernel would read the bf16 up rows as f32); such a plan is refused when read back, naming the weight."""
+    pytest.importorskip("egglog")
+    from test_lane import ARCHS
+
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.lower.plancheck import Bad
+
+    with pytest.raises(Bad, match=r"\(gemv_glu\): reads `model.layers.0.mlp.up_proj.weight` as f32 values but the "
+                                  r"plan holds it as bf16"):
+        _round_trip(plan(build_step(ARCHS["qwen3"], 1)))

@@ -255,10 +255,9 @@ def _launches(p) -> None:
             have = p.buffers[n].size if n in p.buffers else p.constants[n].size
             if need > have:
                 raise Bad(f"{at}.{_field(l, n)}", f"{need} values of `{n}` reached but it holds {have}")
-            whole = (n in l.writes() and n not in io.inputs and p.buffers[n].where != "table"
-                     and not _placed_write(l, n))
-            if whole and need != have:  # a launch's own result, from its start: all of it
-                raise Bad(f"{at}.{_field(l, n)}", f"{need} values written but `{n}` holds {have}")
+            if need != have and not _in_part(p, l, n):  # sizes that disagree with the tensor: silently wrong numbers
+                did = "written" if n in l.writes() else "read"
+                raise Bad(f"{at}.{_field(l, n)}", f"{need} values {did} but `{n}` holds {have}")
 
 
 def _records(x):
@@ -271,13 +270,24 @@ def _records(x):
                 yield from _records(e)
 
 
-def _placed_write(l, name: str) -> bool:
-    """Whether launch `l` writes `name` through a destination that places it (rows of a table, parts of units): then
-    it need not write all of it."""
+def _in_part(p, l, name: str) -> bool:
+    """Whether launch `l` may reach only a part of `name` by design: a cache table or a step input, a values constant
+    (the rope tables hold every position), a destination that places the result (rows of a table, parts of units),
+    a read of a part of every unit, or a field the kind declares `partial` (a slice's source, a view's). Everything
+    else a launch reaches it reaches whole."""
     from lanefuse.kernels.common import Dst
 
-    return any(isinstance(d, Dst) and d.buf == name and (d.row is not None or d.unit is not None)
-               for d in _records(l))
+    b, c = p.buffers.get(name), p.constants.get(name)
+    if (b is not None and (b.where == "table" or name in p.io.inputs)) or (c is not None and c.kind == "values"):
+        return True
+    for r in _records(l):
+        if isinstance(r, Dst) and r.buf == name and (r.row is not None or r.unit is not None):
+            return True
+        if getattr(r, "part", None) is not None and getattr(r, "x", None) == name:
+            return True
+        if any(getattr(r, f, None) == name for f in getattr(r, "partial", ())):
+            return True
+    return False
 
 
 def _field(l, name: str) -> str:

@@ -46,10 +46,13 @@ def check_saved(p, path: str, g, weights) -> None:
     from lanefuse.lane.run.constants import check_constants
 
     for n in (*p.io.inputs, *p.io.outputs):
-        want = g.tensors[n].shape if n in g.tensors else None
-        if tuple(p.tensors[n].shape) != tuple(want or ()):
-            raise UserError(f"{path}: tensors[{n!r}].shape: {list(p.tensors[n].shape)} but this model's step has "
-                            f"{list(want) if want else 'no such tensor'}")
+        if n not in g.tensors:
+            raise UserError(f"{path}: io: `{n}` is not a tensor of this model's step")
+    for n, t in p.tensors.items():  # the step's own tensors (the fused ones are tied to them by their launches' sizes)
+        want = g.tensors.get(n)
+        if want is not None and tuple(t.shape) != tuple(want.shape):
+            raise UserError(f"{path}: tensors[{n!r}].shape: {list(t.shape)} but this model's step has "
+                            f"{list(want.shape)}")
     try:
         check_constants(p, weights)
     except UserError as e:
