@@ -92,11 +92,12 @@ def cmd_run(args) -> int:
     out["timings"] = run_timings(load_s, res, getattr(step_fn, "spent", None))
     if args.json:
         write_atomic(args.json, json_text(out, f"--json {args.json}"))
-    print(f"model: {src.name} ({label})")
-    print("prompt ids:   ", ",".join(map(str, ids)))
-    print("generated ids:", ",".join(map(str, out["generated_ids"])))
+    human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
+    print(f"model: {src.name} ({label})", file=human)
+    print("prompt ids:   ", ",".join(map(str, ids)), file=human)
+    print("generated ids:", ",".join(map(str, out["generated_ids"])), file=human)
     if tok is not None:
-        print("text:", tok.decode(out["generated_ids"]))
+        print("text:", tok.decode(out["generated_ids"]), file=human)
     sys.stdout.flush()
     print_timings(out["timings"])
     return 0

@@ -74,8 +74,8 @@ def plan_command(args, src, g) -> int:
     if args.json:
         write_atomic(args.json, json.dumps({**schedule_json(s), "rules": rule_counts(s, opt, args.rules)}, indent=1)
                      + "\n")
-        if args.json == "-":
-            return 0
+    if "-" in (args.json, args.save, args.trace):
+        return 0  # stdout holds one JSON document, nothing else
     print_plan(s, args.layer, rule_counts(s, opt, args.rules, _released(args, g)))
     return 0
 
