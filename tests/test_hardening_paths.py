@@ -10,6 +10,8 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,11 @@ def test_the_explorer_cli_exits_1_not_70_after_a_failed_save(tmp_path, capsys):
     assert r.returncode == 1, r.stderr
     assert "is a folder" in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr
     assert "plan (" in r.stdout  # the command after the failed one ran
+
+
+@pytest.mark.parametrize("value", ["1e999", "nan", "inf", "-1", "0"])
+def test_a_knob_must_be_a_positive_finite_number(value):
+    r = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "plan", "--knob", f"hbm_gbps={value}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "knob `hbm_gbps`" in r.stderr and "positive finite number" in r.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from lanefuse.engine.errors import UserError, did_you_mean
@@ -35,8 +36,8 @@ def set_knob(k: Knobs, name: str, value) -> Knobs:
         v = conv(value)
     except (TypeError, ValueError):
         raise UserError(f"knob `{name}`: {value!r} is not a number") from None
-    if v <= 0:
-        raise UserError(f"knob `{name}`: {v} must be positive")
+    if not math.isfinite(v) or v <= 0:
+        raise UserError(f"knob `{name}`: {value!r} must be a positive finite number")
     return replace(k, **{name: v})
 
 
