@@ -302,3 +302,35 @@ def test_a_gate_and_up_of_two_formats_is_refused_on_load():
     with pytest.raises(Bad, match=r"\(gemv_glu\): reads `model.layers.0.mlp.up_proj.weight` as f32 values but the "
                                   r"plan holds it as bf16"):
         _round_trip(plan(build_step(ARCHS["qwen3"], 1)))
+
+
+def test_random_edits_of_a_plan_load_or_are_refused_in_words(saved, tmp_path):
+    """600 random one-field edits of a saved plan (a number halved, doubled, moved; a value of another type): each
+    loads or is a UserError, never another exception; and those that load still pass the arena's invariants."""
+    import random
+
+    from lanefuse.engine.errors import UserError
+    from lanefuse.lane.lower.arena import check as arena_check
+    from lanefuse.lane.lower.planfile import load
+
+    doc = json.loads(saved.read_text())
+    rng = random.Random(7)
+    values = [0, -1, 1, 3, 10 ** 9, 255, "x", "pos", "x0", None, True, [], {}, 1.5]
+    f = tmp_path / "plan.json"
+    refused = 0
+    for _ in range(600):
+        d = copy.deepcopy(doc)
+        r = rng.choice(list(_records(d["plan"])))
+        keys = [k for k in r if k != "_t"]
+        if not keys:
+            continue
+        k = rng.choice(keys)
+        v = r[k]
+        r[k] = rng.choice([v // 2, v * 2, v + 1, v - 1, v + 256]) if type(v) is int and rng.random() < .6 \
+            else rng.choice(values)
+        f.write_text(json.dumps(d))
+        try:
+            arena_check(load(str(f)).arena)
+        except UserError:
+            refused += 1
+    assert refused > 300

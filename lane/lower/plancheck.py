@@ -249,15 +249,27 @@ def _launches(p) -> None:
             elif n not in p.buffers:
                 what = "a constant (an array goes there)" if c is not None else "not a tensor of the plan"
                 raise Bad(at, f"names `{n}`, which is {what}{did_you_mean(n, p.buffers) if c is None else ''}")
-        for n, need in l.extents(top, tokens).items():
-            if n not in named:
-                raise Bad(at, f"reaches `{n}`, which it does not read or write")
-            have = p.buffers[n].size if n in p.buffers else p.constants[n].size
-            if need > have:
-                raise Bad(f"{at}.{_field(l, n)}", f"{need} values of `{n}` reached but it holds {have}")
-            if need != have and not _in_part(p, l, n):  # sizes that disagree with the tensor: silently wrong numbers
-                did = "written" if n in l.writes() else "read"
-                raise Bad(f"{at}.{_field(l, n)}", f"{need} values {did} but `{n}` holds {have}")
+        for pre, sub in _launch_records(l):  # a fold's pair each on its own: one's full reach hides no other's
+            for n, need in sub.extents(top, tokens).items():
+                if n not in named:
+                    raise Bad(at, f"reaches `{n}`, which it does not read or write")
+                have = p.buffers[n].size if n in p.buffers else p.constants[n].size
+                if need > have:
+                    raise Bad(f"{at}{pre}.{_field(sub, n)}", f"{need} values of `{n}` reached but it holds {have}")
+                if need != have and not _in_part(p, sub, n):  # sizes that disagree with the tensor: wrong numbers
+                    did = "written" if n in sub.writes() else "read"
+                    raise Bad(f"{at}{pre}.{_field(sub, n)}", f"{need} values {did} but `{n}` holds {have}")
+
+
+def _launch_records(l, pre: str = ""):
+    """(path, launch) for launch `l` and every launch among its fields (a fold's first and then), `l` first."""
+    from lanefuse.kernels import Launch
+
+    yield pre, l
+    for f in dataclasses.fields(l):
+        v = getattr(l, f.name)
+        if isinstance(v, Launch):
+            yield from _launch_records(v, f"{pre}.{f.name}")
 
 
 def _records(x):

@@ -105,4 +105,6 @@ def load(path: str):
         raise UserError(f"{path}: {e}") from None
     except RecursionError:
         raise UserError(f"{path}: not a lanefuse plan (records nested too deep)") from None
+    except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as e:  # a check's own slip
+        raise UserError(f"{path}: the plan does not hold together ({type(e).__name__}: {str(e)[:80]})") from None
     return p
