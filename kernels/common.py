@@ -244,7 +244,6 @@ class Launch:
         """f32 values of temporaries the fast twin takes from `env.temp` (the tail of the numpy runner's arena)."""
         return 0
 
-
     def grid_block(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         raise NotImplementedError
 

@@ -53,6 +53,7 @@ class GemvGlu(Launch):
     bg: str | None = None
     bu: str | None = None
     per_warp: int = 1
+    format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
 
     census: ClassVar[str] = "gemv_glu"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_glu")
@@ -69,6 +70,9 @@ class GemvGlu(Launch):
             return Refusal(f"weights in format `{self.format}`")
         if self.act not in ACTS:
             return Refusal(f"a gate activation `{self.act}`")
+        if self.format_u is not None and self.format_u != self.format:
+            return Refusal(f"gate and up weights in different formats ({self.format}, {self.format_u}): the kernel "
+                           f"reads both in one")
         return gemv_check(self.k, self.n, self.m, self.per_warp, 1)
 
     def tune(self, knobs, held=frozenset()):
@@ -80,7 +84,7 @@ class GemvGlu(Launch):
                      (self.out, self.m * n))
 
     def weights(self):
-        return {self.wg: self.format, self.wu: self.format, **{b: None for b in (self.bg, self.bu) if b}}
+        return {self.wg: self.format, self.wu: self.format_u or self.format, **{b: None for b in (self.bg, self.bu) if b}}
 
     def bytes(self):
         return 2 * FORMATS[self.format] * self.n * self.k + 4 * self.m * (self.k + self.n)
