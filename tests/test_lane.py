@@ -233,6 +233,32 @@ def test_check_2_names_a_wrong_cache_row_write():
             NumpyRunner(s, w, check=True).step(env, lifted=g)
 
 
+def test_check_2_names_the_first_launch_writing_nan():
+    """A NaN in one embedding row: the check names the gather that first writes it (NaN compares as no difference,
+    so it is looked for on its own)."""
+    cfg, w = demo_model()
+    g = build_step(cfg, 1)
+    s = plan(g)
+    table = np.array(w.get("model.embed_tokens.weight"), dtype=np.float32)
+    table[7, 3] = np.nan
+
+    class Poisoned:
+        def __getattr__(self, name):
+            return getattr(w, name)
+
+        def get(self, name):
+            return table if name == "model.embed_tokens.weight" else w.get(name)
+
+        def raw(self, name):
+            return (table, "f32") if name == "model.embed_tokens.weight" else w.raw(name)
+
+    env = new_caches(cfg)
+    env["token"], env["pos"] = np.asarray([7], np.int32), np.asarray([0], np.int32)
+    assert s.launches[0].ops[0] == g.ops[0].out and g.ops[0].kind == "gather"  # the embedding gather, fused
+    with pytest.raises(UserError, match=r"launch 0 \(fold, .*writes non-finite values.*the reference's too"):
+        NumpyRunner(s, Poisoned(), check=True).step(env, lifted=g)
+
+
 def test_unknown_held_name_lists_the_known_ones():
     cfg, _ = demo_model()
     with pytest.raises(UserError, match=r"no rule or schedule step.*did you mean `add_norm`.*known:"):

@@ -154,9 +154,13 @@ class NumpyRunner:
                 got, want = got[changed], want[changed]
             if got.shape != want.shape:
                 continue
+            what = f"launch {i} ({x.launch.census}, layer {x.layer}, computing {', '.join(x.ops) or '-'})"
+            if got.size and not np.isfinite(got).all():  # NaN compares as no difference: said on its own
+                also = ("; the reference's too: a weight or an input holds it" if not np.isfinite(want).all() else
+                        "; the reference's are finite")
+                raise UserError(f"LANEFUSE_CHECK=2: {what} writes non-finite values (NaN or inf) to `{name}`{also}")
             err = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
             scale = float(np.max(np.abs(want))) if want.size else 0.0
             if err > 1e-4 * max(scale, 1.0):
-                raise UserError(f"LANEFUSE_CHECK=2: launch {i} ({x.launch.census}, layer {x.layer}, computing "
-                                f"{', '.join(x.ops) or '-'}) diverges from the reference at `{name}`: max |diff| "
+                raise UserError(f"LANEFUSE_CHECK=2: {what} diverges from the reference at `{name}`: max |diff| "
                                 f"{err:.3g} (values up to {scale:.3g})")
