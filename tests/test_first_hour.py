@@ -192,3 +192,25 @@ def test_a_gguf_folder_is_said_to_be_gguf(tmp_path):
     assert r.stderr.strip() == f"lanefuse: error: {tmp_path}: holds a GGUF checkpoint (model-q8_0.gguf); GGUF is " \
                                f"not supported yet (give a Hugging Face safetensors folder: config.json + " \
                                f"model.safetensors)"
+
+
+def test_a_slow_plan_shows_a_spinner_on_a_terminal_only(monkeypatch):
+    """Work past the spinner's delay shows what it is doing on a terminal; quick work, or no terminal, shows nothing."""
+    import io
+    import time
+
+    from lanefuse.lane.cli.slow import spinner
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    slow, quick, pipe = Tty(), Tty(), io.StringIO()
+    with spinner("planning big", after=0.05, stream=slow):
+        time.sleep(0.4)
+    with spinner("planning small", after=5.0, stream=quick):
+        pass
+    with spinner("planning piped", after=0.0, stream=pipe):
+        time.sleep(0.1)
+    assert "planning big" in slow.getvalue()
+    assert quick.getvalue() == "" and pipe.getvalue() == ""

@@ -53,7 +53,10 @@ def plan_from_args(args, src, g, traced: bool = False):
     from lanefuse.lane.cli.options import plan_options
     from lanefuse.lane.lower.plan import plan_traced
 
-    p, opt = plan_traced(g, plan_options(args), source=_source_of(src))
+    from lanefuse.lane.cli.slow import spinner
+
+    with spinner(f"planning {g.meta.get('model') or 'the step'} ({len(g.ops)} ops, {g.meta.get('rows', 1)} rows)…"):
+        p, opt = plan_traced(g, plan_options(args), source=_source_of(src))
     return (p, opt) if traced else p
 
 
