@@ -4,12 +4,12 @@ tensor the step reads checked for presence and shape, and each one's stored form
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import sys
 from pathlib import Path
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.jsonfile import read_json
 from lanefuse.engine.hfconfig import config_from_hf
 from lanefuse.engine.model import ModelConfig
 from lanefuse.engine.weights import Weights
@@ -49,12 +49,7 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
         raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder)")
-    try:
-        raw_cfg = json.loads(cfg_path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{cfg_path}: not UTF-8 text (config.json is JSON)") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{cfg_path}: not readable JSON ({e})") from None
+    raw_cfg = read_json(cfg_path, "config.json is JSON")
     if not isinstance(raw_cfg, dict):
         raise UserError(f"{cfg_path}: expected a JSON object")
     cfg = config_from_hf(raw_cfg, str(cfg_path), max_len=max_len, name=folder.resolve().name)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.jsonfile import read_json
 
 ST_FORMATS = {"F32": ("f32", np.float32), "F16": ("f16", np.float16), "BF16": ("bf16", np.uint16)}
 GENERATED = ("rope.cos", "rope.sin")
@@ -152,12 +153,7 @@ class SafetensorsStore:
 
 def _index_files(index: Path) -> list[str]:
     """The shard files a model.safetensors.index.json names, each a plain path inside the index's folder."""
-    try:
-        doc = json.loads(index.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{index}: not UTF-8 text (a safetensors index is JSON)") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{index}: not a readable safetensors index ({e})") from None
+    doc = read_json(index, "a safetensors index is JSON")
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise UserError(f"{index}: expected a `weight_map` of tensor name -> shard file name")

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.jsonfile import read_json
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.model import ModelConfig, build_step
 
@@ -111,8 +112,6 @@ def context_rows(allowed: int, cfg: ModelConfig, ctx: int | None, who: str) -> t
 
 
 def _read_config(folder: str) -> tuple[str, dict]:
-    import json
-
     path = os.path.join(folder, "config.json")
     if not os.path.exists(path):
         ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
@@ -120,13 +119,7 @@ def _read_config(folder: str) -> tuple[str, dict]:
             raise UserError(f"{folder}: holds a GGUF checkpoint ({ggufs[0]}); GGUF is not supported yet (give a "
                             f"Hugging Face safetensors folder: config.json + model.safetensors)")
         raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder)")
-    try:  # as the front reads it (engine/front.py load_model), so both say the same of a broken one
-        with open(path, "rb") as f:
-            raw = json.loads(f.read().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text (config.json is JSON)") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not readable JSON ({e})") from None
+    raw = read_json(path, "config.json is JSON")  # as the front reads it, so both say the same of a broken one
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a JSON object")
     return path, raw
