@@ -527,3 +527,19 @@ def test_page_over_the_real_explorer(served, tmp_path):
             assert log == [], f"the page logged: {log}"
         finally:
             browser.close()
+
+
+def test_the_shell_and_plan_agree_on_a_launchs_layer():
+    """`layer N` in the shell lists every launch touching layer N's tensors, each with the layer `lanefuse plan`
+    files it under: the down product fused with the next layer's norm shows layer 1 in layer 0's table."""
+    args = build_parser().parse_args(["explore"])
+    out = io.StringIO()
+    rc = explore_command(args, stdin=io.StringIO("layer 0\nquit\n"), stdout=out)
+    assert rc == 0, out.getvalue()
+    cfg, _ = demo_model()
+    s = plan(build_step(cfg, 1))
+    down = next(x for x in s.launches if "L0.down" in x.ops)
+    text = out.getvalue()
+    assert down.layer == 1 and "filed under layer 0" in text
+    row = next(line for line in text.splitlines() if "L0.down" in line)
+    assert re.search(rf"\b{s.launches.index(down)}\b.*\b1\b", row), row

@@ -280,14 +280,15 @@ class Shell(cmd.Cmd):
         except ValueError:
             raise UserError(f"layer {word}: give a layer number 0..{self.ex.layers - 1}") from None
         st = self.ex.state(n)
-        t = Table(title=f"layer {n}: {len(st['graph']['nodes'])} tensors in {len(st['groups'])} launches",
-                  header_style="bold")
-        for c, kw in (("#", {"justify": "right"}), ("launch", {}), ("class / op", {}), ("rule", {}),
-                      ("tensors", {"overflow": "fold"}), ("µs", {"justify": "right"})):
+        own = sum(g["layer"] == n for g in st["groups"])
+        t = Table(title=f"layer {n}: {len(st['graph']['nodes'])} tensors in {len(st['groups'])} launches, {own} filed "
+                        f"under layer {n} (`layer`: where `plan --layer N` lists each)", header_style="bold")
+        for c, kw in (("#", {"justify": "right"}), ("layer", {"justify": "right"}), ("launch", {}),
+                      ("class / op", {}), ("rule", {}), ("tensors", {"overflow": "fold"}), ("µs", {"justify": "right"})):
             t.add_column(c, **kw)
         for g in st["groups"]:
-            t.add_row(str(g["index"]), g["launch"], g["cls"] or "", g["rule"] or "", ", ".join(g["tensors"]),
-                      f"{g['cost_us']:.2f}")
+            t.add_row(str(g["index"]), "tail" if g["layer"] < 0 else str(g["layer"]), g["launch"], g["cls"] or "",
+                      g["rule"] or "", ", ".join(g["tensors"]), f"{g['cost_us']:.2f}")
         self.console.print(t)
 
     def do_save(self, arg: str) -> None:
