@@ -97,14 +97,14 @@ class NumpyRunner:
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
-        s.check_position(int(np.asarray(inputs[s.io.position]).reshape(-1)[0]))
+        pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
+        s.check_position(pos)
         env.tables = {n: inputs[n] for n in s.io.tables}
         env._views.clear()
         for n in (s.io.token, s.io.position):
             env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
         check = self.check and lifted is not None
         ref = self._reference(lifted, inputs) if check else None
-        pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
         for i, x in enumerate(s.launches):
             before = self._table_rows(x, pos) if ref is not None else None
             if self.exact:
