@@ -32,16 +32,27 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return u.astype(np.uint16)
 
 
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")  # GGUF's, held as (rows, bytes a row) uint8 (formats.md)
+
+
 def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
+    """Stored values to f32; the block formats by the gguf package's own decoding (the engine's reference path)."""
     if fmt == "bf16":
         return bf16_to_f32(arr)
+    if fmt in BLOCK_FORMATS:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as gguf_dequantize
+
+        return gguf_dequantize(np.asarray(arr, dtype=np.uint8), GGMLQuantizationType[fmt.upper()]).astype(
+            np.float32, copy=False)
     return np.asarray(arr, dtype=np.float32)
 
 
 # -- the rotary tables ----------------------------------------------------------------------------------------------
 
 def inv_freq(cfg) -> np.ndarray:
-    """The rotary inverse frequencies of (rot/2,) as transformers computes them (default, linear, llama3), in f64."""
+    """The rotary inverse frequencies of (rot/2,) as transformers computes them (default, linear, llama3), in f64;
+    `freq_factors` (a GGUF file's rope_freqs.weight, llama3 scaling as llama.cpp holds it) divides each one."""
     dim = cfg.rot
     inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     sc = dict(cfg.rope_scaling)
@@ -50,6 +61,8 @@ def inv_freq(cfg) -> np.ndarray:
         return inv
     if kind == "linear":
         return inv / float(sc["factor"])
+    if kind == "freq_factors":
+        return inv / np.asarray(sc["freq_factors"], dtype=np.float64)
     if kind == "llama3":
         factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
         old = float(sc["original_max_position_embeddings"])
