@@ -222,3 +222,55 @@ def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[np.ndar
             logits.append(out)
             ids.append(t)
     return toks, logits
+
+
+def spm_vocab(extra: int = 120):
+    """A SentencePiece-style (`llama`) vocabulary as llama.cpp's converter writes one: <unk>, <s>, </s>, the 256
+    byte tokens <0xXX>, then pieces (▁ for a space) learnt by BPE on SENTENCES, scored by their order:
+    (tokens, scores, token types)."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    trainer = trainers.BpeTrainer(vocab_size=extra, show_progress=False)
+    tok.train_from_iterator(SENTENCES * 4, trainer)
+    learnt = json.loads(tok.to_str())["model"]["vocab"]
+    pieces = [t for t, _ in sorted(learnt.items(), key=lambda kv: kv[1])]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)  # UNKNOWN, CONTROL, BYTE, NORMAL
+    # llama.cpp merges the highest-scored piece first; longer pieces learnt later score lower, as in real files
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, types
+
+
+def write_spm(model, path: Path, vocab) -> Path:
+    """`model` as an f32 GGUF file holding a SentencePiece (`llama`) tokenizer `vocab` (spm_vocab's)."""
+    import gguf
+
+    tokens, scores, types = vocab
+    write_gguf(model, path, "f32")
+    r = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(str(path) + ".tmp", r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_array(key, f.contents()) if vt == gguf.GGUFValueType.ARRAY else w.add_key_value(key, f.contents(), vt)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=None if t.tensor_type.name in ("F32", "F16") else t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    Path(str(path) + ".tmp").replace(path)
+    return Path(path)
