@@ -293,6 +293,9 @@ def test_run_plan_check_a_gguf_file_and_its_folder(qwen2_file, tmp_path):
     for cmd in (("plan", str(path.parent)), ("check", str(path))):
         c = _cli(*cmd)
         assert c.returncode == 0, c.stderr
+    e = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "explore", str(path)], input="quit\n",
+                       capture_output=True, text=True, timeout=300)
+    assert e.returncode == 0 and f"lanefuse explore: {path.name}, 2 layers" in e.stdout, e.stderr
     (path.parent / "other.gguf").write_bytes(path.read_bytes())
     try:
         c = _cli("plan", str(path.parent))
