@@ -44,10 +44,10 @@ def open_model(model: str | None, progress: bool = False, ctx: int | None = None
     if model is None or model == "demo":
         from lanefuse.engine.demo import demo_config, demo_model
 
-        if weights_format:
-            raise UserError("--weights-format is for a folder holding only config.json (the demo model has weights)")
         rows, said = context_rows(DEMO_CTX, demo_config(), ctx, "the demo model")
         cfg, weights = demo_model(rows)
+        if weights_format and weights_format != "f32":
+            cfg, weights = _demo_in(cfg, weights_format)
         return Source("demo", cfg, weights, ctx_said=said)
     if not os.path.exists(model):
         raise UserError(f"{model}: no such file or folder (give a checkpoint folder, a step YAML, or nothing for "
@@ -125,6 +125,34 @@ def _read_config(folder: str) -> tuple[str, dict]:
     return path, raw
 
 
+def _demo_in(cfg, fmt: str):
+    """The demo model with its checkpoint rows (every matrix) stored in `fmt` (--weights-format): the same seeded
+    values, encoded (a block format: quantized, so the numbers are the quantized weights')."""
+    import dataclasses
+
+    from lanefuse.engine.demo import random_arrays
+    from lanefuse.engine.weights import Weights
+    from lanefuse.kernels.blocks import encode_matrices
+
+    arrays = encode_matrices(random_arrays(cfg), fmt)
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, (_, f) in arrays.items() if f != "f32"))
+    return cfg, Weights.from_dict(arrays, cfg)
+
+
+def _block_rows(cfg, fmt: str, whence: str) -> None:
+    """Refuse a block format some checkpoint rows of the model cannot be held in (a row not whole blocks), naming the
+    first such tensor."""
+    from lanefuse.kernels.blocks import BLOCKS, row_refusal
+
+    if fmt not in BLOCKS:
+        return
+    for name, shape in cfg.weight_names().items():
+        why = row_refusal(fmt, shape[-1]) if len(shape) == 2 else None
+        if why:
+            raise UserError(f"{whence} {fmt}: tensor `{name}` {list(shape)} cannot be held in it ({why}); choose "
+                            f"another format")
+
+
 def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> Source:
     """A checkpoint folder; one holding config.json and no safetensors is the model's shape alone: it plans and
     explores, with each weight's format from --weights-format or the config's torch_dtype, and does not run."""
@@ -156,10 +184,12 @@ def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> So
     fmt = weights_format or FORMATS.get(str(dtype))
     if fmt is None:
         raise UserError(f"{folder}: config.json and no weights (*.safetensors), and its torch_dtype "
-                        f"({dtype!r}) names no checkpoint format: give --weights-format f32|f16|bf16 to plan its shape")
+                        f"({dtype!r}) names no checkpoint format: give --weights-format "
+                        f"f32|f16|bf16|q8_0|q4_0|q4_k|q6_k to plan its shape")
     cfg = config_from_hf(raw, path, max_len=rows, name=name)
     cfg = dataclasses.replace(cfg, formats=tuple((w, fmt) for w in cfg.weight_names()))
     whence = "--weights-format" if weights_format else f"config.json's torch_dtype {dtype}"
+    _block_rows(cfg, fmt, whence)
     return Source(os.path.basename(os.path.normpath(folder)), cfg, None, path=folder, ctx_said=said,
                   no_weights=f"{folder}: config.json and no weights (*.safetensors): `plan` and `explore` take its "
                              f"shape ({fmt} weights, from {whence}); `run` and `check` need the checkpoint's tensors",
