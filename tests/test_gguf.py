@@ -343,3 +343,20 @@ def test_tokenizer_adds_bos_where_the_file_says(tmp_path):
     bad = _rewrite(path, tmp_path / "bad.gguf", set_keys={"tokenizer.ggml.pre": ("tekken", STR)})
     with pytest.raises(UserError, match="`tokenizer.ggml.pre` is `tekken`"):
         tokenizer_from_gguf(open_reader(bad), str(bad))
+
+
+def test_a_block_scale_that_is_not_finite_is_refused_when_read(llama_q8, tmp_path):
+    _, path = llama_q8
+    r = gguf.GGUFReader(path)
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_up.weight")
+    data = np.array(t.data)
+    data[5, 34 + 1] = 0x7C  # row 5's second block: its f16 scale's exponent bits all set (inf)
+    bad = _rewrite(path, tmp_path / "nan.gguf", drop_tensors=(t.name,), add_tensors={t.name: (data, t.tensor_type)})
+    _, weights = load_model(bad)  # the file's pages are read as they are used: the scale is seen when read
+    with pytest.raises(UserError) as e:
+        weights.raw("model.layers.1.mlp.up_proj.weight")
+    assert str(e.value).startswith(f"{bad}: tensor `blk.1.ffn_up.weight` holds 1 q8_0 block(s) whose scale is NaN "
+                                   f"or inf"), str(e.value)
+    c = _cli("run", str(bad), "--prompt-ids", "1,2", "--tokens", "2")
+    err = [ln for ln in c.stderr.splitlines() if ln.startswith("lanefuse: error:")]
+    assert c.returncode == 2 and len(err) == 1 and "blk.1.ffn_up.weight" in err[0] and "Traceback" not in c.stderr
