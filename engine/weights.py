@@ -46,7 +46,8 @@ def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
     if fmt in BLOCK_FORMATS:
         from gguf import GGMLQuantizationType, quants
 
-        return quants.dequantize(np.asarray(arr, dtype=np.uint8), GGMLQuantizationType[fmt.upper()])
+        return quants.dequantize(np.asarray(arr, dtype=np.uint8), GGMLQuantizationType[fmt.upper()]).astype(
+            np.float32, copy=False)
     return np.asarray(arr, dtype=np.float32)
 
 
@@ -75,7 +76,8 @@ def check_blocks(arr: np.ndarray, fmt: str, where: str) -> None:
 # -- the rotary tables ----------------------------------------------------------------------------------------------
 
 def inv_freq(cfg) -> np.ndarray:
-    """The rotary inverse frequencies of (rot/2,) as transformers computes them (default, linear, llama3), in f64."""
+    """The rotary inverse frequencies of (rot/2,) as transformers computes them (default, linear, llama3), in f64;
+    `freq_factors` (a GGUF file's rope_freqs.weight, llama3 scaling as llama.cpp holds it) divides each one."""
     dim = cfg.rot
     inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     sc = dict(cfg.rope_scaling)
@@ -84,6 +86,8 @@ def inv_freq(cfg) -> np.ndarray:
         return inv
     if kind == "linear":
         return inv / float(sc["factor"])
+    if kind == "freq_factors":
+        return inv / np.asarray(sc["freq_factors"], dtype=np.float64)
     if kind == "llama3":
         factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
         old = float(sc["original_max_position_embeddings"])
