@@ -266,3 +266,56 @@ def test_plans_report_the_weight_bytes_a_step_reads():
     assert by["bf16"]["bf16"] == 2 * values
     assert by["q4_0"]["q4_0"] == by["q4_k"]["q4_k"] == values // 32 * 18
     assert by["q8_0"]["q8_0"] == values // 32 * 34 and by["q6_k"]["q6_k"] == values // 256 * 210
+
+
+# -- the command -----------------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _shape_folder(d, **over):
+    import json
+
+    cfg = demo_config()
+    c = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": cfg.hidden, "num_hidden_layers": 2,
+         "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+         "intermediate_size": cfg.inter, "vocab_size": cfg.vocab, "rms_norm_eps": cfg.eps, "rope_theta": 10000.0,
+         "max_position_embeddings": 128, "hidden_act": "silu", "torch_dtype": "bfloat16", **over}
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(c))
+    return d
+
+
+def test_plan_prints_the_weight_bytes_and_weights_format_takes_the_block_formats(tmp_path):
+    import json
+
+    d = _shape_folder(tmp_path / "shape")
+    r = _cli("plan", str(d), "--weights-format", "q4_0", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert list(doc["weight_bytes"]["by_format"]) == ["q4_0"] and doc["weight_bytes"]["total"] > 0
+    assert {l["fields"].get("format") for l in doc["launches"]} >= {"q4_0"}
+    text = _cli("plan", str(d), "--weights-format", "q8_0")
+    assert text.returncode == 0 and "weights read a step: " in text.stdout and "B (q8_0)" in text.stdout
+    # a K-quant format the model's rows are not whole blocks of: one line naming the tensor
+    odd = _shape_folder(tmp_path / "odd", intermediate_size=320)
+    k = _cli("plan", str(odd), "--weights-format", "q4_k")
+    assert k.returncode != 0 and len(k.stderr.strip().splitlines()) == 1, k.stderr
+    assert "--weights-format q4_k: tensor `model.layers.0.mlp.down_proj.weight` [256, 320]" in k.stderr
+    assert "Traceback" not in k.stderr
+
+
+def test_the_demo_runs_and_checks_with_its_matrices_quantized():
+    r = _cli("check", "--weights-format", "q4_k", "--rows", "1")
+    assert r.returncode == 0 and "-> ok" in r.stdout, r.stdout + r.stderr
+    import json
+
+    run = _cli("run", "--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4", "--json", "-")
+    assert run.returncode == 0, run.stderr
+    cfg, w = block_demo("q8_0")  # the same seeded matrices, quantized: the reference interpreter's tokens
+    assert json.loads(run.stdout)["generated_ids"] == generate(cfg, w, [1, 2, 3], 4).generated_ids
