@@ -319,3 +319,47 @@ def test_the_demo_runs_and_checks_with_its_matrices_quantized():
     assert run.returncode == 0, run.stderr
     cfg, w = block_demo("q8_0")  # the same seeded matrices, quantized: the reference interpreter's tokens
     assert json.loads(run.stdout)["generated_ids"] == generate(cfg, w, [1, 2, 3], 4).generated_ids
+
+
+STEP = """meta: {model: blocks-step, rows: 1}
+weights: {random: 3}
+io: {token: token, position: pos, caches: [[kc1, vc1]], logits: logits, next: next}
+tensors: {token: "i32[1]", pos: "i32[1]", kc1: "f32[16, 64]", vc1: "f32[16, 64]"}
+constants:
+  emb: {shape: [40, 256], format: q6_k}
+  wk: {shape: [64, 256], transposed: true, format: q4_k}
+  wv: {shape: [64, 256], transposed: true, format: q4_0}
+  wo: {shape: [40, 64], transposed: true, format: q8_0}
+ops:
+  - {op: gather, out: x, ins: [emb, token]}
+  - {op: matmul, out: k, ins: [x, wk]}
+  - {op: matmul, out: v, ins: [x, wv]}
+  - {op: set_row, out: kc, ins: [kc1, k, pos]}
+  - {op: set_row, out: vc, ins: [vc1, v, pos]}
+  - {op: add, out: y, ins: [k, v]}
+  - {op: matmul, out: logits, ins: [y, wo]}
+  - {op: argmax, out: next, ins: [logits]}
+"""
+
+
+def test_a_step_yamls_random_weights_are_blocks_of_its_formats():
+    """`weights: {random: SEED}` makes each constant in the format it declares (random blocks with finite scales),
+    so the kernels read what the plan says they read; the plan runs against the reference."""
+    from lanefuse.engine.stepweights import step_weights
+    from lanefuse.engine.stepyaml import from_yaml
+
+    g = from_yaml(STEP)
+    w = step_weights(g)
+    for name, fmt in (("emb", "q6_k"), ("wk", "q4_k"), ("wv", "q4_0"), ("wo", "q8_0")):
+        assert w.format(name) == fmt and w.shape(name) == g.constants[name].shape
+        v = w.get(name)
+        assert np.isfinite(v).all() and 0.3 < float(v.std()) * np.sqrt(v.shape[1]) < 3  # about 1/sqrt(cols)
+    s = plan(g)
+    env = {"kc1": np.zeros((16, 64), np.float32), "vc1": np.zeros((16, 64), np.float32),
+           "token": np.array([7], np.int32), "pos": np.array([2], np.int32)}
+    from lanefuse.engine.interp import evaluate
+
+    ref = evaluate(g, w, {k: v.copy() for k, v in env.items()})
+    out = NumpyRunner(s, w, check=True).step({k: v.copy() for k, v in env.items()}, lifted=g)
+    assert int(out["next"][0]) == int(ref["next"][0])
+    close(out["logits"], ref["logits"], 1e-5)
