@@ -363,3 +363,21 @@ def test_a_step_yamls_random_weights_are_blocks_of_its_formats():
     out = NumpyRunner(s, w, check=True).step({k: v.copy() for k, v in env.items()}, lifted=g)
     assert int(out["next"][0]) == int(ref["next"][0])
     close(out["logits"], ref["logits"], 1e-5)
+
+
+def test_fast_twins_decode_launch_by_launch_where_memory_does_not_allow_once():
+    """Past the decode budget (half the machine's memory by default; 0 here) the fast runner decodes each launch's
+    rows as it runs and keeps no f32 copy: the same numbers as decoding once."""
+    cfg, w = block_demo("q4_0")
+    s = plan(build_step(cfg, 1))
+    env = {k: np.zeros((64, cfg.kv_heads * cfg.head_dim), np.float32) for c in
+           [(f"kc{i}", f"vc{i}") for i in range(cfg.layers)] for k in c}
+    env.update(token=np.array([5], np.int32), pos=np.array([0], np.int32))
+    streamed = NumpyRunner(s, w, exact=False, decode_budget=0)
+    assert streamed.streamed
+    a = streamed.step({k: v.copy() for k, v in env.items()})
+    assert not any(f == "q4_0" for n, f in cfg.formats if n in w._f32)  # nothing decoded was kept
+    once = NumpyRunner(s, w, exact=False)
+    assert not once.streamed
+    b = once.step({k: v.copy() for k, v in env.items()})
+    assert np.array_equal(a["logits"], b["logits"]) and int(a["next"][0]) == int(b["next"][0])
