@@ -193,6 +193,23 @@ def test_split_k_chunks_never_split_a_block(fmt, blocks_a_row, n, m, sms):
         assert chunk(k, t.split) % BLOCKS[fmt][0] == 0
 
 
+@settings(max_examples=40, deadline=None)
+@given(fmt=st.sampled_from(FMTS), m=st.integers(1, 12), blocks=st.integers(1, 64), n=st.integers(1, 70),
+       seed=st.integers(0, 2**16), sms=st.sampled_from([4, 132]))
+def test_tuned_gemv_twins_on_random_shapes(fmt, m, blocks, n, seed, sms):
+    """Any shape the schedule tunes (rows a warp, split-K in whole blocks): the exact twin is the product of the
+    decoded weights, the fast twin within f32 rounding of it."""
+    k = k_of(fmt, blocks if BLOCKS[fmt][0] == 32 else 1 + blocks % 8)  # up to 2048 values a row
+    launch = Gemv("x", "w", fmt, Dst("y"), k, n, m, bias="b").tune(dataclasses.replace(Knobs(), sms=sms, wide_rows=32))
+    assert launch.check() is None
+    g = np.random.default_rng(seed)
+    raw, w = quantized(g, fmt, n, k)
+    x, b = r32(g, m, k), r32(g, n)
+    exact, fast = twins(launch, {"x": x, "y": np.zeros(m * n, np.float32)}, {"w": (raw, fmt), "b": (b, "f32")})
+    close(exact.array("y").reshape(m, n), x.astype(np.float64) @ w.T + b)
+    close(fast.array("y"), exact.array("y"), FAST_TOL)
+
+
 def test_costs_see_the_quantized_bytes():
     """A q4_0 product moves a quarter of bf16's weight bytes (18 bytes a 32 values against 64), q8_0 about half: the
     extraction's cost (bytes over bandwidth) sees it."""
