@@ -33,7 +33,7 @@ def random_weights(g: Graph, seed: int) -> Weights:
         elif c.kind == "values":
             arrays[src] = (1.0 + 0.1 * rng.standard_normal(c.shape)).astype(np.float32)
         elif c.format in BLOCK_FORMATS:
-            arrays[src] = (random_blocks(rng, c.shape, c.format), c.format)
+            arrays[src] = (random_blocks(rng, c.shape, c.format, name), c.format)
         else:
             v = (rng.standard_normal(c.shape) / np.sqrt(c.shape[-1])).astype(np.float32)
             arrays[src] = (f32_to_bf16(v), "bf16") if c.format == "bf16" else \
@@ -45,14 +45,15 @@ def random_weights(g: Graph, seed: int) -> Weights:
 _SPREAD = {"q8_0": 74.0, "q4_0": 4.6, "q4_k": 260.0, "q6_k": 1370.0}
 
 
-def random_blocks(rng, shape: tuple[int, ...], fmt: str) -> np.ndarray:
+def random_blocks(rng, shape: tuple[int, ...], fmt: str, name: str = "") -> np.ndarray:
     """Rows (rows, cols) of random `fmt` blocks, stored (uint8 (rows, row bytes)): random value and sub-scale bytes,
     each block's f16 scale set so the values have a spread of about 1/sqrt(cols) (q4_k's min offsetting its
     levels' mean)."""
     vb, bb = BLOCK_FORMATS[fmt]
     rows, cols = shape
     if cols % vb:
-        raise UserError(f"a {fmt} constant of shape {list(shape)}: its rows must be whole blocks of {vb} values")
+        raise UserError(f"constant `{name}`: {fmt} rows of {cols} values; a {fmt} row must be whole blocks of {vb} "
+                        f"values (shape {list(shape)})")
     raw = rng.integers(0, 256, size=(rows * (cols // vb), bb), dtype=np.uint8)
     d = np.float16(1.0 / np.sqrt(cols) / _SPREAD[fmt])
     scales = [(F16_SCALES[fmt][0], d)] + ([(2, np.float16(float(d) * 7.5))] if fmt == "q4_k" else [])
