@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web", action="store_true", help="serve the explorer page on 127.0.0.1")
     p.add_argument("--port", type=_port, default=0, help="port for --web (default: a free one)")
     p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step (1 = decode)")
+    p.add_argument("--exact", action="store_true",
+                   help="re-plan every change exactly (the ILP), not by local search (`exact on` in the shell)")
     _plan_args(p)
     return ap
 

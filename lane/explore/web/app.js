@@ -63,7 +63,7 @@ function tint(hex, alpha) { // "#rrggbb" or hsl() -> a translucent fill
 
 // ---- the page's state ----------------------------------------------------------------------------------------
 const S = {
-  st: null, layer: null, sel: null, choices: null, history: [], showInputs: false, litKind: null,
+  st: null, layer: null, sel: null, choices: null, showInputs: false, litKind: null,
   view: null, viewKey: null, layout: null, busy: 0,
 };
 
@@ -111,42 +111,34 @@ async function loadChoices() {
   } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); S.choices = []; renderInspector(); }
 }
 
-// a change: POST it, draw the new state, show what it did; `undo` is the change that takes it back
-async function act(path, body, label, undo) {
+// a change: POST it, draw the new state, show what it did. The server keeps the history (undo, go back to an
+// entry); a request that fails redraws the state the server still has, so no switch shows what it never applied.
+async function act(path, body, label) {
   const before = S.st;
   busy(true);
   try {
     const st = await api(path, { ...body, layer: S.layer });
     const diff = st.diff || clientDiff(before, st);
-    S.history.unshift({ label, undo, diff });
-    S.history.length = Math.min(S.history.length, 40);
     apply(st);
-    showDiff(label, diff, undo);
-    await loadChoices();
-  } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); }
+    showDiff(st.diff && st.diff.what || label, diff);
+    if (S.detail && S.detail.kind === "launch") closeDetail();  // its index is the old plan's
+    S.sat = null;
+    await Promise.all([loadChoices(), loadSaturation()]);
+  } catch (e) {
+    if (!(e instanceof ShownError)) toast(String(e));
+    if (S.st) apply(S.st);
+  }
   finally { busy(false); }
 }
-const hold = (rule) => act("/api/hold", { rule }, `hold ${rule}`, ["/api/release", { rule }, `release ${rule}`]);
-const release = (rule) => act("/api/release", { rule }, `release ${rule}`, ["/api/hold", { rule }, `hold ${rule}`]);
-function force(tensor, index, what) {
-  const was = S.st.forced[tensor];
-  const undo = was === undefined ? ["/api/unforce", { tensor }, `unforce ${tensor}`] : ["/api/force", { tensor, index: was }, `force ${tensor} #${was}`];
-  return act("/api/force", { tensor, index }, `force ${tensor} → ${what}`, undo);
-}
-function unforce(tensor) {
-  const was = S.st.forced[tensor];
-  return act("/api/unforce", { tensor }, `unforce ${tensor}`, ["/api/force", { tensor, index: was }, `force ${tensor} #${was}`]);
-}
-function setKnob(name, value) {
-  const was = S.st.knobs[name];
-  return act("/api/knob", { name, value }, `${name} = ${JSON.stringify(value)}`, ["/api/knob", { name, value: was }, `${name} = ${JSON.stringify(was)}`]);
-}
-function undoLast() {
-  const last = S.history[0];
-  if (!last || !last.undo) return;
-  const [path, body, label] = last.undo;
-  act(path, body, label, null);
-}
+const hold = (rule) => act("/api/hold", { rule }, `hold ${rule}`);
+const release = (rule) => act("/api/release", { rule }, `release ${rule}`);
+const force = (tensor, index, what) => act("/api/force", { tensor, index }, `force ${tensor} → ${what}`);
+const unforce = (tensor) => act("/api/unforce", { tensor }, `unforce ${tensor}`);
+const setKnob = (name, value) => act("/api/knob", { name, value }, `${name} = ${JSON.stringify(value)}`);
+const hist = () => (S.st && S.st.history) || [];
+function undoLast() { if (hist().length) return act("/api/undo", {}, "undo"); }
+const goBack = (n) => act("/api/goto", { n }, n ? `back to #${n}` : "back to the start");
+const setExact = (on) => act("/api/what_if", { method: on ? "ilp" : "local" }, on ? "exact on" : "exact off");
 
 function clientDiff(b, a) {
   if (!b) return null;
@@ -165,6 +157,7 @@ function apply(st) {
   if (S.sel && !st.graph.nodes.some((n) => n.id === S.sel)) { S.sel = null; S.choices = null; }
   renderHeader(); renderRules(); renderKnobs(); renderForced(); renderHistory();
   renderCost(); renderCensus(); renderFusions(); renderGraph(); renderArena(); renderInspector();
+  if (S.detail && S.detail.kind === "rule") showRule(S.detail.key);
 }
 
 function renderHeader() {
@@ -186,9 +179,11 @@ function renderHeader() {
     h("div", { class: "stat", title: "fused ops chosen in the whole step" }, h("b", {}, nFused), h("span", {}, "fusions")),
   );
   $("graph-title").textContent = `L${st.layer}: ${st.graph.nodes.length} tensors → ${st.groups.length} launches`;
+  $("exact").checked = st.what_if === "ilp";
+  $("method").textContent = st.method ? `plan: ${st.method === "ilp" ? "exact" : "local search"}` : "";
 }
 
-function showDiff(label, d, undo) {
+function showDiff(label, d) {
   const el = $("diff");
   if (!d) { el.classList.add("hidden"); return; }
   const [lb, la] = d.launches, [cb, ca] = d.cost_us;
@@ -206,7 +201,8 @@ function showDiff(label, d, undo) {
   const fus = Object.entries(d.fusions || {});
   if (fus.length) kids.push(item("fusions", fus.map(([k, [b, a]]) => `${k} ${b}→${a}`).join("  ")));
   kids.push(h("span", { class: "spacer" }));
-  if (undo) kids.push(h("button", { id: "undo", title: "take this change back (u)", onclick: undoLast }, "undo"));
+  kids.push(h("span", { class: "dim", id: "diff-method" }, d.method === "ilp" ? "exact" : d.method ? "local search" : ""));
+  if (hist().length) kids.push(h("button", { id: "undo", title: "take the last change back (u); again: the one before", onclick: undoLast }, "undo"));
   kids.push(h("button", { title: "dismiss", onclick: () => el.classList.add("hidden") }, "×"));
   el.replaceChildren(...kids);
   el.className = la > lb || (la === lb && ca > cb + 1e-9) ? "worse" : la < lb || ca < cb - 1e-9 ? "better" : "";
@@ -234,18 +230,18 @@ function renderRules() {
       ["", r.held ? "held back: the engine does not apply it" : "click the switch to hold it back"],
     ];
     return h("tr", { class: cls, "data-rule-row": r.name, tip },
-      h("td", {}, h("label", { class: "switch", title: r.held ? "held: click to release" : "click to hold back" }, cb, h("i"))),
-      h("td", { class: "name" }, r.name),
-      h("td", { class: "cls" }, r.cls !== r.name && r.cls !== "lane step" ? r.cls : ""),
+      h("td", { class: "sw-cell" }, h("label", { class: "switch", title: r.held ? "held: click to release" : "click to hold back" }, cb, h("i"))),
+      h("td", { class: "name", onclick: () => showRule(r.name) }, r.name,
+        r.cls !== r.name && r.cls !== "lane step" ? h("span", { class: "cls" }, r.cls) : ""),
       h("td", { class: "num" }, r.fired));
   };
-  rows.push(h("tr", { class: "group" }, h("td", { colspan: 3 }, "shared rules"), h("td", { class: "num" }, "fired")));
+  rows.push(h("tr", { class: "group" }, h("td", { colspan: 2 }, "shared rules"), h("td", { class: "num" }, "fired")));
   rows.push(...shared.map(row).filter(Boolean));
   if (lane.length) {
-    rows.push(h("tr", { class: "group" }, h("td", { colspan: 4 }, "lane schedule steps")));
+    rows.push(h("tr", { class: "group" }, h("td", { colspan: 3 }, "lane schedule steps")));
     rows.push(...lane.map(row).filter(Boolean));
   }
-  $("rules").replaceChildren(...rows);
+  $("rules").replaceChildren(h("colgroup", {}, h("col", { class: "c-sw" }), h("col"), h("col", { class: "c-num" })), ...rows);
   $("rules-count").textContent = `${held.size ? held.size + " held · " : ""}${st.rules.length}`;
 }
 
@@ -279,15 +275,19 @@ function renderForced() {
 }
 
 function renderHistory() {
-  $("history-panel").classList.toggle("hidden", !S.history.length);
-  $("history").replaceChildren(...S.history.map((e) => h("li", { title: e.label },
-    h("span", { class: "a" }, e.label),
-    e.diff ? delta(e.diff.launches[0], e.diff.launches[1]) : "",
-    e.diff ? h("span", {}, delta(e.diff.cost_us[0], e.diff.cost_us[1], (x) => x.toFixed(1)), h("span", { class: "faint" }, "µs")) : "")));
+  const entries = hist();
+  $("history-panel").classList.toggle("hidden", !entries.length);
+  const items = entries.map((e, i) => ({ ...e, n: i + 1 })).reverse();
+  items.push({ what: "start (the first, exact plan)", n: 0, launches: null, cost_us: null });
+  $("history").replaceChildren(...items.map((e, k) => h("li", {
+    "data-history": e.n, class: k === 0 ? "cur" : "", title: k === 0 ? "the plan now" : `click: back to the plan after this (later changes leave the history)`,
+    onclick: k === 0 ? null : () => goBack(e.n) },
+    h("span", { class: "a" }, e.n ? `${e.n}. ${e.what}` : e.what),
+    e.launches !== null ? h("span", { class: "dim" }, `${e.launches} · ${fmtUs(e.cost_us)} µs`) : "")));
 }
 
 function renderCost() {
-  const st = S.st, d = S.history.length ? S.history[0].diff : null;
+  const st = S.st, d = st.diff;
   const perLayer = st.groups.length;
   const row = (k, v, extra) => [h("span", { class: "k" }, k), h("span", {}, v, extra ? " " : "", extra || "")];
   $("cost").replaceChildren(
@@ -299,7 +299,7 @@ function renderCost() {
 }
 
 function renderCensus() {
-  const st = S.st, d = (S.history[0] && S.history[0].diff && S.history[0].diff.census) || {};
+  const st = S.st, d = (st.diff && st.diff.census) || {};
   const entries = Object.entries(st.census);
   for (const k of Object.keys(d)) if (!(k in st.census)) entries.push([k, 0]);
   entries.sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
@@ -320,14 +320,14 @@ function renderCensus() {
 }
 
 function renderFusions() {
-  const st = S.st, d = (S.history[0] && S.history[0].diff && S.history[0].diff.fusions) || {};
+  const st = S.st, d = (st.diff && st.diff.fusions) || {};
   const entries = Object.entries(st.fusions);
   for (const k of Object.keys(d)) if (!(k in st.fusions)) entries.push([k, 0]);
   entries.sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
   const why = Object.fromEntries(st.rules.map((r) => [r.name, r]));
   $("fusions").replaceChildren(
     h("tr", {}, h("th", {}, "rule"), h("th", { class: "num" }, "count"), h("th", { class: "num" }, "Δ"), h("th", {}, "class")),
-    ...(entries.length ? entries.map(([k, n]) => h("tr", { tip: why[k] ? [["h", k], ["class", why[k].cls], ["why", why[k].why]] : null },
+    ...(entries.length ? entries.map(([k, n]) => h("tr", { "data-fusion": k, class: "clickable", onclick: () => showRule(k), tip: why[k] ? [["h", k], ["class", why[k].cls], ["why", why[k].why], ["", "click for its source"]] : null },
       h("td", { class: n ? "" : "faint" }, k), h("td", { class: "num" }, n), h("td", { class: "num" }, d[k] ? delta(d[k][0], d[k][1], String, false) : ""),
       h("td", { class: "faint" }, why[k] && why[k].cls !== k ? why[k].cls : "")))
       : [h("tr", {}, h("td", { colspan: 4, class: "faint" }, "no fusion fired: every op runs alone"))]),
@@ -335,19 +335,31 @@ function renderFusions() {
 }
 
 // ---- the graph: a layered DAG by topological depth -------------------------------------------------------------
-const NODE_H = 32, IN_H = 18, ROW = 58, GAP = 18, CH = 7.0;
+// node sizes: a 13 px name (7.9 px a character in the monospace font), a 10.5 px line under it; with "inputs" ticked,
+// each node lists what it reads from outside the layer under its name (no edges from them: they are many)
+const NODE_H = 32, IN_LINE = 13, VGAP = 14, BOX_GAP = 12, GAP = 16, CH = 7.9, CH_SUB = 6.4, IN_WRAP = 44;
+const shortInput = (name) => name.replace(/^model\./, "").replace(/^layers\.\d+\./, "").replace(/^(self_attn|mlp|attn)\./, "");
+function inputLines(names) { // "in: a, b, c" wrapped at IN_WRAP characters, never a name cut
+  const lines = [];
+  let cur = "in: ";
+  for (const [i, nm] of names.entries()) {
+    const piece = nm + (i < names.length - 1 ? "," : "");
+    if (cur.length > 4 && cur.length + piece.length > IN_WRAP) { lines.push(cur.trimEnd()); cur = "    "; }
+    cur += piece + " ";
+  }
+  if (names.length) lines.push(cur.trimEnd());
+  return lines;
+}
 
 function layout(st) {
   const nodes = new Map();
   st.graph.nodes.forEach((n, i) => nodes.set(n.id, { ...n, input: false, preds: [], succs: [], ord: i }));
   const inputs = new Set(st.graph.inputs || []);
   const edges = [];
+  for (const n of nodes.values()) n.ins = [];
   for (const [a, b] of st.graph.edges) {
     if (!nodes.has(b)) continue;
-    if (!nodes.has(a)) {
-      if (!S.showInputs) continue;
-      nodes.set(a, { id: a, op: inputs.has(a) ? "input" : "?", shape: null, group: null, input: true, preds: [], succs: [], ord: nodes.size });
-    }
+    if (!nodes.has(a)) { nodes.get(b).ins.push(a); continue; }
     nodes.get(a).succs.push(b); nodes.get(b).preds.push(a);
     edges.push([a, b]);
   }
@@ -374,18 +386,18 @@ function layout(st) {
     const lo = Math.min(...n.succs.map((t) => nodes.get(t).depth));
     if (lo - 1 > n.depth) n.depth = lo - 1;
   }
-  for (const n of order) if (n.input) n.depth = Math.min(...n.succs.map((t) => nodes.get(t).depth)) - 1;
   const minD = Math.min(0, ...[...nodes.values()].map((n) => n.depth));
   const rows = [];
   for (const n of order) { n.depth -= minD; (rows[n.depth] = rows[n.depth] || []).push(n); }
   for (let i = 0; i < rows.length; i++) rows[i] = rows[i] || [];
   // sizes
   for (const n of nodes.values()) {
-    const nm = n.input ? n.id : shortName(n.id, st.layer);
+    const nm = shortName(n.id, st.layer);
     n.label = nm;
-    n.sub = n.input ? "" : `${n.op} · ${fmtShape(n.shape)}`;
-    n.w = n.input ? Math.max(44, nm.length * 6.2 + 14) : Math.max(92, nm.length * CH + 30, n.sub.length * 5.9 + 18);
-    n.h = n.input ? IN_H : NODE_H;
+    n.sub = `${n.op} · ${fmtShape(n.shape)}`;
+    n.inLines = S.showInputs ? inputLines(n.ins.map(shortInput)) : [];
+    n.w = Math.max(100, nm.length * CH + 34, n.sub.length * CH_SUB + 20, ...n.inLines.map((l) => l.length * CH_SUB + 20));
+    n.h = NODE_H + n.inLines.length * IN_LINE;
   }
   // order within rows: barycenter sweeps, each fused group kept together
   const pos = new Map();
@@ -417,17 +429,18 @@ function layout(st) {
     r.forEach((n) => (n.x -= shift));
   };
   const packed = (r) => { let x = 0; const m = new Map(); r.forEach((n) => { m.set(n.id, x + n.w / 2); x += n.w + GAP; }); const c = x / 2; return (n) => m.get(n.id) - c; };
+  // each row as tall as its tallest node; where a launch's box starts or ends between two rows, room for its frame
+  // and label (BOX_GAP more)
+  const boxed = (r) => new Set(r.filter((n) => n.group !== null && n.group !== undefined && (groupSize.get(n.group) || 1) > 1).map((n) => n.group));
+  let top = 0;
   rows.forEach((r, i) => {
-    const comp = r.filter((n) => !n.input);
-    const pk = packed(comp);
-    place(comp, (n) => { const ps = n.preds.map((p) => nodes.get(p)).filter((p) => !p.input && p.x !== undefined); return ps.length ? ps.reduce((a, p) => a + p.x, 0) / ps.length : pk(n); });
-    r.forEach((n) => (n.y = i * ROW));
-  });
-  rows.forEach((r) => {
-    if (!r.some((n) => n.input)) return;
-    const want = (n) => (n.input ? n.succs.reduce((a, t) => a + nodes.get(t).x, 0) / n.succs.length : n.x);
-    r.sort((a, b) => want(a) - want(b));
-    place(r, want);
+    const pk = packed(r);
+    place(r, (n) => { const ps = n.preds.map((p) => nodes.get(p)).filter((p) => p.x !== undefined); return ps.length ? ps.reduce((a, p) => a + p.x, 0) / ps.length : pk(n); });
+    const hmax = Math.max(NODE_H, ...r.map((n) => n.h));
+    r.forEach((n) => (n.y = top + n.h / 2));
+    const a = boxed(r), b = i + 1 < rows.length ? boxed(rows[i + 1]) : new Set();
+    const edge = [...a].some((g) => !b.has(g)) || [...b].some((g) => !a.has(g));
+    top += hmax + VGAP + (edge ? BOX_GAP : 0);
   });
   // a node outside a fused group never sits inside the group's box: push it clear, and its row-mates with it
   for (let it = 0; it < 2; it++) for (const g of st.groups) {
@@ -489,10 +502,13 @@ function renderGraph() {
   for (const b of L.boxes) {
     const c = colour(b.g.launch), lbl = `${b.g.launch} · ${b.g.rule || b.g.cls}`;
     const lit = S.litKind === b.g.launch ? " lit" : "";
+    const label = s("g", { class: "glabel", "data-launch": b.g.index, onclick: (e) => { e.stopPropagation(); showLaunch(b.g.index); } },
+      s("rect", { x: b.x0 + 6, y: b.y0 - 8, width: lbl.length * 6.6 + 12, height: 15, rx: 3, fill: "#0f1114" }),
+      s("text", { x: b.x0 + 12, y: b.y0 + 3, fill: c }, lbl));
+    label._tip = [["h", `launch #${b.g.index} · ${b.g.launch}`], ["", `${b.g.cls}${b.g.rule ? " by " + b.g.rule : ""} — click for its fields and CUDA code`]];
     root.append(s("g", { class: "gbox" + lit, "data-group": b.g.id },
       s("rect", { x: b.x0, y: b.y0, width: b.x1 - b.x0, height: b.y1 - b.y0, rx: 7, fill: tint(c, 0.07), stroke: tint(c, 0.75), "stroke-width": 1.2 }),
-      s("rect", { x: b.x0 + 6, y: b.y0 - 6, width: lbl.length * 5.8 + 10, height: 12, rx: 3, fill: "#0f1114" }),
-      s("text", { x: b.x0 + 11, y: b.y0 + 3, fill: c }, lbl)));
+      label));
   }
   // edges
   const hot = new Set();
@@ -506,7 +522,7 @@ function renderGraph() {
     const dy = Math.max(18, (y2 - y1) * 0.5);
     const isHot = focus && (a === focus || b === focus);
     if (isHot) { hot.add(a); hot.add(b); }
-    const cls = ["edge", na.input ? "in" : "", fused ? "fused" : "", isHot ? "hot" : ""].join(" ");
+    const cls = ["edge", fused ? "fused" : "", isHot ? "hot" : ""].join(" ");
     const e = s("path", { class: cls, d: `M${x1},${y1} C${x1},${y1 + dy} ${x2},${y2 - dy} ${x2},${y2}`,
       stroke: fused ? gcol(ga) : null, "marker-end": fused ? null : isHot ? "url(#arrow-hot)" : "url(#arrow)" });
     edgeEls.push(e);
@@ -515,23 +531,20 @@ function renderGraph() {
   // nodes
   for (const n of L.nodes.values()) {
     const g = nodeGroup(n), c = gcol(g);
-    const forced = !n.input && st.forced && n.id in st.forced;
-    const cls = ["node", n.input ? "input" : "", S.sel === n.id ? "sel" : "", forced ? "forced" : "",
+    const forced = st.forced && n.id in st.forced;
+    const cls = ["node", S.sel === n.id ? "sel" : "", forced ? "forced" : "",
       (S.litKind && g && g.launch === S.litKind) || (focus && hot.has(n.id)) || focus === n.id ? "lit" : ""].join(" ");
     const x = n.x - n.w / 2, y = n.y - n.h / 2;
     const el = s("g", { class: cls, "data-tensor": n.id, transform: `translate(${x},${y})` });
-    if (n.input) {
-      el.append(s("rect", { class: "box", width: n.w, height: n.h, rx: n.h / 2 }), s("text", { x: n.w / 2, y: 12.5, "text-anchor": "middle" }, n.label));
-    } else {
-      el.append(
-        s("rect", { class: "box", width: n.w, height: n.h, rx: 4, fill: tint(c, 0.16), stroke: c }),
-        s("rect", { x: 0, y: 0, width: 3, height: n.h, fill: c }),
-        s("rect", { class: "ring", x: -3, y: -3, width: n.w + 6, height: n.h + 6, rx: 6, fill: "none", stroke: "none" }),
-        s("text", { class: "nm", x: 10, y: 13.5 }, n.label),
-        s("text", { class: "sub", x: 10, y: 25.5 }, n.sub));
-      if (forced) el.append(s("text", { class: "pin", x: n.w - 7, y: 12, "text-anchor": "end" }, `⚑${st.forced[n.id]}`));
-      el.addEventListener("click", (e) => { e.stopPropagation(); select(n.id); });
-    }
+    el.append(
+      s("rect", { class: "box", width: n.w, height: n.h, rx: 4, fill: tint(c, 0.16), stroke: c }),
+      s("rect", { x: 0, y: 0, width: 3, height: n.h, fill: c }),
+      s("rect", { class: "ring", x: -3, y: -3, width: n.w + 6, height: n.h + 6, rx: 6, fill: "none", stroke: "none" }),
+      s("text", { class: "nm", x: 10, y: 14 }, n.label),
+      s("text", { class: "sub", x: 10, y: 26.5 }, n.sub),
+      ...n.inLines.map((l, i) => s("text", { class: "ins", x: 10, y: 26.5 + IN_LINE * (i + 1) }, l)));
+    if (forced) el.append(s("text", { class: "pin", x: n.w - 7, y: 13, "text-anchor": "end" }, `⚑${st.forced[n.id]}`));
+    el.addEventListener("click", (e) => { e.stopPropagation(); select(n.id); });
     el._tip = () => nodeTip(n, g);
     el.addEventListener("mouseenter", () => { S.hover = n.id; highlight(); });
     el.addEventListener("mouseleave", () => { S.hover = null; highlight(); });
@@ -568,7 +581,6 @@ function highlight() {
 
 function nodeTip(n, g) {
   const st = S.st;
-  if (n.input) return [["h", n.id], ["", "a step input or constant the layer reads"], ["read by", n.succs.map((t) => shortName(t, st.layer)).join(", ")]];
   const reads = st.graph.edges.filter((e) => e[1] === n.id).map((e) => shortName(e[0], st.layer));
   const readBy = st.graph.edges.filter((e) => e[0] === n.id).map((e) => shortName(e[1], st.layer));
   const arr = st.arena.arrays.find((a) => a.name === n.id);
@@ -576,7 +588,7 @@ function nodeTip(n, g) {
     ["h", n.id], ["op", `${n.op}  ${fmtShape(n.shape)}`],
     g ? ["launch", `${g.launch} #${st.groups.indexOf(g)}  (${g.rule ? g.cls + " by " + g.rule : g.cls})`] : ["launch", "none"],
     g && g.tensors.length > 1 ? ["with", g.tensors.filter((t) => t !== n.id).map((t) => shortName(t, st.layer)).join(", ")] : null,
-    ["reads", reads.join(", ") || "–"], ["read by", readBy.join(", ") || "– (leaves the layer)"],
+    ["reads", reads.join(", ") || "–"], n.ins.length ? ["inputs", n.ins.join(", ")] : null, ["read by", readBy.join(", ") || "– (leaves the layer)"],
     arr ? ["arena", `@${arr.offset} +${fmtBytes(arr.bytes)}  launches ${arr.first}..${arr.last}`] : ["arena", "not placed (stays inside its launch, or a table written in place)"],
     st.forced && n.id in st.forced ? ["forced", `choice #${st.forced[n.id]}`] : null,
   ];
@@ -597,9 +609,10 @@ function fit() {
   const L = S.layout, wrap = $("graph-wrap");
   if (!L) return;
   const W = wrap.clientWidth || 800, H = wrap.clientHeight || 600, b = L.bounds;
-  const k = Math.max(0.72, Math.min(1.3, W / (b.x1 - b.x0), H / (b.y1 - b.y0)));
+  // the whole layer in view (its tail too), never magnified past 1.4
+  const k = Math.min(1.4, W / (b.x1 - b.x0), H / (b.y1 - b.y0));
   const x = W / 2 - ((b.x0 + b.x1) / 2) * k;
-  const y = (b.y1 - b.y0) * k <= H ? H / 2 - ((b.y0 + b.y1) / 2) * k : -b.y0 * k;
+  const y = H / 2 - ((b.y0 + b.y1) / 2) * k;
   S.view = { k, x, y };
   applyView();
 }
@@ -640,7 +653,7 @@ function setupPanZoom() {
 // ---- the arena: launch index across, offset down ---------------------------------------------------------------
 function renderArena() {
   const st = S.st, a = st.arena, svg = $("arena");
-  const W = svg.clientWidth || 800, H = svg.clientHeight || 168;
+  const W = svg.clientWidth || 800, H = svg.clientHeight || 132;
   const ml = 62, mr = 12, mt = 20, mb = 8;
   const n = Math.max(1, a.launches), top = Math.max(1, a.bytes, a.lower_bound);
   const cw = (W - ml - mr) / n, sy = (H - mt - mb) / top;
@@ -703,7 +716,9 @@ function renderInspector() {
   $("tensor-info").className = "";
   $("tensor-info").replaceChildren(h("div", { class: "kv" },
     ...kv("op", `${n ? n.op : "?"}  ${n ? fmtShape(n.shape) : ""}`),
-    ...kv("launch", g ? h("span", {}, h("span", { class: "sw", style: `background:${colour(g.launch)};margin-right:5px` }), `${g.launch} #${st.groups.indexOf(g)} · ${g.rule ? g.cls + " (" + g.rule + ")" : g.cls}`) : "–"),
+    ...kv("launch", g ? h("span", {}, h("span", { class: "sw", style: `background:${colour(g.launch)};margin-right:5px` }),
+      h("a", { href: "#", id: "launch-link", onclick: (e) => { e.preventDefault(); showLaunch(g.index); } }, `${g.launch} #${g.index}`),
+      ` · ${g.cls}`, g.rule ? h("span", {}, " by ", ruleLink(g.rule)) : "") : "–"),
     ...(g && g.tensors.length > 1 ? kv("with", g.tensors.filter((t) => t !== id).map((t) => shortName(t, st.layer)).join(", ")) : []),
     ...kv("forced", forced ? h("span", {}, h("span", { class: "badge forced", id: "forced-badge" }, `forced #${st.forced[id]}`), " ",
       h("button", { id: "unforce-btn", onclick: () => unforce(id) }, "unforce")) : h("span", { class: "faint" }, "no: extraction's pick"))));
@@ -734,6 +749,90 @@ function renderInspector() {
     if (c.reason) rows.push(h("tr", { class: "why" }, h("td", { colspan: 6 }, (c.support === "refuse" ? "refused: " : c.support === "decompose" ? "decomposes: " : c.support === "held" ? "held: " : "") + c.reason)));
   }
   $("choices").replaceChildren(...rows);
+}
+
+// ---- the detail panel: one rule's source, one launch's fields and code ---------------------------------------------
+function openDetail(title, kids, kind, key) {
+  S.detail = { kind, key };
+  $("detail-title").textContent = title;
+  $("detail").replaceChildren(...kids);
+  $("detail-panel").classList.remove("hidden");
+  $("detail-panel").dataset.kind = kind;
+  $("right").scrollTop = 0;
+}
+function closeDetail() { S.detail = null; $("detail-panel").classList.add("hidden"); }
+const kvRows = (pairs) => h("div", { class: "kv" }, ...pairs.filter(Boolean).flatMap(([k, v]) => [h("span", { class: "k" }, k), h("span", {}, v)]));
+const ruleLink = (name) => h("a", { class: "rule-link", href: "#", "data-rule-link": name, onclick: (e) => { e.preventDefault(); showRule(name); } }, name);
+
+function showRule(name) {
+  const r = S.st && S.st.rules.find((x) => x.name === name);
+  if (!r) { toast(`no rule \`${name}\` in this table`); return; }
+  const sat = S.sat && S.sat.rules.find((x) => x.name === name);
+  const why = sat && sat.why_not ? (typeof sat.why_not === "string" ? sat.why_not : sat.why_not.text) : null;
+  const lane = r.cls === "lane step";
+  openDetail(lane ? `${r.name} @ ${r.where}` : r.where, [
+    kvRows([
+      ["class", lane ? "a schedule step of the lane" : r.cls],
+      ["why", r.why],
+      ["state", r.held ? "held: the engine does not apply it" : "applied"],
+      [lane ? "shaped" : "fired", `${r.fired} ${lane ? "launches" : "times"} in this plan`],
+      sat ? ["matched", `${sat.matches} times in saturation`] : null,
+      why ? ["not chosen", why] : null,
+      r.depends_on && r.depends_on.length ? ["builds on", h("span", {}, ...r.depends_on.flatMap((d, i) => [i ? ", " : "", ruleLink(d)]))] : null,
+    ]),
+    r.pattern && r.pattern.length ? h("div", { class: "sub-h" }, "pattern") : "",
+    r.pattern && r.pattern.length ? h("pre", { class: "code", id: "rule-pattern" }, r.pattern.join("\n")) : "",
+    r.source ? h("div", { class: "sub-h" }, `source · ${r.where.split(" @ ")[1] || r.where}`) : "",
+    r.source ? h("pre", { class: "code", id: "rule-source" }, r.source) : "",
+    h("div", { class: "row-btns" }, h("button", { onclick: () => (r.held ? release(r.name) : hold(r.name)) }, r.held ? "release" : "hold back")),
+  ], "rule", name);
+}
+
+async function showLaunch(index) {
+  let d;
+  try { d = await api(`/api/launch?index=${index}`); } catch (e) { return; }
+  const grid = (c) => `${c.function}<<<(${c.grid.join(", ")}), (${c.block.join(", ")})>>>`;
+  const kids = [
+    kvRows([
+      ["kind", `${d.census} (${d.kind}) · layer ${d.layer < 0 ? "tail" : d.layer}`],
+      ["class", d.cls ? h("span", {}, d.cls, d.rule ? h("span", {}, " by ", ruleLink(d.rule)) : "") : "a lifted op alone"],
+      ["computes", d.tensors.join(", ")],
+      ["cost", `${fmtUs(d.cost_us)} µs estimated · ${fmtBytes(d.bytes)} moved · ${d.flops.toLocaleString()} flops`],
+      ["reads", d.reads.join(", ")], ["writes", d.writes.join(", ")],
+      ["numpy", d.numpy + (d.fast ? ` · fast: ${d.fast}` : "") + ` (${d.source_file})`],
+    ]),
+    h("div", { class: "sub-h" }, `CUDA · ${d.calls.length} kernel call${d.calls.length === 1 ? "" : "s"}`),
+    d.calls.length ? h("pre", { class: "code", id: "launch-calls" }, d.calls.map((c) => grid(c) + `   // module: prelude + ${c.stems.join(" + ")}`).join("\n"))
+      : h("div", { class: "faint" }, d.calls_note || "none"),
+    h("div", { class: "sub-h" }, "fields as planned"),
+    h("pre", { class: "code", id: "launch-fields" }, Object.entries(d.fields).map(([k, v]) => `${k} = ${JSON.stringify(v, null, 1).replace(/\n\s*/g, " ")}`).join("\n")),
+    ...d.functions.flatMap((f) => f.source ? [h("div", { class: "sub-h" }, `${f.function} @ ${f.file}:${f.line}`), h("pre", { class: "code cu", "data-function": f.function }, f.source)] : []),
+  ];
+  openDetail(`launch #${d.index} · ${d.census}`, kids, "launch", index);
+}
+
+// ---- the saturation, step by step --------------------------------------------------------------------------------
+async function loadSaturation() {
+  if (!$("sat-details").open) return;
+  try { S.sat = await api("/api/saturation"); } catch (e) { return; }
+  renderSaturation();
+  if (S.detail && S.detail.kind === "rule") showRule(S.detail.key);
+}
+function renderSaturation() {
+  const s = S.sat;
+  if (!s) return;
+  const its = s.iterations, max = Math.max(1, ...its.map((i) => i.enodes));
+  $("sat-sum").textContent = `${its.length} iterations · ${s.stop} · ${s.egraph.nodes} e-nodes in ${s.egraph.classes} classes`;
+  const itRows = its.map((i) => h("tr", { "data-iteration": i.iteration },
+    h("td", { class: "num" }, i.iteration), h("td", { class: "num" }, i.stage), h("td", { class: "num" }, i.enodes),
+    h("td", { class: "bar-cell" }, h("div", { class: "barv", style: `width:${(i.enodes / max) * 100}%;background:#6cb6ff` })),
+    h("td", { class: "wrap" }, i.rules.length ? h("span", {}, ...i.rules.flatMap((r, k) => [k ? "  " : "", ruleLink(r), ` ${i.matches[r]}`])) : h("span", { class: "faint" }, "nothing new: saturated"))));
+  const ruleRows = s.rules.map((r) => h("tr", { class: r.fired ? "" : "zero", "data-sat-rule": r.name },
+    h("td", {}, ruleLink(r.name)), h("td", { class: "num" }, r.matches), h("td", { class: "num" }, r.fired),
+    h("td", { class: "wrap why" }, r.why_not ? (typeof r.why_not === "string" ? r.why_not : r.why_not.text) : "")));
+  $("sat").replaceChildren(
+    h("table", { class: "grid", id: "sat-iterations" }, h("tr", {}, h("th", { class: "num" }, "it"), h("th", { class: "num" }, "stage"), h("th", { class: "num" }, "e-nodes"), h("th", {}, ""), h("th", {}, "matches by rule")), ...itRows),
+    h("table", { class: "grid", id: "sat-rules" }, h("tr", {}, h("th", {}, "rule"), h("th", { class: "num" }, "matched"), h("th", { class: "num" }, "fired"), h("th", {}, `why not chosen (one place; ${s.method === "ilp" ? "exact" : "local search"} plan)`)), ...ruleRows));
 }
 
 // ---- tooltips and toasts -----------------------------------------------------------------------------------------
@@ -776,6 +875,10 @@ function setup() {
   $("zoom-in").addEventListener("click", () => zoom(1.2));
   $("zoom-out").addEventListener("click", () => zoom(1 / 1.2));
   $("help-btn").addEventListener("click", () => $("help").classList.toggle("hidden"));
+  $("exact").addEventListener("change", (e) => setExact(e.target.checked));
+  $("detail-close").addEventListener("click", closeDetail);
+  document.querySelector("#arena-wrap .title").addEventListener("click", () => { $("arena-wrap").classList.toggle("folded"); setTimeout(fit, 0); });
+  $("sat-details").addEventListener("toggle", () => { if ($("sat-details").open && !S.sat) loadSaturation(); });
   document.addEventListener("keydown", (e) => {
     if (e.target.matches("input, select, textarea")) { if (e.key === "Escape") e.target.blur(); return; }
     if (!S.st || e.ctrlKey || e.metaKey || e.altKey) return;
@@ -787,7 +890,7 @@ function setup() {
     else if (e.key === "-") zoom(1 / 1.2);
     else if (e.key === "u") undoLast();
     else if (e.key === "?") $("help").classList.toggle("hidden");
-    else if (e.key === "Escape") { $("help").classList.add("hidden"); select(null); }
+    else if (e.key === "Escape") { $("help").classList.add("hidden"); if (S.detail) closeDetail(); else select(null); }
   });
   let t = null;
   window.addEventListener("resize", () => { clearTimeout(t); t = setTimeout(() => { if (S.st) { renderArena(); fit(); } }, 120); });
@@ -799,5 +902,5 @@ function setup() {
 }
 
 // for tests and the console: the page's state and its actions
-window.lanefuse = { get state() { return S.st; }, get selected() { return S.sel; }, api, hold, release, force, unforce, setKnob, select, load, undo: undoLast };
+window.lanefuse = { get state() { return S.st; }, get selected() { return S.sel; }, api, hold, release, force, unforce, setKnob, select, load, undo: undoLast, goBack, setExact, showRule, showLaunch };
 setup();
