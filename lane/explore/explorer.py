@@ -587,6 +587,12 @@ class Explorer:
         return [self._alternative(self.cfg, tensor, k, plan_cost=True) for k in range(len(self._stable(tensor)))]
 
     @_engine_thread
+    def alternatives(self, tensor: str) -> list[dict]:
+        """`choices` without the step's cost if forced (no search: what a static report can hold of every tensor)."""
+        self._tensor(tensor)
+        return [self._alternative(self.cfg, tensor, k) for k in range(len(self._stable(tensor)))]
+
+    @_engine_thread
     def with_choices(self) -> list[dict]:
         """The tensors with more than one alternative, in step order: each with its layer, how many alternatives
         (those a held rule removed included) and the chosen one's label (None: computed inside a fused op)."""

@@ -69,7 +69,31 @@ const S = {
 
 // ---- the API -------------------------------------------------------------------------------------------------
 class ShownError extends Error {}
+// a static report (`lanefuse plan MODEL --html DIR`) carries the answers in report.js: no server, no network
+const REPORT = window.LANEFUSE_REPORT || null;
+function reportAnswer(path, body) {
+  const R = REPORT, u = new URL(path, "http://report.invalid/"), q = u.searchParams;
+  if (body !== undefined) {
+    const msg = "a static report: its plan is fixed; run `lanefuse explore MODEL --web` to hold rules, force choices and see the cost live";
+    toast(msg);
+    throw new ShownError(msg);
+  }
+  if (u.pathname === "/api/state") {
+    const n = q.has("layer") ? Number(q.get("layer")) : S.layer === null ? 0 : S.layer;
+    const L = R.layers[n];
+    if (!L) { toast(`layer ${q.get("layer")} is out of range: the model has layers 0..${R.layers.length - 1}`); throw new ShownError("layer"); }
+    return { ...R.common, ...L };
+  }
+  if (u.pathname === "/api/choices") return (R.choices[q.get("tensor")] || []).map((c) => ({ ...c, plan_cost_us: c.chosen ? R.common.cost_us : null }));
+  if (u.pathname === "/api/launch") {
+    const d = R.launches[Number(q.get("index"))];
+    return { ...d, functions: d.functions.map((f) => ({ ...f, ...(R.sources[f.function] || {}) })) };
+  }
+  if (u.pathname === "/api/saturation") return R.saturation;
+  throw new ShownError(`no such path in a static report: ${u.pathname}`);
+}
 async function api(path, body) {
+  if (REPORT) return reportAnswer(path, body);
   const opt = body === undefined ? {} :
     { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
   let r;
@@ -222,6 +246,7 @@ function renderRules() {
     const cls = [r.held ? "held" : "", blockedBy.length ? "blocked" : "", r.fired ? "" : "zero"].join(" ");
     const cb = h("input", { type: "checkbox", "data-rule": r.name, "aria-label": `hold ${r.name}` });
     cb.checked = r.held;
+    cb.disabled = !!REPORT;
     cb.addEventListener("change", () => (cb.checked ? hold(r.name) : release(r.name)));
     const tip = () => [
       ["h", r.name], ["class", r.cls], ["why", r.why], ["fired", `${r.fired} in the step`],
@@ -262,6 +287,7 @@ function renderKnobs() {
         setKnob(name, typeof v === "number" ? Number(raw) : raw);
       });
     }
+    input.disabled = !!REPORT;
     return h("div", { class: "knob" }, h("span", { class: "name" }, name), input);
   }));
 }
@@ -744,7 +770,7 @@ function renderInspector() {
       h("td", { class: "num" + (c.plan_cost_us === best ? " best" : "") }, c.plan_cost_us === null || c.plan_cost_us === undefined ? "–" : fmtUs(c.plan_cost_us),
         d !== null && Math.abs(d) > 1e-9 ? h("span", {}, " ", delta(0, d, (x) => x.toFixed(1))) : ""),
       h("td", { class: "act" }, isForced ? h("span", { class: "badge forced" }, "forced")
-        : h("button", { "data-force": c.index, disabled: !can, title: can ? `force ${id} to #${c.index}` : c.reason || "", onclick: () => force(id, c.index, c.op) },
+        : h("button", { "data-force": c.index, disabled: !can || !!REPORT, title: can ? `force ${id} to #${c.index}` : c.reason || "", onclick: () => force(id, c.index, c.op) },
           c.chosen && !forced ? "pin" : "force"))));
     if (c.reason) rows.push(h("tr", { class: "why" }, h("td", { colspan: 6 }, (c.support === "refuse" ? "refused: " : c.support === "decompose" ? "decomposes: " : c.support === "held" ? "held: " : "") + c.reason)));
   }
@@ -865,7 +891,16 @@ function toast(msg) {
 }
 
 // ---- wiring ------------------------------------------------------------------------------------------------------
+function setupStatic() {
+  document.body.classList.add("static");
+  document.title = `lanefuse report · ${REPORT.common.model}`;
+  $("exact").disabled = true;
+  const note = h("span", { id: "static-note", class: "dim", title: "written by `lanefuse plan MODEL --html DIR`; what-ifs need `lanefuse explore MODEL --web`" }, "static report");
+  $("busy").before(note);
+}
+
 function setup() {
+  if (REPORT) setupStatic();
   $("layer").addEventListener("change", (e) => load(Number(e.target.value)));
   $("prev").addEventListener("click", () => S.st && S.st.layer > 0 && load(S.st.layer - 1));
   $("next").addEventListener("click", () => S.st && S.st.layer < S.st.layers - 1 && load(S.st.layer + 1));
