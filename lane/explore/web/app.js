@@ -72,7 +72,7 @@ class ShownError extends Error {}
 // a static report (`lanefuse plan MODEL --html DIR`) carries the answers in report.js: no server, no network
 const REPORT = window.LANEFUSE_REPORT || null;
 function reportAnswer(path, body) {
-  const R = REPORT, u = new URL(path, "http://report.invalid/"), q = u.searchParams;
+  const R = REPORT, u = new URL(path, location.href), q = u.searchParams;  // only its path and query are read
   if (body !== undefined) {
     const msg = "a static report: its plan is fixed; run `lanefuse explore MODEL --web` to hold rules, force choices and see the cost live";
     toast(msg);
