@@ -152,7 +152,8 @@ def test_undo_history_failed_request_exact(page, tmp_path):
     pg.evaluate("window.lanefuse.hold('merged_qkv')")
     pg.wait_for_selector("#history li[data-history='2']")
     pg.locator("#history li[data-history='0']").click()
-    pg.wait_for_selector("#history-panel.hidden", state="attached")
+    pg.wait_for_selector("#history li[data-history='1']", state="detached")
+    assert pg.locator("#history li").count() == 1  # the start only
     assert ex.held == [] and ex.history() == [] and ex.plan().n_launches == start
     assert pg.locator("[data-rule-row='gemv_norm_epilogue'] input").is_checked() is False
     assert pg.locator("#stats .stat b").first.inner_text() == str(start)
@@ -220,4 +221,77 @@ def test_rule_source_launch_code_saturation(page, tmp_path):
     pg.wait_for_selector("#detail-title:text-is('add_norm @ rules/norm.yaml:2')")
     assert "not chosen" in pg.locator("#detail").inner_text()
     pg.screenshot(path=str(shots(tmp_path) / "explore-saturation.png"))
+    assert log == [], log
+
+
+def test_whole_step_minimap_search_tail(page, tmp_path):
+    pg, ex, log = page
+    st = ex.state()
+    cells = pg.locator("#minimap .mm-cell")
+    assert cells.count() == ex.plan().n_launches == len(st["step"]["launches"])
+    assert pg.locator("#minimap .mm-col").count() == ex.layers
+    for x in st["step"]["launches"]:  # each cell in its layer's column, coloured by its kind
+        cell = pg.locator(f"#minimap .mm-col[data-mm-layer='{x['layer']}'] [data-mm-launch='{x['index']}']")
+        assert cell.count() == 1
+    # a layer's column goes there
+    pg.locator("#minimap .mm-col[data-mm-layer='2']").click()
+    pg.wait_for_selector(".node[data-tensor='L2.attn_norm']")
+    assert pg.locator("#minimap .mm-col.cur").get_attribute("data-mm-layer") == "2"
+    # search: a tensor (its layer, selected), a launch (its code), a rule (its source)
+    pg.locator("#search").fill("L1.q_rot")
+    pg.locator("#search").press("Enter")
+    pg.wait_for_selector("#sel-name:text-is('L1.q_rot')")
+    assert pg.locator("#layer").input_value() == "1"
+    last = ex.plan().n_launches - 1
+    pg.locator("#search").fill(f"#{last}")
+    pg.locator("#search").press("Enter")
+    pg.wait_for_selector(f"#detail-title:text-is('launch #{last} · {ex.launch(last)['census']}')")
+    assert pg.locator("#layer").input_value() == str(ex.layers - 1)  # the step's last launch: the last layer's view
+    pg.locator("#search").fill("gemv_gate_up_glu")
+    pg.locator("#search").press("Enter")
+    pg.wait_for_selector("#detail-title:text-is('gemv_gate_up_glu @ rules/ffn.yaml:26')")
+    lit = pg.locator("#minimap .mm-cell.lit").count()
+    assert lit == ex.plan().fusions["gemv_gate_up_glu"]
+    pg.locator("#search").fill("nothing_like_this")
+    pg.locator("#search").press("Enter")
+    pg.locator(".toast").wait_for()
+    # the step's tail: `t` from any layer
+    pg.locator("#minimap .mm-col[data-mm-layer='0']").click()
+    pg.wait_for_selector(".node[data-tensor='L0.attn_norm']")
+    pg.locator("#graph").click(position={"x": 5, "y": 5})
+    pg.keyboard.press("t")
+    pg.wait_for_selector("#sel-name:text-is('next')")
+    assert inside(pg.locator(".node[data-tensor='next']").bounding_box(), box(pg, "#graph-wrap"))
+    pg.screenshot(path=str(shots(tmp_path) / "explore-minimap.png"))
+    assert log == [], log
+
+
+def test_a_b(page, tmp_path):
+    pg, ex, log = page
+    pg.locator("#pin-a").click()
+    pg.wait_for_selector("#ab-panel:not(.hidden)")
+    assert pg.locator("#ab-same").inner_text() == f"{ex.plan().n_launches} launches alike, 0 only in A, 0 only in B"
+    pg.locator("[data-rule-row='merged_qkv'] .switch").click()
+    pg.wait_for_selector("#ab [data-ab-only='B']")
+    pg.evaluate("window.lanefuse.setKnob('sms', 100)")
+    pg.wait_for_selector("#history li[data-history='2']")
+    pg.wait_for_function("document.querySelector('#ab-table').innerText.includes('sms')")
+    view = box(pg, "#graph-wrap")  # the diff banner took room: the fitted graph was fitted again
+    assert pg.locator("#diff").is_visible()
+    for el in pg.locator("#graph .node").all():
+        assert inside(el.bounding_box(), view), el.get_attribute("data-tensor")
+    r = ex.compare({"held": [], "forced": {}, "knobs": {}}, None)
+    table = pg.locator("#ab-table").inner_text()
+    assert f"{r['a']['launches']}\t{r['b']['launches']}" in table
+    for k, (a, b) in r["diff"]["census"].items():
+        assert f"{k}\t{a}\t{b}" in table, (k, table)
+    assert "merged_qkv" in table and "sms = 100" in table
+    assert pg.locator("#ab [data-ab-only='A']").count() == len(r["diff"]["only_a"])
+    assert pg.locator("#ab [data-ab-only='B']").count() == len(r["diff"]["only_b"])
+    first = r["diff"]["only_b"][0]
+    pg.locator(f"#ab [data-ab-only='B'][data-index='{first['index']}']").click()
+    pg.wait_for_selector(f"#detail-title:text-is('launch #{first['index']} · {first['launch']}')")
+    pg.screenshot(path=str(shots(tmp_path) / "explore-ab.png"))
+    pg.locator("#ab-close").click()
+    assert pg.locator("#ab-panel").is_hidden()
     assert log == [], log

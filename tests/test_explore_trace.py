@@ -266,3 +266,42 @@ def test_shell_history_exact_choices_rule_saturation_launch():
     assert re.search(r"CUDA fold_gather_norm<<<grid \(1, 1, 1\), block \(\d+, 1, 1\)>>>", text)
     assert "numpy twin: kernels.fold.Fold.numpy" in text and "fold_gather_norm @ kernels/fold.cu:" in text
     assert "Traceback" not in text and "internal error" not in text
+
+
+# ---- A/B -------------------------------------------------------------------------------------------------------------
+
+def test_compare_two_specs(ex, step, tmp_path):
+    a = ex.spec()
+    ex.hold("merged_qkv")
+    ex.force("L0.q_rot", 0)
+    r = ex.compare(a)  # the pinned start against now
+    want_a, want_b = plan(step), plan(step, held=["merged_qkv"], forced={"L0.q_rot": 0})
+    assert r["a"]["launches"] == want_a.n_launches and r["a"]["census"] == dict(want_a.census)
+    assert r["b"]["held"] == ["merged_qkv"] and r["b"]["forced"] == {"L0.q_rot": 0} and r["b"]["current"]
+    d = r["diff"]
+    assert d["launches"] == [want_a.n_launches, r["b"]["launches"]]
+    assert d["fusions"]["merged_qkv"][0] == 4 and d["fusions"]["merged_qkv"][1] < 4
+    assert d["same"] + len(d["only_a"]) == want_a.n_launches and d["same"] + len(d["only_b"]) == r["b"]["launches"]
+    assert any(x["rule"] == "merged_qkv" for x in d["only_a"])
+    assert ex.compare(a, a)["diff"]["only_a"] == [] and ex.held == ["merged_qkv"]  # comparing changes nothing
+    # plan files on both sides: by what each forced choice is
+    pa, pb = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    ex.save(str(pb))
+    ex.goto(0)
+    ex.save(str(pa))
+    r2 = ex.compare(load_spec(str(pa)), load_spec(str(pb)))
+    assert r2["diff"] == {**d, "only_a": r2["diff"]["only_a"], "only_b": r2["diff"]["only_b"]}
+    with pytest.raises(UserError, match="spec A: unknown key `hold`"):
+        ex.compare({"hold": ["x"]})
+    with pytest.raises(UserError, match=r"no rule or schedule step `add_nrom`"):
+        ex.compare({"held": ["add_nrom"]})
+
+
+def test_shell_pin_and_compare(tmp_path):
+    rc, text = shell(f"compare\npin\nhold merged_qkv\ncompare\nsave {tmp_path / 'b.yaml'}\nundo\n"
+                     f"compare {tmp_path / 'b.yaml'}\n")
+    assert rc == 1 and "error: nothing pinned" in text
+    assert "pinned as A: held nothing" in text
+    assert re.search(r"launches\s+│ 23\s+│ 31\s+│\s+\+8", text), text
+    assert re.search(r"19 launches alike; 4 only in A, 12 only in B", text)
+    assert re.search(r"launches\s+│ 31\s+│ 23\s+│\s+-8", text)

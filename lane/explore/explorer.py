@@ -46,6 +46,7 @@ class _Plan:
     warnings: list[str]
     ms: float
     shaped: dict[str, int] | None = None  # launches each schedule step shaped, worked out on first use
+    step_map: dict | None = None  # the whole step for the page's mini-map, worked out on first use
 
     @property
     def engine_cost(self) -> float:
@@ -492,6 +493,85 @@ class Explorer:
         write_atomic(path, dump_spec(self.lane.name, self.numerics, self.held, knobs, forced,
                                      self.model if self.model != "step" else None))
 
+    # ---- A/B: two configurations side by side ---------------------------------------------------------------------
+    def spec(self) -> dict:
+        """The current configuration as a spec `compare` takes: held rules and steps, forced choices (the explorer's
+        indices, `"stable": True`), knobs that differ from the chip's defaults, numerics."""
+        default = Knobs().to_json()
+        knobs = {k: v for k, v in self.cfg.knobs.to_json().items() if default.get(k) != v}
+        return {"held": self.held, "forced": self.forced, "knobs": knobs, "numerics": self.numerics, "stable": True}
+
+    def _config_from(self, spec: dict, what: str) -> _Config:
+        """A spec (a plan file's keys, or `spec()`) as a configuration of this explorer."""
+        if not isinstance(spec, dict):
+            raise UserError(f"{what}: a spec is a mapping of held, forced, knobs, numerics")
+        bad = sorted(set(spec) - {"held", "forced", "knobs", "numerics", "stable", "lane", "model", "name"})
+        if bad:
+            raise UserError(f"{what}: unknown key `{bad[0]}`; a spec has held, forced, knobs, numerics")
+        numerics = spec.get("numerics") or self.numerics
+        if numerics != self.numerics:
+            raise UserError(f"{what}: numerics `{numerics}`: this explorer plans {self.numerics} (open another with "
+                            f"--numerics {numerics} to compare)")
+        if spec.get("lane") not in (None, self.lane.name):
+            raise UserError(f"{what}: lane `{spec['lane']}`: this explorer plans the {self.lane.name} lane")
+        held = list(spec.get("held") or [])
+        for h in held:
+            self._check_name(str(h))
+        held_rules, held_steps = split_held([str(h) for h in held], self.table, self.lane)
+        kn = parse_knobs(spec.get("knobs") or {}, Knobs())
+        cfg = _Config(held_rules, held_steps, kn)
+        for t, k in (spec.get("forced") or {}).items():
+            self._tensor(t)
+            if spec.get("stable"):
+                n = len(self._stable(t))
+                if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
+                    raise UserError(f"{what}: forced choice {k!r} for `{t}`: it has alternatives 0..{n - 1}")
+                cfg.forced[t] = k
+                continue
+            k = resolve_choice(t, k, self._alts(t, held_rules), self.producer, what)
+            sigs = self._cur_sigs(t, held_rules)
+            if not isinstance(k, int) or not 0 <= k < len(sigs):
+                raise UserError(f"{what}: forced choice {k!r} for `{t}`: it has alternatives 0..{len(sigs) - 1}")
+            cfg.forced[t] = self._stable(t).index(sigs[k])
+        return cfg
+
+    @_engine_thread
+    def compare(self, a: dict | None = None, b: dict | None = None) -> dict:
+        """A/B: spec `a` against spec `b` (None: the current configuration), each planned exactly: each side's
+        launches, cost, arena and fusions, and what differs — the census and fusions that changed, the launches
+        only one side has (by kind and the tensors they compute), launches per layer."""
+        sides = []
+        for name, spec in (("A", a), ("B", b)):
+            cfg = self.cfg if spec is None else self._config_from(spec, f"spec {name}")
+            p = self._plan_for(cfg, "ilp")
+            sides.append((cfg, p))
+        out = {}
+        for name, (cfg, p) in zip("ab", sides):
+            s = p.sched
+            default = Knobs().to_json()
+            out[name] = {"launches": s.n_launches, "cost_us": round(s.cost_us, 4), "arena": s.arena.bytes,
+                         "lower_bound": s.arena.lower_bound, "census": dict(s.census), "fusions": dict(s.fusions),
+                         "held": sorted(cfg.held_rules | cfg.held_steps), "forced": dict(sorted(cfg.forced.items())),
+                         "knobs": {k: v for k, v in cfg.knobs.to_json().items() if default.get(k) != v},
+                         "method": p.method, "per_layer": {str(k): v for k, v in sorted(s.per_layer().items())},
+                         "current": (a if name == "a" else b) is None}
+        ch = lambda x, y: {k: [x.get(k, 0), y.get(k, 0)] for k in sorted(set(x) | set(y))  # noqa: E731
+                           if x.get(k, 0) != y.get(k, 0)}
+        key = lambda x: (x.launch.census, tuple(x.ops))  # noqa: E731
+        la = {key(x): (k, x) for k, x in enumerate(sides[0][1].sched.launches)}
+        lb = {key(x): (k, x) for k, x in enumerate(sides[1][1].sched.launches)}
+        only = lambda mine, other: [{"index": k, "launch": x.launch.census, "layer": x.layer, "cls": x.cls,  # noqa: E731
+                                     "rule": x.rule, "tensors": list(x.ops), "cost_us": round(x.cost_us, 4)}
+                                    for kk, (k, x) in sorted(mine.items(), key=lambda kv: kv[1][0]) if kk not in other]
+        out["diff"] = {"launches": [out["a"]["launches"], out["b"]["launches"]],
+                       "cost_us": [out["a"]["cost_us"], out["b"]["cost_us"]],
+                       "arena": [out["a"]["arena"], out["b"]["arena"]],
+                       "census": ch(out["a"]["census"], out["b"]["census"]),
+                       "fusions": ch(out["a"]["fusions"], out["b"]["fusions"]),
+                       "per_layer": ch(out["a"]["per_layer"], out["b"]["per_layer"]),
+                       "only_a": only(la, lb), "only_b": only(lb, la), "same": len(set(la) & set(lb))}
+        return out
+
     # ---- one launch ------------------------------------------------------------------------------------------------
     @_engine_thread
     def launch(self, index: int) -> dict:
@@ -799,7 +879,19 @@ class Explorer:
                 "forced": self.forced, "census": s["census"], "launches": s["launches"], "cost_us": s["cost_us"],
                 "fusions": s["fusions"], "arena": _arena_window(sched, idx), "diff": self.diff(),
                 "warnings": list(p.warnings), "method": p.method, "what_if": self.what_if,
-                "ms": round(self.last_ms, 1), "history": self.history()}
+                "ms": round(self.last_ms, 1), "history": self.history(), "step": self._step_map(p)}
+
+    def _step_map(self, p: _Plan) -> dict:
+        """The whole step at a glance (the page's mini-map and search): every launch with the layer whose view
+        shows it (its first tensor's), kind, class, rule and tensors; and each tensor's layer."""
+        if p.step_map is None:
+            launches = []
+            for k, x in enumerate(p.sched.launches):
+                view = self.layer_of.get(x.ops[0], self.layers - 1) if x.ops else self.layers - 1
+                launches.append({"index": k, "launch": x.launch.census, "layer": view, "plan_layer": x.layer,
+                                 "cls": x.cls, "rule": x.rule, "tensors": list(x.ops)})
+            p.step_map = {"launches": launches, "tensor_layer": dict(self.layer_of)}
+        return p.step_map
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ API (every answer is JSON; a POST answers with the new state):
   POST /api/knob    {"name", "value"}
   POST /api/undo    {}                     POST /api/goto {"n"}: back to the plan after the history's first n changes
   POST /api/what_if {"method"}: "ilp" (every change re-planned exactly) or "local" (by local search)
+  POST /api/compare {"a": spec, "b": spec}: A/B, each spec {held, forced, knobs, numerics} or null (the current
+                    configuration), answered with both sides and their diff (it changes nothing)
 A POST body may carry "layer" to say which layer's state to answer with. A UserError answers 400 {"error": message};
 a malformed request a 4xx as well (400; 403 for a foreign Host or Origin; 411/413 for a body of no or too great a
 length, the connection then closed so no unread body is taken for a request), the terminal quiet; a bug 500
@@ -57,6 +59,7 @@ class Explorer(Protocol):
     def set_knob(self, name: str, value: Any) -> None: ...
     def launch(self, index: int) -> dict: ...
     def saturation(self) -> dict: ...
+    def compare(self, a: dict | None = None, b: dict | None = None) -> dict: ...
     def undo(self) -> str: ...
     def goto(self, n: int) -> None: ...
     def set_what_if(self, method: str) -> None: ...
@@ -279,6 +282,9 @@ class _Handler(BaseHTTPRequestHandler):
             "/api/goto": lambda: ex.goto(_field(body, "n", int)),
             "/api/what_if": lambda: ex.set_what_if(_field(body, "method", str)),
         }
+        if url.path == "/api/compare":  # reads the body's specs, changes nothing: answers the comparison
+            self._api(lambda: ex.compare(self._spec(body, "a"), self._spec(body, "b")))
+            return
         act = actions.get(url.path)
         if act is None:
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such action: {url.path}"})
@@ -290,6 +296,13 @@ class _Handler(BaseHTTPRequestHandler):
             return ex.state(layer)
 
         self._api(run)
+
+    @staticmethod
+    def _spec(body: dict, name: str) -> dict | None:
+        v = body.get(name)
+        if v is not None and not isinstance(v, dict):
+            raise BadRequest(f"`{name}` must be a spec (an object of held, forced, knobs) or null, not {_clip(json.dumps(v))}")
+        return v
 
     def _knob(self, body: dict) -> Any:
         name, value = _field(body, "name", str), _field(body, "value", object)

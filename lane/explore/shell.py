@@ -36,6 +36,9 @@ COMMANDS = [  # (usage, what it does): `help` prints these
     ("undo", "take the last change back (again: the one before)"),
     ("history [N]", "the changes so far; with N, go back to the plan after change N (0: the start)"),
     ("layer N", "layer N's launches"),
+    ("pin", "pin the current configuration as A for `compare`"),
+    ("compare [A [B]]", "A/B, each planned exactly: the pinned A (or plan file A) against the current plan (or plan "
+                        "file B): launches, cost, arena, census, fusions, the launches only one side has"),
     ("save FILE", "write held rules, forced choices and knobs as a plan file (`lanefuse plan --spec FILE`)"),
     ("quit", "leave (also `exit`, Ctrl-D)"),
 ]
@@ -57,6 +60,7 @@ class Shell(cmd.Cmd):
                                soft_wrap=False)
         self.failed = False
         self._said_local = False  # the note that changes re-plan by local search, said once
+        self._pinned: dict | None = None  # `pin`: the configuration A of `compare`
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -448,6 +452,63 @@ class Shell(cmd.Cmd):
             t.add_row(str(g["index"]), "tail" if g["layer"] < 0 else str(g["layer"]), g["launch"], g["cls"] or "",
                       g["rule"] or "", ", ".join(g["tensors"]), f"{g['cost_us']:.2f}")
         self.console.print(t)
+
+    def do_pin(self, arg: str) -> None:
+        if arg.strip():
+            raise UserError("usage: pin  (then change things and `compare`)")
+        self._pinned = self.ex.spec()
+        sp = self._pinned
+        self.console.print(f"pinned as A: held {', '.join(sp['held']) or 'nothing'}; forced "
+                           f"{', '.join(f'{t} #{i}' for t, i in sp['forced'].items()) or 'nothing'}; knobs "
+                           f"{', '.join(f'{k}={v}' for k, v in sp['knobs'].items()) or 'the defaults'}")
+
+    def do_compare(self, arg: str) -> None:
+        from lanefuse.lane.lower.spec import load_spec
+
+        words = shlex.split(arg)
+        if len(words) > 2:
+            raise UserError("usage: compare [A [B]]  (plan files; without them the pinned A and the current plan)")
+        if words:
+            a = load_spec(words[0])
+            b = load_spec(words[1]) if len(words) == 2 else None
+        else:
+            if self._pinned is None:
+                raise UserError("nothing pinned: `pin` the configuration A first, or give plan files (compare A [B])")
+            a, b = self._pinned, None
+        r = self.ex.compare(a, b)
+        names = (words[0] if words else "A (pinned)", words[1] if len(words) == 2 else "B (current)")
+        self._print_compare(r, names)
+
+    def _print_compare(self, r: dict, names: tuple[str, str]) -> None:
+        from rich.table import Table
+
+        a, b, d = r["a"], r["b"], r["diff"]
+        t = Table(title="A/B (each planned exactly)", header_style="bold")
+        t.add_column("")
+        t.add_column(names[0], overflow="fold")
+        t.add_column(names[1], overflow="fold")
+        t.add_column("B − A", justify="right")
+        t.add_row("launches", str(a["launches"]), str(b["launches"]), f"{b['launches'] - a['launches']:+d}")
+        t.add_row("cost µs", f"{a['cost_us']:.2f}", f"{b['cost_us']:.2f}", f"{b['cost_us'] - a['cost_us']:+.2f}")
+        t.add_row("arena B", str(a["arena"]), str(b["arena"]), f"{b['arena'] - a['arena']:+d}")
+        t.add_row("held", ", ".join(a["held"]) or "–", ", ".join(b["held"]) or "–", "")
+        t.add_row("forced", ", ".join(f"{k} #{v}" for k, v in a["forced"].items()) or "–",
+                  ", ".join(f"{k} #{v}" for k, v in b["forced"].items()) or "–", "")
+        t.add_row("knobs", ", ".join(f"{k}={v}" for k, v in a["knobs"].items()) or "–",
+                  ", ".join(f"{k}={v}" for k, v in b["knobs"].items()) or "–", "")
+        for k, (x, y) in d["census"].items():
+            t.add_row(f"census {k}", str(x), str(y), f"{y - x:+d}")
+        for k, (x, y) in d["fusions"].items():
+            t.add_row(f"fusion {k}", str(x), str(y), f"{y - x:+d}")
+        self.console.print(t)
+        self.console.print(f"{d['same']} launches alike; {len(d['only_a'])} only in A, {len(d['only_b'])} only in B")
+        for side, rows in (("A", d["only_a"]), ("B", d["only_b"])):
+            for x in rows[:12]:
+                rule = f" by {x['rule']}" if x["rule"] else ""
+                self.console.print(f"  only {side}: #{x['index']} {x['launch']} ({x['cls'] or 'lifted'}{rule}), layer "
+                                   f"{x['layer']}: {', '.join(x['tensors'])}")
+            if len(rows) > 12:
+                self.console.print(f"  only {side}: … {len(rows) - 12} more")
 
     def do_save(self, arg: str) -> None:
         path = self._one(arg, "save FILE")

@@ -147,7 +147,7 @@ async function act(path, body, label) {
     showDiff(st.diff && st.diff.what || label, diff);
     if (S.detail && S.detail.kind === "launch") closeDetail();  // its index is the old plan's
     S.sat = null;
-    await Promise.all([loadChoices(), loadSaturation()]);
+    await Promise.all([loadChoices(), loadSaturation(), loadCompare()]);
   } catch (e) {
     if (!(e instanceof ShownError)) toast(String(e));
     if (S.st) apply(S.st);
@@ -179,7 +179,7 @@ function apply(st) {
   S.st = st;
   S.layer = st.layer;
   if (S.sel && !st.graph.nodes.some((n) => n.id === S.sel)) { S.sel = null; S.choices = null; }
-  renderHeader(); renderRules(); renderKnobs(); renderForced(); renderHistory();
+  renderHeader(); renderRules(); renderKnobs(); renderForced(); renderHistory(); renderMinimap();
   renderCost(); renderCensus(); renderFusions(); renderGraph(); renderArena(); renderInspector();
   if (S.detail && S.detail.kind === "rule") showRule(S.detail.key);
 }
@@ -302,7 +302,7 @@ function renderForced() {
 
 function renderHistory() {
   const entries = hist();
-  $("history-panel").classList.toggle("hidden", !entries.length);
+  $("history-panel").classList.toggle("hidden", !!REPORT);  // a static report has no history, nothing to pin
   const items = entries.map((e, i) => ({ ...e, n: i + 1 })).reverse();
   items.push({ what: "start (the first, exact plan)", n: 0, launches: null, cost_us: null });
   $("history").replaceChildren(...items.map((e, k) => h("li", {
@@ -640,12 +640,14 @@ function fit() {
   const x = W / 2 - ((b.x0 + b.x1) / 2) * k;
   const y = H / 2 - ((b.y0 + b.y1) / 2) * k;
   S.view = { k, x, y };
+  S.fitted = true;  // refitted when the graph's room changes (a banner, a resize) until the user pans or zooms
   applyView();
 }
 function zoom(f, cx, cy) {
   const v = S.view, wrap = $("graph-wrap");
   if (!v) return;
   if (cx === undefined) { cx = wrap.clientWidth / 2; cy = wrap.clientHeight / 2; }
+  S.fitted = false;
   const k = Math.max(0.2, Math.min(3, v.k * f));
   v.x = cx - ((cx - v.x) * k) / v.k; v.y = cy - ((cy - v.y) * k) / v.k; v.k = k;
   applyView();
@@ -658,7 +660,7 @@ function setupPanZoom() {
     if (!S.view) return;
     const r = svg.getBoundingClientRect();
     if (e.ctrlKey || e.metaKey) zoom(Math.exp(-e.deltaY * 0.002), e.clientX - r.left, e.clientY - r.top);
-    else { S.view.x -= e.shiftKey ? e.deltaY : e.deltaX; S.view.y -= e.shiftKey ? 0 : e.deltaY; applyView(); }
+    else { S.view.x -= e.shiftKey ? e.deltaY : e.deltaX; S.view.y -= e.shiftKey ? 0 : e.deltaY; S.fitted = false; applyView(); }
   }, { passive: false });
   svg.addEventListener("mousedown", (e) => {
     if (e.button !== 0 || e.target.closest(".node")) return;
@@ -668,6 +670,7 @@ function setupPanZoom() {
   window.addEventListener("mousemove", (e) => {
     if (!drag) return;
     S.view.x = drag.vx + e.clientX - drag.x; S.view.y = drag.vy + e.clientY - drag.y;
+    S.fitted = false;
     if (Math.abs(e.clientX - drag.x) + Math.abs(e.clientY - drag.y) > 3) drag.moved = true;
     applyView();
   });
@@ -777,6 +780,86 @@ function renderInspector() {
   $("choices").replaceChildren(...rows);
 }
 
+// ---- the whole step: a mini-map of every layer's launches, and search --------------------------------------------
+function renderMinimap() {
+  const st = S.st, step = st.step;
+  if (!step) { $("minimap-wrap").classList.add("hidden"); return; }
+  const by = Array.from({ length: st.layers }, () => []);
+  for (const x of step.launches) by[Math.min(Math.max(x.layer, 0), st.layers - 1)].push(x);
+  const lit = S.litRule;
+  const cols = by.map((xs, n) => {
+    const cells = xs.map((x) => h("span", {
+      class: "mm-cell" + (lit && x.rule === lit ? " lit" : "") + (S.litKind && x.launch === S.litKind ? " lit" : ""),
+      style: `background:${colour(x.launch)}`, "data-mm-launch": x.index,
+      tip: [["h", `launch #${x.index} · ${x.launch}`], ["", `${x.cls || "lifted"}${x.rule ? " by " + x.rule : ""}`], ["computes", x.tensors.join(", ")]],
+      onclick: (e) => { e.stopPropagation(); goToLaunch(x.index); } }));
+    return h("div", { class: "mm-col" + (n === st.layer ? " cur" : ""), "data-mm-layer": n, title: `layer ${n}: ${xs.length} launches`,
+      onclick: () => n !== S.layer && load(n) }, h("span", { class: "mm-n" }, n === st.layers - 1 && st.layers > 1 ? `${n}+tail` : n), h("span", { class: "mm-cells" }, ...cells));
+  });
+  $("minimap").replaceChildren(...cols);
+  // cells as wide as the strip allows (6 px at most, 2 at least: Qwen3-8B's 183 launches fit without scrolling)
+  const room = $("minimap").clientWidth - st.layers * 7;
+  $("minimap").style.setProperty("--mm-w", `${Math.max(2, Math.min(6, Math.floor(room / Math.max(1, step.launches.length)) - 1))}px`);
+  const cur = $("minimap").querySelector(".mm-col.cur");
+  if (cur && cur.scrollIntoView) cur.scrollIntoView({ block: "nearest", inline: "nearest" });
+  const names = [...Object.keys(step.tensor_layer), ...st.rules.map((r) => r.name)];
+  if ($("search-list").childElementCount !== names.length) $("search-list").replaceChildren(...names.map((n) => h("option", { value: n })));
+}
+
+async function goToLaunch(index) {
+  const x = S.st.step.launches[index];
+  if (x && x.layer !== S.layer) await load(x.layer);
+  showLaunch(index);
+}
+async function goToTensor(t) {
+  const n = S.st.step.tensor_layer[t];
+  if (n === undefined) return false;
+  if (n !== S.layer) await load(n);
+  await select(t);
+  const el = document.querySelector(`.node[data-tensor="${CSS.escape(t)}"]`);
+  if (el) centerOn(t);
+  return true;
+}
+async function search(text) {
+  const q = text.trim();
+  if (!q) return;
+  const st = S.st, step = st.step;
+  const m = q.match(/^#?(\d+)$/);
+  if (m && q.startsWith("#")) {
+    const i = Number(m[1]);
+    if (i < step.launches.length) return goToLaunch(i);
+    toast(`launch #${i}: the plan has launches 0..${step.launches.length - 1}`);
+    return;
+  }
+  if (q in step.tensor_layer) return goToTensor(q);
+  const rule = st.rules.find((r) => r.name === q);
+  if (rule) { S.litRule = rule.name; renderMinimap(); showRule(rule.name); return; }
+  // a layer's short name (`q_rot`): this layer's first
+  const short = `L${S.layer}.${q}`;
+  if (short in step.tensor_layer) return goToTensor(short);
+  const low = q.toLowerCase();
+  const t = Object.keys(step.tensor_layer).find((n) => n.toLowerCase().includes(low));
+  if (t) return goToTensor(t);
+  const r = st.rules.find((x) => x.name.toLowerCase().includes(low));
+  if (r) { S.litRule = r.name; renderMinimap(); showRule(r.name); return; }
+  toast(`nothing named like \`${q}\`: give a tensor (L0.q_rot), a rule (add_norm) or a launch (#12)`);
+}
+function centerOn(t) {
+  const L = S.layout, n = L && L.nodes.get(t), wrap = $("graph-wrap");
+  if (!n || !S.view) return;
+  const v = S.view, W = wrap.clientWidth, H = wrap.clientHeight;
+  const sx = n.x * v.k + v.x, sy = n.y * v.k + v.y;
+  if (sx > 20 && sx < W - 20 && sy > 20 && sy < H - 20) return;
+  v.x = W / 2 - n.x * v.k; v.y = H / 2 - n.y * v.k;
+  applyView();
+}
+async function goToTail() {
+  const st = S.st;
+  const last = [...st.step.launches].reverse().find((x) => x.plan_layer < 0) || st.step.launches[st.step.launches.length - 1];
+  if (!last) return;
+  await goToTensor(last.tensors[last.tensors.length - 1]);
+}
+
 // ---- the detail panel: one rule's source, one launch's fields and code ---------------------------------------------
 function openDetail(title, kids, kind, key) {
   S.detail = { kind, key };
@@ -835,6 +918,46 @@ async function showLaunch(index) {
     ...d.functions.flatMap((f) => f.source ? [h("div", { class: "sub-h" }, `${f.function} @ ${f.file}:${f.line}`), h("pre", { class: "code cu", "data-function": f.function }, f.source)] : []),
   ];
   openDetail(`launch #${d.index} · ${d.census}`, kids, "launch", index);
+}
+
+// ---- A/B: a pinned configuration against the current one ------------------------------------------------------------
+function pinA() {
+  const st = S.st;
+  S.pinA = { held: [...st.held], forced: { ...st.forced }, knobs: { ...st.knobs }, stable: true };
+  S.pinLabel = hist().length ? `#${hist().length} ${hist()[hist().length - 1].what}` : "the start";
+  return loadCompare();
+}
+function unpinA() { S.pinA = null; S.ab = null; $("ab-panel").classList.add("hidden"); }
+async function loadCompare() {
+  if (!S.pinA) return;
+  try { S.ab = await api("/api/compare", { a: S.pinA, b: null }); } catch (e) { return; }
+  renderCompare();
+}
+function renderCompare() {
+  const r = S.ab;
+  if (!r) return;
+  const { a, b, diff: d } = r;
+  const list = (o) => Object.entries(o).map(([k, v]) => `${k} ${typeof v === "number" && !Number.isInteger(v) ? v : v}`).join(", ") || "–";
+  const row = (k, x, y, dlt) => h("tr", {}, h("td", { class: "k" }, k), h("td", { class: "wrap" }, x), h("td", { class: "wrap" }, y), h("td", { class: "num" }, dlt || ""));
+  const rows = [
+    h("tr", {}, h("th", {}, ""), h("th", {}, `A · ${S.pinLabel}`), h("th", {}, "B · now"), h("th", { class: "num" }, "B − A")),
+    row("launches", a.launches, b.launches, delta(a.launches, b.launches)),
+    row("cost µs", fmtUs(a.cost_us), fmtUs(b.cost_us), delta(a.cost_us, b.cost_us, (x) => x.toFixed(2))),
+    row("arena", fmtBytes(a.arena), fmtBytes(b.arena), delta(a.arena, b.arena, fmtBytes)),
+    row("held", a.held.join(", ") || "–", b.held.join(", ") || "–"),
+    row("forced", list(Object.fromEntries(Object.entries(a.forced).map(([t, i]) => [t, "#" + i]))), list(Object.fromEntries(Object.entries(b.forced).map(([t, i]) => [t, "#" + i])))),
+    row("knobs", list(Object.fromEntries(Object.entries(a.knobs).map(([k, v]) => [k, "= " + v]))), list(Object.fromEntries(Object.entries(b.knobs).map(([k, v]) => [k, "= " + v])))),
+    ...Object.entries(d.census).map(([k, [x, y]]) => row(h("span", {}, h("span", { class: "sw", style: `background:${colour(k)};margin-right:4px` }), k), x, y, delta(x, y))),
+    ...Object.entries(d.fusions).map(([k, [x, y]]) => row(h("span", {}, "fusion ", ruleLink(k)), x, y, delta(x, y, String, false))),
+  ];
+  const only = (side, xs) => xs.length ? h("div", { class: "ab-only" }, h("div", { class: "sub-h" }, `only in ${side} (${xs.length})`),
+    ...xs.map((x) => h("div", { class: "ab-l", "data-ab-only": side, "data-index": x.index, onclick: side === "B" ? () => goToLaunch(x.index) : null, title: side === "B" ? "click for its code" : "" },
+      h("span", { class: "sw", style: `background:${colour(x.launch)};margin-right:4px` }), `#${x.index} ${x.launch} · ${x.cls || "lifted"}${x.rule ? " by " + x.rule : ""} · L${x.layer < 0 ? "tail" : x.layer}: `,
+      h("span", { class: "dim" }, x.tensors.join(", "))))) : "";
+  $("ab").replaceChildren(h("table", { class: "grid", id: "ab-table" }, ...rows),
+    h("div", { class: "dim", id: "ab-same" }, `${d.same} launches alike, ${d.only_a.length} only in A, ${d.only_b.length} only in B`),
+    only("A", d.only_a), only("B", d.only_b));
+  $("ab-panel").classList.remove("hidden");
 }
 
 // ---- the saturation, step by step --------------------------------------------------------------------------------
@@ -912,6 +1035,10 @@ function setup() {
   $("help-btn").addEventListener("click", () => $("help").classList.toggle("hidden"));
   $("exact").addEventListener("change", (e) => setExact(e.target.checked));
   $("detail-close").addEventListener("click", closeDetail);
+  $("pin-a").addEventListener("click", pinA);
+  $("ab-close").addEventListener("click", unpinA);
+  $("search").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); search(e.target.value); } });
+  $("search").addEventListener("change", (e) => { if (e.target.value && e.target.value in ((S.st && S.st.step && S.st.step.tensor_layer) || {})) search(e.target.value); });
   document.querySelector("#arena-wrap .title").addEventListener("click", () => { $("arena-wrap").classList.toggle("folded"); setTimeout(fit, 0); });
   $("sat-details").addEventListener("toggle", () => { if ($("sat-details").open && !S.sat) loadSaturation(); });
   document.addEventListener("keydown", (e) => {
@@ -924,6 +1051,8 @@ function setup() {
     else if (e.key === "+" || e.key === "=") zoom(1.2);
     else if (e.key === "-") zoom(1 / 1.2);
     else if (e.key === "u") undoLast();
+    else if (e.key === "s") { e.preventDefault(); $("search").focus(); $("search").select(); }
+    else if (e.key === "t") goToTail();
     else if (e.key === "?") $("help").classList.toggle("hidden");
     else if (e.key === "Escape") { $("help").classList.add("hidden"); if (S.detail) closeDetail(); else select(null); }
   });
@@ -931,11 +1060,12 @@ function setup() {
   window.addEventListener("resize", () => { clearTimeout(t); t = setTimeout(() => { if (S.st) { renderArena(); fit(); } }, 120); });
   window.addEventListener("unhandledrejection", (e) => { e.preventDefault(); toast(String(e.reason && e.reason.message || e.reason)); });
   setupPanZoom();
+  if (window.ResizeObserver) new ResizeObserver(() => { if (S.fitted && S.layout) fit(); }).observe($("graph-wrap"));
   setupTips();
   const q = new URLSearchParams(location.search);
   load(q.has("layer") ? Number(q.get("layer")) : null);
 }
 
 // for tests and the console: the page's state and its actions
-window.lanefuse = { get state() { return S.st; }, get selected() { return S.sel; }, api, hold, release, force, unforce, setKnob, select, load, undo: undoLast, goBack, setExact, showRule, showLaunch };
+window.lanefuse = { get state() { return S.st; }, get selected() { return S.sel; }, api, hold, release, force, unforce, setKnob, select, load, undo: undoLast, goBack, setExact, showRule, showLaunch, search, goToTail, pinA };
 setup();
