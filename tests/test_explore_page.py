@@ -193,6 +193,12 @@ def test_rule_source_launch_code_saturation(page, tmp_path):
     pg.locator("[data-rule-row='qkv_head_epilogue'] td.name").click()
     pg.wait_for_selector("#detail-title:text-is('qkv_head_epilogue @ rules/rope.yaml:9')")
     assert "qk_norm_rope" in pg.locator("#detail").inner_text()  # builds on
+    # every box's label is on top (no edge or node over it): a click there is the label's
+    for i in range(pg.locator(".glabel").count()):
+        bb = pg.locator(".glabel").nth(i).bounding_box()
+        hit = pg.evaluate(f"document.elementFromPoint({bb['x'] + bb['width'] / 2}, {bb['y'] + bb['height'] / 2})"
+                          f".closest('.glabel') !== null")
+        assert hit, i
     # a launch: click its box's label in the graph
     g = next(g for g in ex.state(0)["groups"] if g["rule"] == "merged_qkv")
     want = ex.launch(g["index"])

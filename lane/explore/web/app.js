@@ -524,7 +524,8 @@ function renderGraph() {
       s("path", { d: "M0,0 L8,4 L0,8 z", fill: "#6b7482" })),
     s("marker", { id: "arrow-hot", viewBox: "0 0 8 8", refX: 7, refY: 4, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" },
       s("path", { d: "M0,0 L8,4 L0,8 z", fill: "#6cb6ff" })));
-  // group boxes under everything
+  // group boxes under everything, their labels over everything
+  const labels = [];
   for (const b of L.boxes) {
     const c = colour(b.g.launch), lbl = `${b.g.launch} · ${b.g.rule || b.g.cls}`;
     const lit = S.litKind === b.g.launch ? " lit" : "";
@@ -533,8 +534,8 @@ function renderGraph() {
       s("text", { x: b.x0 + 12, y: b.y0 + 3, fill: c }, lbl));
     label._tip = [["h", `launch #${b.g.index} · ${b.g.launch}`], ["", `${b.g.cls}${b.g.rule ? " by " + b.g.rule : ""} — click for its fields and CUDA code`]];
     root.append(s("g", { class: "gbox" + lit, "data-group": b.g.id },
-      s("rect", { x: b.x0, y: b.y0, width: b.x1 - b.x0, height: b.y1 - b.y0, rx: 7, fill: tint(c, 0.07), stroke: tint(c, 0.75), "stroke-width": 1.2 }),
-      label));
+      s("rect", { x: b.x0, y: b.y0, width: b.x1 - b.x0, height: b.y1 - b.y0, rx: 7, fill: tint(c, 0.07), stroke: tint(c, 0.75), "stroke-width": 1.2 })));
+    labels.push(s("g", { class: "gbox-top" + lit }, label));  // drawn over the edges and nodes: always clickable
   }
   // edges
   const hot = new Set();
@@ -576,6 +577,7 @@ function renderGraph() {
     el.addEventListener("mouseleave", () => { S.hover = null; highlight(); });
     root.append(el);
   }
+  root.append(...labels);
   svg.replaceChildren(defs, root);
   svg.classList.toggle("dimmed", !!S.litKind);
   // the view: kept across changes of the same layer and graph, fitted otherwise
@@ -794,12 +796,13 @@ function renderMinimap() {
       tip: [["h", `launch #${x.index} · ${x.launch}`], ["", `${x.cls || "lifted"}${x.rule ? " by " + x.rule : ""}`], ["computes", x.tensors.join(", ")]],
       onclick: (e) => { e.stopPropagation(); goToLaunch(x.index); } }));
     return h("div", { class: "mm-col" + (n === st.layer ? " cur" : ""), "data-mm-layer": n, title: `layer ${n}: ${xs.length} launches`,
-      onclick: () => n !== S.layer && load(n) }, h("span", { class: "mm-n" }, n === st.layers - 1 && st.layers > 1 ? `${n}+tail` : n), h("span", { class: "mm-cells" }, ...cells));
+      onclick: () => n !== S.layer && load(n) }, h("span", { class: "mm-n" }, n === st.layers - 1 && st.layers > 1 ? (st.layers > 16 ? "tail" : `${n}+tail`) : st.layers <= 16 || n % 5 === 0 || n === st.layer ? n : ""), h("span", { class: "mm-cells" }, ...cells));
   });
   $("minimap").replaceChildren(...cols);
-  // cells as wide as the strip allows (6 px at most, 2 at least: Qwen3-8B's 183 launches fit without scrolling)
-  const room = $("minimap").clientWidth - st.layers * 7;
-  $("minimap").style.setProperty("--mm-w", `${Math.max(2, Math.min(6, Math.floor(room / Math.max(1, step.launches.length)) - 1))}px`);
+  // each layer a column of its launches, as wide as the strip allows (14 px at most, 5 at least: Qwen3-8B's 36
+  // layers fit without scrolling); numbered every few layers where many
+  const room = $("minimap").clientWidth - st.layers * 8;
+  $("minimap").style.setProperty("--mm-w", `${Math.max(5, Math.min(14, Math.floor(room / Math.max(1, st.layers))))}px`);
   const cur = $("minimap").querySelector(".mm-col.cur");
   if (cur && cur.scrollIntoView) cur.scrollIntoView({ block: "nearest", inline: "nearest" });
   const names = [...Object.keys(step.tensor_layer), ...st.rules.map((r) => r.name)];
