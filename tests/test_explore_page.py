@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -301,3 +302,45 @@ def test_a_b(page, tmp_path):
     pg.locator("#ab-close").click()
     assert pg.locator("#ab-panel").is_hidden()
     assert log == [], log
+
+
+def test_qwen3_8b_shape_page(browser, tmp_path):
+    """The live page over a config-only Qwen3-8B folder (36 layers, 183 launches): the mini-map fits, every layer
+    and the step's tail are reachable, a hold answers; bench/explore_page.py times it."""
+    import json
+
+    from lanefuse.lane.cli.explore import _open
+    from lanefuse.lane.cli.main import build_parser
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_explore_report import QWEN3_8B
+
+    folder = tmp_path / "Qwen3-8B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_8B))
+    ex = _open(build_parser().parse_args(["explore", str(folder)]))
+    server, url = serve(ex)
+    pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+    log: list[str] = []
+    pg.on("console", lambda m: log.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    try:
+        pg.goto(url)
+        pg.wait_for_selector(".node[data-tensor='L0.attn_norm']")
+        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 183
+        assert pg.evaluate("(() => { const m = document.querySelector('#minimap'); "
+                           "return m.scrollWidth <= m.clientWidth; })()")  # all 36 layers in the strip
+        pg.locator("#minimap .mm-col[data-mm-layer='35']").click()
+        pg.wait_for_selector(".node[data-tensor='next']")
+        for el in pg.locator("#graph .node").all():
+            assert inside(el.bounding_box(), box(pg, "#graph-wrap")), el.get_attribute("data-tensor")
+        fold = pg.locator("#census [data-count='fold']").inner_text()
+        pg.locator("[data-rule-row='gemv_norm_epilogue'] .switch").click()
+        pg.wait_for_selector(f"#census:not(:has([data-count='fold']:text-is('{fold}')))")
+        assert ex.held == ["gemv_norm_epilogue"]
+        pg.screenshot(path=str(shots(tmp_path) / "explore-qwen3-8b.png"))
+        assert log == [], log
+    finally:
+        pg.close()
+        server.stop()
+        ex.close()
