@@ -54,8 +54,12 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
         raise UserError(f"{cfg_path}: expected a JSON object")
     cfg = config_from_hf(raw_cfg, str(cfg_path), max_len=max_len, name=folder.resolve().name)
     store = Weights.from_folder(folder)
+    _check_layers(cfg_path, cfg.layers, set(store.names()))  # before the names of cfg.layers layers are listed
+    if cfg.moe is not None:  # the experts' tensors stacked, one constant a role (engine/moe.py)
+        from lanefuse.engine.moe import stack_store
+
+        store = Weights(stack_store(store.store, cfg, str(folder)))
     stored = set(store.names())
-    _check_layers(cfg_path, cfg.layers, stored)  # before the names of cfg.layers layers are listed
     formats = []
     for name, shape in _progress(list(cfg.weight_names().items()), "checking tensors"):
         if name not in stored:

@@ -42,7 +42,7 @@ def schedule_json(s) -> dict:
         "launches": [launch_json(x) for x in s.launches if x.launch.kernels()],
         "census": s.census, "fusions": s.fusions, "layers": s.layers,
         "launches_per_layer": {str(k): v for k, v in sorted(per_layer.items())},
-        "arena": s.arena.to_json(), "cost_us": round(s.cost_us, 3), "knobs": s.knobs.to_json(),
+        "arena": s.arena.to_json(), "cost_us": round(s.cost_us, 3), "bytes": s.bytes, "knobs": s.knobs.to_json(),
         "warnings": list(s.warnings), "method": s.method,
         "timings_s": {k: round(v, 4) for k, v in s.timings.items()},
     }
@@ -174,7 +174,8 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
     con.print(f"launches: [bold]{s.n_launches}[/] a step"
               + (f", {min(body)}–{max(body)} a layer" if body and min(body) != max(body) else
                  f", {body[0]} a layer" if body else "")
-              + f" over {s.layers} layers · estimated step {s.cost_us:.1f} µs · arena {s.arena.bytes:,} B "
+              + f" over {s.layers} layers · estimated step {s.cost_us:.1f} µs, {s.bytes / 1e6:,.1f} MB moved"
+                f" · arena {s.arena.bytes:,} B "
                 f"(lower bound {s.arena.lower_bound:,} B, ×{s.arena.ratio:.3f})")
     for w in s.warnings:
         con.print(f"[yellow]note:[/] {w}")

@@ -103,6 +103,12 @@ class Plan:
             raise UserError(f"a step of {self.rows} row(s) at position {pos} runs past the KV cache of {length} rows")
 
     @property
+    def bytes(self) -> int:
+        """Bytes the step's launches move, as their cost counts them (an expert mixture: only its chosen experts'
+        rows)."""
+        return sum(int(l.launch.bytes()) for l in self.launches)
+
+    @property
     def n_launches(self) -> int:
         return sum(len(l.launch.kernels()) for l in self.launches)
 
