@@ -91,11 +91,12 @@ def main() -> int:
     for name, cfg in (("qwen3-30b-a3b", qwen3_30b_a3b()), ("qwen3-8b", qwen3_8b())):
         sec, s = timed_plan(cfg, table, args.repeat)
         body = [v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1]
+        wb = sum(s.weight_bytes().values())
         out[name] = {"plan_s": round(sec, 4), "launches": s.n_launches, "per_layer": max(body),
-                     "census": s.census, "bytes": s.bytes, "cost_us": round(s.cost_us, 1)}
+                     "census": s.census, "weight_bytes": wb, "cost_us": round(s.cost_us, 1)}
         print(f"  {name:14s} {cfg.layers} layers: {sec:.3f} s (engine {s.timings['engine_s']:.3f} s); "
               f"{s.n_launches} launches, {max(body)} a layer; census {dict(sorted(s.census.items()))}")
-        print(f"  {'':14s} bytes moved a decode step: {s.bytes / 1e6:,.1f} MB "
+        print(f"  {'':14s} weights read a decode step: {wb / 1e6:,.1f} MB "
               f"(estimated {s.cost_us:,.0f} µs on the lane's H200 knobs)")
         if cfg.moe is not None:
             moe = [l for l in s.launches if l.launch.census == "moe"]

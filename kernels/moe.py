@@ -18,8 +18,8 @@ import numpy as np
 
 from lanefuse.engine.moe import route
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Dst, Launch, Scratch, act, decode, names, reach,
-                                     rms)
+from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Dst, Launch, Scratch, act, decode, format_refusal,
+                                     names, reach, rms, weight_bytes)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import products
 
@@ -92,8 +92,12 @@ class Moe(Launch):
     def check(self):
         if self.routing not in ROUTINGS:
             return Refusal(f"an expert mixture routed by `{self.routing}` (the kernel takes softmax then top-k)")
-        if self.format not in FORMATS or self.format_r not in FORMATS:
-            return Refusal(f"expert weights in format `{self.format}` / a router in `{self.format_r}`")
+        for fmt, cols, what in ((self.format_r, self.d, "the mixture's router"),
+                                (self.format, self.d, "the mixture's gate/up rows"),
+                                (self.format_d or self.format, self.f, "the mixture's down rows")):
+            why = format_refusal(fmt, cols, what)
+            if why:
+                return why
         if self.format_d is not None and self.format_d != self.format:
             return Refusal(f"experts' gate/up and down rows in different formats ({self.format}, {self.format_d}): "
                            f"the kernel reads one")
@@ -105,6 +109,11 @@ class Moe(Launch):
         if self.shared and (self.su is None or self.sd is None or self.sgate is None or self.sf < 1
                             or self.format_s not in FORMATS):
             return Refusal("a shared expert without its gate, up and down rows and its gate score")
+        if self.shared:
+            why = format_refusal(self.format_s, self.d, "the shared expert") or \
+                format_refusal(self.format_s, self.sf, "the shared expert's down rows")
+            if why:
+                return why
         other = {f for f in (self.format_su, self.format_sd, self.format_sgate) if f is not None}
         if self.shared and other - {self.format_s}:
             return Refusal(f"a shared expert whose rows are in several formats "
@@ -147,11 +156,18 @@ class Moe(Launch):
         """Expert weights read at most: each row's k choices, or over sorted rows each expert once."""
         return min(self.experts, self.rows * self.k) if self.sort else self.rows * self.k
 
-    def bytes(self):
-        fb = FORMATS[self.format]
-        b = FORMATS[self.format_r] * self.experts * self.d + self.chosen() * 3 * self.f * self.d * fb
+    def checkpoint_bytes(self):
+        """The router's rows, the chosen experts' gate/up and down rows, the shared expert's: in their formats."""
+        f, d, fd = self.f, self.d, self.format_d or self.format
+        b = weight_bytes(self.format_r, self.experts, d) + self.chosen() * (weight_bytes(self.format, 2 * f, d)
+                                                                            + weight_bytes(fd, d, f))
         if self.shared:
-            b += FORMATS[self.format_s] * (3 * self.sf + 1) * self.d
+            fs = self.format_s
+            b += weight_bytes(fs, 2 * self.sf + 1, d) + weight_bytes(fs, d, self.sf)
+        return b
+
+    def bytes(self):
+        b = self.checkpoint_bytes()
         n = self.rows * self.d
         b += 4 * (2 * n + (n if self.add else 0) + (n if self.sum else 0) + (self.d if self.nw else 0))
         return b

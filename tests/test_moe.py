@@ -131,11 +131,27 @@ def test_a_chunk_choosing_most_experts_and_one_choosing_none_of_some():
         assert Moe(**fields, sort=True).bytes() < Moe(**fields).bytes()
 
 
+@pytest.mark.parametrize("fmt,d,f", [("q8_0", 64, 96), ("q4_0", 32, 64), ("q4_k", 256, 256), ("q6_k", 256, 512)])
+@pytest.mark.parametrize("rows,sort", [(1, False), (9, True)])
+def test_moe_twins_on_block_formats(fmt, d, f, rows, sort):
+    """Experts in the GGUF block formats, read in place (rows of whole blocks); rows not whole blocks are refused."""
+    g = np.random.default_rng(d + f)
+    fields, arrays, weights, ref = mixture(g, rows, d, f, 4, 2, fmt, 0, "add")
+    launch = Moe(**fields, sort=sort)
+    assert launch.check() is None
+    for twin in ("numpy", "fast"):
+        env = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+        getattr(launch, twin)(env)
+        np.testing.assert_allclose(env.array("y").reshape(rows, d), ref, rtol=TOL, atol=TOL * float(np.abs(ref).max()))
+    odd = Moe(**{**fields, "f": 37})
+    assert "block" in str(odd.check())
+
+
 def test_moe_reads_only_the_chosen_experts_rows():
     """The decode launch's bytes are the router and k experts' rows, not all E."""
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), 2048, 768, 128, 8, 1, "bf16", format_r="bf16")
     experts = 8 * 3 * 768 * 2048 * 2
-    assert experts < m.bytes() < experts + 128 * 2048 * 2 + 4 * 4 * 2048
+    assert experts < m.checkpoint_bytes() < m.bytes() < experts + 128 * 2048 * 2 + 4 * 4 * 2048
 
 
 # -- transformers -----------------------------------------------------------------------------------------------------
