@@ -5,7 +5,8 @@ them, so that machine needs no solver. Writes into PLANDIR:
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
     tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan (needs torch)
     tiny-moe/ + tiny-moe-decode.json       a transformers-made tiny Qwen2-MoE (8 experts top-2, a shared expert):
-      + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (rows sorted)
+      + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (planned
+                                           with launches nearly free: its rows sorted by expert)
 
     python bench/gpu_prepare.py PLANDIR
 """
@@ -58,9 +59,13 @@ def main() -> None:
                                     shared_expert_intermediate_size=64, max_position_embeddings=128)
     transformers.Qwen2MoeForCausalLM(c).eval().save_pretrained(folder)
     mcfg, _ = load_model(folder)
-    for name, rows in (("tiny-moe-decode", 1), ("tiny-moe-prefill8", 8)):
-        save(plan(build_step(mcfg, rows), source={"kind": "path", "path": "tiny-moe"}),
-             os.path.join(out, name + ".json"))
+    from lanefuse.lane.lower.knobs import Knobs
+
+    save(plan(build_step(mcfg, 1), source={"kind": "path", "path": "tiny-moe"}),
+         os.path.join(out, "tiny-moe-decode.json"))
+    # launches nearly free, so that the chunk's plan sorts its rows by expert on so small a model
+    save(plan(build_step(mcfg, 8), knobs=Knobs(launch_us=0.01), source={"kind": "path", "path": "tiny-moe"}),
+         os.path.join(out, "tiny-moe-prefill8.json"))
     print("saved tiny-moe and its decode and prefill plans")
 
 

@@ -11,7 +11,7 @@ rows that chose it, moe_finish a block a row)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -62,6 +62,7 @@ class Moe(Launch):
     sum: str | None = None  # finalize: the sum written here
     nw: str | None = None  # and normed by this weight into `out`
     eps: float = 0.0
+    stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
 
     census: ClassVar[str] = "moe"
     stem: ClassVar[tuple[str, ...]] = ("moe",)
@@ -134,7 +135,9 @@ class Moe(Launch):
         return tuple(s)
 
     def kernels(self):
-        return (self,) * (4 if self.sort else 2)
+        """Its kernels, each costed by its share: a row at a time moe_up, moe_down; over sorted rows moe_route,
+        moe_up_sorted, moe_down_sorted, moe_finish."""
+        return tuple(replace(self, stage=i) for i in range(4 if self.sort else 2))
 
     def extents(self, top, tokens):
         n, E = self.rows * self.d, self.experts
@@ -166,16 +169,29 @@ class Moe(Launch):
             b += weight_bytes(fs, 2 * self.sf + 1, d) + weight_bytes(fs, d, self.sf)
         return b
 
+    def _shares(self) -> list[tuple[int, int]]:
+        """(bytes, flops) of each kernel, in order."""
+        f, d, R, fd, fs = self.f, self.d, self.rows, self.format_d or self.format, self.format_s
+        n, hidden = R * d, 4 * R * (self.k + self.shared) * self.width
+        router = (weight_bytes(self.format_r, self.experts, d) + 4 * n, 2 * R * self.experts * d)
+        up = (self.chosen() * weight_bytes(self.format, 2 * f, d) + 4 * n + hidden
+              + (weight_bytes(fs, 2 * self.sf + 1, d) if self.shared else 0),
+              2 * R * (self.k * 2 * f * d + (2 * self.sf + 1) * d * self.shared))
+        down = (self.chosen() * weight_bytes(fd, d, f) + hidden + (weight_bytes(fs, d, self.sf) if self.shared else 0),
+                2 * R * (self.k * f * d + self.sf * d * self.shared))
+        tail = 4 * (n + (n if self.add else 0) + (n if self.sum else 0) + (d if self.nw else 0))
+        if not self.sort:  # moe_up routes each row itself; moe_down sums and finalizes
+            return [(router[0] + up[0], router[1] + up[1]), (down[0] + tail, down[1])]
+        parts = 4 * R * (self.k + 1) * d
+        return [router, up, (down[0] + parts, down[1]), (parts + tail, 2 * R * (self.k + 1) * d)]
+
     def bytes(self):
-        b = self.checkpoint_bytes()
-        n = self.rows * self.d
-        b += 4 * (2 * n + (n if self.add else 0) + (n if self.sum else 0) + (self.d if self.nw else 0))
-        return b
+        shares = self._shares()
+        return sum(b for b, _ in shares) if self.stage is None else shares[self.stage][0]
 
     def flops(self):
-        per = self.experts * self.d + self.k * 6 * self.f * self.d + (6 * self.sf * self.d + 2 * self.d
-                                                                     if self.shared else 0)
-        return 2 * self.rows * per
+        shares = self._shares()
+        return sum(f for _, f in shares) if self.stage is None else shares[self.stage][1]
 
     # -- the twins ------------------------------------------------------------------------------------------------
     def _route(self, env, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -131,6 +131,8 @@ def test_kernels_a_launch_makes():
     assert SAMPLES["gemv"].kernels() == (SAMPLES["gemv"],)
     m = SAMPLES["moe"]
     assert len(m.kernels()) == 2 and len(replace(m, sort=True).kernels()) == 4  # a row at a time; sorted rows
+    for l in (m, replace(m, sort=True, rows=8)):  # each kernel costed by its share
+        assert sum(k.bytes() for k in l.kernels()) == l.bytes() and sum(k.flops() for k in l.kernels()) == l.flops()
     fused = SAMPLES["fold"]
     assert fused.fused and fused.kernels() == (fused,)
     two = Fold(SAMPLES["gemv_glu"], Norm("o", "nw", "y", 1, 2048, 1e-6))

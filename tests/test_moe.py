@@ -151,7 +151,7 @@ def test_moe_reads_only_the_chosen_experts_rows():
     """The decode launch's bytes are the router and k experts' rows, not all E."""
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), 2048, 768, 128, 8, 1, "bf16", format_r="bf16")
     experts = 8 * 3 * 768 * 2048 * 2
-    assert experts < m.checkpoint_bytes() < m.bytes() < experts + 128 * 2048 * 2 + 4 * 4 * 2048
+    assert experts < m.checkpoint_bytes() < m.bytes() < experts + 128 * 2048 * 2 + 4 * (4 * 2048 + 2 * 8 * 768)
 
 
 # -- transformers -----------------------------------------------------------------------------------------------------
