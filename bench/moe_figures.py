@@ -104,8 +104,9 @@ def main() -> int:
             chosen = sum(cfg.moe.k * 3 * cfg.moe.inter * cfg.hidden * 2 for _ in moe)
             print(f"  {'':14s} experts' rows read: {chosen / 1e6:,.1f} MB of {every / 1e6:,.1f} MB held "
                   f"({cfg.moe.k} of {cfg.moe.experts} a layer)")
-            layer = [l.launch.census for l in s.launches if l.layer == 1]
-            print(f"  {'':14s} layer 1's launches: {', '.join(layer)}")
+            layer = [k.census for l in s.launches if l.layer == 1 for k in l.launch.kernels()]
+            print(f"  {'':14s} layer 1's kernels: {', '.join(layer)} (the mixture's two with the add and the "
+                  f"next norm; the q/k/v fold; the attention; the o product's fold)")
     if not args.no_cpu:
         print("CPU decode, a small Qwen3-MoE (16 experts of 512, top-4), lanefuse's fast numpy runner against "
               "transformers")

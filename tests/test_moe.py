@@ -424,3 +424,99 @@ def test_the_plan_is_one_op_whatever_the_expert_count():
     assert [l.launch.census for l in a.launches] == [l.launch.census for l in b.launches]
     assert len(build_step(tiny("Qwen3MoeForCausalLM", experts=128, k=8), 1).ops) == \
         len(build_step(tiny("Qwen3MoeForCausalLM", experts=8), 1).ops)
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_saved_plans_load_pass_the_checks_and_run_alike(arch, tmp_path):
+    """Decode, a chunk, a sorted chunk: saved, loaded (every plan check), equal launches and the same logits."""
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.lower.planfile import load, save
+    from lanefuse.lane.run.generate import new_caches
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg = tiny(arch, inter=96, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0)
+    w = weights_for(cfg, "bf16", 3)
+    for rows, kw in ((1, {}), (6, {}), (12, {"knobs": Knobs(launch_us=0.01)})):
+        p = plan(build_step(cfg, rows), **kw)
+        save(p, str(tmp_path / "p.json"))
+        q = load(str(tmp_path / "p.json"))
+        assert [x.launch for x in q.launches] == [x.launch for x in p.launches]
+        outs = []
+        for s in (p, q):
+            env = {**new_caches(cfg), "token": np.arange(rows, dtype=np.int32) + 5, "pos": np.array([0], np.int32)}
+            outs.append(NumpyRunner(s, w).step(env)["logits"])
+        assert np.array_equal(outs[0], outs[1])
+    assert any(x.launch.census == "moe" and x.launch.sort for x in p.launches)
+
+
+def test_config_refusals_are_one_line():
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    base = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 37,
+            "vocab_size": 64, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 37}
+    cfg = config_from_hf(base)
+    assert cfg.moe.experts == 8 and cfg.moe.sparse == (0, 1) and not cfg.moe.norm_topk and cfg.qk_norm
+    assert config_from_hf({**base, "num_local_experts": 16, "num_experts": None}).moe.experts == 16  # as 5.x writes
+    assert config_from_hf({**base, "mlp_only_layers": [0], "norm_topk_prob": True}).moe.sparse == (1,)
+    assert config_from_hf({**base, "num_hidden_layers": 4, "decoder_sparse_step": 2}).moe.sparse == (1, 3)
+    bad = [({"mlp_only_layers": "0"}, r"`mlp_only_layers` is 0; expected a list of layer numbers"),
+           ({"num_experts_per_tok": 0}, r"`num_experts_per_tok` is 0; expected a positive integer"),
+           ({"moe_intermediate_size": None}, r"missing `moe_intermediate_size`"),
+           ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "sliding_window": 4096},
+            r"a Mixtral with a sliding window \(`sliding_window` 4096\) is not supported"),
+           ({"architectures": ["Qwen2MoeForCausalLM"], "shared_expert_intermediate_size": 16, "qkv_bias": False},
+            r"a Qwen2-MoE without its q/k/v biases"),
+           ({"architectures": ["Qwen2MoeForCausalLM"]}, r"missing `shared_expert_intermediate_size`")]
+    for change, msg in bad:
+        with pytest.raises(UserError, match=r"^config\.json: " + msg):
+            config_from_hf({**base, **change})
+
+
+def test_experts_of_two_formats_or_the_wrong_shape_are_refused_in_words():
+    from lanefuse.engine.moe import ExpertStore
+    from lanefuse.engine.weights import DictStore
+
+    cfg = tiny("Qwen3MoeForCausalLM", layers=1)
+    arrays = {f"model.layers.0.mlp.experts.{e}.{r}.weight": np.zeros((37, 32) if r != "down_proj" else (32, 37),
+                                                                      np.float32)
+              for e in range(8) for r in ("gate_proj", "up_proj", "down_proj")}
+    arrays["model.layers.0.mlp.gate.weight"] = np.zeros((8, 32), np.float32)
+    store = ExpertStore(DictStore(arrays), cfg, "m")
+    assert store.info("model.layers.0.mlp.experts.gate_up_proj") == ((8 * 74, 32), "f32")
+    assert store.raw("model.layers.0.mlp.experts.down_proj")[0].shape == (8 * 32, 37)
+    arrays["model.layers.0.mlp.experts.3.up_proj.weight"] = np.zeros((37, 32), np.float16)
+    with pytest.raises(UserError, match=r"experts of `model\.layers\.0\.mlp\.experts\.gate_up_proj` are stored in "
+                                        r"several formats \(f16, f32\)"):
+        ExpertStore(DictStore(arrays), cfg, "m").info("model.layers.0.mlp.experts.gate_up_proj")
+    arrays["model.layers.0.mlp.experts.3.up_proj.weight"] = np.zeros((36, 32), np.float32)
+    with pytest.raises(UserError, match=r"has shape"):
+        ExpertStore(DictStore(arrays), cfg, "m").info("model.layers.0.mlp.experts.gate_up_proj")
+
+
+def test_route_properties():
+    hypothesis = pytest.importorskip("hypothesis")
+    from hypothesis import given, settings, strategies as st
+    from hypothesis.extra.numpy import arrays
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.integers(1, 12).flatmap(lambda e: st.tuples(
+        arrays(np.float64, (3, e), elements=st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0])),
+        st.integers(1, e), st.booleans())))
+    def check(case):
+        logits, k, norm = case
+        chosen, w = route(logits, k, norm)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        for r in range(logits.shape[0]):
+            c = chosen[r].tolist()
+            assert len(set(c)) == k
+            # falling probability, equal ones by the lower expert, and no expert left out beats the last chosen
+            assert all((p[r, a], -a) > (p[r, b], -b) for a, b in zip(c, c[1:]))
+            rest = [e for e in range(logits.shape[1]) if e not in c]
+            assert all((p[r, c[-1]], -c[-1]) > (p[r, e], -e) for e in rest)
+            np.testing.assert_allclose(w[r].sum() if norm else w[r], 1.0 if norm else p[r, c])
+
+    check()
