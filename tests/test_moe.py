@@ -520,3 +520,17 @@ def test_route_properties():
             np.testing.assert_allclose(w[r].sum() if norm else w[r], 1.0 if norm else p[r, c])
 
     check()
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_the_fast_runner_against_the_exact_twins(arch):
+    """`lanefuse run` on the CPU (the fast twins: f32 BLAS, each expert's rows gathered) against the exact twins:
+    the same greedy tokens, logits within 1e-4 of their scale, over 4-row chunks and decode."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cpu_fast import _fast_against_exact
+
+    cfg = tiny(arch, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0)
+    _fast_against_exact(cfg, weights_for(cfg, "bf16", 4), [3, 1, 4, 1, 5, 9, 2, 6, 5], 10)
