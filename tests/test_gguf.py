@@ -106,7 +106,7 @@ def test_gguf_parity_with_transformers(arch, fmt, tmp_path):
 def test_gguf_parity_k_quants(arch, fmt, tmp_path):
     _needs_blocks(fmt)
     pytest.importorskip("lanefuse.kernels.blocks")
-    kw = dict(K_SHAPE, **({"head_dim": 64, "num_attention_heads": 3} if arch == "qwen3" else {}))
+    kw = dict(K_SHAPE, **({"head_dim": 64, "num_attention_heads": 3, "num_key_value_heads": 1} if arch == "qwen3" else {}))
     model = gf.tiny_model(arch, **kw)
     # as llama.cpp's Q4_K_M keeps it: output.weight in q6_k
     path = gf.write_gguf(model, tmp_path / f"{arch}-{fmt}.gguf", fmt, out_fmt="q6_k")
