@@ -130,6 +130,12 @@ def bpe_tokenizer(vocab_size: int, pre: str = "qwen2", specials=("<|endoftext|>"
     return tok, tokens, merges, types
 
 
+def stored_format(fmt: str, cols: int) -> str:
+    """The format a 2-D tensor of `cols`-wide rows is written in: a K-quant falls back to q8_0 for rows that are not a
+    whole number of its 256-value blocks, as llama.cpp's quantizer falls back (to a 32-value format) for them."""
+    return "q8_0" if fmt in ("q4_k", "q6_k") and cols % 256 else fmt
+
+
 def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tokenizer=None, pre: str = "qwen2",
                bos: int | None = None, eos: int = 0, add_bos: bool | None = None, out_fmt: str | None = None,
                rope_freqs: np.ndarray | None = None) -> Path:
@@ -183,6 +189,8 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
         elif arch == "llama" and name.endswith("k_proj.weight"):
             a = permute(a, kv)
         f = (out_fmt or fmt) if name == "lm_head.weight" else fmt
+        if a.ndim == 2:
+            f = stored_format(f, a.shape[1])
         if a.ndim == 1:
             w.add_tensor(gguf_name(name), a.astype(np.float32))
         else:
@@ -205,7 +213,7 @@ def reference(model, fmt: str = "f32", out_fmt: str | None = None):
     with torch.no_grad():
         for name, p in ref.named_parameters():
             if p.ndim == 2:
-                f = (out_fmt or fmt) if name == "lm_head.weight" and not tied else fmt
+                f = stored_format((out_fmt or fmt) if name == "lm_head.weight" and not tied else fmt, p.shape[1])
                 p.copy_(torch.from_numpy(decoded(p.detach().numpy(), f)))
     return ref.eval()
 
