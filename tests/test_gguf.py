@@ -419,3 +419,11 @@ def test_any_metadata_edit_loads_or_is_one_line(llama_q8, edits):
     from lanefuse.engine.model import build_step
 
     build_step(cfg, 1)  # what loaded builds its step
+
+
+def test_prompt_text_on_a_file_without_a_tokenizer(llama_q8):
+    _, path = llama_q8
+    c = _cli("run", str(path), "--prompt", "hello", "--tokens", "1")
+    err = [ln for ln in c.stderr.splitlines() if ln.startswith("lanefuse: error:")]
+    assert c.returncode == 2 and err == [f"lanefuse: error: {path}: the file holds no tokenizer "
+                                         f"(`tokenizer.ggml.model`); give --prompt-ids"], c.stderr
