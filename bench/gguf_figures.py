@@ -251,8 +251,8 @@ def main() -> int:
                 print(f"  llama.cpp decode: {statistics.median(r['ms'] for r in lruns):.1f} ms/token (rounds "
                       f"{rounds(lruns)}); load {1e3 * statistics.median(r['load_s'] for r in lruns):.0f} ms{said}")
                 if runs:
-                    print(f"  lanefuse / llama.cpp time a token: "
-                          f"{statistics.median(r['ms'] for r in runs) / statistics.median(r['ms'] for r in lruns):.2f}x")
+                    ratio = statistics.median(r["ms"] for r in runs) / statistics.median(r["ms"] for r in lruns)
+                    print(f"  lanefuse / llama.cpp time a token: {ratio:.2f}x")
             elif lc:
                 print(f"  llama.cpp: not run ({lc[0].get('error')})")
             os.remove(path)

@@ -65,8 +65,9 @@ def open_reader(path: str | Path):
     try:
         return GGUFReader(p, "r")
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: not a GGUF file the gguf package can read ({size} bytes: {str(e)[:160] or type(e).__name__}); "
-                        f"truncated, or not GGUF") from None
+        why = str(e)[:160] or type(e).__name__
+        raise UserError(f"{p}: not a GGUF file the gguf package can read ({size} bytes: {why}); truncated, or not "
+                        f"GGUF") from None
     except OSError as e:
         raise UserError(f"{p}: cannot read ({e.strerror or e})") from None
 
@@ -193,7 +194,8 @@ def _row_permutation(rows: int, heads: int) -> np.ndarray:
     """The order of a llama GGUF q/k tensor's rows that gives transformers' rows: the converter stored
     hf.reshape(heads, 2, hd/2, cols).swapaxes(1, 2), each head's two halves interleaved for adjacent pairs."""
     hd = rows // heads
-    stored = np.arange(rows).reshape(heads, 2, hd // 2).swapaxes(1, 2).reshape(-1)  # stored row k holds hf row stored[k]
+    # stored row k holds hf row stored[k]
+    stored = np.arange(rows).reshape(heads, 2, hd // 2).swapaxes(1, 2).reshape(-1)
     return np.argsort(stored)  # hf row r is stored row argsort[r]
 
 
@@ -206,7 +208,8 @@ class GGUFStore:
         self.reader = reader
         known = hf_names(family, layers)
         self._file_names = {h: g for g, h in known.items()}
-        self.entries: dict[str, tuple[str, Any, str, tuple[int, ...], int]] = {}  # hf -> gguf name, tensor, fmt, shape, heads
+        # hf name -> gguf name, reader tensor, format, logical shape, heads its rows are permuted by (0: none)
+        self.entries: dict[str, tuple[str, Any, str, tuple[int, ...], int]] = {}
         self.extra: dict[str, Any] = {}  # tensors read for the config (rope_freqs.weight)
         for t in reader.tensors:
             shape, fmt = tensor_info(path, t)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lanefuse.engine.gguf_vocab import PRE_REGEXES  # llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp)
+
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
     "A GGUF file holds a model's tensors and its tokenizer; llama.cpp reads it in place.",
@@ -20,9 +22,6 @@ SENTENCES = [
     "  leading spaces,\ttabs\nand new lines\n\nmatter to the pre-tokenizer's regex.",
     "I'll say it's done: we've tested 'RE, 'Ve and 'd contractions.",
 ]
-
-# llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp), as lanefuse's tokenizer reads them
-from lanefuse.engine.gguf_vocab import PRE_REGEXES  # noqa: E402
 
 HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 GGUF_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
@@ -275,7 +274,8 @@ def write_spm(model, path: Path, vocab) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=None if t.tensor_type.name in ("F32", "F16") else t.tensor_type)
+        raw = None if t.tensor_type.name in ("F32", "F16") else t.tensor_type
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
