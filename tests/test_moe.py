@@ -534,3 +534,12 @@ def test_the_fast_runner_against_the_exact_twins(arch):
 
     cfg = tiny(arch, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0)
     _fast_against_exact(cfg, weights_for(cfg, "bf16", 4), [3, 1, 4, 1, 5, 9, 2, 6, 5], 10)
+
+
+def test_a_mixture_step_round_trips_through_its_text():
+    from lanefuse.engine.model import build_step
+    from lanefuse.engine.stepyaml import from_yaml, to_yaml
+
+    for arch in FAMILIES:
+        g = build_step(tiny(arch, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0), 3)
+        assert from_yaml(to_yaml(g)) == g
