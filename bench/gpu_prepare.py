@@ -3,6 +3,7 @@ them, so that machine needs no solver. Writes into PLANDIR:
 
     demo-decode.json, demo-prefill8.json   the demo model's decode step and an 8-row prefill chunk
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
+    qwen3-8b-q8_0-decode.json, ...-q4_0-, ...-q4_k-   the same step, its rows in GGUF block formats
     tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan (needs torch)
     tiny-moe/ + tiny-moe-decode.json       a transformers-made tiny Qwen2-MoE (8 experts top-2, a shared expert):
       + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (planned
@@ -21,6 +22,8 @@ from lanefuse.engine.model import build_step
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.planfile import save
 
+BLOCK_PLANS = ("q8_0", "q4_0", "q4_k")  # the Qwen3-8B step's rows in these formats too (bench/gpu_decode.py)
+
 
 def main() -> None:
     if len(sys.argv) != 2:
@@ -34,7 +37,10 @@ def main() -> None:
     save(plan(build_step(cfg, 1), source={"kind": "demo"}), os.path.join(out, "demo-decode.json"))
     save(plan(build_step(cfg, 8), source={"kind": "demo"}), os.path.join(out, "demo-prefill8.json"))
     save(plan(build_step(qwen3_8b(36), 1), source={"kind": "random"}), os.path.join(out, "qwen3-8b-decode.json"))
-    print("saved demo-decode, demo-prefill8, qwen3-8b-decode")
+    for fmt in BLOCK_PLANS:
+        save(plan(build_step(qwen3_8b(36, fmt), 1), source={"kind": "random"}),
+             os.path.join(out, f"qwen3-8b-{fmt}-decode.json"))
+    print("saved demo-decode, demo-prefill8, qwen3-8b-decode and its", ", ".join(BLOCK_PLANS), "variants")
     try:
         import torch
         import transformers
