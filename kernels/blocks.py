@@ -204,13 +204,11 @@ def _gguf_quantize(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:
-    """f32 values (rows, cols) as checkpoint storage in `fmt`: the block formats as uint8 (rows, row_bytes) — q8_0 and
-    q4_0 by gguf's own quantizer (ggml's, bit for bit), q4_k and q6_k by the quantizer here; f32/f16/bf16 as
-    kernels/common.py stores them."""
+    """f32 values (rows, cols) as block-format storage, uint8 (rows, row_bytes): q8_0 and q4_0 by gguf's own
+    quantizer (ggml's, bit for bit), q4_k and q6_k by the quantizer here. (kernels/common.py's `encode` takes every
+    format, these among them.)"""
     if fmt not in BLOCKS:
-        from lanefuse.kernels.common import encode as dense
-
-        return dense(values, fmt)
+        raise ValueError(f"`{fmt}` is not a block format ({', '.join(BLOCKS)}); kernels.common.encode takes it")
     v = np.asarray(values, dtype=np.float32)
     if v.ndim == 1:
         v = v[None, :]
@@ -242,9 +240,3 @@ def scales_finite(raw: np.ndarray, fmt: str) -> np.ndarray:
         ok &= (h & 0x7C00) != 0x7C00
     return ok
 
-
-def encode_matrices(arrays: dict[str, np.ndarray], fmt: str) -> dict[str, tuple[np.ndarray, str]]:
-    """Every 2-D array (checkpoint rows: projections, the embedding) of a model's `arrays` as (storage, fmt); 1-D ones
-    (norm weights, biases) kept as f32 values — a DictStore model (engine/weights.py) in `fmt`."""
-    return {n: (encode(a, fmt), fmt) if np.ndim(a) == 2 else (np.asarray(a, np.float32), "f32")
-            for n, a in arrays.items()}

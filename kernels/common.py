@@ -163,6 +163,13 @@ def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     raise ValueError(f"unknown checkpoint format `{fmt}`")
 
 
+def encode_matrices(arrays: dict[str, np.ndarray], fmt: str) -> dict[str, tuple[np.ndarray, str]]:
+    """Every 2-D array (checkpoint rows: projections, the embedding) of a model's `arrays` as (storage, fmt); 1-D ones
+    (norm weights, biases) kept as f32 values — a DictStore model (engine/weights.py) in `fmt`."""
+    return {n: (encode(a, fmt), fmt) if np.ndim(a) == 2 else (np.asarray(a, np.float32), "f32")
+            for n, a in arrays.items()}
+
+
 def weight_bytes(fmt: str, rows: int, cols: int) -> int:
     """The bytes `rows` checkpoint rows of `cols` values take in `fmt` (a block format's rows whole blocks)."""
     if fmt in BLOCKS:
