@@ -71,7 +71,7 @@ class Model:
 
     def __init__(self, cfg, arrays, fmt: str):
         from lanefuse.engine.weights import Weights
-        from lanefuse.kernels.common import encode_matrices
+        from lanefuse.kernels.blocks import encode_matrices
         from lanefuse.lane.run.step import plan_step_fn
 
         t0 = time.perf_counter()

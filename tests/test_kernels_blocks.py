@@ -17,8 +17,8 @@ from lanefuse.engine.model import build_step
 from lanefuse.engine.weights import Weights
 from lanefuse.kernels import (Dst, Fold, Gather, GemmPart, GemmParts, Gemv, GemvGlu, HostEnv, Norm, Part, RopeParts,
                               RopeSide)
-from lanefuse.kernels.blocks import BLOCKS
-from lanefuse.kernels.common import encode, encode_matrices
+from lanefuse.kernels.blocks import BLOCKS, encode_matrices
+from lanefuse.kernels.common import encode
 from lanefuse.kernels.gemv import chunk
 from lanefuse.lane.lower.knobs import Knobs
 from lanefuse.lane.lower.plan import plan

@@ -132,7 +132,7 @@ def _demo_in(cfg, fmt: str):
 
     from lanefuse.engine.demo import random_arrays
     from lanefuse.engine.weights import Weights
-    from lanefuse.kernels.common import encode_matrices
+    from lanefuse.kernels.blocks import encode_matrices
 
     arrays = encode_matrices(random_arrays(cfg), fmt)
     cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, (_, f) in arrays.items() if f != "f32"))
