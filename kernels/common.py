@@ -19,7 +19,7 @@ MAX_GRID_Y = 65535  # the most blocks a launch's grid takes in y (and in z)
 MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel holds; wider is refused
 FORMATS = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value
 FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2}  # the kernels' template argument
-ACTS = ("silu", "sigmoid", "gelu")
+ACTS = ("silu", "sigmoid", "gelu", "gelu_erf")  # gelu: the tanh approximation; gelu_erf: the exact GELU
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,10 @@ def act(name: str, x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-x))
     if name == "gelu":
         return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    if name == "gelu_erf":
+        from lanefuse.engine.interp import erf
+
+        return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
     raise ValueError(f"unknown activation `{name}` (expected one of {', '.join(ACTS)})")
 
 

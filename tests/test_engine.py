@@ -32,11 +32,11 @@ def glu_graph() -> Graph:
     g.tensor("pos", (1,), "i32")
     g.constant(Constant("emb", (50, 32), "rows"))
     g.constant(Constant("head", (50, 64), "rows", transposed=True))
-    for n in ("g1", "u1", "g2", "u2", "g3", "u3"):
+    for n in ("g1", "u1", "g2", "u2", "g3", "u3", "g4", "u4"):
         g.constant(Constant(n, (64, 32), "rows", transposed=True))
     g.add("gather", ["emb", "token"], "x0")
     g.add("scale", ["x0"], "x", factor=2.0)
-    for n in ("1", "2", "3"):
+    for n in ("1", "2", "3", "4"):
         g.add("matmul", ["x", "g" + n], "pg" + n)
         g.add("matmul", ["x", "u" + n], "pu" + n)
     g.add("sigmoid", ["pg1"], "a1")
@@ -45,8 +45,11 @@ def glu_graph() -> Graph:
     g.add("mul", ["pu2", "a2"], "m2")
     g.add("swiglu", ["pg3", "pu3"], "m3")
     g.add("add", ["m1", "m2"], "s")
+    g.add("gelu_erf", ["pg4"], "a4")
+    g.add("mul", ["a4", "pu4"], "m4")
     g.add("add", ["s", "m3"], "s2")
-    g.add("matmul", ["s2", "head"], "logits")
+    g.add("add", ["s2", "m4"], "s3")
+    g.add("matmul", ["s3", "head"], "logits")
     g.add("argmax", ["logits"], "next")
     g.validate()
     return g
