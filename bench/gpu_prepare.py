@@ -4,6 +4,7 @@ them, so that machine needs no solver. Writes into PLANDIR:
     demo-decode.json, demo-prefill8.json   the demo model's decode step and an 8-row prefill chunk
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
     tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan (needs torch)
+    tiny-gemma2/ + tiny-gemma2-decode.json a transformers-made tiny Gemma 2 (soft caps, a window of 8) and its plan
 
     python bench/gpu_prepare.py PLANDIR
 """
@@ -49,6 +50,19 @@ def main() -> None:
     hcfg, _ = load_model(folder)
     save(plan(build_step(hcfg, 1), source={"kind": "path", "path": "tiny-hf"}), os.path.join(out, "tiny-hf-decode.json"))
     print("saved tiny-hf and its decode plan")
+    folder = os.path.join(out, "tiny-gemma2")
+    c = transformers.Gemma2Config(vocab_size=320, hidden_size=128, intermediate_size=200, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
+                                  query_pre_attn_scalar=32, max_position_embeddings=128)
+    m = transformers.Gemma2ForCausalLM(c).eval()
+    with torch.no_grad():  # norms away from 0 (Gemma's 1 + w), products of a scale that keeps the residual alive
+        for name, p in m.named_parameters():
+            p.copy_(0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[1] ** 0.5)
+    m.save_pretrained(folder)
+    gcfg, _ = load_model(folder)
+    save(plan(build_step(gcfg, 1), source={"kind": "path", "path": "tiny-gemma2"}),
+         os.path.join(out, "tiny-gemma2-decode.json"))
+    print("saved tiny-gemma2 and its decode plan")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class GemmaConfig(ModelConfig):
     layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each
     local_rope_theta: float = 0.0  # Gemma 3: the sliding layers' rotary base (0: the global table for every layer)
     local_rope_scaling: tuple[tuple[str, Any], ...] = ()
-    prefix: str = "model."  # where the text model's tensors live: model. | model.language_model. | language_model.model.
+    prefix: str = "model."  # where the text model's tensors live: model. | language_model.model. | model.language_model.
     head: str = "lm_head.weight"  # the untied output matrix's name
 
     @property
@@ -246,7 +246,8 @@ def gemma_config(c: dict[str, Any], arch: str, where: str, max_len: int, name: s
     p = "model."
     head = "lm_head.weight"
     if arch == "Gemma3ForConditionalGeneration":
-        p = "model.language_model."  # transformers 5.x (and 4.52+); 4.50-4.51 saved language_model.model.*
+        p = "language_model.model."  # the hub's layout (4.50-4.51, and 5.x's save_pretrained); see with_layout
+        head = "language_model.lm_head.weight"
     return GemmaConfig(
         arch=arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, inter=inter,
         vocab=vocab, eps=eps, rope_theta=theta, rope_scaling=scaling, tie_embeddings=r.flag("tie_word_embeddings"),
@@ -258,16 +259,15 @@ def gemma_config(c: dict[str, Any], arch: str, where: str, max_len: int, name: s
 
 
 def with_layout(cfg: GemmaConfig, stored: set[str]) -> GemmaConfig:
-    """A Gemma3ForConditionalGeneration's names as its checkpoint stores them: `model.language_model.*` (transformers
-    5.x, 4.52+) or `language_model.model.*` with `language_model.lm_head.weight` (4.50-4.51)."""
+    """A Gemma3ForConditionalGeneration's names as its checkpoint stores them: the hub's `language_model.model.*` with
+    `language_model.lm_head.weight` (transformers 4.50-4.51 wrote it, and 5.x's save_pretrained writes it again), or
+    `model.language_model.*` with `lm_head.weight` (4.52-4.57)."""
     import dataclasses
 
-    if cfg.arch != "Gemma3ForConditionalGeneration":
+    if cfg.arch != "Gemma3ForConditionalGeneration" or cfg.prefix + "embed_tokens.weight" in stored:
         return cfg
-    if cfg.prefix + "embed_tokens.weight" in stored:
-        return cfg
-    if "language_model.model.embed_tokens.weight" in stored:
-        return dataclasses.replace(cfg, prefix="language_model.model.", head="language_model.lm_head.weight")
+    if "model.language_model.embed_tokens.weight" in stored:
+        return dataclasses.replace(cfg, prefix="model.language_model.", head="lm_head.weight")
     return cfg
 
 

@@ -25,6 +25,18 @@ def cfg(arch, **kw):
     return ModelConfig(arch, **base)
 
 
+def gemma(**kw):
+    """A Gemma-shaped step (sandwich norms, soft caps, a window on layer 0), or with `kw` its config."""
+    from lanefuse.engine.gemma import GemmaConfig
+
+    base = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, inter=96, vocab=100, max_len=16, window=3,
+                attn_scale=0.25, attn_softcap=20.0, final_softcap=10.0, tie_embeddings=True,
+                layer_types=("sliding_attention", "full_attention"))
+    base.update(kw)
+    cfg = GemmaConfig("Gemma2ForCausalLM" if not kw.get("qk_norm") else "Gemma3ForCausalLM", **base)
+    return cfg if kw else cfg.build_step()
+
+
 def glu_graph() -> Graph:
     """The gated units and the embedding scale the dense builders do not emit."""
     g = Graph(io=StepIO())
@@ -61,6 +73,9 @@ GRAPHS = {
     "llama": lambda: build_step(cfg("LlamaForCausalLM")),
     "qwen3_chunk": lambda: build_step(cfg("Qwen3ForCausalLM", qk_norm=True, layers=1), rows=3),
     "glu": glu_graph,
+    "gemma2": lambda: gemma(),
+    "gemma3_chunk": lambda: gemma(qk_norm=True, local_rope_theta=100.0, attn_softcap=0.0, final_softcap=0.0,
+                                  act="gelu_erf").build_step(rows=3),
 }
 
 

@@ -82,7 +82,7 @@ def test_gemma3_4x_config_of_a_conditional_generation_checkpoint():
     assert cfg.local_rope_theta == 10000.0 and cfg.local_rope_scaling == ()
     assert cfg.layer_types[:6] == ("sliding_attention",) * 5 + ("full_attention",)
     assert cfg.window == 1024 and cfg.qk_norm and cfg.attn_softcap == 0.0 and cfg.final_softcap == 0.0
-    assert cfg.prefix == "model.language_model."
+    assert cfg.prefix == "language_model.model."
 
 
 def test_gemma3_5x_rope_parameters_by_layer_type():
@@ -226,7 +226,215 @@ def test_gemma_reference_matches_transformers(name, tmp_path):
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("gemma3")])
+@pytest.mark.parametrize("name", list(CASES))
 def test_gemma_fused_plan_matches_transformers(name, tmp_path):
     folder, ref = _build(name, tmp_path)
     _compare(folder, ref, fused=True)
+
+
+# -- the launches Gemma adds: each kind's exact twin against the reference interpreter, its fast twin against it ------
+
+def _both(launch, arrays, weights=None):
+    """(exact env, fast env): both numpy twins of `launch` on copies of the same arrays."""
+    from lanefuse.kernels import HostEnv
+
+    out = []
+    for how in ("numpy", "fast"):
+        env = HostEnv({k: v.copy() for k, v in arrays.items()}, dict(weights or {}))
+        getattr(launch, how)(env)
+        out.append(env)
+    return out
+
+
+def _close(got, want, tol=2e-5):
+    scale = max(float(np.abs(want).max()), 1.0)
+    assert float(np.abs(np.asarray(got, np.float64) - want).max()) <= tol * scale
+
+
+@pytest.mark.parametrize("window,splits,rows,pos", [(0, 1, 1, 9), (5, 2, 1, 13), (4, 3, 3, 9), (0, 2, 4, 0)])
+def test_attention_soft_cap_twins_equal_the_reference(window, splits, rows, pos):
+    from lanefuse.engine.interp import OP_IMPL
+    from lanefuse.kernels import Attention
+
+    g = np.random.default_rng(window * 7 + splits)
+    heads, kv, hd, L, cap, scale = 4, 2, 16, 20, 1.5, 0.6
+    q, kc, vc = (3 * g.standard_normal(s).astype(np.float32) for s in ((rows, heads * hd), (L, kv * hd), (L, kv * hd)))
+    p = np.array([pos], np.int32)
+    want = OP_IMPL["attention"](q, kc, vc, p, heads=heads, kv_heads=kv, hd=hd, vd=hd, scale=scale, window=window,
+                                softcap=cap)
+    uncapped = OP_IMPL["attention"](q, kc, vc, p, heads=heads, kv_heads=kv, hd=hd, vd=hd, scale=scale,
+                                    window=window)
+    assert np.abs(want - uncapped).max() > 1e-2  # the cap bites
+    a = Attention("q", "kc", "vc", "pos", "o", heads, heads // kv, hd, hd, L, rows, scale, window=window,
+                  splits=splits, softcap=cap)
+    assert a.check() is None
+    arrays = {"q": q.reshape(-1), "kc": kc.reshape(-1), "vc": vc.reshape(-1), "pos": p,
+              "o": np.zeros(rows * heads * hd, np.float32)}
+    for env in _both(a, arrays):
+        _close(env.array("o").reshape(rows, -1), want)
+    assert "soft cap of -1.0" in Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, softcap=-1.0).check().reason
+
+
+@pytest.mark.parametrize("split,m", [(1, 1), (2, 1), (1, 3)])
+def test_gemv_soft_cap_in_the_epilogue(split, m):
+    from lanefuse.engine.interp import OP_IMPL
+    from lanefuse.kernels import Dst, Gemv, Softcap
+    from lanefuse.kernels.common import decode, encode
+
+    g = np.random.default_rng(split + m)
+    k, n, cap = 64, 37, 3.0
+    x = g.standard_normal((m, k)).astype(np.float32)
+    w = encode(g.standard_normal((n, k)).astype(np.float32), "bf16")
+    want = OP_IMPL["softcap"](OP_IMPL["matmul"](x, decode(w, "bf16")), cap=cap)
+    launch = Gemv("x", "w", "bf16", Dst("y"), k, n, m, split=split, cap=cap)
+    assert launch.check() is None
+    for env in _both(launch, {"x": x.reshape(-1), "y": np.zeros(m * n, np.float32)}, {"w": (w, "bf16")}):
+        _close(env.array("y").reshape(m, n), want)
+    alone = Softcap("x", "y", m * k, cap)
+    for env in _both(alone, {"x": x.reshape(-1), "y": np.zeros(m * k, np.float32)}):
+        _close(env.array("y"), OP_IMPL["softcap"](x, cap=cap).reshape(-1))
+    assert Softcap("x", "y", 4, 0.0).check() is not None
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_sandwich_norm_twins_equal_the_reference(rows):
+    """norm_then_add's launch: y = rmsnorm(x + rmsnorm(b) · pw) · w, the sum written too."""
+    from lanefuse.engine.interp import OP_IMPL
+    from lanefuse.kernels import Norm, PreNorm
+
+    g = np.random.default_rng(rows)
+    c = 40
+    x, b = g.standard_normal((rows, c)).astype(np.float32), 5 * g.standard_normal((rows, c)).astype(np.float32)
+    pw, w = (1.5 + 0.3 * g.standard_normal(c)).astype(np.float32), (1.5 + 0.3 * g.standard_normal(c)).astype(np.float32)
+    s = OP_IMPL["add"](x, OP_IMPL["rmsnorm"](b, pw, eps=1e-6))
+    want = OP_IMPL["rmsnorm"](s, w, eps=1e-5)
+    launch = Norm("x", "w", "y", rows, c, 1e-5, add="b", sum="s", pre=PreNorm("pw", 1e-6))
+    arrays = {"x": x.reshape(-1), "b": b.reshape(-1), "y": np.zeros(rows * c, np.float32),
+              "s": np.zeros(rows * c, np.float32)}
+    for env in _both(launch, arrays, {"w": (w, "f32"), "pw": (pw, "f32")}):
+        _close(env.array("y").reshape(rows, c), want)
+        _close(env.array("s").reshape(rows, c), s)
+
+
+# -- census goldens and held rules (shapes only: no transformers) ---------------------------------------------------
+
+def gemma_shape(family: str, layers: int = 4, **kw):
+    """A small Gemma 2 / Gemma 3 shape (sliding and global layers alternating; Gemma 2 soft-capped)."""
+    from lanefuse.engine.gemma import GemmaConfig
+
+    base = dict(hidden=64, layers=layers, heads=4, kv_heads=2, head_dim=16, inter=96, vocab=128, max_len=32, window=6,
+                attn_scale=0.25, tie_embeddings=True,
+                layer_types=tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)))
+    if family == "gemma2":
+        base.update(attn_softcap=50.0, final_softcap=30.0)
+    else:
+        base.update(qk_norm=True, local_rope_theta=10000.0, rope_theta=1e6)
+    base.update(kw)
+    return GemmaConfig("Gemma2ForCausalLM" if family == "gemma2" else "Gemma3ForCausalLM", **base)
+
+
+# the decode step's census: 5 launches a layer (qkv products with their heads normed and rotated and k/v written into
+# the cache rows; the soft-capped attention; the o product with the sandwich norm, the residual add and the next norm;
+# gate/up with the GELU; the down product with the sandwich and the next layer's norm), and the step's ends: the
+# embedding gathered, scaled and normed in one fold, the lm_head product with the final cap in its epilogue, the arg-max
+DECODE_CENSUS = {"fold": 3 * 4 + 1, "attention": 4, "gemv_glu": 4, "gemv": 1, "argmax": 1}
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_decode_census_golden(family):
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = gemma_shape(family)
+    s = plan(cfg.build_step(1))
+    assert s.census == DECODE_CENSUS, s.census
+    assert s.n_launches == 5 * cfg.layers + 3
+    body = [v for k, v in s.per_layer().items() if 0 <= k < cfg.layers - 1]
+    assert max(body) <= 5
+    assert s.fusions.get("gemv_norm_epilogue.sandwich") == 2 * cfg.layers  # after the o and the down products
+    assert s.fusions.get("embed_norm.scaled") == 1
+    heads = [x.launch for x in s.launches if x.launch.census == "gemv"]
+    assert (heads[0].cap == 30.0) == (family == "gemma2")  # the final cap in the lm_head's epilogue
+    att = [x.launch for x in s.launches if x.launch.census == "attention"]
+    assert [a.window for a in att] == [6, 0, 6, 0]  # the window on the sliding layers
+    assert all(a.softcap == (50.0 if family == "gemma2" else 0.0) for a in att)
+
+
+
+
+@pytest.mark.parametrize("held", [frozenset(), frozenset({"gemv_norm_epilogue.sandwich"}),
+                                  frozenset({"norm_then_add", "gemv_norm_epilogue.sandwich"}),
+                                  frozenset({"gemv_softcap", "embed_norm.scaled", "embed_scale"})])
+@pytest.mark.parametrize("family,rows", [("gemma2", 1), ("gemma2", 5), ("gemma3", 3)])
+def test_fused_plan_equals_the_reference_with_rules_held(family, rows, held):
+    """The plan with Gemma's fusions held back (each then runs as its parts: a norm with no pre, a softcap launch,
+    a gather and a scale) still computes what the lifted graph does, at a position past the window."""
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg = gemma_shape(family, layers=2, max_len=24)
+    g = cfg.build_step(rows)
+    w = random_weights(g, 1)
+    rng = np.random.default_rng(rows)
+    env = {"token": rng.integers(0, 100, rows).astype(np.int32), "pos": np.array([9], np.int32)}
+    for t in g.io.tables:
+        env[t] = rng.standard_normal(g.tensors[t].shape).astype(np.float32)
+    want = evaluate(g, w, {k: v.copy() for k, v in env.items()})
+    s = plan(g, held=held)
+    if held == {"gemv_norm_epilogue.sandwich"}:  # the sandwich then runs as its own Norm launch with `pre`
+        assert s.fusions.get("norm_then_add", 0) >= 2 * cfg.layers - 1
+        assert any(x.launch.census == "norm" and x.launch.pre is not None for x in s.launches)
+    for exact in (True, False):
+        got = NumpyRunner(s, w, exact=exact).step({k: v.copy() for k, v in env.items()})
+        _close(got["logits"], want["logits"], 1e-4)
+        assert int(np.asarray(got["next"]).reshape(-1)[0]) == int(np.asarray(want["next"]).reshape(-1)[0])
+
+
+# -- checkpoints: a Gemma3ForConditionalGeneration's text model (both layouts), the command's --json logits -----------
+
+@pytest.mark.hf
+@pytest.mark.parametrize("layout", ["hub", "4.52"])
+def test_conditional_generation_text_model(layout, tmp_path):
+    """transformers 5.24's save_pretrained of a Gemma3ForConditionalGeneration writes the hub's layout, as 4.50-4.51
+    did: language_model.model.*, vision_tower.*, multi_modal_projector.*; 4.52-4.57 wrote model.language_model.*,
+    model.vision_tower.*, model.multi_modal_projector.*. The front loads the text model of either, the tower left
+    out."""
+    from safetensors.torch import load_file, save_file  # bf16 tensors: numpy has no bfloat16
+
+    folder, ref = _build("gemma3_bf16", tmp_path, conditional=True)
+    cfg_json = json.loads((folder / "config.json").read_text())
+    assert cfg_json["architectures"] == ["Gemma3ForConditionalGeneration"] and "text_config" in cfg_json
+    files = sorted(folder.glob("*.safetensors"))
+    names = {n for f in files for n in load_file(str(f))}
+    assert any(n.startswith("vision_tower.") for n in names)
+    assert any(n.startswith("language_model.model.layers.0.") for n in names)
+    if layout == "4.52":
+        for f in files:
+            moved = {("model.language_model." + n[len("language_model.model."):] if n.startswith("language_model.model.")
+                      else "model." + n): v for n, v in load_file(str(f)).items()}
+            save_file(moved, str(f), metadata={"format": "pt"})
+    cfg = _compare(folder, ref, fused=True)
+    assert cfg.prefix == ("language_model.model." if layout == "hub" else "model.language_model.")
+
+
+@pytest.mark.hf
+def test_run_json_logits_are_capped_like_transformers(tmp_path):
+    """`lanefuse run --json` writes the soft-capped logits transformers gives (the arg-max alone would not show a
+    missing cap: it is monotone)."""
+    import subprocess
+    import sys
+
+    folder, ref = _build("gemma2_f32", tmp_path)
+    want_tokens, want_logits = _hf_greedy(ref, PROMPT, 4)
+    out = tmp_path / "o.json"
+    r = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "run", str(folder), "--prompt-ids",
+                        ",".join(map(str, PROMPT)), "--tokens", "4", "--json", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    assert got["generated_ids"] == want_tokens
+    logits = np.asarray(got["logits"], dtype=np.float64)
+    want = np.asarray(want_logits)
+    assert logits.shape == want.shape and np.abs(logits).max() <= 3.0  # final_logit_softcapping 3.0
+    assert float(np.abs(logits - want).max() / np.abs(want).max()) < TOL
