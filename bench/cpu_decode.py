@@ -176,7 +176,11 @@ def measure(args, folder: str, elsewhere: str, env: dict) -> int:
     hf.stdin.close()
     hf.wait()
     params = sum(math.prod(lf.weights.shape(n)) for n in lf.weights.store.names())
-    gb = 4 * params / 1e9  # the f32 bytes a decode step streams
+    # the f32 bytes a decode step streams: every weight but the embedding table, of which it reads one row (with
+    # tied embeddings the lm_head product reads the whole table once)
+    vocab, hidden = lf.weights.shape("model.embed_tokens.weight")
+    streamed = params - (0 if lf.cfg.tie_embeddings else (vocab - 1) * hidden)
+    gb = 4 * streamed / 1e9
     ckpt = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
     lms, hms, gbs = statistics.median(lf_ms), statistics.median(hf_ms), statistics.median(bw)
     floor = 1e3 * gb / gbs
@@ -184,7 +188,8 @@ def measure(args, folder: str, elsewhere: str, env: dict) -> int:
           f"{ckpt / 1e6:.0f} MB; "
           f"{len(PROMPT)}-token prompt, {args.tokens} decode steps a round, {args.rounds} rounds interleaved")
     print(f"lanefuse first steps (plans, weights read and decoded to f32 once): {lf.load_s:.2f} s, resident memory "
-          f"+{lf.load_bytes / 1e6:.0f} MB anonymous (f32 weights: {1e3 * gb:.0f} MB)")
+          f"+{lf.load_bytes / 1e6:.0f} MB anonymous (f32 weights: {4 * params / 1e6:.0f} MB, "
+          f"{1e3 * gb:.0f} MB of them read a decode step)")
     print(f"lanefuse ({lf.label}, {os.environ['OPENBLAS_NUM_THREADS']} BLAS threads): {lms:.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")

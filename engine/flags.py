@@ -25,6 +25,8 @@ FLAGS = {f.name: f for f in (
                                             f"`{os.pathsep}`)"),
     Flag("LANEFUSE_PLANS", "", "path", "tests and bench/gpu_decode.py: the folder of saved plans the GPU suite runs"),
     Flag("LANEFUSE_SCREENSHOTS", "", "path", "tests: where the browser tests leave their screenshots"),
+    Flag("LANEFUSE_LLAMACPP_SRC", "", "path", "tests: a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, "
+                                              "gguf-py/) whose converter writes the GGUF files tests/test_gguf_converter.py reads"),
 )}
 
 

@@ -1,5 +1,6 @@
-"""The front: a checkpoint folder (config.json + safetensors) read into a `ModelConfig` and its weight store, every
-tensor the step reads checked for presence and shape, and each one's stored format recorded in the config."""
+"""The front: a checkpoint folder (config.json + safetensors) or a GGUF file (or a folder holding one) read into a
+`ModelConfig` and its weight store, every tensor the step reads checked for presence and shape, and each one's stored
+format recorded in the config."""
 
 from __future__ import annotations
 
@@ -41,16 +42,25 @@ def _check_layers(cfg_path: Path, layers: int, stored: set[str], prefix: str = "
 
 
 def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weights]:
-    """The model in checkpoint folder `path`: its config (KV caches of `max_len` rows, at most the model's
-    max_position_embeddings) and its weights."""
+    """The model in checkpoint folder `path` (or GGUF file, or a folder holding one GGUF file and no config.json): its
+    config (KV caches of `max_len` rows, at most the model's max_position_embeddings / context length) and its
+    weights."""
     folder = Path(path)
     if not folder.exists():
         raise UserError(f"{folder}: no such file or folder")
+    if folder.is_file() and folder.name.endswith(".gguf"):
+        return _load_gguf(folder, max_len)
     if not folder.is_dir():
-        raise UserError(f"{folder}: expected a checkpoint folder (config.json and safetensors files)")
+        raise UserError(f"{folder}: expected a checkpoint folder (config.json and safetensors files) or a .gguf file")
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
-        raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder)")
+        from lanefuse.engine.gguf import find_gguf
+
+        one = find_gguf(folder)
+        if one is not None:
+            return _load_gguf(one, max_len)
+        raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder or a "
+                        f".gguf file)")
     raw_cfg = read_json(cfg_path, "config.json is JSON")
     if not isinstance(raw_cfg, dict):
         raise UserError(f"{cfg_path}: expected a JSON object")
@@ -61,13 +71,29 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     if relayout is not None:
         cfg = relayout(stored)
     _check_layers(cfg_path, cfg.layers, stored, getattr(cfg, "layer_prefix", "model.layers."))  # before listing names
+    cfg = _checked(cfg, store, str(folder), "config.json")
+    return cfg, store.with_config(cfg)
+
+
+def _checked(cfg: ModelConfig, store, where: str, whence: str, label=lambda name: name) -> ModelConfig:
+    """`cfg` with each tensor's stored format, every tensor the step reads present in `store` with its shape;
+    `label` names a tensor as the file does."""
+    stored = set(store.names())
     formats = []
     for name, shape in _progress(list(cfg.weight_names().items()), "checking tensors"):
         if name not in stored:
-            raise UserError(f"{folder}: the checkpoint has no tensor `{name}` (expected shape {shape})")
+            raise UserError(f"{where}: the checkpoint has no tensor `{label(name)}` (expected shape {shape})")
         got = store.shape(name)
         if got != shape:
-            raise UserError(f"{folder}: tensor `{name}` has shape {got}, expected {shape} (from config.json)")
+            raise UserError(f"{where}: tensor `{label(name)}` has shape {got}, expected {shape} (from {whence})")
         formats.append((name, store.format(name)))
-    cfg = dataclasses.replace(cfg, formats=tuple(formats))
+    return dataclasses.replace(cfg, formats=tuple(formats))
+
+
+def _load_gguf(path: Path, max_len: int) -> tuple[ModelConfig, Weights]:
+    from lanefuse.engine.gguf import load_gguf
+
+    cfg, gstore = load_gguf(path, max_len)
+    store = Weights(gstore)
+    cfg = _checked(cfg, store, str(path), "the file's metadata", label=gstore.file_name)
     return cfg, store.with_config(cfg)

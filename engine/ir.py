@@ -10,7 +10,7 @@ from typing import Any
 from lanefuse.engine.errors import UserError
 
 DTYPES = ("f32", "i32")
-FORMATS = ("f32", "f16", "bf16")  # checkpoint row formats; the GGUF block formats come later
+FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k")  # checkpoint row formats (the last four GGUF blocks)
 def numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -38,7 +38,7 @@ class Constant:
     name: str
     shape: tuple[int, ...]
     kind: str = "rows"  # rows | values
-    format: str = "f32"  # f32 | f16 | bf16 (rows only)
+    format: str = "f32"  # one of FORMATS (rows only)
     transposed: bool = False
     source: str = ""
 

@@ -32,16 +32,52 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return u.astype(np.uint16)
 
 
+# GGUF's block formats: name -> (values a block, bytes a block), the layouts of gguf.GGML_QUANT_SIZES. A tensor of
+# logical shape (rows, cols) is held as uint8 (rows, cols / values * bytes), each row's blocks in turn.
+BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210)}
+F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of a block's f16 scales
+
+
 def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
+    """Stored values as f32: bf16 bits, a block format by gguf's own reference (`gguf.quants.dequantize`), giving the
+    logical shape (rows, cols) for (rows, row bytes)."""
     if fmt == "bf16":
         return bf16_to_f32(arr)
+    if fmt in BLOCK_FORMATS:
+        from gguf import GGMLQuantizationType, quants
+
+        return quants.dequantize(np.asarray(arr, dtype=np.uint8), GGMLQuantizationType[fmt.upper()]).astype(
+            np.float32, copy=False)
     return np.asarray(arr, dtype=np.float32)
+
+
+def block_shape(name: str, shape: tuple[int, ...], fmt: str) -> tuple[int, ...]:
+    """The logical (rows, cols) of a block-format tensor stored as uint8 `shape` (rows, row bytes); a UserError naming
+    the tensor when the bytes are not rows of whole blocks."""
+    vb, bb = BLOCK_FORMATS[fmt]
+    if len(shape) != 2 or shape[1] % bb:
+        raise UserError(f"tensor `{name}`: {fmt} rows are stored as uint8 (rows, a multiple of {bb} bytes), not "
+                        f"{list(shape)}")
+    return (shape[0], shape[1] // bb * vb)
+
+
+def check_blocks(arr: np.ndarray, fmt: str, where: str) -> None:
+    """Refuse a block-format tensor whose f16 scales hold NaN or inf (every exponent bit set): its decoded values
+    would be NaN or inf, as a dense tensor holding them is refused."""
+    bb = BLOCK_FORMATS[fmt][1]
+    b = np.asarray(arr, dtype=np.uint8).reshape(-1, bb)
+    for o in F16_SCALES[fmt]:
+        bad = (b[:, o + 1] & 0x7C) == 0x7C  # the high byte of a little-endian f16: its five exponent bits
+        if bad.any():
+            raise UserError(f"{where} holds {int(bad.sum())} {fmt} block(s) whose scale is NaN or inf, the first "
+                            f"block {int(np.argmax(bad))}; the weights are broken")
 
 
 # -- the rotary tables ----------------------------------------------------------------------------------------------
 
 def inv_freq(cfg) -> np.ndarray:
-    """The rotary inverse frequencies of (rot/2,) as transformers computes them (default, linear, llama3), in f64."""
+    """The rotary inverse frequencies of (rot/2,) as transformers computes them (default, linear, llama3), in f64;
+    `freq_factors` (a GGUF file's rope_freqs.weight, llama3 scaling as llama.cpp holds it) divides each one."""
     dim = cfg.rot
     inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     sc = dict(cfg.rope_scaling)
@@ -50,6 +86,8 @@ def inv_freq(cfg) -> np.ndarray:
         return inv
     if kind == "linear":
         return inv / float(sc["factor"])
+    if kind == "freq_factors":
+        return inv / np.asarray(sc["freq_factors"], dtype=np.float64)
     if kind == "llama3":
         factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
         old = float(sc["original_max_position_embeddings"])
@@ -72,10 +110,12 @@ def rope_tables(cfg) -> dict[str, np.ndarray]:
 # -- backends: where the stored tensors come from -------------------------------------------------------------------
 
 class DictStore:
-    """Tensors held in memory: name -> array (float32 f32, float16 f16, uint16 bf16 bits), or name -> (array, format)."""
+    """Tensors held in memory: name -> array (float32 f32, float16 f16, uint16 bf16 bits), or name -> (array, format)
+    — a block format's array its uint8 rows of blocks (rows, row bytes), whose logical shape `info` gives."""
 
     def __init__(self, arrays: dict[str, Any]):
         self.arrays: dict[str, tuple[np.ndarray, str]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
         for name, v in arrays.items():
             arr, fmt = v if isinstance(v, tuple) else (v, None)
             arr = np.asarray(arr)
@@ -83,14 +123,21 @@ class DictStore:
                 fmt = {np.dtype(np.float16): "f16", np.dtype(np.uint16): "bf16"}.get(arr.dtype, "f32")
                 if fmt == "f32":
                     arr = arr.astype(np.float32, copy=False)
+            shape = tuple(arr.shape)
+            if fmt in BLOCK_FORMATS:
+                if arr.dtype != np.uint8:
+                    raise UserError(f"tensor `{name}`: {fmt} rows are stored as uint8 blocks, not {arr.dtype}")
+                shape = block_shape(name, shape, fmt)
+                arr = np.ascontiguousarray(arr)
+                check_blocks(arr, fmt, f"tensor `{name}`")
             self.arrays[name] = (arr, fmt)
+            self.shapes[name] = shape
 
     def names(self) -> list[str]:
         return list(self.arrays)
 
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
-        arr, fmt = self.arrays[name]
-        return tuple(arr.shape), fmt
+        return self.shapes[name], self.arrays[name][1]
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
         return self.arrays[name]

@@ -11,14 +11,16 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.blocks import BLOCKS, bytes_per_value, decode_blocks, row_bytes, row_refusal
 
 GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
 QBLOCK = 32  # values of an activation's quantized form that share one scale
 ALIGN = 256  # every array's alignment in the arena: cudaMalloc's, past every vector load the kernels make
 MAX_GRID_Y = 65535  # the most blocks a launch's grid takes in y (and in z)
 MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel holds; wider is refused
-FORMATS = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value
-FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2}  # the kernels' template argument
+DENSE = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value, a value at a time
+FORMATS = {**DENSE, **{f: bytes_per_value(f) for f in BLOCKS}}  # every format the kernels read -> bytes a value
+FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_k": 5, "q6_k": 6}  # the kernels' argument
 ACTS = ("silu", "sigmoid", "gelu", "gelu_erf")  # gelu: the tanh approximation; gelu_erf: the exact GELU
 
 
@@ -128,18 +130,24 @@ def operand(env, name: str) -> np.ndarray:
 
 
 def decode(raw: np.ndarray, fmt: str) -> np.ndarray:
-    """Checkpoint values to f32: f16 as float16, bf16 as the uint16 of its top half."""
+    """Checkpoint values to f32: f16 as float16, bf16 as the uint16 of its top half, a block format's bytes (rows of
+    whole blocks, or flat) by its blocks (kernels/blocks.py): (rows, cols) from (rows, row bytes), else flat."""
     if fmt == "f32":
         return np.asarray(raw, dtype=np.float32)
     if fmt == "f16":
         return np.asarray(raw, dtype=np.float16).astype(np.float32)
     if fmt == "bf16":
         return (np.asarray(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if fmt in BLOCKS:
+        a = np.asarray(raw, dtype=np.uint8)
+        v = decode_blocks(a, fmt)
+        return v.reshape(a.shape[0], -1) if a.ndim == 2 else v
     raise ValueError(f"unknown checkpoint format `{fmt}` (expected one of {', '.join(FORMATS)})")
 
 
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:
-    """f32 values as checkpoint storage in `fmt` (bf16 rounded to nearest even), for tests and demo weights."""
+    """f32 values as checkpoint storage in `fmt` (bf16 rounded to nearest even; a block format's rows (rows, cols) as
+    uint8 (rows, row bytes), kernels/blocks.py), for tests and demo weights."""
     v = np.asarray(values, dtype=np.float32)
     if fmt == "f32":
         return v.copy()
@@ -148,7 +156,34 @@ def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     if fmt == "bf16":
         u = v.view(np.uint32).astype(np.uint64)
         return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    if fmt in BLOCKS:
+        from lanefuse.kernels.blocks import encode as blocks
+
+        return blocks(v, fmt)
     raise ValueError(f"unknown checkpoint format `{fmt}`")
+
+
+def weight_bytes(fmt: str, rows: int, cols: int) -> int:
+    """The bytes `rows` checkpoint rows of `cols` values take in `fmt` (a block format's rows whole blocks)."""
+    if fmt in BLOCKS:
+        return rows * row_bytes(fmt, cols)
+    return rows * cols * DENSE.get(fmt, 4)
+
+
+def table_rows(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:
+    """Stored checkpoint rows (flat or not) as one row a row: (rows, cols) values, or (rows, row bytes) of blocks."""
+    return np.asarray(raw).reshape(-1, row_bytes(fmt, cols) if fmt in BLOCKS else cols)
+
+
+def format_refusal(fmt: str, cols: int, what: str) -> Refusal | None:
+    """Why `what` (a kind, in words) cannot read checkpoint rows of `cols` values in `fmt`; None when it can."""
+    if fmt not in FORMATS:
+        return Refusal(f"weights in format `{fmt}` ({what} reads {', '.join(FORMATS)})")
+    if fmt in BLOCKS:
+        why = row_refusal(fmt, cols)
+        if why:
+            return Refusal(f"{why}: {what} decodes whole blocks")
+    return None
 
 
 def act(name: str, x: np.ndarray) -> np.ndarray:
@@ -231,6 +266,11 @@ class Launch:
 
     def bytes(self) -> int:
         raise NotImplementedError
+
+    def checkpoint_bytes(self) -> int:
+        """The bytes of checkpoint rows (weight matrices, embedding rows) the launch reads, in their stored format:
+        part of `bytes`, what a step's plan reports as the weight bytes it reads."""
+        return 0
 
     def flops(self) -> int:
         return 0

@@ -169,6 +169,9 @@ class Fold(Launch):
     def bytes(self):
         return self.first.bytes() + self.then.bytes()
 
+    def checkpoint_bytes(self):
+        return self.first.checkpoint_bytes() + self.then.checkpoint_bytes()
+
     def flops(self):
         return self.first.flops() + self.then.flops()
 

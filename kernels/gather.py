@@ -1,5 +1,5 @@
-"""`gather`: embedding rows of a constant table (checkpoint rows in a format, or f32 values) at the i32 indices,
-optionally scaled (embed_scale)."""
+"""`gather`: embedding rows of a constant table (checkpoint rows in a format — a block format's rows decoded from their
+own blocks alone — or f32 values) at the i32 indices, optionally scaled (embed_scale)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import FORMAT_CODE, FORMATS, Launch, decode, reach
+from lanefuse.kernels.common import FORMAT_CODE, Launch, decode, format_refusal, reach, table_rows, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class Gather(Launch):
         return (self.out,)
 
     def check(self):
-        return None if self.format in FORMATS else Refusal(f"a table in format `{self.format}`")
+        return format_refusal(self.format, self.cols, "the gather")
 
     def extents(self, top, tokens):
         return reach((self.table, tokens * self.cols), (self.index, self.rows), (self.out, self.rows * self.cols))
@@ -40,13 +39,16 @@ class Gather(Launch):
     def weights(self):
         return {self.table: self.format}
 
+    def checkpoint_bytes(self):
+        return weight_bytes(self.format, self.rows, self.cols)  # the gathered rows only
+
     def bytes(self):
-        return self.rows * self.cols * (FORMATS.get(self.format, 4) + 4) + 4 * self.rows
+        return self.checkpoint_bytes() + 4 * self.rows * self.cols + 4 * self.rows
 
     def numpy(self, env):
         raw, fmt = env.weight(self.table)
         idx = env.array(self.index)[: self.rows].astype(np.int64)
-        rows = decode(raw.reshape(-1, self.cols)[idx], fmt)
+        rows = decode(table_rows(raw, fmt, self.cols)[idx], fmt)  # a block format: only the gathered rows' blocks
         if self.scale is not None:
             rows = rows * np.float32(self.scale)
         env.array(self.out)[: self.rows * self.cols] = rows.reshape(-1)

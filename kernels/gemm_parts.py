@@ -1,6 +1,6 @@
 """`gemm_parts`: several products of one activation in one launch (merged_qkv, gemv_parts): each part its weight
-(checkpoint rows (n, k), one format for all), bias, n and destination. Folded with a rotation in parts (fold.py), the
-same blocks also run each rotated head's norm and rotation."""
+(checkpoint rows (n, k), one format for all, a block format decoded in the kernel), bias, n and destination. Folded
+with a rotation in parts (fold.py), the same blocks also run each rotated head's norm and rotation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, Dst, Launch, decode, dst_view, names, operand,
-                                     reach)
+from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, Dst, Launch, decode, dst_view, format_refusal, names,
+                                     operand, reach, weight_bytes)
 from lanefuse.kernels.gemv import WARPS, fast_products, gemv_check, gemv_fast, gemv_numpy, rows_a_warp
 
 
@@ -49,8 +49,9 @@ class GemmParts(Launch):
     def check(self):
         if not self.parts:
             return Refusal("a product in no parts")
-        if self.format not in FORMATS:
-            return Refusal(f"weights in format `{self.format}`")
+        why = format_refusal(self.format, self.k, "a product in parts")
+        if why:
+            return why
         for p in self.parts:
             why = gemv_check(self.k, p.n, self.m, self.per_warp, 1)
             if why:
@@ -68,9 +69,11 @@ class GemmParts(Launch):
         out: dict[str, str | None] = {p.bias: None for p in self.parts if p.bias}
         return {**out, **{p.w: self.format for p in self.parts}}
 
+    def checkpoint_bytes(self):
+        return weight_bytes(self.format, sum(p.n for p in self.parts), self.k)
+
     def bytes(self):
-        n = sum(p.n for p in self.parts)
-        return FORMATS[self.format] * n * self.k + 4 * self.m * (self.k + n)
+        return self.checkpoint_bytes() + 4 * self.m * (self.k + sum(p.n for p in self.parts))
 
     def flops(self):
         return 2 * self.m * self.k * sum(p.n for p in self.parts)

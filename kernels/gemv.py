@@ -1,6 +1,7 @@
-"""`gemv` and `gemv_f32`: y = x · wᵀ (+ bias) for m rows of x, over checkpoint rows (n, k) in f32/f16/bf16, or f32
-values of the same layout — one kernel (gemv.cu), a warp per output or four (`per_warp`), optional split-K; a gemv's
-outputs soft-capped in its epilogue where `cap` > 0 (gemv_softcap: Gemma's final logits)."""
+"""`gemv` and `gemv_f32`: y = x · wᵀ (+ bias) for m rows of x, over checkpoint rows (n, k) in f32/f16/bf16 or a GGUF
+block format (decoded in the kernel from the quantized bytes), or f32 values of the same layout — one kernel
+(gemv.cu), a warp per output or four (`per_warp`), optional split-K in chunks of whole blocks; a gemv's outputs
+soft-capped in its epilogue where `cap` > 0 (gemv_softcap: Gemma's final logits)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (FORMAT_CODE, FORMATS, GEMV_ROWS, MAX_GRID_Y, Chip, Dst, Launch, Scratch, decode,
-                                     dst_view, names, operand, reach)
+from lanefuse.kernels.blocks import BLOCKS
+from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Chip, Dst, Launch, Scratch, decode, dst_view,
+                                     format_refusal, names, operand, reach, weight_bytes)
 from lanefuse.kernels.softcap import cap_check, capped
 
 WARPS = 4  # warps a block
@@ -95,13 +97,21 @@ def gemv_cuda(launch, denv, fmt: str, per_warp: int, cap: float = 0.0) -> None:
                                               i64(launch.split), f32(cap)))
 
 
-def gemv_check(k: int, n: int, m: int, per_warp: int, split: int) -> Refusal | None:
+def block_values(fmt: str) -> int:
+    """The values a tile of k must hold whole: a block format's block, else one four-value word."""
+    return BLOCKS[fmt][0] if fmt in BLOCKS else 4
+
+
+def gemv_check(k: int, n: int, m: int, per_warp: int, split: int, fmt: str = "f32") -> Refusal | None:
     if min(k, n, m) < 1:
         return Refusal(f"a product of no values ({m} rows, k {k}, n {n})")
     if per_warp not in (1, 4):
         return Refusal(f"{per_warp} outputs a warp (the GEMV takes 1 or 4)")
     if split < 1 or (split > 1 and chunk(k, split) * (split - 1) >= k):
         return Refusal(f"a split-K of {split} over k {k} leaves a chunk empty")
+    if split > 1 and fmt in BLOCKS and chunk(k, split) % BLOCKS[fmt][0]:
+        return Refusal(f"a split-K of {split} over k {k} in chunks of {chunk(k, split)} values, which split {fmt} "
+                       f"blocks of {BLOCKS[fmt][0]}")
     if split > MAX_GRID_Y or -(-m // GEMV_ROWS) > MAX_GRID_Y:
         return Refusal(f"a product of {m} rows split {split} ways (a launch takes at most {MAX_GRID_Y} slabs of "
                        f"{GEMV_ROWS} rows and {MAX_GRID_Y} splits)")
@@ -113,15 +123,19 @@ def rows_a_warp(n: int, knobs: Chip, held: Collection[str]) -> int:
     return 4 if "rows_a_warp" not in held and n >= knobs.wide_rows else 1
 
 
-def split_k(n: int, k: int, m: int, per_warp: int, knobs: Chip, held: Collection[str]) -> int:
+def split_k(n: int, k: int, m: int, per_warp: int, knobs: Chip, held: Collection[str], fmt: str = "f32") -> int:
     """The splits of k (`split_k`) for a product of one slab of rows whose blocks do not fill the chip: until they
-    fill it once, each split at least 512 values of k, at most 16."""
+    fill it once, each split at least 512 values of k, at most 16; in a block format, the most of those whose chunks
+    hold whole blocks (a chunk never splits a block)."""
     if "split_k" in held or m > GEMV_ROWS:
         return 1
     blocks = -(-n // (WARPS * per_warp))
     if blocks >= knobs.sms:
         return 1
-    return max(1, min(-(-knobs.sms // blocks), k // 512, 16))
+    split = max(1, min(-(-knobs.sms // blocks), k // 512, 16))
+    while split > 1 and gemv_check(k, n, m, per_warp, split, fmt) is not None:
+        split -= 1
+    return split
 
 
 @dataclass(frozen=True)
@@ -157,14 +171,12 @@ class Gemv(Launch):
         return (Scratch("partials", "f32", 4 * self.split * self.m * self.n),)
 
     def check(self):
-        if self.format not in FORMATS:
-            return Refusal(f"weights in format `{self.format}` (the GEMV reads f32, f16, bf16)")
-        return cap_check(self.cap, "a product's outputs") or gemv_check(self.k, self.n, self.m, self.per_warp,
-                                                                         self.split)
+        return (format_refusal(self.format, self.k, "the GEMV") or cap_check(self.cap, "a product's outputs")
+                or gemv_check(self.k, self.n, self.m, self.per_warp, self.split, self.format))
 
     def tune(self, knobs, held=frozenset()):
         pw = rows_a_warp(self.n, knobs, held)
-        return replace(self, per_warp=pw, split=split_k(self.n, self.k, self.m, pw, knobs, held))
+        return replace(self, per_warp=pw, split=split_k(self.n, self.k, self.m, pw, knobs, held, self.format))
 
     def extents(self, top, tokens):
         return reach((self.x, self.m * self.k), (self.w, self.n * self.k), (self.bias, self.n),
@@ -173,9 +185,11 @@ class Gemv(Launch):
     def weights(self):
         return {self.w: self.format, **({self.bias: None} if self.bias else {})}
 
+    def checkpoint_bytes(self):
+        return weight_bytes(self.format, self.n, self.k)
+
     def bytes(self):
-        return (FORMATS[self.format] * self.n * self.k + 4 * self.m * self.k + 4 * self.m * self.n
-                + (4 * self.n if self.bias else 0))
+        return self.checkpoint_bytes() + 4 * self.m * self.k + 4 * self.m * self.n + (4 * self.n if self.bias else 0)
 
     def flops(self):
         return 2 * self.m * self.n * self.k
@@ -231,6 +245,9 @@ class GemvF32(Launch):
 
     def weights(self):
         return {self.w: "f32", **({self.bias: None} if self.bias else {})}
+
+    def checkpoint_bytes(self):
+        return 4 * self.n * self.k
 
     def bytes(self):
         return 4 * (self.n * self.k + self.m * self.k + self.m * self.n + (self.n if self.bias else 0))

@@ -1,6 +1,7 @@
 // The GEMV's body, shared by gemv, gemv_glu, gemm_parts and fold: x · wᵀ over checkpoint rows w (n, k) in
-// f32/f16/bf16, a warp per output (PW = 4: four outputs a warp), each warp holding an accumulator per row of a slab of
-// GR rows of x (grid.y the slabs); vectorized four-value loads where k and the pointers allow. Split-K (grid.z > 1):
+// f32/f16/bf16 or a block format (its values decoded in the loop from the quantized bytes), a warp per output (PW = 4:
+// four outputs a warp), each warp holding an accumulator per row of a slab of GR rows of x (grid.y the slabs);
+// vectorized four-value loads where k and the pointers allow. Split-K (grid.z > 1):
 // each z sums its k chunk into the partials.
 #define GR 8
 #define WARPS 4
@@ -15,7 +16,7 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
         for (int r = 0; r < GR; r++) acc[p][r] = 0.f;
     int nr = (int)min((i64)GR, m - r0);
     unsigned long long wa = (unsigned long long)w, xa = (unsigned long long)x;
-    bool vec = ((k | k0) & 3) == 0 && (xa & 15) == 0 && (wa & (fmt == 0 ? 15 : 7)) == 0;
+    bool vec = ((k | k0) & 3) == 0 && (xa & 15) == 0 && (fmt >= 3 || (wa & (fmt == 0 ? 15 : 7)) == 0);
     if (vec) {
         for (i64 i = k0 + 4 * lane; i < k1; i += 128) {
             float4 wv[PW];

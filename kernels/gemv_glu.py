@@ -1,5 +1,6 @@
 """`gemv_glu`: the gate and up products of one activation and their GLU in one launch (gemv_gate_up_glu):
-out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows (n, k) of one format."""
+out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows (n, k) of one format (a block format decoded
+in the kernel)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, FORMAT_CODE, FORMATS, Launch, act, decode, names, operand, reach
+from lanefuse.kernels.common import (ACTS, FORMAT_CODE, Launch, act, decode, format_refusal, names, operand, reach,
+                                     weight_bytes)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import fast_products, gemv_check, gemv_grid, products, rows_a_warp
 
@@ -71,8 +73,9 @@ class GemvGlu(Launch):
         return (self.out,)
 
     def check(self):
-        if self.format not in FORMATS:
-            return Refusal(f"weights in format `{self.format}`")
+        why = format_refusal(self.format, self.k, "the gate and up GEMV")
+        if why:
+            return why
         if self.act not in ACTS:
             return Refusal(f"a gate activation `{self.act}`")
         if self.format_u is not None and self.format_u != self.format:
@@ -91,8 +94,11 @@ class GemvGlu(Launch):
     def weights(self):
         return {self.wg: self.format, self.wu: self.format_u or self.format, **{b: None for b in (self.bg, self.bu) if b}}
 
+    def checkpoint_bytes(self):
+        return 2 * weight_bytes(self.format, self.n, self.k)
+
     def bytes(self):
-        return 2 * FORMATS[self.format] * self.n * self.k + 4 * self.m * (self.k + self.n)
+        return self.checkpoint_bytes() + 4 * self.m * (self.k + self.n)
 
     def flops(self):
         return 4 * self.m * self.n * self.k

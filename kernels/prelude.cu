@@ -1,5 +1,6 @@
 // Shared device helpers every kernel source starts with: checkpoint formats decoded without headers (bf16 as the top
-// half of an f32, f16 through cvt), a launch's destination (Dst) as scalar parameters, and warp/block reductions.
+// half of an f32, f16 through cvt, GGUF's blocks in place), a launch's destination (Dst) as scalar parameters, and
+// warp/block reductions.
 typedef unsigned short u16;
 typedef long long i64;
 
@@ -13,16 +14,80 @@ __device__ __forceinline__ float f16f(unsigned h) {
     return f;
 }
 
-// fmt: 0 f32, 1 f16, 2 bf16 (a launch's argument: one uniform branch, one kernel for every format).
+
+// -- block formats: from here to "end of block formats", tests/test_blocks.py also compiles as host C++ ----------
+// GGUF's block formats, read in place (kernels/blocks.py holds the numpy twin): value i of rows that hold whole
+// blocks is value i % QB of block i / QB. Each value is decoded by the f32 operations of gguf's reference in its
+// order, rounded one at a time (__fmul_rn / __fsub_rn: no fused multiply-add), so it equals gguf.quants.dequantize
+// to the bit. A block's f16 scales lie at even offsets (34, 18, 144, 210 bytes a block): two-byte loads.
+typedef unsigned char u8;
+__device__ __forceinline__ float h16(const u8* p) { return f16f(*(const u16*)p); }
+
+__device__ __forceinline__ float q8_0_get(const u8* w, i64 i) {  // d (f16), 32 int8
+    const u8* b = w + (i >> 5) * 34;
+    return __fmul_rn((float)(signed char)b[2 + (i & 31)], h16(b));
+}
+
+__device__ __forceinline__ float q4_0_get(const u8* w, i64 i) {  // d, 16 bytes: value j the low nibble of byte j,
+    const u8* b = w + (i >> 5) * 18;                              // value 16 + j its high nibble; minus 8
+    int j = (int)(i & 31);
+    unsigned q = b[2 + (j & 15)];
+    q = j < 16 ? (q & 15u) : (q >> 4);
+    return __fmul_rn(h16(b), (float)((int)q - 8));
+}
+
+__device__ __forceinline__ float q4_k_get(const u8* w, i64 i) {  // d, dmin, 12 bytes of 6-bit scales and mins (8 sub-
+    const u8* b = w + (i >> 8) * 144;                             // blocks of 32), 128 bytes of nibbles
+    int v = (int)(i & 255), j = v >> 5, l = v & 31;
+    const u8* s = b + 4;
+    int sc, mn;
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    unsigned q = b[16 + (j >> 1) * 32 + l];
+    q = (j & 1) ? (q >> 4) : (q & 15u);
+    float ds = __fmul_rn(h16(b), (float)sc), dm = __fmul_rn(h16(b + 2), (float)mn);
+    return __fsub_rn(__fmul_rn(ds, (float)q), dm);
+}
+
+__device__ __forceinline__ float q6_k_get(const u8* w, i64 i) {  // 128 bytes of low nibbles, 64 of high pairs, 16
+    const u8* b = w + (i >> 8) * 210;                             // int8 scales (sub-blocks of 16), d
+    int v = (int)(i & 255), h = v >> 7, t = (v >> 5) & 3, l = v & 31;
+    unsigned lo = b[64 * h + 32 * (t & 1) + l];
+    lo = t >= 2 ? (lo >> 4) : (lo & 15u);
+    unsigned hi = (b[128 + 32 * h + l] >> (2 * t)) & 3u;
+    float d = __fmul_rn(h16(b + 208), (float)(signed char)b[192 + (v >> 4)]);
+    return __fmul_rn(d, (float)((int)(lo | (hi << 4)) - 32));
+}
+
+// fmt 3 q8_0, 4 q4_0, 5 q4_k, 6 q6_k
+__device__ __forceinline__ float qget(int fmt, const void* w, i64 i) {
+    const u8* b = (const u8*)w;
+    if (fmt == 3) return q8_0_get(b, i);
+    if (fmt == 4) return q4_0_get(b, i);
+    if (fmt == 5) return q4_k_get(b, i);
+    return q6_k_get(b, i);
+}
+// -- end of block formats ---------------------------------------------------------------------------------------------
+
+// fmt: 0 f32, 1 f16, 2 bf16, 3.. the block formats (a launch's argument: one uniform branch, one kernel for every
+// format).
 __device__ __forceinline__ float wget(int fmt, const void* w, i64 i) {
     if (fmt == 0) return ((const float*)w)[i];
     if (fmt == 1) return f16f(((const u16*)w)[i]);
-    return bf16f(((const u16*)w)[i]);
+    if (fmt == 2) return bf16f(((const u16*)w)[i]);
+    return qget(fmt, w, i);
 }
 
-// Four values from i (a multiple of 4, the row aligned as the arena and cudaMalloc align it).
+// Four values from i (a multiple of 4, the row aligned as the arena and cudaMalloc align it; a block format's four
+// lie in one block, whose scales the four share).
 __device__ __forceinline__ float4 wget4(int fmt, const void* w, i64 i) {
     if (fmt == 0) return *(const float4*)((const float*)w + i);
+    if (fmt >= 3) return make_float4(qget(fmt, w, i), qget(fmt, w, i + 1), qget(fmt, w, i + 2), qget(fmt, w, i + 3));
     uint2 v = *(const uint2*)((const u16*)w + i);
     if (fmt == 1) return make_float4(f16f(v.x), f16f(v.x >> 16), f16f(v.y), f16f(v.y >> 16));
     return make_float4(bf16f(v.x), bf16f(v.x >> 16), bf16f(v.y), bf16f(v.y >> 16));

@@ -185,13 +185,13 @@ def test_a_config_only_folder_does_not_run(tmp_path):
     assert p.returncode != 0 and "give --weights-format f32|f16|bf16" in p.stderr
 
 
-def test_a_gguf_folder_is_said_to_be_gguf(tmp_path):
-    (tmp_path / "model-q8_0.gguf").write_bytes(b"GGUF")
+def test_a_gguf_folder_is_read_as_its_file(tmp_path):
+    (tmp_path / "model-q8_0.gguf").write_bytes(b"GGUF")  # a folder holding one GGUF file: that file (broken here)
     r = _cli("plan", str(tmp_path))
     assert r.returncode != 0
-    assert r.stderr.strip() == f"lanefuse: error: {tmp_path}: holds a GGUF checkpoint (model-q8_0.gguf); GGUF is " \
-                               f"not supported yet (give a Hugging Face safetensors folder: config.json + " \
-                               f"model.safetensors)"
+    assert r.stderr.strip().startswith(f"lanefuse: error: {tmp_path / 'model-q8_0.gguf'}: not a GGUF file the gguf "
+                                       f"package can read (4 bytes")
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_a_slow_plan_shows_a_spinner_on_a_terminal_only(monkeypatch):

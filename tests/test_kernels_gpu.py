@@ -284,3 +284,96 @@ def test_fold_gather_then_norm(fmt, rows, cols, heads, scale):
     idx[0] = V - 1
     both(f, {"t": idx, "e": np.zeros(rows * cols, np.float32), "y": np.zeros(rows * cols, np.float32)},
          {"E": (encode(r32(g, V, cols), fmt), fmt), "nw": (r32(g, cols // heads), "f32")}, placed=(rows == 3))
+
+
+# -- GGUF's block formats, decoded in the kernels ---------------------------------------------------------------------
+
+BLOCK_FMTS = ["q8_0", "q4_0", "q4_k", "q6_k"]
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FMTS)
+def test_block_decoding_on_the_device_is_bit_exact(fmt):
+    """Rows of random blocks (every edge-case f16 scale: zero, subnormals, the largest, inf, NaN) gathered by the
+    kernel (times 1.0) equal kernels/blocks.py's decoding to the bit, NaN as NaN."""
+    from lanefuse.kernels.blocks import BLOCKS
+    from lanefuse.kernels.common import decode
+
+    vb, bb = BLOCKS[fmt]
+    g = np.random.default_rng(bb)
+    edge = [0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0x8001, 0x7C00, 0xFC00, 0x7E00, 0x7D55]
+    rows, per_row = 4 * len(edge), 2
+    raw = g.integers(0, 256, size=(rows, per_row * bb), dtype=np.uint8)
+    for r in range(rows):
+        if r >= len(edge):
+            raw[r] = (0, 0x80, 0xFF)[r // len(edge) - 1]
+        h = edge[r % len(edge)]
+        for o in {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}[fmt]:
+            raw[r, o::bb], raw[r, o + 1::bb] = h & 0xFF, h >> 8
+    cols = per_row * vb
+    idx = np.arange(rows, dtype=np.int32)[::-1].copy()
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    dev = DeviceEnv(0, {}, {"t": idx, "o": np.zeros(rows * cols, np.float32)}, {"E": (raw, fmt)})
+    Gather("E", "t", "o", cols, rows=rows, format=fmt).cuda(dev)
+    got = dev.host("o").reshape(rows, cols)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = decode(raw, fmt)[idx]
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FMTS)
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 1031), (3, 512, 33), (9, 256, 64), (64, 768, 40), (1, 12288, 96)])
+@pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 3), (4, 2), (1, 16)])
+def test_gemv_blocks(fmt, m, k, n, per_warp, split):
+    g = np.random.default_rng(k + n + len(fmt))
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    if launch.check():
+        pytest.skip(str(launch.check()))
+    both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+         {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=2e-4, placed=(m == 3))
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FMTS)
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_gemv_glu_and_parts_blocks(fmt, per_warp):
+    g = np.random.default_rng(6)
+    m, k, n = 3, 1024, 299
+    w = {"wg": (encode(r32(g, n, k), fmt), fmt), "wu": (encode(r32(g, n, k), fmt), fmt), "bg": (r32(g, n), "f32")}
+    both(GemvGlu("x", "wg", "wu", fmt, "o", k, n, m, bg="bg", per_warp=per_warp),
+         {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32)}, w, tol=2e-4)
+    W = 2 * n + 5
+    parts = (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+             GemmPart("wu", Dst("kc", row="pos", pitch=n), n), GemmPart("wu", Dst("qkv", unit=Part(W, n + 5, n)), n))
+    both(GemmParts("x", fmt, k, m, parts, per_warp=per_warp),
+         {"x": r32(g, m, k), "qkv": np.zeros(m * W, np.float32), "kc": np.zeros(8 * n, np.float32),
+          "pos": np.array([2], np.int32)}, w, tol=2e-4)
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FMTS)
+@pytest.mark.parametrize("m,k,n,per_warp", [(1, 4096, 4096, 4), (2, 512, 77, 1)])
+def test_fold_gemv_norm_blocks(fmt, m, k, n, per_warp):
+    g = np.random.default_rng(7)
+    f = Fold(Gemv("x", "w", fmt, Dst("o"), k, n, m, per_warp=per_warp),
+             Norm("res", "nw", "y", m, n, 1e-6, add="o", sum="sum"))
+    arrays = {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32), "res": r32(g, m, n),
+              "sum": np.zeros(m * n, np.float32), "y": np.zeros(m * n, np.float32)}
+    both(f, arrays, {"w": (encode(r32(g, n, k), fmt), fmt), "nw": (r32(g, n), "f32")}, tol=3e-4)
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FMTS)
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("heads,kv,hd,rot", [(8, 2, 64, 64), (16, 4, 128, 128)])
+def test_fold_products_then_head_epilogue_blocks(fmt, m, heads, kv, hd, rot):
+    g = np.random.default_rng(m * hd + heads)
+    f, arrays, weights = _qkv(g, fmt, m, 1024, heads, kv, hd, rot, True, 4, False, 64, 37)
+    assert f.fused, f.form()
+    dev = both(f, arrays, weights, tol=2e-4, placed=(m == 5))
+    _again(f, dev, arrays)
+
+
+@pytest.mark.parametrize("fmt", BLOCK_FMTS)
+@pytest.mark.parametrize("rows,cols,heads", [(3, 1024, 1), (2, 4096, 1), (5, 256, 4)])
+def test_fold_gather_then_norm_blocks(fmt, rows, cols, heads):
+    test_fold_gather_then_norm(fmt, rows, cols, heads, 1.5)  # the same case, the table's rows in blocks

@@ -19,9 +19,13 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
     if args.prompt_ids is not None and args.prompt is not None:
         raise UserError("give --prompt-ids or --prompt, not both")
     tok = None
-    if args.prompt is not None:
+    if args.prompt is not None and getattr(src, "tokenizer", None) is not None:
+        tok = src.tokenizer()  # a GGUF file's, from its metadata
+        ids = tok.encode(args.prompt).ids
+    elif args.prompt is not None:
         if not src.path or not os.path.isdir(src.path) or not os.path.exists(os.path.join(src.path, "tokenizer.json")):
-            raise UserError("--prompt needs a checkpoint folder with tokenizer.json (use --prompt-ids for the demo)")
+            raise UserError("--prompt needs a checkpoint folder with tokenizer.json or a GGUF file holding a tokenizer "
+                            "(use --prompt-ids for the demo)")
         try:
             from tokenizers import Tokenizer
         except ImportError:

@@ -8,7 +8,8 @@ import sys
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.lower.plan import NUMERICS
 
-EPILOG = "MODEL is a checkpoint folder (config.json + safetensors), a step YAML, or nothing for the built-in demo model."
+EPILOG = ("MODEL is a checkpoint folder (config.json + safetensors), a GGUF file (or a folder holding one), a step "
+          "YAML, or nothing for the built-in demo model.")
 
 
 def _version() -> str:
@@ -41,7 +42,8 @@ def _port(text: str) -> int:
 
 
 def _model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint folder, step YAML, or omit for the demo model")
+    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint folder, .gguf file, step YAML, or omit for the demo "
+                                                              "model")
 
 
 def _rows(text: str) -> int:
@@ -58,9 +60,9 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=_rows, default=None, metavar="N",
                    help="KV cache rows: the positions a run can reach (default: what the model allows, at most "
                         "4096 and a quarter of memory; said in the output)")
-    p.add_argument("--weights-format", choices=("f32", "f16", "bf16"), default=None,
+    p.add_argument("--weights-format", choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"), default=None,
                    help="a folder holding only config.json: the checkpoint format to plan its weights in (default: "
-                        "the config's torch_dtype)")
+                        "the config's torch_dtype); the demo model: its matrices stored (quantized) in that format")
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
@@ -89,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Prefill the prompt in chunks, then decode --tokens greedy tokens.", epilog=EPILOG)
     _model_arg(p)
     p.add_argument("--prompt-ids", metavar="IDS", help="comma-separated prompt token ids, e.g. 1,2,3")
-    p.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder and the "
-                                                    "`tokenizers` package)")
+    p.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder, or a GGUF "
+                                                    "file's tokenizer, and the `tokenizers` package)")
     p.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to generate (default 16)")
     p.add_argument("--json", metavar="FILE", help="write {model, prompt_ids, generated_ids, logits} to FILE (`-`: "
                                                   "stdout, the other lines then go to stderr)")

@@ -43,6 +43,7 @@ def schedule_json(s) -> dict:
         "census": s.census, "fusions": s.fusions, "layers": s.layers,
         "launches_per_layer": {str(k): v for k, v in sorted(per_layer.items())},
         "arena": s.arena.to_json(), "cost_us": round(s.cost_us, 3), "knobs": s.knobs.to_json(),
+        "weight_bytes": weight_bytes_json(s),
         "warnings": list(s.warnings), "method": s.method,
         "timings_s": {k: round(v, 4) for k, v in s.timings.items()},
     }
@@ -160,6 +161,20 @@ def layer_summary(s) -> list[tuple[str, int, str]]:
     return out
 
 
+def weight_bytes_json(s) -> dict:
+    by = s.weight_bytes()
+    return {"total": sum(by.values()), "by_format": by}
+
+
+def weight_bytes_line(s) -> str:
+    """The checkpoint bytes a step reads, e.g. `weights read a step: 2,472,960 B (q4_0)`, or by format."""
+    by = s.weight_bytes()
+    total = sum(by.values())
+    if len(by) <= 1:
+        return f"weights read a step: {total:,} B" + (f" ({next(iter(by))})" if by else "")
+    return f"weights read a step: {total:,} B (" + ", ".join(f"{f} {n:,} B" for f, n in by.items()) + ")"
+
+
 def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
     """The plan on stdout: its line, census, per-rule counts (`rules`, from `rule_counts`), every layer summarized
     with the step's tail, and one layer's launches (`layer`: 0 unless given; -1 the tail)."""
@@ -176,6 +191,7 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
                  f", {body[0]} a layer" if body else "")
               + f" over {s.layers} layers · estimated step {s.cost_us:.1f} µs · arena {s.arena.bytes:,} B "
                 f"(lower bound {s.arena.lower_bound:,} B, ×{s.arena.ratio:.3f})")
+    con.print(weight_bytes_line(s))
     for w in s.warnings:
         con.print(f"[yellow]note:[/] {w}")
     t = table("census")

@@ -1,4 +1,5 @@
-"""What a MODEL argument names: the built-in demo model (none given), a checkpoint folder, or a step YAML."""
+"""What a MODEL argument names: the built-in demo model (none given), a checkpoint folder, a GGUF file (or a folder
+holding one), or a step YAML."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Source:
     ctx_said: str = ""  # the KV caches' rows and why (`--ctx`), said in the output
     no_weights: str = ""  # why there are no weights to run, where a folder holds only config.json
     shape_said: str = ""  # a config-only folder: what the plan assumes of the weights
+    tokenizer: object | None = None  # a GGUF file's: builds the tokenizer its metadata holds (for --prompt)
 
     def graph(self, rows: int = 1) -> Graph:
         if self.step is not None:
@@ -35,22 +37,25 @@ class Source:
 def open_model(model: str | None, progress: bool = False, ctx: int | None = None,
                weights_format: str | None = None) -> Source:
     """Resolve MODEL: nothing -> the demo model; a folder -> an HF checkpoint (or, holding only config.json, its
-    shape without weights); a .yaml/.yml file -> a step YAML. `ctx`: the KV caches' rows (default: `context_rows`)."""
+    shape without weights; or, holding one .gguf file and no config.json, that file); a .gguf file; a .yaml/.yml
+    file -> a step YAML. `ctx`: the KV caches' rows (default: `context_rows`)."""
     if ctx is not None and ctx < 1:
         raise UserError(f"--ctx {ctx}: give at least 1 row")
     if model is None or model == "demo":
         from lanefuse.engine.demo import demo_config, demo_model
 
-        if weights_format:
-            raise UserError("--weights-format is for a folder holding only config.json (the demo model has weights)")
         rows, said = context_rows(DEMO_CTX, demo_config(), ctx, "the demo model")
         cfg, weights = demo_model(rows)
+        if weights_format and weights_format != "f32":
+            cfg, weights = _demo_in(cfg, weights_format)
         return Source("demo", cfg, weights, ctx_said=said)
     if not os.path.exists(model):
         raise UserError(f"{model}: no such file or folder (give a checkpoint folder, a step YAML, or nothing for "
                         f"the demo model)")
     if os.path.isdir(model):
         return _open_folder(model, ctx, weights_format)
+    if model.endswith(".gguf"):
+        return _open_gguf(model, ctx, weights_format)
     if ctx is not None or weights_format:
         flag = "--ctx" if ctx is not None else "--weights-format"
         if model.endswith((".yaml", ".yml")):
@@ -65,9 +70,7 @@ def open_model(model: str | None, progress: bool = False, ctx: int | None = None
         g = from_yaml(read_text(model), source=model)  # unreadable or not UTF-8: a UserError naming the file
         weights = step_weights(g, base=os.path.dirname(os.path.abspath(model))) if g.meta.get("weights") else None
         return Source(os.path.basename(model), None, weights, step=g, path=model)
-    if model.endswith(".gguf"):
-        raise UserError(f"{model}: GGUF checkpoints are not supported yet (give a safetensors checkpoint folder)")
-    raise UserError(f"{model}: not a checkpoint folder or a step YAML (.yaml)")
+    raise UserError(f"{model}: not a checkpoint folder, a .gguf file or a step YAML (.yaml)")
 
 
 def open_for(args, model: str | None = None, progress: bool = False, ctx: int | None = None) -> Source:
@@ -114,24 +117,55 @@ def context_rows(allowed: int, cfg: ModelConfig, ctx: int | None, who: str) -> t
 def _read_config(folder: str) -> tuple[str, dict]:
     path = os.path.join(folder, "config.json")
     if not os.path.exists(path):
-        ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
-        if ggufs:
-            raise UserError(f"{folder}: holds a GGUF checkpoint ({ggufs[0]}); GGUF is not supported yet (give a "
-                            f"Hugging Face safetensors folder: config.json + model.safetensors)")
-        raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder)")
+        raise UserError(f"{folder}: no config.json in this folder (expected a Hugging Face checkpoint folder or a "
+                        f"folder holding one .gguf file)")
     raw = read_json(path, "config.json is JSON")  # as the front reads it, so both say the same of a broken one
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a JSON object")
     return path, raw
 
 
+def _demo_in(cfg, fmt: str):
+    """The demo model with its checkpoint rows (every matrix) stored in `fmt` (--weights-format): the same seeded
+    values, encoded (a block format: quantized, so the numbers are the quantized weights')."""
+    import dataclasses
+
+    from lanefuse.engine.demo import random_arrays
+    from lanefuse.engine.weights import Weights
+    from lanefuse.kernels.blocks import encode_matrices
+
+    arrays = encode_matrices(random_arrays(cfg), fmt)
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, (_, f) in arrays.items() if f != "f32"))
+    return cfg, Weights.from_dict(arrays, cfg)
+
+
+def _block_rows(cfg, fmt: str, whence: str) -> None:
+    """Refuse a block format some checkpoint rows of the model cannot be held in (a row not whole blocks), naming the
+    first such tensor."""
+    from lanefuse.kernels.blocks import BLOCKS, row_refusal
+
+    if fmt not in BLOCKS:
+        return
+    for name, shape in cfg.weight_names().items():
+        why = row_refusal(fmt, shape[-1]) if len(shape) == 2 else None
+        if why:
+            raise UserError(f"{whence} {fmt}: tensor `{name}` {list(shape)} cannot be held in it ({why}); choose "
+                            f"another format")
+
+
 def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> Source:
     """A checkpoint folder; one holding config.json and no safetensors is the model's shape alone: it plans and
     explores, with each weight's format from --weights-format or the config's torch_dtype, and does not run."""
     import dataclasses
+    from pathlib import Path
 
+    from lanefuse.engine.gguf import find_gguf
     from lanefuse.engine.hfconfig import config_from_hf
 
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        one = find_gguf(Path(folder))  # several: refused, named
+        if one is not None:
+            return _open_gguf(str(one), ctx, weights_format)
     path, raw = _read_config(folder)
     name = os.path.basename(os.path.abspath(folder))
     shape = config_from_hf(raw, path, max_len=1 << 30, name=name)  # the positions the model allows: its max_len
@@ -150,11 +184,37 @@ def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> So
     fmt = weights_format or FORMATS.get(str(dtype))
     if fmt is None:
         raise UserError(f"{folder}: config.json and no weights (*.safetensors), and its torch_dtype "
-                        f"({dtype!r}) names no checkpoint format: give --weights-format f32|f16|bf16 to plan its shape")
+                        f"({dtype!r}) names no checkpoint format: give --weights-format "
+                        f"f32|f16|bf16|q8_0|q4_0|q4_k|q6_k to plan its shape")
     cfg = config_from_hf(raw, path, max_len=rows, name=name)
     cfg = dataclasses.replace(cfg, formats=tuple((w, fmt) for w in cfg.weight_names()))
     whence = "--weights-format" if weights_format else f"config.json's torch_dtype {dtype}"
+    _block_rows(cfg, fmt, whence)
     return Source(os.path.basename(os.path.normpath(folder)), cfg, None, path=folder, ctx_said=said,
                   no_weights=f"{folder}: config.json and no weights (*.safetensors): `plan` and `explore` take its "
                              f"shape ({fmt} weights, from {whence}); `run` and `check` need the checkpoint's tensors",
                   shape_said=f"shape only: no weights in {folder}; weights planned as {fmt} (from {whence})")
+
+
+def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source:
+    """A GGUF file: its config from the metadata, its tensors memory-mapped, its tokenizer on demand."""
+    import dataclasses
+
+    from lanefuse.engine.front import load_model
+
+    if weights_format:
+        raise UserError(f"--weights-format {weights_format}: {path} is a GGUF file, which gives each tensor's format "
+                        f"(the flag is for a folder holding only config.json)")
+    cfg, weights = load_model(path, max_len=1 << 30)  # the KV caches' rows: the file's context length, for now
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}.get(cfg.arch, "")
+    name = os.path.basename(path)
+    rows, said = context_rows(cfg.max_len, cfg, ctx, f"{name} ({arch or 'its'}.context_length in the file)")
+    cfg = dataclasses.replace(cfg, max_len=rows)
+    store = weights.store
+
+    def tokenizer():
+        from lanefuse.engine.gguf_vocab import tokenizer_from_gguf
+
+        return tokenizer_from_gguf(store.reader, path)
+
+    return Source(name, cfg, weights.with_config(cfg), path=path, ctx_said=said, tokenizer=tokenizer)

@@ -106,6 +106,19 @@ class Plan:
     def n_launches(self) -> int:
         return sum(len(l.launch.kernels()) for l in self.launches)
 
+    def weight_bytes(self) -> dict[str, int]:
+        """The bytes of checkpoint rows a step reads (every product's weights, the gathered embedding rows), in
+        their stored formats, by format: what quantized weights save a decode step."""
+        out: dict[str, int] = {}
+        for x in self.launches:
+            n = x.launch.checkpoint_bytes()
+            if n:
+                fmts = [f for w, f in x.launch.weights().items()
+                        if f and w in self.constants and self.constants[w].kind == "rows"]
+                fmt = fmts[0] if fmts else "f32"
+                out[fmt] = out.get(fmt, 0) + n
+        return dict(sorted(out.items()))
+
 
 def steps_of(lt: LaneTable) -> dict[str, str]:
     """The lane's schedule steps a plan can hold back (its table is their one list): name -> what it does."""

@@ -1,0 +1,298 @@
+"""A GGUF file (llama.cpp's format) read with the `gguf` package's memory-mapped reader: the `ModelConfig` from its
+metadata (every key checked, each refusal naming the file and the key), and a weight store that serves each tensor
+under the Hugging Face name the step graph uses (engine/gguf_names.py), held raw as the file holds it — block formats
+as (rows, bytes a row) uint8 — with llama's permuted q/k rows put back in transformers' order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.gguf_names import FAMILIES, ROPE_FREQS, Family, hf_names, permuted_by
+from lanefuse.engine.hfconfig import MAX_LAYERS, _Reader
+from lanefuse.engine.model import ModelConfig
+
+# GGML tensor type name -> lanefuse format (formats.md); any other type is refused at load, naming the tensor
+FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k",
+           "Q6_K": "q6_k"}
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
+
+
+class _Array:
+    """A metadata array left in the file (a token list: read only where the tokenizer needs it)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __repr__(self) -> str:
+        return f"<an array of {self.n}>"
+
+
+def open_reader(path: str | Path):
+    """`gguf.GGUFReader` over `path` (memory-mapped, read-only); a file it cannot read is one line naming it."""
+    from gguf import GGUFReader
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as e:
+        raise UserError(f"{p}: cannot read ({e.strerror or e})") from None
+    try:
+        return GGUFReader(p, "r")
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: not a GGUF file the gguf package can read ({size} bytes: {str(e)[:160] or type(e).__name__}); "
+                        f"truncated, or not GGUF") from None
+    except OSError as e:
+        raise UserError(f"{p}: cannot read ({e.strerror or e})") from None
+
+
+def metadata(reader) -> dict[str, Any]:
+    """The file's key/value metadata as Python values; arrays longer than 64 (token lists) as `_Array`."""
+    from gguf import GGUFValueType
+
+    out: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        if f.types and f.types[0] == GGUFValueType.ARRAY:
+            out[key] = _Array(len(f.data)) if len(f.data) > 64 else f.contents()
+        elif f.types and f.types[0] == GGUFValueType.FLOAT32:
+            out[key] = float(str(np.float32(f.contents())))  # 1e-06, not 9.99999997e-07: the value the writer meant
+        else:
+            out[key] = f.contents()
+    return out
+
+
+# -- the config -----------------------------------------------------------------------------------------------------
+
+def family_of(meta: dict[str, Any], where: str) -> tuple[str, Family]:
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise UserError(f"{where}: missing `general.architecture` (a GGUF model file names its architecture)"
+                        if arch is None else f"{where}: `general.architecture` is {arch!r}; expected a name")
+    if arch not in FAMILIES:
+        raise UserError(f"{where}: `general.architecture` is `{arch[:40]}`, which lanefuse does not read "
+                        f"(supported: {', '.join(FAMILIES)})")
+    return arch, FAMILIES[arch]
+
+
+def _arch_reader(meta: dict[str, Any], arch: str, where: str) -> _Reader:
+    """Typed reads of the `{arch}.*` keys, each named in full in a refusal."""
+    n = len(arch) + 1
+    return _Reader({k[n:]: v for k, v in meta.items() if k.startswith(arch + ".")}, where, f"{arch}.")
+
+
+def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], where: str,
+                     max_len: int = 512, name: str = "model", freq_factors: np.ndarray | None = None) -> ModelConfig:
+    """The model's shape from the metadata; `tensors`: GGUF name -> (logical shape, format), for the tied head and the
+    vocabulary where the metadata leaves them out; `freq_factors`: rope_freqs.weight's values, where the file has it."""
+    arch, fam = family_of(meta, where)
+    r = _arch_reader(meta, arch, where)
+    if meta.get(f"{arch}.expert_count"):
+        raise UserError(f"{where}: `{arch}.expert_count` is {meta[f'{arch}.expert_count']!r}: an expert mixture, "
+                        f"which lanefuse's {arch} does not read")
+    layers = r.size("block_count")
+    if layers > MAX_LAYERS:
+        raise UserError(f"{where}: `{arch}.block_count` is {layers}; expected at most {MAX_LAYERS}")
+    hidden, inter, heads = r.size("embedding_length"), r.size("feed_forward_length"), r.size("attention.head_count")
+    kv = r.size("attention.head_count_kv", heads)
+    if heads % kv:
+        raise UserError(f"{where}: `{arch}.attention.head_count_kv` {kv} does not divide "
+                        f"`{arch}.attention.head_count` {heads}")
+    if r.has("attention.key_length"):
+        head_dim = r.size("attention.key_length")
+    elif hidden % heads:
+        raise UserError(f"{where}: `{arch}.attention.head_count` {heads} does not divide `{arch}.embedding_length` "
+                        f"{hidden}, and there is no `{arch}.attention.key_length`")
+    else:
+        head_dim = hidden // heads
+    vd = r.size("attention.value_length", head_dim)
+    if vd != head_dim:
+        raise UserError(f"{where}: `{arch}.attention.value_length` {vd} differs from the key length {head_dim}; "
+                        f"lanefuse's attention reads values as wide as keys")
+    if not r.has("attention.layer_norm_rms_epsilon"):
+        raise UserError(f"{where}: missing `{arch}.attention.layer_norm_rms_epsilon` (a positive number)")
+    eps = r.number("attention.layer_norm_rms_epsilon", 1e-6)
+    theta = r.number("rope.freq_base", 10000.0)
+    rot = r.size("rope.dimension_count", head_dim)
+    if rot > head_dim or rot % 2 or rot < 2:
+        raise UserError(f"{where}: `{arch}.rope.dimension_count` is {rot}; expected an even number from 2 to the "
+                        f"head width {head_dim}")
+    partial = rot / head_dim
+    if int(head_dim * partial) != rot:  # the config keeps a factor; it must give back the width
+        raise UserError(f"{where}: a rotary width of {rot} out of {head_dim} is not expressible")
+    scaling = _rope_scaling(meta, r, arch, where, rot, freq_factors)
+    if not r.has("context_length"):
+        raise UserError(f"{where}: missing `{arch}.context_length` (a positive integer)")
+    ctx = r.size("context_length")
+    embd = tensors.get("token_embd.weight")
+    if embd is None:
+        raise UserError(f"{where}: the file has no tensor `token_embd.weight` (the token embedding)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = r.size("vocab_size") if r.has("vocab_size") else len(tokens) if tokens is not None and len(tokens) \
+        else embd[0][0]
+    return ModelConfig(
+        arch=fam.hf_arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, inter=inter,
+        vocab=vocab, eps=eps, rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
+        tie_embeddings="output.weight" not in tensors,
+        qkv_bias=any(k.endswith("bias") for k in fam.layer), qk_norm=any("q_norm" in k for k in fam.layer),
+        max_len=min(max_len, ctx), name=name,
+    )
+
+
+def _rope_scaling(meta, r: _Reader, arch: str, where: str, rot: int,
+                  freq_factors: np.ndarray | None) -> tuple[tuple[str, Any], ...]:
+    kind = r.text("rope.scaling.type", "none")
+    if kind not in ("none", "linear"):
+        raise UserError(f"{where}: `{arch}.rope.scaling.type` is {kind!r}; supported: none, linear (llama3 "
+                        f"scaling is the rope_freqs.weight tensor)")
+    factor = r.number("rope.scaling.factor", 1.0) if kind == "linear" else 1.0
+    if freq_factors is not None:
+        if kind == "linear" and factor != 1.0:
+            raise UserError(f"{where}: linear rope scaling and a `{ROPE_FREQS}` tensor together are not supported")
+        ff = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+        if ff.size != rot // 2:
+            raise UserError(f"{where}: tensor `{ROPE_FREQS}` holds {ff.size} values; the rotation of "
+                            f"{rot} dimensions needs {rot // 2}")
+        if not (np.isfinite(ff).all() and (ff > 0).all()):
+            raise UserError(f"{where}: tensor `{ROPE_FREQS}` holds a value that is not a positive finite number")
+        return (("rope_type", "freq_factors"), ("freq_factors", tuple(float(x) for x in ff)))
+    if kind == "linear" and factor != 1.0:
+        return (("rope_type", "linear"), ("factor", factor))
+    return ()
+
+
+# -- the store ------------------------------------------------------------------------------------------------------
+
+def _row_permutation(rows: int, heads: int) -> np.ndarray:
+    """The order of a llama GGUF q/k tensor's rows that gives transformers' rows: the converter stored
+    hf.reshape(heads, 2, hd/2, cols).swapaxes(1, 2), each head's two halves interleaved for adjacent pairs."""
+    hd = rows // heads
+    stored = np.arange(rows).reshape(heads, 2, hd // 2).swapaxes(1, 2).reshape(-1)  # stored row k holds hf row stored[k]
+    return np.argsort(stored)  # hf row r is stored row argsort[r]
+
+
+class GGUFStore:
+    """A GGUF file's tensors under their HF names: `info` the logical (rows, cols) and format, `raw` the file's bytes
+    in place (memory-mapped; llama's q/k rows reordered into a copy, kept), `where` the file and the GGUF name."""
+
+    def __init__(self, path: Path, reader, family: Family, layers: int, heads: int, kv_heads: int):
+        self.path = path
+        self.reader = reader
+        known = hf_names(family, layers)
+        self._file_names = {h: g for g, h in known.items()}
+        self.entries: dict[str, tuple[str, Any, str, tuple[int, ...], int]] = {}  # hf -> gguf name, tensor, fmt, shape, heads
+        self.extra: dict[str, Any] = {}  # tensors read for the config (rope_freqs.weight)
+        for t in reader.tensors:
+            shape, fmt = tensor_info(path, t)
+            if t.name == ROPE_FREQS:
+                self.extra[t.name] = t
+                continue
+            hf = known.get(t.name)
+            if hf is None:
+                raise UserError(f"{path}: tensor `{t.name}` is not one lanefuse reads in a {layers}-layer "
+                                f"{family.hf_arch} (a bias, an expert or a layer the metadata does not count?)")
+            by = permuted_by(family, t.name)
+            n = (heads if by == "heads" else kv_heads) if by else 0
+            if n and (len(shape) != 2 or shape[0] % (2 * n)):
+                raise UserError(f"{path}: tensor `{t.name}` of shape {shape} does not split into {n} heads of "
+                                f"two halves")
+            self.entries[hf] = (t.name, t, fmt, shape, n)
+        self._permuted: dict[str, np.ndarray] = {}
+        self._checked: set[str] = set()
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        _, _, fmt, shape, _ = self.entries[name]
+        return shape, fmt
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        gname, t, fmt, shape, heads = self.entries[name]
+        if heads:
+            arr = self._permuted.get(name)
+            if arr is None:
+                arr = _data(t, fmt, shape)[_row_permutation(shape[0], heads)]
+                self._permuted[name] = arr
+        else:
+            arr = _data(t, fmt, shape)
+        if name not in self._checked and fmt in ("f32", "f16", "bf16"):
+            from lanefuse.engine.weights import _check_finite
+
+            _check_finite(arr, fmt, f"{self.path}: tensor `{gname}`")
+            self._checked.add(name)
+        return arr, fmt
+
+    def where(self, name: str) -> str:
+        return f"{self.path.name}:{self.file_name(name)}"
+
+    def file_name(self, name: str) -> str:
+        """The GGUF name of HF name `name`."""
+        return self._file_names.get(name, name)
+
+
+def tensor_info(path: Path, t) -> tuple[tuple[int, ...], str]:
+    """A reader tensor's logical shape (numpy order: (rows, cols)) and format; a type lanefuse does not read, a row
+    that does not fill its blocks, or more than two dimensions is refused, naming the tensor."""
+    from gguf import GGML_QUANT_SIZES
+
+    kind = t.tensor_type.name
+    fmt = FORMATS.get(kind)
+    if fmt is None:
+        raise UserError(f"{path}: tensor `{t.name}` is {kind.lower()}, a format lanefuse does not read (it reads "
+                        f"{', '.join(FORMATS.values())}); requantize the file, e.g. llama-quantize to q4_k or q8_0")
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if len(shape) > 2 or not shape:
+        raise UserError(f"{path}: tensor `{t.name}` has {len(shape)} dimensions {shape}; expected 1 or 2")
+    per, _ = GGML_QUANT_SIZES[t.tensor_type]
+    if shape[-1] % per:
+        raise UserError(f"{path}: tensor `{t.name}` ({fmt}) has rows of {shape[-1]} values, not a whole number of "
+                        f"its {per}-value blocks")
+    return shape, fmt
+
+
+def _data(t, fmt: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The tensor's bytes as formats.md holds them (a view of the memory map): f32/f16 as themselves, bf16 as uint16
+    bits, a block format as (rows, bytes a row) uint8."""
+    d = t.data
+    if fmt == "bf16":
+        return d.view(np.uint16).reshape(shape)
+    if fmt in BLOCK_FORMATS:
+        return d.reshape(shape[:-1] + (-1,)) if len(shape) == 2 else d.reshape(-1)
+    return d.reshape(shape)
+
+
+def load_gguf(path: str | Path, max_len: int = 512):
+    """The model in GGUF file `path`: its config (KV caches of `max_len` rows, at most its context length) and a
+    store of its tensors under HF names (not yet checked against the config: the front does that)."""
+    p = Path(path)
+    reader = open_reader(p)
+    where = str(p)
+    meta = metadata(reader)
+    arch, fam = family_of(meta, where)
+    tensors = {t.name: tensor_info(p, t) for t in reader.tensors}
+    factors = None
+    for t in reader.tensors:
+        if t.name == ROPE_FREQS:
+            from lanefuse.engine.weights import dequantize
+
+            shape, fmt = tensors[t.name]
+            factors = dequantize(_data(t, fmt, shape), fmt)
+    cfg = config_from_gguf(meta, tensors, where, max_len=max_len, name=p.stem, freq_factors=factors)
+    return cfg, GGUFStore(p, reader, fam, cfg.layers, cfg.heads, cfg.kv_heads)
+
+
+def find_gguf(folder: Path) -> Path | None:
+    """The one .gguf file in `folder` (None where there is none); several are refused, named."""
+    found = sorted(f for f in folder.iterdir() if f.name.endswith(".gguf") and f.is_file())
+    if len(found) > 1:
+        shown = ", ".join(f.name for f in found[:4]) + (", ..." if len(found) > 4 else "")
+        raise UserError(f"{folder}: holds {len(found)} GGUF files ({shown}); give the one to use as MODEL")
+    return found[0] if found else None

@@ -1,0 +1,65 @@
+"""The GGUF families lanefuse reads, as data: per `general.architecture`, the transformers architecture it builds, the
+GGUF tensor names (llama.cpp's, `{i}` the layer) -> the Hugging Face names the step graph's constants use, and the
+tensors llama.cpp's converter stores with their rows permuted (for its adjacent-pair rotation) and by which head count.
+A family is one entry here; nothing else names a family."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# every dense decoder's tensors
+TOP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",  # absent: the embedding is tied
+}
+LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+QKV_BIAS = {
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+}
+QK_NORM = {
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
+ROPE_FREQS = "rope_freqs.weight"  # llama3 rope scaling: the factors each inverse frequency is divided by
+
+
+@dataclass(frozen=True)
+class Family:
+    hf_arch: str  # the transformers architecture the step graph is built for
+    layer: dict[str, str]  # GGUF name inside `blk.{i}.` -> HF name inside `model.layers.{i}.`
+    permuted: dict[str, str] = field(default_factory=dict)  # GGUF layer name -> "heads" | "kv_heads"
+
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", LAYER, permuted={"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}),
+    "qwen2": Family("Qwen2ForCausalLM", {**LAYER, **QKV_BIAS}),
+    "qwen3": Family("Qwen3ForCausalLM", {**LAYER, **QK_NORM}),
+}
+
+
+def hf_names(family: Family, layers: int) -> dict[str, str]:
+    """Every GGUF tensor name the family may hold -> its HF name."""
+    out = dict(TOP)
+    for i in range(layers):
+        out.update({f"blk.{i}.{g}": f"model.layers.{i}.{h}" for g, h in family.layer.items()})
+    return out
+
+
+def permuted_by(family: Family, gguf_name: str) -> str | None:
+    """The head count ("heads" / "kv_heads") whose adjacent-pair permutation `gguf_name`'s rows carry, or None."""
+    if not gguf_name.startswith("blk."):
+        return None
+    return family.permuted.get(gguf_name.split(".", 2)[2])

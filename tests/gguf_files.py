@@ -1,0 +1,284 @@
+"""GGUF test files made here: tiny transformers models (random seeded weights of a scale that keeps greedy tokens
+apart), written with the gguf package's writer as llama.cpp's convert_hf_to_gguf.py writes them (its tensor names and
+metadata keys, llama's q/k rows permuted for the adjacent-pair rotation, 1-D tensors in f32), with a BPE tokenizer
+trained on a few sentences stored in the metadata as the converter stores one; and the transformers reference on the
+same weights decoded by gguf.quants.dequantize."""
+
+from __future__ import annotations
+
+import copy
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A GGUF file holds a model's tensors and its tokenizer; llama.cpp reads it in place.",
+    "Numbers like 3, 33, 333 and 3.14159 split into digits, and don't they?",
+    "Ünïcödé, emojis 🦙🚀 and 中文 text are bytes to a byte-level BPE.",
+    "  leading spaces,\ttabs\nand new lines\n\nmatter to the pre-tokenizer's regex.",
+    "I'll say it's done: we've tested 'RE, 'Ve and 'd contractions.",
+]
+
+# llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp), as lanefuse's tokenizer reads them
+from lanefuse.engine.gguf_vocab import PRE_REGEXES  # noqa: E402
+
+HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+GGUF_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
+              "q6_k": "Q6_K"}
+NAMES_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+NAMES_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+               "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_proj.bias": "attn_q.bias",
+               "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+               "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in NAMES_TOP:
+        return NAMES_TOP[hf]
+    _, _, i, rest = hf.split(".", 3)
+    return f"blk.{i}.{NAMES_LAYER[rest]}"
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute (PEERS-NOTES.md): each head's rows for adjacent pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def tiny_model(arch: str, seed: int = 0, **kw):
+    """A transformers model of `arch` (llama | qwen2 | qwen3), f32, its weights re-initialised at a live scale."""
+    import torch
+    import transformers
+
+    cls = HF_ARCH[arch]
+    cfg = getattr(transformers, f"{cls}Config")(max_position_embeddings=kw.pop("max_position_embeddings", 128), **kw)
+    torch.manual_seed(zlib.crc32(f"{arch}{seed}".encode()))
+    model = getattr(transformers, f"{cls}ForCausalLM")(cfg).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif pname.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            elif "embed_tokens" in pname:
+                p.copy_(torch.randn_like(p) * (0.1 if cfg.tie_word_embeddings else 1.0))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+    return model
+
+
+def encode(values: np.ndarray, fmt: str) -> np.ndarray:
+    """f32 (rows, cols) -> the bytes GGUF holds in `fmt` (f32/f16 as themselves; the block and bf16 formats uint8)."""
+    import gguf
+
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if fmt == "f32":
+        return values
+    if fmt == "f16":
+        return values.astype(np.float16)
+    if fmt in ("q4_k", "q6_k"):
+        from lanefuse.kernels.blocks import encode as block_encode  # the K-quants: the blocks helper's quantizer
+
+        return np.asarray(block_encode(values, fmt), dtype=np.uint8).reshape(values.shape[0], -1)
+    return gguf.quants.quantize(values, gguf.GGMLQuantizationType[GGUF_TYPES[fmt]])
+
+
+def decoded(values: np.ndarray, fmt: str) -> np.ndarray:
+    """What a `fmt` tensor of `values` holds, decoded by gguf.quants.dequantize (f32)."""
+    import gguf
+
+    if fmt == "f32":
+        return np.asarray(values, dtype=np.float32)
+    if fmt == "f16":
+        return np.asarray(values, dtype=np.float16).astype(np.float32)
+    return gguf.quants.dequantize(encode(values, fmt), gguf.GGMLQuantizationType[GGUF_TYPES[fmt]]).astype(np.float32)
+
+
+def bpe_tokenizer(vocab_size: int, pre: str = "qwen2", specials=("<|endoftext|>", "<|im_start|>")):
+    """A byte-level BPE trained on SENTENCES with the pre-tokenizer `pre` names, exactly `vocab_size` tokens (padded
+    with [PADi] as the converter pads): (tokenizers.Tokenizer, tokens, merges, token types)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(ignore_merges=pre in ("llama-bpe", "llama3")))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[pre]]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(SENTENCES * 4, trainer)
+    import json
+
+    model = json.loads(tok.to_str())["model"]
+    vocab = model["vocab"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    assert len(vocab) <= vocab_size, (len(vocab), vocab_size)
+    rev = {i: t for t, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in rev:
+            tokens.append(f"[PAD{i}]")
+            types.append(5)  # UNUSED
+        else:
+            tokens.append(rev[i])
+            types.append(3 if rev[i] in specials else 1)  # CONTROL | NORMAL
+    return tok, tokens, merges, types
+
+
+def stored_format(fmt: str, cols: int) -> str:
+    """The format a 2-D tensor of `cols`-wide rows is written in: a K-quant falls back to q8_0 for rows that are not a
+    whole number of its 256-value blocks, as llama.cpp's quantizer falls back (to a 32-value format) for them."""
+    return "q8_0" if fmt in ("q4_k", "q6_k") and cols % 256 else fmt
+
+
+def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tokenizer=None, pre: str = "qwen2",
+               bos: int | None = None, eos: int = 0, add_bos: bool | None = None, out_fmt: str | None = None,
+               rope_freqs: np.ndarray | None = None) -> Path:
+    """`model` (a transformers model) as a GGUF file of `fmt` 2-D tensors (`out_fmt` for output.weight), with
+    `tokenizer` (bpe_tokenizer's tokens, merges, types) in its metadata where given."""
+    import gguf
+
+    cfg = model.config
+    arch = arch or {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                    "Qwen3ForCausalLM": "qwen3"}[type(model).__name__]
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(Path(path).stem)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "q4_k": 15, "q6_k": 18}[fmt])
+    if arch == "llama":
+        w.add_vocab_size(cfg.vocab_size)
+        w.add_rope_dimension_count(head_dim)
+    if tokenizer is not None:
+        tokens, merges, types = tokenizer
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_eos_token_id(eos)
+        if bos is not None:
+            w.add_bos_token_id(bos)
+        if add_bos is not None:
+            w.add_add_bos_token(add_bos)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        a = t.detach().float().numpy()
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            a = permute(a, heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            a = permute(a, kv)
+        f = (out_fmt or fmt) if name == "lm_head.weight" else fmt
+        if a.ndim == 2:
+            f = stored_format(f, a.shape[1])
+        if a.ndim == 1:
+            w.add_tensor(gguf_name(name), a.astype(np.float32))
+        else:
+            data = encode(a, f)
+            raw = None if f in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[f]]
+            w.add_tensor(gguf_name(name), data, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def reference(model, fmt: str = "f32", out_fmt: str | None = None):
+    """A copy of `model` whose 2-D weights are what a `fmt` GGUF file of it holds, decoded (f32)."""
+    import torch
+
+    ref = copy.deepcopy(model)
+    tied = model.config.tie_word_embeddings
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if p.ndim == 2:
+                f = stored_format((out_fmt or fmt) if name == "lm_head.weight" and not tied else fmt, p.shape[1])
+                p.copy_(torch.from_numpy(decoded(p.detach().numpy(), f)))
+    return ref.eval()
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    import torch
+
+    ids, toks, logits = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(n):
+            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+            t = int(np.argmax(out))
+            toks.append(t)
+            logits.append(out)
+            ids.append(t)
+    return toks, logits
+
+
+def spm_vocab(extra: int = 120):
+    """A SentencePiece-style (`llama`) vocabulary as llama.cpp's converter writes one: <unk>, <s>, </s>, the 256
+    byte tokens <0xXX>, then pieces (▁ for a space) learnt by BPE on SENTENCES, scored by their order:
+    (tokens, scores, token types)."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")
+    trainer = trainers.BpeTrainer(vocab_size=extra, show_progress=False)
+    tok.train_from_iterator(SENTENCES * 4, trainer)
+    learnt = json.loads(tok.to_str())["model"]["vocab"]
+    pieces = [t for t, _ in sorted(learnt.items(), key=lambda kv: kv[1])]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [2, 3, 3] + [6] * 256 + [1] * len(pieces)  # UNKNOWN, CONTROL, BYTE, NORMAL
+    # llama.cpp merges the highest-scored piece first; longer pieces learnt later score lower, as in real files
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, types
+
+
+def write_spm(model, path: Path, vocab) -> Path:
+    """`model` as an f32 GGUF file holding a SentencePiece (`llama`) tokenizer `vocab` (spm_vocab's)."""
+    import gguf
+
+    tokens, scores, types = vocab
+    write_gguf(model, path, "f32")
+    r = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(str(path) + ".tmp", r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vt = f.types[0]
+        w.add_array(key, f.contents()) if vt == gguf.GGUFValueType.ARRAY else w.add_key_value(key, f.contents(), vt)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=None if t.tensor_type.name in ("F32", "F16") else t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    Path(str(path) + ".tmp").replace(path)
+    return Path(path)

@@ -1,0 +1,89 @@
+"""Against llama.cpp itself (llama-cpp-python): the tokenizer built from a GGUF file's metadata gives llama.cpp's token
+ids (byte-level BPE under each pre-tokenizer lanefuse builds, and SentencePiece), and llama.cpp decoding the GGUF files
+the tests write (so their conventions — names, metadata, llama's permuted q/k rows — are llama.cpp's) agrees with
+transformers and with lanefuse's fused plan on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+llama_cpp = pytest.importorskip("llama_cpp")
+
+import gguf_files as gf  # noqa: E402
+from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.gguf import open_reader  # noqa: E402
+from lanefuse.engine.gguf_vocab import tokenizer_from_gguf  # noqa: E402
+from lanefuse.lane.run.generate import generate  # noqa: E402
+from test_gguf import EXTRA, PROMPT, SHAPES, VOCAB, _fused_step, _rel  # noqa: E402
+
+pytestmark = [pytest.mark.llamacpp, pytest.mark.hf]
+
+N = 12
+STRINGS = gf.SENTENCES + EXTRA + ["<s>a control token first", "zzqx unseen words", "a\u00a0no-break space"]
+
+
+def _llama(path, **kw):
+    return llama_cpp.Llama(str(path), verbose=False, **kw)
+
+
+def _small_llama():
+    return gf.tiny_model("llama", **dict(SHAPES["llama"], num_hidden_layers=1))
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt-2", "default"])
+def test_bpe_tokenizer_equals_llama_cpp(pre, tmp_path):
+    _, tokens, merges, types = gf.bpe_tokenizer(VOCAB, pre)
+    path = gf.write_gguf(_small_llama(), tmp_path / "t.gguf", "f32", tokenizer=(tokens, merges, types), pre=pre,
+                         bos=1)
+    ref = _llama(path, vocab_only=True)
+    mine = tokenizer_from_gguf(open_reader(path), str(path))
+    for s in STRINGS:
+        assert mine.encode(s).ids == ref.tokenize(s.encode(), add_bos=True, special=True), s
+
+
+def test_sentencepiece_tokenizer_equals_llama_cpp(tmp_path):
+    vocab = gf.spm_vocab()
+    model = gf.tiny_model("llama", **dict(SHAPES["llama"], num_hidden_layers=1, vocab_size=len(vocab[0])))
+    path = gf.write_spm(model, tmp_path / "spm.gguf", vocab)
+    ref = _llama(path, vocab_only=True)
+    mine = tokenizer_from_gguf(open_reader(path), str(path))
+    for s in STRINGS:
+        ids = mine.encode(s).ids
+        assert ids == ref.tokenize(s.encode(), add_bos=True, special=True), s
+        assert mine.decode(ids) == s.replace("<s>", ""), s  # the prefix space it adds is taken off again
+
+
+def _llama_cpp_greedy(path, prompt, n):
+    ll = _llama(path, n_ctx=64, n_threads=2, logits_all=True, type_k=llama_cpp.GGML_TYPE_F32,
+                type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)
+    ll.eval(list(prompt))
+    toks, logits = [], []
+    for _ in range(n):  # step by step, as lanefuse decodes
+        out = np.array(ll.scores[ll.n_tokens - 1], dtype=np.float32)
+        toks.append(int(np.argmax(out)))
+        logits.append(out)
+        ll.eval([toks[-1]])
+    return toks, logits
+
+
+# f16 files: llama.cpp's CPU f16 products round the activations to f16 (measured here: 5e-4 of the logits' scale)
+TOL = {"f32": 1e-4, "f16": 2e-3}
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("arch", list(SHAPES))
+def test_llama_cpp_agrees_with_transformers_and_lanefuse(arch, fmt, tmp_path):
+    model = gf.tiny_model(arch, **SHAPES[arch])
+    _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")  # llama.cpp loads no model without one
+    path = gf.write_gguf(model, tmp_path / f"{arch}-{fmt}.gguf", fmt, tokenizer=vocab)
+    want, want_logits = gf.hf_greedy(gf.reference(model, fmt), PROMPT, N)
+    ref, ref_logits = _llama_cpp_greedy(path, PROMPT, N)
+    cfg, weights = load_model(path)
+    got = generate(cfg, weights, PROMPT, N, step_fn=_fused_step(weights), chunk=4)
+    vs_hf, vs_lane = _rel(ref_logits, want_logits), _rel(ref_logits, got.logits)
+    print(f"\nllama.cpp {arch} {fmt}: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
+    assert ref == want == got.generated_ids
+    assert vs_hf < TOL[fmt] and vs_lane < TOL[fmt]
