@@ -438,3 +438,15 @@ def test_run_json_logits_are_capped_like_transformers(tmp_path):
     want = np.asarray(want_logits)
     assert logits.shape == want.shape and np.abs(logits).max() <= 3.0  # final_logit_softcapping 3.0
     assert float(np.abs(logits - want).max() / np.abs(want).max()) < TOL
+
+
+def test_the_split_schedule_counts_only_the_window():
+    """A sliding layer's attention over a long cache splits (and costs) only its window's positions."""
+    from lanefuse.kernels import Attention
+    from lanefuse.lane.lower.knobs import Knobs
+
+    full = Attention("q", "kc", "vc", "pos", "o", 8, 4, 128, 128, 4096, 1, 0.1, softcap=50.0)
+    slid = Attention("q", "kc", "vc", "pos", "o", 8, 4, 128, 128, 4096, 1, 0.1, window=512, softcap=50.0)
+    k = Knobs()
+    assert full.tune(k).splits == 16 and slid.tune(k).splits == 2  # 4096 // 256 against 512 // 256 positions a split
+    assert slid.bytes() < full.bytes() / 4 and slid.flops() * 8 == full.flops()
