@@ -49,6 +49,7 @@ class GemmaConfig(ModelConfig):
     layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each
     local_rope_theta: float = 0.0  # Gemma 3: the sliding layers' rotary base (0: the global table for every layer)
     local_rope_scaling: tuple[tuple[str, Any], ...] = ()
+    norm_offset: float = 1.0  # the norms scale by norm_offset + w (0: a GGUF file, whose converter stored 1 + w)
     prefix: str = "model."  # where the text model's tensors live: model. | language_model.model. | model.language_model.
     head: str = "lm_head.weight"  # the untied output matrix's name
 
@@ -119,8 +120,9 @@ class GemmaConfig(ModelConfig):
         out = {"rope.cos": t, "rope.sin": t}
         if self.local_rope() is not None:
             out.update({"rope.local.cos": t, "rope.local.sin": t})
-        shapes = self.weight_names()
-        out.update({n + ONE_PLUS: shapes[n] for n in self.norm_names()})
+        if self.norm_offset:
+            shapes = self.weight_names()
+            out.update({n + ONE_PLUS: shapes[n] for n in self.norm_names()})
         return out
 
     def generate(self, name: str, weights) -> dict[str, np.ndarray]:
@@ -131,7 +133,7 @@ class GemmaConfig(ModelConfig):
 
         if name.endswith(ONE_PLUS):
             w = np.asarray(weights.get(name[: -len(ONE_PLUS)]), dtype=np.float32)
-            return {name: (np.float32(1.0) + w).astype(np.float32)}
+            return {name: (np.float32(self.norm_offset) + w).astype(np.float32)}
         if name.startswith("rope.local."):
             t = rope_tables(self.local_rope())
             return {"rope.local.cos": t["rope.cos"], "rope.local.sin": t["rope.sin"]}
@@ -258,6 +260,36 @@ def gemma_config(c: dict[str, Any], arch: str, where: str, max_len: int, name: s
         prefix=p, head=head)
 
 
+# llama.cpp's Gemma models of a size whose attention scale is 1/sqrt(hidden / heads), not 1/sqrt(head_dim) (its
+# LLM_TYPE_27B: query_pre_attn_scalar 144 and 168, which the GGUF metadata does not hold), by their layer counts
+GGUF_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def gemma_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GemmaConfig:
+    """A GGUF file's Gemma 2 / Gemma 3 (llama.cpp's `gemma2`, `gemma3`) from the dense reading `cfg` and the
+    `{arch}.*` keys `r` reads, as llama.cpp takes them: the window and its pattern (every layer but each
+    pattern-th slides: 2 for gemma2, 6 for gemma3, unless `attention.sliding_window_pattern` says), the soft caps
+    (gemma2: 50 and 30 where the file leaves them out), the sliding layers' rotary base 10000 (gemma3), and norm
+    weights that already hold 1 + w (the converter adds the 1)."""
+    import dataclasses
+
+    from lanefuse.engine.model import ModelConfig as Base
+
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
+    layers, n = cfg.layers, r.size("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    types = tuple("sliding_attention" if i % n < n - 1 else "full_attention" for i in range(layers))
+    caps = (50.0, 30.0) if arch == "gemma2" else (0.0, 0.0)
+    attn_cap = r.number("attn_logit_softcapping", caps[0], low=0.0, low_open=False,
+                        expected="a number, 0 or more (0: no cap)")
+    final_cap = r.number("final_logit_softcapping", caps[1], low=0.0, low_open=False,
+                         expected="a number, 0 or more (0: no cap)")
+    scalar = cfg.hidden / cfg.heads if layers == GGUF_27B_LAYERS[arch] else cfg.head_dim
+    window = r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0
+    return GemmaConfig(**base, act="gelu", attn_scale=float(scalar) ** -0.5, attn_softcap=attn_cap,
+                       final_softcap=final_cap, window=window, layer_types=types,
+                       local_rope_theta=10000.0 if arch == "gemma3" else 0.0, norm_offset=0.0)
+
+
 def with_layout(cfg: GemmaConfig, stored: set[str]) -> GemmaConfig:
     """A Gemma3ForConditionalGeneration's names as its checkpoint stores them: the hub's `language_model.model.*` with
     `language_model.lm_head.weight` (transformers 4.50-4.51 wrote it, and 5.x's save_pretrained writes it again), or
@@ -299,7 +331,11 @@ def build_gemma_step(cfg: GemmaConfig, rows: int = 1) -> Graph:
             g.constant(Constant(name, generated[name], "values", "f32", False, name))
         return name
 
-    def norm_w(name: str) -> str:  # Gemma's norm scales by 1 + w: the generated f32 constant
+    def norm_w(name: str) -> str:  # Gemma's norm scales by 1 + w: the generated f32 constant (a GGUF file's as stored)
+        if not cfg.norm_offset:
+            if name not in g.constants:
+                g.constant(Constant(name, shapes[name], "values", "f32", False, name))
+            return name
         return values(name + ONE_PLUS)
 
     p = cfg.prefix

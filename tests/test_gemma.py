@@ -450,3 +450,96 @@ def test_the_split_schedule_counts_only_the_window():
     k = Knobs()
     assert full.tune(k).splits == 16 and slid.tune(k).splits == 2  # 4096 // 256 against 512 // 256 positions a split
     assert slid.bytes() < full.bytes() / 4 and slid.flops() * 8 == full.flops()
+
+
+# -- GGUF files of both (llama.cpp's gemma2, gemma3) ------------------------------------------------------------------
+
+GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+              "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+
+
+def _write_gemma_gguf(model, path):
+    """`model` as llama.cpp's convert_hf_to_gguf.py writes a Gemma2Model / Gemma3Model: its metadata keys (the caps
+    and the window; gemma3's rope base and linear scaling), its tensor names, every norm weight stored as 1 + w (the
+    converter adds the 1), 1-D tensors in f32, the tied head left out."""
+    import gguf
+
+    cfg = model.config
+    arch = "gemma2" if type(model).__name__.startswith("Gemma2") else "gemma3"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_file_type(0)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    else:
+        full = cfg.rope_parameters["full_attention"]
+        w.add_rope_freq_base(float(full["rope_theta"]))
+        if full.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(float(full["factor"]))
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        a = t.detach().float().numpy()
+        if name.endswith("norm.weight"):
+            a = a + 1.0
+        if name == "model.embed_tokens.weight":
+            g = "token_embd.weight"
+        elif name == "model.norm.weight":
+            g = "output_norm.weight"
+        else:
+            i, rest = name[len("model.layers."):].split(".", 1)
+            g = f"blk.{i}.{GGUF_LAYER[rest.rsplit('.', 1)[0]]}.weight"
+        w.add_tensor(g, a.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", ["gemma2_f32", "gemma3_f32"])
+def test_gguf_gemma_matches_transformers(name, tmp_path):
+    """A GGUF file of the model (f32, as llama.cpp's converter writes it) through the fused plan: transformers'
+    tokens and logits; the gemma3 case's pattern is llama.cpp's (every 6th layer global), so its transformers model
+    is given the same layer types."""
+    pytest.importorskip("gguf")
+    torch, transformers = _torch()
+    family, kw, dtype, gain = CASES[name]
+    kw = dict(kw)
+    if family == "Gemma3":
+        kw["layer_types"] = ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                             for i in range(kw["num_hidden_layers"])]
+    cfg_cls = transformers.Gemma2Config if family == "Gemma2" else transformers.Gemma3TextConfig
+    model = (transformers.Gemma2ForCausalLM if family == "Gemma2" else transformers.Gemma3ForCausalLM)(
+        cfg_cls(max_position_embeddings=64, **kw)).eval()
+    _init(model, torch, zlib.crc32(name.encode()), gain)
+    path = _write_gemma_gguf(model, tmp_path / f"{name}.gguf")
+    from lanefuse.engine.front import load_model
+
+    cfg, _ = load_model(path)
+    assert cfg.norm_offset == 0.0 and cfg.arch == type(model).__name__
+    if family == "Gemma3":  # llama.cpp's local base, which the file does not hold: give transformers the same
+        model.config.rope_parameters["sliding_attention"]["rope_theta"] = 10000.0
+        model = type(model)(model.config).eval()
+        _init(model, torch, zlib.crc32(name.encode()), gain)
+        path = _write_gemma_gguf(model, tmp_path / f"{name}.gguf")
+    # llama.cpp's attention scale: 1/sqrt(head_dim) for these sizes; give transformers the same
+    model.config.query_pre_attn_scalar = model.config.head_dim
+    for layer in model.model.layers:
+        layer.self_attn.scaling = model.config.head_dim ** -0.5
+    _compare(path, model, fused=True)
