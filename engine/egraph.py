@@ -49,6 +49,9 @@ class SatReport:
     iterations: int = 0
     stop: str = ""
     matches: dict[str, int] = field(default_factory=dict)  # rule name -> matches over all iterations
+    # each iteration: its stage (a stage compiles the variants that match through fused ops made before it), the
+    # matches per rule in it (rules that matched only) and the e-graph's e-nodes after it
+    steps: list[dict] = field(default_factory=list)
 
 
 def _var(name: str) -> str:
@@ -293,6 +296,7 @@ class EGraph:
         compiled = set(self.compiled)
         labels = " ".join(self.rule_label[r.name] for r in active)
         added = 0
+        first = self._combined + 1  # this saturation's first stage (the count runs on across saturations)
         while True:
             todo = [c for c in cands if c not in compiled
                     and any(all(a.ctor in have for a in q) for q in self.variant_of[c].queries)]
@@ -321,6 +325,8 @@ class EGraph:
                 for rn, m in last.items():
                     rep.matches[rn] += m
                     added += m * (1 + len(self.table.by_name[rn].outputs))
+                rep.steps.append({"stage": self._combined - first + 1, "matches": {k: v for k, v in last.items() if v},
+                                  "enodes": self._enodes()})
                 worst = max(last.items(), key=lambda kv: kv[1], default=("", 0))
                 if worst[1] > match_limit:
                     r = self.table.by_name[worst[0]]
@@ -342,6 +348,13 @@ class EGraph:
                 rep.stop = f"iteration limit ({max_iters})"
                 break
         return rep
+
+    def _enodes(self) -> int:
+        """The e-graph's e-nodes now (as `Snapshot.n_nodes` counts them: the loaded graph, fused nodes and
+        projections), from egglog's function sizes: a fraction of a millisecond, no snapshot."""
+        out = self._run("(print-size)")[-1]
+        sizes = getattr(out, "sizes", None) or []
+        return self.loaded_nodes + sum(n for name, n in sizes if name in self.variant_of or name == "proj")
 
     # -- snapshot -------------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:

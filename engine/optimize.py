@@ -355,7 +355,8 @@ class Session:
         total = sum(costs[n] for n in choice.values())
         summary = {
             "held": sorted(held),
-            "saturation": {"iterations": rep.iterations, "stop": rep.stop, "matches": dict(rep.matches)},
+            "saturation": {"iterations": rep.iterations, "stop": rep.stop, "matches": dict(rep.matches),
+                           "steps": [dict(st) for st in rep.steps]},
             "egraph": {"nodes": dec.snap.n_nodes, "classes": len(dec.snap.classes)},
             "time": {k: round(v, 6) for k, v in times.items()},
         }

@@ -116,6 +116,8 @@ class FakeExplorer:
         self.layer = 0
         self._before: dict | None = None
         self._after: dict | None = None
+        self._log: list[tuple[str, tuple]] = []
+        self._start = self._config()
 
     # ---- names -------------------------------------------------------------------------------------------------
     def _split(self, tensor: str) -> tuple[int, str]:
@@ -314,7 +316,7 @@ class FakeExplorer:
                 "graph": {"nodes": nodes, "edges": edges, "inputs": inputs},
                 "groups": groups_out, "rules": rules, "knobs": dict(self.knobs), "forced": dict(self.forced),
                 "census": summary["census"], "launches": summary["launches"], "cost_us": summary["cost_us"],
-                "fusions": summary["fusions"], "arena": self._arena(n), "diff": diff}
+                "fusions": summary["fusions"], "arena": self._arena(n), "diff": diff, "history": self.history()}
 
     def choices(self, tensor: str) -> list[dict]:
         n, short = self._split(tensor)
@@ -342,18 +344,45 @@ class FakeExplorer:
                         "chosen": (owner is f) if f is not None else owner is None})
         return out
 
-    def _change(self, fn) -> None:
+    def _change(self, fn, what: str = "change") -> None:
         before = self._summary()
         fn()
         self._before = before
+        self._log.append((what, self._config()))
+
+    def _config(self) -> tuple:
+        return set(self.held), dict(self.forced), dict(self.knobs)
+
+    def history(self) -> list[dict]:
+        return [{"what": w, "launches": None, "cost_us": None} for w, _ in self._log]
+
+    def undo(self) -> str:
+        if not self._log:
+            raise UserError("nothing to undo: the session has made no change")
+        what = self._log[-1][0]
+        self.goto(len(self._log) - 1)
+        return what
+
+    def goto(self, n: int) -> None:
+        if not 0 <= n <= len(self._log):
+            raise UserError(f"history entry {n}: the history has entries 0..{len(self._log)}")
+        before = self._summary()
+        held, forced, knobs = self._log[n - 1][1] if n else self._start
+        self.held, self.forced, self.knobs = set(held), dict(forced), dict(knobs)
+        del self._log[n:]
+        self._before = before
+
+    def set_what_if(self, method: str) -> None:
+        if method not in ("ilp", "local"):
+            raise UserError(f"what-if method `{method}`: local or ilp")
 
     def hold(self, rule: str) -> None:
         self._rule(rule)
-        self._change(lambda: self.held.add(rule))
+        self._change(lambda: self.held.add(rule), f"hold {rule}")
 
     def release(self, rule: str) -> None:
         self._rule(rule)
-        self._change(lambda: self.held.discard(rule))
+        self._change(lambda: self.held.discard(rule), f"release {rule}")
 
     def force(self, tensor: str, index: int) -> None:
         n, short = self._split(tensor)
@@ -365,13 +394,13 @@ class FakeExplorer:
         if alts[index][0] == "decompose":
             raise UserError(f"cannot force `{tensor}` to {alts[index][1].cls}: {_DECOMPOSE_WHY}")
         self._extract(n, {**self._forced_in(n), short: index})  # raises when it conflicts with another force
-        self._change(lambda: self.forced.__setitem__(tensor, index))
+        self._change(lambda: self.forced.__setitem__(tensor, index), f"force {tensor} #{index}")
 
     def unforce(self, tensor: str) -> None:
         self._split(tensor)
         if tensor not in self.forced:
             raise UserError(f"`{tensor}` is not forced")
-        self._change(lambda: self.forced.pop(tensor))
+        self._change(lambda: self.forced.pop(tensor), f"unforce {tensor}")
 
     def set_knob(self, name: str, value) -> None:
         allowed = {"numerics": ("f32", "q8"), "fuse_quant": (True, False)}
@@ -381,4 +410,4 @@ class FakeExplorer:
             raise UserError(f"no knob `{name}`{hint}; knobs: {', '.join(allowed)}")
         if value not in allowed[name] or (name == "fuse_quant" and not isinstance(value, bool)):
             raise UserError(f"knob `{name}` takes {' or '.join(map(str, allowed[name]))}, not {value!r}")
-        self._change(lambda: self.knobs.__setitem__(name, value))
+        self._change(lambda: self.knobs.__setitem__(name, value), f"knob {name}={value}")

@@ -400,7 +400,7 @@ def test_terminal_explorer_scripted_in_process(tmp_path):
     text = out.getvalue()
     assert rc == 1  # a command failed (two, on purpose), the loop went on to EOF
     assert "lanefuse> " not in text  # no prompt noise when scripted
-    assert "choices TENSOR" in text and "save FILE" in text  # help
+    assert "choices [TENSOR]" in text and "save FILE" in text and "undo" in text  # help
     assert "rules/norm.yaml:11" in text and "blocked by" not in text  # rules
     assert "L0.q_rot: 9 alternatives" in text and "●" in text  # choices
     assert "the step would cost" in text  # why
@@ -412,7 +412,7 @@ def test_terminal_explorer_scripted_in_process(tmp_path):
     assert "layer 0:" in text and "merged_qkv" in text
     assert re.search(r"release gemv_norm_epilogue: launches \d+ → 23", text)
     assert "knob launch_us=3.0" in text
-    assert "plan (local extraction" in text
+    assert "plan (local search" in text
     assert f"saved {path}" in text and load_spec(str(path))["knobs"] == {"launch_us": 3.0}
     assert "error: unknown command `frobnicate`" in text
     assert "Traceback" not in text

@@ -29,6 +29,7 @@ def _open(args):
     lane = args.lane or spec.get("lane") or "cuda"
     return Explorer(g, lane=lane, rules_dirs=tuple(args.rules or ()), knobs=knobs, held=held,
                     forced=spec.get("forced") or None, model_name=src.name,
+                    what_if="ilp" if getattr(args, "exact", False) else "local",
                     numerics=getattr(args, "numerics", None) or spec.get("numerics") or "f32")
 
 

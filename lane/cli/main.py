@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "FILE is required, so `--json` never takes MODEL for its file")
     p.add_argument("--trace", metavar="FILE", help="write the rewrite trace as JSON to FILE")
     p.add_argument("--save", metavar="FILE", help="save the plan for `lanefuse run --plan FILE`")
+    p.add_argument("--html", metavar="DIR", help="write a static report of the plan into DIR (made if missing): "
+                                                 "open DIR/index.html from the file system, no server needed")
     p.add_argument("--lifted", action="store_true", help="print the lifted graph instead (op, inputs, output, shape)")
     p.add_argument("--layer", type=int, default=None, metavar="N", help="show only layer N's launches")
     _plan_args(p)
@@ -139,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--web", action="store_true", help="serve the explorer page on 127.0.0.1")
     p.add_argument("--port", type=_port, default=0, help="port for --web (default: a free one)")
     p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step (1 = decode)")
+    p.add_argument("--exact", action="store_true",
+                   help="re-plan every change exactly (the ILP), not by local search (`exact on` in the shell)")
     _plan_args(p)
     return ap
 
@@ -178,6 +182,12 @@ def check_outputs(args) -> None:
         if real in seen:
             raise UserError(f"--{flag} {path}: --{seen[real]} writes the same file; give each its own name")
         seen[real] = flag
+    html = getattr(args, "html", None)
+    if isinstance(html, str):  # a folder: made if missing, never a file
+        if os.path.exists(html) and not os.path.isdir(html):
+            raise UserError(f"--html {html}: is a file; give a folder for the report (it is made if missing)")
+        if html == "-":
+            raise UserError("--html -: the report is a folder of files; give a folder name")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from lanefuse.lane.lower.files import write_atomic
 
@@ -78,10 +79,32 @@ def plan_command(args, src, g) -> int:
     if args.json:
         write_atomic(args.json, json.dumps({**schedule_json(s), "rules": rule_counts(s, opt, args.rules)}, indent=1)
                      + "\n")
+    if getattr(args, "html", None):
+        _write_html(args, src, g)
     if "-" in (args.json, args.save, args.trace):
         return 0  # stdout holds one JSON document, nothing else
     print_plan(s, args.layer, rule_counts(s, opt, args.rules, _released(args, g)))
     return 0
+
+
+def _write_html(args, src, g) -> None:
+    """`--html DIR`: the static report of the plan the flags make (lane/explore/report.py)."""
+    from lanefuse.lane.cli.options import plan_options
+    from lanefuse.lane.cli.slow import spinner
+    from lanefuse.lane.explore.explorer import Explorer
+    from lanefuse.lane.explore.report import write_report
+
+    o = plan_options(args)
+    with spinner(f"writing the report of {src.name} into {args.html}…"):
+        ex = Explorer(g, lane=o.lane, rules_dirs=o.rules_dirs, knobs=o.knobs, held=o.held, forced=o.forced or None,
+                      model_name=src.name, numerics=o.numerics)
+        try:
+            paths = write_report(ex, args.html)
+        finally:
+            ex.close()
+    size = sum(os.path.getsize(p) for p in paths)
+    print(f"lanefuse: report written: {os.path.join(args.html, 'index.html')} ({len(paths)} files, "
+          f"{size / 1024:.0f} KiB; open it in a browser, no server needed)", file=sys.stderr)
 
 
 def rule_counts(s, opt, rules_dirs=(), released=None) -> list[dict]:

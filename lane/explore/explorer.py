@@ -7,15 +7,14 @@ engine's public API (`Session.alternatives`, `Session.plan`, `Optimized.chosen`)
 schedule step is and which classes it gates come from the lane table.
 
 Speed: the first plan is exact (the ILP); every what-if after it takes the engine's local search (`method="local"`),
-about 20-30 ms on the demo model against ~350 ms for the ILP, and `plan(exact=True)` re-plans the current choices
-exactly. A configuration seen before (say: hold, then release) answers its cached plan, so going back is exact too.
+about 20-30 ms on the demo model against ~350 ms for the ILP, unless `set_what_if("ilp")` keeps every plan exact;
+`plan(exact=True)` re-plans the current choices exactly. `undo` and `goto` walk the history of changes back. A configuration seen before (say: hold, then release) answers its cached plan, so going back is exact too.
 
 Alternative indices: a tensor's alternatives are numbered once, in the engine's order under NO held rule, and keep
 those numbers across hold and release (an alternative is known by its `signature`, the same under every held set);
 an alternative a held rule removes stays listed (support `held`, with the rule to release) and cannot be forced. A
-plan file (`save`) records the engine's own indices under its held rules, which is what `lanefuse plan --spec FILE`
-replays.
-"""
+plan file (`save`) records each forced choice by what it is (op or class, rule, output, what it writes, reads and
+computes inside: `lane/lower/spec.py`), so `lanefuse plan --spec FILE` replays it after the rule set changes."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
 from lanefuse.lane.lower.plan import METHODS, NUMERICS, Launched, Plan, lower, split_held, steps_of
 from lanefuse.lane.lower.shim import Shim
+from lanefuse.lane.lower.spec import resolve_choice
 from lanefuse.lane.lower.table import LaneTable
 
 
@@ -46,6 +46,7 @@ class _Plan:
     warnings: list[str]
     ms: float
     shaped: dict[str, int] | None = None  # launches each schedule step shaped, worked out on first use
+    step_map: dict | None = None  # the whole step for the page's mini-map, worked out on first use
 
     @property
     def engine_cost(self) -> float:
@@ -134,6 +135,7 @@ class Explorer:
         self._sigs: dict[tuple[frozenset, str], list[tuple]] = {}
         self._order: dict[str, list[tuple]] = {}  # tensor -> alternative signatures, in stable index order
         self._plan_costs: dict[tuple, float | None] = {}
+        self._sources: dict[str, dict] = {}
         # the step graph by layer: an op outside the layers (embedding, head) goes with the first or the last layer
         self.producer: dict[str, Op] = {op.out: op for op in g.ops}
         self.layers = max(1, g.layers)
@@ -151,6 +153,7 @@ class Explorer:
         # a plan file's forced choices are the engine's indices under its held rules: number them the explorer's way
         for t, k in (forced or {}).items():
             self._tensor(t)
+            k = resolve_choice(t, k, self._alts(t, held_rules), self.producer)
             sigs = self._cur_sigs(t)
             if not isinstance(k, int) or not 0 <= k < len(sigs):
                 raise UserError(f"forced choice {k!r} for `{t}`: it has alternatives 0..{len(sigs) - 1}")
@@ -158,8 +161,29 @@ class Explorer:
         self._prev: _Plan | None = None
         self._what: str | None = None
         self._cur = self._plan_for(self.cfg, "ilp")
+        self._base = self.cfg  # the configuration the session opened with; `_log`: each change since, in order
+        self._log: list[tuple[str, _Config]] = []
         self.setup_ms = (time.perf_counter() - t0) * 1e3
         self.last_ms = self._cur.ms
+
+    # ---- rules' source --------------------------------------------------------------------------------------------
+    def rule_source(self, name: str) -> dict:
+        """Rule `name`'s pattern (each matched tensor's op, what the fused op writes, its guards) and its YAML entry
+        as the file holds it (`source`, from its line; None where the file cannot be read)."""
+        hit = self._sources.get(name)
+        if hit is None:
+            self._check_name(name)
+            r = self.table.by_name.get(name)
+            if r is None:  # a lane schedule step: its entry in the lane table
+                hit = {"pattern": [], "source": None}
+            else:
+                pattern = [f"{it.var}: {it.text}" for it in r.items]
+                pattern.append(f"out: {r.out}" + (f"  keeps: {', '.join(r.keeps)}" if r.keeps else ""))
+                for g, args in r.guards:
+                    pattern.append(f"if {g}({', '.join(a.var if a.var is not None else repr(a.lit) for a in args)})")
+                hit = {"pattern": pattern, "source": _yaml_entry(r.file, r.line)}
+            self._sources[name] = hit
+        return hit
 
     # ---- names ---------------------------------------------------------------------------------------------------
     def rule_names(self) -> list[str]:
@@ -299,12 +323,15 @@ class Explorer:
             opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, False), forced, "ilp")
         return opt
 
-    def _change(self, what: str, cfg: _Config) -> None:
-        """Re-plan under `cfg`; on a user error (no plan) the explorer stays as it was."""
+    def _change(self, what: str, cfg: _Config, record: bool = True) -> None:
+        """Re-plan under `cfg`; on a user error (no plan) the explorer stays as it was. A recorded change goes on
+        the history (`undo`, `goto`)."""
         t0 = time.perf_counter()
         p = self._plan_for(cfg)
         self._prev, self._cur, self.cfg, self._what = self._cur, p, cfg, what
         self.last_ms = (time.perf_counter() - t0) * 1e3
+        if record:
+            self._log.append((what, cfg))
 
     def _copy(self) -> _Config:
         c = self.cfg
@@ -324,6 +351,8 @@ class Explorer:
     @_engine_thread
     def release(self, rule: str) -> None:
         self._check_name(rule)
+        if rule not in self.cfg.held_rules and rule not in self.cfg.held_steps:
+            raise UserError(f"`{rule}` is not held (held: {', '.join(self.held) or 'nothing'})")
         cfg = self._copy()
         cfg.held_steps -= {rule}
         cfg.held_rules -= {rule}
@@ -360,6 +389,48 @@ class Explorer:
         cfg = self._copy()
         cfg.knobs = set_knob(cfg.knobs, name, value)
         self._change(f"knob {name}={getattr(cfg.knobs, name)}", cfg)
+
+    # ---- history ---------------------------------------------------------------------------------------------
+    @_engine_thread
+    def history(self) -> list[dict]:
+        """Each change since the session opened, oldest first: what it was and the step's launches and cost after
+        it (`goto(n)` goes back to the plan after the first n)."""
+        out = []
+        for what, cfg in self._log:
+            p = self._plans.get(self._key(cfg, self._engine_forced(cfg)[0]))
+            out.append({"what": what, "launches": p.sched.n_launches if p else None,
+                        "cost_us": round(p.sched.cost_us, 4) if p else None})
+        return out
+
+    @_engine_thread
+    def undo(self) -> str:
+        """Take the last change back (each undo one more); answer what was undone."""
+        if not self._log:
+            raise UserError("nothing to undo: the session has made no change")
+        what, _ = self._log[-1]
+        self.goto(len(self._log) - 1, f"undo {what}")
+        return what
+
+    @_engine_thread
+    def goto(self, n: int, what: str | None = None) -> None:
+        """Go back to the plan after the first `n` changes (0: the plan the session opened with); the later
+        changes leave the history. Each configuration's plan is cached, so going back is what it was."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(self._log):
+            raise UserError(f"history entry {n!r}: the history has entries 0..{len(self._log)} (0: the start)")
+        cfg = self._log[n - 1][1] if n else self._base
+        label = what or (f"back to #{n} {self._log[n - 1][0]}" if n else "back to the start")
+        self._change(label, cfg, record=False)
+        del self._log[n:]
+
+    @_engine_thread
+    def set_what_if(self, method: str) -> None:
+        """How a change re-plans: `local` (the local search, the default) or `ilp` (exact, as the first plan);
+        switching to `ilp` re-plans the current choices exactly."""
+        if method not in METHODS:
+            raise UserError(f"what-if method `{method}`: local or ilp")
+        self.what_if = method
+        if method == "ilp":
+            self.plan(exact=True)
 
     @_engine_thread
     def plan(self, exact: bool = False) -> Plan:
@@ -413,13 +484,178 @@ class Explorer:
         """Write the held rules, the forced choices (the engine's indices under the held rules) and the knobs as a
         plan file `lanefuse plan --spec FILE` replays."""
         from lanefuse.lane.lower.files import write_atomic
-        from lanefuse.lane.lower.spec import dump_spec
+        from lanefuse.lane.lower.spec import describe_choice, dump_spec
 
         forced, _ = self._engine_forced(self.cfg)
+        forced = {t: describe_choice(self._alts(t, self.cfg.held_rules)[k], self.producer) for t, k in forced.items()}
         default = Knobs().to_json()
         knobs = {k: v for k, v in self.cfg.knobs.to_json().items() if default.get(k) != v}
         write_atomic(path, dump_spec(self.lane.name, self.numerics, self.held, knobs, forced,
                                      self.model if self.model != "step" else None))
+
+    # ---- A/B: two configurations side by side ---------------------------------------------------------------------
+    def spec(self) -> dict:
+        """The current configuration as a spec `compare` takes: held rules and steps, forced choices (the explorer's
+        indices, `"stable": True`), knobs that differ from the chip's defaults, numerics."""
+        default = Knobs().to_json()
+        knobs = {k: v for k, v in self.cfg.knobs.to_json().items() if default.get(k) != v}
+        return {"held": self.held, "forced": self.forced, "knobs": knobs, "numerics": self.numerics, "stable": True}
+
+    def _config_from(self, spec: dict, what: str) -> _Config:
+        """A spec (a plan file's keys, or `spec()`) as a configuration of this explorer."""
+        if not isinstance(spec, dict):
+            raise UserError(f"{what}: a spec is a mapping of held, forced, knobs, numerics")
+        bad = sorted(set(spec) - {"held", "forced", "knobs", "numerics", "stable", "lane", "model", "name"})
+        if bad:
+            raise UserError(f"{what}: unknown key `{bad[0]}`; a spec has held, forced, knobs, numerics")
+        numerics = spec.get("numerics") or self.numerics
+        if numerics != self.numerics:
+            raise UserError(f"{what}: numerics `{numerics}`: this explorer plans {self.numerics} (open another with "
+                            f"--numerics {numerics} to compare)")
+        if spec.get("lane") not in (None, self.lane.name):
+            raise UserError(f"{what}: lane `{spec['lane']}`: this explorer plans the {self.lane.name} lane")
+        held = list(spec.get("held") or [])
+        for h in held:
+            self._check_name(str(h))
+        held_rules, held_steps = split_held([str(h) for h in held], self.table, self.lane)
+        kn = parse_knobs(spec.get("knobs") or {}, Knobs())
+        cfg = _Config(held_rules, held_steps, kn)
+        for t, k in (spec.get("forced") or {}).items():
+            self._tensor(t)
+            if spec.get("stable"):
+                n = len(self._stable(t))
+                if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
+                    raise UserError(f"{what}: forced choice {k!r} for `{t}`: it has alternatives 0..{n - 1}")
+                cfg.forced[t] = k
+                continue
+            k = resolve_choice(t, k, self._alts(t, held_rules), self.producer, what)
+            sigs = self._cur_sigs(t, held_rules)
+            if not isinstance(k, int) or not 0 <= k < len(sigs):
+                raise UserError(f"{what}: forced choice {k!r} for `{t}`: it has alternatives 0..{len(sigs) - 1}")
+            cfg.forced[t] = self._stable(t).index(sigs[k])
+        return cfg
+
+    @_engine_thread
+    def compare(self, a: dict | None = None, b: dict | None = None) -> dict:
+        """A/B: spec `a` against spec `b` (None: the current configuration), each planned exactly: each side's
+        launches, cost, arena and fusions, and what differs — the census and fusions that changed, the launches
+        only one side has (by kind and the tensors they compute), launches per layer."""
+        sides = []
+        for name, spec in (("A", a), ("B", b)):
+            cfg = self.cfg if spec is None else self._config_from(spec, f"spec {name}")
+            p = self._plan_for(cfg, "ilp")
+            sides.append((cfg, p))
+        out = {}
+        for name, (cfg, p) in zip("ab", sides):
+            s = p.sched
+            default = Knobs().to_json()
+            out[name] = {"launches": s.n_launches, "cost_us": round(s.cost_us, 4), "arena": s.arena.bytes,
+                         "lower_bound": s.arena.lower_bound, "census": dict(s.census), "fusions": dict(s.fusions),
+                         "held": sorted(cfg.held_rules | cfg.held_steps), "forced": dict(sorted(cfg.forced.items())),
+                         "knobs": {k: v for k, v in cfg.knobs.to_json().items() if default.get(k) != v},
+                         "method": p.method, "per_layer": {str(k): v for k, v in sorted(s.per_layer().items())},
+                         "current": (a if name == "a" else b) is None}
+        ch = lambda x, y: {k: [x.get(k, 0), y.get(k, 0)] for k in sorted(set(x) | set(y))  # noqa: E731
+                           if x.get(k, 0) != y.get(k, 0)}
+        key = lambda x: (x.launch.census, tuple(x.ops))  # noqa: E731
+        la = {key(x): (k, x) for k, x in enumerate(sides[0][1].sched.launches)}
+        lb = {key(x): (k, x) for k, x in enumerate(sides[1][1].sched.launches)}
+        only = lambda mine, other: [{"index": k, "launch": x.launch.census, "layer": x.layer, "cls": x.cls,  # noqa: E731
+                                     "rule": x.rule, "tensors": list(x.ops), "cost_us": round(x.cost_us, 4)}
+                                    for kk, (k, x) in sorted(mine.items(), key=lambda kv: kv[1][0]) if kk not in other]
+        out["diff"] = {"launches": [out["a"]["launches"], out["b"]["launches"]],
+                       "cost_us": [out["a"]["cost_us"], out["b"]["cost_us"]],
+                       "arena": [out["a"]["arena"], out["b"]["arena"]],
+                       "census": ch(out["a"]["census"], out["b"]["census"]),
+                       "fusions": ch(out["a"]["fusions"], out["b"]["fusions"]),
+                       "per_layer": ch(out["a"]["per_layer"], out["b"]["per_layer"]),
+                       "only_a": only(la, lb), "only_b": only(lb, la), "same": len(set(la) & set(lb))}
+        return out
+
+    # ---- one launch ------------------------------------------------------------------------------------------------
+    @_engine_thread
+    def launch(self, index: int) -> dict:
+        """Launch #index of the current plan: its kind's fields as planned, the CUDA functions it calls with grid
+        and block and their source, bytes, flops, estimated µs, its numpy twins (lane/explore/launches.py)."""
+        from lanefuse.lane.explore.launches import launch_detail
+
+        n = len(self._cur.sched.launches)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise UserError(f"launch {index!r}: the plan has launches 0..{n - 1}")
+        return launch_detail(self._cur.sched.launches[index], index)
+
+    # ---- saturation, step by step --------------------------------------------------------------------------------
+    @_engine_thread
+    def saturation(self) -> dict:
+        """The saturation behind the current plan, iteration by iteration (each rule's matches, the e-graph's
+        e-nodes after it), and per rule: its matches, how many of its fused ops the plan chose, and for a rule that
+        matched but was not chosen (everywhere or somewhere), why — at one tensor it made an alternative for: the
+        refusal and its reason, the held rule, or the cost comparison (the step's cost forced to it, against the
+        plan's)."""
+        p = self._cur
+        sat = p.opt.summary.get("saturation", {})
+        steps = [{"iteration": k + 1, **st, "rules": sorted(st["matches"], key=lambda r: -st["matches"][r])}
+                 for k, st in enumerate(sat.get("steps", []))]
+        chosen = p.opt.chosen
+        made: dict[str, list[tuple[str, int, bool]]] = {}  # rule -> (tensor, stable index, chosen) it made
+        for op in self.g.ops:
+            t = op.out
+            alts = self._alts(t, self.cfg.held_rules)
+            for a in alts:
+                if a.rule is not None:
+                    k = self._stable(t).index(a.signature)
+                    made.setdefault(a.rule, []).append((t, k, chosen.get(t) == a.index))
+        rules = []
+        for name in self.table.names:
+            r = self.table.by_name[name]
+            mine = made.get(name, [])
+            out = {"name": name, "where": r.where, "cls": r.cls, "held": name in self.cfg.held_rules,
+                   "matches": sat.get("matches", {}).get(name, 0), "fired": p.sched.fusions.get(name, 0),
+                   "alternatives": len(mine), "chosen": sum(c for *_, c in mine), "why_not": None}
+            if out["held"]:
+                out["why_not"] = "held: the engine does not apply it"
+            elif not out["matches"]:
+                out["why_not"] = "its pattern matched nothing in this step"
+            else:
+                lost = [(t, k) for t, k, c in mine if not c]
+                if lost:
+                    t, k = lost[0]
+                    out["why_not"] = self._why_not(t, k)
+            rules.append(out)
+        return {"iterations": steps, "stop": sat.get("stop", ""), "egraph": dict(p.opt.summary.get("egraph", {})),
+                "method": p.method, "cost_us": round(p.engine_cost, 4), "rules": rules}
+
+    def _why_not(self, t: str, k: int) -> dict:
+        """Why the plan does not take alternative #k of `t`: one example of a rule's unchosen fused op."""
+        c = self._alternative(self.cfg, t, k, plan_cost=True)
+        step = self._cur.engine_cost
+        got = next((x for x in self.choices(t) if x["chosen"]), None)
+        if got is not None:
+            instead = _what(got)
+        else:
+            own = self._owner(t)
+            x = own[1] if own else None
+            instead = (f"it computed inside launch #{own[0]} ({x.launch.census}, {x.cls or '?'}"
+                       f"{' by `' + x.rule + '`' if x.rule else ''})") if x else "it computed inside a fused op"
+        out = {"tensor": t, "index": k, "op": c["op"], "support": c["support"], "reason": c["reason"],
+               "own_us": c["cost_us"], "plan_cost_us": c["plan_cost_us"], "step_us": round(step, 4),
+               "instead": instead}
+        if c["support"] in ("refuse", "held"):
+            out["text"] = f"at {t} (#{k}): {c['support']}: {c['reason']}"
+        elif c["plan_cost_us"] is None:
+            out["text"] = f"at {t} (#{k}): no runnable plan takes it (a forced choice or a refusal conflicts)"
+        else:
+            d = c["plan_cost_us"] - step
+            if abs(d) < 0.005:
+                verdict = f"a tie at {step:.2f} µs with {instead}, broken by rank"
+            elif d > 0:
+                verdict = f"the step would cost {c['plan_cost_us']:.2f} µs with it ({d:+.2f} µs) against {step:.2f} µs " \
+                          f"with {instead}"
+            else:
+                verdict = f"the step would cost {c['plan_cost_us']:.2f} µs with it ({d:+.2f} µs): cheaper, which the " \
+                          f"{self._cur.method} search missed"
+            out["text"] = f"at {t} (#{k}): {verdict}"
+        return out
 
     # ---- alternatives ------------------------------------------------------------------------------------------
     @_engine_thread
@@ -429,6 +665,29 @@ class Explorer:
         search), and whether the plan chose it."""
         self._tensor(tensor)
         return [self._alternative(self.cfg, tensor, k, plan_cost=True) for k in range(len(self._stable(tensor)))]
+
+    @_engine_thread
+    def alternatives(self, tensor: str) -> list[dict]:
+        """`choices` without the step's cost if forced (no search: what a static report can hold of every tensor)."""
+        self._tensor(tensor)
+        return [self._alternative(self.cfg, tensor, k) for k in range(len(self._stable(tensor)))]
+
+    @_engine_thread
+    def with_choices(self) -> list[dict]:
+        """The tensors with more than one alternative, in step order: each with its layer, how many alternatives
+        (those a held rule removed included) and the chosen one's label (None: computed inside a fused op)."""
+        out = []
+        chosen = self._cur.opt.chosen
+        for op in self.g.ops:
+            t = op.out
+            n = len(self._stable(t))
+            if n < 2:
+                continue
+            j = chosen.get(t)
+            label = self._alts(t, self.cfg.held_rules)[j].label if j is not None else None
+            out.append({"tensor": t, "layer": self.layer_of[t], "alternatives": n, "chosen": label,
+                        "forced": t in self.cfg.forced})
+        return out
 
     def _alternative(self, cfg: _Config, t: str, k: int, plan_cost: bool = False) -> dict:
         sig = self._stable(t)[k]
@@ -606,20 +865,33 @@ class Explorer:
             r = self.table.by_name[name]
             rules.append({"name": name, "cls": r.cls, "why": r.why, "where": r.where,
                           "held": name in self.cfg.held_rules, "fired": sched.fusions.get(name, 0),
-                          "depends_on": self.table.depends_on(name)})
+                          "depends_on": self.table.depends_on(name), **self.rule_source(name)})
         if p.shaped is None:
             p.shaped = _steps_fired(sched, self.lane)
         for name, why in self.steps.items():
             rules.append({"name": name, "cls": "lane step", "why": why,
                           "where": self.lane.source, "held": name in self.cfg.held_steps,
-                          "fired": p.shaped.get(name, 0), "depends_on": []})
+                          "fired": p.shaped.get(name, 0), "depends_on": [], **self.rule_source(name)})
         return {"model": self.model, "lane": self.lane.name, "numerics": self.numerics, "rows": int(self.g.meta.get("rows", 1)),
                 "layers": self.layers, "layer": n,
                 "graph": {"nodes": nodes, "edges": edges, "inputs": inputs},
                 "groups": groups, "rules": rules, "held": self.held, "knobs": self.cfg.knobs.to_json(),
                 "forced": self.forced, "census": s["census"], "launches": s["launches"], "cost_us": s["cost_us"],
                 "fusions": s["fusions"], "arena": _arena_window(sched, idx), "diff": self.diff(),
-                "warnings": list(p.warnings), "method": p.method, "ms": round(self.last_ms, 1)}
+                "warnings": list(p.warnings), "method": p.method, "what_if": self.what_if,
+                "ms": round(self.last_ms, 1), "history": self.history(), "step": self._step_map(p)}
+
+    def _step_map(self, p: _Plan) -> dict:
+        """The whole step at a glance (the page's mini-map and search): every launch with the layer whose view
+        shows it (its first tensor's), kind, class, rule and tensors; and each tensor's layer."""
+        if p.step_map is None:
+            launches = []
+            for k, x in enumerate(p.sched.launches):
+                view = self.layer_of.get(x.ops[0], self.layers - 1) if x.ops else self.layers - 1
+                launches.append({"index": k, "launch": x.launch.census, "layer": view, "plan_layer": x.layer,
+                                 "cls": x.cls, "rule": x.rule, "tensors": list(x.ops)})
+            p.step_map = {"launches": launches, "tensor_layer": dict(self.layer_of)}
+        return p.step_map
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------------
@@ -674,6 +946,36 @@ def _steps_fired(sched: Plan, lane: LaneTable) -> dict[str, int]:
             if l.tune(sched.knobs, held | {step}) != base:
                 out[step] += 1
     return out
+
+
+def _yaml_entry(file: str, line: int) -> str | None:
+    """The YAML entry that starts at `line` of `file` (a rules file: the lines up to the next entry of its list)."""
+    import importlib.resources
+    import os
+
+    path = file
+    if not os.path.isfile(path) and file.startswith("rules/"):  # a built-in table: the package's own copy
+        path = str(importlib.resources.files("lanefuse.rules").joinpath(file[len("rules/"):]))
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    if not 1 <= line <= len(lines):
+        return None
+    first = lines[line - 1]
+    indent = len(first) - len(first.lstrip())
+    out = [first]
+    for text in lines[line:]:
+        stripped = text.lstrip()
+        if stripped.startswith("- ") and len(text) - len(stripped) <= indent:
+            break
+        if stripped and len(text) - len(stripped) < indent:
+            break
+        out.append(text)
+    while out and not out[-1].strip():
+        out.pop()
+    return "\n".join(out)
 
 
 def _what(c: dict) -> str:

@@ -4,9 +4,15 @@ the package, so it works offline) and a small JSON API over an Explorer. `lanefu
 API (every answer is JSON; a POST answers with the new state):
   GET  /api/state?layer=N          the explorer's state for layer N (the current layer without it)
   GET  /api/choices?tensor=T       T's alternatives
+  GET  /api/launch?index=N         launch N of the plan: fields, CUDA functions with grid and source, bytes, time
+  GET  /api/saturation             the saturation iteration by iteration, and why each rule was or was not chosen
   POST /api/hold    {"rule"}       POST /api/release {"rule"}
   POST /api/force   {"tensor", "index"}    POST /api/unforce {"tensor"}
   POST /api/knob    {"name", "value"}
+  POST /api/undo    {}                     POST /api/goto {"n"}: back to the plan after the history's first n changes
+  POST /api/what_if {"method"}: "ilp" (every change re-planned exactly) or "local" (by local search)
+  POST /api/compare {"a": spec, "b": spec}: A/B, each spec {held, forced, knobs, numerics} or null (the current
+                    configuration), answered with both sides and their diff (it changes nothing)
 A POST body may carry "layer" to say which layer's state to answer with. A UserError answers 400 {"error": message};
 a malformed request a 4xx as well (400; 403 for a foreign Host or Origin; 411/413 for a body of no or too great a
 length, the connection then closed so no unread body is taken for a request), the terminal quiet; a bug 500
@@ -51,6 +57,12 @@ class Explorer(Protocol):
     def force(self, tensor: str, index: int) -> None: ...
     def unforce(self, tensor: str) -> None: ...
     def set_knob(self, name: str, value: Any) -> None: ...
+    def launch(self, index: int) -> dict: ...
+    def saturation(self) -> dict: ...
+    def compare(self, a: dict | None = None, b: dict | None = None) -> dict: ...
+    def undo(self) -> str: ...
+    def goto(self, n: int) -> None: ...
+    def set_what_if(self, method: str) -> None: ...
 
 
 class BadRequest(Exception):
@@ -121,6 +133,13 @@ def _field(body: dict, name: str, kind: type) -> Any:
     if kind is str and not isinstance(v, str):
         raise BadRequest(f"`{name}` must be a string, not {v!r}")
     return v
+
+
+def _int(v: Any, name: str) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise BadRequest(f"`{name}` must be an integer, not {v!r}") from None
 
 
 def _layer(v: Any) -> int | None:
@@ -222,6 +241,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._api(lambda: ex.state(_layer(q.get("layer"))))
         elif url.path == "/api/choices":
             self._api(lambda: ex.choices(_field(q, "tensor", str)))
+        elif url.path == "/api/launch":
+            self._api(lambda: ex.launch(_int(q.get("index"), "index")))
+        elif url.path == "/api/saturation":
+            self._api(lambda: ex.saturation())
         elif url.path in ASSETS:
             name, ctype = ASSETS[url.path]
             try:
@@ -255,7 +278,13 @@ class _Handler(BaseHTTPRequestHandler):
             "/api/force": lambda: ex.force(_field(body, "tensor", str), _field(body, "index", int)),
             "/api/unforce": lambda: ex.unforce(_field(body, "tensor", str)),
             "/api/knob": lambda: ex.set_knob(_field(body, "name", str), self._knob(body)),
+            "/api/undo": lambda: ex.undo(),
+            "/api/goto": lambda: ex.goto(_field(body, "n", int)),
+            "/api/what_if": lambda: ex.set_what_if(_field(body, "method", str)),
         }
+        if url.path == "/api/compare":  # reads the body's specs, changes nothing: answers the comparison
+            self._api(lambda: ex.compare(self._spec(body, "a"), self._spec(body, "b")))
+            return
         act = actions.get(url.path)
         if act is None:
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such action: {url.path}"})
@@ -267,6 +296,13 @@ class _Handler(BaseHTTPRequestHandler):
             return ex.state(layer)
 
         self._api(run)
+
+    @staticmethod
+    def _spec(body: dict, name: str) -> dict | None:
+        v = body.get(name)
+        if v is not None and not isinstance(v, dict):
+            raise BadRequest(f"`{name}` must be a spec (an object of held, forced, knobs) or null, not {_clip(json.dumps(v))}")
+        return v
 
     def _knob(self, body: dict) -> Any:
         name, value = _field(body, "name", str), _field(body, "value", object)

@@ -16,8 +16,14 @@ HISTORY = os.path.join(os.path.expanduser("~"), ".lanefuse_explore_history")
 
 COMMANDS = [  # (usage, what it does): `help` prints these
     ("rules", "the rule table and the lane's schedule steps: held, fired, what each builds on"),
+    ("rule NAME", "a rule's source: name @ file:line, why, its pattern and YAML entry, matches and times chosen"),
+    ("saturation", "the saturation iteration by iteration (matches per rule, e-graph size); why each rule that "
+                   "matched was not chosen"),
     ("fired", "the fusions fired and the launch census"),
-    ("choices TENSOR", "the tensor's alternatives: own cost, support, the step's cost if forced"),
+    ("launch N", "launch #N of the plan: its fields, CUDA functions with grid and block and their source, bytes, "
+                 "µs, numpy twin"),
+    ("choices [TENSOR]", "the tensor's alternatives: own cost, support, the step's cost if forced; without one, "
+                         "the tensors that have alternatives"),
     ("why TENSOR", "why the plan computes the tensor its way, and why not the others"),
     ("hold RULE", "hold a rule or schedule step back, re-plan, show the diff"),
     ("release RULE", "release a held rule or step"),
@@ -25,8 +31,14 @@ COMMANDS = [  # (usage, what it does): `help` prints these
     ("unforce TENSOR", "take a forced choice back"),
     ("knob [NAME VALUE]", "list the lane's knobs, or set one (also NAME=VALUE)"),
     ("plan [exact]", "the plan: launches, cost, arena, census; `exact` re-plans with the ILP"),
+    ("exact [on|off]", "on: every change re-plans exactly (the ILP, as the first plan); off: by local search"),
     ("diff", "the plan against the one before the last change"),
+    ("undo", "take the last change back (again: the one before)"),
+    ("history [N]", "the changes so far; with N, go back to the plan after change N (0: the start)"),
     ("layer N", "layer N's launches"),
+    ("pin", "pin the current configuration as A for `compare`"),
+    ("compare [A [B]]", "A/B, each planned exactly: the pinned A (or plan file A) against the current plan (or plan "
+                        "file B): launches, cost, arena, census, fusions, the launches only one side has"),
     ("save FILE", "write held rules, forced choices and knobs as a plan file (`lanefuse plan --spec FILE`)"),
     ("quit", "leave (also `exit`, Ctrl-D)"),
 ]
@@ -44,9 +56,11 @@ class Shell(cmd.Cmd):
         self.interactive = _isatty(stdin) and _isatty(stdout)
         self.use_rawinput = self.interactive and stdin is sys.stdin
         self.prompt = "lanefuse> " if self.interactive else ""
-        self.console = Console(file=stdout, width=None if _isatty(stdout) else 140, highlight=False,
+        self.console = Console(file=stdout, width=None if _isatty(stdout) else 140, highlight=False, markup=False,
                                soft_wrap=False)
         self.failed = False
+        self._said_local = False  # the note that changes re-plan by local search, said once
+        self._pinned: dict | None = None  # `pin`: the configuration A of `compare`
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -109,6 +123,15 @@ class Shell(cmd.Cmd):
         self.stdout.flush()
         print(line, file=self._err(), flush=True)
 
+    def parseline(self, line: str):
+        """Commands are case-insensitive (`HOLD RULE`); their arguments (tensor and rule names) are not."""
+        cmd_, arg, line = super().parseline(line)
+        if cmd_ and cmd_ != "EOF":
+            low = cmd_.lower()
+            line = low + line[len(cmd_):]
+            cmd_ = low
+        return cmd_, arg, line
+
     def emptyline(self) -> bool:
         return False
 
@@ -164,6 +187,94 @@ class Shell(cmd.Cmd):
                       r["where"] if r["cls"] != "lane step" else os.path.basename(r["where"]))
         self.console.print(t)
 
+    def do_rule(self, arg: str) -> None:
+        name = self._one(arg, "rule NAME")
+        st = self.ex.state()
+        r = next((x for x in st["rules"] if x["name"] == name), None)
+        if r is None:
+            self.ex.rule_source(name)  # the error with its near names
+            return
+        c = self.console
+        held = " (held)" if r["held"] else ""
+        c.print(f"{r['where'] if r['cls'] != 'lane step' else r['name'] + ' @ ' + r['where']}{held}")
+        c.print(f"  class: {r['cls']}")
+        c.print(f"  why:   {r['why']}")
+        if r["pattern"]:
+            c.print("  pattern:")
+            for line in r["pattern"]:
+                c.print(f"    {line}")
+        if r["depends_on"]:
+            c.print(f"  builds on: {', '.join(r['depends_on'])}")
+        sat = next((x for x in self.ex.saturation()["rules"] if x["name"] == name), None)
+        if sat is not None:
+            c.print(f"  matched {sat['matches']} times in saturation; fired {sat['fired']} times in this plan")
+            w = sat["why_not"]
+            if w:
+                c.print(f"  not chosen: {w if isinstance(w, str) else w['text']}")
+        else:
+            c.print(f"  shaped {r['fired']} launches of this plan")
+        if r["source"]:
+            c.print("  source:")
+            for line in r["source"].splitlines():
+                c.print(f"    {line}")
+
+    def do_saturation(self, arg: str) -> None:
+        from rich.table import Table
+
+        s = self.ex.saturation()
+        eg = s["egraph"]
+        t = Table(title=f"saturation: {len(s['iterations'])} iterations, stopped: {s['stop']}; e-graph "
+                        f"{eg.get('nodes', '?')} e-nodes in {eg.get('classes', '?')} classes", header_style="bold")
+        for col, kw in (("it", {"justify": "right"}), ("stage", {"justify": "right"}),
+                        ("e-nodes", {"justify": "right"}), ("matches by rule", {"overflow": "fold"})):
+            t.add_column(col, **kw)
+        for it in s["iterations"]:
+            m = it["matches"]
+            t.add_row(str(it["iteration"]), str(it["stage"]), str(it["enodes"]),
+                      "  ".join(f"{r} {m[r]}" for r in it["rules"]) or "(nothing new: the stage is saturated)")
+        self.console.print(t)
+        r = Table(title=f"rules: matched, chosen, and why not ({s['method']} plan, {s['cost_us']:.2f} µs)",
+                  header_style="bold")
+        for col, kw in (("rule", {}), ("matches", {"justify": "right"}), ("fired", {"justify": "right"}),
+                        ("why not chosen (one place)", {"overflow": "fold"})):
+            r.add_column(col, **kw)
+        for x in s["rules"]:
+            w = x["why_not"]
+            r.add_row(x["name"], str(x["matches"]), str(x["fired"]),
+                      "" if not w else w if isinstance(w, str) else w["text"])
+        self.console.print(r)
+
+    def do_launch(self, arg: str) -> None:
+        word = self._one(arg, "launch N")
+        try:
+            n = int(word)
+        except ValueError:
+            raise UserError(f"launch {word}: give a launch's number (`layer N` lists them)") from None
+        d = self.ex.launch(n)
+        c = self.console
+        rule = f" by `{d['rule']}`" if d["rule"] else ""
+        c.print(f"launch #{d['index']}: {d['census']} ({d['kind']}), layer {d['layer']}, {d['cls'] or 'lifted'}"
+                f"{rule}; computes {', '.join(d['tensors'])}")
+        c.print(f"  {d['bytes']:,} bytes, {d['flops']:,} flops, estimated {d['cost_us']:.2f} µs; "
+                f"{d['kernels']} kernel launch{'es' if d['kernels'] != 1 else ''}")
+        c.print(f"  reads:  {', '.join(d['reads'])}")
+        c.print(f"  writes: {', '.join(d['writes'])}")
+        c.print("  fields:")
+        for k, v in d["fields"].items():
+            c.print(f"    {k} = {v!r}")
+        for call in d["calls"]:
+            c.print(f"  CUDA {call['function']}<<<grid {tuple(call['grid'])}, block {tuple(call['block'])}>>>  "
+                    f"(module: prelude + {' + '.join(call['stems'])})")
+        if d["calls_note"]:
+            c.print(f"  CUDA: {d['calls_note']}")
+        c.print(f"  numpy twin: {d['numpy']}" + (f"; fast twin: {d['fast']}" if d["fast"] else "")
+                + f"  ({d['source_file']})")
+        for f in d["functions"]:
+            if f["source"]:
+                c.print(f"  --- {f['function']} @ {f['file']}:{f['line']}")
+                for line in f["source"].splitlines():
+                    c.print(f"  {line}")
+
     def do_fired(self, arg: str) -> None:
         from rich.table import Table
 
@@ -185,7 +296,10 @@ class Shell(cmd.Cmd):
     def do_choices(self, arg: str) -> None:
         from rich.table import Table
 
-        tensor = self._one(arg, "choices TENSOR")
+        if not arg.strip():
+            self._list_choices()
+            return
+        tensor = self._one(arg, "choices [TENSOR]")
         ch = self.ex.choices(tensor)
         step = self.ex.plan().cost_us
         t = Table(title=f"{tensor}: {len(ch)} alternatives (step {step:.2f} µs)", header_style="bold")
@@ -203,6 +317,54 @@ class Shell(cmd.Cmd):
         self.console.print(t)
         if not any(c["chosen"] for c in ch):
             self.console.print(f"{tensor} is computed inside a fused op that does not write it (`why {tensor}`).")
+
+    def _list_choices(self) -> None:
+        from rich.table import Table
+
+        rows = self.ex.with_choices()
+        t = Table(title=f"{len(rows)} tensors with alternatives (`choices TENSOR` lists one's)", header_style="bold")
+        for c, kw in (("tensor", {}), ("layer", {"justify": "right"}), ("alternatives", {"justify": "right"}),
+                      ("chosen", {"overflow": "fold"})):
+            t.add_column(c, **kw)
+        for r in rows:
+            chosen = (r["chosen"] or "(inside a fused op)") + ("  ⚑ forced" if r["forced"] else "")
+            t.add_row(r["tensor"], str(r["layer"]), str(r["alternatives"]), chosen)
+        self.console.print(t)
+
+    def do_undo(self, arg: str) -> None:
+        if arg.strip():
+            raise UserError("usage: undo  (`history N` goes back further at once)")
+        self.ex.undo()
+        self._print_diff()
+
+    def do_history(self, arg: str) -> None:
+        word = arg.strip()
+        if word:
+            try:
+                n = int(word)
+            except ValueError:
+                raise UserError(f"history {word}: give a change's number from `history`, or 0 for the start") from None
+            self.ex.goto(n)
+            self._print_diff()
+            return
+        h = self.ex.history()
+        if not h:
+            self.console.print("no change yet: the first plan stands")
+            return
+        for k, e in enumerate(h, 1):
+            self.console.print(f"{k:3d}  {e['what']}: {e['launches']} launches, {e['cost_us']:.2f} µs")
+        self.console.print("`history N` goes back to the plan after change N (0: the start); `undo` one at a time")
+
+    def do_exact(self, arg: str) -> None:
+        word = arg.strip().lower()
+        if word not in ("", "on", "off"):
+            raise UserError("usage: exact [on|off]")
+        if word:
+            self.ex.set_what_if("ilp" if word == "on" else "local")
+        how = ("every change re-plans exactly (the ILP)" if self.ex.what_if == "ilp" else
+               "every change re-plans by local search (`exact on` keeps plans exact)")
+        self.console.print(f"exact {'on' if self.ex.what_if == 'ilp' else 'off'}: {how}; the plan now: "
+                           f"{self.ex.plan().cost_us:.2f} µs by {_method(self.ex.method)}")
 
     def do_why(self, arg: str) -> None:
         self.console.print(self.ex.why(self._one(arg, "why TENSOR")))
@@ -257,7 +419,7 @@ class Shell(cmd.Cmd):
         ex = self.ex
         s = ex.plan(exact=arg.strip() == "exact")
         c = self.console
-        c.print(f"plan ({ex.method} extraction, {ex.last_ms:.0f} ms): {s.n_launches} launches, {s.cost_us:.2f} µs, "
+        c.print(f"plan ({_method(ex.method)}, {ex.last_ms:.0f} ms): {s.n_launches} launches, {s.cost_us:.2f} µs, "
                 f"arena {s.arena.bytes} B (lower bound {s.arena.lower_bound} B)")
         c.print("census:  " + "  ".join(f"{k} {n}" for k, n in s.census.items()))
         c.print("fusions: " + ("  ".join(f"{k} {n}" for k, n in s.fusions.items()) or "none"))
@@ -291,6 +453,63 @@ class Shell(cmd.Cmd):
                       g["rule"] or "", ", ".join(g["tensors"]), f"{g['cost_us']:.2f}")
         self.console.print(t)
 
+    def do_pin(self, arg: str) -> None:
+        if arg.strip():
+            raise UserError("usage: pin  (then change things and `compare`)")
+        self._pinned = self.ex.spec()
+        sp = self._pinned
+        self.console.print(f"pinned as A: held {', '.join(sp['held']) or 'nothing'}; forced "
+                           f"{', '.join(f'{t} #{i}' for t, i in sp['forced'].items()) or 'nothing'}; knobs "
+                           f"{', '.join(f'{k}={v}' for k, v in sp['knobs'].items()) or 'the defaults'}")
+
+    def do_compare(self, arg: str) -> None:
+        from lanefuse.lane.lower.spec import load_spec
+
+        words = shlex.split(arg)
+        if len(words) > 2:
+            raise UserError("usage: compare [A [B]]  (plan files; without them the pinned A and the current plan)")
+        if words:
+            a = load_spec(words[0])
+            b = load_spec(words[1]) if len(words) == 2 else None
+        else:
+            if self._pinned is None:
+                raise UserError("nothing pinned: `pin` the configuration A first, or give plan files (compare A [B])")
+            a, b = self._pinned, None
+        r = self.ex.compare(a, b)
+        names = (words[0] if words else "A (pinned)", words[1] if len(words) == 2 else "B (current)")
+        self._print_compare(r, names)
+
+    def _print_compare(self, r: dict, names: tuple[str, str]) -> None:
+        from rich.table import Table
+
+        a, b, d = r["a"], r["b"], r["diff"]
+        t = Table(title="A/B (each planned exactly)", header_style="bold")
+        t.add_column("")
+        t.add_column(names[0], overflow="fold")
+        t.add_column(names[1], overflow="fold")
+        t.add_column("B − A", justify="right")
+        t.add_row("launches", str(a["launches"]), str(b["launches"]), f"{b['launches'] - a['launches']:+d}")
+        t.add_row("cost µs", f"{a['cost_us']:.2f}", f"{b['cost_us']:.2f}", f"{b['cost_us'] - a['cost_us']:+.2f}")
+        t.add_row("arena B", str(a["arena"]), str(b["arena"]), f"{b['arena'] - a['arena']:+d}")
+        t.add_row("held", ", ".join(a["held"]) or "–", ", ".join(b["held"]) or "–", "")
+        t.add_row("forced", ", ".join(f"{k} #{v}" for k, v in a["forced"].items()) or "–",
+                  ", ".join(f"{k} #{v}" for k, v in b["forced"].items()) or "–", "")
+        t.add_row("knobs", ", ".join(f"{k}={v}" for k, v in a["knobs"].items()) or "–",
+                  ", ".join(f"{k}={v}" for k, v in b["knobs"].items()) or "–", "")
+        for k, (x, y) in d["census"].items():
+            t.add_row(f"census {k}", str(x), str(y), f"{y - x:+d}")
+        for k, (x, y) in d["fusions"].items():
+            t.add_row(f"fusion {k}", str(x), str(y), f"{y - x:+d}")
+        self.console.print(t)
+        self.console.print(f"{d['same']} launches alike; {len(d['only_a'])} only in A, {len(d['only_b'])} only in B")
+        for side, rows in (("A", d["only_a"]), ("B", d["only_b"])):
+            for x in rows[:12]:
+                rule = f" by {x['rule']}" if x["rule"] else ""
+                self.console.print(f"  only {side}: #{x['index']} {x['launch']} ({x['cls'] or 'lifted'}{rule}), layer "
+                                   f"{x['layer']}: {', '.join(x['tensors'])}")
+            if len(rows) > 12:
+                self.console.print(f"  only {side}: … {len(rows) - 12} more")
+
     def do_save(self, arg: str) -> None:
         path = self._one(arg, "save FILE")
         self.ex.save(path)
@@ -312,7 +531,11 @@ class Shell(cmd.Cmd):
             return
         (lb, la), (cb, ca), (ab, aa) = d["launches"], d["cost_us"], d["arena"]
         c.print(f"{d['what']}: launches {lb} → {la} ({la - lb:+d}), cost {cb:.2f} → {ca:.2f} µs ({ca - cb:+.2f}), "
-                f"arena {ab} → {aa} B  [{d['method']}, {d['ms']:.0f} ms]")
+                f"arena {ab} → {aa} B  [{_method(d['method'])}, {d['ms']:.0f} ms]")
+        if d["method"] != "ilp" and not self._said_local:
+            self._said_local = True
+            c.print("  (the first plan was exact; changes re-plan by local search: `exact on` keeps them exact, "
+                    "`plan exact` re-plans this one)")
         if d["census"]:
             c.print("  census:  " + "  ".join(f"{k} {b}→{a}" for k, (b, a) in d["census"].items()))
         if d["fusions"]:
@@ -354,11 +577,18 @@ class Shell(cmd.Cmd):
             return self._complete(text, self.ex.knob_names())
         return []
 
+    def complete_rule(self, text, line, begidx, endidx):
+        return self._complete(text, self.ex.rule_names())
+
     def complete_layer(self, text, line, begidx, endidx):
         return self._complete(text, [str(i) for i in range(self.ex.layers)])
 
     def complete_plan(self, text, line, begidx, endidx):
         return self._complete(text, ["exact"])
+
+
+def _method(m: str) -> str:
+    return "exact (ILP)" if m == "ilp" else "local search"
 
 
 def _isatty(f) -> bool:

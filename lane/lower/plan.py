@@ -175,7 +175,13 @@ def plan_traced(g: Graph, opts: PlanOptions | None = None, *, session=None, tabl
     held_rules, held_steps = split_held(o.held, table, lt)
     shim = Shim(g, lt, o.knobs, held_steps)
     s = session if session is not None else Session(g, table)
-    opt = s.plan(held_rules, shim.cost, o.forced or None, o.method)
+    forced = o.forced
+    if any(isinstance(k, dict) for k in forced.values()):  # a plan file's choices by what they are: the indices now
+        from lanefuse.lane.lower.spec import resolve_choice
+
+        made = {op.out for op in g.ops}
+        forced = {t: resolve_choice(t, k, s.alternatives(t, held_rules), made) for t, k in forced.items()}
+    opt = s.plan(held_rules, shim.cost, forced or None, o.method)
     t1 = time.perf_counter()
     p = lower(opt, shim, held_rules, o.numerics, o.method, source or g.meta.get("source", {}),
               timings={"engine_s": t1 - t0})

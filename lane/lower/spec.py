@@ -29,8 +29,16 @@ def load_spec(path: str) -> dict:
         out[k] = v
     forced = out.get("forced", {})
     for t, i in forced.items():
+        if isinstance(i, dict):
+            bad = sorted(set(map(str, i)) - set(CHOICE_KEYS))
+            if bad or not isinstance(i.get("op"), str):
+                raise UserError(f"{path}: forced choice for {short(t)}: a choice names its `op` (the lifted op or "
+                                f"fused class) and may give {', '.join(k for k in CHOICE_KEYS if k != 'op')}"
+                                + (f"; unknown {', '.join(map(short, bad))}" if bad else ""))
+            continue
         if not isinstance(i, int) or isinstance(i, bool):
-            raise UserError(f"{path}: forced choice for {short(t)} must be an alternative's index (an integer)")
+            raise UserError(f"{path}: forced choice for {short(t)} must be a choice (op, rule, ...) or an "
+                            f"alternative's index (an integer)")
     for h in out.get("held", []):
         if not isinstance(h, (str, int)) or isinstance(h, bool):
             raise UserError(f"{path}: `held` is a list of rule (or schedule step) names, got {short(h)}")
@@ -39,6 +47,45 @@ def load_spec(path: str) -> dict:
             raise UserError(f"{path}: `knobs` maps a knob's name to a value, got {short(k)}: {short(v)}")
     out["held"] = [str(h) for h in out.get("held", [])]
     return out
+
+
+CHOICE_KEYS = ("op", "rule", "output", "writes", "reads", "covers", "index")
+
+
+def describe_choice(a, producer) -> dict:
+    """What alternative `a` (engine.optimize.Alternative) is, in names that outlive a change of the rule set: the
+    lifted op or fused class, the rule that made it, which output, what it writes, the computed tensors it reads and
+    those it computes inside. `index` (the engine's index when saved) is a hint only."""
+    op = a.op
+    d = {"op": a.cls or (op.kind if op is not None else "input"), "rule": a.rule}
+    if a.output is not None:
+        d["output"] = a.output
+    if op is not None:
+        d["writes"] = list(op.outs)
+        d["reads"] = [x for x in dict.fromkeys(op.ins) if x in producer]
+        if op.fused:
+            d["covers"] = [p.out for p in op.parts]
+    d["index"] = a.index
+    return d
+
+
+def resolve_choice(tensor: str, want, alts, producer, where: str = "the plan file") -> int:
+    """The engine's index of the alternative of `tensor` a plan file names: an index as it is, a described choice
+    (`describe_choice`) by what it is; none or several alike is a UserError naming the tensor."""
+    if not isinstance(want, dict):
+        return want
+    keys = [k for k in CHOICE_KEYS if k != "index" and k in want]
+    hits = [a.index for a in alts
+            if all(describe_choice(a, producer).get(k) == want[k] for k in keys)]
+    if len(hits) > 1 and want.get("index") in hits:
+        return want["index"]
+    if len(hits) >= 1:
+        return hits[0]
+    said = want["op"] + (f" by rule `{want['rule']}`" if want.get("rule") else "")
+    have = "; ".join(f"#{a.index} {a.label}" for a in alts)
+    reads = ", ".join(want.get("reads") or []) or "no computed tensor"
+    raise UserError(f"{where}: `{tensor}` is forced to {said} (reading {reads}), which the step's rules no longer "
+                    f"make (a rule renamed, removed or held?); its alternatives now: {have}")
 
 
 def dump_spec(lane: str, numerics: str, held, knobs: dict, forced: dict, model: str | None = None) -> str:

@@ -63,13 +63,37 @@ function tint(hex, alpha) { // "#rrggbb" or hsl() -> a translucent fill
 
 // ---- the page's state ----------------------------------------------------------------------------------------
 const S = {
-  st: null, layer: null, sel: null, choices: null, history: [], showInputs: false, litKind: null,
+  st: null, layer: null, sel: null, choices: null, showInputs: false, litKind: null,
   view: null, viewKey: null, layout: null, busy: 0,
 };
 
 // ---- the API -------------------------------------------------------------------------------------------------
 class ShownError extends Error {}
+// a static report (`lanefuse plan MODEL --html DIR`) carries the answers in report.js: no server, no network
+const REPORT = window.LANEFUSE_REPORT || null;
+function reportAnswer(path, body) {
+  const R = REPORT, u = new URL(path, location.href), q = u.searchParams;  // only its path and query are read
+  if (body !== undefined) {
+    const msg = "a static report: its plan is fixed; run `lanefuse explore MODEL --web` to hold rules, force choices and see the cost live";
+    toast(msg);
+    throw new ShownError(msg);
+  }
+  if (u.pathname === "/api/state") {
+    const n = q.has("layer") ? Number(q.get("layer")) : S.layer === null ? 0 : S.layer;
+    const L = R.layers[n];
+    if (!L) { toast(`layer ${q.get("layer")} is out of range: the model has layers 0..${R.layers.length - 1}`); throw new ShownError("layer"); }
+    return { ...R.common, ...L };
+  }
+  if (u.pathname === "/api/choices") return (R.choices[q.get("tensor")] || []).map((c) => ({ ...c, plan_cost_us: c.chosen ? R.common.cost_us : null }));
+  if (u.pathname === "/api/launch") {
+    const d = R.launches[Number(q.get("index"))];
+    return { ...d, functions: d.functions.map((f) => ({ ...f, ...(R.sources[f.function] || {}) })) };
+  }
+  if (u.pathname === "/api/saturation") return R.saturation;
+  throw new ShownError(`no such path in a static report: ${u.pathname}`);
+}
 async function api(path, body) {
+  if (REPORT) return reportAnswer(path, body);
   const opt = body === undefined ? {} :
     { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
   let r;
@@ -111,42 +135,34 @@ async function loadChoices() {
   } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); S.choices = []; renderInspector(); }
 }
 
-// a change: POST it, draw the new state, show what it did; `undo` is the change that takes it back
-async function act(path, body, label, undo) {
+// a change: POST it, draw the new state, show what it did. The server keeps the history (undo, go back to an
+// entry); a request that fails redraws the state the server still has, so no switch shows what it never applied.
+async function act(path, body, label) {
   const before = S.st;
   busy(true);
   try {
     const st = await api(path, { ...body, layer: S.layer });
     const diff = st.diff || clientDiff(before, st);
-    S.history.unshift({ label, undo, diff });
-    S.history.length = Math.min(S.history.length, 40);
     apply(st);
-    showDiff(label, diff, undo);
-    await loadChoices();
-  } catch (e) { if (!(e instanceof ShownError)) toast(String(e)); }
+    showDiff(st.diff && st.diff.what || label, diff);
+    if (S.detail && S.detail.kind === "launch") closeDetail();  // its index is the old plan's
+    S.sat = null;
+    await Promise.all([loadChoices(), loadSaturation(), loadCompare()]);
+  } catch (e) {
+    if (!(e instanceof ShownError)) toast(String(e));
+    if (S.st) apply(S.st);
+  }
   finally { busy(false); }
 }
-const hold = (rule) => act("/api/hold", { rule }, `hold ${rule}`, ["/api/release", { rule }, `release ${rule}`]);
-const release = (rule) => act("/api/release", { rule }, `release ${rule}`, ["/api/hold", { rule }, `hold ${rule}`]);
-function force(tensor, index, what) {
-  const was = S.st.forced[tensor];
-  const undo = was === undefined ? ["/api/unforce", { tensor }, `unforce ${tensor}`] : ["/api/force", { tensor, index: was }, `force ${tensor} #${was}`];
-  return act("/api/force", { tensor, index }, `force ${tensor} → ${what}`, undo);
-}
-function unforce(tensor) {
-  const was = S.st.forced[tensor];
-  return act("/api/unforce", { tensor }, `unforce ${tensor}`, ["/api/force", { tensor, index: was }, `force ${tensor} #${was}`]);
-}
-function setKnob(name, value) {
-  const was = S.st.knobs[name];
-  return act("/api/knob", { name, value }, `${name} = ${JSON.stringify(value)}`, ["/api/knob", { name, value: was }, `${name} = ${JSON.stringify(was)}`]);
-}
-function undoLast() {
-  const last = S.history[0];
-  if (!last || !last.undo) return;
-  const [path, body, label] = last.undo;
-  act(path, body, label, null);
-}
+const hold = (rule) => act("/api/hold", { rule }, `hold ${rule}`);
+const release = (rule) => act("/api/release", { rule }, `release ${rule}`);
+const force = (tensor, index, what) => act("/api/force", { tensor, index }, `force ${tensor} → ${what}`);
+const unforce = (tensor) => act("/api/unforce", { tensor }, `unforce ${tensor}`);
+const setKnob = (name, value) => act("/api/knob", { name, value }, `${name} = ${JSON.stringify(value)}`);
+const hist = () => (S.st && S.st.history) || [];
+function undoLast() { if (hist().length) return act("/api/undo", {}, "undo"); }
+const goBack = (n) => act("/api/goto", { n }, n ? `back to #${n}` : "back to the start");
+const setExact = (on) => act("/api/what_if", { method: on ? "ilp" : "local" }, on ? "exact on" : "exact off");
 
 function clientDiff(b, a) {
   if (!b) return null;
@@ -163,8 +179,9 @@ function apply(st) {
   S.st = st;
   S.layer = st.layer;
   if (S.sel && !st.graph.nodes.some((n) => n.id === S.sel)) { S.sel = null; S.choices = null; }
-  renderHeader(); renderRules(); renderKnobs(); renderForced(); renderHistory();
+  renderHeader(); renderRules(); renderKnobs(); renderForced(); renderHistory(); renderMinimap();
   renderCost(); renderCensus(); renderFusions(); renderGraph(); renderArena(); renderInspector();
+  if (S.detail && S.detail.kind === "rule") showRule(S.detail.key);
 }
 
 function renderHeader() {
@@ -186,9 +203,11 @@ function renderHeader() {
     h("div", { class: "stat", title: "fused ops chosen in the whole step" }, h("b", {}, nFused), h("span", {}, "fusions")),
   );
   $("graph-title").textContent = `L${st.layer}: ${st.graph.nodes.length} tensors → ${st.groups.length} launches`;
+  $("exact").checked = st.what_if === "ilp";
+  $("method").textContent = st.method ? `plan: ${st.method === "ilp" ? "exact" : "local search"}` : "";
 }
 
-function showDiff(label, d, undo) {
+function showDiff(label, d) {
   const el = $("diff");
   if (!d) { el.classList.add("hidden"); return; }
   const [lb, la] = d.launches, [cb, ca] = d.cost_us;
@@ -206,7 +225,8 @@ function showDiff(label, d, undo) {
   const fus = Object.entries(d.fusions || {});
   if (fus.length) kids.push(item("fusions", fus.map(([k, [b, a]]) => `${k} ${b}→${a}`).join("  ")));
   kids.push(h("span", { class: "spacer" }));
-  if (undo) kids.push(h("button", { id: "undo", title: "take this change back (u)", onclick: undoLast }, "undo"));
+  kids.push(h("span", { class: "dim", id: "diff-method" }, d.method === "ilp" ? "exact" : d.method ? "local search" : ""));
+  if (hist().length) kids.push(h("button", { id: "undo", title: "take the last change back (u); again: the one before", onclick: undoLast }, "undo"));
   kids.push(h("button", { title: "dismiss", onclick: () => el.classList.add("hidden") }, "×"));
   el.replaceChildren(...kids);
   el.className = la > lb || (la === lb && ca > cb + 1e-9) ? "worse" : la < lb || ca < cb - 1e-9 ? "better" : "";
@@ -226,6 +246,7 @@ function renderRules() {
     const cls = [r.held ? "held" : "", blockedBy.length ? "blocked" : "", r.fired ? "" : "zero"].join(" ");
     const cb = h("input", { type: "checkbox", "data-rule": r.name, "aria-label": `hold ${r.name}` });
     cb.checked = r.held;
+    cb.disabled = !!REPORT;
     cb.addEventListener("change", () => (cb.checked ? hold(r.name) : release(r.name)));
     const tip = () => [
       ["h", r.name], ["class", r.cls], ["why", r.why], ["fired", `${r.fired} in the step`],
@@ -234,18 +255,18 @@ function renderRules() {
       ["", r.held ? "held back: the engine does not apply it" : "click the switch to hold it back"],
     ];
     return h("tr", { class: cls, "data-rule-row": r.name, tip },
-      h("td", {}, h("label", { class: "switch", title: r.held ? "held: click to release" : "click to hold back" }, cb, h("i"))),
-      h("td", { class: "name" }, r.name),
-      h("td", { class: "cls" }, r.cls !== r.name && r.cls !== "lane step" ? r.cls : ""),
+      h("td", { class: "sw-cell" }, h("label", { class: "switch", title: r.held ? "held: click to release" : "click to hold back" }, cb, h("i"))),
+      h("td", { class: "name", onclick: () => showRule(r.name) }, r.name,
+        r.cls !== r.name && r.cls !== "lane step" ? h("span", { class: "cls" }, r.cls) : ""),
       h("td", { class: "num" }, r.fired));
   };
-  rows.push(h("tr", { class: "group" }, h("td", { colspan: 3 }, "shared rules"), h("td", { class: "num" }, "fired")));
+  rows.push(h("tr", { class: "group" }, h("td", { colspan: 2 }, "shared rules"), h("td", { class: "num" }, "fired")));
   rows.push(...shared.map(row).filter(Boolean));
   if (lane.length) {
-    rows.push(h("tr", { class: "group" }, h("td", { colspan: 4 }, "lane schedule steps")));
+    rows.push(h("tr", { class: "group" }, h("td", { colspan: 3 }, "lane schedule steps")));
     rows.push(...lane.map(row).filter(Boolean));
   }
-  $("rules").replaceChildren(...rows);
+  $("rules").replaceChildren(h("colgroup", {}, h("col", { class: "c-sw" }), h("col"), h("col", { class: "c-num" })), ...rows);
   $("rules-count").textContent = `${held.size ? held.size + " held · " : ""}${st.rules.length}`;
 }
 
@@ -266,6 +287,7 @@ function renderKnobs() {
         setKnob(name, typeof v === "number" ? Number(raw) : raw);
       });
     }
+    input.disabled = !!REPORT;
     return h("div", { class: "knob" }, h("span", { class: "name" }, name), input);
   }));
 }
@@ -279,15 +301,19 @@ function renderForced() {
 }
 
 function renderHistory() {
-  $("history-panel").classList.toggle("hidden", !S.history.length);
-  $("history").replaceChildren(...S.history.map((e) => h("li", { title: e.label },
-    h("span", { class: "a" }, e.label),
-    e.diff ? delta(e.diff.launches[0], e.diff.launches[1]) : "",
-    e.diff ? h("span", {}, delta(e.diff.cost_us[0], e.diff.cost_us[1], (x) => x.toFixed(1)), h("span", { class: "faint" }, "µs")) : "")));
+  const entries = hist();
+  $("history-panel").classList.toggle("hidden", !!REPORT);  // a static report has no history, nothing to pin
+  const items = entries.map((e, i) => ({ ...e, n: i + 1 })).reverse();
+  items.push({ what: "start (the first, exact plan)", n: 0, launches: null, cost_us: null });
+  $("history").replaceChildren(...items.map((e, k) => h("li", {
+    "data-history": e.n, class: k === 0 ? "cur" : "", title: k === 0 ? "the plan now" : `click: back to the plan after this (later changes leave the history)`,
+    onclick: k === 0 ? null : () => goBack(e.n) },
+    h("span", { class: "a" }, e.n ? `${e.n}. ${e.what}` : e.what),
+    e.launches !== null ? h("span", { class: "dim" }, `${e.launches} · ${fmtUs(e.cost_us)} µs`) : "")));
 }
 
 function renderCost() {
-  const st = S.st, d = S.history.length ? S.history[0].diff : null;
+  const st = S.st, d = st.diff;
   const perLayer = st.groups.length;
   const row = (k, v, extra) => [h("span", { class: "k" }, k), h("span", {}, v, extra ? " " : "", extra || "")];
   $("cost").replaceChildren(
@@ -299,7 +325,7 @@ function renderCost() {
 }
 
 function renderCensus() {
-  const st = S.st, d = (S.history[0] && S.history[0].diff && S.history[0].diff.census) || {};
+  const st = S.st, d = (st.diff && st.diff.census) || {};
   const entries = Object.entries(st.census);
   for (const k of Object.keys(d)) if (!(k in st.census)) entries.push([k, 0]);
   entries.sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
@@ -320,14 +346,14 @@ function renderCensus() {
 }
 
 function renderFusions() {
-  const st = S.st, d = (S.history[0] && S.history[0].diff && S.history[0].diff.fusions) || {};
+  const st = S.st, d = (st.diff && st.diff.fusions) || {};
   const entries = Object.entries(st.fusions);
   for (const k of Object.keys(d)) if (!(k in st.fusions)) entries.push([k, 0]);
   entries.sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
   const why = Object.fromEntries(st.rules.map((r) => [r.name, r]));
   $("fusions").replaceChildren(
     h("tr", {}, h("th", {}, "rule"), h("th", { class: "num" }, "count"), h("th", { class: "num" }, "Δ"), h("th", {}, "class")),
-    ...(entries.length ? entries.map(([k, n]) => h("tr", { tip: why[k] ? [["h", k], ["class", why[k].cls], ["why", why[k].why]] : null },
+    ...(entries.length ? entries.map(([k, n]) => h("tr", { "data-fusion": k, class: "clickable", onclick: () => showRule(k), tip: why[k] ? [["h", k], ["class", why[k].cls], ["why", why[k].why], ["", "click for its source"]] : null },
       h("td", { class: n ? "" : "faint" }, k), h("td", { class: "num" }, n), h("td", { class: "num" }, d[k] ? delta(d[k][0], d[k][1], String, false) : ""),
       h("td", { class: "faint" }, why[k] && why[k].cls !== k ? why[k].cls : "")))
       : [h("tr", {}, h("td", { colspan: 4, class: "faint" }, "no fusion fired: every op runs alone"))]),
@@ -335,19 +361,31 @@ function renderFusions() {
 }
 
 // ---- the graph: a layered DAG by topological depth -------------------------------------------------------------
-const NODE_H = 32, IN_H = 18, ROW = 58, GAP = 18, CH = 7.0;
+// node sizes: a 13 px name (7.9 px a character in the monospace font), a 10.5 px line under it; with "inputs" ticked,
+// each node lists what it reads from outside the layer under its name (no edges from them: they are many)
+const NODE_H = 32, IN_LINE = 13, VGAP = 14, BOX_GAP = 12, GAP = 16, CH = 7.9, CH_SUB = 6.4, IN_WRAP = 44;
+const shortInput = (name) => name.replace(/^model\./, "").replace(/^layers\.\d+\./, "").replace(/^(self_attn|mlp|attn)\./, "");
+function inputLines(names) { // "in: a, b, c" wrapped at IN_WRAP characters, never a name cut
+  const lines = [];
+  let cur = "in: ";
+  for (const [i, nm] of names.entries()) {
+    const piece = nm + (i < names.length - 1 ? "," : "");
+    if (cur.length > 4 && cur.length + piece.length > IN_WRAP) { lines.push(cur.trimEnd()); cur = "    "; }
+    cur += piece + " ";
+  }
+  if (names.length) lines.push(cur.trimEnd());
+  return lines;
+}
 
 function layout(st) {
   const nodes = new Map();
   st.graph.nodes.forEach((n, i) => nodes.set(n.id, { ...n, input: false, preds: [], succs: [], ord: i }));
   const inputs = new Set(st.graph.inputs || []);
   const edges = [];
+  for (const n of nodes.values()) n.ins = [];
   for (const [a, b] of st.graph.edges) {
     if (!nodes.has(b)) continue;
-    if (!nodes.has(a)) {
-      if (!S.showInputs) continue;
-      nodes.set(a, { id: a, op: inputs.has(a) ? "input" : "?", shape: null, group: null, input: true, preds: [], succs: [], ord: nodes.size });
-    }
+    if (!nodes.has(a)) { nodes.get(b).ins.push(a); continue; }
     nodes.get(a).succs.push(b); nodes.get(b).preds.push(a);
     edges.push([a, b]);
   }
@@ -374,18 +412,18 @@ function layout(st) {
     const lo = Math.min(...n.succs.map((t) => nodes.get(t).depth));
     if (lo - 1 > n.depth) n.depth = lo - 1;
   }
-  for (const n of order) if (n.input) n.depth = Math.min(...n.succs.map((t) => nodes.get(t).depth)) - 1;
   const minD = Math.min(0, ...[...nodes.values()].map((n) => n.depth));
   const rows = [];
   for (const n of order) { n.depth -= minD; (rows[n.depth] = rows[n.depth] || []).push(n); }
   for (let i = 0; i < rows.length; i++) rows[i] = rows[i] || [];
   // sizes
   for (const n of nodes.values()) {
-    const nm = n.input ? n.id : shortName(n.id, st.layer);
+    const nm = shortName(n.id, st.layer);
     n.label = nm;
-    n.sub = n.input ? "" : `${n.op} · ${fmtShape(n.shape)}`;
-    n.w = n.input ? Math.max(44, nm.length * 6.2 + 14) : Math.max(92, nm.length * CH + 30, n.sub.length * 5.9 + 18);
-    n.h = n.input ? IN_H : NODE_H;
+    n.sub = `${n.op} · ${fmtShape(n.shape)}`;
+    n.inLines = S.showInputs ? inputLines(n.ins.map(shortInput)) : [];
+    n.w = Math.max(100, nm.length * CH + 34, n.sub.length * CH_SUB + 20, ...n.inLines.map((l) => l.length * CH_SUB + 20));
+    n.h = NODE_H + n.inLines.length * IN_LINE;
   }
   // order within rows: barycenter sweeps, each fused group kept together
   const pos = new Map();
@@ -417,17 +455,18 @@ function layout(st) {
     r.forEach((n) => (n.x -= shift));
   };
   const packed = (r) => { let x = 0; const m = new Map(); r.forEach((n) => { m.set(n.id, x + n.w / 2); x += n.w + GAP; }); const c = x / 2; return (n) => m.get(n.id) - c; };
+  // each row as tall as its tallest node; where a launch's box starts or ends between two rows, room for its frame
+  // and label (BOX_GAP more)
+  const boxed = (r) => new Set(r.filter((n) => n.group !== null && n.group !== undefined && (groupSize.get(n.group) || 1) > 1).map((n) => n.group));
+  let top = 0;
   rows.forEach((r, i) => {
-    const comp = r.filter((n) => !n.input);
-    const pk = packed(comp);
-    place(comp, (n) => { const ps = n.preds.map((p) => nodes.get(p)).filter((p) => !p.input && p.x !== undefined); return ps.length ? ps.reduce((a, p) => a + p.x, 0) / ps.length : pk(n); });
-    r.forEach((n) => (n.y = i * ROW));
-  });
-  rows.forEach((r) => {
-    if (!r.some((n) => n.input)) return;
-    const want = (n) => (n.input ? n.succs.reduce((a, t) => a + nodes.get(t).x, 0) / n.succs.length : n.x);
-    r.sort((a, b) => want(a) - want(b));
-    place(r, want);
+    const pk = packed(r);
+    place(r, (n) => { const ps = n.preds.map((p) => nodes.get(p)).filter((p) => p.x !== undefined); return ps.length ? ps.reduce((a, p) => a + p.x, 0) / ps.length : pk(n); });
+    const hmax = Math.max(NODE_H, ...r.map((n) => n.h));
+    r.forEach((n) => (n.y = top + n.h / 2));
+    const a = boxed(r), b = i + 1 < rows.length ? boxed(rows[i + 1]) : new Set();
+    const edge = [...a].some((g) => !b.has(g)) || [...b].some((g) => !a.has(g));
+    top += hmax + VGAP + (edge ? BOX_GAP : 0);
   });
   // a node outside a fused group never sits inside the group's box: push it clear, and its row-mates with it
   for (let it = 0; it < 2; it++) for (const g of st.groups) {
@@ -485,14 +524,18 @@ function renderGraph() {
       s("path", { d: "M0,0 L8,4 L0,8 z", fill: "#6b7482" })),
     s("marker", { id: "arrow-hot", viewBox: "0 0 8 8", refX: 7, refY: 4, markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" },
       s("path", { d: "M0,0 L8,4 L0,8 z", fill: "#6cb6ff" })));
-  // group boxes under everything
+  // group boxes under everything, their labels over everything
+  const labels = [];
   for (const b of L.boxes) {
     const c = colour(b.g.launch), lbl = `${b.g.launch} · ${b.g.rule || b.g.cls}`;
     const lit = S.litKind === b.g.launch ? " lit" : "";
+    const label = s("g", { class: "glabel", "data-launch": b.g.index, onclick: (e) => { e.stopPropagation(); showLaunch(b.g.index); } },
+      s("rect", { x: b.x0 + 6, y: b.y0 - 8, width: lbl.length * 6.6 + 12, height: 15, rx: 3, fill: "#0f1114" }),
+      s("text", { x: b.x0 + 12, y: b.y0 + 3, fill: c }, lbl));
+    label._tip = [["h", `launch #${b.g.index} · ${b.g.launch}`], ["", `${b.g.cls}${b.g.rule ? " by " + b.g.rule : ""} — click for its fields and CUDA code`]];
     root.append(s("g", { class: "gbox" + lit, "data-group": b.g.id },
-      s("rect", { x: b.x0, y: b.y0, width: b.x1 - b.x0, height: b.y1 - b.y0, rx: 7, fill: tint(c, 0.07), stroke: tint(c, 0.75), "stroke-width": 1.2 }),
-      s("rect", { x: b.x0 + 6, y: b.y0 - 6, width: lbl.length * 5.8 + 10, height: 12, rx: 3, fill: "#0f1114" }),
-      s("text", { x: b.x0 + 11, y: b.y0 + 3, fill: c }, lbl)));
+      s("rect", { x: b.x0, y: b.y0, width: b.x1 - b.x0, height: b.y1 - b.y0, rx: 7, fill: tint(c, 0.07), stroke: tint(c, 0.75), "stroke-width": 1.2 })));
+    labels.push(s("g", { class: "gbox-top" + lit }, label));  // drawn over the edges and nodes: always clickable
   }
   // edges
   const hot = new Set();
@@ -506,7 +549,7 @@ function renderGraph() {
     const dy = Math.max(18, (y2 - y1) * 0.5);
     const isHot = focus && (a === focus || b === focus);
     if (isHot) { hot.add(a); hot.add(b); }
-    const cls = ["edge", na.input ? "in" : "", fused ? "fused" : "", isHot ? "hot" : ""].join(" ");
+    const cls = ["edge", fused ? "fused" : "", isHot ? "hot" : ""].join(" ");
     const e = s("path", { class: cls, d: `M${x1},${y1} C${x1},${y1 + dy} ${x2},${y2 - dy} ${x2},${y2}`,
       stroke: fused ? gcol(ga) : null, "marker-end": fused ? null : isHot ? "url(#arrow-hot)" : "url(#arrow)" });
     edgeEls.push(e);
@@ -515,28 +558,26 @@ function renderGraph() {
   // nodes
   for (const n of L.nodes.values()) {
     const g = nodeGroup(n), c = gcol(g);
-    const forced = !n.input && st.forced && n.id in st.forced;
-    const cls = ["node", n.input ? "input" : "", S.sel === n.id ? "sel" : "", forced ? "forced" : "",
+    const forced = st.forced && n.id in st.forced;
+    const cls = ["node", S.sel === n.id ? "sel" : "", forced ? "forced" : "",
       (S.litKind && g && g.launch === S.litKind) || (focus && hot.has(n.id)) || focus === n.id ? "lit" : ""].join(" ");
     const x = n.x - n.w / 2, y = n.y - n.h / 2;
     const el = s("g", { class: cls, "data-tensor": n.id, transform: `translate(${x},${y})` });
-    if (n.input) {
-      el.append(s("rect", { class: "box", width: n.w, height: n.h, rx: n.h / 2 }), s("text", { x: n.w / 2, y: 12.5, "text-anchor": "middle" }, n.label));
-    } else {
-      el.append(
-        s("rect", { class: "box", width: n.w, height: n.h, rx: 4, fill: tint(c, 0.16), stroke: c }),
-        s("rect", { x: 0, y: 0, width: 3, height: n.h, fill: c }),
-        s("rect", { class: "ring", x: -3, y: -3, width: n.w + 6, height: n.h + 6, rx: 6, fill: "none", stroke: "none" }),
-        s("text", { class: "nm", x: 10, y: 13.5 }, n.label),
-        s("text", { class: "sub", x: 10, y: 25.5 }, n.sub));
-      if (forced) el.append(s("text", { class: "pin", x: n.w - 7, y: 12, "text-anchor": "end" }, `⚑${st.forced[n.id]}`));
-      el.addEventListener("click", (e) => { e.stopPropagation(); select(n.id); });
-    }
+    el.append(
+      s("rect", { class: "box", width: n.w, height: n.h, rx: 4, fill: tint(c, 0.16), stroke: c }),
+      s("rect", { x: 0, y: 0, width: 3, height: n.h, fill: c }),
+      s("rect", { class: "ring", x: -3, y: -3, width: n.w + 6, height: n.h + 6, rx: 6, fill: "none", stroke: "none" }),
+      s("text", { class: "nm", x: 10, y: 14 }, n.label),
+      s("text", { class: "sub", x: 10, y: 26.5 }, n.sub),
+      ...n.inLines.map((l, i) => s("text", { class: "ins", x: 10, y: 26.5 + IN_LINE * (i + 1) }, l)));
+    if (forced) el.append(s("text", { class: "pin", x: n.w - 7, y: 13, "text-anchor": "end" }, `⚑${st.forced[n.id]}`));
+    el.addEventListener("click", (e) => { e.stopPropagation(); select(n.id); });
     el._tip = () => nodeTip(n, g);
     el.addEventListener("mouseenter", () => { S.hover = n.id; highlight(); });
     el.addEventListener("mouseleave", () => { S.hover = null; highlight(); });
     root.append(el);
   }
+  root.append(...labels);
   svg.replaceChildren(defs, root);
   svg.classList.toggle("dimmed", !!S.litKind);
   // the view: kept across changes of the same layer and graph, fitted otherwise
@@ -568,7 +609,6 @@ function highlight() {
 
 function nodeTip(n, g) {
   const st = S.st;
-  if (n.input) return [["h", n.id], ["", "a step input or constant the layer reads"], ["read by", n.succs.map((t) => shortName(t, st.layer)).join(", ")]];
   const reads = st.graph.edges.filter((e) => e[1] === n.id).map((e) => shortName(e[0], st.layer));
   const readBy = st.graph.edges.filter((e) => e[0] === n.id).map((e) => shortName(e[1], st.layer));
   const arr = st.arena.arrays.find((a) => a.name === n.id);
@@ -576,7 +616,7 @@ function nodeTip(n, g) {
     ["h", n.id], ["op", `${n.op}  ${fmtShape(n.shape)}`],
     g ? ["launch", `${g.launch} #${st.groups.indexOf(g)}  (${g.rule ? g.cls + " by " + g.rule : g.cls})`] : ["launch", "none"],
     g && g.tensors.length > 1 ? ["with", g.tensors.filter((t) => t !== n.id).map((t) => shortName(t, st.layer)).join(", ")] : null,
-    ["reads", reads.join(", ") || "–"], ["read by", readBy.join(", ") || "– (leaves the layer)"],
+    ["reads", reads.join(", ") || "–"], n.ins.length ? ["inputs", n.ins.join(", ")] : null, ["read by", readBy.join(", ") || "– (leaves the layer)"],
     arr ? ["arena", `@${arr.offset} +${fmtBytes(arr.bytes)}  launches ${arr.first}..${arr.last}`] : ["arena", "not placed (stays inside its launch, or a table written in place)"],
     st.forced && n.id in st.forced ? ["forced", `choice #${st.forced[n.id]}`] : null,
   ];
@@ -597,16 +637,19 @@ function fit() {
   const L = S.layout, wrap = $("graph-wrap");
   if (!L) return;
   const W = wrap.clientWidth || 800, H = wrap.clientHeight || 600, b = L.bounds;
-  const k = Math.max(0.72, Math.min(1.3, W / (b.x1 - b.x0), H / (b.y1 - b.y0)));
+  // the whole layer in view (its tail too), never magnified past 1.4
+  const k = Math.min(1.4, W / (b.x1 - b.x0), H / (b.y1 - b.y0));
   const x = W / 2 - ((b.x0 + b.x1) / 2) * k;
-  const y = (b.y1 - b.y0) * k <= H ? H / 2 - ((b.y0 + b.y1) / 2) * k : -b.y0 * k;
+  const y = H / 2 - ((b.y0 + b.y1) / 2) * k;
   S.view = { k, x, y };
+  S.fitted = true;  // refitted when the graph's room changes (a banner, a resize) until the user pans or zooms
   applyView();
 }
 function zoom(f, cx, cy) {
   const v = S.view, wrap = $("graph-wrap");
   if (!v) return;
   if (cx === undefined) { cx = wrap.clientWidth / 2; cy = wrap.clientHeight / 2; }
+  S.fitted = false;
   const k = Math.max(0.2, Math.min(3, v.k * f));
   v.x = cx - ((cx - v.x) * k) / v.k; v.y = cy - ((cy - v.y) * k) / v.k; v.k = k;
   applyView();
@@ -619,7 +662,7 @@ function setupPanZoom() {
     if (!S.view) return;
     const r = svg.getBoundingClientRect();
     if (e.ctrlKey || e.metaKey) zoom(Math.exp(-e.deltaY * 0.002), e.clientX - r.left, e.clientY - r.top);
-    else { S.view.x -= e.shiftKey ? e.deltaY : e.deltaX; S.view.y -= e.shiftKey ? 0 : e.deltaY; applyView(); }
+    else { S.view.x -= e.shiftKey ? e.deltaY : e.deltaX; S.view.y -= e.shiftKey ? 0 : e.deltaY; S.fitted = false; applyView(); }
   }, { passive: false });
   svg.addEventListener("mousedown", (e) => {
     if (e.button !== 0 || e.target.closest(".node")) return;
@@ -629,6 +672,7 @@ function setupPanZoom() {
   window.addEventListener("mousemove", (e) => {
     if (!drag) return;
     S.view.x = drag.vx + e.clientX - drag.x; S.view.y = drag.vy + e.clientY - drag.y;
+    S.fitted = false;
     if (Math.abs(e.clientX - drag.x) + Math.abs(e.clientY - drag.y) > 3) drag.moved = true;
     applyView();
   });
@@ -640,7 +684,7 @@ function setupPanZoom() {
 // ---- the arena: launch index across, offset down ---------------------------------------------------------------
 function renderArena() {
   const st = S.st, a = st.arena, svg = $("arena");
-  const W = svg.clientWidth || 800, H = svg.clientHeight || 168;
+  const W = svg.clientWidth || 800, H = svg.clientHeight || 132;
   const ml = 62, mr = 12, mt = 20, mb = 8;
   const n = Math.max(1, a.launches), top = Math.max(1, a.bytes, a.lower_bound);
   const cw = (W - ml - mr) / n, sy = (H - mt - mb) / top;
@@ -703,7 +747,9 @@ function renderInspector() {
   $("tensor-info").className = "";
   $("tensor-info").replaceChildren(h("div", { class: "kv" },
     ...kv("op", `${n ? n.op : "?"}  ${n ? fmtShape(n.shape) : ""}`),
-    ...kv("launch", g ? h("span", {}, h("span", { class: "sw", style: `background:${colour(g.launch)};margin-right:5px` }), `${g.launch} #${st.groups.indexOf(g)} · ${g.rule ? g.cls + " (" + g.rule + ")" : g.cls}`) : "–"),
+    ...kv("launch", g ? h("span", {}, h("span", { class: "sw", style: `background:${colour(g.launch)};margin-right:5px` }),
+      h("a", { href: "#", id: "launch-link", onclick: (e) => { e.preventDefault(); showLaunch(g.index); } }, `${g.launch} #${g.index}`),
+      ` · ${g.cls}`, g.rule ? h("span", {}, " by ", ruleLink(g.rule)) : "") : "–"),
     ...(g && g.tensors.length > 1 ? kv("with", g.tensors.filter((t) => t !== id).map((t) => shortName(t, st.layer)).join(", ")) : []),
     ...kv("forced", forced ? h("span", {}, h("span", { class: "badge forced", id: "forced-badge" }, `forced #${st.forced[id]}`), " ",
       h("button", { id: "unforce-btn", onclick: () => unforce(id) }, "unforce")) : h("span", { class: "faint" }, "no: extraction's pick"))));
@@ -729,11 +775,216 @@ function renderInspector() {
       h("td", { class: "num" + (c.plan_cost_us === best ? " best" : "") }, c.plan_cost_us === null || c.plan_cost_us === undefined ? "–" : fmtUs(c.plan_cost_us),
         d !== null && Math.abs(d) > 1e-9 ? h("span", {}, " ", delta(0, d, (x) => x.toFixed(1))) : ""),
       h("td", { class: "act" }, isForced ? h("span", { class: "badge forced" }, "forced")
-        : h("button", { "data-force": c.index, disabled: !can, title: can ? `force ${id} to #${c.index}` : c.reason || "", onclick: () => force(id, c.index, c.op) },
+        : h("button", { "data-force": c.index, disabled: !can || !!REPORT, title: can ? `force ${id} to #${c.index}` : c.reason || "", onclick: () => force(id, c.index, c.op) },
           c.chosen && !forced ? "pin" : "force"))));
     if (c.reason) rows.push(h("tr", { class: "why" }, h("td", { colspan: 6 }, (c.support === "refuse" ? "refused: " : c.support === "decompose" ? "decomposes: " : c.support === "held" ? "held: " : "") + c.reason)));
   }
   $("choices").replaceChildren(...rows);
+}
+
+// ---- the whole step: a mini-map of every layer's launches, and search --------------------------------------------
+function renderMinimap() {
+  const st = S.st, step = st.step;
+  if (!step) { $("minimap-wrap").classList.add("hidden"); return; }
+  const by = Array.from({ length: st.layers }, () => []);
+  for (const x of step.launches) by[Math.min(Math.max(x.layer, 0), st.layers - 1)].push(x);
+  const lit = S.litRule;
+  const cols = by.map((xs, n) => {
+    const cells = xs.map((x) => h("span", {
+      class: "mm-cell" + (lit && x.rule === lit ? " lit" : "") + (S.litKind && x.launch === S.litKind ? " lit" : ""),
+      style: `background:${colour(x.launch)}`, "data-mm-launch": x.index,
+      tip: [["h", `launch #${x.index} · ${x.launch}`], ["", `${x.cls || "lifted"}${x.rule ? " by " + x.rule : ""}`], ["computes", x.tensors.join(", ")]],
+      onclick: (e) => { e.stopPropagation(); goToLaunch(x.index); } }));
+    return h("div", { class: "mm-col" + (n === st.layer ? " cur" : ""), "data-mm-layer": n, title: `layer ${n}: ${xs.length} launches`,
+      onclick: () => n !== S.layer && load(n) }, h("span", { class: "mm-n" }, n === st.layers - 1 && st.layers > 1 ? (st.layers > 16 ? "tail" : `${n}+tail`) : st.layers <= 16 || n % 5 === 0 || n === st.layer ? n : ""), h("span", { class: "mm-cells" }, ...cells));
+  });
+  $("minimap").replaceChildren(...cols);
+  // each layer a column of its launches, as wide as the strip allows (14 px at most, 5 at least: Qwen3-8B's 36
+  // layers fit without scrolling); numbered every few layers where many
+  const room = $("minimap").clientWidth - st.layers * 8;
+  $("minimap").style.setProperty("--mm-w", `${Math.max(5, Math.min(14, Math.floor(room / Math.max(1, st.layers))))}px`);
+  const cur = $("minimap").querySelector(".mm-col.cur");
+  if (cur && cur.scrollIntoView) cur.scrollIntoView({ block: "nearest", inline: "nearest" });
+  const names = [...Object.keys(step.tensor_layer), ...st.rules.map((r) => r.name)];
+  if ($("search-list").childElementCount !== names.length) $("search-list").replaceChildren(...names.map((n) => h("option", { value: n })));
+}
+
+async function goToLaunch(index) {
+  const x = S.st.step.launches[index];
+  if (x && x.layer !== S.layer) await load(x.layer);
+  showLaunch(index);
+}
+async function goToTensor(t) {
+  const n = S.st.step.tensor_layer[t];
+  if (n === undefined) return false;
+  if (n !== S.layer) await load(n);
+  await select(t);
+  const el = document.querySelector(`.node[data-tensor="${CSS.escape(t)}"]`);
+  if (el) centerOn(t);
+  return true;
+}
+async function search(text) {
+  const q = text.trim();
+  if (!q) return;
+  const st = S.st, step = st.step;
+  const m = q.match(/^#?(\d+)$/);
+  if (m && q.startsWith("#")) {
+    const i = Number(m[1]);
+    if (i < step.launches.length) return goToLaunch(i);
+    toast(`launch #${i}: the plan has launches 0..${step.launches.length - 1}`);
+    return;
+  }
+  if (q in step.tensor_layer) return goToTensor(q);
+  const rule = st.rules.find((r) => r.name === q);
+  if (rule) { S.litRule = rule.name; renderMinimap(); showRule(rule.name); return; }
+  // a layer's short name (`q_rot`): this layer's first
+  const short = `L${S.layer}.${q}`;
+  if (short in step.tensor_layer) return goToTensor(short);
+  const low = q.toLowerCase();
+  const t = Object.keys(step.tensor_layer).find((n) => n.toLowerCase().includes(low));
+  if (t) return goToTensor(t);
+  const r = st.rules.find((x) => x.name.toLowerCase().includes(low));
+  if (r) { S.litRule = r.name; renderMinimap(); showRule(r.name); return; }
+  toast(`nothing named like \`${q}\`: give a tensor (L0.q_rot), a rule (add_norm) or a launch (#12)`);
+}
+function centerOn(t) {
+  const L = S.layout, n = L && L.nodes.get(t), wrap = $("graph-wrap");
+  if (!n || !S.view) return;
+  const v = S.view, W = wrap.clientWidth, H = wrap.clientHeight;
+  const sx = n.x * v.k + v.x, sy = n.y * v.k + v.y;
+  if (sx > 20 && sx < W - 20 && sy > 20 && sy < H - 20) return;
+  v.x = W / 2 - n.x * v.k; v.y = H / 2 - n.y * v.k;
+  applyView();
+}
+async function goToTail() {
+  const st = S.st;
+  const last = [...st.step.launches].reverse().find((x) => x.plan_layer < 0) || st.step.launches[st.step.launches.length - 1];
+  if (!last) return;
+  await goToTensor(last.tensors[last.tensors.length - 1]);
+}
+
+// ---- the detail panel: one rule's source, one launch's fields and code ---------------------------------------------
+function openDetail(title, kids, kind, key) {
+  S.detail = { kind, key };
+  $("detail-title").textContent = title;
+  $("detail").replaceChildren(...kids);
+  $("detail-panel").classList.remove("hidden");
+  $("detail-panel").dataset.kind = kind;
+  $("right").scrollTop = 0;
+}
+function closeDetail() { S.detail = null; $("detail-panel").classList.add("hidden"); }
+const kvRows = (pairs) => h("div", { class: "kv" }, ...pairs.filter(Boolean).flatMap(([k, v]) => [h("span", { class: "k" }, k), h("span", {}, v)]));
+const ruleLink = (name) => h("a", { class: "rule-link", href: "#", "data-rule-link": name, onclick: (e) => { e.preventDefault(); showRule(name); } }, name);
+
+function showRule(name) {
+  const r = S.st && S.st.rules.find((x) => x.name === name);
+  if (!r) { toast(`no rule \`${name}\` in this table`); return; }
+  const sat = S.sat && S.sat.rules.find((x) => x.name === name);
+  const why = sat && sat.why_not ? (typeof sat.why_not === "string" ? sat.why_not : sat.why_not.text) : null;
+  const lane = r.cls === "lane step";
+  openDetail(lane ? `${r.name} @ ${r.where}` : r.where, [
+    kvRows([
+      ["class", lane ? "a schedule step of the lane" : r.cls],
+      ["why", r.why],
+      ["state", r.held ? "held: the engine does not apply it" : "applied"],
+      [lane ? "shaped" : "fired", `${r.fired} ${lane ? "launches" : "times"} in this plan`],
+      sat ? ["matched", `${sat.matches} times in saturation`] : null,
+      why ? ["not chosen", why] : null,
+      r.depends_on && r.depends_on.length ? ["builds on", h("span", {}, ...r.depends_on.flatMap((d, i) => [i ? ", " : "", ruleLink(d)]))] : null,
+    ]),
+    r.pattern && r.pattern.length ? h("div", { class: "sub-h" }, "pattern") : "",
+    r.pattern && r.pattern.length ? h("pre", { class: "code", id: "rule-pattern" }, r.pattern.join("\n")) : "",
+    r.source ? h("div", { class: "sub-h" }, `source · ${r.where.split(" @ ")[1] || r.where}`) : "",
+    r.source ? h("pre", { class: "code", id: "rule-source" }, r.source) : "",
+    h("div", { class: "row-btns" }, h("button", { onclick: () => (r.held ? release(r.name) : hold(r.name)) }, r.held ? "release" : "hold back")),
+  ], "rule", name);
+}
+
+async function showLaunch(index) {
+  let d;
+  try { d = await api(`/api/launch?index=${index}`); } catch (e) { return; }
+  const grid = (c) => `${c.function}<<<(${c.grid.join(", ")}), (${c.block.join(", ")})>>>`;
+  const kids = [
+    kvRows([
+      ["kind", `${d.census} (${d.kind}) · layer ${d.layer < 0 ? "tail" : d.layer}`],
+      ["class", d.cls ? h("span", {}, d.cls, d.rule ? h("span", {}, " by ", ruleLink(d.rule)) : "") : "a lifted op alone"],
+      ["computes", d.tensors.join(", ")],
+      ["cost", `${fmtUs(d.cost_us)} µs estimated · ${fmtBytes(d.bytes)} moved · ${d.flops.toLocaleString()} flops`],
+      ["reads", d.reads.join(", ")], ["writes", d.writes.join(", ")],
+      ["numpy", d.numpy + (d.fast ? ` · fast: ${d.fast}` : "") + ` (${d.source_file})`],
+    ]),
+    h("div", { class: "sub-h" }, `CUDA · ${d.calls.length} kernel call${d.calls.length === 1 ? "" : "s"}`),
+    d.calls.length ? h("pre", { class: "code", id: "launch-calls" }, d.calls.map((c) => grid(c) + `   // module: prelude + ${c.stems.join(" + ")}`).join("\n"))
+      : h("div", { class: "faint" }, d.calls_note || "none"),
+    h("div", { class: "sub-h" }, "fields as planned"),
+    h("pre", { class: "code", id: "launch-fields" }, Object.entries(d.fields).map(([k, v]) => `${k} = ${JSON.stringify(v, null, 1).replace(/\n\s*/g, " ")}`).join("\n")),
+    ...d.functions.flatMap((f) => f.source ? [h("div", { class: "sub-h" }, `${f.function} @ ${f.file}:${f.line}`), h("pre", { class: "code cu", "data-function": f.function }, f.source)] : []),
+  ];
+  openDetail(`launch #${d.index} · ${d.census}`, kids, "launch", index);
+}
+
+// ---- A/B: a pinned configuration against the current one ------------------------------------------------------------
+function pinA() {
+  const st = S.st;
+  S.pinA = { held: [...st.held], forced: { ...st.forced }, knobs: { ...st.knobs }, stable: true };
+  S.pinLabel = hist().length ? `#${hist().length} ${hist()[hist().length - 1].what}` : "the start";
+  return loadCompare();
+}
+function unpinA() { S.pinA = null; S.ab = null; $("ab-panel").classList.add("hidden"); }
+async function loadCompare() {
+  if (!S.pinA) return;
+  try { S.ab = await api("/api/compare", { a: S.pinA, b: null }); } catch (e) { return; }
+  renderCompare();
+}
+function renderCompare() {
+  const r = S.ab;
+  if (!r) return;
+  const { a, b, diff: d } = r;
+  const list = (o) => Object.entries(o).map(([k, v]) => `${k} ${typeof v === "number" && !Number.isInteger(v) ? v : v}`).join(", ") || "–";
+  const row = (k, x, y, dlt) => h("tr", {}, h("td", { class: "k" }, k), h("td", { class: "wrap" }, x), h("td", { class: "wrap" }, y), h("td", { class: "num" }, dlt || ""));
+  const rows = [
+    h("tr", {}, h("th", {}, ""), h("th", {}, `A · ${S.pinLabel}`), h("th", {}, "B · now"), h("th", { class: "num" }, "B − A")),
+    row("launches", a.launches, b.launches, delta(a.launches, b.launches)),
+    row("cost µs", fmtUs(a.cost_us), fmtUs(b.cost_us), delta(a.cost_us, b.cost_us, (x) => x.toFixed(2))),
+    row("arena", fmtBytes(a.arena), fmtBytes(b.arena), delta(a.arena, b.arena, fmtBytes)),
+    row("held", a.held.join(", ") || "–", b.held.join(", ") || "–"),
+    row("forced", list(Object.fromEntries(Object.entries(a.forced).map(([t, i]) => [t, "#" + i]))), list(Object.fromEntries(Object.entries(b.forced).map(([t, i]) => [t, "#" + i])))),
+    row("knobs", list(Object.fromEntries(Object.entries(a.knobs).map(([k, v]) => [k, "= " + v]))), list(Object.fromEntries(Object.entries(b.knobs).map(([k, v]) => [k, "= " + v])))),
+    ...Object.entries(d.census).map(([k, [x, y]]) => row(h("span", {}, h("span", { class: "sw", style: `background:${colour(k)};margin-right:4px` }), k), x, y, delta(x, y))),
+    ...Object.entries(d.fusions).map(([k, [x, y]]) => row(h("span", {}, "fusion ", ruleLink(k)), x, y, delta(x, y, String, false))),
+  ];
+  const only = (side, xs) => xs.length ? h("div", { class: "ab-only" }, h("div", { class: "sub-h" }, `only in ${side} (${xs.length})`),
+    ...xs.map((x) => h("div", { class: "ab-l", "data-ab-only": side, "data-index": x.index, onclick: side === "B" ? () => goToLaunch(x.index) : null, title: side === "B" ? "click for its code" : "" },
+      h("span", { class: "sw", style: `background:${colour(x.launch)};margin-right:4px` }), `#${x.index} ${x.launch} · ${x.cls || "lifted"}${x.rule ? " by " + x.rule : ""} · L${x.layer < 0 ? "tail" : x.layer}: `,
+      h("span", { class: "dim" }, x.tensors.join(", "))))) : "";
+  $("ab").replaceChildren(h("table", { class: "grid", id: "ab-table" }, ...rows),
+    h("div", { class: "dim", id: "ab-same" }, `${d.same} launches alike, ${d.only_a.length} only in A, ${d.only_b.length} only in B`),
+    only("A", d.only_a), only("B", d.only_b));
+  $("ab-panel").classList.remove("hidden");
+}
+
+// ---- the saturation, step by step --------------------------------------------------------------------------------
+async function loadSaturation() {
+  if (!$("sat-details").open) return;
+  try { S.sat = await api("/api/saturation"); } catch (e) { return; }
+  renderSaturation();
+  if (S.detail && S.detail.kind === "rule") showRule(S.detail.key);
+}
+function renderSaturation() {
+  const s = S.sat;
+  if (!s) return;
+  const its = s.iterations, max = Math.max(1, ...its.map((i) => i.enodes));
+  $("sat-sum").textContent = `${its.length} iterations · ${s.stop} · ${s.egraph.nodes} e-nodes in ${s.egraph.classes} classes`;
+  const itRows = its.map((i) => h("tr", { "data-iteration": i.iteration },
+    h("td", { class: "num" }, i.iteration), h("td", { class: "num" }, i.stage), h("td", { class: "num" }, i.enodes),
+    h("td", { class: "bar-cell" }, h("div", { class: "barv", style: `width:${(i.enodes / max) * 100}%;background:#6cb6ff` })),
+    h("td", { class: "wrap" }, i.rules.length ? h("span", {}, ...i.rules.flatMap((r, k) => [k ? "  " : "", ruleLink(r), ` ${i.matches[r]}`])) : h("span", { class: "faint" }, "nothing new: saturated"))));
+  const ruleRows = s.rules.map((r) => h("tr", { class: r.fired ? "" : "zero", "data-sat-rule": r.name },
+    h("td", {}, ruleLink(r.name)), h("td", { class: "num" }, r.matches), h("td", { class: "num" }, r.fired),
+    h("td", { class: "wrap why" }, r.why_not ? (typeof r.why_not === "string" ? r.why_not : r.why_not.text) : "")));
+  $("sat").replaceChildren(
+    h("table", { class: "grid", id: "sat-iterations" }, h("tr", {}, h("th", { class: "num" }, "it"), h("th", { class: "num" }, "stage"), h("th", { class: "num" }, "e-nodes"), h("th", {}, ""), h("th", {}, "matches by rule")), ...itRows),
+    h("table", { class: "grid", id: "sat-rules" }, h("tr", {}, h("th", {}, "rule"), h("th", { class: "num" }, "matched"), h("th", { class: "num" }, "fired"), h("th", {}, `why not chosen (one place; ${s.method === "ilp" ? "exact" : "local search"} plan)`)), ...ruleRows));
 }
 
 // ---- tooltips and toasts -----------------------------------------------------------------------------------------
@@ -766,7 +1017,16 @@ function toast(msg) {
 }
 
 // ---- wiring ------------------------------------------------------------------------------------------------------
+function setupStatic() {
+  document.body.classList.add("static");
+  document.title = `lanefuse report · ${REPORT.common.model}`;
+  $("exact").disabled = true;
+  const note = h("span", { id: "static-note", class: "dim", title: "written by `lanefuse plan MODEL --html DIR`; what-ifs need `lanefuse explore MODEL --web`" }, "static report");
+  $("busy").before(note);
+}
+
 function setup() {
+  if (REPORT) setupStatic();
   $("layer").addEventListener("change", (e) => load(Number(e.target.value)));
   $("prev").addEventListener("click", () => S.st && S.st.layer > 0 && load(S.st.layer - 1));
   $("next").addEventListener("click", () => S.st && S.st.layer < S.st.layers - 1 && load(S.st.layer + 1));
@@ -776,6 +1036,14 @@ function setup() {
   $("zoom-in").addEventListener("click", () => zoom(1.2));
   $("zoom-out").addEventListener("click", () => zoom(1 / 1.2));
   $("help-btn").addEventListener("click", () => $("help").classList.toggle("hidden"));
+  $("exact").addEventListener("change", (e) => setExact(e.target.checked));
+  $("detail-close").addEventListener("click", closeDetail);
+  $("pin-a").addEventListener("click", pinA);
+  $("ab-close").addEventListener("click", unpinA);
+  $("search").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); search(e.target.value); } });
+  $("search").addEventListener("change", (e) => { if (e.target.value && e.target.value in ((S.st && S.st.step && S.st.step.tensor_layer) || {})) search(e.target.value); });
+  document.querySelector("#arena-wrap .title").addEventListener("click", () => { $("arena-wrap").classList.toggle("folded"); setTimeout(fit, 0); });
+  $("sat-details").addEventListener("toggle", () => { if ($("sat-details").open && !S.sat) loadSaturation(); });
   document.addEventListener("keydown", (e) => {
     if (e.target.matches("input, select, textarea")) { if (e.key === "Escape") e.target.blur(); return; }
     if (!S.st || e.ctrlKey || e.metaKey || e.altKey) return;
@@ -786,18 +1054,21 @@ function setup() {
     else if (e.key === "+" || e.key === "=") zoom(1.2);
     else if (e.key === "-") zoom(1 / 1.2);
     else if (e.key === "u") undoLast();
+    else if (e.key === "s") { e.preventDefault(); $("search").focus(); $("search").select(); }
+    else if (e.key === "t") goToTail();
     else if (e.key === "?") $("help").classList.toggle("hidden");
-    else if (e.key === "Escape") { $("help").classList.add("hidden"); select(null); }
+    else if (e.key === "Escape") { $("help").classList.add("hidden"); if (S.detail) closeDetail(); else select(null); }
   });
   let t = null;
   window.addEventListener("resize", () => { clearTimeout(t); t = setTimeout(() => { if (S.st) { renderArena(); fit(); } }, 120); });
   window.addEventListener("unhandledrejection", (e) => { e.preventDefault(); toast(String(e.reason && e.reason.message || e.reason)); });
   setupPanZoom();
+  if (window.ResizeObserver) new ResizeObserver(() => { if (S.fitted && S.layout) fit(); }).observe($("graph-wrap"));
   setupTips();
   const q = new URLSearchParams(location.search);
   load(q.has("layer") ? Number(q.get("layer")) : null);
 }
 
 // for tests and the console: the page's state and its actions
-window.lanefuse = { get state() { return S.st; }, get selected() { return S.sel; }, api, hold, release, force, unforce, setKnob, select, load, undo: undoLast };
+window.lanefuse = { get state() { return S.st; }, get selected() { return S.sel; }, api, hold, release, force, unforce, setKnob, select, load, undo: undoLast, goBack, setExact, showRule, showLaunch, search, goToTail, pinA };
 setup();

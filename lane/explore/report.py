@@ -1,0 +1,87 @@
+"""A static report of one plan to share (as PyTorch's tlparse writes one): `lanefuse plan MODEL --html DIR` writes
+the explorer's own page with the plan's data beside it, to open from the file system with no server and no network —
+the plan, the census, the fusions with their rules' source, the arena timeline and each layer's graph, every launch's
+fields and CUDA code, the saturation step by step and each tensor's alternatives (their own costs and support; the
+step's cost if forced needs the live explorer). What-ifs are the live page's: the report's controls say so."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+
+from lanefuse.engine.errors import UserError
+
+ASSETS = ("app.js", "app.css", "favicon.svg")
+DATA = "report.js"
+
+
+def report_data(ex) -> dict:
+    """Everything the page asks the server for, answered once: the state of every layer (the whole-step parts kept
+    once), every launch, the kernel sources by function, the saturation, each tensor's alternatives."""
+    layers = []
+    common = None
+    for n in range(ex.layers):
+        st = ex.state(n)
+        layers.append({k: st[k] for k in ("layer", "graph", "groups", "arena")})
+        common = {k: v for k, v in st.items() if k not in ("layer", "graph", "groups", "arena")}
+    common["history"], common["diff"] = [], None
+    launches, sources = [], {}
+    for i in range(len(ex.plan().launches)):
+        d = ex.launch(i)
+        for f in d["functions"]:  # each kernel's source once, however many launches call it
+            sources.setdefault(f["function"], {k: f[k] for k in ("file", "line", "source")})
+            f.pop("source", None)
+        launches.append(d)
+    keep = ("index", "op", "rule", "output", "also", "cost_us", "support", "reason", "chosen", "forced")
+    choices = {t: [{k: c[k] for k in keep if k in c} for c in ex.alternatives(t)] for t in ex.tensor_names()}
+    return {"static": True, "common": common, "layers": layers, "launches": launches, "sources": sources,
+            "saturation": ex.saturation(), "choices": choices}
+
+
+def write_report(ex, folder: str) -> list[str]:
+    """Write the report into `folder` (made if missing): index.html, the page's script and style, and report.js (the
+    data, as a script: a page opened from file:// may load scripts but not fetch files). Answers the paths written."""
+    from lanefuse.lane.lower.files import write_atomic
+
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UserError(f"--html {folder}: is a file; give a folder for the report (it is made if missing)")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--html {folder}: cannot make the folder: {e.strerror or e}") from None
+    web = importlib.resources.files("lanefuse.lane.explore").joinpath("web")
+    html = web.joinpath("index.html").read_text(encoding="utf-8")
+    if '<script src="app.js"></script>' not in html:
+        raise RuntimeError("web/index.html lost its app.js script tag")
+    html = html.replace('<script src="app.js"></script>', f'<script src="{DATA}"></script>\n<script src="app.js"></script>')
+    html = html.replace("<title>lanefuse explore</title>", f"<title>lanefuse report · {_esc(ex.model)}</title>")
+    data = json.dumps(_finite(report_data(ex)), allow_nan=False, separators=(",", ":"))
+    data = data.replace("</", "<\\/")  # no `</script>` inside the script, whatever a name holds
+    out = []
+    for name, text in (("index.html", html), (DATA, f"window.LANEFUSE_REPORT = {data};\n")):
+        path = os.path.join(folder, name)
+        write_atomic(path, text)
+        out.append(path)
+    for name in ASSETS:
+        path = os.path.join(folder, name)
+        write_atomic(path, web.joinpath(name).read_text(encoding="utf-8"))
+        out.append(path)
+    return out
+
+
+def _esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _finite(x):
+    """JSON has no infinity: a refused choice's infinite cost goes as null (as the server sends it)."""
+    import math
+
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
