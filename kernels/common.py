@@ -22,7 +22,7 @@ MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel 
 DENSE = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value, a value at a time
 FORMATS = {**DENSE, **{f: bytes_per_value(f) for f in BLOCKS}}  # every format the kernels read -> bytes a value
 FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_k": 5, "q6_k": 6}  # the kernels' argument
-ACTS = ("silu", "sigmoid", "gelu")
+ACTS = ("silu", "sigmoid", "gelu", "gelu_erf")  # gelu: the tanh approximation; gelu_erf: the exact GELU
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,10 @@ def act(name: str, x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-x))
     if name == "gelu":
         return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    if name == "gelu_erf":
+        from lanefuse.engine.interp import erf
+
+        return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
     raise ValueError(f"unknown activation `{name}` (expected one of {', '.join(ACTS)})")
 
 
