@@ -38,21 +38,22 @@ cmd, folder, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(threads)
 if cmd == "build":
     shape, dtype = json.loads(sys.argv[4]), sys.argv[5]
-    cfg = transformers.Qwen3Config(**shape)
+    family = shape.pop("family", "Qwen3")  # Qwen3, or Qwen3Moe (bench/moe_figures.py)
+    cfg = getattr(transformers, family + "Config")(**shape)
     torch.manual_seed(18)
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    model = getattr(transformers, family + "ForCausalLM")(cfg).eval()
     with torch.no_grad():  # a scale that keeps the residual alive (see shared/PEERS-NOTES.md)
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+            else:  # fan-in is the last dimension (a mixture's experts are (E, out, in))
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     print("saved")
     sys.exit(0)
-model = transformers.Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 print("ready", flush=True)
 for line in sys.stdin:
     prompt, n = json.loads(line)
@@ -125,6 +126,14 @@ class Lanefuse:
         self.round(2)  # plans the prefill chunk and the decode step, reads (and decodes) the weights once
         self.load_s, self.load_bytes = time.perf_counter() - t0, resident() - rss
 
+    def streamed(self, params: int) -> int:
+        """Parameters a decode step reads: all of them, but of a mixture only the chosen experts'."""
+        m = self.cfg.moe
+        if m is None:
+            return params
+        unread = (m.experts - m.k) * 3 * m.inter * self.cfg.hidden
+        return params - len(m.sparse) * unread
+
     def round(self, n: int) -> tuple[list[float], list[int]]:
         from lanefuse.lane.run.generate import generate
 
@@ -157,7 +166,7 @@ def main() -> int:
         shutil.rmtree(elsewhere, ignore_errors=True)
 
 
-def measure(args, folder: str, elsewhere: str, env: dict) -> int:
+def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3") -> int:
     hf = subprocess.Popen(hf_cmd("serve", folder, str(args.threads)), cwd=elsewhere, env=env, text=True,
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert hf.stdout.readline().strip() == "ready"
@@ -175,16 +184,18 @@ def measure(args, folder: str, elsewhere: str, env: dict) -> int:
         bw.append(gemv_bandwidth())
     hf.stdin.close()
     hf.wait()
-    params = sum(math.prod(lf.weights.shape(n)) for n in lf.weights.store.names())
+    store = lf.weights.store
+    names = store.base.names() if hasattr(store, "base") else store.names()  # a mixture's: as stored, not stacked
+    params = sum(math.prod(lf.weights.shape(n)) for n in names)
     # the f32 bytes a decode step streams: every weight but the embedding table, of which it reads one row (with
-    # tied embeddings the lm_head product reads the whole table once)
+    # tied embeddings the lm_head product reads the whole table once), and of a mixture only the chosen experts
     vocab, hidden = lf.weights.shape("model.embed_tokens.weight")
-    streamed = params - (0 if lf.cfg.tie_embeddings else (vocab - 1) * hidden)
+    streamed = lf.streamed(params) - (0 if lf.cfg.tie_embeddings else (vocab - 1) * hidden)
     gb = 4 * streamed / 1e9
     ckpt = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
     lms, hms, gbs = statistics.median(lf_ms), statistics.median(hf_ms), statistics.median(bw)
     floor = 1e3 * gb / gbs
-    print(f"model: Qwen3-shaped, {args.layers} layers, {params / 1e6:.0f}M parameters, {args.dtype} checkpoint "
+    print(f"model: {family}-shaped, {args.layers} layers, {params / 1e6:.0f}M parameters, {args.dtype} checkpoint "
           f"{ckpt / 1e6:.0f} MB; "
           f"{len(PROMPT)}-token prompt, {args.tokens} decode steps a round, {args.rounds} rounds interleaved")
     print(f"lanefuse first steps (plans, weights read and decoded to f32 once): {lf.load_s:.2f} s, resident memory "

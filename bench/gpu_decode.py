@@ -17,9 +17,27 @@ import numpy as np
 SPEC_TBPS = 4.8  # H200 HBM3e, the datasheet's figure
 
 
-def device_weights(s, seed: int = 0):
-    """Random weights made on the device for every constant of the plan (bf16/f16 rows as their bits)."""
+def block_weights(c, rng):
+    """Random blocks of `c`'s block format made on the device: random value bytes, every f16 scale one finite value
+    (about 1/sqrt(cols) a value), so the step's numbers stay finite."""
     import cupy as cp
+
+    from lanefuse.kernels.blocks import BLOCKS
+
+    vb, bb = BLOCKS[c.format]
+    raw = rng.integers(0, 256, size=(c.size // vb, bb), dtype=cp.uint8)
+    d = np.frombuffer(np.float16(1.0 / np.sqrt(c.shape[-1]) / 8).tobytes(), np.uint8)
+    for o in {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}[c.format]:
+        raw[:, o], raw[:, o + 1] = int(d[0]), int(d[1])
+    return raw.reshape(-1)
+
+
+def device_weights(s, seed: int = 0):
+    """Random weights made on the device for every constant of the plan (bf16/f16 rows as their bits, block formats
+    as random blocks)."""
+    import cupy as cp
+
+    from lanefuse.kernels.blocks import BLOCKS
 
     rng = cp.random.default_rng(seed)
     out = {}
@@ -28,6 +46,9 @@ def device_weights(s, seed: int = 0):
         if c.kind == "values":
             v = (1.0 + 0.01 * rng.standard_normal(n, dtype=cp.float32)).astype(cp.float32)
             out[name] = (v, "f32")
+            continue
+        if c.format in BLOCKS:
+            out[name] = (block_weights(c, rng), c.format)
             continue
         scale = 1.0 / np.sqrt(c.shape[-1])
         v = rng.standard_normal(n, dtype=cp.float32) * cp.float32(scale)
@@ -48,13 +69,16 @@ def _flat(l):
 def token_bytes(s, pos: int) -> int:
     """What one decode token must read from HBM: every weight it multiplies (a gathered table: one row), and the
     KV cache up to the position."""
+    from lanefuse.kernels.common import weight_bytes
+
     multiplied = {n for x in s.launches for l in _flat(x.launch) if l.census != "gather" for n in l.reads()}
     total = 0
     for c in s.constants.values():
         if c.source.startswith("rope."):
             continue  # one row of each table
-        width = {"f32": 4, "f16": 2, "bf16": 2}[c.format if c.kind == "rows" else "f32"]
-        total += (c.size if c.name in multiplied else c.shape[-1]) * width
+        fmt = c.format if c.kind == "rows" else "f32"
+        rows = c.size // c.shape[-1] if c.name in multiplied else 1
+        total += weight_bytes(fmt, rows, c.shape[-1])  # the quantized bytes of a block format
     for k, _ in s.io.caches:
         total += 2 * (pos + 1) * s.tensors[k].shape[-1] * 4
     return total
@@ -121,7 +145,8 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw:.2f} TB/s (spec {SPEC_TBPS} TB/s)")
     results = []
-    for name in ("demo-decode", "qwen3-8b-decode"):
+    for name in ("demo-decode", "qwen3-8b-decode", "qwen3-8b-q8_0-decode", "qwen3-8b-q4_0-decode",
+                 "qwen3-8b-q4_k-decode"):
         path = os.path.join(args.plans, name + ".json")
         if not os.path.exists(path):
             print(f"{name}: no plan at {path} (run bench/gpu_suite.sh prepare)")

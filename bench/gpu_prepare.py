@@ -3,7 +3,11 @@ them, so that machine needs no solver. Writes into PLANDIR:
 
     demo-decode.json, demo-prefill8.json   the demo model's decode step and an 8-row prefill chunk
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
+    qwen3-8b-q8_0-decode.json, ...-q4_0-, ...-q4_k-   the same step, its rows in GGUF block formats
     tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan (needs torch)
+    tiny-moe/ + tiny-moe-decode.json       a transformers-made tiny Qwen2-MoE (8 experts top-2, a shared expert):
+      + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (planned
+                                           with launches nearly free: its rows sorted by expert)
 
     python bench/gpu_prepare.py PLANDIR
 """
@@ -18,6 +22,8 @@ from lanefuse.engine.model import build_step
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.planfile import save
 
+BLOCK_PLANS = ("q8_0", "q4_0", "q4_k")  # the Qwen3-8B step's rows in these formats too (bench/gpu_decode.py)
+
 
 def main() -> None:
     if len(sys.argv) != 2:
@@ -31,7 +37,10 @@ def main() -> None:
     save(plan(build_step(cfg, 1), source={"kind": "demo"}), os.path.join(out, "demo-decode.json"))
     save(plan(build_step(cfg, 8), source={"kind": "demo"}), os.path.join(out, "demo-prefill8.json"))
     save(plan(build_step(qwen3_8b(36), 1), source={"kind": "random"}), os.path.join(out, "qwen3-8b-decode.json"))
-    print("saved demo-decode, demo-prefill8, qwen3-8b-decode")
+    for fmt in BLOCK_PLANS:
+        save(plan(build_step(qwen3_8b(36, fmt), 1), source={"kind": "random"}),
+             os.path.join(out, f"qwen3-8b-{fmt}-decode.json"))
+    print("saved demo-decode, demo-prefill8, qwen3-8b-decode and its", ", ".join(BLOCK_PLANS), "variants")
     try:
         import torch
         import transformers
@@ -49,6 +58,21 @@ def main() -> None:
     hcfg, _ = load_model(folder)
     save(plan(build_step(hcfg, 1), source={"kind": "path", "path": "tiny-hf"}), os.path.join(out, "tiny-hf-decode.json"))
     print("saved tiny-hf and its decode plan")
+    folder = os.path.join(out, "tiny-moe")
+    c = transformers.Qwen2MoeConfig(vocab_size=320, hidden_size=128, intermediate_size=160, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
+                                    num_experts_per_tok=2, moe_intermediate_size=96,
+                                    shared_expert_intermediate_size=64, max_position_embeddings=128)
+    transformers.Qwen2MoeForCausalLM(c).eval().save_pretrained(folder)
+    mcfg, _ = load_model(folder)
+    from lanefuse.lane.lower.knobs import Knobs
+
+    save(plan(build_step(mcfg, 1), source={"kind": "path", "path": "tiny-moe"}),
+         os.path.join(out, "tiny-moe-decode.json"))
+    # launches nearly free, so that the chunk's plan sorts its rows by expert on so small a model
+    save(plan(build_step(mcfg, 8), knobs=Knobs(launch_us=0.01), source={"kind": "path", "path": "tiny-moe"}),
+         os.path.join(out, "tiny-moe-prefill8.json"))
+    print("saved tiny-moe and its decode and prefill plans")
 
 
 if __name__ == "__main__":

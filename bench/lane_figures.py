@@ -17,11 +17,12 @@ from lanefuse.engine.rules import load_table
 from lanefuse.lane.lower.plan import plan
 
 
-def qwen3_8b(layers: int = 36) -> ModelConfig:
-    """Qwen3-8B's shape (no weights needed to plan), bf16 checkpoint rows."""
+def qwen3_8b(layers: int = 36, fmt: str = "bf16") -> ModelConfig:
+    """Qwen3-8B's shape (no weights needed to plan), checkpoint rows in `fmt` (bf16, or a block format: every row of
+    the shape is whole K-quant blocks)."""
     cfg = ModelConfig("Qwen3ForCausalLM", 4096, layers, 32, 8, 128, 12288, 151936, qk_norm=True, rope_theta=1e6,
-                      max_len=4096, name=f"qwen3-8b-shape-{layers}L")
-    fmts = tuple((n, "bf16") for n, s in cfg.weight_names().items() if len(s) == 2)
+                      max_len=4096, name=f"qwen3-8b-shape-{layers}L" + ("" if fmt == "bf16" else f"-{fmt}"))
+    fmts = tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2)
     return ModelConfig(**{**cfg.__dict__, "formats": fmts})
 
 

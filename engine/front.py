@@ -66,6 +66,10 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     store = Weights.from_folder(folder)
     stored = set(store.names())
     _check_layers(cfg_path, cfg.layers, stored)  # before the names of cfg.layers layers are listed
+    if cfg.moe is not None:  # the experts' tensors stacked, one constant a role (engine/moe.py)
+        from lanefuse.engine.moe import stack_store
+
+        store = Weights(stack_store(store.store, cfg, str(folder)))
     cfg = _checked(cfg, store, str(folder), "config.json")
     return cfg, store.with_config(cfg)
 

@@ -10,7 +10,11 @@ from typing import Any
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import ModelConfig
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
+             "Qwen2MoeForCausalLM")
+QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")  # engine/moe.py reads their mixture
 ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 MAX_LAYERS = 10_000  # the deepest released models have about 130
@@ -134,8 +138,12 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: mlp_bias is not supported")
     if arch == "LlamaForCausalLM" and r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for Llama")
-    if arch == "Qwen3ForCausalLM" and r.flag("attention_bias"):
-        raise UserError(f"{where}: attention_bias is not supported for Qwen3")
+    if arch in QK_NORM and r.flag("attention_bias"):
+        raise UserError(f"{where}: attention_bias is not supported for {arch.replace('ForCausalLM', '')}")
+    if arch == "MixtralForCausalLM" and r.flag("attention_bias"):
+        raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for Mixtral")
+    if arch == "Qwen2MoeForCausalLM" and c.get("qkv_bias") is False:
+        raise UserError(f"{where}: a Qwen2-MoE without its q/k/v biases (qkv_bias false) is not supported")
     if r.flag("use_sliding_window"):
         raise UserError(f"{where}: sliding-window attention (use_sliding_window) is not supported")
     hidden, heads, layers = r.size("hidden_size"), r.size("num_attention_heads"), r.size("num_hidden_layers")
@@ -158,11 +166,16 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: a rotary width of {int(head_dim * partial)} (head_dim {head_dim} x "
                         f"partial_rotary_factor {partial}); expected at least 2")
     max_pos = r.size("max_position_embeddings", max_len)
+    moe = None
+    if arch in MOE_ARCHS:
+        from lanefuse.engine.moe import read_moe
+
+        moe = read_moe(r, arch, layers)
     return ModelConfig(
         arch=arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,
         inter=inter, vocab=vocab, eps=eps,
         rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
         tie_embeddings=r.flag("tie_word_embeddings"),
-        qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
-        max_len=min(max_len, max_pos), name=name,
+        qkv_bias=arch in QKV_BIAS, qk_norm=arch in QK_NORM,
+        max_len=min(max_len, max_pos), name=name, moe=moe,
     )

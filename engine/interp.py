@@ -129,12 +129,32 @@ def _view(x, row, **a):
     return np.array(x[row:row + 1], dtype=x.dtype)
 
 
+def _moe(x, router, gate_up, down, *, experts, k, inter, norm_topk, act="silu", routing="softmax_topk", **a):
+    from lanefuse.engine.moe import route
+
+    xs = np.asarray(x, dtype=F64)  # (R, d)
+    r, d = xs.shape
+    chosen, weights = route(xs @ np.asarray(router, dtype=F64).T, k, bool(norm_topk))  # (R, k) each
+    gu = np.asarray(gate_up, dtype=F64).reshape(experts, 2 * inter, d)
+    dn = np.asarray(down, dtype=F64).reshape(experts, d, inter)
+    out = np.zeros((r, d), dtype=F64)
+    for i in range(r):
+        for e, w in zip(chosen[i], weights[i]):
+            g, u = gu[e, :inter] @ xs[i], gu[e, inter:] @ xs[i]  # (f,) each
+            out[i] += w * (dn[e] @ (_ACT64[act](g) * u))
+    return out.astype(F32)
+
+
+_ACT64 = {"silu": lambda g: g / (1.0 + np.exp(-g)), "sigmoid": lambda g: 1.0 / (1.0 + np.exp(-g)),
+          "gelu": lambda g: 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))}
+
+
 OP_IMPL: dict[str, Callable[..., np.ndarray]] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul,
     "add": _binary(np.add), "mul": _binary(np.multiply), "sub": _binary(np.subtract),
     "rope": _rope, "set_row": _set_row, "attention": _attention,
     "silu": _silu, "sigmoid": _sigmoid, "gelu": _gelu, "swiglu": _swiglu, "argmax": _argmax,
-    "scale": _scale, "softcap": _softcap, "view": _view,
+    "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe,
 }
 
 

@@ -32,6 +32,11 @@ class ModelConfig:
     max_len: int = 256  # rows of each KV-cache table
     formats: tuple[tuple[str, str], ...] = ()  # weight name -> checkpoint format (f32 / f16 / bf16), default f32
     name: str = "model"
+    moe: Any = None  # engine/moe.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
+
+    def sparse(self, i: int) -> bool:
+        """Whether layer i's FFN is an expert mixture."""
+        return self.moe is not None and i in self.moe.sparse
 
     @property
     def rot(self) -> int:
@@ -62,6 +67,11 @@ class ModelConfig:
             if self.qk_norm:
                 w[p + "self_attn.q_norm.weight"] = (hd,)
                 w[p + "self_attn.k_norm.weight"] = (hd,)
+            if self.sparse(i):
+                from lanefuse.engine.moe import weight_names
+
+                w.update(weight_names(self, i))
+                continue
             w[p + "mlp.gate_proj.weight"] = (f, d)
             w[p + "mlp.up_proj.weight"] = (f, d)
             w[p + "mlp.down_proj.weight"] = (d, f)
@@ -125,11 +135,16 @@ def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
         o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
         x1 = op("add", [x, o], "resid_attn")
         h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
-        gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
-        up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
-        act = op("silu", [gp], "gate_act")
-        m = op("mul", [act, up], "glu")
-        dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
+        if cfg.sparse(i):
+            from lanefuse.engine.moe import build_ffn
+
+            dn = build_ffn(cfg, i, h2, op, W)
+        else:
+            gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
+            up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
+            act = op("silu", [gp], "gate_act")
+            m = op("mul", [act, up], "glu")
+            dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
         x = op("add", [x1, dn], "resid_ffn")
     if rows > 1:
         x = g.add("view", [x], "last", row=rows - 1)

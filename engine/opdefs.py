@@ -44,9 +44,9 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
     _d("rmsnorm", ["x", "w"], {"eps": float, "heads": int}, {"heads": 1},
        doc="RMSNorm over each row, or over each of `heads` equal parts of a row, times w: (R, n) -> (R, n)"),
     _d("matmul", ["x", "w"], doc="x times the transpose of checkpoint rows w (n, k): (R, k) -> (R, n)"),
-    _d("add", ["a", "b"], doc="a + b, b of a's shape or one row broadcast over a's rows"),
-    _d("mul", ["a", "b"], doc="a * b, b of a's shape or one row broadcast over a's rows"),
-    _d("sub", ["a", "b"], doc="a - b, b of a's shape or one row broadcast over a's rows"),
+    _d("add", ["a", "b"], doc="a + b, b of a's shape, one row broadcast over a's rows, or (R, 1): a value a row"),
+    _d("mul", ["a", "b"], doc="a * b, b of a's shape, one row broadcast over a's rows, or (R, 1): a value a row"),
+    _d("sub", ["a", "b"], doc="a - b, b of a's shape, one row broadcast over a's rows, or (R, 1): a value a row"),
     _d("rope", ["x", "cos", "sin", "pos"], {"heads": int, "hd": int, "rot": int},
        doc="rotate-half rotary embedding of the first `rot` values of each head; row r at position pos + r"),
     _d("set_row", ["table", "src", "pos"],
@@ -63,6 +63,14 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
     _d("scale", ["x"], {"factor": float}, doc="x * factor"),
     _d("softcap", ["x"], {"cap": float}, doc="cap * tanh(x / cap)"),
     _d("view", ["x"], {"row": int}, doc="one row of a computed tensor, no launch: (R, n) -> (1, n)"),
+    _d("moe", ["x", "router", "gate_up", "down"],
+       {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str},
+       {"act": "silu", "routing": "softmax_topk"},
+       doc="an expert mixture of each row: router logits x·routerᵀ (E,), the k experts of the largest (routing "
+           "softmax_topk: softmax over all E, then top-k, renormalized when norm_topk; equal probabilities: the "
+           "lower expert first), each chosen expert's act(x·gᵀ)·(x·uᵀ) times its down rows, weighed and summed. "
+           "The experts are stacked, one constant a role (engine/moe.py): gate_up (E·2f, d), expert e's gate rows "
+           "at e·2f and its up rows at e·2f + f; down (E·d, f), expert e's rows at e·d: (R, d) -> (R, d)"),
 ]}
 
 
@@ -88,7 +96,9 @@ def _broadcast(shapes, attrs):
     a, b = shapes[0], shapes[1]
     if b == a or (len(b) == 2 and len(a) == 2 and b[0] == 1 and b[1] == a[1]) or (len(b) == 1 and b[0] == a[-1]):
         return a, "f32"
-    raise ValueError(f"{b} neither matches {a} nor broadcasts as one row")
+    if len(b) == 2 and len(a) == 2 and b == (a[0], 1):  # one value a row (a shared expert's gate)
+        return a, "f32"
+    raise ValueError(f"{b} neither matches {a} nor broadcasts as one row or one value a row")
 
 
 def _gather(shapes, attrs):
@@ -175,11 +185,30 @@ def _view(shapes, attrs):
     return (1, n), "f32"
 
 
+ROUTINGS = ("softmax_topk",)  # softmax over every expert, then the k largest (Qwen-MoE, Mixtral)
+
+
+def _moe(shapes, attrs):
+    r, d = _rows_cols(shapes[0])
+    e, k, f = attrs["experts"], attrs["k"], attrs["inter"]
+    if e < 1 or not 1 <= k <= e:
+        raise ValueError(f"top-{k} of {e} experts")
+    if f < 1:
+        raise ValueError(f"experts of width {f}")
+    if attrs["routing"] not in ROUTINGS:
+        raise ValueError(f"routing `{attrs['routing']}` (known: {', '.join(ROUTINGS)})")
+    want = {"router": (e, d), "gate_up": (e * 2 * f, d), "down": (e * d, f)}
+    for name, s in zip(("router", "gate_up", "down"), shapes[1:4]):
+        if s != want[name]:
+            raise ValueError(f"{name} {s} is not {want[name]} ({e} experts of {f} over {d})")
+    return (r, d), "f32"
+
+
 INFER: dict[str, Callable] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul, "add": _broadcast, "mul": _broadcast,
     "sub": _broadcast, "rope": _rope, "set_row": _set_row, "attention": _attention, "silu": _same,
     "sigmoid": _same, "gelu": _same, "swiglu": _swiglu, "argmax": _argmax, "scale": _same, "softcap": _same,
-    "view": _view,
+    "view": _view, "moe": _moe,
 }
 
 

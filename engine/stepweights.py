@@ -10,7 +10,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.weights import BLOCK_FORMATS, F16_SCALES, Weights, f32_to_bf16
 
 KINDS = ("demo", "checkpoint", "random")
 
@@ -32,9 +32,34 @@ def random_weights(g: Graph, seed: int) -> Weights:
             arrays[src] = (np.cos(ang) if src == "rope.cos" else np.sin(ang)).astype(np.float32)
         elif c.kind == "values":
             arrays[src] = (1.0 + 0.1 * rng.standard_normal(c.shape)).astype(np.float32)
+        elif c.format in BLOCK_FORMATS:
+            arrays[src] = (random_blocks(rng, c.shape, c.format, name), c.format)
         else:
-            arrays[src] = (rng.standard_normal(c.shape) / np.sqrt(c.shape[-1])).astype(np.float32)
+            v = (rng.standard_normal(c.shape) / np.sqrt(c.shape[-1])).astype(np.float32)
+            arrays[src] = (f32_to_bf16(v), "bf16") if c.format == "bf16" else \
+                (v.astype(np.float16), "f16") if c.format == "f16" else v
     return Weights.from_dict(arrays)
+
+
+# a block format's values as random bytes give (for its f16 scale d = 1) about this standard deviation
+_SPREAD = {"q8_0": 74.0, "q4_0": 4.6, "q4_k": 260.0, "q6_k": 1370.0}
+
+
+def random_blocks(rng, shape: tuple[int, ...], fmt: str, name: str = "") -> np.ndarray:
+    """Rows (rows, cols) of random `fmt` blocks, stored (uint8 (rows, row bytes)): random value and sub-scale bytes,
+    each block's f16 scale set so the values have a spread of about 1/sqrt(cols) (q4_k's min offsetting its
+    levels' mean)."""
+    vb, bb = BLOCK_FORMATS[fmt]
+    rows, cols = shape
+    if cols % vb:
+        raise UserError(f"constant `{name}`: {fmt} rows of {cols} values; a {fmt} row must be whole blocks of {vb} "
+                        f"values (shape {list(shape)})")
+    raw = rng.integers(0, 256, size=(rows * (cols // vb), bb), dtype=np.uint8)
+    d = np.float16(1.0 / np.sqrt(cols) / _SPREAD[fmt])
+    scales = [(F16_SCALES[fmt][0], d)] + ([(2, np.float16(float(d) * 7.5))] if fmt == "q4_k" else [])
+    for at, v in scales:
+        raw[:, at: at + 2] = np.frombuffer(v.tobytes(), np.uint8)
+    return raw.reshape(rows, -1)
 
 
 def step_weights(g: Graph, base: str | Path = ".") -> Weights:

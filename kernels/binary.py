@@ -1,4 +1,5 @@
-"""`binary`: out = a op b for op add/mul/sub, b of a's size or one row broadcast over a's rows, optionally gated:
+"""`binary`: out = a op b for op add/mul/sub, b of a's size, one row broadcast over a's rows or one value a row of
+`each` values (a shared expert's gate), optionally gated:
 a op act(b) (glu_act_mul: act(g)·u with a = u, b = g)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Binary(Elementwise):
     n: int
     row: int = 0  # b's length when it is one row broadcast over a's rows; 0: b has a's size
     gate: str | None = None  # the activation applied to b first
+    each: int = 0  # a's row width when b is one value a row of a (b (R, 1)); 0: not
 
     census: ClassVar[str] = "binary"
     stem: ClassVar[tuple[str, ...]] = ("binary",)
@@ -40,23 +42,28 @@ class Binary(Elementwise):
             return Refusal(f"a gate activation `{self.gate}` (one of {', '.join(ACTS)})")
         if self.row and self.n % self.row:
             return Refusal(f"a row of {self.row} broadcast over {self.n} values")
+        if self.each and (self.row or self.n % self.each):
+            return Refusal(f"one value every {self.each} broadcast over {self.n} values")
         return None
 
     def extents(self, top, tokens):
-        return reach((self.a, self.n), (self.b, self.row or self.n), (self.out, self.n))
+        return reach((self.a, self.n), (self.b, self.row or (self.n // self.each if self.each else self.n)),
+                     (self.out, self.n))
 
     def weights(self):
         return {self.b: None}
 
     def bytes(self):
-        return 4 * (2 * self.n + (self.row or self.n))
+        return 4 * (2 * self.n + (self.row or (self.n // self.each if self.each else self.n)))
 
     def flops(self):
         return self.n * (1 + 4 * (self.gate is not None))
 
     def numpy(self, env):
         a = env.array(self.a)[: self.n].astype(np.float32)
-        if self.row:
+        if self.each:
+            b = np.repeat(operand(env, self.b)[: self.n // self.each], self.each)
+        elif self.row:
             b = np.tile(operand(env, self.b)[: self.row], self.n // self.row)
         else:
             b = operand(env, self.b)[: self.n]
@@ -70,4 +77,4 @@ class Binary(Elementwise):
         from lanefuse.kernels.cupy_env import i64
 
         return (denv.array(self.a), denv.opt(self.b), denv.array(self.out), i64(self.n), i64(self.row),
-                i64(OPS.index(self.op)), i64(act_code(self.gate)))
+                i64(OPS.index(self.op)), i64(act_code(self.gate)), i64(self.each))

@@ -72,6 +72,51 @@ __device__ __forceinline__ float qget(int fmt, const void* w, i64 i) {
     if (fmt == 5) return q4_k_get(b, i);
     return q6_k_get(b, i);
 }
+
+// Values i..i+3 (i a multiple of 4: one block, one sub-block, one scale): the block's scales decoded once for the
+// four, each value as qget decodes it.
+__device__ __forceinline__ float4 qget4(int fmt, const void* w, i64 i) {
+    const u8* b;
+    if (fmt == 3) {
+        b = (const u8*)w + (i >> 5) * 34;
+        const u8* q = b + 2 + (i & 31);
+        float d = h16(b);
+        return make_float4(__fmul_rn((float)(signed char)q[0], d), __fmul_rn((float)(signed char)q[1], d),
+                           __fmul_rn((float)(signed char)q[2], d), __fmul_rn((float)(signed char)q[3], d));
+    }
+    if (fmt == 4) {
+        b = (const u8*)w + (i >> 5) * 18;
+        int j = (int)(i & 31), sh = j < 16 ? 0 : 4;
+        const u8* q = b + 2 + (j & 15);
+        float d = h16(b);
+        return make_float4(__fmul_rn(d, (float)((int)((q[0] >> sh) & 15u) - 8)),
+                           __fmul_rn(d, (float)((int)((q[1] >> sh) & 15u) - 8)),
+                           __fmul_rn(d, (float)((int)((q[2] >> sh) & 15u) - 8)),
+                           __fmul_rn(d, (float)((int)((q[3] >> sh) & 15u) - 8)));
+    }
+    if (fmt == 5) {
+        b = (const u8*)w + (i >> 8) * 144;
+        int v = (int)(i & 255), j = v >> 5, l = v & 31, sh = (j & 1) ? 4 : 0;
+        const u8* s = b + 4;
+        int sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        int mn = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+        float ds = __fmul_rn(h16(b), (float)sc), dm = __fmul_rn(h16(b + 2), (float)mn);
+        const u8* q = b + 16 + (j >> 1) * 32 + l;
+        return make_float4(__fsub_rn(__fmul_rn(ds, (float)((q[0] >> sh) & 15u)), dm),
+                           __fsub_rn(__fmul_rn(ds, (float)((q[1] >> sh) & 15u)), dm),
+                           __fsub_rn(__fmul_rn(ds, (float)((q[2] >> sh) & 15u)), dm),
+                           __fsub_rn(__fmul_rn(ds, (float)((q[3] >> sh) & 15u)), dm));
+    }
+    b = (const u8*)w + (i >> 8) * 210;
+    int v = (int)(i & 255), h = v >> 7, t = (v >> 5) & 3, l = v & 31, sl = t >= 2 ? 4 : 0, shh = 2 * t;
+    const u8* lo = b + 64 * h + 32 * (t & 1) + l;
+    const u8* hi = b + 128 + 32 * h + l;
+    float d = __fmul_rn(h16(b + 208), (float)(signed char)b[192 + (v >> 4)]);
+#define Q6(k) __fmul_rn(d, (float)((int)(((lo[k] >> sl) & 15u) | (((hi[k] >> shh) & 3u) << 4)) - 32))
+    float4 r = make_float4(Q6(0), Q6(1), Q6(2), Q6(3));
+#undef Q6
+    return r;
+}
 // -- end of block formats ---------------------------------------------------------------------------------------------
 
 // fmt: 0 f32, 1 f16, 2 bf16, 3.. the block formats (a launch's argument: one uniform branch, one kernel for every
@@ -87,7 +132,7 @@ __device__ __forceinline__ float wget(int fmt, const void* w, i64 i) {
 // lie in one block, whose scales the four share).
 __device__ __forceinline__ float4 wget4(int fmt, const void* w, i64 i) {
     if (fmt == 0) return *(const float4*)((const float*)w + i);
-    if (fmt >= 3) return make_float4(qget(fmt, w, i), qget(fmt, w, i + 1), qget(fmt, w, i + 2), qget(fmt, w, i + 3));
+    if (fmt >= 3) return qget4(fmt, w, i);
     uint2 v = *(const uint2*)((const u16*)w + i);
     if (fmt == 1) return make_float4(f16f(v.x), f16f(v.x >> 16), f16f(v.y), f16f(v.y >> 16));
     return make_float4(bf16f(v.x), bf16f(v.x >> 16), bf16f(v.y), bf16f(v.y >> 16));

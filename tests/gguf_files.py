@@ -282,3 +282,31 @@ def write_spm(model, path: Path, vocab) -> Path:
     w.close()
     Path(str(path) + ".tmp").replace(path)
     return Path(path)
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of `permute`: each head's rows of adjacent pairs back to transformers' two halves."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def reference_from_file(model, path: Path):
+    """A copy of `model` holding the weights GGUF file `path` holds (any mix of formats, e.g. llama.cpp's own
+    quantizer's), each decoded by gguf.quants.dequantize, llama's q/k rows put back by `unpermute`."""
+    import gguf
+    import torch
+
+    cfg = model.config
+    llama = type(model).__name__ == "LlamaForCausalLM"
+    held = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+            for t in gguf.GGUFReader(path).tensors}
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            a = held[gguf_name(name) if not (name == "lm_head.weight" and cfg.tie_word_embeddings)
+                     else "token_embd.weight"]
+            if llama and name.endswith("q_proj.weight"):
+                a = unpermute(a, cfg.num_attention_heads)
+            elif llama and name.endswith("k_proj.weight"):
+                a = unpermute(a, cfg.num_key_value_heads)
+            p.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(p.shape))
+    return ref.eval()

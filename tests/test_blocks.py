@@ -166,6 +166,8 @@ typedef long long i64;
 #define __forceinline__ inline
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+struct float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 static inline float f16f(unsigned h) {  // IEEE half to float, exactly (what cvt.f32.f16 does)
     unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
     float v = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(m + 1024), (int)e - 25);
@@ -177,9 +179,13 @@ int main(int argc, char** argv) {
     i64 n = atoll(argv[2]), nbytes = atoll(argv[3]);
     std::vector<unsigned char> w(nbytes);
     if (fread(w.data(), 1, nbytes, stdin) != (size_t)nbytes) return 2;
-    std::vector<float> out(n);
+    std::vector<float> out(2 * n);  // every value by qget, then by qget4 four at a time
     for (i64 i = 0; i < n; i++) out[i] = qget(fmt, w.data(), i);
-    fwrite(out.data(), 4, n, stdout);
+    for (i64 i = 0; i < n; i += 4) {
+        float4 v = qget4(fmt, w.data(), i);
+        out[n + i] = v.x, out[n + i + 1] = v.y, out[n + i + 2] = v.z, out[n + i + 3] = v.w;
+    }
+    fwrite(out.data(), 4, 2 * n, stdout);
     return 0;
 }
 """
@@ -211,7 +217,8 @@ def host_qget(tmp_path_factory):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_the_cuda_decoding_equals_the_numpy_twin(host_qget, fmt):
     """Every value of random blocks (edge-case scales and fills among them), decoded by the device functions the
-    kernels call inside their dot products, equals kernels/blocks.py's decoding to the bit (NaN as NaN)."""
+    kernels call inside their dot products (one value: qget; four: qget4), equals kernels/blocks.py's decoding to the
+    bit (NaN as NaN)."""
     g = np.random.default_rng(FORMAT_CODE[fmt])
     vb, bb = blocks.BLOCKS[fmt]
     raws = []
@@ -227,10 +234,11 @@ def test_the_cuda_decoding_equals_the_numpy_twin(host_qget, fmt):
     raws.append((blocks.encode(x, fmt), 512))
     for raw, cols in raws:
         want = mine(raw, fmt, cols).reshape(-1)
-        got = host_qget(raw, fmt, want.size)
-        nan = np.isnan(want)
-        assert np.array_equal(np.isnan(got), nan)
-        assert same_bits(got[~nan], want[~nan])
+        both = host_qget(raw, fmt, want.size)
+        for got in (both[: want.size], both[want.size:]):  # wget's one value, wget4's four
+            nan = np.isnan(want)
+            assert np.array_equal(np.isnan(got), nan)
+            assert same_bits(got[~nan], want[~nan])
 
 
 # -- the weight store ------------------------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ def test_every_builtin_class_declares_its_contract_and_every_rule_binds_it():
     assert table.classes["gemv_gate_up_glu"]["vars"] == ("x", "wg", "wu", "y", "act")
     assert all("vars" in c for c in table.classes.values())
     for r in table.rules:  # what the lane reads is what extraction's fused op carries
-        assert set(c for c in table.classes[r.cls]["vars"]) <= rule_binds(table, r), r.name
+        need = set(c for c in table.classes[r.cls]["vars"] if not c.endswith("?"))  # `v?`: only some rules bind it
+        assert need <= rule_binds(table, r), r.name
     for lane in ("cuda", "conservative"):
         assert load_lane(lane).classes
 

@@ -14,6 +14,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Constant, Graph, StepIO
 from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.moe import MoeConfig
 from lanefuse.engine.optimize import Session, optimize
 from lanefuse.engine.rules import load_table
 from lanefuse.engine.stepweights import random_weights
@@ -58,6 +59,10 @@ GRAPHS = {
     "llama": lambda: build_step(cfg("LlamaForCausalLM")),
     "qwen3_chunk": lambda: build_step(cfg("Qwen3ForCausalLM", qk_norm=True, layers=1), rows=3),
     "glu": glu_graph,
+    "qwen2_moe": lambda: build_step(cfg("Qwen2MoeForCausalLM", qkv_bias=True, inter=40,
+                                        moe=MoeConfig(8, 2, 24, False, (0, 1), shared_inter=20))),
+    "qwen3_moe_chunk": lambda: build_step(cfg("Qwen3MoeForCausalLM", qk_norm=True, inter=40,
+                                              moe=MoeConfig(8, 2, 24, True, (0,))), rows=6),
 }
 
 

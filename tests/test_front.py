@@ -132,7 +132,8 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     write_checkpoint(tmp_path / "m", HF)
     (tmp_path / "m" / "config.json").write_text(json.dumps({**HF, "architectures": ["MistralForCausalLM"]}))
     with pytest.raises(UserError, match=r"architecture `MistralForCausalLM` is not supported \(supported: "
-                                        r"LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM\)"):
+                                        r"LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+                                        r"MixtralForCausalLM, Qwen2MoeForCausalLM\)"):
         load_model(tmp_path / "m")
 
 

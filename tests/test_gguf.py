@@ -102,11 +102,12 @@ def test_gguf_parity_with_transformers(arch, fmt, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", K_FORMATS)
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", list(SHAPES))
 def test_gguf_parity_k_quants(arch, fmt, tmp_path):
     _needs_blocks(fmt)
     pytest.importorskip("lanefuse.kernels.blocks")
-    kw = dict(K_SHAPE, **({"head_dim": 64, "num_attention_heads": 3, "num_key_value_heads": 1} if arch == "qwen3" else {}))
+    kw = dict(K_SHAPE, **({"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
+                          if arch == "qwen3" else {}))
     model = gf.tiny_model(arch, **kw)
     # as llama.cpp's Q4_K_M keeps it: output.weight in q6_k
     path = gf.write_gguf(model, tmp_path / f"{arch}-{fmt}.gguf", fmt, out_fmt="q6_k")
@@ -293,6 +294,9 @@ def test_run_plan_check_a_gguf_file_and_its_folder(qwen2_file, tmp_path):
     for cmd in (("plan", str(path.parent)), ("check", str(path))):
         c = _cli(*cmd)
         assert c.returncode == 0, c.stderr
+    e = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "explore", str(path)], input="quit\n",
+                       capture_output=True, text=True, timeout=300)
+    assert e.returncode == 0 and f"lanefuse explore: {path.name}, 2 layers" in e.stdout, e.stderr
     (path.parent / "other.gguf").write_bytes(path.read_bytes())
     try:
         c = _cli("plan", str(path.parent))
@@ -339,3 +343,20 @@ def test_tokenizer_adds_bos_where_the_file_says(tmp_path):
     bad = _rewrite(path, tmp_path / "bad.gguf", set_keys={"tokenizer.ggml.pre": ("tekken", STR)})
     with pytest.raises(UserError, match="`tokenizer.ggml.pre` is `tekken`"):
         tokenizer_from_gguf(open_reader(bad), str(bad))
+
+
+def test_a_block_scale_that_is_not_finite_is_refused_when_read(llama_q8, tmp_path):
+    _, path = llama_q8
+    r = gguf.GGUFReader(path)
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_up.weight")
+    data = np.array(t.data)
+    data[5, 34 + 1] = 0x7C  # row 5's second block: its f16 scale's exponent bits all set (inf)
+    bad = _rewrite(path, tmp_path / "nan.gguf", drop_tensors=(t.name,), add_tensors={t.name: (data, t.tensor_type)})
+    _, weights = load_model(bad)  # the file's pages are read as they are used: the scale is seen when read
+    with pytest.raises(UserError) as e:
+        weights.raw("model.layers.1.mlp.up_proj.weight")
+    assert str(e.value).startswith(f"{bad}: tensor `blk.1.ffn_up.weight` holds 1 q8_0 block(s) whose scale is NaN "
+                                   f"or inf"), str(e.value)
+    c = _cli("run", str(bad), "--prompt-ids", "1,2", "--tokens", "2")
+    err = [ln for ln in c.stderr.splitlines() if ln.startswith("lanefuse: error:")]
+    assert c.returncode == 2 and len(err) == 1 and "blk.1.ffn_up.weight" in err[0] and "Traceback" not in c.stderr

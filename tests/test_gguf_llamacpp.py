@@ -87,3 +87,36 @@ def test_llama_cpp_agrees_with_transformers_and_lanefuse(arch, fmt, tmp_path):
     print(f"\nllama.cpp {arch} {fmt}: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
     assert ref == want == got.generated_ids
     assert vs_hf < TOL[fmt] and vs_lane < TOL[fmt]
+
+
+QUANT = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+         "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+
+
+@pytest.mark.parametrize("ftype", list(QUANT))
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_files_quantized_by_llama_cpp(arch, ftype, tmp_path):
+    """llama.cpp's own quantizer (llama_model_quantize; Q4_K_M mixes q4_k and q6_k tensors, Q4_0 keeps output.weight
+    in q6_k): lanefuse's fused plan on its file equals transformers on the file's weights decoded by gguf."""
+    import gguf
+
+    from test_gguf import K_SHAPE
+
+    kw = dict(K_SHAPE, **({"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
+                          if arch == "qwen3" else {}))
+    model = gf.tiny_model(arch, **kw)
+    _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")
+    src = gf.write_gguf(model, tmp_path / "f32.gguf", "f32", tokenizer=vocab)
+    dst = tmp_path / f"{ftype}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, QUANT[ftype])
+    params.nthread = 2
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), llama_cpp.byref(params)) == 0
+    held = {t.tensor_type.name.lower() for t in gguf.GGUFReader(dst).tensors}
+    want, want_logits = gf.hf_greedy(gf.reference_from_file(model, dst), PROMPT, N)
+    cfg, weights = load_model(dst)
+    got = generate(cfg, weights, PROMPT, N, step_fn=_fused_step(weights), chunk=4)
+    rel = _rel(got.logits, want_logits)
+    print(f"\nllama.cpp-quantized {arch} {ftype} ({', '.join(sorted(held))}): fused plan vs transformers {rel:.2e}")
+    assert got.generated_ids == want and rel < 1e-4
+    assert {f for _, f in cfg.formats} == held  # each tensor read in the format the file holds it in

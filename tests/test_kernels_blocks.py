@@ -193,6 +193,23 @@ def test_split_k_chunks_never_split_a_block(fmt, blocks_a_row, n, m, sms):
         assert chunk(k, t.split) % BLOCKS[fmt][0] == 0
 
 
+@settings(max_examples=40, deadline=None)
+@given(fmt=st.sampled_from(FMTS), m=st.integers(1, 12), blocks=st.integers(1, 64), n=st.integers(1, 70),
+       seed=st.integers(0, 2**16), sms=st.sampled_from([4, 132]))
+def test_tuned_gemv_twins_on_random_shapes(fmt, m, blocks, n, seed, sms):
+    """Any shape the schedule tunes (rows a warp, split-K in whole blocks): the exact twin is the product of the
+    decoded weights, the fast twin within f32 rounding of it."""
+    k = k_of(fmt, blocks if BLOCKS[fmt][0] == 32 else 1 + blocks % 8)  # up to 2048 values a row
+    launch = Gemv("x", "w", fmt, Dst("y"), k, n, m, bias="b").tune(dataclasses.replace(Knobs(), sms=sms, wide_rows=32))
+    assert launch.check() is None
+    g = np.random.default_rng(seed)
+    raw, w = quantized(g, fmt, n, k)
+    x, b = r32(g, m, k), r32(g, n)
+    exact, fast = twins(launch, {"x": x, "y": np.zeros(m * n, np.float32)}, {"w": (raw, fmt), "b": (b, "f32")})
+    close(exact.array("y").reshape(m, n), x.astype(np.float64) @ w.T + b)
+    close(fast.array("y"), exact.array("y"), FAST_TOL)
+
+
 def test_costs_see_the_quantized_bytes():
     """A q4_0 product moves a quarter of bf16's weight bytes (18 bytes a 32 values against 64), q8_0 about half: the
     extraction's cost (bytes over bandwidth) sees it."""
@@ -266,3 +283,118 @@ def test_plans_report_the_weight_bytes_a_step_reads():
     assert by["bf16"]["bf16"] == 2 * values
     assert by["q4_0"]["q4_0"] == by["q4_k"]["q4_k"] == values // 32 * 18
     assert by["q8_0"]["q8_0"] == values // 32 * 34 and by["q6_k"]["q6_k"] == values // 256 * 210
+
+
+# -- the command -----------------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _shape_folder(d, **over):
+    import json
+
+    cfg = demo_config()
+    c = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": cfg.hidden, "num_hidden_layers": 2,
+         "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+         "intermediate_size": cfg.inter, "vocab_size": cfg.vocab, "rms_norm_eps": cfg.eps, "rope_theta": 10000.0,
+         "max_position_embeddings": 128, "hidden_act": "silu", "torch_dtype": "bfloat16", **over}
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(c))
+    return d
+
+
+def test_plan_prints_the_weight_bytes_and_weights_format_takes_the_block_formats(tmp_path):
+    import json
+
+    d = _shape_folder(tmp_path / "shape")
+    r = _cli("plan", str(d), "--weights-format", "q4_0", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert list(doc["weight_bytes"]["by_format"]) == ["q4_0"] and doc["weight_bytes"]["total"] > 0
+    assert {l["fields"].get("format") for l in doc["launches"]} >= {"q4_0"}
+    text = _cli("plan", str(d), "--weights-format", "q8_0")
+    assert text.returncode == 0 and "weights read a step: " in text.stdout and "B (q8_0)" in text.stdout
+    # a K-quant format the model's rows are not whole blocks of: one line naming the tensor
+    odd = _shape_folder(tmp_path / "odd", intermediate_size=320)
+    k = _cli("plan", str(odd), "--weights-format", "q4_k")
+    assert k.returncode != 0 and len(k.stderr.strip().splitlines()) == 1, k.stderr
+    assert "--weights-format q4_k: tensor `model.layers.0.mlp.down_proj.weight` [256, 320]" in k.stderr
+    assert "Traceback" not in k.stderr
+
+
+def test_the_demo_runs_and_checks_with_its_matrices_quantized():
+    r = _cli("check", "--weights-format", "q4_k", "--rows", "1")
+    assert r.returncode == 0 and "-> ok" in r.stdout, r.stdout + r.stderr
+    import json
+
+    run = _cli("run", "--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4", "--json", "-")
+    assert run.returncode == 0, run.stderr
+    cfg, w = block_demo("q8_0")  # the same seeded matrices, quantized: the reference interpreter's tokens
+    assert json.loads(run.stdout)["generated_ids"] == generate(cfg, w, [1, 2, 3], 4).generated_ids
+
+
+STEP = """meta: {model: blocks-step, rows: 1}
+weights: {random: 3}
+io: {token: token, position: pos, caches: [[kc1, vc1]], logits: logits, next: next}
+tensors: {token: "i32[1]", pos: "i32[1]", kc1: "f32[16, 64]", vc1: "f32[16, 64]"}
+constants:
+  emb: {shape: [40, 256], format: q6_k}
+  wk: {shape: [64, 256], transposed: true, format: q4_k}
+  wv: {shape: [64, 256], transposed: true, format: q4_0}
+  wo: {shape: [40, 64], transposed: true, format: q8_0}
+ops:
+  - {op: gather, out: x, ins: [emb, token]}
+  - {op: matmul, out: k, ins: [x, wk]}
+  - {op: matmul, out: v, ins: [x, wv]}
+  - {op: set_row, out: kc, ins: [kc1, k, pos]}
+  - {op: set_row, out: vc, ins: [vc1, v, pos]}
+  - {op: add, out: y, ins: [k, v]}
+  - {op: matmul, out: logits, ins: [y, wo]}
+  - {op: argmax, out: next, ins: [logits]}
+"""
+
+
+def test_a_step_yamls_random_weights_are_blocks_of_its_formats():
+    """`weights: {random: SEED}` makes each constant in the format it declares (random blocks with finite scales),
+    so the kernels read what the plan says they read; the plan runs against the reference."""
+    from lanefuse.engine.stepweights import step_weights
+    from lanefuse.engine.stepyaml import from_yaml
+
+    g = from_yaml(STEP)
+    w = step_weights(g)
+    for name, fmt in (("emb", "q6_k"), ("wk", "q4_k"), ("wv", "q4_0"), ("wo", "q8_0")):
+        assert w.format(name) == fmt and w.shape(name) == g.constants[name].shape
+        v = w.get(name)
+        assert np.isfinite(v).all() and 0.3 < float(v.std()) * np.sqrt(v.shape[1]) < 3  # about 1/sqrt(cols)
+    s = plan(g)
+    env = {"kc1": np.zeros((16, 64), np.float32), "vc1": np.zeros((16, 64), np.float32),
+           "token": np.array([7], np.int32), "pos": np.array([2], np.int32)}
+    from lanefuse.engine.interp import evaluate
+
+    ref = evaluate(g, w, {k: v.copy() for k, v in env.items()})
+    out = NumpyRunner(s, w, check=True).step({k: v.copy() for k, v in env.items()}, lifted=g)
+    assert int(out["next"][0]) == int(ref["next"][0])
+    close(out["logits"], ref["logits"], 1e-5)
+
+
+def test_fast_twins_decode_launch_by_launch_where_memory_does_not_allow_once():
+    """Past the decode budget (half the machine's memory by default; 0 here) the fast runner decodes each launch's
+    rows as it runs and keeps no f32 copy: the same numbers as decoding once."""
+    cfg, w = block_demo("q4_0")
+    s = plan(build_step(cfg, 1))
+    env = {k: np.zeros((64, cfg.kv_heads * cfg.head_dim), np.float32) for c in
+           [(f"kc{i}", f"vc{i}") for i in range(cfg.layers)] for k in c}
+    env.update(token=np.array([5], np.int32), pos=np.array([0], np.int32))
+    streamed = NumpyRunner(s, w, exact=False, decode_budget=0)
+    assert streamed.streamed
+    a = streamed.step({k: v.copy() for k, v in env.items()})
+    assert not any(f == "q4_0" for n, f in cfg.formats if n in w._f32)  # nothing decoded was kept
+    once = NumpyRunner(s, w, exact=False)
+    assert not once.streamed
+    b = once.step({k: v.copy() for k, v in env.items()})
+    assert np.array_equal(a["logits"], b["logits"]) and int(a["next"][0]) == int(b["next"][0])

@@ -171,8 +171,20 @@ def samples():
         GemvGlu("x", "wg", "wu", "bf16", "o", 32, 8, 1, bg="bg", per_warp=4),
         GemmParts("x", "f32", 32, 1, (GemmPart("wq", Dst("q"), 8, bias="b"), GemmPart("wk", cache, 8))),
         Fold(Gemv("x", "w", "f32", Dst("o"), 32, 8, 1), Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s")),
-        *fused_folds(),
+        *fused_folds(), *mixtures(),
     ]
+
+
+def mixtures():
+    """The expert mixture a row at a time and over sorted rows, plain, with a shared expert, finalized."""
+    from lanefuse.kernels import Dst, Moe
+
+    shared = dict(sg="sg", su="su", sd="sd", sgate="sgt", sf=40, format_s="bf16")
+    fin = dict(add="a", sum="s", nw="nw", eps=1e-6)
+    return [Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 1, "bf16", format_r="f32", norm_topk=True),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 1, "f16", **shared, **fin),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 5, "f32", sort=True, **shared, **fin),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 5, "bf16", sort=True, add="a")]
 
 
 def fused_folds():

@@ -377,3 +377,34 @@ def test_fold_products_then_head_epilogue_blocks(fmt, m, heads, kv, hd, rot):
 @pytest.mark.parametrize("rows,cols,heads", [(3, 1024, 1), (2, 4096, 1), (5, 256, 4)])
 def test_fold_gather_then_norm_blocks(fmt, rows, cols, heads):
     test_fold_gather_then_norm(fmt, rows, cols, heads, 1.5)  # the same case, the table's rows in blocks
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (16, True), (5, True)])
+@pytest.mark.parametrize("shared,finalize", [(0, ""), (40, "norm"), (24, "add"), (0, "norm"), (40, "")])
+def test_moe(fmt, rows, sort, shared, finalize):
+    """The expert mixture a row at a time (moe_up, moe_down) and over sorted rows (four kernels), with a shared expert
+    and the finalize (the last block of a row norms it), hidden 32 and experts of 37 (8, top-2), and a wide one."""
+    from lanefuse.kernels import Moe
+
+    for d, f, E, k in ((32, 37, 8, 2), (1024, 96, 64, 6)):
+        g = np.random.default_rng(rows * 7 + shared + d)
+        sf = shared and (shared if d == 32 else 128)
+        arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
+        weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"),
+                   "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), fmt), fmt),
+                   "wd": (encode(r32(g, E * d, f) / np.sqrt(f), fmt), fmt)}
+        kw = {}
+        if sf:
+            for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
+                weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), fmt), fmt)
+            kw.update(sg="sg", su="su", sd="sd", sgate="sgt", sf=sf, format_s=fmt)
+        if finalize:
+            arrays.update(a=r32(g, rows, d))
+            kw.update(add="a")
+        if finalize == "norm":
+            arrays.update(s=np.zeros(rows * d, np.float32))
+            weights["nw"] = (1 + 0.1 * r32(g, d), "f32")
+            kw.update(sum="s", nw="nw", eps=1e-6)
+        both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, **kw),
+             arrays, weights, tol=2e-4, placed=rows == 3)

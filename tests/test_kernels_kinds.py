@@ -12,7 +12,7 @@ import yaml
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts, Gemv,
-                              GemvF32, GemvGlu, Join, Launch, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale,
+                              GemvF32, GemvGlu, Join, Launch, Moe, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale,
                               SetRow, Slice, SwiGlu, Unary, View, honoured_steps)
 from lanefuse.lane.lower.knobs import Knobs
 
@@ -28,6 +28,7 @@ SAMPLES: dict[str, Launch] = {
     "gemv_f32": GemvF32("x", "w", Dst("y"), 4096, 64, 1),
     "gemv_glu": GemvGlu("x", "wg", "wu", "f16", "o", 64, 2048, 1),
     "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),
+    "moe": Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16"),
     "norm": Norm("x", "w", "o", 2, 64, 1e-6, add="r", sum="s"),
     "quant": Quant("x", 64),
     "rope": Rope("x", "cos", "sin", "pos", Dst("y"), 1, 4, 16, 16),
@@ -74,7 +75,10 @@ def test_refusals_are_values_in_the_users_words():
                Attention("q", "k", "v", "pos", "o", 3, 2, 8, 8, 8, 1, 1.0), Norm("x", "w", "o", 1, 10, 1e-6, heads=3),
                ArgMax("x", "o", 0), Rope("x", "cos", "sin", "pos", Dst("y"), 1, 1, 8, 3),
                RopeParts((), "cos", "sin", "pos", 1, 8, 8),
-               Fold(Gather("E", "t", "e", 4, format="q4"), Norm("e", "w", "o", 1, 4, 1e-6))]
+               Fold(Gather("E", "t", "e", 4, format="q4"), Norm("e", "w", "o", 1, 4, 1e-6)),
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 9, 1, "bf16"),
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", format_d="f32"),
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", sg="sg")]
     for l in refused:
         why = l.check()
         assert isinstance(why, Refusal) and why.where == "" and str(why) == why.reason, (l.census, why)
@@ -125,6 +129,10 @@ def test_tune_fills_the_schedules_settings():
 def test_kernels_a_launch_makes():
     assert View("x", 0, "v").kernels() == ()
     assert SAMPLES["gemv"].kernels() == (SAMPLES["gemv"],)
+    m = SAMPLES["moe"]
+    assert len(m.kernels()) == 2 and len(replace(m, sort=True).kernels()) == 4  # a row at a time; sorted rows
+    for l in (m, replace(m, sort=True, rows=8)):  # each kernel costed by its share
+        assert sum(k.bytes() for k in l.kernels()) == l.bytes() and sum(k.flops() for k in l.kernels()) == l.flops()
     fused = SAMPLES["fold"]
     assert fused.fused and fused.kernels() == (fused,)
     two = Fold(SAMPLES["gemv_glu"], Norm("o", "nw", "y", 1, 2048, 1e-6))

@@ -102,6 +102,8 @@ def _shape(s: Scope, t: str) -> tuple[int, ...]:
 
 
 def _rows(s, t):
+    if t is None:  # an optional variable the rule did not bind (`rows(sg?)`)
+        return 0
     sh = _shape(s, _tensor(s, t))
     return sh[0] if len(sh) == 2 else 1
 
@@ -118,6 +120,8 @@ def _size(s, t):
 
 
 def _format(s, t):
+    if t is None:  # an optional variable the rule did not bind (`format(sg?)`)
+        return None
     c = s.g.constants.get(_tensor(s, t))
     if c is None:
         return None
@@ -179,9 +183,15 @@ def _is_computed(s, t):
 def _bcast(s, b, a):
     """b's length when it is one row broadcast over a's rows; 0 when b has a's size."""
     sb, sa = _shape(s, _tensor(s, b)), _shape(s, _tensor(s, a))
-    if sb == sa:
+    if sb == sa or _each(s, b, a):
         return 0
     return sb[-1]
+
+
+def _each(s, b, a):
+    """a's row width when b is one value a row of a ((R, 1) against (R, n)); 0 otherwise."""
+    sb, sa = _shape(s, _tensor(s, b)), _shape(s, _tensor(s, a))
+    return sa[-1] if len(sb) == 2 and len(sa) == 2 and sb == (sa[0], 1) and sa[-1] != 1 else 0
 
 
 def _leaf(s, kind, nth=0):
@@ -217,7 +227,7 @@ def _div(s, a, b):
 FUNCS: dict[str, Callable] = {
     "rows": _rows, "cols": _cols, "size": _size, "format": _format, "is_values": _is_values, "dst": _dst,
     "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "pos": _pos, "token": _token,
-    "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf, "bcast": _bcast,
+    "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf, "bcast": _bcast, "each": _each,
     "advance": _advance, "copied": _copied,
 }
 READS = ("part", "pitch", "offset")  # functions of an input's read, given the input's name, not its tensor

@@ -47,6 +47,48 @@ def host_stacked(cs, weights) -> np.ndarray:
     return out
 
 
+def decoded_bytes(p) -> int:
+    """The f32 bytes the fast twins' decoded weights of plan `p` take: every checkpoint-rows constant not stored as
+    f32 (f16, bf16 and the block formats), decoded once and held beside its stored bytes."""
+    return sum(4 * c.size for c in p.constants.values() if c.kind == "rows" and c.format != "f32")
+
+
+def memory_bytes() -> int | None:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+DECODE_MEMORY = 0.5  # the fast twins decode weights to f32 once while that takes at most this share of memory
+
+
+def decode_once(p, budget: int | None = None) -> bool:
+    """Whether the fast twins may hold plan `p`'s weights decoded to f32 (`budget` bytes, default DECODE_MEMORY of
+    the machine's memory); else each launch decodes the rows it multiplies as it runs (memory bounded by one
+    constant, at the price of the decoding every step)."""
+    if budget is None:
+        mem = memory_bytes()
+        if mem is None:
+            return True
+        budget = int(DECODE_MEMORY * mem)
+    return decoded_bytes(p) <= budget
+
+
+def streamed_matrix(c, weights) -> np.ndarray:
+    """Constant `c` decoded to f32 for this launch only (flat; not kept)."""
+    from lanefuse.kernels.common import decode
+
+    raw, fmt = weights.raw(c.source or c.name)
+    return np.asarray(decode(np.asarray(raw), fmt), dtype=np.float32).reshape(-1)
+
+
+def streamed_stacked(cs, weights) -> np.ndarray:
+    return np.concatenate([streamed_matrix(c, weights) for c in cs])
+
+
 def check_constants(p, weights) -> None:
     """Each constant of plan `p` against the checkpoint's: its shape (a values constant: its size) and, for checkpoint
     rows, its format. A saved plan is checked so before it runs; the first mismatch is a UserError."""

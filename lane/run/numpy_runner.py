@@ -12,7 +12,8 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.lower.plan import Plan
-from lanefuse.lane.run.constants import host_constant, host_matrix, host_stacked
+from lanefuse.lane.run.constants import (decode_once, host_constant, host_matrix, host_stacked, streamed_matrix,
+                                         streamed_stacked)
 
 DT = {"f32": np.float32, "i32": np.int32}
 
@@ -20,10 +21,12 @@ DT = {"f32": np.float32, "i32": np.int32}
 class ArenaEnv:
     """The Env the numpy twins read and write through: arena views, cache tables, step I/O, weights."""
 
-    def __init__(self, s: Plan, weights, tables: dict[str, np.ndarray], exact: bool = True, temp: int = 0):
+    def __init__(self, s: Plan, weights, tables: dict[str, np.ndarray], exact: bool = True, temp: int = 0,
+                 stream: bool = False):
         self.s = s
         self.weights = weights
         self.exact = exact
+        self.stream = stream  # fast twins: decode each launch's rows as it runs instead of once (memory-bound)
         # the plan's arena, then (fast twins) a tail of `temp` f32 values every launch's temporaries share in turn
         self.arena = np.zeros(s.arena.bytes + (-s.arena.bytes % 64) + 4 * temp, dtype=np.uint8)
         self._temp = np.frombuffer(self.arena, dtype=np.float32, count=temp, offset=len(self.arena) - 4 * temp)
@@ -69,12 +72,19 @@ class ArenaEnv:
         return w
 
     def matrix(self, name: str) -> np.ndarray:
-        """Constant `name` as flat f32 values, decoded once (the fast twins' weights)."""
-        return host_matrix(self.s.constants[name], self.weights)
+        """Constant `name` as flat f32 values, decoded once (the fast twins' weights; streamed: for this launch)."""
+        c = self.s.constants[name]
+        if self.stream and c.kind == "rows" and c.format != "f32":
+            return streamed_matrix(c, self.weights)
+        return host_matrix(c, self.weights)
 
     def stacked(self, names: tuple[str, ...]) -> np.ndarray:
-        """Constants `names` (rows of one width) as one flat f32 matrix, their rows in turn, decoded once."""
-        return host_stacked([self.s.constants[n] for n in names], self.weights)
+        """Constants `names` (rows of one width) as one flat f32 matrix, their rows in turn, decoded once
+        (streamed: for this launch)."""
+        cs = [self.s.constants[n] for n in names]
+        if self.stream:
+            return streamed_stacked(cs, self.weights)
+        return host_stacked(cs, self.weights)
 
     def temp(self, count: int) -> np.ndarray:
         """`count` f32 values of the arena's tail, a fast twin's temporary for the length of its launch."""
@@ -87,13 +97,16 @@ class ArenaEnv:
 class NumpyRunner:
     """Runs one Plan step after step; the arena and weights are kept across steps."""
 
-    def __init__(self, s: Plan, weights, check: bool = False, exact: bool = True):
+    def __init__(self, s: Plan, weights, check: bool = False, exact: bool = True, decode_budget: int | None = None):
         self.s = s
         self.check = check  # run the reference beside each step and compare launch by launch (LANEFUSE_CHECK=2)
         self.exact = exact or check  # the exact twins (the kernels' sums imitated in f64), else each kind's fast twin
         self.weights = weights
         temp = 0 if self.exact else max((x.launch.fast_temp() for x in s.launches), default=0)
-        self.env = ArenaEnv(s, weights, {}, exact=self.exact, temp=temp)
+        # the fast twins hold f16/bf16/block rows decoded to f32 where memory allows (`decode_budget` bytes, default
+        # half the machine's), else decode each launch's rows as it runs
+        self.streamed = not self.exact and not decode_once(s, decode_budget)
+        self.env = ArenaEnv(s, weights, {}, exact=self.exact, temp=temp, stream=self.streamed)
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env

@@ -1,0 +1,195 @@
+"""Expert mixtures at the front: what a mixture-of-experts config says (`MoeConfig`, read from config.json for
+Qwen3-MoE, Mixtral and Qwen2-MoE), the routing every consumer shares (`route`: softmax, top-k, renormalize), the
+experts' weights stacked one constant a role (`ExpertStore`: the per-expert tensors of a 4.x checkpoint or the fused
+3-D ones of a 5.x checkpoint, read as the same 2-D rows) and one layer's mixture built into a step graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+
+ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    experts: int
+    k: int  # experts chosen a row
+    inter: int  # an expert's intermediate width (moe_intermediate_size; Mixtral's intermediate_size)
+    norm_topk: bool  # the k chosen weights renormalized to sum to 1
+    sparse: tuple[int, ...]  # the layers whose FFN is the mixture (the others are dense)
+    shared_inter: int = 0  # Qwen2-MoE's shared expert's width (0: none), scaled by a sigmoid gate
+    spelling: str = "qwen"  # where the layer's tensors live: qwen (mlp.gate, mlp.experts) | mixtral (block_sparse_moe)
+
+
+def read_moe(r, arch: str, layers: int) -> MoeConfig:
+    """The mixture keys of config.json (`r` a hfconfig reader), as transformers 4.x and 5.x write them."""
+    where = r.where
+    experts = r.size("num_local_experts") if r.has("num_local_experts") else r.size("num_experts")
+    k = r.size("num_experts_per_tok")
+    if k > experts:
+        raise UserError(f"{where}: `num_experts_per_tok` {k} is more than the {experts} experts")
+    if arch == "MixtralForCausalLM":
+        if r.has("sliding_window"):
+            raise UserError(f"{where}: a Mixtral with a sliding window (`sliding_window` {r.c['sliding_window']}) is "
+                            f"not supported")
+        return MoeConfig(experts, k, r.size("intermediate_size"), True, tuple(range(layers)), spelling="mixtral")
+    inter = r.size("moe_intermediate_size")
+    step = r.size("decoder_sparse_step", 1)
+    only = r.c.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise UserError(f"{where}: `mlp_only_layers` is {str(only)[:40]}; expected a list of layer numbers")
+    sparse = tuple(i for i in range(layers) if i not in only and (i + 1) % step == 0)
+    shared = r.size("shared_expert_intermediate_size") if arch == "Qwen2MoeForCausalLM" else 0
+    return MoeConfig(experts, k, inter, r.flag("norm_topk_prob"), sparse, shared)
+
+
+# -- the routing ----------------------------------------------------------------------------------------------------
+
+def route(logits: np.ndarray, k: int, norm_topk: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k chosen experts and their weights from router logits (R, E), in f64: the softmax over every
+    expert, the k largest probabilities in falling order (equal probabilities: the lower expert first, as the kernels
+    choose; torch.topk leaves the order of equal values unspecified), renormalized to sum to 1 when `norm_topk`. Returns (R, k) int64 experts and (R, k) f64 weights."""
+    z = np.asarray(logits, dtype=np.float64)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    chosen = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, chosen, axis=-1)
+    if norm_topk:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return chosen, w
+
+
+# -- the weights ----------------------------------------------------------------------------------------------------
+
+def router_name(i: int) -> str:
+    return f"model.layers.{i}.mlp.gate.weight"
+
+
+def gate_up_name(i: int) -> str:
+    return f"model.layers.{i}.mlp.experts.gate_up_proj"
+
+
+def down_name(i: int) -> str:
+    return f"model.layers.{i}.mlp.experts.down_proj"
+
+
+def weight_names(cfg, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer i's mixture tensors as the step reads them (the stacked names `ExpertStore` serves)."""
+    m, d = cfg.moe, cfg.hidden
+    w = {router_name(i): (m.experts, d), gate_up_name(i): (m.experts * 2 * m.inter, d),
+         down_name(i): (m.experts * d, m.inter)}
+    if m.shared_inter:
+        p = f"model.layers.{i}.mlp.shared_expert."
+        w[p + "gate_proj.weight"] = (m.shared_inter, d)
+        w[p + "up_proj.weight"] = (m.shared_inter, d)
+        w[p + "down_proj.weight"] = (d, m.shared_inter)
+        w[f"model.layers.{i}.mlp.shared_expert_gate.weight"] = (1, d)
+    return w
+
+
+def _spellings(m: MoeConfig, i: int) -> dict[str, list[tuple[str, ...]]]:
+    """Where each stacked tensor of layer i may be stored: the fused 3-D tensor (transformers 5), or per expert
+    (transformers 4.x: gate_proj/up_proj/down_proj; Mixtral: w1 gate, w3 up, w2 down), each a list of names."""
+    E = range(m.experts)
+    if m.spelling == "mixtral":
+        b = f"model.layers.{i}.block_sparse_moe."
+        per = {"router": [(b + "gate.weight",)],
+               "gate_up": [tuple(n for e in E for n in (f"{b}experts.{e}.w1.weight", f"{b}experts.{e}.w3.weight"))],
+               "down": [tuple(f"{b}experts.{e}.w2.weight" for e in E)]}
+    else:
+        b = f"model.layers.{i}.mlp.experts."
+        per = {"router": [],
+               "gate_up": [tuple(n for e in E for n in (f"{b}{e}.gate_proj.weight", f"{b}{e}.up_proj.weight"))],
+               "down": [tuple(f"{b}{e}.down_proj.weight" for e in E)]}
+    fused = {"router": (router_name(i),), "gate_up": (gate_up_name(i),), "down": (down_name(i),)}
+    return {k: [fused[k]] + v for k, v in per.items()}
+
+
+class ExpertStore:
+    """A weight store (engine/weights.py's backends) that also serves each mixture layer's stacked tensors: the
+    router (E, d), gate_up (E·2f, d) and down (E·d, f) as 2-D rows, from a fused 3-D tensor (reshaped, no copy) or the
+    per-expert tensors (stacked once, in memory). A layer holding neither names the first tensor it lacks."""
+
+    def __init__(self, base, cfg, where: str):
+        self.base, self.where = base, where
+        self.stacked: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # name -> parts, 2-D shape
+        have = set(base.names())
+        for i in cfg.moe.sparse:
+            shapes = weight_names(cfg, i)
+            for role, names in _spellings(cfg.moe, i).items():
+                name = {"router": router_name, "gate_up": gate_up_name, "down": down_name}[role](i)
+                found = next((ns for ns in names if all(n in have for n in ns)), None)
+                if found is None:
+                    miss = next(n for ns in names[1:] or names for n in ns if n not in have)
+                    raise UserError(f"{where}: the checkpoint has no tensor `{miss}` (nor the fused `{name}`): layer "
+                                    f"{i}'s experts are missing")
+                self.stacked[name] = (found, shapes[name])
+        self._cache: dict[str, tuple[np.ndarray, str]] = {}
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(list(self.base.names()) + list(self.stacked)))
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        if name not in self.stacked:
+            return self.base.info(name)
+        parts, shape = self.stacked[name]
+        infos = [self.base.info(p) for p in parts]
+        fmts = {f for _, f in infos}
+        if len(fmts) > 1:
+            raise UserError(f"{self.where}: the experts of `{name}` are stored in several formats "
+                            f"({', '.join(sorted(fmts))}); a mixture's experts share one")
+        size = sum(int(np.prod(s)) for s, _ in infos)
+        cols = infos[0][0][-1]
+        if any(s[-1] != cols for s, _ in infos) or size != shape[0] * shape[1] or cols != shape[1]:
+            got = infos[0][0] if len(parts) == 1 else f"{len(parts)} tensors of {infos[0][0]}"
+            raise UserError(f"{self.where}: tensor `{parts[0]}` has shape {got}; the config makes `{name}` "
+                            f"{shape} (experts x rows, cols)")
+        return shape, fmts.pop()
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        if name not in self.stacked:
+            return self.base.raw(name)
+        if name not in self._cache:
+            parts, _ = self.stacked[name]
+            shape, fmt = self.info(name)
+            arrs = [self.base.raw(p)[0] for p in parts]
+            arr = arrs[0].reshape(shape) if len(arrs) == 1 else \
+                np.concatenate([a.reshape(-1, shape[1]) for a in arrs])
+            self._cache[name] = (arr, fmt)
+        return self._cache[name]
+
+    def where(self, name: str) -> str:
+        parts = self.stacked.get(name)
+        return self.base.where(parts[0][0] if parts else name)
+
+
+def stack_store(store, cfg, where: str) -> Any:
+    """`store` serving the stacked expert tensors where `cfg` has a mixture, else `store` itself."""
+    return ExpertStore(store, cfg, where) if cfg.moe is not None and cfg.moe.sparse else store
+
+
+# -- one layer's mixture ---------------------------------------------------------------------------------------------
+
+def build_ffn(cfg, i: int, h: str, op, W) -> str:
+    """Layer i's mixture of its normed input `h` (op(kind, ins, out, **attrs) adds a layer op, W(name) declares a
+    constant by its name in the layer): the `moe` op, and Qwen2-MoE's shared expert (a SwiGLU FFN) scaled by the
+    sigmoid of its gate and added."""
+    m = cfg.moe
+    y = op("moe", [h, W("mlp.gate.weight"), W("mlp.experts.gate_up_proj"), W("mlp.experts.down_proj")], "moe",
+           experts=m.experts, k=m.k, inter=m.inter, norm_topk=m.norm_topk, act="silu", routing="softmax_topk")
+    if not m.shared_inter:
+        return y
+    g = op("matmul", [h, W("mlp.shared_expert.gate_proj.weight")], "sh_gate")
+    u = op("matmul", [h, W("mlp.shared_expert.up_proj.weight")], "sh_up")
+    a = op("silu", [g], "sh_gate_act")
+    s = op("mul", [a, u], "sh_glu")
+    dn = op("matmul", [s, W("mlp.shared_expert.down_proj.weight")], "sh_down")
+    sg = op("matmul", [h, W("mlp.shared_expert_gate.weight")], "sh_score")
+    gate = op("sigmoid", [sg], "sh_scale")
+    sh = op("mul", [dn, gate], "sh_out")
+    return op("add", [y, sh], "moe_out")

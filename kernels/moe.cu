@@ -1,0 +1,214 @@
+// Expert mixtures (moe.py). Scratch: choices (rows, k) i32, weights (rows, k) f32 then each row's shared-expert
+// scale (rows) f32, hidden (rows, k+1, F) f32 — choice c's act(gate)·up of its expert, slot k the shared expert's —
+// F = max(f, sf); over sorted rows also parts (rows, k+1, d): each choice's down product before its weight.
+// Weights are read a value at a time (any width), a warp an output.
+#define MOE_WARPS 8
+#define MOE_TILE 64
+#define MOE_MAXE 4096
+#define MOE_MAXK 32
+
+#define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 act, int *choices, \
+    float *weights, float *hidden
+#define MOE_ROUTE const void *wr, i64 fr, i64 norm
+#define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs
+#define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out)
+
+__device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, i64 row, i64 n) {
+    float s = 0.f;
+    for (i64 j = threadIdx.x & 31; j < n; j += 32) s += x[j] * wget(fm, w, row * n + j);
+    return warp_sum(s);
+}
+
+// Row r's routing into choices/weights (thread 0 writes): logits in shared memory, the k largest (equal logits: the
+// lower expert first), softmax weights, renormalized over the chosen when `norm`. Every thread returns after it.
+__device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm, int* ch,
+                              float* wt) {
+    __shared__ float logit[MOE_MAXE];
+    __shared__ unsigned char taken[MOE_MAXE];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 e = warp; e < E; e += MOE_WARPS) {
+        float s = moe_dot(xr, fr, wr, e, d);
+        if (lane == 0) { logit[e] = s; taken[e] = 0; }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = NEG_INF;
+        for (i64 e = 0; e < E; e++) m = fmaxf(m, logit[e]);
+        float z = 0.f;
+        for (i64 e = 0; e < E; e++) z += expf(logit[e] - m);
+        float p[MOE_MAXK], tot = 0.f;
+        for (i64 c = 0; c < k; c++) {
+            i64 best = -1;
+            for (i64 e = 0; e < E; e++)
+                if (!taken[e] && (best < 0 || logit[e] > logit[best])) best = e;
+            taken[best] = 1;
+            ch[c] = (int)best;
+            p[c] = expf(logit[best] - m) / z;
+            tot += p[c];
+        }
+        for (i64 c = 0; c < k; c++) wt[c] = norm ? p[c] / tot : p[c];
+    }
+    __syncthreads();
+}
+
+// Hidden values j0.. of one slot: act(x·gᵀ)·(x·uᵀ), gate row `gr` and up row `ur` of `w` (a warp a value).
+__device__ __forceinline__ void moe_glu(const float* xr, int fm, const void* w, i64 gr, i64 ur, i64 d, i64 j0,
+                                        i64 n, int act, float* h) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 j = j0 + warp; j < j0 + MOE_TILE && j < n; j += MOE_WARPS) {
+        float g = moe_dot(xr, fm, w, gr + j, d), u = moe_dot(xr, fm, w, ur + j, d);
+        if (lane == 0) h[j] = act_apply(act, g) * u;
+    }
+}
+
+// A row at a time. Grid (tiles of F, k + shared, rows): every block routes its row (the same sums, the same
+// choices), block (0, 0) keeps them for moe_down; block (x, c) computes its tile of slot c's hidden values.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_up(MOE_COMMON, MOE_ROUTE, const void* wgu, MOE_SHARED) {
+    i64 r = blockIdx.z, c = blockIdx.y, F = f > sf ? f : sf;
+    const float* xr = x + r * d;
+    float* h = hidden + (r * (k + 1) + c) * F;
+    if (c == k) {  // the shared expert; block 0 also its gate score
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        for (i64 j = blockIdx.x * MOE_TILE + warp; j < (blockIdx.x + 1) * MOE_TILE && j < sf; j += MOE_WARPS) {
+            float g = moe_dot(xr, (int)fs, sg, j, d), u = moe_dot(xr, (int)fs, su, j, d);
+            if (lane == 0) h[j] = act_apply((int)act, g) * u;
+        }
+        if (blockIdx.x == 0 && warp == 0) {
+            float s = moe_dot(xr, (int)fs, sgate, 0, d);
+            if (lane == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
+        }
+        return;
+    }
+    __shared__ int ch[MOE_MAXK];
+    __shared__ float wt[MOE_MAXK];
+    moe_route_row(xr, wr, (int)fr, d, E, k, (int)norm, ch, wt);
+    if (blockIdx.x == 0 && c == 0 && threadIdx.x < k) {
+        choices[r * k + threadIdx.x] = ch[threadIdx.x];
+        weights[r * k + threadIdx.x] = wt[threadIdx.x];
+    }
+    i64 e = ch[c];
+    moe_glu(xr, (int)fmt, wgu, e * 2 * f, e * 2 * f + f, d, blockIdx.x * MOE_TILE, f, (int)act, h);
+}
+
+// The mixture's value i of row r: its choices' down products weighed in choice order, then the shared expert's.
+__device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i64 fmt, const int* choices,
+                                           const float* weights, const float* hidden, const void* wd, const void* sd,
+                                           i64 sf, i64 fs, i64 rows) {
+    i64 F = f > sf ? f : sf;
+    float acc = 0.f;
+    for (i64 c = 0; c < k; c++) {
+        i64 e = choices[r * k + c];
+        acc += weights[r * k + c] * moe_dot(hidden + (r * (k + 1) + c) * F, (int)fmt, wd, e * d + i, f);
+    }
+    if (sd) acc += weights[rows * k + r] * moe_dot(hidden + (r * (k + 1) + k) * F, (int)fs, sd, i, sf);
+    return acc;
+}
+
+// Row r's finalize over its sums (already in `sum`): the RMS norm times nw into out, by the calling block.
+__device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, float eps, const Dst& o) {
+    float ss = 0.f;
+    for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = __ldcg(sum + r * d + i);
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+    for (i64 i = threadIdx.x; i < d; i += blockDim.x) o.y[dst_at(o, r * d + i)] = __ldcg(sum + r * d + i) * inv * nw[i];
+}
+
+// Grid (tiles of d, rows): a warp an output, the residual `add` added where given; with nw, the sum written and the
+// last block of the row to arrive (a counter a row, reset by it) norms the row.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_down(MOE_COMMON, const void* wd, MOE_SHARED, unsigned* arrivals, MOE_FIN) {
+    i64 r = blockIdx.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    Dst o = DST(out);
+    for (i64 i = blockIdx.x * MOE_TILE + warp; i < (blockIdx.x + 1) * MOE_TILE && i < d; i += MOE_WARPS) {
+        float v = moe_value(r, i, d, f, k, fmt, choices, weights, hidden, wd, sd, sf, fs, rows);
+        if (lane != 0) continue;
+        if (add) v += add[r * d + i];
+        if (nw) sum[r * d + i] = v;
+        else o.y[dst_at(o, r * d + i)] = v;
+    }
+    if (!nw) return;
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(arrivals + r, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    moe_norm_row(r, d, sum, nw, eps, o);
+    if (threadIdx.x == 0) arrivals[r] = 0u;
+}
+
+// Sorted rows. Grid (rows): each row routed, its shared-expert scale taken.
+extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUTE, MOE_SHARED) {
+    i64 r = blockIdx.x;
+    __shared__ int ch[MOE_MAXK];
+    __shared__ float wt[MOE_MAXK];
+    moe_route_row(x + r * d, wr, (int)fr, d, E, k, (int)norm, ch, wt);
+    if (threadIdx.x < k) {
+        choices[r * k + threadIdx.x] = ch[threadIdx.x];
+        weights[r * k + threadIdx.x] = wt[threadIdx.x];
+    }
+    if (sgate && threadIdx.x < 32) {
+        float s = moe_dot(x + r * d, (int)fs, sgate, 0, d);
+        if (threadIdx.x == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
+    }
+}
+
+// Grid (tiles of F, E + shared): block (x, e) computes its tile of the hidden values of every (row, choice) that
+// chose expert e, its weight rows read once for the chunk (they stay in L1/L2 across the rows); slot E the shared
+// expert over every row.
+extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, const void* wgu, MOE_SHARED) {
+    i64 e = blockIdx.y, F = f > sf ? f : sf, j0 = blockIdx.x * MOE_TILE;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 r = 0; r < rows; r++) {
+        const float* xr = x + r * d;
+        if (e == E) {
+            for (i64 j = j0 + warp; j < j0 + MOE_TILE && j < sf; j += MOE_WARPS) {
+                float g = moe_dot(xr, (int)fs, sg, j, d), u = moe_dot(xr, (int)fs, su, j, d);
+                if (lane == 0) hidden[(r * (k + 1) + k) * F + j] = act_apply((int)act, g) * u;
+            }
+            continue;
+        }
+        for (i64 c = 0; c < k; c++)
+            if (choices[r * k + c] == e)
+                moe_glu(xr, (int)fmt, wgu, e * 2 * f, e * 2 * f + f, d, j0, f, (int)act, hidden + (r * (k + 1) + c) * F);
+    }
+}
+
+// Grid (tiles of d, E + shared): block (x, e) the down products of expert e's (row, choice) slots into parts.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_down_sorted(MOE_COMMON, const void* wd, MOE_SHARED, float* parts) {
+    i64 e = blockIdx.y, F = f > sf ? f : sf, i0 = blockIdx.x * MOE_TILE;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 r = 0; r < rows; r++)
+        for (i64 c = 0; c <= k; c++) {
+            bool mine = c < k ? choices[r * k + c] == e : e == E;
+            if (!mine) continue;
+            const float* h = hidden + (r * (k + 1) + c) * F;
+            for (i64 i = i0 + warp; i < i0 + MOE_TILE && i < d; i += MOE_WARPS) {
+                float v = c < k ? moe_dot(h, (int)fmt, wd, e * d + i, f) : moe_dot(h, (int)fs, sd, i, sf);
+                if (lane == 0) parts[(r * (k + 1) + c) * d + i] = v;
+            }
+        }
+}
+
+// Grid (rows): the weighed sum in choice order, the shared expert's scaled part, the residual, then the finalize.
+extern "C" __global__ void __launch_bounds__(256) moe_finish(MOE_COMMON, MOE_SHARED, const float* parts, MOE_FIN) {
+    i64 r = blockIdx.x;
+    Dst o = DST(out);
+    for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = 0.f;
+        for (i64 c = 0; c < k; c++) v += weights[r * k + c] * parts[(r * (k + 1) + c) * d + i];
+        if (sd) v += weights[rows * k + r] * parts[(r * (k + 1) + k) * d + i];
+        if (add) v += add[r * d + i];
+        if (nw) sum[r * d + i] = v;
+        else o.y[dst_at(o, r * d + i)] = v;
+    }
+    if (!nw) return;
+    __syncthreads();
+    moe_norm_row(r, d, sum, nw, eps, o);
+}

@@ -1,0 +1,303 @@
+"""`moe`: an expert mixture in one launch — each row's router logits, its k chosen experts and their weights, the
+chosen experts' gate/up products and GLU, their down products weighed and summed; optionally a shared expert scaled by
+the sigmoid of its gate (shared_expert_fusion), a chunk's rows grouped by expert so each chosen expert's weights are
+read once (`sort`, moe_token_sort), and the residual add and the next RMSNorm of the sum (moe_deferred_finalize).
+The experts are stacked one constant a role (engine/moe.py): gate_up (E·2f, d), down (E·d, f).
+
+The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
+one choice's hidden values; moe_down: the weighed down products, the shared expert, and the finalize by the last block
+of a row to arrive), four over sorted rows (moe_route, moe_up_sorted and moe_down_sorted a block an expert over the
+rows that chose it, moe_finish a block a row)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.engine.moe import route
+from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Dst, Launch, Scratch, act, decode, format_refusal,
+                                     names, reach, rms, weight_bytes)
+from lanefuse.kernels.elementwise import act_code
+from lanefuse.kernels.gemv import products
+
+MAX_EXPERTS = 4096  # router logits held in a block's shared memory (moe.cu MOE_MAXE)
+MAX_K = 32  # experts chosen a row
+WARPS = 8  # warps a block (moe.cu MOE_WARPS)
+TILE = 64  # hidden (or output) values a block (moe.cu MOE_TILE)
+ROUTINGS = ("softmax_topk",)
+
+
+@dataclass(frozen=True)
+class Moe(Launch):
+    x: str  # (rows, d) the normed input
+    wr: str  # router rows (E, d)
+    wgu: str  # experts' gate and up rows (E·2f, d): expert e's gate at e·2f, its up at e·2f + f
+    wd: str  # experts' down rows (E·d, f)
+    out: Dst  # (rows, d): the mixture, or with `nw` the norm of add + mixture
+    d: int
+    f: int
+    experts: int
+    k: int
+    rows: int
+    format: str  # the experts' format (gate_up and down)
+    format_r: str = "f32"  # the router's
+    format_d: str | None = None  # the down rows' where they differ from gate_up's (refused: one format a mixture)
+    norm_topk: bool = False
+    act: str = "silu"
+    routing: str = "softmax_topk"
+    sort: bool = False  # rows grouped by expert (moe_token_sort)
+    sg: str | None = None  # the shared expert's gate, up (sf, d) and down (d, sf) rows and its gate score row (1, d)
+    su: str | None = None
+    sd: str | None = None
+    sgate: str | None = None
+    sf: int = 0
+    format_s: str | None = None  # the shared expert's gate rows' format: the kernel reads all four in it
+    format_su: str | None = None  # the others' formats where the lane says them (refused unless format_s)
+    format_sd: str | None = None
+    format_sgate: str | None = None
+    add: str | None = None  # the residual added to the mixture (into `out`, or with `nw` into `sum`),
+    sum: str | None = None  # finalize: the sum written here
+    nw: str | None = None  # and normed by this weight into `out`
+    eps: float = 0.0
+    stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
+
+    census: ClassVar[str] = "moe"
+    stem: ClassVar[tuple[str, ...]] = ("moe",)
+
+    def __post_init__(self):
+        # a flag that came through the e-graph, which holds booleans as 0 / 1
+        for name in ("norm_topk", "sort"):
+            v = getattr(self, name)
+            if v in (0, 1, None) and not isinstance(v, bool):
+                object.__setattr__(self, name, bool(v))
+
+    @property
+    def shared(self) -> bool:
+        return self.sg is not None
+
+    @property
+    def width(self) -> int:
+        """Hidden values a choice's row holds in scratch: the widest of the experts and the shared expert."""
+        return max(self.f, self.sf)
+
+    def reads(self):
+        return names(self.x, self.wr, self.wgu, self.wd, self.sg, self.su, self.sd, self.sgate, self.add, self.nw,
+                     *self.out.params())
+
+    def writes(self):
+        return names(self.out.buf, self.sum)
+
+    def check(self):
+        if self.routing not in ROUTINGS:
+            return Refusal(f"an expert mixture routed by `{self.routing}` (the kernel takes softmax then top-k)")
+        for fmt, cols, what in ((self.format_r, self.d, "the mixture's router"),
+                                (self.format, self.d, "the mixture's gate/up rows"),
+                                (self.format_d or self.format, self.f, "the mixture's down rows")):
+            why = format_refusal(fmt, cols, what)
+            if why:
+                return why
+        if self.format_d is not None and self.format_d != self.format:
+            return Refusal(f"experts' gate/up and down rows in different formats ({self.format}, {self.format_d}): "
+                           f"the kernel reads one")
+        if self.act not in ACTS:
+            return Refusal(f"an expert activation `{self.act}`")
+        if not 1 <= self.k <= min(MAX_K, self.experts) or self.experts > MAX_EXPERTS:
+            return Refusal(f"top-{self.k} of {self.experts} experts (the kernel keeps at most {MAX_K} of at most "
+                           f"{MAX_EXPERTS})")
+        if self.shared and (self.su is None or self.sd is None or self.sgate is None or self.sf < 1
+                            or self.format_s not in FORMATS):
+            return Refusal("a shared expert without its gate, up and down rows and its gate score")
+        if self.shared:
+            why = format_refusal(self.format_s, self.d, "the shared expert") or \
+                format_refusal(self.format_s, self.sf, "the shared expert's down rows")
+            if why:
+                return why
+        other = {f for f in (self.format_su, self.format_sd, self.format_sgate) if f is not None}
+        if self.shared and other - {self.format_s}:
+            return Refusal(f"a shared expert whose rows are in several formats "
+                           f"({', '.join(sorted(other | {self.format_s}))}): the kernel reads them in one")
+        if self.nw is not None and (self.add is None or self.sum is None):
+            return Refusal("a mixture normed without the residual it is added to and the sum it writes")
+        return None
+
+    # -- what it touches and costs ------------------------------------------------------------------------------
+    def scratch(self):
+        rk, h = self.rows * self.k, self.rows * (self.k + 1) * self.width
+        s = [Scratch("choices", "i32", 4 * rk), Scratch("weights", "f32", 4 * rk + 4 * self.rows),
+             Scratch("hidden", "f32", 4 * h)]
+        if self.sort:
+            s.append(Scratch("parts", "f32", 4 * self.rows * (self.k + 1) * self.d))
+        elif self.nw is not None:
+            s.append(Scratch("arrivals", "i32", 4 * self.rows, counter=True))
+        return tuple(s)
+
+    def kernels(self):
+        """Its kernels, each costed by its share: a row at a time moe_up, moe_down; over sorted rows moe_route,
+        moe_up_sorted, moe_down_sorted, moe_finish."""
+        return tuple(replace(self, stage=i) for i in range(4 if self.sort else 2))
+
+    def extents(self, top, tokens):
+        n, E = self.rows * self.d, self.experts
+        return reach((self.x, n), (self.wr, E * self.d), (self.wgu, E * 2 * self.f * self.d),
+                     (self.wd, E * self.d * self.f), (self.sg, self.sf * self.d), (self.su, self.sf * self.d),
+                     (self.sd, self.d * self.sf), (self.sgate, self.d), (self.add, n), (self.sum, n),
+                     (self.nw, self.d), (self.out.buf, self.out.extent(n, top)))
+
+    def weights(self):
+        w = {self.wr: self.format_r, self.wgu: self.format, self.wd: self.format_d or self.format}
+        if self.shared:
+            w.update({self.sg: self.format_s, self.su: self.format_s, self.sd: self.format_s,
+                      self.sgate: self.format_s})
+        if self.nw is not None:
+            w[self.nw] = "f32"
+        return w
+
+    def chosen(self) -> int:
+        """Expert weights read at most: each row's k choices, or over sorted rows each expert once."""
+        return min(self.experts, self.rows * self.k) if self.sort else self.rows * self.k
+
+    def checkpoint_bytes(self):
+        """The router's rows, the chosen experts' gate/up and down rows, the shared expert's: in their formats."""
+        f, d, fd = self.f, self.d, self.format_d or self.format
+        b = weight_bytes(self.format_r, self.experts, d) + self.chosen() * (weight_bytes(self.format, 2 * f, d)
+                                                                            + weight_bytes(fd, d, f))
+        if self.shared:
+            fs = self.format_s
+            b += weight_bytes(fs, 2 * self.sf + 1, d) + weight_bytes(fs, d, self.sf)
+        return b
+
+    def _shares(self) -> list[tuple[int, int]]:
+        """(bytes, flops) of each kernel, in order."""
+        f, d, R, fd, fs = self.f, self.d, self.rows, self.format_d or self.format, self.format_s
+        n, hidden = R * d, 4 * R * (self.k + self.shared) * self.width
+        router = (weight_bytes(self.format_r, self.experts, d) + 4 * n, 2 * R * self.experts * d)
+        up = (self.chosen() * weight_bytes(self.format, 2 * f, d) + 4 * n + hidden
+              + (weight_bytes(fs, 2 * self.sf + 1, d) if self.shared else 0),
+              2 * R * (self.k * 2 * f * d + (2 * self.sf + 1) * d * self.shared))
+        down = (self.chosen() * weight_bytes(fd, d, f) + hidden + (weight_bytes(fs, d, self.sf) if self.shared else 0),
+                2 * R * (self.k * f * d + self.sf * d * self.shared))
+        tail = 4 * (n + (n if self.add else 0) + (n if self.sum else 0) + (d if self.nw else 0))
+        if not self.sort:  # moe_up routes each row itself; moe_down sums and finalizes
+            return [(router[0] + up[0], router[1] + up[1]), (down[0] + tail, down[1])]
+        parts = 4 * R * (self.k + 1) * d
+        return [router, up, (down[0] + parts, down[1]), (parts + tail, 2 * R * (self.k + 1) * d)]
+
+    def bytes(self):
+        shares = self._shares()
+        return sum(b for b, _ in shares) if self.stage is None else shares[self.stage][0]
+
+    def flops(self):
+        shares = self._shares()
+        return sum(f for _, f in shares) if self.stage is None else shares[self.stage][1]
+
+    # -- the twins ------------------------------------------------------------------------------------------------
+    def _route(self, env, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raw, fmt = env.weight(self.wr)
+        logits = products(x, decode(raw, fmt).reshape(self.experts, self.d), 1)  # (rows, E) f32
+        chosen, w = route(logits, self.k, bool(self.norm_topk))
+        return chosen, w.astype(np.float32)
+
+    def _finish(self, env, y: np.ndarray) -> None:
+        """y (rows, d) f32: the mixture (plus the residual `add`) into `out`, or with `nw` that sum kept in `sum` and
+        its norm into `out`."""
+        if self.add is not None:
+            y = (env.array(self.add)[: y.size].reshape(y.shape) + y).astype(np.float32)
+        if self.nw is None:
+            self.out.write(env, y)
+            return
+        s = y
+        env.array(self.sum)[: s.size] = s.reshape(-1)
+        w = np.asarray(env.weight(self.nw)[0], dtype=np.float64)[: self.d]
+        self.out.write(env, s * rms(s, self.eps) * w)
+
+    def numpy(self, env):
+        """As the kernels sum: each product's dot in f64 rounded to f32, the GLU in f32, the chosen experts' down
+        products weighed and summed in choice order in f32, the shared expert's scaled product last."""
+        d, f, k = self.d, self.f, self.k
+        x = env.array(self.x)[: self.rows * d].reshape(self.rows, d).astype(np.float32)
+        chosen, w = self._route(env, x)
+        raw, fmt = env.weight(self.wgu)
+        gu = decode(raw, fmt).reshape(self.experts, 2 * f, d)
+        raw, fmt = env.weight(self.wd)
+        dn = decode(raw, fmt).reshape(self.experts, d, f)
+        y = np.zeros((self.rows, d), dtype=np.float32)
+        for r in range(self.rows):
+            for c in range(k):
+                e = int(chosen[r, c])
+                g = products(x[r:r + 1], gu[e, :f], 1)
+                u = products(x[r:r + 1], gu[e, f:], 1)
+                h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
+                y[r] = (y[r] + w[r, c] * products(h, dn[e], 1)[0]).astype(np.float32)
+        if self.shared:
+            y = (y + self._shared(env, x, exact=True)).astype(np.float32)
+        self._finish(env, y)
+
+    def _shared(self, env, x: np.ndarray, exact: bool) -> np.ndarray:
+        """The shared expert's output scaled by the sigmoid of its gate score, (rows, d) f32."""
+        sf, d = self.sf, self.d
+
+        def m(name: str, n: int, kk: int) -> np.ndarray:
+            if not exact:
+                return env.matrix(name).reshape(n, kk)
+            raw, fmt = env.weight(name)
+            return decode(raw, fmt).reshape(n, kk)
+
+        prod = (lambda a, b: products(a, b, 1)) if exact else (lambda a, b: (a @ b.T).astype(np.float32))
+        g, u = prod(x, m(self.sg, sf, d)), prod(x, m(self.su, sf, d))
+        h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
+        score = act("sigmoid", prod(x, m(self.sgate, 1, d))).astype(np.float32)  # (rows, 1)
+        return (prod(h, m(self.sd, d, sf)) * score).astype(np.float32)
+
+    def fast(self, env):
+        """In f32 BLAS on the stacks decoded once: the rows that chose each expert gathered into one product (as
+        the sorted kernels group them, whatever `sort` says: the same sums within f32 rounding)."""
+        d, f = self.d, self.f
+        x = env.array(self.x)[: self.rows * d].reshape(self.rows, d)
+        logits = x @ env.matrix(self.wr).reshape(self.experts, d).T
+        chosen, w = route(logits, self.k, bool(self.norm_topk))
+        gu = env.matrix(self.wgu).reshape(self.experts, 2 * f, d)
+        dn = env.matrix(self.wd).reshape(self.experts, d, f)
+        y = np.zeros((self.rows, d), dtype=np.float32)
+        for e in np.unique(chosen):
+            rows, cs = np.nonzero(chosen == e)
+            xe = x[rows]
+            a = xe @ gu[e].T  # (n, 2f)
+            h = act(self.act, a[:, :f]).astype(np.float32) * a[:, f:]
+            np.add.at(y, rows, (h @ dn[e].T) * w[rows, cs][:, None].astype(np.float32))
+        if self.shared:
+            y += self._shared(env, np.asarray(x, dtype=np.float32), exact=False)
+        self._finish(env, y)
+
+    # -- the device ---------------------------------------------------------------------------------------------
+    def grid_block(self):
+        return ((-(-self.width // TILE), self.k + self.shared, self.rows), (32 * WARPS, 1, 1))
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import NULL, f32, i64
+
+        sc = {s.tag: denv.scratch(self, s) for s in self.scratch()}
+        block = (32 * WARPS, 1, 1)
+        fs = FORMAT_CODE[self.format_s or self.format]
+        common = (denv.array(self.x), i64(self.rows), i64(self.d), i64(self.f), i64(self.experts), i64(self.k),
+                  i64(FORMAT_CODE[self.format]), i64(act_code(self.act)), sc["choices"], sc["weights"], sc["hidden"])
+        shared = (denv.opt(self.sg), denv.opt(self.su), denv.opt(self.sd), denv.opt(self.sgate), i64(self.sf),
+                  i64(fs))
+        route = (denv.weight(self.wr)[0], i64(FORMAT_CODE[self.format_r]), i64(int(bool(self.norm_topk))))
+        fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out))
+        up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
+        wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]
+        if not self.sort:
+            denv.function(self.stem, "moe_up")((up_tiles, self.k + self.shared, self.rows), block,
+                                               common + route + (wgu,) + shared)
+            denv.function(self.stem, "moe_down")((down_tiles, self.rows, 1), block,
+                                                 common + (wd,) + shared + (sc.get("arrivals", NULL),) + fin)
+            return
+        denv.function(self.stem, "moe_route")((self.rows, 1, 1), block, common + route + shared)
+        denv.function(self.stem, "moe_up_sorted")((up_tiles, self.experts + self.shared, 1), block,
+                                                  common + (wgu,) + shared)
+        denv.function(self.stem, "moe_down_sorted")((down_tiles, self.experts + self.shared, 1), block,
+                                                    common + (wd,) + shared + (sc["parts"],))
+        denv.function(self.stem, "moe_finish")((self.rows, 1, 1), block, common + shared + (sc["parts"],) + fin)
