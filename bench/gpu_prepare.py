@@ -8,6 +8,7 @@ them, so that machine needs no solver. Writes into PLANDIR:
     tiny-moe/ + tiny-moe-decode.json       a transformers-made tiny Qwen2-MoE (8 experts top-2, a shared expert):
       + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (planned
                                            with launches nearly free: its rows sorted by expert)
+    tiny-gemma2/ + tiny-gemma2-decode.json a transformers-made tiny Gemma 2 (soft caps, a window of 8) and its plan
 
     python bench/gpu_prepare.py PLANDIR
 """
@@ -73,6 +74,19 @@ def main() -> None:
     save(plan(build_step(mcfg, 8), knobs=Knobs(launch_us=0.01), source={"kind": "path", "path": "tiny-moe"}),
          os.path.join(out, "tiny-moe-prefill8.json"))
     print("saved tiny-moe and its decode and prefill plans")
+    folder = os.path.join(out, "tiny-gemma2")
+    c = transformers.Gemma2Config(vocab_size=320, hidden_size=128, intermediate_size=200, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
+                                  query_pre_attn_scalar=32, max_position_embeddings=128)
+    m = transformers.Gemma2ForCausalLM(c).eval()
+    with torch.no_grad():  # norms away from 0 (Gemma's 1 + w), products of a scale that keeps the residual alive
+        for name, p in m.named_parameters():
+            p.copy_(0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[1] ** 0.5)
+    m.save_pretrained(folder)
+    gcfg, _ = load_model(folder)
+    save(plan(build_step(gcfg, 1), source={"kind": "path", "path": "tiny-gemma2"}),
+         os.path.join(out, "tiny-gemma2-decode.json"))
+    print("saved tiny-gemma2 and its decode plan")
 
 
 if __name__ == "__main__":

@@ -26,14 +26,16 @@ def _progress(items, desc: str):
     return tqdm(items, desc=desc, unit="tensor", leave=False)
 
 
-def _check_layers(cfg_path: Path, layers: int, stored: set[str]) -> None:
-    """`num_hidden_layers` against the layers the checkpoint holds tensors for (model.layers.N.*)."""
-    held = {int(m.group(1)) for m in map(_LAYER.match, stored) if m}
+def _check_layers(cfg_path: Path, layers: int, stored: set[str], prefix: str = "model.layers.") -> None:
+    """`num_hidden_layers` against the layers the checkpoint holds tensors for (model.layers.N.*, or the prefix
+    a family's text model lives under)."""
+    pat = _LAYER if prefix == "model.layers." else re.compile(re.escape(prefix) + r"(\d+)\.")
+    held = {int(m.group(1)) for m in map(pat.match, stored) if m}
     if not held:
-        raise UserError(f"{cfg_path.parent}: the checkpoint has no tensor `model.layers.0.input_layernorm.weight` "
-                        f"(no model.layers.* tensors at all; config.json's `num_hidden_layers` is {layers})")
+        raise UserError(f"{cfg_path.parent}: the checkpoint has no tensor `{prefix}0.input_layernorm.weight` "
+                        f"(no {prefix}* tensors at all; config.json's `num_hidden_layers` is {layers})")
     if len(held) != layers or held != set(range(layers)):  # the length first: never a set of 10^8
-        have = f"model.layers.0..{max(held)}" if held == set(range(len(held))) else \
+        have = f"{prefix}0..{max(held)}" if held == set(range(len(held))) else \
             f"layers {sorted(held)[:8]}"
         raise UserError(f"{cfg_path}: `num_hidden_layers` is {layers}, but the checkpoint holds {len(held)} "
                         f"layer(s) ({have})")
@@ -65,7 +67,10 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     cfg = config_from_hf(raw_cfg, str(cfg_path), max_len=max_len, name=folder.resolve().name)
     store = Weights.from_folder(folder)
     stored = set(store.names())
-    _check_layers(cfg_path, cfg.layers, stored)  # before the names of cfg.layers layers are listed
+    relayout = getattr(cfg, "with_layout", None)  # a family whose checkpoints name the text model two ways
+    if relayout is not None:
+        cfg = relayout(stored)
+    _check_layers(cfg_path, cfg.layers, stored, getattr(cfg, "layer_prefix", "model.layers."))  # before listing names
     if cfg.moe is not None:  # the experts' tensors stacked, one constant a role (engine/moe.py)
         from lanefuse.engine.moe import stack_store
 

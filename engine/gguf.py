@@ -157,13 +157,18 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = r.size("vocab_size") if r.has("vocab_size") else len(tokens) if tokens is not None and len(tokens) \
         else embd[0][0]
-    return ModelConfig(
+    cfg = ModelConfig(
         arch=fam.hf_arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, inter=inter,
         vocab=vocab, eps=eps, rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
         tie_embeddings="output.weight" not in tensors,
         qkv_bias=any(k.endswith("bias") for k in fam.layer), qk_norm=any("q_norm" in k for k in fam.layer),
         max_len=min(max_len, ctx), name=name,
     )
+    if arch in ("gemma2", "gemma3"):  # the family's own keys (engine/gemma.py)
+        from lanefuse.engine.gemma import gemma_from_gguf
+
+        return gemma_from_gguf(cfg, r, arch, where)
+    return cfg
 
 
 def _rope_scaling(meta, r: _Reader, arch: str, where: str, rot: int,

@@ -33,6 +33,12 @@ QK_NORM = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+GEMMA_LAYER = {  # Gemma's four norms a layer: llama.cpp names the pre-feed-forward one ffn_norm
+    **{k: v for k, v in LAYER.items() if k != "ffn_norm.weight"},
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 ROPE_FREQS = "rope_freqs.weight"  # llama3 rope scaling: the factors each inverse frequency is divided by
 
 
@@ -47,6 +53,8 @@ FAMILIES = {
     "llama": Family("LlamaForCausalLM", LAYER, permuted={"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}),
     "qwen2": Family("Qwen2ForCausalLM", {**LAYER, **QKV_BIAS}),
     "qwen3": Family("Qwen3ForCausalLM", {**LAYER, **QK_NORM}),
+    "gemma2": Family("Gemma2ForCausalLM", GEMMA_LAYER),
+    "gemma3": Family("Gemma3ForCausalLM", {**GEMMA_LAYER, **QK_NORM}),
 }
 
 

@@ -128,8 +128,13 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: `architectures` is {_show(archs)}; expected a list of names, e.g. "
                         f"[\"{SUPPORTED[0]}\"]")
     arch = archs[0] if archs else None
+    from lanefuse.engine.gemma import ARCHS as GEMMA, gemma_config
+
+    if arch in GEMMA:
+        return gemma_config(c, arch, where, max_len, name, _Reader, _rope, MAX_LAYERS)
     if arch not in SUPPORTED:
-        raise UserError(f"{where}: architecture `{arch}` is not supported (supported: {', '.join(SUPPORTED)})")
+        raise UserError(f"{where}: architecture `{arch}` is not supported (supported: "
+                        f"{', '.join(SUPPORTED + GEMMA)})")
 
     act = r.text("hidden_act", "silu")
     if act != "silu":

@@ -4,6 +4,7 @@ runs as its parts. Other modules evaluate single ops through `run_op` / `apply_o
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -108,6 +109,19 @@ def _gelu(x, **a):
     return (0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))).astype(F32)
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf elementwise in f64 (math.erf: numpy has none)."""
+    return _ERF(np.asarray(x, dtype=F64)).astype(F64)
+
+
+def _gelu_erf(x, **a):
+    x = np.asarray(x, dtype=F64)
+    return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(F32)
+
+
 def _swiglu(g, u, **a):
     g = np.asarray(g, dtype=F64)
     return (g / (1.0 + np.exp(-g)) * np.asarray(u, dtype=F64)).astype(F32)
@@ -153,7 +167,7 @@ OP_IMPL: dict[str, Callable[..., np.ndarray]] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul,
     "add": _binary(np.add), "mul": _binary(np.multiply), "sub": _binary(np.subtract),
     "rope": _rope, "set_row": _set_row, "attention": _attention,
-    "silu": _silu, "sigmoid": _sigmoid, "gelu": _gelu, "swiglu": _swiglu, "argmax": _argmax,
+    "silu": _silu, "sigmoid": _sigmoid, "gelu": _gelu, "gelu_erf": _gelu_erf, "swiglu": _swiglu, "argmax": _argmax,
     "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe,
 }
 

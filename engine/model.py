@@ -80,7 +80,10 @@ class ModelConfig:
 
 def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
     """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
-    `pos` names; the logits and next token of the last row."""
+    `pos` names; the logits and next token of the last row. A family of its own builds its own (engine/gemma.py)."""
+    build = getattr(cfg, "build_step", None)
+    if build is not None:
+        return build(rows)
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
     h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len

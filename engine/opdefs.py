@@ -57,7 +57,8 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
        doc="grouped-query attention of row r over cache rows 0..pos+r (the last `window` of them when set)"),
     _d("silu", ["x"], doc="x * sigmoid(x)"),
     _d("sigmoid", ["x"], doc="1 / (1 + exp(-x))"),
-    _d("gelu", ["x"], doc="GELU, tanh approximation"),
+    _d("gelu", ["x"], doc="GELU, tanh approximation (transformers' gelu_pytorch_tanh)"),
+    _d("gelu_erf", ["x"], doc="GELU, exact: x * (1 + erf(x / sqrt 2)) / 2 (transformers' gelu)"),
     _d("swiglu", ["g", "u"], doc="silu(g) * u"),
     _d("argmax", ["x"], doc="the index of each row's largest value (first on ties): (R, n) -> i32 (R,)"),
     _d("scale", ["x"], {"factor": float}, doc="x * factor"),
@@ -207,8 +208,8 @@ def _moe(shapes, attrs):
 INFER: dict[str, Callable] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul, "add": _broadcast, "mul": _broadcast,
     "sub": _broadcast, "rope": _rope, "set_row": _set_row, "attention": _attention, "silu": _same,
-    "sigmoid": _same, "gelu": _same, "swiglu": _swiglu, "argmax": _argmax, "scale": _same, "softcap": _same,
-    "view": _view, "moe": _moe,
+    "sigmoid": _same, "gelu": _same, "gelu_erf": _same, "swiglu": _swiglu, "argmax": _argmax, "scale": _same,
+    "softcap": _same, "view": _view, "moe": _moe,
 }
 
 

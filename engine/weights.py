@@ -1,6 +1,6 @@
 """The weight store: a model's tensors by checkpoint name, as stored (`raw`) or dequantized to f32 (`get`), from a
 safetensors checkpoint folder (read lazily, memory-mapped) or an in-memory dict, plus the value tables the config
-generates (`rope.cos`, `rope.sin`)."""
+generates (`rope.cos`, `rope.sin`; a family's config may add its own: `cfg.generated()` / `cfg.generate()`)."""
 
 from __future__ import annotations
 
@@ -225,7 +225,11 @@ def _library_open(path: Path):
 
 
 def _check_finite(arr: np.ndarray, fmt: str, where: str) -> None:
-    """Refuse a stored tensor holding NaN or inf (bf16: the exponent bits all ones)."""
+    """Refuse a stored tensor holding NaN or inf (bf16: the exponent bits all ones; a block format: its f16 scales,
+    `check_blocks`)."""
+    if fmt in BLOCK_FORMATS:
+        check_blocks(arr, fmt, where)
+        return
     bad = ((np.asarray(arr).view(np.uint16) & 0x7F80) == 0x7F80) if fmt == "bf16" else ~np.isfinite(arr)
     if bad.any():
         count, first = int(bad.sum()), np.unravel_index(int(np.argmax(bad)), bad.shape)
@@ -308,6 +312,7 @@ class Weights:
         self.store = store
         self.cfg = cfg
         self._f32: dict[str, np.ndarray] = {}
+        self._gen: dict[str, tuple[int, ...]] | None = None
 
     @classmethod
     def from_dict(cls, arrays: dict[str, Any], cfg=None) -> "Weights":
@@ -320,34 +325,45 @@ class Weights:
     def with_config(self, cfg) -> "Weights":
         return Weights(self.store, cfg)
 
+    def generated(self) -> dict[str, tuple[int, ...]]:
+        """name -> shape of each f32 table the config generates: the rotary tables, and whatever a family's config
+        adds (`cfg.generated()`: Gemma's second rotary pair and its norms' 1 + w)."""
+        if self.cfg is None:
+            return {}
+        if self._gen is None:
+            own = getattr(self.cfg, "generated", None)
+            self._gen = own() if own is not None else {n: (self.cfg.max_len, self.cfg.rot // 2) for n in GENERATED}
+        return self._gen
+
     def names(self) -> list[str]:
-        return self.store.names() + (list(GENERATED) if self.cfg is not None else [])
+        return self.store.names() + list(self.generated())
 
     def __contains__(self, name: str) -> bool:
-        return name in self.names()
+        return name in self.generated() or name in self.store.names()
 
     def shape(self, name: str) -> tuple[int, ...]:
-        if name in GENERATED and self.cfg is not None:
-            return (self.cfg.max_len, self.cfg.rot // 2)
+        if name in self.generated():
+            return self.generated()[name]
         self._known(name)
         return self.store.info(name)[0]
 
     def format(self, name: str) -> str:
-        if name in GENERATED and self.cfg is not None:
+        if name in self.generated():
             return "f32"
         self._known(name)
         return self.store.info(name)[1]
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
-        if name in GENERATED and self.cfg is not None:
+        if name in self.generated():
             return self.get(name), "f32"
         self._known(name)
         return self.store.raw(name)
 
     def get(self, name: str) -> np.ndarray:
         if name not in self._f32:
-            if name in GENERATED and self.cfg is not None:
-                self._f32.update(rope_tables(self.cfg))
+            if name in self.generated():
+                own = getattr(self.cfg, "generate", None)
+                self._f32.update(own(name, self) if own is not None else rope_tables(self.cfg))
             else:
                 arr, fmt = self.raw(name)
                 self._f32[name] = np.ascontiguousarray(dequantize(arr, fmt))

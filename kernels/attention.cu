@@ -1,5 +1,6 @@
 // Attention of row r (position pos + r) over cache rows lo..pos+r (lo: the window's first, else 0), GQA (query head
-// h reads key/value head h / group), scale, sinks (a per-head logit in the softmax's denominator). A block takes
+// h reads key/value head h / group), scale, a soft cap on the scaled logits (softcap > 0: l = softcap·tanh(l/softcap),
+// Gemma 2), sinks (a per-head logit in the softmax's denominator). A block takes
 // `per_block` heads of one row and one split of the keys; its four warps stride the split's keys with an online
 // softmax each (flash-decoding), then combine in shared memory. One split writes the output; more write their
 // (max, sum, weighted values) partials and attention_combine merges them with the sink. Row j's keys start at
@@ -12,7 +13,7 @@
 extern "C" __global__ void __launch_bounds__(128) attention_split(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale) {
+    i64 voff, float scale, float softcap) {
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
@@ -42,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
                 float d = 0.f;
                 for (i64 i = lane; i < hd; i += 32) d += qs[hh][i] * kr[i];
                 float l = warp_sum(d) * scale;
+                if (softcap > 0.f) l = softcap * tanhf(l / softcap);
                 float mn = fmaxf(m[hh], l);
                 float corr = expf(m[hh] - mn), e = expf(l - mn);
                 s[hh] = s[hh] * corr + e;

@@ -1,6 +1,7 @@
 """`attention`: grouped-query attention of each row over the rows of a key and a value cache table up to its
-position (its last `window` when set), with a scale and per-head sinks; `per_block` heads a block, the keys in
-`splits` chunks combined flash-decoding style (attention.cu)."""
+position (its last `window` when set), with a scale, its logits soft-capped (`softcap`: cap · tanh(l / cap), Gemma 2)
+and per-head sinks; `per_block` heads a block, the keys in `splits` chunks combined flash-decoding style
+(attention.cu)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ class Attention(Launch):
     vstride: int = 0  # 0: kv·vd (a value table of its own)
     voff: int = 0
     gate: tuple[str, str] | None = None  # reserved: (gate tensor, activation) the output is gated by
+    softcap: float = 0.0  # > 0: each scaled logit l becomes softcap · tanh(l / softcap) before the softmax
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("attention",)
@@ -95,6 +97,8 @@ class Attention(Launch):
             return Refusal(f"{self.per_block} heads a block (1..{MAX_PER_BLOCK}, dividing {self.heads} heads)")
         if self.splits < 1:
             return Refusal("an attention in no splits")
+        if not self.softcap >= 0.0 or self.softcap == float("inf"):
+            return Refusal(f"a soft cap of {self.softcap} on the attention's logits (a positive number, or 0: none)")
         if self.rows > MAX_GRID_Y or self.splits > MAX_GRID_Y:
             return Refusal(f"an attention of {self.rows} rows in {self.splits} splits (a launch takes at most "
                            f"{MAX_GRID_Y} of each: rows and splits are its grid's y and z)")
@@ -156,6 +160,8 @@ class Attention(Launch):
                     k = kc[(j * kp + self.koff + g * hd)[:, None] + np.arange(hd)].astype(np.float64)
                     v = vc[(j * vp + self.voff + g * vd)[:, None] + np.arange(vd)].astype(np.float64)
                     logit = (k @ q[r, h]) * self.scale
+                    if self.softcap > 0:
+                        logit = self.softcap * np.tanh(logit / self.softcap)
                     m = logit.max()
                     e = np.exp(logit - m)
                     ms.append(m), ss.append(e.sum()), accs.append(e @ v)
@@ -183,6 +189,10 @@ class Attention(Launch):
             lo = max(0, p - self.window + 1) if self.window > 0 else 0
             logit = np.matmul(q[r], keys[lo: p + 1].transpose(1, 2, 0))  # (kv, group, positions)
             logit *= self.scale
+            if self.softcap > 0:
+                logit /= self.softcap
+                np.tanh(logit, out=logit)
+                logit *= self.softcap
             top = logit.max(axis=-1, keepdims=True)
             if sinks is not None:
                 np.maximum(top, sinks, out=top)
@@ -207,7 +217,8 @@ class Attention(Launch):
         denv.function(self.stem, "attention_split")(grid, block, (
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
-            i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale)))
+            i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
+            f32(self.softcap)))
         if self.splits > 1:
             denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
                 part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits)))

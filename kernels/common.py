@@ -12,6 +12,7 @@ import numpy as np
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS, bytes_per_value, decode_blocks, row_bytes, row_refusal
+from lanefuse.kernels.blocks import encode as encode_any
 
 GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
 QBLOCK = 32  # values of an activation's quantized form that share one scale
@@ -21,7 +22,7 @@ MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel 
 DENSE = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value, a value at a time
 FORMATS = {**DENSE, **{f: bytes_per_value(f) for f in BLOCKS}}  # every format the kernels read -> bytes a value
 FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_k": 5, "q6_k": 6}  # the kernels' argument
-ACTS = ("silu", "sigmoid", "gelu")
+ACTS = ("silu", "sigmoid", "gelu", "gelu_erf")  # gelu: the tanh approximation; gelu_erf: the exact GELU
 
 
 @dataclass(frozen=True)
@@ -147,20 +148,8 @@ def decode(raw: np.ndarray, fmt: str) -> np.ndarray:
 
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     """f32 values as checkpoint storage in `fmt` (bf16 rounded to nearest even; a block format's rows (rows, cols) as
-    uint8 (rows, row bytes), kernels/blocks.py), for tests and demo weights."""
-    v = np.asarray(values, dtype=np.float32)
-    if fmt == "f32":
-        return v.copy()
-    if fmt == "f16":
-        return v.astype(np.float16)
-    if fmt == "bf16":
-        u = v.view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    if fmt in BLOCKS:
-        from lanefuse.kernels.blocks import encode as blocks
-
-        return blocks(v, fmt)
-    raise ValueError(f"unknown checkpoint format `{fmt}`")
+    uint8 (rows, row bytes)), for tests and demo weights: kernels/blocks.py's `encode`, which holds every format."""
+    return encode_any(values, fmt)
 
 
 def weight_bytes(fmt: str, rows: int, cols: int) -> int:
@@ -195,6 +184,10 @@ def act(name: str, x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-x))
     if name == "gelu":
         return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+    if name == "gelu_erf":
+        from lanefuse.engine.interp import erf
+
+        return 0.5 * x * (1.0 + erf(x * 0.7071067811865476))
     raise ValueError(f"unknown activation `{name}` (expected one of {', '.join(ACTS)})")
 
 

@@ -26,7 +26,7 @@ def as_parts(l: Launch) -> GemmParts | None:
     """A GEMV without split-K as products in one part; products in parts as they are; else None."""
     if isinstance(l, GemmParts):
         return l
-    if isinstance(l, Gemv) and l.split == 1:
+    if isinstance(l, Gemv) and l.split == 1 and l.cap == 0:
         return GemmParts(l.x, l.format, l.k, l.m, (GemmPart(l.w, l.y, l.n, l.bias),), per_warp=l.per_warp)
     return None
 
@@ -103,6 +103,8 @@ class Fold(Launch):
     def form(self) -> tuple[str | None, Refusal | None]:
         """(the fused kernel's form, None): "gemv_norm", "parts_rope" or "gather_norm"; or (None, why) when the pair
         runs as two kernels, why in the user's words."""
+        if isinstance(self.first, Gemv) and self.first.cap:
+            return None, Refusal("a soft-capped product folded with what follows (the fused kernels store it uncapped)")
         if isinstance(self.then, Norm):
             if isinstance(self.first, Gemv):
                 if self.first.split == 1:

@@ -1,6 +1,7 @@
 """`gemv` and `gemv_f32`: y = x · wᵀ (+ bias) for m rows of x, over checkpoint rows (n, k) in f32/f16/bf16 or a GGUF
 block format (decoded in the kernel from the quantized bytes), or f32 values of the same layout — one kernel
-(gemv.cu), a warp per output or four (`per_warp`), optional split-K in chunks of whole blocks."""
+(gemv.cu), a warp per output or four (`per_warp`), optional split-K in chunks of whole blocks; a gemv's outputs
+soft-capped in its epilogue where `cap` > 0 (gemv_softcap: Gemma's final logits)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Chip, Dst, Launch, Scratch, decode, dst_view,
                                      format_refusal, names, operand, reach, weight_bytes)
+from lanefuse.kernels.softcap import cap_check, capped
 
 WARPS = 4  # warps a block
 
@@ -35,12 +37,13 @@ def products(x: np.ndarray, w: np.ndarray, split: int) -> np.ndarray:
     return acc
 
 
-def gemv_numpy(env, x: str, wv: np.ndarray, bias: str | None, y: Dst, k: int, n: int, m: int, split: int) -> None:
+def gemv_numpy(env, x: str, wv: np.ndarray, bias: str | None, y: Dst, k: int, n: int, m: int, split: int,
+               cap: float = 0.0) -> None:
     xv = env.array(x)[: m * k].reshape(m, k)
     acc = products(xv, wv.reshape(n, k), split)
     if bias is not None:
         acc = (acc + operand(env, bias)[:n][None, :]).astype(np.float32)
-    y.write(env, acc)
+    y.write(env, capped(acc, cap))
 
 
 def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
@@ -51,7 +54,7 @@ def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         np.matmul(x, w.T, out=out)
 
 
-def gemv_fast(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int) -> None:
+def gemv_fast(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int, cap: float = 0.0) -> None:
     """The fast twin of `gemv_numpy`: the product in f32 (any split-K sums the same values), written straight into
     y's view where y is contiguous, else through a temporary (`env.temp`, m·n values)."""
     xv = env.array(x)[: m * k].reshape(m, k)
@@ -60,6 +63,10 @@ def gemv_fast(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: 
     fast_products(xv, env.matrix(w).reshape(n, k), acc)
     if bias is not None:
         np.add(acc, operand(env, bias)[:n], out=acc)
+    if cap > 0:
+        acc /= cap
+        np.tanh(acc, out=acc)
+        acc *= cap
     if out is None:
         y.write(env, acc)
 
@@ -68,8 +75,8 @@ def gemv_grid(n: int, m: int, per_warp: int, split: int):
     return ((-(-n // (WARPS * per_warp)), -(-m // GEMV_ROWS), split), (32 * WARPS, 1, 1))
 
 
-def gemv_cuda(launch, denv, fmt: str, per_warp: int) -> None:
-    from lanefuse.kernels.cupy_env import NULL, i64
+def gemv_cuda(launch, denv, fmt: str, per_warp: int, cap: float = 0.0) -> None:
+    from lanefuse.kernels.cupy_env import NULL, f32, i64
 
     grid, block = gemv_grid(launch.n, launch.m, per_warp, launch.split)
     raw = denv.weight(launch.w)[0]
@@ -78,16 +85,16 @@ def gemv_cuda(launch, denv, fmt: str, per_warp: int) -> None:
     if launch.split == 1:
         f = denv.function(("gemv_core", "gemv"), f"gemv_{per_warp}")
         f(grid, block, (denv.array(launch.x), raw, code, bias, *denv.dst(launch.y), NULL,
-                        i64(launch.k), i64(launch.n), i64(launch.m), i64(1)))
+                        i64(launch.k), i64(launch.n), i64(launch.m), i64(1), f32(cap)))
         return
     part = denv.scratch(launch, launch.scratch()[0])
     f = denv.function(("gemv_core", "gemv"), f"gemv_{per_warp}")
     f(grid, block, (denv.array(launch.x), raw, code, NULL, *denv.dst(launch.y), part,
-                    i64(launch.k), i64(launch.n), i64(launch.m), i64(launch.split)))
+                    i64(launch.k), i64(launch.n), i64(launch.m), i64(launch.split), f32(0.0)))
     total = launch.m * launch.n
     c = denv.function(("gemv_core", "gemv"), "gemv_combine")
     c((min(1024, -(-total // 256)),), (256,), (part, bias, *denv.dst(launch.y), i64(launch.n), i64(launch.m),
-                                              i64(launch.split)))
+                                              i64(launch.split), f32(cap)))
 
 
 def block_values(fmt: str) -> int:
@@ -146,6 +153,7 @@ class Gemv(Launch):
     bias: str | None = None
     per_warp: int = 1
     split: int = 1
+    cap: float = 0.0  # > 0: each output soft-capped, cap · tanh(y / cap), as it is stored
 
     census: ClassVar[str] = "gemv"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv")
@@ -163,7 +171,7 @@ class Gemv(Launch):
         return (Scratch("partials", "f32", 4 * self.split * self.m * self.n),)
 
     def check(self):
-        return (format_refusal(self.format, self.k, "the GEMV")
+        return (format_refusal(self.format, self.k, "the GEMV") or cap_check(self.cap, "a product's outputs")
                 or gemv_check(self.k, self.n, self.m, self.per_warp, self.split, self.format))
 
     def tune(self, knobs, held=frozenset()):
@@ -188,10 +196,10 @@ class Gemv(Launch):
 
     def numpy(self, env):
         raw, fmt = env.weight(self.w)
-        gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split)
+        gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split, self.cap)
 
     def fast(self, env):
-        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m)
+        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap)
 
     def fast_temp(self):
         return 0 if self.y.unit is None else self.m * self.n
@@ -200,7 +208,7 @@ class Gemv(Launch):
         return gemv_grid(self.n, self.m, self.per_warp, self.split)
 
     def cuda(self, denv):
-        gemv_cuda(self, denv, self.format, self.per_warp)
+        gemv_cuda(self, denv, self.format, self.per_warp, self.cap)
 
 
 @dataclass(frozen=True)

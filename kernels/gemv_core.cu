@@ -54,13 +54,16 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
         for (int r = 0; r < GR; r++) acc[p][r] = warp_sum(acc[p][r]);
 }
 
+// A product's output soft-capped in its epilogue (cap > 0: cap * tanh(v / cap), Gemma's final logits), else as is.
+__device__ __forceinline__ float capped(float v, float cap) { return cap > 0.f ? cap * tanhf(v / cap) : v; }
+
 // The k chunk split z of `split` sums: whole four-value words, so every chunk starts aligned.
 __device__ __forceinline__ i64 gemv_chunk(i64 k, i64 split) { return ((k + split - 1) / split + 3) / 4 * 4; }
 
 // The warp's outputs j0.. of output block `bx` (blocks of WARPS*PW outputs), rows of slab blockIdx.y.
 template <int PW>
 __device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w, const float* bias, const Dst& d, float* part,
-                                          i64 k, i64 n, i64 m, i64 split, i64 bx) {
+                                          i64 k, i64 n, i64 m, i64 split, i64 bx, float cap = 0.f) {
     i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
     if (j0 >= n) return;
     i64 r0 = (i64)blockIdx.y * GR;
@@ -75,7 +78,7 @@ __device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w
         for (int r = 0; r < GR; r++) {
             i64 j = j0 + p, row = r0 + r;
             if (j < n && row < m) {
-                if (split == 1) d.y[dst_at(d, row * n + j)] = acc[p][r] + (bias ? bias[j] : 0.f);
+                if (split == 1) d.y[dst_at(d, row * n + j)] = capped(acc[p][r] + (bias ? bias[j] : 0.f), cap);
                 else part[((i64)blockIdx.z * m + row) * n + j] = acc[p][r];
             }
         }

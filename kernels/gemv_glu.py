@@ -30,6 +30,11 @@ def act_in_place(name: str, x: np.ndarray, t: np.ndarray) -> None:
             t *= 0.5
             np.multiply(x, t, out=x)
             return
+        if name == "gelu_erf":
+            from lanefuse.engine.interp import erf
+
+            np.multiply(x, 0.5 * (1.0 + erf(x * 0.7071067811865476)), out=x)
+            return
         np.negative(x, out=t)
         np.exp(t, out=t)
         t += 1.0

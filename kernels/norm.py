@@ -96,18 +96,27 @@ class Norm(Launch):
         self.dst().write(env, y)
 
     def fast(self, env):
-        """In f32, written in place: the sum into `sum` (or a temporary), each head's mean square, the scaled values
-        into the destination's view (or a temporary where it is parts of units). A pre-norm runs the exact twin."""
-        if self.pre is not None:
-            self.numpy(env)
-            return
+        """In f32, written in place: the added operand normed first under a pre-norm (into a temporary), the sum
+        into `sum` (or a temporary), each head's mean square, the scaled values into the destination's view (or a
+        temporary where it is parts of units)."""
         r, c, hd = self.rows, self.cols, self.cols // self.heads
         s = read_part(env, self.x, self.part, r, c)
         t = env.temp(self.fast_temp())
-        if self.add is not None or self.sum is not None:
+        add = env.array(self.add)[: r * c].reshape(r, c) if self.add is not None else None
+        if self.pre is not None and add is not None:
+            pa = t[2 * r * c: 3 * r * c].reshape(r, c)
+            pinv = np.einsum("rc,rc->r", add, add)[:, None]  # (rows, 1)
+            pinv /= c
+            pinv += self.pre.eps
+            np.sqrt(pinv, out=pinv)
+            np.reciprocal(pinv, out=pinv)
+            np.multiply(add, pinv, out=pa)
+            np.multiply(pa, env.weight(self.pre.w)[0][:c], out=pa)
+            add = pa
+        if add is not None or self.sum is not None:
             into = env.array(self.sum)[: r * c].reshape(r, c) if self.sum is not None else t[: r * c].reshape(r, c)
-            if self.add is not None:
-                np.add(s, env.array(self.add)[: r * c].reshape(r, c), out=into)
+            if add is not None:
+                np.add(s, add, out=into)
             else:
                 np.copyto(into, s)
             s = into
@@ -128,7 +137,7 @@ class Norm(Launch):
             d.write(env, y)
 
     def fast_temp(self):
-        return 2 * self.rows * self.cols
+        return (3 if self.pre is not None else 2) * self.rows * self.cols
 
     def grid_block(self):
         return ((self.rows, 1, 1), (threads(self.cols // self.heads), 1, 1))

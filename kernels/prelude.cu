@@ -185,5 +185,6 @@ __device__ __forceinline__ float block_sum(float v) {
 __device__ __forceinline__ float act_apply(int a, float x) {
     if (a == 0) return x / (1.f + expf(-x));  // silu
     if (a == 1) return 1.f / (1.f + expf(-x));  // sigmoid
+    if (a == 3) return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));  // gelu_erf (exact)
     return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));  // gelu (tanh)
 }

@@ -1,4 +1,4 @@
-"""`unary`: y = act(x) for silu, sigmoid, gelu (tanh approximation)."""
+"""`unary`: y = act(x) for silu, sigmoid, gelu (tanh approximation), gelu_erf (exact)."""
 
 from __future__ import annotations
 

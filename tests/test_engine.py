@@ -26,6 +26,18 @@ def cfg(arch, **kw):
     return ModelConfig(arch, **base)
 
 
+def gemma(**kw):
+    """A Gemma-shaped step (sandwich norms, soft caps, a window on layer 0), or with `kw` its config."""
+    from lanefuse.engine.gemma import GemmaConfig
+
+    base = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, inter=96, vocab=100, max_len=16, window=3,
+                attn_scale=0.25, attn_softcap=20.0, final_softcap=10.0, tie_embeddings=True,
+                layer_types=("sliding_attention", "full_attention"))
+    base.update(kw)
+    cfg = GemmaConfig("Gemma2ForCausalLM" if not kw.get("qk_norm") else "Gemma3ForCausalLM", **base)
+    return cfg if kw else cfg.build_step()
+
+
 def glu_graph() -> Graph:
     """The gated units and the embedding scale the dense builders do not emit."""
     g = Graph(io=StepIO())
@@ -33,11 +45,11 @@ def glu_graph() -> Graph:
     g.tensor("pos", (1,), "i32")
     g.constant(Constant("emb", (50, 32), "rows"))
     g.constant(Constant("head", (50, 64), "rows", transposed=True))
-    for n in ("g1", "u1", "g2", "u2", "g3", "u3"):
+    for n in ("g1", "u1", "g2", "u2", "g3", "u3", "g4", "u4"):
         g.constant(Constant(n, (64, 32), "rows", transposed=True))
     g.add("gather", ["emb", "token"], "x0")
     g.add("scale", ["x0"], "x", factor=2.0)
-    for n in ("1", "2", "3"):
+    for n in ("1", "2", "3", "4"):
         g.add("matmul", ["x", "g" + n], "pg" + n)
         g.add("matmul", ["x", "u" + n], "pu" + n)
     g.add("sigmoid", ["pg1"], "a1")
@@ -46,8 +58,11 @@ def glu_graph() -> Graph:
     g.add("mul", ["pu2", "a2"], "m2")
     g.add("swiglu", ["pg3", "pu3"], "m3")
     g.add("add", ["m1", "m2"], "s")
+    g.add("gelu_erf", ["pg4"], "a4")
+    g.add("mul", ["a4", "pu4"], "m4")
     g.add("add", ["s", "m3"], "s2")
-    g.add("matmul", ["s2", "head"], "logits")
+    g.add("add", ["s2", "m4"], "s3")
+    g.add("matmul", ["s3", "head"], "logits")
     g.add("argmax", ["logits"], "next")
     g.validate()
     return g
@@ -59,6 +74,9 @@ GRAPHS = {
     "llama": lambda: build_step(cfg("LlamaForCausalLM")),
     "qwen3_chunk": lambda: build_step(cfg("Qwen3ForCausalLM", qk_norm=True, layers=1), rows=3),
     "glu": glu_graph,
+    "gemma2": lambda: gemma(),
+    "gemma3_chunk": lambda: gemma(qk_norm=True, local_rope_theta=100.0, attn_softcap=0.0, final_softcap=0.0,
+                                  act="gelu_erf").build_step(rows=3),
     "qwen2_moe": lambda: build_step(cfg("Qwen2MoeForCausalLM", qkv_bias=True, inter=40,
                                         moe=MoeConfig(8, 2, 24, False, (0, 1), shared_inter=20))),
     "qwen3_moe_chunk": lambda: build_step(cfg("Qwen3MoeForCausalLM", qk_norm=True, inter=40,

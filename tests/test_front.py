@@ -133,7 +133,8 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps({**HF, "architectures": ["MistralForCausalLM"]}))
     with pytest.raises(UserError, match=r"architecture `MistralForCausalLM` is not supported \(supported: "
                                         r"LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
-                                        r"MixtralForCausalLM, Qwen2MoeForCausalLM\)"):
+                                        r"MixtralForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                                        r"Gemma3ForConditionalGeneration\)"):
         load_model(tmp_path / "m")
 
 

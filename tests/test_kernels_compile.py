@@ -153,7 +153,7 @@ class RecordingEnv:
 def samples():
     from lanefuse.kernels import (Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts, Gemv,
                                   GemvF32, GemvGlu, Join, Norm, Part, PreNorm, Rope, RopeParts, RopeSide, Scale,
-                                  SetRow, Slice, SwiGlu, Unary)
+                                  SetRow, Slice, Softcap, SwiGlu, Unary)
 
     cache = Dst("kc", row="pos", pitch=8)
     return [
@@ -171,6 +171,12 @@ def samples():
         GemvGlu("x", "wg", "wu", "bf16", "o", 32, 8, 1, bg="bg", per_warp=4),
         GemmParts("x", "f32", 32, 1, (GemmPart("wq", Dst("q"), 8, bias="b"), GemmPart("wk", cache, 8))),
         Fold(Gemv("x", "w", "f32", Dst("o"), 32, 8, 1), Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s")),
+        # Gemma: soft caps (attention logits, a product's epilogue, a tensor alone), the exact GELU, the sandwich fold
+        Attention("q", "kc", "vc", "pos", "o", 4, 2, 8, 8, 16, 2, 0.3, window=5, softcap=50.0, splits=2),
+        Gemv("x", "w", "bf16", Dst("y"), 64, 8, 1, cap=30.0), Gemv("x", "w", "f32", Dst("y"), 64, 8, 1, split=2, cap=3.0),
+        Softcap("x", "y", 8, 30.0), Unary("gelu_erf", "x", "y", 8),
+        Fold(Gemv("x", "w", "bf16", Dst("o"), 32, 8, 1),
+             Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s", pre=PreNorm("pw", 1e-6))),
         *fused_folds(), *mixtures(),
     ]
 

@@ -13,7 +13,7 @@ import yaml
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts, Gemv,
                               GemvF32, GemvGlu, Join, Launch, Moe, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale,
-                              SetRow, Slice, SwiGlu, Unary, View, honoured_steps)
+                              SetRow, Slice, Softcap, SwiGlu, Unary, View, honoured_steps)
 from lanefuse.lane.lower.knobs import Knobs
 
 # A launch of every kind at its untuned settings (a warp an output, no splits, a head a block).
@@ -37,6 +37,7 @@ SAMPLES: dict[str, Launch] = {
     "scale": Scale("x", "y", 64, 0.5),
     "set_row": SetRow("kc", "k", "pos", 16, 1, 32),
     "slice": Slice("x", "y", 4, 16, 8, 8),
+    "softcap": Softcap("x", "y", 64, 30.0),
     "swiglu": SwiGlu("g", "u", "o", 64),
     "unary": Unary("gelu", "x", "y", 64),
     "view": View("x", 16, "v"),

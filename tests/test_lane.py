@@ -268,8 +268,8 @@ def test_unknown_held_name_lists_the_known_ones():
 def test_refused_op_names_the_reason():
     cfg, _ = demo_model()
     g = build_step(cfg, 1)
-    g.add("softcap", ["logits"], "capped", cap=30.0)
-    with pytest.raises(UserError, match="soft-capped"):
+    g.add("matmul", ["logits", "logits"], "gram")  # a product by a computed matrix (a soft cap has a kernel now)
+    with pytest.raises(UserError, match="a matmul by a computed matrix has no kernel"):
         plan(g)
 
 

@@ -92,7 +92,8 @@ def test_unknown_held_lists_known(table):
 
 
 def sandwich_graph() -> Graph:
-    """x + norm(y), normed: the sandwich pattern no shared rule joins."""
+    """x + norm(y), normed: the sandwich pattern (the shared rule norm_then_add joins it; the test below holds that
+    back and joins it by a class of the user's own)."""
     g = Graph(io=StepIO())
     g.tensor("token", (1,), "i32")
     g.tensor("pos", (1,), "i32")
@@ -111,9 +112,16 @@ def sandwich_graph() -> Graph:
     return g
 
 
+USER_CLASS = """\
+- class: my_sandwich
+  joins: "norm of (x + norm(y))"
+  launch: "Norm with pre"
+  vars: [x, y, w1, w2, e1, e2, z]
+"""
+
 USER_RULE = """\
 - name: my.norm_then_add
-  class: norm_then_add
+  class: my_sandwich
   why: the sandwich norm in one launch
   match:
     n: rmsnorm(y, w1, eps=e1, heads=1)
@@ -127,20 +135,22 @@ def test_user_rule_dir_fires_and_changes_plan(tmp_path, monkeypatch):
     from lanefuse.engine.stepweights import random_weights
 
     g = sandwich_graph()
-    base = optimize(g, load_table())
+    held = frozenset({"norm_then_add"})
+    base = optimize(g, load_table(), held=held)
     d = _write(tmp_path, USER_RULE)
+    _write(tmp_path, USER_CLASS, "classes.yaml")
     monkeypatch.setenv("LANEFUSE_RULES", str(d))
     table = load_table()
     assert "my.norm_then_add" in table.names
-    o = optimize(g, table)
+    o = optimize(g, table, held=held)
     assert o.fusions.get("my.norm_then_add") == 1
     assert len(o.graph.ops) < len(base.graph.ops)
     op = next(op for op in o.graph.ops if op.rule == "my.norm_then_add")
-    assert op.cls == "norm_then_add" and op.b["w1"] == "w1" and op.b["w2"] == "w2" and op.b["x"] == "x"
+    assert op.cls == "my_sandwich" and op.b["w1"] == "w1" and op.b["w2"] == "w2" and op.b["x"] == "x"
     w = random_weights(g, 3)
     env = {"token": np.array([7], np.int32), "pos": np.array([0], np.int32)}
     ref, got = evaluate(g, w, dict(env)), evaluate(o.graph, w, dict(env))
     np.testing.assert_allclose(got["logits"], ref["logits"], rtol=1e-6, atol=1e-6)
-    assert check_rules_dir(str(d), {"norm_then_add"}) == []
+    assert check_rules_dir(str(d), {"my_sandwich"}) == []
     problems = check_rules_dir(str(d), set())
-    assert any("norm_then_add" in p and "no lane" in p for p in problems)
+    assert any("my_sandwich" in p and "no lane" in p for p in problems)

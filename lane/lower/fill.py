@@ -171,6 +171,13 @@ def _norm(s, w, eps):
     return None if w is None else (_tensor(s, w), float(eps))
 
 
+def _prenorm(s, w, eps):
+    """The norm a norm launch takes of its added operand first (the sandwich), or null where the rule binds none."""
+    from lanefuse.kernels.norm import PreNorm
+
+    return None if w is None else PreNorm(_tensor(s, w), float(eps))
+
+
 def _is_rows(s, t):
     c = s.g.constants.get(t) if isinstance(t, str) else None
     return c is not None and c.kind == "rows"
@@ -226,8 +233,9 @@ def _div(s, a, b):
 
 FUNCS: dict[str, Callable] = {
     "rows": _rows, "cols": _cols, "size": _size, "format": _format, "is_values": _is_values, "dst": _dst,
-    "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "pos": _pos, "token": _token,
-    "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf, "bcast": _bcast, "each": _each,
+    "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "prenorm": _prenorm, "pos": _pos,
+    "token": _token, "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf,
+    "bcast": _bcast, "each": _each,
     "advance": _advance, "copied": _copied,
 }
 READS = ("part", "pitch", "offset")  # functions of an input's read, given the input's name, not its tensor
