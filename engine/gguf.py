@@ -21,6 +21,13 @@ FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "
            "Q6_K": "q6_k"}
 
 
+def shown(text: Any, width: int = 40) -> str:
+    """A name from the file echoed in a message: itself where printable, else its repr; cut to `width`."""
+    t = str(text)
+    t = t if t.isprintable() else repr(t)
+    return t if len(t) <= width else t[: width - 3] + "..."
+
+
 class _Array:
     """A metadata array left in the file (a token list: read only where the tokenizer needs it)."""
 
@@ -97,7 +104,7 @@ def family_of(meta: dict[str, Any], where: str) -> tuple[str, Family]:
         raise UserError(f"{where}: missing `general.architecture` (a GGUF model file names its architecture)"
                         if arch is None else f"{where}: `general.architecture` is {arch!r}; expected a name")
     if arch not in FAMILIES:
-        raise UserError(f"{where}: `general.architecture` is `{arch[:40]}`, which lanefuse does not read "
+        raise UserError(f"{where}: `general.architecture` is `{shown(arch)}`, which lanefuse does not read "
                         f"(supported: {', '.join(FAMILIES)})")
     return arch, FAMILIES[arch]
 
@@ -223,12 +230,12 @@ class GGUFStore:
                 continue
             hf = known.get(t.name)
             if hf is None:
-                raise UserError(f"{path}: tensor `{t.name}` is not one lanefuse reads in a {layers}-layer "
+                raise UserError(f"{path}: tensor `{shown(t.name, 80)}` is not one lanefuse reads in a {layers}-layer "
                                 f"{family.hf_arch} (a bias, an expert or a layer the metadata does not count?)")
             by = permuted_by(family, t.name)
             n = (heads if by == "heads" else kv_heads) if by else 0
             if n and (len(shape) != 2 or shape[0] % (2 * n)):
-                raise UserError(f"{path}: tensor `{t.name}` of shape {shape} does not split into {n} heads of "
+                raise UserError(f"{path}: tensor `{shown(t.name, 80)}` of shape {shape} does not split into {n} heads of "
                                 f"two halves")
             self.entries[hf] = (t.name, t, fmt, shape, n)
         self._permuted: dict[str, np.ndarray] = {}
@@ -273,14 +280,14 @@ def tensor_info(path: Path, t) -> tuple[tuple[int, ...], str]:
     kind = t.tensor_type.name
     fmt = FORMATS.get(kind)
     if fmt is None:
-        raise UserError(f"{path}: tensor `{t.name}` is {kind.lower()}, a format lanefuse does not read (it reads "
+        raise UserError(f"{path}: tensor `{shown(t.name, 80)}` is {kind.lower()}, a format lanefuse does not read (it reads "
                         f"{', '.join(FORMATS.values())}); requantize the file, e.g. llama-quantize to q4_k or q8_0")
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     if len(shape) > 2 or not shape:
-        raise UserError(f"{path}: tensor `{t.name}` has {len(shape)} dimensions {shape}; expected 1 or 2")
+        raise UserError(f"{path}: tensor `{shown(t.name, 80)}` has {len(shape)} dimensions {shape}; expected 1 or 2")
     per, _ = GGML_QUANT_SIZES[t.tensor_type]
     if shape[-1] % per:
-        raise UserError(f"{path}: tensor `{t.name}` ({fmt}) has rows of {shape[-1]} values, not a whole number of "
+        raise UserError(f"{path}: tensor `{shown(t.name, 80)}` ({fmt}) has rows of {shape[-1]} values, not a whole number of "
                         f"its {per}-value blocks")
     return shape, fmt
 

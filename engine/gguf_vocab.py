@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.gguf import shown
 
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _GPT2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
@@ -59,7 +60,7 @@ def tokenizer_from_gguf(reader, where: str):
     elif model == "llama":
         tok, add_bos_default = _spm(reader, where, tokens, types)
     else:
-        raise UserError(f"{where}: `tokenizer.ggml.model` is `{str(model)[:40]}`; lanefuse builds gpt2 (byte-level "
+        raise UserError(f"{where}: `tokenizer.ggml.model` is `{shown(model)}`; lanefuse builds gpt2 (byte-level "
                         f"BPE) and llama (SentencePiece) tokenizers")
     _specials(tok, tokens, types, byte_level=model == "gpt2")
     _bos(tok, reader, where, tokens, add_bos_default)
@@ -71,7 +72,7 @@ def _bpe(reader, where: str, tokens: list[str]):
 
     pre = _field(reader, "tokenizer.ggml.pre", where, "default")
     if pre not in PRE_REGEXES:
-        raise UserError(f"{where}: `tokenizer.ggml.pre` is `{str(pre)[:40]}`, a pre-tokenizer lanefuse does not "
+        raise UserError(f"{where}: `tokenizer.ggml.pre` is `{shown(pre)}`, a pre-tokenizer lanefuse does not "
                         f"build (it builds {', '.join(PRE_REGEXES)}); give --prompt-ids")
     merges = _field(reader, "tokenizer.ggml.merges", where, required=True)
     pairs = []
