@@ -25,7 +25,7 @@ def block_weights(c, rng):
     from lanefuse.kernels.blocks import BLOCKS
 
     vb, bb = BLOCKS[c.format]
-    raw = rng.integers(0, 256, size=(c.size // vb, bb), dtype=cp.uint8)
+    raw = rng.integers(0, 256, size=(c.size // vb, bb), dtype=cp.int32).astype(cp.uint8)
     d = np.frombuffer(np.float16(1.0 / np.sqrt(c.shape[-1]) / 8).tobytes(), np.uint8)
     for o in {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}[c.format]:
         raw[:, o], raw[:, o + 1] = int(d[0]), int(d[1])

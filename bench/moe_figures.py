@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU decode figure (it needs torch)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    args.exact = False
+    args.exact, args.dtype = False, "float32"
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
     table = load_table()
     out = {}

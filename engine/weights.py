@@ -225,7 +225,11 @@ def _library_open(path: Path):
 
 
 def _check_finite(arr: np.ndarray, fmt: str, where: str) -> None:
-    """Refuse a stored tensor holding NaN or inf (bf16: the exponent bits all ones)."""
+    """Refuse a stored tensor holding NaN or inf (bf16: the exponent bits all ones; a block format: its f16 scales,
+    `check_blocks`)."""
+    if fmt in BLOCK_FORMATS:
+        check_blocks(arr, fmt, where)
+        return
     bad = ((np.asarray(arr).view(np.uint16) & 0x7F80) == 0x7F80) if fmt == "bf16" else ~np.isfinite(arr)
     if bad.any():
         count, first = int(bad.sum()), np.unravel_index(int(np.argmax(bad)), bad.shape)

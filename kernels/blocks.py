@@ -203,14 +203,25 @@ def _gguf_quantize(x: np.ndarray, fmt: str) -> np.ndarray:
     return quants.quantize(x, {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[fmt])
 
 
+def _dense(values: np.ndarray, fmt: str) -> np.ndarray:
+    """f32 values as f32, f16, or bf16 bits (uint16, rounded to nearest even as torch rounds)."""
+    v = np.asarray(values, dtype=np.float32)
+    if fmt == "f32":
+        return v.copy()
+    if fmt == "f16":
+        return v.astype(np.float16)
+    if fmt == "bf16":
+        u = v.view(np.uint32).astype(np.uint64)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    raise ValueError(f"unknown checkpoint format `{fmt}`")
+
+
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     """f32 values (rows, cols) as checkpoint storage in `fmt`: the block formats as uint8 (rows, row_bytes) — q8_0 and
-    q4_0 by gguf's own quantizer (ggml's, bit for bit), q4_k and q6_k by the quantizer here; f32/f16/bf16 as
-    kernels/common.py stores them."""
+    q4_0 by gguf's own quantizer (ggml's, bit for bit), q4_k and q6_k by the quantizer here; f32, f16 and bf16
+    (`_dense`) as the front reads them."""
     if fmt not in BLOCKS:
-        from lanefuse.kernels.common import encode as dense
-
-        return dense(values, fmt)
+        return _dense(values, fmt)
     v = np.asarray(values, dtype=np.float32)
     if v.ndim == 1:
         v = v[None, :]

@@ -12,6 +12,7 @@ import numpy as np
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS, bytes_per_value, decode_blocks, row_bytes, row_refusal
+from lanefuse.kernels.blocks import encode as encode_any
 
 GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
 QBLOCK = 32  # values of an activation's quantized form that share one scale
@@ -147,20 +148,8 @@ def decode(raw: np.ndarray, fmt: str) -> np.ndarray:
 
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     """f32 values as checkpoint storage in `fmt` (bf16 rounded to nearest even; a block format's rows (rows, cols) as
-    uint8 (rows, row bytes), kernels/blocks.py), for tests and demo weights."""
-    v = np.asarray(values, dtype=np.float32)
-    if fmt == "f32":
-        return v.copy()
-    if fmt == "f16":
-        return v.astype(np.float16)
-    if fmt == "bf16":
-        u = v.view(np.uint32).astype(np.uint64)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    if fmt in BLOCKS:
-        from lanefuse.kernels.blocks import encode as blocks
-
-        return blocks(v, fmt)
-    raise ValueError(f"unknown checkpoint format `{fmt}`")
+    uint8 (rows, row bytes)), for tests and demo weights: kernels/blocks.py's `encode`, which holds every format."""
+    return encode_any(values, fmt)
 
 
 def weight_bytes(fmt: str, rows: int, cols: int) -> int:

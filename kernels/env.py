@@ -13,8 +13,8 @@ class Env(Protocol):
         """The flat f32 (or i32) array backing tensor `name`, writable: an arena view, a cache table, a step input."""
 
     def weight(self, name: str) -> tuple[np.ndarray, str]:
-        """Constant `name`: checkpoint rows as stored (f32, f16 as float16, bf16 as uint16) and their format, or f32
-        values and "f32"."""
+        """Constant `name`: checkpoint rows as stored (f32, f16 as float16, bf16 as uint16, a block format as uint8
+        bytes of whole blocks) and their format, or f32 values and "f32"."""
 
     def param(self, name: str) -> int:
         """The value of i32 parameter `name` (e.g. the position `pos`)."""

@@ -262,11 +262,14 @@ class Moe(Launch):
         dn = env.matrix(self.wd).reshape(self.experts, d, f)
         y = np.zeros((self.rows, d), dtype=np.float32)
         for e in np.unique(chosen):
-            rows, cs = np.nonzero(chosen == e)
-            xe = x[rows]
-            a = xe @ gu[e].T  # (n, 2f)
+            rows, cs = np.nonzero(chosen == e)  # a row chooses an expert once: `rows` are distinct
+            if len(rows) == 1:  # a GEMV each (np.dot: BLAS gemv on the stored rows)
+                a = np.dot(gu[e], x[rows[0]])[None, :]  # (1, 2f)
+            else:
+                a = x[rows] @ gu[e].T  # (n, 2f)
             h = act(self.act, a[:, :f]).astype(np.float32) * a[:, f:]
-            np.add.at(y, rows, (h @ dn[e].T) * w[rows, cs][:, None].astype(np.float32))
+            out = np.dot(dn[e], h[0])[None, :] if len(rows) == 1 else h @ dn[e].T
+            y[rows] += out * w[rows, cs][:, None].astype(np.float32)
         if self.shared:
             y += self._shared(env, np.asarray(x, dtype=np.float32), exact=False)
         self._finish(env, y)

@@ -175,13 +175,28 @@ def test_saturation_iterations_and_why_not(ex):
     assert next(r for r in ex.saturation()["rules"] if r["name"] == "add_norm")["why_not"].startswith("held")
 
 
-def test_a_refused_alternative_says_its_reason(step):
+def test_a_refused_or_decomposed_alternative_says_its_reason(step, tmp_path):
+    # a cuda lane of the user's that refuses one class: the rule matched, the lane said no, and why
+    lanes = tmp_path / "lanes"
+    lanes.mkdir()
+    (lanes / "cuda.yaml").write_text("lane: cuda\nbase: cuda\nwhy: the built-in lane, refusing one class\nclasses:\n"
+                                     "  gemv_norm_epilogue:\n    support: refuse\n"
+                                     "    reason: the test's lane has no fold of a product and a norm\n")
+    ex = Explorer(step, rules_dirs=(str(tmp_path),))
+    try:
+        r = next(r for r in ex.saturation()["rules"] if r["name"] == "gemv_norm_epilogue")
+        assert r["matches"] > 0 and r["fired"] == 0
+        w = r["why_not"]
+        assert w["support"] == "refuse" and w["reason"] == "the test's lane has no fold of a product and a norm"
+        assert w["text"].endswith("refuse: the test's lane has no fold of a product and a norm")
+    finally:
+        ex.close()
+    # the conservative lane runs fused classes as their parts: the comparison says so
     ex = Explorer(step, lane="conservative")
     try:
-        s = ex.saturation()
-        refused = [r for r in s["rules"] if isinstance(r["why_not"], dict) and r["why_not"]["support"] == "refuse"]
-        for r in refused:
-            assert r["why_not"]["reason"] and r["why_not"]["reason"] in r["why_not"]["text"]
+        r = next(r for r in ex.saturation()["rules"] if r["name"] == "gemv_gate_up_glu")
+        w = r["why_not"]
+        assert w["support"] == "decompose" and w["reason"] and w["text"].endswith(w["reason"])
     finally:
         ex.close()
 

@@ -360,3 +360,70 @@ def test_a_block_scale_that_is_not_finite_is_refused_when_read(llama_q8, tmp_pat
     c = _cli("run", str(bad), "--prompt-ids", "1,2", "--tokens", "2")
     err = [ln for ln in c.stderr.splitlines() if ln.startswith("lanefuse: error:")]
     assert c.returncode == 2 and len(err) == 1 and "blk.1.ffn_up.weight" in err[0] and "Traceback" not in c.stderr
+
+
+# ---- properties -----------------------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(heads=st.integers(1, 9), half=st.integers(1, 40), cols=st.integers(1, 4))
+def test_the_row_order_undoes_the_converters_permutation(heads, half, cols):
+    from lanefuse.engine.gguf import _row_permutation
+
+    w = np.arange(heads * 2 * half * cols).reshape(heads * 2 * half, cols)
+    assert np.array_equal(gf.permute(w, heads)[_row_permutation(len(w), heads)], w)
+    assert np.array_equal(gf.unpermute(gf.permute(w, heads), heads), w)
+
+
+KEYS = ["general.architecture", "llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
+        "llama.attention.head_count", "llama.attention.head_count_kv", "llama.attention.key_length",
+        "llama.attention.value_length", "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base",
+        "llama.rope.dimension_count", "llama.rope.scaling.type", "llama.rope.scaling.factor", "llama.context_length",
+        "llama.vocab_size", "llama.expert_count", "tokenizer.ggml.tokens"]
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.integers(-2 ** 62, 2 ** 62),
+                   st.sampled_from([0, 1, 2, 16, 32, 64, 96, 128, 400, 4096]),
+                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+                   st.sampled_from(["llama", "qwen2", "qwen3", "linear", "yarn", "none"]),
+                   st.lists(st.integers(0, 9), max_size=3))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=3))
+def test_any_metadata_edit_loads_or_is_one_line(llama_q8, edits):
+    """Random values (wrong types, out of range, absent) for the keys the config reads: the file loads, or the front
+    says why in one line naming it — never another exception."""
+    from unittest import mock
+
+    import lanefuse.engine.gguf as G
+
+    _, path = llama_q8
+    real = G.metadata
+
+    def edited(reader):
+        meta = real(reader)
+        for key, value in edits:
+            if value is None:
+                meta.pop(key, None)
+            else:
+                meta[key] = value
+        return meta
+
+    with mock.patch.object(G, "metadata", edited):
+        try:
+            cfg, _ = load_model(path)
+        except UserError as e:
+            assert str(path) in str(e) and "\n" not in str(e), str(e)
+            return
+    from lanefuse.engine.model import build_step
+
+    build_step(cfg, 1)  # what loaded builds its step
+
+
+def test_prompt_text_on_a_file_without_a_tokenizer(llama_q8):
+    _, path = llama_q8
+    c = _cli("run", str(path), "--prompt", "hello", "--tokens", "1")
+    err = [ln for ln in c.stderr.splitlines() if ln.startswith("lanefuse: error:")]
+    assert c.returncode == 2 and err == [f"lanefuse: error: {path}: the file holds no tokenizer "
+                                         f"(`tokenizer.ggml.model`); give --prompt-ids"], c.stderr

@@ -534,3 +534,21 @@ def test_the_fast_runner_against_the_exact_twins(arch):
 
     cfg = tiny(arch, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0)
     _fast_against_exact(cfg, weights_for(cfg, "bf16", 4), [3, 1, 4, 1, 5, 9, 2, 6, 5], 10)
+
+
+def test_a_mixture_step_round_trips_through_its_text():
+    from lanefuse.engine.model import build_step
+    from lanefuse.engine.stepyaml import from_yaml, to_yaml
+
+    for arch in FAMILIES:
+        g = build_step(tiny(arch, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0), 3)
+        assert from_yaml(to_yaml(g)) == g
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_the_conservative_lane_runs_the_mixture_classes_as_their_parts(rows):
+    cfg = tiny("Qwen2MoeForCausalLM", shared_inter=20)
+    s = plan_against_reference(cfg, weights_for(cfg, "f32", 6), rows, lane="conservative")
+    assert all(l.cls not in ("shared_expert_fusion", "moe_token_sort", "moe_deferred_finalize") for l in s.launches)
+    assert all(not (l.launch.census == "moe" and (l.launch.shared or l.launch.sort or l.launch.add))
+               for l in s.launches)

@@ -654,7 +654,8 @@ class Explorer:
             else:
                 verdict = f"the step would cost {c['plan_cost_us']:.2f} µs with it ({d:+.2f} µs): cheaper, which the " \
                           f"{self._cur.method} search missed"
-            out["text"] = f"at {t} (#{k}): {verdict}"
+            why = f"; {c['reason']}" if c["support"] == "decompose" and c["reason"] else ""
+            out["text"] = f"at {t} (#{k}): {verdict}{why}"
         return out
 
     # ---- alternatives ------------------------------------------------------------------------------------------

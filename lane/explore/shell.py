@@ -39,7 +39,8 @@ COMMANDS = [  # (usage, what it does): `help` prints these
     ("pin", "pin the current configuration as A for `compare`"),
     ("compare [A [B]]", "A/B, each planned exactly: the pinned A (or plan file A) against the current plan (or plan "
                         "file B): launches, cost, arena, census, fusions, the launches only one side has"),
-    ("save FILE", "write held rules, forced choices and knobs as a plan file (`lanefuse plan --spec FILE`)"),
+    ("save FILE", "write held rules, forced choices (each by what it is: op, rule, what it reads) and knobs as a plan "
+                  "file (`lanefuse plan --spec FILE`)"),
     ("quit", "leave (also `exit`, Ctrl-D)"),
 ]
 

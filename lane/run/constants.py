@@ -1,5 +1,5 @@
 """The constants a plan reads, as both backends load them from the checkpoint: f32 values, or checkpoint rows as
-stored (f32, f16 as float16, bf16 as uint16) with their format — the exact twins decode rows themselves; or, for the
+stored (f32, f16 as float16, bf16 as uint16, a block format as uint8 blocks) with their format — the exact twins decode rows themselves; or, for the
 fast twins, decoded to f32 once (the weight store's cache, shared by every plan of the model)."""
 
 from __future__ import annotations
