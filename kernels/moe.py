@@ -74,6 +74,9 @@ class Moe(Launch):
 
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
+        for name, default in (("limit", 0.0), ("alpha", 1.702)):  # an optional variable its rule did not bind
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
         for name in ("norm_topk", "sort"):
             v = getattr(self, name)
             if v in (0, 1, None) and not isinstance(v, bool):
@@ -102,8 +105,8 @@ class Moe(Launch):
         if gptoss and (self.br is None or self.bgu is None or self.bd is None or not self.limit > 0):
             return Refusal("a gpt-oss mixture without its router and expert biases and its GLU clamp (this launch "
                            "does not carry them)")
-        if gptoss and (self.shared or self.sort or self.nw is not None):
-            return Refusal("a gpt-oss mixture with a shared expert, sorted rows or a finalize (not linked yet)")
+        if gptoss and self.shared:
+            return Refusal("a gpt-oss mixture with a shared expert (not linked yet)")
         for fmt, cols, what in ((self.format_r, self.d, "the mixture's router"),
                                 (self.format, self.d, "the mixture's gate/up rows"),
                                 (self.format_d or self.format, self.f, "the mixture's down rows")):
