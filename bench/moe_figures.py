@@ -1,5 +1,6 @@
 """Expert-mixture figures, side by side in one run: launches per decode layer (the census) of a Qwen3-30B-A3B-shaped
-decode step; the whole plan() of that shape (48 layers, 128 experts, top-8) beside the dense Qwen3-8B shape's; the
+decode step; the whole plan() of that shape (48 layers, 128 experts, top-8) and of a gpt-oss-120b shape (36 layers,
+128 experts, top-4) beside the dense Qwen3-8B shape's; the
 bytes each decode step moves (a mixture reads only its chosen experts' rows); CPU decode ms/token of a small
 Qwen3-MoE model against transformers on the same model and threads (bench/cpu_decode.py's measurement).
 
@@ -47,6 +48,20 @@ def qwen3_8b(layers: int = 36) -> ModelConfig:
                             rope_theta=1e6, max_len=4096, name=f"qwen3-8b-shape-{layers}L"))
 
 
+def gptoss_120b(layers: int = 36) -> ModelConfig:
+    """gpt-oss-120b's shape (config.json's keys, no weights): 128 experts of 2880, top-4, sliding layers of 128, YaRN,
+    bf16 rows (a real checkpoint's experts are MXFP4, read as bf16 here)."""
+    import dataclasses
+
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    cfg = config_from_hf({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": layers,
+                          "num_local_experts": 128, "num_experts_per_tok": 4}, "gpt-oss-120b shape", max_len=4096,
+                         name=f"gpt-oss-120b-shape-{layers}L")
+    fmts = tuple((n, "bf16") for n, s in cfg.weight_names().items() if len(s) == 2)
+    return dataclasses.replace(cfg, formats=fmts)
+
+
 def timed_plan(cfg: ModelConfig, table, repeat: int) -> tuple[float, object]:
     g = build_step(cfg, 1)
     times, s = [], None
@@ -88,7 +103,7 @@ def main() -> int:
     table = load_table()
     out = {}
     print(f"whole plan() of a decode step (engine + link + schedule + arena), median of {args.repeat}")
-    for name, cfg in (("qwen3-30b-a3b", qwen3_30b_a3b()), ("qwen3-8b", qwen3_8b())):
+    for name, cfg in (("qwen3-30b-a3b", qwen3_30b_a3b()), ("gpt-oss-120b", gptoss_120b()), ("qwen3-8b", qwen3_8b())):
         sec, s = timed_plan(cfg, table, args.repeat)
         body = [v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1]
         wb = sum(s.weight_bytes().values())
@@ -105,8 +120,7 @@ def main() -> int:
             print(f"  {'':14s} experts' rows read: {chosen / 1e6:,.1f} MB of {every / 1e6:,.1f} MB held "
                   f"({cfg.moe.k} of {cfg.moe.experts} a layer)")
             layer = [k.census for l in s.launches if l.layer == 1 for k in l.launch.kernels()]
-            print(f"  {'':14s} layer 1's kernels: {', '.join(layer)} (the mixture's two with the add and the "
-                  f"next norm; the q/k/v fold; the attention; the o product's fold)")
+            print(f"  {'':14s} layer 1's kernels: {', '.join(layer)}")
     if not args.no_cpu:
         print("CPU decode, a small Qwen3-MoE (16 experts of 512, top-4), lanefuse's fast numpy runner against "
               "transformers")

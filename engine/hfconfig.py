@@ -132,9 +132,13 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
 
     if arch in GEMMA:
         return gemma_config(c, arch, where, max_len, name, _Reader, _rope, MAX_LAYERS)
+    from lanefuse.engine.gptoss import ARCHS as GPTOSS, gptoss_config
+
+    if arch in GPTOSS:
+        return gptoss_config(c, where, max_len, name, _Reader, MAX_LAYERS)
     if arch not in SUPPORTED:
         raise UserError(f"{where}: architecture `{arch}` is not supported (supported: "
-                        f"{', '.join(SUPPORTED + GEMMA)})")
+                        f"{', '.join(SUPPORTED + GEMMA + GPTOSS)})")
 
     act = r.text("hidden_act", "silu")
     if act != "silu":

@@ -143,20 +143,36 @@ def _view(x, row, **a):
     return np.array(x[row:row + 1], dtype=x.dtype)
 
 
-def _moe(x, router, gate_up, down, *, experts, k, inter, norm_topk, act="silu", routing="softmax_topk", **a):
+def _moe(x, router, gate_up, down, router_bias=None, gate_up_bias=None, down_bias=None, *, experts, k, inter,
+         norm_topk, act="silu", routing="softmax_topk", limit=0.0, alpha=1.702, **a):
     from lanefuse.engine.moe import route
 
     xs = np.asarray(x, dtype=F64)  # (R, d)
     r, d = xs.shape
-    chosen, weights = route(xs @ np.asarray(router, dtype=F64).T, k, bool(norm_topk))  # (R, k) each
+    logits = xs @ np.asarray(router, dtype=F64).T
+    if router_bias is not None:
+        logits = logits + np.asarray(router_bias, dtype=F64)
+    chosen, weights = route(logits, k, bool(norm_topk), routing)  # (R, k) each
     gu = np.asarray(gate_up, dtype=F64).reshape(experts, 2 * inter, d)
     dn = np.asarray(down, dtype=F64).reshape(experts, d, inter)
+    gub = np.zeros((experts, 2 * inter)) if gate_up_bias is None else \
+        np.asarray(gate_up_bias, dtype=F64).reshape(experts, 2 * inter)
+    db = np.zeros((experts, d)) if down_bias is None else np.asarray(down_bias, dtype=F64).reshape(experts, d)
     out = np.zeros((r, d), dtype=F64)
     for i in range(r):
         for e, w in zip(chosen[i], weights[i]):
-            g, u = gu[e, :inter] @ xs[i], gu[e, inter:] @ xs[i]  # (f,) each
-            out[i] += w * (dn[e] @ (_ACT64[act](g) * u))
+            g = gu[e, :inter] @ xs[i] + gub[e, :inter]  # (f,) each
+            u = gu[e, inter:] @ xs[i] + gub[e, inter:]
+            h = clamped_glu(g, u, limit, alpha) if act == "clamped_glu" else _ACT64[act](g) * u
+            out[i] += w * (dn[e] @ h + db[e])
     return out.astype(F32)
+
+
+def clamped_glu(g, u, limit, alpha):
+    """gpt-oss's GLU: the gate clamped above at `limit`, the up value both ways, (u + 1)·g·sigmoid(alpha·g)."""
+    g = np.minimum(g, limit)
+    u = np.clip(u, -limit, limit)
+    return (u + 1.0) * g / (1.0 + np.exp(-alpha * g))
 
 
 _ACT64 = {"silu": lambda g: g / (1.0 + np.exp(-g)), "sigmoid": lambda g: 1.0 / (1.0 + np.exp(-g)),

@@ -24,6 +24,7 @@ class MoeConfig:
     sparse: tuple[int, ...]  # the layers whose FFN is the mixture (the others are dense)
     shared_inter: int = 0  # Qwen2-MoE's shared expert's width (0: none), scaled by a sigmoid gate
     spelling: str = "qwen"  # where the layer's tensors live: qwen (mlp.gate, mlp.experts) | mixtral (block_sparse_moe)
+    # | gptoss (mlp.router, mlp.experts' interleaved gate_up_proj: engine/gptoss.py)
 
 
 def read_moe(r, arch: str, layers: int) -> MoeConfig:
@@ -50,11 +51,18 @@ def read_moe(r, arch: str, layers: int) -> MoeConfig:
 
 # -- the routing ----------------------------------------------------------------------------------------------------
 
-def route(logits: np.ndarray, k: int, norm_topk: bool) -> tuple[np.ndarray, np.ndarray]:
+def route(logits: np.ndarray, k: int, norm_topk: bool, routing: str = "softmax_topk") -> tuple[np.ndarray, np.ndarray]:
     """Each row's k chosen experts and their weights from router logits (R, E), in f64: the softmax over every
     expert, the k largest probabilities in falling order (equal probabilities: the lower expert first, as the kernels
-    choose; torch.topk leaves the order of equal values unspecified), renormalized to sum to 1 when `norm_topk`. Returns (R, k) int64 experts and (R, k) f64 weights."""
+    choose; torch.topk leaves the order of equal values unspecified), renormalized to sum to 1 when `norm_topk`;
+    routing `topk_softmax` (gpt-oss): the k largest logits, then the softmax over those k. Returns (R, k) int64
+    experts and (R, k) f64 weights."""
     z = np.asarray(logits, dtype=np.float64)
+    if routing == "topk_softmax":
+        chosen = np.argsort(-z, axis=-1, kind="stable")[:, :k]
+        top = np.take_along_axis(z, chosen, axis=-1)
+        w = np.exp(top - top[:, :1])
+        return chosen, w / w.sum(axis=-1, keepdims=True)
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     chosen = np.argsort(-p, axis=-1, kind="stable")[:, :k]
@@ -170,6 +178,10 @@ class ExpertStore:
 
 def stack_store(store, cfg, where: str) -> Any:
     """`store` serving the stacked expert tensors where `cfg` has a mixture, else `store` itself."""
+    if cfg.moe is not None and cfg.moe.spelling == "gptoss":
+        from lanefuse.engine.gptoss import GptOssStore
+
+        return GptOssStore(store, cfg, where)
     return ExpertStore(store, cfg, where) if cfg.moe is not None and cfg.moe.sparse else store
 
 

@@ -64,14 +64,18 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
     _d("scale", ["x"], {"factor": float}, doc="x * factor"),
     _d("softcap", ["x"], {"cap": float}, doc="cap * tanh(x / cap)"),
     _d("view", ["x"], {"row": int}, doc="one row of a computed tensor, no launch: (R, n) -> (1, n)"),
-    _d("moe", ["x", "router", "gate_up", "down"],
-       {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str},
-       {"act": "silu", "routing": "softmax_topk"},
+    _d("moe", ["x", "router", "gate_up", "down", "router_bias?", "gate_up_bias?", "down_bias?"],
+       {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str, "limit": float,
+        "alpha": float},
+       {"act": "silu", "routing": "softmax_topk", "limit": 0.0, "alpha": 1.702},
        doc="an expert mixture of each row: router logits x·routerᵀ (E,), the k experts of the largest (routing "
            "softmax_topk: softmax over all E, then top-k, renormalized when norm_topk; equal probabilities: the "
            "lower expert first), each chosen expert's act(x·gᵀ)·(x·uᵀ) times its down rows, weighed and summed. "
            "The experts are stacked, one constant a role (engine/moe.py): gate_up (E·2f, d), expert e's gate rows "
-           "at e·2f and its up rows at e·2f + f; down (E·d, f), expert e's rows at e·d: (R, d) -> (R, d)"),
+           "at e·2f and its up rows at e·2f + f; down (E·d, f), expert e's rows at e·d: (R, d) -> (R, d). gpt-oss: routing "
+           "topk_softmax (the k largest logits, then a softmax over them), biases added to the router logits (E,), "
+           "the gate/up values (E·2f,) and the down values (E·d,), and act clamped_glu: g = min(gate, limit), "
+           "u = clamp(up, -limit, limit), (u + 1)·g·sigmoid(alpha·g)"),
 ]}
 
 
@@ -186,7 +190,8 @@ def _view(shapes, attrs):
     return (1, n), "f32"
 
 
-ROUTINGS = ("softmax_topk",)  # softmax over every expert, then the k largest (Qwen-MoE, Mixtral)
+ROUTINGS = ("softmax_topk", "topk_softmax")  # softmax over every expert, then the k largest (Qwen-MoE, Mixtral); the
+# k largest logits, then a softmax over them (gpt-oss)
 
 
 def _moe(shapes, attrs):
@@ -198,8 +203,9 @@ def _moe(shapes, attrs):
         raise ValueError(f"experts of width {f}")
     if attrs["routing"] not in ROUTINGS:
         raise ValueError(f"routing `{attrs['routing']}` (known: {', '.join(ROUTINGS)})")
-    want = {"router": (e, d), "gate_up": (e * 2 * f, d), "down": (e * d, f)}
-    for name, s in zip(("router", "gate_up", "down"), shapes[1:4]):
+    want = {"router": (e, d), "gate_up": (e * 2 * f, d), "down": (e * d, f), "router_bias": (e,),
+            "gate_up_bias": (e * 2 * f,), "down_bias": (e * d,)}
+    for name, s in zip(("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias"), shapes[1:]):
         if s != want[name]:
             raise ValueError(f"{name} {s} is not {want[name]} ({e} experts of {f} over {d})")
     return (r, d), "f32"

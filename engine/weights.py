@@ -98,13 +98,29 @@ def inv_freq(cfg) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < hi_wavelen) & ~(wavelen > lo_wavelen)
         return np.where(medium, smoothed, scaled)
-    raise UserError(f"rope scaling `{kind}` is not supported (supported: default, linear, llama3)")
+    if kind == "yarn":  # transformers' _compute_yarn_parameters
+        base, factor, old = cfg.rope_theta, float(sc["factor"]), float(sc["original_max_position_embeddings"])
+
+        def dim_of(rotations: float) -> float:
+            return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        lo, hi = dim_of(float(sc["beta_fast"])), dim_of(float(sc["beta_slow"]))
+        if sc.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - lo) / (hi - lo), 0.0, 1.0)
+        extra = 1.0 - ramp  # the share of each frequency kept as it is (extrapolated)
+        return inv / factor * (1.0 - extra) + inv * extra
+    raise UserError(f"rope scaling `{kind}` is not supported (supported: default, linear, llama3, yarn)")
 
 
 def rope_tables(cfg) -> dict[str, np.ndarray]:
     """`rope.cos` / `rope.sin`: (max_len, rot/2) f32, computed in f64 at positions 0..max_len-1."""
     ang = np.arange(cfg.max_len, dtype=np.float64)[:, None] * inv_freq(cfg)[None, :]
-    return {"rope.cos": np.cos(ang).astype(np.float32), "rope.sin": np.sin(ang).astype(np.float32)}
+    m = float(dict(cfg.rope_scaling).get("attention_factor", 1.0))  # YaRN's: transformers scales cos and sin by it
+    return {"rope.cos": (m * np.cos(ang)).astype(np.float32), "rope.sin": (m * np.sin(ang)).astype(np.float32)}
 
 
 # -- backends: where the stored tensors come from -------------------------------------------------------------------

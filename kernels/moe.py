@@ -27,7 +27,7 @@ MAX_EXPERTS = 4096  # router logits held in a block's shared memory (moe.cu MOE_
 MAX_K = 32  # experts chosen a row
 WARPS = 8  # warps a block (moe.cu MOE_WARPS)
 TILE = 64  # hidden (or output) values a block (moe.cu MOE_TILE)
-ROUTINGS = ("softmax_topk",)
+ROUTINGS = ("softmax_topk", "topk_softmax")  # topk_softmax (gpt-oss): the k largest logits, then their softmax
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,11 @@ class Moe(Launch):
     sum: str | None = None  # finalize: the sum written here
     nw: str | None = None  # and normed by this weight into `out`
     eps: float = 0.0
+    br: str | None = None  # gpt-oss: the router's bias (E,), the experts' gate/up biases (E·2f,) and down biases
+    bgu: str | None = None  # (E·d,), f32 values
+    bd: str | None = None
+    limit: float = 0.0  # act clamped_glu: the clamp (gate above, up both ways) and the sigmoid's slope
+    alpha: float = 1.702
     stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
 
     census: ClassVar[str] = "moe"
@@ -69,6 +74,9 @@ class Moe(Launch):
 
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
+        for name, default in (("limit", 0.0), ("alpha", 1.702)):  # an optional variable its rule did not bind
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
         for name in ("norm_topk", "sort"):
             v = getattr(self, name)
             if v in (0, 1, None) and not isinstance(v, bool):
@@ -84,7 +92,7 @@ class Moe(Launch):
         return max(self.f, self.sf)
 
     def reads(self):
-        return names(self.x, self.wr, self.wgu, self.wd, self.sg, self.su, self.sd, self.sgate, self.add, self.nw,
+        return names(self.x, self.wr, self.wgu, self.wd, self.br, self.bgu, self.bd, self.sg, self.su, self.sd, self.sgate, self.add, self.nw,
                      *self.out.params())
 
     def writes(self):
@@ -92,7 +100,13 @@ class Moe(Launch):
 
     def check(self):
         if self.routing not in ROUTINGS:
-            return Refusal(f"an expert mixture routed by `{self.routing}` (the kernel takes softmax then top-k)")
+            return Refusal(f"an expert mixture routed by `{self.routing}` (the kernel takes {' or '.join(ROUTINGS)})")
+        gptoss = self.routing == "topk_softmax" or self.act == "clamped_glu"
+        if gptoss and (self.br is None or self.bgu is None or self.bd is None or not self.limit > 0):
+            return Refusal("a gpt-oss mixture without its router and expert biases and its GLU clamp (this launch "
+                           "does not carry them)")
+        if gptoss and self.shared:
+            return Refusal("a gpt-oss mixture with a shared expert (not linked yet)")
         for fmt, cols, what in ((self.format_r, self.d, "the mixture's router"),
                                 (self.format, self.d, "the mixture's gate/up rows"),
                                 (self.format_d or self.format, self.f, "the mixture's down rows")):
@@ -102,7 +116,7 @@ class Moe(Launch):
         if self.format_d is not None and self.format_d != self.format:
             return Refusal(f"experts' gate/up and down rows in different formats ({self.format}, {self.format_d}): "
                            f"the kernel reads one")
-        if self.act not in ACTS:
+        if self.act not in ACTS + ("clamped_glu",):
             return Refusal(f"an expert activation `{self.act}`")
         if not 1 <= self.k <= min(MAX_K, self.experts) or self.experts > MAX_EXPERTS:
             return Refusal(f"top-{self.k} of {self.experts} experts (the kernel keeps at most {MAX_K} of at most "
@@ -142,7 +156,8 @@ class Moe(Launch):
     def extents(self, top, tokens):
         n, E = self.rows * self.d, self.experts
         return reach((self.x, n), (self.wr, E * self.d), (self.wgu, E * 2 * self.f * self.d),
-                     (self.wd, E * self.d * self.f), (self.sg, self.sf * self.d), (self.su, self.sf * self.d),
+                     (self.wd, E * self.d * self.f), (self.br, E), (self.bgu, E * 2 * self.f),
+                     (self.bd, E * self.d), (self.sg, self.sf * self.d), (self.su, self.sf * self.d),
                      (self.sd, self.d * self.sf), (self.sgate, self.d), (self.add, n), (self.sum, n),
                      (self.nw, self.d), (self.out.buf, self.out.extent(n, top)))
 
@@ -153,6 +168,9 @@ class Moe(Launch):
                       self.sgate: self.format_s})
         if self.nw is not None:
             w[self.nw] = "f32"
+        for b in (self.br, self.bgu, self.bd):
+            if b is not None:
+                w[b] = "f32"
         return w
 
     def chosen(self) -> int:
@@ -197,8 +215,25 @@ class Moe(Launch):
     def _route(self, env, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raw, fmt = env.weight(self.wr)
         logits = products(x, decode(raw, fmt).reshape(self.experts, self.d), 1)  # (rows, E) f32
-        chosen, w = route(logits, self.k, bool(self.norm_topk))
+        if self.br is not None:
+            logits = (logits + self._bias(env, self.br)).astype(np.float32)
+        chosen, w = route(logits, self.k, bool(self.norm_topk), self.routing)
         return chosen, w.astype(np.float32)
+
+    def _bias(self, env, name: str | None, n: int | None = None) -> np.ndarray:
+        """A bias's f32 values, (n,) (zeros where the mixture has none)."""
+        if name is None:
+            return np.zeros(n, dtype=np.float32)
+        return np.asarray(env.weight(name)[0], dtype=np.float32).reshape(-1)
+
+    def _glu(self, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The experts' GLU in f32: act(g)·u, or gpt-oss's clamped (min(u, l)... ) form."""
+        if self.act != "clamped_glu":
+            return (act(self.act, g).astype(np.float32) * u).astype(np.float32)
+        from lanefuse.engine.interp import clamped_glu
+
+        return clamped_glu(np.asarray(g, np.float64), np.asarray(u, np.float64), self.limit,
+                           self.alpha).astype(np.float32)
 
     def _finish(self, env, y: np.ndarray) -> None:
         """y (rows, d) f32: the mixture (plus the residual `add`) into `out`, or with `nw` that sum kept in `sum` and
@@ -223,14 +258,17 @@ class Moe(Launch):
         gu = decode(raw, fmt).reshape(self.experts, 2 * f, d)
         raw, fmt = env.weight(self.wd)
         dn = decode(raw, fmt).reshape(self.experts, d, f)
+        bgu = self._bias(env, self.bgu, self.experts * 2 * f).reshape(self.experts, 2 * f)
+        bd = self._bias(env, self.bd, self.experts * d).reshape(self.experts, d)
         y = np.zeros((self.rows, d), dtype=np.float32)
         for r in range(self.rows):
             for c in range(k):
                 e = int(chosen[r, c])
-                g = products(x[r:r + 1], gu[e, :f], 1)
-                u = products(x[r:r + 1], gu[e, f:], 1)
-                h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
-                y[r] = (y[r] + w[r, c] * products(h, dn[e], 1)[0]).astype(np.float32)
+                g = (products(x[r:r + 1], gu[e, :f], 1) + bgu[e, :f]).astype(np.float32)
+                u = (products(x[r:r + 1], gu[e, f:], 1) + bgu[e, f:]).astype(np.float32)
+                h = self._glu(g, u)
+                o = (products(h, dn[e], 1)[0] + bd[e]).astype(np.float32)
+                y[r] = (y[r] + w[r, c] * o).astype(np.float32)
         if self.shared:
             y = (y + self._shared(env, x, exact=True)).astype(np.float32)
         self._finish(env, y)
@@ -256,8 +294,10 @@ class Moe(Launch):
         the sorted kernels group them, whatever `sort` says: the same sums within f32 rounding)."""
         d, f = self.d, self.f
         x = env.array(self.x)[: self.rows * d].reshape(self.rows, d)
-        logits = x @ env.matrix(self.wr).reshape(self.experts, d).T
-        chosen, w = route(logits, self.k, bool(self.norm_topk))
+        logits = x @ env.matrix(self.wr).reshape(self.experts, d).T + self._bias(env, self.br, self.experts)
+        chosen, w = route(logits, self.k, bool(self.norm_topk), self.routing)
+        bgu = self._bias(env, self.bgu, self.experts * 2 * f).reshape(self.experts, 2 * f)
+        bd = self._bias(env, self.bd, self.experts * d).reshape(self.experts, d)
         gu = env.matrix(self.wgu).reshape(self.experts, 2 * f, d)
         dn = env.matrix(self.wd).reshape(self.experts, d, f)
         y = np.zeros((self.rows, d), dtype=np.float32)
@@ -267,8 +307,9 @@ class Moe(Launch):
                 a = np.dot(gu[e], x[rows[0]])[None, :]  # (1, 2f)
             else:
                 a = x[rows] @ gu[e].T  # (n, 2f)
-            h = act(self.act, a[:, :f]).astype(np.float32) * a[:, f:]
-            out = np.dot(dn[e], h[0])[None, :] if len(rows) == 1 else h @ dn[e].T
+            a = a + bgu[e]
+            h = self._glu(a[:, :f], a[:, f:])
+            out = (np.dot(dn[e], h[0])[None, :] if len(rows) == 1 else h @ dn[e].T) + bd[e]
             y[rows] += out * w[rows, cs][:, None].astype(np.float32)
         if self.shared:
             y += self._shared(env, np.asarray(x, dtype=np.float32), exact=False)
@@ -281,6 +322,11 @@ class Moe(Launch):
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
+        if self.routing == "topk_softmax" or self.act == "clamped_glu":
+            from lanefuse.engine.errors import UserError
+
+            raise UserError("a gpt-oss mixture (routed top-k then softmax, biased experts, the clamped GLU) has no "
+                            "CUDA kernel yet: run it with the numpy runner")
         sc = {s.tag: denv.scratch(self, s) for s in self.scratch()}
         block = (32 * WARPS, 1, 1)
         fs = FORMAT_CODE[self.format_s or self.format]

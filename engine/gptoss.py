@@ -1,0 +1,293 @@
+"""The gpt-oss family (`GptOssForCausalLM`): its config.json read into a `GptOssConfig` (4.x and 5.x layouts), its
+checkpoint's tensors (the experts' fused gate/up tensor (E, d, 2f) with gate and up interleaved, and down (E, f, d),
+stored as the matmul's transpose, served as the stacked rows the `moe` op reads: `GptOssStore`) and the step graph
+of one decode step or prefill chunk: q/k/v/o biases, per-head attention sinks, a window on the sliding layers, YaRN
+rotary tables (scaled by YaRN's attention factor, as transformers scales its cos and sin), and the mixture routed by
+top-k then a softmax over the chosen logits, its experts biased, with the clamped GLU."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.ir import Constant, Graph, StepIO
+from lanefuse.engine.model import MAX_CHUNK, ModelConfig
+
+ARCHS = ("GptOssForCausalLM",)
+LAYER_TYPES = ("sliding_attention", "full_attention")
+ROPE_TYPES = ("yarn", "default")
+# What GptOssConfig (transformers 5.24) takes for a key the config.json leaves out
+DEFAULTS = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
+                intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8, sliding_window=128,
+                tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5, num_experts_per_tok=4,
+                swiglu_alpha=1.702, swiglu_limit=7.0, attention_bias=True, rope_theta=150000.0)
+DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+
+
+@dataclass(frozen=True)
+class GptOssConfig(ModelConfig):
+    """A gpt-oss model's shape: a ModelConfig (its `moe` the mixture of every layer) and what the family adds."""
+
+    window: int = 0  # sliding_window: the positions a sliding layer's query attends (0: no window)
+    layer_types: tuple[str, ...] = ()
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+
+    def build_step(self, rows: int = 1) -> Graph:
+        return build_gptoss_step(self, rows)
+
+    def sliding(self, i: int) -> bool:
+        return self.layer_types[i] == "sliding_attention"
+
+    def weight_names(self) -> dict[str, tuple[int, ...]]:
+        d, h, kv, hd, f, E = self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter, self.moe.experts
+        w: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, d), "model.norm.weight": (d,)}
+        if not self.tie_embeddings:
+            w["lm_head.weight"] = (self.vocab, d)
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            w[p + "input_layernorm.weight"] = (d,)
+            w[p + "post_attention_layernorm.weight"] = (d,)
+            for n, rows_, cols in (("q", h * hd, d), ("k", kv * hd, d), ("v", kv * hd, d), ("o", d, h * hd)):
+                w[p + f"self_attn.{n}_proj.weight"] = (rows_, cols)
+                w[p + f"self_attn.{n}_proj.bias"] = (rows_,)
+            w[p + "self_attn.sinks"] = (h,)
+            w[p + "mlp.router.weight"] = (E, d)
+            w[p + "mlp.router.bias"] = (E,)
+            w.update({n: s for n, s in stacked_names(i, E, d, f).items()})
+        return w
+
+
+def stacked_names(i: int, E: int, d: int, f: int) -> dict[str, tuple[int, ...]]:
+    """Layer i's expert tensors as the step reads them (served by GptOssStore): gate_up rows (E·2f, d), expert e's
+    gate rows at e·2f and its up rows at e·2f + f; their biases (E·2f,) alike; down rows (E·d, f); down biases (E·d,)."""
+    p = f"model.layers.{i}.mlp.experts."
+    return {p + "gate_up_proj.rows": (E * 2 * f, d), p + "gate_up_proj_bias.rows": (E * 2 * f,),
+            p + "down_proj.rows": (E * d, f), p + "down_proj_bias.rows": (E * d,)}
+
+
+# -- the checkpoint's experts -------------------------------------------------------------------------------------
+
+class GptOssStore:
+    """A weight store that also serves each layer's experts as stacked rows, from transformers' tensors: gate_up_proj
+    (E, d, 2f), its columns gate and up interleaved (gate at 2j, up at 2j + 1), and down_proj (E, f, d), both the
+    transpose of the rows a product reads; each one de-interleaved and transposed once, in memory, in its stored
+    format. A real gpt-oss checkpoint's MXFP4 experts (`*_blocks`, `*_scales`) are refused in words."""
+
+    def __init__(self, base, cfg: GptOssConfig, where: str):
+        self.base, self.where_ = base, where
+        have = set(base.names())
+        self.cfg = cfg
+        self.stacked: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # name -> (stored name, role, shape)
+        E, d, f = cfg.moe.experts, cfg.hidden, cfg.inter
+        for i in range(cfg.layers):
+            p = f"model.layers.{i}.mlp.experts."
+            if p + "gate_up_proj_blocks" in have or p + "down_proj_blocks" in have:
+                raise UserError(f"{where}: layer {i}'s experts are stored in MXFP4 (`{p}gate_up_proj_blocks` / "
+                                f"`_scales`), which is not supported yet; convert them to bf16 (transformers' "
+                                f"Mxfp4Config(dequantize=True)) first")
+            want = {"gate_up_proj": (E, d, 2 * f), "gate_up_proj_bias": (E, 2 * f), "down_proj": (E, f, d),
+                    "down_proj_bias": (E, d)}
+            for role, shape in want.items():
+                name = p + role
+                if name not in have:
+                    raise UserError(f"{where}: the checkpoint has no tensor `{name}` (expected shape {shape}): layer "
+                                    f"{i}'s experts are missing")
+                got = tuple(base.info(name)[0])
+                if got != shape:
+                    raise UserError(f"{where}: tensor `{name}` has shape {got}; the config makes it {shape} "
+                                    f"({E} experts, hidden {d}, intermediate {f})")
+            for n, s in stacked_names(i, E, d, f).items():
+                self.stacked[n] = (n[: -len(".rows")], n.split(".")[-2], s)
+        self._cache: dict[str, tuple[np.ndarray, str]] = {}
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(list(self.base.names()) + list(self.stacked)))
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        if name not in self.stacked:
+            return self.base.info(name)
+        stored, _, shape = self.stacked[name]
+        return shape, self.base.info(stored)[1]
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        if name not in self.stacked:
+            return self.base.raw(name)
+        if name not in self._cache:
+            stored, role, shape = self.stacked[name]
+            a, fmt = self.base.raw(stored)
+            a = np.asarray(a)
+            if role == "gate_up_proj":  # (E, d, 2f) -> (E, 2f, d), then gate rows before up rows
+                t = np.swapaxes(a, 1, 2)
+                a = np.concatenate([t[:, 0::2], t[:, 1::2]], axis=1)
+            elif role == "gate_up_proj_bias":  # (E, 2f): gate values before up values
+                a = np.concatenate([a[:, 0::2], a[:, 1::2]], axis=1)
+            elif role == "down_proj":  # (E, f, d) -> (E, d, f)
+                a = np.swapaxes(a, 1, 2)
+            self._cache[name] = (np.ascontiguousarray(a).reshape(shape), fmt)
+        return self._cache[name]
+
+    def where(self, name: str) -> str:
+        s = self.stacked.get(name)
+        return self.base.where(s[0] if s else name)
+
+
+# -- config.json --------------------------------------------------------------------------------------------------
+
+def _layer_types(r, layers: int) -> tuple[str, ...]:
+    types = r.c.get("layer_types")
+    if types is None:  # transformers' default: even layers slide
+        return tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers))
+    if not isinstance(types, list) or len(types) != layers:
+        raise UserError(f"{r.where}: `layer_types` is {types!r:.40}; expected a list of {layers} layer types (one a "
+                        f"layer: {' or '.join(LAYER_TYPES)})")
+    for i, t in enumerate(types):
+        if t not in LAYER_TYPES:
+            raise UserError(f"{r.where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(LAYER_TYPES)}")
+    return tuple(types)
+
+
+def _yarn(r, reader, head_dim: int, max_pos: int) -> tuple[float, tuple[tuple[str, Any], ...]]:
+    """rope_theta and the YaRN entries (with the attention factor transformers scales cos and sin by), from 5.x's
+    `rope_parameters` or 4.x's `rope_theta` / `rope_scaling`; absent both, GptOssConfig's default YaRN."""
+    c, where = r.c, r.where
+    params, scaling = c.get("rope_parameters"), c.get("rope_scaling")
+    for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if v is not None and not isinstance(v, dict):
+            raise UserError(f"{where}: `{key}` is {v!r:.40}; expected a mapping (or null)")
+    given = {**(scaling or {}), **(params or {})}
+    merged = {**DEFAULT_ROPE, **given} if not given or given.get("rope_type", given.get("type")) in (None, "yarn") \
+        else given
+    prefix = "rope_parameters." if params else "rope_scaling."
+    m = reader(merged, where, prefix)
+    theta = m.number("rope_theta", r.number("rope_theta", DEFAULTS["rope_theta"]))
+    kind = merged.get("rope_type", merged.get("type", "yarn"))
+    if kind not in ROPE_TYPES:
+        raise UserError(f"{where}: rope type `{kind!s:.40}` is not supported for gpt-oss (supported: "
+                        f"{', '.join(ROPE_TYPES)})")
+    if m.number("partial_rotary_factor", 1.0, high=1.0) != 1.0:
+        raise UserError(f"{where}: partial_rotary_factor is not supported for gpt-oss (it rotates whole heads)")
+    if kind == "default":
+        return theta, ()
+    for key in ("mscale", "mscale_all_dim"):
+        if merged.get(key) is not None:
+            raise UserError(f"{where}: `{prefix}{key}` is not supported for gpt-oss's YaRN")
+    old = m.size("original_max_position_embeddings")
+    factor = m.number("factor", max_pos / old) if merged.get("factor") is not None else max_pos / old
+    beta_fast = m.number("beta_fast", 32.0) if merged.get("beta_fast") else 32.0  # transformers: `or 32`
+    beta_slow = m.number("beta_slow", 1.0) if merged.get("beta_slow") else 1.0
+    truncate = merged.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise UserError(f"{where}: `{prefix}truncate` is {truncate!r:.40}; expected true or false")
+    if merged.get("attention_factor") is not None:
+        att = m.number("attention_factor", 1.0)
+    else:
+        att = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    return theta, (("rope_type", "yarn"), ("factor", factor), ("beta_fast", beta_fast), ("beta_slow", beta_slow),
+                   ("original_max_position_embeddings", old), ("truncate", truncate), ("attention_factor", att))
+
+
+def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str, reader, max_layers: int) -> GptOssConfig:
+    """A gpt-oss config.json (transformers 4.x or 5.x) read into a GptOssConfig; what the step cannot express is
+    refused naming the key. hfconfig passes its typed reader class and its layer limit."""
+    from lanefuse.engine.moe import MoeConfig
+
+    c = {**DEFAULTS, **{k: v for k, v in c.items() if v is not None or k in ("sliding_window",)}}
+    r = reader(c, where)
+    if c.get("attention_bias") is not True:
+        raise UserError(f"{where}: a gpt-oss without its q/k/v/o biases (attention_bias false) is not supported")
+    hidden, heads, layers = r.size("hidden_size"), r.size("num_attention_heads"), r.size("num_hidden_layers")
+    if layers > max_layers:
+        raise UserError(f"{where}: `num_hidden_layers` is {layers}; expected at most {max_layers}")
+    inter, vocab = r.size("intermediate_size"), r.size("vocab_size")
+    kv = r.size("num_key_value_heads", heads)
+    if heads % kv:
+        raise UserError(f"{where}: `num_key_value_heads` {kv} does not divide `num_attention_heads` {heads}")
+    head_dim = r.size("head_dim")
+    experts, k = r.size("num_local_experts"), r.size("num_experts_per_tok")
+    if k > experts:
+        raise UserError(f"{where}: `num_experts_per_tok` {k} is more than the {experts} experts")
+    max_pos = r.size("max_position_embeddings")
+    theta, scaling = _yarn(r, reader, head_dim, max_pos)
+    window = r.size("sliding_window") if c.get("sliding_window") is not None else 0
+    limit = r.number("swiglu_limit", 7.0, expected="a positive number (the GLU's clamp)")
+    alpha = r.number("swiglu_alpha", 1.702, expected="a positive number")
+    moe = MoeConfig(experts, k, inter, False, tuple(range(layers)), spelling="gptoss")
+    return GptOssConfig(
+        arch="GptOssForCausalLM", hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,
+        inter=inter, vocab=vocab, eps=r.number("rms_norm_eps", 1e-5), rope_theta=theta, rope_scaling=scaling,
+        tie_embeddings=r.flag("tie_word_embeddings"), qkv_bias=True, max_len=min(max_len, max_pos), name=name,
+        moe=moe, window=window, layer_types=_layer_types(r, layers), swiglu_limit=limit, swiglu_alpha=alpha)
+
+
+# -- the step graph -------------------------------------------------------------------------------------------------
+
+def build_gptoss_step(cfg: GptOssConfig, rows: int = 1) -> Graph:
+    """The lifted graph of one gpt-oss step over `rows` token rows at the position `pos` names."""
+    if not 1 <= rows <= MAX_CHUNK:
+        raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
+    h, kv, hd, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len, cfg.moe
+    caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
+    g = Graph(io=StepIO(caches=caches))
+    g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
+    g.tensor("token", (rows,), "i32")
+    g.tensor("pos", (1,), "i32")
+    for k_, v_ in caches:
+        g.tensor(k_, (L, kv * hd))
+        g.tensor(v_, (L, kv * hd))
+    shapes = cfg.weight_names()
+
+    def w(name: str, transposed: bool = True) -> str:
+        shape = shapes[name]
+        kind = "rows" if len(shape) == 2 else "values"
+        if name not in g.constants:
+            g.constant(Constant(name, shape, kind, cfg.fmt(name) if kind == "rows" else "f32",
+                                transposed if kind == "rows" else False, name))
+        return name
+
+    g.constant(Constant("rope.cos", (L, cfg.rot // 2), "values", "f32", False, "rope.cos"))
+    g.constant(Constant("rope.sin", (L, cfg.rot // 2), "values", "f32", False, "rope.sin"))
+    embed = w("model.embed_tokens.weight", transposed=False)
+    x = g.add("gather", [embed, "token"], "x0")
+    for i in range(cfg.layers):
+        p = f"model.layers.{i}."
+        t = f"L{i}."
+
+        def op(kind, ins, out, **attrs):
+            return g.add(kind, ins, t + out, layer=i, **attrs)
+
+        def W(name):
+            return w(p + name)
+
+        hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+        q = op("add", [op("matmul", [hn, W("self_attn.q_proj.weight")], "q"), W("self_attn.q_proj.bias")], "q_bias")
+        k = op("add", [op("matmul", [hn, W("self_attn.k_proj.weight")], "k"), W("self_attn.k_proj.bias")], "k_bias")
+        v = op("add", [op("matmul", [hn, W("self_attn.v_proj.weight")], "v"), W("self_attn.v_proj.bias")], "v_bias")
+        q = op("rope", [q, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
+        k = op("rope", [k, "rope.cos", "rope.sin", "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
+        kc = op("set_row", [caches[i][0], k, "pos"], "kc")
+        vc = op("set_row", [caches[i][1], v, "pos"], "vc")
+        a = op("attention", [q, kc, vc, "pos", W("self_attn.sinks")], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
+               scale=float(hd) ** -0.5, window=cfg.window if cfg.sliding(i) else 0, softcap=0.0)
+        o = op("add", [op("matmul", [a, W("self_attn.o_proj.weight")], "o"), W("self_attn.o_proj.bias")], "o_bias")
+        x1 = op("add", [x, o], "resid_attn")
+        h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
+        e = "mlp.experts."
+        y = op("moe", [h2, W("mlp.router.weight"), W(e + "gate_up_proj.rows"), W(e + "down_proj.rows"),
+                       W("mlp.router.bias"), W(e + "gate_up_proj_bias.rows"), W(e + "down_proj_bias.rows")], "moe",
+               experts=m.experts, k=m.k, inter=m.inter, norm_topk=False, act="clamped_glu", routing="topk_softmax",
+               limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha)
+        x = op("add", [x1, y], "resid_ffn")
+    if rows > 1:
+        x = g.add("view", [x], "last", row=rows - 1)
+    hn = g.add("rmsnorm", [x, w("model.norm.weight")], "final_norm", eps=cfg.eps)
+    head = embed if cfg.tie_embeddings else w("lm_head.weight")
+    g.add("matmul", [hn, head], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g
