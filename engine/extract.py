@@ -340,7 +340,10 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
 # cheapest node whose needs the assignment meets (0 when the class is not computed). Eliminating the variables one
 # at a time (fewest neighbours first) finds the minimum of the tables' sum exactly; the ILP's LP relaxation is weak
 # here (bundles paid once serve both sides of a choice), which is what made HiGHS slow.
-MAX_WIDTH = 16  # the widest table (variables) elimination may build before the ILP takes over
+# the widest table (variables) elimination may build before the ILP takes over: a Qwen3 step needs 9, a step
+# with biased q/k/v products (Qwen2, gpt-oss: the bias adds beside the merged products) 17-18; a table of 18 is
+# 2 MiB, and at 16 those steps fell to the ILP (gpt-oss-120b's plan 1.3 s; 0.7 s at 18)
+MAX_WIDTH = 18
 # The ILP's time limit: a few seconds, more for a bigger e-graph (every real step solves in well under a second; a
 # rule that matches a cross product, every add with every norm, can keep HiGHS busy for many minutes).
 ILP_SECONDS = 5.0

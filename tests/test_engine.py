@@ -81,7 +81,19 @@ GRAPHS = {
                                         moe=MoeConfig(8, 2, 24, False, (0, 1), shared_inter=20))),
     "qwen3_moe_chunk": lambda: build_step(cfg("Qwen3MoeForCausalLM", qk_norm=True, inter=40,
                                               moe=MoeConfig(8, 2, 24, True, (0,))), rows=6),
+    "gptoss_chunk": lambda: build_step(gptoss(), rows=6),
 }
+
+
+def gptoss():
+    """A gpt-oss-shaped config (biased products and mixture, sinks, a sliding layer, YaRN by default)."""
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    c = {"architectures": ["GptOssForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 24, "vocab_size": 100,
+         "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 4,
+         "layer_types": ["sliding_attention", "full_attention"]}
+    return config_from_hf(c, "gpt-oss test config", max_len=16)
 
 
 @pytest.fixture(scope="module")
