@@ -72,9 +72,14 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
         cfg = relayout(stored)
     _check_layers(cfg_path, cfg.layers, stored, getattr(cfg, "layer_prefix", "model.layers."))  # before listing names
     if cfg.moe is not None:  # the experts' tensors stacked, one constant a role (engine/moe.py)
-        from lanefuse.engine.moe import stack_store
+        if cfg.moe.spelling == "gptoss":
+            from lanefuse.engine.gptoss import GptOssStore
 
-        store = Weights(stack_store(store.store, cfg, str(folder)))
+            store = Weights(GptOssStore(store.store, cfg, str(folder)))
+        else:
+            from lanefuse.engine.moe import stack_store
+
+            store = Weights(stack_store(store.store, cfg, str(folder)))
     cfg = _checked(cfg, store, str(folder), "config.json")
     return cfg, store.with_config(cfg)
 

@@ -177,11 +177,8 @@ class ExpertStore:
 
 
 def stack_store(store, cfg, where: str) -> Any:
-    """`store` serving the stacked expert tensors where `cfg` has a mixture, else `store` itself."""
-    if cfg.moe is not None and cfg.moe.spelling == "gptoss":
-        from lanefuse.engine.gptoss import GptOssStore
-
-        return GptOssStore(store, cfg, where)
+    """`store` serving the stacked expert tensors where `cfg` has a sparse mixture, else `store` itself (gpt-oss's
+    interleaved experts: engine/gptoss.py's GptOssStore, which the front picks)."""
     return ExpertStore(store, cfg, where) if cfg.moe is not None and cfg.moe.sparse else store
 
 
