@@ -229,13 +229,7 @@ def gemma_config(c: dict[str, Any], arch: str, where: str, max_len: int, name: s
         raise UserError(f"{where}: use_bidirectional_attention is not supported (a decode step attends causally)")
     if r.flag("mlp_bias"):
         raise UserError(f"{where}: mlp_bias is not supported")
-    hidden, heads, layers = r.size("hidden_size"), r.size("num_attention_heads"), r.size("num_hidden_layers")
-    if layers > max_layers:
-        raise UserError(f"{where}: `num_hidden_layers` is {layers}; expected at most {max_layers}")
-    inter, vocab = r.size("intermediate_size"), r.size("vocab_size")
-    kv = r.size("num_key_value_heads", heads)
-    if heads % kv:
-        raise UserError(f"{where}: `num_key_value_heads` {kv} does not divide `num_attention_heads` {heads}")
+    hidden, heads, layers, inter, vocab, kv = r.sizes(max_layers)
     head_dim = r.size("head_dim")
     eps = r.number("rms_norm_eps", 1e-6)
     (theta, scaling, partial), local = _ropes(r, family, rope)

@@ -201,13 +201,7 @@ def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str, reader
     r = reader(c, where)
     if c.get("attention_bias") is not True:
         raise UserError(f"{where}: a gpt-oss without its q/k/v/o biases (attention_bias false) is not supported")
-    hidden, heads, layers = r.size("hidden_size"), r.size("num_attention_heads"), r.size("num_hidden_layers")
-    if layers > max_layers:
-        raise UserError(f"{where}: `num_hidden_layers` is {layers}; expected at most {max_layers}")
-    inter, vocab = r.size("intermediate_size"), r.size("vocab_size")
-    kv = r.size("num_key_value_heads", heads)
-    if heads % kv:
-        raise UserError(f"{where}: `num_key_value_heads` {kv} does not divide `num_attention_heads` {heads}")
+    hidden, heads, layers, inter, vocab, kv = r.sizes(max_layers)
     head_dim = r.size("head_dim")
     experts, k = r.size("num_local_experts"), r.size("num_experts_per_tok")
     if k > experts:

@@ -73,6 +73,20 @@ class _Reader:
             raise self._bad(key, v, "true or false")
         return v
 
+    def sizes(self, max_layers: int) -> tuple[int, int, int, int, int, int]:
+        """A decoder's sizes: hidden, heads, layers (at most `max_layers`, checked before anything lists the layers'
+        tensors; a checkpoint's count is checked too), intermediate, vocabulary and kv heads (dividing the heads)."""
+        hidden, heads = self.size("hidden_size"), self.size("num_attention_heads")
+        layers = self.size("num_hidden_layers")
+        if layers > max_layers:
+            raise UserError(f"{self.where}: `{self.prefix}num_hidden_layers` is {layers}; expected at most {max_layers}")
+        inter, vocab = self.size("intermediate_size"), self.size("vocab_size")
+        kv = self.size("num_key_value_heads", heads)
+        if heads % kv:
+            raise UserError(f"{self.where}: `{self.prefix}num_key_value_heads` {kv} does not divide "
+                            f"`{self.prefix}num_attention_heads` {heads}")
+        return hidden, heads, layers, inter, vocab, kv
+
     def text(self, key: str, default: str) -> str:
         v = self.c.get(key)
         if v is None:
@@ -155,13 +169,7 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: a Qwen2-MoE without its q/k/v biases (qkv_bias false) is not supported")
     if r.flag("use_sliding_window"):
         raise UserError(f"{where}: sliding-window attention (use_sliding_window) is not supported")
-    hidden, heads, layers = r.size("hidden_size"), r.size("num_attention_heads"), r.size("num_hidden_layers")
-    if layers > MAX_LAYERS:  # before anything lists the layers' tensors (a checkpoint's count is checked too)
-        raise UserError(f"{where}: `num_hidden_layers` is {layers}; expected at most {MAX_LAYERS}")
-    inter, vocab = r.size("intermediate_size"), r.size("vocab_size")
-    kv = r.size("num_key_value_heads", heads)
-    if heads % kv:
-        raise UserError(f"{where}: `num_key_value_heads` {kv} does not divide `num_attention_heads` {heads}")
+    hidden, heads, layers, inter, vocab, kv = r.sizes(MAX_LAYERS)
     if r.has("head_dim"):
         head_dim = r.size("head_dim")
     elif hidden % heads:
