@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.ir import Constant, Graph, StepIO
-from lanefuse.engine.model import MAX_CHUNK, ModelConfig
+from lanefuse.engine.ir import Constant, Graph
+from lanefuse.engine.model import ModelConfig, step_frame
 
 ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -301,17 +301,8 @@ def with_layout(cfg: GemmaConfig, stored: set[str]) -> GemmaConfig:
 
 def build_gemma_step(cfg: GemmaConfig, rows: int = 1) -> Graph:
     """The lifted graph of one Gemma step over `rows` token rows at the position `pos` names."""
-    if not 1 <= rows <= MAX_CHUNK:
-        raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
+    g, caches = step_frame(cfg, rows)
     h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
-    caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
-    g = Graph(io=StepIO(caches=caches))
-    g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
-    g.tensor("token", (rows,), "i32")
-    g.tensor("pos", (1,), "i32")
-    for k, v in caches:
-        g.tensor(k, (L, kv * hd))
-        g.tensor(v, (L, kv * hd))
     shapes = cfg.weight_names()
     generated = cfg.generated()
 

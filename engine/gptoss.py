@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.ir import Constant, Graph, StepIO
-from lanefuse.engine.model import MAX_CHUNK, ModelConfig
+from lanefuse.engine.ir import Constant, Graph
+from lanefuse.engine.model import ModelConfig, step_frame
 
 ARCHS = ("GptOssForCausalLM",)
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -223,17 +223,8 @@ def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str, reader
 
 def build_gptoss_step(cfg: GptOssConfig, rows: int = 1) -> Graph:
     """The lifted graph of one gpt-oss step over `rows` token rows at the position `pos` names."""
-    if not 1 <= rows <= MAX_CHUNK:
-        raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
+    g, caches = step_frame(cfg, rows)
     h, kv, hd, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len, cfg.moe
-    caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
-    g = Graph(io=StepIO(caches=caches))
-    g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
-    g.tensor("token", (rows,), "i32")
-    g.tensor("pos", (1,), "i32")
-    for k_, v_ in caches:
-        g.tensor(k_, (L, kv * hd))
-        g.tensor(v_, (L, kv * hd))
     shapes = cfg.weight_names()
 
     def w(name: str, transposed: bool = True) -> str:

@@ -78,15 +78,12 @@ class ModelConfig:
         return w
 
 
-def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
-    """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
-    `pos` names; the logits and next token of the last row. A family of its own builds its own (engine/gemma.py)."""
-    build = getattr(cfg, "build_step", None)
-    if build is not None:
-        return build(rows)
+def step_frame(cfg: ModelConfig, rows: int) -> tuple[Graph, tuple[tuple[str, str], ...]]:
+    """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each layer's K and V cache
+    tables of max_len rows) declared; and the caches' names, a (K, V) pair a layer."""
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
-    h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
+    kv, hd, L = cfg.kv_heads, cfg.head_dim, cfg.max_len
     caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
     g = Graph(io=StepIO(caches=caches))
     g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
@@ -95,6 +92,17 @@ def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
     for k, v in caches:
         g.tensor(k, (L, kv * hd))
         g.tensor(v, (L, kv * hd))
+    return g, caches
+
+
+def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
+    """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
+    `pos` names; the logits and next token of the last row. A family of its own builds its own (engine/gemma.py)."""
+    build = getattr(cfg, "build_step", None)
+    if build is not None:
+        return build(rows)
+    g, caches = step_frame(cfg, rows)
+    h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
 
     def w(name: str, shape: tuple[int, ...], transposed: bool = True) -> str:
         kind = "rows" if len(shape) == 2 else "values"
