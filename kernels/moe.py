@@ -7,7 +7,8 @@ The experts are stacked one constant a role (engine/moe.py): gate_up (E·2f, d),
 The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
 one choice's hidden values; moe_down: the weighed down products, the shared expert, and the finalize by the last block
 of a row to arrive), four over sorted rows (moe_route, moe_up_sorted and moe_down_sorted a block an expert over the
-rows that chose it, moe_finish a block a row)."""
+rows that chose it, moe_finish a block a row). gpt-oss's mixture (router and expert biases, top-k then softmax, the
+clamped GLU) runs in the same kernels, its biases and clamp passed as arguments."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from lanefuse.engine.moe import route
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Dst, Launch, Scratch, act, decode, format_refusal,
                                      names, reach, rms, weight_bytes)
-from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import products
 
 MAX_EXPERTS = 4096  # router logits held in a block's shared memory (moe.cu MOE_MAXE)
@@ -28,6 +28,7 @@ MAX_K = 32  # experts chosen a row
 WARPS = 8  # warps a block (moe.cu MOE_WARPS)
 TILE = 64  # hidden (or output) values a block (moe.cu MOE_TILE)
 ROUTINGS = ("softmax_topk", "topk_softmax")  # topk_softmax (gpt-oss): the k largest logits, then their softmax
+MOE_ACTS = ACTS + ("clamped_glu",)  # the kernel's act codes (moe.cu: act_apply's, then MOE_CLAMPED 4)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class Moe(Launch):
         if self.format_d is not None and self.format_d != self.format:
             return Refusal(f"experts' gate/up and down rows in different formats ({self.format}, {self.format_d}): "
                            f"the kernel reads one")
-        if self.act not in ACTS + ("clamped_glu",):
+        if self.act not in MOE_ACTS:
             return Refusal(f"an expert activation `{self.act}`")
         if not 1 <= self.k <= min(MAX_K, self.experts) or self.experts > MAX_EXPERTS:
             return Refusal(f"top-{self.k} of {self.experts} experts (the kernel keeps at most {MAX_K} of at most "
@@ -322,19 +323,16 @@ class Moe(Launch):
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
-        if self.routing == "topk_softmax" or self.act == "clamped_glu":
-            from lanefuse.engine.errors import UserError
-
-            raise UserError("a gpt-oss mixture (routed top-k then softmax, biased experts, the clamped GLU) has no "
-                            "CUDA kernel yet: run it with the numpy runner")
         sc = {s.tag: denv.scratch(self, s) for s in self.scratch()}
         block = (32 * WARPS, 1, 1)
         fs = FORMAT_CODE[self.format_s or self.format]
         common = (denv.array(self.x), i64(self.rows), i64(self.d), i64(self.f), i64(self.experts), i64(self.k),
-                  i64(FORMAT_CODE[self.format]), i64(act_code(self.act)), sc["choices"], sc["weights"], sc["hidden"])
+                  i64(FORMAT_CODE[self.format]), i64(MOE_ACTS.index(self.act)), sc["choices"], sc["weights"],
+                  sc["hidden"], denv.opt(self.bgu), denv.opt(self.bd), f32(self.limit), f32(self.alpha))
         shared = (denv.opt(self.sg), denv.opt(self.su), denv.opt(self.sd), denv.opt(self.sgate), i64(self.sf),
                   i64(fs))
-        route = (denv.weight(self.wr)[0], i64(FORMAT_CODE[self.format_r]), i64(int(bool(self.norm_topk))))
+        route = (denv.weight(self.wr)[0], i64(FORMAT_CODE[self.format_r]), i64(int(bool(self.norm_topk))),
+                 denv.opt(self.br), i64(int(self.routing == "topk_softmax")))
         fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out))
         up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
         wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]
