@@ -1,7 +1,9 @@
 // Expert mixtures (moe.py). Scratch: choices (rows, k) i32, weights (rows, k) f32 then each row's shared-expert
 // scale (rows) f32, hidden (rows, k+1, F) f32 — choice c's act(gate)·up of its expert, slot k the shared expert's —
 // F = max(f, sf); over sorted rows also parts (rows, k+1, d): each choice's down product before its weight.
-// Weights are read a value at a time (any width), a warp an output. gpt-oss's mixture (act 4, the clamped GLU) also
+// Weights are read a value at a time (any width), a warp an output: the experts' gate/up rows in format `fmt`, their
+// down rows in `fd` (a llama.cpp Q4_K_M file keeps ffn_down_exps in q6_k beside q4_k gate/up experts); the shared
+// expert's rows in `fs`, its gate score row in `fsg` (f32 in a GGUF file, as llama.cpp keeps ffn_gate_inp_shexp). gpt-oss's mixture (act 4, the clamped GLU) also
 // reads the experts' biases: gate/up bgu (E·2f) added before the GLU, down bd (E·d) before the weighing; its router
 // bias br (E) is added to the logits, and it routes top-k first (`topk_first`: the softmax over the k chosen logits).
 #define MOE_WARPS 8
@@ -10,10 +12,10 @@
 #define MOE_MAXK 32
 #define MOE_CLAMPED 4  // act: gpt-oss's clamped GLU, (min(max(u, -l), l) + 1)·g·sigmoid(alpha·g), g = min(g, l)
 
-#define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 act, int *choices, \
+#define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 fd, i64 act, int *choices, \
     float *weights, float *hidden, const float *bgu, const float *bd, float limit, float alpha
 #define MOE_ROUTE const void *wr, i64 fr, i64 norm, const float *br, i64 topk_first
-#define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs
+#define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs, i64 fsg
 #define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out)
 
 __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, i64 row, i64 n) {
@@ -92,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (lane == 0) h[j] = act_apply((int)act, g) * u;
         }
         if (blockIdx.x == 0 && warp == 0) {
-            float s = moe_dot(xr, (int)fs, sgate, 0, d);
+            float s = moe_dot(xr, (int)fsg, sgate, 0, d);
             if (lane == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
         }
         return;
@@ -110,14 +112,14 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // The mixture's value i of row r: its choices' down products (plus their biases `bd` where given) weighed in choice
 // order, then the shared expert's.
-__device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i64 fmt, const int* choices,
+__device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i64 fd, const int* choices,
                                            const float* weights, const float* hidden, const void* wd, const float* bd,
                                            const void* sd, i64 sf, i64 fs, i64 rows) {
     i64 F = f > sf ? f : sf;
     float acc = 0.f;
     for (i64 c = 0; c < k; c++) {
         i64 e = choices[r * k + c];
-        float v = moe_dot(hidden + (r * (k + 1) + c) * F, (int)fmt, wd, e * d + i, f);
+        float v = moe_dot(hidden + (r * (k + 1) + c) * F, (int)fd, wd, e * d + i, f);
         acc += weights[r * k + c] * (bd ? v + bd[e * d + i] : v);
     }
     if (sd) acc += weights[rows * k + r] * moe_dot(hidden + (r * (k + 1) + k) * F, (int)fs, sd, i, sf);
@@ -143,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(256)
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     Dst o = DST(out);
     for (i64 i = blockIdx.x * MOE_TILE + warp; i < (blockIdx.x + 1) * MOE_TILE && i < d; i += MOE_WARPS) {
-        float v = moe_value(r, i, d, f, k, fmt, choices, weights, hidden, wd, bd, sd, sf, fs, rows);
+        float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows);
         if (lane != 0) continue;
         if (add) v += add[r * d + i];
         if (nw) sum[r * d + i] = v;
@@ -172,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
     if (sgate && threadIdx.x < 32) {
-        float s = moe_dot(x + r * d, (int)fs, sgate, 0, d);
+        float s = moe_dot(x + r * d, (int)fsg, sgate, 0, d);
         if (threadIdx.x == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
     }
 }
@@ -210,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (!mine) continue;
             const float* h = hidden + (r * (k + 1) + c) * F;
             for (i64 i = i0 + warp; i < i0 + MOE_TILE && i < d; i += MOE_WARPS) {
-                float v = c < k ? moe_dot(h, (int)fmt, wd, e * d + i, f) : moe_dot(h, (int)fs, sd, i, sf);
+                float v = c < k ? moe_dot(h, (int)fd, wd, e * d + i, f) : moe_dot(h, (int)fs, sd, i, sf);
                 if (lane == 0) parts[(r * (k + 1) + c) * d + i] = c < k && bd ? v + bd[e * d + i] : v;
             }
         }

@@ -194,7 +194,10 @@ def mixtures():
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 5, "f32", sort=True, **shared, **fin),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 5, "bf16", sort=True, add="a"),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 1, "bf16", **gptoss, **fin),
-            Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 5, "f32", sort=True, **gptoss, add="a")]
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 5, "f32", sort=True, **gptoss, add="a"),
+            # a GGUF file's: gate/up experts in q4_k, down in q6_k, the shared expert in q8_0 with an f32 gate score
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 256, 256, 8, 2, 1, "q4_k", format_d="q6_k",
+                **dict(shared, sf=256, format_s="q8_0", format_sgate="f32"), **fin)]
 
 
 def fused_folds():

@@ -436,3 +436,26 @@ def test_moe_gptoss(fmt, rows, sort, finalize):
             kw.update(sum="s", nw="nw", eps=1e-6)
         both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, sort=sort, **kw), arrays, weights,
              tol=2e-4, placed=rows == 3)
+
+
+@pytest.mark.parametrize("fmts", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q4_k", "q6_k"), ("q6_k", "q6_k")])
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (8, True)])
+def test_moe_block_formats(fmts, rows, sort):
+    """A GGUF file's mixture: gate/up experts in one block format, down in another (llama.cpp's Q4_K_M keeps
+    ffn_down_exps in q6_k), a shared expert in q8_0 with its gate score row in f32, finalized with the next norm."""
+    from lanefuse.kernels import Moe
+
+    fgu, fd = fmts
+    d, f, E, k, sf = 256, 256, 8, 2, 256
+    g = np.random.default_rng(rows + len(fgu))
+    arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32), "a": r32(g, rows, d),
+              "s": np.zeros(rows * d, np.float32)}
+    weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"),
+               "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), fgu), fgu),
+               "wd": (encode(r32(g, E * d, f) / np.sqrt(f), fd), fd), "nw": (1 + 0.1 * r32(g, d), "f32"),
+               "sgt": (r32(g, 1, d) / np.sqrt(d), "f32")}
+    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf))):
+        weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), "q8_0"), "q8_0")
+    both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fgu, format_d=fd, norm_topk=True, sort=sort,
+             sg="sg", su="su", sd="sd", sgate="sgt", sf=sf, format_s="q8_0", format_sgate="f32", add="a", sum="s",
+             nw="nw", eps=1e-6), arrays, weights, tol=2e-4, placed=rows == 3)
