@@ -438,10 +438,11 @@ def test_moe_gptoss(fmt, rows, sort, finalize):
              tol=2e-4, placed=rows == 3)
 
 
-@pytest.mark.parametrize("fmts", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q4_k", "q6_k"), ("q6_k", "q6_k")])
+@pytest.mark.parametrize("fmts", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q4_k", "q6_k"), ("q6_k", "q6_k"),
+                                  ("mxfp4", "mxfp4")])
 @pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (8, True)])
 def test_moe_block_formats(fmts, rows, sort):
-    """A GGUF file's mixture: gate/up experts in one block format, down in another (llama.cpp's Q4_K_M keeps
+    """A GGUF file's mixture (and MXFP4 experts): gate/up experts in one block format, down in another (Q4_K_M keeps
     ffn_down_exps in q6_k), a shared expert in q8_0 with its gate score row in f32, finalized with the next norm."""
     from lanefuse.kernels import Moe
 
