@@ -90,6 +90,30 @@ def gemv_bandwidth(repeats: int = 30) -> float:
     return w.nbytes / statistics.median(ts) / 1e9
 
 
+def products_alone(cfg, repeats: int = 5) -> float:
+    """Seconds numpy takes for a dense decode step's products alone, back to back, on matrices of the step's shapes
+    (q/k/v stacked, o, gate/up stacked, down a layer, then lm_head; fresh memory, none of them in a cache): what BLAS
+    does on these shapes with no runner around it. None for a mixture (which experts a step reads varies)."""
+    import numpy as np
+
+    if cfg.moe is not None:
+        return None
+    h, q, kv = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    shapes = [(q + 2 * kv, h), (h, q), (2 * cfg.inter, h), (h, cfg.inter)]
+    g = np.random.default_rng(0)
+    mats = [g.standard_normal(s, dtype=np.float32) for _ in range(cfg.layers) for s in shapes]
+    mats.append(g.standard_normal((cfg.vocab, h), dtype=np.float32))
+    xs = {k: np.ones(k, np.float32) for k in {m.shape[1] for m in mats}}
+    outs = [np.empty(m.shape[0], np.float32) for m in mats]
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for m, y in zip(mats, outs):
+            np.matmul(m, xs[m.shape[1]], out=y)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
 def resident() -> int:
     """This process's resident anonymous bytes (Linux; the checkpoint's file pages it maps are the page cache's, not
     counted), 0 where unknown."""
@@ -171,7 +195,7 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3")
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert hf.stdout.readline().strip() == "ready"
     lf = Lanefuse(folder, args.exact)
-    lf_ms, hf_ms, bw = [], [], []
+    lf_ms, hf_ms, bw, alone = [], [], [], []
     same = True
     for _ in range(args.rounds):
         t, lf_toks = lf.round(args.tokens)
@@ -182,6 +206,9 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3")
         hf_ms.append(1e3 * statistics.median(got["times"]))
         same = same and got["tokens"] == lf_toks[: len(got["tokens"])]
         bw.append(gemv_bandwidth())
+        a = products_alone(lf.cfg)
+        if a is not None:
+            alone.append(1e3 * a)
     hf.stdin.close()
     hf.wait()
     store = lf.weights.store
@@ -205,6 +232,10 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
     print(f"numpy f32 GEMV bandwidth: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights")
+    if alone:
+        ams = statistics.median(alone)
+        print(f"numpy, the step's products alone back to back (same shapes, no runner): {ams:.1f} ms/token "
+              f"({gb / ams * 1e3:.1f} GB/s) -> lanefuse at {ams / lms:.0%} of it")
     print(f"lanefuse speed / transformers: {hms / lms:.2f}x; lanefuse at {floor / lms:.0%} of the GEMV bandwidth; "
           f"greedy tokens {'the same' if same else 'DIFFER'}")
     return 0
