@@ -17,7 +17,8 @@ pytest.importorskip("gguf")
 import gguf_files as gf  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
-from test_gguf import PROMPT, U32, VOCAB, _parity, _rel, _rewrite  # noqa: E402
+from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
+from test_gguf import PROMPT, U32, VOCAB, _parity, _rewrite  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -81,15 +82,14 @@ def test_q4_k_m_like_mixture_down_experts_in_q6_k(tmp_path):
         for (name, p), (_, q) in zip(ref.named_parameters(), down.named_parameters()):
             if name.endswith("experts.down_proj"):
                 p.copy_(q)
-    want, want_logits = gf.hf_greedy(ref, PROMPT, 8)
+    want, want_logits = hf_greedy(ref, PROMPT, 8)
     cfg, weights = load_model(dst)
     assert cfg.fmt("model.layers.0.mlp.experts.down_proj") == "q6_k"
     assert cfg.fmt("model.layers.0.mlp.experts.gate_up_proj") == "q4_k"
-    from test_gguf import _fused_step
     from lanefuse.lane.run.generate import generate
 
-    got = generate(cfg, weights, PROMPT, 8, step_fn=_fused_step(weights), chunk=4)
-    assert got.generated_ids == want and _rel(got.logits, want_logits) < 1e-4
+    got = generate(cfg, weights, PROMPT, 8, step_fn=fused_step(weights), chunk=4)
+    assert got.generated_ids == want and scaled_error(got.logits, want_logits) < 1e-4
 
 
 def test_a_mixture_file_missing_or_misshapen_experts_is_one_line(tmp_path):
@@ -131,17 +131,16 @@ def test_llama_cpp_agrees_on_mixture_files(arch, tmp_path):
     plan, logits within 1e-4 of their scale (so the names, shapes and the routing's conventions are llama.cpp's)."""
     pytest.importorskip("llama_cpp")
     from test_gguf_llamacpp import N, _llama_cpp_greedy
-    from test_gguf import _fused_step
     from lanefuse.lane.run.generate import generate
 
     model = _model(arch)
     _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")
     path = gf.write_gguf(model, tmp_path / f"{arch}.gguf", "f32", tokenizer=vocab)
-    want, want_logits = gf.hf_greedy(gf.reference(model, "f32"), PROMPT, N)
+    want, want_logits = hf_greedy(gf.reference(model, "f32"), PROMPT, N)
     ref, ref_logits = _llama_cpp_greedy(path, PROMPT, N)
     cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, N, step_fn=_fused_step(weights), chunk=4)
-    vs_hf, vs_lane = _rel(ref_logits, want_logits), _rel(ref_logits, got.logits)
+    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
+    vs_hf, vs_lane = scaled_error(ref_logits, want_logits), scaled_error(ref_logits, got.logits)
     print(f"\nllama.cpp {arch} f32: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
     assert ref == want == got.generated_ids
     assert vs_hf < 1e-4 and vs_lane < 1e-4

@@ -107,7 +107,8 @@ def mxfp4_model(tmp_path_factory):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")  # transformers' MXFP4 loading needs it
-    from test_gptoss import build, hf_greedy, PROMPT, N_TOKENS
+    from hf_ref import hf_greedy
+    from test_gptoss import N_TOKENS, PROMPT, build
 
     folder = tmp_path_factory.mktemp("mxfp4") / "gptoss"
     build("float32", folder, **MX)
@@ -144,7 +145,8 @@ def test_the_store_serves_mxfp4_rows_equal_to_transformers_experts(mxfp4_model):
 def test_mxfp4_gptoss_parity_with_transformers(mxfp4_model, chunk, fused):
     """The reference interpreter and the fused plan (the Moe launch decoding mxfp4 in its twins) against
     transformers on the same checkpoint: the same greedy tokens, logits within 1e-4 of their scale."""
-    from test_gptoss import PROMPT, N_TOKENS, TOL, margins_ok
+    from hf_ref import margins_ok
+    from test_gptoss import N_TOKENS, PROMPT, TOL
 
     from lanefuse.engine.front import load_model
     from lanefuse.lane.run.generate import generate
