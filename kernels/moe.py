@@ -167,7 +167,8 @@ class Moe(Launch):
                      (self.nw, self.d), (self.out.buf, self.out.extent(n, top)))
 
     def weights(self):
-        w = {self.wr: self.format_r, self.wgu: self.format, self.wd: self.format_d or self.format}
+        # the experts first: a plan's bytes by format (Plan.weight_bytes) names a launch's by its first weight's
+        w = {self.wgu: self.format, self.wd: self.format_d or self.format, self.wr: self.format_r}
         if self.shared:
             w.update({self.sg: self.format_s, self.su: self.format_s, self.sd: self.format_s,
                       self.sgate: self._fsg})
