@@ -132,7 +132,7 @@ class GptOssStore:
         if name not in self._cache:
             stored, role, shape = self.stacked[name]
             if role.endswith("_mxfp4"):  # blocks and scales packed into mxfp4 rows (out, in): already the rows
-                from lanefuse.kernels.blocks import pack_mxfp4
+                from lanefuse.engine.mxfp4 import pack_mxfp4
 
                 a = pack_mxfp4(self.base.u8(stored + "_blocks"), self.base.u8(stored + "_scales"))
                 if role == "gate_up_proj_mxfp4":  # (E, 2f, row bytes): rows 2j gate, 2j + 1 up -> gate rows first

@@ -44,11 +44,11 @@ def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
     logical shape (rows, cols) for (rows, row bytes)."""
     if fmt == "bf16":
         return bf16_to_f32(arr)
-    if fmt == "mxfp4":  # not a GGUF type: transformers' decoding (kernels/blocks.py)
-        from lanefuse.kernels.blocks import decode_blocks
+    if fmt == "mxfp4":  # not a GGUF type: transformers' decoding (engine/mxfp4.py)
+        from lanefuse.engine.mxfp4 import mxfp4_blocks
 
-        a = np.asarray(arr, dtype=np.uint8)
-        return decode_blocks(a, fmt).reshape(*a.shape[:-1], -1)
+        a = np.ascontiguousarray(arr, dtype=np.uint8)
+        return mxfp4_blocks(a.reshape(-1, 17)).reshape(*a.shape[:-1], -1)
     if fmt in BLOCK_FORMATS:
         from gguf import GGMLQuantizationType, quants
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from lanefuse.engine.mxfp4 import FP4_VALUES, mxfp4_blocks, pack_mxfp4, unpack_mxfp4  # noqa: F401  (the format's own)
+
 # format -> (values a block, bytes a block): GGUF's layouts (gguf.GGML_QUANT_SIZES), and MXFP4 (`mxfp4`: gpt-oss's
 # experts as transformers' checkpoints hold them, a block's e8m0 scale byte then its 16 bytes of fp4 e2m1 pairs)
 BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210), "mxfp4": (32, 17)}
-# fp4 e2m1 by its 4 bits (transformers' integrations/mxfp4.py FP4_VALUES): the sign bit 8
-FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                      dtype=np.float32)
 QK = 256  # the values of a K-quant super-block
 
 
@@ -100,17 +99,7 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
     return ((d * sc)[:, :, None] * q).reshape(n, QK)
 
 
-def _mxfp4(b: np.ndarray) -> np.ndarray:
-    """A block: byte 0 the e8m0 scale s, byte 1 + j values 2j (low nibble) and 2j + 1 (high nibble); value
-    fp4 · 2^(s - 127) by ldexp, as transformers' convert_moe_packed_tensors decodes (exact: a power of two)."""
-    q = b[:, 1:17]
-    v = np.empty((b.shape[0], 32), np.float32)
-    v[:, 0::2], v[:, 1::2] = FP4_VALUES[q & 0x0F], FP4_VALUES[q >> 4]
-    with np.errstate(over="ignore"):  # scales past 2^125 overflow to inf, as in transformers (refused at load: 255)
-        return np.ldexp(v, b[:, :1].astype(np.int32) - 127).astype(np.float32, copy=False)
-
-
-_DECODE = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k, "q6_k": _q6_k, "mxfp4": _mxfp4}
+_DECODE = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k, "q6_k": _q6_k, "mxfp4": mxfp4_blocks}
 
 
 def decode_blocks(raw: np.ndarray, fmt: str) -> np.ndarray:
@@ -194,22 +183,6 @@ def _enc_mxfp4(x: np.ndarray) -> np.ndarray:
     code |= np.where(np.signbit(y), 8, 0).astype(np.uint8)
     qs = code[:, 0::2] | (code[:, 1::2] << 4)
     return np.concatenate([(e + 127).astype(np.uint8)[:, None], qs], axis=1)
-
-
-def pack_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """A transformers MXFP4 checkpoint's `*_blocks` (..., rows, G, 16) and `*_scales` (..., rows, G) uint8 as `mxfp4`
-    rows (..., rows, G·17): each block's scale byte before its 16 bytes (the bytes themselves unchanged)."""
-    b, sc = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
-    if b.shape[-1] != 16 or b.shape[:-1] != sc.shape:
-        raise ValueError(f"MXFP4 blocks {b.shape} and scales {sc.shape} do not pair (blocks (..., G, 16), scales "
-                         f"(..., G))")
-    return np.concatenate([sc[..., None], b], axis=-1).reshape(*sc.shape[:-1], -1)
-
-
-def unpack_mxfp4(raw: np.ndarray, rows_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """`mxfp4` rows back as a checkpoint's (`*_blocks` (*rows_shape, G, 16), `*_scales` (*rows_shape, G))."""
-    b = np.asarray(raw, np.uint8).reshape(*rows_shape, -1, 17)
-    return np.ascontiguousarray(b[..., 1:]), np.ascontiguousarray(b[..., 0])
 
 
 def _round_away(x: np.ndarray) -> np.ndarray:
