@@ -103,6 +103,26 @@ class Scratch:
     counter: bool = False
 
 
+def seq_dst(d: Dst, env, s: int, slot: int, width: int) -> Dst:
+    """Where row `s` of a batch launch's result (`width` values a row) lands, as a one-sequence Dst: in its
+    sequence's slot of a table, at the position its parameter names for it; or row s of a buffer of its own."""
+    if isinstance(d.row, str):
+        return Dst(d.buf, s * slot + int(env.array(d.row)[s]), d.pitch, d.unit)
+    assert d.row is None, "a batch launch writes a table's rows at its sequences' positions, or a buffer"
+    if d.unit is None:
+        return Dst(d.buf, s, width)
+    return Dst(d.buf, s, (width // d.unit.width) * d.unit.pitch, d.unit)
+
+
+def batch_apart(l, rows_field: str = "rows") -> tuple:
+    """A batch launch (its `slot` set) as one launch a sequence: the same fields, one row from each `seq0`."""
+    from dataclasses import replace
+
+    if not getattr(l, "slot", 0) or getattr(l, rows_field) == 1:
+        return (l,)
+    return tuple(replace(l, seq0=l.seq0 + s, **{rows_field: 1}) for s in range(getattr(l, rows_field)))
+
+
 def dst_view(d: Dst, env, m: int, n: int) -> np.ndarray | None:
     """The (m, n) values Dst `d` writes as a view of its buffer where they lie contiguous (from a buffer's start, rows
     of a table), for a fast twin to write in place; None where they are parts of units."""
@@ -251,6 +271,19 @@ class Launch:
 
     def kernels(self) -> tuple[Launch, ...]:
         """The kernel launches this launch makes, which the census and the launch counts count: itself."""
+        return (self,)
+
+    def batched(self, pos: str, slot: int) -> Launch | Refusal:
+        """This launch in a batch step, each of its rows a sequence of its own at the position `pos` names for it,
+        its cache rows the slot of `slot` rows from row·slot: itself where it touches no position; a kind that runs
+        a batch sets its batch fields in its own method (`slot`, and `seq0`, its first sequence); else why not."""
+        if pos in self.reads() or pos in self.writes():
+            return Refusal(f"a {self.census} launch over a batch's sequences (its kernel takes one sequence's rows)")
+        return self
+
+    def apart(self) -> tuple[Launch, ...]:
+        """The launch with each sequence of a batch apart (the `sequences` schedule step held): the same numbers,
+        one launch a sequence for a kind that runs a batch's sequences as one; itself for the rest."""
         return (self,)
 
     def bytes(self) -> int:

@@ -110,8 +110,8 @@ class NumpyRunner:
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
+        s.check_position(inputs[s.io.position])
         pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
-        s.check_position(pos)
         env.tables = {n: inputs[n] for n in s.io.tables}
         env._views.clear()
         for n in (s.io.token, s.io.position):

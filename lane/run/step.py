@@ -66,7 +66,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
     from lanefuse.lane.lower.plan import plan
 
     device = pick_device(device)
-    runners: dict[int, object] = {}
+    runners: dict[tuple[int, int], object] = {}
     state = None
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import DeviceState
@@ -75,7 +75,8 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
 
     def step_fn(g, env):
         rows = int(g.meta.get("rows", 1))
-        r = runners.get(rows)
+        key = (rows, int(g.meta.get("batch", 1)))  # a batch step of B rows is not a prefill chunk of B
+        r = runners.get(key)
         if r is None:
             if saved is not None:
                 if saved.rows != rows:
@@ -88,7 +89,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                 s = plan(g, options)
                 spent["plan_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            r = runners[rows] = make_runner(s, weights, device, state, check, exact)
+            r = runners[key] = make_runner(s, weights, device, state, check, exact)
             spent["setup_s"] += time.perf_counter() - t0
         return r.step(env, lifted=g)
 
