@@ -2,17 +2,10 @@
 // a launch: the head optionally RMS-normed first (per-head weight), row r at position pos + r, cos/sin tables
 // (positions, rot/2). A side is 14 words of a descriptor table: x, x's row pitch, x's offset in a row, the norm's
 // weight (0: none), its eps (f32 bits), heads a row, the side's first unit, its Dst (7 words). A batch (slot > 0):
-// row r of the launch is sequence s = seq0 + r, at position posp[s]; a Dst whose row a parameter names takes its row
-// to s * slot + rowp[s] (its sequence's slot of the table), any other Dst its values from (s * heads) * hd on.
+// row r of the launch is sequence s = seq0 + r, at position posp[s], its values the result's from (s * heads) * hd on
+// (a batch's Dst puts row s in its sequence's slot of the table: dst_at).
 #define RS 14
 #define MAXHD 1024
-
-// Value e of batch sequence s's row (heads * hd values) as a Dst places it.
-__device__ __forceinline__ i64 dst_seq_at(const Dst& d, i64 s, i64 slot, i64 width, i64 e) {
-    if (!d.rowp) return dst_at(d, s * width + e);
-    i64 base = (s * slot + (i64)d.rowp[s]) * d.pitch;
-    return base + (d.uwidth > 0 ? (e / d.uwidth) * d.upitch + d.uoff + e % d.uwidth : e);
-}
 
 extern "C" __global__ void __launch_bounds__(128) rope_parts(const i64* t, i64 nsides, const float* cos,
                                                               const float* sin, const int* posp, i64 hd, i64 rot,
@@ -41,6 +34,6 @@ extern "C" __global__ void __launch_bounds__(128) rope_parts(const i64* t, i64 n
         float o = v[i];
         if (i < half) o = v[i] * cos[p * half + i] - v[i + half] * sin[p * half + i];
         else if (i < rot) o = v[i] * cos[p * half + i - half] + v[i - half] * sin[p * half + i - half];
-        y.y[slot > 0 ? dst_seq_at(y, sq, slot, heads * hd, h * hd + i) : dst_at(y, u * hd + i)] = o;
+        y.y[dst_at(y, (seq0 * heads + u) * hd + i)] = o;
     }
 }

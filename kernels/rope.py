@@ -3,7 +3,7 @@ position pos + row), optionally per-head RMS-normed first, read as a part of eve
 (e.g. rows of a cache table from the row `pos` names). `rope_parts` turns several sides (q and k) sharing cos, sin
 and pos in one launch; `rope` is the launch of one side. One kernel (rope.cu). In a batch (`slot` set) each row is a
 sequence of its own: row s (from `seq0`) at position pos[s], a Dst whose row pos names taking it to row s·slot + pos[s]
-of its table (its sequence's slot)."""
+of its table (its sequence's slot: `Dst.slot`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, batch_apart, names, reach, read_part, rms, seq_dst
+from lanefuse.kernels.common import Dst, Launch, Part, batch_apart, batch_dsts, names, reach, read_part, rms
 
 MAX_HD = 1024
 
@@ -47,11 +47,7 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
     x1, x2 = x[..., :half], x[..., half:rot]
     y[..., :half] = x1 * c - x2 * sn
     y[..., half:rot] = x2 * c + x1 * sn
-    if not slot:
-        s.y.write(env, y)
-        return
-    for r in range(rows):  # a batch: each row where its sequence's Dst says
-        seq_dst(s.y, env, seq0 + r, slot, w).write(env, y[r])
+    s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
 
 
 def side_check(s: RopeSide, hd: int, rot: int) -> Refusal | None:
@@ -90,9 +86,10 @@ class RopeParts(Launch):
         return names(*(s.y.buf for s in self.sides))
 
     def batched(self, pos, slot):
-        if self.pos != pos or any(isinstance(s.y.row, int) for s in self.sides):
+        if self.pos != pos:
             return super().batched(pos, slot)
-        return replace(self, slot=slot)
+        got = batch_dsts(self, pos, slot)  # a side written into cache rows: each sequence's into its slot
+        return got if isinstance(got, Refusal) else replace(got, slot=slot)
 
     def apart(self):
         return batch_apart(self)
@@ -115,10 +112,7 @@ class RopeParts(Launch):
         return reach(*sides, (self.cos, tab), (self.sin, tab), (self.pos, r if self.slot else 1))
 
     def _dst_extent(self, s: RopeSide, r: int, top: int) -> int:
-        w = s.heads * self.hd
-        if self.slot and isinstance(s.y.row, str):  # the last sequence's row of its slot
-            return s.y.extent(w, (r - 1) * self.slot + top)
-        return s.y.extent(r * w, top)
+        return s.y.extent(r * s.heads * self.hd, top)
 
     def weights(self):
         return {w: "f32" for w in (self.cos, self.sin, *(s.norm[0] for s in self.sides if s.norm))}
@@ -187,7 +181,7 @@ class Rope(Launch):
 
     def batched(self, pos, slot):
         got = self.parts().batched(pos, slot)
-        return replace(self, slot=slot) if isinstance(got, RopeParts) else got
+        return replace(self, slot=got.slot, y=got.sides[0].y) if isinstance(got, RopeParts) else got
 
     def apart(self):
         return batch_apart(self)

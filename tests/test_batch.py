@@ -127,17 +127,15 @@ def test_fused_batch_step_equals_the_reference(held, exact):
 
 
 def test_sequences_as_one_launch_and_held_apart():
-    """Under `sequences` a batch of 8 takes the launches of a batch of 1 less none per layer that touches the
-    positions; held, each sequence's attention, rotation and row write is a launch of its own, same numbers."""
+    """Under `sequences` a batch of 8 takes as many launches a layer as one sequence, of the same kinds (the product
+    folds writing each sequence's key and value rows into its slot); held, each sequence's attention and rotation is
+    a launch of its own."""
     cfg, w = DEMO
     g1, g8 = build_step(cfg, 1, batch=1), build_step(cfg, 1, batch=8)
     one, as_one, apart = plan(g1), plan(g8), plan(g8, held=["sequences"])
-    per = {k: v for k, v in as_one.per_layer().items() if k >= 0}
-    held = {k: v for k, v in apart.per_layer().items() if k >= 0}
-    assert as_one.census["attention"] == cfg.layers  # one attention launch a layer for the 8 sequences
-    assert apart.census["attention"] == 8 * cfg.layers
-    assert all(held[k] > per[k] for k in per)
-    assert max(per.values()) <= max(v for k, v in one.per_layer().items() if k >= 0) + 2
+    assert as_one.per_layer() == one.per_layer() and as_one.census == one.census
+    assert apart.census["attention"] == 8 * cfg.layers and apart.census["rope_parts"] == 8 * cfg.layers
+    assert all(apart.per_layer()[k] > one.per_layer()[k] for k in range(cfg.layers))
     assert "sequences" in apart.held
 
 
@@ -163,9 +161,11 @@ def test_batch_launches_apart_write_what_the_batch_launch_writes():
     cfg, w = DEMO
     g = build_step(cfg, 1, batch=5)
     p = plan(g)
-    batched = [x.launch for x in p.launches if getattr(x.launch, "slot", 0)]
-    assert {l.census for l in batched} >= {"attention", "set_row"}
-    for l in batched:
+    attn = [x.launch for x in p.launches if x.launch.census == "attention"]
+    folds = [x.launch.then for x in p.launches if x.launch.census == "fold" and getattr(x.launch.then, "slot", 0)]
+    assert attn and all(a.slot == cfg.max_len and a.len == cfg.max_len for a in attn)
+    assert len(folds) == cfg.layers  # each layer's products and rotations, the key rows in each slot
+    for l in attn + folds:
         parts = l.apart()
         assert len(parts) == 5 and [q.seq0 for q in parts] == list(range(5))
 
@@ -347,14 +347,27 @@ def test_batch_argmax_advances_every_sequence():
     assert np.array_equal(env.array("pos"), [2, 6, 1, 10])
 
 
-def test_a_kind_that_cannot_batch_says_why():
+def test_a_product_writes_each_sequence_row_into_its_slot_or_says_why_not():
     from lanefuse.engine.refusal import Refusal
-    from lanefuse.kernels import Dst, Gemv
+    from lanefuse.kernels import Dst, Gemv, HostEnv, Part
 
-    l = Gemv("x", "w", "f32", Dst("vc", row="pos", pitch=16), 16, 16, 3)
-    why = l.batched("pos", 8)
-    assert isinstance(why, Refusal) and "one sequence" in why.reason
-    assert Gemv("x", "w", "f32", Dst("y"), 16, 16, 3).batched("pos", 8) is not None
+    g = np.random.default_rng(20)
+    B, L, k, n = 3, 6, 8, 16
+    l = Gemv("x", "w", "f32", Dst("vc", row="pos", pitch=n), k, n, B).batched("pos", L)
+    assert l.y.slot == L
+    x, w = g.standard_normal((B, k)).astype(np.float32), g.standard_normal((n, k)).astype(np.float32)
+    pos = np.array([2, 0, 5], np.int32)
+    for twin in ("numpy", "fast"):
+        env = HostEnv({"x": x, "vc": np.zeros(B * L * n, np.float32), "pos": pos}, {"w": (w, "f32")})
+        getattr(l, twin)(env)
+        vc = env.array("vc").reshape(B * L, n)
+        for s_ in range(B):
+            np.testing.assert_allclose(vc[s_ * L + pos[s_]], w @ x[s_], rtol=1e-5, atol=1e-5)
+        assert np.count_nonzero(np.abs(vc).sum(axis=1)) == B  # nothing else written
+    parts = Gemv("x", "w", "f32", Dst("kv", row="pos", pitch=2 * n, unit=Part(2 * n, 0, n)), k, n, B)
+    why = parts.batched("pos", L)
+    assert isinstance(why, Refusal) and "parts of a wider table row" in why.reason
+    assert Gemv("x", "w", "f32", Dst("y"), k, n, B).batched("pos", L) == Gemv("x", "w", "f32", Dst("y"), k, n, B)
 
 
 @pytest.mark.gpu
