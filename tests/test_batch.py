@@ -301,9 +301,11 @@ def test_batch_kinds_apart_and_fast_equal_the_batch_launch():
     whole = _run(launches, arrays, weights)
     apart = _run([p for l in launches for p in l.apart()], arrays, weights)
     fast = _run(launches, arrays, weights, fast=True)
+    fast_apart = _run([p for l in launches for p in l.apart()], arrays, weights, fast=True)
     for name in ("qo", "kc", "vc", "o"):
         assert np.array_equal(whole.array(name), apart.array(name)), name
         np.testing.assert_allclose(fast.array(name), whole.array(name), rtol=1e-5, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(fast_apart.array(name), whole.array(name), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_batch_kinds_equal_each_sequence_alone():
