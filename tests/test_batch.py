@@ -454,3 +454,49 @@ def test_plan_batch_prints_the_caches(capsys):
     assert "slot=256" in cap.out
     assert _main("plan", "--batch", "4", "--rows", "2") != 0
     assert "a batch step decodes one row a sequence" in capsys.readouterr().err
+
+
+def test_batch_launch_arguments_match_the_kernels():
+    """Each sample launch of tests/test_kernels_compile.py batched (and apart): its CUDA arguments against its kernel's
+    parameters (NVRTC's PTX), no device needed."""
+    from test_kernels_compile import RecordingEnv, arg_kind, fused_folds, nvrtc, ptx_params, samples
+
+    from lanefuse.engine.refusal import Refusal
+
+    if nvrtc() is None:
+        pytest.skip("cuda-python's NVRTC bindings are not installed")
+    env = RecordingEnv()
+    batched = 0
+    for launch in samples() + fused_folds():
+        b = launch.batched("pos", 4)
+        if isinstance(b, Refusal) or b == launch:
+            continue
+        batched += 1
+        for l in (b, *b.apart()):
+            assert l.check() is None, (l.census, l.check())
+            l.cuda(env)
+    assert batched >= 10
+    entries: dict = {}
+    for stems, name, grid, block, args in env.calls:
+        if stems not in entries:
+            entries[stems] = ptx_params(stems)
+        params = entries[stems][name]
+        want = ["f32" if p == "f32" else "b64" if p in ("u64", "b64", "s64") else p for p in params]
+        assert [arg_kind(a) for a in args] == want, name
+
+
+@pytest.mark.parametrize("held", [(), ("sequences",)])
+def test_a_saved_batch_plan_loads_and_runs_as_planned(tmp_path, held):
+    from lanefuse.lane.lower.planfile import load, save
+
+    cfg, w = DEMO
+    g = build_step(cfg, 1, batch=3)
+    p = plan(g, held=list(held))
+    save(p, str(tmp_path / "b.json"))
+    q = load(str(tmp_path / "b.json"))  # the plan check: every launch's reach against its tensors
+    assert q.batch == 3 and q.n_launches == p.n_launches
+    env = _random_env(cfg, 3, 5)
+    want = evaluate(g, w, _copy(env))
+    got = NumpyRunner(q, w).step(_copy(env))
+    assert np.array_equal(got["next"], want["next"])
+    assert np.abs(got["logits"] - want["logits"]).max() <= TOL * float(np.abs(want["logits"]).max())
