@@ -500,3 +500,38 @@ def test_a_saved_batch_plan_loads_and_runs_as_planned(tmp_path, held):
     got = NumpyRunner(q, w).step(_copy(env))
     assert np.array_equal(got["next"], want["next"])
     assert np.abs(got["logits"] - want["logits"]).max() <= TOL * float(np.abs(want["logits"]).max())
+
+
+def test_slots_on_the_device_runner_wiring(monkeypatch):
+    """The CuPy runner's batch (a stand-in `cupy` backed by numpy, tests/test_cupy_runner_mock.py): each prompt
+    prefilled into the one-sequence caches on the device and copied into its slot's rows, the batch step over the
+    slots; the same tokens and logits as the numpy backend's."""
+    from test_cupy_runner_mock import fake_cupy  # noqa: F401  (the fixture's body, run here)
+
+    import test_cupy_runner_mock as mock
+
+    monkeypatch.setitem(__import__("sys").modules, "cupy", mock._fake_cupy())
+    from lanefuse.kernels import KINDS
+    from lanefuse.kernels.common import Launch
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    def cuda(self, denv):
+        if mock._CAPTURE is not None:
+            mock._CAPTURE.append((self, denv))
+        else:
+            self.numpy(denv)
+
+    for k in KINDS.values():
+        monkeypatch.setattr(k, "cuda", cuda)
+    monkeypatch.setattr(Launch, "cuda", cuda, raising=False)
+    monkeypatch.setattr(DeviceEnv, "param", lambda self, name: int(np.asarray(self.array(name))[0]))
+    import lanefuse.lane.run.step as step
+
+    monkeypatch.setattr(step, "pick_device", lambda d: "gpu")
+    cfg, w = DEMO
+    fn, label = step.plan_step_fn(w, "gpu")
+    assert "CuPy" in label and hasattr(fn, "to_slot")
+    got = generate_batch(cfg, w, PROMPTS, 4, 2, step_fn=fn, chunk=4)
+    want = generate_batch(cfg, w, PROMPTS, 4, 2, step_fn=fused(cfg, w, exact=True), chunk=4)
+    assert [r.generated_ids for r in got] == [r.generated_ids for r in want]
+    assert max(float(np.abs(np.array(a.logits) - np.array(b.logits)).max()) for a, b in zip(got, want)) == 0.0

@@ -186,10 +186,6 @@ def _run_batch(args, src, saved, load_s: float) -> int:
         raise UserError(f"--batch {slots} with --ctx {cfg.max_len}: the KV caches of {slots} slots need "
                         f"{need / 2**30:.1f} GiB, more than {BATCH_MEMORY:.0%} of this machine's "
                         f"{mem / 2**30:.0f} GiB: give fewer slots or a smaller --ctx")
-    if not args.reference and args.device == "gpu":
-        raise UserError("--device gpu: a batch runs on the CPU for now (the CuPy runner keeps one sequence's "
-                        "caches); give --device cpu or auto")
-    args.device = "cpu"  # auto: the numpy backend, for a batch
     human = sys.stderr if args.json == "-" else sys.stdout
     print(f"lanefuse: KV caches: {slots} slot(s) of {cfg.max_len} rows, {need / 2**20:.1f} MiB", file=human)
     step_fn, label = _step_fn(args, src, None)

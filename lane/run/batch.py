@@ -120,6 +120,9 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         k = waiting.popleft()
         held[s] = k
         logits, token = prefill(s, k)
+        to_slot = getattr(step_fn, "to_slot", None)  # the device runner's: its caches into the slot's rows
+        if to_slot is not None and slots > 1:
+            to_slot(s, slots)
         pos[s] = len(prompts[k])
         take(s, logits, token)
 
