@@ -3,6 +3,10 @@ against the HBM roofline (the bytes a token must read — weights and the KV cac
 launches per step. Plans come from bench/gpu_prepare.py (no solver needed here).
 
     python bench/gpu_decode.py --plans PLANDIR [--pos 512] [--iters 200] [--json FILE]
+
+Then the batch figure (issue 16): the Qwen3-8B-shaped decode step of B = 1..64 sequences (qwen3-8b-decode-bB.json,
+each sequence at `--pos`), time a step and the aggregate tokens/s (B tokens a step); skipped where the plans are
+absent. Nothing here runs without a CUDA device (CuPy).
 """
 
 from __future__ import annotations
@@ -110,12 +114,14 @@ def time_plan(s, weights_state, pos: int, iters: int, graph: bool) -> float:
 
     r = CupyRunner(s, None, weights_state, graph=graph)
     r.state.loaded = True
-    r.load_inputs({s.io.token: np.array([1], np.int32), s.io.position: np.array([pos], np.int32)})
+    b = s.batch  # a batch step: every sequence at `pos` (its own slot)
+    inputs = {s.io.token: np.ones(b, np.int32), s.io.position: np.full(b, pos, np.int32)}
+    r.load_inputs(inputs)
     r._replay()  # compiles, captures
     times = []
     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
     for _ in range(5):
-        r.load_inputs({s.io.token: np.array([1], np.int32), s.io.position: np.array([pos], np.int32)})
+        r.load_inputs(inputs)
         e0.record(r._stream)
         for _ in range(iters):
             if graph:
@@ -169,9 +175,39 @@ def main() -> None:
                   f"{nbytes / 1e9:.3f} GB a token · roofline {roof_spec:.1f} µs → {roof_spec / us:.1%} of spec HBM, "
                   f"{roof_copy / us:.1%} of copy bandwidth · {s.n_launches} launches")
         results.append(row)
+    batches = batch_figure(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"copy_tbps": bw, "results": results}, f, indent=1)
+            json.dump({"copy_tbps": bw, "results": results, "batches": batches}, f, indent=1)
+
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64)  # the batch plans bench/gpu_prepare.py saves
+
+
+def batch_figure(args) -> list[dict]:
+    """The Qwen3-8B-shaped decode step of B sequences: µs a step (CUDA graph) and the aggregate tokens/s."""
+    from lanefuse.lane.lower.planfile import load
+    from lanefuse.lane.run.cupy_runner import DeviceState
+
+    rows, state = [], None
+    for b in BATCHES:
+        path = os.path.join(args.plans, f"qwen3-8b-decode-b{b}.json")
+        if not os.path.exists(path):
+            print(f"batch {b}: no plan at {path} (run bench/gpu_suite.sh prepare)")
+            continue
+        s = load(path)
+        if state is None:  # the weights once for every B (each plan's caches its own: B slots)
+            state = DeviceState()
+            state.weights.update(device_weights(s))
+        state.tables.clear()
+        slot = s.tensors[s.io.caches[0][0]].shape[0] // b
+        pos = min(args.pos, slot - 2)
+        us = time_plan(s, state, pos, args.iters, True)
+        rows.append({"batch": b, "launches": s.n_launches, "us_per_step": round(us, 2),
+                     "tokens_per_s": round(b * 1e6 / us, 1)})
+        print(f"qwen3-8b batch {b:>2}: {us:9.1f} µs a step · {b * 1e6 / us:9.1f} tokens/s over the batch · "
+              f"{s.n_launches} launches")
+    return rows
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ them, so that machine needs no solver. Writes into PLANDIR:
     demo-decode.json, demo-prefill8.json   the demo model's decode step and an 8-row prefill chunk
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
     qwen3-8b-q8_0-decode.json, ...-q4_0-, ...-q4_k-   the same step, its rows in GGUF block formats
+    qwen3-8b-decode-b1.json ... -b64.json  the same step decoding a batch of B sequences (1024 cache rows a slot)
     tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan (needs torch)
     tiny-moe/ + tiny-moe-decode.json       a transformers-made tiny Qwen2-MoE (8 experts top-2, a shared expert):
       + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (planned
@@ -17,6 +18,7 @@ them, so that machine needs no solver. Writes into PLANDIR:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -26,6 +28,8 @@ from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.planfile import save
 
 BLOCK_PLANS = ("q8_0", "q4_0", "q4_k")  # the Qwen3-8B step's rows in these formats too (bench/gpu_decode.py)
+BATCHES = (1, 2, 4, 8, 16, 32, 64)  # the batch decode steps of the Qwen3-8B shape (bench/gpu_decode.py's batch figure)
+BATCH_SLOT = 1024  # cache rows a sequence of those: 64 slots' caches take 19 GB beside 16 GB of bf16 weights
 
 
 def main() -> None:
@@ -44,6 +48,11 @@ def main() -> None:
         save(plan(build_step(qwen3_8b(36, fmt), 1), source={"kind": "random"}),
              os.path.join(out, f"qwen3-8b-{fmt}-decode.json"))
     print("saved demo-decode, demo-prefill8, qwen3-8b-decode and its", ", ".join(BLOCK_PLANS), "variants")
+    batch_cfg = dataclasses.replace(qwen3_8b(36), max_len=BATCH_SLOT)
+    for b in BATCHES:
+        save(plan(build_step(batch_cfg, 1, batch=b), source={"kind": "random"}),
+             os.path.join(out, f"qwen3-8b-decode-b{b}.json"))
+    print("saved qwen3-8b-decode-b" + "/".join(map(str, BATCHES)) + " (batch decode steps)")
     try:
         import torch
         import transformers

@@ -63,8 +63,8 @@ class GemmaConfig(ModelConfig):
     def layer_prefix(self) -> str:
         return self.prefix + "layers."
 
-    def build_step(self, rows: int = 1) -> Graph:
-        return build_gemma_step(self, rows)
+    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
+        return build_gemma_step(self, rows, batch)
 
     def with_layout(self, stored: set[str]) -> "GemmaConfig":
         return with_layout(self, stored)
@@ -299,9 +299,9 @@ def with_layout(cfg: GemmaConfig, stored: set[str]) -> GemmaConfig:
 
 # -- the step graph -------------------------------------------------------------------------------------------------
 
-def build_gemma_step(cfg: GemmaConfig, rows: int = 1) -> Graph:
+def build_gemma_step(cfg: GemmaConfig, rows: int = 1, batch: int = 1) -> Graph:
     """The lifted graph of one Gemma step over `rows` token rows at the position `pos` names."""
-    g, caches = step_frame(cfg, rows)
+    g, caches = step_frame(cfg, rows, batch)
     h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
     shapes = cfg.weight_names()
     generated = cfg.generated()

@@ -38,8 +38,8 @@ class GptOssConfig(ModelConfig):
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
 
-    def build_step(self, rows: int = 1) -> Graph:
-        return build_gptoss_step(self, rows)
+    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
+        return build_gptoss_step(self, rows, batch)
 
     def sliding(self, i: int) -> bool:
         return self.layer_types[i] == "sliding_attention"
@@ -244,9 +244,9 @@ def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str, reader
 
 # -- the step graph -------------------------------------------------------------------------------------------------
 
-def build_gptoss_step(cfg: GptOssConfig, rows: int = 1) -> Graph:
+def build_gptoss_step(cfg: GptOssConfig, rows: int = 1, batch: int = 1) -> Graph:
     """The lifted graph of one gpt-oss step over `rows` token rows at the position `pos` names."""
-    g, caches = step_frame(cfg, rows)
+    g, caches = step_frame(cfg, rows, batch)
     h, kv, hd, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len, cfg.moe
     shapes = cfg.weight_names()
 

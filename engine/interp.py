@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.ir import Access, Dst, Graph, Op
+from lanefuse.engine.ir import Access, Dst, Graph, Op, RowSel
 from lanefuse.engine.opdefs import full_attrs
 
 F32 = np.float32
@@ -42,14 +42,22 @@ def _binary(fn):
 
 
 def _positions(pos, rows: int) -> np.ndarray:
-    return int(np.asarray(pos).reshape(-1)[0]) + np.arange(rows)
+    """Each row's position: pos + r, or a batch's (pos one a row: row s, a sequence of its own, at pos[s])."""
+    p = np.asarray(pos).reshape(-1).astype(np.int64)
+    return p if p.size > 1 else int(p[0]) + np.arange(rows)
+
+
+def _slots(pos, table_rows: int) -> tuple[int, int]:
+    """A batch's sequences and the table rows each one's slot holds (one sequence: the whole table)."""
+    n = np.asarray(pos).size
+    return n, table_rows // n
 
 
 def _rope(x, cos, sin, pos, heads, hd, rot, **a):
     r = x.shape[0]
     p = _positions(pos, r)
-    if p[-1] >= cos.shape[0] or p[0] < 0:
-        raise UserError(f"rope: positions {p[0]}..{p[-1]} outside the {cos.shape[0]} rows of the cos/sin tables")
+    if p.max() >= cos.shape[0] or p.min() < 0:
+        raise UserError(f"rope: positions {p.min()}..{p.max()} outside the {cos.shape[0]} rows of the cos/sin tables")
     c = np.asarray(cos, dtype=F64)[p][:, None, :]  # (R, 1, rot/2)
     s = np.asarray(sin, dtype=F64)[p][:, None, :]
     xs = np.asarray(x, dtype=F64).reshape(r, heads, hd).copy()
@@ -61,6 +69,13 @@ def _rope(x, cos, sin, pos, heads, hd, rot, **a):
 
 
 def _set_row(table, src, pos, **a):
+    seqs, slot = _slots(pos, table.shape[0])
+    if seqs > 1:  # a batch: row s into its sequence's slot, at its position
+        for s_, p in enumerate(np.asarray(pos).reshape(-1)):
+            if not 0 <= p < slot:
+                raise UserError(f"set_row: sequence {s_}'s position {p} outside its slot of {slot} rows")
+            table[s_ * slot + p] = src[s_]
+        return table
     p = int(np.asarray(pos).reshape(-1)[0])
     r = src.shape[0]
     if p < 0 or p + r > table.shape[0]:
@@ -72,15 +87,17 @@ def _set_row(table, src, pos, **a):
 def _attention(q, k, v, pos, sinks=None, *, heads, kv_heads, hd, vd, scale, window=0, softcap=0.0, **a):
     r = q.shape[0]
     p = _positions(pos, r)
-    if p[-1] >= k.shape[0]:
-        raise UserError(f"attention: position {p[-1]} outside a cache of {k.shape[0]} rows")
+    seqs, slot = _slots(pos, k.shape[0])
+    if p.max() >= slot:
+        raise UserError(f"attention: position {p.max()} outside a cache of {slot} rows")
     group = heads // kv_heads
     qs = np.asarray(q, dtype=F64).reshape(r, heads, hd)
     out = np.zeros((r, heads, vd), dtype=F64)
     for i in range(r):
         lo = max(0, p[i] - window + 1) if window > 0 else 0
-        ks = np.asarray(k[lo:p[i] + 1], dtype=F64).reshape(-1, kv_heads, hd)  # (T, kv, hd)
-        vs = np.asarray(v[lo:p[i] + 1], dtype=F64).reshape(-1, kv_heads, vd)
+        at = i * slot if seqs > 1 else 0  # a batch: row i reads its own sequence's slot
+        ks = np.asarray(k[at + lo:at + p[i] + 1], dtype=F64).reshape(-1, kv_heads, hd)  # (T, kv, hd)
+        vs = np.asarray(v[at + lo:at + p[i] + 1], dtype=F64).reshape(-1, kv_heads, vd)
         for h in range(heads):
             j = h // group
             s = ks[:, j, :] @ qs[i, h] * scale  # (T,)
@@ -211,6 +228,14 @@ def row_of(sel, env: dict[str, np.ndarray]) -> int:
 def write_dst(table: np.ndarray, y: np.ndarray, dst: Dst, env: dict[str, np.ndarray]) -> None:
     """Write result `y` into `table` in place: rows from the row `dst.row` selects, or (with `dst.unit`) each
     `unit.width` values of y into a part of every unit of the table from that row on."""
+    if dst.row is not None and dst.row.param is not None and np.asarray(env[dst.row.param]).size > 1:
+        # a batch: result row s lands in its sequence's slot at its position
+        pos = np.asarray(env[dst.row.param]).reshape(-1)
+        slot = table.shape[0] // pos.size
+        ys = np.asarray(y).reshape(pos.size, -1)
+        for s_, p in enumerate(pos):
+            write_dst(table, ys[s_], Dst(dst.table, RowSel(fixed=int(s_ * slot + p)), dst.unit), env)
+        return
     row = row_of(dst.row, env)
     cols = table.shape[-1] if table.ndim > 1 else 1
     flat = table.reshape(-1)

@@ -78,30 +78,44 @@ class ModelConfig:
         return w
 
 
-def step_frame(cfg: ModelConfig, rows: int) -> tuple[Graph, tuple[tuple[str, str], ...]]:
+MAX_BATCH = 256  # the most sequences a batch step decodes
+
+
+def step_frame(cfg: ModelConfig, rows: int, batch: int = 1) -> tuple[Graph, tuple[tuple[str, str], ...]]:
     """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each layer's K and V cache
-    tables of max_len rows) declared; and the caches' names, a (K, V) pair a layer."""
+    tables of max_len rows) declared; and the caches' names, a (K, V) pair a layer. A batch step (`batch` B > 1)
+    decodes one row for each of B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table
+    (B·max_len, kv·hd), sequence s's rows the slot from s·max_len."""
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
+    if not 1 <= batch <= MAX_BATCH:
+        raise UserError(f"a batch of {batch} sequences: a batch step decodes 1..{MAX_BATCH}")
+    if batch > 1 and rows != 1:
+        raise UserError(f"a batch step of {rows}-row chunks: a batch decodes one row a sequence (each prompt is "
+                        f"prefilled alone, into its slot's cache rows)")
     kv, hd, L = cfg.kv_heads, cfg.head_dim, cfg.max_len
     caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
     g = Graph(io=StepIO(caches=caches))
-    g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
-    g.tensor("token", (rows,), "i32")
-    g.tensor("pos", (1,), "i32")
+    g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows * batch}
+    if batch > 1:
+        g.meta["batch"] = batch
+    g.tensor("token", (rows * batch,), "i32")
+    g.tensor("pos", (batch,), "i32")
     for k, v in caches:
-        g.tensor(k, (L, kv * hd))
-        g.tensor(v, (L, kv * hd))
+        g.tensor(k, (batch * L, kv * hd))
+        g.tensor(v, (batch * L, kv * hd))
     return g, caches
 
 
-def build_step(cfg: ModelConfig, rows: int = 1) -> Graph:
+def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1) -> Graph:
     """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
-    `pos` names; the logits and next token of the last row. A family of its own builds its own (engine/gemma.py)."""
+    `pos` names; the logits and next token of the last row. `batch` B > 1: a decode step of B sequences, one row
+    each (step_frame), the logits and next token of every row. A family of its own builds its own
+    (engine/gemma.py)."""
     build = getattr(cfg, "build_step", None)
     if build is not None:
-        return build(rows)
-    g, caches = step_frame(cfg, rows)
+        return build(rows, batch) if batch > 1 else build(rows)
+    g, caches = step_frame(cfg, rows, batch)
     h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
 
     def w(name: str, shape: tuple[int, ...], transposed: bool = True) -> str:

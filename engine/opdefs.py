@@ -48,13 +48,16 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
     _d("mul", ["a", "b"], doc="a * b, b of a's shape, one row broadcast over a's rows, or (R, 1): a value a row"),
     _d("sub", ["a", "b"], doc="a - b, b of a's shape, one row broadcast over a's rows, or (R, 1): a value a row"),
     _d("rope", ["x", "cos", "sin", "pos"], {"heads": int, "hd": int, "rot": int},
-       doc="rotate-half rotary embedding of the first `rot` values of each head; row r at position pos + r"),
+       doc="rotate-half rotary embedding of the first `rot` values of each head; row r at position pos + r (a "
+           "batch's pos, one a row: row s at pos[s])"),
     _d("set_row", ["table", "src", "pos"],
-       doc="write src's rows into table rows pos.. in place: (L, c), (R, c), (1,) -> (L, c)"),
+       doc="write src's rows into table rows pos.. in place: (L, c), (R, c), (1,) -> (L, c); a batch's pos (R,): "
+           "row s into row s·L/R + pos[s] (sequence s's slot)"),
     _d("attention", ["q", "k", "v", "pos", "sinks?"],
        {"heads": int, "kv_heads": int, "hd": int, "vd": int, "scale": float, "window": int, "softcap": float},
        {"window": 0, "softcap": 0.0},
-       doc="grouped-query attention of row r over cache rows 0..pos+r (the last `window` of them when set)"),
+       doc="grouped-query attention of row r over cache rows 0..pos+r (the last `window` of them when set); a "
+           "batch's pos (R,): row s over its slot's rows s·L/R .. s·L/R + pos[s]"),
     _d("silu", ["x"], doc="x * sigmoid(x)"),
     _d("sigmoid", ["x"], doc="1 / (1 + exp(-x))"),
     _d("gelu", ["x"], doc="GELU, tanh approximation (transformers' gelu_pytorch_tanh)"),
@@ -140,17 +143,26 @@ def _rope(shapes, attrs):
         raise ValueError(f"rotary width {rot} is not even and within the head ({hd})")
     if shapes[1] != shapes[2] or len(shapes[1]) != 2 or shapes[1][1] != rot // 2:
         raise ValueError(f"cos {shapes[1]} / sin {shapes[2]} are not (positions, {rot // 2})")
-    if shapes[3] != (1,):
-        raise ValueError(f"pos {shapes[3]} is not (1,)")
+    _positions(shapes[3], r)
     return (r, n), "f32"
+
+
+def _positions(pos: Shape, rows: int, table: int | None = None) -> None:
+    """`pos` is one position (1,) (row r at pos + r), or a batch's, one a row ((rows,): row s, a sequence of its
+    own, at pos[s]; its cache rows the slot of table/rows rows from s·table/rows)."""
+    if pos == (1,):
+        return
+    if len(pos) != 1 or pos[0] != rows:
+        raise ValueError(f"pos {pos} is neither (1,) nor a batch's ({rows},), one a row")
+    if table is not None and table % rows:
+        raise ValueError(f"a table of {table} rows does not hold {rows} sequences' equal slots")
 
 
 def _set_row(shapes, attrs):
     (l, c), (r, c2) = _rows_cols(shapes[0]), _rows_cols(shapes[1])
     if c != c2 or r > l:
         raise ValueError(f"rows {shapes[1]} do not fit table {shapes[0]}")
-    if shapes[2] != (1,):
-        raise ValueError(f"pos {shapes[2]} is not (1,)")
+    _positions(shapes[2], r, l)
     return (l, c), "f32"
 
 
@@ -165,8 +177,7 @@ def _attention(shapes, attrs):
         raise ValueError(f"k {shapes[1]} / v {shapes[2]} are not {kv} heads of {hd} / {vd} over one length")
     if kv < 1 or h % kv:
         raise ValueError(f"{h} query heads do not group over {kv} key/value heads")
-    if shapes[3] != (1,):
-        raise ValueError(f"pos {shapes[3]} is not (1,)")
+    _positions(shapes[3], r, lk)
     if len(shapes) > 4 and shapes[4] != (h,):
         raise ValueError(f"sinks {shapes[4]} is not ({h},)")
     return (r, h * vd), "f32"

@@ -1,7 +1,7 @@
 // Arg-max of each row as numpy's argmax: the first index on ties, and a NaN is the largest value (the first NaN wins).
 // Grid (blocks, rows), each block the max of its chunk into the block maxima; the last block to arrive (an arrival
 // counter it resets to zero) picks each row's and, on an advance, writes the last row's token into the token buffer
-// and adds `step` to the position.
+// and adds `step` to the position (a batch: each row's token and each sequence's position).
 #define AB 256
 
 // Whether (v, i) beats (b, bi): NaN above every number, then the larger value, then the smaller index.
@@ -13,7 +13,7 @@ __device__ __forceinline__ bool am_better(float v, i64 i, float b, i64 bi) {
 
 extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int* out, float* bv, int* bi,
                                                              unsigned* counter, i64 n, i64 rows, int* token,
-                                                             int* position, i64 step) {
+                                                             int* position, i64 step, i64 batch) {
     __shared__ float sv[AB];
     __shared__ i64 si[AB];
     __shared__ int last;
@@ -65,8 +65,14 @@ extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int
         out[rr] = mi < n ? mi : 0;
     }
     __syncthreads();
+    if (token && batch) {  // a batch: every row's token and position, each row a sequence of its own
+        for (i64 rr = threadIdx.x; rr < rows; rr += AB) {
+            token[rr] = out[rr];
+            position[rr] += (int)step;
+        }
+    }
     if (threadIdx.x == 0) {
-        if (token) {
+        if (token && !batch) {
             token[0] = out[rows - 1];
             position[0] += (int)step;
         }

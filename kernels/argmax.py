@@ -1,10 +1,10 @@
 """`argmax`: the index of each row's largest value (numpy's: the first on ties, a NaN above every number), as i32;
 with an `advance` (fused_sampling) it also writes the next token into the token buffer the next decode step reads
-and moves the position on, on the device. Block maxima in scratch, the last block to arrive finishing (argmax.cu)."""
+and moves the position on, on the device (a batch's: every row's token and position). Block maxima in scratch, the last block to arrive finishing (argmax.cu)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -16,11 +16,13 @@ from lanefuse.kernels.common import MAX_GRID_Y, Launch, Scratch, names, reach
 @dataclass(frozen=True)
 class Advance:
     """What the arg-max that closes a step writes besides its result: the last row's index into `token` (element 0)
-    and `step` added to `position`."""
+    and `step` added to `position`; in a batch (`batch`), each row's, row s's token into element s and `step` added to
+    sequence s's position."""
 
     token: str
     position: str
     step: int = 1
+    batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,12 @@ class ArgMax(Launch):
             return Refusal(f"an arg-max of {self.rows} rows (a launch takes at most {MAX_GRID_Y}, a block row each)")
         return None
 
+    def batched(self, pos, slot):
+        a = self.advance
+        if a is None or a.position != pos:
+            return super().batched(pos, slot)
+        return replace(self, advance=replace(a, batch=True))
+
     def scratch(self):
         nb = self.blocks * self.rows
         return (Scratch("maxima", "f32", 4 * nb), Scratch("indices", "i32", 4 * nb),
@@ -59,8 +67,9 @@ class ArgMax(Launch):
 
     def extents(self, top, tokens):
         a = self.advance
-        return reach((self.x, self.rows * self.n), (self.out, self.rows), (a.token if a else None, 1),
-                     (a.position if a else None, 1))
+        each = self.rows if a is not None and a.batch else 1
+        return reach((self.x, self.rows * self.n), (self.out, self.rows), (a.token if a else None, each),
+                     (a.position if a else None, each))
 
     def bytes(self):
         return 4 * (self.rows * self.n + self.rows)
@@ -72,9 +81,13 @@ class ArgMax(Launch):
         x = env.array(self.x)[: self.rows * self.n].reshape(self.rows, self.n)
         idx = np.argmax(x, axis=1).astype(np.int32)  # the first index of the largest value
         env.array(self.out)[: self.rows] = idx
-        if self.advance is not None:
-            env.array(self.advance.token)[0] = idx[-1]
-            env.array(self.advance.position)[0] += self.advance.step
+        a = self.advance
+        if a is not None and a.batch:
+            env.array(a.token)[: self.rows] = idx
+            env.array(a.position)[: self.rows] += a.step
+        elif a is not None:
+            env.array(a.token)[0] = idx[-1]
+            env.array(a.position)[0] += a.step
 
     def grid_block(self):
         return ((self.blocks, self.rows, 1), (256, 1, 1))
@@ -87,4 +100,5 @@ class ArgMax(Launch):
         a = self.advance
         denv.function(self.stem, "argmax_rows")(g, b, (
             denv.array(self.x), denv.array(self.out), bv, bi, cnt, i64(self.n), i64(self.rows),
-            denv.array(a.token) if a else NULL, denv.array(a.position) if a else NULL, i64(a.step if a else 0)))
+            denv.array(a.token) if a else NULL, denv.array(a.position) if a else NULL, i64(a.step if a else 0),
+            i64(1 if a is not None and a.batch else 0)))

@@ -4,7 +4,9 @@
 // `per_block` heads of one row and one split of the keys; its four warps stride the split's keys with an online
 // softmax each (flash-decoding), then combine in shared memory. One split writes the output; more write their
 // (max, sum, weighted values) partials and attention_combine merges them with the sink. Row j's keys start at
-// j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables).
+// j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables). A batch
+// (slot > 0): grid row y is sequence r = seq0 + y, at position posp[r], over its own slot of the caches (rows from
+// r * slot); the partials stay indexed by the grid's row.
 #define AW 4
 #define MAXPB 4
 #define MAXD 256
@@ -13,16 +15,20 @@
 extern "C" __global__ void __launch_bounds__(128) attention_split(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale, float softcap) {
+    i64 voff, float scale, float softcap, i64 slot, i64 seq0) {
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    i64 h0 = (i64)blockIdx.x * per_block, r = blockIdx.y, z = blockIdx.z;
+    i64 h0 = (i64)blockIdx.x * per_block, ry = blockIdx.y, r = seq0 + ry, z = blockIdx.z;
+    if (slot > 0) {
+        kc += r * slot * kstride;
+        vc += r * slot * vstride;
+    }
     for (i64 i = threadIdx.x; i < per_block * hd; i += blockDim.x)
         qs[i / hd][i % hd] = q[(r * heads + h0 + i / hd) * hd + i % hd];
     __syncthreads();
-    i64 p = (posp ? (i64)posp[0] : 0) + r;
+    i64 p = slot > 0 ? (i64)posp[r] : (posp ? (i64)posp[0] : 0) + r;
     i64 lo = window > 0 ? max((i64)0, p - window + 1) : 0;
     i64 cnt = p - lo + 1, chunk = (cnt + splits - 1) / splits;
     i64 js = lo + z * chunk, je = min(p + 1, js + chunk);
@@ -93,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
             }
             out[(r * heads + h) * vd + i] = A / S;
         } else {
-            float* pp = part + ((r * heads + h) * splits + z) * (vd + 2);
+            float* pp = part + ((ry * heads + h) * splits + z) * (vd + 2);
             if (i == 0) {
                 pp[0] = M;
                 pp[1] = S;
@@ -104,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
 }
 
 extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
-                                             i64 splits) {
+                                             i64 splits, i64 seq0) {
     i64 h = blockIdx.x, r = blockIdx.y;
     const float* pp = part + (r * heads + h) * splits * (vd + 2);
     float M = sinks ? sinks[h] : NEG_INF;
@@ -120,6 +126,6 @@ extern "C" __global__ void attention_combine(const float* part, const float* sin
             float mz = pp[z * (vd + 2)];
             if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
         }
-        out[(r * heads + h) * vd + i] = A / S;
+        out[((seq0 + r) * heads + h) * vd + i] = A / S;
     }
 }

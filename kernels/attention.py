@@ -1,7 +1,8 @@
 """`attention`: grouped-query attention of each row over the rows of a key and a value cache table up to its
 position (its last `window` when set), with a scale, its logits soft-capped (`softcap`: cap · tanh(l / cap), Gemma 2)
 and per-head sinks; `per_block` heads a block, the keys in `splits` chunks combined flash-decoding style
-(attention.cu)."""
+(attention.cu). In a batch (`slot` set) each row is a sequence of its own: row s (from `seq0`) at position pos[s] over
+its slot of the caches, rows s·slot on."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, names, reach
+from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, batch_apart, names, reach
 
 MAX_PER_BLOCK = 4  # heads a block holds
 MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
@@ -58,10 +59,12 @@ class Attention(Launch):
     voff: int = 0
     gate: tuple[str, str] | None = None  # reserved: (gate tensor, activation) the output is gated by
     softcap: float = 0.0  # > 0: each scaled logit l becomes softcap · tanh(l / softcap) before the softmax
+    slot: int = 0  # a batch's cache rows a sequence (0: one sequence)
+    seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("attention",)
-    steps: ClassVar[tuple[str, ...]] = ("attn_splits",)
+    steps: ClassVar[tuple[str, ...]] = ("attn_splits", "sequences")  # sequences: `apart`
 
     @property
     def kv(self) -> int:
@@ -104,6 +107,23 @@ class Attention(Launch):
                            f"{MAX_GRID_Y} of each: rows and splits are its grid's y and z)")
         return None
 
+    def batched(self, pos, slot):
+        if self.pos != pos:
+            return super().batched(pos, slot)
+        return replace(self, slot=slot, len=slot)  # a sequence attends its own slot's rows at most
+
+    def apart(self):
+        return batch_apart(self)
+
+    def queries(self, env):
+        """(row, position, first cache row) of each query row the launch takes: rows pos + r of one sequence, or a
+        batch's sequences from seq0, each at its own position over its own slot."""
+        if self.slot:
+            pos = env.array(self.pos)
+            return [(s, int(pos[s]), s * self.slot) for s in range(self.seq0, self.seq0 + self.rows)]
+        p = env.param(self.pos)
+        return [(r, p + r, 0) for r in range(self.rows)]
+
     def tune(self, knobs, held=frozenset()):
         """`attn_splits`: the most heads of one key/value head a block holds, and when the blocks do not fill the
         chip, the keys split until they fill it once, each split at least `attn_split_min` positions."""
@@ -122,11 +142,14 @@ class Attention(Launch):
         return replace(self, per_block=per_block, splits=splits)
 
     def extents(self, top, tokens):
+        n = self.seq0 + self.rows  # the rows of q and out reached
         j = top + self.rows - 1  # the last cache row a query attends
-        return reach((self.q, self.rows * self.heads * self.hd), (self.pos, 1), (self.sinks, self.heads),
+        if self.slot:
+            j = (n - 1) * self.slot + top
+        return reach((self.q, n * self.heads * self.hd), (self.pos, n if self.slot else 1), (self.sinks, self.heads),
                      (self.kc, j * self.kpitch + self.koff + self.kv * self.hd),
                      (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
-                     (self.out, self.rows * self.heads * self.vd))
+                     (self.out, n * self.heads * self.vd))
 
     def weights(self):
         return {self.sinks: "f32"} if self.sinks else {}
@@ -140,14 +163,13 @@ class Attention(Launch):
 
     def numpy(self, env):
         hd, vd, H = self.hd, self.vd, self.heads
-        q = env.array(self.q)[: self.rows * H * hd].reshape(self.rows, H, hd).astype(np.float64)
+        n = self.seq0 + self.rows
+        q = env.array(self.q)[: n * H * hd].reshape(n, H, hd).astype(np.float64)
         kc, vc = env.array(self.kc), env.array(self.vc)
         sinks = env.weight(self.sinks)[0] if self.sinks else None
-        pos = env.param(self.pos)
-        out = np.zeros((self.rows, H, vd))
+        out = np.zeros((n, H, vd))
         kp, vp = self.kpitch, self.vpitch
-        for r in range(self.rows):
-            p = pos + r
+        for r, p, at in self.queries(env):
             lo = max(0, p - self.window + 1) if self.window > 0 else 0
             for h in range(H):
                 g = h // self.group
@@ -156,7 +178,7 @@ class Attention(Launch):
                     js, je = split_range(lo, p, self.splits, z)
                     if je <= js:
                         continue
-                    j = np.arange(js, je)
+                    j = at + np.arange(js, je)
                     k = kc[(j * kp + self.koff + g * hd)[:, None] + np.arange(hd)].astype(np.float64)
                     v = vc[(j * vp + self.voff + g * vd)[:, None] + np.arange(vd)].astype(np.float64)
                     logit = (k @ q[r, h]) * self.scale
@@ -170,23 +192,23 @@ class Attention(Launch):
                 big = max(ms)
                 f = np.exp(np.array(ms) - big)
                 out[r, h] = (f @ np.array(accs)) / (f @ np.array(ss))
-        env.array(self.out)[: out.size] = out.reshape(-1).astype(np.float32)
+        env.array(self.out)[self.seq0 * H * vd: out.size] = out[self.seq0:].reshape(-1).astype(np.float32)
 
     def fast(self, env):
         """In f32, all heads of a row at once (the splits change only the rounding): keys and values read as views of
         the cache tables; the logits of a row (heads · its positions) are its only temporaries."""
         hd, vd, kv, grp = self.hd, self.vd, self.kv, self.group
-        q = env.array(self.q)[: self.rows * self.heads * hd].reshape(self.rows, kv, grp, hd)
-        out = env.array(self.out)[: self.rows * self.heads * vd].reshape(self.rows, kv, grp, vd)
+        n = self.seq0 + self.rows
+        q = env.array(self.q)[: n * self.heads * hd].reshape(n, kv, grp, hd)
+        out = env.array(self.out)[: n * self.heads * vd].reshape(n, kv, grp, vd)
         kc, vc = env.array(self.kc), env.array(self.vc)
         kp, vp = self.kpitch, self.vpitch
         keys = kc[: kc.size // kp * kp].reshape(-1, kp)[:, self.koff: self.koff + kv * hd].reshape(-1, kv, hd)
         vals = vc[: vc.size // vp * vp].reshape(-1, vp)[:, self.voff: self.voff + kv * vd].reshape(-1, kv, vd)
         sinks = env.weight(self.sinks)[0][: self.heads].reshape(kv, grp, 1) if self.sinks else None
-        pos = env.param(self.pos)
-        for r in range(self.rows):
-            p = pos + r
-            lo = max(0, p - self.window + 1) if self.window > 0 else 0
+        for r, p, at in self.queries(env):
+            lo = at + (max(0, p - self.window + 1) if self.window > 0 else 0)
+            p += at
             logit = np.matmul(q[r], keys[lo: p + 1].transpose(1, 2, 0))  # (kv, group, positions)
             logit *= self.scale
             if self.softcap > 0:
@@ -218,7 +240,7 @@ class Attention(Launch):
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
-            f32(self.softcap)))
+            f32(self.softcap), i64(self.slot), i64(self.seq0)))
         if self.splits > 1:
             denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
-                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits)))
+                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0)))

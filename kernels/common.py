@@ -53,10 +53,17 @@ class Dst:
     row: str | int | None = None
     pitch: int = 0
     unit: Part | None = None
+    slot: int = 0  # a batch's (the row a parameter names, one a sequence): result row r, `pitch` values, lands in
+    # the table's row r·slot + row[r], its sequence's slot at its position (the kernels: `row` word -slot)
 
     @staticmethod
     def to(name: str) -> "Dst":
         return Dst(name)
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the result lies as it is from `base` on (no parts of units, no batch's rows apart)."""
+        return self.unit is None and not self.slot
 
     def base(self, env) -> int:
         if self.row is None:
@@ -64,18 +71,22 @@ class Dst:
         r = env.param(self.row) if isinstance(self.row, str) else int(self.row)
         return r * self.pitch
 
-    def indices(self, count: int, env) -> np.ndarray:
-        """The flat indices in `buf` that values 0..count-1 of the result land at."""
+    def indices(self, count: int, env, first: int = 0) -> np.ndarray:
+        """The flat indices in `buf` that values first..first+count-1 of the result land at."""
+        e = np.arange(first, first + count, dtype=np.int64)
+        if self.slot:
+            r = e // self.pitch
+            at = env.array(self.row).astype(np.int64)[r]
+            return (r * self.slot + at) * self.pitch + e % self.pitch
         base = self.base(env)
         if self.unit is None:
-            return base + np.arange(count, dtype=np.int64)
+            return base + e
         u = self.unit
-        e = np.arange(count, dtype=np.int64)
         return base + (e // u.width) * u.pitch + u.offset + e % u.width
 
-    def write(self, env, values: np.ndarray) -> None:
+    def write(self, env, values: np.ndarray, first: int = 0) -> None:
         v = np.asarray(values, dtype=np.float32).reshape(-1)
-        env.array(self.buf)[self.indices(v.size, env)] = v
+        env.array(self.buf)[self.indices(v.size, env, first)] = v
 
     def params(self) -> tuple[str, ...]:
         return (self.row,) if isinstance(self.row, str) else ()
@@ -85,6 +96,9 @@ class Dst:
         parameter names being at most `top`."""
         if count <= 0:
             return 0
+        if self.slot:  # the last sequence's row of its slot, at most at `top`
+            rows = -(-count // self.pitch)
+            return ((rows - 1) * self.slot + top + 1) * self.pitch
         row = 0 if self.row is None else (top if isinstance(self.row, str) else self.row)
         e, u = count - 1, self.unit
         last = e if u is None else (e // max(u.width, 1)) * u.pitch + u.offset + e % max(u.width, 1)
@@ -103,10 +117,79 @@ class Scratch:
     counter: bool = False
 
 
+def batch_dsts(l: "Launch", pos: str, slot: int):
+    """Launch `l` with every Dst among its fields (and its parts' fields) whose row `pos` names written into each
+    sequence's slot, each nested launch batched by its own kind; a Refusal where one cannot be."""
+    from dataclasses import fields as fields_of, is_dataclass, replace
+
+    def walk(v):
+        if isinstance(v, Dst):
+            if v.row != pos:
+                return v
+            if v.unit is not None:
+                return Refusal("a batch's row written as parts of a wider table row")
+            return replace(v, slot=slot)
+        if isinstance(v, Launch):
+            return v.batched(pos, slot)
+        if isinstance(v, tuple):
+            out = []
+            for x in v:
+                got = walk(x)
+                if isinstance(got, Refusal):
+                    return got
+                out.append(got)
+            return tuple(out)
+        if is_dataclass(v) and not isinstance(v, type):
+            return fields(v)
+        return v
+
+    def fields(obj):
+        changes = {}
+        for f in fields_of(obj):
+            v = getattr(obj, f.name)
+            got = walk(v)
+            if isinstance(got, Refusal):
+                return got
+            if got is not v:
+                changes[f.name] = got
+        return replace(obj, **changes) if changes else obj
+
+    return fields(l)
+
+
+def own_names(obj) -> set[str]:
+    """The names a launch's fields hold outside its Dsts' rows and its nested launches: what it reads itself."""
+    from dataclasses import fields as fields_of, is_dataclass
+
+    out: set[str] = set()
+    if isinstance(obj, str):
+        out.add(obj)
+    elif isinstance(obj, Dst):
+        out.add(obj.buf)
+    elif isinstance(obj, tuple):
+        for x in obj:
+            out |= own_names(x)
+    elif is_dataclass(obj):
+        for f in fields_of(obj):
+            v = getattr(obj, f.name)
+            if not isinstance(v, Launch):
+                out |= own_names(v)
+    return out
+
+
+def batch_apart(l, rows_field: str = "rows") -> tuple:
+    """A batch launch (its `slot` set) as one launch a sequence: the same fields, one row from each `seq0`."""
+    from dataclasses import replace
+
+    if not getattr(l, "slot", 0) or getattr(l, rows_field) == 1:
+        return (l,)
+    return tuple(replace(l, seq0=l.seq0 + s, **{rows_field: 1}) for s in range(getattr(l, rows_field)))
+
+
 def dst_view(d: Dst, env, m: int, n: int) -> np.ndarray | None:
     """The (m, n) values Dst `d` writes as a view of its buffer where they lie contiguous (from a buffer's start, rows
-    of a table), for a fast twin to write in place; None where they are parts of units."""
-    if d.unit is not None:
+    of a table), for a fast twin to write in place; None where they are parts of units (or a batch's rows apart)."""
+    if not d.contiguous:
         return None
     b = d.base(env)
     return env.array(d.buf)[b: b + m * n].reshape(m, n)
@@ -251,6 +334,27 @@ class Launch:
 
     def kernels(self) -> tuple[Launch, ...]:
         """The kernel launches this launch makes, which the census and the launch counts count: itself."""
+        return (self,)
+
+    def batched(self, pos: str, slot: int) -> Launch | Refusal:
+        """This launch in a batch step, each of its rows a sequence of its own at the position `pos` names for it,
+        its cache rows the slot of `slot` rows from row·slot: itself where it touches no position; each result it
+        writes into a table's rows at `pos` written into each sequence's slot (`Dst.slot`; every kernel writes
+        through its Dst); a kind that reads the position itself sets its own batch fields in its own method (`slot`,
+        and `seq0`, its first sequence); else why not."""
+        if pos not in self.reads() and pos not in self.writes():
+            return self
+        got = batch_dsts(self, pos, slot)
+        if isinstance(got, Refusal):
+            return got
+        if pos in own_names(got):
+            return Refusal(f"a {self.census} launch over a batch's sequences (its kernel takes one sequence's "
+                           f"position)")
+        return got
+
+    def apart(self) -> tuple[Launch, ...]:
+        """The launch with each sequence of a batch apart (the `sequences` schedule step held): the same numbers,
+        one launch a sequence for a kind that runs a batch's sequences as one; itself for the rest."""
         return (self,)
 
     def bytes(self) -> int:

@@ -79,7 +79,7 @@ class DeviceEnv:
     def dst_words(self, d: Dst) -> tuple[int, ...]:
         """A Dst as the seven words the kernels take (pointers as their integer addresses)."""
         rowp = self.ptr(d.row) if isinstance(d.row, str) else 0
-        fixed = int(d.row) if isinstance(d.row, int) else 0
+        fixed = -d.slot if d.slot else int(d.row) if isinstance(d.row, int) else 0  # a batch's: -slot (prelude.cu)
         u = d.unit
         return (self.ptr(d.buf), rowp, fixed, d.pitch, u.pitch if u else 0, u.offset if u else 0, u.width if u else 0)
 

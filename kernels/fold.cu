@@ -26,8 +26,8 @@ FOLD_KERNEL(fold_gemv_norm_4, 4)
 // block runs its outputs of the product exactly as gemm_parts does, the raw product written to its part's Dst. A block
 // of a rotated part then arrives at each head its outputs touch (a counter a head and a slab of rows); the last block
 // of a head to arrive runs that head's epilogue over the slab's rows, reading the raw product back through L2: a warp a
-// row, the per-head RMS norm (optional), the rotation (rope.cu's arithmetic) at position pos + row, written to the
-// side's Dst. The grid stays the GEMV's, so a wide head never serializes its outputs in one block. A part is PR
+// row, the per-head RMS norm (optional), the rotation (rope.cu's arithmetic) at position pos + row (a batch, slot >
+// 0: row r at posp[r], each row a sequence's own), written to the side's Dst. The grid stays the GEMV's, so a wide head never serializes its outputs in one block. A part is PR
 // words: gemm_parts' 11 (weight, bias (0: none), n, first block, Dst), then its side's heads (0: not rotated), first
 // counter, norm weight (0: none), eps (f32 bits) and Dst (7 words).
 #define PR 22
@@ -39,14 +39,15 @@ __device__ __forceinline__ float head_value(const Dst& y, i64 at, i64 i, const f
 
 // Head h of rows r0..r0+nr-1 of a part of n outputs a row (raw product in y), s its side's words.
 __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s, i64 h, i64 r0, i64 nr,
-                                              const float* cos, const float* sin, i64 pos, i64 hd, i64 rot) {
+                                              const float* cos, const float* sin, i64 pos, i64 hd, i64 rot,
+                                              const int* posp, i64 slot) {
     i64 heads = s[0], half = rot / 2;
     const float* nw = (const float*)s[2];
     float eps = __int_as_float((int)s[3]);
     Dst o = dst_from(s + 4);
     int lane = threadIdx.x & 31;
     for (i64 r = r0 + (threadIdx.x >> 5); r < r0 + nr; r += WARPS) {
-        i64 at = r * n + h * hd, p = pos + r;
+        i64 at = r * n + h * hd, p = slot > 0 ? (i64)posp[r] : pos + r;  // a batch: row r a sequence's own
         float inv = 1.f;
         if (nw) {
             float ss = 0.f;
@@ -69,7 +70,7 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
 template <int PW>
 __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const i64* t, i64 nparts, i64 k, i64 m,
                                                 unsigned* counters, const float* cos, const float* sin,
-                                                const int* posp, i64 hd, i64 rot) {
+                                                const int* posp, i64 hd, i64 rot, i64 slot) {
     __shared__ int last;
     int p = 0;
     while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * PR + 3]) p++;
@@ -92,7 +93,7 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const i
         __syncthreads();
         if (!last) continue;
         __threadfence();
-        head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, hd, rot);
+        head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, hd, rot, posp, slot);
         if (threadIdx.x == 0) *c = 0u;
     }
 }
@@ -100,8 +101,8 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const i
 #define PARTS_ROPE_KERNEL(NAME, PW)                                                                           \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(const float* x, const i64* t, i64 nparts, i64 fmt, i64 k, i64 m, unsigned* counters,            \
-             const float* cos, const float* sin, const int* posp, i64 hd, i64 rot) {                         \
-        parts_rope_body<PW>((int)fmt, x, t, nparts, k, m, counters, cos, sin, posp, hd, rot);                 \
+             const float* cos, const float* sin, const int* posp, i64 hd, i64 rot, i64 slot) {               \
+        parts_rope_body<PW>((int)fmt, x, t, nparts, k, m, counters, cos, sin, posp, hd, rot, slot);           \
     }
 PARTS_ROPE_KERNEL(fold_parts_rope_1, 1)
 PARTS_ROPE_KERNEL(fold_parts_rope_4, 4)

@@ -121,6 +121,11 @@ class Fold(Launch):
             return None, Refusal(f"a product split {self.first.split} ways before its rotation")
         return None, Refusal(f"no kernel runs a {self.first.census} then a {self.then.census}")
 
+    def apart(self):
+        """`sequences` held: a batch's rotations one launch a sequence, after the products (which take every row)."""
+        sides = self.then.apart()
+        return (self,) if len(sides) == 1 else (*self.first.apart(), *sides)
+
     @property
     def fused(self) -> bool:
         """Whether the pair runs as one kernel (see `form`)."""
@@ -234,7 +239,7 @@ class Fold(Launch):
             denv.function(self.stem, f"fold_parts_rope_{gp.per_warp}")(grid, block, (
                 denv.array(gp.x), t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k), i64(gp.m),
                 counters, denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], denv.array(rp.pos), i64(rp.hd),
-                i64(rp.rot)))
+                i64(rp.rot), i64(rp.slot)))
         else:
             g2: Gather = self.first  # type: ignore[assignment]
             nm2: Norm = self.then  # type: ignore[assignment]

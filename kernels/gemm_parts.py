@@ -108,7 +108,7 @@ class GemmParts(Launch):
 
     def fast_temp(self):
         if len(self.parts) == 1:
-            return self.m * self.parts[0].n if self.parts[0].y.unit is not None else 0
+            return self.m * self.parts[0].n if not self.parts[0].y.contiguous else 0
         return self.m * sum(p.n for p in self.parts)
 
     def grid_block(self):

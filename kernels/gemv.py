@@ -202,7 +202,7 @@ class Gemv(Launch):
         gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap)
 
     def fast_temp(self):
-        return 0 if self.y.unit is None else self.m * self.n
+        return 0 if self.y.contiguous else self.m * self.n
 
     def grid_block(self):
         return gemv_grid(self.n, self.m, self.per_warp, self.split)

@@ -163,7 +163,8 @@ __device__ __forceinline__ float4 wget4(int fmt, const void* w, i64 i) {
 }
 
 // Where a result lands: value e at base + e, or (uwidth > 0) at base + (e / uwidth) * upitch + uoff + e % uwidth,
-// base the starting row (read from *rowp on the device when set, else `row`) times pitch.
+// base the starting row (read from *rowp on the device when set, else `row`) times pitch. A batch's (rowp set and
+// row < 0): result row r lands in the table's row r * -row + rowp[r], its sequence's slot at its position.
 struct Dst {
     float* y;
     const int* rowp;
@@ -173,6 +174,10 @@ struct Dst {
 #define DST(p) Dst{p##_y, p##_rowp, p##_row, p##_pitch, p##_upitch, p##_uoff, p##_uwidth}
 
 __device__ __forceinline__ i64 dst_at(const Dst& d, i64 e) {
+    if (d.rowp && d.row < 0) {  // a batch's: result row r (pitch values) into row r * slot + rowp[r], slot = -row
+        i64 r = e / d.pitch;
+        return (r * -d.row + (i64)d.rowp[r]) * d.pitch + e % d.pitch;
+    }
     i64 base = (d.rowp ? (i64)d.rowp[0] : d.row) * d.pitch;
     if (d.uwidth > 0) return base + (e / d.uwidth) * d.upitch + d.uoff + e % d.uwidth;
     return base + e;

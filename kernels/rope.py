@@ -1,17 +1,19 @@
 """`rope` and `rope_parts`: the rotary embedding of every head of a row (HF rotate_half over the first `rot` values,
 position pos + row), optionally per-head RMS-normed first, read as a part of every unit and landing where a Dst says
 (e.g. rows of a cache table from the row `pos` names). `rope_parts` turns several sides (q and k) sharing cos, sin
-and pos in one launch; `rope` is the launch of one side. One kernel (rope.cu)."""
+and pos in one launch; `rope` is the launch of one side. One kernel (rope.cu). In a batch (`slot` set) each row is a
+sequence of its own: row s (from `seq0`) at position pos[s], a Dst whose row pos names taking it to row s·slot + pos[s]
+of its table (its sequence's slot: `Dst.slot`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, dst_view, names, reach, read_part, rms
+from lanefuse.kernels.common import Dst, Launch, Part, batch_apart, batch_dsts, dst_view, names, reach, read_part, rms
 
 MAX_HD = 1024
 
@@ -28,28 +30,32 @@ class RopeSide:
     norm: tuple[str, float] | None = None
 
 
-def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int) -> None:
+def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, slot: int = 0,
+               seq0: int = 0) -> None:
     w = s.heads * hd
-    x = read_part(env, s.x, s.part, rows, w).astype(np.float32).reshape(rows, s.heads, hd)
+    n = seq0 + rows
+    x = read_part(env, s.x, s.part, n, w)[seq0:].astype(np.float32).reshape(rows, s.heads, hd)
     if s.norm is not None:
         nw = np.asarray(env.weight(s.norm[0])[0], dtype=np.float64)[:hd]
         x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
     x = x.astype(np.float64)
     half = rot // 2
-    p = env.param(pos) + np.arange(rows)
+    p = env.array(pos)[seq0:n].astype(np.int64) if slot else env.param(pos) + np.arange(rows)
     c = env.weight(cos)[0].reshape(-1, half)[p][:, None, :].astype(np.float64)
     sn = env.weight(sin)[0].reshape(-1, half)[p][:, None, :].astype(np.float64)
     y = x.copy()
     x1, x2 = x[..., :half], x[..., half:rot]
     y[..., :half] = x1 * c - x2 * sn
     y[..., half:rot] = x2 * c + x1 * sn
-    s.y.write(env, y)
+    s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
 
 
-def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int) -> None:
+def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, slot: int = 0,
+              seq0: int = 0) -> None:
     """The fast twin of `side_numpy`: the same rotation in f32 (the norm's mean square by einsum), a few whole-array
     operations a side."""
-    x = read_part(env, s.x, s.part, rows, s.heads * hd).reshape(rows, s.heads, hd)
+    n = seq0 + rows
+    x = read_part(env, s.x, s.part, n, s.heads * hd)[seq0:].reshape(rows, s.heads, hd)
     if s.norm is not None:
         inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
         inv /= hd
@@ -59,9 +65,9 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
         x = x * inv
         x *= env.weight(s.norm[0])[0][:hd]
     half = rot // 2
-    p = env.param(pos)
-    c = env.weight(cos)[0].reshape(-1, half)[p: p + rows][:, None, :]
-    sn = env.weight(sin)[0].reshape(-1, half)[p: p + rows][:, None, :]
+    p = env.array(pos)[seq0:n].astype(np.int64) if slot else env.param(pos) + np.arange(rows)
+    c = env.weight(cos)[0].reshape(-1, half)[p][:, None, :]
+    sn = env.weight(sin)[0].reshape(-1, half)[p][:, None, :]
     x1, x2 = x[..., :half], x[..., half:rot]
     y = np.empty((rows, s.heads, hd), dtype=np.float32)
     np.multiply(x1, c, out=y[..., :half])
@@ -70,9 +76,9 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     y[..., half:rot] += x1 * sn
     if rot < hd:
         y[..., rot:] = x[..., rot:]
-    out = dst_view(s.y, env, rows, s.heads * hd)
+    out = dst_view(s.y, env, rows, s.heads * hd) if not seq0 else None
     if out is None:
-        s.y.write(env, y)
+        s.y.write(env, y, first=seq0 * s.heads * hd)  # a batch's rows from its first sequence's (Dst.slot)
     else:
         np.copyto(out, y.reshape(rows, -1))
 
@@ -98,9 +104,12 @@ class RopeParts(Launch):
     rows: int
     hd: int
     rot: int
+    slot: int = 0  # a batch's cache rows a sequence (0: one sequence)
+    seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
 
     census: ClassVar[str] = "rope_parts"
     stem: ClassVar[tuple[str, ...]] = ("rope",)
+    steps: ClassVar[tuple[str, ...]] = ("sequences",)  # a batch apart, one launch a sequence (`apart`)
 
     def reads(self):
         ins = [v for s in self.sides for v in (s.x, s.norm[0] if s.norm else None, *s.y.params())]
@@ -108,6 +117,15 @@ class RopeParts(Launch):
 
     def writes(self):
         return names(*(s.y.buf for s in self.sides))
+
+    def batched(self, pos, slot):
+        if self.pos != pos:
+            return super().batched(pos, slot)
+        got = batch_dsts(self, pos, slot)  # a side written into cache rows: each sequence's into its slot
+        return got if isinstance(got, Refusal) else replace(got, slot=slot)
+
+    def apart(self):
+        return batch_apart(self)
 
     def check(self):
         if not self.sides:
@@ -119,12 +137,15 @@ class RopeParts(Launch):
         return None
 
     def extents(self, top, tokens):
-        r, hd = self.rows, self.hd
+        r, hd = self.seq0 + self.rows, self.hd
         sides = [v for s in self.sides for v in (
             (s.x, s.part.extent(r) if s.part is not None else r * s.heads * hd), (s.norm[0] if s.norm else None, hd),
-            (s.y.buf, s.y.extent(r * s.heads * hd, top)))]
-        tab = (top + r) * (self.rot // 2)  # cos and sin: a row of rot/2 a position
-        return reach(*sides, (self.cos, tab), (self.sin, tab), (self.pos, 1))
+            (s.y.buf, self._dst_extent(s, r, top)))]
+        tab = (top + (1 if self.slot else r)) * (self.rot // 2)  # cos and sin: a row of rot/2 a position
+        return reach(*sides, (self.cos, tab), (self.sin, tab), (self.pos, r if self.slot else 1))
+
+    def _dst_extent(self, s: RopeSide, r: int, top: int) -> int:
+        return s.y.extent(r * s.heads * self.hd, top)
 
     def weights(self):
         return {w: "f32" for w in (self.cos, self.sin, *(s.norm[0] for s in self.sides if s.norm))}
@@ -138,11 +159,11 @@ class RopeParts(Launch):
 
     def numpy(self, env):
         for s in self.sides:
-            side_numpy(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot)
+            side_numpy(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot, self.slot, self.seq0)
 
     def fast(self, env):
         for s in self.sides:
-            side_fast(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot)
+            side_fast(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot, self.slot, self.seq0)
 
     def grid_block(self):
         return ((self.rows * sum(s.heads for s in self.sides), 1, 1), (128, 1, 1))
@@ -165,7 +186,8 @@ class RopeParts(Launch):
         t = denv.table(self.key(), self.table(denv))
         denv.function(self.stem, "rope_parts")(grid, block, (t, i64(len(self.sides)), denv.weight(self.cos)[0],
                                                              denv.weight(self.sin)[0], denv.array(self.pos),
-                                                             i64(self.hd), i64(self.rot)))
+                                                             i64(self.hd), i64(self.rot), i64(self.slot),
+                                                             i64(self.seq0)))
 
 
 @dataclass(frozen=True)
@@ -183,13 +205,23 @@ class Rope(Launch):
     rot: int
     part: Part | None = None
     norm: tuple[str, float] | None = None
+    slot: int = 0  # a batch's cache rows a sequence (0: one sequence)
+    seq0: int = 0  # a batch launch's first sequence
 
     census: ClassVar[str] = "rope"
     stem: ClassVar[tuple[str, ...]] = ("rope",)
+    steps: ClassVar[tuple[str, ...]] = ("sequences",)
 
     def parts(self) -> RopeParts:
         side = RopeSide(self.x, self.y, self.heads, self.part, self.norm)
-        return RopeParts((side,), self.cos, self.sin, self.pos, self.rows, self.hd, self.rot)
+        return RopeParts((side,), self.cos, self.sin, self.pos, self.rows, self.hd, self.rot, self.slot, self.seq0)
+
+    def batched(self, pos, slot):
+        got = self.parts().batched(pos, slot)
+        return replace(self, slot=got.slot, y=got.sides[0].y) if isinstance(got, RopeParts) else got
+
+    def apart(self):
+        return batch_apart(self)
 
     def reads(self):
         return self.parts().reads()

@@ -15,41 +15,90 @@ def _tty() -> bool:
     return sys.stdout.isatty()
 
 
-def _prompt_ids(args, src) -> tuple[list[int], object | None]:
-    if args.prompt_ids is not None and args.prompt is not None:
-        raise UserError("give --prompt-ids or --prompt, not both")
-    tok = None
-    if args.prompt is not None and getattr(src, "tokenizer", None) is not None:
-        tok = src.tokenizer()  # a GGUF file's, from its metadata
-        ids = tok.encode(args.prompt).ids
-    elif args.prompt is not None:
-        if not src.path or not os.path.isdir(src.path) or not os.path.exists(os.path.join(src.path, "tokenizer.json")):
-            raise UserError("--prompt needs a checkpoint folder with tokenizer.json or a GGUF file holding a tokenizer "
-                            "(use --prompt-ids for the demo)")
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            raise UserError("--prompt needs the `tokenizers` package (pip install tokenizers)") from None
-        tok = Tokenizer.from_file(os.path.join(src.path, "tokenizer.json"))
-        ids = tok.encode(args.prompt).ids
-    elif args.prompt_ids is not None:
-        try:
-            ids = [int(t) for t in args.prompt_ids.replace(" ", "").split(",") if t]
-        except ValueError:
-            raise UserError(f"--prompt-ids {args.prompt_ids[:40]!r}: expected comma-separated integers, "
-                            f"e.g. 1,2,3") from None
-        if not ids:
-            raise UserError(f"--prompt-ids {args.prompt_ids[:40]!r}: no token ids; give at least one, e.g. 1,2,3")
-    else:
-        ids = [1]
+def _tokenizer(src, what: str = "--prompt"):
+    """The model's tokenizer: a GGUF file's, from its metadata, or a folder's tokenizer.json."""
+    if getattr(src, "tokenizer", None) is not None:
+        return src.tokenizer()
+    if not src.path or not os.path.isdir(src.path) or not os.path.exists(os.path.join(src.path, "tokenizer.json")):
+        raise UserError(f"{what} needs a checkpoint folder with tokenizer.json or a GGUF file holding a tokenizer "
+                        f"(use --prompt-ids for the demo)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UserError(f"{what} needs the `tokenizers` package (pip install tokenizers)") from None
+    return Tokenizer.from_file(os.path.join(src.path, "tokenizer.json"))
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise UserError(f"--prompt-ids {text[:40]!r}: expected comma-separated integers, e.g. 1,2,3") from None
     if not ids:
-        raise UserError("the prompt is empty")
+        raise UserError(f"--prompt-ids {text[:40]!r}: no token ids; give at least one, e.g. 1,2,3")
+    return ids
+
+
+def _in_vocab(src, ids: list[int], what: str = "prompt ids") -> None:
     vocab = src.cfg.vocab if src.cfg else None
     if vocab is not None:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
-            raise UserError(f"prompt ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+            raise UserError(f"{what} {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+
+
+def _prompt_ids(args, src) -> tuple[list[int], object | None]:
+    if args.prompt_ids is not None and args.prompt is not None:
+        raise UserError("give --prompt-ids or --prompt, not both")
+    tok = None
+    if args.prompt is not None:
+        tok = _tokenizer(src)
+        ids = tok.encode(args.prompt).ids
+    elif args.prompt_ids is not None:
+        ids = _parse_ids(args.prompt_ids[0])
+    else:
+        ids = [1]
+    if not ids:
+        raise UserError("the prompt is empty")
+    _in_vocab(src, ids)
     return ids, tok
+
+
+def _batch_prompts(args, src) -> tuple[list[list[int]], object | None]:
+    """A batch's prompts in the order given: each --prompt-ids, then each line of --prompts FILE (a JSON list of ids,
+    or {"prompt": text}); a bad line is named by its number."""
+    if args.prompt is not None:
+        raise UserError("a batch takes --prompt-ids (repeatable) or --prompts FILE; put a text prompt in the file as "
+                        "{\"prompt\": TEXT}")
+    prompts = [_parse_ids(t) for t in args.prompt_ids or ()]
+    tok = None
+    if args.prompts:
+        from lanefuse.engine.yamlsafe import read_text
+
+        for n, line in enumerate(read_text(args.prompts).splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{args.prompts}:{n}"
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{where}: not JSON ({e.msg}); a line is a list of ids or {{\"prompt\": TEXT}}") from None
+            if isinstance(doc, dict) and set(doc) == {"prompt"} and isinstance(doc["prompt"], str):
+                tok = tok or _tokenizer(src, f"{where}: a text prompt")
+                ids = tok.encode(doc["prompt"]).ids
+            elif isinstance(doc, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in doc):
+                ids = list(doc)
+            else:
+                raise UserError(f"{where}: a line is a JSON list of token ids or {{\"prompt\": TEXT}}")
+            if not ids:
+                raise UserError(f"{where}: the prompt is empty")
+            _in_vocab(src, ids, f"{where}: prompt ids")
+            prompts.append(ids)
+        if not prompts:
+            raise UserError(f"--prompts {args.prompts}: no prompts in the file (one a line)")
+    for ids in prompts:
+        _in_vocab(src, ids)
+    return prompts, tok
 
 
 def cmd_run(args) -> int:
@@ -79,6 +128,8 @@ def cmd_run(args) -> int:
     if src.weights is None:
         raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
                         f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
+    if args.prompts or len(args.prompt_ids or ()) > 1 or args.batch is not None:
+        return _run_batch(args, src, saved, load_s)
     ids, tok = _prompt_ids(args, src)
     if not args.prompt_ids and args.prompt is None:
         print(f"lanefuse: no --prompt-ids or --prompt given: the prompt is token id {ids[0]} (give --prompt-ids "
@@ -104,6 +155,61 @@ def cmd_run(args) -> int:
         print("text:", tok.decode(out["generated_ids"]), file=human)
     sys.stdout.flush()
     print_timings(out["timings"])
+    return 0
+
+
+BATCH_CAP = 64  # the default slots at most (--batch gives more, up to the step's MAX_BATCH)
+BATCH_MEMORY = 0.5  # a batch's caches may take at most this share of the machine's memory
+
+
+def _run_batch(args, src, saved, load_s: float) -> int:
+    """`run` over a batch of prompts in --batch slots: each prefilled alone into its slot, then decoded with the
+    others; a record a prompt, in the order given."""
+    from lanefuse.lane.cli.source import _memory_bytes
+    from lanefuse.lane.cli.timings import run_timings
+    from lanefuse.lane.run.batch import cache_bytes, check_prompts, generate_batch
+    from lanefuse.engine.model import MAX_BATCH
+
+    if src.step is not None:
+        raise UserError(f"{src.name}: a step YAML is one step of its own; a batch needs a model (a checkpoint folder, "
+                        f"a GGUF file or the demo)")
+    if saved is not None:
+        raise UserError(f"--plan {args.plan}: a saved plan is one step; a batch plans its own steps (drop --plan)")
+    prompts, tok = _batch_prompts(args, src)
+    slots = args.batch or min(len(prompts), BATCH_CAP)
+    if slots > MAX_BATCH:
+        raise UserError(f"--batch {slots}: a batch step decodes at most {MAX_BATCH} sequences")
+    cfg = src.cfg
+    check_prompts(cfg, prompts, args.tokens)  # each prompt and its tokens fit a slot: refused before anything runs
+    need, mem = cache_bytes(cfg, slots), _memory_bytes()
+    if mem and need > BATCH_MEMORY * mem:
+        raise UserError(f"--batch {slots} with --ctx {cfg.max_len}: the KV caches of {slots} slots need "
+                        f"{need / 2**30:.1f} GiB, more than {BATCH_MEMORY:.0%} of this machine's "
+                        f"{mem / 2**30:.0f} GiB: give fewer slots or a smaller --ctx")
+    human = sys.stderr if args.json == "-" else sys.stdout
+    print(f"lanefuse: KV caches: {slots} slot(s) of {cfg.max_len} rows, {need / 2**20:.1f} MiB", file=human)
+    step_fn, label = _step_fn(args, src, None)
+    eos = () if args.ignore_eos else src.eos
+    results = generate_batch(cfg, src.weights, prompts, args.tokens, slots, step_fn=step_fn, eos=eos)
+    spent = getattr(step_fn, "spent", None)
+    records = []
+    for r in results:
+        records.append({"model": src.name, "prompt_ids": list(r.prompt_ids),
+                        "generated_ids": [int(t) for t in r.generated_ids],
+                        "logits": [[float(v) for v in row.reshape(-1)] for row in r.logits],
+                        "timings": run_timings(load_s, r, spent)})
+    if args.json:
+        write_atomic(args.json, json_text(records, f"--json {args.json}"))
+    print(f"model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s))", file=human)
+    for k, rec in enumerate(records, 1):
+        line = f"prompt {k}: {','.join(map(str, rec['prompt_ids']))} -> {','.join(map(str, rec['generated_ids']))}"
+        if tok is not None:
+            line += f"  {tok.decode(rec['generated_ids'])!r}"
+        print(line, file=human)
+    total = sum(r.decode_s for r in results)
+    steps = sum(max(len(r.generated_ids) - 1, 0) for r in results)
+    if total > 0:
+        print(f"decode: {steps} tokens in {total:.3f} s, {steps / total:.1f} tokens/s over the batch", file=human)
     return 0
 
 
@@ -152,7 +258,15 @@ def cmd_plan(args) -> int:
     src = open_for(args, args.model, progress=_tty())
     if src.shape_said:
         print(f"lanefuse: {src.shape_said}", file=sys.stderr)
-    g = src.graph(args.rows)
+    if args.batch > 1 and args.rows != 1:
+        raise UserError(f"--batch {args.batch} --rows {args.rows}: a batch step decodes one row a sequence (each "
+                        f"prompt is prefilled alone)")
+    g = src.graph(args.rows, args.batch)
+    if args.batch > 1 and src.cfg is not None:
+        from lanefuse.lane.run.batch import cache_bytes
+
+        print(f"lanefuse: KV caches: {args.batch} slots of {src.cfg.max_len} rows, "
+              f"{cache_bytes(src.cfg, args.batch) / 2**20:.1f} MiB", file=sys.stderr)
     if args.layer is not None and not -1 <= args.layer < g.layers:
         raise UserError(f"--layer {args.layer}: {src.name} has layers 0..{g.layers - 1} (-1: the step's tail outside "
                         f"every layer)")

@@ -90,7 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="generate greedy tokens with a fused plan (or the reference interpreter)",
                        description="Prefill the prompt in chunks, then decode --tokens greedy tokens.", epilog=EPILOG)
     _model_arg(p)
-    p.add_argument("--prompt-ids", metavar="IDS", help="comma-separated prompt token ids, e.g. 1,2,3")
+    p.add_argument("--prompt-ids", metavar="IDS", action="append", default=None,
+                   help="comma-separated prompt token ids, e.g. 1,2,3 (repeatable: a batch of prompts)")
+    p.add_argument("--prompts", metavar="FILE", help="a batch of prompts, one a line: a JSON list of ids, or "
+                                                     "{\"prompt\": TEXT} (needs the model's tokenizer)")
+    p.add_argument("--batch", type=_rows, default=None, metavar="B",
+                   help="slots decoded together (default: the number of prompts, at most 64); a sequence that ends "
+                        "gives its slot to the next waiting prompt")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="a batch's sequences run their --tokens past the end-of-sequence id the config names")
     p.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder, or a GGUF "
                                                     "file's tokenizer, and the `tokenizers` package)")
     p.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to generate (default 16)")
@@ -106,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Optimize the step graph under the lane and print the plan.", epilog=EPILOG)
     _model_arg(p)
     p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step: 1 = decode, >1 = prefill chunk")
+    p.add_argument("--batch", type=_rows, default=1, metavar="B",
+                   help="the decode step of a batch of B sequences (one row each, each over its own cache slot)")
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON to FILE (`-`: stdout, nothing else printed); "
                                                   "FILE is required, so `--json` never takes MODEL for its file")
     p.add_argument("--trace", metavar="FILE", help="write the rewrite trace as JSON to FILE")
@@ -148,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 OUTPUTS = ("json", "save", "trace")  # the flags that name a file lanefuse writes
-INPUTS = ("model", "spec", "plan")  # the flags that name a file it reads
+INPUTS = ("model", "spec", "plan", "prompts")  # the flags that name a file it reads
 
 
 def check_outputs(args) -> None:

@@ -207,7 +207,10 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
     per_layer = s.per_layer()
     body = [v for k, v in per_layer.items() if k >= 0]
     ctx = s.tensors[s.io.caches[0][0]].shape[0] if s.io.caches and s.io.caches[0][0] in s.tensors else None
-    con.print(f"[bold]{s.model}[/] · {s.rows} row{'s' if s.rows > 1 else ''} · lane [bold]{s.lane}[/] · {s.numerics}"
+    shape = f"{s.rows} row{'s' if s.rows > 1 else ''}"
+    if s.batch > 1 and ctx:  # a batch's decode step: a row a sequence, each over its slot of the caches
+        shape, ctx = f"a batch of {s.batch} sequences, a row each", f"{s.batch} slots of {ctx // s.batch}"
+    con.print(f"[bold]{s.model}[/] · {shape} · lane [bold]{s.lane}[/] · {s.numerics}"
               + (f" · KV cache {ctx} rows" if ctx else "") + (f" · held: {', '.join(s.held)}" if s.held else ""))
     con.print(f"launches: [bold]{s.n_launches}[/] a step"
               + (f", {min(body)}–{max(body)} a layer" if body and min(body) != max(body) else

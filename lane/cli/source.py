@@ -23,15 +23,30 @@ class Source:
     no_weights: str = ""  # why there are no weights to run, where a folder holds only config.json
     shape_said: str = ""  # a config-only folder: what the plan assumes of the weights
     tokenizer: object | None = None  # a GGUF file's: builds the tokenizer its metadata holds (for --prompt)
+    eos: tuple[int, ...] = ()  # the end-of-sequence ids the model's config names (a batch's sequences end there)
 
-    def graph(self, rows: int = 1) -> Graph:
+    def graph(self, rows: int = 1, batch: int = 1) -> Graph:
         if self.step is not None:
+            if batch > 1:
+                raise UserError(f"{self.name}: a step YAML is one step of its own; --batch needs a model (a "
+                                f"checkpoint folder, a GGUF file or the demo)")
             if rows != int(self.step.meta.get("rows", 1)):
                 raise UserError(f"{self.name}: the step YAML is a step of {self.step.meta.get('rows', 1)} rows, "
                                 f"not {rows}")
             return self.step
         assert self.cfg is not None
-        return build_step(self.cfg, rows)
+        return build_step(self.cfg, rows, batch=batch)
+
+
+def eos_ids(value) -> tuple[int, ...]:
+    """config.json's `eos_token_id` (an id, a list of them, or absent) as a tuple of ids."""
+    if isinstance(value, bool) or value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+    return ()
 
 
 def open_model(model: str | None, progress: bool = False, ctx: int | None = None,
@@ -179,7 +194,8 @@ def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> So
         from lanefuse.engine.front import load_model
 
         cfg, weights = load_model(folder, max_len=rows)  # its progress bar shows where stderr is a terminal
-        return Source(os.path.basename(os.path.normpath(folder)), cfg, weights, path=folder, ctx_said=said)
+        eos = eos_ids(raw.get("eos_token_id", (raw.get("text_config") or {}).get("eos_token_id")))
+        return Source(os.path.basename(os.path.normpath(folder)), cfg, weights, path=folder, ctx_said=said, eos=eos)
     dtype = raw.get("torch_dtype") or raw.get("dtype")
     fmt = weights_format or FORMATS.get(str(dtype))
     if fmt is None:
@@ -217,4 +233,6 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
 
         return tokenizer_from_gguf(store.reader, path)
 
-    return Source(name, cfg, weights.with_config(cfg), path=path, ctx_said=said, tokenizer=tokenizer)
+    field = store.reader.fields.get("tokenizer.ggml.eos_token_id")
+    eos = (int(field.parts[field.data[0]][0]),) if field is not None and field.data else ()
+    return Source(name, cfg, weights.with_config(cfg), path=path, ctx_said=said, tokenizer=tokenizer, eos=eos)

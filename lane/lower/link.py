@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.opdefs import full_attrs, opdef
-from lanefuse.engine.placement import copied_views
+from lanefuse.engine.placement import absorbed, copied_views, row_writes
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import KINDS, Dst
 from lanefuse.lane.lower.fill import Scope, Strided, evaluate
@@ -64,7 +64,50 @@ class Link:
 
     # -- the public entry --------------------------------------------------------------------------------------
     def op(self, op: Op, placed: dict[str, Dst] | None = None) -> list[Linked] | Refusal:
-        """`op`'s launches, or why the lane cannot run it."""
+        """`op`'s launches, or why the lane cannot run it. In a batch step (its position one a sequence) every launch
+        that touches the position runs over the batch's sequences, each over its own slot of the caches, or says
+        why it cannot (`Launch.batched`)."""
+        got = self._op(op, placed)
+        batch = self.batch()
+        if isinstance(got, Refusal) or batch is None:
+            return got
+        why = self.batch_placement(op, batch)
+        if why is not None:
+            return why
+        out = []
+        for x in got:
+            l = x.launch.batched(*batch)
+            if isinstance(l, Refusal):
+                return refused(l, where_of(op))
+            out.append(Linked(l, x.ops, x.layer, x.cls, x.rule))
+        return out
+
+    def batch(self) -> tuple[str, int] | None:
+        """A batch step's position parameter and the cache rows of each sequence's slot; None for one sequence."""
+        io = self.g.io
+        t = self.g.tensors.get(io.position)
+        if t is None or t.shape[0] <= 1 or not io.caches:
+            return None
+        return io.position, self.g.tensors[io.caches[0][0]].shape[0] // t.shape[0]
+
+    def batch_placement(self, op: Op, batch: tuple[str, int]) -> Refusal | None:
+        """A placement in a batch step (before extraction folds it into its row's producer): refused where the
+        lifted producer, writing straight into each sequence's cache row, cannot run over the batch."""
+        r = absorbed(op)
+        writes = [w for w in row_writes(op) if w.src == r]
+        producer = next((o for o in self.g.ops if o.out == r and not o.fused), None)
+        if r is None or not writes or producer is None:
+            return None
+        got = self._op(producer, {r: to_dst(self.g, writes[0].dst)})
+        if isinstance(got, Refusal):
+            return got
+        for x in got:
+            why = x.launch.batched(*batch)
+            if isinstance(why, Refusal):
+                return refused(why, where_of(op))
+        return None
+
+    def _op(self, op: Op, placed: dict[str, Dst] | None = None) -> list[Linked] | Refusal:
         placed = dict(placed or {})
         if op.dst is not None:
             placed[op.out] = to_dst(self.g, op.dst)

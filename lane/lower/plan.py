@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Constant, Graph, StepIO, Tensor
 from lanefuse.engine.placement import aliases
@@ -94,11 +96,26 @@ class Plan:
             out[l.layer] = out.get(l.layer, 0) + len(l.launch.kernels())
         return out
 
-    def check_position(self, pos: int) -> None:
-        """A step's rows must land inside the caches: the kernels do not check it on the device."""
+    @property
+    def batch(self) -> int:
+        """The sequences a batch step decodes (its position one a sequence); 1 for a step of one sequence."""
+        t = self.tensors.get(self.io.position)
+        return t.shape[0] if t is not None else 1
+
+    def check_position(self, pos) -> None:
+        """A step's rows must land inside the caches: the kernels do not check it on the device. `pos`: the step's
+        position, or a batch's, one a sequence (each inside its slot)."""
         if not self.io.caches:
             return
         length = self.tensors[self.io.caches[0][0]].shape[0]
+        if self.batch > 1:
+            slot = length // self.batch
+            for s, p in enumerate(np.asarray(pos).reshape(-1)):
+                if not 0 <= p < slot:
+                    raise UserError(f"sequence {s} of the batch at position {p} runs past its KV-cache slot of "
+                                    f"{slot} rows")
+            return
+        pos = int(np.asarray(pos).reshape(-1)[0])
         if pos < 0 or pos + self.rows > length:
             raise UserError(f"a step of {self.rows} row(s) at position {pos} runs past the KV cache of {length} rows")
 
@@ -203,12 +220,16 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
         if isinstance(linked, Refusal):
             raise UserError(f"the {lt.name} lane cannot run {linked}")
         for x in linked:
-            l = x.launch.tune(knobs, held_steps)
-            why = l.check()
-            if why:
-                raise UserError(f"the {lt.name} lane cannot run {x.cls or op.kind} -> `{op.out}`: "
-                                f"{getattr(why, 'reason', why)}")
-            launched.append(Launched(l, x.ops, x.layer, x.cls, x.rule, launch_us(l, knobs)))
+            tuned = x.launch.tune(knobs, held_steps)
+            # `sequences` held: a batch's launches one a sequence, the lifted ops counted with the last
+            apart = tuned.apart() if "sequences" in held_steps else (tuned,)
+            for i, l in enumerate(apart):
+                why = l.check()
+                if why:
+                    raise UserError(f"the {lt.name} lane cannot run {x.cls or op.kind} -> `{op.out}`: "
+                                    f"{getattr(why, 'reason', why)}")
+                ops = x.ops if i == len(apart) - 1 else ()
+                launched.append(Launched(l, ops, x.layer, x.cls, x.rule, launch_us(l, knobs)))
     al = aliases(og)
     bufs = buffers(og, al)
     seq = [x.launch for x in launched]

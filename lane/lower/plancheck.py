@@ -220,6 +220,8 @@ def _buffers(p) -> None:
 def _launches(p) -> None:
     io = p.io
     top = p.tensors[io.caches[0][0]].shape[0] - p.rows if io.caches else 0
+    if io.caches and p.batch > 1:  # a batch's: the last row of a sequence's slot
+        top = p.tensors[io.caches[0][0]].shape[0] // p.batch - 1
     tokens = p.tensors[io.logits].shape[-1]
     for i, x in enumerate(p.launches):
         l = x.launch
@@ -292,6 +294,8 @@ def _in_part(p, l, name: str) -> bool:
     b, c = p.buffers.get(name), p.constants.get(name)
     if (b is not None and (b.where == "table" or name in p.io.inputs)) or (c is not None and c.kind == "values"):
         return True
+    if getattr(l, "slot", 0) and getattr(l, "rows", getattr(l, "count", p.batch)) < p.batch:
+        return True  # one sequence of a batch apart (`sequences` held): its own rows only
     for r in _records(l):
         if isinstance(r, Dst) and r.buf == name and (r.row is not None or r.unit is not None):
             return True

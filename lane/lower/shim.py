@@ -45,7 +45,10 @@ class Shim:
         linked = self.link.op(op)
         if isinstance(linked, Refusal):
             return linked
-        return [x.launch.tune(self.knobs, self.held_steps) for x in linked]
+        tuned = [x.launch.tune(self.knobs, self.held_steps) for x in linked]
+        if "sequences" in self.held_steps:  # a batch's launches one a sequence
+            tuned = [k for l in tuned for k in l.apart()]
+        return tuned
 
     def cost(self, op: Op, g: Graph | None = None) -> float | Refusal:
         """The engine's cost function: microseconds, or a Refusal with the reason."""

@@ -110,8 +110,8 @@ class NumpyRunner:
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
+        s.check_position(inputs[s.io.position])
         pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
-        s.check_position(pos)
         tables = {n: inputs[n] for n in s.io.tables}
         if tables.keys() != env.tables.keys() or any(env.tables[n] is not t for n, t in tables.items()):
             env.tables = tables  # other cache arrays than the last step's: views into them are made anew

@@ -66,16 +66,19 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
     from lanefuse.lane.lower.plan import plan
 
     device = pick_device(device)
-    runners: dict[int, object] = {}
-    state = None
+    runners: dict[tuple[int, int], object] = {}
+    state = batch_state = None
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import DeviceState
 
         state = DeviceState()  # the caches and weights every plan of this model shares on the device
+        batch_state = DeviceState()  # a batch step's caches (each sequence's slot), the same weights
+        batch_state.weights = state.weights
 
     def step_fn(g, env):
         rows = int(g.meta.get("rows", 1))
-        r = runners.get(rows)
+        key = (rows, int(g.meta.get("batch", 1)))  # a batch step of B rows is not a prefill chunk of B
+        r = runners.get(key)
         if r is None:
             if saved is not None:
                 if saved.rows != rows:
@@ -88,11 +91,26 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                 s = plan(g, options)
                 spent["plan_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            r = runners[rows] = make_runner(s, weights, device, state, check, exact)
+            r = runners[key] = make_runner(s, weights, device, batch_state if key[1] > 1 else state, check, exact)
             spent["setup_s"] += time.perf_counter() - t0
         return r.step(env, lifted=g)
 
     spent = step_fn.spent = {"plan_s": 0.0, "setup_s": 0.0}  # seconds planning, setting up runners: `run`'s timings
+
+    if device == "gpu":
+        def to_slot(slot: int, slots: int) -> None:
+            """A prompt prefilled on the device (into the one-sequence caches): the caches copied into `slot`'s rows
+            of the batch step's (`slots` slots, made on the first copy), a device-to-device copy."""
+            import cupy
+
+            for n, t in state.tables.items():
+                b = batch_state.tables.get(n)
+                if b is None:
+                    b = batch_state.tables[n] = cupy.zeros(slots * t.size, dtype=cupy.float32)
+                    batch_state.loaded = True  # the host's caches are never uploaded over the slots
+                b[slot * t.size: (slot + 1) * t.size] = t
+
+        step_fn.to_slot = to_slot
 
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"
     if check and device == "cpu":

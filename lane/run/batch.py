@@ -1,0 +1,146 @@
+"""Greedy generation of several prompts in slots: each prompt prefilled alone into its slot's rows of the caches, then
+decoded with the others, one batch step (engine/model.py `build_step(cfg, 1, batch=B)`) a token for every slot; a
+sequence that ends (its token count, or the config's end-of-sequence id) gives its slot to the next waiting prompt.
+The steps' graphs never change while it runs: only which cache rows each slot holds."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.ir import Graph
+from lanefuse.engine.model import MAX_BATCH, MAX_CHUNK, ModelConfig, build_step
+from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s
+
+
+def batch_caches(cfg: ModelConfig, slots: int) -> dict[str, np.ndarray]:
+    """Zeroed KV-cache tables for `slots` sequences: (slots·max_len, kv_heads·head_dim) f32 each, slot s's rows from
+    s·max_len."""
+    shape = (slots * cfg.max_len, cfg.kv_heads * cfg.head_dim)
+    return {f"{c}{i}": np.zeros(shape, dtype=np.float32) for i in range(cfg.layers) for c in ("kc", "vc")}
+
+
+def cache_bytes(cfg: ModelConfig, slots: int) -> int:
+    """The bytes of the caches of `slots` sequences of max_len positions (keys and values, f32)."""
+    return 2 * cfg.layers * slots * cfg.max_len * cfg.kv_heads * cfg.head_dim * 4
+
+
+def check_prompts(cfg: ModelConfig, prompts, n_tokens: int) -> list[list[int]]:
+    """The prompts as id lists, each checked: not empty, ids in the vocabulary, room in a slot for its tokens."""
+    out = []
+    if not prompts:
+        raise UserError("no prompts to generate from: give --prompt-ids (repeatable) or --prompts FILE")
+    if n_tokens < 1:
+        raise UserError(f"cannot generate {n_tokens} tokens for a batch (at least 1)")
+    for k, p in enumerate(prompts):
+        ids = [int(t) for t in p]
+        if not ids:
+            raise UserError(f"prompt {k + 1} is empty: give at least one token")
+        bad = [t for t in ids if not 0 <= t < cfg.vocab]
+        if bad:
+            raise UserError(f"prompt {k + 1}: token {bad[0]} is outside the vocabulary (0..{cfg.vocab - 1})")
+        need = len(ids) + n_tokens - 1
+        if need > cfg.max_len:
+            raise UserError(f"prompt {k + 1}: {len(ids)} prompt tokens and {n_tokens} generated need {need} "
+                            f"positions; a slot's KV caches hold {cfg.max_len} (--ctx N gives them more rows)")
+        out.append(ids)
+    return out
+
+
+def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int | None = None,
+                   step_fn: StepFn | None = None, eos: tuple[int, ...] = (), chunk: int = MAX_CHUNK
+                   ) -> list[GenResult]:
+    """Greedy-decode up to `n_tokens` after each prompt, `slots` sequences at a time (default: every prompt, at most
+    MAX_BATCH); a sequence ends at its `n_tokens`-th token or at an id of `eos`. One result a prompt, in order."""
+    prompts = check_prompts(cfg, prompts, n_tokens)
+    slots = min(len(prompts), MAX_BATCH) if slots is None else slots
+    if not 1 <= slots <= MAX_BATCH:
+        raise UserError(f"--batch {slots}: a batch holds 1..{MAX_BATCH} slots")
+    if step_fn is None:
+        def step_fn(g: Graph, env: dict) -> dict:
+            return evaluate(g, weights, env)
+
+    L = cfg.max_len
+    caches = batch_caches(cfg, slots)
+    graphs: dict[tuple[int, int], Graph] = {}
+    results = [GenResult(p, [], []) for p in prompts]
+    ends = frozenset(eos)
+
+    def run(rows: int, batch: int, env: dict) -> tuple[np.ndarray, np.ndarray, float]:
+        """One step: its logits (a row a sequence), next tokens, and the seconds it ran, planning left out."""
+        key = (rows, batch)
+        if key not in graphs:
+            graphs[key] = build_step(cfg, rows, batch=batch)
+        t0, s0 = time.perf_counter(), _setup_s(step_fn)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by the caller, naming the step
+            out = step_fn(graphs[key], env)
+            logits = np.asarray(out["logits"], dtype=np.float32).reshape(batch if batch > 1 else 1, -1)
+        nxt = np.asarray(out["next"]).reshape(-1)
+        return logits, nxt, time.perf_counter() - t0 - (_setup_s(step_fn) - s0)
+
+    def prefill(s: int, k: int) -> tuple[np.ndarray, int]:
+        """Prompt k alone into slot s's rows of the caches; the logits and first token it gives."""
+        prompt = prompts[k]
+        view = {n: t[s * L:(s + 1) * L] for n, t in caches.items()}  # the slot's rows, written in place
+        for c in range(0, len(prompt), chunk):
+            env = dict(view)
+            env["token"] = np.asarray(prompt[c:c + chunk], dtype=np.int32)
+            env["pos"] = np.asarray([c], dtype=np.int32)
+            logits, nxt, dt = run(len(env["token"]), 1, env)
+            results[k].prompt_s += dt
+            if not np.isfinite(logits).all():
+                raise UserError(f"prompt {k + 1}: " + _not_finite(logits, len(env["token"]), c, len(prompt)))
+        return logits[0], int(nxt[0])
+
+    waiting = deque(range(len(prompts)))
+    held: list[int | None] = [None] * slots  # the prompt each slot decodes
+    pos = np.zeros(slots, dtype=np.int32)  # each slot's next position
+    last = np.zeros(slots, dtype=np.int32)  # each slot's last token
+
+    def take(s: int, logits: np.ndarray, token: int) -> None:
+        """Slot s's sequence takes `token`; where it ends, the next waiting prompt takes the slot (prefilled)."""
+        k = held[s]
+        r = results[k]
+        r.generated_ids.append(token)
+        r.logits.append(logits)
+        if len(r.generated_ids) < n_tokens and token not in ends:
+            last[s] = token
+            return
+        held[s] = None
+        pos[s] = 0
+        last[s] = 0
+        if waiting:
+            admit(s)
+
+    def admit(s: int) -> None:
+        k = waiting.popleft()
+        held[s] = k
+        logits, token = prefill(s, k)
+        to_slot = getattr(step_fn, "to_slot", None)  # the device runner's: its caches into the slot's rows
+        if to_slot is not None and slots > 1:
+            to_slot(s, slots)
+        pos[s] = len(prompts[k])
+        take(s, logits, token)
+
+    for s in range(slots):
+        if waiting:
+            admit(s)
+    while any(k is not None for k in held):
+        env = dict(caches)
+        env["token"] = last.copy()
+        env["pos"] = pos.copy()  # a free slot decodes a dummy row at position 0 of its own slot, read by no one
+        logits, nxt, dt = run(1, slots, env)  # one slot: the decode step of one sequence
+        busy = [s for s in range(slots) if held[s] is not None]
+        for s in busy:
+            if not np.isfinite(logits[s]).all():
+                k = held[s]
+                raise UserError(f"prompt {k + 1}: " + _not_finite(logits[s], 1, int(pos[s]), len(prompts[k])))
+        for s in busy:  # the step's time shared by its sequences: the results' sum is the batch's decode time
+            results[held[s]].decode_s += dt / len(busy)
+            pos[s] += 1
+            take(s, logits[s], int(nxt[s]))
+    return results
