@@ -43,8 +43,10 @@ class Quantized:
 
 
 def round_away(x: np.ndarray) -> np.ndarray:
-    """C's roundf, in f32: halves away from zero."""
-    return (np.sign(x) * np.floor(np.abs(x) + F32(0.5))).astype(F32)
+    """C's roundf, exactly (halves away from zero; gguf's np_roundf): no f32 rounding of |x| + 0.5."""
+    a = np.abs(np.asarray(x, dtype=F32))
+    fl = np.floor(a)
+    return (np.sign(x) * (fl + np.floor(F32(2) * (a - fl)))).astype(F32)
 
 
 def quantize(x: np.ndarray, words: int = 1) -> Quantized:

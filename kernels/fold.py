@@ -103,6 +103,9 @@ class Fold(Launch):
     def form(self) -> tuple[str | None, Refusal | None]:
         """(the fused kernel's form, None): "gemv_norm", "parts_rope" or "gather_norm"; or (None, why) when the pair
         runs as two kernels, why in the user's words."""
+        if isinstance(self.first, Gemv) and self.first.words:
+            return None, Refusal("a product of a quantized activation folded with what follows (the fused kernels "
+                                 "read f32 activations)")
         if isinstance(self.first, Gemv) and self.first.cap:
             return None, Refusal("a soft-capped product folded with what follows (the fused kernels store it uncapped)")
         if isinstance(self.then, Norm):

@@ -61,6 +61,7 @@ class GemvGlu(Launch):
     bu: str | None = None
     per_warp: int = 1
     format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
+    words: int = 0  # a quantized activation's int8 words a value: refused (the kernel reads x f32)
 
     census: ClassVar[str] = "gemv_glu"
     stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_glu")
@@ -78,6 +79,9 @@ class GemvGlu(Launch):
             return why
         if self.act not in ACTS:
             return Refusal(f"a gate activation `{self.act}`")
+        if self.words:
+            return Refusal("a gate and up GEMV of a quantized activation (its kernel reads the activation f32; the "
+                           "gate and up products run alone)")
         if self.format_u is not None and self.format_u != self.format:
             return Refusal(f"gate and up weights in different formats ({self.format}, {self.format_u}): the kernel "
                            f"reads both in one")

@@ -93,6 +93,9 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
         parts.append(GemmPart(w=w, y=y, n=link.g.shape(w)[0], bias=bias))
     if not parts:
         return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
+    if link.g.dtype(x) != "f32":
+        return Refusal(f"products in parts of a quantized activation ({link.g.dtype(x)}): the GEMV in parts reads f32; "
+                       f"each product runs alone", f"`{op.cls}` -> `{op.out}`")
     k = link.g.shape(x)[1]
     m = link.g.shape(x)[0]
     gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts))
@@ -114,7 +117,7 @@ def head_epilogue(link, op: Op, scope: Scope) -> list | Refusal:
     out = _product_out(ch)
     g = link.g
     gemv = Gemv(x=x, w=w, format=c.format, y=Dst(out), k=g.shape(x)[1], n=g.shape(w)[0], m=g.shape(x)[0],
-                bias=arg(ch["bias"], "b") if "bias" in ch else None)
+                bias=arg(ch["bias"], "b") if "bias" in ch else None, words={"q8": 1, "q8x2": 2}.get(g.dtype(x), 0))
     side = _side(ch, scope)
     rope = ch["rope"]
     a = rope.a

@@ -1,0 +1,127 @@
+"""The q8 numerics in the lane: the Quant launch and the GEMV of a quantized activation (numpy twins against the
+reference interpreter's exact meaning, refusals in words, bytes), q8/q8x2 plans run by the numpy backend inside their
+arena equal to the interpreter of the quantized step graph, and --numerics on the command."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.model import build_step
+from lanefuse.engine.quantize import product, quantize, with_numerics
+from lanefuse.kernels import Dst, Gemv
+from lanefuse.kernels.blocks import decode_rows, encode
+from lanefuse.kernels.env import HostEnv
+from lanefuse.kernels.quant import Quant, quant_layout
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.run.numpy_runner import NumpyRunner
+from test_quant import _env, q8_model
+
+FMTS = ("q8_0", "q4_0", "q4_k", "q6_k")
+
+
+def _empty(n: int, words: int):
+    return (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None, np.zeros(n // 32, np.float32))
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_quant_twin_is_the_interpreters_quantize(words):
+    x = np.random.default_rng(4).standard_normal(160).astype(np.float32)
+    env = HostEnv({"x": x}, quantized={"xq": _empty(160, words)})
+    Quant("x", "xq", 160, words).numpy(env)
+    want = quantize(x.reshape(1, -1), words)
+    w, low, sc = env.quant("xq")
+    assert np.array_equal(w, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
+    assert (low is None) == (words == 1) and (low is None or np.array_equal(low, want.low.reshape(-1)))
+
+
+def test_quant_refusals_and_bytes():
+    assert "whole number of blocks" in Quant("x", "xq", 40).check().reason
+    assert "q8 takes one, q8x2 two" in Quant("x", "xq", 64, 3).check().reason
+    assert Quant("x", "xq", 64).check() is None
+    assert Quant("x", "xq", 64).bytes() == 4 * 64 + 64 + 4 * 2
+    assert quant_layout(64, 1) == (256, 256, 512) and quant_layout(64, 2) == (256, 512, 768)
+    assert quant_layout(4096, 2) == (4096, 8192, 8192 + 512)
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gemv_of_a_quantized_activation(fmt, words):
+    """The exact twin equals the interpreter's product; the fast twin is within f32 rounding of it; a bias and a
+    destination in a table's rows are honoured."""
+    rng = np.random.default_rng(5)
+    m, k, n = 3, 256, 37
+    raw = encode(rng.standard_normal((n, k)).astype(np.float32) / 16, fmt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xq = quantize(x, words)
+    b = rng.standard_normal(n).astype(np.float32)
+    want = product(xq, decode_rows(raw, fmt, k)) + b
+    for exact in (True, False):
+        env = HostEnv({"y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)},
+                      {"xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
+                              xq.scales.reshape(-1))})
+        g = Gemv("xq", "w", fmt, Dst("y"), k, n, m, bias="b", words=words)
+        assert g.check() is None
+        g.numpy(env) if exact else g.fast(env)
+        got = env.array("y").reshape(m, n)
+        tol = 0 if exact else 1e-5 * np.abs(want).max()
+        assert np.abs(got - want).max() <= tol + 1e-7 * np.abs(want).max()
+    assert g.bytes() < Gemv("x", "w", fmt, Dst("y"), k, n, m, bias="b").bytes()
+
+
+def test_gemv_refuses_what_gemv_q8_cannot_run():
+    assert "int8 products need block-quantized rows" in Gemv("xq", "w", "bf16", Dst("y"), 64, 8, 1, words=1).check().reason
+    assert "sums k whole" in Gemv("xq", "w", "q8_0", Dst("y"), 4096, 8, 1, words=1, split=2).check().reason
+    assert "one, q8x2 two" in Gemv("xq", "w", "q8_0", Dst("y"), 64, 8, 1, words=3).check().reason
+
+
+def _chunk_env(g, rows, pos):
+    env = {"token": np.arange(3, 3 + rows, dtype=np.int32) % 500, "pos": np.array([pos], np.int32)}
+    for name in g.io.tables:
+        env[name] = np.zeros(g.tensors[name].shape, np.float32)
+    return env
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+def test_q8_plan_equals_the_interpreter(fmt, numerics):
+    """A decode step and a prefill chunk of 3 rows under q8/q8x2, run by the exact twins inside the plan's arena
+    (LANEFUSE_CHECK=2's launch-by-launch comparison on), equal the interpreter of the quantized step graph; the fast
+    twins are within 1e-4 of the logits' scale and pick the same token."""
+    cfg, w = q8_model(fmt)
+    for rows in (1, 3):
+        g = build_step(cfg, rows)
+        p = plan(g, numerics=numerics)
+        assert p.numerics == numerics and p.census.get("quant", 0) >= 1 and p.f32_reads == ()
+        gq = with_numerics(g, numerics)
+        ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+        for exact in (True, False):
+            out = NumpyRunner(p, w, exact=exact, check=exact).step(_chunk_env(g, rows, 0), lifted=g)
+            err = np.abs(out["logits"] - ref["logits"]).max() / np.abs(ref["logits"]).max()
+            assert err <= (1e-6 if exact else 1e-4), (rows, exact, err)
+            assert np.array_equal(out["next"], ref["next"])
+        f32 = evaluate(g, w, _chunk_env(g, rows, 0))["logits"]
+        assert not np.allclose(ref["logits"], f32, rtol=0, atol=1e-6 * np.abs(f32).max())
+
+
+def test_q8_plan_says_which_products_read_f32():
+    cfg, w = q8_model("q8_0")
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, f in cfg.formats if "down_proj" not in n))
+    p = plan(build_step(cfg, 1), numerics="q8")
+    downs = [o for o, _ in p.f32_reads if "down" in o]
+    assert len(downs) == cfg.layers and all(w == "its rows are f32 (only block-quantized rows are multiplied as int8)"
+                                            for o, w in p.f32_reads)
+
+
+def test_numerics_on_the_command(capsys, tmp_path):
+    from lanefuse.lane.cli.main import main
+
+    assert main(["plan", "--numerics", "q8"]) == 0
+    out = capsys.readouterr().out
+    assert "q8" in out and "read their activation f32" in out  # the demo model's rows are f32
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--numerics", "q9"])
+    assert e.value.code != 0
