@@ -22,8 +22,8 @@ F64 = np.float64
 
 @dataclass(frozen=True)
 class Quantized:
-    """A quantized activation (R, n): int8 `words`, the low int8 words under two words (or None), an f32 scale a block
-    of QBLOCK values (R, n/QBLOCK). Its value is d·(q + low/254) — exactly, in f64."""
+    """A quantized activation (R, n): int8 `words`, the low int8 words under two words (or None), a scale a block of
+    QBLOCK values (R, n/QBLOCK) held f32 (an f16 value under one word: `quantize`). Its value is d·(q + low/254) — exactly, in f64."""
 
     words: np.ndarray
     low: np.ndarray | None
@@ -50,8 +50,11 @@ def round_away(x: np.ndarray) -> np.ndarray:
 
 
 def quantize(x: np.ndarray, words: int = 1) -> Quantized:
-    """x (R, n) f32 in blocks of QBLOCK: d = max|x|/127 and q = roundf(x·(1/d)) in f32 (ggml's quantize_row_q8_0_ref,
-    with d kept f32); under two words also low = roundf((x - q·d)·(254/d)), clipped to ±127."""
+    """x (R, n) f32 in blocks of QBLOCK: d = max|x|/127 and q = roundf(x·(1/d)) in f32 (ggml's quantize_row_q8_0_ref).
+    Under one word the scale is d rounded to f16 (held in f32): what llama.cpp's block_q8_0 stores and its dot products
+    multiply by — with an f32 scale lanefuse's q8 logits were 4e-3 of their scale from llama.cpp's, with this one
+    1e-7. Under two words the scale is d itself and low = roundf((x - q·d)·(254/d)), clipped to ±127 (the residual
+    under an f16 scale could pass ±d/2 by 127·d·2⁻¹¹ and clip)."""
     xs = np.asarray(x, dtype=F32)
     r, n = xs.shape
     if n % QBLOCK:
@@ -65,6 +68,8 @@ def quantize(x: np.ndarray, words: int = 1) -> Quantized:
     if words == 2:
         res = (b - q * d[:, :, None]).astype(F32)
         low = np.clip(round_away(res * (inv * F32(LOW_STEPS))[:, :, None]), -127, 127).astype(np.int8).reshape(r, n)
+    else:
+        d = d.astype(np.float16).astype(F32)
     return Quantized(q.astype(np.int8).reshape(r, n), low, d)
 
 

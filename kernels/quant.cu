@@ -1,7 +1,14 @@
-// An activation to int8 blocks of 32 values, one f32 scale a block (llama.cpp's quantize_row_q8_0_ref, the scale
-// kept f32): a warp a block, lane i its value i. d = max|x| / 127, q = roundf(x * (1/d)); under two words also the
-// low word of the residual, roundf((x - q*d) * (254/d)) clipped to +-127. The products and the residual are rounded
-// as numpy rounds them (no fused multiply-add), so the words equal the twin's.
+// An activation to int8 blocks of 32 values, one scale a block (llama.cpp's quantize_row_q8_0_ref): a warp a block,
+// lane i its value i. d = max|x| / 127, q = roundf(x * (1/d)); under one word the scale kept is d rounded to f16 (the
+// value llama.cpp's block_q8_0 holds and multiplies by), under two words d itself, and the low word of the residual,
+// roundf((x - q*d) * (254/d)) clipped to +-127. The products and the residual are rounded as numpy rounds them (no
+// fused multiply-add), so the words equal the twin's.
+__device__ __forceinline__ float f16_round(float d) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
+    return f16f(h);
+}
+
 __device__ __forceinline__ void quant_block(float x, signed char* words, signed char* low, float* scales, i64 b,
                                             int lane) {
     float a = fabsf(x);
@@ -15,7 +22,7 @@ __device__ __forceinline__ void quant_block(float x, signed char* words, signed 
         float l = roundf(__fmul_rn(r, __fmul_rn(id, 254.0f)));
         low[b * 32 + lane] = (signed char)fminf(fmaxf(l, -127.0f), 127.0f);
     }
-    if (lane == 0) scales[b] = d;
+    if (lane == 0) scales[b] = low ? d : f16_round(d);
 }
 
 extern "C" __global__ void quant(const float* x, signed char* words, signed char* low, float* scales, i64 n,

@@ -90,7 +90,10 @@ def _chunk_env(g, rows, pos):
 def test_q8_plan_equals_the_interpreter(fmt, numerics):
     """A decode step and a prefill chunk of 3 rows under q8/q8x2, run by the exact twins inside the plan's arena
     (LANEFUSE_CHECK=2's launch-by-launch comparison on), equal the interpreter of the quantized step graph; the fast
-    twins are within 1e-4 of the logits' scale and pick the same token."""
+    twins pick the same token, their logits no farther from the interpreter's than the quantization's own noise (its
+    logits' distance from f32's): their f32 sums are rounded otherwise, so a value within that rounding of a half
+    rounds to the other word and moves its block by one step (measured: in the q8_0 chunk of 3 rows one word of the
+    first layer's GLU flips, 8e-3 of the logits' scale at the end)."""
     cfg, w = q8_model(fmt)
     for rows in (1, 3):
         g = build_step(cfg, rows)
@@ -98,13 +101,14 @@ def test_q8_plan_equals_the_interpreter(fmt, numerics):
         assert p.numerics == numerics and p.census.get("quant", 0) >= 1 and p.f32_reads == ()
         gq = with_numerics(g, numerics)
         ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+        f32 = evaluate(g, w, _chunk_env(g, rows, 0))["logits"]
+        noise = np.abs(ref["logits"] - f32).max() / np.abs(f32).max()
+        assert noise > 1e-6
         for exact in (True, False):
             out = NumpyRunner(p, w, exact=exact, check=exact).step(_chunk_env(g, rows, 0), lifted=g)
             err = np.abs(out["logits"] - ref["logits"]).max() / np.abs(ref["logits"]).max()
-            assert err <= (1e-6 if exact else 1e-4), (rows, exact, err)
+            assert err <= (1e-6 if exact else max(1e-4, noise)), (rows, exact, err, noise)
             assert np.array_equal(out["next"], ref["next"])
-        f32 = evaluate(g, w, _chunk_env(g, rows, 0))["logits"]
-        assert not np.allclose(ref["logits"], f32, rtol=0, atol=1e-6 * np.abs(f32).max())
 
 
 def test_q8_plan_says_which_products_read_f32():
