@@ -35,67 +35,86 @@ __device__ __forceinline__ float wblock_ints(int fmt, const u8* w, i64 row_block
     return h16(p);
 }
 
-extern "C" __global__ void __launch_bounds__(128) gemv_q8(const signed char* xw, const signed char* xl, const float* xs,
-                                                          const void* w, i64 fmt, const float* bias, DST_PARAMS(y),
-                                                          i64 k, i64 n, i64 m, float cap) {
-    Dst d = DST(y);
-    i64 j = (i64)blockIdx.x * QWARPS + (threadIdx.x >> 5);
-    if (j >= n) return;
+// A quantized activation: its int8 words, its low words (nullptr under one word), a scale a block of 32.
+struct QX {
+    const signed char* w;
+    const signed char* l;
+    const float* s;
+};
+
+// Output j of rows r0.. (a slab of QGR) of x · wᵀ, x quantized, warp-summed into acc (every lane holds the sums).
+__device__ __forceinline__ void q8_tile(int fmt, const QX& x, const void* w, i64 k, i64 m, i64 j, i64 r0,
+                                        float (&acc)[QGR]) {
     int lane = threadIdx.x & 31;
-    i64 r0 = (i64)blockIdx.y * QGR;
     int nr = (int)min((i64)QGR, m - r0);
     i64 nb = k >> 5;
-    float acc[QGR];
 #pragma unroll
     for (int r = 0; r < QGR; r++) acc[r] = 0.f;
     for (i64 b = lane; b < nb; b += 32) {
         if (fmt == 3 || fmt == 4) {
             int q[8];
-            float dw = wblock_ints((int)fmt, (const u8*)w, nb, j, b, q);
+            float dw = wblock_ints(fmt, (const u8*)w, nb, j, b, q);
 #pragma unroll
             for (int r = 0; r < QGR; r++) {
                 if (r < nr) {
-                    const int* xv = (const int*)(xw + (r0 + r) * k + b * 32);
+                    const int* xv = (const int*)(x.w + (r0 + r) * k + b * 32);
                     int s = 0;
 #pragma unroll
                     for (int t = 0; t < 8; t++) s = __dp4a(xv[t], q[t], s);
                     float v = (float)s;
-                    if (xl) {
-                        const int* lv = (const int*)(xl + (r0 + r) * k + b * 32);
+                    if (x.l) {
+                        const int* lv = (const int*)(x.l + (r0 + r) * k + b * 32);
                         int sl = 0;
 #pragma unroll
                         for (int t = 0; t < 8; t++) sl = __dp4a(lv[t], q[t], sl);
                         v += (float)sl / 254.f;
                     }
-                    acc[r] += dw * xs[(r0 + r) * nb + b] * v;
+                    acc[r] += dw * x.s[(r0 + r) * nb + b] * v;
                 }
             }
         } else {
             float wv[32];
 #pragma unroll
-            for (int t = 0; t < 32; t++) wv[t] = wget((int)fmt, w, j * k + b * 32 + t);
+            for (int t = 0; t < 32; t++) wv[t] = wget(fmt, w, j * k + b * 32 + t);
 #pragma unroll
             for (int r = 0; r < QGR; r++) {
                 if (r < nr) {
-                    const signed char* xv = xw + (r0 + r) * k + b * 32;
+                    const signed char* xv = x.w + (r0 + r) * k + b * 32;
                     float v = 0.f;
 #pragma unroll
                     for (int t = 0; t < 32; t++) v += (float)xv[t] * wv[t];
-                    if (xl) {
-                        const signed char* lv = xl + (r0 + r) * k + b * 32;
+                    if (x.l) {
+                        const signed char* lv = x.l + (r0 + r) * k + b * 32;
                         float vl = 0.f;
 #pragma unroll
                         for (int t = 0; t < 32; t++) vl += (float)lv[t] * wv[t];
                         v += vl / 254.f;
                     }
-                    acc[r] += xs[(r0 + r) * nb + b] * v;
+                    acc[r] += x.s[(r0 + r) * nb + b] * v;
                 }
             }
         }
     }
 #pragma unroll
     for (int r = 0; r < QGR; r++) acc[r] = warp_sum(acc[r]);
-    if (lane != 0) return;
-    for (int r = 0; r < nr; r++)
-        d.y[dst_at(d, (r0 + r) * n + j)] = capped(acc[r] + (bias ? bias[j] : 0.f), cap);
+}
+
+// The warp's output of output block `bx` (QWARPS outputs a block), rows of slab blockIdx.y, written through d: the
+// body gemv_q8, gemm_parts_q8 and the folds' q8 kernels share.
+__device__ __forceinline__ void q8_body(int fmt, const QX& x, const void* w, const float* bias, const Dst& d, i64 k,
+                                        i64 n, i64 m, i64 bx, float cap = 0.f) {
+    i64 j = bx * QWARPS + (threadIdx.x >> 5);
+    if (j >= n) return;
+    i64 r0 = (i64)blockIdx.y * QGR;
+    float acc[QGR];
+    q8_tile(fmt, x, w, k, m, j, r0, acc);
+    if ((threadIdx.x & 31) != 0) return;
+    int nr = (int)min((i64)QGR, m - r0);
+    for (int r = 0; r < nr; r++) d.y[dst_at(d, (r0 + r) * n + j)] = capped(acc[r] + (bias ? bias[j] : 0.f), cap);
+}
+
+extern "C" __global__ void __launch_bounds__(128) gemv_q8(const signed char* xw, const signed char* xl, const float* xs,
+                                                          const void* w, i64 fmt, const float* bias, DST_PARAMS(y),
+                                                          i64 k, i64 n, i64 m, float cap) {
+    q8_body((int)fmt, QX{xw, xl, xs}, w, bias, DST(y), k, n, m, blockIdx.x, cap);
 }

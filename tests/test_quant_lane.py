@@ -129,3 +129,50 @@ def test_numerics_on_the_command(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["plan", "--numerics", "q9"])
     assert e.value.code != 0
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_glu_and_parts_of_a_quantized_activation(fmt, words):
+    """GemvGlu and GemmParts over a quantized activation: the exact twins equal the interpreter's products (int8 block
+    sums) under the GLU and into each part's destination; the fast twins within f32 rounding of them."""
+    from lanefuse.kernels import GemmPart, GemmParts, GemvGlu, Part
+    from lanefuse.kernels.common import act
+
+    rng = np.random.default_rng(10)
+    m, k, n = 3, 256, 37
+    raws = {w: encode(rng.standard_normal((n, k)).astype(np.float32) / 16, fmt) for w in ("wg", "wu")}
+    bg = rng.standard_normal(n).astype(np.float32)
+    xq = quantize(rng.standard_normal((m, k)).astype(np.float32), words)
+    g, u = (product(xq, decode_rows(raws[w], fmt, k)) for w in ("wg", "wu"))
+    want_glu = act("silu", (g + bg).astype(np.float32)) * u
+    W = 2 * n + 3
+    want_qkv = np.zeros((m, W), np.float32)
+    want_qkv[:, :n], want_qkv[:, n + 3:] = g + bg, u
+    for exact in (True, False):
+        env = HostEnv({"o": np.zeros(m * n, np.float32), "qkv": np.zeros(m * W, np.float32), "bg": bg},
+                      {w: (r, fmt) for w, r in raws.items()},
+                      {"xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
+                              xq.scales.reshape(-1))})
+        glu = GemvGlu("xq", "wg", "wu", fmt, "o", k, n, m, bg="bg", words=words)
+        parts = GemmParts("xq", fmt, k, m, (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+                                            GemmPart("wu", Dst("qkv", unit=Part(W, n + 3, n)), n)), words=words)
+        for launch in (glu, parts):
+            assert launch.check() is None and launch.tune({}).per_warp == 1
+            launch.numpy(env) if exact else launch.fast(env)
+        tol = 1e-6 if exact else 1e-5
+        for got, want in ((env.array("o").reshape(m, n), want_glu), (env.array("qkv").reshape(m, W), want_qkv)):
+            assert np.abs(got - want).max() <= tol * np.abs(want).max()
+    assert "block-quantized rows" in GemvGlu("xq", "wg", "wu", "bf16", "o", k, n, m, words=1).check().reason
+    assert glu.bytes() < GemvGlu("x", "wg", "wu", fmt, "o", k, n, m).bytes()
+
+
+def test_a_q8_decode_layer_runs_the_f32_plans_fused_kernels():
+    """Under q8 the products keep their fusions (q/k/v in parts with their heads' norm and rotation, the output
+    projection and the down projection folded with the next norm, gate/up with their GLU): the f32 plan's launches
+    plus the Quant launches."""
+    cfg, _ = q8_model("q8_0")
+    f32, q8 = (plan(build_step(cfg, 1), numerics=n) for n in ("f32", "q8"))
+    quants = q8.census.pop("quant")
+    assert dict(q8.census) == dict(f32.census) and quants == 4 * cfg.layers + 1
+    assert all(getattr(x.launch, "fused", True) for x in q8.launches)

@@ -93,12 +93,9 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
         parts.append(GemmPart(w=w, y=y, n=link.g.shape(w)[0], bias=bias))
     if not parts:
         return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
-    if link.g.dtype(x) != "f32":
-        return Refusal(f"products in parts of a quantized activation ({link.g.dtype(x)}): the GEMV in parts reads f32; "
-                       f"each product runs alone", f"`{op.cls}` -> `{op.out}`")
     k = link.g.shape(x)[1]
     m = link.g.shape(x)[0]
-    gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts))
+    gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts), words={"q8": 1, "q8x2": 2}.get(link.g.dtype(x), 0))
     if not sides:
         return [gp]
     return [Fold(first=gp, then=_rope_parts(sides, rope, link))]
