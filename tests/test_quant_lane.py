@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.model import build_step
@@ -129,6 +130,15 @@ def test_numerics_on_the_command(capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["plan", "--numerics", "q9"])
     assert e.value.code != 0
+    saved = tmp_path / "q8.json"  # a q8 plan saved runs without the solver: the same tokens as planning anew
+    assert main(["plan", "--numerics", "q8", "--weights-format", "q8_0", "--save", str(saved)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--plan", str(saved), "--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4"]) == 0
+    a = capsys.readouterr().out
+    assert main(["run", "--numerics", "q8", "--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4"]) == 0
+    b = capsys.readouterr().out
+    ids = [line for line in a.splitlines() if line.startswith("generated ids")]
+    assert ids and ids == [line for line in b.splitlines() if line.startswith("generated ids")]
 
 
 @pytest.mark.parametrize("words", [1, 2])
@@ -169,10 +179,39 @@ def test_glu_and_parts_of_a_quantized_activation(fmt, words):
 
 def test_a_q8_decode_layer_runs_the_f32_plans_fused_kernels():
     """Under q8 the products keep their fusions (q/k/v in parts with their heads' norm and rotation, the output
-    projection and the down projection folded with the next norm, gate/up with their GLU): the f32 plan's launches
-    plus the Quant launches."""
-    cfg, _ = q8_model("q8_0")
+    projection and the down projection folded with the next norm, gate/up with their GLU) and the norms quantize in
+    their epilogues (embed_norm.quant, gemv_norm_epilogue.quant): the f32 plan's launches plus a Quant launch of the
+    attention's output and of the GLU's a layer. Held `fuse_quant` (the lane's step holding every rule that joins a
+    quantize): each quantize a Quant launch again, the same numbers."""
+    cfg, w = q8_model("q8_0")
     f32, q8 = (plan(build_step(cfg, 1), numerics=n) for n in ("f32", "q8"))
-    quants = q8.census.pop("quant")
-    assert dict(q8.census) == dict(f32.census) and quants == 4 * cfg.layers + 1
+    quants = dict(q8.census).pop("quant")
+    assert {k: v for k, v in q8.census.items() if k != "quant"} == dict(f32.census) and quants == 2 * cfg.layers
+    held = plan(build_step(cfg, 1), numerics="q8", held=("fuse_quant",))
+    assert held.census["quant"] == 4 * cfg.layers + 1 and len(held.launches) == len(q8.launches) + 2 * cfg.layers + 1
+    assert {"fuse_quant", "norm_quant", "embed_norm.quant"} <= set(held.held)
+    a, b = (NumpyRunner(p, w).step(_env(build_step(cfg, 1), cfg)) for p in (q8, held))
+    assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["next"], b["next"])
     assert all(getattr(x.launch, "fused", True) for x in q8.launches)
+
+
+QUANT_HOLDS = ("fuse_quant", "norm_quant", "add_norm_quant", "gemv_norm_epilogue.quant", "embed_norm.quant",
+               "gemv_norm_epilogue", "embed_norm", "merged_qkv", "gemv_gate_up_glu")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(held=st.sets(st.sampled_from(QUANT_HOLDS)), numerics=st.sampled_from(["q8", "q8x2"]))
+def test_random_held_sets_and_numerics_keep_the_numbers(held, numerics):
+    """Any held set of the quantizing rules and their neighbours (and `fuse_quant`), under q8 or q8x2: the plan, run
+    by the exact twins in its arena, equals the interpreter of the quantized step graph."""
+    cfg, w = _MODEL
+    g = build_step(cfg, 1)
+    p = plan(g, numerics=numerics, held=tuple(sorted(held)))
+    gq = with_numerics(g, numerics)
+    ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
+    out = NumpyRunner(p, w).step(_chunk_env(g, 1, 0))
+    assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
+    assert np.array_equal(out["next"], ref["next"])
+
+
+_MODEL = q8_model("q4_0")

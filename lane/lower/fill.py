@@ -129,8 +129,8 @@ def _format(s, t):
 
 
 def _words(s, t):
-    """The int8 words a value of quantized activation t (q8 1, q8x2 2); 0 for an f32 tensor."""
-    return {"q8": 1, "q8x2": 2}.get(s.g.dtype(_tensor(s, t)), 0)
+    """The int8 words a value of quantized activation t (q8 1, q8x2 2); 0 for an f32 tensor or none (null)."""
+    return 0 if t is None else {"q8": 1, "q8x2": 2}.get(s.g.dtype(_tensor(s, t)), 0)
 
 
 def _is_values(s, t):
