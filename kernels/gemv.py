@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.quantize import BLOCK_FORMATS
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, QBLOCK, Chip, Dst, Launch, Scratch, decode,
@@ -238,8 +239,9 @@ def q8_check(words: int, fmt: str, k: int, split: int) -> Refusal | None:
         return None
     if words not in (1, 2):
         return Refusal(f"an activation of {words} int8 words a value (q8 reads one, q8x2 two)")
-    if fmt not in BLOCKS:
-        return Refusal(f"a quantized activation times {fmt} rows (int8 products need block-quantized rows)")
+    if fmt not in BLOCK_FORMATS:
+        return Refusal(f"a quantized activation times {fmt} rows (int8 products need block-quantized rows: "
+                       f"{', '.join(BLOCK_FORMATS)})")
     if k % QBLOCK:
         return Refusal(f"a quantized activation of rows of {k} values, not whole {QBLOCK}-value blocks")
     if split != 1:
