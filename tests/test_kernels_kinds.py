@@ -90,8 +90,9 @@ def test_refusals_are_values_in_the_users_words():
 
 
 def test_tuning_steps_are_the_lane_tables():
-    # gemv_parts: a step the lane table takes itself, running merged_qkv as its parts when held
-    assert honoured_steps() | {"gemv_parts"} == lane_steps("cuda")
+    # gemv_parts: a step the lane table takes itself, running merged_qkv as its parts when held; fuse_quant: one the
+    # plan takes, holding the rules that join a quantize
+    assert honoured_steps() | {"gemv_parts", "fuse_quant"} == lane_steps("cuda")
     assert all(set(k.steps) <= lane_steps("cuda") for k in KINDS.values())
 
 

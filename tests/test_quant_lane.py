@@ -133,9 +133,10 @@ def test_numerics_on_the_command(capsys, tmp_path):
     saved = tmp_path / "q8.json"  # a q8 plan saved runs without the solver: the same tokens as planning anew
     assert main(["plan", "--numerics", "q8", "--weights-format", "q8_0", "--save", str(saved)]) == 0
     capsys.readouterr()
-    assert main(["run", "--plan", str(saved), "--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4"]) == 0
+    run = ["--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4"]
+    assert main(["run", "--plan", str(saved), *run]) == 0
     a = capsys.readouterr().out
-    assert main(["run", "--numerics", "q8", "--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4"]) == 0
+    assert main(["run", "--numerics", "q8", *run]) == 0
     b = capsys.readouterr().out
     ids = [line for line in a.splitlines() if line.startswith("generated ids")]
     assert ids and ids == [line for line in b.splitlines() if line.startswith("generated ids")]

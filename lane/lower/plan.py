@@ -135,7 +135,7 @@ def split_held(held, table, lt: LaneTable) -> tuple[frozenset[str], frozenset[st
     for h in held:
         if h in lane_steps:
             steps.add(h)
-            kinds = set(lt.holds.get(h, ()))  # a step over lifted ops (fuse_quant: quantize) holds the rules joining one
+            kinds = set(lt.holds.get(h, ()))  # a step over lifted ops (fuse_quant: quantize) holds their rules
             rules |= {r.name for r in table.rules if any(set(it.kinds) & kinds for it in r.items)}
         elif h in table.by_name:
             rules.add(h)
