@@ -17,11 +17,12 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import gguf_files as gf  # noqa: E402
+from hf_ref import hf_greedy, scaled_error as _rel  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from lanefuse.lane.lower.plan import plan  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 from lanefuse.lane.run.numpy_runner import NumpyRunner  # noqa: E402
-from test_gguf import K_SHAPE, PROMPT, SHAPES, _rel  # noqa: E402
+from test_gguf import K_SHAPE, PROMPT, SHAPES  # noqa: E402
 
 N = 12
 TOL = 1e-3
@@ -100,7 +101,7 @@ def test_q8x2_equals_transformers_on_the_decoded_weights(arch, fmt, tmp_path):
     """Two words hold the activation to d/508 a value: the same tokens as transformers on the file's weights decoded,
     logits within 1e-3 of their scale (measured 5e-5..7e-5, where q8 is 1.2e-2..1.8e-2 off)."""
     model, path = _file(arch, fmt, tmp_path)
-    want, want_logits = gf.hf_greedy(gf.reference(model, fmt), PROMPT, N)
+    want, want_logits = hf_greedy(gf.reference(model, fmt), PROMPT, N)
     got = _lanefuse(path, "q8x2")
     rel = _rel(got.logits, want_logits)
     print(f"\nq8x2 {arch} {fmt} vs transformers: {rel:.1e} of the logits' scale")
