@@ -4,7 +4,7 @@ and q8x2 numerics on the same q8_0 / q4_0 GGUF file of a random Qwen3-shaped mod
 llama.cpp's on that file beside them where llama-cpp-python is installed. Each timing runs in a fresh process;
 medians over the rounds.
 
-    python bench/q8_figures.py [--formats q8_0,q4_0] [--layers 2] [--tokens 8] [--rounds 2] [--threads 2]"""
+    python bench/q8_figures.py [--formats q8_0,q4_0] [--layers 4] [--tokens 8] [--rounds 2] [--threads 2]"""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def run_child(*args: str, threads: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default="q8_0,q4_0")
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=4)  # the middle layer counted: not the last (the head's norm)
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
