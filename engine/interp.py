@@ -12,6 +12,7 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Access, Dst, Graph, Op, RowSel
 from lanefuse.engine.opdefs import full_attrs
+from lanefuse.engine.quantize import Quantized, product as q8_product, quantize as q8_quantize
 
 F32 = np.float32
 F64 = np.float64
@@ -32,6 +33,8 @@ def _rmsnorm(x, w, eps, heads=1, **a):
 
 
 def _matmul(x, w, **a):
+    if isinstance(x, Quantized):
+        return q8_product(x, w)  # int8 block sums times the blocks' scales (engine/quantize.py)
     return (np.asarray(x, dtype=F64) @ np.asarray(w, dtype=F64).T).astype(F32)  # (R, k) @ (k, n) -> (R, n)
 
 
@@ -160,6 +163,10 @@ def _view(x, row, **a):
     return np.array(x[row:row + 1], dtype=x.dtype)
 
 
+def _quantize(x, words=1, **a):
+    return q8_quantize(x, words)
+
+
 def _moe(x, router, gate_up, down, router_bias=None, gate_up_bias=None, down_bias=None, *, experts, k, inter,
          norm_topk, act="silu", routing="softmax_topk", limit=0.0, alpha=1.702, **a):
     from lanefuse.engine.moe import route
@@ -201,7 +208,7 @@ OP_IMPL: dict[str, Callable[..., np.ndarray]] = {
     "add": _binary(np.add), "mul": _binary(np.multiply), "sub": _binary(np.subtract),
     "rope": _rope, "set_row": _set_row, "attention": _attention,
     "silu": _silu, "sigmoid": _sigmoid, "gelu": _gelu, "gelu_erf": _gelu_erf, "swiglu": _swiglu, "argmax": _argmax,
-    "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe,
+    "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe, "quantize": _quantize,
 }
 
 
@@ -261,7 +268,7 @@ def run_op(op: Op, *arrays: np.ndarray) -> np.ndarray:
     A set_row writes its table argument in place and returns it."""
     if op.fused:
         raise ValueError("run_op takes a lifted op; evaluate a fused op with apply_op")
-    ins = [read_access(np.asarray(x), op.acc(i)) for i, x in enumerate(arrays)]
+    ins = [x if isinstance(x, Quantized) else read_access(np.asarray(x), op.acc(i)) for i, x in enumerate(arrays)]
     return OP_IMPL[op.kind](*ins, **full_attrs(op))
 
 

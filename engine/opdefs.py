@@ -67,6 +67,10 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
     _d("scale", ["x"], {"factor": float}, doc="x * factor"),
     _d("softcap", ["x"], {"cap": float}, doc="cap * tanh(x / cap)"),
     _d("view", ["x"], {"row": int}, doc="one row of a computed tensor, no launch: (R, n) -> (1, n)"),
+    _d("quantize", ["x"], {"words": int}, {"words": 1},
+       doc="an activation as int8 blocks of 32 values, one f32 scale a block (llama.cpp's q8_0 rounding: "
+           "d = max|x|/127, q = round-half-away(x·(1/d))); words 2 (q8x2) adds a low int8 word of the residual "
+           "x - d·q in steps of d/254: (R, n) f32 -> (R, n) q8 | q8x2, read only by products (engine/quantize.py)"),
     _d("moe", ["x", "router", "gate_up", "down", "router_bias?", "gate_up_bias?", "down_bias?"],
        {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str, "limit": float,
         "alpha": float},
@@ -201,6 +205,18 @@ def _view(shapes, attrs):
     return (1, n), "f32"
 
 
+QBLOCK = 32  # the values of a quantized activation that share one scale
+
+
+def _quantize(shapes, attrs):
+    r, n = _rows_cols(shapes[0])
+    if attrs["words"] not in (1, 2):
+        raise ValueError(f"words {attrs['words']}: a quantized activation is one int8 word a value (q8) or two (q8x2)")
+    if n % QBLOCK:
+        raise ValueError(f"a row of {n} values is not a whole number of {QBLOCK}-value blocks")
+    return (r, n), "q8" if attrs["words"] == 1 else "q8x2"
+
+
 ROUTINGS = ("softmax_topk", "topk_softmax")  # softmax over every expert, then the k largest (Qwen-MoE, Mixtral); the
 # k largest logits, then a softmax over them (gpt-oss)
 
@@ -226,8 +242,10 @@ INFER: dict[str, Callable] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul, "add": _broadcast, "mul": _broadcast,
     "sub": _broadcast, "rope": _rope, "set_row": _set_row, "attention": _attention, "silu": _same,
     "sigmoid": _same, "gelu": _same, "gelu_erf": _same, "swiglu": _swiglu, "argmax": _argmax, "scale": _same,
-    "softcap": _same, "view": _view, "moe": _moe,
+    "softcap": _same, "view": _view, "moe": _moe, "quantize": _quantize,
 }
+
+QUANTIZED = ("q8", "q8x2")
 
 
 def full_attrs(op) -> dict[str, Any]:
@@ -276,6 +294,12 @@ def infer(g, op) -> tuple[Shape, str]:
                 raise UserError(f"op `{op.kind}` -> `{op.out}`: access {acc} does not fit `{name}` {s}")
             s = (units, acc.width)
         shapes.append(s)
+    for i, name in enumerate(op.ins):
+        if g.dtype(name) in QUANTIZED and not (op.kind == "matmul" and i == 0):
+            raise UserError(f"op `{op.kind}` -> `{op.out}` reads `{name}`, a quantized activation "
+                            f"({g.dtype(name)}): only a product's activation is read quantized")
+        if op.kind == "quantize" and g.dtype(name) != "f32":
+            raise UserError(f"op `quantize` -> `{op.out}` reads `{name}` ({g.dtype(name)}): it quantizes f32 values")
     want_i32 = {"gather": [1], "rope": [3], "set_row": [2], "attention": [3]}.get(op.kind, [])
     for i in want_i32:
         if g.dtype(op.ins[i]) != "i32":

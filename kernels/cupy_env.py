@@ -29,7 +29,8 @@ class DeviceEnv:
     def __init__(self, arena_bytes: int, placed: dict[str, tuple[int, int, str]] | None = None,
                  arrays: dict[str, np.ndarray] | None = None,
                  weights: dict[str, tuple[np.ndarray, str]] | None = None,
-                 scratch: dict[tuple[str, str], int] | None = None):
+                 scratch: dict[tuple[str, str], int] | None = None,
+                 quantized: dict[str, tuple[int, int]] | None = None):
         import cupy
 
         self.cp = cupy
@@ -42,6 +43,7 @@ class DeviceEnv:
         self.weights = {n: (cupy.asarray(np.ascontiguousarray(raw)).reshape(-1), fmt)
                         for n, (raw, fmt) in (weights or {}).items()}
         self.scratch_at = dict(scratch or {})
+        self.quantized = dict(quantized or {})  # a quantized form's name -> (values, words): its bytes in `placed`
         self._scratch: dict[tuple[str, str], object] = {}
         self._tables: dict[str, object] = {}
 
@@ -75,6 +77,19 @@ class DeviceEnv:
         if name is None:
             return NULL
         return self.array(name) if name in self.views else self.weight(name)[0]
+
+    def quant(self, name: str) -> tuple:
+        """Tensor `name`'s quantized form (a byte view of its array): its words, low words (a null pointer under
+        one word) and scales, as kernel arguments (kernels/quant.py's layout)."""
+        from lanefuse.kernels.quant import quant_layout
+
+        if name not in self.quantized:
+            raise KeyError(f"`{name}` has no quantized form on the device")
+        n, words = self.quantized[name]
+        a = self.array(name)
+        lo, sc, _ = quant_layout(n, words)
+        low = a[lo:lo + n].view(self.cp.int8) if words == 2 else NULL
+        return a[:n].view(self.cp.int8), low, a[sc:sc + 4 * (n // 32)].view(self.cp.float32)
 
     def dst_words(self, d: Dst) -> tuple[int, ...]:
         """A Dst as the seven words the kernels take (pointers as their integer addresses)."""

@@ -33,9 +33,16 @@ class HostEnv:
     """An Env over dicts of flat numpy arrays; `param` reads element 0 of an i32 array of the same name."""
 
     def __init__(self, arrays: dict[str, np.ndarray] | None = None,
-                 weights: dict[str, tuple[np.ndarray, str]] | None = None):
+                 weights: dict[str, tuple[np.ndarray, str]] | None = None,
+                 quantized: dict[str, tuple[np.ndarray, np.ndarray | None, np.ndarray]] | None = None):
         self.arrays = {k: np.ascontiguousarray(v).reshape(-1) for k, v in (arrays or {}).items()}
         self.weights = dict(weights or {})
+        self.quantized = dict(quantized or {})  # a quantized form: its int8 words, low words (or None), scales
+
+    def quant(self, name: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        if name not in self.quantized:
+            raise KeyError(f"no quantized form `{name}` in this env (have: {', '.join(sorted(self.quantized))})")
+        return self.quantized[name]
 
     def array(self, name: str) -> np.ndarray:
         if name not in self.arrays:

@@ -22,6 +22,15 @@ __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const Nor
 FOLD_KERNEL(fold_gemv_norm_1, 1)
 FOLD_KERNEL(fold_gemv_norm_4, 4)
 
+// The same over a quantized activation (gemv_q8.cu's body).
+extern "C" __global__ void __launch_bounds__(128)
+    fold_gemv_norm_q8(const signed char* xw, const signed char* xl, const float* xs, const void* w, i64 fmt,
+                      const float* bias, DST_PARAMS(y), i64 k, i64 n, i64 m, unsigned* counter, i64 rows,
+                      NORM_PARAMS) {
+    q8_body((int)fmt, QX{xw, xl, xs}, w, bias, DST(y), k, n, m, blockIdx.x);
+    fold_tail(counter, rows, NORM_ARGS);
+}
+
 // Products in parts (or one GEMV) and then their heads' norm and rotation (qkv_head_epilogue) in one launch. Every
 // block runs its outputs of the product exactly as gemm_parts does, the raw product written to its part's Dst. A block
 // of a rotated part then arrives at each head its outputs touch (a counter a head and a slab of rows); the last block
@@ -67,9 +76,10 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
     }
 }
 
+// PW 0: the activation quantized (qx, gemv_q8.cu's body: a warp an output), else f32 x with PW outputs a warp.
 template <int PW>
-__device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const i64* t, i64 nparts, i64 k, i64 m,
-                                                unsigned* counters, const float* cos, const float* sin,
+__device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const QX& qx, const i64* t, i64 nparts,
+                                                i64 k, i64 m, unsigned* counters, const float* cos, const float* sin,
                                                 const int* posp, i64 hd, i64 rot, i64 slot) {
     __shared__ int last;
     int p = 0;
@@ -77,10 +87,11 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const i
     const i64* d = t + p * PR;
     Dst y = dst_from(d + 4);
     i64 n = d[2], bx = blockIdx.x - d[3];
-    gemv_body<PW>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, n, m, 1, bx);
+    if (PW == 0) q8_body(fmt, qx, (const void*)d[0], (const float*)d[1], y, k, n, m, bx);
+    else gemv_body<(PW > 0 ? PW : 1)>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, n, m, 1, bx);
     const i64* s = d + 11;
     if (s[0] == 0) return;  // a part not rotated: a plain GEMV block
-    const i64 per = WARPS * PW;
+    const i64 per = WARPS * (PW > 0 ? PW : 1);
     i64 j0 = bx * per, j1 = min(n, j0 + per);
     i64 r0 = (i64)blockIdx.y * GR, nr = min((i64)GR, m - r0);
     i64 pos = posp ? (i64)posp[0] : 0;
@@ -102,10 +113,18 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const i
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(const float* x, const i64* t, i64 nparts, i64 fmt, i64 k, i64 m, unsigned* counters,            \
              const float* cos, const float* sin, const int* posp, i64 hd, i64 rot, i64 slot) {               \
-        parts_rope_body<PW>((int)fmt, x, t, nparts, k, m, counters, cos, sin, posp, hd, rot, slot);           \
+        parts_rope_body<PW>((int)fmt, x, QX{nullptr, nullptr, nullptr}, t, nparts, k, m, counters, cos, sin,   \
+                            posp, hd, rot, slot);                                                             \
     }
 PARTS_ROPE_KERNEL(fold_parts_rope_1, 1)
 PARTS_ROPE_KERNEL(fold_parts_rope_4, 4)
+
+extern "C" __global__ void __launch_bounds__(128)
+    fold_parts_rope_q8(const signed char* xw, const signed char* xl, const float* xs, const i64* t, i64 nparts,
+                       i64 fmt, i64 k, i64 m, unsigned* counters, const float* cos, const float* sin, const int* posp,
+                       i64 hd, i64 rot, i64 slot) {
+    parts_rope_body<0>((int)fmt, nullptr, QX{xw, xl, xs}, t, nparts, k, m, counters, cos, sin, posp, hd, rot, slot);
+}
 
 // An embedding gather and then a norm of the gathered rows (embed_norm), a block a row: the row gathered (decoded
 // from its format, times scale) and kept in `out`, then normed from there as norm_rows does (rows of the norm's cols).

@@ -27,7 +27,8 @@ def as_parts(l: Launch) -> GemmParts | None:
     if isinstance(l, GemmParts):
         return l
     if isinstance(l, Gemv) and l.split == 1 and l.cap == 0:
-        return GemmParts(l.x, l.format, l.k, l.m, (GemmPart(l.w, l.y, l.n, l.bias),), per_warp=l.per_warp)
+        return GemmParts(l.x, l.format, l.k, l.m, (GemmPart(l.w, l.y, l.n, l.bias),), per_warp=l.per_warp,
+                         words=l.words)
     return None
 
 
@@ -98,7 +99,7 @@ class Fold(Launch):
     then: Launch
 
     census: ClassVar[str] = "fold"
-    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "norm", "fold")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_q8", "quant", "norm", "fold")
 
     def form(self) -> tuple[str | None, Refusal | None]:
         """(the fused kernel's form, None): "gemv_norm", "parts_rope" or "gather_norm"; or (None, why) when the pair
@@ -229,15 +230,19 @@ class Fold(Launch):
             g: Gemv = self.first  # type: ignore[assignment]
             nm: Norm = self.then  # type: ignore[assignment]
             counter = denv.scratch(self, self.scratch()[0])
-            denv.function(self.stem, f"fold_gemv_norm_{g.per_warp}")(grid, block, (
-                denv.array(g.x), denv.weight(g.w)[0], i64(FORMAT_CODE[g.format]), denv.opt(g.bias), *denv.dst(g.y),
+            x = denv.quant(g.x) if g.words else (denv.array(g.x),)
+            name = "fold_gemv_norm_q8" if g.words else f"fold_gemv_norm_{g.per_warp}"
+            denv.function(self.stem, name)(grid, block, (
+                *x, denv.weight(g.w)[0], i64(FORMAT_CODE[g.format]), denv.opt(g.bias), *denv.dst(g.y),
                 i64(g.k), i64(g.n), i64(g.m), counter, i64(nm.rows), *nm.args(denv)))
         elif f == "parts_rope":
             gp, rp = as_parts(self.first), as_rope_parts(self.then)
             counters = denv.scratch(self, self.scratch()[0])
             t = denv.table(self.key(), self.table(denv, gp, rp))
-            denv.function(self.stem, f"fold_parts_rope_{gp.per_warp}")(grid, block, (
-                denv.array(gp.x), t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k), i64(gp.m),
+            x = denv.quant(gp.x) if gp.words else (denv.array(gp.x),)
+            name = "fold_parts_rope_q8" if gp.words else f"fold_parts_rope_{gp.per_warp}"
+            denv.function(self.stem, name)(grid, block, (
+                *x, t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k), i64(gp.m),
                 counters, denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], denv.array(rp.pos), i64(rp.hd),
                 i64(rp.rot), i64(rp.slot)))
         else:

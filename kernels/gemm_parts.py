@@ -1,6 +1,7 @@
 """`gemm_parts`: several products of one activation in one launch (merged_qkv, gemv_parts): each part its weight
 (checkpoint rows (n, k), one format for all, a block format decoded in the kernel), bias, n and destination. Folded
-with a rotation in parts (fold.py), the same blocks also run each rotated head's norm and rotation."""
+with a rotation in parts (fold.py), the same blocks also run each rotated head's norm and rotation. Over a quantized
+activation (`words`, the q8 numerics) each part is gemv_q8.cu's product: a warp an output, int8 block sums."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, Dst, Launch, decode, dst_view, format_refusal, names,
                                      operand, reach, weight_bytes)
-from lanefuse.kernels.gemv import WARPS, fast_products, gemv_check, gemv_fast, gemv_numpy, rows_a_warp
+from lanefuse.kernels.gemv import (WARPS, activation_bytes, fast_products, gemv_check, gemv_fast, gemv_numpy,
+                                   q8_check, rows_a_warp)
+from lanefuse.kernels.q8dot import dequantized, q8_exact
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,10 @@ class GemmParts(Launch):
     m: int
     parts: tuple[GemmPart, ...]
     per_warp: int = 1
+    words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (q8 1, q8x2 2)
 
     census: ClassVar[str] = "gemm_parts"
-    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemm_parts")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_q8", "gemm_parts")
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
     def blocks(self) -> list[int]:
@@ -49,9 +53,12 @@ class GemmParts(Launch):
     def check(self):
         if not self.parts:
             return Refusal("a product in no parts")
-        why = format_refusal(self.format, self.k, "a product in parts")
+        why = format_refusal(self.format, self.k, "a product in parts") or q8_check(self.words, self.format, self.k, 1)
         if why:
             return why
+        if self.words and self.per_warp != 1:
+            return Refusal(f"products in parts of a quantized activation {self.per_warp} outputs a warp (gemv_q8 "
+                           f"takes one)")
         for p in self.parts:
             why = gemv_check(self.k, p.n, self.m, self.per_warp, 1)
             if why:
@@ -59,6 +66,8 @@ class GemmParts(Launch):
         return None
 
     def tune(self, knobs, held=frozenset()):
+        if self.words:
+            return replace(self, per_warp=1)  # gemv_q8's body: a warp an output
         return replace(self, per_warp=rows_a_warp(sum(p.n for p in self.parts), knobs, held))
 
     def extents(self, top, tokens):
@@ -73,7 +82,8 @@ class GemmParts(Launch):
         return weight_bytes(self.format, sum(p.n for p in self.parts), self.k)
 
     def bytes(self):
-        return self.checkpoint_bytes() + 4 * self.m * (self.k + sum(p.n for p in self.parts))
+        return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words)
+                + 4 * self.m * sum(p.n for p in self.parts))
 
     def flops(self):
         return 2 * self.m * self.k * sum(p.n for p in self.parts)
@@ -81,6 +91,12 @@ class GemmParts(Launch):
     def numpy(self, env):
         for p in self.parts:
             raw, fmt = env.weight(p.w)
+            if self.words:
+                acc = q8_exact(*env.quant(self.x), raw, fmt, self.m, p.n, self.k)
+                if p.bias is not None:
+                    acc = (acc + operand(env, p.bias)[: p.n][None, :]).astype(np.float32)
+                p.y.write(env, acc)
+                continue
             gemv_numpy(env, self.x, decode(raw, fmt), p.bias, p.y, self.k, p.n, self.m, 1)
 
     def fast(self, env):
@@ -88,11 +104,12 @@ class GemmParts(Launch):
         then added its bias and copied to its destination."""
         if len(self.parts) == 1:
             p = self.parts[0]
-            gemv_fast(env, self.x, p.w, p.bias, p.y, self.k, p.n, self.m)
+            gemv_fast(env, self.x, p.w, p.bias, p.y, self.k, p.n, self.m, words=self.words)
             return
         m, k, total = self.m, self.k, sum(p.n for p in self.parts)
         acc = env.temp(m * total).reshape(m, total)
-        fast_products(env.array(self.x)[: m * k].reshape(m, k),
+        x = dequantized(*env.quant(self.x), m, k) if self.words else env.array(self.x)[: m * k].reshape(m, k)
+        fast_products(x,
                       env.stacked(tuple(p.w for p in self.parts)).reshape(total, k), acc)
         at = 0
         for p in self.parts:
@@ -126,5 +143,9 @@ class GemmParts(Launch):
 
         g, b = self.grid_block()
         t = denv.table(self.key(), self.table(denv))
+        if self.words:
+            denv.function(self.stem, "gemm_parts_q8")(g, b, (
+                *denv.quant(self.x), t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]), i64(self.k), i64(self.m)))
+            return
         denv.function(self.stem, f"gemm_parts_{self.per_warp}")(g, b, (
             denv.array(self.x), t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]), i64(self.k), i64(self.m)))

@@ -11,10 +11,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.quantize import BLOCK_FORMATS
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS
-from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Chip, Dst, Launch, Scratch, decode, dst_view,
-                                     format_refusal, names, operand, reach, weight_bytes)
+from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, QBLOCK, Chip, Dst, Launch, Scratch, decode,
+                                     dst_view, format_refusal, names, operand, reach, weight_bytes)
+from lanefuse.kernels.q8dot import dequantized, q8_exact
 from lanefuse.kernels.softcap import cap_check, capped
 
 WARPS = 4  # warps a block
@@ -54,10 +56,12 @@ def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         np.matmul(x, w.T, out=out)
 
 
-def gemv_fast(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int, cap: float = 0.0) -> None:
+def gemv_fast(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int, cap: float = 0.0,
+              words: int = 0) -> None:
     """The fast twin of `gemv_numpy`: the product in f32 (any split-K sums the same values), written straight into
-    y's view where y is contiguous, else through a temporary (`env.temp`, m·n values)."""
-    xv = env.array(x)[: m * k].reshape(m, k)
+    y's view where y is contiguous, else through a temporary (`env.temp`, m·n values); a quantized activation
+    (`words`) dequantized first (kernels/q8dot.py)."""
+    xv = dequantized(*env.quant(x), m, k) if words else env.array(x)[: m * k].reshape(m, k)
     out = dst_view(y, env, m, n)
     acc = out if out is not None else env.temp(m * n).reshape(m, n)
     fast_products(xv, env.matrix(w).reshape(n, k), acc)
@@ -154,9 +158,10 @@ class Gemv(Launch):
     per_warp: int = 1
     split: int = 1
     cap: float = 0.0  # > 0: each output soft-capped, cap · tanh(y / cap), as it is stored
+    words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (q8 1, q8x2 2): gemv_q8.cu
 
     census: ClassVar[str] = "gemv"
-    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv", "gemv_q8")
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp", "split_k")
 
     def reads(self):
@@ -172,9 +177,12 @@ class Gemv(Launch):
 
     def check(self):
         return (format_refusal(self.format, self.k, "the GEMV") or cap_check(self.cap, "a product's outputs")
+                or q8_check(self.words, self.format, self.k, self.split)
                 or gemv_check(self.k, self.n, self.m, self.per_warp, self.split, self.format))
 
     def tune(self, knobs, held=frozenset()):
+        if self.words:
+            return replace(self, per_warp=1, split=1)  # gemv_q8: a warp an output, no split of k
         pw = rows_a_warp(self.n, knobs, held)
         return replace(self, per_warp=pw, split=split_k(self.n, self.k, self.m, pw, knobs, held, self.format))
 
@@ -189,17 +197,24 @@ class Gemv(Launch):
         return weight_bytes(self.format, self.n, self.k)
 
     def bytes(self):
-        return self.checkpoint_bytes() + 4 * self.m * self.k + 4 * self.m * self.n + (4 * self.n if self.bias else 0)
+        return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n
+                + (4 * self.n if self.bias else 0))
 
     def flops(self):
         return 2 * self.m * self.n * self.k
 
     def numpy(self, env):
         raw, fmt = env.weight(self.w)
+        if self.words:
+            acc = q8_exact(*env.quant(self.x), raw, fmt, self.m, self.n, self.k)
+            if self.bias is not None:
+                acc = (acc + operand(env, self.bias)[: self.n][None, :]).astype(np.float32)
+            self.y.write(env, capped(acc, self.cap))
+            return
         gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split, self.cap)
 
     def fast(self, env):
-        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap)
+        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap, self.words)
 
     def fast_temp(self):
         return 0 if self.y.contiguous else self.m * self.n
@@ -208,7 +223,41 @@ class Gemv(Launch):
         return gemv_grid(self.n, self.m, self.per_warp, self.split)
 
     def cuda(self, denv):
+        if self.words:
+            gemv_q8_cuda(self, denv)
+            return
         gemv_cuda(self, denv, self.format, self.per_warp, self.cap)
+
+
+def activation_bytes(values: int, words: int) -> int:
+    """The bytes a product reads of its activation: 4 a value, or its quantized form's words and scales."""
+    return 4 * values if not words else words * values + 4 * (values // QBLOCK)
+
+
+def q8_check(words: int, fmt: str, k: int, split: int) -> Refusal | None:
+    if not words:
+        return None
+    if words not in (1, 2):
+        return Refusal(f"an activation of {words} int8 words a value (q8 reads one, q8x2 two)")
+    if fmt not in BLOCK_FORMATS:
+        return Refusal(f"a quantized activation times {fmt} rows (int8 products need block-quantized rows: "
+                       f"{', '.join(BLOCK_FORMATS)})")
+    if k % QBLOCK:
+        return Refusal(f"a quantized activation of rows of {k} values, not whole {QBLOCK}-value blocks")
+    if split != 1:
+        return Refusal(f"a quantized activation's product split {split} ways along k (gemv_q8 sums k whole)")
+    return None
+
+
+def gemv_q8_cuda(launch, denv) -> None:
+    from lanefuse.kernels.cupy_env import f32, i64
+
+    words, low, scales = denv.quant(launch.x)
+    grid = (-(-launch.n // WARPS), -(-launch.m // GEMV_ROWS), 1)
+    f = denv.function(("gemv_core", "gemv", "gemv_q8"), "gemv_q8")
+    f(grid, (32 * WARPS, 1, 1), (words, low, scales, denv.weight(launch.w)[0], i64(FORMAT_CODE[launch.format]),
+                                 denv.opt(launch.bias), *denv.dst(launch.y), i64(launch.k), i64(launch.n),
+                                 i64(launch.m), f32(launch.cap)))
 
 
 @dataclass(frozen=True)

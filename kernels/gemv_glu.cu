@@ -28,3 +28,21 @@ __device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg
     }
 GLU_KERNEL(gemv_glu_1, 1)
 GLU_KERNEL(gemv_glu_4, 4)
+
+// The same over a quantized activation (gemv_q8.cu's tile: a warp an output, both products from the same words).
+extern "C" __global__ void __launch_bounds__(128) gemv_glu_q8(const signed char* xw, const signed char* xl,
+                                                              const float* xs, const void* wg, const void* wu, i64 fmt,
+                                                              const float* bg, const float* bu, float* out, i64 k,
+                                                              i64 n, i64 m, i64 a) {
+    i64 j = (i64)blockIdx.x * QWARPS + (threadIdx.x >> 5);
+    if (j >= n) return;
+    i64 r0 = (i64)blockIdx.y * QGR;
+    QX x{xw, xl, xs};
+    float ga[QGR], ua[QGR];
+    q8_tile((int)fmt, x, wg, k, m, j, r0, ga);
+    q8_tile((int)fmt, x, wu, k, m, j, r0, ua);
+    if ((threadIdx.x & 31) != 0) return;
+    int nr = (int)min((i64)QGR, m - r0);
+    for (int r = 0; r < nr; r++)
+        out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
+}

@@ -1,6 +1,7 @@
 """`gemv_glu`: the gate and up products of one activation and their GLU in one launch (gemv_gate_up_glu):
 out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows (n, k) of one format (a block format decoded
-in the kernel)."""
+in the kernel). Over a quantized activation (`words`, the q8 numerics) both products are gemv_q8.cu's int8 block sums
+of the same words, a warp an output."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, Launch, act, decode, format_refusal, names, operand, reach,
                                      weight_bytes)
 from lanefuse.kernels.elementwise import act_code
-from lanefuse.kernels.gemv import fast_products, gemv_check, gemv_grid, products, rows_a_warp
+from lanefuse.kernels.gemv import (activation_bytes, fast_products, gemv_check, gemv_grid, products, q8_check,
+                                   rows_a_warp)
+from lanefuse.kernels.q8dot import dequantized, q8_exact
 
 
 def act_in_place(name: str, x: np.ndarray, t: np.ndarray) -> None:
@@ -61,9 +64,10 @@ class GemvGlu(Launch):
     bu: str | None = None
     per_warp: int = 1
     format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
+    words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (gemv_glu_q8: __dp4a)
 
     census: ClassVar[str] = "gemv_glu"
-    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_glu")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_q8", "gemv_glu")
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
     def reads(self):
@@ -78,12 +82,20 @@ class GemvGlu(Launch):
             return why
         if self.act not in ACTS:
             return Refusal(f"a gate activation `{self.act}`")
+        why = q8_check(self.words, self.format, self.k, 1)
+        if why:
+            return why
+        if self.words and self.per_warp != 1:
+            return Refusal(f"a gate and up GEMV of a quantized activation {self.per_warp} outputs a warp (gemv_glu_q8 "
+                           f"takes one)")
         if self.format_u is not None and self.format_u != self.format:
             return Refusal(f"gate and up weights in different formats ({self.format}, {self.format_u}): the kernel "
                            f"reads both in one")
         return gemv_check(self.k, self.n, self.m, self.per_warp, 1)
 
     def tune(self, knobs, held=frozenset()):
+        if self.words:
+            return replace(self, per_warp=1)  # gemv_q8's tile: a warp an output
         return replace(self, per_warp=rows_a_warp(2 * self.n, knobs, held))  # the gate's and the up's outputs
 
     def extents(self, top, tokens):
@@ -98,17 +110,20 @@ class GemvGlu(Launch):
         return 2 * weight_bytes(self.format, self.n, self.k)
 
     def bytes(self):
-        return self.checkpoint_bytes() + 4 * self.m * (self.k + self.n)
+        return self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n
 
     def flops(self):
         return 4 * self.m * self.n * self.k
 
     def numpy(self, env):
-        x = env.array(self.x)[: self.m * self.k].reshape(self.m, self.k)
+        x = None if self.words else env.array(self.x)[: self.m * self.k].reshape(self.m, self.k)
 
         def product(w: str, b: str | None) -> np.ndarray:
             raw, fmt = env.weight(w)
-            y = products(x, decode(raw, fmt).reshape(self.n, self.k), 1)
+            if self.words:
+                y = q8_exact(*env.quant(self.x), raw, fmt, self.m, self.n, self.k)
+            else:
+                y = products(x, decode(raw, fmt).reshape(self.n, self.k), 1)
             return y if b is None else (y + operand(env, b)[: self.n]).astype(np.float32)
 
         g = act(self.act, product(self.wg, self.bg)).astype(np.float32)
@@ -118,7 +133,7 @@ class GemvGlu(Launch):
         """In f32: one BLAS product over the gate's and the up's weights stacked (decoded once) into a temporary
         (m, 2n), the gate's activation in place (`out` its scratch), then their product into `out`."""
         m, n, k = self.m, self.n, self.k
-        x = env.array(self.x)[: m * k].reshape(m, k)
+        x = dequantized(*env.quant(self.x), m, k) if self.words else env.array(self.x)[: m * k].reshape(m, k)
         out = env.array(self.out)[: m * n].reshape(m, n)
         acc = env.temp(2 * m * n).reshape(m, 2 * n)
         fast_products(x, env.stacked((self.wg, self.wu)).reshape(2 * n, k), acc)
@@ -140,6 +155,12 @@ class GemvGlu(Launch):
         from lanefuse.kernels.cupy_env import i64
 
         g, b = self.grid_block()
+        if self.words:
+            denv.function(self.stem, "gemv_glu_q8")(g, b, (
+                *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
+                denv.opt(self.bg), denv.opt(self.bu), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m),
+                i64(act_code(self.act))))
+            return
         denv.function(self.stem, f"gemv_glu_{self.per_warp}")(g, b, (
             denv.array(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
             denv.opt(self.bg),

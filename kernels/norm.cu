@@ -1,5 +1,6 @@
 // RMSNorm of a row (or of each of `heads` equal parts of it), a block a row: s = x (+ add, itself normed first under
-// `pre`), written to `sum` when set, then y = s / rms(s) (· w) landing where the Dst says. Reads go through L2
+// `pre`), written to `sum` when set, then y = s / rms(s) (· w) landing where the Dst says, and quantized (quant.cu's
+// blocks) where the launch writes its quantized form too. Reads go through L2
 // (__ldcg) so a fold's last block sees what the other blocks of its launch wrote.
 struct NormArgs {
     const float* x;
@@ -13,12 +14,15 @@ struct NormArgs {
     float eps;
     i64 cols, heads;
     Dst y;
+    signed char *qw, *ql;  // the result's quantized form (qw null: none): words, low words (null: one word), scales
+    float* qs;
 };
 
 #define NORM_PARAMS                                                                                               \
     const float *nx, i64 xpitch, i64 xoff, const float *add, const float *prew, float preeps, i64 pre, float *sum, \
-        const float *nw, float eps, i64 cols, i64 heads, DST_PARAMS(ny)
-#define NORM_ARGS NormArgs{nx, xpitch, xoff, add, prew, preeps, (int)pre, sum, nw, eps, cols, heads, DST(ny)}
+        const float *nw, float eps, i64 cols, i64 heads, DST_PARAMS(ny), signed char *qw, signed char *ql, float *qs
+#define NORM_ARGS \
+    NormArgs{nx, xpitch, xoff, add, prew, preeps, (int)pre, sum, nw, eps, cols, heads, DST(ny), qw, ql, qs}
 
 __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
     const float* xr = a.x + r * a.xpitch + a.xoff;
@@ -49,6 +53,14 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
             if (a.sum) a.sum[r * a.cols + i] = v;
             a.y.y[dst_at(a.y, r * a.cols + i)] = v * inv * (a.w ? a.w[c] : 1.f);
         }
+    }
+    if (a.qw) {  // the row's quantized form in the epilogue: a warp a block of 32, from the f32 values just stored
+        __syncthreads();
+        i64 nb = a.cols >> 5;
+        int lane = threadIdx.x & 31;
+        for (i64 b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)
+            quant_block(__ldcg(a.y.y + dst_at(a.y, r * a.cols + b * 32 + lane)), a.qw + r * a.cols,
+                        a.ql ? a.ql + r * a.cols : nullptr, a.qs + r * nb, b, lane);
     }
 }
 

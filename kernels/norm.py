@@ -1,6 +1,7 @@
 """`norm`: RMSNorm over each row (or each of `heads` parts of it), with the residual add (`add`, writing the sum to
 `sum`), a sandwich pre-norm of the added operand (`pre`), x read as a part of every unit (`part`), and the result
-landing in a Dst (`into`). A block a row (norm.cu)."""
+landing in a Dst (`into`), and its quantized form (`quant`, the q8 numerics) written in the epilogue. A block a row
+(norm.cu)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import Dst, Launch, Part, dst_view, read_part, names, reach, rms
+from lanefuse.kernels.quant import quant_check, quant_write
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,11 @@ class Norm(Launch):
     sum: str | None = None
     pre: PreNorm | None = None
     into: Dst | None = None
-    quant: bool = False  # reserved: the q8 form of the result
+    quant: str | None = None  # the result's quantized form, written in the epilogue (the q8 numerics)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
 
     census: ClassVar[str] = "norm"
-    stem: ClassVar[tuple[str, ...]] = ("norm",)
+    stem: ClassVar[tuple[str, ...]] = ("quant", "norm")
 
     def dst(self) -> Dst:
         return self.into if self.into is not None else Dst(self.out)
@@ -49,11 +52,13 @@ class Norm(Launch):
         return names(self.x, self.add, self.w, self.pre.w if self.pre else None, *self.dst().params())
 
     def writes(self):
-        return names(self.dst().buf, self.sum)
+        return names(self.dst().buf, self.sum, self.quant)
 
     def check(self):
-        if self.quant:
-            return Refusal("a norm that quantizes its result (q8 numerics are not written yet)")
+        if self.quant is not None:
+            why = quant_check(self.cols, self.words, "a normed row")
+            if why:
+                return why
         if self.heads < 1 or self.cols % self.heads:
             return Refusal(f"{self.heads} heads that do not divide a row of {self.cols}")
         if self.pre is not None and self.add is None:
@@ -66,14 +71,15 @@ class Norm(Launch):
         n, d = self.rows * self.cols, self.dst()
         x = self.part.extent(self.rows) if self.part is not None else n
         return reach((self.x, x), (self.add, n), (self.sum, n), (self.w, self.cols // max(self.heads, 1)),
-                     (self.pre.w if self.pre else None, self.cols), (d.buf, d.extent(n, top)))
+                     (self.pre.w if self.pre else None, self.cols), (d.buf, d.extent(n, top)), (self.quant, n))
 
     def weights(self):
         return {w: "f32" for w in (self.w, self.pre.w if self.pre else None) if w is not None}
 
     def bytes(self):
         n = self.rows * self.cols
-        return 4 * (n * (2 + (self.add is not None) + (self.sum is not None)) + self.cols)
+        q = self.words * n + 4 * (n // 32) if self.quant is not None else 0
+        return 4 * (n * (2 + (self.add is not None) + (self.sum is not None)) + self.cols) + q
 
     def flops(self):
         return 4 * self.rows * self.cols
@@ -94,6 +100,8 @@ class Norm(Launch):
         if self.w is not None:
             y = y * np.asarray(env.weight(self.w)[0], dtype=np.float64)[:hd]
         self.dst().write(env, y)
+        if self.quant is not None:  # from the f32 values stored, as the kernel reads them back
+            quant_write(env, self.quant, np.asarray(y, dtype=np.float32).reshape(r, c), self.words)
 
     def fast(self, env):
         """In f32, written in place: the added operand normed first under a pre-norm (into a temporary), the sum
@@ -135,6 +143,8 @@ class Norm(Launch):
             np.multiply(yh, env.weight(self.w)[0][:hd], out=yh)
         if out is None:
             d.write(env, y)
+        if self.quant is not None:
+            quant_write(env, self.quant, y, self.words)
 
     def fast_temp(self):
         return (3 if self.pre is not None else 2) * self.rows * self.cols
@@ -144,13 +154,14 @@ class Norm(Launch):
 
     def args(self, denv) -> tuple:
         """The kernel's NORM_PARAMS (norm.cu), shared with the fold that runs this norm in its last block."""
-        from lanefuse.kernels.cupy_env import f32, i64
+        from lanefuse.kernels.cupy_env import NULL, f32, i64
 
         p = self.part
         return (denv.array(self.x), i64(p.pitch if p else self.cols), i64(p.offset if p else 0),
                 denv.opt(self.add), denv.opt(self.pre.w if self.pre else None),
                 f32(self.pre.eps if self.pre else 0.0), i64(self.pre is not None), denv.opt(self.sum),
-                denv.opt(self.w), f32(self.eps), i64(self.cols), i64(self.heads), *denv.dst(self.dst()))
+                denv.opt(self.w), f32(self.eps), i64(self.cols), i64(self.heads), *denv.dst(self.dst()),
+                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))
 
     def cuda(self, denv):
         grid, block = self.grid_block()

@@ -1,44 +1,91 @@
-"""`quant`: an activation quantized to int8 blocks of QBLOCK values with one f32 scale a block — reserved for the q8
-numerics; the kind exists so a plan can name it, and it refuses to run until written."""
+"""`quant`: an activation quantized to int8 blocks of QBLOCK values with one f32 scale a block (llama.cpp's q8_0
+rounding, engine/quantize.py), one word a value (q8) or two (q8x2: a low int8 word of the residual) — for an activation
+no producer quantizes in its epilogue. A quantized array's bytes (`quant_layout`): its int8 words, then its low words
+under two words, then a scale a block, each part ALIGN-aligned."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import QBLOCK, Launch, reach
+import numpy as np
 
-WHY = "an activation quantizer (the q8 numerics are not written yet)"
+from lanefuse.engine.quantize import quantize
+from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.common import ALIGN, QBLOCK, Launch, reach
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def quant_layout(n: int, words: int) -> tuple[int, int, int]:
+    """Where the parts of a quantized array of `n` values start, and its bytes: (low words, scales, total) — the low
+    words' start equals the scales' under one word (it has none)."""
+    low = _aligned(n)
+    scales = low + (_aligned(n) if words == 2 else 0)
+    return low, scales, scales + _aligned(4 * (n // QBLOCK))
+
+
+def quant_check(n: int, words: int, what: str = "an activation") -> Refusal | None:
+    if words not in (1, 2):
+        return Refusal(f"{what} quantized to {words} words a value (q8 takes one, q8x2 two)")
+    if n < 1 or n % QBLOCK:
+        return Refusal(f"{what} of {n} values quantized in blocks of {QBLOCK} (a whole number of blocks is needed)")
+    return None
+
+
+def quant_write(env, name: str, values: np.ndarray, words: int) -> None:
+    """Quantize `values` (rows, n) f32 into tensor `name`'s quantized form (env.quant)."""
+    q = quantize(np.asarray(values, dtype=np.float32).reshape(1, -1), words)
+    w, low, scales = env.quant(name)
+    w[: q.words.size] = q.words.reshape(-1)
+    if words == 2:
+        low[: q.low.size] = q.low.reshape(-1)
+    scales[: q.scales.size] = q.scales.reshape(-1)
 
 
 @dataclass(frozen=True)
 class Quant(Launch):
+    """y (the quantized form of x's first n values) = quantize(x): a warp a block of QBLOCK values."""
+
     x: str
+    y: str
     n: int
+    words: int = 1
 
     census: ClassVar[str] = "quant"
+    stem: ClassVar[tuple[str, ...]] = ("quant",)
 
     def reads(self):
         return (self.x,)
 
     def writes(self):
-        return (self.x + ".q8",)
+        return (self.y,)
 
     def check(self):
-        return Refusal(WHY)
+        return quant_check(self.n, self.words)
 
     def extents(self, top, tokens):
         return reach((self.x, self.n))
 
     def bytes(self):
-        return 4 * self.n + self.n + 4 * (-(-self.n // QBLOCK))
+        return 4 * self.n + self.words * self.n + 4 * (self.n // QBLOCK)
+
+    def flops(self):
+        return 4 * self.n
 
     def numpy(self, env):
-        raise NotImplementedError(WHY)
+        quant_write(env, self.y, env.array(self.x)[: self.n], self.words)
 
     def grid_block(self):
-        raise NotImplementedError(WHY)
+        warps = 4
+        return ((-(-(self.n // QBLOCK) // warps), 1, 1), (32 * warps, 1, 1))
 
     def cuda(self, denv):
-        raise NotImplementedError(WHY)
+        from lanefuse.kernels.cupy_env import i64
+
+        grid, block = self.grid_block()
+        words, low, scales = denv.quant(self.y)
+        f = denv.function(self.stem, "quant")
+        f(grid, block, (denv.array(self.x), words, low, scales, i64(self.n), i64(self.words)))

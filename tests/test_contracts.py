@@ -212,7 +212,8 @@ def test_a_builtin_class_entry_is_checked_against_its_contract_too(tmp_path):
     d = _folder(tmp_path, classes=None, rules=None, lane="lane: cuda\nbase: cuda\nclasses:\n  gemv_norm_epilogue:\n"
                 "    support: native\n    launch: norm\n    fields: {x: a, add: p, sum: s, w: w, out: y}\n")
     with pytest.raises(UserError, match=r"classes.gemv_norm_epilogue: field `add` reads `p`, which is not in class "
-                                        r"`gemv_norm_epilogue`'s contract \(x, wp, a, s, w, y, eps, pw\?, peps\?, b\?; "
+                                        r"`gemv_norm_epilogue`'s contract \(x, wp, a, s, w, y, eps, pw\?, peps\?, b\?, "
+                                        r"q\?, words\?; "
                                         r"rules/classes.yaml:\d+\).*leaf"):
         load_lane("cuda", [str(d)])
 

@@ -82,7 +82,20 @@ GRAPHS = {
     "qwen3_moe_chunk": lambda: build_step(cfg("Qwen3MoeForCausalLM", qk_norm=True, inter=40,
                                               moe=MoeConfig(8, 2, 24, True, (0,))), rows=6),
     "gptoss_chunk": lambda: build_step(gptoss(), rows=6),
+    "qwen3_q8": lambda: q8_graph("q8"),
+    "llama_q8x2_chunk": lambda: q8_graph("q8x2", "LlamaForCausalLM", rows=3),
 }
+
+
+def q8_graph(numerics, arch="Qwen3ForCausalLM", rows=1):
+    """A one-layer step over q8_0 rows under a quantized numerics: its quantize ops (engine/quantize.py) for the
+    `*_quant` rules."""
+    from lanefuse.engine.quantize import with_numerics
+
+    c = cfg(arch, qk_norm=arch == "Qwen3ForCausalLM", layers=1)
+    rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows"]
+    c = ModelConfig(**{**c.__dict__, "formats": tuple((n, "q8_0") for n in rows_of)})
+    return with_numerics(build_step(c, rows=rows), numerics)
 
 
 def gptoss():

@@ -30,7 +30,7 @@ SAMPLES: dict[str, Launch] = {
     "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),
     "moe": Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16"),
     "norm": Norm("x", "w", "o", 2, 64, 1e-6, add="r", sum="s"),
-    "quant": Quant("x", 64),
+    "quant": Quant("x", "xq", 64),
     "rope": Rope("x", "cos", "sin", "pos", Dst("y"), 1, 4, 16, 16),
     "rope_parts": RopeParts((RopeSide("q", Dst("qr"), 4), RopeSide("k", Dst("kc", row="pos", pitch=16), 1)),
                             "cos", "sin", "pos", 1, 16, 16),
@@ -69,7 +69,7 @@ def test_every_kind_has_its_census_numpy_twin_and_sources(name):
 
 
 def test_refusals_are_values_in_the_users_words():
-    refused = [Quant("x", 4), Unary("relu", "x", "y", 4), Binary("div", "a", "b", "o", 4), Slice("x", "y", 1, 4, 2, 4),
+    refused = [Quant("x", "xq", 4), Unary("relu", "x", "y", 4), Binary("div", "a", "b", "o", 4), Slice("x", "y", 1, 4, 2, 4),
                SetRow("t", "s", 0, 4, 1, 4, quant=True), Gather("E", "t", "e", 4, format="q4"),
                Gemv("x", "w", "f32", Dst("y"), 4, 4, 1, per_warp=2), GemvF32("x", "w", Dst("y"), 0, 4, 1),
                GemmParts("x", "f32", 4, 1, ()), GemvGlu("x", "wg", "wu", "f32", "o", 4, 4, 1, act="relu"),
@@ -90,8 +90,9 @@ def test_refusals_are_values_in_the_users_words():
 
 
 def test_tuning_steps_are_the_lane_tables():
-    # gemv_parts: a step the lane table takes itself, running merged_qkv as its parts when held
-    assert honoured_steps() | {"gemv_parts"} == lane_steps("cuda")
+    # gemv_parts: a step the lane table takes itself, running merged_qkv as its parts when held; fuse_quant: one the
+    # plan takes, holding the rules that join a quantize
+    assert honoured_steps() | {"gemv_parts", "fuse_quant"} == lane_steps("cuda")
     assert all(set(k.steps) <= lane_steps("cuda") for k in KINDS.values())
 
 

@@ -534,12 +534,12 @@ def test_fold_gather_then_norm(fmt):
     close(env.array("y"), rmsnorm(e, nw, 1e-6).reshape(-1), 1e-4)
 
 
-def test_view_runs_nothing_and_quant_refuses():
+def test_view_runs_nothing_and_quant_refuses_partial_blocks():
     env = HostEnv({"x": np.ones(4, np.float32)})
     View("x", 2, "v").numpy(env)
-    assert Quant("x", 64).check() == Refusal("an activation quantizer (the q8 numerics are not written yet)")
-    with pytest.raises(NotImplementedError):
-        Quant("x", 64).numpy(env)
+    assert Quant("x", "xq", 64).check() is None  # its twin: tests/test_quant_lane.py
+    assert Quant("x", "xq", 40).check() == Refusal("an activation of 40 values quantized in blocks of 32 (a whole "
+                                                   "number of blocks is needed)")
 
 
 # -- the registry ----------------------------------------------------------------------------------------------------

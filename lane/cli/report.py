@@ -46,6 +46,7 @@ def schedule_json(s) -> dict:
         "arena": s.arena.to_json(), "cost_us": round(s.cost_us, 3), "knobs": s.knobs.to_json(),
         "weight_bytes": weight_bytes_json(s),
         "warnings": list(s.warnings), "method": s.method,
+        "f32_reads": [{"product": p, "why": w} for p, w in s.f32_reads],
         "timings_s": {k: round(v, 4) for k, v in s.timings.items()},
     }
 
@@ -220,6 +221,13 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
     con.print(weight_bytes_line(s))
     for w in s.warnings:
         con.print(f"[yellow]note:[/] {w}")
+    if s.f32_reads:  # under q8 / q8x2: the products that read their activation f32, grouped by why
+        why: dict[str, list[str]] = {}
+        for p, w in s.f32_reads:
+            why.setdefault(w, []).append(p)
+        for w, ps in why.items():
+            shown = ", ".join(f"`{p}`" for p in ps[:4]) + (f" and {len(ps) - 4} more" if len(ps) > 4 else "")
+            con.print(f"{s.numerics}: {len(ps)} product(s) read their activation f32 ({shown}): {w}")
     t = table("census")
     t.add_column("launch kind")
     t.add_column("count", justify="right")

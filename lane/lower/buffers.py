@@ -8,7 +8,18 @@ from dataclasses import dataclass
 
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.placement import home_of
+from lanefuse.kernels.quant import quant_layout
 from lanefuse.lane.lower.arena import Arena, Live, place
+
+WORDS = {"q8": 1, "q8x2": 2}  # a quantized activation's dtype -> int8 words a value
+
+
+def array_bytes(size: int, dtype: str) -> int:
+    """The bytes of a tensor of `size` elements' array: 4 a value, or its quantized form (the int8 words, the low
+    words under two words, a scale a block, each part aligned: kernels/quant.py)."""
+    if dtype in WORDS:
+        return quant_layout(size, WORDS[dtype])[2]
+    return 4 * size
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,7 @@ def lifetimes(launches, bufs: dict[str, Buffer]) -> list[Live]:
             first.setdefault(h, i)
             last[h] = i
             hb = bufs[h]
-            size[h] = hb.size * 4
+            size[h] = array_bytes(hb.size, hb.dtype)
     items = [Live(h, size[h], first[h], last[h]) for h in sorted(first)]
     for i, l in enumerate(launches):
         for s in l.scratch():

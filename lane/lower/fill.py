@@ -128,6 +128,11 @@ def _format(s, t):
     return c.format if c.kind == "rows" else "f32"
 
 
+def _words(s, t):
+    """The int8 words a value of quantized activation t (q8 1, q8x2 2); 0 for an f32 tensor or none (null)."""
+    return 0 if t is None else {"q8": 1, "q8x2": 2}.get(s.g.dtype(_tensor(s, t)), 0)
+
+
 def _is_values(s, t):
     c = s.g.constants.get(_tensor(s, t))
     return c is not None and c.kind == "values"
@@ -236,7 +241,7 @@ FUNCS: dict[str, Callable] = {
     "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "prenorm": _prenorm, "pos": _pos,
     "token": _token, "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf,
     "bcast": _bcast, "each": _each,
-    "advance": _advance, "copied": _copied,
+    "advance": _advance, "copied": _copied, "words": _words,
 }
 READS = ("part", "pitch", "offset")  # functions of an input's read, given the input's name, not its tensor
 

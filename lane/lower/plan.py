@@ -19,7 +19,7 @@ from lanefuse.lane.lower.knobs import Knobs
 from lanefuse.lane.lower.shim import Shim, launch_us
 from lanefuse.lane.lower.table import LaneTable, load_lane
 
-NUMERICS = ("f32",)
+NUMERICS = ("f32", "q8", "q8x2")
 METHODS = ("ilp", "local")
 
 
@@ -38,7 +38,8 @@ class PlanOptions:
 
     def __post_init__(self):
         if self.numerics not in NUMERICS:
-            raise UserError(f"--numerics {self.numerics}: this lane runs {', '.join(NUMERICS)} (q8 comes later)")
+            hint = did_you_mean(self.numerics, NUMERICS)
+            raise UserError(f"--numerics {self.numerics}: one of {', '.join(NUMERICS)}{hint}")
         if self.method not in METHODS:
             raise UserError(f"extraction method `{self.method}`: one of {', '.join(METHODS)}")
         object.__setattr__(self, "held", tuple(dict.fromkeys(self.held)))
@@ -87,6 +88,7 @@ class Plan:
     source: dict = field(default_factory=dict)  # how to open the model again: {"kind": "demo"} or a path
     warnings: tuple[str, ...] = ()
     method: str = "ilp"  # how the engine extracted it: ilp (exact) or local (local search)
+    f32_reads: tuple[tuple[str, str], ...] = ()  # under q8/q8x2: each product that reads its activation f32, and why
     timings: dict[str, float] = field(default_factory=dict)  # seconds by stage: engine_s, lower_s
 
     def per_layer(self) -> dict[int, int]:
@@ -150,6 +152,8 @@ def split_held(held, table, lt: LaneTable) -> tuple[frozenset[str], frozenset[st
     for h in held:
         if h in lane_steps:
             steps.add(h)
+            kinds = set(lt.holds.get(h, ()))  # a step over lifted ops (fuse_quant: quantize) holds their rules
+            rules |= {r.name for r in table.rules if any(set(it.kinds) & kinds for it in r.items)}
         elif h in table.by_name:
             rules.add(h)
         else:
@@ -185,12 +189,20 @@ def plan_traced(g: Graph, opts: PlanOptions | None = None, *, session=None, tabl
     from lanefuse.engine.optimize import Session
     from lanefuse.engine.rules import load_table
 
+    from lanefuse.engine.quantize import with_numerics
+
     t0 = time.perf_counter()
     o = options(opts, **changes)
+    if session is not None:
+        g = session.g if hasattr(session, "g") else g
+    g = with_numerics(g, o.numerics)  # q8 / q8x2: the quantize ops before the products over block-quantized rows
     lt = load_lane(o.lane, o.rules_dirs)
     table = table or (session.table if session is not None else load_table(o.rules_dirs))
     held_rules, held_steps = split_held(o.held, table, lt)
     shim = Shim(g, lt, o.knobs, held_steps)
+    if session is not None and getattr(session, "g", g) is not g:
+        raise UserError(f"a session over an f32 step graph cannot plan under {o.numerics} numerics (open one over "
+                        f"the step under {o.numerics})")
     s = session if session is not None else Session(g, table)
     forced = o.forced
     if any(isinstance(k, dict) for k in forced.values()):  # a plan file's choices by what they are: the indices now
@@ -209,6 +221,8 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
           source: dict | None = None, warnings=(), timings: dict[str, float] | None = None) -> Plan:
     """The engine's optimized graph (`opt`, its result) linked, scheduled and placed under the shim's lane, knobs
     and held steps: the Plan, built once."""
+    from lanefuse.engine.quantize import f32_reads
+
     t0 = time.perf_counter()
     og: Graph = opt.graph
     lt, knobs, held_steps = shim.table, shim.knobs, shim.held_steps
@@ -246,4 +260,5 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
                 fusions=dict(sorted(opt.fusions.items())), census=dict(sorted(census.items())),
                 cost_us=sum(x.cost_us for x in launched), layers=og.layers, io=og.io, tensors=dict(og.tensors),
                 constants=dict(og.constants), source=dict(source or {}),
-                warnings=tuple(opt.warnings) + tuple(warnings), method=method, timings=times)
+                warnings=tuple(opt.warnings) + tuple(warnings), method=method, timings=times,
+                f32_reads=tuple(f32_reads(og)) if numerics != "f32" else ())

@@ -12,8 +12,8 @@ import typing
 from typing import Union, get_args, get_origin
 
 from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.ir import DTYPES  # f32, i32, and q8 / q8x2: a quantized activation's bytes
 
-DTYPES = ("f32", "i32")
 WHERE = ("arena", "io", "table", "scratch")
 
 

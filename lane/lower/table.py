@@ -53,6 +53,7 @@ class LaneTable:
     schedule: dict[str, str]  # the lane's schedule steps a plan can hold back: name -> why
     source: str
     gated: dict[str, tuple[str, ...]] = field(default_factory=dict)  # step -> classes it runs as parts when held
+    holds: dict[str, tuple[str, ...]] = field(default_factory=dict)  # step -> lifted ops whose rules it holds
 
     def support(self, cls: str) -> ClassEntry:
         e = self.classes.get(cls)
@@ -207,8 +208,14 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
         classes[cls] = ClassEntry(cls, sup, ch, e.get("reason", ""), e.get("why", ""), where)
     sched = dict(base.schedule) if base else {}
     gated = dict(base.gated) if base else {}
+    holds = dict(base.holds) if base else {}
     for step, e in (doc.get("schedule") or {}).items():
         if isinstance(e, dict):
+            kinds = e.get("holds") or []
+            if not isinstance(kinds, list) or not all(isinstance(k, str) and k in OPS for k in kinds):
+                raise UserError(f"{path.name}: schedule.{step}: `holds:` must be a list of lifted op kinds (the rules "
+                                f"matching one are held with the step), got {short(kinds)}")
+            holds[step] = tuple(kinds)
             dec = e.get("decompose") or []
             if not isinstance(dec, list) or not all(isinstance(c, str) for c in dec):
                 raise UserError(f"{path.name}: schedule.{step}: `decompose:` must be a list of class names, got "
@@ -220,7 +227,7 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
             gated[step] = tuple(e.get("decompose") or ())
         else:
             sched[step] = str(e)
-    return LaneTable(str(doc["lane"]), str(doc.get("why", "")), ops, classes, sched, str(path), gated)
+    return LaneTable(str(doc["lane"]), str(doc.get("why", "")), ops, classes, sched, str(path), gated, holds)
 
 
 # -- what a field reads ---------------------------------------------------------------------------------------------

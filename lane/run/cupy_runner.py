@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from lanefuse.kernels.cupy_env import DeviceEnv
+from lanefuse.lane.lower.buffers import WORDS, array_bytes
 from lanefuse.lane.lower.plan import Plan
 from lanefuse.lane.run.constants import host_constant
 
@@ -37,9 +38,12 @@ class CupyRunner:
         self.s = s
         self.state = state or DeviceState()
         placed = s.arena.by_name()
-        arena_views = {}
+        arena_views, quantized = {}, {}
         for name, b in s.buffers.items():
-            if b.where == "arena" and b.home in placed:
+            if b.where == "arena" and b.home in placed and b.dtype in WORDS:  # a quantized form: its bytes
+                arena_views[name] = (placed[b.home].offset, array_bytes(b.size, b.dtype), "u8")
+                quantized[name] = (b.size, WORDS[b.dtype])
+            elif b.where == "arena" and b.home in placed:
                 arena_views[name] = (placed[b.home].offset + 4 * b.offset, 4 * b.size, b.dtype)
         scratch = {}
         for i, x in enumerate(s.launches):
@@ -48,7 +52,7 @@ class CupyRunner:
                 if p is not None:
                     scratch[(x.launch.key(), sc.tag)] = p.offset
         missing = _weights_of(s, weights, self.state.weights)
-        self.env = DeviceEnv(s.arena.bytes, arena_views, {}, missing, scratch)
+        self.env = DeviceEnv(s.arena.bytes, arena_views, {}, missing, scratch, quantized)
         self.state.weights.update(self.env.weights)
         self.env.weights = self.state.weights
         for name, b in s.buffers.items():  # the caches (shared), the step's inputs and outputs

@@ -11,6 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from lanefuse.engine.errors import UserError
+from lanefuse.kernels.common import QBLOCK
+from lanefuse.kernels.quant import quant_layout
+from lanefuse.lane.lower.buffers import WORDS
 from lanefuse.lane.lower.plan import Plan
 from lanefuse.lane.run.constants import (decode_once, host_constant, host_matrix, host_stacked, streamed_matrix,
                                          streamed_stacked)
@@ -47,6 +50,19 @@ class ArenaEnv:
         if home not in self.io:
             self.io[home] = np.zeros(b.size, dtype=DT[b.dtype])
         return self.io[home]
+
+    def quant(self, name: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Tensor `name`'s quantized form in the arena: its int8 words, its low words (None under one word), its
+        scales (kernels/quant.py's layout)."""
+        b = self.s.buffers[name]
+        if b.where != "arena" or b.dtype not in WORDS:
+            raise KeyError(f"`{name}` has no quantized form in the plan")
+        words = WORDS[b.dtype]
+        off = self.placed[b.home].offset
+        lo, sc, _ = quant_layout(b.size, words)
+        w = np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off)
+        low = np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off + lo) if words == 2 else None
+        return w, low, np.frombuffer(self.arena, dtype=np.float32, count=b.size // QBLOCK, offset=off + sc)
 
     def array(self, name: str) -> np.ndarray:
         v = self._views.get(name)
@@ -134,8 +150,10 @@ class NumpyRunner:
     def _reference(self, lifted, inputs):
         from lanefuse.engine.interp import evaluate
 
+        from lanefuse.engine.quantize import with_numerics
+
         env = {k: (np.array(v, copy=True) if k in self.s.io.tables else v) for k, v in inputs.items()}
-        return evaluate(lifted, self.weights, env)
+        return evaluate(with_numerics(lifted, self.s.numerics), self.weights, env)
 
     def _rows(self, name: str, pos: int) -> slice:
         """The flat span of a cache table's rows this step writes."""
@@ -160,8 +178,14 @@ class NumpyRunner:
             b = s.buffers.get(name)
             if b is None or name not in ref or name == s.io.token or name == s.io.position:
                 continue
-            got = env.array(name)
-            want = np.asarray(ref[name]).reshape(-1)
+            if b.dtype in WORDS:  # a quantized form: the values its words stand for, against the reference's
+                from lanefuse.kernels.q8dot import dequantized
+
+                got = dequantized(*env.quant(name), 1, b.size).reshape(-1)
+                want = ref[name].values().reshape(-1)
+            else:
+                got = env.array(name)
+                want = np.asarray(ref[name]).reshape(-1)
             if b.where == "table":
                 rows = self._rows(name, pos)
                 got, want = got[rows], want[rows]

@@ -1,0 +1,158 @@
+"""The q8 numerics: what quantizing an activation means (llama.cpp's q8_0 rounding, and two words for q8x2), what a
+product of a quantized activation computes, and which activations of a step graph are read quantized
+(`with_numerics`: the `quantize` ops a q8 or q8x2 step graph gets, and why each other product reads f32)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.ir import Graph, Op, Tensor, attrs_of
+from lanefuse.engine.opdefs import QBLOCK
+
+NUMERICS = {"f32": 0, "q8": 1, "q8x2": 2}  # numerics -> int8 words a value of a quantized activation (0: none)
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
+LOW_STEPS = 254  # the low word counts steps of d/254: the residual under the high word is within ±d/2
+
+F32 = np.float32
+F64 = np.float64
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A quantized activation (R, n): int8 `words`, the low int8 words under two words (or None), a scale a block of
+    QBLOCK values (R, n/QBLOCK) held f32 (an f16 value under one word: `quantize`). Its value is d·(q + low/254) — exactly, in f64."""
+
+    words: np.ndarray
+    low: np.ndarray | None
+    scales: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.words.shape
+
+    def values(self) -> np.ndarray:
+        """The values it stands for, in f64 (exact: an int8 or int16 times an f32)."""
+        r, n = self.words.shape
+        q = self.words.astype(F64)
+        if self.low is not None:
+            q = q + self.low.astype(F64) / LOW_STEPS
+        return (q.reshape(r, n // QBLOCK, QBLOCK) * self.scales.astype(F64)[:, :, None]).reshape(r, n)
+
+
+def round_away(x: np.ndarray) -> np.ndarray:
+    """C's roundf, exactly (halves away from zero; gguf's np_roundf): no f32 rounding of |x| + 0.5."""
+    a = np.abs(np.asarray(x, dtype=F32))
+    fl = np.floor(a)
+    return (np.sign(x) * (fl + np.floor(F32(2) * (a - fl)))).astype(F32)
+
+
+def quantize(x: np.ndarray, words: int = 1) -> Quantized:
+    """x (R, n) f32 in blocks of QBLOCK: d = max|x|/127 and q = roundf(x·(1/d)) in f32 (ggml's quantize_row_q8_0_ref).
+    Under one word the scale is d rounded to f16 (held in f32): what llama.cpp's block_q8_0 stores and its dot products
+    multiply by — with an f32 scale lanefuse's q8 logits were 4e-3 of their scale from llama.cpp's, with this one
+    1e-7. Under two words the scale is d itself and low = roundf((x - q·d)·(254/d)), clipped to ±127 (the residual
+    under an f16 scale could pass ±d/2 by 127·d·2⁻¹¹ and clip)."""
+    xs = np.asarray(x, dtype=F32)
+    r, n = xs.shape
+    if n % QBLOCK:
+        raise UserError(f"a quantized row of {n} values is not a whole number of {QBLOCK}-value blocks")
+    b = xs.reshape(r, n // QBLOCK, QBLOCK)
+    d = (np.abs(b).max(axis=2) / F32(127)).astype(F32)  # (R, nb)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d == 0, F32(0), F32(1) / d).astype(F32)
+    q = round_away(b * inv[:, :, None])
+    low = None
+    if words == 2:
+        res = (b - q * d[:, :, None]).astype(F32)
+        low = np.clip(round_away(res * (inv * F32(LOW_STEPS))[:, :, None]), -127, 127).astype(np.int8).reshape(r, n)
+    else:
+        d = d.astype(np.float16).astype(F32)
+    return Quantized(q.astype(np.int8).reshape(r, n), low, d)
+
+
+def product(xq: Quantized, w: np.ndarray) -> np.ndarray:
+    """xq (R, k) · wᵀ (n, k) as the q8 numerics compute it: each block's int8 words dotted with the weights' values
+    (under q8_0 and q4_0 rows those are the block's f16 scale times its integers, so the block sum is that scale times
+    an int32 sum of int8 products), times the block's activation scale, the blocks summed — in f64, exactly up to
+    its rounding. Under two words the low words' sum, over 254, joins the high words'. q4_k and q6_k rows are taken in
+    the same 32-value blocks (llama.cpp quantizes their activations in 256-value q8_K blocks instead)."""
+    r, k = xq.shape
+    n = w.shape[0]
+    nb = k // QBLOCK
+    wb = np.asarray(w, dtype=F64).reshape(n, nb, QBLOCK)
+    q = xq.words.astype(F64).reshape(r, nb, QBLOCK)
+    sums = np.einsum("rbi,nbi->rnb", q, wb)  # (R, n, nb)
+    if xq.low is not None:
+        sums = sums + np.einsum("rbi,nbi->rnb", xq.low.astype(F64).reshape(r, nb, QBLOCK), wb) / LOW_STEPS
+    return np.einsum("rnb,rb->rn", sums, xq.scales.astype(F64)).astype(F32)
+
+
+# -- the step graph under a numerics ----------------------------------------------------------------------------------
+
+def why_f32(g: Graph, op: Op) -> str | None:
+    """Why product `op` (a matmul) reads its activation f32 under a quantized numerics, in words; None where it reads
+    it quantized (its weights are block-quantized checkpoint rows)."""
+    w = g.constants.get(op.ins[1])
+    if w is None:
+        return "its matrix is computed in the step"
+    if w.kind != "rows":
+        return "its matrix is f32 values"
+    if w.format not in BLOCK_FORMATS:
+        return f"its rows are {w.format} (only block-quantized rows are multiplied as int8)"
+    if op.acc(0) is not None:
+        return "its activation is read strided (a part of every unit of a wider tensor)"
+    if g.dtype(op.ins[0]) != "f32":
+        return None
+    if g.shape(op.ins[0])[-1] % QBLOCK:
+        return f"its activation's rows are not whole {QBLOCK}-value blocks"
+    return None
+
+
+def with_numerics(g: Graph, numerics: str) -> Graph:
+    """`g` under `numerics`: f32 unchanged; q8 / q8x2 with a `quantize` (one word / two) of every activation a product
+    over block-quantized rows reads, placed right before the first such product, which with every other one of the
+    same activation reads it. A product over f32/f16/bf16 rows or values, and an expert mixture (its router and
+    experts), read f32 (`f32_reads` says why)."""
+    if numerics not in NUMERICS:
+        raise UserError(f"numerics `{numerics}`: one of {', '.join(NUMERICS)}")
+    words, now = NUMERICS[numerics], g.meta.get("numerics", "f32")
+    if now == numerics or not words:
+        if now != numerics:
+            raise UserError(f"a step graph under {now} numerics cannot be planned under {numerics}")
+        return g
+    if now != "f32":
+        raise UserError(f"a step graph under {now} numerics cannot be planned under {numerics}")
+    tensors = dict(g.tensors)
+    ops: list[Op] = []
+    made: dict[str, str] = {}  # activation -> its quantized form
+    for op in g.ops:
+        if not op.fused and op.kind == "matmul" and why_f32(g, op) is None:
+            x = op.ins[0]
+            if x not in made:
+                q = x + "." + numerics
+                if q in tensors or q in g.constants:
+                    raise UserError(f"the quantized form of `{x}` would be named `{q}`, which the step already names")
+                tensors[q] = Tensor(q, g.shape(x), numerics)
+                ops.append(Op("quantize", (x,), q, attrs_of({"words": words}), layer=op.layer))
+                made[x] = q
+            op = replace(op, ins=(made[x],) + op.ins[1:])
+        ops.append(op)
+    meta = dict(g.meta)
+    meta["numerics"] = numerics
+    return replace(g, ops=ops, tensors=tensors, meta=meta)
+
+
+def f32_reads(g: Graph) -> list[tuple[str, str]]:
+    """Under a quantized numerics, each product that reads its activation f32 and why: (its output, the reason)."""
+    out = []
+    for op in g.ops:
+        for leaf in op.leaves() if op.fused else (op,):
+            if leaf.kind == "matmul" and g.dtype(leaf.ins[0]) == "f32":
+                out.append((leaf.out, why_f32(g, leaf) or "its activation is f32"))
+            elif leaf.kind == "moe":
+                out.append((leaf.out, "an expert mixture reads f32 (its router under every numerics; its experts "
+                                      "in this lane)"))
+    return out

@@ -1,0 +1,161 @@
+"""The q8 numerics in the engine: the `quantize` op's exact integer meaning (llama.cpp's q8_0 rounding; two words
+under q8x2), the products of a quantized activation (int8 block sums scaled per block), and which activations a step
+graph reads quantized (`with_numerics`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.demo import demo_config, random_arrays
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.ir import Graph
+from lanefuse.engine.model import build_step
+from lanefuse.engine.quantize import LOW_STEPS, f32_reads, product, quantize, with_numerics
+from lanefuse.engine.stepyaml import from_yaml, to_yaml
+from lanefuse.engine.weights import Weights
+from lanefuse.kernels.blocks import BLOCKS, _enc_q8_0, encode, encode_matrices
+
+FMTS = ("q8_0", "q4_0", "q4_k", "q6_k")
+
+
+def test_quantize_is_ggml_q8_0_rounding():
+    """Words and scales as ggml's quantize_row_q8_0_ref makes them (its scale rounded to f16 in the file, kept f32
+    here): every block of random rows, an all-zero block, and values that land on halves."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((3, 96)) * rng.uniform(0.01, 10, (3, 1))).astype(np.float32)
+    x[1, 32:64] = 0.0
+    x[2, :32] = np.arange(32, dtype=np.float32) - 15.5  # amax 16.5 ... and a block of exact halves below
+    x[2, 64:96] = np.r_[127.0, np.arange(31, dtype=np.float32) - 14.5]  # d = 1: x·(1/d) are halves
+    q = quantize(x)
+    ref = _enc_q8_0(x.reshape(-1, 32))  # (blocks, 34): f16 d, then 32 int8
+    assert np.array_equal(q.words.reshape(-1, 32), ref[:, 2:].view(np.int8))
+    assert np.array_equal(q.scales.reshape(-1).astype(np.float16), ref[:, :2].copy().view(np.float16)[:, 0])
+    assert q.low is None and q.words.dtype == np.int8 and q.scales.dtype == np.float32
+    assert np.all(q.words[1, 32:64] == 0) and q.scales[1, 1] == 0
+    assert list(q.words[2, 65:69]) == [-15, -14, -13, -12]  # -14.5 -> -15: halves away from zero
+    assert q.words[2, 64] == 127 and q.scales[2, 2] == 1.0
+
+
+def test_two_words_hold_the_residual():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    one, two = quantize(x, 1), quantize(x, 2)
+    assert np.array_equal(one.words, two.words)  # the same words; one word's scale is two words' rounded to f16
+    assert np.array_equal(one.scales, two.scales.astype(np.float16).astype(np.float32))
+    d = np.repeat(two.scales, 32, axis=1).astype(np.float64)
+    e1 = np.abs(one.values() - x)
+    e2 = np.abs(two.values() - x)
+    assert np.all(e1 <= d * (0.5 + 127 * 2.0**-12) * (1 + 1e-6))
+    assert np.all(e2 <= d / (2 * LOW_STEPS) * (1 + 1e-3) + 1e-12)
+    assert e2.max() < e1.max() / 50
+    assert np.abs(two.low).max() <= 127 and two.low.dtype == np.int8
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_block_product_is_int32_sums_scaled(fmt):
+    """Over q8_0 / q4_0 rows the product equals, to f64's rounding, the int32 sums of int8 products each times the
+    weight block's f16 scale and the activation block's f32 scale — computed here from the raw blocks."""
+    rng = np.random.default_rng(3)
+    k, n = 96, 7
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = encode(w, fmt).reshape(n, k // 32, BLOCKS[fmt][1])
+    dw = raw[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float64)  # (n, nb)
+    if fmt == "q8_0":
+        qw = raw[:, :, 2:].view(np.int8).astype(np.int32)
+    else:
+        nib = raw[:, :, 2:]
+        qw = np.concatenate([nib & 15, nib >> 4], axis=2).astype(np.int32) - 8
+    from lanefuse.kernels.blocks import decode_rows
+
+    wf = decode_rows(encode(w, fmt), fmt, k)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    xq = quantize(x)
+    sums = np.einsum("rbi,nbi->rnb", xq.words.astype(np.int32).reshape(2, -1, 32), qw)  # int32
+    want = np.einsum("rnb,nb,rb->rn", sums.astype(np.float64), dw, xq.scales.astype(np.float64))
+    got = product(xq, wf)
+    assert np.allclose(got, want, rtol=1e-6, atol=0)
+    assert not np.allclose(got, x @ wf.T, rtol=1e-6)  # the activation's rounding shows
+
+
+def q8_model(fmt: str, max_len: int = 32):
+    """The demo model (2 layers) with its matrices in `fmt`."""
+    cfg = dataclasses.replace(demo_config(max_len), layers=2)
+    arrays = encode_matrices(random_arrays(cfg), fmt)
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, (_, f) in arrays.items() if f != "f32"))
+    return cfg, Weights.from_dict(arrays, cfg)
+
+
+def _env(g: Graph, cfg, token=5, pos=0):
+    env = {"token": np.array([token], np.int32), "pos": np.array([pos], np.int32)}
+    for name in g.io.tables:
+        env[name] = np.zeros(g.tensors[name].shape, np.float32)
+    return env
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+def test_with_numerics_quantizes_each_block_product_activation_once(numerics):
+    cfg, w = q8_model("q8_0")
+    g = build_step(cfg, 1)
+    gq = with_numerics(g, numerics)
+    quants = [op for op in gq.ops if op.kind == "quantize"]
+    matmuls = [op for op in gq.ops if op.kind == "matmul"]
+    assert all(gq.dtype(m.ins[0]) == numerics for m in matmuls)  # every product here is over q8_0 rows
+    # one quantize an activation: q/k/v share the normed input, gate/up theirs; 4 a layer and the head's
+    assert len(quants) == 4 * cfg.layers + 1 == len({m.ins[0] for m in matmuls})
+    assert all(op.a["words"] == (1 if numerics == "q8" else 2) for op in quants)
+    for q in quants:  # right before its first reader
+        k = gq.ops.index(q)
+        assert gq.ops[k + 1].ins[0] == q.out
+    gq.validate()
+    assert from_yaml(to_yaml(gq)) == gq
+    assert with_numerics(gq, numerics) is gq and with_numerics(g, "f32") is g
+    with pytest.raises(UserError, match="cannot be planned under"):
+        with_numerics(gq, "f32")
+    assert f32_reads(gq) == []
+
+
+def test_with_numerics_leaves_dense_rows_f32():
+    cfg, w = q8_model("q8_0")
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, f in cfg.formats if "o_proj" not in n))
+    gq = with_numerics(build_step(cfg, 1), "q8")
+    o = [op for op in gq.ops if op.kind == "matmul" and "o_proj" in op.ins[1]]
+    assert o and all(gq.dtype(op.ins[0]) == "f32" for op in o)
+    why = dict(f32_reads(gq))
+    assert why[o[0].out] == "its rows are f32 (only block-quantized rows are multiplied as int8)"
+
+
+def test_a_quantized_activation_is_read_only_by_products():
+    g = Graph()
+    g.tensor("x", (1, 64))
+    g.add("quantize", ["x"], "xq", words=1)
+    with pytest.raises(UserError, match="only a product's activation is read quantized"):
+        g.add("add", ["xq", "x"], "y")
+    with pytest.raises(UserError, match="only a product's activation is read quantized"):
+        g.add("quantize", ["xq"], "xqq")
+    g.tensor("ids", (1, 32), "i32")
+    with pytest.raises(UserError, match="it quantizes f32 values"):
+        g.add("quantize", ["ids"], "iq")
+    g.tensor("odd", (1, 40))
+    with pytest.raises(UserError, match="not a whole number of 32-value blocks"):
+        g.add("quantize", ["odd"], "oq")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_q8_step_runs_in_the_interpreter_near_f32(fmt):
+    """The reference interpreter runs a q8 and a q8x2 decode step: logits near the f32 step's (q8 within a few
+    percent of their scale, q8x2 within 1e-3), and not equal to them (the words are what is multiplied)."""
+    cfg, w = q8_model(fmt)
+    g = build_step(cfg, 1)
+    ref = evaluate(g, w, _env(g, cfg))["logits"]
+    scale = np.abs(ref).max()
+    errs = {}
+    for numerics in ("q8", "q8x2"):
+        gq = with_numerics(g, numerics)
+        got = evaluate(gq, w, _env(gq, cfg))["logits"]
+        errs[numerics] = np.abs(got - ref).max() / scale
+    assert 1e-5 < errs["q8"] < 0.05
+    assert errs["q8x2"] < 1e-3 and errs["q8x2"] < errs["q8"] / 20

@@ -1,0 +1,180 @@
+"""The q8 kernels on the device against their numpy twins: quant.cu's words, low words and scales equal to the
+twin's (the same f32 roundings), gemv_q8.cu's __dp4a products within f32 summation of the exact twin. Skips without
+a CUDA device (bench/gpu_suite.sh runs every `gpu` test)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.quantize import quantize
+from lanefuse.kernels import Dst, Gemv
+from lanefuse.kernels.common import encode
+from lanefuse.kernels.env import HostEnv
+from lanefuse.kernels.quant import Quant, quant_layout
+
+
+def _device() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver, no device
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _device(), reason="no CUDA device")]
+
+
+def _dev(n: int, words: int, arrays, weights):
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    total = quant_layout(n, words)[2]
+    return DeviceEnv(total, {"xq": (0, total, "u8")}, arrays, weights, quantized={"xq": (n, words)})
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_quant_kernel_equals_its_twin(words):
+    n = 4096 + 32
+    x = (np.random.default_rng(6).standard_normal(n) * 3).astype(np.float32)
+    dev = _dev(n, words, {"x": x}, {})
+    Quant("x", "xq", n, words).cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    want = quantize(x.reshape(1, -1), words)
+    w, low, sc = dev.quant("xq")
+    assert np.array_equal(dev.cp.asnumpy(w), want.words.reshape(-1))
+    assert np.array_equal(dev.cp.asnumpy(sc), want.scales.reshape(-1))
+    if words == 2:
+        assert np.array_equal(dev.cp.asnumpy(low), want.low.reshape(-1))
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("m", [1, 9])
+def test_gemv_q8_kernel_equals_its_twin(fmt, words, m):
+    rng = np.random.default_rng(7)
+    k, n = 512, 131
+    raw = encode(rng.standard_normal((n, k)).astype(np.float32) / 20, fmt)
+    x = rng.standard_normal(m * k).astype(np.float32)
+    q = quantize(x.reshape(m, k), words)
+    b = rng.standard_normal(n).astype(np.float32)
+    g = Gemv("xq", "w", fmt, Dst("y"), k, n, m, bias="b", words=words)
+    host = HostEnv({"y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)},
+                   {"xq": (q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1))})
+    g.numpy(host)
+    dev = _dev(m * k, words, {"x": x, "y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)})
+    Quant("x", "xq", m * k, words).cuda(dev)
+    g.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    want = host.array("y")
+    np.testing.assert_allclose(dev.host("y"), want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def _both_q8(launch, x, words, arrays, weights, tol=2e-5):
+    """`launch` (reading the quantized form `xq` of x) on the host from quantize(x) and on the device after quant.cu
+    quantized x there: every array agrees afterwards, within f32 summation of the exact twin's sums."""
+    q = quantize(x.reshape(launch.m, launch.k), words)
+    assert launch.check() is None, launch.check()
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights,
+                   {"xq": (q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1))})
+    launch.numpy(host)
+    dev = _dev(x.size, words, {"x": x, **arrays}, weights)
+    Quant("x", "xq", x.size, words).cuda(dev)
+    launch.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for name in arrays:
+        want = host.array(name)
+        np.testing.assert_allclose(dev.host(name), want, rtol=0, atol=tol * max(np.abs(want).max(), 1.0),
+                                   err_msg=name)
+    return dev
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+def test_gemv_glu_and_parts_q8_kernels_equal_their_twins(fmt, words):
+    from lanefuse.kernels import GemmPart, GemmParts, GemvGlu, Part
+
+    rng = np.random.default_rng(8)
+    m, k, n = 3, 512, 299
+    w = {"wg": (encode(rng.standard_normal((n, k)).astype(np.float32) / 20, fmt), fmt),
+         "wu": (encode(rng.standard_normal((n, k)).astype(np.float32) / 20, fmt), fmt),
+         "bg": (rng.standard_normal(n).astype(np.float32), "f32")}
+    x = rng.standard_normal(m * k).astype(np.float32)
+    _both_q8(GemvGlu("xq", "wg", "wu", fmt, "o", k, n, m, bg="bg", words=words), x, words,
+             {"o": np.zeros(m * n, np.float32)}, w)
+    W = 2 * n + 5
+    parts = (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+             GemmPart("wu", Dst("kc", row="pos", pitch=n), n), GemmPart("wu", Dst("qkv", unit=Part(W, n + 5, n)), n))
+    _both_q8(GemmParts("xq", fmt, k, m, parts, words=words), x, words,
+             {"qkv": np.zeros(m * W, np.float32), "kc": np.zeros(8 * n, np.float32), "pos": np.array([2], np.int32)},
+             w)
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_fold_q8_kernels_equal_their_twins(fmt, words):
+    """gemv_norm and parts_rope over a quantized activation: the products by gemv_q8.cu's body, the norm by the
+    last block, each rotated head by the last of its blocks (a second launch runs them again)."""
+    from lanefuse.kernels import Fold, GemmPart, GemmParts, Norm, RopeParts, RopeSide
+
+    rng = np.random.default_rng(9)
+    m, k, n = 2, 512, 77
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    x = r(m * k)
+    f = Fold(Gemv("xq", "w", fmt, Dst("o"), k, n, m, words=words), Norm("res", "nw", "y", m, n, 1e-6, add="o",
+                                                                           sum="sum"))
+    assert f.fused, f.form()
+    arrays = {"o": np.zeros(m * n, np.float32), "res": r(m, n).reshape(-1), "sum": np.zeros(m * n, np.float32),
+              "y": np.zeros(m * n, np.float32)}
+    _both_q8(f, x, words, arrays, {"w": (encode(r(n, k) / 20, fmt), fmt), "nw": (r(n), "f32")}, tol=1e-4)
+    heads, kv, hd, L, pos = 4, 2, 64, 16, 5
+    nq, nk = heads * hd, kv * hd
+    parts = (GemmPart("wq", Dst("q"), nq), GemmPart("wk", Dst("k"), nk), GemmPart("wv", Dst("vc", row="pos", pitch=nk),
+                                                                                  nk))
+    sides = (RopeSide("q", Dst("qr"), heads, norm=("qn", 1e-6)), RopeSide("k", Dst("kc", row="pos", pitch=nk), kv,
+                                                                          norm=("kn", 1e-6)))
+    f = Fold(GemmParts("xq", fmt, k, m, parts, words=words), RopeParts(sides, "cos", "sin", "pos", m, hd, hd))
+    assert f.fused, f.form()
+    ang = rng.uniform(0, 6.28, (L, hd // 2))
+    arrays = {"q": np.zeros(m * nq, np.float32), "k": np.zeros(m * nk, np.float32), "qr": np.zeros(m * nq, np.float32),
+              "kc": r(L * nk), "vc": r(L * nk), "pos": np.array([pos], np.int32)}
+    weights = {"wq": (encode(r(nq, k) / 20, fmt), fmt), "wk": (encode(r(nk, k) / 20, fmt), fmt),
+               "wv": (encode(r(nk, k) / 20, fmt), fmt), "qn": (r(hd), "f32"), "kn": (r(hd), "f32"),
+               "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
+    dev = _both_q8(f, x, words, arrays, weights, tol=1e-4)
+    want = dev.host("qr").copy()
+    dev.array("qr")[...] = 0
+    f.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    np.testing.assert_array_equal(dev.host("qr"), want)
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("rows,cols", [(1, 4096), (3, 96)])
+def test_norm_quantizing_in_its_epilogue(rows, cols, words):
+    """norm.cu's epilogue quantizes each row it stored (quant.cu's blocks): the f32 rows within rounding of the
+    twin's, and the words the twin makes from them, but for a word whose value lands within that rounding of a half
+    (at most one step apart, rare)."""
+    from lanefuse.kernels import Norm
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(rows * cols).astype(np.float32)
+    res = rng.standard_normal(rows * cols).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+    n = Norm("res", "nw", "y", rows, cols, 1e-6, add="x", sum="s", quant="xq", words=words)
+    assert n.check() is None
+    host = HostEnv({"x": x.copy(), "res": res.copy(), "y": np.zeros(rows * cols, np.float32),
+                    "s": np.zeros(rows * cols, np.float32)}, {"nw": (nw, "f32")},
+                   {"xq": (np.zeros(rows * cols, np.int8), np.zeros(rows * cols, np.int8) if words == 2 else None,
+                           np.zeros(rows * cols // 32, np.float32))})
+    n.numpy(host)
+    dev = _dev(rows * cols, words, {"x": x, "res": res, "y": np.zeros(rows * cols, np.float32),
+                                    "s": np.zeros(rows * cols, np.float32)}, {"nw": (nw, "f32")})
+    n.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    np.testing.assert_allclose(dev.host("y"), host.array("y"), rtol=1e-5, atol=1e-5)
+    want = quantize(dev.host("y").reshape(rows, cols), words)  # the words of the values the kernel stored
+    w, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq"))
+    assert np.array_equal(w, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
+    if words == 2:
+        assert np.array_equal(low, want.low.reshape(-1))

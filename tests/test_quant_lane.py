@@ -1,0 +1,218 @@
+"""The q8 numerics in the lane: the Quant launch and the GEMV of a quantized activation (numpy twins against the
+reference interpreter's exact meaning, refusals in words, bytes), q8/q8x2 plans run by the numpy backend inside their
+arena equal to the interpreter of the quantized step graph, and --numerics on the command."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.model import build_step
+from lanefuse.engine.quantize import product, quantize, with_numerics
+from lanefuse.kernels import Dst, Gemv
+from lanefuse.kernels.blocks import decode_rows, encode
+from lanefuse.kernels.env import HostEnv
+from lanefuse.kernels.quant import Quant, quant_layout
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.run.numpy_runner import NumpyRunner
+from test_quant import _env, q8_model
+
+FMTS = ("q8_0", "q4_0", "q4_k", "q6_k")
+
+
+def _empty(n: int, words: int):
+    return (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None, np.zeros(n // 32, np.float32))
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_quant_twin_is_the_interpreters_quantize(words):
+    x = np.random.default_rng(4).standard_normal(160).astype(np.float32)
+    env = HostEnv({"x": x}, quantized={"xq": _empty(160, words)})
+    Quant("x", "xq", 160, words).numpy(env)
+    want = quantize(x.reshape(1, -1), words)
+    w, low, sc = env.quant("xq")
+    assert np.array_equal(w, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
+    assert (low is None) == (words == 1) and (low is None or np.array_equal(low, want.low.reshape(-1)))
+
+
+def test_quant_refusals_and_bytes():
+    assert "whole number of blocks" in Quant("x", "xq", 40).check().reason
+    assert "q8 takes one, q8x2 two" in Quant("x", "xq", 64, 3).check().reason
+    assert Quant("x", "xq", 64).check() is None
+    assert Quant("x", "xq", 64).bytes() == 4 * 64 + 64 + 4 * 2
+    assert quant_layout(64, 1) == (256, 256, 512) and quant_layout(64, 2) == (256, 512, 768)
+    assert quant_layout(4096, 2) == (4096, 8192, 8192 + 512)
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gemv_of_a_quantized_activation(fmt, words):
+    """The exact twin equals the interpreter's product; the fast twin is within f32 rounding of it; a bias and a
+    destination in a table's rows are honoured."""
+    rng = np.random.default_rng(5)
+    m, k, n = 3, 256, 37
+    raw = encode(rng.standard_normal((n, k)).astype(np.float32) / 16, fmt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xq = quantize(x, words)
+    b = rng.standard_normal(n).astype(np.float32)
+    want = product(xq, decode_rows(raw, fmt, k)) + b
+    for exact in (True, False):
+        env = HostEnv({"y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)},
+                      {"xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
+                              xq.scales.reshape(-1))})
+        g = Gemv("xq", "w", fmt, Dst("y"), k, n, m, bias="b", words=words)
+        assert g.check() is None
+        g.numpy(env) if exact else g.fast(env)
+        got = env.array("y").reshape(m, n)
+        tol = 0 if exact else 1e-5 * np.abs(want).max()
+        assert np.abs(got - want).max() <= tol + 1e-7 * np.abs(want).max()
+    assert g.bytes() < Gemv("x", "w", fmt, Dst("y"), k, n, m, bias="b").bytes()
+
+
+def test_gemv_refuses_what_gemv_q8_cannot_run():
+    assert "int8 products need block-quantized rows" in Gemv("xq", "w", "bf16", Dst("y"), 64, 8, 1, words=1).check().reason
+    assert "sums k whole" in Gemv("xq", "w", "q8_0", Dst("y"), 4096, 8, 1, words=1, split=2).check().reason
+    assert "one, q8x2 two" in Gemv("xq", "w", "q8_0", Dst("y"), 64, 8, 1, words=3).check().reason
+
+
+def _chunk_env(g, rows, pos):
+    env = {"token": np.arange(3, 3 + rows, dtype=np.int32) % 500, "pos": np.array([pos], np.int32)}
+    for name in g.io.tables:
+        env[name] = np.zeros(g.tensors[name].shape, np.float32)
+    return env
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+def test_q8_plan_equals_the_interpreter(fmt, numerics):
+    """A decode step and a prefill chunk of 3 rows under q8/q8x2, run by the exact twins inside the plan's arena
+    (LANEFUSE_CHECK=2's launch-by-launch comparison on), equal the interpreter of the quantized step graph; the fast
+    twins pick the same token, their logits no farther from the interpreter's than the quantization's own noise (its
+    logits' distance from f32's): their f32 sums are rounded otherwise, so a value within that rounding of a half
+    rounds to the other word and moves its block by one step (measured: in the q8_0 chunk of 3 rows one word of the
+    first layer's GLU flips, 8e-3 of the logits' scale at the end)."""
+    cfg, w = q8_model(fmt)
+    for rows in (1, 3):
+        g = build_step(cfg, rows)
+        p = plan(g, numerics=numerics)
+        assert p.numerics == numerics and p.census.get("quant", 0) >= 1 and p.f32_reads == ()
+        gq = with_numerics(g, numerics)
+        ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+        f32 = evaluate(g, w, _chunk_env(g, rows, 0))["logits"]
+        noise = np.abs(ref["logits"] - f32).max() / np.abs(f32).max()
+        assert noise > 1e-6
+        for exact in (True, False):
+            out = NumpyRunner(p, w, exact=exact, check=exact).step(_chunk_env(g, rows, 0), lifted=g)
+            err = np.abs(out["logits"] - ref["logits"]).max() / np.abs(ref["logits"]).max()
+            assert err <= (1e-6 if exact else max(1e-4, noise)), (rows, exact, err, noise)
+            assert np.array_equal(out["next"], ref["next"])
+
+
+def test_q8_plan_says_which_products_read_f32():
+    cfg, w = q8_model("q8_0")
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, f in cfg.formats if "down_proj" not in n))
+    p = plan(build_step(cfg, 1), numerics="q8")
+    downs = [o for o, _ in p.f32_reads if "down" in o]
+    assert len(downs) == cfg.layers and all(w == "its rows are f32 (only block-quantized rows are multiplied as int8)"
+                                            for o, w in p.f32_reads)
+
+
+def test_numerics_on_the_command(capsys, tmp_path):
+    from lanefuse.lane.cli.main import main
+
+    assert main(["plan", "--numerics", "q8"]) == 0
+    out = capsys.readouterr().out
+    assert "q8" in out and "read their activation f32" in out  # the demo model's rows are f32
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--numerics", "q9"])
+    assert e.value.code != 0
+    saved = tmp_path / "q8.json"  # a q8 plan saved runs without the solver: the same tokens as planning anew
+    assert main(["plan", "--numerics", "q8", "--weights-format", "q8_0", "--save", str(saved)]) == 0
+    capsys.readouterr()
+    run = ["--weights-format", "q8_0", "--prompt-ids", "1,2,3", "--tokens", "4"]
+    assert main(["run", "--plan", str(saved), *run]) == 0
+    a = capsys.readouterr().out
+    assert main(["run", "--numerics", "q8", *run]) == 0
+    b = capsys.readouterr().out
+    ids = [line for line in a.splitlines() if line.startswith("generated ids")]
+    assert ids and ids == [line for line in b.splitlines() if line.startswith("generated ids")]
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_glu_and_parts_of_a_quantized_activation(fmt, words):
+    """GemvGlu and GemmParts over a quantized activation: the exact twins equal the interpreter's products (int8 block
+    sums) under the GLU and into each part's destination; the fast twins within f32 rounding of them."""
+    from lanefuse.kernels import GemmPart, GemmParts, GemvGlu, Part
+    from lanefuse.kernels.common import act
+
+    rng = np.random.default_rng(10)
+    m, k, n = 3, 256, 37
+    raws = {w: encode(rng.standard_normal((n, k)).astype(np.float32) / 16, fmt) for w in ("wg", "wu")}
+    bg = rng.standard_normal(n).astype(np.float32)
+    xq = quantize(rng.standard_normal((m, k)).astype(np.float32), words)
+    g, u = (product(xq, decode_rows(raws[w], fmt, k)) for w in ("wg", "wu"))
+    want_glu = act("silu", (g + bg).astype(np.float32)) * u
+    W = 2 * n + 3
+    want_qkv = np.zeros((m, W), np.float32)
+    want_qkv[:, :n], want_qkv[:, n + 3:] = g + bg, u
+    for exact in (True, False):
+        env = HostEnv({"o": np.zeros(m * n, np.float32), "qkv": np.zeros(m * W, np.float32), "bg": bg},
+                      {w: (r, fmt) for w, r in raws.items()},
+                      {"xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
+                              xq.scales.reshape(-1))})
+        glu = GemvGlu("xq", "wg", "wu", fmt, "o", k, n, m, bg="bg", words=words)
+        parts = GemmParts("xq", fmt, k, m, (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+                                            GemmPart("wu", Dst("qkv", unit=Part(W, n + 3, n)), n)), words=words)
+        for launch in (glu, parts):
+            assert launch.check() is None and launch.tune({}).per_warp == 1
+            launch.numpy(env) if exact else launch.fast(env)
+        tol = 1e-6 if exact else 1e-5
+        for got, want in ((env.array("o").reshape(m, n), want_glu), (env.array("qkv").reshape(m, W), want_qkv)):
+            assert np.abs(got - want).max() <= tol * np.abs(want).max()
+    assert "block-quantized rows" in GemvGlu("xq", "wg", "wu", "bf16", "o", k, n, m, words=1).check().reason
+    assert glu.bytes() < GemvGlu("x", "wg", "wu", fmt, "o", k, n, m).bytes()
+
+
+def test_a_q8_decode_layer_runs_the_f32_plans_fused_kernels():
+    """Under q8 the products keep their fusions (q/k/v in parts with their heads' norm and rotation, the output
+    projection and the down projection folded with the next norm, gate/up with their GLU) and the norms quantize in
+    their epilogues (embed_norm.quant, gemv_norm_epilogue.quant): the f32 plan's launches plus a Quant launch of the
+    attention's output and of the GLU's a layer. Held `fuse_quant` (the lane's step holding every rule that joins a
+    quantize): each quantize a Quant launch again, the same numbers."""
+    cfg, w = q8_model("q8_0")
+    f32, q8 = (plan(build_step(cfg, 1), numerics=n) for n in ("f32", "q8"))
+    quants = dict(q8.census).pop("quant")
+    assert {k: v for k, v in q8.census.items() if k != "quant"} == dict(f32.census) and quants == 2 * cfg.layers
+    held = plan(build_step(cfg, 1), numerics="q8", held=("fuse_quant",))
+    assert held.census["quant"] == 4 * cfg.layers + 1 and len(held.launches) == len(q8.launches) + 2 * cfg.layers + 1
+    assert {"fuse_quant", "norm_quant", "embed_norm.quant"} <= set(held.held)
+    a, b = (NumpyRunner(p, w).step(_env(build_step(cfg, 1), cfg)) for p in (q8, held))
+    assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["next"], b["next"])
+    assert all(getattr(x.launch, "fused", True) for x in q8.launches)
+
+
+QUANT_HOLDS = ("fuse_quant", "norm_quant", "add_norm_quant", "gemv_norm_epilogue.quant", "embed_norm.quant",
+               "gemv_norm_epilogue", "embed_norm", "merged_qkv", "gemv_gate_up_glu")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(held=st.sets(st.sampled_from(QUANT_HOLDS)), numerics=st.sampled_from(["q8", "q8x2"]))
+def test_random_held_sets_and_numerics_keep_the_numbers(held, numerics):
+    """Any held set of the quantizing rules and their neighbours (and `fuse_quant`), under q8 or q8x2: the plan, run
+    by the exact twins in its arena, equals the interpreter of the quantized step graph."""
+    cfg, w = _MODEL
+    g = build_step(cfg, 1)
+    p = plan(g, numerics=numerics, held=tuple(sorted(held)))
+    gq = with_numerics(g, numerics)
+    ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
+    out = NumpyRunner(p, w).step(_chunk_env(g, 1, 0))
+    assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
+    assert np.array_equal(out["next"], ref["next"])
+
+
+_MODEL = q8_model("q4_0")
