@@ -43,6 +43,12 @@ class ModelConfig:
         r = int(self.head_dim * self.partial_rotary)
         return r - (r % 2)
 
+    def carried(self) -> dict[str, tuple[int, ...]]:
+        """The tables a step carries, name -> shape: each layer's K and V caches (a family with carried states adds
+        them: engine/qwen3next.py)."""
+        shape = (self.max_len, self.kv_heads * self.head_dim)
+        return {n: shape for i in range(self.layers) for n in (f"kc{i}", f"vc{i}")}
+
     def fmt(self, weight: str) -> str:
         return dict(self.formats).get(weight, "f32")
 
@@ -78,20 +84,26 @@ class ModelConfig:
         return w
 
 
-def step_frame(cfg: ModelConfig, rows: int) -> tuple[Graph, tuple[tuple[str, str], ...]]:
-    """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each layer's K and V cache
-    tables of max_len rows) declared; and the caches' names, a (K, V) pair a layer."""
+def step_frame(cfg: ModelConfig, rows: int, attention=None,
+               states: dict[str, tuple[int, ...]] | None = None) -> tuple[Graph, dict[int, tuple[str, str]]]:
+    """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each attention layer's K and V
+    cache tables of max_len rows: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
+    declared; and the caches' names, a (K, V) pair by layer."""
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
     kv, hd, L = cfg.kv_heads, cfg.head_dim, cfg.max_len
-    caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
-    g = Graph(io=StepIO(caches=caches))
+    layers = range(cfg.layers) if attention is None else attention
+    caches = {i: (f"kc{i}", f"vc{i}") for i in layers}
+    states = states or {}
+    g = Graph(io=StepIO(caches=tuple(caches.values()), states=tuple(states)))
     g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
     g.tensor("token", (rows,), "i32")
     g.tensor("pos", (1,), "i32")
-    for k, v in caches:
+    for k, v in caches.values():
         g.tensor(k, (L, kv * hd))
         g.tensor(v, (L, kv * hd))
+    for name, shape in states.items():
+        g.tensor(name, shape)
     return g, caches
 
 
