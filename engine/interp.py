@@ -182,8 +182,10 @@ def _l2norm(x, heads=1, eps=1e-6, **a):
     return y.reshape(r, n).astype(F32)
 
 
-def _causal_conv(x, w, ring, taps, **a):
-    xx = np.concatenate([np.asarray(ring, dtype=F64), np.asarray(x, dtype=F64)])  # (taps-1 + R, C)
+def _causal_conv(x, w, ring, taps, start=0, **a):
+    c = w.shape[0]
+    xs = np.asarray(x, dtype=F64)[:, start:start + c]  # (R, C): the channels it convolves
+    xx = np.concatenate([np.asarray(ring, dtype=F64), xs])  # (taps-1 + R, C)
     ws = np.asarray(w, dtype=F64)  # (C, taps)
     r = x.shape[0]
     y = sum(ws[:, j] * xx[j:j + r] for j in range(taps))
@@ -202,7 +204,7 @@ def _decay(a_, dt, al, **a):
             ).astype(F32)
 
 
-def _gated_delta(q, k, v, z, beta, g, state, gn, *, hk, hv, dk, dv, scale, eps, **a):
+def _gated_delta(q, k, v, z, beta, g, state, gn, *, hk, hv, dk, dv, scale, eps, zoff=0, **a):
     r = q.shape[0]
     group = hv // hk
     qs = np.asarray(q, dtype=F64).reshape(r, hk, dk) * scale
@@ -220,7 +222,7 @@ def _gated_delta(q, k, v, z, beta, g, state, gn, *, hk, hv, dk, dv, scale, eps, 
             o[i, h] = qs[i, j] @ S[h]
     state[:] = S.reshape(hv * dk, dv).astype(F32)  # in place
     ms = np.mean(o * o, axis=-1, keepdims=True)
-    zs = np.asarray(z, dtype=F64).reshape(r, hv, dv)
+    zs = np.asarray(z, dtype=F64)[:, zoff:zoff + hv * dv].reshape(r, hv, dv)
     y = o / np.sqrt(ms + eps) * np.asarray(gn, dtype=F64) * (zs / (1.0 + np.exp(-zs)))
     return y.reshape(r, hv * dv).astype(F32)
 

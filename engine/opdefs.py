@@ -78,19 +78,21 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "u = clamp(up, -limit, limit), (u + 1)·g·sigmoid(alpha·g)"),
     _d("l2norm", ["x"], {"heads": int, "eps": float}, {"heads": 1},
        doc="each of `heads` equal parts of a row scaled to unit length: x / sqrt(sum(x²) + eps): (R, n) -> (R, n)"),
-    _d("causal_conv", ["x", "w", "ring"], {"taps": int},
-       doc="a causal depthwise convolution of each channel over the step's rows after the ring's: with xx the ring's "
-           "taps-1 rows (the inputs before the step, oldest first) then x's, y[r] = Σ_j w[:, j]·xx[r + j]; the ring "
-           "is rewritten in place with xx's last taps-1 rows: (R, C), (C, taps), (taps-1, C) -> (R, C)"),
+    _d("causal_conv", ["x", "w", "ring"], {"taps": int, "start": int}, {"start": 0},
+       doc="a causal depthwise convolution of C channels (x's values start..start+C of each row) over the step's rows "
+           "after the ring's: with xx the ring's taps-1 rows (the inputs before the step, oldest first) then x's, "
+           "y[r] = Σ_j w[:, j]·xx[r + j]; the ring is rewritten in place with xx's last taps-1 rows: (R, X), (C, taps), "
+           "(taps-1, C) -> (R, C)"),
     _d("decay", ["a", "dt", "al"],
        doc="a gated delta net's forget gate, log scale: -exp(al)·softplus(a + dt) (softplus x past 20 is x), al and "
            "dt one value a head: (R, h), (h,), (h,) -> (R, h)"),
     _d("gated_delta", ["q", "k", "v", "z", "beta", "g", "state", "gn"],
-       {"hk": int, "hv": int, "dk": int, "dv": int, "scale": float, "eps": float},
+       {"hk": int, "hv": int, "dk": int, "dv": int, "scale": float, "eps": float, "zoff": int}, {"zoff": 0},
        doc="the gated delta rule over the step's rows in order, value head h reading key head h // (hv / hk): its "
            "state S (dk, dv) decayed by exp(g), then S += k ⊗ beta·(v - Sᵀk), the output Sᵀ(q·scale); the state "
            "table (hv·dk, dv) rewritten in place; each output head RMS-normed (eps) times gn and silu(z): "
-           "(R, hk·dk) q and k, (R, hv·dv) v and z, (R, hv) beta and g, (dv,) gn -> (R, hv·dv)"),
+           "(R, hk·dk) q and k, (R, hv·dv) v, z's values zoff.. of each row, (R, hv) beta and g, (dv,) gn -> "
+           "(R, hv·dv)"),
 ]}
 
 
@@ -235,12 +237,13 @@ def _l2norm(shapes, attrs):
 
 
 def _causal_conv(shapes, attrs):
-    r, c = _rows_cols(shapes[0])
-    t = attrs["taps"]
+    r, x = _rows_cols(shapes[0])
+    t, start = attrs["taps"], attrs["start"]
     if t < 2:
         raise ValueError(f"a convolution of {t} taps (at least 2)")
-    if shapes[1] != (c, t):
-        raise ValueError(f"weights {shapes[1]} are not ({c}, {t})")
+    c, t2 = _rows_cols(shapes[1])
+    if t2 != t or start < 0 or start + c > x:
+        raise ValueError(f"weights {shapes[1]} are not (C, {t}) of channels {start}..{start}+C within a row of {x}")
     if shapes[2] != (t - 1, c):
         raise ValueError(f"ring {shapes[2]} is not ({t - 1}, {c}): the last {t - 1} inputs")
     return (r, c), "f32"
@@ -258,7 +261,10 @@ def _gated_delta(shapes, attrs):
     if min(hk, hv, dk, dv) < 1 or hv % hk:
         raise ValueError(f"{hv} value heads do not group over {hk} key heads")
     r, _ = _rows_cols(shapes[0])
-    want = {"q": (r, hk * dk), "k": (r, hk * dk), "v": (r, hv * dv), "z": (r, hv * dv), "beta": (r, hv),
+    zr, zc = _rows_cols(shapes[3])
+    if zr != r or attrs["zoff"] < 0 or attrs["zoff"] + hv * dv > zc:
+        raise ValueError(f"z {shapes[3]} does not hold {hv}·{dv} values from {attrs['zoff']} of each of {r} rows")
+    want = {"q": (r, hk * dk), "k": (r, hk * dk), "v": (r, hv * dv), "z": shapes[3], "beta": (r, hv),
             "g": (r, hv), "state": (hv * dk, dv), "gn": (dv,)}
     for name, s in zip(want, shapes):
         if s != want[name]:

@@ -87,7 +87,8 @@ class Qwen3NextConfig(ModelConfig):
         return out
 
     def weight_names(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor the step reads, with its shape: the split projections under the names `SplitStore` serves."""
+        """Every tensor the step reads, with its shape: the split projections under the names `SplitStore` serves
+    (`in_proj_qkvz.split`: in_proj_qkvz's rows reordered, every key head's q, then k, then v, then z)."""
         d, h, kv, hd, f = self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter
         kd, vd = self.hk * self.dk, self.hv * self.dv
         w: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, d)}
@@ -97,8 +98,7 @@ class Qwen3NextConfig(ModelConfig):
             p = f"model.layers.{i}."
             if self.linear(i):
                 a = p + "linear_attn."
-                w.update({a + "in_proj_q.weight": (kd, d), a + "in_proj_k.weight": (kd, d),
-                          a + "in_proj_v.weight": (vd, d), a + "in_proj_z.weight": (vd, d),
+                w.update({a + "in_proj_qkvz.split.weight": (2 * kd + 2 * vd, d),
                           a + "in_proj_b.weight": (self.hv, d), a + "in_proj_a.weight": (self.hv, d),
                           a + "conv1d.q.weight": (kd, self.taps), a + "conv1d.k.weight": (kd, self.taps),
                           a + "conv1d.v.weight": (vd, self.taps), a + "A_log": (self.hv,),
@@ -147,8 +147,10 @@ class Qwen3NextConfig(ModelConfig):
 def _splits(cfg: Qwen3NextConfig, i: int) -> dict[str, tuple[str, np.ndarray]]:
     """Layer i's split tensors: name -> (the stored tensor, its rows taken in order). transformers' in_proj_qkvz and
     in_proj_ba lay their rows out by key-head group (`fix_query_key_value_ordering`): group j holds its q (dk), k (dk),
-    v (r·dv) and z (r·dv) rows, r = hv / hk, and its r b then r a rows; the convolution's channels are q, k, v joined;
-    a gated attention's q_proj holds each head's query (hd) then its gate (hd)."""
+    v (r·dv) and z (r·dv) rows, r = hv / hk, and its r b then r a rows; in_proj_qkvz.split holds every group's q rows,
+    then their k, v and z rows (one product whose outputs the convolutions and the delta rule read in parts); the
+    convolution's channels are q, k, v joined; a gated attention's q_proj holds each head's query (hd) then its gate
+    (hd)."""
     p = f"model.layers.{i}."
     if not cfg.linear(i):
         h, hd = cfg.heads, cfg.head_dim
@@ -161,9 +163,8 @@ def _splits(cfg: Qwen3NextConfig, i: int) -> dict[str, tuple[str, np.ndarray]]:
     group = 2 * dk + 2 * r * dv
     base = np.arange(hk)[:, None] * group
     rows = {"q": (0, dk), "k": (dk, dk), "v": (2 * dk, r * dv), "z": (2 * dk + r * dv, r * dv)}
-    out = {}
-    for part, (off, n) in rows.items():
-        out[a + f"in_proj_{part}.weight"] = (a + "in_proj_qkvz.weight", (base + off + np.arange(n)).reshape(-1))
+    order = np.concatenate([(base + off + np.arange(n)).reshape(-1) for off, n in rows.values()])
+    out = {a + "in_proj_qkvz.split.weight": (a + "in_proj_qkvz.weight", order)}
     gb = np.arange(hk)[:, None] * 2 * r
     out[a + "in_proj_b.weight"] = (a + "in_proj_ba.weight", (gb + np.arange(r)).reshape(-1))
     out[a + "in_proj_a.weight"] = (a + "in_proj_ba.weight", (gb + r + np.arange(r)).reshape(-1))
@@ -329,23 +330,21 @@ def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1) -> Graph:
         hn = op("rmsnorm", [x, norm_w(p + "input_layernorm.weight")], "attn_norm", eps=cfg.eps)
         if cfg.linear(i):
             a = "linear_attn."
-            q = op("matmul", [hn, W(a + "in_proj_q.weight")], "q")
-            k = op("matmul", [hn, W(a + "in_proj_k.weight")], "k")
-            v = op("matmul", [hn, W(a + "in_proj_v.weight")], "v")
-            z = op("matmul", [hn, W(a + "in_proj_z.weight")], "z")
+            kd, vd = hk * dk, hv * dv
+            qkvz = op("matmul", [hn, W(a + "in_proj_qkvz.split.weight")], "qkvz")  # (R, q | k | v | z)
             b = op("matmul", [hn, W(a + "in_proj_b.weight")], "b")
             ar = op("matmul", [hn, W(a + "in_proj_a.weight")], "a")
             conv = {}
-            for part, src, ring in (("q", q, f"cq{i}"), ("k", k, f"ck{i}"), ("v", v, f"cv{i}")):
-                c = op("causal_conv", [src, values(p + a + f"conv1d.{part}.weight"), ring], f"{part}_conv",
-                       taps=cfg.taps)
+            for part, start, ring in (("q", 0, f"cq{i}"), ("k", kd, f"ck{i}"), ("v", 2 * kd, f"cv{i}")):
+                c = op("causal_conv", [qkvz, values(p + a + f"conv1d.{part}.weight"), ring], f"{part}_conv",
+                       taps=cfg.taps, start=start)
                 conv[part] = op("silu", [c], f"{part}_act")
             qn = op("l2norm", [conv["q"]], "q_l2", heads=hk, eps=L2_EPS)
             kn = op("l2norm", [conv["k"]], "k_l2", heads=hk, eps=L2_EPS)
             beta = op("sigmoid", [b], "beta")
             decay = op("decay", [ar, values(p + a + "dt_bias"), values(p + a + "A_log")], "decay")
-            o = op("gated_delta", [qn, kn, conv["v"], z, beta, decay, f"ds{i}", values(p + a + "norm.weight")],
-                   "delta", hk=hk, hv=hv, dk=dk, dv=dv, scale=float(dk) ** -0.5, eps=cfg.eps)
+            o = op("gated_delta", [qn, kn, conv["v"], qkvz, beta, decay, f"ds{i}", values(p + a + "norm.weight")],
+                   "delta", hk=hk, hv=hv, dk=dk, dv=dv, scale=float(dk) ** -0.5, eps=cfg.eps, zoff=2 * kd + vd)
             mixed = op("matmul", [o, W(a + "out_proj.weight")], "o")
         else:
             a = "self_attn."

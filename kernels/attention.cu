@@ -4,7 +4,8 @@
 // `per_block` heads of one row and one split of the keys; its four warps stride the split's keys with an online
 // softmax each (flash-decoding), then combine in shared memory. One split writes the output; more write their
 // (max, sum, weighted values) partials and attention_combine merges them with the sink. Row j's keys start at
-// j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables).
+// j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables). With `gate`
+// (attn_output_gate) each output value is multiplied by act(gate) of its place as it is stored.
 #define AW 4
 #define MAXPB 4
 #define MAXD 256
@@ -13,7 +14,7 @@
 extern "C" __global__ void __launch_bounds__(128) attention_split(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale, float softcap) {
+    i64 voff, float scale, float softcap, const float* gate, i64 gact) {
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
@@ -91,7 +92,8 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
                 S = S * f + expf(sk - mf);
                 A = A * f;
             }
-            out[(r * heads + h) * vd + i] = A / S;
+            i64 o = (r * heads + h) * vd + i;
+            out[o] = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
         } else {
             float* pp = part + ((r * heads + h) * splits + z) * (vd + 2);
             if (i == 0) {
@@ -104,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
 }
 
 extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
-                                             i64 splits) {
+                                             i64 splits, const float* gate, i64 gact) {
     i64 h = blockIdx.x, r = blockIdx.y;
     const float* pp = part + (r * heads + h) * splits * (vd + 2);
     float M = sinks ? sinks[h] : NEG_INF;
@@ -120,6 +122,7 @@ extern "C" __global__ void attention_combine(const float* part, const float* sin
             float mz = pp[z * (vd + 2)];
             if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
         }
-        out[(r * heads + h) * vd + i] = A / S;
+        i64 o = (r * heads + h) * vd + i;
+        out[o] = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
     }
 }

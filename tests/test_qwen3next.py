@@ -174,3 +174,68 @@ def test_missing_fused_tensor_is_named(tmp_path):
     with pytest.raises(UserError, match=r"no tensor `model.layers.0.linear_attn.in_proj_ba.weight` \(expected shape "
                                         r"\(8, 32\)\)"):
         load_model(folder)
+
+
+# -- the fused plan ---------------------------------------------------------------------------------------------------
+
+def _plan_step(weights):
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    runners = {}
+
+    def step(g, env):
+        rows = g.meta["rows"]
+        if rows not in runners:
+            runners[rows] = NumpyRunner(plan(g), weights)
+        return runners[rows].step(env)
+
+    return step
+
+
+@pytest.mark.parametrize("name", ["f32", "bf16"])
+def test_fused_plan_equals_transformers(name, tmp_path):
+    """The fused plan, run by the numpy backend inside its arena (rings and states carried as tables between steps),
+    against transformers itself."""
+    folder, ref = build(name, tmp_path)
+    want_tokens, want_logits = hf_greedy(ref, PROMPT, N_TOKENS)
+    cfg, weights = load_model(folder)
+    got = generate(cfg, weights, PROMPT, N_TOKENS, step_fn=_plan_step(weights), chunk=4)
+    rel = _rel(got.logits, want_logits)
+    print(f"\nQwen3-Next parity (fused plan) {name}: max |diff| / max |logits| = {rel:.2e}")
+    assert got.generated_ids == want_tokens
+    assert rel < TOL
+
+
+def test_the_lane_refuses_a_delta_head_not_a_multiple_of_32(tmp_path):
+    from lanefuse.lane.lower.plan import plan
+
+    folder, _ = build("dense_odd_f32", tmp_path)
+    cfg, _ = load_model(folder)
+    with pytest.raises(UserError, match="a delta-rule key head of 16 \\(a multiple of 32"):
+        plan(cfg.build_step(1))
+
+
+# each layer type's decode layer, launch by launch, as the cuda lane plans the tiny model's decode step (layer 0: delta
+# net, dense FFN; 1: gated attention, experts; 3: delta net, experts). A layer opens with the fold of the previous
+# layer's last product (layer 0's: the embedding), the residual add and its own norm. The delta net's token mixer is
+# five launches: its qkvz, b and a products in parts, the three convolutions of qkvz's parts in parts (SiLU, q's and
+# k's L2 norms), both gates, the delta rule with its gated norm, the out product's fold with the add and next norm.
+# The gated attention: its query, gate, k and v products in parts, the q/k norms and rotations in parts (k into its
+# cache row), the attention storing its output gated, the o product's fold.
+GOLDEN_LAYERS = {
+    0: ["fold", "gemm_parts", "conv_parts", "gates", "delta", "fold", "gemv_glu"],
+    1: ["fold", "gemm_parts", "rope_parts", "attention", "fold"],
+    3: ["fold", "gemm_parts", "conv_parts", "gates", "delta", "fold", "moe", "moe"],
+}
+
+
+def test_census_of_each_layer_type():
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = config_from_hf(_cfg())
+    s = plan(cfg.build_step(1))
+    got = {i: [k.census for x in s.launches if x.layer == i for k in x.launch.kernels()] for i in (0, 1, 3)}
+    assert got == GOLDEN_LAYERS
+    gated = next(x.launch for x in s.launches if x.launch.census == "attention")
+    assert gated.gate == ("L1.q_gate", "sigmoid")  # attn_output_gate: the attention stores its output gated
