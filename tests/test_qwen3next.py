@@ -18,6 +18,7 @@ from lanefuse.engine.hfconfig import config_from_hf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 
@@ -71,20 +72,7 @@ def build(name: str, tmp_path, salt: int = 0):
     return folder, ref
 
 
-def hf_greedy(model, prompt, n):
-    ids, toks, logits = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            t = int(np.argmax(out))
-            toks.append(t)
-            logits.append(out)
-            ids.append(t)
-    return toks, logits
-
-
-def _rel(got, want) -> float:
-    return max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, want))
+_rel = scaled_error
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -100,8 +88,7 @@ def test_reference_equals_transformers(name, tmp_path):
     assert got.generated_ids == want_tokens
     assert rel < TOL
     assert len(set(want_tokens)) > 4  # not one repeated token
-    margins = [np.sort(lg)[-1] - np.sort(lg)[-2] for lg in want_logits]
-    assert min(margins) / max(np.abs(lg).max() for lg in want_logits) > 10 * TOL  # greedy choices are not ties
+    assert margins_ok(want_logits, 10 * TOL)  # greedy choices are not ties
 
 
 def test_chunking_does_not_change_the_run(tmp_path):
@@ -178,21 +165,6 @@ def test_missing_fused_tensor_is_named(tmp_path):
 
 # -- the fused plan ---------------------------------------------------------------------------------------------------
 
-def _plan_step(weights):
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
-    runners = {}
-
-    def step(g, env):
-        rows = g.meta["rows"]
-        if rows not in runners:
-            runners[rows] = NumpyRunner(plan(g), weights)
-        return runners[rows].step(env)
-
-    return step
-
-
 @pytest.mark.parametrize("name", ["f32", "bf16"])
 def test_fused_plan_equals_transformers(name, tmp_path):
     """The fused plan, run by the numpy backend inside its arena (rings and states carried as tables between steps),
@@ -200,7 +172,7 @@ def test_fused_plan_equals_transformers(name, tmp_path):
     folder, ref = build(name, tmp_path)
     want_tokens, want_logits = hf_greedy(ref, PROMPT, N_TOKENS)
     cfg, weights = load_model(folder)
-    got = generate(cfg, weights, PROMPT, N_TOKENS, step_fn=_plan_step(weights), chunk=4)
+    got = generate(cfg, weights, PROMPT, N_TOKENS, step_fn=fused_step(weights), chunk=4)
     rel = _rel(got.logits, want_logits)
     print(f"\nQwen3-Next parity (fused plan) {name}: max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want_tokens
