@@ -88,7 +88,7 @@ def test_refusals_are_values_in_the_users_words():
                RopeParts((), "cos", "sin", "pos", 1, 8, 8),
                Fold(Gather("E", "t", "e", 4, format="q4"), Norm("e", "w", "o", 1, 4, 1e-6)),
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 9, 1, "bf16"),
-               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", format_d="f32"),
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", format_d="q8_0"),  # 37 in blocks
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", sg="sg")]
     for l in refused:
         why = l.check()
