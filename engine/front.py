@@ -80,6 +80,9 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
             from lanefuse.engine.moe import stack_store
 
             store = Weights(stack_store(store.store, cfg, str(folder)))
+    split = getattr(cfg, "split_store", None)  # a family whose fused tensors the step reads in parts (Qwen3-Next)
+    if split is not None:
+        store = Weights(split(store.store, str(folder)))
     cfg = _checked(cfg, store, str(folder), "config.json")
     return cfg, store.with_config(cfg)
 

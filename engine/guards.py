@@ -33,6 +33,11 @@ def _same_layer(args, fresh):
     return [f"(Layer {a} {lay})" for a in args]
 
 
+def _same_cols(args, fresh):
+    c = fresh()
+    return [f"(Cols {a} {c})" for a in args]
+
+
 def _cols_multiple(args, fresh):
     c = fresh()
     return [f"(Cols {args[0]} {c})", f"(= (% {c} {args[1]}) 0)"]
@@ -52,6 +57,8 @@ GUARDS: dict[str, Guard] = {g.name: g for g in [
           "the tensors are distinct and appear in this order in the step graph (picks one order of a group)", _ordered),
     Guard("same_layer", ("tensor", "tensor", "..."), "the tensors are computed in the same layer", _same_layer,
           lead=True),
+    Guard("same_cols", ("tensor", "tensor", "..."), "the tensors' last dimensions are equal (one value a head of "
+          "the same heads)", _same_cols),
     Guard("cols_multiple", ("tensor", "int"), "the tensor's last dimension is a multiple of the number",
           _cols_multiple),
 ]}

@@ -199,6 +199,58 @@ def clamped_glu(g, u, limit, alpha):
     return (u + 1.0) * g / (1.0 + np.exp(-alpha * g))
 
 
+def _l2norm(x, heads=1, eps=1e-6, **a):
+    r, n = x.shape
+    xs = np.asarray(x, dtype=F64).reshape(r, heads, n // heads)
+    y = xs / np.sqrt(np.sum(xs * xs, axis=-1, keepdims=True) + eps)
+    return y.reshape(r, n).astype(F32)
+
+
+def _causal_conv(x, w, ring, taps, start=0, **a):
+    c = w.shape[0]
+    xs = np.asarray(x, dtype=F64)[:, start:start + c]  # (R, C): the channels it convolves
+    xx = np.concatenate([np.asarray(ring, dtype=F64), xs])  # (taps-1 + R, C)
+    ws = np.asarray(w, dtype=F64)  # (C, taps)
+    r = x.shape[0]
+    y = sum(ws[:, j] * xx[j:j + r] for j in range(taps))
+    ring[:] = xx[r:].astype(F32)  # in place: the last taps-1 inputs
+    return np.asarray(y, dtype=F64).astype(F32)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """torch's softplus (beta 1, threshold 20): x past 20, else log(1 + exp(x)), in f64."""
+    x = np.asarray(x, dtype=F64)
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def _decay(a_, dt, al, **a):
+    return (-np.exp(np.asarray(al, dtype=F64)) * softplus(np.asarray(a_, dtype=F64) + np.asarray(dt, dtype=F64))
+            ).astype(F32)
+
+
+def _gated_delta(q, k, v, z, beta, g, state, gn, *, hk, hv, dk, dv, scale, eps, zoff=0, **a):
+    r = q.shape[0]
+    group = hv // hk
+    qs = np.asarray(q, dtype=F64).reshape(r, hk, dk) * scale
+    ks = np.asarray(k, dtype=F64).reshape(r, hk, dk)
+    vs = np.asarray(v, dtype=F64).reshape(r, hv, dv)
+    bs, gs = np.asarray(beta, dtype=F64), np.asarray(g, dtype=F64)  # (R, hv)
+    S = np.asarray(state, dtype=F64).reshape(hv, dk, dv).copy()
+    o = np.zeros((r, hv, dv), dtype=F64)
+    for i in range(r):  # the rows in order: each one's state is the one before it
+        for h in range(hv):
+            j = h // group
+            S[h] *= np.exp(gs[i, h])
+            delta = (vs[i, h] - ks[i, j] @ S[h]) * bs[i, h]  # (dv,)
+            S[h] += np.outer(ks[i, j], delta)
+            o[i, h] = qs[i, j] @ S[h]
+    state[:] = S.reshape(hv * dk, dv).astype(F32)  # in place
+    ms = np.mean(o * o, axis=-1, keepdims=True)
+    zs = np.asarray(z, dtype=F64)[:, zoff:zoff + hv * dv].reshape(r, hv, dv)
+    y = o / np.sqrt(ms + eps) * np.asarray(gn, dtype=F64) * (zs / (1.0 + np.exp(-zs)))
+    return y.reshape(r, hv * dv).astype(F32)
+
+
 _ACT64 = {"silu": lambda g: g / (1.0 + np.exp(-g)), "sigmoid": lambda g: 1.0 / (1.0 + np.exp(-g)),
           "gelu": lambda g: 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))}
 
@@ -208,7 +260,8 @@ OP_IMPL: dict[str, Callable[..., np.ndarray]] = {
     "add": _binary(np.add), "mul": _binary(np.multiply), "sub": _binary(np.subtract),
     "rope": _rope, "set_row": _set_row, "attention": _attention,
     "silu": _silu, "sigmoid": _sigmoid, "gelu": _gelu, "gelu_erf": _gelu_erf, "swiglu": _swiglu, "argmax": _argmax,
-    "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe, "quantize": _quantize,
+    "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe, "quantize": _quantize, "l2norm": _l2norm,
+    "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta,
 }
 
 

@@ -153,21 +153,23 @@ class Op:
 @dataclass(frozen=True)
 class StepIO:
     """The names a step carries: the token ids it reads (i32, one a row), the position of its first row (i32, (1,)),
-    the KV-cache tables (pairs of key and value tables, written in place a row at a time), the logits and the next
-    token (i32, (1,)) it produces."""
+    the KV-cache tables (pairs of key and value tables, written in place a row at a time), the carried states (tables
+    an op rewrites in place each step: a gated delta net's convolution rings and recurrent states), the logits and
+    the next token (i32, (1,)) it produces."""
 
     token: str = "token"
     position: str = "pos"
     caches: tuple[tuple[str, str], ...] = ()
     logits: str = "logits"
     next: str = "next"
+    states: tuple[str, ...] = ()
 
     @cached_property
     def inputs(self) -> tuple[str, ...]:
         names = [self.token, self.position]
         for k, v in self.caches:
             names += [k, v]
-        return tuple(names)
+        return tuple(names) + self.states
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -175,7 +177,7 @@ class StepIO:
 
     @cached_property
     def tables(self) -> tuple[str, ...]:
-        return tuple(n for kv in self.caches for n in kv)
+        return tuple(n for kv in self.caches for n in kv) + self.states
 
     @cached_property
     def table_set(self) -> frozenset[str]:

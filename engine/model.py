@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,12 @@ class ModelConfig:
         r = int(self.head_dim * self.partial_rotary)
         return r - (r % 2)
 
+    def carried(self) -> dict[str, tuple[int, ...]]:
+        """The tables a step carries, name -> shape: each layer's K and V caches (a family with carried states adds
+        them: engine/qwen3next.py)."""
+        shape = (self.max_len, self.kv_heads * self.head_dim)
+        return {n: shape for i in range(self.layers) for n in (f"kc{i}", f"vc{i}")}
+
     def fmt(self, weight: str) -> str:
         return dict(self.formats).get(weight, "f32")
 
@@ -81,11 +89,13 @@ class ModelConfig:
 MAX_BATCH = 256  # the most sequences a batch step decodes
 
 
-def step_frame(cfg: ModelConfig, rows: int, batch: int = 1) -> tuple[Graph, tuple[tuple[str, str], ...]]:
-    """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each layer's K and V cache
-    tables of max_len rows) declared; and the caches' names, a (K, V) pair a layer. A batch step (`batch` B > 1)
-    decodes one row for each of B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table
-    (B·max_len, kv·hd), sequence s's rows the slot from s·max_len."""
+def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
+               states: dict[str, tuple[int, ...]] | None = None) -> tuple[Graph, dict[int, tuple[str, str]]]:
+    """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each attention layer's K and V
+    cache tables of max_len rows: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
+    declared; and the caches' names, a (K, V) pair by layer. A batch step (`batch` B > 1) decodes one row for each of
+    B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table (B·max_len, kv·hd), sequence s's
+    rows the slot from s·max_len."""
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
     if not 1 <= batch <= MAX_BATCH:
@@ -94,16 +104,23 @@ def step_frame(cfg: ModelConfig, rows: int, batch: int = 1) -> tuple[Graph, tupl
         raise UserError(f"a batch step of {rows}-row chunks: a batch decodes one row a sequence (each prompt is "
                         f"prefilled alone, into its slot's cache rows)")
     kv, hd, L = cfg.kv_heads, cfg.head_dim, cfg.max_len
-    caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
-    g = Graph(io=StepIO(caches=caches))
+    if batch > 1 and states:
+        raise UserError(f"a batch step of {cfg.arch}: its layers carry recurrent states (conv rings, delta-rule "
+                        f"states), which a batch step does not hold a slot each yet; decode one sequence at a time")
+    layers = range(cfg.layers) if attention is None else attention
+    caches = {i: (f"kc{i}", f"vc{i}") for i in layers}
+    states = states or {}
+    g = Graph(io=StepIO(caches=tuple(caches.values()), states=tuple(states)))
     g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows * batch}
     if batch > 1:
         g.meta["batch"] = batch
     g.tensor("token", (rows * batch,), "i32")
     g.tensor("pos", (batch,), "i32")
-    for k, v in caches:
+    for k, v in caches.values():
         g.tensor(k, (batch * L, kv * hd))
         g.tensor(v, (batch * L, kv * hd))
+    for name, shape in states.items():
+        g.tensor(name, shape)
     return g, caches
 
 
@@ -114,6 +131,9 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1) -> Graph:
     (engine/gemma.py)."""
     build = getattr(cfg, "build_step", None)
     if build is not None:
+        if batch > 1 and "batch" not in inspect.signature(build).parameters:
+            raise UserError(f"a batch step of {cfg.arch}: its family builds steps of one sequence only (yet); "
+                            f"decode one sequence at a time")
         return build(rows, batch) if batch > 1 else build(rows)
     g, caches = step_frame(cfg, rows, batch)
     h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len

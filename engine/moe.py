@@ -13,6 +13,7 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 
 ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+SHARED_GATED = ("Qwen2MoeForCausalLM", "Qwen3NextForCausalLM")  # a shared expert scaled by sigmoid(x·gate)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def read_moe(r, arch: str, layers: int) -> MoeConfig:
     if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
         raise UserError(f"{where}: `mlp_only_layers` is {str(only)[:40]}; expected a list of layer numbers")
     sparse = tuple(i for i in range(layers) if i not in only and (i + 1) % step == 0)
-    shared = r.size("shared_expert_intermediate_size") if arch == "Qwen2MoeForCausalLM" else 0
+    shared = r.size("shared_expert_intermediate_size") if arch in SHARED_GATED else 0
     return MoeConfig(experts, k, inter, r.flag("norm_topk_prob"), sparse, shared)
 
 

@@ -83,6 +83,23 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "topk_softmax (the k largest logits, then a softmax over them), biases added to the router logits (E,), "
            "the gate/up values (E·2f,) and the down values (E·d,), and act clamped_glu: g = min(gate, limit), "
            "u = clamp(up, -limit, limit), (u + 1)·g·sigmoid(alpha·g)"),
+    _d("l2norm", ["x"], {"heads": int, "eps": float}, {"heads": 1},
+       doc="each of `heads` equal parts of a row scaled to unit length: x / sqrt(sum(x²) + eps): (R, n) -> (R, n)"),
+    _d("causal_conv", ["x", "w", "ring"], {"taps": int, "start": int}, {"start": 0},
+       doc="a causal depthwise convolution of C channels (x's values start..start+C of each row) over the step's rows "
+           "after the ring's: with xx the ring's taps-1 rows (the inputs before the step, oldest first) then x's, "
+           "y[r] = Σ_j w[:, j]·xx[r + j]; the ring is rewritten in place with xx's last taps-1 rows: (R, X), (C, taps), "
+           "(taps-1, C) -> (R, C)"),
+    _d("decay", ["a", "dt", "al"],
+       doc="a gated delta net's forget gate, log scale: -exp(al)·softplus(a + dt) (softplus x past 20 is x), al and "
+           "dt one value a head: (R, h), (h,), (h,) -> (R, h)"),
+    _d("gated_delta", ["q", "k", "v", "z", "beta", "g", "state", "gn"],
+       {"hk": int, "hv": int, "dk": int, "dv": int, "scale": float, "eps": float, "zoff": int}, {"zoff": 0},
+       doc="the gated delta rule over the step's rows in order, value head h reading key head h // (hv / hk): its "
+           "state S (dk, dv) decayed by exp(g), then S += k ⊗ beta·(v - Sᵀk), the output Sᵀ(q·scale); the state "
+           "table (hv·dk, dv) rewritten in place; each output head RMS-normed (eps) times gn and silu(z): "
+           "(R, hk·dk) q and k, (R, hv·dv) v, z's values zoff.. of each row, (R, hv) beta and g, (dv,) gn -> "
+           "(R, hv·dv)"),
 ]}
 
 
@@ -238,11 +255,56 @@ def _moe(shapes, attrs):
     return (r, d), "f32"
 
 
+def _l2norm(shapes, attrs):
+    r, n = _rows_cols(shapes[0])
+    h = attrs["heads"]
+    if h < 1 or n % h:
+        raise ValueError(f"{h} heads do not divide a row of {n}")
+    return (r, n), "f32"
+
+
+def _causal_conv(shapes, attrs):
+    r, x = _rows_cols(shapes[0])
+    t, start = attrs["taps"], attrs["start"]
+    if t < 2:
+        raise ValueError(f"a convolution of {t} taps (at least 2)")
+    c, t2 = _rows_cols(shapes[1])
+    if t2 != t or start < 0 or start + c > x:
+        raise ValueError(f"weights {shapes[1]} are not (C, {t}) of channels {start}..{start}+C within a row of {x}")
+    if shapes[2] != (t - 1, c):
+        raise ValueError(f"ring {shapes[2]} is not ({t - 1}, {c}): the last {t - 1} inputs")
+    return (r, c), "f32"
+
+
+def _decay(shapes, attrs):
+    r, h = _rows_cols(shapes[0])
+    if shapes[1] != (h,) or shapes[2] != (h,):
+        raise ValueError(f"dt {shapes[1]} / al {shapes[2]} are not ({h},)")
+    return (r, h), "f32"
+
+
+def _gated_delta(shapes, attrs):
+    hk, hv, dk, dv = attrs["hk"], attrs["hv"], attrs["dk"], attrs["dv"]
+    if min(hk, hv, dk, dv) < 1 or hv % hk:
+        raise ValueError(f"{hv} value heads do not group over {hk} key heads")
+    r, _ = _rows_cols(shapes[0])
+    zr, zc = _rows_cols(shapes[3])
+    if zr != r or attrs["zoff"] < 0 or attrs["zoff"] + hv * dv > zc:
+        raise ValueError(f"z {shapes[3]} does not hold {hv}·{dv} values from {attrs['zoff']} of each of {r} rows")
+    want = {"q": (r, hk * dk), "k": (r, hk * dk), "v": (r, hv * dv), "z": shapes[3], "beta": (r, hv),
+            "g": (r, hv), "state": (hv * dk, dv), "gn": (dv,)}
+    for name, s in zip(want, shapes):
+        if s != want[name]:
+            raise ValueError(f"{name} {s} is not {want[name]} ({hk} key heads of {dk}, {hv} value heads of {dv})")
+    return (r, hv * dv), "f32"
+
+
 INFER: dict[str, Callable] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul, "add": _broadcast, "mul": _broadcast,
     "sub": _broadcast, "rope": _rope, "set_row": _set_row, "attention": _attention, "silu": _same,
     "sigmoid": _same, "gelu": _same, "gelu_erf": _same, "swiglu": _swiglu, "argmax": _argmax, "scale": _same,
-    "softcap": _same, "view": _view, "moe": _moe, "quantize": _quantize,
+    "softcap": _same, "view": _view, "moe": _moe, "quantize": _quantize, "l2norm": _l2norm,
+    "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta,
 }
 
 QUANTIZED = ("q8", "q8x2")

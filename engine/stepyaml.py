@@ -16,7 +16,7 @@ from lanefuse.engine.yamlsafe import load_text, short
 
 TOP_KEYS = ("meta", "weights", "io", "tensors", "constants", "ops")
 OP_KEYS = ("op", "out", "ins", "layer", "access", "dst", "class", "rule", "keeps", "binds", "parts", "attrs")
-IO_KEYS = ("token", "position", "caches", "logits", "next")
+IO_KEYS = ("token", "position", "caches", "logits", "next", "states")
 CONST_KEYS = ("shape", "kind", "format", "transposed", "source")
 TENSOR_RE = re.compile(r"^\s*(f32|i32)\s*\[\s*([0-9,\s]*)\]\s*$")
 
@@ -148,6 +148,8 @@ def to_yaml(g: Graph) -> str:
     out.append(f"  caches: {_flow([list(kv) for kv in io.caches])}")
     out.append(f"  logits: {_flow(io.logits)}")
     out.append(f"  next: {_flow(io.next)}")
+    if io.states:
+        out.append(f"  states: {_flow(list(io.states))}")
     names = [n for n in g.tensors if n in explicit]
     out.append("tensors:" + ("" if names else " {}"))
     for n in names:
@@ -331,8 +333,11 @@ def _from_yaml(text: str, source: str) -> Graph:
     if not isinstance(caches, list) or not all(isinstance(c, list) and len(c) == 2
                                                and all(isinstance(x, (str, int)) for x in c) for c in caches):
         raise UserError(f"{w.key('io')}: io `caches` must be a list of [key table, value table] pairs")
+    states = io.get("states") or []
+    if not isinstance(states, list) or not all(isinstance(x, (str, int)) for x in states):
+        raise UserError(f"{w.key('io')}: io `states` must be a list of table names (the carried states)")
     step_io = StepIO(**{k: str(io[k]) for k in ("token", "position", "logits", "next") if k in io},
-                     caches=tuple((str(a), str(b)) for a, b in caches))
+                     caches=tuple((str(a), str(b)) for a, b in caches), states=tuple(str(x) for x in states))
     g = Graph(io=step_io, meta=meta)
 
     consts = doc.get("constants") or {}

@@ -6,7 +6,8 @@
 // (max, sum, weighted values) partials and attention_combine merges them with the sink. Row j's keys start at
 // j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables). A batch
 // (slot > 0): grid row y is sequence r = seq0 + y, at position posp[r], over its own slot of the caches (rows from
-// r * slot); the partials stay indexed by the grid's row.
+// r * slot); the partials stay indexed by the grid's row. With `gate` (attn_output_gate) each output value is
+// multiplied by act(gate) of its place as it is stored.
 #define AW 4
 #define MAXPB 4
 #define MAXD 256
@@ -15,7 +16,7 @@
 extern "C" __global__ void __launch_bounds__(128) attention_split(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale, float softcap, i64 slot, i64 seq0) {
+    i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact) {
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
@@ -97,7 +98,8 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
                 S = S * f + expf(sk - mf);
                 A = A * f;
             }
-            out[(r * heads + h) * vd + i] = A / S;
+            i64 o = (r * heads + h) * vd + i;
+            out[o] = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
         } else {
             float* pp = part + ((ry * heads + h) * splits + z) * (vd + 2);
             if (i == 0) {
@@ -110,7 +112,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
 }
 
 extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
-                                             i64 splits, i64 seq0) {
+                                             i64 splits, i64 seq0, const float* gate, i64 gact) {
     i64 h = blockIdx.x, r = blockIdx.y;
     const float* pp = part + (r * heads + h) * splits * (vd + 2);
     float M = sinks ? sinks[h] : NEG_INF;
@@ -126,6 +128,7 @@ extern "C" __global__ void attention_combine(const float* part, const float* sin
             float mz = pp[z * (vd + 2)];
             if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
         }
-        out[((seq0 + r) * heads + h) * vd + i] = A / S;
+        i64 o = ((seq0 + r) * heads + h) * vd + i;
+        out[o] = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
     }
 }

@@ -1,8 +1,8 @@
 """`attention`: grouped-query attention of each row over the rows of a key and a value cache table up to its
 position (its last `window` when set), with a scale, its logits soft-capped (`softcap`: cap · tanh(l / cap), Gemma 2)
-and per-head sinks; `per_block` heads a block, the keys in `splits` chunks combined flash-decoding style
-(attention.cu). In a batch (`slot` set) each row is a sequence of its own: row s (from `seq0`) at position pos[s] over
-its slot of the caches, rows s·slot on."""
+and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_output_gate: Qwen3-Next); `per_block`
+heads a block, the keys in `splits` chunks combined flash-decoding style (attention.cu). In a batch (`slot` set) each
+row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import MAX_GRID_Y, MAX_HEAD, Launch, Scratch, batch_apart, names, reach
+from lanefuse.kernels.common import ACTS, MAX_GRID_Y, MAX_HEAD, Launch, Scratch, act, batch_apart, names, reach
+from lanefuse.kernels.elementwise import act_code
 
 MAX_PER_BLOCK = 4  # heads a block holds
 MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
@@ -57,7 +58,7 @@ class Attention(Launch):
     koff: int = 0
     vstride: int = 0  # 0: kv·vd (a value table of its own)
     voff: int = 0
-    gate: tuple[str, str] | None = None  # reserved: (gate tensor, activation) the output is gated by
+    gate: tuple[str, str] | None = None  # (gate tensor (rows, heads·vd), activation): the output times act(gate)
     softcap: float = 0.0  # > 0: each scaled logit l becomes softcap · tanh(l / softcap) before the softmax
     slot: int = 0  # a batch's cache rows a sequence (0: one sequence)
     seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
@@ -79,7 +80,7 @@ class Attention(Launch):
         return self.vstride or self.kv * self.vd
 
     def reads(self):
-        return names(self.q, self.kc, self.vc, self.pos, self.sinks)
+        return names(self.q, self.kc, self.vc, self.pos, self.sinks, self.gate[0] if self.gate else None)
 
     def writes(self):
         return (self.out,)
@@ -90,8 +91,8 @@ class Attention(Launch):
         return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),)
 
     def check(self):
-        if self.gate is not None:
-            return Refusal("an attention whose output is gated (attn_output_gate is not written yet)")
+        if self.gate is not None and self.gate[1] not in ACTS:
+            return Refusal(f"an attention gated by `{self.gate[1]}` (one of {', '.join(ACTS)})")
         if self.group < 1 or self.heads % self.group:
             return Refusal("query heads that do not group evenly over the key/value heads")
         if self.hd > MAX_HEAD or self.vd > MAX_HEAD:
@@ -149,7 +150,8 @@ class Attention(Launch):
         return reach((self.q, n * self.heads * self.hd), (self.pos, n if self.slot else 1), (self.sinks, self.heads),
                      (self.kc, j * self.kpitch + self.koff + self.kv * self.hd),
                      (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
-                     (self.out, n * self.heads * self.vd))
+                     (self.out, n * self.heads * self.vd),
+                     (self.gate[0] if self.gate else None, n * self.heads * self.vd))
 
     def weights(self):
         return {self.sinks: "f32"} if self.sinks else {}
@@ -192,6 +194,9 @@ class Attention(Launch):
                 big = max(ms)
                 f = np.exp(np.array(ms) - big)
                 out[r, h] = (f @ np.array(accs)) / (f @ np.array(ss))
+        if self.gate is not None:  # the kernel rounds A / S to f32, then multiplies by act(gate) in f32
+            gate = env.array(self.gate[0])[: out.size].reshape(out.shape).astype(np.float32)
+            out = out.astype(np.float32) * act(self.gate[1], gate).astype(np.float32)
         env.array(self.out)[self.seq0 * H * vd: out.size] = out[self.seq0:].reshape(-1).astype(np.float32)
 
     def fast(self, env):
@@ -225,6 +230,10 @@ class Attention(Launch):
                 total += np.exp(sinks - top)
             np.matmul(logit, vals[lo: p + 1].transpose(1, 0, 2), out=out[r])
             out[r] /= total
+        if self.gate is not None:  # this launch's rows (a batch's from seq0) times act(gate)
+            a, b = self.seq0 * self.heads * vd, n * self.heads * vd
+            o = env.array(self.out)[a:b]
+            o *= act(self.gate[1], env.array(self.gate[0])[a:b]).astype(np.float32)
 
     def grid_block(self):
         return ((self.heads // self.per_block, self.rows, self.splits), (128, 1, 1))
@@ -236,11 +245,13 @@ class Attention(Launch):
         part = denv.scratch(self, self.scratch()[0]) if self.splits > 1 else NULL
         sinks = denv.opt(self.sinks)
         out = denv.array(self.out)
+        gate = denv.array(self.gate[0]) if self.gate else NULL
+        gact = i64(act_code(self.gate[1]) if self.gate else -1)
         denv.function(self.stem, "attention_split")(grid, block, (
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
-            f32(self.softcap), i64(self.slot), i64(self.seq0)))
+            f32(self.softcap), i64(self.slot), i64(self.seq0), gate if self.splits == 1 else NULL, gact))
         if self.splits > 1:
             denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
-                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0)))
+                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0), gate, gact))

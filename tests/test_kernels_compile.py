@@ -177,8 +177,24 @@ def samples():
         Softcap("x", "y", 8, 30.0), Unary("gelu_erf", "x", "y", 8),
         Fold(Gemv("x", "w", "bf16", Dst("o"), 32, 8, 1),
              Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s", pre=PreNorm("pw", 1e-6))),
-        *fused_folds(), *mixtures(),
+        *fused_folds(), *mixtures(), *delta_net(),
     ]
+
+
+def delta_net():
+    """The gated delta net's launches (a convolution with its SiLU and L2 norm, in parts, the delta rule, the gates
+    alone, together and with their products) and the gated attention, one split and three."""
+    from lanefuse.kernels import Attention, Conv, ConvParts, Decay, Delta, GateProj, Gates, L2Norm
+    from lanefuse.kernels.conv_parts import ConvPart
+
+    return [Conv("x", "w", "ring", "y", 64, 4, 2, silu=True, l2=32), Conv("x", "w", "ring", "y", 64, 3, 1),
+            ConvParts((ConvPart("q", "wq", "rq", "yq", 64, True), ConvPart("v", "wv", "rv", "yv", 96)), 4, 3, block=32),
+            Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 4, 32, 64, 3, 0.17, 1e-6),
+            Decay("a", "dt", "al", "y", 8, 4), L2Norm("x", "y", 4, 32, 1e-6),
+            Gates("b", "a", "dt", "al", "bt", "g", 8, 4),
+            GateProj("x", "wb", "wa", "bf16", "dt", "al", "bt", "g", 64, 4, 2, format_a="f32"),
+            Attention("q", "kc", "vc", "pos", "o", 4, 2, 8, 8, 16, 1, 0.3, gate=("gt", "sigmoid")),
+            Attention("q", "kc", "vc", "pos", "o", 4, 2, 8, 8, 16, 2, 0.3, splits=3, gate=("gt", "sigmoid"))]
 
 
 def mixtures():

@@ -11,9 +11,11 @@ import pytest
 import yaml
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts, Gemv,
-                              GemvF32, GemvGlu, Join, Launch, Moe, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale,
-                              SetRow, Slice, Softcap, SwiGlu, Unary, View, honoured_steps)
+from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Conv, ConvParts, Decay, Delta, Dst, Fold,
+                              Gather, GateProj, Gates, GemmPart, GemmParts, Gemv, GemvF32, GemvGlu, Join, L2Norm,
+                              Launch, Moe, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale, SetRow, Slice, Softcap,
+                              SwiGlu, Unary, View, honoured_steps)
+from lanefuse.kernels.conv_parts import ConvPart
 from lanefuse.lane.lower.knobs import Knobs
 
 # A launch of every kind at its untuned settings (a warp an output, no splits, a head a block).
@@ -21,13 +23,21 @@ SAMPLES: dict[str, Launch] = {
     "argmax": ArgMax("x", "o", 100, advance=Advance("tok", "pos")),
     "attention": Attention("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 4096, 1, 0.125),
     "binary": Binary("add", "a", "b", "o", 64, row=16, gate="silu"),
+    "conv": Conv("x", "w", "ring", "y", 256, 4, 1, silu=True, l2=128),
+    "conv_parts": ConvParts((ConvPart("q", "wq", "rq", "yq", 256, True), ConvPart("v", "wv", "rv", "yv", 512)), 4, 1,
+                            block=128),
+    "decay": Decay("a", "dt", "al", "y", 32, 32),
+    "delta": Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 16, 32, 128, 128, 1, 128 ** -0.5, 1e-6),
     "fold": Fold(Gemv("x", "w", "f32", Dst("y"), 4096, 4096, 1), Norm("y", "nw", "z", 1, 4096, 1e-6)),
+    "gate_proj": GateProj("x", "wb", "wa", "bf16", "dt", "al", "b", "g", 2048, 32, 1),
+    "gates": Gates("b", "a", "dt", "al", "beta", "g", 32, 32),
     "gather": Gather("E", "t", "e", 64, rows=2, format="bf16", scale=2.0),
     "gemm_parts": GemmParts("x", "f32", 64, 1, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("k"), 512))),
     "gemv": Gemv("x", "w", "bf16", Dst("y"), 4096, 64, 1, bias="b"),
     "gemv_f32": GemvF32("x", "w", Dst("y"), 4096, 64, 1),
     "gemv_glu": GemvGlu("x", "wg", "wu", "f16", "o", 64, 2048, 1),
     "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),
+    "l2norm": L2Norm("x", "y", 16, 128, 1e-6),
     "moe": Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16"),
     "norm": Norm("x", "w", "o", 2, 64, 1e-6, add="r", sum="s"),
     "quant": Quant("x", "xq", 64),

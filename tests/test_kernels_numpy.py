@@ -246,10 +246,12 @@ def test_attention_values_in_the_key_rows():
     close(env.array("o").reshape(1, heads, vd), want, 1e-5)
 
 
-def test_attention_refuses_wide_heads_and_gates():
+def test_attention_refuses_wide_heads_and_unknown_gates():
     a = Attention("q", "k", "v", "pos", "o", 4, 2, 512, 512, 8, 1, 1.0)
     assert "wider" in a.check().reason
-    assert "gated" in Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, gate=("g", "silu")).check().reason
+    relu = Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, gate=("g", "relu"))
+    assert "gated by `relu`" in relu.check().reason
+    assert Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, gate=("g", "sigmoid")).check() is None
 
 
 # -- elementwise ---------------------------------------------------------------------------------------------------
@@ -547,7 +549,7 @@ def test_view_runs_nothing_and_quant_refuses_partial_blocks():
 def test_registry_names_every_kind_once():
     want = {"gemv", "gemv_f32", "norm", "rope", "rope_parts", "attention", "binary", "swiglu", "gemv_glu",
             "gemm_parts", "gather", "set_row", "argmax", "slice", "join", "unary", "scale", "fold", "quant", "view",
-            "moe", "softcap"}
+            "moe", "softcap", "conv", "conv_parts", "delta", "decay", "l2norm", "gates", "gate_proj"}
     assert set(KINDS) == want
     from importlib import resources
 

@@ -176,6 +176,11 @@ def _norm(s, w, eps):
     return None if w is None else (_tensor(s, w), float(eps))
 
 
+def _gate(s, t, act):
+    """What an attention's output is gated by: (the gate tensor, its activation), or null where the rule binds none."""
+    return None if t is None else (_tensor(s, t), str(act))
+
+
 def _prenorm(s, w, eps):
     """The norm a norm launch takes of its added operand first (the sandwich), or null where the rule binds none."""
     from lanefuse.kernels.norm import PreNorm
@@ -238,7 +243,7 @@ def _div(s, a, b):
 
 FUNCS: dict[str, Callable] = {
     "rows": _rows, "cols": _cols, "size": _size, "format": _format, "is_values": _is_values, "dst": _dst,
-    "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "prenorm": _prenorm, "pos": _pos,
+    "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "gate": _gate, "prenorm": _prenorm, "pos": _pos,
     "token": _token, "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf,
     "bcast": _bcast, "each": _each,
     "advance": _advance, "copied": _copied, "words": _words,

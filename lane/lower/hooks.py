@@ -1,14 +1,16 @@
 """The link hooks: the few classes whose launch is built from a variable number of members (products in parts,
-rotations in parts, a product with its heads' epilogue, a result placed in a table's rows), so their fields cannot
-be one fixed mapping of pattern variables. rules/README.md lists them. A hook takes the fused op's scope (its
-placements; the strided reads it takes, through `scope.take_read`) and returns its launches, or a Refusal."""
+rotations in parts, convolutions in parts, a product with its heads' epilogue, a result placed in a table's rows),
+so their fields cannot be one fixed mapping of pattern variables. rules/README.md lists them. A hook takes the fused
+op's scope (its placements; the strided reads it takes, through `scope.take_read`) and returns its launches, or a
+Refusal."""
 
 from __future__ import annotations
 
 from lanefuse.engine.ir import Op
 from lanefuse.engine.placement import arg, row_write
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, Gemv, Rope, RopeParts, RopeSide
+from lanefuse.kernels import ConvParts, Dst, Fold, GemmPart, GemmParts, Gemv, Rope, RopeParts, RopeSide
+from lanefuse.kernels.conv_parts import ConvPart
 from lanefuse.lane.lower.fill import Scope
 
 
@@ -154,4 +156,34 @@ def into_row(link, op: Op, scope: Scope) -> list | Refusal:
     return out
 
 
-HOOKS = {"gemm_parts": gemm_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts, "into_row": into_row}
+def conv_parts(link, op: Op, scope: Scope) -> list | Refusal:
+    """A layer's convolutions as one launch: each member's causal_conv, and the SiLU and L2 norm after it (normed
+    members share one head width, the launch's block)."""
+    leaves = op.leaves()
+    reader = {leaf.ins[0]: leaf for leaf in leaves if leaf.kind in ("silu", "l2norm")}
+    parts, block, eps, taps, silu = [], 0, 1e-6, None, None
+    for c in (leaf for leaf in leaves if leaf.kind == "causal_conv"):
+        act = reader.get(c.out)
+        norm = reader.get(act.out) if act is not None else None
+        if taps is not None and (c.a["taps"] != taps or (act is not None) != silu):
+            return Refusal("convolutions in parts of different widths or epilogues", f"`{op.cls}` -> `{c.out}`")
+        taps, silu = c.a["taps"], act is not None
+        y = (norm or act or c).out
+        chan = link.g.shape(arg(c, "w"))[0]
+        if norm is not None:
+            hd = chan // norm.a["heads"]
+            if block and hd != block:
+                return Refusal("L2-normed convolutions in parts of different head widths", f"`{op.cls}` -> `{y}`")
+            block, eps = hd, float(norm.a["eps"])
+        if y in scope.placed:
+            return Refusal("a convolution in parts whose result is placed in a table", f"`{op.cls}` -> `{y}`")
+        parts.append(ConvPart(x=arg(c, "x"), w=arg(c, "w"), ring=arg(c, "ring"), y=y, chan=chan, l2=norm is not None,
+                              xpitch=link.g.shape(arg(c, "x"))[1], xoff=c.a.get("start", 0)))
+    if not parts:
+        return Refusal("convolutions in parts with no convolutions", f"`{op.cls}` -> `{op.out}`")
+    rows = link.g.shape(parts[0].x)[0]
+    return [ConvParts(parts=tuple(parts), taps=taps, rows=rows, silu=bool(silu), block=block, eps=eps)]
+
+
+HOOKS = {"gemm_parts": gemm_parts, "conv_parts": conv_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts,
+         "into_row": into_row}

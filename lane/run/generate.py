@@ -45,13 +45,9 @@ def _not_finite(logits: np.ndarray, rows: int, pos: int, n_prompt: int) -> str:
 
 
 def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Zeroed KV-cache tables kc{i} / vc{i}: (max_len, kv_heads*head_dim) f32 each."""
-    shape = (cfg.max_len, cfg.kv_heads * cfg.head_dim)
-    out = {}
-    for i in range(cfg.layers):
-        out[f"kc{i}"] = np.zeros(shape, dtype=np.float32)
-        out[f"vc{i}"] = np.zeros(shape, dtype=np.float32)
-    return out
+    """Zeroed carried tables: the KV caches kc{i} / vc{i} (max_len, kv_heads*head_dim) f32 each, and any carried
+    states the family's step holds (`cfg.carried()`)."""
+    return {name: np.zeros(shape, dtype=np.float32) for name, shape in cfg.carried().items()}
 
 
 def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,

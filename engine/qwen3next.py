@@ -1,0 +1,386 @@
+"""Qwen3-Next (`Qwen3NextForCausalLM`): its config.json read into a `Qwen3NextConfig` (4.x and 5.x layouts), its
+checkpoint's fused projections served split (`SplitStore`) and the step graph of one decode step or prefill chunk:
+per `layer_types`, gated delta-net layers (q/k/v/z and b/a products, causal convolutions with their carried rings,
+SiLU, L2-normed q and k, the write strength and forget gate, the gated delta rule over a carried recurrent state with
+its gated output norm) and gated full-attention layers (a query and its gate from one product, zero-centred q/k norms,
+partial rotary, the attention output times sigmoid(gate)); zero-centred (1 + w) norms; Qwen2-MoE's mixture with its
+sigmoid-gated shared expert (engine/moe.py) or a dense MLP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.gemma import ONE_PLUS
+from lanefuse.engine.ir import Constant, Graph
+from lanefuse.engine.model import ModelConfig, step_frame
+
+ARCHS = ("Qwen3NextForCausalLM",)
+LAYER_TYPES = ("linear_attention", "full_attention")
+L2_EPS = 1e-6  # the L2 norm of q and k inside transformers' delta rule (use_qk_l2norm_in_kernel), fixed
+ELEMENTWISE = ("f32", "f16", "bf16")  # stored formats whose rows the split store can take apart
+
+# What transformers (5.24) takes for a key config.json leaves out: Qwen3NextConfig's defaults (its __post_init__
+# sets partial_rotary_factor 0.25 and the layer types from full_attention_interval 4).
+DEFAULTS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=48,
+                num_attention_heads=16, num_key_value_heads=2, hidden_act="silu", rms_norm_eps=1e-6, head_dim=256,
+                linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                linear_num_key_heads=16, linear_num_value_heads=32, decoder_sparse_step=1,
+                moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts_per_tok=10,
+                num_experts=512, norm_topk_prob=True, max_position_embeddings=32768, rope_theta=10000.0)
+
+
+@dataclass(frozen=True)
+class Qwen3NextConfig(ModelConfig):
+    """A Qwen3-Next's shape: a ModelConfig (heads, kv_heads, head_dim: the full-attention layers') and the gated delta
+    net's sizes."""
+
+    layer_types: tuple[str, ...] = ()  # linear_attention | full_attention, a layer each
+    taps: int = 4  # linear_conv_kernel_dim
+    hk: int = 16  # linear_num_key_heads
+    hv: int = 32  # linear_num_value_heads
+    dk: int = 128  # linear_key_head_dim
+    dv: int = 128  # linear_value_head_dim
+
+    def linear(self, i: int) -> bool:
+        return self.layer_types[i] == "linear_attention"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.layers) if not self.linear(i))
+
+    def build_step(self, rows: int = 1) -> Graph:
+        return build_qwen3next_step(self, rows)
+
+    def states(self) -> dict[str, tuple[int, ...]]:
+        """Each delta-net layer's carried state, name -> shape: the q, k and v convolutions' rings (their last taps-1
+        inputs) and the recurrent state (a (dk, dv) matrix a value head)."""
+        t, kd, vd = self.taps - 1, self.hk * self.dk, self.hv * self.dv
+        out: dict[str, tuple[int, ...]] = {}
+        for i in range(self.layers):
+            if self.linear(i):
+                out.update({f"cq{i}": (t, kd), f"ck{i}": (t, kd), f"cv{i}": (t, vd),
+                            f"ds{i}": (self.hv * self.dk, self.dv)})
+        return out
+
+    def carried(self) -> dict[str, tuple[int, ...]]:
+        shape = (self.max_len, self.kv_heads * self.head_dim)
+        kv = {n: shape for i in self.attention_layers for n in (f"kc{i}", f"vc{i}")}
+        return {**kv, **self.states()}
+
+    def state_bytes(self) -> tuple[int, int]:
+        """(bytes of the carried states, bytes of the full-attention layers' KV caches), f32, one sequence."""
+        st = sum(int(np.prod(s)) for s in self.states().values()) * 4
+        kv = len(self.attention_layers) * 2 * self.max_len * self.kv_heads * self.head_dim * 4
+        return st, kv
+
+    def norm_names(self) -> list[str]:
+        out = ["model.norm.weight"]
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            out += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+            if not self.linear(i):
+                out += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        return out
+
+    def weight_names(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the step reads, with its shape: the split projections under the names `SplitStore` serves
+    (`in_proj_qkvz.split`: in_proj_qkvz's rows reordered, every key head's q, then k, then v, then z)."""
+        d, h, kv, hd, f = self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter
+        kd, vd = self.hk * self.dk, self.hv * self.dv
+        w: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, d)}
+        if not self.tie_embeddings:
+            w["lm_head.weight"] = (self.vocab, d)
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            if self.linear(i):
+                a = p + "linear_attn."
+                w.update({a + "in_proj_qkvz.split.weight": (2 * kd + 2 * vd, d),
+                          a + "in_proj_b.weight": (self.hv, d), a + "in_proj_a.weight": (self.hv, d),
+                          a + "conv1d.q.weight": (kd, self.taps), a + "conv1d.k.weight": (kd, self.taps),
+                          a + "conv1d.v.weight": (vd, self.taps), a + "A_log": (self.hv,),
+                          a + "dt_bias": (self.hv,), a + "norm.weight": (self.dv,),
+                          a + "out_proj.weight": (d, vd)})
+            else:
+                a = p + "self_attn."
+                w.update({a + "q_proj.query.weight": (h * hd, d), a + "q_proj.gate.weight": (h * hd, d),
+                          a + "k_proj.weight": (kv * hd, d), a + "v_proj.weight": (kv * hd, d),
+                          a + "o_proj.weight": (d, h * hd)})
+            if self.sparse(i):
+                from lanefuse.engine.moe import weight_names
+
+                w.update(weight_names(self, i))
+            else:
+                w.update({p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+                          p + "mlp.down_proj.weight": (d, f)})
+        for n in self.norm_names():
+            w[n] = (hd,) if n.endswith(("q_norm.weight", "k_norm.weight")) else (d,)
+        return w
+
+    def split_store(self, base, where: str) -> "SplitStore":
+        return SplitStore(base, self, where)
+
+    # -- the constants the weight store generates (engine/weights.py asks) ------------------------------------------
+
+    def generated(self) -> dict[str, tuple[int, ...]]:
+        """The rotary tables and each zero-centred norm's 1 + w (f32)."""
+        t = (self.max_len, self.rot // 2)
+        shapes = self.weight_names()
+        return {"rope.cos": t, "rope.sin": t, **{n + ONE_PLUS: shapes[n] for n in self.norm_names()}}
+
+    def generate(self, name: str, weights) -> dict[str, np.ndarray]:
+        """A norm's 1 + w: the stored weight decoded to f32, then 1 added in f32 (transformers'
+        `1.0 + self.weight.float()`); or the rotary tables."""
+        from lanefuse.engine.weights import rope_tables
+
+        if name.endswith(ONE_PLUS):
+            w = np.asarray(weights.get(name[: -len(ONE_PLUS)]), dtype=np.float32)
+            return {name: (np.float32(1.0) + w).astype(np.float32)}
+        return rope_tables(self)
+
+
+# -- the checkpoint's fused tensors, served split ---------------------------------------------------------------------
+
+def _splits(cfg: Qwen3NextConfig, i: int) -> dict[str, tuple[str, np.ndarray]]:
+    """Layer i's split tensors: name -> (the stored tensor, its rows taken in order). transformers' in_proj_qkvz and
+    in_proj_ba lay their rows out by key-head group (`fix_query_key_value_ordering`): group j holds its q (dk), k (dk),
+    v (r·dv) and z (r·dv) rows, r = hv / hk, and its r b then r a rows; in_proj_qkvz.split holds every group's q rows,
+    then their k, v and z rows (one product whose outputs the convolutions and the delta rule read in parts); the
+    convolution's channels are q, k, v joined; a gated attention's q_proj holds each head's query (hd) then its gate
+    (hd)."""
+    p = f"model.layers.{i}."
+    if not cfg.linear(i):
+        h, hd = cfg.heads, cfg.head_dim
+        heads = np.arange(h)[:, None] * 2 * hd
+        src = p + "self_attn.q_proj.weight"
+        return {p + "self_attn.q_proj.query.weight": (src, (heads + np.arange(hd)).reshape(-1)),
+                p + "self_attn.q_proj.gate.weight": (src, (heads + hd + np.arange(hd)).reshape(-1))}
+    a = p + "linear_attn."
+    hk, dk, dv, r = cfg.hk, cfg.dk, cfg.dv, cfg.hv // cfg.hk
+    group = 2 * dk + 2 * r * dv
+    base = np.arange(hk)[:, None] * group
+    rows = {"q": (0, dk), "k": (dk, dk), "v": (2 * dk, r * dv), "z": (2 * dk + r * dv, r * dv)}
+    order = np.concatenate([(base + off + np.arange(n)).reshape(-1) for off, n in rows.values()])
+    out = {a + "in_proj_qkvz.split.weight": (a + "in_proj_qkvz.weight", order)}
+    gb = np.arange(hk)[:, None] * 2 * r
+    out[a + "in_proj_b.weight"] = (a + "in_proj_ba.weight", (gb + np.arange(r)).reshape(-1))
+    out[a + "in_proj_a.weight"] = (a + "in_proj_ba.weight", (gb + r + np.arange(r)).reshape(-1))
+    kd = hk * dk
+    chans = {"q": np.arange(kd), "k": kd + np.arange(kd), "v": 2 * kd + np.arange(cfg.hv * dv)}
+    for part, idx in chans.items():
+        out[a + f"conv1d.{part}.weight"] = (a + "conv1d.weight", idx)
+    return out
+
+
+class SplitStore:
+    """A weight store (engine/weights.py's backends) that also serves Qwen3-Next's fused tensors split into the parts
+    the step reads, as rows of the stored tensor in their stored format (no copy until read). A fused tensor missing
+    or of the wrong shape is named at load."""
+
+    def __init__(self, base, cfg: Qwen3NextConfig, where: str):
+        self.base, self.where_ = base, where
+        self.parts: dict[str, tuple[str, np.ndarray, tuple[int, ...]]] = {}
+        have = set(base.names())
+        d, kd, vd = cfg.hidden, cfg.hk * cfg.dk, cfg.hv * cfg.dv
+        stored = {"in_proj_qkvz.weight": (2 * kd + 2 * vd, d), "in_proj_ba.weight": (2 * cfg.hv, d),
+                  "conv1d.weight": (2 * kd + vd, 1, cfg.taps), "q_proj.weight": (2 * cfg.heads * cfg.head_dim, d)}
+        shapes = cfg.weight_names()
+        for i in range(cfg.layers):
+            for name, (src, idx) in _splits(cfg, i).items():
+                want = stored[src.rsplit(".", 2)[-2] + ".weight"]
+                if src not in have:
+                    raise UserError(f"{where}: the checkpoint has no tensor `{src}` (expected shape {want})")
+                got, fmt = base.info(src)
+                if tuple(got) != want:
+                    raise UserError(f"{where}: tensor `{src}` has shape {tuple(got)}, expected {want} (from "
+                                    f"config.json)")
+                if fmt not in ELEMENTWISE:
+                    raise UserError(f"{where}: tensor `{src}` is stored as {fmt}; Qwen3-Next's fused projections "
+                                    f"are read from {', '.join(ELEMENTWISE)} rows only")
+                self.parts[name] = (src, idx, shapes[name])
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(list(self.base.names()) + list(self.parts)))
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        if name not in self.parts:
+            return self.base.info(name)
+        src, _, shape = self.parts[name]
+        return shape, self.base.info(src)[1]
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        if name not in self.parts:
+            return self.base.raw(name)
+        src, idx, shape = self.parts[name]
+        arr, fmt = self.base.raw(src)
+        a = np.asarray(arr)
+        return np.ascontiguousarray(a.reshape(a.shape[0], -1)[idx]).reshape(shape), fmt
+
+    def where(self, name: str) -> str:
+        part = self.parts.get(name)
+        return self.base.where(part[0] if part else name)
+
+
+# -- config.json ------------------------------------------------------------------------------------------------------
+
+def _layer_types(r, layers: int) -> tuple[str, ...]:
+    c, where = r.c, r.where
+    types = c.get("layer_types")
+    if types is None:
+        n = r.size("full_attention_interval", 4)
+        return tuple("linear_attention" if (i + 1) % n else "full_attention" for i in range(layers))
+    if not isinstance(types, list) or len(types) != layers:
+        raise UserError(f"{where}: `layer_types` is {types!r:.40}; expected a list of {layers} layer types (one a "
+                        f"layer: {' or '.join(LAYER_TYPES)})")
+    for i, t in enumerate(types):
+        if t not in LAYER_TYPES:
+            raise UserError(f"{where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(LAYER_TYPES)}")
+    return tuple(types)
+
+
+def qwen3next_config(c: dict[str, Any], where: str, max_len: int, name: str, reader, rope,
+                     max_layers: int) -> Qwen3NextConfig:
+    """A Qwen3-Next config.json over transformers' defaults, read into a Qwen3NextConfig; what the step cannot express
+    refused naming the key. hfconfig, which imports this module, passes its reader class, rope reading and layer
+    limit."""
+    t = {**DEFAULTS, **{k: v for k, v in c.items() if v is not None or k == "rope_parameters"}}
+    params = t.get("rope_parameters")
+    if t.get("partial_rotary_factor") is None and not (isinstance(params, dict) and "partial_rotary_factor" in params):
+        t["partial_rotary_factor"] = 0.25  # transformers' default for the family
+    r = reader(t, where)
+    act = r.text("hidden_act", "silu")
+    if act != "silu":
+        raise UserError(f"{where}: hidden_act `{act:.40}` is not supported for Qwen3-Next (only silu)")
+    if r.flag("attention_bias"):
+        raise UserError(f"{where}: attention_bias is not supported for Qwen3-Next (its q/k/v/o products have no "
+                        f"biases)")
+    hidden, heads, layers, inter, vocab, kv = r.sizes(max_layers)
+    head_dim = r.size("head_dim")
+    eps = r.number("rms_norm_eps", 1e-6)
+    theta, scaling, partial = rope(r)
+    if int(head_dim * partial) < 2:
+        raise UserError(f"{where}: a rotary width of {int(head_dim * partial)} (head_dim {head_dim} x "
+                        f"partial_rotary_factor {partial}); expected at least 2")
+    taps = r.size("linear_conv_kernel_dim")
+    if taps < 2:
+        raise UserError(f"{where}: `linear_conv_kernel_dim` is {taps}; expected at least 2 (a convolution over "
+                        f"the rows before a row)")
+    hk, hv = r.size("linear_num_key_heads"), r.size("linear_num_value_heads")
+    if hv % hk:
+        raise UserError(f"{where}: `linear_num_key_heads` {hk} does not divide `linear_num_value_heads` {hv} (value "
+                        f"heads are grouped over the key heads)")
+    dk, dv = r.size("linear_key_head_dim"), r.size("linear_value_head_dim")
+    types = _layer_types(r, layers)
+    experts = t.get("num_experts")
+    moe = None
+    if experts != 0:
+        from lanefuse.engine.moe import read_moe
+
+        moe = read_moe(r, "Qwen3NextForCausalLM", layers)
+        if not moe.sparse:
+            moe = None
+    max_pos = r.size("max_position_embeddings")
+    return Qwen3NextConfig(
+        arch="Qwen3NextForCausalLM", hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,
+        inter=inter, vocab=vocab, eps=eps, rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
+        tie_embeddings=r.flag("tie_word_embeddings"), qk_norm=True, max_len=min(max_len, max_pos), name=name,
+        moe=moe, layer_types=types, taps=taps, hk=hk, hv=hv, dk=dk, dv=dv)
+
+
+# -- the step graph ---------------------------------------------------------------------------------------------------
+
+def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1) -> Graph:
+    """The lifted graph of one Qwen3-Next step over `rows` token rows at the position `pos` names."""
+    g, caches = step_frame(cfg, rows, attention=cfg.attention_layers, states=cfg.states())
+    h, kv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+    hk, hv, dk, dv = cfg.hk, cfg.hv, cfg.dk, cfg.dv
+    shapes = cfg.weight_names()
+    generated = cfg.generated()
+
+    def rows_of(name: str, transposed: bool = True) -> str:
+        if name not in g.constants:
+            g.constant(Constant(name, shapes[name], "rows", cfg.fmt(name), transposed, name))
+        return name
+
+    def values(name: str) -> str:
+        if name not in g.constants:
+            shape = generated[name] if name in generated else shapes[name]
+            g.constant(Constant(name, shape, "values", "f32", False, name))
+        return name
+
+    def norm_w(name: str) -> str:  # the zero-centred norm scales by 1 + w: the generated f32 constant
+        return values(name + ONE_PLUS)
+
+    embed = rows_of("model.embed_tokens.weight", transposed=False)
+    x = g.add("gather", [embed, "token"], "x0")
+    cos, sin = values("rope.cos"), values("rope.sin")
+    for i in range(cfg.layers):
+        p = f"model.layers.{i}."
+        t = f"L{i}."
+
+        def op(kind, ins, out, **attrs):
+            return g.add(kind, ins, t + out, layer=i, **attrs)
+
+        def W(name):
+            return rows_of(p + name)
+
+        hn = op("rmsnorm", [x, norm_w(p + "input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+        if cfg.linear(i):
+            a = "linear_attn."
+            kd, vd = hk * dk, hv * dv
+            qkvz = op("matmul", [hn, W(a + "in_proj_qkvz.split.weight")], "qkvz")  # (R, q | k | v | z)
+            b = op("matmul", [hn, W(a + "in_proj_b.weight")], "b")
+            ar = op("matmul", [hn, W(a + "in_proj_a.weight")], "a")
+            conv = {}
+            for part, start, ring in (("q", 0, f"cq{i}"), ("k", kd, f"ck{i}"), ("v", 2 * kd, f"cv{i}")):
+                c = op("causal_conv", [qkvz, values(p + a + f"conv1d.{part}.weight"), ring], f"{part}_conv",
+                       taps=cfg.taps, start=start)
+                conv[part] = op("silu", [c], f"{part}_act")
+            qn = op("l2norm", [conv["q"]], "q_l2", heads=hk, eps=L2_EPS)
+            kn = op("l2norm", [conv["k"]], "k_l2", heads=hk, eps=L2_EPS)
+            beta = op("sigmoid", [b], "beta")
+            decay = op("decay", [ar, values(p + a + "dt_bias"), values(p + a + "A_log")], "decay")
+            o = op("gated_delta", [qn, kn, conv["v"], qkvz, beta, decay, f"ds{i}", values(p + a + "norm.weight")],
+                   "delta", hk=hk, hv=hv, dk=dk, dv=dv, scale=float(dk) ** -0.5, eps=cfg.eps, zoff=2 * kd + vd)
+            mixed = op("matmul", [o, W(a + "out_proj.weight")], "o")
+        else:
+            a = "self_attn."
+            q = op("matmul", [hn, W(a + "q_proj.query.weight")], "q")
+            gate = op("matmul", [hn, W(a + "q_proj.gate.weight")], "q_gate")
+            k = op("matmul", [hn, W(a + "k_proj.weight")], "k")
+            v = op("matmul", [hn, W(a + "v_proj.weight")], "v")
+            q = op("rmsnorm", [q, norm_w(p + a + "q_norm.weight")], "q_norm", eps=cfg.eps, heads=h)
+            k = op("rmsnorm", [k, norm_w(p + a + "k_norm.weight")], "k_norm", eps=cfg.eps, heads=kv)
+            q = op("rope", [q, cos, sin, "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
+            k = op("rope", [k, cos, sin, "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
+            kc = op("set_row", [caches[i][0], k, "pos"], "kc")
+            vc = op("set_row", [caches[i][1], v, "pos"], "vc")
+            att = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
+                     scale=float(hd) ** -0.5, window=0, softcap=0.0)
+            ga = op("sigmoid", [gate], "q_gate_act")
+            gated = op("mul", [att, ga], "attn_gated")
+            mixed = op("matmul", [gated, W(a + "o_proj.weight")], "o")
+        x1 = op("add", [x, mixed], "resid_attn")
+        h2 = op("rmsnorm", [x1, norm_w(p + "post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
+        if cfg.sparse(i):
+            from lanefuse.engine.moe import build_ffn
+
+            dn = build_ffn(cfg, i, h2, op, W)
+        else:
+            gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
+            up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
+            act = op("silu", [gp], "gate_act")
+            m = op("mul", [act, up], "glu")
+            dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
+        x = op("add", [x1, dn], "resid_ffn")
+    if rows > 1:
+        x = g.add("view", [x], "last", row=rows - 1)
+    hn = g.add("rmsnorm", [x, norm_w("model.norm.weight")], "final_norm", eps=cfg.eps)
+    head = embed if cfg.tie_embeddings else rows_of("lm_head.weight")
+    g.add("matmul", [hn, head], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g

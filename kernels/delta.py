@@ -1,0 +1,117 @@
+"""`delta`: the gated delta rule over a step's rows in order with its gated output norm (the lifted `gated_delta`):
+a block a value head, a thread a value column of the head's (dk, dv) state, the state table rewritten in place
+(delta.cu)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.common import Launch, names, reach
+from lanefuse.kernels.conv import read_rows
+
+MAX_DK = 128  # a key head's values a thread holds in registers (delta.cu)
+MAX_DV = 256  # a value head's columns, a thread each (delta.cu's launch bounds: registers enough for MAX_DK)
+
+
+@dataclass(frozen=True)
+class Delta(Launch):
+    q: str
+    k: str
+    v: str
+    z: str
+    beta: str
+    g: str
+    state: str
+    gn: str
+    out: str
+    hk: int
+    hv: int
+    dk: int
+    dv: int
+    rows: int
+    scale: float
+    eps: float
+    zpitch: int = 0  # z's row width (0: hv·dv, z the gates alone)
+    zoff: int = 0  # where the gates start in each row of z
+
+    census: ClassVar[str] = "delta"
+
+    @property
+    def zp(self) -> int:
+        return self.zpitch or self.hv * self.dv
+    stem: ClassVar[tuple[str, ...]] = ("delta",)
+
+    def reads(self):
+        return names(self.q, self.k, self.v, self.z, self.beta, self.g, self.state, self.gn)
+
+    def writes(self):
+        return names(self.out, self.state)
+
+    def check(self):
+        if self.zoff < 0 or self.zoff + self.hv * self.dv > self.zp:
+            return Refusal(f"gates z from value {self.zoff} of rows of {self.zp}")
+        if self.hk < 1 or self.hv % self.hk:
+            return Refusal(f"{self.hv} value heads that do not group over {self.hk} key heads")
+        if self.dk % 32 or self.dk > MAX_DK:
+            return Refusal(f"a delta-rule key head of {self.dk} (a multiple of 32, at most {MAX_DK})")
+        if self.dv % 32 or self.dv > MAX_DV:
+            return Refusal(f"a delta-rule value head of {self.dv} (a multiple of 32, at most {MAX_DV})")
+        return None
+
+    def extents(self, top, tokens):
+        r, kd, vd = self.rows, self.hk * self.dk, self.hv * self.dv
+        return reach((self.q, r * kd), (self.k, r * kd), (self.v, r * vd), (self.z, (r - 1) * self.zp + self.zoff + vd),
+                     (self.beta, r * self.hv),
+                     (self.g, r * self.hv), (self.state, self.hv * self.dk * self.dv), (self.gn, self.dv),
+                     (self.out, r * vd))
+
+    def weights(self):
+        return {self.gn: "f32"}
+
+    def bytes(self):
+        r, kd, vd = self.rows, self.hk * self.dk, self.hv * self.dv
+        return 4 * (2 * r * kd + 3 * r * vd + 2 * r * self.hv + 2 * self.hv * self.dk * self.dv + self.dv)
+
+    def flops(self):
+        return 6 * self.rows * self.hv * self.dk * self.dv
+
+    def numpy(self, env):
+        r, hk, hv, dk, dv = self.rows, self.hk, self.hv, self.dk, self.dv
+        f64 = np.float64
+        q = env.array(self.q)[: r * hk * dk].reshape(r, hk, dk).astype(f64) * np.float32(self.scale)
+        k = env.array(self.k)[: r * hk * dk].reshape(r, hk, dk).astype(f64)
+        v = env.array(self.v)[: r * hv * dv].reshape(r, hv, dv).astype(f64)
+        z = read_rows(env.array(self.z), r, self.zp, self.zoff, hv * dv).reshape(r, hv, dv).astype(f64)
+        b = env.array(self.beta)[: r * hv].reshape(r, hv).astype(f64)
+        g = env.array(self.g)[: r * hv].reshape(r, hv).astype(f64)
+        st = env.array(self.state)[: hv * dk * dv]
+        S = st.reshape(hv, dk, dv).astype(f64)
+        kk = np.repeat(k, hv // hk, axis=1)  # (R, hv, dk): value head h reads key head h // (hv / hk)
+        qq = np.repeat(q, hv // hk, axis=1)
+        o = np.zeros((r, hv, dv))
+        for i in range(r):
+            S *= np.exp(g[i])[:, None, None]
+            kv = np.einsum("hkd,hk->hd", S, kk[i])
+            S += kk[i][:, :, None] * ((v[i] - kv) * b[i][:, None])[:, None, :]
+            o[i] = np.einsum("hkd,hk->hd", S, qq[i])
+        st[:] = S.reshape(-1).astype(np.float32)
+        gn = np.asarray(env.weight(self.gn)[0]).reshape(-1)[:dv].astype(f64)
+        y = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + self.eps) * gn * (z / (1.0 + np.exp(-z)))
+        env.array(self.out)[: r * hv * dv] = y.reshape(-1).astype(np.float32)
+
+    def grid_block(self):
+        return ((self.hv, 1, 1), (self.dv, 1, 1))
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import f32, i64
+
+        g, b = self.grid_block()
+        denv.function(self.stem, "delta")(g, b, (
+            denv.array(self.q), denv.array(self.k), denv.array(self.v), denv.array(self.z), i64(self.zp),
+            i64(self.zoff), denv.array(self.beta),
+            denv.array(self.g), denv.array(self.state), denv.opt(self.gn), denv.array(self.out), i64(self.hk),
+            i64(self.hv), i64(self.dk), i64(self.dv), i64(self.rows), f32(self.scale), f32(self.eps)))
