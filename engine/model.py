@@ -39,6 +39,18 @@ class ModelConfig:
         return self.moe is not None and i in self.moe.sparse
 
     @property
+    def cache_widths(self) -> tuple[int, int]:
+        """The widths of a layer's two cache tables (keys, values); a family of its own caches other rows
+        (DeepSeek-V3: the normed latent and the rotated key part)."""
+        return self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
+
+    @property
+    def extra_layers(self) -> int:
+        """Layers a checkpoint may hold after the decoder's (DeepSeek-V3's next-token-prediction layers), whose
+        weights the step does not read."""
+        return 0
+
+    @property
     def rot(self) -> int:
         r = int(self.head_dim * self.partial_rotary)
         return r - (r % 2)
@@ -80,18 +92,18 @@ class ModelConfig:
 
 def step_frame(cfg: ModelConfig, rows: int) -> tuple[Graph, tuple[tuple[str, str], ...]]:
     """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each layer's K and V cache
-    tables of max_len rows) declared; and the caches' names, a (K, V) pair a layer."""
+    tables of max_len rows, `cfg.cache_widths` wide) declared; and the caches' names, a (K, V) pair a layer."""
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
-    kv, hd, L = cfg.kv_heads, cfg.head_dim, cfg.max_len
+    (kw, vw), L = cfg.cache_widths, cfg.max_len
     caches = tuple((f"kc{i}", f"vc{i}") for i in range(cfg.layers))
     g = Graph(io=StepIO(caches=caches))
     g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows}
     g.tensor("token", (rows,), "i32")
     g.tensor("pos", (1,), "i32")
     for k, v in caches:
-        g.tensor(k, (L, kv * hd))
-        g.tensor(v, (L, kv * hd))
+        g.tensor(k, (L, kw))
+        g.tensor(v, (L, vw))
     return g, caches
 
 

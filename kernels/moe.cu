@@ -6,10 +6,13 @@
 #define MOE_TILE 64
 #define MOE_MAXE 4096
 #define MOE_MAXK 32
+#define MOE_MAXG 64
 
 #define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 act, int *choices, \
     float *weights, float *hidden
-#define MOE_ROUTE const void *wr, i64 fr, i64 norm
+#define MOE_ROUTE const void *wr, i64 fr, i64 norm, i64 routing, const float *cbias, i64 groups, i64 tgroups, \
+    float rscale
+#define MOE_ROUTE_ARGS wr, (int)fr, d, E, k, (int)norm, (int)routing, cbias, groups, tgroups, rscale
 #define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs
 #define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out)
 
@@ -20,9 +23,12 @@ __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, 
 }
 
 // Row r's routing into choices/weights (thread 0 writes): logits in shared memory, the k largest (equal logits: the
-// lower expert first), softmax weights, renormalized over the chosen when `norm`. Every thread returns after it.
-__device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm, int* ch,
-                              float* wt) {
+// lower expert first), softmax weights, renormalized over the chosen when `norm`. routing 2 (sigmoid_group,
+// DeepSeek-V3): sigmoid scores, `cbias` (may be null) added for the choice only, the `tgroups` groups of the largest
+// sum of their two best kept (equal sums: the lower group), the k best of those; the chosen scores the weights,
+// renormalized over their sum + 1e-20 when `norm`, times `rscale`. Every thread returns after it.
+__device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm, int routing,
+                              const float* cbias, i64 groups, i64 tgroups, float rscale, int* ch, float* wt) {
     __shared__ float logit[MOE_MAXE];
     __shared__ unsigned char taken[MOE_MAXE];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -31,7 +37,43 @@ __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i6
         if (lane == 0) { logit[e] = s; taken[e] = 0; }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && routing == 2) {
+        // logit[e] becomes the sigmoid score; the choice score is score + bias, masked out of the groups not kept
+        float gs[MOE_MAXG];
+        unsigned char keep[MOE_MAXG];
+        i64 per = E / groups;
+        for (i64 e = 0; e < E; e++) logit[e] = 1.f / (1.f + expf(-logit[e]));
+        for (i64 g = 0; g < groups; g++) {
+            float b1 = NEG_INF, b2 = NEG_INF;
+            for (i64 e = g * per; e < (g + 1) * per; e++) {
+                float c = logit[e] + (cbias ? cbias[e] : 0.f);
+                if (c > b1) { b2 = b1; b1 = c; } else if (c > b2) b2 = c;
+            }
+            gs[g] = per > 1 ? b1 + b2 : b1;
+            keep[g] = 0;
+        }
+        for (i64 t = 0; t < tgroups; t++) {
+            i64 best = -1;
+            for (i64 g = 0; g < groups; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            keep[best] = 1;
+        }
+        float tot = 0.f;
+        for (i64 c = 0; c < k; c++) {
+            i64 best = -1;
+            float bc = NEG_INF;
+            for (i64 e = 0; e < E; e++) {
+                if (taken[e] || !keep[e / per]) continue;
+                float v = logit[e] + (cbias ? cbias[e] : 0.f);
+                if (best < 0 || v > bc) { best = e; bc = v; }
+            }
+            taken[best] = 1;
+            ch[c] = (int)best;
+            wt[c] = logit[best];
+            tot += logit[best];
+        }
+        for (i64 c = 0; c < k; c++) wt[c] = (norm ? wt[c] / (tot + 1e-20f) : wt[c]) * rscale;
+    } else if (threadIdx.x == 0) {
         float m = NEG_INF;
         for (i64 e = 0; e < E; e++) m = fmaxf(m, logit[e]);
         float z = 0.f;
@@ -74,15 +116,15 @@ extern "C" __global__ void __launch_bounds__(256)
             float g = moe_dot(xr, (int)fs, sg, j, d), u = moe_dot(xr, (int)fs, su, j, d);
             if (lane == 0) h[j] = act_apply((int)act, g) * u;
         }
-        if (blockIdx.x == 0 && warp == 0) {
-            float s = moe_dot(xr, (int)fs, sgate, 0, d);
-            if (lane == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
+        if (blockIdx.x == 0 && warp == 0) {  // no gate score (DeepSeek's shared experts): unscaled
+            float s = sgate ? moe_dot(xr, (int)fs, sgate, 0, d) : 0.f;
+            if (lane == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
         }
         return;
     }
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
-    moe_route_row(xr, wr, (int)fr, d, E, k, (int)norm, ch, wt);
+    moe_route_row(xr, MOE_ROUTE_ARGS, ch, wt);
     if (blockIdx.x == 0 && c == 0 && threadIdx.x < k) {
         choices[r * k + threadIdx.x] = ch[threadIdx.x];
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
@@ -147,14 +189,14 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
     i64 r = blockIdx.x;
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
-    moe_route_row(x + r * d, wr, (int)fr, d, E, k, (int)norm, ch, wt);
+    moe_route_row(x + r * d, MOE_ROUTE_ARGS, ch, wt);
     if (threadIdx.x < k) {
         choices[r * k + threadIdx.x] = ch[threadIdx.x];
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
-    if (sgate && threadIdx.x < 32) {
-        float s = moe_dot(x + r * d, (int)fs, sgate, 0, d);
-        if (threadIdx.x == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
+    if (sg && threadIdx.x < 32) {  // no gate score (DeepSeek's shared experts): unscaled
+        float s = sgate ? moe_dot(x + r * d, (int)fs, sgate, 0, d) : 0.f;
+        if (threadIdx.x == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
     }
 }
 

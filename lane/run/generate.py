@@ -45,12 +45,13 @@ def _not_finite(logits: np.ndarray, rows: int, pos: int, n_prompt: int) -> str:
 
 
 def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Zeroed KV-cache tables kc{i} / vc{i}: (max_len, kv_heads*head_dim) f32 each."""
-    shape = (cfg.max_len, cfg.kv_heads * cfg.head_dim)
+    """Zeroed KV-cache tables kc{i} / vc{i}: (max_len, width) f32 each, the widths `cfg.cache_widths` (kv_heads ·
+    head_dim each; DeepSeek-V3: the latent's, the rotated key's)."""
+    kw, vw = cfg.cache_widths
     out = {}
     for i in range(cfg.layers):
-        out[f"kc{i}"] = np.zeros(shape, dtype=np.float32)
-        out[f"vc{i}"] = np.zeros(shape, dtype=np.float32)
+        out[f"kc{i}"] = np.zeros((cfg.max_len, kw), dtype=np.float32)
+        out[f"vc{i}"] = np.zeros((cfg.max_len, vw), dtype=np.float32)
     return out
 
 
