@@ -354,3 +354,41 @@ def plan_against_reference(rows, fmt, runner="exact", **opts):
     for k in mine:
         np.testing.assert_allclose(mine[k], ref[k], rtol=1e-5, atol=1e-5)
     return s
+
+
+def test_census_golden_of_a_deepseek_decode_layer():
+    """The launches of a mixture decode layer (issue 15's goal is 7; 18 today): the q_a/kv_a products in parts, the
+    q_a and latent norms, q_b, four head slices, the q and k rotations (the key's into its cache row), the latent's
+    row write, the absorption and the expansion (head_gemv), the query's and the keys' joins, the attention, the o
+    product's fold (the residual add and the norm), and the mixture's two kernels with its shared expert, the
+    residual add and the next layer's norm (shared_expert_fusion.grouped, moe_deferred_finalize.grouped; the Moe
+    launch is counted in the layer whose norm it computes)."""
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+
+    s = plan(build_step(tiny_cfg(num_hidden_layers=4), 1))
+    kinds = sorted(k.census for l in s.launches if l.layer == 2 for k in l.launch.kernels())
+    assert kinds == sorted(["attention", "fold", "gemm_parts", "gemv", "head_gemv", "head_gemv", "join", "join", "moe",
+                            "moe", "norm", "norm", "rope_parts", "set_row"] + ["slice"] * 4), kinds
+    assert s.fusions.get("moe_deferred_finalize.grouped") == 3, s.fusions
+
+
+def test_a_wide_absorbed_head_plans():
+    """DeepSeek-V3's absorbed head (latent 512 + rotated 64 keys, 512 values) links to the wide attention kernel."""
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = tiny_cfg(kv_lora_rank=512, qk_rope_head_dim=64, num_hidden_layers=2)
+    s = plan(build_step(cfg, 1))
+    a = [l.launch for l in s.launches if l.launch.census == "attention"]
+    assert a and all(x.hd == 576 and x.vd == 512 and x.wide and x.per_block == 1 for x in a)
+
+
+def test_the_step_round_trips_through_text():
+    """A DeepSeek-V3 step (its three new ops, the grouped mixture) prints as step YAML that parses back to itself."""
+    from lanefuse.engine.model import build_step
+    from lanefuse.engine.stepyaml import from_yaml, to_yaml
+
+    for rows in (1, 3):
+        text = to_yaml(build_step(tiny_cfg(q_lora_rank=None), rows))
+        assert to_yaml(from_yaml(text)) == text and "head_matmul" in text and "sigmoid_group" in text

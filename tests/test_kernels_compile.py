@@ -188,7 +188,10 @@ def latent():
 
     grouped = dict(routing="sigmoid_group", br="cb", groups=4, topk_groups=2, route_scale=2.5, norm_topk=True,
                    sg="sg", su="su", sd="sd", sf=22, format_s="bf16")
-    return [HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
+    from lanefuse.kernels import Attention
+
+    return [Attention("q", "kc", "vc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2),
+            HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
             HeadGemv("a", "wv", "f32", Dst("o"), 3, 4, 16, 12, rows_out=True),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 1, "bf16", **grouped),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 5, "bf16", sort=True, add="a", **grouped)]

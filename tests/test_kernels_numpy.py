@@ -247,8 +247,11 @@ def test_attention_values_in_the_key_rows():
 
 
 def test_attention_refuses_wide_heads_and_gates():
-    a = Attention("q", "k", "v", "pos", "o", 4, 2, 512, 512, 8, 1, 1.0)
-    assert "wider" in a.check().reason
+    """Heads up to 256 values in the main kernel, to 640 one a block in the wide one (a latent attention's), wider
+    refused."""
+    assert Attention("q", "k", "v", "pos", "o", 4, 2, 512, 512, 8, 1, 1.0).check() is None
+    assert "one" in Attention("q", "k", "v", "pos", "o", 4, 2, 576, 512, 8, 1, 1.0, per_block=2).check().reason
+    assert "wider" in Attention("q", "k", "v", "pos", "o", 4, 2, 704, 512, 8, 1, 1.0).check().reason
     assert "gated" in Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, gate=("g", "silu")).check().reason
 
 
