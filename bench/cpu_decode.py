@@ -38,22 +38,24 @@ cmd, folder, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(threads)
 if cmd == "build":
     shape, dtype = json.loads(sys.argv[4]), sys.argv[5]
-    family = shape.pop("family", "Qwen3")  # Qwen3, or Qwen3Moe (bench/moe_figures.py)
+    family = shape.pop("family", "Qwen3")  # Qwen3, Qwen3Moe (bench/moe_figures.py), Gemma2 (bench/gemma_figures.py)
+    gemma = family.startswith("Gemma")  # Gemma's norms scale by 1 + w: norm weights near 0, a smaller embedding
     cfg = getattr(transformers, family + "Config")(**shape)
-    torch.manual_seed(18)
+    torch.manual_seed(20 if gemma else 18)
     model = getattr(transformers, family + "ForCausalLM")(cfg).eval()
     with torch.no_grad():  # a scale that keeps the residual alive (see shared/PEERS-NOTES.md)
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                p.copy_((0.0 if gemma else 1.0) + 0.1 * torch.randn_like(p))
             elif "embed_tokens" in name:
-                p.copy_(torch.randn_like(p))
+                p.copy_((0.05 if gemma else 1.0) * torch.randn_like(p))
             else:  # fan-in is the last dimension (a mixture's experts are (E, out, in))
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     print("saved")
     sys.exit(0)
-model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+attn = {"attn_implementation": sys.argv[4]} if len(sys.argv) > 4 else {}
+model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **attn).eval()
 print("ready", flush=True)
 for line in sys.stdin:
     prompt, n = json.loads(line)
@@ -90,6 +92,30 @@ def gemv_bandwidth(repeats: int = 30) -> float:
     return w.nbytes / statistics.median(ts) / 1e9
 
 
+def products_alone(cfg, repeats: int = 5) -> float:
+    """Seconds numpy takes for a dense decode step's products alone, back to back, on matrices of the step's shapes
+    (q/k/v stacked, o, gate/up stacked, down a layer, then lm_head; fresh memory, none of them in a cache): what BLAS
+    does on these shapes with no runner around it. None for a mixture (which experts a step reads varies)."""
+    import numpy as np
+
+    if cfg.moe is not None:
+        return None
+    h, q, kv = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    shapes = [(q + 2 * kv, h), (h, q), (2 * cfg.inter, h), (h, cfg.inter)]
+    g = np.random.default_rng(0)
+    mats = [g.standard_normal(s, dtype=np.float32) for _ in range(cfg.layers) for s in shapes]
+    mats.append(g.standard_normal((cfg.vocab, h), dtype=np.float32))
+    xs = {k: np.ones(k, np.float32) for k in {m.shape[1] for m in mats}}
+    outs = [np.empty(m.shape[0], np.float32) for m in mats]
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for m, y in zip(mats, outs):
+            np.matmul(m, xs[m.shape[1]], out=y)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
 def resident() -> int:
     """This process's resident anonymous bytes (Linux; the checkpoint's file pages it maps are the page cache's, not
     counted), 0 where unknown."""
@@ -103,6 +129,47 @@ def resident() -> int:
     return 0
 
 
+def timed_decode(step_fn, times: list[float]):
+    """`step_fn` with each decode step's (one row's) seconds appended to `times`."""
+
+    def timed(g, env):
+        t0 = time.perf_counter()
+        out = step_fn(g, env)
+        if int(g.meta.get("rows", 1)) == 1:
+            times.append(time.perf_counter() - t0)
+        return out
+
+    return timed
+
+
+def side_by_side(lf, folder: str, elsewhere: str, env: dict, rounds: int, tokens: int, threads: int,
+                 attn: str | None = None, alone=None) -> dict:
+    """lanefuse (`lf`, a Lanefuse) and transformers (served from `folder` in a subprocess) decoding the same prompt,
+    rounds interleaved with the machine's GEMV bandwidth (and `alone()`, the step's products alone, where given):
+    each's ms/token a round, and whether their greedy tokens agree."""
+    hf = subprocess.Popen(hf_cmd("serve", folder, str(threads), *([attn] if attn else [])), cwd=elsewhere, env=env,
+                          text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert hf.stdout.readline().strip() == "ready"
+    got_rounds: dict = {"lanefuse": [], "transformers": [], "bandwidth": [], "alone": [], "same": True}
+    try:
+        for _ in range(rounds):
+            t, lf_toks = lf.round(tokens)
+            got_rounds["lanefuse"].append(1e3 * statistics.median(t))
+            hf.stdin.write(json.dumps([PROMPT, tokens]) + "\n")
+            hf.stdin.flush()
+            got = json.loads(hf.stdout.readline())
+            got_rounds["transformers"].append(1e3 * statistics.median(got["times"]))
+            got_rounds["same"] = got_rounds["same"] and got["tokens"] == lf_toks[: len(got["tokens"])]
+            got_rounds["bandwidth"].append(gemv_bandwidth())
+            a = alone() if alone is not None else None
+            if a is not None:
+                got_rounds["alone"].append(1e3 * a)
+    finally:
+        hf.stdin.close()
+        hf.wait()
+    return got_rounds
+
+
 class Lanefuse:
     """lanefuse on the checkpoint: the decode step planned once, then timed step by step."""
 
@@ -113,15 +180,7 @@ class Lanefuse:
         self.cfg, self.weights = load_model(folder)
         self.times: list[float] = []
         step_fn, self.label = plan_step_fn(self.weights, "cpu", exact=exact)
-
-        def timed(g, env):
-            t0 = time.perf_counter()
-            out = step_fn(g, env)
-            if int(g.meta.get("rows", 1)) == 1:
-                self.times.append(time.perf_counter() - t0)
-            return out
-
-        self.step_fn = timed
+        self.step_fn = timed_decode(step_fn, self.times)
         rss, t0 = resident(), time.perf_counter()
         self.round(2)  # plans the prefill chunk and the decode step, reads (and decodes) the weights once
         self.load_s, self.load_bytes = time.perf_counter() - t0, resident() - rss
@@ -137,9 +196,9 @@ class Lanefuse:
     def round(self, n: int) -> tuple[list[float], list[int]]:
         from lanefuse.lane.run.generate import generate
 
-        self.times = []
+        self.times.clear()
         res = generate(self.cfg, self.weights, PROMPT, n + 1, step_fn=self.step_fn)
-        return self.times, res.generated_ids
+        return list(self.times), res.generated_ids
 
 
 def main() -> int:
@@ -167,23 +226,10 @@ def main() -> int:
 
 
 def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3") -> int:
-    hf = subprocess.Popen(hf_cmd("serve", folder, str(args.threads)), cwd=elsewhere, env=env, text=True,
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert hf.stdout.readline().strip() == "ready"
     lf = Lanefuse(folder, args.exact)
-    lf_ms, hf_ms, bw = [], [], []
-    same = True
-    for _ in range(args.rounds):
-        t, lf_toks = lf.round(args.tokens)
-        lf_ms.append(1e3 * statistics.median(t))
-        hf.stdin.write(json.dumps([PROMPT, args.tokens]) + "\n")
-        hf.stdin.flush()
-        got = json.loads(hf.stdout.readline())
-        hf_ms.append(1e3 * statistics.median(got["times"]))
-        same = same and got["tokens"] == lf_toks[: len(got["tokens"])]
-        bw.append(gemv_bandwidth())
-    hf.stdin.close()
-    hf.wait()
+    r = side_by_side(lf, folder, elsewhere, env, args.rounds, args.tokens, args.threads,
+                     alone=lambda: products_alone(lf.cfg))
+    lf_ms, hf_ms, bw, alone, same = r["lanefuse"], r["transformers"], r["bandwidth"], r["alone"], r["same"]
     store = lf.weights.store
     names = store.base.names() if hasattr(store, "base") else store.names()  # a mixture's: as stored, not stacked
     params = sum(math.prod(lf.weights.shape(n)) for n in names)
@@ -205,6 +251,10 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
     print(f"numpy f32 GEMV bandwidth: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights")
+    if alone:
+        ams = statistics.median(alone)
+        print(f"numpy, the step's products alone back to back (same shapes, no runner): {ams:.1f} ms/token "
+              f"({gb / ams * 1e3:.1f} GB/s) -> lanefuse at {ams / lms:.0%} of it")
     print(f"lanefuse speed / transformers: {hms / lms:.2f}x; lanefuse at {floor / lms:.0%} of the GEMV bandwidth; "
           f"greedy tokens {'the same' if same else 'DIFFER'}")
     return 0

@@ -19,14 +19,15 @@ import statistics
 import sys
 import time
 
-PROMPT = [3, 17, 5, 42, 8, 11, 29, 7]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_decode import PROMPT, resident, timed_decode  # noqa: E402  (bench/'s shared measurement)
+
 HBM_TBPS = 4.8  # H200 HBM3e, the datasheet's figure
 PLAN_FORMATS = ("bf16", "q8_0", "q4_0", "q4_k", "q6_k")
 CPU_FORMATS = ("f32", "q8_0", "q4_0", "q4_k")
 
 
 def plan_figures(out: dict) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from lane_figures import qwen3_8b
 
     from lanefuse.engine.model import build_step
@@ -45,18 +46,6 @@ def plan_figures(out: dict) -> None:
                                                     "hbm_us": round(hbm_us, 1), "launches": s.n_launches})
         print(f"  {fmt:5s} {total / 1e9:7.3f} GB  ({total / base:6.1%} of bf16) · plan's estimate {s.cost_us:8.1f} µs · "
               f"bytes / {HBM_TBPS} TB/s {hbm_us:8.1f} µs · {s.n_launches} launches")
-
-
-def resident() -> int:
-    """This process's resident anonymous bytes (Linux), 0 where unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 def cpu_model(layers: int):
@@ -83,15 +72,7 @@ class Model:
         self.stored_bytes = sum(a.nbytes for a, f in stored.values())
         step_fn, self.label = plan_step_fn(self.weights, "cpu", exact=False)
         self.times: list[float] = []
-
-        def timed(g, env):
-            t = time.perf_counter()
-            res = step_fn(g, env)
-            if int(g.meta.get("rows", 1)) == 1:
-                self.times.append(time.perf_counter() - t)
-            return res
-
-        self.step_fn = timed
+        self.step_fn = timed_decode(step_fn, self.times)
         rss, t0 = resident(), time.perf_counter()
         self.first = self.round(2)[1]  # plans the steps and decodes the weights to f32 once
         self.first_s, self.first_bytes = time.perf_counter() - t0, resident() - rss
@@ -99,9 +80,9 @@ class Model:
     def round(self, n: int):
         from lanefuse.lane.run.generate import generate
 
-        self.times = []
+        self.times.clear()
         res = generate(self.cfg, self.weights, PROMPT, n + 1, step_fn=self.step_fn)
-        return self.times, res.generated_ids
+        return list(self.times), res.generated_ids
 
 
 def cpu_figures(args, out: dict) -> None:

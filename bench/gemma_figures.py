@@ -42,44 +42,6 @@ SMALL = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_
              intermediate_size=3072, vocab_size=32000, max_position_embeddings=512, sliding_window=16,
              query_pre_attn_scalar=64, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
 
-HF = r'''
-import json, sys, time
-import torch, transformers
-cmd, folder, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-torch.set_num_threads(threads)
-if cmd == "build":
-    cfg = transformers.Gemma2Config(**json.loads(sys.argv[4]))
-    torch.manual_seed(20)
-    model = transformers.Gemma2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # a scale that keeps the residual alive; Gemma's norms scale by 1 + w
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(0.1 * torch.randn_like(p))
-            elif "embed_tokens" in name:
-                p.copy_(0.05 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-    model.save_pretrained(folder)
-    print("saved")
-    sys.exit(0)
-model = transformers.Gemma2ForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
-print("ready", flush=True)
-for line in sys.stdin:
-    prompt, n = json.loads(line)
-    times, toks = [], []
-    with torch.no_grad():
-        out = model(torch.tensor([prompt]), use_cache=True)
-        pkv, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
-        for _ in range(n):
-            toks.append(nxt)
-            t0 = time.perf_counter()
-            out = model(torch.tensor([[nxt]]), past_key_values=pkv, use_cache=True)
-            times.append(time.perf_counter() - t0)
-            pkv, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
-    print(json.dumps({"times": times, "tokens": toks}), flush=True)
-'''
-
-
 def shape(c: dict, name: str, max_len: int = 4096):
     """A config dict's shape, every matrix planned as bf16 checkpoint rows."""
     from lanefuse.engine.hfconfig import config_from_hf
@@ -130,31 +92,17 @@ def plan_times(out: dict, table, repeat: int) -> None:
 
 
 def decode(out: dict, args) -> None:
-    from cpu_decode import PROMPT, Lanefuse, gemv_bandwidth
+    from cpu_decode import PROMPT, Lanefuse, hf_cmd, side_by_side
 
     elsewhere = tempfile.mkdtemp(prefix="lanefuse-gemma-bench-")
     folder = os.path.join(elsewhere, "gemma2")
     env = dict(os.environ, PYTHONPATH="")
-    cmd = [sys.executable, "-c", HF]
     try:
-        subprocess.run(cmd + ["build", folder, str(args.threads), json.dumps(SMALL)], cwd=elsewhere, env=env,
-                       check=True, stdout=subprocess.DEVNULL)
-        hf = subprocess.Popen(cmd + ["serve", folder, str(args.threads)], cwd=elsewhere, env=env, text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert hf.stdout.readline().strip() == "ready"
+        subprocess.run(hf_cmd("build", folder, str(args.threads), json.dumps(dict(SMALL, family="Gemma2")),
+                              "float32"), cwd=elsewhere, env=env, check=True, stdout=subprocess.DEVNULL)
         lf = Lanefuse(folder, exact=False)
-        lf_ms, hf_ms, bw, same = [], [], [], True
-        for _ in range(args.rounds):
-            t, lf_toks = lf.round(args.tokens)
-            lf_ms.append(1e3 * statistics.median(t))
-            hf.stdin.write(json.dumps([PROMPT, args.tokens]) + "\n")
-            hf.stdin.flush()
-            got = json.loads(hf.stdout.readline())
-            hf_ms.append(1e3 * statistics.median(got["times"]))
-            same = same and got["tokens"] == lf_toks[: len(got["tokens"])]
-            bw.append(gemv_bandwidth())
-        hf.stdin.close()
-        hf.wait()
+        r = side_by_side(lf, folder, elsewhere, env, args.rounds, args.tokens, args.threads, attn="eager")
+        lf_ms, hf_ms, bw, same = r["lanefuse"], r["transformers"], r["bandwidth"], r["same"]
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
     lms, hms = statistics.median(lf_ms), statistics.median(hf_ms)

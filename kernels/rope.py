@@ -11,7 +11,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, names, reach, read_part, rms
+from lanefuse.kernels.common import Dst, Launch, Part, dst_view, names, reach, read_part, rms
 
 MAX_HD = 1024
 
@@ -44,6 +44,37 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
     y[..., :half] = x1 * c - x2 * sn
     y[..., half:rot] = x2 * c + x1 * sn
     s.y.write(env, y)
+
+
+def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int) -> None:
+    """The fast twin of `side_numpy`: the same rotation in f32 (the norm's mean square by einsum), a few whole-array
+    operations a side."""
+    x = read_part(env, s.x, s.part, rows, s.heads * hd).reshape(rows, s.heads, hd)
+    if s.norm is not None:
+        inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
+        inv /= hd
+        inv += s.norm[1]
+        np.sqrt(inv, out=inv)
+        np.reciprocal(inv, out=inv)
+        x = x * inv
+        x *= env.weight(s.norm[0])[0][:hd]
+    half = rot // 2
+    p = env.param(pos)
+    c = env.weight(cos)[0].reshape(-1, half)[p: p + rows][:, None, :]
+    sn = env.weight(sin)[0].reshape(-1, half)[p: p + rows][:, None, :]
+    x1, x2 = x[..., :half], x[..., half:rot]
+    y = np.empty((rows, s.heads, hd), dtype=np.float32)
+    np.multiply(x1, c, out=y[..., :half])
+    y[..., :half] -= x2 * sn
+    np.multiply(x2, c, out=y[..., half:rot])
+    y[..., half:rot] += x1 * sn
+    if rot < hd:
+        y[..., rot:] = x[..., rot:]
+    out = dst_view(s.y, env, rows, s.heads * hd)
+    if out is None:
+        s.y.write(env, y)
+    else:
+        np.copyto(out, y.reshape(rows, -1))
 
 
 def side_check(s: RopeSide, hd: int, rot: int) -> Refusal | None:
@@ -108,6 +139,10 @@ class RopeParts(Launch):
     def numpy(self, env):
         for s in self.sides:
             side_numpy(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot)
+
+    def fast(self, env):
+        for s in self.sides:
+            side_fast(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot)
 
     def grid_block(self):
         return ((self.rows * sum(s.heads for s in self.sides), 1, 1), (128, 1, 1))
@@ -179,6 +214,9 @@ class Rope(Launch):
 
     def numpy(self, env):
         self.parts().numpy(env)
+
+    def fast(self, env):
+        self.parts().fast(env)
 
     def grid_block(self):
         return self.parts().grid_block()

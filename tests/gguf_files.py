@@ -217,20 +217,6 @@ def reference(model, fmt: str = "f32", out_fmt: str | None = None):
     return ref.eval()
 
 
-def hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
-    import torch
-
-    ids, toks, logits = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            t = int(np.argmax(out))
-            toks.append(t)
-            logits.append(out)
-            ids.append(t)
-    return toks, logits
-
-
 def spm_vocab(extra: int = 120):
     """A SentencePiece-style (`llama`) vocabulary as llama.cpp's converter writes one: <unk>, <s>, </s>, the 256
     byte tokens <0xXX>, then pieces (▁ for a space) learnt by BPE on SENTENCES, scored by their order:

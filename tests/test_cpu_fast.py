@@ -242,3 +242,24 @@ def test_norm_fast(heads, add, sum_, where, part):
                   add="a" if add else None, sum="s" if sum_ else None, into=d)
     exact, fast = twins(launch, arrays, {"nw": (r32(g, cols // heads), "f32")})
     agree(exact, fast, ["y", "s"])
+
+
+@pytest.mark.parametrize("rows,norm,rot,where,part", [(1, False, 8, "own", False), (3, True, 8, "table", True),
+                                                      (2, True, 4, "unit", False), (1, False, 4, "table", True)])
+def test_rope_fast(rows, norm, rot, where, part):
+    from lanefuse.kernels.rope import RopeParts, RopeSide
+
+    g = np.random.default_rng(rows + rot)
+    heads, hd, ctx = 2, 8, 12
+    n = heads * hd
+    d, buf, extra = dst(where, rows, n)
+    wide = 3 * n
+    arrays = {"x": r32(g, rows * (wide if part else n)), "k": r32(g, rows * n), "y": buf,
+              "y2": np.full(rows * n, SENTINEL, np.float32), "pos": np.array([5], np.int32), **extra}
+    sides = (RopeSide("x", d, heads, Part(wide, n, n) if part else None, ("nw", 1e-6) if norm else None),
+             RopeSide("k", Dst("y2"), heads))
+    ang = g.uniform(0, 3, size=(ctx, rot // 2))
+    weights = {"cos": (np.cos(ang).astype(np.float32).reshape(-1), "f32"),
+               "sin": (np.sin(ang).astype(np.float32).reshape(-1), "f32"), "nw": (r32(g, hd), "f32")}
+    exact, fast = twins(RopeParts(sides, "cos", "sin", "pos", rows, hd, rot), arrays, weights)
+    agree(exact, fast, ["y", "y2"])

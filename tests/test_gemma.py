@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 import pytest
 
+from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.hfconfig import config_from_hf
 
@@ -169,48 +170,16 @@ def _build(name: str, tmp_path, conditional: bool = False):
     return folder, ref
 
 
-def _hf_greedy(model, prompt, n):
-    torch, _ = _torch()
-    ids, toks, logits = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            toks.append(int(np.argmax(out)))
-            logits.append(out)
-            ids.append(toks[-1])
-    return toks, logits
-
-
-def _margins_ok(logits) -> bool:
-    top2 = [np.sort(l)[-2:] for l in logits]
-    return min(float(b - a) for a, b in top2) > 1e-3
-
-
-def _fused_step(weights):
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
-    runners = {}
-
-    def step(g, env):
-        rows = g.meta["rows"]
-        if rows not in runners:
-            runners[rows] = NumpyRunner(plan(g), weights)
-        return runners[rows].step(env)
-
-    return step
-
-
 def _compare(folder, ref, fused: bool, chunk: int = 4):
     from lanefuse.engine.front import load_model
     from lanefuse.lane.run.generate import generate
 
-    want_tokens, want_logits = _hf_greedy(ref, PROMPT, N_TOKENS)
-    assert len(set(want_tokens)) > 3 and _margins_ok(want_logits)  # the check means something
+    want_tokens, want_logits = hf_greedy(ref, PROMPT, N_TOKENS)
+    assert len(set(want_tokens)) > 3 and margins_ok(want_logits, relative=False)  # the check means something
     cfg, weights = load_model(folder)
-    step = _fused_step(weights) if fused else None
+    step = fused_step(weights) if fused else None
     got = generate(cfg, weights, PROMPT, N_TOKENS, step_fn=step, chunk=chunk)
-    rel = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits))
+    rel = scaled_error(got.logits, want_logits)
     print(f"\n{folder.name} ({'fused plan' if fused else 'reference'}): max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want_tokens
     assert rel < TOL
@@ -426,7 +395,7 @@ def test_run_json_logits_are_capped_like_transformers(tmp_path):
     import sys
 
     folder, ref = _build("gemma2_f32", tmp_path)
-    want_tokens, want_logits = _hf_greedy(ref, PROMPT, 4)
+    want_tokens, want_logits = hf_greedy(ref, PROMPT, 4)
     out = tmp_path / "o.json"
     r = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "run", str(folder), "--prompt-ids",
                         ",".join(map(str, PROMPT)), "--tokens", "4", "--json", str(out)], capture_output=True,

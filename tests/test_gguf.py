@@ -18,6 +18,7 @@ pytest.importorskip("gguf")
 import gguf  # noqa: E402
 
 import gguf_files as gf  # noqa: E402
+from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
@@ -52,38 +53,19 @@ def _needs_blocks(fmt: str) -> None:
             pytest.skip(f"the kernels do not read {fmt} yet (kernels/blocks.py)")
 
 
-def _rel(got, want) -> float:
-    return max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, want))
-
-
-def _fused_step(weights):
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
-    runners = {}
-
-    def step(g, env):
-        rows = g.meta["rows"]
-        if rows not in runners:
-            runners[rows] = NumpyRunner(plan(g), weights)
-        return runners[rows].step(env)
-
-    return step
-
-
 def _parity(model, path, fmt, out_fmt=None, fused=True):
     ref = gf.reference(model, fmt, out_fmt)
-    want, want_logits = gf.hf_greedy(ref, PROMPT, N)
+    want, want_logits = hf_greedy(ref, PROMPT, N)
     cfg, weights = load_model(path)
     got = generate(cfg, weights, PROMPT, N, chunk=4)
-    rel = _rel(got.logits, want_logits)
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nGGUF parity {path.name}: reference interpreter {rel:.2e}", end="")
     assert got.generated_ids == want
     assert rel < TOL
     assert len(set(want)) > 4  # a varied run: a wrong weight shows
     if fused:
-        got = generate(cfg, weights, PROMPT, N, step_fn=_fused_step(weights), chunk=4)
-        rel = _rel(got.logits, want_logits)
+        got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
+        rel = scaled_error(got.logits, want_logits)
         print(f", fused plan {rel:.2e}", end="")
         assert got.generated_ids == want
         assert rel < TOL
@@ -288,7 +270,7 @@ def test_run_plan_check_a_gguf_file_and_its_folder(qwen2_file, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads((tmp_path / "o.json").read_text())
     assert out["prompt_ids"] == tok.encode("The quick brown fox").ids
-    want, _ = gf.hf_greedy(gf.reference(model, "f16"), out["prompt_ids"], 6)
+    want, _ = hf_greedy(gf.reference(model, "f16"), out["prompt_ids"], 6)
     assert out["generated_ids"] == want
     assert "text: " in r.stdout
     for cmd in (("plan", str(path.parent)), ("check", str(path))):

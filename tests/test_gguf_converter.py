@@ -17,10 +17,11 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import gguf_files as gf  # noqa: E402
+from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine import flags  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
-from test_gguf import PROMPT, SHAPES, VOCAB, _fused_step, _needs_blocks, _rel  # noqa: E402
+from test_gguf import PROMPT, SHAPES, VOCAB, _needs_blocks  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -81,10 +82,10 @@ def converted(request, tmp_path_factory):
 def test_converter_files_match_transformers(converted, fmt):
     _needs_blocks(fmt)
     arch, model, _, files = converted
-    want, want_logits = gf.hf_greedy(gf.reference(model, fmt), PROMPT, 12)
+    want, want_logits = hf_greedy(gf.reference(model, fmt), PROMPT, 12)
     cfg, weights = load_model(files[fmt])
-    got = generate(cfg, weights, PROMPT, 12, step_fn=_fused_step(weights), chunk=4)
-    rel = _rel(got.logits, want_logits)
+    got = generate(cfg, weights, PROMPT, 12, step_fn=fused_step(weights), chunk=4)
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nconverter {arch} {fmt}: {rel:.2e}")
     assert got.generated_ids == want and rel < 1e-4
 

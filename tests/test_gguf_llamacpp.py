@@ -13,11 +13,12 @@ pytest.importorskip("transformers")
 llama_cpp = pytest.importorskip("llama_cpp")
 
 import gguf_files as gf  # noqa: E402
+from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from lanefuse.engine.gguf import open_reader  # noqa: E402
 from lanefuse.engine.gguf_vocab import tokenizer_from_gguf  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
-from test_gguf import EXTRA, PROMPT, SHAPES, VOCAB, _fused_step, _rel  # noqa: E402
+from test_gguf import EXTRA, PROMPT, SHAPES, VOCAB  # noqa: E402
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.hf]
 
@@ -79,11 +80,11 @@ def test_llama_cpp_agrees_with_transformers_and_lanefuse(arch, fmt, tmp_path):
     model = gf.tiny_model(arch, **SHAPES[arch])
     _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")  # llama.cpp loads no model without one
     path = gf.write_gguf(model, tmp_path / f"{arch}-{fmt}.gguf", fmt, tokenizer=vocab)
-    want, want_logits = gf.hf_greedy(gf.reference(model, fmt), PROMPT, N)
+    want, want_logits = hf_greedy(gf.reference(model, fmt), PROMPT, N)
     ref, ref_logits = _llama_cpp_greedy(path, PROMPT, N)
     cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, N, step_fn=_fused_step(weights), chunk=4)
-    vs_hf, vs_lane = _rel(ref_logits, want_logits), _rel(ref_logits, got.logits)
+    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
+    vs_hf, vs_lane = scaled_error(ref_logits, want_logits), scaled_error(ref_logits, got.logits)
     print(f"\nllama.cpp {arch} {fmt}: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
     assert ref == want == got.generated_ids
     assert vs_hf < TOL[fmt] and vs_lane < TOL[fmt]
@@ -113,10 +114,10 @@ def test_files_quantized_by_llama_cpp(arch, ftype, tmp_path):
     params.nthread = 2
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), llama_cpp.byref(params)) == 0
     held = {t.tensor_type.name.lower() for t in gguf.GGUFReader(dst).tensors}
-    want, want_logits = gf.hf_greedy(gf.reference_from_file(model, dst), PROMPT, N)
+    want, want_logits = hf_greedy(gf.reference_from_file(model, dst), PROMPT, N)
     cfg, weights = load_model(dst)
-    got = generate(cfg, weights, PROMPT, N, step_fn=_fused_step(weights), chunk=4)
-    rel = _rel(got.logits, want_logits)
+    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nllama.cpp-quantized {arch} {ftype} ({', '.join(sorted(held))}): fused plan vs transformers {rel:.2e}")
     assert got.generated_ids == want and rel < 1e-4
     assert {f for _, f in cfg.formats} == held  # each tensor read in the format the file holds it in
@@ -137,8 +138,8 @@ def test_llama_cpp_reads_the_block_files_written_here(fmt):
     _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")
     with tempfile.TemporaryDirectory() as d:
         path = gf.write_gguf(model, Path(d) / f"{fmt}.gguf", fmt, tokenizer=vocab)
-        _, want = gf.hf_greedy(gf.reference(model, fmt), PROMPT, 1)
+        _, want = hf_greedy(gf.reference(model, fmt), PROMPT, 1)
         _, got = _llama_cpp_greedy(path, PROMPT, 1)
-    rel = _rel(got, want)
+    rel = scaled_error(got, want)
     print(f"\nllama.cpp on {fmt}: the prompt's logits within {rel:.2e} of transformers' scale")
     assert rel < 5e-2

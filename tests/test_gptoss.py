@@ -5,12 +5,12 @@ refusals in one line."""
 
 from __future__ import annotations
 
-import json
 import zlib
 
 import numpy as np
 import pytest
 
+from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error
 from lanefuse.engine.errors import UserError
 
 TOL = 1e-4
@@ -54,23 +54,6 @@ def build(dtype: str, folder, **kw):
                                                           experts_implementation="eager").eval()
 
 
-def hf_greedy(model, prompt, n):
-    import torch
-
-    ids, toks, logits = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            toks.append(int(np.argmax(out)))
-            logits.append(out)
-            ids.append(toks[-1])
-    return toks, logits
-
-
-def margins_ok(logits) -> bool:
-    return all(np.diff(np.sort(l)[-2:])[0] > 1e-3 * np.abs(l).max() for l in logits)
-
-
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
 def model(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("gptoss") / request.param
@@ -92,7 +75,7 @@ def test_hf_parity_reference(model, chunk):
     cfg, weights = load_model(folder)
     assert cfg.arch == "GptOssForCausalLM" and cfg.window == WINDOW and cfg.moe.k == 2
     got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=chunk)
-    rel = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits))
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nHF parity gpt-oss {folder.name} chunk {chunk} reference: max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want
     assert rel < TOL
@@ -103,22 +86,14 @@ def test_hf_parity_reference(model, chunk):
 def test_hf_parity_fused_plan(model, chunk):
     """The fused plan run in the numpy arena (exact twins) against transformers, decode and chunks of 8."""
     from lanefuse.engine.front import load_model
-    from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import generate
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     folder, ref, want, want_logits = model
     cfg, weights = load_model(folder)
-    runners = {}
-
-    def fused(g, env):
-        rows = g.meta["rows"]
-        if rows not in runners:
-            runners[rows] = NumpyRunner(plan(g), weights)
-        return runners[rows].step(env)
+    fused = fused_step(weights)
 
     got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=chunk, step_fn=fused)
-    rel = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits))
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nHF parity gpt-oss {folder.name} chunk {chunk} fused: max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want
     assert rel < TOL
@@ -140,7 +115,7 @@ def test_the_window_the_clamp_and_yarn_matter(model):
     for bad in (dataclasses.replace(cfg, window=0), dataclasses.replace(cfg, swiglu_limit=1e6),
                 dataclasses.replace(cfg, rope_scaling=tuple({**sc, "attention_factor": 1.0}.items()))):
         got = generate(bad, Weights(weights.store, bad), PROMPT, 3, chunk=8)
-        rel = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits))
+        rel = scaled_error(got.logits, want_logits)
         assert rel > 100 * TOL
 
 

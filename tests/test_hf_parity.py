@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 
@@ -71,26 +72,14 @@ def _build(name: str, tmp_path):
     return folder, ref
 
 
-def _hf_greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
-    ids, toks, logits = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            t = int(np.argmax(out))
-            toks.append(t)
-            logits.append(out)
-            ids.append(t)
-    return toks, logits
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_hf_parity(name, tmp_path):
     folder, ref = _build(name, tmp_path)
-    want_tokens, want_logits = _hf_greedy(ref, PROMPT, N_TOKENS)
+    want_tokens, want_logits = hf_greedy(ref, PROMPT, N_TOKENS)
     cfg, weights = load_model(folder)
     assert cfg.arch == ref.config.architectures[0]
     got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=4)
-    rel = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits))
+    rel = scaled_error(got.logits, want_logits)
     FIGURES[name] = rel
     print(f"\nHF parity {name}: max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want_tokens
@@ -109,22 +98,14 @@ def test_saved_formats_recorded(tmp_path):
 @pytest.mark.parametrize("name", list(CASES))
 def test_hf_parity_of_the_fused_plan(name, tmp_path):
     """The fused plan, run by the numpy backend inside its arena, against transformers itself."""
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     folder, ref = _build(name, tmp_path)
-    want_tokens, want_logits = _hf_greedy(ref, PROMPT, N_TOKENS)
+    want_tokens, want_logits = hf_greedy(ref, PROMPT, N_TOKENS)
     cfg, weights = load_model(folder)
-    runners = {}
-
-    def step(g, env):
-        rows = g.meta["rows"]
-        if rows not in runners:
-            runners[rows] = NumpyRunner(plan(g), weights)
-        return runners[rows].step(env)
+    step = fused_step(weights)
 
     got = generate(cfg, weights, PROMPT, N_TOKENS, step_fn=step, chunk=4)
-    rel = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits))
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nHF parity (fused plan) {name}: max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want_tokens
     assert rel < TOL

@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
+from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import OP_IMPL
 from lanefuse.engine.moe import route
@@ -198,19 +199,6 @@ def build(name: str, dtype: str, folder):
     return ref
 
 
-def hf_greedy(model, prompt, n):
-    import torch
-
-    ids, toks, logits = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            toks.append(int(np.argmax(out)))
-            logits.append(out)
-            ids.append(toks[-1])
-    return toks, logits
-
-
 def fuse_experts(folder, cfg_name: str):
     """Rewrite a saved checkpoint in the fused spelling transformers 5 holds in memory: per layer
     `mlp.experts.gate_up_proj` (E, 2f, d) and `mlp.experts.down_proj` (E, d, f) (Mixtral's router as `mlp.gate`)."""
@@ -238,10 +226,6 @@ def fuse_experts(folder, cfg_name: str):
     save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def margins_ok(logits) -> bool:
-    return all(np.diff(np.sort(l)[-2:])[0] > 1e-3 * np.abs(l).max() for l in logits)
-
-
 PARITY = [(n, d) for n in CASES for d in ("float32", "bfloat16")]
 
 
@@ -251,26 +235,18 @@ def test_hf_parity_reference_and_fused_plan(name, dtype, tmp_path):
     """The reference interpreter of the lifted graph and the fused plan in the numpy arena (exact twins) against
     transformers: the same greedy tokens, logits within 1e-4 of their scale, prefill chunks of 8 rows then decode."""
     from lanefuse.engine.front import load_model
-    from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import generate
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     ref = build(name, dtype, tmp_path / name)
     want, want_logits = hf_greedy(ref, PROMPT, N_TOKENS)
     assert len(set(want)) > 3 and margins_ok(want_logits)
     cfg, weights = load_model(tmp_path / name)
     assert cfg.arch == ref.config.architectures[0] and cfg.moe is not None
-    runners = {}
-
-    def fused(g, env):
-        rows = g.meta["rows"]
-        if rows not in runners:
-            runners[rows] = NumpyRunner(plan(g), weights)
-        return runners[rows].step(env)
+    fused = fused_step(weights)
 
     for how in ("reference", "fused"):
         got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=8, step_fn=fused if how == "fused" else None)
-        rel = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits))
+        rel = scaled_error(got.logits, want_logits)
         print(f"\nHF parity {name} {dtype} {how}: max |diff| / max |logits| = {rel:.2e}")
         assert got.generated_ids == want, how
         assert rel < TOL, how
@@ -289,7 +265,7 @@ def test_the_fused_spelling_of_transformers_5(name, tmp_path):
     cfg, weights = load_model(tmp_path / name)
     got = generate(cfg, weights, PROMPT[:6], 6, chunk=4)
     assert got.generated_ids == want
-    assert max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got.logits, want_logits)) < TOL
+    assert scaled_error(got.logits, want_logits) < TOL
 
 
 @pytest.mark.hf

@@ -112,8 +112,10 @@ class NumpyRunner:
         s, env = self.s, self.env
         pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
         s.check_position(pos)
-        env.tables = {n: inputs[n] for n in s.io.tables}
-        env._views.clear()
+        tables = {n: inputs[n] for n in s.io.tables}
+        if tables.keys() != env.tables.keys() or any(env.tables[n] is not t for n, t in tables.items()):
+            env.tables = tables  # other cache arrays than the last step's: views into them are made anew
+            env._views.clear()
         for n in (s.io.token, s.io.position):
             env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
         check = self.check and lifted is not None
