@@ -86,7 +86,8 @@ def main() -> int:
             dense = [layers[i] for i in range(1, cfg.layers) if not cfg.sparse(i)]
             sparse = [layers[i] for i in range(1, cfg.layers - 1) if cfg.sparse(i)]
             row.update(dense_layer=max(dense), moe_layer=max(sparse))
-            one = next(i for i in range(1, cfg.layers) if cfg.sparse(i))
+            one = [i for i in range(1, cfg.layers) if cfg.sparse(i)][1]  # a mixture layer after a mixture layer: the
+            # Moe launch that norms a layer's input counts in that layer
             kinds = sorted(k.census for l in s.launches if l.layer == one for k in l.launch.kernels())
             print(f"  {'':12s} launches a layer: dense {max(dense)}, mixture {max(sparse)} (goal 7); layer {one}: "
                   f"{', '.join(kinds)}")

@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
+from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error
 from lanefuse.engine.errors import UserError
 
 TOL = 1e-4
@@ -61,23 +62,6 @@ def build(dtype: str, folder, **kw):
                                                               experts_implementation="eager").eval()
 
 
-def hf_greedy(model, prompt, n):
-    import torch
-
-    ids, toks, logits = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(n):
-            out = model(torch.tensor([ids])).logits[0, -1].float().numpy()
-            toks.append(int(np.argmax(out)))
-            logits.append(out)
-            ids.append(toks[-1])
-    return toks, logits
-
-
-def margins_ok(logits) -> bool:
-    return all(np.diff(np.sort(l)[-2:])[0] > 1e-3 * np.abs(l).max() for l in logits)
-
-
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def model(request, tmp_path_factory):
     dtype, kw = VARIANTS[request.param]
@@ -85,10 +69,6 @@ def model(request, tmp_path_factory):
     ref = build(dtype, folder, **kw)
     want, logits = hf_greedy(ref, PROMPT, N_TOKENS)
     return folder, ref, want, logits
-
-
-def rel_err(got, want) -> float:
-    return max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, want))
 
 
 @pytest.mark.hf
@@ -105,7 +85,7 @@ def test_hf_parity_reference(model, chunk):
     cfg, weights = load_model(folder)
     assert cfg.arch == "DeepseekV3ForCausalLM" and cfg.moe.k == 3 and cfg.groups == 4 and cfg.topk_groups == 2
     got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=chunk)
-    rel = rel_err(got.logits, want_logits)
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nHF parity DeepSeek-V3 {folder.name} chunk {chunk} reference: max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want
     assert rel < TOL
@@ -159,7 +139,7 @@ def test_the_bias_the_groups_and_the_scales_matter(model):
             (dataclasses.replace(cfg, rope_scaling=tuple({**sc, "attention_factor": 1.0}.items())), weights.store)]
     for bad, store in bads:
         got = generate(bad, Weights(store, bad), PROMPT, 3, chunk=8)
-        assert rel_err(got.logits, want_logits) > 100 * TOL
+        assert scaled_error(got.logits, want_logits) > 100 * TOL
 
 
 def test_routing_against_transformers_router():
@@ -289,22 +269,12 @@ def test_nextn_layers_are_ignored_and_missing_tensors_named(tmp_path):
 def test_hf_parity_fused_plan(model, chunk):
     """The fused plan run in the numpy arena (exact twins) against transformers, decode and chunks of 8."""
     from lanefuse.engine.front import load_model
-    from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import generate
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     folder, ref, want, want_logits = model
     cfg, weights = load_model(folder)
-    runners = {}
-
-    def fused(g, env):
-        rows = g.meta["rows"]
-        if rows not in runners:
-            runners[rows] = NumpyRunner(plan(g), weights)
-        return runners[rows].step(env)
-
-    got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=chunk, step_fn=fused)
-    rel = rel_err(got.logits, want_logits)
+    got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=chunk, step_fn=fused_step(weights))
+    rel = scaled_error(got.logits, want_logits)
     print(f"\nHF parity DeepSeek-V3 {folder.name} chunk {chunk} fused: max |diff| / max |logits| = {rel:.2e}")
     assert got.generated_ids == want
     assert rel < TOL
