@@ -175,6 +175,43 @@ def test_routing_against_transformers_router():
         assert (np.sort(unbiased, -1) != np.sort(chosen, -1)).any()  # the bias changes some choice
 
 
+def test_routing_property_against_transformers_router():
+    """Hypothesis over the grouped routing's space (groups, groups kept, k, renormalized or not, bias scale, seed):
+    engine/moe.route chooses transformers' experts and weighs them alike."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from hypothesis import given, settings, strategies as st
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from lanefuse.engine.moe import route
+
+    @settings(max_examples=25, deadline=None, derandomize=True)  # f32 against f64: no run may find a near tie
+    @given(st.sampled_from([(1, 1), (2, 1), (4, 2), (4, 4), (8, 3), (16, 5)]), st.integers(1, 8), st.booleans(),
+           st.sampled_from([0.0, 0.1, 1.0]), st.integers(0, 2**16))
+    def check(groups_kept, k, norm, bias, seed):
+        groups, kept = groups_kept
+        E = 32
+        k = min(k, kept * E // groups)
+        cfg = transformers.DeepseekV3Config(hidden_size=8, n_routed_experts=E, n_group=groups, topk_group=kept,
+                                            num_experts_per_tok=k, norm_topk_prob=norm, routed_scaling_factor=1.5)
+        router = DeepseekV3TopkRouter(cfg)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            router.weight.copy_(torch.randn(E, 8, generator=g))
+            router.e_score_correction_bias.copy_(bias * torch.randn(E, generator=g))
+            x = torch.randn(6, 8, generator=g)
+            _, w, idx = router(x)
+        logits = (x.double() @ router.weight.detach().double().T).numpy()
+        chosen, got = route(logits, k, norm, "sigmoid_group", router.e_score_correction_bias.double().numpy(),
+                            groups, kept, 1.5)
+        a, b = np.argsort(idx.numpy(), -1), np.argsort(chosen, -1)
+        assert (np.take_along_axis(idx.numpy(), a, -1) == np.take_along_axis(chosen, b, -1)).all()
+        np.testing.assert_allclose(np.take_along_axis(got, b, -1), np.take_along_axis(w.double().numpy(), a, -1),
+                                   rtol=1e-5, atol=1e-7)
+
+    check()
+
+
 def test_ops_against_their_definitions():
     """head_slice, join and head_matmul (both layouts) on random arrays against numpy written out by hand."""
     from lanefuse.engine.interp import OP_IMPL
