@@ -245,6 +245,11 @@ def deepseek_config(c: dict[str, Any], where: str, max_len: int, name: str, read
     act = r.text("hidden_act", "silu")
     if act != "silu":
         raise UserError(f"{where}: hidden_act `{act}` is not supported (only silu)")
+    q = c.get("quantization_config")
+    if q is not None:  # the released checkpoints: FP8 blocks with `weight_scale_inv` tensors
+        how = q.get("quant_method") if isinstance(q, dict) else q
+        raise UserError(f"{where}: `quantization_config` ({how!s:.40}) is not supported: the step reads f32, f16, "
+                        f"bf16 or GGUF rows; dequantize the checkpoint to bf16 first")
     if r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias (biases on q_a_proj, kv_a_proj_with_mqa and o_proj) is not "
                         f"supported for DeepSeek-V3")
