@@ -1,6 +1,7 @@
 """The DeepSeek-V3 family (`DeepseekV3ForCausalLM`): its config.json read into a `DeepseekConfig` (4.x and 5.x
-layouts), its checkpoint's tensors served as the step reads them (`DeepseekStore`: kv_b_proj cut into each head's key
-expansion and value expansion, the rotary rows de-interleaved where `rope_interleave` says) and the step graph of one
+layouts), its checkpoint's tensors served as the step reads them (`DeepseekStore`: the query projection cut into each
+head's unrotated and rotated rows, kv_a_proj_with_mqa into the latent's and the rotated key's, kv_b_proj into each
+head's key and value expansions, the rotated rows de-interleaved where `rope_interleave` says) and the step graph of one
 decode step or prefill chunk: multi-head latent attention, absorbed (the query's unrotated part times each head's key
 expansion, scores against the latent cache and the shared rotated key, the output in latent space times each head's
 value expansion), the cache two tables a layer (the normed latent, the rotated key part), and the first
@@ -70,13 +71,14 @@ class DeepseekConfig(ModelConfig):
             a = p + "self_attn."
             w[p + "input_layernorm.weight"] = (d,)
             w[p + "post_attention_layernorm.weight"] = (d,)
+            q_in = self.q_lora or d
             if self.q_lora:
                 w[a + "q_a_proj.weight"] = (self.q_lora, d)
                 w[a + "q_a_layernorm.weight"] = (self.q_lora,)
-                w[self.served(a + "q_b_proj.weight")] = (h * qk, self.q_lora)
-            else:
-                w[self.served(a + "q_proj.weight")] = (h * qk, d)
-            w[self.served(a + "kv_a_proj_with_mqa.weight")] = (self.kv_lora + r, d)
+            w[self.query(i) + ".nope_rows"] = (h * self.nope, q_in)
+            w[self.query(i) + ".rope_rows"] = (h * r, q_in)
+            w[a + "kv_a_proj_with_mqa.latent_rows"] = (self.kv_lora, d)
+            w[a + "kv_a_proj_with_mqa.rope_rows"] = (r, d)
             w[a + "kv_a_layernorm.weight"] = (self.kv_lora,)
             w[a + "kv_b_proj.k_rows"] = (h * self.nope, self.kv_lora)
             w[a + "kv_b_proj.v_rows"] = (h * self.v_dim, self.kv_lora)
@@ -101,21 +103,23 @@ class DeepseekConfig(ModelConfig):
         """`store` serving what the step reads cut from the stored tensors (the front calls it)."""
         return DeepseekStore(store, self, where)
 
-    def served(self, name: str) -> str:
-        """The name the step reads a query or latent projection by: its rows de-interleaved where they rotate in
-        pairs (`DeepseekStore` serves `NAME.rows`), else the stored tensor."""
-        return name[: -len(".weight")] + ".rows" if self.interleave else name
+    def query(self, i: int) -> str:
+        """Layer i's query projection, without `.weight`: q_b_proj, or q_proj where q_lora_rank is null."""
+        return f"model.layers.{i}.self_attn." + ("q_b_proj" if self.q_lora else "q_proj")
 
 
 # -- the checkpoint's tensors ---------------------------------------------------------------------------------------
 
 class DeepseekStore:
     """A weight store that also serves what the step reads of each layer's attention, cut from the stored tensors in
-    their stored format: kv_b_proj (H·(nope + v), lora) as each head's key expansion `kv_b_proj.k_rows` (H·nope, lora)
-    and value expansion `kv_b_proj.v_rows` (H·v, lora); where `rope_interleave`, q_b_proj / q_proj (each head's
-    rotated rows) and kv_a_proj_with_mqa (the shared rotated rows) as `*.rows`, each rotated part's rows reordered
-    from pairs (x0, x1), (x2, x3)... to halves (x0, x2, ...; x1, x3, ...): transformers rotates the pairs and lays
-    the result out in halves, so the rotate-half op on the reordered rows computes the same query and key."""
+    their stored format: q_b_proj / q_proj (H·(nope + rope), in) as each head's unrotated rows `*.nope_rows`
+    (H·nope, in) and rotated rows `*.rope_rows` (H·rope, in); kv_a_proj_with_mqa (lora + rope, d) as the latent's
+    rows `latent_rows` and the shared rotated key's `rope_rows`; kv_b_proj (H·(nope + v), lora) as each head's key
+    expansion `kv_b_proj.k_rows` (H·nope, lora) and value expansion `kv_b_proj.v_rows` (H·v, lora). Where
+    `rope_interleave`, each rotated part's rows are reordered from pairs (x0, x1), (x2, x3)... to halves (x0, x2, ...;
+    x1, x3, ...): transformers rotates the pairs and lays the result out in halves, so the rotate-half op on the
+    reordered rows computes the same query and key. The parts are products of one activation, which the lane runs in
+    one launch (merged_pair, merged_qkv): no slice of a computed row."""
 
     def __init__(self, base, cfg: DeepseekConfig, where: str):
         self.base = base
@@ -129,15 +133,15 @@ class DeepseekStore:
                                                                   f"of {lora}")
             self.derived[a + "kv_b_proj.k_rows"] = (kvb, "k", (h * n, lora))
             self.derived[a + "kv_b_proj.v_rows"] = (kvb, "v", (h * v, lora))
-            if cfg.interleave:
-                q = a + ("q_b_proj.weight" if cfg.q_lora else "q_proj.weight")
-                qs = (h * (n + r), cfg.q_lora or cfg.hidden)
-                self._check(have, q, qs, where, f"{h} heads of {n} + {r}")
-                self.derived[cfg.served(q)] = (q, "q", qs)
-                kva = a + "kv_a_proj_with_mqa.weight"
-                ks = (lora + r, cfg.hidden)
-                self._check(have, kva, ks, where, f"a latent of {lora} and a rotated key of {r}")
-                self.derived[cfg.served(kva)] = (kva, "kv_a", ks)
+            q = cfg.query(i) + ".weight"
+            qs = (h * (n + r), cfg.q_lora or cfg.hidden)
+            self._check(have, q, qs, where, f"{h} heads of {n} + {r}")
+            self.derived[cfg.query(i) + ".nope_rows"] = (q, "q_nope", (h * n, qs[1]))
+            self.derived[cfg.query(i) + ".rope_rows"] = (q, "q_rope", (h * r, qs[1]))
+            kva = a + "kv_a_proj_with_mqa.weight"
+            self._check(have, kva, (lora + r, cfg.hidden), where, f"a latent of {lora} and a rotated key of {r}")
+            self.derived[a + "kv_a_proj_with_mqa.latent_rows"] = (kva, "latent", (lora, cfg.hidden))
+            self.derived[a + "kv_a_proj_with_mqa.rope_rows"] = (kva, "k_rope", (r, cfg.hidden))
         self.cfg = cfg
         self._cache: dict[str, tuple[np.ndarray, str]] = {}
 
@@ -169,15 +173,21 @@ class DeepseekStore:
             if how in ("k", "v"):  # (H, nope + v, lora): each head's key rows, then its value rows
                 t = a.reshape(h, n + v, -1)
                 a = t[:, :n] if how == "k" else t[:, n:]
-            elif how == "q":  # each head's rotated rows, pairs to halves
+            elif how in ("q_nope", "q_rope"):  # (H, nope + rope, in): each head's unrotated rows, then its rotated
                 t = a.reshape(h, n + r, -1)
-                rot = t[:, n:]
-                a = np.concatenate([t[:, :n], rot[:, 0::2], rot[:, 1::2]], axis=1)
-            else:  # kv_a: the latent's rows, then the shared rotated rows, pairs to halves
-                rot = a[c.kv_lora:]
-                a = np.concatenate([a[: c.kv_lora], rot[0::2], rot[1::2]], axis=0)
+                a = t[:, :n] if how == "q_nope" else self._halves(t[:, n:], axis=1)
+            else:  # kv_a (lora + rope, d): the latent's rows, then the shared rotated rows
+                a = a[: c.kv_lora] if how == "latent" else self._halves(a[c.kv_lora:], axis=0)
             self._cache[name] = (np.ascontiguousarray(a).reshape(shape), fmt)
         return self._cache[name]
+
+    def _halves(self, rot: np.ndarray, axis: int) -> np.ndarray:
+        """Rotated rows stored in pairs (x0, x1), (x2, x3)... (rope_interleave) reordered to halves (x0, x2, ...;
+        x1, x3, ...); as stored otherwise."""
+        if not self.cfg.interleave:
+            return rot
+        idx = np.arange(rot.shape[axis])
+        return np.take(rot, np.concatenate([idx[0::2], idx[1::2]]), axis=axis)
 
     def where(self, name: str) -> str:
         s = self.derived.get(name)
@@ -337,19 +347,16 @@ def build_deepseek_step(cfg: DeepseekConfig, rows: int = 1) -> Graph:
             return w(p + name, transposed)
 
         hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+        xq = hn
         if cfg.q_lora:
-            qa = op("matmul", [hn, W("self_attn.q_a_proj.weight")], "q_a")
-            qa = op("rmsnorm", [qa, W("self_attn.q_a_layernorm.weight")], "q_a_norm", eps=NORM_EPS)
-            q = op("matmul", [qa, w(cfg.served(p + "self_attn.q_b_proj.weight"))], "q")
-        else:
-            q = op("matmul", [hn, w(cfg.served(p + "self_attn.q_proj.weight"))], "q")  # (R, H·(nope + rope))
-        q_nope = op("head_slice", [q], "q_nope", every=n + r, start=0, width=n)  # (R, H·nope)
-        q_pe = op("head_slice", [q], "q_pe", every=n + r, start=n, width=r)  # (R, H·rope)
+            xq = op("matmul", [hn, W("self_attn.q_a_proj.weight")], "q_a")
+            xq = op("rmsnorm", [xq, W("self_attn.q_a_layernorm.weight")], "q_a_norm", eps=NORM_EPS)
+        q_nope = op("matmul", [xq, w(cfg.query(i) + ".nope_rows")], "q_nope")  # (R, H·nope)
+        q_pe = op("matmul", [xq, w(cfg.query(i) + ".rope_rows")], "q_pe")  # (R, H·rope)
         q_pe = op("rope", [q_pe, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=r, rot=r)
-        kva = op("matmul", [hn, w(cfg.served(p + "self_attn.kv_a_proj_with_mqa.weight"))], "kv_a")  # (R, lora + rope)
-        lat = op("head_slice", [kva], "latent", every=lora + r, start=0, width=lora)
+        lat = op("matmul", [hn, W("self_attn.kv_a_proj_with_mqa.latent_rows")], "latent")  # (R, lora)
         lat = op("rmsnorm", [lat, W("self_attn.kv_a_layernorm.weight")], "latent_norm", eps=NORM_EPS)
-        k_pe = op("head_slice", [kva], "k_pe", every=lora + r, start=lora, width=r)
+        k_pe = op("matmul", [hn, W("self_attn.kv_a_proj_with_mqa.rope_rows")], "k_pe")  # (R, rope)
         k_pe = op("rope", [k_pe, "rope.cos", "rope.sin", "pos"], "k_rot", heads=1, hd=r, rot=r)
         lc = op("set_row", [caches[i][0], lat, "pos"], "lc")  # (L, lora): the latent cache
         kr = op("set_row", [caches[i][1], k_pe, "pos"], "krc")  # (L, rope): the rotated keys
