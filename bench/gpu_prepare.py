@@ -12,6 +12,8 @@ them, so that machine needs no solver. Writes into PLANDIR:
     tiny-deepseek/ + tiny-deepseek-decode.json   a transformers-made tiny DeepSeek-V3 (latent 512 + rotated 64: the
       + tiny-deepseek-prefill8.json      wide attention; 16 experts in 4 groups keep 2, top-4, a correction bias, a
                                            shared expert, a dense first layer): its decode and 8-row chunk plans
+    tiny-gptoss/ + tiny-gptoss-decode.json a transformers-made tiny gpt-oss (biased router and experts, the clamped
+      + tiny-gptoss-prefill8.json          GLU, sinks, a window of 8): its decode plan and an 8-row chunk's (sorted)
 
     python bench/gpu_prepare.py PLANDIR
 """
@@ -112,6 +114,32 @@ def main() -> None:
     save(plan(build_step(dcfg, 8), source={"kind": "path", "path": "tiny-deepseek"}),
          os.path.join(out, "tiny-deepseek-prefill8.json"))
     print("saved tiny-deepseek and its decode and prefill plans")
+    folder = os.path.join(out, "tiny-gptoss")
+    c = transformers.GptOssConfig(vocab_size=320, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=8,
+                                  num_experts_per_tok=2, sliding_window=8, max_position_embeddings=256,
+                                  layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
+                                  rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                                                   "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                                   "original_max_position_embeddings": 32})
+    m = transformers.GptOssForCausalLM(c).eval()
+    with torch.no_grad():  # biases, sinks and a router that matter; experts stored (E, in, out)
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif p.dim() == 1 or name.endswith("_bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+            elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                p.copy_(2 * torch.randn_like(p) / p.shape[-2] ** 0.5)
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    m.save_pretrained(folder)
+    ocfg, _ = load_model(folder)
+    save(plan(build_step(ocfg, 1), source={"kind": "path", "path": "tiny-gptoss"}),
+         os.path.join(out, "tiny-gptoss-decode.json"))
+    save(plan(build_step(ocfg, 8), knobs=Knobs(launch_us=0.01), source={"kind": "path", "path": "tiny-gptoss"}),
+         os.path.join(out, "tiny-gptoss-prefill8.json"))
+    print("saved tiny-gptoss and its decode and prefill plans")
 
 
 if __name__ == "__main__":

@@ -48,9 +48,9 @@ def qwen3_8b(layers: int = 36) -> ModelConfig:
                             rope_theta=1e6, max_len=4096, name=f"qwen3-8b-shape-{layers}L"))
 
 
-def gptoss_120b(layers: int = 36) -> ModelConfig:
+def gptoss_120b(layers: int = 36, experts: str = "bf16") -> ModelConfig:
     """gpt-oss-120b's shape (config.json's keys, no weights): 128 experts of 2880, top-4, sliding layers of 128, YaRN,
-    bf16 rows (a real checkpoint's experts are MXFP4, read as bf16 here)."""
+    bf16 rows; `experts` "mxfp4" for the experts as a real checkpoint holds them (kernels/blocks.py's mxfp4)."""
     import dataclasses
 
     from lanefuse.engine.hfconfig import config_from_hf
@@ -58,7 +58,8 @@ def gptoss_120b(layers: int = 36) -> ModelConfig:
     cfg = config_from_hf({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": layers,
                           "num_local_experts": 128, "num_experts_per_tok": 4}, "gpt-oss-120b shape", max_len=4096,
                          name=f"gpt-oss-120b-shape-{layers}L")
-    fmts = tuple((n, "bf16") for n, s in cfg.weight_names().items() if len(s) == 2)
+    fmts = tuple((n, experts if n.endswith("proj.rows") and len(s) == 2 else "bf16")
+                 for n, s in cfg.weight_names().items() if len(s) == 2)
     return dataclasses.replace(cfg, formats=fmts)
 
 
@@ -103,7 +104,8 @@ def main() -> int:
     table = load_table()
     out = {}
     print(f"whole plan() of a decode step (engine + link + schedule + arena), median of {args.repeat}")
-    for name, cfg in (("qwen3-30b-a3b", qwen3_30b_a3b()), ("gpt-oss-120b", gptoss_120b()), ("qwen3-8b", qwen3_8b())):
+    for name, cfg in (("qwen3-30b-a3b", qwen3_30b_a3b()), ("gpt-oss-120b", gptoss_120b()),
+                      ("gpt-oss-120b-mxfp4", gptoss_120b(experts="mxfp4")), ("qwen3-8b", qwen3_8b())):
         sec, s = timed_plan(cfg, table, args.repeat)
         body = [v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1]
         wb = sum(s.weight_bytes().values())
@@ -115,8 +117,9 @@ def main() -> int:
               f"(estimated {s.cost_us:,.0f} µs on the lane's H200 knobs)")
         if cfg.moe is not None:
             moe = [l for l in s.launches if l.launch.census == "moe"]
-            every = sum(cfg.moe.experts * 3 * cfg.moe.inter * cfg.hidden * 2 for _ in moe)
-            chosen = sum(cfg.moe.k * 3 * cfg.moe.inter * cfg.hidden * 2 for _ in moe)
+            per = 17 / 32 if name.endswith("mxfp4") else 2  # bytes a value
+            every = sum(cfg.moe.experts * 3 * cfg.moe.inter * cfg.hidden * per for _ in moe)
+            chosen = sum(cfg.moe.k * 3 * cfg.moe.inter * cfg.hidden * per for _ in moe)
             print(f"  {'':14s} experts' rows read: {chosen / 1e6:,.1f} MB of {every / 1e6:,.1f} MB held "
                   f"({cfg.moe.k} of {cfg.moe.experts} a layer)")
             layer = [k.census for l in s.launches if l.layer == 1 for k in l.launch.kernels()]

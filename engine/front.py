@@ -109,6 +109,10 @@ def _load_gguf(path: Path, max_len: int) -> tuple[ModelConfig, Weights]:
     from lanefuse.engine.gguf import load_gguf
 
     cfg, gstore = load_gguf(path, max_len)
+    if cfg.moe is not None:  # each layer's gate and up experts stacked into the `moe` op's rows (engine/moe.py)
+        from lanefuse.engine.moe import stack_store
+
+        gstore = stack_store(gstore, cfg, str(path))
     store = Weights(gstore)
     cfg = _checked(cfg, store, str(path), "the file's metadata", label=gstore.file_name)
     return cfg, store.with_config(cfg)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gguf_names import FAMILIES, ROPE_FREQS, Family, hf_names, permuted_by
+from lanefuse.engine.gguf_names import FAMILIES, ROPE_FREQS, Family, hf_names, permuted_by, read_as_row
 from lanefuse.engine.hfconfig import MAX_LAYERS, _Reader
 from lanefuse.engine.model import ModelConfig
 from lanefuse.engine.weights import BLOCK_FORMATS
@@ -121,13 +121,15 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     vocabulary where the metadata leaves them out; `freq_factors`: rope_freqs.weight's values, where the file has it."""
     arch, fam = family_of(meta, where)
     r = _arch_reader(meta, arch, where)
-    if meta.get(f"{arch}.expert_count"):
+    if meta.get(f"{arch}.expert_count") and fam.moe is None:
         raise UserError(f"{where}: `{arch}.expert_count` is {meta[f'{arch}.expert_count']!r}: an expert mixture, "
                         f"which lanefuse's {arch} does not read")
     layers = r.size("block_count")
     if layers > MAX_LAYERS:
         raise UserError(f"{where}: `{arch}.block_count` is {layers}; expected at most {MAX_LAYERS}")
-    hidden, inter, heads = r.size("embedding_length"), r.size("feed_forward_length"), r.size("attention.head_count")
+    moe = _experts(r, fam, arch, where, layers) if fam.moe else None
+    inter = r.size("feed_forward_length", moe.inter) if moe else r.size("feed_forward_length")
+    hidden, heads = r.size("embedding_length"), r.size("attention.head_count")
     kv = r.size("attention.head_count_kv", heads)
     if heads % kv:
         raise UserError(f"{where}: `{arch}.attention.head_count_kv` {kv} does not divide "
@@ -169,13 +171,32 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
         vocab=vocab, eps=eps, rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
         tie_embeddings="output.weight" not in tensors,
         qkv_bias=any(k.endswith("bias") for k in fam.layer), qk_norm=any("q_norm" in k for k in fam.layer),
-        max_len=min(max_len, ctx), name=name,
+        max_len=min(max_len, ctx), name=name, moe=moe,
     )
     if arch in ("gemma2", "gemma3"):  # the family's own keys (engine/gemma.py)
         from lanefuse.engine.gemma import gemma_from_gguf
 
         return gemma_from_gguf(cfg, r, arch, where)
     return cfg
+
+
+def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
+    """The mixture every layer of a qwen3moe / qwen2moe file holds (engine/moe.py's MoeConfig), as llama.cpp reads
+    its keys: softmax routing, the chosen weights renormalized where the family (or `expert_weights_norm`) says."""
+    from lanefuse.engine.moe import MoeConfig
+
+    experts, k = r.size("expert_count"), r.size("expert_used_count")
+    if k > experts:
+        raise UserError(f"{where}: `{arch}.expert_used_count` {k} is more than `{arch}.expert_count` {experts}")
+    if r.has("expert_gating_func") and r.size("expert_gating_func") != 1:  # gguf.ExpertGatingFuncType.SOFTMAX
+        raise UserError(f"{where}: `{arch}.expert_gating_func` is {r.c['expert_gating_func']!r}; lanefuse's {arch} "
+                        f"routes by a softmax (1)")
+    if r.has("expert_weights_scale") and r.number("expert_weights_scale", 1.0) != 1.0:
+        raise UserError(f"{where}: `{arch}.expert_weights_scale` is {r.c['expert_weights_scale']!r}; lanefuse's "
+                        f"{arch} weighs its experts unscaled (1)")
+    norm = r.flag("expert_weights_norm") if r.has("expert_weights_norm") else fam.moe == "normed"
+    shared = r.size("expert_shared_feed_forward_length") if "ffn_gate_shexp.weight" in fam.layer else 0
+    return MoeConfig(experts, k, r.size("expert_feed_forward_length"), norm, tuple(range(layers)), shared)
 
 
 def _rope_scaling(meta, r: _Reader, arch: str, where: str, rot: int,
@@ -232,6 +253,8 @@ class GGUFStore:
             if hf is None:
                 raise UserError(f"{path}: tensor `{shown(t.name, 80)}` is not one lanefuse reads in a {layers}-layer "
                                 f"{family.hf_arch} (a bias, an expert or a layer the metadata does not count?)")
+            if read_as_row(family, t.name) and len(shape) == 1:
+                shape = (1, shape[0])
             by = permuted_by(family, t.name)
             n = (heads if by == "heads" else kv_heads) if by else 0
             if n and (len(shape) != 2 or shape[0] % (2 * n)):
@@ -283,8 +306,11 @@ def tensor_info(path: Path, t) -> tuple[tuple[int, ...], str]:
         raise UserError(f"{path}: tensor `{shown(t.name, 80)}` is {kind.lower()}, a format lanefuse does not read (it reads "
                         f"{', '.join(FORMATS.values())}); requantize the file, e.g. llama-quantize to q4_k or q8_0")
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if len(shape) == 3 and t.name.endswith("_exps.weight"):  # an expert mixture's (E, rows, cols): the rows stacked
+        shape = (shape[0] * shape[1], shape[2])
     if len(shape) > 2 or not shape:
-        raise UserError(f"{path}: tensor `{shown(t.name, 80)}` has {len(shape)} dimensions {shape}; expected 1 or 2")
+        raise UserError(f"{path}: tensor `{shown(t.name, 80)}` has {len(shape)} dimensions {shape}; expected 1 or 2"
+                        + (" (3 for an expert mixture's `_exps` tensors)" if len(shape) == 3 else ""))
     per, _ = GGML_QUANT_SIZES[t.tensor_type]
     if shape[-1] % per:
         raise UserError(f"{path}: tensor `{shown(t.name, 80)}` ({fmt}) has rows of {shape[-1]} values, not a whole number of "

@@ -39,7 +39,26 @@ GEMMA_LAYER = {  # Gemma's four norms a layer: llama.cpp names the pre-feed-forw
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
+DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+# An expert mixture's tensors (llama.cpp's qwen3moe / qwen2moe): the router, and each role's experts in one 3-D tensor
+# (E, rows, cols), read as (E·rows, cols); gate and up are stacked into the `moe` op's gate_up rows by engine/moe.py's
+# ExpertStore (the `.stacked` names), down is already the op's down rows
+EXPERTS = {
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj.stacked",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.stacked",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+}
+SHARED_EXPERT = {  # Qwen2-MoE's shared expert and its gate score row (a 1-D tensor in the file, read as one row)
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+}
 ROPE_FREQS = "rope_freqs.weight"  # llama3 rope scaling: the factors each inverse frequency is divided by
+
+
+_MOE_LAYER = {k: v for k, v in LAYER.items() if k not in DENSE_FFN}
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,8 @@ class Family:
     hf_arch: str  # the transformers architecture the step graph is built for
     layer: dict[str, str]  # GGUF name inside `blk.{i}.` -> HF name inside `model.layers.{i}.`
     permuted: dict[str, str] = field(default_factory=dict)  # GGUF layer name -> "heads" | "kv_heads"
+    moe: str | None = None  # an expert mixture in every layer: how it weighs its chosen experts (engine/gguf.py)
+    as_row: tuple[str, ...] = ()  # GGUF layer names of 1-D tensors read as one row (1, n)
 
 
 FAMILIES = {
@@ -55,6 +76,11 @@ FAMILIES = {
     "qwen3": Family("Qwen3ForCausalLM", {**LAYER, **QK_NORM}),
     "gemma2": Family("Gemma2ForCausalLM", GEMMA_LAYER),
     "gemma3": Family("Gemma3ForCausalLM", {**GEMMA_LAYER, **QK_NORM}),
+    # llama.cpp renormalizes qwen3moe's chosen weights and not qwen2moe's (build_moe_ffn's norm_w), whatever the
+    # checkpoint's norm_topk_prob said; `{arch}.expert_weights_norm` overrides where a file holds it
+    "qwen3moe": Family("Qwen3MoeForCausalLM", {**_MOE_LAYER, **QK_NORM, **EXPERTS}, moe="normed"),
+    "qwen2moe": Family("Qwen2MoeForCausalLM", {**_MOE_LAYER, **QKV_BIAS, **EXPERTS, **SHARED_EXPERT}, moe="plain",
+                       as_row=("ffn_gate_inp_shexp.weight",)),
 }
 
 
@@ -64,6 +90,11 @@ def hf_names(family: Family, layers: int) -> dict[str, str]:
     for i in range(layers):
         out.update({f"blk.{i}.{g}": f"model.layers.{i}.{h}" for g, h in family.layer.items()})
     return out
+
+
+def read_as_row(family: Family, gguf_name: str) -> bool:
+    """Whether 1-D tensor `gguf_name` is read as one row (1, n)."""
+    return gguf_name.startswith("blk.") and gguf_name.split(".", 2)[2] in family.as_row
 
 
 def permuted_by(family: Family, gguf_name: str) -> str | None:

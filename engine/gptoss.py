@@ -77,7 +77,9 @@ class GptOssStore:
     """A weight store that also serves each layer's experts as stacked rows, from transformers' tensors: gate_up_proj
     (E, d, 2f), its columns gate and up interleaved (gate at 2j, up at 2j + 1), and down_proj (E, f, d), both the
     transpose of the rows a product reads; each one de-interleaved and transposed once, in memory, in its stored
-    format. A real gpt-oss checkpoint's MXFP4 experts (`*_blocks`, `*_scales`) are refused in words."""
+    format. A real gpt-oss checkpoint's MXFP4 experts (`*_blocks` (E, rows, G, 16), `*_scales` (E, rows, G): rows
+    (out, in), the product's own) are served as `mxfp4` rows (kernels/blocks.py), each block's scale byte packed
+    before its 16 bytes, gate_up's interleaved rows put gate first (whole rows move, the bytes are unchanged)."""
 
     def __init__(self, base, cfg: GptOssConfig, where: str):
         self.base, self.where_ = base, where
@@ -87,23 +89,32 @@ class GptOssStore:
         E, d, f = cfg.moe.experts, cfg.hidden, cfg.inter
         for i in range(cfg.layers):
             p = f"model.layers.{i}.mlp.experts."
-            if p + "gate_up_proj_blocks" in have or p + "down_proj_blocks" in have:
-                raise UserError(f"{where}: layer {i}'s experts are stored in MXFP4 (`{p}gate_up_proj_blocks` / "
-                                f"`_scales`), which is not supported yet; convert them to bf16 (transformers' "
-                                f"Mxfp4Config(dequantize=True)) first")
+            mx = p + "gate_up_proj_blocks" in have or p + "down_proj_blocks" in have
             want = {"gate_up_proj": (E, d, 2 * f), "gate_up_proj_bias": (E, 2 * f), "down_proj": (E, f, d),
                     "down_proj_bias": (E, d)}
+            if mx:  # MXFP4: each role's blocks and scales, rows (out, in) of blocks of 32 (transformers' layout)
+                want = {"gate_up_proj_blocks": (E, 2 * f, d // 32, 16), "gate_up_proj_scales": (E, 2 * f, d // 32),
+                        "gate_up_proj_bias": (E, 2 * f), "down_proj_blocks": (E, d, f // 32, 16),
+                        "down_proj_scales": (E, d, f // 32), "down_proj_bias": (E, d)}
+                if d % 32 or f % 32:
+                    raise UserError(f"{where}: layer {i}'s experts are MXFP4, whose blocks hold 32 values, but hidden "
+                                    f"{d} and intermediate {f} are not both multiples of 32")
             for role, shape in want.items():
                 name = p + role
                 if name not in have:
                     raise UserError(f"{where}: the checkpoint has no tensor `{name}` (expected shape {shape}): layer "
                                     f"{i}'s experts are missing")
-                got = tuple(base.info(name)[0])
+                raw = base.u8(name) if role.endswith(("_blocks", "_scales")) and hasattr(base, "u8") else None
+                if role.endswith(("_blocks", "_scales")) and raw is None:
+                    raise UserError(f"{where}: tensor `{name}` is not U8 (MXFP4 {role[-6:]} are bytes)")
+                got = tuple(raw.shape) if raw is not None else tuple(base.info(name)[0])
                 if got != shape:
                     raise UserError(f"{where}: tensor `{name}` has shape {got}; the config makes it {shape} "
                                     f"({E} experts, hidden {d}, intermediate {f})")
             for n, s in stacked_names(i, E, d, f).items():
-                self.stacked[n] = (n[: -len(".rows")], n.split(".")[-2], s)
+                role = n.split(".")[-2]
+                self.stacked[n] = (n[: -len(".rows")], role + ("_mxfp4" if mx and not role.endswith("bias") else ""),
+                                   s)
         self._cache: dict[str, tuple[np.ndarray, str]] = {}
 
     def names(self) -> list[str]:
@@ -112,14 +123,26 @@ class GptOssStore:
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
         if name not in self.stacked:
             return self.base.info(name)
-        stored, _, shape = self.stacked[name]
-        return shape, self.base.info(stored)[1]
+        stored, role, shape = self.stacked[name]
+        return shape, "mxfp4" if role.endswith("_mxfp4") else self.base.info(stored)[1]
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
         if name not in self.stacked:
             return self.base.raw(name)
         if name not in self._cache:
             stored, role, shape = self.stacked[name]
+            if role.endswith("_mxfp4"):  # blocks and scales packed into mxfp4 rows (out, in): already the rows
+                from lanefuse.kernels.blocks import pack_mxfp4
+
+                a = pack_mxfp4(self.base.u8(stored + "_blocks"), self.base.u8(stored + "_scales"))
+                if role == "gate_up_proj_mxfp4":  # (E, 2f, row bytes): rows 2j gate, 2j + 1 up -> gate rows first
+                    a = np.concatenate([a[:, 0::2], a[:, 1::2]], axis=1)
+                from lanefuse.engine.weights import check_blocks
+
+                a = np.ascontiguousarray(a).reshape(shape[0], -1)
+                check_blocks(a, "mxfp4", f"{self.where_}: tensor `{stored}_scales`")
+                self._cache[name] = (a, "mxfp4")
+                return self._cache[name]
             a, fmt = self.base.raw(stored)
             a = np.asarray(a)
             if role == "gate_up_proj":  # (E, d, 2f) -> (E, 2f, d), then gate rows before up rows

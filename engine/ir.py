@@ -10,7 +10,8 @@ from typing import Any
 from lanefuse.engine.errors import UserError
 
 DTYPES = ("f32", "i32")
-FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k")  # checkpoint row formats (the last four GGUF blocks)
+FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4")  # checkpoint row formats (GGUF's blocks,
+# then MXFP4: gpt-oss's experts)
 def numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:

@@ -134,7 +134,17 @@ def _spellings(m: MoeConfig, i: int) -> dict[str, list[tuple[str, ...]]]:
                "gate_up": [tuple(n for e in E for n in (f"{b}{e}.gate_proj.weight", f"{b}{e}.up_proj.weight"))],
                "down": [tuple(f"{b}{e}.down_proj.weight" for e in E)]}
     fused = {"router": (router_name(i),), "gate_up": (gate_up_name(i),), "down": (down_name(i),)}
-    return {k: [fused[k]] + v for k, v in per.items()}
+    out = {k: [fused[k]] + v for k, v in per.items()}
+    # a GGUF file's (engine/gguf_names.py): every expert's gate rows in one tensor and their up rows in another,
+    # interleaved expert by expert (`_interleaved`)
+    out["gate_up"].append((f"model.layers.{i}.mlp.experts.gate_proj.stacked",
+                           f"model.layers.{i}.mlp.experts.up_proj.stacked"))
+    return out
+
+
+def _interleaved(parts: tuple[str, ...]) -> bool:
+    """Whether `parts` are the two stacked gate and up tensors (E·f rows each), to be interleaved expert by expert."""
+    return len(parts) == 2 and all(p.endswith(".stacked") for p in parts)
 
 
 class ExpertStore:
@@ -143,7 +153,7 @@ class ExpertStore:
     per-expert tensors (stacked once, in memory). A layer holding neither names the first tensor it lacks."""
 
     def __init__(self, base, cfg, where: str):
-        self.base, self.where = base, where
+        self.base, self.where, self.experts = base, where, cfg.moe.experts
         self.stacked: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # name -> parts, 2-D shape
         have = set(base.names())
         for i in cfg.moe.sparse:
@@ -185,14 +195,25 @@ class ExpertStore:
             parts, _ = self.stacked[name]
             shape, fmt = self.info(name)
             arrs = [self.base.raw(p)[0] for p in parts]
-            arr = arrs[0].reshape(shape) if len(arrs) == 1 else \
-                np.concatenate([a.reshape(-1, shape[1]) for a in arrs])
+            if len(arrs) == 1:
+                arr = arrs[0].reshape(shape[0], -1)  # (rows, cols), or a block format's (rows, row bytes)
+            elif _interleaved(parts):  # (E, f, row) each -> expert e's gate rows then its up rows
+                arr = np.concatenate([a.reshape(self.experts, -1, a.shape[-1]) for a in arrs], axis=1)
+                arr = arr.reshape(-1, arr.shape[-1])
+            else:
+                arr = np.concatenate([a.reshape(-1, a.shape[-1]) for a in arrs])
             self._cache[name] = (arr, fmt)
         return self._cache[name]
 
     def where(self, name: str) -> str:
         parts = self.stacked.get(name)
         return self.base.where(parts[0][0] if parts else name)
+
+    def file_name(self, name: str) -> str:
+        """The name the file holds `name` under (a GGUF store's own name for it; a stacked tensor's first part)."""
+        parts = self.stacked.get(name)
+        inner = parts[0][0] if parts else name
+        return self.base.file_name(inner) if hasattr(self.base, "file_name") else inner
 
 
 def stack_store(store, cfg, where: str) -> Any:

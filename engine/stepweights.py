@@ -55,6 +55,9 @@ def random_blocks(rng, shape: tuple[int, ...], fmt: str, name: str = "") -> np.n
         raise UserError(f"constant `{name}`: {fmt} rows of {cols} values; a {fmt} row must be whole blocks of {vb} "
                         f"values (shape {list(shape)})")
     raw = rng.integers(0, 256, size=(rows * (cols // vb), bb), dtype=np.uint8)
+    if fmt == "mxfp4":  # random fp4 codes (a spread of about 2.9) under one e8m0 scale near 1/sqrt(cols)/2.9
+        raw[:, 0] = 127 + int(np.round(np.log2(1.0 / np.sqrt(cols) / 2.9)))
+        return raw.reshape(rows, -1)
     d = np.float16(1.0 / np.sqrt(cols) / _SPREAD[fmt])
     scales = [(F16_SCALES[fmt][0], d)] + ([(2, np.float16(float(d) * 7.5))] if fmt == "q4_k" else [])
     for at, v in scales:

@@ -34,8 +34,9 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 # GGUF's block formats: name -> (values a block, bytes a block), the layouts of gguf.GGML_QUANT_SIZES. A tensor of
 # logical shape (rows, cols) is held as uint8 (rows, cols / values * bytes), each row's blocks in turn.
-BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210)}
-F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}  # byte offsets of a block's f16 scales
+BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210), "mxfp4": (32, 17)}
+F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,), "mxfp4": ()}  # a block's f16 scales' bytes
+# (mxfp4's scale is one e8m0 byte, at 0)
 
 
 def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
@@ -43,6 +44,11 @@ def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
     logical shape (rows, cols) for (rows, row bytes)."""
     if fmt == "bf16":
         return bf16_to_f32(arr)
+    if fmt == "mxfp4":  # not a GGUF type: transformers' decoding (kernels/blocks.py)
+        from lanefuse.kernels.blocks import decode_blocks
+
+        a = np.asarray(arr, dtype=np.uint8)
+        return decode_blocks(a, fmt).reshape(*a.shape[:-1], -1)
     if fmt in BLOCK_FORMATS:
         from gguf import GGMLQuantizationType, quants
 
@@ -66,6 +72,12 @@ def check_blocks(arr: np.ndarray, fmt: str, where: str) -> None:
     would be NaN or inf, as a dense tensor holding them is refused."""
     bb = BLOCK_FORMATS[fmt][1]
     b = np.asarray(arr, dtype=np.uint8).reshape(-1, bb)
+    if fmt == "mxfp4":
+        bad = b[:, 0] == 0xFF  # e8m0's NaN
+        if bad.any():
+            raise UserError(f"{where} holds {int(bad.sum())} mxfp4 block(s) whose scale is NaN (e8m0 255), the first "
+                            f"block {int(np.argmax(bad))}; the weights are broken")
+        return
     for o in F16_SCALES[fmt]:
         bad = (b[:, o + 1] & 0x7C) == 0x7C  # the high byte of a little-endian f16: its five exponent bits
         if bad.any():
@@ -212,6 +224,12 @@ class SafetensorsStore:
 
     def where(self, name: str) -> str:
         return self.entries[name][0].name
+
+    def u8(self, name: str) -> np.ndarray | None:
+        """A U8 tensor's bytes at its shape (MXFP4 blocks and scales, which engine/gptoss.py reads); None for a tensor
+        of another dtype."""
+        p, dt, _, _ = self.entries[name]
+        return self._open[p].get_tensor(name) if dt == "U8" else None
 
 
 def _index_files(index: Path) -> list[str]:

@@ -6,14 +6,20 @@ A block-format tensor of logical shape (rows, cols) is held as C-contiguous uint
 row's blocks in turn, the bytes a GGUF file holds for it (see /work/wt/briefs/formats.md). Every value is decoded by
 the same f32 operations as gguf's numpy reference, in the same order (no fused multiply-add), so the numbers match to
 the bit; a non-finite f16 scale decodes as gguf decodes it (inf or NaN values): the weight stores refuse such tensors
-at load, the decoding itself never guesses."""
+at load, the decoding itself never guesses. MXFP4 (`mxfp4`, gpt-oss's experts) is held the same way: blocks of 17
+bytes, a transformers checkpoint's e8m0 scale byte then its 16 bytes of fp4 pairs (`pack_mxfp4`), decoded as
+transformers' integrations/mxfp4.py decodes them (fp4 value times 2^(scale - 127))."""
 
 from __future__ import annotations
 
 import numpy as np
 
-# format -> (values a block, bytes a block): GGUF's layouts (gguf.GGML_QUANT_SIZES)
-BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210)}
+# format -> (values a block, bytes a block): GGUF's layouts (gguf.GGML_QUANT_SIZES), and MXFP4 (`mxfp4`: gpt-oss's
+# experts as transformers' checkpoints hold them, a block's e8m0 scale byte then its 16 bytes of fp4 e2m1 pairs)
+BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210), "mxfp4": (32, 17)}
+# fp4 e2m1 by its 4 bits (transformers' integrations/mxfp4.py FP4_VALUES): the sign bit 8
+FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                      dtype=np.float32)
 QK = 256  # the values of a K-quant super-block
 
 
@@ -94,7 +100,17 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
     return ((d * sc)[:, :, None] * q).reshape(n, QK)
 
 
-_DECODE = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k, "q6_k": _q6_k}
+def _mxfp4(b: np.ndarray) -> np.ndarray:
+    """A block: byte 0 the e8m0 scale s, byte 1 + j values 2j (low nibble) and 2j + 1 (high nibble); value
+    fp4 · 2^(s - 127) by ldexp, as transformers' convert_moe_packed_tensors decodes (exact: a power of two)."""
+    q = b[:, 1:17]
+    v = np.empty((b.shape[0], 32), np.float32)
+    v[:, 0::2], v[:, 1::2] = FP4_VALUES[q & 0x0F], FP4_VALUES[q >> 4]
+    with np.errstate(over="ignore"):  # scales past 2^125 overflow to inf, as in transformers (refused at load: 255)
+        return np.ldexp(v, b[:, :1].astype(np.int32) - 127).astype(np.float32, copy=False)
+
+
+_DECODE = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k, "q6_k": _q6_k, "mxfp4": _mxfp4}
 
 
 def decode_blocks(raw: np.ndarray, fmt: str) -> np.ndarray:
@@ -166,6 +182,36 @@ def _enc_q6_k(x: np.ndarray) -> np.ndarray:
                            d.view(np.uint8).reshape(n, 2)], axis=1)
 
 
+def _enc_mxfp4(x: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks of x (n, 32): the scale 2^e the least that brings the largest magnitude within fp4's 6, each
+    value the nearest fp4 level (ties to the even code) after dividing by it."""
+    amax = np.abs(x).max(axis=1).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.ceil(np.log2(np.where(amax > 0, amax, 1) / 6.0)), -127).clip(-127, 127)
+    y = x.astype(np.float64) / np.ldexp(1.0, e.astype(np.int32))[:, None]
+    mags = FP4_VALUES[:8].astype(np.float64)
+    code = np.abs(np.abs(y)[..., None] - mags).argmin(axis=-1).astype(np.uint8)  # first (even) code on a tie
+    code |= np.where(np.signbit(y), 8, 0).astype(np.uint8)
+    qs = code[:, 0::2] | (code[:, 1::2] << 4)
+    return np.concatenate([(e + 127).astype(np.uint8)[:, None], qs], axis=1)
+
+
+def pack_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """A transformers MXFP4 checkpoint's `*_blocks` (..., rows, G, 16) and `*_scales` (..., rows, G) uint8 as `mxfp4`
+    rows (..., rows, G·17): each block's scale byte before its 16 bytes (the bytes themselves unchanged)."""
+    b, sc = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
+    if b.shape[-1] != 16 or b.shape[:-1] != sc.shape:
+        raise ValueError(f"MXFP4 blocks {b.shape} and scales {sc.shape} do not pair (blocks (..., G, 16), scales "
+                         f"(..., G))")
+    return np.concatenate([sc[..., None], b], axis=-1).reshape(*sc.shape[:-1], -1)
+
+
+def unpack_mxfp4(raw: np.ndarray, rows_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """`mxfp4` rows back as a checkpoint's (`*_blocks` (*rows_shape, G, 16), `*_scales` (*rows_shape, G))."""
+    b = np.asarray(raw, np.uint8).reshape(*rows_shape, -1, 17)
+    return np.ascontiguousarray(b[..., 1:]), np.ascontiguousarray(b[..., 0])
+
+
 def _round_away(x: np.ndarray) -> np.ndarray:
     """C's roundf: halves away from zero."""
     return np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
@@ -235,6 +281,8 @@ def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     rows, cols = v.shape
     if fmt in ("q8_0", "q4_0"):
         out = _gguf_quantize(v, fmt)
+    elif fmt == "mxfp4":
+        out = _enc_mxfp4(v.reshape(-1, 32))
     else:
         blocks = v.reshape(-1, QK)
         out = (_enc_q4_k if fmt == "q4_k" else _enc_q6_k)(blocks)
@@ -246,6 +294,8 @@ def scales_finite(raw: np.ndarray, fmt: str) -> np.ndarray:
     exponent bit set."""
     bb = BLOCKS[fmt][1]
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, bb)
+    if fmt == "mxfp4":  # e8m0's 255 is NaN
+        return b[:, 0] != 0xFF
     at = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,)}[fmt]
     ok = np.ones(b.shape[0], bool)
     for o in at:

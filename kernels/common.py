@@ -21,7 +21,7 @@ MAX_GRID_Y = 65535  # the most blocks a launch's grid takes in y (and in z)
 MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel holds; wider is refused
 DENSE = {"f32": 4, "f16": 2, "bf16": 2}  # checkpoint row format -> bytes a value, a value at a time
 FORMATS = {**DENSE, **{f: bytes_per_value(f) for f in BLOCKS}}  # every format the kernels read -> bytes a value
-FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_k": 5, "q6_k": 6}  # the kernels' argument
+FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_k": 5, "q6_k": 6, "mxfp4": 7}  # kernels' arg
 ACTS = ("silu", "sigmoid", "gelu", "gelu_erf")  # gelu: the tanh approximation; gelu_erf: the exact GELU
 
 

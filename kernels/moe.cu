@@ -1,19 +1,24 @@
 // Expert mixtures (moe.py). Scratch: choices (rows, k) i32, weights (rows, k) f32 then each row's shared-expert
 // scale (rows) f32, hidden (rows, k+1, F) f32 — choice c's act(gate)·up of its expert, slot k the shared expert's —
 // F = max(f, sf); over sorted rows also parts (rows, k+1, d): each choice's down product before its weight.
-// Weights are read a value at a time (any width), a warp an output.
+// Weights are read a value at a time (any width), a warp an output: the experts' gate/up rows in format `fmt`, their
+// down rows in `fd` (a llama.cpp Q4_K_M file keeps ffn_down_exps in q6_k beside q4_k gate/up experts); the shared
+// expert's rows in `fs`, its gate score row in `fsg` (f32 in a GGUF file, as llama.cpp keeps ffn_gate_inp_shexp). gpt-oss's mixture (act 4, the clamped GLU) also
+// reads the experts' biases: gate/up bgu (E·2f) added before the GLU, down bd (E·d) before the weighing; its router
+// bias br (E) is added to the logits, and it routes top-k first (`topk_first`: the softmax over the k chosen logits).
 #define MOE_WARPS 8
 #define MOE_TILE 64
 #define MOE_MAXE 4096
 #define MOE_MAXK 32
 #define MOE_MAXG 64
+#define MOE_CLAMPED 4  // act: gpt-oss's clamped GLU, (min(max(u, -l), l) + 1)·g·sigmoid(alpha·g), g = min(g, l)
 
-#define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 act, int *choices, \
-    float *weights, float *hidden
-#define MOE_ROUTE const void *wr, i64 fr, i64 norm, i64 routing, const float *cbias, i64 groups, i64 tgroups, \
-    float rscale
-#define MOE_ROUTE_ARGS wr, (int)fr, d, E, k, (int)norm, (int)routing, cbias, groups, tgroups, rscale
-#define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs
+#define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 fd, i64 act, int *choices, \
+    float *weights, float *hidden, const float *bgu, const float *bd, float limit, float alpha
+#define MOE_ROUTE const void *wr, i64 fr, i64 norm, const float *br, i64 topk_first, i64 grouped, i64 groups, \
+    i64 tgroups, float rscale
+#define MOE_ROUTE_ARGS wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, (int)grouped, groups, tgroups, rscale
+#define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs, i64 fsg
 #define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out)
 
 __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, i64 row, i64 n) {
@@ -22,22 +27,24 @@ __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, 
     return warp_sum(s);
 }
 
-// Row r's routing into choices/weights (thread 0 writes): logits in shared memory, the k largest (equal logits: the
-// lower expert first), softmax weights, renormalized over the chosen when `norm`. routing 2 (sigmoid_group,
-// DeepSeek-V3): sigmoid scores, `cbias` (may be null) added for the choice only, the `tgroups` groups of the largest
-// sum of their two best kept (equal sums: the lower group), the k best of those; the chosen scores the weights,
-// renormalized over their sum + 1e-20 when `norm`, times `rscale`. Every thread returns after it.
-__device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm, int routing,
-                              const float* cbias, i64 groups, i64 tgroups, float rscale, int* ch, float* wt) {
+// Row r's routing into choices/weights (thread 0 writes): logits (plus the router bias `br` where given) in shared
+// memory, the k largest (equal logits: the lower expert first), softmax weights, renormalized over the chosen when
+// `norm`; with `topk_first` the softmax over the k chosen logits alone. `grouped` (sigmoid_group, DeepSeek-V3):
+// sigmoid scores, `br` (may be null) the correction bias added for the choice only, the `tgroups` groups of the
+// largest sum of their two best kept (equal sums: the lower group), the k best of those; the chosen scores the
+// weights, renormalized over their sum + 1e-20 when `norm`, times `rscale`. Every thread returns after it.
+__device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm,
+                              const float* br, int topk_first, int grouped, i64 groups, i64 tgroups, float rscale,
+                              int* ch, float* wt) {
     __shared__ float logit[MOE_MAXE];
     __shared__ unsigned char taken[MOE_MAXE];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (i64 e = warp; e < E; e += MOE_WARPS) {
         float s = moe_dot(xr, fr, wr, e, d);
-        if (lane == 0) { logit[e] = s; taken[e] = 0; }
+        if (lane == 0) { logit[e] = br && !grouped ? s + br[e] : s; taken[e] = 0; }
     }
     __syncthreads();
-    if (threadIdx.x == 0 && routing == 2) {
+    if (threadIdx.x == 0 && grouped) {
         // logit[e] becomes the sigmoid score; the choice score is score + bias, masked out of the groups not kept
         float gs[MOE_MAXG];
         unsigned char keep[MOE_MAXG];
@@ -46,7 +53,7 @@ __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i6
         for (i64 g = 0; g < groups; g++) {
             float b1 = NEG_INF, b2 = NEG_INF;
             for (i64 e = g * per; e < (g + 1) * per; e++) {
-                float c = logit[e] + (cbias ? cbias[e] : 0.f);
+                float c = logit[e] + (br ? br[e] : 0.f);
                 if (c > b1) { b2 = b1; b1 = c; } else if (c > b2) b2 = c;
             }
             gs[g] = per > 1 ? b1 + b2 : b1;
@@ -64,7 +71,7 @@ __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i6
             float bc = NEG_INF;
             for (i64 e = 0; e < E; e++) {
                 if (taken[e] || !keep[e / per]) continue;
-                float v = logit[e] + (cbias ? cbias[e] : 0.f);
+                float v = logit[e] + (br ? br[e] : 0.f);
                 if (best < 0 || v > bc) { best = e; bc = v; }
             }
             taken[best] = 1;
@@ -85,21 +92,34 @@ __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i6
                 if (!taken[e] && (best < 0 || logit[e] > logit[best])) best = e;
             taken[best] = 1;
             ch[c] = (int)best;
-            p[c] = expf(logit[best] - m) / z;
+            p[c] = topk_first ? expf(logit[best] - logit[ch[0]]) : expf(logit[best] - m) / z;
             tot += p[c];
         }
-        for (i64 c = 0; c < k; c++) wt[c] = norm ? p[c] / tot : p[c];
+        for (i64 c = 0; c < k; c++) wt[c] = norm || topk_first ? p[c] / tot : p[c];
     }
     __syncthreads();
 }
 
-// Hidden values j0.. of one slot: act(x·gᵀ)·(x·uᵀ), gate row `gr` and up row `ur` of `w` (a warp a value).
-__device__ __forceinline__ void moe_glu(const float* xr, int fm, const void* w, i64 gr, i64 ur, i64 d, i64 j0,
-                                        i64 n, int act, float* h) {
+// One GLU value of gate g and up u: act(g)·u, or gpt-oss's clamped form.
+__device__ __forceinline__ float moe_act(int act, float g, float u, float limit, float alpha) {
+    if (act != MOE_CLAMPED) return act_apply(act, g) * u;
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+    return (u + 1.f) * g / (1.f + expf(-alpha * g));
+}
+
+// Hidden values j0.. of one slot: act(x·gᵀ + bg)·(x·uᵀ + bu), gate row `gr` and up row `ur` of `w` (a warp a value),
+// the biases of those rows where `b` is given.
+__device__ __forceinline__ void moe_glu(const float* xr, int fm, const void* w, const float* b, i64 gr, i64 ur,
+                                        i64 d, i64 j0, i64 n, int act, float limit, float alpha, float* h) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (i64 j = j0 + warp; j < j0 + MOE_TILE && j < n; j += MOE_WARPS) {
         float g = moe_dot(xr, fm, w, gr + j, d), u = moe_dot(xr, fm, w, ur + j, d);
-        if (lane == 0) h[j] = act_apply(act, g) * u;
+        if (b) {
+            g += b[gr + j];
+            u += b[ur + j];
+        }
+        if (lane == 0) h[j] = moe_act(act, g, u, limit, alpha);
     }
 }
 
@@ -117,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(256)
             if (lane == 0) h[j] = act_apply((int)act, g) * u;
         }
         if (blockIdx.x == 0 && warp == 0) {  // no gate score (DeepSeek's shared experts): unscaled
-            float s = sgate ? moe_dot(xr, (int)fs, sgate, 0, d) : 0.f;
+            float s = sgate ? moe_dot(xr, (int)fsg, sgate, 0, d) : 0.f;
             if (lane == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
         }
         return;
@@ -130,18 +150,20 @@ extern "C" __global__ void __launch_bounds__(256)
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
     i64 e = ch[c];
-    moe_glu(xr, (int)fmt, wgu, e * 2 * f, e * 2 * f + f, d, blockIdx.x * MOE_TILE, f, (int)act, h);
+    moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, blockIdx.x * MOE_TILE, f, (int)act, limit, alpha, h);
 }
 
-// The mixture's value i of row r: its choices' down products weighed in choice order, then the shared expert's.
-__device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i64 fmt, const int* choices,
-                                           const float* weights, const float* hidden, const void* wd, const void* sd,
-                                           i64 sf, i64 fs, i64 rows) {
+// The mixture's value i of row r: its choices' down products (plus their biases `bd` where given) weighed in choice
+// order, then the shared expert's.
+__device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i64 fd, const int* choices,
+                                           const float* weights, const float* hidden, const void* wd, const float* bd,
+                                           const void* sd, i64 sf, i64 fs, i64 rows) {
     i64 F = f > sf ? f : sf;
     float acc = 0.f;
     for (i64 c = 0; c < k; c++) {
         i64 e = choices[r * k + c];
-        acc += weights[r * k + c] * moe_dot(hidden + (r * (k + 1) + c) * F, (int)fmt, wd, e * d + i, f);
+        float v = moe_dot(hidden + (r * (k + 1) + c) * F, (int)fd, wd, e * d + i, f);
+        acc += weights[r * k + c] * (bd ? v + bd[e * d + i] : v);
     }
     if (sd) acc += weights[rows * k + r] * moe_dot(hidden + (r * (k + 1) + k) * F, (int)fs, sd, i, sf);
     return acc;
@@ -166,7 +188,7 @@ extern "C" __global__ void __launch_bounds__(256)
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     Dst o = DST(out);
     for (i64 i = blockIdx.x * MOE_TILE + warp; i < (blockIdx.x + 1) * MOE_TILE && i < d; i += MOE_WARPS) {
-        float v = moe_value(r, i, d, f, k, fmt, choices, weights, hidden, wd, sd, sf, fs, rows);
+        float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows);
         if (lane != 0) continue;
         if (add) v += add[r * d + i];
         if (nw) sum[r * d + i] = v;
@@ -195,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
     if (sg && threadIdx.x < 32) {  // no gate score (DeepSeek's shared experts): unscaled
-        float s = sgate ? moe_dot(x + r * d, (int)fs, sgate, 0, d) : 0.f;
+        float s = sgate ? moe_dot(x + r * d, (int)fsg, sgate, 0, d) : 0.f;
         if (threadIdx.x == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
     }
 }
@@ -217,7 +239,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, cons
         }
         for (i64 c = 0; c < k; c++)
             if (choices[r * k + c] == e)
-                moe_glu(xr, (int)fmt, wgu, e * 2 * f, e * 2 * f + f, d, j0, f, (int)act, hidden + (r * (k + 1) + c) * F);
+                moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, j0, f, (int)act, limit, alpha,
+                        hidden + (r * (k + 1) + c) * F);
     }
 }
 
@@ -232,8 +255,8 @@ extern "C" __global__ void __launch_bounds__(256)
             if (!mine) continue;
             const float* h = hidden + (r * (k + 1) + c) * F;
             for (i64 i = i0 + warp; i < i0 + MOE_TILE && i < d; i += MOE_WARPS) {
-                float v = c < k ? moe_dot(h, (int)fmt, wd, e * d + i, f) : moe_dot(h, (int)fs, sd, i, sf);
-                if (lane == 0) parts[(r * (k + 1) + c) * d + i] = v;
+                float v = c < k ? moe_dot(h, (int)fd, wd, e * d + i, f) : moe_dot(h, (int)fs, sd, i, sf);
+                if (lane == 0) parts[(r * (k + 1) + c) * d + i] = c < k && bd ? v + bd[e * d + i] : v;
             }
         }
 }

@@ -7,7 +7,8 @@ The experts are stacked one constant a role (engine/moe.py): gate_up (E·2f, d),
 The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
 one choice's hidden values; moe_down: the weighed down products, the shared expert, and the finalize by the last block
 of a row to arrive), four over sorted rows (moe_route, moe_up_sorted and moe_down_sorted a block an expert over the
-rows that chose it, moe_finish a block a row)."""
+rows that chose it, moe_finish a block a row). gpt-oss's mixture (router and expert biases, top-k then softmax, the
+clamped GLU) runs in the same kernels, its biases and clamp passed as arguments."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from lanefuse.engine.moe import route
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Dst, Launch, Scratch, act, decode, format_refusal,
                                      names, reach, rms, weight_bytes)
-from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import products
 
 MAX_EXPERTS = 4096  # router logits held in a block's shared memory (moe.cu MOE_MAXE)
@@ -29,7 +29,7 @@ WARPS = 8  # warps a block (moe.cu MOE_WARPS)
 TILE = 64  # hidden (or output) values a block (moe.cu MOE_TILE)
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")  # topk_softmax (gpt-oss): the k largest logits, then
 # their softmax; sigmoid_group (DeepSeek-V3): sigmoid scores, `br` the correction bias of the choice, chosen in groups
-ROUTING_CODE = {"softmax_topk": 0, "topk_softmax": 1, "sigmoid_group": 2}  # moe.cu's `routing`
+MOE_ACTS = ACTS + ("clamped_glu",)  # the kernel's act codes (moe.cu: act_apply's, then MOE_CLAMPED 4)
 MAX_GROUPS = 64  # expert groups (moe.cu MOE_MAXG)
 
 
@@ -47,7 +47,7 @@ class Moe(Launch):
     rows: int
     format: str  # the experts' format (gate_up and down)
     format_r: str = "f32"  # the router's
-    format_d: str | None = None  # the down rows' where they differ from gate_up's (refused: one format a mixture)
+    format_d: str | None = None  # the down rows' where they differ from gate_up's (llama.cpp's Q4_K_M: q6_k)
     norm_topk: bool = False
     act: str = "silu"
     routing: str = "softmax_topk"
@@ -57,8 +57,9 @@ class Moe(Launch):
     sd: str | None = None
     sgate: str | None = None
     sf: int = 0
-    format_s: str | None = None  # the shared expert's gate rows' format: the kernel reads all four in it
-    format_su: str | None = None  # the others' formats where the lane says them (refused unless format_s)
+    format_s: str | None = None  # the shared expert's gate rows' format: the kernel reads its up and down rows in it
+    format_su: str | None = None  # the others' formats where the lane says them (refused unless format_s; the gate
+    # score row's may differ)
     format_sd: str | None = None
     format_sgate: str | None = None
     add: str | None = None  # the residual added to the mixture (into `out`, or with `nw` into `sum`),
@@ -94,6 +95,11 @@ class Moe(Launch):
         return self.sg is not None
 
     @property
+    def _fsg(self) -> str:
+        """The shared expert's gate score row's format."""
+        return self.format_sgate or self.format_s or self.format
+
+    @property
     def width(self) -> int:
         """Hidden values a choice's row holds in scratch: the widest of the experts and the shared expert."""
         return max(self.f, self.sf)
@@ -127,10 +133,7 @@ class Moe(Launch):
             why = format_refusal(fmt, cols, what)
             if why:
                 return why
-        if self.format_d is not None and self.format_d != self.format:
-            return Refusal(f"experts' gate/up and down rows in different formats ({self.format}, {self.format_d}): "
-                           f"the kernel reads one")
-        if self.act not in ACTS + ("clamped_glu",):
+        if self.act not in MOE_ACTS:
             return Refusal(f"an expert activation `{self.act}`")
         if not 1 <= self.k <= min(MAX_K, self.experts) or self.experts > MAX_EXPERTS:
             return Refusal(f"top-{self.k} of {self.experts} experts (the kernel keeps at most {MAX_K} of at most "
@@ -139,10 +142,11 @@ class Moe(Launch):
             return Refusal("a shared expert without its gate, up and down rows")
         if self.shared:
             why = format_refusal(self.format_s, self.d, "the shared expert") or \
-                format_refusal(self.format_s, self.sf, "the shared expert's down rows")
+                format_refusal(self.format_s, self.sf, "the shared expert's down rows") or \
+                format_refusal(self._fsg, self.d, "the shared expert's gate score")
             if why:
                 return why
-        other = {f for f in (self.format_su, self.format_sd, self.format_sgate) if f is not None}
+        other = {f for f in (self.format_su, self.format_sd) if f is not None}
         if self.shared and other - {self.format_s}:
             return Refusal(f"a shared expert whose rows are in several formats "
                            f"({', '.join(sorted(other | {self.format_s}))}): the kernel reads them in one")
@@ -175,11 +179,12 @@ class Moe(Launch):
                      (self.nw, self.d), (self.out.buf, self.out.extent(n, top)))
 
     def weights(self):
-        w = {self.wr: self.format_r, self.wgu: self.format, self.wd: self.format_d or self.format}
+        # the experts first: a plan's bytes by format (Plan.weight_bytes) names a launch's by its first weight's
+        w = {self.wgu: self.format, self.wd: self.format_d or self.format, self.wr: self.format_r}
         if self.shared:
             w.update({self.sg: self.format_s, self.su: self.format_s, self.sd: self.format_s})
             if self.sgate is not None:
-                w[self.sgate] = self.format_s
+                w[self.sgate] = self._fsg
         if self.nw is not None:
             w[self.nw] = "f32"
         for b in (self.br, self.bgu, self.bd):
@@ -198,7 +203,8 @@ class Moe(Launch):
                                                                             + weight_bytes(fd, d, f))
         if self.shared:
             fs = self.format_s
-            b += weight_bytes(fs, 2 * self.sf + (self.sgate is not None), d) + weight_bytes(fs, d, self.sf)
+            b += weight_bytes(fs, 2 * self.sf, d) + weight_bytes(fs, d, self.sf) + \
+                (weight_bytes(self._fsg, 1, d) if self.sgate is not None else 0)
         return b
 
     def _shares(self) -> list[tuple[int, int]]:
@@ -207,7 +213,8 @@ class Moe(Launch):
         n, hidden = R * d, 4 * R * (self.k + self.shared) * self.width
         router = (weight_bytes(self.format_r, self.experts, d) + 4 * n, 2 * R * self.experts * d)
         up = (self.chosen() * weight_bytes(self.format, 2 * f, d) + 4 * n + hidden
-              + (weight_bytes(fs, 2 * self.sf + (self.sgate is not None), d) if self.shared else 0),
+              + (weight_bytes(fs, 2 * self.sf, d) + (weight_bytes(self._fsg, 1, d) if self.sgate is not None else 0)
+                 if self.shared else 0),
               2 * R * (self.k * 2 * f * d + (2 * self.sf + 1) * d * self.shared))
         down = (self.chosen() * weight_bytes(fd, d, f) + hidden + (weight_bytes(fs, d, self.sf) if self.shared else 0),
                 2 * R * (self.k * f * d + self.sf * d * self.shared))
@@ -352,21 +359,19 @@ class Moe(Launch):
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
-        if self.routing == "topk_softmax" or self.act == "clamped_glu":
-            from lanefuse.engine.errors import UserError
-
-            raise UserError("a gpt-oss mixture (routed top-k then softmax, biased experts, the clamped GLU) has no "
-                            "CUDA kernel yet: run it with the numpy runner")
         sc = {s.tag: denv.scratch(self, s) for s in self.scratch()}
         block = (32 * WARPS, 1, 1)
         fs = FORMAT_CODE[self.format_s or self.format]
         common = (denv.array(self.x), i64(self.rows), i64(self.d), i64(self.f), i64(self.experts), i64(self.k),
-                  i64(FORMAT_CODE[self.format]), i64(act_code(self.act)), sc["choices"], sc["weights"], sc["hidden"])
+                  i64(FORMAT_CODE[self.format]), i64(FORMAT_CODE[self.format_d or self.format]),
+                  i64(MOE_ACTS.index(self.act)), sc["choices"], sc["weights"],
+                  sc["hidden"], denv.opt(self.bgu), denv.opt(self.bd), f32(self.limit), f32(self.alpha))
         shared = (denv.opt(self.sg), denv.opt(self.su), denv.opt(self.sd), denv.opt(self.sgate), i64(self.sf),
-                  i64(fs))
+                  i64(fs), i64(FORMAT_CODE[self._fsg]))
+        grouped = self.routing == "sigmoid_group"
         route = (denv.weight(self.wr)[0], i64(FORMAT_CODE[self.format_r]), i64(int(bool(self.norm_topk))),
-                 i64(ROUTING_CODE[self.routing]), denv.opt(self.br if self.routing == "sigmoid_group" else None),
-                 i64(self.groups), i64(self.topk_groups), f32(self.route_scale))
+                 denv.opt(self.br), i64(int(self.routing == "topk_softmax")), i64(int(grouped)), i64(self.groups),
+                 i64(self.topk_groups), f32(self.route_scale))
         fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out))
         up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
         wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]

@@ -16,7 +16,7 @@ __device__ __forceinline__ float f16f(unsigned h) {
 
 
 // -- block formats: from here to "end of block formats", tests/test_blocks.py also compiles as host C++ ----------
-// GGUF's block formats, read in place (kernels/blocks.py holds the numpy twin): value i of rows that hold whole
+// GGUF's block formats (and MXFP4 below), read in place (kernels/blocks.py holds the numpy twin): value i of rows that hold whole
 // blocks is value i % QB of block i / QB. Each value is decoded by the f32 operations of gguf's reference in its
 // order, rounded one at a time (__fmul_rn / __fsub_rn: no fused multiply-add), so it equals gguf.quants.dequantize
 // to the bit. A block's f16 scales lie at even offsets (34, 18, 144, 210 bytes a block): two-byte loads.
@@ -64,12 +64,29 @@ __device__ __forceinline__ float q6_k_get(const u8* w, i64 i) {  // 128 bytes of
     return __fmul_rn(d, (float)((int)(lo | (hi << 4)) - 32));
 }
 
-// fmt 3 q8_0, 4 q4_0, 5 q4_k, 6 q6_k
+// MXFP4 (gpt-oss's experts, kernels/blocks.py): a block of 17 bytes, the e8m0 scale s then 16 bytes, byte j holding
+// value 2j in its low nibble and 2j + 1 in its high; fp4 e2m1 (sign 8, exponent 2 bits, mantissa 1) times 2^(s - 127)
+// by ldexpf (exact), as transformers decodes it.
+__device__ __forceinline__ float fp4f(unsigned q) {
+    unsigned e = (q >> 1) & 3u, m = q & 1u;
+    float v = e == 0 ? 0.5f * (float)m : (float)(2u + m) * (float)(1u << (e - 1)) * 0.5f;
+    return (q & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float mxfp4_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 5) * 17;
+    int j = (int)(i & 31);
+    unsigned q = b[1 + (j >> 1)];
+    return ldexpf(fp4f((j & 1) ? (q >> 4) : (q & 15u)), (int)b[0] - 127);
+}
+
+// fmt 3 q8_0, 4 q4_0, 5 q4_k, 6 q6_k, 7 mxfp4
 __device__ __forceinline__ float qget(int fmt, const void* w, i64 i) {
     const u8* b = (const u8*)w;
     if (fmt == 3) return q8_0_get(b, i);
     if (fmt == 4) return q4_0_get(b, i);
     if (fmt == 5) return q4_k_get(b, i);
+    if (fmt == 7) return mxfp4_get(b, i);
     return q6_k_get(b, i);
 }
 
@@ -106,6 +123,13 @@ __device__ __forceinline__ float4 qget4(int fmt, const void* w, i64 i) {
                            __fsub_rn(__fmul_rn(ds, (float)((q[1] >> sh) & 15u)), dm),
                            __fsub_rn(__fmul_rn(ds, (float)((q[2] >> sh) & 15u)), dm),
                            __fsub_rn(__fmul_rn(ds, (float)((q[3] >> sh) & 15u)), dm));
+    }
+    if (fmt == 7) {
+        b = (const u8*)w + (i >> 5) * 17;
+        const u8* q = b + 1 + ((i & 31) >> 1);
+        int e = (int)b[0] - 127;
+        return make_float4(ldexpf(fp4f(q[0] & 15u), e), ldexpf(fp4f(q[0] >> 4), e), ldexpf(fp4f(q[1] & 15u), e),
+                           ldexpf(fp4f(q[1] >> 4), e));
     }
     b = (const u8*)w + (i >> 8) * 210;
     int v = (int)(i & 255), h = v >> 7, t = (v >> 5) & 3, l = v & 31, sl = t >= 2 ? 4 : 0, shh = 2 * t;

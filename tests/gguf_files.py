@@ -23,7 +23,7 @@ SENTENCES = [
     "I'll say it's done: we've tested 'RE, 'Ve and 'd contractions.",
 ]
 
-HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3moe": "Qwen3Moe", "qwen2moe": "Qwen2Moe"}
 GGUF_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
               "q6_k": "Q6_K"}
 NAMES_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -34,7 +34,18 @@ NAMES_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.w
                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
                "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_proj.bias": "attn_q.bias",
                "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
-               "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
+               "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+               "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.down_proj": "ffn_down_exps.weight",
+               "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+               "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+               "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+               "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"}
+F32_KEPT = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")  # a mixture's router and shared-expert gate: f32,
+# as llama.cpp's converter and quantizer keep ffn_gate_inp (and the gate score a 1-D tensor)
+
+
+def kept_f32(hf: str) -> bool:
+    return hf.endswith(F32_KEPT)
 
 
 def gguf_name(hf: str) -> str:
@@ -66,8 +77,10 @@ def tiny_model(arch: str, seed: int = 0, **kw):
                 p.copy_(0.1 * torch.randn_like(p))
             elif "embed_tokens" in pname:
                 p.copy_(torch.randn_like(p) * (0.1 if cfg.tie_word_embeddings else 1.0))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+            elif pname.endswith("mlp.gate.weight"):  # a mixture's router: decisive choices
+                p.copy_(3 * torch.randn_like(p) / p.shape[-1] ** 0.5)
+            else:  # rows (out, in), or a mixture's experts (E, out, in)
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
     return model
 
 
@@ -143,8 +156,8 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
     import gguf
 
     cfg = model.config
-    arch = arch or {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                    "Qwen3ForCausalLM": "qwen3"}[type(model).__name__]
+    arch = arch or {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                    "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe"}[type(model).__name__]
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -161,6 +174,12 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "q4_k": 15, "q6_k": 18}[fmt])
+    if arch in ("qwen3moe", "qwen2moe"):
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if arch == "llama":
         w.add_vocab_size(cfg.vocab_size)
         w.add_rope_dimension_count(head_dim)
@@ -188,10 +207,17 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
         elif arch == "llama" and name.endswith("k_proj.weight"):
             a = permute(a, kv)
         f = (out_fmt or fmt) if name == "lm_head.weight" else fmt
-        if a.ndim == 2:
-            f = stored_format(f, a.shape[1])
-        if a.ndim == 1:
-            w.add_tensor(gguf_name(name), a.astype(np.float32))
+        if a.ndim >= 2:
+            f = stored_format(f, a.shape[-1])
+        if name.endswith("mlp.experts.gate_up_proj"):  # (E, 2f, d): llama.cpp's gate and up experts apart
+            half = a.shape[1] // 2
+            blk = gguf_name(name.replace("mlp.experts.gate_up_proj", "mlp.gate.weight")).rsplit(".", 2)[0]
+            for part, role in ((a[:, :half], "gate"), (a[:, half:], "up")):
+                _add_experts(w, f"{blk}.ffn_{role}_exps.weight", part, f)
+        elif a.ndim == 3:
+            _add_experts(w, gguf_name(name), a, f)
+        elif a.ndim == 1 or kept_f32(name):
+            w.add_tensor(gguf_name(name), a.astype(np.float32).reshape(-1) if a.shape[0] == 1 else a)
         else:
             data = encode(a, f)
             raw = None if f in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[f]]
@@ -203,6 +229,15 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
     return Path(path)
 
 
+def _add_experts(w, name: str, a: np.ndarray, fmt: str) -> None:
+    """A mixture's experts (E, rows, cols) as one 3-D GGUF tensor in `fmt`, each expert's rows encoded in turn."""
+    import gguf
+
+    data = encode(a.reshape(-1, a.shape[-1]), fmt)
+    raw = None if fmt in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[fmt]]
+    w.add_tensor(name, data.reshape(a.shape[0], a.shape[1], -1), raw_dtype=raw)
+
+
 def reference(model, fmt: str = "f32", out_fmt: str | None = None):
     """A copy of `model` whose 2-D weights are what a `fmt` GGUF file of it holds, decoded (f32)."""
     import torch
@@ -211,9 +246,10 @@ def reference(model, fmt: str = "f32", out_fmt: str | None = None):
     tied = model.config.tie_word_embeddings
     with torch.no_grad():
         for name, p in ref.named_parameters():
-            if p.ndim == 2:
-                f = stored_format((out_fmt or fmt) if name == "lm_head.weight" and not tied else fmt, p.shape[1])
-                p.copy_(torch.from_numpy(decoded(p.detach().numpy(), f)))
+            if p.ndim >= 2 and not kept_f32(name):
+                f = stored_format((out_fmt or fmt) if name == "lm_head.weight" and not tied else fmt, p.shape[-1])
+                rows = p.detach().numpy().reshape(-1, p.shape[-1])
+                p.copy_(torch.from_numpy(decoded(rows, f)).reshape(p.shape))
     return ref.eval()
 
 

@@ -411,6 +411,58 @@ def test_moe(fmt, rows, sort, shared, finalize):
              arrays, weights, tol=2e-4, placed=rows == 3)
 
 
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (16, True), (5, True)])
+@pytest.mark.parametrize("finalize", ["", "add", "norm"])
+def test_moe_gptoss(fmt, rows, sort, finalize):
+    """gpt-oss's mixture (the router's bias, top-k then the softmax of the chosen logits, the experts' gate/up and
+    down biases, the clamped GLU with a clamp low enough to bite) both ways, hidden 32 and experts of 37 (8, top-2),
+    and a wide one (64 experts, top-4)."""
+    from lanefuse.kernels import Moe
+
+    for d, f, E, k in ((32, 37, 8, 2), (1024, 96, 64, 4)):
+        g = np.random.default_rng(rows * 11 + d + len(finalize))
+        arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
+        weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"), "br": (0.3 * r32(g, E), "f32"),
+                   "wgu": (encode(2 * r32(g, E * 2 * f, d) / np.sqrt(d), fmt), fmt),
+                   "bgu": (0.3 * r32(g, E * 2 * f), "f32"),
+                   "wd": (encode(r32(g, E * d, f) / np.sqrt(f), fmt), fmt), "bd": (0.3 * r32(g, E * d), "f32")}
+        kw = dict(act="clamped_glu", routing="topk_softmax", br="br", bgu="bgu", bd="bd", limit=1.5, alpha=1.702)
+        if finalize:
+            arrays.update(a=r32(g, rows, d))
+            kw.update(add="a")
+        if finalize == "norm":
+            arrays.update(s=np.zeros(rows * d, np.float32))
+            weights["nw"] = (1 + 0.1 * r32(g, d), "f32")
+            kw.update(sum="s", nw="nw", eps=1e-6)
+        both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, sort=sort, **kw), arrays, weights,
+             tol=2e-4, placed=rows == 3)
+
+
+@pytest.mark.parametrize("fmts", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q4_k", "q6_k"), ("q6_k", "q6_k"),
+                                  ("mxfp4", "mxfp4")])
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (8, True)])
+def test_moe_block_formats(fmts, rows, sort):
+    """A GGUF file's mixture (and MXFP4 experts): gate/up experts in one block format, down in another (Q4_K_M keeps
+    ffn_down_exps in q6_k), a shared expert in q8_0 with its gate score row in f32, finalized with the next norm."""
+    from lanefuse.kernels import Moe
+
+    fgu, fd = fmts
+    d, f, E, k, sf = 256, 256, 8, 2, 256
+    g = np.random.default_rng(rows + len(fgu))
+    arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32), "a": r32(g, rows, d),
+              "s": np.zeros(rows * d, np.float32)}
+    weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"),
+               "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), fgu), fgu),
+               "wd": (encode(r32(g, E * d, f) / np.sqrt(f), fd), fd), "nw": (1 + 0.1 * r32(g, d), "f32"),
+               "sgt": (r32(g, 1, d) / np.sqrt(d), "f32")}
+    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf))):
+        weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), "q8_0"), "q8_0")
+    both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fgu, format_d=fd, norm_topk=True, sort=sort,
+             sg="sg", su="su", sd="sd", sgate="sgt", sf=sf, format_s="q8_0", format_sgate="f32", add="a", sum="s",
+             nw="nw", eps=1e-6), arrays, weights, tol=2e-4, placed=rows == 3)
+
+
 @pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("m,heads,a,b,rows_out", [(1, 4, 32, 64, False), (3, 4, 64, 32, True), (1, 128, 128, 512, False),
                                                   (5, 16, 512, 128, True)])

@@ -82,7 +82,7 @@ def test_refusals_are_values_in_the_users_words():
                HeadGemv("x", "w", "q8_0", Dst("y"), 1, 4, 8, 16, rows_out=True),
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", routing="sigmoid_group", groups=3),
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", groups=2, topk_groups=1),
-               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", format_d="f32"),
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", format_d="q8_0"),  # 37 in blocks
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", sg="sg")]
     for l in refused:
         why = l.check()
