@@ -10,6 +10,9 @@ them, so that machine needs no solver. Writes into PLANDIR:
       + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (planned
                                            with launches nearly free: its rows sorted by expert)
     tiny-gemma2/ + tiny-gemma2-decode.json a transformers-made tiny Gemma 2 (soft caps, a window of 8) and its plan
+    tiny-deepseek/ + tiny-deepseek-decode.json   a transformers-made tiny DeepSeek-V3 (latent 512 + rotated 64: the
+      + tiny-deepseek-prefill8.json      wide attention; 16 experts in 4 groups keep 2, top-4, a correction bias, a
+                                           shared expert, a dense first layer): its decode and 8-row chunk plans
     tiny-gptoss/ + tiny-gptoss-decode.json a transformers-made tiny gpt-oss (biased router and experts, the clamped
       + tiny-gptoss-prefill8.json          GLU, sinks, a window of 8): its decode plan and an 8-row chunk's (sorted)
 
@@ -98,6 +101,28 @@ def main() -> None:
     save(plan(build_step(gcfg, 1), source={"kind": "path", "path": "tiny-gemma2"}),
          os.path.join(out, "tiny-gemma2-decode.json"))
     print("saved tiny-gemma2 and its decode plan")
+    folder = os.path.join(out, "tiny-deepseek")
+    c = transformers.DeepseekV3Config(vocab_size=320, hidden_size=128, intermediate_size=160, moe_intermediate_size=64,
+                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                                      n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+                                      n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=96,
+                                      qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+                                      max_position_embeddings=128)
+    m = transformers.DeepseekV3ForCausalLM(c).eval()
+    with torch.no_grad():  # norms near 1, products of a scale that keeps the residual alive, a bias that bites
+        for name, p in m.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else
+                    0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[1] ** 0.5)
+        for name, b in m.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn_like(b))
+    m.save_pretrained(folder)
+    dcfg, _ = load_model(folder)
+    save(plan(build_step(dcfg, 1), source={"kind": "path", "path": "tiny-deepseek"}),
+         os.path.join(out, "tiny-deepseek-decode.json"))
+    save(plan(build_step(dcfg, 8), source={"kind": "path", "path": "tiny-deepseek"}),
+         os.path.join(out, "tiny-deepseek-prefill8.json"))
+    print("saved tiny-deepseek and its decode and prefill plans")
     folder = os.path.join(out, "tiny-gptoss")
     c = transformers.GptOssConfig(vocab_size=320, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=8,

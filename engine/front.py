@@ -26,11 +26,13 @@ def _progress(items, desc: str):
     return tqdm(items, desc=desc, unit="tensor", leave=False)
 
 
-def _check_layers(cfg_path: Path, layers: int, stored: set[str], prefix: str = "model.layers.") -> None:
+def _check_layers(cfg_path: Path, layers: int, stored: set[str], prefix: str = "model.layers.", extra: int = 0) -> None:
     """`num_hidden_layers` against the layers the checkpoint holds tensors for (model.layers.N.*, or the prefix
-    a family's text model lives under)."""
+    a family's text model lives under); up to `extra` layers after them (next-token-prediction layers the step
+    does not read) are let be."""
     pat = _LAYER if prefix == "model.layers." else re.compile(re.escape(prefix) + r"(\d+)\.")
     held = {int(m.group(1)) for m in map(pat.match, stored) if m}
+    held -= set(range(layers, layers + extra))
     if not held:
         raise UserError(f"{cfg_path.parent}: the checkpoint has no tensor `{prefix}0.input_layernorm.weight` "
                         f"(no {prefix}* tensors at all; config.json's `num_hidden_layers` is {layers})")
@@ -70,7 +72,8 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     relayout = getattr(cfg, "with_layout", None)  # a family whose checkpoints name the text model two ways
     if relayout is not None:
         cfg = relayout(stored)
-    _check_layers(cfg_path, cfg.layers, stored, getattr(cfg, "layer_prefix", "model.layers."))  # before listing names
+    _check_layers(cfg_path, cfg.layers, stored, getattr(cfg, "layer_prefix", "model.layers."),
+                  cfg.extra_layers)  # before listing names
     if cfg.moe is not None:  # the experts' tensors stacked, one constant a role (engine/moe.py)
         if cfg.moe.spelling == "gptoss":
             from lanefuse.engine.gptoss import GptOssStore
@@ -83,6 +86,9 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     split = getattr(cfg, "split_store", None)  # a family whose fused tensors the step reads in parts (Qwen3-Next)
     if split is not None:
         store = Weights(split(store.store, str(folder)))
+    serve = getattr(cfg, "serve", None)  # a family serving tensors cut from the stored ones (engine/deepseek.py)
+    if serve is not None:
+        store = Weights(serve(store.store, str(folder)))
     cfg = _checked(cfg, store, str(folder), "config.json")
     return cfg, store.with_config(cfg)
 

@@ -150,13 +150,16 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
 
     if arch in GPTOSS:
         return gptoss_config(c, where, max_len, name, _Reader, MAX_LAYERS)
+    from lanefuse.engine.deepseek import ARCHS as DEEPSEEK, deepseek_config
     from lanefuse.engine.qwen3next import ARCHS as QWEN3NEXT, qwen3next_config
 
     if arch in QWEN3NEXT:
         return qwen3next_config(c, where, max_len, name, _Reader, _rope, MAX_LAYERS)
+    if arch in DEEPSEEK:
+        return deepseek_config(c, where, max_len, name, _Reader, MAX_LAYERS)
     if arch not in SUPPORTED:
         raise UserError(f"{where}: architecture `{arch}` is not supported (supported: "
-                        f"{', '.join(SUPPORTED + GEMMA + GPTOSS + QWEN3NEXT)})")
+                        f"{', '.join(SUPPORTED + GEMMA + GPTOSS + QWEN3NEXT + DEEPSEEK)})")
 
     act = r.text("hidden_act", "silu")
     if act != "silu":

@@ -168,15 +168,20 @@ def _quantize(x, words=1, **a):
 
 
 def _moe(x, router, gate_up, down, router_bias=None, gate_up_bias=None, down_bias=None, *, experts, k, inter,
-         norm_topk, act="silu", routing="softmax_topk", limit=0.0, alpha=1.702, **a):
+         norm_topk, act="silu", routing="softmax_topk", limit=0.0, alpha=1.702, groups=1, topk_groups=1,
+         route_scale=1.0, **a):
     from lanefuse.engine.moe import route
 
     xs = np.asarray(x, dtype=F64)  # (R, d)
     r, d = xs.shape
     logits = xs @ np.asarray(router, dtype=F64).T
-    if router_bias is not None:
+    choice_bias = None
+    if router_bias is not None and routing == "sigmoid_group":  # DeepSeek's correction bias: the choice only
+        choice_bias = np.asarray(router_bias, dtype=F64)
+    elif router_bias is not None:
         logits = logits + np.asarray(router_bias, dtype=F64)
-    chosen, weights = route(logits, k, bool(norm_topk), routing)  # (R, k) each
+    chosen, weights = route(logits, k, bool(norm_topk), routing, choice_bias, groups, topk_groups,
+                            route_scale)  # (R, k) each
     gu = np.asarray(gate_up, dtype=F64).reshape(experts, 2 * inter, d)
     dn = np.asarray(down, dtype=F64).reshape(experts, d, inter)
     gub = np.zeros((experts, 2 * inter)) if gate_up_bias is None else \
@@ -255,13 +260,34 @@ _ACT64 = {"silu": lambda g: g / (1.0 + np.exp(-g)), "sigmoid": lambda g: 1.0 / (
           "gelu": lambda g: 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))}
 
 
+def _head_slice(x, every, start, width, **a):
+    r, n = x.shape
+    return np.array(np.asarray(x, dtype=F32).reshape(r, n // every, every)[:, :, start:start + width]
+                    .reshape(r, n // every * width))
+
+
+def _join(a_, b, heads, **a):
+    r = a_.shape[0]
+    return np.concatenate([np.asarray(a_, dtype=F32).reshape(r, heads, -1),
+                           np.asarray(b, dtype=F32).reshape(r, heads, -1)], axis=-1).reshape(r, -1)
+
+
+def _head_matmul(x, w, heads, a, b, rows_out, **at):
+    r = x.shape[0]
+    xs = np.asarray(x, dtype=F64).reshape(r, heads, a)
+    ws = np.asarray(w, dtype=F64)
+    ws = ws.reshape(heads, b, a).transpose(0, 2, 1) if rows_out else ws.reshape(heads, a, b)  # (heads, a, b)
+    return np.einsum("rha,hab->rhb", xs, ws).reshape(r, heads * b).astype(F32)
+
+
 OP_IMPL: dict[str, Callable[..., np.ndarray]] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul,
     "add": _binary(np.add), "mul": _binary(np.multiply), "sub": _binary(np.subtract),
     "rope": _rope, "set_row": _set_row, "attention": _attention,
     "silu": _silu, "sigmoid": _sigmoid, "gelu": _gelu, "gelu_erf": _gelu_erf, "swiglu": _swiglu, "argmax": _argmax,
     "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe, "quantize": _quantize, "l2norm": _l2norm,
-    "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta,
+    "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta, "head_slice": _head_slice,
+    "join": _join, "head_matmul": _head_matmul,
 }
 
 

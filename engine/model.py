@@ -41,6 +41,18 @@ class ModelConfig:
         return self.moe is not None and i in self.moe.sparse
 
     @property
+    def cache_widths(self) -> tuple[int, int]:
+        """The widths of a layer's two cache tables (keys, values); a family of its own caches other rows
+        (DeepSeek-V3: the normed latent and the rotated key part)."""
+        return self.kv_heads * self.head_dim, self.kv_heads * self.head_dim
+
+    @property
+    def extra_layers(self) -> int:
+        """Layers a checkpoint may hold after the decoder's (DeepSeek-V3's next-token-prediction layers), whose
+        weights the step does not read."""
+        return 0
+
+    @property
     def rot(self) -> int:
         r = int(self.head_dim * self.partial_rotary)
         return r - (r % 2)
@@ -48,8 +60,8 @@ class ModelConfig:
     def carried(self) -> dict[str, tuple[int, ...]]:
         """The tables a step carries, name -> shape: each layer's K and V caches (a family with carried states adds
         them: engine/qwen3next.py)."""
-        shape = (self.max_len, self.kv_heads * self.head_dim)
-        return {n: shape for i in range(self.layers) for n in (f"kc{i}", f"vc{i}")}
+        (kw, vw), L = self.cache_widths, self.max_len
+        return {n: (L, w) for i in range(self.layers) for n, w in ((f"kc{i}", kw), (f"vc{i}", vw))}
 
     def fmt(self, weight: str) -> str:
         return dict(self.formats).get(weight, "f32")
@@ -92,7 +104,7 @@ MAX_BATCH = 256  # the most sequences a batch step decodes
 def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
                states: dict[str, tuple[int, ...]] | None = None) -> tuple[Graph, dict[int, tuple[str, str]]]:
     """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each attention layer's K and V
-    cache tables of max_len rows: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
+    cache tables of max_len rows, `cfg.cache_widths` wide: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
     declared; and the caches' names, a (K, V) pair by layer. A batch step (`batch` B > 1) decodes one row for each of
     B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table (B·max_len, kv·hd), sequence s's
     rows the slot from s·max_len."""
@@ -103,7 +115,7 @@ def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
     if batch > 1 and rows != 1:
         raise UserError(f"a batch step of {rows}-row chunks: a batch decodes one row a sequence (each prompt is "
                         f"prefilled alone, into its slot's cache rows)")
-    kv, hd, L = cfg.kv_heads, cfg.head_dim, cfg.max_len
+    (kw, vw), L = cfg.cache_widths, cfg.max_len
     if batch > 1 and states:
         raise UserError(f"a batch step of {cfg.arch}: its layers carry recurrent states (conv rings, delta-rule "
                         f"states), which a batch step does not hold a slot each yet; decode one sequence at a time")
@@ -117,8 +129,8 @@ def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
     g.tensor("token", (rows * batch,), "i32")
     g.tensor("pos", (batch,), "i32")
     for k, v in caches.values():
-        g.tensor(k, (batch * L, kv * hd))
-        g.tensor(v, (batch * L, kv * hd))
+        g.tensor(k, (batch * L, kw))
+        g.tensor(v, (batch * L, vw))
     for name, shape in states.items():
         g.tensor(name, shape)
     return g, caches

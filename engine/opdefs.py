@@ -73,8 +73,9 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "x - d·q in steps of d/254: (R, n) f32 -> (R, n) q8 | q8x2, read only by products (engine/quantize.py)"),
     _d("moe", ["x", "router", "gate_up", "down", "router_bias?", "gate_up_bias?", "down_bias?"],
        {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str, "limit": float,
-        "alpha": float},
-       {"act": "silu", "routing": "softmax_topk", "limit": 0.0, "alpha": 1.702},
+        "alpha": float, "groups": int, "topk_groups": int, "route_scale": float},
+       {"act": "silu", "routing": "softmax_topk", "limit": 0.0, "alpha": 1.702, "groups": 1, "topk_groups": 1,
+        "route_scale": 1.0},
        doc="an expert mixture of each row: router logits x·routerᵀ (E,), the k experts of the largest (routing "
            "softmax_topk: softmax over all E, then top-k, renormalized when norm_topk; equal probabilities: the "
            "lower expert first), each chosen expert's act(x·gᵀ)·(x·uᵀ) times its down rows, weighed and summed. "
@@ -82,7 +83,10 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "at e·2f and its up rows at e·2f + f; down (E·d, f), expert e's rows at e·d: (R, d) -> (R, d). gpt-oss: routing "
            "topk_softmax (the k largest logits, then a softmax over them), biases added to the router logits (E,), "
            "the gate/up values (E·2f,) and the down values (E·d,), and act clamped_glu: g = min(gate, limit), "
-           "u = clamp(up, -limit, limit), (u + 1)·g·sigmoid(alpha·g)"),
+           "u = clamp(up, -limit, limit), (u + 1)·g·sigmoid(alpha·g). DeepSeek-V3: routing sigmoid_group (the "
+           "sigmoid of each logit; router_bias, the correction bias, added for the choice only; the experts in `groups` "
+           "equal groups, the `topk_groups` groups of the largest sum of their top two kept, the k largest of those; "
+           "the chosen sigmoids the weights, renormalized when norm_topk, times route_scale)"),
     _d("l2norm", ["x"], {"heads": int, "eps": float}, {"heads": 1},
        doc="each of `heads` equal parts of a row scaled to unit length: x / sqrt(sum(x²) + eps): (R, n) -> (R, n)"),
     _d("causal_conv", ["x", "w", "ring"], {"taps": int, "start": int}, {"start": 0},
@@ -100,6 +104,14 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "table (hv·dk, dv) rewritten in place; each output head RMS-normed (eps) times gn and silu(z): "
            "(R, hk·dk) q and k, (R, hv·dv) v, z's values zoff.. of each row, (R, hv) beta and g, (dv,) gn -> "
            "(R, hv·dv)"),
+    _d("head_slice", ["x"], {"every": int, "start": int, "width": int},
+       doc="from each group of `every` values of a row, the `width` from `start`: (R, n) -> (R, n / every · width)"),
+    _d("join", ["a", "b"], {"heads": int},
+       doc="each head's part of a, then its part of b: (R, heads·ha), (R, heads·hb) -> (R, heads·(ha + hb))"),
+    _d("head_matmul", ["x", "w"], {"heads": int, "a": int, "b": int, "rows_out": bool},
+       doc="each head's a values times its own matrix, to b values: (R, heads·a) -> (R, heads·b); w checkpoint rows, "
+           "head h's at h·b (rows_out: (heads·b, a), y_h = x_h·W_hᵀ) or at h·a (not rows_out: (heads·a, b), "
+           "y_h = x_h·W_h)"),
 ]}
 
 
@@ -234,8 +246,9 @@ def _quantize(shapes, attrs):
     return (r, n), "q8" if attrs["words"] == 1 else "q8x2"
 
 
-ROUTINGS = ("softmax_topk", "topk_softmax")  # softmax over every expert, then the k largest (Qwen-MoE, Mixtral); the
-# k largest logits, then a softmax over them (gpt-oss)
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")  # softmax over every expert, then the k largest
+# (Qwen-MoE, Mixtral); the k largest logits, then a softmax over them (gpt-oss); sigmoid scores chosen in groups with
+# a correction bias (DeepSeek-V3)
 
 
 def _moe(shapes, attrs):
@@ -247,6 +260,12 @@ def _moe(shapes, attrs):
         raise ValueError(f"experts of width {f}")
     if attrs["routing"] not in ROUTINGS:
         raise ValueError(f"routing `{attrs['routing']}` (known: {', '.join(ROUTINGS)})")
+    n, t = attrs["groups"], attrs["topk_groups"]
+    if n < 1 or e % n or not 1 <= t <= n:
+        raise ValueError(f"{t} of {n} expert groups over {e} experts")
+    if n > 1 and (attrs["routing"] != "sigmoid_group" or e // n < 2 or t * (e // n) < k):
+        raise ValueError(f"the top {k} of {t} of {n} groups of {e // n} experts (groups: sigmoid_group routing, "
+                         f"groups of at least 2, enough experts in the groups kept)")
     want = {"router": (e, d), "gate_up": (e * 2 * f, d), "down": (e * d, f), "router_bias": (e,),
             "gate_up_bias": (e * 2 * f,), "down_bias": (e * d,)}
     for name, s in zip(("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias"), shapes[1:]):
@@ -299,12 +318,40 @@ def _gated_delta(shapes, attrs):
     return (r, hv * dv), "f32"
 
 
+def _head_slice(shapes, attrs):
+    r, n = _rows_cols(shapes[0])
+    every, start, width = attrs["every"], attrs["start"], attrs["width"]
+    if every < 1 or n % every or width < 1 or start < 0 or start + width > every:
+        raise ValueError(f"values {start}..{start + width - 1} of each {every} of a row of {n}")
+    return (r, n // every * width), "f32"
+
+
+def _join(shapes, attrs):
+    (r, na), (r2, nb) = _rows_cols(shapes[0]), _rows_cols(shapes[1])
+    h = attrs["heads"]
+    if r != r2 or h < 1 or na % h or nb % h:
+        raise ValueError(f"{shapes[0]} and {shapes[1]} are not {h} heads over the same rows")
+    return (r, na + nb), "f32"
+
+
+def _head_matmul(shapes, attrs):
+    r, n = _rows_cols(shapes[0])
+    h, a, b = attrs["heads"], attrs["a"], attrs["b"]
+    if n != h * a:
+        raise ValueError(f"x {shapes[0]} is not {h} heads of {a}")
+    want = (h * b, a) if attrs["rows_out"] else (h * a, b)
+    if shapes[1] != want:
+        raise ValueError(f"w {shapes[1]} is not {want} ({h} heads from {a} to {b})")
+    return (r, h * b), "f32"
+
+
 INFER: dict[str, Callable] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul, "add": _broadcast, "mul": _broadcast,
     "sub": _broadcast, "rope": _rope, "set_row": _set_row, "attention": _attention, "silu": _same,
     "sigmoid": _same, "gelu": _same, "gelu_erf": _same, "swiglu": _swiglu, "argmax": _argmax, "scale": _same,
     "softcap": _same, "view": _view, "moe": _moe, "quantize": _quantize, "l2norm": _l2norm,
-    "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta,
+    "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta, "head_slice": _head_slice,
+    "join": _join, "head_matmul": _head_matmul,
 }
 
 QUANTIZED = ("q8", "q8x2")

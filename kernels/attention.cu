@@ -8,15 +8,16 @@
 // (slot > 0): grid row y is sequence r = seq0 + y, at position posp[r], over its own slot of the caches (rows from
 // r * slot); the partials stay indexed by the grid's row. With `gate` (attn_output_gate) each output value is
 // multiplied by act(gate) of its place as it is stored.
+// Heads up to MAXD = 256 values, MAXPB = 4 heads a block (attention_split); wider heads, up to 640 values (a latent
+// attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide).
 #define AW 4
-#define MAXPB 4
-#define MAXD 256
-#define VPL (MAXD / 32)
 
-extern "C" __global__ void __launch_bounds__(128) attention_split(
+template <int MAXD, int MAXPB>
+__device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact) {
+    constexpr int VPL = MAXD / 32;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
@@ -110,6 +111,18 @@ extern "C" __global__ void __launch_bounds__(128) attention_split(
         }
     }
 }
+
+#define ATTENTION_KERNEL(NAME, D, PB)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                                          \
+        const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out,           \
+        float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,       \
+        i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,         \
+        i64 gact) {                                                                                                  \
+        attention_body<D, PB>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits,    \
+                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact);                 \
+    }
+ATTENTION_KERNEL(attention_split, 256, 4)
+ATTENTION_KERNEL(attention_split_wide, 640, 1)
 
 extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
                                              i64 splits, i64 seq0, const float* gate, i64 gact) {

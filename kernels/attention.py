@@ -17,6 +17,7 @@ from lanefuse.kernels.elementwise import act_code
 
 MAX_PER_BLOCK = 4  # heads a block holds
 MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
+MAX_WIDE = 640  # the widest head the wide kernel holds, one head a block (attention.cu attention_split_wide)
 
 
 def span(length: int, window: int) -> int:
@@ -68,6 +69,11 @@ class Attention(Launch):
     steps: ClassVar[tuple[str, ...]] = ("attn_splits", "sequences")  # sequences: `apart`
 
     @property
+    def wide(self) -> bool:
+        """A head wider than MAX_HEAD: the wide kernel (one head a block)."""
+        return self.hd > MAX_HEAD or self.vd > MAX_HEAD
+
+    @property
     def kv(self) -> int:
         return self.heads // self.group
 
@@ -95,8 +101,11 @@ class Attention(Launch):
             return Refusal(f"an attention gated by `{self.gate[1]}` (one of {', '.join(ACTS)})")
         if self.group < 1 or self.heads % self.group:
             return Refusal("query heads that do not group evenly over the key/value heads")
-        if self.hd > MAX_HEAD or self.vd > MAX_HEAD:
-            return Refusal(f"a head wider than {MAX_HEAD} values (key {self.hd}, value {self.vd})")
+        if self.hd > MAX_WIDE or self.vd > MAX_WIDE:
+            return Refusal(f"a head wider than {MAX_WIDE} values (key {self.hd}, value {self.vd})")
+        if self.wide and self.per_block != 1:
+            return Refusal(f"{self.per_block} heads a block of a head wider than {MAX_HEAD} values (the wide kernel "
+                           f"takes one)")
         if not 1 <= self.per_block <= MAX_PER_BLOCK or self.heads % self.per_block:
             return Refusal(f"{self.per_block} heads a block (1..{MAX_PER_BLOCK}, dividing {self.heads} heads)")
         if self.splits < 1:
@@ -131,7 +140,7 @@ class Attention(Launch):
         if "attn_splits" in held:
             return replace(self, per_block=1, splits=1)
         per_block = 1
-        for c in range(min(MAX_PER_BLOCK, self.group), 0, -1):
+        for c in range(1 if self.wide else min(MAX_PER_BLOCK, self.group), 0, -1):
             if self.group % c == 0 and self.heads % c == 0:
                 per_block = c
                 break
@@ -247,7 +256,7 @@ class Attention(Launch):
         out = denv.array(self.out)
         gate = denv.array(self.gate[0]) if self.gate else NULL
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
-        denv.function(self.stem, "attention_split")(grid, block, (
+        denv.function(self.stem, "attention_split_wide" if self.wide else "attention_split")(grid, block, (
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),

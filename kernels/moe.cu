@@ -10,11 +10,14 @@
 #define MOE_TILE 64
 #define MOE_MAXE 4096
 #define MOE_MAXK 32
+#define MOE_MAXG 64
 #define MOE_CLAMPED 4  // act: gpt-oss's clamped GLU, (min(max(u, -l), l) + 1)·g·sigmoid(alpha·g), g = min(g, l)
 
 #define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 fd, i64 act, int *choices, \
     float *weights, float *hidden, const float *bgu, const float *bd, float limit, float alpha
-#define MOE_ROUTE const void *wr, i64 fr, i64 norm, const float *br, i64 topk_first
+#define MOE_ROUTE const void *wr, i64 fr, i64 norm, const float *br, i64 topk_first, i64 grouped, i64 groups, \
+    i64 tgroups, float rscale
+#define MOE_ROUTE_ARGS wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, (int)grouped, groups, tgroups, rscale
 #define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs, i64 fsg
 #define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out)
 
@@ -26,18 +29,58 @@ __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, 
 
 // Row r's routing into choices/weights (thread 0 writes): logits (plus the router bias `br` where given) in shared
 // memory, the k largest (equal logits: the lower expert first), softmax weights, renormalized over the chosen when
-// `norm`; with `topk_first` the softmax over the k chosen logits alone. Every thread returns after it.
+// `norm`; with `topk_first` the softmax over the k chosen logits alone. `grouped` (sigmoid_group, DeepSeek-V3):
+// sigmoid scores, `br` (may be null) the correction bias added for the choice only, the `tgroups` groups of the
+// largest sum of their two best kept (equal sums: the lower group), the k best of those; the chosen scores the
+// weights, renormalized over their sum + 1e-20 when `norm`, times `rscale`. Every thread returns after it.
 __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm,
-                              const float* br, int topk_first, int* ch, float* wt) {
+                              const float* br, int topk_first, int grouped, i64 groups, i64 tgroups, float rscale,
+                              int* ch, float* wt) {
     __shared__ float logit[MOE_MAXE];
     __shared__ unsigned char taken[MOE_MAXE];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (i64 e = warp; e < E; e += MOE_WARPS) {
         float s = moe_dot(xr, fr, wr, e, d);
-        if (lane == 0) { logit[e] = br ? s + br[e] : s; taken[e] = 0; }
+        if (lane == 0) { logit[e] = br && !grouped ? s + br[e] : s; taken[e] = 0; }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && grouped) {
+        // logit[e] becomes the sigmoid score; the choice score is score + bias, masked out of the groups not kept
+        float gs[MOE_MAXG];
+        unsigned char keep[MOE_MAXG];
+        i64 per = E / groups;
+        for (i64 e = 0; e < E; e++) logit[e] = 1.f / (1.f + expf(-logit[e]));
+        for (i64 g = 0; g < groups; g++) {
+            float b1 = NEG_INF, b2 = NEG_INF;
+            for (i64 e = g * per; e < (g + 1) * per; e++) {
+                float c = logit[e] + (br ? br[e] : 0.f);
+                if (c > b1) { b2 = b1; b1 = c; } else if (c > b2) b2 = c;
+            }
+            gs[g] = per > 1 ? b1 + b2 : b1;
+            keep[g] = 0;
+        }
+        for (i64 t = 0; t < tgroups; t++) {
+            i64 best = -1;
+            for (i64 g = 0; g < groups; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            keep[best] = 1;
+        }
+        float tot = 0.f;
+        for (i64 c = 0; c < k; c++) {
+            i64 best = -1;
+            float bc = NEG_INF;
+            for (i64 e = 0; e < E; e++) {
+                if (taken[e] || !keep[e / per]) continue;
+                float v = logit[e] + (br ? br[e] : 0.f);
+                if (best < 0 || v > bc) { best = e; bc = v; }
+            }
+            taken[best] = 1;
+            ch[c] = (int)best;
+            wt[c] = logit[best];
+            tot += logit[best];
+        }
+        for (i64 c = 0; c < k; c++) wt[c] = (norm ? wt[c] / (tot + 1e-20f) : wt[c]) * rscale;
+    } else if (threadIdx.x == 0) {
         float m = NEG_INF;
         for (i64 e = 0; e < E; e++) m = fmaxf(m, logit[e]);
         float z = 0.f;
@@ -93,15 +136,15 @@ extern "C" __global__ void __launch_bounds__(256)
             float g = moe_dot(xr, (int)fs, sg, j, d), u = moe_dot(xr, (int)fs, su, j, d);
             if (lane == 0) h[j] = act_apply((int)act, g) * u;
         }
-        if (blockIdx.x == 0 && warp == 0) {
-            float s = moe_dot(xr, (int)fsg, sgate, 0, d);
-            if (lane == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
+        if (blockIdx.x == 0 && warp == 0) {  // no gate score (DeepSeek's shared experts): unscaled
+            float s = sgate ? moe_dot(xr, (int)fsg, sgate, 0, d) : 0.f;
+            if (lane == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
         }
         return;
     }
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
-    moe_route_row(xr, wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, ch, wt);
+    moe_route_row(xr, MOE_ROUTE_ARGS, ch, wt);
     if (blockIdx.x == 0 && c == 0 && threadIdx.x < k) {
         choices[r * k + threadIdx.x] = ch[threadIdx.x];
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
@@ -168,14 +211,14 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
     i64 r = blockIdx.x;
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
-    moe_route_row(x + r * d, wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, ch, wt);
+    moe_route_row(x + r * d, MOE_ROUTE_ARGS, ch, wt);
     if (threadIdx.x < k) {
         choices[r * k + threadIdx.x] = ch[threadIdx.x];
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
-    if (sgate && threadIdx.x < 32) {
-        float s = moe_dot(x + r * d, (int)fsg, sgate, 0, d);
-        if (threadIdx.x == 0) weights[rows * k + r] = 1.f / (1.f + expf(-s));
+    if (sg && threadIdx.x < 32) {  // no gate score (DeepSeek's shared experts): unscaled
+        float s = sgate ? moe_dot(x + r * d, (int)fsg, sgate, 0, d) : 0.f;
+        if (threadIdx.x == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
     }
 }
 

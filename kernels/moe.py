@@ -27,8 +27,10 @@ MAX_EXPERTS = 4096  # router logits held in a block's shared memory (moe.cu MOE_
 MAX_K = 32  # experts chosen a row
 WARPS = 8  # warps a block (moe.cu MOE_WARPS)
 TILE = 64  # hidden (or output) values a block (moe.cu MOE_TILE)
-ROUTINGS = ("softmax_topk", "topk_softmax")  # topk_softmax (gpt-oss): the k largest logits, then their softmax
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")  # topk_softmax (gpt-oss): the k largest logits, then
+# their softmax; sigmoid_group (DeepSeek-V3): sigmoid scores, `br` the correction bias of the choice, chosen in groups
 MOE_ACTS = ACTS + ("clamped_glu",)  # the kernel's act codes (moe.cu: act_apply's, then MOE_CLAMPED 4)
+MAX_GROUPS = 64  # expert groups (moe.cu MOE_MAXG)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class Moe(Launch):
     bd: str | None = None
     limit: float = 0.0  # act clamped_glu: the clamp (gate above, up both ways) and the sigmoid's slope
     alpha: float = 1.702
+    groups: int = 1  # sigmoid_group: the experts in `groups` groups, the `topk_groups` best kept, the weights
+    topk_groups: int = 1  # times `route_scale`
+    route_scale: float = 1.0
     stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
 
     census: ClassVar[str] = "moe"
@@ -76,7 +81,8 @@ class Moe(Launch):
 
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
-        for name, default in (("limit", 0.0), ("alpha", 1.702)):  # an optional variable its rule did not bind
+        for name, default in (("limit", 0.0), ("alpha", 1.702), ("groups", 1), ("topk_groups", 1),
+                              ("route_scale", 1.0)):  # an optional variable its rule did not bind
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
         for name in ("norm_topk", "sort"):
@@ -108,6 +114,13 @@ class Moe(Launch):
     def check(self):
         if self.routing not in ROUTINGS:
             return Refusal(f"an expert mixture routed by `{self.routing}` (the kernel takes {' or '.join(ROUTINGS)})")
+        if self.routing != "sigmoid_group" and (self.groups, self.topk_groups, self.route_scale) != (1, 1, 1.0):
+            return Refusal(f"expert groups or a routing scale under `{self.routing}` routing (sigmoid_group's)")
+        g, t = self.groups, self.topk_groups
+        if g < 1 or self.experts % g or not 1 <= t <= g or g > MAX_GROUPS or (g > 1 and self.experts // g < 2) \
+                or t * (self.experts // g) < self.k:
+            return Refusal(f"the top {self.k} of {t} of {g} expert groups over {self.experts} experts (the kernel "
+                           f"takes at most {MAX_GROUPS} groups of at least 2, enough experts in those kept)")
         gptoss = self.routing == "topk_softmax" or self.act == "clamped_glu"
         if gptoss and (self.br is None or self.bgu is None or self.bd is None or not self.limit > 0):
             return Refusal("a gpt-oss mixture without its router and expert biases and its GLU clamp (this launch "
@@ -125,9 +138,8 @@ class Moe(Launch):
         if not 1 <= self.k <= min(MAX_K, self.experts) or self.experts > MAX_EXPERTS:
             return Refusal(f"top-{self.k} of {self.experts} experts (the kernel keeps at most {MAX_K} of at most "
                            f"{MAX_EXPERTS})")
-        if self.shared and (self.su is None or self.sd is None or self.sgate is None or self.sf < 1
-                            or self.format_s not in FORMATS):
-            return Refusal("a shared expert without its gate, up and down rows and its gate score")
+        if self.shared and (self.su is None or self.sd is None or self.sf < 1 or self.format_s not in FORMATS):
+            return Refusal("a shared expert without its gate, up and down rows")
         if self.shared:
             why = format_refusal(self.format_s, self.d, "the shared expert") or \
                 format_refusal(self.format_s, self.sf, "the shared expert's down rows") or \
@@ -170,8 +182,9 @@ class Moe(Launch):
         # the experts first: a plan's bytes by format (Plan.weight_bytes) names a launch's by its first weight's
         w = {self.wgu: self.format, self.wd: self.format_d or self.format, self.wr: self.format_r}
         if self.shared:
-            w.update({self.sg: self.format_s, self.su: self.format_s, self.sd: self.format_s,
-                      self.sgate: self._fsg})
+            w.update({self.sg: self.format_s, self.su: self.format_s, self.sd: self.format_s})
+            if self.sgate is not None:
+                w[self.sgate] = self._fsg
         if self.nw is not None:
             w[self.nw] = "f32"
         for b in (self.br, self.bgu, self.bd):
@@ -190,7 +203,8 @@ class Moe(Launch):
                                                                             + weight_bytes(fd, d, f))
         if self.shared:
             fs = self.format_s
-            b += weight_bytes(fs, 2 * self.sf, d) + weight_bytes(self._fsg, 1, d) + weight_bytes(fs, d, self.sf)
+            b += weight_bytes(fs, 2 * self.sf, d) + weight_bytes(fs, d, self.sf) + \
+                (weight_bytes(self._fsg, 1, d) if self.sgate is not None else 0)
         return b
 
     def _shares(self) -> list[tuple[int, int]]:
@@ -199,7 +213,8 @@ class Moe(Launch):
         n, hidden = R * d, 4 * R * (self.k + self.shared) * self.width
         router = (weight_bytes(self.format_r, self.experts, d) + 4 * n, 2 * R * self.experts * d)
         up = (self.chosen() * weight_bytes(self.format, 2 * f, d) + 4 * n + hidden
-              + (weight_bytes(fs, 2 * self.sf, d) + weight_bytes(self._fsg, 1, d) if self.shared else 0),
+              + (weight_bytes(fs, 2 * self.sf, d) + (weight_bytes(self._fsg, 1, d) if self.sgate is not None else 0)
+                 if self.shared else 0),
               2 * R * (self.k * 2 * f * d + (2 * self.sf + 1) * d * self.shared))
         down = (self.chosen() * weight_bytes(fd, d, f) + hidden + (weight_bytes(fs, d, self.sf) if self.shared else 0),
                 2 * R * (self.k * f * d + self.sf * d * self.shared))
@@ -221,9 +236,18 @@ class Moe(Launch):
     def _route(self, env, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raw, fmt = env.weight(self.wr)
         logits = products(x, decode(raw, fmt).reshape(self.experts, self.d), 1)  # (rows, E) f32
+        if self.routing == "sigmoid_group":
+            return self._grouped(env, logits)
         if self.br is not None:
             logits = (logits + self._bias(env, self.br)).astype(np.float32)
         chosen, w = route(logits, self.k, bool(self.norm_topk), self.routing)
+        return chosen, w.astype(np.float32)
+
+    def _grouped(self, env, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """sigmoid_group's choices and weights, the correction bias `br` in the choice alone."""
+        bias = None if self.br is None else self._bias(env, self.br)
+        chosen, w = route(logits, self.k, bool(self.norm_topk), self.routing, bias, self.groups, self.topk_groups,
+                          self.route_scale)
         return chosen, w.astype(np.float32)
 
     def _bias(self, env, name: str | None, n: int | None = None) -> np.ndarray:
@@ -280,7 +304,8 @@ class Moe(Launch):
         self._finish(env, y)
 
     def _shared(self, env, x: np.ndarray, exact: bool) -> np.ndarray:
-        """The shared expert's output scaled by the sigmoid of its gate score, (rows, d) f32."""
+        """The shared expert's output scaled by the sigmoid of its gate score (unscaled without one: DeepSeek's),
+        (rows, d) f32."""
         sf, d = self.sf, self.d
 
         def m(name: str, n: int, kk: int) -> np.ndarray:
@@ -292,6 +317,8 @@ class Moe(Launch):
         prod = (lambda a, b: products(a, b, 1)) if exact else (lambda a, b: (a @ b.T).astype(np.float32))
         g, u = prod(x, m(self.sg, sf, d)), prod(x, m(self.su, sf, d))
         h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
+        if self.sgate is None:
+            return prod(h, m(self.sd, d, sf)).astype(np.float32)
         score = act("sigmoid", prod(x, m(self.sgate, 1, d))).astype(np.float32)  # (rows, 1)
         return (prod(h, m(self.sd, d, sf)) * score).astype(np.float32)
 
@@ -300,8 +327,12 @@ class Moe(Launch):
         the sorted kernels group them, whatever `sort` says: the same sums within f32 rounding)."""
         d, f = self.d, self.f
         x = env.array(self.x)[: self.rows * d].reshape(self.rows, d)
-        logits = x @ env.matrix(self.wr).reshape(self.experts, d).T + self._bias(env, self.br, self.experts)
-        chosen, w = route(logits, self.k, bool(self.norm_topk), self.routing)
+        logits = x @ env.matrix(self.wr).reshape(self.experts, d).T
+        if self.routing == "sigmoid_group":
+            chosen, w = self._grouped(env, logits)
+        else:
+            chosen, w = route(logits + self._bias(env, self.br, self.experts), self.k, bool(self.norm_topk),
+                              self.routing)
         bgu = self._bias(env, self.bgu, self.experts * 2 * f).reshape(self.experts, 2 * f)
         bd = self._bias(env, self.bd, self.experts * d).reshape(self.experts, d)
         gu = env.matrix(self.wgu).reshape(self.experts, 2 * f, d)
@@ -337,8 +368,10 @@ class Moe(Launch):
                   sc["hidden"], denv.opt(self.bgu), denv.opt(self.bd), f32(self.limit), f32(self.alpha))
         shared = (denv.opt(self.sg), denv.opt(self.su), denv.opt(self.sd), denv.opt(self.sgate), i64(self.sf),
                   i64(fs), i64(FORMAT_CODE[self._fsg]))
+        grouped = self.routing == "sigmoid_group"
         route = (denv.weight(self.wr)[0], i64(FORMAT_CODE[self.format_r]), i64(int(bool(self.norm_topk))),
-                 denv.opt(self.br), i64(int(self.routing == "topk_softmax")))
+                 denv.opt(self.br), i64(int(self.routing == "topk_softmax")), i64(int(grouped)), i64(self.groups),
+                 i64(self.topk_groups), f32(self.route_scale))
         fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out))
         up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
         wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]

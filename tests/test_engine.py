@@ -85,6 +85,7 @@ GRAPHS = {
     "qwen3_q8": lambda: q8_graph("q8"),
     "llama_q8x2_chunk": lambda: q8_graph("q8x2", "LlamaForCausalLM", rows=3),
     "qwen3next_chunk": lambda: build_step(qwen3next(), rows=3),
+    "deepseek": lambda: build_step(deepseek()),
 }
 
 
@@ -111,6 +112,18 @@ def qwen3next():
          "moe_intermediate_size": 24, "shared_expert_intermediate_size": 20, "decoder_sparse_step": 2,
          "layer_types": ["linear_attention", "full_attention"]}
     return config_from_hf(c, "Qwen3-Next test config", max_len=16)
+
+
+def deepseek():
+    """A DeepSeek-V3-shaped config (latent attention, a dense layer then a mixture routed in groups, shared experts)."""
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    c = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "intermediate_size": 40, "moe_intermediate_size": 24, "vocab_size": 100,
+         "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
+         "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+         "max_position_embeddings": 16}
+    return config_from_hf(c, "DeepSeek-V3 test config", max_len=16)
 
 
 def gptoss():

@@ -134,7 +134,7 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     with pytest.raises(UserError, match=r"architecture `MistralForCausalLM` is not supported \(supported: "
                                         r"LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
                                         r"MixtralForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                                        r"Gemma3ForConditionalGeneration, GptOssForCausalLM, Qwen3NextForCausalLM\)"):
+                                        r"Gemma3ForConditionalGeneration, GptOssForCausalLM, Qwen3NextForCausalLM, DeepseekV3ForCausalLM\)"):
         load_model(tmp_path / "m")
 
 

@@ -114,6 +114,29 @@ def test_gptoss_model_32_tokens_and_a_sorted_chunk():
     assert float(np.max(np.abs(outs[0] - outs[1])) / np.max(np.abs(outs[0]))) < 1e-3
 
 
+def test_deepseek_model_32_tokens_and_a_chunk():
+    """A transformers-made DeepSeek-V3 (latent attention in the wide kernel, the per-head products, the grouped
+    sigmoid routing with its correction bias and shared expert): 32 tokens CuPy against numpy, and an 8-row chunk."""
+    from lanefuse.engine.front import load_model
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
+    from lanefuse.lane.run.generate import new_caches
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    plans = flags.read("LANEFUSE_PLANS")
+    folder = os.path.join(plans or "", "tiny-deepseek")
+    if not os.path.isdir(folder):
+        pytest.skip("no transformers-made DeepSeek-V3 in $LANEFUSE_PLANS (bench/gpu_prepare.py makes one)")
+    cfg, w = load_model(folder)
+    _pair(cfg, w, _plan("tiny-deepseek-decode", lambda: build_step(cfg, 1)))
+    s = _plan("tiny-deepseek-prefill8", lambda: build_step(cfg, 8))
+    outs = []
+    for runner in (NumpyRunner(s, w), CupyRunner(s, w, state=DeviceState())):
+        env = {**new_caches(cfg), "token": np.arange(3, 11, dtype=np.int32), "pos": np.array([0], np.int32)}
+        outs.append(np.asarray(runner.step(env)["logits"]).reshape(-1))
+    assert float(np.max(np.abs(outs[0] - outs[1])) / np.max(np.abs(outs[0]))) < 1e-3
+
+
 def test_decode_step_cuda_graph_replays_match():
     """Graph capture on and off give the same logits; the device advances the token and position itself."""
     from lanefuse.engine.demo import demo_model

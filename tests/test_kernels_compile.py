@@ -177,7 +177,7 @@ def samples():
         Softcap("x", "y", 8, 30.0), Unary("gelu_erf", "x", "y", 8),
         Fold(Gemv("x", "w", "bf16", Dst("o"), 32, 8, 1),
              Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s", pre=PreNorm("pw", 1e-6))),
-        *fused_folds(), *mixtures(), *delta_net(),
+        *fused_folds(), *mixtures(), *delta_net(), *latent(),
     ]
 
 
@@ -195,6 +195,22 @@ def delta_net():
             GateProj("x", "wb", "wa", "bf16", "dt", "al", "bt", "g", 64, 4, 2, format_a="f32"),
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 8, 8, 16, 1, 0.3, gate=("gt", "sigmoid")),
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 8, 8, 16, 2, 0.3, splits=3, gate=("gt", "sigmoid"))]
+
+
+def latent():
+    """DeepSeek-V3's pieces: each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
+    scores with a correction bias and an ungated shared expert, a row at a time and over sorted rows."""
+    from lanefuse.kernels import Dst, HeadGemv, Moe
+
+    grouped = dict(routing="sigmoid_group", br="cb", groups=4, topk_groups=2, route_scale=2.5, norm_topk=True,
+                   sg="sg", su="su", sd="sd", sf=22, format_s="bf16")
+    from lanefuse.kernels import Attention
+
+    return [Attention("q", "kc", "vc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2),
+            HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
+            HeadGemv("a", "wv", "f32", Dst("o"), 3, 4, 16, 12, rows_out=True),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 1, "bf16", **grouped),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 5, "bf16", sort=True, add="a", **grouped)]
 
 
 def mixtures():

@@ -103,13 +103,14 @@ def test_rope_parts(rows, heads, hd, rot):
 
 
 @pytest.mark.parametrize("heads,kv,hd,vd", [(4, 2, 8, 8), (6, 1, 64, 6), (32, 8, 128, 128),
-                                            (8, 2, MAX_HEAD, MAX_HEAD), (3, 3, 36, 50)])
+                                            (8, 2, MAX_HEAD, MAX_HEAD), (3, 3, 36, 50), (4, 1, 576, 512)])
 @pytest.mark.parametrize("rows,pos", [(1, 0), (1, 1000), (5, 37)])
 @pytest.mark.parametrize("window,sinks,splits,per_block", [(0, False, 1, 1), (100, False, 1, 2), (0, True, 4, 1),
                                                            (17, True, 3, 2), (0, False, 16, 4)])
 def test_attention(heads, kv, hd, vd, rows, pos, window, sinks, splits, per_block):
-    if heads % per_block:
-        pytest.skip("per_block does not divide the heads")
+    """(4, 1, 576, 512): a latent attention's absorbed heads (DeepSeek-V3: latent 512 + rotated 64), the wide kernel."""
+    if heads % per_block or (max(hd, vd) > MAX_HEAD and per_block > 1):
+        pytest.skip("per_block does not divide the heads, or a wide head (one a block)")
     g = np.random.default_rng(heads * hd + pos)
     L = 1024 + 8
     arrays = {"q": r32(g, rows, heads * hd), "kc": r32(g, L, kv * hd), "vc": r32(g, L, kv * vd),
@@ -460,3 +461,41 @@ def test_moe_block_formats(fmts, rows, sort):
     both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fgu, format_d=fd, norm_topk=True, sort=sort,
              sg="sg", su="su", sd="sd", sgate="sgt", sf=sf, format_s="q8_0", format_sgate="f32", add="a", sum="s",
              nw="nw", eps=1e-6), arrays, weights, tol=2e-4, placed=rows == 3)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("m,heads,a,b,rows_out", [(1, 4, 32, 64, False), (3, 4, 64, 32, True), (1, 128, 128, 512, False),
+                                                  (5, 16, 512, 128, True)])
+def test_head_gemv(fmt, m, heads, a, b, rows_out):
+    """Each head's own product (a latent attention's absorption and expansion), both layouts, into a placed arena."""
+    from lanefuse.kernels import HeadGemv
+
+    g = np.random.default_rng(m * heads + a)
+    rows, cols = (heads * b, a) if rows_out else (heads * a, b)
+    arrays = {"x": r32(g, m, heads * a), "y": np.zeros(m * heads * b, np.float32)}
+    weights = {"w": (encode(r32(g, rows, cols) / np.sqrt(a), fmt), fmt)}
+    both(HeadGemv("x", "w", fmt, Dst("y"), m, heads, a, b, rows_out=rows_out), arrays, weights, tol=2e-4,
+         placed=m == 3)
+
+
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (16, True)])
+@pytest.mark.parametrize("shared", [0, 24])
+def test_moe_grouped_sigmoid(rows, sort, shared):
+    """DeepSeek-V3's routing on the device: sigmoid scores, a correction bias large enough to change the choices, the
+    best groups by their top two, weights renormalized and scaled; an ungated shared expert."""
+    from lanefuse.kernels import Moe
+
+    for d, f, E, k, groups, topk in ((32, 11, 8, 3, 4, 2), (256, 64, 256, 8, 8, 4)):
+        g = np.random.default_rng(rows + shared + d)
+        arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
+        weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"), "cb": (0.5 * r32(g, E), "f32"),
+                   "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
+                   "wd": (encode(r32(g, E * d, f) / np.sqrt(f), "bf16"), "bf16")}
+        kw = {}
+        if shared:
+            for n, shape in (("sg", (shared, d)), ("su", (shared, d)), ("sd", (d, shared))):
+                weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), "bf16"), "bf16")
+            kw.update(sg="sg", su="su", sd="sd", sf=shared, format_s="bf16")
+        both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "bf16", norm_topk=True, sort=sort,
+                 routing="sigmoid_group", br="cb", groups=groups, topk_groups=topk, route_scale=2.5, **kw),
+             arrays, weights, tol=2e-4)

@@ -12,7 +12,7 @@ import yaml
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Conv, ConvParts, Decay, Delta, Dst, Fold,
-                              Gather, GateProj, Gates, GemmPart, GemmParts, Gemv, GemvF32, GemvGlu, Join, L2Norm,
+                              Gather, GateProj, Gates, GemmPart, GemmParts, Gemv, GemvF32, GemvGlu, HeadGemv, Join, L2Norm,
                               Launch, Moe, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale, SetRow, Slice, Softcap,
                               SwiGlu, Unary, View, honoured_steps)
 from lanefuse.kernels.conv_parts import ConvPart
@@ -36,6 +36,7 @@ SAMPLES: dict[str, Launch] = {
     "gemv": Gemv("x", "w", "bf16", Dst("y"), 4096, 64, 1, bias="b"),
     "gemv_f32": GemvF32("x", "w", Dst("y"), 4096, 64, 1),
     "gemv_glu": GemvGlu("x", "wg", "wu", "f16", "o", 64, 2048, 1),
+    "head_gemv": HeadGemv("x", "w", "bf16", Dst("y"), 1, 16, 128, 512, rows_out=False),
     "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),
     "l2norm": L2Norm("x", "y", 16, 128, 1e-6),
     "moe": Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16"),
@@ -88,6 +89,9 @@ def test_refusals_are_values_in_the_users_words():
                RopeParts((), "cos", "sin", "pos", 1, 8, 8),
                Fold(Gather("E", "t", "e", 4, format="q4"), Norm("e", "w", "o", 1, 4, 1e-6)),
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 9, 1, "bf16"),
+               HeadGemv("x", "w", "q8_0", Dst("y"), 1, 4, 8, 16, rows_out=True),
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", routing="sigmoid_group", groups=3),
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", groups=2, topk_groups=1),
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", format_d="q8_0"),  # 37 in blocks
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", sg="sg")]
     for l in refused:

@@ -247,8 +247,11 @@ def test_attention_values_in_the_key_rows():
 
 
 def test_attention_refuses_wide_heads_and_unknown_gates():
-    a = Attention("q", "k", "v", "pos", "o", 4, 2, 512, 512, 8, 1, 1.0)
-    assert "wider" in a.check().reason
+    """Heads up to 256 values in the main kernel, to 640 one a block in the wide one (a latent attention's), wider
+    refused; an output gated by sigmoid (attn_output_gate), by another activation refused."""
+    assert Attention("q", "k", "v", "pos", "o", 4, 2, 512, 512, 8, 1, 1.0).check() is None
+    assert "one" in Attention("q", "k", "v", "pos", "o", 4, 2, 576, 512, 8, 1, 1.0, per_block=2).check().reason
+    assert "wider" in Attention("q", "k", "v", "pos", "o", 4, 2, 704, 512, 8, 1, 1.0).check().reason
     relu = Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, gate=("g", "relu"))
     assert "gated by `relu`" in relu.check().reason
     assert Attention("q", "k", "v", "pos", "o", 4, 2, 8, 8, 8, 1, 1.0, gate=("g", "sigmoid")).check() is None
@@ -549,7 +552,7 @@ def test_view_runs_nothing_and_quant_refuses_partial_blocks():
 def test_registry_names_every_kind_once():
     want = {"gemv", "gemv_f32", "norm", "rope", "rope_parts", "attention", "binary", "swiglu", "gemv_glu",
             "gemm_parts", "gather", "set_row", "argmax", "slice", "join", "unary", "scale", "fold", "quant", "view",
-            "moe", "softcap", "conv", "conv_parts", "delta", "decay", "l2norm", "gates", "gate_proj"}
+            "moe", "softcap", "conv", "conv_parts", "delta", "decay", "l2norm", "gates", "gate_proj", "head_gemv"}
     assert set(KINDS) == want
     from importlib import resources
 

@@ -114,7 +114,7 @@ def _memory_bytes() -> int | None:
 def context_rows(allowed: int, cfg: ModelConfig, ctx: int | None, who: str) -> tuple[int, str]:
     """The KV caches' rows: `ctx` where given (at most the `allowed` positions), else the allowed ones capped at
     CTX_CAP and by memory; and the sentence that says so."""
-    row_bytes = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * 4  # f32 keys and values, every layer
+    row_bytes = cfg.layers * sum(cfg.cache_widths) * 4  # f32 keys and values (a family's own rows), every layer
     if ctx is not None:
         if ctx > allowed:
             raise UserError(f"--ctx {ctx}: {who} allows at most {allowed} positions")

@@ -1,0 +1,114 @@
+"""DeepSeek-V3 figures, in one run: the whole plan() of a DeepSeek-V3-shaped decode step (61 layers, 256 routed
+experts top-8 in 8 groups of which 4 are kept, 1 shared expert, 3 dense layers, latent attention; shape only: no
+weights) beside the dense Qwen3-8B shape's; launches per decode layer (the census of a dense and of a mixture layer);
+the KV-cache bytes per token per layer: the latent cache (the normed latent and the rotated key part) against an
+expanded cache of the same model (each head's key and value).
+
+    python bench/deepseek_figures.py [--repeat 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+from lanefuse.engine.hfconfig import config_from_hf
+from lanefuse.engine.model import build_step
+from lanefuse.engine.rules import load_table
+from lanefuse.lane.lower.plan import plan
+
+# DeepSeek-V3's config.json keys (the released model's values; its YaRN as 4.x wrote it)
+DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+               "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+               "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+               "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+               "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+               "first_k_dense_replace": 3, "norm_topk_prob": True, "vocab_size": 129280,
+               "max_position_embeddings": 163840, "rope_theta": 10000,
+               "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}}
+
+
+def bf16(cfg):
+    return dataclasses.replace(cfg, formats=tuple((n, "bf16") for n, s in cfg.weight_names().items() if len(s) == 2))
+
+
+def deepseek_v3(layers: int = 61):
+    return bf16(config_from_hf({**DEEPSEEK_V3, "num_hidden_layers": layers}, "DeepSeek-V3 shape", max_len=4096,
+                               name=f"deepseek-v3-shape-{layers}L"))
+
+
+def qwen3_8b(layers: int = 36):
+    from lanefuse.engine.model import ModelConfig
+
+    return bf16(ModelConfig("Qwen3ForCausalLM", 4096, layers, 32, 8, 128, 12288, 151936, qk_norm=True,
+                            rope_theta=1e6, max_len=4096, name=f"qwen3-8b-shape-{layers}L"))
+
+
+def timed_plan(cfg, table, repeat: int):
+    g = build_step(cfg, 1)
+    times, s = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        s = plan(g, table=table)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), s
+
+
+def kv_bytes(cfg) -> dict[str, int]:
+    """f32 bytes a token's cache rows take in one layer: the latent cache (what the step carries) and an expanded
+    cache of the same model (each head's rotated-and-unrotated key and its value, as a GQA cache would hold them)."""
+    latent = 4 * sum(cfg.cache_widths)
+    expanded = 4 * cfg.heads * (cfg.nope + cfg.head_dim + cfg.v_dim)
+    return {"latent": latent, "expanded": expanded}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3, help="plan() runs a shape (median)")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    table = load_table()
+    out = {}
+    print(f"whole plan() of a decode step (engine + link + schedule + arena), median of {args.repeat}")
+    for name, cfg in (("deepseek-v3", deepseek_v3()), ("qwen3-8b", qwen3_8b())):
+        sec, s = timed_plan(cfg, table, args.repeat)
+        layers = s.per_layer()
+        wb = sum(s.weight_bytes().values())
+        row = {"plan_s": round(sec, 4), "engine_s": round(s.timings["engine_s"], 4), "launches": s.n_launches,
+               "census": s.census, "weight_bytes": wb}
+        print(f"  {name:12s} {cfg.layers} layers: {sec:.3f} s (engine {s.timings['engine_s']:.3f} s); "
+              f"{s.n_launches} launches; weights read {wb / 1e6:,.1f} MB")
+        if cfg.moe is not None:
+            dense = [layers[i] for i in range(1, cfg.layers) if not cfg.sparse(i)]
+            sparse = [layers[i] for i in range(1, cfg.layers - 1) if cfg.sparse(i)]
+            row.update(dense_layer=max(dense), moe_layer=max(sparse))
+            one = [i for i in range(1, cfg.layers) if cfg.sparse(i)][1]  # a mixture layer after a mixture layer: the
+            # Moe launch that norms a layer's input counts in that layer
+            kinds = sorted(k.census for l in s.launches if l.layer == one for k in l.launch.kernels())
+            print(f"  {'':12s} launches a layer: dense {max(dense)}, mixture {max(sparse)} (goal 7); layer {one}: "
+                  f"{', '.join(kinds)}")
+            kv = kv_bytes(cfg)
+            row["kv_bytes_per_token_layer"] = kv
+            print(f"  {'':12s} KV cache a token a layer (f32): latent {kv['latent']:,} B "
+                  f"({cfg.kv_lora} + {cfg.head_dim} values) against expanded {kv['expanded']:,} B "
+                  f"({cfg.heads} heads of {cfg.nope + cfg.head_dim} + {cfg.v_dim}): "
+                  f"{kv['expanded'] / kv['latent']:.1f}x smaller")
+        else:
+            body = [v for k, v in layers.items() if 0 < k < cfg.layers - 1]
+            row["per_layer"] = max(body)
+            kv = 4 * 2 * cfg.kv_heads * cfg.head_dim
+            row["kv_bytes_per_token_layer"] = kv
+            print(f"  {'':12s} launches a layer: {max(body)}; KV cache a token a layer (f32): {kv:,} B")
+        out[name] = row
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+// Each head's own product (head_gemv.py): y[r, h, j] = sum_i x[r, h, i] * W(h, i, j), W head h's rows of w —
+// rows_out: (b, a) at h*b, W(h, i, j) = w[(h*b + j)*a + i]; else (a, b) at h*a, W(h, i, j) = w[(h*a + i)*b + j].
+// A warp an output; the weights read a value at a time (any width, any format wget decodes).
+extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, const void* w, i64 fmt, DST_PARAMS(y),
+                                                              i64 m, i64 heads, i64 a, i64 b, i64 rows_out) {
+    Dst d = DST(y);
+    i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    i64 total = m * heads * b;
+    if (warp >= total) return;
+    i64 j = warp % b, h = (warp / b) % heads, r = warp / (b * heads);
+    const float* xr = x + (r * heads + h) * a;
+    float s = 0.f;
+    for (i64 i = lane; i < a; i += 32)
+        s += xr[i] * wget((int)fmt, w, rows_out ? (h * b + j) * a + i : (h * a + i) * b + j);
+    s = warp_sum(s);
+    if (lane == 0) d.y[dst_at(d, warp)] = s;
+}

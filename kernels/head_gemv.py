@@ -1,0 +1,105 @@
+"""`head_gemv`: each head's own product, y (m, heads·b) from x (m, heads·a) — head h's a values times its matrix of
+checkpoint rows in `format` (the lifted `head_matmul`: a latent attention's query absorbed into latent space, its
+output expanded out of it). `rows_out`: w is (heads·b, a), head h's b output rows at h·b (y_h = x_h·W_hᵀ); else
+(heads·a, b), head h's a input rows at h·a (y_h = x_h·W_h). One kernel (head_gemv.cu), a warp an output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, decode, format_refusal, names, reach,
+                                     weight_bytes)
+from lanefuse.engine.refusal import Refusal
+
+WARPS = 4  # warps a block: one output each
+
+
+@dataclass(frozen=True)
+class HeadGemv(Launch):
+    x: str
+    w: str
+    format: str
+    y: Dst
+    m: int  # rows
+    heads: int
+    a: int  # a head's input values
+    b: int  # a head's output values
+    rows_out: bool = True
+
+    census: ClassVar[str] = "head_gemv"
+    stem: ClassVar[tuple[str, ...]] = ("head_gemv",)
+
+    def __post_init__(self):
+        if self.rows_out in (0, 1) and not isinstance(self.rows_out, bool):  # a flag through the e-graph: 0 / 1
+            object.__setattr__(self, "rows_out", bool(self.rows_out))
+
+    def reads(self):
+        return names(self.x, self.w, *self.y.params())
+
+    def writes(self):
+        return (self.y.buf,)
+
+    def check(self):
+        if min(self.m, self.heads, self.a, self.b) < 1:
+            return Refusal(f"a per-head product of no values ({self.m} rows, {self.heads} heads, {self.a} to {self.b})")
+        cols = self.a if self.rows_out else self.b
+        why = format_refusal(self.format, cols, "the per-head product")
+        if why:
+            return why
+        if -(-self.m * self.heads * self.b // WARPS) > (1 << 31) - 1 or self.m > MAX_GRID_Y * 1024:
+            return Refusal(f"a per-head product of {self.m * self.heads * self.b} outputs (one grid row of blocks)")
+        return None
+
+    def extents(self, top, tokens):
+        n = self.m * self.heads
+        return reach((self.x, n * self.a), (self.w, self.heads * self.a * self.b),
+                     (self.y.buf, self.y.extent(n * self.b, top)))
+
+    def weights(self):
+        return {self.w: self.format}
+
+    def _rows(self) -> tuple[int, int]:
+        h = self.heads
+        return (h * self.b, self.a) if self.rows_out else (h * self.a, self.b)
+
+    def checkpoint_bytes(self):
+        return weight_bytes(self.format, *self._rows())
+
+    def bytes(self):
+        return self.checkpoint_bytes() + 4 * self.m * self.heads * (self.a + self.b)
+
+    def flops(self):
+        return 2 * self.m * self.heads * self.a * self.b
+
+    def _stack(self, w: np.ndarray) -> np.ndarray:
+        """The heads' matrices as (heads, a, b)."""
+        h, a, b = self.heads, self.a, self.b
+        return w.reshape(h, b, a).transpose(0, 2, 1) if self.rows_out else w.reshape(h, a, b)
+
+    def numpy(self, env):
+        """As the kernel sums: each output's dot in f64, rounded to f32."""
+        raw, fmt = env.weight(self.w)
+        w = self._stack(decode(raw, fmt).astype(np.float64))
+        x = env.array(self.x)[: self.m * self.heads * self.a].reshape(self.m, self.heads, self.a)
+        y = np.einsum("rha,hab->rhb", x.astype(np.float64), w).astype(np.float32)
+        self.y.write(env, y.reshape(self.m, self.heads * self.b))
+
+    def fast(self, env):
+        w = self._stack(env.matrix(self.w))
+        x = env.array(self.x)[: self.m * self.heads * self.a].reshape(self.m, self.heads, self.a)
+        y = np.matmul(x.transpose(1, 0, 2), w).transpose(1, 0, 2)  # (m, heads, b) in f32
+        self.y.write(env, np.ascontiguousarray(y).reshape(self.m, self.heads * self.b))
+
+    def grid_block(self):
+        return ((-(-self.m * self.heads * self.b // WARPS), 1, 1), (32 * WARPS, 1, 1))
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        grid, block = self.grid_block()
+        denv.function(self.stem, "head_gemv")(grid, block, (
+            denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
+            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out))))
