@@ -25,6 +25,18 @@ FORMAT_CODE = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_k": 5, "
 ACTS = ("silu", "sigmoid", "gelu", "gelu_erf")  # gelu: the tanh approximation; gelu_erf: the exact GELU
 
 
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def quant_layout(n: int, words: int) -> tuple[int, int, int]:
+    """Where the parts of a quantized array of `n` values start, and its bytes: (low words, scales, total) — the low
+    words' start equals the scales' under one word (it has none)."""
+    low = _aligned(n)
+    scales = low + (_aligned(n) if words == 2 else 0)
+    return low, scales, scales + _aligned(4 * (n // QBLOCK))
+
+
 @dataclass(frozen=True)
 class Part:
     """A part of every unit of a wider tensor: unit u's `width` values start at `u*pitch + offset`."""

@@ -81,7 +81,7 @@ class DeviceEnv:
     def quant(self, name: str) -> tuple:
         """Tensor `name`'s quantized form (a byte view of its array): its words, low words (a null pointer under
         one word) and scales, as kernel arguments (kernels/quant.py's layout)."""
-        from lanefuse.kernels.quant import quant_layout
+        from lanefuse.kernels.common import quant_layout
 
         if name not in self.quantized:
             raise KeyError(f"`{name}` has no quantized form on the device")

@@ -12,19 +12,7 @@ import numpy as np
 
 from lanefuse.engine.quantize import quantize
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ALIGN, QBLOCK, Launch, reach
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def quant_layout(n: int, words: int) -> tuple[int, int, int]:
-    """Where the parts of a quantized array of `n` values start, and its bytes: (low words, scales, total) — the low
-    words' start equals the scales' under one word (it has none)."""
-    low = _aligned(n)
-    scales = low + (_aligned(n) if words == 2 else 0)
-    return low, scales, scales + _aligned(4 * (n // QBLOCK))
+from lanefuse.kernels.common import QBLOCK, Launch, quant_layout, reach  # noqa: F401  (quant_layout: its home here)
 
 
 def quant_check(n: int, words: int, what: str = "an activation") -> Refusal | None:
