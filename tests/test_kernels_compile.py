@@ -63,16 +63,19 @@ def nvrtc_compile(stems, arch) -> tuple[bool, str, str]:
         opts += [f"-I{d}".encode() for d in include_dirs()]
         (res,) = n.nvrtcCompileProgram(prog, len(opts), opts)
         _, size = n.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
+        # NVRTC writes into the buffer: a bytearray, never bytes (`b" " * 1` is CPython's one cached b" ", which
+        # NVRTC's empty log overwrote with a NUL for the whole process: every later b" " padding became b"\x00")
+        log = bytearray(size)
         n.nvrtcGetProgramLog(prog, log)
         ptx = ""
         if res == n.nvrtcResult.NVRTC_SUCCESS:
             _, size = n.nvrtcGetPTXSize(prog)
-            buf = b" " * size
+            buf = bytearray(size)
             n.nvrtcGetPTX(prog, buf)
-            ptx = buf.decode(errors="replace")
+            ptx = bytes(buf).rstrip(b"\x00").decode(errors="replace")
         n.nvrtcDestroyProgram(prog)
-        _NVRTC[key] = (res == n.nvrtcResult.NVRTC_SUCCESS, log.rstrip(b"\x00 \n").decode(errors="replace"), ptx)
+        _NVRTC[key] = (res == n.nvrtcResult.NVRTC_SUCCESS, bytes(log).rstrip(b"\x00 \n").decode(errors="replace"),
+                       ptx)
     return _NVRTC[key]
 
 
