@@ -233,22 +233,24 @@ QUANT_HOLDS = ("fuse_quant", "norm_quant", "add_norm_quant", "gemv_norm_epilogue
                "embed_norm", "merged_qkv", "gemv_gate_up_glu", "glu_act_mul")
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(held=st.sets(st.sampled_from(QUANT_HOLDS)), numerics=st.sampled_from(["q8", "q8x2"]))
-def test_random_held_sets_and_numerics_keep_the_numbers(held, numerics):
-    """Any held set of the quantizing rules and their neighbours (and `fuse_quant`), under q8 or q8x2: the plan, run
-    by the exact twins in its arena, equals the interpreter of the quantized step graph."""
-    cfg, w = _MODEL
-    g = build_step(cfg, 1)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(held=st.sets(st.sampled_from(QUANT_HOLDS)), numerics=st.sampled_from(["f32", "q8", "q8x2"]),
+       rows=st.sampled_from([1, 3]), fmt=st.sampled_from(["q4_0", "q8_0"]))
+def test_random_held_sets_and_numerics_keep_the_numbers(held, numerics, rows, fmt):
+    """Any held set of the quantizing rules and their neighbours (and `fuse_quant`), under f32, q8 or q8x2, a decode
+    step or a chunk of 3 rows, on the demo's matrices in q4_0 or q8_0: the plan, run by the exact twins in its arena,
+    equals the interpreter of the quantized step graph."""
+    cfg, w = _MODELS[fmt]
+    g = build_step(cfg, rows)
     p = plan(g, numerics=numerics, held=tuple(sorted(held)))
     gq = with_numerics(g, numerics)
-    ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
-    out = NumpyRunner(p, w).step(_chunk_env(g, 1, 0))
+    ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+    out = NumpyRunner(p, w).step(_chunk_env(g, rows, 0))
     assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
     assert np.array_equal(out["next"], ref["next"])
 
 
-_MODEL = q8_model("q4_0")
+_MODELS = {f: q8_model(f) for f in ("q4_0", "q8_0")}
 
 
 def _quant_equals_quantize(env, name, values, words):
