@@ -1,7 +1,9 @@
 """`head_gemv`: each head's own product, y (m, heads·b) from x (m, heads·a) — head h's a values times its matrix of
 checkpoint rows in `format` (the lifted `head_matmul`: a latent attention's query absorbed into latent space, its
 output expanded out of it). `rows_out`: w is (heads·b, a), head h's b output rows at h·b (y_h = x_h·W_hᵀ); else
-(heads·a, b), head h's a input rows at h·a (y_h = x_h·W_h). One kernel (head_gemv.cu), a warp an output."""
+(heads·a, b), head h's a input rows at h·a (y_h = x_h·W_h). One kernel (head_gemv.cu), a warp an output. With
+`quant` (gemv_quant.heads: the q8 numerics' o projection of a latent attention) the output's quantized form too: the
+last block to arrive at each 32 outputs quantizes them (an arrival counter a block of 32)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, decode, format_refusal, names, reach,
-                                     weight_bytes)
+from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, decode, format_refusal, names,
+                                     reach, weight_bytes)
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 from lanefuse.engine.refusal import Refusal
 
 WARPS = 4  # warps a block: one output each
@@ -28,9 +31,11 @@ class HeadGemv(Launch):
     a: int  # a head's input values
     b: int  # a head's output values
     rows_out: bool = True
+    quant: str | None = None  # the output's quantized form, written by the last blocks (the q8 numerics)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
 
     census: ClassVar[str] = "head_gemv"
-    stem: ClassVar[tuple[str, ...]] = ("head_gemv",)
+    stem: ClassVar[tuple[str, ...]] = ("quant", "head_gemv")
 
     def __post_init__(self):
         if self.rows_out in (0, 1) and not isinstance(self.rows_out, bool):  # a flag through the e-graph: 0 / 1
@@ -40,9 +45,20 @@ class HeadGemv(Launch):
         return names(self.x, self.w, *self.y.params())
 
     def writes(self):
-        return (self.y.buf,)
+        return names(self.y.buf, self.quant)
+
+    def scratch(self):
+        if self.quant is None:
+            return ()
+        return (Scratch("arrivals", "i32", 4 * (self.m * self.heads * self.b // 32), counter=True),)
 
     def check(self):
+        if self.quant is not None:
+            why = quant_check(self.heads * self.b, self.words, "a per-head product's output row")
+            if why:
+                return why
+            if self.y != Dst(self.y.buf):
+                return Refusal("a per-head product quantizing an output it writes into a table's rows")
         if min(self.m, self.heads, self.a, self.b) < 1:
             return Refusal(f"a per-head product of no values ({self.m} rows, {self.heads} heads, {self.a} to {self.b})")
         cols = self.a if self.rows_out else self.b
@@ -56,7 +72,7 @@ class HeadGemv(Launch):
     def extents(self, top, tokens):
         n = self.m * self.heads
         return reach((self.x, n * self.a), (self.w, self.heads * self.a * self.b),
-                     (self.y.buf, self.y.extent(n * self.b, top)))
+                     (self.y.buf, self.y.extent(n * self.b, top)), (self.quant, n * self.b))
 
     def weights(self):
         return {self.w: self.format}
@@ -69,7 +85,8 @@ class HeadGemv(Launch):
         return weight_bytes(self.format, *self._rows())
 
     def bytes(self):
-        return self.checkpoint_bytes() + 4 * self.m * self.heads * (self.a + self.b)
+        return (self.checkpoint_bytes() + 4 * self.m * self.heads * (self.a + self.b)
+                + quant_bytes(self.m * self.heads * self.b, self.words if self.quant else 0))
 
     def flops(self):
         return 2 * self.m * self.heads * self.a * self.b
@@ -86,20 +103,27 @@ class HeadGemv(Launch):
         x = env.array(self.x)[: self.m * self.heads * self.a].reshape(self.m, self.heads, self.a)
         y = np.einsum("rha,hab->rhb", x.astype(np.float64), w).astype(np.float32)
         self.y.write(env, y.reshape(self.m, self.heads * self.b))
+        if self.quant is not None:  # from the f32 values stored, as the last blocks read them back
+            quant_write(env, self.quant, y, self.words)
 
     def fast(self, env):
         w = self._stack(env.matrix(self.w))
         x = env.array(self.x)[: self.m * self.heads * self.a].reshape(self.m, self.heads, self.a)
         y = np.matmul(x.transpose(1, 0, 2), w).transpose(1, 0, 2)  # (m, heads, b) in f32
-        self.y.write(env, np.ascontiguousarray(y).reshape(self.m, self.heads * self.b))
+        y = np.ascontiguousarray(y).reshape(self.m, self.heads * self.b)
+        self.y.write(env, y)
+        if self.quant is not None:
+            quant_write(env, self.quant, y, self.words)
 
     def grid_block(self):
         return ((-(-self.m * self.heads * self.b // WARPS), 1, 1), (32 * WARPS, 1, 1))
 
     def cuda(self, denv):
-        from lanefuse.kernels.cupy_env import i64
+        from lanefuse.kernels.cupy_env import NULL, i64
 
         grid, block = self.grid_block()
+        tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant)) if self.quant is not None
+                else (NULL, NULL, NULL, NULL))
         denv.function(self.stem, "head_gemv")(grid, block, (
             denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
-            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out))))
+            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), *tail))

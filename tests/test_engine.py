@@ -87,6 +87,7 @@ GRAPHS = {
     "qwen3_q8": lambda: q8_graph("q8"),
     "llama_q8x2_chunk": lambda: q8_graph("q8x2", "LlamaForCausalLM", rows=3),
     "gptoss_q8": lambda: q8_graph("q8", config=gptoss()),
+    "deepseek_q8": lambda: q8_graph("q8x2", config=deepseek()),
     "qwen3next_chunk": lambda: build_step(qwen3next(), rows=3),
     "deepseek": lambda: build_step(deepseek()),
 }

@@ -259,3 +259,32 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
             assert (a is None) == (b is None)
             if a is not None and not isinstance(a, np.uint64):
                 assert np.array_equal(dev.cp.asnumpy(a), dev2.cp.asnumpy(b)), alone
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_head_gemv_quantizing_tail_equals_the_quant_kernel(words):
+    """head_gemv.cu's arrival-counted tail (gemv_quant.heads): the f32 output within rounding of the twin's, its
+    quantized form exactly quant.cu's of the values the kernel stored, and the same bytes from a second launch (its
+    counters reset)."""
+    from lanefuse.kernels import HeadGemv
+
+    rng = np.random.default_rng(14)
+    m, heads, a, b = 3, 8, 64, 32
+    raw = encode(rng.standard_normal((heads * b, a)).astype(np.float32) / 8, "q8_0")
+    x = rng.standard_normal(m * heads * a).astype(np.float32)
+    h = HeadGemv("x", "wh", "q8_0", Dst("o"), m, heads, a, b, quant="oq", words=words)
+    host = HostEnv({"x": x, "o": np.zeros(m * heads * b, np.float32)}, {"wh": (raw, "q8_0")},
+                   {"oq": (np.zeros(m * heads * b, np.int8), np.zeros(m * heads * b, np.int8) if words == 2 else None,
+                           np.zeros(m * heads * b // 32, np.float32))})
+    h.numpy(host)
+    dev = _two_forms(m * heads * b, words, {"x": x, "o": np.zeros(m * heads * b, np.float32)}, {"wh": (raw, "q8_0")})
+    for _ in range(2):
+        h.cuda(dev)
+        dev.cp.cuda.Device().synchronize()
+        got = dev.host("o")
+        np.testing.assert_allclose(got, host.array("o"), rtol=0, atol=2e-5 * np.abs(host.array("o")).max())
+        want = quantize(got.reshape(1, -1), words)
+        qw, low, sc = (None if v is None else dev.cp.asnumpy(v) for v in dev.quant("oq"))
+        assert np.array_equal(qw, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
+        if words == 2:
+            assert np.array_equal(low, want.low.reshape(-1))

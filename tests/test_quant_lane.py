@@ -380,3 +380,56 @@ def test_a_result_read_f32_as_well_is_stored_beside_its_quantized_form():
     ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
     out = NumpyRunner(p, w, check=True).step(_chunk_env(g, 1, 0), lifted=g)
     assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numerics):
+    """DeepSeek-V3's latent attention under q8 / q8x2: each head's expanding product (head_matmul) quantizes its
+    output in its last blocks (gemv_quant.heads) for the o projection, so the plan has no Quant launch; run by the
+    exact twins in its arena (launch by launch against the interpreter) it equals the interpreter of the quantized
+    step graph; held `fuse_quant`, the same numbers from Quant launches."""
+    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.stepweights import random_weights
+
+    c = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "intermediate_size": 64, "moe_intermediate_size": 32, "vocab_size": 100,
+         "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
+         "kv_lora_rank": 32, "q_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
+         "max_position_embeddings": 16}
+    cfg = config_from_hf(c, "DeepSeek-V3 test config", max_len=16)
+    g0 = build_step(cfg, 1)
+    cfg = dataclasses.replace(cfg, formats=tuple((n, "q8_0") for n, k in g0.constants.items()
+                                                 if k.kind == "rows" and k.shape[-1] % 32 == 0))
+    g = build_step(cfg, 1)
+    w = random_weights(g, 3)
+    p = plan(g, numerics=numerics)
+    assert "quant" not in p.census and p.fusions.get("gemv_quant.heads") == cfg.layers
+    gq = with_numerics(g, numerics)
+    ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
+    held = plan(g, numerics=numerics, held=("fuse_quant",))
+    assert held.census["quant"] >= cfg.layers
+    outs = [NumpyRunner(q, w, check=True).step(_chunk_env(g, 1, 0), lifted=g) for q in (p, held)]
+    for out in outs:
+        assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
+    assert np.array_equal(outs[0]["logits"], outs[1]["logits"])
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_head_gemv_quantizes_what_it_stores(words):
+    """gemv_quant.heads' HeadGemv, exact and fast twins: the quantized form is exactly the Quant launch's of the f32
+    output it stores; an output into a table's rows, or rows that are not whole blocks, refused in words."""
+    from lanefuse.kernels import HeadGemv
+
+    rng = np.random.default_rng(13)
+    m, heads, a, b = 3, 4, 32, 16
+    raw = encode(rng.standard_normal((heads * b, a)).astype(np.float32) / 8, "q8_0")
+    h = HeadGemv("x", "wh", "q8_0", Dst("o"), m, heads, a, b, quant="oq", words=words)
+    assert h.check() is None and "oq" in h.writes() and h.scratch()[0].counter
+    for twin in ("numpy", "fast"):
+        env = HostEnv({"x": rng.standard_normal(m * heads * a).astype(np.float32),
+                       "o": np.zeros(m * heads * b, np.float32)}, {"wh": (raw, "q8_0")},
+                      {"oq": _empty(m * heads * b, words)})
+        getattr(h, twin)(env)
+        _quant_equals_quantize(env, "oq", env.array("o"), words)
+    assert "table's rows" in dataclasses.replace(h, y=Dst("kc", row="pos", pitch=64)).check().reason
+    assert "whole number of blocks" in dataclasses.replace(h, b=12).check().reason  # rows of 48
