@@ -430,3 +430,42 @@ def test_the_step_round_trips_through_text():
     for rows in (1, 3):
         text = to_yaml(build_step(tiny_cfg(q_lora_rank=None), rows))
         assert to_yaml(from_yaml(text)) == text and "head_matmul" in text and "sigmoid_group" in text
+
+
+@pytest.mark.parametrize("heads,kv,own,tail,vd,rows,pos,splits,window,same", [
+    (4, 1, 16, 8, 16, 1, 9, 1, 0, True),  # absorbed: the latent cache is the keys' first part and the values
+    (4, 1, 16, 8, 16, 3, 5, 3, 0, True), (3, 3, 10, 8, 12, 6, 2, 2, 0, False),  # expanded: a key head each query head
+    (4, 2, 6, 4, 5, 2, 7, 1, 4, False)])
+def test_split_attention_twins_against_a_joined_attention(heads, kv, own, tail, vd, rows, pos, splits, window, same):
+    """The Split attention (queries and keys in two parts, each read in place) against an ordinary attention over
+    the parts joined by hand, both twins; its refusals in words."""
+    from lanefuse.kernels import Attention, HostEnv
+
+    r = np.random.default_rng(heads * own + rows)
+    L, hd = 16, own + tail
+    q, qt = r.standard_normal((rows, heads, own)), r.standard_normal((rows, heads, tail))
+    kc, kt = r.standard_normal((L, kv * own)), r.standard_normal((L, tail))
+    vc = kc if same else r.standard_normal((L, kv * vd))
+    arrays = {k: np.asarray(v, np.float32).reshape(-1) for k, v in dict(
+        q=q, qt=qt, kc=kc, kt=kt, vc=vc, pos=np.array([pos]), o=np.zeros(rows * heads * vd),
+        qj=np.concatenate([q, qt], 2), kj=np.concatenate([kc.reshape(L, kv, own),
+                                                         np.repeat(kt[:, None], kv, 1)], 2)).items()}
+    arrays["pos"] = np.array([pos], np.int32)
+    base = dict(heads=heads, group=heads // kv, hd=hd, vd=vd, len=L, rows=rows, scale=0.3, splits=splits,
+                window=window)
+    split = Attention("q", "kc", "vc" if not same else "kc", "pos", "o", qtail="qt", ktail="kt", tail=tail,
+                      vstride=0 if not same else kv * own, **base)
+    joined = Attention("qj", "kj", "vc" if not same else "kc", "pos", "o", vstride=0 if not same else kv * own, **base)
+    assert split.check() is None and split.bytes() < joined.bytes() + 4 * L * kv * hd
+    want = HostEnv(dict(arrays))
+    joined.numpy(want)
+    for twin in ("numpy", "fast"):
+        env = HostEnv({k: v.copy() for k, v in arrays.items()})
+        getattr(split, twin)(env)
+        np.testing.assert_allclose(env.array("o"), want.array("o"), rtol=1e-5, atol=1e-5, err_msg=twin)
+    import dataclasses
+
+    for bad, word in ((dataclasses.replace(split, ktail=None), "key table"),
+                      (dataclasses.replace(split, tail=hd), "as wide as the head"),
+                      (dataclasses.replace(split, tail=0), "not split")):
+        assert word in str(bad.check()), bad.check()

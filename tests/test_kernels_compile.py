@@ -201,7 +201,7 @@ def delta_net():
 
 
 def latent():
-    """DeepSeek-V3's pieces: each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
+    """DeepSeek-V3's pieces: the Split attention (absorbed, wide; expanded, narrow), each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
     scores with a correction bias and an ungated shared expert, a row at a time and over sorted rows."""
     from lanefuse.kernels import Dst, HeadGemv, Moe
 
@@ -210,6 +210,10 @@ def latent():
     from lanefuse.kernels import Attention
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2),
+            # Split: the absorbed query and the latent cache read in place beside the rotated parts (wide, and narrow)
+            Attention("ql", "lc", "lc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2, qtail="qr", ktail="kr",
+                      tail=64),
+            Attention("qn", "kx", "vx", "pos", "o", 4, 1, 18, 12, 64, 6, 0.2, qtail="qr", ktail="kr", tail=8),
             HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
             HeadGemv("a", "wv", "f32", Dst("o"), 3, 4, 16, 12, rows_out=True),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 1, "bf16", **grouped),
