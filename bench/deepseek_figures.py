@@ -2,7 +2,8 @@
 experts top-8 in 8 groups of which 4 are kept, 1 shared expert, 3 dense layers, latent attention; shape only: no
 weights) beside the dense Qwen3-8B shape's; launches per decode layer (the census of a dense and of a mixture layer);
 the KV-cache bytes per token per layer: the latent cache (the normed latent and the rotated key part) against an
-expanded cache of the same model (each head's key and value).
+expanded cache of the same model (each head's key and value); and for a prefill chunk, the latent attention's
+launches and the cost model's estimate of one layer's, absorbed against expanded (the lane entry's `expand_rows`).
 
     python bench/deepseek_figures.py [--repeat 3] [--json FILE]
 """
@@ -66,6 +67,30 @@ def kv_bytes(cfg) -> dict[str, int]:
     return {"latent": latent, "expanded": expanded}
 
 
+def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
+    """One mixture layer's latent attention in a chunk of `rows` rows (the step at position 0 over a 4096-row cache):
+    its launches and the cost model's estimate, expanded (the cuda lane: more than 16 rows) and absorbed (a user lane
+    whose `expand_rows` keeps every chunk absorbed)."""
+    import tempfile
+    from pathlib import Path
+
+    g = build_step(deepseek_v3(layers), rows)
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "lanes").mkdir()
+        (Path(d) / "lanes" / "absorbed.yaml").write_text(
+            "lane: absorbed\nbase: cuda\nwhy: every chunk absorbed\nclasses:\n"
+            "  mla: {support: native, hook: latent, fields: {expand_rows: 1000000}}\n")
+        for name, kw in (("expanded", {}), ("absorbed", dict(lane="absorbed", rules_dirs=(d,)))):
+            s = plan(g, table=table, **kw)
+            mine = [l for l in s.launches if l.layer == layers - 1 and l.cls == "mla"]
+            out[name] = {"launches": [l.launch.census for l in mine], "cost_us": round(sum(l.cost_us for l in mine), 1)}
+    print(f"  latent attention of a mixture layer in a chunk of {rows} rows (cost model estimate, 4096-row cache): "
+          f"expanded {out['expanded']['cost_us']:,.1f} us ({', '.join(out['expanded']['launches'])}); absorbed "
+          f"{out['absorbed']['cost_us']:,.1f} us ({', '.join(out['absorbed']['launches'])})")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="plan() runs a shape (median)")
@@ -104,6 +129,7 @@ def main() -> int:
             row["kv_bytes_per_token_layer"] = kv
             print(f"  {'':12s} launches a layer: {max(body)}; KV cache a token a layer (f32): {kv:,} B")
         out[name] = row
+    out["chunk"] = chunk_figures(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
