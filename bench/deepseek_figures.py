@@ -68,9 +68,9 @@ def kv_bytes(cfg) -> dict[str, int]:
 
 
 def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
-    """One mixture layer's latent attention in a chunk of `rows` rows (the step at position 0 over a 4096-row cache):
-    its launches and the cost model's estimate, expanded (the cuda lane: more than 16 rows) and absorbed (a user lane
-    whose `expand_rows` keeps every chunk absorbed)."""
+    """One mixture layer in a chunk of `rows` rows (a 4096-row cache): its launches and the cost model's estimate
+    under the cuda lane (`expand_rows` 64: the latent attention absorbed) and under a user lane expanding chunks of
+    more than 16 rows (extraction then takes the expanded mla or, where that costs more, the attention's parts)."""
     import tempfile
     from pathlib import Path
 
@@ -78,16 +78,18 @@ def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "lanes").mkdir()
-        (Path(d) / "lanes" / "absorbed.yaml").write_text(
-            "lane: absorbed\nbase: cuda\nwhy: every chunk absorbed\nclasses:\n"
-            "  mla: {support: native, hook: latent, fields: {expand_rows: 1000000}}\n")
-        for name, kw in (("expanded", {}), ("absorbed", dict(lane="absorbed", rules_dirs=(d,)))):
+        (Path(d) / "lanes" / "expanding.yaml").write_text(
+            "lane: expanding\nbase: cuda\nwhy: chunks of more than 16 rows expanded\nclasses:\n"
+            "  mla: {support: native, hook: latent, fields: {expand_rows: 16}}\n")
+        for name, kw in (("cuda", {}), ("expanding", dict(lane="expanding", rules_dirs=(d,)))):
             s = plan(g, table=table, **kw)
-            mine = [l for l in s.launches if l.layer == layers - 1 and l.cls == "mla"]
-            out[name] = {"launches": [l.launch.census for l in mine], "cost_us": round(sum(l.cost_us for l in mine), 1)}
-    print(f"  latent attention of a mixture layer in a chunk of {rows} rows (cost model estimate, 4096-row cache): "
-          f"expanded {out['expanded']['cost_us']:,.1f} us ({', '.join(out['expanded']['launches'])}); absorbed "
-          f"{out['absorbed']['cost_us']:,.1f} us ({', '.join(out['absorbed']['launches'])})")
+            mine = [l for l in s.launches if l.layer == layers - 1]
+            out[name] = {"launches": sorted(l.launch.census for l in mine),
+                         "mla": [l.launch.census for l in mine if l.cls == "mla"],
+                         "cost_us": round(sum(l.cost_us for l in mine), 1)}
+            print(f"  a mixture layer in a chunk of {rows} rows, lane {name} (cost model estimate, 4096-row cache): "
+                  f"{out[name]['cost_us']:,.1f} us; mla {', '.join(out[name]['mla']) or 'not chosen'}; "
+                  f"{len(mine)} launches")
     return out
 
 

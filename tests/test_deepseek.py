@@ -514,14 +514,26 @@ def test_hf_parity_expanded_prefill(model, tmp_path):
     assert rel < TOL
 
 
-@pytest.mark.parametrize("rows", [17, 20])
+@pytest.mark.parametrize("rows", [5, 20])
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])
-def test_expanded_plan_against_the_reference(rows, fmt):
-    """A chunk wider than the cuda lane's `expand_rows` (16): the latent attention expanded, in its arena, against the
-    reference interpreter (exact and fast twins)."""
-    s = plan_against_reference(rows, fmt)
+def test_expanded_plan_against_the_reference(rows, fmt, tmp_path):
+    """A chunk wider than the lane's `expand_rows`: the latent attention expanded, in its arena, against the reference
+    interpreter (exact and fast twins)."""
+    opts = narrow_lane(tmp_path)
+    s = plan_against_reference(rows, fmt, **opts)
     assert [l.launch.census for l in mla_launches(s)] == ["head_gemv", "head_gemv", "attention"]
-    plan_against_reference(rows, fmt, runner="fast")
+    plan_against_reference(rows, fmt, runner="fast", **opts)
+
+
+def test_the_cuda_lane_keeps_chunks_absorbed():
+    """The cuda lane's `expand_rows` is 64, the widest chunk (the expansions pay only from 171 rows at DeepSeek-V3's
+    shape): a chunk of 64 rows runs absorbed."""
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = tiny_cfg(num_hidden_layers=2, first_k_dense_replace=2)
+    a = [l.launch for l in mla_launches(plan(build_step(cfg, 64))) if l.launch.census == "attention"]
+    assert [x.hd for x in a] == [cfg.kv_lora + cfg.head_dim], a
 
 
 @pytest.mark.parametrize("rows", [1, 6])
