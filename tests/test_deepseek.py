@@ -365,27 +365,55 @@ def plan_against_reference(rows, fmt, runner="exact", **opts):
 
 
 def test_census_golden_of_a_deepseek_decode_layer():
-    """The launches of a mixture decode layer (issue 15's goal is 7; 14 before the latent attention fused, 10 now):
+    """The launches of a mixture decode layer (issue 15's goal is 7; 14 before the latent attention fused, 9 now):
     the q_a product with the latent's and the rotated key's (products of one activation in parts, the rows cut at
-    load), the key rotated into its cache row in the same launch's epilogue (merged_qkv.rotated_last); the q_a norm;
-    the latent's norm writing its cache row (place.latent_row); each head's unrotated and rotated query parts from q_b
-    in parts, the rotated part turned in the epilogue (merged_pair.rotated_last); the latent attention in three (mla:
-    the absorption, the Split attention reading the latent cache and the rotated key in place, the expansion: no join,
-    no copy of a cache table); the o product's fold (the residual add and the norm); and the mixture's two kernels
-    with its shared expert, the residual add and the next layer's norm (shared_expert_fusion.grouped,
-    moe_deferred_finalize.grouped; the Moe launch is counted in the layer whose norm it computes). Left to reach 7:
-    the two norms in one launch, and them in the first product's epilogue."""
+    load), the key rotated into its cache row in the same launch's epilogue (merged_qkv.rotated_last); the q_a and
+    latent norms in one launch, the latent's writing its cache row (norm_pair, place.latent_row); each head's
+    unrotated and rotated query parts from q_b in parts, the rotated part turned in the epilogue
+    (merged_pair.rotated_last); the latent attention in three (mla: the absorption, the Split attention reading the
+    latent cache and the rotated key in place, the expansion: no join, no copy of a cache table); the o product's fold
+    (the residual add and the norm); and the mixture's two kernels with its shared expert, the residual add and the
+    next layer's norm (shared_expert_fusion.grouped, moe_deferred_finalize.grouped; the Moe launch is counted in the
+    layer whose norm it computes). Left to reach 7: the norms in the first product's epilogue, the absorption in
+    q_b's."""
     from lanefuse.engine.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     s = plan(build_step(tiny_cfg(num_hidden_layers=4), 1))
     kinds = sorted(k.census for l in s.launches if l.layer == 2 for k in l.launch.kernels())
-    assert kinds == sorted(["attention", "fold", "fold", "fold", "head_gemv", "head_gemv", "moe", "moe", "norm",
-                            "norm"]), kinds
+    assert kinds == sorted(["attention", "fold", "fold", "fold", "head_gemv", "head_gemv", "moe", "moe",
+                            "norm_pair"]), kinds
     assert "join" not in s.census and "set_row" not in s.census and "rope_parts" not in s.census, s.census
-    for rule in ("mla", "place.latent_row", "merged_qkv.rotated_last", "merged_pair.rotated_last"):
+    for rule in ("mla", "place.latent_row", "norm_pair", "merged_qkv.rotated_last", "merged_pair.rotated_last"):
         assert s.fusions.get(rule) == 4, s.fusions
     assert s.fusions.get("moe_deferred_finalize.grouped") == 3, s.fusions
+
+
+def test_norm_pair_twins_and_refusals():
+    """Two norms in one launch against each run alone (both twins; the second read as a part and written into a
+    cache row); what it refuses, in words."""
+    import dataclasses
+
+    from lanefuse.kernels import Dst, HostEnv, Norm, NormPair, Part
+
+    r = np.random.default_rng(5)
+    arrays = {"qa": r.standard_normal(3 * 24), "lat": r.standard_normal(3 * 20), "qn": np.zeros(3 * 24),
+              "lc": np.zeros(10 * 16), "pos": np.array([4])}
+    arrays = {k: v.astype(np.int32 if k == "pos" else np.float32) for k, v in arrays.items()}
+    weights = {"wa": (r.standard_normal(24).astype(np.float32), "f32"),
+               "wl": (r.standard_normal(16).astype(np.float32), "f32")}
+    a = Norm("qa", "wa", "qn", 3, 24, 1e-6)
+    b = Norm("lat", "wl", "ln", 3, 16, 1e-5, part=Part(20, 4, 16), into=Dst("lc", row="pos", pitch=16))
+    want = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+    a.numpy(want), b.numpy(want)
+    pair = NormPair(a, b)
+    assert pair.check() is None and pair.bytes() == a.bytes() + b.bytes()
+    for twin in ("numpy", "fast"):
+        env = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+        getattr(pair, twin)(env)
+        for k in ("qn", "lc"):
+            np.testing.assert_allclose(env.array(k), want.array(k), rtol=1e-6, atol=1e-6, err_msg=twin)
+    assert "plain norms" in str(NormPair(a, dataclasses.replace(b, add="qa", sum="s")).check())
 
 
 def test_head_slice_links_to_the_slice_launch():
@@ -519,10 +547,18 @@ def test_hf_parity_expanded_prefill(model, tmp_path):
 def test_expanded_plan_against_the_reference(rows, fmt, tmp_path):
     """A chunk wider than the lane's `expand_rows`: the latent attention expanded, in its arena, against the reference
     interpreter (exact and fast twins)."""
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+
     opts = narrow_lane(tmp_path)
     s = plan_against_reference(rows, fmt, **opts)
     assert [l.launch.census for l in mla_launches(s)] == ["head_gemv", "head_gemv", "attention"]
+    assert s.tensors["L1.attn.keys"].shape == (64, 4 * 10) and s.tensors["L1.attn.values"].shape == (64, 4 * 12)
     plan_against_reference(rows, fmt, runner="fast", **opts)
+    g = build_step(tiny_cfg(), rows)
+    n = len(g.tensors)
+    plan(g, **opts)
+    assert len(g.tensors) == n  # the expansions live in the optimized graph, not in the step the user built
 
 
 def test_the_cuda_lane_keeps_chunks_absorbed():

@@ -139,6 +139,21 @@ def test_split_attention(heads, kv, own, tail, vd, rows, pos, splits):
     both(a, arrays, {}, tol=2e-4)
 
 
+@pytest.mark.parametrize("rows,ca,cb", [(1, 1536, 512), (5, 24, 16), (3, 7, 1000)])
+def test_norm_pair(rows, ca, cb):
+    """Two norms in one launch (DeepSeek-V3's q_a and latent norms): the second read as a part of wider rows and
+    written into a cache row."""
+    from lanefuse.kernels import NormPair
+
+    g = np.random.default_rng(ca + cb)
+    L = 40
+    arrays = {"qa": r32(g, rows, ca), "lat": r32(g, rows, cb + 9), "qn": np.zeros(rows * ca, np.float32),
+              "lc": np.zeros(L * cb, np.float32), "pos": np.array([7], np.int32)}
+    pair = NormPair(Norm("qa", "wa", "qn", rows, ca, 1e-6),
+                    Norm("lat", "wl", "ln", rows, cb, 1e-5, part=Part(cb + 9, 9, cb), into=Dst("lc", row="pos", pitch=cb)))
+    both(pair, arrays, {"wa": (r32(g, ca), "f32"), "wl": (r32(g, cb), "f32")})
+
+
 @pytest.mark.parametrize("op,row,gate", [("add", 0, None), ("mul", 13, "silu"), ("sub", 0, "gelu"),
                                          ("mul", 0, "sigmoid")])
 def test_binary(op, row, gate):

@@ -225,7 +225,8 @@ def _expanded(link, op, scope, attn, fk, fv):
     expansion: what the output's did), then the Split attention of each head's unrotated query over its own expanded
     keys and values beside the rotated query and the shared rotated key, into the fused op's result. The expanded
     keys and values are step-local arrays of their own (`<attention>.keys` (L, H·nope), `<attention>.values`
-    (L, H·v)), registered in the graph the first time the op links."""
+    (L, H·v)), registered in the graph linked when the op is one of its ops (the optimized graph being lowered; not
+    the step graph while extraction prices it, which stays as the user built it)."""
     from lanefuse.engine.ir import Tensor
 
     b, g = op.b, link.g
@@ -236,8 +237,9 @@ def _expanded(link, op, scope, attn, fk, fv):
         return Refusal("an expanded latent attention whose result is placed in another tensor",
                        f"`{op.cls}` -> `{op.out}`")
     kx, vx = attn.out + ".keys", attn.out + ".values"
+    lowering = any(o is op for o in g.ops)
     for name, cols in ((kx, h * nope), (vx, h * vd)):
-        if name not in g.tensors:
+        if lowering and name not in g.tensors:
             g.tensors[name] = Tensor(name, (L, cols))
     return [HeadGemv(b["lc"], b["wk"], fk, Dst(kx), L, 1, lora, h * nope, rows_out=True),
             HeadGemv(b["lc"], b["wv"], fv, Dst(vx), L, 1, lora, h * vd, rows_out=True),
