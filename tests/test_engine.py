@@ -85,6 +85,7 @@ GRAPHS = {
     "qwen3_q8": lambda: q8_graph("q8"),
     "llama_q8x2_chunk": lambda: q8_graph("q8x2", "LlamaForCausalLM", rows=3),
     "qwen3next_chunk": lambda: build_step(qwen3next(), rows=3),
+    "qwen3next_q8": lambda: q8_of(qwen3next(), "q8"),
     "deepseek": lambda: build_step(deepseek()),
 }
 
@@ -97,6 +98,18 @@ def q8_graph(numerics, arch="Qwen3ForCausalLM", rows=1):
     c = cfg(arch, qk_norm=arch == "Qwen3ForCausalLM", layers=1)
     rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows"]
     c = ModelConfig(**{**c.__dict__, "formats": tuple((n, "q8_0") for n in rows_of)})
+    return with_numerics(build_step(c, rows=rows), numerics)
+
+
+def q8_of(c, numerics, rows=1):
+    """Config `c`'s step over q8_0 rows (those of whole blocks) under a quantized numerics (the delta net's
+    `gdn_output_quant`)."""
+    import dataclasses
+
+    from lanefuse.engine.quantize import with_numerics
+
+    rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0]
+    c = dataclasses.replace(c, formats=tuple((n, "q8_0") for n in rows_of))
     return with_numerics(build_step(c, rows=rows), numerics)
 
 
