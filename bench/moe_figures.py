@@ -5,6 +5,10 @@ bytes each decode step moves (a mixture reads only its chosen experts' rows); CP
 Qwen3-MoE model against transformers on the same model and threads (bench/cpu_decode.py's measurement).
 
     python bench/moe_figures.py [--repeat 3] [--rounds 5] [--tokens 16] [--threads 2] [--no-cpu] [--json FILE]
+        [--memo-off]
+
+--memo-off also times each plan() with every component of the extraction eliminated alone (extract.solve_elimination's
+memo=False: no layer reuses an equal layer's choices), beside the default, turn about in one run.
 """
 
 from __future__ import annotations
@@ -63,14 +67,31 @@ def gptoss_120b(layers: int = 36, experts: str = "bf16") -> ModelConfig:
     return dataclasses.replace(cfg, formats=fmts)
 
 
-def timed_plan(cfg: ModelConfig, table, repeat: int) -> tuple[float, object]:
+def timed_plan(cfg: ModelConfig, table, repeat: int, memo_off: bool = False) -> tuple[float, object, float | None]:
+    """The median plan() seconds, the plan, and with `memo_off` the median with the extraction's memo off (the two
+    timed turn about, so load on the machine falls on both alike; the plans must be equal)."""
+    import functools
+
+    from lanefuse.engine import extract
+
     g = build_step(cfg, 1)
-    times, s = [], None
+    times, off, s = [], [], None
+    solve = extract.solve_elimination
     for _ in range(repeat):
         t0 = time.perf_counter()
         s = plan(g, table=table)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), s
+        if memo_off:
+            extract.solve_elimination = functools.partial(solve, memo=False)
+            try:
+                t0 = time.perf_counter()
+                s_off = plan(g, table=table)
+                off.append(time.perf_counter() - t0)
+            finally:
+                extract.solve_elimination = solve
+            if [l.launch for l in s_off.launches] != [l.launch for l in s.launches]:
+                raise SystemExit(f"{cfg.name}: the plan with the memo off differs")
+    return statistics.median(times), s, (statistics.median(off) if off else None)
 
 
 def cpu_figure(args) -> None:
@@ -98,6 +119,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=CPU_SHAPE["num_hidden_layers"])
     ap.add_argument("--no-cpu", action="store_true", help="skip the CPU decode figure (it needs torch)")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--memo-off", action="store_true", help="time plan() with the extraction's memo off beside it")
     args = ap.parse_args()
     args.exact, args.dtype = False, "float32"
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
@@ -106,11 +128,14 @@ def main() -> int:
     print(f"whole plan() of a decode step (engine + link + schedule + arena), median of {args.repeat}")
     for name, cfg in (("qwen3-30b-a3b", qwen3_30b_a3b()), ("gpt-oss-120b", gptoss_120b()),
                       ("gpt-oss-120b-mxfp4", gptoss_120b(experts="mxfp4")), ("qwen3-8b", qwen3_8b())):
-        sec, s = timed_plan(cfg, table, args.repeat)
+        sec, s, sec_off = timed_plan(cfg, table, args.repeat, args.memo_off)
         body = [v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1]
         wb = sum(s.weight_bytes().values())
         out[name] = {"plan_s": round(sec, 4), "launches": s.n_launches, "per_layer": max(body),
                      "census": s.census, "weight_bytes": wb, "cost_us": round(s.cost_us, 1)}
+        if sec_off is not None:
+            out[name]["plan_s_memo_off"] = round(sec_off, 4)
+            print(f"  {name:14s} memo off (each layer's component eliminated alone): {sec_off:.3f} s, same plan")
         print(f"  {name:14s} {cfg.layers} layers: {sec:.3f} s (engine {s.timings['engine_s']:.3f} s); "
               f"{s.n_launches} launches, {max(body)} a layer; census {dict(sorted(s.census.items()))}")
         print(f"  {'':14s} weights read a decode step: {wb / 1e6:,.1f} MB "

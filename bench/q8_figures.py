@@ -1,10 +1,10 @@
 """q8 / q8x2 figures: launches per Qwen3 decode layer under f32, q8 (with `fuse_quant`, and with it held) and q8x2;
-arena bytes over their lower bound under each numerics; CPU decode ms/token of the fast numpy runner under f32, q8
+arena bytes over their lower bound under each numerics, for the decode step and a prefill chunk of 8 rows; CPU decode ms/token of the fast numpy runner under f32, q8
 and q8x2 numerics on the same q8_0 / q4_0 GGUF file of a random Qwen3-shaped model (bench/gguf_figures.py's), and
 llama.cpp's on that file beside them where llama-cpp-python is installed. Each timing runs in a fresh process;
 medians over the rounds.
 
-    python bench/q8_figures.py [--formats q8_0,q4_0] [--layers 4] [--tokens 8] [--rounds 2] [--threads 2]"""
+    python bench/q8_figures.py [--formats q8_0,q4_0] [--layers 4] [--tokens 8] [--rounds 2] [--threads 2] [--plans-only]"""
 
 from __future__ import annotations
 
@@ -29,13 +29,15 @@ def layer_launches(p, layer: int) -> int:
     return sum(len(x.launch.kernels()) for x in p.launches if x.layer == layer)
 
 
-def plan_figures(path: str) -> list[tuple]:
+def plan_figures(path: str, chunk: int = 1) -> list[tuple]:
+    """Per numerics (and fuse_quant held): the middle layer's launches, the Quant launches, all launches, the arena's
+    bytes, its lower bound and their ratio, and the plan's seconds, for a step of `chunk` rows."""
     from lanefuse.engine.front import load_model
     from lanefuse.engine.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg, _ = load_model(path, max_len=64)
-    g = build_step(cfg, 1)
+    g = build_step(cfg, chunk)
     rows = []
     for numerics, held in (("f32", ()), ("q8", ()), ("q8", ("fuse_quant",)), ("q8x2", ()), ("q8x2", ("fuse_quant",))):
         t = time.perf_counter()
@@ -88,6 +90,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plans-only", action="store_true", help="the plans' figures only, no CPU decode timing")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -109,10 +112,15 @@ def main() -> int:
             path = os.path.join(d, f"{fmt}.gguf")
             write_model(path, fmt, shape)
             print(f"\n{fmt} file ({os.path.getsize(path) / 1e6:,.0f} MB)")
-            print(f"  {'numerics':<22} {'launches/layer':>14} {'quant':>6} {'launches':>9} {'arena B':>11} "
-                  f"{'lower bound':>11} {'ratio':>7}")
-            for name, per_layer, quants, total, arena, low, ratio, _ in plan_figures(path):
-                print(f"  {name:<22} {per_layer:>14} {quants:>6} {total:>9} {arena:>11,} {low:>11,} {ratio:>7.4f}")
+            for chunk in (1, 8):
+                print(f"  {'decode step' if chunk == 1 else f'prefill chunk of {chunk} rows'}")
+                print(f"  {'numerics':<22} {'launches/layer':>14} {'quant':>6} {'launches':>9} {'arena B':>11} "
+                      f"{'lower bound':>11} {'ratio':>7}")
+                for name, per_layer, quants, total, arena, low, ratio, _ in plan_figures(path, chunk):
+                    print(f"  {name:<22} {per_layer:>14} {quants:>6} {total:>9} {arena:>11,} {low:>11,} "
+                          f"{ratio:>7.4f}")
+            if args.plans_only:
+                continue
             kinds = list(NUMERICS) + (["llamacpp"] if have_llama else [])
             for kind in kinds:
                 rs = [run_child(kind, path, "--tokens", str(args.tokens), "--threads", str(args.threads),

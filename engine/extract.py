@@ -209,16 +209,27 @@ def _highs():
     return h
 
 
-def _objective(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float]]:
-    """The usable nodes of the live classes and their costs as both exact solvers minimise them: scaled to a median
-    of 1, plus a tie-break far below any real difference that prefers the lower rank."""
+# the tie-break's largest weight (on the costs scaled to a median of 1): far below any real difference
+TIE_EPS = 1e-7
+
+
+def _scaled(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float], list[float]]:
+    """The usable nodes of the live classes, their costs scaled to a median of 1, and those plus the tie-break (a
+    node's place among them, times TIE_EPS over their count: the lower rank wins a tie)."""
     cost, classes = p.cost, p.classes
     nodes = [n for c in live_cls for n in classes[c] if cost[n] < INF]
     finite = [x for x in map(cost.__getitem__, nodes) if x > 0]
     scale = 1.0 / (sorted(finite)[len(finite) // 2] if finite else 1.0)
-    eps = 1e-7
+    eps = TIE_EPS
     m = max(1, len(nodes))
-    return nodes, [cost[n] * scale + eps * i / m for i, n in enumerate(nodes)]
+    return nodes, [cost[n] * scale for n in nodes], [cost[n] * scale + eps * i / m for i, n in enumerate(nodes)]
+
+
+def _objective(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float]]:
+    """The usable nodes of the live classes and their costs as both exact solvers minimise them: scaled to a median
+    of 1, plus a tie-break far below any real difference that prefers the lower rank."""
+    nodes, _, tied = _scaled(p, live_cls)
+    return nodes, tied
 
 
 def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None = None) -> dict[int, int]:
@@ -376,19 +387,23 @@ def solve_exact(p: Problem, warnings: list[str] | None = None, time_limit: float
         return solve_local(p)
 
 
-def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] | None:
-    """The optimum by variable elimination, or None where it cannot tell (too wide, infeasible, cyclic)."""
-    import bisect
-    import heapq
+def solve_elimination(p: Problem, max_width: int = MAX_WIDTH, memo: bool = True) -> dict[int, int] | None:
+    """The optimum by variable elimination, or None where it cannot tell (too wide, infeasible, cyclic).
 
+    The tables fall apart into components that share no undecided class (a step's layers meet through classes every
+    plan needs); each is eliminated alone. With `memo`, a component equal to one already solved (the same tables
+    over the same pattern of classes, by the real costs: layer after layer of a step) takes that one's choices,
+    where those were decided by more than the tie-break can weigh (see `_component_key`); the others are solved
+    with the tie-break, as without `memo`. The plan is the same either way."""
     import numpy as np
 
     usable = _usable_map(p)
     live = reachable(p)
     need = needed_classes(p, live, usable)
     live_cls = sorted(live)
-    nodes, costs = _objective(p, live_cls)
-    weight = dict(zip(nodes, costs))
+    nodes, real, tied = _scaled(p, live_cls)
+    weight = dict(zip(nodes, tied))
+    real_of = dict(zip(nodes, real))
     # each class's usable nodes: (cost, node, classes it needs computed, classes it needs not computed), free only
     opts: dict[int, list[tuple[float, int, tuple[int, ...], tuple[int, ...]]]] = {}
     internal, children = p.internal, p.children
@@ -405,11 +420,9 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
         if not lst and c in need:
             return None
         opts[c] = lst
-    factors: list[tuple[tuple[int, ...], Any] | None] = []
-    of_var: dict[int, set[int]] = {}
-    adj: dict[int, set[int]] = {c: set() for c in live_cls if c not in need}
+    # one table a class over its scope: (scope, shape key, tie-broken weights, real weights), built when solved
+    specs: list[tuple[tuple[int, ...], tuple, list[float], list[float]]] = []
     const = 0.0
-    shapes: dict[tuple, tuple[Any, Any]] = {}
     for c in live_cls:
         lst = opts[c]
         free = c not in need
@@ -425,7 +438,7 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
             return None
         bit = {v: 1 << (k - 1 - j) for j, v in enumerate(scope)}  # axis j of the (2,)*k table
         own = bit[c] if free else 0
-        rows, ws = [], []
+        rows, ws, rs = [], [], []
         for wn, n, on, off in lst:
             m_on = 0
             for d in on:
@@ -436,37 +449,143 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
             if not m_on & m_off:
                 rows.append((m_on | own, m_off))
                 ws.append(wn)
-        # the table's shape (which assignments each node's needs meet) repeats layer after layer: the masks are
-        # worked out once a shape, and the cheapest node an assignment meets is one minimum over them
-        key = (k, own, tuple(rows))
-        shape = shapes.get(key)
-        if shape is None:
-            if len(rows) << k <= 32:  # small: the assignments each node meets, as lists
-                init = [INF if a & own else 0.0 for a in range(1 << k)] if free else [INF] * (1 << k)
-                meets = [[a for a in range(1 << k) if a & (m_on | m_off) == m_on] for m_on, m_off in rows]
-                shape = shapes[key] = (False, init, meets)
-            else:
-                idx = np.arange(1 << k)
-                init = np.where(idx & own, INF, 0.0) if free else np.full(1 << k, INF)
-                meets = np.array([(idx & (m_on | m_off)) == m_on for m_on, m_off in rows]) if rows else None
-                shape = shapes[key] = (True, init, meets)
-        wide, init, meets = shape
-        if wide:
-            t = init if meets is None else np.minimum(init, np.where(meets, np.array(ws)[:, None], INF).min(axis=0))
-        else:
-            t = init[:]
-            for wn, at in zip(ws, meets):
-                for a in at:
-                    if wn < t[a]:
-                        t[a] = wn
-            t = np.array(t)
-        fid = len(factors)
-        factors.append((tuple(scope), t.reshape((2,) * k)))
-        for v in scope:
-            of_var.setdefault(v, set()).add(fid)
-            adj[v].update(scope)
+                rs.append(real_of[n])
+        specs.append((tuple(scope), (k, own, free, tuple(rows)), ws, rs))
     if const == INF:
         return None
+    shapes: dict[tuple, tuple[Any, Any, Any]] = {}
+    solved: dict[tuple, tuple[tuple[int, ...], bool] | None] = {}  # component key -> its choices (None: tie-break)
+    val: dict[int, int] = {}
+    for comp, fs in _components(specs):
+        key = _component_key(comp, [specs[f] for f in fs]) if memo and len(comp) >= MEMO_MIN_CLASSES else None
+        if key is not None and key in solved:
+            got = solved[key]
+            if got is not None:
+                bits, feasible = got
+                if not feasible:
+                    return None
+                val.update(zip(comp, bits))
+                continue
+        elif key is not None:  # the first of its kind: solved by the real costs, kept where no tie-break decided
+            out = _eliminate([(specs[f][0], _table(specs[f], shapes, 3, np)) for f in fs], max_width, np, gaps=True)
+            if out is None:
+                return None
+            got_val, value, gap = out
+            decided = value < INF and gap > TIE_EPS * (len(fs) + 1)
+            solved[key] = (tuple(got_val[v] for v in comp), True) if decided else (
+                ((), False) if value == INF else None)
+            if value == INF:
+                return None
+            if decided:
+                val.update(got_val)
+                continue
+        out = _eliminate([(specs[f][0], _table(specs[f], shapes, 2, np)) for f in fs], max_width, np, gaps=False)
+        if out is None or out[1] == INF:
+            return None
+        val.update(out[0])
+
+    comp = need | {v for v, x in val.items() if x}  # the classes computed
+
+    choice = {}
+    for c in live_cls:
+        if c not in comp:
+            continue
+        best = None
+        for wn, n, on, off in opts[c]:
+            if comp.issuperset(on) and comp.isdisjoint(off) and (best is None or (wn, n) < best):
+                best = (wn, n)
+        if best is None:
+            return None
+        choice[c] = best[1]
+    try:
+        return _closure(p, choice)
+    except _Cycle:
+        return None
+
+
+# the fewest undecided classes a component needs before `solve_elimination` looks for an equal one solved already
+# (a smaller one is solved sooner than its key is built)
+MEMO_MIN_CLASSES = 8
+
+
+def _components(specs: list[tuple]) -> list[tuple[list[int], list[int]]]:
+    """The tables' components: (its classes in order, its tables in order), no class shared between two."""
+    parent: dict[int, int] = {}
+
+    def find(v):
+        while parent.setdefault(v, v) != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for scope, *_ in specs:
+        r = find(scope[0])
+        for v in scope[1:]:
+            q = find(v)
+            if q != r:
+                parent[q] = r
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    for f, (scope, *_) in enumerate(specs):
+        groups.setdefault(find(scope[0]), ([], []))[1].append(f)
+    for v in sorted(parent):
+        groups[find(v)][0].append(v)
+    return list(groups.values())
+
+
+def _component_key(comp: list[int], specs: list[tuple]) -> tuple:
+    """What decides a component's choices by the real costs: each table's shape and real weights over its classes'
+    places in the component. Two components with one key have the same real optimum; the tie-break (a node's rank,
+    TIE_EPS at most) can only decide between assignments whose real costs differ by less than a table count of
+    TIE_EPS, so where every choice of the first was decided by more, the second has the same one."""
+    at = {v: i for i, v in enumerate(comp)}
+    return tuple((tuple(at[v] for v in scope), shape, tuple(rs)) for scope, shape, _, rs in specs)
+
+
+def _table(spec: tuple, shapes: dict, which: int, np) -> Any:
+    """A class's table (2,)*k: the cheapest of its nodes that the assignment meets, by the tie-broken (which=2) or
+    the real (3) weights; INF where none, 0 where the class is not computed."""
+    scope, key, ws = spec[0], spec[1], spec[which]
+    k, own, free, rows = key
+    # the table's shape (which assignments each node's needs meet) repeats layer after layer: the masks are worked
+    # out once a shape, and the cheapest node an assignment meets is one minimum over them
+    shape = shapes.get(key)
+    if shape is None:
+        if len(rows) << k <= 32:  # small: the assignments each node meets, as lists
+            init = [INF if a & own else 0.0 for a in range(1 << k)] if free else [INF] * (1 << k)
+            meets = [[a for a in range(1 << k) if a & (m_on | m_off) == m_on] for m_on, m_off in rows]
+            shape = shapes[key] = (False, init, meets)
+        else:
+            idx = np.arange(1 << k)
+            init = np.where(idx & own, INF, 0.0) if free else np.full(1 << k, INF)
+            meets = np.array([(idx & (m_on | m_off)) == m_on for m_on, m_off in rows]) if rows else None
+            shape = shapes[key] = (True, init, meets)
+    wide, init, meets = shape
+    if wide:
+        t = init if meets is None else np.minimum(init, np.where(meets, np.array(ws)[:, None], INF).min(axis=0))
+    else:
+        t = init[:]
+        for wn, at in zip(ws, meets):
+            for a in at:
+                if wn < t[a]:
+                    t[a] = wn
+        t = np.array(t)
+    return t.reshape((2,) * k)
+
+
+def _eliminate(factors: list[tuple[tuple[int, ...], Any]], max_width: int, np,
+               gaps: bool) -> tuple[dict[int, int], float, float] | None:
+    """Eliminate every class of the tables (fewest neighbours first): (the minimising assignment, the minimum, and
+    with `gaps` the least margin by which a choice on its way was decided; else INF), or None past `max_width`."""
+    import bisect
+    import heapq
+
+    factors = list(factors)
+    of_var: dict[int, set[int]] = {}
+    adj: dict[int, set[int]] = {}
+    for fid, (scope, _) in enumerate(factors):
+        for v in scope:
+            of_var.setdefault(v, set()).add(fid)
+            adj.setdefault(v, set()).update(scope)
     for v in adj:
         adj[v].discard(v)
     # fewest neighbours first; a neighbour count is checked when its variable comes up (the tables it is in say it)
@@ -475,6 +594,7 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
     heapq.heapify(heap)
     del adj
     trail = []
+    const = 0.0
     heappop, heappush = heapq.heappop, heapq.heappush
     while heap:
         deg, v = heappop(heap)
@@ -510,7 +630,10 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
         # the variable's axis has two entries: its minimum and where it lies (0 on a tie, as argmin would say)
         lo, hi = total[(slice(None),) * j + (0,)], total[(slice(None),) * j + (1,)]
         zr = z[:j] + z[j + 1:]
-        trail.append((v, zr, hi < lo))
+        if gaps:
+            with np.errstate(invalid="ignore"):
+                margin = np.abs(hi - lo)  # nan where both are INF
+        trail.append((v, zr, hi < lo, margin if gaps else None))
         rest = np.minimum(lo, hi)
         if not nb:
             const += float(rest)
@@ -519,29 +642,15 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH) -> dict[int, int] 
         factors.append((tuple(zr), rest))
         for u in nb:
             of_var.setdefault(u, set()).add(fid)
-    if const == INF:
-        return None
     val: dict[int, int] = {}
-    for v, us, arg in reversed(trail):
-        val[v] = int(arg[tuple(val[u] for u in us)])
-
-    comp = need | {v for v, x in val.items() if x}  # the classes computed
-
-    choice = {}
-    for c in live_cls:
-        if c not in comp:
-            continue
-        best = None
-        for wn, n, on, off in opts[c]:
-            if comp.issuperset(on) and comp.isdisjoint(off) and (best is None or (wn, n) < best):
-                best = (wn, n)
-        if best is None:
-            return None
-        choice[c] = best[1]
-    try:
-        return _closure(p, choice)
-    except _Cycle:
-        return None
+    gap = INF
+    for v, us, arg, margin in reversed(trail):
+        at = tuple(val[u] for u in us)
+        val[v] = int(arg[at])
+        if gaps:
+            m = float(margin[at])
+            gap = m if not m >= gap else gap  # nan (both INF) counts as no margin
+    return val, const, gap
 
 
 def _find_cycle(p: Problem, choice: dict[int, int]) -> list[int]:

@@ -112,7 +112,11 @@ def _load_gguf(path: Path, max_len: int) -> tuple[ModelConfig, Weights]:
     from lanefuse.engine.gguf import load_gguf
 
     cfg, gstore = load_gguf(path, max_len)
-    if cfg.moe is not None:  # each layer's gate and up experts stacked into the `moe` op's rows (engine/moe.py)
+    if cfg.moe is not None and cfg.moe.spelling == "gptoss":  # gpt-oss's experts and biases as the op's rows
+        from lanefuse.engine.gptoss import GptOssGGUFStore
+
+        gstore = GptOssGGUFStore(gstore, cfg, str(path))
+    elif cfg.moe is not None:  # each layer's gate and up experts stacked into the `moe` op's rows (engine/moe.py)
         from lanefuse.engine.moe import stack_store
 
         gstore = stack_store(gstore, cfg, str(path))

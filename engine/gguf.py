@@ -18,7 +18,7 @@ from lanefuse.engine.weights import BLOCK_FORMATS
 
 # GGML tensor type name -> lanefuse format (formats.md); any other type is refused at load, naming the tensor
 FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k",
-           "Q6_K": "q6_k"}
+           "Q6_K": "q6_k", "MXFP4": "mxfp4"}  # ggml's MXFP4 holds its fp4 pairs otherwise: GGUFStore repacks it
 
 
 def shown(text: Any, width: int = 40) -> str:
@@ -156,7 +156,8 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     partial = rot / head_dim
     if int(head_dim * partial) != rot:  # the config keeps a factor; it must give back the width
         raise UserError(f"{where}: a rotary width of {rot} out of {head_dim} is not expressible")
-    scaling = _rope_scaling(meta, r, arch, where, rot, freq_factors)
+    # gpt-oss's YaRN: the family's own reading (engine/gptoss.py), below
+    scaling = () if fam.moe == "gptoss" else _rope_scaling(meta, r, arch, where, rot, freq_factors)
     if not r.has("context_length"):
         raise UserError(f"{where}: missing `{arch}.context_length` (a positive integer)")
     ctx = r.size("context_length")
@@ -177,6 +178,10 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
         from lanefuse.engine.gemma import gemma_from_gguf
 
         return gemma_from_gguf(cfg, r, arch, where)
+    if fam.moe == "gptoss":  # its YaRN, window and clamped GLU
+        from lanefuse.engine.gptoss import gptoss_from_gguf
+
+        return gptoss_from_gguf(cfg, r, arch, where)
     if arch == "qwen3next":  # the gated delta net's keys (engine/qwen3next.py)
         from lanefuse.engine.qwen3next import qwen3next_from_gguf
 
@@ -192,6 +197,12 @@ def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
     experts, k = r.size("expert_count"), r.size("expert_used_count")
     if k > experts:
         raise UserError(f"{where}: `{arch}.expert_used_count` {k} is more than `{arch}.expert_count` {experts}")
+    if fam.moe == "gptoss":  # llama.cpp's gpt-oss: top-k of the biased logits, a softmax over the chosen (its own)
+        if r.has("expert_gating_func") and r.size("expert_gating_func") != 3:  # SOFTMAX_WEIGHT
+            raise UserError(f"{where}: `{arch}.expert_gating_func` is {r.c['expert_gating_func']!r}; lanefuse's "
+                            f"{arch} weighs the chosen experts by a softmax over their logits (3)")
+        return MoeConfig(experts, k, r.size("expert_feed_forward_length"), False, tuple(range(layers)),
+                         spelling="gptoss")
     if r.has("expert_gating_func") and r.size("expert_gating_func") != 1:  # gguf.ExpertGatingFuncType.SOFTMAX
         raise UserError(f"{where}: `{arch}.expert_gating_func` is {r.c['expert_gating_func']!r}; lanefuse's {arch} "
                         f"routes by a softmax (1)")
@@ -265,7 +276,7 @@ class GGUFStore:
                 raise UserError(f"{path}: tensor `{shown(t.name, 80)}` of shape {shape} does not split into {n} heads of "
                                 f"two halves")
             self.entries[hf] = (t.name, t, fmt, shape, n)
-        self._permuted: dict[str, np.ndarray] = {}
+        self._permuted: dict[str, np.ndarray] = {}  # also ggml MXFP4 tensors repacked (`mxfp4_from_ggml`)
         self._checked: set[str] = set()
 
     def names(self) -> list[str]:
@@ -277,10 +288,12 @@ class GGUFStore:
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
         gname, t, fmt, shape, heads = self.entries[name]
-        if heads:
+        if heads or fmt == "mxfp4":
             arr = self._permuted.get(name)
             if arr is None:
-                arr = _data(t, fmt, shape)[_row_permutation(shape[0], heads)]
+                arr = _data(t, fmt, shape)
+                arr = arr[_row_permutation(shape[0], heads)] if heads else arr
+                arr = mxfp4_from_ggml(arr) if fmt == "mxfp4" else arr
                 self._permuted[name] = arr
         else:
             arr = _data(t, fmt, shape)
@@ -297,6 +310,18 @@ class GGUFStore:
     def file_name(self, name: str) -> str:
         """The GGUF name of HF name `name`."""
         return self._file_names.get(name, name)
+
+
+def mxfp4_from_ggml(arr: np.ndarray) -> np.ndarray:
+    """ggml's MXFP4 blocks (byte 0 the e8m0 scale; byte 1 + j values j (low nibble) and j + 16 (high)) as `mxfp4`
+    rows (engine/mxfp4.py: byte 1 + j values 2j and 2j + 1); the scale bytes, and what they mean, unchanged."""
+    b = np.asarray(arr, np.uint8).reshape(-1, 17)
+    q = b[:, 1:]
+    v = np.concatenate([q & 0x0F, q >> 4], axis=1)  # (blocks, 32): the values' 4-bit codes in order
+    out = np.empty_like(b)
+    out[:, 0] = b[:, 0]
+    out[:, 1:] = v[:, 0::2] | (v[:, 1::2] << 4)
+    return out.reshape(arr.shape)
 
 
 def tensor_info(path: Path, t) -> tuple[tuple[int, ...], str]:

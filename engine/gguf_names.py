@@ -78,6 +78,20 @@ QWEN3NEXT_LAYER = {
     "ssm_norm.weight": "linear_attn.norm.weight",
     "ssm_out.weight": "linear_attn.out_proj.weight",
 }
+# gpt-oss (llama.cpp's `gpt-oss`): biased q/k/v/o, the attention sinks, the norm before the mixture named
+# post_attention_norm, a biased router, and each role's experts and their biases apart (gate and up split from the
+# checkpoint's interleaved gate_up, rows (out, in)); engine/gptoss.py's GptOssGGUFStore serves the `moe` op's rows
+GPTOSS_LAYER = {
+    **{k: v for k, v in LAYER.items() if k not in DENSE_FFN and k != "ffn_norm.weight"},
+    **QKV_BIAS,
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_inp.bias": "mlp.router.bias",
+    **{f"ffn_{r}_exps.{k}": f"mlp.experts.{r}_proj{'_bias' if k == 'bias' else ''}.gguf"
+       for r in ("gate", "up", "down") for k in ("weight", "bias")},
+}
 ROPE_FREQS = "rope_freqs.weight"  # llama3 rope scaling: the factors each inverse frequency is divided by
 
 
@@ -106,6 +120,8 @@ FAMILIES = {
                        as_row=("ffn_gate_inp_shexp.weight",)),
     "qwen3next": Family("Qwen3NextForCausalLM", {**QWEN3NEXT_LAYER, **EXPERTS, **SHARED_EXPERT}, moe="normed",
                         as_row=("ffn_gate_inp_shexp.weight",)),
+    # top-k of a biased router, then a softmax over the chosen; the clamped GLU (engine/gptoss.py's gptoss_from_gguf)
+    "gpt-oss": Family("GptOssForCausalLM", GPTOSS_LAYER, moe="gptoss"),
 }
 
 

@@ -160,6 +160,119 @@ class GptOssStore:
         return self.base.where(s[0] if s else name)
 
 
+class GptOssGGUFStore:
+    """A GGUF file's gpt-oss experts (llama.cpp's `gpt-oss`: `ffn_{gate,up,down}_exps.weight` (E, rows, cols) rows
+    (out, in), their biases (E, rows)) served as the stacked rows the `moe` op reads (`stacked_names`): expert e's
+    gate rows, then its up rows (whole rows move, in their stored format: f32 to the block formats and ggml's MXFP4,
+    which GGUFStore repacks); down's rows as stored; the biases as f32 values."""
+
+    ROLES = {"gate_up_proj": ("gate_proj", "up_proj"), "gate_up_proj_bias": ("gate_proj_bias", "up_proj_bias"),
+             "down_proj": ("down_proj",), "down_proj_bias": ("down_proj_bias",)}
+
+    def __init__(self, base, cfg: GptOssConfig, where: str):
+        self.base, self.where_ = base, where
+        have = set(base.names())
+        E, d, f = cfg.moe.experts, cfg.hidden, cfg.inter
+        self.experts = E
+        want = {"gate_proj": (E * f, d), "up_proj": (E * f, d), "down_proj": (E * d, f), "gate_proj_bias": (E, f),
+                "up_proj_bias": (E, f), "down_proj_bias": (E, d)}
+        self.stacked: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+        for i in range(cfg.layers):
+            p = f"model.layers.{i}.mlp.experts."
+            for part, shape in want.items():
+                name = p + part + ".gguf"
+                if name not in have:
+                    raise UserError(f"{where}: the file has no tensor `{base.file_name(name)}` (expected {E} experts "
+                                    f"of shape {shape[1:] if part.endswith('bias') else (shape[0] // E, shape[1])}): "
+                                    f"layer {i}'s experts are missing")
+                got = tuple(base.info(name)[0])
+                if got != shape:
+                    raise UserError(f"{where}: tensor `{base.file_name(name)}` has shape {got}; the metadata makes it "
+                                    f"{shape} ({E} experts, hidden {d}, intermediate {f})")
+            for n, shape in stacked_names(i, E, d, f).items():
+                role = n.split(".")[-2]
+                self.stacked[n] = (tuple(p + x + ".gguf" for x in self.ROLES[role]), shape)
+        self._cache: dict[str, tuple[np.ndarray, str]] = {}
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(list(self.base.names()) + list(self.stacked)))
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        if name not in self.stacked:
+            return self.base.info(name)
+        parts, shape = self.stacked[name]
+        if len(shape) == 1:
+            return shape, "f32"
+        fmts = {self.base.info(x)[1] for x in parts}
+        if len(fmts) > 1:
+            raise UserError(f"{self.where_}: tensors `{self.base.file_name(parts[0])}` and "
+                            f"`{self.base.file_name(parts[1])}` are stored in different formats "
+                            f"({', '.join(sorted(fmts))}); the `moe` op reads gate and up experts in one")
+        return shape, fmts.pop()
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        if name not in self.stacked:
+            return self.base.raw(name)
+        if name not in self._cache:
+            from lanefuse.engine.weights import dequantize
+
+            parts, shape = self.stacked[name]
+            fmt = self.info(name)[1]
+            arrs = []
+            for x in parts:
+                a, f = self.base.raw(x)
+                if len(shape) == 1:
+                    a = dequantize(np.asarray(a), f) if f != "f32" else np.asarray(a, np.float32)
+                arrs.append(np.asarray(a).reshape(self.experts, -1))  # (E, each expert's values or row bytes)
+            a = np.concatenate(arrs, axis=1) if len(arrs) > 1 else arrs[0]  # expert e's gate, then its up
+            self._cache[name] = (np.ascontiguousarray(a).reshape(shape[0], -1) if len(shape) == 2
+                                 else np.ascontiguousarray(a, np.float32).reshape(shape), fmt)
+        return self._cache[name]
+
+    def where(self, name: str) -> str:
+        s = self.stacked.get(name)
+        return self.base.where(s[0][0] if s else name)
+
+    def file_name(self, name: str) -> str:
+        s = self.stacked.get(name)
+        return " + ".join(self.base.file_name(x) for x in s[0]) if s else self.base.file_name(name)
+
+
+def gptoss_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GptOssConfig:
+    """A GGUF file's gpt-oss (llama.cpp's `gpt-oss`) from the dense reading `cfg` and the `{arch}.*` keys `r` reads,
+    as llama.cpp takes them: even layers slide over `attention.sliding_window` positions (its pattern 2), YaRN from
+    `rope.scaling.*` with the ends of its ramp rounded out (ggml_rope_yarn_corr_dims floors and ceils them:
+    transformers' `truncate`), and the GLU clamped at 7 with alpha 1.702 (llama.cpp's constants for gpt-oss)."""
+    import dataclasses
+
+    from lanefuse.engine.model import ModelConfig as Base
+
+    kind = r.text("rope.scaling.type", "none")
+    if kind not in ("none", "yarn"):
+        raise UserError(f"{where}: `{arch}.rope.scaling.type` is {kind!r:.40}; lanefuse's gpt-oss reads none or yarn")
+    scaling: tuple = ()
+    if kind == "yarn":
+        for key in ("rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor"):
+            if r.has(key) and r.number(key, 1.0) != 1.0:
+                raise UserError(f"{where}: `{arch}.{key}` is {r.c[key]!r}; lanefuse's gpt-oss reads YaRN with the "
+                                f"attention factor its scaling factor gives and the full ramp (1)")
+        factor = r.number("rope.scaling.factor", 1.0)
+        old = r.size("rope.scaling.original_context_length")
+        att = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+        scaling = (("rope_type", "yarn"), ("factor", factor),
+                   ("beta_fast", r.number("rope.scaling.yarn_beta_fast", 32.0)),
+                   ("beta_slow", r.number("rope.scaling.yarn_beta_slow", 1.0)),
+                   ("original_max_position_embeddings", old), ("truncate", True), ("attention_factor", att))
+    if cfg.partial_rotary != 1.0:
+        raise UserError(f"{where}: `{arch}.rope.dimension_count` rotates part of each head; gpt-oss rotates whole "
+                        f"heads")
+    window = r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0
+    types = tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(cfg.layers))
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
+    base.update(inter=cfg.moe.inter, rope_scaling=scaling, qkv_bias=True)
+    return GptOssConfig(**base, window=window, layer_types=types, swiglu_limit=7.0, swiglu_alpha=1.702)
+
+
 # -- config.json --------------------------------------------------------------------------------------------------
 
 def _layer_types(r, layers: int) -> tuple[str, ...]:

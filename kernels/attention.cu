@@ -7,7 +7,9 @@
 // j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables). A batch
 // (slot > 0): grid row y is sequence r = seq0 + y, at position posp[r], over its own slot of the caches (rows from
 // r * slot); the partials stay indexed by the grid's row. With `gate` (attn_output_gate) each output value is
-// multiplied by act(gate) of its place as it is stored.
+// multiplied by act(gate) of its place as it is stored. With `qw` (attn_output_quant) the output's quantized form
+// (quant.cu's blocks of 32, heads of whole blocks) is written by the launch that writes the output: once the block's
+// heads (the combine's head) are stored, a warp a block of 32 reads them back through L2 and quantizes it.
 // Heads up to MAXD = 256 values, MAXPB = 4 heads a block (attention_split); wider heads, up to 640 values (a latent
 // attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide).
 #define AW 4
@@ -16,7 +18,8 @@ template <int MAXD, int MAXPB>
 __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact) {
+    i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
+    signed char* ql, float* qscale) {
     constexpr int VPL = MAXD / 32;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
@@ -110,6 +113,11 @@ __device__ __forceinline__ void attention_body(
             pp[2 + i] = A;
         }
     }
+    if (splits == 1 && qw) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks
+        __syncthreads();
+        i64 b0 = (r * heads + h0) * vd >> 5, nb = per_block * vd >> 5;
+        for (i64 b = warp; b < nb; b += AW) quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
+    }
 }
 
 #define ATTENTION_KERNEL(NAME, D, PB)                                                                                 \
@@ -117,15 +125,16 @@ __device__ __forceinline__ void attention_body(
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out,           \
         float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,       \
         i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,         \
-        i64 gact) {                                                                                                  \
+        i64 gact, signed char* qw, signed char* ql, float* qscale) {                                                     \
         attention_body<D, PB>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits,    \
-                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact);                 \
+                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale);     \
     }
 ATTENTION_KERNEL(attention_split, 256, 4)
 ATTENTION_KERNEL(attention_split_wide, 640, 1)
 
 extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
-                                             i64 splits, i64 seq0, const float* gate, i64 gact) {
+                                             i64 splits, i64 seq0, const float* gate, i64 gact, signed char* qw,
+                                             signed char* ql, float* qscale) {
     i64 h = blockIdx.x, r = blockIdx.y;
     const float* pp = part + (r * heads + h) * splits * (vd + 2);
     float M = sinks ? sinks[h] : NEG_INF;
@@ -143,5 +152,12 @@ extern "C" __global__ void attention_combine(const float* part, const float* sin
         }
         i64 o = ((seq0 + r) * heads + h) * vd + i;
         out[o] = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
+    }
+    if (qw) {  // head h of row seq0 + r, vd values: whole blocks
+        __syncthreads();
+        int lane = threadIdx.x & 31;
+        i64 b0 = ((seq0 + r) * heads + h) * vd >> 5;
+        for (i64 b = threadIdx.x >> 5; b < vd >> 5; b += blockDim.x >> 5)
+            quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
     }
 }

@@ -1,6 +1,7 @@
 """`attention`: grouped-query attention of each row over the rows of a key and a value cache table up to its
 position (its last `window` when set), with a scale, its logits soft-capped (`softcap`: cap · tanh(l / cap), Gemma 2)
-and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_output_gate: Qwen3-Next); `per_block`
+and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_output_gate: Qwen3-Next), and its
+quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection); `per_block`
 heads a block, the keys in `splits` chunks combined flash-decoding style (attention.cu). In a batch (`slot` set) each
 row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on."""
 
@@ -14,6 +15,7 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, MAX_GRID_Y, MAX_HEAD, Launch, Scratch, act, batch_apart, names, reach
 from lanefuse.kernels.elementwise import act_code
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 MAX_PER_BLOCK = 4  # heads a block holds
 MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
@@ -63,9 +65,11 @@ class Attention(Launch):
     softcap: float = 0.0  # > 0: each scaled logit l becomes softcap · tanh(l / softcap) before the softmax
     slot: int = 0  # a batch's cache rows a sequence (0: one sequence)
     seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
+    quant: str | None = None  # the output's quantized form, written as it is stored (the q8 numerics)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
 
     census: ClassVar[str] = "attention"
-    stem: ClassVar[tuple[str, ...]] = ("attention",)
+    stem: ClassVar[tuple[str, ...]] = ("quant", "attention")
     steps: ClassVar[tuple[str, ...]] = ("attn_splits", "sequences")  # sequences: `apart`
 
     @property
@@ -89,7 +93,7 @@ class Attention(Launch):
         return names(self.q, self.kc, self.vc, self.pos, self.sinks, self.gate[0] if self.gate else None)
 
     def writes(self):
-        return (self.out,)
+        return names(self.out, self.quant)
 
     def scratch(self):
         if self.splits == 1:
@@ -97,6 +101,13 @@ class Attention(Launch):
         return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),)
 
     def check(self):
+        if self.quant is not None:
+            why = quant_check(self.heads * self.vd, self.words, "an attention's output row")
+            if why:
+                return why
+            if self.vd % 32:
+                return Refusal(f"an attention quantizing its output in heads of {self.vd} values (a block of 32 "
+                               f"would span two heads, which two blocks write)")
         if self.gate is not None and self.gate[1] not in ACTS:
             return Refusal(f"an attention gated by `{self.gate[1]}` (one of {', '.join(ACTS)})")
         if self.group < 1 or self.heads % self.group:
@@ -159,7 +170,7 @@ class Attention(Launch):
         return reach((self.q, n * self.heads * self.hd), (self.pos, n if self.slot else 1), (self.sinks, self.heads),
                      (self.kc, j * self.kpitch + self.koff + self.kv * self.hd),
                      (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
-                     (self.out, n * self.heads * self.vd),
+                     (self.out, n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
                      (self.gate[0] if self.gate else None, n * self.heads * self.vd))
 
     def weights(self):
@@ -167,7 +178,8 @@ class Attention(Launch):
 
     def bytes(self):
         n = span(self.len, self.window)
-        return 4 * (self.rows * self.heads * (self.hd + self.vd) + n * self.kv * (self.hd + self.vd))
+        return (4 * (self.rows * self.heads * (self.hd + self.vd) + n * self.kv * (self.hd + self.vd))
+                + quant_bytes(self.rows * self.heads * self.vd, self.words if self.quant else 0))
 
     def flops(self):
         return 2 * self.rows * self.heads * span(self.len, self.window) * (self.hd + self.vd)
@@ -207,6 +219,14 @@ class Attention(Launch):
             gate = env.array(self.gate[0])[: out.size].reshape(out.shape).astype(np.float32)
             out = out.astype(np.float32) * act(self.gate[1], gate).astype(np.float32)
         env.array(self.out)[self.seq0 * H * vd: out.size] = out[self.seq0:].reshape(-1).astype(np.float32)
+        self.quantize(env)
+
+    def quantize(self, env):
+        """The output's quantized form, from the f32 values stored (as the kernel reads them back): this launch's
+        rows, a batch's from seq0."""
+        if self.quant is not None:
+            a, b = self.seq0 * self.heads * self.vd, (self.seq0 + self.rows) * self.heads * self.vd
+            quant_write(env, self.quant, env.array(self.out)[a:b], self.words, start=a)
 
     def fast(self, env):
         """In f32, all heads of a row at once (the splits change only the rounding): keys and values read as views of
@@ -243,6 +263,7 @@ class Attention(Launch):
             a, b = self.seq0 * self.heads * vd, n * self.heads * vd
             o = env.array(self.out)[a:b]
             o *= act(self.gate[1], env.array(self.gate[0])[a:b]).astype(np.float32)
+        self.quantize(env)
 
     def grid_block(self):
         return ((self.heads // self.per_block, self.rows, self.splits), (128, 1, 1))
@@ -256,11 +277,14 @@ class Attention(Launch):
         out = denv.array(self.out)
         gate = denv.array(self.gate[0]) if self.gate else NULL
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
+        qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
         denv.function(self.stem, "attention_split_wide" if self.wide else "attention_split")(grid, block, (
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
-            f32(self.softcap), i64(self.slot), i64(self.seq0), gate if self.splits == 1 else NULL, gact))
+            f32(self.softcap), i64(self.slot), i64(self.seq0), gate if self.splits == 1 else NULL, gact,
+            *((qw, ql, qs) if self.splits == 1 else (NULL, NULL, NULL))))
         if self.splits > 1:
             denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
-                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0), gate, gact))
+                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0), gate, gact, qw, ql,
+                qs))

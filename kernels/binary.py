@@ -1,6 +1,7 @@
 """`binary`: out = a op b for op add/mul/sub, b of a's size, one row broadcast over a's rows or one value a row of
 `each` values (a shared expert's gate), optionally gated:
-a op act(b) (glu_act_mul: act(g)·u with a = u, b = g)."""
+a op act(b) (glu_act_mul: act(g)·u with a = u, b = g); and its result's quantized form written as it is stored
+(`quant`, glu_act_mul_quant / elementwise_quant: the q8 numerics), a warp a block of 32."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, act, operand, reach
+from lanefuse.kernels.common import ACTS, act, names, operand, reach
 from lanefuse.kernels.elementwise import Elementwise, act_code
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 OPS = ("add", "mul", "sub")
 
@@ -26,16 +28,25 @@ class Binary(Elementwise):
     row: int = 0  # b's length when it is one row broadcast over a's rows; 0: b has a's size
     gate: str | None = None  # the activation applied to b first
     each: int = 0  # a's row width when b is one value a row of a (b (R, 1)); 0: not
+    quant: str | None = None  # the result's quantized form, written as it is stored (the q8 numerics)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
 
     census: ClassVar[str] = "binary"
-    stem: ClassVar[tuple[str, ...]] = ("binary",)
+    stem: ClassVar[tuple[str, ...]] = ("quant", "binary")
     inputs: ClassVar[tuple[str, ...]] = ("a", "b")
     output: ClassVar[str] = "out"
 
     def elements(self):
         return self.n
 
+    def writes(self):
+        return names(self.out, self.quant)
+
     def check(self):
+        if self.quant is not None:
+            why = quant_check(self.n, self.words, "an elementwise result")
+            if why:
+                return why
         if self.op not in OPS:
             return Refusal(f"an elementwise `{self.op}` (the kernel adds, multiplies, subtracts)")
         if self.gate is not None and self.gate not in ACTS:
@@ -48,13 +59,14 @@ class Binary(Elementwise):
 
     def extents(self, top, tokens):
         return reach((self.a, self.n), (self.b, self.row or (self.n // self.each if self.each else self.n)),
-                     (self.out, self.n))
+                     (self.out, self.n), (self.quant, self.n))
 
     def weights(self):
         return {self.b: None}
 
     def bytes(self):
-        return 4 * (2 * self.n + (self.row or (self.n // self.each if self.each else self.n)))
+        return (4 * (2 * self.n + (self.row or (self.n // self.each if self.each else self.n)))
+                + quant_bytes(self.n, self.words if self.quant else 0))
 
     def flops(self):
         return self.n * (1 + 4 * (self.gate is not None))
@@ -72,9 +84,12 @@ class Binary(Elementwise):
             b = act(self.gate, b).astype(np.float32)
         y = {"add": a + b, "mul": a * b, "sub": a - b}[self.op]
         env.array(self.out)[: self.n] = y
+        if self.quant is not None:
+            quant_write(env, self.quant, env.array(self.out)[: self.n], self.words)
 
     def args(self, denv):
-        from lanefuse.kernels.cupy_env import i64
+        from lanefuse.kernels.cupy_env import NULL, i64
 
         return (denv.array(self.a), denv.opt(self.b), denv.array(self.out), i64(self.n), i64(self.row),
-                i64(OPS.index(self.op)), i64(act_code(self.gate)), i64(self.each))
+                i64(OPS.index(self.op)), i64(act_code(self.gate)), i64(self.each),
+                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))

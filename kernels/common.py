@@ -213,6 +213,8 @@ def read_part(env, name: str, part: Part | None, units: int, width: int) -> np.n
     if part is None:
         return a[: units * width].reshape(units, width)
     assert part.width == width, f"part of width {part.width} read as {width}"
+    if units * part.pitch <= a.size:  # a strided view: unit u's values from u·pitch + offset, nothing copied
+        return a[: units * part.pitch].reshape(units, part.pitch)[:, part.offset: part.offset + width]
     return a[part.indices(units)].reshape(units, width)
 
 

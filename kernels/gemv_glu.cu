@@ -1,5 +1,25 @@
 // The gate and up products of one activation and their GLU in one launch: out = act(x·wgᵀ + bg) · (x·wuᵀ + bu),
-// the GEMV's warp per output (or four), slabs of GR rows.
+// the GEMV's warp per output (or four), slabs of GR rows. With `qw` (gemv_gate_up_glu.quant) the GLU's quantized form
+// (quant.cu's blocks of 32; n whole blocks, a block's `per` outputs dividing 32): every block arrives at the block of
+// 32 outputs its own lie in (a counter a block of outputs and a slab of rows); the last of the 32 / per to arrive
+// quantizes it in each row of the slab, reading the f32 values stored back through L2, and resets its counter.
+__device__ __forceinline__ void glu_quant_tail(const float* out, i64 n, i64 m, i64 per, unsigned* counters,
+                                               signed char* qw, signed char* ql, float* qs) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    i64 b = (i64)blockIdx.x * per >> 5, r0 = (i64)blockIdx.y * GR, nb = n >> 5;
+    unsigned* c = counters + b * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(32 / per) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int lane = threadIdx.x & 31;
+    for (i64 r = r0 + (threadIdx.x >> 5); r < min(m, r0 + GR); r += blockDim.x >> 5)
+        quant_block(__ldcg(out + r * n + b * 32 + lane), qw + r * n, ql ? ql + r * n : nullptr, qs + r * nb, b, lane);
+    if (threadIdx.x == 0) *c = 0u;
+}
+
 template <int PW>
 __device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
                                          const float* bu, float* out, i64 k, i64 n, i64 m, int a) {
@@ -23,8 +43,10 @@ __device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg
 #define GLU_KERNEL(NAME, PW)                                                                                \
     extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* wg, const void* wu,      \
                                                            i64 fmt, const float* bg, const float* bu, float* out, \
-                                                           i64 k, i64 n, i64 m, i64 a) {                         \
+                                                           i64 k, i64 n, i64 m, i64 a, unsigned* counters,       \
+                                                           signed char* qw, signed char* ql, float* qs) {        \
         glu_body<PW>((int)fmt, x, wg, wu, bg, bu, out, k, n, m, (int)a);                                         \
+        if (qw) glu_quant_tail(out, n, m, WARPS * PW, counters, qw, ql, qs);                                     \
     }
 GLU_KERNEL(gemv_glu_1, 1)
 GLU_KERNEL(gemv_glu_4, 4)
@@ -33,16 +55,19 @@ GLU_KERNEL(gemv_glu_4, 4)
 extern "C" __global__ void __launch_bounds__(128) gemv_glu_q8(const signed char* xw, const signed char* xl,
                                                               const float* xs, const void* wg, const void* wu, i64 fmt,
                                                               const float* bg, const float* bu, float* out, i64 k,
-                                                              i64 n, i64 m, i64 a) {
+                                                              i64 n, i64 m, i64 a, unsigned* counters,
+                                                              signed char* qw, signed char* ql, float* qs) {
     i64 j = (i64)blockIdx.x * QWARPS + (threadIdx.x >> 5);
-    if (j >= n) return;
-    i64 r0 = (i64)blockIdx.y * QGR;
-    QX x{xw, xl, xs};
-    float ga[QGR], ua[QGR];
-    q8_tile((int)fmt, x, wg, k, m, j, r0, ga);
-    q8_tile((int)fmt, x, wu, k, m, j, r0, ua);
-    if ((threadIdx.x & 31) != 0) return;
-    int nr = (int)min((i64)QGR, m - r0);
-    for (int r = 0; r < nr; r++)
-        out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
+    if (j < n) {  // no return before the quantizing tail: every thread of the block reaches its barriers
+        i64 r0 = (i64)blockIdx.y * QGR;
+        QX x{xw, xl, xs};
+        float ga[QGR], ua[QGR];
+        q8_tile((int)fmt, x, wg, k, m, j, r0, ga);
+        q8_tile((int)fmt, x, wu, k, m, j, r0, ua);
+        int nr = (int)min((i64)QGR, m - r0);
+        if ((threadIdx.x & 31) == 0)
+            for (int r = 0; r < nr; r++)
+                out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
+    }
+    if (qw) glu_quant_tail(out, n, m, QWARPS, counters, qw, ql, qs);
 }

@@ -1,7 +1,9 @@
 """`gemv_glu`: the gate and up products of one activation and their GLU in one launch (gemv_gate_up_glu):
 out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows (n, k) of one format (a block format decoded
 in the kernel). Over a quantized activation (`words`, the q8 numerics) both products are gemv_q8.cu's int8 block sums
-of the same words, a warp an output."""
+of the same words, a warp an output. With `quant` (gemv_gate_up_glu.quant) the GLU's quantized form is written too:
+the last block to arrive at each block of 32 outputs quantizes it (an arrival counter a block of outputs and a slab
+of rows)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (ACTS, FORMAT_CODE, Launch, act, decode, format_refusal, names, operand, reach,
-                                     weight_bytes)
+from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Launch, Scratch, act, decode, format_refusal,
+                                     names, operand, reach, weight_bytes)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import (activation_bytes, fast_products, gemv_check, gemv_grid, products, q8_check,
                                    rows_a_warp)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 
 def act_in_place(name: str, x: np.ndarray, t: np.ndarray) -> None:
@@ -65,18 +68,29 @@ class GemvGlu(Launch):
     per_warp: int = 1
     format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
     words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (gemv_glu_q8: __dp4a)
+    quant: str | None = None  # the GLU's quantized form, written in the epilogue (the q8 numerics)
+    quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2)
 
     census: ClassVar[str] = "gemv_glu"
-    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_q8", "gemv_glu")
+    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu")
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
     def reads(self):
         return names(self.x, self.wg, self.wu, self.bg, self.bu)
 
     def writes(self):
-        return (self.out,)
+        return names(self.out, self.quant)
+
+    def scratch(self):
+        if self.quant is None:
+            return ()
+        return (Scratch("arrivals", "i32", 4 * (self.n // 32) * -(-self.m // GEMV_ROWS), counter=True),)
 
     def check(self):
+        if self.quant is not None:
+            why = quant_check(self.n, self.quant_words, "a gate and up GEMV's GLU row")
+            if why:
+                return why
         why = format_refusal(self.format, self.k, "the gate and up GEMV")
         if why:
             return why
@@ -101,7 +115,7 @@ class GemvGlu(Launch):
     def extents(self, top, tokens):
         nk, n = self.n * self.k, self.n
         return reach((self.x, self.m * self.k), (self.wg, nk), (self.wu, nk), (self.bg, n), (self.bu, n),
-                     (self.out, self.m * n))
+                     (self.out, self.m * n), (self.quant, self.m * n))
 
     def weights(self):
         return {self.wg: self.format, self.wu: self.format_u or self.format, **{b: None for b in (self.bg, self.bu) if b}}
@@ -110,7 +124,8 @@ class GemvGlu(Launch):
         return 2 * weight_bytes(self.format, self.n, self.k)
 
     def bytes(self):
-        return self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n
+        return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n
+                + quant_bytes(self.m * self.n, self.quant_words if self.quant else 0))
 
     def flops(self):
         return 4 * self.m * self.n * self.k
@@ -128,6 +143,12 @@ class GemvGlu(Launch):
 
         g = act(self.act, product(self.wg, self.bg)).astype(np.float32)
         env.array(self.out)[: self.m * self.n] = (g * product(self.wu, self.bu)).reshape(-1)
+        self.quantize(env)
+
+    def quantize(self, env):
+        """The GLU's quantized form, from the f32 values stored (as the kernel's last blocks read them back)."""
+        if self.quant is not None:
+            quant_write(env, self.quant, env.array(self.out)[: self.m * self.n], self.quant_words)
 
     def fast(self, env):
         """In f32: one BLAS product over the gate's and the up's weights stacked (decoded once) into a temporary
@@ -144,6 +165,7 @@ class GemvGlu(Launch):
             np.add(u, operand(env, self.bu)[:n], out=u)
         act_in_place(self.act, g, out)
         np.multiply(g, u, out=out)
+        self.quantize(env)
 
     def fast_temp(self):
         return 2 * self.m * self.n
@@ -152,17 +174,19 @@ class GemvGlu(Launch):
         return gemv_grid(self.n, self.m, self.per_warp, 1)
 
     def cuda(self, denv):
-        from lanefuse.kernels.cupy_env import i64
+        from lanefuse.kernels.cupy_env import NULL, i64
 
         g, b = self.grid_block()
+        tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant)) if self.quant is not None
+                else (NULL, NULL, NULL, NULL))
         if self.words:
             denv.function(self.stem, "gemv_glu_q8")(g, b, (
                 *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
                 denv.opt(self.bg), denv.opt(self.bu), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m),
-                i64(act_code(self.act))))
+                i64(act_code(self.act)), *tail))
             return
         denv.function(self.stem, f"gemv_glu_{self.per_warp}")(g, b, (
             denv.array(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
             denv.opt(self.bg),
             denv.opt(self.bu), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m),
-            i64(act_code(self.act))))
+            i64(act_code(self.act)), *tail))

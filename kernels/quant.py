@@ -23,14 +23,21 @@ def quant_check(n: int, words: int, what: str = "an activation") -> Refusal | No
     return None
 
 
-def quant_write(env, name: str, values: np.ndarray, words: int) -> None:
-    """Quantize `values` (rows, n) f32 into tensor `name`'s quantized form (env.quant)."""
+def quant_write(env, name: str, values: np.ndarray, words: int, start: int = 0) -> None:
+    """Quantize `values` (rows, n) f32 into tensor `name`'s quantized form (env.quant), from its value `start` on (a
+    whole number of blocks: a batch launch's rows from its first sequence's)."""
     q = quantize(np.asarray(values, dtype=np.float32).reshape(1, -1), words)
     w, low, scales = env.quant(name)
-    w[: q.words.size] = q.words.reshape(-1)
+    b = start // QBLOCK
+    w[start: start + q.words.size] = q.words.reshape(-1)
     if words == 2:
-        low[: q.low.size] = q.low.reshape(-1)
-    scales[: q.scales.size] = q.scales.reshape(-1)
+        low[start: start + q.low.size] = q.low.reshape(-1)
+    scales[b: b + q.scales.size] = q.scales.reshape(-1)
+
+
+def quant_bytes(n: int, words: int) -> int:
+    """The bytes a launch writes of the quantized form of n values (words, then a scale a block); 0 for none."""
+    return words * n + 4 * (n // QBLOCK) if words else 0
 
 
 @dataclass(frozen=True)

@@ -53,34 +53,41 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
 def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, slot: int = 0,
               seq0: int = 0) -> None:
     """The fast twin of `side_numpy`: the same rotation in f32 (the norm's mean square by einsum), a few whole-array
-    operations a side."""
+    operations a side on views (the part read in place, the positions' cos and sin rows sliced), written straight into
+    the destination's view where it is contiguous and apart from the source."""
     n = seq0 + rows
-    x = read_part(env, s.x, s.part, n, s.heads * hd)[seq0:].reshape(rows, s.heads, hd)
+    w = s.heads * hd
+    x = read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, s.heads, hd)
+    half = rot // 2
+    ct, st = env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)
+    if slot:
+        p = env.array(pos)[seq0:n].astype(np.int64)
+        c, sn = ct[p][:, None, :], st[p][:, None, :]
+    else:
+        p0 = env.param(pos)
+        c, sn = ct[p0: p0 + rows][:, None, :], st[p0: p0 + rows][:, None, :]
     if s.norm is not None:
         inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
-        inv /= hd
+        inv *= 1.0 / hd
         inv += s.norm[1]
         np.sqrt(inv, out=inv)
         np.reciprocal(inv, out=inv)
         x = x * inv
         x *= env.weight(s.norm[0])[0][:hd]
-    half = rot // 2
-    p = env.array(pos)[seq0:n].astype(np.int64) if slot else env.param(pos) + np.arange(rows)
-    c = env.weight(cos)[0].reshape(-1, half)[p][:, None, :]
-    sn = env.weight(sin)[0].reshape(-1, half)[p][:, None, :]
+    out = dst_view(s.y, env, rows, w) if not seq0 else None
+    if out is not None and np.may_share_memory(out, x):
+        out = None
+    y = out.reshape(rows, s.heads, hd) if out is not None else np.empty((rows, s.heads, hd), dtype=np.float32)
     x1, x2 = x[..., :half], x[..., half:rot]
-    y = np.empty((rows, s.heads, hd), dtype=np.float32)
-    np.multiply(x1, c, out=y[..., :half])
-    y[..., :half] -= x2 * sn
-    np.multiply(x2, c, out=y[..., half:rot])
-    y[..., half:rot] += x1 * sn
+    y1, y2 = y[..., :half], y[..., half:rot]
+    np.multiply(x1, c, out=y1)
+    y1 -= x2 * sn
+    np.multiply(x2, c, out=y2)
+    y2 += x1 * sn
     if rot < hd:
         y[..., rot:] = x[..., rot:]
-    out = dst_view(s.y, env, rows, s.heads * hd) if not seq0 else None
     if out is None:
-        s.y.write(env, y, first=seq0 * s.heads * hd)  # a batch's rows from its first sequence's (Dst.slot)
-    else:
-        np.copyto(out, y.reshape(rows, -1))
+        s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
 
 
 def side_check(s: RopeSide, hd: int, rot: int) -> Refusal | None:

@@ -91,7 +91,7 @@ def test_every_builtin_class_declares_its_contract_and_every_rule_binds_it():
     table = load_table()
     assert contract_problems(table) == []
     assert table.classes["add_norm"]["vars"] == ("a", "b", "s", "w", "y", "eps")
-    assert table.classes["gemv_gate_up_glu"]["vars"] == ("x", "wg", "wu", "y", "act")
+    assert table.classes["gemv_gate_up_glu"]["vars"] == ("x", "wg", "wu", "y", "act", "yq?", "words?")
     assert all("vars" in c for c in table.classes.values())
     for r in table.rules:  # what the lane reads is what extraction's fused op carries
         need = set(c for c in table.classes[r.cls]["vars"] if not c.endswith("?"))  # `v?`: only some rules bind it
@@ -169,7 +169,7 @@ def test_a_rule_missing_a_variable_of_its_contract_is_refused_at_load(tmp_path):
         load_table([str(d)])
     msg = str(e.value)
     assert msg.startswith(f"my.gate_up @ {d / 'my_norm.yaml'}:1: rule of class `gemv_gate_up_glu` does not bind `x` "
-                          f"(the class's contract: x, wg, wu, y, act)")
+                          f"(the class's contract: x, wg, wu, y, act, yq?, words?)")
     assert "and 2 more" in msg
     with pytest.raises(UserError, match="does not bind `x`"):  # plan stops there too, before the lane
         plan(build_step(demo_config(), 1), rules_dirs=[str(d)])

@@ -4,6 +4,8 @@ budget and the debug match table."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -84,20 +86,21 @@ GRAPHS = {
     "gptoss_chunk": lambda: build_step(gptoss(), rows=6),
     "qwen3_q8": lambda: q8_graph("q8"),
     "llama_q8x2_chunk": lambda: q8_graph("q8x2", "LlamaForCausalLM", rows=3),
+    "gptoss_q8": lambda: q8_graph("q8", config=gptoss()),
     "qwen3next_chunk": lambda: build_step(qwen3next(), rows=3),
     "qwen3next_q8": lambda: q8_of(qwen3next(), "q8"),
     "deepseek": lambda: build_step(deepseek()),
 }
 
 
-def q8_graph(numerics, arch="Qwen3ForCausalLM", rows=1):
-    """A one-layer step over q8_0 rows under a quantized numerics: its quantize ops (engine/quantize.py) for the
-    `*_quant` rules."""
+def q8_graph(numerics, arch="Qwen3ForCausalLM", rows=1, config=None):
+    """A one-layer step (or `config`'s) over q8_0 rows under a quantized numerics: its quantize ops
+    (engine/quantize.py) for the `*_quant` rules."""
     from lanefuse.engine.quantize import with_numerics
 
-    c = cfg(arch, qk_norm=arch == "Qwen3ForCausalLM", layers=1)
-    rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows"]
-    c = ModelConfig(**{**c.__dict__, "formats": tuple((n, "q8_0") for n in rows_of)})
+    c = config or cfg(arch, qk_norm=arch == "Qwen3ForCausalLM", layers=1)
+    rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0]
+    c = dataclasses.replace(c, formats=tuple((n, "q8_0") for n in rows_of))
     return with_numerics(build_step(c, rows=rows), numerics)
 
 

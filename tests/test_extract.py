@@ -247,3 +247,148 @@ def test_step_graph_never_recomputes_a_shared_tensor():
     computed = [p.out for op in o.graph.ops for p in op.leaves()]
     assert len(computed) == len(set(computed))  # each lifted op computed by exactly one op of the plan
     assert sorted(computed) == sorted(op.out for op in g.ops)
+
+
+# -- equal components solved once ------------------------------------------------------------------------------------
+@st.composite
+def repeated_problems(draw):
+    """Copies of one `problems` side by side (a step's layers): the same real costs, so the same component key,
+    but each copy's nodes at other ranks, so the tie-break weighs them differently; sometimes one copy's costs
+    changed (another key), sometimes a copy's top class read by a class over all copies (one component then)."""
+    base = draw(problems())
+    copies = draw(st.integers(2, 4))
+    classes, node_class, children, cost, internal, roots = {}, [], [], [], [], []
+    other = draw(st.integers(-1, copies - 1))  # the copy whose costs change (-1: none)
+    for k in range(copies):
+        off_c, off_n = k * len(base.classes), len(node_class)
+        for c, ns in base.classes.items():
+            classes[c + off_c] = [n + off_n for n in ns]
+        for n in range(len(base.node_class)):
+            node_class.append(base.node_class[n] + off_c)
+            children.append(tuple(d + off_c for d in base.children[n]))
+            x = base.cost[n]
+            cost.append(x + 1.0 if k == other and 0 < x < INF else x)
+            internal.append(tuple(d + off_c for d in base.internal[n]))
+        roots += [r + off_c for r in base.roots]
+    if draw(st.booleans()):  # a class over all copies: one class reading each copy's last class, or its cheaper twin
+        top = len(classes) * 1
+        tops = [top - 1 - k * len(base.classes) for k in range(copies)]
+        classes[top] = [len(node_class), len(node_class) + 1]
+        node_class += [top, top]
+        children += [tuple(sorted(tops)), tuple(sorted(tops[:1]))]
+        cost += [1.0, 7.0]
+        internal += [(), ()]
+        roots = [top]
+    return Problem(classes, node_class, children, cost, roots, internal)
+
+
+@settings(max_examples=200, deadline=None)
+@given(repeated_problems())
+def test_memoized_elimination_is_the_elimination(p):
+    """Equal components taking one solved component's choices give the very plan (not just its cost) that solving
+    each alone gives, ties included; and that plan is optimal (the ILP's cost)."""
+    from unittest import mock
+
+    from lanefuse.engine import extract
+
+    def solve(**kw):
+        try:
+            return solve_elimination(p, **kw)
+        except NoPlan as e:  # a class every plan needs has no runnable node: both say so
+            return ("no plan", e.classes)
+
+    with mock.patch.object(extract, "MEMO_MIN_CLASSES", 1):
+        memo = solve()
+    alone = solve(memo=False)
+    assert memo == alone
+    if isinstance(alone, dict):
+        assert total_cost(p, alone) == pytest.approx(total_cost(p, solve_ilp(p)))
+
+
+def _step_problem(cfg):
+    from lanefuse.engine.cost_default import Refusal, default_cost
+    from lanefuse.engine.model import build_step
+    from lanefuse.engine.optimize import Session
+    from lanefuse.engine.rules import load_table
+
+    g = build_step(cfg)
+    s = Session(g, load_table())
+    dec = s._saturated(frozenset())[0]
+    costs = [INF if isinstance(v, Refusal) else float(v)
+             for v in (default_cost(op, g) if op is not None else 0.0 for op in dec.ops)]
+    return s._problem(dec, costs, {})
+
+
+def _shapes():
+    import dataclasses
+
+    from lanefuse.engine.demo import demo_config
+    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.model import ModelConfig
+
+    gptoss = config_from_hf({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4, "num_local_experts": 16,
+                             "num_experts_per_tok": 4}, "gpt-oss shape", max_len=256)
+    gemma = config_from_hf({"architectures": ["Gemma2ForCausalLM"], "hidden_size": 3584, "num_hidden_layers": 4,
+                            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+                            "intermediate_size": 14336, "vocab_size": 256000, "query_pre_attn_scalar": 256,
+                            "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+                            "final_logit_softcapping": 30.0}, "gemma shape", max_len=256)
+    return {
+        "demo": demo_config(),
+        "qwen2": ModelConfig("Qwen2ForCausalLM", 64, 3, 4, 2, 16, 128, 120, qkv_bias=True, rope_theta=1e6,
+                             tie_embeddings=True, max_len=64, name="tiny-qwen2"),
+        "gptoss": gptoss,
+        "gptoss-bf16": dataclasses.replace(gptoss, formats=tuple(
+            (n, "bf16") for n, s in gptoss.weight_names().items() if len(s) == 2)),
+        "qwen3-8b": ModelConfig("Qwen3ForCausalLM", hidden=4096, layers=5, heads=32, kv_heads=8, head_dim=128,
+                                inter=12288, vocab=151936, qk_norm=True),
+        "gemma": gemma,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_shapes()))
+def test_memoized_elimination_keeps_every_step_plan(name):
+    """The step graphs of the demo, a Qwen2, gpt-oss (f32 and bf16 rows), the Qwen3-8B and a Gemma 2 shape: the
+    layers' components solved once give the same choice as each solved alone, which is the ILP's; and a component
+    was taken from an equal one (the memo was used, so this can fail)."""
+    from unittest import mock
+
+    from lanefuse.engine import extract
+
+    p = _step_problem(_shapes()[name])
+    solved = []
+    real = extract._eliminate
+
+    def counting(factors, max_width, np, gaps):
+        solved.append(gaps)
+        return real(factors, max_width, np, gaps)
+
+    with mock.patch.object(extract, "_eliminate", counting):
+        memo = solve_elimination(p)
+    big = sum(1 for comp, _ in extract._components([(s,) for s in _scopes(p)]) if len(comp) >= extract.MEMO_MIN_CLASSES)
+    assert big > 1 and solved.count(True) < big  # some big component was never eliminated: it was remembered
+    alone = solve_elimination(p, memo=False)
+    assert memo is not None and memo == alone == solve_ilp(p)
+
+
+def _scopes(p: Problem) -> list[tuple[int, ...]]:
+    """The elimination's table scopes (a class and the undecided classes its nodes need), as solve_elimination
+    builds them, to count its components."""
+    from lanefuse.engine.extract import _usable_map, reachable
+
+    usable, live = _usable_map(p), reachable(p)
+    need = needed_classes(p, live, usable)
+    out = []
+    for c in sorted(live):
+        vs = set() if c in need else {c}
+        for n in usable[c]:
+            inside = set(p.internal[n]) & live if p.internal[n] else set()
+            if inside & need:
+                continue
+            on = {d for d in p.children[n] if d not in need}
+            if inside & on:
+                continue
+            vs |= on | inside
+        if vs:
+            out.append(tuple(sorted(vs)))
+    return out

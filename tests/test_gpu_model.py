@@ -68,9 +68,9 @@ def test_transformers_made_model_32_tokens():
     _pair(cfg, w, _plan("tiny-hf-decode", lambda: build_step(cfg, 1)))
 
 
-def test_expert_mixture_model_32_tokens_and_a_sorted_chunk():
-    """A transformers-made Qwen2-MoE (shared expert; the mixture finalized with the next norm): 32 tokens CuPy
-    against numpy, and its 8-row prefill chunk (rows sorted by expert) on both."""
+def _model_and_chunk(name: str, what: str):
+    """The transformers-made model $LANEFUSE_PLANS/`name` (bench/gpu_prepare.py makes it): 32 tokens CuPy against
+    numpy with its saved decode plan, and its 8-row prefill chunk's logits on both."""
     from lanefuse.engine.front import load_model
     from lanefuse.engine.model import build_step
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
@@ -78,63 +78,35 @@ def test_expert_mixture_model_32_tokens_and_a_sorted_chunk():
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
     plans = flags.read("LANEFUSE_PLANS")
-    folder = os.path.join(plans or "", "tiny-moe")
+    folder = os.path.join(plans or "", name)
     if not os.path.isdir(folder):
-        pytest.skip("no transformers-made mixture in $LANEFUSE_PLANS (bench/gpu_prepare.py makes one)")
+        pytest.skip(f"no transformers-made {what} in $LANEFUSE_PLANS (bench/gpu_prepare.py makes one)")
     cfg, w = load_model(folder)
-    _pair(cfg, w, _plan("tiny-moe-decode", lambda: build_step(cfg, 1)))
-    s = _plan("tiny-moe-prefill8", lambda: build_step(cfg, 8))
+    _pair(cfg, w, _plan(f"{name}-decode", lambda: build_step(cfg, 1)))
+    s = _plan(f"{name}-prefill8", lambda: build_step(cfg, 8))
     outs = []
     for runner in (NumpyRunner(s, w), CupyRunner(s, w, state=DeviceState())):
         env = {**new_caches(cfg), "token": np.arange(3, 11, dtype=np.int32), "pos": np.array([0], np.int32)}
         outs.append(np.asarray(runner.step(env)["logits"]).reshape(-1))
     assert float(np.max(np.abs(outs[0] - outs[1])) / np.max(np.abs(outs[0]))) < 1e-3
+
+
+def test_expert_mixture_model_32_tokens_and_a_sorted_chunk():
+    """A transformers-made Qwen2-MoE (shared expert; the mixture finalized with the next norm): 32 tokens CuPy
+    against numpy, and its 8-row prefill chunk (rows sorted by expert) on both."""
+    _model_and_chunk("tiny-moe", "mixture")
 
 
 def test_gptoss_model_32_tokens_and_a_sorted_chunk():
     """A transformers-made gpt-oss (the biased router routed top-k then softmax, biased experts, the clamped GLU,
     sinks and a window): 32 tokens CuPy against numpy, and its 8-row prefill chunk (rows sorted by expert) on both."""
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.model import build_step
-    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
-    from lanefuse.lane.run.generate import new_caches
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
-    plans = flags.read("LANEFUSE_PLANS")
-    folder = os.path.join(plans or "", "tiny-gptoss")
-    if not os.path.isdir(folder):
-        pytest.skip("no transformers-made gpt-oss in $LANEFUSE_PLANS (bench/gpu_prepare.py makes one)")
-    cfg, w = load_model(folder)
-    _pair(cfg, w, _plan("tiny-gptoss-decode", lambda: build_step(cfg, 1)))
-    s = _plan("tiny-gptoss-prefill8", lambda: build_step(cfg, 8))
-    outs = []
-    for runner in (NumpyRunner(s, w), CupyRunner(s, w, state=DeviceState())):
-        env = {**new_caches(cfg), "token": np.arange(3, 11, dtype=np.int32), "pos": np.array([0], np.int32)}
-        outs.append(np.asarray(runner.step(env)["logits"]).reshape(-1))
-    assert float(np.max(np.abs(outs[0] - outs[1])) / np.max(np.abs(outs[0]))) < 1e-3
+    _model_and_chunk("tiny-gptoss", "gpt-oss")
 
 
 def test_deepseek_model_32_tokens_and_a_chunk():
     """A transformers-made DeepSeek-V3 (latent attention in the wide kernel, the per-head products, the grouped
     sigmoid routing with its correction bias and shared expert): 32 tokens CuPy against numpy, and an 8-row chunk."""
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.model import build_step
-    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
-    from lanefuse.lane.run.generate import new_caches
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
-    plans = flags.read("LANEFUSE_PLANS")
-    folder = os.path.join(plans or "", "tiny-deepseek")
-    if not os.path.isdir(folder):
-        pytest.skip("no transformers-made DeepSeek-V3 in $LANEFUSE_PLANS (bench/gpu_prepare.py makes one)")
-    cfg, w = load_model(folder)
-    _pair(cfg, w, _plan("tiny-deepseek-decode", lambda: build_step(cfg, 1)))
-    s = _plan("tiny-deepseek-prefill8", lambda: build_step(cfg, 8))
-    outs = []
-    for runner in (NumpyRunner(s, w), CupyRunner(s, w, state=DeviceState())):
-        env = {**new_caches(cfg), "token": np.arange(3, 11, dtype=np.int32), "pos": np.array([0], np.int32)}
-        outs.append(np.asarray(runner.step(env)["logits"]).reshape(-1))
-    assert float(np.max(np.abs(outs[0] - outs[1])) / np.max(np.abs(outs[0]))) < 1e-3
+    _model_and_chunk("tiny-deepseek", "DeepSeek-V3")
 
 
 def test_decode_step_cuda_graph_replays_match():

@@ -153,6 +153,9 @@ class RecordingEnv:
     def opt(self, name):
         return self.np.uint64(0) if name is None else self.array(name)
 
+    def quant(self, name):
+        return self.np.zeros(4, self.np.int8), self.np.zeros(4, self.np.int8), self.np.zeros(4, self.np.float32)
+
     def ptr(self, name):
         return 0 if name is None else 4096
 
@@ -206,8 +209,20 @@ def samples():
         Softcap("x", "y", 8, 30.0), Unary("gelu_erf", "x", "y", 8),
         Fold(Gemv("x", "w", "bf16", Dst("o"), 32, 8, 1),
              Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s", pre=PreNorm("pw", 1e-6))),
-        *fused_folds(), *mixtures(), *delta_net(), *latent(),
+        *fused_folds(), *mixtures(), *delta_net(), *latent(), *quantizing(),
     ]
+
+
+def quantizing():
+    """The q8 numerics' quantizing epilogues: the attention (one split, three: the combine quantizes), the gated
+    product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one."""
+    from lanefuse.kernels import Attention, Binary, GemvGlu
+
+    return [Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, per_block=2, quant="oq", words=1),
+            Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=2),
+            Binary("mul", "a", "b", "o", 64, gate="silu", quant="oq", words=1),
+            GemvGlu("x", "wg", "wu", "bf16", "o", 32, 64, 1, per_warp=4, quant="oq", quant_words=1),
+            GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=2, quant="oq", quant_words=2)]
 
 
 def delta_net():

@@ -210,3 +210,66 @@ def test_delta_quantizing_in_its_epilogue(rows, hk, hv, dk, dv, words):
     assert np.array_equal(w, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
     if words == 2:
         assert np.array_equal(low, want.low.reshape(-1))
+
+
+def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 0):
+    """A device env with the quantized form `oq` of n values (the launch's result's) and, where x_words, `xq` of xn."""
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    a = quant_layout(n, words)[2]
+    placed, quantized = {"oq": (0, a, "u8")}, {"oq": (n, words)}
+    if x_words:
+        placed["xq"] = (a, quant_layout(xn, x_words)[2], "u8")
+        quantized["xq"] = (xn, x_words)
+    return DeviceEnv(a + (quant_layout(xn, x_words)[2] if x_words else 0), placed, arrays, weights,
+                     quantized=quantized)
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_quantizing_epilogues_equal_the_quant_kernel(words):
+    """attention.cu (one split; three, the combine quantizing), binary.cu (glu_act_mul_quant) and gemv_glu.cu's
+    arrival-counted tail (f32 activation four outputs a warp, quantized activation) on the device: the f32 result within
+    rounding of the numpy twin's, and its quantized form exactly quant.cu's words and scales of the f32 values the
+    kernel stored; a second launch of the GEMV (its counters reset) writes the same bytes."""
+    from lanefuse.kernels import Attention, Binary, GemvGlu
+
+    rng = np.random.default_rng(12)
+    H, G, hd, L, m, k, n = 8, 4, 64, 32, 3, 256, 512
+    r = lambda *s: rng.standard_normal(s).astype(np.float32).reshape(-1)  # noqa: E731
+    x = r(m, k)
+    xq = quantize(x.reshape(m, k), words)
+    w = {"wg": (encode(r(n, k).reshape(n, k) / 16, "q8_0"), "q8_0"),
+         "wu": (encode(r(n, k).reshape(n, k) / 16, "q8_0"), "q8_0")}
+    wb = {"wg": (encode(r(n, k).reshape(n, k) / 16, "bf16"), "bf16"),
+          "wu": (encode(r(n, k).reshape(n, k) / 16, "bf16"), "bf16")}
+    cases = [(Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, per_block=4, quant="oq", words=words),
+              m * H * hd, {}),
+             (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, splits=3, quant="oq", words=words),
+              m * H * hd, {}),
+             (Binary("mul", "u", "g", "o", m * n, gate="silu", quant="oq", words=words), m * n, {}),
+             (GemvGlu("x", "wg", "wu", "bf16", "o", k, n, m, per_warp=4, quant="oq", quant_words=words), m * n, wb),
+             (GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words), m * n, w)]
+    for launch, size, weights in cases:
+        assert launch.check() is None, launch.check()
+        arrays = {"q": r(m, H, hd), "kc": r(L, H // G, hd), "vc": r(L, H // G, hd), "pos": np.array([7], np.int32),
+                  "u": r(m * n), "g": r(m * n), "x": x, "o": np.zeros(size, np.float32)}
+        qx = (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1), xq.scales.reshape(-1))
+        host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
+                       {"oq": (np.zeros(size, np.int8), np.zeros(size, np.int8) if words == 2 else None,
+                               np.zeros(size // 32, np.float32)), "xq": qx})
+        launch.numpy(host)
+        xw = words if getattr(launch, "words", 0) and isinstance(launch, GemvGlu) else 0
+        dev = _two_forms(size, words, arrays, weights, xw, m * k)
+        if xw:
+            Quant("x", "xq", m * k, words).cuda(dev)
+        for _ in range(2):
+            launch.cuda(dev)
+            dev.cp.cuda.Device().synchronize()
+            got = dev.host("o")
+            np.testing.assert_allclose(got, host.array("o"), rtol=0, atol=2e-5 * np.abs(host.array("o")).max(),
+                                       err_msg=launch.census)
+            want = quantize(got.reshape(1, -1), words)
+            qw, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("oq"))
+            assert np.array_equal(qw, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1)), launch
+            if words == 2:
+                assert np.array_equal(low, want.low.reshape(-1)), launch

@@ -99,7 +99,8 @@ def test_q8_plan_equals_the_interpreter(fmt, numerics):
     for rows in (1, 3):
         g = build_step(cfg, rows)
         p = plan(g, numerics=numerics)
-        assert p.numerics == numerics and p.census.get("quant", 0) >= 1 and p.f32_reads == ()
+        # every quantize rides in its producer's epilogue: no Quant launch
+        assert p.numerics == numerics and "quant" not in p.census and p.f32_reads == ()
         gq = with_numerics(g, numerics)
         ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
         f32 = evaluate(g, w, _chunk_env(g, rows, 0))["logits"]
@@ -178,41 +179,141 @@ def test_glu_and_parts_of_a_quantized_activation(fmt, words):
     assert glu.bytes() < GemvGlu("x", "wg", "wu", fmt, "o", k, n, m).bytes()
 
 
-def test_a_q8_decode_layer_runs_the_f32_plans_fused_kernels():
-    """Under q8 the products keep their fusions (q/k/v in parts with their heads' norm and rotation, the output
-    projection and the down projection folded with the next norm, gate/up with their GLU) and the norms quantize in
-    their epilogues (embed_norm.quant, gemv_norm_epilogue.quant): the f32 plan's launches plus a Quant launch of the
-    attention's output and of the GLU's a layer. Held `fuse_quant` (the lane's step holding every rule that joins a
-    quantize): each quantize a Quant launch again, the same numbers."""
+def _quantized_forms(p, w, g):
+    """Run plan `p` by its exact twins in its arena, keeping a copy of each quantized form (words, low words, scales)
+    right after the launch that writes it (a later array may reuse its bytes)."""
+    r = NumpyRunner(p, w)
+    env, forms = r.env, {}
+    inputs = _chunk_env(g, g.tensors["token"].shape[0], 0)
+    for n in (p.io.token, p.io.position):
+        env.array(n)[:] = inputs[n].reshape(-1)
+    env.tables = {n: inputs[n] for n in p.io.tables}
+    env._views.clear()
+    for x in p.launches:
+        x.launch.numpy(env)
+        for name in x.launch.writes():
+            b = p.buffers.get(name)
+            if b is not None and b.dtype in ("q8", "q8x2"):
+                forms[name] = tuple(None if a is None else a.copy() for a in env.quant(name))
+    return forms, env.array(p.io.logits).copy()
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+def test_a_q8_decode_layer_is_the_f32_plans_five_launches(numerics):
+    """Under q8 and q8x2 the products keep their fusions (q/k/v in parts with their heads' norm and rotation, the
+    output projection and the down projection folded with the next norm, gate/up with their GLU) and every quantize
+    rides in its producer's epilogue (embed_norm.quant, gemv_norm_epilogue.quant, attn_output_quant,
+    gemv_gate_up_glu.quant): the f32 plan's census exactly, 5 launches a layer. Held `fuse_quant` (the lane's step
+    holding every rule that joins a quantize): each quantize a Quant launch again, the same numbers, and every
+    quantized form the same integers (words, low words) and scales as the Quant launch writes."""
     cfg, w = q8_model("q8_0")
-    f32, q8 = (plan(build_step(cfg, 1), numerics=n) for n in ("f32", "q8"))
-    quants = dict(q8.census).pop("quant")
-    assert {k: v for k, v in q8.census.items() if k != "quant"} == dict(f32.census) and quants == 2 * cfg.layers
-    held = plan(build_step(cfg, 1), numerics="q8", held=("fuse_quant",))
-    assert held.census["quant"] == 4 * cfg.layers + 1 and len(held.launches) == len(q8.launches) + 2 * cfg.layers + 1
-    assert {"fuse_quant", "norm_quant", "embed_norm.quant"} <= set(held.held)
+    f32, q8 = (plan(build_step(cfg, 1), numerics=n) for n in ("f32", numerics))
+    assert q8.census == f32.census == {"argmax": 1, "attention": 2, "fold": 7, "gemv": 1, "gemv_glu": 2}
+    layer0 = [x for x in q8.launches if x.layer == 0]  # (the last layer's takes the final norm's fold too)
+    assert len(layer0) == 5 and {x.launch.census for x in layer0} == {"fold", "attention", "gemv_glu"}
+    assert {"attn_output_quant", "gemv_gate_up_glu.quant"} <= set(q8.fusions)
+    held = plan(build_step(cfg, 1), numerics=numerics, held=("fuse_quant",))
+    assert held.census["quant"] == 4 * cfg.layers + 1 and len(held.launches) == len(q8.launches) + 4 * cfg.layers + 1
+    assert {"fuse_quant", "norm_quant", "embed_norm.quant", "attn_output_quant", "glu_act_mul_quant",
+            "gemv_gate_up_glu.quant"} <= set(held.held)
+    g = build_step(cfg, 1)
+    (fa, la), (fb, lb) = (_quantized_forms(p, w, g) for p in (q8, held))
+    assert fa.keys() == fb.keys() and len(fa) == 4 * cfg.layers + 1
+    for name in fa:
+        for got, want in zip(fa[name], fb[name]):
+            assert (got is None) == (want is None) and (got is None or np.array_equal(got, want)), name
+    assert np.array_equal(la, lb)
     a, b = (NumpyRunner(p, w).step(_env(build_step(cfg, 1), cfg)) for p in (q8, held))
     assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["next"], b["next"])
     assert all(getattr(x.launch, "fused", True) for x in q8.launches)
 
 
 QUANT_HOLDS = ("fuse_quant", "norm_quant", "add_norm_quant", "gemv_norm_epilogue.quant", "embed_norm.quant",
-               "gemv_norm_epilogue", "embed_norm", "merged_qkv", "gemv_gate_up_glu")
+               "attn_output_quant", "glu_act_mul_quant", "gemv_gate_up_glu.quant", "gemv_norm_epilogue",
+               "embed_norm", "merged_qkv", "gemv_gate_up_glu", "glu_act_mul")
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(held=st.sets(st.sampled_from(QUANT_HOLDS)), numerics=st.sampled_from(["q8", "q8x2"]))
-def test_random_held_sets_and_numerics_keep_the_numbers(held, numerics):
-    """Any held set of the quantizing rules and their neighbours (and `fuse_quant`), under q8 or q8x2: the plan, run
-    by the exact twins in its arena, equals the interpreter of the quantized step graph."""
-    cfg, w = _MODEL
-    g = build_step(cfg, 1)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(held=st.sets(st.sampled_from(QUANT_HOLDS)), numerics=st.sampled_from(["f32", "q8", "q8x2"]),
+       rows=st.sampled_from([1, 3]), fmt=st.sampled_from(["q4_0", "q8_0"]))
+def test_random_held_sets_and_numerics_keep_the_numbers(held, numerics, rows, fmt):
+    """Any held set of the quantizing rules and their neighbours (and `fuse_quant`), under f32, q8 or q8x2, a decode
+    step or a chunk of 3 rows, on the demo's matrices in q4_0 or q8_0: the plan, run by the exact twins in its arena,
+    equals the interpreter of the quantized step graph."""
+    cfg, w = _MODELS[fmt]
+    g = build_step(cfg, rows)
     p = plan(g, numerics=numerics, held=tuple(sorted(held)))
     gq = with_numerics(g, numerics)
-    ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
-    out = NumpyRunner(p, w).step(_chunk_env(g, 1, 0))
+    ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+    out = NumpyRunner(p, w).step(_chunk_env(g, rows, 0))
     assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
     assert np.array_equal(out["next"], ref["next"])
 
 
-_MODEL = q8_model("q4_0")
+_MODELS = {f: q8_model(f) for f in ("q4_0", "q8_0")}
+
+
+def _quant_equals_quantize(env, name, values, words):
+    want = quantize(np.asarray(values, np.float32).reshape(1, -1), words)
+    w, low, sc = env.quant(name)
+    assert np.array_equal(w, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
+    assert (low is None) == (words == 1) and (low is None or np.array_equal(low, want.low.reshape(-1)))
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_epilogues_quantize_what_they_store(words):
+    """The quantizing epilogues (attn_output_quant's Attention, glu_act_mul_quant's Binary, gemv_gate_up_glu.quant's
+    GemvGlu over an f32 and a quantized activation), exact and fast twins: the quantized form is exactly the Quant
+    launch's of the f32 result they store; a batch launch from its first sequence writes its own rows' blocks only."""
+    from lanefuse.kernels import Attention, Binary, GemvGlu
+
+    rng = np.random.default_rng(11)
+    H, G, hd, L = 4, 2, 32, 16
+    q = rng.standard_normal(3 * H * hd).astype(np.float32)
+    kc, vc = (rng.standard_normal(L * (H // G) * hd).astype(np.float32) for _ in range(2))
+    k, n, m = 64, 64, 3
+    raw = {w: encode(rng.standard_normal((n, k)).astype(np.float32) / 8, "q8_0") for w in ("wg", "wu")}
+    x = rng.standard_normal(m * k).astype(np.float32)
+    xq = quantize(x.reshape(m, k), words)
+    launches = [Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, 3, 0.2, quant="oq", words=words),
+                Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, 3, 0.2, splits=3, per_block=2, quant="oq",
+                          words=words),
+                Binary("mul", "u", "g", "o", m * n, gate="silu", quant="oq", words=words),
+                GemvGlu("x", "wg", "wu", "q8_0", "o", k, n, m, quant="oq", quant_words=words),
+                GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words)]
+    for launch in launches:
+        assert launch.check() is None and "oq" in launch.writes()
+        size = 3 * H * hd if isinstance(launch, Attention) else m * n
+        for twin in ("numpy", "fast"):
+            env = HostEnv({"q": q, "kc": kc, "vc": vc, "pos": np.array([5], np.int32), "o": np.zeros(size, np.float32),
+                           "u": rng.standard_normal(m * n).astype(np.float32),
+                           "g": rng.standard_normal(m * n).astype(np.float32), "x": x},
+                          {w: (r, "q8_0") for w, r in raw.items()},
+                          {"oq": _empty(size, words),
+                           "xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
+                                  xq.scales.reshape(-1))})
+            getattr(launch, twin)(env)
+            _quant_equals_quantize(env, "oq", env.array("o"), words)
+        assert launch.bytes() == dataclasses.replace(launch, quant=None).bytes() + words * size + 4 * (size // 32)
+    batch = Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, 4, 1, 0.2, slot=4, seq0=2, quant="oq", words=words)
+    env = HostEnv({"q": q, "kc": kc, "vc": vc, "pos": np.array([1, 2, 3], np.int32), "o": np.zeros(3 * H * hd,
+                   np.float32)}, quantized={"oq": _empty(3 * H * hd, words)})
+    batch.numpy(env)
+    w, _, sc = env.quant("oq")
+    assert not w[: 2 * H * hd].any() and not sc[: 2 * H * hd // 32].any()
+    want = quantize(env.array("o")[2 * H * hd:].reshape(1, -1), words)
+    assert np.array_equal(w[2 * H * hd:], want.words.reshape(-1)) and np.array_equal(sc[2 * H * hd // 32:],
+                                                                                      want.scales.reshape(-1))
+
+
+def test_epilogue_quant_refusals():
+    """What the quantizing epilogues cannot run, in words: a head of a width that is not whole blocks (a block would
+    span two heads, which two blocks of the attention write), a result of a length that is not whole blocks."""
+    from lanefuse.kernels import Attention, Binary, GemvGlu
+
+    assert "span two heads" in Attention("q", "kc", "vc", "pos", "o", 4, 2, 16, 16, 8, 1, 0.2, quant="oq",
+                                         words=1).check().reason
+    assert "whole number of blocks" in Binary("mul", "u", "g", "o", 40, quant="oq", words=1).check().reason
+    assert "q8 takes one" in Binary("mul", "u", "g", "o", 64, quant="oq", words=3).check().reason
+    assert "whole number of blocks" in GemvGlu("x", "wg", "wu", "q8_0", "o", 64, 40, 1, quant="oq",
+                                               quant_words=1).check().reason
