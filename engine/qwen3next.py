@@ -54,18 +54,18 @@ class Qwen3NextConfig(ModelConfig):
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.layers) if not self.linear(i))
 
-    def build_step(self, rows: int = 1) -> Graph:
-        return build_qwen3next_step(self, rows)
+    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
+        return build_qwen3next_step(self, rows, batch)
 
-    def states(self) -> dict[str, tuple[int, ...]]:
+    def states(self, batch: int = 1) -> dict[str, tuple[int, ...]]:
         """Each delta-net layer's carried state, name -> shape: the q, k and v convolutions' rings (their last taps-1
-        inputs) and the recurrent state (a (dk, dv) matrix a value head)."""
-        t, kd, vd = self.taps - 1, self.hk * self.dk, self.hv * self.dv
+        inputs) and the recurrent state (a (dk, dv) matrix a value head); a batch's, a slot of them a sequence."""
+        t, kd, vd = batch * (self.taps - 1), self.hk * self.dk, self.hv * self.dv
         out: dict[str, tuple[int, ...]] = {}
         for i in range(self.layers):
             if self.linear(i):
                 out.update({f"cq{i}": (t, kd), f"ck{i}": (t, kd), f"cv{i}": (t, vd),
-                            f"ds{i}": (self.hv * self.dk, self.dv)})
+                            f"ds{i}": (batch * self.hv * self.dk, self.dv)})
         return out
 
     def carried(self) -> dict[str, tuple[int, ...]]:
@@ -375,9 +375,10 @@ def qwen3next_from_gguf(cfg: ModelConfig, r, arch: str, where: str, meta: dict[s
 
 # -- the step graph ---------------------------------------------------------------------------------------------------
 
-def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1) -> Graph:
-    """The lifted graph of one Qwen3-Next step over `rows` token rows at the position `pos` names."""
-    g, caches = step_frame(cfg, rows, attention=cfg.attention_layers, states=cfg.states())
+def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1, batch: int = 1) -> Graph:
+    """The lifted graph of one Qwen3-Next step over `rows` token rows at the position `pos` names; or a batch's
+    decode step (`batch` B > 1: a row a sequence, each with its slot of the KV caches, the rings and the states)."""
+    g, caches = step_frame(cfg, rows, batch, attention=cfg.attention_layers, states=cfg.states(batch))
     h, kv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
     hk, hv, dk, dv = cfg.hk, cfg.hv, cfg.dk, cfg.dv
     shapes = cfg.weight_names()

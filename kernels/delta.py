@@ -114,6 +114,12 @@ class Delta(Launch):
         if self.quant is not None:  # from the f32 values stored, as the kernel quantizes them
             quant_write(env, self.quant, env.array(self.out)[: r * hv * dv].reshape(r, hv * dv), self.words)
 
+    def batched(self, pos: str, slot: int):
+        """A batch step's: refused (its kernel runs one sequence's carried state; the reference interpreter runs a
+        batch's, a slot a sequence)."""
+        return Refusal("a gated delta net's carried state over a batch's sequences (this lane's kernels run one "
+                       "sequence's rings and states; decode one sequence at a time)")
+
     def grid_block(self):
         return ((self.hv, 1, 1), (self.dv, 1, 1))
 
