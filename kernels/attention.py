@@ -1,7 +1,8 @@
 """`attention`: grouped-query attention of each row over the rows of a key and a value cache table up to its
 position (its last `window` when set), with a scale, its logits soft-capped (`softcap`: cap · tanh(l / cap), Gemma 2)
 and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_output_gate: Qwen3-Next), and its
-quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection); `per_block`
+quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection), beside the output
+or instead of it (`f32` false: only the projection reads it); `per_block`
 heads a block, the keys in `splits` chunks combined flash-decoding style (attention.cu). In a batch (`slot` set) each
 row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on.
 Split (`tail` > 0: a latent attention, 000's Split): each head's query and each key in two parts, read in place — the
@@ -73,6 +74,7 @@ class Attention(Launch):
     qtail: str | None = None  # Split: each (row, head)'s last `tail` query values, (rows, heads·tail)
     ktail: str | None = None  # Split: each key row's last `tail` values, one table the groups share, (len, tail)
     tail: int = 0  # Split: the width of the second part (0: queries and keys whole)
+    f32: bool = True  # false: the quantized form alone is written (the f32 output is read by nothing else)
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("quant", "attention")
@@ -105,7 +107,7 @@ class Attention(Launch):
                      self.ktail)
 
     def writes(self):
-        return names(self.out, self.quant)
+        return names(self.out if self.f32 else None, self.quant)
 
     def scratch(self):
         if self.splits == 1:
@@ -113,6 +115,8 @@ class Attention(Launch):
         return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),)
 
     def check(self):
+        if not self.f32 and self.quant is None:
+            return Refusal("an attention that writes neither its output nor its quantized form")
         if self.quant is not None:
             why = quant_check(self.heads * self.vd, self.words, "an attention's output row")
             if why:
@@ -189,7 +193,7 @@ class Attention(Launch):
                      (self.kc, j * self.kpitch + self.koff + self.kv * self.own),
                      (self.qtail, n * self.heads * t), (self.ktail, (j + 1) * t),
                      (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
-                     (self.out, n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
+                     (self.out if self.f32 else None, n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
                      (self.gate[0] if self.gate else None, n * self.heads * self.vd))
 
     def weights(self):
@@ -199,7 +203,7 @@ class Attention(Launch):
         n = span(self.len, self.window)
         # a latent attention's values are its keys' first part (one read of the cache rows), its tail one table
         keys = self.kv * (max(self.own, self.vd) if (self.vc, self.voff) == (self.kc, self.koff) else self.own + self.vd)
-        return (4 * (self.rows * self.heads * (self.hd + self.vd) + n * (keys + self.tail))
+        return (4 * (self.rows * self.heads * (self.hd + self.vd * self.f32) + n * (keys + self.tail))
                 + quant_bytes(self.rows * self.heads * self.vd, self.words if self.quant else 0))
 
     def flops(self):
@@ -245,15 +249,16 @@ class Attention(Launch):
         if self.gate is not None:  # the kernel rounds A / S to f32, then multiplies by act(gate) in f32
             gate = env.array(self.gate[0])[: out.size].reshape(out.shape).astype(np.float32)
             out = out.astype(np.float32) * act(self.gate[1], gate).astype(np.float32)
-        env.array(self.out)[self.seq0 * H * vd: out.size] = out[self.seq0:].reshape(-1).astype(np.float32)
-        self.quantize(env)
+        mine = out[self.seq0:].reshape(-1).astype(np.float32)
+        if self.f32:
+            env.array(self.out)[self.seq0 * H * vd: out.size] = mine
+        self.quantize(env, mine)
 
-    def quantize(self, env):
-        """The output's quantized form, from the f32 values stored (as the kernel reads them back): this launch's
-        rows, a batch's from seq0."""
+    def quantize(self, env, values: np.ndarray):
+        """The output's quantized form from its f32 values (as the kernel stores them, or holds them where it writes
+        the quantized form alone): this launch's rows, a batch's from seq0."""
         if self.quant is not None:
-            a, b = self.seq0 * self.heads * self.vd, (self.seq0 + self.rows) * self.heads * self.vd
-            quant_write(env, self.quant, env.array(self.out)[a:b], self.words, start=a)
+            quant_write(env, self.quant, values, self.words, start=self.seq0 * self.heads * self.vd)
 
     def fast(self, env):
         """In f32, all heads of a row at once (the splits change only the rounding): keys and values read as views of
@@ -262,7 +267,8 @@ class Attention(Launch):
         n = self.seq0 + self.rows
         q = env.array(self.q)[: n * self.heads * own].reshape(n, kv, grp, own)
         qt = env.array(self.qtail)[: n * self.heads * t].reshape(n, kv, grp, t) if t else None
-        out = env.array(self.out)[: n * self.heads * vd].reshape(n, kv, grp, vd)
+        flat = env.array(self.out) if self.f32 else env.temp(self.fast_temp())
+        out = flat[: n * self.heads * vd].reshape(n, kv, grp, vd)
         kc, vc = env.array(self.kc), env.array(self.vc)
         kp, vp = self.kpitch, self.vpitch
         keys = kc[: kc.size // kp * kp].reshape(-1, kp)[:, self.koff: self.koff + kv * own].reshape(-1, kv, own)
@@ -290,11 +296,14 @@ class Attention(Launch):
                 total += np.exp(sinks - top)
             np.matmul(logit, vals[lo: p + 1].transpose(1, 0, 2), out=out[r])
             out[r] /= total
-        if self.gate is not None:  # this launch's rows (a batch's from seq0) times act(gate)
-            a, b = self.seq0 * self.heads * vd, n * self.heads * vd
-            o = env.array(self.out)[a:b]
+        a, b = self.seq0 * self.heads * vd, n * self.heads * vd  # this launch's rows (a batch's from seq0)
+        if self.gate is not None:  # times act(gate)
+            o = flat[a:b]
             o *= act(self.gate[1], env.array(self.gate[0])[a:b]).astype(np.float32)
-        self.quantize(env)
+        self.quantize(env, flat[a:b])
+
+    def fast_temp(self):
+        return 0 if self.f32 else (self.seq0 + self.rows) * self.heads * self.vd
 
     def grid_block(self):
         return ((self.heads // self.per_block, self.rows, self.splits), (128, 1, 1))
@@ -305,7 +314,7 @@ class Attention(Launch):
         grid, block = self.grid_block()
         part = denv.scratch(self, self.scratch()[0]) if self.splits > 1 else NULL
         sinks = denv.opt(self.sinks)
-        out = denv.array(self.out)
+        out = denv.array(self.out) if self.f32 else NULL
         gate = denv.array(self.gate[0]) if self.gate else NULL
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
         qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
