@@ -71,10 +71,10 @@ class Attention(Launch):
     seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
     quant: str | None = None  # the output's quantized form, written as it is stored (the q8 numerics)
     words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    f32: bool = True  # false: the quantized form alone is written (the f32 output is read by nothing else)
     qtail: str | None = None  # Split: each (row, head)'s last `tail` query values, (rows, heads·tail)
     ktail: str | None = None  # Split: each key row's last `tail` values, one table the groups share, (len, tail)
     tail: int = 0  # Split: the width of the second part (0: queries and keys whole)
-    f32: bool = True  # false: the quantized form alone is written (the f32 output is read by nothing else)
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("quant", "attention")
@@ -210,7 +210,7 @@ class Attention(Launch):
         return 2 * self.rows * self.heads * span(self.len, self.window) * (self.hd + self.vd)
 
     def numpy(self, env):
-        hd, vd, H, own, t = self.hd, self.vd, self.heads, self.own, self.tail
+        vd, H, own, t = self.vd, self.heads, self.own, self.tail
         n = self.seq0 + self.rows
         q = env.array(self.q)[: n * H * own].reshape(n, H, own).astype(np.float64)
         if t:  # a Split query: each head's parts side by side
@@ -263,7 +263,7 @@ class Attention(Launch):
     def fast(self, env):
         """In f32, all heads of a row at once (the splits change only the rounding): keys and values read as views of
         the cache tables; the logits of a row (heads · its positions) are its only temporaries."""
-        hd, vd, kv, grp, own, t = self.hd, self.vd, self.kv, self.group, self.own, self.tail
+        vd, kv, grp, own, t = self.vd, self.kv, self.group, self.own, self.tail
         n = self.seq0 + self.rows
         q = env.array(self.q)[: n * self.heads * own].reshape(n, kv, grp, own)
         qt = env.array(self.qtail)[: n * self.heads * t].reshape(n, kv, grp, t) if t else None
