@@ -279,6 +279,21 @@ def test_gguf_gptoss_census(tiny, tmp_path):
     assert s.fusions.get("moe_deferred_finalize.biased") == 3 and s.fusions.get("gemv_norm_epilogue.bias") == 3
 
 
+def test_lanefuse_plan_and_run_a_gptoss_file(tiny, tmp_path):
+    """The command on a file: `lanefuse plan` prints its plan, `lanefuse run` decodes a prompt with its tokenizer (the
+    store serving the experts over the file's finds the file's reader)."""
+    import subprocess
+    import sys
+
+    _, *vocab = gf.bpe_tokenizer(tiny.config.vocab_size, "qwen2")
+    path = write_gptoss_gguf(tiny, tmp_path / "cli.gguf", "q8_0", "mxfp4", tokenizer=vocab)
+    for args in (["plan", str(path)], ["run", str(path), "--prompt", "The quick brown fox", "--tokens", "3"]):
+        r = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", *args], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr and r.stdout
+
+
 def test_gguf_gptoss_refusals_are_one_line(tiny, tmp_path):
     src = write_gptoss_gguf(tiny, tmp_path / "m.gguf", "f32")
     dst = tmp_path / "bad.gguf"

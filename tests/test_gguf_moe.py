@@ -144,3 +144,17 @@ def test_llama_cpp_agrees_on_mixture_files(arch, tmp_path):
     print(f"\nllama.cpp {arch} f32: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
     assert ref == want == got.generated_ids
     assert vs_hf < 1e-4 and vs_lane < 1e-4
+
+
+@pytest.mark.parametrize("arch", list(SHAPES))
+def test_lanefuse_plan_on_a_mixture_file(arch, tmp_path):
+    """`lanefuse plan` on a mixture file: the store serving its stacked experts over the file's finds the file's
+    reader (it raised AttributeError before)."""
+    import subprocess
+    import sys
+
+    path = gf.write_gguf(_model(arch), tmp_path / f"{arch}.gguf", "q8_0")
+    r = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "plan", str(path)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "moe" in r.stdout and "Traceback" not in r.stderr

@@ -215,14 +215,20 @@ def samples():
 
 def quantizing():
     """The q8 numerics' quantizing epilogues: the attention (one split, three: the combine quantizes), the gated
-    product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one."""
-    from lanefuse.kernels import Attention, Binary, GemvGlu
+    product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one;
+    and each writing its quantized form alone."""
+    from lanefuse.kernels import Attention, Binary, GemvGlu, Norm
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, per_block=2, quant="oq", words=1),
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=2),
             Binary("mul", "a", "b", "o", 64, gate="silu", quant="oq", words=1),
             GemvGlu("x", "wg", "wu", "bf16", "o", 32, 64, 1, per_warp=4, quant="oq", quant_words=1),
-            GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=2, quant="oq", quant_words=2)]
+            GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=2, quant="oq", quant_words=2),
+            # the quantized form alone (only projections read the result): no f32 output
+            Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=1, f32=False),
+            Binary("mul", "a", "b", "o", 64, gate="silu", quant="oq", words=2, f32=False),
+            GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=1, quant="oq", quant_words=1, f32=False),
+            Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False)]
 
 
 def delta_net():
@@ -243,15 +249,22 @@ def delta_net():
 
 
 def latent():
-    """DeepSeek-V3's pieces: each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
+    """DeepSeek-V3's pieces: the Split attention (absorbed, wide; expanded, narrow), the q_a and latent norms in one
+    launch (the latent's read as a part, into its cache row), each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
     scores with a correction bias and an ungated shared expert, a row at a time and over sorted rows."""
-    from lanefuse.kernels import Dst, HeadGemv, Moe
+    from lanefuse.kernels import Dst, HeadGemv, Moe, Norm, NormPair, Part
 
     grouped = dict(routing="sigmoid_group", br="cb", groups=4, topk_groups=2, route_scale=2.5, norm_topk=True,
                    sg="sg", su="su", sd="sd", sf=22, format_s="bf16")
     from lanefuse.kernels import Attention
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2),
+            # Split: the absorbed query and the latent cache read in place beside the rotated parts (wide, and narrow)
+            Attention("ql", "lc", "lc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2, qtail="qr", ktail="kr",
+                      tail=64),
+            Attention("qn", "kx", "vx", "pos", "o", 4, 1, 18, 12, 64, 6, 0.2, qtail="qr", ktail="kr", tail=8),
+            NormPair(Norm("qa", "wa", "qn", 2, 24, 1e-6), Norm("lat", "wl", "ln", 2, 16, 1e-6, part=Part(40, 24, 16),
+                                                                 into=Dst("lc", row="pos", pitch=16))),
             HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
             HeadGemv("a", "wv", "f32", Dst("o"), 3, 4, 16, 12, rows_out=True),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 1, "bf16", **grouped),

@@ -222,17 +222,22 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
         raise UserError(f"--weights-format {weights_format}: {path} is a GGUF file, which gives each tensor's format "
                         f"(the flag is for a folder holding only config.json)")
     cfg, weights = load_model(path, max_len=1 << 30)  # the KV caches' rows: the file's context length, for now
-    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}.get(cfg.arch, "")
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+            "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
+            "GptOssForCausalLM": "gpt-oss"}.get(cfg.arch, "")
     name = os.path.basename(path)
     rows, said = context_rows(cfg.max_len, cfg, ctx, f"{name} ({arch or 'its'}.context_length in the file)")
     cfg = dataclasses.replace(cfg, max_len=rows)
     store = weights.store
+    while not hasattr(store, "reader"):  # a mixture's store serving stacked experts over the file's (its `base`)
+        store = store.base
+    reader = store.reader
 
     def tokenizer():
         from lanefuse.engine.gguf_vocab import tokenizer_from_gguf
 
-        return tokenizer_from_gguf(store.reader, path)
+        return tokenizer_from_gguf(reader, path)
 
-    field = store.reader.fields.get("tokenizer.ggml.eos_token_id")
+    field = reader.fields.get("tokenizer.ggml.eos_token_id")
     eos = (int(field.parts[field.data[0]][0]),) if field is not None and field.data else ()
     return Source(name, cfg, weights.with_config(cfg), path=path, ctx_said=said, tokenizer=tokenizer, eos=eos)
