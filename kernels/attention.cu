@@ -9,7 +9,8 @@
 // r * slot); the partials stay indexed by the grid's row. With `gate` (attn_output_gate) each output value is
 // multiplied by act(gate) of its place as it is stored. With `qw` (attn_output_quant) the output's quantized form
 // (quant.cu's blocks of 32, heads of whole blocks) is written by the launch that writes the output: once the block's
-// heads (the combine's head) are stored, a warp a block of 32 reads them back through L2 and quantizes it.
+// heads (the combine's head) are stored, a warp a block of 32 reads them back through L2 and quantizes it; where the
+// launch writes the quantized form alone (out null) each warp quantizes the 32 values it holds, one block.
 // Heads up to MAXD = 256 values, MAXPB = 4 heads a block (attention_split); wider heads, up to 640 values (a latent
 // attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide).
 #define AW 4
@@ -103,7 +104,9 @@ __device__ __forceinline__ void attention_body(
                 A = A * f;
             }
             i64 o = (r * heads + h) * vd + i;
-            out[o] = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
+            float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
+            if (out) out[o] = y;
+            else quant_block(y, qw, ql, qscale, o >> 5, lane);  // the quantized form alone: a warp's 32 one block
         } else {
             float* pp = part + ((ry * heads + h) * splits + z) * (vd + 2);
             if (i == 0) {
@@ -113,7 +116,7 @@ __device__ __forceinline__ void attention_body(
             pp[2 + i] = A;
         }
     }
-    if (splits == 1 && qw) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks
+    if (splits == 1 && qw && out) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks
         __syncthreads();
         i64 b0 = (r * heads + h0) * vd >> 5, nb = per_block * vd >> 5;
         for (i64 b = warp; b < nb; b += AW) quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
@@ -151,9 +154,11 @@ extern "C" __global__ void attention_combine(const float* part, const float* sin
             if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
         }
         i64 o = ((seq0 + r) * heads + h) * vd + i;
-        out[o] = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
+        float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
+        if (out) out[o] = y;
+        else quant_block(y, qw, ql, qscale, o >> 5, (int)(threadIdx.x & 31));  // the quantized form alone
     }
-    if (qw) {  // head h of row seq0 + r, vd values: whole blocks
+    if (qw && out) {  // head h of row seq0 + r, vd values: whole blocks
         __syncthreads();
         int lane = threadIdx.x & 31;
         i64 b0 = ((seq0 + r) * heads + h) * vd >> 5;

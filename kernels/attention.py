@@ -1,7 +1,8 @@
 """`attention`: grouped-query attention of each row over the rows of a key and a value cache table up to its
 position (its last `window` when set), with a scale, its logits soft-capped (`softcap`: cap · tanh(l / cap), Gemma 2)
 and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_output_gate: Qwen3-Next), and its
-quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection); `per_block`
+quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection), beside the output
+or instead of it (`f32` false: only the projection reads it); `per_block`
 heads a block, the keys in `splits` chunks combined flash-decoding style (attention.cu). In a batch (`slot` set) each
 row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on."""
 
@@ -67,6 +68,7 @@ class Attention(Launch):
     seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
     quant: str | None = None  # the output's quantized form, written as it is stored (the q8 numerics)
     words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    f32: bool = True  # false: the quantized form alone is written (the f32 output is read by nothing else)
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("quant", "attention")
@@ -93,7 +95,7 @@ class Attention(Launch):
         return names(self.q, self.kc, self.vc, self.pos, self.sinks, self.gate[0] if self.gate else None)
 
     def writes(self):
-        return names(self.out, self.quant)
+        return names(self.out if self.f32 else None, self.quant)
 
     def scratch(self):
         if self.splits == 1:
@@ -101,6 +103,8 @@ class Attention(Launch):
         return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),)
 
     def check(self):
+        if not self.f32 and self.quant is None:
+            return Refusal("an attention that writes neither its output nor its quantized form")
         if self.quant is not None:
             why = quant_check(self.heads * self.vd, self.words, "an attention's output row")
             if why:
@@ -170,7 +174,7 @@ class Attention(Launch):
         return reach((self.q, n * self.heads * self.hd), (self.pos, n if self.slot else 1), (self.sinks, self.heads),
                      (self.kc, j * self.kpitch + self.koff + self.kv * self.hd),
                      (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
-                     (self.out, n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
+                     (self.out if self.f32 else None, n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
                      (self.gate[0] if self.gate else None, n * self.heads * self.vd))
 
     def weights(self):
@@ -178,7 +182,7 @@ class Attention(Launch):
 
     def bytes(self):
         n = span(self.len, self.window)
-        return (4 * (self.rows * self.heads * (self.hd + self.vd) + n * self.kv * (self.hd + self.vd))
+        return (4 * (self.rows * self.heads * (self.hd + self.vd * self.f32) + n * self.kv * (self.hd + self.vd))
                 + quant_bytes(self.rows * self.heads * self.vd, self.words if self.quant else 0))
 
     def flops(self):
@@ -218,15 +222,16 @@ class Attention(Launch):
         if self.gate is not None:  # the kernel rounds A / S to f32, then multiplies by act(gate) in f32
             gate = env.array(self.gate[0])[: out.size].reshape(out.shape).astype(np.float32)
             out = out.astype(np.float32) * act(self.gate[1], gate).astype(np.float32)
-        env.array(self.out)[self.seq0 * H * vd: out.size] = out[self.seq0:].reshape(-1).astype(np.float32)
-        self.quantize(env)
+        mine = out[self.seq0:].reshape(-1).astype(np.float32)
+        if self.f32:
+            env.array(self.out)[self.seq0 * H * vd: out.size] = mine
+        self.quantize(env, mine)
 
-    def quantize(self, env):
-        """The output's quantized form, from the f32 values stored (as the kernel reads them back): this launch's
-        rows, a batch's from seq0."""
+    def quantize(self, env, values: np.ndarray):
+        """The output's quantized form from its f32 values (as the kernel stores them, or holds them where it writes
+        the quantized form alone): this launch's rows, a batch's from seq0."""
         if self.quant is not None:
-            a, b = self.seq0 * self.heads * self.vd, (self.seq0 + self.rows) * self.heads * self.vd
-            quant_write(env, self.quant, env.array(self.out)[a:b], self.words, start=a)
+            quant_write(env, self.quant, values, self.words, start=self.seq0 * self.heads * self.vd)
 
     def fast(self, env):
         """In f32, all heads of a row at once (the splits change only the rounding): keys and values read as views of
@@ -234,7 +239,8 @@ class Attention(Launch):
         hd, vd, kv, grp = self.hd, self.vd, self.kv, self.group
         n = self.seq0 + self.rows
         q = env.array(self.q)[: n * self.heads * hd].reshape(n, kv, grp, hd)
-        out = env.array(self.out)[: n * self.heads * vd].reshape(n, kv, grp, vd)
+        flat = env.array(self.out) if self.f32 else env.temp(self.fast_temp())
+        out = flat[: n * self.heads * vd].reshape(n, kv, grp, vd)
         kc, vc = env.array(self.kc), env.array(self.vc)
         kp, vp = self.kpitch, self.vpitch
         keys = kc[: kc.size // kp * kp].reshape(-1, kp)[:, self.koff: self.koff + kv * hd].reshape(-1, kv, hd)
@@ -259,11 +265,14 @@ class Attention(Launch):
                 total += np.exp(sinks - top)
             np.matmul(logit, vals[lo: p + 1].transpose(1, 0, 2), out=out[r])
             out[r] /= total
-        if self.gate is not None:  # this launch's rows (a batch's from seq0) times act(gate)
-            a, b = self.seq0 * self.heads * vd, n * self.heads * vd
-            o = env.array(self.out)[a:b]
+        a, b = self.seq0 * self.heads * vd, n * self.heads * vd  # this launch's rows (a batch's from seq0)
+        if self.gate is not None:  # times act(gate)
+            o = flat[a:b]
             o *= act(self.gate[1], env.array(self.gate[0])[a:b]).astype(np.float32)
-        self.quantize(env)
+        self.quantize(env, flat[a:b])
+
+    def fast_temp(self):
+        return 0 if self.f32 else (self.seq0 + self.rows) * self.heads * self.vd
 
     def grid_block(self):
         return ((self.heads // self.per_block, self.rows, self.splits), (128, 1, 1))
@@ -274,7 +283,7 @@ class Attention(Launch):
         grid, block = self.grid_block()
         part = denv.scratch(self, self.scratch()[0]) if self.splits > 1 else NULL
         sinks = denv.opt(self.sinks)
-        out = denv.array(self.out)
+        out = denv.array(self.out) if self.f32 else NULL
         gate = denv.array(self.gate[0]) if self.gate else NULL
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
         qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)

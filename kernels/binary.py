@@ -1,7 +1,8 @@
 """`binary`: out = a op b for op add/mul/sub, b of a's size, one row broadcast over a's rows or one value a row of
 `each` values (a shared expert's gate), optionally gated:
 a op act(b) (glu_act_mul: act(g)·u with a = u, b = g); and its result's quantized form written as it is stored
-(`quant`, glu_act_mul_quant / elementwise_quant: the q8 numerics), a warp a block of 32."""
+(`quant`, glu_act_mul_quant / elementwise_quant: the q8 numerics), a warp a block of 32, beside the result or instead
+of it (`f32` false: only projections read it)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Binary(Elementwise):
     each: int = 0  # a's row width when b is one value a row of a (b (R, 1)); 0: not
     quant: str | None = None  # the result's quantized form, written as it is stored (the q8 numerics)
     words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    f32: bool = True  # false: the quantized form alone is written (the f32 result is read by nothing else)
 
     census: ClassVar[str] = "binary"
     stem: ClassVar[tuple[str, ...]] = ("quant", "binary")
@@ -40,9 +42,11 @@ class Binary(Elementwise):
         return self.n
 
     def writes(self):
-        return names(self.out, self.quant)
+        return names(self.out if self.f32 else None, self.quant)
 
     def check(self):
+        if not self.f32 and self.quant is None:
+            return Refusal("an elementwise op that writes neither its result nor its quantized form")
         if self.quant is not None:
             why = quant_check(self.n, self.words, "an elementwise result")
             if why:
@@ -59,13 +63,13 @@ class Binary(Elementwise):
 
     def extents(self, top, tokens):
         return reach((self.a, self.n), (self.b, self.row or (self.n // self.each if self.each else self.n)),
-                     (self.out, self.n), (self.quant, self.n))
+                     (self.out if self.f32 else None, self.n), (self.quant, self.n))
 
     def weights(self):
         return {self.b: None}
 
     def bytes(self):
-        return (4 * (2 * self.n + (self.row or (self.n // self.each if self.each else self.n)))
+        return (4 * ((1 + self.f32) * self.n + (self.row or (self.n // self.each if self.each else self.n)))
                 + quant_bytes(self.n, self.words if self.quant else 0))
 
     def flops(self):
@@ -83,13 +87,15 @@ class Binary(Elementwise):
         if self.gate is not None:
             b = act(self.gate, b).astype(np.float32)
         y = {"add": a + b, "mul": a * b, "sub": a - b}[self.op]
-        env.array(self.out)[: self.n] = y
+        if self.f32:
+            env.array(self.out)[: self.n] = y
         if self.quant is not None:
-            quant_write(env, self.quant, env.array(self.out)[: self.n], self.words)
+            quant_write(env, self.quant, y, self.words)
 
     def args(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
 
-        return (denv.array(self.a), denv.opt(self.b), denv.array(self.out), i64(self.n), i64(self.row),
+        return (denv.array(self.a), denv.opt(self.b), denv.array(self.out) if self.f32 else NULL, i64(self.n),
+                i64(self.row),
                 i64(OPS.index(self.op)), i64(act_code(self.gate)), i64(self.each),
                 *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))

@@ -3,7 +3,7 @@ out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows
 in the kernel). Over a quantized activation (`words`, the q8 numerics) both products are gemv_q8.cu's int8 block sums
 of the same words, a warp an output. With `quant` (gemv_gate_up_glu.quant) the GLU's quantized form is written too:
 the last block to arrive at each block of 32 outputs quantizes it (an arrival counter a block of outputs and a slab
-of rows)."""
+of rows); where only the down projection reads the GLU (`f32` false) its f32 values live in the launch's scratch."""
 
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ class GemvGlu(Launch):
     words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (gemv_glu_q8: __dp4a)
     quant: str | None = None  # the GLU's quantized form, written in the epilogue (the q8 numerics)
     quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    f32: bool = True  # false: the quantized form alone is written, the f32 GLU kept in scratch for the last blocks
 
     census: ClassVar[str] = "gemv_glu"
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu")
@@ -79,14 +80,17 @@ class GemvGlu(Launch):
         return names(self.x, self.wg, self.wu, self.bg, self.bu)
 
     def writes(self):
-        return names(self.out, self.quant)
+        return names(self.out if self.f32 else None, self.quant)
 
     def scratch(self):
         if self.quant is None:
             return ()
-        return (Scratch("arrivals", "i32", 4 * (self.n // 32) * -(-self.m // GEMV_ROWS), counter=True),)
+        counts = Scratch("arrivals", "i32", 4 * (self.n // 32) * -(-self.m // GEMV_ROWS), counter=True)
+        return (counts,) if self.f32 else (counts, Scratch("glu", "f32", 4 * self.m * self.n))
 
     def check(self):
+        if not self.f32 and self.quant is None:
+            return Refusal("a gate and up GEMV that writes neither its GLU nor its quantized form")
         if self.quant is not None:
             why = quant_check(self.n, self.quant_words, "a gate and up GEMV's GLU row")
             if why:
@@ -115,7 +119,7 @@ class GemvGlu(Launch):
     def extents(self, top, tokens):
         nk, n = self.n * self.k, self.n
         return reach((self.x, self.m * self.k), (self.wg, nk), (self.wu, nk), (self.bg, n), (self.bu, n),
-                     (self.out, self.m * n), (self.quant, self.m * n))
+                     (self.out if self.f32 else None, self.m * n), (self.quant, self.m * n))
 
     def weights(self):
         return {self.wg: self.format, self.wu: self.format_u or self.format, **{b: None for b in (self.bg, self.bu) if b}}
@@ -124,7 +128,7 @@ class GemvGlu(Launch):
         return 2 * weight_bytes(self.format, self.n, self.k)
 
     def bytes(self):
-        return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n
+        return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n * self.f32
                 + quant_bytes(self.m * self.n, self.quant_words if self.quant else 0))
 
     def flops(self):
@@ -142,21 +146,24 @@ class GemvGlu(Launch):
             return y if b is None else (y + operand(env, b)[: self.n]).astype(np.float32)
 
         g = act(self.act, product(self.wg, self.bg)).astype(np.float32)
-        env.array(self.out)[: self.m * self.n] = (g * product(self.wu, self.bu)).reshape(-1)
-        self.quantize(env)
+        y = (g * product(self.wu, self.bu)).reshape(-1)
+        if self.f32:
+            env.array(self.out)[: self.m * self.n] = y
+        self.quantize(env, y)
 
-    def quantize(self, env):
-        """The GLU's quantized form, from the f32 values stored (as the kernel's last blocks read them back)."""
+    def quantize(self, env, values: np.ndarray):
+        """The GLU's quantized form, from its f32 values (as the kernel's last blocks read them back)."""
         if self.quant is not None:
-            quant_write(env, self.quant, env.array(self.out)[: self.m * self.n], self.quant_words)
+            quant_write(env, self.quant, values, self.quant_words)
 
     def fast(self, env):
         """In f32: one BLAS product over the gate's and the up's weights stacked (decoded once) into a temporary
         (m, 2n), the gate's activation in place (`out` its scratch), then their product into `out`."""
         m, n, k = self.m, self.n, self.k
         x = dequantized(*env.quant(self.x), m, k) if self.words else env.array(self.x)[: m * k].reshape(m, k)
-        out = env.array(self.out)[: m * n].reshape(m, n)
-        acc = env.temp(2 * m * n).reshape(m, 2 * n)
+        t = env.temp(self.fast_temp())
+        acc = t[: 2 * m * n].reshape(m, 2 * n)
+        out = (env.array(self.out) if self.f32 else t[2 * m * n:])[: m * n].reshape(m, n)
         fast_products(x, env.stacked((self.wg, self.wu)).reshape(2 * n, k), acc)
         g, u = acc[:, :n], acc[:, n:]
         if self.bg is not None:
@@ -165,10 +172,10 @@ class GemvGlu(Launch):
             np.add(u, operand(env, self.bu)[:n], out=u)
         act_in_place(self.act, g, out)
         np.multiply(g, u, out=out)
-        self.quantize(env)
+        self.quantize(env, out)
 
     def fast_temp(self):
-        return 2 * self.m * self.n
+        return (2 + (not self.f32)) * self.m * self.n
 
     def grid_block(self):
         return gemv_grid(self.n, self.m, self.per_warp, 1)
@@ -179,14 +186,15 @@ class GemvGlu(Launch):
         g, b = self.grid_block()
         tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant)) if self.quant is not None
                 else (NULL, NULL, NULL, NULL))
+        out = denv.array(self.out) if self.f32 else denv.scratch(self, self.scratch()[1])
         if self.words:
             denv.function(self.stem, "gemv_glu_q8")(g, b, (
                 *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
-                denv.opt(self.bg), denv.opt(self.bu), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m),
+                denv.opt(self.bg), denv.opt(self.bu), out, i64(self.k), i64(self.n), i64(self.m),
                 i64(act_code(self.act)), *tail))
             return
         denv.function(self.stem, f"gemv_glu_{self.per_warp}")(g, b, (
             denv.array(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
             denv.opt(self.bg),
-            denv.opt(self.bu), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m),
+            denv.opt(self.bu), out, i64(self.k), i64(self.n), i64(self.m),
             i64(act_code(self.act)), *tail))

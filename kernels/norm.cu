@@ -1,6 +1,7 @@
 // RMSNorm of a row (or of each of `heads` equal parts of it), a block a row: s = x (+ add, itself normed first under
 // `pre`), written to `sum` when set, then y = s / rms(s) (· w) landing where the Dst says, and quantized (quant.cu's
-// blocks) where the launch writes its quantized form too. Reads go through L2
+// blocks) where the launch writes its quantized form too — from the values in registers where it writes that form
+// alone (y null: a warp's 32 values one block). Reads go through L2
 // (__ldcg) so a fold's last block sees what the other blocks of its launch wrote.
 struct NormArgs {
     const float* x;
@@ -51,10 +52,14 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
             float v = __ldcg(xr + i);
             if (ar) v += a.pre ? __ldcg(ar + i) * pinv * a.prew[i] : __ldcg(ar + i);
             if (a.sum) a.sum[r * a.cols + i] = v;
-            a.y.y[dst_at(a.y, r * a.cols + i)] = v * inv * (a.w ? a.w[c] : 1.f);
+            float o = v * inv * (a.w ? a.w[c] : 1.f);
+            if (a.y.y) a.y.y[dst_at(a.y, r * a.cols + i)] = o;
+            else  // the quantized form alone (one head, whole blocks): a warp's 32 values are one block
+                quant_block(o, a.qw + r * a.cols, a.ql ? a.ql + r * a.cols : nullptr, a.qs + r * (a.cols >> 5),
+                            i >> 5, (int)(threadIdx.x & 31));
         }
     }
-    if (a.qw) {  // the row's quantized form in the epilogue: a warp a block of 32, from the f32 values just stored
+    if (a.qw && a.y.y) {  // the row's quantized form in the epilogue: a warp a block of 32, from the f32 values just stored
         __syncthreads();
         i64 nb = a.cols >> 5;
         int lane = threadIdx.x & 31;

@@ -1,6 +1,7 @@
 """`norm`: RMSNorm over each row (or each of `heads` parts of it), with the residual add (`add`, writing the sum to
 `sum`), a sandwich pre-norm of the added operand (`pre`), x read as a part of every unit (`part`), and the result
-landing in a Dst (`into`), and its quantized form (`quant`, the q8 numerics) written in the epilogue. A block a row
+landing in a Dst (`into`), and its quantized form (`quant`, the q8 numerics) written in the epilogue — beside the
+result, or instead of it (`f32` false: only projections read it, through the quantized form). A block a row
 (norm.cu)."""
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class Norm(Launch):
     into: Dst | None = None
     quant: str | None = None  # the result's quantized form, written in the epilogue (the q8 numerics)
     words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    f32: bool = True  # false: the quantized form alone is written (the f32 result is read by nothing else)
 
     census: ClassVar[str] = "norm"
     stem: ClassVar[tuple[str, ...]] = ("quant", "norm")
@@ -49,12 +51,16 @@ class Norm(Launch):
         return self.into if self.into is not None else Dst(self.out)
 
     def reads(self):
-        return names(self.x, self.add, self.w, self.pre.w if self.pre else None, *self.dst().params())
+        return names(self.x, self.add, self.w, self.pre.w if self.pre else None,
+                     *(self.dst().params() if self.f32 else ()))
 
     def writes(self):
-        return names(self.dst().buf, self.sum, self.quant)
+        return names(self.dst().buf if self.f32 else None, self.sum, self.quant)
 
     def check(self):
+        if not self.f32 and (self.quant is None or self.heads != 1 or self.into is not None):
+            return Refusal("a norm writing its quantized form alone needs one: its rows whole (one head) in its own "
+                           "buffer")
         if self.quant is not None:
             why = quant_check(self.cols, self.words, "a normed row")
             if why:
@@ -71,7 +77,8 @@ class Norm(Launch):
         n, d = self.rows * self.cols, self.dst()
         x = self.part.extent(self.rows) if self.part is not None else n
         return reach((self.x, x), (self.add, n), (self.sum, n), (self.w, self.cols // max(self.heads, 1)),
-                     (self.pre.w if self.pre else None, self.cols), (d.buf, d.extent(n, top)), (self.quant, n))
+                     (self.pre.w if self.pre else None, self.cols), (d.buf if self.f32 else None, d.extent(n, top)),
+                     (self.quant, n))
 
     def weights(self):
         return {w: "f32" for w in (self.w, self.pre.w if self.pre else None) if w is not None}
@@ -79,7 +86,7 @@ class Norm(Launch):
     def bytes(self):
         n = self.rows * self.cols
         q = self.words * n + 4 * (n // 32) if self.quant is not None else 0
-        return 4 * (n * (2 + (self.add is not None) + (self.sum is not None)) + self.cols) + q
+        return 4 * (n * (1 + self.f32 + (self.add is not None) + (self.sum is not None)) + self.cols) + q
 
     def flops(self):
         return 4 * self.rows * self.cols
@@ -99,7 +106,8 @@ class Norm(Launch):
         y = sh * rms(sh, self.eps)
         if self.w is not None:
             y = y * np.asarray(env.weight(self.w)[0], dtype=np.float64)[:hd]
-        self.dst().write(env, y)
+        if self.f32:
+            self.dst().write(env, y)
         if self.quant is not None:  # from the f32 values stored, as the kernel reads them back
             quant_write(env, self.quant, np.asarray(y, dtype=np.float32).reshape(r, c), self.words)
 
@@ -135,13 +143,13 @@ class Norm(Launch):
         np.sqrt(inv, out=inv)
         np.reciprocal(inv, out=inv)
         d = self.dst()
-        out = dst_view(d, env, r, c)
+        out = dst_view(d, env, r, c) if self.f32 else None
         y = out if out is not None else t[r * c: 2 * r * c].reshape(r, c)
         yh = y.reshape(r, self.heads, hd)
         np.multiply(sh, inv, out=yh)
         if self.w is not None:
             np.multiply(yh, env.weight(self.w)[0][:hd], out=yh)
-        if out is None:
+        if out is None and self.f32:
             d.write(env, y)
         if self.quant is not None:
             quant_write(env, self.quant, y, self.words)
@@ -160,7 +168,8 @@ class Norm(Launch):
         return (denv.array(self.x), i64(p.pitch if p else self.cols), i64(p.offset if p else 0),
                 denv.opt(self.add), denv.opt(self.pre.w if self.pre else None),
                 f32(self.pre.eps if self.pre else 0.0), i64(self.pre is not None), denv.opt(self.sum),
-                denv.opt(self.w), f32(self.eps), i64(self.cols), i64(self.heads), *denv.dst(self.dst()),
+                denv.opt(self.w), f32(self.eps), i64(self.cols), i64(self.heads),
+                *(denv.dst(self.dst()) if self.f32 else (NULL, NULL) + (i64(0),) * 5),
                 *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))
 
     def cuda(self, denv):

@@ -189,14 +189,20 @@ def samples():
 
 def quantizing():
     """The q8 numerics' quantizing epilogues: the attention (one split, three: the combine quantizes), the gated
-    product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one."""
-    from lanefuse.kernels import Attention, Binary, GemvGlu
+    product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one;
+    and each writing its quantized form alone."""
+    from lanefuse.kernels import Attention, Binary, GemvGlu, Norm
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, per_block=2, quant="oq", words=1),
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=2),
             Binary("mul", "a", "b", "o", 64, gate="silu", quant="oq", words=1),
             GemvGlu("x", "wg", "wu", "bf16", "o", 32, 64, 1, per_warp=4, quant="oq", quant_words=1),
-            GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=2, quant="oq", quant_words=2)]
+            GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=2, quant="oq", quant_words=2),
+            # the quantized form alone (only projections read the result): no f32 output
+            Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=1, f32=False),
+            Binary("mul", "a", "b", "o", 64, gate="silu", quant="oq", words=2, f32=False),
+            GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=1, quant="oq", quant_words=1, f32=False),
+            Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False)]
 
 
 def delta_net():

@@ -198,8 +198,12 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
     """attention.cu (one split; three, the combine quantizing), binary.cu (glu_act_mul_quant) and gemv_glu.cu's
     arrival-counted tail (f32 activation four outputs a warp, quantized activation) on the device: the f32 result within
     rounding of the numpy twin's, and its quantized form exactly quant.cu's words and scales of the f32 values the
-    kernel stored; a second launch of the GEMV (its counters reset) writes the same bytes."""
-    from lanefuse.kernels import Attention, Binary, GemvGlu
+    kernel stored; a second launch of the GEMV (its counters reset) writes the same bytes; and each launch writing
+    its quantized form alone (`f32` false: from the values in registers, the GEMV's in its scratch) the same bytes,
+    its f32 output untouched."""
+    import dataclasses
+
+    from lanefuse.kernels import Attention, Binary, GemvGlu, Norm
 
     rng = np.random.default_rng(12)
     H, G, hd, L, m, k, n = 8, 4, 64, 32, 3, 256, 512
@@ -216,11 +220,13 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
               m * H * hd, {}),
              (Binary("mul", "u", "g", "o", m * n, gate="silu", quant="oq", words=words), m * n, {}),
              (GemvGlu("x", "wg", "wu", "bf16", "o", k, n, m, per_warp=4, quant="oq", quant_words=words), m * n, wb),
-             (GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words), m * n, w)]
+             (GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words), m * n, w),
+             (Norm("x", "nw", "o", m, k, 1e-6, add="g", sum="s", quant="oq", words=words), m * k,
+              {"nw": (np.linspace(0.5, 1.5, k).astype(np.float32), "f32")})]
     for launch, size, weights in cases:
         assert launch.check() is None, launch.check()
         arrays = {"q": r(m, H, hd), "kc": r(L, H // G, hd), "vc": r(L, H // G, hd), "pos": np.array([7], np.int32),
-                  "u": r(m * n), "g": r(m * n), "x": x, "o": np.zeros(size, np.float32)}
+                  "u": r(m * n), "g": r(m * n), "x": x, "o": np.zeros(size, np.float32), "s": np.zeros(m * k, np.float32)}
         qx = (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1), xq.scales.reshape(-1))
         host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
                        {"oq": (np.zeros(size, np.int8), np.zeros(size, np.int8) if words == 2 else None,
@@ -241,3 +247,15 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
             assert np.array_equal(qw, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1)), launch
             if words == 2:
                 assert np.array_equal(low, want.low.reshape(-1)), launch
+        alone = dataclasses.replace(launch, f32=False)
+        assert alone.check() is None, alone.check()
+        dev2 = _two_forms(size, words, {**arrays, "o": np.zeros(size, np.float32)}, weights, xw, m * k)
+        if xw:
+            Quant("x", "xq", m * k, words).cuda(dev2)
+        alone.cuda(dev2)
+        dev2.cp.cuda.Device().synchronize()
+        assert not dev2.host("o").any(), alone
+        for a, b in zip(dev.quant("oq"), dev2.quant("oq")):
+            assert (a is None) == (b is None)
+            if a is not None and not isinstance(a, np.uint64):
+                assert np.array_equal(dev.cp.asnumpy(a), dev2.cp.asnumpy(b)), alone

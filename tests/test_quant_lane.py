@@ -263,9 +263,11 @@ def _quant_equals_quantize(env, name, values, words):
 @pytest.mark.parametrize("words", [1, 2])
 def test_epilogues_quantize_what_they_store(words):
     """The quantizing epilogues (attn_output_quant's Attention, glu_act_mul_quant's Binary, gemv_gate_up_glu.quant's
-    GemvGlu over an f32 and a quantized activation), exact and fast twins: the quantized form is exactly the Quant
-    launch's of the f32 result they store; a batch launch from its first sequence writes its own rows' blocks only."""
-    from lanefuse.kernels import Attention, Binary, GemvGlu
+    GemvGlu over an f32 and a quantized activation; and norm_quant's Norm), exact and fast twins: the quantized form
+    is exactly the Quant launch's of the f32 result they store; writing that form alone (`f32` false: only
+    projections read the result) they write the same bytes and leave the f32 result untouched (not among their
+    writes, its bytes not counted); a batch launch from its first sequence writes its own rows' blocks only."""
+    from lanefuse.kernels import Attention, Binary, GemvGlu, Norm
 
     rng = np.random.default_rng(11)
     H, G, hd, L = 4, 2, 32, 16
@@ -280,20 +282,33 @@ def test_epilogues_quantize_what_they_store(words):
                           words=words),
                 Binary("mul", "u", "g", "o", m * n, gate="silu", quant="oq", words=words),
                 GemvGlu("x", "wg", "wu", "q8_0", "o", k, n, m, quant="oq", quant_words=words),
-                GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words)]
+                GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words),
+                Norm("x", "nw", "o", m, k, 1e-6, add="u", sum="s", quant="oq", words=words)]
+    u, gv = (rng.standard_normal(m * n).astype(np.float32) for _ in range(2))
     for launch in launches:
         assert launch.check() is None and "oq" in launch.writes()
         size = 3 * H * hd if isinstance(launch, Attention) else m * n
+        alone = dataclasses.replace(launch, f32=False)
+        assert alone.check() is None and "o" not in alone.writes() and "oq" in alone.writes()
+        assert alone.bytes() == launch.bytes() - 4 * size
         for twin in ("numpy", "fast"):
-            env = HostEnv({"q": q, "kc": kc, "vc": vc, "pos": np.array([5], np.int32), "o": np.zeros(size, np.float32),
-                           "u": rng.standard_normal(m * n).astype(np.float32),
-                           "g": rng.standard_normal(m * n).astype(np.float32), "x": x},
-                          {w: (r, "q8_0") for w, r in raw.items()},
-                          {"oq": _empty(size, words),
-                           "xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
-                                  xq.scales.reshape(-1))})
-            getattr(launch, twin)(env)
-            _quant_equals_quantize(env, "oq", env.array("o"), words)
+            forms = []
+            for one in (launch, alone):
+                env = HostEnv({"q": q, "kc": kc, "vc": vc, "pos": np.array([5], np.int32),
+                               "o": np.zeros(size, np.float32), "u": u, "g": gv, "x": x,
+                               "s": np.zeros(m * k, np.float32)},
+                              {**{w: (r, "q8_0") for w, r in raw.items()}, "nw": (np.linspace(0.5, 1.5, k), "f32")},
+                              {"oq": _empty(size, words),
+                               "xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
+                                      xq.scales.reshape(-1))})
+                getattr(one, twin)(env)
+                if one is launch:
+                    _quant_equals_quantize(env, "oq", env.array("o"), words)
+                else:
+                    assert not env.array("o").any()
+                forms.append(tuple(None if a is None else a.copy() for a in env.quant("oq")))
+            for a, b in zip(*forms):
+                assert (a is None and b is None) or np.array_equal(a, b), (launch.census, twin)
         assert launch.bytes() == dataclasses.replace(launch, quant=None).bytes() + words * size + 4 * (size // 32)
     batch = Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, 4, 1, 0.2, slot=4, seq0=2, quant="oq", words=words)
     env = HostEnv({"q": q, "kc": kc, "vc": vc, "pos": np.array([1, 2, 3], np.int32), "o": np.zeros(3 * H * hd,
@@ -317,3 +332,51 @@ def test_epilogue_quant_refusals():
     assert "q8 takes one" in Binary("mul", "u", "g", "o", 64, quant="oq", words=3).check().reason
     assert "whole number of blocks" in GemvGlu("x", "wg", "wu", "q8_0", "o", 64, 40, 1, quant="oq",
                                                quant_words=1).check().reason
+
+
+def _quantizing(p):
+    """(launch kind, quantized form, f32 stored) of every launch (a fold's parts apart) that writes a quantized form in
+    its epilogue."""
+    out = []
+    for x in p.launches:
+        for part in (x.launch, getattr(x.launch, "first", None), getattr(x.launch, "then", None)):
+            if part is not None and getattr(part, "quant", None) is not None and hasattr(part, "f32"):
+                out.append((part.census, part.quant, part.f32))
+    return out
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+def test_only_projections_read_it_so_the_producer_writes_the_quantized_form_alone(numerics):
+    """Where only projections read a result (the normed rows, the attention's output, the GLU), its producer writes
+    the quantized form alone (`stored(y, q)` false): the f32 array has no place in the arena, which falls (the demo's
+    q8_0 decode step from 5,376 to 4,352 B under q8) and stays at its lower bound (the placement's largest-ending-latest
+    order: largest-first left q8x2 15% over it). Held `fuse_quant`, nothing is quantized in an epilogue and the f32
+    results are stored again."""
+    cfg, w = q8_model("q8_0")
+    want = {"q8": {1: 4352, 3: 12032}, "q8x2": {1: 5120, 3: 14336}}[numerics]
+    for rows in (1, 3):
+        p = plan(build_step(cfg, rows), numerics=numerics)
+        q = _quantizing(p)
+        assert len(q) == 4 * cfg.layers + 1 and not any(f32 for _, _, f32 in q), q
+        assert {k for k, _, _ in q} == {"norm", "attention", "gemv_glu"}
+        placed = {a.name for a in p.arena.arrays}
+        assert not {"L0.attn", "L0.glu", "L1.attn_norm"} & placed and {"L0.attn." + numerics} <= placed
+        assert p.arena.bytes == p.arena.lower_bound == want[rows], (rows, p.arena.bytes, p.arena.lower_bound)
+    held = plan(build_step(cfg, 1), numerics=numerics, held=("fuse_quant",))
+    assert _quantizing(held) == [] and held.arena.bytes > want[1]
+
+
+def test_a_result_read_f32_as_well_is_stored_beside_its_quantized_form():
+    """A normed row that a product over block-quantized rows reads quantized and one over f32 rows reads f32 (the k
+    projection's rows kept f32): its norm stores both forms (`stored(y, q)` true), the attention's output and the GLU
+    the quantized form alone; the plan equals the interpreter."""
+    cfg, w = q8_model("q8_0")
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, f in cfg.formats if "k_proj" not in n))
+    g = build_step(cfg, 1)
+    p = plan(g, numerics="q8")
+    q = {name: f32 for _, name, f32 in _quantizing(p)}
+    assert q["L0.attn_norm.q8"] and q["L1.attn_norm.q8"] and not q["L0.attn.q8"] and not q["L0.glu.q8"], q
+    gq = with_numerics(g, "q8")
+    ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
+    out = NumpyRunner(p, w, check=True).step(_chunk_env(g, 1, 0), lifted=g)
+    assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()

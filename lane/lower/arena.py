@@ -4,6 +4,7 @@ it, largest first; a launch's scratch placed for that launch alone."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 from lanefuse.kernels import ALIGN
@@ -102,14 +103,21 @@ def _first_fit(items: list[Live]) -> list[Placed]:
 
 ORDERS = {
     "largest": lambda it: (-aligned(it.bytes), it.first, it.name),
+    "largest_latest": lambda it: (-aligned(it.bytes), -it.last, it.name),
     "longest": lambda it: (-(it.last - it.first), -aligned(it.bytes), it.name),
     "earliest": lambda it: (it.first, -aligned(it.bytes), it.name),
 }
 
 
+SHUFFLES = 16  # seeded shuffled first-fit orders tried where no order above reaches the lower bound
+
+
 def place(items: list[Live]) -> Arena:
     """Place `items`: largest first at the lowest aligned offset clear of every array live beside it; where another
-    first-fit order (longest lifetime, earliest start) spans fewer bytes, that one is kept. Deterministic."""
+    first-fit order (largest ending latest first, longest lifetime, earliest start) spans fewer bytes, that one is
+    kept; where none reaches the lower bound, up to SHUFFLES seeded shuffles of the order. Measured: a q8x2 decode
+    step whose quantized forms (768 and 1,280 B beside 1,024 B f32 rows) left largest-first 15% over the bound, at 2
+    layers and 36; largest ending latest first met it at 36, a shuffle at 2. Deterministic."""
     names = [it.name for it in items]
     if len(set(names)) != len(names):
         raise ValueError("an array placed twice in the arena")
@@ -120,9 +128,20 @@ def place(items: list[Live]) -> Arena:
         if best is None or span < best[0]:
             best = (span, order, placed)
     assert best is not None
+    bound = lower_bound(items)
+    rng = random.Random(0)
+    order = sorted(items, key=ORDERS["largest"])
+    for k in range(SHUFFLES if best[0] > bound else 0):
+        rng.shuffle(order)
+        placed = _first_fit(order)
+        span = max((p.offset + aligned(p.bytes) for p in placed), default=0)
+        if span < best[0]:
+            best = (span, f"shuffle {k}", placed)
+        if best[0] <= bound:
+            break
     span, order, placed = best
     placed.sort(key=lambda p: (p.offset, p.first, p.name))
-    return Arena(placed, span, lower_bound(items), order)
+    return Arena(placed, span, bound, order)
 
 
 def check(arena: Arena) -> None:

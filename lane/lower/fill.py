@@ -133,6 +133,16 @@ def _words(s, t):
     return 0 if t is None else {"q8": 1, "q8x2": 2}.get(s.g.dtype(_tensor(s, t)), 0)
 
 
+def _stored(s, t, q=None):
+    """Whether the op stores tensor t's f32 values: always where it quantizes nothing (q null); else only where an op
+    other than this one reads t (a view of t included) or t is a step output. Where only the projections read t,
+    through its quantized form q, the op writes q alone (the seed's only_projections)."""
+    if q is None:
+        return True
+    t = _tensor(s, t)
+    return t in s.g.io.outputs or any(t in op.ins for op in s.g.ops)
+
+
 def _is_values(s, t):
     c = s.g.constants.get(_tensor(s, t))
     return c is not None and c.kind == "values"
@@ -246,7 +256,7 @@ FUNCS: dict[str, Callable] = {
     "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "gate": _gate, "prenorm": _prenorm, "pos": _pos,
     "token": _token, "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf,
     "bcast": _bcast, "each": _each,
-    "advance": _advance, "copied": _copied, "words": _words,
+    "advance": _advance, "copied": _copied, "words": _words, "stored": _stored,
 }
 READS = ("part", "pitch", "offset")  # functions of an input's read, given the input's name, not its tensor
 
