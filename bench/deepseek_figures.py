@@ -2,7 +2,8 @@
 experts top-8 in 8 groups of which 4 are kept, 1 shared expert, 3 dense layers, latent attention; shape only: no
 weights) beside the dense Qwen3-8B shape's; launches per decode layer (the census of a dense and of a mixture layer);
 the KV-cache bytes per token per layer: the latent cache (the normed latent and the rotated key part) against an
-expanded cache of the same model (each head's key and value).
+expanded cache of the same model (each head's key and value); and for a prefill chunk, the latent attention's
+launches and the cost model's estimate of one layer's, absorbed against expanded (the lane entry's `expand_rows`).
 
     python bench/deepseek_figures.py [--repeat 3] [--json FILE]
 """
@@ -66,6 +67,32 @@ def kv_bytes(cfg) -> dict[str, int]:
     return {"latent": latent, "expanded": expanded}
 
 
+def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
+    """One mixture layer in a chunk of `rows` rows (a 4096-row cache): its launches and the cost model's estimate
+    under the cuda lane (`expand_rows` 64: the latent attention absorbed) and under a user lane expanding chunks of
+    more than 16 rows (extraction then takes the expanded mla or, where that costs more, the attention's parts)."""
+    import tempfile
+    from pathlib import Path
+
+    g = build_step(deepseek_v3(layers), rows)
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "lanes").mkdir()
+        (Path(d) / "lanes" / "expanding.yaml").write_text(
+            "lane: expanding\nbase: cuda\nwhy: chunks of more than 16 rows expanded\nclasses:\n"
+            "  mla: {support: native, hook: latent, fields: {expand_rows: 16}}\n")
+        for name, kw in (("cuda", {}), ("expanding", dict(lane="expanding", rules_dirs=(d,)))):
+            s = plan(g, table=table, **kw)
+            mine = [l for l in s.launches if l.layer == layers - 1]
+            out[name] = {"launches": sorted(l.launch.census for l in mine),
+                         "mla": [l.launch.census for l in mine if l.cls == "mla"],
+                         "cost_us": round(sum(l.cost_us for l in mine), 1)}
+            print(f"  a mixture layer in a chunk of {rows} rows, lane {name} (cost model estimate, 4096-row cache): "
+                  f"{out[name]['cost_us']:,.1f} us; mla {', '.join(out[name]['mla']) or 'not chosen'}; "
+                  f"{len(mine)} launches")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="plan() runs a shape (median)")
@@ -104,6 +131,7 @@ def main() -> int:
             row["kv_bytes_per_token_layer"] = kv
             print(f"  {'':12s} launches a layer: {max(body)}; KV cache a token a layer (f32): {kv:,} B")
         out[name] = row
+    out["chunk"] = chunk_figures(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,7 +1,9 @@
 """Qwen3-Next figures, side by side in one run: launches per decode layer of each layer type (a gated delta-net
 layer and a gated full-attention layer) of a Qwen3-Next-80B-A3B-shaped decode step; the whole plan() of that shape
 (48 layers, 512 experts, top-10; shape only, no weights) beside the dense Qwen3-8B shape's; the state bytes a sequence
-carries (the delta-net layers' convolution rings and recurrent states) against the full-attention layers' KV bytes.
+carries (the delta-net layers' convolution rings and recurrent states) against the full-attention layers' KV bytes;
+and the same shape in q8_0 under --numerics q8: a delta-net layer's token mixer and the Quant launches left (the
+delta launch quantizing its output for the out product: gdn_output_quant).
 
     python bench/qnext_figures.py [--repeat 3] [--ctx 4096] [--json FILE]
 """
@@ -77,6 +79,21 @@ def main() -> int:
                 out[name][kind] = {"layer": i, "launches": per[i], "kernels": kernels, "mixer": len(mixer)}
                 print(f"  {'':18s} a {kind} decode layer (layer {i}): {per[i]} launches: {', '.join(kernels)}; its "
                       f"token mixer {len(mixer)} ({', '.join(mixer)})")
+    q8 = dataclasses.replace(nxt, formats=tuple((n, "q8_0") for n, f in nxt.formats))
+    t0 = time.perf_counter()
+    s = plan(build_step(q8, 1), table=table, numerics="q8")
+    sec = time.perf_counter() - t0
+    i = next(i for i in range(1, q8.layers - 1) if q8.layer_types[i] == "linear_attention")
+    kernels = [k.census for l in s.launches if l.layer == i for k in l.launch.kernels()]
+    first = kernels.index("gemm_parts")
+    mixer = kernels[first: kernels.index("fold", first) + 1]
+    quantized = sum(1 for l in s.launches if l.launch.census == "delta" and l.launch.quant is not None)
+    out["q8"] = {"plan_s": round(sec, 4), "launches": s.n_launches, "census": s.census, "mixer": mixer,
+                 "deltas_quantizing": quantized}
+    print(f"  {nxt.name} q8_0, --numerics q8: {sec:.3f} s; {s.n_launches} launches ({s.census.get('quant', 0)} "
+          f"Quant); a linear_attention layer's token mixer {len(mixer)} ({', '.join(mixer)}); {quantized} of "
+          f"{s.census['delta']} delta launches write their output quantized; census "
+          f"{dict(sorted(s.census.items()))}")
     st, kv = nxt.state_bytes()
     out["state_bytes"] = {"carried_states": st, "kv_caches": kv, "ctx": args.ctx}
     lin = nxt.layer_types.count("linear_attention")

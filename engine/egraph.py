@@ -166,7 +166,7 @@ class EGraph:
     def _declarations(self, lifted) -> list[str]:
         lines = ["(sort T)", "(constructor Leaf (String) T)", "(constructor N (String) T)",
                  "(constructor proj (T i64) T)", "(relation Orig (T String i64))", "(relation Layer (T i64))",
-                 "(relation Cols (T i64))"] + [f"(relation {f} (T))" for f in FACTS]
+                 "(relation Cols (T i64))", "(relation Depth (T i64))"] + [f"(relation {f} (T))" for f in FACTS]
         for ctor in lifted:  # the lifted constructors the graph uses
             kind, n, layout, special = self.lifted[ctor]
             lines.append(f"(constructor {ctor} ({' '.join(t for _, t in layout)}{' i64' if special else ''}) T)")
@@ -229,20 +229,25 @@ class EGraph:
             self._ops.append((ctor, op.out, op.ins))
         self._rows = rows
         layer = {op.out: op.layer for op in g.ops}
+        depth: dict[str, int] = {}  # the longest chain of ops from the step's inputs (same_depth: neither reads the other)
+        for op in g.ops:
+            depth[op.out] = 1 + max((depth.get(i, 0) for i in op.ins), default=0)
         shapes = {**{n: t.shape for n, t in g.tensors.items()}, **{n: c.shape for n, c in g.constants.items()}}
-        orig = [[n, i, layer.get(n, -1), (shapes.get(n) or g.shape(n) or (1,))[-1]] for n, i in index.items()]
+        orig = [[n, i, layer.get(n, -1), (shapes.get(n) or g.shape(n) or (1,))[-1], depth.get(n, 0)]
+                for n, i in index.items()]
         facts = {
             "SingleReader": [[n] for n, r in readers.items() if len(r) == 1],
             "Values": [[n] for n, c in g.constants.items() if c.kind == "values"],
             "Rows": [[n] for n, c in g.constants.items() if c.kind == "rows"],
             "StepNext": [[g.io.next]] if g.io.next in index else [],
         }
-        lines = ["(relation in_leaf (String))", "(relation in_orig (String i64 i64 i64))"]
+        lines = ["(relation in_leaf (String))", "(relation in_orig (String i64 i64 i64 i64))"]
         lines += [f"(relation in_{f} (String))" for f in FACTS]
         files = {"in_leaf": [[n] for n in leaves], "in_orig": orig}
         files.update({f"in_{f}": v for f, v in facts.items()})
         loads = ["(rule ((in_leaf s)) ((union (N s) (Leaf s))) :ruleset load_)",
-                 "(rule ((in_orig s i l c)) ((Orig (N s) s i) (Layer (N s) l) (Cols (N s) c)) :ruleset load_)"]
+                 "(rule ((in_orig s i l c d)) ((Orig (N s) s i) (Layer (N s) l) (Cols (N s) c) (Depth (N s) d)) "
+                 ":ruleset load_)"]
         loads += [f"(rule ((in_{f} s)) (({f} (N s))) :ruleset load_)" for f in FACTS]
         for ctor, rs in rows.items():
             kind, n, layout, special = self.lifted[ctor]

@@ -124,6 +124,9 @@ def _load_gguf(path: Path, max_len: int) -> tuple[ModelConfig, Weights]:
         from lanefuse.engine.moe import stack_store
 
         gstore = stack_store(gstore, cfg, str(path))
+    split = getattr(cfg, "split_store", None)  # a family whose fused tensors the step reads in parts (Qwen3-Next)
+    if split is not None:
+        gstore = split(gstore, str(path))
     store = Weights(gstore)
     cfg = _checked(cfg, store, str(path), "the file's metadata", label=gstore.file_name)
     return cfg, store.with_config(cfg)

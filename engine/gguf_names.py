@@ -55,6 +55,29 @@ SHARED_EXPERT = {  # Qwen2-MoE's shared expert and its gate score row (a 1-D ten
     "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
     "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
+# Qwen3-Next (llama.cpp's `qwen3next`, every layer a mixture with the shared expert): the layer's norms (held as 1 + w
+# by the converter, the gated delta net's own norm as w), a gated attention's q_proj whole (each head's query and gate),
+# and the gated delta net's tensors under the HF names engine/qwen3next.py's split store reads: ssm_in is
+# in_proj_qkvz as stored (key-head groups; older converters), attn_qkv / attn_gate its q, k, v rows and z rows apart
+# (newer ones), ssm_a holds -exp(A_log), ssm_dt.bias dt_bias, ssm_conv1d the (channels, taps) convolution
+QWEN3NEXT_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    **QK_NORM,
+    "ssm_in.weight": "linear_attn.in_proj_qkvz.weight",
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight",
+    "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
+    "ssm_conv1d.weight": "linear_attn.conv1d.weight",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.A",
+    "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
+}
 # gpt-oss (llama.cpp's `gpt-oss`): biased q/k/v/o, the attention sinks, the norm before the mixture named
 # post_attention_norm, a biased router, and each role's experts and their biases apart (gate and up split from the
 # checkpoint's interleaved gate_up, rows (out, in)); engine/gptoss.py's GptOssGGUFStore serves the `moe` op's rows
@@ -120,6 +143,8 @@ FAMILIES = {
     "qwen3moe": Family("Qwen3MoeForCausalLM", {**_MOE_LAYER, **QK_NORM, **EXPERTS}, moe="normed"),
     "qwen2moe": Family("Qwen2MoeForCausalLM", {**_MOE_LAYER, **QKV_BIAS, **EXPERTS, **SHARED_EXPERT}, moe="plain",
                        as_row=("ffn_gate_inp_shexp.weight",)),
+    "qwen3next": Family("Qwen3NextForCausalLM", {**QWEN3NEXT_LAYER, **EXPERTS, **SHARED_EXPERT}, moe="normed",
+                        as_row=("ffn_gate_inp_shexp.weight",)),
     # top-k of a biased router, then a softmax over the chosen; the clamped GLU (engine/gptoss.py's gptoss_from_gguf)
     "gpt-oss": Family("GptOssForCausalLM", GPTOSS_LAYER, moe="gptoss"),
     # latent attention and grouped sigmoid routing, its own keys (engine/deepseek_gguf.py's deepseek_from_gguf)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 # The facts the loader asserts for every original tensor (see egraph.py): Orig(t, name, index), Layer(t, layer),
-# Cols(t, last dim), and the flags SingleReader(t), Values(t), Rows(t), StepNext(t).
+# Cols(t, last dim), Depth(t, the longest chain of ops from the step's inputs to it), and the flags SingleReader(t), Values(t), Rows(t), StepNext(t).
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,11 @@ def _same_cols(args, fresh):
     return [f"(Cols {a} {c})" for a in args]
 
 
+def _same_depth(args, fresh):
+    d = fresh()
+    return [f"(Depth {a} {d})" for a in args]
+
+
 def _cols_multiple(args, fresh):
     c = fresh()
     return [f"(Cols {args[0]} {c})", f"(= (% {c} {args[1]}) 0)"]
@@ -59,6 +64,8 @@ GUARDS: dict[str, Guard] = {g.name: g for g in [
           lead=True),
     Guard("same_cols", ("tensor", "tensor", "..."), "the tensors' last dimensions are equal (one value a head of "
           "the same heads)", _same_cols),
+    Guard("same_depth", ("tensor", "tensor", "..."), "the tensors are as many ops from the step's inputs (the longest "
+          "chain), so neither is computed from the other: ops a bundle may run side by side", _same_depth),
     Guard("cols_multiple", ("tensor", "int"), "the tensor's last dimension is a multiple of the number",
           _cols_multiple),
 ]}

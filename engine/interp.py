@@ -212,6 +212,10 @@ def _l2norm(x, heads=1, eps=1e-6, **a):
 
 
 def _causal_conv(x, w, ring, taps, start=0, **a):
+    seqs = ring.shape[0] // (taps - 1)
+    if seqs > 1:  # a batch: row s, sequence s's, after its own slot of the ring (rewritten in place)
+        return np.concatenate([_causal_conv(x[s:s + 1], w, ring[s * (taps - 1):(s + 1) * (taps - 1)], taps, start)
+                               for s in range(seqs)])
     c = w.shape[0]
     xs = np.asarray(x, dtype=F64)[:, start:start + c]  # (R, C): the channels it convolves
     xx = np.concatenate([np.asarray(ring, dtype=F64), xs])  # (taps-1 + R, C)
@@ -235,6 +239,11 @@ def _decay(a_, dt, al, **a):
 
 def _gated_delta(q, k, v, z, beta, g, state, gn, *, hk, hv, dk, dv, scale, eps, zoff=0, **a):
     r = q.shape[0]
+    if state.shape[0] > hv * dk:  # a batch: row s, sequence s's, over its own slot of the state (in place)
+        n = hv * dk
+        return np.concatenate([_gated_delta(q[s:s + 1], k[s:s + 1], v[s:s + 1], z[s:s + 1], beta[s:s + 1],
+                                            g[s:s + 1], state[s * n:(s + 1) * n], gn, hk=hk, hv=hv, dk=dk, dv=dv,
+                                            scale=scale, eps=eps, zoff=zoff) for s in range(r)])
     group = hv // hk
     qs = np.asarray(q, dtype=F64).reshape(r, hk, dk) * scale
     ks = np.asarray(k, dtype=F64).reshape(r, hk, dk)

@@ -107,7 +107,7 @@ def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
     cache tables of max_len rows, `cfg.cache_widths` wide: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
     declared; and the caches' names, a (K, V) pair by layer. A batch step (`batch` B > 1) decodes one row for each of
     B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table (B·max_len, kv·hd), sequence s's
-    rows the slot from s·max_len."""
+    rows the slot from s·max_len (the `states` given already a slot a sequence: the family's own shapes)."""
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
     if not 1 <= batch <= MAX_BATCH:
@@ -116,9 +116,6 @@ def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
         raise UserError(f"a batch step of {rows}-row chunks: a batch decodes one row a sequence (each prompt is "
                         f"prefilled alone, into its slot's cache rows)")
     (kw, vw), L = cfg.cache_widths, cfg.max_len
-    if batch > 1 and states:
-        raise UserError(f"a batch step of {cfg.arch}: its layers carry recurrent states (conv rings, delta-rule "
-                        f"states), which a batch step does not hold a slot each yet; decode one sequence at a time")
     layers = range(cfg.layers) if attention is None else attention
     caches = {i: (f"kc{i}", f"vc{i}") for i in layers}
     states = states or {}

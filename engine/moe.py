@@ -154,7 +154,7 @@ class ExpertStore:
     per-expert tensors (stacked once, in memory). A layer holding neither names the first tensor it lacks."""
 
     def __init__(self, base, cfg, where: str):
-        self.base, self.where, self.experts = base, where, cfg.moe.experts
+        self.base, self.where_, self.experts = base, where, cfg.moe.experts  # where_: where() is a method
         self.stacked: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # name -> parts, 2-D shape
         have = set(base.names())
         for i in cfg.moe.sparse:
@@ -179,13 +179,13 @@ class ExpertStore:
         infos = [self.base.info(p) for p in parts]
         fmts = {f for _, f in infos}
         if len(fmts) > 1:
-            raise UserError(f"{self.where}: the experts of `{name}` are stored in several formats "
+            raise UserError(f"{self.where_}: the experts of `{name}` are stored in several formats "
                             f"({', '.join(sorted(fmts))}); a mixture's experts share one")
         size = sum(int(np.prod(s)) for s, _ in infos)
         cols = infos[0][0][-1]
         if any(s[-1] != cols for s, _ in infos) or size != shape[0] * shape[1] or cols != shape[1]:
             got = infos[0][0] if len(parts) == 1 else f"{len(parts)} tensors of {infos[0][0]}"
-            raise UserError(f"{self.where}: tensor `{parts[0]}` has shape {got}; the config makes `{name}` "
+            raise UserError(f"{self.where_}: tensor `{parts[0]}` has shape {got}; the config makes `{name}` "
                             f"{shape} (experts x rows, cols)")
         return shape, fmts.pop()
 

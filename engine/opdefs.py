@@ -93,7 +93,8 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
        doc="a causal depthwise convolution of C channels (x's values start..start+C of each row) over the step's rows "
            "after the ring's: with xx the ring's taps-1 rows (the inputs before the step, oldest first) then x's, "
            "y[r] = Σ_j w[:, j]·xx[r + j]; the ring is rewritten in place with xx's last taps-1 rows: (R, X), (C, taps), "
-           "(taps-1, C) -> (R, C)"),
+           "(taps-1, C) -> (R, C); a batch's ring (B·(taps-1), C) holds a slot a sequence, row s of B rows sequence "
+           "s's"),
     _d("decay", ["a", "dt", "al"],
        doc="a gated delta net's forget gate, log scale: -exp(al)·softplus(a + dt) (softplus x past 20 is x), al and "
            "dt one value a head: (R, h), (h,), (h,) -> (R, h)"),
@@ -103,7 +104,7 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "state S (dk, dv) decayed by exp(g), then S += k ⊗ beta·(v - Sᵀk), the output Sᵀ(q·scale); the state "
            "table (hv·dk, dv) rewritten in place; each output head RMS-normed (eps) times gn and silu(z): "
            "(R, hk·dk) q and k, (R, hv·dv) v, z's values zoff.. of each row, (R, hv) beta and g, (dv,) gn -> "
-           "(R, hv·dv)"),
+           "(R, hv·dv); a batch's state (B·hv·dk, dv) holds a slot a sequence, row s of B rows sequence s's"),
     _d("head_slice", ["x"], {"every": int, "start": int, "width": int},
        doc="from each group of `every` values of a row, the `width` from `start`: (R, n) -> (R, n / every · width)"),
     _d("join", ["a", "b"], {"heads": int},
@@ -290,8 +291,11 @@ def _causal_conv(shapes, attrs):
     c, t2 = _rows_cols(shapes[1])
     if t2 != t or start < 0 or start + c > x:
         raise ValueError(f"weights {shapes[1]} are not (C, {t}) of channels {start}..{start}+C within a row of {x}")
-    if shapes[2] != (t - 1, c):
-        raise ValueError(f"ring {shapes[2]} is not ({t - 1}, {c}): the last {t - 1} inputs")
+    rr, rc = _rows_cols(shapes[2])
+    seqs = rr // (t - 1)
+    if rc != c or rr % (t - 1) or seqs < 1 or (seqs > 1 and seqs != r):
+        raise ValueError(f"ring {shapes[2]} is not ({t - 1}, {c}): the last {t - 1} inputs (a batch's: a slot of "
+                         f"{t - 1} rows for each of its {r} rows)")
     return (r, c), "f32"
 
 
@@ -310,8 +314,9 @@ def _gated_delta(shapes, attrs):
     zr, zc = _rows_cols(shapes[3])
     if zr != r or attrs["zoff"] < 0 or attrs["zoff"] + hv * dv > zc:
         raise ValueError(f"z {shapes[3]} does not hold {hv}·{dv} values from {attrs['zoff']} of each of {r} rows")
+    seqs = r if shapes[6][0] == r * hv * dk and r > 1 else 1  # a batch's state: a slot a sequence, one row each
     want = {"q": (r, hk * dk), "k": (r, hk * dk), "v": (r, hv * dv), "z": shapes[3], "beta": (r, hv),
-            "g": (r, hv), "state": (hv * dk, dv), "gn": (dv,)}
+            "g": (r, hv), "state": (seqs * hv * dk, dv), "gn": (dv,)}
     for name, s in zip(want, shapes):
         if s != want[name]:
             raise ValueError(f"{name} {s} is not {want[name]} ({hk} key heads of {dk}, {hv} value heads of {dv})")

@@ -17,6 +17,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.gemma import ONE_PLUS
 from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.model import ModelConfig, step_frame
+from lanefuse.engine.weights import BLOCK_FORMATS
 
 ARCHS = ("Qwen3NextForCausalLM",)
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -44,6 +45,7 @@ class Qwen3NextConfig(ModelConfig):
     hv: int = 32  # linear_num_value_heads
     dk: int = 128  # linear_key_head_dim
     dv: int = 128  # linear_value_head_dim
+    norm_offset: float = 1.0  # the zero-centred norms scale by norm_offset + w (a GGUF file holds 1 + w: 0)
 
     def linear(self, i: int) -> bool:
         return self.layer_types[i] == "linear_attention"
@@ -52,18 +54,18 @@ class Qwen3NextConfig(ModelConfig):
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.layers) if not self.linear(i))
 
-    def build_step(self, rows: int = 1) -> Graph:
-        return build_qwen3next_step(self, rows)
+    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
+        return build_qwen3next_step(self, rows, batch)
 
-    def states(self) -> dict[str, tuple[int, ...]]:
+    def states(self, batch: int = 1) -> dict[str, tuple[int, ...]]:
         """Each delta-net layer's carried state, name -> shape: the q, k and v convolutions' rings (their last taps-1
-        inputs) and the recurrent state (a (dk, dv) matrix a value head)."""
-        t, kd, vd = self.taps - 1, self.hk * self.dk, self.hv * self.dv
+        inputs) and the recurrent state (a (dk, dv) matrix a value head); a batch's, a slot of them a sequence."""
+        t, kd, vd = batch * (self.taps - 1), self.hk * self.dk, self.hv * self.dv
         out: dict[str, tuple[int, ...]] = {}
         for i in range(self.layers):
             if self.linear(i):
                 out.update({f"cq{i}": (t, kd), f"ck{i}": (t, kd), f"cv{i}": (t, vd),
-                            f"ds{i}": (self.hv * self.dk, self.dv)})
+                            f"ds{i}": (batch * self.hv * self.dk, self.dv)})
         return out
 
     def carried(self) -> dict[str, tuple[int, ...]]:
@@ -133,12 +135,12 @@ class Qwen3NextConfig(ModelConfig):
 
     def generate(self, name: str, weights) -> dict[str, np.ndarray]:
         """A norm's 1 + w: the stored weight decoded to f32, then 1 added in f32 (transformers'
-        `1.0 + self.weight.float()`); or the rotary tables."""
+        `1.0 + self.weight.float()`), or as stored where the file holds 1 + w (GGUF); or the rotary tables."""
         from lanefuse.engine.weights import rope_tables
 
         if name.endswith(ONE_PLUS):
             w = np.asarray(weights.get(name[: -len(ONE_PLUS)]), dtype=np.float32)
-            return {name: (np.float32(1.0) + w).astype(np.float32)}
+            return {name: (np.float32(self.norm_offset) + w).astype(np.float32)}
         return rope_tables(self)
 
 
@@ -177,30 +179,53 @@ def _splits(cfg: Qwen3NextConfig, i: int) -> dict[str, tuple[str, np.ndarray]]:
 
 class SplitStore:
     """A weight store (engine/weights.py's backends) that also serves Qwen3-Next's fused tensors split into the parts
-    the step reads, as rows of the stored tensor in their stored format (no copy until read). A fused tensor missing
-    or of the wrong shape is named at load."""
+    the step reads, as rows of the stored tensors in their stored format (no copy until read; a block format's rows
+    are whole blocks, so rows of it taken apart are still that format). A GGUF file's (engine/gguf_names.py) may hold
+    in_proj_qkvz as its q, k, v rows and its z rows apart (served joined) and -exp(A_log) for A_log (served as
+    log(-A)). A fused tensor missing or of the wrong shape is named at load."""
 
     def __init__(self, base, cfg: Qwen3NextConfig, where: str):
         self.base, self.where_ = base, where
-        self.parts: dict[str, tuple[str, np.ndarray, tuple[int, ...]]] = {}
+        name_of = getattr(base, "file_name", lambda n: n)  # a GGUF store names its tensors as the file does
+        # name -> ((stored tensor, its rows taken in order), ...) joined, the shape served, how the values are read
+        self.parts: dict[str, tuple[tuple[tuple[str, np.ndarray], ...], tuple[int, ...], str]] = {}
         have = set(base.names())
         d, kd, vd = cfg.hidden, cfg.hk * cfg.dk, cfg.hv * cfg.dv
-        stored = {"in_proj_qkvz.weight": (2 * kd + 2 * vd, d), "in_proj_ba.weight": (2 * cfg.hv, d),
-                  "conv1d.weight": (2 * kd + vd, 1, cfg.taps), "q_proj.weight": (2 * cfg.heads * cfg.head_dim, d)}
+        stored = {"in_proj_qkvz.weight": [(2 * kd + 2 * vd, d)], "in_proj_qkv.weight": [(2 * kd + vd, d)],
+                  "in_proj_z.weight": [(vd, d)], "in_proj_ba.weight": [(2 * cfg.hv, d)],
+                  "conv1d.weight": [(2 * kd + vd, 1, cfg.taps), (2 * kd + vd, cfg.taps)],
+                  "q_proj.weight": [(2 * cfg.heads * cfg.head_dim, d)], "A": [(cfg.hv,)]}
         shapes = cfg.weight_names()
+
+        def check(src: str) -> str:
+            want = stored[src.rsplit(".", 2)[-2] + ".weight" if src.endswith(".weight") else src.rsplit(".", 1)[-1]]
+            if src not in have:
+                raise UserError(f"{where}: the checkpoint has no tensor `{name_of(src)}` (expected shape {want[0]})")
+            got, fmt = base.info(src)
+            if tuple(got) not in want:
+                raise UserError(f"{where}: tensor `{name_of(src)}` has shape {tuple(got)}, expected {want[0]} (from "
+                                f"the model's config)")
+            if fmt not in ELEMENTWISE + tuple(BLOCK_FORMATS):
+                raise UserError(f"{where}: tensor `{name_of(src)}` is stored as {fmt}; Qwen3-Next's fused "
+                                f"projections are read from {', '.join(ELEMENTWISE)} or block-format rows only")
+            return fmt
+
         for i in range(cfg.layers):
+            a = f"model.layers.{i}.linear_attn."
             for name, (src, idx) in _splits(cfg, i).items():
-                want = stored[src.rsplit(".", 2)[-2] + ".weight"]
-                if src not in have:
-                    raise UserError(f"{where}: the checkpoint has no tensor `{src}` (expected shape {want})")
-                got, fmt = base.info(src)
-                if tuple(got) != want:
-                    raise UserError(f"{where}: tensor `{src}` has shape {tuple(got)}, expected {want} (from "
-                                    f"config.json)")
-                if fmt not in ELEMENTWISE:
-                    raise UserError(f"{where}: tensor `{src}` is stored as {fmt}; Qwen3-Next's fused projections "
-                                    f"are read from {', '.join(ELEMENTWISE)} rows only")
-                self.parts[name] = (src, idx, shapes[name])
+                pieces: tuple[tuple[str, np.ndarray], ...] = ((src, idx),)
+                if src == a + "in_proj_qkvz.weight" and src not in have and a + "in_proj_qkv.weight" in have:
+                    pieces = ((a + "in_proj_qkv.weight", np.arange(2 * kd + vd)), (a + "in_proj_z.weight",
+                                                                                  np.arange(vd)))
+                fmts = {check(p) for p, _ in pieces}
+                if len(fmts) > 1:
+                    raise UserError(f"{where}: tensors {' and '.join(f'`{name_of(p)}`' for p, _ in pieces)} are "
+                                    f"stored as {' and '.join(sorted(fmts))}; lanefuse reads them as one product, "
+                                    f"in one format")
+                self.parts[name] = (pieces, shapes[name], "rows")
+            if cfg.linear(i) and a + "A_log" not in have and a + "A" in have:  # a GGUF file's ssm_a: -exp(A_log)
+                check(a + "A")
+                self.parts[a + "A_log"] = (((a + "A", np.arange(cfg.hv)),), (cfg.hv,), "log_neg")
 
     def names(self) -> list[str]:
         return list(dict.fromkeys(list(self.base.names()) + list(self.parts)))
@@ -208,20 +233,38 @@ class SplitStore:
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
         if name not in self.parts:
             return self.base.info(name)
-        src, _, shape = self.parts[name]
-        return shape, self.base.info(src)[1]
+        pieces, shape, how = self.parts[name]
+        return shape, "f32" if how == "log_neg" else self.base.info(pieces[0][0])[1]
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
         if name not in self.parts:
             return self.base.raw(name)
-        src, idx, shape = self.parts[name]
-        arr, fmt = self.base.raw(src)
-        a = np.asarray(arr)
-        return np.ascontiguousarray(a.reshape(a.shape[0], -1)[idx]).reshape(shape), fmt
+        pieces, shape, how = self.parts[name]
+        got = []
+        for src, idx in pieces:
+            arr, fmt = self.base.raw(src)
+            a = np.asarray(arr)
+            got.append(a.reshape(a.shape[0], -1)[idx])
+        rows = np.ascontiguousarray(np.concatenate(got) if len(got) > 1 else got[0])
+        if how == "log_neg":
+            from lanefuse.engine.weights import dequantize
+
+            neg = -np.asarray(dequantize(rows.reshape(-1), fmt), dtype=np.float64)
+            if not (neg > 0).all():
+                raise UserError(f"{self.where(name)}: holds a value that is not negative; it is -exp(A_log), a "
+                                f"negative number for every value head")
+            return np.log(neg).astype(np.float32), "f32"
+        return (rows if fmt in BLOCK_FORMATS else rows.reshape(shape)), fmt
 
     def where(self, name: str) -> str:
         part = self.parts.get(name)
-        return self.base.where(part[0] if part else name)
+        return self.base.where(part[0][0][0] if part else name)
+
+    def file_name(self, name: str) -> str:
+        """The name the file holds `name` under (a split tensor's first stored part; a GGUF store's own name)."""
+        part = self.parts.get(name)
+        inner = part[0][0][0] if part else name
+        return self.base.file_name(inner) if hasattr(self.base, "file_name") else inner
 
 
 # -- config.json ------------------------------------------------------------------------------------------------------
@@ -290,11 +333,52 @@ def qwen3next_config(c: dict[str, Any], where: str, max_len: int, name: str, rea
         moe=moe, layer_types=types, taps=taps, hk=hk, hv=hv, dk=dk, dv=dv)
 
 
+# -- a GGUF file's keys (llama.cpp's `qwen3next`) ----------------------------------------------------------------------
+
+def qwen3next_from_gguf(cfg: ModelConfig, r, arch: str, where: str, meta: dict[str, Any]) -> Qwen3NextConfig:
+    """A GGUF file's Qwen3-Next from the dense reading `cfg` and the `{arch}.*` keys `r` reads, as llama.cpp takes
+    them: the delta net's sizes from `ssm.*` (conv_kernel: the taps; state_size: a key head's width; group_count: the
+    key heads; time_step_rank: the value heads; inner_size: all value heads' width), the layer types from
+    `attention.recurrent_layers` or else `full_attention_interval` (default 4: every fourth layer full attention), a
+    mixture in every layer, norms held as 1 + w."""
+    import dataclasses
+
+    from lanefuse.engine.model import ModelConfig as Base
+
+    if cfg.moe is None:
+        raise UserError(f"{where}: missing `{arch}.expert_count` (llama.cpp's {arch} has a mixture in every layer)")
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
+    base.update(qkv_bias=False, qk_norm=True)
+    taps, dk = r.size("ssm.conv_kernel"), r.size("ssm.state_size")
+    hk, hv, inner = r.size("ssm.group_count"), r.size("ssm.time_step_rank"), r.size("ssm.inner_size")
+    if taps < 2:
+        raise UserError(f"{where}: `{arch}.ssm.conv_kernel` is {taps}; expected at least 2")
+    if hv % hk:
+        raise UserError(f"{where}: `{arch}.ssm.group_count` {hk} does not divide `{arch}.ssm.time_step_rank` {hv} "
+                        f"(value heads are grouped over the key heads)")
+    if inner % hv:
+        raise UserError(f"{where}: `{arch}.ssm.inner_size` {inner} is not a whole number of "
+                        f"`{arch}.ssm.time_step_rank` {hv} value heads")
+    layers = cfg.layers
+    key = f"{arch}.attention.recurrent_layers"
+    if key in meta:
+        rec = meta[key]
+        if not isinstance(rec, list) or len(rec) != layers or not all(isinstance(x, (bool, int)) for x in rec):
+            raise UserError(f"{where}: `{key}` is {str(rec)[:40]}; expected {layers} flags, one a layer")
+        types = tuple("linear_attention" if x else "full_attention" for x in rec)
+    else:
+        n = r.size("full_attention_interval", 4)
+        types = tuple("linear_attention" if (i + 1) % n else "full_attention" for i in range(layers))
+    return Qwen3NextConfig(**base, layer_types=types, taps=taps, hk=hk, hv=hv, dk=dk, dv=inner // hv,
+                           norm_offset=0.0)
+
+
 # -- the step graph ---------------------------------------------------------------------------------------------------
 
-def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1) -> Graph:
-    """The lifted graph of one Qwen3-Next step over `rows` token rows at the position `pos` names."""
-    g, caches = step_frame(cfg, rows, attention=cfg.attention_layers, states=cfg.states())
+def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1, batch: int = 1) -> Graph:
+    """The lifted graph of one Qwen3-Next step over `rows` token rows at the position `pos` names; or a batch's
+    decode step (`batch` B > 1: a row a sequence, each with its slot of the KV caches, the rings and the states)."""
+    g, caches = step_frame(cfg, rows, batch, attention=cfg.attention_layers, states=cfg.states(batch))
     h, kv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
     hk, hv, dk, dv = cfg.hk, cfg.hv, cfg.dk, cfg.dv
     shapes = cfg.weight_names()

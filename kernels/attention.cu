@@ -13,6 +13,10 @@
 // launch writes the quantized form alone (out null) each warp quantizes the 32 values it holds, one block.
 // Heads up to MAXD = 256 values, MAXPB = 4 heads a block (attention_split); wider heads, up to 640 values (a latent
 // attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide).
+// Split (tail > 0: a latent attention's queries and keys in two parts): a head's first own = hd - tail query values
+// are its unit's in q ((r * heads + h) * own), the rest its unit's in qtail ((r * heads + h) * tail); a key's first own
+// values are its group's in kc (j * kstride + koff + kvh * own), the rest row j's of ktail (j * tail), every group's
+// alike (the rotated key the heads share): each part read in place, no joined copy of the query or the cache.
 #define AW 4
 
 template <int MAXD, int MAXPB>
@@ -20,7 +24,7 @@ __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
-    signed char* ql, float* qscale) {
+    signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail) {
     constexpr int VPL = MAXD / 32;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
@@ -30,9 +34,13 @@ __device__ __forceinline__ void attention_body(
     if (slot > 0) {
         kc += r * slot * kstride;
         vc += r * slot * vstride;
+        if (ktail) ktail += r * slot * tail;
     }
-    for (i64 i = threadIdx.x; i < per_block * hd; i += blockDim.x)
-        qs[i / hd][i % hd] = q[(r * heads + h0 + i / hd) * hd + i % hd];
+    i64 own = hd - tail;
+    for (i64 i = threadIdx.x; i < per_block * hd; i += blockDim.x) {
+        i64 u = r * heads + h0 + i / hd, c = i % hd;
+        qs[i / hd][c] = c < own ? q[u * own + c] : qtail[u * tail + c - own];
+    }
     __syncthreads();
     i64 p = slot > 0 ? (i64)posp[r] : (posp ? (i64)posp[0] : 0) + r;
     i64 lo = window > 0 ? max((i64)0, p - window + 1) : 0;
@@ -51,9 +59,13 @@ __device__ __forceinline__ void attention_body(
         for (int hh = 0; hh < MAXPB; hh++) {
             if (hh < per_block) {
                 i64 kvh = (h0 + hh) / group;
-                const float* kr = kc + j * kstride + koff + kvh * hd;
+                const float* kr = kc + j * kstride + koff + kvh * own;
                 float d = 0.f;
-                for (i64 i = lane; i < hd; i += 32) d += qs[hh][i] * kr[i];
+                for (i64 i = lane; i < own; i += 32) d += qs[hh][i] * kr[i];
+                if (tail > 0) {
+                    const float* kt = ktail + j * tail;
+                    for (i64 i = lane; i < tail; i += 32) d += qs[hh][own + i] * kt[i];
+                }
                 float l = warp_sum(d) * scale;
                 if (softcap > 0.f) l = softcap * tanhf(l / softcap);
                 float mn = fmaxf(m[hh], l);
@@ -128,9 +140,11 @@ __device__ __forceinline__ void attention_body(
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out,           \
         float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,       \
         i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,         \
-        i64 gact, signed char* qw, signed char* ql, float* qscale) {                                                     \
+        i64 gact, signed char* qw, signed char* ql, float* qscale, const float* qtail, const float* ktail,         \
+        i64 tail) {                                                                                                  \
         attention_body<D, PB>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits,    \
-                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale);     \
+                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale,  \
+                              qtail, ktail, tail);                                                                   \
     }
 ATTENTION_KERNEL(attention_split, 256, 4)
 ATTENTION_KERNEL(attention_split_wide, 640, 1)

@@ -4,7 +4,10 @@ and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_
 quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection), beside the output
 or instead of it (`f32` false: only the projection reads it); `per_block`
 heads a block, the keys in `splits` chunks combined flash-decoding style (attention.cu). In a batch (`slot` set) each
-row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on."""
+row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on.
+Split (`tail` > 0: a latent attention, 000's Split): each head's query and each key in two parts, read in place — the
+query's first hd - tail values its (row, head)'s in q, the rest its (row, head)'s in `qtail`; a key's first part its
+group's in kc, the rest its row's in `ktail`, one table every group shares (the rotated key part)."""
 
 from __future__ import annotations
 
@@ -69,6 +72,9 @@ class Attention(Launch):
     quant: str | None = None  # the output's quantized form, written as it is stored (the q8 numerics)
     words: int = 0  # its int8 words a value (q8 1, q8x2 2)
     f32: bool = True  # false: the quantized form alone is written (the f32 output is read by nothing else)
+    qtail: str | None = None  # Split: each (row, head)'s last `tail` query values, (rows, heads·tail)
+    ktail: str | None = None  # Split: each key row's last `tail` values, one table the groups share, (len, tail)
+    tail: int = 0  # Split: the width of the second part (0: queries and keys whole)
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("quant", "attention")
@@ -84,15 +90,21 @@ class Attention(Launch):
         return self.heads // self.group
 
     @property
+    def own(self) -> int:
+        """A head's query and key values read from q and kc (all of them but a Split's tail)."""
+        return self.hd - self.tail
+
+    @property
     def kpitch(self) -> int:
-        return self.kstride or self.kv * self.hd
+        return self.kstride or self.kv * self.own
 
     @property
     def vpitch(self) -> int:
         return self.vstride or self.kv * self.vd
 
     def reads(self):
-        return names(self.q, self.kc, self.vc, self.pos, self.sinks, self.gate[0] if self.gate else None)
+        return names(self.q, self.kc, self.vc, self.pos, self.sinks, self.gate[0] if self.gate else None, self.qtail,
+                     self.ktail)
 
     def writes(self):
         return names(self.out if self.f32 else None, self.quant)
@@ -114,6 +126,11 @@ class Attention(Launch):
                                f"would span two heads, which two blocks write)")
         if self.gate is not None and self.gate[1] not in ACTS:
             return Refusal(f"an attention gated by `{self.gate[1]}` (one of {', '.join(ACTS)})")
+        if self.tail and not (0 < self.tail < self.hd and self.qtail and self.ktail):
+            return Refusal(f"a split attention's second part of {self.tail} of {self.hd} values without both its "
+                           f"query part and its key table (or as wide as the head)")
+        if not self.tail and (self.qtail or self.ktail):
+            return Refusal("a second query or key part for an attention whose heads are not split (tail 0)")
         if self.group < 1 or self.heads % self.group:
             return Refusal("query heads that do not group evenly over the key/value heads")
         if self.hd > MAX_WIDE or self.vd > MAX_WIDE:
@@ -171,8 +188,10 @@ class Attention(Launch):
         j = top + self.rows - 1  # the last cache row a query attends
         if self.slot:
             j = (n - 1) * self.slot + top
-        return reach((self.q, n * self.heads * self.hd), (self.pos, n if self.slot else 1), (self.sinks, self.heads),
-                     (self.kc, j * self.kpitch + self.koff + self.kv * self.hd),
+        t = self.tail
+        return reach((self.q, n * self.heads * self.own), (self.pos, n if self.slot else 1), (self.sinks, self.heads),
+                     (self.kc, j * self.kpitch + self.koff + self.kv * self.own),
+                     (self.qtail, n * self.heads * t), (self.ktail, (j + 1) * t),
                      (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
                      (self.out if self.f32 else None, n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
                      (self.gate[0] if self.gate else None, n * self.heads * self.vd))
@@ -182,17 +201,23 @@ class Attention(Launch):
 
     def bytes(self):
         n = span(self.len, self.window)
-        return (4 * (self.rows * self.heads * (self.hd + self.vd * self.f32) + n * self.kv * (self.hd + self.vd))
+        # a latent attention's values are its keys' first part (one read of the cache rows), its tail one table
+        keys = self.kv * (max(self.own, self.vd) if (self.vc, self.voff) == (self.kc, self.koff) else self.own + self.vd)
+        return (4 * (self.rows * self.heads * (self.hd + self.vd * self.f32) + n * (keys + self.tail))
                 + quant_bytes(self.rows * self.heads * self.vd, self.words if self.quant else 0))
 
     def flops(self):
         return 2 * self.rows * self.heads * span(self.len, self.window) * (self.hd + self.vd)
 
     def numpy(self, env):
-        hd, vd, H = self.hd, self.vd, self.heads
+        vd, H, own, t = self.vd, self.heads, self.own, self.tail
         n = self.seq0 + self.rows
-        q = env.array(self.q)[: n * H * hd].reshape(n, H, hd).astype(np.float64)
+        q = env.array(self.q)[: n * H * own].reshape(n, H, own).astype(np.float64)
+        if t:  # a Split query: each head's parts side by side
+            qt = env.array(self.qtail)[: n * H * t].reshape(n, H, t).astype(np.float64)
+            q = np.concatenate([q, qt], axis=2)
         kc, vc = env.array(self.kc), env.array(self.vc)
+        kt = env.array(self.ktail) if t else None
         sinks = env.weight(self.sinks)[0] if self.sinks else None
         out = np.zeros((n, H, vd))
         kp, vp = self.kpitch, self.vpitch
@@ -206,7 +231,9 @@ class Attention(Launch):
                     if je <= js:
                         continue
                     j = at + np.arange(js, je)
-                    k = kc[(j * kp + self.koff + g * hd)[:, None] + np.arange(hd)].astype(np.float64)
+                    k = kc[(j * kp + self.koff + g * own)[:, None] + np.arange(own)].astype(np.float64)
+                    if t:  # the key's second part: its row of the shared table
+                        k = np.concatenate([k, kt[(j * t)[:, None] + np.arange(t)].astype(np.float64)], axis=1)
                     v = vc[(j * vp + self.voff + g * vd)[:, None] + np.arange(vd)].astype(np.float64)
                     logit = (k @ q[r, h]) * self.scale
                     if self.softcap > 0:
@@ -236,20 +263,24 @@ class Attention(Launch):
     def fast(self, env):
         """In f32, all heads of a row at once (the splits change only the rounding): keys and values read as views of
         the cache tables; the logits of a row (heads · its positions) are its only temporaries."""
-        hd, vd, kv, grp = self.hd, self.vd, self.kv, self.group
+        vd, kv, grp, own, t = self.vd, self.kv, self.group, self.own, self.tail
         n = self.seq0 + self.rows
-        q = env.array(self.q)[: n * self.heads * hd].reshape(n, kv, grp, hd)
+        q = env.array(self.q)[: n * self.heads * own].reshape(n, kv, grp, own)
+        qt = env.array(self.qtail)[: n * self.heads * t].reshape(n, kv, grp, t) if t else None
         flat = env.array(self.out) if self.f32 else env.temp(self.fast_temp())
         out = flat[: n * self.heads * vd].reshape(n, kv, grp, vd)
         kc, vc = env.array(self.kc), env.array(self.vc)
         kp, vp = self.kpitch, self.vpitch
-        keys = kc[: kc.size // kp * kp].reshape(-1, kp)[:, self.koff: self.koff + kv * hd].reshape(-1, kv, hd)
+        keys = kc[: kc.size // kp * kp].reshape(-1, kp)[:, self.koff: self.koff + kv * own].reshape(-1, kv, own)
+        kt = env.array(self.ktail)[: env.array(self.ktail).size // t * t].reshape(-1, t) if t else None
         vals = vc[: vc.size // vp * vp].reshape(-1, vp)[:, self.voff: self.voff + kv * vd].reshape(-1, kv, vd)
         sinks = env.weight(self.sinks)[0][: self.heads].reshape(kv, grp, 1) if self.sinks else None
         for r, p, at in self.queries(env):
             lo = at + (max(0, p - self.window + 1) if self.window > 0 else 0)
             p += at
             logit = np.matmul(q[r], keys[lo: p + 1].transpose(1, 2, 0))  # (kv, group, positions)
+            if t:  # a Split's second parts: every group's queries against the one shared table
+                logit += np.matmul(qt[r], kt[lo: p + 1].T)
             logit *= self.scale
             if self.softcap > 0:
                 logit /= self.softcap
@@ -292,7 +323,8 @@ class Attention(Launch):
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
             f32(self.softcap), i64(self.slot), i64(self.seq0), gate if self.splits == 1 else NULL, gact,
-            *((qw, ql, qs) if self.splits == 1 else (NULL, NULL, NULL))))
+            *((qw, ql, qs) if self.splits == 1 else (NULL, NULL, NULL)), denv.opt(self.qtail), denv.opt(self.ktail),
+            i64(self.tail)))
         if self.splits > 1:
             denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
                 part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0), gate, gact, qw, ql,

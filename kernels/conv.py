@@ -101,6 +101,12 @@ class Conv(Launch):
         x = read_rows(env.array(self.x), r, self.pitch, self.xoff, c)
         env.array(self.y)[: r * c] = convolve(x, w, ring, t, self.silu, self.l2, self.eps).reshape(-1)
 
+    def batched(self, pos: str, slot: int):
+        """A batch step's: refused (its kernel runs one sequence's carried state; the reference interpreter runs a
+        batch's, a slot a sequence)."""
+        return Refusal("a gated delta net's carried state over a batch's sequences (this lane's kernels run one "
+                       "sequence's rings and states; decode one sequence at a time)")
+
     def grid_block(self):
         b = self.l2 or BLOCK
         return ((-(-self.chan // b), 1, 1), (b, 1, 1))

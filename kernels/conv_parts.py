@@ -104,6 +104,12 @@ class ConvParts(Launch):
             at += -(-p.chan // self.threads)
         return out + [at]
 
+    def batched(self, pos: str, slot: int):
+        """A batch step's: refused (its kernel runs one sequence's carried state; the reference interpreter runs a
+        batch's, a slot a sequence)."""
+        return Refusal("a gated delta net's carried state over a batch's sequences (this lane's kernels run one "
+                       "sequence's rings and states; decode one sequence at a time)")
+
     def grid_block(self):
         return ((self.firsts()[-1], 1, 1), (self.threads, 1, 1))
 

@@ -1,45 +1,63 @@
 // The gated delta rule with its gated output norm, a block a value head and a thread a value column j (dv at most
-// 256) of the head's (dk, dv) state, held in registers (dk at most MAX_DK): for each row in order, S *= exp(g);
+// 256) of the head's (DK, dv) state column, held in registers: for each row in order, S *= exp(g);
 // S += k (beta (v - S^T k)); o = S^T (q scale); the head's o RMS-normed (block_sum) times gn and silu(z). The state
 // is read at the start and written back at the end (in place). q and k rows staged in shared memory; z's values
-// start at zoff of each row of zpitch.
-#define MAX_DK 128
+// start at zoff of each row of zpitch. Where qw is set (the q8 numerics), each output row's quantized form too
+// (quant.cu's blocks): a warp holds 32 of a head's columns, one block of the row (dv a multiple of 32).
+// The key width DK is a compile-time constant, one entry a width (delta_32 .. delta_128): every loop over the state
+// column unrolls whole with no bound to test, so the column stays in registers (a runtime bound kept the array in
+// local memory: 1.6 kB of spill stores at 128, measured with -Xptxas -v).
+#define DELTA_PARAMS                                                                                            \
+    const float *q, const float *k, const float *v, const float *z, i64 zpitch, i64 zoff, const float *beta,    \
+        const float *g, float *st, const float *gn, float *out, i64 hk, i64 hv, i64 dv, i64 rows, float scale, \
+        float eps, signed char *qw, signed char *ql, float *qsc
+#define DELTA_ARGS q, k, v, z, zpitch, zoff, beta, g, st, gn, out, hk, hv, dv, rows, scale, eps, qw, ql, qsc
 
-extern "C" __global__ void __launch_bounds__(256) delta(const float* q, const float* k, const float* v, const float* z,
-                                                        i64 zpitch, i64 zoff, const float* beta, const float* g,
-                                                        float* st, const float* gn, float* out, i64 hk, i64 hv,
-                                                        i64 dk, i64 dv, i64 rows, float scale, float eps) {
-    __shared__ float qs[MAX_DK], ks[MAX_DK];
+template <int DK>
+__device__ __forceinline__ void delta_body(DELTA_PARAMS) {
+    __shared__ float qs[DK], ks[DK];
     i64 h = blockIdx.x, j = threadIdx.x, kh = h / (hv / hk);
-    float S[MAX_DK];
+    float S[DK];
 #pragma unroll
-    for (int i = 0; i < MAX_DK; i++) S[i] = i < dk ? st[(h * dk + i) * dv + j] : 0.f;
+    for (int i = 0; i < DK; i++) S[i] = st[(h * DK + i) * dv + j];
     for (i64 r = 0; r < rows; r++) {
         __syncthreads();
-        for (i64 i = j; i < dk; i += blockDim.x) {
-            qs[i] = q[(r * hk + kh) * dk + i] * scale;
-            ks[i] = k[(r * hk + kh) * dk + i];
+        for (i64 i = j; i < DK; i += blockDim.x) {
+            qs[i] = q[(r * hk + kh) * DK + i] * scale;
+            ks[i] = k[(r * hk + kh) * DK + i];
         }
         __syncthreads();
-        float e = expf(g[r * hv + h]), b = beta[r * hv + h], kv = 0.f, o = 0.f;
+        // one pass reads the decayed column against k and q (and k against q); o = (S + k d)^T q from them, so
+        // the update's pass reads k alone, again from shared memory (volatile: not 2·DK values held in registers)
+        float e = expf(g[r * hv + h]), b = beta[r * hv + h], kv = 0.f, sq = 0.f, kq = 0.f;
 #pragma unroll
-        for (int i = 0; i < MAX_DK; i++)
-            if (i < dk) {
-                S[i] *= e;
-                kv += S[i] * ks[i];
-            }
-        float d = (v[(r * hv + h) * dv + j] - kv) * b;
+        for (int i = 0; i < DK; i++) {
+            S[i] *= e;
+            kv += S[i] * ks[i];
+            sq += S[i] * qs[i];
+            kq += ks[i] * qs[i];
+        }
+        float d = (v[(r * hv + h) * dv + j] - kv) * b, o = sq + d * kq;
+        const volatile float* kr = ks;
 #pragma unroll
-        for (int i = 0; i < MAX_DK; i++)
-            if (i < dk) {
-                S[i] += ks[i] * d;
-                o += S[i] * qs[i];
-            }
+        for (int i = 0; i < DK; i++) S[i] += kr[i] * d;
         float inv = rsqrtf(block_sum(o * o) / (float)dv + eps);
         float zz = z[r * zpitch + zoff + h * dv + j];
-        out[(r * hv + h) * dv + j] = o * inv * gn[j] * (zz / (1.f + expf(-zz)));
+        float y = o * inv * gn[j] * (zz / (1.f + expf(-zz)));
+        out[(r * hv + h) * dv + j] = y;
+        if (qw) {
+            i64 n = hv * dv;
+            quant_block(y, qw + r * n, ql ? ql + r * n : nullptr, qsc + r * (n >> 5), (h * dv + j) >> 5,
+                        (int)(j & 31));
+        }
     }
 #pragma unroll
-    for (int i = 0; i < MAX_DK; i++)
-        if (i < dk) st[(h * dk + i) * dv + j] = S[i];
+    for (int i = 0; i < DK; i++) st[(h * DK + i) * dv + j] = S[i];
 }
+
+#define DELTA_ENTRY(DK) \
+    extern "C" __global__ void __launch_bounds__(256) delta_##DK(DELTA_PARAMS) { delta_body<DK>(DELTA_ARGS); }
+DELTA_ENTRY(32)
+DELTA_ENTRY(64)
+DELTA_ENTRY(96)
+DELTA_ENTRY(128)

@@ -1,6 +1,7 @@
 """`delta`: the gated delta rule over a step's rows in order with its gated output norm (the lifted `gated_delta`):
 a block a value head, a thread a value column of the head's (dk, dv) state, the state table rewritten in place
-(delta.cu)."""
+(delta.cu); and the output's quantized form (`quant`, the q8 numerics: `gdn_output_quant`) written in the epilogue,
+a warp a block of 32 of a head's columns."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import Launch, names, reach
 from lanefuse.kernels.conv import read_rows
+from lanefuse.kernels.quant import quant_check, quant_write
 
-MAX_DK = 128  # a key head's values a thread holds in registers (delta.cu)
+MAX_DK = 128  # a key head's values a thread holds in registers (delta.cu: an entry a width of 32, 64, 96, 128)
 MAX_DV = 256  # a value head's columns, a thread each (delta.cu's launch bounds: registers enough for MAX_DK)
 
 
@@ -37,21 +39,27 @@ class Delta(Launch):
     eps: float
     zpitch: int = 0  # z's row width (0: hv·dv, z the gates alone)
     zoff: int = 0  # where the gates start in each row of z
+    quant: str | None = None  # the output's quantized form, written in the epilogue (the q8 numerics)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
 
     census: ClassVar[str] = "delta"
+    stem: ClassVar[tuple[str, ...]] = ("quant", "delta")
 
     @property
     def zp(self) -> int:
         return self.zpitch or self.hv * self.dv
-    stem: ClassVar[tuple[str, ...]] = ("delta",)
 
     def reads(self):
         return names(self.q, self.k, self.v, self.z, self.beta, self.g, self.state, self.gn)
 
     def writes(self):
-        return names(self.out, self.state)
+        return names(self.out, self.state, self.quant)
 
     def check(self):
+        if self.quant is not None:
+            why = quant_check(self.hv * self.dv, self.words, "a delta-rule output row")
+            if why:
+                return why
         if self.zoff < 0 or self.zoff + self.hv * self.dv > self.zp:
             return Refusal(f"gates z from value {self.zoff} of rows of {self.zp}")
         if self.hk < 1 or self.hv % self.hk:
@@ -67,14 +75,15 @@ class Delta(Launch):
         return reach((self.q, r * kd), (self.k, r * kd), (self.v, r * vd), (self.z, (r - 1) * self.zp + self.zoff + vd),
                      (self.beta, r * self.hv),
                      (self.g, r * self.hv), (self.state, self.hv * self.dk * self.dv), (self.gn, self.dv),
-                     (self.out, r * vd))
+                     (self.out, r * vd), (self.quant, r * vd))
 
     def weights(self):
         return {self.gn: "f32"}
 
     def bytes(self):
         r, kd, vd = self.rows, self.hk * self.dk, self.hv * self.dv
-        return 4 * (2 * r * kd + 3 * r * vd + 2 * r * self.hv + 2 * self.hv * self.dk * self.dv + self.dv)
+        q = self.words * r * vd + 4 * (r * vd // 32) if self.quant is not None else 0
+        return 4 * (2 * r * kd + 3 * r * vd + 2 * r * self.hv + 2 * self.hv * self.dk * self.dv + self.dv) + q
 
     def flops(self):
         return 6 * self.rows * self.hv * self.dk * self.dv
@@ -102,16 +111,25 @@ class Delta(Launch):
         gn = np.asarray(env.weight(self.gn)[0]).reshape(-1)[:dv].astype(f64)
         y = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + self.eps) * gn * (z / (1.0 + np.exp(-z)))
         env.array(self.out)[: r * hv * dv] = y.reshape(-1).astype(np.float32)
+        if self.quant is not None:  # from the f32 values stored, as the kernel quantizes them
+            quant_write(env, self.quant, env.array(self.out)[: r * hv * dv].reshape(r, hv * dv), self.words)
+
+    def batched(self, pos: str, slot: int):
+        """A batch step's: refused (its kernel runs one sequence's carried state; the reference interpreter runs a
+        batch's, a slot a sequence)."""
+        return Refusal("a gated delta net's carried state over a batch's sequences (this lane's kernels run one "
+                       "sequence's rings and states; decode one sequence at a time)")
 
     def grid_block(self):
         return ((self.hv, 1, 1), (self.dv, 1, 1))
 
     def cuda(self, denv):
-        from lanefuse.kernels.cupy_env import f32, i64
+        from lanefuse.kernels.cupy_env import NULL, f32, i64
 
         g, b = self.grid_block()
-        denv.function(self.stem, "delta")(g, b, (
+        denv.function(self.stem, f"delta_{self.dk}")(g, b, (
             denv.array(self.q), denv.array(self.k), denv.array(self.v), denv.array(self.z), i64(self.zp),
             i64(self.zoff), denv.array(self.beta),
             denv.array(self.g), denv.array(self.state), denv.opt(self.gn), denv.array(self.out), i64(self.hk),
-            i64(self.hv), i64(self.dk), i64(self.dv), i64(self.rows), f32(self.scale), f32(self.eps)))
+            i64(self.hv), i64(self.dv), i64(self.rows), f32(self.scale), f32(self.eps),
+            *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL))))

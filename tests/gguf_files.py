@@ -40,8 +40,9 @@ NAMES_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.w
                "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
                "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
                "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"}
-F32_KEPT = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")  # a mixture's router and shared-expert gate: f32,
-# as llama.cpp's converter and quantizer keep ffn_gate_inp (and the gate score a 1-D tensor)
+F32_KEPT = ("mlp.gate.weight", "mlp.shared_expert_gate.weight", "conv1d.weight")  # a mixture's router and
+# shared-expert gate, a delta net's convolution: f32, as llama.cpp's converter and quantizer keep ffn_gate_inp (and the
+# gate score a 1-D tensor) and ssm_conv1d
 
 
 def kept_f32(hf: str) -> bool:
@@ -332,3 +333,121 @@ def reference_from_file(model, path: Path):
                 a = unpermute(a, cfg.num_key_value_heads)
             p.copy_(torch.from_numpy(np.array(a, dtype=np.float32)).reshape(p.shape))
     return ref.eval()
+
+
+# -- Qwen3-Next (llama.cpp's `qwen3next`) ------------------------------------------------------------------------------
+
+QWEN3NEXT_LAYER = {"input_layernorm.weight": "attn_norm.weight",
+                   "post_attention_layernorm.weight": "post_attention_norm.weight",
+                   "linear_attn.in_proj_ba.weight": "ssm_ba.weight", "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+                   "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.A_log": "ssm_a",
+                   "linear_attn.norm.weight": "ssm_norm.weight", "linear_attn.out_proj.weight": "ssm_out.weight"}
+
+
+def write_qwen3next(model, path: Path, fmt: str = "f32", legacy: bool = False, tokenizer=None,
+                    out_fmt: str | None = None) -> Path:
+    """A transformers Qwen3-Next (a mixture in every layer) as llama.cpp's convert_hf_to_gguf.py's Qwen3NextModel
+    writes it: its keys (ssm.*, full_attention_interval, the rotary width), A_log as -exp(A_log), dt_bias as
+    ssm_dt.bias, the convolution squeezed to (channels, taps) and kept f32, every norm but the delta net's own held as
+    1 + w, and in_proj_qkvz as attn_qkv (every key-head group's q rows, then their k, then their v) and attn_gate (z)
+    — or, `legacy`, as ssm_in, stored as transformers holds it (older converters)."""
+    import gguf
+
+    cfg = model.config
+    heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                      cfg.linear_value_head_dim)
+    w = gguf.GGUFWriter(str(path), "qwen3next")
+    w.add_name(Path(path).stem)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "q4_k": 15, "q6_k": 18}[fmt])
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(hk)
+    w.add_ssm_time_step_rank(hv)
+    w.add_ssm_inner_size(dv * hv)
+    linear = [t == "linear_attention" for t in cfg.layer_types]
+    n = linear.index(False) + 1 if False in linear else len(linear) + 1
+    if all(x == bool((i + 1) % n) for i, x in enumerate(linear)):
+        w.add_full_attention_interval(n)
+    else:  # no one interval: llama.cpp's per-layer flags
+        w.add_array("qwen3next.attention.recurrent_layers", linear)
+    partial = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 0.25))
+    w.add_rope_dimension_count(int(hd * partial))
+    if tokenizer is not None:
+        tokens, merges, types = tokenizer
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_eos_token_id(0)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    def rows(name: str, a: np.ndarray, f: str) -> None:
+        f = stored_format(f, a.shape[-1])
+        raw = None if f in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[f]]
+        w.add_tensor(name, encode(a, f), raw_dtype=raw)
+
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        a = t.detach().float().numpy()
+        if name in NAMES_TOP:
+            if name == "model.norm.weight":
+                w.add_tensor(NAMES_TOP[name], (a + np.float32(1.0)).astype(np.float32))
+            else:
+                rows(NAMES_TOP[name], a, (out_fmt or fmt) if name == "lm_head.weight" else fmt)
+            continue
+        _, _, i, rest = name.split(".", 3)
+        blk = f"blk.{i}."
+        if rest.endswith("in_proj_qkvz.weight"):
+            if legacy:
+                rows(blk + "ssm_in.weight", a, fmt)
+            else:  # the converter's corrected order: every group's q, then k, then v (attn_qkv); z (attn_gate)
+                r = hv // hk
+                g = a.reshape(hk, 2 * dk + 2 * r * dv, -1)
+                q, k, v, z = np.split(g, [dk, 2 * dk, 2 * dk + r * dv], axis=1)
+                rows(blk + "attn_qkv.weight", np.concatenate([x.reshape(-1, a.shape[-1]) for x in (q, k, v)]), fmt)
+                rows(blk + "attn_gate.weight", z.reshape(-1, a.shape[-1]), fmt)
+        elif rest in QWEN3NEXT_LAYER:
+            gname = blk + QWEN3NEXT_LAYER[rest]
+            if rest.endswith("A_log"):
+                w.add_tensor(gname, -np.exp(a.astype(np.float32)))
+            elif rest.endswith("conv1d.weight"):
+                w.add_tensor(gname, np.ascontiguousarray(a.reshape(a.shape[0], -1), dtype=np.float32))
+            elif a.ndim == 1:
+                w.add_tensor(gname, a if rest.startswith("linear_attn.") else (a + np.float32(1.0)))
+            else:
+                rows(gname, a, fmt)
+        elif rest.endswith(("q_norm.weight", "k_norm.weight")):
+            w.add_tensor(gguf_name(name), (a + np.float32(1.0)).astype(np.float32))
+        elif rest.endswith("mlp.experts.gate_up_proj"):
+            half = a.shape[1] // 2
+            for part, role in ((a[:, :half], "gate"), (a[:, half:], "up")):
+                _add_experts(w, f"{blk}ffn_{role}_exps.weight", part, stored_format(fmt, a.shape[-1]))
+        elif a.ndim == 3:
+            _add_experts(w, gguf_name(name), a, stored_format(fmt, a.shape[-1]))
+        elif a.ndim == 1 or kept_f32(name):
+            w.add_tensor(gguf_name(name), a.astype(np.float32).reshape(-1) if a.shape[0] == 1 else a)
+        else:
+            rows(gguf_name(name), a, fmt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -101,6 +101,37 @@ def test_delta_equals_gated_delta(rows, hk, group, dk, dv, seed):
     close(env.array("S"), want_state, 1e-4)
 
 
+@pytest.mark.parametrize("words", [1, 2])
+def test_delta_quantizing_in_its_epilogue(words):
+    """gdn_output_quant's launch: the delta rule's f32 output and state as without it, and the output rows'
+    quantized form, the words engine/quantize.py makes of the values stored."""
+    from lanefuse.engine.quantize import quantize
+
+    g = np.random.default_rng(3)
+    rows, hk, hv, dk, dv = 3, 2, 4, 32, 64
+    arrays = {"q": r32(g, rows * hk * dk, scale=0.2), "k": r32(g, rows * hk * dk, scale=0.2),
+              "v": r32(g, rows * hv * dv), "z": r32(g, rows * hv * dv), "b": np.abs(r32(g, rows * hv)) % 1,
+              "g": -np.abs(r32(g, rows * hv, scale=0.3)), "S": r32(g, hv * dk * dv, scale=0.1),
+              "o": np.zeros(rows * hv * dv, np.float32)}
+    gn = {"gn": (r32(g, dv) + 1, "f32")}
+    n = rows * hv * dv
+    qf = (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None, np.zeros(n // 32, np.float32))
+    plain = HostEnv({k: v.copy() for k, v in arrays.items()}, gn)
+    Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows, dk ** -0.5, 1e-6).numpy(plain)
+    env = HostEnv({k: v.copy() for k, v in arrays.items()}, gn, {"oq": qf})
+    d = Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows, dk ** -0.5, 1e-6, quant="oq",
+              words=words)
+    assert d.check() is None and "oq" in d.writes()
+    d.numpy(env)
+    assert np.array_equal(env.array("o"), plain.array("o")) and np.array_equal(env.array("S"), plain.array("S"))
+    want = quantize(env.array("o").reshape(rows, hv * dv), words)
+    assert np.array_equal(qf[0], want.words.reshape(-1)) and np.array_equal(qf[2], want.scales.reshape(-1))
+    if words == 2:
+        assert np.array_equal(qf[1], want.low.reshape(-1))
+    assert "quantized to 3 words" in str(Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows,
+                                               1.0, 1e-6, quant="oq", words=3).check())
+
+
 def test_decay_gates_and_gate_proj_equal_the_lifted_ops():
     g = np.random.default_rng(2)
     rows, h, d = 3, 8, 40

@@ -104,6 +104,29 @@ def test_nvcc(stems, arch):
     assert not out, f"nvcc warnings for {stems} on {arch}:\n{out}"
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_delta_rules_state_column_stays_in_registers(arch):
+    """delta.cu holds each thread's (DK,) column of the recurrent state in registers, an entry a key width: ptxas
+    reports no stack frame and no spill for any of them (a runtime bound on the loops had kept it in local memory:
+    1604 bytes of spill stores at 128, measured)."""
+    import re
+
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    with tempfile.TemporaryDirectory() as d:
+        cu = Path(d) / "kernel.cu"
+        cu.write_text(source(("quant", "delta")))
+        r = subprocess.run([NVCC, f"-arch={arch}", "-cubin", "-std=c++17", "-Xptxas", "-v",
+                            "-o", str(Path(d) / "kernel.cubin"), str(cu)], capture_output=True, text=True)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    got = dict(re.findall(r"Function properties for (delta_\d+)\s+(\d+ bytes stack frame, \d+ bytes spill stores, "
+                          r"\d+ bytes spill loads)", out))
+    assert sorted(got) == ["delta_128", "delta_32", "delta_64", "delta_96"], out
+    for name, line in got.items():
+        assert line == "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", (arch, name, line)
+
+
 def test_some_compiler_or_skip():
     if nvrtc() is None and NVCC is None:
         pytest.skip("neither NVRTC (cuda-python) nor nvcc is present: the kernel sources were not compiled")
@@ -148,6 +171,9 @@ class RecordingEnv:
 
     def scratch(self, launch, s):
         return self.np.zeros(4, self.np.float32)
+
+    def quant(self, name):  # a quantized form: its words, low words, scales
+        return self.np.zeros(4, self.np.int8), self.np.zeros(4, self.np.int8), self.np.zeros(4, self.np.float32)
 
     def table(self, key, words):
         return self.np.array(words, self.np.int64)
@@ -214,6 +240,7 @@ def delta_net():
     return [Conv("x", "w", "ring", "y", 64, 4, 2, silu=True, l2=32), Conv("x", "w", "ring", "y", 64, 3, 1),
             ConvParts((ConvPart("q", "wq", "rq", "yq", 64, True), ConvPart("v", "wv", "rv", "yv", 96)), 4, 3, block=32),
             Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 4, 32, 64, 3, 0.17, 1e-6),
+            Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 4, 32, 64, 3, 0.17, 1e-6, quant="oq", words=2),
             Decay("a", "dt", "al", "y", 8, 4), L2Norm("x", "y", 4, 32, 1e-6),
             Gates("b", "a", "dt", "al", "bt", "g", 8, 4),
             GateProj("x", "wb", "wa", "bf16", "dt", "al", "bt", "g", 64, 4, 2, format_a="f32"),
@@ -222,15 +249,22 @@ def delta_net():
 
 
 def latent():
-    """DeepSeek-V3's pieces: each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
+    """DeepSeek-V3's pieces: the Split attention (absorbed, wide; expanded, narrow), the q_a and latent norms in one
+    launch (the latent's read as a part, into its cache row), each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
     scores with a correction bias and an ungated shared expert, a row at a time and over sorted rows."""
-    from lanefuse.kernels import Dst, HeadGemv, Moe
+    from lanefuse.kernels import Dst, HeadGemv, Moe, Norm, NormPair, Part
 
     grouped = dict(routing="sigmoid_group", br="cb", groups=4, topk_groups=2, route_scale=2.5, norm_topk=True,
                    sg="sg", su="su", sd="sd", sf=22, format_s="bf16")
     from lanefuse.kernels import Attention
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2),
+            # Split: the absorbed query and the latent cache read in place beside the rotated parts (wide, and narrow)
+            Attention("ql", "lc", "lc", "pos", "o", 4, 4, 576, 512, 64, 1, 0.1, splits=2, qtail="qr", ktail="kr",
+                      tail=64),
+            Attention("qn", "kx", "vx", "pos", "o", 4, 1, 18, 12, 64, 6, 0.2, qtail="qr", ktail="kr", tail=8),
+            NormPair(Norm("qa", "wa", "qn", 2, 24, 1e-6), Norm("lat", "wl", "ln", 2, 16, 1e-6, part=Part(40, 24, 16),
+                                                                 into=Dst("lc", row="pos", pitch=16))),
             HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
             HeadGemv("a", "wv", "f32", Dst("o"), 3, 4, 16, 12, rows_out=True),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 1, "bf16", **grouped),

@@ -120,6 +120,40 @@ def test_attention(heads, kv, hd, vd, rows, pos, window, sinks, splits, per_bloc
     both(a, arrays, {"sk": (r32(g, heads), "f32")}, tol=2e-4)
 
 
+@pytest.mark.parametrize("heads,kv,own,tail,vd", [(4, 1, 512, 64, 512), (16, 1, 16, 8, 16), (6, 6, 128, 64, 128),
+                                                  (5, 5, 10, 8, 12)])
+@pytest.mark.parametrize("rows,pos,splits", [(1, 0, 1), (1, 1000, 4), (5, 37, 1), (3, 300, 3)])
+def test_split_attention(heads, kv, own, tail, vd, rows, pos, splits):
+    """The Split attention (000): each head's query and each key in two parts read in place — absorbed (the latent
+    cache both the keys' first part and the values: DeepSeek-V3's 512 + 64, the wide kernel) and expanded (a key head
+    a query head, the rotated key one shared table)."""
+    g = np.random.default_rng(heads * own + pos)
+    L = 1024 + 8
+    same = kv == 1
+    arrays = {"q": r32(g, rows, heads * own), "qt": r32(g, rows, heads * tail), "kc": r32(g, L, kv * own),
+              "kt": r32(g, L, tail), "vc": r32(g, L, kv * vd), "pos": np.array([pos], np.int32),
+              "o": np.zeros(rows * heads * vd, np.float32)}
+    a = Attention("q", "kc", "kc" if same else "vc", "pos", "o", heads, heads // kv, own + tail, vd, L, rows,
+                  (own + tail) ** -0.5, splits=splits, qtail="qt", ktail="kt", tail=tail,
+                  vstride=kv * own if same else 0)
+    both(a, arrays, {}, tol=2e-4)
+
+
+@pytest.mark.parametrize("rows,ca,cb", [(1, 1536, 512), (5, 24, 16), (3, 7, 1000)])
+def test_norm_pair(rows, ca, cb):
+    """Two norms in one launch (DeepSeek-V3's q_a and latent norms): the second read as a part of wider rows and
+    written into a cache row."""
+    from lanefuse.kernels import NormPair
+
+    g = np.random.default_rng(ca + cb)
+    L = 40
+    arrays = {"qa": r32(g, rows, ca), "lat": r32(g, rows, cb + 9), "qn": np.zeros(rows * ca, np.float32),
+              "lc": np.zeros(L * cb, np.float32), "pos": np.array([7], np.int32)}
+    pair = NormPair(Norm("qa", "wa", "qn", rows, ca, 1e-6),
+                    Norm("lat", "wl", "ln", rows, cb, 1e-5, part=Part(cb + 9, 9, cb), into=Dst("lc", row="pos", pitch=cb)))
+    both(pair, arrays, {"wa": (r32(g, ca), "f32"), "wl": (r32(g, cb), "f32")})
+
+
 @pytest.mark.parametrize("op,row,gate", [("add", 0, None), ("mul", 13, "silu"), ("sub", 0, "gelu"),
                                          ("mul", 0, "sigmoid")])
 def test_binary(op, row, gate):

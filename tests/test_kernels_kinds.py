@@ -12,9 +12,9 @@ import yaml
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Conv, ConvParts, Decay, Delta, Dst, Fold,
-                              Gather, GateProj, Gates, GemmPart, GemmParts, Gemv, GemvF32, GemvGlu, HeadGemv, Join, L2Norm,
-                              Launch, Moe, Norm, Part, Quant, Rope, RopeParts, RopeSide, Scale, SetRow, Slice, Softcap,
-                              SwiGlu, Unary, View, honoured_steps)
+                              Gather, GateProj, Gates, GemmPart, GemmParts, Gemv, GemvF32, GemvGlu, HeadGemv, Join,
+                              L2Norm, Launch, Moe, Norm, NormPair, Part, Quant, Rope, RopeParts, RopeSide, Scale,
+                              SetRow, Slice, Softcap, SwiGlu, Unary, View, honoured_steps)
 from lanefuse.kernels.conv_parts import ConvPart
 from lanefuse.lane.lower.knobs import Knobs
 
@@ -41,6 +41,8 @@ SAMPLES: dict[str, Launch] = {
     "l2norm": L2Norm("x", "y", 16, 128, 1e-6),
     "moe": Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16"),
     "norm": Norm("x", "w", "o", 2, 64, 1e-6, add="r", sum="s"),
+    "norm_pair": NormPair(Norm("qa", "wa", "qn", 1, 1536, 1e-6), Norm("l", "wl", "ln", 1, 512, 1e-6,
+                                                                    into=Dst("lc", row="pos", pitch=512))),
     "quant": Quant("x", "xq", 64),
     "rope": Rope("x", "cos", "sin", "pos", Dst("y"), 1, 4, 16, 16),
     "rope_parts": RopeParts((RopeSide("q", Dst("qr"), 4), RopeSide("k", Dst("kc", row="pos", pitch=16), 1)),

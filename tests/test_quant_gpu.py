@@ -180,6 +180,38 @@ def test_norm_quantizing_in_its_epilogue(rows, cols, words):
         assert np.array_equal(low, want.low.reshape(-1))
 
 
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("rows,hk,hv,dk,dv", [(1, 16, 32, 128, 128), (5, 2, 4, 32, 64)])
+def test_delta_quantizing_in_its_epilogue(rows, hk, hv, dk, dv, words):
+    """delta.cu's epilogue (gdn_output_quant) quantizes each output row it stored, a warp a block: the f32 rows
+    within rounding of the twin's, and the words the twin makes of the values the kernel stored."""
+    from lanefuse.kernels import Delta
+
+    rng = np.random.default_rng(12)
+    r32 = lambda n, s=1.0: (s * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
+    n = rows * hv * dv
+    arrays = {"q": r32(rows * hk * dk, dk ** -0.5), "k": r32(rows * hk * dk, dk ** -0.5), "v": r32(n), "z": r32(n),
+              "b": np.abs(r32(rows * hv)) % 1, "g": -np.abs(r32(rows * hv, 0.3)), "S": r32(hv * dk * dv, 0.1),
+              "o": np.zeros(n, np.float32)}
+    gn = {"gn": (r32(dv) + 1, "f32")}
+    d = Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows, dk ** -0.5, 1e-6, quant="xq",
+              words=words)
+    assert d.check() is None
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, gn,
+                   {"xq": (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None,
+                           np.zeros(n // 32, np.float32))})
+    d.numpy(host)
+    dev = _dev(n, words, arrays, gn)
+    d.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    np.testing.assert_allclose(dev.host("o"), host.array("o"), rtol=3e-4, atol=3e-4)
+    want = quantize(dev.host("o").reshape(rows, hv * dv), words)  # the words of the values the kernel stored
+    w, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq"))
+    assert np.array_equal(w, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
+    if words == 2:
+        assert np.array_equal(low, want.low.reshape(-1))
+
+
 def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 0):
     """A device env with the quantized form `oq` of n values (the launch's result's) and, where x_words, `xq` of xn."""
     from lanefuse.kernels.cupy_env import DeviceEnv

@@ -211,3 +211,32 @@ def test_census_of_each_layer_type():
     assert got == GOLDEN_LAYERS
     gated = next(x.launch for x in s.launches if x.launch.census == "attention")
     assert gated.gate == ("L1.q_gate", "sigmoid")  # attn_output_gate: the attention stores its output gated
+
+
+# -- batches: a slot of the KV caches, the rings and the recurrent states a sequence -----------------------------------
+
+def test_a_batch_gives_each_sequence_its_tokens_alone(tmp_path):
+    """The reference interpreter's batch decode step over 2 slots and 3 prompts of different lengths (the third
+    takes a slot the first leaves, its rings and states zeroed): each sequence the tokens and logits it gets alone."""
+    from lanefuse.lane.run.batch import generate_batch
+
+    folder, _ = build("f32", tmp_path)
+    cfg, weights = load_model(folder)
+    prompts = [PROMPT[:3], PROMPT, PROMPT[2:9]]
+    got = generate_batch(cfg, weights, prompts, 9, slots=2, eos=(), chunk=4)
+    for p, r in zip(prompts, got):
+        alone = generate(cfg, weights, p, 9, chunk=4)
+        assert r.generated_ids == alone.generated_ids
+        assert _rel(r.logits, alone.logits) < 1e-6
+    g = cfg.build_step(1, batch=3)
+    assert g.tensors["ds0"].shape == (3 * cfg.hv * cfg.dk, cfg.dv) and g.tensors["cq0"].shape == (3 * 3, 64)
+    assert g.tensors["kc1"].shape == (3 * cfg.max_len, cfg.kv_heads * cfg.head_dim)
+
+
+def test_the_lane_refuses_a_batch_of_qwen3next_in_words():
+    pytest.importorskip("egglog")
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = config_from_hf(_cfg())
+    with pytest.raises(UserError, match="carried state over a batch's sequences"):
+        plan(cfg.build_step(1, batch=2))

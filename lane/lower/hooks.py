@@ -1,5 +1,6 @@
 """The link hooks: the few classes whose launch is built from a variable number of members (products in parts,
-rotations in parts, convolutions in parts, a product with its heads' epilogue, a result placed in a table's rows),
+rotations in parts, convolutions in parts, a product with its heads' epilogue, a result placed in a table's rows)
+or whose launches depend on the step's shape (a latent attention: absorbed, or expanded for a wide chunk),
 so their fields cannot be one fixed mapping of pattern variables. rules/README.md lists them. A hook takes the fused
 op's scope (its placements; the strided reads it takes, through `scope.take_read`) and returns its launches, or a
 Refusal."""
@@ -9,9 +10,9 @@ from __future__ import annotations
 from lanefuse.engine.ir import Op
 from lanefuse.engine.placement import arg, row_write
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels import ConvParts, Dst, Fold, GemmPart, GemmParts, Gemv, Rope, RopeParts, RopeSide
+from lanefuse.kernels import Attention, ConvParts, Dst, Fold, GemmPart, GemmParts, Gemv, HeadGemv, Rope, RopeParts, RopeSide
 from lanefuse.kernels.conv_parts import ConvPart
-from lanefuse.lane.lower.fill import Scope
+from lanefuse.lane.lower.fill import Scope, evaluate
 
 
 def _leaves(op: Op) -> dict[str, Op]:
@@ -185,5 +186,66 @@ def conv_parts(link, op: Op, scope: Scope) -> list | Refusal:
     return [ConvParts(parts=tuple(parts), taps=taps, rows=rows, silu=bool(silu), block=block, eps=eps)]
 
 
-HOOKS = {"gemm_parts": gemm_parts, "conv_parts": conv_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts,
+def _rows_format(link, w: str) -> str | None:
+    c = link.g.constants.get(w)
+    return c.format if c is not None and c.kind == "rows" else None
+
+
+def latent(link, op: Op, scope: Scope) -> list | Refusal:
+    """A latent attention (002's `latent`): absorbed, three launches — each head's unrotated query times its key
+    expansion (HeadGemv), the Split attention over the latent cache (the keys' first part and the values, read in
+    place) and the shared rotated key table, the output times each head's value expansion (HeadGemv). The lane
+    entry's `expand_rows` is the widest chunk that runs absorbed; a wider one runs expanded (`_expanded`)."""
+    b = op.b
+    by = {leaf.out: leaf for leaf in op.leaves()}
+    absorb = next((l for l in by.values() if l.kind == "head_matmul" and arg(l, "x") == b["qn"]), None)
+    attn = next((l for l in by.values() if l.kind == "attention"), None)
+    if absorb is None or attn is None or absorb.a["rows_out"] or not by[b["y"]].a["rows_out"]:
+        return Refusal("a latent attention whose query absorption reads each head's input rows and whose expansion "
+                       "each head's output rows", f"`{op.cls}` -> `{op.out}`")
+    g = link.g
+    fk, fv = _rows_format(link, b["wk"]), _rows_format(link, b["wv"])
+    if fk is None or fv is None:
+        return Refusal("a latent attention whose key or value expansion is not checkpoint rows",
+                       f"`{op.cls}` -> `{op.out}`")
+    rows, h, lora, rope = g.shape(b["qn"])[0], b["heads"], b["lora"], g.shape(b["kr"])[1]
+    wide = evaluate(link.table.support(op.cls).choice.fields.get("expand_rows", 0), scope)
+    if rows > wide:
+        return _expanded(link, op, scope, attn, fk, fv)
+    ql, a = absorb.out, attn.out
+    return [HeadGemv(b["qn"], b["wk"], fk, Dst(ql), rows, h, b["nope"], lora, rows_out=False),
+            Attention(ql, b["lc"], b["lc"], b["pos"], a, h, h, b["hd"], lora, g.shape(b["lc"])[0], rows, b["scale"],
+                      softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope),
+            HeadGemv(a, b["wv"], fv, scope.dst(b["y"]), rows, h, lora, b["vd"], rows_out=True)]
+
+
+def _expanded(link, op, scope, attn, fk, fv):
+    """A wide chunk's latent attention expanded (002's `latent`), three launches: the key half (every cached latent
+    times each head's key expansion: what the query's absorption did), the value half (times each head's value
+    expansion: what the output's did), then the Split attention of each head's unrotated query over its own expanded
+    keys and values beside the rotated query and the shared rotated key, into the fused op's result. The expanded
+    keys and values are step-local arrays of their own (`<attention>.keys` (L, H·nope), `<attention>.values`
+    (L, H·v)), registered in the graph linked when the op is one of its ops (the optimized graph being lowered; not
+    the step graph while extraction prices it, which stays as the user built it)."""
+    from lanefuse.engine.ir import Tensor
+
+    b, g = op.b, link.g
+    h, nope, lora, vd = b["heads"], b["nope"], b["lora"], b["vd"]
+    L, rows, rope = g.shape(b["lc"])[0], g.shape(b["qn"])[0], g.shape(b["kr"])[1]
+    out = scope.dst(b["y"])
+    if out != Dst(b["y"]):
+        return Refusal("an expanded latent attention whose result is placed in another tensor",
+                       f"`{op.cls}` -> `{op.out}`")
+    kx, vx = attn.out + ".keys", attn.out + ".values"
+    lowering = any(o is op for o in g.ops)
+    for name, cols in ((kx, h * nope), (vx, h * vd)):
+        if lowering and name not in g.tensors:
+            g.tensors[name] = Tensor(name, (L, cols))
+    return [HeadGemv(b["lc"], b["wk"], fk, Dst(kx), L, 1, lora, h * nope, rows_out=True),
+            HeadGemv(b["lc"], b["wv"], fv, Dst(vx), L, 1, lora, h * vd, rows_out=True),
+            Attention(b["qn"], kx, vx, b["pos"], b["y"], h, 1, nope + rope, vd, L, rows, b["scale"],
+                      softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope)]
+
+
+HOOKS = {"latent": latent, "gemm_parts": gemm_parts, "conv_parts": conv_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts,
          "into_row": into_row}

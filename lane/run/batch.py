@@ -18,10 +18,11 @@ from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s
 
 
 def batch_caches(cfg: ModelConfig, slots: int) -> dict[str, np.ndarray]:
-    """Zeroed KV-cache tables for `slots` sequences: (slots·max_len, kv_heads·head_dim) f32 each, slot s's rows from
-    s·max_len."""
-    shape = (slots * cfg.max_len, cfg.kv_heads * cfg.head_dim)
-    return {f"{c}{i}": np.zeros(shape, dtype=np.float32) for i in range(cfg.layers) for c in ("kc", "vc")}
+    """Zeroed carried tables for `slots` sequences, a slot of each a sequence: every KV cache (slots·max_len,
+    kv_heads·head_dim) f32, slot s's rows from s·max_len; a family's carried states likewise (`cfg.carried()`:
+    Qwen3-Next's convolution rings and recurrent states, slot s's rows from s times one sequence's)."""
+    return {name: np.zeros((slots * shape[0],) + tuple(shape[1:]), dtype=np.float32)
+            for name, shape in cfg.carried().items()}
 
 
 def cache_bytes(cfg: ModelConfig, slots: int) -> int:
@@ -64,7 +65,6 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         def step_fn(g: Graph, env: dict) -> dict:
             return evaluate(g, weights, env)
 
-    L = cfg.max_len
     caches = batch_caches(cfg, slots)
     graphs: dict[tuple[int, int], Graph] = {}
     results = [GenResult(p, [], []) for p in prompts]
@@ -85,7 +85,11 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
     def prefill(s: int, k: int) -> tuple[np.ndarray, int]:
         """Prompt k alone into slot s's rows of the caches; the logits and first token it gives."""
         prompt = prompts[k]
-        view = {n: t[s * L:(s + 1) * L] for n, t in caches.items()}  # the slot's rows, written in place
+        view = {n: t[s * (len(t) // slots):(s + 1) * (len(t) // slots)] for n, t in caches.items()}  # the slot's
+        # rows, written in place; zeroed first: a carried state (a ring, a delta-rule state) is read from its start,
+        # so the slot's last sequence must leave nothing in it (KV rows past a position are never read either way)
+        for t in view.values():
+            t[...] = 0.0
         for c in range(0, len(prompt), chunk):
             env = dict(view)
             env["token"] = np.asarray(prompt[c:c + chunk], dtype=np.int32)
