@@ -178,7 +178,7 @@ class DeepseekStore:
                 a = t[:, :n] if how == "q_nope" else self._halves(t[:, n:], axis=1)
             else:  # kv_a (lora + rope, d): the latent's rows, then the shared rotated rows
                 a = a[: c.kv_lora] if how == "latent" else self._halves(a[c.kv_lora:], axis=0)
-            self._cache[name] = (np.ascontiguousarray(a).reshape(shape), fmt)
+            self._cache[name] = (np.ascontiguousarray(a).reshape(shape[0], -1), fmt)  # -1: a GGUF block row's bytes
         return self._cache[name]
 
     def _halves(self, rot: np.ndarray, axis: int) -> np.ndarray:

@@ -112,7 +112,11 @@ def _load_gguf(path: Path, max_len: int) -> tuple[ModelConfig, Weights]:
     from lanefuse.engine.gguf import load_gguf
 
     cfg, gstore = load_gguf(path, max_len)
-    if cfg.moe is not None and cfg.moe.spelling == "gptoss":  # gpt-oss's experts and biases as the op's rows
+    if getattr(cfg, "serve", None) is not None:  # deepseek2: cut as a checkpoint's (engine/deepseek_gguf.py)
+        from lanefuse.engine.deepseek_gguf import deepseek_gguf_store
+
+        gstore = deepseek_gguf_store(gstore, cfg, str(path))
+    elif cfg.moe is not None and cfg.moe.spelling == "gptoss":  # gpt-oss's experts and biases as the op's rows
         from lanefuse.engine.gptoss import GptOssGGUFStore
 
         gstore = GptOssGGUFStore(gstore, cfg, str(path))

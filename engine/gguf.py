@@ -121,6 +121,10 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     vocabulary where the metadata leaves them out; `freq_factors`: rope_freqs.weight's values, where the file has it."""
     arch, fam = family_of(meta, where)
     r = _arch_reader(meta, arch, where)
+    if fam.moe == "deepseek":  # latent attention: its own keys (engine/deepseek_gguf.py)
+        from lanefuse.engine.deepseek_gguf import deepseek_from_gguf
+
+        return deepseek_from_gguf(meta, tensors, r, arch, where, max_len, name)
     if meta.get(f"{arch}.expert_count") and fam.moe is None:
         raise UserError(f"{where}: `{arch}.expert_count` is {meta[f'{arch}.expert_count']!r}: an expert mixture, "
                         f"which lanefuse's {arch} does not read")
@@ -335,7 +339,8 @@ def tensor_info(path: Path, t) -> tuple[tuple[int, ...], str]:
         raise UserError(f"{path}: tensor `{shown(t.name, 80)}` is {kind.lower()}, a format lanefuse does not read (it reads "
                         f"{', '.join(FORMATS.values())}); requantize the file, e.g. llama-quantize to q4_k or q8_0")
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-    if len(shape) == 3 and t.name.endswith("_exps.weight"):  # an expert mixture's (E, rows, cols): the rows stacked
+    if len(shape) == 3 and t.name.endswith(("_exps.weight", "attn_k_b.weight", "attn_v_b.weight")):
+        # an expert mixture's (E, rows, cols), deepseek2's per-head expansions (H, rows, cols): the rows stacked
         shape = (shape[0] * shape[1], shape[2])
     if len(shape) > 2 or not shape:
         raise UserError(f"{path}: tensor `{shown(t.name, 80)}` has {len(shape)} dimensions {shape}; expected 1 or 2"

@@ -92,6 +92,30 @@ GPTOSS_LAYER = {
     **{f"ffn_{r}_exps.{k}": f"mlp.experts.{r}_proj{'_bias' if k == 'bias' else ''}.gguf"
        for r in ("gate", "up", "down") for k in ("weight", "bias")},
 }
+# DeepSeek-V3 (llama.cpp's `deepseek2`): latent attention's projections and norms; the key and value expansions
+# either in one `attn_kv_b` (older converters) or split, `attn_k_b` stored transposed (H, lora, nope) and `attn_v_b`
+# (H, v, lora) (engine/deepseek_gguf.py puts kv_b_proj back together); the dense first layers' FFN; the mixture's
+# router, its correction bias `exp_probs_b`, the stacked experts and the always-on shared experts
+DEEPSEEK2_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "attn_k_b.weight": "self_attn.kv_b_proj.k_b",
+    "attn_v_b.weight": "self_attn.kv_b_proj.v_b",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    **{g: LAYER[g] for g in DENSE_FFN},
+    **EXPERTS,
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
 ROPE_FREQS = "rope_freqs.weight"  # llama3 rope scaling: the factors each inverse frequency is divided by
 
 
@@ -103,7 +127,8 @@ class Family:
     hf_arch: str  # the transformers architecture the step graph is built for
     layer: dict[str, str]  # GGUF name inside `blk.{i}.` -> HF name inside `model.layers.{i}.`
     permuted: dict[str, str] = field(default_factory=dict)  # GGUF layer name -> "heads" | "kv_heads"
-    moe: str | None = None  # an expert mixture in every layer: how it weighs its chosen experts (engine/gguf.py)
+    moe: str | None = None  # an expert mixture in every layer: how it weighs its chosen experts (engine/gguf.py;
+    # "deepseek": its first layers dense, read by engine/deepseek_gguf.py)
     as_row: tuple[str, ...] = ()  # GGUF layer names of 1-D tensors read as one row (1, n)
 
 
@@ -122,6 +147,8 @@ FAMILIES = {
                         as_row=("ffn_gate_inp_shexp.weight",)),
     # top-k of a biased router, then a softmax over the chosen; the clamped GLU (engine/gptoss.py's gptoss_from_gguf)
     "gpt-oss": Family("GptOssForCausalLM", GPTOSS_LAYER, moe="gptoss"),
+    # latent attention and grouped sigmoid routing, its own keys (engine/deepseek_gguf.py's deepseek_from_gguf)
+    "deepseek2": Family("DeepseekV3ForCausalLM", DEEPSEEK2_LAYER, moe="deepseek"),
 }
 
 

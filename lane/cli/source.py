@@ -224,7 +224,7 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
     cfg, weights = load_model(path, max_len=1 << 30)  # the KV caches' rows: the file's context length, for now
     arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
-            "GptOssForCausalLM": "gpt-oss"}.get(cfg.arch, "")
+            "GptOssForCausalLM": "gpt-oss", "DeepseekV3ForCausalLM": "deepseek2"}.get(cfg.arch, "")
     name = os.path.basename(path)
     rows, said = context_rows(cfg.max_len, cfg, ctx, f"{name} ({arch or 'its'}.context_length in the file)")
     cfg = dataclasses.replace(cfg, max_len=rows)
