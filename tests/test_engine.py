@@ -246,7 +246,7 @@ def test_local_matches_ilp(sessions):
         a, b = s.plan(method="ilp"), s.plan(method="local")
         assert b.cost >= a.cost - 1e-9
         # the local search is a heuristic; on the glu graph, the Qwen3-Next chunk (42.6234 against the ILP's
-        # 42.6229), the q8 Qwen3-Next step (52.61764 against 52.61736) and the q8 DeepSeek step (75.15 against
+        # 42.6229), the q8 Qwen3-Next step (52.61764 against 52.61736) and the q8x2 DeepSeek step (75.15 against
         # 60.14: the mla bundle and the quantizing head_gemv epilogue switch together) it stops at a local optimum
         # (known; plan() extracts exactly, the local search serves the explorer's quick re-plans)
         if name not in ("glu", "qwen3next_chunk", "qwen3next_q8", "deepseek_q8"):

@@ -384,10 +384,11 @@ def test_a_result_read_f32_as_well_is_stored_beside_its_quantized_form():
 
 @pytest.mark.parametrize("numerics", ["q8", "q8x2"])
 def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numerics):
-    """DeepSeek-V3's latent attention under q8 / q8x2: each head's expanding product (head_matmul) quantizes its
-    output in its last blocks (gemv_quant.heads) for the o projection, so the plan has no Quant launch; run by the
-    exact twins in its arena (launch by launch against the interpreter) it equals the interpreter of the quantized
-    step graph; held `fuse_quant`, the same numbers from Quant launches."""
+    """DeepSeek-V3's latent attention under q8 / q8x2, its `mla` fold held: each head's expanding product
+    (head_matmul) quantizes its output in its last blocks (gemv_quant.heads) for the o projection, so the plan has no
+    Quant launch; run by the exact twins in its arena (launch by launch against the interpreter) it equals the
+    interpreter of the quantized step graph; held `fuse_quant` too, the same numbers from Quant launches. (With `mla`
+    the expansion is inside that fold, whose quantize is a Quant launch: no `mla` quantizing rule yet.)"""
     from lanefuse.engine.hfconfig import config_from_hf
     from lanefuse.engine.stepweights import random_weights
 
@@ -402,11 +403,12 @@ def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numeric
                                                  if k.kind == "rows" and k.shape[-1] % 32 == 0))
     g = build_step(cfg, 1)
     w = random_weights(g, 3)
-    p = plan(g, numerics=numerics)
+    p = plan(g, numerics=numerics, held=("mla",))
     assert "quant" not in p.census and p.fusions.get("gemv_quant.heads") == cfg.layers
+    assert plan(g, numerics=numerics).census["quant"] == cfg.layers  # the mla fold's expansion: a Quant launch
     gq = with_numerics(g, numerics)
     ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
-    held = plan(g, numerics=numerics, held=("fuse_quant",))
+    held = plan(g, numerics=numerics, held=("fuse_quant", "mla"))
     assert held.census["quant"] >= cfg.layers
     outs = [NumpyRunner(q, w, check=True).step(_chunk_env(g, 1, 0), lifted=g) for q in (p, held)]
     for out in outs:
