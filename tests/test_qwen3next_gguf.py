@@ -215,8 +215,8 @@ def test_q8_delta_output_quantized_in_its_epilogue(numerics, tmp_path):
 
 def test_q8_census_of_a_qwen3next_file(tmp_path):
     """Under q8 a delta-net decode layer's token mixer stays five launches (its output quantized by the delta launch
-    itself); a gated attention layer's gains one Quant (the gated attention output: attn_output_quant is not in the
-    lane yet)."""
+    itself); a gated attention layer's gains one Quant (its gated output: attn_output_quant takes an attention's
+    output, not one stored gated by attn_output_gate, and no rule joins the two yet)."""
     pytest.importorskip("egglog")
     from lanefuse.lane.lower.plan import plan
 
