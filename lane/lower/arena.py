@@ -122,13 +122,15 @@ def place(items: list[Live]) -> Arena:
     if len(set(names)) != len(names):
         raise ValueError("an array placed twice in the arena")
     best: tuple[int, str, list[Placed]] | None = None
+    bound = lower_bound(items)
     for order, key in ORDERS.items():
         placed = _first_fit(sorted(items, key=key))
         span = max((p.offset + aligned(p.bytes) for p in placed), default=0)
         if best is None or span < best[0]:
             best = (span, order, placed)
+        if best[0] <= bound:  # no order spans fewer bytes than the bound: the first to reach it is kept
+            break
     assert best is not None
-    bound = lower_bound(items)
     rng = random.Random(0)
     order = sorted(items, key=ORDERS["largest"])
     for k in range(SHUFFLES if best[0] > bound else 0):
