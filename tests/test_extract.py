@@ -302,7 +302,35 @@ def test_memoized_elimination_is_the_elimination(p):
     alone = solve(memo=False)
     assert memo == alone
     if isinstance(alone, dict):
-        assert total_cost(p, alone) == pytest.approx(total_cost(p, solve_ilp(p)))
+        _assert_valid(p, alone)
+        # never worse than the ILP (test_the_ilp_can_miss_a_cheaper_plan: the ILP is sometimes worse)
+        assert total_cost(p, alone) <= total_cost(p, solve_ilp(p)) + 1e-6
+
+
+def _assert_valid(p, choice):
+    """A plan computes its roots, every child of a chosen node, and no class a chosen node computes inside it."""
+    assert all(r in choice for r in p.roots)
+    for c, n in choice.items():
+        assert p.node_class[n] == c
+        assert all(d in choice for d in p.children[n]), (c, n)
+        assert not (p.internal and set(p.internal[n]) & set(choice)), (c, n)
+
+
+@pytest.mark.xfail(strict=True, reason="a known ILP defect found by the property above (CI, 2026-12-01): the "
+                   "elimination finds a valid plan of cost 0 where solve_ilp returns one of cost 1")
+def test_the_ilp_can_miss_a_cheaper_plan():
+    p = Problem(classes={0: [0], 1: [1], 2: [2, 3, 4], 3: [5], 4: [6, 7, 8], 5: [9], 6: [10], 7: [11, 12, 13],
+                         8: [14], 9: [15, 16, 17]},
+                node_class=[0, 1, 2, 2, 2, 3, 4, 4, 4, 5, 6, 7, 7, 7, 8, 9, 9, 9],
+                children=[(), (), (1,), (0,), (0,), (0,), (1, 2), (2,), (0,), (), (), (6,), (5,), (5,), (5,), (6, 7),
+                          (7,), (5,)],
+                cost=[0.0] * 6 + [2.0, 2.0] + [0.0] * 7 + [1.0, 1.0, 0.0],
+                roots=[4, 9],
+                internal=[(), (), (), (1,), (), (), (), (0,), (), (), (), (), (6,), (), (), (), (5,), ()])
+    elim = solve_elimination(p, memo=False)
+    _assert_valid(p, elim)
+    assert total_cost(p, elim) == 0.0 == brute(p)  # the exhaustive optimum
+    assert total_cost(p, solve_ilp(p)) == pytest.approx(total_cost(p, elim))
 
 
 def _step_problem(cfg):
