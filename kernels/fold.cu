@@ -37,9 +37,10 @@ extern "C" __global__ void __launch_bounds__(128)
 // of a head to arrive runs that head's epilogue over the slab's rows, reading the raw product back through L2: a warp a
 // row, the per-head RMS norm (optional), the rotation (rope.cu's arithmetic) at position pos + row (a batch, slot >
 // 0: row r at posp[r], each row a sequence's own), written to the side's Dst. The grid stays the GEMV's, so a wide head never serializes its outputs in one block. A part is PR
-// words: gemm_parts' 11 (weight, bias (0: none), n, first block, Dst), then its side's heads (0: not rotated), first
-// counter, norm weight (0: none), eps (f32 bits) and Dst (7 words).
-#define PR 22
+// words: gemm_parts' 11 (weight, bias (0: none), n, first block, Dst), then its side's heads (0: no epilogue), first
+// counter, norm weight (0: none), eps (f32 bits), Dst (7 words), head width and rotated width (each side its own: a
+// side of one head the part's width and no rotation is a row norm, DeepSeek-V3's q_a and latent norms).
+#define PR 24
 
 __device__ __forceinline__ float head_value(const Dst& y, i64 at, i64 i, const float* nw, float inv) {
     float v = __ldcg(y.y + dst_at(y, at + i));
@@ -48,9 +49,9 @@ __device__ __forceinline__ float head_value(const Dst& y, i64 at, i64 i, const f
 
 // Head h of rows r0..r0+nr-1 of a part of n outputs a row (raw product in y), s its side's words.
 __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s, i64 h, i64 r0, i64 nr,
-                                              const float* cos, const float* sin, i64 pos, i64 hd, i64 rot,
-                                              const int* posp, i64 slot) {
-    i64 heads = s[0], half = rot / 2;
+                                              const float* cos, const float* sin, i64 pos, const int* posp,
+                                              i64 slot) {
+    i64 heads = s[0], hd = s[11], rot = s[12], half = rot / 2;  // rot 0: normed only
     const float* nw = (const float*)s[2];
     float eps = __int_as_float((int)s[3]);
     Dst o = dst_from(s + 4);
@@ -80,7 +81,7 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
 template <int PW>
 __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const QX& qx, const i64* t, i64 nparts,
                                                 i64 k, i64 m, unsigned* counters, const float* cos, const float* sin,
-                                                const int* posp, i64 hd, i64 rot, i64 slot) {
+                                                const int* posp, i64 slot) {
     __shared__ int last;
     int p = 0;
     while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * PR + 3]) p++;
@@ -90,8 +91,8 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
     if (PW == 0) q8_body(fmt, qx, (const void*)d[0], (const float*)d[1], y, k, n, m, bx);
     else gemv_body<(PW > 0 ? PW : 1)>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, n, m, 1, bx);
     const i64* s = d + 11;
-    if (s[0] == 0) return;  // a part not rotated: a plain GEMV block
-    const i64 per = WARPS * (PW > 0 ? PW : 1);
+    if (s[0] == 0) return;  // a part with no epilogue: a plain GEMV block
+    const i64 hd = s[11], per = WARPS * (PW > 0 ? PW : 1);
     i64 j0 = bx * per, j1 = min(n, j0 + per);
     i64 r0 = (i64)blockIdx.y * GR, nr = min((i64)GR, m - r0);
     i64 pos = posp ? (i64)posp[0] : 0;
@@ -104,7 +105,7 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
         __syncthreads();
         if (!last) continue;
         __threadfence();
-        head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, hd, rot, posp, slot);
+        head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, posp, slot);
         if (threadIdx.x == 0) *c = 0u;
     }
 }
@@ -112,9 +113,9 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
 #define PARTS_ROPE_KERNEL(NAME, PW)                                                                           \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(const float* x, const i64* t, i64 nparts, i64 fmt, i64 k, i64 m, unsigned* counters,            \
-             const float* cos, const float* sin, const int* posp, i64 hd, i64 rot, i64 slot) {               \
+             const float* cos, const float* sin, const int* posp, i64 slot) {                                \
         parts_rope_body<PW>((int)fmt, x, QX{nullptr, nullptr, nullptr}, t, nparts, k, m, counters, cos, sin,   \
-                            posp, hd, rot, slot);                                                             \
+                            posp, slot);                                                                      \
     }
 PARTS_ROPE_KERNEL(fold_parts_rope_1, 1)
 PARTS_ROPE_KERNEL(fold_parts_rope_4, 4)
@@ -122,8 +123,8 @@ PARTS_ROPE_KERNEL(fold_parts_rope_4, 4)
 extern "C" __global__ void __launch_bounds__(128)
     fold_parts_rope_q8(const signed char* xw, const signed char* xl, const float* xs, const i64* t, i64 nparts,
                        i64 fmt, i64 k, i64 m, unsigned* counters, const float* cos, const float* sin, const int* posp,
-                       i64 hd, i64 rot, i64 slot) {
-    parts_rope_body<0>((int)fmt, nullptr, QX{xw, xl, xs}, t, nparts, k, m, counters, cos, sin, posp, hd, rot, slot);
+                       i64 slot) {
+    parts_rope_body<0>((int)fmt, nullptr, QX{xw, xl, xs}, t, nparts, k, m, counters, cos, sin, posp, slot);
 }
 
 // An embedding gather and then a norm of the gathered rows (embed_norm), a block a row: the row gathered (decoded

@@ -1,7 +1,8 @@
 """`fold`: two launches as one, `first` then `then` over what `first` wrote (gemv_norm_epilogue, embed_norm,
 qkv_head_epilogue). Three pairs run as one kernel (fold.cu): a GEMV then a norm (the norm done by the last block to
 arrive); products in parts (or one GEMV) then their heads' norm and rotation (each head's epilogue done by the last
-block of its outputs to arrive); an embedding gather then a norm of the gathered rows (a block a row). Any other pair
+block of its outputs to arrive; a side of its own shape, one head of its part's width and no rotation, is that part's
+rows normed: DeepSeek-V3's q_a and latent norms); an embedding gather then a norm of the gathered rows (a block a row). Any other pair
 runs as its two kernels in turn. The numpy twin is always `first` then `then`: exactly what each fused kernel does."""
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from lanefuse.kernels.gather import Gather
 from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
 from lanefuse.kernels.gemv import Gemv
 from lanefuse.kernels.norm import Norm
-from lanefuse.kernels.rope import Rope, RopeParts, RopeSide
+from lanefuse.kernels.rope import Rope, RopeParts, RopeSide, side_shape
 
-PR = 22  # descriptor words a part of fold_parts_rope (fold.cu)
+PR = 24  # descriptor words a part of fold_parts_rope (fold.cu)
 
 
 def as_parts(l: Launch) -> GemmParts | None:
@@ -59,18 +60,19 @@ def rotated(gp: GemmParts, rp: RopeParts) -> tuple[list[RopeSide | None], Refusa
     the pair runs as two kernels."""
     if rp.rows != gp.m:
         return [], Refusal(f"a rotation of {rp.rows} rows after products of {gp.m}")
-    why = rp.check()
+    why = rp.check(epilogue=True)
     if why:
         return [], why
     by_part: list[RopeSide | None] = [None] * len(gp.parts)
     written = {p.y.buf for p in gp.parts}
     for s in rp.sides:
+        hd = side_shape(s, rp.hd, rp.rot)[0]
         at = [i for i, p in enumerate(gp.parts)
-              if p.y.buf == s.x and p.n == s.heads * rp.hd and _layout(p.y, p.n) == _reads(s, rp.hd)]
+              if p.y.buf == s.x and p.n == s.heads * hd and _layout(p.y, p.n) == _reads(s, hd)]
         if len(at) != 1 or by_part[at[0]] is not None:
             return [], Refusal(f"a rotation of `{s.x}` that is not exactly one product's result")
         p = gp.parts[at[0]]
-        pitch, off = _reads(s, rp.hd)
+        pitch, off = _reads(s, hd)
         for q in gp.parts:  # another part writing into what this side reads would be lost
             if q is p or q.y.buf != s.x:
                 continue
@@ -152,6 +154,10 @@ class Fold(Launch):
                 + tuple(Scratch("then." + s.tag, s.dtype, s.nbytes, s.counter) for s in self.then.scratch()))
 
     def check(self):
+        """Each of the pair's refusals; a rotation in parts in the products' epilogue may have sides of their own head
+        shape (a row norm alone), which only that kernel runs."""
+        if self.form()[0] == "parts_rope":
+            return self.first.check() or as_rope_parts(self.then).check(epilogue=True)
         return self.first.check() or self.then.check()
 
     def tune(self, knobs, held=frozenset()):
@@ -201,18 +207,19 @@ class Fold(Launch):
         return self.first.grid_block()
 
     def table(self, denv, gp: GemmParts, rp: RopeParts) -> list[int]:
-        """fold_parts_rope's descriptor: each part's 11 words as gemm_parts takes them, then its side's heads (0: not
-        rotated), first arrival counter, norm weight (0: none), eps (f32 bits) and Dst."""
+        """fold_parts_rope's descriptor: each part's 11 words as gemm_parts takes them, then its side's heads (0: no
+        epilogue), first arrival counter, norm weight (0: none), eps (f32 bits), Dst, head width and rotated width."""
         by_part, _ = rotated(gp, rp)
         words, first, head = [], 0, 0
         for p, nb, s in zip(gp.parts, gp.blocks(), by_part):
             words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
             first += nb
             if s is None:
-                words += [0, 0, 0, 0, *([0] * 7)]
+                words += [0, 0, 0, 0, *([0] * 7), 0, 0]
                 continue
             eps = int(np.array(s.norm[1] if s.norm else 0.0, dtype=np.float32).view(np.int32))
-            words += [s.heads, head, denv.ptr(s.norm[0] if s.norm else None), eps, *denv.dst_words(s.y)]
+            words += [s.heads, head, denv.ptr(s.norm[0] if s.norm else None), eps, *denv.dst_words(s.y),
+                      *side_shape(s, rp.hd, rp.rot)]
             head += s.heads
         assert len(words) == PR * len(gp.parts)
         return words
@@ -243,8 +250,7 @@ class Fold(Launch):
             name = "fold_parts_rope_q8" if gp.words else f"fold_parts_rope_{gp.per_warp}"
             denv.function(self.stem, name)(grid, block, (
                 *x, t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k), i64(gp.m),
-                counters, denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], denv.array(rp.pos), i64(rp.hd),
-                i64(rp.rot), i64(rp.slot)))
+                counters, denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], denv.array(rp.pos), i64(rp.slot)))
         else:
             g2: Gather = self.first  # type: ignore[assignment]
             nm2: Norm = self.then  # type: ignore[assignment]

@@ -28,16 +28,32 @@ class RopeSide:
     heads: int
     part: Part | None = None
     norm: tuple[str, float] | None = None
+    hd: int = 0  # its own head width (0: the launch's)
+    rot: int = -1  # its own rotated width (-1: the launch's; 0: normed only, no rotation: a row norm in a product's
+    # epilogue, DeepSeek-V3's q_a and latent norms; only fold.cu's products-in-parts epilogue runs such a side)
+
+    @property
+    def own_shape(self) -> bool:
+        return self.hd != 0 or self.rot != -1
+
+
+def side_shape(s: RopeSide, hd: int, rot: int) -> tuple[int, int]:
+    """The side's head width and rotated width: its own where it says, else the launch's."""
+    return (s.hd or hd), (rot if s.rot < 0 else s.rot)
 
 
 def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, slot: int = 0,
                seq0: int = 0) -> None:
+    hd, rot = side_shape(s, hd, rot)
     w = s.heads * hd
     n = seq0 + rows
     x = read_part(env, s.x, s.part, n, w)[seq0:].astype(np.float32).reshape(rows, s.heads, hd)
     if s.norm is not None:
         nw = np.asarray(env.weight(s.norm[0])[0], dtype=np.float64)[:hd]
         x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
+    if rot == 0:  # normed only
+        s.y.write(env, x, first=seq0 * w)
+        return
     x = x.astype(np.float64)
     half = rot // 2
     p = env.array(pos)[seq0:n].astype(np.int64) if slot else env.param(pos) + np.arange(rows)
@@ -55,17 +71,11 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     """The fast twin of `side_numpy`: the same rotation in f32 (the norm's mean square by einsum), a few whole-array
     operations a side on views (the part read in place, the positions' cos and sin rows sliced), written straight into
     the destination's view where it is contiguous and apart from the source."""
+    hd, rot = side_shape(s, hd, rot)
     n = seq0 + rows
     w = s.heads * hd
     x = read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, s.heads, hd)
     half = rot // 2
-    ct, st = env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)
-    if slot:
-        p = env.array(pos)[seq0:n].astype(np.int64)
-        c, sn = ct[p][:, None, :], st[p][:, None, :]
-    else:
-        p0 = env.param(pos)
-        c, sn = ct[p0: p0 + rows][:, None, :], st[p0: p0 + rows][:, None, :]
     if s.norm is not None:
         inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
         inv *= 1.0 / hd
@@ -74,6 +84,16 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
         np.reciprocal(inv, out=inv)
         x = x * inv
         x *= env.weight(s.norm[0])[0][:hd]
+    if rot == 0:  # normed only
+        s.y.write(env, x, first=seq0 * w)
+        return
+    ct, st = env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)
+    if slot:
+        p = env.array(pos)[seq0:n].astype(np.int64)
+        c, sn = ct[p][:, None, :], st[p][:, None, :]
+    else:
+        p0 = env.param(pos)
+        c, sn = ct[p0: p0 + rows][:, None, :], st[p0: p0 + rows][:, None, :]
     out = dst_view(s.y, env, rows, w) if not seq0 else None
     if out is not None and np.may_share_memory(out, x):
         out = None
@@ -90,7 +110,19 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
         s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
 
 
-def side_check(s: RopeSide, hd: int, rot: int) -> Refusal | None:
+def side_check(s: RopeSide, hd: int, rot: int, epilogue: bool = False) -> Refusal | None:
+    """Why the side cannot run (None: it can); `epilogue`: in a products-in-parts fold (fold.cu), which also runs a
+    side of its own head shape and a side normed only (a warp a row: any width)."""
+    if s.own_shape and not epilogue:
+        return Refusal("a rotation side of its own head shape (a row norm alone) outside its products' epilogue "
+                       "(only fold.cu's products in parts run it)")
+    hd, rot = side_shape(s, hd, rot)
+    if rot == 0:
+        if s.norm is None:
+            return Refusal("a side neither normed nor rotated")
+        if s.part is not None and s.part.width != s.heads * hd:
+            return Refusal(f"x read as parts {s.part.width} wide for {s.heads} heads of {hd}")
+        return None
     if hd > MAX_HD:
         return Refusal(f"a head of {hd} values (the rotation holds at most {MAX_HD})")
     if rot % 2 or not 2 <= rot <= hd:
@@ -134,35 +166,39 @@ class RopeParts(Launch):
     def apart(self):
         return batch_apart(self)
 
-    def check(self):
+    def check(self, epilogue: bool = False):
+        """Why the launch cannot run; `epilogue`: as a products-in-parts fold's epilogue (see side_check)."""
         if not self.sides:
             return Refusal("a launch of no rotations")
         for s in self.sides:
-            why = side_check(s, self.hd, self.rot)
+            why = side_check(s, self.hd, self.rot, epilogue)
             if why:
                 return why
         return None
 
+    def _hd(self, s: RopeSide) -> int:
+        return side_shape(s, self.hd, self.rot)[0]
+
     def extents(self, top, tokens):
-        r, hd = self.seq0 + self.rows, self.hd
+        r = self.seq0 + self.rows
         sides = [v for s in self.sides for v in (
-            (s.x, s.part.extent(r) if s.part is not None else r * s.heads * hd), (s.norm[0] if s.norm else None, hd),
-            (s.y.buf, self._dst_extent(s, r, top)))]
+            (s.x, s.part.extent(r) if s.part is not None else r * s.heads * self._hd(s)),
+            (s.norm[0] if s.norm else None, self._hd(s)), (s.y.buf, self._dst_extent(s, r, top)))]
         tab = (top + (1 if self.slot else r)) * (self.rot // 2)  # cos and sin: a row of rot/2 a position
         return reach(*sides, (self.cos, tab), (self.sin, tab), (self.pos, r if self.slot else 1))
 
     def _dst_extent(self, s: RopeSide, r: int, top: int) -> int:
-        return s.y.extent(r * s.heads * self.hd, top)
+        return s.y.extent(r * s.heads * self._hd(s), top)
 
     def weights(self):
         return {w: "f32" for w in (self.cos, self.sin, *(s.norm[0] for s in self.sides if s.norm))}
 
     def bytes(self):
-        n = sum(s.heads for s in self.sides) * self.rows * self.hd
+        n = sum(s.heads * self._hd(s) for s in self.sides) * self.rows
         return 4 * (2 * n + self.rows * self.rot)
 
     def flops(self):
-        return 6 * sum(s.heads for s in self.sides) * self.rows * self.hd
+        return 6 * sum(s.heads * self._hd(s) for s in self.sides) * self.rows
 
     def numpy(self, env):
         for s in self.sides:

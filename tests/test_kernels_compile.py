@@ -253,7 +253,7 @@ def latent():
     """DeepSeek-V3's pieces: the Split attention (absorbed, wide; expanded, narrow), the q_a and latent norms in one
     launch (the latent's read as a part, into its cache row), each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
     scores with a correction bias and an ungated shared expert, a row at a time and over sorted rows."""
-    from lanefuse.kernels import Dst, HeadGemv, Moe, Norm, NormPair, Part
+    from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, HeadGemv, Moe, Norm, NormPair, Part, RopeParts, RopeSide
 
     grouped = dict(routing="sigmoid_group", br="cb", groups=4, topk_groups=2, route_scale=2.5, norm_topk=True,
                    sg="sg", su="su", sd="sd", sf=22, format_s="bf16")
@@ -266,6 +266,12 @@ def latent():
             Attention("qn", "kx", "vx", "pos", "o", 4, 1, 18, 12, 64, 6, 0.2, qtail="qr", ktail="kr", tail=8),
             NormPair(Norm("qa", "wa", "qn", 2, 24, 1e-6), Norm("lat", "wl", "ln", 2, 16, 1e-6, part=Part(40, 24, 16),
                                                                  into=Dst("lc", row="pos", pitch=16))),
+            # the first product: q_a and the latent normed in its epilogue (the latent into its row), the key rotated
+            Fold(GemmParts("x", "bf16", 32, 1, (GemmPart("wqa", Dst("qa"), 24), GemmPart("wl", Dst("lat"), 16),
+                                                 GemmPart("wk", Dst("kp"), 8))),
+                 RopeParts((RopeSide("qa", Dst("qan"), 1, norm=("na", 1e-6), hd=24, rot=0),
+                            RopeSide("lat", Dst("lc", row="pos", pitch=16), 1, norm=("nl", 1e-6), hd=16, rot=0),
+                            RopeSide("kp", Dst("kr", row="pos", pitch=8), 1)), "cos", "sin", "pos", 1, 8, 8)),
             HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
             HeadGemv("a", "wv", "f32", Dst("o"), 3, 4, 16, 12, rows_out=True),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 1, "bf16", **grouped),

@@ -288,6 +288,32 @@ def test_fold_products_then_head_epilogue(fmt, m, heads, kv, hd, rot, norm, pw, 
     _again(f, dev, arrays)
 
 
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("m", [1, 5, 17])
+@pytest.mark.parametrize("qa,lat,rope,pw", [(1536, 512, 64, 4), (1536, 512, 64, 1), (24, 16, 8, 1), (96, 64, 32, 4)])
+def test_fold_products_then_row_norms_and_a_rotation(fmt, m, qa, lat, rope, pw):
+    """DeepSeek-V3's first product as the lane makes it (merged_qkv.rotated_normed): q_a, the latent and the rotated
+    key in parts, q_a's and the latent's rows normed by the last block of their part to arrive (the latent into its
+    cache row), the key rotated into its cache row; against the numpy twin, then once more (the counters reset)."""
+    g = np.random.default_rng(m + qa + pw)
+    k, L, pos = 7168 if qa == 1536 else 64, 64, 37
+    parts = (GemmPart("wqa", Dst("qa"), qa), GemmPart("wl", Dst("lat"), lat), GemmPart("wk", Dst("kp"), rope))
+    sides = (RopeSide("qa", Dst("qan"), 1, norm=("na", 1e-6), hd=qa, rot=0),
+             RopeSide("lat", Dst("lc", row="pos", pitch=lat), 1, norm=("nl", 1e-6), hd=lat, rot=0),
+             RopeSide("kp", Dst("kc", row="pos", pitch=rope), 1))
+    f = Fold(GemmParts("x", fmt, k, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, rope, rope))
+    assert f.fused, f.form()
+    ang = g.uniform(0, 6.28, (L, rope // 2))
+    arrays = {"x": r32(g, m, k), "qa": np.zeros(m * qa, np.float32), "lat": np.zeros(m * lat, np.float32),
+              "kp": np.zeros(m * rope, np.float32), "qan": np.zeros(m * qa, np.float32), "lc": r32(g, L, lat),
+              "kc": r32(g, L, rope), "pos": np.array([pos], np.int32)}
+    weights = {"wqa": (encode(r32(g, qa, k), fmt), fmt), "wl": (encode(r32(g, lat, k), fmt), fmt),
+               "wk": (encode(r32(g, rope, k), fmt), fmt), "na": (r32(g, qa), "f32"), "nl": (r32(g, lat), "f32"),
+               "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
+    dev = both(f, arrays, weights, tol=3e-4, placed=(m == 5))
+    _again(f, dev, arrays, host_names=("qan", "lc", "kc"))
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "f32"])
 @pytest.mark.parametrize("m,hd", [(1, 128), (5, 64), (3, 256)])
 def test_fold_one_product_then_head_epilogue(fmt, m, hd):

@@ -522,6 +522,74 @@ def test_folds_that_stay_two_kernels_say_why():
     assert not overlap.fused and "overlapping" in overlap.form()[1].reason
 
 
+def latent_fold(m=2, qa=24, lat=16, hd=8, L=9, fmt="f32", pw=1):
+    """DeepSeek-V3's first product as the lane makes it: q_a, the latent and the rotated key of one activation in
+    parts; q_a's and the latent's rows normed in the epilogue (a side of one head of the part's width, no rotation),
+    the latent's into its cache row; the key rotated into its cache row."""
+    parts = (GemmPart("wqa", Dst("qa"), qa), GemmPart("wl", Dst("lat"), lat), GemmPart("wk", Dst("kp"), hd))
+    sides = (RopeSide("qa", Dst("qan"), 1, norm=("na", 1e-6), hd=qa, rot=0),
+             RopeSide("lat", Dst("lc", row="pos", pitch=lat), 1, norm=("nl", 1e-6), hd=lat, rot=0),
+             RopeSide("kp", Dst("kc", row="pos", pitch=hd), 1))
+    return Fold(GemmParts("x", fmt, 20, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, hd, hd))
+
+
+@pytest.mark.parametrize("m,pw", [(1, 1), (3, 4)])
+def test_fold_products_then_row_norms_and_a_rotation(m, pw):
+    """The fold of DeepSeek-V3's first product: one kernel; its twin is `first` then `then`, q_a and the latent
+    RMS-normed whole (each its own width), the latent landing in its cache row, the key rotated into its row."""
+    g = rng(21 + m)
+    qa, lat, hd, L, pos = 24, 16, 8, 9, 3
+    f = latent_fold(m, qa, lat, hd, L, pw=pw)
+    assert f.fused and f.form()[0] == "parts_rope" and f.check() is None, f.form()
+    (sc,) = f.scratch()
+    assert sc.nbytes == 4 * 3  # a counter a side's head (one each) and a slab of rows
+    ang = g.uniform(0, 6.28, (L, hd // 2))
+    arrays = {"x": r32(g, m, 20), "qa": np.zeros(m * qa, np.float32), "lat": np.zeros(m * lat, np.float32),
+              "kp": np.zeros(m * hd, np.float32), "qan": np.zeros(m * qa, np.float32),
+              "lc": r32(g, L, lat), "kc": r32(g, L, hd), "pos": np.array([pos], np.int32)}
+    weights = {"wqa": (r32(g, qa, 20), "f32"), "wl": (r32(g, lat, 20), "f32"), "wk": (r32(g, hd, 20), "f32"),
+               "na": (r32(g, qa), "f32"), "nl": (r32(g, lat), "f32"),
+               "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
+    one, two = HostEnv({k: v.copy() for k, v in arrays.items()}, weights), HostEnv(
+        {k: v.copy() for k, v in arrays.items()}, weights)
+    f.numpy(one)
+    f.first.numpy(two)
+    f.then.numpy(two)
+    for name in arrays:
+        assert np.array_equal(one.array(name), two.array(name)), name
+    x = arrays["x"].astype(np.float64)
+    a, lt = x @ weights["wqa"][0].T, x @ weights["wl"][0].T
+    close(one.array("qan").reshape(m, qa), rmsnorm(a, weights["na"][0], 1e-6), 1e-4)
+    lc = arrays["lc"].copy()
+    lc[pos:pos + m] = rmsnorm(lt, weights["nl"][0], 1e-6)
+    close(one.array("lc").reshape(L, lat), lc, 1e-4)
+    k = x @ weights["wk"][0].T
+    c, sn, h = np.cos(ang)[pos:pos + m], np.sin(ang)[pos:pos + m], hd // 2
+    kc = arrays["kc"].copy()
+    kc[pos:pos + m] = np.concatenate([k[:, :h] * c - k[:, h:] * sn, k[:, h:] * c + k[:, :h] * sn], -1)
+    close(one.array("kc").reshape(L, hd), kc, 1e-4)
+    fast = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+    f.fast(fast)
+    for name in arrays:
+        close(fast.array(name), one.array(name), 1e-5)
+
+
+def test_row_norm_sides_run_only_in_a_products_epilogue():
+    """A side of its own head shape (a row norm alone) is the products-in-parts fold's alone: rope.cu's rotation in
+    parts refuses it, and so does the fold where its pair runs as two kernels; a side neither normed nor rotated is
+    refused; a row norm whose width is not its part's is not that part's epilogue."""
+    f = latent_fold()
+    gp, rp = f.first, f.then
+    assert "outside its products' epilogue" in rp.check().reason
+    two = replace(f, then=replace(rp, rows=3))
+    assert not two.fused and "outside its products' epilogue" in two.check().reason
+    bare = replace(f, then=replace(rp, sides=(replace(rp.sides[0], norm=None), *rp.sides[1:])))
+    assert not bare.fused and "neither normed nor rotated" in bare.form()[1].reason
+    wrong = replace(f, then=replace(rp, sides=(replace(rp.sides[0], hd=12), *rp.sides[1:])))
+    assert not wrong.fused and "not exactly one product's result" in wrong.form()[1].reason
+    assert f.bytes() == gp.bytes() + 4 * (2 * 2 * (24 + 16 + 8) + 2 * 8)
+
+
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])
 def test_fold_gather_then_norm(fmt):
     g = rng(13)

@@ -70,7 +70,8 @@ def _members(op: Op) -> list[str]:
 
 def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
     """The products of one activation as one GEMV in parts; members whose heads are rotated take their rotations
-    in the same launch's epilogue (a fold of the parts and a rotation in parts)."""
+    in the same launch's epilogue (a fold of the parts and a rotation in parts), and members whose rows are normed
+    (a norm of one head) their norm, as a side of its own shape: one head of the part's width, no rotation."""
     parts, sides, rope, x, fmt = [], [], None, None, None
     for t in _members(op):
         ch = _chain(op, t)
@@ -87,15 +88,26 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
             return Refusal("products in parts of different activations or checkpoint formats", f"`{op.cls}` -> `{t}`")
         out = _product_out(ch)
         bias = arg(ch["bias"], "b") if "bias" in ch else None
+        n = link.g.shape(w)[0]
         if "rope" in ch:
             y = Dst(out)
             sides.append(_side(ch, scope))
             rope = ch["rope"]
+        elif "norm" in ch:  # the part's rows normed in the epilogue (a side of one head of the part's width, unrotated)
+            nm = ch["norm"]
+            if nm.a.get("heads", 1) != 1:
+                return Refusal("products in parts whose heads are normed without a rotation", f"`{op.cls}` -> `{t}`")
+            y = Dst(out)
+            sides.append(RopeSide(x=arg(nm, "x"), y=scope.dst(nm.out), heads=1, part=scope.take_read(nm, 0),
+                                  norm=(arg(nm, "w"), float(nm.a["eps"])), hd=n, rot=0))
         else:
             y = scope.dst(out)
-        parts.append(GemmPart(w=w, y=y, n=link.g.shape(w)[0], bias=bias))
+        parts.append(GemmPart(w=w, y=y, n=n, bias=bias))
     if not parts:
         return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
+    if sides and rope is None:
+        return Refusal("products in parts normed in their epilogue with no rotation beside (the epilogue takes the "
+                       "rotation's tables)", f"`{op.cls}` -> `{op.out}`")
     k = link.g.shape(x)[1]
     m = link.g.shape(x)[0]
     gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts), words={"q8": 1, "q8x2": 2}.get(link.g.dtype(x), 0))
