@@ -17,7 +17,7 @@ from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Launch, Scrat
                                      names, operand, reach, weight_bytes)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import (activation_bytes, fast_products, gemv_check, gemv_grid, products, q8_check,
-                                   rows_a_warp)
+                                   q8_code, rows_a_warp)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
@@ -189,7 +189,7 @@ class GemvGlu(Launch):
         out = denv.array(self.out) if self.f32 else denv.scratch(self, self.scratch()[1])
         if self.words:
             denv.function(self.stem, "gemv_glu_q8")(g, b, (
-                *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
+                *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(q8_code(self.format, self.words)),
                 denv.opt(self.bg), denv.opt(self.bu), out, i64(self.k), i64(self.n), i64(self.m),
                 i64(act_code(self.act)), *tail))
             return
