@@ -269,7 +269,8 @@ def gemv_q8_cuda(launch, denv) -> None:
     words, low, scales = denv.quant(launch.x)
     grid = (-(-launch.n // WARPS), -(-launch.m // GEMV_ROWS), 1)
     f = denv.function(("gemv_core", "gemv", "gemv_q8"), "gemv_q8")
-    f(grid, (32 * WARPS, 1, 1), (words, low, scales, denv.weight(launch.w)[0], i64(q8_code(launch.format, launch.words)),
+    f(grid, (32 * WARPS, 1, 1), (words, low, scales, denv.weight(launch.w)[0],
+                                 i64(q8_code(launch.format, launch.words)),
                                  denv.opt(launch.bias), *denv.dst(launch.y), i64(launch.k), i64(launch.n),
                                  i64(launch.m), f32(launch.cap)))
 

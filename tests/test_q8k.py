@@ -180,3 +180,20 @@ def test_plan_says_which_activations_are_q8K(capsys):
     assert "quantized as llama.cpp's q8_K (blocks of 256), each by a Quant launch" in out
     assert main(["plan", "--numerics", "q8", "--weights-format", "q8_0"]) == 0
     assert "q8_K" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_quantized_arena_stays_at_its_lower_bound(fmt, numerics):
+    """Arena bytes over their lower bound under q8 and q8x2 (goal <= 1.02), decode and a 3-row chunk; a gate/up GEMV
+    over a quantized activation that quantizes its GLU has no scratch (gemv_glu_q8_quant holds a block's 32 outputs
+    in shared memory), so with `fuse_quant` the decode step's arena is no larger than with it held."""
+    cfg, _ = q8_model(fmt)
+    for rows in (1, 3):
+        p = plan(build_step(cfg, rows), numerics=numerics)
+        assert p.arena.bytes <= 1.02 * p.arena.lower_bound, (rows, p.arena.bytes, p.arena.lower_bound)
+        glus = [x.launch for x in p.launches if x.launch.census == "gemv_glu" and x.launch.quant is not None]
+        assert all(g.words and g.scratch() == () for g in glus)
+        assert glus or (fmt, numerics) == ("q4_k", "q8")  # q8k GLUs are quantized by a Quant launch
+        held = plan(build_step(cfg, rows), numerics=numerics, held=("fuse_quant",))
+        assert p.arena.bytes <= held.arena.bytes, (rows, p.arena.bytes, held.arena.bytes)
