@@ -197,3 +197,18 @@ def test_quantized_arena_stays_at_its_lower_bound(fmt, numerics):
         assert glus or (fmt, numerics) == ("q4_k", "q8")  # q8k GLUs are quantized by a Quant launch
         held = plan(build_step(cfg, rows), numerics=numerics, held=("fuse_quant",))
         assert p.arena.bytes <= held.arena.bytes, (rows, p.arena.bytes, held.arena.bytes)
+
+
+def test_a_saved_q8_plan_of_k_quant_rows_runs_the_same(capsys, tmp_path):
+    from lanefuse.lane.cli.main import main
+
+    saved = tmp_path / "q8k.json"
+    assert main(["plan", "--numerics", "q8", "--weights-format", "q4_k", "--save", str(saved)]) == 0
+    capsys.readouterr()
+    run = ["--weights-format", "q4_k", "--prompt-ids", "1,2,3", "--tokens", "3"]
+    assert main(["run", "--plan", str(saved), *run]) == 0
+    a = capsys.readouterr().out
+    assert main(["run", "--numerics", "q8", *run]) == 0
+    b = capsys.readouterr().out
+    ids = [line for line in a.splitlines() if line.startswith("generated ids")]
+    assert ids and ids == [line for line in b.splitlines() if line.startswith("generated ids")]
