@@ -227,7 +227,7 @@ def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 
 
 @pytest.mark.parametrize("words", [1, 2])
 def test_quantizing_epilogues_equal_the_quant_kernel(words):
-    """attention.cu (one split; three, the combine quantizing), binary.cu (glu_act_mul_quant) and gemv_glu.cu's
+    """attention.cu (one split; three, the combine quantizing; each gated by sigmoid(gate) too), binary.cu (glu_act_mul_quant) and gemv_glu.cu's
     arrival-counted tail (f32 activation four outputs a warp, quantized activation) on the device: the f32 result within
     rounding of the numpy twin's, and its quantized form exactly quant.cu's words and scales of the f32 values the
     kernel stored; a second launch of the GEMV (its counters reset) writes the same bytes; and each launch writing
@@ -250,6 +250,10 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
               m * H * hd, {}),
              (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, splits=3, quant="oq", words=words),
               m * H * hd, {}),
+             (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, per_block=4, gate=("gt", "sigmoid"),
+                        quant="oq", words=words), m * H * hd, {}),  # attn_output_gate.quant: the gated product
+             (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, splits=3, gate=("gt", "sigmoid"),
+                        quant="oq", words=words), m * H * hd, {}),
              (Binary("mul", "u", "g", "o", m * n, gate="silu", quant="oq", words=words), m * n, {}),
              (GemvGlu("x", "wg", "wu", "bf16", "o", k, n, m, per_warp=4, quant="oq", quant_words=words), m * n, wb),
              (GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words), m * n, w),
@@ -258,7 +262,7 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
     for launch, size, weights in cases:
         assert launch.check() is None, launch.check()
         arrays = {"q": r(m, H, hd), "kc": r(L, H // G, hd), "vc": r(L, H // G, hd), "pos": np.array([7], np.int32),
-                  "u": r(m * n), "g": r(m * n), "x": x, "o": np.zeros(size, np.float32), "s": np.zeros(m * k, np.float32)}
+                  "u": r(m * n), "g": r(m * n), "x": x, "gt": r(m, H * hd), "o": np.zeros(size, np.float32), "s": np.zeros(m * k, np.float32)}
         qx = (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1), xq.scales.reshape(-1))
         host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
                        {"oq": (np.zeros(size, np.int8), np.zeros(size, np.int8) if words == 2 else None,

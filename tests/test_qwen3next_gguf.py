@@ -215,8 +215,9 @@ def test_q8_delta_output_quantized_in_its_epilogue(numerics, tmp_path):
 
 def test_q8_census_of_a_qwen3next_file(tmp_path):
     """Under q8 a delta-net decode layer's token mixer stays five launches (its output quantized by the delta launch
-    itself); a gated attention layer's gains one Quant (its gated output: attn_output_quant takes an attention's
-    output, not one stored gated by attn_output_gate, and no rule joins the two yet)."""
+    itself); a gated attention layer's gains one Quant (its gated output: attn_output_gate.quant is refused, the
+    file's attention heads of 16 values not whole 32-value blocks; test_q8_shared_expert_runs_inside_the_mixture's
+    all-q8 shape has heads of 32, whose attention quantizes its gated product)."""
     pytest.importorskip("egglog")
     from lanefuse.lane.lower.plan import plan
 
@@ -233,12 +234,11 @@ def test_q8_census_of_a_qwen3next_file(tmp_path):
 
 def _all_q8_shape():
     """A tiny Qwen3-Next shape with every matrix q8_0 (the shared expert's gate score row too, as the bench's
-    80B-A3B shape has it; a GGUF file keeps that row f32), seeded random weights."""
+    80B-A3B shape has it; a GGUF file keeps that row f32) and attention heads of 32, seeded random weights."""
     from lanefuse.engine.hfconfig import config_from_hf
     from lanefuse.engine.stepweights import random_weights
 
-    c = {"architectures": ["Qwen3NextForCausalLM"], **{k: v for k, v in SHAPE.items() if k != "norm_topk_prob"},
-         "norm_topk_prob": True}
+    c = {"architectures": ["Qwen3NextForCausalLM"], **SHAPE, "head_dim": 32}  # attention heads of whole blocks
     cfg = config_from_hf(c, "Qwen3-Next q8 test config", max_len=16)
     g = cfg.build_step(1)
     fmts = tuple((n, "q8_0") for n, k in g.constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0)
@@ -259,7 +259,8 @@ def test_q8_shared_expert_runs_inside_the_mixture(numerics, source, tmp_path):
     stays inside the mixture's two launches, which quantize both themselves (shared_expert_fusion.quant; its gate
     score read quantized where its row is block-quantized, f32 where a GGUF file keeps it f32: .quant_f32_gate), and
     the mixture's last launch quantizes the next norm (moe_deferred_finalize.shared_quant): each layer of both types
-    has the f32 plan's launches but the gated attention's Quant. Held `fuse_quant`, the Quant, GEMV, Binary and Norm
+    has the f32 plan's launches (the gated attention quantizing its product as it stores it: attn_output_gate.quant;
+    in the file's heads of 16 values, not whole blocks, a Quant launch does). Held `fuse_quant`, the Quant, GEMV, Binary and Norm
     launches of the parts give the same logits bit for bit (the exact twins in their arenas), equal to the
     interpreter of the quantized step graph; a decode step and a chunk of 3 rows (the rows grouped by expert)."""
     pytest.importorskip("egglog")
@@ -288,7 +289,14 @@ def test_q8_shared_expert_runs_inside_the_mixture(numerics, source, tmp_path):
             for i, (a, b) in enumerate(zip(got_layers, want_layers)):
                 assert [k for k in a if k != "quant"] == b, (i, a, b)
             assert {k: v for k, v in p.census.items() if k != "quant"} == f32.census
-            assert p.census["quant"] == len(cfg.attention_layers)  # the gated attention's output
+            gated = [x.launch for x in p.launches if x.launch.census == "attention"]
+            if source == "gguf":  # heads of 16: the gated output quantized by a Quant launch
+                assert p.census["quant"] == len(cfg.attention_layers) and not any(a.quant for a in gated)
+            else:
+                assert "quant" not in p.census and p.census == f32.census
+                assert p.fusions.get("attn_output_gate.quant") == len(cfg.attention_layers)
+                assert all(a.gate and a.quant and a.quant.startswith(a.out + ".") and a.words == words and
+                           not a.f32 for a in gated)
         held = plan(g, numerics=numerics, held=("fuse_quant",))
         assert not any(getattr(x.launch, "qwords", 0) for x in held.launches)
         assert held.census["quant"] > p.census.get("quant", 0) + cfg.layers
