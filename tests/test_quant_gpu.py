@@ -231,9 +231,9 @@ def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 
 
 @pytest.mark.parametrize("words", [1, 2])
 def test_quantizing_epilogues_equal_the_quant_kernel(words):
-    """attention.cu (one split; three, the combine quantizing), binary.cu (glu_act_mul_quant) and gemv_glu.cu (the
-    arrival-counted tail over an f32 activation, four outputs a warp; gemv_glu_q8_quant over a quantized one) on the
-    device: the f32 result within
+    """attention.cu (one split; three, the combine quantizing; each gated by sigmoid(gate) too), binary.cu
+    (glu_act_mul_quant) and gemv_glu.cu (the arrival-counted tail over an f32 activation, four outputs a warp;
+    gemv_glu_q8_quant over a quantized one) on the device: the f32 result within
     rounding of the numpy twin's, and its quantized form exactly quant.cu's words and scales of the f32 values the
     kernel stored; a second launch of the GEMV (its counters reset) writes the same bytes; and each launch writing
     its quantized form alone (`f32` false: from the values in registers, the gate/up GEMV's over a quantized
@@ -256,6 +256,10 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
               m * H * hd, {}),
              (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, splits=3, quant="oq", words=words),
               m * H * hd, {}),
+             (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, per_block=4, gate=("gt", "sigmoid"),
+                        quant="oq", words=words), m * H * hd, {}),  # attn_output_gate.quant: the gated product
+             (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, splits=3, gate=("gt", "sigmoid"),
+                        quant="oq", words=words), m * H * hd, {}),
              (Binary("mul", "u", "g", "o", m * n, gate="silu", quant="oq", words=words), m * n, {}),
              (GemvGlu("x", "wg", "wu", "bf16", "o", k, n, m, per_warp=4, quant="oq", quant_words=words), m * n, wb),
              (GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words), m * n, w),
@@ -264,7 +268,7 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
     for launch, size, weights in cases:
         assert launch.check() is None, launch.check()
         arrays = {"q": r(m, H, hd), "kc": r(L, H // G, hd), "vc": r(L, H // G, hd), "pos": np.array([7], np.int32),
-                  "u": r(m * n), "g": r(m * n), "x": x, "o": np.zeros(size, np.float32), "s": np.zeros(m * k, np.float32)}
+                  "u": r(m * n), "g": r(m * n), "x": x, "gt": r(m, H * hd), "o": np.zeros(size, np.float32), "s": np.zeros(m * k, np.float32)}
         qx = (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1), xq.scales.reshape(-1))
         host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
                        {"oq": (np.zeros(size, np.int8), np.zeros(size, np.int8) if words == 2 else None,
@@ -326,3 +330,45 @@ def test_head_gemv_quantizing_tail_equals_the_quant_kernel(words):
         assert np.array_equal(qw, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
         if words == 2:
             assert np.array_equal(low, want.low.reshape(-1))
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (5, True)])
+@pytest.mark.parametrize("qgate", [True, False])
+def test_moe_shared_expert_quantized(rows, sort, qgate, words):
+    """moe.cu's shared expert under the q8 numerics (shared_expert_fusion.quant): the input row quantized in shared
+    memory, the GLU quantized by moe_up's epilogue, gemv_q8.cu's block sums; with the finalize (a row at a time) the
+    normed row's quantized form too. The mixture within f32 summation of the exact twin; the finalize's words those of
+    the values the kernel stored (but for a word within rounding of a half, rare)."""
+    from lanefuse.kernels import Moe
+
+    rng = np.random.default_rng(rows * 3 + words + qgate)
+    d, f, E, k, sf, fmt = 256, 96, 16, 4, 128, "q8_0"
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
+               "wd": (encode(r(E * d, f) / np.sqrt(f), fmt), fmt), "nw": (1 + 0.1 * r(d), "f32")}
+    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
+        weights[n] = (encode(r(*shape) / np.sqrt(shape[1]), fmt), fmt)
+    arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
+              "s": np.zeros(rows * d, np.float32)}
+    fin = {} if sort else dict(sum="s", nw="nw", eps=1e-6, quant="xq", quant_words=words)
+    m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, sg="sg", su="su",
+            sd="sd", sgate="sgt", sf=sf, format_s=fmt, add="a", qwords=words, qgate=qgate, **fin)
+    assert m.check() is None, m.check()
+    n = rows * d
+    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
+                   {"xq": (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None,
+                           np.zeros(n // 32, np.float32))})
+    m.numpy(host)
+    dev = _dev(n, words, arrays, weights)
+    m.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for a in ("y", "s"):
+        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    if fin:
+        want = quantize(dev.host("y").reshape(rows, d), words)
+        w, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq"))
+        assert np.mean(w != want.words.reshape(-1)) < 1e-2 and np.allclose(sc, want.scales.reshape(-1), rtol=1e-6)
