@@ -50,26 +50,15 @@ def plan_figures(path: str, chunk: int = 1) -> list[tuple]:
 
 
 def child_decode(path: str, numerics: str, tokens: int) -> dict:
+    from cpu_decode import timed_generate
     from lanefuse.engine.front import load_model
     from lanefuse.lane.lower.plan import PlanOptions
-    from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.step import plan_step_fn
 
     cfg, weights = load_model(path, max_len=64)
     step_fn, label = plan_step_fn(weights, "cpu", PlanOptions(numerics=numerics))
-    times: list[float] = []
-
-    def timed(g, env):
-        t = time.perf_counter()
-        r = step_fn(g, env)
-        if int(g.meta.get("rows", 1)) == 1:
-            times.append(time.perf_counter() - t)
-        return r
-
-    generate(cfg, weights, PROMPT, 2, step_fn=timed)  # plans, weights read once
-    times.clear()
-    res = generate(cfg, weights, PROMPT, tokens + 1, step_fn=timed)
-    return {"ms": 1e3 * statistics.median(times), "tokens": res.generated_ids, "label": label}
+    _, ms, got = timed_generate(cfg, weights, step_fn, PROMPT, tokens)
+    return {"ms": ms, "tokens": got, "label": label}
 
 
 def run_child(*args: str, threads: int) -> dict:
