@@ -6,11 +6,15 @@
 // expert's rows in `fs`, its gate score row in `fsg` (f32 in a GGUF file, as llama.cpp keeps ffn_gate_inp_shexp). gpt-oss's mixture (act 4, the clamped GLU) also
 // reads the experts' biases: gate/up bgu (E·2f) added before the GLU, down bd (E·d) before the weighing; its router
 // bias br (E) is added to the logits, and it routes top-k first (`topk_first`: the softmax over the k chosen logits).
+// Under the q8 numerics (`qw` int8 words a value, 0: f32) the shared expert's gate and up products (and its gate
+// score's, with `qgate`) read the input row quantized as quant.cu quantizes it, into the block's shared memory, and its
+// down product its GLU quantized by the up kernel's epilogue into hw/hl/hs; each product gemv_q8.cu's block sums.
 #define MOE_WARPS 8
 #define MOE_TILE 64
 #define MOE_MAXE 4096
 #define MOE_MAXK 32
 #define MOE_MAXG 64
+#define MOE_MAXQ 8192  // a quantized input row in shared memory (moe.py MAX_QUANT_ROW)
 #define MOE_CLAMPED 4  // act: gpt-oss's clamped GLU, (min(max(u, -l), l) + 1)·g·sigmoid(alpha·g), g = min(g, l)
 
 #define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 fd, i64 act, int *choices, \
@@ -18,13 +22,55 @@
 #define MOE_ROUTE const void *wr, i64 fr, i64 norm, const float *br, i64 topk_first, i64 grouped, i64 groups, \
     i64 tgroups, float rscale
 #define MOE_ROUTE_ARGS wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, (int)grouped, groups, tgroups, rscale
-#define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs, i64 fsg
-#define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out)
+#define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs, i64 fsg, \
+    i64 qw, i64 qgate, signed char *hw, signed char *hl, float *hs
+#define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out), signed char *yqw, \
+    signed char *yql, float *yqs
 
 __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, i64 row, i64 n) {
     float s = 0.f;
     for (i64 j = threadIdx.x & 31; j < n; j += 32) s += x[j] * wget(fm, w, row * n + j);
     return warp_sum(s);
+}
+
+// Row xr (d values) quantized into the block's shared memory (quant.cu's quant_block, a warp a block of 32): what
+// the shared expert's q8 products read. Every thread returns after it.
+struct MoeQRow {
+    __align__(16) signed char w[MOE_MAXQ];
+    __align__(16) signed char l[MOE_MAXQ];
+    float s[MOE_MAXQ / 32];
+};
+
+__device__ QX moe_quant_row(const float* xr, i64 d, i64 qw, MoeQRow& q) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 b = warp; b < d / 32; b += MOE_WARPS) quant_block(xr[b * 32 + lane], q.w, qw == 2 ? q.l : nullptr, q.s, b, lane);
+    __syncthreads();
+    return QX{q.w, qw == 2 ? q.l : nullptr, q.s};
+}
+
+// One output (row `row` of w) of a quantized activation of n values, a warp: gemv_q8.cu's block sums.
+__device__ __forceinline__ float moe_qdot(const QX& x, int fm, const void* w, i64 row, i64 n) {
+    float acc[QGR];
+    q8_tile(fm, x, w, n, 1, row, 0, acc);
+    return acc[0];
+}
+
+// The shared expert's GLU values j0.. (a tile of MOE_TILE, whole 32-value blocks) of row r, already in h, quantized
+// into hw/hl/hs (a warp a block) for its down product. Called by every thread of the block.
+__device__ void moe_quant_glu(const float* h, i64 r, i64 sf, i64 j0, i64 qw, signed char* hw, signed char* hl,
+                              float* hs) {
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    i64 b = (j0 >> 5) + warp;
+    if (warp < MOE_TILE / 32 && b * 32 < sf)
+        quant_block(h[b * 32 + lane], hw + r * sf, qw == 2 ? hl + r * sf : nullptr, hs + r * (sf / 32), b, lane);
+}
+
+// The shared expert's down product, output i of row r: over its GLU f32, or quantized (`qw`).
+__device__ __forceinline__ float moe_shared_down(const float* h, i64 r, i64 i, i64 sf, int fs, const void* sd, i64 qw,
+                                                 const signed char* hw, const signed char* hl, const float* hs) {
+    if (!qw) return moe_dot(h, fs, sd, i, sf);
+    return moe_qdot(QX{hw + r * sf, qw == 2 ? hl + r * sf : nullptr, hs + r * (sf / 32)}, fs, sd, i, sf);
 }
 
 // Row r's routing into choices/weights (thread 0 writes): logits (plus the router bias `br` where given) in shared
@@ -132,14 +178,18 @@ extern "C" __global__ void __launch_bounds__(256)
     float* h = hidden + (r * (k + 1) + c) * F;
     if (c == k) {  // the shared expert; block 0 also its gate score
         int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        __shared__ MoeQRow qrow;
+        QX xq = qw ? moe_quant_row(xr, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
         for (i64 j = blockIdx.x * MOE_TILE + warp; j < (blockIdx.x + 1) * MOE_TILE && j < sf; j += MOE_WARPS) {
-            float g = moe_dot(xr, (int)fs, sg, j, d), u = moe_dot(xr, (int)fs, su, j, d);
+            float g = qw ? moe_qdot(xq, (int)fs, sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
+            float u = qw ? moe_qdot(xq, (int)fs, su, j, d) : moe_dot(xr, (int)fs, su, j, d);
             if (lane == 0) h[j] = act_apply((int)act, g) * u;
         }
         if (blockIdx.x == 0 && warp == 0) {  // no gate score (DeepSeek's shared experts): unscaled
-            float s = sgate ? moe_dot(xr, (int)fsg, sgate, 0, d) : 0.f;
+            float s = !sgate ? 0.f : qw && qgate ? moe_qdot(xq, (int)fsg, sgate, 0, d) : moe_dot(xr, (int)fsg, sgate, 0, d);
             if (lane == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
         }
+        if (qw) moe_quant_glu(h, r, sf, blockIdx.x * MOE_TILE, qw, hw, hl, hs);
         return;
     }
     __shared__ int ch[MOE_MAXK];
@@ -157,7 +207,8 @@ extern "C" __global__ void __launch_bounds__(256)
 // order, then the shared expert's.
 __device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i64 fd, const int* choices,
                                            const float* weights, const float* hidden, const void* wd, const float* bd,
-                                           const void* sd, i64 sf, i64 fs, i64 rows) {
+                                           const void* sd, i64 sf, i64 fs, i64 rows, i64 qw, const signed char* hw,
+                                           const signed char* hl, const float* hs) {
     i64 F = f > sf ? f : sf;
     float acc = 0.f;
     for (i64 c = 0; c < k; c++) {
@@ -165,12 +216,15 @@ __device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i6
         float v = moe_dot(hidden + (r * (k + 1) + c) * F, (int)fd, wd, e * d + i, f);
         acc += weights[r * k + c] * (bd ? v + bd[e * d + i] : v);
     }
-    if (sd) acc += weights[rows * k + r] * moe_dot(hidden + (r * (k + 1) + k) * F, (int)fs, sd, i, sf);
+    if (sd) acc += weights[rows * k + r] * moe_shared_down(hidden + (r * (k + 1) + k) * F, r, i, sf, (int)fs, sd, qw, hw,
+                                                           hl, hs);
     return acc;
 }
 
-// Row r's finalize over its sums (already in `sum`): the RMS norm times nw into out, by the calling block.
-__device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, float eps, const Dst& o) {
+// Row r's finalize over its sums (already in `sum`): the RMS norm times nw into out, by the calling block; where yqw
+// is given, the normed row's quantized form too (a warp a block of 32, from the values just stored: quant.cu).
+__device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, float eps, const Dst& o,
+                             signed char* yqw, signed char* yql, float* yqs) {
     float ss = 0.f;
     for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
         float v = __ldcg(sum + r * d + i);
@@ -178,6 +232,12 @@ __device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, fl
     }
     float inv = rsqrtf(block_sum(ss) / (float)d + eps);
     for (i64 i = threadIdx.x; i < d; i += blockDim.x) o.y[dst_at(o, r * d + i)] = __ldcg(sum + r * d + i) * inv * nw[i];
+    if (!yqw) return;
+    __syncthreads();
+    int lane = threadIdx.x & 31;
+    for (i64 b = threadIdx.x >> 5; b < (d >> 5); b += blockDim.x >> 5)
+        quant_block(__ldcg(o.y + dst_at(o, r * d + b * 32 + lane)), yqw + r * d, yql ? yql + r * d : nullptr,
+                    yqs + r * (d >> 5), b, lane);
 }
 
 // Grid (tiles of d, rows): a warp an output, the residual `add` added where given; with nw, the sum written and the
@@ -188,7 +248,7 @@ extern "C" __global__ void __launch_bounds__(256)
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     Dst o = DST(out);
     for (i64 i = blockIdx.x * MOE_TILE + warp; i < (blockIdx.x + 1) * MOE_TILE && i < d; i += MOE_WARPS) {
-        float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows);
+        float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows, qw, hw, hl, hs);
         if (lane != 0) continue;
         if (add) v += add[r * d + i];
         if (nw) sum[r * d + i] = v;
@@ -202,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    moe_norm_row(r, d, sum, nw, eps, o);
+    moe_norm_row(r, d, sum, nw, eps, o, yqw, yql, yqs);
     if (threadIdx.x == 0) arrivals[r] = 0u;
 }
 
@@ -216,8 +276,10 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
         choices[r * k + threadIdx.x] = ch[threadIdx.x];
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
+    __shared__ MoeQRow qrow;
+    QX xq = sg && qw && qgate && sgate ? moe_quant_row(x + r * d, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
     if (sg && threadIdx.x < 32) {  // no gate score (DeepSeek's shared experts): unscaled
-        float s = sgate ? moe_dot(x + r * d, (int)fsg, sgate, 0, d) : 0.f;
+        float s = !sgate ? 0.f : xq.w ? moe_qdot(xq, (int)fsg, sgate, 0, d) : moe_dot(x + r * d, (int)fsg, sgate, 0, d);
         if (threadIdx.x == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
     }
 }
@@ -228,13 +290,19 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
 extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, const void* wgu, MOE_SHARED) {
     i64 e = blockIdx.y, F = f > sf ? f : sf, j0 = blockIdx.x * MOE_TILE;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ MoeQRow qrow;
     for (i64 r = 0; r < rows; r++) {
         const float* xr = x + r * d;
         if (e == E) {
+            __syncthreads();  // the previous row's quantized input read by every warp
+            QX xq = qw ? moe_quant_row(xr, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
+            float* h = hidden + (r * (k + 1) + k) * F;
             for (i64 j = j0 + warp; j < j0 + MOE_TILE && j < sf; j += MOE_WARPS) {
-                float g = moe_dot(xr, (int)fs, sg, j, d), u = moe_dot(xr, (int)fs, su, j, d);
-                if (lane == 0) hidden[(r * (k + 1) + k) * F + j] = act_apply((int)act, g) * u;
+                float g = qw ? moe_qdot(xq, (int)fs, sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
+                float u = qw ? moe_qdot(xq, (int)fs, su, j, d) : moe_dot(xr, (int)fs, su, j, d);
+                if (lane == 0) h[j] = act_apply((int)act, g) * u;
             }
+            if (qw) moe_quant_glu(h, r, sf, j0, qw, hw, hl, hs);
             continue;
         }
         for (i64 c = 0; c < k; c++)
@@ -255,7 +323,8 @@ extern "C" __global__ void __launch_bounds__(256)
             if (!mine) continue;
             const float* h = hidden + (r * (k + 1) + c) * F;
             for (i64 i = i0 + warp; i < i0 + MOE_TILE && i < d; i += MOE_WARPS) {
-                float v = c < k ? moe_dot(h, (int)fd, wd, e * d + i, f) : moe_dot(h, (int)fs, sd, i, sf);
+                float v = c < k ? moe_dot(h, (int)fd, wd, e * d + i, f)
+                                : moe_shared_down(h, r, i, sf, (int)fs, sd, qw, hw, hl, hs);
                 if (lane == 0) parts[(r * (k + 1) + c) * d + i] = c < k && bd ? v + bd[e * d + i] : v;
             }
         }
@@ -275,5 +344,5 @@ extern "C" __global__ void __launch_bounds__(256) moe_finish(MOE_COMMON, MOE_SHA
     }
     if (!nw) return;
     __syncthreads();
-    moe_norm_row(r, d, sum, nw, eps, o);
+    moe_norm_row(r, d, sum, nw, eps, o, yqw, yql, yqs);
 }

@@ -2,6 +2,10 @@
 chosen experts' gate/up products and GLU, their down products weighed and summed; optionally a shared expert scaled by
 the sigmoid of its gate (shared_expert_fusion), a chunk's rows grouped by expert so each chosen expert's weights are
 read once (`sort`, moe_token_sort), and the residual add and the next RMSNorm of the sum (moe_deferred_finalize).
+Under the q8 numerics (`qwords`: shared_expert_fusion.quant) the shared expert's gate and up products (and its gate
+score's, with `qgate`) read the input quantized to int8 blocks of 32 and its down product its GLU quantized, as the
+separate Quant and GEMV launches would: the kernels quantize the input row into shared memory as they read it and the
+GLU in the up kernel's epilogue (scratch `squant`), and multiply by gemv_q8.cu's int8 block sums.
 The experts are stacked one constant a role (engine/moe.py): gate_up (E·2f, d), down (E·d, f).
 
 The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
@@ -18,10 +22,13 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.moe import route
+from lanefuse.engine.quantize import Quantized, quantize
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Dst, Launch, Scratch, act, decode, format_refusal,
-                                     names, reach, rms, weight_bytes)
-from lanefuse.kernels.gemv import products
+                                     names, quant_layout, reach, rms, weight_bytes)
+from lanefuse.kernels.gemv import products, q8_check
+from lanefuse.kernels.q8dot import q8_exact
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 MAX_EXPERTS = 4096  # router logits held in a block's shared memory (moe.cu MOE_MAXE)
 MAX_K = 32  # experts chosen a row
@@ -31,6 +38,7 @@ ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")  # topk_softmax (gp
 # their softmax; sigmoid_group (DeepSeek-V3): sigmoid scores, `br` the correction bias of the choice, chosen in groups
 MOE_ACTS = ACTS + ("clamped_glu",)  # the kernel's act codes (moe.cu: act_apply's, then MOE_CLAMPED 4)
 MAX_GROUPS = 64  # expert groups (moe.cu MOE_MAXG)
+MAX_QUANT_ROW = 8192  # a shared expert's quantized input row in a block's shared memory (moe.cu MOE_MAXQ)
 
 
 @dataclass(frozen=True)
@@ -74,18 +82,22 @@ class Moe(Launch):
     groups: int = 1  # sigmoid_group: the experts in `groups` groups, the `topk_groups` best kept, the weights
     topk_groups: int = 1  # times `route_scale`
     route_scale: float = 1.0
+    qwords: int = 0  # > 0 (the q8 numerics): the shared expert's products read the input and its GLU quantized to
+    qgate: bool = False  # that many int8 words a value; with qgate its gate score's product too
+    quant: str | None = None  # with `nw`: the norm's quantized form, written in the finalize's epilogue (the q8
+    quant_words: int = 0  # numerics: moe_deferred_finalize.shared_quant), that many int8 words a value
     stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
 
     census: ClassVar[str] = "moe"
-    stem: ClassVar[tuple[str, ...]] = ("moe",)
+    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "moe")
 
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
         for name, default in (("limit", 0.0), ("alpha", 1.702), ("groups", 1), ("topk_groups", 1),
-                              ("route_scale", 1.0)):  # an optional variable its rule did not bind
+                              ("route_scale", 1.0), ("qwords", 0), ("quant_words", 0)):  # an optional variable its rule did not bind
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
-        for name in ("norm_topk", "sort"):
+        for name in ("norm_topk", "sort", "qgate"):
             v = getattr(self, name)
             if v in (0, 1, None) and not isinstance(v, bool):
                 object.__setattr__(self, name, bool(v))
@@ -109,7 +121,7 @@ class Moe(Launch):
                      *self.out.params())
 
     def writes(self):
-        return names(self.out.buf, self.sum)
+        return names(self.out.buf, self.sum, self.quant)
 
     def check(self):
         if self.routing not in ROUTINGS:
@@ -150,6 +162,25 @@ class Moe(Launch):
         if self.shared and other - {self.format_s}:
             return Refusal(f"a shared expert whose rows are in several formats "
                            f"({', '.join(sorted(other | {self.format_s}))}): the kernel reads them in one")
+        if self.qwords and not self.shared:
+            return Refusal("a mixture whose shared expert reads quantized activations, with no shared expert")
+        if self.qwords:
+            why = quant_check(self.d, self.qwords, "a shared expert's quantized input row") or \
+                quant_check(self.sf, self.qwords, "a shared expert's quantized GLU row") or \
+                q8_check(self.qwords, self.format_s, self.d, 1) or q8_check(self.qwords, self.format_s, self.sf, 1) or \
+                (q8_check(self.qwords, self._fsg, self.d, 1) if self.qgate and self.sgate is not None else None)
+            if why:
+                return why
+            if self.d > MAX_QUANT_ROW:
+                return Refusal(f"a shared expert's quantized input row of {self.d} values (the kernel holds at most "
+                               f"{MAX_QUANT_ROW} in shared memory)")
+        if self.quant is not None and self.nw is None:
+            return Refusal("a mixture quantizing its result without the norm it finalizes (the quantized form is the "
+                           "norm's)")
+        if self.quant is not None:
+            why = quant_check(self.d, self.quant_words, "a mixture's normed row")
+            if why:
+                return why
         if self.nw is not None and (self.add is None or self.sum is None):
             return Refusal("a mixture normed without the residual it is added to and the sum it writes")
         return None
@@ -163,6 +194,8 @@ class Moe(Launch):
             s.append(Scratch("parts", "f32", 4 * self.rows * (self.k + 1) * self.d))
         elif self.nw is not None:
             s.append(Scratch("arrivals", "i32", 4 * self.rows, counter=True))
+        if self.qwords:  # the shared expert's GLU quantized (kernels/quant.py's layout), for its down product
+            s.append(Scratch("squant", "u8", quant_layout(self.rows * self.sf, self.qwords)[2]))
         return tuple(s)
 
     def kernels(self):
@@ -176,7 +209,7 @@ class Moe(Launch):
                      (self.wd, E * self.d * self.f), (self.br, E), (self.bgu, E * 2 * self.f),
                      (self.bd, E * self.d), (self.sg, self.sf * self.d), (self.su, self.sf * self.d),
                      (self.sd, self.d * self.sf), (self.sgate, self.d), (self.add, n), (self.sum, n),
-                     (self.nw, self.d), (self.out.buf, self.out.extent(n, top)))
+                     (self.nw, self.d), (self.out.buf, self.out.extent(n, top)), (self.quant, n))
 
     def weights(self):
         # the experts first: a plan's bytes by format (Plan.weight_bytes) names a launch's by its first weight's
@@ -218,7 +251,8 @@ class Moe(Launch):
               2 * R * (self.k * 2 * f * d + (2 * self.sf + 1) * d * self.shared))
         down = (self.chosen() * weight_bytes(fd, d, f) + hidden + (weight_bytes(fs, d, self.sf) if self.shared else 0),
                 2 * R * (self.k * f * d + self.sf * d * self.shared))
-        tail = 4 * (n + (n if self.add else 0) + (n if self.sum else 0) + (d if self.nw else 0))
+        tail = 4 * (n + (n if self.add else 0) + (n if self.sum else 0) + (d if self.nw else 0)) + \
+            quant_bytes(n, self.quant_words if self.quant else 0)
         if not self.sort:  # moe_up routes each row itself; moe_down sums and finalizes
             return [(router[0] + up[0], router[1] + up[1]), (down[0] + tail, down[1])]
         parts = 4 * R * (self.k + 1) * d
@@ -276,7 +310,10 @@ class Moe(Launch):
         s = y
         env.array(self.sum)[: s.size] = s.reshape(-1)
         w = np.asarray(env.weight(self.nw)[0], dtype=np.float64)[: self.d]
-        self.out.write(env, s * rms(s, self.eps) * w)
+        normed = (s * rms(s, self.eps) * w).astype(np.float32)
+        self.out.write(env, normed)
+        if self.quant is not None:  # from the f32 values stored, as the last block reads them back
+            quant_write(env, self.quant, normed, self.quant_words)
 
     def numpy(self, env):
         """As the kernels sum: each product's dot in f64 rounded to f32, the GLU in f32, the chosen experts' down
@@ -315,12 +352,25 @@ class Moe(Launch):
             return decode(raw, fmt).reshape(n, kk)
 
         prod = (lambda a, b: products(a, b, 1)) if exact else (lambda a, b: (a @ b.T).astype(np.float32))
-        g, u = prod(x, m(self.sg, sf, d)), prod(x, m(self.su, sf, d))
+        def qprod(a: np.ndarray, name: str, n: int, kk: int, quantized: bool) -> np.ndarray:
+            """a · wᵀ, or under `qwords` the product of a quantized to int8 blocks (gemv_q8's block sums; the fast
+            twin: the blocks dequantized, f32 BLAS), as a Quant launch and a GEMV would compute it."""
+            if not (self.qwords and quantized):
+                return prod(a, m(name, n, kk))
+            q: Quantized = quantize(a, self.qwords)
+            if not exact:
+                return (q.values().astype(np.float32) @ m(name, n, kk).T).astype(np.float32)
+            raw, fmt = env.weight(name)
+            return q8_exact(q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1),
+                            raw, fmt, a.shape[0], n, kk)
+
+        g, u = qprod(x, self.sg, sf, d, True), qprod(x, self.su, sf, d, True)
         h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
+        down = qprod(h, self.sd, d, sf, True)
         if self.sgate is None:
-            return prod(h, m(self.sd, d, sf)).astype(np.float32)
-        score = act("sigmoid", prod(x, m(self.sgate, 1, d))).astype(np.float32)  # (rows, 1)
-        return (prod(h, m(self.sd, d, sf)) * score).astype(np.float32)
+            return down.astype(np.float32)
+        score = act("sigmoid", qprod(x, self.sgate, 1, d, bool(self.qgate))).astype(np.float32)  # (rows, 1)
+        return (down * score).astype(np.float32)
 
     def fast(self, env):
         """In f32 BLAS on the stacks decoded once: the rows that chose each expert gathered into one product (as
@@ -353,6 +403,17 @@ class Moe(Launch):
         self._finish(env, y)
 
     # -- the device ---------------------------------------------------------------------------------------------
+    def _squant(self, denv, a) -> tuple:
+        """The shared expert's quantized GLU in its scratch: words, low words, scales (null pointers without)."""
+        from lanefuse.kernels.cupy_env import NULL
+
+        if a is None:
+            return NULL, NULL, NULL
+        n = self.rows * self.sf
+        lo, sc, _ = quant_layout(n, self.qwords)
+        low = a[lo:lo + n].view(denv.cp.int8) if self.qwords == 2 else NULL
+        return a[:n].view(denv.cp.int8), low, a[sc:sc + 4 * (n // 32)].view(denv.cp.float32)
+
     def grid_block(self):
         return ((-(-self.width // TILE), self.k + self.shared, self.rows), (32 * WARPS, 1, 1))
 
@@ -367,12 +428,14 @@ class Moe(Launch):
                   i64(MOE_ACTS.index(self.act)), sc["choices"], sc["weights"],
                   sc["hidden"], denv.opt(self.bgu), denv.opt(self.bd), f32(self.limit), f32(self.alpha))
         shared = (denv.opt(self.sg), denv.opt(self.su), denv.opt(self.sd), denv.opt(self.sgate), i64(self.sf),
-                  i64(fs), i64(FORMAT_CODE[self._fsg]))
+                  i64(fs), i64(FORMAT_CODE[self._fsg]), i64(self.qwords), i64(int(bool(self.qgate))),
+                  *self._squant(denv, sc.get("squant")))
         grouped = self.routing == "sigmoid_group"
         route = (denv.weight(self.wr)[0], i64(FORMAT_CODE[self.format_r]), i64(int(bool(self.norm_topk))),
                  denv.opt(self.br), i64(int(self.routing == "topk_softmax")), i64(int(grouped)), i64(self.groups),
                  i64(self.topk_groups), f32(self.route_scale))
-        fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out))
+        fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out),
+               *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))
         up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
         wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]
         if not self.sort:

@@ -33,10 +33,15 @@ def _dev(n: int, words: int, arrays, weights):
     return DeviceEnv(total, {"xq": (0, total, "u8")}, arrays, weights, quantized={"xq": (n, words)})
 
 
-@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("words", [1, 2, 3])
 def test_quant_kernel_equals_its_twin(words):
-    n = 4096 + 32
+    n = 4096 + (256 if words == 3 else 32)
     x = (np.random.default_rng(6).standard_normal(n) * 3).astype(np.float32)
+    if words == 3:  # a block all zero, a block whose largest |x| is negative and twice, halves that round to even
+        x[256:512] = 0
+        x[512:768] = np.where(np.arange(256) % 7 == 0, np.float32(-127), x[512:768])
+        x[768:1024] = (np.arange(256) % 9 - 4).astype(np.float32) * 0.5 + np.float32(0)
+        x[768] = -127
     dev = _dev(n, words, {"x": x}, {})
     Quant("x", "xq", n, words).cuda(dev)
     dev.cp.cuda.Device().synchronize()
@@ -44,12 +49,14 @@ def test_quant_kernel_equals_its_twin(words):
     w, low, sc = dev.quant("xq")
     assert np.array_equal(dev.cp.asnumpy(w), want.words.reshape(-1))
     assert np.array_equal(dev.cp.asnumpy(sc), want.scales.reshape(-1))
-    if words == 2:
-        assert np.array_equal(dev.cp.asnumpy(low), want.low.reshape(-1))
+    if words >= 2:  # q8x2's low words; the q8k form's sums of 16 words
+        assert np.array_equal(dev.cp.asnumpy(low), want.parts()[1])
 
 
-@pytest.mark.parametrize("words", [1, 2])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+Q8K_CASES = [("q4_k", 3), ("q6_k", 3)]  # the q8k form (llama.cpp's q8_K) times K-quant rows: gemv_q8.cu's q8k_tile
+
+
+@pytest.mark.parametrize("fmt,words", [(f, w) for w in (1, 2) for f in ("q8_0", "q4_0", "q4_k", "q6_k")] + Q8K_CASES)
 @pytest.mark.parametrize("m", [1, 9])
 def test_gemv_q8_kernel_equals_its_twin(fmt, words, m):
     rng = np.random.default_rng(7)
@@ -60,7 +67,7 @@ def test_gemv_q8_kernel_equals_its_twin(fmt, words, m):
     b = rng.standard_normal(n).astype(np.float32)
     g = Gemv("xq", "w", fmt, Dst("y"), k, n, m, bias="b", words=words)
     host = HostEnv({"y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)},
-                   {"xq": (q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1))})
+                   {"xq": q.parts()})
     g.numpy(host)
     dev = _dev(m * k, words, {"x": x, "y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)})
     Quant("x", "xq", m * k, words).cuda(dev)
@@ -75,8 +82,7 @@ def _both_q8(launch, x, words, arrays, weights, tol=2e-5):
     quantized x there: every array agrees afterwards, within f32 summation of the exact twin's sums."""
     q = quantize(x.reshape(launch.m, launch.k), words)
     assert launch.check() is None, launch.check()
-    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights,
-                   {"xq": (q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1))})
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights, {"xq": q.parts()})
     launch.numpy(host)
     dev = _dev(x.size, words, {"x": x, **arrays}, weights)
     Quant("x", "xq", x.size, words).cuda(dev)
@@ -89,8 +95,7 @@ def _both_q8(launch, x, words, arrays, weights, tol=2e-5):
     return dev
 
 
-@pytest.mark.parametrize("words", [1, 2])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt,words", [(f, w) for w in (1, 2) for f in ("q8_0", "q4_0", "q4_k", "q6_k")] + Q8K_CASES)
 def test_gemv_glu_and_parts_q8_kernels_equal_their_twins(fmt, words):
     from lanefuse.kernels import GemmPart, GemmParts, GemvGlu, Part
 
@@ -110,8 +115,7 @@ def test_gemv_glu_and_parts_q8_kernels_equal_their_twins(fmt, words):
              w)
 
 
-@pytest.mark.parametrize("words", [1, 2])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("fmt,words", [(f, w) for w in (1, 2) for f in ("q8_0", "q4_k")] + Q8K_CASES[:1])
 def test_fold_q8_kernels_equal_their_twins(fmt, words):
     """gemv_norm and parts_rope over a quantized activation: the products by gemv_q8.cu's body, the norm by the
     last block, each rotated head by the last of its blocks (a second launch runs them again)."""
@@ -227,7 +231,7 @@ def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 
 
 @pytest.mark.parametrize("words", [1, 2])
 def test_quantizing_epilogues_equal_the_quant_kernel(words):
-    """attention.cu (one split; three, the combine quantizing), binary.cu (glu_act_mul_quant) and gemv_glu.cu's
+    """attention.cu (one split; three, the combine quantizing; each gated by sigmoid(gate) too), binary.cu (glu_act_mul_quant) and gemv_glu.cu's
     arrival-counted tail (f32 activation four outputs a warp, quantized activation) on the device: the f32 result within
     rounding of the numpy twin's, and its quantized form exactly quant.cu's words and scales of the f32 values the
     kernel stored; a second launch of the GEMV (its counters reset) writes the same bytes; and each launch writing
@@ -250,6 +254,10 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
               m * H * hd, {}),
              (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, splits=3, quant="oq", words=words),
               m * H * hd, {}),
+             (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, per_block=4, gate=("gt", "sigmoid"),
+                        quant="oq", words=words), m * H * hd, {}),  # attn_output_gate.quant: the gated product
+             (Attention("q", "kc", "vc", "pos", "o", H, G, hd, hd, L, m, 0.125, splits=3, gate=("gt", "sigmoid"),
+                        quant="oq", words=words), m * H * hd, {}),
              (Binary("mul", "u", "g", "o", m * n, gate="silu", quant="oq", words=words), m * n, {}),
              (GemvGlu("x", "wg", "wu", "bf16", "o", k, n, m, per_warp=4, quant="oq", quant_words=words), m * n, wb),
              (GemvGlu("xq", "wg", "wu", "q8_0", "o", k, n, m, words=words, quant="oq", quant_words=words), m * n, w),
@@ -258,7 +266,7 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
     for launch, size, weights in cases:
         assert launch.check() is None, launch.check()
         arrays = {"q": r(m, H, hd), "kc": r(L, H // G, hd), "vc": r(L, H // G, hd), "pos": np.array([7], np.int32),
-                  "u": r(m * n), "g": r(m * n), "x": x, "o": np.zeros(size, np.float32), "s": np.zeros(m * k, np.float32)}
+                  "u": r(m * n), "g": r(m * n), "x": x, "gt": r(m, H * hd), "o": np.zeros(size, np.float32), "s": np.zeros(m * k, np.float32)}
         qx = (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1), xq.scales.reshape(-1))
         host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
                        {"oq": (np.zeros(size, np.int8), np.zeros(size, np.int8) if words == 2 else None,
@@ -320,3 +328,45 @@ def test_head_gemv_quantizing_tail_equals_the_quant_kernel(words):
         assert np.array_equal(qw, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
         if words == 2:
             assert np.array_equal(low, want.low.reshape(-1))
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (5, True)])
+@pytest.mark.parametrize("qgate", [True, False])
+def test_moe_shared_expert_quantized(rows, sort, qgate, words):
+    """moe.cu's shared expert under the q8 numerics (shared_expert_fusion.quant): the input row quantized in shared
+    memory, the GLU quantized by moe_up's epilogue, gemv_q8.cu's block sums; with the finalize (a row at a time) the
+    normed row's quantized form too. The mixture within f32 summation of the exact twin; the finalize's words those of
+    the values the kernel stored (but for a word within rounding of a half, rare)."""
+    from lanefuse.kernels import Moe
+
+    rng = np.random.default_rng(rows * 3 + words + qgate)
+    d, f, E, k, sf, fmt = 256, 96, 16, 4, 128, "q8_0"
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
+               "wd": (encode(r(E * d, f) / np.sqrt(f), fmt), fmt), "nw": (1 + 0.1 * r(d), "f32")}
+    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
+        weights[n] = (encode(r(*shape) / np.sqrt(shape[1]), fmt), fmt)
+    arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
+              "s": np.zeros(rows * d, np.float32)}
+    fin = {} if sort else dict(sum="s", nw="nw", eps=1e-6, quant="xq", quant_words=words)
+    m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, sg="sg", su="su",
+            sd="sd", sgate="sgt", sf=sf, format_s=fmt, add="a", qwords=words, qgate=qgate, **fin)
+    assert m.check() is None, m.check()
+    n = rows * d
+    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
+                   {"xq": (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None,
+                           np.zeros(n // 32, np.float32))})
+    m.numpy(host)
+    dev = _dev(n, words, arrays, weights)
+    m.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for a in ("y", "s"):
+        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    if fin:
+        want = quantize(dev.host("y").reshape(rows, d), words)
+        w, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq"))
+        assert np.mean(w != want.words.reshape(-1)) < 1e-2 and np.allclose(sc, want.scales.reshape(-1), rtol=1e-6)

@@ -206,8 +206,9 @@ def test_q8_delta_output_quantized_in_its_epilogue(numerics, tmp_path):
 
 def test_q8_census_of_a_qwen3next_file(tmp_path):
     """Under q8 a delta-net decode layer's token mixer stays five launches (its output quantized by the delta launch
-    itself); a gated attention layer's gains one Quant (its gated output: attn_output_quant takes an attention's
-    output, not one stored gated by attn_output_gate, and no rule joins the two yet)."""
+    itself); a gated attention layer's gains one Quant (its gated output: attn_output_gate.quant is refused, the
+    file's attention heads of 16 values not whole 32-value blocks; test_q8_shared_expert_runs_inside_the_mixture's
+    all-q8 shape has heads of 32, whose attention quantizes its gated product)."""
     pytest.importorskip("egglog")
     from lanefuse.lane.lower.plan import plan
 
@@ -218,3 +219,86 @@ def test_q8_census_of_a_qwen3next_file(tmp_path):
     mixer = layer[0][:layer[0].index("delta") + 2]
     assert mixer == ["fold", "gemm_parts", "conv_parts", "gates", "delta", "fold"], layer[0]
     assert "quant" in layer[1][:layer[1].index("attention") + 2], layer[1]
+
+
+# -- the q8 numerics: the shared expert inside the mixture's launches (shared_expert_fusion.quant) --------------------
+
+def _all_q8_shape():
+    """A tiny Qwen3-Next shape with every matrix q8_0 (the shared expert's gate score row too, as the bench's
+    80B-A3B shape has it; a GGUF file keeps that row f32) and attention heads of 32, seeded random weights."""
+    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.stepweights import random_weights
+
+    c = {"architectures": ["Qwen3NextForCausalLM"], **SHAPE, "head_dim": 32}  # attention heads of whole blocks
+    cfg = config_from_hf(c, "Qwen3-Next q8 test config", max_len=16)
+    g = cfg.build_step(1)
+    fmts = tuple((n, "q8_0") for n, k in g.constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0)
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, formats=fmts)
+    return cfg, random_weights(cfg.build_step(1), 5)
+
+
+def _layers(p, n: int) -> list[list[str]]:
+    return [[k.census for x in p.launches if x.layer == i for k in x.launch.kernels()] for i in range(n)]
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+@pytest.mark.parametrize("source", ["gguf", "all_q8"])
+def test_q8_shared_expert_runs_inside_the_mixture(numerics, source, tmp_path):
+    """Under q8/q8x2 the shared expert (its products reading the input quantized, its down product its GLU quantized)
+    stays inside the mixture's two launches, which quantize both themselves (shared_expert_fusion.quant; its gate
+    score read quantized where its row is block-quantized, f32 where a GGUF file keeps it f32: .quant_f32_gate), and
+    the mixture's last launch quantizes the next norm (moe_deferred_finalize.shared_quant): each layer of both types
+    has the f32 plan's launches (the gated attention quantizing its product as it stores it: attn_output_gate.quant;
+    in the file's heads of 16 values, not whole blocks, a Quant launch does). Held `fuse_quant`, the Quant, GEMV, Binary and Norm
+    launches of the parts give the same logits bit for bit (the exact twins in their arenas), equal to the
+    interpreter of the quantized step graph; a decode step and a chunk of 3 rows (the rows grouped by expert)."""
+    pytest.importorskip("egglog")
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    if source == "gguf":
+        _needs_blocks("q8_0")
+        cfg, w = load_model(gf.write_qwen3next(tiny(), tmp_path / "q8.gguf", "q8_0"))
+    else:
+        cfg, w = _all_q8_shape()
+    words = {"q8": 1, "q8x2": 2}[numerics]
+    f32 = plan(cfg.build_step(1), numerics="f32")
+    for rows, pos in ((1, 5), (3, 0)):
+        g = cfg.build_step(rows)
+        p = plan(g, numerics=numerics)
+        moes = [x.launch for x in p.launches if x.launch.census == "moe"]
+        assert len(moes) == cfg.layers and all(m.qwords == words and m.sg for m in moes)
+        assert all(bool(m.qgate) == (source == "all_q8") for m in moes)
+        if rows == 1:
+            assert p.fusions.get("moe_deferred_finalize.shared_quant") == cfg.layers
+            assert all(m.quant and m.quant_words == words for m in moes)
+            got_layers, want_layers = _layers(p, cfg.layers), _layers(f32, cfg.layers)
+            for i, (a, b) in enumerate(zip(got_layers, want_layers)):
+                assert [k for k in a if k != "quant"] == b, (i, a, b)
+            assert {k: v for k, v in p.census.items() if k != "quant"} == f32.census
+            gated = [x.launch for x in p.launches if x.launch.census == "attention"]
+            if source == "gguf":  # heads of 16: the gated output quantized by a Quant launch
+                assert p.census["quant"] == len(cfg.attention_layers) and not any(a.quant for a in gated)
+            else:
+                assert "quant" not in p.census and p.census == f32.census
+                assert p.fusions.get("attn_output_gate.quant") == len(cfg.attention_layers)
+                assert all(a.gate and a.quant and a.quant.startswith(a.out + ".") and a.words == words and
+                           not a.f32 for a in gated)
+        held = plan(g, numerics=numerics, held=("fuse_quant",))
+        assert not any(getattr(x.launch, "qwords", 0) for x in held.launches)
+        assert held.census["quant"] > p.census.get("quant", 0) + cfg.layers
+        gq = with_numerics(g, numerics)
+        env = _env(gq, rows, pos, np.random.default_rng(rows))
+        want = evaluate(gq, w, env)
+        a, b = (NumpyRunner(q, w, exact=True).step(_env(g, rows, pos, np.random.default_rng(rows)), lifted=g)
+                for q in (p, held))
+        assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["next"], b["next"])
+        err = np.abs(a["logits"] - want["logits"]).max() / np.abs(want["logits"]).max()
+        assert err <= (1e-6 if words == 1 else 1e-4), (rows, err)
+        assert np.array_equal(a["next"], want["next"])
+        fast = NumpyRunner(p, w, exact=False).step(_env(g, rows, pos, np.random.default_rng(rows)))
+        assert np.abs(fast["logits"] - want["logits"]).max() <= 1e-3 * np.abs(want["logits"]).max()
