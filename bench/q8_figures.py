@@ -2,7 +2,9 @@
 arena bytes over their lower bound under each numerics, for the decode step and a prefill chunk of 8 rows; CPU decode ms/token of the fast numpy runner under f32, q8
 and q8x2 numerics on the same q8_0 / q4_0 GGUF file of a random Qwen3-shaped model (bench/gguf_figures.py's), and
 llama.cpp's on that file beside them where llama-cpp-python is installed. Each timing runs in a fresh process;
-medians over the rounds.
+medians over the rounds. Then q8 beside f32 in one process (`side by side`): both runners built on the same weights,
+their decodes interleaved round by round, so a loaded machine slows both alike; the ratio is the goal's figure (issue
+#13: q8 no slower than twice f32).
 
     python bench/q8_figures.py [--formats q8_0,q4_0] [--layers 4] [--tokens 8] [--rounds 2] [--threads 2] [--plans-only]"""
 
@@ -72,6 +74,37 @@ def child_decode(path: str, numerics: str, tokens: int) -> dict:
     return {"ms": 1e3 * statistics.median(times), "tokens": res.generated_ids, "label": label}
 
 
+def child_side_by_side(path: str, tokens: int, rounds: int) -> dict:
+    """q8 and f32 fast CPU runners on one file's weights in this process, their decodes interleaved (f32, q8, f32,
+    ...) `rounds` times: each numerics' median decode step, and their tokens."""
+    from lanefuse.engine.front import load_model
+    from lanefuse.lane.lower.plan import PlanOptions
+    from lanefuse.lane.run.generate import generate
+    from lanefuse.lane.run.step import plan_step_fn
+
+    cfg, weights = load_model(path, max_len=64)
+    fns = {n: plan_step_fn(weights, "cpu", PlanOptions(numerics=n))[0] for n in ("f32", "q8")}
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    out: dict[str, list[int]] = {}
+
+    def timed(n):
+        def step(g, env):
+            t = time.perf_counter()
+            r = fns[n](g, env)
+            if int(g.meta.get("rows", 1)) == 1:
+                times[n].append(time.perf_counter() - t)
+            return r
+        return step
+
+    for n in fns:  # plans, weights read once
+        generate(cfg, weights, PROMPT, 2, step_fn=timed(n))
+        times[n].clear()
+    for _ in range(rounds):
+        for n in fns:
+            out[n] = generate(cfg, weights, PROMPT, tokens + 1, step_fn=timed(n)).generated_ids
+    return {n: {"ms": 1e3 * statistics.median(times[n]), "tokens": out[n]} for n in fns}
+
+
 def run_child(*args: str, threads: int) -> dict:
     import subprocess
 
@@ -96,6 +129,7 @@ def main() -> int:
     if args.child:
         kind, path = args.child[0], args.child[1]
         res = child_llamacpp(path, args.tokens, args.threads) if kind == "llamacpp" else \
+            child_side_by_side(path, args.tokens, args.rounds) if kind == "side" else \
             child_decode(path, kind, args.tokens)
         print(json.dumps(res))
         return 0
@@ -133,6 +167,14 @@ def main() -> int:
                 what = "llama.cpp" if kind == "llamacpp" else f"lanefuse {kind}"
                 each = ", ".join(f"{r['ms']:.1f}" for r in rs)
                 print(f"  CPU {what:<15} {ms:8.1f} ms/token (rounds: {each}); tokens {rs[0]['tokens'][:6]}")
+            r = run_child("side", path, "--tokens", str(args.tokens), "--rounds", str(args.rounds),
+                          threads=args.threads)
+            if "error" in r:
+                print(f"  CPU side by side error: {r['error']}")
+                continue
+            f, q = r["f32"], r["q8"]
+            print(f"  CPU side by side, one process, interleaved: f32 {f['ms']:.1f}, q8 {q['ms']:.1f} ms/token "
+                  f"(q8/f32 {q['ms'] / f['ms']:.2f}; goal <= 2); same tokens: {f['tokens'] == q['tokens']}")
     return 0
 
 

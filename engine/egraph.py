@@ -22,7 +22,10 @@ from lanefuse.engine.opdefs import OPS, full_attrs
 from lanefuse.engine.pattern import Arg
 from lanefuse.engine.rules import Rule, RuleTable, Variant, lifted_layout
 
-FACTS = ("SingleReader", "Values", "Rows", "StepNext")
+FACTS = ("SingleReader", "Values", "Rows", "StepNext", "Unrotated")
+# What ends the walk of `Unrotated`: the ops whose result is no longer the product's values (another product, an
+# attention, a mixture)
+PRODUCTS = ("matmul", "head_matmul", "attention", "moe")
 
 
 class ENode(NamedTuple):
@@ -242,8 +245,14 @@ class EGraph:
         shapes = {**{n: t.shape for n, t in g.tensors.items()}, **{n: c.shape for n, c in g.constants.items()}}
         orig = [[n, i, layer.get(n, -1), (shapes.get(n) or g.shape(n) or (1,))[-1], depth.get(n, 0)]
                 for n, i in index.items()]
+        rotated: dict[str, bool] = {}  # whether a rotation is computed from the tensor before the next product
+        for op in reversed(g.ops):
+            rotated[op.out] = any(g.ops[k].kind == "rope" or (g.ops[k].kind not in PRODUCTS
+                                                               and rotated[g.ops[k].out])
+                                  for k in readers.get(op.out, ()))
         facts = {
             "SingleReader": [[n] for n, r in readers.items() if len(r) == 1],
+            "Unrotated": [[op.out] for op in g.ops if op.kind == "matmul" and not rotated[op.out]],
             "Values": [[n] for n, c in g.constants.items() if c.kind == "values"],
             "Rows": [[n] for n, c in g.constants.items() if c.kind == "rows"],
             "StepNext": [[g.io.next]] if g.io.next in index else [],

@@ -232,6 +232,26 @@ def _objective(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float]]
     return nodes, tied
 
 
+# The tolerance HiGHS judges an objective difference by: a reduced cost under dual_feasibility_tolerance (1e-7 by
+# default) counts as zero, and its MIP search works to mip_feasibility_tolerance (1e-6), both absolute. The
+# tie-break's step (TIE_EPS over the node count: 6e-9 at 16 nodes, 3e-11 at 3,000) lies far below them, so at the
+# scale the elimination works in HiGHS took those costs for zero in one reduction and not in another: its presolve
+# (dominated columns) then cut off the optimum itself, and returned, as proven optimal, a plan costing 1 where one
+# costing 0 existed (tests/test_extract.py::test_the_ilp_misses_no_cheaper_plan), and 73 times in 2,000 repeated
+# layers a plan the tie-break ranks worse. `_for_highs` multiplies the objective so the tolerance lies midway (as a
+# ratio) between the tie-break's step and the doubles' rounding of the largest cost; a scale changes no optimum.
+HIGHS_TOLERANCE = 1e-6
+
+
+def _for_highs(costs: list[float]) -> list[float]:
+    """`costs` times K, the tie-break's step K·TIE_EPS/n as many times above HIGHS_TOLERANCE as the rounding of the
+    largest cost, 2^-52·K·max, lies below it."""
+    n = max(1, len(costs))
+    top = max([1.0, *costs])
+    k = HIGHS_TOLERANCE * math.sqrt(n / (TIE_EPS * 2.0 ** -52 * top))
+    return [x * k for x in costs]
+
+
 def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None = None) -> dict[int, int]:
     """The optimum. `start` (e.g. the local search's choice) is handed to HiGHS as its first incumbent. Past
     `time_limit` seconds (all its solves together) it raises `TimeLimit`."""
@@ -241,6 +261,7 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
     need = needed_classes(p)
     live_cls = sorted(reachable(p))
     nodes, costs = _objective(p, live_cls)
+    costs = _for_highs(costs)
     col = {n: i for i, n in enumerate(nodes)}
     lb = [0.0] * len(nodes)
     for c, n in p.forced.items():

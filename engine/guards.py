@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 # The facts the loader asserts for every original tensor (see egraph.py): Orig(t, name, index), Layer(t, layer),
-# Cols(t, last dim), Depth(t, the longest chain of ops from the step's inputs to it), and the flags SingleReader(t), Values(t), Rows(t), StepNext(t).
+# Cols(t, last dim), Depth(t, the longest chain of ops from the step's inputs to it), and the flags SingleReader(t), Values(t), Rows(t), StepNext(t),
+# Unrotated(t) (a product's result that no rotation is computed from before the next product reads it).
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,10 @@ GUARDS: dict[str, Guard] = {g.name: g for g in [
           "the same heads)", _same_cols),
     Guard("same_depth", ("tensor", "tensor", "..."), "the tensors are as many ops from the step's inputs (the longest "
           "chain), so neither is computed from the other: ops a bundle may run side by side", _same_depth),
+    Guard("unrotated", ("tensor",), "the tensor is a product's result from which no rotation is computed (walking "
+          "its readers up to the next product, attention or mixture): a part that a rotated part's launch may carry "
+          "unrotated (DeepSeek-V3's q_nope beside q_pe, its latent beside the rotated key)",
+          lambda a, f: [f"(Unrotated {a[0]})"]),
     Guard("cols_multiple", ("tensor", "int"), "the tensor's last dimension is a multiple of the number",
           _cols_multiple),
 ]}

@@ -70,7 +70,9 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
     _d("quantize", ["x"], {"words": int}, {"words": 1},
        doc="an activation as int8 blocks of 32 values, one f32 scale a block (llama.cpp's q8_0 rounding: "
            "d = max|x|/127, q = round-half-away(x·(1/d))); words 2 (q8x2) adds a low int8 word of the residual "
-           "x - d·q in steps of d/254: (R, n) f32 -> (R, n) q8 | q8x2, read only by products (engine/quantize.py)"),
+           "x - d·q in steps of d/254; words 3 (q8k) is llama.cpp's q8_K, for products over K-quant rows: blocks of "
+           "256, d = max/-127 of the value of largest |x|, q = round-half-even(x·(-127/max)), d kept f32, and the sums "
+           "of each 16 words: (R, n) f32 -> (R, n) q8 | q8x2 | q8k, read only by products (engine/quantize.py)"),
     _d("moe", ["x", "router", "gate_up", "down", "router_bias?", "gate_up_bias?", "down_bias?"],
        {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str, "limit": float,
         "alpha": float, "groups": int, "topk_groups": int, "route_scale": float},
@@ -236,15 +238,19 @@ def _view(shapes, attrs):
 
 
 QBLOCK = 32  # the values of a quantized activation that share one scale
+QBLOCK_K = 256  # ... under the q8k form (llama.cpp's q8_K, the activation of a product over K-quant rows)
+QFORMS = {1: "q8", 2: "q8x2", 3: "q8k"}  # a quantize's words -> the dtype of its result
 
 
 def _quantize(shapes, attrs):
     r, n = _rows_cols(shapes[0])
-    if attrs["words"] not in (1, 2):
-        raise ValueError(f"words {attrs['words']}: a quantized activation is one int8 word a value (q8) or two (q8x2)")
-    if n % QBLOCK:
-        raise ValueError(f"a row of {n} values is not a whole number of {QBLOCK}-value blocks")
-    return (r, n), "q8" if attrs["words"] == 1 else "q8x2"
+    if attrs["words"] not in QFORMS:
+        raise ValueError(f"words {attrs['words']}: a quantized activation is one int8 word a value (q8), two (q8x2) "
+                         f"or llama.cpp's q8_K (3: q8k)")
+    block = QBLOCK_K if attrs["words"] == 3 else QBLOCK
+    if n % block:
+        raise ValueError(f"a row of {n} values is not a whole number of {block}-value blocks")
+    return (r, n), QFORMS[attrs["words"]]
 
 
 ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")  # softmax over every expert, then the k largest
@@ -359,7 +365,7 @@ INFER: dict[str, Callable] = {
     "join": _join, "head_matmul": _head_matmul,
 }
 
-QUANTIZED = ("q8", "q8x2")
+QUANTIZED = ("q8", "q8x2", "q8k")
 
 
 def full_attrs(op) -> dict[str, Any]:

@@ -10,10 +10,13 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Graph, Op, Tensor, attrs_of
-from lanefuse.engine.opdefs import QBLOCK
+from lanefuse.engine.opdefs import QBLOCK, QBLOCK_K, QFORMS
 
 NUMERICS = {"f32": 0, "q8": 1, "q8x2": 2}  # numerics -> int8 words a value of a quantized activation (0: none)
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
+K_FORMATS = ("q4_k", "q6_k")  # under q8 their products read the q8k form (llama.cpp's q8_K), as llama.cpp's do
+Q8K = 3  # the quantize words of the q8k form
+SUM = 16  # the q8k form keeps the sum of each 16 words (block_q8_K's bsums)
 LOW_STEPS = 254  # the low word counts steps of d/254: the residual under the high word is within ±d/2
 
 F32 = np.float32
@@ -23,15 +26,24 @@ F64 = np.float64
 @dataclass(frozen=True)
 class Quantized:
     """A quantized activation (R, n): int8 `words`, the low int8 words under two words (or None), a scale a block of
-    QBLOCK values (R, n/QBLOCK) held f32 (an f16 value under one word: `quantize`). Its value is d·(q + low/254) — exactly, in f64."""
+    `block` values (R, n/block) held f32 (an f16 value under one word: `quantize`); under the q8k form (block 256)
+    `sums`, the sum of each 16 words (R, n/16) int16. Its value is d·(q + low/254) — exactly, in f64."""
 
     words: np.ndarray
     low: np.ndarray | None
     scales: np.ndarray
+    block: int = QBLOCK
+    sums: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.words.shape
+
+    def parts(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Its parts flat, as a launch's env holds a quantized form: words, low words (a q8k form: its sums of 16
+        words; None under one word), scales."""
+        low = self.sums if self.block != QBLOCK else self.low
+        return self.words.reshape(-1), None if low is None else low.reshape(-1), self.scales.reshape(-1)
 
     def values(self) -> np.ndarray:
         """The values it stands for, in f64 (exact: an int8 or int16 times an f32)."""
@@ -39,7 +51,7 @@ class Quantized:
         q = self.words.astype(F64)
         if self.low is not None:
             q = q + self.low.astype(F64) / LOW_STEPS
-        return (q.reshape(r, n // QBLOCK, QBLOCK) * self.scales.astype(F64)[:, :, None]).reshape(r, n)
+        return (q.reshape(r, n // self.block, self.block) * self.scales.astype(F64)[:, :, None]).reshape(r, n)
 
 
 def round_away(x: np.ndarray) -> np.ndarray:
@@ -49,12 +61,39 @@ def round_away(x: np.ndarray) -> np.ndarray:
     return (np.sign(x) * (fl + np.floor(F32(2) * (a - fl)))).astype(F32)
 
 
+def round_even(x: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int: x + 1.5·2²³ in f32, whose rounding is to nearest, halves to even (np.rint's)."""
+    return np.rint(np.asarray(x, dtype=F32)).astype(F32)
+
+
+def quantize_k(x: np.ndarray) -> Quantized:
+    """x (R, n) f32 as llama.cpp's q8_K (ggml's quantize_row_q8_K_ref, the activation of its K-quant products): per
+    block of 256 values, `max` the first value of the largest |x|, iscale = -127/max and q = min(127,
+    nearest_int(iscale·x)) in f32, d = 1/iscale kept f32 (0 and q 0 where the block is all zero), and the sum of each
+    16 words."""
+    xs = np.asarray(x, dtype=F32)
+    r, n = xs.shape
+    if n % QBLOCK_K:
+        raise UserError(f"a q8_K row of {n} values is not a whole number of {QBLOCK_K}-value blocks")
+    b = xs.reshape(r, n // QBLOCK_K, QBLOCK_K)
+    at = np.abs(b).argmax(axis=2)  # the first of the largest |x|, as ggml's strict `ax > amax` keeps it
+    mx = np.take_along_axis(b, at[:, :, None], axis=2)[:, :, 0]  # (R, nb), signed
+    with np.errstate(divide="ignore"):
+        iscale = np.where(mx == 0, F32(0), F32(-127) / mx).astype(F32)
+        d = np.where(mx == 0, F32(0), F32(1) / iscale).astype(F32)
+    q = np.minimum(round_even(b * iscale[:, :, None]), F32(127)).astype(np.int8)
+    sums = q.reshape(r, n // SUM, SUM).astype(np.int16).sum(axis=2, dtype=np.int16)
+    return Quantized(q.reshape(r, n), None, d, QBLOCK_K, sums)
+
+
 def quantize(x: np.ndarray, words: int = 1) -> Quantized:
     """x (R, n) f32 in blocks of QBLOCK: d = max|x|/127 and q = roundf(x·(1/d)) in f32 (ggml's quantize_row_q8_0_ref).
     Under one word the scale is d rounded to f16 (held in f32): what llama.cpp's block_q8_0 stores and its dot products
     multiply by — with an f32 scale lanefuse's q8 logits were 4e-3 of their scale from llama.cpp's, with this one
     1e-7. Under two words the scale is d itself and low = roundf((x - q·d)·(254/d)), clipped to ±127 (the residual
     under an f16 scale could pass ±d/2 by 127·d·2⁻¹¹ and clip)."""
+    if words == Q8K:
+        return quantize_k(x)
     xs = np.asarray(x, dtype=F32)
     r, n = xs.shape
     if n % QBLOCK:
@@ -77,16 +116,18 @@ def product(xq: Quantized, w: np.ndarray) -> np.ndarray:
     """xq (R, k) · wᵀ (n, k) as the q8 numerics compute it: each block's int8 words dotted with the weights' values
     (under q8_0 and q4_0 rows those are the block's f16 scale times its integers, so the block sum is that scale times
     an int32 sum of int8 products), times the block's activation scale, the blocks summed — in f64, exactly up to
-    its rounding. Under two words the low words' sum, over 254, joins the high words'. q4_k and q6_k rows are taken in
-    the same 32-value blocks (llama.cpp quantizes their activations in 256-value q8_K blocks instead)."""
+    its rounding. Under two words the low words' sum, over 254, joins the high words'. Under the q8k form (q4_k and
+    q6_k rows under q8) the blocks are its 256-value blocks, each a q8_K block times a K-quant super-block, as
+    llama.cpp's vec_dot_q4_K_q8_K / q6_K_q8_K sum them (their integer sums are these, grouped)."""
     r, k = xq.shape
     n = w.shape[0]
-    nb = k // QBLOCK
-    wb = np.asarray(w, dtype=F64).reshape(n, nb, QBLOCK)
-    q = xq.words.astype(F64).reshape(r, nb, QBLOCK)
+    bl = xq.block
+    nb = k // bl
+    wb = np.asarray(w, dtype=F64).reshape(n, nb, bl)
+    q = xq.words.astype(F64).reshape(r, nb, bl)
     sums = np.einsum("rbi,nbi->rnb", q, wb)  # (R, n, nb)
     if xq.low is not None:
-        sums = sums + np.einsum("rbi,nbi->rnb", xq.low.astype(F64).reshape(r, nb, QBLOCK), wb) / LOW_STEPS
+        sums = sums + np.einsum("rbi,nbi->rnb", xq.low.astype(F64).reshape(r, nb, bl), wb) / LOW_STEPS
     return np.einsum("rnb,rb->rn", sums, xq.scales.astype(F64)).astype(F32)
 
 
@@ -111,10 +152,19 @@ def why_f32(g: Graph, op: Op) -> str | None:
     return None
 
 
+def form_words(g: Graph, op: Op, words: int) -> int:
+    """The quantize words product `op` reads its activation in under a numerics of `words`: under q8 a product over
+    K-quant rows reads the q8k form (llama.cpp's q8_K: blocks of 256, as llama.cpp multiplies those rows), any other
+    the q8 form; q8x2 is lanefuse's own, in blocks of 32 over every format."""
+    w = g.constants.get(op.ins[1])
+    return Q8K if words == 1 and w is not None and w.format in K_FORMATS else words
+
+
 def with_numerics(g: Graph, numerics: str) -> Graph:
     """`g` under `numerics`: f32 unchanged; q8 / q8x2 with a `quantize` (one word / two) of every activation a product
     over block-quantized rows reads, placed right before the first such product, which with every other one of the
-    same activation reads it. A product over f32/f16/bf16 rows or values, and an expert mixture (its router and
+    same activation reads it — under q8 the products over K-quant rows read a q8k form of their own (`form_words`;
+    an activation read by q8_0 and q4_k rows has both). A product over f32/f16/bf16 rows or values, and an expert mixture (its router and
     experts), read f32 (`f32_reads` says why)."""
     if numerics not in NUMERICS:
         raise UserError(f"numerics `{numerics}`: one of {', '.join(NUMERICS)}")
@@ -127,18 +177,19 @@ def with_numerics(g: Graph, numerics: str) -> Graph:
         raise UserError(f"a step graph under {now} numerics cannot be planned under {numerics}")
     tensors = dict(g.tensors)
     ops: list[Op] = []
-    made: dict[str, str] = {}  # activation -> its quantized form
+    made: dict[tuple[str, int], str] = {}  # (activation, quantize words) -> its quantized form
     for op in g.ops:
         if not op.fused and op.kind == "matmul" and why_f32(g, op) is None:
-            x = op.ins[0]
-            if x not in made:
-                q = x + "." + numerics
+            x, fw = op.ins[0], form_words(g, op, words)
+            if (x, fw) not in made:
+                form = QFORMS[fw]
+                q = x + "." + form
                 if q in tensors or q in g.constants:
                     raise UserError(f"the quantized form of `{x}` would be named `{q}`, which the step already names")
-                tensors[q] = Tensor(q, g.shape(x), numerics)
-                ops.append(Op("quantize", (x,), q, attrs_of({"words": words}), layer=op.layer))
-                made[x] = q
-            op = replace(op, ins=(made[x],) + op.ins[1:])
+                tensors[q] = Tensor(q, g.shape(x), form)
+                ops.append(Op("quantize", (x,), q, attrs_of({"words": fw}), layer=op.layer))
+                made[x, fw] = q
+            op = replace(op, ins=(made[x, fw],) + op.ins[1:])
         ops.append(op)
     meta = dict(g.meta)
     meta["numerics"] = numerics

@@ -16,6 +16,9 @@ from lanefuse.kernels.blocks import encode as encode_any
 
 GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
 QBLOCK = 32  # values of an activation's quantized form that share one scale
+QBLOCK_K = 256  # ... under the q8k form (words 3: llama.cpp's q8_K, the activation of a product over K-quant rows)
+Q8K = 3  # a launch's `words` of a q8k form: one int8 word a value, a scale a block of 256, the sums of each 16 words
+QSUM = 16  # the q8k form's words a sum
 ALIGN = 256  # every array's alignment in the arena: cudaMalloc's, past every vector load the kernels make
 MAX_GRID_Y = 65535  # the most blocks a launch's grid takes in y (and in z)
 MAX_HEAD = 256  # the widest attention head (key or value) the attention kernel holds; wider is refused
@@ -29,12 +32,18 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def qblock(words: int) -> int:
+    """The values that share a scale in a quantized form of `words` (q8, q8x2: 32; q8k: 256)."""
+    return QBLOCK_K if words == Q8K else QBLOCK
+
+
 def quant_layout(n: int, words: int) -> tuple[int, int, int]:
     """Where the parts of a quantized array of `n` values start, and its bytes: (low words, scales, total) — the low
-    words' start equals the scales' under one word (it has none)."""
+    words' start equals the scales' under one word (it has none); under the q8k form the "low" part is its int16
+    sums of 16 words."""
     low = _aligned(n)
-    scales = low + (_aligned(n) if words == 2 else 0)
-    return low, scales, scales + _aligned(4 * (n // QBLOCK))
+    scales = low + (_aligned(n) if words == 2 else _aligned(2 * (n // QSUM)) if words == Q8K else 0)
+    return low, scales, scales + _aligned(4 * (n // qblock(words)))
 
 
 @dataclass(frozen=True)

@@ -81,15 +81,16 @@ class DeviceEnv:
     def quant(self, name: str) -> tuple:
         """Tensor `name`'s quantized form (a byte view of its array): its words, low words (a null pointer under
         one word) and scales, as kernel arguments (kernels/quant.py's layout)."""
-        from lanefuse.kernels.common import quant_layout
+        from lanefuse.kernels.common import Q8K, QSUM, qblock, quant_layout
 
         if name not in self.quantized:
             raise KeyError(f"`{name}` has no quantized form on the device")
         n, words = self.quantized[name]
         a = self.array(name)
         lo, sc, _ = quant_layout(n, words)
-        low = a[lo:lo + n].view(self.cp.int8) if words == 2 else NULL
-        return a[:n].view(self.cp.int8), low, a[sc:sc + 4 * (n // 32)].view(self.cp.float32)
+        low = (a[lo:lo + n].view(self.cp.int8) if words == 2 else
+               a[lo:lo + 2 * (n // QSUM)].view(self.cp.int16) if words == Q8K else NULL)  # q8k: its sums of 16
+        return a[:n].view(self.cp.int8), low, a[sc:sc + 4 * (n // qblock(words))].view(self.cp.float32)
 
     def dst_words(self, d: Dst) -> tuple[int, ...]:
         """A Dst as the seven words the kernels take (pointers as their integer addresses)."""

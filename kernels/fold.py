@@ -15,7 +15,7 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import FORMAT_CODE, GEMV_ROWS, Dst, Launch, Part, Scratch, names, reach
 from lanefuse.kernels.gather import Gather
 from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
-from lanefuse.kernels.gemv import Gemv
+from lanefuse.kernels.gemv import Gemv, q8_code
 from lanefuse.kernels.norm import Norm
 from lanefuse.kernels.rope import Rope, RopeParts, RopeSide
 
@@ -233,7 +233,7 @@ class Fold(Launch):
             x = denv.quant(g.x) if g.words else (denv.array(g.x),)
             name = "fold_gemv_norm_q8" if g.words else f"fold_gemv_norm_{g.per_warp}"
             denv.function(self.stem, name)(grid, block, (
-                *x, denv.weight(g.w)[0], i64(FORMAT_CODE[g.format]), denv.opt(g.bias), *denv.dst(g.y),
+                *x, denv.weight(g.w)[0], i64(q8_code(g.format, g.words)), denv.opt(g.bias), *denv.dst(g.y),
                 i64(g.k), i64(g.n), i64(g.m), counter, i64(nm.rows), *nm.args(denv)))
         elif f == "parts_rope":
             gp, rp = as_parts(self.first), as_rope_parts(self.then)
@@ -242,7 +242,7 @@ class Fold(Launch):
             x = denv.quant(gp.x) if gp.words else (denv.array(gp.x),)
             name = "fold_parts_rope_q8" if gp.words else f"fold_parts_rope_{gp.per_warp}"
             denv.function(self.stem, name)(grid, block, (
-                *x, t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k), i64(gp.m),
+                *x, t, i64(len(gp.parts)), i64(q8_code(gp.format, gp.words)), i64(gp.k), i64(gp.m),
                 counters, denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], denv.array(rp.pos), i64(rp.hd),
                 i64(rp.rot), i64(rp.slot)))
         else:

@@ -14,7 +14,7 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, Dst, Launch, decode, dst_view, format_refusal, names,
                                      operand, reach, weight_bytes)
 from lanefuse.kernels.gemv import (WARPS, activation_bytes, fast_products, gemv_check, gemv_fast, gemv_numpy,
-                                   q8_check, rows_a_warp)
+                                   q8_check, q8_code, rows_a_warp)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
 
 
@@ -145,7 +145,8 @@ class GemmParts(Launch):
         t = denv.table(self.key(), self.table(denv))
         if self.words:
             denv.function(self.stem, "gemm_parts_q8")(g, b, (
-                *denv.quant(self.x), t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]), i64(self.k), i64(self.m)))
+                *denv.quant(self.x), t, i64(len(self.parts)), i64(q8_code(self.format, self.words)), i64(self.k),
+                i64(self.m)))
             return
         denv.function(self.stem, f"gemm_parts_{self.per_warp}")(g, b, (
             denv.array(self.x), t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]), i64(self.k), i64(self.m)))

@@ -11,12 +11,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.engine.quantize import BLOCK_FORMATS
+from lanefuse.engine.quantize import BLOCK_FORMATS, K_FORMATS
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS
-from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, QBLOCK, Chip, Dst, Launch, Scratch, decode,
-                                     dst_view, format_refusal, names, operand, reach, weight_bytes)
+from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Q8K, Chip, Dst, Launch, Scratch, decode,
+                                     dst_view, format_refusal, names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
+from lanefuse.kernels.quant import quant_bytes
 from lanefuse.kernels.softcap import cap_check, capped
 
 WARPS = 4  # warps a block
@@ -230,23 +231,36 @@ class Gemv(Launch):
 
 
 def activation_bytes(values: int, words: int) -> int:
-    """The bytes a product reads of its activation: 4 a value, or its quantized form's words and scales."""
-    return 4 * values if not words else words * values + 4 * (values // QBLOCK)
+    """The bytes a product reads of its activation: 4 a value, or its quantized form's words and scales (and a q8k
+    form's sums of 16 words)."""
+    return 4 * values if not words else quant_bytes(values, words)
 
 
 def q8_check(words: int, fmt: str, k: int, split: int) -> Refusal | None:
     if not words:
         return None
-    if words not in (1, 2):
+    if words not in (1, 2, Q8K):
         return Refusal(f"an activation of {words} int8 words a value (q8 reads one, q8x2 two)")
+    if words == Q8K and fmt not in K_FORMATS:
+        return Refusal(f"a q8k activation (llama.cpp's q8_K) times {fmt} rows (gemv_q8 multiplies it by "
+                       f"{', '.join(K_FORMATS)} rows only)")
     if fmt not in BLOCK_FORMATS:
         return Refusal(f"a quantized activation times {fmt} rows (int8 products need block-quantized rows: "
                        f"{', '.join(BLOCK_FORMATS)})")
-    if k % QBLOCK:
-        return Refusal(f"a quantized activation of rows of {k} values, not whole {QBLOCK}-value blocks")
+    if k % qblock(words):
+        return Refusal(f"a quantized activation of rows of {k} values, not whole {qblock(words)}-value blocks")
     if split != 1:
         return Refusal(f"a quantized activation's product split {split} ways along k (gemv_q8 sums k whole)")
     return None
+
+
+def q8_code(fmt: str, words: int) -> int:
+    """The format argument gemv_q8.cu's tile takes: the rows' FORMAT_CODE, plus Q8K_CODE where the activation is a
+    q8k form (its super-block path)."""
+    return FORMAT_CODE[fmt] | (Q8K_CODE if words == Q8K else 0)
+
+
+Q8K_CODE = 16  # gemv_q8.cu's QK flag
 
 
 def gemv_q8_cuda(launch, denv) -> None:
@@ -255,7 +269,8 @@ def gemv_q8_cuda(launch, denv) -> None:
     words, low, scales = denv.quant(launch.x)
     grid = (-(-launch.n // WARPS), -(-launch.m // GEMV_ROWS), 1)
     f = denv.function(("gemv_core", "gemv", "gemv_q8"), "gemv_q8")
-    f(grid, (32 * WARPS, 1, 1), (words, low, scales, denv.weight(launch.w)[0], i64(FORMAT_CODE[launch.format]),
+    f(grid, (32 * WARPS, 1, 1), (words, low, scales, denv.weight(launch.w)[0],
+                                 i64(q8_code(launch.format, launch.words)),
                                  denv.opt(launch.bias), *denv.dst(launch.y), i64(launch.k), i64(launch.n),
                                  i64(launch.m), f32(launch.cap)))
 

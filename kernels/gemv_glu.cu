@@ -51,23 +51,54 @@ __device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg
 GLU_KERNEL(gemv_glu_1, 1)
 GLU_KERNEL(gemv_glu_4, 4)
 
-// The same over a quantized activation (gemv_q8.cu's tile: a warp an output, both products from the same words).
+// The same over a quantized activation (gemv_q8.cu's tile: a warp an output, both products from the same words),
+// the GLU not quantized (gemv_glu_q8_quant below quantizes it).
 extern "C" __global__ void __launch_bounds__(128) gemv_glu_q8(const signed char* xw, const signed char* xl,
                                                               const float* xs, const void* wg, const void* wu, i64 fmt,
                                                               const float* bg, const float* bu, float* out, i64 k,
-                                                              i64 n, i64 m, i64 a, unsigned* counters,
-                                                              signed char* qw, signed char* ql, float* qs) {
+                                                              i64 n, i64 m, i64 a) {
     i64 j = (i64)blockIdx.x * QWARPS + (threadIdx.x >> 5);
-    if (j < n) {  // no return before the quantizing tail: every thread of the block reaches its barriers
-        i64 r0 = (i64)blockIdx.y * QGR;
-        QX x{xw, xl, xs};
+    if (j >= n) return;
+    i64 r0 = (i64)blockIdx.y * QGR;
+    QX x{xw, xl, xs};
+    float ga[QGR], ua[QGR];
+    q8_tile((int)fmt, x, wg, k, m, j, r0, ga);
+    q8_tile((int)fmt, x, wu, k, m, j, r0, ua);
+    int nr = (int)min((i64)QGR, m - r0);
+    if ((threadIdx.x & 31) == 0)
+        for (int r = 0; r < nr; r++)
+            out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
+}
+
+// The same with `qw` (the GLU quantized for the down projection): a block of GLU_QW warps takes 32 consecutive
+// outputs (GLU_QPW a warp, in turn) for a slab of QGR rows, keeps their GLU values in shared memory (and stores them
+// to `out` where it is not null: the f32 GLU is read elsewhere too) and quantizes each row's block of 32 from there,
+// a warp a row: no scratch array, no arrival counter. n is whole blocks of 32 (the launch's check).
+#define GLU_QW 8
+#define GLU_QPW (32 / GLU_QW)
+extern "C" __global__ void __launch_bounds__(32 * GLU_QW) gemv_glu_q8_quant(
+    const signed char* xw, const signed char* xl, const float* xs, const void* wg, const void* wu, i64 fmt,
+    const float* bg, const float* bu, float* out, i64 k, i64 n, i64 m, i64 a, signed char* qw, signed char* ql,
+    float* qs) {
+    __shared__ float glu[QGR][32];
+    i64 b = blockIdx.x, r0 = (i64)blockIdx.y * QGR, nb = n >> 5;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int nr = (int)min((i64)QGR, m - r0);
+    QX x{xw, xl, xs};
+    for (int t = 0; t < GLU_QPW; t++) {
+        int c = w * GLU_QPW + t;
+        i64 j = b * 32 + c;
         float ga[QGR], ua[QGR];
         q8_tile((int)fmt, x, wg, k, m, j, r0, ga);
         q8_tile((int)fmt, x, wu, k, m, j, r0, ua);
-        int nr = (int)min((i64)QGR, m - r0);
-        if ((threadIdx.x & 31) == 0)
-            for (int r = 0; r < nr; r++)
-                out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
+        if (lane == 0)
+            for (int r = 0; r < nr; r++) {
+                float v = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
+                glu[r][c] = v;
+                if (out) out[(r0 + r) * n + j] = v;
+            }
     }
-    if (qw) glu_quant_tail(out, n, m, QWARPS, counters, qw, ql, qs);
+    __syncthreads();
+    for (int r = w; r < nr; r += GLU_QW)
+        quant_block(glu[r][lane], qw + (r0 + r) * n, ql ? ql + (r0 + r) * n : nullptr, qs + (r0 + r) * nb, b, lane);
 }

@@ -2,8 +2,10 @@
 out (m, n) = act(x·wgᵀ + bg) · (x·wuᵀ + bu), both weights checkpoint rows (n, k) of one format (a block format decoded
 in the kernel). Over a quantized activation (`words`, the q8 numerics) both products are gemv_q8.cu's int8 block sums
 of the same words, a warp an output. With `quant` (gemv_gate_up_glu.quant) the GLU's quantized form is written too:
-the last block to arrive at each block of 32 outputs quantizes it (an arrival counter a block of outputs and a slab
-of rows); where only the down projection reads the GLU (`f32` false) its f32 values live in the launch's scratch."""
+over a quantized activation (gemv_glu_q8_quant) a block computes 32 consecutive outputs, holds their GLU in shared
+memory and quantizes it from there, so where only the down projection reads the GLU (`f32` false) no f32 array of it
+exists at all; over an f32 activation the last block to arrive at each block of 32 outputs quantizes it (an arrival
+counter a block of outputs and a slab of rows), the f32 values kept in the launch's scratch where `f32` is false."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Launch, Scrat
                                      names, operand, reach, weight_bytes)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import (activation_bytes, fast_products, gemv_check, gemv_grid, products, q8_check,
-                                   rows_a_warp)
+                                   q8_code, rows_a_warp)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
@@ -70,7 +72,8 @@ class GemvGlu(Launch):
     words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (gemv_glu_q8: __dp4a)
     quant: str | None = None  # the GLU's quantized form, written in the epilogue (the q8 numerics)
     quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2)
-    f32: bool = True  # false: the quantized form alone is written, the f32 GLU kept in scratch for the last blocks
+    f32: bool = True  # false: the quantized form alone is written (over a f32 activation the f32 GLU is kept in
+    # scratch for the last blocks; over a quantized one gemv_glu_q8_quant holds it in shared memory)
 
     census: ClassVar[str] = "gemv_glu"
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu")
@@ -83,7 +86,7 @@ class GemvGlu(Launch):
         return names(self.out if self.f32 else None, self.quant)
 
     def scratch(self):
-        if self.quant is None:
+        if self.quant is None or self.words:  # gemv_glu_q8_quant: a block's 32 outputs in shared memory
             return ()
         counts = Scratch("arrivals", "i32", 4 * (self.n // 32) * -(-self.m // GEMV_ROWS), counter=True)
         return (counts,) if self.f32 else (counts, Scratch("glu", "f32", 4 * self.m * self.n))
@@ -178,20 +181,30 @@ class GemvGlu(Launch):
         return (2 + (not self.f32)) * self.m * self.n
 
     def grid_block(self):
+        if self.words and self.quant is not None:  # gemv_glu_q8_quant: a block of 8 warps a block of 32 outputs
+            return ((self.n // 32, -(-self.m // GEMV_ROWS), 1), (32 * 8, 1, 1))
         return gemv_grid(self.n, self.m, self.per_warp, 1)
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
 
         g, b = self.grid_block()
+        if self.words and self.quant is not None:
+            denv.function(self.stem, "gemv_glu_q8_quant")(g, b, (
+                *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0],
+                i64(q8_code(self.format, self.words)), denv.opt(self.bg), denv.opt(self.bu),
+                denv.array(self.out) if self.f32 else NULL, i64(self.k), i64(self.n), i64(self.m),
+                i64(act_code(self.act)), *denv.quant(self.quant)))
+            return
         tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant)) if self.quant is not None
                 else (NULL, NULL, NULL, NULL))
         out = denv.array(self.out) if self.f32 else denv.scratch(self, self.scratch()[1])
         if self.words:
             denv.function(self.stem, "gemv_glu_q8")(g, b, (
-                *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
+                *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0],
+                i64(q8_code(self.format, self.words)),
                 denv.opt(self.bg), denv.opt(self.bu), out, i64(self.k), i64(self.n), i64(self.m),
-                i64(act_code(self.act)), *tail))
+                i64(act_code(self.act))))
             return
         denv.function(self.stem, f"gemv_glu_{self.per_warp}")(g, b, (
             denv.array(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),

@@ -3,7 +3,8 @@
 // accumulator per row of a slab of GR rows, each lane a block at a time. Over q8_0 and q4_0 rows the block is eight
 // __dp4a of the activation's words against the weights' integers (q4_0's nibbles less 8), the int32 sum times the two
 // scales; over q4_k and q6_k rows each value is decoded (wget) and multiplied by the word, the block's sum times the
-// activation's scale.
+// activation's scale. A q8k activation (llama.cpp's q8_K, fmt | 16: q4_k and q6_k rows under q8) is summed a
+// 256-value super-block at a time by q8k_tile.
 #define QGR 8
 #define QWARPS 4
 
@@ -42,9 +43,105 @@ struct QX {
     const float* s;
 };
 
+// Output j of rows r0.. of x · wᵀ, x a q8k form (x.l its int16 sums of 16 words), w q4_k (fmt 5) or q6_k rows: each
+// lane a super-block at a time, as llama.cpp's vec_dot_q4_K_q8_K / q6_K_q8_K sum it: the int32 sum I of __dp4a of
+// the words against the weights' integers, each sub-block's times its integer scale; for q4_k the int32 sum M of the
+// sub-blocks' mins times the sums of 32 words; the term (d·dx)·I - (dmin·dx)·M in f32, unfused (the twin's rounding).
+__device__ __forceinline__ void q8k_tile(int fmt, const QX& x, const void* w, i64 k, i64 m, i64 j, i64 r0,
+                                         float (&acc)[QGR]) {
+    int lane = threadIdx.x & 31;
+    int nr = (int)min((i64)QGR, m - r0);
+    i64 nb = k >> 8;
+    const short* xsum = (const short*)x.l;
+#pragma unroll
+    for (int r = 0; r < QGR; r++) acc[r] = 0.f;
+    for (i64 b = lane; b < nb; b += 32) {
+        int i1[QGR], i2[QGR];
+#pragma unroll
+        for (int r = 0; r < QGR; r++) i1[r] = i2[r] = 0;
+        float d, dmin = 0.f;
+        if (fmt == 5) {
+            const u8* p = (const u8*)w + (j * nb + b) * 144;
+            const u8* s = p + 4;
+            d = h16(p);
+            dmin = h16(p + 2);
+            for (int sb = 0; sb < 8; sb++) {
+                int sc = sb < 4 ? (s[sb] & 63) : ((s[sb + 4] & 15) | ((s[sb - 4] >> 6) << 4));
+                int mn = sb < 4 ? (s[sb + 4] & 63) : ((s[sb + 4] >> 4) | ((s[sb] >> 6) << 4));
+                const u8* qs = p + 16 + (sb >> 1) * 32;
+                int sh = (sb & 1) * 4, q[8];
+#pragma unroll
+                for (int t = 0; t < 8; t++) {
+                    int v = 0;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) v |= (int)((qs[4 * t + e] >> sh) & 15u) << (8 * e);
+                    q[t] = v;
+                }
+#pragma unroll
+                for (int r = 0; r < QGR; r++) {
+                    if (r < nr) {
+                        const int* xv = (const int*)(x.w + (r0 + r) * k + b * 256 + sb * 32);
+                        int a = 0;
+#pragma unroll
+                        for (int t = 0; t < 8; t++) a = __dp4a(xv[t], q[t], a);
+                        const short* bs = xsum + ((r0 + r) * k + b * 256) / 16;
+                        i1[r] += sc * a;
+                        i2[r] += mn * ((int)bs[2 * sb] + (int)bs[2 * sb + 1]);
+                    }
+                }
+            }
+        } else {
+            const u8* p = (const u8*)w + (j * nb + b) * 210;
+            d = h16(p + 208);
+            for (int g = 0; g < 16; g++) {  // values 16g..16g+15: v = 128h + 32t + l
+                int h = g >> 3, t = (g >> 1) & 3, l0 = (g & 1) * 16, sl = t >= 2 ? 4 : 0;
+                const u8* lo = p + 64 * h + 32 * (t & 1) + l0;
+                const u8* hi = p + 128 + 32 * h + l0;
+                int sc = (int)(signed char)p[192 + g], q[4];
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    int v = 0;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = 4 * c + e;
+                        int qv = (int)(((lo[i] >> sl) & 15u) | (((hi[i] >> (2 * t)) & 3u) << 4)) - 32;
+                        v |= (qv & 255) << (8 * e);
+                    }
+                    q[c] = v;
+                }
+#pragma unroll
+                for (int r = 0; r < QGR; r++) {
+                    if (r < nr) {
+                        const int* xv = (const int*)(x.w + (r0 + r) * k + b * 256 + g * 16);
+                        int a = 0;
+#pragma unroll
+                        for (int c = 0; c < 4; c++) a = __dp4a(xv[c], q[c], a);
+                        i1[r] += sc * a;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < QGR; r++) {
+            if (r < nr) {
+                float dx = x.s[(r0 + r) * nb + b];
+                float tm = __fmul_rn(__fmul_rn(d, dx), (float)i1[r]);
+                if (fmt == 5) tm = __fsub_rn(tm, __fmul_rn(__fmul_rn(dmin, dx), (float)i2[r]));
+                acc[r] += tm;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < QGR; r++) acc[r] = warp_sum(acc[r]);
+}
+
 // Output j of rows r0.. (a slab of QGR) of x · wᵀ, x quantized, warp-summed into acc (every lane holds the sums).
 __device__ __forceinline__ void q8_tile(int fmt, const QX& x, const void* w, i64 k, i64 m, i64 j, i64 r0,
                                         float (&acc)[QGR]) {
+    if (fmt & 16) {
+        q8k_tile(fmt & 15, x, w, k, m, j, r0, acc);
+        return;
+    }
     int lane = threadIdx.x & 31;
     int nr = (int)min((i64)QGR, m - r0);
     i64 nb = k >> 5;

@@ -25,10 +25,48 @@ __device__ __forceinline__ void quant_block(float x, signed char* words, signed 
     if (lane == 0) scales[b] = low ? d : f16_round(d);
 }
 
+// A block of 256 values as llama.cpp's q8_K (ggml's quantize_row_q8_K_ref; the form products over q4_k / q6_k rows
+// read under q8): a warp a block, lane i its values 8i..8i+7. max is the first value of the largest |x| (each lane
+// its first, then the smaller place on a tie), iscale = -127/max, q = min(127, rint(iscale * x)) (ggml's
+// nearest_int rounds halves to even, as rint does), the scale 1/iscale kept f32, and the sum of each 16 words
+// (lanes 2g and 2g+1) as an int16.
+__device__ __forceinline__ void quant_k_block(const float* x, signed char* words, short* sums, float* scales, i64 b,
+                                              int lane) {
+    const float* xb = x + b * 256 + lane * 8;
+    float v[8], a = 0.0f, mx = 0.0f;
+    int at = lane * 8;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        v[e] = xb[e];
+        if (fabsf(v[e]) > a) { a = fabsf(v[e]); mx = v[e]; at = lane * 8 + e; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float a2 = __shfl_xor_sync(0xffffffffu, a, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        int at2 = __shfl_xor_sync(0xffffffffu, at, o);
+        if (a2 > a || (a2 == a && at2 < at)) { a = a2; mx = m2; at = at2; }
+    }
+    float iscale = a != 0.0f ? __fdiv_rn(-127.0f, mx) : 0.0f;
+    int sum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        int q = min(127, __float2int_rn(__fmul_rn(iscale, v[e])));
+        words[b * 256 + lane * 8 + e] = (signed char)q;
+        sum += q;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if ((lane & 1) == 0) sums[b * 16 + (lane >> 1)] = (short)sum;
+    if (lane == 0) scales[b] = a != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
+}
+
+// nwords 3: the q8k form, `low` its int16 sums of 16 words (kernels/quant.py's layout).
 extern "C" __global__ void quant(const float* x, signed char* words, signed char* low, float* scales, i64 n,
                                  i64 nwords) {
     int lane = threadIdx.x & 31;
     i64 b = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (nwords == 3) {
+        if (b * 256 < n) quant_k_block(x, words, (short*)low, scales, b, lane);
+        return;
+    }
     if (b * 32 >= n) return;
     quant_block(x[b * 32 + lane], words, nwords == 2 ? low : nullptr, scales, b, lane);
 }

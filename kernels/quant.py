@@ -1,7 +1,9 @@
 """`quant`: an activation quantized to int8 blocks of QBLOCK values with one f32 scale a block (llama.cpp's q8_0
 rounding, engine/quantize.py), one word a value (q8) or two (q8x2: a low int8 word of the residual) — for an activation
 no producer quantizes in its epilogue. A quantized array's bytes (`quant_layout`): its int8 words, then its low words
-under two words, then a scale a block, each part ALIGN-aligned."""
+under two words (under the q8k form, llama.cpp's q8_K for K-quant rows: its int16 sums of 16 words), then a scale a
+block, each part ALIGN-aligned. Only the Quant launch writes a q8k form: a producer's epilogue quantizes in blocks of
+32 (`quant_check` refuses it the q8k form, so its quantize stays a Quant launch)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,20 @@ import numpy as np
 
 from lanefuse.engine.quantize import quantize
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import QBLOCK, Launch, quant_layout, reach  # noqa: F401  (quant_layout: its home here)
+from lanefuse.kernels.common import (Q8K, QBLOCK, QSUM, Launch, qblock, quant_layout,  # noqa: F401  (quant_layout:
+                                     reach)  # its home here)
 
 
-def quant_check(n: int, words: int, what: str = "an activation") -> Refusal | None:
-    if words not in (1, 2):
+def quant_check(n: int, words: int, what: str = "an activation", k_form: bool = False) -> Refusal | None:
+    """Why `what` of n values cannot be quantized to `words` (q8 1, q8x2 2, q8k 3 where `k_form`: the Quant launch)."""
+    if words == Q8K and not k_form:
+        return Refusal(f"{what} quantized as llama.cpp's q8_K (blocks of 256, for K-quant rows): only the Quant "
+                       f"launch writes that form")
+    if words not in (1, 2, Q8K):
         return Refusal(f"{what} quantized to {words} words a value (q8 takes one, q8x2 two)")
-    if n < 1 or n % QBLOCK:
-        return Refusal(f"{what} of {n} values quantized in blocks of {QBLOCK} (a whole number of blocks is needed)")
+    bl = qblock(words)
+    if n < 1 or n % bl:
+        return Refusal(f"{what} of {n} values quantized in blocks of {bl} (a whole number of blocks is needed)")
     return None
 
 
@@ -28,21 +36,27 @@ def quant_write(env, name: str, values: np.ndarray, words: int, start: int = 0) 
     whole number of blocks: a batch launch's rows from its first sequence's)."""
     q = quantize(np.asarray(values, dtype=np.float32).reshape(1, -1), words)
     w, low, scales = env.quant(name)
-    b = start // QBLOCK
+    b = start // qblock(words)
     w[start: start + q.words.size] = q.words.reshape(-1)
     if words == 2:
         low[start: start + q.low.size] = q.low.reshape(-1)
+    if words == Q8K:  # the sums of 16 words stand where q8x2's low words do
+        low[start // QSUM: start // QSUM + q.sums.size] = q.sums.reshape(-1)
     scales[b: b + q.scales.size] = q.scales.reshape(-1)
 
 
 def quant_bytes(n: int, words: int) -> int:
-    """The bytes a launch writes of the quantized form of n values (words, then a scale a block); 0 for none."""
+    """The bytes a launch writes of the quantized form of n values (words, then a scale a block; the q8k form's
+    sums of 16 words too); 0 for none."""
+    if words == Q8K:
+        return n + 2 * (n // QSUM) + 4 * (n // qblock(words))
     return words * n + 4 * (n // QBLOCK) if words else 0
 
 
 @dataclass(frozen=True)
 class Quant(Launch):
-    """y (the quantized form of x's first n values) = quantize(x): a warp a block of QBLOCK values."""
+    """y (the quantized form of x's first n values) = quantize(x): a warp a block of QBLOCK values (a q8k form: a
+    warp a block of 256, eight values a lane)."""
 
     x: str
     y: str
@@ -59,13 +73,13 @@ class Quant(Launch):
         return (self.y,)
 
     def check(self):
-        return quant_check(self.n, self.words)
+        return quant_check(self.n, self.words, k_form=True)
 
     def extents(self, top, tokens):
         return reach((self.x, self.n))
 
     def bytes(self):
-        return 4 * self.n + self.words * self.n + 4 * (self.n // QBLOCK)
+        return 4 * self.n + quant_bytes(self.n, self.words)
 
     def flops(self):
         return 4 * self.n
@@ -75,7 +89,7 @@ class Quant(Launch):
 
     def grid_block(self):
         warps = 4
-        return ((-(-(self.n // QBLOCK) // warps), 1, 1), (32 * warps, 1, 1))
+        return ((-(-(self.n // qblock(self.words)) // warps), 1, 1), (32 * warps, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import i64

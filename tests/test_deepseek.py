@@ -365,27 +365,35 @@ def plan_against_reference(rows, fmt, runner="exact", **opts):
 
 
 def test_census_golden_of_a_deepseek_decode_layer():
-    """The launches of a mixture decode layer (issue 15's goal is 7; 14 before the latent attention fused, 10 now):
-    the q_a product with the latent's and the rotated key's (products of one activation in parts, the rows cut at
-    load); the q_a and latent norms in one launch, the latent's writing its cache row (norm_pair, place.latent_row);
-    each head's unrotated and rotated query parts from q_b in parts; the q and k rotations (the key's into its cache
-    row); the latent attention in three (mla: the absorption, the Split attention reading the latent cache and the
-    rotated key in place, the expansion: no join, no copy of a cache table); the o product's fold (the residual add
-    and the norm); and the mixture's two kernels with its shared expert, the residual add and the next layer's norm
-    (shared_expert_fusion.grouped, moe_deferred_finalize.grouped; the Moe launch is counted in the layer whose norm it
-    computes). Left to reach 7: the rotations in the products' epilogues, the norms in the first product's, the
-    absorption in q_b's."""
+    """The launches of a mixture decode layer (issue 15's goal is 7; 14 before the latent attention fused, 10 before
+    the rotations joined the products, 9 now): the q_a product with the latent's and the rotated key's, the key
+    rotated in its epilogue into its cache row (products of one activation in parts, the rows cut at load:
+    merged_qkv.rotated, place.key_row); the q_a and latent norms in one launch, the latent's writing its cache row
+    (norm_pair, place.latent_row); each head's unrotated and rotated query parts from q_b in parts, the rotated part
+    rotated in the epilogue (merged_pair.rotated); the latent attention in three (mla: the absorption, the Split
+    attention reading the latent cache and the rotated key in place, the expansion: no join, no copy of a cache
+    table); the o product's fold (the residual add and the norm); and the mixture's two kernels with its shared
+    expert, the residual add and the next layer's norm (shared_expert_fusion.grouped, moe_deferred_finalize.grouped;
+    the Moe launch is counted in the layer whose norm it computes). Without q_lora_rank the four products of the
+    layer's norm are one launch, both rotations in its epilogue (merged_quad.rotated): 8. Left to reach 7: the norms
+    in the first product's epilogue, or the absorption in q_b's."""
     from lanefuse.engine.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     s = plan(build_step(tiny_cfg(num_hidden_layers=4), 1))
     kinds = sorted(k.census for l in s.launches if l.layer == 2 for k in l.launch.kernels())
-    assert kinds == sorted(["attention", "fold", "gemm_parts", "gemm_parts", "head_gemv", "head_gemv", "moe", "moe",
-                            "norm_pair", "rope_parts"]), kinds
-    assert "join" not in s.census and "set_row" not in s.census, s.census
-    for rule in ("mla", "place.latent_row", "norm_pair", "rope_qk_one_launch", "place.key_row"):
+    assert kinds == sorted(["fold", "norm_pair", "fold", "head_gemv", "attention", "head_gemv", "fold", "moe",
+                            "moe"]), kinds
+    assert "join" not in s.census and "set_row" not in s.census and "rope_parts" not in s.census, s.census
+    for rule in ("mla", "place.latent_row", "norm_pair", "merged_qkv.rotated", "merged_pair.rotated",
+                 "place.key_row"):
         assert s.fusions.get(rule) == 4, s.fusions
     assert s.fusions.get("moe_deferred_finalize.grouped") == 3, s.fusions
+    assert all(l.launch.fused for l in s.launches if l.launch.census == "fold"), "a fold runs as two kernels"
+    t = plan(build_step(tiny_cfg(num_hidden_layers=4, q_lora_rank=None), 1))
+    kinds = sorted(k.census for l in t.launches if l.layer == 2 for k in l.launch.kernels())
+    assert kinds == sorted(["norm", "fold", "head_gemv", "attention", "head_gemv", "fold", "moe", "moe"]), kinds
+    assert t.fusions.get("merged_quad.rotated") == 4 and "rope_parts" not in t.census, t.fusions
 
 
 def test_norm_pair_twins_and_refusals():

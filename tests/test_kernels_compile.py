@@ -216,8 +216,9 @@ def samples():
 def quantizing():
     """The q8 numerics' quantizing epilogues: the attention (one split, three: the combine quantizes), the gated
     product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one;
-    and each writing its quantized form alone."""
-    from lanefuse.kernels import Attention, Binary, Dst, GemvGlu, HeadGemv, Norm
+    and each writing its quantized form alone; the q8k form's Quant and products."""
+    from lanefuse.kernels import Attention, Binary, Dst, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm
+    from lanefuse.kernels.quant import Quant
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, per_block=2, quant="oq", words=1),
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=2),
@@ -228,6 +229,10 @@ def quantizing():
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=1, f32=False),
             Binary("mul", "a", "b", "o", 64, gate="silu", quant="oq", words=2, f32=False),
             GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=1, quant="oq", quant_words=1, f32=False),
+            # the q8k form (llama.cpp's q8_K) of K-quant rows: quant.cu's 256-value blocks, gemv_q8.cu's q8k_tile
+            Quant("x", "xq", 512, 3), Gemv("xq", "w", "q4_k", Dst("y"), 256, 8, 2, words=3),
+            GemvGlu("xq", "wg", "wu", "q6_k", "o", 256, 64, 3, words=3, quant="oq", quant_words=1, f32=False),
+            GemmParts("xq", "q4_k", 256, 1, (GemmPart("wq", Dst("q"), 8), GemmPart("wk", Dst("k"), 8)), words=3),
             Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False),
             HeadGemv("x", "w", "q8_0", Dst("o"), 2, 4, 32, 16, quant="oq", words=2)]
 

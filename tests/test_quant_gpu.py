@@ -33,10 +33,15 @@ def _dev(n: int, words: int, arrays, weights):
     return DeviceEnv(total, {"xq": (0, total, "u8")}, arrays, weights, quantized={"xq": (n, words)})
 
 
-@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("words", [1, 2, 3])
 def test_quant_kernel_equals_its_twin(words):
-    n = 4096 + 32
+    n = 4096 + (256 if words == 3 else 32)
     x = (np.random.default_rng(6).standard_normal(n) * 3).astype(np.float32)
+    if words == 3:  # a block all zero, a block whose largest |x| is negative and twice, halves that round to even
+        x[256:512] = 0
+        x[512:768] = np.where(np.arange(256) % 7 == 0, np.float32(-127), x[512:768])
+        x[768:1024] = (np.arange(256) % 9 - 4).astype(np.float32) * 0.5 + np.float32(0)
+        x[768] = -127
     dev = _dev(n, words, {"x": x}, {})
     Quant("x", "xq", n, words).cuda(dev)
     dev.cp.cuda.Device().synchronize()
@@ -44,12 +49,14 @@ def test_quant_kernel_equals_its_twin(words):
     w, low, sc = dev.quant("xq")
     assert np.array_equal(dev.cp.asnumpy(w), want.words.reshape(-1))
     assert np.array_equal(dev.cp.asnumpy(sc), want.scales.reshape(-1))
-    if words == 2:
-        assert np.array_equal(dev.cp.asnumpy(low), want.low.reshape(-1))
+    if words >= 2:  # q8x2's low words; the q8k form's sums of 16 words
+        assert np.array_equal(dev.cp.asnumpy(low), want.parts()[1])
 
 
-@pytest.mark.parametrize("words", [1, 2])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+Q8K_CASES = [("q4_k", 3), ("q6_k", 3)]  # the q8k form (llama.cpp's q8_K) times K-quant rows: gemv_q8.cu's q8k_tile
+
+
+@pytest.mark.parametrize("fmt,words", [(f, w) for w in (1, 2) for f in ("q8_0", "q4_0", "q4_k", "q6_k")] + Q8K_CASES)
 @pytest.mark.parametrize("m", [1, 9])
 def test_gemv_q8_kernel_equals_its_twin(fmt, words, m):
     rng = np.random.default_rng(7)
@@ -60,7 +67,7 @@ def test_gemv_q8_kernel_equals_its_twin(fmt, words, m):
     b = rng.standard_normal(n).astype(np.float32)
     g = Gemv("xq", "w", fmt, Dst("y"), k, n, m, bias="b", words=words)
     host = HostEnv({"y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)},
-                   {"xq": (q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1))})
+                   {"xq": q.parts()})
     g.numpy(host)
     dev = _dev(m * k, words, {"x": x, "y": np.zeros(m * n, np.float32), "b": b}, {"w": (raw, fmt)})
     Quant("x", "xq", m * k, words).cuda(dev)
@@ -75,8 +82,7 @@ def _both_q8(launch, x, words, arrays, weights, tol=2e-5):
     quantized x there: every array agrees afterwards, within f32 summation of the exact twin's sums."""
     q = quantize(x.reshape(launch.m, launch.k), words)
     assert launch.check() is None, launch.check()
-    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights,
-                   {"xq": (q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1))})
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights, {"xq": q.parts()})
     launch.numpy(host)
     dev = _dev(x.size, words, {"x": x, **arrays}, weights)
     Quant("x", "xq", x.size, words).cuda(dev)
@@ -89,8 +95,7 @@ def _both_q8(launch, x, words, arrays, weights, tol=2e-5):
     return dev
 
 
-@pytest.mark.parametrize("words", [1, 2])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt,words", [(f, w) for w in (1, 2) for f in ("q8_0", "q4_0", "q4_k", "q6_k")] + Q8K_CASES)
 def test_gemv_glu_and_parts_q8_kernels_equal_their_twins(fmt, words):
     from lanefuse.kernels import GemmPart, GemmParts, GemvGlu, Part
 
@@ -110,8 +115,7 @@ def test_gemv_glu_and_parts_q8_kernels_equal_their_twins(fmt, words):
              w)
 
 
-@pytest.mark.parametrize("words", [1, 2])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+@pytest.mark.parametrize("fmt,words", [(f, w) for w in (1, 2) for f in ("q8_0", "q4_k")] + Q8K_CASES[:1])
 def test_fold_q8_kernels_equal_their_twins(fmt, words):
     """gemv_norm and parts_rope over a quantized activation: the products by gemv_q8.cu's body, the norm by the
     last block, each rotated head by the last of its blocks (a second launch runs them again)."""

@@ -11,7 +11,7 @@ from lanefuse.engine.placement import home_of
 from lanefuse.kernels.quant import quant_layout
 from lanefuse.lane.lower.arena import Arena, Live, place
 
-WORDS = {"q8": 1, "q8x2": 2}  # a quantized activation's dtype -> int8 words a value
+WORDS = {"q8": 1, "q8x2": 2, "q8k": 3}  # a quantized activation's dtype -> its launches' `words` (q8k: 3)
 
 
 def array_bytes(size: int, dtype: str) -> int:

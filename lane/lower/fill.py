@@ -131,7 +131,7 @@ def _format(s, t):
 
 def _words(s, t):
     """The int8 words a value of quantized activation t (q8 1, q8x2 2); 0 for an f32 tensor or none (null)."""
-    return 0 if t is None else {"q8": 1, "q8x2": 2}.get(s.g.dtype(_tensor(s, t)), 0)
+    return 0 if t is None else {"q8": 1, "q8x2": 2, "q8k": 3}.get(s.g.dtype(_tensor(s, t)), 0)
 
 
 def _stored(s, t, q=None):

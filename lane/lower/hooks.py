@@ -98,7 +98,7 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
         return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
     k = link.g.shape(x)[1]
     m = link.g.shape(x)[0]
-    gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts), words={"q8": 1, "q8x2": 2}.get(link.g.dtype(x), 0))
+    gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts), words={"q8": 1, "q8x2": 2, "q8k": 3}.get(link.g.dtype(x), 0))
     if not sides:
         return [gp]
     return [Fold(first=gp, then=_rope_parts(sides, rope, link))]
@@ -117,7 +117,7 @@ def head_epilogue(link, op: Op, scope: Scope) -> list | Refusal:
     out = _product_out(ch)
     g = link.g
     gemv = Gemv(x=x, w=w, format=c.format, y=Dst(out), k=g.shape(x)[1], n=g.shape(w)[0], m=g.shape(x)[0],
-                bias=arg(ch["bias"], "b") if "bias" in ch else None, words={"q8": 1, "q8x2": 2}.get(g.dtype(x), 0))
+                bias=arg(ch["bias"], "b") if "bias" in ch else None, words={"q8": 1, "q8x2": 2, "q8k": 3}.get(g.dtype(x), 0))
     side = _side(ch, scope)
     rope = ch["rope"]
     a = rope.a

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.kernels.common import QBLOCK
+from lanefuse.kernels.common import Q8K, QSUM, qblock
 from lanefuse.kernels.quant import quant_layout
 from lanefuse.lane.lower.buffers import WORDS
 from lanefuse.lane.lower.plan import Plan
@@ -61,8 +61,10 @@ class ArenaEnv:
         off = self.placed[b.home].offset
         lo, sc, _ = quant_layout(b.size, words)
         w = np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off)
-        low = np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off + lo) if words == 2 else None
-        return w, low, np.frombuffer(self.arena, dtype=np.float32, count=b.size // QBLOCK, offset=off + sc)
+        low = (np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off + lo) if words == 2 else
+               np.frombuffer(self.arena, dtype=np.int16, count=b.size // QSUM, offset=off + lo) if words == Q8K
+               else None)  # the q8k form's sums of 16 words (int16) stand where q8x2's low words do
+        return w, low, np.frombuffer(self.arena, dtype=np.float32, count=b.size // qblock(words), offset=off + sc)
 
     def array(self, name: str) -> np.ndarray:
         v = self._views.get(name)

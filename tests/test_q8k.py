@@ -1,0 +1,214 @@
+"""The q8k form, llama.cpp's q8_K (what a product over q4_k / q6_k rows reads under --numerics q8): the interpreter's
+quantize against a value-by-value reading of ggml's quantize_row_q8_K_ref, the Quant launch's twin, the products'
+exact twins (integer super-block sums) against the interpreter's, refusals in words, bytes, and which quantize a
+q8 step graph gets for each product."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.model import build_step
+from lanefuse.engine.quantize import product, quantize, with_numerics
+from lanefuse.kernels import Dst, GemmPart, GemmParts, Gemv, GemvGlu, Norm, Part
+from lanefuse.kernels.blocks import decode_rows, encode
+from lanefuse.kernels.common import act
+from lanefuse.kernels.env import HostEnv
+from lanefuse.kernels.quant import Quant, quant_bytes, quant_layout
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.run.numpy_runner import NumpyRunner
+from test_quant import _env, q8_model
+
+F32 = np.float32
+
+
+def _q8k_by_value(x: np.ndarray):
+    """ggml's q8_K of one row, a block and a value at a time (Python scalars rounded to f32 at each step)."""
+    words, sums, scales = [], [], []
+    for b in range(0, x.size, 256):
+        blk = x[b:b + 256]
+        amax, mx = F32(0), F32(0)
+        for v in blk:
+            if abs(v) > amax:
+                amax, mx = abs(v), v
+        if amax == 0:
+            words += [0] * 256
+            sums += [0] * 16
+            scales.append(F32(0))
+            continue
+        iscale = F32(F32(-127) / mx)
+        q = []
+        for v in blk:
+            t = F32(iscale * v)
+            r = int(np.floor(t))
+            frac = float(t) - r
+            r = r + 1 if frac > 0.5 or (frac == 0.5 and r % 2) else r  # nearest, halves to even
+            q.append(min(127, r))
+        words += q
+        sums += [sum(q[16 * j:16 * j + 16]) for j in range(16)]
+        scales.append(F32(F32(1) / iscale))
+    return np.array(words, np.int8), np.array(sums, np.int16), np.array(scales, F32)
+
+
+def _awkward(rng, n=1024):
+    x = (rng.standard_normal(n) * 2).astype(F32)
+    x[256:512] = 0  # an all-zero block
+    x[512:768:37] = F32(-3.5)  # the largest |x| negative, several times: the first one is max
+    x[768:1024] = ((np.arange(256) % 9) - 4).astype(F32) * F32(0.5)
+    x[770] = F32(-127)  # iscale 1: the halves of the block round to even
+    return x
+
+
+def test_quantize_is_ggmls_q8_K_value_by_value():
+    x = _awkward(np.random.default_rng(20))
+    q = quantize(x.reshape(1, -1), 3)
+    w, s, d = _q8k_by_value(x)
+    assert q.block == 256 and np.array_equal(q.words.reshape(-1), w) and np.array_equal(q.sums.reshape(-1), s)
+    assert np.array_equal(q.scales.reshape(-1), d) and q.scales.dtype == F32
+    # iscale 1 there: -1.5 -> -2, -0.5 -> 0, 0.5 -> 0, 1.5 -> 2 (halves to even; C's roundf would give -1 and 1)
+    assert q.words[0, 770] == -127 and list(q.words[0, [769, 771, 773, 775]]) == [-2, 0, 0, 2]
+    assert np.abs(q.values().reshape(-1) - x).max() <= np.abs(x).max() / 254 * 1.0001
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([1.0, 1e-3, 1e4]))
+def test_quantize_k_matches_the_value_by_value_reading(seed, scale):
+    x = (np.random.default_rng(seed).standard_normal(512) * scale).astype(F32)
+    w, s, d = _q8k_by_value(x)
+    q = quantize(x.reshape(1, -1), 3)
+    assert np.array_equal(q.words.reshape(-1), w) and np.array_equal(q.sums.reshape(-1), s)
+    assert np.array_equal(q.scales.reshape(-1), d)
+
+
+def test_quant_launch_writes_the_q8k_form_and_refusals():
+    x = _awkward(np.random.default_rng(21))
+    n = x.size
+    env = HostEnv({"x": x}, quantized={"xq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16),
+                                              np.zeros(n // 256, F32))})
+    launch = Quant("x", "xq", n, 3)
+    assert launch.check() is None and launch.grid_block()[0] == (1, 1, 1)
+    launch.numpy(env)
+    want = quantize(x.reshape(1, -1), 3).parts()
+    assert all(np.array_equal(a, b) for a, b in zip(env.quant("xq"), want))
+    assert "blocks of 256" in Quant("x", "xq", 288, 3).check().reason
+    # bytes: words, sums of 16 (int16), a scale a block of 256 (f32), each part aligned
+    assert launch.bytes() == 4 * n + n + 2 * (n // 16) + 4 * (n // 256) and quant_bytes(n, 3) == n + 128 + 16
+    assert quant_layout(n, 3) == (1024, 1024 + 256, 1024 + 256 + 256)
+    # a producer's epilogue writes only the 32-value forms: its quantize stays a Quant launch
+    why = Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3).check()
+    assert why is not None and "only the Quant launch" in why.reason
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_products_of_a_q8k_activation(fmt):
+    """Gemv, GemmParts and GemvGlu over a q8k activation: the exact twins (int32 super-block sums, the scales in
+    f32 as gemv_q8.cu's q8k_tile rounds them) within f32 rounding of the interpreter's product; the fast twins (f32
+    BLAS of the activation's values) too."""
+    rng = np.random.default_rng(22)
+    m, k, n = 3, 512, 37
+    raws = {w: encode(rng.standard_normal((n, k)).astype(F32) / 16, fmt) for w in ("w", "wu")}
+    xq = quantize(rng.standard_normal((m, k)).astype(F32), 3)
+    b = rng.standard_normal(n).astype(F32)
+    y, u = (product(xq, decode_rows(raws[w], fmt, k)) for w in ("w", "wu"))
+    W = 2 * n + 3
+    want = {"y": y + b, "o": act("silu", (y + b).astype(F32)) * u,
+            "qkv": np.concatenate([y + b, np.zeros((m, 3), F32), u], axis=1)}
+    for exact in (True, False):
+        env = HostEnv({"y": np.zeros(m * n, F32), "o": np.zeros(m * n, F32), "qkv": np.zeros(m * W, F32), "b": b},
+                      {w: (r, fmt) for w, r in raws.items()}, {"xq": xq.parts()})
+        launches = (Gemv("xq", "w", fmt, Dst("y"), k, n, m, bias="b", words=3),
+                    GemvGlu("xq", "w", "wu", fmt, "o", k, n, m, bg="b", words=3),
+                    GemmParts("xq", fmt, k, m, (GemmPart("w", Dst("qkv", unit=Part(W, 0, n)), n, bias="b"),
+                                                GemmPart("wu", Dst("qkv", unit=Part(W, n + 3, n)), n)), words=3))
+        for launch in launches:
+            assert launch.check() is None, launch.check()
+            launch.numpy(env) if exact else launch.fast(env)
+        for name, v in want.items():
+            got = env.array(name).reshape(v.shape)
+            assert np.abs(got - v).max() <= (1e-6 if exact else 1e-5) * np.abs(v).max(), (name, exact)
+    g = launches[0]
+    assert g.bytes() == Gemv("xq", "w", fmt, Dst("y"), k, n, m, bias="b").bytes() - 4 * m * k + quant_bytes(m * k, 3)
+    for other in ("q8_0", "q4_0"):
+        why = Gemv("xq", "w", other, Dst("y"), k, n, m, words=3).check()
+        assert why is not None and "q4_k, q6_k rows only" in why.reason
+
+
+def test_q8_gives_k_quant_products_the_q8k_form():
+    """Under q8 the products over q4_k rows read a q8k quantize, those over q8_0 rows a q8 one: an activation both
+    read is quantized both ways; under q8x2 every product reads the 32-value two-word form."""
+    cfg, w = q8_model("q4_k")
+    fmts = tuple((n, "q8_0" if "down_proj" in n or "q_proj" in n else f) for n, f in cfg.formats)
+    g = build_step(dataclasses.replace(cfg, formats=fmts), 1)
+    gq = with_numerics(g, "q8")
+    for op in gq.ops:
+        if op.kind == "matmul" and op.ins[0] in gq.tensors and gq.dtype(op.ins[0]) != "f32":
+            fmt = gq.constants[op.ins[1]].format
+            assert gq.dtype(op.ins[0]) == ("q8k" if fmt in ("q4_k", "q6_k") else "q8"), (op.out, fmt)
+    forms = {op.ins[0]: [] for op in gq.ops if op.kind == "quantize"}
+    for op in gq.ops:
+        if op.kind == "quantize":
+            forms[op.ins[0]].append(op.a["words"])
+    assert any(sorted(v) == [1, 3] for v in forms.values())  # the attention's normed input: q by q8, k/v by q8k
+    gq.validate()
+    g2 = with_numerics(g, "q8x2")
+    assert {g2.dtype(o.ins[0]) for o in g2.ops if o.kind == "matmul"} <= {"q8x2", "f32"}
+
+
+def test_q8_plan_of_k_quant_rows_equals_the_interpreter():
+    """A q6_k decode step under q8, run by the exact twins in the plan's arena (launch by launch checked), equals the
+    interpreter of the quantized graph; each q8k quantize is a Quant launch."""
+    cfg, w = q8_model("q6_k")
+    g = build_step(cfg, 1)
+    p = plan(g, numerics="q8")
+    gq = with_numerics(g, "q8")
+    assert p.census.get("quant", 0) == sum(op.kind == "quantize" for op in gq.ops) > 0
+    ref = evaluate(gq, w, _env(gq, cfg))
+    out = NumpyRunner(p, w, exact=True, check=True).step(_env(g, cfg), lifted=g)
+    assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
+    assert np.array_equal(out["next"], ref["next"])
+
+
+def test_plan_says_which_activations_are_q8K(capsys):
+    from lanefuse.lane.cli.main import main
+
+    assert main(["plan", "--numerics", "q8", "--weights-format", "q4_k"]) == 0
+    out = capsys.readouterr().out
+    assert "quantized as llama.cpp's q8_K (blocks of 256), each by a Quant launch" in out
+    assert main(["plan", "--numerics", "q8", "--weights-format", "q8_0"]) == 0
+    assert "q8_K" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_quantized_arena_stays_at_its_lower_bound(fmt, numerics):
+    """Arena bytes over their lower bound under q8 and q8x2 (goal <= 1.02), decode and a 3-row chunk; a gate/up GEMV
+    over a quantized activation that quantizes its GLU has no scratch (gemv_glu_q8_quant holds a block's 32 outputs
+    in shared memory), so with `fuse_quant` the decode step's arena is no larger than with it held."""
+    cfg, _ = q8_model(fmt)
+    for rows in (1, 3):
+        p = plan(build_step(cfg, rows), numerics=numerics)
+        assert p.arena.bytes <= 1.02 * p.arena.lower_bound, (rows, p.arena.bytes, p.arena.lower_bound)
+        glus = [x.launch for x in p.launches if x.launch.census == "gemv_glu" and x.launch.quant is not None]
+        assert all(g.words and g.scratch() == () for g in glus)
+        assert glus or (fmt, numerics) == ("q4_k", "q8")  # q8k GLUs are quantized by a Quant launch
+        held = plan(build_step(cfg, rows), numerics=numerics, held=("fuse_quant",))
+        assert p.arena.bytes <= held.arena.bytes, (rows, p.arena.bytes, held.arena.bytes)
+
+
+def test_a_saved_q8_plan_of_k_quant_rows_runs_the_same(capsys, tmp_path):
+    from lanefuse.lane.cli.main import main
+
+    saved = tmp_path / "q8k.json"
+    assert main(["plan", "--numerics", "q8", "--weights-format", "q4_k", "--save", str(saved)]) == 0
+    capsys.readouterr()
+    run = ["--weights-format", "q4_k", "--prompt-ids", "1,2,3", "--tokens", "3"]
+    assert main(["run", "--plan", str(saved), *run]) == 0
+    a = capsys.readouterr().out
+    assert main(["run", "--numerics", "q8", *run]) == 0
+    b = capsys.readouterr().out
+    ids = [line for line in a.splitlines() if line.startswith("generated ids")]
+    assert ids and ids == [line for line in b.splitlines() if line.startswith("generated ids")]
