@@ -142,6 +142,22 @@ def timed_decode(step_fn, times: list[float]):
     return timed
 
 
+def timed_generate(cfg, weights, step_fn, prompt: list[int], tokens: int) -> tuple[float, float, list[int]]:
+    """A first run of 2 tokens (it plans the prefill chunk and the decode step and reads, or decodes, the weights
+    once), then `tokens` greedy decode steps on `step_fn`, each timed: (the first run's seconds, the decode steps'
+    median ms, the tokens of the second run)."""
+    from lanefuse.lane.run.generate import generate
+
+    times: list[float] = []
+    timed = timed_decode(step_fn, times)
+    t0 = time.perf_counter()
+    generate(cfg, weights, prompt, 2, step_fn=timed)
+    first = time.perf_counter() - t0
+    times.clear()
+    res = generate(cfg, weights, prompt, tokens + 1, step_fn=timed)
+    return first, 1e3 * statistics.median(times), res.generated_ids
+
+
 def side_by_side(lf, folder: str, elsewhere: str, env: dict, rounds: int, tokens: int, threads: int,
                  attn: str | None = None, alone=None) -> dict:
     """lanefuse (`lf`, a Lanefuse) and transformers (served from `folder` in a subprocess) decoding the same prompt,

@@ -123,25 +123,12 @@ def child_lanefuse(path: str, tokens: int) -> dict:
     loaded = resident()
     out = {"load_s": load_s, "before": before, "loaded": loaded}
     try:
-        from lanefuse.lane.run.generate import generate
+        from cpu_decode import timed_generate
         from lanefuse.lane.run.step import plan_step_fn
 
         step_fn, label = plan_step_fn(weights, "cpu")
-        times: list[float] = []
-
-        def timed(g, env):
-            t = time.perf_counter()
-            r = step_fn(g, env)
-            if int(g.meta.get("rows", 1)) == 1:
-                times.append(time.perf_counter() - t)
-            return r
-
-        t1 = time.perf_counter()
-        generate(cfg, weights, PROMPT, 2, step_fn=timed)  # plans, weights read (and decoded) once
-        out["first_s"] = time.perf_counter() - t1
-        times.clear()
-        res = generate(cfg, weights, PROMPT, tokens + 1, step_fn=timed)
-        out.update(ms=1e3 * statistics.median(times), tokens=res.generated_ids, label=label, run=resident())
+        out["first_s"], ms, got = timed_generate(cfg, weights, step_fn, PROMPT, tokens)
+        out.update(ms=ms, tokens=got, label=label, run=resident())
     except Exception as e:  # a format the kernels do not read yet: said in the figures, not a crash
         out["error"] = f"{type(e).__name__}: {str(e)[:160]}"
     return out

@@ -52,31 +52,21 @@ def plan_figures(path: str, chunk: int = 1) -> list[tuple]:
 
 
 def child_decode(path: str, numerics: str, tokens: int) -> dict:
+    from cpu_decode import timed_generate
     from lanefuse.engine.front import load_model
     from lanefuse.lane.lower.plan import PlanOptions
-    from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.step import plan_step_fn
 
     cfg, weights = load_model(path, max_len=64)
     step_fn, label = plan_step_fn(weights, "cpu", PlanOptions(numerics=numerics))
-    times: list[float] = []
-
-    def timed(g, env):
-        t = time.perf_counter()
-        r = step_fn(g, env)
-        if int(g.meta.get("rows", 1)) == 1:
-            times.append(time.perf_counter() - t)
-        return r
-
-    generate(cfg, weights, PROMPT, 2, step_fn=timed)  # plans, weights read once
-    times.clear()
-    res = generate(cfg, weights, PROMPT, tokens + 1, step_fn=timed)
-    return {"ms": 1e3 * statistics.median(times), "tokens": res.generated_ids, "label": label}
+    _, ms, got = timed_generate(cfg, weights, step_fn, PROMPT, tokens)
+    return {"ms": ms, "tokens": got, "label": label}
 
 
 def child_side_by_side(path: str, tokens: int, rounds: int) -> dict:
     """q8 and f32 fast CPU runners on one file's weights in this process, their decodes interleaved (f32, q8, f32,
     ...) `rounds` times: each numerics' median decode step, and their tokens."""
+    from cpu_decode import timed_decode
     from lanefuse.engine.front import load_model
     from lanefuse.lane.lower.plan import PlanOptions
     from lanefuse.lane.run.generate import generate
@@ -85,23 +75,15 @@ def child_side_by_side(path: str, tokens: int, rounds: int) -> dict:
     cfg, weights = load_model(path, max_len=64)
     fns = {n: plan_step_fn(weights, "cpu", PlanOptions(numerics=n))[0] for n in ("f32", "q8")}
     times: dict[str, list[float]] = {n: [] for n in fns}
+    timed = {n: timed_decode(fns[n], times[n]) for n in fns}
     out: dict[str, list[int]] = {}
 
-    def timed(n):
-        def step(g, env):
-            t = time.perf_counter()
-            r = fns[n](g, env)
-            if int(g.meta.get("rows", 1)) == 1:
-                times[n].append(time.perf_counter() - t)
-            return r
-        return step
-
     for n in fns:  # plans, weights read once
-        generate(cfg, weights, PROMPT, 2, step_fn=timed(n))
+        generate(cfg, weights, PROMPT, 2, step_fn=timed[n])
         times[n].clear()
     for _ in range(rounds):
         for n in fns:
-            out[n] = generate(cfg, weights, PROMPT, tokens + 1, step_fn=timed(n)).generated_ids
+            out[n] = generate(cfg, weights, PROMPT, tokens + 1, step_fn=timed[n]).generated_ids
     return {n: {"ms": 1e3 * statistics.median(times[n]), "tokens": out[n]} for n in fns}
 
 

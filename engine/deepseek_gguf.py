@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.gguf import check_shapes, vocab_size
 from lanefuse.engine.hfconfig import MAX_LAYERS
 
 
@@ -87,12 +88,7 @@ def deepseek_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int,
     dense, shared = count("leading_dense_block_count"), count("expert_shared_count")
     moe_inter = r.size("expert_feed_forward_length")
     inter = r.size("feed_forward_length") if dense else r.size("feed_forward_length", moe_inter)
-    embd = tensors.get("token_embd.weight")
-    if embd is None:
-        raise UserError(f"{where}: the file has no tensor `token_embd.weight` (the token embedding)")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = r.size("vocab_size") if r.has("vocab_size") else len(tokens) if tokens is not None and len(tokens) \
-        else embd[0][0]
+    vocab = vocab_size(meta, tensors, r, where)
     moe = MoeConfig(experts, k, moe_inter, r.flag("expert_weights_norm") if r.has("expert_weights_norm") else False,
                     tuple(range(min(dense, layers), layers)))
     return DeepseekConfig(
@@ -174,15 +170,12 @@ class DeepseekGGUFStore:
                 raise UserError(f"{where}: the file has no tensor `{base.file_name(a + 'weight')}` (expected shape "
                                 f"{(h * (n + v), lora)}), nor `{base.file_name(kb)}` and `{base.file_name(vb)}`: "
                                 f"layer {i}'s key and value expansions are missing")
-            for part, shape in ((kb, (h * lora, n)), (vb, (h * v, lora))):
-                if part not in have:
-                    raise UserError(f"{where}: the file has `{base.file_name(kb if part == vb else vb)}` but no "
-                                    f"`{base.file_name(part)}` (expected shape {shape}): layer {i}'s key and value "
-                                    f"expansions come in pairs")
-                got = tuple(base.info(part)[0])
-                if got != shape:
-                    raise UserError(f"{where}: tensor `{base.file_name(part)}` has shape {got}; the metadata makes it "
-                                    f"{shape} ({h} heads, key {n}, value {v}, latent {lora})")
+            check_shapes(base, have, {kb: (h * lora, n), vb: (h * v, lora)}, where,
+                         f"{h} heads, key {n}, value {v}, latent {lora}",
+                         lambda part, shape: (
+                             f"the file has `{base.file_name(kb if part == vb else vb)}` but no "
+                             f"`{base.file_name(part)}` (expected shape {shape}): layer {i}'s key and value "
+                             f"expansions come in pairs"))
             self.joined[a + "weight"] = (kb, vb)
         self._cache: dict[str, tuple[np.ndarray, str]] = {}
 

@@ -6,6 +6,7 @@ graph, and a snapshot decodes `freeze()` into Python e-classes and e-nodes."""
 from __future__ import annotations
 
 import csv
+import functools
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -119,6 +120,12 @@ def compile_variant(v: Variant, rule: Rule, label: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _compiled(v: Variant, rule: Rule, label: str) -> tuple[str, ...]:
+    """compile_variant's text, once a variant of a table: every plan() builds a new e-graph over the same rules."""
+    return tuple(compile_variant(v, rule, label))
+
+
 class EGraph:
     """One step graph in egglog with every rule of a table compiled, ready to saturate under a held set."""
 
@@ -182,7 +189,7 @@ class EGraph:
         lines = [f"(constructor {c} ({' '.join(p.type for p in self.variant_of[c].params)}) T)" for c in ctors]
         for c in ctors:
             r = self.rule_of[c]
-            lines += compile_variant(self.variant_of[c], r, self.rule_label[r.name])
+            lines += _compiled(self.variant_of[c], r, self.rule_label[r.name])
         for cmd in lines:
             self._run(cmd)
         if self._depth:

@@ -234,12 +234,14 @@ def _objective(p: Problem, live_cls: list[int]) -> tuple[list[int], list[float]]
 
 # The tolerance HiGHS judges an objective difference by: a reduced cost under dual_feasibility_tolerance (1e-7 by
 # default) counts as zero, and its MIP search works to mip_feasibility_tolerance (1e-6), both absolute. The
-# tie-break's step (TIE_EPS over the node count: 6e-9 at 16 nodes, 3e-11 at 3,000) lies far below them, so at the
-# scale the elimination works in HiGHS took those costs for zero in one reduction and not in another: its presolve
-# (dominated columns) then cut off the optimum itself, and returned, as proven optimal, a plan costing 1 where one
-# costing 0 existed (tests/test_extract.py::test_the_ilp_misses_no_cheaper_plan), and 73 times in 2,000 repeated
-# layers a plan the tie-break ranks worse. `_for_highs` multiplies the objective so the tolerance lies midway (as a
-# ratio) between the tie-break's step and the doubles' rounding of the largest cost; a scale changes no optimum.
+# tie-break's step (TIE_EPS over the node count: 6e-9 at 16 nodes, 3e-11 at 3,000) lies far below them. At the
+# scale the elimination works in, HiGHS 1.16's presolve (its dominated-column rule: with that rule off, bit 5 of
+# presolve_rule_off, with dual_feasibility_tolerance 1e-10 or with the tie-break ten times larger it did not)
+# removed the optimum and returned, as proven optimal, a plan costing 1 where one costing 0 satisfies every row
+# (tests/test_extract.py::test_the_ilp_misses_no_cheaper_plan); and over 2,000 random repeated layers it returned
+# 73 times a plan the tie-break ranks worse than the elimination's. `_for_highs` multiplies the objective so the
+# tolerance lies midway (as a ratio) between the tie-break's step and the doubles' rounding of the largest cost; a
+# scale changes no optimum.
 HIGHS_TOLERANCE = 1e-6
 
 

@@ -5,6 +5,7 @@ as (rows, bytes a row) uint8 — with llama's permuted q/k rows put back in tran
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,12 +166,7 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     if not r.has("context_length"):
         raise UserError(f"{where}: missing `{arch}.context_length` (a positive integer)")
     ctx = r.size("context_length")
-    embd = tensors.get("token_embd.weight")
-    if embd is None:
-        raise UserError(f"{where}: the file has no tensor `token_embd.weight` (the token embedding)")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = r.size("vocab_size") if r.has("vocab_size") else len(tokens) if tokens is not None and len(tokens) \
-        else embd[0][0]
+    vocab = vocab_size(meta, tensors, r, where)
     cfg = ModelConfig(
         arch=fam.hf_arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, inter=inter,
         vocab=vocab, eps=eps, rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
@@ -191,6 +187,17 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
 
         return qwen3next_from_gguf(cfg, r, arch, where, meta)
     return cfg
+
+
+def vocab_size(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], r: _Reader, where: str) -> int:
+    """The vocabulary's size: `{arch}.vocab_size`, else the length of the token list, else the embedding's rows; a
+    file without `token_embd.weight` is refused."""
+    embd = tensors.get("token_embd.weight")
+    if embd is None:
+        raise UserError(f"{where}: the file has no tensor `token_embd.weight` (the token embedding)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return r.size("vocab_size") if r.has("vocab_size") else len(tokens) if tokens is not None and len(tokens) \
+        else embd[0][0]
 
 
 def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
@@ -350,6 +357,20 @@ def tensor_info(path: Path, t) -> tuple[tuple[int, ...], str]:
         raise UserError(f"{path}: tensor `{shown(t.name, 80)}` ({fmt}) has rows of {shape[-1]} values, not a whole number of "
                         f"its {per}-value blocks")
     return shape, fmt
+
+
+def check_shapes(store, have: set[str], want: dict[str, tuple[int, ...]], where: str, counts: str,
+                 absent: Callable[[str, tuple[int, ...]], str]) -> None:
+    """Each tensor of `want` (a name `store` serves -> the shape the metadata makes it) in `store` (`have`: its
+    names) and of that shape, in order: one absent is refused in the words `absent(name, shape)` gives, one of
+    another shape by both shapes and `counts` (the metadata's numbers that make it), named as the file names it."""
+    for name, shape in want.items():
+        if name not in have:
+            raise UserError(f"{where}: {absent(name, shape)}")
+        got = tuple(store.info(name)[0])
+        if got != shape:
+            raise UserError(f"{where}: tensor `{store.file_name(name)}` has shape {got}; the metadata makes it "
+                            f"{shape} ({counts})")
 
 
 def _data(t, fmt: str, shape: tuple[int, ...]) -> np.ndarray:

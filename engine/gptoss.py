@@ -14,8 +14,10 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.gguf import check_shapes
 from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.model import ModelConfig, step_frame
+from lanefuse.engine.moe import ExpertStore
 
 ARCHS = ("GptOssForCausalLM",)
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -160,78 +162,42 @@ class GptOssStore:
         return self.base.where(s[0] if s else name)
 
 
-class GptOssGGUFStore:
+class GptOssGGUFStore(ExpertStore):
     """A GGUF file's gpt-oss experts (llama.cpp's `gpt-oss`: `ffn_{gate,up,down}_exps.weight` (E, rows, cols) rows
     (out, in), their biases (E, rows)) served as the stacked rows the `moe` op reads (`stacked_names`): expert e's
     gate rows, then its up rows (whole rows move, in their stored format: f32 to the block formats and ggml's MXFP4,
-    which GGUFStore repacks); down's rows as stored; the biases as f32 values."""
+    which GGUFStore repacks); down's rows as stored; the biases as f32 values. An ExpertStore over its own name
+    table (`ROLES`)."""
 
     ROLES = {"gate_up_proj": ("gate_proj", "up_proj"), "gate_up_proj_bias": ("gate_proj_bias", "up_proj_bias"),
              "down_proj": ("down_proj",), "down_proj_bias": ("down_proj_bias",)}
 
-    def __init__(self, base, cfg: GptOssConfig, where: str):
-        self.base, self.where_ = base, where
-        have = set(base.names())
+    def _table(self, cfg: GptOssConfig, have: set[str], where: str) -> dict[str, tuple[tuple[str, ...], tuple]]:
+        """Every layer's stacked tensors from the file's parts, each part checked against the metadata's shape."""
+        base = self.base
         E, d, f = cfg.moe.experts, cfg.hidden, cfg.inter
-        self.experts = E
         want = {"gate_proj": (E * f, d), "up_proj": (E * f, d), "down_proj": (E * d, f), "gate_proj_bias": (E, f),
                 "up_proj_bias": (E, f), "down_proj_bias": (E, d)}
-        self.stacked: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+        stacked = {}
         for i in range(cfg.layers):
             p = f"model.layers.{i}.mlp.experts."
-            for part, shape in want.items():
-                name = p + part + ".gguf"
-                if name not in have:
-                    raise UserError(f"{where}: the file has no tensor `{base.file_name(name)}` (expected {E} experts "
-                                    f"of shape {shape[1:] if part.endswith('bias') else (shape[0] // E, shape[1])}): "
-                                    f"layer {i}'s experts are missing")
-                got = tuple(base.info(name)[0])
-                if got != shape:
-                    raise UserError(f"{where}: tensor `{base.file_name(name)}` has shape {got}; the metadata makes it "
-                                    f"{shape} ({E} experts, hidden {d}, intermediate {f})")
+            check_shapes(base, have, {p + part + ".gguf": shape for part, shape in want.items()}, where,
+                         f"{E} experts, hidden {d}, intermediate {f}",
+                         lambda name, shape: (
+                             f"the file has no tensor `{base.file_name(name)}` (expected {E} experts of shape "
+                             f"{shape[1:] if name.endswith('bias.gguf') else (shape[0] // E, shape[1])}): layer {i}'s "
+                             f"experts are missing"))
             for n, shape in stacked_names(i, E, d, f).items():
                 role = n.split(".")[-2]
-                self.stacked[n] = (tuple(p + x + ".gguf" for x in self.ROLES[role]), shape)
-        self._cache: dict[str, tuple[np.ndarray, str]] = {}
+                stacked[n] = (tuple(p + x + ".gguf" for x in self.ROLES[role]), shape)
+        return stacked
 
-    def names(self) -> list[str]:
-        return list(dict.fromkeys(list(self.base.names()) + list(self.stacked)))
+    def _by_expert(self, parts: tuple[str, ...]) -> bool:
+        return True  # gate and up (rows or biases): expert e's of each in turn
 
-    def info(self, name: str) -> tuple[tuple[int, ...], str]:
-        if name not in self.stacked:
-            return self.base.info(name)
-        parts, shape = self.stacked[name]
-        if len(shape) == 1:
-            return shape, "f32"
-        fmts = {self.base.info(x)[1] for x in parts}
-        if len(fmts) > 1:
-            raise UserError(f"{self.where_}: tensors `{self.base.file_name(parts[0])}` and "
-                            f"`{self.base.file_name(parts[1])}` are stored in different formats "
-                            f"({', '.join(sorted(fmts))}); the `moe` op reads gate and up experts in one")
-        return shape, fmts.pop()
-
-    def raw(self, name: str) -> tuple[np.ndarray, str]:
-        if name not in self.stacked:
-            return self.base.raw(name)
-        if name not in self._cache:
-            from lanefuse.engine.weights import dequantize
-
-            parts, shape = self.stacked[name]
-            fmt = self.info(name)[1]
-            arrs = []
-            for x in parts:
-                a, f = self.base.raw(x)
-                if len(shape) == 1:
-                    a = dequantize(np.asarray(a), f) if f != "f32" else np.asarray(a, np.float32)
-                arrs.append(np.asarray(a).reshape(self.experts, -1))  # (E, each expert's values or row bytes)
-            a = np.concatenate(arrs, axis=1) if len(arrs) > 1 else arrs[0]  # expert e's gate, then its up
-            self._cache[name] = (np.ascontiguousarray(a).reshape(shape[0], -1) if len(shape) == 2
-                                 else np.ascontiguousarray(a, np.float32).reshape(shape), fmt)
-        return self._cache[name]
-
-    def where(self, name: str) -> str:
-        s = self.stacked.get(name)
-        return self.base.where(s[0][0] if s else name)
+    def _mixed(self, name: str, parts: tuple[str, ...], fmts: set[str]) -> str:
+        return (f"tensors `{self.base.file_name(parts[0])}` and `{self.base.file_name(parts[1])}` are stored in "
+                f"different formats ({', '.join(sorted(fmts))}); the `moe` op reads gate and up experts in one")
 
     def file_name(self, name: str) -> str:
         s = self.stacked.get(name)

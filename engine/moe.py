@@ -151,12 +151,21 @@ def _interleaved(parts: tuple[str, ...]) -> bool:
 class ExpertStore:
     """A weight store (engine/weights.py's backends) that also serves each mixture layer's stacked tensors: the
     router (E, d), gate_up (E·2f, d) and down (E·d, f) as 2-D rows, from a fused 3-D tensor (reshaped, no copy) or the
-    per-expert tensors (stacked once, in memory). A layer holding neither names the first tensor it lacks."""
+    per-expert tensors (stacked once, in memory). A layer holding neither names the first tensor it lacks.
+
+    What it stacks from what is its name table (`_table`): a family whose file holds its experts otherwise serves
+    them through its own table (engine/gptoss.py's GptOssGGUFStore); a 1-D stacked tensor (the experts' biases) is
+    served as f32 values."""
 
     def __init__(self, base, cfg, where: str):
         self.base, self.where_, self.experts = base, where, cfg.moe.experts  # where_: where() is a method
-        self.stacked: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}  # name -> parts, 2-D shape
-        have = set(base.names())
+        # name -> (its parts, in order; the shape served)
+        self.stacked: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = self._table(cfg, set(base.names()), where)
+        self._cache: dict[str, tuple[np.ndarray, str]] = {}
+
+    def _table(self, cfg, have: set[str], where: str) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+        """Each mixture layer's stacked tensors from the first of their spellings (`_spellings`) `have` holds."""
+        stacked = {}
         for i in cfg.moe.sparse:
             shapes = weight_names(cfg, i)
             for role, names in _spellings(cfg.moe, i).items():
@@ -166,8 +175,18 @@ class ExpertStore:
                     miss = next(n for ns in names[1:] or names for n in ns if n not in have)
                     raise UserError(f"{where}: the checkpoint has no tensor `{miss}` (nor the fused `{name}`): layer "
                                     f"{i}'s experts are missing")
-                self.stacked[name] = (found, shapes[name])
-        self._cache: dict[str, tuple[np.ndarray, str]] = {}
+                stacked[name] = (found, shapes[name])
+        return stacked
+
+    def _by_expert(self, parts: tuple[str, ...]) -> bool:
+        """Whether `parts` are interleaved expert by expert (expert e's rows of each part in turn) or put one after
+        the other."""
+        return _interleaved(parts)
+
+    def _mixed(self, name: str, parts: tuple[str, ...], fmts: set[str]) -> str:
+        """The refusal of `name`'s parts stored in several formats."""
+        return (f"the experts of `{name}` are stored in several formats ({', '.join(sorted(fmts))}); a mixture's "
+                f"experts share one")
 
     def names(self) -> list[str]:
         return list(dict.fromkeys(list(self.base.names()) + list(self.stacked)))
@@ -176,11 +195,12 @@ class ExpertStore:
         if name not in self.stacked:
             return self.base.info(name)
         parts, shape = self.stacked[name]
+        if len(shape) == 1:  # values, decoded where read
+            return shape, "f32"
         infos = [self.base.info(p) for p in parts]
         fmts = {f for _, f in infos}
         if len(fmts) > 1:
-            raise UserError(f"{self.where_}: the experts of `{name}` are stored in several formats "
-                            f"({', '.join(sorted(fmts))}); a mixture's experts share one")
+            raise UserError(f"{self.where_}: {self._mixed(name, parts, fmts)}")
         size = sum(int(np.prod(s)) for s, _ in infos)
         cols = infos[0][0][-1]
         if any(s[-1] != cols for s, _ in infos) or size != shape[0] * shape[1] or cols != shape[1]:
@@ -195,14 +215,21 @@ class ExpertStore:
         if name not in self._cache:
             parts, _ = self.stacked[name]
             shape, fmt = self.info(name)
-            arrs = [self.base.raw(p)[0] for p in parts]
-            if len(arrs) == 1:
-                arr = arrs[0].reshape(shape[0], -1)  # (rows, cols), or a block format's (rows, row bytes)
-            elif _interleaved(parts):  # (E, f, row) each -> expert e's gate rows then its up rows
-                arr = np.concatenate([a.reshape(self.experts, -1, a.shape[-1]) for a in arrs], axis=1)
-                arr = arr.reshape(-1, arr.shape[-1])
+            if len(shape) == 1:  # (E, n) values each -> expert e's from each part in turn, f32
+                from lanefuse.engine.weights import dequantize
+
+                vals = [(np.asarray(a, np.float32) if f == "f32" else dequantize(np.asarray(a), f)).reshape(
+                    self.experts, -1) for a, f in (self.base.raw(p) for p in parts)]
+                arr = np.ascontiguousarray(np.concatenate(vals, axis=1), np.float32).reshape(shape)
+            elif len(parts) == 1:  # (rows, cols), or a block format's (rows, row bytes)
+                arr = self.base.raw(parts[0])[0].reshape(shape[0], -1)
             else:
-                arr = np.concatenate([a.reshape(-1, a.shape[-1]) for a in arrs])
+                arrs = [self.base.raw(p)[0] for p in parts]
+                if self._by_expert(parts):  # (E, f, row) each -> expert e's gate rows then its up rows
+                    arr = np.concatenate([a.reshape(self.experts, -1, a.shape[-1]) for a in arrs], axis=1)
+                    arr = arr.reshape(-1, arr.shape[-1])
+                else:
+                    arr = np.concatenate([a.reshape(-1, a.shape[-1]) for a in arrs])
             self._cache[name] = (arr, fmt)
         return self._cache[name]
 

@@ -25,7 +25,9 @@ SENTENCES = [
 
 HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3moe": "Qwen3Moe", "qwen2moe": "Qwen2Moe"}
 GGUF_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
-              "q6_k": "Q6_K"}
+              "q6_k": "Q6_K", "mxfp4": "MXFP4"}
+# general.file_type as llama.cpp's converter writes it (its LlamaFileType)
+FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "q4_k": 15, "q6_k": 18, "mxfp4": 38}
 NAMES_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 NAMES_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
@@ -112,6 +114,115 @@ def decoded(values: np.ndarray, fmt: str) -> np.ndarray:
     return gguf.quants.dequantize(encode(values, fmt), gguf.GGMLQuantizationType[GGUF_TYPES[fmt]]).astype(np.float32)
 
 
+def ggml_type(fmt: str):
+    """The ggml type the writer is told a `fmt` tensor's bytes are (None: f32 and f16, numpy's own dtypes)."""
+    import gguf
+
+    return None if fmt in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[fmt]]
+
+
+def add_rows(w, name: str, a: np.ndarray, fmt: str) -> None:
+    """f32 `a` (rows, cols), or a mixture's experts (E, rows, cols), as GGUF tensor `name` in `fmt`, row by row."""
+    data = encode(a.reshape(-1, a.shape[-1]), fmt)
+    w.add_tensor(name, data.reshape(a.shape[:-1] + (-1,)), raw_dtype=ggml_type(fmt))
+
+
+def add_shape_keys(w, path: Path, cfg, heads: int, kv: int, key: int, value: int) -> None:
+    """The keys every converter writes first from a transformers config `cfg`: the file's name, the context, the
+    widths, the block count, the heads (`kv` key/value heads), the rope base, the norms' epsilon, the key and value
+    widths."""
+    w.add_name(Path(path).stem)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(key)
+    w.add_value_length(value)
+
+
+def add_tokenizer(w, tokenizer, pre: str = "qwen2", eos: int = 0, bos: int | None = None,
+                  add_bos: bool | None = None) -> None:
+    """A byte-level BPE (bpe_tokenizer's tokens, merges, token types) in the metadata, as the converter stores one."""
+    tokens, merges, types = tokenizer
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(eos)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+
+
+def finish(w, path: Path) -> Path:
+    """Write the file `w` holds (header, metadata, tensors) and close it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+def check_plans(cfg, weights, want: list[int], want_logits, prompt: list[int], n: int, what: str,
+                tol: float = 1e-4) -> None:
+    """The reference interpreter and the fused plan (chunks of 4, then decode steps) on a file's model (`cfg`,
+    `weights`) against transformers' greedy tokens and logits on the file's weights: the same tokens, logits within
+    `tol` of their scale (printed, `what` naming the file)."""
+    from hf_ref import fused_step, scaled_error
+
+    from lanefuse.lane.run.generate import generate
+
+    for step_fn, how in ((None, "reference"), (fused_step(weights), "fused plan")):
+        got = generate(cfg, weights, prompt, n, chunk=4, **({"step_fn": step_fn} if step_fn else {}))
+        rel = scaled_error(got.logits, want_logits)
+        print(f"\nGGUF {what} {how}: {rel:.2e}")
+        assert got.generated_ids == want
+        assert rel < tol
+
+
+def llama_cpp_greedy(path: Path, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    """llama.cpp (llama-cpp-python) decoding GGUF file `path` greedily, step by step as lanefuse decodes, its KV cache
+    in f32: the tokens and each step's logits."""
+    import llama_cpp
+
+    ll = llama_cpp.Llama(str(path), verbose=False, n_ctx=64, n_threads=2, logits_all=True,
+                         type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)
+    ll.eval(list(prompt))
+    toks, logits = [], []
+    for _ in range(n):
+        out = np.array(ll.scores[ll.n_tokens - 1], dtype=np.float32)
+        toks.append(int(np.argmax(out)))
+        logits.append(out)
+        ll.eval([toks[-1]])
+    return toks, logits
+
+
+def check_llama_cpp(path: Path, ref, prompt: list[int], n: int, what: str, tol: float = 1e-4) -> None:
+    """llama.cpp decoding file `path`, transformers' `ref` (the model holding the file's weights) and lanefuse's fused
+    plan on the file (chunks of 4, then decode steps): the same greedy tokens, llama.cpp's logits within `tol` of
+    their scale of both (printed, `what` naming the file)."""
+    from hf_ref import fused_step, hf_greedy, scaled_error
+
+    from lanefuse.engine.front import load_model
+    from lanefuse.lane.run.generate import generate
+
+    want, want_logits = hf_greedy(ref, prompt, n)
+    ll, ll_logits = llama_cpp_greedy(path, prompt, n)
+    cfg, weights = load_model(path)
+    got = generate(cfg, weights, prompt, n, step_fn=fused_step(weights), chunk=4)
+    vs_hf, vs_lane = scaled_error(ll_logits, want_logits), scaled_error(ll_logits, got.logits)
+    print(f"\nllama.cpp {what}: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
+    assert ll == want == got.generated_ids
+    assert vs_hf < tol and vs_lane < tol
+
+
 def bpe_tokenizer(vocab_size: int, pre: str = "qwen2", specials=("<|endoftext|>", "<|im_start|>")):
     """A byte-level BPE trained on SENTENCES with the pre-tokenizer `pre` names, exactly `vocab_size` tokens (padded
     with [PADi] as the converter pads): (tokenizers.Tokenizer, tokens, merges, token types)."""
@@ -162,19 +273,8 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(Path(path).stem)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "q4_k": 15, "q6_k": 18}[fmt])
+    add_shape_keys(w, path, cfg, heads, kv, head_dim, head_dim)
+    w.add_file_type(FILE_TYPES[fmt])
     if arch in ("qwen3moe", "qwen2moe"):
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -185,17 +285,7 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
         w.add_vocab_size(cfg.vocab_size)
         w.add_rope_dimension_count(head_dim)
     if tokenizer is not None:
-        tokens, merges, types = tokenizer
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre(pre)
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_eos_token_id(eos)
-        if bos is not None:
-            w.add_bos_token_id(bos)
-        if add_bos is not None:
-            w.add_add_bos_token(add_bos)
+        add_tokenizer(w, tokenizer, pre, eos, bos, add_bos)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
@@ -214,29 +304,14 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
             half = a.shape[1] // 2
             blk = gguf_name(name.replace("mlp.experts.gate_up_proj", "mlp.gate.weight")).rsplit(".", 2)[0]
             for part, role in ((a[:, :half], "gate"), (a[:, half:], "up")):
-                _add_experts(w, f"{blk}.ffn_{role}_exps.weight", part, f)
-        elif a.ndim == 3:
-            _add_experts(w, gguf_name(name), a, f)
+                add_rows(w, f"{blk}.ffn_{role}_exps.weight", part, f)
+        elif a.ndim == 3:  # a mixture's experts (E, rows, cols): one 3-D tensor
+            add_rows(w, gguf_name(name), a, f)
         elif a.ndim == 1 or kept_f32(name):
             w.add_tensor(gguf_name(name), a.astype(np.float32).reshape(-1) if a.shape[0] == 1 else a)
         else:
-            data = encode(a, f)
-            raw = None if f in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[f]]
-            w.add_tensor(gguf_name(name), data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
-
-
-def _add_experts(w, name: str, a: np.ndarray, fmt: str) -> None:
-    """A mixture's experts (E, rows, cols) as one 3-D GGUF tensor in `fmt`, each expert's rows encoded in turn."""
-    import gguf
-
-    data = encode(a.reshape(-1, a.shape[-1]), fmt)
-    raw = None if fmt in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[fmt]]
-    w.add_tensor(name, data.reshape(a.shape[0], a.shape[1], -1), raw_dtype=raw)
+            add_rows(w, gguf_name(name), a, f)
+    return finish(w, path)
 
 
 def reference(model, fmt: str = "f32", out_fmt: str | None = None):
@@ -299,10 +374,7 @@ def write_spm(model, path: Path, vocab) -> Path:
     for t in r.tensors:
         raw = None if t.tensor_type.name in ("F32", "F16") else t.tensor_type
         w.add_tensor(t.name, np.array(t.data), raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w, path)
     Path(str(path) + ".tmp").replace(path)
     return Path(path)
 
@@ -358,19 +430,8 @@ def write_qwen3next(model, path: Path, fmt: str = "f32", legacy: bool = False, t
     hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                       cfg.linear_value_head_dim)
     w = gguf.GGUFWriter(str(path), "qwen3next")
-    w.add_name(Path(path).stem)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "q4_k": 15, "q6_k": 18}[fmt])
+    add_shape_keys(w, path, cfg, heads, kv, hd, hd)
+    w.add_file_type(FILE_TYPES[fmt])
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
@@ -386,22 +447,15 @@ def write_qwen3next(model, path: Path, fmt: str = "f32", legacy: bool = False, t
         w.add_full_attention_interval(n)
     else:  # no one interval: llama.cpp's per-layer flags
         w.add_array("qwen3next.attention.recurrent_layers", linear)
+    rope = getattr(cfg, "rope_parameters", None) or {}
     partial = rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 0.25))
     w.add_rope_dimension_count(int(hd * partial))
     if tokenizer is not None:
-        tokens, merges, types = tokenizer
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_eos_token_id(0)
+        add_tokenizer(w, tokenizer)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
     def rows(name: str, a: np.ndarray, f: str) -> None:
-        f = stored_format(f, a.shape[-1])
-        raw = None if f in ("f32", "f16") else gguf.GGMLQuantizationType[GGUF_TYPES[f]]
-        w.add_tensor(name, encode(a, f), raw_dtype=raw)
+        add_rows(w, name, a, stored_format(f, a.shape[-1]))
 
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -439,15 +493,11 @@ def write_qwen3next(model, path: Path, fmt: str = "f32", legacy: bool = False, t
         elif rest.endswith("mlp.experts.gate_up_proj"):
             half = a.shape[1] // 2
             for part, role in ((a[:, :half], "gate"), (a[:, half:], "up")):
-                _add_experts(w, f"{blk}ffn_{role}_exps.weight", part, stored_format(fmt, a.shape[-1]))
+                rows(f"{blk}ffn_{role}_exps.weight", part, fmt)
         elif a.ndim == 3:
-            _add_experts(w, gguf_name(name), a, stored_format(fmt, a.shape[-1]))
+            rows(gguf_name(name), a, fmt)
         elif a.ndim == 1 or kept_f32(name):
             w.add_tensor(gguf_name(name), a.astype(np.float32).reshape(-1) if a.shape[0] == 1 else a)
         else:
             rows(gguf_name(name), a, fmt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
+    return finish(w, path)

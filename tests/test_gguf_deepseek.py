@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import gguf_files as gf  # noqa: E402
-from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error  # noqa: E402
+from hf_ref import hf_greedy, margins_ok, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from test_deepseek import build  # noqa: E402
@@ -42,14 +42,6 @@ def tiny(folder, **kw):
     return build("float32", folder, **{**SHAPE, **kw})
 
 
-def _code(a: np.ndarray, fmt: str):
-    """(rows, cols) f32 as `fmt`'s GGUF bytes and their ggml type (None: f32 itself), and the values they decode to."""
-    if fmt == "f32" or a.shape[-1] % 32:
-        return np.ascontiguousarray(a, np.float32), None, np.asarray(a, np.float32)
-    data, qt = gf.encode(a, fmt), gguf.GGMLQuantizationType[gf.GGUF_TYPES[fmt]]
-    return data, qt, gguf.quants.dequantize(data, qt).astype(np.float32).reshape(a.shape)
-
-
 def write_deepseek_gguf(model, path, fmt: str = "f32", split_kv: bool = True, tokenizer: bool = False):
     """`model` as llama.cpp's converter writes a DeepseekV3ForCausalLM: products in `fmt` (where their rows fill
     q8_0's blocks), norms, the router and its bias f32; kv_b_proj split into attn_k_b (each head's key expansion
@@ -63,15 +55,7 @@ def write_deepseek_gguf(model, path, fmt: str = "f32", split_kv: bool = True, to
                         c.qk_rope_head_dim)
     E, f = c.n_routed_experts, c.moe_intermediate_size
     w = gguf.GGUFWriter(str(path), "deepseek2")
-    w.add_name(path.stem)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(H)
-    w.add_head_count_kv(1)  # MLA written as MQA
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    gf.add_shape_keys(w, path, c, H, 1, lora + r, lora)  # MLA written as MQA over the latent
     w.add_expert_used_count(c.num_experts_per_tok)
     w.add_expert_group_count(c.n_group)
     w.add_expert_group_used_count(c.topk_group)
@@ -81,8 +65,6 @@ def write_deepseek_gguf(model, path, fmt: str = "f32", split_kv: bool = True, to
     if c.q_lora_rank is not None:
         w.add_q_lora_rank(c.q_lora_rank)
     w.add_kv_lora_rank(lora)
-    w.add_key_length(lora + r)
-    w.add_value_length(lora)
     w.add_key_length_mla(n + r)
     w.add_value_length_mla(v)
     w.add_expert_feed_forward_length(f)
@@ -100,16 +82,10 @@ def write_deepseek_gguf(model, path, fmt: str = "f32", split_kv: bool = True, to
         w.add_rope_scaling_yarn_beta_fast(float(rope["beta_fast"]))
         w.add_rope_scaling_yarn_beta_slow(float(rope["beta_slow"]))
         w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
-    w.add_file_type({"f32": 0, "q8_0": 7}[fmt])
+    w.add_file_type(gf.FILE_TYPES[fmt])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if tokenizer:
-        _, tokens, merges, types = gf.bpe_tokenizer(c.vocab_size, "qwen2")
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_eos_token_id(0)
+        gf.add_tokenizer(w, gf.bpe_tokenizer(c.vocab_size, "qwen2")[1:])
 
     sd = {k: t.detach().float().numpy() for k, t in model.state_dict().items()}
     decoded: dict[str, np.ndarray] = {}
@@ -119,9 +95,9 @@ def write_deepseek_gguf(model, path, fmt: str = "f32", split_kv: bool = True, to
         if a.ndim == 1 or f32:
             w.add_tensor(gname, np.ascontiguousarray(a, np.float32))
             return a
-        data, qt, back = _code(a.reshape(-1, a.shape[-1]), fmt)
-        w.add_tensor(gname, data.reshape(a.shape[:-1] + (-1,)) if qt else data.reshape(a.shape), raw_dtype=qt)
-        back = back.reshape(a.shape)
+        kind = fmt if a.shape[-1] % 32 == 0 else "f32"  # rows that fill no whole q8_0 blocks stay f32
+        gf.add_rows(w, gname, a, kind)
+        back = gf.decoded(a.reshape(-1, a.shape[-1]), kind).reshape(a.shape)
         if a is sd.get(hf):
             decoded[hf] = back
         return back
@@ -162,10 +138,7 @@ def write_deepseek_gguf(model, path, fmt: str = "f32", split_kv: bool = True, to
         put(b + "ffn_down_exps.weight", p + "mlp.experts.down_proj")
         for g in ("gate", "up", "down"):
             put(b + f"ffn_{g}_shexp.weight", p + f"mlp.shared_experts.{g}_proj.weight")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gf.finish(w, path)
     ref = copy.deepcopy(model)
     with torch.no_grad():
         for name, t in ref.named_parameters():
@@ -191,8 +164,6 @@ VARIANTS = {  # name -> (fmt, split kv_b, config changes)
 def test_gguf_deepseek_parity_with_transformers(variant, tmp_path):
     """The reference interpreter and the fused plan (a chunk of 4, then decode steps) against transformers on the
     file's weights: the same greedy tokens, logits within 1e-4 of their scale."""
-    from lanefuse.lane.run.generate import generate
-
     fmt, split, kw = VARIANTS[variant]
     ref = write_deepseek_gguf(tiny(tmp_path / "hf", **kw), tmp_path / f"ds-{variant}.gguf", fmt, split)
     want, want_logits = hf_greedy(ref, PROMPT, N)
@@ -205,12 +176,7 @@ def test_gguf_deepseek_parity_with_transformers(variant, tmp_path):
         assert cfg.fmt("model.layers.1.self_attn.o_proj.weight") == "q8_0"
         assert cfg.fmt("model.layers.1.mlp.experts.gate_up_proj") == "q8_0"
         assert cfg.fmt("model.layers.1.self_attn.kv_b_proj.v_rows") == ("f32" if split else "q8_0")
-    for step_fn, what in ((None, "reference"), (fused_step(weights), "fused plan")):
-        got = generate(cfg, weights, PROMPT, N, chunk=4, **({"step_fn": step_fn} if step_fn else {}))
-        rel = scaled_error(got.logits, want_logits)
-        print(f"\nGGUF deepseek2 {variant} {what}: {rel:.2e}")
-        assert got.generated_ids == want
-        assert rel < TOL
+    gf.check_plans(cfg, weights, want, want_logits, PROMPT, N, f"deepseek2 {variant}", TOL)
 
 
 def test_gguf_deepseek_refusals_are_one_line(tmp_path):
@@ -248,20 +214,10 @@ def test_llama_cpp_on_a_deepseek_file(rope, tmp_path):
     """llama.cpp decoding the f32 file written here: the same tokens as transformers and lanefuse's fused plan,
     logits within 1e-4 of their scale (its names, keys, rope and grouped routing are llama.cpp's)."""
     pytest.importorskip("llama_cpp")
-    from test_gguf_llamacpp import _llama_cpp_greedy
-    from lanefuse.lane.run.generate import generate
-
     path = tmp_path / "ds.gguf"
     kw = {"vocab_size": VOCAB, **(YARN if rope == "yarn" else {})}  # a BPE needs 258 tokens or more
     ref = write_deepseek_gguf(tiny(tmp_path / "hf", **kw), path, "f32", tokenizer=True)
-    want, want_logits = hf_greedy(ref, PROMPT, N)
-    got_ll, ll_logits = _llama_cpp_greedy(path, PROMPT, N)
-    cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
-    vs_hf, vs_lane = scaled_error(ll_logits, want_logits), scaled_error(ll_logits, got.logits)
-    print(f"\nllama.cpp deepseek2 f32 {rope}: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
-    assert got_ll == want == got.generated_ids
-    assert vs_hf < 1e-4 and vs_lane < 1e-4
+    gf.check_llama_cpp(path, ref, PROMPT, N, f"deepseek2 f32 {rope}")
 
 
 def test_yarn_the_softmax_scale_and_the_pair_rotation_matter(tmp_path):

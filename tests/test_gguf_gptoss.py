@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import gguf_files as gf  # noqa: E402
-from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error  # noqa: E402
+from hf_ref import hf_greedy, margins_ok, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from test_gguf import U32, VOCAB, _rewrite  # noqa: E402
@@ -84,41 +84,14 @@ def _experts_of(model):
     return out
 
 
-def _encode(a: np.ndarray, fmt: str):
-    """(rows, cols) f32 as `fmt`'s GGUF bytes and their ggml type (None: f32 itself)."""
-    if fmt == "f32":
-        return np.ascontiguousarray(a, np.float32), None
-    if fmt == "mxfp4":
-        qt = gguf.GGMLQuantizationType.MXFP4
-        return gguf.quants.quantize(np.ascontiguousarray(a, np.float32), qt), qt
-    return gf.encode(a, fmt), gguf.GGMLQuantizationType[gf.GGUF_TYPES[fmt]]
-
-
-def _decoded(a: np.ndarray, fmt: str) -> np.ndarray:
-    if fmt == "f32":
-        return np.asarray(a, np.float32)
-    data, qt = _encode(a, fmt)
-    return gguf.quants.dequantize(data, qt).astype(np.float32).reshape(a.shape)
-
-
 def write_gptoss_gguf(model, path, fmt: str = "f32", experts: str | None = None, tokenizer=None):
     """`model` as llama.cpp's convert_hf_to_gguf.py writes a gpt-oss (conversion/gpt_oss.py): its 2-D weights in
     `fmt` (the router f32), the experts in `experts` (default `fmt`), 1-D tensors f32."""
     c = model.config
     experts = experts or fmt
     w = gguf.GGUFWriter(str(path), "gpt-oss")
-    w.add_name(path.stem)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
+    gf.add_shape_keys(w, path, c, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.head_dim)
     rope = c.rope_parameters
-    w.add_rope_freq_base(float(rope["rope_theta"]))
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(rope["factor"])
     w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
@@ -128,20 +101,13 @@ def write_gptoss_gguf(model, path, fmt: str = "f32", experts: str | None = None,
     w.add_expert_used_count(c.num_experts_per_tok)
     w.add_expert_feed_forward_length(c.intermediate_size)
     w.add_sliding_window(c.sliding_window)
-    w.add_file_type({"f32": 0, "q8_0": 7}[fmt] if experts != "mxfp4" else 38)
+    w.add_file_type(gf.FILE_TYPES[experts if experts == "mxfp4" else fmt])
     if tokenizer is not None:
-        tokens, merges, types = tokenizer
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_eos_token_id(0)
+        gf.add_tokenizer(w, tokenizer)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    def dense(name, a, f=fmt):
-        data, qt = _encode(a, f)
-        w.add_tensor(name, data, raw_dtype=qt)
+    def dense(name, a):
+        gf.add_rows(w, name, a, fmt)
 
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     dense("token_embd.weight", sd["model.embed_tokens.weight"])
@@ -158,15 +124,9 @@ def write_gptoss_gguf(model, path, fmt: str = "f32", experts: str | None = None,
         w.add_tensor(b + "ffn_gate_inp.weight", sd[p + "mlp.router.weight"])  # f32, as llama.cpp keeps the router
         w.add_tensor(b + "ffn_gate_inp.bias", sd[p + "mlp.router.bias"])
         for role in ("gate", "up", "down"):
-            a = ex[role]
-            data, qt = _encode(a.reshape(-1, a.shape[-1]), experts)
-            w.add_tensor(b + f"ffn_{role}_exps.weight", data.reshape(a.shape[0], a.shape[1], -1), raw_dtype=qt)
+            gf.add_rows(w, b + f"ffn_{role}_exps.weight", ex[role], experts)
             w.add_tensor(b + f"ffn_{role}_exps.bias", ex[role + "_b"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return gf.finish(w, path)
 
 
 def reference(model, fmt: str = "f32", experts: str | None = None):
@@ -178,10 +138,10 @@ def reference(model, fmt: str = "f32", experts: str | None = None):
     with torch.no_grad():
         for name, p in ref.named_parameters():
             if p.ndim == 2 and not name.endswith(("router.weight", "_bias")):  # (the experts' biases (E, n): f32)
-                p.copy_(torch.from_numpy(_decoded(p.detach().numpy(), fmt)))
+                p.copy_(torch.from_numpy(gf.decoded(p.detach().numpy(), fmt)))
         for layer, ex in zip(ref.model.layers, _experts_of(model)):
             e = layer.mlp.experts
-            gate, up, down = (_decoded(ex[r].reshape(-1, ex[r].shape[-1]), experts).reshape(ex[r].shape)
+            gate, up, down = (gf.decoded(ex[r].reshape(-1, ex[r].shape[-1]), experts).reshape(ex[r].shape)
                               for r in ("gate", "up", "down"))
             gu = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]), np.float32)
             gu[:, 0::2], gu[:, 1::2] = gate, up
@@ -199,8 +159,6 @@ def tiny():
 def test_gguf_gptoss_parity_with_transformers(tiny, fmt, experts, tmp_path):
     """The reference interpreter and the fused plan (decode steps after chunks of 4) against transformers on the
     file's weights: the same greedy tokens, logits within 1e-4 of their scale."""
-    from lanefuse.lane.run.generate import generate
-
     path = write_gptoss_gguf(tiny, tmp_path / f"gptoss-{fmt}-{experts}.gguf", fmt, experts)
     want, want_logits = hf_greedy(reference(tiny, fmt, experts), PROMPT, N)
     assert len(set(want)) > 3 and margins_ok(want_logits)
@@ -210,12 +168,7 @@ def test_gguf_gptoss_parity_with_transformers(tiny, fmt, experts, tmp_path):
     assert dict(cfg.rope_scaling)["truncate"] is True and dict(cfg.rope_scaling)["factor"] == 8.0
     assert cfg.fmt("model.layers.1.mlp.experts.gate_up_proj.rows") == experts
     assert cfg.fmt("model.layers.1.mlp.experts.down_proj.rows") == experts
-    for step_fn, what in ((None, "reference"), (fused_step(weights), "fused plan")):
-        got = generate(cfg, weights, PROMPT, N, chunk=4, **({"step_fn": step_fn} if step_fn else {}))
-        rel = scaled_error(got.logits, want_logits)
-        print(f"\nGGUF gpt-oss {fmt}/{experts} {what}: {rel:.2e}")
-        assert got.generated_ids == want
-        assert rel < TOL
+    gf.check_plans(cfg, weights, want, want_logits, PROMPT, N, f"gpt-oss {fmt}/{experts}", TOL)
 
 
 def test_the_window_the_clamp_the_sinks_and_yarn_matter(tiny, tmp_path):
@@ -316,16 +269,6 @@ def test_llama_cpp_agrees_on_a_gptoss_file(tiny, tmp_path):
     """llama.cpp decoding the f32 file written here: the same tokens as transformers and lanefuse's fused plan,
     logits within 1e-4 of their scale (so the names, the sinks, the window, YaRN and the routing are llama.cpp's)."""
     pytest.importorskip("llama_cpp")
-    from test_gguf_llamacpp import _llama_cpp_greedy
-    from lanefuse.lane.run.generate import generate
-
     _, *vocab = gf.bpe_tokenizer(tiny.config.vocab_size, "qwen2")
     path = write_gptoss_gguf(tiny, tmp_path / "gptoss.gguf", "f32", tokenizer=vocab)
-    want, want_logits = hf_greedy(reference(tiny), PROMPT, N)
-    ref, ref_logits = _llama_cpp_greedy(path, PROMPT, N)
-    cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
-    vs_hf, vs_lane = scaled_error(ref_logits, want_logits), scaled_error(ref_logits, got.logits)
-    print(f"\nllama.cpp gpt-oss f32: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
-    assert ref == want == got.generated_ids
-    assert vs_hf < 1e-4 and vs_lane < 1e-4
+    gf.check_llama_cpp(path, reference(tiny), PROMPT, N, "gpt-oss f32")

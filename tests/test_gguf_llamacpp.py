@@ -5,7 +5,6 @@ transformers and with lanefuse's fused plan on them."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -57,19 +56,6 @@ def test_sentencepiece_tokenizer_equals_llama_cpp(tmp_path):
         assert mine.decode(ids) == s.replace("<s>", ""), s  # the prefix space it adds is taken off again
 
 
-def _llama_cpp_greedy(path, prompt, n):
-    ll = _llama(path, n_ctx=64, n_threads=2, logits_all=True, type_k=llama_cpp.GGML_TYPE_F32,
-                type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)
-    ll.eval(list(prompt))
-    toks, logits = [], []
-    for _ in range(n):  # step by step, as lanefuse decodes
-        out = np.array(ll.scores[ll.n_tokens - 1], dtype=np.float32)
-        toks.append(int(np.argmax(out)))
-        logits.append(out)
-        ll.eval([toks[-1]])
-    return toks, logits
-
-
 # f16 files: llama.cpp's CPU f16 products round the activations to f16 (measured here: 5e-4 of the logits' scale)
 TOL = {"f32": 1e-4, "f16": 2e-3}
 
@@ -80,14 +66,7 @@ def test_llama_cpp_agrees_with_transformers_and_lanefuse(arch, fmt, tmp_path):
     model = gf.tiny_model(arch, **SHAPES[arch])
     _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")  # llama.cpp loads no model without one
     path = gf.write_gguf(model, tmp_path / f"{arch}-{fmt}.gguf", fmt, tokenizer=vocab)
-    want, want_logits = hf_greedy(gf.reference(model, fmt), PROMPT, N)
-    ref, ref_logits = _llama_cpp_greedy(path, PROMPT, N)
-    cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
-    vs_hf, vs_lane = scaled_error(ref_logits, want_logits), scaled_error(ref_logits, got.logits)
-    print(f"\nllama.cpp {arch} {fmt}: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
-    assert ref == want == got.generated_ids
-    assert vs_hf < TOL[fmt] and vs_lane < TOL[fmt]
+    gf.check_llama_cpp(path, gf.reference(model, fmt), PROMPT, N, f"{arch} {fmt}", TOL[fmt])
 
 
 QUANT = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
@@ -139,7 +118,7 @@ def test_llama_cpp_reads_the_block_files_written_here(fmt):
     with tempfile.TemporaryDirectory() as d:
         path = gf.write_gguf(model, Path(d) / f"{fmt}.gguf", fmt, tokenizer=vocab)
         _, want = hf_greedy(gf.reference(model, fmt), PROMPT, 1)
-        _, got = _llama_cpp_greedy(path, PROMPT, 1)
+        _, got = gf.llama_cpp_greedy(path, PROMPT, 1)
     rel = scaled_error(got, want)
     print(f"\nllama.cpp on {fmt}: the prompt's logits within {rel:.2e} of transformers' scale")
     assert rel < 5e-2

@@ -130,20 +130,12 @@ def test_llama_cpp_agrees_on_mixture_files(arch, tmp_path):
     """llama.cpp decoding the f32 mixture files written here: the same tokens as transformers and lanefuse's fused
     plan, logits within 1e-4 of their scale (so the names, shapes and the routing's conventions are llama.cpp's)."""
     pytest.importorskip("llama_cpp")
-    from test_gguf_llamacpp import N, _llama_cpp_greedy
-    from lanefuse.lane.run.generate import generate
+    from test_gguf_llamacpp import N
 
     model = _model(arch)
     _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")
     path = gf.write_gguf(model, tmp_path / f"{arch}.gguf", "f32", tokenizer=vocab)
-    want, want_logits = hf_greedy(gf.reference(model, "f32"), PROMPT, N)
-    ref, ref_logits = _llama_cpp_greedy(path, PROMPT, N)
-    cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
-    vs_hf, vs_lane = scaled_error(ref_logits, want_logits), scaled_error(ref_logits, got.logits)
-    print(f"\nllama.cpp {arch} f32: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
-    assert ref == want == got.generated_ids
-    assert vs_hf < 1e-4 and vs_lane < 1e-4
+    gf.check_llama_cpp(path, gf.reference(model, "f32"), PROMPT, N, f"{arch} f32")
 
 
 @pytest.mark.parametrize("arch", list(SHAPES))

@@ -231,11 +231,13 @@ def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 
 
 @pytest.mark.parametrize("words", [1, 2])
 def test_quantizing_epilogues_equal_the_quant_kernel(words):
-    """attention.cu (one split; three, the combine quantizing; each gated by sigmoid(gate) too), binary.cu (glu_act_mul_quant) and gemv_glu.cu's
-    arrival-counted tail (f32 activation four outputs a warp, quantized activation) on the device: the f32 result within
+    """attention.cu (one split; three, the combine quantizing; each gated by sigmoid(gate) too), binary.cu
+    (glu_act_mul_quant) and gemv_glu.cu (the arrival-counted tail over an f32 activation, four outputs a warp;
+    gemv_glu_q8_quant over a quantized one) on the device: the f32 result within
     rounding of the numpy twin's, and its quantized form exactly quant.cu's words and scales of the f32 values the
     kernel stored; a second launch of the GEMV (its counters reset) writes the same bytes; and each launch writing
-    its quantized form alone (`f32` false: from the values in registers, the GEMV's in its scratch) the same bytes,
+    its quantized form alone (`f32` false: from the values in registers, the gate/up GEMV's over a quantized
+    activation from shared memory, over an f32 one from its scratch) the same bytes,
     its f32 output untouched."""
     import dataclasses
 

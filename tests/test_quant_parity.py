@@ -52,9 +52,7 @@ def _lanefuse(path, numerics):
 
 def _llama_cpp(path):
     pytest.importorskip("llama_cpp")
-    from test_gguf_llamacpp import _llama_cpp_greedy
-
-    return _llama_cpp_greedy(path, PROMPT, N)
+    return gf.llama_cpp_greedy(path, PROMPT, N)
 
 
 def _margin(logits) -> float:

@@ -149,19 +149,10 @@ def test_refusals_name_the_file_and_tensor(tmp_path):
 def test_llama_cpp_agrees_on_a_qwen3next_file(tmp_path):
     """llama.cpp decoding the f32 file written here: the same tokens as transformers and lanefuse's fused plan."""
     pytest.importorskip("llama_cpp")
-    from test_gguf_llamacpp import _llama_cpp_greedy
-
     model = tiny(vocab_size=300)  # a byte-level BPE's 256 bytes and two specials
     _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")
     path = gf.write_qwen3next(model, tmp_path / "qwen3next.gguf", "f32", tokenizer=vocab)
-    want, want_logits = hf_greedy(gf.reference(model, "f32"), PROMPT, N)
-    ref, ref_logits = _llama_cpp_greedy(path, PROMPT, N)
-    cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, N, step_fn=fused_step(weights), chunk=4)
-    vs_hf, vs_lane = scaled_error(ref_logits, want_logits), scaled_error(ref_logits, got.logits)
-    print(f"\nllama.cpp qwen3next f32: vs transformers {vs_hf:.2e}, vs lanefuse {vs_lane:.2e}")
-    assert ref == want == got.generated_ids
-    assert vs_hf < 1e-4 and vs_lane < 1e-4
+    gf.check_llama_cpp(path, gf.reference(model, "f32"), PROMPT, N, "qwen3next f32")
 
 
 # -- the q8 numerics: the delta rule's output quantized in its epilogue (gdn_output_quant) ---------------------------

@@ -11,6 +11,7 @@ apart; the link refuses an op whose fields leave a strided read untaken (`Scope.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -276,6 +277,29 @@ def _split_args(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse(e: str) -> tuple:
+    """A field expression's form, parsed once a text (every launch of every plan evaluates the same few hundred):
+    ("call", function, its argument texts), ("str", s), ("opt", name), ("name", name), ("num", value) or ("bad",)."""
+    e = e.strip()
+    m = _CALL.match(e)
+    if m:
+        return "call", m.group(1), tuple(_split_args(m.group(2)))
+    if e.startswith("'") and e.endswith("'"):
+        return "str", e[1:-1]
+    if e.endswith("?") and _NAME.match(e[:-1]):
+        return "opt", e[:-1]
+    if _NAME.match(e):
+        return "name", e
+    try:
+        return "num", int(e)
+    except ValueError:
+        try:
+            return "num", float(e)
+        except ValueError:
+            return ("bad",)
+
+
 def evaluate(expr: Any, s: Scope) -> Any:
     """The value of one field expression in scope `s`."""
     if expr is None or isinstance(expr, (bool, int, float)):
@@ -284,37 +308,32 @@ def evaluate(expr: Any, s: Scope) -> Any:
         return tuple(evaluate(e, s) for e in expr)
     if not isinstance(expr, str):
         raise UserError(f"{s.where}: cannot read field expression {expr!r}")
-    e = expr.strip()
-    m = _CALL.match(e)
-    if m:
-        fn = FUNCS.get(m.group(1))
+    form = _parse(expr)
+    how = form[0]
+    if how == "call":
+        name, raw = form[1], form[2]
+        fn = FUNCS.get(name)
         if fn is None:
-            hint = did_you_mean(m.group(1), FUNCS)
-            raise UserError(f"{s.where}: unknown field function `{m.group(1)}`{hint}; known: {', '.join(sorted(FUNCS))}")
-        raw = _split_args(m.group(2))
-        if m.group(1) in READS:
+            hint = did_you_mean(name, FUNCS)
+            raise UserError(f"{s.where}: unknown field function `{name}`{hint}; known: {', '.join(sorted(FUNCS))}")
+        if name in READS:
             if len(raw) != 1:
-                raise UserError(f"{s.where}: `{m.group(1)}` takes one input, got {expr!r}")
+                raise UserError(f"{s.where}: `{name}` takes one input, got {expr!r}")
             evaluate(raw[0], s)  # an unknown name is the usual error
             return fn(s, raw[0])
         args = [evaluate(a, s) for a in raw]
         return fn(s, *args)
-    if e.startswith("'") and e.endswith("'"):
-        return e[1:-1]
-    if e.endswith("?") and _NAME.match(e[:-1]):
-        return s.names.get(e[:-1])  # an optional input or variable: None where the op has none
-    if _NAME.match(e):
+    if how == "str" or how == "num":
+        return form[1]
+    if how == "opt":
+        return s.names.get(form[1])  # an optional input or variable: None where the op has none
+    if how == "name":
+        e = form[1]
         if e not in s.names:
             raise UserError(f"{s.where}: `{e}` names no input, attribute or pattern variable here "
                             f"(have: {', '.join(sorted(s.names))})")
         return s.names[e]
-    try:
-        return int(e)
-    except ValueError:
-        try:
-            return float(e)
-        except ValueError:
-            raise UserError(f"{s.where}: cannot read field expression {expr!r}") from None
+    raise UserError(f"{s.where}: cannot read field expression {expr!r}")
 
 
 def check_expr(expr: Any, where: str) -> None:

@@ -117,13 +117,13 @@ def _key(op: Op, g: Graph, sigs: dict):
     name as its place among the op's distinct names (which inputs are the same tensor matters) and their
     signatures."""
     struct, names = _shape(op, sigs.setdefault("\0ops", {}))
-    place: dict[str, int] = {}
-    pattern = tuple([place.setdefault(x, len(place)) for x in names])
-    shapes = []
-    interned = sigs.setdefault("\0sigs", {})
-    for x in place:
-        sg = sigs.get(x)
-        if sg is None:
-            sg = sigs[x] = interned.setdefault(_sig(g, x, sigs["\0tables"]), len(interned))
-        shapes.append(sg)
+    distinct = dict.fromkeys(names)  # in order of first use: a name's place is its index here
+    place = {x: i for i, x in enumerate(distinct)}
+    pattern = tuple(map(place.__getitem__, names))
+    shapes = list(map(sigs.get, distinct))
+    if None in shapes:  # a name not seen before: its signature interned
+        interned = sigs.setdefault("\0sigs", {})
+        for i, x in enumerate(distinct):
+            if shapes[i] is None:
+                shapes[i] = sigs[x] = interned.setdefault(_sig(g, x, sigs["\0tables"]), len(interned))
     return struct, pattern, tuple(shapes)
