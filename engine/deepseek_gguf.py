@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gguf import check_shapes, vocab_size
+from lanefuse.engine.gguf_shapes import check_shapes, vocab_size
 from lanefuse.engine.hfconfig import MAX_LAYERS
 
 

@@ -5,7 +5,6 @@ as (rows, bytes a row) uint8 — with llama's permuted q/k rows put back in tran
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.gguf_names import FAMILIES, ROPE_FREQS, Family, hf_names, permuted_by, read_as_row
+from lanefuse.engine.gguf_shapes import vocab_size
 from lanefuse.engine.hfconfig import MAX_LAYERS, _Reader
 from lanefuse.engine.model import ModelConfig
 from lanefuse.engine.weights import BLOCK_FORMATS
@@ -189,17 +189,6 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     return cfg
 
 
-def vocab_size(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], r: _Reader, where: str) -> int:
-    """The vocabulary's size: `{arch}.vocab_size`, else the length of the token list, else the embedding's rows; a
-    file without `token_embd.weight` is refused."""
-    embd = tensors.get("token_embd.weight")
-    if embd is None:
-        raise UserError(f"{where}: the file has no tensor `token_embd.weight` (the token embedding)")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    return r.size("vocab_size") if r.has("vocab_size") else len(tokens) if tokens is not None and len(tokens) \
-        else embd[0][0]
-
-
 def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
     """The mixture every layer of a qwen3moe / qwen2moe file holds (engine/moe.py's MoeConfig), as llama.cpp reads
     its keys: softmax routing, the chosen weights renormalized where the family (or `expert_weights_norm`) says."""
@@ -357,20 +346,6 @@ def tensor_info(path: Path, t) -> tuple[tuple[int, ...], str]:
         raise UserError(f"{path}: tensor `{shown(t.name, 80)}` ({fmt}) has rows of {shape[-1]} values, not a whole number of "
                         f"its {per}-value blocks")
     return shape, fmt
-
-
-def check_shapes(store, have: set[str], want: dict[str, tuple[int, ...]], where: str, counts: str,
-                 absent: Callable[[str, tuple[int, ...]], str]) -> None:
-    """Each tensor of `want` (a name `store` serves -> the shape the metadata makes it) in `store` (`have`: its
-    names) and of that shape, in order: one absent is refused in the words `absent(name, shape)` gives, one of
-    another shape by both shapes and `counts` (the metadata's numbers that make it), named as the file names it."""
-    for name, shape in want.items():
-        if name not in have:
-            raise UserError(f"{where}: {absent(name, shape)}")
-        got = tuple(store.info(name)[0])
-        if got != shape:
-            raise UserError(f"{where}: tensor `{store.file_name(name)}` has shape {got}; the metadata makes it "
-                            f"{shape} ({counts})")
 
 
 def _data(t, fmt: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gguf import check_shapes
+from lanefuse.engine.gguf_shapes import check_shapes
 from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.model import ModelConfig, step_frame
 from lanefuse.engine.moe import ExpertStore

@@ -128,7 +128,7 @@ def test_delta_quantizing_in_its_epilogue(words):
     assert np.array_equal(qf[0], want.words.reshape(-1)) and np.array_equal(qf[2], want.scales.reshape(-1))
     if words == 2:
         assert np.array_equal(qf[1], want.low.reshape(-1))
-    assert "quantized to 3 words" in str(Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows,
+    assert "q8_K" in str(Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows,
                                                1.0, 1e-6, quant="oq", words=3).check())
 
 
