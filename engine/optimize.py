@@ -80,7 +80,7 @@ class Optimized:
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """Planning allocates a few hundred thousand small objects that all live until the plan is made: the cyclic
     collector's full passes over them would cost a fifth of the time and free nothing."""
     was = gc.isenabled()
@@ -263,23 +263,30 @@ class Session:
         self.g, self.table = g, table
         self.max_iters, self.node_budget, self.match_limit = max_iters, node_budget, match_limit
         self.debug = flags.read("LANEFUSE_DEBUG")  # 2: print each rule's matches per plan
-        with _gc_paused():
+        with gc_paused():
             self.eg = EGraph(g, table)
         self._snaps: dict[frozenset, tuple[_Decoded, SatReport, dict]] = {}
+        self._pushed = False  # a saturation is on the e-graph, inside a push not yet popped
 
     def _saturated(self, held: frozenset) -> tuple[_Decoded, SatReport, dict]:
         if held not in self._snaps:
             times = {}
             t0 = time.perf_counter()
+            if self._pushed:  # the last held set's saturation, undone only now: a one-shot plan never pays the pop
+                self.eg.pop()
+                self._pushed = False
             self.eg.push()
+            self._pushed = True
             try:
                 rep = self.eg.saturate(held, self.max_iters, self.node_budget, self.match_limit)
                 times["saturate"] = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 snap = self.eg.snapshot()
-            finally:
+            except BaseException:
                 self.eg.pop()
-            times["snapshot"] = time.perf_counter() - t0  # the pop included
+                self._pushed = False
+                raise
+            times["snapshot"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             dec = _Decoded(snap, self.eg, self.g, self.table)
             times["decode"] = time.perf_counter() - t0
@@ -303,7 +310,7 @@ class Session:
         in the engine's order: the index of each is what `plan(forced=...)` takes and `Optimized.chosen` gives.
         With `cost`, each carries its own cost or refusal under it; without, `cost` is None."""
         held, _ = self._held(held)
-        with _gc_paused():
+        with gc_paused():
             dec = self._saturated(held)[0]
         c = dec.snap.by_name.get(tensor)
         if c is None:
@@ -319,7 +326,7 @@ class Session:
 
     def plan(self, held=frozenset(), cost: CostFn = default_cost, forced: dict[str, int] | None = None,
              method: str = "ilp") -> Optimized:
-        with _gc_paused():
+        with gc_paused():
             return self._plan(held, cost, forced, method)
 
     def _plan(self, held, cost: CostFn, forced: dict[str, int] | None, method: str) -> Optimized:
