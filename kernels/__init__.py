@@ -12,7 +12,7 @@ from lanefuse.kernels.common import ALIGN, GEMV_ROWS, MAX_HEAD, QBLOCK, Dst, Lau
 from lanefuse.kernels.env import Env, HostEnv
 from lanefuse.kernels.gemm_parts import GemmPart
 from lanefuse.kernels.norm import PreNorm
-from lanefuse.kernels.rope import RopeSide
+from lanefuse.kernels.rope import Absorb, RopeSide
 
 DEVICE = ("compile", "cupy_env")  # the device side, imported when a launch runs there
 
@@ -45,5 +45,5 @@ def honoured_steps() -> frozenset[str]:
 
 
 __all__ = ["KINDS", "ALIGN", "GEMV_ROWS", "MAX_HEAD", "QBLOCK", "Launch", "Part", "Dst", "Scratch", "Env", "HostEnv",
-           "Advance", "PreNorm", "RopeSide", "GemmPart", "find_kinds", "honoured_steps",
+           "Absorb", "Advance", "PreNorm", "RopeSide", "GemmPart", "find_kinds", "honoured_steps",
            *(k.__name__ for k in KINDS.values())]

@@ -39,12 +39,42 @@ extern "C" __global__ void __launch_bounds__(128)
 // 0: row r at posp[r], each row a sequence's own), written to the side's Dst. The grid stays the GEMV's, so a wide head never serializes its outputs in one block. A part is PR
 // words: gemm_parts' 11 (weight, bias (0: none), n, first block, Dst), then its side's heads (0: no epilogue), first
 // counter, norm weight (0: none), eps (f32 bits), Dst (7 words), head width and rotated width (each side its own: a
-// side of one head the part's width and no rotation is a row norm, DeepSeek-V3's q_a and latent norms).
-#define PR 24
+// side of one head the part's width and no rotation is a row norm, DeepSeek-V3's q_a and latent norms), then an
+// absorbing side's matrix (0: none), its format, its outputs a head and whether its rows are the outputs' (rows_out).
+#define PR 28
 
 __device__ __forceinline__ float head_value(const Dst& y, i64 at, i64 i, const float* nw, float inv) {
     float v = __ldcg(y.y + dst_at(y, at + i));
     return nw ? v * inv * nw[i] : v;
+}
+
+// An absorbing side (head_gemv.cu's arithmetic over one head): head h of rows r0..r0+nr-1 (its hd raw values a row
+// in y) times the head's own matrix, b outputs a head written through the side's Dst. rows_out: W (heads*b, hd), a
+// warp an output, its lanes along the row; else W (heads*hd, b), the lanes along 32 outputs, a row of W a step.
+__device__ __forceinline__ void absorb_epilogue(const Dst& y, i64 n, const i64* s, i64 h, i64 r0, i64 nr) {
+    i64 heads = s[0], hd = s[11], b = s[15];
+    const void* w = (const void*)s[13];
+    int fmt = (int)s[14];
+    Dst o = dst_from(s + 4);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 r = r0; r < r0 + nr; r++) {
+        i64 at = r * n + h * hd;
+        if (s[16]) {
+            for (i64 j = warp; j < b; j += WARPS) {
+                float acc = 0.f;
+                for (i64 i = lane; i < hd; i += 32) acc += __ldcg(y.y + dst_at(y, at + i)) * wget(fmt, w, (h * b + j) * hd + i);
+                acc = warp_sum(acc);
+                if (lane == 0) o.y[dst_at(o, (r * heads + h) * b + j)] = acc;
+            }
+        } else {
+            for (i64 j = (i64)warp * 32 + lane; j - lane < b; j += WARPS * 32) {
+                float acc = 0.f;
+                if (j < b)
+                    for (i64 i = 0; i < hd; i++) acc += __ldcg(y.y + dst_at(y, at + i)) * wget(fmt, w, (h * hd + i) * b + j);
+                if (j < b) o.y[dst_at(o, (r * heads + h) * b + j)] = acc;
+            }
+        }
+    }
 }
 
 // Head h of rows r0..r0+nr-1 of a part of n outputs a row (raw product in y), s its side's words.
@@ -105,7 +135,8 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
         __syncthreads();
         if (!last) continue;
         __threadfence();
-        head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, posp, slot);
+        if (s[13]) absorb_epilogue(y, n, s, h, r0, nr);
+        else head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, posp, slot);
         if (threadIdx.x == 0) *c = 0u;
     }
 }

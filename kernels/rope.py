@@ -13,9 +13,22 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, batch_apart, batch_dsts, dst_view, names, reach, read_part, rms
+from lanefuse.kernels.common import (Dst, Launch, Part, batch_apart, batch_dsts, decode, dst_view, format_refusal, names,
+                                     reach, read_part, rms, weight_bytes)
 
 MAX_HD = 1024
+
+
+@dataclass(frozen=True)
+class Absorb:
+    """A side's heads taken into another space by each head's own matrix (the lifted `head_matmul`), instead of normed
+    or rotated: y[r, h, j] = sum_i x[r, h, i] * W(h, i, j), W head h's checkpoint rows (rows_out: (b, a) at h*b; else
+    (a, b) at h*a, as kernels/head_gemv.py lays them). DeepSeek-V3's query absorption in q_b's product epilogue."""
+
+    w: str
+    format: str
+    b: int  # a head's output values
+    rows_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -31,15 +44,32 @@ class RopeSide:
     hd: int = 0  # its own head width (0: the launch's)
     rot: int = -1  # its own rotated width (-1: the launch's; 0: normed only, no rotation: a row norm in a product's
     # epilogue, DeepSeek-V3's q_a and latent norms; only fold.cu's products-in-parts epilogue runs such a side)
+    absorb: Absorb | None = None  # each head times its own matrix (hd its input width, rot 0, no norm): fold.cu only
+
+    @property
+    def width(self) -> int:
+        """The values a row of the side's result holds, given its head width: an absorbed side's heads are b wide."""
+        return self.heads * self.absorb.b if self.absorb is not None else 0
 
     @property
     def own_shape(self) -> bool:
-        return self.hd != 0 or self.rot != -1
+        return self.hd != 0 or self.rot != -1 or self.absorb is not None
 
 
 def side_shape(s: RopeSide, hd: int, rot: int) -> tuple[int, int]:
     """The side's head width and rotated width: its own where it says, else the launch's."""
     return (s.hd or hd), (rot if s.rot < 0 else s.rot)
+
+
+def _absorb_rows(s: RopeSide, hd: int) -> tuple[int, int]:
+    """An absorbing side's checkpoint rows: (rows, values a row)."""
+    return (s.heads * s.absorb.b, hd) if s.absorb.rows_out else (s.heads * hd, s.absorb.b)
+
+
+def _absorb_stack(s: RopeSide, w: np.ndarray, hd: int) -> np.ndarray:
+    """An absorbing side's matrices as (heads, hd, b)."""
+    h, b = s.heads, s.absorb.b
+    return w.reshape(h, b, hd).transpose(0, 2, 1) if s.absorb.rows_out else w.reshape(h, hd, b)
 
 
 def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, slot: int = 0,
@@ -48,6 +78,12 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
     w = s.heads * hd
     n = seq0 + rows
     x = read_part(env, s.x, s.part, n, w)[seq0:].astype(np.float32).reshape(rows, s.heads, hd)
+    if s.absorb is not None:  # as the epilogue sums: each output's dot in f64, rounded to f32
+        raw, fmt = env.weight(s.absorb.w)
+        m = _absorb_stack(s, decode(raw, fmt).astype(np.float64), hd)
+        y = np.einsum("rha,hab->rhb", x.astype(np.float64), m).astype(np.float32)
+        s.y.write(env, y.reshape(rows, s.width), first=seq0 * s.width)
+        return
     if s.norm is not None:
         nw = np.asarray(env.weight(s.norm[0])[0], dtype=np.float64)[:hd]
         x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
@@ -75,6 +111,11 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     n = seq0 + rows
     w = s.heads * hd
     x = read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, s.heads, hd)
+    if s.absorb is not None:  # each head's product in f32 BLAS, a batched matmul over the heads
+        m = _absorb_stack(s, env.matrix(s.absorb.w), hd)
+        y = np.matmul(x.transpose(1, 0, 2), m).transpose(1, 0, 2)
+        s.y.write(env, np.ascontiguousarray(y).reshape(rows, s.width), first=seq0 * s.width)
+        return
     half = rot // 2
     if s.norm is not None:
         inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
@@ -113,10 +154,21 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
 def side_check(s: RopeSide, hd: int, rot: int, epilogue: bool = False) -> Refusal | None:
     """Why the side cannot run (None: it can); `epilogue`: in a products-in-parts fold (fold.cu), which also runs a
     side of its own head shape and a side normed only (a warp a row: any width)."""
+    if s.absorb is not None and not epilogue:
+        return Refusal("each head's own product (a query's absorption) outside its products' epilogue (only "
+                       "fold.cu's products in parts run it)")
     if s.own_shape and not epilogue:
         return Refusal("a rotation side of its own head shape (a row norm alone) outside its products' epilogue "
                        "(only fold.cu's products in parts run it)")
     hd, rot = side_shape(s, hd, rot)
+    if s.absorb is not None:
+        if s.norm is not None or rot != 0 or s.part is not None:
+            return Refusal("each head's own product after a norm, a rotation or from a part of a wider row (the "
+                           "epilogue multiplies the raw product's heads as they are)")
+        if min(s.heads, hd, s.absorb.b) < 1:
+            return Refusal(f"each head's own product of no values ({s.heads} heads, {hd} to {s.absorb.b})")
+        return format_refusal(s.absorb.format, s.absorb.b if not s.absorb.rows_out else hd,
+                              "a head's product in a products' epilogue")
     if rot == 0:
         if s.norm is None:
             return Refusal("a side neither normed nor rotated")
@@ -151,7 +203,8 @@ class RopeParts(Launch):
     steps: ClassVar[tuple[str, ...]] = ("sequences",)  # a batch apart, one launch a sequence (`apart`)
 
     def reads(self):
-        ins = [v for s in self.sides for v in (s.x, s.norm[0] if s.norm else None, *s.y.params())]
+        ins = [v for s in self.sides for v in (s.x, s.norm[0] if s.norm else None, *s.y.params(),
+                                                s.absorb.w if s.absorb else None)]
         return names(*ins, self.cos, self.sin, self.pos)
 
     def writes(self):
@@ -183,22 +236,29 @@ class RopeParts(Launch):
         r = self.seq0 + self.rows
         sides = [v for s in self.sides for v in (
             (s.x, s.part.extent(r) if s.part is not None else r * s.heads * self._hd(s)),
-            (s.norm[0] if s.norm else None, self._hd(s)), (s.y.buf, self._dst_extent(s, r, top)))]
+            (s.norm[0] if s.norm else None, self._hd(s)), (s.y.buf, self._dst_extent(s, r, top)),
+            (s.absorb.w if s.absorb else None, s.heads * self._hd(s) * s.absorb.b if s.absorb else 0))]
         tab = (top + (1 if self.slot else r)) * (self.rot // 2)  # cos and sin: a row of rot/2 a position
         return reach(*sides, (self.cos, tab), (self.sin, tab), (self.pos, r if self.slot else 1))
 
     def _dst_extent(self, s: RopeSide, r: int, top: int) -> int:
-        return s.y.extent(r * s.heads * self._hd(s), top)
+        return s.y.extent(r * (s.width or s.heads * self._hd(s)), top)
 
     def weights(self):
-        return {w: "f32" for w in (self.cos, self.sin, *(s.norm[0] for s in self.sides if s.norm))}
+        w = {w: "f32" for w in (self.cos, self.sin, *(s.norm[0] for s in self.sides if s.norm))}
+        w.update({s.absorb.w: s.absorb.format for s in self.sides if s.absorb})
+        return w
+
+    def checkpoint_bytes(self):
+        return sum(weight_bytes(s.absorb.format, *_absorb_rows(s, self._hd(s))) for s in self.sides if s.absorb)
 
     def bytes(self):
-        n = sum(s.heads * self._hd(s) for s in self.sides) * self.rows
-        return 4 * (2 * n + self.rows * self.rot)
+        n = sum(s.heads * self._hd(s) + (s.width or s.heads * self._hd(s)) for s in self.sides) * self.rows
+        return 4 * (n + self.rows * self.rot) + self.checkpoint_bytes()
 
     def flops(self):
-        return 6 * sum(s.heads * self._hd(s) for s in self.sides) * self.rows
+        return sum(2 * s.heads * self._hd(s) * s.absorb.b if s.absorb else 6 * s.heads * self._hd(s)
+                   for s in self.sides) * self.rows
 
     def numpy(self, env):
         for s in self.sides:

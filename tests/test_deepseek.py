@@ -366,38 +366,48 @@ def plan_against_reference(rows, fmt, runner="exact", **opts):
 
 def test_census_golden_of_a_deepseek_decode_layer():
     """The launches of a mixture decode layer (issue 15's goal is 7; 14 before the latent attention fused, 10 before
-    the rotations and the low-rank norms joined the products, 8 now): the q_a product with the latent's and the
-    rotated key's, q_a and the latent normed in its epilogue (the latent into its cache row) and the key rotated in it
-    into its cache row (products of one activation in parts, the rows cut at load: merged_qkv.rotated_normed,
-    place.latent_row, place.key_row); each head's unrotated and rotated query parts from q_b in parts, the rotated
-    part rotated in the epilogue (merged_pair.rotated); the latent attention in three (mla: the absorption, the Split
-    attention reading the latent cache and the rotated key in place, the expansion: no join, no copy of a cache
-    table); the o product's fold (the residual add and the norm); and the mixture's two kernels with its shared
-    expert, the residual add and the next layer's norm (shared_expert_fusion.grouped, moe_deferred_finalize.grouped;
-    the Moe launch is counted in the layer whose norm it computes). Without q_lora_rank the four products of the
-    layer's norm are one launch, the latent's norm and both rotations in its epilogue (merged_quad.rotated_normed):
-    7. Left to reach 7 with q_lora_rank: the absorption in q_b's product."""
+    the rotations and the low-rank norms joined the products, 8 before the absorption joined q_b's product, 7 now):
+    the q_a product with the latent's and the rotated key's, q_a and the latent normed in its epilogue (the latent into
+    its cache row) and the key rotated in it into its cache row (products of one activation in parts, the rows cut at
+    load: merged_qkv.rotated_normed, place.latent_row, place.key_row); q_b's unrotated and rotated query parts in
+    parts, each head's unrotated part taken into latent space by its own key-expansion rows and the rotated part
+    rotated, both in the epilogue (merged_pair.rotated_absorbed: no absorption launch); the latent attention of the
+    absorbed query in two (mla.absorbed: the Split attention reading the latent cache and the rotated key in place,
+    the expansion: no join, no copy of a cache table); the o product's fold (the residual add and the norm); and the
+    mixture's two kernels with its shared expert, the residual add and the next layer's norm
+    (shared_expert_fusion.grouped, moe_deferred_finalize.grouped; the Moe launch is counted in the layer whose norm it
+    computes). Without q_lora_rank the four products of the layer's norm are one launch, the latent's norm, both
+    rotations and the absorption in its epilogue (merged_quad.rotated_normed_absorbed): 6."""
     from lanefuse.engine.model import build_step
     from lanefuse.lane.lower.plan import plan
 
+    def layer(p):
+        return sorted(k.census for l in p.launches if l.layer == 2 for k in l.launch.kernels())
+
     s = plan(build_step(tiny_cfg(num_hidden_layers=4), 1))
-    kinds = sorted(k.census for l in s.launches if l.layer == 2 for k in l.launch.kernels())
-    assert kinds == sorted(["fold", "fold", "head_gemv", "attention", "head_gemv", "fold", "moe", "moe"]), kinds
+    assert layer(s) == sorted(["fold", "fold", "attention", "head_gemv", "fold", "moe", "moe"]), layer(s)
     assert not {"join", "set_row", "rope_parts", "norm_pair", "norm"} & set(s.census), s.census
-    for rule in ("mla", "place.latent_row", "merged_qkv.rotated_normed", "merged_pair.rotated", "place.key_row"):
+    for rule in ("mla.absorbed", "place.latent_row", "merged_qkv.rotated_normed", "merged_pair.rotated_absorbed",
+                 "place.key_row"):
         assert s.fusions.get(rule) == 4, s.fusions
+    assert "mla" not in s.fusions and "merged_pair.rotated" not in s.fusions, s.fusions
     assert s.fusions.get("moe_deferred_finalize.grouped") == 3, s.fusions
     assert all(l.launch.fused for l in s.launches if l.launch.census == "fold"), "a fold runs as two kernels"
+    absorbing = [sd for l in s.launches if l.layer == 2 and l.launch.census == "fold"
+                 for sd in getattr(l.launch.then, "sides", ()) if sd.absorb is not None]
+    assert len(absorbing) == 1 and absorbing[0].absorb.b == 16 and not absorbing[0].absorb.rows_out, absorbing
     t = plan(build_step(tiny_cfg(num_hidden_layers=4, q_lora_rank=None), 1))
-    kinds = sorted(k.census for l in t.launches if l.layer == 2 for k in l.launch.kernels())
-    assert kinds == sorted(["fold", "head_gemv", "attention", "head_gemv", "fold", "moe", "moe"]), kinds
-    assert t.fusions.get("merged_quad.rotated_normed") == 4 and "rope_parts" not in t.census, t.fusions
+    assert layer(t) == sorted(["fold", "attention", "head_gemv", "fold", "moe", "moe"]), layer(t)
+    assert t.fusions.get("merged_quad.rotated_normed_absorbed") == 4 and "rope_parts" not in t.census, t.fusions
     assert all(l.launch.fused for l in t.launches if l.launch.census == "fold"), "a fold runs as two kernels"
-    # held, the norms run as one launch again (norm_pair) and the rotations stay in the products' epilogues
+    # held, the norms run as one launch again (norm_pair) and the rotations and the absorption stay in the products'
+    # epilogues
     u = plan(build_step(tiny_cfg(num_hidden_layers=4), 1), held=["merged_qkv.rotated_normed"])
-    kinds = sorted(k.census for l in u.launches if l.layer == 2 for k in l.launch.kernels())
-    assert kinds == sorted(["fold", "norm_pair", "fold", "head_gemv", "attention", "head_gemv", "fold", "moe",
-                            "moe"]), kinds
+    assert layer(u) == sorted(["fold", "norm_pair", "fold", "attention", "head_gemv", "fold", "moe", "moe"]), layer(u)
+    # the absorption held apart from q_b's product: its own launch again (8, as before it joined)
+    v = plan(build_step(tiny_cfg(num_hidden_layers=4), 1), held=["merged_pair.rotated_absorbed"])
+    assert layer(v) == sorted(["fold", "fold", "head_gemv", "attention", "head_gemv", "fold", "moe", "moe"]), layer(v)
+    assert v.fusions.get("merged_pair.rotated") == 4, v.fusions
 
 
 def test_norm_pair_twins_and_refusals():
@@ -545,7 +555,8 @@ def test_hf_parity_expanded_prefill(model, tmp_path):
     wide, one = plan(build_step(cfg, 8), **opts), plan(build_step(cfg, 1), **opts)
     assert [l.launch.census for l in mla_launches(wide)] == ["head_gemv", "head_gemv", "attention"]
     assert mla_launches(wide)[2].launch.hd == cfg.nope + cfg.head_dim
-    assert mla_launches(one)[1].launch.hd == cfg.kv_lora + cfg.head_dim
+    assert [l.launch.census for l in mla_launches(one)] == ["attention", "head_gemv"]  # its query absorbed already
+    assert mla_launches(one)[0].launch.hd == cfg.kv_lora + cfg.head_dim
     got = generate(cfg, weights, PROMPT, N_TOKENS, chunk=8, step_fn=fused_step(weights, **opts))
     rel = scaled_error(got.logits, want_logits)
     print(f"\nHF parity DeepSeek-V3 {folder.name} chunk 8 expanded: max |diff| / max |logits| = {rel:.2e}")
@@ -587,8 +598,8 @@ def test_the_cuda_lane_keeps_chunks_absorbed():
 def test_mla_held_runs_the_attention_as_its_parts(rows):
     """`mla` held: the absorption, the joins (copies of the query parts and the cache tables), the attention and the
     expansion as their own launches, the same numbers."""
-    s = plan_against_reference(rows, "bf16", held=("mla",))
+    s = plan_against_reference(rows, "bf16", held=("mla", "mla.absorbed"))
     assert not mla_launches(s) and s.census.get("join") == 2 * 3, s.census
-    assert "mla" not in s.fusions
+    assert "mla" not in s.fusions and "mla.absorbed" not in s.fusions
     t = plan_against_reference(rows, "bf16")
-    assert "join" not in t.census and t.fusions.get("mla") == 3
+    assert "join" not in t.census and t.fusions.get("mla.absorbed") == 3

@@ -258,7 +258,8 @@ def latent():
     """DeepSeek-V3's pieces: the Split attention (absorbed, wide; expanded, narrow), the q_a and latent norms in one
     launch (the latent's read as a part, into its cache row), each head's product both layouts (bf16, f32), the mixture routed by grouped sigmoid
     scores with a correction bias and an ungated shared expert, a row at a time and over sorted rows."""
-    from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, HeadGemv, Moe, Norm, NormPair, Part, RopeParts, RopeSide
+    from lanefuse.kernels import (Absorb, Dst, Fold, GemmPart, GemmParts, HeadGemv, Moe, Norm, NormPair, Part, RopeParts,
+                                  RopeSide)
 
     grouped = dict(routing="sigmoid_group", br="cb", groups=4, topk_groups=2, route_scale=2.5, norm_topk=True,
                    sg="sg", su="su", sd="sd", sf=22, format_s="bf16")
@@ -277,6 +278,10 @@ def latent():
                  RopeParts((RopeSide("qa", Dst("qan"), 1, norm=("na", 1e-6), hd=24, rot=0),
                             RopeSide("lat", Dst("lc", row="pos", pitch=16), 1, norm=("nl", 1e-6), hd=16, rot=0),
                             RopeSide("kp", Dst("kr", row="pos", pitch=8), 1)), "cos", "sin", "pos", 1, 8, 8)),
+            # q_b's products: each head's unrotated part absorbed into latent space in the epilogue, the rest rotated
+            Fold(GemmParts("x", "bf16", 32, 1, (GemmPart("wn", Dst("qn"), 40), GemmPart("wr", Dst("qp"), 32))),
+                 RopeParts((RopeSide("qn", Dst("ql"), 4, hd=10, rot=0, absorb=Absorb("wk", "bf16", 16)),
+                            RopeSide("qp", Dst("qr"), 4)), "cos", "sin", "pos", 1, 8, 8)),
             HeadGemv("q", "wk", "bf16", Dst("ql"), 1, 4, 10, 16, rows_out=False),
             HeadGemv("a", "wv", "f32", Dst("o"), 3, 4, 16, 12, rows_out=True),
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 11, 8, 3, 1, "bf16", **grouped),

@@ -314,6 +314,35 @@ def test_fold_products_then_row_norms_and_a_rotation(fmt, m, qa, lat, rope, pw):
     _again(f, dev, arrays, host_names=("qan", "lc", "kc"))
 
 
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("heads,nope,rope,lora,pw,rows_out", [(128, 128, 64, 512, 4, False), (16, 128, 64, 512, 1, False),
+                                                             (4, 32, 8, 32, 1, True), (3, 64, 32, 96, 4, False)])
+def test_fold_products_then_absorbed_and_rotated_heads(fmt, m, heads, nope, rope, lora, pw, rows_out):
+    """DeepSeek-V3's q_b products as the lane makes them (merged_pair.rotated_absorbed): each head's unrotated part
+    taken into latent space by its own key-expansion rows by the last block of the head to arrive, the rotated part
+    rotated; against the numpy twin, then once more (the counters reset)."""
+    from lanefuse.kernels import Absorb
+
+    g = np.random.default_rng(m + heads + lora)
+    k, L, pos = 1536 if heads == 128 else 64, 64, 37
+    parts = (GemmPart("wn", Dst("qn"), heads * nope), GemmPart("wr", Dst("qp"), heads * rope))
+    sides = (RopeSide("qn", Dst("ql"), heads, hd=nope, rot=0, absorb=Absorb("wk", fmt, lora, rows_out)),
+             RopeSide("qp", Dst("qr"), heads))
+    f = Fold(GemmParts("x", fmt, k, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, rope, rope))
+    assert f.fused, f.form()
+    ang = g.uniform(0, 6.28, (L, rope // 2))
+    wk = r32(g, heads * lora, nope) if rows_out else r32(g, heads * nope, lora)
+    arrays = {"x": r32(g, m, k), "qn": np.zeros(m * heads * nope, np.float32),
+              "qp": np.zeros(m * heads * rope, np.float32), "ql": np.zeros(m * heads * lora, np.float32),
+              "qr": np.zeros(m * heads * rope, np.float32), "pos": np.array([pos], np.int32)}
+    weights = {"wn": (encode(r32(g, heads * nope, k) / 8, fmt), fmt),
+               "wr": (encode(r32(g, heads * rope, k) / 8, fmt), fmt), "wk": (encode(wk / 8, fmt), fmt),
+               "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
+    dev = both(f, arrays, weights, tol=3e-4, placed=(m == 5))
+    _again(f, dev, arrays, host_names=("ql", "qr"))
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "f32"])
 @pytest.mark.parametrize("m,hd", [(1, 128), (5, 64), (3, 256)])
 def test_fold_one_product_then_head_epilogue(fmt, m, hd):

@@ -533,6 +533,73 @@ def latent_fold(m=2, qa=24, lat=16, hd=8, L=9, fmt="f32", pw=1):
     return Fold(GemmParts("x", fmt, 20, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, hd, hd))
 
 
+def absorbing_fold(m=2, heads=4, nope=10, rope=8, lora=16, fmt="f32", pw=1, rows_out=False, k=20):
+    """DeepSeek-V3's q_b product as the lane makes it (merged_pair.rotated_absorbed): each head's unrotated query part
+    and its rotated part in parts; in the epilogue each head of the unrotated part times its own key-expansion rows
+    (into latent space: `lora` outputs a head), the rotated part rotated."""
+    from lanefuse.kernels import Absorb
+
+    parts = (GemmPart("wn", Dst("qn"), heads * nope), GemmPart("wr", Dst("qp"), heads * rope))
+    sides = (RopeSide("qn", Dst("ql"), heads, hd=nope, rot=0, absorb=Absorb("wk", fmt, lora, rows_out)),
+             RopeSide("qp", Dst("qr"), heads))
+    return Fold(GemmParts("x", fmt, k, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, rope, rope))
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("m,pw,rows_out", [(1, 1, False), (3, 4, False), (2, 1, True)])
+def test_fold_products_then_absorbed_and_rotated_heads(fmt, m, pw, rows_out):
+    """The fold of q_b's products with the query's absorption in its epilogue: one kernel; its twin is `first` then
+    `then`, each head's unrotated part times its own matrix (any layout: rows the inputs' or the outputs'), the rotated
+    part rotated; both twins against explicit formulas."""
+    g = rng(31 + m)
+    heads, nope, rope, lora, k, pos, L = 4, 32, 8, 32, 64, 3, 9
+    f = absorbing_fold(m, heads, nope, rope, lora, fmt, pw, rows_out, k)
+    assert f.fused and f.form()[0] == "parts_rope" and f.check() is None, (f.form(), f.check())
+    (sc,) = f.scratch()
+    assert sc.nbytes == 4 * 2 * heads  # a counter a side's head and a slab of rows
+    wk = r32(g, heads * lora, nope) if rows_out else r32(g, heads * nope, lora)
+    ang = g.uniform(0, 6.28, (L, rope // 2))
+    arrays = {"x": r32(g, m, k), "qn": np.zeros(m * heads * nope, np.float32),
+              "qp": np.zeros(m * heads * rope, np.float32), "ql": np.full(m * heads * lora, SENTINEL, np.float32),
+              "qr": np.zeros(m * heads * rope, np.float32), "pos": np.array([pos], np.int32)}
+    weights = {"wn": (encode(r32(g, heads * nope, k), fmt), fmt), "wr": (encode(r32(g, heads * rope, k), fmt), fmt),
+               "wk": (encode(wk, fmt), fmt),
+               "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
+    one, two = HostEnv({k_: v.copy() for k_, v in arrays.items()}, weights), HostEnv(
+        {k_: v.copy() for k_, v in arrays.items()}, weights)
+    f.numpy(one)
+    f.first.numpy(two)
+    f.then.numpy(two)
+    for name in arrays:
+        assert np.array_equal(one.array(name), two.array(name)), name
+    x = arrays["x"].astype(np.float64)
+    qn = (x @ decode(weights["wn"][0], fmt).astype(np.float64).T).astype(np.float32).reshape(m, heads, nope)
+    w = decode(weights["wk"][0], fmt).astype(np.float64)
+    w = w.reshape(heads, lora, nope).transpose(0, 2, 1) if rows_out else w.reshape(heads, nope, lora)
+    want = np.einsum("rhi,hij->rhj", qn.astype(np.float64), w)
+    close(one.array("ql").reshape(m, heads, lora), want, 1e-5)
+    fast = HostEnv({k_: v.copy() for k_, v in arrays.items()}, weights)
+    f.fast(fast)
+    close(fast.array("ql").reshape(m, heads, lora), want, 1e-4)
+    close(fast.array("qr"), one.array("qr"), 1e-4)
+    assert f.checkpoint_bytes() == f.first.checkpoint_bytes() + weights["wk"][0].nbytes
+    assert f.weights()["wk"] == fmt and "wk" in f.reads() and "ql" in f.writes()
+
+
+def test_an_absorbing_side_runs_only_in_its_products_epilogue():
+    """An absorbing side outside a products-in-parts fold, after a norm or a rotation, or over rows its format cannot
+    decode: refused in words."""
+    from lanefuse.kernels import Absorb
+
+    f = absorbing_fold()
+    side = f.then.sides[0]
+    assert "outside its products' epilogue" in str(replace(f.then, sides=(side,)).check())
+    for bad in (replace(side, norm=("nw", 1e-6)), replace(side, rot=8), replace(side, part=Part(80, 0, 40))):
+        assert "after a norm, a rotation" in str(replace(f.then, sides=(bad, f.then.sides[1])).check(epilogue=True))
+    q = replace(side, absorb=Absorb("wk", "q8_0", 20))  # rows of 20 values: not whole blocks of 32
+    assert "whole blocks" in str(replace(f.then, sides=(q, f.then.sides[1])).check(epilogue=True))
+
+
 @pytest.mark.parametrize("m,pw", [(1, 1), (3, 4)])
 def test_fold_products_then_row_norms_and_a_rotation(m, pw):
     """The fold of DeepSeek-V3's first product: one kernel; its twin is `first` then `then`, q_a and the latent

@@ -391,10 +391,10 @@ def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numeric
     """DeepSeek-V3's latent attention under q8 / q8x2, its `mla` fold held: each head's expanding product
     (head_matmul) quantizes its output in its last blocks (gemv_quant.heads) for the o projection, so the plan has no
     Quant launch; run by the exact twins in its arena (launch by launch against the interpreter) it equals the
-    interpreter of the quantized step graph; held `fuse_quant` too, the same numbers from Quant launches. (With `mla`
-    the expansion is inside that fold, whose quantize is a Quant launch: no `mla` quantizing rule yet. The q_a norm
-    runs in the first product's epilogue, merged_qkv.rotated_normed, which does not quantize: its quantize for q_b's
-    products is a Quant launch a layer either way.)"""
+    interpreter of the quantized step graph; held `fuse_quant` too, the same numbers from Quant launches. With the
+    `mla` fold (its absorbed form, the query absorbed in q_b's product) the expansion inside it quantizes the same way
+    (mla.absorbed.quant). The q_a norm runs in the first product's epilogue, merged_qkv.rotated_normed, which does not
+    quantize: its quantize for q_b's products is a Quant launch a layer either way."""
     from lanefuse.engine.hfconfig import config_from_hf
     from lanefuse.engine.stepweights import random_weights
 
@@ -409,18 +409,23 @@ def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numeric
                                                  if k.kind == "rows" and k.shape[-1] % 32 == 0))
     g = build_step(cfg, 1)
     w = random_weights(g, 3)
-    p = plan(g, numerics=numerics, held=("mla",))
+    mla = ("mla", "mla.absorbed", "mla.quant", "mla.absorbed.quant")
+    p = plan(g, numerics=numerics, held=mla)
     assert p.census.get("quant") == cfg.layers and p.fusions.get("gemv_quant.heads") == cfg.layers  # q_a's alone
     assert p.fusions.get("merged_qkv.rotated_normed") == cfg.layers
-    assert plan(g, numerics=numerics).census["quant"] == 2 * cfg.layers  # and the mla fold's expansion's
+    # the mla fold's expansion quantizes in its last blocks too (mla.absorbed.quant: the query absorbed in q_b's
+    # product epilogue): q_a's quantize is the only Quant launch a layer either way
+    f = plan(g, numerics=numerics)
+    assert f.census["quant"] == cfg.layers and f.fusions.get("mla.absorbed.quant") == cfg.layers, f.fusions
+    assert f.fusions.get("merged_pair.rotated_absorbed") == cfg.layers, f.fusions
     gq = with_numerics(g, numerics)
     ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
-    held = plan(g, numerics=numerics, held=("fuse_quant", "mla"))
+    held = plan(g, numerics=numerics, held=("fuse_quant", *mla))
     assert held.census["quant"] > p.census["quant"]
-    outs = [NumpyRunner(q, w, check=True).step(_chunk_env(g, 1, 0), lifted=g) for q in (p, held)]
+    outs = [NumpyRunner(q, w, check=True).step(_chunk_env(g, 1, 0), lifted=g) for q in (p, f, held)]
     for out in outs:
         assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
-    assert np.array_equal(outs[0]["logits"], outs[1]["logits"])
+    assert np.array_equal(outs[0]["logits"], outs[2]["logits"])
 
 
 @pytest.mark.parametrize("words", [1, 2])

@@ -10,8 +10,10 @@ from __future__ import annotations
 from lanefuse.engine.ir import Op
 from lanefuse.engine.placement import arg, row_write
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels import Attention, ConvParts, Dst, Fold, GemmPart, GemmParts, Gemv, HeadGemv, Rope, RopeParts, RopeSide
+from lanefuse.kernels import (Absorb, Attention, ConvParts, Dst, Fold, GemmPart, GemmParts, Gemv, HeadGemv, Rope,
+                              RopeParts, RopeSide)
 from lanefuse.kernels.conv_parts import ConvPart
+from lanefuse.lane.lower.buffers import WORDS
 from lanefuse.lane.lower.fill import Scope, evaluate
 
 
@@ -20,7 +22,8 @@ def _leaves(op: Op) -> dict[str, Op]:
 
 
 def _chain(op: Op, t: str) -> dict[str, Op]:
-    """The member that computes `t`: its product, bias, head norm and rotation, found walking back from `t`."""
+    """The member that computes `t`: its product, bias, head norm and rotation, or each head's own product of it (a
+    query's absorption), found walking back from `t`."""
     leaves = _leaves(op)
     found: dict[str, Op] = {}
     cur = t
@@ -30,7 +33,7 @@ def _chain(op: Op, t: str) -> dict[str, Op]:
         if w is not None:  # a row placed in a table: its producer's chain
             cur = w.src
             continue
-        role = {"matmul": "product", "add": "bias", "rmsnorm": "norm", "rope": "rope"}.get(leaf.kind)
+        role = {"matmul": "product", "add": "bias", "rmsnorm": "norm", "rope": "rope", "head_matmul": "absorb"}.get(leaf.kind)
         if role is None or role in found:
             break
         found[role] = leaf
@@ -89,7 +92,16 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
         out = _product_out(ch)
         bias = arg(ch["bias"], "b") if "bias" in ch else None
         n = link.g.shape(w)[0]
-        if "rope" in ch:
+        if "absorb" in ch:  # each head of the part times its own matrix in the epilogue (a side of no rotation)
+            ab = ch["absorb"]
+            fa = _rows_format(link, arg(ab, "w"))
+            if "rope" in ch or "norm" in ch or fa is None or arg(ab, "x") != out:
+                return Refusal("products in parts whose heads are taken by their own matrices after a norm or a "
+                               "rotation, or by a matrix that is not checkpoint rows", f"`{op.cls}` -> `{t}`")
+            y = Dst(out)
+            sides.append(RopeSide(x=out, y=scope.dst(ab.out), heads=ab.a["heads"], hd=ab.a["a"], rot=0,
+                                  absorb=Absorb(arg(ab, "w"), fa, ab.a["b"], bool(ab.a["rows_out"]))))
+        elif "rope" in ch:
             y = Dst(out)
             sides.append(_side(ch, scope))
             rope = ch["rope"]
@@ -106,11 +118,11 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
     if not parts:
         return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
     if sides and rope is None:
-        return Refusal("products in parts normed in their epilogue with no rotation beside (the epilogue takes the "
-                       "rotation's tables)", f"`{op.cls}` -> `{op.out}`")
+        return Refusal("products in parts normed or absorbed in their epilogue with no rotation beside (the epilogue "
+                       "takes the rotation's tables)", f"`{op.cls}` -> `{op.out}`")
     k = link.g.shape(x)[1]
     m = link.g.shape(x)[0]
-    gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts), words={"q8": 1, "q8x2": 2, "q8k": 3}.get(link.g.dtype(x), 0))
+    gp = GemmParts(x=x, format=fmt, k=k, m=m, parts=tuple(parts), words=WORDS.get(link.g.dtype(x), 0))
     if not sides:
         return [gp]
     return [Fold(first=gp, then=_rope_parts(sides, rope, link))]
@@ -129,7 +141,7 @@ def head_epilogue(link, op: Op, scope: Scope) -> list | Refusal:
     out = _product_out(ch)
     g = link.g
     gemv = Gemv(x=x, w=w, format=c.format, y=Dst(out), k=g.shape(x)[1], n=g.shape(w)[0], m=g.shape(x)[0],
-                bias=arg(ch["bias"], "b") if "bias" in ch else None, words={"q8": 1, "q8x2": 2, "q8k": 3}.get(g.dtype(x), 0))
+                bias=arg(ch["bias"], "b") if "bias" in ch else None, words=WORDS.get(g.dtype(x), 0))
     side = _side(ch, scope)
     rope = ch["rope"]
     a = rope.a
@@ -210,25 +222,38 @@ def latent(link, op: Op, scope: Scope) -> list | Refusal:
     entry's `expand_rows` is the widest chunk that runs absorbed; a wider one runs expanded (`_expanded`)."""
     b = op.b
     by = {leaf.out: leaf for leaf in op.leaves()}
-    absorb = next((l for l in by.values() if l.kind == "head_matmul" and arg(l, "x") == b["qn"]), None)
+    given = b.get("ql") is not None  # the query comes absorbed (mla.absorbed: its product's epilogue absorbed it)
+    absorb = None if given else next((l for l in by.values() if l.kind == "head_matmul" and arg(l, "x") == b["qn"]),
+                                     None)
     attn = next((l for l in by.values() if l.kind == "attention"), None)
-    if absorb is None or attn is None or absorb.a["rows_out"] or not by[b["y"]].a["rows_out"]:
+    if (absorb is None and not given) or attn is None or (absorb is not None and absorb.a["rows_out"]) \
+            or not by[b["y"]].a["rows_out"]:
         return Refusal("a latent attention whose query absorption reads each head's input rows and whose expansion "
                        "each head's output rows", f"`{op.cls}` -> `{op.out}`")
     g = link.g
-    fk, fv = _rows_format(link, b["wk"]), _rows_format(link, b["wv"])
-    if fk is None or fv is None:
+    fk, fv = None if given else _rows_format(link, b["wk"]), _rows_format(link, b["wv"])
+    if (fk is None and not given) or fv is None:
         return Refusal("a latent attention whose key or value expansion is not checkpoint rows",
                        f"`{op.cls}` -> `{op.out}`")
-    rows, h, lora, rope = g.shape(b["qn"])[0], b["heads"], b["lora"], g.shape(b["kr"])[1]
+    ql = b["ql"] if given else absorb.out
+    rows, h, lora, rope = g.shape(ql)[0], b["heads"], b["lora"], g.shape(b["kr"])[1]
     wide = evaluate(link.table.support(op.cls).choice.fields.get("expand_rows", 0), scope)
     if rows > wide:
+        if b.get("q"):
+            return Refusal(f"an expanded latent attention quantizing its output (a chunk of {rows} rows: the "
+                           f"expanded form's attention writes f32 only)", f"`{op.cls}` -> `{op.out}`")
+        if given:
+            return Refusal(f"a latent attention whose query arrives absorbed, over a chunk of {rows} rows (wider "
+                           f"than the lane's expand_rows, {wide}: it runs expanded, from the unabsorbed query)",
+                           f"`{op.cls}` -> `{op.out}`")
         return _expanded(link, op, scope, attn, fk, fv)
-    ql, a = absorb.out, attn.out
-    return [HeadGemv(b["qn"], b["wk"], fk, Dst(ql), rows, h, b["nope"], lora, rows_out=False),
-            Attention(ql, b["lc"], b["lc"], b["pos"], a, h, h, b["hd"], lora, g.shape(b["lc"])[0], rows, b["scale"],
-                      softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope),
-            HeadGemv(a, b["wv"], fv, scope.dst(b["y"]), rows, h, lora, b["vd"], rows_out=True)]
+    a = attn.out
+    absorbing = [] if given else [HeadGemv(b["qn"], b["wk"], fk, Dst(ql), rows, h, b["nope"], lora, rows_out=False)]
+    return absorbing + [
+        Attention(ql, b["lc"], b["lc"], b["pos"], a, h, h, b["hd"], lora, g.shape(b["lc"])[0], rows, b["scale"],
+                  softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope),
+        HeadGemv(a, b["wv"], fv, scope.dst(b["y"]), rows, h, lora, b["vd"], rows_out=True, quant=b.get("q"),
+                 words=WORDS.get(g.dtype(b["q"]), 0) if b.get("q") else 0)]
 
 
 def _expanded(link, op, scope, attn, fk, fv):
