@@ -3,7 +3,7 @@ two worker processes, one importing each tree, plan the same step graphs in turn
 load falls on both alike; each run's plan is digested (every launch's fields, the arena, the census, the fusions) and
 the two trees' digests must be equal (a speed-up that changes a plan is a defect).
 
-    python bench/plan_ab.py --against /path/to/old/checkout [--runs 5] [--numerics f32 q8]
+    python bench/plan_ab.py --against /path/to/old/checkout [--runs 5] [--numerics f32 q8] [--shapes deepseek-v3 ...]
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-SHAPES = ("qwen3-next-80b-a3b", "qwen3-8b")
+SHAPES = ("qwen3-next-80b-a3b", "qwen3-8b", "deepseek-v3")
 
 
 def worker() -> int:
     """Read `shape numerics` lines; plan each and print its seconds and digest, a JSON line each."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from deepseek_figures import deepseek_v3
     from qnext_figures import qwen3_8b, qwen3_next_80b_a3b  # this bench folder's shapes, whichever tree is imported
 
     import dataclasses
@@ -37,7 +38,8 @@ def worker() -> int:
     for line in sys.stdin:
         shape, numerics = line.split()
         if (shape, numerics) not in graphs:
-            cfg = qwen3_next_80b_a3b(4096) if shape == "qwen3-next-80b-a3b" else qwen3_8b(4096)
+            cfg = {"qwen3-next-80b-a3b": lambda: qwen3_next_80b_a3b(4096), "qwen3-8b": lambda: qwen3_8b(4096),
+                   "deepseek-v3": deepseek_v3}[shape]()
             if numerics != "f32":
                 cfg = dataclasses.replace(cfg, formats=tuple((n, "q8_0") for n, _ in cfg.formats))
             graphs[shape, numerics] = build_step(cfg, 1)
@@ -80,6 +82,7 @@ def main() -> int:
     ap.add_argument("--against", type=Path, help="the other lanefuse checkout (its engine/, lane/, kernels/, rules/)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--numerics", nargs="+", default=["f32"])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES[:2]), choices=SHAPES)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -89,7 +92,7 @@ def main() -> int:
     new, old = start(None), start(args.against)
     bad = 0
     for numerics in args.numerics:
-        for shape in SHAPES:
+        for shape in args.shapes:
             times = {"this": [], "other": []}
             digests = set()
             for k in range(args.runs + 1):  # the first run of each warms both (imports, caches): not counted

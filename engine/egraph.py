@@ -16,7 +16,7 @@ from typing import NamedTuple
 from egglog import bindings
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.guards import GUARDS
+from lanefuse.engine.guards import GUARDS, JOINT
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.opdefs import OPS, full_attrs
 from lanefuse.engine.pattern import Arg
@@ -80,6 +80,23 @@ def _arg_text(a: Arg) -> str:
     return _var(a.var) if a.var is not None else _lit(a.lit)
 
 
+def _joined_keys(guards) -> list:
+    """The guards with `same_layer` and `same_depth` (or `same_cols`) over the same tensors as one guard on their
+    joint key (`same_layer_depth`, `same_layer_cols`): egglog 13 plans a join on two separate keys as the cross
+    product of the ops first (norm_pair: 78 ms a saturation at DeepSeek-V3's 61 layers, 3.6 ms on the joint key)."""
+    guards = list(guards)
+    for other, joint in (("same_depth", "same_layer_depth"), ("same_cols", "same_layer_cols")):
+        layer = [(i, g) for i, g in enumerate(guards) if g[0] == "same_layer"]
+        for i, (_, args) in layer:
+            j = next((j for j, g in enumerate(guards) if g[0] == other and set(map(_arg_text, g[1]))
+                      == set(map(_arg_text, args))), None)
+            if j is not None:
+                guards[i] = (joint, args)
+                del guards[j]
+                break
+    return guards
+
+
 def compile_variant(v: Variant, rule: Rule, label: str) -> list[str]:
     """The egglog rules of one variant (one per commutative order of its query)."""
     out = []
@@ -98,7 +115,8 @@ def compile_variant(v: Variant, rule: Rule, label: str) -> list[str]:
             if p.role == "name" and types.get(p.name) != "name":
                 atoms.append(f"(Orig {_var(p.name)} {_var(p.name + '#name')} {fresh()})")
         lead = []
-        for gname, gargs in rule.guards:
+        guards = _joined_keys(rule.guards)
+        for gname, gargs in guards:
             guard = GUARDS[gname]
             (lead if guard.lead else atoms).extend(guard.compile([_arg_text(a) for a in gargs], fresh))
         atoms = lead + atoms
@@ -181,7 +199,8 @@ class EGraph:
     def _declarations(self, lifted) -> list[str]:
         lines = ["(sort T)", "(constructor Leaf (String) T)", "(constructor N (String) T)",
                  "(constructor proj (T i64) T)", "(relation Orig (T String i64))", "(relation Layer (T i64))",
-                 "(relation Cols (T i64))", "(relation Depth (T i64))"] + [f"(relation {f} (T))" for f in FACTS]
+                 "(relation Cols (T i64))", "(relation Depth (T i64))", "(relation LayerDepth (T i64))",
+                 "(relation LayerCols (T i64))"] + [f"(relation {f} (T))" for f in FACTS]
         for ctor in lifted:  # the lifted constructors the graph uses
             kind, n, layout, special = self.lifted[ctor]
             lines.append(f"(constructor {ctor} ({' '.join(t for _, t in layout)}{' i64' if special else ''}) T)")
@@ -267,7 +286,8 @@ class EGraph:
         files = {"in_leaf": [[n] for n in leaves], "in_orig": orig}
         files.update({f"in_{f}": v for f, v in facts.items()})
         loads = ["(rule ((in_leaf s)) ((union (N s) (Leaf s))) :ruleset load_)",
-                 "(rule ((in_orig s i l c d)) ((Orig (N s) s i) (Layer (N s) l) (Cols (N s) c) (Depth (N s) d)) "
+                 "(rule ((in_orig s i l c d)) ((Orig (N s) s i) (Layer (N s) l) (Cols (N s) c) (Depth (N s) d) "
+                 f"(LayerDepth (N s) (+ (* l {JOINT}) d)) (LayerCols (N s) (+ (* l {JOINT}) c))) "
                  ":ruleset load_)"]
         loads += [f"(rule ((in_{f} s)) (({f} (N s))) :ruleset load_)" for f in FACTS]
         for ctor, rs in rows.items():

@@ -20,6 +20,7 @@ class Guard:
     # its atoms open the query: egglog 14 joins in the order it reads, and a guard that names the group (the layer)
     # keeps a pattern over tables every layer shares (cos, sin, pos) from pairing all layers first (20x slower at 80)
     lead: bool = False
+    internal: bool = False  # the rule compiler's own (a joint key): no rule names it
 
 
 def _ordered(args, fresh):
@@ -42,6 +43,19 @@ def _same_cols(args, fresh):
 def _same_depth(args, fresh):
     d = fresh()
     return [f"(Depth {a} {d})" for a in args]
+
+
+JOINT = 1 << 32  # a joint key: layer · JOINT + depth (or cols); depth and cols stay below it (egraph.py loads them)
+
+
+def _same_layer_depth(args, fresh):
+    k = fresh()
+    return [f"(LayerDepth {a} {k})" for a in args]
+
+
+def _same_layer_cols(args, fresh):
+    k = fresh()
+    return [f"(LayerCols {a} {k})" for a in args]
 
 
 def _cols_multiple(args, fresh):
@@ -67,6 +81,11 @@ GUARDS: dict[str, Guard] = {g.name: g for g in [
           "the same heads)", _same_cols),
     Guard("same_depth", ("tensor", "tensor", "..."), "the tensors are as many ops from the step's inputs (the longest "
           "chain), so neither is computed from the other: ops a bundle may run side by side", _same_depth),
+    # `same_layer` with `same_depth` / `same_cols` over the same tensors, as the rule compiler joins them (egraph.py)
+    Guard("same_layer_depth", ("tensor", "tensor", "..."), "the tensors are computed in the same layer, as many ops "
+          "from the step's inputs", _same_layer_depth, lead=True, internal=True),
+    Guard("same_layer_cols", ("tensor", "tensor", "..."), "the tensors are computed in the same layer, their last "
+          "dimensions equal", _same_layer_cols, lead=True, internal=True),
     Guard("unrotated", ("tensor",), "the tensor is a product's result from which no rotation is computed (walking "
           "its readers up to the next product, attention or mixture): a part that a rotated part's launch may carry "
           "unrotated (DeepSeek-V3's q_nope beside q_pe, its latent beside the rotated key)",

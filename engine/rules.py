@@ -364,8 +364,9 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
                     if str(g).count("(") != str(g).count(")") else "")
             raise UserError(f"{at}: {err}{hint}") from None
         spec = GUARDS.get(gname)
-        if spec is None:
-            raise UserError(f"{at}: unknown guard `{gname}`{did_you_mean(gname, GUARDS)}; known: {', '.join(GUARDS)}")
+        if spec is None or spec.internal:
+            named = [n for n, g in GUARDS.items() if not g.internal]
+            raise UserError(f"{at}: unknown guard `{gname}`{did_you_mean(gname, named)}; known: {', '.join(named)}")
         want = spec.args
         ok = len(gargs) == len(want) or (want[-1] == "..." and len(gargs) >= len(want) - 1)
         if not ok:
