@@ -105,7 +105,14 @@ class Fold(Launch):
 
     def form(self) -> tuple[str | None, Refusal | None]:
         """(the fused kernel's form, None): "gemv_norm", "parts_rope" or "gather_norm"; or (None, why) when the pair
-        runs as two kernels, why in the user's words."""
+        runs as two kernels, why in the user's words. Computed once a launch (the lowering asks it a few times a
+        launch: its scratch, kernels, check, grid): the fields are frozen."""
+        hit = self.__dict__.get("_form")
+        if hit is None:
+            hit = self.__dict__["_form"] = self._form()
+        return hit
+
+    def _form(self) -> tuple[str | None, Refusal | None]:
         if isinstance(self.first, Gemv) and self.first.cap:
             return None, Refusal("a soft-capped product folded with what follows (the fused kernels store it uncapped)")
         if isinstance(self.then, Norm):
