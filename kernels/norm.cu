@@ -17,13 +17,15 @@ struct NormArgs {
     Dst y;
     signed char *qw, *ql;  // the result's quantized form (qw null: none): words, low words (null: one word), scales
     float* qs;
+    int qwords;  // its words a value: 1, 2, or 3 for llama.cpp's q8_K (blocks of 256; ql its int16 sums of 16 words)
 };
 
 #define NORM_PARAMS                                                                                               \
     const float *nx, i64 xpitch, i64 xoff, const float *add, const float *prew, float preeps, i64 pre, float *sum, \
-        const float *nw, float eps, i64 cols, i64 heads, DST_PARAMS(ny), signed char *qw, signed char *ql, float *qs
+        const float *nw, float eps, i64 cols, i64 heads, DST_PARAMS(ny), signed char *qw, signed char *ql, float *qs, \
+        i64 qwords
 #define NORM_ARGS \
-    NormArgs{nx, xpitch, xoff, add, prew, preeps, (int)pre, sum, nw, eps, cols, heads, DST(ny), qw, ql, qs}
+    NormArgs{nx, xpitch, xoff, add, prew, preeps, (int)pre, sum, nw, eps, cols, heads, DST(ny), qw, ql, qs, (int)qwords}
 
 __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
     const float* xr = a.x + r * a.xpitch + a.xoff;
@@ -59,8 +61,13 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
                             i >> 5, (int)(threadIdx.x & 31));
         }
     }
-    if (a.qw && a.y.y) {  // the row's quantized form in the epilogue: a warp a block of 32, from the f32 values just stored
-        __syncthreads();
+    if (a.qw && a.y.y && a.qwords == 3) {  // the q8_K form (quant.cu's quant_k_block): a warp a block of 256 values,
+        __syncthreads();                       // read back from the row just stored (its own buffer: rows contiguous)
+        i64 nb = a.cols >> 8;
+        for (i64 b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)
+            quant_k_block(a.y.y, a.qw, (short*)a.ql, a.qs, r * nb + b, (int)(threadIdx.x & 31));
+    } else if (a.qw && a.y.y) {  // the row's quantized form in the epilogue: a warp a block of 32, from the f32 values
+        __syncthreads();         // just stored
         i64 nb = a.cols >> 5;
         int lane = threadIdx.x & 31;
         for (i64 b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)

@@ -12,8 +12,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Dst, Launch, Part, dst_view, read_part, names, reach, rms
-from lanefuse.kernels.quant import quant_check, quant_write
+from lanefuse.kernels.common import Q8K, Dst, Launch, Part, dst_view, read_part, names, reach, rms
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Norm(Launch):
     pre: PreNorm | None = None
     into: Dst | None = None
     quant: str | None = None  # the result's quantized form, written in the epilogue (the q8 numerics)
-    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2, q8k 3: llama.cpp's q8_K, blocks of 256, f32 stored too)
     f32: bool = True  # false: the quantized form alone is written (the f32 result is read by nothing else)
 
     census: ClassVar[str] = "norm"
@@ -62,9 +62,12 @@ class Norm(Launch):
             return Refusal("a norm writing its quantized form alone needs one: its rows whole (one head) in its own "
                            "buffer")
         if self.quant is not None:
-            why = quant_check(self.cols, self.words, "a normed row")
+            why = quant_check(self.cols, self.words, "a normed row", k_form=True)
             if why:
                 return why
+            if self.words == Q8K and (not self.f32 or self.into is not None):
+                return Refusal("a normed row quantized as llama.cpp's q8_K (blocks of 256) but not stored whole in "
+                               "its own buffer (the epilogue reads each block back from the stored row)")
         if self.heads < 1 or self.cols % self.heads:
             return Refusal(f"{self.heads} heads that do not divide a row of {self.cols}")
         if self.pre is not None and self.add is None:
@@ -85,7 +88,7 @@ class Norm(Launch):
 
     def bytes(self):
         n = self.rows * self.cols
-        q = self.words * n + 4 * (n // 32) if self.quant is not None else 0
+        q = quant_bytes(n, self.words) if self.quant is not None else 0
         return 4 * (n * (1 + self.f32 + (self.add is not None) + (self.sum is not None)) + self.cols) + q
 
     def flops(self):
@@ -170,7 +173,8 @@ class Norm(Launch):
                 f32(self.pre.eps if self.pre else 0.0), i64(self.pre is not None), denv.opt(self.sum),
                 denv.opt(self.w), f32(self.eps), i64(self.cols), i64(self.heads),
                 *(denv.dst(self.dst()) if self.f32 else (NULL, NULL) + (i64(0),) * 5),
-                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))
+                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
+                i64(self.words if self.quant is not None else 0))
 
     def cuda(self, denv):
         grid, block = self.grid_block()

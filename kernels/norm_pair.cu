@@ -4,9 +4,10 @@
 #define NORM_PARAMS_B                                                                                             \
     const float *bx, i64 bxpitch, i64 bxoff, const float *badd, const float *bprew, float bpreeps, i64 bpre,      \
         float *bsum, const float *bw, float beps, i64 bcols, i64 bheads, DST_PARAMS(by), signed char *bqw,         \
-        signed char *bql, float *bqs
-#define NORM_ARGS_B \
-    NormArgs{bx, bxpitch, bxoff, badd, bprew, bpreeps, (int)bpre, bsum, bw, beps, bcols, bheads, DST(by), bqw, bql, bqs}
+        signed char *bql, float *bqs, i64 bqwords
+#define NORM_ARGS_B                                                                                            \
+    NormArgs{bx, bxpitch, bxoff, badd, bprew, bpreeps, (int)bpre, bsum, bw, beps, bcols, bheads, DST(by), bqw, bql, \
+             bqs, (int)bqwords}
 
 extern "C" __global__ void __launch_bounds__(1024) norm_pair_rows(NORM_PARAMS, NORM_PARAMS_B, i64 arows) {
     if ((i64)blockIdx.x < arows) {

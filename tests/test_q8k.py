@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.model import build_step
 from lanefuse.engine.quantize import product, quantize, with_numerics
-from lanefuse.kernels import Dst, GemmPart, GemmParts, Gemv, GemvGlu, Norm, Part
+from lanefuse.kernels import Dst, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm, Part
 from lanefuse.kernels.blocks import decode_rows, encode
 from lanefuse.kernels.common import act
 from lanefuse.kernels.env import HostEnv
@@ -98,8 +98,14 @@ def test_quant_launch_writes_the_q8k_form_and_refusals():
     # bytes: words, sums of 16 (int16), a scale a block of 256 (f32), each part aligned
     assert launch.bytes() == 4 * n + n + 2 * (n // 16) + 4 * (n // 256) and quant_bytes(n, 3) == n + 128 + 16
     assert quant_layout(n, 3) == (1024, 1024 + 256, 1024 + 256 + 256)
-    # a producer's epilogue writes only the 32-value forms: its quantize stays a Quant launch
-    why = Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3).check()
+    # a norm's epilogue writes the q8k form from the row it stored (a warp a block of 256); not stored, or stored
+    # into a table's rows, refused in words; the other producers' epilogues write only the 32-value forms (their
+    # quantize stays a Quant launch)
+    assert Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3).check() is None
+    for bad in (dict(f32=False), dict(into=Dst("T", row="pos", pitch=256))):
+        why = Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3, **bad).check()
+        assert why is not None and "not stored whole in its own buffer" in why.reason, bad
+    why = HeadGemv("x", "w", "q8_0", Dst("y"), 1, 8, 32, 32, quant="yq", words=3).check()
     assert why is not None and "only the Quant launch" in why.reason
 
 
@@ -160,12 +166,18 @@ def test_q8_gives_k_quant_products_the_q8k_form():
 
 def test_q8_plan_of_k_quant_rows_equals_the_interpreter():
     """A q6_k decode step under q8, run by the exact twins in the plan's arena (launch by launch checked), equals the
-    interpreter of the quantized graph; each q8k quantize is a Quant launch."""
+    interpreter of the quantized graph; a norm's q8k quantize runs in its epilogue (from the row it stores), the
+    others (the attention's output, the GLU) are Quant launches."""
     cfg, w = q8_model("q6_k")
     g = build_step(cfg, 1)
     p = plan(g, numerics="q8")
     gq = with_numerics(g, "q8")
-    assert p.census.get("quant", 0) == sum(op.kind == "quantize" for op in gq.ops) > 0
+    normed = {op.out for op in gq.ops if op.kind == "rmsnorm"}
+    by_norm = [op for op in gq.ops if op.kind == "quantize" and op.ins[0] in normed]
+    assert by_norm and all(op.a["words"] == 3 for op in by_norm)
+    assert p.census.get("quant", 0) == sum(op.kind == "quantize" for op in gq.ops) - len(by_norm) > 0
+    assert sum(v for k, v in p.fusions.items() if k.startswith(("add_norm_quant", "norm_quant", "gemv_norm_epilogue",
+                                                                "embed_norm"))) == len(by_norm), p.fusions
     ref = evaluate(gq, w, _env(gq, cfg))
     out = NumpyRunner(p, w, exact=True, check=True).step(_env(g, cfg), lifted=g)
     assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
@@ -177,7 +189,7 @@ def test_plan_says_which_activations_are_q8K(capsys):
 
     assert main(["plan", "--numerics", "q8", "--weights-format", "q4_k"]) == 0
     out = capsys.readouterr().out
-    assert "quantized as llama.cpp's q8_K (blocks of 256), each by a Quant launch" in out
+    assert "quantized as llama.cpp's q8_K (blocks of 256): " in out and "in a norm's epilogue" in out
     assert main(["plan", "--numerics", "q8", "--weights-format", "q8_0"]) == 0
     assert "q8_K" not in capsys.readouterr().out
 
@@ -187,7 +199,8 @@ def test_plan_says_which_activations_are_q8K(capsys):
 def test_quantized_arena_stays_at_its_lower_bound(fmt, numerics):
     """Arena bytes over their lower bound under q8 and q8x2 (goal <= 1.02), decode and a 3-row chunk; a gate/up GEMV
     over a quantized activation that quantizes its GLU has no scratch (gemv_glu_q8_quant holds a block's 32 outputs
-    in shared memory), so with `fuse_quant` the decode step's arena is no larger than with it held."""
+    in shared memory), so with `fuse_quant` the decode step's arena is no larger than with it held (but on K-quant
+    rows under q8, whose norms quantize from the row they store)."""
     cfg, _ = q8_model(fmt)
     for rows in (1, 3):
         p = plan(build_step(cfg, rows), numerics=numerics)
@@ -196,7 +209,12 @@ def test_quantized_arena_stays_at_its_lower_bound(fmt, numerics):
         assert all(g.words and g.scratch() == () for g in glus)
         assert glus or (fmt, numerics) == ("q4_k", "q8")  # q8k GLUs are quantized by a Quant launch
         held = plan(build_step(cfg, rows), numerics=numerics, held=("fuse_quant",))
-        assert p.arena.bytes <= held.arena.bytes, (rows, p.arena.bytes, held.arena.bytes)
+        # a q8k norm epilogue quantizes from the row it stores: the f32 row and its q8k form are live in the same
+        # launch (the fold beside its product's operands), so under q8 on K-quant rows the arena may be larger than
+        # with the Quant launches (the demo's decode step 5,888 against 5,120 B), for two launches fewer a layer;
+        # each arena stays at its lower bound
+        if (fmt, numerics) != ("q4_k", "q8"):
+            assert p.arena.bytes <= held.arena.bytes, (rows, p.arena.bytes, held.arena.bytes)
 
 
 def test_a_saved_q8_plan_of_k_quant_rows_runs_the_same(capsys, tmp_path):

@@ -137,8 +137,9 @@ def _words(s, t):
 def _stored(s, t, q=None):
     """Whether the op stores tensor t's f32 values: always where it quantizes nothing (q null); else only where an op
     other than this one reads t (a view of t included) or t is a step output. Where only the projections read t,
-    through its quantized form q, the op writes q alone (the seed's only_projections)."""
-    if q is None:
+    through its quantized form q, the op writes q alone (the seed's only_projections), unless q is the q8k form,
+    which its producer's epilogue quantizes from the stored values."""
+    if q is None or _words(s, q) == 3:  # the q8_K form is quantized from the stored row (a warp a block of 256)
         return True
     t = _tensor(s, t)
     return t in s.g.io.outputs or any(t in op.ins for op in s.g.ops)
