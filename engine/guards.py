@@ -30,32 +30,17 @@ def _ordered(args, fresh):
     return atoms
 
 
-def _same_layer(args, fresh):
-    lay = fresh()
-    return [f"(Layer {a} {lay})" for a in args]
+def _same(relation: str):
+    """A guard that the tensors share one value of `relation` (T, i64): one fresh variable every atom names."""
 
+    def compile(args, fresh):
+        k = fresh()
+        return [f"({relation} {a} {k})" for a in args]
 
-def _same_cols(args, fresh):
-    c = fresh()
-    return [f"(Cols {a} {c})" for a in args]
-
-
-def _same_depth(args, fresh):
-    d = fresh()
-    return [f"(Depth {a} {d})" for a in args]
+    return compile
 
 
 JOINT = 1 << 32  # a joint key: layer · JOINT + depth (or cols); depth and cols stay below it (egraph.py loads them)
-
-
-def _same_layer_depth(args, fresh):
-    k = fresh()
-    return [f"(LayerDepth {a} {k})" for a in args]
-
-
-def _same_layer_cols(args, fresh):
-    k = fresh()
-    return [f"(LayerCols {a} {k})" for a in args]
 
 
 def _cols_multiple(args, fresh):
@@ -75,17 +60,17 @@ GUARDS: dict[str, Guard] = {g.name: g for g in [
     Guard("distinct", ("tensor", "tensor"), "the two tensors are different", lambda a, f: [f"(!= {a[0]} {a[1]})"]),
     Guard("ordered", ("tensor", "tensor", "..."),
           "the tensors are distinct and appear in this order in the step graph (picks one order of a group)", _ordered),
-    Guard("same_layer", ("tensor", "tensor", "..."), "the tensors are computed in the same layer", _same_layer,
+    Guard("same_layer", ("tensor", "tensor", "..."), "the tensors are computed in the same layer", _same("Layer"),
           lead=True),
     Guard("same_cols", ("tensor", "tensor", "..."), "the tensors' last dimensions are equal (one value a head of "
-          "the same heads)", _same_cols),
+          "the same heads)", _same("Cols")),
     Guard("same_depth", ("tensor", "tensor", "..."), "the tensors are as many ops from the step's inputs (the longest "
-          "chain), so neither is computed from the other: ops a bundle may run side by side", _same_depth),
+          "chain), so neither is computed from the other: ops a bundle may run side by side", _same("Depth")),
     # `same_layer` with `same_depth` / `same_cols` over the same tensors, as the rule compiler joins them (egraph.py)
     Guard("same_layer_depth", ("tensor", "tensor", "..."), "the tensors are computed in the same layer, as many ops "
-          "from the step's inputs", _same_layer_depth, lead=True, internal=True),
+          "from the step's inputs", _same("LayerDepth"), lead=True, internal=True),
     Guard("same_layer_cols", ("tensor", "tensor", "..."), "the tensors are computed in the same layer, their last "
-          "dimensions equal", _same_layer_cols, lead=True, internal=True),
+          "dimensions equal", _same("LayerCols"), lead=True, internal=True),
     Guard("unrotated", ("tensor",), "the tensor is a product's result from which no rotation is computed (walking "
           "its readers up to the next product, attention or mixture): a part that a rotated part's launch may carry "
           "unrotated (DeepSeek-V3's q_nope beside q_pe, its latent beside the rotated key)",

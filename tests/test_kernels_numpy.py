@@ -533,6 +533,18 @@ def latent_fold(m=2, qa=24, lat=16, hd=8, L=9, fmt="f32", pw=1):
     return Fold(GemmParts("x", fmt, 20, m, parts, per_warp=pw), RopeParts(sides, "cos", "sin", "pos", m, hd, hd))
 
 
+def fold_twin_is_first_then(f, arrays, weights) -> HostEnv:
+    """Run the fold's numpy twin and, apart, its `first` then its `then` on copies of the same inputs; every array must
+    be equal. The fold's env is returned."""
+    one, two = (HostEnv({k: v.copy() for k, v in arrays.items()}, weights) for _ in range(2))
+    f.numpy(one)
+    f.first.numpy(two)
+    f.then.numpy(two)
+    for name in arrays:
+        assert np.array_equal(one.array(name), two.array(name)), name
+    return one
+
+
 def absorbing_fold(m=2, heads=4, nope=10, rope=8, lora=16, fmt="f32", pw=1, rows_out=False, k=20):
     """DeepSeek-V3's q_b product as the lane makes it (merged_pair.rotated_absorbed): each head's unrotated query part
     and its rotated part in parts; in the epilogue each head of the unrotated part times its own key-expansion rows
@@ -565,13 +577,7 @@ def test_fold_products_then_absorbed_and_rotated_heads(fmt, m, pw, rows_out):
     weights = {"wn": (encode(r32(g, heads * nope, k), fmt), fmt), "wr": (encode(r32(g, heads * rope, k), fmt), fmt),
                "wk": (encode(wk, fmt), fmt),
                "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
-    one, two = HostEnv({k_: v.copy() for k_, v in arrays.items()}, weights), HostEnv(
-        {k_: v.copy() for k_, v in arrays.items()}, weights)
-    f.numpy(one)
-    f.first.numpy(two)
-    f.then.numpy(two)
-    for name in arrays:
-        assert np.array_equal(one.array(name), two.array(name)), name
+    one = fold_twin_is_first_then(f, arrays, weights)
     x = arrays["x"].astype(np.float64)
     qn = (x @ decode(weights["wn"][0], fmt).astype(np.float64).T).astype(np.float32).reshape(m, heads, nope)
     w = decode(weights["wk"][0], fmt).astype(np.float64)
@@ -617,13 +623,7 @@ def test_fold_products_then_row_norms_and_a_rotation(m, pw):
     weights = {"wqa": (r32(g, qa, 20), "f32"), "wl": (r32(g, lat, 20), "f32"), "wk": (r32(g, hd, 20), "f32"),
                "na": (r32(g, qa), "f32"), "nl": (r32(g, lat), "f32"),
                "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
-    one, two = HostEnv({k: v.copy() for k, v in arrays.items()}, weights), HostEnv(
-        {k: v.copy() for k, v in arrays.items()}, weights)
-    f.numpy(one)
-    f.first.numpy(two)
-    f.then.numpy(two)
-    for name in arrays:
-        assert np.array_equal(one.array(name), two.array(name)), name
+    one = fold_twin_is_first_then(f, arrays, weights)
     x = arrays["x"].astype(np.float64)
     a, lt = x @ weights["wqa"][0].T, x @ weights["wl"][0].T
     close(one.array("qan").reshape(m, qa), rmsnorm(a, weights["na"][0], 1e-6), 1e-4)
