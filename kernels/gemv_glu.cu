@@ -70,24 +70,26 @@ extern "C" __global__ void __launch_bounds__(128) gemv_glu_q8(const signed char*
             out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
 }
 
-// The same with `qw` (the GLU quantized for the down projection): a block of GLU_QW warps takes 32 consecutive
-// outputs (GLU_QPW a warp, in turn) for a slab of QGR rows, keeps their GLU values in shared memory (and stores them
-// to `out` where it is not null: the f32 GLU is read elsewhere too) and quantizes each row's block of 32 from there,
-// a warp a row: no scratch array, no arrival counter. n is whole blocks of 32 (the launch's check).
+// The same with `qw` (the GLU quantized for the down projection): a block of GLU_QW warps takes QB consecutive
+// outputs (QB / GLU_QW a warp, in turn) for a slab of QGR rows, keeps their GLU values in shared memory (and stores
+// them to `out` where it is not null: the f32 GLU is read elsewhere too) and quantizes each row's block from there, a
+// warp a row: no scratch array, no arrival counter. QB 32: quant.cu's q8_0 blocks (one word, or two: `ql` the low
+// words); QB 256: llama.cpp's q8_K (`ql` the int16 sums of 16 words), for a down projection over K-quant rows. n is
+// whole blocks of QB (the launch's check).
 #define GLU_QW 8
-#define GLU_QPW (32 / GLU_QW)
-extern "C" __global__ void __launch_bounds__(32 * GLU_QW) gemv_glu_q8_quant(
-    const signed char* xw, const signed char* xl, const float* xs, const void* wg, const void* wu, i64 fmt,
-    const float* bg, const float* bu, float* out, i64 k, i64 n, i64 m, i64 a, signed char* qw, signed char* ql,
-    float* qs) {
-    __shared__ float glu[QGR][32];
-    i64 b = blockIdx.x, r0 = (i64)blockIdx.y * QGR, nb = n >> 5;
+template <int QB>
+__device__ __forceinline__ void glu_q8_quant_body(const signed char* xw, const signed char* xl, const float* xs,
+                                                  const void* wg, const void* wu, i64 fmt, const float* bg,
+                                                  const float* bu, float* out, i64 k, i64 n, i64 m, i64 a,
+                                                  signed char* qw, signed char* ql, float* qs) {
+    __shared__ float glu[QGR][QB];
+    i64 b = blockIdx.x, r0 = (i64)blockIdx.y * QGR, nb = n / QB;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nr = (int)min((i64)QGR, m - r0);
     QX x{xw, xl, xs};
-    for (int t = 0; t < GLU_QPW; t++) {
-        int c = w * GLU_QPW + t;
-        i64 j = b * 32 + c;
+    for (int t = 0; t < QB / GLU_QW; t++) {
+        int c = w * (QB / GLU_QW) + t;
+        i64 j = b * QB + c;
         float ga[QGR], ua[QGR];
         q8_tile((int)fmt, x, wg, k, m, j, r0, ga);
         q8_tile((int)fmt, x, wu, k, m, j, r0, ua);
@@ -99,6 +101,21 @@ extern "C" __global__ void __launch_bounds__(32 * GLU_QW) gemv_glu_q8_quant(
             }
     }
     __syncthreads();
-    for (int r = w; r < nr; r += GLU_QW)
-        quant_block(glu[r][lane], qw + (r0 + r) * n, ql ? ql + (r0 + r) * n : nullptr, qs + (r0 + r) * nb, b, lane);
+    for (int r = w; r < nr; r += GLU_QW) {
+        i64 row = r0 + r;
+        if (QB == 256)
+            quant_k_vals(glu[r], qw + row * n + b * 256, (short*)ql + row * (n >> 4) + b * 16, qs + row * nb + b, lane);
+        else
+            quant_block(glu[r][lane], qw + row * n, ql ? ql + row * n : nullptr, qs + row * nb, b, lane);
+    }
 }
+
+#define GLU_Q8_QUANT_KERNEL(NAME, QB)                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * GLU_QW)                                                    \
+        NAME(const signed char* xw, const signed char* xl, const float* xs, const void* wg, const void* wu,     \
+             i64 fmt, const float* bg, const float* bu, float* out, i64 k, i64 n, i64 m, i64 a, signed char* qw, \
+             signed char* ql, float* qs) {                                                                       \
+        glu_q8_quant_body<QB>(xw, xl, xs, wg, wu, fmt, bg, bu, out, k, n, m, a, qw, ql, qs);                    \
+    }
+GLU_Q8_QUANT_KERNEL(gemv_glu_q8_quant, 32)
+GLU_Q8_QUANT_KERNEL(gemv_glu_q8k_quant, 256)

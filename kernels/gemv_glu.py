@@ -15,8 +15,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Launch, Scratch, act, decode, format_refusal,
-                                     names, operand, reach, weight_bytes)
+from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Q8K, Launch, Scratch, act, decode, format_refusal,
+                                     names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import (activation_bytes, fast_products, gemv_check, gemv_grid, products, q8_check,
                                    q8_code, rows_a_warp)
@@ -71,7 +71,7 @@ class GemvGlu(Launch):
     format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
     words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (gemv_glu_q8: __dp4a)
     quant: str | None = None  # the GLU's quantized form, written in the epilogue (the q8 numerics)
-    quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2, q8k 3: over a quantized activation only)
     f32: bool = True  # false: the quantized form alone is written (over a f32 activation the f32 GLU is kept in
     # scratch for the last blocks; over a quantized one gemv_glu_q8_quant holds it in shared memory)
 
@@ -94,8 +94,8 @@ class GemvGlu(Launch):
     def check(self):
         if not self.f32 and self.quant is None:
             return Refusal("a gate and up GEMV that writes neither its GLU nor its quantized form")
-        if self.quant is not None:
-            why = quant_check(self.n, self.quant_words, "a gate and up GEMV's GLU row")
+        if self.quant is not None:  # the q8k form only by gemv_glu_q8k_quant, over a quantized activation
+            why = quant_check(self.n, self.quant_words, "a gate and up GEMV's GLU row", k_form=bool(self.words))
             if why:
                 return why
         why = format_refusal(self.format, self.k, "the gate and up GEMV")
@@ -181,8 +181,8 @@ class GemvGlu(Launch):
         return (2 + (not self.f32)) * self.m * self.n
 
     def grid_block(self):
-        if self.words and self.quant is not None:  # gemv_glu_q8_quant: a block of 8 warps a block of 32 outputs
-            return ((self.n // 32, -(-self.m // GEMV_ROWS), 1), (32 * 8, 1, 1))
+        if self.words and self.quant is not None:  # gemv_glu_q8(k)_quant: a block of 8 warps a block of 32 (256)
+            return ((self.n // qblock(self.quant_words), -(-self.m // GEMV_ROWS), 1), (32 * 8, 1, 1))
         return gemv_grid(self.n, self.m, self.per_warp, 1)
 
     def cuda(self, denv):
@@ -190,7 +190,8 @@ class GemvGlu(Launch):
 
         g, b = self.grid_block()
         if self.words and self.quant is not None:
-            denv.function(self.stem, "gemv_glu_q8_quant")(g, b, (
+            name = "gemv_glu_q8k_quant" if self.quant_words == Q8K else "gemv_glu_q8_quant"
+            denv.function(self.stem, name)(g, b, (
                 *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0],
                 i64(q8_code(self.format, self.words)), denv.opt(self.bg), denv.opt(self.bu),
                 denv.array(self.out) if self.f32 else NULL, i64(self.k), i64(self.n), i64(self.m),

@@ -30,9 +30,10 @@ __device__ __forceinline__ void quant_block(float x, signed char* words, signed 
 // its first, then the smaller place on a tie), iscale = -127/max, q = min(127, rint(iscale * x)) (ggml's
 // nearest_int rounds halves to even, as rint does), the scale 1/iscale kept f32, and the sum of each 16 words
 // (lanes 2g and 2g+1) as an int16.
-__device__ __forceinline__ void quant_k_block(const float* x, signed char* words, short* sums, float* scales, i64 b,
-                                              int lane) {
-    const float* xb = x + b * 256 + lane * 8;
+// One block of 256 values at xb (any memory: global, or a block's shared values), its words at wb, its 16 sums at
+// sb, its scale at *sc.
+__device__ __forceinline__ void quant_k_vals(const float* xb0, signed char* wb, short* sb, float* sc, int lane) {
+    const float* xb = xb0 + lane * 8;
     float v[8], a = 0.0f, mx = 0.0f;
     int at = lane * 8;
 #pragma unroll
@@ -50,12 +51,18 @@ __device__ __forceinline__ void quant_k_block(const float* x, signed char* words
 #pragma unroll
     for (int e = 0; e < 8; e++) {
         int q = min(127, __float2int_rn(__fmul_rn(iscale, v[e])));
-        words[b * 256 + lane * 8 + e] = (signed char)q;
+        wb[lane * 8 + e] = (signed char)q;
         sum += q;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    if ((lane & 1) == 0) sums[b * 16 + (lane >> 1)] = (short)sum;
-    if (lane == 0) scales[b] = a != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
+    if ((lane & 1) == 0) sb[lane >> 1] = (short)sum;
+    if (lane == 0) *sc = a != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
+}
+
+// Block b of a flat activation x: its words, sums and scale at their places in the q8k form's parts.
+__device__ __forceinline__ void quant_k_block(const float* x, signed char* words, short* sums, float* scales, i64 b,
+                                              int lane) {
+    quant_k_vals(x + b * 256, words + b * 256, sums + b * 16, scales + b, lane);
 }
 
 // nwords 3: the q8k form, `low` its int16 sums of 16 words (kernels/quant.py's layout).

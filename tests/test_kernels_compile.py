@@ -232,6 +232,8 @@ def quantizing():
             # the q8k form (llama.cpp's q8_K) of K-quant rows: quant.cu's 256-value blocks, gemv_q8.cu's q8k_tile
             Quant("x", "xq", 512, 3), Gemv("xq", "w", "q4_k", Dst("y"), 256, 8, 2, words=3),
             GemvGlu("xq", "wg", "wu", "q6_k", "o", 256, 64, 3, words=3, quant="oq", quant_words=1, f32=False),
+            GemvGlu("xq", "wg", "wu", "q4_k", "o", 256, 512, 3, words=3, quant="oq", quant_words=3),  # gemv_glu_q8k_quant
+            Norm("x", "w", "y", 2, 512, 1e-6, add="a", sum="s", quant="oq", words=3),  # norm.cu's q8k epilogue
             GemmParts("xq", "q4_k", 256, 1, (GemmPart("wq", Dst("q"), 8), GemmPart("wk", Dst("k"), 8)), words=3),
             Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False),
             HeadGemv("x", "w", "q8_0", Dst("o"), 2, 4, 32, 16, quant="oq", words=2)]

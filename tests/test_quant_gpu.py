@@ -4,6 +4,8 @@ a CUDA device (bench/gpu_suite.sh runs every `gpu` test)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -301,6 +303,43 @@ def test_quantizing_epilogues_equal_the_quant_kernel(words):
             assert (a is None) == (b is None)
             if a is not None and not isinstance(a, np.uint64):
                 assert np.array_equal(dev.cp.asnumpy(a), dev2.cp.asnumpy(b)), alone
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("m,f32", [(1, True), (3, False), (9, True)])
+def test_gemv_glu_q8k_quant_equals_the_quant_kernel(fmt, m, f32):
+    """gemv_glu_q8k_quant (the GLU of a q8k activation times K-quant rows quantized to the q8k form for a down
+    projection over K-quant rows): a block's 256 outputs held in shared memory and quantized from there, a warp a
+    row; the f32 GLU within rounding of the twin's where it is stored, and the q8k form exactly quant.cu's of the
+    values the kernel computed (a second launch: the same bytes)."""
+    from lanefuse.kernels import GemvGlu
+
+    rng = np.random.default_rng(14 + m)
+    k, n = 512, 768
+    x = rng.standard_normal(m * k).astype(np.float32)
+    w = {"wg": (encode(rng.standard_normal((n, k)).astype(np.float32) / 16, fmt), fmt),
+         "wu": (encode(rng.standard_normal((n, k)).astype(np.float32) / 16, fmt), fmt)}
+    full = GemvGlu("xq", "wg", "wu", fmt, "o", k, n, m, words=3, quant="oq", quant_words=3)
+    launch = full if f32 else dataclasses.replace(full, f32=False)
+    assert launch.check() is None and launch.grid_block()[0][0] == n // 256, launch.check()
+    host = HostEnv({"o": np.zeros(m * n, np.float32)}, w, {"xq": quantize(x.reshape(m, k), 3).parts()})
+    full.numpy(host)
+    dev = _two_forms(m * n, 3, {"x": x, "o": np.zeros(m * n, np.float32)}, w, 3, m * k)
+    Quant("x", "xq", m * k, 3).cuda(dev)
+    ref = _two_forms(m * n, 3, {"x": x, "o": np.zeros(m * n, np.float32)}, w, 3, m * k)  # its f32 GLU, quant.cu's form
+    Quant("x", "xq", m * k, 3).cuda(ref)
+    full.cuda(ref)
+    ref.cp.cuda.Device().synchronize()
+    glu = ref.host("o")
+    np.testing.assert_allclose(glu, host.array("o"), rtol=0, atol=2e-5 * np.abs(host.array("o")).max())
+    want = quantize(glu.reshape(m, n), 3).parts()
+    for _ in range(2):
+        launch.cuda(dev)
+        dev.cp.cuda.Device().synchronize()
+        got = [None if a is None else dev.cp.asnumpy(a) for a in dev.quant("oq")]
+        for a, b in zip(got, want):
+            assert np.array_equal(a.reshape(-1), b), fmt
+        assert dev.host("o").any() == f32
 
 
 @pytest.mark.parametrize("words", [1, 2])
