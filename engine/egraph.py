@@ -101,6 +101,7 @@ def compile_variant(v: Variant, rule: Rule, label: str) -> list[str]:
     """The egglog rules of one variant (one per commutative order of its query)."""
     out = []
     types = dict(v.types)
+    guards = _joined_keys(rule.guards)  # the same for every query
     for qi, query in enumerate(v.queries):
         n = [0]
 
@@ -115,7 +116,6 @@ def compile_variant(v: Variant, rule: Rule, label: str) -> list[str]:
             if p.role == "name" and types.get(p.name) != "name":
                 atoms.append(f"(Orig {_var(p.name)} {_var(p.name + '#name')} {fresh()})")
         lead = []
-        guards = _joined_keys(rule.guards)
         for gname, gargs in guards:
             guard = GUARDS[gname]
             (lead if guard.lead else atoms).extend(guard.compile([_arg_text(a) for a in gargs], fresh))

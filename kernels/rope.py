@@ -13,8 +13,9 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (Dst, Launch, Part, batch_apart, batch_dsts, decode, dst_view, format_refusal, names,
-                                     reach, read_part, rms, weight_bytes)
+from lanefuse.kernels.common import (Dst, Launch, Part, batch_apart, batch_dsts, dst_view, format_refusal, names, reach,
+                                     read_part, rms)
+from lanefuse.kernels.head_gemv import HeadGemv
 
 MAX_HD = 1024
 
@@ -61,15 +62,11 @@ def side_shape(s: RopeSide, hd: int, rot: int) -> tuple[int, int]:
     return (s.hd or hd), (rot if s.rot < 0 else s.rot)
 
 
-def _absorb_rows(s: RopeSide, hd: int) -> tuple[int, int]:
-    """An absorbing side's checkpoint rows: (rows, values a row)."""
-    return (s.heads * s.absorb.b, hd) if s.absorb.rows_out else (s.heads * hd, s.absorb.b)
-
-
-def _absorb_stack(s: RopeSide, w: np.ndarray, hd: int) -> np.ndarray:
-    """An absorbing side's matrices as (heads, hd, b)."""
-    h, b = s.heads, s.absorb.b
-    return w.reshape(h, b, hd).transpose(0, 2, 1) if s.absorb.rows_out else w.reshape(h, hd, b)
+def absorbing(s: RopeSide, rows: int, hd: int) -> HeadGemv:
+    """An absorbing side as the per-head product it computes (its numbers, its checkpoint rows): x the side's raw
+    product read whole from its first row (an absorbing side reads no part and never runs apart: Fold.apart)."""
+    ab = s.absorb
+    return HeadGemv(s.x, ab.w, ab.format, s.y, rows, s.heads, hd, ab.b, rows_out=ab.rows_out)
 
 
 def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, slot: int = 0,
@@ -77,13 +74,10 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
     hd, rot = side_shape(s, hd, rot)
     w = s.heads * hd
     n = seq0 + rows
-    x = read_part(env, s.x, s.part, n, w)[seq0:].astype(np.float32).reshape(rows, s.heads, hd)
     if s.absorb is not None:  # as the epilogue sums: each output's dot in f64, rounded to f32
-        raw, fmt = env.weight(s.absorb.w)
-        m = _absorb_stack(s, decode(raw, fmt).astype(np.float64), hd)
-        y = np.einsum("rha,hab->rhb", x.astype(np.float64), m).astype(np.float32)
-        s.y.write(env, y.reshape(rows, s.width), first=seq0 * s.width)
+        absorbing(s, rows, hd).numpy(env)
         return
+    x = read_part(env, s.x, s.part, n, w)[seq0:].astype(np.float32).reshape(rows, s.heads, hd)
     if s.norm is not None:
         nw = np.asarray(env.weight(s.norm[0])[0], dtype=np.float64)[:hd]
         x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
@@ -110,12 +104,10 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     hd, rot = side_shape(s, hd, rot)
     n = seq0 + rows
     w = s.heads * hd
-    x = read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, s.heads, hd)
     if s.absorb is not None:  # each head's product in f32 BLAS, a batched matmul over the heads
-        m = _absorb_stack(s, env.matrix(s.absorb.w), hd)
-        y = np.matmul(x.transpose(1, 0, 2), m).transpose(1, 0, 2)
-        s.y.write(env, np.ascontiguousarray(y).reshape(rows, s.width), first=seq0 * s.width)
+        absorbing(s, rows, hd).fast(env)
         return
+    x = read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, s.heads, hd)
     half = rot // 2
     if s.norm is not None:
         inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
@@ -250,7 +242,7 @@ class RopeParts(Launch):
         return w
 
     def checkpoint_bytes(self):
-        return sum(weight_bytes(s.absorb.format, *_absorb_rows(s, self._hd(s))) for s in self.sides if s.absorb)
+        return sum(absorbing(s, self.rows, self._hd(s)).checkpoint_bytes() for s in self.sides if s.absorb)
 
     def bytes(self):
         n = sum(s.heads * self._hd(s) + (s.width or s.heads * self._hd(s)) for s in self.sides) * self.rows

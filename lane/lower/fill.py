@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.kernels.common import Dst, Part
+from lanefuse.lane.lower.buffers import WORDS
 
 _CALL = re.compile(r"^([a-z_][a-z0-9_]*)\((.*)\)$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
@@ -131,7 +132,7 @@ def _format(s, t):
 
 def _words(s, t):
     """The int8 words a value of quantized activation t (q8 1, q8x2 2); 0 for an f32 tensor or none (null)."""
-    return 0 if t is None else {"q8": 1, "q8x2": 2, "q8k": 3}.get(s.g.dtype(_tensor(s, t)), 0)
+    return 0 if t is None else WORDS.get(s.g.dtype(_tensor(s, t)), 0)
 
 
 def _stored(s, t, q=None):
