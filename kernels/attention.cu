@@ -10,9 +10,12 @@
 // multiplied by act(gate) of its place as it is stored. With `qw` (attn_output_quant) the output's quantized form
 // (quant.cu's blocks of 32, heads of whole blocks) is written by the launch that writes the output: once the block's
 // heads (the combine's head) are stored, a warp a block of 32 reads them back through L2 and quantizes it; where the
-// launch writes the quantized form alone (out null) each warp quantizes the 32 values it holds, one block.
+// launch writes the quantized form alone (out null) each warp quantizes the 32 values it holds, one block. With
+// qwords 3 (the q8k form, llama.cpp's q8_K: K-quant rows) a block's heads, or the combine's, hold whole blocks of 256
+// (the launch's heads_a_block), which a warp each quantizes from the output stored (quant.cu's quant_k_block).
 // Heads up to MAXD = 256 values, MAXPB = 4 heads a block (attention_split); wider heads, up to 640 values (a latent
-// attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide).
+// attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide); heads up to 64 values,
+// 8 a block (attention_split_narrow: a q8k block of 256 output values over heads of 32).
 // Split (tail > 0: a latent attention's queries and keys in two parts): a head's first own = hd - tail query values
 // are its unit's in q ((r * heads + h) * own), the rest its unit's in qtail ((r * heads + h) * tail); a key's first own
 // values are its group's in kc (j * kstride + koff + kvh * own), the rest row j's of ktail (j * tail), every group's
@@ -24,7 +27,7 @@ __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
-    signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail) {
+    signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords) {
     constexpr int VPL = MAXD / 32;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
@@ -130,8 +133,14 @@ __device__ __forceinline__ void attention_body(
     }
     if (splits == 1 && qw && out) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks
         __syncthreads();
-        i64 b0 = (r * heads + h0) * vd >> 5, nb = per_block * vd >> 5;
-        for (i64 b = warp; b < nb; b += AW) quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
+        if (qwords == 3) {
+            i64 b0 = (r * heads + h0) * vd >> 8, nb = per_block * vd >> 8;
+            for (i64 b = warp; b < nb; b += AW) quant_k_block(out, qw, (short*)ql, qscale, b0 + b, lane);
+        } else {
+            i64 b0 = (r * heads + h0) * vd >> 5, nb = per_block * vd >> 5;
+            for (i64 b = warp; b < nb; b += AW)
+                quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
+        }
     }
 }
 
@@ -141,42 +150,51 @@ __device__ __forceinline__ void attention_body(
         float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,       \
         i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,         \
         i64 gact, signed char* qw, signed char* ql, float* qscale, const float* qtail, const float* ktail,         \
-        i64 tail) {                                                                                                  \
+        i64 tail, i64 qwords) {                                                                                      \
         attention_body<D, PB>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits,    \
                               kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale,  \
-                              qtail, ktail, tail);                                                                   \
+                              qtail, ktail, tail, qwords);                                                           \
     }
 ATTENTION_KERNEL(attention_split, 256, 4)
 ATTENTION_KERNEL(attention_split_wide, 640, 1)
+ATTENTION_KERNEL(attention_split_narrow, 64, 8)  // eight heads of up to 64: the q8k blocks of heads of 32
 
+// The combine: a block `cpb` heads of one row (the heads of one q8k block; one head for any other form).
 extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
                                              i64 splits, i64 seq0, const float* gate, i64 gact, signed char* qw,
-                                             signed char* ql, float* qscale) {
-    i64 h = blockIdx.x, r = blockIdx.y;
-    const float* pp = part + (r * heads + h) * splits * (vd + 2);
-    float M = sinks ? sinks[h] : NEG_INF;
-    for (i64 z = 0; z < splits; z++) M = fmaxf(M, pp[z * (vd + 2)]);
-    float S = sinks ? expf(sinks[h] - M) : 0.f;
-    for (i64 z = 0; z < splits; z++) {
-        float mz = pp[z * (vd + 2)];
-        if (mz != NEG_INF) S += pp[z * (vd + 2) + 1] * expf(mz - M);
-    }
-    for (i64 i = threadIdx.x; i < vd; i += blockDim.x) {
-        float A = 0.f;
+                                             signed char* ql, float* qscale, i64 cpb, i64 qwords) {
+    i64 r = blockIdx.y, h0 = (i64)blockIdx.x * cpb;
+    for (i64 h = h0; h < h0 + cpb; h++) {
+        const float* pp = part + (r * heads + h) * splits * (vd + 2);
+        float M = sinks ? sinks[h] : NEG_INF;
+        for (i64 z = 0; z < splits; z++) M = fmaxf(M, pp[z * (vd + 2)]);
+        float S = sinks ? expf(sinks[h] - M) : 0.f;
         for (i64 z = 0; z < splits; z++) {
             float mz = pp[z * (vd + 2)];
-            if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
+            if (mz != NEG_INF) S += pp[z * (vd + 2) + 1] * expf(mz - M);
         }
-        i64 o = ((seq0 + r) * heads + h) * vd + i;
-        float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
-        if (out) out[o] = y;
-        else quant_block(y, qw, ql, qscale, o >> 5, (int)(threadIdx.x & 31));  // the quantized form alone
+        for (i64 i = threadIdx.x; i < vd; i += blockDim.x) {
+            float A = 0.f;
+            for (i64 z = 0; z < splits; z++) {
+                float mz = pp[z * (vd + 2)];
+                if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
+            }
+            i64 o = ((seq0 + r) * heads + h) * vd + i;
+            float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
+            if (out) out[o] = y;
+            else quant_block(y, qw, ql, qscale, o >> 5, (int)(threadIdx.x & 31));  // the quantized form alone
+        }
     }
-    if (qw && out) {  // head h of row seq0 + r, vd values: whole blocks
+    if (qw && out) {  // heads h0.. of row seq0 + r, cpb * vd values: whole blocks
         __syncthreads();
-        int lane = threadIdx.x & 31;
-        i64 b0 = ((seq0 + r) * heads + h) * vd >> 5;
-        for (i64 b = threadIdx.x >> 5; b < vd >> 5; b += blockDim.x >> 5)
-            quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        if (qwords == 3) {
+            i64 b0 = ((seq0 + r) * heads + h0) * vd >> 8;
+            for (i64 b = warp; b < cpb * vd >> 8; b += nw) quant_k_block(out, qw, (short*)ql, qscale, b0 + b, lane);
+        } else {
+            i64 b0 = ((seq0 + r) * heads + h0) * vd >> 5;
+            for (i64 b = warp; b < cpb * vd >> 5; b += nw)
+                quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
+        }
     }
 }

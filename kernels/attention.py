@@ -2,7 +2,9 @@
 position (its last `window` when set), with a scale, its logits soft-capped (`softcap`: cap · tanh(l / cap), Gemma 2)
 and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_output_gate: Qwen3-Next), and its
 quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection), beside the output
-or instead of it (`f32` false: only the projection reads it); `per_block`
+or instead of it (`f32` false: only the projection reads it); over K-quant rows the q8k form (llama.cpp's q8_K, blocks
+of 256 values), which a block writes from the output it stored, taking the heads one such block spans (`kheads`) at
+least, the combine as many a block; `per_block`
 heads a block, the keys in `splits` chunks combined flash-decoding style (attention.cu). In a batch (`slot` set) each
 row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on.
 Split (`tail` > 0: a latent attention, 000's Split): each head's query and each key in two parts, read in place — the
@@ -17,11 +19,14 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, MAX_GRID_Y, MAX_HEAD, Launch, Scratch, act, batch_apart, names, reach
+from lanefuse.kernels.common import (ACTS, MAX_GRID_Y, MAX_HEAD, Q8K, QBLOCK_K, Launch, Scratch, act, batch_apart, names,
+                                     reach)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 MAX_PER_BLOCK = 4  # heads a block holds
+MAX_NARROW = (8, 64)  # the narrow kernel's heads a block, of at most 64 values (attention_split_narrow: the q8k blocks of
+# heads of 32)
 MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
 MAX_WIDE = 640  # the widest head the wide kernel holds, one head a block (attention.cu attention_split_wide)
 
@@ -70,7 +75,7 @@ class Attention(Launch):
     slot: int = 0  # a batch's cache rows a sequence (0: one sequence)
     seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
     quant: str | None = None  # the output's quantized form, written as it is stored (the q8 numerics)
-    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3)
     f32: bool = True  # false: the quantized form alone is written (the f32 output is read by nothing else)
     qtail: str | None = None  # Split: each (row, head)'s last `tail` query values, (rows, heads·tail)
     ktail: str | None = None  # Split: each key row's last `tail` values, one table the groups share, (len, tail)
@@ -84,6 +89,21 @@ class Attention(Launch):
     def wide(self) -> bool:
         """A head wider than MAX_HEAD: the wide kernel (one head a block)."""
         return self.hd > MAX_HEAD or self.vd > MAX_HEAD
+
+    @property
+    def kheads(self) -> int:
+        """The heads one block of the output's q8k form spans (256 values): a block of the kernel, and of the combine,
+        takes a whole number of such blocks; 1 for any other form."""
+        return max(1, QBLOCK_K // self.vd) if self.quant is not None and self.words == Q8K else 1
+
+    @property
+    def heads_a_block(self) -> int:
+        """The heads a block of the kernel takes: `per_block`, at least the heads a q8k block spans (the least
+        multiple of both)."""
+        a, b = self.per_block, self.kheads
+        while a % b:
+            a += self.per_block
+        return a
 
     @property
     def kv(self) -> int:
@@ -118,10 +138,17 @@ class Attention(Launch):
         if not self.f32 and self.quant is None:
             return Refusal("an attention that writes neither its output nor its quantized form")
         if self.quant is not None:
-            why = quant_check(self.heads * self.vd, self.words, "an attention's output row")
+            why = quant_check(self.heads * self.vd, self.words, "an attention's output row", k_form=True)
             if why:
                 return why
-            if self.vd % 32:
+            if self.words == Q8K:
+                if not self.f32:
+                    return Refusal("an attention writing its output's q8k form alone (a block quantizes the 256 "
+                                   "values it stored: the output is stored too)")
+                if QBLOCK_K % self.vd and self.vd % QBLOCK_K:
+                    return Refusal(f"an attention quantizing heads of {self.vd} values as q8k (blocks of "
+                                   f"{QBLOCK_K}: a head holds whole blocks, or a block whole heads)")
+            elif self.vd % 32:
                 return Refusal(f"an attention quantizing its output in heads of {self.vd} values (a block of 32 "
                                f"would span two heads, which two blocks write)")
         if self.gate is not None and self.gate[1] not in ACTS:
@@ -140,6 +167,12 @@ class Attention(Launch):
                            f"takes one)")
         if not 1 <= self.per_block <= MAX_PER_BLOCK or self.heads % self.per_block:
             return Refusal(f"{self.per_block} heads a block (1..{MAX_PER_BLOCK}, dividing {self.heads} heads)")
+        hb = self.heads_a_block
+        most = MAX_NARROW[0] if max(self.hd, self.vd) <= MAX_NARROW[1] else MAX_PER_BLOCK
+        if hb != self.per_block and (hb > most or self.heads % hb or self.wide):
+            return Refusal(f"{hb} heads a block, as the output's q8k blocks of {QBLOCK_K} values span heads of "
+                           f"{self.vd} (at most {MAX_PER_BLOCK} heads a block, {MAX_NARROW[0]} of at most "
+                           f"{MAX_NARROW[1]} values, dividing {self.heads} heads)")
         if self.splits < 1:
             return Refusal("an attention in no splits")
         if not self.softcap >= 0.0 or self.softcap == float("inf"):
@@ -176,7 +209,10 @@ class Attention(Launch):
             if self.group % c == 0 and self.heads % c == 0:
                 per_block = c
                 break
-        blocks = (self.heads // per_block) * self.rows
+        kh = self.kheads  # the output's q8k blocks: whole in a block's heads (heads_a_block, their multiple)
+        if per_block % kh and kh % per_block:
+            per_block = 1
+        blocks = (self.heads // replace(self, per_block=per_block).heads_a_block) * self.rows
         splits = 1
         if blocks < knobs.sms:
             n = span(self.len, self.window)
@@ -306,7 +342,7 @@ class Attention(Launch):
         return 0 if self.f32 else (self.seq0 + self.rows) * self.heads * self.vd
 
     def grid_block(self):
-        return ((self.heads // self.per_block, self.rows, self.splits), (128, 1, 1))
+        return ((self.heads // self.heads_a_block, self.rows, self.splits), (128, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
@@ -318,14 +354,17 @@ class Attention(Launch):
         gate = denv.array(self.gate[0]) if self.gate else NULL
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
         qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
-        denv.function(self.stem, "attention_split_wide" if self.wide else "attention_split")(grid, block, (
+        kernel = "attention_split_wide" if self.wide else \
+            "attention_split_narrow" if self.heads_a_block > MAX_PER_BLOCK else "attention_split"
+        denv.function(self.stem, kernel)(grid, block, (
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
-            i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.per_block),
+            i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.heads_a_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
             f32(self.softcap), i64(self.slot), i64(self.seq0), gate if self.splits == 1 else NULL, gact,
             *((qw, ql, qs) if self.splits == 1 else (NULL, NULL, NULL)), denv.opt(self.qtail), denv.opt(self.ktail),
-            i64(self.tail)))
-        if self.splits > 1:
-            denv.function(self.stem, "attention_combine")((self.heads, self.rows, 1), (128, 1, 1), (
+            i64(self.tail), i64(self.words if self.quant is not None else 0)))
+        if self.splits > 1:  # a block the heads of one q8k block (one head for any other form)
+            kh = self.kheads
+            denv.function(self.stem, "attention_combine")((self.heads // kh, self.rows, 1), (128, 1, 1), (
                 part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0), gate, gact, qw, ql,
-                qs))
+                qs, i64(kh), i64(self.words if self.quant is not None else 0)))

@@ -234,6 +234,9 @@ def quantizing():
             GemvGlu("xq", "wg", "wu", "q6_k", "o", 256, 64, 3, words=3, quant="oq", quant_words=1, f32=False),
             GemvGlu("xq", "wg", "wu", "q4_k", "o", 256, 512, 3, words=3, quant="oq", quant_words=3),  # gemv_glu_q8k_quant
             Norm("x", "w", "y", 2, 512, 1e-6, add="a", sum="s", quant="oq", words=3),  # norm.cu's q8k epilogue
+            # the attention's q8k epilogue: heads of 128 two a block (one split) and two a combine block (three)
+            Attention("q", "kc", "vc", "pos", "o", 4, 1, 128, 128, 16, 1, 0.3, quant="oq", words=3),
+            Attention("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 16, 2, 0.3, splits=3, quant="oq", words=3),
             GemmParts("xq", "q4_k", 256, 1, (GemmPart("wq", Dst("q"), 8), GemmPart("wk", Dst("k"), 8)), words=3),
             Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False),
             HeadGemv("x", "w", "q8_0", Dst("o"), 2, 4, 32, 16, quant="oq", words=2)]

@@ -22,6 +22,7 @@ from lanefuse.kernels.quant import Quant, quant_bytes, quant_layout
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.run.numpy_runner import NumpyRunner
 from test_quant import _env, q8_model
+from test_quant_lane import _chunk_env
 
 F32 = np.float32
 
@@ -109,6 +110,44 @@ def test_quant_launch_writes_the_q8k_form_and_refusals():
     assert why is not None and "only the Quant launch" in why.reason
 
 
+def test_attention_writes_the_q8k_form_by_whole_blocks_of_heads():
+    """An attention quantizing its output as q8k takes the heads of one 256-value block a kernel block at least (and
+    as many a combine block): heads of 128 two, of 64 four, of 32 eight (the narrow kernel), of 256 one, of 512 one
+    (two blocks a head); tuned, its heads a block stay a multiple of that; refused in words: the form alone, heads of
+    16, of 96, a row of no whole number of blocks. Its numpy twin's form is the interpreter's quantize of the output
+    it stored, decode and a chunk."""
+    from lanefuse.kernels import Attention
+    from lanefuse.lane.lower.knobs import Knobs
+
+    def att(heads, group, d, **kw):
+        return Attention("q", "kc", "vc", "pos", "o", heads, group, d, d, 64, kw.pop("rows", 1), 0.2, quant="oq",
+                         words=3, **kw)
+
+    for heads, group, d, kh in ((8, 1, 128, 2), (8, 2, 64, 4), (16, 4, 32, 8), (4, 1, 256, 1), (2, 1, 512, 1)):
+        a = att(heads, group, d)
+        assert a.check() is None and a.kheads == kh and a.heads_a_block == kh, (heads, d)
+        for held in (frozenset(), frozenset({"attn_splits"})):
+            t = a.tune(Knobs(), held)
+            assert t.check() is None and t.heads_a_block % kh == 0 and heads % t.heads_a_block == 0, (d, held)
+            assert t.grid_block()[0][0] * t.heads_a_block == heads
+    assert att(12, 3, 128).tune(Knobs()).heads_a_block == 2  # three heads of a group: one a block, two for the form
+    for a, words in ((att(8, 1, 128, f32=False), "stored too"), (att(32, 1, 16), "at most 4 heads a block"),
+                     (att(8, 1, 96), "whole blocks"), (att(3, 1, 128), "quantized in blocks of 256")):
+        why = a.check()
+        assert why is not None and words in why.reason, (a.heads, a.vd, why)
+    rng = np.random.default_rng(5)
+    for rows, splits in ((1, 1), (1, 3), (3, 2)):
+        a = att(8, 2, 64, rows=rows, splits=splits)
+        n = rows * 8 * 64
+        env = HostEnv({"q": rng.standard_normal(n).astype(F32), "kc": rng.standard_normal(64 * 4 * 64).astype(F32),
+                       "vc": rng.standard_normal(64 * 4 * 64).astype(F32), "pos": np.array([9], np.int32),
+                       "o": np.zeros(n, F32)},
+                      quantized={"oq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, F32))})
+        a.numpy(env)
+        want = quantize(env.array("o").reshape(1, -1), 3).parts()
+        assert all(np.array_equal(g, w) for g, w in zip(env.quant("oq"), want)), (rows, splits)
+
+
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
 def test_products_of_a_q8k_activation(fmt):
     """Gemv, GemmParts and GemvGlu over a q8k activation: the exact twins (int32 super-block sums, the scales in
@@ -168,24 +207,30 @@ def test_q8_plan_of_k_quant_rows_equals_the_interpreter():
     """A q6_k decode step under q8, run by the exact twins in the plan's arena (launch by launch checked), equals the
     interpreter of the quantized graph; a norm's q8k quantize runs in its epilogue (from the row it stores), the
     GLU's in the gate/up GEMV's (gemv_glu_q8k_quant: a block's 256 outputs in shared memory), the attention's output's
-    is a Quant launch."""
+    in the attention's (a block the heads of whole 256-value blocks): no Quant launch, decode and a 3-row chunk."""
     cfg, w = q8_model("q6_k")
-    g = build_step(cfg, 1)
-    p = plan(g, numerics="q8")
-    gq = with_numerics(g, "q8")
-    attended = {op.out for op in gq.ops if op.kind == "attention"}
-    normed = {op.out for op in gq.ops if op.kind == "rmsnorm"}
-    by_norm = [op for op in gq.ops if op.kind == "quantize" and op.ins[0] in normed]
-    assert by_norm and all(op.a["words"] == 3 for op in by_norm)
-    assert p.census.get("quant", 0) == sum(op.kind == "quantize" and op.ins[0] in attended for op in gq.ops) > 0
-    assert sum(v for k, v in p.fusions.items() if k.startswith(("add_norm_quant", "norm_quant", "gemv_norm_epilogue",
-                                                                "embed_norm"))) == len(by_norm), p.fusions
-    glus = [x.launch for x in p.launches if x.launch.census == "gemv_glu"]
-    assert glus and all(x.quant is not None and x.quant_words == 3 for x in glus), glus
-    ref = evaluate(gq, w, _env(gq, cfg))
-    out = NumpyRunner(p, w, exact=True, check=True).step(_env(g, cfg), lifted=g)
-    assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()
-    assert np.array_equal(out["next"], ref["next"])
+    for rows in (1, 3):
+        g = build_step(cfg, rows)
+        p = plan(g, numerics="q8")
+        gq = with_numerics(g, "q8")
+        attended = {op.out for op in gq.ops if op.kind == "attention"}
+        normed = {op.out for op in gq.ops if op.kind == "rmsnorm"}
+        by_norm = [op for op in gq.ops if op.kind == "quantize" and op.ins[0] in normed]
+        by_attention = [op for op in gq.ops if op.kind == "quantize" and op.ins[0] in attended]
+        assert by_norm and all(op.a["words"] == 3 for op in by_norm)
+        assert by_attention and all(op.a["words"] == 3 for op in by_attention)
+        assert p.census.get("quant", 0) == 0 and p.fusions.get("attn_output_quant") == len(by_attention), p.census
+        assert sum(v for k, v in p.fusions.items() if k.startswith(("add_norm_quant", "norm_quant",
+                                                                    "gemv_norm_epilogue", "embed_norm"))) == \
+            len(by_norm), p.fusions
+        glus = [x.launch for x in p.launches if x.launch.census == "gemv_glu"]
+        assert glus and all(x.quant is not None and x.quant_words == 3 for x in glus), glus
+        atts = [x.launch for x in p.launches if x.launch.census == "attention"]
+        assert atts and all(a.words == 3 and a.f32 and a.heads_a_block * a.vd % 256 == 0 for a in atts), atts
+        ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+        out = NumpyRunner(p, w, exact=True, check=True).step(_chunk_env(g, rows, 0), lifted=g)
+        assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max(), rows
+        assert np.array_equal(out["next"], ref["next"])
 
 
 def test_plan_says_which_activations_are_q8K(capsys):
@@ -193,7 +238,7 @@ def test_plan_says_which_activations_are_q8K(capsys):
 
     assert main(["plan", "--numerics", "q8", "--weights-format", "q4_k"]) == 0
     out = capsys.readouterr().out
-    assert "quantized as llama.cpp's q8_K (blocks of 256): " in out and "in a norm's or a gate/up GEMV's" in out
+    assert "quantized as llama.cpp's q8_K (blocks of 256): " in out and "0 by a Quant launch" in out
     assert main(["plan", "--numerics", "q8", "--weights-format", "q8_0"]) == 0
     assert "q8_K" not in capsys.readouterr().out
 

@@ -186,6 +186,40 @@ def test_norm_quantizing_in_its_epilogue(rows, cols, words):
         assert (a is None) == (b is None) and (a is None or np.array_equal(a.reshape(-1), b)), words
 
 
+@pytest.mark.parametrize("heads,group,d,rows,splits", [(32, 4, 128, 1, 1), (32, 4, 128, 1, 5), (8, 2, 64, 3, 1),
+                                                      (8, 2, 64, 3, 4), (16, 4, 32, 2, 1), (16, 4, 32, 1, 3),
+                                                      (4, 1, 256, 1, 2)])
+def test_attention_quantizing_q8k_in_its_epilogue(heads, group, d, rows, splits):
+    """attention.cu's q8k epilogue (attn_output_quant over K-quant rows): a block the heads of whole 256-value blocks
+    (two heads of 128, four of 64, eight of 32 in the narrow kernel), the combine as many: the f32 output within
+    rounding of the twin's, the words, sums and scales those the twin makes of the values the kernel stored; tuned as
+    the plan tunes it, and held `attn_splits`."""
+    from lanefuse.kernels import Attention
+    from lanefuse.lane.lower.knobs import Knobs
+
+    rng = np.random.default_rng(13)
+    L, n = 40, rows * heads * d
+    base = Attention("q", "kc", "vc", "pos", "o", heads, group, d, d, L, rows, d ** -0.5, quant="xq", words=3)
+    for a in (base.tune(Knobs(), frozenset({"attn_splits"})),
+              dataclasses.replace(base.tune(Knobs()), splits=splits)):
+        assert a.check() is None, a.check()
+        arrays = {"q": rng.standard_normal(n).astype(np.float32),
+                  "kc": rng.standard_normal(L * heads // group * d).astype(np.float32),
+                  "vc": rng.standard_normal(L * heads // group * d).astype(np.float32),
+                  "pos": np.array([30], np.int32), "o": np.zeros(n, np.float32)}
+        host = HostEnv({k: v.copy() for k, v in arrays.items()}, {},
+                       {"xq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, np.float32))})
+        a.numpy(host)
+        dev = _dev(n, 3, arrays, {})
+        a.cuda(dev)
+        dev.cp.cuda.Device().synchronize()
+        np.testing.assert_allclose(dev.host("o"), host.array("o"), rtol=1e-5, atol=1e-5)
+        want = quantize(dev.host("o").reshape(1, -1), 3).parts()  # the form of the values the kernel stored
+        got = [dev.cp.asnumpy(x) for x in dev.quant("xq")]
+        for g, w in zip(got, want):
+            assert np.array_equal(g.reshape(-1), w), (a.heads_a_block, a.splits)
+
+
 @pytest.mark.parametrize("words", [1, 2])
 @pytest.mark.parametrize("rows,hk,hv,dk,dv", [(1, 16, 32, 128, 128), (5, 2, 4, 32, 64)])
 def test_delta_quantizing_in_its_epilogue(rows, hk, hv, dk, dv, words):
