@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
-import time
 
 from lanefuse.engine.hfconfig import config_from_hf
 from lanefuse.engine.model import build_step
 from lanefuse.engine.rules import load_table
 from lanefuse.lane.lower.plan import plan
+from qnext_figures import timed_plan
 
 # DeepSeek-V3's config.json keys (the released model's values; its YaRN as 4.x wrote it)
 DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
@@ -47,16 +46,6 @@ def qwen3_8b(layers: int = 36):
 
     return bf16(ModelConfig("Qwen3ForCausalLM", 4096, layers, 32, 8, 128, 12288, 151936, qk_norm=True,
                             rope_theta=1e6, max_len=4096, name=f"qwen3-8b-shape-{layers}L"))
-
-
-def timed_plan(cfg, table, repeat: int):
-    g = build_step(cfg, 1)
-    times, s = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        s = plan(g, table=table)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), s
 
 
 def kv_bytes(cfg) -> dict[str, int]:

@@ -2,8 +2,8 @@
 layer and a gated full-attention layer) of a Qwen3-Next-80B-A3B-shaped decode step; the whole plan() of that shape
 (48 layers, 512 experts, top-10; shape only, no weights) beside the dense Qwen3-8B shape's; the state bytes a sequence
 carries (the delta-net layers' convolution rings and recurrent states) against the full-attention layers' KV bytes;
-and the same shape in q8_0 under --numerics q8: a delta-net layer's token mixer and the Quant launches left (the
-delta launch quantizing its output for the out product: gdn_output_quant).
+and the same shape in q8_0 and q4_k under --numerics q8: a delta-net layer's token mixer and the Quant launches left
+(the delta launch quantizing its output for the out product: gdn_output_quant; on q4_k rows the q8_K form).
 
     python bench/qnext_figures.py [--repeat 3] [--ctx 4096] [--json FILE]
 """
@@ -44,9 +44,12 @@ def qwen3_8b(ctx: int) -> ModelConfig:
 
 
 def timed_plan(cfg: ModelConfig, table, repeat: int):
+    """The median seconds of `repeat` plan() calls of cfg's decode step, and the last plan. The plan before is freed
+    outside the timing (a plan() call that rebinds the name would pay for freeing the last one's objects)."""
     g = build_step(cfg, 1)
     times, s = [], None
     for _ in range(repeat):
+        s = None
         t0 = time.perf_counter()
         s = plan(g, table=table)
         times.append(time.perf_counter() - t0)
@@ -79,21 +82,22 @@ def main() -> int:
                 out[name][kind] = {"layer": i, "launches": per[i], "kernels": kernels, "mixer": len(mixer)}
                 print(f"  {'':18s} a {kind} decode layer (layer {i}): {per[i]} launches: {', '.join(kernels)}; its "
                       f"token mixer {len(mixer)} ({', '.join(mixer)})")
-    q8 = dataclasses.replace(nxt, formats=tuple((n, "q8_0") for n, f in nxt.formats))
-    t0 = time.perf_counter()
-    s = plan(build_step(q8, 1), table=table, numerics="q8")
-    sec = time.perf_counter() - t0
-    i = next(i for i in range(1, q8.layers - 1) if q8.layer_types[i] == "linear_attention")
-    kernels = [k.census for l in s.launches if l.layer == i for k in l.launch.kernels()]
-    first = kernels.index("gemm_parts")
-    mixer = kernels[first: kernels.index("fold", first) + 1]
-    quantized = sum(1 for l in s.launches if l.launch.census == "delta" and l.launch.quant is not None)
-    out["q8"] = {"plan_s": round(sec, 4), "launches": s.n_launches, "census": s.census, "mixer": mixer,
-                 "deltas_quantizing": quantized}
-    print(f"  {nxt.name} q8_0, --numerics q8: {sec:.3f} s; {s.n_launches} launches ({s.census.get('quant', 0)} "
-          f"Quant); a linear_attention layer's token mixer {len(mixer)} ({', '.join(mixer)}); {quantized} of "
-          f"{s.census['delta']} delta launches write their output quantized; census "
-          f"{dict(sorted(s.census.items()))}")
+    for fmt in ("q8_0", "q4_k"):  # q4_k: the products read llama.cpp's q8_K form (blocks of 256)
+        q8 = dataclasses.replace(nxt, formats=tuple((n, fmt) for n, f in nxt.formats))
+        t0 = time.perf_counter()
+        s = plan(build_step(q8, 1), table=table, numerics="q8")
+        sec = time.perf_counter() - t0
+        i = next(i for i in range(1, q8.layers - 1) if q8.layer_types[i] == "linear_attention")
+        kernels = [k.census for l in s.launches if l.layer == i for k in l.launch.kernels()]
+        first = kernels.index("gemm_parts")
+        mixer = kernels[first: kernels.index("fold", first) + 1]
+        quantized = sum(1 for l in s.launches if l.launch.census == "delta" and l.launch.quant is not None)
+        out[f"q8 {fmt}"] = {"plan_s": round(sec, 4), "launches": s.n_launches, "census": s.census, "mixer": mixer,
+                            "deltas_quantizing": quantized}
+        print(f"  {nxt.name} {fmt}, --numerics q8: {sec:.3f} s; {s.n_launches} launches ({s.census.get('quant', 0)} "
+              f"Quant); a linear_attention layer's token mixer {len(mixer)} ({', '.join(mixer)}); {quantized} of "
+              f"{s.census['delta']} delta launches write their output quantized; census "
+              f"{dict(sorted(s.census.items()))}")
     st, kv = nxt.state_bytes()
     out["state_bytes"] = {"carried_states": st, "kv_caches": kv, "ctx": args.ctx}
     lin = nxt.layer_types.count("linear_attention")

@@ -381,8 +381,11 @@ def solve_ilp(p: Problem, time_limit: float = 60.0, start: dict[int, int] | None
 # choices (the same plan as solving each: tests/test_extract.py); gpt-oss-120b's extraction 0.32 s -> 0.15 s.
 # the widest table (variables) elimination may build before the ILP takes over: a Qwen3 step needs 9, a step
 # with biased q/k/v products (Qwen2, gpt-oss: the bias adds beside the merged products) 17-18; a table of 18 is
-# 2 MiB, and at 16 those steps fell to the ILP (gpt-oss-120b's plan 1.3 s; 0.7 s at 18)
-MAX_WIDTH = 18
+# 2 MiB, and at 16 those steps fell to the ILP (gpt-oss-120b's plan 1.3 s; 0.7 s at 18). A Qwen3-Next step on
+# K-quant rows under q8 joins a mixture layer's finalize and the next attention layer's projections into one
+# component 20 wide (every producer writes the q8k form beside its f32 result): at 18 its extraction fell to the ILP
+# (1.8 s of the 80B-A3B shape's plan), at 20 it is eliminated in 0.66 s (a table of 20 is 8 MiB)
+MAX_WIDTH = 20
 # The ILP's time limit: a few seconds, more for a bigger e-graph (every real step solves in well under a second; a
 # rule that matches a cross product, every add with every norm, can keep HiGHS busy for many minutes).
 ILP_SECONDS = 5.0

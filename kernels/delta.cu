@@ -3,15 +3,19 @@
 // S += k (beta (v - S^T k)); o = S^T (q scale); the head's o RMS-normed (block_sum) times gn and silu(z). The state
 // is read at the start and written back at the end (in place). q and k rows staged in shared memory; z's values
 // start at zoff of each row of zpitch. Where qw is set (the q8 numerics), each output row's quantized form too
-// (quant.cu's blocks): a warp holds 32 of a head's columns, one block of the row (dv a multiple of 32).
+// (quant.cu's blocks): a warp holds 32 of a head's columns, one block of the row (dv a multiple of 32); with qwords 3
+// the q8k form (llama.cpp's q8_K, blocks of 256 over the 256 / dv heads each spans): the last of those heads' blocks
+// to store its row (an arrival counter a row's block, reset by it) quantizes the block from the stored row, a warp
+// (quant.cu's quant_k_vals, the values read through L2 into shared memory).
 // The key width DK is a compile-time constant, one entry a width (delta_32 .. delta_128): every loop over the state
 // column unrolls whole with no bound to test, so the column stays in registers (a runtime bound kept the array in
 // local memory: 1.6 kB of spill stores at 128, measured with -Xptxas -v).
 #define DELTA_PARAMS                                                                                            \
     const float *q, const float *k, const float *v, const float *z, i64 zpitch, i64 zoff, const float *beta,    \
         const float *g, float *st, const float *gn, float *out, i64 hk, i64 hv, i64 dv, i64 rows, float scale, \
-        float eps, signed char *qw, signed char *ql, float *qsc
-#define DELTA_ARGS q, k, v, z, zpitch, zoff, beta, g, st, gn, out, hk, hv, dv, rows, scale, eps, qw, ql, qsc
+        float eps, signed char *qw, signed char *ql, float *qsc, unsigned *arrivals, i64 qwords
+#define DELTA_ARGS q, k, v, z, zpitch, zoff, beta, g, st, gn, out, hk, hv, dv, rows, scale, eps, qw, ql, qsc, arrivals, \
+    qwords
 
 template <int DK>
 __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
@@ -45,7 +49,7 @@ __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
         float zz = z[r * zpitch + zoff + h * dv + j];
         float y = o * inv * gn[j] * (zz / (1.f + expf(-zz)));
         out[(r * hv + h) * dv + j] = y;
-        if (qw) {
+        if (qw && qwords != 3) {
             i64 n = hv * dv;
             quant_block(y, qw + r * n, ql ? ql + r * n : nullptr, qsc + r * (n >> 5), (h * dv + j) >> 5,
                         (int)(j & 31));
@@ -53,6 +57,26 @@ __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
     }
 #pragma unroll
     for (int i = 0; i < DK; i++) st[(h * DK + i) * dv + j] = S[i];
+    if (qw && qwords == 3) {  // after the rows (the state column's registers free): each row's q8k blocks
+        __shared__ int last;
+        __shared__ float blk[256];
+        i64 n = hv * dv, b = h * dv >> 8;
+        __threadfence();
+        for (i64 r = 0; r < rows; r++) {
+            __syncthreads();
+            if (j == 0) last = atomicAdd(arrivals + r * (n >> 8) + b, 1u) == (unsigned)(256 / dv) - 1u;
+            __syncthreads();
+            if (!last) continue;
+            // the last of the block's heads to arrive: its 256 values, other blocks' among them, through L2
+            __threadfence();
+            for (i64 i = j; i < 256; i += blockDim.x) blk[i] = __ldcg(out + r * n + b * 256 + i);
+            __syncthreads();
+            if (j < 32)
+                quant_k_vals(blk, qw + r * n + b * 256, (short*)ql + r * (n >> 4) + b * 16, qsc + r * (n >> 8) + b,
+                             (int)j);
+            if (j == 0) arrivals[r * (n >> 8) + b] = 0u;
+        }
+    }
 }
 
 #define DELTA_ENTRY(DK) \

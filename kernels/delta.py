@@ -1,7 +1,8 @@
 """`delta`: the gated delta rule over a step's rows in order with its gated output norm (the lifted `gated_delta`):
 a block a value head, a thread a value column of the head's (dk, dv) state, the state table rewritten in place
 (delta.cu); and the output's quantized form (`quant`, the q8 numerics: `gdn_output_quant`) written in the epilogue,
-a warp a block of 32 of a head's columns."""
+a warp a block of 32 of a head's columns; over K-quant rows the q8k form (llama.cpp's q8_K), a block of 256 spanning
+256 / dv heads, quantized after the rows by the last of their blocks to arrive (an arrival counter a row's block)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Launch, names, reach
+from lanefuse.kernels.common import Q8K, QBLOCK_K, Launch, Scratch, names, reach
 from lanefuse.kernels.conv import read_rows
-from lanefuse.kernels.quant import quant_check, quant_write
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 MAX_DK = 128  # a key head's values a thread holds in registers (delta.cu: an entry a width of 32, 64, 96, 128)
 MAX_DV = 256  # a value head's columns, a thread each (delta.cu's launch bounds: registers enough for MAX_DK)
@@ -40,7 +41,8 @@ class Delta(Launch):
     zpitch: int = 0  # z's row width (0: hv·dv, z the gates alone)
     zoff: int = 0  # where the gates start in each row of z
     quant: str | None = None  # the output's quantized form, written in the epilogue (the q8 numerics)
-    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3: a block of 256 over the heads it spans,
+    # quantized by the last of their blocks to store its row, an arrival counter a row's block)
 
     census: ClassVar[str] = "delta"
     stem: ClassVar[tuple[str, ...]] = ("quant", "delta")
@@ -57,9 +59,12 @@ class Delta(Launch):
 
     def check(self):
         if self.quant is not None:
-            why = quant_check(self.hv * self.dv, self.words, "a delta-rule output row")
+            why = quant_check(self.hv * self.dv, self.words, "a delta-rule output row", k_form=True)
             if why:
                 return why
+            if self.words == Q8K and QBLOCK_K % self.dv:
+                return Refusal(f"a delta-rule output quantized as q8k (blocks of {QBLOCK_K}) over value heads of "
+                               f"{self.dv} (a block spans whole heads)")
         if self.zoff < 0 or self.zoff + self.hv * self.dv > self.zp:
             return Refusal(f"gates z from value {self.zoff} of rows of {self.zp}")
         if self.hk < 1 or self.hv % self.hk:
@@ -82,7 +87,7 @@ class Delta(Launch):
 
     def bytes(self):
         r, kd, vd = self.rows, self.hk * self.dk, self.hv * self.dv
-        q = self.words * r * vd + 4 * (r * vd // 32) if self.quant is not None else 0
+        q = quant_bytes(r * vd, self.words) if self.quant is not None else 0
         return 4 * (2 * r * kd + 3 * r * vd + 2 * r * self.hv + 2 * self.hv * self.dk * self.dv + self.dv) + q
 
     def flops(self):
@@ -120,6 +125,11 @@ class Delta(Launch):
         return Refusal("a gated delta net's carried state over a batch's sequences (this lane's kernels run one "
                        "sequence's rings and states; decode one sequence at a time)")
 
+    def scratch(self):
+        if self.quant is None or self.words != Q8K:
+            return ()
+        return (Scratch("arrivals", "i32", 4 * self.rows * (self.hv * self.dv // QBLOCK_K), counter=True),)
+
     def grid_block(self):
         return ((self.hv, 1, 1), (self.dv, 1, 1))
 
@@ -132,4 +142,6 @@ class Delta(Launch):
             i64(self.zoff), denv.array(self.beta),
             denv.array(self.g), denv.array(self.state), denv.opt(self.gn), denv.array(self.out), i64(self.hk),
             i64(self.hv), i64(self.dv), i64(self.rows), f32(self.scale), f32(self.eps),
-            *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL))))
+            *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
+            denv.scratch(self, self.scratch()[0]) if self.scratch() else NULL,
+            i64(self.words if self.quant is not None else 0)))

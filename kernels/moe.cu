@@ -25,7 +25,7 @@
 #define MOE_SHARED const void *sg, const void *su, const void *sd, const void *sgate, i64 sf, i64 fs, i64 fsg, \
     i64 qw, i64 qgate, signed char *hw, signed char *hl, float *hs
 #define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out), signed char *yqw, \
-    signed char *yql, float *yqs
+    signed char *yql, float *yqs, i64 yqwords
 
 __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, i64 row, i64 n) {
     float s = 0.f;
@@ -33,8 +33,9 @@ __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, 
     return warp_sum(s);
 }
 
-// Row xr (d values) quantized into the block's shared memory (quant.cu's quant_block, a warp a block of 32): what
-// the shared expert's q8 products read. Every thread returns after it.
+// Row xr (d values) quantized into the block's shared memory (quant.cu's quant_block, a warp a block of 32; qw 3: the
+// q8k form, quant_k_vals, a warp a block of 256, its sums of 16 words in l): what the shared expert's q8 products
+// read. Every thread returns after it.
 struct MoeQRow {
     __align__(16) signed char w[MOE_MAXQ];
     __align__(16) signed char l[MOE_MAXQ];
@@ -43,10 +44,19 @@ struct MoeQRow {
 
 __device__ QX moe_quant_row(const float* xr, i64 d, i64 qw, MoeQRow& q) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (i64 b = warp; b < d / 32; b += MOE_WARPS) quant_block(xr[b * 32 + lane], q.w, qw == 2 ? q.l : nullptr, q.s, b, lane);
+    if (qw == 3) {
+        for (i64 b = warp; b < d / 256; b += MOE_WARPS)
+            quant_k_vals(xr + b * 256, q.w + b * 256, (short*)q.l + b * 16, q.s + b, lane);
+    } else {
+        for (i64 b = warp; b < d / 32; b += MOE_WARPS)
+            quant_block(xr[b * 32 + lane], q.w, qw == 2 ? q.l : nullptr, q.s, b, lane);
+    }
     __syncthreads();
-    return QX{q.w, qw == 2 ? q.l : nullptr, q.s};
+    return QX{q.w, qw >= 2 ? q.l : nullptr, q.s};
 }
+
+// A shared-expert row format as gemv_q8.cu's q8_tile takes it: flagged (16) where the activation is the q8k form.
+__device__ __forceinline__ int moe_qf(i64 fm, i64 qw) { return (int)(qw == 3 ? fm | 16 : fm); }
 
 // One output (row `row` of w) of a quantized activation of n values, a warp: gemv_q8.cu's block sums.
 __device__ __forceinline__ float moe_qdot(const QX& x, int fm, const void* w, i64 row, i64 n) {
@@ -56,7 +66,8 @@ __device__ __forceinline__ float moe_qdot(const QX& x, int fm, const void* w, i6
 }
 
 // The shared expert's GLU values j0.. (a tile of MOE_TILE, whole 32-value blocks) of row r, already in h, quantized
-// into hw/hl/hs (a warp a block) for its down product. Called by every thread of the block.
+// into hw/hl/hs (a warp a block) for its down product. Called by every thread of the block. (The q8k form's blocks of
+// 256 span four tiles: the down kernels quantize the whole GLU row into their own shared memory instead.)
 __device__ void moe_quant_glu(const float* h, i64 r, i64 sf, i64 j0, i64 qw, signed char* hw, signed char* hl,
                               float* hs) {
     __syncthreads();
@@ -67,10 +78,21 @@ __device__ void moe_quant_glu(const float* h, i64 r, i64 sf, i64 j0, i64 qw, sig
 }
 
 // The shared expert's down product, output i of row r: over its GLU f32, or quantized (`qw`).
-__device__ __forceinline__ float moe_shared_down(const float* h, i64 r, i64 i, i64 sf, int fs, const void* sd, i64 qw,
-                                                 const signed char* hw, const signed char* hl, const float* hs) {
+__device__ __forceinline__ float moe_shared_down(const float* h, i64 i, i64 sf, int fs, const void* sd, i64 qw,
+                                                 const QX& hx) {
     if (!qw) return moe_dot(h, fs, sd, i, sf);
-    return moe_qdot(QX{hw + r * sf, qw == 2 ? hl + r * sf : nullptr, hs + r * (sf / 32)}, fs, sd, i, sf);
+    return moe_qdot(hx, moe_qf(fs, qw), sd, i, sf);
+}
+
+// Row r's shared-expert GLU quantized for its down product: in hw/hl/hs (the up kernel's epilogue), or (qw 3) into
+// the calling block's shared memory from the GLU row h (every thread calls it).
+__device__ __forceinline__ QX moe_shared_glu(const float* h, i64 r, i64 sf, i64 qw, signed char* hw, signed char* hl,
+                                             float* hs, MoeQRow& q) {
+    if (qw == 3) {
+        __syncthreads();  // a row quantized before is read by every warp
+        return moe_quant_row(h, sf, 3, q);
+    }
+    return QX{hw + r * sf, qw == 2 ? hl + r * sf : nullptr, hs + r * (sf / 32)};
 }
 
 // Row r's routing into choices/weights (thread 0 writes): logits (plus the router bias `br` where given) in shared
@@ -181,15 +203,16 @@ extern "C" __global__ void __launch_bounds__(256)
         __shared__ MoeQRow qrow;
         QX xq = qw ? moe_quant_row(xr, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
         for (i64 j = blockIdx.x * MOE_TILE + warp; j < (blockIdx.x + 1) * MOE_TILE && j < sf; j += MOE_WARPS) {
-            float g = qw ? moe_qdot(xq, (int)fs, sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
-            float u = qw ? moe_qdot(xq, (int)fs, su, j, d) : moe_dot(xr, (int)fs, su, j, d);
+            float g = qw ? moe_qdot(xq, moe_qf(fs, qw), sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
+            float u = qw ? moe_qdot(xq, moe_qf(fs, qw), su, j, d) : moe_dot(xr, (int)fs, su, j, d);
             if (lane == 0) h[j] = act_apply((int)act, g) * u;
         }
         if (blockIdx.x == 0 && warp == 0) {  // no gate score (DeepSeek's shared experts): unscaled
-            float s = !sgate ? 0.f : qw && qgate ? moe_qdot(xq, (int)fsg, sgate, 0, d) : moe_dot(xr, (int)fsg, sgate, 0, d);
+            float s = !sgate ? 0.f : qw && qgate ? moe_qdot(xq, moe_qf(fsg, qw), sgate, 0, d)
+                                                 : moe_dot(xr, (int)fsg, sgate, 0, d);
             if (lane == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
         }
-        if (qw) moe_quant_glu(h, r, sf, blockIdx.x * MOE_TILE, qw, hw, hl, hs);
+        if (qw == 1 || qw == 2) moe_quant_glu(h, r, sf, blockIdx.x * MOE_TILE, qw, hw, hl, hs);
         return;
     }
     __shared__ int ch[MOE_MAXK];
@@ -207,8 +230,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // order, then the shared expert's.
 __device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i64 fd, const int* choices,
                                            const float* weights, const float* hidden, const void* wd, const float* bd,
-                                           const void* sd, i64 sf, i64 fs, i64 rows, i64 qw, const signed char* hw,
-                                           const signed char* hl, const float* hs) {
+                                           const void* sd, i64 sf, i64 fs, i64 rows, i64 qw, const QX& hx) {
     i64 F = f > sf ? f : sf;
     float acc = 0.f;
     for (i64 c = 0; c < k; c++) {
@@ -216,15 +238,16 @@ __device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i6
         float v = moe_dot(hidden + (r * (k + 1) + c) * F, (int)fd, wd, e * d + i, f);
         acc += weights[r * k + c] * (bd ? v + bd[e * d + i] : v);
     }
-    if (sd) acc += weights[rows * k + r] * moe_shared_down(hidden + (r * (k + 1) + k) * F, r, i, sf, (int)fs, sd, qw, hw,
-                                                           hl, hs);
+    if (sd) acc += weights[rows * k + r] * moe_shared_down(hidden + (r * (k + 1) + k) * F, i, sf, (int)fs, sd, qw, hx);
     return acc;
 }
 
 // Row r's finalize over its sums (already in `sum`): the RMS norm times nw into out, by the calling block; where yqw
-// is given, the normed row's quantized form too (a warp a block of 32, from the values just stored: quant.cu).
+// is given, the normed row's quantized form too (a warp a block of 32, from the values just stored: quant.cu; with
+// yqwords 3 the q8k form, llama.cpp's q8_K, a warp a block of 256 read back from the row stored whole in its buffer,
+// quant.cu's quant_k_block, its sums of 16 words in yql).
 __device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, float eps, const Dst& o,
-                             signed char* yqw, signed char* yql, float* yqs) {
+                             signed char* yqw, signed char* yql, float* yqs, i64 yqwords) {
     float ss = 0.f;
     for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
         float v = __ldcg(sum + r * d + i);
@@ -235,6 +258,11 @@ __device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, fl
     if (!yqw) return;
     __syncthreads();
     int lane = threadIdx.x & 31;
+    if (yqwords == 3) {
+        for (i64 b = threadIdx.x >> 5; b < (d >> 8); b += blockDim.x >> 5)
+            quant_k_block(o.y + r * d, yqw + r * d, (short*)yql + r * (d >> 4), yqs + r * (d >> 8), b, lane);
+        return;
+    }
     for (i64 b = threadIdx.x >> 5; b < (d >> 5); b += blockDim.x >> 5)
         quant_block(__ldcg(o.y + dst_at(o, r * d + b * 32 + lane)), yqw + r * d, yql ? yql + r * d : nullptr,
                     yqs + r * (d >> 5), b, lane);
@@ -244,11 +272,14 @@ __device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, fl
 // last block of the row to arrive (a counter a row, reset by it) norms the row.
 extern "C" __global__ void __launch_bounds__(256)
     moe_down(MOE_COMMON, const void* wd, MOE_SHARED, unsigned* arrivals, MOE_FIN) {
-    i64 r = blockIdx.y;
+    i64 r = blockIdx.y, F = f > sf ? f : sf;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     Dst o = DST(out);
+    __shared__ MoeQRow hq;
+    QX hx = sd && qw ? moe_shared_glu(hidden + (r * (k + 1) + k) * F, r, sf, qw, hw, hl, hs, hq)
+                     : QX{nullptr, nullptr, nullptr};
     for (i64 i = blockIdx.x * MOE_TILE + warp; i < (blockIdx.x + 1) * MOE_TILE && i < d; i += MOE_WARPS) {
-        float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows, qw, hw, hl, hs);
+        float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows, qw, hx);
         if (lane != 0) continue;
         if (add) v += add[r * d + i];
         if (nw) sum[r * d + i] = v;
@@ -262,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    moe_norm_row(r, d, sum, nw, eps, o, yqw, yql, yqs);
+    moe_norm_row(r, d, sum, nw, eps, o, yqw, yql, yqs, yqwords);
     if (threadIdx.x == 0) arrivals[r] = 0u;
 }
 
@@ -279,7 +310,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
     __shared__ MoeQRow qrow;
     QX xq = sg && qw && qgate && sgate ? moe_quant_row(x + r * d, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
     if (sg && threadIdx.x < 32) {  // no gate score (DeepSeek's shared experts): unscaled
-        float s = !sgate ? 0.f : xq.w ? moe_qdot(xq, (int)fsg, sgate, 0, d) : moe_dot(x + r * d, (int)fsg, sgate, 0, d);
+        float s = !sgate ? 0.f : xq.w ? moe_qdot(xq, moe_qf(fsg, qw), sgate, 0, d)
+                                      : moe_dot(x + r * d, (int)fsg, sgate, 0, d);
         if (threadIdx.x == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
     }
 }
@@ -298,11 +330,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, cons
             QX xq = qw ? moe_quant_row(xr, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
             float* h = hidden + (r * (k + 1) + k) * F;
             for (i64 j = j0 + warp; j < j0 + MOE_TILE && j < sf; j += MOE_WARPS) {
-                float g = qw ? moe_qdot(xq, (int)fs, sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
-                float u = qw ? moe_qdot(xq, (int)fs, su, j, d) : moe_dot(xr, (int)fs, su, j, d);
+                float g = qw ? moe_qdot(xq, moe_qf(fs, qw), sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
+                float u = qw ? moe_qdot(xq, moe_qf(fs, qw), su, j, d) : moe_dot(xr, (int)fs, su, j, d);
                 if (lane == 0) h[j] = act_apply((int)act, g) * u;
             }
-            if (qw) moe_quant_glu(h, r, sf, j0, qw, hw, hl, hs);
+            if (qw == 1 || qw == 2) moe_quant_glu(h, r, sf, j0, qw, hw, hl, hs);
             continue;
         }
         for (i64 c = 0; c < k; c++)
@@ -317,14 +349,17 @@ extern "C" __global__ void __launch_bounds__(256)
     moe_down_sorted(MOE_COMMON, const void* wd, MOE_SHARED, float* parts) {
     i64 e = blockIdx.y, F = f > sf ? f : sf, i0 = blockIdx.x * MOE_TILE;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ MoeQRow hq;
     for (i64 r = 0; r < rows; r++)
         for (i64 c = 0; c <= k; c++) {
             bool mine = c < k ? choices[r * k + c] == e : e == E;
             if (!mine) continue;
             const float* h = hidden + (r * (k + 1) + c) * F;
+            // the shared slot (the block's y is E: every thread of the block here alike)
+            QX hx = c == k && qw ? moe_shared_glu(h, r, sf, qw, hw, hl, hs, hq) : QX{nullptr, nullptr, nullptr};
             for (i64 i = i0 + warp; i < i0 + MOE_TILE && i < d; i += MOE_WARPS) {
                 float v = c < k ? moe_dot(h, (int)fd, wd, e * d + i, f)
-                                : moe_shared_down(h, r, i, sf, (int)fs, sd, qw, hw, hl, hs);
+                                : moe_shared_down(h, i, sf, (int)fs, sd, qw, hx);
                 if (lane == 0) parts[(r * (k + 1) + c) * d + i] = c < k && bd ? v + bd[e * d + i] : v;
             }
         }
@@ -344,5 +379,5 @@ extern "C" __global__ void __launch_bounds__(256) moe_finish(MOE_COMMON, MOE_SHA
     }
     if (!nw) return;
     __syncthreads();
-    moe_norm_row(r, d, sum, nw, eps, o, yqw, yql, yqs);
+    moe_norm_row(r, d, sum, nw, eps, o, yqw, yql, yqs, yqwords);
 }

@@ -5,7 +5,10 @@ read once (`sort`, moe_token_sort), and the residual add and the next RMSNorm of
 Under the q8 numerics (`qwords`: shared_expert_fusion.quant) the shared expert's gate and up products (and its gate
 score's, with `qgate`) read the input quantized to int8 blocks of 32 and its down product its GLU quantized, as the
 separate Quant and GEMV launches would: the kernels quantize the input row into shared memory as they read it and the
-GLU in the up kernel's epilogue (scratch `squant`), and multiply by gemv_q8.cu's int8 block sums.
+GLU in the up kernel's epilogue (scratch `squant`), and multiply by gemv_q8.cu's int8 block sums. Over K-quant rows
+(`qwords` 3) both are llama.cpp's q8_K form (blocks of 256, gemv_q8.cu's q8k_tile), the GLU quantized whole by each
+block of the down kernels into its shared memory (a block of 256 spans four of the up kernel's tiles); the finalize
+writes the next norm's q8k form too (`quant_words` 3).
 The experts are stacked one constant a role (engine/moe.py): gate_up (E·2f, d), down (E·d, f).
 
 The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
@@ -24,8 +27,8 @@ import numpy as np
 from lanefuse.engine.moe import route
 from lanefuse.engine.quantize import Quantized, quantize
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Dst, Launch, Scratch, act, decode, format_refusal,
-                                     names, quant_layout, reach, rms, weight_bytes)
+from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Q8K, Dst, Launch, Scratch, act, decode,
+                                     format_refusal, names, quant_layout, reach, rms, weight_bytes)
 from lanefuse.kernels.gemv import products, q8_check
 from lanefuse.kernels.q8dot import q8_exact
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
@@ -85,7 +88,8 @@ class Moe(Launch):
     qwords: int = 0  # > 0 (the q8 numerics): the shared expert's products read the input and its GLU quantized to
     qgate: bool = False  # that many int8 words a value; with qgate its gate score's product too
     quant: str | None = None  # with `nw`: the norm's quantized form, written in the finalize's epilogue (the q8
-    quant_words: int = 0  # numerics: moe_deferred_finalize.shared_quant), that many int8 words a value
+    quant_words: int = 0  # numerics: moe_deferred_finalize's .quant rules), that many int8 words a value (3: the q8k
+    # form, llama.cpp's q8_K, for K-quant rows)
     stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
 
     census: ClassVar[str] = "moe"
@@ -165,8 +169,8 @@ class Moe(Launch):
         if self.qwords and not self.shared:
             return Refusal("a mixture whose shared expert reads quantized activations, with no shared expert")
         if self.qwords:
-            why = quant_check(self.d, self.qwords, "a shared expert's quantized input row") or \
-                quant_check(self.sf, self.qwords, "a shared expert's quantized GLU row") or \
+            why = quant_check(self.d, self.qwords, "a shared expert's quantized input row", k_form=True) or \
+                quant_check(self.sf, self.qwords, "a shared expert's quantized GLU row", k_form=True) or \
                 q8_check(self.qwords, self.format_s, self.d, 1) or q8_check(self.qwords, self.format_s, self.sf, 1) or \
                 (q8_check(self.qwords, self._fsg, self.d, 1) if self.qgate and self.sgate is not None else None)
             if why:
@@ -174,13 +178,19 @@ class Moe(Launch):
             if self.d > MAX_QUANT_ROW:
                 return Refusal(f"a shared expert's quantized input row of {self.d} values (the kernel holds at most "
                                f"{MAX_QUANT_ROW} in shared memory)")
+            if self.qwords == Q8K and self.sf > MAX_QUANT_ROW:  # the down kernels quantize the GLU row themselves
+                return Refusal(f"a shared expert's GLU row of {self.sf} values quantized as q8k (the down kernels hold "
+                               f"at most {MAX_QUANT_ROW} in shared memory)")
         if self.quant is not None and self.nw is None:
             return Refusal("a mixture quantizing its result without the norm it finalizes (the quantized form is the "
                            "norm's)")
         if self.quant is not None:
-            why = quant_check(self.d, self.quant_words, "a mixture's normed row")
+            why = quant_check(self.d, self.quant_words, "a mixture's normed row", k_form=True)
             if why:
                 return why
+            if self.quant_words == Q8K and (self.out.row is not None or not self.out.contiguous):
+                return Refusal("a mixture's normed row quantized as q8k (blocks of 256) not stored whole in its own "
+                               "buffer (the finalize reads each block back from the stored row)")
         if self.nw is not None and (self.add is None or self.sum is None):
             return Refusal("a mixture normed without the residual it is added to and the sum it writes")
         return None
@@ -194,7 +204,8 @@ class Moe(Launch):
             s.append(Scratch("parts", "f32", 4 * self.rows * (self.k + 1) * self.d))
         elif self.nw is not None:
             s.append(Scratch("arrivals", "i32", 4 * self.rows, counter=True))
-        if self.qwords:  # the shared expert's GLU quantized (kernels/quant.py's layout), for its down product
+        if self.qwords in (1, 2):  # the shared expert's GLU quantized (kernels/quant.py's layout), for its down product
+            # (the q8k form's: in the down kernels' shared memory)
             s.append(Scratch("squant", "u8", quant_layout(self.rows * self.sf, self.qwords)[2]))
         return tuple(s)
 
@@ -361,8 +372,8 @@ class Moe(Launch):
             if not exact:
                 return (q.values().astype(np.float32) @ m(name, n, kk).T).astype(np.float32)
             raw, fmt = env.weight(name)
-            return q8_exact(q.words.reshape(-1), None if q.low is None else q.low.reshape(-1), q.scales.reshape(-1),
-                            raw, fmt, a.shape[0], n, kk)
+            words, low, scales = q.parts()  # low: q8x2's low words, the q8k form's sums of 16 words, or None
+            return q8_exact(words, low, scales, raw, fmt, a.shape[0], n, kk)
 
         g, u = qprod(x, self.sg, sf, d, True), qprod(x, self.su, sf, d, True)
         h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
@@ -435,7 +446,8 @@ class Moe(Launch):
                  denv.opt(self.br), i64(int(self.routing == "topk_softmax")), i64(int(grouped)), i64(self.groups),
                  i64(self.topk_groups), f32(self.route_scale))
         fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out),
-               *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))
+               *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
+               i64(self.quant_words if self.quant is not None else 0))
         up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
         wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]
         if not self.sort:

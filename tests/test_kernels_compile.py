@@ -252,6 +252,8 @@ def delta_net():
             ConvParts((ConvPart("q", "wq", "rq", "yq", 64, True), ConvPart("v", "wv", "rv", "yv", 96)), 4, 3, block=32),
             Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 4, 32, 64, 3, 0.17, 1e-6),
             Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 4, 32, 64, 3, 0.17, 1e-6, quant="oq", words=2),
+            # the q8k form: four heads of 64 a block of 256, the last of their blocks quantizing it
+            Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, 32, 64, 3, 0.17, 1e-6, quant="oq", words=3),
             Decay("a", "dt", "al", "y", 8, 4), L2Norm("x", "y", 4, 32, 1e-6),
             Gates("b", "a", "dt", "al", "bt", "g", 8, 4),
             GateProj("x", "wb", "wa", "bf16", "dt", "al", "bt", "g", 64, 4, 2, format_a="f32"),
@@ -309,7 +311,16 @@ def mixtures():
             Moe("x", "wr", "wgu", "wd", Dst("y"), 32, 37, 8, 2, 5, "f32", sort=True, **gptoss, add="a"),
             # a GGUF file's: gate/up experts in q4_k, down in q6_k, the shared expert in q8_0 with an f32 gate score
             Moe("x", "wr", "wgu", "wd", Dst("y"), 256, 256, 8, 2, 1, "q4_k", format_d="q6_k",
-                **dict(shared, sf=256, format_s="q8_0", format_sgate="f32"), **fin)]
+                **dict(shared, sf=256, format_s="q8_0", format_sgate="f32"), **fin),
+            # the finalize quantizing the normed row: blocks of 32, and the q8k form (a row at a time and sorted)
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 256, 37, 8, 2, 1, "bf16", **fin, quant="yq", quant_words=1),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 256, 37, 8, 2, 1, "bf16", **fin, quant="yq", quant_words=3),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 512, 37, 8, 2, 5, "f32", sort=True, **fin, quant="yq", quant_words=3),
+            # the shared expert over K-quant rows reading the q8k form (a row at a time with its finalize, and sorted)
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 256, 37, 8, 2, 1, "bf16", **dict(shared, sf=256, format_s="q4_k"),
+                qwords=3, qgate=True, **fin, quant="yq", quant_words=3),
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 256, 37, 8, 2, 5, "bf16", sort=True, qwords=3,
+                **dict(shared, sf=256, format_s="q6_k"), add="a")]
 
 
 def fused_folds():

@@ -279,3 +279,60 @@ def test_a_saved_q8_plan_of_k_quant_rows_runs_the_same(capsys, tmp_path):
     b = capsys.readouterr().out
     ids = [line for line in a.splitlines() if line.startswith("generated ids")]
     assert ids and ids == [line for line in b.splitlines() if line.startswith("generated ids")]
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_q8_mixture_finalize_quantizes_the_next_norm(fmt):
+    """A Qwen3-MoE step under q8 (experts read f32, as llama.cpp's do not, the projections their quantized rows): the
+    mixture's last launch adds the residual, norms the sum and quantizes the norm for the next layer's projections
+    (moe_deferred_finalize.quant; on q4_k rows the q8k form, a warp a block of 256 from the row it stored), so the step
+    has no Quant launch and the f32 plan's launches; decode and a 3-row chunk, the exact twins in the plan's arena
+    equal to the interpreter of the quantized graph."""
+    from lanefuse.engine.demo import demo_config, random_arrays
+    from lanefuse.engine.moe import MoeConfig
+    from lanefuse.engine.weights import Weights
+    from lanefuse.kernels.blocks import encode_matrices
+
+    cfg = dataclasses.replace(demo_config(32), arch="Qwen3MoeForCausalLM", layers=2,
+                              moe=MoeConfig(8, 2, 256, True, (0, 1)))
+    arrays = encode_matrices(random_arrays(cfg), fmt)
+    cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, (_, f) in arrays.items() if f != "f32"))
+    w = Weights.from_dict(arrays, cfg)
+    for rows in (1, 3):
+        g = build_step(cfg, rows)
+        p, p32 = plan(g, numerics="q8"), plan(g)
+        gq = with_numerics(g, "q8")
+        assert p.census.get("quant", 0) == 0 and len(p.launches) == len(p32.launches), p.census
+        fins = [x.launch for x in p.launches if x.launch.census == "moe" and x.launch.quant is not None]
+        # every mixture's finalize but a chunk's last, whose sum the step views to its last row before the final norm
+        assert len(fins) == (2 if rows == 1 else 1), fins
+        assert all(m.quant_words == (3 if fmt == "q4_k" else 1) for m in fins), fins
+        ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+        out = NumpyRunner(p, w, exact=True, check=True).step(_chunk_env(g, rows, 0), lifted=g)
+        assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max(), rows
+        assert np.array_equal(out["next"], ref["next"])
+
+
+def test_mixture_finalize_writes_the_q8k_form_from_the_row_it_stored():
+    """The Moe launch's finalize quantizing its normed row as q8k: the form of the values it stored (the twin's);
+    refused in words for a row not whole blocks of 256 or written into a table's rows."""
+    from lanefuse.kernels import Moe
+
+    rng = np.random.default_rng(8)
+    d, f, E, k, rows = 256, 64, 4, 2, 2
+    r = lambda *s: rng.standard_normal(s).astype(F32)  # noqa: E731
+    weights = {"wr": (r(E, d), "f32"), "wgu": (r(E * 2 * f, d) / 16, "f32"), "wd": (r(E * d, f) / 8, "f32"),
+               "nw": (1 + 0.1 * r(d), "f32")}
+    m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "f32", add="a", sum="s", nw="nw", eps=1e-6,
+            quant="yq", quant_words=3)
+    assert m.check() is None, m.check()
+    n = rows * d
+    env = HostEnv({"x": r(n), "a": r(n), "y": np.zeros(n, F32), "s": np.zeros(n, F32)}, weights,
+                  {"yq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, F32))})
+    m.numpy(env)
+    want = quantize(env.array("y").reshape(rows, d), 3).parts()
+    assert all(np.array_equal(g, w) for g, w in zip(env.quant("yq"), want))
+    bad = dataclasses.replace(m, out=Dst("T", row="pos", pitch=d))
+    assert "not stored whole in its own buffer" in bad.check().reason
+    narrow = dataclasses.replace(m, d=128)
+    assert "blocks of 256" in narrow.check().reason

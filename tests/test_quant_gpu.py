@@ -220,11 +220,13 @@ def test_attention_quantizing_q8k_in_its_epilogue(heads, group, d, rows, splits)
             assert np.array_equal(g.reshape(-1), w), (a.heads_a_block, a.splits)
 
 
-@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("words", [1, 2, 3])
 @pytest.mark.parametrize("rows,hk,hv,dk,dv", [(1, 16, 32, 128, 128), (5, 2, 4, 32, 64)])
 def test_delta_quantizing_in_its_epilogue(rows, hk, hv, dk, dv, words):
-    """delta.cu's epilogue (gdn_output_quant) quantizes each output row it stored, a warp a block: the f32 rows
-    within rounding of the twin's, and the words the twin makes of the values the kernel stored."""
+    """delta.cu's epilogue (gdn_output_quant) quantizes each output row it stored, a warp a block (words 3, the q8k
+    form: after the rows, the last of a 256-value block's heads to arrive, its counter reset; a second launch over
+    the state it left gives the same form of its own output): the f32 rows within rounding of the twin's, and the
+    words (sums, scales) the twin makes of the values the kernel stored."""
     from lanefuse.kernels import Delta
 
     rng = np.random.default_rng(12)
@@ -237,19 +239,20 @@ def test_delta_quantizing_in_its_epilogue(rows, hk, hv, dk, dv, words):
     d = Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows, dk ** -0.5, 1e-6, quant="xq",
               words=words)
     assert d.check() is None
+    low = {2: np.zeros(n, np.int8), 3: np.zeros(n // 16, np.int16)}.get(words)
     host = HostEnv({k: v.copy() for k, v in arrays.items()}, gn,
-                   {"xq": (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None,
-                           np.zeros(n // 32, np.float32))})
+                   {"xq": (np.zeros(n, np.int8), low, np.zeros(n // (256 if words == 3 else 32), np.float32))})
     d.numpy(host)
     dev = _dev(n, words, arrays, gn)
-    d.cuda(dev)
-    dev.cp.cuda.Device().synchronize()
-    np.testing.assert_allclose(dev.host("o"), host.array("o"), rtol=3e-4, atol=3e-4)
-    want = quantize(dev.host("o").reshape(rows, hv * dv), words)  # the words of the values the kernel stored
-    w, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq"))
-    assert np.array_equal(w, want.words.reshape(-1)) and np.array_equal(sc, want.scales.reshape(-1))
-    if words == 2:
-        assert np.array_equal(low, want.low.reshape(-1))
+    for _ in range(2 if words == 3 else 1):  # q8k: the counters the first launch reset serve the second
+        d.cuda(dev)
+        dev.cp.cuda.Device().synchronize()
+        if _ == 0:
+            np.testing.assert_allclose(dev.host("o"), host.array("o"), rtol=3e-4, atol=3e-4)
+        want = quantize(dev.host("o").reshape(rows, hv * dv), words).parts()  # the values the kernel stored
+        got = [None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq")]
+        for a, b in zip(got, want):
+            assert (a is None) == (b is None) and (a is None or np.array_equal(a.reshape(-1), b)), words
 
 
 def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 0):
@@ -444,4 +447,79 @@ def test_moe_shared_expert_quantized(rows, sort, qgate, words):
     if fin:
         want = quantize(dev.host("y").reshape(rows, d), words)
         w, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq"))
+        assert np.mean(w != want.words.reshape(-1)) < 1e-2 and np.allclose(sc, want.scales.reshape(-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows,sort,d", [(1, False, 256), (3, False, 512), (5, True, 512)])
+def test_moe_finalize_quantizing_q8k(rows, sort, d):
+    """moe.cu's finalize (the last block of a row to arrive, or moe_finish over sorted rows) quantizing the normed row
+    as q8k (moe_deferred_finalize.quant over K-quant rows: a warp a block of 256 read back from the row it stored):
+    the sum and the normed row within f32 summation of the twin's, the words, sums and scales those of the values the
+    kernel stored."""
+    from lanefuse.kernels import Moe
+
+    rng = np.random.default_rng(rows + d)
+    f, E, k = 96, 8, 2
+    r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
+               "wd": (encode(r(E * d, f) / np.sqrt(f), "bf16"), "bf16"), "nw": (1 + 0.1 * r(d), "f32")}
+    arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
+              "s": np.zeros(rows * d, np.float32)}
+    m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "bf16", norm_topk=True, sort=sort, add="a", sum="s",
+            nw="nw", eps=1e-6, quant="xq", quant_words=3)
+    assert m.check() is None, m.check()
+    n = rows * d
+    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
+                   {"xq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, np.float32))})
+    m.numpy(host)
+    dev = _dev(n, 3, arrays, weights)
+    m.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for a in ("y", "s"):
+        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    want = quantize(dev.host("y").reshape(rows, d), 3).parts()  # the form of the values the kernel stored
+    got = [dev.cp.asnumpy(x) for x in dev.quant("xq")]
+    for g, w in zip(got, want):
+        assert np.array_equal(g.reshape(-1), w)
+
+
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (5, True)])
+@pytest.mark.parametrize("qgate", [True, False])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_moe_shared_expert_quantized_q8k(rows, sort, qgate, fmt):
+    """moe.cu's shared expert over K-quant rows under q8 (shared_expert_fusion.quant with words 3): the input row
+    quantized to the q8k form in shared memory (quant_k_vals), the GLU quantized whole by each down block into its
+    own shared memory, gemv_q8.cu's q8k_tile; a row at a time with the finalize writing the next norm's q8k form, and
+    sorted. The mixture within f32 summation of the exact twin; the finalize's words those of the values the kernel
+    stored (but for a word within rounding of a half, rare)."""
+    from lanefuse.kernels import Moe
+
+    rng = np.random.default_rng(rows * 5 + qgate)
+    d, f, E, k, sf = 256, 256, 8, 2, 256
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
+               "wd": (encode(r(E * d, f) / np.sqrt(f), fmt), fmt), "nw": (1 + 0.1 * r(d), "f32")}
+    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
+        weights[n] = (encode(r(*shape) / np.sqrt(shape[1]), fmt), fmt)
+    arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
+              "s": np.zeros(rows * d, np.float32)}
+    fin = {} if sort else dict(sum="s", nw="nw", eps=1e-6, quant="xq", quant_words=3)
+    m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, sg="sg", su="su",
+            sd="sd", sgate="sgt", sf=sf, format_s=fmt, add="a", qwords=3, qgate=qgate, **fin)
+    assert m.check() is None, m.check()
+    n = rows * d
+    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
+                   {"xq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, np.float32))})
+    m.numpy(host)
+    dev = _dev(n, 3, arrays, weights)
+    m.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for a in ("y", "s"):
+        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    if fin:
+        want = quantize(dev.host("y").reshape(rows, d), 3)
+        w, sums, sc = (dev.cp.asnumpy(a) for a in dev.quant("xq"))
         assert np.mean(w != want.words.reshape(-1)) < 1e-2 and np.allclose(sc, want.scales.reshape(-1), rtol=1e-6)

@@ -302,3 +302,59 @@ def test_q8_shared_expert_runs_inside_the_mixture(numerics, source, tmp_path):
         assert np.array_equal(a["next"], want["next"])
         fast = NumpyRunner(p, w, exact=False).step(_env(g, rows, pos, np.random.default_rng(rows)))
         assert np.abs(fast["logits"] - want["logits"]).max() <= 1e-3 * np.abs(want["logits"]).max()
+
+
+def _all_k_shape(fmt: str):
+    """A tiny Qwen3-Next shape whose matrices of 256-value rows are all in a K-quant format (the rest f32): hidden 256,
+    attention heads of 64, value heads of 64 (a q8k block spans four of either), experts and the shared expert of
+    256; seeded random weights."""
+    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.stepweights import random_weights
+
+    c = {"architectures": ["Qwen3NextForCausalLM"], **K_SHAPE, "head_dim": 64, "linear_value_head_dim": 64,
+         "intermediate_size": 256}
+    cfg = config_from_hf(c, "Qwen3-Next q8k test config", max_len=16)
+    g = cfg.build_step(1)
+    fmts = tuple((n, fmt) for n, k in g.constants.items() if k.kind == "rows" and k.shape[-1] % 256 == 0)
+    import dataclasses
+
+    cfg = dataclasses.replace(cfg, formats=fmts)
+    return cfg, random_weights(cfg.build_step(1), 6)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_q8_on_k_quant_rows_keeps_the_f32_launches(fmt):
+    """Under q8 every product over K-quant rows reads llama.cpp's q8_K form (blocks of 256), and every producer writes
+    it in its epilogue: the norms, the gated attention (heads of 64, four a block), the delta rule (the last of a
+    block's four heads to arrive quantizes it), the shared expert inside the mixture's launches (its input row and its
+    GLU quantized into their shared memory, gemv_q8.cu's q8k_tile) and the mixture's finalize: each layer has the f32
+    plan's launches, no Quant launch. Held `fuse_quant`, the parts' launches give the same logits bit for bit (the
+    exact twins in their arenas), equal to the interpreter of the quantized graph; decode and a chunk of 3 rows."""
+    pytest.importorskip("egglog")
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg, w = _all_k_shape(fmt)
+    for rows, pos in ((1, 5), (3, 0)):
+        g = cfg.build_step(rows)
+        p, f32 = plan(g, numerics="q8"), plan(g)
+        assert "quant" not in p.census and p.census == f32.census, (p.census, f32.census)
+        moes = [x.launch for x in p.launches if x.launch.census == "moe"]
+        assert len(moes) == cfg.layers and all(m.qwords == 3 and m.sg for m in moes)
+        assert all(m.quant_words == 3 for m in moes if m.quant) and sum(bool(m.quant) for m in moes) >= 1
+        deltas = [x.launch for x in p.launches if x.launch.census == "delta"]
+        assert deltas and all(d.quant and d.words == 3 for d in deltas)
+        gated = [x.launch for x in p.launches if x.launch.census == "attention"]
+        assert gated and all(a.gate and a.quant and a.words == 3 and a.f32 for a in gated)
+        held = plan(g, numerics="q8", held=("fuse_quant",))
+        assert held.census["quant"] > 2 * cfg.layers
+        gq = with_numerics(g, "q8")
+        assert {op.a["words"] for op in gq.ops if op.kind == "quantize"} == {3}
+        want = evaluate(gq, w, _env(gq, rows, pos, np.random.default_rng(rows)))
+        a, b = (NumpyRunner(q, w, exact=True, check=True).step(_env(g, rows, pos, np.random.default_rng(rows)),
+                                                               lifted=g) for q in (p, held))
+        assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["next"], b["next"])
+        err = np.abs(a["logits"] - want["logits"]).max() / np.abs(want["logits"]).max()
+        assert err <= 1e-6 and np.array_equal(a["next"], want["next"]), (rows, err)

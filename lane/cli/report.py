@@ -229,13 +229,14 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
             shown = ", ".join(f"`{p}`" for p in ps[:4]) + (f" and {len(ps) - 4} more" if len(ps) > 4 else "")
             con.print(f"{s.numerics}: {len(ps)} product(s) read their activation f32 ({shown}): {w}")
     qk = [n for n, t in s.tensors.items() if t.dtype == "q8k"]
-    if qk:  # under q8 the products over K-quant rows read llama.cpp's q8_K form, which a norm's, a gate/up GEMV's or
-        # an attention's epilogue writes, or else a Quant launch (the other producers' epilogues write only the 32-value form)
+    if qk:  # under q8 the products over K-quant rows read llama.cpp's q8_K form, which a norm's, a gate/up GEMV's, an
+        # attention's or a mixture finalize's epilogue writes, or else a Quant launch (the other producers' epilogues
+        # write only the 32-value form)
         by_quant = {w for x in s.launches for k in x.launch.kernels() if k.census == "quant" for w in k.writes()}
         n_q = sum(n in by_quant for n in qk)
         con.print(f"{s.numerics}: {len(qk)} activation(s) read by products over q4_k/q6_k rows quantized as "
                   f"llama.cpp's q8_K (blocks of 256): {len(qk) - n_q} in a producer's epilogue (a norm, a gate/up GEMV, "
-                  f"an attention), {n_q} by a Quant launch"
+                  f"an attention, a mixture's finalize), {n_q} by a Quant launch"
                   + (" (the other producers' epilogues write only the 32-value q8 form)" if n_q else ""))
     t = table("census")
     t.add_column("launch kind")
