@@ -70,6 +70,36 @@ def glu_graph() -> Graph:
     return g
 
 
+def elementwise_graph() -> Graph:
+    """A step graph (as a user's step YAML may write it) whose sum and difference of two products are each read by a
+    product over q8_0 rows: under q8, elementwise_quant and .sub (the front's graphs have no such pattern)."""
+    g = Graph(io=StepIO())
+    g.tensor("token", (1,), "i32")
+    g.tensor("pos", (1,), "i32")
+    g.constant(Constant("emb", (50, 64), "rows"))
+    for n in ("w1", "w2", "w3", "w4"):
+        g.constant(Constant(n, (64, 64), "rows", format="q8_0", transposed=True))
+    g.constant(Constant("head", (50, 64), "rows", format="q8_0", transposed=True))
+    g.add("gather", ["emb", "token"], "x")
+    g.add("matmul", ["x", "w1"], "a")
+    g.add("matmul", ["x", "w2"], "b")
+    g.add("add", ["a", "b"], "s")
+    g.add("sub", ["a", "b"], "d")
+    g.add("matmul", ["s", "w3"], "p")
+    g.add("matmul", ["d", "w4"], "r")
+    g.add("add", ["p", "r"], "o")
+    g.add("matmul", ["o", "head"], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g
+
+
+def elementwise_q8() -> Graph:
+    from lanefuse.engine.quantize import with_numerics
+
+    return with_numerics(elementwise_graph(), "q8")
+
+
 GRAPHS = {
     "qwen3": lambda: build_step(cfg("Qwen3ForCausalLM", qk_norm=True)),
     "qwen2": lambda: build_step(cfg("Qwen2ForCausalLM", qkv_bias=True)),
@@ -93,6 +123,7 @@ GRAPHS = {
     "qwen3_moe_q8": lambda: q8_graph("q8", config=cfg("Qwen3MoeForCausalLM", qk_norm=True, inter=40, layers=1,
                                                       moe=MoeConfig(8, 2, 24, True, (0,)))),
     "deepseek_q8_shared": lambda: q8_graph("q8", config=deepseek(moe_intermediate_size=32)),
+    "elementwise_q8": elementwise_q8,
     "qwen3next_chunk": lambda: build_step(qwen3next(), rows=3),
     "qwen3next_q8": lambda: q8_of(qwen3next(), "q8"),
     "qwen3next_q8_shared": lambda: qwen3next_q8_shared(),

@@ -336,3 +336,28 @@ def test_mixture_finalize_writes_the_q8k_form_from_the_row_it_stored():
     assert "not stored whole in its own buffer" in bad.check().reason
     narrow = dataclasses.replace(m, d=128)
     assert "blocks of 256" in narrow.check().reason
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+def test_elementwise_results_quantized_as_they_are_stored(numerics):
+    """A step graph's add and sub read by products over q8_0 rows: each Binary launch writes its result's quantized
+    form as it stores it (elementwise_quant, .sub; the f32 result alone where only the projections read it): one Quant
+    launch left, the gathered embedding row's; held `fuse_quant` a Quant launch each. Both plans, run by the exact twins in their arenas, equal the
+    interpreter of the quantized graph bit for bit."""
+    from lanefuse.engine.stepweights import random_weights
+    from test_engine import elementwise_graph
+
+    g = elementwise_graph()
+    gq = with_numerics(g, numerics)
+    w = random_weights(gq, 3)
+    p, held = plan(g, numerics=numerics), plan(g, numerics=numerics, held=("fuse_quant",))
+    assert p.census.get("quant") == 1 and p.fusions.get("elementwise_quant") == 2 and \
+        p.fusions.get("elementwise_quant.sub") == 1, (p.census, p.fusions)
+    binaries = [x.launch for x in p.launches if x.launch.census == "binary"]
+    assert binaries and all(b.quant and b.words == {"q8": 1, "q8x2": 2}[numerics] and not b.f32 for b in binaries)
+    assert held.census["quant"] == 4
+    env = {"token": np.array([7], np.int32), "pos": np.array([0], np.int32)}
+    want = evaluate(gq, w, dict(env))
+    for q in (p, held):
+        out = NumpyRunner(q, w, exact=True, check=True).step(dict(env), lifted=g)
+        assert np.array_equal(out["logits"], want["logits"]) and np.array_equal(out["next"], want["next"])
