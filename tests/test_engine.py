@@ -40,11 +40,17 @@ def gemma(**kw):
     return cfg if kw else cfg.build_step()
 
 
-def glu_graph() -> Graph:
-    """The gated units and the embedding scale the dense builders do not emit."""
+def _step_inputs() -> Graph:
+    """A decode step's graph holding only its token and position."""
     g = Graph(io=StepIO())
     g.tensor("token", (1,), "i32")
     g.tensor("pos", (1,), "i32")
+    return g
+
+
+def glu_graph() -> Graph:
+    """The gated units and the embedding scale the dense builders do not emit."""
+    g = _step_inputs()
     g.constant(Constant("emb", (50, 32), "rows"))
     g.constant(Constant("head", (50, 64), "rows", transposed=True))
     for n in ("g1", "u1", "g2", "u2", "g3", "u3", "g4", "u4"):
@@ -73,9 +79,7 @@ def glu_graph() -> Graph:
 def elementwise_graph() -> Graph:
     """A step graph (as a user's step YAML may write it) whose sum and difference of two products are each read by a
     product over q8_0 rows: under q8, elementwise_quant and .sub (the front's graphs have no such pattern)."""
-    g = Graph(io=StepIO())
-    g.tensor("token", (1,), "i32")
-    g.tensor("pos", (1,), "i32")
+    g = _step_inputs()
     g.constant(Constant("emb", (50, 64), "rows"))
     for n in ("w1", "w2", "w3", "w4"):
         g.constant(Constant(n, (64, 64), "rows", format="q8_0", transposed=True))
@@ -342,9 +346,7 @@ def test_refusal_names_class_and_reason(sessions):
 
 
 def test_unsound_rule_is_named_by_audit(tmp_path, monkeypatch):
-    g = Graph(io=StepIO())
-    g.tensor("token", (1,), "i32")
-    g.tensor("pos", (1,), "i32")
+    g = _step_inputs()
     g.constant(Constant("emb", (50, 32), "rows"))
     g.constant(Constant("head", (50, 32), "rows", transposed=True))
     g.add("gather", ["emb", "token"], "x")

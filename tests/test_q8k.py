@@ -21,7 +21,7 @@ from lanefuse.kernels.env import HostEnv
 from lanefuse.kernels.quant import Quant, quant_bytes, quant_layout
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.run.numpy_runner import NumpyRunner
-from test_quant import _env, q8_model
+from test_quant import q8_model
 from test_quant_lane import _chunk_env
 
 F32 = np.float32

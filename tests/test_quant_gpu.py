@@ -408,6 +408,25 @@ def test_head_gemv_quantizing_tail_equals_the_quant_kernel(words):
             assert np.array_equal(low, want.low.reshape(-1))
 
 
+def _moe_on_both(m, arrays, weights, words: int):
+    """Moe launch `m` (its quantized form, if any, `xq` of `words`) run by its exact twin and by moe.cu over the same
+    arrays: the mixture `y` and the sum `s` within f32 summation of the twin's; the device env back."""
+    from lanefuse.kernels.common import qblock
+
+    assert m.check() is None, m.check()
+    n = m.rows * m.d
+    low = {2: np.zeros(n, np.int8), 3: np.zeros(n // 16, np.int16)}.get(words)
+    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
+                   {"xq": (np.zeros(n, np.int8), low, np.zeros(n // qblock(words), np.float32))})
+    m.numpy(host)
+    dev = _dev(n, words, arrays, weights)
+    m.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for a in ("y", "s"):
+        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    return dev
+
+
 @pytest.mark.parametrize("words", [1, 2])
 @pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (5, True)])
 @pytest.mark.parametrize("qgate", [True, False])
@@ -433,17 +452,7 @@ def test_moe_shared_expert_quantized(rows, sort, qgate, words):
     fin = {} if sort else dict(sum="s", nw="nw", eps=1e-6, quant="xq", quant_words=words)
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, sg="sg", su="su",
             sd="sd", sgate="sgt", sf=sf, format_s=fmt, add="a", qwords=words, qgate=qgate, **fin)
-    assert m.check() is None, m.check()
-    n = rows * d
-    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
-                   {"xq": (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None,
-                           np.zeros(n // 32, np.float32))})
-    m.numpy(host)
-    dev = _dev(n, words, arrays, weights)
-    m.cuda(dev)
-    dev.cp.cuda.Device().synchronize()
-    for a in ("y", "s"):
-        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    dev = _moe_on_both(m, arrays, weights, words)
     if fin:
         want = quantize(dev.host("y").reshape(rows, d), words)
         w, low, sc = (None if a is None else dev.cp.asnumpy(a) for a in dev.quant("xq"))
@@ -467,16 +476,7 @@ def test_moe_finalize_quantizing_q8k(rows, sort, d):
               "s": np.zeros(rows * d, np.float32)}
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "bf16", norm_topk=True, sort=sort, add="a", sum="s",
             nw="nw", eps=1e-6, quant="xq", quant_words=3)
-    assert m.check() is None, m.check()
-    n = rows * d
-    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
-                   {"xq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, np.float32))})
-    m.numpy(host)
-    dev = _dev(n, 3, arrays, weights)
-    m.cuda(dev)
-    dev.cp.cuda.Device().synchronize()
-    for a in ("y", "s"):
-        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    dev = _moe_on_both(m, arrays, weights, 3)
     want = quantize(dev.host("y").reshape(rows, d), 3).parts()  # the form of the values the kernel stored
     got = [dev.cp.asnumpy(x) for x in dev.quant("xq")]
     for g, w in zip(got, want):
@@ -509,16 +509,7 @@ def test_moe_shared_expert_quantized_q8k(rows, sort, qgate, fmt):
     fin = {} if sort else dict(sum="s", nw="nw", eps=1e-6, quant="xq", quant_words=3)
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, sg="sg", su="su",
             sd="sd", sgate="sgt", sf=sf, format_s=fmt, add="a", qwords=3, qgate=qgate, **fin)
-    assert m.check() is None, m.check()
-    n = rows * d
-    host = HostEnv({a: v.copy() for a, v in arrays.items()}, weights,
-                   {"xq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, np.float32))})
-    m.numpy(host)
-    dev = _dev(n, 3, arrays, weights)
-    m.cuda(dev)
-    dev.cp.cuda.Device().synchronize()
-    for a in ("y", "s"):
-        np.testing.assert_allclose(dev.host(a), host.array(a), rtol=2e-4, atol=2e-4, err_msg=a)
+    dev = _moe_on_both(m, arrays, weights, 3)
     if fin:
         want = quantize(dev.host("y").reshape(rows, d), 3)
         w, sums, sc = (dev.cp.asnumpy(a) for a in dev.quant("xq"))
