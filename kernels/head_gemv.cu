@@ -3,11 +3,13 @@
 // A warp an output; the weights read a value at a time (any width, any format wget decodes). With `qw`
 // (gemv_quant.heads) the output's quantized form too (quant.cu's blocks; rows of whole blocks): every block arrives
 // at the block of 32 outputs its own lie in, and the last of the 32 / warps-a-block to arrive quantizes it, reading
-// the stored values back through L2, and resets its counter.
+// the stored values back through L2, and resets its counter; with qwords 3 (the q8k form, llama.cpp's q8_K: K-quant
+// o rows) at the block of 256 outputs, the last of 256 / warps-a-block reading its values through L2 into shared
+// memory and quantizing them a warp (quant.cu's quant_k_vals).
 extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, const void* w, i64 fmt, DST_PARAMS(y),
                                                               i64 m, i64 heads, i64 a, i64 b, i64 rows_out,
                                                               unsigned* counters, signed char* qw, signed char* ql,
-                                                              float* qs) {
+                                                              float* qs, i64 qwords) {
     Dst d = DST(y);
     i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     i64 total = m * heads * b;
@@ -24,11 +26,19 @@ extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, cons
     __shared__ int last;
     __threadfence();
     __syncthreads();
-    i64 per = blockDim.x >> 5, blk = (i64)blockIdx.x * per >> 5;
-    if (threadIdx.x == 0) last = atomicAdd(counters + blk, 1u) == (unsigned)(32 / per) - 1;
+    i64 per = blockDim.x >> 5, span = qwords == 3 ? 256 : 32, blk = (i64)blockIdx.x * per / span;
+    if (threadIdx.x == 0) last = atomicAdd(counters + blk, 1u) == (unsigned)(span / per) - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (threadIdx.x < 32) quant_block(__ldcg(d.y + dst_at(d, blk * 32 + lane)), qw, ql, qs, blk, (int)lane);
+    if (qwords == 3) {  // the output plain in its own buffer (head_gemv.py's check): values blk * 256 on
+        __shared__ float vals[256];
+        for (i64 i = threadIdx.x; i < 256; i += blockDim.x) vals[i] = __ldcg(d.y + blk * 256 + i);
+        __syncthreads();
+        if (threadIdx.x < 32)
+            quant_k_vals(vals, qw + blk * 256, (short*)ql + blk * 16, qs + blk, (int)lane);
+    } else if (threadIdx.x < 32) {
+        quant_block(__ldcg(d.y + dst_at(d, blk * 32 + lane)), qw, ql, qs, blk, (int)lane);
+    }
     if (threadIdx.x == 0) counters[blk] = 0u;
 }

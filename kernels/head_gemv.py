@@ -3,7 +3,8 @@ checkpoint rows in `format` (the lifted `head_matmul`: a latent attention's quer
 output expanded out of it). `rows_out`: w is (heads·b, a), head h's b output rows at h·b (y_h = x_h·W_hᵀ); else
 (heads·a, b), head h's a input rows at h·a (y_h = x_h·W_h). One kernel (head_gemv.cu), a warp an output. With
 `quant` (gemv_quant.heads: the q8 numerics' o projection of a latent attention) the output's quantized form too: the
-last block to arrive at each 32 outputs quantizes them (an arrival counter a block of 32)."""
+last block to arrive at each 32 outputs quantizes them (an arrival counter a block of 32; the q8k form, llama.cpp's
+q8_K for K-quant o rows: at each 256)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, decode, format_refusal, names,
-                                     reach, weight_bytes)
+                                     qblock, reach, weight_bytes)
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 from lanefuse.engine.refusal import Refusal
 
@@ -32,7 +33,7 @@ class HeadGemv(Launch):
     b: int  # a head's output values
     rows_out: bool = True
     quant: str | None = None  # the output's quantized form, written by the last blocks (the q8 numerics)
-    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3)
 
     census: ClassVar[str] = "head_gemv"
     stem: ClassVar[tuple[str, ...]] = ("quant", "head_gemv")
@@ -50,11 +51,11 @@ class HeadGemv(Launch):
     def scratch(self):
         if self.quant is None:
             return ()
-        return (Scratch("arrivals", "i32", 4 * (self.m * self.heads * self.b // 32), counter=True),)
+        return (Scratch("arrivals", "i32", 4 * (self.m * self.heads * self.b // qblock(self.words)), counter=True),)
 
     def check(self):
         if self.quant is not None:
-            why = quant_check(self.heads * self.b, self.words, "a per-head product's output row")
+            why = quant_check(self.heads * self.b, self.words, "a per-head product's output row", k_form=True)
             if why:
                 return why
             if self.y != Dst(self.y.buf):
@@ -126,4 +127,5 @@ class HeadGemv(Launch):
                 else (NULL, NULL, NULL, NULL))
         denv.function(self.stem, "head_gemv")(grid, block, (
             denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
-            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), *tail))
+            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), *tail,
+            i64(self.words if self.quant is not None else 0)))

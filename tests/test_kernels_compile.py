@@ -239,7 +239,8 @@ def quantizing():
             Attention("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 16, 2, 0.3, splits=3, quant="oq", words=3),
             GemmParts("xq", "q4_k", 256, 1, (GemmPart("wq", Dst("q"), 8), GemmPart("wk", Dst("k"), 8)), words=3),
             Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False),
-            HeadGemv("x", "w", "q8_0", Dst("o"), 2, 4, 32, 16, quant="oq", words=2)]
+            HeadGemv("x", "w", "q8_0", Dst("o"), 2, 4, 32, 16, quant="oq", words=2),
+            HeadGemv("x", "w", "q4_k", Dst("o"), 2, 8, 256, 32, quant="oq", words=3)]  # the q8k form, blocks of 256
 
 
 def delta_net():

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.model import build_step
 from lanefuse.engine.quantize import product, quantize, with_numerics
-from lanefuse.kernels import Dst, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm, Part
+from lanefuse.kernels import Binary, Dst, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm, Part
 from lanefuse.kernels.blocks import decode_rows, encode
 from lanefuse.kernels.common import act
 from lanefuse.kernels.env import HostEnv
@@ -100,14 +100,33 @@ def test_quant_launch_writes_the_q8k_form_and_refusals():
     assert launch.bytes() == 4 * n + n + 2 * (n // 16) + 4 * (n // 256) and quant_bytes(n, 3) == n + 128 + 16
     assert quant_layout(n, 3) == (1024, 1024 + 256, 1024 + 256 + 256)
     # a norm's epilogue writes the q8k form from the row it stored (a warp a block of 256); not stored, or stored
-    # into a table's rows, refused in words; the other producers' epilogues write only the 32-value forms (their
-    # quantize stays a Quant launch)
+    # into a table's rows, refused in words; an elementwise op's epilogue writes only the 32-value forms (its quantize
+    # stays a Quant launch)
     assert Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3).check() is None
     for bad in (dict(f32=False), dict(into=Dst("T", row="pos", pitch=256))):
         why = Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3, **bad).check()
         assert why is not None and "not stored whole in its own buffer" in why.reason, bad
-    why = HeadGemv("x", "w", "q8_0", Dst("y"), 1, 8, 32, 32, quant="yq", words=3).check()
+    why = Binary("add", "a", "b", "y", 512, quant="yq", words=3).check()
     assert why is not None and "only the Quant launch" in why.reason
+
+
+def test_per_head_product_writes_the_q8k_form():
+    """A per-head product (a latent attention's expansion, gemv_quant.heads / mla.quant) over K-quant o rows writes
+    its output's q8k form: the last of a 256-value block's blocks to arrive quantizes it (an arrival counter a block of
+    256); its twin's form is the interpreter's quantize of the output it stored; rows not whole blocks refused."""
+    rng = np.random.default_rng(4)
+    m, heads, a, b = 2, 8, 16, 32
+    h = HeadGemv("x", "w", "f32", Dst("y"), m, heads, a, b, quant="yq", words=3)
+    assert h.check() is None and h.scratch()[0].nbytes == 4 * (m * heads * b // 256)
+    n = m * heads * b
+    env = HostEnv({"x": rng.standard_normal(m * heads * a).astype(F32), "y": np.zeros(n, F32)},
+                  {"w": (rng.standard_normal(heads * a * b).astype(F32), "f32")},
+                  {"yq": (np.zeros(n, np.int8), np.zeros(n // 16, np.int16), np.zeros(n // 256, F32))})
+    h.numpy(env)
+    want = quantize(env.array("y").reshape(m, heads * b), 3).parts()
+    assert all(np.array_equal(g, w) for g, w in zip(env.quant("yq"), want))
+    why = HeadGemv("x", "w", "f32", Dst("y"), m, 4, a, b, quant="yq", words=3).check()
+    assert why is not None and "blocks of 256" in why.reason
 
 
 def test_attention_writes_the_q8k_form_by_whole_blocks_of_heads():
@@ -361,3 +380,37 @@ def test_elementwise_results_quantized_as_they_are_stored(numerics):
     for q in (p, held):
         out = NumpyRunner(q, w, exact=True, check=True).step(dict(env), lifted=g)
         assert np.array_equal(out["logits"], want["logits"]) and np.array_equal(out["next"], want["next"])
+
+
+def test_q8_latent_attention_on_k_quant_rows():
+    """A DeepSeek-V3-shaped step (latent attention, a dense layer then a grouped mixture with shared experts) on
+    K-quant rows under q8: the latent expansion writes the o projection's q8k form in its last blocks (HeadGemv's
+    arrival-counted tail at 256), the mixture's finalize the next norm's, so the one Quant launch a layer left is the
+    q_a norm's (the products' row-norm epilogue writes f32 alone); the exact twins in the plan's arena equal the
+    interpreter of the quantized graph, decode and a 3-row chunk."""
+    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.stepweights import random_weights
+
+    c = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "intermediate_size": 256, "moe_intermediate_size": 256, "vocab_size": 97,
+         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+         "kv_lora_rank": 256, "q_lora_rank": 256, "qk_rope_head_dim": 32, "qk_nope_head_dim": 32, "v_head_dim": 64,
+         "max_position_embeddings": 16}
+    cfg = config_from_hf(c, "DeepSeek-V3 q8k test config", max_len=16)
+    rows_of = [n for n, k in build_step(cfg).constants.items() if k.kind == "rows" and k.shape[-1] % 256 == 0]
+    cfg = dataclasses.replace(cfg, formats=tuple((n, "q4_k") for n in rows_of))
+    for rows in (1, 3):
+        g = build_step(cfg, rows)
+        gq = with_numerics(g, "q8")
+        w = random_weights(gq, 2)
+        p = plan(g, numerics="q8")
+        heads = [x.launch for x in p.launches if x.launch.census == "head_gemv" and x.launch.quant is not None]
+        assert heads and all(h.words == 3 for h in heads), [x.launch.census for x in p.launches]
+        assert p.census.get("quant", 0) == cfg.layers, p.census  # the q_a norm's
+        env = {"token": np.arange(5, 5 + rows, dtype=np.int32), "pos": np.array([0], np.int32)}
+        for name in g.io.tables:
+            env[name] = np.zeros(g.tensors[name].shape, F32)
+        want = evaluate(gq, w, dict(env))
+        out = NumpyRunner(p, w, exact=True, check=True).step(dict(env), lifted=g)
+        assert np.abs(out["logits"] - want["logits"]).max() <= 1e-6 * np.abs(want["logits"]).max(), rows
+        assert np.array_equal(out["next"], want["next"])
