@@ -407,6 +407,21 @@ def test_head_gemv_quantizing_tail_equals_the_quant_kernel(words):
             assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w)), words
 
 
+def _shared_moe(rng, rows: int, d: int, f: int, E: int, sf: int, fmt: str):
+    """Seeded weights (router f32, experts and the shared expert with its gate score row in `fmt`, the norm) and
+    arrays (the input, the residual, the output and the sum) of a mixture with a shared expert."""
+    def r(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
+               "wd": (encode(r(E * d, f) / np.sqrt(f), fmt), fmt), "nw": (1 + 0.1 * r(d), "f32")}
+    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
+        weights[n] = (encode(r(*shape) / np.sqrt(shape[1]), fmt), fmt)
+    arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
+              "s": np.zeros(rows * d, np.float32)}
+    return weights, arrays
+
+
 def _moe_on_both(m, arrays, weights, words: int):
     """Moe launch `m` (its quantized form, if any, `xq` of `words`) run by its exact twin and by moe.cu over the same
     arrays: the mixture `y` and the sum `s` within f32 summation of the twin's; the device env back."""
@@ -439,15 +454,7 @@ def test_moe_shared_expert_quantized(rows, sort, qgate, words):
     rng = np.random.default_rng(rows * 3 + words + qgate)
     d, f, E, k, sf, fmt = 256, 96, 16, 4, 128, "q8_0"
 
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
-               "wd": (encode(r(E * d, f) / np.sqrt(f), fmt), fmt), "nw": (1 + 0.1 * r(d), "f32")}
-    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
-        weights[n] = (encode(r(*shape) / np.sqrt(shape[1]), fmt), fmt)
-    arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
-              "s": np.zeros(rows * d, np.float32)}
+    weights, arrays = _shared_moe(rng, rows, d, f, E, sf, fmt)
     fin = {} if sort else dict(sum="s", nw="nw", eps=1e-6, quant="xq", quant_words=words)
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, sg="sg", su="su",
             sd="sd", sgate="sgt", sf=sf, format_s=fmt, add="a", qwords=words, qgate=qgate, **fin)
@@ -496,15 +503,7 @@ def test_moe_shared_expert_quantized_q8k(rows, sort, qgate, fmt):
     rng = np.random.default_rng(rows * 5 + qgate)
     d, f, E, k, sf = 256, 256, 8, 2, 256
 
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
-               "wd": (encode(r(E * d, f) / np.sqrt(f), fmt), fmt), "nw": (1 + 0.1 * r(d), "f32")}
-    for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
-        weights[n] = (encode(r(*shape) / np.sqrt(shape[1]), fmt), fmt)
-    arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
-              "s": np.zeros(rows * d, np.float32)}
+    weights, arrays = _shared_moe(rng, rows, d, f, E, sf, fmt)
     fin = {} if sort else dict(sum="s", nw="nw", eps=1e-6, quant="xq", quant_words=3)
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, sort=sort, sg="sg", su="su",
             sd="sd", sgate="sgt", sf=sf, format_s=fmt, add="a", qwords=3, qgate=qgate, **fin)
