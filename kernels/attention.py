@@ -13,6 +13,7 @@ group's in kc, the rest its row's in `ktail`, one table every group shares (the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -100,10 +101,7 @@ class Attention(Launch):
     def heads_a_block(self) -> int:
         """The heads a block of the kernel takes: `per_block`, at least the heads a q8k block spans (the least
         multiple of both)."""
-        a, b = self.per_block, self.kheads
-        while a % b:
-            a += self.per_block
-        return a
+        return math.lcm(self.per_block, self.kheads)
 
     @property
     def kv(self) -> int:
@@ -212,7 +210,7 @@ class Attention(Launch):
         kh = self.kheads  # the output's q8k blocks: whole in a block's heads (heads_a_block, their multiple)
         if per_block % kh and kh % per_block:
             per_block = 1
-        blocks = (self.heads // replace(self, per_block=per_block).heads_a_block) * self.rows
+        blocks = (self.heads // math.lcm(per_block, kh)) * self.rows
         splits = 1
         if blocks < knobs.sms:
             n = span(self.len, self.window)
@@ -354,6 +352,7 @@ class Attention(Launch):
         gate = denv.array(self.gate[0]) if self.gate else NULL
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
         qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
+        qwords = i64(self.words if self.quant is not None else 0)
         kernel = "attention_split_wide" if self.wide else \
             "attention_split_narrow" if self.heads_a_block > MAX_PER_BLOCK else "attention_split"
         denv.function(self.stem, kernel)(grid, block, (
@@ -362,9 +361,9 @@ class Attention(Launch):
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
             f32(self.softcap), i64(self.slot), i64(self.seq0), gate if self.splits == 1 else NULL, gact,
             *((qw, ql, qs) if self.splits == 1 else (NULL, NULL, NULL)), denv.opt(self.qtail), denv.opt(self.ktail),
-            i64(self.tail), i64(self.words if self.quant is not None else 0)))
+            i64(self.tail), qwords))
         if self.splits > 1:  # a block the heads of one q8k block (one head for any other form)
             kh = self.kheads
             denv.function(self.stem, "attention_combine")((self.heads // kh, self.rows, 1), (128, 1, 1), (
                 part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0), gate, gact, qw, ql,
-                qs, i64(kh), i64(self.words if self.quant is not None else 0)))
+                qs, i64(kh), qwords))

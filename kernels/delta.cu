@@ -6,7 +6,7 @@
 // (quant.cu's blocks): a warp holds 32 of a head's columns, one block of the row (dv a multiple of 32); with qwords 3
 // the q8k form (llama.cpp's q8_K, blocks of 256 over the 256 / dv heads each spans): the last of those heads' blocks
 // to store its row (an arrival counter a row's block, reset by it) quantizes the block from the stored row, a warp
-// (quant.cu's quant_k_vals, the values read through L2 into shared memory).
+// (quant.cu's quant_k_block_l2: the values read through L2 into shared memory).
 // The key width DK is a compile-time constant, one entry a width (delta_32 .. delta_128): every loop over the state
 // column unrolls whole with no bound to test, so the column stays in registers (a runtime bound kept the array in
 // local memory: 1.6 kB of spill stores at 128, measured with -Xptxas -v).
@@ -67,13 +67,8 @@ __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
             if (j == 0) last = atomicAdd(arrivals + r * (n >> 8) + b, 1u) == (unsigned)(256 / dv) - 1u;
             __syncthreads();
             if (!last) continue;
-            // the last of the block's heads to arrive: its 256 values, other blocks' among them, through L2
-            __threadfence();
-            for (i64 i = j; i < 256; i += blockDim.x) blk[i] = __ldcg(out + r * n + b * 256 + i);
-            __syncthreads();
-            if (j < 32)
-                quant_k_vals(blk, qw + r * n + b * 256, (short*)ql + r * (n >> 4) + b * 16, qsc + r * (n >> 8) + b,
-                             (int)j);
+            __threadfence();  // the last of the block's heads to arrive: its 256 values, other blocks' among them
+            quant_k_block_l2(out + r * n, blk, qw + r * n, (short*)ql + r * (n >> 4), qsc + r * (n >> 8), b);
             if (j == 0) arrivals[r * (n >> 8) + b] = 0u;
         }
     }

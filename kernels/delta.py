@@ -137,11 +137,12 @@ class Delta(Launch):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
         g, b = self.grid_block()
+        sc = self.scratch()
         denv.function(self.stem, f"delta_{self.dk}")(g, b, (
             denv.array(self.q), denv.array(self.k), denv.array(self.v), denv.array(self.z), i64(self.zp),
             i64(self.zoff), denv.array(self.beta),
             denv.array(self.g), denv.array(self.state), denv.opt(self.gn), denv.array(self.out), i64(self.hk),
             i64(self.hv), i64(self.dv), i64(self.rows), f32(self.scale), f32(self.eps),
             *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
-            denv.scratch(self, self.scratch()[0]) if self.scratch() else NULL,
+            denv.scratch(self, sc[0]) if sc else NULL,
             i64(self.words if self.quant is not None else 0)))

@@ -5,7 +5,7 @@
 // at the block of 32 outputs its own lie in, and the last of the 32 / warps-a-block to arrive quantizes it, reading
 // the stored values back through L2, and resets its counter; with qwords 3 (the q8k form, llama.cpp's q8_K: K-quant
 // o rows) at the block of 256 outputs, the last of 256 / warps-a-block reading its values through L2 into shared
-// memory and quantizing them a warp (quant.cu's quant_k_vals).
+// memory and quantizing them a warp (quant.cu's quant_k_block_l2).
 extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, const void* w, i64 fmt, DST_PARAMS(y),
                                                               i64 m, i64 heads, i64 a, i64 b, i64 rows_out,
                                                               unsigned* counters, signed char* qw, signed char* ql,
@@ -32,11 +32,8 @@ extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, cons
     if (!last) return;
     __threadfence();
     if (qwords == 3) {  // the output plain in its own buffer (head_gemv.py's check): values blk * 256 on
-        __shared__ float vals[256];
-        for (i64 i = threadIdx.x; i < 256; i += blockDim.x) vals[i] = __ldcg(d.y + blk * 256 + i);
-        __syncthreads();
-        if (threadIdx.x < 32)
-            quant_k_vals(vals, qw + blk * 256, (short*)ql + blk * 16, qs + blk, (int)lane);
+        __shared__ float stage[256];
+        quant_k_block_l2(d.y, stage, qw, (short*)ql, qs, blk);
     } else if (threadIdx.x < 32) {
         quant_block(__ldcg(d.y + dst_at(d, blk * 32 + lane)), qw, ql, qs, blk, (int)lane);
     }

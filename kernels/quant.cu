@@ -65,6 +65,15 @@ __device__ __forceinline__ void quant_k_block(const float* x, signed char* words
     quant_k_vals(x + b * 256, words + b * 256, sums + b * 16, scales + b, lane);
 }
 
+// Block b of x, its 256 values stored by other blocks of the launch too, quantized by the calling block: the values
+// read through L2 into `stage` (the block's shared memory), then a warp quantizes them. Every thread calls it.
+__device__ __forceinline__ void quant_k_block_l2(const float* x, float* stage, signed char* words, short* sums,
+                                                 float* scales, i64 b) {
+    for (i64 i = threadIdx.x; i < 256; i += blockDim.x) stage[i] = __ldcg(x + b * 256 + i);
+    __syncthreads();
+    if (threadIdx.x < 32) quant_k_vals(stage, words + b * 256, sums + b * 16, scales + b, (int)threadIdx.x);
+}
+
 // nwords 3: the q8k form, `low` its int16 sums of 16 words (kernels/quant.py's layout).
 extern "C" __global__ void quant(const float* x, signed char* words, signed char* low, float* scales, i64 n,
                                  i64 nwords) {
