@@ -82,6 +82,28 @@ def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
     return out
 
 
+def q8_figures(table, layers: int = 6) -> dict:
+    """A 6-layer DeepSeek-V3 decode step on q8_0 and on q4_k rows (every product's rows of whole blocks) under
+    --numerics q8 beside f32: launches a step and a mixture layer, and the Quant launches left (the goal: none, every
+    quantize in its producer's epilogue, so the same launches as f32)."""
+    out = {}
+    base = deepseek_v3(layers)
+    runs = [("bf16", "f32", base)]
+    for fmt in ("q8_0", "q4_k"):  # q4_k: the products read llama.cpp's q8_K form (blocks of 256)
+        bl = 32 if fmt == "q8_0" else 256
+        g0 = build_step(base, 1)
+        rows = [n for n, k in g0.constants.items() if k.kind == "rows" and k.shape[-1] % bl == 0]
+        runs.append((fmt, "q8", dataclasses.replace(base, formats=tuple((n, fmt) for n in rows))))
+    for fmt, numerics, cfg in runs:
+        s = plan(build_step(cfg, 1), table=table, numerics=numerics)
+        one = [i for i in range(1, cfg.layers) if cfg.sparse(i)][1]
+        per = s.per_layer()[one]
+        out[f"{numerics} {fmt}"] = {"launches": s.n_launches, "moe_layer": per, "quant": s.census.get("quant", 0)}
+        print(f"  {cfg.layers}-layer step, {fmt} rows, --numerics {numerics}: {s.n_launches} launches "
+              f"({s.census.get('quant', 0)} Quant); a mixture layer {per}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="plan() runs a shape (median)")
@@ -121,6 +143,7 @@ def main() -> int:
             print(f"  {'':12s} launches a layer: {max(body)}; KV cache a token a layer (f32): {kv:,} B")
         out[name] = row
     out["chunk"] = chunk_figures(table)
+    out["q8"] = q8_figures(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

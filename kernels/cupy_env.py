@@ -92,6 +92,11 @@ class DeviceEnv:
                a[lo:lo + 2 * (n // QSUM)].view(self.cp.int16) if words == Q8K else NULL)  # q8k: its sums of 16
         return a[:n].view(self.cp.int8), low, a[sc:sc + 4 * (n // qblock(words))].view(self.cp.float32)
 
+    def quant_addresses(self, name: str) -> tuple[int, int, int]:
+        """Tensor `name`'s quantized form as the three device addresses a launch's descriptor table holds (its words,
+        low words or sums (0: none), scales)."""
+        return tuple(0 if a is None or isinstance(a, np.uint64) else int(a.data.ptr) for a in self.quant(name))
+
     def dst_words(self, d: Dst) -> tuple[int, ...]:
         """A Dst as the seven words the kernels take (pointers as their integer addresses)."""
         rowp = self.ptr(d.row) if isinstance(d.row, str) else 0

@@ -40,8 +40,11 @@ extern "C" __global__ void __launch_bounds__(128)
 // words: gemm_parts' 11 (weight, bias (0: none), n, first block, Dst), then its side's heads (0: no epilogue), first
 // counter, norm weight (0: none), eps (f32 bits), Dst (7 words), head width and rotated width (each side its own: a
 // side of one head the part's width and no rotation is a row norm, DeepSeek-V3's q_a and latent norms), then an
-// absorbing side's matrix (0: none), its format, its outputs a head and whether its rows are the outputs' (rows_out).
-#define PR 28
+// absorbing side's matrix (0: none), its format, its outputs a head and whether its rows are the outputs' (rows_out),
+// then a row norm's quantized form (the q8 numerics; 0: none): its words, low words (q8k: int16 sums of 16), scales and
+// its words a value (quant.cu's blocks: 32 from the values in registers, a lane's value i of block i / 32; the q8k
+// form's blocks of 256 read back by the warp from the row it stored).
+#define PR 32
 
 __device__ __forceinline__ float head_value(const Dst& y, i64 at, i64 i, const float* nw, float inv) {
     float v = __ldcg(y.y + dst_at(y, at + i));
@@ -85,6 +88,8 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
     const float* nw = (const float*)s[2];
     float eps = __int_as_float((int)s[3]);
     Dst o = dst_from(s + 4);
+    signed char *qw = (signed char*)s[17], *ql = (signed char*)s[18];  // a row norm's quantized form (0: none)
+    float* qs = (float*)s[19];
     int lane = threadIdx.x & 31;
     for (i64 r = r0 + (threadIdx.x >> 5); r < r0 + nr; r += WARPS) {
         i64 at = r * n + h * hd, p = slot > 0 ? (i64)posp[r] : pos + r;  // a batch: row r a sequence's own
@@ -103,6 +108,14 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
             else if (i < rot)
                 out = v * cos[p * half + i - half] + head_value(y, at, i - half, nw, inv) * sin[p * half + i - half];
             o.y[dst_at(o, (r * heads + h) * hd + i)] = out;
+            if (qw && s[20] != 3)  // a row normed whole (one head, whole blocks of 32): lane i holds value i of a block
+                quant_block(out, qw + r * hd, ql ? ql + r * hd : nullptr, qs + r * (hd >> 5), i >> 5, lane);
+        }
+        if (qw && s[20] == 3) {  // q8_K: the row's blocks of 256 read back from the row the warp just stored
+            __syncwarp();
+            const float* row = o.y + dst_at(o, r * hd);
+            for (i64 b = 0; b < (hd >> 8); b++)
+                quant_k_block(row, qw + r * hd, (short*)ql + r * (hd >> 4), qs + r * (hd >> 8), b, lane);
         }
     }
 }

@@ -20,7 +20,7 @@ from lanefuse.kernels.gemv import Gemv, q8_code
 from lanefuse.kernels.norm import Norm
 from lanefuse.kernels.rope import Rope, RopeParts, RopeSide, side_shape
 
-PR = 28  # descriptor words a part of fold_parts_rope (fold.cu)
+PR = 32  # descriptor words a part of fold_parts_rope (fold.cu)
 
 
 def as_parts(l: Launch) -> GemmParts | None:
@@ -218,22 +218,24 @@ class Fold(Launch):
     def table(self, denv, gp: GemmParts, rp: RopeParts) -> list[int]:
         """fold_parts_rope's descriptor: each part's 11 words as gemm_parts takes them, then its side's heads (0: no
         epilogue), first arrival counter, norm weight (0: none), eps (f32 bits), Dst, head width and rotated width,
-        and an absorbing side's matrix (0: none), its format code, its outputs a head and whether its rows are the
-        outputs'."""
+        an absorbing side's matrix (0: none), its format code, its outputs a head and whether its rows are the
+        outputs', and a row norm's quantized form: its words, low words (or sums of 16), scales (0: none) and its words
+        a value."""
         by_part, _ = rotated(gp, rp)
         words, first, head = [], 0, 0
         for p, nb, s in zip(gp.parts, gp.blocks(), by_part):
             words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
             first += nb
             if s is None:
-                words += [0, 0, 0, 0, *([0] * 7), 0, 0, 0, 0, 0, 0]
+                words += [0] * (PR - 11)
                 continue
             eps = int(np.array(s.norm[1] if s.norm else 0.0, dtype=np.float32).view(np.int32))
             ab = s.absorb
             words += [s.heads, head, denv.ptr(s.norm[0] if s.norm else None), eps, *denv.dst_words(s.y),
                       *side_shape(s, rp.hd, rp.rot),
                       *((denv.ptr(ab.w), FORMAT_CODE[ab.format], ab.b, int(ab.rows_out)) if ab
-                        else (0, 0, 0, 0))]
+                        else (0, 0, 0, 0)),
+                      *((*denv.quant_addresses(s.quant), s.words) if s.quant is not None else (0, 0, 0, 0))]
             head += s.heads
         assert len(words) == PR * len(gp.parts)
         return words

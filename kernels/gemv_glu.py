@@ -4,8 +4,9 @@ in the kernel). Over a quantized activation (`words`, the q8 numerics) both prod
 of the same words, a warp an output. With `quant` (gemv_gate_up_glu.quant) the GLU's quantized form is written too:
 over a quantized activation (gemv_glu_q8_quant) a block computes 32 consecutive outputs, holds their GLU in shared
 memory and quantizes it from there, so where only the down projection reads the GLU (`f32` false) no f32 array of it
-exists at all; over an f32 activation the last block to arrive at each block of 32 outputs quantizes it (an arrival
-counter a block of outputs and a slab of rows), the f32 values kept in the launch's scratch where `f32` is false."""
+exists at all; over an f32 activation the last block to arrive at each block of 32 outputs (256 for the q8k form,
+llama.cpp's q8_K, a down projection over K-quant rows) quantizes it (an arrival counter a block of outputs and a slab
+of rows), the f32 values kept in the launch's scratch where `f32` is false."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ class GemvGlu(Launch):
     format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
     words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (gemv_glu_q8: __dp4a)
     quant: str | None = None  # the GLU's quantized form, written in the epilogue (the q8 numerics)
-    quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2, q8k 3: over a quantized activation only)
+    quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2, q8k 3: llama.cpp's q8_K, blocks of 256)
     f32: bool = True  # false: the quantized form alone is written (over a f32 activation the f32 GLU is kept in
     # scratch for the last blocks; over a quantized one gemv_glu_q8_quant holds it in shared memory)
 
@@ -88,14 +89,15 @@ class GemvGlu(Launch):
     def scratch(self):
         if self.quant is None or self.words:  # gemv_glu_q8_quant: a block's 32 outputs in shared memory
             return ()
-        counts = Scratch("arrivals", "i32", 4 * (self.n // 32) * -(-self.m // GEMV_ROWS), counter=True)
+        counts = Scratch("arrivals", "i32", 4 * (self.n // qblock(self.quant_words)) * -(-self.m // GEMV_ROWS),
+                         counter=True)
         return (counts,) if self.f32 else (counts, Scratch("glu", "f32", 4 * self.m * self.n))
 
     def check(self):
         if not self.f32 and self.quant is None:
             return Refusal("a gate and up GEMV that writes neither its GLU nor its quantized form")
-        if self.quant is not None:  # the q8k form only by gemv_glu_q8k_quant, over a quantized activation
-            why = quant_check(self.n, self.quant_words, "a gate and up GEMV's GLU row", k_form=bool(self.words))
+        if self.quant is not None:
+            why = quant_check(self.n, self.quant_words, "a gate and up GEMV's GLU row", k_form=True)
             if why:
                 return why
         why = format_refusal(self.format, self.k, "the gate and up GEMV")
@@ -197,8 +199,8 @@ class GemvGlu(Launch):
                 denv.array(self.out) if self.f32 else NULL, i64(self.k), i64(self.n), i64(self.m),
                 i64(act_code(self.act)), *denv.quant(self.quant)))
             return
-        tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant)) if self.quant is not None
-                else (NULL, NULL, NULL, NULL))
+        tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant), i64(self.quant_words))
+                if self.quant is not None else (NULL, NULL, NULL, NULL, i64(0)))
         out = denv.array(self.out) if self.f32 else denv.scratch(self, self.scratch()[1])
         if self.words:
             denv.function(self.stem, "gemv_glu_q8")(g, b, (

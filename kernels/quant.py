@@ -2,8 +2,8 @@
 rounding, engine/quantize.py), one word a value (q8) or two (q8x2: a low int8 word of the residual) — for an activation
 no producer quantizes in its epilogue. A quantized array's bytes (`quant_layout`): its int8 words, then its low words
 under two words (under the q8k form, llama.cpp's q8_K for K-quant rows: its int16 sums of 16 words), then a scale a
-block, each part ALIGN-aligned. Only the Quant launch writes a q8k form: a producer's epilogue quantizes in blocks of
-32 (`quant_check` refuses it the q8k form, so its quantize stays a Quant launch)."""
+block, each part ALIGN-aligned. A launch that writes the q8k form says so to `quant_check` (`k_form`); one that does
+not is refused it in words, and its quantize stays a Quant launch."""
 
 from __future__ import annotations
 

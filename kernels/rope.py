@@ -13,9 +13,10 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (Dst, Launch, Part, batch_apart, batch_dsts, dst_view, format_refusal, names, reach,
-                                     read_part, rms)
+from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, batch_apart, batch_dsts, dst_view, format_refusal,
+                                     names, reach, read_part, rms)
 from lanefuse.kernels.head_gemv import HeadGemv
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 MAX_HD = 1024
 
@@ -46,6 +47,8 @@ class RopeSide:
     rot: int = -1  # its own rotated width (-1: the launch's; 0: normed only, no rotation: a row norm in a product's
     # epilogue, DeepSeek-V3's q_a and latent norms; only fold.cu's products-in-parts epilogue runs such a side)
     absorb: Absorb | None = None  # each head times its own matrix (hd its input width, rot 0, no norm): fold.cu only
+    quant: str | None = None  # a row norm's result quantized as it is stored (the q8 numerics): fold.cu only
+    words: int = 0  # its words a value (q8 1, q8x2 2, q8k 3: llama.cpp's q8_K, blocks of 256)
 
     @property
     def width(self) -> int:
@@ -83,6 +86,8 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
         x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
     if rot == 0:  # normed only
         s.y.write(env, x, first=seq0 * w)
+        if s.quant is not None:  # from the f32 values stored, as the epilogue quantizes them
+            quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
         return
     x = x.astype(np.float64)
     half = rot // 2
@@ -119,6 +124,8 @@ def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
         x *= env.weight(s.norm[0])[0][:hd]
     if rot == 0:  # normed only
         s.y.write(env, x, first=seq0 * w)
+        if s.quant is not None:
+            quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
         return
     ct, st = env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)
     if slot:
@@ -153,6 +160,16 @@ def side_check(s: RopeSide, hd: int, rot: int, epilogue: bool = False) -> Refusa
         return Refusal("a rotation side of its own head shape (a row norm alone) outside its products' epilogue "
                        "(only fold.cu's products in parts run it)")
     hd, rot = side_shape(s, hd, rot)
+    if s.quant is not None:
+        why = quant_check(s.heads * hd, s.words, "a row normed in a products' epilogue", k_form=True)
+        if why:
+            return why
+        if not epilogue or rot != 0 or s.norm is None or s.absorb is not None or s.heads != 1:
+            return Refusal("a rotation's result quantized as it is stored (only a row norm in a products' epilogue, "
+                           "fold.cu's, quantizes its rows)")
+        if s.words == Q8K and not s.y.contiguous:
+            return Refusal("a normed row quantized as llama.cpp's q8_K (blocks of 256) in a products' epilogue but "
+                           "stored as parts of units (the epilogue reads each block back from the row it stored)")
     if s.absorb is not None:
         if s.norm is not None or rot != 0 or s.part is not None:
             return Refusal("each head's own product after a norm, a rotation or from a part of a wider row (the "
@@ -200,7 +217,7 @@ class RopeParts(Launch):
         return names(*ins, self.cos, self.sin, self.pos)
 
     def writes(self):
-        return names(*(s.y.buf for s in self.sides))
+        return names(*(s.y.buf for s in self.sides), *(s.quant for s in self.sides))
 
     def batched(self, pos, slot):
         if self.pos != pos:
@@ -229,7 +246,8 @@ class RopeParts(Launch):
         sides = [v for s in self.sides for v in (
             (s.x, s.part.extent(r) if s.part is not None else r * s.heads * self._hd(s)),
             (s.norm[0] if s.norm else None, self._hd(s)), (s.y.buf, self._dst_extent(s, r, top)),
-            (s.absorb.w if s.absorb else None, s.heads * self._hd(s) * s.absorb.b if s.absorb else 0))]
+            (s.absorb.w if s.absorb else None, s.heads * self._hd(s) * s.absorb.b if s.absorb else 0),
+            (s.quant, r * s.heads * self._hd(s)))]
         tab = (top + (1 if self.slot else r)) * (self.rot // 2)  # cos and sin: a row of rot/2 a position
         return reach(*sides, (self.cos, tab), (self.sin, tab), (self.pos, r if self.slot else 1))
 
@@ -246,7 +264,8 @@ class RopeParts(Launch):
 
     def bytes(self):
         n = sum(s.heads * self._hd(s) + (s.width or s.heads * self._hd(s)) for s in self.sides) * self.rows
-        return 4 * (n + self.rows * self.rot) + self.checkpoint_bytes()
+        q = sum(quant_bytes(self.rows * s.heads * self._hd(s), s.words) for s in self.sides if s.quant)
+        return 4 * (n + self.rows * self.rot) + q + self.checkpoint_bytes()
 
     def flops(self):
         return sum(2 * s.heads * self._hd(s) * s.absorb.b if s.absorb else 6 * s.heads * self._hd(s)

@@ -126,7 +126,7 @@ GRAPHS = {
     # shared experts of whole blocks under q8 (shared_expert_fusion.grouped_quant, moe_deferred_finalize.grouped_quant)
     "qwen3_moe_q8": lambda: q8_graph("q8", config=cfg("Qwen3MoeForCausalLM", qk_norm=True, inter=40, layers=1,
                                                       moe=MoeConfig(8, 2, 24, True, (0,)))),
-    "deepseek_q8_shared": lambda: q8_graph("q8", config=deepseek(moe_intermediate_size=32)),
+    "deepseek_q8_shared": lambda: q8_graph("q8", config=deepseek(moe_intermediate_size=32, q_lora_rank=64)),
     "elementwise_q8": elementwise_q8,
     "qwen3next_chunk": lambda: build_step(qwen3next(), rows=3),
     "qwen3next_q8": lambda: q8_of(qwen3next(), "q8"),

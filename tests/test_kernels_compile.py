@@ -153,8 +153,8 @@ class RecordingEnv:
     def opt(self, name):
         return self.np.uint64(0) if name is None else self.array(name)
 
-    def quant(self, name):
-        return self.np.zeros(4, self.np.int8), self.np.zeros(4, self.np.int8), self.np.zeros(4, self.np.float32)
+    def quant_addresses(self, name):
+        return 4096, 4096, 4096
 
     def ptr(self, name):
         return 0 if name is None else 4096
@@ -217,7 +217,8 @@ def quantizing():
     """The q8 numerics' quantizing epilogues: the attention (one split, three: the combine quantizes), the gated
     product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one;
     and each writing its quantized form alone; the q8k form's Quant and products."""
-    from lanefuse.kernels import Attention, Binary, Dst, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm
+    from lanefuse.kernels import (Attention, Binary, Dst, Fold, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm,
+                                  RopeParts, RopeSide)
     from lanefuse.kernels.quant import Quant
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, per_block=2, quant="oq", words=1),
@@ -233,6 +234,8 @@ def quantizing():
             Quant("x", "xq", 512, 3), Gemv("xq", "w", "q4_k", Dst("y"), 256, 8, 2, words=3),
             GemvGlu("xq", "wg", "wu", "q6_k", "o", 256, 64, 3, words=3, quant="oq", quant_words=1, f32=False),
             GemvGlu("xq", "wg", "wu", "q4_k", "o", 256, 512, 3, words=3, quant="oq", quant_words=3),  # gemv_glu_q8k_quant
+            # over an f32 activation: the arrival-counted tail at 256 (gate and up over bf16 rows, down over K-quant)
+            GemvGlu("x", "wg", "wu", "bf16", "o", 96, 512, 3, per_warp=4, quant="oq", quant_words=3, f32=False),
             Norm("x", "w", "y", 2, 512, 1e-6, add="a", sum="s", quant="oq", words=3),  # norm.cu's q8k epilogue
             # the attention's q8k epilogue: heads of 128 two a block (one split) and two a combine block (three)
             Attention("q", "kc", "vc", "pos", "o", 4, 1, 128, 128, 16, 1, 0.3, quant="oq", words=3),
@@ -240,7 +243,13 @@ def quantizing():
             GemmParts("xq", "q4_k", 256, 1, (GemmPart("wq", Dst("q"), 8), GemmPart("wk", Dst("k"), 8)), words=3),
             Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False),
             HeadGemv("x", "w", "q8_0", Dst("o"), 2, 4, 32, 16, quant="oq", words=2),
-            HeadGemv("x", "w", "q4_k", Dst("o"), 2, 8, 256, 32, quant="oq", words=3)]  # the q8k form, blocks of 256
+            HeadGemv("x", "w", "q4_k", Dst("o"), 2, 8, 256, 32, quant="oq", words=3),  # the q8k form, blocks of 256
+            # DeepSeek-V3's q_a norm in the first products' epilogue quantizing its row (q8x2; the q8k form)
+            *(Fold(GemmParts("xq", "q8_0", 64, 2, (GemmPart("wqa", Dst("qa"), qa), GemmPart("wk", Dst("kp"), 8)),
+                             words=1),
+                   RopeParts((RopeSide("qa", Dst("qan"), 1, norm=("na", 1e-6), hd=qa, rot=0, quant="oq", words=w),
+                              RopeSide("kp", Dst("kr", row="pos", pitch=8), 1)), "cos", "sin", "pos", 2, 8, 8))
+              for qa, w in ((64, 2), (256, 3)))]
 
 
 def delta_net():

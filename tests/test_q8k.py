@@ -385,9 +385,9 @@ def test_elementwise_results_quantized_as_they_are_stored(numerics):
 def test_q8_latent_attention_on_k_quant_rows():
     """A DeepSeek-V3-shaped step (latent attention, a dense layer then a grouped mixture with shared experts) on
     K-quant rows under q8: the latent expansion writes the o projection's q8k form in its last blocks (HeadGemv's
-    arrival-counted tail at 256), the mixture's finalize the next norm's, so the one Quant launch a layer left is the
-    q_a norm's (the products' row-norm epilogue writes f32 alone); the exact twins in the plan's arena equal the
-    interpreter of the quantized graph, decode and a 3-row chunk."""
+    arrival-counted tail at 256), the mixture's finalize the next norm's, and the q_a norm in the first products'
+    epilogue reads its stored row back a warp a block of 256 (merged_qkv.rotated_normed_quant): no Quant launch; the
+    exact twins in the plan's arena equal the interpreter of the quantized graph, decode and a 3-row chunk."""
     from lanefuse.engine.hfconfig import config_from_hf
     from lanefuse.engine.stepweights import random_weights
 
@@ -406,7 +406,11 @@ def test_q8_latent_attention_on_k_quant_rows():
         p = plan(g, numerics="q8")
         heads = [x.launch for x in p.launches if x.launch.census == "head_gemv" and x.launch.quant is not None]
         assert heads and all(h.words == 3 for h in heads), [x.launch.census for x in p.launches]
-        assert p.census.get("quant", 0) == cfg.layers, p.census  # the q_a norm's
+        assert p.census.get("quant", 0) == 0, p.census
+        assert p.fusions.get("merged_qkv.rotated_normed_quant") == cfg.layers, p.fusions
+        qsides = [s for x in p.launches if x.launch.census == "fold" and hasattr(x.launch.then, "sides")
+                  for s in x.launch.then.sides if s.quant is not None]
+        assert len(qsides) == cfg.layers and all(s.words == 3 and s.rot == 0 for s in qsides), qsides
         env = {"token": np.arange(5, 5 + rows, dtype=np.int32), "pos": np.array([0], np.int32)}
         for name in g.io.tables:
             env[name] = np.zeros(g.tensors[name].shape, F32)
@@ -414,3 +418,92 @@ def test_q8_latent_attention_on_k_quant_rows():
         out = NumpyRunner(p, w, exact=True, check=True).step(dict(env), lifted=g)
         assert np.abs(out["logits"] - want["logits"]).max() <= 1e-6 * np.abs(want["logits"]).max(), rows
         assert np.array_equal(out["next"], want["next"])
+
+
+def _row_norm_fold(words: int, qa: int, m: int = 3, fmt: str = "q8_0", qname: str = "qaq"):
+    """DeepSeek-V3's first product (q_a, the latent and the rotated key of one activation in parts) whose q_a row norm
+    in the epilogue also writes its quantized form (merged_qkv.rotated_normed_quant), with its arrays and weights."""
+    from lanefuse.kernels import Fold, RopeParts, RopeSide
+
+    rng = np.random.default_rng(qa + words)
+    k, lat, hd, L = 64, 32, 8, 16
+    parts = (GemmPart("wqa", Dst("qa"), qa), GemmPart("wl", Dst("lat"), lat), GemmPart("wk", Dst("kp"), hd))
+    sides = (RopeSide("qa", Dst("qan"), 1, norm=("na", 1e-6), hd=qa, rot=0, quant=qname, words=words),
+             RopeSide("lat", Dst("lc", row="pos", pitch=lat), 1, norm=("nl", 1e-6), hd=lat, rot=0),
+             RopeSide("kp", Dst("kc", row="pos", pitch=hd), 1))
+    f = Fold(GemmParts("x", fmt, k, m, parts), RopeParts(sides, "cos", "sin", "pos", m, hd, hd))
+    r = lambda *s: rng.standard_normal(s).astype(F32)  # noqa: E731
+    ang = rng.uniform(0, 6.28, (L, hd // 2))
+    arrays = {"x": r(m * k), "qa": np.zeros(m * qa, F32), "lat": np.zeros(m * lat, F32), "kp": np.zeros(m * hd, F32),
+              "qan": np.zeros(m * qa, F32), "lc": r(L * lat), "kc": r(L * hd), "pos": np.array([5], np.int32)}
+    weights = {"wqa": (encode(r(qa, k) / 8, fmt), fmt), "wl": (encode(r(lat, k) / 8, fmt), fmt),
+               "wk": (encode(r(hd, k) / 8, fmt), fmt), "na": (r(qa), "f32"), "nl": (r(lat), "f32"),
+               "cos": (np.cos(ang).astype(F32), "f32"), "sin": (np.sin(ang).astype(F32), "f32")}
+    return f, arrays, weights
+
+
+def _form(n: int, words: int):
+    low = {2: np.zeros(n, np.int8), 3: np.zeros(n // 16, np.int16)}.get(words)
+    return np.zeros(n, np.int8), low, np.zeros(n // (256 if words == 3 else 32), F32)
+
+
+@pytest.mark.parametrize("words,qa", [(1, 96), (2, 96), (3, 512)])
+def test_products_row_norm_quantizes_what_it_stores(words, qa):
+    """A row norm in a products' epilogue writing its quantized form (q8, q8x2, and the q8k form read back from the
+    stored row): the exact twin's form is the interpreter's quantize of the f32 rows it stored, the fast twin's of its
+    own; the fold's twin is its two launches in turn; refusals in words: a rotated side quantized, a row not whole
+    blocks, a q8k row stored as parts of units, a quantizing side outside a products' epilogue."""
+    from lanefuse.kernels.rope import side_check
+
+    f, arrays, weights = _row_norm_fold(words, qa)
+    assert f.fused and f.check() is None, (f.form(), f.check())
+    assert "qaq" in f.writes() and "qaq" not in f.reads()
+    assert f.extents(16, 1)["qaq"] == 3 * qa
+    plain = dataclasses.replace(f, then=dataclasses.replace(f.then, sides=(
+        dataclasses.replace(f.then.sides[0], quant=None, words=0), *f.then.sides[1:])))
+    assert f.bytes() - plain.bytes() == quant_bytes(3 * qa, words)
+    for twin in ("numpy", "fast"):
+        env = HostEnv({k: v.copy() for k, v in arrays.items()}, weights, {"qaq": _form(3 * qa, words)})
+        getattr(f, twin)(env)
+        want = quantize(env.array("qan").reshape(3, qa), words).parts()
+        for got, w in zip(env.quant("qaq"), want):
+            assert (got is None) == (w is None) and (got is None or np.array_equal(got.reshape(-1), w)), twin
+        if twin == "numpy":
+            apart = HostEnv({k: v.copy() for k, v in arrays.items()}, weights, {"qaq": _form(3 * qa, words)})
+            f.first.numpy(apart)
+            f.then.numpy(apart)
+            assert all(np.array_equal(a, b) for a, b in zip(env.quant("qaq")[::2], apart.quant("qaq")[::2]))
+    side = f.then.sides[0]
+    rotated = dataclasses.replace(side, hd=0, rot=-1)
+    assert "quantized as it is stored" in side_check(rotated, qa, qa, epilogue=True).reason
+    assert "whole number of blocks" in side_check(dataclasses.replace(side, hd=qa + 8), 8, 8, epilogue=True).reason
+    assert "own head shape" in side_check(side, 8, 8).reason  # outside a products' epilogue
+    if words == 3:
+        parted = dataclasses.replace(side, y=Dst("qan", unit=Part(2 * qa, 0, qa)))
+        assert "parts of units" in side_check(parted, 8, 8, epilogue=True).reason
+
+
+def test_glu_over_an_f32_activation_writes_the_q8k_form():
+    """gate and up over bf16 rows (their activation read f32) and down over q6_k rows under q8: the gate/up GEMV's
+    arrival-counted tail quantizes its GLU as llama.cpp's q8_K (the last block of each 256 outputs to arrive, from the
+    values stored), no Quant launch; the exact twins in the
+    plan's arena equal the interpreter of the quantized graph, decode and a 3-row chunk."""
+    from lanefuse.engine.stepweights import random_weights
+
+    cfg, _ = q8_model("q6_k")
+    cfg = dataclasses.replace(cfg, formats=tuple((n, "bf16" if "gate_proj" in n or "up_proj" in n else f)
+                                                 for n, f in cfg.formats))
+    for rows in (1, 3):
+        g = build_step(cfg, rows)
+        gq = with_numerics(g, "q8")
+        w = random_weights(gq, 4)
+        p = plan(g, numerics="q8")
+        glus = [x.launch for x in p.launches if x.launch.census == "gemv_glu"]
+        assert len(glus) == cfg.layers and all(x.words == 0 and x.quant is not None and x.quant_words == 3
+                                               for x in glus), glus
+        assert p.census.get("quant", 0) == 0, p.census
+        assert glus[0].scratch()[0].nbytes == 4 * (cfg.inter // 256)  # a counter a block of 256 and a slab of rows
+        ref = evaluate(gq, w, _chunk_env(gq, rows, 0))
+        out = NumpyRunner(p, w, exact=True, check=True).step(_chunk_env(g, rows, 0), lifted=g)
+        assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max(), rows
+        assert np.array_equal(out["next"], ref["next"])

@@ -512,3 +512,62 @@ def test_moe_shared_expert_quantized_q8k(rows, sort, qgate, fmt):
         want = quantize(dev.host("y").reshape(rows, d), 3)
         w, sums, sc = (dev.cp.asnumpy(a) for a in dev.quant("xq"))
         assert np.mean(w != want.words.reshape(-1)) < 1e-2 and np.allclose(sc, want.scales.reshape(-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("words,qa,pw", [(1, 96, 1), (2, 96, 4), (3, 512, 1), (3, 1536, 4)])
+def test_products_row_norm_quantizing_in_its_epilogue(words, qa, pw):
+    """fold.cu's products-in-parts epilogue quantizing a row norm as it stores it (DeepSeek-V3's q_a norm for q_b's
+    products, merged_qkv.rotated_normed_quant; words 3: the warp reads the row it stored back a block of 256): the f32
+    rows within rounding of the twin's, the quantized form exactly quant.cu's of the values the kernel stored, and the
+    same bytes from a second launch (the arrival counters reset)."""
+    from test_q8k import _form, _row_norm_fold
+
+    f, arrays, weights = _row_norm_fold(words, qa, qname="oq")
+    f = dataclasses.replace(f, first=dataclasses.replace(f.first, per_warp=pw))
+    n = 3 * qa
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights, {"oq": _form(n, words)})
+    f.numpy(host)
+    dev = _two_forms(n, words, {k: v.copy() for k, v in arrays.items()}, weights)
+    for _ in range(2):
+        f.cuda(dev)
+        dev.cp.cuda.Device().synchronize()
+        got = dev.host("qan")
+        np.testing.assert_allclose(got, host.array("qan"), rtol=0, atol=1e-4 * np.abs(host.array("qan")).max())
+        want = quantize(got.reshape(3, qa), words).parts()
+        for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
+            assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w)), words
+
+
+@pytest.mark.parametrize("pw", [1, 4])
+@pytest.mark.parametrize("m,f32", [(1, True), (3, False), (9, True), (9, False)])
+def test_gemv_glu_over_f32_quantizing_q8k(pw, m, f32):
+    """gemv_glu's arrival-counted tail over an f32 activation writing the q8k form (gate and up over bf16 rows, a down
+    projection over K-quant rows): the last block of each 256 outputs to arrive stages them through L2 and a warp
+    quantizes them, a row of the slab at a time; the f32 GLU within rounding of the twin's, the form exactly quant.cu's
+    of the values the kernel stored (in its scratch where `f32` is false), and the same bytes from a second launch."""
+    from lanefuse.kernels import GemvGlu
+    from test_q8k import _form
+
+    rng = np.random.default_rng(40 + m + pw)
+    k, n = 96, 768
+    x = rng.standard_normal(m * k).astype(np.float32)
+    w = {"wg": (encode(rng.standard_normal((n, k)).astype(np.float32) / 8, "bf16"), "bf16"),
+         "wu": (encode(rng.standard_normal((n, k)).astype(np.float32) / 8, "bf16"), "bf16")}
+    full = GemvGlu("x", "wg", "wu", "bf16", "o", k, n, m, per_warp=pw, quant="oq", quant_words=3)
+    launch = full if f32 else dataclasses.replace(full, f32=False)
+    assert launch.check() is None and launch.scratch()[0].nbytes == 4 * (n // 256) * -(-m // 8), launch.check()
+    host = HostEnv({"x": x, "o": np.zeros(m * n, np.float32)}, w, {"oq": _form(m * n, 3)})
+    full.numpy(host)
+    ref = _two_forms(m * n, 3, {"x": x, "o": np.zeros(m * n, np.float32)}, w)
+    full.cuda(ref)
+    ref.cp.cuda.Device().synchronize()
+    glu = ref.host("o")
+    np.testing.assert_allclose(glu, host.array("o"), rtol=0, atol=2e-5 * np.abs(host.array("o")).max())
+    want = quantize(glu.reshape(m, n), 3).parts()
+    dev = _two_forms(m * n, 3, {"x": x, "o": np.zeros(m * n, np.float32)}, w)
+    for _ in range(2):
+        launch.cuda(dev)
+        dev.cp.cuda.Device().synchronize()
+        for a, b in zip((dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
+            assert np.array_equal(a.reshape(-1), b), (pw, m)
+        assert dev.host("o").any() == f32

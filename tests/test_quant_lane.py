@@ -393,8 +393,9 @@ def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numeric
     Quant launch; run by the exact twins in its arena (launch by launch against the interpreter) it equals the
     interpreter of the quantized step graph; held `fuse_quant` too, the same numbers from Quant launches. With the
     `mla` fold (its absorbed form, the query absorbed in q_b's product) the expansion inside it quantizes the same way
-    (mla.absorbed.quant). The q_a norm runs in the first product's epilogue, merged_qkv.rotated_normed, which does not
-    quantize: its quantize for q_b's products is a Quant launch a layer either way."""
+    (mla.absorbed.quant). The q_a norm runs in the first product's epilogue, which quantizes its row for q_b's
+    products as it stores it (merged_qkv.rotated_normed_quant): no Quant launch either way; with fuse_quant held, the
+    q_a norm's and the expansion's quantizes are Quant launches, the same numbers."""
     from lanefuse.engine.hfconfig import config_from_hf
     from lanefuse.engine.stepweights import random_weights
 
@@ -411,17 +412,17 @@ def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numeric
     w = random_weights(g, 3)
     mla = ("mla", "mla.absorbed", "mla.quant", "mla.absorbed.quant")
     p = plan(g, numerics=numerics, held=mla)
-    assert p.census.get("quant") == cfg.layers and p.fusions.get("gemv_quant.heads") == cfg.layers  # q_a's alone
-    assert p.fusions.get("merged_qkv.rotated_normed") == cfg.layers
+    assert "quant" not in p.census and p.fusions.get("gemv_quant.heads") == cfg.layers, p.census
+    assert p.fusions.get("merged_qkv.rotated_normed_quant") == cfg.layers, p.fusions
     # the mla fold's expansion quantizes in its last blocks too (mla.absorbed.quant: the query absorbed in q_b's
-    # product epilogue): q_a's quantize is the only Quant launch a layer either way
+    # product epilogue)
     f = plan(g, numerics=numerics)
-    assert f.census["quant"] == cfg.layers and f.fusions.get("mla.absorbed.quant") == cfg.layers, f.fusions
+    assert "quant" not in f.census and f.fusions.get("mla.absorbed.quant") == cfg.layers, f.fusions
     assert f.fusions.get("merged_pair.rotated_absorbed") == cfg.layers, f.fusions
     gq = with_numerics(g, numerics)
     ref = evaluate(gq, w, _chunk_env(gq, 1, 0))
     held = plan(g, numerics=numerics, held=("fuse_quant", *mla))
-    assert held.census["quant"] > p.census["quant"]
+    assert held.census["quant"] >= 2 * cfg.layers, held.census
     outs = [NumpyRunner(q, w, check=True).step(_chunk_env(g, 1, 0), lifted=g) for q in (p, f, held)]
     for out in outs:
         assert np.abs(out["logits"] - ref["logits"]).max() <= 1e-6 * np.abs(ref["logits"]).max()

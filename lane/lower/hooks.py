@@ -23,7 +23,7 @@ def _leaves(op: Op) -> dict[str, Op]:
 
 def _chain(op: Op, t: str) -> dict[str, Op]:
     """The member that computes `t`: its product, bias, head norm and rotation, or each head's own product of it (a
-    query's absorption), found walking back from `t`."""
+    query's absorption), and the quantize of its normed rows (the q8 numerics), found walking back from `t`."""
     leaves = _leaves(op)
     found: dict[str, Op] = {}
     cur = t
@@ -33,7 +33,8 @@ def _chain(op: Op, t: str) -> dict[str, Op]:
         if w is not None:  # a row placed in a table: its producer's chain
             cur = w.src
             continue
-        role = {"matmul": "product", "add": "bias", "rmsnorm": "norm", "rope": "rope", "head_matmul": "absorb"}.get(leaf.kind)
+        role = {"matmul": "product", "add": "bias", "rmsnorm": "norm", "rope": "rope", "head_matmul": "absorb",
+                "quantize": "quant"}.get(leaf.kind)
         if role is None or role in found:
             break
         found[role] = leaf
@@ -75,12 +76,13 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
     """The products of one activation as one GEMV in parts; members whose heads are rotated take their rotations
     in the same launch's epilogue (a fold of the parts and a rotation in parts), and members whose rows are normed
     (a norm of one head) their norm, as a side of its own shape: one head of the part's width, no rotation."""
-    parts, sides, rope, x, fmt = [], [], None, None, None
+    parts, sides, rope, x, fmt, seen = [], [], None, None, None, set()
     for t in _members(op):
         ch = _chain(op, t)
-        if "product" not in ch:
+        if "product" not in ch or ch["product"].out in seen:  # a normed row's f32 member after its quantized one
             continue
         p = ch["product"]
+        seen.add(p.out)
         w = arg(p, "w")
         c = link.g.constants.get(w)
         if c is None or c.kind != "rows":
@@ -92,6 +94,9 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
         out = _product_out(ch)
         bias = arg(ch["bias"], "b") if "bias" in ch else None
         n = link.g.shape(w)[0]
+        if "quant" in ch and ("norm" not in ch or "rope" in ch or "absorb" in ch):
+            return Refusal("products in parts quantizing in their epilogue what is not a row norm of a part",
+                           f"`{op.cls}` -> `{t}`")
         if "absorb" in ch:  # each head of the part times its own matrix in the epilogue (a side of no rotation)
             ab = ch["absorb"]
             fa = _rows_format(link, arg(ab, "w"))
@@ -110,8 +115,10 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
             if nm.a.get("heads", 1) != 1:
                 return Refusal("products in parts whose heads are normed without a rotation", f"`{op.cls}` -> `{t}`")
             y = Dst(out)
+            qz = ch.get("quant")  # its rows quantized as they are stored, for the projections that read them
             sides.append(RopeSide(x=arg(nm, "x"), y=scope.dst(nm.out), heads=1, part=scope.take_read(nm, 0),
-                                  norm=(arg(nm, "w"), float(nm.a["eps"])), hd=n, rot=0))
+                                  norm=(arg(nm, "w"), float(nm.a["eps"])), hd=n, rot=0,
+                                  quant=qz.out if qz else None, words=WORDS.get(link.g.dtype(qz.out), 0) if qz else 0))
         else:
             y = scope.dst(out)
         parts.append(GemmPart(w=w, y=y, n=n, bias=bias))
