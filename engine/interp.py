@@ -160,6 +160,9 @@ def _softcap(x, cap, **a):
 
 
 def _view(x, row, **a):
+    if isinstance(x, Quantized):  # a row of a quantized form: its words, low words or sums, scales
+        cut = lambda v: None if v is None else np.array(v[row:row + 1])  # noqa: E731
+        return Quantized(cut(x.words), cut(x.low), cut(x.scales), x.block, cut(x.sums))
     return np.array(x[row:row + 1], dtype=x.dtype)
 
 

@@ -415,9 +415,9 @@ def infer(g, op) -> tuple[Shape, str]:
             s = (units, acc.width)
         shapes.append(s)
     for i, name in enumerate(op.ins):
-        if g.dtype(name) in QUANTIZED and not (op.kind == "matmul" and i == 0):
+        if g.dtype(name) in QUANTIZED and not (op.kind in ("matmul", "view") and i == 0):
             raise UserError(f"op `{op.kind}` -> `{op.out}` reads `{name}`, a quantized activation "
-                            f"({g.dtype(name)}): only a product's activation is read quantized")
+                            f"({g.dtype(name)}): only a product's activation (or a row of it) is read quantized")
         if op.kind == "quantize" and g.dtype(name) != "f32":
             raise UserError(f"op `quantize` -> `{op.out}` reads `{name}` ({g.dtype(name)}): it quantizes f32 values")
     want_i32 = {"gather": [1], "rope": [3], "set_row": [2], "attention": [3]}.get(op.kind, [])
@@ -425,7 +425,15 @@ def infer(g, op) -> tuple[Shape, str]:
         if g.dtype(op.ins[i]) != "i32":
             raise UserError(f"op `{op.kind}` -> `{op.out}`: input `{op.ins[i]}` must be i32")
     try:
-        return INFER[op.kind](shapes, a)
+        shape, dtype = INFER[op.kind](shapes, a)
+        if op.kind == "view" and g.dtype(op.ins[0]) in QUANTIZED:  # a row of a quantized form: a view into it
+            form = g.dtype(op.ins[0])
+            block = QBLOCK_K if form == "q8k" else QBLOCK
+            if (a["row"] * shapes[0][-1]) % block:
+                raise ValueError(f"row {a['row']} of a {form} activation starts inside a block of {block} values (a "
+                                 f"row of its quantized form must start on a whole block)")
+            return shape, form
+        return shape, dtype
     except ValueError as e:
         ins = ", ".join(f"{n} {s}" for n, s in zip(op.ins, shapes))
         raise UserError(f"op `{op.kind}` -> `{op.out}`: shape mismatch: {e} (inputs: {ins})") from None

@@ -178,22 +178,51 @@ def with_numerics(g: Graph, numerics: str) -> Graph:
     tensors = dict(g.tensors)
     ops: list[Op] = []
     made: dict[tuple[str, int], str] = {}  # (activation, quantize words) -> its quantized form
+    rows_of = _rows_viewed(g)
+
+    def quantized(x: str, fw: int, layer) -> str:
+        if (x, fw) not in made:
+            if x in rows_of and rows_of[x][1] * g.shape(rows_of[x][0])[-1] % (QBLOCK_K if fw == Q8K else QBLOCK) == 0:
+                src, row = rows_of[x]  # a row of a computed tensor: a view into the tensor's quantized form
+                v = Op("view", (quantized(src, fw, layer),), x + "." + QFORMS[fw], attrs_of({"row": row}), layer=layer)
+                _name(tensors, g, v.out, x)
+                tensors[v.out] = Tensor(v.out, g.shape(x), QFORMS[fw])
+                ops.append(v)
+                made[x, fw] = v.out
+                return v.out
+            q = x + "." + QFORMS[fw]
+            _name(tensors, g, q, x)
+            tensors[q] = Tensor(q, g.shape(x), QFORMS[fw])
+            ops.append(Op("quantize", (x,), q, attrs_of({"words": fw}), layer=layer))
+            made[x, fw] = q
+        return made[x, fw]
+
     for op in g.ops:
         if not op.fused and op.kind == "matmul" and why_f32(g, op) is None:
-            x, fw = op.ins[0], form_words(g, op, words)
-            if (x, fw) not in made:
-                form = QFORMS[fw]
-                q = x + "." + form
-                if q in tensors or q in g.constants:
-                    raise UserError(f"the quantized form of `{x}` would be named `{q}`, which the step already names")
-                tensors[q] = Tensor(q, g.shape(x), form)
-                ops.append(Op("quantize", (x,), q, attrs_of({"words": fw}), layer=op.layer))
-                made[x, fw] = q
-            op = replace(op, ins=(made[x, fw],) + op.ins[1:])
+            op = replace(op, ins=(quantized(op.ins[0], form_words(g, op, words), op.layer),) + op.ins[1:])
         ops.append(op)
     meta = dict(g.meta)
     meta["numerics"] = numerics
     return replace(g, ops=ops, tensors=tensors, meta=meta)
+
+
+def _name(tensors, g: Graph, q: str, x: str) -> None:
+    if q in tensors or q in g.constants:
+        raise UserError(f"the quantized form of `{x}` would be named `{q}`, which the step already names")
+
+
+def _rows_viewed(g: Graph) -> dict[str, tuple[str, int]]:
+    """The rows of computed tensors a step reads in place (free views: their tensor is no step input, no table and
+    not written in place before the row's last reader), view -> (its tensor, its row): a product reading such a row
+    quantized reads a view into the tensor's quantized form (seed 000), so the tensor is quantized once, by its
+    producer, for every row the products read of it."""
+    from lanefuse.engine.placement import copied_views
+
+    made = {o for op in g.ops for o in op.outs}
+    copied = copied_views(g)
+    return {op.out: (op.ins[0], int(op.a["row"])) for op in g.ops
+            if not op.fused and op.kind == "view" and op.out not in copied and op.ins[0] in made
+            and op.ins[0] not in g.io.tables and op.ins[0] not in g.io.inputs}
 
 
 def f32_reads(g: Graph) -> list[tuple[str, str]]:

@@ -1,8 +1,9 @@
 """`binary`: out = a op b for op add/mul/sub, b of a's size, one row broadcast over a's rows or one value a row of
 `each` values (a shared expert's gate), optionally gated:
 a op act(b) (glu_act_mul: act(g)·u with a = u, b = g); and its result's quantized form written as it is stored
-(`quant`, glu_act_mul_quant / elementwise_quant: the q8 numerics), a warp a block of 32, beside the result or instead
-of it (`f32` false: only projections read it)."""
+(`quant`, glu_act_mul_quant / elementwise_quant: the q8 numerics), a warp a block of 32 (the q8k form: a block of 256
+threads a block of 256 values, staged in shared memory), beside the result or instead of it (`f32` false: only
+projections read it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, act, names, operand, reach
+from lanefuse.kernels.common import ACTS, Q8K, act, names, operand, reach
 from lanefuse.kernels.elementwise import Elementwise, act_code
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
@@ -30,7 +31,7 @@ class Binary(Elementwise):
     gate: str | None = None  # the activation applied to b first
     each: int = 0  # a's row width when b is one value a row of a (b (R, 1)); 0: not
     quant: str | None = None  # the result's quantized form, written as it is stored (the q8 numerics)
-    words: int = 0  # its int8 words a value (q8 1, q8x2 2)
+    words: int = 0  # its int8 words a value (q8 1, q8x2 2, q8k 3: llama.cpp's q8_K, a block of 256 threads a block)
     f32: bool = True  # false: the quantized form alone is written (the f32 result is read by nothing else)
 
     census: ClassVar[str] = "binary"
@@ -48,7 +49,7 @@ class Binary(Elementwise):
         if not self.f32 and self.quant is None:
             return Refusal("an elementwise op that writes neither its result nor its quantized form")
         if self.quant is not None:
-            why = quant_check(self.n, self.words, "an elementwise result")
+            why = quant_check(self.n, self.words, "an elementwise result", k_form=True)
             if why:
                 return why
         if self.op not in OPS:
@@ -98,4 +99,10 @@ class Binary(Elementwise):
         return (denv.array(self.a), denv.opt(self.b), denv.array(self.out) if self.f32 else NULL, i64(self.n),
                 i64(self.row),
                 i64(OPS.index(self.op)), i64(act_code(self.gate)), i64(self.each),
-                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)))
+                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
+                i64(self.words if self.quant is not None else 0))
+
+    def grid_block(self):
+        if self.quant is not None and self.words == Q8K:  # a block of 256 threads a q8_K block of values
+            return (max(1, min(4096, self.n // 256)), 1, 1), (256, 1, 1)
+        return super().grid_block()

@@ -46,6 +46,15 @@ def quant_layout(n: int, words: int) -> tuple[int, int, int]:
     return low, scales, scales + _aligned(4 * (n // qblock(words)))
 
 
+def quant_parts_at(n: int, words: int, home_n: int = 0, first: int = 0) -> tuple[int, int, int]:
+    """The byte offsets, in its home's array, of the words, low words (the q8k form's sums of 16) and scales of a
+    quantized form of n values that is the part from value `first` (a whole block) of a form of home_n values: a row
+    of a tensor read quantized is a view into the tensor's quantized form (home_n 0: its own form)."""
+    lo, sc, _ = quant_layout(home_n or n, words)
+    low = lo + (first if words == 2 else 2 * (first // QSUM) if words == Q8K else 0)
+    return first, low, sc + 4 * (first // qblock(words))
+
+
 @dataclass(frozen=True)
 class Part:
     """A part of every unit of a wider tensor: unit u's `width` values start at `u*pitch + offset`."""

@@ -43,7 +43,8 @@ class DeviceEnv:
         self.weights = {n: (cupy.asarray(np.ascontiguousarray(raw)).reshape(-1), fmt)
                         for n, (raw, fmt) in (weights or {}).items()}
         self.scratch_at = dict(scratch or {})
-        self.quantized = dict(quantized or {})  # a quantized form's name -> (values, words): its bytes in `placed`
+        self.quantized = dict(quantized or {})  # a quantized form's name -> (values, words): its bytes in `placed`;
+        # a row of one read quantized (a view into it): (values, words, the form's values, its first value there)
         self._scratch: dict[tuple[str, str], object] = {}
         self._tables: dict[str, object] = {}
 
@@ -81,16 +82,16 @@ class DeviceEnv:
     def quant(self, name: str) -> tuple:
         """Tensor `name`'s quantized form (a byte view of its array): its words, low words (a null pointer under
         one word) and scales, as kernel arguments (kernels/quant.py's layout)."""
-        from lanefuse.kernels.common import Q8K, QSUM, qblock, quant_layout
+        from lanefuse.kernels.common import Q8K, QSUM, qblock, quant_parts_at
 
         if name not in self.quantized:
             raise KeyError(f"`{name}` has no quantized form on the device")
-        n, words = self.quantized[name]
+        n, words, *home = self.quantized[name]  # a row read quantized: (its home's values, its first value there)
         a = self.array(name)
-        lo, sc, _ = quant_layout(n, words)
+        at, lo, sc = quant_parts_at(n, words, *home)
         low = (a[lo:lo + n].view(self.cp.int8) if words == 2 else
                a[lo:lo + 2 * (n // QSUM)].view(self.cp.int16) if words == Q8K else NULL)  # q8k: its sums of 16
-        return a[:n].view(self.cp.int8), low, a[sc:sc + 4 * (n // qblock(words))].view(self.cp.float32)
+        return a[at:at + n].view(self.cp.int8), low, a[sc:sc + 4 * (n // qblock(words))].view(self.cp.float32)
 
     def quant_addresses(self, name: str) -> tuple[int, int, int]:
         """Tensor `name`'s quantized form as the three device addresses a launch's descriptor table holds (its words,

@@ -134,8 +134,8 @@ class Fold(Launch):
     def apart(self):
         """`sequences` held: a batch's rotations one launch a sequence, after the products (which take every row)."""
         sides = self.then.apart()
-        if any(getattr(s, "absorb", None) for s in getattr(self.then, "sides", ())):
-            return (self,)  # an absorbing side runs only in the products' epilogue (each row alone: no position)
+        if any(getattr(s, "own_shape", False) for s in getattr(self.then, "sides", ())):
+            return (self,)  # an absorbing side or a row norm runs only in the products' epilogue (no position)
         return (self,) if len(sides) == 1 else (*self.first.apart(), *sides)
 
     @property

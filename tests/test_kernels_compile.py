@@ -229,6 +229,7 @@ def quantizing():
             # the quantized form alone (only projections read the result): no f32 output
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, splits=3, quant="oq", words=1, f32=False),
             Binary("mul", "a", "b", "o", 64, gate="silu", quant="oq", words=2, f32=False),
+            Binary("add", "a", "b", "o", 512, quant="oq", words=3),  # the q8k form: a block of 256 threads a block
             GemvGlu("xq", "wg", "wu", "q8_0", "o", 64, 64, 3, words=1, quant="oq", quant_words=1, f32=False),
             # the q8k form (llama.cpp's q8_K) of K-quant rows: quant.cu's 256-value blocks, gemv_q8.cu's q8k_tile
             Quant("x", "xq", 512, 3), Gemv("xq", "w", "q4_k", Dst("y"), 256, 8, 2, words=3),

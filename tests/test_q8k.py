@@ -100,14 +100,16 @@ def test_quant_launch_writes_the_q8k_form_and_refusals():
     assert launch.bytes() == 4 * n + n + 2 * (n // 16) + 4 * (n // 256) and quant_bytes(n, 3) == n + 128 + 16
     assert quant_layout(n, 3) == (1024, 1024 + 256, 1024 + 256 + 256)
     # a norm's epilogue writes the q8k form from the row it stored (a warp a block of 256); not stored, or stored
-    # into a table's rows, refused in words; an elementwise op's epilogue writes only the 32-value forms (its quantize
-    # stays a Quant launch)
+    # into a table's rows, refused in words; an elementwise op's epilogue writes it a block of 256 threads a block, its
+    # values whole blocks
     assert Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3).check() is None
     for bad in (dict(f32=False), dict(into=Dst("T", row="pos", pitch=256))):
         why = Norm("x", "w", "y", 1, 256, 1e-6, quant="yq", words=3, **bad).check()
         assert why is not None and "not stored whole in its own buffer" in why.reason, bad
-    why = Binary("add", "a", "b", "y", 512, quant="yq", words=3).check()
-    assert why is not None and "only the Quant launch" in why.reason
+    assert Binary("add", "a", "b", "y", 512, quant="yq", words=3).check() is None
+    assert Binary("add", "a", "b", "y", 512, quant="yq", words=3).grid_block() == ((2, 1, 1), (256, 1, 1))
+    why = Binary("add", "a", "b", "y", 480, quant="yq", words=3).check()
+    assert why is not None and "blocks of 256" in why.reason
 
 
 def test_per_head_product_writes_the_q8k_form():

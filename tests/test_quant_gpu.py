@@ -571,3 +571,31 @@ def test_gemv_glu_over_f32_quantizing_q8k(pw, m, f32):
         for a, b in zip((dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
             assert np.array_equal(a.reshape(-1), b), (pw, m)
         assert dev.host("o").any() == f32
+
+
+@pytest.mark.parametrize("gate,f32,n", [(None, True, 512), ("silu", True, 4096), ("silu", False, 256 * 4100)])
+def test_binary_quantizing_q8k(gate, f32, n):
+    """binary.cu writing the q8k form (elementwise_quant / glu_act_mul_quant before a product over K-quant rows): a
+    block of 256 threads a block of 256 values, staged in shared memory and quantized by a warp (past 4096 blocks the
+    grid strides); the f32 result within rounding of the twin's, the form exactly quant.cu's of the values computed."""
+    from lanefuse.kernels import Binary
+
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    full = Binary("mul" if gate else "add", "a", "b", "o", n, gate=gate, quant="oq", words=3)
+    launch = full if f32 else dataclasses.replace(full, f32=False)
+    assert launch.check() is None, launch.check()
+    ref = _two_forms(n, 3, {"a": a, "b": b, "o": np.zeros(n, np.float32)}, {})
+    full.cuda(ref)
+    ref.cp.cuda.Device().synchronize()
+    y = ref.host("o")
+    host = HostEnv({"a": a, "b": b, "o": np.zeros(n, np.float32)}, {}, {})
+    dataclasses.replace(full, quant=None, words=0).numpy(host)
+    np.testing.assert_allclose(y, host.array("o"), rtol=1e-6, atol=1e-6)
+    want = quantize(y.reshape(1, -1), 3).parts()
+    dev = _two_forms(n, 3, {"a": a, "b": b, "o": np.zeros(n, np.float32)}, {})
+    launch.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    for g, w in zip((dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
+        assert np.array_equal(g.reshape(-1), w)
+    assert dev.host("o").any() == f32

@@ -333,7 +333,7 @@ def test_epilogue_quant_refusals():
                                          words=1).check().reason
     assert "whole number of blocks" in Binary("mul", "u", "g", "o", 40, quant="oq", words=1).check().reason
     assert "q8 takes one" in Binary("mul", "u", "g", "o", 64, quant="oq", words=4).check().reason
-    assert "only the Quant launch" in Binary("mul", "u", "g", "o", 256, quant="oq", words=3).check().reason
+    assert Binary("mul", "u", "g", "o", 256, quant="oq", words=3).check() is None  # the q8k form: a block a block
     assert "whole number of blocks" in GemvGlu("x", "wg", "wu", "q8_0", "o", 64, 40, 1, quant="oq",
                                                quant_words=1).check().reason
 
@@ -448,3 +448,75 @@ def test_head_gemv_quantizes_what_it_stores(words):
         _quant_equals_quantize(env, "oq", env.array("o"), words)
     assert "table's rows" in dataclasses.replace(h, y=Dst("kc", row="pos", pitch=64)).check().reason
     assert "whole number of blocks" in dataclasses.replace(h, b=12).check().reason  # rows of 48
+
+
+def rows_read_graph(fmt: str = "q8_0", d: int = 64):
+    """A 3-row chunk (as a user's step YAML may write it) whose residual sum is read by two products a row each
+    (views of rows 2 and 1), over `fmt` rows."""
+    from lanefuse.engine.ir import Constant, Graph, StepIO
+
+    g = Graph(io=StepIO())
+    g.tensor("token", (3,), "i32")
+    g.tensor("pos", (1,), "i32")
+    g.constant(Constant("emb", (50, d), "rows"))
+    for n in ("w1", "w3", "w4"):
+        g.constant(Constant(n, (d, d), "rows", format=fmt, transposed=True))
+    g.constant(Constant("head", (50, d), "rows", format=fmt, transposed=True))
+    g.add("gather", ["emb", "token"], "x")
+    g.add("matmul", ["x", "w1"], "a")
+    g.add("add", ["a", "x"], "s")
+    g.add("view", ["s"], "last", row=2)
+    g.add("view", ["s"], "mid", row=1)
+    g.add("matmul", ["last", "w3"], "p")
+    g.add("matmul", ["mid", "w4"], "r")
+    g.add("add", ["p", "r"], "o")
+    g.add("matmul", ["o", "head"], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g
+
+
+@pytest.mark.parametrize("numerics,fmt,d", [("q8", "q8_0", 64), ("q8x2", "q8_0", 64), ("q8", "q4_k", 256)])
+def test_rows_read_quantized_are_views_into_the_quantized_form(numerics, fmt, d):
+    """Products reading rows of a computed tensor quantized read views into the tensor's quantized form (seed 000):
+    the tensor is quantized once, by its producer (the add's epilogue: elementwise_quant), for both rows; the views
+    are no launch and live in the form's bytes (words, low words or sums, scales each at the row's first block); the
+    exact and fast twins in the plan's arena equal the interpreter of the quantized graph, and holding fuse_quant the
+    same numbers."""
+    from lanefuse.engine.stepweights import random_weights
+
+    g = rows_read_graph(fmt, d)
+    gq = with_numerics(g, numerics)
+    form = {"q8": "q8", "q8x2": "q8x2"}[numerics] if fmt == "q8_0" else "q8k"
+    quants = [op for op in gq.ops if op.kind == "quantize"]
+    assert [op.ins[0] for op in quants].count("s") == 1 and not any(op.ins[0] in ("last", "mid") for op in quants)
+    views = {op.out: op for op in gq.ops if op.kind == "view" and gq.dtype(op.out) == form}
+    assert set(views) == {f"last.{form}", f"mid.{form}"} and {v.ins[0] for v in views.values()} == {f"s.{form}"}
+    p = plan(g, numerics=numerics)
+    assert p.fusions.get("elementwise_quant") == 2, p.fusions  # s's form and o's
+    b = p.buffers[f"last.{form}"]
+    assert b.home == f"s.{form}" and b.offset == 2 * d and b.size == d
+    w = random_weights(gq, 5)
+    env = {"token": np.array([3, 17, 41], np.int32), "pos": np.array([0], np.int32)}
+    want = evaluate(gq, w, dict(env))
+    held = plan(g, numerics=numerics, held=("fuse_quant",))
+    assert held.census["quant"] >= 3 and "elementwise_quant" not in held.fusions
+    for q, exact in ((p, True), (p, False), (held, True)):
+        out = NumpyRunner(q, w, exact=exact, check=exact).step(dict(env), lifted=g)
+        assert np.abs(out["logits"] - want["logits"]).max() <= (1e-6 if exact else 1e-4) * np.abs(want["logits"]).max()
+        assert np.array_equal(out["next"], want["next"])
+
+
+def test_a_quantized_row_inside_a_block_is_refused_in_words():
+    """A view of a row of a quantized activation that starts inside a block is refused where the graph is checked."""
+    from lanefuse.engine.errors import UserError
+    from lanefuse.engine.ir import Constant, Graph, StepIO
+
+    g = Graph(io=StepIO())
+    g.tensor("xq", (3, 48), "q8")
+    with pytest.raises(UserError, match="starts inside a block of 32"):
+        g.add("view", ["xq"], "v", row=1)
+    g.constant(Constant("w", (8, 48), "rows"))
+    g.tensor("x", (3, 48))
+    with pytest.raises(UserError, match="only a product's activation"):
+        g.add("add", ["xq", "x"], "y")

@@ -41,8 +41,10 @@ class CupyRunner:
         arena_views, quantized = {}, {}
         for name, b in s.buffers.items():
             if b.where == "arena" and b.home in placed and b.dtype in WORDS:  # a quantized form: its bytes
-                arena_views[name] = (placed[b.home].offset, array_bytes(b.size, b.dtype), "u8")
-                quantized[name] = (b.size, WORDS[b.dtype])
+                home = s.buffers[b.home]  # a row read quantized: a view into its tensor's form (its home's bytes)
+                arena_views[name] = (placed[b.home].offset, array_bytes(home.size, b.dtype), "u8")
+                quantized[name] = ((b.size, WORDS[b.dtype]) if b.home == name else
+                                   (b.size, WORDS[b.dtype], home.size, b.offset))
             elif b.where == "arena" and b.home in placed:
                 arena_views[name] = (placed[b.home].offset + 4 * b.offset, 4 * b.size, b.dtype)
         scratch = {}

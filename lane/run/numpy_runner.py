@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.kernels.common import Q8K, QSUM, qblock
-from lanefuse.kernels.quant import quant_layout
+from lanefuse.kernels.common import Q8K, QSUM, qblock, quant_parts_at
 from lanefuse.lane.lower.buffers import WORDS
 from lanefuse.lane.lower.plan import Plan
 from lanefuse.lane.run.constants import (decode_once, host_constant, host_matrix, host_stacked, streamed_matrix,
@@ -59,8 +58,8 @@ class ArenaEnv:
             raise KeyError(f"`{name}` has no quantized form in the plan")
         words = WORDS[b.dtype]
         off = self.placed[b.home].offset
-        lo, sc, _ = quant_layout(b.size, words)
-        w = np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off)
+        at, lo, sc = quant_parts_at(b.size, words, self.s.buffers[b.home].size, b.offset)  # a row: a view into it
+        w = np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off + at)
         low = (np.frombuffer(self.arena, dtype=np.int8, count=b.size, offset=off + lo) if words == 2 else
                np.frombuffer(self.arena, dtype=np.int16, count=b.size // QSUM, offset=off + lo) if words == Q8K
                else None)  # the q8k form's sums of 16 words (int16) stand where q8x2's low words do
