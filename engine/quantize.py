@@ -182,8 +182,8 @@ def with_numerics(g: Graph, numerics: str) -> Graph:
 
     def quantized(x: str, fw: int, layer) -> str:
         if (x, fw) not in made:
-            if x in rows_of and rows_of[x][1] * g.shape(rows_of[x][0])[-1] % (QBLOCK_K if fw == Q8K else QBLOCK) == 0:
-                src, row = rows_of[x]  # a row of a computed tensor: a view into the tensor's quantized form
+            if x in rows_of and g.shape(rows_of[x][0])[-1] % (QBLOCK_K if fw == Q8K else QBLOCK) == 0:
+                src, row = rows_of[x]  # a row (rows of whole blocks) of a computed tensor: a view into its form
                 v = Op("view", (quantized(src, fw, layer),), x + "." + QFORMS[fw], attrs_of({"row": row}), layer=layer)
                 _name(tensors, g, v.out, x)
                 tensors[v.out] = Tensor(v.out, g.shape(x), QFORMS[fw])
