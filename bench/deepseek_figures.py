@@ -89,10 +89,10 @@ def q8_figures(table, layers: int = 6) -> dict:
     out = {}
     base = deepseek_v3(layers)
     runs = [("bf16", "f32", base)]
+    consts = build_step(base, 1).constants
     for fmt in ("q8_0", "q4_k"):  # q4_k: the products read llama.cpp's q8_K form (blocks of 256)
         bl = 32 if fmt == "q8_0" else 256
-        g0 = build_step(base, 1)
-        rows = [n for n, k in g0.constants.items() if k.kind == "rows" and k.shape[-1] % bl == 0]
+        rows = [n for n, k in consts.items() if k.kind == "rows" and k.shape[-1] % bl == 0]
         runs.append((fmt, "q8", dataclasses.replace(base, formats=tuple((n, fmt) for n in rows))))
     for fmt, numerics, cfg in runs:
         s = plan(build_step(cfg, 1), table=table, numerics=numerics)

@@ -136,27 +136,27 @@ GRAPHS = {
 }
 
 
+def in_blocks(c, fmt="q8_0", skip=()):
+    """Config `c` with each matrix whose rows are whole blocks of `fmt` (32 values; 256 for a K-quant) in `fmt`, but
+    those `skip` names (the rest stay as they are: f32)."""
+    bl = 256 if fmt in ("q4_k", "q6_k") else 32
+    rows_of = [n for n, k in build_step(c).constants.items()
+               if k.kind == "rows" and k.shape[-1] % bl == 0 and n not in skip]
+    return dataclasses.replace(c, formats=tuple((n, fmt) for n in rows_of))
+
+
 def q8_graph(numerics, arch="Qwen3ForCausalLM", rows=1, config=None):
     """A one-layer step (or `config`'s) over q8_0 rows under a quantized numerics: its quantize ops
     (engine/quantize.py) for the `*_quant` rules."""
-    from lanefuse.engine.quantize import with_numerics
-
-    c = config or cfg(arch, qk_norm=arch == "Qwen3ForCausalLM", layers=1)
-    rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0]
-    c = dataclasses.replace(c, formats=tuple((n, "q8_0") for n in rows_of))
-    return with_numerics(build_step(c, rows=rows), numerics)
+    return q8_of(config or cfg(arch, qk_norm=arch == "Qwen3ForCausalLM", layers=1), numerics, rows)
 
 
 def q8_of(c, numerics, rows=1):
     """Config `c`'s step over q8_0 rows (those of whole blocks) under a quantized numerics (the delta net's
     `gdn_output_quant`)."""
-    import dataclasses
-
     from lanefuse.engine.quantize import with_numerics
 
-    rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0]
-    c = dataclasses.replace(c, formats=tuple((n, "q8_0") for n in rows_of))
-    return with_numerics(build_step(c, rows=rows), numerics)
+    return with_numerics(build_step(in_blocks(c), rows=rows), numerics)
 
 
 def qwen3next():
@@ -177,14 +177,10 @@ def qwen3next_q8_shared():
     """Two mixture layers whose shared experts read quantized activations (a shared expert of 32: whole blocks), the
     first's gate score row f32 as a GGUF file keeps it, the second's q8_0, under q8: shared_expert_fusion.quant and
     .quant_f32_gate, moe_deferred_finalize.shared_quant."""
-    import dataclasses
-
     from lanefuse.engine.quantize import with_numerics
 
     c = dataclasses.replace(qwen3next(), moe=dataclasses.replace(qwen3next().moe, shared_inter=32, sparse=(0, 1)))
-    rows_of = [n for n, k in build_step(c).constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0
-               and n != "model.layers.0.mlp.shared_expert_gate.weight"]
-    c = dataclasses.replace(c, formats=tuple((n, "q8_0") for n in rows_of))
+    c = in_blocks(c, skip=("model.layers.0.mlp.shared_expert_gate.weight",))
     return with_numerics(build_step(c), "q8")
 
 

@@ -390,17 +390,12 @@ def test_q8_latent_attention_on_k_quant_rows():
     arrival-counted tail at 256), the mixture's finalize the next norm's, and the q_a norm in the first products'
     epilogue reads its stored row back a warp a block of 256 (merged_qkv.rotated_normed_quant): no Quant launch; the
     exact twins in the plan's arena equal the interpreter of the quantized graph, decode and a 3-row chunk."""
-    from lanefuse.engine.hfconfig import config_from_hf
     from lanefuse.engine.stepweights import random_weights
+    from test_engine import deepseek, in_blocks
 
-    c = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "intermediate_size": 256, "moe_intermediate_size": 256, "vocab_size": 97,
-         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
-         "kv_lora_rank": 256, "q_lora_rank": 256, "qk_rope_head_dim": 32, "qk_nope_head_dim": 32, "v_head_dim": 64,
-         "max_position_embeddings": 16}
-    cfg = config_from_hf(c, "DeepSeek-V3 q8k test config", max_len=16)
-    rows_of = [n for n, k in build_step(cfg).constants.items() if k.kind == "rows" and k.shape[-1] % 256 == 0]
-    cfg = dataclasses.replace(cfg, formats=tuple((n, "q4_k") for n in rows_of))
+    cfg = in_blocks(deepseek(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, vocab_size=97,
+                             n_routed_experts=4, n_group=2, topk_group=1, kv_lora_rank=256, q_lora_rank=256,
+                             qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=64), "q4_k")
     for rows in (1, 3):
         g = build_step(cfg, rows)
         gq = with_numerics(g, "q8")

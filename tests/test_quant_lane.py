@@ -396,18 +396,10 @@ def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numeric
     (mla.absorbed.quant). The q_a norm runs in the first product's epilogue, which quantizes its row for q_b's
     products as it stores it (merged_qkv.rotated_normed_quant): no Quant launch either way; with fuse_quant held, the
     q_a norm's and the expansion's quantizes are Quant launches, the same numbers."""
-    from lanefuse.engine.hfconfig import config_from_hf
     from lanefuse.engine.stepweights import random_weights
+    from test_engine import deepseek, in_blocks
 
-    c = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "intermediate_size": 64, "moe_intermediate_size": 32, "vocab_size": 100,
-         "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
-         "kv_lora_rank": 32, "q_lora_rank": 64, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16,
-         "max_position_embeddings": 16}
-    cfg = config_from_hf(c, "DeepSeek-V3 test config", max_len=16)
-    g0 = build_step(cfg, 1)
-    cfg = dataclasses.replace(cfg, formats=tuple((n, "q8_0") for n, k in g0.constants.items()
-                                                 if k.kind == "rows" and k.shape[-1] % 32 == 0))
+    cfg = in_blocks(deepseek(intermediate_size=64, moe_intermediate_size=32, q_lora_rank=64))
     g = build_step(cfg, 1)
     w = random_weights(g, 3)
     mla = ("mla", "mla.absorbed", "mla.quant", "mla.absorbed.quant")
