@@ -77,19 +77,27 @@ def hf_cmd(*args: str) -> list[str]:
     return [sys.executable, "-c", HF, *args]
 
 
-def gemv_bandwidth(repeats: int = 30) -> float:
-    """GB/s numpy's f32 GEMV streams on a matrix well past the caches (64 MiB): the floor of a decode step."""
+_MATS: list = []  # gemv_bandwidth's matrices, made once
+
+
+def gemv_bandwidth(repeats: int = 8) -> float:
+    """GB/s numpy's f32 GEMV streams from memory: four 64 MiB matrices in turn (256 MiB, past any cache: no matrix
+    is read again before the other three, as a decode step reads each weight once), the median call. One matrix
+    read again and again streams faster (some of it stays in a large last-level cache), which no step can use."""
     import numpy as np
 
-    w = np.random.default_rng(0).standard_normal((8192, 2048), dtype=np.float32)
+    if not _MATS:
+        g = np.random.default_rng(0)
+        _MATS.extend(g.standard_normal((8192, 2048), dtype=np.float32) for _ in range(4))
     x = np.ones(2048, dtype=np.float32)
     y = np.empty(8192, dtype=np.float32)
     ts = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.dot(w, x, out=y)
-        ts.append(time.perf_counter() - t0)
-    return w.nbytes / statistics.median(ts) / 1e9
+        for w in _MATS:
+            t0 = time.perf_counter()
+            np.dot(w, x, out=y)
+            ts.append(time.perf_counter() - t0)
+    return _MATS[0].nbytes / statistics.median(ts) / 1e9
 
 
 def products_alone(cfg, repeats: int = 5) -> float:
@@ -257,22 +265,29 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3")
     ckpt = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
     lms, hms, gbs = statistics.median(lf_ms), statistics.median(hf_ms), statistics.median(bw)
     floor = 1e3 * gb / gbs
+    # the ratios a round (its figures measured within seconds of each other), their medians: the machine's speed
+    # drifts from minute to minute, and a ratio of medians taken minutes apart mixes its phases
+    speed = statistics.median(h / lv for h, lv in zip(hf_ms, lf_ms))
+    of_bw = statistics.median(1e3 * gb / b / lv for b, lv in zip(bw, lf_ms))
     print(f"model: {family}-shaped, {args.layers} layers, {params / 1e6:.0f}M parameters, {args.dtype} checkpoint "
           f"{ckpt / 1e6:.0f} MB; "
           f"{len(PROMPT)}-token prompt, {args.tokens} decode steps a round, {args.rounds} rounds interleaved")
     print(f"lanefuse first steps (plans, weights read and decoded to f32 once): {lf.load_s:.2f} s, resident memory "
           f"+{lf.load_bytes / 1e6:.0f} MB anonymous (f32 weights: {4 * params / 1e6:.0f} MB, "
           f"{1e3 * gb:.0f} MB of them read a decode step)")
-    print(f"lanefuse ({lf.label}, {os.environ['OPENBLAS_NUM_THREADS']} BLAS threads): {lms:.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
+    print(f"lanefuse ({lf.label}, {os.environ['OPENBLAS_NUM_THREADS']} BLAS threads): {lms:.1f} ms/token  "
+          f"(rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
-    print(f"numpy f32 GEMV bandwidth: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights")
+    print(f"numpy f32 GEMV bandwidth from memory: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights  "
+          f"(rounds: {', '.join(f'{v:.1f}' for v in bw)})")
     if alone:
         ams = statistics.median(alone)
+        of_alone = statistics.median(a / lv for a, lv in zip(alone, lf_ms))
         print(f"numpy, the step's products alone back to back (same shapes, no runner): {ams:.1f} ms/token "
-              f"({gb / ams * 1e3:.1f} GB/s) -> lanefuse at {ams / lms:.0%} of it")
-    print(f"lanefuse speed / transformers: {hms / lms:.2f}x; lanefuse at {floor / lms:.0%} of the GEMV bandwidth; "
-          f"greedy tokens {'the same' if same else 'DIFFER'}")
+              f"({gb / ams * 1e3:.1f} GB/s) -> lanefuse at {of_alone:.0%} of it")
+    print(f"lanefuse speed / transformers: {speed:.2f}x; lanefuse at {of_bw:.0%} of the GEMV bandwidth; "
+          f"greedy tokens {'the same' if same else 'DIFFER'}  (medians of each round's ratios)")
     return 0
 
 

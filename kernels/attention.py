@@ -295,8 +295,12 @@ class Attention(Launch):
             quant_write(env, self.quant, values, self.words, start=self.seq0 * self.heads * self.vd)
 
     def fast(self, env):
-        """In f32, all heads of a row at once (the splits change only the rounding): keys and values read as views of
-        the cache tables; the logits of a row (heads · its positions) are its only temporaries."""
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        """In f32, all heads of a row at once (the splits change only the rounding), with the views resolved once:
+        keys and values read as views of the cache tables; the logits of a row (heads · its positions) are its only
+        temporaries. Each call finds the rows' positions (`queries`)."""
         vd, kv, grp, own, t = self.vd, self.kv, self.group, self.own, self.tail
         n = self.seq0 + self.rows
         q = env.array(self.q)[: n * self.heads * own].reshape(n, kv, grp, own)
@@ -309,32 +313,38 @@ class Attention(Launch):
         kt = env.array(self.ktail)[: env.array(self.ktail).size // t * t].reshape(-1, t) if t else None
         vals = vc[: vc.size // vp * vp].reshape(-1, vp)[:, self.voff: self.voff + kv * vd].reshape(-1, kv, vd)
         sinks = env.weight(self.sinks)[0][: self.heads].reshape(kv, grp, 1) if self.sinks else None
-        for r, p, at in self.queries(env):
-            lo = at + (max(0, p - self.window + 1) if self.window > 0 else 0)
-            p += at
-            logit = np.matmul(q[r], keys[lo: p + 1].transpose(1, 2, 0))  # (kv, group, positions)
-            if t:  # a Split's second parts: every group's queries against the one shared table
-                logit += np.matmul(qt[r], kt[lo: p + 1].T)
-            logit *= self.scale
-            if self.softcap > 0:
-                logit /= self.softcap
-                np.tanh(logit, out=logit)
-                logit *= self.softcap
-            top = logit.max(axis=-1, keepdims=True)
-            if sinks is not None:
-                np.maximum(top, sinks, out=top)
-            logit -= top
-            np.exp(logit, out=logit)
-            total = logit.sum(axis=-1, keepdims=True)
-            if sinks is not None:
-                total += np.exp(sinks - top)
-            np.matmul(logit, vals[lo: p + 1].transpose(1, 0, 2), out=out[r])
-            out[r] /= total
-        a, b = self.seq0 * self.heads * vd, n * self.heads * vd  # this launch's rows (a batch's from seq0)
-        if self.gate is not None:  # times act(gate)
-            o = flat[a:b]
-            o *= act(self.gate[1], env.array(self.gate[0])[a:b]).astype(np.float32)
-        self.quantize(env, flat[a:b])
+        window, scale, cap = self.window, self.scale, self.softcap
+        mine = flat[self.seq0 * self.heads * vd: n * self.heads * vd]  # this launch's rows (a batch's from seq0)
+        gate = env.array(self.gate[0])[self.seq0 * self.heads * vd: n * self.heads * vd] if self.gate else None
+        matmul, exp = np.matmul, np.exp
+
+        def call():
+            for r, p, at in self.queries(env):
+                lo = at + (max(0, p - window + 1) if window > 0 else 0)
+                p += at
+                logit = matmul(q[r], keys[lo: p + 1].transpose(1, 2, 0))  # (kv, group, positions)
+                if t:  # a Split's second parts: every group's queries against the one shared table
+                    logit += matmul(qt[r], kt[lo: p + 1].T)
+                logit *= scale
+                if cap > 0:
+                    logit /= cap
+                    np.tanh(logit, out=logit)
+                    logit *= cap
+                top = logit.max(axis=-1, keepdims=True)
+                if sinks is not None:
+                    np.maximum(top, sinks, out=top)
+                logit -= top
+                exp(logit, out=logit)
+                total = logit.sum(axis=-1, keepdims=True)
+                if sinks is not None:
+                    total += exp(sinks - top)
+                matmul(logit, vals[lo: p + 1].transpose(1, 0, 2), out=out[r])
+                out[r] /= total
+            if gate is not None:  # times act(gate)
+                np.multiply(mine, act(self.gate[1], gate).astype(np.float32), out=mine)
+            self.quantize(env, mine)
+
+        return call
 
     def fast_temp(self):
         return 0 if self.f32 else (self.seq0 + self.rows) * self.heads * self.vd

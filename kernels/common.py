@@ -4,8 +4,9 @@ computes, costs and refuses, how the schedule tunes it and which kernels it make
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -225,6 +226,22 @@ def dst_view(d: Dst, env, m: int, n: int) -> np.ndarray | None:
     return env.array(d.buf)[b: b + m * n].reshape(m, n)
 
 
+def dst_at(d: Dst, env, m: int, n: int):
+    """A call giving `dst_view(d, env, m, n)` as the step finds it, its buffer resolved once: a table's rows at the
+    position a parameter holds, or the same view each step (then also the call's `fixed`); None where the values are
+    not contiguous."""
+    if not d.contiguous:
+        return None
+    a, size = env.array(d.buf), m * n
+    if isinstance(d.row, str):
+        row, pitch = env.array(d.row), d.pitch
+        return lambda: a[int(row[0]) * pitch: int(row[0]) * pitch + size].reshape(m, n)
+    v = dst_view(d, env, m, n)
+    call = lambda: v  # noqa: E731
+    call.fixed = v
+    return call
+
+
 def read_part(env, name: str, part: Part | None, units: int, width: int) -> np.ndarray:
     """`units` rows of `width` values of tensor `name`: the whole of it, or a part of every unit of it."""
     a = env.array(name)
@@ -383,6 +400,13 @@ class Launch:
             return Refusal(f"a {self.census} launch over a batch's sequences (its kernel takes one sequence's "
                            f"position)")
         return got
+
+    def bind_fast(self, env) -> Callable[[], None]:
+        """The fast twin bound to `env`: a call that runs `fast(env)`, with what does not change from step to step
+        (views of the arena and the tables, weights decoded once) resolved once where the kind does so. A decode
+        step's launches each follow a product that streamed its weights through the caches, so every lookup a launch
+        makes is a memory miss; the runner binds anew when the cache tables change."""
+        return partial(self.fast, env)
 
     def apart(self) -> tuple[Launch, ...]:
         """The launch with each sequence of a batch apart (the `sequences` schedule step held): the same numbers,

@@ -9,6 +9,8 @@ import numpy as np
 
 
 class Env(Protocol):
+    stream: bool  # the fast twins decode each launch's rows as it runs (not once): nothing of them is bound ahead
+
     def array(self, name: str) -> np.ndarray:
         """The flat f32 (or i32) array backing tensor `name`, writable: an arena view, a cache table, a step input."""
 
@@ -31,6 +33,8 @@ class Env(Protocol):
 
 class HostEnv:
     """An Env over dicts of flat numpy arrays; `param` reads element 0 of an i32 array of the same name."""
+
+    stream = False
 
     def __init__(self, arrays: dict[str, np.ndarray] | None = None,
                  weights: dict[str, tuple[np.ndarray, str]] | None = None,

@@ -201,8 +201,16 @@ class Fold(Launch):
         self.then.numpy(env)
 
     def fast(self, env):
-        self.first.fast(env)
-        self.then.fast(env)
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        first, then = self.first.bind_fast(env), self.then.bind_fast(env)
+
+        def call():
+            first()
+            then()
+
+        return call
 
     def fast_temp(self):
         return max(self.first.fast_temp(), self.then.fast_temp())

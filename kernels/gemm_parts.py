@@ -11,11 +11,11 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, Dst, Launch, decode, dst_view, format_refusal, names,
-                                     operand, reach, weight_bytes)
-from lanefuse.kernels.gemv import (WARPS, activation_bytes, fast_products, gemv_check, gemv_fast, gemv_numpy,
-                                   q8_check, q8_code, rows_a_warp)
-from lanefuse.kernels.q8dot import dequantized, q8_exact
+from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, Dst, Launch, decode, dst_at, format_refusal,
+                                     names, operand, reach, weight_bytes)
+from lanefuse.kernels.gemv import (WARPS, activation_at, activation_bytes, bound_product, gemv_bind, gemv_check,
+                                   gemv_numpy, q8_check, q8_code, rows_a_warp, rows_at)
+from lanefuse.kernels.q8dot import q8_exact
 
 
 @dataclass(frozen=True)
@@ -100,28 +100,36 @@ class GemmParts(Launch):
             gemv_numpy(env, self.x, decode(raw, fmt), p.bias, p.y, self.k, p.n, self.m, 1)
 
     def fast(self, env):
-        """One f32 BLAS product over the parts' weights stacked (decoded once), into a temporary (m, Σn), each part
-        then added its bias and copied to its destination."""
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        """One f32 BLAS product over the parts' weights stacked (decoded once) into a temporary (m, Σn), each part
+        then added its bias and copied to its destination: views resolved once."""
+        m, k = self.m, self.k
         if len(self.parts) == 1:
             p = self.parts[0]
-            gemv_fast(env, self.x, p.w, p.bias, p.y, self.k, p.n, self.m, words=self.words)
-            return
-        m, k, total = self.m, self.k, sum(p.n for p in self.parts)
+            return gemv_bind(env, self.x, p.w, p.bias, p.y, k, p.n, m, words=self.words)
+        total = sum(p.n for p in self.parts)
         acc = env.temp(m * total).reshape(m, total)
-        x = dequantized(*env.quant(self.x), m, k) if self.words else env.array(self.x)[: m * k].reshape(m, k)
-        fast_products(x,
-                      env.stacked(tuple(p.w for p in self.parts)).reshape(total, k), acc)
-        at = 0
+        product = bound_product(activation_at(env, self.x, m, k, self.words),
+                                rows_at(env, tuple(p.w for p in self.parts), total, k), acc)
+        outs, at = [], 0
         for p in self.parts:
-            y = acc[:, at: at + p.n]
+            outs.append((acc[:, at: at + p.n], operand(env, p.bias)[: p.n] if p.bias is not None else None,
+                         dst_at(p.y, env, m, p.n), p.y))
             at += p.n
-            if p.bias is not None:
-                np.add(y, operand(env, p.bias)[: p.n], out=y)
-            out = dst_view(p.y, env, m, p.n)
-            if out is None:
-                p.y.write(env, y)
-            else:
-                np.copyto(out, y)
+
+        def call():
+            product()
+            for y, bias, view, d in outs:
+                if bias is not None:
+                    np.add(y, bias, out=y)
+                if view is None:
+                    d.write(env, y)
+                else:
+                    np.copyto(view(), y)
+
+        return call
 
     def fast_temp(self):
         if len(self.parts) == 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import ClassVar
 
 import numpy as np
@@ -15,7 +16,7 @@ from lanefuse.engine.quantize import BLOCK_FORMATS, K_FORMATS
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Q8K, Chip, Dst, Launch, Scratch, decode,
-                                     dst_view, format_refusal, names, operand, qblock, reach, weight_bytes)
+                                     dst_at, format_refusal, names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
 from lanefuse.kernels.quant import quant_bytes
 from lanefuse.kernels.softcap import cap_check, capped
@@ -57,23 +58,71 @@ def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         np.matmul(x, w.T, out=out)
 
 
-def gemv_fast(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int, cap: float = 0.0,
-              words: int = 0) -> None:
-    """The fast twin of `gemv_numpy`: the product in f32 (any split-K sums the same values), written straight into
-    y's view where y is contiguous, else through a temporary (`env.temp`, m·n values); a quantized activation
-    (`words`) dequantized first (kernels/q8dot.py)."""
-    xv = dequantized(*env.quant(x), m, k) if words else env.array(x)[: m * k].reshape(m, k)
-    out = dst_view(y, env, m, n)
-    acc = out if out is not None else env.temp(m * n).reshape(m, n)
-    fast_products(xv, env.matrix(w).reshape(n, k), acc)
-    if bias is not None:
-        np.add(acc, operand(env, bias)[:n], out=acc)
-    if cap > 0:
-        acc /= cap
-        np.tanh(acc, out=acc)
-        acc *= cap
-    if out is None:
-        y.write(env, acc)
+def at_call(v):
+    """What a bound operand is when the call runs: the array itself, or what its call gives."""
+    return v() if callable(v) else v
+
+
+def activation_at(env, name: str, m: int, k: int, words: int = 0):
+    """A product's activation (m, k) for a bound call: a view of its array, or (a quantized activation, `words`) a
+    call dequantizing it as the step finds it (kernels/q8dot.py)."""
+    if words:
+        return lambda: dequantized(*env.quant(name), m, k)
+    return env.array(name)[: m * k].reshape(m, k)
+
+
+def rows_at(env, names: tuple[str, ...], n: int, k: int):
+    """The f32 matrix (n, k) of constants `names` (several: stacked, their rows in turn) for a bound call: decoded
+    once, or (the env streams its weights) a call decoding it for each launch."""
+    def get():
+        return (env.matrix(names[0]) if len(names) == 1 else env.stacked(names)).reshape(n, k)
+
+    return get if env.stream else get()
+
+
+def bound_product(x, w, out, bias: np.ndarray | None = None):
+    """A call computing out (m, n) = x (m, k) · w (n, k)ᵀ (+ bias) by f32 BLAS; each of x, w and out an array resolved
+    ahead or a call giving it as the step finds it (`activation_at`, `rows_at`, `dst_at`). All three fixed and no
+    bias: the BLAS call itself, its arguments bound."""
+    fixed = [getattr(v, "fixed", None) if callable(v) else v for v in (x, w, out)]
+    if bias is None and all(v is not None for v in fixed):
+        xf, wf, of = fixed
+        if xf.shape[0] == 1:
+            return partial(np.matmul, wf, xf[0], out=of[0])
+        return partial(np.matmul, xf, wf.T, out=of)
+
+    def call():
+        y = at_call(out)
+        fast_products(at_call(x), at_call(w), y)
+        if bias is not None:
+            np.add(y, bias, out=y)
+
+    return call
+
+
+def gemv_bind(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int, cap: float = 0.0,
+              words: int = 0):
+    """The fast twin of `gemv_numpy`, bound to `env`: the product in f32 (any split-K sums the same values), written
+    straight into y's view where y is contiguous, else through a temporary (`env.temp`, m·n values); a quantized
+    activation (`words`) dequantized first."""
+    view = dst_at(y, env, m, n)
+    acc = view if view is not None else env.temp(m * n).reshape(m, n)
+    product = bound_product(activation_at(env, x, m, k, words), rows_at(env, (w,), n, k), acc,
+                            operand(env, bias)[:n] if bias is not None else None)
+    if cap <= 0 and view is not None:
+        return product
+
+    def call():
+        product()
+        a = at_call(acc)
+        if cap > 0:
+            a /= cap
+            np.tanh(a, out=a)
+            a *= cap
+        if view is None:
+            y.write(env, a)
+
+    return call
 
 
 def gemv_grid(n: int, m: int, per_warp: int, split: int):
@@ -215,7 +264,10 @@ class Gemv(Launch):
         gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split, self.cap)
 
     def fast(self, env):
-        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap, self.words)
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        return gemv_bind(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap, self.words)
 
     def fast_temp(self):
         return 0 if self.y.contiguous else self.m * self.n
@@ -325,7 +377,10 @@ class GemvF32(Launch):
                    self.split)
 
     def fast(self, env):
-        gemv_fast(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m)
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        return gemv_bind(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m)
 
     def fast_temp(self):
         return Gemv.fast_temp(self)  # type: ignore[arg-type]

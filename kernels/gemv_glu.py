@@ -19,9 +19,9 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Q8K, Launch, Scratch, act, decode, format_refusal,
                                      names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.elementwise import act_code
-from lanefuse.kernels.gemv import (activation_bytes, fast_products, gemv_check, gemv_grid, products, q8_check,
-                                   q8_code, rows_a_warp)
-from lanefuse.kernels.q8dot import dequantized, q8_exact
+from lanefuse.kernels.gemv import (activation_at, activation_bytes, bound_product, gemv_check, gemv_grid, products,
+                                   q8_check, q8_code, rows_a_warp, rows_at)
+from lanefuse.kernels.q8dot import q8_exact
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 
@@ -162,22 +162,33 @@ class GemvGlu(Launch):
             quant_write(env, self.quant, values, self.quant_words)
 
     def fast(self, env):
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
         """In f32: one BLAS product over the gate's and the up's weights stacked (decoded once) into a temporary
-        (m, 2n), the gate's activation in place (`out` its scratch), then their product into `out`."""
+        (m, 2n), the gate's activation in place (`out` its scratch), then their product into `out`; views resolved
+        once."""
         m, n, k = self.m, self.n, self.k
-        x = dequantized(*env.quant(self.x), m, k) if self.words else env.array(self.x)[: m * k].reshape(m, k)
         t = env.temp(self.fast_temp())
         acc = t[: 2 * m * n].reshape(m, 2 * n)
         out = (env.array(self.out) if self.f32 else t[2 * m * n:])[: m * n].reshape(m, n)
-        fast_products(x, env.stacked((self.wg, self.wu)).reshape(2 * n, k), acc)
-        g, u = acc[:, :n], acc[:, n:]
-        if self.bg is not None:
-            np.add(g, operand(env, self.bg)[:n], out=g)
-        if self.bu is not None:
-            np.add(u, operand(env, self.bu)[:n], out=u)
-        act_in_place(self.act, g, out)
-        np.multiply(g, u, out=out)
-        self.quantize(env, out)
+        product = bound_product(activation_at(env, self.x, m, k, self.words),
+                                rows_at(env, (self.wg, self.wu), 2 * n, k), acc)
+        g, u, act = acc[:, :n], acc[:, n:], self.act
+        bg = operand(env, self.bg)[:n] if self.bg is not None else None
+        bu = operand(env, self.bu)[:n] if self.bu is not None else None
+
+        def call():
+            product()
+            if bg is not None:
+                np.add(g, bg, out=g)
+            if bu is not None:
+                np.add(u, bu, out=u)
+            act_in_place(act, g, out)
+            np.multiply(g, u, out=out)
+            self.quantize(env, out)
+
+        return call
 
     def fast_temp(self):
         return (2 + (not self.f32)) * self.m * self.n

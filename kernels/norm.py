@@ -12,7 +12,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Q8K, Dst, Launch, Part, dst_view, read_part, names, reach, rms
+from lanefuse.kernels.common import Q8K, Dst, Launch, Part, dst_at, read_part, names, reach, rms
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 
@@ -115,47 +115,65 @@ class Norm(Launch):
             quant_write(env, self.quant, np.asarray(y, dtype=np.float32).reshape(r, c), self.words)
 
     def fast(self, env):
-        """In f32, written in place: the added operand normed first under a pre-norm (into a temporary), the sum
-        into `sum` (or a temporary), each head's mean square, the scaled values into the destination's view (or a
-        temporary where it is parts of units)."""
-        r, c, hd = self.rows, self.cols, self.cols // self.heads
-        s = read_part(env, self.x, self.part, r, c)
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        """In f32, written in place, with the views resolved once: the added operand normed first under a pre-norm
+        (into a temporary), the sum into `sum` (or a temporary), each head's mean square, the scaled values into the
+        destination's view (or a temporary where it is parts of units, or the quantized form alone is stored), then
+        the quantized form."""
+        r, c, hd, heads = self.rows, self.cols, self.cols // self.heads, self.heads
+        d = self.dst()
+        view = dst_at(d, env, r, c) if self.f32 else None
+        gathered = self.part is not None and r * self.part.pitch > env.array(self.x).size  # a gather each step
+        x = None if gathered else read_part(env, self.x, self.part, r, c)
         t = env.temp(self.fast_temp())
         add = env.array(self.add)[: r * c].reshape(r, c) if self.add is not None else None
-        if self.pre is not None and add is not None:
-            pa = t[2 * r * c: 3 * r * c].reshape(r, c)
-            pinv = np.einsum("rc,rc->r", add, add)[:, None]  # (rows, 1)
-            pinv /= c
-            pinv += self.pre.eps
-            np.sqrt(pinv, out=pinv)
-            np.reciprocal(pinv, out=pinv)
-            np.multiply(add, pinv, out=pa)
-            np.multiply(pa, env.weight(self.pre.w)[0][:c], out=pa)
-            add = pa
-        if add is not None or self.sum is not None:
-            into = env.array(self.sum)[: r * c].reshape(r, c) if self.sum is not None else t[: r * c].reshape(r, c)
-            if add is not None:
-                np.add(s, add, out=into)
-            else:
-                np.copyto(into, s)
-            s = into
-        sh = s.reshape(r, self.heads, hd)
-        inv = np.einsum("rhd,rhd->rh", sh, sh)[..., None]  # (rows, heads, 1)
-        inv /= hd
-        inv += self.eps
-        np.sqrt(inv, out=inv)
-        np.reciprocal(inv, out=inv)
-        d = self.dst()
-        out = dst_view(d, env, r, c) if self.f32 else None
-        y = out if out is not None else t[r * c: 2 * r * c].reshape(r, c)
-        yh = y.reshape(r, self.heads, hd)
-        np.multiply(sh, inv, out=yh)
-        if self.w is not None:
-            np.multiply(yh, env.weight(self.w)[0][:hd], out=yh)
-        if out is None and self.f32:
-            d.write(env, y)
-        if self.quant is not None:
-            quant_write(env, self.quant, y, self.words)
+        pre = self.pre if add is not None else None
+        pa = t[2 * r * c: 3 * r * c].reshape(r, c) if pre is not None else None
+        pw = env.weight(pre.w)[0][:c] if pre is not None else None
+        into = (env.array(self.sum)[: r * c].reshape(r, c) if self.sum is not None else
+                t[: r * c].reshape(r, c) if add is not None else None)
+        yt = t[r * c: 2 * r * c].reshape(r, c)  # the result where it has no view of its own
+        w = env.weight(self.w)[0][:hd] if self.w is not None else None
+        eps, f32, quant, words = self.eps, self.f32, self.quant, self.words
+        einsum, sqrt, recip, mul = np.einsum, np.sqrt, np.reciprocal, np.multiply
+
+        def call():
+            s = x if x is not None else read_part(env, self.x, self.part, r, c)
+            a = add
+            if pre is not None:
+                pinv = einsum("rc,rc->r", a, a)[:, None]  # (rows, 1)
+                pinv /= c
+                pinv += pre.eps
+                sqrt(pinv, out=pinv)
+                recip(pinv, out=pinv)
+                mul(a, pinv, out=pa)
+                mul(pa, pw, out=pa)
+                a = pa
+            if into is not None:
+                if a is not None:
+                    np.add(s, a, out=into)
+                else:
+                    np.copyto(into, s)
+                s = into
+            sh = s.reshape(r, heads, hd)
+            inv = einsum("rhd,rhd->rh", sh, sh)[..., None]  # (rows, heads, 1)
+            inv /= hd
+            inv += eps
+            sqrt(inv, out=inv)
+            recip(inv, out=inv)
+            y = view() if view is not None else yt
+            yh = y.reshape(r, heads, hd)
+            mul(sh, inv, out=yh)
+            if w is not None:
+                mul(yh, w, out=yh)
+            if view is None and f32:
+                d.write(env, y)
+            if quant is not None:
+                quant_write(env, quant, y, words)
+
+        return call
 
     def fast_temp(self):
         return (3 if self.pre is not None else 2) * self.rows * self.cols

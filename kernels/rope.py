@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, batch_apart, batch_dsts, dst_view, format_refusal,
+from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, batch_apart, batch_dsts, dst_at, format_refusal,
                                      names, reach, read_part, rms)
 from lanefuse.kernels.head_gemv import HeadGemv
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
@@ -101,53 +101,64 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
     s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
 
 
-def side_fast(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, slot: int = 0,
-              seq0: int = 0) -> None:
-    """The fast twin of `side_numpy`: the same rotation in f32 (the norm's mean square by einsum), a few whole-array
-    operations a side on views (the part read in place, the positions' cos and sin rows sliced), written straight into
-    the destination's view where it is contiguous and apart from the source."""
+def side_bind(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, t: np.ndarray,
+              slot: int = 0, seq0: int = 0):
+    """The fast twin of `side_numpy`, bound to `env`: the same rotation in f32 (the norm's mean square by einsum), a
+    few whole-array operations a side on views resolved once (the part read in place, the cos and sin rows of the
+    positions the call finds), written straight into the destination's view where it is contiguous and apart from
+    the source. `t` (2·rows·heads·hd values of the arena's tail) holds the normed heads, and the rotated ones where
+    they have no view of their own."""
     hd, rot = side_shape(s, hd, rot)
-    n = seq0 + rows
-    w = s.heads * hd
+    n, w, heads = seq0 + rows, s.heads * hd, s.heads
     if s.absorb is not None:  # each head's product in f32 BLAS, a batched matmul over the heads
-        absorbing(s, rows, hd).fast(env)
-        return
-    x = read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, s.heads, hd)
+        return absorbing(s, rows, hd).bind_fast(env)
+    gathered = s.part is not None and n * s.part.pitch > env.array(s.x).size  # a gather each step
+    x0 = None if gathered else read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, heads, hd)
+    view = dst_at(s.y, env, rows, w) if not seq0 else None
+    if view is not None and s.norm is None and x0 is not None and np.may_share_memory(getattr(view, "fixed", ()), x0):
+        view = None  # rotated in place: through the temporary
     half = rot // 2
-    if s.norm is not None:
-        inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
-        inv *= 1.0 / hd
-        inv += s.norm[1]
-        np.sqrt(inv, out=inv)
-        np.reciprocal(inv, out=inv)
-        x = x * inv
-        x *= env.weight(s.norm[0])[0][:hd]
-    if rot == 0:  # normed only
-        s.y.write(env, x, first=seq0 * w)
-        if s.quant is not None:
-            quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
-        return
-    ct, st = env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)
-    if slot:
-        p = env.array(pos)[seq0:n].astype(np.int64)
-        c, sn = ct[p][:, None, :], st[p][:, None, :]
-    else:
-        p0 = env.param(pos)
-        c, sn = ct[p0: p0 + rows][:, None, :], st[p0: p0 + rows][:, None, :]
-    out = dst_view(s.y, env, rows, w) if not seq0 else None
-    if out is not None and np.may_share_memory(out, x):
-        out = None
-    y = out.reshape(rows, s.heads, hd) if out is not None else np.empty((rows, s.heads, hd), dtype=np.float32)
-    x1, x2 = x[..., :half], x[..., half:rot]
-    y1, y2 = y[..., :half], y[..., half:rot]
-    np.multiply(x1, c, out=y1)
-    y1 -= x2 * sn
-    np.multiply(x2, c, out=y2)
-    y2 += x1 * sn
-    if rot < hd:
-        y[..., rot:] = x[..., rot:]
-    if out is None:
-        s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
+    nw, eps = (env.weight(s.norm[0])[0][:hd], s.norm[1]) if s.norm is not None else (None, 0.0)
+    xn, yt = t[: rows * w].reshape(rows, heads, hd), t[rows * w: 2 * rows * w].reshape(rows, heads, hd)
+    ct, st = (env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)) if rot else (None, None)
+    at = env.array(pos) if rot else None
+    mul = np.multiply
+
+    def call():
+        x = x0 if x0 is not None else read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, heads, hd)
+        if nw is not None:
+            inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
+            inv *= 1.0 / hd
+            inv += eps
+            np.sqrt(inv, out=inv)
+            np.reciprocal(inv, out=inv)
+            mul(x, inv, out=xn)
+            mul(xn, nw, out=xn)
+            x = xn
+        if rot == 0:  # normed only
+            s.y.write(env, x, first=seq0 * w)
+            if s.quant is not None:
+                quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
+            return
+        if slot:
+            p = at[seq0:n].astype(np.int64)
+            c, sn = ct[p][:, None, :], st[p][:, None, :]
+        else:
+            p0 = int(at[0])
+            c, sn = ct[p0: p0 + rows][:, None, :], st[p0: p0 + rows][:, None, :]
+        y = view().reshape(rows, heads, hd) if view is not None else yt
+        x1, x2 = x[..., :half], x[..., half:rot]
+        y1, y2 = y[..., :half], y[..., half:rot]
+        mul(x1, c, out=y1)
+        y1 -= x2 * sn
+        mul(x2, c, out=y2)
+        y2 += x1 * sn
+        if rot < hd:
+            y[..., rot:] = x[..., rot:]
+        if view is None:
+            s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
+
+    return call
 
 
 def side_check(s: RopeSide, hd: int, rot: int, epilogue: bool = False) -> Refusal | None:
@@ -276,8 +287,22 @@ class RopeParts(Launch):
             side_numpy(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot, self.slot, self.seq0)
 
     def fast(self, env):
-        for s in self.sides:
-            side_fast(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot, self.slot, self.seq0)
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        """Each side bound once (`side_bind`); they run in turn, each through the same temporaries."""
+        t = env.temp(self.fast_temp())
+        calls = [side_bind(env, s, self.cos, self.sin, self.pos, self.rows, self.hd, self.rot, t, self.slot, self.seq0)
+                 for s in self.sides]
+
+        def run():
+            for call in calls:
+                call()
+
+        return run
+
+    def fast_temp(self):
+        return 2 * self.rows * max(s.heads * self._hd(s) for s in self.sides)
 
     def grid_block(self):
         return ((self.rows * sum(s.heads for s in self.sides), 1, 1), (128, 1, 1))

@@ -28,13 +28,28 @@ def r32(g, *shape):
 
 
 def twins(launch, arrays, weights):
-    """Both twins of `launch` on copies of the same env: (exact env, fast env)."""
+    """Both twins of `launch` on copies of the same env: (exact env, fast env). The fast twin bound ahead
+    (`bind_fast`: the fast runner binds each launch once and calls it every step) reads its parameters (a position, a
+    batch's positions) when called, not when bound: bound while they hold other values, it writes what `fast` does,
+    bit for bit."""
     envs = []
-    for how in ("numpy", "fast"):
+    for how in ("numpy", "fast", "bound"):
         env = HostEnv({k: v.copy() for k, v in arrays.items()}, dict(weights))
-        getattr(launch, how)(env)
+        if how == "bound":
+            ints = [v for v in env.arrays.values() if v.dtype == np.int32]
+            for v in ints:
+                v += 1  # other positions when bound
+            call = launch.bind_fast(env)
+            for v in ints:
+                v -= 1
+            call()
+        else:
+            getattr(launch, how)(env)
         envs.append(env)
-    return envs
+    exact, fast, bound = envs
+    for n, a in fast.arrays.items():
+        assert np.array_equal(a, bound.arrays[n], equal_nan=True), f"`{n}`: the bound fast twin differs from `fast`"
+    return exact, fast
 
 
 def agree(exact, fast, names):

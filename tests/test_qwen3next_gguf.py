@@ -21,6 +21,7 @@ from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
 from lanefuse.engine.front import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
+from test_engine import in_blocks  # noqa: E402
 from test_gguf import _needs_blocks, _rewrite  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -230,12 +231,7 @@ def _all_q8_shape():
     from lanefuse.engine.stepweights import random_weights
 
     c = {"architectures": ["Qwen3NextForCausalLM"], **SHAPE, "head_dim": 32}  # attention heads of whole blocks
-    cfg = config_from_hf(c, "Qwen3-Next q8 test config", max_len=16)
-    g = cfg.build_step(1)
-    fmts = tuple((n, "q8_0") for n, k in g.constants.items() if k.kind == "rows" and k.shape[-1] % 32 == 0)
-    import dataclasses
-
-    cfg = dataclasses.replace(cfg, formats=fmts)
+    cfg = in_blocks(config_from_hf(c, "Qwen3-Next q8 test config", max_len=16), "q8_0")
     return cfg, random_weights(cfg.build_step(1), 5)
 
 
@@ -313,12 +309,7 @@ def _all_k_shape(fmt: str):
 
     c = {"architectures": ["Qwen3NextForCausalLM"], **K_SHAPE, "head_dim": 64, "linear_value_head_dim": 64,
          "intermediate_size": 256}
-    cfg = config_from_hf(c, "Qwen3-Next q8k test config", max_len=16)
-    g = cfg.build_step(1)
-    fmts = tuple((n, fmt) for n, k in g.constants.items() if k.kind == "rows" and k.shape[-1] % 256 == 0)
-    import dataclasses
-
-    cfg = dataclasses.replace(cfg, formats=fmts)
+    cfg = in_blocks(config_from_hf(c, "Qwen3-Next q8k test config", max_len=16), fmt)
     return cfg, random_weights(cfg.build_step(1), 6)
 
 
