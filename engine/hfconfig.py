@@ -10,8 +10,9 @@ from typing import Any
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import ModelConfig
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
-             "Qwen2MoeForCausalLM")
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+             "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+WINDOWED = ("MistralForCausalLM", "MixtralForCausalLM")  # `sliding_window` (null: none) is every layer's window
 QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")  # engine/moe.py reads their mixture
@@ -170,8 +171,9 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for Llama")
     if arch in QK_NORM and r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias is not supported for {arch.replace('ForCausalLM', '')}")
-    if arch == "MixtralForCausalLM" and r.flag("attention_bias"):
-        raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for Mixtral")
+    if arch in WINDOWED and r.flag("attention_bias"):
+        raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for "
+                        f"{arch.replace('ForCausalLM', '')}")
     if arch == "Qwen2MoeForCausalLM" and c.get("qkv_bias") is False:
         raise UserError(f"{where}: a Qwen2-MoE without its q/k/v biases (qkv_bias false) is not supported")
     if r.flag("use_sliding_window"):
@@ -190,6 +192,7 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: a rotary width of {int(head_dim * partial)} (head_dim {head_dim} x "
                         f"partial_rotary_factor {partial}); expected at least 2")
     max_pos = r.size("max_position_embeddings", max_len)
+    window = r.size("sliding_window") if arch in WINDOWED and r.has("sliding_window") else 0
     moe = None
     if arch in MOE_ARCHS:
         from lanefuse.engine.moe import read_moe
@@ -201,5 +204,5 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
         tie_embeddings=r.flag("tie_word_embeddings"),
         qkv_bias=arch in QKV_BIAS, qk_norm=arch in QK_NORM,
-        max_len=min(max_len, max_pos), name=name, moe=moe,
+        max_len=min(max_len, max_pos), name=name, moe=moe, window=window,
     )

@@ -16,7 +16,7 @@ MAX_CHUNK = 64  # the largest prefill chunk a step graph is built for
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str  # LlamaForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM
+    arch: str  # LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM | the mixtures'
     hidden: int
     layers: int
     heads: int
@@ -35,6 +35,7 @@ class ModelConfig:
     formats: tuple[tuple[str, str], ...] = ()  # weight name -> checkpoint format (f32 / f16 / bf16), default f32
     name: str = "model"
     moe: Any = None  # engine/moe.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
+    window: int = 0  # Mistral, Mixtral: the positions every layer's query attends, its own the last (0: all before it)
 
     def sparse(self, i: int) -> bool:
         """Whether layer i's FFN is an expert mixture."""
@@ -185,7 +186,7 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1) -> Graph:
         kc = op("set_row", [caches[i][0], k, "pos"], "kc")
         vc = op("set_row", [caches[i][1], v, "pos"], "vc")
         a = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
-               scale=float(hd) ** -0.5, window=0, softcap=0.0)
+               scale=float(hd) ** -0.5, window=cfg.window, softcap=0.0)
         o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
         x1 = op("add", [x, o], "resid_attn")
         h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)

@@ -36,9 +36,6 @@ def read_moe(r, arch: str, layers: int) -> MoeConfig:
     if k > experts:
         raise UserError(f"{where}: `num_experts_per_tok` {k} is more than the {experts} experts")
     if arch == "MixtralForCausalLM":
-        if r.has("sliding_window"):
-            raise UserError(f"{where}: a Mixtral with a sliding window (`sliding_window` {r.c['sliding_window']}) is "
-                            f"not supported")
         return MoeConfig(experts, k, r.size("intermediate_size"), True, tuple(range(layers)), spelling="mixtral")
     inter = r.size("moe_intermediate_size")
     step = r.size("decoder_sparse_step", 1)

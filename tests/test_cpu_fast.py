@@ -161,6 +161,8 @@ MODELS = {
                                        ("model.layers.1.self_attn.q_proj.weight", "bf16")), name="tiny-qwen3"),
     "llama_partial": ModelConfig("LlamaForCausalLM", 64, 1, 4, 4, 16, 64, 90, partial_rotary=0.5, max_len=64,
                                  name="tiny-partial"),
+    "mistral_window": ModelConfig("MistralForCausalLM", 48, 2, 3, 1, 16, 37, 90, window=3, max_len=64,
+                                  name="tiny-mistral"),
 }
 
 

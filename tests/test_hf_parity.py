@@ -1,5 +1,6 @@
-"""Parity with transformers: tiny random Llama / Qwen2 / Qwen3 models saved with `save_pretrained`, loaded by the
-front and run by the reference interpreter, give the same 32 greedy tokens and logits within 1e-4 of their scale."""
+"""Parity with transformers: tiny random Llama / Mistral / Qwen2 / Qwen3 models saved with `save_pretrained`, loaded
+by the front and run by the reference interpreter, give the same 32 greedy tokens and logits within 1e-4 of their
+scale."""
 
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ CASES = {
                                                num_key_value_heads=1, head_dim=24, intermediate_size=80,
                                                vocab_size=97, rms_norm_eps=1e-5, rope_theta=500.0,
                                                tie_word_embeddings=True), "float16"),
+    # Mistral: every layer's queries attend the last `sliding_window` positions (5 here: decode at positions 6-37
+    # and the second prefill chunk reach past it); Mistral-Nemo's heads wider than hidden / heads, no window
+    "mistral_window_f32": ("MistralConfig", dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                                 num_key_value_heads=1, head_dim=16, intermediate_size=37,
+                                                 vocab_size=97, sliding_window=5), "float32"),
+    "mistral_window_bf16": ("MistralConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                  num_key_value_heads=2, intermediate_size=37, vocab_size=90,
+                                                  rope_theta=1e6, sliding_window=3), "bfloat16"),
+    "mistral_nemo_f16": ("MistralConfig", dict(hidden_size=40, num_hidden_layers=2, num_attention_heads=4,
+                                               num_key_value_heads=2, head_dim=16, intermediate_size=56,
+                                               vocab_size=101, sliding_window=None), "float16"),
     "qwen2_bf16": ("Qwen2Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                        num_key_value_heads=2, intermediate_size=96, vocab_size=120,
                                        rope_theta=1000000.0), "bfloat16"),

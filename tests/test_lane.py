@@ -432,3 +432,23 @@ def test_check_command_runs_every_plan_against_the_reference():
 def test_a_step_of_too_many_rows_is_a_user_error():
     r = _cli("plan", "--rows", "65")
     assert r.returncode == 2 and "prefill chunk of up to 64" in r.stderr and "internal error" not in r.stderr
+
+
+MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
+              "sliding_window": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 32768,
+              "torch_dtype": "bfloat16"}
+
+
+def test_golden_mistral_7b_decode():
+    """Mistral-7B v0.1's shape (its config.json alone): Llama's 5 launches a layer, every attention over the last 4096
+    positions (the window the lifted graph's attention carries to its launch)."""
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    cfg = config_from_hf(MISTRAL_7B, max_len=8192)
+    s = plan(build_step(cfg, 1))
+    assert s.census == {"argmax": 1, "attention": 32, "fold": 97, "gemv": 1, "gemv_glu": 32}
+    assert max(v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1) == 5
+    windows = {k.window for x in s.launches for k in x.launch.kernels() if k.census == "attention"}
+    assert windows == {4096}
+    assert plan(build_step(config_from_hf({**MISTRAL_7B, "sliding_window": None}), 1)).census == s.census

@@ -167,6 +167,7 @@ CASES = {  # name: (config class, config kwargs)
     "qwen3_moe_unnormed": ("Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=20,
                                                   norm_topk_prob=False, decoder_sparse_step=2)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
+    "mixtral_window": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=6)),
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=37,
                                          shared_expert_intermediate_size=40, norm_topk_prob=False)),
 }
@@ -441,8 +442,8 @@ def test_config_refusals_are_one_line():
     bad = [({"mlp_only_layers": "0"}, r"`mlp_only_layers` is 0; expected a list of layer numbers"),
            ({"num_experts_per_tok": 0}, r"`num_experts_per_tok` is 0; expected a positive integer"),
            ({"moe_intermediate_size": None}, r"missing `moe_intermediate_size`"),
-           ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "sliding_window": 4096},
-            r"a Mixtral with a sliding window \(`sliding_window` 4096\) is not supported"),
+           ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "sliding_window": 0},
+            r"`sliding_window` is 0; expected a positive integer"),
            ({"architectures": ["Qwen2MoeForCausalLM"], "shared_expert_intermediate_size": 16, "qkv_bias": False},
             r"a Qwen2-MoE without its q/k/v biases"),
            ({"architectures": ["Qwen2MoeForCausalLM"]}, r"missing `shared_expert_intermediate_size`")]
