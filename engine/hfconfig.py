@@ -10,9 +10,10 @@ from typing import Any
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import ModelConfig
 
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-             "MixtralForCausalLM", "Qwen2MoeForCausalLM")
-WINDOWED = ("MistralForCausalLM", "MixtralForCausalLM")  # `sliding_window` (null: none) is every layer's window
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+             "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+WINDOWED = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")  # `sliding_window` (null: none) is every
+# layer's window
 QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")  # engine/moe.py reads their mixture
@@ -198,7 +199,9 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         from lanefuse.engine.moe import read_moe
 
         moe = read_moe(r, arch, layers)
-    return ModelConfig(
+    from lanefuse.engine.phi3 import ARCHS as PHI3, Phi3Config
+
+    return (Phi3Config if arch in PHI3 else ModelConfig)(
         arch=arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,
         inter=inter, vocab=vocab, eps=eps,
         rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,

@@ -17,7 +17,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.gemma import ONE_PLUS
 from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.model import ModelConfig, step_frame
-from lanefuse.engine.weights import BLOCK_FORMATS
+from lanefuse.engine.weights import BLOCK_FORMATS, PartsStore
 
 ARCHS = ("Qwen3NextForCausalLM",)
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -177,7 +177,7 @@ def _splits(cfg: Qwen3NextConfig, i: int) -> dict[str, tuple[str, np.ndarray]]:
     return out
 
 
-class SplitStore:
+class SplitStore(PartsStore):
     """A weight store (engine/weights.py's backends) that also serves Qwen3-Next's fused tensors split into the parts
     the step reads, as rows of the stored tensors in their stored format (no copy until read; a block format's rows
     are whole blocks, so rows of it taken apart are still that format). A GGUF file's (engine/gguf_names.py) may hold
@@ -185,10 +185,9 @@ class SplitStore:
     log(-A)). A fused tensor missing or of the wrong shape is named at load."""
 
     def __init__(self, base, cfg: Qwen3NextConfig, where: str):
-        self.base, self.where_ = base, where
+        super().__init__(base, {}, where)
         name_of = getattr(base, "file_name", lambda n: n)  # a GGUF store names its tensors as the file does
-        # name -> ((stored tensor, its rows taken in order), ...) joined, the shape served, how the values are read
-        self.parts: dict[str, tuple[tuple[tuple[str, np.ndarray], ...], tuple[int, ...], str]] = {}
+        self.log_neg: set[str] = set()  # the parts read as log(-values): A_log from a GGUF file's -exp(A_log)
         have = set(base.names())
         d, kd, vd = cfg.hidden, cfg.hk * cfg.dk, cfg.hv * cfg.dv
         stored = {"in_proj_qkvz.weight": [(2 * kd + 2 * vd, d)], "in_proj_qkv.weight": [(2 * kd + vd, d)],
@@ -222,49 +221,28 @@ class SplitStore:
                     raise UserError(f"{where}: tensors {' and '.join(f'`{name_of(p)}`' for p, _ in pieces)} are "
                                     f"stored as {' and '.join(sorted(fmts))}; lanefuse reads them as one product, "
                                     f"in one format")
-                self.parts[name] = (pieces, shapes[name], "rows")
+                self.parts[name] = (pieces, shapes[name])
             if cfg.linear(i) and a + "A_log" not in have and a + "A" in have:  # a GGUF file's ssm_a: -exp(A_log)
                 check(a + "A")
-                self.parts[a + "A_log"] = (((a + "A", np.arange(cfg.hv)),), (cfg.hv,), "log_neg")
-
-    def names(self) -> list[str]:
-        return list(dict.fromkeys(list(self.base.names()) + list(self.parts)))
+                self.parts[a + "A_log"] = (((a + "A", np.arange(cfg.hv)),), (cfg.hv,))
+                self.log_neg.add(a + "A_log")
 
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
-        if name not in self.parts:
-            return self.base.info(name)
-        pieces, shape, how = self.parts[name]
-        return shape, "f32" if how == "log_neg" else self.base.info(pieces[0][0])[1]
+        if name in self.log_neg:
+            return self.parts[name][1], "f32"
+        return super().info(name)
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
-        if name not in self.parts:
-            return self.base.raw(name)
-        pieces, shape, how = self.parts[name]
-        got = []
-        for src, idx in pieces:
-            arr, fmt = self.base.raw(src)
-            a = np.asarray(arr)
-            got.append(a.reshape(a.shape[0], -1)[idx])
-        rows = np.ascontiguousarray(np.concatenate(got) if len(got) > 1 else got[0])
-        if how == "log_neg":
-            from lanefuse.engine.weights import dequantize
+        if name not in self.log_neg:
+            return super().raw(name)
+        from lanefuse.engine.weights import dequantize
 
-            neg = -np.asarray(dequantize(rows.reshape(-1), fmt), dtype=np.float64)
-            if not (neg > 0).all():
-                raise UserError(f"{self.where(name)}: holds a value that is not negative; it is -exp(A_log), a "
-                                f"negative number for every value head")
-            return np.log(neg).astype(np.float32), "f32"
-        return (rows if fmt in BLOCK_FORMATS else rows.reshape(shape)), fmt
-
-    def where(self, name: str) -> str:
-        part = self.parts.get(name)
-        return self.base.where(part[0][0][0] if part else name)
-
-    def file_name(self, name: str) -> str:
-        """The name the file holds `name` under (a split tensor's first stored part; a GGUF store's own name)."""
-        part = self.parts.get(name)
-        inner = part[0][0][0] if part else name
-        return self.base.file_name(inner) if hasattr(self.base, "file_name") else inner
+        rows, fmt = self.rows(name)
+        neg = -np.asarray(dequantize(rows.reshape(-1), fmt), dtype=np.float64)
+        if not (neg > 0).all():
+            raise UserError(f"{self.where(name)}: holds a value that is not negative; it is -exp(A_log), a "
+                            f"negative number for every value head")
+        return np.log(neg).astype(np.float32), "f32"
 
 
 # -- config.json ------------------------------------------------------------------------------------------------------

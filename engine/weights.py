@@ -174,6 +174,52 @@ class DictStore:
         return "memory"
 
 
+class PartsStore:
+    """A weight store over another (`base`, engine/weights.py's backends) that also serves tensors made of rows of the
+    stored ones, what a family's checkpoint holds fused and its step reads in parts: `parts` name -> ((stored tensor,
+    its rows taken in order), ...) joined, and the shape served. Rows in the stored format, copied only when read (a
+    block format's rows are whole blocks, so rows of it taken apart are still that format)."""
+
+    def __init__(self, base, parts: dict[str, tuple[tuple[tuple[str, np.ndarray], ...], tuple[int, ...]]],
+                 where: str):
+        self.base, self.where_, self.parts = base, where, parts  # where_: where() is a method
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(list(self.base.names()) + list(self.parts)))
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        if name not in self.parts:
+            return self.base.info(name)
+        pieces, shape = self.parts[name]
+        return shape, self.base.info(pieces[0][0])[1]
+
+    def rows(self, name: str) -> tuple[np.ndarray, str]:
+        """Part `name`'s rows joined, one row a stored row (a block format's as its bytes), and their format."""
+        pieces, _ = self.parts[name]
+        got, fmt = [], "f32"
+        for src, idx in pieces:
+            arr, fmt = self.base.raw(src)
+            a = np.asarray(arr)
+            got.append(a.reshape(a.shape[0], -1)[idx])
+        return np.ascontiguousarray(np.concatenate(got) if len(got) > 1 else got[0]), fmt
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        if name not in self.parts:
+            return self.base.raw(name)
+        rows, fmt = self.rows(name)
+        return (rows if fmt in BLOCK_FORMATS else rows.reshape(self.parts[name][1])), fmt
+
+    def where(self, name: str) -> str:
+        part = self.parts.get(name)
+        return self.base.where(part[0][0][0] if part else name)
+
+    def file_name(self, name: str) -> str:
+        """The name the file holds `name` under (a part's first stored tensor; a GGUF store's own name)."""
+        part = self.parts.get(name)
+        inner = part[0][0][0] if part else name
+        return self.base.file_name(inner) if hasattr(self.base, "file_name") else inner
+
+
 class SafetensorsStore:
     """A checkpoint folder's safetensors files (one, or shards named by model.safetensors.index.json): headers read
     up front, tensors read on demand (f32/f16 through safetensors, bf16 memory-mapped as uint16)."""

@@ -222,7 +222,7 @@ def _hf_model(name, tmp_path):
     pytest.importorskip("transformers")
     from lanefuse.engine.front import load_model
 
-    if name in ("llama_llama3_f32", "mistral_window_f32", "qwen2_f32", "qwen3_f32"):
+    if name in ("llama_llama3_f32", "mistral_window_f32", "phi3_window_f32", "qwen2_f32", "qwen3_f32"):
         from test_hf_parity import _build
 
         folder, _ = _build(name, tmp_path)
@@ -243,8 +243,8 @@ def _hf_model(name, tmp_path):
     return load_model(folder)
 
 
-@pytest.mark.parametrize("name", ["llama_llama3_f32", "mistral_window_f32", "qwen2_f32", "qwen3_f32", "gemma2_f32",
-                                  "gemma3_f32", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("name", ["llama_llama3_f32", "mistral_window_f32", "phi3_window_f32", "qwen2_f32", "qwen3_f32",
+                                  "gemma2_f32", "gemma3_f32", "qwen3_moe", "gpt_oss"])
 def test_every_family_batched_as_alone(name, tmp_path):
     cfg, w = _hf_model(name, tmp_path)
     prompts = [[t % cfg.vocab for t in p] for p in HF_PROMPTS]

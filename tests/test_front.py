@@ -248,3 +248,57 @@ def test_step_weights_checkpoint_relative_to_the_yaml(tmp_path):
     g.meta["weights"] = {"checkpoint": "ckpt"}
     w = step_weights(g, tmp_path)
     assert w.get("rope.cos").shape == g.constants["rope.cos"].shape
+
+
+PHI3 = {**HF, "architectures": ["Phi3ForCausalLM"], "sliding_window": 7}
+
+
+def _phi3_fused(folder, arrays: dict[str, np.ndarray], drop=(), reshape=None) -> None:
+    """A Phi-3 checkpoint of `arrays` (Llama's names) as Phi-3 stores it: each layer's q, k, v rows in one qkv_proj,
+    its gate and up rows in one gate_up_proj."""
+    out = dict(arrays)
+    for i in range(PHI3["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        qkv = [out.pop(p + f"self_attn.{r}_proj.weight") for r in "qkv"]
+        gu = [out.pop(p + f"mlp.{r}_proj.weight") for r in ("gate", "up")]
+        out[p + "self_attn.qkv_proj.weight"] = np.concatenate(qkv)
+        out[p + "mlp.gate_up_proj.weight"] = np.concatenate(gu)
+    for n in drop:
+        out.pop(n)
+    for n, shape in (reshape or {}).items():
+        out[n] = np.zeros(shape, np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(PHI3))
+    save_file(out, str(folder / "model.safetensors"))
+
+
+def test_phi3_reads_its_fused_projections_in_parts(tmp_path):
+    """Phi-3's qkv_proj and gate_up_proj are served as Llama's q/k/v and gate/up rows; the same tokens as the same
+    weights held apart (which a Phi-3 checkpoint may also do); every layer's window from `sliding_window`."""
+    cfg = config_from_hf(PHI3)
+    arrays = random_arrays(cfg, 3)
+    write_checkpoint(tmp_path / "apart", PHI3, seed=3)
+    _phi3_fused(tmp_path / "fused", arrays)
+    (c1, w1), (c2, w2) = load_model(tmp_path / "apart"), load_model(tmp_path / "fused")
+    assert c1.window == c2.window == 7 and type(c2).__name__ == "Phi3Config"
+    for n in ("model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+        assert np.array_equal(w2.get(n), arrays[n])
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5]  # past the window
+    assert generate(c1, w1, prompt, 6, chunk=4).generated_ids == generate(c2, w2, prompt, 6, chunk=4).generated_ids
+
+
+def test_phi3_refusals_name_the_tensor_or_key(tmp_path):
+    arrays = random_arrays(config_from_hf(PHI3), 0)
+    qkv = "model.layers.1.self_attn.qkv_proj.weight"
+    _phi3_fused(tmp_path / "a", arrays, drop=[qkv])
+    with pytest.raises(UserError, match=rf"the checkpoint has no tensor `{qkv}` \(expected shape \(64, 32\); nor its "
+                                        r"parts `self_attn.q_proj.weight`"):
+        load_model(tmp_path / "a")
+    _phi3_fused(tmp_path / "b", arrays, reshape={"model.layers.0.mlp.gate_up_proj.weight": (90, 32)})
+    with pytest.raises(UserError, match=r"tensor `model.layers.0.mlp.gate_up_proj.weight` has shape \(90, 32\), "
+                                        r"expected \(96, 32\)"):
+        load_model(tmp_path / "b")
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "factor": 32.0,
+                "original_max_position_embeddings": 4096}
+    with pytest.raises(UserError, match=r"^config.json: rope type `longrope` is not supported"):
+        config_from_hf({**PHI3, "rope_scaling": longrope})

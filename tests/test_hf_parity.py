@@ -1,4 +1,4 @@
-"""Parity with transformers: tiny random Llama / Mistral / Qwen2 / Qwen3 models saved with `save_pretrained`, loaded
+"""Parity with transformers: tiny random Llama / Mistral / Phi-3 / Qwen2 / Qwen3 models saved with `save_pretrained`, loaded
 by the front and run by the reference interpreter, give the same 32 greedy tokens and logits within 1e-4 of their
 scale."""
 
@@ -45,6 +45,14 @@ CASES = {
     "mistral_nemo_f16": ("MistralConfig", dict(hidden_size=40, num_hidden_layers=2, num_attention_heads=4,
                                                num_key_value_heads=2, head_dim=16, intermediate_size=56,
                                                vocab_size=101, sliding_window=None), "float16"),
+    # Phi-3: q, k, v in one qkv_proj and gate, up in one gate_up_proj (read in parts); a window of 4, heads of 16
+    # rotated over half their width; and Phi-3-mini's kv heads as many as its heads, no window, in bf16
+    "phi3_window_f32": ("Phi3Config", dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                           num_key_value_heads=1, intermediate_size=37, vocab_size=97,
+                                           sliding_window=4, partial_rotary_factor=0.5, pad_token_id=0), "float32"),
+    "phi3_bf16": ("Phi3Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=4, intermediate_size=56, vocab_size=110, sliding_window=None,
+                                     pad_token_id=0), "bfloat16"),
     "qwen2_bf16": ("Qwen2Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                        num_key_value_heads=2, intermediate_size=96, vocab_size=120,
                                        rope_theta=1000000.0), "bfloat16"),

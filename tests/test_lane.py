@@ -452,3 +452,21 @@ def test_golden_mistral_7b_decode():
     windows = {k.window for x in s.launches for k in x.launch.kernels() if k.census == "attention"}
     assert windows == {4096}
     assert plan(build_step(config_from_hf({**MISTRAL_7B, "sliding_window": None}), 1)).census == s.census
+
+
+PHI3_MINI = {"architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 8192, "vocab_size": 32064,
+             "sliding_window": 2047, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": None,
+             "max_position_embeddings": 4096, "original_max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
+
+
+def test_golden_phi3_mini_decode():
+    """Phi-3-mini-4k's shape (its config.json alone): its fused projections read in parts plan as Llama's, 5 launches
+    a layer, every attention over the last 2047 positions."""
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    cfg = config_from_hf(PHI3_MINI, max_len=4096)
+    s = plan(build_step(cfg, 1))
+    assert s.census == {"argmax": 1, "attention": 32, "fold": 97, "gemv": 1, "gemv_glu": 32}
+    assert max(v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1) == 5
+    assert {k.window for x in s.launches for k in x.launch.kernels() if k.census == "attention"} == {2047}
