@@ -182,6 +182,10 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
         from lanefuse.engine.gptoss import gptoss_from_gguf
 
         return gptoss_from_gguf(cfg, r, arch, where)
+    if arch == "phi3":  # its window, its fused projections read in parts (engine/phi3.py)
+        from lanefuse.engine.phi3 import phi3_from_gguf
+
+        return phi3_from_gguf(cfg, r, arch, where, tensors)
     if arch == "qwen3next":  # the gated delta net's keys (engine/qwen3next.py)
         from lanefuse.engine.qwen3next import qwen3next_from_gguf
 

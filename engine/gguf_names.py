@@ -33,6 +33,12 @@ QK_NORM = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
+PHI3_LAYER = {  # llama.cpp's phi3: q, k and v in one attn_qkv (or apart), gate and up in one ffn_up (the gate's rows
+    # first), as a Phi-3 checkpoint holds them (engine/phi3.py reads them in parts); no row permutation (NEOX rotation)
+    **{k: v for k, v in LAYER.items() if k not in ("ffn_gate.weight", "ffn_up.weight")},
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
 GEMMA_LAYER = {  # Gemma's four norms a layer: llama.cpp names the pre-feed-forward one ffn_norm
     **{k: v for k, v in LAYER.items() if k != "ffn_norm.weight"},
     "post_attention_norm.weight": "post_attention_layernorm.weight",
@@ -136,6 +142,7 @@ FAMILIES = {
     "llama": Family("LlamaForCausalLM", LAYER, permuted={"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}),
     "qwen2": Family("Qwen2ForCausalLM", {**LAYER, **QKV_BIAS}),
     "qwen3": Family("Qwen3ForCausalLM", {**LAYER, **QK_NORM}),
+    "phi3": Family("Phi3ForCausalLM", PHI3_LAYER),
     "gemma2": Family("Gemma2ForCausalLM", GEMMA_LAYER),
     "gemma3": Family("Gemma3ForCausalLM", {**GEMMA_LAYER, **QK_NORM}),
     # llama.cpp renormalizes qwen3moe's chosen weights and not qwen2moe's (build_moe_ffn's norm_w), whatever the

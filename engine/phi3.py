@@ -7,7 +7,7 @@ fuses as Llama does. Every layer's attention is over the last `sliding_window` p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -51,3 +51,14 @@ def fused_parts(cfg: ModelConfig, base, where: str) -> dict:
             for name, (a, b) in split.items():
                 parts[p + name] = (((p + src, np.arange(a, b)),), (b - a, d))
     return parts
+
+
+def phi3_from_gguf(cfg: ModelConfig, r, arch: str, where: str, tensors: dict) -> Phi3Config:
+    """A phi3 GGUF file's model (`cfg` as engine/gguf.py reads any dense decoder): a Phi3Config, every layer's window
+    from `phi3.attention.sliding_window`; LongRoPE (its factor tensors) refused."""
+    long = [n for n in ("rope_factors_long.weight", "rope_factors_short.weight") if n in tensors]
+    if long or r.has("rope.scaling.attn_factor"):
+        why = f"tensor `{long[0]}`" if long else f"`{arch}.rope.scaling.attn_factor`"
+        raise UserError(f"{where}: {why}: LongRoPE scaling (Phi-3's 128k variants) is not supported")
+    window = r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0
+    return Phi3Config(**{**{f.name: getattr(cfg, f.name) for f in fields(cfg)}, "window": window})

@@ -23,7 +23,8 @@ SENTENCES = [
     "I'll say it's done: we've tested 'RE, 'Ve and 'd contractions.",
 ]
 
-HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3moe": "Qwen3Moe", "qwen2moe": "Qwen2Moe"}
+HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3moe": "Qwen3Moe", "qwen2moe": "Qwen2Moe",
+           "phi3": "Phi3"}
 GGUF_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
               "q6_k": "Q6_K", "mxfp4": "MXFP4"}
 # general.file_type as llama.cpp's converter writes it (its LlamaFileType)
@@ -41,7 +42,8 @@ NAMES_LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.w
                "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
                "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
                "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
-               "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"}
+               "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+               "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"}
 F32_KEPT = ("mlp.gate.weight", "mlp.shared_expert_gate.weight", "conv1d.weight")  # a mixture's router and
 # shared-expert gate, a delta net's convolution: f32, as llama.cpp's converter and quantizer keep ffn_gate_inp (and the
 # gate score a 1-D tensor) and ssm_conv1d
@@ -269,7 +271,8 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
 
     cfg = model.config
     arch = arch or {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                    "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe"}[type(model).__name__]
+                    "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
+                    "Phi3ForCausalLM": "phi3"}[type(model).__name__]
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -284,6 +287,11 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
     if arch == "llama":
         w.add_vocab_size(cfg.vocab_size)
         w.add_rope_dimension_count(head_dim)
+    if arch == "phi3":  # as llama.cpp's converter: the rotated width, and the window where the config has one
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        if cfg.sliding_window is not None:
+            w.add_sliding_window(cfg.sliding_window)
     if tokenizer is not None:
         add_tokenizer(w, tokenizer, pre, eos, bos, add_bos)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)

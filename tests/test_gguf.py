@@ -96,6 +96,38 @@ def test_gguf_parity_k_quants(arch, fmt, tmp_path):
     _parity(model, path, fmt, out_fmt="q6_k")
 
 
+PHI3_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, vocab_size=VOCAB, sliding_window=5, partial_rotary_factor=0.5, pad_token_id=0)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "q8_0", "q4_0"])
+def test_gguf_phi3_fused_projections_and_window(fmt, tmp_path):
+    """A phi3 file (attn_qkv and ffn_up fused, as llama.cpp's converter writes Phi-3) against transformers on its
+    weights: q, k, v and gate, up read in parts of the fused rows (a block format's rows whole blocks), every layer's
+    window of 5 from `phi3.attention.sliding_window` (6 + 16 positions), half of each head rotated."""
+    _needs_blocks(fmt)
+    model = gf.tiny_model("phi3", **PHI3_SHAPE)
+    path = gf.write_gguf(model, tmp_path / f"phi3-{fmt}.gguf", fmt)
+    assert {"blk.0.attn_qkv.weight", "blk.1.ffn_up.weight"} <= {t.name for t in gguf.GGUFReader(path).tensors}
+    cfg, weights = _parity(model, path, fmt)
+    assert cfg.arch == "Phi3ForCausalLM" and cfg.window == 5 and cfg.rot == 8
+    assert cfg.fmt("model.layers.0.self_attn.k_proj.weight") == fmt
+
+
+def test_gguf_phi3_longrope_is_refused(tmp_path):
+    from lanefuse.engine.gguf import config_from_gguf, metadata, open_reader
+
+    model = gf.tiny_model("phi3", **PHI3_SHAPE)
+    path = gf.write_gguf(model, tmp_path / "phi3.gguf", "f32")
+    meta = metadata(open_reader(path))
+    tensors = {t.name: (tuple(int(d) for d in t.shape[::-1]), "f32") for t in gguf.GGUFReader(path).tensors}
+    with pytest.raises(UserError, match=r"tensor `rope_factors_long.weight`: LongRoPE scaling \(Phi-3's 128k "
+                                        r"variants\) is not supported"):
+        config_from_gguf(meta, {**tensors, "rope_factors_long.weight": ((4,), "f32")}, "phi3.gguf")
+    with pytest.raises(UserError, match=r"`phi3.rope.scaling.attn_factor`: LongRoPE"):
+        config_from_gguf({**meta, "phi3.rope.scaling.attn_factor": 1.19}, tensors, "phi3.gguf")
+
+
 def test_gguf_tied_embedding_and_bf16(tmp_path):
     model = gf.tiny_model("qwen2", seed=5, **dict(SHAPES["qwen2"], tie_word_embeddings=True))
     path = gf.write_gguf(model, tmp_path / "tied.gguf", "bf16")
