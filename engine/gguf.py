@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gguf_names import FAMILIES, ROPE_FREQS, Family, hf_names, permuted_by, read_as_row
+from lanefuse.engine.gguf_names import (FAMILIES, MIXTURE_OF, ROPE_FREQS, Family, hf_names, permuted_by,
+                                       read_as_row)
 from lanefuse.engine.gguf_shapes import vocab_size
 from lanefuse.engine.hfconfig import MAX_LAYERS, _Reader
 from lanefuse.engine.model import ModelConfig
@@ -107,6 +108,8 @@ def family_of(meta: dict[str, Any], where: str) -> tuple[str, Family]:
     if arch not in FAMILIES:
         raise UserError(f"{where}: `general.architecture` is `{shown(arch)}`, which lanefuse does not read "
                         f"(supported: {', '.join(FAMILIES)})")
+    if arch in MIXTURE_OF and meta.get(f"{arch}.expert_count"):  # Mixtral, written as llama
+        return arch, MIXTURE_OF[arch]
     return arch, FAMILIES[arch]
 
 
@@ -215,7 +218,9 @@ def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
                         f"{arch} weighs its experts unscaled (1)")
     norm = r.flag("expert_weights_norm") if r.has("expert_weights_norm") else fam.moe == "normed"
     shared = r.size("expert_shared_feed_forward_length") if "ffn_gate_shexp.weight" in fam.layer else 0
-    return MoeConfig(experts, k, r.size("expert_feed_forward_length"), norm, tuple(range(layers)), shared)
+    # llama's mixture (Mixtral) gives its experts' width as the layer's feed_forward_length
+    inter = r.size("expert_feed_forward_length", r.size("feed_forward_length") if arch == "llama" else None)
+    return MoeConfig(experts, k, inter, norm, tuple(range(layers)), shared)
 
 
 def _rope_scaling(meta, r: _Reader, arch: str, where: str, rot: int,

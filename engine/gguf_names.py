@@ -159,6 +159,15 @@ FAMILIES = {
 }
 
 
+# llama.cpp writes Mixtral as `llama` with `llama.expert_count`: every layer a mixture (softmax routing, the chosen
+# weights renormalized), its experts 3-D tensors, q and k rows permuted as llama's, the experts as wide as
+# `llama.feed_forward_length`
+MIXTURE_OF = {
+    "llama": Family("MixtralForCausalLM", {**_MOE_LAYER, **EXPERTS},
+                    permuted={"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}, moe="normed"),
+}
+
+
 def hf_names(family: Family, layers: int) -> dict[str, str]:
     """Every GGUF tensor name the family may hold -> its HF name."""
     out = dict(TOP)

@@ -24,7 +24,7 @@ SENTENCES = [
 ]
 
 HF_ARCH = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "qwen3moe": "Qwen3Moe", "qwen2moe": "Qwen2Moe",
-           "phi3": "Phi3"}
+           "phi3": "Phi3", "mixtral": "Mixtral"}
 GGUF_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
               "q6_k": "Q6_K", "mxfp4": "MXFP4"}
 # general.file_type as llama.cpp's converter writes it (its LlamaFileType)
@@ -272,7 +272,7 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
     cfg = model.config
     arch = arch or {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                     "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
-                    "Phi3ForCausalLM": "phi3"}[type(model).__name__]
+                    "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "llama"}[type(model).__name__]
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -287,6 +287,9 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
     if arch == "llama":
         w.add_vocab_size(cfg.vocab_size)
         w.add_rope_dimension_count(head_dim)
+    if type(model).__name__ == "MixtralForCausalLM":  # llama with experts, as llama.cpp's converter writes Mixtral
+        w.add_expert_count(cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
     if arch == "phi3":  # as llama.cpp's converter: the rotated width, and the window where the config has one
         rope = getattr(cfg, "rope_parameters", None) or {}
         w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))

@@ -132,7 +132,7 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     write_checkpoint(tmp_path / "m", HF)
     (tmp_path / "m" / "config.json").write_text(json.dumps({**HF, "architectures": ["FalconForCausalLM"]}))
     with pytest.raises(UserError, match=r"architecture `FalconForCausalLM` is not supported \(supported: "
-                                        r"LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                                        r"LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
                                         r"Qwen3MoeForCausalLM, "
                                         r"MixtralForCausalLM, Qwen2MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
                                         r"Gemma3ForConditionalGeneration, GptOssForCausalLM, Qwen3NextForCausalLM, DeepseekV3ForCausalLM\)"):

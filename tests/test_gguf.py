@@ -244,9 +244,10 @@ U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUF
     (dict(set_keys={"llama.feed_forward_length": (97, U32)}),
      "tensor `blk.0.ffn_gate.weight` has shape (96, 64), expected (97, 64) (from the file's metadata)"),
     (dict(set_keys={"llama.rope.dimension_count": (7, U32)}), "`llama.rope.dimension_count` is 7"),
-    (dict(set_keys={"llama.expert_count": (8, U32)}), "`llama.expert_count` is 8: an expert mixture"),
-    (dict(arch="phi3"), "`general.architecture` is `phi3`, which lanefuse does not read (supported: llama, "
-                        "qwen2, qwen3, gemma2, gemma3, qwen3moe, qwen2moe, qwen3next, gpt-oss, deepseek2)"),
+    (dict(set_keys={"llama.expert_count": (8, U32)}), "missing `llama.expert_used_count`"),  # read as Mixtral
+    (dict(set_keys={"qwen2.expert_count": (8, U32)}, arch="qwen2"), "`qwen2.expert_count` is 8: an expert mixture"),
+    (dict(arch="falcon"), "`general.architecture` is `falcon`, which lanefuse does not read (supported: llama, "
+                          "qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, qwen2moe, qwen3next, gpt-oss, deepseek2)"),
     (dict(drop_tensors=("blk.1.ffn_down.weight",)), "no tensor `blk.1.ffn_down.weight` (expected shape (64, 96))"),
     (dict(add_tensors={"blk.0.attn_q.bias": (np.zeros(64, np.float32), None)}),
      "tensor `blk.0.attn_q.bias` is not one lanefuse reads in a 2-layer LlamaForCausalLM"),

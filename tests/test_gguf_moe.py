@@ -125,14 +125,14 @@ def test_mixture_census_and_bytes(tmp_path):
 
 
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("arch", list(SHAPES))
+@pytest.mark.parametrize("arch", [*SHAPES, "mixtral"])
 def test_llama_cpp_agrees_on_mixture_files(arch, tmp_path):
     """llama.cpp decoding the f32 mixture files written here: the same tokens as transformers and lanefuse's fused
     plan, logits within 1e-4 of their scale (so the names, shapes and the routing's conventions are llama.cpp's)."""
     pytest.importorskip("llama_cpp")
     from test_gguf_llamacpp import N
 
-    model = _model(arch)
+    model = gf.tiny_model("mixtral", **MIXTRAL) if arch == "mixtral" else _model(arch)
     _, *vocab = gf.bpe_tokenizer(model.config.vocab_size, "qwen2")
     path = gf.write_gguf(model, tmp_path / f"{arch}.gguf", "f32", tokenizer=vocab)
     gf.check_llama_cpp(path, gf.reference(model, "f32"), PROMPT, N, f"{arch} f32")
@@ -150,3 +150,19 @@ def test_lanefuse_plan_on_a_mixture_file(arch, tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert "moe" in r.stdout and "Traceback" not in r.stderr
+
+
+MIXTRAL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "q8_0", "q4_0"])
+def test_gguf_mixtral_as_llama_with_experts(fmt, tmp_path):
+    """Mixtral as llama.cpp's converter writes it: `llama` with `llama.expert_count`, q and k rows permuted, the
+    experts 3-D tensors as wide as `llama.feed_forward_length`; read as Mixtral (softmax routing, the chosen weights
+    renormalized) against transformers on the file's weights."""
+    model = gf.tiny_model("mixtral", **MIXTRAL)
+    path = gf.write_gguf(model, tmp_path / f"mixtral-{fmt}.gguf", fmt)
+    cfg, _ = _parity(model, path, fmt)
+    assert cfg.arch == "MixtralForCausalLM" and cfg.moe.experts == 4 and cfg.moe.k == 2 and cfg.moe.norm_topk
+    assert cfg.moe.inter == 96 and cfg.fmt("model.layers.1.mlp.experts.down_proj") == fmt

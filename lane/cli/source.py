@@ -222,7 +222,8 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
         raise UserError(f"--weights-format {weights_format}: {path} is a GGUF file, which gives each tensor's format "
                         f"(the flag is for a folder holding only config.json)")
     cfg, weights = load_model(path, max_len=1 << 30)  # the KV caches' rows: the file's context length, for now
-    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    arch = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "llama", "Phi3ForCausalLM": "phi3",
+            "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
             "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
             "GptOssForCausalLM": "gpt-oss", "DeepseekV3ForCausalLM": "deepseek2"}.get(cfg.arch, "")
     name = os.path.basename(path)
