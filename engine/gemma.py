@@ -269,7 +269,7 @@ def gemma_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GemmaConfig:
 
     from lanefuse.engine.model import ModelConfig as Base
 
-    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base) if f.name != "window"}  # its own
     layers, n = cfg.layers, r.size("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
     types = tuple("sliding_attention" if i % n < n - 1 else "full_attention" for i in range(layers))
     caps = (50.0, 30.0) if arch == "gemma2" else (0.0, 0.0)
