@@ -15,9 +15,12 @@ def vocab_size(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], s
     embd = tensors.get("token_embd.weight")
     if embd is None:
         raise UserError(f"{where}: the file has no tensor `token_embd.weight` (the token embedding)")
+    if r.has("vocab_size"):
+        return r.size("vocab_size")
     tokens = meta.get("tokenizer.ggml.tokens")
-    return r.size("vocab_size") if r.has("vocab_size") else len(tokens) if tokens is not None and len(tokens) \
-        else embd[0][0]
+    if tokens is not None and (isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__")):
+        raise UserError(f"{where}: `tokenizer.ggml.tokens` is {str(tokens)[:40]!r}; expected a list of tokens")
+    return len(tokens) if tokens is not None and len(tokens) else embd[0][0]
 
 
 def check_shapes(store, have: set[str], want: dict[str, tuple[int, ...]], where: str, counts: str,

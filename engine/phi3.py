@@ -1,15 +1,13 @@
 """Phi-3 (`Phi3ForCausalLM`): Llama's step over a checkpoint that holds each layer's q, k and v projections as one
 `self_attn.qkv_proj` (q's rows, then k's, then v's) and its gate and up projections as one `mlp.gate_up_proj` (the
 gate's rows, then the up's). The step reads them in parts, as Llama's names, each served as rows of the stored tensor
-(engine/weights.py's PartsStore: no copy until read, a block format's rows still whole blocks), so Phi-3 plans and
+(engine/weights.py's PartsStore: a view of its rows, a block format's rows still whole blocks), so Phi-3 plans and
 fuses as Llama does. Every layer's attention is over the last `sliding_window` positions where the config gives one
 (hfconfig.py reads it). A checkpoint already holding the parts apart is read as it is."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-
-import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import ModelConfig
@@ -49,7 +47,7 @@ def fused_parts(cfg: ModelConfig, base, where: str) -> dict:
                 raise UserError(f"{where}: tensor `{name_of(p + src)}` has shape {got}, expected {want} (from the "
                                 f"model's config)")
             for name, (a, b) in split.items():
-                parts[p + name] = (((p + src, np.arange(a, b)),), (b - a, d))
+                parts[p + name] = (((p + src, slice(a, b)),), (b - a, d))
     return parts
 
 

@@ -177,10 +177,11 @@ class DictStore:
 class PartsStore:
     """A weight store over another (`base`, engine/weights.py's backends) that also serves tensors made of rows of the
     stored ones, what a family's checkpoint holds fused and its step reads in parts: `parts` name -> ((stored tensor,
-    its rows taken in order), ...) joined, and the shape served. Rows in the stored format, copied only when read (a
-    block format's rows are whole blocks, so rows of it taken apart are still that format)."""
+    its rows taken in order: indices, or a slice), ...) joined, and the shape served. Rows in the stored format (a
+    block format's rows are whole blocks, so rows of it taken apart are still that format): one slice of a tensor is a
+    view of it (a memory-mapped file's stays mapped), anything else a copy made when read."""
 
-    def __init__(self, base, parts: dict[str, tuple[tuple[tuple[str, np.ndarray], ...], tuple[int, ...]]],
+    def __init__(self, base, parts: dict[str, tuple[tuple[tuple[str, np.ndarray | slice], ...], tuple[int, ...]]],
                  where: str):
         self.base, self.where_, self.parts = base, where, parts  # where_: where() is a method
 

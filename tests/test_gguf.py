@@ -379,7 +379,7 @@ def test_a_block_scale_that_is_not_finite_is_refused_when_read(llama_q8, tmp_pat
 
 # ---- properties -----------------------------------------------------------------------------------------------------
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)
@@ -406,6 +406,8 @@ VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.integers(-2 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.sampled_from(KEYS), VALUES), min_size=1, max_size=3))
+@example(edits=[("llama.vocab_size", None), ("tokenizer.ggml.tokens", False)])  # a token list that is no list
+@example(edits=[("llama.expert_count", 2)])  # read as Mixtral: a key it lacks named
 def test_any_metadata_edit_loads_or_is_one_line(llama_q8, edits):
     """Random values (wrong types, out of range, absent) for the keys the config reads: the file loads, or the front
     says why in one line naming it — never another exception."""
