@@ -45,7 +45,6 @@ class GemmaConfig(ModelConfig):
     attn_scale: float = 1.0  # query_pre_attn_scalar ** -0.5
     attn_softcap: float = 0.0  # attn_logit_softcapping (0: none)
     final_softcap: float = 0.0  # final_logit_softcapping (0: none)
-    window: int = 0  # sliding_window: the positions a sliding layer's query attends (0: no window)
     layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each
     local_rope_theta: float = 0.0  # Gemma 3: the sliding layers' rotary base (0: the global table for every layer)
     local_rope_scaling: tuple[tuple[str, Any], ...] = ()
@@ -269,7 +268,7 @@ def gemma_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GemmaConfig:
 
     from lanefuse.engine.model import ModelConfig as Base
 
-    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base) if f.name != "window"}  # its own
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
     layers, n = cfg.layers, r.size("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
     types = tuple("sliding_attention" if i % n < n - 1 else "full_attention" for i in range(layers))
     caps = (50.0, 30.0) if arch == "gemma2" else (0.0, 0.0)
@@ -278,9 +277,9 @@ def gemma_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GemmaConfig:
     final_cap = r.number("final_logit_softcapping", caps[1], low=0.0, low_open=False,
                          expected="a number, 0 or more (0: no cap)")
     scalar = cfg.hidden / cfg.heads if layers == GGUF_27B_LAYERS[arch] else cfg.head_dim
-    window = r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0
+    base.update(window=r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0)
     return GemmaConfig(**base, act="gelu", attn_scale=float(scalar) ** -0.5, attn_softcap=attn_cap,
-                       final_softcap=final_cap, window=window, layer_types=types,
+                       final_softcap=final_cap, layer_types=types,
                        local_rope_theta=10000.0 if arch == "gemma3" else 0.0, norm_offset=0.0)
 
 

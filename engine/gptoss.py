@@ -35,7 +35,6 @@ DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
 class GptOssConfig(ModelConfig):
     """A gpt-oss model's shape: a ModelConfig (its `moe` the mixture of every layer) and what the family adds."""
 
-    window: int = 0  # sliding_window: the positions a sliding layer's query attends (0: no window)
     layer_types: tuple[str, ...] = ()
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
@@ -234,9 +233,9 @@ def gptoss_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GptOssConfig
                         f"heads")
     window = r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0
     types = tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(cfg.layers))
-    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base) if f.name != "window"}  # its own
-    base.update(inter=cfg.moe.inter, rope_scaling=scaling, qkv_bias=True)
-    return GptOssConfig(**base, window=window, layer_types=types, swiglu_limit=7.0, swiglu_alpha=1.702)
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
+    base.update(inter=cfg.moe.inter, rope_scaling=scaling, qkv_bias=True, window=window)
+    return GptOssConfig(**base, layer_types=types, swiglu_limit=7.0, swiglu_alpha=1.702)
 
 
 # -- config.json --------------------------------------------------------------------------------------------------

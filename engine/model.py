@@ -35,7 +35,8 @@ class ModelConfig:
     formats: tuple[tuple[str, str], ...] = ()  # weight name -> checkpoint format (f32 / f16 / bf16), default f32
     name: str = "model"
     moe: Any = None  # engine/moe.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
-    window: int = 0  # Mistral, Mixtral: the positions every layer's query attends, its own the last (0: all before it)
+    window: int = 0  # the positions a windowed layer's query attends, its own the last (0: all before it): every
+    # layer of this step's (Mistral, Mixtral, Phi-3), the sliding layers of a family with layer types (Gemma, gpt-oss)
 
     def sparse(self, i: int) -> bool:
         """Whether layer i's FFN is an expert mixture."""

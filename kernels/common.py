@@ -242,6 +242,19 @@ def dst_at(d: Dst, env, m: int, n: int):
     return call
 
 
+def at_call(v):
+    """What a bound operand is when the call runs: the array itself, or what its call gives."""
+    return v() if callable(v) else v
+
+
+def read_part_at(env, name: str, part: Part | None, units: int, width: int):
+    """`read_part` for a bound call: its view, resolved once, where it is one; else a call gathering the part as
+    the step finds it."""
+    if part is None or units * part.pitch <= env.array(name).size:
+        return read_part(env, name, part, units, width)
+    return lambda: read_part(env, name, part, units, width)
+
+
 def read_part(env, name: str, part: Part | None, units: int, width: int) -> np.ndarray:
     """`units` rows of `width` values of tensor `name`: the whole of it, or a part of every unit of it."""
     a = env.array(name)

@@ -16,7 +16,7 @@ from lanefuse.engine.quantize import BLOCK_FORMATS, K_FORMATS
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Q8K, Chip, Dst, Launch, Scratch, decode,
-                                     dst_at, format_refusal, names, operand, qblock, reach, weight_bytes)
+                                     at_call, dst_at, format_refusal, names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
 from lanefuse.kernels.quant import quant_bytes
 from lanefuse.kernels.softcap import cap_check, capped
@@ -56,11 +56,6 @@ def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
         np.matmul(w, x[0], out=out[0])
     else:
         np.matmul(x, w.T, out=out)
-
-
-def at_call(v):
-    """What a bound operand is when the call runs: the array itself, or what its call gives."""
-    return v() if callable(v) else v
 
 
 def activation_at(env, name: str, m: int, k: int, words: int = 0):

@@ -12,7 +12,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Q8K, Dst, Launch, Part, dst_at, read_part, names, reach, rms
+from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, at_call, dst_at, read_part, read_part_at, names, reach,
+                                     rms)
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 
@@ -125,8 +126,7 @@ class Norm(Launch):
         r, c, hd, heads = self.rows, self.cols, self.cols // self.heads, self.heads
         d = self.dst()
         view = dst_at(d, env, r, c) if self.f32 else None
-        gathered = self.part is not None and r * self.part.pitch > env.array(self.x).size  # a gather each step
-        x = None if gathered else read_part(env, self.x, self.part, r, c)
+        x = read_part_at(env, self.x, self.part, r, c)
         t = env.temp(self.fast_temp())
         add = env.array(self.add)[: r * c].reshape(r, c) if self.add is not None else None
         pre = self.pre if add is not None else None
@@ -140,7 +140,7 @@ class Norm(Launch):
         einsum, sqrt, recip, mul = np.einsum, np.sqrt, np.reciprocal, np.multiply
 
         def call():
-            s = x if x is not None else read_part(env, self.x, self.part, r, c)
+            s = at_call(x)
             a = add
             if pre is not None:
                 pinv = einsum("rc,rc->r", a, a)[:, None]  # (rows, 1)

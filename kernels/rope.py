@@ -14,7 +14,7 @@ import numpy as np
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, batch_apart, batch_dsts, dst_at, format_refusal,
-                                     names, reach, read_part, rms)
+                                     names, reach, read_part, read_part_at, rms)
 from lanefuse.kernels.head_gemv import HeadGemv
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
@@ -112,8 +112,8 @@ def side_bind(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     n, w, heads = seq0 + rows, s.heads * hd, s.heads
     if s.absorb is not None:  # each head's product in f32 BLAS, a batched matmul over the heads
         return absorbing(s, rows, hd).bind_fast(env)
-    gathered = s.part is not None and n * s.part.pitch > env.array(s.x).size  # a gather each step
-    x0 = None if gathered else read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, heads, hd)
+    xs = read_part_at(env, s.x, s.part, n, w)
+    x0 = None if callable(xs) else xs[seq0:].reshape(rows, heads, hd)  # None: a gather each step
     view = dst_at(s.y, env, rows, w) if not seq0 else None
     if view is not None and s.norm is None and x0 is not None and np.may_share_memory(getattr(view, "fixed", ()), x0):
         view = None  # rotated in place: through the temporary
@@ -125,7 +125,7 @@ def side_bind(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     mul = np.multiply
 
     def call():
-        x = x0 if x0 is not None else read_part(env, s.x, s.part, n, w)[seq0:].reshape(rows, heads, hd)
+        x = x0 if x0 is not None else xs()[seq0:].reshape(rows, heads, hd)
         if nw is not None:
             inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
             inv *= 1.0 / hd

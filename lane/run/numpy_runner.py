@@ -3,8 +3,8 @@ into ONE arena byte buffer at its placed offset (a placement bug shows as a wron
 inputs and outputs in buffers of their own. Two sets of twins: the exact ones (the kernels' sums imitated in f64, what
 the GPU is compared against) and the fast ones `lanefuse run` takes on the CPU (f32 BLAS on weights decoded once,
 results written into the arena views, temporaries in a tail of the arena, each launch bound to its views once; equal
-to the exact ones within f32 rounding). `LANEFUSE_CHECK=2` runs the reference interpreter beside the exact twins and names the first launch that
-diverges."""
+to the exact ones within f32 rounding). `LANEFUSE_CHECK=2` runs the reference interpreter beside the exact twins and
+names the first launch that diverges."""
 
 from __future__ import annotations
 
@@ -137,14 +137,13 @@ class NumpyRunner:
             self._bound = None
         for n in (s.io.token, s.io.position):
             env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
-        check = self.check and lifted is not None
         if not self.exact:
             if self._bound is None:
                 self._bound = [x.launch.bind_fast(env) for x in s.launches]
             for call in self._bound:
                 call()
             return self._outputs()
-        ref = self._reference(lifted, inputs) if check else None
+        ref = self._reference(lifted, inputs) if self.check and lifted is not None else None
         for i, x in enumerate(s.launches):
             before = self._table_rows(x, pos) if ref is not None else None
             x.launch.numpy(env)
