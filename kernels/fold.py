@@ -115,6 +115,9 @@ class Fold(Launch):
     def _form(self) -> tuple[str | None, Refusal | None]:
         if isinstance(self.first, Gemv) and self.first.cap:
             return None, Refusal("a soft-capped product folded with what follows (the fused kernels store it uncapped)")
+        if isinstance(self.first, Gemv) and self.first.quant is not None:
+            return None, Refusal("a product quantizing its output folded with what follows (gemv_quant.cu's tail "
+                                 "runs alone)")
         if isinstance(self.then, Norm):
             if isinstance(self.first, Gemv):
                 if self.first.split == 1:

@@ -1,7 +1,9 @@
 """`gemv` and `gemv_f32`: y = x · wᵀ (+ bias) for m rows of x, over checkpoint rows (n, k) in f32/f16/bf16 or a GGUF
 block format (decoded in the kernel from the quantized bytes), or f32 values of the same layout — one kernel
 (gemv.cu), a warp per output or four (`per_warp`), optional split-K in chunks of whole blocks; a gemv's outputs
-soft-capped in its epilogue where `cap` > 0 (gemv_softcap: Gemma's final logits)."""
+soft-capped in its epilogue where `cap` > 0 (gemv_softcap: Gemma's final logits). With `quant` (gemv_quant: a product
+another projection reads quantized) the output's quantized form too, the last block to store each 32 outputs of a slab
+of rows quantizing them (gemv_quant.cu; 256 for llama.cpp's q8_K)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from lanefuse.kernels.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Q8K, Chip, Dst, Launch, Scratch, decode,
                                      at_call, dst_at, format_refusal, names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
-from lanefuse.kernels.quant import quant_bytes
+from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 from lanefuse.kernels.softcap import cap_check, capped
 
 WARPS = 4  # warps a block
@@ -204,36 +206,56 @@ class Gemv(Launch):
     split: int = 1
     cap: float = 0.0  # > 0: each output soft-capped, cap · tanh(y / cap), as it is stored
     words: int = 0  # > 0: x is a quantized activation of that many int8 words a value (q8 1, q8x2 2): gemv_q8.cu
+    quant: str | None = None  # the output's quantized form, written by the last blocks (gemv_quant)
+    quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3)
 
     census: ClassVar[str] = "gemv"
-    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv", "gemv_q8")
+    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv", "gemv_q8", "gemv_quant")
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp", "split_k")
 
     def reads(self):
         return names(self.x, self.w, self.bias, *self.y.params())
 
     def writes(self):
-        return (self.y.buf,)
+        return names(self.y.buf, self.quant)
 
     def scratch(self):
+        if self.quant is not None:  # an arrival counter a block of outputs and a slab of rows
+            slabs = -(-self.m // GEMV_ROWS)
+            return (Scratch("arrivals", "i32", 4 * (self.n // qblock(self.quant_words)) * slabs, counter=True),)
         if self.split == 1:
             return ()
         return (Scratch("partials", "f32", 4 * self.split * self.m * self.n),)
 
     def check(self):
         return (format_refusal(self.format, self.k, "the GEMV") or cap_check(self.cap, "a product's outputs")
-                or q8_check(self.words, self.format, self.k, self.split)
+                or q8_check(self.words, self.format, self.k, self.split) or self.quant_refusal()
                 or gemv_check(self.k, self.n, self.m, self.per_warp, self.split, self.format))
+
+    def quant_refusal(self) -> Refusal | None:
+        if self.quant is None:
+            return None
+        why = quant_check(self.n, self.quant_words, "a product's output row", k_form=True)
+        if why:
+            return why
+        if self.y != Dst(self.y.buf):
+            return Refusal("a product quantizing an output it writes into a table's rows or a part of a wider array")
+        if self.split != 1:
+            return Refusal(f"a product quantizing its output split {self.split} ways along k (its last blocks "
+                           f"quantize whole outputs)")
+        return None
 
     def tune(self, knobs, held=frozenset()):
         if self.words:
             return replace(self, per_warp=1, split=1)  # gemv_q8: a warp an output, no split of k
         pw = rows_a_warp(self.n, knobs, held)
+        if self.quant is not None:
+            return replace(self, per_warp=pw, split=1)
         return replace(self, per_warp=pw, split=split_k(self.n, self.k, self.m, pw, knobs, held, self.format))
 
     def extents(self, top, tokens):
         return reach((self.x, self.m * self.k), (self.w, self.n * self.k), (self.bias, self.n),
-                     (self.y.buf, self.y.extent(self.m * self.n, top)))
+                     (self.y.buf, self.y.extent(self.m * self.n, top)), (self.quant, self.m * self.n))
 
     def weights(self):
         return {self.w: self.format, **({self.bias: None} if self.bias else {})}
@@ -243,7 +265,7 @@ class Gemv(Launch):
 
     def bytes(self):
         return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n
-                + (4 * self.n if self.bias else 0))
+                + (4 * self.n if self.bias else 0) + quant_bytes(self.m * self.n, self.quant_words if self.quant else 0))
 
     def flops(self):
         return 2 * self.m * self.n * self.k
@@ -255,14 +277,28 @@ class Gemv(Launch):
             if self.bias is not None:
                 acc = (acc + operand(env, self.bias)[: self.n][None, :]).astype(np.float32)
             self.y.write(env, capped(acc, self.cap))
-            return
-        gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split, self.cap)
+        else:
+            gemv_numpy(env, self.x, decode(raw, fmt), self.bias, self.y, self.k, self.n, self.m, self.split, self.cap)
+        self.quantize(env)
+
+    def quantize(self, env):
+        """The output's quantized form from the f32 values stored (as the last blocks read them back; y is plain)."""
+        if self.quant is not None:
+            quant_write(env, self.quant, env.array(self.y.buf)[: self.m * self.n], self.quant_words)
 
     def fast(self, env):
         self.bind_fast(env)()
 
     def bind_fast(self, env):
-        return gemv_bind(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap, self.words)
+        call = gemv_bind(env, self.x, self.w, self.bias, self.y, self.k, self.n, self.m, self.cap, self.words)
+        if self.quant is None:
+            return call
+
+        def quantizing():
+            call()
+            self.quantize(env)
+
+        return quantizing
 
     def fast_temp(self):
         return 0 if self.y.contiguous else self.m * self.n
@@ -271,10 +307,12 @@ class Gemv(Launch):
         return gemv_grid(self.n, self.m, self.per_warp, self.split)
 
     def cuda(self, denv):
-        if self.words:
+        if self.quant is not None:
+            gemv_quant_cuda(self, denv)
+        elif self.words:
             gemv_q8_cuda(self, denv)
-            return
-        gemv_cuda(self, denv, self.format, self.per_warp, self.cap)
+        else:
+            gemv_cuda(self, denv, self.format, self.per_warp, self.cap)
 
 
 def activation_bytes(values: int, words: int) -> int:
@@ -320,6 +358,25 @@ def gemv_q8_cuda(launch, denv) -> None:
                                  i64(q8_code(launch.format, launch.words)),
                                  denv.opt(launch.bias), *denv.dst(launch.y), i64(launch.k), i64(launch.n),
                                  i64(launch.m), f32(launch.cap)))
+
+
+def gemv_quant_cuda(launch: Gemv, denv) -> None:
+    """gemv_quant.cu: the product (gemv_core's, or gemv_q8's over a quantized activation) and its quantizing tail."""
+    from lanefuse.kernels.cupy_env import f32, i64
+
+    tail = (denv.scratch(launch, launch.scratch()[0]), *denv.quant(launch.quant), i64(launch.quant_words))
+    w, fmt = denv.weight(launch.w)[0], i64(q8_code(launch.format, launch.words) if launch.words
+                                              else FORMAT_CODE[launch.format])
+    y, cap = denv.array(launch.y.buf), f32(launch.cap)
+    k, n, m = i64(launch.k), i64(launch.n), i64(launch.m)
+    if launch.words:
+        grid = (launch.n // WARPS, -(-launch.m // GEMV_ROWS), 1)
+        f = denv.function(launch.stem, "gemv_q8_quant")
+        f(grid, (32 * WARPS, 1, 1), (*denv.quant(launch.x), w, fmt, denv.opt(launch.bias), y, k, n, m, cap, *tail))
+        return
+    grid, block = gemv_grid(launch.n, launch.m, launch.per_warp, 1)
+    f = denv.function(launch.stem, f"gemv_quant_{launch.per_warp}")
+    f(grid, block, (denv.array(launch.x), w, fmt, denv.opt(launch.bias), y, k, n, m, cap, *tail))
 
 
 @dataclass(frozen=True)

@@ -1,37 +1,7 @@
 // The gate and up products of one activation and their GLU in one launch: out = act(x·wgᵀ + bg) · (x·wuᵀ + bu),
 // the GEMV's warp per output (or four), slabs of GR rows. With `qw` (gemv_gate_up_glu.quant) the GLU's quantized form
-// (quant.cu's blocks of QB values: 32, or 256 for llama.cpp's q8_K, qwords 3, `ql` its int16 sums of 16 words; n whole
-// blocks, a block's `per` outputs dividing QB): every block arrives at the block of QB outputs its own lie in (a counter
-// a block of outputs and a slab of rows); the last of the QB / per to arrive quantizes it in each row of the slab,
-// reading the f32 values stored back through L2 (a warp a row's block of 32; a block of 256 staged in shared memory,
-// then a warp quantizes it), and resets its counter.
-__device__ __forceinline__ void glu_quant_tail(const float* out, i64 n, i64 m, i64 per, unsigned* counters,
-                                               signed char* qw, signed char* ql, float* qs, i64 qwords) {
-    __shared__ int last;
-    __shared__ float stage[256];
-    const i64 qb = qwords == 3 ? 256 : 32;
-    __threadfence();
-    __syncthreads();
-    i64 b = (i64)blockIdx.x * per / qb, r0 = (i64)blockIdx.y * GR, nb = n / qb;
-    unsigned* c = counters + b * gridDim.y + blockIdx.y;
-    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(qb / per) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (qwords == 3) {
-        for (i64 r = r0; r < min(m, r0 + GR); r++) {
-            quant_k_block_l2(out + r * n, stage, qw + r * n, (short*)ql + r * (n >> 4), qs + r * nb, b);
-            __syncthreads();  // the stage read by warp 0 before the next row's values land in it
-        }
-    } else {
-        int lane = threadIdx.x & 31;
-        for (i64 r = r0 + (threadIdx.x >> 5); r < min(m, r0 + GR); r += blockDim.x >> 5)
-            quant_block(__ldcg(out + r * n + b * 32 + lane), qw + r * n, ql ? ql + r * n : nullptr, qs + r * nb, b,
-                        lane);
-    }
-    if (threadIdx.x == 0) *c = 0u;
-}
-
+// (quant.cu's slab_quant_tail: the last block to store each block of 32 outputs, or of 256 for llama.cpp's q8_K,
+// quantizes it in each row of its slab).
 template <int PW>
 __device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
                                          const float* bu, float* out, i64 k, i64 n, i64 m, int a) {
@@ -59,7 +29,7 @@ __device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg
                                                            signed char* qw, signed char* ql, float* qs,          \
                                                            i64 qwords) {                                          \
         glu_body<PW>((int)fmt, x, wg, wu, bg, bu, out, k, n, m, (int)a);                                         \
-        if (qw) glu_quant_tail(out, n, m, WARPS * PW, counters, qw, ql, qs, qwords);                             \
+        if (qw) slab_quant_tail(out, n, m, WARPS * PW, GR, counters, qw, ql, qs, qwords);                        \
     }
 GLU_KERNEL(gemv_glu_1, 1)
 GLU_KERNEL(gemv_glu_4, 4)

@@ -86,3 +86,37 @@ extern "C" __global__ void quant(const float* x, signed char* words, signed char
     if (b * 32 >= n) return;
     quant_block(x[b * 32 + lane], words, nwords == 2 ? low : nullptr, scales, b, lane);
 }
+
+// The quantizing tail of a launch whose grid is blocks of `per` outputs (x) by slabs of `slab` rows (y), each block
+// having stored its outputs of a flat (m, n) f32 result `out` (n whole blocks of QB values: 32, or 256 for llama.cpp's
+// q8_K, qwords 3, `ql` its int16 sums of 16 words; `per` dividing QB): every block arrives at the block of QB outputs
+// its own lie in (a counter a block of outputs and a slab); the last of the QB / per to arrive quantizes it in each
+// row of the slab, reading the f32 values stored back through L2 (a warp a row's block of 32; a block of 256 staged
+// in shared memory, then a warp quantizes it), and resets its counter. Every thread of the block calls it (gemv_glu,
+// gemv_quant).
+__device__ __forceinline__ void slab_quant_tail(const float* out, i64 n, i64 m, i64 per, i64 slab, unsigned* counters,
+                                                signed char* qw, signed char* ql, float* qs, i64 qwords) {
+    __shared__ int last;
+    __shared__ float stage[256];
+    const i64 qb = qwords == 3 ? 256 : 32;
+    __threadfence();
+    __syncthreads();
+    i64 b = (i64)blockIdx.x * per / qb, r0 = (i64)blockIdx.y * slab, nb = n / qb;
+    unsigned* c = counters + b * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(qb / per) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (qwords == 3) {
+        for (i64 r = r0; r < min(m, r0 + slab); r++) {
+            quant_k_block_l2(out + r * n, stage, qw + r * n, (short*)ql + r * (n >> 4), qs + r * nb, b);
+            __syncthreads();  // the stage read by warp 0 before the next row's values land in it
+        }
+    } else {
+        int lane = threadIdx.x & 31;
+        for (i64 r = r0 + (threadIdx.x >> 5); r < min(m, r0 + slab); r += blockDim.x >> 5)
+            quant_block(__ldcg(out + r * n + b * 32 + lane), qw + r * n, ql ? ql + r * n : nullptr, qs + r * nb, b,
+                        lane);
+    }
+    if (threadIdx.x == 0) *c = 0u;
+}

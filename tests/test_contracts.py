@@ -298,3 +298,44 @@ def test_the_readme_example_plans_and_runs_as_written(tmp_path):
     assert re.search(r"^ *my\.add_norm\s+\S+:\d+\s+\d+\s+8\b", outs[1], re.M), outs[1]
     ids = [re.search(r"generated ids:\s*([\d,]+)", o).group(1) for o in outs[2:]]
     assert ids[0] == ids[1] and len(ids[0].split(",")) == 8
+
+
+CHOICES = """\
+lane: cuda
+base: cuda
+why: my_add_norm linked by the first of its choices whose `if` holds
+classes:
+  my_add_norm:
+    support: native
+    choices:
+      - if: %s
+        refuse: my norm refuses this one
+      - launch: norm
+        fields: {x: a, add: b, sum: s, w: w, out: y, rows: rows(y), cols: cols(y), eps: eps, into: into(y)}
+"""
+
+
+def test_a_class_entry_with_choices_links_by_the_first_that_holds(tmp_path):
+    """A class entry's `choices:` (gemv_quant's: the HeadGemv or the Gemv by what the rule bound): the first whose
+    `if:` holds links the op, a `refuse:` choice refusing it (extraction then leaves the class); each
+    choice is checked against the class's contract; a list ending in an `if:`, a `launch:` beside `choices:` or a
+    `choices:` that is not a list are refused at load, citing the entry."""
+    g = build_step(demo_config(), 1)
+    d = _folder(tmp_path, lane=CHOICES % "is_computed(w)")  # the norm weights are constants: the norm links
+    lane = load_lane("cuda", [str(d)])
+    assert [c.launch for c in lane.classes["my_add_norm"].choices] == [None, "norm"]
+    assert plan(g, held=HOLD, rules_dirs=[str(d)]).fusions.get("my.add_norm") == 2 * demo_config().layers
+    _folder(tmp_path, lane=CHOICES % "is_values(w)")  # refused every time (f32 values): the rule's ops stay apart
+    s = plan(g, held=HOLD, rules_dirs=[str(d)])
+    assert not s.fusions.get("my.add_norm"), s.fusions
+    for lane_text, want in (
+            (CHOICES % "is_values(eps2)", r"classes.my_add_norm: its `if:` reads `eps2`, which is not in class "
+                                          r"`my_add_norm`'s contract"),
+            (CHOICES.replace("      - launch: norm", "      - if: eps\n        launch: norm") % "eps",
+             "the last of `choices:` has an `if:`"),
+            (CHOICES.replace("    choices:", "    launch: norm\n    choices:") % "eps", "not both"),
+            ("lane: cuda\nbase: cuda\nclasses:\n  my_add_norm:\n    support: native\n    choices: norm\n",
+             "`choices:` must be a non-empty list")):
+        _folder(tmp_path, lane=lane_text)
+        with pytest.raises(UserError, match=want):
+            load_lane("cuda", [str(d)])

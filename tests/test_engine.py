@@ -18,6 +18,7 @@ from lanefuse.engine.ir import Constant, Graph, StepIO
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.moe import MoeConfig
 from lanefuse.engine.optimize import Session, optimize
+from lanefuse.engine.quantize import with_numerics
 from lanefuse.engine.rules import load_table
 from lanefuse.engine.stepweights import random_weights
 
@@ -40,10 +41,11 @@ def gemma(**kw):
     return cfg if kw else cfg.build_step()
 
 
-def _step_inputs() -> Graph:
-    """A decode step's graph holding only its token and position."""
-    g = Graph(io=StepIO())
-    g.tensor("token", (1,), "i32")
+def _step_inputs(rows: int = 1, states: tuple[str, ...] = ()) -> Graph:
+    """A step's graph (a decode step, or a chunk of `rows`) holding only its token and position (and the carried
+    tables `states` names, each for the caller to declare)."""
+    g = Graph(io=StepIO(states=states))
+    g.tensor("token", (rows,), "i32")
     g.tensor("pos", (1,), "i32")
     return g
 
@@ -98,6 +100,53 @@ def elementwise_graph() -> Graph:
     return g
 
 
+def product_chain_graph(fmt: str = "q8_0", rows: int = 1, d: int = 64, r: int = 32):
+    """A step graph (as a user's step YAML may write it) whose products feed products with nothing between: a low-rank
+    pair over `fmt` rows (the first reading the gathered row quantized), and a product over f32 rows whose result a
+    product over `fmt` rows reads quantized and an add reads f32."""
+    g = _step_inputs(rows)
+    g.constant(Constant("emb", (50, d), "rows"))
+    g.constant(Constant("wa", (r, d), "rows", format=fmt, transposed=True))
+    g.constant(Constant("wb", (d, r), "rows", format=fmt, transposed=True))
+    g.constant(Constant("wf", (d, d), "rows", transposed=True))
+    g.constant(Constant("wc", (d, d), "rows", format=fmt, transposed=True))
+    g.constant(Constant("head", (50, d), "rows", format=fmt, transposed=True))
+    g.add("gather", ["emb", "token"], "x")
+    g.add("matmul", ["x", "wa"], "a")
+    g.add("matmul", ["a", "wb"], "b")
+    g.add("add", ["x", "b"], "s")
+    g.add("matmul", ["s", "wf"], "f")
+    g.add("matmul", ["f", "wc"], "c")
+    g.add("add", ["c", "f"], "o")
+    g.add("matmul", ["o", "head"], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g
+
+
+def row_write_graph(rows: int = 1, producer: str = "add", d: int = 64, length: int = 8):
+    """A step graph (as a user's step YAML may write it) that writes its rows into a carried table, then reads every
+    row of the table by a product over q8_0 rows (under q8: row_write_quant); the rows an add's (or a product's,
+    which the placement `place.value_row` may write straight into the table instead)."""
+    g = _step_inputs(rows, states=("mem",))
+    g.tensor("mem", (length, d))
+    g.constant(Constant("emb", (50, d), "rows"))
+    g.constant(Constant("w1", (d, d), "rows", format="q8_0", transposed=True))
+    g.constant(Constant("wp", (32, d), "rows", format="q8_0", transposed=True))
+    g.constant(Constant("head", (50, 32), "rows", transposed=True))
+    g.add("gather", ["emb", "token"], "x")
+    g.add("matmul", ["x", "w1"], "b")
+    if producer == "add":
+        g.add("add", ["x", "b"], "r")
+    g.add("set_row", ["mem", "r" if producer == "add" else "b", "pos"], "c")
+    g.add("matmul", ["c", "wp"], "p")
+    g.add("view", ["p"], "last", row=length - 1)
+    g.add("matmul", ["last", "head"], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g
+
+
 def elementwise_q8() -> Graph:
     from lanefuse.engine.quantize import with_numerics
 
@@ -128,6 +177,8 @@ GRAPHS = {
                                                       moe=MoeConfig(8, 2, 24, True, (0,)))),
     "deepseek_q8_shared": lambda: q8_graph("q8", config=deepseek(moe_intermediate_size=32, q_lora_rank=64)),
     "elementwise_q8": elementwise_q8,
+    "products_q8": lambda: with_numerics(product_chain_graph(), "q8"),
+    "row_write_q8x2_chunk": lambda: with_numerics(row_write_graph(3), "q8x2"),
     "qwen3next_chunk": lambda: build_step(qwen3next(), rows=3),
     "qwen3next_q8": lambda: q8_of(qwen3next(), "q8"),
     "qwen3next_q8_shared": lambda: qwen3next_q8_shared(),

@@ -218,7 +218,7 @@ def quantizing():
     product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one;
     and each writing its quantized form alone; the q8k form's Quant and products."""
     from lanefuse.kernels import (Attention, Binary, Dst, Fold, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm,
-                                  RopeParts, RopeSide)
+                                  RopeParts, RopeSide, SetRow)
     from lanefuse.kernels.quant import Quant
 
     return [Attention("q", "kc", "vc", "pos", "o", 4, 2, 32, 32, 16, 1, 0.3, per_block=2, quant="oq", words=1),
@@ -245,6 +245,12 @@ def quantizing():
             Norm("x", "w", "y", 2, 64, 1e-6, add="a", sum="s", quant="oq", words=1, f32=False),
             HeadGemv("x", "w", "q8_0", Dst("o"), 2, 4, 32, 16, quant="oq", words=2),
             HeadGemv("x", "w", "q4_k", Dst("o"), 2, 8, 256, 32, quant="oq", words=3),  # the q8k form, blocks of 256
+            # gemv_quant.cu: a product quantizing its output (over f32 and a quantized activation; the q8k form)
+            Gemv("x", "w", "bf16", Dst("o"), 64, 64, 9, per_warp=4, quant="oq", quant_words=2),
+            Gemv("xq", "w", "q8_0", Dst("o"), 64, 256, 3, words=1, quant="oq", quant_words=3),
+            # set_row_quant: a row write quantizing its table (one sequence; a batch's slots)
+            SetRow("T", "src", "pos", 64, 2, 16, quant="tq", words=1),
+            SetRow("T", "src", "pos", 32, 3, 48, slot=16, quant="tq", words=2),
             # DeepSeek-V3's q_a norm in the first products' epilogue quantizing its row (q8x2; the q8k form)
             *(Fold(GemmParts("xq", "q8_0", 64, 2, (GemmPart("wqa", Dst("qa"), qa), GemmPart("wk", Dst("kp"), 8)),
                              words=1),

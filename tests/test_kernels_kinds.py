@@ -83,7 +83,7 @@ def test_every_kind_has_its_census_numpy_twin_and_sources(name):
 
 def test_refusals_are_values_in_the_users_words():
     refused = [Quant("x", "xq", 4), Unary("relu", "x", "y", 4), Binary("div", "a", "b", "o", 4), Slice("x", "y", 1, 4, 2, 4),
-               SetRow("t", "s", 0, 4, 1, 4, quant=True), Gather("E", "t", "e", 4, format="q4"),
+               SetRow("t", "s", 0, 40, 1, 4, quant="tq", words=1), Gather("E", "t", "e", 4, format="q4"),
                Gemv("x", "w", "f32", Dst("y"), 4, 4, 1, per_warp=2), GemvF32("x", "w", Dst("y"), 0, 4, 1),
                GemmParts("x", "f32", 4, 1, ()), GemvGlu("x", "wg", "wu", "f32", "o", 4, 4, 1, act="relu"),
                Attention("q", "k", "v", "pos", "o", 3, 2, 8, 8, 8, 1, 1.0), Norm("x", "w", "o", 1, 10, 1e-6, heads=3),

@@ -599,3 +599,69 @@ def test_binary_quantizing_q8k(gate, f32, n):
     for g, w in zip((dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
         assert np.array_equal(g.reshape(-1), w)
     assert dev.host("o").any() == f32
+
+
+@pytest.mark.parametrize("x_words,qwords,pw", [(0, 1, 1), (0, 2, 4), (0, 3, 4), (1, 1, 1), (2, 2, 1), (1, 3, 1)])
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_gemv_quantizing_tail_equals_the_quant_kernel(x_words, qwords, pw, m):
+    """gemv_quant.cu (gemv_quant: a product another projection reads quantized), over an f32 activation (one and four
+    outputs a warp) and a quantized one (gemv_q8's tile), its output quantized to one or two words or the q8k form,
+    one slab of rows and two: the f32 output within rounding of the twin's, its quantized form exactly quant.cu's of
+    the values the kernel stored, and the same bytes from a second launch (its counters reset)."""
+    rng = np.random.default_rng(23)
+    k, n = 128, 512
+    raw = encode(rng.standard_normal((n, k)).astype(np.float32) / 8, "q8_0")
+    x = rng.standard_normal(m * k).astype(np.float32)
+    gv = Gemv("xq" if x_words else "x", "w", "q8_0", Dst("o"), k, n, m, per_warp=pw, words=x_words, quant="oq",
+              quant_words=qwords)
+    assert gv.check() is None
+    size = m * n
+    low = {2: np.zeros(size, np.int8), 3: np.zeros(size // 16, np.int16)}.get(qwords)
+    quantized = {"oq": (np.zeros(size, np.int8), low, np.zeros(size // (256 if qwords == 3 else 32), np.float32))}
+    if x_words:
+        xq = quantize(x.reshape(m, k), x_words)
+        quantized["xq"] = (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1), xq.scales.reshape(-1))
+    host = HostEnv({"x": x, "o": np.zeros(size, np.float32)}, {"w": (raw, "q8_0")}, quantized)
+    gv.numpy(host)
+    dev = _two_forms(size, qwords, {"x": x, "o": np.zeros(size, np.float32)}, {"w": (raw, "q8_0")}, x_words, m * k)
+    if x_words:  # quant.cu's form of x: the twin's words (test_quant_kernel_equals_its_twin)
+        Quant("x", "xq", m * k, x_words).cuda(dev)
+    for _ in range(2):
+        gv.cuda(dev)
+        dev.cp.cuda.Device().synchronize()
+        got = dev.host("o")
+        np.testing.assert_allclose(got, host.array("o"), rtol=0, atol=2e-5 * np.abs(host.array("o")).max())
+        want = quantize(got.reshape(1, -1), qwords).parts()
+        for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
+            assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w)), (x_words, qwords)
+
+
+@pytest.mark.parametrize("words", [1, 2])
+@pytest.mark.parametrize("slot", [0, 6])
+def test_set_row_quant_equals_its_twin(words, slot):
+    """set_row.cu's set_row_quant (row_write_quant), one sequence and a batch's slots: the table after the write
+    equals the twin's, and its quantized form is exactly quant.cu's of that table."""
+    from lanefuse.kernels import SetRow
+
+    rng = np.random.default_rng(29)
+    cols, length = 96, 12
+    s = SetRow("T", "src", "pos", cols, 2, length, slot=slot, quant="tq", words=words)
+    pos = np.array([1, 4] if slot else [9], np.int32)
+    arrays = {"T": rng.standard_normal(length * cols).astype(np.float32),
+              "src": rng.standard_normal(2 * cols).astype(np.float32), "pos": pos}
+    n = length * cols
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, {},
+                   {"tq": (np.zeros(n, np.int8), np.zeros(n, np.int8) if words == 2 else None,
+                           np.zeros(n // 32, np.float32))})
+    s.numpy(host)
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    total = quant_layout(n, words)[2]
+    dev = DeviceEnv(total, {"tq": (0, total, "u8")}, {k: v.copy() for k, v in arrays.items()}, {},
+                    quantized={"tq": (n, words)})
+    s.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    assert np.array_equal(dev.host("T"), host.array("T"))
+    want = quantize(host.array("T").reshape(1, -1), words).parts()
+    for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant("tq")), want):
+        assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w))

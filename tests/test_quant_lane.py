@@ -512,3 +512,132 @@ def test_a_quantized_row_inside_a_block_is_refused_in_words():
     g.tensor("x", (3, 48))
     with pytest.raises(UserError, match="only a product's activation"):
         g.add("add", ["xq", "x"], "y")
+
+
+@pytest.mark.parametrize("numerics,rows", [("q8", 1), ("q8x2", 1), ("q8", 3)])
+def test_products_quantize_what_the_next_product_reads(numerics, rows):
+    """Products whose results products over q8_0 rows read quantized (gemv_quant): the GEMV quantizes its output in
+    its last blocks, over a quantized activation (the low-rank pair's first) and over f32 rows (whose result an add
+    reads f32 too: stored beside its form), so no Quant launch is left but the gathered row's; the exact twins in the
+    plan's arena equal the interpreter of the quantized graph bit for bit, the fast twins within f32 noise, and held
+    `fuse_quant` (Quant launches) the same numbers."""
+    from lanefuse.engine.stepweights import random_weights
+    from test_engine import product_chain_graph
+
+    g = product_chain_graph(rows=rows)
+    gq = with_numerics(g, numerics)
+    w = random_weights(gq, 7)
+    p, held = plan(g, numerics=numerics), plan(g, numerics=numerics, held=("fuse_quant",))
+    assert p.fusions.get("gemv_quant") == 2 and p.census.get("quant") == 1, (p.census, p.fusions)
+    quantizing = {x.launch.y.buf: x.launch for x in p.launches if x.launch.census == "gemv" and x.launch.quant}
+    assert set(quantizing) == {"a", "f"}, quantizing
+    assert quantizing["a"].words == quantizing["a"].quant_words == {"q8": 1, "q8x2": 2}[numerics]
+    assert quantizing["f"].words == 0 and quantizing["f"].split == 1
+    assert held.census["quant"] == 4 and "gemv_quant" not in held.fusions
+    env = {"token": np.arange(5, 5 + rows, dtype=np.int32), "pos": np.array([0], np.int32)}
+    want = evaluate(gq, w, dict(env))
+    for q, exact in ((p, True), (held, True), (p, False)):
+        out = NumpyRunner(q, w, exact=exact, check=exact).step(dict(env), lifted=g)
+        if exact:
+            assert np.array_equal(out["logits"], want["logits"])
+        else:
+            assert np.abs(out["logits"] - want["logits"]).max() <= 1e-4 * np.abs(want["logits"]).max()
+        assert np.array_equal(out["next"], want["next"])
+
+
+@pytest.mark.parametrize("words,qwords", [(0, 1), (0, 2), (1, 1), (2, 2), (0, 3)])
+def test_gemv_quantizes_what_it_stores(words, qwords):
+    """gemv_quant's Gemv, exact and fast twins, over an f32 and a quantized activation: the quantized form is exactly
+    the Quant launch's of the f32 output it stores (the q8k form over 256 outputs too); an output into a table's rows,
+    a split of k or rows that are not whole blocks refused in words; the split is tuned away."""
+    from lanefuse.lane.lower.knobs import Knobs
+
+    rng = np.random.default_rng(17)
+    m, k = 3, 64
+    n = 256 if qwords == 3 else 64
+    raw = encode(rng.standard_normal((n, k)).astype(np.float32) / 8, "q8_0")
+    x = rng.standard_normal(m * k).astype(np.float32)
+    xq = quantize(x.reshape(m, k), words or 1)
+    gv = Gemv("xq" if words else "x", "w", "q8_0", Dst("o"), k, n, m, words=words, quant="oq", quant_words=qwords)
+    assert gv.check() is None and "oq" in gv.writes() and gv.scratch()[0].counter
+    assert gv.bytes() == dataclasses.replace(gv, quant=None).bytes() + (
+        n * m + 2 * (n * m // 16) + 4 * (n * m // 256) if qwords == 3 else qwords * n * m + 4 * (n * m // 32))
+    for twin in ("numpy", "fast"):
+        env = HostEnv({"x": x, "o": np.zeros(m * n, np.float32)}, {"w": (raw, "q8_0")},
+                      {"oq": (np.zeros(m * n, np.int8),
+                              np.zeros(m * n // 16 if qwords == 3 else m * n, np.int16 if qwords == 3 else np.int8)
+                              if qwords >= 2 else None, np.zeros(m * n // (256 if qwords == 3 else 32), np.float32)),
+                       "xq": (xq.words.reshape(-1), None if xq.low is None else xq.low.reshape(-1),
+                              xq.scales.reshape(-1))})
+        getattr(gv, twin)(env)
+        want = quantize(env.array("o").reshape(1, -1), qwords)
+        got = env.quant("oq")
+        assert np.array_equal(got[0], want.words.reshape(-1)) and np.array_equal(got[2], want.scales.reshape(-1))
+        if qwords == 2:
+            assert np.array_equal(got[1], want.low.reshape(-1))
+        if qwords == 3:
+            assert np.array_equal(got[1], want.sums.reshape(-1))
+    assert "table's rows" in dataclasses.replace(gv, y=Dst("kc", row="pos", pitch=n)).check().reason
+    assert "whole number of blocks" in dataclasses.replace(gv, n=48).check().reason
+    if not words:
+        assert "split 2 ways" in dataclasses.replace(gv, split=2).check().reason
+        assert dataclasses.replace(gv, k=2048).tune(Knobs()).split == 1
+        assert dataclasses.replace(gv, k=2048, quant=None).tune(Knobs()).split > 1
+
+
+@pytest.mark.parametrize("numerics,rows,producer", [("q8", 1, "add"), ("q8x2", 3, "add"), ("q8", 3, "matmul")])
+def test_a_row_write_quantizes_the_table_a_product_reads(numerics, rows, producer):
+    """A step that writes its rows into a carried table and reads every row of it by a product over q8_0 rows: the
+    row write quantizes the table as it writes it (row_write_quant: the SetRow with `quant`), so the only Quant launch
+    left is the gathered row's; where a product computes the rows, the placement writing them straight into the table
+    (`place.value_row`) competes, and held it is row_write_quant again. Every plan, and held `fuse_quant`, run by the
+    exact twins in its arena equals the interpreter of the quantized graph bit for bit, the table after the step too."""
+    from lanefuse.engine.stepweights import random_weights
+    from test_engine import row_write_graph
+
+    g = row_write_graph(rows, producer)
+    gq = with_numerics(g, numerics)
+    w = random_weights(gq, 3)
+    plans = {held: plan(g, numerics=numerics, held=held) for held in ((), ("fuse_quant",), ("place.value_row",))}
+    chosen = plans[("place.value_row",)]
+    assert chosen.fusions.get("row_write_quant") == 1 and chosen.census["quant"] == 1, chosen.fusions
+    sets = [x.launch for x in chosen.launches if x.launch.census == "set_row"]
+    assert len(sets) == 1 and sets[0].quant == f"c.{numerics}" and sets[0].words == {"q8": 1, "q8x2": 2}[numerics]
+    assert plans[("fuse_quant",)].census["quant"] == 2 and "row_write_quant" not in plans[("fuse_quant",)].fusions
+    if producer == "add":
+        assert plans[()].fusions.get("row_write_quant") == 1
+    rng = np.random.default_rng(1)
+    env = {"token": np.arange(3, 3 + rows, dtype=np.int32), "pos": np.array([2], np.int32),
+           "mem": rng.standard_normal((8, 64)).astype(np.float32)}
+    want = evaluate(gq, w, {k: v.copy() for k, v in env.items()})
+    for p in plans.values():
+        mine = {k: v.copy() for k, v in env.items()}
+        out = NumpyRunner(p, w, exact=True, check=True).step(mine, lifted=g)
+        assert np.array_equal(out["logits"], want["logits"]) and np.array_equal(mine["mem"], want["c"])
+
+
+@pytest.mark.parametrize("words", [1, 2])
+def test_set_row_quantizes_its_table(words):
+    """row_write_quant's SetRow, one sequence and a batch's slots: the rows land where SetRow puts them and the
+    table's quantized form is exactly the Quant launch's of the whole table after the write; rows that are not whole
+    blocks and the q8k form refused in words."""
+    from lanefuse.kernels import SetRow
+
+    rng = np.random.default_rng(19)
+    cols, length = 64, 12
+    cases = [(SetRow("T", "src", "pos", cols, 2, length, quant="tq", words=words), np.array([5], np.int32)),
+             (SetRow("T", "src", "pos", cols, 2, length, slot=6, seq0=0, quant="tq", words=words),
+              np.array([1, 4], np.int32))]
+    for s, pos in cases:
+        table = rng.standard_normal(length * cols).astype(np.float32)
+        src = rng.standard_normal(2 * cols).astype(np.float32)
+        plain = HostEnv({"T": table.copy(), "src": src, "pos": pos})
+        dataclasses.replace(s, quant=None, words=0).numpy(plain)
+        env = HostEnv({"T": table.copy(), "src": src, "pos": pos}, quantized={"tq": _empty(length * cols, words)})
+        s.numpy(env)
+        assert np.array_equal(env.array("T"), plain.array("T")) and not np.array_equal(env.array("T"), table)
+        _quant_equals_quantize(env, "tq", env.array("T"), words)
+        assert s.check() is None and s.writes() == ("T", "tq")
+        assert s.bytes() == 4 * (length + 2) * cols + words * length * cols + 4 * (length * cols // 32)
+    assert "span a row written" in dataclasses.replace(cases[0][0], cols=48, len=16).check().reason
+    assert "only the Quant launch" in dataclasses.replace(cases[0][0], cols=256, words=3).check().reason

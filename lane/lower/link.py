@@ -131,9 +131,11 @@ class Link:
                     return got
                 out.extend(got)
             return out
-        ch = entry.choice
-        assert ch is not None
         scope = self.scope_fused(op, placed_whole(self.g, op, placed))
+        ch = self.pick(list(entry.choices), scope)
+        assert ch is not None  # the table's last choice has no `if:`
+        if ch.refuse:
+            return Refusal(ch.refuse, where_of(op))
         if ch.hook:
             hook = self.hooks.get(ch.hook)
             if hook is None:

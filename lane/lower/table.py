@@ -36,12 +36,20 @@ class Choice:
 
 @dataclass(frozen=True)
 class ClassEntry:
+    """A class's lane entry. A native class links by its one choice, or (`choices:`) by the first of several whose
+    `if:` holds (gemv_quant: the per-head product's launch where `y.heads?` is bound, else the GEMV's)."""
+
     cls: str
     support: str
-    choice: Choice | None = None
+    choices: tuple[Choice, ...] = ()
     reason: str = ""
     why: str = ""
     where: str = ""
+
+    @property
+    def choice(self) -> Choice | None:
+        """The entry's first choice (its only one, for most classes)."""
+        return self.choices[0] if self.choices else None
 
 
 @dataclass
@@ -87,7 +95,7 @@ def known_lanes(extra=()) -> dict[str, Path]:
 def _choice(e: Any, where: str) -> Choice:
     if not isinstance(e, dict):
         raise UserError(f"{where}: expected a mapping with `launch:` and `fields:`, a `hook:`, or `refuse:`")
-    unknown = set(e) - {"if", "launch", "fields", "hook", "refuse", "support", "why", "reason"}
+    unknown = set(e) - {"if", "launch", "fields", "hook", "refuse", "support", "why", "reason", "choices"}
     if unknown:
         raise UserError(f"{where}: unknown key(s) {short(', '.join(sorted(map(str, unknown))))}")
     for k in ("launch", "hook", "refuse", "why", "reason"):
@@ -104,6 +112,28 @@ def _choice(e: Any, where: str) -> Choice:
     if launch is None and e.get("hook") is None and e.get("refuse") is None:
         raise UserError(f"{where}: say `launch:` (with `fields:`), `hook:` or `refuse:`")
     return Choice(e.get("if"), launch, fields, e.get("hook"), e.get("refuse"))
+
+
+def _class_choices(e: dict, where: str) -> tuple[Choice, ...]:
+    """A native class's ways to link: its entry itself, or its `choices:` (a list, each with `if:` but the last),
+    taken in order."""
+    if "choices" not in e:
+        return (_choice(e, where),)
+    listed = e["choices"]
+    if {"launch", "fields", "hook", "refuse", "if"} & set(e):
+        raise UserError(f"{where}: say either `choices:` or one `launch:` / `hook:`, not both")
+    if not isinstance(listed, list) or not listed:
+        raise UserError(f"{where}: `choices:` must be a non-empty list of entries (`if:`, `launch:` and `fields:`), "
+                        f"got {short(listed)}")
+    chs = []
+    for k, c in enumerate(listed):
+        if isinstance(c, dict) and ({"support", "choices"} & set(c)):
+            raise UserError(f"{where}: choices[{k}]: `support:` and `choices:` belong to the class's entry")
+        chs.append(_choice(c, f"{where}: choices[{k}]"))
+    if chs[-1].when is not None:
+        raise UserError(f"{where}: the last of `choices:` has an `if:`; end the list with an entry taken otherwise "
+                        f"(a `refuse:` where nothing else applies)")
+    return tuple(chs)
 
 
 def _check_fields(fields: dict, launch: str | None, where: str) -> None:
@@ -198,14 +228,14 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
         for k in ("reason", "why"):
             if e.get(k) is not None and not isinstance(e[k], str):
                 raise UserError(f"{where}: `{k}:` must be a string, got {short(e[k])}")
-        ch = _choice(e, where) if sup == "native" else None
-        if ch is not None:
-            c = known[cls]
-            need, optional = contract(c)
+        chs = _class_choices(e, where) if sup == "native" else ()
+        c = known[cls]
+        need, optional = contract(c)
+        for ch in chs:
             _check_reads(ch, set(need), set(optional), path, ("classes", cls),
                          f"class `{cls}`'s contract ({', '.join(c['vars']) or 'no variables'}; "
                          f"{c['file']}:{c['line']})")
-        classes[cls] = ClassEntry(cls, sup, ch, e.get("reason", ""), e.get("why", ""), where)
+        classes[cls] = ClassEntry(cls, sup, chs, e.get("reason", ""), e.get("why", ""), where)
     sched = dict(base.schedule) if base else {}
     gated = dict(base.gated) if base else {}
     holds = dict(base.holds) if base else {}
