@@ -13,10 +13,9 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Constant, Graph
-from lanefuse.engine.model import ModelConfig, step_frame
+from lanefuse.engine.model import LAYER_TYPES, ModelConfig, read_layer_types, step_frame
 
 ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
-LAYER_TYPES = ("sliding_attention", "full_attention")
 # hidden_activation -> the lifted op: transformers' ACT2FN names of the tanh approximation, and the exact (erf) GELU
 ACTIVATIONS = {"gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu": "gelu_erf",
                "gelu_python": "gelu_erf"}
@@ -45,7 +44,6 @@ class GemmaConfig(ModelConfig):
     attn_scale: float = 1.0  # query_pre_attn_scalar ** -0.5
     attn_softcap: float = 0.0  # attn_logit_softcapping (0: none)
     final_softcap: float = 0.0  # final_logit_softcapping (0: none)
-    layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each
     local_rope_theta: float = 0.0  # Gemma 3: the sliding layers' rotary base (0: the global table for every layer)
     local_rope_scaling: tuple[tuple[str, Any], ...] = ()
     norm_offset: float = 1.0  # the norms scale by norm_offset + w (0: a GGUF file, whose converter stored 1 + w)
@@ -67,9 +65,6 @@ class GemmaConfig(ModelConfig):
 
     def with_layout(self, stored: set[str]) -> "GemmaConfig":
         return with_layout(self, stored)
-
-    def sliding(self, i: int) -> bool:
-        return self.layer_types[i] == "sliding_attention"
 
     def local_rope(self) -> "GemmaConfig | None":
         """The sliding layers' rotary config (Gemma 3), as a config whose rope_theta / rope_scaling are theirs."""
@@ -165,18 +160,8 @@ def _text_config(c: dict[str, Any], arch: str, where: str) -> tuple[dict[str, An
 def _layer_types(r, layers: int, family: str) -> tuple[str, ...]:
     """`layer_types`, or transformers' pattern: Gemma 2 alternates (even layers sliding); Gemma 3 slides all but every
     `sliding_window_pattern`-th layer."""
-    c, where = r.c, r.where
-    types = c.get("layer_types")
-    if types is None:
-        n = r.size("sliding_window_pattern", DEFAULTS[family]["sliding_window_pattern"])
-        return tuple("sliding_attention" if (i + 1) % n else "full_attention" for i in range(layers))
-    if not isinstance(types, list) or len(types) != layers:
-        raise UserError(f"{where}: `layer_types` is {types!r:.40}; expected a list of {layers} layer types (one a "
-                        f"layer: {' or '.join(LAYER_TYPES)})")
-    for i, t in enumerate(types):
-        if t not in LAYER_TYPES:
-            raise UserError(f"{where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(LAYER_TYPES)}")
-    return tuple(types)
+    return read_layer_types(r, layers, lambda i: (i + 1) % r.size("sliding_window_pattern",
+                                                                   DEFAULTS[family]["sliding_window_pattern"]))
 
 
 def _cap(r, key: str) -> float:

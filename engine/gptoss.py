@@ -16,11 +16,10 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.gguf_shapes import check_shapes
 from lanefuse.engine.ir import Constant, Graph
-from lanefuse.engine.model import ModelConfig, step_frame
+from lanefuse.engine.model import ModelConfig, read_layer_types, step_frame
 from lanefuse.engine.moe import ExpertStore
 
 ARCHS = ("GptOssForCausalLM",)
-LAYER_TYPES = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("yarn", "default")
 # What GptOssConfig (transformers 5.24) takes for a key the config.json leaves out
 DEFAULTS = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
@@ -35,15 +34,11 @@ DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
 class GptOssConfig(ModelConfig):
     """A gpt-oss model's shape: a ModelConfig (its `moe` the mixture of every layer) and what the family adds."""
 
-    layer_types: tuple[str, ...] = ()
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
 
     def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
         return build_gptoss_step(self, rows, batch)
-
-    def sliding(self, i: int) -> bool:
-        return self.layer_types[i] == "sliding_attention"
 
     def weight_names(self) -> dict[str, tuple[int, ...]]:
         d, h, kv, hd, f, E = self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter, self.moe.experts
@@ -241,16 +236,7 @@ def gptoss_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GptOssConfig
 # -- config.json --------------------------------------------------------------------------------------------------
 
 def _layer_types(r, layers: int) -> tuple[str, ...]:
-    types = r.c.get("layer_types")
-    if types is None:  # transformers' default: even layers slide
-        return tuple("sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers))
-    if not isinstance(types, list) or len(types) != layers:
-        raise UserError(f"{r.where}: `layer_types` is {types!r:.40}; expected a list of {layers} layer types (one a "
-                        f"layer: {' or '.join(LAYER_TYPES)})")
-    for i, t in enumerate(types):
-        if t not in LAYER_TYPES:
-            raise UserError(f"{r.where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(LAYER_TYPES)}")
-    return tuple(types)
+    return read_layer_types(r, layers, lambda i: (i + 1) % 2)  # transformers' default: even layers slide
 
 
 def _yarn(r, reader, head_dim: int, max_pos: int) -> tuple[float, tuple[tuple[str, Any], ...]]:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.model import ModelConfig
+from lanefuse.engine.model import ModelConfig, read_layer_types
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
              "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
@@ -177,8 +177,6 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
                         f"{arch.replace('ForCausalLM', '')}")
     if arch == "Qwen2MoeForCausalLM" and c.get("qkv_bias") is False:
         raise UserError(f"{where}: a Qwen2-MoE without its q/k/v biases (qkv_bias false) is not supported")
-    if r.flag("use_sliding_window"):
-        raise UserError(f"{where}: sliding-window attention (use_sliding_window) is not supported")
     hidden, heads, layers, inter, vocab, kv = r.sizes(MAX_LAYERS)
     if r.has("head_dim"):
         head_dim = r.size("head_dim")
@@ -193,7 +191,7 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: a rotary width of {int(head_dim * partial)} (head_dim {head_dim} x "
                         f"partial_rotary_factor {partial}); expected at least 2")
     max_pos = r.size("max_position_embeddings", max_len)
-    window = r.size("sliding_window") if arch in WINDOWED and r.has("sliding_window") else 0
+    window, types = _window(r, arch, layers)
     moe = None
     if arch in MOE_ARCHS:
         from lanefuse.engine.moe import read_moe
@@ -207,5 +205,28 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
         tie_embeddings=r.flag("tie_word_embeddings"),
         qkv_bias=arch in QKV_BIAS, qk_norm=arch in QK_NORM,
-        max_len=min(max_len, max_pos), name=name, moe=moe, window=window,
+        max_len=min(max_len, max_pos), name=name, moe=moe, window=window, layer_types=types,
     )
+
+
+# Under `use_sliding_window`, which layers of a Qwen family slide where config.json has no `layer_types` (transformers
+# 5.x): Qwen2 and Qwen3 from layer `max_window_layers` on, Qwen2-MoE its even layers before it, Qwen3-MoE every layer.
+QWEN_SLIDING = {
+    "Qwen2ForCausalLM": lambda i, n: i >= n, "Qwen3ForCausalLM": lambda i, n: i >= n,
+    "Qwen2MoeForCausalLM": lambda i, n: i % 2 == 0 and i < n, "Qwen3MoeForCausalLM": lambda i, n: True,
+}
+
+
+def _window(r, arch: str, layers: int) -> tuple[int, tuple[str, ...]]:
+    """The window of a sliding layer (0: none) and the layers' types (none: every layer slides where the window is
+    set). Mistral, Mixtral and Phi-3 slide every layer over `sliding_window` (null: none); the Qwen families only under
+    `use_sliding_window`, the layers `layer_types` names or their default (QWEN_SLIDING)."""
+    if arch in WINDOWED:
+        return (r.size("sliding_window") if r.has("sliding_window") else 0), ()
+    if arch not in QWEN_SLIDING or not r.flag("use_sliding_window") or not r.has("sliding_window"):
+        return 0, ()
+    n = r.number("max_window_layers", 28, low=0.0, low_open=False, expected="a layer count (0 or more)")
+    if not float(n).is_integer():
+        raise r._bad("max_window_layers", r.c["max_window_layers"], "a layer count (0 or more)")
+    types = read_layer_types(r, layers, lambda i: QWEN_SLIDING[arch](i, n))
+    return (r.size("sliding_window"), types) if "sliding_attention" in types else (0, ())

@@ -14,6 +14,24 @@ from lanefuse.engine.ir import Constant, Graph, StepIO
 MAX_CHUNK = 64  # the largest prefill chunk a step graph is built for
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def read_layer_types(r, layers: int, slides) -> tuple[str, ...]:
+    """config.json's `layer_types` (a list of `layers` LAYER_TYPES), or transformers' default for the family where it
+    has none: `slides(i)` whether layer i slides."""
+    types = r.c.get("layer_types")
+    if types is None:
+        return tuple(LAYER_TYPES[0] if slides(i) else LAYER_TYPES[1] for i in range(layers))
+    if not isinstance(types, list) or len(types) != layers:
+        raise UserError(f"{r.where}: `layer_types` is {types!r:.40}; expected a list of {layers} layer types (one a "
+                        f"layer: {' or '.join(LAYER_TYPES)})")
+    for i, t in enumerate(types):
+        if t not in LAYER_TYPES:
+            raise UserError(f"{r.where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(LAYER_TYPES)}")
+    return tuple(types)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str  # LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM | the mixtures'
@@ -35,8 +53,13 @@ class ModelConfig:
     formats: tuple[tuple[str, str], ...] = ()  # weight name -> checkpoint format (f32 / f16 / bf16), default f32
     name: str = "model"
     moe: Any = None  # engine/moe.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
-    window: int = 0  # the positions a windowed layer's query attends, its own the last (0: all before it): every
-    # layer of this step's (Mistral, Mixtral, Phi-3), the sliding layers of a family with layer types (Gemma, gpt-oss)
+    window: int = 0  # the positions a sliding layer's query attends, its own the last (0: all before it)
+    layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each (none: every layer slides
+    # where `window` is set: Mistral, Mixtral, Phi-3; Qwen2 / Qwen3 from max_window_layers on, Gemma, gpt-oss by type)
+
+    def sliding(self, i: int) -> bool:
+        """Whether layer i's attention takes the window."""
+        return not self.layer_types or self.layer_types[i] == LAYER_TYPES[0]
 
     def sparse(self, i: int) -> bool:
         """Whether layer i's FFN is an expert mixture."""
@@ -187,7 +210,7 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1) -> Graph:
         kc = op("set_row", [caches[i][0], k, "pos"], "kc")
         vc = op("set_row", [caches[i][1], v, "pos"], "vc")
         a = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
-               scale=float(hd) ** -0.5, window=cfg.window, softcap=0.0)
+               scale=float(hd) ** -0.5, window=cfg.window if cfg.sliding(i) else 0, softcap=0.0)
         o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
         x1 = op("add", [x, o], "resid_attn")
         h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)

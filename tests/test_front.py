@@ -173,7 +173,12 @@ def test_bad_config_json(tmp_path):
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type `yarn` is not supported"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "llama3 rope scaling lacks low_freq_factor"),
     ({"num_hidden_layers": None}, "missing `num_hidden_layers`"),
-    ({"use_sliding_window": True}, "sliding-window"),
+    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 4, "max_window_layers": -1},
+     r"`max_window_layers` is -1; expected a layer count \(0 or more\)"),
+    ({"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "sliding_window": 4,
+      "layer_types": ["sliding_attention"]}, r"`layer_types` is \['sliding_attention'\]; expected a list of 2 layer"),
+    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 4,
+      "layer_types": ["sliding", "full_attention"]}, r"`layer_types\[0\]` is 'sliding'; expected sliding_attention or"),
 ])
 def test_config_refusals(change, expect):
     with pytest.raises(UserError, match=expect):
@@ -191,6 +196,30 @@ def test_config_4x_and_5x_read_alike():
     a, b, c = config_from_hf(v4), config_from_hf(v4_old), config_from_hf(v5)
     assert a == b == c
     assert a.rope_theta == 500000.0 and dict(a.rope_scaling)["factor"] == 8.0
+
+
+def test_qwen_sliding_windows_as_transformers_reads_them():
+    """use_sliding_window: the layers `layer_types` names slide (5.x writes it), else transformers' default for the
+    family (4.x configs): Qwen2 and Qwen3 from max_window_layers on (28 when absent; 0: every layer), Qwen2-MoE its
+    even layers before it, Qwen3-MoE every layer; without the flag, or with a null window, no layer slides."""
+    win = {"use_sliding_window": True, "sliding_window": 5}
+    six = {**HF, "num_hidden_layers": 6}
+
+    def slides(arch, **kw):
+        c = config_from_hf({**six, "architectures": [arch], **kw})
+        return c.window, [i for i in range(c.layers) if c.window and c.sliding(i)]
+
+    assert slides("Qwen2ForCausalLM", **win, max_window_layers=2) == (5, [2, 3, 4, 5])
+    assert slides("Qwen3ForCausalLM", **win, max_window_layers=0) == (5, [0, 1, 2, 3, 4, 5])
+    assert slides("Qwen3ForCausalLM", **win) == (0, [])  # max_window_layers 28: no layer of six
+    assert slides("Qwen2ForCausalLM", **win, layer_types=["full_attention", "sliding_attention"] * 3) == (5, [1, 3, 5])
+    assert slides("Qwen2ForCausalLM", sliding_window=5, max_window_layers=0) == (0, [])
+    assert slides("Qwen2ForCausalLM", use_sliding_window=True, sliding_window=None, max_window_layers=0) == (0, [])
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    assert slides("Qwen2MoeForCausalLM", **win, **moe, shared_expert_intermediate_size=8,
+                  max_window_layers=4) == (5, [0, 2])
+    assert slides("Qwen3MoeForCausalLM", **win, **moe, max_window_layers=2) == (5, [0, 1, 2, 3, 4, 5])
+    assert slides("MistralForCausalLM", sliding_window=5) == (5, [0, 1, 2, 3, 4, 5])
 
 
 def test_qwen_shapes():

@@ -1,4 +1,5 @@
-"""Parity with transformers: tiny random Llama / Mistral / Phi-3 / Qwen2 / Qwen3 models saved with `save_pretrained`, loaded
+"""Parity with transformers: tiny random Llama / Mistral / Phi-3 / Qwen2 / Qwen3 models (windowed ones too) saved with
+`save_pretrained`, loaded
 by the front and run by the reference interpreter, give the same 32 greedy tokens and logits within 1e-4 of their
 scale."""
 
@@ -61,6 +62,16 @@ CASES = {
     "qwen3_f32": ("Qwen3Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=1, head_dim=32, intermediate_size=96, vocab_size=128),
                   "float32"),
+    # use_sliding_window: the layers from max_window_layers on attend the last `sliding_window` positions (decode at
+    # positions 6-37 and the second prefill chunk reach past it), the ones before all of them
+    "qwen2_sliding_f32": ("Qwen2Config", dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                              num_key_value_heads=2, intermediate_size=37, vocab_size=90,
+                                              use_sliding_window=True, sliding_window=4, max_window_layers=1),
+                          "float32"),
+    "qwen3_sliding_bf16": ("Qwen3Config", dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
+                                               num_key_value_heads=1, head_dim=16, intermediate_size=37,
+                                               vocab_size=97, use_sliding_window=True, sliding_window=3,
+                                               max_window_layers=2), "bfloat16"),
 }
 
 SALT = 4  # a seed under which every case decodes a varied run (random models often fall into a fixed point)

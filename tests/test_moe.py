@@ -170,6 +170,13 @@ CASES = {  # name: (config class, config kwargs)
     "mixtral_window": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=6)),
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=37,
                                          shared_expert_intermediate_size=40, norm_topk_prob=False)),
+    # use_sliding_window: Qwen3-MoE slides every layer, Qwen2-MoE its even layers before max_window_layers
+    "qwen3_moe_window": ("Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=20,
+                                                norm_topk_prob=True, use_sliding_window=True, sliding_window=5)),
+    "qwen2_moe_window": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=20,
+                                                shared_expert_intermediate_size=24, norm_topk_prob=True,
+                                                num_hidden_layers=3, use_sliding_window=True, sliding_window=4,
+                                                max_window_layers=3)),
 }
 SALT = 1
 
