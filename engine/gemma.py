@@ -262,9 +262,10 @@ def gemma_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GemmaConfig:
     final_cap = r.number("final_logit_softcapping", caps[1], low=0.0, low_open=False,
                          expected="a number, 0 or more (0: no cap)")
     scalar = cfg.hidden / cfg.heads if layers == GGUF_27B_LAYERS[arch] else cfg.head_dim
-    base.update(window=r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0)
+    base.update(window=r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0,
+                layer_types=types)
     return GemmaConfig(**base, act="gelu", attn_scale=float(scalar) ** -0.5, attn_softcap=attn_cap,
-                       final_softcap=final_cap, layer_types=types,
+                       final_softcap=final_cap,
                        local_rope_theta=10000.0 if arch == "gemma3" else 0.0, norm_offset=0.0)
 
 

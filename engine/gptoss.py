@@ -229,8 +229,8 @@ def gptoss_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GptOssConfig
     window = r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0
     types = tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(cfg.layers))
     base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
-    base.update(inter=cfg.moe.inter, rope_scaling=scaling, qkv_bias=True, window=window)
-    return GptOssConfig(**base, layer_types=types, swiglu_limit=7.0, swiglu_alpha=1.702)
+    base.update(inter=cfg.moe.inter, rope_scaling=scaling, qkv_bias=True, window=window, layer_types=types)
+    return GptOssConfig(**base, swiglu_limit=7.0, swiglu_alpha=1.702)
 
 
 # -- config.json --------------------------------------------------------------------------------------------------

@@ -17,18 +17,18 @@ MAX_CHUNK = 64  # the largest prefill chunk a step graph is built for
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
-def read_layer_types(r, layers: int, slides) -> tuple[str, ...]:
-    """config.json's `layer_types` (a list of `layers` LAYER_TYPES), or transformers' default for the family where it
-    has none: `slides(i)` whether layer i slides."""
+def read_layer_types(r, layers: int, first, kinds: tuple[str, str] = LAYER_TYPES) -> tuple[str, ...]:
+    """config.json's `layer_types` (a list of `layers` of `kinds`), or transformers' default for the family where it
+    has none: `first(i)` whether layer i is of the first kind (sliding; Qwen3-Next's: linear attention)."""
     types = r.c.get("layer_types")
     if types is None:
-        return tuple(LAYER_TYPES[0] if slides(i) else LAYER_TYPES[1] for i in range(layers))
+        return tuple(kinds[0] if first(i) else kinds[1] for i in range(layers))
     if not isinstance(types, list) or len(types) != layers:
         raise UserError(f"{r.where}: `layer_types` is {types!r:.40}; expected a list of {layers} layer types (one a "
-                        f"layer: {' or '.join(LAYER_TYPES)})")
+                        f"layer: {' or '.join(kinds)})")
     for i, t in enumerate(types):
-        if t not in LAYER_TYPES:
-            raise UserError(f"{r.where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(LAYER_TYPES)}")
+        if t not in kinds:
+            raise UserError(f"{r.where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(kinds)}")
     return tuple(types)
 
 
@@ -55,7 +55,8 @@ class ModelConfig:
     moe: Any = None  # engine/moe.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
     window: int = 0  # the positions a sliding layer's query attends, its own the last (0: all before it)
     layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each (none: every layer slides
-    # where `window` is set: Mistral, Mixtral, Phi-3; Qwen2 / Qwen3 from max_window_layers on, Gemma, gpt-oss by type)
+    # where `window` is set: Mistral, Mixtral, Phi-3; Qwen2 / Qwen3 from max_window_layers on, Gemma, gpt-oss by type;
+    # Qwen3-Next's linear_attention | full_attention)
 
     def sliding(self, i: int) -> bool:
         """Whether layer i's attention takes the window."""

@@ -16,7 +16,7 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.gemma import ONE_PLUS
 from lanefuse.engine.ir import Constant, Graph
-from lanefuse.engine.model import ModelConfig, step_frame
+from lanefuse.engine.model import ModelConfig, read_layer_types, step_frame
 from lanefuse.engine.weights import BLOCK_FORMATS, PartsStore
 
 ARCHS = ("Qwen3NextForCausalLM",)
@@ -39,7 +39,6 @@ class Qwen3NextConfig(ModelConfig):
     """A Qwen3-Next's shape: a ModelConfig (heads, kv_heads, head_dim: the full-attention layers') and the gated delta
     net's sizes."""
 
-    layer_types: tuple[str, ...] = ()  # linear_attention | full_attention, a layer each
     taps: int = 4  # linear_conv_kernel_dim
     hk: int = 16  # linear_num_key_heads
     hv: int = 32  # linear_num_value_heads
@@ -248,18 +247,8 @@ class SplitStore(PartsStore):
 # -- config.json ------------------------------------------------------------------------------------------------------
 
 def _layer_types(r, layers: int) -> tuple[str, ...]:
-    c, where = r.c, r.where
-    types = c.get("layer_types")
-    if types is None:
-        n = r.size("full_attention_interval", 4)
-        return tuple("linear_attention" if (i + 1) % n else "full_attention" for i in range(layers))
-    if not isinstance(types, list) or len(types) != layers:
-        raise UserError(f"{where}: `layer_types` is {types!r:.40}; expected a list of {layers} layer types (one a "
-                        f"layer: {' or '.join(LAYER_TYPES)})")
-    for i, t in enumerate(types):
-        if t not in LAYER_TYPES:
-            raise UserError(f"{where}: `layer_types[{i}]` is {t!r:.40}; expected {' or '.join(LAYER_TYPES)}")
-    return tuple(types)
+    """`layer_types`, or transformers' default: every `full_attention_interval`-th layer full attention."""
+    return read_layer_types(r, layers, lambda i: (i + 1) % r.size("full_attention_interval", 4), LAYER_TYPES)
 
 
 def qwen3next_config(c: dict[str, Any], where: str, max_len: int, name: str, reader, rope,
@@ -347,8 +336,8 @@ def qwen3next_from_gguf(cfg: ModelConfig, r, arch: str, where: str, meta: dict[s
     else:
         n = r.size("full_attention_interval", 4)
         types = tuple("linear_attention" if (i + 1) % n else "full_attention" for i in range(layers))
-    return Qwen3NextConfig(**base, layer_types=types, taps=taps, hk=hk, hv=hv, dk=dk, dv=inner // hv,
-                           norm_offset=0.0)
+    base.update(layer_types=types)
+    return Qwen3NextConfig(**base, taps=taps, hk=hk, hv=hv, dk=dk, dv=inner // hv, norm_offset=0.0)
 
 
 # -- the step graph ---------------------------------------------------------------------------------------------------
