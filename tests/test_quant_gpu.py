@@ -268,6 +268,13 @@ def _two_forms(n: int, words: int, arrays, weights, x_words: int = 0, xn: int = 
                      quantized=quantized)
 
 
+def _form_is(dev, name: str, values: np.ndarray, words: int, what=None) -> None:
+    """The device's quantized form `name` is exactly the interpreter's quantize of `values` (rows, n)."""
+    want = quantize(np.asarray(values, np.float32), words).parts()
+    for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant(name)), want):
+        assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w)), what
+
+
 @pytest.mark.parametrize("words", [1, 2])
 def test_quantizing_epilogues_equal_the_quant_kernel(words):
     """attention.cu (one split; three, the combine quantizing; each gated by sigmoid(gate) too), binary.cu
@@ -402,9 +409,7 @@ def test_head_gemv_quantizing_tail_equals_the_quant_kernel(words):
         dev.cp.cuda.Device().synchronize()
         got = dev.host("o")
         np.testing.assert_allclose(got, host.array("o"), rtol=0, atol=2e-5 * np.abs(host.array("o")).max())
-        want = quantize(got.reshape(1, -1), words).parts()
-        for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
-            assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w)), words
+        _form_is(dev, "oq", got.reshape(1, -1), words, words)
 
 
 def _shared_moe(rng, rows: int, d: int, f: int, E: int, sf: int, fmt: str):
@@ -533,9 +538,7 @@ def test_products_row_norm_quantizing_in_its_epilogue(words, qa, pw):
         dev.cp.cuda.Device().synchronize()
         got = dev.host("qan")
         np.testing.assert_allclose(got, host.array("qan"), rtol=0, atol=1e-4 * np.abs(host.array("qan")).max())
-        want = quantize(got.reshape(3, qa), words).parts()
-        for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
-            assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w)), words
+        _form_is(dev, "oq", got.reshape(3, qa), words, words)
 
 
 @pytest.mark.parametrize("pw", [1, 4])
@@ -631,9 +634,7 @@ def test_gemv_quantizing_tail_equals_the_quant_kernel(x_words, qwords, pw, m):
         dev.cp.cuda.Device().synchronize()
         got = dev.host("o")
         np.testing.assert_allclose(got, host.array("o"), rtol=0, atol=2e-5 * np.abs(host.array("o")).max())
-        want = quantize(got.reshape(1, -1), qwords).parts()
-        for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant("oq")), want):
-            assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w)), (x_words, qwords)
+        _form_is(dev, "oq", got.reshape(1, -1), qwords, (x_words, qwords))
 
 
 @pytest.mark.parametrize("words", [1, 2])
@@ -662,6 +663,4 @@ def test_set_row_quant_equals_its_twin(words, slot):
     s.cuda(dev)
     dev.cp.cuda.Device().synchronize()
     assert np.array_equal(dev.host("T"), host.array("T"))
-    want = quantize(host.array("T").reshape(1, -1), words).parts()
-    for g, w in zip((None if v is None else dev.cp.asnumpy(v) for v in dev.quant("tq")), want):
-        assert (g is None) == (w is None) and (g is None or np.array_equal(g.reshape(-1), w))
+    _form_is(dev, "tq", host.array("T").reshape(1, -1), words)
