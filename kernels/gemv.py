@@ -68,18 +68,9 @@ def activation_at(env, name: str, m: int, k: int, words: int = 0):
     return env.array(name)[: m * k].reshape(m, k)
 
 
-COLUMNS_TALL = 2  # a stacked product of at least this many outputs a value of k reads its matrix stored transposed
-
-
 def rows_at(env, names: tuple[str, ...], n: int, k: int):
     """The f32 matrix (n, k) of constants `names` (several: stacked, their rows in turn) for a bound call: decoded
-    once, or (the env streams its weights) a call decoding it for each launch. A stacked matrix of n >= COLUMNS_TALL·k
-    (q/k/v, gate and up) is stored transposed and given as the (n, k) view of it: BLAS's GEMV streams a tall matrix
-    faster that way on the CPUs measured (bench/cpu_decode.py's shapes: 6144 x 1024 at 0.90 of the time, 2048 x 1024
-    at 0.91-0.94; a square or wide one slower, 1024 x 3072 at 1.34), and the stacked copy costs nothing more so."""
-    if not env.stream and len(names) > 1 and n >= COLUMNS_TALL * k:
-        return env.columns(names, k).reshape(k, n).T
-
+    once, or (the env streams its weights) a call decoding it for each launch."""
     def get():
         return (env.matrix(names[0]) if len(names) == 1 else env.stacked(names)).reshape(n, k)
 
