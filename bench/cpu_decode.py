@@ -1,15 +1,17 @@
 """CPU decode speed, side by side in one run: lanefuse's numpy backend (the fast runner `lanefuse run` uses, and the
 exact twin with --exact) against transformers eager (torch CPU, KV cache) on the same random Qwen3-shaped f32 model
-(issue 18: hidden 1024, 8 layers, 16 heads, 8 kv heads, head_dim 64, intermediate 3072, vocab 32000), and the
-machine's f32 GEMV bandwidth (numpy). Rounds are interleaved and figures are medians: the machine may be shared.
+(issue 18: hidden 1024, 8 layers, 16 heads, 8 kv heads, head_dim 64, intermediate 3072, vocab 32000), llama.cpp
+(llama-cpp-python, where installed) on the same weights written as an f32 GGUF file, and the machine's f32 GEMV
+bandwidth (numpy). Rounds are interleaved and figures are medians: the machine may be shared.
 
     python bench/cpu_decode.py [--rounds 5] [--tokens 24] [--threads 2] [--exact] [--layers 8] [--dtype bfloat16]
+                               [--no-llama]
 
 --dtype saves the checkpoint in bf16 or f16: transformers loads it as f32, lanefuse decodes it to f32 once at load
 (the cost is printed: the time, and 4 bytes a parameter held against the checkpoint's 2).
 
-transformers runs in a subprocess whose cwd and sys.path leave this checkout out (its `kernels/` folder would shadow
-the `kernels` package transformers imports)."""
+transformers and llama.cpp run in subprocesses, each loaded once and asked a round at a time; transformers' cwd and
+sys.path leave this checkout out (its `kernels/` folder would shadow the `kernels` package transformers imports)."""
 
 from __future__ import annotations
 
@@ -52,6 +54,10 @@ if cmd == "build":
             else:  # fan-in is the last dimension (a mixture's experts are (E, out, in))
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
     model.to(getattr(torch, dtype)).save_pretrained(folder)
+    if len(sys.argv) > 7:  # the same weights as an f32 GGUF file for llama.cpp, written by the tests' GGUF writer
+        sys.path.insert(0, sys.argv[7])  # tests/ alone: the checkout's root would shadow transformers' `kernels`
+        from gguf_files import bpe_tokenizer, write_gguf
+        write_gguf(model.float(), sys.argv[6], "f32", tokenizer=bpe_tokenizer(cfg.vocab_size)[1:])
     print("saved")
     sys.exit(0)
 attn = {"attn_implementation": sys.argv[4]} if len(sys.argv) > 4 else {}
@@ -75,6 +81,59 @@ for line in sys.stdin:
 
 def hf_cmd(*args: str) -> list[str]:
     return [sys.executable, "-c", HF, *args]
+
+
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+
+
+def have_llama_cpp() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def serve_llama(path: str, threads: int) -> int:
+    """llama.cpp (llama-cpp-python) on GGUF file `path`, serving decode timings round by round as `HF` serves
+    transformers': a line [prompt, n] in, {"times", "tokens"} out (each decode step's seconds, the greedy tokens)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    ll = Llama(path, n_ctx=256, n_threads=threads, n_threads_batch=threads, n_batch=64, logits_all=True,
+               verbose=False)  # logits_all: each step's scores where `scores` finds them (as bench/gguf_figures.py)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        prompt, n = json.loads(line)
+        ll.reset()
+        ll.eval(prompt)
+        times, toks = [], []
+        nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+        for _ in range(n):
+            toks.append(nxt)
+            t0 = time.perf_counter()
+            ll.eval([nxt])
+            times.append(time.perf_counter() - t0)
+            nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+        print(json.dumps({"times": times, "tokens": toks}), flush=True)
+    return 0
+
+
+class Server:
+    """A peer's decode timings served by a subprocess (`cmd`): started, asked a round at a time, closed."""
+
+    def __init__(self, cmd: list[str], cwd: str, env: dict):
+        self.p = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.p.stdout.readline().strip() == "ready", f"{cmd[:3]} did not start"
+
+    def round(self, tokens: int) -> dict:
+        self.p.stdin.write(json.dumps([PROMPT, tokens]) + "\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        self.p.wait()
 
 
 _MATS: list = []  # gemv_bandwidth's matrices, made once
@@ -167,30 +226,33 @@ def timed_generate(cfg, weights, step_fn, prompt: list[int], tokens: int) -> tup
 
 
 def side_by_side(lf, folder: str, elsewhere: str, env: dict, rounds: int, tokens: int, threads: int,
-                 attn: str | None = None, alone=None) -> dict:
+                 attn: str | None = None, alone=None, gguf: str | None = None) -> dict:
     """lanefuse (`lf`, a Lanefuse) and transformers (served from `folder` in a subprocess) decoding the same prompt,
-    rounds interleaved with the machine's GEMV bandwidth (and `alone()`, the step's products alone, where given):
-    each's ms/token a round, and whether their greedy tokens agree."""
-    hf = subprocess.Popen(hf_cmd("serve", folder, str(threads), *([attn] if attn else [])), cwd=elsewhere, env=env,
-                          text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert hf.stdout.readline().strip() == "ready"
-    got_rounds: dict = {"lanefuse": [], "transformers": [], "bandwidth": [], "alone": [], "same": True}
+    rounds interleaved with the machine's GEMV bandwidth (and `alone()`, the step's products alone, where given, and
+    llama.cpp on GGUF file `gguf`, the same weights, where given): each's ms/token a round, and whether their greedy
+    tokens agree with lanefuse's."""
+    peers = {"transformers": Server(hf_cmd("serve", folder, str(threads), *([attn] if attn else [])), elsewhere, env)}
+    if gguf is not None:
+        peers["llama.cpp"] = Server([sys.executable, os.path.abspath(__file__), "--serve-llama", gguf,
+                                     "--threads", str(threads)], elsewhere, dict(env, OMP_NUM_THREADS=str(threads)))
+    got_rounds: dict = {"lanefuse": [], "bandwidth": [], "alone": [], "same": True, "agree": {}}
     try:
         for _ in range(rounds):
             t, lf_toks = lf.round(tokens)
             got_rounds["lanefuse"].append(1e3 * statistics.median(t))
-            hf.stdin.write(json.dumps([PROMPT, tokens]) + "\n")
-            hf.stdin.flush()
-            got = json.loads(hf.stdout.readline())
-            got_rounds["transformers"].append(1e3 * statistics.median(got["times"]))
-            got_rounds["same"] = got_rounds["same"] and got["tokens"] == lf_toks[: len(got["tokens"])]
+            for name, peer in peers.items():
+                got = peer.round(tokens)
+                got_rounds.setdefault(name, []).append(1e3 * statistics.median(got["times"]))
+                agree = next((i for i, (a, b) in enumerate(zip(got["tokens"], lf_toks)) if a != b), len(got["tokens"]))
+                got_rounds["agree"][name] = min(agree, got_rounds["agree"].get(name, agree))
             got_rounds["bandwidth"].append(gemv_bandwidth())
             a = alone() if alone is not None else None
             if a is not None:
                 got_rounds["alone"].append(1e3 * a)
     finally:
-        hf.stdin.close()
-        hf.wait()
+        for peer in peers.values():
+            peer.close()
+    got_rounds["same"] = got_rounds["agree"]["transformers"] == tokens
     return got_rounds
 
 
@@ -234,25 +296,33 @@ def main() -> int:
     ap.add_argument("--exact", action="store_true", help="time the exact twin (the f64-sum imitation) instead")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the checkpoint's dtype (both systems compute in f32)")
+    ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out even where it is installed")
+    ap.add_argument("--serve-llama", metavar="GGUF", help=argparse.SUPPRESS)  # the llama.cpp side's subprocess
     args = ap.parse_args()
+    if args.serve_llama:
+        return serve_llama(args.serve_llama, args.threads)
     # the same threads for both: numpy's OpenBLAS reads this when numpy is first imported (below, not before)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
     shape = dict(SHAPE, num_hidden_layers=args.layers)
     elsewhere = tempfile.mkdtemp(prefix="lanefuse-bench-")
     folder = os.path.join(elsewhere, "qwen3")
     env = dict(os.environ, PYTHONPATH="")
+    # llama.cpp reads the same weights from an f32 GGUF file the build writes beside the checkpoint (a bf16 or f16
+    # checkpoint's values exactly, as f32)
+    gguf = os.path.join(elsewhere, "qwen3-f32.gguf") if have_llama_cpp() and not args.no_llama else None
     try:
-        subprocess.run(hf_cmd("build", folder, str(args.threads), json.dumps(shape), args.dtype), cwd=elsewhere,
-                       env=env, check=True, stdout=subprocess.DEVNULL)
-        return measure(args, folder, elsewhere, env)
+        subprocess.run(hf_cmd("build", folder, str(args.threads), json.dumps(shape), args.dtype,
+                              *([gguf, TESTS] if gguf else [])), cwd=elsewhere, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        return measure(args, folder, elsewhere, env, gguf=gguf)
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
 
 
-def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3") -> int:
+def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3", gguf: str | None = None) -> int:
     lf = Lanefuse(folder, args.exact)
     r = side_by_side(lf, folder, elsewhere, env, args.rounds, args.tokens, args.threads,
-                     alone=lambda: products_alone(lf.cfg))
+                     alone=lambda: products_alone(lf.cfg), gguf=gguf)
     lf_ms, hf_ms, bw, alone, same = r["lanefuse"], r["transformers"], r["bandwidth"], r["alone"], r["same"]
     store = lf.weights.store
     names = store.base.names() if hasattr(store, "base") else store.names()  # a mixture's: as stored, not stacked
@@ -279,6 +349,11 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3")
           f"(rounds: {', '.join(f'{v:.1f}' for v in lf_ms)})")
     print(f"transformers eager, {args.threads} threads: {hms:.1f} ms/token  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in hf_ms)})")
+    if "llama.cpp" in r:
+        ll_ms = r["llama.cpp"]
+        print(f"llama.cpp (llama-cpp-python, the same weights as an f32 GGUF, {args.threads} threads): "
+              f"{statistics.median(ll_ms):.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in ll_ms)}); "
+              f"greedy tokens: the first {r['agree']['llama.cpp']} of {args.tokens} the same as lanefuse's")
     print(f"numpy f32 GEMV bandwidth from memory: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in bw)})")
     if alone:
@@ -286,7 +361,10 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3")
         of_alone = statistics.median(a / lv for a, lv in zip(alone, lf_ms))
         print(f"numpy, the step's products alone back to back (same shapes, no runner): {ams:.1f} ms/token "
               f"({gb / ams * 1e3:.1f} GB/s) -> lanefuse at {of_alone:.0%} of it")
-    print(f"lanefuse speed / transformers: {speed:.2f}x; lanefuse at {of_bw:.0%} of the GEMV bandwidth; "
+    vs_llama = ""
+    if "llama.cpp" in r:
+        vs_llama = f"; lanefuse speed / llama.cpp f32: {statistics.median(c / lv for c, lv in zip(r['llama.cpp'], lf_ms)):.2f}x"
+    print(f"lanefuse speed / transformers: {speed:.2f}x{vs_llama}; lanefuse at {of_bw:.0%} of the GEMV bandwidth; "
           f"greedy tokens {'the same' if same else 'DIFFER'}  (medians of each round's ratios)")
     return 0
 
