@@ -363,7 +363,8 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3",
               f"({gb / ams * 1e3:.1f} GB/s) -> lanefuse at {of_alone:.0%} of it")
     vs_llama = ""
     if "llama.cpp" in r:
-        vs_llama = f"; lanefuse speed / llama.cpp f32: {statistics.median(c / lv for c, lv in zip(r['llama.cpp'], lf_ms)):.2f}x"
+        of_llama = statistics.median(c / lv for c, lv in zip(r["llama.cpp"], lf_ms))
+        vs_llama = f"; lanefuse speed / llama.cpp f32: {of_llama:.2f}x"
     print(f"lanefuse speed / transformers: {speed:.2f}x{vs_llama}; lanefuse at {of_bw:.0%} of the GEMV bandwidth; "
           f"greedy tokens {'the same' if same else 'DIFFER'}  (medians of each round's ratios)")
     return 0
