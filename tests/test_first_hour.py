@@ -52,6 +52,16 @@ def test_rules_into_a_pipe_keeps_whole_rows():
     assert not any(c in r.stdout for c in "┃│┏")  # plain rows, no box drawing
     js = _cli("rules", "--json")
     assert js.returncode == 0 and any(d["source"] == "rules/ffn.yaml:10" for d in json.loads(js.stdout))
+    assert _cli("rules", "--json", "-").stdout == js.stdout  # as `plan --json -`
+
+
+def test_rules_json_into_a_file(tmp_path):
+    out = tmp_path / "rules.json"
+    r = _cli("rules", "--json", str(out))
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    assert any(d["name"] == "glu_act_mul.sigmoid" for d in json.loads(out.read_text()))
+    bad = _cli("rules", "--json", str(tmp_path / "no" / "such" / "rules.json"))
+    assert bad.returncode != 0 and "rules.json" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_plan_summarizes_every_layer_and_the_tail():

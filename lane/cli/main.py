@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", action="append", default=[], metavar="DIR", help="add a user rules folder")
     p.add_argument("--check", nargs="?", const="", metavar="DIR",
                    help="validate the table (and DIR) and say which classes no lane links")
-    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the table as JSON to FILE (alone or `-`: stdout, nothing else printed)")
 
     p = sub.add_parser("check", help="check the fused plans against the reference interpreter, launch by launch",
                        description="Plan the decode step and a prefill chunk, run each plan on the numpy backend "

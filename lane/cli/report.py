@@ -322,7 +322,8 @@ def rules_command(args) -> int:
             print(f"error: {e}", file=sys.stderr)
         return 1 if errors else 0
     if args.json:
-        print(json.dumps([{"name": n, "class": c, "source": w, "depends_on": d} for n, c, w, d in rows], indent=1))
+        write_atomic(args.json, json.dumps([{"name": n, "class": c, "source": w, "depends_on": d}
+                                            for n, c, w, d in rows], indent=1) + "\n")
         return 0
     from lanefuse.lane.cli.tables import console, table
 
