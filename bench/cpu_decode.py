@@ -94,28 +94,34 @@ def have_llama_cpp() -> bool:
     return True
 
 
+def llama_round(ll, prompt: list[int], n: int) -> dict:
+    """llama.cpp's Llama `ll` (made with logits_all) decoding `prompt` greedily from an empty cache: each of `n`
+    decode steps' seconds and the greedy tokens."""
+    import numpy as np
+
+    ll.reset()
+    ll.eval(prompt)
+    times, toks = [], []
+    nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+    for _ in range(n):
+        toks.append(nxt)
+        t0 = time.perf_counter()
+        ll.eval([nxt])
+        times.append(time.perf_counter() - t0)
+        nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
+    return {"times": times, "tokens": toks}
+
+
 def serve_llama(path: str, threads: int) -> int:
     """llama.cpp (llama-cpp-python) on GGUF file `path`, serving decode timings round by round as `HF` serves
-    transformers': a line [prompt, n] in, {"times", "tokens"} out (each decode step's seconds, the greedy tokens)."""
-    import numpy as np
+    transformers': a line [prompt, n] in, {"times", "tokens"} out."""
     from llama_cpp import Llama
 
     ll = Llama(path, n_ctx=256, n_threads=threads, n_threads_batch=threads, n_batch=64, logits_all=True,
-               verbose=False)  # logits_all: each step's scores where `scores` finds them (as bench/gguf_figures.py)
+               verbose=False)  # logits_all: each step's scores where `scores` finds them
     print("ready", flush=True)
     for line in sys.stdin:
-        prompt, n = json.loads(line)
-        ll.reset()
-        ll.eval(prompt)
-        times, toks = [], []
-        nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
-        for _ in range(n):
-            toks.append(nxt)
-            t0 = time.perf_counter()
-            ll.eval([nxt])
-            times.append(time.perf_counter() - t0)
-            nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
-        print(json.dumps({"times": times, "tokens": toks}), flush=True)
+        print(json.dumps(llama_round(ll, *json.loads(line))), flush=True)
     return 0
 
 

@@ -135,22 +135,14 @@ def child_lanefuse(path: str, tokens: int) -> dict:
 
 
 def child_llamacpp(path: str, tokens: int, threads: int) -> dict:
-    import numpy as np
+    from cpu_decode import llama_round
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
     ll = Llama(path, n_ctx=64, n_threads=threads, n_batch=64, logits_all=True, verbose=False)  # scores each step
     out = {"load_s": time.perf_counter() - t0, "loaded": resident()}
-    ll.eval(PROMPT)
-    times, toks = [], []
-    nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
-    for _ in range(tokens):
-        toks.append(nxt)
-        t = time.perf_counter()
-        ll.eval([nxt])
-        times.append(time.perf_counter() - t)
-        nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
-    out.update(ms=1e3 * statistics.median(times), tokens=toks)
+    got = llama_round(ll, PROMPT, tokens)
+    out.update(ms=1e3 * statistics.median(got["times"]), tokens=got["tokens"])
     return out
 
 
