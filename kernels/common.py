@@ -342,6 +342,36 @@ def rms(x: np.ndarray, eps: float) -> np.ndarray:
     return 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
+_vecdot = getattr(np, "vecdot", None)  # numpy >= 2: each head's sum of squares in one call
+
+
+class RmsScale:
+    """The fast twins' RMS norm of each head of `hd` values in f32, in a few calls on arrays made once (bound ahead):
+    rmsnorm(x)·w = x·w' / r(x), w' = √hd·w (√hd without a weight) and r(x) = √(Σx² + hd·eps) each head's (`roots`).
+    A rotation, linear, may come between the product and the division (kernels/rope.py)."""
+
+    def __init__(self, rows: int, heads: int, hd: int, w: np.ndarray | None, eps: float):
+        ones = np.ones(hd, np.float32) if w is None else np.asarray(w[:hd], dtype=np.float32)
+        self.w = ones * np.float32(np.sqrt(hd))
+        self.hde = np.float32(hd * eps)
+        self.ss = np.empty((rows, heads, 1), np.float32)
+
+    def roots(self, x: np.ndarray) -> np.ndarray:
+        """r(x) of x (rows, heads, hd): (rows, heads, 1), in the array made once."""
+        if _vecdot is not None:
+            _vecdot(x, x, out=self.ss[..., 0])
+        else:
+            np.einsum("rhd,rhd->rh", x, x, out=self.ss[..., 0])
+        np.add(self.ss, self.hde, out=self.ss)
+        return np.sqrt(self.ss, out=self.ss)
+
+    def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out = rmsnorm(x)·w (out may be x)."""
+        r = self.roots(x)
+        np.multiply(x, self.w, out=out)
+        np.divide(out, r, out=out)
+
+
 def f32(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 

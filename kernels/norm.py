@@ -12,8 +12,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, at_call, dst_at, read_part, read_part_at, names, reach,
-                                     rms)
+from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, RmsScale, at_call, dst_at, read_part, read_part_at,
+                                     names, reach, rms)
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 
@@ -131,25 +131,19 @@ class Norm(Launch):
         add = env.array(self.add)[: r * c].reshape(r, c) if self.add is not None else None
         pre = self.pre if add is not None else None
         pa = t[2 * r * c: 3 * r * c].reshape(r, c) if pre is not None else None
-        pw = env.weight(pre.w)[0][:c] if pre is not None else None
+        pw = env.weight(pre.w)[0] if pre is not None else None
         into = (env.array(self.sum)[: r * c].reshape(r, c) if self.sum is not None else
                 t[: r * c].reshape(r, c) if add is not None else None)
         yt = t[r * c: 2 * r * c].reshape(r, c)  # the result where it has no view of its own
-        w = env.weight(self.w)[0][:hd] if self.w is not None else None
-        eps, f32, quant, words = self.eps, self.f32, self.quant, self.words
-        einsum, sqrt, recip, mul = np.einsum, np.sqrt, np.reciprocal, np.multiply
+        norm = RmsScale(r, heads, hd, env.weight(self.w)[0] if self.w is not None else None, self.eps)
+        pnorm = RmsScale(r, 1, c, pw, pre.eps) if pre is not None else None
+        f32, quant, words = self.f32, self.quant, self.words
 
         def call():
             s = at_call(x)
             a = add
-            if pre is not None:
-                pinv = einsum("rc,rc->r", a, a)[:, None]  # (rows, 1)
-                pinv /= c
-                pinv += pre.eps
-                sqrt(pinv, out=pinv)
-                recip(pinv, out=pinv)
-                mul(a, pinv, out=pa)
-                mul(pa, pw, out=pa)
+            if pnorm is not None:
+                pnorm(a.reshape(r, 1, c), pa.reshape(r, 1, c))
                 a = pa
             if into is not None:
                 if a is not None:
@@ -157,17 +151,8 @@ class Norm(Launch):
                 else:
                     np.copyto(into, s)
                 s = into
-            sh = s.reshape(r, heads, hd)
-            inv = einsum("rhd,rhd->rh", sh, sh)[..., None]  # (rows, heads, 1)
-            inv /= hd
-            inv += eps
-            sqrt(inv, out=inv)
-            recip(inv, out=inv)
             y = view() if view is not None else yt
-            yh = y.reshape(r, heads, hd)
-            mul(sh, inv, out=yh)
-            if w is not None:
-                mul(yh, w, out=yh)
+            norm(s.reshape(r, heads, hd), y.reshape(r, heads, hd))
             if view is None and f32:
                 d.write(env, y)
             if quant is not None:

@@ -7,14 +7,15 @@ of its table (its sequence's slot: `Dst.slot`)."""
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, batch_apart, batch_dsts, dst_at, format_refusal,
-                                     names, reach, read_part, read_part_at, rms)
+from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, RmsScale, batch_apart, batch_dsts, dst_at,
+                                     format_refusal, names, reach, read_part, read_part_at, rms)
 from lanefuse.kernels.head_gemv import HeadGemv
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
@@ -101,13 +102,29 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
     s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
 
 
+def rope_tables(env, cos: str, sin: str, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of every position as the fast twin's rotation reads them, made once an env: C (positions, 2, half)
+    holding (cos, cos) and S holding (-sin, sin), so that a head's rotated pairs are x·C + x'·S with x' the head's
+    halves swapped (a view: the pair axis reversed)."""
+    made = _TABLES.setdefault(env, {})
+    key = (cos, sin, half)
+    if key not in made:
+        c, sn = env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)
+        made[key] = (np.stack([c, c], axis=1), np.stack([-sn, sn], axis=1))
+    return made[key]
+
+
+_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # env -> {(cos, sin, half): (C, S)}
+
+
 def side_bind(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int, rot: int, t: np.ndarray,
               slot: int = 0, seq0: int = 0):
-    """The fast twin of `side_numpy`, bound to `env`: the same rotation in f32 (the norm's mean square by einsum), a
-    few whole-array operations a side on views resolved once (the part read in place, the cos and sin rows of the
-    positions the call finds), written straight into the destination's view where it is contiguous and apart from
-    the source. `t` (2·rows·heads·hd values of the arena's tail) holds the normed heads, and the rotated ones where
-    they have no view of their own."""
+    """The fast twin of `side_numpy`, bound to `env`: the same rotation in f32 in a few whole-array operations on
+    views resolved once (the part read in place, the rotation tables' rows of the positions the call finds), written
+    straight into the destination's view where it is contiguous and apart from the source. A normed side scales each
+    head after its rotation (the rotation is linear): x·(√hd·w) rotated, divided by √(Σx² + hd·eps). `t`
+    (3·rows·heads·hd values of the arena's tail) holds x·(√hd·w), the rotated heads where they have no view of their
+    own, and the swapped halves' products."""
     hd, rot = side_shape(s, hd, rot)
     n, w, heads = seq0 + rows, s.heads * hd, s.heads
     if s.absorb is not None:  # each head's product in f32 BLAS, a batched matmul over the heads
@@ -118,43 +135,41 @@ def side_bind(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     if view is not None and s.norm is None and x0 is not None and np.may_share_memory(getattr(view, "fixed", ()), x0):
         view = None  # rotated in place: through the temporary
     half = rot // 2
-    nw, eps = (env.weight(s.norm[0])[0][:hd], s.norm[1]) if s.norm is not None else (None, 0.0)
     xn, yt = t[: rows * w].reshape(rows, heads, hd), t[rows * w: 2 * rows * w].reshape(rows, heads, hd)
-    ct, st = (env.weight(cos)[0].reshape(-1, half), env.weight(sin)[0].reshape(-1, half)) if rot else (None, None)
+    sw = t[2 * rows * w: 2 * rows * w + rows * heads * rot].reshape(rows, heads, 2, half) if rot else None
+    norm = RmsScale(rows, heads, hd, env.weight(s.norm[0])[0], s.norm[1]) if s.norm is not None else None
+    ct, st = rope_tables(env, cos, sin, half) if rot else (None, None)
     at = env.array(pos) if rot else None
-    mul = np.multiply
+    mul, add, divide = np.multiply, np.add, np.divide
 
     def call():
         x = x0 if x0 is not None else xs()[seq0:].reshape(rows, heads, hd)
-        if nw is not None:
-            inv = np.einsum("rhd,rhd->rh", x, x)[..., None]
-            inv *= 1.0 / hd
-            inv += eps
-            np.sqrt(inv, out=inv)
-            np.reciprocal(inv, out=inv)
-            mul(x, inv, out=xn)
-            mul(xn, nw, out=xn)
+        if norm is not None:
+            ss = norm.roots(x)
+            mul(x, norm.w, out=xn)
             x = xn
         if rot == 0:  # normed only
+            if norm is not None:
+                divide(x, ss, out=x)
             s.y.write(env, x, first=seq0 * w)
             if s.quant is not None:
                 quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
             return
         if slot:
             p = at[seq0:n].astype(np.int64)
-            c, sn = ct[p][:, None, :], st[p][:, None, :]
+            c, sn = ct[p][:, None], st[p][:, None]
         else:
             p0 = int(at[0])
-            c, sn = ct[p0: p0 + rows][:, None, :], st[p0: p0 + rows][:, None, :]
+            c, sn = ct[p0: p0 + rows][:, None], st[p0: p0 + rows][:, None]
         y = view().reshape(rows, heads, hd) if view is not None else yt
-        x1, x2 = x[..., :half], x[..., half:rot]
-        y1, y2 = y[..., :half], y[..., half:rot]
-        mul(x1, c, out=y1)
-        y1 -= x2 * sn
-        mul(x2, c, out=y2)
-        y2 += x1 * sn
+        xr, yr = x[..., :rot].reshape(rows, heads, 2, half), y[..., :rot].reshape(rows, heads, 2, half)
+        mul(xr, c, out=yr)
+        mul(xr[:, :, ::-1], sn, out=sw)
+        add(yr, sw, out=yr)
         if rot < hd:
             y[..., rot:] = x[..., rot:]
+        if norm is not None:
+            divide(y, ss, out=y)
         if view is None:
             s.y.write(env, y, first=seq0 * w)  # a batch's rows from its first sequence's (each in its slot: Dst.slot)
 
@@ -302,7 +317,7 @@ class RopeParts(Launch):
         return run
 
     def fast_temp(self):
-        return 2 * self.rows * max(s.heads * self._hd(s) for s in self.sides)
+        return 3 * self.rows * max(s.heads * self._hd(s) for s in self.sides)
 
     def grid_block(self):
         return ((self.rows * sum(s.heads for s in self.sides), 1, 1), (128, 1, 1))
