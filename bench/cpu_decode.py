@@ -371,6 +371,9 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3",
     if "llama.cpp" in r:
         of_llama = statistics.median(c / lv for c, lv in zip(r["llama.cpp"], lf_ms))
         vs_llama = f"; lanefuse speed / llama.cpp f32: {of_llama:.2f}x"
+        ll_bw = statistics.median(1e3 * gb / b / c for b, c in zip(bw, r["llama.cpp"]))
+        print(f"the same bytes a step at the GEMV bandwidth: llama.cpp f32 at {ll_bw:.0%} of it, transformers at "
+              f"{statistics.median(1e3 * gb / b / h for b, h in zip(bw, hf_ms)):.0%}")
     print(f"lanefuse speed / transformers: {speed:.2f}x{vs_llama}; lanefuse at {of_bw:.0%} of the GEMV bandwidth; "
           f"greedy tokens {'the same' if same else 'DIFFER'}  (medians of each round's ratios)")
     return 0
