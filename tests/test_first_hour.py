@@ -29,6 +29,32 @@ def test_run_prints_timings_on_stderr_and_in_json(tmp_path):
     assert t["plan_ms"] > 0 and t["load_ms"] > 0 and t["decode_ms_per_token"] > 0 and t["decode_tokens_per_s"] > 0
 
 
+def test_the_fast_runners_first_binding_counts_as_load_not_as_a_step(monkeypatch):
+    """The fast runner binds its launches at its first step, and that binding reads (and stacks, or decodes) the
+    weights: a one-time cost counted with the runners' setup (`load`), not in the prompt eval or the decode."""
+    import time
+
+    from lanefuse.engine.demo import demo_model
+    from lanefuse.kernels import GemvGlu
+    from lanefuse.lane.run.generate import generate
+    from lanefuse.lane.run.step import plan_step_fn
+
+    bound, orig, nap = [], GemvGlu.bind_fast, 0.05
+
+    def slow(self, env):
+        bound.append(self)
+        time.sleep(nap)
+        return orig(self, env)
+
+    monkeypatch.setattr(GemvGlu, "bind_fast", slow)
+    cfg, weights = demo_model()
+    step_fn, _ = plan_step_fn(weights, "cpu")
+    res = generate(cfg, weights, [1, 2, 3], 4, step_fn=step_fn)
+    assert len(bound) >= 2 * cfg.layers  # a gate/up product a layer, in the prefill chunk's plan and the decode step's
+    assert step_fn.spent["setup_s"] >= nap * len(bound)
+    assert res.prompt_s + res.decode_s < nap * len(bound) / 2
+
+
 def test_run_says_the_default_prompt():
     r = _cli("run", "--tokens", "1", "--reference")
     assert r.returncode == 0, r.stderr

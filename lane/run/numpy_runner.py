@@ -8,6 +8,8 @@ names the first launch that diverges."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from lanefuse.engine.errors import UserError
@@ -125,6 +127,7 @@ class NumpyRunner:
         self.streamed = not self.exact and not decode_once(s, decode_budget)
         self.env = ArenaEnv(s, weights, {}, exact=self.exact, temp=temp, stream=self.streamed)
         self._bound: list | None = None  # the fast twins bound to the env (Launch.bind_fast), made anew with the tables
+        self.bind_s = 0.0  # seconds binding them (the first binding reads and stacks the weights: load time, not a step's)
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
@@ -139,7 +142,9 @@ class NumpyRunner:
             env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
         if not self.exact:
             if self._bound is None:
+                t0 = time.perf_counter()
                 self._bound = [x.launch.bind_fast(env) for x in s.launches]
+                self.bind_s += time.perf_counter() - t0
             for call in self._bound:
                 call()
             return self._outputs()
