@@ -27,6 +27,10 @@ class Env(Protocol):
     def stacked(self, names: tuple[str, ...]) -> np.ndarray:
         """Constants `names` (rows of one width) as one flat f32 matrix, their rows in turn, decoded once."""
 
+    def columns(self, names: tuple[str, ...], k: int) -> np.ndarray:
+        """That matrix of rows of `k` values stored transposed, (k, n) flat, decoded once (not asked of an env that
+        streams its weights)."""
+
     def temp(self, count: int) -> np.ndarray:
         """`count` f32 values a fast twin may use as a temporary for the length of its launch."""
 
@@ -69,6 +73,9 @@ class HostEnv:
 
     def stacked(self, names: tuple[str, ...]) -> np.ndarray:
         return np.concatenate([self.matrix(n) for n in names])
+
+    def columns(self, names: tuple[str, ...], k: int) -> np.ndarray:
+        return np.ascontiguousarray(self.stacked(names).reshape(-1, k).T).reshape(-1)
 
     def temp(self, count: int) -> np.ndarray:
         return np.empty(count, dtype=np.float32)

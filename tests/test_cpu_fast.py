@@ -245,6 +245,29 @@ def test_stacked_weights_are_decoded_once_for_every_plan():
     assert np.array_equal(a.reshape(2 * cfg.inter, cfg.hidden)[cfg.inter:], w.get(names[1]))
 
 
+def test_a_tall_stack_is_read_through_its_columns():
+    """A stacked product of at least COLUMNS_TALL outputs a value of k (gate and up here) reads its matrix stored
+    transposed, decoded once straight into that layout and shared by the plans: `rows_at` gives the (n, k) view of it
+    (the same values as the rows); a single matrix, a wide stack, and an env that streams its weights read rows."""
+    from lanefuse.kernels.gemv import COLUMNS_TALL, rows_at
+
+    cfg = MODELS["qwen3_bf16"]
+    w = _weights(cfg)
+    runners = [NumpyRunner(plan(build_step(cfg, rows)), w, exact=False) for rows in (1, 4)]
+    names = ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight")
+    n, k = 2 * cfg.inter, cfg.hidden
+    assert n >= COLUMNS_TALL * k
+    views = [rows_at(r.env, names, n, k) for r in runners]
+    assert views[0].base is views[1].base and views[0].flags.f_contiguous and not views[0].flags.c_contiguous
+    assert np.array_equal(views[0], runners[0].env.stacked(names).reshape(n, k))
+    assert rows_at(runners[0].env, names[:1], n // 2, k).flags.c_contiguous  # one matrix: its rows as stored
+    down = ("model.layers.0.mlp.down_proj.weight",) * 2
+    assert rows_at(runners[0].env, down, 2 * cfg.hidden, cfg.inter).flags.c_contiguous  # wide: rows
+    runners[0].env.stream = True
+    assert callable(rows_at(runners[0].env, names, n, k))
+    runners[0].env.stream = False
+
+
 @pytest.mark.parametrize("heads,add,sum_,where,part", [(1, False, False, "own", False), (1, True, True, "own", False),
                                                       (4, False, False, "table", True), (2, True, False, "unit", False),
                                                       (1, False, True, "own", True)])

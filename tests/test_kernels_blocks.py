@@ -384,7 +384,8 @@ def test_a_step_yamls_random_weights_are_blocks_of_its_formats():
 
 def test_fast_twins_decode_launch_by_launch_where_memory_does_not_allow_once():
     """Past the decode budget (half the machine's memory by default; 0 here) the fast runner decodes each launch's
-    rows as it runs and keeps no f32 copy: the same numbers as decoding once."""
+    rows as it runs and keeps no f32 copy: the same numbers as decoding once, to f32 rounding (decoded once, a tall
+    stacked product reads its matrix stored transposed, which BLAS sums in another order)."""
     cfg, w = block_demo("q4_0")
     s = plan(build_step(cfg, 1))
     env = {k: np.zeros((64, cfg.kv_heads * cfg.head_dim), np.float32) for c in
@@ -397,4 +398,5 @@ def test_fast_twins_decode_launch_by_launch_where_memory_does_not_allow_once():
     once = NumpyRunner(s, w, exact=False)
     assert not once.streamed
     b = once.step({k: v.copy() for k, v in env.items()})
-    assert np.array_equal(a["logits"], b["logits"]) and int(a["next"][0]) == int(b["next"][0])
+    scale = float(np.abs(b["logits"]).max())
+    assert float(np.abs(a["logits"] - b["logits"]).max()) <= 1e-5 * scale and int(a["next"][0]) == int(b["next"][0])

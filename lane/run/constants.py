@@ -27,22 +27,30 @@ def host_matrix(c, weights) -> np.ndarray:
 _STACKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # weights -> {names: stacked rows}, as they live
 
 
-def host_stacked(cs, weights) -> np.ndarray:
+def host_stacked(cs, weights, columns: bool = False) -> np.ndarray:
     """Constants `cs` (checkpoint rows of one width) as one f32 matrix, flat, their rows one after the other:
     decoded once from the stored rows, straight into it (no copy of each kept beside it), and shared by every plan of
-    the same weights — one BLAS product for products in parts (q, k, v; gate and up)."""
-    key = tuple(c.source or c.name for c in cs)
+    the same weights — one BLAS product for products in parts (q, k, v; gate and up). `columns`: the matrix stored
+    transposed instead, (k, n) (the layout `rows_at` takes for a tall product)."""
+    names = tuple(c.source or c.name for c in cs)
+    key = names + (("columns",) if columns else ())
     built = _STACKS.setdefault(weights, {})
     out = built.get(key)
     if out is None:
         from lanefuse.kernels.common import decode
 
+        k = cs[0].shape[-1]
         out = np.empty(sum(c.size for c in cs), dtype=np.float32)
-        at = 0
-        for c, n in zip(cs, key):
+        at, cols = 0, out.reshape(k, -1)
+        for c, n in zip(cs, names):
             raw, fmt = weights.raw(n)  # one at a time: the stored rows of one constant in memory at once
-            out[at: at + c.size] = decode(np.asarray(raw), fmt).reshape(-1)
-            at += c.size
+            rows = decode(np.asarray(raw), fmt).reshape(-1, k)
+            if columns:
+                cols[:, at: at + rows.shape[0]] = rows.T
+                at += rows.shape[0]
+            else:
+                out[at: at + c.size] = rows.reshape(-1)
+                at += c.size
         built[key] = out
     return out
 

@@ -105,6 +105,10 @@ class ArenaEnv:
             return streamed_stacked(cs, self.weights)
         return host_stacked(cs, self.weights)
 
+    def columns(self, names: tuple[str, ...], k: int) -> np.ndarray:
+        """That matrix stored transposed, (k, n) flat, decoded once."""
+        return host_stacked([self.s.constants[n] for n in names], self.weights, columns=True)
+
     def temp(self, count: int) -> np.ndarray:
         """`count` f32 values of the arena's tail, a fast twin's temporary for the length of its launch."""
         return self._temp[:count]
