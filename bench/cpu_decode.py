@@ -2,10 +2,11 @@
 exact twin with --exact) against transformers eager (torch CPU, KV cache) on the same random Qwen3-shaped f32 model
 (issue 18: hidden 1024, 8 layers, 16 heads, 8 kv heads, head_dim 64, intermediate 3072, vocab 32000), llama.cpp
 (llama-cpp-python, where installed) on the same weights written as an f32 GGUF file, and the machine's f32 GEMV
-bandwidth (numpy). Rounds are interleaved and figures are medians: the machine may be shared.
+bandwidth (numpy); and each system's prompt eval of a longer prompt (--prefill). Rounds are interleaved and figures
+are medians: the machine may be shared.
 
     python bench/cpu_decode.py [--rounds 5] [--tokens 24] [--threads 2] [--exact] [--layers 8] [--dtype bfloat16]
-                               [--no-llama]
+                               [--prefill 128] [--no-llama]
 
 --dtype saves the checkpoint in bf16 or f16: transformers loads it as f32, lanefuse decodes it to f32 once at load
 (the cost is printed: the time, and 4 bytes a parameter held against the checkpoint's 2).
@@ -27,6 +28,7 @@ import tempfile
 import time
 
 PROMPT = [3, 17, 5, 42, 8, 11, 29, 7]  # an 8-token prompt, as in the issue
+MAX_CHUNK_ROWS = 64  # engine/model.py's MAX_CHUNK (not imported here: the transformers side runs without lanefuse)
 
 SHAPE = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, head_dim=64,
              intermediate_size=3072, vocab_size=32000, max_position_embeddings=512, tie_word_embeddings=False)
@@ -67,7 +69,9 @@ for line in sys.stdin:
     prompt, n = json.loads(line)
     times, toks = [], []
     with torch.no_grad():
+        t0 = time.perf_counter()
         out = model(torch.tensor([prompt]), use_cache=True)
+        prompt_s = time.perf_counter() - t0
         pkv, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
         for _ in range(n):
             toks.append(nxt)
@@ -75,7 +79,7 @@ for line in sys.stdin:
             out = model(torch.tensor([[nxt]]), past_key_values=pkv, use_cache=True)
             times.append(time.perf_counter() - t0)
             pkv, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
-    print(json.dumps({"times": times, "tokens": toks}), flush=True)
+    print(json.dumps({"times": times, "tokens": toks, "prompt_s": prompt_s}), flush=True)
 '''
 
 
@@ -84,6 +88,15 @@ def hf_cmd(*args: str) -> list[str]:
 
 
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+
+
+def long_prompt(n: int, vocab: int) -> list[int] | None:
+    """An n-token prompt for the prompt-eval figure (None for 0): ids spread over the vocabulary, seeded."""
+    if n <= 0:
+        return None
+    import numpy as np
+
+    return [int(i) for i in np.random.default_rng(18).integers(3, vocab, n)]
 
 
 def have_llama_cpp() -> bool:
@@ -95,12 +108,14 @@ def have_llama_cpp() -> bool:
 
 
 def llama_round(ll, prompt: list[int], n: int) -> dict:
-    """llama.cpp's Llama `ll` (made with logits_all) decoding `prompt` greedily from an empty cache: each of `n`
-    decode steps' seconds and the greedy tokens."""
+    """llama.cpp's Llama `ll` (made with logits_all) decoding `prompt` greedily from an empty cache: the prompt's
+    seconds, each of `n` decode steps' seconds and the greedy tokens."""
     import numpy as np
 
     ll.reset()
+    t0 = time.perf_counter()
     ll.eval(prompt)
+    prompt_s = time.perf_counter() - t0
     times, toks = [], []
     nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
     for _ in range(n):
@@ -109,7 +124,7 @@ def llama_round(ll, prompt: list[int], n: int) -> dict:
         ll.eval([nxt])
         times.append(time.perf_counter() - t0)
         nxt = int(np.argmax(ll.scores[ll.n_tokens - 1]))
-    return {"times": times, "tokens": toks}
+    return {"times": times, "tokens": toks, "prompt_s": prompt_s}
 
 
 def serve_llama(path: str, threads: int) -> int:
@@ -132,8 +147,8 @@ class Server:
         self.p = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.p.stdout.readline().strip() == "ready", f"{cmd[:3]} did not start"
 
-    def round(self, tokens: int) -> dict:
-        self.p.stdin.write(json.dumps([PROMPT, tokens]) + "\n")
+    def round(self, tokens: int, prompt: list[int] = PROMPT) -> dict:
+        self.p.stdin.write(json.dumps([prompt, tokens]) + "\n")
         self.p.stdin.flush()
         return json.loads(self.p.stdout.readline())
 
@@ -232,18 +247,28 @@ def timed_generate(cfg, weights, step_fn, prompt: list[int], tokens: int) -> tup
 
 
 def side_by_side(lf, folder: str, elsewhere: str, env: dict, rounds: int, tokens: int, threads: int,
-                 attn: str | None = None, alone=None, gguf: str | None = None) -> dict:
+                 attn: str | None = None, alone=None, gguf: str | None = None,
+                 prefill: list[int] | None = None) -> dict:
     """lanefuse (`lf`, a Lanefuse) and transformers (served from `folder` in a subprocess) decoding the same prompt,
     rounds interleaved with the machine's GEMV bandwidth (and `alone()`, the step's products alone, where given, and
     llama.cpp on GGUF file `gguf`, the same weights, where given): each's ms/token a round, and whether their greedy
-    tokens agree with lanefuse's."""
+    tokens agree with lanefuse's; and where `prefill` (a longer prompt) is given, each's seconds evaluating it a round
+    (`prefill`: {system: [s, ...]}, each system warmed on it once first)."""
     peers = {"transformers": Server(hf_cmd("serve", folder, str(threads), *([attn] if attn else [])), elsewhere, env)}
     if gguf is not None:
         peers["llama.cpp"] = Server([sys.executable, os.path.abspath(__file__), "--serve-llama", gguf,
                                      "--threads", str(threads)], elsewhere, dict(env, OMP_NUM_THREADS=str(threads)))
-    got_rounds: dict = {"lanefuse": [], "bandwidth": [], "alone": [], "same": True, "agree": {}}
+    got_rounds: dict = {"lanefuse": [], "bandwidth": [], "alone": [], "same": True, "agree": {}, "prefill": {}}
     try:
+        if prefill:  # the prompt's own chunk plans (lanefuse), allocations and caches warmed once
+            lf.prefill(prefill)
+            for peer in peers.values():
+                peer.round(0, prefill)
         for _ in range(rounds):
+            if prefill:
+                got_rounds["prefill"].setdefault("lanefuse", []).append(lf.prefill(prefill))
+                for name, peer in peers.items():
+                    got_rounds["prefill"].setdefault(name, []).append(peer.round(0, prefill)["prompt_s"])
             t, lf_toks = lf.round(tokens)
             got_rounds["lanefuse"].append(1e3 * statistics.median(t))
             for name, peer in peers.items():
@@ -292,6 +317,12 @@ class Lanefuse:
         res = generate(self.cfg, self.weights, PROMPT, n + 1, step_fn=self.step_fn)
         return list(self.times), res.generated_ids
 
+    def prefill(self, prompt: list[int]) -> float:
+        """Seconds evaluating `prompt` (its chunks of up to MAX_CHUNK rows: the prompt eval `run` reports)."""
+        from lanefuse.lane.run.generate import generate
+
+        return generate(self.cfg, self.weights, prompt, 1, step_fn=self.step_fn).prompt_s
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -302,6 +333,8 @@ def main() -> int:
     ap.add_argument("--exact", action="store_true", help="time the exact twin (the f64-sum imitation) instead")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="the checkpoint's dtype (both systems compute in f32)")
+    ap.add_argument("--prefill", type=int, default=128, metavar="N",
+                    help="also time each system's prompt eval of an N-token prompt a round (0: not)")
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out even where it is installed")
     ap.add_argument("--serve-llama", metavar="GGUF", help=argparse.SUPPRESS)  # the llama.cpp side's subprocess
     args = ap.parse_args()
@@ -328,7 +361,8 @@ def main() -> int:
 def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3", gguf: str | None = None) -> int:
     lf = Lanefuse(folder, args.exact)
     r = side_by_side(lf, folder, elsewhere, env, args.rounds, args.tokens, args.threads,
-                     alone=lambda: products_alone(lf.cfg), gguf=gguf)
+                     alone=lambda: products_alone(lf.cfg), gguf=gguf,
+                     prefill=long_prompt(getattr(args, "prefill", 0), lf.cfg.vocab))
     lf_ms, hf_ms, bw, alone, same = r["lanefuse"], r["transformers"], r["bandwidth"], r["alone"], r["same"]
     store = lf.weights.store
     names = store.base.names() if hasattr(store, "base") else store.names()  # a mixture's: as stored, not stacked
@@ -360,6 +394,12 @@ def measure(args, folder: str, elsewhere: str, env: dict, family: str = "Qwen3",
         print(f"llama.cpp (llama-cpp-python, the same weights as an f32 GGUF, {args.threads} threads): "
               f"{statistics.median(ll_ms):.1f} ms/token  (rounds: {', '.join(f'{v:.1f}' for v in ll_ms)}); "
               f"greedy tokens: the first {r['agree']['llama.cpp']} of {args.tokens} the same as lanefuse's")
+    if r["prefill"]:
+        pre = {k: statistics.median(v) for k, v in r["prefill"].items()}
+        n = args.prefill
+        print(f"prompt eval of a {n}-token prompt: " + ", ".join(
+            f"{k} {1e3 * v:.0f} ms ({n / v:.0f} tokens/s)" for k, v in pre.items())
+            + f"  (lanefuse: chunks of up to {MAX_CHUNK_ROWS} rows; medians of the rounds)")
     print(f"numpy f32 GEMV bandwidth from memory: {gbs:.1f} GB/s -> floor {floor:.1f} ms/token for the weights  "
           f"(rounds: {', '.join(f'{v:.1f}' for v in bw)})")
     if alone:
