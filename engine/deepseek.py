@@ -62,7 +62,6 @@ class DeepseekConfig(ModelConfig):
 
     def weight_names(self) -> dict[str, tuple[int, ...]]:
         d, h, r, f = self.hidden, self.heads, self.head_dim, self.inter
-        qk = self.nope + r
         w: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab, d), "model.norm.weight": (d,)}
         if not self.tie_embeddings:
             w["lm_head.weight"] = (self.vocab, d)

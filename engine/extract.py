@@ -575,7 +575,7 @@ def _component_key(comp: list[int], specs: list[tuple]) -> tuple:
 def _table(spec: tuple, shapes: dict, which: int, np) -> Any:
     """A class's table (2,)*k: the cheapest of its nodes that the assignment meets, by the tie-broken (which=2) or
     the real (3) weights; INF where none, 0 where the class is not computed."""
-    scope, key, ws = spec[0], spec[1], spec[which]
+    key, ws = spec[1], spec[which]
     k, own, free, rows = key
     # the table's shape (which assignments each node's needs meet) repeats layer after layer: the masks are worked
     # out once a shape, and the cheapest node an assignment meets is one minimum over them

@@ -287,7 +287,7 @@ def with_layout(cfg: GemmaConfig, stored: set[str]) -> GemmaConfig:
 def build_gemma_step(cfg: GemmaConfig, rows: int = 1, batch: int = 1) -> Graph:
     """The lifted graph of one Gemma step over `rows` token rows at the position `pos` names."""
     g, caches = step_frame(cfg, rows, batch)
-    h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
+    h, kv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
     shapes = cfg.weight_names()
     generated = cfg.generated()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import heapq
-import os
 import sys
 import time
 from dataclasses import dataclass, field, replace

@@ -312,7 +312,7 @@ def test_batch_kinds_equal_each_sequence_alone():
     """Each sequence of the batch launches: what the one-sequence launches give over its own slot."""
     from dataclasses import replace
 
-    from lanefuse.kernels import Dst, HostEnv
+    from lanefuse.kernels import HostEnv
 
     g = np.random.default_rng(17)
     B, L, kv, hd = 3, 24, 2, 16

@@ -293,6 +293,7 @@ def test_compare_two_specs(ex, step, tmp_path):
     want_a, want_b = plan(step), plan(step, held=["merged_qkv"], forced={"L0.q_rot": 0})
     assert r["a"]["launches"] == want_a.n_launches and r["a"]["census"] == dict(want_a.census)
     assert r["b"]["held"] == ["merged_qkv"] and r["b"]["forced"] == {"L0.q_rot": 0} and r["b"]["current"]
+    assert r["b"]["launches"] == want_b.n_launches and r["b"]["census"] == dict(want_b.census)
     d = r["diff"]
     assert d["launches"] == [want_a.n_launches, r["b"]["launches"]]
     assert d["fusions"]["merged_qkv"][0] == 4 and d["fusions"]["merged_qkv"][1] < 4

@@ -481,7 +481,7 @@ def test_experts_of_two_formats_or_the_wrong_shape_are_refused_in_words():
 
 
 def test_route_properties():
-    hypothesis = pytest.importorskip("hypothesis")
+    pytest.importorskip("hypothesis")
     from hypothesis import given, settings, strategies as st
     from hypothesis.extra.numpy import arrays
 
