@@ -52,8 +52,8 @@ def gemv_numpy(env, x: str, wv: np.ndarray, bias: str | None, y: Dst, k: int, n:
     y.write(env, capped(acc, cap))
 
 
-GEMV_ROWS = 2  # up to this many rows a product is a GEMV a row, not a GEMM
-GEMV_ROWS_CACHED = 4  # and up to this many where its matrix stays in a last-level cache between the GEMVs
+FAST_GEMVS = 2  # the fast twins: up to this many rows a product is a GEMV a row, not a GEMM
+FAST_GEMVS_CACHED = 4  # and up to this many where its matrix stays in a last-level cache between the GEMVs
 CACHED_BYTES = 16 << 20  # a matrix that does (half of this CPU's 32 MiB L3)
 
 
@@ -62,7 +62,7 @@ def by_gemvs(m: int, w: np.ndarray) -> bool:
     decode step's shapes (1 row: always a GEMV). Measured here, each against the better GEMM layout: 2 rows in 0.57-0.9
     of the GEMM's time; 3-4 rows 0.75-0.98 where the matrix is cached (1024 x 3072, 2048 x 1024), 0.96-1.8 where it
     is not (6144 x 1024, 32000 x 1024)."""
-    return m <= GEMV_ROWS or (m <= GEMV_ROWS_CACHED and w.nbytes <= CACHED_BYTES)
+    return m <= FAST_GEMVS or (m <= FAST_GEMVS_CACHED and w.nbytes <= CACHED_BYTES)
 
 
 def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
