@@ -53,22 +53,20 @@ def gemv_numpy(env, x: str, wv: np.ndarray, bias: str | None, y: Dst, k: int, n:
 
 
 FAST_GEMVS = 2  # the fast twins: up to this many rows a product is a GEMV a row, not a GEMM
-FAST_GEMVS_CACHED = 4  # and up to this many where its matrix stays in a last-level cache between the GEMVs
-CACHED_BYTES = 16 << 20  # a matrix that does (half of this CPU's 32 MiB L3)
 
 
-def by_gemvs(m: int, w: np.ndarray) -> bool:
-    """Whether x (m, k) · w (n, k)ᵀ runs fastest as m GEMVs: OpenBLAS's GEMM of a few rows costs 2-3.6 GEMVs on a
-    decode step's shapes (1 row: always a GEMV). Measured here, each against the better GEMM layout: 2 rows in 0.57-0.9
-    of the GEMM's time; 3-4 rows 0.75-0.98 where the matrix is cached (1024 x 3072, 2048 x 1024), 0.96-1.8 where it
-    is not (6144 x 1024, 32000 x 1024)."""
-    return m <= FAST_GEMVS or (m <= FAST_GEMVS_CACHED and w.nbytes <= CACHED_BYTES)
+def by_gemvs(m: int) -> bool:
+    """Whether x (m, k) · w (n, k)ᵀ runs as m GEMVs: OpenBLAS's GEMM of a few rows costs 2-3.6 GEMVs on a decode
+    step's shapes. Two GEMVs take 0.57-0.9 of a 2-row GEMM's time (each shape against its better GEMM layout; a
+    batch of 2 decodes x1.56-1.73 the tokens/s, bench/batch_figures.py's model, both ways interleaved in one
+    process); 3 or 4 were no faster in a step (x0.97-1.16, within the machine's noise)."""
+    return m <= FAST_GEMVS
 
 
 def fast_products(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """out (m, n) = x (m, k) · w (n, k)ᵀ by f32 BLAS, in place: a GEMV a row for a few rows (`by_gemvs`), else a
-    GEMM."""
-    if by_gemvs(x.shape[0], w):
+    """out (m, n) = x (m, k) · w (n, k)ᵀ by f32 BLAS, in place: a GEMV a row for one or two rows (`by_gemvs`), else
+    a GEMM."""
+    if by_gemvs(x.shape[0]):
         for i in range(x.shape[0]):
             np.matmul(w, x[i], out=out[i])
     else:
@@ -112,7 +110,7 @@ def bound_product(x, w, out, bias: np.ndarray | None = None):
         xf, wf, of = fixed
         if xf.shape[0] == 1:
             return partial(np.matmul, wf, xf[0], out=of[0])
-        if by_gemvs(xf.shape[0], wf):
+        if by_gemvs(xf.shape[0]):
             rows = [partial(np.matmul, wf, xf[i], out=of[i]) for i in range(xf.shape[0])]
 
             def gemvs():

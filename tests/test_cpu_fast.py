@@ -306,18 +306,16 @@ def test_rope_fast(rows, norm, rot, where, part):
 
 
 def test_a_few_rows_multiply_as_gemvs():
-    """A product of 2 rows runs as 2 GEMVs (OpenBLAS's GEMM of a few rows costs 2-3.6 GEMVs), of 3-4 rows where the
-    matrix stays cached between them, else as one GEMM; each way the same values as the GEMM to f32 rounding."""
-    from lanefuse.kernels.gemv import CACHED_BYTES, bound_product, by_gemvs
+    """A product of 1 or 2 rows runs as GEMVs (OpenBLAS's GEMM of a few rows costs 2-3.6 GEMVs), of more as one GEMM;
+    each way the same values as the GEMM to f32 rounding."""
+    from lanefuse.kernels.gemv import bound_product, by_gemvs
 
-    big, cached = np.empty((CACHED_BYTES // 4096 + 1, 1024), np.float32), np.empty((64, 1024), np.float32)
-    assert by_gemvs(1, big) and by_gemvs(2, big) and not by_gemvs(3, big)
-    assert by_gemvs(4, cached) and not by_gemvs(5, cached)
+    assert by_gemvs(1) and by_gemvs(2) and not by_gemvs(3)
     g = np.random.default_rng(2)
     w = r32(g, 64, 96)
-    for m in (2, 4, 5):
+    for m in (2, 3):
         x, out = r32(g, m, 96), np.empty((m, 64), np.float32)
         call = bound_product(x, w, out)
-        assert (getattr(call, "__name__", "") == "gemvs") == by_gemvs(m, w)
+        assert (getattr(call, "__name__", "") == "gemvs") == by_gemvs(m)
         call()
         assert np.abs(out - x @ w.T).max() <= FAST_TOL * np.abs(x @ w.T).max()
