@@ -5,6 +5,8 @@ scale. The fast runner allocates no array a launch in its hot path beyond what i
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -319,3 +321,44 @@ def test_a_few_rows_multiply_as_gemvs():
         assert (getattr(call, "__name__", "") == "gemvs") == by_gemvs(m)
         call()
         assert np.abs(out - x @ w.T).max() <= FAST_TOL * np.abs(x @ w.T).max()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f16"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_streamed_weights_decode_into_one_buffer(monkeypatch, fmt, family):
+    """Past the decode budget the fast runner decodes each launch's bf16/f16 rows as it runs, into one buffer made
+    once (each constant of a launch its own part of it: a mixture's launch reads its router, experts and shared
+    expert at once), never kept: the same greedy tokens as decoding once, logits within f32 rounding."""
+    from lanefuse.engine.model import build_step as build
+    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.lane.run import numpy_runner
+    from lanefuse.lane.run.constants import streamed_bytes
+
+    if family == "qwen3":
+        cfg = ModelConfig("Qwen3ForCausalLM", 64, 2, 4, 1, 32, 96, 100, qk_norm=True, max_len=64, name="tiny-qwen3")
+    else:
+        from lanefuse.engine.moe import MoeConfig
+
+        cfg = ModelConfig("Qwen3MoeForCausalLM", 32, 2, 4, 2, 8, 40, 64, qk_norm=True, max_len=32,
+                          moe=MoeConfig(experts=8, k=2, inter=37, norm_topk=True, sparse=(0, 1)))
+    base = random_weights(build(cfg, 1), 5)
+    stored = [n for n, (a, _) in base.store.arrays.items() if a.ndim >= 2 and n.startswith("model.layers.")]
+    cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n in stored))
+    arrays = {n: (encode(a, fmt), fmt) if n in stored else a for n, (a, _) in base.store.arrays.items()}
+    once = _gen(cfg, Weights.from_dict(arrays, cfg), [3, 1, 4, 1, 5], 8, False)
+    w = Weights.from_dict(arrays, cfg)
+    made = []
+
+    class Streamed(NumpyRunner):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(numpy_runner, "decode_once", lambda p, budget=None: False)
+    monkeypatch.setattr(numpy_runner, "NumpyRunner", Streamed)
+    streamed = _gen(cfg, w, [3, 1, 4, 1, 5], 8, False)
+    assert made and all(r.streamed and r.env._stream is not None for r in made)
+    assert all(r.env._stream.size == streamed_bytes(r.s) > 0 for r in made)
+    assert streamed.generated_ids == once.generated_ids
+    assert max(_rel(a, b) for a, b in zip(streamed.logits, once.logits)) <= 1e-5
+    assert not [n for n in stored if n in w._f32]  # nothing decoded was kept

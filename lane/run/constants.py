@@ -85,16 +85,44 @@ def decode_once(p, budget: int | None = None) -> bool:
     return decoded_bytes(p) <= budget
 
 
-def streamed_matrix(c, weights) -> np.ndarray:
-    """Constant `c` decoded to f32 for this launch only (flat; not kept)."""
+IN_PLACE = ("bf16", "f16")  # the formats `decode_into` decodes into an array given, with no array made
+
+
+def decode_into(raw: np.ndarray, fmt: str, out: np.ndarray) -> None:
+    """Checkpoint values of `fmt` (one of IN_PLACE) decoded to f32 into `out` (flat, as many values) in one pass with
+    no array made: bf16's bits shifted into the high half of each f32 word, f16 cast."""
+    if fmt == "bf16":
+        np.left_shift(np.asarray(raw, dtype=np.uint16).reshape(-1), 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(out, np.asarray(raw, dtype=np.float16).reshape(-1))
+
+
+def streamed_bytes(p) -> int:
+    """The f32 values the streamed fast twins decode for one launch of plan `p` at the most: the launch's bf16 and
+    f16 constants together (each decoded into its own part of one buffer, reused launch after launch)."""
+    def need(x) -> int:
+        cs = [p.constants.get(n) for n in x.launch.weights()]
+        return sum(c.size for c in cs if c is not None and c.kind == "rows" and c.format in IN_PLACE)
+
+    return max((need(x) for x in p.launches), default=0)
+
+
+def streamed_stacked(cs, weights, out: np.ndarray | None = None) -> np.ndarray:
+    """Constants `cs` (checkpoint rows of one width) decoded to f32 for this launch only, their rows in turn (flat;
+    not kept): into `out` (as many values) where given and every one's format allows (IN_PLACE), else into arrays
+    made for the launch."""
     from lanefuse.kernels.common import decode
 
-    raw, fmt = weights.raw(c.source or c.name)
-    return np.asarray(decode(np.asarray(raw), fmt), dtype=np.float32).reshape(-1)
-
-
-def streamed_stacked(cs, weights) -> np.ndarray:
-    return np.concatenate([streamed_matrix(c, weights) for c in cs])
+    if out is None or any(c.format not in IN_PLACE for c in cs):
+        parts = [np.asarray(decode(np.asarray(weights.raw(c.source or c.name)[0]), c.format), dtype=np.float32)
+                 for c in cs]
+        return parts[0].reshape(-1) if len(parts) == 1 else np.concatenate([a.reshape(-1) for a in parts])
+    at = 0
+    for c in cs:
+        raw, fmt = weights.raw(c.source or c.name)
+        decode_into(raw, fmt, out[at: at + c.size])
+        at += c.size
+    return out
 
 
 def check_constants(p, weights) -> None:

@@ -16,8 +16,8 @@ from lanefuse.engine.errors import UserError
 from lanefuse.kernels.common import Q8K, QSUM, qblock, quant_parts_at
 from lanefuse.lane.lower.buffers import WORDS
 from lanefuse.lane.lower.plan import Plan
-from lanefuse.lane.run.constants import (decode_once, host_constant, host_matrix, host_stacked, streamed_matrix,
-                                         streamed_stacked)
+from lanefuse.lane.run.constants import (IN_PLACE, decode_once, host_constant, host_matrix, host_stacked,
+                                         streamed_bytes, streamed_stacked)
 
 DT = {"f32": np.float32, "i32": np.int32}
 
@@ -31,6 +31,10 @@ class ArenaEnv:
         self.weights = weights
         self.exact = exact
         self.stream = stream  # fast twins: decode each launch's rows as it runs instead of once (memory-bound)
+        # streamed: one buffer the launch's bf16/f16 rows are decoded into, each constant its own part, launch after
+        # launch (`stream_at`: the next part's first value, set back to 0 before each launch); made at first use
+        self._stream: np.ndarray | None = None
+        self.stream_at = 0
         # the plan's arena, then (fast twins) a tail of `temp` f32 values every launch's temporaries share in turn
         self.arena = np.zeros(s.arena.bytes + (-s.arena.bytes % 64) + 4 * temp, dtype=np.uint8)
         self._temp = np.frombuffer(self.arena, dtype=np.float32, count=temp, offset=len(self.arena) - 4 * temp)
@@ -94,7 +98,7 @@ class ArenaEnv:
         """Constant `name` as flat f32 values, decoded once (the fast twins' weights; streamed: for this launch)."""
         c = self.s.constants[name]
         if self.stream and c.kind == "rows" and c.format != "f32":
-            return streamed_matrix(c, self.weights)
+            return self._streamed([c])
         return host_matrix(c, self.weights)
 
     def stacked(self, names: tuple[str, ...]) -> np.ndarray:
@@ -102,8 +106,23 @@ class ArenaEnv:
         (streamed: for this launch)."""
         cs = [self.s.constants[n] for n in names]
         if self.stream:
-            return streamed_stacked(cs, self.weights)
+            return self._streamed(cs)
         return host_stacked(cs, self.weights)
+
+    def _streamed(self, cs) -> np.ndarray:
+        """Constants `cs` decoded for this launch: into the next part of the streaming buffer where it has room
+        (a launch that asks for a constant twice gets arrays made for it past its plan's budget), else into arrays
+        made for the launch."""
+        if any(c.format not in IN_PLACE for c in cs):  # a block format: decoded into arrays of its own
+            return streamed_stacked(cs, self.weights)
+        if self._stream is None:
+            self._stream = np.empty(streamed_bytes(self.s), dtype=np.float32)
+        size = sum(c.size for c in cs)
+        if self.stream_at + size > self._stream.size:
+            return streamed_stacked(cs, self.weights)
+        out = self._stream[self.stream_at: self.stream_at + size]
+        self.stream_at += size
+        return streamed_stacked(cs, self.weights, out)
 
     def columns(self, names: tuple[str, ...], k: int) -> np.ndarray:
         """That matrix stored transposed, (k, n) flat, decoded once."""
@@ -149,8 +168,13 @@ class NumpyRunner:
                 t0 = time.perf_counter()
                 self._bound = [x.launch.bind_fast(env) for x in s.launches]
                 self.bind_s += time.perf_counter() - t0
-            for call in self._bound:
-                call()
+            if self.streamed:
+                for call in self._bound:
+                    env.stream_at = 0  # each launch decodes its rows into the streaming buffer from its start
+                    call()
+            else:
+                for call in self._bound:
+                    call()
             return self._outputs()
         ref = self._reference(lifted, inputs) if self.check and lifted is not None else None
         for i, x in enumerate(s.launches):
