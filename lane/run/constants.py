@@ -85,14 +85,20 @@ def decode_once(p, budget: int | None = None) -> bool:
     return decoded_bytes(p) <= budget
 
 
-IN_PLACE = ("bf16", "f16")  # the formats `decode_into` decodes into an array given, with no array made
+IN_PLACE = ("bf16", "f16", "q8_0")  # the formats `decode_into` decodes into an array given
 
 
 def decode_into(raw: np.ndarray, fmt: str, out: np.ndarray) -> None:
-    """Checkpoint values of `fmt` (one of IN_PLACE) decoded to f32 into `out` (flat, as many values) in one pass with
-    no array made: bf16's bits shifted into the high half of each f32 word, f16 cast."""
+    """Checkpoint values of `fmt` (one of IN_PLACE) decoded to f32 into `out` (flat, as many values), the
+    same values as kernels/common.py's `decode`: bf16's bits shifted into the high half of each f32 word, f16 cast,
+    q8_0's int8 values times their block's f16 scale (only the scales, 2 bytes a block, made apart)."""
     if fmt == "bf16":
         np.left_shift(np.asarray(raw, dtype=np.uint16).reshape(-1), 16, out=out.view(np.uint32), dtype=np.uint32)
+    elif fmt == "q8_0":  # the int8 values cast into `out`, then times the scales (a cast and a product, each a pass)
+        b = np.asarray(raw, dtype=np.uint8).reshape(-1, 34)
+        values = out.reshape(-1, 32)
+        np.copyto(values, b[:, 2:34].view(np.int8))
+        np.multiply(values, np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32), out=values)
     else:
         np.copyto(out, np.asarray(raw, dtype=np.float16).reshape(-1))
 

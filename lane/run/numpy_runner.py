@@ -150,7 +150,7 @@ class NumpyRunner:
         self.streamed = not self.exact and not decode_once(s, decode_budget)
         self.env = ArenaEnv(s, weights, {}, exact=self.exact, temp=temp, stream=self.streamed)
         self._bound: list | None = None  # the fast twins bound to the env (Launch.bind_fast), made anew with the tables
-        self.bind_s = 0.0  # seconds binding them (the first binding reads and stacks the weights: load time, not a step's)
+        self.bind_s = 0.0  # seconds binding them (the first binding reads and stacks the weights: load, not a step)
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
