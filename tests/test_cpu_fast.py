@@ -323,10 +323,10 @@ def test_a_few_rows_multiply_as_gemvs():
         assert np.abs(out - x @ w.T).max() <= FAST_TOL * np.abs(x @ w.T).max()
 
 
-@pytest.mark.parametrize("fmt,family", [("bf16", "qwen3"), ("f16", "qwen3"), ("q8_0", "qwen3"), ("bf16", "qwen3_moe"),
-                                        ("f16", "qwen3_moe")])
+@pytest.mark.parametrize("fmt,family", [("bf16", "qwen3"), ("f16", "qwen3"), ("q8_0", "qwen3"), ("q4_0", "qwen3"),
+                                        ("bf16", "qwen3_moe"), ("f16", "qwen3_moe")])
 def test_streamed_weights_decode_into_one_buffer(monkeypatch, fmt, family):
-    """Past the decode budget the fast runner decodes each launch's bf16/f16/q8_0 rows as it runs, into one buffer
+    """Past the decode budget the fast runner decodes each launch's bf16/f16/q8_0/q4_0 rows as it runs, into one buffer
     made once (each constant of a launch its own part of it: a mixture's launch reads its router, experts and shared
     expert at once), never kept: the same greedy tokens as decoding once, logits within f32 rounding."""
     from lanefuse.engine.model import build_step as build
@@ -364,7 +364,7 @@ def test_streamed_weights_decode_into_one_buffer(monkeypatch, fmt, family):
     assert not [n for n in stored if n in w._f32]  # nothing decoded was kept
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "f16", "q8_0"])
+@pytest.mark.parametrize("fmt", ["bf16", "f16", "q8_0", "q4_0"])
 def test_decode_into_gives_decode_s_values(fmt):
     """The streamed path's one-pass decode writes exactly what `decode` returns, into the array it is given."""
     from lanefuse.kernels.common import decode

@@ -85,19 +85,27 @@ def decode_once(p, budget: int | None = None) -> bool:
     return decoded_bytes(p) <= budget
 
 
-IN_PLACE = ("bf16", "f16", "q8_0")  # the formats `decode_into` decodes into an array given
+IN_PLACE = ("bf16", "f16", "q8_0", "q4_0")  # the formats `decode_into` decodes into an array given
 
 
 def decode_into(raw: np.ndarray, fmt: str, out: np.ndarray) -> None:
     """Checkpoint values of `fmt` (one of IN_PLACE) decoded to f32 into `out` (flat, as many values), the
     same values as kernels/common.py's `decode`: bf16's bits shifted into the high half of each f32 word, f16 cast,
-    q8_0's int8 values times their block's f16 scale (only the scales, 2 bytes a block, made apart)."""
+    q8_0's int8 values and q4_0's nibbles less 8 times their block's f16 scale (made apart: the scales, and q4_0's
+    nibbles as bytes)."""
     if fmt == "bf16":
         np.left_shift(np.asarray(raw, dtype=np.uint16).reshape(-1), 16, out=out.view(np.uint32), dtype=np.uint32)
     elif fmt == "q8_0":  # the int8 values cast into `out`, then times the scales (a cast and a product, each a pass)
         b = np.asarray(raw, dtype=np.uint8).reshape(-1, 34)
         values = out.reshape(-1, 32)
         np.copyto(values, b[:, 2:34].view(np.int8))
+        np.multiply(values, np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32), out=values)
+    elif fmt == "q4_0":  # value v of a block: byte v % 16's low nibble (v < 16) or high one, less 8, times the scale
+        b = np.asarray(raw, dtype=np.uint8).reshape(-1, 18)
+        values, nibbles = out.reshape(-1, 32), b[:, 2:18]
+        np.copyto(values[:, :16], nibbles & 0x0F)
+        np.copyto(values[:, 16:], nibbles >> 4)
+        np.subtract(values, 8, out=values)
         np.multiply(values, np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32), out=values)
     else:
         np.copyto(out, np.asarray(raw, dtype=np.float16).reshape(-1))
