@@ -178,11 +178,9 @@ def main() -> int:
             child_llamacpp(path, args.tokens, args.threads)
         print(json.dumps(res))
         return 0
-    try:
-        import llama_cpp  # noqa: F401
-        have_llama = True
-    except ImportError:
-        have_llama = False
+    from cpu_decode import have_llama_cpp
+
+    have_llama = have_llama_cpp()
     shape = dict(SHAPE, layers=args.layers)
     d = tempfile.mkdtemp(prefix="lanefuse-gguf-")
     try:

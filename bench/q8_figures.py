@@ -118,11 +118,9 @@ def main() -> int:
     shape = dict(SHAPE, layers=args.layers)
     print(f"Qwen3-shaped random model: {shape}; {args.tokens} decode steps, {args.rounds} rounds, "
           f"{args.threads} threads")
-    try:
-        import llama_cpp  # noqa: F401
-        have_llama = True
-    except ImportError:
-        have_llama = False
+    from cpu_decode import have_llama_cpp
+
+    have_llama = have_llama_cpp()
     with tempfile.TemporaryDirectory() as d:
         for fmt in args.formats.split(","):
             path = os.path.join(d, f"{fmt}.gguf")

@@ -55,17 +55,24 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
 
 
-def _q8_0(b: np.ndarray) -> np.ndarray:
-    d = _f16(b[:, 0:2])  # (n, 1)
-    q = b[:, 2:34].view(np.int8).astype(np.float32)
-    return q * d
+def _q8_0(b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Into `out` (n, 32) where given: the int8 values cast in, then times the block's scale."""
+    out = np.empty((b.shape[0], 32), dtype=np.float32) if out is None else out
+    np.copyto(out, b[:, 2:34].view(np.int8))
+    np.multiply(out, _f16(b[:, 0:2]), out=out)  # the scale (n, 1)
+    return out
 
 
-def _q4_0(b: np.ndarray) -> np.ndarray:
-    d = _f16(b[:, 0:2])
+def _q4_0(b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Into `out` (n, 32) where given: value v is byte v % 16's low nibble (v < 16) or high one, less 8, times the
+    block's scale."""
+    out = np.empty((b.shape[0], 32), dtype=np.float32) if out is None else out
     qs = b[:, 2:18]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int8) - np.int8(8)  # value v: byte v%16, nibble v//16
-    return d * q.astype(np.float32)
+    np.copyto(out[:, :16], qs & 0x0F)
+    np.copyto(out[:, 16:], qs >> 4)
+    np.subtract(out, 8, out=out)
+    np.multiply(out, _f16(b[:, 0:2]), out=out)
+    return out
 
 
 def k4_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -100,15 +107,24 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
 
 
 _DECODE = {"q8_0": _q8_0, "q4_0": _q4_0, "q4_k": _q4_k, "q6_k": _q6_k, "mxfp4": mxfp4_blocks}
+INTO = ("q8_0", "q4_0")  # the formats whose decoder writes into an array given, with no array of the values made
 
 
-def decode_blocks(raw: np.ndarray, fmt: str) -> np.ndarray:
-    """Blocks of `fmt` (any shape of uint8 holding whole blocks, in order) as their f32 values, flat."""
+def decode_blocks(raw: np.ndarray, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Blocks of `fmt` (any shape of uint8 holding whole blocks, in order) as their f32 values, flat: into `out` (flat,
+    as many values) where given (a format not in INTO decoded first, then copied)."""
     vb, bb = BLOCKS[fmt]
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
     if b.size % bb:
         raise ValueError(f"{b.size} bytes are not whole {fmt} blocks of {bb} bytes")
-    return _DECODE[fmt](b.reshape(-1, bb)).reshape(-1)
+    b = b.reshape(-1, bb)
+    if out is None:
+        return _DECODE[fmt](b).reshape(-1)
+    if fmt in INTO:
+        _DECODE[fmt](b, out.reshape(-1, vb))
+    else:
+        np.copyto(out, _DECODE[fmt](b).reshape(-1))
+    return out
 
 
 def decode_rows(raw: np.ndarray, fmt: str, cols: int) -> np.ndarray:

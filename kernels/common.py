@@ -275,20 +275,34 @@ def operand(env, name: str) -> np.ndarray:
         return decode(raw, fmt).reshape(-1)
 
 
-def decode(raw: np.ndarray, fmt: str) -> np.ndarray:
-    """Checkpoint values to f32: f16 as float16, bf16 as the uint16 of its top half, a block format's bytes (rows of
-    whole blocks, or flat) by its blocks (kernels/blocks.py): (rows, cols) from (rows, row bytes), else flat."""
-    if fmt == "f32":
-        return np.asarray(raw, dtype=np.float32)
-    if fmt == "f16":
-        return np.asarray(raw, dtype=np.float16).astype(np.float32)
-    if fmt == "bf16":
-        return (np.asarray(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+_STORED = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}  # the dtype a format's values are stored as
+
+
+def decode(raw: np.ndarray, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Checkpoint values to f32: f16 as float16, bf16 as the uint16 of its top half (shifted into the high half of
+    an f32 word), a block format's bytes (rows of whole blocks, or flat) by its blocks (kernels/blocks.py): (rows,
+    cols) from (rows, row bytes), else flat. With `out` (flat f32, as many values): written there in one pass where
+    the format allows (f16, bf16 and kernels/blocks.py's INTO), and `out` returned."""
     if fmt in BLOCKS:
         a = np.asarray(raw, dtype=np.uint8)
+        if out is not None:
+            return decode_blocks(a, fmt, out)
         v = decode_blocks(a, fmt)
         return v.reshape(a.shape[0], -1) if a.ndim == 2 else v
-    raise ValueError(f"unknown checkpoint format `{fmt}` (expected one of {', '.join(FORMATS)})")
+    if fmt not in _STORED:
+        raise ValueError(f"unknown checkpoint format `{fmt}` (expected one of {', '.join(FORMATS)})")
+    src = np.asarray(raw, dtype=_STORED[fmt])
+    if out is None:
+        if fmt == "f32":
+            return src
+        out = np.empty(src.shape, dtype=np.float32)
+    else:
+        src = src.reshape(-1)
+    if fmt == "bf16":
+        np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(out, src)
+    return out
 
 
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:

@@ -364,16 +364,16 @@ def test_streamed_weights_decode_into_one_buffer(monkeypatch, fmt, family):
     assert not [n for n in stored if n in w._f32]  # nothing decoded was kept
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("fmt", ["bf16", "f16", "q8_0", "q4_0", "q4_k", "f32"])
 def test_decode_into_gives_decode_s_values(fmt):
-    """The streamed path's one-pass decode writes exactly what `decode` returns, into the array it is given."""
+    """The streamed path's decode into an array given writes exactly what `decode` returns, there and nowhere else."""
     from lanefuse.kernels.common import decode
-    from lanefuse.lane.run.constants import IN_PLACE, decode_into
+    from lanefuse.lane.run.constants import IN_PLACE
 
-    assert fmt in IN_PLACE
-    a = r32(np.random.default_rng(9), 5, 96) * 7
+    assert (fmt in IN_PLACE) == (fmt in ("bf16", "f16", "q8_0", "q4_0"))
+    a = r32(np.random.default_rng(9), 5, 256) * 7
     raw = encode(a, fmt)
     out = np.full(a.size + 3, SENTINEL, np.float32)
-    decode_into(raw, fmt, out[: a.size])
+    assert decode(raw, fmt, out[: a.size]) is not None
     assert np.array_equal(out[: a.size], np.asarray(decode(raw, fmt), np.float32).reshape(-1))
     assert np.all(out[a.size:] == SENTINEL)

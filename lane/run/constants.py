@@ -8,6 +8,8 @@ import weakref
 
 import numpy as np
 
+from lanefuse.kernels.blocks import INTO
+
 
 def host_constant(c, weights) -> tuple[np.ndarray, str]:
     """Constant `c` (a plan's `Constant`) from `weights`, flat, with its format."""
@@ -85,35 +87,12 @@ def decode_once(p, budget: int | None = None) -> bool:
     return decoded_bytes(p) <= budget
 
 
-IN_PLACE = ("bf16", "f16", "q8_0", "q4_0")  # the formats `decode_into` decodes into an array given
-
-
-def decode_into(raw: np.ndarray, fmt: str, out: np.ndarray) -> None:
-    """Checkpoint values of `fmt` (one of IN_PLACE) decoded to f32 into `out` (flat, as many values), the
-    same values as kernels/common.py's `decode`: bf16's bits shifted into the high half of each f32 word, f16 cast,
-    q8_0's int8 values and q4_0's nibbles less 8 times their block's f16 scale (made apart: the scales, and q4_0's
-    nibbles as bytes)."""
-    if fmt == "bf16":
-        np.left_shift(np.asarray(raw, dtype=np.uint16).reshape(-1), 16, out=out.view(np.uint32), dtype=np.uint32)
-    elif fmt == "q8_0":  # the int8 values cast into `out`, then times the scales (a cast and a product, each a pass)
-        b = np.asarray(raw, dtype=np.uint8).reshape(-1, 34)
-        values = out.reshape(-1, 32)
-        np.copyto(values, b[:, 2:34].view(np.int8))
-        np.multiply(values, np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32), out=values)
-    elif fmt == "q4_0":  # value v of a block: byte v % 16's low nibble (v < 16) or high one, less 8, times the scale
-        b = np.asarray(raw, dtype=np.uint8).reshape(-1, 18)
-        values, nibbles = out.reshape(-1, 32), b[:, 2:18]
-        np.copyto(values[:, :16], nibbles & 0x0F)
-        np.copyto(values[:, 16:], nibbles >> 4)
-        np.subtract(values, 8, out=values)
-        np.multiply(values, np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32), out=values)
-    else:
-        np.copyto(out, np.asarray(raw, dtype=np.float16).reshape(-1))
+IN_PLACE = ("bf16", "f16") + INTO  # the formats `decode` writes into an array given with no array of the values made
 
 
 def streamed_bytes(p) -> int:
-    """The f32 values the streamed fast twins decode for one launch of plan `p` at the most: the launch's bf16 and
-    f16 constants together (each decoded into its own part of one buffer, reused launch after launch)."""
+    """The f32 values the streamed fast twins decode for one launch of plan `p` at the most: the launch's IN_PLACE
+    constants together (each decoded into its own part of one buffer, reused launch after launch)."""
     def need(x) -> int:
         cs = [p.constants.get(n) for n in x.launch.weights()]
         return sum(c.size for c in cs if c is not None and c.kind == "rows" and c.format in IN_PLACE)
@@ -123,18 +102,17 @@ def streamed_bytes(p) -> int:
 
 def streamed_stacked(cs, weights, out: np.ndarray | None = None) -> np.ndarray:
     """Constants `cs` (checkpoint rows of one width) decoded to f32 for this launch only, their rows in turn (flat;
-    not kept): into `out` (as many values) where given and every one's format allows (IN_PLACE), else into arrays
-    made for the launch."""
+    not kept): into `out` (as many values) where given, else into arrays made for the launch."""
     from lanefuse.kernels.common import decode
 
-    if out is None or any(c.format not in IN_PLACE for c in cs):
+    if out is None:
         parts = [np.asarray(decode(np.asarray(weights.raw(c.source or c.name)[0]), c.format), dtype=np.float32)
                  for c in cs]
         return parts[0].reshape(-1) if len(parts) == 1 else np.concatenate([a.reshape(-1) for a in parts])
     at = 0
     for c in cs:
         raw, fmt = weights.raw(c.source or c.name)
-        decode_into(raw, fmt, out[at: at + c.size])
+        decode(raw, fmt, out[at: at + c.size])
         at += c.size
     return out
 

@@ -31,7 +31,7 @@ class ArenaEnv:
         self.weights = weights
         self.exact = exact
         self.stream = stream  # fast twins: decode each launch's rows as it runs instead of once (memory-bound)
-        # streamed: one buffer the launch's bf16/f16 rows are decoded into, each constant its own part, launch after
+        # streamed: one buffer the launch's IN_PLACE rows are decoded into, each constant its own part, launch after
         # launch (`stream_at`: the next part's first value, set back to 0 before each launch); made at first use
         self._stream: np.ndarray | None = None
         self.stream_at = 0
