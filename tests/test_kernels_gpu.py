@@ -263,10 +263,21 @@ def _qkv(g, fmt, m, k, heads, kv, hd, rot, norm, pw, bias, L, pos):
     return f, arrays, weights
 
 
-def _again(f, dev, arrays, host_names=("qr", "kc")):
-    """A second launch on zeroed results: the arrival counters were left zero, so every head's epilogue runs again."""
-    want = {n: dev.host(n).copy() for n in host_names}
+def _written(f, arrays, weights, names):
+    """Where the launch writes each of `names`: the numpy twin run on those arrays filled with NaN; what it leaves NaN
+    it never writes (a cache's other rows, say)."""
+    host = HostEnv({k: (np.full_like(v, np.nan) if k in names else v.copy()) for k, v in arrays.items()}, weights)
+    f.numpy(host)
+    return {n: ~np.isnan(host.array(n)) for n in names}
+
+
+def _again(f, dev, arrays, weights, host_names=("qr", "kc")):
+    """A second launch on zeroed results: the arrival counters were left zero, so every head's epilogue runs again and
+    writes what the first launch wrote, to the bit; what the launch never writes (a cache's other rows) stays zero."""
+    written = _written(f, arrays, weights, host_names)
+    want = {n: np.where(written[n], dev.host(n), 0).astype(np.float32) for n in host_names}
     for n in host_names:
+        assert written[n].any(), f"{n}: the launch writes none of it"
         dev.array(n)[...] = 0
     f.cuda(dev)
     dev.cp.cuda.Device().synchronize()
@@ -285,7 +296,7 @@ def test_fold_products_then_head_epilogue(fmt, m, heads, kv, hd, rot, norm, pw, 
     f, arrays, weights = _qkv(g, fmt, m, k, heads, kv, hd, rot, norm, pw, bias, L, pos)
     assert f.fused, f.form()
     dev = both(f, arrays, weights, tol=2e-4, placed=(m == 5))
-    _again(f, dev, arrays)
+    _again(f, dev, arrays, weights)
 
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0"])
@@ -311,7 +322,7 @@ def test_fold_products_then_row_norms_and_a_rotation(fmt, m, qa, lat, rope, pw):
                "wk": (encode(r32(g, rope, k), fmt), fmt), "na": (r32(g, qa), "f32"), "nl": (r32(g, lat), "f32"),
                "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
     dev = both(f, arrays, weights, tol=3e-4, placed=(m == 5))
-    _again(f, dev, arrays, host_names=("qan", "lc", "kc"))
+    _again(f, dev, arrays, weights, host_names=("qan", "lc", "kc"))
 
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0"])
@@ -340,7 +351,7 @@ def test_fold_products_then_absorbed_and_rotated_heads(fmt, m, heads, nope, rope
                "wr": (encode(r32(g, heads * rope, k) / 8, fmt), fmt), "wk": (encode(wk / 8, fmt), fmt),
                "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
     dev = both(f, arrays, weights, tol=3e-4, placed=(m == 5))
-    _again(f, dev, arrays, host_names=("ql", "qr"))
+    _again(f, dev, arrays, weights, host_names=("ql", "qr"))
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "f32"])
@@ -358,7 +369,7 @@ def test_fold_one_product_then_head_epilogue(fmt, m, hd):
     weights = {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32"), "nw": (r32(g, hd), "f32"),
                "cos": (np.cos(ang).astype(np.float32), "f32"), "sin": (np.sin(ang).astype(np.float32), "f32")}
     dev = both(f, arrays, weights, tol=2e-4)
-    _again(f, dev, arrays, ("kc",))
+    _again(f, dev, arrays, weights, ("kc",))
 
 
 @pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
@@ -460,7 +471,7 @@ def test_fold_products_then_head_epilogue_blocks(fmt, m, heads, kv, hd, rot):
     f, arrays, weights = _qkv(g, fmt, m, 1024, heads, kv, hd, rot, True, 4, False, 64, 37)
     assert f.fused, f.form()
     dev = both(f, arrays, weights, tol=2e-4, placed=(m == 5))
-    _again(f, dev, arrays)
+    _again(f, dev, arrays, weights)
 
 
 @pytest.mark.parametrize("fmt", BLOCK_FMTS)
