@@ -492,7 +492,7 @@ def test_moe(fmt, rows, sort, shared, finalize):
         g = np.random.default_rng(rows * 7 + shared + d)
         sf = shared and (shared if d == 32 else 128)
         arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
-        weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"),
+        weights = {"wr": ((r32(g, E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
                    "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), fmt), fmt),
                    "wd": (encode(r32(g, E * d, f) / np.sqrt(f), fmt), fmt)}
         kw = {}
@@ -523,7 +523,8 @@ def test_moe_gptoss(fmt, rows, sort, finalize):
     for d, f, E, k in ((32, 37, 8, 2), (1024, 96, 64, 4)):
         g = np.random.default_rng(rows * 11 + d + len(finalize))
         arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
-        weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"), "br": (0.3 * r32(g, E), "f32"),
+        weights = {"wr": ((r32(g, E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
+                   "br": (0.3 * r32(g, E), "f32"),
                    "wgu": (encode(2 * r32(g, E * 2 * f, d) / np.sqrt(d), fmt), fmt),
                    "bgu": (0.3 * r32(g, E * 2 * f), "f32"),
                    "wd": (encode(r32(g, E * d, f) / np.sqrt(f), fmt), fmt), "bd": (0.3 * r32(g, E * d), "f32")}
@@ -552,10 +553,10 @@ def test_moe_block_formats(fmts, rows, sort):
     g = np.random.default_rng(rows + len(fgu))
     arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32), "a": r32(g, rows, d),
               "s": np.zeros(rows * d, np.float32)}
-    weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"),
+    weights = {"wr": ((r32(g, E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
                "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), fgu), fgu),
                "wd": (encode(r32(g, E * d, f) / np.sqrt(f), fd), fd), "nw": (1 + 0.1 * r32(g, d), "f32"),
-               "sgt": (r32(g, 1, d) / np.sqrt(d), "f32")}
+               "sgt": ((r32(g, 1, d) / np.sqrt(d)).astype(np.float32), "f32")}
     for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf))):
         weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), "q8_0"), "q8_0")
     both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fgu, format_d=fd, norm_topk=True, sort=sort,
@@ -588,7 +589,8 @@ def test_moe_grouped_sigmoid(rows, sort, shared):
     for d, f, E, k, groups, topk in ((32, 11, 8, 3, 4, 2), (256, 64, 256, 8, 8, 4)):
         g = np.random.default_rng(rows + shared + d)
         arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
-        weights = {"wr": (r32(g, E, d) * 3 / np.sqrt(d), "f32"), "cb": (0.5 * r32(g, E), "f32"),
+        weights = {"wr": ((r32(g, E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
+                   "cb": (0.5 * r32(g, E), "f32"),
                    "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
                    "wd": (encode(r32(g, E * d, f) / np.sqrt(f), "bf16"), "bf16")}
         kw = {}

@@ -418,7 +418,8 @@ def _shared_moe(rng, rows: int, d: int, f: int, E: int, sf: int, fmt: str):
     def r(*shape):
         return rng.standard_normal(shape).astype(np.float32)
 
-    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
+    weights = {"wr": ((r(E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
+               "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), fmt), fmt),
                "wd": (encode(r(E * d, f) / np.sqrt(f), fmt), fmt), "nw": (1 + 0.1 * r(d), "f32")}
     for n, shape in (("sg", (sf, d)), ("su", (sf, d)), ("sd", (d, sf)), ("sgt", (1, d))):
         weights[n] = (encode(r(*shape) / np.sqrt(shape[1]), fmt), fmt)
@@ -481,7 +482,8 @@ def test_moe_finalize_quantizing_q8k(rows, sort, d):
     rng = np.random.default_rng(rows + d)
     f, E, k = 96, 8, 2
     r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    weights = {"wr": (r(E, d) * 3 / np.sqrt(d), "f32"), "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
+    weights = {"wr": ((r(E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
+               "wgu": (encode(r(E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
                "wd": (encode(r(E * d, f) / np.sqrt(f), "bf16"), "bf16"), "nw": (1 + 0.1 * r(d), "f32")}
     arrays = {"x": r(rows * d), "a": r(rows * d), "y": np.zeros(rows * d, np.float32),
               "s": np.zeros(rows * d, np.float32)}
