@@ -2,7 +2,10 @@
 against the HBM roofline (the bytes a token must read — weights and the KV cache — over the chip's bandwidth), with
 launches per step. Plans come from bench/gpu_prepare.py (no solver needed here).
 
-    python bench/gpu_decode.py --plans PLANDIR [--pos 512] [--iters 200] [--json FILE]
+    python bench/gpu_decode.py --plans PLANDIR [--pos 512] [--iters 100] [--rounds 5] [--json FILE]
+
+(the median of `--rounds` rounds of `--iters` steps each, a figure; bench/gpu_suite.sh runs fewer of both to fit
+its time)
 
 Then the batch figure (issue 16): the Qwen3-8B-shaped decode step of B = 1..64 sequences (qwen3-8b-decode-bB.json,
 each sequence at `--pos`), time a step and the aggregate tokens/s (B tokens a step); skipped where the plans are
@@ -106,8 +109,8 @@ def copy_bandwidth() -> float:
     return 2 * a.nbytes / (ms * 1e-3) / 1e12
 
 
-def time_plan(s, weights_state, pos: int, iters: int, graph: bool) -> float:
-    """Median microseconds a decode step takes at `pos`, over `iters` replays (CUDA events)."""
+def time_plan(s, weights_state, pos: int, iters: int, graph: bool, rounds: int = 5) -> float:
+    """Median microseconds a decode step takes at `pos`, over `rounds` rounds of `iters` replays (CUDA events)."""
     import cupy as cp
 
     from lanefuse.lane.run.cupy_runner import CupyRunner
@@ -120,7 +123,7 @@ def time_plan(s, weights_state, pos: int, iters: int, graph: bool) -> float:
     r._replay()  # compiles, captures
     times = []
     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(5):
+    for _ in range(rounds):
         r.load_inputs(inputs)
         e0.record(r._stream)
         for _ in range(iters):
@@ -142,7 +145,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plans", default=flags.read("LANEFUSE_PLANS") or "plans")
     ap.add_argument("--pos", type=int, default=512)
-    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--iters", type=int, default=100, help="steps timed a round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds a figure (their median)")
     ap.add_argument("--json")
     args = ap.parse_args()
     from lanefuse.lane.lower.planfile import load
@@ -164,7 +168,7 @@ def main() -> None:
         nbytes = token_bytes(s, pos)
         row = {"plan": name, "launches": s.n_launches, "token_bytes": nbytes, "pos": pos}
         for graph in (True, False):
-            us = time_plan(s, state, pos, args.iters, graph)
+            us = time_plan(s, state, pos, args.iters, graph, args.rounds)
             roof_spec = nbytes / (SPEC_TBPS * 1e12) * 1e6
             roof_copy = nbytes / (bw * 1e12) * 1e6
             key = "graph" if graph else "no_graph"
@@ -202,7 +206,7 @@ def batch_figure(args) -> list[dict]:
         state.tables.clear()
         slot = s.tensors[s.io.caches[0][0]].shape[0] // b
         pos = min(args.pos, slot - 2)
-        us = time_plan(s, state, pos, args.iters, True)
+        us = time_plan(s, state, pos, args.iters, True, args.rounds)
         rows.append({"batch": b, "launches": s.n_launches, "us_per_step": round(us, 2),
                      "tokens_per_s": round(b * 1e6 / us, 1)})
         print(f"qwen3-8b batch {b:>2}: {us:9.1f} µs a step · {b * 1e6 / us:9.1f} tokens/s over the batch · "

@@ -5,16 +5,17 @@ them, so that machine needs no solver. Writes into PLANDIR:
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
     qwen3-8b-q8_0-decode.json, ...-q4_0-, ...-q4_k-   the same step, its rows in GGUF block formats
     qwen3-8b-decode-b1.json ... -b64.json  the same step decoding a batch of B sequences (1024 cache rows a slot)
-    tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan (needs torch)
-    tiny-moe/ + tiny-moe-decode.json       a transformers-made tiny Qwen2-MoE (8 experts top-2, a shared expert):
-      + tiny-moe-prefill8.json             its decode plan (the mixture finalized) and an 8-row chunk's (planned
-                                           with launches nearly free: its rows sorted by expert)
+    tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan
+                                           (tests/test_plancheck.py runs it through `lanefuse run --plan`)
     tiny-gemma2/ + tiny-gemma2-decode.json a transformers-made tiny Gemma 2 (soft caps, a window of 8) and its plan
-    tiny-deepseek/ + tiny-deepseek-decode.json   a transformers-made tiny DeepSeek-V3 (latent 512 + rotated 64: the
-      + tiny-deepseek-prefill8.json      wide attention; 16 experts in 4 groups keep 2, top-4, a correction bias, a
-                                           shared expert, a dense first layer): its decode and 8-row chunk plans
-    tiny-gptoss/ + tiny-gptoss-decode.json a transformers-made tiny gpt-oss (biased router and experts, the clamped
-      + tiny-gptoss-prefill8.json          GLU, sinks, a window of 8): its decode plan and an 8-row chunk's (sorted)
+                                           (tests/test_gemma_gpu.py)
+    families/                              every family the front reads and the GGUF formats q8_0, q4_0, q4_k, q6_k
+                                           (under --numerics f32 and q8) as tiny transformers-made models: each one's
+                                           decode and 8-row chunk plans and a pack of the constants they read (no
+                                           checkpoint, no gguf package needed on the device); one family's batch step
+                                           of 8 slots (tests/gpu_families.py, tests/test_gpu_model.py)
+
+Then the size of PLANDIR, all of which must travel to the GPU machine (the suite keeps it under 40 MB).
 
     python bench/gpu_prepare.py PLANDIR
 """
@@ -60,7 +61,8 @@ def main() -> None:
         import torch
         import transformers
     except ImportError:
-        print("no torch/transformers here: skipping the transformers-made model")
+        print("no torch/transformers here: skipping the transformers-made models")
+        report_size(out)
         return
     folder = os.path.join(out, "tiny-hf")
     torch.manual_seed(0)
@@ -73,21 +75,6 @@ def main() -> None:
     hcfg, _ = load_model(folder)
     save(plan(build_step(hcfg, 1), source={"kind": "path", "path": "tiny-hf"}), os.path.join(out, "tiny-hf-decode.json"))
     print("saved tiny-hf and its decode plan")
-    folder = os.path.join(out, "tiny-moe")
-    c = transformers.Qwen2MoeConfig(vocab_size=320, hidden_size=128, intermediate_size=160, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
-                                    num_experts_per_tok=2, moe_intermediate_size=96,
-                                    shared_expert_intermediate_size=64, max_position_embeddings=128)
-    transformers.Qwen2MoeForCausalLM(c).eval().save_pretrained(folder)
-    mcfg, _ = load_model(folder)
-    from lanefuse.lane.lower.knobs import Knobs
-
-    save(plan(build_step(mcfg, 1), source={"kind": "path", "path": "tiny-moe"}),
-         os.path.join(out, "tiny-moe-decode.json"))
-    # launches nearly free, so that the chunk's plan sorts its rows by expert on so small a model
-    save(plan(build_step(mcfg, 8), knobs=Knobs(launch_us=0.01), source={"kind": "path", "path": "tiny-moe"}),
-         os.path.join(out, "tiny-moe-prefill8.json"))
-    print("saved tiny-moe and its decode and prefill plans")
     folder = os.path.join(out, "tiny-gemma2")
     c = transformers.Gemma2Config(vocab_size=320, hidden_size=128, intermediate_size=200, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
@@ -101,54 +88,30 @@ def main() -> None:
     save(plan(build_step(gcfg, 1), source={"kind": "path", "path": "tiny-gemma2"}),
          os.path.join(out, "tiny-gemma2-decode.json"))
     print("saved tiny-gemma2 and its decode plan")
-    folder = os.path.join(out, "tiny-deepseek")
-    c = transformers.DeepseekV3Config(vocab_size=320, hidden_size=128, intermediate_size=160, moe_intermediate_size=64,
-                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-                                      n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
-                                      n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=96,
-                                      qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-                                      max_position_embeddings=128)
-    m = transformers.DeepseekV3ForCausalLM(c).eval()
-    with torch.no_grad():  # norms near 1, products of a scale that keeps the residual alive, a bias that bites
-        for name, p in m.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else
-                    0.3 * torch.randn_like(p) if p.dim() == 1 else torch.randn_like(p) / p.shape[1] ** 0.5)
-        for name, b in m.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.5 * torch.randn_like(b))
-    m.save_pretrained(folder)
-    dcfg, _ = load_model(folder)
-    save(plan(build_step(dcfg, 1), source={"kind": "path", "path": "tiny-deepseek"}),
-         os.path.join(out, "tiny-deepseek-decode.json"))
-    save(plan(build_step(dcfg, 8), source={"kind": "path", "path": "tiny-deepseek"}),
-         os.path.join(out, "tiny-deepseek-prefill8.json"))
-    print("saved tiny-deepseek and its decode and prefill plans")
-    folder = os.path.join(out, "tiny-gptoss")
-    c = transformers.GptOssConfig(vocab_size=320, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=8,
-                                  num_experts_per_tok=2, sliding_window=8, max_position_embeddings=256,
-                                  layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
-                                  rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
-                                                   "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
-                                                   "original_max_position_embeddings": 32})
-    m = transformers.GptOssForCausalLM(c).eval()
-    with torch.no_grad():  # biases, sinks and a router that matter; experts stored (E, in, out)
-        for name, p in m.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif p.dim() == 1 or name.endswith("_bias"):
-                p.copy_(0.3 * torch.randn_like(p))
-            elif name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
-                p.copy_(2 * torch.randn_like(p) / p.shape[-2] ** 0.5)
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
-    m.save_pretrained(folder)
-    ocfg, _ = load_model(folder)
-    save(plan(build_step(ocfg, 1), source={"kind": "path", "path": "tiny-gptoss"}),
-         os.path.join(out, "tiny-gptoss-decode.json"))
-    save(plan(build_step(ocfg, 8), knobs=Knobs(launch_us=0.01), source={"kind": "path", "path": "tiny-gptoss"}),
-         os.path.join(out, "tiny-gptoss-prefill8.json"))
-    print("saved tiny-gptoss and its decode and prefill plans")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import gpu_families
+
+    gpu_families.prepare(os.path.join(out, gpu_families.SUBDIR))
+    report_size(out)
+
+
+def tree_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
+
+
+def report_size(out: str) -> int:
+    """Print what must travel to the GPU machine: PLANDIR's bytes, its largest parts, against the suite's limit."""
+    total = tree_bytes(out)
+    parts = sorted(((tree_bytes(p) if os.path.isdir(p) else os.path.getsize(p), n)
+                    for n in os.listdir(out) for p in [os.path.join(out, n)]), reverse=True)
+    print(f"PLANDIR {out}: {total / 1e6:.1f} MB to travel (limit {LIMIT_MB} MB); largest: " +
+          ", ".join(f"{n} {b / 1e6:.1f} MB" for b, n in parts[:4]))
+    if total > LIMIT_MB * 1e6:
+        sys.exit(f"PLANDIR is {total / 1e6:.1f} MB, over the {LIMIT_MB} MB the GPU machine takes")
+    return total
+
+
+LIMIT_MB = 40
 
 
 if __name__ == "__main__":

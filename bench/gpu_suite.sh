@@ -1,40 +1,100 @@
 #!/usr/bin/env bash
 # The GPU suite. Two steps:
-#   bench/gpu_suite.sh prepare PLANDIR        on a CPU machine with the engine (egglog): plans saved to PLANDIR
-#   bench/gpu_suite.sh run PLANDIR OUTDIR     on the GPU machine (CuPy, numpy, pytest; no egglog, no network):
-#                                             pytest -m gpu and the GPU benchmark, logs and figures into OUTDIR
+#   bench/gpu_suite.sh prepare PLANDIR        on a CPU machine with the engine (egglog): plans saved to PLANDIR, its
+#                                             size printed (all of it travels to the GPU machine: at most 40 MB)
+#   bench/gpu_suite.sh run PLANDIR OUTDIR     on a bare GPU machine (python3 with CuPy, numpy, pytest; no egglog, no
+#                                             highspy, no gguf, no network): pytest -m gpu, the decode figures and
+#                                             the batch curve, in at most 6 minutes; logs and summary.txt in OUTDIR
+# PYTHON (default python3) names the interpreter; TESTS_S / BENCH_S (default 240 / 100) the seconds each part may take.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
+py="${PYTHON:-python3}"
 cmd="${1:-}"
 case "$cmd" in
   prepare)
     plans="${2:?usage: gpu_suite.sh prepare PLANDIR}"
-    python "$here/bench/gpu_prepare.py" "$plans"
+    "$py" "$here/bench/gpu_prepare.py" "$plans" || exit $?
+    echo "to travel: $(du -sh "$plans" | cut -f1) in $plans (the GPU machine takes 64 MiB with the repository)"
     ;;
   run)
     plans="$(cd "${2:?usage: gpu_suite.sh run PLANDIR OUTDIR}" && pwd)"
     out="${3:?usage: gpu_suite.sh run PLANDIR OUTDIR}"
     mkdir -p "$out"
     out="$(cd "$out" && pwd)"
+    t0=$(date +%s)
     # lanefuse without installing it: the four folders under one namespace, by symlinks
     ns="$(mktemp -d)"
     mkdir -p "$ns/lanefuse"
     for d in engine lane kernels rules; do ln -s "$here/$d" "$ns/lanefuse/$d"; done
     export PYTHONPATH="$ns${PYTHONPATH:+:$PYTHONPATH}"
     export LANEFUSE_PLANS="$plans"
-    nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-    python -c "import cupy; print('cupy', cupy.__version__, 'devices', cupy.cuda.runtime.getDeviceCount())" \
-      > "$out/env.txt" 2>&1
     cd "$here"
-    python -m pytest tests -m gpu -p no:cacheprovider -q -rs > "$out/pytest-gpu.log" 2>&1
-    echo "pytest -m gpu: exit $?" | tee -a "$out/summary.txt"
-    tail -3 "$out/pytest-gpu.log" | tee -a "$out/summary.txt"
-    python bench/gpu_decode.py --plans "$plans" --json "$out/gpu_decode.json" > "$out/gpu_decode.log" 2>&1
-    echo "gpu_decode: exit $?" | tee -a "$out/summary.txt"
-    tail -20 "$out/gpu_decode.log" | tee -a "$out/summary.txt"
+    nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+    {
+      echo "commit $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')  $(date -u '+%Y-%m-%d %H:%M UTC')"
+      "$py" -c "import sys, numpy, cupy; d = cupy.cuda.runtime.getDeviceProperties(0)
+print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy.__version__, '|',
+      d['name'].decode(), d['multiProcessorCount'], 'SMs')" 2>&1 | tail -1
+      echo "PLANDIR $(du -sh "$plans" | cut -f1)"
+    } > "$out/env.txt"
+    # pytest-xdist and pytest-timeout where installed
+    xdist=(); tmo=()
+    "$py" -c "import xdist" 2>/dev/null && xdist=(-n 8)
+    "$py" -c "import pytest_timeout" 2>/dev/null && tmo=(--timeout 120)
+    tests_s="${TESTS_S:-240}"; bench_s="${BENCH_S:-100}"
+    timeout -k 10 "$tests_s" "$py" -m pytest tests -m gpu -p no:cacheprovider -rfEs "${xdist[@]}" "${tmo[@]}" \
+      --junitxml "$out/pytest-gpu.xml" > "$out/pytest-gpu.log" 2>&1
+    echo $? > "$out/pytest.rc"
+    t1=$(date +%s)
+    # the decode figures and the batch curve: 3 rounds of 20 steps a figure (the median), so both fit the time
+    timeout -k 10 "$bench_s" "$py" bench/gpu_decode.py --plans "$plans" --iters 20 --rounds 3 \
+      --json "$out/gpu_decode.json" > "$out/gpu_decode.log" 2>&1
+    echo $? > "$out/gpu_decode.rc"
+    t2=$(date +%s)
+    echo "$((t1 - t0)) $((t2 - t1))" > "$out/seconds.txt"
+    "$py" - "$out" <<'EOF' > "$out/summary.txt" 2>&1
+import collections, os, re, sys
+import xml.etree.ElementTree as ET
+
+out = sys.argv[1]
+read = lambda n: open(os.path.join(out, n)).read() if os.path.exists(os.path.join(out, n)) else ""
+rc = lambda n: {"124": "124 (timed out)", "137": "137 (killed at the time limit)"}.get(read(n).strip(), read(n).strip())
+t_tests, t_bench = (read("seconds.txt").split() + ["?", "?"])[:2]
+print("GPU suite:", read("env.txt").strip().replace("\n", " | "))
+log = read("pytest-gpu.log").strip().splitlines()
+tail = next((l for l in reversed(log) if re.search(r"passed|failed|error|no tests", l)), log[-1] if log else "no log")
+print(f"pytest -m gpu: exit {rc('pytest.rc')}, {t_tests} s: {tail.strip('= ')}")
+failed = collections.Counter()
+first = {}
+try:
+    root = ET.parse(os.path.join(out, "pytest-gpu.xml")).getroot()
+    s = root if root.tag == "testsuite" else root.find("testsuite")
+    n, f, e, k = (int(s.get(a, 0)) for a in ("tests", "failures", "errors", "skipped"))
+    print(f"  {n} tests: {n - f - e - k} passed, {f} failed, {e} errors, {k} skipped")
+    for case in root.iter("testcase"):
+        bad = case.find("failure")
+        bad = bad if bad is not None else case.find("error")
+        if bad is not None:
+            key = case.get("classname", "").split(".")[-1] + "::" + case.get("name", "").split("[")[0]
+            failed[key] += 1
+            first.setdefault(key, (case.get("name"), " ".join((bad.get("message") or "").split())[:90]))
+except (OSError, ET.ParseError):
+    print("  (no junit xml: the run stopped before pytest wrote it)")
+for key, n in failed.most_common(14):
+    print(f"  {n:4d} x {key}  e.g. [{first[key][0].split('[', 1)[-1][:30]}: {first[key][1]}")
+if len(failed) > 14:
+    print(f"  ... and {len(failed) - 14} more failing tests (pytest-gpu.log)")
+print(f"gpu_decode (20 steps x 3 rounds a figure): exit {rc('gpu_decode.rc')}, {t_bench} s")
+for l in read("gpu_decode.log").splitlines():
+    if l.startswith(("device-to-device", "qwen3-8b batch")) or " graph on " in l:
+        print("  " + re.sub(r"\s+", " ", l)[:150])
+    elif "Error" in l or "Traceback" in l:
+        print("  " + l[:150])
+EOF
+    cat "$out/summary.txt"
     ;;
   *)
-    sed -n 2,6p "$0"
+    sed -n 2,8p "$0"
     exit 2
     ;;
 esac
