@@ -42,7 +42,7 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy
     "$py" -c "import xdist" 2>/dev/null && xdist=(-n 8)
     "$py" -c "import pytest_timeout" 2>/dev/null && tmo=(--timeout 120)
     tests_s="${TESTS_S:-240}"; bench_s="${BENCH_S:-100}"
-    timeout -k 10 "$tests_s" "$py" -m pytest tests -m gpu -p no:cacheprovider -rfEs "${xdist[@]}" "${tmo[@]}" \
+    timeout -k 10 "$tests_s" "$py" -m pytest tests -m gpu -p no:cacheprovider -o addopts= -v -rfEs "${xdist[@]}" "${tmo[@]}" \
       --junitxml "$out/pytest-gpu.xml" > "$out/pytest-gpu.log" 2>&1
     echo $? > "$out/pytest.rc"
     t1=$(date +%s)
@@ -78,8 +78,19 @@ try:
             key = case.get("classname", "").split(".")[-1] + "::" + case.get("name", "").split("[")[0]
             failed[key] += 1
             first.setdefault(key, (case.get("name"), " ".join((bad.get("message") or "").split())[:90]))
-except (OSError, ET.ParseError):
-    print("  (no junit xml: the run stopped before pytest wrote it)")
+except (OSError, ET.ParseError):  # stopped at the time limit: the verbose log's lines so far
+    seen = collections.Counter()
+    for l in log:
+        m = re.search(r"\b(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/\S+)", l) or \
+            re.search(r"(tests/\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", l)
+        if m:
+            word, test = (m.group(1), m.group(2)) if m.group(1).isupper() else (m.group(2), m.group(1))
+            seen[word] += 1
+            if word in ("FAILED", "ERROR"):
+                key = test.split("[")[0].rsplit("/", 1)[-1].replace(".py", "")
+                failed[key] += 1
+                first.setdefault(key, (test, ""))
+    print("  (no junit xml: stopped before the end) so far: " + ", ".join(f"{n} {w.lower()}" for w, n in seen.items()))
 for key, n in failed.most_common(14):
     print(f"  {n:4d} x {key}  e.g. [{first[key][0].split('[', 1)[-1][:30]}: {first[key][1]}")
 if len(failed) > 14:
