@@ -39,8 +39,8 @@ class DeviceEnv:
         for name, (offset, nbytes, dtype) in (placed or {}).items():
             self.views[name] = self.arena[offset:offset + nbytes].view(np.dtype(_np_dtype(dtype)))
         for name, a in (arrays or {}).items():
-            self.views[name] = cupy.asarray(np.ascontiguousarray(a).reshape(-1))
-        self.weights = {n: (cupy.asarray(np.ascontiguousarray(raw)).reshape(-1), fmt)
+            self.views[name] = cupy.asarray(np.ascontiguousarray(_word_array(name, a)).reshape(-1))
+        self.weights = {n: (cupy.asarray(np.ascontiguousarray(_f32_weight(n, raw, fmt))).reshape(-1), fmt)
                         for n, (raw, fmt) in (weights or {}).items()}
         self.scratch_at = dict(scratch or {})
         self.quantized = dict(quantized or {})  # a quantized form's name -> (values, words): its bytes in `placed`;
@@ -80,8 +80,9 @@ class DeviceEnv:
         return self.array(name) if name in self.views else self.weight(name)[0]
 
     def quant(self, name: str) -> tuple:
-        """Tensor `name`'s quantized form (a byte view of its array): its words, low words (a null pointer under
-        one word) and scales, as kernel arguments (kernels/quant.py's layout)."""
+        """Tensor `name`'s quantized form (a byte view of its array): its words, low words (None under one word, as
+        HostEnv.quant gives them: `function`'s kernels take a None argument as a null pointer) and scales
+        (kernels/quant.py's layout)."""
         from lanefuse.kernels.common import Q8K, QSUM, qblock, quant_parts_at
 
         if name not in self.quantized:
@@ -90,7 +91,7 @@ class DeviceEnv:
         a = self.array(name)
         at, lo, sc = quant_parts_at(n, words, *home)
         low = (a[lo:lo + n].view(self.cp.int8) if words == 2 else
-               a[lo:lo + 2 * (n // QSUM)].view(self.cp.int16) if words == Q8K else NULL)  # q8k: its sums of 16
+               a[lo:lo + 2 * (n // QSUM)].view(self.cp.int16) if words == Q8K else None)  # q8k: its sums of 16
         return a[at:at + n].view(self.cp.int8), low, a[sc:sc + 4 * (n // qblock(words))].view(self.cp.float32)
 
     def quant_addresses(self, name: str) -> tuple[int, int, int]:
@@ -132,7 +133,14 @@ class DeviceEnv:
         return t
 
     def function(self, stems: tuple[str, ...], name: str):
-        return function(stems, name)
+        """Kernel `name` of the module `stems` build; a None among its arguments is passed as a null pointer (CuPy
+        itself would pass a null address of the argument, not a null value)."""
+        f = function(stems, name)
+
+        def call(grid, block, args, *a, **kw):
+            return f(grid, block, tuple(NULL if x is None else x for x in args), *a, **kw)
+
+        return call
 
     def host(self, name: str) -> np.ndarray:
         return self.cp.asnumpy(self.array(name))
@@ -140,3 +148,23 @@ class DeviceEnv:
 
 def _np_dtype(dtype: str):
     return {"f32": np.float32, "i32": np.int32, "u8": np.uint8}[dtype]
+
+
+def _word_array(name: str, a) -> np.ndarray:
+    """Array `a`, refused where the kernels would misread it: they read f32 and i32 words, so a float64 (or f16)
+    array's bytes would be read as garbage f32 values, an int64 one's as pairs of i32 (HostEnv's twins, reading values,
+    would take either)."""
+    a = np.asarray(a)
+    if (a.dtype.kind == "f" and a.dtype != np.float32) or (a.dtype.kind in "iu" and a.dtype.itemsize > 4):
+        raise TypeError(f"device array `{name}` is {a.dtype}: the kernels read f32 / i32 words (make it float32 or "
+                        f"int32)")
+    return a
+
+
+def _f32_weight(name: str, raw, fmt: str) -> np.ndarray:
+    """Weight `raw` in format `fmt`, refused where it claims "f32" but holds other values (the kernels read its bytes
+    as f32)."""
+    raw = np.asarray(raw)
+    if fmt == "f32" and raw.dtype != np.float32:
+        raise TypeError(f"device weight `{name}` in format f32 is {raw.dtype} (make it float32)")
+    return raw

@@ -134,6 +134,57 @@ def test_delta_quantizing_in_its_epilogue(words):
     assert why is not None and "a block spans whole heads" in why.reason
 
 
+def _delta_as_the_kernel(a, gn, hk, hv, dk, dv, rows, scale, eps):
+    """delta.cu's arithmetic in f32, in its order (a thread a value column j, its loops over the key width in turn):
+    the state column decayed and read against k and q in one pass, o = S^T q + d (k . q), the update's pass; the
+    arrays' f32 words as the kernel reads them (a float64 array's bytes reinterpreted, as a device would)."""
+    F = np.float32
+    w = {n: (x if x.dtype == F else x.view(F)) for n, x in a.items()}
+    S = w["S"][: hv * dk * dv].reshape(hv, dk, dv).copy()
+    kh, at = np.arange(hv) // (hv // hk), np.arange(dk)
+    out = np.zeros((rows, hv, dv), F)
+    with np.errstate(all="ignore"):
+        for r in range(rows):
+            qs = w["q"][(r * hk + kh)[:, None] * dk + at] * F(scale)
+            ks = w["k"][(r * hk + kh)[:, None] * dk + at]
+            e = np.exp(w["g"][r * hv:(r + 1) * hv])[:, None]
+            kv, sq, kq = np.zeros((hv, dv), F), np.zeros((hv, dv), F), np.zeros((hv, 1), F)
+            for i in range(dk):
+                S[:, i] *= e
+                kv += S[:, i] * ks[:, i:i + 1]
+                sq += S[:, i] * qs[:, i:i + 1]
+                kq += ks[:, i:i + 1] * qs[:, i:i + 1]
+            d = (w["v"][r * hv * dv:(r + 1) * hv * dv].reshape(hv, dv) - kv) * w["b"][r * hv:(r + 1) * hv, None]
+            o = sq + d * kq
+            for i in range(dk):
+                S[:, i] += ks[:, i:i + 1] * d
+            inv = F(1) / np.sqrt((o * o).sum(-1, keepdims=True, dtype=F) / F(dv) + F(eps))
+            z = w["z"][r * hv * dv:(r + 1) * hv * dv].reshape(hv, dv)
+            out[r] = o * inv * gn[:dv] * (z / (F(1) + np.exp(-z)))
+    return out.reshape(-1), S.reshape(-1)
+
+
+@pytest.mark.parametrize("rows,hk,hv,dk,dv", [(1, 16, 32, 128, 128), (5, 2, 4, 32, 64), (64, 1, 2, 64, 32)])
+def test_delta_kernels_f32_arithmetic_is_within_the_gpu_tolerance(rows, hk, hv, dk, dv):
+    """test_gpu_delta's inputs through delta.cu's f32 arithmetic (emulated) meet the exact twin at its tolerance,
+    output and state; q and k made float64, as that test first made them (np.sqrt's float64 scalar, NEP 50), their
+    bytes read as f32 give the H200's first run's inf and NaN state — and the device env refuses such an array."""
+    g = np.random.default_rng(12)
+    f64 = [(r32(g, rows, hk, dk) / np.sqrt(dk)).reshape(-1) for _ in range(2)]
+    a = {"q": f64[0].astype(np.float32), "k": f64[1].astype(np.float32), "v": r32(g, rows * hv * dv),
+         "z": r32(g, rows * hv * dv), "b": np.abs(r32(g, rows * hv)) % 1, "g": -np.abs(r32(g, rows * hv, scale=0.3)),
+         "S": r32(g, hv * dk * dv, scale=0.1), "o": np.zeros(rows * hv * dv, np.float32)}
+    gn = r32(g, dv) + 1
+    env = HostEnv({k: v.copy() for k, v in a.items()}, {"gn": (gn, "f32")})
+    Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows, dk ** -0.5, 1e-6).numpy(env)
+    o, S = _delta_as_the_kernel(a, gn, hk, hv, dk, dv, rows, dk ** -0.5, 1e-6)
+    np.testing.assert_allclose(o, env.array("o"), rtol=3e-4, atol=3e-4)
+    np.testing.assert_allclose(S, env.array("S"), rtol=3e-4, atol=3e-4)
+    assert f64[0].dtype == np.float64
+    _, bad = _delta_as_the_kernel({**a, "q": f64[0], "k": f64[1]}, gn, hk, hv, dk, dv, rows, dk ** -0.5, 1e-6)
+    assert not np.isfinite(bad).all()
+
+
 def test_decay_gates_and_gate_proj_equal_the_lifted_ops():
     g = np.random.default_rng(2)
     rows, h, d = 3, 8, 40
@@ -255,7 +306,9 @@ def test_gpu_delta(rows, hk, hv, dk, dv):
     from test_kernels_gpu import both
 
     g = np.random.default_rng(12)
-    qk = lambda: (r32(g, rows, hk, dk) / np.sqrt(dk)).reshape(-1)  # noqa: E731
+    # float32 over np.float32: over np.sqrt's float64 scalar numpy (NEP 50) makes q and k float64, whose bytes the
+    # kernel reads as f32 words (garbage: the state all inf and NaN, the H200's first run)
+    qk = lambda: (r32(g, rows, hk, dk) / np.float32(np.sqrt(dk))).reshape(-1)  # noqa: E731
     both(Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", hk, hv, dk, dv, rows, dk ** -0.5, 1e-6),
          {"q": qk(), "k": qk(), "v": r32(g, rows * hv * dv), "z": r32(g, rows * hv * dv),
           "b": np.abs(r32(g, rows * hv)) % 1, "g": -np.abs(r32(g, rows * hv, scale=0.3)),

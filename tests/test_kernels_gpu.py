@@ -76,13 +76,16 @@ def test_gemv_f32_and_into_a_cache_row():
 @pytest.mark.parametrize("variant", ["plain", "add", "pre", "part_into"])
 def test_norm(rows, cols, heads, variant):
     g = np.random.default_rng(cols)
-    hd = cols // heads
+    hd, pos = cols // heads, 1
+    # part_into writes the rows from row `pos` on: y holds pos + rows rows (and a tail past them, left untouched)
     arrays = {"x": r32(g, rows, cols + 5), "a": r32(g, rows, cols), "s": np.zeros(rows * cols, np.float32),
-              "y": np.zeros(rows * cols + 11, np.float32), "pos": np.array([1], np.int32)}
+              "y": np.zeros((pos + rows) * cols + 11, np.float32), "pos": np.array([pos], np.int32)}
     launch = Norm("x", "w", "y", rows, cols, 1e-5, heads=heads, part=Part(cols + 5, 3, cols),
                   add="a" if variant != "plain" else None, sum="s" if variant != "plain" else None,
                   pre=PreNorm("pw", 1e-6) if variant == "pre" else None,
                   into=Dst("y", row="pos", pitch=cols) if variant == "part_into" else None)
+    for name, n in launch.extents(pos, 1).items():  # each array holds what the launch reaches (a plan's check)
+        assert name not in arrays or arrays[name].size >= n, (name, arrays[name].size, n)
     both(launch, arrays, {"w": (r32(g, hd), "f32"), "pw": (r32(g, cols), "f32")})
 
 

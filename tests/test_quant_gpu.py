@@ -82,7 +82,8 @@ def test_gemv_q8_kernel_equals_its_twin(fmt, words, m):
 def _both_q8(launch, x, words, arrays, weights, tol=2e-5):
     """`launch` (reading the quantized form `xq` of x) on the host from quantize(x) and on the device after quant.cu
     quantized x there: every array agrees afterwards, within f32 summation of the exact twin's sums."""
-    q = quantize(x.reshape(launch.m, launch.k), words)
+    reads = getattr(launch, "first", launch)  # a Fold's products (its first launch) read x: their rows and width
+    q = quantize(x.reshape(reads.m, reads.k), words)
     assert launch.check() is None, launch.check()
     host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights, {"xq": q.parts()})
     launch.numpy(host)
@@ -357,6 +358,7 @@ def test_gemv_glu_q8k_quant_equals_the_quant_kernel(fmt, m, f32):
     row; the f32 GLU within rounding of the twin's where it is stored, and the q8k form exactly quant.cu's of the
     values the kernel computed (a second launch: the same bytes)."""
     from lanefuse.kernels import GemvGlu
+    from test_q8k import _form
 
     rng = np.random.default_rng(14 + m)
     k, n = 512, 768
@@ -366,7 +368,9 @@ def test_gemv_glu_q8k_quant_equals_the_quant_kernel(fmt, m, f32):
     full = GemvGlu("xq", "wg", "wu", fmt, "o", k, n, m, words=3, quant="oq", quant_words=3)
     launch = full if f32 else dataclasses.replace(full, f32=False)
     assert launch.check() is None and launch.grid_block()[0][0] == n // 256, launch.check()
-    host = HostEnv({"o": np.zeros(m * n, np.float32)}, w, {"xq": quantize(x.reshape(m, k), 3).parts()})
+    # the twin writes the q8k form `oq` too: the host env holds one for it (as test_q8k's twins do)
+    host = HostEnv({"o": np.zeros(m * n, np.float32)}, w,
+                   {"xq": quantize(x.reshape(m, k), 3).parts(), "oq": _form(m * n, 3)})
     full.numpy(host)
     dev = _two_forms(m * n, 3, {"x": x, "o": np.zeros(m * n, np.float32)}, w, 3, m * k)
     Quant("x", "xq", m * k, 3).cuda(dev)
