@@ -104,9 +104,6 @@ def test_a_near_tie_ends_the_token_comparison_and_nothing_else_does():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="engine bug: lane/lower/plancheck.py refuses a Qwen3-Next plan it made — the "
-                                       "ConvParts launch reads the q/k/v part of `qkvz` (its z part unread), a part "
-                                       "_in_part does not know")
 def test_a_qwen3_next_plan_saved_loads(tmp_path):
     pytest.importorskip("egglog")
     pytest.importorskip("torch")

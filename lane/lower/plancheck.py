@@ -287,13 +287,17 @@ def _records(x):
 def _in_part(p, l, name: str) -> bool:
     """Whether launch `l` may reach only a part of `name` by design: a cache table or a step input, a values constant
     (the rope tables hold every position), a destination that places the result (rows of a table, parts of units),
-    a read of a part of every unit, or a field the kind declares `partial` (a slice's source, a view's). Everything
-    else a launch reaches it reaches whole."""
+    a read of a part of every unit, a column part of every row that fits the tensor's rows (`_column_parts`), or a
+    field the kind declares `partial` (a slice's source, a view's). Everything else a launch reaches it reaches
+    whole."""
     from lanefuse.kernels.common import Dst
 
     b, c = p.buffers.get(name), p.constants.get(name)
     if (b is not None and (b.where == "table" or name in p.io.inputs)) or (c is not None and c.kind == "values"):
         return True
+    cols = _column_parts(p, l, name)
+    if cols is not None:
+        return cols
     if getattr(l, "slot", 0) and getattr(l, "rows", getattr(l, "count", p.batch)) < p.batch:
         return True  # one sequence of a batch apart (`sequences` held): its own rows only
     for r in _records(l):
@@ -304,6 +308,41 @@ def _in_part(p, l, name: str) -> bool:
         if any(getattr(r, f, None) == name for f in getattr(r, "partial", ())):
             return True
     return False
+
+
+def _column_parts(p, l, name: str) -> bool | None:
+    """Launch `l`'s reads of `name` as column parts — channels `xoff`..`xoff + chan` of each of the launch's `rows`
+    rows of `xpitch` values (a convolution of a part of a wider product's rows: conv_parts' q, k and v of `qkvz`, its
+    z unread) — each against `name`: True when every one lies inside a row and the rows are the tensor's own (`rows`
+    rows of `xpitch` exactly, so the stride steps from row to row of it); False when one does not (a pitch or an
+    offset that reads other values than the part: wrong numbers); None when `l` reads no column part of `name`."""
+    parts = [(r, rows) for r, rows in _records_rows(l, getattr(l, "rows", None))
+             if getattr(r, "x", None) == name and getattr(r, "xpitch", 0)]
+    if not parts:
+        return None
+    b = p.buffers.get(name)
+    t = p.tensors.get(name)
+    if b is None or t is None:
+        return False
+    for r, rows in parts:
+        pitch, off, width = r.xpitch, getattr(r, "xoff", 0), getattr(r, "chan", None)
+        if not isinstance(rows, int) or not isinstance(width, int):
+            return False
+        if off < 0 or width < 1 or off + width > pitch or rows * pitch != b.size or t.shape[-1] != pitch:
+            return False
+    return True
+
+
+def _records_rows(x, rows):
+    """(record, the rows it runs over) for every record inside `x`, itself first: a record's own `rows`, else its
+    launch's."""
+    rows = getattr(x, "rows", rows)
+    yield x, rows
+    for f in dataclasses.fields(x):
+        v = getattr(x, f.name)
+        for e in (v if isinstance(v, tuple) else (v,)):
+            if dataclasses.is_dataclass(e) and not isinstance(e, type):
+                yield from _records_rows(e, rows)
 
 
 def _field(l, name: str) -> str:
