@@ -6,8 +6,10 @@ prefill runners, the warm-up before capture and the position it puts back, the d
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -151,3 +153,101 @@ def test_cupy_runner_matches_numpy_runner_under_q8(fake_cupy, numerics):
     b = generate(cfg, w, prompt, 6, step_fn=lambda g, env: cpu[g.meta["rows"]].step(env), chunk=4)
     assert a.generated_ids == b.generated_ids
     assert max(float(np.max(np.abs(x - y))) for x, y in zip(a.logits, b.logits)) == 0.0
+
+
+# -- the warm-up before capture runs the step once: what the step updates in place is put back ----------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Count(Launch):
+    """A state carried from step to step that no rewrite leaves as it was: each step reads it and adds 1 in place
+    (as a convolution ring shifts, as a delta rule's state decays and takes the step's outer product)."""
+
+    state: str
+    census: ClassVar[str] = "count"
+
+    def reads(self):
+        return (self.state,)
+
+    def writes(self):
+        return (self.state,)
+
+    def numpy(self, env):
+        env.array(self.state)[:] += 1
+
+
+def _counting(s):
+    """Plan `s` with a carried state `steps` (a table of the step, declared among its states) its first launch
+    counts the steps in."""
+    from lanefuse.engine.ir import Tensor
+    from lanefuse.lane.lower.buffers import Buffer
+    from lanefuse.lane.lower.plan import Launched
+
+    return dataclasses.replace(
+        s, launches=[Launched(_Count("steps"), (), -1, None, None, 0.0), *s.launches],
+        buffers={**s.buffers, "steps": Buffer("steps", "steps", 0, 1, "f32", "table")},
+        tensors={**s.tensors, "steps": Tensor("steps", (1,))},
+        io=dataclasses.replace(s.io, states=(*s.io.states, "steps")))
+
+
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("first", ["step", "decode"])
+def test_the_warm_up_does_not_advance_a_carried_state(fake_cupy, graph, first):
+    """Any state a step reads and updates in place is updated once a step, the first (the one warmed up and captured)
+    included, whether the host steps it or the device decodes from its own token and position; the token and
+    position the warm-up's arg-max advanced are put back too (the tokens of the reference)."""
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState, carried
+    from lanefuse.lane.run.generate import new_caches
+
+    cfg, w = demo_model()
+    s = _counting(plan(build_step(cfg, 1)))
+    assert set(carried(s)) == {"steps", s.io.token, s.io.position}  # the KV caches: rows a step rewrites alike
+    r = CupyRunner(s, w, DeviceState(), graph=graph)
+    env = new_caches(cfg)
+    env["token"], env["pos"] = np.array([7], np.int32), np.array([0], np.int32)
+    if first == "step":
+        toks = [int(r.step(env)["next"][0])]
+    else:  # the first replay from the device's token and position, as the host left them
+        with r._stream:
+            r.env.views["token"][:] = 7
+        toks = []
+    assert float(r.env.views["steps"][0]) == len(toks)
+    toks += r.decode(6)
+    assert float(r.env.views["steps"][0]) == len(toks)
+    assert toks == generate(cfg, w, [7], 7).generated_ids[:len(toks)]
+
+
+def test_qwen3_next_states_under_a_graph_are_the_numpy_runners(fake_cupy, tmp_path):
+    """Qwen3-Next's convolution rings and delta-rule states, and its KV cache, after each step under a CUDA graph
+    (warm-up, capture, replays; prefill and decode runners sharing them): equal to the numpy runner's, value for
+    value, and so are the logits."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import sys as _sys
+
+    _sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_qwen3next import build
+
+    from lanefuse.engine.front import load_model
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState, carried
+    from lanefuse.lane.run.generate import new_caches
+
+    cfg, w = load_model(build("f32", tmp_path)[0])
+    plans = {r: plan(cfg.build_step(r)) for r in (1, 4)}
+    assert set(plans[1].io.states) <= set(carried(plans[1]))
+    state = DeviceState()
+    gpu = {r: CupyRunner(s, w, state, graph=True) for r, s in plans.items()}
+    cpu = {r: NumpyRunner(s, w) for r, s in plans.items()}
+    tables = new_caches(cfg)
+    host = {n: np.array(v, copy=True) for n, v in tables.items()}
+    feed = [3, 17, 5, 42, 8, 11, 60]
+    pos, tok = 0, None
+    for step in range(10):
+        rows = 4 if pos + 4 <= len(feed) else 1
+        ids = feed[pos: pos + rows] if pos < len(feed) else [tok]
+        env = {**tables, "token": np.array(ids, np.int32), "pos": np.array([pos], np.int32)}
+        a = gpu[rows].step(env)
+        b = cpu[rows].step({**host, "token": env["token"], "pos": env["pos"]})
+        assert np.array_equal(a["logits"], b["logits"]), f"step {step}"
+        for n in plans[1].io.tables:
+            assert np.array_equal(np.asarray(state.tables[n]), np.asarray(host[n]).reshape(-1)), (step, n)
+        pos, tok = pos + rows, int(b["next"][0])

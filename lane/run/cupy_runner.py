@@ -28,6 +28,18 @@ def _weights_of(s: Plan, weights, have) -> dict[str, tuple[np.ndarray, str]]:
     return {name: host_constant(c, weights) for name, c in s.constants.items() if name not in have}
 
 
+def carried(s: Plan) -> tuple[str, ...]:
+    """The arrays plan `s`'s step reads as its inputs and updates in place, by home: the token and position (the
+    arg-max's advance), the carried states (convolution rings, delta-rule states) and any other table a launch
+    writes — all but the KV caches, which a step writes only at its own rows, each row from what the step reads
+    before it (the token, the position, the states, the rows before): a step run twice from the same inputs writes
+    the same rows. A step run twice from one copy of these reads a second step's inputs the second time."""
+    kv = {n for pair in s.io.caches for n in pair}
+    inputs = set(s.io.inputs)
+    homes = (s.buffers[n].home for x in s.launches for n in x.launch.writes() if n in s.buffers)
+    return tuple(dict.fromkeys(h for h in homes if h in inputs and h not in kv))
+
+
 class CupyRunner:
     """Runs one Plan on the device; `step` has the numpy backend's interface."""
 
@@ -71,6 +83,7 @@ class CupyRunner:
                 self.env.views[name] = self.env.views[b.home][b.offset: b.offset + b.size]
         self.use_graph = graph
         self._graph = None
+        self._carried = carried(s)
         # every upload, launch and read of this runner goes through one stream, in order
         self._stream = cupy.cuda.Stream(non_blocking=True)
         cupy.cuda.Device().synchronize()  # the weights and tables uploaded above are in place
@@ -88,33 +101,41 @@ class CupyRunner:
             return
         if self._graph is None:
             # compile every kernel, upload every descriptor table and allocate every scratch before capture: nothing
-            # may allocate, copy from the host or synchronize while the stream is captured
+            # may allocate, copy from the host or synchronize while the stream is captured. The warm-up runs the
+            # step for real, so what it updates in place is kept first and put back after it: the first replay is
+            # then this step, run once
+            kept = self.keep_carried()
             self.run_launches()
             self._stream.synchronize()
+            self.put_back(kept)
             with self._stream:
                 self._stream.begin_capture()
                 self.run_launches()
                 self._graph = self._stream.end_capture()
-            self.reset_after_warmup()
         self._graph.launch(stream=self._stream)
         self._stream.synchronize()
 
-    def reset_after_warmup(self) -> None:
-        """The warm-up run before capture advanced the position and wrote the cache rows of this step: put the
-        position back so the first replay computes the same step again (the rows it rewrites are the same)."""
+    def keep_carried(self) -> dict[str, object]:
+        """A device copy of each array the step reads and then updates in place (`carried`): the token and the
+        position the arg-max advances, a gated delta net's convolution rings and recurrent states."""
         with self._stream:
-            self.env.views[self.s.io.position][:] = self._pos_in
-            self.env.views[self.s.io.token][:] = self._tok_in
+            kept = {n: self.env.views[n].copy() for n in self._carried}
+        self._stream.synchronize()
+        return kept
+
+    def put_back(self, kept: dict[str, object]) -> None:
+        """The arrays `keep_carried` kept, as they were before the warm-up run (device to device)."""
+        with self._stream:
+            for n, v in kept.items():
+                self.env.views[n][...] = v
         self._stream.synchronize()
 
     def load_inputs(self, inputs: dict) -> None:
         io = self.s.io
         cp = self.cp
         with self._stream:
-            self._tok_in = cp.asarray(np.asarray(inputs[io.token], dtype=np.int32).reshape(-1))
-            self._pos_in = cp.asarray(np.asarray(inputs[io.position], dtype=np.int32).reshape(-1))
-            self.env.views[io.token][:] = self._tok_in
-            self.env.views[io.position][:] = self._pos_in
+            self.env.views[io.token][:] = cp.asarray(np.asarray(inputs[io.token], dtype=np.int32).reshape(-1))
+            self.env.views[io.position][:] = cp.asarray(np.asarray(inputs[io.position], dtype=np.int32).reshape(-1))
         self._stream.synchronize()
 
     def step(self, inputs: dict, lifted=None) -> dict:
