@@ -1,0 +1,194 @@
+"""The GEMV family's CUDA kernels run on the CPU: their real sources (kernels/*.cu) built by g++ against a host
+emulator of CUDA (tests/cuda_host/emu.h: a block's threads as fibers, __syncthreads and the warp shuffles as
+barriers, every deadlock, mask disagreement, misaligned vector load or fault an error), each launch kind's own
+`cuda()` run unmodified against them through a stand-in cupy (tests/cuda_host/emu.py), against its numpy twin — the
+cases and tolerances of tests/test_kernels_gpu.py (its `both` and `_again`), at sizes emulation affords. Then the
+same launch again, its blocks in the reverse order and each block's threads shuffled between barriers: the same
+results, and every arrival counter back at zero. Skipped without g++."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import test_kernels_gpu as gpu
+from cuda_host import emu
+from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, Gemv, GemvGlu, Norm, Part
+from lanefuse.kernels.common import encode
+
+pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
+
+r32 = gpu.r32
+MODULES = [Gemv.stem, ("gemv_core", "gemv"), GemvGlu.stem, GemmParts.stem, Fold.stem]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def emulated():
+    """The stand-in cupy in sys.modules and DeviceEnv the emulating one for this module's tests; every module built
+    first, two at a time (cached across sessions by their sources' hash)."""
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(emu.build, MODULES))
+    from lanefuse.kernels import cupy_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        emu.install(mp)
+        env = emu.emu_env_class()
+        mp.setattr(cupy_env, "DeviceEnv", env)
+        yield env
+
+
+def counters_zero(launch, dev):
+    for s in launch.scratch():
+        if s.counter:
+            a = dev.scratch(launch, s)
+            assert not np.asarray(a).any(), f"arrival counters {s.tag} left {np.asarray(a)[np.asarray(a) != 0]}"
+
+
+def again_same(launch, dev, names):
+    """The launch once more on the same inputs, its blocks in the reverse order, threads shuffled: the same values
+    to the bit; the counters left zero after each launch."""
+    counters_zero(launch, dev)
+    first = {n: dev.host(n).copy() for n in names}
+    dev.flags, dev.seed = 1, 12345
+    try:
+        launch.cuda(dev)
+    finally:
+        dev.flags, dev.seed = 0, 0
+    for n in names:
+        np.testing.assert_array_equal(dev.host(n), first[n], err_msg=f"{n} on a second launch")
+    counters_zero(launch, dev)
+
+
+# -- Gemv: the dense formats through gemv_tile16 (one or two rows, 16-byte loads) and gemv_tile_any -----------------
+
+DENSE_K = [7, 130, 260, 256]  # odd; even, not whole words; whole words, not whole 8-value f16 loads; aligned
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("k", DENSE_K)
+@pytest.mark.parametrize("m", [1, 2, 3, 9])
+@pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 2), (4, 2)])
+def test_gemv(fmt, k, m, per_warp, split):
+    n = 5 if k < 200 else 33
+    g = np.random.default_rng(k + n + m)
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    if launch.check():
+        pytest.skip(str(launch.check()))
+    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, placed=(m == 3))
+    again_same(launch, dev, ["y"])
+
+
+@pytest.mark.parametrize("fmt,k", [("q8_0", 64), ("q8_0", 96), ("q4_k", 256), ("q4_k", 512)])
+@pytest.mark.parametrize("m", [1, 2, 3, 9])
+@pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 2), (4, 2)])
+def test_gemv_blocks(fmt, k, m, per_warp, split):
+    n = 9
+    g = np.random.default_rng(k + n + m + len(fmt))
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    if launch.check():
+        pytest.skip(str(launch.check()))
+    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=2e-4, placed=(m == 3))
+    again_same(launch, dev, ["y"])
+
+
+def test_gemv_f32_into_a_cache_row():
+    gpu.test_gemv_f32_and_into_a_cache_row()
+
+
+# -- GemvGlu and GemmParts -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "f16", "q8_0"])
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_gemv_glu_and_parts(fmt, m, per_warp):
+    g = np.random.default_rng(6 + m)
+    k, n = 128, 19
+    tol = 2e-4 if fmt == "q8_0" else 1e-4
+    w = {"wg": (encode(r32(g, n, k), fmt), fmt), "wu": (encode(r32(g, n, k), fmt), fmt), "bg": (r32(g, n), "f32")}
+    glu = GemvGlu("x", "wg", "wu", fmt, "o", k, n, m, bg="bg", per_warp=per_warp)
+    dev = gpu.both(glu, {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32)}, w, tol=tol)
+    again_same(glu, dev, ["o"])
+    W = 2 * n + 5
+    parts = (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+             GemmPart("wu", Dst("kc", row="pos", pitch=n), n), GemmPart("wu", Dst("qkv", unit=Part(W, n + 5, n)), n))
+    gp = GemmParts("x", fmt, k, m, parts, per_warp=per_warp)
+    dev = gpu.both(gp, {"x": r32(g, m, k), "qkv": np.zeros(m * W, np.float32), "kc": np.zeros(8 * n, np.float32),
+                        "pos": np.array([2], np.int32)}, w, tol=tol)
+    again_same(gp, dev, ["qkv", "kc"])
+
+
+# -- Folds: a GEMV then a norm by the last block; products in parts then each head's epilogue by its last block -----
+
+@pytest.mark.parametrize("fmt", ["bf16", "f32", "q8_0"])
+@pytest.mark.parametrize("m,k,n,per_warp", [(1, 256, 64, 4), (2, 96, 77, 1), (3, 64, 20, 4)])
+def test_fold_gemv_norm(fmt, m, k, n, per_warp):
+    g = np.random.default_rng(7)
+    f = Fold(Gemv("x", "w", fmt, Dst("o"), k, n, m, per_warp=per_warp),
+             Norm("res", "nw", "y", m, n, 1e-6, add="o", sum="sum"))
+    assert f.fused, f.form()
+    arrays = {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32), "res": r32(g, m, n),
+              "sum": np.zeros(m * n, np.float32), "y": np.zeros(m * n, np.float32)}
+    dev = gpu.both(f, arrays, {"w": (encode(r32(g, n, k), fmt), fmt), "nw": (r32(g, n), "f32")}, tol=3e-4)
+    f.cuda(dev)  # the counter was reset: the second launch's last block runs the norm again
+    np.testing.assert_allclose(dev.host("sum"), arrays["res"].reshape(-1) + dev.host("o"), rtol=1e-5, atol=1e-5)
+    again_same(f, dev, ["o", "sum", "y"])
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("m", [1, 2, 5])
+@pytest.mark.parametrize("heads,kv,hd,rot", [(4, 2, 16, 16), (5, 1, 12, 8), (2, 1, 64, 32)])
+@pytest.mark.parametrize("norm,pw,bias", [(True, 1, False), (False, 4, True)])
+def test_fold_products_then_head_epilogue(fmt, m, heads, kv, hd, rot, norm, pw, bias):
+    g = np.random.default_rng(m * hd + heads + pw)
+    k, L, pos = (64 if hd != 12 else 33), 16, 9
+    if fmt == "q8_0":
+        k = 64
+    f, arrays, weights = gpu._qkv(g, fmt, m, k, heads, kv, hd, rot, norm, pw, bias, L, pos)
+    assert f.fused, f.form()
+    dev = gpu.both(f, arrays, weights, tol=2e-4, placed=(m == 5))
+    gpu._again(f, dev, arrays, weights)
+    counters_zero(f, dev)
+    again_same(f, dev, ["q", "k", "qr", "kc", "vc"])
+
+
+# -- the emulator itself: what it must catch (each a mutated gemv_core.cu) ------------------------------------------
+
+def _mutated(monkeypatch, old: str, new: str):
+    from lanefuse.kernels import compile as kc
+
+    text = kc.cu_text("gemv_core")
+    assert old in text, f"gemv_core.cu no longer holds {old!r}: update the mutation"
+    real = kc.cu_text
+    monkeypatch.setattr(kc, "cu_text", lambda stem: text.replace(old, new) if stem == "gemv_core" else real(stem))
+
+
+def _one_gemv(fmt="f16", k=256, m=1, n=9):
+    g = np.random.default_rng(0)
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b")
+    return gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+                    {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")})
+
+
+@pytest.mark.parametrize("old,new,error", [
+    # the 16-byte loop one step short: wrong values
+    ("i < k1; i += 32 * VW)", "i < k1 - VW; i += 32 * VW)", AssertionError),
+    # half a warp shuffling: a deadlock in CUDA, an error here
+    ("if (r < nr) acc[p][r] = warp_sum(acc[p][r]);",
+     "if (r < nr && (threadIdx.x & 31) < 16) acc[p][r] = warp_sum(acc[p][r]);", RuntimeError),
+    # a 16-byte load off its alignment
+    ("__ldcs((const uint4*)(wr[p] + i * ES))", "__ldcs((const uint4*)(wr[p] + i * ES + 4))", RuntimeError),
+    # a float4 load of x off its alignment (a plain dereference: -fsanitize=alignment's trap)
+    ("float4 t = *(const float4*)(x + (r0 + r) * k + i + q);",
+     "float4 t = *(const float4*)(x + (r0 + r) * k + i + q + 1);", RuntimeError),
+    # a store past the output (the red zone)
+    ("d.y[dst_at(d, row * n + j)] =", "d.y[dst_at(d, row * n + j) + 64] =", RuntimeError),
+])
+def test_the_emulator_catches(monkeypatch, old, new, error):
+    _mutated(monkeypatch, old, new)
+    with pytest.raises(error):
+        _one_gemv()
