@@ -1,9 +1,17 @@
 """Every kernel source compiles as CuPy will compile it at run time — NVRTC through cuda-python with CuPy's options —
-and with nvcc, for sm_80 and sm_90, with no error and no warning. Skips only where neither compiler is present."""
+and with nvcc, for sm_80 and sm_90, with no error and no warning; and on sm_90 (the H200) ptxas reports no spill and
+no stack frame in any kernel, the exceptions listed below. Skips only where neither compiler is present.
+
+nvcc compiles each module once per session for each arch (`-cubin -Xptxas -v`: the warnings check and the resource
+check read the same compile), its output shared through pytest's base temporary folder by every xdist worker."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -89,37 +97,198 @@ def test_nvrtc(stems, arch):
     assert not text, f"NVRTC warnings for {stems} on {arch}:\n{text}"
 
 
+def _bench():
+    """bench/kernel_resources.py (ptxas's report parsed, the blocks an SM holds), loaded from the checkout."""
+    spec = importlib.util.spec_from_file_location("kernel_resources",
+                                                  Path(__file__).resolve().parent.parent / "bench" / "kernel_resources.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+KR = _bench()
+_NVCC: dict[str, tuple[int, str]] = {}
+
+
+@pytest.fixture(scope="session")
+def nvcc_cache(tmp_path_factory) -> Path:
+    """Where nvcc's results are kept for the session: pytest's base temporary folder, the one all xdist workers of a
+    run share (each worker's own is a folder in it)."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "nvcc-builds"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def nvcc_build(stems, arch, cache: Path | None) -> tuple[int, str]:
+    """(exit status, output) of `nvcc -cubin -Xptxas -v` on the module `stems` for `arch`: compiled once a run (a
+    worker that finds another compiling it waits on the lock and reads its result)."""
+    src = source(stems)
+    flags = [f"-arch={arch}", *KR.NVCC_FLAGS]
+    key = hashlib.sha256("\0".join([NVCC, *flags, src]).encode()).hexdigest()[:24]
+    if key in _NVCC:
+        return _NVCC[key]
+    lock = done = None
+    if cache is not None:
+        done = cache / f"{key}.json"
+        try:
+            import fcntl
+
+            lock = open(cache / f"{key}.lock", "w")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # no POSIX locks: each worker compiles for itself
+            lock = None
+    try:
+        if done is not None and done.exists():
+            got = tuple(json.loads(done.read_text()))
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                cu = Path(d) / "kernel.cu"
+                cu.write_text(src)
+                r = subprocess.run([NVCC, *flags, "-o", str(Path(d) / "kernel.cubin"), str(cu)], capture_output=True,
+                                   text=True)
+            got = (r.returncode, r.stdout + r.stderr)
+            if done is not None:
+                tmp = done.with_suffix(f".{os.getpid()}")
+                tmp.write_text(json.dumps(got))
+                tmp.replace(done)
+    finally:
+        if lock is not None:
+            lock.close()
+    _NVCC[key] = got
+    return got
+
+
+def ptxas_report(line: str) -> bool:
+    """A line of ptxas's -v report (not a warning)."""
+    return line.startswith("ptxas info") or re.match(r"\s+\d+ bytes stack frame, \d+ bytes spill stores", line) is not None
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("stems", STEMS, ids=["+".join(s) for s in STEMS])
-def test_nvcc(stems, arch):
+def test_nvcc(stems, arch, nvcc_cache):
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
-    with tempfile.TemporaryDirectory() as d:
-        cu = Path(d) / "kernel.cu"
-        cu.write_text(source(stems))
-        r = subprocess.run([NVCC, f"-arch={arch}", "-cubin", "-std=c++17", "-Werror", "all-warnings",
-                            "-o", str(Path(d) / "kernel.cubin"), str(cu)], capture_output=True, text=True)
-    out = (r.stdout + r.stderr).strip()
-    assert r.returncode == 0, out
-    assert not out, f"nvcc warnings for {stems} on {arch}:\n{out}"
+    rc, out = nvcc_build(stems, arch, nvcc_cache)
+    assert rc == 0, out
+    said = "\n".join(line for line in out.splitlines() if line.strip() and not ptxas_report(line))
+    assert not said, f"nvcc warnings for {stems} on {arch}:\n{said}"
+    assert KR.ptxas_resources(out), f"no ptxas report for {stems} on {arch}:\n{out}"
+
+
+def test_every_kernel_source_is_in_a_module():
+    """Every .cu file beside kernels/compile.py is compiled above: some kind's module names it (the prelude opens
+    every module)."""
+    from importlib import resources
+
+    here = resources.files("lanefuse.kernels")
+    files = {p.name[:-3] for p in here.iterdir() if p.name.endswith(".cu")}
+    assert files - {"prelude"} <= {s for stems in STEMS for s in stems}, files - {s for st in STEMS for s in st}
+
+
+# -- registers and local memory on the H200 (sm_90), from ptxas's report of the compiles above -----------------------
+
+# A stack frame a kernel needs, with no spill: a local array its code indexes by data (each a reason).
+STACK_ALLOWED = {
+    # the router's top-k: group scores and flags (gs[MOE_MAXG], keep[]) and the chosen weights (p[MOE_MAXK]) picked by
+    # data-dependent indices; one block a row, run once a step, off the weight stream
+    "moe_route": "the router's top-k arrays indexed by data",
+}
+
+# Kernels that spill or keep a stack frame at the sources' commit: true violations, each an xfail(strict) below, so
+# the day one is fixed its entry must go (2026-12-04, nvcc 13.0 sm_90; the 2026-12-04 H200 run measured
+# fold_parts_rope_4 at 96 registers, 12% of DRAM throughput). (module, what ptxas said)
+KNOWN_SPILLS = {
+    "fold_parts_rope_1": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "96 registers, 16 B stack, 24/24 B spill"),
+    "fold_parts_rope_4": (("gemv_core", "gemv_q8", "quant", "norm", "fold"),
+                          "96 registers, 40 B stack, 44/68 B spilled: the qkv products of every decode layer"),
+    "moe_down": (("quant", "gemv_core", "gemv_q8", "moe"), "64 registers, 32 B stack, 36/40 B spill"),
+    "moe_down_sorted": (("quant", "gemv_core", "gemv_q8", "moe"), "64 registers, 24 B stack, 40/60 B spill"),
+    "moe_up": (("quant", "gemv_core", "gemv_q8", "moe"), "64 registers, 480 B stack, 56/240 B spill"),
+    "moe_up_sorted": (("quant", "gemv_core", "gemv_q8", "moe"), "64 registers, 24 B stack, 36/112 B spill"),
+    # no spill, a 32 B stack frame in every product over a quantized activation: most likely gemv_q8.cu's int q[8]
+    # (32 B, filled through a reference by wblock_ints under a run-time format) kept in local memory (not confirmed
+    # in the SASS: no cuobjdump here)
+    "gemv_q8": (("gemv_core", "gemv_q8", "gemm_parts"), "128 registers, 32 B stack"),
+    "gemm_parts_q8": (("gemv_core", "gemv_q8", "gemm_parts"), "128 registers, 32 B stack"),
+    "fold_gemv_norm_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
+    "fold_parts_rope_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
+    "gemv_q8_quant": (("quant", "gemv_core", "gemv", "gemv_q8", "gemv_quant"), "128 registers, 32 B stack"),
+    "gemv_glu_q8_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),
+    "gemv_glu_q8k_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),
+}
+
+
+def resource_problems(res: dict[str, dict], skip=()) -> list[str]:
+    """What ptxas's report says is wrong: a spill anywhere, a stack frame outside STACK_ALLOWED (kernels in `skip`
+    and device functions without a register line aside)."""
+    bad = []
+    for name, r in sorted(res.items()):
+        if name in skip or r.get("registers") is None:
+            continue
+        if r["spill_stores"] or r["spill_loads"]:
+            bad.append(f"{name}: {r['spill_stores']} B spill stores, {r['spill_loads']} B spill loads "
+                       f"({r['registers']} registers)")
+        elif r["stack"] and name not in STACK_ALLOWED:
+            bad.append(f"{name}: a {r['stack']} B stack frame (local memory; {r['registers']} registers)")
+    return bad
+
+
+def sm90_resources(stems, cache) -> dict[str, dict]:
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    rc, out = nvcc_build(stems, "sm_90", cache)
+    assert rc == 0, out
+    return KR.ptxas_resources(out)
+
+
+@pytest.mark.parametrize("stems", STEMS, ids=["+".join(s) for s in STEMS])
+def test_no_kernel_spills_or_keeps_a_stack_frame_on_sm90(stems, nvcc_cache):
+    """Every kernel of the module: no register spilled, no local-memory stack frame (STACK_ALLOWED aside; the known
+    violations are checked one by one below)."""
+    res = sm90_resources(stems, nvcc_cache)
+    assert res
+    bad = resource_problems(res, skip=KNOWN_SPILLS)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=AssertionError,
+                                                                             reason=f"spills or keeps a stack frame "
+                                                                                    f"on sm_90: {why}"))
+                                    for k, (_, why) in KNOWN_SPILLS.items()])
+def test_known_spills(kernel, nvcc_cache):
+    stems, _ = KNOWN_SPILLS[kernel]
+    res = sm90_resources(stems, nvcc_cache)
+    if kernel not in res:
+        raise LookupError(f"no kernel {kernel} in {stems}: take it out of KNOWN_SPILLS")
+    bad = resource_problems({kernel: res[kernel]})
+    assert not bad, bad
+
+
+def test_resource_problems_reads_ptxas():
+    out = ("ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+           "ptxas info    : Function properties for k\n    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill "
+           "loads\nptxas info    : Used 255 registers, used 1 barriers, 1028 bytes smem, 400 bytes cmem[0]\n"
+           "ptxas info    : Compiling entry function 'moe_route' for 'sm_90'\n"
+           "ptxas info    : Function properties for moe_route\n    448 bytes stack frame, 0 bytes spill stores, "
+           "0 bytes spill loads\nptxas info    : Used 64 registers, used 1 barriers\n")
+    res = KR.ptxas_resources(out)
+    assert res["k"] == dict(registers=255, stack=8, spill_stores=4, spill_loads=4, smem=1028, barriers=1)
+    assert resource_problems(res) == ["k: 4 B spill stores, 4 B spill loads (255 registers)"]
+    assert KR.blocks_per_sm(96, 0) == (5, "registers") and KR.blocks_per_sm(128, 0) == (4, "registers")
+    assert KR.blocks_per_sm(40, 0) == (12, "registers") and KR.blocks_per_sm(24, 0) == (16, "warps")
+    assert KR.blocks_per_sm(32, 100 * 1024) == (2, "smem")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_the_delta_rules_state_column_stays_in_registers(arch):
+def test_the_delta_rules_state_column_stays_in_registers(arch, nvcc_cache):
     """delta.cu holds each thread's (DK,) column of the recurrent state in registers, an entry a key width: ptxas
     reports no stack frame and no spill for any of them (a runtime bound on the loops had kept it in local memory:
     1604 bytes of spill stores at 128, measured)."""
-    import re
-
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
-    with tempfile.TemporaryDirectory() as d:
-        cu = Path(d) / "kernel.cu"
-        cu.write_text(source(("quant", "delta")))
-        r = subprocess.run([NVCC, f"-arch={arch}", "-cubin", "-std=c++17", "-Xptxas", "-v",
-                            "-o", str(Path(d) / "kernel.cubin"), str(cu)], capture_output=True, text=True)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
+    rc, out = nvcc_build(("quant", "delta"), arch, nvcc_cache)
+    assert rc == 0, out
     got = dict(re.findall(r"Function properties for (delta_\d+)\s+(\d+ bytes stack frame, \d+ bytes spill stores, "
                           r"\d+ bytes spill loads)", out))
     assert sorted(got) == ["delta_128", "delta_32", "delta_64", "delta_96"], out
