@@ -8,15 +8,17 @@ results, and every arrival counter back at zero. Skipped without g++."""
 
 from __future__ import annotations
 
-import sys
+import itertools
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import test_kernels_gpu as gpu
+import test_quant_gpu as qgpu
 from cuda_host import emu
-from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, Gemv, GemvGlu, Norm, Part
+from lanefuse.kernels import Dst, Fold, GemmParts, GemmPart, Gemv, GemvGlu, Norm, Part
 from lanefuse.kernels.common import encode
 
 pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
@@ -192,3 +194,52 @@ def test_the_emulator_catches(monkeypatch, old, new, error):
     _mutated(monkeypatch, old, new)
     with pytest.raises(error):
         _one_gemv()
+
+
+# -- the GPU tests' own GEMV-family cases, at their sizes, emulated --------------------------------------------------
+
+REPLAY = {gpu: ["test_gemv", "test_gemv_f32_and_into_a_cache_row", "test_gemv_glu_and_parts", "test_fold_gemv_norm",
+                "test_fold_products_then_head_epilogue", "test_fold_products_then_row_norms_and_a_rotation",
+                "test_fold_products_then_absorbed_and_rotated_heads", "test_fold_one_product_then_head_epilogue",
+                "test_gemv_blocks", "test_gemv_glu_and_parts_blocks", "test_fold_gemv_norm_blocks",
+                "test_fold_products_then_head_epilogue_blocks", "test_norm", "test_rope_parts"],
+          qgpu: ["test_quant_kernel_equals_its_twin", "test_gemv_q8_kernel_equals_its_twin",
+                 "test_gemv_glu_and_parts_q8_kernels_equal_their_twins", "test_fold_q8_kernels_equal_their_twins",
+                 "test_norm_quantizing_in_its_epilogue", "test_quantizing_epilogues_equal_the_quant_kernel",
+                 "test_gemv_glu_q8k_quant_equals_the_quant_kernel", "test_products_row_norm_quantizing_in_its_epilogue",
+                 "test_gemv_glu_over_f32_quantizing_q8k", "test_gemv_quantizing_tail_equals_the_quant_kernel"]}
+
+
+def _cases(fn) -> list[dict]:
+    """The keyword arguments of each case fn's parametrize marks make (their product)."""
+    combos = [{}]
+    for m in getattr(fn, "pytestmark", []):
+        if m.name != "parametrize":
+            continue
+        names = [n.strip() for n in m.args[0].split(",")] if isinstance(m.args[0], str) else list(m.args[0])
+        values = [v if len(names) > 1 else (v,) for v in m.args[1]]
+        combos = [{**c, **dict(zip(names, v))} for c, v in itertools.product(combos, values)]
+    return combos
+
+
+def _replayed():
+    out = []
+    for mod, names in REPLAY.items():
+        for name in names:
+            fn = getattr(mod, name, None)
+            if fn is None:  # renamed or gone from the GPU tests: nothing to replay
+                continue
+            for kw in _cases(fn):
+                out.append(pytest.param(mod, name, kw, id=f"{name}[{'-'.join(map(str, kw.values()))}]"))
+    return out
+
+
+FULL = bool(os.environ.get("LANEFUSE_EMU_FULL"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mod,name,kw", _replayed() if FULL else [pytest.param(
+    None, None, None, id="all", marks=pytest.mark.skip(reason="the GPU tests' GEMV-family cases at their sizes, "
+                                                       "emulated (~500 cases, ~10 min): set LANEFUSE_EMU_FULL=1"))])
+def test_gpu_case_emulated(mod, name, kw):
+    getattr(mod, name)(**kw)

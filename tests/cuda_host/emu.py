@@ -80,21 +80,25 @@ def build(stems: tuple[str, ...]) -> tuple[Path, list[str]]:
     names = kernel_names(src, cxx)
     text = (f'#include "{EMU_H}"\n#line 1 "{"+".join(("prelude",) + tuple(stems))}.cu"\n' + src + "\n"
             + "".join(f"EMU_EXPORT({n})\n" for n in names))
-    cpp = base.with_suffix(".cpp")
-    cpp.write_text(text)
+    cpp = base.with_suffix(f".{os.getpid()}.cpp")  # each process its own files, renamed into place (atomic):
+    cpp.write_text(text)                             # parallel sessions share the cache
     tmp = base.with_suffix(f".{os.getpid()}.tmp")
     p = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(cpp)], capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"g++ failed on {cpp}:\n{p.stderr[-6000:]}")
-    listed.write_text(" ".join(names))
-    os.replace(tmp, so)  # atomic: parallel sessions share the cache
+    lt = base.with_suffix(f".{os.getpid()}.lst")
+    lt.write_text(" ".join(names))
+    os.replace(lt, listed)
+    os.replace(tmp, so)
+    os.replace(cpp, base.with_suffix(".cpp"))  # kept beside the library: what g++ compiled, for a look
     return so, names
 
 
 # -- arguments as CuPy passes them -------------------------------------------------------------------------------------
 
-_POINTEE = {"pf": ("f4",), "pi": ("i4", "u4"), "pI": ("u4", "i4"), "pl": ("i8", "u8"), "pb": ("i1", "u1"),
-            "pB": ("u1", "i1"), "ph": ("i2", "u2"), "pH": ("u2", "i2"), "pv": None}
+_POINTEE = {"pf": ("f4",), "pi": ("i4", "u4"), "pI": ("u4", "i4"), "pl": ("i8", "u8"), "pb": None,
+            "pB": None, "ph": ("i2", "u2"), "pH": ("u2", "i2"), "pv": None}  # char*: any bytes (a q8k form's
+# int16 sums go through signed char* parameters, cast back in the kernel)
 
 
 def _slot(code: str, a, i: int, kernel: str) -> int:
