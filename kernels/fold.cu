@@ -13,7 +13,7 @@ __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const Nor
 }
 
 #define FOLD_KERNEL(NAME, PW)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128)                                                         \
+    extern "C" __global__ void GEMV_BOUNDS                                                         \
         NAME(const float* x, const void* w, i64 fmt, const float* bias, DST_PARAMS(y), i64 k, i64 n, i64 m,  \
              unsigned* counter, i64 rows, NORM_PARAMS) {                                                      \
         gemv_body<PW>((int)fmt, x, w, bias, DST(y), nullptr, k, n, m, 1, blockIdx.x);                         \
@@ -155,7 +155,7 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
 }
 
 #define PARTS_ROPE_KERNEL(NAME, PW)                                                                           \
-    extern "C" __global__ void __launch_bounds__(128)                                                         \
+    extern "C" __global__ void GEMV_BOUNDS                                                         \
         NAME(const float* x, const i64* t, i64 nparts, i64 fmt, i64 k, i64 m, unsigned* counters,            \
              const float* cos, const float* sin, const int* posp, i64 slot) {                                \
         parts_rope_body<PW>((int)fmt, x, QX{nullptr, nullptr, nullptr}, t, nparts, k, m, counters, cos, sin,   \

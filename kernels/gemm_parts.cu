@@ -12,7 +12,7 @@ __device__ __forceinline__ void parts_body(int fmt, const float* x, const i64* t
 }
 
 #define PARTS_KERNEL(NAME, PW)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const i64* t, i64 nparts, i64 fmt, \
+    extern "C" __global__ void GEMV_BOUNDS NAME(const float* x, const i64* t, i64 nparts, i64 fmt, \
                                                            i64 k, i64 m) {                                   \
         parts_body<PW>((int)fmt, x, t, nparts, k, m);                                                        \
     }

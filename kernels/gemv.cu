@@ -1,7 +1,7 @@
 // The GEMV kernels: y = x · wᵀ (+ bias), soft-capped where cap > 0, for each format and 1 or 4 outputs a warp;
 // split-K partials summed in order with the bias (and the cap) by gemv_combine.
 #define GEMV_KERNEL(NAME, PW)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* w, i64 fmt, const float* bias, \
+    extern "C" __global__ void GEMV_BOUNDS NAME(const float* x, const void* w, i64 fmt, const float* bias, \
                                                            DST_PARAMS(y), float* part, i64 k, i64 n, i64 m,         \
                                                            i64 split, float cap) {                                  \
         gemv_body<PW>((int)fmt, x, w, bias, DST(y), part, k, n, m, split, blockIdx.x, cap);                         \

@@ -5,18 +5,69 @@
 // each z sums its k chunk into the partials.
 #define GR 8
 #define WARPS 4
+// The GEMV kernels' bounds: 128 threads, at least 3 blocks a SM, so ptxas may take up to 168 registers a thread and
+// spills none (at its default for 128 threads it capped some at 56-96 and spilled: fold_parts_rope_1 140 bytes).
+#define GEMV_BOUNDS __launch_bounds__(128, 3)
 
-template <int PW>
-__device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 m,
-                                          i64 j0, i64 n, i64 r0, i64 k0, i64 k1, float (&acc)[PW][GR]) {
+// Dense rows (FMT 0 f32, 1 f16, 2 bf16) 16 bytes a lane a load (4 or 8 values), the loop unrolled so each lane keeps
+// several loads of every output row in flight: the decode GEMV is a stream of the matrix, and HBM is only kept busy
+// with tens of KB in flight a SM (2026-12-04 on an H200: 8-byte loads, one at a time, reached 6-16% of DRAM). NR the
+// rows of x the accumulators are kept for (1: a decode step; GR: a slab), nr <= NR of them used.
+template <int FMT>
+__device__ __forceinline__ void unpack16(const uint4& v, float (&f)[FMT == 0 ? 4 : 8]) {
+    if (FMT == 0) {
+        f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+    } else {
+        unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            f[2 * e] = FMT == 1 ? f16f(u[e]) : bf16f(u[e]);
+            f[2 * e + 1] = FMT == 1 ? f16f(u[e] >> 16) : bf16f(u[e] >> 16);
+        }
+    }
+}
+
+template <int FMT, int PW, int NR>
+__device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                            i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    constexpr int VW = FMT == 0 ? 4 : 8, ES = FMT == 0 ? 4 : 2;  // values a 16-byte load, bytes a value
     int lane = threadIdx.x & 31;
+    const char* wr[PW];
 #pragma unroll
-    for (int p = 0; p < PW; p++)
+    for (int p = 0; p < PW; p++) wr[p] = (const char*)w + (j0 + p < n ? (j0 + p) * k : 0) * ES;
+#pragma unroll 4
+    for (i64 i = k0 + VW * lane; i < k1; i += 32 * VW) {
+        float wf[PW][VW];
 #pragma unroll
-        for (int r = 0; r < GR; r++) acc[p][r] = 0.f;
-    int nr = (int)min((i64)GR, m - r0);
-    unsigned long long wa = (unsigned long long)w, xa = (unsigned long long)x;
-    bool vec = ((k | k0) & 3) == 0 && (xa & 15) == 0 && (fmt >= 3 || (wa & (fmt == 0 ? 15 : 7)) == 0);
+        for (int p = 0; p < PW; p++) {
+            uint4 v = j0 + p < n ? __ldcs((const uint4*)(wr[p] + i * ES)) : make_uint4(0u, 0u, 0u, 0u);
+            unpack16<FMT>(v, wf[p]);
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r < nr) {
+                float xv[VW];
+#pragma unroll
+                for (int q = 0; q < VW; q += 4) {
+                    float4 t = *(const float4*)(x + (r0 + r) * k + i + q);
+                    xv[q] = t.x, xv[q + 1] = t.y, xv[q + 2] = t.z, xv[q + 3] = t.w;
+                }
+#pragma unroll
+                for (int p = 0; p < PW; p++)
+#pragma unroll
+                    for (int e = 0; e < VW; e++) acc[p][r] += wf[p][e] * xv[e];
+            }
+        }
+    }
+}
+
+// Any format four values a lane a step (a block format's four share one block's scales: qget4), or one at a time where
+// k or the pointers are not aligned for that.
+template <int PW, int NR>
+__device__ __forceinline__ void gemv_tile_any(int fmt, const float* __restrict__ x, const void* __restrict__ w, i64 k,
+                                              i64 j0, i64 n, i64 r0, i64 k0, i64 k1, int nr, bool vec,
+                                              float (&acc)[PW][NR]) {
+    int lane = threadIdx.x & 31;
     if (vec) {
         for (i64 i = k0 + 4 * lane; i < k1; i += 128) {
             float4 wv[PW];
@@ -24,7 +75,7 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
             for (int p = 0; p < PW; p++)
                 wv[p] = (j0 + p < n) ? wget4(fmt, w, (j0 + p) * k + i) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int r = 0; r < GR; r++) {
+            for (int r = 0; r < NR; r++) {
                 if (r < nr) {
                     float4 xv = *(const float4*)(x + (r0 + r) * k + i);
 #pragma unroll
@@ -39,7 +90,7 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
 #pragma unroll
             for (int p = 0; p < PW; p++) wv[p] = (j0 + p < n) ? wget(fmt, w, (j0 + p) * k + i) : 0.f;
 #pragma unroll
-            for (int r = 0; r < GR; r++) {
+            for (int r = 0; r < NR; r++) {
                 if (r < nr) {
                     float xv = x[(r0 + r) * k + i];
 #pragma unroll
@@ -48,10 +99,38 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
             }
         }
     }
+}
+
+// The warp's PW outputs j0.. over rows r0..r0+AR-1 of x (those below m) and k0..k1 of k, summed over the warp into
+// every lane's acc; AR the rows the caller keeps accumulators for (1, 2 or a slab of GR: gemv_rows picks it from the
+// rows left, so a decode step carries one accumulator an output, not GR). The format is dispatched once, outside the
+// loop (one uniform branch): f32/f16/bf16 rows of one or two rows of x stream 16 bytes a lane a load.
+template <int PW, int AR>
+__device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 m,
+                                          i64 j0, i64 n, i64 r0, i64 k0, i64 k1, float (&acc)[PW][AR]) {
 #pragma unroll
     for (int p = 0; p < PW; p++)
 #pragma unroll
-        for (int r = 0; r < GR; r++) acc[p][r] = warp_sum(acc[p][r]);
+        for (int r = 0; r < AR; r++) acc[p][r] = 0.f;
+    int nr = (int)min((i64)AR, m - r0);
+    unsigned long long wa = (unsigned long long)w, xa = (unsigned long long)x;
+    // four-value loads (a block format's four in one block): k and the chunk start whole words, x 16-byte aligned
+    bool vec = ((k | k0) & 3) == 0 && (xa & 15) == 0 && (fmt >= 3 || (wa & (fmt == 0 ? 15 : 7)) == 0);
+    if constexpr (AR <= 2) {
+        // 16-byte loads: k, the chunk's ends and every row start whole 16-byte words of the matrix and of x
+        bool wide = fmt <= 2 && ((k | k0 | k1) & (fmt == 0 ? 3 : 7)) == 0 && (xa & 15) == 0 && (wa & 15) == 0;
+        if (wide && fmt == 0) gemv_tile16<0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (wide && fmt == 1) gemv_tile16<1, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (wide) gemv_tile16<2, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
+    } else {
+        gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
+    }
+#pragma unroll
+    for (int p = 0; p < PW; p++)
+#pragma unroll
+        for (int r = 0; r < AR; r++)
+            if (r < nr) acc[p][r] = warp_sum(acc[p][r]);  // nr is the warp's own: every lane shuffles together
 }
 
 // A product's output soft-capped in its epilogue (cap > 0: cap * tanh(v / cap), Gemma's final logits), else as is.
@@ -60,22 +139,19 @@ __device__ __forceinline__ float capped(float v, float cap) { return cap > 0.f ?
 // The k chunk split z of `split` sums: whole four-value words, so every chunk starts aligned.
 __device__ __forceinline__ i64 gemv_chunk(i64 k, i64 split) { return ((k + split - 1) / split + 3) / 4 * 4; }
 
-// The warp's outputs j0.. of output block `bx` (blocks of WARPS*PW outputs), rows of slab blockIdx.y.
-template <int PW>
-__device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w, const float* bias, const Dst& d, float* part,
-                                          i64 k, i64 n, i64 m, i64 split, i64 bx, float cap = 0.f) {
-    i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
-    if (j0 >= n) return;
+template <int PW, int AR>
+__device__ __forceinline__ void gemv_rows(int fmt, const float* x, const void* w, const float* bias, const Dst& d,
+                                          float* part, i64 k, i64 n, i64 m, i64 split, i64 j0, float cap) {
     i64 r0 = (i64)blockIdx.y * GR;
     i64 kc = gemv_chunk(k, split);
     i64 k0 = (i64)blockIdx.z * kc, k1 = min(k, k0 + kc);
-    float acc[PW][GR];
-    gemv_tile<PW>(fmt, x, w, k, m, j0, n, r0, k0, k1, acc);
+    float acc[PW][AR];
+    gemv_tile<PW, AR>(fmt, x, w, k, m, j0, n, r0, k0, k1, acc);
     if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
     for (int p = 0; p < PW; p++)
 #pragma unroll
-        for (int r = 0; r < GR; r++) {
+        for (int r = 0; r < AR; r++) {
             i64 j = j0 + p, row = r0 + r;
             if (j < n && row < m) {
                 if (split == 1) d.y[dst_at(d, row * n + j)] = capped(acc[p][r] + (bias ? bias[j] : 0.f), cap);
@@ -84,3 +160,15 @@ __device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w
         }
 }
 
+// The warp's outputs j0.. of output block `bx` (blocks of WARPS*PW outputs), rows of slab blockIdx.y: accumulators
+// for one row, two or the slab's GR, as many as the slab holds.
+template <int PW>
+__device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w, const float* bias, const Dst& d, float* part,
+                                          i64 k, i64 n, i64 m, i64 split, i64 bx, float cap = 0.f) {
+    i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
+    if (j0 >= n) return;
+    i64 left = m - (i64)blockIdx.y * GR;
+    if (left == 1) gemv_rows<PW, 1>(fmt, x, w, bias, d, part, k, n, m, split, j0, cap);
+    else if (left == 2) gemv_rows<PW, 2>(fmt, x, w, bias, d, part, k, n, m, split, j0, cap);
+    else gemv_rows<PW, GR>(fmt, x, w, bias, d, part, k, n, m, split, j0, cap);
+}

@@ -2,28 +2,38 @@
 // the GEMV's warp per output (or four), slabs of GR rows. With `qw` (gemv_gate_up_glu.quant) the GLU's quantized form
 // (quant.cu's slab_quant_tail: the last block to store each block of 32 outputs, or of 256 for llama.cpp's q8_K,
 // quantizes it in each row of its slab).
-template <int PW>
-__device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
-                                         const float* bu, float* out, i64 k, i64 n, i64 m, int a) {
-    i64 j0 = ((i64)blockIdx.x * WARPS + (threadIdx.x >> 5)) * PW;
-    if (j0 >= n) return;
+template <int PW, int AR>
+__device__ __forceinline__ void glu_rows(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
+                                         const float* bu, float* out, i64 k, i64 n, i64 m, int a, i64 j0) {
     i64 r0 = (i64)blockIdx.y * GR;
-    float ga[PW][GR], ua[PW][GR];
-    gemv_tile<PW>(fmt, x, wg, k, m, j0, n, r0, 0, k, ga);
-    gemv_tile<PW>(fmt, x, wu, k, m, j0, n, r0, 0, k, ua);
+    float ga[PW][AR], ua[PW][AR];
+    gemv_tile<PW, AR>(fmt, x, wg, k, m, j0, n, r0, 0, k, ga);
+    gemv_tile<PW, AR>(fmt, x, wu, k, m, j0, n, r0, 0, k, ua);
     if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
     for (int p = 0; p < PW; p++)
 #pragma unroll
-        for (int r = 0; r < GR; r++) {
+        for (int r = 0; r < AR; r++) {
             i64 j = j0 + p, row = r0 + r;
             if (j < n && row < m)
                 out[row * n + j] = act_apply(a, ga[p][r] + (bg ? bg[j] : 0.f)) * (ua[p][r] + (bu ? bu[j] : 0.f));
         }
 }
 
+// Accumulators for one row, two or a slab of GR, as many as the slab holds (gemv_body's choice).
+template <int PW>
+__device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
+                                         const float* bu, float* out, i64 k, i64 n, i64 m, int a) {
+    i64 j0 = ((i64)blockIdx.x * WARPS + (threadIdx.x >> 5)) * PW;
+    if (j0 >= n) return;
+    i64 left = m - (i64)blockIdx.y * GR;
+    if (left == 1) glu_rows<PW, 1>(fmt, x, wg, wu, bg, bu, out, k, n, m, a, j0);
+    else if (left == 2) glu_rows<PW, 2>(fmt, x, wg, wu, bg, bu, out, k, n, m, a, j0);
+    else glu_rows<PW, GR>(fmt, x, wg, wu, bg, bu, out, k, n, m, a, j0);
+}
+
 #define GLU_KERNEL(NAME, PW)                                                                                \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* wg, const void* wu,      \
+    extern "C" __global__ void GEMV_BOUNDS NAME(const float* x, const void* wg, const void* wu,      \
                                                            i64 fmt, const float* bg, const float* bu, float* out, \
                                                            i64 k, i64 n, i64 m, i64 a, unsigned* counters,       \
                                                            signed char* qw, signed char* ql, float* qs,          \
@@ -49,8 +59,10 @@ extern "C" __global__ void __launch_bounds__(128) gemv_glu_q8(const signed char*
     q8_tile((int)fmt, x, wu, k, m, j, r0, ua);
     int nr = (int)min((i64)QGR, m - r0);
     if ((threadIdx.x & 31) == 0)
-        for (int r = 0; r < nr; r++)
-            out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
+#pragma unroll
+        for (int r = 0; r < QGR; r++)  // unrolled, the accumulators stay in registers (indexed by r < nr: a stack frame)
+            if (r < nr)
+                out[(r0 + r) * n + j] = act_apply((int)a, ga[r] + (bg ? bg[j] : 0.f)) * (ua[r] + (bu ? bu[j] : 0.f));
 }
 
 // The same with `qw` (the GLU quantized for the down projection): a block of GLU_QW warps takes QB consecutive
@@ -94,7 +106,7 @@ __device__ __forceinline__ void glu_q8_quant_body(const signed char* xw, const s
 }
 
 #define GLU_Q8_QUANT_KERNEL(NAME, QB)                                                                            \
-    extern "C" __global__ void __launch_bounds__(32 * GLU_QW)                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * GLU_QW, 2)                                                  \
         NAME(const signed char* xw, const signed char* xl, const float* xs, const void* wg, const void* wu,     \
              i64 fmt, const float* bg, const float* bu, float* out, i64 k, i64 n, i64 m, i64 a, signed char* qw, \
              signed char* ql, float* qs) {                                                                       \

@@ -3,7 +3,7 @@
 // to store each block of 32 outputs (256: llama.cpp's q8_K) of a slab's rows quantizes them from the values stored.
 // The bodies return from themselves only, so every thread reaches the tail's barriers.
 #define GEMV_QUANT_KERNEL(NAME, PW)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const float* x, const void* w, i64 fmt, const float* bias, \
+    extern "C" __global__ void GEMV_BOUNDS NAME(const float* x, const void* w, i64 fmt, const float* bias, \
                                                            float* y, i64 k, i64 n, i64 m, float cap,                 \
                                                            unsigned* counters, signed char* qw, signed char* ql,     \
                                                            float* qs, i64 qwords) {                                  \

@@ -199,9 +199,6 @@ STACK_ALLOWED = {
 # the day one is fixed its entry must go (2026-12-04, nvcc 13.0 sm_90; the 2026-12-04 H200 run measured
 # fold_parts_rope_4 at 96 registers, 12% of DRAM throughput). (module, what ptxas said)
 KNOWN_SPILLS = {
-    "fold_parts_rope_1": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "96 registers, 16 B stack, 24/24 B spill"),
-    "fold_parts_rope_4": (("gemv_core", "gemv_q8", "quant", "norm", "fold"),
-                          "96 registers, 40 B stack, 44/68 B spilled: the qkv products of every decode layer"),
     "moe_down": (("quant", "gemv_core", "gemv_q8", "moe"), "64 registers, 32 B stack, 36/40 B spill"),
     "moe_down_sorted": (("quant", "gemv_core", "gemv_q8", "moe"), "64 registers, 24 B stack, 40/60 B spill"),
     "moe_up": (("quant", "gemv_core", "gemv_q8", "moe"), "64 registers, 480 B stack, 56/240 B spill"),
