@@ -1,0 +1,68 @@
+"""bench/launch_model.py on the demo plan, without a device or nvcc: every launch's own cuda() recorded on the stand-in
+device env, each recorded kernel's grid and block equal to its launch's grid_block() (a launch of two kernels: its
+first), and the model's figures finite and positive."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture(scope="module")
+def lm():
+    sys.path.insert(0, str(BENCH))
+    import launch_model
+
+    return launch_model
+
+
+@pytest.fixture(scope="module")
+def demo_plan():
+    from lanefuse.engine.demo import demo_config
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+
+    return plan(build_step(demo_config(), 1))
+
+
+def test_recorded_grids_are_each_launchs_grid_block(lm, demo_plan):
+    ks = lm.plan_kernels(demo_plan)
+    assert ks, "nothing recorded"
+    launched = {k.index for k in ks}
+    assert launched == {i for i, x in enumerate(demo_plan.launches) if x.launch.kernels()}
+    seen = set()
+    for k in ks:
+        key = (k.index, id(k.launch))
+        if key in seen:
+            continue  # a launch's second kernel (a combine) has a grid of its own
+        seen.add(key)
+        grid, block = k.launch.grid_block()
+        assert tuple(k.call.grid) == tuple(grid), (k.call.name, k.call.grid, grid)
+        assert tuple(k.call.block) == tuple(block), (k.call.name, k.call.block, block)
+
+
+def test_the_model_runs_on_the_demo_plan(lm, demo_plan, monkeypatch, tmp_path):
+    # no compile here: ptxas' figures from the committed kernel-resources.json (what the model falls back to
+    # without nvcc)
+    monkeypatch.setattr(lm.shutil, "which", lambda name: None)
+    monkeypatch.setattr(lm, "CACHE", tmp_path)
+    cal = lm.load_calibration()
+    ks = lm.model(demo_plan, None, cal, pos=16)
+    assert all(k.us > 0 and math.isfinite(k.us) and k.bpsm >= 1 for k in ks)
+    assert any(k.family == "gemv" for k in ks)
+    rows = lm.summarize(ks)
+    assert sum(r["count"] for r in rows) == len(ks)
+
+
+def test_the_calibration_is_data(lm):
+    cal = json.loads(lm.CALIBRATION.read_text())
+    for key in ("L_us", "t0_us", "L_attn_us", "tail_norm_us", "tail_rope_us", "B_peak_TBps", "format_factor",
+                "fixed_us", "measured"):
+        assert key in cal
+    assert 0.1 < cal["L_us"] < 10 and cal["B_peak_TBps"] == 4.25
