@@ -604,9 +604,10 @@ def main() -> None:
                     print(f"    #{k.index:3d} {k.call.name:24} grid {k.call.grid} regs {k.regs} b/SM {k.bpsm} "
                           f"waves {k.waves:.2f} MB {k.bytes / 1e6:.2f} {k.us:.1f} µs")
             doc["plans"][name]["revs"][label] = dict(
-                us=tot, x_floor=tot / floor, kinds=rows,
-                launches=[dict(index=k.index, kernel=k.call.name, grid=list(k.call.grid), block=list(k.call.block),
-                               regs=k.regs, blocks_sm=k.bpsm, waves=k.waves, bytes=k.bytes, us=k.us) for k in ks])
+                us=tot, x_floor=tot / floor, kinds=rows)
+            if a.all:
+                doc["plans"][name]["revs"][label]["launches"] = [dict(index=k.index, kernel=k.call.name, grid=list(k.call.grid), block=list(k.call.block),
+                               regs=k.regs, blocks_sm=k.bpsm, waves=k.waves, bytes=k.bytes, us=k.us) for k in ks]
             summary.append((name, label, tot, tot / floor, floor))
     print("\nµs a token (PREDICTED), x the floor (token bytes / 4.25 TB/s), beside the measured 2026-12-04 figure:")
     print(f"  {'plan':12} {'kernels':10} {'µs/token':>10} {'x floor':>8} {'floor µs':>9} {'measured':>9}")
