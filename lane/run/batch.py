@@ -130,6 +130,44 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         pos[s] = len(prompts[k])
         take(s, logits, token)
 
+    def on_device(decode, env: dict) -> None:
+        """Decode steps of the batch back to back on the device (`step_fn.decode`, the CuPy backend's), the host
+        reading the chunk's tokens and logits once at its end: as many steps as the busy slot with the fewest tokens
+        left still takes (at most a chunk), so no slot's rows run past its own. A sequence that ends inside the chunk
+        (its count, or an eos id) takes no token after its end; its slot goes to the next waiting prompt at the
+        chunk's end, not at the step (the read a slot's refill needs comes once a chunk): each sequence's tokens and
+        logits are those of the step-by-step loop, its steps independent of the other slots'."""
+        from lanefuse.lane.run.cupy_runner import DECODE_CHUNK
+
+        busy = [s for s in range(slots) if held[s] is not None]
+        steps = min(DECODE_CHUNK, min(n_tokens - len(results[held[s]].generated_ids) for s in busy))
+        key = (1, slots)
+        if key not in graphs:
+            graphs[key] = build_step(cfg, 1, batch=slots)
+        t0, s0 = time.perf_counter(), _setup_s(step_fn)
+        with np.errstate(over="ignore", invalid="ignore"):
+            toks, rows = decode(graphs[key], env, steps)
+        dt = time.perf_counter() - t0 - (_setup_s(step_fn) - s0)
+        live = set(busy)  # the slots whose sequence of the chunk's start has not ended
+        for i in range(len(toks)):
+            now = [s for s in busy if s in live]
+            if not now:
+                break
+            logits = rows[i].reshape(slots, -1)
+            for s in now:
+                if not np.isfinite(logits[s]).all():
+                    k = held[s]
+                    raise UserError(f"prompt {k + 1}: " + _not_finite(logits[s], 1, int(pos[s]), len(prompts[k])))
+            for s in now:
+                results[held[s]].decode_s += dt / len(toks) / len(now)
+            for s in now:
+                k = held[s]
+                pos[s] += 1
+                take(s, np.array(logits[s], dtype=np.float32), int(toks[i, s]))
+                if held[s] != k:  # ended (the slot free, or refilled with a prompt decoded from the next chunk)
+                    live.discard(s)
+
+    device = getattr(step_fn, "decode", None)
     for s in range(slots):
         if waiting:
             admit(s)
@@ -137,6 +175,9 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         env = dict(caches)
         env["token"] = last.copy()
         env["pos"] = pos.copy()  # a free slot decodes a dummy row at position 0 of its own slot, read by no one
+        if device is not None:
+            on_device(device, env)
+            continue
         logits, nxt, dt = run(1, slots, env)  # one slot: the decode step of one sequence
         busy = [s for s in range(slots) if held[s] is not None]
         for s in busy:

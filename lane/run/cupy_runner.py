@@ -2,7 +2,9 @@
 with every step-local array a view at its placed offset, the caches and the step's carried state on the device
 (shared by a model's decode and prefill plans), the weights uploaded once. A decode step is captured once as a CUDA
 graph and replayed each token; the arg-max's advance writes the next token and position on the device, so the host
-reads only the generated tokens (and the logits where asked)."""
+reads only the generated tokens (and the logits where asked). `decode_run` replays N steps back to back without
+waiting on the host: each step's token (and logits) is copied on the device into a run of DECODE_CHUNK steps, which the
+host reads once a chunk (an end-of-sequence id can stop it there), so N tokens cost ceil(N / DECODE_CHUNK) reads."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from lanefuse.kernels.cupy_env import DeviceEnv
 from lanefuse.lane.lower.buffers import WORDS, array_bytes
 from lanefuse.lane.lower.plan import Plan
 from lanefuse.lane.run.constants import host_constant
+
+DECODE_CHUNK = 16  # decode steps replayed between two host reads of the generated tokens (and their logits)
 
 
 class DeviceState:
@@ -94,10 +98,10 @@ class CupyRunner:
                 if x.launch.kernels():  # a view runs nothing
                     x.launch.cuda(self.env)
 
-    def _replay(self) -> None:
+    def _launch(self) -> None:
+        """One step enqueued on the runner's stream (a graph replay, or the launches one by one); nothing waits."""
         if not self.use_graph:
             self.run_launches()
-            self._stream.synchronize()
             return
         if self._graph is None:
             # compile every kernel, upload every descriptor table and allocate every scratch before capture: nothing
@@ -113,6 +117,9 @@ class CupyRunner:
                 self.run_launches()
                 self._graph = self._stream.end_capture()
         self._graph.launch(stream=self._stream)
+
+    def _replay(self) -> None:
+        self._launch()
         self._stream.synchronize()
 
     def keep_carried(self) -> dict[str, object]:
@@ -142,6 +149,17 @@ class CupyRunner:
         """One step: upload the token and position, replay, read the logits and the next token. The caches stay on
         the device (the host's copies in `inputs` are not read after the first step of a model)."""
         io = self.s.io
+        self.load_step_inputs(inputs)
+        self._replay()
+        logits = self.cp.asnumpy(self.env.views[io.logits], stream=self._stream)
+        nxt = self.cp.asnumpy(self.env.views[io.next], stream=self._stream)
+        self._stream.synchronize()
+        return {io.logits: logits.reshape(self.s.tensors[io.logits].shape), io.next: nxt}
+
+    def load_step_inputs(self, inputs: dict) -> None:
+        """A step's inputs from the host: the caches on the model's first step (the host's copies are not read
+        after it), the token and the position."""
+        io = self.s.io
         self.s.check_position(inputs[io.position])
         if not self.state.loaded:
             with self._stream:
@@ -151,23 +169,85 @@ class CupyRunner:
             self._stream.synchronize()
             self.state.loaded = True
         self.load_inputs(inputs)
-        self._replay()
-        logits = self.cp.asnumpy(self.env.views[io.logits], stream=self._stream)
-        nxt = self.cp.asnumpy(self.env.views[io.next], stream=self._stream)
-        self._stream.synchronize()
-        return {io.logits: logits.reshape(self.s.tensors[io.logits].shape), io.next: nxt}
 
     def decode(self, n: int) -> list[int]:
         """`n` decode steps replayed back to back from the device's own token and position (the arg-max advances
-        them); the host reads each generated token only."""
+        them); the host reads the position once and the generated tokens once a chunk (`decode_run`)."""
+        return [int(t[0]) for t in self.decode_run(n, logits=False)[0]]
+
+    def decode_run(self, n: int, inputs: dict | None = None, logits: bool = True, eos=(), chunk: int = DECODE_CHUNK,
+                   on_chunk=None) -> tuple[np.ndarray, np.ndarray | None]:
+        """`n` decode steps of this decode plan, each from the token and position the step before advanced on the
+        device (the first from `inputs`' token and position, uploaded, or else the device's own), replayed back to
+        back: nothing reads the device between two steps. After each step its `next` (a row a sequence of a batch)
+        and, with `logits`, its logits' bits are copied on the device into the chunk's run; the host reads the run
+        once a chunk of `chunk` steps, tokens and logits in one read. Where a token (of a one-sequence plan) is an id of
+        `eos`, the run stops there: the tokens after it are dropped, and the step's carried inputs (`carried`) are
+        left as the steps up to it left them (the token and position put back, or the chunk's carried state put back
+        and the steps up to the end replayed), so a step after it runs as after the step-by-step loop; the KV rows
+        past it are rewritten by the step that reaches them before anything reads them. Returns the tokens
+        (steps, next's size) and the logits (steps, logits' size) or None. `on_chunk(k)` after each chunk's k steps."""
+        io, cp = self.s.io, self.cp
+        if inputs is not None:
+            self.load_step_inputs(inputs)
+            pos = int(np.asarray(inputs[io.position]).reshape(-1)[0])
+        else:
+            pos = int(cp.asnumpy(self.env.views[io.position][:1], stream=self._stream)[0])
         length = self.s.tensors[self.s.io.caches[0][0]].shape[0] if self.s.io.caches else None
-        pos = int(self.cp.asnumpy(self.env.views[self.s.io.position][:1], stream=self._stream)[0])
-        if length is not None and pos + n > length:
+        if length is not None and self.s.batch == 1 and pos + n > length:
             from lanefuse.engine.errors import UserError
 
             raise UserError(f"{n} decode steps from position {pos} run past the KV cache of {length} rows")
-        out = []
-        for _ in range(n):
-            self._replay()
-            out.append(int(self.cp.asnumpy(self.env.views[self.s.io.next][:1], stream=self._stream)[0]))
-        return out
+        if chunk < 1:
+            raise ValueError(f"a decode chunk of {chunk} steps")
+        nxt, lg = self.env.views[io.next], self.env.views[io.logits]
+        ns, nl = nxt.size, (lg.size if logits else 0)
+        if n <= 0:
+            return np.zeros((0, ns), np.int32), (np.zeros((0, nl), np.float32) if logits else None)
+        chunk = max(1, min(chunk, n))
+        with self._stream:  # a chunk's steps a row each: the tokens, then the logits' bits (one read takes both)
+            run = cp.zeros((chunk, ns + nl), dtype=cp.int32)
+            bits = lg.view(cp.int32) if logits else None
+        ends = frozenset(int(e) for e in eos) if self.s.batch == 1 else frozenset()
+        light = set(self._carried) <= {io.token, io.position}  # no carried state besides the advanced ones
+        toks, outs, done = [], [], 0
+        while done < n:
+            k = min(chunk, n - done)
+            kept = self.keep_carried() if ends and not light else None  # device to device: no read
+            with self._stream:
+                for i in range(k):
+                    self._launch()
+                    run[i, :ns] = nxt
+                    if bits is not None:
+                        run[i, ns:] = bits
+            got = cp.asnumpy(run[:k], stream=self._stream)  # the one read of the chunk: waits for its steps
+            self._stream.synchronize()
+            stop = next((i for i in range(k) if int(got[i, ns - 1]) in ends), None)
+            if stop is not None:
+                got = got[: stop + 1]
+                self._rewind(pos + done + stop + 1, int(got[stop, ns - 1]), kept, stop + 1, k)
+            toks.append(got[:, :ns])
+            if logits:
+                outs.append(got[:, ns:].view(np.float32))
+            done += len(got)
+            if on_chunk is not None:
+                on_chunk(len(got))
+            if stop is not None:
+                break
+        tokens = np.concatenate(toks)
+        return tokens, (np.concatenate(outs) if logits else None)
+
+    def _rewind(self, pos: int, token: int, kept, steps: int, ran: int) -> None:
+        """After a chunk of `ran` steps of which the first `steps` are kept: the step's carried inputs as those
+        `steps` left them. With no carried state but the token and position, the two are set (an upload); else the
+        chunk's carried inputs (`kept`) are put back and its first `steps` steps replayed."""
+        if steps == ran:
+            return
+        if kept is None:
+            self.load_inputs({self.s.io.token: [token], self.s.io.position: [pos]})
+            return
+        self.put_back(kept)
+        with self._stream:
+            for _ in range(steps):
+                self._launch()
+        self._stream.synchronize()

@@ -71,8 +71,11 @@ def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: S
 
 def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
              chunk: int = MAX_CHUNK, progress: bool = False, graph: Graph | None = None,
-             caches: dict[str, np.ndarray] | None = None) -> GenResult:
-    """Greedy-decode `n_tokens` after `prompt_ids` (with `graph`, that one decode step for every row)."""
+             caches: dict[str, np.ndarray] | None = None, eos: tuple[int, ...] = ()) -> GenResult:
+    """Greedy-decode `n_tokens` after `prompt_ids` (with `graph`, that one decode step for every row); the run ends
+    early after a token of `eos`. A step function with a `decode(graph, env, n, eos=, on_chunk=)` (the CuPy
+    backend's) runs the decode steps after the first back to back on the device, the host reading the tokens and
+    logits once a chunk; the same tokens and logits as one step a token."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise UserError("the prompt is empty: give at least one token")
@@ -111,6 +114,26 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             raise UserError(_not_finite(logits, rows, pos, len(prompt)))
         return logits, nxt, time.perf_counter() - t0 - setup
 
+    def decode_on_device(decode, tokens: list[int], pos: int) -> None:
+        """The rest of the run from `tokens` at `pos`, back to back on the device (`step_fn.decode`)."""
+        if 1 not in graphs:
+            graphs[1] = graph if graph is not None else build_step(cfg, 1)
+        env = dict(caches)
+        env["token"] = np.asarray(tokens, dtype=np.int32)
+        env["pos"] = np.asarray([pos], dtype=np.int32)
+        left = n_tokens - len(result.generated_ids)
+        t0, s0 = time.perf_counter(), _setup_s(step_fn)
+        with np.errstate(over="ignore", invalid="ignore"):
+            toks, rows = decode(graphs[1], env, left, eos=tuple(eos), on_chunk=bar.update if bar else None)
+        setup = _setup_s(step_fn) - s0
+        result.setup_s += setup
+        result.decode_s += time.perf_counter() - t0 - setup
+        for i, (t, row) in enumerate(zip(toks, rows)):  # refused at the first step whose logits are not finite
+            if not np.isfinite(row).all():
+                raise UserError(_not_finite(row, 1, pos + i, len(prompt)))
+            result.generated_ids.append(int(t[-1]))
+            result.logits.append(np.array(row, dtype=np.float32))
+
     caches = caches if caches is not None else new_caches(cfg)
     result = GenResult(prompt, [], [])
     if n_tokens == 0:
@@ -129,10 +152,15 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             if bar:
                 bar.update(1)
         pos = len(prompt)
+        ends = frozenset(int(e) for e in eos)
+        device = getattr(step_fn, "decode", None)
         while True:
             result.generated_ids.append(nxt)
             result.logits.append(logits)
-            if len(result.generated_ids) == n_tokens:
+            if len(result.generated_ids) == n_tokens or nxt in ends:
+                break
+            if device is not None:
+                decode_on_device(device, [nxt], pos)
                 break
             logits, nxt, dt = step([nxt], pos)
             result.decode_s += dt

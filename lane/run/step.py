@@ -75,7 +75,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
         batch_state = DeviceState()  # a batch step's caches (each sequence's slot), the same weights
         batch_state.weights = state.weights
 
-    def step_fn(g, env):
+    def runner(g):
         rows = int(g.meta.get("rows", 1))
         key = (rows, int(g.meta.get("batch", 1)))  # a batch step of B rows is not a prefill chunk of B
         r = runners.get(key)
@@ -93,6 +93,10 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
             t0 = time.perf_counter()
             r = runners[key] = make_runner(s, weights, device, batch_state if key[1] > 1 else state, check, exact)
             spent["setup_s"] += time.perf_counter() - t0
+        return r
+
+    def step_fn(g, env):
+        r = runner(g)
         bound = getattr(r, "bind_s", 0.0)
         out = r.step(env, lifted=g)
         spent["setup_s"] += getattr(r, "bind_s", 0.0) - bound  # the fast runner's first binding reads the weights
@@ -101,6 +105,14 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
     spent = step_fn.spent = {"plan_s": 0.0, "setup_s": 0.0}  # seconds planning, setting up runners: `run`'s timings
 
     if device == "gpu":
+        def decode(g, env, n: int, logits: bool = True, eos=(), on_chunk=None):
+            """`n` decode steps of step graph `g` (a decode step, or a batch's) from `env`'s token and position, run
+            back to back on the device, the host reading the tokens (and logits) once a chunk (CupyRunner.decode_run):
+            the tokens (steps, rows) and the logits (steps, rows·vocab)."""
+            return runner(g).decode_run(n, inputs=env, logits=logits, eos=eos, on_chunk=on_chunk)
+
+        step_fn.decode = decode
+
         def to_slot(slot: int, slots: int) -> None:
             """A prompt prefilled on the device (into the one-sequence caches): the caches copied into `slot`'s rows
             of the batch step's (`slots` slots, made on the first copy), a device-to-device copy."""
