@@ -27,38 +27,63 @@ struct NormArgs {
 #define NORM_ARGS \
     NormArgs{nx, xpitch, xoff, add, prew, preeps, (int)pre, sum, nw, eps, cols, heads, DST(ny), qw, ql, qs, (int)qwords}
 
+// The value a row's element i normalizes: x (+ add, itself normed first under `pre`), read through L2.
+__device__ __forceinline__ float norm_in(const NormArgs& a, const float* xr, const float* ar, float pinv, i64 i) {
+    float v = __ldcg(xr + i);
+    if (ar) v += a.pre ? __ldcg(ar + i) * pinv * a.prew[i] : __ldcg(ar + i);
+    return v;
+}
+
+// Each thread takes its elements c = threadIdx.x + j·blockDim.x in batches of NORM_BATCH, every load of a batch issued
+// before the first is used: a fold's tail runs this in one block of 128 threads after the product, and one dependent
+// L2 round trip an element (32 a pass for 4096 columns) cost ~42 µs a launch on an H200 (2026-12-04 ncu: the idle
+// SMs' time at the end of fold_gemv_norm). Sums run in the same order as one element at a time.
+#define NORM_BATCH 8
+
 __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
     const float* xr = a.x + r * a.xpitch + a.xoff;
     const float* ar = a.add ? a.add + r * a.cols : nullptr;
+    const i64 step = blockDim.x;
     float pinv = 1.f;
     if (ar && a.pre) {
         float ss = 0.f;
-        for (i64 c = threadIdx.x; c < a.cols; c += blockDim.x) {
-            float v = __ldcg(ar + c);
-            ss += v * v;
+        for (i64 c0 = threadIdx.x; c0 < a.cols; c0 += NORM_BATCH * step) {
+            float v[NORM_BATCH];
+#pragma unroll
+            for (int u = 0; u < NORM_BATCH; u++) v[u] = c0 + u * step < a.cols ? __ldcg(ar + c0 + u * step) : 0.f;
+#pragma unroll
+            for (int u = 0; u < NORM_BATCH; u++)
+                if (c0 + u * step < a.cols) ss += v[u] * v[u];
         }
         pinv = rsqrtf(block_sum(ss) / (float)a.cols + a.preeps);
     }
     i64 hd = a.cols / a.heads;
     for (i64 h = 0; h < a.heads; h++) {
         float ss = 0.f;
-        for (i64 c = threadIdx.x; c < hd; c += blockDim.x) {
-            i64 i = h * hd + c;
-            float v = __ldcg(xr + i);
-            if (ar) v += a.pre ? __ldcg(ar + i) * pinv * a.prew[i] : __ldcg(ar + i);
-            ss += v * v;
+        for (i64 c0 = threadIdx.x; c0 < hd; c0 += NORM_BATCH * step) {
+            float v[NORM_BATCH];
+#pragma unroll
+            for (int u = 0; u < NORM_BATCH; u++) v[u] = c0 + u * step < hd ? norm_in(a, xr, ar, pinv, h * hd + c0 + u * step) : 0.f;
+#pragma unroll
+            for (int u = 0; u < NORM_BATCH; u++)
+                if (c0 + u * step < hd) ss += v[u] * v[u];
         }
         float inv = rsqrtf(block_sum(ss) / (float)hd + a.eps);
-        for (i64 c = threadIdx.x; c < hd; c += blockDim.x) {
-            i64 i = h * hd + c;
-            float v = __ldcg(xr + i);
-            if (ar) v += a.pre ? __ldcg(ar + i) * pinv * a.prew[i] : __ldcg(ar + i);
-            if (a.sum) a.sum[r * a.cols + i] = v;
-            float o = v * inv * (a.w ? a.w[c] : 1.f);
-            if (a.y.y) a.y.y[dst_at(a.y, r * a.cols + i)] = o;
-            else  // the quantized form alone (one head, whole blocks): a warp's 32 values are one block
-                quant_block(o, a.qw + r * a.cols, a.ql ? a.ql + r * a.cols : nullptr, a.qs + r * (a.cols >> 5),
-                            i >> 5, (int)(threadIdx.x & 31));
+        for (i64 c0 = threadIdx.x; c0 < hd; c0 += NORM_BATCH * step) {
+            float v[NORM_BATCH];
+#pragma unroll
+            for (int u = 0; u < NORM_BATCH; u++) v[u] = c0 + u * step < hd ? norm_in(a, xr, ar, pinv, h * hd + c0 + u * step) : 0.f;
+#pragma unroll
+            for (int u = 0; u < NORM_BATCH; u++) {
+                i64 c = c0 + u * step, i = h * hd + c;
+                if (c >= hd) break;
+                if (a.sum) a.sum[r * a.cols + i] = v[u];
+                float o = v[u] * inv * (a.w ? a.w[c] : 1.f);
+                if (a.y.y) a.y.y[dst_at(a.y, r * a.cols + i)] = o;
+                else  // the quantized form alone (one head, whole blocks): a warp's 32 values are one block
+                    quant_block(o, a.qw + r * a.cols, a.ql ? a.ql + r * a.cols : nullptr, a.qs + r * (a.cols >> 5),
+                                i >> 5, (int)(threadIdx.x & 31));
+            }
         }
     }
     if (a.qw && a.y.y && a.qwords == 3) {  // the q8_K form (quant.cu's quant_k_block): a warp a block of 256 values,
