@@ -1,8 +1,9 @@
 // Attention of row r (position pos + r) over cache rows lo..pos+r (lo: the window's first, else 0), GQA (query head
 // h reads key/value head h / group), scale, a soft cap on the scaled logits (softcap > 0: l = softcap·tanh(l/softcap),
 // Gemma 2), sinks (a per-head logit in the softmax's denominator). A block takes
-// `per_block` heads of one row and one split of the keys; its four warps stride the split's keys with an online
-// softmax each (flash-decoding), then combine in shared memory. One split writes the output; more write their
+// `per_block` heads of one row and one split of the keys; its four warps take the split's keys in tiles of KT keys
+// (every key and value row of a tile loaded, 16 bytes a lane, before any is used), an online softmax each
+// (flash-decoding), then combine in shared memory. One split writes the output; more write their
 // (max, sum, weighted values) partials and attention_combine merges them with the sink. Row j's keys start at
 // j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables). A batch
 // (slot > 0): grid row y is sequence r = seq0 + y, at position posp[r], over its own slot of the caches (rows from
@@ -13,7 +14,8 @@
 // launch writes the quantized form alone (out null) each warp quantizes the 32 values it holds, one block. With
 // qwords 3 (the q8k form, llama.cpp's q8_K: K-quant rows) a block's heads, or the combine's, hold whole blocks of 256
 // (the launch's heads_a_block), which a warp each quantizes from the output stored (quant.cu's quant_k_block).
-// Heads up to MAXD = 256 values, MAXPB = 4 heads a block (attention_split); wider heads, up to 640 values (a latent
+// Heads up to 128 values, 4 a block, 8 keys a tile (attention_split_128); up to MAXD = 256 values, MAXPB = 4 heads a
+// block, 4 keys a tile (attention_split); wider heads, up to 640 values (a latent
 // attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide); heads up to 64 values,
 // 8 a block (attention_split_narrow: a q8k block of 256 output values over heads of 32).
 // Split (tail > 0: a latent attention's queries and keys in two parts): a head's first own = hd - tail query values
@@ -22,13 +24,98 @@
 // alike (the rotated key the heads share): each part read in place, no joined copy of the query or the cache.
 #define AW 4
 
-template <int MAXD, int MAXPB>
+// Values i..i+3 of a row whose first `own` values are at a, the rest (up to n) at b (b[0]: value own); zero past n.
+// VEC (every row, offset and part a multiple of 4 floats, the tables 16-byte aligned): one 16-byte load; else four.
+template <bool VEC>
+__device__ __forceinline__ void attn_ld4(float (&d)[4], const float* a, const float* b, i64 own, i64 n, i64 i) {
+    if (VEC) {
+        float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < n) t = __ldg((const float4*)(i < own ? a + i : b + (i - own)));
+        d[0] = t.x, d[1] = t.y, d[2] = t.z, d[3] = t.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            i64 c = i + e;
+            d[e] = c < n ? __ldg(c < own ? a + c : b + (c - own)) : 0.f;
+        }
+    }
+}
+
+// The keys: a warp takes KT consecutive keys at a time (tiles AW * KT keys apart), every key's and value's loads of the
+// tile issued before any is used (KT rows of keys and of values in flight a warp); a lane holds values
+// c * 128 + 4 * lane .. + 3 of each chunk c of 128 (NC chunks: MAXD values). The heads of a block that read one
+// key/value head share each tile's loads (GQA: K and V read once a block); a block whose heads span several key/value
+// heads walks its keys once for each. Each tile: the logits of its keys (a warp sum a key and head), then one online
+// softmax step (its maximum, one correction of the running sums).
+template <int MAXD, int MAXPB, int KT, bool VEC, int NC = (MAXD + 127) / 128>
+__device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAXPB], float (&acc)[MAXPB][NC][4],
+                                               const float (&qv)[MAXPB][NC][4], const float* kc, const float* vc,
+                                               const float* ktail, i64 h0, i64 group, i64 per_block, i64 hd, i64 vd,
+                                               i64 own, i64 tail, i64 kstride, i64 koff, i64 vstride, i64 voff, i64 js,
+                                               i64 je, float scale, float softcap, int lane, int warp) {
+    for (i64 hb = 0, he; hb < per_block; hb = he) {  // the block's heads hb..he read key/value head kvh
+        i64 kvh = (h0 + hb) / group;
+        he = min(per_block, (kvh + 1) * group - h0);
+        const float* kb = kc + koff + kvh * own;
+        const float* vb = vc + voff + kvh * vd;
+        for (i64 j0 = js + (i64)warp * KT; j0 < je; j0 += AW * KT) {
+            float kr[KT][NC][4], vr[KT][NC][4];
+#pragma unroll
+            for (int t = 0; t < KT; t++) {
+                i64 j = j0 + t;
+                bool in = j < je;  // past the split: zeros, no load (its weight is zero)
+#pragma unroll
+                for (int c = 0; c < NC; c++) {
+                    i64 i = c * 128 + 4 * lane;
+                    attn_ld4<VEC>(kr[t][c], kb + j * kstride, ktail + j * tail, own, in ? hd : 0, i);
+                    attn_ld4<VEC>(vr[t][c], vb + j * vstride, vb, vd, in ? vd : 0, i);
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < MAXPB; hh++) {
+                if (hh >= hb && hh < he) {
+                    float l[KT], mt = NEG_INF;
+#pragma unroll
+                    for (int t = 0; t < KT; t++) {
+                        float d = 0.f;
+#pragma unroll
+                        for (int c = 0; c < NC; c++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) d += qv[hh][c][e] * kr[t][c][e];
+                        l[t] = warp_sum(d) * scale;
+                        if (softcap > 0.f) l[t] = softcap * tanhf(l[t] / softcap);
+                        if (j0 + t >= je) l[t] = NEG_INF;
+                        mt = fmaxf(mt, l[t]);
+                    }
+                    float mn = fmaxf(m[hh], mt), corr = expf(m[hh] - mn), sum = 0.f;
+#pragma unroll
+                    for (int c = 0; c < NC; c++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[hh][c][e] *= corr;
+#pragma unroll
+                    for (int t = 0; t < KT; t++) {
+                        float w = expf(l[t] - mn);
+                        sum += w;
+#pragma unroll
+                        for (int c = 0; c < NC; c++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) acc[hh][c][e] += w * vr[t][c][e];
+                    }
+                    s[hh] = s[hh] * corr + sum;
+                    m[hh] = mn;
+                }
+            }
+        }
+    }
+}
+
+template <int MAXD, int MAXPB, int KT>
 __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
     signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords) {
-    constexpr int VPL = MAXD / 32;
+    constexpr int NC = (MAXD + 127) / 128;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
@@ -49,41 +136,29 @@ __device__ __forceinline__ void attention_body(
     i64 lo = window > 0 ? max((i64)0, p - window + 1) : 0;
     i64 cnt = p - lo + 1, chunk = (cnt + splits - 1) / splits;
     i64 js = lo + z * chunk, je = min(p + 1, js + chunk);
-    float m[MAXPB], s[MAXPB], acc[MAXPB][VPL];
+    bool vec = ((kstride | koff | own | vstride | voff | vd | tail) & 3) == 0 &&
+               (((unsigned long long)kc | (unsigned long long)vc | (unsigned long long)ktail) & 15) == 0;
+    float m[MAXPB], s[MAXPB], acc[MAXPB][NC][4], qv[MAXPB][NC][4];
 #pragma unroll
     for (int hh = 0; hh < MAXPB; hh++) {
         m[hh] = NEG_INF;
         s[hh] = 0.f;
 #pragma unroll
-        for (int t = 0; t < VPL; t++) acc[hh][t] = 0.f;
-    }
-    for (i64 j = js + warp; j < je; j += AW) {
+        for (int c = 0; c < NC; c++)
 #pragma unroll
-        for (int hh = 0; hh < MAXPB; hh++) {
-            if (hh < per_block) {
-                i64 kvh = (h0 + hh) / group;
-                const float* kr = kc + j * kstride + koff + kvh * own;
-                float d = 0.f;
-                for (i64 i = lane; i < own; i += 32) d += qs[hh][i] * kr[i];
-                if (tail > 0) {
-                    const float* kt = ktail + j * tail;
-                    for (i64 i = lane; i < tail; i += 32) d += qs[hh][own + i] * kt[i];
-                }
-                float l = warp_sum(d) * scale;
-                if (softcap > 0.f) l = softcap * tanhf(l / softcap);
-                float mn = fmaxf(m[hh], l);
-                float corr = expf(m[hh] - mn), e = expf(l - mn);
-                s[hh] = s[hh] * corr + e;
-                const float* vr = vc + j * vstride + voff + kvh * vd;
-#pragma unroll
-                for (int t = 0; t < VPL; t++) {
-                    i64 i = lane + 32 * t;
-                    if (i < vd) acc[hh][t] = acc[hh][t] * corr + e * vr[i];
-                }
-                m[hh] = mn;
+            for (int e = 0; e < 4; e++) {
+                i64 i = c * 128 + 4 * lane + e;
+                acc[hh][c][e] = 0.f;
+                qv[hh][c][e] = hh < per_block && i < hd ? qs[hh][i] : 0.f;
             }
-        }
     }
+    if (vec)
+        attention_keys<MAXD, MAXPB, KT, true>(m, s, acc, qv, kc, vc, ktail, h0, group, per_block, hd, vd, own, tail,
+                                              kstride, koff, vstride, voff, js, je, scale, softcap, lane, warp);
+    else  // rows at any offset: four loads a lane a row, half the keys a tile
+        attention_keys<MAXD, MAXPB, (KT > 1 ? KT / 2 : 1), false>(m, s, acc, qv, kc, vc, ktail, h0, group, per_block,
+                                                                  hd, vd, own, tail, kstride, koff, vstride, voff, js,
+                                                                  je, scale, softcap, lane, warp);
 #pragma unroll
     for (int hh = 0; hh < MAXPB; hh++) {
         if (hh < per_block) {
@@ -92,10 +167,12 @@ __device__ __forceinline__ void attention_body(
                 wsum[warp][hh] = s[hh];
             }
 #pragma unroll
-            for (int t = 0; t < VPL; t++) {
-                i64 i = lane + 32 * t;
-                if (i < vd) wacc[warp][hh][i] = acc[hh][t];
-            }
+            for (int c = 0; c < NC; c++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    i64 i = c * 128 + 4 * lane + e;
+                    if (i < vd) wacc[warp][hh][i] = acc[hh][c][e];
+                }
         }
     }
     __syncthreads();
@@ -144,50 +221,91 @@ __device__ __forceinline__ void attention_body(
     }
 }
 
-#define ATTENTION_KERNEL(NAME, D, PB)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                                          \
-        const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out,           \
-        float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,       \
-        i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,         \
-        i64 gact, signed char* qw, signed char* ql, float* qscale, const float* qtail, const float* ktail,         \
-        i64 tail, i64 qwords) {                                                                                      \
-        attention_body<D, PB>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits,    \
-                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale,  \
-                              qtail, ktail, tail, qwords);                                                           \
+#define ATTENTION_KERNEL(NAME, D, PB, KT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(128, 3) NAME(                                                        \
+        const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out,            \
+        float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,        \
+        i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,           \
+        i64 gact, signed char* qw, signed char* ql, float* qscale, const float* qtail, const float* ktail,            \
+        i64 tail, i64 qwords) {                                                                                       \
+        attention_body<D, PB, KT>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits, \
+                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale,   \
+                              qtail, ktail, tail, qwords);                                                            \
     }
-ATTENTION_KERNEL(attention_split, 256, 4)
-ATTENTION_KERNEL(attention_split_wide, 640, 1)
-ATTENTION_KERNEL(attention_split_narrow, 64, 8)  // eight heads of up to 64: the q8k blocks of heads of 32
+// Keys a warp a tile: KT rows of keys and of values in flight a warp (128-value heads: 8 KB a warp, 32 KB a block).
+// Three blocks an SM (at most 168 registers; sm_90: 149-168, no spill): a split grid of 2-3 blocks an SM all resident.
+ATTENTION_KERNEL(attention_split_128, 128, 4, 8)  // heads up to 128 values (the common head)
+ATTENTION_KERNEL(attention_split, 256, 4, 4)
+ATTENTION_KERNEL(attention_split_wide, 640, 1, 1)
+ATTENTION_KERNEL(attention_split_narrow, 64, 8, 4)  // eight heads of up to 64: the q8k blocks of heads of 32
 
-// The combine: a block `cpb` heads of one row (the heads of one q8k block; one head for any other form).
-extern "C" __global__ void attention_combine(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
-                                             i64 splits, i64 seq0, const float* gate, i64 gact, signed char* qw,
-                                             signed char* ql, float* qscale, i64 cpb, i64 qwords) {
-    i64 r = blockIdx.y, h0 = (i64)blockIdx.x * cpb;
+// The combine: a block `cpb` heads of one row (the heads of one q8k block; one head for any other form). The splits'
+// maxima first (a thread a split, a block maximum), then each split's weight exp(M_z - M) once into shared memory
+// (CW splits at a time), each value's sum over the splits with its loads unrolled 8 deep (independent: in flight
+// together), the sink in the denominator.
+#define CW 128
+extern "C" __global__ void __launch_bounds__(128) attention_combine(
+    const float* part, const float* sinks, float* out, i64 heads, i64 vd, i64 splits, i64 seq0, const float* gate,
+    i64 gact, signed char* qw, signed char* ql, float* qscale, i64 cpb, i64 qwords) {
+    __shared__ float wz[CW], red[CW / 32];
+    i64 r = blockIdx.y, h0 = (i64)blockIdx.x * cpb, st = vd + 2;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (i64 h = h0; h < h0 + cpb; h++) {
-        const float* pp = part + (r * heads + h) * splits * (vd + 2);
+        const float* pp = part + (r * heads + h) * splits * st;
         float M = sinks ? sinks[h] : NEG_INF;
-        for (i64 z = 0; z < splits; z++) M = fmaxf(M, pp[z * (vd + 2)]);
-        float S = sinks ? expf(sinks[h] - M) : 0.f;
-        for (i64 z = 0; z < splits; z++) {
-            float mz = pp[z * (vd + 2)];
-            if (mz != NEG_INF) S += pp[z * (vd + 2) + 1] * expf(mz - M);
+        for (i64 z = threadIdx.x; z < splits; z += blockDim.x) M = fmaxf(M, __ldcg(pp + z * st));
+        M = warp_max(M);
+        if (lane == 0) red[warp] = M;
+        __syncthreads();
+        M = red[0];
+        for (int w = 1; w < nw; w++) M = fmaxf(M, red[w]);
+        __syncthreads();
+        float S = 0.f;
+        for (i64 z = threadIdx.x; z < splits; z += blockDim.x) {
+            float mz = __ldcg(pp + z * st);
+            if (mz != NEG_INF) S += __ldcg(pp + z * st + 1) * expf(mz - M);
         }
-        for (i64 i = threadIdx.x; i < vd; i += blockDim.x) {
+        S = warp_sum(S);
+        if (lane == 0) red[warp] = S;
+        __syncthreads();
+        S = sinks ? expf(sinks[h] - M) : 0.f;
+        for (int w = 0; w < nw; w++) S += red[w];
+        i64 nv = (vd + blockDim.x - 1) / blockDim.x;  // values a thread (every thread the same count: the barriers)
+        for (i64 v = 0; v < nv; v++) {
+            i64 i = v * blockDim.x + threadIdx.x;
             float A = 0.f;
-            for (i64 z = 0; z < splits; z++) {
-                float mz = pp[z * (vd + 2)];
-                if (mz != NEG_INF) A += pp[z * (vd + 2) + 2 + i] * expf(mz - M);
+            for (i64 z0 = 0; z0 < splits; z0 += CW) {
+                i64 nz = min((i64)CW, splits - z0);
+                __syncthreads();
+                for (i64 t = threadIdx.x; t < nz; t += blockDim.x) {
+                    float mz = __ldcg(pp + (z0 + t) * st);
+                    wz[t] = mz != NEG_INF ? expf(mz - M) : 0.f;
+                }
+                __syncthreads();
+                if (i < vd) {
+                    const float* pa = pp + z0 * st + 2 + i;
+                    i64 z = 0;
+                    for (; z + 8 <= nz; z += 8) {
+                        float a[8];
+#pragma unroll
+                        for (int u = 0; u < 8; u++) a[u] = __ldcg(pa + (z + u) * st);
+#pragma unroll
+                        for (int u = 0; u < 8; u++) A += a[u] * wz[z + u];
+                    }
+                    for (; z < nz; z++) A += __ldcg(pa + z * st) * wz[z];
+                }
             }
-            i64 o = ((seq0 + r) * heads + h) * vd + i;
-            float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
-            if (out) out[o] = y;
-            else quant_block(y, qw, ql, qscale, o >> 5, (int)(threadIdx.x & 31));  // the quantized form alone
+            if (i < vd) {
+                i64 o = ((seq0 + r) * heads + h) * vd + i;
+                float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
+                if (out) out[o] = y;
+                else quant_block(y, qw, ql, qscale, o >> 5, lane);  // the quantized form alone
+            }
         }
+        __syncthreads();
     }
     if (qw && out) {  // heads h0.. of row seq0 + r, cpb * vd values: whole blocks
         __syncthreads();
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
         if (qwords == 3) {
             i64 b0 = ((seq0 + r) * heads + h0) * vd >> 8;
             for (i64 b = warp; b < cpb * vd >> 8; b += nw) quant_k_block(out, qw, (short*)ql, qscale, b0 + b, lane);

@@ -28,7 +28,8 @@ from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 MAX_PER_BLOCK = 4  # heads a block holds
 MAX_NARROW = (8, 64)  # the narrow kernel's heads a block, of at most 64 values (attention_split_narrow: the q8k blocks of
 # heads of 32)
-MAX_SPLITS = 32  # the most chunks the schedule splits an attention's keys into
+MAX_SPLITS = 128  # the most chunks the schedule splits an attention's keys into
+BLOCKS_AN_SM = 2  # the blocks an attention's splits aim for, an SM each (two resident: 196 registers a thread)
 MAX_WIDE = 640  # the widest head the wide kernel holds, one head a block (attention.cu attention_split_wide)
 
 
@@ -198,8 +199,11 @@ class Attention(Launch):
         return [(r, p + r, 0) for r in range(self.rows)]
 
     def tune(self, knobs, held=frozenset()):
-        """`attn_splits`: the most heads of one key/value head a block holds, and when the blocks do not fill the
-        chip, the keys split until they fill it once, each split at least `attn_split_min` positions."""
+        """`attn_splits`: the most heads of one key/value head a block holds (its keys and values read once for
+        them), and when the blocks do not fill the chip twice over (BLOCKS_AN_SM blocks an SM: every SM busy, a
+        tile of keys and values in flight in each warp), the keys split until they do, each split at least
+        `attn_split_min` of the positions the cache holds (the splits are fixed by the plan; each query divides the
+        positions it attends among them)."""
         if "attn_splits" in held:
             return replace(self, per_block=1, splits=1)
         per_block = 1
@@ -211,10 +215,11 @@ class Attention(Launch):
         if per_block % kh and kh % per_block:
             per_block = 1
         blocks = (self.heads // math.lcm(per_block, kh)) * self.rows
+        target = BLOCKS_AN_SM * knobs.sms
         splits = 1
-        if blocks < knobs.sms:
+        if blocks < target:
             n = span(self.len, self.window)
-            splits = max(1, min(-(-knobs.sms // blocks), n // knobs.attn_split_min, MAX_SPLITS))
+            splits = max(1, min(-(-target // blocks), n // knobs.attn_split_min, MAX_SPLITS))
         return replace(self, per_block=per_block, splits=splits)
 
     def extents(self, top, tokens):
@@ -364,7 +369,8 @@ class Attention(Launch):
         qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
         qwords = i64(self.words if self.quant is not None else 0)
         kernel = "attention_split_wide" if self.wide else \
-            "attention_split_narrow" if self.heads_a_block > MAX_PER_BLOCK else "attention_split"
+            "attention_split_narrow" if self.heads_a_block > MAX_PER_BLOCK else \
+            "attention_split_128" if max(self.hd, self.vd) <= 128 else "attention_split"
         denv.function(self.stem, kernel)(grid, block, (
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.heads_a_block),

@@ -417,7 +417,8 @@ def test_the_split_schedule_counts_only_the_window():
     full = Attention("q", "kc", "vc", "pos", "o", 8, 4, 128, 128, 4096, 1, 0.1, softcap=50.0)
     slid = Attention("q", "kc", "vc", "pos", "o", 8, 4, 128, 128, 4096, 1, 0.1, window=512, softcap=50.0)
     k = Knobs()
-    assert full.tune(k).splits == 16 and slid.tune(k).splits == 2  # 4096 // 256 against 512 // 256 positions a split
+    # two blocks a split want 132 splits to fill the chip twice over: 4096 // 64 against 512 // 64 positions a split
+    assert full.tune(k).splits == 64 and slid.tune(k).splits == 8
     assert slid.bytes() < full.bytes() / 4 and slid.flops() * 8 == full.flops()
 
 

@@ -17,7 +17,7 @@ class Knobs:
     tflops_f32: float = 60.0  # f32 CUDA-core peak, for products where flops dominate
     l2_mib: int = 60
     wide_rows: int = 4096  # a product with at least this many outputs takes four rows a warp (rows_a_warp)
-    attn_split_min: int = 256  # attended positions a split of a split attention takes at least
+    attn_split_min: int = 64  # attended positions a split of a split attention takes at least
 
     def to_json(self) -> dict:
         return asdict(self)
