@@ -61,6 +61,57 @@ __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const v
     }
 }
 
+// Block-format rows (q8_0) for one or two rows of x: the quantized bytes read in place a few lanes a block (consecutive lanes consecutive bytes of the row: a warp step reads a run of whole blocks), the loop
+// unrolled so each lane keeps several blocks' loads in flight, each value decoded in registers to the bit qget gives
+// (the small integer to f32 by its bits: 2^23 + t is the float whose low mantissa bits are t, exact, one ALU op
+// where the int-to-float conversion runs at a quarter of the FP32 rate), x read as float4 (each lane's values run
+// consecutively, so a warp's x loads are whole 128-byte lines). k, the chunk's ends: whole blocks.
+__device__ __forceinline__ float magic23(unsigned t) { return __uint_as_float(0x4B000000u | t); }  // 2^23 + t, t < 2^23
+
+// q8_0 (34-byte blocks: d, 32 int8): four lanes a block, eight values a lane (four 2-byte loads of quants, the block's
+// d), a warp eight blocks (272 bytes) a step. int8 q as (q ^ 0x80) = q + 128 in magic23, less 2^23 + 128: exact.
+template <int PW, int NR>
+__device__ __forceinline__ void gemv_tile_q8_0(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                               i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    int lane = threadIdx.x & 31, s = lane & 3;
+    const u8* wr[PW];
+#pragma unroll
+    for (int p = 0; p < PW; p++) wr[p] = (const u8*)w + (j0 + p < n ? j0 + p : 0) * (k >> 5) * 34;
+#pragma unroll(8 / PW)
+    for (i64 b = (k0 >> 5) + (lane >> 2); b < (k1 >> 5); b += 8) {
+        unsigned raw[PW][5];  // every row's loads first (a row past n reads zeros: d = 0), then the decode
+#pragma unroll
+        for (int p = 0; p < PW; p++) {
+            const u16* blk = (const u16*)(wr[p] + b * 34);
+#pragma unroll
+            for (int u = 0; u < 5; u++) raw[p][u] = j0 + p < n ? (unsigned)__ldcs(blk + (u ? 4 * s + u : 0)) : 0u;
+        }
+        float wf[PW][8];
+#pragma unroll
+        for (int p = 0; p < PW; p++) {
+            float d = f16f(raw[p][0]);
+            unsigned lo = (raw[p][1] | (raw[p][2] << 16)) ^ 0x80808080u;
+            unsigned hi = (raw[p][3] | (raw[p][4] << 16)) ^ 0x80808080u;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                wf[p][e] = __fmul_rn(__fsub_rn(magic23((lo >> (8 * e)) & 255u), 8388736.f), d);
+                wf[p][4 + e] = __fmul_rn(__fsub_rn(magic23((hi >> (8 * e)) & 255u), 8388736.f), d);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {  // row 0 always there (nr >= 1); a row past nr reads zeros, no branch
+            const float* xr = x + (r0 + r) * k + b * 32 + 8 * s;
+            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 a = r == 0 || r < nr ? *(const float4*)xr : z, c = r == 0 || r < nr ? *(const float4*)(xr + 4) : z;
+            float xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int p = 0; p < PW; p++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[p][r] += wf[p][e] * xv[e];
+        }
+    }
+}
+
 // Any format four values a lane a step (a block format's four share one block's scales: qget4), or one at a time where
 // k or the pointers are not aligned for that.
 template <int PW, int NR>
@@ -119,9 +170,12 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
     if constexpr (AR <= 2) {
         // 16-byte loads: k, the chunk's ends and every row start whole 16-byte words of the matrix and of x
         bool wide = fmt <= 2 && ((k | k0 | k1) & (fmt == 0 ? 3 : 7)) == 0 && (xa & 15) == 0 && (wa & 15) == 0;
+        // q8_0 read in place: k and the chunk's ends whole blocks, x 16-byte aligned, the rows 2-byte aligned
+        bool blocks = fmt == 3 && ((k | k0 | k1) & 31) == 0 && (xa & 15) == 0 && (wa & 1) == 0;
         if (wide && fmt == 0) gemv_tile16<0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide && fmt == 1) gemv_tile16<1, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide) gemv_tile16<2, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (blocks && fmt == 3) gemv_tile_q8_0<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     } else {
         gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);

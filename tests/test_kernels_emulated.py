@@ -98,6 +98,64 @@ def test_gemv_blocks(fmt, k, m, per_warp, split):
     again_same(launch, dev, ["y"])
 
 
+# The block formats' one- and two-row path (gemv_tile_q8_0 / _q4_0 / _q4_k: a few lanes a block, x as float4): k of
+# fewer blocks than a warp's step, more (a tail), an odd count (q8_0 / q4_0 rows then start 2 bytes off a 4-byte
+# word), split-K in whole blocks; mxfp4 and q6_k the four-value path.
+BLOCK_ROWS_K = {"q8_0": [96, 352, 512], "q4_0": [96, 352, 512], "q4_k": [256, 1280, 512], "q6_k": [256, 512],
+                "mxfp4": [96, 512]}
+
+
+@pytest.mark.parametrize("fmt,k", [(f, k) for f, ks in BLOCK_ROWS_K.items() for k in ks])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 2), (4, 2)])
+def test_gemv_block_rows(fmt, k, m, per_warp, split):
+    n = 7 if k > 300 else 9
+    g = np.random.default_rng(k + n + m + len(fmt) + 10 * split)
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    if launch.check():
+        pytest.skip(str(launch.check()))
+    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=2e-4)
+    again_same(launch, dev, ["y"])
+
+
+@pytest.mark.parametrize("fmt,k", [("q8_0", 352), ("q4_0", 352), ("q4_k", 1280), ("q6_k", 512), ("mxfp4", 96)])
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
+    """x one-hot (two rows, two positions): each output is one decoded value times 1 plus zeros, so the kernel's
+    decoded values must equal the numpy twin's (kernels/blocks.py, gguf's) to the bit."""
+    from lanefuse.kernels.blocks import decode_rows
+
+    n = 5
+    g = np.random.default_rng(k + per_warp)
+    raw = encode(r32(g, n, k), fmt)
+    ref = decode_rows(raw, fmt, k).reshape(n, k)
+    for i0, i1 in [(0, k - 1), (13, 31 + k // 2), (k // 3, 7 + 4 * (k // 5))]:
+        x = np.zeros((2, k), np.float32)
+        x[0, i0] = x[1, i1] = 1.0
+        launch = Gemv("x", "w", fmt, Dst("y"), k, n, 2, per_warp=per_warp)
+        dev = gpu.both(launch, {"x": x, "y": np.zeros(2 * n, np.float32)}, {"w": (raw, fmt)}, tol=0)
+        np.testing.assert_array_equal(dev.host("y"), np.stack([ref[:, i0], ref[:, i1]]).reshape(-1))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_gemv_glu_and_parts_block_rows(fmt, m, per_warp):
+    g = np.random.default_rng(16 + m)
+    k, n = (512 if fmt.endswith("_k") else 160), 11
+    w = {"wg": (encode(r32(g, n, k), fmt), fmt), "wu": (encode(r32(g, n, k), fmt), fmt), "bg": (r32(g, n), "f32")}
+    glu = GemvGlu("x", "wg", "wu", fmt, "o", k, n, m, bg="bg", per_warp=per_warp)
+    dev = gpu.both(glu, {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32)}, w, tol=3e-4)
+    again_same(glu, dev, ["o"])
+    W = 2 * n + 5
+    parts = (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+             GemmPart("wu", Dst("qkv", unit=Part(W, n + 5, n)), n))
+    gp = GemmParts("x", fmt, k, m, parts, per_warp=per_warp)
+    dev = gpu.both(gp, {"x": r32(g, m, k), "qkv": np.zeros(m * W, np.float32)}, w, tol=3e-4)
+    again_same(gp, dev, ["qkv"])
+
+
 def test_gemv_f32_into_a_cache_row():
     gpu.test_gemv_f32_and_into_a_cache_row()
 
