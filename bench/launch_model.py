@@ -13,9 +13,14 @@ bench/launch_model_calibration.json):
     a launch            t = t0 + sum of waves t_wave + t_tail(kind)    (t_tail: a fold's last-block epilogue)
 
 In the latency regime a wave takes rounds x L (rounds: the dependent load rounds a warp makes, bytes_warp /
-inflight_warp); at the cap it takes bytes_SM x S / B_peak. Attention: a warp walks ceil(ceil(keys / splits) / 4)
-keys, each a dependent chain a head (K row, warp sum, exp, V row): t = t0 + keys_warp x heads_block x L_attn. Small
-kernels (norms, gathers, arg-max, combine): t0 + t_fixed(kind) + bytes / B_peak.
+inflight_warp); at the cap it takes bytes_SM x S / B_peak. The structure is read off each commit's sources (features()):
+  fold_gemv_norm's tail: norm_row's dependent rounds (passes x ceil(cols / (128 threads x NORM_BATCH)), a block_sum a
+    round) x L_l2 (the L2 round: 4a43cc2's measured 42.2 µs tail over its 65 rounds);
+  attention_split*: ceil(ceil(keys / splits) / 4) keys a warp, in rounds of one key (4a43cc2) or a tile of KT keys
+    (5715e40: KT x (hd + vd) x 4 bytes in flight a warp), a round L + heads x attn_head_us, in the waves above;
+  attention_combine: combine_c0 + its dependent L2 rounds x L_l2 + bytes / B_peak (4a43cc2's: 3 serial loops);
+  q8_0 rows at 1-2 rows of x (b780f05's gemv_tile_q8_0): 272 bytes a warp step a row, 8 steps a warp in flight.
+Small kernels (norms, gathers, arg-max): t0 + t_fixed(kind) + bytes / B_peak.
 
 Every figure this prints is a PREDICTION from a model calibrated on the 2026-12-04 Nsight Compute figures of the
 kernels at 4a43cc2, not a measurement.
@@ -177,13 +182,16 @@ class Kernel:
         return int(b[0] * b[1] * b[2])
 
 
-def plan_kernels(s) -> list[Kernel]:
-    """Every kernel launch of plan `s`: each launch's kernels() run through its cuda() on the recording env."""
+def plan_kernels(s, retune=None) -> list[Kernel]:
+    """Every kernel launch of plan `s`: each launch's kernels() run through its cuda() on the recording env (each
+    kernel-level launch first through `retune`, if given: an older commit's tuning of it)."""
     formats = {n: (c.format if c.kind == "rows" else "f32") for n, c in s.constants.items()}
     Env = recording_env()
     out = []
     for i, x in enumerate(s.launches):
         for l in x.launch.kernels():
+            if retune is not None:
+                l = retune(l)
             env = Env(formats)
             l.cuda(env)
             for c in env.calls:
@@ -227,11 +235,55 @@ def resources(stems: tuple, rev: str | None = None) -> dict[str, dict]:
     return res
 
 
-def gemv_core_source(rev: str | None) -> str:
+def kernel_file(name: str, rev: str | None) -> str:
+    """kernels/`name` as the work tree (rev None) or commit `rev` holds it."""
     if rev is None:
-        return (ROOT / "kernels" / "gemv_core.cu").read_text()
-    return subprocess.run(["git", "show", f"{rev}:kernels/gemv_core.cu"], cwd=ROOT, capture_output=True, text=True,
+        return (ROOT / "kernels" / name).read_text()
+    return subprocess.run(["git", "show", f"{rev}:kernels/{name}"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout
+
+
+def gemv_core_source(rev: str | None) -> str:
+    return kernel_file("gemv_core.cu", rev)
+
+
+def features(rev: str | None) -> dict:
+    """What the model needs of the kernels' structure at `rev` (read from the sources, not assumed by date):
+    norm_batch: norm_row's elements a thread a batch (a0b938a: NORM_BATCH 8; before, 1: a dependent L2 round an
+    element); attn_tiles: {kernel: keys a warp a tile} (5715e40's ATTENTION_KERNEL(name, D, PB, KT); before, none: a
+    key and head at a time); combine_cw: attention_combine's splits a chunk (5715e40: CW 128, the block's reductions;
+    0: three serial loops a thread); new_splits: attention.py's split choice (BLOCKS_AN_SM: 2 x sms blocks,
+    attn_split_min 64, at most 128; before: sms blocks, 256, 32); block_tiles: the block formats with a tile of their
+    own in gemv_core.cu (gemv_tile_q8_0, b780f05)."""
+    norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
+    apy = kernel_file("attention.py", rev)
+    m = re.search(r"#define NORM_BATCH (\d+)", norm)
+    cw = re.search(r"#define CW (\d+)", att)
+    return dict(
+        norm_batch=int(m.group(1)) if m else 1,
+        attn_tiles={n: int(kt) for n, d, pb, kt in re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)\)", att,
+                                                               re.M)},
+        combine_cw=int(cw.group(1)) if cw else 0,
+        new_splits="BLOCKS_AN_SM" in apy,
+        wide="gemv_tile16" in core,
+        block_tiles=sorted(f for f in VALUE_BYTES if re.search(rf"void gemv_tile_{f}\(", core)))
+
+
+def old_splits(l, sms: int = 132):
+    """An Attention launch with 4a43cc2's split choice (attention.py before 5715e40: splits until the blocks fill the
+    chip once, each split at least 256 positions of the cache, at most 32): the plans are built by the work tree's
+    Python, whose choice changed with the kernel."""
+    from dataclasses import replace
+    from lanefuse.kernels.attention import Attention, span
+
+    if not isinstance(l, Attention):
+        return l
+    (gx, gy, _), _ = l.grid_block()
+    blocks = gx * gy
+    splits = 1
+    if blocks < sms:
+        splits = max(1, min(-(-sms // blocks), span(l.len, l.window) // 256, 32))
+    return replace(l, splits=splits) if l.splits > 1 or splits > 1 else l
 
 
 # -- per-family structure: bytes a warp keeps in flight, dependent rounds a warp makes ----------------------------------
@@ -252,10 +304,13 @@ def gemv_shape(k: Kernel):
     return g.format, int(g.k), int(n), int(g.m), int(getattr(g, "per_warp", 1) or 1), tiles
 
 
-BLOCK_TILES = {"q8_0": (256, 272), "q4_0": (256, 144), "q4_k": (1024, 576)}  # values and bytes a warp step a row
+# gemv_tile_<fmt> (gemv_core.cu): values and bytes a warp step a row, the steps a loop iteration unrolls (8 / per_warp:
+# every row's loads of the iteration issued first), and the share of them the SASS issues before the first use
+# (cuobjdump -sass of b780f05's gemv_1 / gemv_4: 30 and 39 of the 40 LDG.E.EF.U16 of an unrolled iteration)
+BLOCK_TILES = {"q8_0": dict(vals=256, bytes=272, unroll=8, sass_share={1: 0.75, 2: 1.0, 4: 1.0})}
 
 
-def gemv_structure(k: Kernel, wide: bool, wide_blocks: bool = False):
+def gemv_structure(k: Kernel, wide: bool, block_tiles=()):
     """Bytes in flight a warp and its dependent load rounds, for gemv_core.cu's loops at one kernel of the family.
     wide (the work tree since d081dec): f32/f16/bf16 rows at 1-2 rows of x take gemv_tile16 (16 bytes a lane a load,
     unrolled 4: 4 loads a row a lane in flight); otherwise (block formats, > 2 rows, and everything at 4a43cc2)
@@ -269,14 +324,16 @@ def gemv_structure(k: Kernel, wide: bool, wide_blocks: bool = False):
         inflight_row = 32 * 16 * min(UNROLL16, steps)
         rounds = math.ceil(steps / UNROLL16)
         loop = "tile16 x4"
-    elif wide_blocks and fmt in BLOCK_TILES and m <= 2:
-        # the work tree's block-format tiles (gemv_tile_q8_0 / q4_0 / q4_k, uncommitted or newer than d081dec): a
-        # warp step reads a run of whole blocks of a row, unrolled 4
-        vals, step_bytes = BLOCK_TILES[fmt]
-        steps = math.ceil(kk / vals)
-        inflight_row = step_bytes * min(UNROLL16, steps)
-        rounds = math.ceil(steps / UNROLL16)
-        loop = "blocks x4"
+    elif fmt in block_tiles and fmt in BLOCK_TILES and m <= 2:
+        # a block format's own tile (gemv_tile_q8_0 since b780f05): a warp step reads a run of whole blocks of a row
+        # (q8_0: four lanes a 34-byte block, 8 blocks = 272 bytes), unrolled 8 / per_warp ways, every row's loads of
+        # an iteration before the decode: per_warp x (8 / per_warp) steps in flight a warp (the SASS' share of them)
+        bt = BLOCK_TILES[fmt]
+        steps = math.ceil(kk / bt["vals"])
+        u = max(1, bt["unroll"] // pw)
+        inflight_row = bt["bytes"] * min(u, steps) * bt["sass_share"].get(pw, 1.0)
+        rounds = math.ceil(steps / u)
+        loop = f"{fmt} x{u}"
     else:
         steps = math.ceil(kk / 128)  # four values a lane a step
         inflight_row = 128 * vb
@@ -301,32 +358,77 @@ def q8_structure(k: Kernel):
     k.bytes = float(k.launch.checkpoint_bytes() or k.launch.bytes())
 
 
-def attention_structure(k: Kernel, pos: int):
+def attention_keys(a, pos: int) -> int:
+    """Keys row 0 attends at position `pos` (its window's, capped by the cache's rows)."""
+    keys = min(pos + 1, a.len) if a.len else pos + 1
+    return min(keys, a.window) if a.window else keys
+
+
+def attention_structure(k: Kernel, pos: int, feats: dict):
+    """attention_split*: a split's keys over AW = 4 warps. 4a43cc2: a warp a key at a time, a head at a time (K row,
+    warp sum, exp, V row): one dependent memory round a key (the block's other heads of that key/value head hit L1),
+    then each head's chain. Since 5715e40: a tile of KT keys' K and V rows loaded before any is used (KT x (hd + vd)
+    x 4 bytes in flight a warp, halved off the 16-byte path), one online-softmax step a tile and head: one round a
+    tile. A round: L_us (the GEMV's dependent HBM round) + the block's heads of that key/value head x attn_head_us
+    (a head's warp sum, exps and correction; fitted so 4a43cc2's kernel gives its measured 32.9 µs at 512). A block
+    spanning several key/value heads walks its keys once for each.
+    attention_combine: see combine_rounds."""
     a = k.launch
+    hb = a.heads_a_block if hasattr(a, "heads_a_block") else a.per_block
+    keys = attention_keys(a, pos)
     if k.call.name.startswith("attention_combine"):
         k.family = "attention_combine"
         k.bytes = float(a.heads * a.rows * a.splits * (a.vd + 2) * 4)
+        cpb = max(1, k.blocks and a.heads * a.rows // k.blocks)
+        k.rounds = combine_rounds(a.splits, a.vd, k.threads, cpb, feats["combine_cw"])
+        k.extra.update(splits=a.splits, loop="block x8" if feats["combine_cw"] else "3 serial")
         return
-    keys = pos + 1 if not a.window else min(pos + 1, a.window)
     chunk = math.ceil(keys / a.splits)
     steps = math.ceil(chunk / 4)  # AW = 4 warps stride the split's keys
-    hb = a.heads_a_block if hasattr(a, "heads_a_block") else a.per_block
+    walks = max(1, math.ceil(hb / a.group)) if a.group < hb else 1
+    kt = feats["attn_tiles"].get(k.call.name, feats["attn_tiles"].get("attention_split")) if feats["attn_tiles"] \
+        else None
+    vec = all(v % 4 == 0 for v in (a.kstride, a.koff, a.vstride, a.voff, a.vd, a.tail, a.hd - a.tail))
     k.family = "attention"
-    k.rounds = steps * hb
-    k.inflight_warp = (a.hd + a.vd) * 4  # a K row and a V row a step
+    if kt is None:  # 4a43cc2: a key at a time
+        k.rounds = steps * walks
+        k.inflight_warp = (a.hd + a.vd) * 4  # a K row and a V row a step
+        loop = "key x1"
+    else:
+        kt = kt if vec else max(1, kt // 2)
+        k.rounds = math.ceil(steps / kt) * walks
+        k.inflight_warp = min(kt, steps) * (a.hd + a.vd) * 4
+        loop = f"tile {kt}"
     kv_heads = a.heads // a.group
     k.bytes = float(a.rows * keys * kv_heads * (a.hd + a.vd) * 4)
-    k.extra.update(keys=keys, splits=a.splits, keys_a_warp=steps, heads_a_block=hb)
+    k.extra.update(keys=keys, splits=a.splits, keys_a_warp=steps, heads_a_block=hb, loop=loop, heads_round=hb / walks)
 
 
-def structure(k: Kernel, wide: bool, pos: int, wide_blocks: bool = False):
+def combine_rounds(splits: int, vd: int, threads: int, cpb: int, cw: int) -> float:
+    """attention_combine's dependent L2 rounds (the partials just written: L2), a block's heads one after another.
+    4a43cc2 (cw 0): three loops a thread over the splits (their maxima, their sums, each value's weighted sum), the
+    loads of each loop issued 4 at a time (nvcc's unroll of a loop of unknown count; assumed, not read off the SASS):
+    3 x ceil(splits / 4) rounds a value a thread. Since 5715e40: the maxima and sums a thread a split (ceil(splits /
+    threads) rounds each, then a block reduction: a round each), each chunk of cw splits' weights (a round, a
+    barrier), each value's loads 8 at a time (floor(nz / 8) rounds, one more for a remainder)."""
+    nv = math.ceil(vd / threads)
+    if not cw:
+        return float(cpb * (2 * math.ceil(splits / 4) + nv * math.ceil(splits / 4)))
+    r = 2 * (math.ceil(splits / threads) + 1)
+    for z0 in range(0, splits, cw):
+        nz = min(cw, splits - z0)
+        r += nv * (math.ceil(nz / threads) + 1 + nz // 8 + (1 if nz % 8 else 0))
+    return float(cpb * r)
+
+
+def structure(k: Kernel, feats: dict, pos: int):
     name = k.call.name
     if GEMV_F32X.match(name):
-        gemv_structure(k, wide, wide_blocks)
+        gemv_structure(k, feats["wide"], feats["block_tiles"])
     elif name.startswith(("gemv_q8", "fold_gemv_norm_q8", "fold_parts_rope_q8", "gemm_parts_q8", "gemv_glu_q8")):
         q8_structure(k)
     elif name.startswith("attention"):
-        attention_structure(k, pos)
+        attention_structure(k, pos, feats)
     else:
         k.family = "small"
         try:
@@ -337,12 +439,26 @@ def structure(k: Kernel, wide: bool, pos: int, wide_blocks: bool = False):
 
 # -- the time model --------------------------------------------------------------------------------------------------
 
+def norm_tail_rounds(nm, threads: int, batch: int) -> int:
+    """norm_row's dependent L2 rounds (one block of `threads` over each row, rows one after another): the added
+    operand's own norm (pre: a pass and a block_sum), then a head at a time its sum-of-squares pass, a block_sum, its
+    write pass; a pass ceil(hd / (threads x batch)) rounds (a0b938a: batch 8, every load of a batch issued first;
+    before: 1, an element's loads (x, add) one round). Each block_sum counted as a round."""
+    heads = max(1, int(getattr(nm, "heads", 1) or 1))
+    hd = nm.cols // heads
+    per = lambda n: math.ceil(n / (threads * batch))
+    r = (per(nm.cols) + 1) if (nm.add and nm.pre) else 0
+    r += heads * (2 * per(hd) + 1)
+    return nm.rows * r
+
+
 def tail_us(k: Kernel, cal: dict) -> float:
-    """The serial epilogue of a fold: fold_gemv_norm's last block normalizes every row alone (a 128-thread block over
-    `cols`), fold_parts_rope's last block of each head rotates it (in parallel over heads)."""
+    """The serial epilogue of a fold: fold_gemv_norm's last block normalizes every row alone (norm_tail_rounds x
+    L_l2_us, the L2 round fitted on 4a43cc2's measured 42.2 µs tail), fold_parts_rope's last block of each head
+    rotates it (in parallel over heads)."""
     if k.call.name.startswith("fold_gemv_norm"):
-        nm = k.launch.then
-        return cal["tail_norm_us"] * nm.rows * nm.cols / 4096
+        k.extra["tail_rounds"] = norm_tail_rounds(k.launch.then, k.threads, k.extra.get("norm_batch", 1))
+        return cal["L_l2_us"] * k.extra["tail_rounds"]
     if k.call.name.startswith("fold_parts_rope"):
         return cal["tail_rope_us"] * max(1, math.ceil(k.extra.get("m", 1) / 4))
     return 0.0
@@ -358,8 +474,9 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
     k.waves = nb / per_wave
     k.warps_sm = min(nb, per_wave) / S * warps_block
     if k.family in ("gemv", "gemv_q8", "attention"):
-        L = cal["L_attn_us"] if k.family == "attention" else cal["L_us"] * cal["format_factor"].get(
-            k.extra.get("fmt") if k.extra.get("loop") == "4-value x1" else "dense16", 1.0)
+        L = (cal["L_us"] + k.extra["heads_round"] * cal["attn_head_us"]) if k.family == "attention" else \
+            cal["L_us"] * cal["format_factor"].get(
+                k.extra.get("fmt") if k.extra.get("loop") == "4-value x1" else "dense16", 1.0)
         bytes_block = k.bytes / nb
         total, left = 0.0, nb
         while left > 0:
@@ -374,8 +491,8 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
         k.fixed = t0
         us = t0 + total + k.tail
     elif k.family == "attention_combine":
-        k.fixed = cal["fixed_us"]["attention_combine"]
-        us = k.fixed + k.bytes / (B * S)
+        k.fixed = cal["combine_c0_us"]
+        us = k.fixed + k.rounds * cal["L_l2_us"] + k.bytes / (B * S)
     else:
         kind = k.call.name
         k.fixed = cal["fixed_us"].get(kind, cal["fixed_us"]["small"])
@@ -390,9 +507,8 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
     from lanefuse.kernels.compile import source  # noqa: F401  (the package must import)
     import kernel_resources as kr
 
-    ks = plan_kernels(s)
-    core = gemv_core_source(rev)
-    wide, wide_blocks = "gemv_tile16" in core, "gemv_tile_q8_0" in core
+    feats = features(rev)
+    ks = plan_kernels(s, None if feats["new_splits"] else old_splits)
     res_by_stems: dict[tuple, dict] = {}
     for k in ks:
         if k.call.stems not in res_by_stems:
@@ -408,7 +524,8 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
             r = dict(registers=32, smem=0, spill_stores=0)
         k.regs, k.smem, k.spill = int(r["registers"]), int(r.get("smem", 0)), int(r.get("spill_stores", 0))
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
-        structure(k, wide, pos, wide_blocks)
+        k.extra["norm_batch"] = feats["norm_batch"]
+        structure(k, feats, pos)
         time_us(k, cal)
     return ks
 
@@ -472,6 +589,14 @@ def fit(cal: dict, rev: str = OLD_REV) -> dict:
                                                                                          "fold_parts_rope_4")}
     cal["tail_norm_us"] = round(float(np.mean(tails["fold_gemv_norm_4"])), 2)
     cal["tail_rope_us"] = round(float(np.mean(tails["fold_parts_rope_4"])), 2)
+    for key, v in (("L_l2_us", 0.64), ("attn_head_us", 0.12), ("combine_c0_us", 1.7)):
+        cal.setdefault(key, v)
+    # the fold norm tail's L2 round: the measured tail over the rounds rev's norm_row makes (4096 columns, 128 threads)
+    fold = next(k for m, k in _measured_kernels(s, cal, rev) if k.call.name.startswith("fold_gemv_norm"))
+    cal["L_l2_us"] = round(cal["tail_norm_us"] / fold.extra["tail_rounds"], 4)
+    cal["L_l2_note"] = (f"tail_norm_us over norm_row's {fold.extra['tail_rounds']} dependent rounds at {rev} (rows "
+                        f"{fold.launch.then.rows}, cols {fold.launch.then.cols}, {fold.threads} threads, a block_sum "
+                        f"a round)")
     pairs = _measured_kernels(s, cal, rev)
     # GEMV family: us - tail = t0 + rounds_eff x L (latency regime at 4a43cc2: every one of them far under the cap)
     A, y = [], []
@@ -484,9 +609,13 @@ def fit(cal: dict, rev: str = OLD_REV) -> dict:
     cal["t0_us"], cal["L_us"] = round(float(t0), 3), round(float(L), 4)
     for m, k in pairs:
         if k.family == "attention":
-            cal["L_attn_us"] = round((m["us"] - t0) / k.rounds, 4)
+            hr = k.extra["heads_round"]
+            cal["L_attn_us"] = round((m["us"] - t0) / (k.rounds * hr), 4)  # a key and head (4a43cc2's loop), kept
+            cal["attn_head_us"] = round(((m["us"] - t0) / k.rounds - L) / hr, 4)
         elif k.family == "attention_combine":
             cal["fixed_us"]["attention_combine"] = m["us"]
+            # as before (fixed_us = the measured µs, plus the partials' bytes at B_peak): 4a43cc2's figure unchanged
+            cal["combine_c0_us"] = round(m["us"] - k.rounds * cal["L_l2_us"], 3)
         elif k.family == "small":
             cal["fixed_us"][k.call.name] = round(m["us"] - t0, 2)
     # block formats: the token ratio to bf16
@@ -539,6 +668,33 @@ def summarize(ks: list[Kernel]) -> list[dict]:
     return rows
 
 
+def breakdown(ks: list[Kernel]) -> dict:
+    """Where a token's predicted µs go: every launch's fixed cost (t0, a small kernel's or the combine's fixed part),
+    the products' waves (GEMV family, less t0 and tails), the folds' serial tails, attention (the split kernels'
+    waves and the combine's rounds and bytes, less fixed costs), the small kernels' bytes."""
+    b = collections.OrderedDict((x, 0.0) for x in ("launch fixed", "products", "tails", "attention", "small"))
+    for k in ks:
+        small = k.family not in ("gemv", "gemv_q8", "attention", "attention_combine")
+        b["launch fixed"] += (k.us - k.bytes / 4.25e6) if small else k.fixed
+        if k.family in ("gemv", "gemv_q8"):
+            b["products"] += k.us - k.fixed - k.tail
+            b["tails"] += k.tail
+        elif k.family in ("attention", "attention_combine"):
+            b["attention"] += k.us - k.fixed
+        else:
+            b["small"] += k.bytes / 4.25e6
+    return b
+
+
+def print_breakdown(ks: list[Kernel], title: str) -> dict:
+    b = breakdown(ks)
+    tot = sum(b.values())
+    print(title)
+    for name, v in b.items():
+        print(f"  {name:14} {v:9.0f} µs  {100 * v / tot:5.1f}%")
+    return {k: round(v, 1) for k, v in b.items()}
+
+
 def print_table(rows: list[dict], title: str) -> None:
     print(title)
     head = (f"  {'kernel kind':36} {'n':>3} {'grid':>13} {'regs':>4} {'sp':>3} {'b/SM':>4} {'waves':>6} "
@@ -551,18 +707,30 @@ def print_table(rows: list[dict], title: str) -> None:
               f"{r['tbps']:5.2f} {r['us']:7.1f} {r['tail_us']:5.1f} {r['total_us']:8.1f}")
 
 
+def rev_label(rev: str | None) -> str:
+    """A commit's short hash (HEAD resolved), or 'work tree'."""
+    if rev is None:
+        return "work tree"
+    r = subprocess.run(["git", "rev-parse", "--short=7", rev], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip() or rev
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--plan", help="a saved plan (lane/lower/planfile.py) instead of the Qwen3-8B steps")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--pos", type=int, default=512, help="the position attention reads up to (default 512)")
+    ap.add_argument("--pos", type=int, action="append",
+                    help="the position attention reads up to (default 512); given again (--pos 512 --pos 4096), each "
+                         "further position a row of --pos-formats' plans")
+    ap.add_argument("--pos-formats", default="bf16", help="the plans modelled at the further positions (default bf16)")
     ap.add_argument("--rev", default=None, help="model the kernels of this commit (default: the work tree)")
     ap.add_argument("--compare", default=OLD_REV, help="also model the kernels of this commit ('' for none)")
     ap.add_argument("--all", action="store_true", help="every kernel launch, not only each kind")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--fit", action="store_true", help="refit the calibration and rewrite its file")
     a = ap.parse_args()
+    positions = a.pos or [512]
     sys.path.insert(0, str(HERE))
     cal = load_calibration()
     if a.fit:
@@ -571,50 +739,65 @@ def main() -> None:
         print(f"calibration written to {CALIBRATION.relative_to(ROOT)}")
     print("PREDICTIONS from a model calibrated on the 2026-12-04 H200 ncu figures (kernels at 4a43cc2), not "
           "measurements.")
-    print(f"model: L = {cal['L_us']} µs a dependent load round, t0 = {cal['t0_us']} µs a launch, fold tails: norm "
-          f"{cal['tail_norm_us']} µs, rope {cal['tail_rope_us']} µs; L_attn = {cal['L_attn_us']} µs; B_peak = "
-          f"{cal['B_peak_TBps']} TB/s; block-format factor on L {cal['format_factor']}")
+    print(f"model: L = {cal['L_us']} µs a dependent load round, t0 = {cal['t0_us']} µs a launch; fold tails: norm "
+          f"norm_row's rounds x L_l2 = {cal['L_l2_us']} µs ({cal['tail_norm_us']} µs at 4a43cc2), rope "
+          f"{cal['tail_rope_us']} µs; attention a round L + heads x {cal['attn_head_us']} µs; combine "
+          f"{cal['combine_c0_us']} µs + rounds x L_l2; B_peak = {cal['B_peak_TBps']} TB/s; block-format factor on L "
+          f"(4-value loop) {cal['format_factor']}")
     print("\ncalibration residuals (kernels at 4a43cc2, bf16 plan; measured 2026-12-04):")
     for label, meas, pred in residuals(cal):
         print(f"  {label:44} measured {meas:7.1f} µs  model {pred:7.1f} µs  {100 * (pred / meas - 1):+6.1f}%")
     revs = [a.rev] + ([a.compare] if a.compare and a.compare != a.rev else [])
-    plans = ([(Path(a.plan).stem, None)] if a.plan else [(f, None) for f in a.formats.split(",")])
+    runs = ([(Path(a.plan).stem, positions[0])] if a.plan else
+            [(f, positions[0]) for f in a.formats.split(",")] +
+            [(f, p) for p in positions[1:] for f in a.pos_formats.split(",")])
     doc = dict(note="PREDICTIONS (bench/launch_model.py), calibrated on 2026-12-04 ncu figures; not measurements",
-               calibration=cal, position=a.pos, batch=a.batch, plans={})
+               calibration=cal, positions=positions, batch=a.batch, plans={})
     summary = []
-    for name, _ in plans:
+    plans: dict[str, object] = {}
+    for name, pos in runs:
         if a.plan:
             from lanefuse.lane.lower.planfile import load
             s = load(a.plan)
         else:
-            s = qwen3_plan(name, a.batch)
-        tb = token_bytes(s, a.pos)
+            s = plans.get(name) or qwen3_plan(name, a.batch)
+            plans[name] = s
+        tb = token_bytes(s, pos)
         floor = tb / 4.25e6
-        doc["plans"][name] = dict(token_bytes=tb, floor_us=floor, launches=s.n_launches, revs={})
+        key = name if pos == positions[0] else f"{name}@{pos}"
+        doc["plans"][key] = dict(position=pos, token_bytes=tb, floor_us=floor, launches=s.n_launches, revs={})
         for rev in revs:
-            ks = model(s, rev, cal, a.pos)
+            ks = model(s, rev, cal, pos)
             tot = sum(k.us for k in ks)
-            label = rev or "work tree"
+            label = rev_label(rev)
             rows = summarize(ks)
-            print_table(rows, f"\n{name} (batch {a.batch}, position {a.pos}), kernels of {label}: {len(ks)} kernel "
+            print_table(rows, f"\n{name} (batch {a.batch}, position {pos}), kernels of {label}: {len(ks)} kernel "
                               f"launches, {tot:.0f} µs a token predicted, floor {floor:.0f} µs ({tb / 1e9:.2f} GB at "
                               f"4.25 TB/s): x{tot / floor:.2f}")
+            bd = print_breakdown(ks, f"  where the predicted {tot:.0f} µs go ({name}, position {pos}, {label}):")
             if a.all:
                 for k in ks:
                     print(f"    #{k.index:3d} {k.call.name:24} grid {k.call.grid} regs {k.regs} b/SM {k.bpsm} "
                           f"waves {k.waves:.2f} MB {k.bytes / 1e6:.2f} {k.us:.1f} µs")
-            doc["plans"][name]["revs"][label] = dict(
-                us=tot, x_floor=tot / floor, kinds=rows)
+            doc["plans"][key]["revs"][label] = dict(us=tot, x_floor=tot / floor, breakdown=bd, kinds=rows)
             if a.all:
-                doc["plans"][name]["revs"][label]["launches"] = [dict(index=k.index, kernel=k.call.name, grid=list(k.call.grid), block=list(k.call.block),
+                doc["plans"][key]["revs"][label]["launches"] = [dict(index=k.index, kernel=k.call.name, grid=list(k.call.grid), block=list(k.call.block),
                                regs=k.regs, blocks_sm=k.bpsm, waves=k.waves, bytes=k.bytes, us=k.us) for k in ks]
-            summary.append((name, label, tot, tot / floor, floor))
+            summary.append((name, pos, label, tot, tot / floor, floor, bd))
     print("\nµs a token (PREDICTED), x the floor (token bytes / 4.25 TB/s), beside the measured 2026-12-04 figure:")
-    print(f"  {'plan':12} {'kernels':10} {'µs/token':>10} {'x floor':>8} {'floor µs':>9} {'measured':>9}")
-    for name, label, tot, xf, floor in summary:
-        meas = MEASURED_TOKEN_US.get(name) if label == OLD_REV and a.batch == 1 and not a.plan else None
-        print(f"  {name:12} {label:10} {tot:10.0f} {xf:8.2f} {floor:9.0f} {meas if meas else '':>9}")
-    doc["summary"] = [dict(plan=n, kernels=l, us=t, x_floor=x, floor_us=f) for n, l, t, x, f in summary]
+    print(f"  {'plan':8} {'pos':>5} {'kernels':10} {'µs/token':>10} {'x floor':>8} {'floor µs':>9} {'measured':>9}")
+    for name, pos, label, tot, xf, floor, bd in summary:
+        meas = MEASURED_TOKEN_US.get(name) if (label == OLD_REV and a.batch == 1 and not a.plan and pos == 512) \
+            else None
+        print(f"  {name:8} {pos:5d} {label:10} {tot:10.0f} {xf:8.2f} {floor:9.0f} {meas if meas else '':>9}")
+    print("\nwhere a token's predicted µs go (launch fixed: t0 / fixed parts of every launch; products: the GEMV "
+          "family's waves; tails: the folds' last-block epilogues; attention: split + combine beyond t0; small: the "
+          "small kernels' bytes):")
+    print(f"  {'plan':8} {'pos':>5} {'kernels':10} " + " ".join(f"{x:>13}" for x in summary[0][6]))
+    for name, pos, label, tot, xf, floor, bd in summary:
+        print(f"  {name:8} {pos:5d} {label:10} " + " ".join(f"{v:8.0f} {100 * v / tot:3.0f}%" for v in bd.values()))
+    doc["summary"] = [dict(plan=n, position=p, kernels=l, us=t, x_floor=x, floor_us=f, breakdown=b)
+                      for n, p, l, t, x, f, b in summary]
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
 
