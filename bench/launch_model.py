@@ -49,10 +49,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lanefuse.engine import flags
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CALIBRATION = HERE / "launch_model_calibration.json"
-CACHE = Path(os.environ.get("LANEFUSE_MODEL_CACHE", Path.home() / ".cache" / "lanefuse-launch-model"))
+CACHE = Path(flags.read("LANEFUSE_MODEL_CACHE") or Path.home() / ".cache" / "lanefuse-launch-model")
 OLD_REV = "4a43cc2"
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_k", "q6_k")
 MEASURED_TOKEN_US = {"bf16": 27667.0, "q8_0": 31669.0, "q4_0": 30597.3, "q4_k": 31625.9}  # gpu_decode.log, graph on

@@ -25,6 +25,12 @@ FLAGS = {f.name: f for f in (
                                             f"`{os.pathsep}`)"),
     Flag("LANEFUSE_PLANS", "", "path", "tests and bench/gpu_decode.py: the folder of saved plans the GPU suite runs"),
     Flag("LANEFUSE_SCREENSHOTS", "", "path", "tests: where the browser tests leave their screenshots"),
+    Flag("LANEFUSE_MODEL_CACHE", "", "path", "bench/launch_model.py: where it keeps each kernel source's ptxas "
+                                             "resources (default ~/.cache/lanefuse-launch-model)"),
+    Flag("LANEFUSE_EMU_FULL", "0", "int", "tests: 1 replays the GPU tests' GEMV-family and attention cases at their "
+                                          "own sizes on the host CUDA emulator (~10 min)"),
+    Flag("LANEFUSE_EMU_CACHE", "", "path", "tests: where the host CUDA emulator keeps its compiled kernel modules "
+                                           "(default a folder under the temp dir)"),
     Flag("LANEFUSE_LLAMACPP_SRC", "", "path", "tests: a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, "
                                               "gguf-py/) whose converter writes the GGUF files tests/test_gguf_converter.py reads"),
 )}

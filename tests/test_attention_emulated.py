@@ -17,6 +17,8 @@ import os
 import numpy as np
 import pytest
 
+from lanefuse.engine import flags
+
 import test_kernels_gpu as gpu
 from cuda_host import emu
 from lanefuse.kernels import MAX_HEAD, Attention, HostEnv
@@ -214,7 +216,7 @@ def test_attention_quantizing_its_output(words, heads, group, d, rows, splits, f
 
 # -- the GPU tests' own attention cases, at their sizes --------------------------------------------------------------
 
-FULL = bool(os.environ.get("LANEFUSE_EMU_FULL"))
+FULL = bool(flags.read("LANEFUSE_EMU_FULL"))
 
 
 def _gpu_cases():

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from lanefuse.engine import flags
+
 import test_kernels_gpu as gpu
 import test_quant_gpu as qgpu
 from cuda_host import emu
@@ -292,7 +294,7 @@ def _replayed():
     return out
 
 
-FULL = bool(os.environ.get("LANEFUSE_EMU_FULL"))
+FULL = bool(flags.read("LANEFUSE_EMU_FULL"))
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+from lanefuse.engine import flags
 
 HERE = Path(__file__).parent
 EMU_H = HERE / "emu.h"
@@ -59,7 +60,7 @@ def kernel_names(src: str, cxx: str) -> list[str]:
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("LANEFUSE_EMU_CACHE", Path(tempfile.gettempdir()) / f"lanefuse-emu-{os.getuid()}"))
+    d = Path(flags.read("LANEFUSE_EMU_CACHE") or Path(tempfile.gettempdir()) / f"lanefuse-emu-{os.getuid()}")
     d.mkdir(parents=True, exist_ok=True)
     return d
 
