@@ -61,7 +61,8 @@ __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const v
     }
 }
 
-// Block-format rows (q8_0) for one or two rows of x: the quantized bytes read in place a few lanes a block (consecutive lanes consecutive bytes of the row: a warp step reads a run of whole blocks), the loop
+// Block-format rows (q8_0, q4_0, q4_k) for one or two rows of x: the quantized bytes read in place a few lanes a
+// block (consecutive lanes consecutive bytes of the row: a warp step reads a run of whole blocks), the loop
 // unrolled so each lane keeps several blocks' loads in flight, each value decoded in registers to the bit qget gives
 // (the small integer to f32 by its bits: 2^23 + t is the float whose low mantissa bits are t, exact, one ALU op
 // where the int-to-float conversion runs at a quarter of the FP32 rate), x read as float4 (each lane's values run
@@ -108,6 +109,114 @@ __device__ __forceinline__ void gemv_tile_q8_0(const float* __restrict__ x, cons
             for (int p = 0; p < PW; p++)
 #pragma unroll
                 for (int e = 0; e < 8; e++) acc[p][r] += wf[p][e] * xv[e];
+        }
+    }
+}
+
+// q4_0 (18-byte blocks: d, 16 bytes, value j the low nibble of byte j, 16 + j its high): four lanes a block, lane s
+// bytes 4s..4s+3 (two 2-byte loads, and d) for values 4s.. and 16 + 4s.., a warp eight blocks (144 bytes) a step.
+// q - 8 as magic23(q) less 2^23 + 8: exact.
+template <int PW, int NR>
+__device__ __forceinline__ void gemv_tile_q4_0(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                               i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    int lane = threadIdx.x & 31, s = lane & 3;
+    const u8* wr[PW];
+#pragma unroll
+    for (int p = 0; p < PW; p++) wr[p] = (const u8*)w + (j0 + p < n ? j0 + p : 0) * (k >> 5) * 18;
+#pragma unroll(16 / PW)
+    for (i64 b = (k0 >> 5) + (lane >> 2); b < (k1 >> 5); b += 8) {
+        unsigned raw[PW][3];  // every row's loads first (a row past n reads zeros: d = 0), then the decode
+#pragma unroll
+        for (int p = 0; p < PW; p++) {
+            const u16* blk = (const u16*)(wr[p] + b * 18);
+#pragma unroll
+            for (int u = 0; u < 3; u++) raw[p][u] = j0 + p < n ? (unsigned)__ldcs(blk + (u ? 2 * s + u : 0)) : 0u;
+        }
+        float wf[PW][8];
+#pragma unroll
+        for (int p = 0; p < PW; p++) {
+            float d = f16f(raw[p][0]);
+            unsigned v = raw[p][1] | (raw[p][2] << 16);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                wf[p][e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e)) & 15u), 8388616.f));
+                wf[p][4 + e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e + 4)) & 15u), 8388616.f));
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {  // as gemv_tile_q8_0
+            const float* xr = x + (r0 + r) * k + b * 32 + 4 * s;
+            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 a = r == 0 || r < nr ? *(const float4*)xr : z, c = r == 0 || r < nr ? *(const float4*)(xr + 16) : z;
+            float xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int p = 0; p < PW; p++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[p][r] += wf[p][e] * xv[e];
+        }
+    }
+}
+
+// q4_k (144-byte super-blocks, 16-byte aligned: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles:
+// sub-block 2c in the low nibbles of bytes 32c.., 2c + 1 in the high): eight lanes a super-block, lane t the four
+// bytes 4t.. of each 32 (four 4-byte loads) and the 16-byte head (one load, the same for the eight lanes): values
+// 4t.. of every sub-block; a warp four super-blocks (576 bytes) a step. Each sub-block's ds = d * sc and dm = dmin *
+// mn as qget; a value fsub(fmul(ds, q), dm), the product one fma: ds * (2^23 + q) - ds * 2^23 is ds * q exactly
+// (ds * 2^23 exact: a power-of-two scale), rounded once, the f32 __fmul_rn(ds, q) gives for a finite ds (the sign
+// of a zero aside, where ds < 0 and q = 0: no sum sees it).
+template <int PW, int NR>
+__device__ __forceinline__ void gemv_tile_q4_k(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                               i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    int lane = threadIdx.x & 31, t = lane & 7;
+    constexpr int PH = PW < 2 ? PW : 2;  // rows a pass over k (four rows' words and scales at once spill)
+#pragma unroll
+    for (int p0 = 0; p0 < PW; p0 += PH) {
+        const u8* wr[PH];
+#pragma unroll
+        for (int p = 0; p < PH; p++) wr[p] = (const u8*)w + (j0 + p0 + p < n ? j0 + p0 + p : 0) * (k >> 8) * 144;
+#pragma unroll(PH >= 2 ? 1 : PW == 1 ? 4 : 2)
+        for (i64 b = (k0 >> 8) + (lane >> 3); b < (k1 >> 8); b += 4) {
+            uint4 h[PH];  // every row's loads first (eight words a row; a row past n reads zeros), decoded below
+            unsigned v[PH][4];
+#pragma unroll
+            for (int p = 0; p < PH; p++) {
+                const u8* sb = wr[p] + b * 144;
+                h[p] = j0 + p0 + p < n ? __ldcs((const uint4*)sb) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    v[p][c] = j0 + p0 + p < n ? __ldcs((const unsigned*)(sb + 16 + 32 * c + 4 * t)) : 0u;
+            }
+            const float* xr = x + r0 * k + b * 256 + 4 * t;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {  // sub-block j: values 32j + 4t..
+                float4 xv[NR];
+#pragma unroll
+                for (int r = 0; r < NR; r++)  // as gemv_tile_q8_0
+                    xv[r] = r == 0 || r < nr ? *(const float4*)(xr + r * k + 32 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int p = 0; p < PH; p++) {
+                    unsigned sc, mn;
+                    if (j < 4) {
+                        sc = (h[p].y >> (8 * j)) & 63u;
+                        mn = (h[p].z >> (8 * j)) & 63u;
+                    } else {
+                        int jj = 8 * (j - 4);
+                        sc = ((h[p].w >> jj) & 15u) | (((h[p].y >> (jj + 6)) & 3u) << 4);
+                        mn = ((h[p].w >> (jj + 4)) & 15u) | (((h[p].z >> (jj + 6)) & 3u) << 4);
+                    }
+                    float ds = __fmul_rn(f16f(h[p].x), __fsub_rn(magic23(sc), 8388608.f));
+                    float dm = __fmul_rn(f16f(h[p].x >> 16), __fsub_rn(magic23(mn), 8388608.f));
+                    float nds = -__fmul_rn(ds, 8388608.f);
+                    unsigned q = (j & 1) ? (v[p][j >> 1] >> 4) : v[p][j >> 1];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float wv = __fsub_rn(__fmaf_rn(ds, magic23((q >> (8 * e)) & 15u), nds), dm);
+#pragma unroll
+                        for (int r = 0; r < NR; r++)
+                            acc[p0 + p][r] += wv * (e == 0 ? xv[r].x : e == 1 ? xv[r].y : e == 2 ? xv[r].z : xv[r].w);
+                    }
+                }
+            }
         }
     }
 }
@@ -170,12 +279,19 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
     if constexpr (AR <= 2) {
         // 16-byte loads: k, the chunk's ends and every row start whole 16-byte words of the matrix and of x
         bool wide = fmt <= 2 && ((k | k0 | k1) & (fmt == 0 ? 3 : 7)) == 0 && (xa & 15) == 0 && (wa & 15) == 0;
-        // q8_0 read in place: k and the chunk's ends whole blocks, x 16-byte aligned, the rows 2-byte aligned
-        bool blocks = fmt == 3 && ((k | k0 | k1) & 31) == 0 && (xa & 15) == 0 && (wa & 1) == 0;
+        // q8_0, q4_0, q4_k read in place: k and the chunk's ends whole blocks, x 16-byte aligned, the rows 2-byte
+        // aligned (q4_k's, of 144-byte super-blocks, 16)
+        bool blocks = fmt >= 3 && fmt <= 5 && ((k | k0 | k1) & (fmt == 5 ? 255 : 31)) == 0 && (xa & 15) == 0 &&
+                      (wa & (fmt == 5 ? 15 : 1)) == 0;
         if (wide && fmt == 0) gemv_tile16<0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide && fmt == 1) gemv_tile16<1, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide) gemv_tile16<2, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (blocks && fmt == 3) gemv_tile_q8_0<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (blocks && fmt == 4) gemv_tile_q4_0<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        // q4_k at two rows of x and four outputs a warp keeps gemv_tile_any: its x (32 values a row a lane) and
+        // words pushed gemm_parts_4 past 168 registers (a spill of the bias pointer and the Dst)
+        else if (blocks && fmt == 5 && (AR == 1 || PW == 1))
+            gemv_tile_q4_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     } else {
         gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
