@@ -309,7 +309,13 @@ def gemv_shape(k: Kernel):
 # gemv_tile_<fmt> (gemv_core.cu): values and bytes a warp step a row, the steps a loop iteration unrolls (8 / per_warp:
 # every row's loads of the iteration issued first), and the share of them the SASS issues before the first use
 # (cuobjdump -sass of b780f05's gemv_1 / gemv_4: 30 and 39 of the 40 LDG.E.EF.U16 of an unrolled iteration)
-BLOCK_TILES = {"q8_0": dict(vals=256, bytes=272, unroll=8, sass_share={1: 0.75, 2: 1.0, 4: 1.0})}
+# a43dc2e's q4_0 (four lanes an 18-byte block: 8 blocks, 144 bytes a warp step, unrolled 16 / per_warp) and q4_k
+# (eight lanes a 144-byte super-block: 4 of them, 576 bytes a warp step, unrolled 4 / per_warp); their shares from the
+# most weight bytes a lane keeps outstanding in the SASS (q4_0 42 / 88 B at per_warp 1 / 4, q4_k 52 / 64 B) over the
+# nominal (1344 / 2304 and 1664 / 2304 B a warp at per_warp 1; at 4 the nominal or more)
+BLOCK_TILES = {"q8_0": dict(vals=256, bytes=272, unroll=8, sass_share={1: 0.75, 2: 1.0, 4: 1.0}),
+               "q4_0": dict(vals=256, bytes=144, unroll=16, sass_share={1: 0.58, 2: 1.0, 4: 1.0}),
+               "q4_k": dict(vals=1024, bytes=576, unroll=4, sass_share={1: 0.72, 2: 1.0, 4: 0.89})}
 
 
 def gemv_structure(k: Kernel, wide: bool, block_tiles=()):
@@ -326,7 +332,7 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=()):
         inflight_row = 32 * 16 * min(UNROLL16, steps)
         rounds = math.ceil(steps / UNROLL16)
         loop = "tile16 x4"
-    elif fmt in block_tiles and fmt in BLOCK_TILES and m <= 2:
+    elif fmt in block_tiles and fmt in BLOCK_TILES and m <= 2 and not (fmt == "q4_k" and m == 2 and pw == 4):
         # a block format's own tile (gemv_tile_q8_0 since b780f05): a warp step reads a run of whole blocks of a row
         # (q8_0: four lanes a 34-byte block, 8 blocks = 272 bytes), unrolled 8 / per_warp ways, every row's loads of
         # an iteration before the decode: per_warp x (8 / per_warp) steps in flight a warp (the SASS' share of them)
