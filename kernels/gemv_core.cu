@@ -69,6 +69,24 @@ __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const v
 // consecutively, so a warp's x loads are whole 128-byte lines). k, the chunk's ends: whole blocks.
 __device__ __forceinline__ float magic23(unsigned t) { return __uint_as_float(0x4B000000u | t); }  // 2^23 + t, t < 2^23
 
+// A lane's eight decoded values of each of PW rows of w against x: four at xr, four at xr + gap, in each of the NR rows
+// of x (k apart); row 0 always there (nr >= 1), a row past nr reads zeros, no branch.
+template <int PW, int NR>
+__device__ __forceinline__ void dot8_rows(const float* xr, i64 k, int gap, int nr, const float (&wf)[PW][8],
+                                          float (&acc)[PW][NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const float* xq = xr + r * k;
+        float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 a = r == 0 || r < nr ? *(const float4*)xq : z, c = r == 0 || r < nr ? *(const float4*)(xq + gap) : z;
+        float xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int p = 0; p < PW; p++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[p][r] += wf[p][e] * xv[e];
+    }
+}
+
 // q8_0 (34-byte blocks: d, 32 int8): four lanes a block, eight values a lane (four 2-byte loads of quants, the block's
 // d), a warp eight blocks (272 bytes) a step. int8 q as (q ^ 0x80) = q + 128 in magic23, less 2^23 + 128: exact.
 template <int PW, int NR>
@@ -99,17 +117,7 @@ __device__ __forceinline__ void gemv_tile_q8_0(const float* __restrict__ x, cons
                 wf[p][4 + e] = __fmul_rn(__fsub_rn(magic23((hi >> (8 * e)) & 255u), 8388736.f), d);
             }
         }
-#pragma unroll
-        for (int r = 0; r < NR; r++) {  // row 0 always there (nr >= 1); a row past nr reads zeros, no branch
-            const float* xr = x + (r0 + r) * k + b * 32 + 8 * s;
-            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-            float4 a = r == 0 || r < nr ? *(const float4*)xr : z, c = r == 0 || r < nr ? *(const float4*)(xr + 4) : z;
-            float xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-#pragma unroll
-            for (int p = 0; p < PW; p++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[p][r] += wf[p][e] * xv[e];
-        }
+        dot8_rows<PW, NR>(x + r0 * k + b * 32 + 8 * s, k, 4, nr, wf, acc);
     }
 }
 
@@ -143,17 +151,7 @@ __device__ __forceinline__ void gemv_tile_q4_0(const float* __restrict__ x, cons
                 wf[p][4 + e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e + 4)) & 15u), 8388616.f));
             }
         }
-#pragma unroll
-        for (int r = 0; r < NR; r++) {  // as gemv_tile_q8_0
-            const float* xr = x + (r0 + r) * k + b * 32 + 4 * s;
-            float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-            float4 a = r == 0 || r < nr ? *(const float4*)xr : z, c = r == 0 || r < nr ? *(const float4*)(xr + 16) : z;
-            float xv[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-#pragma unroll
-            for (int p = 0; p < PW; p++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[p][r] += wf[p][e] * xv[e];
-        }
+        dot8_rows<PW, NR>(x + r0 * k + b * 32 + 4 * s, k, 16, nr, wf, acc);
     }
 }
 
