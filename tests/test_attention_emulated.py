@@ -12,7 +12,6 @@ Skipped without g++."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from lanefuse.engine import flags
 
 import test_kernels_gpu as gpu
 from cuda_host import emu
+from test_kernels_emulated import again_same
 from lanefuse.kernels import MAX_HEAD, Attention, HostEnv
 
 pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
@@ -39,19 +39,6 @@ def emulated():
         env = emu.emu_env_class()
         mp.setattr(cupy_env, "DeviceEnv", env)
         yield env
-
-
-def again_same(launch, dev, names):
-    """The launch once more on the same inputs, its blocks in the reverse order, threads shuffled: the same values
-    to the bit."""
-    first = {n: dev.host(n).copy() for n in names}
-    dev.flags, dev.seed = 1, 4242
-    try:
-        launch.cuda(dev)
-    finally:
-        dev.flags, dev.seed = 0, 0
-    for n in names:
-        np.testing.assert_array_equal(dev.host(n), first[n], err_msg=f"{n} on a second launch")
 
 
 def kernels_run(dev) -> list[str]:

@@ -7,28 +7,17 @@ the kernels' values: the H200's first run failed 23 tests on such bugs before an
 
 from __future__ import annotations
 
-import itertools
 import sys
 
 import numpy as np
 import pytest
 
+from parametrized import cases
+
 import test_gdn_kernels
 import test_kernels_gpu
 import test_quant_gpu
 from test_cupy_runner_mock import _fake_cupy
-
-
-def _cases(fn) -> list[dict]:
-    """The keyword arguments of each case fn's parametrize marks make (their product)."""
-    combos = [{}]
-    for m in getattr(fn, "pytestmark", []):
-        if m.name != "parametrize":
-            continue
-        names = [n.strip() for n in m.args[0].split(",")] if isinstance(m.args[0], str) else list(m.args[0])
-        values = [v if len(names) > 1 else (v,) for v in m.args[1]]
-        combos = [{**c, **dict(zip(names, v))} for c, v in itertools.product(combos, values)]
-    return combos
 
 
 # the GPU tests whose host side runs here (the mixtures' are left to their own file's work: slow twins)
@@ -43,7 +32,7 @@ TESTS = [(test_gdn_kernels, "test_gpu_delta"), (test_kernels_gpu, "test_norm")] 
                                   "test_gemv_quantizing_tail_equals_the_quant_kernel",
                                   "test_set_row_quant_equals_its_twin")]
 CASES = [pytest.param(mod, name, kw, id=f"{name}[{'-'.join(str(v) for v in kw.values())}]")
-         for mod, name in TESTS for kw in _cases(getattr(mod, name))]
+         for mod, name in TESTS for kw in cases(getattr(mod, name))]
 
 
 @pytest.fixture

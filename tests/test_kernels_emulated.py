@@ -8,12 +8,12 @@ results, and every arrival counter back at zero. Skipped without g++."""
 
 from __future__ import annotations
 
-import itertools
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
+from parametrized import cases
 
 from lanefuse.engine import flags
 
@@ -270,18 +270,6 @@ REPLAY = {gpu: ["test_gemv", "test_gemv_f32_and_into_a_cache_row", "test_gemv_gl
                  "test_gemv_glu_over_f32_quantizing_q8k", "test_gemv_quantizing_tail_equals_the_quant_kernel"]}
 
 
-def _cases(fn) -> list[dict]:
-    """The keyword arguments of each case fn's parametrize marks make (their product)."""
-    combos = [{}]
-    for m in getattr(fn, "pytestmark", []):
-        if m.name != "parametrize":
-            continue
-        names = [n.strip() for n in m.args[0].split(",")] if isinstance(m.args[0], str) else list(m.args[0])
-        values = [v if len(names) > 1 else (v,) for v in m.args[1]]
-        combos = [{**c, **dict(zip(names, v))} for c, v in itertools.product(combos, values)]
-    return combos
-
-
 def _replayed():
     out = []
     for mod, names in REPLAY.items():
@@ -289,7 +277,7 @@ def _replayed():
             fn = getattr(mod, name, None)
             if fn is None:  # renamed or gone from the GPU tests: nothing to replay
                 continue
-            for kw in _cases(fn):
+            for kw in cases(fn):
                 out.append(pytest.param(mod, name, kw, id=f"{name}[{'-'.join(map(str, kw.values()))}]"))
     return out
 
