@@ -256,7 +256,7 @@ def features(rev: str | None) -> dict:
     key and head at a time); combine_cw: attention_combine's splits a chunk (5715e40: CW 128, the block's reductions;
     0: three serial loops a thread); new_splits: attention.py's split choice (BLOCKS_AN_SM: 2 x sms blocks,
     attn_split_min 64, at most 128; before: sms blocks, 256, 32); block_tiles: the block formats with a tile of their
-    own in gemv_core.cu (gemv_tile_q8_0, b780f05)."""
+    own in gemv_core.cu (gemv_tile_q8_0 at b780f05; since, a `struct BlockQ8_0` of gemv_tile_b32, and gemv_tile_q4_k)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
     apy = kernel_file("attention.py", rev)
     m = re.search(r"#define NORM_BATCH (\d+)", norm)
@@ -268,7 +268,8 @@ def features(rev: str | None) -> dict:
         combine_cw=int(cw.group(1)) if cw else 0,
         new_splits="BLOCKS_AN_SM" in apy,
         wide="gemv_tile16" in core,
-        block_tiles=sorted(f for f in VALUE_BYTES if re.search(rf"void gemv_tile_{f}\(", core)))
+        block_tiles=sorted(f for f in VALUE_BYTES
+                           if re.search(rf"void gemv_tile_{f}\(|struct Block{f.upper()} ", core)))
 
 
 def old_splits(l, sms: int = 132):

@@ -87,71 +87,63 @@ __device__ __forceinline__ void dot8_rows(const float* xr, i64 k, int gap, int n
     }
 }
 
-// q8_0 (34-byte blocks: d, 32 int8): four lanes a block, eight values a lane (four 2-byte loads of quants, the block's
-// d), a warp eight blocks (272 bytes) a step. int8 q as (q ^ 0x80) = q + 128 in magic23, less 2^23 + 128: exact.
-template <int PW, int NR>
-__device__ __forceinline__ void gemv_tile_q8_0(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
-                                               i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
-    int lane = threadIdx.x & 31, s = lane & 3;
-    const u8* wr[PW];
+// The 32-value block formats read four lanes a block: a lane's 2-byte words (word 0 the block's f16 d, then its own
+// quant words) decoded into eight values, a warp eight blocks a step. A format says its block's bytes, its words a
+// lane and where they lie, the steps an iteration unrolls at one output a warp, where the lane's eight values lie in
+// the block (four at XOFF·s, four GAP on) and how they decode.
+//
+// q8_0 (34-byte blocks: d, 32 int8): eight values a lane (four 2-byte loads of quants, the block's d), 272 bytes a
+// warp step. int8 q as (q ^ 0x80) = q + 128 in magic23, less 2^23 + 128: exact.
+struct BlockQ8_0 {
+    static constexpr int BYTES = 34, WORDS = 5, UNROLL = 8, XOFF = 8, GAP = 4;
+    __device__ static int word(int s, int u) { return u ? 4 * s + u : 0; }
+    __device__ static void decode(const unsigned (&raw)[WORDS], float (&wf)[8]) {
+        float d = f16f(raw[0]);
+        unsigned lo = (raw[1] | (raw[2] << 16)) ^ 0x80808080u, hi = (raw[3] | (raw[4] << 16)) ^ 0x80808080u;
 #pragma unroll
-    for (int p = 0; p < PW; p++) wr[p] = (const u8*)w + (j0 + p < n ? j0 + p : 0) * (k >> 5) * 34;
-#pragma unroll(8 / PW)
-    for (i64 b = (k0 >> 5) + (lane >> 2); b < (k1 >> 5); b += 8) {
-        unsigned raw[PW][5];  // every row's loads first (a row past n reads zeros: d = 0), then the decode
-#pragma unroll
-        for (int p = 0; p < PW; p++) {
-            const u16* blk = (const u16*)(wr[p] + b * 34);
-#pragma unroll
-            for (int u = 0; u < 5; u++) raw[p][u] = j0 + p < n ? (unsigned)__ldcs(blk + (u ? 4 * s + u : 0)) : 0u;
+        for (int e = 0; e < 4; e++) {
+            wf[e] = __fmul_rn(__fsub_rn(magic23((lo >> (8 * e)) & 255u), 8388736.f), d);
+            wf[4 + e] = __fmul_rn(__fsub_rn(magic23((hi >> (8 * e)) & 255u), 8388736.f), d);
         }
-        float wf[PW][8];
-#pragma unroll
-        for (int p = 0; p < PW; p++) {
-            float d = f16f(raw[p][0]);
-            unsigned lo = (raw[p][1] | (raw[p][2] << 16)) ^ 0x80808080u;
-            unsigned hi = (raw[p][3] | (raw[p][4] << 16)) ^ 0x80808080u;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                wf[p][e] = __fmul_rn(__fsub_rn(magic23((lo >> (8 * e)) & 255u), 8388736.f), d);
-                wf[p][4 + e] = __fmul_rn(__fsub_rn(magic23((hi >> (8 * e)) & 255u), 8388736.f), d);
-            }
-        }
-        dot8_rows<PW, NR>(x + r0 * k + b * 32 + 8 * s, k, 4, nr, wf, acc);
     }
-}
+};
 
-// q4_0 (18-byte blocks: d, 16 bytes, value j the low nibble of byte j, 16 + j its high): four lanes a block, lane s
-// bytes 4s..4s+3 (two 2-byte loads, and d) for values 4s.. and 16 + 4s.., a warp eight blocks (144 bytes) a step.
-// q - 8 as magic23(q) less 2^23 + 8: exact.
-template <int PW, int NR>
-__device__ __forceinline__ void gemv_tile_q4_0(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
-                                               i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+// q4_0 (18-byte blocks: d, 16 bytes, value j the low nibble of byte j, 16 + j its high): lane s bytes 4s..4s+3 (two
+// 2-byte loads, and d) for values 4s.. and 16 + 4s.., 144 bytes a warp step. q - 8 as magic23(q) less 2^23 + 8: exact.
+struct BlockQ4_0 {
+    static constexpr int BYTES = 18, WORDS = 3, UNROLL = 16, XOFF = 4, GAP = 16;
+    __device__ static int word(int s, int u) { return u ? 2 * s + u : 0; }
+    __device__ static void decode(const unsigned (&raw)[WORDS], float (&wf)[8]) {
+        float d = f16f(raw[0]);
+        unsigned v = raw[1] | (raw[2] << 16);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            wf[e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e)) & 15u), 8388616.f));
+            wf[4 + e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e + 4)) & 15u), 8388616.f));
+        }
+    }
+};
+
+template <class B, int PW, int NR>
+__device__ __forceinline__ void gemv_tile_b32(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                              i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
     int lane = threadIdx.x & 31, s = lane & 3;
     const u8* wr[PW];
 #pragma unroll
-    for (int p = 0; p < PW; p++) wr[p] = (const u8*)w + (j0 + p < n ? j0 + p : 0) * (k >> 5) * 18;
-#pragma unroll(16 / PW)
+    for (int p = 0; p < PW; p++) wr[p] = (const u8*)w + (j0 + p < n ? j0 + p : 0) * (k >> 5) * B::BYTES;
+#pragma unroll(B::UNROLL / PW)
     for (i64 b = (k0 >> 5) + (lane >> 2); b < (k1 >> 5); b += 8) {
-        unsigned raw[PW][3];  // every row's loads first (a row past n reads zeros: d = 0), then the decode
+        unsigned raw[PW][B::WORDS];  // every row's loads first (a row past n reads zeros: d = 0), then the decode
 #pragma unroll
         for (int p = 0; p < PW; p++) {
-            const u16* blk = (const u16*)(wr[p] + b * 18);
+            const u16* blk = (const u16*)(wr[p] + b * B::BYTES);
 #pragma unroll
-            for (int u = 0; u < 3; u++) raw[p][u] = j0 + p < n ? (unsigned)__ldcs(blk + (u ? 2 * s + u : 0)) : 0u;
+            for (int u = 0; u < B::WORDS; u++) raw[p][u] = j0 + p < n ? (unsigned)__ldcs(blk + B::word(s, u)) : 0u;
         }
         float wf[PW][8];
 #pragma unroll
-        for (int p = 0; p < PW; p++) {
-            float d = f16f(raw[p][0]);
-            unsigned v = raw[p][1] | (raw[p][2] << 16);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                wf[p][e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e)) & 15u), 8388616.f));
-                wf[p][4 + e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e + 4)) & 15u), 8388616.f));
-            }
-        }
-        dot8_rows<PW, NR>(x + r0 * k + b * 32 + 4 * s, k, 16, nr, wf, acc);
+        for (int p = 0; p < PW; p++) B::decode(raw[p], wf[p]);
+        dot8_rows<PW, NR>(x + r0 * k + b * 32 + B::XOFF * s, k, B::GAP, nr, wf, acc);
     }
 }
 
@@ -189,7 +181,7 @@ __device__ __forceinline__ void gemv_tile_q4_k(const float* __restrict__ x, cons
             for (int j = 0; j < 8; j++) {  // sub-block j: values 32j + 4t..
                 float4 xv[NR];
 #pragma unroll
-                for (int r = 0; r < NR; r++)  // as gemv_tile_q8_0
+                for (int r = 0; r < NR; r++)  // as dot8_rows
                     xv[r] = r == 0 || r < nr ? *(const float4*)(xr + r * k + 32 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int p = 0; p < PH; p++) {
@@ -284,8 +276,8 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
         if (wide && fmt == 0) gemv_tile16<0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide && fmt == 1) gemv_tile16<1, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide) gemv_tile16<2, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        else if (blocks && fmt == 3) gemv_tile_q8_0<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        else if (blocks && fmt == 4) gemv_tile_q4_0<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (blocks && fmt == 3) gemv_tile_b32<BlockQ8_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (blocks && fmt == 4) gemv_tile_b32<BlockQ4_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         // q4_k at two rows of x and four outputs a warp keeps gemv_tile_any: its x (32 values a row a lane) and
         // words pushed gemm_parts_4 past 168 registers (a spill of the bias pointer and the Dst)
         else if (blocks && fmt == 5 && (AR == 1 || PW == 1))
