@@ -424,7 +424,7 @@ def run_batch(plans, pack, entry, device: str = "cpu", eos=(), graph: bool = Tru
     cfg = dataclasses.replace(cfg, formats=tuple(pack.formats.items()))
     made: dict = {}
     if device == "gpu":
-        from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
+        from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState, slot_copier
 
         state, bstate = DeviceState(), DeviceState()
         bstate.weights = state.weights
@@ -442,17 +442,7 @@ def run_batch(plans, pack, entry, device: str = "cpu", eos=(), graph: bool = Tru
         return made[kind].step(env)
 
     if device == "gpu":
-        def to_slot(slot: int, slots: int) -> None:
-            import cupy
-
-            for n, t in state.tables.items():
-                b = bstate.tables.get(n)
-                if b is None:
-                    b = bstate.tables[n] = cupy.zeros(slots * t.size, dtype=cupy.float32)
-                    bstate.loaded = True  # the host's caches are never uploaded over the slots
-                b[slot * t.size: (slot + 1) * t.size] = t
-
-        step_fn.to_slot = to_slot
+        step_fn.to_slot = slot_copier(state, bstate)
     prompts = [[t % cfg.vocab for t in p] for p in BATCH_PROMPTS]
     return generate_batch(cfg, pack, prompts, BATCH_TOKENS, BATCH_SLOTS, step_fn=step_fn, eos=eos, chunk=1)
 

@@ -27,6 +27,22 @@ class DeviceState:
         self.loaded = False  # the caches were uploaded from the host once
 
 
+def slot_copier(state: DeviceState, batch_state: DeviceState):
+    """`to_slot(slot, slots)` for a batch: a prompt prefilled on the device (into `state`'s one-sequence caches), its
+    caches copied into `slot`'s rows of the batch step's (`slots` slots, made on the first copy), device to device."""
+    def to_slot(slot: int, slots: int) -> None:
+        import cupy
+
+        for n, t in state.tables.items():
+            b = batch_state.tables.get(n)
+            if b is None:
+                b = batch_state.tables[n] = cupy.zeros(slots * t.size, dtype=cupy.float32)
+                batch_state.loaded = True  # the host's caches are never uploaded over the slots
+            b[slot * t.size: (slot + 1) * t.size] = t
+
+    return to_slot
+
+
 def _weights_of(s: Plan, weights, have) -> dict[str, tuple[np.ndarray, str]]:
     """The host copies of the constants the device does not hold yet."""
     return {name: host_constant(c, weights) for name, c in s.constants.items() if name not in have}

@@ -69,7 +69,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
     runners: dict[tuple[int, int], object] = {}
     state = batch_state = None
     if device == "gpu":
-        from lanefuse.lane.run.cupy_runner import DeviceState
+        from lanefuse.lane.run.cupy_runner import DeviceState, slot_copier
 
         state = DeviceState()  # the caches and weights every plan of this model shares on the device
         batch_state = DeviceState()  # a batch step's caches (each sequence's slot), the same weights
@@ -113,19 +113,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
 
         step_fn.decode = decode
 
-        def to_slot(slot: int, slots: int) -> None:
-            """A prompt prefilled on the device (into the one-sequence caches): the caches copied into `slot`'s rows
-            of the batch step's (`slots` slots, made on the first copy), a device-to-device copy."""
-            import cupy
-
-            for n, t in state.tables.items():
-                b = batch_state.tables.get(n)
-                if b is None:
-                    b = batch_state.tables[n] = cupy.zeros(slots * t.size, dtype=cupy.float32)
-                    batch_state.loaded = True  # the host's caches are never uploaded over the slots
-                b[slot * t.size: (slot + 1) * t.size] = t
-
-        step_fn.to_slot = to_slot
+        step_fn.to_slot = slot_copier(state, batch_state)
 
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"
     if check and device == "cpu":
