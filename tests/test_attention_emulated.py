@@ -89,15 +89,7 @@ def test_attention_long_tuned(heads, kv, hd, vd, pos):
 @pytest.mark.parametrize("rows,pos,splits", [(1, 0, 1), (1, 150, 4), (5, 37, 1), (3, 100, 3), (1, 90, 32)])
 def test_split_attention(heads, kv, own, tail, vd, rows, pos, splits):
     """test_kernels_gpu::test_split_attention: a head's query and each key in two parts, read in place."""
-    g = np.random.default_rng(heads * own + pos)
-    L = 160 + 8
-    same = kv == 1
-    arrays = {"q": r32(g, rows, heads * own), "qt": r32(g, rows, heads * tail), "kc": r32(g, L, kv * own),
-              "kt": r32(g, L, tail), "vc": r32(g, L, kv * vd), "pos": np.array([pos], np.int32),
-              "o": np.zeros(rows * heads * vd, np.float32)}
-    a = Attention("q", "kc", "kc" if same else "vc", "pos", "o", heads, heads // kv, own + tail, vd, L, rows,
-                  (own + tail) ** -0.5, splits=splits, qtail="qt", ktail="kt", tail=tail,
-                  vstride=kv * own if same else 0)
+    a, arrays = gpu.split_attention_case(heads, kv, own, tail, vd, rows, pos, splits, 160 + 8)
     dev = gpu.both(a, arrays, {}, tol=2e-4)
     again_same(a, dev, ["o"])
 

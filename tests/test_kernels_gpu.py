@@ -130,8 +130,14 @@ def test_split_attention(heads, kv, own, tail, vd, rows, pos, splits):
     """The Split attention (000): each head's query and each key in two parts read in place — absorbed (the latent
     cache both the keys' first part and the values: DeepSeek-V3's 512 + 64, the wide kernel) and expanded (a key head
     a query head, the rotated key one shared table)."""
+    a, arrays = split_attention_case(heads, kv, own, tail, vd, rows, pos, splits, 1024 + 8)
+    both(a, arrays, {}, tol=2e-4)
+
+
+def split_attention_case(heads, kv, own, tail, vd, rows, pos, splits, L):
+    """test_split_attention's launch and arrays over a cache of L rows (kv == 1: absorbed, the latent cache both
+    the keys' first part and the values)."""
     g = np.random.default_rng(heads * own + pos)
-    L = 1024 + 8
     same = kv == 1
     arrays = {"q": r32(g, rows, heads * own), "qt": r32(g, rows, heads * tail), "kc": r32(g, L, kv * own),
               "kt": r32(g, L, tail), "vc": r32(g, L, kv * vd), "pos": np.array([pos], np.int32),
@@ -139,7 +145,7 @@ def test_split_attention(heads, kv, own, tail, vd, rows, pos, splits):
     a = Attention("q", "kc", "kc" if same else "vc", "pos", "o", heads, heads // kv, own + tail, vd, L, rows,
                   (own + tail) ** -0.5, splits=splits, qtail="qt", ktail="kt", tail=tail,
                   vstride=kv * own if same else 0)
-    both(a, arrays, {}, tol=2e-4)
+    return a, arrays
 
 
 @pytest.mark.parametrize("rows,ca,cb", [(1, 1536, 512), (5, 24, 16), (3, 7, 1000)])
