@@ -5,7 +5,8 @@ them, so that machine needs no solver. Writes into PLANDIR:
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
     qwen3-8b-q8_0-decode.json, ...-q4_0-, ...-q4_k-   the same step, its rows in GGUF block formats
     qwen3-8b-decode-b1.json ... -b64.json  the same step decoding a batch of B sequences (1024 cache rows a slot)
-    tiny-hf/ + tiny-hf-decode.json         a transformers-made tiny Qwen3 checkpoint and its plan
+    tiny-hf/ + tiny-hf-decode.json         a tiny Qwen3 checkpoint (config.json as transformers writes it, seeded
+                                           weights saved from numpy: no torch needed) and its plan
                                            (tests/test_plancheck.py runs it through `lanefuse run --plan`)
     tiny-gemma2/ + tiny-gemma2-decode.json a transformers-made tiny Gemma 2 (soft caps, a window of 8) and its plan
                                            (tests/test_gemma_gpu.py)
@@ -25,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+
+import numpy as np
 
 from lanefuse.engine.demo import demo_config
 from lanefuse.engine.model import build_step
@@ -57,6 +60,13 @@ def main() -> None:
         save(plan(build_step(batch_cfg, 1, batch=b), source={"kind": "random"}),
              os.path.join(out, f"qwen3-8b-decode-b{b}.json"))
     print("saved qwen3-8b-decode-b" + "/".join(map(str, BATCHES)) + " (batch decode steps)")
+    from lanefuse.engine.front import load_model
+
+    folder = os.path.join(out, "tiny-hf")
+    write_tiny_qwen3(folder)
+    hcfg, _ = load_model(folder)
+    save(plan(build_step(hcfg, 1), source={"kind": "path", "path": "tiny-hf"}), os.path.join(out, "tiny-hf-decode.json"))
+    print("saved tiny-hf and its decode plan")
     try:
         import torch
         import transformers
@@ -64,17 +74,6 @@ def main() -> None:
         print("no torch/transformers here: skipping the transformers-made models")
         report_size(out)
         return
-    folder = os.path.join(out, "tiny-hf")
-    torch.manual_seed(0)
-    c = transformers.Qwen3Config(vocab_size=320, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                 max_position_embeddings=128, tie_word_embeddings=False)
-    transformers.Qwen3ForCausalLM(c).eval().save_pretrained(folder)
-    from lanefuse.engine.front import load_model
-
-    hcfg, _ = load_model(folder)
-    save(plan(build_step(hcfg, 1), source={"kind": "path", "path": "tiny-hf"}), os.path.join(out, "tiny-hf-decode.json"))
-    print("saved tiny-hf and its decode plan")
     folder = os.path.join(out, "tiny-gemma2")
     c = transformers.Gemma2Config(vocab_size=320, hidden_size=128, intermediate_size=200, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
@@ -93,6 +92,30 @@ def main() -> None:
 
     gpu_families.prepare(os.path.join(out, gpu_families.SUBDIR))
     report_size(out)
+
+
+def write_tiny_qwen3(folder: str) -> None:
+    """A tiny Qwen3 checkpoint as transformers saves one (config.json, model.safetensors), its weights seeded and
+    written from numpy, so the suite's checkpoint plan needs no torch."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from lanefuse.engine.demo import random_arrays
+    from lanefuse.engine.model import ModelConfig
+
+    cfg = ModelConfig(arch="Qwen3ForCausalLM", hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, inter=256,
+                      vocab=320, eps=1e-6, rope_theta=1000000.0, qk_norm=True, max_len=128, name="tiny-hf")
+    os.makedirs(folder, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in random_arrays(cfg, seed=0).items()},
+              os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": cfg.hidden,
+                   "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
+                   "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+                   "intermediate_size": cfg.inter, "vocab_size": cfg.vocab, "rms_norm_eps": cfg.eps,
+                   "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_len,
+                   "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32"}, f, indent=1)
 
 
 def tree_bytes(folder: str) -> int:

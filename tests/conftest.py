@@ -1,9 +1,92 @@
 """The repository's root off `sys.path` for the tests: `python -m pytest` puts the working folder first, where our
 `kernels/` folder would shadow the `kernels` package transformers (5.x) imports. lanefuse itself is imported as the
-installed `lanefuse.*`, never through the root."""
+installed `lanefuse.*`, never through the root.
+
+Two hooks for a newcomer's first run: an `hf`-marked test that stops at a missing torch/transformers is a skip (the
+marker's meaning), not a failure; and the run ends with a few lines that say why the skipped tests skipped, grouped
+by what they need and how to get it."""
+
+from __future__ import annotations
 
 import os
+import re
 import sys
+from collections import Counter
+
+import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+
+HF_PACKAGES = ("torch", "transformers", "tokenizers", "accelerate")  # pyproject's `hf` extra
+
+# what a skip needs, by the words of its reason: (pattern, what it needs and how to get it); first match wins
+NEEDS = (
+    (r"LANEFUSE_PLANS|gpu_prepare", "saved plans for the GPU suite (bench/gpu_suite.sh prepare PLANDIR)"),
+    (r"CUDA device|CuPy|cupy", "a CUDA device (cupy: pip install -e '.[gpu]')"),
+    (r"\btorch\b|transformers|tokenizers|accelerate", "torch + transformers (pip install -e '.[test,hf]')"),
+    (r"llama_cpp|llama-cpp", "llama-cpp-python (pip install llama-cpp-python)"),
+    (r"chromium|playwright", "a browser (apt-get install chromium; pip install playwright)"),
+    (r"nvcc|NVRTC|cuda-python", "nvcc on PATH or NVRTC (pip install -e '.[nvrtc]')"),
+    (r"g\+\+|C\+\+ compiler|C preprocessor", "a C++ compiler (g++) for the host CUDA emulator"),
+    (r"egglog", "egglog (pip install -e .)"),
+    (r"LANEFUSE_EMU_FULL|at their sizes", "LANEFUSE_EMU_FULL=1 (the emulator's full-size replays, ~10 min)"),
+)
+
+
+def _module_missing(excinfo) -> str | None:
+    """The hf package an import stopped at, or None."""
+    e = excinfo.value if excinfo is not None else None
+    if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in HF_PACKAGES:
+        return e.name.split(".")[0]
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    out = yield
+    rep = out.get_result()
+    if rep.failed and call.when in ("setup", "call") and item.get_closest_marker("hf") is not None:
+        missing = _module_missing(call.excinfo)
+        if missing:
+            rep.outcome = "skipped"
+            rep.longrepr = (str(item.path), item.location[1] or 0,
+                            f"Skipped: could not import {missing!r}: an hf test needs the hf extra")
+
+
+def skip_reason(rep) -> str:
+    """A skip report's reason, without pytest's `Skipped: ` prefix."""
+    lr = rep.longrepr
+    text = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+    return text[len("Skipped: "):] if text.startswith("Skipped: ") else text
+
+
+def group_skips(reasons: list[str]) -> list[tuple[int, str]]:
+    """(count, what) for each need, most first; a reason no need names is its own group, in its own words (cut)."""
+    groups: Counter = Counter()
+    for r in reasons:
+        need = next((what for pat, what in NEEDS if re.search(pat, r)), None)
+        groups[need or "do not apply here: " + (r if len(r) <= 70 else r[:67] + "...")] += 1
+    return sorted(((n, what) for what, n in groups.items()), key=lambda t: (-t[0], t[1]))
+
+
+def skip_summary(reasons: list[str], most: int = 8) -> list[str]:
+    """A few lines saying why `len(reasons)` tests skipped: the `most` largest groups, the rest counted in one line."""
+    if not reasons:
+        return []
+    groups = group_skips(reasons)
+    lines = [f"{len(reasons)} skipped, by what they need:"]
+    lines += [f"  {n:6d}  {what}" for n, what in groups[:most]]
+    rest = groups[most:]
+    if rest:
+        lines.append(f"  {sum(n for n, _ in rest):6d}  {len(rest)} other reasons (pytest -rs lists each)")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter):
+    reasons = [skip_reason(r) for r in terminalreporter.stats.get("skipped", [])]
+    lines = skip_summary(reasons)
+    if lines:
+        terminalreporter.write_sep("-", "why tests skipped")
+        for line in lines:
+            terminalreporter.write_line(line)
