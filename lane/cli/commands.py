@@ -136,10 +136,12 @@ def cmd_run(args) -> int:
               f"1,2,3 or --prompt TEXT)", file=sys.stderr)
     step_fn, label = _step_fn(args, src, saved)
     if src.step is not None:
-        res = generate_step_graph(src.step, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty())
+        res = generate_step_graph(src.step, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty(),
+                                  keep_logits=bool(args.json))
     else:
         chunk = 1 if saved is not None else MAX_CHUNK  # a saved plan is a decode step: row by row
-        res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty())
+        res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty(),
+                       keep_logits=bool(args.json))  # the logits are kept only where --json writes them
     out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids],
            "logits": [[float(v) for v in row.reshape(-1)] for row in res.logits]}
     from lanefuse.lane.cli.timings import print_timings, run_timings
@@ -190,7 +192,8 @@ def _run_batch(args, src, saved, load_s: float) -> int:
     print(f"lanefuse: KV caches: {slots} slot(s) of {cfg.max_len} rows, {need / 2**20:.1f} MiB", file=human)
     step_fn, label = _step_fn(args, src, None)
     eos = () if args.ignore_eos else src.eos
-    results = generate_batch(cfg, src.weights, prompts, args.tokens, slots, step_fn=step_fn, eos=eos)
+    results = generate_batch(cfg, src.weights, prompts, args.tokens, slots, step_fn=step_fn, eos=eos,
+                             keep_logits=bool(args.json))  # the logits are kept only where --json writes them
     spent = getattr(step_fn, "spent", None)
     records = []
     for r in results:

@@ -53,10 +53,12 @@ def check_prompts(cfg: ModelConfig, prompts, n_tokens: int) -> list[list[int]]:
 
 
 def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int | None = None,
-                   step_fn: StepFn | None = None, eos: tuple[int, ...] = (), chunk: int = MAX_CHUNK
-                   ) -> list[GenResult]:
+                   step_fn: StepFn | None = None, eos: tuple[int, ...] = (), chunk: int = MAX_CHUNK,
+                   keep_logits: bool = True) -> list[GenResult]:
     """Greedy-decode up to `n_tokens` after each prompt, `slots` sequences at a time (default: every prompt, at most
-    MAX_BATCH); a sequence ends at its `n_tokens`-th token or at an id of `eos`. One result a prompt, in order."""
+    MAX_BATCH); a sequence ends at its `n_tokens`-th token or at an id of `eos`. One result a prompt, in order; each
+    step's logits checked finite, kept in the results only with `keep_logits` (else the run's memory does not grow
+    with its tokens)."""
     prompts = check_prompts(cfg, prompts, n_tokens)
     slots = min(len(prompts), MAX_BATCH) if slots is None else slots
     if not 1 <= slots <= MAX_BATCH:
@@ -110,7 +112,8 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         k = held[s]
         r = results[k]
         r.generated_ids.append(token)
-        r.logits.append(logits)
+        if keep_logits:
+            r.logits.append(logits)
         if len(r.generated_ids) < n_tokens and token not in ends:
             last[s] = token
             return

@@ -23,6 +23,7 @@ class GenResult:
     prompt_ids: list[int]
     generated_ids: list[int]
     logits: list[np.ndarray] = field(default_factory=list)  # (vocab,) the logits each generated token was taken from
+    # (kept only where the caller asks, `keep_logits`: else empty, so a long run's memory does not grow with its tokens)
     prompt_s: float = 0.0  # seconds in the prefill steps (the prompt eval), planning inside them left out
     decode_s: float = 0.0  # seconds in the decode steps after the first generated token, planning left out
     setup_s: float = 0.0  # seconds the step function spent planning and setting up runners (its `spent` dict)
@@ -51,7 +52,7 @@ def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
-                        progress: bool = False) -> GenResult:
+                        progress: bool = False, keep_logits: bool = True) -> GenResult:
     """Greedy-decode with one given decode-step graph (a step YAML): the prompt fed row by row, the caches as the
     graph declares them."""
     rows = int(g.meta.get("rows", g.tensors[g.io.token].shape[0]))
@@ -66,16 +67,19 @@ def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: S
     cfg = ModelConfig("step", 0, layers, 1, 1, first.shape[1], 0, vocab, max_len=first.shape[0])
     caches = {t.name: np.zeros(t.shape, dtype=np.float32) for t in tables}
     return generate(cfg, weights, prompt_ids, n_tokens, step_fn=step_fn, chunk=1, progress=progress,
-                    graph=g, caches=caches)
+                    graph=g, caches=caches, keep_logits=keep_logits)
 
 
 def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
              chunk: int = MAX_CHUNK, progress: bool = False, graph: Graph | None = None,
-             caches: dict[str, np.ndarray] | None = None, eos: tuple[int, ...] = ()) -> GenResult:
+             caches: dict[str, np.ndarray] | None = None, eos: tuple[int, ...] = (),
+             keep_logits: bool = True) -> GenResult:
     """Greedy-decode `n_tokens` after `prompt_ids` (with `graph`, that one decode step for every row); the run ends
-    early after a token of `eos`. A step function with a `decode(graph, env, n, eos=, on_chunk=)` (the CuPy
+    early after a token of `eos`. A step function with a `decode(graph, env, n, logits=, eos=, on_chunk=)` (the CuPy
     backend's) runs the decode steps after the first back to back on the device, the host reading the tokens and
-    logits once a chunk; the same tokens and logits as one step a token."""
+    logits once a chunk of DECODE_CHUNK steps; the same tokens and logits as one step a token. Every step's logits
+    are checked finite; they are kept in the result only with `keep_logits` (without it the run holds at most a
+    chunk's logits at a time, whatever its length)."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise UserError("the prompt is empty: give at least one token")
@@ -115,26 +119,40 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         return logits, nxt, time.perf_counter() - t0 - setup
 
     def decode_on_device(decode, tokens: list[int], pos: int) -> None:
-        """The rest of the run from `tokens` at `pos`, back to back on the device (`step_fn.decode`)."""
+        """The rest of the run from `tokens` at `pos`, back to back on the device (`step_fn.decode`), a chunk of
+        DECODE_CHUNK steps a call: each call's logits checked, then kept or dropped, so the host never holds more
+        than a chunk's logits it was not asked for (the token and position of each call after the first are the ones
+        the device advanced to; uploading them again changes nothing)."""
+        from lanefuse.lane.run.cupy_runner import DECODE_CHUNK
+
         if 1 not in graphs:
             graphs[1] = graph if graph is not None else build_step(cfg, 1)
-        env = dict(caches)
-        env["token"] = np.asarray(tokens, dtype=np.int32)
-        env["pos"] = np.asarray([pos], dtype=np.int32)
         left = n_tokens - len(result.generated_ids)
-        t0, s0 = time.perf_counter(), _setup_s(step_fn)
-        with np.errstate(over="ignore", invalid="ignore"):
-            toks, rows = decode(graphs[1], env, left, eos=tuple(eos), on_chunk=bar.update if bar else None)
-        setup = _setup_s(step_fn) - s0
-        result.setup_s += setup
-        result.decode_s += time.perf_counter() - t0 - setup
-        for i, (t, row) in enumerate(zip(toks, rows)):  # refused at the first step whose logits are not finite
-            if not np.isfinite(row).all():
-                raise UserError(_not_finite(row, 1, pos + i, len(prompt)))
-            result.generated_ids.append(int(t[-1]))
-            result.logits.append(np.array(row, dtype=np.float32))
+        while left > 0:
+            env = dict(caches)
+            env["token"] = np.asarray(tokens, dtype=np.int32)
+            env["pos"] = np.asarray([pos], dtype=np.int32)
+            k = min(DECODE_CHUNK, left)
+            t0, s0 = time.perf_counter(), _setup_s(step_fn)
+            with np.errstate(over="ignore", invalid="ignore"):
+                toks, rows = decode(graphs[1], env, k, eos=tuple(eos), on_chunk=bar.update if bar else None)
+            setup = _setup_s(step_fn) - s0
+            result.setup_s += setup
+            result.decode_s += time.perf_counter() - t0 - setup
+            for i, (t, row) in enumerate(zip(toks, rows)):  # refused at the first step whose logits are not finite
+                if not np.isfinite(row).all():
+                    raise UserError(_not_finite(row, 1, pos + i, len(prompt)))
+                result.generated_ids.append(int(t[-1]))
+                if keep_logits:
+                    result.logits.append(np.array(row, dtype=np.float32))
+            if len(toks) < k or (len(toks) and int(toks[-1][-1]) in ends):  # an end of sequence: the run stops
+                return
+            left -= len(toks)
+            pos += len(toks)
+            tokens = [int(toks[-1][-1])]
 
     caches = caches if caches is not None else new_caches(cfg)
+    ends = frozenset(int(e) for e in eos)
     result = GenResult(prompt, [], [])
     if n_tokens == 0:
         return result
@@ -152,11 +170,11 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             if bar:
                 bar.update(1)
         pos = len(prompt)
-        ends = frozenset(int(e) for e in eos)
         device = getattr(step_fn, "decode", None)
         while True:
             result.generated_ids.append(nxt)
-            result.logits.append(logits)
+            if keep_logits:
+                result.logits.append(logits)
             if len(result.generated_ids) == n_tokens or nxt in ends:
                 break
             if device is not None:

@@ -1,0 +1,95 @@
+"""The memory of a long `run` does not grow with its tokens unless the logits are asked for (issue 36): `generate`
+and `generate_batch` keep each step's logits only with `keep_logits` (the CLI's `--json`), on the numpy path and on
+the device's chunked decode (the stand-in cupy of tests/test_cupy_runner_mock.py), the tokens the same either way."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tracemalloc
+import weakref
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+
+from test_cupy_runner_mock import fake_cupy  # noqa: E402,F401  (the stand-in cupy fixture)
+from test_device_decode import _device_fn, _numpy_fn  # noqa: E402
+
+from lanefuse.engine.demo import demo_model  # noqa: E402
+from lanefuse.lane.run.batch import generate_batch  # noqa: E402
+from lanefuse.lane.run.generate import generate  # noqa: E402
+
+PROMPT = [3, 1, 4, 1, 5]
+
+
+def _tracked(step_fn):
+    """`step_fn` whose every logits array is a fresh one, watched by a weak reference."""
+    alive = []
+
+    def step(g, env):
+        out = dict(step_fn(g, env))
+        out["logits"] = np.array(out["logits"], dtype=np.float32)
+        alive.append(weakref.ref(out["logits"]))
+        return out
+
+    step.spent = getattr(step_fn, "spent", None)
+    step.alive = lambda: sum(r() is not None for r in alive)
+    return step
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_run_holds_its_logits_only_where_asked(keep):
+    cfg, w = demo_model()
+    base = generate(cfg, w, PROMPT, 30, step_fn=_numpy_fn(w))
+    step = _tracked(_numpy_fn(w))
+    res = generate(cfg, w, PROMPT, 30, step_fn=step, keep_logits=keep)
+    gc.collect()
+    assert res.generated_ids == base.generated_ids
+    if keep:
+        assert len(res.logits) == 30 and step.alive() == 30
+        assert all(np.array_equal(a, b) for a, b in zip(res.logits, base.logits))
+    else:
+        assert res.logits == [] and step.alive() == 0
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_batch_holds_its_logits_only_where_asked(keep):
+    cfg, w = demo_model()
+    prompts = [[3, 1, 4], [1, 5, 9, 2], [6, 5]]
+    base = generate_batch(cfg, w, prompts, 12, 2, step_fn=_numpy_fn(w))
+    step = _tracked(_numpy_fn(w))
+    got = generate_batch(cfg, w, prompts, 12, 2, step_fn=step, keep_logits=keep)
+    gc.collect()
+    assert [r.generated_ids for r in got] == [r.generated_ids for r in base]
+    if keep:
+        assert all(len(r.logits) == 12 for r in got)
+    else:
+        assert all(r.logits == [] for r in got) and step.alive() == 0
+
+
+def test_the_device_decode_holds_a_chunk_of_logits_at_most(fake_cupy, monkeypatch):
+    """On the device, a run of 200 tokens without logits peaks where one of 40 does (at most a chunk's logits read
+    back, checked, dropped); with them it grows by the logits it keeps. The tokens are the numpy runner's."""
+    cfg, w = demo_model()
+    cfg = cfg.__class__(**{**cfg.__dict__, "max_len": 256})
+    want = generate(cfg, w, PROMPT, 200, step_fn=_numpy_fn(w)).generated_ids
+    runs, peaks = {}, {}
+    for n, keep in [(40, False), (200, False), (200, True)]:
+        fn = _device_fn(w, False, monkeypatch)
+        generate(cfg, w, PROMPT, 2, step_fn=fn)  # planned and set up before the count starts
+        gc.collect()
+        tracemalloc.start()
+        try:
+            runs[n, keep] = generate(cfg, w, PROMPT, n, step_fn=fn, keep_logits=keep)
+            peaks[n, keep] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert runs[200, False].generated_ids == want and runs[200, False].logits == []
+    assert runs[200, True].generated_ids == want and len(runs[200, True].logits) == 200
+    logits_of_160 = 160 * cfg.vocab * 4
+    short, long, kept = peaks[40, False], peaks[200, False], peaks[200, True]
+    print(f"peak bytes: 40 tokens {short}, 200 tokens {long}, 200 tokens with logits {kept}")
+    assert long - short < logits_of_160 / 4, (short, long)
+    assert kept - long > logits_of_160 / 2, (long, kept)
