@@ -404,6 +404,12 @@ class Rope(Launch):
     def fast(self, env):
         self.parts().fast(env)
 
+    def bind_fast(self, env):
+        return self.parts().bind_fast(env)
+
+    def fast_temp(self):
+        return self.parts().fast_temp()  # the side's temporaries: the runner sizes its arena's tail by this
+
     def grid_block(self):
         return self.parts().grid_block()
 

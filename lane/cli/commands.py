@@ -308,6 +308,7 @@ def cmd_check(args) -> int:
     import numpy as np
 
     from lanefuse.engine.interp import evaluate
+    from lanefuse.engine.quantize import with_numerics
     from lanefuse.lane.cli.report import plan_from_args
     from lanefuse.lane.run.numpy_runner import NumpyRunner
     from lanefuse.lane.cli.source import open_for
@@ -328,21 +329,31 @@ def cmd_check(args) -> int:
         vocab = g.tensors[g.io.logits].shape[-1]
         env[g.io.token] = rng.integers(0, vocab, g.tensors[g.io.token].shape[0]).astype(np.int32)
         env[g.io.position] = np.asarray([hist], np.int32)
-        ref_env = {k: v.copy() for k, v in env.items()}
-        ref = evaluate(g, src.weights, ref_env)
+        ref = evaluate(with_numerics(g, s.numerics), src.weights, {k: v.copy() for k, v in env.items()})
+        fast_env = {k: v.copy() for k, v in env.items()}
         try:
             out = NumpyRunner(s, src.weights, check=True).step(env, lifted=g)
         except UserError as e:
             print(f"rows {rows}: {s.n_launches} launches: DIVERGES: {e}")
             bad += 1
             continue
+        # the fast twins `run` takes on the CPU (f32 BLAS, each launch bound once), the same step whole
+        fast = NumpyRunner(s, src.weights, exact=False).step(fast_env)
         want = np.asarray(ref[g.io.logits], np.float64)
-        rel = float(np.max(np.abs(out[g.io.logits] - want)) / max(np.max(np.abs(want)), 1e-30))
-        same = int(out[g.io.next][0]) == int(np.asarray(ref[g.io.next]).reshape(-1)[0])
-        ok = same and rel <= 1e-4
+        ref_next = int(np.asarray(ref[g.io.next]).reshape(-1)[0])
+        words = []
+        ok = True
+        for what, got in (("", out), ("fast twins: ", fast)):
+            rel = float(np.max(np.abs(got[g.io.logits] - want.reshape(got[g.io.logits].shape)))
+                        / max(np.max(np.abs(want)), 1e-30))
+            same = int(got[g.io.next].reshape(-1)[0]) == ref_next
+            ok = ok and same and rel <= 1e-4
+            words.append(f"{what}next token {'equal' if same else 'DIFFERENT'}, logits within {rel:.2e} of their "
+                         f"scale")
         bad += not ok
-        print(f"rows {rows}: {s.n_launches} launches, fusions {sum(s.fusions.values())}: next token "
-              f"{'equal' if same else 'DIFFERENT'}, logits within {rel:.2e} of their scale -> {'ok' if ok else 'FAIL'}")
+        under = f" (reference under {s.numerics})" if s.numerics != "f32" else ""
+        print(f"rows {rows}: {s.n_launches} launches, fusions {sum(s.fusions.values())}: {'; '.join(words)}{under} "
+              f"-> {'ok' if ok else 'FAIL'}")
     if bad:
         raise UserError(f"{bad} of {len(rows_list)} step(s) differ from the reference", code=1)
     return 0

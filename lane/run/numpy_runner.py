@@ -129,7 +129,12 @@ class ArenaEnv:
         return host_stacked([self.s.constants[n] for n in names], self.weights, columns=True)
 
     def temp(self, count: int) -> np.ndarray:
-        """`count` f32 values of the arena's tail, a fast twin's temporary for the length of its launch."""
+        """`count` f32 values of the arena's tail, a fast twin's temporary for the length of its launch. A launch
+        that asks for more than its kind's `fast_temp` declared (the tail's size) is a bug in that kind: said here,
+        not found later as an empty view."""
+        if count > self._temp.size:
+            raise RuntimeError(f"a fast twin asked for {count} temporary values; the runner's tail holds "
+                               f"{self._temp.size} (the largest `fast_temp()` of the plan's launches)")
         return self._temp[:count]
 
     def param(self, name: str) -> int:
