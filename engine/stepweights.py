@@ -42,7 +42,10 @@ def random_weights(g: Graph, seed: int) -> Weights:
 
 
 # a block format's values as random bytes give (for its f16 scale d = 1) about this standard deviation
-_SPREAD = {"q8_0": 74.0, "q4_0": 4.6, "q4_k": 260.0, "q6_k": 1370.0}
+_SPREAD = {"q8_0": 74.0, "q4_0": 4.6, "q4_k": 260.0, "q6_k": 1370.0, "q4_1": 4.6, "q5_0": 9.2, "q5_1": 9.2,
+           "q5_k": 530.0, "q3_k": 43.0, "q2_k": 14.0, "iq4_nl": 67.0, "iq4_xs": 1250.0}
+# the second f16 scale (a min: q4_k's dmin, q4_1's m, ...) as a multiple of d that centers the values on zero
+_MIN_CENTER = {"q4_k": 7.5, "q5_k": 15.5, "q2_k": 1.5, "q4_1": -7.5, "q5_1": -15.5}
 
 
 def random_blocks(rng, shape: tuple[int, ...], fmt: str, name: str = "") -> np.ndarray:
@@ -59,7 +62,8 @@ def random_blocks(rng, shape: tuple[int, ...], fmt: str, name: str = "") -> np.n
         raw[:, 0] = 127 + int(np.round(np.log2(1.0 / np.sqrt(cols) / 2.9)))
         return raw.reshape(rows, -1)
     d = np.float16(1.0 / np.sqrt(cols) / _SPREAD[fmt])
-    scales = [(F16_SCALES[fmt][0], d)] + ([(2, np.float16(float(d) * 7.5))] if fmt == "q4_k" else [])
+    scales = [(F16_SCALES[fmt][0], d)] + ([(F16_SCALES[fmt][1], np.float16(float(d) * _MIN_CENTER[fmt]))]
+                                          if fmt in _MIN_CENTER else [])
     for at, v in scales:
         raw[:, at: at + 2] = np.frombuffer(v.tobytes(), np.uint8)
     return raw.reshape(rows, -1)

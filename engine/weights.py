@@ -34,8 +34,12 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 # GGUF's block formats: name -> (values a block, bytes a block), the layouts of gguf.GGML_QUANT_SIZES. A tensor of
 # logical shape (rows, cols) is held as uint8 (rows, cols / values * bytes), each row's blocks in turn.
-BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210), "mxfp4": (32, 17)}
-F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,), "mxfp4": ()}  # a block's f16 scales' bytes
+BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210), "mxfp4": (32, 17),
+                 "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q5_k": (256, 176), "q3_k": (256, 110),
+                 "q2_k": (256, 84), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
+F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,), "mxfp4": (), "q4_1": (0, 2), "q5_0": (0,),
+              "q5_1": (0, 2), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "iq4_nl": (0,),
+              "iq4_xs": (0,)}  # a block's f16 scales' bytes (kernels/blocks.py holds the same tables)
 # (mxfp4's scale is one e8m0 byte, at 0)
 
 
@@ -327,8 +331,10 @@ MAX_HEADER = 100_000_000  # the safetensors library's own cap
 def _header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
     """A safetensors file's tensors: name -> (dtype, shape, absolute byte offset of its data), every span checked:
     a known dtype, end - start = elements x itemsize, inside the file, no two overlapping."""
+    from lanefuse.engine.userfile import regular
+
+    size = regular(path, "a safetensors file")  # a FIFO would block the open for ever
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
             lead = f.read(8)
             if len(lead) < 8:

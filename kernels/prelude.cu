@@ -64,6 +64,112 @@ __device__ __forceinline__ float q6_k_get(const u8* w, i64 i) {  // 128 bytes of
     return __fmul_rn(d, (float)((int)(lo | (hi << 4)) - 32));
 }
 
+// q4_1 (d, m, 16 bytes of q4_0's nibbles): d·q + m. q5_0 / q5_1 (d[, m], 4 bytes whose bit j is value j's fifth,
+// 16 bytes of nibbles): d·(q - 16) / d·q + m. The fifth bits read a byte at a time (the 22-byte blocks leave them
+// 2-byte aligned only).
+__device__ __forceinline__ unsigned nib32(const u8* qs, int j) {  // value j of 16 bytes of q4_0-ordered nibbles
+    unsigned q = qs[j & 15];
+    return j < 16 ? (q & 15u) : (q >> 4);
+}
+
+__device__ __forceinline__ float q4_1_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 5) * 20;
+    return __fadd_rn(__fmul_rn(h16(b), (float)nib32(b + 4, (int)(i & 31))), h16(b + 2));
+}
+
+__device__ __forceinline__ unsigned q5_int(const u8* h, int j) {  // h: the 4 bytes of fifth bits, then the nibbles
+    return nib32(h + 4, j) | (((unsigned)h[j >> 3] >> (j & 7) & 1u) << 4);
+}
+
+__device__ __forceinline__ float q5_0_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 5) * 22;
+    return __fmul_rn(h16(b), (float)((int)q5_int(b + 2, (int)(i & 31)) - 16));
+}
+
+__device__ __forceinline__ float q5_1_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 5) * 24;
+    return __fadd_rn(__fmul_rn(h16(b), (float)q5_int(b + 4, (int)(i & 31))), h16(b + 2));
+}
+
+// iq4_nl (d, 16 bytes of q4_0's nibbles, each a level of ggml's kvalues_iq4nl): d·level.
+__device__ __forceinline__ int iq4_level(unsigned q) {  // the levels as bytes of four words (no local array)
+    unsigned lo = q & 8u ? ((q & 4u) ? 0x71594535u : 0x26190D01u) : ((q & 4u) ? 0xF6EADDCFu : 0xBFAD9881u);
+    return (int)(signed char)(lo >> (8 * (q & 3u)));
+}
+
+__device__ __forceinline__ float iq4_nl_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 5) * 18;
+    return __fmul_rn(h16(b), (float)iq4_level(nib32(b + 2, (int)(i & 31))));
+}
+
+// q4_k's (and q5_k's) 6-bit scale and min of sub-block j (ggml's get_scale_min_k4), s its 12 scale bytes.
+__device__ __forceinline__ void k4_scale_min(const u8* s, int j, int& sc, int& mn) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        mn = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// q5_k (d, dmin, q4_k's 12 scale bytes, 32 bytes whose byte l bit j is the fifth bit of sub-block j's value l, 128
+// bytes of q4_k's nibbles): (d·sc)·q - dmin·mn.
+__device__ __forceinline__ float q5_k_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 8) * 176;
+    int v = (int)(i & 255), j = v >> 5, l = v & 31, sc, mn;
+    k4_scale_min(b + 4, j, sc, mn);
+    unsigned q = b[48 + (j >> 1) * 32 + l];
+    q = ((j & 1) ? (q >> 4) : (q & 15u)) | ((b[16 + l] >> j & 1u) << 4);
+    float ds = __fmul_rn(h16(b), (float)sc), dm = __fmul_rn(h16(b + 2), (float)mn);
+    return __fsub_rn(__fmul_rn(ds, (float)q), dm);
+}
+
+// q2_k (16 scale bytes, a sub-block of 16 each: the low nibble its scale, the high its min; 64 bytes of 2-bit values,
+// value 128h + 32t + l bits 2t of byte 32h + l; d, dmin): (d·sc)·q - dmin·mn.
+__device__ __forceinline__ float q2_k_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 8) * 84;
+    int v = (int)(i & 255), s = b[v >> 4];
+    unsigned q = (b[16 + 32 * (v >> 7) + (v & 31)] >> (2 * ((v >> 5) & 3))) & 3u;
+    float dl = __fmul_rn(h16(b + 80), (float)(s & 15)), ml = __fmul_rn(h16(b + 82), (float)(s >> 4));
+    return __fsub_rn(__fmul_rn(dl, (float)q), ml);
+}
+
+// q3_k's signed 6-bit scale of sub-block g (of 16), s its 12 scale bytes: the low four bits a nibble of byte g % 8,
+// the high two bits 2(g / 4) of byte 8 + g % 4, less 32.
+__device__ __forceinline__ int k3_scale(const u8* s, int g) {
+    int lo = g < 8 ? (s[g] & 15) : (s[g - 8] >> 4);
+    return (lo | (((s[8 + (g & 3)] >> (2 * (g >> 2))) & 3) << 4)) - 32;
+}
+
+// q3_k (32 bytes of high bits: value v's bit v / 32 of byte v % 32, 64 bytes of q2_k's 2-bit values, 12 scale bytes,
+// d): the low bits, less 4 where the high bit is clear; (d·sc)·q.
+__device__ __forceinline__ int q3_int(const u8* b, int v) {
+    int q = (b[32 + 32 * (v >> 7) + (v & 31)] >> (2 * ((v >> 5) & 3))) & 3;
+    return q - ((b[v & 31] >> (v >> 5) & 1) ? 0 : 4);
+}
+
+__device__ __forceinline__ float q3_k_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 8) * 110;
+    int v = (int)(i & 255);
+    float dl = __fmul_rn(h16(b + 108), (float)k3_scale(b + 96, v >> 4));
+    return __fmul_rn(dl, (float)q3_int(b, v));
+}
+
+// iq4_xs (d, a uint16 of the sub-blocks' (of 32) high scale bits 2j, 4 bytes of their low nibbles, 128 bytes of
+// iq4_nl's nibbles, 16 a sub-block): (d·(ls - 32))·level.
+__device__ __forceinline__ int xs_scale(const u8* b, int j) {
+    int lo = (b[4 + (j >> 1)] >> (4 * (j & 1))) & 15, hi = ((b[2] | (b[3] << 8)) >> (2 * j)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+__device__ __forceinline__ float iq4_xs_get(const u8* w, i64 i) {
+    const u8* b = w + (i >> 8) * 136;
+    int v = (int)(i & 255), j = v >> 5;
+    float dl = __fmul_rn(h16(b), (float)xs_scale(b, j));
+    return __fmul_rn(dl, (float)iq4_level(nib32(b + 8 + 16 * j, v & 31)));
+}
+
 // MXFP4 (gpt-oss's experts, kernels/blocks.py): a block of 17 bytes, the e8m0 scale s then 16 bytes, byte j holding
 // value 2j in its low nibble and 2j + 1 in its high; fp4 e2m1 (sign 8, exponent 2 bits, mantissa 1) times 2^(s - 127)
 // by ldexpf (exact), as transformers decodes it.
@@ -80,13 +186,28 @@ __device__ __forceinline__ float mxfp4_get(const u8* w, i64 i) {
     return ldexpf(fp4f((j & 1) ? (q >> 4) : (q & 15u)), (int)b[0] - 127);
 }
 
-// fmt 3 q8_0, 4 q4_0, 5 q4_k, 6 q6_k, 7 mxfp4
+__device__ __forceinline__ float qget_more(int fmt, const u8* b, i64 i) {  // the formats past the first five
+    switch (fmt) {
+        case 8: return q4_1_get(b, i);
+        case 9: return q5_0_get(b, i);
+        case 10: return q5_1_get(b, i);
+        case 11: return q5_k_get(b, i);
+        case 12: return q3_k_get(b, i);
+        case 13: return q2_k_get(b, i);
+        case 14: return iq4_nl_get(b, i);
+        default: return iq4_xs_get(b, i);
+    }
+}
+
+// fmt 3 q8_0, 4 q4_0, 5 q4_k, 6 q6_k, 7 mxfp4, 8 q4_1, 9 q5_0, 10 q5_1, 11 q5_k, 12 q3_k, 13 q2_k, 14 iq4_nl,
+// 15 iq4_xs (kernels/common.py's FORMAT_CODE)
 __device__ __forceinline__ float qget(int fmt, const void* w, i64 i) {
     const u8* b = (const u8*)w;
     if (fmt == 3) return q8_0_get(b, i);
     if (fmt == 4) return q4_0_get(b, i);
     if (fmt == 5) return q4_k_get(b, i);
     if (fmt == 7) return mxfp4_get(b, i);
+    if (fmt >= 8) return qget_more(fmt, b, i);
     return q6_k_get(b, i);
 }
 
@@ -131,6 +252,9 @@ __device__ __forceinline__ float4 qget4(int fmt, const void* w, i64 i) {
         return make_float4(ldexpf(fp4f(q[0] & 15u), e), ldexpf(fp4f(q[0] >> 4), e), ldexpf(fp4f(q[1] & 15u), e),
                            ldexpf(fp4f(q[1] >> 4), e));
     }
+    if (fmt >= 8)  // the formats past the first five: each value by qget (four values, scales decoded four times)
+        return make_float4(qget_more(fmt, (const u8*)w, i), qget_more(fmt, (const u8*)w, i + 1),
+                           qget_more(fmt, (const u8*)w, i + 2), qget_more(fmt, (const u8*)w, i + 3));
     b = (const u8*)w + (i >> 8) * 210;
     int v = (int)(i & 255), h = v >> 7, t = (v >> 5) & 3, l = v & 31, sl = t >= 2 ? 4 : 0, shh = 2 * t;
     const u8* lo = b + 64 * h + 32 * (t & 1) + l;

@@ -164,7 +164,9 @@ typedef unsigned short u16;
 typedef long long i64;
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 struct float4 { float x, y, z, w; };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

@@ -60,7 +60,9 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=_rows, default=None, metavar="N",
                    help="KV cache rows: the positions a run can reach (default: what the model allows, at most "
                         "4096 and a quarter of memory; said in the output)")
-    p.add_argument("--weights-format", choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"), default=None,
+    p.add_argument("--weights-format", default=None,
+                   choices=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "q4_1", "q5_0", "q5_1", "q5_k",
+                            "q3_k", "q2_k", "iq4_nl", "iq4_xs"),
                    help="a folder holding only config.json: the checkpoint format to plan its weights in (default: "
                         "the config's torch_dtype); the demo model: its matrices stored (quantized) in that format")
 

@@ -201,7 +201,7 @@ def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> So
     if fmt is None:
         raise UserError(f"{folder}: config.json and no weights (*.safetensors), and its torch_dtype "
                         f"({dtype!r}) names no checkpoint format: give --weights-format "
-                        f"f32|f16|bf16|q8_0|q4_0|q4_k|q6_k to plan its shape")
+                        f"f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|... to plan its shape")
     cfg = config_from_hf(raw, path, max_len=rows, name=name)
     cfg = dataclasses.replace(cfg, formats=tuple((w, fmt) for w in cfg.weight_names()))
     whence = "--weights-format" if weights_format else f"config.json's torch_dtype {dtype}"
