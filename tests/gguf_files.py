@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lanefuse.engine.gguf_vocab import PRE_REGEXES  # llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp)
+from lanefuse.engine.gguf_vocab import PRES  # llama.cpp's pre-tokenizers (src/llama-vocab.cpp)
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -225,19 +225,21 @@ def check_llama_cpp(path: Path, ref, prompt: list[int], n: int, what: str, tol: 
     assert vs_hf < tol and vs_lane < tol
 
 
-def bpe_tokenizer(vocab_size: int, pre: str = "qwen2", specials=("<|endoftext|>", "<|im_start|>")):
-    """A byte-level BPE trained on SENTENCES with the pre-tokenizer `pre` names, exactly `vocab_size` tokens (padded
-    with [PADi] as the converter pads): (tokenizers.Tokenizer, tokens, merges, token types)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+def bpe_tokenizer(vocab_size: int, pre: str = "qwen2", specials=("<|endoftext|>", "<|im_start|>"),
+                  texts: list[str] | None = None):
+    """A byte-level BPE trained on `texts` (SENTENCES) with the pre-tokenizer `pre` names, exactly `vocab_size` tokens
+    (padded with [PADi] as the converter pads): (tokenizers.Tokenizer, tokens, merges, token types)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    tok = Tokenizer(models.BPE(ignore_merges=pre in ("llama-bpe", "llama3")))
+    from lanefuse.engine.gguf_vocab import splits
+
+    tok = Tokenizer(models.BPE(ignore_merges=PRES[pre].ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_REGEXES[pre]]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        splits(PRES[pre]) + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(SENTENCES * 4, trainer)
+    tok.train_from_iterator((texts or SENTENCES) * 4, trainer)
     import json
 
     model = json.loads(tok.to_str())["model"]
@@ -254,6 +256,25 @@ def bpe_tokenizer(vocab_size: int, pre: str = "qwen2", specials=("<|endoftext|>"
             tokens.append(rev[i])
             types.append(3 if rev[i] in specials else 1)  # CONTROL | NORMAL
     return tok, tokens, merges, types
+
+
+def write_vocab_gguf(path: Path, tokenizer, pre: str, bos: int | None = None, eos: int = 0,
+                     add_bos: bool | None = None, chat_template: str | None = None) -> Path:
+    """A GGUF file holding a tokenizer (bpe_tokenizer's tokens, merges, types) and a one-layer llama's shape keys, no
+    tensors: what llama.cpp's vocab_only load and lanefuse's tokenizer read."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(Path(path).stem)
+    for add, v in ((w.add_context_length, 64), (w.add_embedding_length, 64), (w.add_block_count, 1),
+                   (w.add_feed_forward_length, 64), (w.add_head_count, 2), (w.add_head_count_kv, 2)):
+        add(v)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokenizer[0]))
+    add_tokenizer(w, tokenizer, pre, eos, bos, add_bos)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+    return finish(w, path)
 
 
 def stored_format(fmt: str, cols: int) -> str:

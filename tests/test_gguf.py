@@ -355,8 +355,8 @@ def test_tokenizer_adds_bos_where_the_file_says(tmp_path):
                          bos=1)  # no add_bos_token key: llama-bpe's default is to add it (llama.cpp)
     got = tokenizer_from_gguf(open_reader(path), str(path))
     assert got.encode("hello").ids == [1] + tok.encode("hello").ids
-    bad = _rewrite(path, tmp_path / "bad.gguf", set_keys={"tokenizer.ggml.pre": ("tekken", STR)})
-    with pytest.raises(UserError, match="`tokenizer.ggml.pre` is `tekken`"):
+    bad = _rewrite(path, tmp_path / "bad.gguf", set_keys={"tokenizer.ggml.pre": ("gemma4", STR)})
+    with pytest.raises(UserError, match="`tokenizer.ggml.pre` is `gemma4`"):
         tokenizer_from_gguf(open_reader(bad), str(bad))
 
 
