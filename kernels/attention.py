@@ -321,7 +321,7 @@ class Attention(Launch):
         window, scale, cap = self.window, self.scale, self.softcap
         mine = flat[self.seq0 * self.heads * vd: n * self.heads * vd]  # this launch's rows (a batch's from seq0)
         gate = env.array(self.gate[0])[self.seq0 * self.heads * vd: n * self.heads * vd] if self.gate else None
-        matmul, exp = np.matmul, np.exp
+        matmul, exp, inf = np.matmul, np.exp, np.inf
 
         def call():
             for r, p, at in self.queries(env):
@@ -345,9 +345,33 @@ class Attention(Launch):
                     total += exp(sinks - top)
                 matmul(logit, vals[lo: p + 1].transpose(1, 0, 2), out=out[r])
                 out[r] /= total
+                o = out[r]
+                if not (o.max() < inf and o.min() > -inf):  # NaN fails both: f32 overflowed where f64 may not
+                    exact_row(r, lo, p)
+
             if gate is not None:  # times act(gate)
                 np.multiply(mine, act(self.gate[1], gate).astype(np.float32), out=mine)
             self.quantize(env, mine)
+
+        def exact_row(r, lo, p):
+            """Row r's heads (positions lo..p of the tables) again in f64, as the exact twin and the reference
+            compute them: logits past f32's largest value, or a weighed sum of values past it, which the f32 path
+            turns into inf - inf = NaN."""
+            f64 = np.float64
+            with np.errstate(over="ignore", invalid="ignore"):
+                lg = np.einsum("kgo,tko->kgt", q[r].astype(f64), keys[lo: p + 1].astype(f64))
+                if t:
+                    lg += np.einsum("kgo,to->kgt", qt[r].astype(f64), kt[lo: p + 1].astype(f64))
+                lg *= scale
+                if cap > 0:
+                    lg = cap * np.tanh(lg / cap)
+                top = lg.max(axis=-1, keepdims=True)
+                s64 = sinks.astype(f64) if sinks is not None else None
+                if s64 is not None:
+                    top = np.maximum(top, s64)
+                e = np.exp(lg - top)
+                den = e.sum(axis=-1, keepdims=True) + (np.exp(s64 - top) if s64 is not None else 0.0)
+                out[r] = np.einsum("kgt,tkv->kgv", e / den, vals[lo: p + 1].astype(f64)).astype(np.float32)
 
         return call
 

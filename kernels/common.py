@@ -363,28 +363,47 @@ _vecdot = getattr(np, "vecdot", None)  # numpy >= 2: each head's sum of squares 
 
 class RmsScale:
     """The fast twins' RMS norm of each head of `hd` values in f32, in a few calls on arrays made once (bound ahead):
-    rmsnorm(x)·w = x·w' / r(x), w' = √hd·w (√hd without a weight) and r(x) = √(Σx² + hd·eps) each head's (`roots`).
-    A rotation, linear, may come between the product and the division (kernels/rope.py)."""
+    rmsnorm(x)·w = x·w' / r(x), w' = √hd·w (√hd without a weight) and r(x) = √(Σx² + hd·eps) each head's (`prepare`).
+    A rotation, linear, may come between the product and the division (kernels/rope.py). A head whose f32 sum of
+    squares leaves [SS_LOW, SS_HIGH] — it overflowed (activations past ~1e19), its squares underflowed (tiny or
+    denormal values, a small eps), or it is NaN — is normed in f64 as the reference interpreter norms it."""
+
+    SS_LOW = 2.0 ** -90  # below: squares lost to underflow may be more than f32 rounding of the sum
+    SS_HIGH = 2.0 ** 100  # above: a partial sum may have overflowed (f32's largest is about 2^128)
 
     def __init__(self, rows: int, heads: int, hd: int, w: np.ndarray | None, eps: float):
         ones = np.ones(hd, np.float32) if w is None else np.asarray(w[:hd], dtype=np.float32)
         self.w = ones * np.float32(np.sqrt(hd))
+        self.w64 = ones.astype(np.float64)
+        self.eps = float(eps)
         self.hde = np.float32(hd * eps)
         self.ss = np.empty((rows, heads, 1), np.float32)
 
-    def roots(self, x: np.ndarray) -> np.ndarray:
-        """r(x) of x (rows, heads, hd): (rows, heads, 1), in the array made once."""
+    def prepare(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """out = x·w' and the roots r(x) (rows, heads, 1), in the array made once: out / r is rmsnorm(x)·w. A head
+        the f32 sum cannot norm (see the class) is written to `out` normed already, in f64, its root 1. `out` may be
+        x."""
+        ss = self.ss
         if _vecdot is not None:
-            _vecdot(x, x, out=self.ss[..., 0])
+            _vecdot(x, x, out=ss[..., 0])
         else:
-            np.einsum("rhd,rhd->rh", x, x, out=self.ss[..., 0])
-        np.add(self.ss, self.hde, out=self.ss)
-        return np.sqrt(self.ss, out=self.ss)
+            np.einsum("rhd,rhd->rh", x, x, out=ss[..., 0])
+        np.add(ss, self.hde, out=ss)
+        bad = fixed = None
+        if not (ss.min() >= self.SS_LOW and ss.max() <= self.SS_HIGH):  # NaN fails the comparison too
+            bad = ~((ss >= self.SS_LOW) & (ss <= self.SS_HIGH))[..., 0]  # (rows, heads)
+            x64 = x[bad].astype(np.float64)  # (heads normed apart, hd)
+            fixed = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + self.eps) * self.w64
+        np.sqrt(ss, out=ss)
+        np.multiply(x, self.w, out=out)
+        if bad is not None:
+            out[bad] = fixed
+            ss[bad] = 1.0
+        return ss
 
     def __call__(self, x: np.ndarray, out: np.ndarray) -> None:
         """out = rmsnorm(x)·w (out may be x)."""
-        r = self.roots(x)
-        np.multiply(x, self.w, out=out)
+        r = self.prepare(x, out)
         np.divide(out, r, out=out)
 
 

@@ -104,12 +104,12 @@ def rows_at(env, names: tuple[str, ...], n: int, k: int):
 def bound_product(x, w, out, bias: np.ndarray | None = None):
     """A call computing out (m, n) = x (m, k) · w (n, k)ᵀ (+ bias) by f32 BLAS; each of x, w and out an array resolved
     ahead or a call giving it as the step finds it (`activation_at`, `rows_at`, `dst_at`). All three fixed and no
-    bias: the BLAS call itself, its arguments bound."""
+    bias: the BLAS call itself, its arguments bound. Either way `finite_or_exact` guards it."""
     fixed = [getattr(v, "fixed", None) if callable(v) else v for v in (x, w, out)]
     if bias is None and all(v is not None for v in fixed):
         xf, wf, of = fixed
         if xf.shape[0] == 1:
-            return partial(np.matmul, wf, xf[0], out=of[0])
+            return finite_or_exact(partial(np.matmul, wf, xf[0], out=of[0]), x, w, out)
         if by_gemvs(xf.shape[0]):
             rows = [partial(np.matmul, wf, xf[i], out=of[i]) for i in range(xf.shape[0])]
 
@@ -117,14 +117,43 @@ def bound_product(x, w, out, bias: np.ndarray | None = None):
                 for row in rows:
                     row()
 
-            return gemvs
-        return partial(np.matmul, xf, wf.T, out=of)
+            return finite_or_exact(gemvs, x, w, out)
+        return finite_or_exact(partial(np.matmul, xf, wf.T, out=of), x, w, out)
 
     def call():
         y = at_call(out)
         fast_products(at_call(x), at_call(w), y)
-        if bias is not None:
-            np.add(y, bias, out=y)
+
+    guarded = finite_or_exact(call, x, w, out)
+    if bias is None:
+        return guarded
+
+    def biased():
+        guarded()
+        y = at_call(out)
+        np.add(y, bias, out=y)
+
+    return biased
+
+
+def finite_or_exact(product, x, w, out):
+    """`product` (out = x · wᵀ in f32 BLAS), then each row of `out` that is not finite computed again in f64, as the
+    exact twin and the reference compute it: an f32 partial sum past f32's largest value (or inf - inf) where the
+    product itself fits, which f32 BLAS alone turns into inf or NaN. Two reductions a call when all is finite."""
+    inf = np.inf
+
+    def call():
+        product()
+        o = at_call(out)
+        hi, lo = o.max(), o.min()
+        if hi < inf and lo > -inf:  # NaN fails both
+            return
+        xs, ws = at_call(x), at_call(w)
+        bad = ~np.isfinite(o).all(axis=1)
+        w64 = np.asarray(ws, dtype=np.float64)
+        for i in np.flatnonzero(bad):
+            with np.errstate(over="ignore", invalid="ignore"):
+                o[i] = (w64 @ np.asarray(xs[i], dtype=np.float64)).astype(np.float32)
 
     return call
 

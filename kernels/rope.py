@@ -145,8 +145,7 @@ def side_bind(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
     def call():
         x = x0 if x0 is not None else xs()[seq0:].reshape(rows, heads, hd)
         if norm is not None:
-            ss = norm.roots(x)
-            mul(x, norm.w, out=xn)
+            ss = norm.prepare(x, xn)  # x·w' (a head f32 cannot norm: normed already, its root 1)
             x = xn
         if rot == 0:  # normed only
             if norm is not None:
