@@ -285,9 +285,9 @@ def stored_format(fmt: str, cols: int) -> str:
 
 def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tokenizer=None, pre: str = "qwen2",
                bos: int | None = None, eos: int = 0, add_bos: bool | None = None, out_fmt: str | None = None,
-               rope_freqs: np.ndarray | None = None) -> Path:
+               rope_freqs: np.ndarray | None = None, chat_template: str | None = None) -> Path:
     """`model` (a transformers model) as a GGUF file of `fmt` 2-D tensors (`out_fmt` for output.weight), with
-    `tokenizer` (bpe_tokenizer's tokens, merges, types) in its metadata where given."""
+    `tokenizer` (bpe_tokenizer's tokens, merges, types) and `chat_template` in its metadata where given."""
     import gguf
 
     cfg = model.config
@@ -318,6 +318,8 @@ def write_gguf(model, path: Path, fmt: str = "f32", arch: str | None = None, tok
             w.add_sliding_window(cfg.sliding_window)
     if tokenizer is not None:
         add_tokenizer(w, tokenizer, pre, eos, bos, add_bos)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))

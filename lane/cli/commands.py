@@ -47,13 +47,26 @@ def _in_vocab(src, ids: list[int], what: str = "prompt ids") -> None:
             raise UserError(f"{what} {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
 
 
+def _encode(args, src, tok, text: str) -> list[int]:
+    """Prompt text as ids: as it is, or (--chat) put through the model's chat template as one user message, its
+    control tokens as themselves and nothing added (the template writes the BOS it wants)."""
+    if not getattr(args, "chat", False):
+        return tok.encode(text).ids
+    if getattr(src, "chat", None) is None:
+        raise UserError(f"--chat: {src.name} is no GGUF file; the chat template is read from a GGUF file's "
+                        f"`tokenizer.chat_template`")
+    return tok.encode(src.chat(text), add_special_tokens=False).ids
+
+
 def _prompt_ids(args, src) -> tuple[list[int], object | None]:
     if args.prompt_ids is not None and args.prompt is not None:
         raise UserError("give --prompt-ids or --prompt, not both")
     tok = None
     if args.prompt is not None:
         tok = _tokenizer(src)
-        ids = tok.encode(args.prompt).ids
+        ids = _encode(args, src, tok, args.prompt)
+    elif getattr(args, "chat", False) and not getattr(args, "prompts", None):
+        raise UserError("--chat puts --prompt TEXT through the chat template: give --prompt")
     elif args.prompt_ids is not None:
         ids = _parse_ids(args.prompt_ids[0])
     else:
@@ -85,7 +98,7 @@ def _batch_prompts(args, src) -> tuple[list[list[int]], object | None]:
                 raise UserError(f"{where}: not JSON ({e.msg}); a line is a list of ids or {{\"prompt\": TEXT}}") from None
             if isinstance(doc, dict) and set(doc) == {"prompt"} and isinstance(doc["prompt"], str):
                 tok = tok or _tokenizer(src, f"{where}: a text prompt")
-                ids = tok.encode(doc["prompt"]).ids
+                ids = _encode(args, src, tok, doc["prompt"])
             elif isinstance(doc, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in doc):
                 ids = list(doc)
             else:

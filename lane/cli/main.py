@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a batch's sequences run their --tokens past the end-of-sequence id the config names")
     p.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder, or a GGUF "
                                                     "file's tokenizer, and the `tokenizers` package)")
+    p.add_argument("--chat", action="store_true", help="put --prompt TEXT (and each text line of --prompts) through "
+                   "the GGUF file's chat template as one user message (tokenizer.chat_template; needs jinja2)")
     p.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to generate (default 16)")
     p.add_argument("--json", metavar="FILE", help="write {model, prompt_ids, generated_ids, logits} to FILE (`-`: "
                                                   "stdout, the other lines then go to stderr)")

@@ -24,6 +24,7 @@ class Source:
     shape_said: str = ""  # a config-only folder: what the plan assumes of the weights
     tokenizer: object | None = None  # a GGUF file's: builds the tokenizer its metadata holds (for --prompt)
     eos: tuple[int, ...] = ()  # the end-of-sequence ids the model's config names (a batch's sequences end there)
+    chat: object | None = None  # a GGUF file's: a user message through its chat template, as text (--chat)
 
     def graph(self, rows: int = 1, batch: int = 1) -> Graph:
         if self.step is not None:
@@ -239,6 +240,12 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
 
         return tokenizer_from_gguf(reader, path)
 
+    def chat(text: str) -> str:
+        from lanefuse.engine.gguf_vocab import chat_text
+
+        return chat_text(reader, path, text)
+
     field = reader.fields.get("tokenizer.ggml.eos_token_id")
     eos = (int(field.parts[field.data[0]][0]),) if field is not None and field.data else ()
-    return Source(name, cfg, weights.with_config(cfg), path=path, ctx_said=said, tokenizer=tokenizer, eos=eos)
+    return Source(name, cfg, weights.with_config(cfg), path=path, ctx_said=said, tokenizer=tokenizer, eos=eos,
+                  chat=chat)
