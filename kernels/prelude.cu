@@ -186,7 +186,9 @@ __device__ __forceinline__ float mxfp4_get(const u8* w, i64 i) {
     return ldexpf(fp4f((j & 1) ? (q >> 4) : (q & 15u)), (int)b[0] - 127);
 }
 
-__device__ __forceinline__ float qget_more(int fmt, const u8* b, i64 i) {  // the formats past the first five
+// The formats past the first five, a call (not inlined: inlined in every reader, its eight decodings pushed
+// gemm_parts_4 from 168 registers into a 368-byte spill on sm_90; called, no reader's registers or stack change).
+__device__ __noinline__ float qget_more(int fmt, const u8* b, i64 i) {
     switch (fmt) {
         case 8: return q4_1_get(b, i);
         case 9: return q5_0_get(b, i);
