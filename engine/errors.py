@@ -15,3 +15,11 @@ def did_you_mean(name: str, known) -> str:
 
     m = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
     return f" (did you mean `{m[0]}`?)" if m else ""
+
+
+def clip(text, width: int = 60) -> str:
+    """Text from the user (a name, a value, a line of a file) as a message may echo it: itself where printable, else
+    its repr, cut to `width` characters with its length said, so a message stays a line whatever the input's size."""
+    t = str(text)
+    t = t if t.isprintable() else repr(t)
+    return t if len(t) <= width else f"{t[: max(width - 20, 8)]}... ({len(t)} characters)"

@@ -50,7 +50,7 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     folder = Path(path)
     if not folder.exists():
         raise UserError(f"{folder}: no such file or folder")
-    if folder.is_file() and folder.name.endswith(".gguf"):
+    if not folder.is_dir() and folder.name.endswith(".gguf"):  # a FIFO too: refused by name, not waited on
         return _load_gguf(folder, max_len)
     if not folder.is_dir():
         raise UserError(f"{folder}: expected a checkpoint folder (config.json and safetensors files) or a .gguf file")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, clip
 from lanefuse.engine.gguf_names import (FAMILIES, MIXTURE_OF, ROPE_FREQS, Family, hf_names, permuted_by,
                                        read_as_row)
 from lanefuse.engine.gguf_shapes import vocab_size
@@ -26,10 +26,9 @@ FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "
 
 
 def shown(text: Any, width: int = 40) -> str:
-    """A name from the file echoed in a message: itself where printable, else its repr; cut to `width`."""
-    t = str(text)
-    t = t if t.isprintable() else repr(t)
-    return t if len(t) <= width else t[: width - 3] + "..."
+    """A name from the file echoed in a message: itself where printable, else its repr; cut to `width`
+    (engine/errors.py `clip`)."""
+    return clip(text, width)
 
 
 class _Array:
@@ -68,19 +67,40 @@ def open_reader(path: str | Path):
     """`gguf.GGUFReader` over `path` (memory-mapped, read-only); a file it cannot read is one line naming it."""
     GGUFReader = _reader_class()
 
+    from lanefuse.engine.userfile import regular
+
     p = Path(path)
+    size = regular(p, "a GGUF file")  # a FIFO would block the memory map's open for ever
     try:
-        size = p.stat().st_size
-    except OSError as e:
-        raise UserError(f"{p}: cannot read ({e.strerror or e})") from None
-    try:
-        return GGUFReader(p, "r")
-    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError) as e:
-        why = str(e)[:160] or type(e).__name__
+        reader = GGUFReader(p, "r")
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError, MemoryError) as e:
+        why = clip(e, 160) if str(e) else type(e).__name__
         raise UserError(f"{p}: not a GGUF file the gguf package can read ({size} bytes: {why}); truncated, or not "
                         f"GGUF") from None
     except OSError as e:
         raise UserError(f"{p}: cannot read ({e.strerror or e})") from None
+    check_layout(p, reader)
+    return reader
+
+
+def check_layout(path: Path, reader) -> None:
+    """Every tensor's data where llama.cpp would read it: its offset (from the data section's start) a multiple of
+    the file's alignment (`general.alignment`, 32 where absent), and no two tensors' bytes overlapping (llama.cpp
+    refuses both; read as they are, they would be other numbers). The first wrong tensor is named."""
+    align = int(reader.alignment)
+    spans = []
+    for t in reader.tensors:
+        rel = int(t.data_offset) - int(reader.data_offset)
+        if rel % align:
+            raise UserError(f"{path}: tensor `{shown(t.name, 80)}` starts at data offset {rel}, not a multiple of the "
+                            f"file's alignment {align} (`general.alignment`); the file is corrupt")
+        if int(t.n_bytes):
+            spans.append((rel, rel + int(t.n_bytes), t.name))
+    spans.sort()
+    for (a0, a1, a), (b0, b1, b) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise UserError(f"{path}: tensors `{shown(a, 80)}` (data bytes {a0}..{a1}) and `{shown(b, 80)}` "
+                            f"(from {b0}) overlap; each tensor's data must have bytes of its own: the file is corrupt")
 
 
 def metadata(reader) -> dict[str, Any]:

@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, clip
+from lanefuse.engine.userfile import MAX_JSON, read_capped
 
 
 def read_json(path: str | Path, what: str):
     """The JSON document in `path`; `what` names the file's kind in messages (e.g. "config.json is JSON")."""
+    data = read_capped(path, MAX_JSON, "a JSON file")
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+        return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text ({what})") from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: not readable JSON ({e})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not readable JSON (nested deeper than Python's parser goes)") from None
+    except ValueError as e:  # not JSON, or an integer of more digits than Python converts
+        raise UserError(f"{path}: not readable JSON ({clip(e, 160)})") from None

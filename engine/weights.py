@@ -331,8 +331,10 @@ MAX_HEADER = 100_000_000  # the safetensors library's own cap
 def _header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
     """A safetensors file's tensors: name -> (dtype, shape, absolute byte offset of its data), every span checked:
     a known dtype, end - start = elements x itemsize, inside the file, no two overlapping."""
+    from lanefuse.engine.userfile import regular
+
+    size = regular(path, "a safetensors file")  # a FIFO would block the open for ever
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
             lead = f.read(8)
             if len(lead) < 8:

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, clip
 from lanefuse.lane.lower.files import json_text, write_atomic
 
 
@@ -44,7 +44,7 @@ def _in_vocab(src, ids: list[int], what: str = "prompt ids") -> None:
     if vocab is not None:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
-            raise UserError(f"{what} {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+            raise UserError(f"{what} {clip(bad[:5], 120)} are outside the vocabulary (0..{vocab - 1})")
 
 
 def _encode(args, src, tok, text: str) -> list[int]:
@@ -77,6 +77,9 @@ def _prompt_ids(args, src) -> tuple[list[int], object | None]:
     return ids, tok
 
 
+MAX_PROMPT_LINE = 4 << 20  # characters a line of a --prompts file (a prompt of 500k ids, or of text, fits)
+
+
 def _batch_prompts(args, src) -> tuple[list[list[int]], object | None]:
     """A batch's prompts in the order given: each --prompt-ids, then each line of --prompts FILE (a JSON list of ids,
     or {"prompt": text}); a bad line is named by its number."""
@@ -86,16 +89,24 @@ def _batch_prompts(args, src) -> tuple[list[list[int]], object | None]:
     prompts = [_parse_ids(t) for t in args.prompt_ids or ()]
     tok = None
     if args.prompts:
+        from lanefuse.engine.userfile import MAX_PROMPTS
         from lanefuse.engine.yamlsafe import read_text
 
-        for n, line in enumerate(read_text(args.prompts).splitlines(), 1):
+        text = read_text(args.prompts, what="a --prompts file", cap=MAX_PROMPTS, pipes=True)  # `<(cmd)` too
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             where = f"{args.prompts}:{n}"
+            if len(line) > MAX_PROMPT_LINE:
+                raise UserError(f"{where}: a line of {len(line)} characters; a prompt line holds at most "
+                                f"{MAX_PROMPT_LINE}")
             try:
                 doc = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where}: not JSON ({e.msg}); a line is a list of ids or {{\"prompt\": TEXT}}") from None
+            except RecursionError:
+                raise UserError(f"{where}: nested too deep; a line is a list of ids or {{\"prompt\": TEXT}}") from None
+            except ValueError as e:  # not JSON, or an integer of more digits than Python converts
+                why = e.msg if isinstance(e, json.JSONDecodeError) else clip(e, 80)
+                raise UserError(f"{where}: not JSON ({why}); a line is a list of ids or {{\"prompt\": TEXT}}") from None
             if isinstance(doc, dict) and set(doc) == {"prompt"} and isinstance(doc["prompt"], str):
                 tok = tok or _tokenizer(src, f"{where}: a text prompt")
                 ids = _encode(args, src, tok, doc["prompt"])
