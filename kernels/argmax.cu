@@ -13,7 +13,7 @@ __device__ __forceinline__ bool am_better(float v, i64 i, float b, i64 bi) {
 
 extern "C" __global__ void __launch_bounds__(AB) argmax_rows(const float* x, int* out, float* bv, int* bi,
                                                              unsigned* counter, i64 n, i64 rows, int* token,
-                                                             int* position, i64 step, i64 batch) {
+                                                             int* position, i64 step, i64 batch) { PDL_ENTER();
     __shared__ float sv[AB];
     __shared__ i64 si[AB];
     __shared__ int last;

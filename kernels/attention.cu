@@ -227,7 +227,7 @@ __device__ __forceinline__ void attention_body(
         float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,        \
         i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,           \
         i64 gact, signed char* qw, signed char* ql, float* qscale, const float* qtail, const float* ktail,            \
-        i64 tail, i64 qwords) {                                                                                       \
+        i64 tail, i64 qwords) { PDL_ENTER();                                                                          \
         attention_body<D, PB, KT>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits, \
                               kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale,   \
                               qtail, ktail, tail, qwords);                                                            \
@@ -246,7 +246,7 @@ ATTENTION_KERNEL(attention_split_narrow, 64, 8, 4)  // eight heads of up to 64: 
 #define CW 128
 extern "C" __global__ void __launch_bounds__(128) attention_combine(
     const float* part, const float* sinks, float* out, i64 heads, i64 vd, i64 splits, i64 seq0, const float* gate,
-    i64 gact, signed char* qw, signed char* ql, float* qscale, i64 cpb, i64 qwords) {
+    i64 gact, signed char* qw, signed char* ql, float* qscale, i64 cpb, i64 qwords) { PDL_ENTER();
     __shared__ float wz[CW], red[CW / 32];
     i64 r = blockIdx.y, h0 = (i64)blockIdx.x * cpb, st = vd + 2;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;

@@ -12,7 +12,7 @@ __device__ __forceinline__ float binary_at(const float* a, const float* b, i64 i
 // qwords 3 (llama.cpp's q8_K, for products over K-quant rows): a block of 256 threads a block of 256 values at a time,
 // staged in shared memory, then a warp quantizes them (quant.cu's quant_k_vals).
 extern "C" __global__ void binary(const float* a, const float* b, float* out, i64 n, i64 row, i64 op, i64 gate,
-                                  i64 each, signed char* qw, signed char* ql, float* qs, i64 qwords) {
+                                  i64 each, signed char* qw, signed char* ql, float* qs, i64 qwords) { PDL_ENTER();
     if (qw && qwords == 3) {
         __shared__ float stage[256];
         for (i64 base = (i64)blockIdx.x * 256; base < n; base += (i64)gridDim.x * 256) {

@@ -26,7 +26,7 @@ __device__ __forceinline__ void conv_block(const float* x, i64 xpitch, i64 xoff,
 }
 
 extern "C" __global__ void conv(const float* x, i64 xpitch, i64 xoff, const float* w, float* ring, float* y, i64 chan,
-                                i64 taps, i64 rows, i64 silu, i64 l2, float eps) {
+                                i64 taps, i64 rows, i64 silu, i64 l2, float eps) { PDL_ENTER();
     conv_block(x, xpitch, xoff, w, ring, y, chan, taps, rows, (int)silu, (int)l2, eps,
                (i64)blockIdx.x * blockDim.x + threadIdx.x);
 }

@@ -3,7 +3,7 @@
 // conv_block (conv.cu).
 #define CP 9
 
-extern "C" __global__ void conv_parts(const i64* t, i64 nparts, i64 taps, i64 rows, i64 silu, float eps) {
+extern "C" __global__ void conv_parts(const i64* t, i64 nparts, i64 taps, i64 rows, i64 silu, float eps) { PDL_ENTER();
     int p = 0;
     while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * CP + 5]) p++;
     const i64* d = t + p * CP;

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lanefuse.engine import flags
 from lanefuse.kernels.common import Dst, Launch, Scratch
 from lanefuse.kernels.compile import function
 
@@ -25,6 +26,8 @@ class DeviceEnv:
     `arrays` {name: numpy array} held apart (caches, step inputs and outputs), uploaded now; `weights` {name: (numpy
     raw, format)} uploaded once; `scratch` {(launch key, tag): offset} a launch's scratch placed in the arena (any
     other scratch gets a buffer of its own; counters always do, zeroed once)."""
+
+    pdl = False
 
     def __init__(self, arena_bytes: int, placed: dict[str, tuple[int, int, str]] | None = None,
                  arrays: dict[str, np.ndarray] | None = None,
@@ -47,6 +50,9 @@ class DeviceEnv:
         # a row of one read quantized (a view into it): (values, words, the form's values, its first value there)
         self._scratch: dict[tuple[str, str], object] = {}
         self._tables: dict[str, object] = {}
+        # every kernel through cuLaunchKernelEx with programmatic stream serialization (kernels/pdl.py): LANEFUSE_PDL=1
+        # on a device of compute capability 9.0 or above (below, griddepcontrol does not exist: the flag is ignored)
+        self.pdl = bool(flags.read("LANEFUSE_PDL")) and int(cupy.cuda.Device().compute_capability) >= 90
 
     # -- the Env protocol, on the device ---------------------------------------------------------------------------
     def array(self, name: str):
@@ -136,6 +142,16 @@ class DeviceEnv:
         """Kernel `name` of the module `stems` build; a None among its arguments is passed as a null pointer (CuPy
         itself would pass a null address of the argument, not a null value)."""
         f = function(stems, name)
+        if self.pdl:  # programmatic dependent launch (kernels/pdl.py), on the current stream
+            from lanefuse.kernels.pdl import launcher
+
+            launch = launcher()
+
+            def call(grid, block, args, shared_mem=0):
+                launch(f.ptr, grid, block, tuple(NULL if x is None else x for x in args),
+                       self.cp.cuda.get_current_stream().ptr, shared_mem)
+
+            return call
 
         def call(grid, block, args, *a, **kw):
             return f(grid, block, tuple(NULL if x is None else x for x in args), *a, **kw)

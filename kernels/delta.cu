@@ -74,8 +74,11 @@ __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
     }
 }
 
-#define DELTA_ENTRY(DK) \
-    extern "C" __global__ void __launch_bounds__(256) delta_##DK(DELTA_PARAMS) { delta_body<DK>(DELTA_ARGS); }
+#define DELTA_ENTRY(DK)                                                          \
+    extern "C" __global__ void __launch_bounds__(256) delta_##DK(DELTA_PARAMS) { \
+        PDL_ENTER();                                                              \
+        delta_body<DK>(DELTA_ARGS);                                               \
+    }
 DELTA_ENTRY(32)
 DELTA_ENTRY(64)
 DELTA_ENTRY(96)

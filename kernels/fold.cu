@@ -15,7 +15,9 @@ __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const Nor
 #define FOLD_KERNEL(NAME, PW)                                                                                 \
     extern "C" __global__ void GEMV_BOUNDS                                                         \
         NAME(const float* x, const void* w, i64 fmt, const float* bias, DST_PARAMS(y), i64 k, i64 n, i64 m,  \
-             unsigned* counter, i64 rows, NORM_PARAMS) {                                                      \
+             unsigned* counter, i64 rows, NORM_PARAMS) {                                      \
+        gemv_prefetch<PW>((int)fmt, w, nullptr, k, n, 1, blockIdx.x);                          \
+        PDL_ENTER();                                                                          \
         gemv_body<PW>((int)fmt, x, w, bias, DST(y), nullptr, k, n, m, 1, blockIdx.x);                         \
         fold_tail(counter, rows, NORM_ARGS);                                                                  \
     }
@@ -26,7 +28,7 @@ FOLD_KERNEL(fold_gemv_norm_4, 4)
 extern "C" __global__ void __launch_bounds__(128)
     fold_gemv_norm_q8(const signed char* xw, const signed char* xl, const float* xs, const void* w, i64 fmt,
                       const float* bias, DST_PARAMS(y), i64 k, i64 n, i64 m, unsigned* counter, i64 rows,
-                      NORM_PARAMS) {
+                      NORM_PARAMS) { PDL_ENTER();
     q8_body((int)fmt, QX{xw, xl, xs}, w, bias, DST(y), k, n, m, blockIdx.x);
     fold_tail(counter, rows, NORM_ARGS);
 }
@@ -120,6 +122,16 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
     }
 }
 
+// gemv_prefetch for the part block blockIdx.x falls in (the descriptor table is uploaded once and never written by
+// a launch: read before PDL_ENTER like the weights).
+template <int PW>
+__device__ __forceinline__ void parts_prefetch(int fmt, const i64* t, i64 nparts, i64 k) {
+    int p = 0;
+    while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * PR + 3]) p++;
+    const i64* d = t + p * PR;
+    gemv_prefetch<PW>(fmt, (const void*)d[0], nullptr, k, d[2], 1, blockIdx.x - d[3]);
+}
+
 // PW 0: the activation quantized (qx, gemv_q8.cu's body: a warp an output), else f32 x with PW outputs a warp.
 template <int PW>
 __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const QX& qx, const i64* t, i64 nparts,
@@ -157,7 +169,9 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
 #define PARTS_ROPE_KERNEL(NAME, PW)                                                                           \
     extern "C" __global__ void GEMV_BOUNDS                                                         \
         NAME(const float* x, const i64* t, i64 nparts, i64 fmt, i64 k, i64 m, unsigned* counters,            \
-             const float* cos, const float* sin, const int* posp, i64 slot) {                                \
+             const float* cos, const float* sin, const int* posp, i64 slot) {                \
+        parts_prefetch<PW>((int)fmt, t, nparts, k);                                           \
+        PDL_ENTER();                                                                          \
         parts_rope_body<PW>((int)fmt, x, QX{nullptr, nullptr, nullptr}, t, nparts, k, m, counters, cos, sin,   \
                             posp, slot);                                                                      \
     }
@@ -167,14 +181,14 @@ PARTS_ROPE_KERNEL(fold_parts_rope_4, 4)
 extern "C" __global__ void __launch_bounds__(128)
     fold_parts_rope_q8(const signed char* xw, const signed char* xl, const float* xs, const i64* t, i64 nparts,
                        i64 fmt, i64 k, i64 m, unsigned* counters, const float* cos, const float* sin, const int* posp,
-                       i64 slot) {
+                       i64 slot) { PDL_ENTER();
     parts_rope_body<0>((int)fmt, nullptr, QX{xw, xl, xs}, t, nparts, k, m, counters, cos, sin, posp, slot);
 }
 
 // An embedding gather and then a norm of the gathered rows (embed_norm), a block a row: the row gathered (decoded
 // from its format, times scale) and kept in `out`, then normed from there as norm_rows does (rows of the norm's cols).
 extern "C" __global__ void __launch_bounds__(1024) fold_gather_norm(const void* table, i64 fmt, const int* index,
-                                                                   float* out, float scale, NORM_PARAMS) {
+                                                                   float* out, float scale, NORM_PARAMS) { PDL_ENTER();
     i64 r = blockIdx.x, row = index[r];
     for (i64 c = threadIdx.x; c < cols; c += blockDim.x)
         out[r * cols + c] = wget((int)fmt, table, row * cols + c) * scale;

@@ -3,7 +3,7 @@
 // decay = -exp(al[h]) * softplus(x.wa + dt[h]) (decay.cu's softplus).
 extern "C" __global__ void gate_proj(const float* x, const void* wb, const void* wa, i64 fmt, i64 fmta,
                                      const float* dt, const float* al, float* beta, float* dec, i64 k, i64 heads,
-                                     i64 rows) {
+                                     i64 rows) { PDL_ENTER();
     i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (warp >= rows * heads) return;

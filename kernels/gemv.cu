@@ -4,12 +4,14 @@
     extern "C" __global__ void GEMV_BOUNDS NAME(const float* x, const void* w, i64 fmt, const float* bias, \
                                                            DST_PARAMS(y), float* part, i64 k, i64 n, i64 m,         \
                                                            i64 split, float cap) {                                  \
+        gemv_prefetch<PW>((int)fmt, w, nullptr, k, n, split, blockIdx.x);                                  \
+        PDL_ENTER();                                                                                        \
         gemv_body<PW>((int)fmt, x, w, bias, DST(y), part, k, n, m, split, blockIdx.x, cap);                         \
     }
 GEMV_KERNEL(gemv_1, 1)
 GEMV_KERNEL(gemv_4, 4)
 extern "C" __global__ void gemv_combine(const float* part, const float* bias, DST_PARAMS(y), i64 n, i64 m, i64 split,
-                                        float cap) {
+                                        float cap) { PDL_ENTER();
     Dst d = DST(y);
     i64 total = m * n;
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (i64)gridDim.x * blockDim.x) {

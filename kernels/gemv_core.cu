@@ -9,6 +9,51 @@
 // spills none (at its default for 128 threads it capped some at 56-96 and spilled: fold_parts_rope_1 140 bytes).
 #define GEMV_BOUNDS __launch_bounds__(128, 3)
 
+// Under programmatic dependent launch (kernels/pdl.py; PDL_PREFETCH a no-op otherwise), before the kernel's
+// PDL_ENTER: lane 0 of each warp asks L2 for the first GEMV_PREFETCH bytes of each of the warp's PW rows in its k
+// chunk, so that HBM streams the weights while the launch before drains (weights are read-only: no launch writes
+// them, so reading them early cannot see another order) and the warp's first load rounds hit L2. 4 KB a row: two of
+// gemv_tile16's 2 KB rounds, ~12 MB over the first wave of a 4096-wide bf16 product, well inside the H200's 50 MB L2.
+// The bytes of value i of a row in each format (fmt as in prelude.cu; an unknown one: nothing prefetched).
+#define GEMV_PREFETCH 4096
+__device__ __forceinline__ i64 format_bytes(int fmt, i64 i) {
+    switch (fmt) {
+        case 0: return 4 * i;
+        case 1: case 2: return 2 * i;
+        case 3: return (i >> 5) * 34;
+        case 4: return (i >> 5) * 18;
+        case 5: return (i >> 8) * 144;
+        case 6: return (i >> 8) * 210;
+        case 7: return (i >> 5) * 17;
+        default: return -1;
+    }
+}
+
+// Rows j0..j0+pw-1 (those below n) of w, values k0..k1 of each: at most GEMV_PREFETCH bytes of each into L2, from the
+// 16-byte boundary at or below the chunk's start (inside w: device allocations are 256-byte aligned) to the one at or
+// below its end.
+__device__ __forceinline__ void prefetch_rows(int fmt, const void* w, i64 k, i64 n, i64 j0, int pw, i64 k0, i64 k1) {
+    if (w == nullptr || (threadIdx.x & 31) != 0 || format_bytes(fmt, k) < 0) return;
+    const i64 rb = format_bytes(fmt, k), o0 = format_bytes(fmt, k0), len = min(format_bytes(fmt, k1) - o0,
+                                                                             (i64)GEMV_PREFETCH);
+    for (int p = 0; p < pw && j0 + p < n; p++) {
+        unsigned long long s = (unsigned long long)w + (j0 + p) * rb + o0, e = (s + len) & ~15ull;
+        s &= ~15ull;
+        if (e > s) PDL_PREFETCH((const void*)s, e - s);
+    }
+}
+
+// A GEMV kernel's prefetch (gemv_body's warp-to-rows map: block bx, WARPS warps of PW outputs; grid.z the k chunks
+// of a split); w2 a second matrix over the same rows (the GLU's up), or null.
+template <int PW>
+__device__ __forceinline__ void gemv_prefetch(int fmt, const void* w, const void* w2, i64 k, i64 n, i64 split,
+                                              i64 bx) {
+    i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
+    i64 kc = split > 1 ? ((k + split - 1) / split + 3) / 4 * 4 : k, k0 = (i64)blockIdx.z * kc, k1 = min(k, k0 + kc);
+    prefetch_rows(fmt, w, k, n, j0, PW, k0, k1);
+    prefetch_rows(fmt, w2, k, n, j0, PW, k0, k1);
+}
+
 // Dense rows (FMT 0 f32, 1 f16, 2 bf16) 16 bytes a lane a load (4 or 8 values), the loop unrolled so each lane keeps
 // several loads of every output row in flight: the decode GEMV is a stream of the matrix, and HBM is only kept busy
 // with tens of KB in flight a SM (2026-12-04 on an H200: 8-byte loads, one at a time, reached 6-16% of DRAM). NR the

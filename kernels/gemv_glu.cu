@@ -38,6 +38,8 @@ __device__ __forceinline__ void glu_body(int fmt, const float* x, const void* wg
                                                            i64 k, i64 n, i64 m, i64 a, unsigned* counters,       \
                                                            signed char* qw, signed char* ql, float* qs,          \
                                                            i64 qwords) {                                          \
+        gemv_prefetch<PW>((int)fmt, wg, wu, k, n, 1, blockIdx.x);                                                \
+        PDL_ENTER();                                                                                             \
         glu_body<PW>((int)fmt, x, wg, wu, bg, bu, out, k, n, m, (int)a);                                         \
         if (qw) slab_quant_tail(out, n, m, WARPS * PW, GR, counters, qw, ql, qs, qwords);                        \
     }
@@ -49,7 +51,7 @@ GLU_KERNEL(gemv_glu_4, 4)
 extern "C" __global__ void __launch_bounds__(128) gemv_glu_q8(const signed char* xw, const signed char* xl,
                                                               const float* xs, const void* wg, const void* wu, i64 fmt,
                                                               const float* bg, const float* bu, float* out, i64 k,
-                                                              i64 n, i64 m, i64 a) {
+                                                              i64 n, i64 m, i64 a) { PDL_ENTER();
     i64 j = (i64)blockIdx.x * QWARPS + (threadIdx.x >> 5);
     if (j >= n) return;
     i64 r0 = (i64)blockIdx.y * QGR;
@@ -109,7 +111,7 @@ __device__ __forceinline__ void glu_q8_quant_body(const signed char* xw, const s
     extern "C" __global__ void __launch_bounds__(32 * GLU_QW, 2)                                                  \
         NAME(const signed char* xw, const signed char* xl, const float* xs, const void* wg, const void* wu,     \
              i64 fmt, const float* bg, const float* bu, float* out, i64 k, i64 n, i64 m, i64 a, signed char* qw, \
-             signed char* ql, float* qs) {                                                                       \
+             signed char* ql, float* qs) { PDL_ENTER();                                                          \
         glu_q8_quant_body<QB>(xw, xl, xs, wg, wu, fmt, bg, bu, out, k, n, m, a, qw, ql, qs);                    \
     }
 GLU_Q8_QUANT_KERNEL(gemv_glu_q8_quant, 32)

@@ -6,7 +6,7 @@
     extern "C" __global__ void GEMV_BOUNDS NAME(const float* x, const void* w, i64 fmt, const float* bias, \
                                                            float* y, i64 k, i64 n, i64 m, float cap,                 \
                                                            unsigned* counters, signed char* qw, signed char* ql,     \
-                                                           float* qs, i64 qwords) {                                  \
+                                                           float* qs, i64 qwords) { PDL_ENTER();                     \
         gemv_body<PW>((int)fmt, x, w, bias, Dst{y, nullptr, 0, 0, 0, 0, 0}, nullptr, k, n, m, 1, blockIdx.x, cap);  \
         slab_quant_tail(y, n, m, WARPS * PW, GR, counters, qw, ql, qs, qwords);                                     \
     }
@@ -17,7 +17,7 @@ extern "C" __global__ void __launch_bounds__(128) gemv_q8_quant(const signed cha
                                                                 const float* xs, const void* w, i64 fmt,
                                                                 const float* bias, float* y, i64 k, i64 n, i64 m,
                                                                 float cap, unsigned* counters, signed char* qw,
-                                                                signed char* ql, float* qs, i64 qwords) {
+                                                                signed char* ql, float* qs, i64 qwords) { PDL_ENTER();
     q8_body((int)fmt, QX{xw, xl, xs}, w, bias, Dst{y, nullptr, 0, 0, 0, 0, 0}, k, n, m, blockIdx.x, cap);
     slab_quant_tail(y, n, m, QWARPS, QGR, counters, qw, ql, qs, qwords);
 }

@@ -7,7 +7,7 @@
 extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, const void* w, i64 fmt, DST_PARAMS(y),
                                                               i64 m, i64 heads, i64 a, i64 b, i64 rows_out,
                                                               unsigned* counters, signed char* qw, signed char* ql,
-                                                              float* qs, i64 qwords) {
+                                                              float* qs, i64 qwords) { PDL_ENTER();
     Dst d = DST(y);
     i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     i64 total = m * heads * b;

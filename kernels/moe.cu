@@ -194,7 +194,7 @@ __device__ __forceinline__ void moe_glu(const float* xr, int fm, const void* w, 
 // A row at a time. Grid (tiles of F, k + shared, rows): every block routes its row (the same sums, the same
 // choices), block (0, 0) keeps them for moe_down; block (x, c) computes its tile of slot c's hidden values.
 extern "C" __global__ void __launch_bounds__(256)
-    moe_up(MOE_COMMON, MOE_ROUTE, const void* wgu, MOE_SHARED) {
+    moe_up(MOE_COMMON, MOE_ROUTE, const void* wgu, MOE_SHARED) { PDL_ENTER();
     i64 r = blockIdx.z, c = blockIdx.y, F = f > sf ? f : sf;
     const float* xr = x + r * d;
     float* h = hidden + (r * (k + 1) + c) * F;
@@ -271,7 +271,7 @@ __device__ void moe_norm_row(i64 r, i64 d, const float* sum, const float* nw, fl
 // Grid (tiles of d, rows): a warp an output, the residual `add` added where given; with nw, the sum written and the
 // last block of the row to arrive (a counter a row, reset by it) norms the row.
 extern "C" __global__ void __launch_bounds__(256)
-    moe_down(MOE_COMMON, const void* wd, MOE_SHARED, unsigned* arrivals, MOE_FIN) {
+    moe_down(MOE_COMMON, const void* wd, MOE_SHARED, unsigned* arrivals, MOE_FIN) { PDL_ENTER();
     i64 r = blockIdx.y, F = f > sf ? f : sf;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     Dst o = DST(out);
@@ -298,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // Sorted rows. Grid (rows): each row routed, its shared-expert scale taken.
-extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUTE, MOE_SHARED) {
+extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUTE, MOE_SHARED) { PDL_ENTER();
     i64 r = blockIdx.x;
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
@@ -319,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
 // Grid (tiles of F, E + shared): block (x, e) computes its tile of the hidden values of every (row, choice) that
 // chose expert e, its weight rows read once for the chunk (they stay in L1/L2 across the rows); slot E the shared
 // expert over every row.
-extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, const void* wgu, MOE_SHARED) {
+extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, const void* wgu, MOE_SHARED) { PDL_ENTER();
     i64 e = blockIdx.y, F = f > sf ? f : sf, j0 = blockIdx.x * MOE_TILE;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __shared__ MoeQRow qrow;
@@ -346,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, cons
 
 // Grid (tiles of d, E + shared): block (x, e) the down products of expert e's (row, choice) slots into parts.
 extern "C" __global__ void __launch_bounds__(256)
-    moe_down_sorted(MOE_COMMON, const void* wd, MOE_SHARED, float* parts) {
+    moe_down_sorted(MOE_COMMON, const void* wd, MOE_SHARED, float* parts) { PDL_ENTER();
     i64 e = blockIdx.y, F = f > sf ? f : sf, i0 = blockIdx.x * MOE_TILE;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     __shared__ MoeQRow hq;
@@ -367,6 +367,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // Grid (rows): the weighed sum in choice order, the shared expert's scaled part, the residual, then the finalize.
 extern "C" __global__ void __launch_bounds__(256) moe_finish(MOE_COMMON, MOE_SHARED, const float* parts, MOE_FIN) {
+    PDL_ENTER();
     i64 r = blockIdx.x;
     Dst o = DST(out);
     for (i64 i = threadIdx.x; i < d; i += blockDim.x) {

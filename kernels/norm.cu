@@ -101,7 +101,7 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) norm_rows(NORM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(1024) norm_rows(NORM_PARAMS) { PDL_ENTER();
     NormArgs a = NORM_ARGS;
     norm_row(a, blockIdx.x);
 }

@@ -9,7 +9,7 @@
     NormArgs{bx, bxpitch, bxoff, badd, bprew, bpreeps, (int)bpre, bsum, bw, beps, bcols, bheads, DST(by), bqw, bql, \
              bqs, (int)bqwords}
 
-extern "C" __global__ void __launch_bounds__(1024) norm_pair_rows(NORM_PARAMS, NORM_PARAMS_B, i64 arows) {
+extern "C" __global__ void __launch_bounds__(1024) norm_pair_rows(NORM_PARAMS, NORM_PARAMS_B, i64 arows) { PDL_ENTER();
     if ((i64)blockIdx.x < arows) {
         NormArgs a = NORM_ARGS;
         norm_row(a, blockIdx.x);

@@ -6,6 +6,24 @@ typedef long long i64;
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// Programmatic dependent launch (sm_90; kernels/pdl.py launches with it when LANEFUSE_PDL is on): every kernel starts
+// with PDL_ENTER() in every block, before it reads anything an earlier launch wrote and before any return, so its
+// grid completes only after the one before it did (the order stays the stream's, transitively); a GEMV may first
+// prefetch its weights (read-only) into L2 with PDL_PREFETCH. Launched without the attribute, or below sm_90, these
+// are no-ops. tests/test_kernel_lint.py checks every __global__ body starts so.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+// bytes [p, p + n) of global memory into L2 (n a multiple of 16, p 16-byte aligned): one bulk prefetch (TMA unit)
+#define PDL_PREFETCH(p, n) \
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(n)) : "memory")
+#else
+#define PDL_WAIT()
+#define PDL_LAUNCH()
+#define PDL_PREFETCH(p, n)
+#endif
+#define PDL_ENTER() do { PDL_WAIT(); PDL_LAUNCH(); } while (0)
+
 __device__ __forceinline__ float bf16f(unsigned b) { return __uint_as_float((b & 0xffffu) << 16); }
 __device__ __forceinline__ float f16f(unsigned h) {
     float f;

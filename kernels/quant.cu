@@ -76,7 +76,7 @@ __device__ __forceinline__ void quant_k_block_l2(const float* x, float* stage, s
 
 // nwords 3: the q8k form, `low` its int16 sums of 16 words (kernels/quant.py's layout).
 extern "C" __global__ void quant(const float* x, signed char* words, signed char* low, float* scales, i64 n,
-                                 i64 nwords) {
+                                 i64 nwords) { PDL_ENTER();
     int lane = threadIdx.x & 31;
     i64 b = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (nwords == 3) {

@@ -9,7 +9,7 @@
 
 extern "C" __global__ void __launch_bounds__(128) rope_parts(const i64* t, i64 nsides, const float* cos,
                                                               const float* sin, const int* posp, i64 hd, i64 rot,
-                                                              i64 slot, i64 seq0) {
+                                                              i64 slot, i64 seq0) { PDL_ENTER();
     __shared__ float v[MAXHD];
     i64 u = blockIdx.x;
     int s = 0;

@@ -2,7 +2,7 @@
 // A batch (slot > 0): src row s (s from seq0, `count` of them) lands in table row s * slot + rowp[s], its sequence's
 // slot at its position.
 extern "C" __global__ void set_row(float* table, const int* rowp, i64 row, const float* src, i64 cols, i64 count,
-                                   i64 len, i64 slot, i64 seq0) {
+                                   i64 len, i64 slot, i64 seq0) { PDL_ENTER();
     i64 r0 = rowp ? (i64)rowp[0] : row, n = count * cols;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         if (slot > 0) {
@@ -20,7 +20,7 @@ extern "C" __global__ void set_row(float* table, const int* rowp, i64 row, const
 // table, else the table's own — and quantizes the block from the values the table holds after the write.
 extern "C" __global__ void set_row_quant(float* table, const int* rowp, i64 row, const float* src, i64 cols,
                                          i64 count, i64 len, i64 slot, i64 seq0, signed char* qw, signed char* ql,
-                                         float* qs, i64 words) {
+                                         float* qs, i64 words) { PDL_ENTER();
     int lane = threadIdx.x & 31;
     i64 b = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b * 32 >= len * cols) return;  // a whole warp: the block's lanes stay together for quant_block's shuffles

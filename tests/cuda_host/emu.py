@@ -30,7 +30,14 @@ FLAGS = ("-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-fvisibility=hidd
          "-fno-strict-aliasing", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error", "-w")
 
 _ASM = re.compile(r'asm(?:\s+volatile)?\s*\(\s*"([^"]*)"\s*:\s*"=[a-z]"\s*\((\w+)\)\s*:\s*"[a-z]"\s*\(([^()]*)\)\s*\)\s*;')
+# A source's `// emu: begin NAME` .. `// emu: end NAME` region (PTX wrappers whose asm the one-output swap cannot
+# express: mma.sync, ldmatrix, cp.async) is dropped; emu.h defines the same functions for the host.
+_REGION = re.compile(r"^// emu: begin (\w+).*?^// emu: end \1[^\n]*$", re.S | re.M)
 _KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(')
+# A device-only branch (`#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= N` .. `#else` .. `#endif`: prelude.cu's
+# programmatic-dependent-launch macros) is compiled for the host as its `#else` branch.
+_DEVICE_ONLY = re.compile(r"^#if defined\(__CUDA_ARCH__\) && __CUDA_ARCH__ >= \d+\n.*?^#else\n(.*?)^#endif[^\n]*$",
+                          re.S | re.M)
 
 
 def compiler() -> str | None:
@@ -38,15 +45,16 @@ def compiler() -> str | None:
 
 
 def host_source(stems: tuple[str, ...]) -> str:
-    """The module's CUDA source with each `asm("op a, b;" : "=c"(out) : "c"(in));` as `out = emu_asm_op(in);`."""
+    """The module's CUDA source with each `asm("op a, b;" : "=c"(out) : "c"(in));` as `out = emu_asm_op(in);`, each
+    `emu: begin` region dropped (emu.h holds its functions)."""
     from lanefuse.kernels.compile import source
 
     def swap(m):
         op = m.group(1).split()[0].rstrip(";").replace(".", "_")
         return f"{m.group(2)} = emu_asm_{op}({m.group(3)});"
 
-    src = _ASM.sub(swap, source(stems))
-    left = re.search(r"\basm\b.*", src)
+    src = _ASM.sub(swap, _REGION.sub("", source(stems)))
+    left = re.search(r"\basm\b.*", _DEVICE_ONLY.sub(r"\1", src))  # g++'s preprocessor takes the #else
     if left:
         raise RuntimeError(f"inline PTX the emulator does not know: {left.group(0)}")
     return src
