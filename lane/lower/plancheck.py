@@ -151,7 +151,17 @@ def check(p) -> None:
     _names(p)
     _buffers(p)
     _launches(p)
+    _outputs(p)
     _arena(p)
+
+
+def _outputs(p) -> None:
+    """Some launch writes each output of the step: a plan that computes no logits (or no next token) never runs."""
+    home = {n: b.home for n, b in p.buffers.items()}
+    written = {home.get(w, w) for x in p.launches for w in x.launch.writes()}
+    for n, what in ((p.io.logits, "logits"), (p.io.next, "next token")):
+        if home.get(n, n) not in written:
+            raise Bad("launches", f"no launch writes `{n}`: a plan that computes no {what} is never run")
 
 
 def _names(p) -> None:
