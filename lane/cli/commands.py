@@ -265,7 +265,20 @@ def _step_fn(args, src, saved):
     """The step function generation runs: the reference interpreter, or a fused plan (the saved one, or planned
     under the command's flags) on the chosen backend."""
     if args.reference:
-        return None, "reference interpreter"
+        numerics = getattr(args, "numerics", None) or "f32"
+        if numerics == "f32":
+            return None, "reference interpreter"
+        from lanefuse.engine.interp import evaluate
+        from lanefuse.engine.quantize import with_numerics
+
+        under: dict = {}
+
+        def reference(g, env):  # the lifted graph under --numerics: its activations quantized as a plan's are
+            if id(g) not in under:
+                under[id(g)] = (g, with_numerics(g, numerics))
+            return evaluate(under[id(g)][1], src.weights, env)
+
+        return reference, f"reference interpreter, {numerics} numerics"
     from lanefuse.engine import flags
     from lanefuse.lane.run.step import plan_step_fn
 

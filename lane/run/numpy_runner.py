@@ -182,11 +182,18 @@ class NumpyRunner:
                     call()
             return self._outputs()
         ref = self._reference(lifted, inputs) if self.check and lifted is not None else None
+        if ref is None:
+            for x in s.launches:
+                x.launch.numpy(env)
+            return self._outputs()
+        last = {}  # each name a launch writes -> the last launch of the step writing it: where its values are final
         for i, x in enumerate(s.launches):
-            before = self._table_rows(x, pos) if ref is not None else None
+            for name in x.launch.writes():
+                last[name] = i
+        before = self._table_rows(last, pos)  # the step's rows of each table written, before the step
+        for i, x in enumerate(s.launches):
             x.launch.numpy(env)
-            if ref is not None:
-                self._compare(i, x, ref, pos, before)
+            self._compare(i, x, ref, pos, before, last)
         return self._outputs()
 
     def _outputs(self) -> dict[str, np.ndarray]:
@@ -207,23 +214,24 @@ class NumpyRunner:
         cols = self.s.tensors[name].shape[-1]
         return slice(pos * cols, (pos + self.s.rows) * cols)
 
-    def _table_rows(self, x, pos: int) -> dict[str, np.ndarray]:
-        """The step's rows of each cache table launch `x` writes, as they are before it runs."""
+    def _table_rows(self, names, pos: int) -> dict[str, np.ndarray]:
+        """The step's rows of each cache table among `names`, as they are before the step runs."""
         out = {}
-        for name in x.launch.writes():
+        for name in names:
             b = self.s.buffers.get(name)
             if b is not None and b.where == "table":
                 out[name] = self.env.array(name)[self._rows(name, pos)].copy()
         return out
 
-    def _compare(self, i: int, x, ref, pos: int, before: dict[str, np.ndarray]) -> None:
-        """What launch `i` wrote against the reference: a computed array whole; of a cache table, the values of the
-        step's rows the launch changed (another launch may write the rest of those rows: keys and values as two
-        halves of one row)."""
+    def _compare(self, i: int, x, ref, pos: int, before: dict[str, np.ndarray], last: dict[str, int]) -> None:
+        """What launch `i` wrote against the reference, each name at the launch that writes it last in the step
+        (where its values are final: a table row written by two launches, an array rewritten): a computed array
+        whole; of a cache table, the values of the step's rows the step changed. A launch's value in a buffer of
+        another of its ops' names (a product's bias added in place: `o + bias` in `o`'s buffer) is that op's."""
         s, env = self.s, self.env
         for name in x.launch.writes():
             b = s.buffers.get(name)
-            if b is None or name not in ref or name == s.io.token or name == s.io.position:
+            if b is None or name not in ref or name == s.io.token or name == s.io.position or last.get(name) != i:
                 continue
             if b.dtype in WORDS:  # a quantized form: the values its words stand for, against the reference's
                 from lanefuse.kernels.q8dot import dequantized
@@ -238,6 +246,14 @@ class NumpyRunner:
                 got, want = got[rows], want[rows]
                 changed = got != before[name]
                 got, want = got[changed], want[changed]
+            elif got.shape == want.shape and not self._close(got, want):
+                writes = x.launch.writes()
+                for op in x.ops:  # the launch's ops it writes no buffer of: the one whose value it stored there
+                    if op not in writes and op in ref and b.dtype not in WORDS:
+                        other = np.asarray(ref[op]).reshape(-1)
+                        if other.shape == got.shape and self._close(got, other):
+                            want = other
+                            break
             if got.shape != want.shape:
                 continue
             what = f"launch {i} ({x.launch.census}, layer {x.layer}, computing {', '.join(x.ops) or '-'})"
@@ -245,8 +261,18 @@ class NumpyRunner:
                 also = ("; the reference's too: a weight or an input holds it" if not np.isfinite(want).all() else
                         "; the reference's are finite")
                 raise UserError(f"LANEFUSE_CHECK=2: {what} writes non-finite values (NaN or inf) to `{name}`{also}")
-            err = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
-            scale = float(np.max(np.abs(want))) if want.size else 0.0
-            if err > 1e-4 * max(scale, 1.0):
+            if not self._close(got, want):
+                err = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
+                scale = float(np.max(np.abs(want))) if want.size else 0.0
                 raise UserError(f"LANEFUSE_CHECK=2: {what} diverges from the reference at `{name}`: max |diff| "
                                 f"{err:.3g} (values up to {scale:.3g})")
+
+    @staticmethod
+    def _close(got: np.ndarray, want: np.ndarray) -> bool:
+        """Within the check's tolerance: 1e-4 of the values' scale (at least 1); NaN is never close."""
+        if not got.size:
+            return True
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = float(np.max(np.abs(got.astype(np.float64) - want)))
+            scale = float(np.max(np.abs(want)))
+        return err <= 1e-4 * max(scale, 1.0)
