@@ -128,3 +128,76 @@ def test_a_table_row_written_twice_is_compared_after_its_last_write():
                                                   *s.launches[i + 1:]])
     with pytest.raises(UserError, match=f"launch {i + 1} .* at `kc0`"):
         NumpyRunner(wrong_last, w, check=True).step(copy_env(env), lifted=g)
+
+
+def write_q8_llama(path: Path) -> Path:
+    """A tiny llama GGUF file, its 2-D rows q8_0 (seeded; the gguf package's quantizer), its norms f32."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import quantize
+
+    hidden, layers, heads, kv, inter, vocab = 64, 2, 4, 2, 96, 128
+    rng = np.random.default_rng(5)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in {"llama.context_length": 64, "llama.embedding_length": hidden, "llama.block_count": layers,
+                 "llama.feed_forward_length": inter, "llama.attention.head_count": heads,
+                 "llama.attention.head_count_kv": kv, "llama.vocab_size": vocab}.items():
+        w.add_uint32(k, v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_float32("llama.rope.freq_base", 10000.0)
+    hd = hidden // heads
+
+    def put(name, *shape):
+        if len(shape) == 1:
+            w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+            return
+        a = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        w.add_tensor(name, quantize(a, q8), raw_shape=quantize(a, q8).shape, raw_dtype=q8)
+
+    put("token_embd.weight", vocab, hidden)
+    for i in range(layers):
+        put(f"blk.{i}.attn_norm.weight", hidden)
+        put(f"blk.{i}.attn_q.weight", heads * hd, hidden)
+        put(f"blk.{i}.attn_k.weight", kv * hd, hidden)
+        put(f"blk.{i}.attn_v.weight", kv * hd, hidden)
+        put(f"blk.{i}.attn_output.weight", hidden, heads * hd)
+        put(f"blk.{i}.ffn_norm.weight", hidden)
+        put(f"blk.{i}.ffn_gate.weight", inter, hidden)
+        put(f"blk.{i}.ffn_up.weight", inter, hidden)
+        put(f"blk.{i}.ffn_down.weight", hidden, inter)
+    put("output_norm.weight", hidden)
+    put("output.weight", vocab, hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _cli(*args):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_the_command_checks_q8_against_the_q8_reference_and_runs_it(tmp_path):
+    """`check --numerics q8|q8x2` on a q8_0 file passes (the f32 reference failed the q8 plan), and `run --reference
+    --numerics q8` prints the tokens of `run --numerics q8`."""
+    import json
+
+    f = write_q8_llama(tmp_path / "q8.gguf")
+    for numerics in ("q8", "q8x2"):
+        r = _cli("check", str(f), "--numerics", numerics)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"(reference under {numerics})" in r.stdout and "FAIL" not in r.stdout, r.stdout
+    ids = {}
+    for how in ((), ("--reference",)):
+        out = tmp_path / f"o{len(how)}.json"
+        r = _cli("run", str(f), "--numerics", "q8", "--prompt-ids", "1,2,3", "--tokens", "6", "--json", str(out),
+                 *how)
+        assert r.returncode == 0, r.stderr
+        ids[how] = json.loads(out.read_text())["generated_ids"]
+        if how:
+            assert "reference interpreter, q8 numerics" in r.stdout
+    assert ids[()] == ids[("--reference",)]
