@@ -375,8 +375,17 @@ def samples():
         Softcap("x", "y", 8, 30.0), Unary("gelu_erf", "x", "y", 8),
         Fold(Gemv("x", "w", "bf16", Dst("o"), 32, 8, 1),
              Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s", pre=PreNorm("pw", 1e-6))),
-        *fused_folds(), *mixtures(), *delta_net(), *latent(), *quantizing(),
+        *fused_folds(), *mixtures(), *delta_net(), *latent(), *quantizing(), *tensor_cores(),
     ]
+
+
+def tensor_cores():
+    """The tensor-core GEMM: bf16 rows of whole chunks (gemm_tc_cp), f32 rows into a cache row with a residual
+    (gemm_tc_any)."""
+    from lanefuse.kernels import Dst, GemmTc
+
+    return [GemmTc("x", "w", "bf16", Dst("y"), 64, 40, 17, bias="b"),
+            GemmTc("x", "w", "f32", Dst("kc", row="pos", pitch=8), 30, 8, 16, add="r")]
 
 
 def quantizing():

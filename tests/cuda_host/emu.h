@@ -599,6 +599,59 @@ inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == mask; }
 inline unsigned __activemask() { return emu::S.warps[emu::S.cur->tid >> 5].live; }
 
+// -- the tensor-core PTX (kernels/gemm_tc.cu's `emu: begin tc_ptx` region, which emu.py drops), lane by lane --------
+// cp.async as a plain copy (the bytes past `bytes` zero-filled), its groups done at once; ldmatrix and mma.sync as
+// warp operations: every lane's operands exchanged, then each lane computes its own fragment by the PTX ISA's layouts.
+inline void tc_cp16(void* s, const void* g, int bytes) {
+    if ((uintptr_t)s % 16 || (bytes && (uintptr_t)g % 16)) emu::fail("cp.async: a misaligned 16-byte copy");
+    std::memcpy(s, g, (size_t)bytes);
+    std::memset((char*)s + bytes, 0, (size_t)(16 - bytes));
+}
+inline void tc_commit() {}
+inline void tc_wait_all() {}
+
+inline void tc_ldsm4(unsigned (&r)[4], const void* s) {  // lane l: r[j] = row l/4 of matrix j (lanes 8j.. its rows), values 2(l%4), +1
+    if ((uintptr_t)s % 16) emu::fail("ldmatrix: a row address not 16-byte aligned");
+    int lane = emu::S.cur->tid & 31;
+    const unsigned long long* a = emu::warp_exchange(0xffffffffu, (unsigned long long)(uintptr_t)s, "ldmatrix");
+    const unsigned* rows[4];
+    for (int j = 0; j < 4; j++) rows[j] = (const unsigned*)(uintptr_t)a[8 * j + lane / 4];
+    for (int j = 0; j < 4; j++) r[j] = rows[j][lane % 4];
+}
+
+inline float emu_bf16(unsigned bits) { return __uint_as_float((bits & 0xffffu) << 16); }
+
+// c (16x8) += a (16x16) · b (16x8): lane L = 4g + t holds a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] =
+// A[g][2t+8..], a[3] = A[g+8][2t+8..]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]; c[e] = C[g + 8(e/2)][2t + e%2].
+// Each product exact in f32 (bf16 x bf16), summed into c in k order.
+inline void tc_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    int lane = emu::S.cur->tid & 31;
+    unsigned long long a01[32], a23[32], bb[32];
+    const unsigned long long* x = emu::warp_exchange(0xffffffffu, a[0] | (unsigned long long)a[1] << 32, "mma.sync");
+    std::memcpy(a01, x, sizeof a01);
+    x = emu::warp_exchange(0xffffffffu, a[2] | (unsigned long long)a[3] << 32, "mma.sync");
+    std::memcpy(a23, x, sizeof a23);
+    x = emu::warp_exchange(0xffffffffu, b0 | (unsigned long long)b1 << 32, "mma.sync");
+    std::memcpy(bb, x, sizeof bb);
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        int g = L >> 2, t = L & 3;
+        unsigned reg[4] = {(unsigned)a01[L], (unsigned)(a01[L] >> 32), (unsigned)a23[L], (unsigned)(a23[L] >> 32)};
+        for (int q = 0; q < 4; q++)
+            for (int h = 0; h < 2; h++) A[g + 8 * (q & 1)][2 * t + 8 * (q >> 1) + h] = emu_bf16(reg[q] >> (16 * h));
+        unsigned br[2] = {(unsigned)bb[L], (unsigned)(bb[L] >> 32)};
+        for (int q = 0; q < 2; q++)
+            for (int h = 0; h < 2; h++) B[2 * t + 8 * q + h][g] = emu_bf16(br[q] >> (16 * h));
+    }
+    int g = lane >> 2, t = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float s = c[e];
+        for (int kk = 0; kk < 16; kk++) s += A[row][kk] * B[kk][col];
+        c[e] = s;
+    }
+}
+
 // The exported entry point of kernel NAME: emu_NAME(grid[3], block[3], args, flags, seed) -> 0 or 1 (emu_error()),
 // and emu_sig_NAME() its signature string.
 #define EMU_EXPORT(NAME)                                                                                      \

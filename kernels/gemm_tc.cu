@@ -1,0 +1,206 @@
+// The tensor-core GEMM (gemm_tc.py): y (m, n) = x (m, k) · wᵀ (+ bias (n,)) (+ add (m, n)), w checkpoint rows (n, k),
+// under the bf16 numerics: x and w rounded to bf16 (to nearest, ties to even), their products summed in f32 by
+// mma.sync m16n8k16 (sm_80+). gemm_tc_round first writes x as bf16 rows of kp = k rounded up to 8 values (zeros past
+// k) into scratch, once for every tile that reads it; a block then computes a TC_BM x TC_BN tile of y, its eight
+// warps each 64 x 32, k in steps of TC_BK through two shared-memory buffers: x's tile (and w's, bf16 rows of whole
+// 16-byte chunks) copied by cp.async while the tensor cores work on the other buffer; any other format (f32, f16, a
+// block format) decoded by wget4/wget into registers, rounded to bf16 and stored after the step's products.
+
+#define TC_BM 128
+#define TC_BN 128
+#define TC_BK 32
+#define TC_PAD 40  // u16 a tile row in shared memory: 32 values + 8, so ldmatrix's 8 rows (80 bytes apart) hit 8
+                   // distinct 16-byte bank groups
+#define TC_THREADS 256
+
+// emu: begin tc_ptx (tests/cuda_host/emu.h defines these five for the host emulator, lane by lane)
+__device__ __forceinline__ unsigned tc_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// 16 bytes global -> shared, asynchronously; `bytes` (16 or 0) read, the rest of the 16 zero-filled.
+__device__ __forceinline__ void tc_cp16(void* s, const void* g, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_smem(s)), "l"(g), "r"(bytes));
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Four 8x8 b16 matrices: lanes 8j..8j+7 give the rows of matrix j; lane l receives into r[j] row l/4 of matrix j,
+// its values 2(l%4) and 2(l%4)+1.
+__device__ __forceinline__ void tc_ldsm4(unsigned (&r)[4], const void* s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tc_smem(s)));
+}
+// c (16x8 f32) += a (16x16 bf16, row) · b (16x8 bf16, col), the PTX ISA's fragments: with g = lane/4, t = lane%4,
+// a[0] row g cols 2t,2t+1; a[1] row g+8; a[2] row g cols 2t+8,+9; a[3] row g+8 cols 2t+8,+9; b0 k 2t,2t+1 of
+// column g, b1 k 2t+8,+9; c[0..1] row g cols 2t,2t+1, c[2..3] row g+8. The lower-numbered value in the low half.
+__device__ __forceinline__ void tc_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// emu: end tc_ptx
+
+// f32 to bf16 bits, to nearest, ties to even (a NaN stays a quiet NaN): kernels/gemm_tc.py's bf16_round.
+__device__ __forceinline__ unsigned bf16_rn(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ unsigned bf16x2(float lo, float hi) { return bf16_rn(lo) | (bf16_rn(hi) << 16); }
+
+// x (m, k) f32 -> xb (m, kp) bf16 bits, zeros past k: a thread a pair of values.
+extern "C" __global__ void gemm_tc_round(const float* x, unsigned char* xb, i64 m, i64 k, i64 kp) {
+    i64 pairs = m * (kp >> 1);
+    for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += (i64)gridDim.x * blockDim.x) {
+        i64 r = p / (kp >> 1), c = 2 * (p % (kp >> 1));
+        const float* row = x + r * k;
+        u16* out = (u16*)xb + 2 * p;
+        out[0] = (u16)bf16_rn(c < k ? row[c] : 0.f);
+        out[1] = (u16)bf16_rn(c + 1 < k ? row[c + 1] : 0.f);
+    }
+}
+
+// The tile of rows r0.. (TC_BM or TC_BN of them, `rows` in all) and k0..k0+TC_BK of bf16 rows `pitch` values apart
+// (whole 16-byte chunks, zeros past the rows) into s: two cp.async a thread; a chunk past the rows or the pitch is
+// zero-filled.
+template <int R>
+__device__ __forceinline__ void tc_copy_tile(u16 (*s)[TC_PAD], const u16* g, i64 r0, i64 rows, i64 k0, i64 pitch) {
+#pragma unroll
+    for (int i = 0; i < R * 4 / TC_THREADS; i++) {
+        int c = threadIdx.x + i * TC_THREADS, r = c >> 2, kc = (c & 3) * 8;
+        bool ok = r0 + r < rows && k0 + kc < pitch;
+        tc_cp16(&s[r][kc], ok ? (const void*)(g + (r0 + r) * pitch + k0 + kc) : (const void*)g, ok ? 16 : 0);
+    }
+}
+
+// Value i of w: dense rows (f32, f16, bf16) read as they are, a block format's value decoded by its own getter
+// (prelude.cu: gguf's order of operations, to the bit).
+__device__ __forceinline__ float tc_get(int fmt, const void* w, i64 i) {
+    const u8* b = (const u8*)w;
+    if (fmt == 0) return ((const float*)w)[i];
+    if (fmt == 1) return f16f(((const u16*)w)[i]);
+    if (fmt == 2) return bf16f(((const u16*)w)[i]);
+    if (fmt == 3) return q8_0_get(b, i);
+    if (fmt == 4) return q4_0_get(b, i);
+    if (fmt == 5) return q4_k_get(b, i);
+    if (fmt == 6) return q6_k_get(b, i);
+    return mxfp4_get(b, i);
+}
+
+// Four dense values from i (a multiple of 4 in rows of whole four-value words, 16- or 8-byte aligned).
+__device__ __forceinline__ float4 tc_dense4(int fmt, const void* w, i64 i) {
+    if (fmt == 0) return *(const float4*)((const float*)w + i);
+    uint2 v = *(const uint2*)((const u16*)w + i);
+    if (fmt == 1) return make_float4(f16f(v.x), f16f(v.x >> 16), f16f(v.y), f16f(v.y >> 16));
+    return make_float4(bf16f(v.x), bf16f(v.x >> 16), bf16f(v.y), bf16f(v.y >> 16));
+}
+
+// Sixteen values of w's row n0 + t/2 from k0 + 16(t%2), decoded, rounded to bf16, as eight words; zeros past the
+// rows and k. Dense rows of whole four-value words four at a time; a block format (whose rows hold whole blocks of
+// 32 or 256) a value at a time, within one block.
+__device__ __forceinline__ void tc_load_w(unsigned (&v)[8], int fmt, const void* w, i64 n0, i64 n, i64 k0, i64 k) {
+    i64 r = n0 + (threadIdx.x >> 1), c0 = k0 + (threadIdx.x & 1) * 16;
+    bool row = r < n;
+    if (fmt <= 2 && (k & 3) == 0) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            i64 c = c0 + 4 * q;
+            float4 f = row && c < k ? tc_dense4(fmt, w, r * k + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[2 * q] = bf16x2(f.x, f.y);
+            v[2 * q + 1] = bf16x2(f.z, f.w);
+        }
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+        i64 c = c0 + 2 * q;
+        v[q] = bf16x2(row && c < k ? tc_get(fmt, w, r * k + c) : 0.f, row && c + 1 < k ? tc_get(fmt, w, r * k + c + 1) : 0.f);
+    }
+}
+
+__device__ __forceinline__ void tc_store_w(u16 (*s)[TC_PAD], const unsigned (&v)[8]) {
+    uint4* p = (uint4*)&s[threadIdx.x >> 1][(threadIdx.x & 1) * 16];
+    p[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    p[1] = make_uint4(v[4], v[5], v[6], v[7]);
+}
+
+// CP: w is bf16 rows of whole 16-byte chunks (k a multiple of 8), copied as x is; else decoded through registers.
+template <bool CP>
+__device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void* w, int fmt, const float* bias,
+                                             const float* add, Dst y, i64 k, i64 n, i64 m) {
+    alignas(16) __shared__ u16 xs[2][TC_BM][TC_PAD];
+    alignas(16) __shared__ u16 ws[2][TC_BN][TC_PAD];
+    const u16* xg = (const u16*)xb;
+    i64 kp = (k + 7) / 8 * 8, n0 = (i64)blockIdx.x * TC_BN, m0 = (i64)blockIdx.y * TC_BM;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
+    int tiles = (int)((kp + TC_BK - 1) / TC_BK);
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+    unsigned wv[8];
+    tc_copy_tile<TC_BM>(xs[0], xg, m0, m, 0, kp);
+    if (CP) {
+        tc_copy_tile<TC_BN>(ws[0], (const u16*)w, n0, n, 0, k);
+    } else {
+        tc_load_w(wv, fmt, w, n0, n, 0, k);
+        tc_store_w(ws[0], wv);
+    }
+    tc_commit();
+    for (int t = 0; t < tiles; t++) {
+        int b = t & 1;
+        tc_wait_all();
+        __syncthreads();  // tile t in buffer b for every warp; every warp done with buffer b ^ 1 (tile t - 1)
+        bool next = t + 1 < tiles;
+        if (next) {
+            i64 k1 = (i64)(t + 1) * TC_BK;
+            tc_copy_tile<TC_BM>(xs[b ^ 1], xg, m0, m, k1, kp);
+            if (CP)
+                tc_copy_tile<TC_BN>(ws[b ^ 1], (const u16*)w, n0, n, k1, k);
+            else
+                tc_load_w(wv, fmt, w, n0, n, k1, k);
+        }
+        tc_commit();
+#pragma unroll
+        for (int kk = 0; kk < TC_BK; kk += 16) {
+            unsigned a[4][4], bf[2][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) tc_ldsm4(a[i], &xs[b][wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                tc_ldsm4(bf[j], &ws[b][wn + j * 16 + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) tc_mma(acc[i][j], a[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
+        }
+        if (!CP && next) tc_store_w(ws[b ^ 1], wv);
+    }
+    int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                i64 r = m0 + wm + i * 16 + g + (e >> 1) * 8, c = n0 + wn + j * 8 + 2 * q + (e & 1);
+                if (r < m && c < n) {
+                    float v = acc[i][j][e];
+                    if (bias) v += bias[c];
+                    if (add) v += add[r * n + c];
+                    y.y[dst_at(y, r * n + c)] = v;
+                }
+            }
+}
+
+#define GEMM_TC_KERNEL(NAME, CP)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt, \
+                                                                  const float* bias, const float* add,           \
+                                                                  DST_PARAMS(y), i64 k, i64 n, i64 m) {          \
+        gemm_tc_body<CP>(xb, w, (int)fmt, bias, add, DST(y), k, n, m);                                            \
+    }
+GEMM_TC_KERNEL(gemm_tc_cp, true)
+GEMM_TC_KERNEL(gemm_tc_any, false)

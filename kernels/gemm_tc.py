@@ -1,0 +1,189 @@
+"""`gemm_tc`: y (m, n) = x (m, k) · wᵀ (+ bias (n,)) (+ add (m, n)) on the tensor cores (gemm_tc.cu), the product of
+many rows (a prompt's chunk, a batch) under the bf16 numerics: x and w each rounded to bf16 (to nearest, ties to
+even), their products summed in f32. w is checkpoint rows (n, k) in any format (a block format decoded a tile at a
+time); x is rounded once into scratch by a first kernel.
+
+The numerics: a product of two bf16 values is exact in f32, so the twin's only departure from the kernel is the order
+of the sums: the twin sums each output's k products exactly (f64, every product and partial sum of bf16 operands
+with k <= 2^29 is exact there) and rounds once to f32; the kernel adds them into an f32 accumulator 16 at a time
+(mma.sync's k-step, whose own internal order and rounding the PTX ISA leaves to the hardware). Each f32 addition
+errs by at most half an ulp of its partial sum, so |y - twin| <= TC_ERROR_STEPS(k) · 2^-24 · Σ|x̂ ŵ| (x̂, ŵ the
+rounded operands), which `tc_bound` gives and the tests hold the kernel to (before the bias and the added rows, which
+both sides add in the same f32 order)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, at_call, decode, dst_at,
+                                     format_refusal, names, operand, reach, weight_bytes)
+
+BM, BN, BK = 128, 128, 32  # a block's tile of y (rows, outputs) and its k step (gemm_tc.cu's TC_BM, TC_BN, TC_BK)
+THREADS = 256  # eight warps, each 64 x 32 of the tile
+TC_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4")  # gemm_tc.cu's tc_get
+MIN_ROWS = 16  # the fewest rows of x worth the tensor cores (one mma's 16 rows); fewer run as GEMVs
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """f32 values rounded to the nearest bf16 (ties to even; a NaN stays NaN), as f32: gemm_tc.cu's bf16_rn."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    u = a.view(np.uint32).astype(np.uint64)
+    r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    if nan.any():
+        r = np.where(nan, ((u >> 16) | 0x40) << 16, r).astype(np.uint32)
+    return r.view(np.float32)
+
+
+def kp(k: int) -> int:
+    """The bf16 values a row of x's rounded copy holds: k rounded up to whole 16-byte chunks (8 values)."""
+    return -(-k // 8) * 8
+
+
+def tc_products(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x (m, k) · w (n, k)ᵀ under the bf16 numerics, summed exactly and rounded once to f32 (see the module's note)."""
+    xb, wb = bf16_round(x).astype(np.float64), bf16_round(w).astype(np.float64)
+    return (xb @ wb.T).astype(np.float32)
+
+
+def tc_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The most the kernel's sums of x (m, k) · w (n, k)ᵀ may differ from `tc_products`, output by output: k
+    additions in f32 (at most k roundings of a partial sum no larger than Σ|x̂ ŵ|, each half an ulp: 2^-24 of it),
+    plus the final rounding's half ulp, doubled for the accumulator's own order inside an mma."""
+    k = x.shape[1]
+    mag = np.abs(bf16_round(x)).astype(np.float64) @ np.abs(bf16_round(w)).astype(np.float64).T
+    return 2.0 * (k + 1) * 2.0**-24 * mag + np.finfo(np.float32).tiny
+
+
+_ROUNDED: dict[int, np.ndarray] = {}
+
+
+def rounded_rows(w: np.ndarray) -> np.ndarray:
+    """Decoded rows `w` rounded to bf16, once for each array (bf16 checkpoints round to themselves: no copy)."""
+    got = _ROUNDED.get(id(w))
+    if got is None:
+        got = bf16_round(w)
+        if np.array_equal(got.view(np.uint32), np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)):
+            got = w
+        _ROUNDED[id(w)] = got
+        weakref.finalize(w, _ROUNDED.pop, id(w), None)
+    return got
+
+
+@dataclass(frozen=True)
+class GemmTc(Launch):
+    """y (m, n) = x (m, k) · wᵀ (+ bias) (+ add: an (m, n) array, the residual) under the bf16 numerics, w checkpoint
+    rows (n, k) in `format`. Two kernels: x rounded into scratch, then the product a 128 x 128 tile of y a block."""
+
+    x: str
+    w: str
+    format: str
+    y: Dst
+    k: int
+    n: int
+    m: int
+    bias: str | None = None
+    add: str | None = None
+
+    census: ClassVar[str] = "gemm_tc"
+    stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
+
+    def reads(self):
+        return names(self.x, self.w, self.bias, self.add, *self.y.params())
+
+    def writes(self):
+        return (self.y.buf,)
+
+    def scratch(self):
+        return (Scratch("xb", "u8", 2 * self.m * kp(self.k)),)  # x rounded to bf16, rows of kp values
+
+    def check(self):
+        if min(self.k, self.n, self.m) < 1:
+            return Refusal(f"a product of no values ({self.m} rows, k {self.k}, n {self.n})")
+        why = format_refusal(self.format, self.k, "the tensor-core GEMM")
+        if why:
+            return why
+        if self.format not in TC_FORMATS:
+            return Refusal(f"rows in {self.format} (the tensor-core GEMM reads {', '.join(TC_FORMATS)})")
+        if -(-self.m // BM) > MAX_GRID_Y:
+            return Refusal(f"a product of {self.m} rows (a launch takes at most {MAX_GRID_Y} tiles of {BM} rows)")
+        if self.add is not None and self.add == self.y.buf and self.y != Dst(self.y.buf):
+            return Refusal("a residual added in place into rows of a table or parts of a wider array")
+        return None
+
+    def extents(self, top, tokens):
+        return reach((self.x, self.m * self.k), (self.w, self.n * self.k), (self.bias, self.n),
+                     (self.add, self.m * self.n), (self.y.buf, self.y.extent(self.m * self.n, top)))
+
+    def weights(self):
+        return {self.w: self.format, **({self.bias: None} if self.bias else {})}
+
+    def checkpoint_bytes(self):
+        return weight_bytes(self.format, self.n, self.k)
+
+    def bytes(self):
+        return (self.checkpoint_bytes() + 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k) + 4 * self.m * self.n
+                + (4 * self.n if self.bias else 0) + (4 * self.m * self.n if self.add else 0))
+
+    def flops(self):
+        return 2 * self.m * self.n * self.k
+
+    def finish(self, env, acc: np.ndarray) -> np.ndarray:
+        """The epilogue in the kernel's order: the bias, then the added rows, each one f32 rounding."""
+        if self.bias is not None:
+            acc = (acc + operand(env, self.bias)[: self.n][None, :]).astype(np.float32)
+        if self.add is not None:
+            acc = (acc + env.array(self.add)[: self.m * self.n].reshape(self.m, self.n)).astype(np.float32)
+        return acc
+
+    def numpy(self, env):
+        raw, fmt = env.weight(self.w)
+        x = env.array(self.x)[: self.m * self.k].reshape(self.m, self.k)
+        acc = tc_products(x, decode(raw, fmt).reshape(self.n, self.k))
+        self.y.write(env, self.finish(env, acc))
+
+    def bind_fast(self, env):
+        """The fast twin: the rounded operands multiplied by f32 BLAS (its own sum order: within the bound of the
+        exact twin), w rounded once."""
+        m, n, k = self.m, self.n, self.k
+        view = dst_at(self.y, env, m, n) if self.add is None else None  # added rows: y may be the residual
+
+        def call():
+            x = env.array(self.x)[: m * k].reshape(m, k)
+            w = env.matrix(self.w).reshape(n, k)
+            out = at_call(view) if view is not None else np.empty((m, n), np.float32)
+            np.matmul(bf16_round(x), rounded_rows(w).T, out=out)
+            if self.bias is not None or self.add is not None:
+                out[...] = self.finish(env, out)
+            if view is None:
+                self.y.write(env, out)
+
+        return call
+
+    def fast(self, env):
+        self.bind_fast(env)()
+
+    def grid_block(self):
+        return ((-(-self.n // BN), -(-self.m // BM), 1), (THREADS, 1, 1))
+
+    def kernel_name(self) -> str:
+        """gemm_tc_cp (bf16 rows of whole 16-byte chunks, copied to shared memory as they are) or gemm_tc_any."""
+        return "gemm_tc_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_any"
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import NULL, i64
+
+        xb = denv.scratch(self, self.scratch()[0])
+        pairs = self.m * kp(self.k) // 2
+        r = denv.function(self.stem, "gemm_tc_round")
+        r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
+        g, b = self.grid_block()
+        f = denv.function(self.stem, self.kernel_name())
+        f(g, b, (xb, denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), denv.opt(self.bias),
+                 denv.array(self.add) if self.add else NULL, *denv.dst(self.y), i64(self.k), i64(self.n),
+                 i64(self.m)))

@@ -1,0 +1,221 @@
+"""The tensor-core GEMM (kernels/gemm_tc.*): its numerics on the CPU — bf16 rounding to nearest even, the exact twin
+against f64 products of the rounded operands, the fast twin within the stated bound — and its CUDA kernel run by the
+host emulator (tests/cuda_host: mma.sync, ldmatrix and cp.async emulated lane by lane from the PTX ISA's fragment
+layouts) against the twin within |y - twin| <= tc_bound over shapes with every edge (m, n and k not multiples of a
+tile, of a fragment, of a 16-byte chunk), every checkpoint format, a bias, added rows and placed results; relaunched
+in reverse block order with shuffled threads, the same bits. `tc_case` is shared with tests/test_gemm_tc_gpu.py."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lanefuse.kernels import Dst, GemmTc, HostEnv, Part
+from lanefuse.kernels.common import decode, encode
+from lanefuse.kernels.gemm_tc import bf16_round, kp, tc_bound, tc_products
+
+
+def r32(g, *shape):
+    return g.standard_normal(shape).astype(np.float32)
+
+
+# -- the numerics on the CPU ----------------------------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_bf16_round_is_nearest_even(bits):
+    """Every f32 rounds to the nearer of the two bf16 values around it (ties to the even one); inf stays inf, a NaN
+    a NaN; a finite value past bf16's largest by half an ulp or more rounds to inf, as IEEE says."""
+    f = np.array([bits], np.uint32).view(np.float32)
+    r = bf16_round(f)
+    rb = int(r.view(np.uint32)[0])
+    assert rb & 0xFFFF == 0
+    if np.isnan(f[0]):
+        assert np.isnan(r[0])
+        return
+    lo = bits & 0xFFFF0000
+    hi = lo + 0x10000
+    rem = bits & 0xFFFF
+    want = lo if rem < 0x8000 or (rem == 0x8000 and not (lo >> 16) & 1) else hi
+    assert rb == want, (hex(bits), hex(rb), hex(want))
+
+
+def test_bf16_round_of_bf16_is_itself_and_overflow_is_inf():
+    g = np.random.default_rng(0)
+    b = bf16_round(r32(g, 1000) * 1e3)
+    np.testing.assert_array_equal(bf16_round(b).view(np.uint32), b.view(np.uint32))
+    big = np.array([3.3895314e38, np.float32(3.4028235e38), np.inf, -np.inf], np.float32)
+    assert np.isinf(bf16_round(big)[1:]).all() and np.isfinite(bf16_round(big)[0])
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q8_0", "q4_k"])
+def test_twins_agree_within_the_bound(fmt):
+    """The exact twin is f64 sums of the rounded operands; the fast twin (f32 BLAS of them) lies within tc_bound of
+    it; a bias and added rows go on in the kernel's order; bf16 rows round to themselves."""
+    g = np.random.default_rng(1)
+    m, n, k = 37, 29, 512
+    raw = encode(r32(g, n, k), fmt)
+    x, add = r32(g, m, k) * 3, r32(g, m, n)
+    launch = GemmTc("x", "w", fmt, Dst("y"), k, n, m, bias="b", add="a")
+    arrays = {"x": x, "a": add, "y": np.zeros(m * n, np.float32)}
+    weights = {"w": (raw, fmt), "b": (r32(g, n), "f32")}
+    exact, fast = HostEnv(dict(arrays), weights), HostEnv({k_: v.copy() for k_, v in arrays.items()}, weights)
+    launch.numpy(exact)
+    launch.fast(fast)
+    w = decode(raw, fmt).reshape(n, k)
+    prod = (bf16_round(x).astype(np.float64) @ bf16_round(w).astype(np.float64).T).astype(np.float32)
+    want = ((prod + weights["b"][0][None, :]).astype(np.float32) + add).astype(np.float32)
+    np.testing.assert_array_equal(exact.array("y"), want.reshape(-1))
+    y = exact.array("y").reshape(m, n)
+    assert (np.abs(fast.array("y").reshape(m, n) - y) <= tc_bound(x, w) + 2**-22 * np.abs(y)).all()
+    if fmt == "bf16":
+        np.testing.assert_array_equal(bf16_round(w), w)
+
+
+def test_rounding_changes_products_the_f32_numerics_keep():
+    """The bf16 numerics is a choice: it differs from the f32 product (which the default numerics keeps exact)."""
+    g = np.random.default_rng(2)
+    x, w = r32(g, 16, 64), r32(g, 8, 64)
+    assert not np.array_equal(tc_products(x, w), (x.astype(np.float64) @ w.astype(np.float64).T).astype(np.float32))
+
+
+def test_refusals_in_words():
+    assert "no values" in str(GemmTc("x", "w", "bf16", Dst("y"), 0, 4, 16).check())
+    assert "q4_k" in str(GemmTc("x", "w", "q4_k", Dst("y"), 100, 4, 16).check())
+    assert "in place" in str(GemmTc("x", "w", "bf16", Dst("y", row=2, pitch=4), 8, 4, 16, add="y").check())
+    assert GemmTc("x", "w", "bf16", Dst("y"), 8, 4, 16, add="y").check() is None
+
+
+# -- the kernel, emulated -------------------------------------------------------------------------------------------
+
+def tc_case(launch: GemmTc, g, placed: bool = False):
+    """Arrays and weights for `launch` (its y a Dst of `Part` units or rows of a table), random."""
+    fmt, m, n, k = launch.format, launch.m, launch.n, launch.k
+    size = launch.y.extent(m * n, 3) + 5
+    arrays = {"x": r32(g, m, k), "y": np.zeros(size, np.float32)}
+    if launch.add:
+        arrays[launch.add] = r32(g, m, n)
+    if isinstance(launch.y.row, str):
+        arrays[launch.y.row] = np.array([3], np.int32)
+    weights = {"w": (encode(r32(g, n, k) * 0.5, fmt), fmt)}
+    if launch.bias:
+        weights[launch.bias] = (r32(g, n), "f32")
+    return arrays, weights
+
+
+def check_within_bound(launch: GemmTc, arrays, weights, got_y: np.ndarray):
+    """The device's y against the twin's: within tc_bound on every value the launch writes (carried through the
+    bias's and the added rows' f32 roundings: 2^-23 of the value), untouched elsewhere."""
+    host = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+    launch.numpy(host)
+    m, n, k = launch.m, launch.n, launch.k
+    w = decode(*weights["w"]).reshape(n, k)
+    bound = tc_bound(arrays["x"].reshape(m, k), w).reshape(-1)
+    idx = launch.y.indices(m * n, host)
+    want = host.array("y")
+    got = np.asarray(got_y).reshape(-1)
+    err = np.abs(got[idx] - want[idx])
+    tol = bound + 2.0**-23 * np.abs(want[idx])
+    assert (err <= tol).all(), (f"{int((err > tol).sum())} of {idx.size} outside the bound; worst at "
+                                f"{int(np.argmax(err - tol))}: {got[idx][np.argmax(err - tol)]} vs "
+                                f"{want[idx][np.argmax(err - tol)]}")
+    rest = np.ones(got.size, bool)
+    rest[idx] = False
+    np.testing.assert_array_equal(got[rest], arrays["y"].reshape(-1)[rest], err_msg="written outside the result")
+
+
+# (m, n, k): one tile short every way; the brief's edge case; whole tiles; k past a tile by less than a chunk and
+# not whole chunks (gemm_tc_any for bf16 too); tiles across a grid both ways
+SHAPES = [(16, 8, 16), (17, 100, 80), (128, 128, 32), (130, 33, 72), (16, 129, 7), (200, 257, 96), (1, 5, 40)]
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    from cuda_host import emu
+
+    if emu.compiler() is None:
+        pytest.skip("no g++ to build the emulated kernels")
+    with ThreadPoolExecutor(1) as ex:
+        list(ex.map(emu.build, [GemmTc.stem]))
+    from lanefuse.kernels import cupy_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        emu.install(mp)
+        env = emu.emu_env_class()
+        mp.setattr(cupy_env, "DeviceEnv", env)
+        yield env
+
+
+def emulate(launch, arrays, weights, placed=False):
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    assert launch.check() is None, launch.check()
+    if placed:  # x and y views into one arena at 256-aligned offsets, odd gaps between them
+        offs, at = {}, 0
+        for name, a in arrays.items():
+            offs[name] = (at, a.nbytes, "i32" if a.dtype == np.int32 else "f32")
+            at += (a.nbytes + 255 + 512) // 256 * 256
+        dev = DeviceEnv(at, offs, {}, weights)
+        for name, a in arrays.items():
+            dev.array(name)[...] = dev.cp.asarray(a.reshape(-1))
+    else:
+        dev = DeviceEnv(0, {}, arrays, weights)
+    launch.cuda(dev)
+    return dev
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("fmt", ["bf16", "f32", "f16"])
+def test_emulated_gemm_within_the_bound(emulated, m, n, k, fmt):
+    g = np.random.default_rng(m * 1000 + n + k)
+    launch = GemmTc("x", "w", fmt, Dst("y"), k, n, m, bias="b" if n % 2 else None)
+    arrays, weights = tc_case(launch, g)
+    dev = emulate(launch, arrays, weights, placed=(m == 130))
+    assert dev.calls[-1][0] == ("gemm_tc_cp" if fmt == "bf16" and k % 8 == 0 else "gemm_tc_any")
+    check_within_bound(launch, arrays, weights, dev.host("y"))
+
+
+@pytest.mark.parametrize("fmt,k", [("q8_0", 96), ("q4_0", 64), ("q4_k", 256), ("q6_k", 256), ("mxfp4", 64)])
+def test_emulated_gemm_block_formats(emulated, fmt, k):
+    g = np.random.default_rng(k + len(fmt))
+    launch = GemmTc("x", "w", fmt, Dst("y"), k, 40, 19)
+    arrays, weights = tc_case(launch, g)
+    dev = emulate(launch, arrays, weights)
+    check_within_bound(launch, arrays, weights, dev.host("y"))
+
+
+@pytest.mark.parametrize("dst", [Dst("y", unit=Part(23, 2, 19)), Dst("y", row="pos", pitch=19), Dst("y")])
+def test_emulated_gemm_epilogue_and_destinations(emulated, dst):
+    """A bias and added rows (the residual) in the epilogue; y as parts of wider rows, or rows of a table from the
+    row a parameter names; a second launch, blocks reversed and threads shuffled, writes the same bits."""
+    g = np.random.default_rng(5)
+    launch = GemmTc("x", "w", "bf16", dst, 48, 19, 33, bias="b", add="res")
+    arrays, weights = tc_case(launch, g)
+    dev = emulate(launch, arrays, weights)
+    first = dev.host("y").copy()
+    check_within_bound(launch, arrays, weights, first)
+    dev.flags, dev.seed = 1, 777
+    launch.cuda(dev)
+    np.testing.assert_array_equal(dev.host("y"), first)
+
+
+def test_emulated_one_hot_picks_each_rounded_weight(emulated):
+    """x one-hot: each output is one weight rounded to bf16 times 1, summed with zeros: exact, so a fragment's row or
+    column taken from the wrong lane or register shows as a wrong value, not a small error."""
+    m, n, k = 32, 24, 48
+    g = np.random.default_rng(9)
+    w = r32(g, n, k)
+    x = np.zeros((m, k), np.float32)
+    cols = g.integers(0, k, m)
+    x[np.arange(m), cols] = 1.0
+    launch = GemmTc("x", "w", "f32", Dst("y"), k, n, m)
+    dev = emulate(launch, {"x": x, "y": np.zeros(m * n, np.float32)}, {"w": (w, "f32")})
+    np.testing.assert_array_equal(dev.host("y").reshape(m, n), bf16_round(w)[:, cols].T)
+
+
+def test_scratch_holds_rounded_rows():
+    launch = GemmTc("x", "w", "bf16", Dst("y"), 13, 4, 17)
+    assert launch.scratch()[0].nbytes == 2 * 17 * kp(13) == 2 * 17 * 16
