@@ -290,8 +290,9 @@ def deepseek_config(c: dict[str, Any], where: str, max_len: int, name: str, read
         raise UserError(f"{where}: `num_experts_per_tok` {k} is more than the {topk_groups * (experts // groups)} "
                         f"experts of the `topk_group` {topk_groups} groups kept")
     dense = c.get("first_k_dense_replace")
-    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
-        raise UserError(f"{where}: `first_k_dense_replace` is {dense!r:.40}; expected a layer count (0 or more)")
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
+        raise UserError(f"{where}: `first_k_dense_replace` is {dense!r:.40}; expected a layer count (0..{layers}, "
+                        f"`num_hidden_layers`)")
     shared = c.get("n_shared_experts") or 0
     if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
         raise UserError(f"{where}: `n_shared_experts` is {shared!r:.40}; expected a count (0 or more)")

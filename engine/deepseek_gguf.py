@@ -14,7 +14,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.gguf_shapes import check_shapes, vocab_size
-from lanefuse.engine.hfconfig import MAX_LAYERS
+from lanefuse.engine.hfconfig import MAX_LAYERS, MAX_SIZE
 
 
 def deepseek_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], r, arch: str,
@@ -28,10 +28,10 @@ def deepseek_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int,
         if not r.has(key):
             raise UserError(f"{where}: missing `{arch}.{key}` ({what})")
 
-    def count(key: str) -> int:  # 0 or more; absent 0
+    def count(key: str, most: int = MAX_SIZE) -> int:  # 0 or more (at most `most`); absent 0
         v = r.c.get(key, 0)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise UserError(f"{where}: `{arch}.{key}` is {v!r:.40}; expected a count (0 or more)")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= most:
+            raise UserError(f"{where}: `{arch}.{key}` is {v!r:.40}; expected a count (0..{most})")
         return v
 
     layers = r.size("block_count")
@@ -85,7 +85,7 @@ def deepseek_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int,
     if topk_groups * (experts // groups) < k:
         raise UserError(f"{where}: `{arch}.expert_used_count` {k} is more than the "
                         f"{topk_groups * (experts // groups)} experts of the {topk_groups} groups kept")
-    dense, shared = count("leading_dense_block_count"), count("expert_shared_count")
+    dense, shared = count("leading_dense_block_count", layers), count("expert_shared_count")
     moe_inter = r.size("expert_feed_forward_length")
     inter = r.size("feed_forward_length") if dense else r.size("feed_forward_length", moe_inter)
     vocab = vocab_size(meta, tensors, r, where)

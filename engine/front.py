@@ -67,6 +67,8 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     if not isinstance(raw_cfg, dict):
         raise UserError(f"{cfg_path}: expected a JSON object")
     cfg = config_from_hf(raw_cfg, str(cfg_path), max_len=max_len, name=folder.resolve().name)
+    held = sum(f.stat().st_size for f in folder.glob("*.safetensors") if f.is_file())
+    weights_fit(cfg, str(cfg_path), "config.json's sizes", held, "its safetensors files'")
     store = Weights.from_folder(folder)
     stored = set(store.names())
     relayout = getattr(cfg, "with_layout", None)  # a family whose checkpoints name the text model two ways
@@ -93,6 +95,23 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     return cfg, store.with_config(cfg)
 
 
+MIN_BITS = 1  # the fewest bits a weight value takes in any format lanefuse reads is 2.625 (q2_k): a bound with room
+
+
+def weights_fit(cfg: ModelConfig, where: str, sizes: str, held: int, holding: str) -> None:
+    """Refuse a config whose sizes call for more weight values than the files could hold at MIN_BITS a value, before
+    any store is built from them (an expert count or a state width of 10^9 would allocate its index tables first);
+    the largest tensor those sizes ask for is named. Pure arithmetic on the config: nothing is allocated."""
+    import math
+
+    shapes = cfg.weight_names()
+    total = sum(math.prod(s) for s in shapes.values())
+    if total * MIN_BITS > 8 * max(held, 1):
+        big = max(shapes, key=lambda n: math.prod(shapes[n]))
+        raise UserError(f"{where}: {sizes} call for {total:,} weight values (tensor `{big}` alone {shapes[big]}), "
+                        f"more than {holding} {held:,} bytes hold at {MIN_BITS} bit a value; a size is wrong")
+
+
 def _checked(cfg: ModelConfig, store, where: str, whence: str, label=lambda name: name) -> ModelConfig:
     """`cfg` with each tensor's stored format, every tensor the step reads present in `store` with its shape;
     `label` names a tensor as the file does."""
@@ -112,6 +131,7 @@ def _load_gguf(path: Path, max_len: int) -> tuple[ModelConfig, Weights]:
     from lanefuse.engine.gguf import load_gguf
 
     cfg, gstore = load_gguf(path, max_len)
+    weights_fit(cfg, str(path), "the metadata's sizes", path.stat().st_size, "the file's")  # before any store
     if getattr(cfg, "serve", None) is not None:  # deepseek2: cut as a checkpoint's (engine/deepseek_gguf.py)
         from lanefuse.engine.deepseek_gguf import deepseek_gguf_store
 

@@ -19,7 +19,7 @@ QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")  # engine/moe.py reads their mixture
 ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-MAX_LAYERS = 10_000  # the deepest released models have about 130
+MAX_LAYERS = 512  # the deepest released models have about 130; planning takes time and memory with the layers
 MAX_SIZE = 1 << 31  # no size of a real model comes near; beyond it a shape's product overflows what numpy indexes
 
 

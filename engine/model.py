@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 from dataclasses import dataclass
@@ -90,7 +91,13 @@ class ModelConfig:
         return {n: (L, w) for i in range(self.layers) for n, w in ((f"kc{i}", kw), (f"vc{i}", vw))}
 
     def fmt(self, weight: str) -> str:
-        return dict(self.formats).get(weight, "f32")
+        return self._format_of.get(weight, "f32")
+
+    @functools.cached_property
+    def _format_of(self) -> dict[str, str]:
+        """`formats` as a mapping, built once a config (a lookup a weight: a dict built each call made building a
+        step quadratic in its layers)."""
+        return dict(self.formats)
 
     def weight_names(self) -> dict[str, tuple[int, ...]]:
         """Every checkpoint tensor the graph reads, with its expected shape (HF names)."""

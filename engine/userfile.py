@@ -31,7 +31,7 @@ def regular(path: str | Path, what: str = "a file") -> int:
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{path}: is {_kind(st.st_mode)}; expected {what} (a regular file)")
+        raise UserError(f"{path}: cannot read {what}: it is {_kind(st.st_mode)}, not a regular file")
     return st.st_size
 
 

@@ -269,6 +269,7 @@ def test_config_refusals_are_one_line():
                       ({"rope_parameters": {"rope_type": "yarn", "original_max_position_embeddings": 64}}, "factor"),
                       ({"qk_rope_head_dim": 7}, "qk_rope_head_dim"), ({"hidden_act": "gelu"}, "hidden_act"),
                       ({"first_k_dense_replace": -1}, "first_k_dense_replace"),
+                      ({"first_k_dense_replace": 10 ** 9}, "first_k_dense_replace"),
                       ({"rope_interleave": "yes"}, "rope_interleave"),
                       ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, "fp8")):
         with pytest.raises(UserError) as e:

@@ -198,6 +198,9 @@ def test_gguf_deepseek_refusals_are_one_line(tmp_path):
         (dict(set_keys={"deepseek2.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)}),
          r"YaRN without `deepseek2.rope.scaling.yarn_log_multiplier`"),
         (dict(set_keys={"deepseek2.nextn_predict_layers": (1, U32)}), r"nextn_predict_layers` is 1"),
+        (dict(set_keys={"deepseek2.leading_dense_block_count": (10 ** 9, U32)}),
+         r"leading_dense_block_count` is 1000000000; expected a count \(0\.\.\d+\)"),
+        (dict(set_keys={"deepseek2.expert_count": (10 ** 9, U32)}), r"call for [\d,]+ weight values"),
         (dict(set_keys={"deepseek2.rope.scaling.type": ("longrope", gguf.GGUFValueType.STRING)}),
          r"rope.scaling.type` is 'longrope'"),
     ]

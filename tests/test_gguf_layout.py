@@ -22,9 +22,10 @@ from lanefuse.engine.front import load_model  # noqa: E402
 HIDDEN, LAYERS, HEADS, KV, INTER, VOCAB = 32, 2, 4, 2, 48, 64
 
 
-def write_llama(path: Path, alignment: int | None = None, keys=None, arch: str = "llama") -> Path:
-    """A tiny llama GGUF file (f32, seeded), `keys` {name: value} set as uint32/float32/string metadata after the
-    usual ones (overriding them)."""
+def write_llama(path: Path, alignment: int | None = None, keys=None, arch: str = "llama", experts: int = 0) -> Path:
+    """A tiny llama GGUF file (f32, seeded), `keys` {name: value} set as uint32/uint64/float32/string metadata after
+    the usual ones (overriding them); with `experts`, each layer's feed-forward a mixture of that many (Mixtral's
+    tensors: the router ffn_gate_inp and the stacked ffn_*_exps; the metadata's expert keys come from `keys`)."""
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), arch)
     if alignment is not None:
@@ -54,6 +55,12 @@ def write_llama(path: Path, alignment: int | None = None, keys=None, arch: str =
         put(f"blk.{i}.attn_v.weight", KV * hd, HIDDEN)
         put(f"blk.{i}.attn_output.weight", HIDDEN, HEADS * hd)
         put(f"blk.{i}.ffn_norm.weight", HIDDEN)
+        if experts:
+            put(f"blk.{i}.ffn_gate_inp.weight", experts, HIDDEN)
+            put(f"blk.{i}.ffn_gate_exps.weight", experts, INTER, HIDDEN)
+            put(f"blk.{i}.ffn_up_exps.weight", experts, INTER, HIDDEN)
+            put(f"blk.{i}.ffn_down_exps.weight", experts, HIDDEN, INTER)
+            continue
         put(f"blk.{i}.ffn_gate.weight", INTER, HIDDEN)
         put(f"blk.{i}.ffn_up.weight", INTER, HIDDEN)
         put(f"blk.{i}.ffn_down.weight", HIDDEN, INTER)

@@ -116,18 +116,34 @@ def context_rows(allowed: int, cfg: ModelConfig, ctx: int | None, who: str) -> t
     """The KV caches' rows: `ctx` where given (at most the `allowed` positions), else the allowed ones capped at
     CTX_CAP and by memory; and the sentence that says so."""
     row_bytes = cfg.layers * sum(cfg.cache_widths) * 4  # f32 keys and values (a family's own rows), every layer
+    mem = _memory_bytes()
     if ctx is not None:
         if ctx > allowed:
             raise UserError(f"--ctx {ctx}: {who} allows at most {allowed} positions")
+        _fits(cfg, ctx, mem, f"--ctx {ctx}: ", "give a smaller --ctx")  # checked before anything is allocated
         return ctx, f"KV cache: {ctx} rows (--ctx; {ctx * row_bytes / 2**20:.1f} MiB; the model allows {allowed})"
     rows, why = allowed, "what the model allows"
     if rows > CTX_CAP:
         rows, why = CTX_CAP, f"the model allows {allowed}; capped at {CTX_CAP}"
-    mem = _memory_bytes()
     if mem and rows * row_bytes > CTX_MEMORY * mem:
         rows = max(1, int(CTX_MEMORY * mem // row_bytes))
         why = f"the model allows {allowed}; capped by memory: {CTX_MEMORY:.0%} of {mem / 2**30:.0f} GiB"
+    _fits(cfg, rows, mem, f"{who}: ", "its sizes are wrong, or the machine too small")
     return rows, f"KV cache: {rows} rows ({why}; {rows * row_bytes / 2**20:.1f} MiB; --ctx N to change)"
+
+
+def _fits(cfg: ModelConfig, rows: int, mem: int | None, what: str, todo: str) -> None:
+    """Refuse a step whose carried tables (the KV caches of `rows` rows, a family's recurrent states) would take more
+    than CTX_MEMORY of the machine's memory (f32), before anything allocates them."""
+    import dataclasses
+    import math
+
+    if not mem:
+        return
+    need = 4 * sum(math.prod(shape) for shape in dataclasses.replace(cfg, max_len=rows).carried().values())
+    if need > CTX_MEMORY * mem:
+        raise UserError(f"{what}the KV caches and carried states of {rows} rows need {need / 2**30:,.1f} GiB, more "
+                        f"than the {CTX_MEMORY:.0%} of this machine's {mem / 2**30:.0f} GiB they may take; {todo}")
 
 
 def _read_config(folder: str) -> tuple[str, dict]:
