@@ -91,6 +91,7 @@ class GemmTc(Launch):
     add: str | None = None
 
     census: ClassVar[str] = "gemm_tc"
+    tensor_cores: ClassVar[bool] = True  # the cost model prices its flops at the tensor cores' rate (knob tflops_tc)
     stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
 
     def reads(self):

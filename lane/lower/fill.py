@@ -56,6 +56,7 @@ class Scope:
     taken: set[int] = field(default_factory=set)  # the strided reads a field took (by place in `strided`)
     wrote: set[str] = field(default_factory=set)  # the tensors a field placed (`dst`, `into`)
     copied: Callable[[], frozenset[str]] = frozenset  # the graph's views taken as copies (worked out once a graph)
+    knobs: Any = None  # the lane's knobs (lane/lower/knobs.py) where the link has them
 
     def take(self, name: str) -> Part | None:
         """The part of every unit the op reads through `name` (an input's name, a pattern variable), or None where
@@ -246,6 +247,17 @@ def _token(s):
     return s.g.io.token
 
 
+def _tensor_cores(s, x):
+    """Whether a product of activation x runs on the tensor cores: the `tc_rows` knob set, x of at least that many rows
+    (and the 16 of one mma) and f32 (not a quantized activation)."""
+    from lanefuse.kernels.gemm_tc import MIN_ROWS
+
+    k = s.knobs
+    if k is None or not getattr(k, "tc_rows", 0) or _words(s, x):
+        return False
+    return _rows(s, x) >= max(k.tc_rows, MIN_ROWS)
+
+
 def _mul(s, a, b):
     return a * b
 
@@ -259,7 +271,7 @@ FUNCS: dict[str, Callable] = {
     "into": _into, "part": _part, "pitch": _pitch, "offset": _offset, "norm": _norm, "gate": _gate, "prenorm": _prenorm, "pos": _pos,
     "token": _token, "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf,
     "bcast": _bcast, "each": _each,
-    "advance": _advance, "copied": _copied, "words": _words, "stored": _stored,
+    "advance": _advance, "copied": _copied, "words": _words, "stored": _stored, "tensor_cores": _tensor_cores,
 }
 READS = ("part", "pitch", "offset")  # functions of an input's read, given the input's name, not its tensor
 

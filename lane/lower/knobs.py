@@ -18,12 +18,16 @@ class Knobs:
     l2_mib: int = 60
     wide_rows: int = 4096  # a product with at least this many outputs takes four rows a warp (rows_a_warp)
     attn_split_min: int = 64  # attended positions a split of a split attention takes at least
+    tc_rows: int = 0  # a product of at least this many rows (and 16) runs on the tensor cores (gemm_tc) under the bf16
+    # numerics: x and w rounded to bf16, f32 sums; 0 (the default) never, the f32 numerics exact
+    tflops_tc: float = 450.0  # what the cost model takes the tensor-core GEMM to reach (bf16 peak 989)
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 KNOB_NAMES = tuple(f.name for f in fields(Knobs))
+OFF_AT_ZERO = ("tc_rows",)  # knobs whose 0 turns their choice off
 
 
 def set_knob(k: Knobs, name: str, value) -> Knobs:
@@ -36,8 +40,9 @@ def set_knob(k: Knobs, name: str, value) -> Knobs:
         v = conv(value)
     except (TypeError, ValueError):
         raise UserError(f"knob `{name}`: {value!r} is not a number") from None
-    if not math.isfinite(v) or v <= 0:
-        raise UserError(f"knob `{name}`: {value!r} must be a positive finite number")
+    if not math.isfinite(v) or v < 0 or (v == 0 and name not in OFF_AT_ZERO):
+        raise UserError(f"knob `{name}`: {value!r} must be a positive finite number"
+                        + (" (or 0: off)" if name in OFF_AT_ZERO else ""))
     return replace(k, **{name: v})
 
 

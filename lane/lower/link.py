@@ -59,6 +59,7 @@ class Link:
     g: Graph
     table: LaneTable
     held_steps: frozenset[str] = frozenset()
+    knobs: object = None  # the lane's knobs, which a table's `if:` may read (tensor_cores)
     hooks: dict = field(default_factory=lambda: dict(HOOKS))
     _copied: tuple | None = field(default=None, repr=False)
 
@@ -176,7 +177,7 @@ class Link:
         strided = _strided(op)
         via = {r.input: (k,) for k, r in enumerate(strided)}  # an input's reads by its name
         return Scope(names, self.g, placed, strided, via, where=f"lane {self.table.name}: ops.{op.kind}",
-                     copied=self.copied)
+                     copied=self.copied, knobs=self.knobs)
 
     def lifted(self, op: Op, placed: dict[str, Dst]):
         choices = self.table.ops.get(op.kind)
@@ -220,8 +221,7 @@ class Link:
                 if ks:
                     via[v] = ks
         return Scope(names, self.g, placed, strided, via, where=f"lane {self.table.name}: classes.{op.cls}",
-                     copied=self.copied,
-                     leaves=leaves)
+                     copied=self.copied, leaves=leaves, knobs=self.knobs)
 
     def build(self, ch: Choice, scope: Scope):
         """The launch `ch` names with its fields filled in `scope`, or why its fields make none."""
@@ -249,9 +249,9 @@ def _strided(op: Op) -> tuple[Strided, ...]:
                  if a is not None)
 
 
-def link(g: Graph, table: LaneTable, held_steps=frozenset()) -> list[Linked] | Refusal:
+def link(g: Graph, table: LaneTable, held_steps=frozenset(), knobs=None) -> list[Linked] | Refusal:
     """Every op of `g` to its launches, in order; or the refusal of the first op the lane cannot run."""
-    lk = Link(g, table, frozenset(held_steps))
+    lk = Link(g, table, frozenset(held_steps), knobs=knobs)
     out: list[Linked] = []
     for op in g.ops:
         got = lk.op(op)

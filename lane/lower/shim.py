@@ -16,11 +16,12 @@ from lanefuse.lane.lower.table import LaneTable
 
 def launch_us(l, knobs: Knobs) -> float:
     """One linked launch's estimated time: for each kernel it makes, overhead + max(bytes / bandwidth, flops /
-    peak); a view costs nothing."""
+    peak), the peak the tensor cores' for a kernel on them; a view costs nothing."""
     total = 0.0
     for k in l.kernels():
         mem = k.bytes() / (knobs.hbm_gbps * 1e3)
-        comp = k.flops() / (knobs.tflops_f32 * 1e6)
+        peak = knobs.tflops_tc if getattr(k, "tensor_cores", False) else knobs.tflops_f32
+        comp = k.flops() / (peak * 1e6)
         total += knobs.launch_us + max(mem, comp)
     return total
 
@@ -33,7 +34,7 @@ class Shim:
     held_steps: frozenset[str] = frozenset()
 
     def __post_init__(self):
-        self.link = Link(self.g, self.table, self.held_steps)
+        self.link = Link(self.g, self.table, self.held_steps, knobs=self.knobs)
         self._cache: dict = {}
         self._sigs: dict = {"\0tables": frozenset(self.g.io.tables)}
 

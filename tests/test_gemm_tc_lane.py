@@ -1,0 +1,120 @@
+"""The tensor-core GEMM in the lane (issue 35 item 2): with the `tc_rows` knob set, every product of at least that
+many rows (a prompt's chunk, a batch of sequences) links as gemm_tc (rules/lanes/cuda.yaml: ops.matmul and
+gemm_bias; the GEMV-based fused classes refuse it, so extraction takes the products apart); without it (the default)
+no product does and the f32 numerics stays exact. A tiny model's prefill (f32 and bf16 checkpoints) and a batch of 16
+decodes run under it: the fast runner's tokens equal the exact twins', and the logits lie within bf16's rounding of
+the f32 plan's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.demo import demo_model
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.demo import random_arrays
+from lanefuse.engine.weights import Weights, f32_to_bf16
+from lanefuse.kernels import GemmTc, Gemv
+from lanefuse.lane.lower.knobs import Knobs, parse_knobs
+from lanefuse.lane.lower.plan import PlanOptions, plan
+from lanefuse.lane.run.batch import generate_batch
+from lanefuse.lane.run.generate import generate
+from lanefuse.lane.run.step import plan_step_fn
+
+TC = Knobs(tc_rows=16)
+BF16_TOL = 5e-2  # bf16 operands (8 bits of mantissa) through a few layers: the logits' relative departure from f32
+TWIN_TOL = 1e-2  # the fast twin against the exact: their f32 sums part by an ulp of f32, and where that crosses a
+# bf16 rounding boundary of the next product's input the two take neighbouring bf16 values (2^-8 apart)
+
+
+def products(p):
+    return [x.launch for x in p.launches if isinstance(x.launch, (GemmTc, Gemv))]
+
+
+def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
+    cfg, _ = demo_model()
+    g = build_step(cfg, 16)
+    tc, f32 = plan(g, knobs=TC), plan(g)
+    assert "gemm_tc" not in f32.census
+    big = [l for l in products(tc) if l.m >= 16]
+    assert big and all(isinstance(l, GemmTc) for l in big), [l.census for l in big]
+    assert tc.census["gemm_tc"] == 7 * cfg.layers  # q, k, v, o, gate, up, down a layer
+    assert all(isinstance(l, Gemv) for l in products(tc) if l.m < 16)  # the last row's logits: a GEMV
+    assert "gemm_tc" not in plan(build_step(cfg, 15), knobs=replace(TC, tc_rows=1)).census  # below one mma's 16
+    assert "gemm_tc" not in plan(g, knobs=replace(TC, tc_rows=32)).census
+
+
+
+def test_the_cost_model_prices_the_gemm_at_the_tensor_cores_rate():
+    """A tiny model's plan costs more launches under the knob; a prefill chunk of an 8B model's product is cheaper
+    as a GEMM (flops at tflops_tc) than as GEMV slabs (flops at tflops_f32)."""
+    from lanefuse.kernels import Dst
+    from lanefuse.lane.lower.shim import launch_us
+
+    k = Knobs()
+    gemm = GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512)
+    gemv = Gemv("x", "w", "bf16", Dst("y"), 4096, 4096, 512)
+    assert launch_us(gemm, k) < launch_us(gemv, k) / 5
+
+
+def test_knob_values_in_words():
+    assert parse_knobs(["tc_rows=0"]).tc_rows == 0
+    with pytest.raises(UserError, match="or 0: off"):
+        parse_knobs(["tc_rows=-1"])
+    with pytest.raises(UserError, match="positive"):
+        parse_knobs(["sms=0"])
+
+
+def bf16_model() -> tuple[ModelConfig, Weights]:
+    """A tiny Qwen3 whose every layer matrix is a bf16 checkpoint tensor."""
+    base = ModelConfig("Qwen3ForCausalLM", 64, 2, 4, 1, 32, 96, 100, qk_norm=True, max_len=64, name="tiny-qwen3")
+    arrays = random_arrays(base, seed=11)
+    names = tuple(n for n, a in arrays.items() if ".layers." in n and np.ndim(a) == 2)
+    cfg = replace(base, formats=tuple((n, "bf16") for n in names))
+    for n in names:
+        arrays[n] = f32_to_bf16(arrays[n])
+    return cfg, Weights.from_dict(arrays, cfg)
+
+
+def _rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def _run(cfg, w, prompt, n, knobs, exact):
+    fn, _ = plan_step_fn(w, "cpu", PlanOptions(knobs=knobs), exact=exact)
+    return generate(cfg, w, prompt, n, step_fn=fn, chunk=16)
+
+
+@pytest.mark.parametrize("model", ["demo_f32", "qwen3_bf16"])
+def test_prefill_under_the_knob_equals_its_twins(model):
+    cfg, w = demo_model() if model == "demo_f32" else bf16_model()
+    prompt = [int(t) for t in np.random.default_rng(3).integers(1, cfg.vocab, 37)]  # chunks of 16, 16 and 5 rows
+    exact, fast = _run(cfg, w, prompt, 5, TC, True), _run(cfg, w, prompt, 5, TC, False)
+    assert fast.generated_ids == exact.generated_ids
+    assert max(_rel(a, b) for a, b in zip(fast.logits, exact.logits)) <= TWIN_TOL
+    ref = _run(cfg, w, prompt, 5, Knobs(), True)  # the f32 plan
+    first = _rel(exact.logits[0], ref.logits[0])
+    assert 0 < first <= BF16_TOL, first  # bf16 operands: not the f32 numbers, near them
+
+
+def test_batch_of_16_decodes_under_the_knob():
+    """A batch step of 16 sequences: its products (16 rows) on the tensor cores; the fast runner's tokens equal the
+    exact twins', the logits near the f32 batch's."""
+    cfg, w = demo_model()
+    g = build_step(cfg, 1, batch=16)
+    assert plan(g, knobs=TC).census.get("gemm_tc") == 7 * cfg.layers + 1  # and the 16 rows of logits
+    rng = np.random.default_rng(4)
+    prompts = [[int(t) for t in rng.integers(1, cfg.vocab, 3 + i % 4)] for i in range(16)]
+
+    def run(knobs, exact):
+        fn, _ = plan_step_fn(w, "cpu", PlanOptions(knobs=knobs), exact=exact)
+        return generate_batch(cfg, w, prompts, 3, 16, step_fn=fn, chunk=4)
+
+    exact, fast, ref = run(TC, True), run(TC, False), run(Knobs(), True)
+    for e, f, r in zip(exact, fast, ref):
+        assert f.generated_ids == e.generated_ids
+        assert max(_rel(a, b) for a, b in zip(f.logits, e.logits)) <= TWIN_TOL
+        assert max(_rel(a, b) for a, b in zip(e.logits, r.logits)) <= BF16_TOL
