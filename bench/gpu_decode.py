@@ -7,6 +7,12 @@ launches per step. Plans come from bench/gpu_prepare.py (no solver needed here).
 (the median of `--rounds` rounds of `--iters` steps each, a figure; bench/gpu_suite.sh runs fewer of both to fit
 its time)
 
+Beside each plan's graph figure, the same graph with programmatic dependent launch (LANEFUSE_PDL=1, kernels/pdl.py:
+every kernel may start while the one before it drains, the GEMVs prefetching their first weights into L2); and for
+the bf16 Qwen3-8B plan a per-kind breakdown (each launch timed alone between CUDA events, no graph, summed by its
+census kind) beside the lane's own estimate (the plan's cost_us a launch, lane/lower/shim.py) and bench/launch_model.py's
+prediction (PLANDIR/launch-model.json, written on the CPU by `bench/gpu_suite.sh prepare`): issue 34 items 5 and 7.
+
 Then the batch figure (issue 16): the Qwen3-8B-shaped decode step of B = 1..64 sequences (qwen3-8b-decode-bB.json,
 each sequence at `--pos`), time a step and the aggregate tokens/s (B tokens a step); skipped where the plans are
 absent. Nothing here runs without a CUDA device (CuPy).
@@ -109,13 +115,27 @@ def copy_bandwidth() -> float:
     return 2 * a.nbytes / (ms * 1e-3) / 1e12
 
 
-def time_plan(s, weights_state, pos: int, iters: int, graph: bool, rounds: int = 5) -> float:
+def runner(s, weights_state, graph: bool, pdl: bool = False):
+    """A CupyRunner of plan `s`, its kernels launched with programmatic dependent launch or not (DeviceEnv reads
+    LANEFUSE_PDL when it is made)."""
+    from lanefuse.lane.run.cupy_runner import CupyRunner
+
+    before = os.environ.get("LANEFUSE_PDL")
+    os.environ["LANEFUSE_PDL"] = "1" if pdl else "0"
+    try:
+        return CupyRunner(s, None, weights_state, graph=graph)
+    finally:
+        if before is None:
+            del os.environ["LANEFUSE_PDL"]
+        else:
+            os.environ["LANEFUSE_PDL"] = before
+
+
+def time_plan(s, weights_state, pos: int, iters: int, graph: bool, rounds: int = 5, pdl: bool = False) -> float:
     """Median microseconds a decode step takes at `pos`, over `rounds` rounds of `iters` replays (CUDA events)."""
     import cupy as cp
 
-    from lanefuse.lane.run.cupy_runner import CupyRunner
-
-    r = CupyRunner(s, None, weights_state, graph=graph)
+    r = runner(s, weights_state, graph, pdl)
     r.state.loaded = True
     b = s.batch  # a batch step: every sequence at `pos` (its own slot)
     inputs = {s.io.token: np.ones(b, np.int32), s.io.position: np.full(b, pos, np.int32)}
@@ -139,6 +159,59 @@ def time_plan(s, weights_state, pos: int, iters: int, graph: bool, rounds: int =
     return statistics.median(times)
 
 
+def per_kind(s, weights_state, pos: int, rounds: int = 5) -> list[dict]:
+    """Each launch of plan `s` timed alone (CUDA events around it, no graph; the median of `rounds` steps), summed by
+    its census kind: measured µs beside the lane's estimate (cost_us) and the launch model's prediction."""
+    import collections
+
+    import cupy as cp
+
+    r = runner(s, weights_state, graph=False)
+    r.state.loaded = True
+    inputs = {s.io.token: np.ones(s.batch, np.int32), s.io.position: np.full(s.batch, pos, np.int32)}
+    r.load_inputs(inputs)
+    r._replay()
+    idx = [i for i, x in enumerate(s.launches) if x.launch.kernels()]
+    per = collections.defaultdict(list)
+    for _ in range(rounds):
+        r.load_inputs(inputs)
+        ev = [cp.cuda.Event() for _ in range(len(idx) + 1)]
+        with r._stream:
+            ev[0].record(r._stream)
+            for j, i in enumerate(idx):
+                s.launches[i].launch.cuda(r.env)
+                ev[j + 1].record(r._stream)
+        ev[-1].synchronize()
+        for j, i in enumerate(idx):
+            per[i].append(cp.cuda.get_elapsed_time(ev[j], ev[j + 1]) * 1e3)
+    return [{"index": i, "kind": s.launches[i].launch.census, "us": statistics.median(per[i]),
+             "lane_us": float(getattr(s.launches[i], "cost_us", 0.0))} for i in idx]
+
+
+def print_kinds(rows: list[dict], predicted: dict | None) -> list[dict]:
+    """Per census kind: launches, measured µs, the lane's estimate and the launch model's prediction, with their
+    ratios to the measurement (issue 34 item 5: within ±25% is the goal)."""
+    kinds: dict[str, dict] = {}
+    for x in rows:
+        k = kinds.setdefault(x["kind"], {"kind": x["kind"], "launches": 0, "us": 0.0, "lane_us": 0.0,
+                                         "model_us": 0.0 if predicted else None})
+        k["launches"] += 1
+        k["us"] += x["us"]
+        k["lane_us"] += x["lane_us"]
+        if predicted:
+            k["model_us"] += predicted.get(str(x["index"]), 0.0)
+    total = sum(k["us"] for k in kinds.values())
+    print(f"  per kind (each launch alone, no graph; sum {total:.0f} µs): measured · lane estimate · launch model "
+          f"(PREDICTION)")
+    out = []
+    for k in sorted(kinds.values(), key=lambda k: -k["us"]):
+        m = f"{k['model_us']:9.0f} µs ({k['model_us'] / k['us']:5.2f}x)" if k["model_us"] is not None else "      –"
+        print(f"    {k['kind']:18s} {k['launches']:4d} launches {k['us']:9.0f} µs ({k['us'] / total:5.1%}) · lane "
+              f"{k['lane_us']:9.0f} µs ({k['lane_us'] / k['us']:5.2f}x) · model {m}")
+        out.append({x: (round(v, 2) if isinstance(v, float) else v) for x, v in k.items()})
+    return out
+
+
 def main() -> None:
     from lanefuse.engine import flags
 
@@ -155,8 +228,12 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw:.2f} TB/s (spec {SPEC_TBPS} TB/s)")
     results = []
+    predicted = {}
+    if os.path.exists(os.path.join(args.plans, "launch-model.json")):
+        with open(os.path.join(args.plans, "launch-model.json")) as f:
+            predicted = json.load(f).get("plans", {})
     for name in ("demo-decode", "qwen3-8b-decode", "qwen3-8b-q8_0-decode", "qwen3-8b-q4_0-decode",
-                 "qwen3-8b-q4_k-decode"):
+                 "qwen3-8b-q4_k-decode", "qwen3-8b-q6_k-decode"):
         path = os.path.join(args.plans, name + ".json")
         if not os.path.exists(path):
             print(f"{name}: no plan at {path} (run bench/gpu_suite.sh prepare)")
@@ -167,17 +244,29 @@ def main() -> None:
         state.weights.update(device_weights(s))
         nbytes = token_bytes(s, pos)
         row = {"plan": name, "launches": s.n_launches, "token_bytes": nbytes, "pos": pos}
-        for graph in (True, False):
-            us = time_plan(s, state, pos, args.iters, graph, args.rounds)
+        for graph, pdl in ((True, False), (True, True), (False, False)):
+            try:
+                us = time_plan(s, state, pos, args.iters, graph, args.rounds, pdl)
+            except Exception as e:  # noqa: BLE001 (PDL never ran on a device before: its failure is a figure too)
+                print(f"{name:16s} graph {'on ' if graph else 'off'}{' + PDL' if pdl else ''}: failed: "
+                      f"{type(e).__name__}: {e}")
+                row["graph_pdl" if pdl else "graph" if graph else "no_graph"] = {"error": f"{type(e).__name__}: {e}"}
+                continue
             roof_spec = nbytes / (SPEC_TBPS * 1e12) * 1e6
             roof_copy = nbytes / (bw * 1e12) * 1e6
-            key = "graph" if graph else "no_graph"
+            key = "graph_pdl" if pdl else "graph" if graph else "no_graph"
             row[key] = {"us_per_token": round(us, 2), "tokens_per_s": round(1e6 / us, 1),
                         "roofline_us_spec": round(roof_spec, 2), "ratio_spec": round(roof_spec / us, 3),
                         "ratio_copy": round(roof_copy / us, 3)}
-            print(f"{name:16s} graph {'on ' if graph else 'off'}: {us:9.1f} µs/token {1e6 / us:9.1f} tok/s · "
+            print(f"{name:16s} graph {'on ' if graph else 'off'}{' + PDL' if pdl else ''}: {us:9.1f} µs/token {1e6 / us:9.1f} tok/s · "
                   f"{nbytes / 1e9:.3f} GB a token · roofline {roof_spec:.1f} µs → {roof_spec / us:.1%} of spec HBM, "
                   f"{roof_copy / us:.1%} of copy bandwidth · {s.n_launches} launches")
+        model = predicted.get(name, {})
+        if model:
+            row["launch_model_us"] = model.get("us")
+            print(f"{name:16s} launch model (PREDICTION): {model.get('us', 0):9.1f} µs/token")
+        if name == "qwen3-8b-decode":
+            row["kinds"] = print_kinds(per_kind(s, state, pos, args.rounds), model.get("launches"))
         results.append(row)
     batches = batch_figure(args)
     if args.json:

@@ -3,7 +3,7 @@ them, so that machine needs no solver. Writes into PLANDIR:
 
     demo-decode.json, demo-prefill8.json   the demo model's decode step and an 8-row prefill chunk
     qwen3-8b-decode.json                   a Qwen3-8B-shaped decode step (bf16 rows; random weights on the device)
-    qwen3-8b-q8_0-decode.json, ...-q4_0-, ...-q4_k-   the same step, its rows in GGUF block formats
+    qwen3-8b-q8_0-decode.json, ...-q4_0-, ...-q4_k-, ...-q6_k-   the same step, its rows in GGUF block formats
     qwen3-8b-decode-b1.json ... -b64.json  the same step decoding a batch of B sequences (1024 cache rows a slot)
     tiny-hf/ + tiny-hf-decode.json         a tiny Qwen3 checkpoint (config.json as transformers writes it, seeded
                                            weights saved from numpy: no torch needed) and its plan
@@ -34,7 +34,7 @@ from lanefuse.engine.model import build_step
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.planfile import save
 
-BLOCK_PLANS = ("q8_0", "q4_0", "q4_k")  # the Qwen3-8B step's rows in these formats too (bench/gpu_decode.py)
+BLOCK_PLANS = ("q8_0", "q4_0", "q4_k", "q6_k")  # the Qwen3-8B step's rows in these formats too (bench/gpu_decode.py)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)  # the batch decode steps of the Qwen3-8B shape (bench/gpu_decode.py's batch figure)
 BATCH_SLOT = 1024  # cache rows a sequence of those: 64 slots' caches take 19 GB beside 16 GB of bf16 weights
 

@@ -14,6 +14,9 @@ case "$cmd" in
   prepare)
     plans="${2:?usage: gpu_suite.sh prepare PLANDIR}"
     "$py" "$here/bench/gpu_prepare.py" "$plans" || exit $?
+    # the launch model's prediction for each Qwen3-8B plan (needs nvcc here; bench/gpu_decode.py prints it beside
+    # the device's figures)
+    (cd "$here/bench" && "$py" launch_model.py --predict-plans "$plans") || echo "no launch-model predictions"
     echo "to travel: $(du -sh "$plans" | cut -f1) in $plans (the GPU machine takes 64 MiB with the repository)"
     ;;
   run)
@@ -50,6 +53,14 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy
     timeout -k 10 "$bench_s" "$py" bench/gpu_decode.py --plans "$plans" --iters 20 --rounds 3 \
       --json "$out/gpu_decode.json" > "$out/gpu_decode.log" 2>&1
     echo $? > "$out/gpu_decode.rc"
+    # the peer on the same device: transformers eager and with its static cache (HF_S seconds each, default 150;
+    # HF_S=0 skips them)
+    hf_s="${HF_S:-150}"
+    if [ "$hf_s" -gt 0 ]; then
+      for mode in eager static; do
+        timeout -k 10 "$hf_s" "$py" bench/peer_hf.py "$mode" "$out/peer-hf-$mode.json" > "$out/peer-hf-$mode.log" 2>&1
+      done
+    fi
     t2=$(date +%s)
     echo "$((t1 - t0)) $((t2 - t1))" > "$out/seconds.txt"
     "$py" - "$out" <<'EOF' > "$out/summary.txt" 2>&1
@@ -95,9 +106,13 @@ for key, n in failed.most_common(14):
     print(f"  {n:4d} x {key}  e.g. [{first[key][0].split('[', 1)[-1][:30]}: {first[key][1]}")
 if len(failed) > 14:
     print(f"  ... and {len(failed) - 14} more failing tests (pytest-gpu.log)")
-print(f"gpu_decode (20 steps x 3 rounds a figure): exit {rc('gpu_decode.rc')}, {t_bench} s")
+print(f"gpu_decode (20 steps x 3 rounds a figure) and the transformers peer: exit {rc('gpu_decode.rc')}, {t_bench} s")
+for mode in ("eager", "static"):
+    got = [l for l in read(f"peer-hf-{mode}.log").splitlines() if "µs/token" in l]
+    print(f"  transformers {mode}: " + (got[-1] if got else "no figure (peer-hf-%s.log)" % mode))
 for l in read("gpu_decode.log").splitlines():
-    if l.startswith(("device-to-device", "qwen3-8b batch")) or " graph on " in l:
+    if l.startswith(("device-to-device", "qwen3-8b batch")) or " graph on " in l or " · lane " in l or \
+            "launch model" in l or "per kind" in l:
         print("  " + re.sub(r"\s+", " ", l)[:150])
     elif "Error" in l or "Traceback" in l:
         print("  " + l[:150])

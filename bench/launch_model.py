@@ -539,6 +539,65 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
     return ks
 
 
+PDL_PREFETCH_ROW = 4096  # gemv_core.cu's GEMV_PREFETCH: bytes of each row a warp asks L2 for before PDL_ENTER
+T0_PDL_US = 4.0  # ASSUMED, not measured: a launch's fixed cost left when it is scheduled during its predecessor
+
+
+def with_pdl(ks: list[Kernel], cal: dict, S: int = 132) -> list[Kernel]:
+    """The same launches under programmatic dependent launch (LANEFUSE_PDL=1), an UNCALIBRATED model: each launch's
+    fixed cost t0 becomes t0_pdl (ASSUMED: T0_PDL_US, or the calibration's "t0_pdl_us" once a device measured it),
+    and a GEMV-family launch's first-wave L2 prefetch (PDL_PREFETCH_ROW bytes a row of each resident warp) streams
+    while the launch before it runs its serial tail and drains: up to min(prefetched bytes / B_peak, that tail + the
+    t0 no longer paid) of its waves is hidden. Returns new Kernel records (the input ones untouched)."""
+    import copy
+
+    t0, tp = cal["t0_us"], cal.get("t0_pdl_us", T0_PDL_US)
+    B = cal["B_peak_TBps"] * 1e6
+    out, prev = [], None
+    for k in ks:
+        k = copy.copy(k)
+        k.extra = dict(k.extra)
+        if k.family != "attention_combine":  # every launch but the combine pays t0 (time_us)
+            k.us -= t0 - tp
+            if k.family in ("gemv", "gemv_q8", "attention"):  # their `fixed` is t0; a small kernel's is its own
+                k.fixed -= t0 - tp
+        if k.family == "gemv" and prev is not None:
+            resident = min(k.blocks, S * k.bpsm)
+            pre = min(k.bytes, resident * (k.threads // 32) * k.extra.get("per_warp", 1) * k.extra.get("tiles", 1)
+                      * PDL_PREFETCH_ROW)
+            waves = k.us - k.fixed - k.tail
+            hidden = min(pre / B, prev.tail + (t0 - tp), waves)
+            k.us -= hidden
+            k.extra["pdl_hidden_us"] = hidden
+        k.tbps = k.bytes / k.us / 1e6 if k.us > 0 else 0.0
+        out.append(k)
+        prev = k
+    return out
+
+
+def predict_plans(folder: str, cal: dict, pos: int = 512) -> dict:
+    """bench/launch_model.py's prediction for every saved Qwen3-8B decode plan in `folder` (bench/gpu_suite.sh
+    prepare): per plan launch (its kernels summed) and per token, plain and under PDL; written beside the plans as
+    launch-model.json for bench/gpu_decode.py to print beside what the device measures."""
+    from lanefuse.lane.lower.planfile import load
+
+    doc = dict(note="PREDICTIONS of bench/launch_model.py (calibrated on the 2026-12-04 H200 figures; PDL's t0 "
+                    "ASSUMED), not measurements", position=pos, plans={})
+    for f in sorted(Path(folder).glob("qwen3-8b*-decode.json")):
+        s = load(str(f))
+        ks = model(s, None, cal, pos)
+        per: dict[str, float] = collections.defaultdict(float)
+        for k in ks:
+            per[str(k.index)] += k.us
+        doc["plans"][f.stem] = dict(us=round(sum(k.us for k in ks), 1),
+                                    us_pdl=round(sum(k.us for k in with_pdl(ks, cal)), 1),
+                                    launches={i: round(v, 2) for i, v in per.items()})
+        print(f"{f.stem}: {doc['plans'][f.stem]['us']:.0f} µs a token predicted "
+              f"({doc['plans'][f.stem]['us_pdl']:.0f} with PDL, assumed t0_pdl)")
+    (Path(folder) / "launch-model.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
 def token_bytes(s, pos: int) -> int:
     sys.path.insert(0, str(HERE))
     from gpu_decode import token_bytes as tb
@@ -738,10 +797,17 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every kernel launch, not only each kind")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--fit", action="store_true", help="refit the calibration and rewrite its file")
+    ap.add_argument("--pdl", action="store_true", help="also model each plan under programmatic dependent launch "
+                    f"(an assumed t0 of {T0_PDL_US} µs a launch and the GEMVs' L2 prefetch; not calibrated)")
+    ap.add_argument("--predict-plans", metavar="DIR", help="write DIR/launch-model.json: the prediction for every "
+                    "saved qwen3-8b*-decode.json there (bench/gpu_suite.sh prepare), and stop")
     a = ap.parse_args()
     positions = a.pos or [512]
     sys.path.insert(0, str(HERE))
     cal = load_calibration()
+    if a.predict_plans:
+        predict_plans(a.predict_plans, cal, (a.pos or [512])[0])
+        return
     if a.fit:
         cal = fit(cal)
         CALIBRATION.write_text(json.dumps(cal, indent=1) + "\n")
@@ -793,6 +859,14 @@ def main() -> None:
                 doc["plans"][key]["revs"][label]["launches"] = [dict(index=k.index, kernel=k.call.name, grid=list(k.call.grid), block=list(k.call.block),
                                regs=k.regs, blocks_sm=k.bpsm, waves=k.waves, bytes=k.bytes, us=k.us) for k in ks]
             summary.append((name, pos, label, tot, tot / floor, floor, bd))
+            if a.pdl and rev is None:
+                kp = with_pdl(ks, cal)
+                tp = sum(k.us for k in kp)
+                bdp = print_breakdown(kp, f"  under PDL (t0 {cal.get('t0_pdl_us', T0_PDL_US)} µs a launch ASSUMED, "
+                                          f"prefetch hiding {sum(k.extra.get('pdl_hidden_us', 0) for k in kp):.0f} "
+                                          f"µs): {tp:.0f} µs a token predicted, x{tp / floor:.2f}")
+                doc["plans"][key]["revs"][label + " + PDL"] = dict(us=tp, x_floor=tp / floor, breakdown=bdp)
+                summary.append((name, pos, label + "+PDL", tp, tp / floor, floor, bdp))
     print("\nµs a token (PREDICTED), x the floor (token bytes / 4.25 TB/s), beside the measured 2026-12-04 figure:")
     print(f"  {'plan':8} {'pos':>5} {'kernels':10} {'µs/token':>10} {'x floor':>8} {'floor µs':>9} {'measured':>9}")
     for name, pos, label, tot, xf, floor, bd in summary:

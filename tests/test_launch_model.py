@@ -66,3 +66,35 @@ def test_the_calibration_is_data(lm):
                 "fixed_us", "measured"):
         assert key in cal
     assert 0.1 < cal["L_us"] < 10 and cal["B_peak_TBps"] == 4.25
+
+
+def test_pdl_model_only_removes_fixed_cost_and_prefetched_streaming(lm, demo_plan, monkeypatch, tmp_path):
+    monkeypatch.setattr(lm.shutil, "which", lambda name: None)
+    monkeypatch.setattr(lm, "CACHE", tmp_path)
+    cal = lm.load_calibration()
+    ks = lm.model(demo_plan, None, cal, pos=16)
+    before = [k.us for k in ks]
+    kp = lm.with_pdl(ks, cal)
+    assert [k.us for k in ks] == before, "with_pdl must not change its input"
+    saved_t0 = cal["t0_us"] - lm.T0_PDL_US
+    for k, p in zip(ks, kp):
+        hidden = p.extra.get("pdl_hidden_us", 0.0)
+        assert 0 <= hidden <= k.us - k.fixed - k.tail + 1e-9  # never more than the launch's own waves
+        want = k.us - (saved_t0 if k.family != "attention_combine" else 0.0) - hidden
+        assert p.us == pytest.approx(want) and p.us > 0
+    assert sum(p.us for p in kp) < sum(before)
+
+
+def test_gpu_decode_per_kind_table_sums_launches(monkeypatch, capsys):
+    sys.path.insert(0, str(BENCH))
+    import gpu_decode
+
+    rows = [dict(index=0, kind="fold", us=10.0, lane_us=5.0), dict(index=1, kind="attention", us=4.0, lane_us=2.0),
+            dict(index=2, kind="fold", us=30.0, lane_us=20.0)]
+    out = gpu_decode.print_kinds(rows, {"0": 12.0, "1": 3.0, "2": 27.0})
+    by = {k["kind"]: k for k in out}
+    assert by["fold"]["launches"] == 2 and by["fold"]["us"] == 40.0 and by["fold"]["lane_us"] == 25.0
+    assert by["fold"]["model_us"] == 39.0 and by["attention"]["model_us"] == 3.0
+    assert [k["kind"] for k in out] == ["fold", "attention"]
+    assert "PREDICTION" in capsys.readouterr().out
+    assert gpu_decode.print_kinds(rows, None)[0]["model_us"] is None
