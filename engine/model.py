@@ -12,7 +12,8 @@ from typing import Any
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Constant, Graph, StepIO
 
-MAX_CHUNK = 64  # the largest prefill chunk a step graph is built for
+MAX_CHUNK = 4096  # the largest prefill chunk a step graph is built for (`run` cuts a prompt by the lane's knob
+# chunk_rows, up to this: the tensor cores want chunks of 2048 rows; numpy's BLAS GEMM gains from them too)
 
 
 LAYER_TYPES = ("sliding_attention", "full_attention")

@@ -118,3 +118,26 @@ def test_batch_of_16_decodes_under_the_knob():
         assert f.generated_ids == e.generated_ids
         assert max(_rel(a, b) for a, b in zip(f.logits, e.logits)) <= TWIN_TOL
         assert max(_rel(a, b) for a, b in zip(e.logits, r.logits)) <= BF16_TOL
+
+
+# -- prompt chunks as large as the lane wants (issue 35 item 3) ------------------------------------------------------
+
+def test_chunk_rows_knob_bounds_in_words():
+    from lanefuse.engine.model import MAX_CHUNK
+
+    assert Knobs().chunk_rows == 512 and MAX_CHUNK >= 2048
+    assert parse_knobs([f"chunk_rows={MAX_CHUNK}"]).chunk_rows == MAX_CHUNK
+    with pytest.raises(UserError, match="at most 4096"):
+        parse_knobs([f"chunk_rows={MAX_CHUNK + 1}"])
+
+
+def test_one_chunk_of_300_rows_equals_chunks_of_64():
+    """A 300-token prompt as one step graph of 300 rows (its arena planned for them) gives the tokens of five chunks
+    of 64 and one of 44, and logits within the fast twins' rounding."""
+    cfg, w = demo_model(max_len=320)
+    prompt = [int(t) for t in np.random.default_rng(8).integers(1, cfg.vocab, 300)]
+    fn, _ = plan_step_fn(w, "cpu")
+    big = generate(cfg, w, prompt, 4, step_fn=fn, chunk=300)
+    small = generate(cfg, w, prompt, 4, step_fn=fn, chunk=64)
+    assert big.generated_ids == small.generated_ids
+    assert max(_rel(a, b) for a, b in zip(big.logits, small.logits)) <= 1e-4

@@ -432,8 +432,8 @@ def test_check_command_runs_every_plan_against_the_reference():
 
 
 def test_a_step_of_too_many_rows_is_a_user_error():
-    r = _cli("plan", "--rows", "65")
-    assert r.returncode == 2 and "prefill chunk of up to 64" in r.stderr and "internal error" not in r.stderr
+    r = _cli("plan", "--rows", "4097")
+    assert r.returncode == 2 and "prefill chunk of up to 4096" in r.stderr and "internal error" not in r.stderr
 
 
 MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
