@@ -50,6 +50,7 @@ __device__ __forceinline__ unsigned bf16x2(float lo, float hi) { return bf16_rn(
 
 // x (m, k) f32 -> xb (m, kp) bf16 bits, zeros past k: a thread a pair of values.
 extern "C" __global__ void gemm_tc_round(const float* x, unsigned char* xb, i64 m, i64 k, i64 kp) {
+    PDL_ENTER();
     i64 pairs = m * (kp >> 1);
     for (i64 p = (i64)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += (i64)gridDim.x * blockDim.x) {
         i64 r = p / (kp >> 1), c = 2 * (p % (kp >> 1));
@@ -200,6 +201,7 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
     extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt, \
                                                                   const float* bias, const float* add,           \
                                                                   DST_PARAMS(y), i64 k, i64 n, i64 m) {          \
+        PDL_ENTER();                                                                                              \
         gemm_tc_body<CP>(xb, w, (int)fmt, bias, add, DST(y), k, n, m);                                            \
     }
 GEMM_TC_KERNEL(gemm_tc_cp, true)

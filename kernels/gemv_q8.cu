@@ -212,6 +212,6 @@ __device__ __forceinline__ void q8_body(int fmt, const QX& x, const void* w, con
 
 extern "C" __global__ void __launch_bounds__(128) gemv_q8(const signed char* xw, const signed char* xl, const float* xs,
                                                           const void* w, i64 fmt, const float* bias, DST_PARAMS(y),
-                                                          i64 k, i64 n, i64 m, float cap) {
+                                                          i64 k, i64 n, i64 m, float cap) { PDL_ENTER();
     q8_body((int)fmt, QX{xw, xl, xs}, w, bias, DST(y), k, n, m, blockIdx.x, cap);
 }
