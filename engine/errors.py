@@ -13,7 +13,7 @@ def did_you_mean(name: str, known) -> str:
     """` (did you mean `x`?)` for the nearest known name, or nothing."""
     import difflib
 
-    m = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    m = difflib.get_close_matches(str(name)[:200], [str(k) for k in known], n=1)  # a long name: its start
     return f" (did you mean `{m[0]}`?)" if m else ""
 
 
@@ -23,3 +23,9 @@ def clip(text, width: int = 60) -> str:
     t = str(text)
     t = t if t.isprintable() else repr(t)
     return t if len(t) <= width else f"{t[: max(width - 20, 8)]}... ({len(t)} characters)"
+
+
+def listed(names, n: int = 8) -> str:
+    """Known names as a message lists them: the first `n` in order, then how many there are in all."""
+    names = [str(k) for k in names]
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")

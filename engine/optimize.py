@@ -17,7 +17,7 @@ from typing import Any, Callable
 from lanefuse.engine.cost_default import CostFn, Refusal, default_cost
 from lanefuse.engine.egraph import EGraph, ENode, SatReport, Snapshot
 from lanefuse.engine import flags
-from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.errors import UserError, clip, did_you_mean
 from lanefuse.engine.extract import INF, NoPlan, Problem, solve_exact, solve_local
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine import placement
@@ -313,7 +313,7 @@ class Session:
             dec = self._saturated(held)[0]
         c = dec.snap.by_name.get(tensor)
         if c is None:
-            raise UserError(f"unknown tensor `{tensor}`{did_you_mean(tensor, dec.snap.by_name)}")
+            raise UserError(f"unknown tensor `{clip(tensor)}`{did_you_mean(tensor, dec.snap.by_name)}")
         alts = dec.alternatives(c)
         if cost is None:
             return list(alts)
@@ -438,8 +438,10 @@ class Session:
             refused = sorted({(dec.label(i)[0], str(r)) for i, r in refusals.items()})
             why = "; ".join(f"{lab}: {r}" for lab, r in refused[:8])
             return ("no runnable plan: the forced choices and refusals leave no valid choice"
-                    + (f" (forced: {forced})" if forced else "") + (f"; refused: {why}" if why else ""))
-        return "no runnable plan: every way to compute " + " | ".join(lines)
+                    + (f" (forced: {clip(forced, 200)})" if forced else "") + (f"; refused: {clip(why, 600)}" if why
+                                                                                else ""))
+        more = f" (and {len(lines) - 1} more tensor(s) with every way refused)" if len(lines) > 1 else ""
+        return "no runnable plan: every way to compute " + clip(lines[0], 600) + more  # a line, not one a tensor
 
     # -- the plan as a graph --------------------------------------------------------------------------------------
     def _emit(self, dec: _Decoded, choice: dict[int, int]) -> tuple[Graph, dict[str, int]]:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from lanefuse.engine import flags, yamlsafe
-from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.errors import UserError, clip, did_you_mean
 from lanefuse.engine.guards import GUARDS
 from lanefuse.engine.opdefs import OPS
 from lanefuse.engine.pattern import Arg, Item, PatternError, parse_call, parse_item
@@ -30,6 +30,10 @@ MAX_VARIANTS = 512  # a rule whose alternatives expand past this is refused (spl
 # The queries (variants × commutative orders) a rule may compile to: each costs egglog a join to compile and to run,
 # and chained adds double them per add (14: 16k queries, 52 s and 2.4 GB). The shared table's largest (merged_qkv) has 50.
 MAX_QUERIES = 256
+# ... and all the rules of a table together (the shared table's come to 275): egglog compiles and runs every one each
+# iteration, and many rule files at their own cap each reached egglog's memory cap and aborted it
+MAX_TABLE_QUERIES = 2048
+MAX_NAME = 80  # characters of a rule's or a class's name (a stable key, cited in every message about it)
 _TYPES = {int: "i64", float: "f64", str: "String", bool: "i64"}
 
 
@@ -218,6 +222,9 @@ def load_classes(dirs) -> dict[str, dict]:
             name = e["class"]
             if not isinstance(name, str) or not name.strip():
                 raise UserError(f"{at}: `class:` must be the class's name, a non-empty string, got {short(name)}")
+            if len(name) > MAX_NAME or not name.isprintable():
+                raise UserError(f"{at}: `class:` {clip(name)}: a class's name is at most {MAX_NAME} printable "
+                                f"characters")
             for k in e:
                 if k not in CLASS_KEYS:
                     raise UserError(f"{at}: class `{name}`: unknown key `{_cut(str(k))}`{did_you_mean(str(k), CLASS_KEYS)}; "
@@ -298,6 +305,9 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
         raise UserError(f"{fname}: an entry is not a mapping (`- name: ..., class: ..., match: ...`)")
     line = e.pop("__line__", 0)
     name = e.get("name")
+    if isinstance(name, str) and (len(name) > MAX_NAME or not name.isprintable()):
+        raise UserError(f"{fname}:{line}: `name:` {clip(name)}: a rule's name is a stable key of at most {MAX_NAME} "
+                        f"printable characters, e.g. `my.add_norm`")
     at = f"{fname}:{line}" + (f" (rule `{name}`)" if isinstance(name, str) and name.strip() else "")
     for k in e:
         if k not in RULE_KEYS:
@@ -316,8 +326,8 @@ def _rule(e: Any, fname: str, classes: dict) -> Rule:
         raise UserError(f"{at}: `class:` is empty; name one of the classes of rules/classes.yaml")
     cls = e["class"]
     if cls not in classes:
-        raise UserError(f"{at}: unknown class `{cls}`{did_you_mean(cls, classes)}; the classes are listed in "
-                        f"rules/classes.yaml")
+        raise UserError(f"{at}: unknown class `{clip(cls)}`{did_you_mean(cls[:MAX_NAME], classes)}; the classes are "
+                        f"listed in rules/classes.yaml")
     match = e["match"]
     if not isinstance(match, dict) or not [k for k in match if k != "__line__"]:
         raise UserError(f"{at}: `match:` is a mapping of `var: kind(args)` entries, one per op")
@@ -417,8 +427,14 @@ def _expand_all(table: RuleTable) -> None:
 
     for r in table.rules:
         visit(r, [])
+    total = 0
     for idx, r in enumerate(order):
         table.variants[r.name] = _expand(r, table, by_class, idx)
+        total += sum(len(v.queries) for v in table.variants[r.name])
+        if total > MAX_TABLE_QUERIES:
+            raise UserError(f"{r.file}:{r.line} (rule `{r.name}`): the table's rules expand to {total} queries with "
+                            f"this one (at most {MAX_TABLE_QUERIES} in all, the shared table's about 275): load fewer "
+                            f"rule folders at once, or split rules that chain commutative adds")
         w = _unjoined(r, table.variants[r.name])
         if w:
             table.warnings.append(w)

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.errors import UserError, clip, did_you_mean, listed
 from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.optimize import Alternative, Optimized, Session
 from lanefuse.engine.refusal import Refusal
@@ -203,14 +203,16 @@ class Explorer:
         if name in self.steps or name in self.table.by_name:
             return
         known = self.rule_names()
-        raise UserError(f"no rule or schedule step `{name}`{did_you_mean(name, known)}; known: {', '.join(known)}")
+        raise UserError(f"no rule or schedule step `{clip(name)}`{did_you_mean(name, known)}; known: the steps "
+                        f"{listed(self.steps, 12)}, the rules {listed(self.table.names, 6)}")
 
     def _tensor(self, t: str) -> Op:
         op = self.producer.get(t)
         if op is None:
             if t in self.g.constants or t in self.g.io.inputs or t in self.g.tensors:
-                raise UserError(f"`{t}` is a step input or constant: nothing computes it, so it has no alternatives")
-            raise UserError(f"no tensor `{t}` in the step graph{did_you_mean(t, self.producer)}")
+                raise UserError(f"`{clip(t)}` is a step input or constant: nothing computes it, so it has no "
+                                f"alternatives")
+            raise UserError(f"no tensor `{clip(t)}` in the step graph{did_you_mean(t, self.producer)}")
         return op
 
     # ---- the engine ------------------------------------------------------------------------------------------------
@@ -510,16 +512,23 @@ class Explorer:
             raise UserError(f"{what}: a spec is a mapping of held, forced, knobs, numerics")
         bad = sorted(set(spec) - {"held", "forced", "knobs", "numerics", "stable", "lane", "model", "name"})
         if bad:
-            raise UserError(f"{what}: unknown key `{bad[0]}`; a spec has held, forced, knobs, numerics")
+            raise UserError(f"{what}: unknown key `{clip(bad[0])}`; a spec has held, forced, knobs, numerics")
         numerics = spec.get("numerics") or self.numerics
         if numerics != self.numerics:
-            raise UserError(f"{what}: numerics `{numerics}`: this explorer plans {self.numerics} (open another with "
-                            f"--numerics {numerics} to compare)")
+            raise UserError(f"{what}: numerics `{clip(numerics)}`: this explorer plans {self.numerics} (open another "
+                            f"with --numerics {clip(numerics)} to compare)")
         if spec.get("lane") not in (None, self.lane.name):
-            raise UserError(f"{what}: lane `{spec['lane']}`: this explorer plans the {self.lane.name} lane")
-        held = list(spec.get("held") or [])
+            raise UserError(f"{what}: lane `{clip(spec['lane'])}`: this explorer plans the {self.lane.name} lane")
+        held = spec.get("held") or []
+        if isinstance(held, str):  # `a, b` as the names it lists, not its letters
+            held = [h.strip() for h in held.split(",") if h.strip()]
+        if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
+            raise UserError(f"{what}: `held` is a list of rule or step names, not {clip(held)}")
+        for key in ("forced", "knobs"):
+            if spec.get(key) is not None and not isinstance(spec[key], dict):
+                raise UserError(f"{what}: `{key}` is a mapping, not {clip(spec[key])}")
         for h in held:
-            self._check_name(str(h))
+            self._check_name(h)
         held_rules, held_steps = split_held([str(h) for h in held], self.table, self.lane)
         kn = parse_knobs(spec.get("knobs") or {}, Knobs())
         cfg = _Config(held_rules, held_steps, kn)
@@ -528,13 +537,15 @@ class Explorer:
             if spec.get("stable"):
                 n = len(self._stable(t))
                 if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < n:
-                    raise UserError(f"{what}: forced choice {k!r} for `{t}`: it has alternatives 0..{n - 1}")
+                    raise UserError(f"{what}: forced choice {clip(repr(k))} for `{clip(t)}`: it has alternatives "
+                                    f"0..{n - 1}")
                 cfg.forced[t] = k
                 continue
             k = resolve_choice(t, k, self._alts(t, held_rules), self.producer, what)
             sigs = self._cur_sigs(t, held_rules)
             if not isinstance(k, int) or not 0 <= k < len(sigs):
-                raise UserError(f"{what}: forced choice {k!r} for `{t}`: it has alternatives 0..{len(sigs) - 1}")
+                raise UserError(f"{what}: forced choice {clip(repr(k))} for `{clip(t)}`: it has alternatives "
+                                f"0..{len(sigs) - 1}")
             cfg.forced[t] = self._stable(t).index(sigs[k])
         return cfg
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.errors import UserError, clip, did_you_mean, listed
 from lanefuse.engine.ir import Constant, Graph, StepIO, Tensor
 from lanefuse.engine.placement import aliases
 from lanefuse.engine.refusal import Refusal
@@ -158,8 +158,9 @@ def split_held(held, table, lt: LaneTable) -> tuple[frozenset[str], frozenset[st
             rules.add(h)
         else:
             hint = did_you_mean(h, known)
-            raise UserError(f"--hold {h}: no rule or schedule step of that name{hint}; known: "
-                            f"{', '.join(sorted(known))}")
+            raise UserError(f"--hold {clip(h)}: no rule or schedule step of that name{hint}; known: the steps "
+                            f"{listed(sorted(lane_steps), 12)}, the rules {listed(sorted(table.names), 6)} "
+                            f"(`lanefuse rules` lists them)")
     return frozenset(rules), frozenset(steps)
 
 
