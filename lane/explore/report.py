@@ -41,15 +41,17 @@ def report_data(ex) -> dict:
 
 def write_report(ex, folder: str) -> list[str]:
     """Write the report into `folder` (made if missing): index.html, the page's script and style, and report.js (the
-    data, as a script: a page opened from file:// may load scripts but not fetch files). Answers the paths written."""
-    from lanefuse.lane.lower.files import write_atomic
+    data, as a script: a page opened from file:// may load scripts but not fetch files). Whole or not at all: every
+    file is made first in a fresh folder beside `folder`, which then becomes `folder` by one rename (where `folder`
+    exists, each file moves in by one rename, after all are written); a failure leaves nothing behind. Answers the
+    paths written."""
+    import shutil
+    import tempfile
+
+    from lanefuse.lane.lower.files import _umask
 
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise UserError(f"--html {folder}: is a file; give a folder for the report (it is made if missing)")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"--html {folder}: cannot make the folder: {e.strerror or e}") from None
     web = importlib.resources.files("lanefuse.lane.explore").joinpath("web")
     html = web.joinpath("index.html").read_text(encoding="utf-8")
     if '<script src="app.js"></script>' not in html:
@@ -58,16 +60,29 @@ def write_report(ex, folder: str) -> list[str]:
     html = html.replace("<title>lanefuse explore</title>", f"<title>lanefuse report · {_esc(ex.model)}</title>")
     data = json.dumps(_finite(report_data(ex)), allow_nan=False, separators=(",", ":"))
     data = data.replace("</", "<\\/")  # no `</script>` inside the script, whatever a name holds
-    out = []
-    for name, text in (("index.html", html), (DATA, f"window.LANEFUSE_REPORT = {data};\n")):
-        path = os.path.join(folder, name)
-        write_atomic(path, text)
-        out.append(path)
-    for name in ASSETS:
-        path = os.path.join(folder, name)
-        write_atomic(path, web.joinpath(name).read_text(encoding="utf-8"))
-        out.append(path)
-    return out
+    files = {"index.html": html, DATA: f"window.LANEFUSE_REPORT = {data};\n"}
+    files.update({name: web.joinpath(name).read_text(encoding="utf-8") for name in ASSETS})
+    parent = os.path.dirname(os.path.abspath(folder))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=parent, prefix=".lanefuse-report-")
+    except OSError as e:
+        raise UserError(f"--html {folder}: cannot make the folder: {e.strerror or e}") from None
+    try:
+        for name, text in files.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        os.chmod(tmp, 0o777 & ~_umask())
+        if not os.path.exists(folder):
+            os.rename(tmp, folder)
+        else:
+            for name in files:
+                os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+    except OSError as e:
+        raise UserError(f"--html {folder}: cannot write the report: {e.strerror or e}; nothing written") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [os.path.join(folder, name) for name in files]
 
 
 def _esc(text: str) -> str:
