@@ -6,7 +6,8 @@
 #                                             highspy, no gguf, no network): pytest -m gpu, the decode figures and
 #                                             the batch curve, in at most 6 minutes; logs and summary.txt in OUTDIR
 #   bench/gpu_suite.sh peer OUTDIR            transformers on the same device (eager, static cache): a second call
-# PYTHON (default python3) names the interpreter; TESTS_S / BENCH_S (default 240 / 100) the seconds each part may take.
+# PYTHON (default python3) names the interpreter; TESTS_S / BENCH_S / PREFILL_S (default 240 / 100 / 150) the seconds
+# each part may take.
 set -uo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 py="${PYTHON:-python3}"
@@ -18,6 +19,9 @@ case "$cmd" in
     # the launch model's prediction for each Qwen3-8B plan (needs nvcc here; bench/gpu_decode.py prints it beside
     # the device's figures)
     (cd "$here/bench" && "$py" launch_model.py --predict-plans "$plans") || echo "no launch-model predictions"
+    # the tensor-core prefill plans (Qwen3-8B shape, 512 and 2048 rows, knob tc_rows=16) and bench/gemm_model.py's
+    # PREDICTIONS for them (PLANDIR/gemm-model.json)
+    "$py" "$here/bench/gpu_prefill.py" prepare "$plans" || echo "no prefill plans"
     echo "to travel: $(du -sh "$plans" | cut -f1) in $plans (the GPU machine takes 64 MiB with the repository)"
     ;;
   run)
@@ -54,6 +58,10 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy
     timeout -k 10 "$bench_s" "$py" bench/gpu_decode.py --plans "$plans" --iters 20 --rounds 3 \
       --json "$out/gpu_decode.json" > "$out/gpu_decode.log" 2>&1
     echo $? > "$out/gpu_decode.rc"
+    # the prefill figures (issue 35): 512 and 2048 tokens on the tensor cores, transformers eager and sdpa beside
+    timeout -k 10 "${PREFILL_S:-150}" "$py" bench/gpu_prefill.py run --plans "$plans" --iters 5 --peer-s 60 \
+      --json "$out/gpu_prefill.json" > "$out/gpu_prefill.log" 2>&1
+    echo $? > "$out/gpu_prefill.rc"
     # the peer on the same device: transformers eager and with its static cache (HF_S seconds each; default 0: a
     # device command runs at most 600 s, so `gpu_suite.sh peer OUTDIR` runs them as a second call)
     hf_s="${HF_S:-0}"
@@ -111,6 +119,10 @@ print(f"gpu_decode (20 steps x 3 rounds a figure) and the transformers peer: exi
 for mode in ("eager", "static"):
     got = [l for l in read(f"peer-hf-{mode}.log").splitlines() if "µs/token" in l]
     print(f"  transformers {mode}: " + (got[-1] if got else "no figure (peer-hf-%s.log)" % mode))
+print(f"gpu_prefill (tensor-core prefill, transformers beside): exit {rc('gpu_prefill.rc')}")
+for l in read("gpu_prefill.log").splitlines():
+    if l.startswith("prefill") or "Error" in l:
+        print("  " + re.sub(r"\s+", " ", l)[:150])
 for l in read("gpu_decode.log").splitlines():
     if l.startswith(("device-to-device", "qwen3-8b batch")) or " graph on " in l or " · lane " in l or \
             "launch model" in l or "per kind" in l:

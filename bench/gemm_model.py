@@ -1,0 +1,136 @@
+"""A model of the tensor-core GEMM's launches without a device (issue 35 item 5): for each gemm_tc launch of a plan its
+block tiles, the waves they make on the H200's SMs, and a predicted time from a stated throughput assumption; the
+rest of the step priced by the lane's own cost model (lane/lower/shim.py). Everything printed here is a PREDICTION.
+
+    python bench/gemm_model.py [--rows 512 --rows 2048] [--plans PLANDIR] [--json FILE]
+
+The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefill.py measures the same plans):
+- a block is 256 threads at 128 registers and 40 KB of shared memory (ptxas sm_90, tests/test_kernels_compile.py),
+  so an SM holds BLOCKS_PER_SM = 2 of them (65536 registers / (128 x 256));
+- an SM full of gemm_tc blocks runs MMA_TFLOPS / SMS of bf16 mma.sync work: MMA_TFLOPS = 450 TFLOP/s for the chip,
+  45% of the 989 TFLOP/s dense bf16 peak (wgmma's; mma.sync kernels of this shape — two cp.async stages, 128x128x32
+  tiles, ldmatrix — reach roughly 40-60% of it on Hopper in published measurements; not measured here);
+- the launch takes the time of its busiest SM, whose tiles (ceil(tiles / SMS)) share its rate; a launch of fewer
+  tiles than SMs leaves the rest idle (no split of k: the seed's `tail` is not built); `waves` counts rounds of
+  BLOCKS_PER_SM x SMS resident blocks;
+- the launch is never faster than its bytes over HBM (4.3 TB/s measured copy bandwidth) and pays LAUNCH_US;
+- the rounding kernel (x to bf16) streams 4 + 2 bytes a value of x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+SMS = 132
+BLOCKS_PER_SM = 2
+MMA_TFLOPS = 450.0
+PEAK_TFLOPS = 989.0
+HBM_TBPS = 4.3
+LAUNCH_US = 3.0
+BM = BN = 128
+
+
+def gemm_prediction(m: int, n: int, k: int, weight_bytes: int) -> dict:
+    """One gemm_tc launch of x (m, k) · w (n, k)ᵀ: tiles, waves, the predicted µs and what bounds it."""
+    tiles = math.ceil(m / BM) * math.ceil(n / BN)
+    slots = SMS * BLOCKS_PER_SM
+    waves = math.ceil(tiles / slots)
+    tile_flops = 2 * BM * BN * math.ceil(k / 32) * 32  # a tile's mma work (edges padded, as the kernel runs them)
+    per_sm = MMA_TFLOPS * 1e12 / SMS
+    busiest = math.ceil(tiles / SMS)  # tiles on the busiest SM: they share its rate, so its time is their sum
+    compute_us = busiest * tile_flops / per_sm * 1e6
+    nbytes = weight_bytes + 4 * m * k + 4 * m * n
+    memory_us = nbytes / (HBM_TBPS * 1e12) * 1e6
+    round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
+    us = LAUNCH_US + max(compute_us, memory_us) + round_us
+    return {"m": m, "n": n, "k": k, "tiles": tiles, "waves": waves, "wave_fill": round(tiles / (waves * slots), 3),
+            "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2), "us": round(us, 2),
+            "bound": "mma" if compute_us >= memory_us else "hbm",
+            "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1)}
+
+
+def plan_prediction(s) -> dict:
+    """Every launch of plan `s`: gemm_tc by `gemm_prediction`, the rest by the lane's cost model (its cost_us)."""
+    from lanefuse.kernels import GemmTc
+
+    gemms, other, kinds = [], 0.0, {}
+    for x in s.launches:
+        l = x.launch
+        if isinstance(l, GemmTc):
+            p = gemm_prediction(l.m, l.n, l.k, l.checkpoint_bytes())
+            gemms.append(p)
+            kinds["gemm_tc"] = kinds.get("gemm_tc", 0.0) + p["us"]
+        else:
+            us = float(getattr(x, "cost_us", 0.0))
+            other += us
+            kinds[l.census] = kinds.get(l.census, 0.0) + us
+    gemm_us = sum(p["us"] for p in gemms)
+    flops = sum(2 * p["m"] * p["n"] * p["k"] for p in gemms)
+    total = gemm_us + other
+    return {"rows": s.rows, "gemm_launches": len(gemms), "gemm_us": round(gemm_us, 1), "other_us": round(other, 1),
+            "step_us": round(total, 1), "tokens_per_s": round(s.rows / (total * 1e-6), 0),
+            "gemm_tflops": round(flops / (gemm_us * 1e-6) / 1e12, 1) if gemm_us else 0.0,
+            "kinds_us": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}, "gemms": gemms}
+
+
+def prefill_plan(rows: int, fmt: str = "bf16"):
+    """The Qwen3-8B-shaped prefill step of `rows` rows under the tensor-core knob (needs the engine: egglog)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    from lane_figures import qwen3_8b
+
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import plan
+
+    return plan(build_step(qwen3_8b(36, fmt), rows), knobs=Knobs(tc_rows=16, chunk_rows=max(rows, 512)),
+                source={"kind": "random"})
+
+
+def print_prediction(name: str, p: dict) -> None:
+    print(f"PREDICTION {name}: {p['rows']} rows, {p['gemm_launches']} gemm_tc launches {p['gemm_us']:.0f} µs "
+          f"({p['gemm_tflops']:.0f} TFLOP/s, {p['gemm_tflops'] / PEAK_TFLOPS:.0%} of {PEAK_TFLOPS:.0f}) + the rest "
+          f"{p['other_us']:.0f} µs (lane cost model) = {p['step_us']:.0f} µs a step, {p['tokens_per_s']:.0f} tokens/s")
+    print(f"PREDICTION   per kind: " + ", ".join(f"{k} {v:.0f} µs" for k, v in p["kinds_us"].items()))
+    seen = set()
+    for g in p["gemms"]:
+        key = (g["m"], g["n"], g["k"])
+        if key in seen:
+            continue
+        seen.add(key)
+        count = sum(1 for x in p["gemms"] if (x["m"], x["n"], x["k"]) == key)
+        print(f"PREDICTION   {count:3d} x gemm {g['m']}x{g['n']}x{g['k']}: {g['tiles']} tiles, {g['waves']} waves "
+              f"({g['wave_fill']:.0%} full), {g['us']:.1f} µs ({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, action="append", help="prefill rows (default 512 and 2048)")
+    ap.add_argument("--plans", help="read PLANDIR/qwen3-8b-prefillN.json (bench/gpu_prefill.py prepare) instead of "
+                                    "planning")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    out = {"assumptions": {"sms": SMS, "blocks_per_sm": BLOCKS_PER_SM, "mma_tflops": MMA_TFLOPS, "hbm_tbps": HBM_TBPS,
+                           "launch_us": LAUNCH_US}, "plans": {}}
+    for rows in args.rows or [512, 2048]:
+        name = f"qwen3-8b-prefill{rows}"
+        if args.plans:
+            from lanefuse.lane.lower.planfile import load
+
+            s = load(os.path.join(args.plans, name + ".json"))
+        else:
+            s = prefill_plan(rows)
+        p = plan_prediction(s)
+        out["plans"][name] = p
+        print_prediction(name, p)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

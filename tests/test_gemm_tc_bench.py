@@ -1,0 +1,51 @@
+"""bench/gemm_model.py's arithmetic (tiles, waves, the busiest SM's share, the memory floor) and bench/gpu_prefill.py's
+host side on the CPU: the flops it divides by, the inputs it loads, the prediction of a plan made under the knob."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+import gemm_model  # noqa: E402
+import gpu_prefill  # noqa: E402
+
+from lanefuse.engine.demo import demo_model  # noqa: E402
+from lanefuse.engine.model import build_step  # noqa: E402
+from lanefuse.lane.lower.knobs import Knobs  # noqa: E402
+from lanefuse.lane.lower.plan import plan  # noqa: E402
+
+
+def test_gemm_prediction_tiles_waves_and_bounds():
+    p = gemm_model.gemm_prediction(2048, 4096, 4096, 2 * 4096 * 4096)
+    assert p["tiles"] == 16 * 32 and p["waves"] == math.ceil(512 / 264)
+    per_sm = gemm_model.MMA_TFLOPS * 1e12 / gemm_model.SMS
+    assert p["compute_us"] == pytest.approx(math.ceil(512 / 132) * 2 * 128 * 128 * 4096 / per_sm * 1e6, abs=0.01)
+    assert p["bound"] == "mma" and p["us"] > p["compute_us"]
+    small = gemm_model.gemm_prediction(16, 1024, 64, 2 * 1024 * 64)  # 8 tiles: most SMs idle, the launch dominates
+    assert small["tiles"] == 8 and small["wave_fill"] < 0.05
+    # 16 rows run in tiles of 128 (the kernel pads m): a batch of 16's vocabulary product is mma-bound at 1/8 of its
+    # tiles' work, slower than its bytes; f32 rows' four bytes a value make the same product HBM-bound
+    wide = gemm_model.gemm_prediction(16, 151936, 4096, 2 * 151936 * 4096)
+    assert wide["bound"] == "mma" and wide["compute_us"] > wide["memory_us"]
+    assert gemm_model.gemm_prediction(16, 151936, 4096, 4 * 151936 * 4096)["bound"] == "hbm"
+
+
+def test_plan_prediction_and_step_flops_of_a_prefill_under_the_knob():
+    cfg, _ = demo_model()
+    s = plan(build_step(cfg, 32), knobs=Knobs(tc_rows=16))
+    p = gemm_model.plan_prediction(s)
+    gemms = [x.launch for x in s.launches if x.launch.census == "gemm_tc"]
+    assert p["gemm_launches"] == len(gemms) == 7 * cfg.layers
+    assert p["step_us"] == pytest.approx(p["gemm_us"] + p["other_us"], abs=0.2)
+    prod, att = gpu_prefill.step_flops(s)
+    assert prod >= sum(2 * l.m * l.n * l.k for l in gemms)
+    assert att == cfg.layers * 4 * cfg.heads * cfg.head_dim * 32 * 33 // 2
+    inputs = gpu_prefill.inputs_of(s, np.random.default_rng(0))
+    assert inputs["token"].shape == (32,) and inputs["token"].dtype == np.int32 and inputs["pos"].tolist() == [0]
+    assert int(inputs["token"].max()) < cfg.vocab
