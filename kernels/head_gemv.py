@@ -111,6 +111,9 @@ class HeadGemv(Launch):
         w = self._stack(env.matrix(self.w))
         x = env.array(self.x)[: self.m * self.heads * self.a].reshape(self.m, self.heads, self.a)
         y = np.matmul(x.transpose(1, 0, 2), w).transpose(1, 0, 2)  # (m, heads, b) in f32
+        if not (y.max() < np.inf and y.min() > -np.inf):  # NaN fails both: f32 overflowed where f64 may not
+            with np.errstate(over="ignore", invalid="ignore"):
+                y = np.einsum("rha,hab->rhb", x.astype(np.float64), w.astype(np.float64)).astype(np.float32)
         y = np.ascontiguousarray(y).reshape(self.m, self.heads * self.b)
         self.y.write(env, y)
         if self.quant is not None:

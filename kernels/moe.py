@@ -19,6 +19,8 @@ clamped GLU) runs in the same kernels, its biases and clamp passed as arguments.
 
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -42,6 +44,17 @@ ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")  # topk_softmax (gp
 MOE_ACTS = ACTS + ("clamped_glu",)  # the kernel's act codes (moe.cu: act_apply's, then MOE_CLAMPED 4)
 MAX_GROUPS = 64  # expert groups (moe.cu MOE_MAXG)
 MAX_QUANT_ROW = 8192  # a shared expert's quantized input row in a block's shared memory (moe.cu MOE_MAXQ)
+
+
+_ROUTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # env -> {router name: its rows in f64}
+
+
+def router64(env, name: str, experts: int, d: int) -> np.ndarray:
+    """A router's rows (experts, d) in f64, made once an env."""
+    made = _ROUTERS.setdefault(env, {})
+    if name not in made:
+        made[name] = np.asarray(env.matrix(name), dtype=np.float64).reshape(experts, d)
+    return made[name]
 
 
 @dataclass(frozen=True)
@@ -329,8 +342,12 @@ class Moe(Launch):
     def numpy(self, env):
         """As the kernels sum: each product's dot in f64 rounded to f32, the GLU in f32, the chosen experts' down
         products weighed and summed in choice order in f32, the shared expert's scaled product last."""
+        x = env.array(self.x)[: self.rows * self.d].reshape(self.rows, self.d).astype(np.float32)
+        self._finish(env, self._mixture(env, x))
+
+    def _mixture(self, env, x: np.ndarray) -> np.ndarray:
+        """The exact twin's mixture of x (rows, d) f32, before the residual add and the norm: (rows, d) f32."""
         d, f, k = self.d, self.f, self.k
-        x = env.array(self.x)[: self.rows * d].reshape(self.rows, d).astype(np.float32)
         chosen, w = self._route(env, x)
         raw, fmt = env.weight(self.wgu)
         gu = decode(raw, fmt).reshape(self.experts, 2 * f, d)
@@ -349,7 +366,7 @@ class Moe(Launch):
                 y[r] = (y[r] + w[r, c] * o).astype(np.float32)
         if self.shared:
             y = (y + self._shared(env, x, exact=True)).astype(np.float32)
-        self._finish(env, y)
+        return y
 
     def _shared(self, env, x: np.ndarray, exact: bool) -> np.ndarray:
         """The shared expert's output scaled by the sigmoid of its gate score (unscaled without one: DeepSeek's),
@@ -388,7 +405,9 @@ class Moe(Launch):
         the sorted kernels group them, whatever `sort` says: the same sums within f32 rounding)."""
         d, f = self.d, self.f
         x = env.array(self.x)[: self.rows * d].reshape(self.rows, d)
-        logits = x @ env.matrix(self.wr).reshape(self.experts, d).T
+        # the router's logits as the exact twin's (f64 dots rounded to f32): an f32 BLAS dot an ulp apart would
+        # choose the other of two experts whose logits tie within it
+        logits = (x.astype(np.float64) @ router64(env, self.wr, self.experts, d).T).astype(np.float32)
         if self.routing == "sigmoid_group":
             chosen, w = self._grouped(env, logits)
         else:
@@ -411,6 +430,8 @@ class Moe(Launch):
             y[rows] += out * w[rows, cs][:, None].astype(np.float32)
         if self.shared:
             y += self._shared(env, np.asarray(x, dtype=np.float32), exact=False)
+        if not (y.max() < np.inf and y.min() > -np.inf):  # NaN fails both: an f32 product overflowed, or x holds it
+            y = self._mixture(env, np.asarray(x, dtype=np.float32))  # as the exact twin (and the reference) have it
         self._finish(env, y)
 
     # -- the device ---------------------------------------------------------------------------------------------

@@ -35,25 +35,31 @@ def has_fast(launch) -> bool:
 @functools.lru_cache(maxsize=None)
 def cases() -> dict[str, list]:
     """census kind -> [(plan, weights, launch index, the state before it: arena bytes, tables, io)], a few of each
-    kind from every family's decode step and 4-row chunk under both lanes."""
+    kind from every family's decode step and 4-row chunk under both lanes, and from a q8_0 model's under q8 and
+    q8x2 numerics (the fast twins of quantized activations)."""
+    from test_hardening_check import q8_step
+
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import ArenaEnv
 
+    steps = [(family_step, fam, lane, rows, "f32") for fam in FAMS for lane in LANES for rows in (1, 4)]
+    steps += [(lambda _, rows: q8_step(rows), "q8_0", "cuda", rows, numerics) for rows in (1, 4)
+              for numerics in ("q8", "q8x2")]
     out: dict[str, list] = {}
-    for fam in FAMS:
-        for lane in LANES:
-            for rows in (1, 4):
-                g, w, env0 = family_step(fam, rows)
-                s = plan(g, lane=lane)
-                env = ArenaEnv(s, w, copy_env({n: env0[n] for n in s.io.tables}), exact=True)
-                for n in (s.io.token, s.io.position):
-                    env.array(n)[:] = np.asarray(env0[n], np.int32).reshape(-1)
-                for i, x in enumerate(s.launches):
-                    kind = x.launch.census
-                    if has_fast(x.launch) and len(out.setdefault(kind, [])) < 12:
-                        out[kind].append((s, w, i, env.arena.copy(), copy_env(env.tables),
-                                          {k: v.copy() for k, v in env.io.items()}))
-                    x.launch.numpy(env)
+    taken: dict[tuple[str, str], int] = {}
+    for make, fam, lane, rows, numerics in steps:
+        g, w, env0 = make(fam, rows)
+        s = plan(g, lane=lane, numerics=numerics)
+        env = ArenaEnv(s, w, copy_env({n: env0[n] for n in s.io.tables}), exact=True)
+        for n in (s.io.token, s.io.position):
+            env.array(n)[:] = np.asarray(env0[n], np.int32).reshape(-1)
+        for i, x in enumerate(s.launches):
+            kind = x.launch.census
+            if has_fast(x.launch) and taken.get((kind, numerics), 0) < (12 if numerics == "f32" else 4):
+                taken[kind, numerics] = taken.get((kind, numerics), 0) + 1
+                out.setdefault(kind, []).append((s, w, i, env.arena.copy(), copy_env(env.tables),
+                                                 {k: v.copy() for k, v in env.io.items()}))
+            x.launch.numpy(env)
     return out
 
 
