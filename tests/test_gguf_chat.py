@@ -41,12 +41,14 @@ def _file(tmp_path, template, name="chat.gguf"):
              "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n"),
     (LLAMA3, "<s><|im_start|>user\n\nhello there<|endoftext|><|im_start|>assistant\n\n")])
 def test_chat_template_renders_a_user_message(tmp_path, template, want):
+    pytest.importorskip("jinja2")
     path = _file(tmp_path, template)
     text = chat_text(open_reader(path), str(path), "hello there ")
     assert text == (want.replace("there<", "there <") if template is CHATML else want)
 
 
 def test_chat_template_as_transformers_renders_it(tmp_path):
+    pytest.importorskip("jinja2")
     transformers = pytest.importorskip("transformers")
     path = _file(tmp_path, CHATML)
     tok = tokenizer_from_gguf(open_reader(path), str(path))
@@ -58,6 +60,7 @@ def test_chat_template_as_transformers_renders_it(tmp_path):
 
 
 def test_chat_refusals(tmp_path, monkeypatch):
+    pytest.importorskip("jinja2")
     bare = _file(tmp_path, None, "bare.gguf")
     with pytest.raises(UserError, match=r"holds no chat template \(`tokenizer.chat_template`\)"):
         chat_text(open_reader(bare), str(bare), "hi")
@@ -77,6 +80,7 @@ def _cli(*args):
 
 def test_run_chat_on_a_gguf_file(tmp_path):
     pytest.importorskip("torch")
+    pytest.importorskip("jinja2")
     tok, tokens, merges, types = gf.bpe_tokenizer(400, "smollm", specials=SPECIALS)
     model = gf.tiny_model("llama", hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                           intermediate_size=96, vocab_size=400)
