@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import partial, update_wrapper
 from typing import ClassVar
 
 import numpy as np
@@ -155,7 +155,7 @@ def finite_or_exact(product, x, w, out):
             with np.errstate(over="ignore", invalid="ignore"):
                 o[i] = (w64 @ np.asarray(xs[i], dtype=np.float64)).astype(np.float32)
 
-    return call
+    return update_wrapper(call, product)  # named as the product it guards (`gemvs`), which `__wrapped__` is
 
 
 def gemv_bind(env, x: str, w: str, bias: str | None, y: Dst, k: int, n: int, m: int, cap: float = 0.0,
