@@ -201,3 +201,41 @@ def test_the_command_checks_q8_against_the_q8_reference_and_runs_it(tmp_path):
         if how:
             assert "reference interpreter, q8 numerics" in r.stdout
     assert ids[()] == ids[("--reference",)]
+
+
+def test_a_wrong_write_into_a_later_sequences_slot_is_named():
+    """A batch step's cache writes are compared in every sequence's slot (the comparison looked at the first
+    sequence's rows only): a launch that writes the last sequence's row wrong is named."""
+    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.errors import UserError
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg, w = demo_model(32)
+    g = build_step(cfg, 1, batch=3)
+    s = plan(g)
+    i = next(i for i, x in enumerate(s.launches) if "kc0" in x.launch.writes())
+    x = s.launches[i]
+
+    class LastValueOff:  # the launch, then its last changed value of kc0 (the last sequence's slot) moved
+        def __init__(self, inner):
+            self.inner, self.census = inner, inner.census
+
+        def writes(self):
+            return self.inner.writes()
+
+        def numpy(self, env):
+            a = env.array("kc0")
+            was = a.copy()
+            self.inner.numpy(env)
+            a[np.flatnonzero(a != was)[-1]] += 1.0
+
+    rng = np.random.default_rng(0)
+    env = {n: (0.5 * rng.standard_normal(g.tensors[n].shape)).astype(np.float32) for n in g.io.tables}
+    env["token"], env["pos"] = np.asarray([5, 6, 7], np.int32), np.asarray([3, 9, 4], np.int32)
+    NumpyRunner(s, w, check=True).step(copy_env(env), lifted=g)
+    bad = dataclasses.replace(s, launches=[*s.launches[:i], dataclasses.replace(x, launch=LastValueOff(x.launch)),
+                                           *s.launches[i + 1:]])
+    with pytest.raises(UserError, match=f"launch {i} .* at `kc0`"):
+        NumpyRunner(bad, w, check=True).step(copy_env(env), lifted=g)

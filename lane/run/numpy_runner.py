@@ -160,7 +160,6 @@ class NumpyRunner:
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
         s.check_position(inputs[s.io.position])
-        pos = int(np.asarray(inputs[s.io.position]).reshape(-1)[0])
         tables = {n: inputs[n] for n in s.io.tables}
         if tables.keys() != env.tables.keys() or any(env.tables[n] is not t for n, t in tables.items()):
             env.tables = tables  # other cache arrays than the last step's: views into them are made anew
@@ -190,10 +189,10 @@ class NumpyRunner:
         for i, x in enumerate(s.launches):
             for name in x.launch.writes():
                 last[name] = i
-        before = self._table_rows(last, pos)  # the step's rows of each table written, before the step
+        before = self._tables_before(last)  # each table the step writes, as it is before the step
         for i, x in enumerate(s.launches):
             x.launch.numpy(env)
-            self._compare(i, x, ref, pos, before, last)
+            self._compare(i, x, ref, before, last)
         return self._outputs()
 
     def _outputs(self) -> dict[str, np.ndarray]:
@@ -209,24 +208,16 @@ class NumpyRunner:
         env = {k: (np.array(v, copy=True) if k in self.s.io.tables else v) for k, v in inputs.items()}
         return evaluate(with_numerics(lifted, self.s.numerics), self.weights, env)
 
-    def _rows(self, name: str, pos: int) -> slice:
-        """The flat span of a cache table's rows this step writes."""
-        cols = self.s.tensors[name].shape[-1]
-        return slice(pos * cols, (pos + self.s.rows) * cols)
+    def _tables_before(self, names) -> dict[str, np.ndarray]:
+        """Each cache table or carried state among `names`, whole, as it is before the step runs (a batch writes
+        each sequence's rows in its own slot; a state is rewritten whole)."""
+        return {n: self.env.array(n).copy() for n in names
+                if (b := self.s.buffers.get(n)) is not None and b.where == "table"}
 
-    def _table_rows(self, names, pos: int) -> dict[str, np.ndarray]:
-        """The step's rows of each cache table among `names`, as they are before the step runs."""
-        out = {}
-        for name in names:
-            b = self.s.buffers.get(name)
-            if b is not None and b.where == "table":
-                out[name] = self.env.array(name)[self._rows(name, pos)].copy()
-        return out
-
-    def _compare(self, i: int, x, ref, pos: int, before: dict[str, np.ndarray], last: dict[str, int]) -> None:
+    def _compare(self, i: int, x, ref, before: dict[str, np.ndarray], last: dict[str, int]) -> None:
         """What launch `i` wrote against the reference, each name at the launch that writes it last in the step
         (where its values are final: a table row written by two launches, an array rewritten): a computed array
-        whole; of a cache table, the values of the step's rows the step changed. A launch's value in a buffer of
+        whole; of a cache table or state, the values the step changed. A launch's value in a buffer of
         another of its ops' names (a product's bias added in place: `o + bias` in `o`'s buffer) is that op's."""
         s, env = self.s, self.env
         for name in x.launch.writes():
@@ -241,9 +232,7 @@ class NumpyRunner:
             else:
                 got = env.array(name)
                 want = np.asarray(ref[name]).reshape(-1)
-            if b.where == "table":
-                rows = self._rows(name, pos)
-                got, want = got[rows], want[rows]
+            if b.where == "table":  # the values the step changed, wherever they lie
                 changed = got != before[name]
                 got, want = got[changed], want[changed]
             elif got.shape == want.shape and not self._close(got, want):
