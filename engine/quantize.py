@@ -13,8 +13,11 @@ from lanefuse.engine.ir import Graph, Op, Tensor, attrs_of
 from lanefuse.engine.opdefs import QBLOCK, QBLOCK_K, QFORMS
 
 NUMERICS = {"f32": 0, "q8": 1, "q8x2": 2}  # numerics -> int8 words a value of a quantized activation (0: none)
-BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k")
-K_FORMATS = ("q4_k", "q6_k")  # under q8 their products read the q8k form (llama.cpp's q8_K), as llama.cpp's do
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k", "q4_1", "q5_0", "q5_1", "q5_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs")
+# under q8 the K-quants' and iq4_xs's products read the q8k form (llama.cpp's q8_K), as llama.cpp's do (their
+# vec_dot_type); the others the q8 form: llama.cpp's q8_0 for q8_0, q4_0, q5_0, iq4_nl, and for q4_1 / q5_1 its q8_1 —
+# the same words and f16 scale, and s = d·Σq, which the products sum from the words (kernels/q8dot.py)
+K_FORMATS = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs")
 Q8K = 3  # the quantize words of the q8k form
 SUM = 16  # the q8k form keeps the sum of each 16 words (block_q8_K's bsums)
 LOW_STEPS = 254  # the low word counts steps of d/254: the residual under the high word is within ±d/2
@@ -116,9 +119,9 @@ def product(xq: Quantized, w: np.ndarray) -> np.ndarray:
     """xq (R, k) · wᵀ (n, k) as the q8 numerics compute it: each block's int8 words dotted with the weights' values
     (under q8_0 and q4_0 rows those are the block's f16 scale times its integers, so the block sum is that scale times
     an int32 sum of int8 products), times the block's activation scale, the blocks summed — in f64, exactly up to
-    its rounding. Under two words the low words' sum, over 254, joins the high words'. Under the q8k form (q4_k and
-    q6_k rows under q8) the blocks are its 256-value blocks, each a q8_K block times a K-quant super-block, as
-    llama.cpp's vec_dot_q4_K_q8_K / q6_K_q8_K sum them (their integer sums are these, grouped)."""
+    its rounding. Under two words the low words' sum, over 254, joins the high words'. Under the q8k form (K_FORMATS
+    rows under q8) the blocks are its 256-value blocks, each a q8_K block times a super-block, as llama.cpp's
+    vec_dot_q4_K_q8_K and the others sum them (their integer sums are these, grouped)."""
     r, k = xq.shape
     n = w.shape[0]
     bl = xq.block

@@ -1,31 +1,51 @@
 """The products of a quantized activation (the q8 numerics), as numpy twins of gemv_q8.cu: the exact twin sums each
-32-value block as the kernel does — over q8_0 and q4_0 rows the int32 sum of the activation's int8 words times the
-weights' integers (batched matmuls on integer-valued blocks, exact), times the weight block's f16 scale and the
-activation block's f32 scale; over q4_k and q6_k rows the words times the decoded values — the blocks summed in f64;
+32-value block as the kernel does — over rows of 32-value blocks (INT_FORMATS: q8_0, q4_0, q5_0, iq4_nl, q4_1, q5_1)
+the int32 sum of the activation's int8 words times the weights' integers (batched matmuls on integer-valued blocks,
+exact), times the weight block's f16 scale and the activation block's f32 scale, and for q4_1 / q5_1 (llama.cpp's
+q8_1 pairing: the q8 form's words and scale, and s = d·Σq, summed here from the words and kept unrounded where
+llama.cpp rounds it to f16) the block's min m times s; over K-quant rows the words times the decoded values — the
+blocks summed in f64;
 the fast twin multiplies the activation's blocks, dequantized (d·q in f32), by the decoded rows with f32 BLAS: the
-same products summed in another order. A q8k activation (llama.cpp's q8_K, read by q4_k and q6_k rows under q8: its
-"low" words are its int16 sums of 16) is summed a 256-value super-block at a time as gemv_q8.cu's q8k tile sums it:
-the int32 sum of its words times the weights' integers each times its sub-block's integer scale, times the two
-scales, less (q4_k) the sub-blocks' integer mins times the activation's sums of 16, times dmin and its scale."""
+same products summed in another order. A q8k activation (llama.cpp's q8_K, read by the K-quants' and iq4_xs's rows
+under q8: its "low" words are its int16 sums of 16) is summed a 256-value super-block at a time as gemv_q8.cu's q8k
+tile sums it: the int32 sum of its words times the weights' integers each times its sub-block's integer scale, times
+the two scales, less (q4_k, q5_k, q2_k) the sub-blocks' integer mins times the activation's sums of 16, times dmin
+and its scale."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from lanefuse.kernels.blocks import BLOCKS, decode_rows, k4_scales
+from lanefuse.kernels.blocks import (BLOCKS, IQ4_LEVELS, _nibbles32, decode_rows, k2_ints, k3_ints, k3_scales,
+                                     k4_scales, k5_ints, q5_ints, xs_ints, xs_scales)
 from lanefuse.kernels.common import QBLOCK, QBLOCK_K, QSUM
 
 LOW_STEPS = 254
+INT_FORMATS = ("q8_0", "q4_0", "q5_0", "iq4_nl", "q4_1", "q5_1")  # 32-value blocks: d · integers (+ m)
+MIN_FORMATS = ("q4_1", "q5_1")  # ... and a min m a block
 
 
-def weight_ints(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """q8_0 / q4_0 rows (n, k) as their integers (n, k/32, 32) int8 and each block's f16 scale (n, k/32) as f32."""
-    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // QBLOCK, BLOCKS[fmt][1])
-    d = b[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)
+def weight_ints(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Rows (n, k) of an INT_FORMATS format as their integers (n, k/32, 32) int8 (q4_0's nibbles less 8, q5_0's
+    values less 16, iq4_nl's levels, q4_1's / q5_1's values), each block's f16 scale (n, k/32) as f32, and q4_1's /
+    q5_1's f16 min a block (n, k/32) f32 (else None)."""
+    nb = k // QBLOCK
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * nb, BLOCKS[fmt][1])
+    f16 = lambda c: c.copy().view(np.float16)[:, 0].astype(np.float32).reshape(n, nb)  # noqa: E731
+    m = f16(b[:, 2:4]) if fmt in MIN_FORMATS else None
     if fmt == "q8_0":
-        return b[:, :, 2:].view(np.int8), d
-    nib = b[:, :, 2:]
-    return (np.concatenate([nib & 15, nib >> 4], axis=2).astype(np.int16) - 8).astype(np.int8), d
+        q = b[:, 2:].view(np.int8)
+    elif fmt == "q4_0":
+        q = _nibbles32(b[:, 2:18]).astype(np.int8) - np.int8(8)
+    elif fmt == "q5_0":
+        q = q5_ints(b, 2).astype(np.int8) - np.int8(16)
+    elif fmt == "iq4_nl":
+        q = IQ4_LEVELS[_nibbles32(b[:, 2:18])]
+    elif fmt == "q4_1":
+        q = _nibbles32(b[:, 4:20]).astype(np.int8)
+    else:
+        q = q5_ints(b, 4).astype(np.int8)
+    return q.reshape(n, nb, QBLOCK), f16(b[:, 0:2]), m
 
 
 def is_k(low: np.ndarray | None) -> bool:
@@ -34,19 +54,37 @@ def is_k(low: np.ndarray | None) -> bool:
 
 
 def k_ints(raw: np.ndarray, fmt: str, n: int, k: int):
-    """q4_k / q6_k rows (n, k) as integers: each value's integer times its sub-block's integer scale (n, k/256, 256)
-    int16 (q4_k: 6-bit scale · 4-bit value, at most 945; q6_k: int8 scale · (6-bit value - 32), at most 4096 in
-    magnitude), each super-block's f16 d (n, k/256) f32, and for q4_k its f16 dmin and 6-bit sub-block mins
-    (n, k/256, 8); None for q6_k."""
+    """Rows (n, k) of a K_FORMATS format as integers: each value's integer times its sub-block's integer scale
+    (n, k/256, 256) int16 (at most 4096 in magnitude: q4_k 6-bit scale · 4-bit value, 945; q5_k 1953; q6_k int8
+    scale · (6-bit value - 32), 4096; q3_k (6-bit scale - 32) · (-4..3), 128; q2_k 4-bit scale · 2-bit value, 45;
+    iq4_xs (6-bit scale - 32) · level, 4064), each super-block's f16 d (n, k/256) f32, and for q4_k, q5_k, q2_k its
+    f16 dmin and the integer min of each 16 values (n, k/256, 16) (None, None for the others)."""
     nb = k // QBLOCK_K
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * nb, BLOCKS[fmt][1])
     f16 = lambda c: c.copy().view(np.float16)[:, 0].astype(np.float32).reshape(n, nb)  # noqa: E731
-    if fmt == "q4_k":
+
+    def scaled(q, sc):  # q (n·nb, G, 256 / G) times each group's scale sc (n·nb, G)
+        return (q.astype(np.int16) * sc.astype(np.int16)[:, :, None]).reshape(n, nb, QBLOCK_K)
+
+    def per16(mn):  # the mins of sub-blocks of 32 (or 16) as one a 16 values
+        return np.repeat(mn.astype(np.int16), QBLOCK_K // QSUM // mn.shape[1], axis=1).reshape(n, nb, QBLOCK_K // QSUM)
+
+    if fmt in ("q4_k", "q5_k"):
         sc, mn = k4_scales(b[:, 4:16])  # (n·nb, 8) each
-        qs = b[:, 16:144].reshape(-1, 4, 1, 32)  # sub-block j: bytes of chunk j // 2, the low nibble for even j
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.int16)
-        w = (q * sc.astype(np.int16)[:, :, None]).reshape(n, nb, QBLOCK_K)
-        return w, f16(b[:, 0:2]), f16(b[:, 2:4]), mn.astype(np.int16).reshape(n, nb, 8)
+        if fmt == "q4_k":
+            qs = b[:, 16:144].reshape(-1, 4, 1, 32)  # sub-block j: bytes of chunk j // 2, the low nibble for even j
+            q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+        else:
+            q = k5_ints(b)
+        return scaled(q, sc), f16(b[:, 0:2]), f16(b[:, 2:4]), per16(mn)
+    if fmt == "q2_k":
+        sc = b[:, 0:16]
+        return (scaled(k2_ints(b[:, 16:80]).reshape(-1, 16, 16), sc & 0x0F), f16(b[:, 80:82]), f16(b[:, 82:84]),
+                per16(sc >> 4))
+    if fmt == "q3_k":
+        return scaled(k3_ints(b).reshape(-1, 16, 16), k3_scales(b[:, 96:108])), f16(b[:, 108:110]), None, None
+    if fmt == "iq4_xs":
+        return scaled(xs_ints(b), xs_scales(b)), f16(b[:, 0:2]), None, None
     ql, qh = b[:, 0:128].reshape(-1, 2, 1, 64), b[:, 128:192].reshape(-1, 2, 1, 32)
     low = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(-1, 2, 4, 32)  # value 128h + 32t + l
     high = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)
@@ -60,7 +98,8 @@ def q8k_exact(words: np.ndarray, sums: np.ndarray, scales: np.ndarray, raw: np.n
     """y (m, n) f32 of a q8k activation (words (m·k,) int8, sums (m·k/16,) int16, scales (m·k/256,) f32) times q4_k
     or q6_k rows: per super-block the int32 sum I of words times scaled integers (batched f64 matmuls: exact, every
     partial sum an integer below 2^53), and for q4_k the int32 sum M of the mins times the sums of 32 words; the
-    super-block's term (d·dx)·f32(I) - (dmin·dx)·f32(M) in f32, as the kernel rounds it, and the terms summed."""
+    super-block's term (d·dx)·f32(I) - (dmin·dx)·f32(M) in f32, as the kernel rounds it, and the terms summed (the
+    mins of q4_k / q5_k / q2_k: M the int32 sum of each 16 values' integer min times their sum of words)."""
     nb = k // QBLOCK_K
     w, d, dmin, mins = k_ints(raw, fmt, n, k)
     q = words[: m * k].reshape(m, nb, QBLOCK_K)
@@ -68,8 +107,8 @@ def q8k_exact(words: np.ndarray, sums: np.ndarray, scales: np.ndarray, raw: np.n
     i1 = block_sums(q, w).astype(np.float32)  # (m, n, nb)
     t = (d[None, :, :] * dx[:, None, :]) * i1
     if mins is not None:
-        s32 = sums[: m * k // QSUM].reshape(m, nb, 8, 2).astype(np.int64).sum(axis=3)  # (m, nb, 8): sums of 32
-        i2 = np.einsum("mbj,nbj->mnb", s32, mins.astype(np.int64)).astype(np.float32)
+        s16 = sums[: m * k // QSUM].reshape(m, nb, QBLOCK_K // QSUM).astype(np.int64)  # (m, nb, 16)
+        i2 = np.einsum("mbj,nbj->mnb", s16, mins.astype(np.int64)).astype(np.float32)
         t = t - (dmin[None, :, :] * dx[:, None, :]) * i2
     return t.astype(np.float64).sum(axis=2).astype(np.float32)
 
@@ -91,12 +130,17 @@ def q8_exact(words: np.ndarray, low: np.ndarray | None, scales: np.ndarray, raw:
     q = words[: m * k].reshape(m, nb, QBLOCK)
     lq = None if low is None else low[: m * k].reshape(m, nb, QBLOCK)
     dx = scales[: m * nb].reshape(m, nb).astype(np.float64)
-    if fmt in ("q8_0", "q4_0"):
-        wq, dw = weight_ints(raw, fmt, n, k)
+    if fmt in INT_FORMATS:
+        wq, dw, mw = weight_ints(raw, fmt, n, k)
         s = block_sums(q, wq)
         if lq is not None:
             s = s + block_sums(lq, wq) / LOW_STEPS
         s = s * dw.astype(np.float64)[None, :, :]
+        if mw is not None:  # + m · Σq (Σ(q + low/254) under two words)
+            sq = q.astype(np.float64).sum(axis=2)
+            if lq is not None:
+                sq = sq + lq.astype(np.float64).sum(axis=2) / LOW_STEPS
+            s = s + sq[:, None, :] * mw.astype(np.float64)[None, :, :]
     else:
         wv = decode_rows(raw, fmt, k).reshape(n, nb, QBLOCK)
         s = block_sums(q, wv)
