@@ -178,3 +178,53 @@ def test_huge_and_tiny_activations_give_the_references_tokens(scale):
     assert got.generated_ids == want.generated_ids
     if scale > 1:  # the norms undo the scale: the reference's tokens wander (the tiny one's eps dominates)
         assert len(set(want.generated_ids)) > 1
+
+
+SCALES = (1e-44, 1e-38, 1e-30, 1e-20, 1.0, 1e10, 1e19, 1e25, 1e30, 3e37)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 3), heads=st.integers(1, 3), hd=st.sampled_from([1, 2, 16, 64, 128]),
+       scale=st.sampled_from(SCALES), eps=st.sampled_from([0.0, 1e-12, 1e-6]), seed=st.integers(0, 1 << 16),
+       special=st.sampled_from([None, np.inf, -np.inf, np.nan, 0.0]))
+def test_the_fast_rms_norm_equals_the_reference_norm(rows, heads, hd, scale, eps, seed, special):
+    """RmsScale (the norm of kernels/norm.py's and kernels/rope.py's fast twins) against the reference interpreter's
+    rmsnorm, per head, at every scale f32 holds, eps 0 included, with an inf, NaN or zero in a row."""
+    from lanefuse.engine.interp import _rmsnorm
+    from lanefuse.kernels.common import RmsScale
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, heads * hd)) * scale).astype(np.float32)
+    if special is not None:
+        x[rng.integers(rows), rng.integers(heads * hd)] = special
+    w = (1.0 + 0.1 * rng.standard_normal(hd)).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = _rmsnorm(x, w, eps, heads=heads)
+        got = np.empty((rows, heads, hd), np.float32)
+        RmsScale(rows, heads, hd, w, eps)(x.reshape(rows, heads, hd), got)
+    compare(want, got.reshape(rows, heads * hd), f"rmsnorm of values near {scale:g} (eps {eps})")
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=st.integers(1, 5), n=st.integers(1, 40), k=st.integers(1, 64), scale=st.sampled_from(SCALES),
+       seed=st.integers(0, 1 << 16), special=st.sampled_from([None, np.inf, -np.inf, np.nan]))
+def test_the_fast_product_equals_the_reference_product(m, n, k, scale, seed, special):
+    """The GEMV family's f32 BLAS product (bound_product, every way it binds: one row, GEMVs, a GEMM, a bias)
+    against the reference interpreter's matmul (f64 dots rounded to f32), near f32's largest values too, where a
+    partial sum past it gave inf or NaN."""
+    from lanefuse.engine.interp import _matmul
+    from lanefuse.kernels.gemv import bound_product
+
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((m, k)) * scale).astype(np.float32)
+    if special is not None:
+        x[rng.integers(m), rng.integers(k)] = special
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if seed % 2 else None
+    with np.errstate(all="ignore"):
+        want = _matmul(x, w)
+        if bias is not None:
+            want = (want.astype(np.float64) + bias).astype(np.float32)
+        got = np.empty((m, n), np.float32)
+        bound_product(x, w, got, bias)()
+    compare(want, got, f"a product of values near {scale:g}")
