@@ -37,7 +37,9 @@ _CASED = (  # DeepSeek LLM's cased letters (Lu, Ll, Lt as its tokenizer.json lis
     r"\x{A722}-\x{A76F}\x{A771}-\x{A787}\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06}\x{FB13}-\x{FB17}"
     r"\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A}\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB}\x{10C80}-\x{10CB2}"
     r"\x{10CC0}-\x{10CF2}\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}")
-_CJK_HANGUL = r"[\x{4E00}-\x{9FA5}\x{0800}-\x{4E00}\x{AC00}-\x{D7FF}]+"  # DeepSeek's "[一-龥ࠀ-一가-퟿]+"
+# llama.cpp matches a regex without \p{..} on the text with every non-ASCII space made U+000B: a class of literal code
+# points never matches one (U+3000 in these ranges), hence the `&&\S`
+_CJK_HANGUL = r"[\x{4E00}-\x{9FA5}\x{0800}-\x{4E00}\x{AC00}-\x{D7FF}&&\S]+"  # DeepSeek's "[一-龥ࠀ-一가-퟿]+"
 _CJK_KANA = r"[\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+"  # Han (to 龥), hiragana, katakana
 _ASCII_PUNCT = r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]"
 _DEEPSEEK3 = (_ASCII_PUNCT + r"[A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+"
@@ -55,7 +57,9 @@ _YOUTU = [r"[\x{AC00}-\x{D7A3}\x{3131}-\x{318E}]+|[\x{FF01}\x{2026}\x{201C}\x{20
           r"\x{FF1B}\x{FF0C}\x{3001}-\x{303F}\x{FE30}-\x{FE4F}]+|[\x{3105}-\x{312F}]+|" + _CJK_KANA,
           rf"[^\r\n\p{{L}}\p{{N}}]?{_LM}*{_LM}+{_C}?|[^\r\n\p{{L}}\p{{N}}]?{_LM}+{_LM}*{_C}?|\p{{N}}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
-_DIGIT_GROUPS = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"  # a run of digits in threes from its end (1234567: 1 234 567)
+# llama.cpp's own code for afmoe's and tiny_aya's digits: a run of digits in threes from its end, the text before the
+# run joined to its first group ("ab1234567cd 12 x": ab1 234 567 | cd 12 | " x"); the lookbehind keeps it linear
+_DIGIT_GROUPS = r"(?<!\P{N})\P{N}*\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
 _TINY_AYA = [_DIGIT_GROUPS, rf"[^\r\n\p{{L}}\p{{N}}]?{_LM}*{_LM}+{_C}?|[^\r\n\p{{L}}\p{{N}}]?{_LM}+{_LM}*{_C}?"
              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
 _HAN = (r"\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}\x{2B740}-\x{2B81F}"
@@ -92,7 +96,7 @@ def _pres() -> dict[str, Pre]:
         (("glm4", "glm5"), Pre((_LLAMA3,), ignore_merges=True, bos=False)),
         (("jais-2",), Pre((_JAIS2,))),
         (("deepseek-llm",), Pre((r"[\r\n]", rf"\s?[{_CASED}]+", r"\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}"
-                                 r"\x{2018}-\x{201F}\x{3000}-\x{3002}]+", r"\s+\z", _CJK_HANGUL, r"\p{N}+"))),
+                                 r"\x{2018}-\x{201F}\x{3000}-\x{3002}&&\S]+", r"\s+\z", _CJK_HANGUL, r"\p{N}+"))),
         (("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"), Pre((r"\p{N}{1,3}", _CJK_KANA, _DEEPSEEK3))),
         (("spark2_5",), Pre((r"\p{N}{1,3}", _CJK_KANA, _SPARK, r"\p{N}"))),
         (("youtu",), Pre(tuple(_YOUTU), ignore_merges=True)),

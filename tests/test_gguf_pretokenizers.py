@@ -103,6 +103,20 @@ def test_words_of_each_pre_tokenizer(pre):
         assert words(pre, text) == want, (pre, text)
 
 
+# llama.cpp's own code and its regex engine where the plain regexes would part (found by a random sweep against it):
+# afmoe's and tiny_aya's digit groups take the text before a run into its first group; a regex of literal code points
+# never matches a non-ASCII space (llama.cpp turns those into U+000B first)
+QUIRKS = [("tiny_aya", "Z  ²9\t,", ["Z", " ", " ", "²9", "\t", ","]),
+          ("afmoe", "ab1234567cd 12 x", ["ab", "1", "234", "567", "cd", " ", "12", " x"]),
+          ("deepseek-llm", "。  \u3000ㄱ", ["。", "  \u3000", "ㄱ"]),
+          ("deepseek-coder", "a \u3000中", ["a", " ", "\u3000", "中"])]
+
+
+@pytest.mark.parametrize("pre,text,want", QUIRKS)
+def test_words_where_llama_cpp_departs_from_the_regexes(pre, text, want):
+    assert words(pre, text) == want
+
+
 def _vocab_file(tmp_path, pre: str, vocab: int = 700, **kw):
     _, *tokenizer = gf.bpe_tokenizer(vocab, pre, texts=gf.SENTENCES + CORPUS)
     return gf.write_vocab_gguf(tmp_path / f"{pre}.gguf", tokenizer, pre, bos=1, **kw)
@@ -148,5 +162,5 @@ def test_token_ids_equal_llama_cpp(pre, tmp_path):
     path = _vocab_file(tmp_path, pre)
     ref = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     mine = tokenizer_from_gguf(open_reader(path), str(path))
-    for s in CORPUS + ["x=1234567;\n\n  y(it's) naïve", "HelloWorld 中文のテキスト，한국어"]:
+    for s in CORPUS + ["x=1234567;\n\n  y(it's) naïve", "HelloWorld 中文のテキスト，한국어"] + [t for _, t, _ in QUIRKS]:
         assert mine.encode(s).ids == ref.tokenize(s.encode(), add_bos=True, special=True), (pre, s)
