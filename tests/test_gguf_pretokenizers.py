@@ -164,3 +164,27 @@ def test_token_ids_equal_llama_cpp(pre, tmp_path):
     mine = tokenizer_from_gguf(open_reader(path), str(path))
     for s in CORPUS + ["x=1234567;\n\n  y(it's) naïve", "HelloWorld 中文のテキスト，한국어"] + [t for _, t, _ in QUIRKS]:
         assert mine.encode(s).ids == ref.tokenize(s.encode(), add_bos=True, special=True), (pre, s)
+
+
+# what the sweep draws from: letters of every case and script nearby, marks, digits of other scripts, every kind of
+# space and line break, punctuation ASCII and wide, symbols, emoji, joiners
+SWEEP = (list("aZé 中\n\t\r'sS1٣²_-.,!?…。，、") + ["\u00a0", "\u2009", "\u3000", "\u200b", "\u0301", "\u1680", "\u0085",
+         "ǅ", "ꙮ", "😀", "\u2028", "ℌ", "Ⅻ", "ß", "İ", "ﬁ", "ـ", "ๆ", "\u0e31", "가", "ㄱ", "ー", "々", "〇", "\u200d",
+         "\ufeff", "€", "$", "+", "<", "^", "`", "|", "~", "@", "#", "0", "9", "x", "X", '"', "  "])
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("pre", REPS)
+def test_random_strings_equal_llama_cpp(pre, tmp_path):
+    """200 seeded random strings over SWEEP: token ids equal to llama.cpp's for each set of regexes."""
+    import random
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = _vocab_file(tmp_path, pre)
+    ref = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    mine = tokenizer_from_gguf(open_reader(path), str(path))
+    rng = random.Random(pre)
+    for _ in range(200):
+        s = "".join(rng.choice(SWEEP) for _ in range(rng.randint(1, 30)))
+        assert mine.encode(s, add_special_tokens=False).ids == ref.tokenize(s.encode(), add_bos=False,
+                                                                             special=True), (pre, s)
