@@ -34,9 +34,12 @@ LAUNCH_US = 3.0
 BM = BN = 128
 
 
-def gemm_prediction(m: int, n: int, k: int, weight_bytes: int) -> dict:
-    """One gemm_tc launch of x (m, k) · w (n, k)ᵀ: tiles, waves, the predicted µs and what bounds it."""
-    tiles = math.ceil(m / BM) * math.ceil(n / BN)
+def gemm_prediction(m: int, n, k: int, weight_bytes: int) -> dict:
+    """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles):
+    tiles, waves, the predicted µs and what bounds it."""
+    ns = list(n) if isinstance(n, (list, tuple)) else [n]
+    n = sum(ns)
+    tiles = math.ceil(m / BM) * sum(math.ceil(x / BN) for x in ns)
     slots = SMS * BLOCKS_PER_SM
     waves = math.ceil(tiles / slots)
     tile_flops = 2 * BM * BN * math.ceil(k / 32) * 32  # a tile's mma work (edges padded, as the kernel runs them)
@@ -47,23 +50,24 @@ def gemm_prediction(m: int, n: int, k: int, weight_bytes: int) -> dict:
     memory_us = nbytes / (HBM_TBPS * 1e12) * 1e6
     round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
     us = LAUNCH_US + max(compute_us, memory_us) + round_us
-    return {"m": m, "n": n, "k": k, "tiles": tiles, "waves": waves, "wave_fill": round(tiles / (waves * slots), 3),
+    return {"m": m, "n": n, "parts": ns, "k": k, "tiles": tiles, "waves": waves, "wave_fill": round(tiles / (waves * slots), 3),
             "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2), "us": round(us, 2),
             "bound": "mma" if compute_us >= memory_us else "hbm",
             "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1)}
 
 
 def plan_prediction(s) -> dict:
-    """Every launch of plan `s`: gemm_tc by `gemm_prediction`, the rest by the lane's cost model (its cost_us)."""
-    from lanefuse.kernels import GemmTc
+    """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction`, the rest by the lane's cost model (its cost_us)."""
+    from lanefuse.kernels import GemmTc, GemmTcParts
 
     gemms, other, kinds = [], 0.0, {}
     for x in s.launches:
         l = x.launch
-        if isinstance(l, GemmTc):
-            p = gemm_prediction(l.m, l.n, l.k, l.checkpoint_bytes())
+        if isinstance(l, (GemmTc, GemmTcParts)):
+            ns = [l.n] if isinstance(l, GemmTc) else [p.n for p in l.parts]
+            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes())
             gemms.append(p)
-            kinds["gemm_tc"] = kinds.get("gemm_tc", 0.0) + p["us"]
+            kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
         else:
             us = float(getattr(x, "cost_us", 0.0))
             other += us
@@ -98,12 +102,13 @@ def print_prediction(name: str, p: dict) -> None:
     print(f"PREDICTION   per kind: " + ", ".join(f"{k} {v:.0f} µs" for k, v in p["kinds_us"].items()))
     seen = set()
     for g in p["gemms"]:
-        key = (g["m"], g["n"], g["k"])
+        key = (g["m"], tuple(g["parts"]), g["k"])
         if key in seen:
             continue
         seen.add(key)
-        count = sum(1 for x in p["gemms"] if (x["m"], x["n"], x["k"]) == key)
-        print(f"PREDICTION   {count:3d} x gemm {g['m']}x{g['n']}x{g['k']}: {g['tiles']} tiles, {g['waves']} waves "
+        count = sum(1 for x in p["gemms"] if (x["m"], tuple(x["parts"]), x["k"]) == key)
+        n = "+".join(map(str, g["parts"]))
+        print(f"PREDICTION   {count:3d} x gemm {g['m']}x{n}x{g['k']}: {g['tiles']} tiles, {g['waves']} waves "
               f"({g['wave_fill']:.0%} full), {g['us']:.1f} µs ({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s)")
 
 

@@ -55,7 +55,7 @@ def step_flops(s) -> tuple[int, int]:
     prod = att = 0
     for x in s.launches:
         for k in x.launch.kernels():
-            if k.census in ("gemm_tc", "gemv", "gemv_f32", "gemm_parts", "gemv_glu", "head_gemv"):
+            if k.census in ("gemm_tc", "gemm_tc_parts", "gemv", "gemv_f32", "gemm_parts", "gemv_glu", "head_gemv"):
                 prod += k.flops()
             elif k.census == "attention":
                 att += 4 * k.heads * k.hd * k.rows * (k.rows + 1) // 2
@@ -105,9 +105,11 @@ def per_kind(s, r, inputs) -> dict[str, dict]:
     ev[-1].synchronize()
     kinds: dict[str, dict] = {}
     for j, i in enumerate(idx):
-        k = kinds.setdefault(s.launches[i].launch.census, {"launches": 0, "us": 0.0})
+        l = s.launches[i].launch
+        k = kinds.setdefault(l.census, {"launches": 0, "us": 0.0, "flops": 0})
         k["launches"] += 1
         k["us"] += cp.cuda.get_elapsed_time(ev[j], ev[j + 1]) * 1e3
+        k["flops"] += l.flops()
     return kinds
 
 
@@ -160,14 +162,15 @@ def run(args) -> None:
             r2.load_inputs(inputs)
             r2._replay()
             kinds = per_kind(s, r2, inputs)
-            row["kinds"] = {k: {"launches": v["launches"], "us": round(v["us"], 1)} for k, v in kinds.items()}
+            row["kinds"] = {k: {"launches": v["launches"], "us": round(v["us"], 1), "flops": v["flops"]}
+                            for k, v in kinds.items()}
             model = predicted.get(name, {}).get("kinds_us", {})
             total = sum(v["us"] for v in kinds.values())
             for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["us"]):
                 pred = f" · PREDICTION {model[k]:9.0f} µs" if k in model else ""
                 extra = ""
-                if k == "gemm_tc":
-                    extra = f" ({prod / (v['us'] * 1e-6) / 1e12:.0f} TFLOP/s in the products)"
+                if k in ("gemm_tc", "gemm_tc_parts"):
+                    extra = f" ({v['flops'] / (v['us'] * 1e-6) / 1e12:.0f} TFLOP/s)"
                 print(f"prefill {name}   {k:12s} {v['launches']:4d} launches {v['us']:10.0f} µs "
                       f"({v['us'] / total:5.1%}){extra}{pred}")
         except Exception as e:  # noqa: BLE001

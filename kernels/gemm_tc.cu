@@ -125,14 +125,15 @@ __device__ __forceinline__ void tc_store_w(u16 (*s)[TC_PAD], const unsigned (&v)
     p[1] = make_uint4(v[4], v[5], v[6], v[7]);
 }
 
-// CP: w is bf16 rows of whole 16-byte chunks (k a multiple of 8), copied as x is; else decoded through registers.
+// The block's tile: outputs from TC_BN·tile, rows from TC_BM·blockIdx.y. CP: w is bf16 rows of whole 16-byte chunks
+// (k a multiple of 8), copied as x is; else decoded through registers.
 template <bool CP>
 __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void* w, int fmt, const float* bias,
-                                             const float* add, Dst y, i64 k, i64 n, i64 m) {
+                                             const float* add, Dst y, i64 k, i64 n, i64 m, i64 tile) {
     alignas(16) __shared__ u16 xs[2][TC_BM][TC_PAD];
     alignas(16) __shared__ u16 ws[2][TC_BN][TC_PAD];
     const u16* xg = (const u16*)xb;
-    i64 kp = (k + 7) / 8 * 8, n0 = (i64)blockIdx.x * TC_BN, m0 = (i64)blockIdx.y * TC_BM;
+    i64 kp = (k + 7) / 8 * 8, n0 = tile * TC_BN, m0 = (i64)blockIdx.y * TC_BM;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
     int tiles = (int)((kp + TC_BK - 1) / TC_BK);
     float acc[4][4][4];
@@ -202,7 +203,24 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
                                                                   const float* bias, const float* add,           \
                                                                   DST_PARAMS(y), i64 k, i64 n, i64 m) {          \
         PDL_ENTER();                                                                                              \
-        gemm_tc_body<CP>(xb, w, (int)fmt, bias, add, DST(y), k, n, m);                                            \
+        gemm_tc_body<CP>(xb, w, (int)fmt, bias, add, DST(y), k, n, m, blockIdx.x);                                \
     }
 GEMM_TC_KERNEL(gemm_tc_cp, true)
 GEMM_TC_KERNEL(gemm_tc_any, false)
+
+// Several products of one activation in one launch (q, k and v; gate and up): part p (11 descriptor words, as
+// gemm_parts.cu's: its weight, bias (0: none), outputs n, first tile of outputs, Dst) takes the tiles from its first,
+// ceil(n / TC_BN) of them; x rounded once for all.
+#define TC_GP 11
+#define GEMM_TC_PARTS_KERNEL(NAME, CP)                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const i64* t,         \
+                                                                  i64 nparts, i64 fmt, i64 k, i64 m) {           \
+        PDL_ENTER();                                                                                              \
+        int p = 0;                                                                                                \
+        while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * TC_GP + 3]) p++;                                  \
+        const i64* d = t + p * TC_GP;                                                                             \
+        gemm_tc_body<CP>(xb, (const void*)d[0], (int)fmt, (const float*)d[1], nullptr, dst_from(d + 4), k, d[2], \
+                         m, (i64)blockIdx.x - d[3]);                                                              \
+    }
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false)

@@ -22,6 +22,7 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, at_call, decode, dst_at,
                                      format_refusal, names, operand, reach, weight_bytes)
+from lanefuse.kernels.gemm_parts import GemmPart
 
 BM, BN, BK = 128, 128, 32  # a block's tile of y (rows, outputs) and its k step (gemm_tc.cu's TC_BM, TC_BN, TC_BK)
 THREADS = 256  # eight warps, each 64 x 32 of the tile
@@ -188,3 +189,104 @@ class GemmTc(Launch):
         f(g, b, (xb, denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), denv.opt(self.bias),
                  denv.array(self.add) if self.add else NULL, *denv.dst(self.y), i64(self.k), i64(self.n),
                  i64(self.m)))
+
+
+@dataclass(frozen=True)
+class GemmTcParts(Launch):
+    """Several products of one activation in one launch under the bf16 numerics (q, k and v; gate and up): each part
+    its weight (checkpoint rows (n, k), one format for all), bias, n and destination (kernels/gemm_parts.py's
+    GemmPart), its own ceil(n / 128) tiles of outputs; x rounded once for all."""
+
+    x: str
+    format: str
+    k: int
+    m: int
+    parts: tuple[GemmPart, ...]
+
+    census: ClassVar[str] = "gemm_tc_parts"
+    stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
+    tensor_cores: ClassVar[bool] = True
+
+    def tiles(self) -> list[int]:
+        return [-(-p.n // BN) for p in self.parts]
+
+    def one(self, p: GemmPart) -> GemmTc:
+        """Part `p` as a launch of its own (the twins run each so)."""
+        return GemmTc(self.x, p.w, self.format, p.y, self.k, p.n, self.m, bias=p.bias)
+
+    def reads(self):
+        return names(self.x, *(v for p in self.parts for v in (p.w, p.bias, *p.y.params())))
+
+    def writes(self):
+        return names(*(p.y.buf for p in self.parts))
+
+    def scratch(self):
+        return (Scratch("xb", "u8", 2 * self.m * kp(self.k)),)
+
+    def check(self):
+        if not self.parts:
+            return Refusal("a product in no parts")
+        for p in self.parts:
+            why = self.one(p).check()
+            if why:
+                return why
+        if sum(self.tiles()) > 2**31 - 1:
+            return Refusal(f"products in parts of {sum(p.n for p in self.parts)} outputs (too many tiles)")
+        return None
+
+    def extents(self, top, tokens):
+        return reach((self.x, self.m * self.k), *(v for p in self.parts for v in (
+            (p.w, p.n * self.k), (p.bias, p.n), (p.y.buf, p.y.extent(self.m * p.n, top)))))
+
+    def weights(self):
+        out: dict[str, str | None] = {p.bias: None for p in self.parts if p.bias}
+        return {**out, **{p.w: self.format for p in self.parts}}
+
+    def checkpoint_bytes(self):
+        return weight_bytes(self.format, sum(p.n for p in self.parts), self.k)
+
+    def bytes(self):
+        return (self.checkpoint_bytes() + 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k)
+                + 4 * self.m * sum(p.n for p in self.parts))
+
+    def flops(self):
+        return 2 * self.m * self.k * sum(p.n for p in self.parts)
+
+    def numpy(self, env):
+        for p in self.parts:
+            self.one(p).numpy(env)
+
+    def bind_fast(self, env):
+        calls = [self.one(p).bind_fast(env) for p in self.parts]
+
+        def call():
+            for c in calls:
+                c()
+
+        return call
+
+    def fast(self, env):
+        self.bind_fast(env)()
+
+    def grid_block(self):
+        return ((sum(self.tiles()), -(-self.m // BM), 1), (THREADS, 1, 1))
+
+    def table(self, denv) -> list[int]:
+        words, first = [], 0
+        for p, nt in zip(self.parts, self.tiles()):
+            words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
+            first += nt
+        return words
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+
+        xb = denv.scratch(self, self.scratch()[0])
+        pairs = self.m * kp(self.k) // 2
+        r = denv.function(self.stem, "gemm_tc_round")
+        r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
+        g, b = self.grid_block()
+        t = denv.table(self.key(), self.table(denv))
+        name = "gemm_tc_parts_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_parts_any"
+        denv.function(self.stem, name)(g, b, (xb, t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]),
+                                              i64(self.k), i64(self.m)))

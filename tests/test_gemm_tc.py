@@ -219,3 +219,42 @@ def test_emulated_one_hot_picks_each_rounded_weight(emulated):
 def test_scratch_holds_rounded_rows():
     launch = GemmTc("x", "w", "bf16", Dst("y"), 13, 4, 17)
     assert launch.scratch()[0].nbytes == 2 * 17 * kp(13) == 2 * 17 * 16
+
+
+@pytest.mark.parametrize("fmt,k", [("bf16", 72), ("bf16", 13), ("f16", 40), ("q8_0", 64)])
+def test_emulated_gemm_in_parts(emulated, fmt, k):
+    parts_case(fmt, k, 19, emulate)
+
+
+def parts_case(fmt, k, m, run):
+    """q, k and v as one launch: parts of 130, 20 and 129 outputs (tiles of 128 each its own), one into parts of wider
+    rows, one into a cache's rows at a position, a bias on one; each part within the bound of its own product. `run`
+    launches it (emulated, or on a device: tests/test_gemm_tc_gpu.py)."""
+    from lanefuse.kernels import GemmPart, GemmTcParts
+
+    g = np.random.default_rng(k + len(fmt))
+    parts = (GemmPart("wq", Dst("q"), 130, bias="bq"), GemmPart("wk", Dst("kc", row="pos", pitch=20), 20),
+             GemmPart("wv", Dst("qkv", unit=Part(133, 2, 129)), 129))
+    launch = GemmTcParts("x", fmt, k, m, parts)
+    assert launch.check() is None and launch.grid_block()[0] == (2 + 1 + 2, -(-m // 128), 1)
+    arrays = {"x": r32(g, m, k), "q": np.zeros(m * 130, np.float32), "kc": np.zeros((m + 8) * 20, np.float32),
+              "pos": np.array([4], np.int32), "qkv": np.zeros(m * 133, np.float32)}
+    weights = {f"w{c}": (encode(r32(g, p.n, k) * 0.5, fmt), fmt) for c, p in zip("qkv", parts)}
+    weights["bq"] = (r32(g, 130), "f32")
+    dev = run(launch, arrays, weights)
+    if hasattr(dev, "calls"):
+        assert [c[0] for c in dev.calls] == [
+            "gemm_tc_round", "gemm_tc_parts_cp" if fmt == "bf16" and k % 8 == 0 else "gemm_tc_parts_any"]
+    for c, p in zip("qkv", parts):
+        y = {"q": "q", "k": "kc", "v": "qkv"}[c]
+        sub = {"x": arrays["x"], "y": arrays[y]}
+        if p.y.row:
+            sub[p.y.row] = arrays[p.y.row]
+        check_within_bound(replace_y(launch.one(p), "y"), sub,
+                           {"w": weights[p.w], **({p.bias: weights[p.bias]} if p.bias else {})}, dev.host(y))
+
+
+def replace_y(launch: GemmTc, buf: str) -> GemmTc:
+    from dataclasses import replace
+
+    return replace(launch, w="w", y=replace(launch.y, buf=buf))

@@ -10,7 +10,7 @@ import pytest
 
 from lanefuse.kernels import Dst, GemmTc, Part
 
-from test_gemm_tc import check_within_bound, tc_case
+from test_gemm_tc import check_within_bound, parts_case, tc_case
 from test_kernels_gpu import _device
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _device(), reason="no CUDA device")]
@@ -54,3 +54,8 @@ def test_gemm_tc_epilogue_and_destinations(dst):
     launch = GemmTc("x", "w", "bf16", dst, 48, 19, 33, bias="b", add="res")
     arrays, weights = tc_case(launch, g)
     check_within_bound(launch, arrays, weights, run(launch, arrays, weights).host("y"))
+
+
+@pytest.mark.parametrize("fmt,k,m", [("bf16", 72, 19), ("bf16", 13, 19), ("f16", 40, 300), ("q8_0", 512, 130)])
+def test_gemm_tc_in_parts(fmt, k, m):
+    parts_case(fmt, k, m, run)

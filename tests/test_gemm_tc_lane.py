@@ -17,7 +17,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.demo import random_arrays
 from lanefuse.engine.weights import Weights, f32_to_bf16
-from lanefuse.kernels import GemmTc, Gemv
+from lanefuse.kernels import GemmTc, GemmTcParts, Gemv
 from lanefuse.lane.lower.knobs import Knobs, parse_knobs
 from lanefuse.lane.lower.plan import PlanOptions, plan
 from lanefuse.lane.run.batch import generate_batch
@@ -31,7 +31,7 @@ TWIN_TOL = 1e-2  # the fast twin against the exact: their f32 sums part by an ul
 
 
 def products(p):
-    return [x.launch for x in p.launches if isinstance(x.launch, (GemmTc, Gemv))]
+    return [x.launch for x in p.launches if isinstance(x.launch, (GemmTc, GemmTcParts, Gemv))]
 
 
 def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
@@ -40,8 +40,10 @@ def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
     tc, f32 = plan(g, knobs=TC), plan(g)
     assert "gemm_tc" not in f32.census
     big = [l for l in products(tc) if l.m >= 16]
-    assert big and all(isinstance(l, GemmTc) for l in big), [l.census for l in big]
-    assert tc.census["gemm_tc"] == 7 * cfg.layers  # q, k, v, o, gate, up, down a layer
+    assert big and all(isinstance(l, (GemmTc, GemmTcParts)) for l in big), [l.census for l in big]
+    # q, k and v one GEMM in parts, gate and up another, o and down one each: four launches of products a layer
+    assert tc.census["gemm_tc"] == 2 * cfg.layers and tc.census["gemm_tc_parts"] == 2 * cfg.layers
+    assert sorted(len(l.parts) for l in big if isinstance(l, GemmTcParts))[::cfg.layers] == [2, 3]
     assert all(isinstance(l, Gemv) for l in products(tc) if l.m < 16)  # the last row's logits: a GEMV
     assert "gemm_tc" not in plan(build_step(cfg, 15), knobs=replace(TC, tc_rows=1)).census  # below one mma's 16
     assert "gemm_tc" not in plan(g, knobs=replace(TC, tc_rows=32)).census
@@ -105,7 +107,8 @@ def test_batch_of_16_decodes_under_the_knob():
     exact twins', the logits near the f32 batch's."""
     cfg, w = demo_model()
     g = build_step(cfg, 1, batch=16)
-    assert plan(g, knobs=TC).census.get("gemm_tc") == 7 * cfg.layers + 1  # and the 16 rows of logits
+    census = plan(g, knobs=TC).census
+    assert census.get("gemm_tc") == 2 * cfg.layers + 1 and census.get("gemm_tc_parts") == 2 * cfg.layers  # + logits
     rng = np.random.default_rng(4)
     prompts = [[int(t) for t in rng.integers(1, cfg.vocab, 3 + i % 4)] for i in range(16)]
 

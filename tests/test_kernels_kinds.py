@@ -12,7 +12,7 @@ import yaml
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Conv, ConvParts, Decay, Delta, Dst, Fold,
-                              Gather, GateProj, Gates, GemmPart, GemmParts, GemmTc, Gemv, GemvF32, GemvGlu, HeadGemv, Join,
+                              Gather, GateProj, Gates, GemmPart, GemmParts, GemmTc, GemmTcParts, Gemv, GemvF32, GemvGlu, HeadGemv, Join,
                               L2Norm, Launch, Moe, Norm, NormPair, Part, Quant, Rope, RopeParts, RopeSide, Scale,
                               SetRow, Slice, Softcap, SwiGlu, Unary, View, honoured_steps)
 from lanefuse.kernels.conv_parts import ConvPart
@@ -36,6 +36,7 @@ SAMPLES: dict[str, Launch] = {
     "gemv": Gemv("x", "w", "bf16", Dst("y"), 4096, 64, 1, bias="b"),
     "gemv_f32": GemvF32("x", "w", Dst("y"), 4096, 64, 1),
     "gemm_tc": GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512, bias="b"),
+    "gemm_tc_parts": GemmTcParts("x", "bf16", 4096, 512, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("k"), 1024))),
     "gemv_glu": GemvGlu("x", "wg", "wu", "f16", "o", 64, 2048, 1),
     "head_gemv": HeadGemv("x", "w", "bf16", Dst("y"), 1, 16, 128, 512, rows_out=False),
     "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),

@@ -135,6 +135,37 @@ def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
     return [Fold(first=gp, then=_rope_parts(sides, rope, link))]
 
 
+def gemm_tc_parts(link, op: Op, scope: Scope) -> list | Refusal:
+    """The products of one activation as one tensor-core GEMM in parts (knob tc_rows: kernels/gemm_tc.py), each
+    member a product and its bias alone (a member's rotation, norm or quantize is left to merged forms the
+    GEMV-based hook takes, which the lane refuses over this many rows: extraction takes the plain ones)."""
+    from lanefuse.kernels import GemmTcParts
+
+    parts, x, fmt, seen = [], None, None, set()
+    for t in _members(op):
+        ch = _chain(op, t)
+        if "product" not in ch or ch["product"].out in seen:
+            continue
+        if set(ch) - {"product", "bias"}:
+            return Refusal("products in parts on the tensor cores with a rotation, norm or quantize of their own",
+                           f"`{op.cls}` -> `{t}`")
+        p = ch["product"]
+        seen.add(p.out)
+        w = arg(p, "w")
+        c = link.g.constants.get(w)
+        if c is None or c.kind != "rows":
+            return Refusal("products in parts by a matrix that is not checkpoint rows", f"`{op.cls}` -> `{t}`")
+        if x is None:
+            x, fmt = arg(p, "x"), c.format
+        if arg(p, "x") != x or c.format != fmt:
+            return Refusal("products in parts of different activations or checkpoint formats", f"`{op.cls}` -> `{t}`")
+        bias = arg(ch["bias"], "b") if "bias" in ch else None
+        parts.append(GemmPart(w=w, y=scope.dst(_product_out(ch)), n=link.g.shape(w)[0], bias=bias))
+    if not parts:
+        return Refusal("a merged product with no products", f"`{op.cls}` -> `{op.out}`")
+    return [GemmTcParts(x=x, format=fmt, k=link.g.shape(x)[1], m=link.g.shape(x)[0], parts=tuple(parts))]
+
+
 def head_epilogue(link, op: Op, scope: Scope) -> list | Refusal:
     """One product whose heads are normed and rotated in its epilogue: a fold of the GEMV and the rotation."""
     ch = _chain(op, op.out)
@@ -291,5 +322,5 @@ def _expanded(link, op, scope, attn, fk, fv):
                       softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope)]
 
 
-HOOKS = {"latent": latent, "gemm_parts": gemm_parts, "conv_parts": conv_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts,
+HOOKS = {"latent": latent, "gemm_parts": gemm_parts, "gemm_tc_parts": gemm_tc_parts, "conv_parts": conv_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts,
          "into_row": into_row}
