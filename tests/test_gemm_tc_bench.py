@@ -49,3 +49,39 @@ def test_plan_prediction_and_step_flops_of_a_prefill_under_the_knob():
     inputs = gpu_prefill.inputs_of(s, np.random.default_rng(0))
     assert inputs["token"].shape == (32,) and inputs["token"].dtype == np.int32 and inputs["pos"].tolist() == [0]
     assert int(inputs["token"].max()) < cfg.vocab
+
+
+from test_cupy_runner_mock import fake_cupy  # noqa: E402,F401  (the stand-in cupy fixture)
+
+
+def test_gpu_prefill_run_on_a_stand_in_device(fake_cupy, monkeypatch, tmp_path):  # noqa: F811
+    """bench/gpu_prefill.py's device side run end to end against the stand-in cupy (each launch its numpy twin, CUDA
+    events stubbed): a demo prefill plan under the knob saved as the bench's plan, its figures and per-kind table
+    written, so a device's run spends its time on kernels, not on the script's bugs."""
+    import json
+    import types
+
+    from lanefuse.lane.lower.planfile import save
+
+    cp = sys.modules["cupy"]
+
+    class Event:
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    cp.cuda.Event = Event
+    cp.cuda.get_elapsed_time = lambda a, b: 2.0
+    cp.random = types.SimpleNamespace(default_rng=np.random.default_rng)
+    cfg, _ = demo_model()
+    monkeypatch.setattr(gpu_prefill, "ROWS", (16,))
+    save(plan(build_step(cfg, 16), knobs=Knobs(tc_rows=16), source={"kind": "random"}),
+         str(tmp_path / "qwen3-8b-prefill16.json"))
+    out = tmp_path / "prefill.json"
+    gpu_prefill.run(types.SimpleNamespace(plans=str(tmp_path), iters=2, json=str(out), peer="", peer_s=1))
+    got = json.loads(out.read_text())["results"][0]
+    assert "error" not in got, got.get("error")
+    assert got["us"] == 2000.0 and got["tokens_per_s"] == 8000.0 and got["census"]["gemm_tc_parts"] == 2 * cfg.layers
+    assert got["kinds"]["gemm_tc"]["launches"] == 2 * cfg.layers and got["flops_products"] > 0
