@@ -67,15 +67,15 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
     if not isinstance(raw_cfg, dict):
         raise UserError(f"{cfg_path}: expected a JSON object")
     cfg = config_from_hf(raw_cfg, str(cfg_path), max_len=max_len, name=folder.resolve().name)
-    held = sum(f.stat().st_size for f in folder.glob("*.safetensors") if f.is_file())
-    weights_fit(cfg, str(cfg_path), "config.json's sizes", held, "its safetensors files'")
-    store = Weights.from_folder(folder)
+    store = Weights.from_folder(folder)  # the headers read (each checked, nothing sized by the config allocated)
     stored = set(store.names())
     relayout = getattr(cfg, "with_layout", None)  # a family whose checkpoints name the text model two ways
     if relayout is not None:
         cfg = relayout(stored)
     _check_layers(cfg_path, cfg.layers, stored, getattr(cfg, "layer_prefix", "model.layers."),
                   cfg.extra_layers)  # before listing names
+    held = sum(f.stat().st_size for f in folder.glob("*.safetensors") if f.is_file())
+    weights_fit(cfg, str(cfg_path), "config.json's sizes", held, "its safetensors files'")  # before any store
     if cfg.moe is not None:  # the experts' tensors stacked, one constant a role (engine/moe.py)
         if cfg.moe.spelling == "gptoss":
             from lanefuse.engine.gptoss import GptOssStore

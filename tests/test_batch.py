@@ -441,10 +441,15 @@ def test_run_batch_refusals_in_one_line(tmp_path, capsys, monkeypatch):
     assert "prompt 1: 1 prompt tokens and 300 generated need 300 positions" in capsys.readouterr().err
     import lanefuse.lane.cli.source as source
 
-    monkeypatch.setattr(source, "_memory_bytes", lambda: 1 << 20)
+    # a slot's caches (0.5 MiB) within a quarter of 2.5 MiB, three slots' past half of it
+    monkeypatch.setattr(source, "_memory_bytes", lambda: 5 << 19)
+    assert _main("run", "--prompt-ids", "1", "--prompt-ids", "2", "--batch", "3", "--ctx", "256", "--reference") != 0
+    err = capsys.readouterr().err
+    assert "--batch 3 with --ctx 256: the KV caches of 3 slots need" in err and err.count("error:") == 1
+    monkeypatch.setattr(source, "_memory_bytes", lambda: 1 << 20)  # one sequence's caches past a quarter: --ctx
     assert _main("run", "--prompt-ids", "1", "--prompt-ids", "2", "--batch", "2", "--ctx", "256", "--reference") != 0
     err = capsys.readouterr().err
-    assert "--batch 2 with --ctx 256: the KV caches of 2 slots need" in err and err.count("error:") == 1
+    assert "--ctx 256: the KV caches and carried states of 256 rows need" in err and err.count("error:") == 1
 
 
 def test_plan_batch_prints_the_caches(capsys):
