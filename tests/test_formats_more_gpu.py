@@ -24,8 +24,9 @@ r32 = gpu.r32
 
 
 def k_of(fmt: str) -> int:
-    """A width of whole blocks with a tail past a warp's step: 352 (11 blocks of 32) or 1280 (5 of 256)."""
-    return 352 if fmt in ("q4_1", "q5_0", "q5_1", "iq4_nl") else 1280
+    """A width of whole blocks that a split-K of 2 splits into whole blocks: 448 (14 blocks of 32, a tail past the
+    warp's 128-value steps) or 1536 (6 of 256)."""
+    return 448 if fmt in ("q4_1", "q5_0", "q5_1", "iq4_nl") else 1536
 
 
 @pytest.mark.parametrize("fmt", NEW)
