@@ -20,6 +20,9 @@ def _max_len(g: Graph, default: int = 256) -> int:
     return c.shape[0] if c is not None else default
 
 
+MAX_RANDOM_VALUES = 1 << 28  # the values a step YAML's `weights: {random: SEED}` makes for its constants, at most
+
+
 def random_weights(g: Graph, seed: int) -> Weights:
     """Seeded values for every constant of `g`: rows of variance 1/width, value vectors near 1, rotary tables."""
     rng = np.random.default_rng(seed)
@@ -92,4 +95,12 @@ def step_weights(g: Graph, base: str | Path = ".") -> Weights:
         return load_model(path if path.is_absolute() else Path(base) / path, max_len=_max_len(g))[1]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise UserError(f"`weights: {{random: {str(value)[:40]}}}` needs a non-negative integer seed")
+    import math
+
+    total = sum(math.prod(c.shape) for c in g.constants.values())
+    if total > MAX_RANDOM_VALUES:  # before anything is drawn: each constant is made whole (in f64, then cast)
+        big = max(g.constants.values(), key=lambda c: math.prod(c.shape))
+        raise UserError(f"`weights: {{random: {value}}}`: the step's constants hold {total:,} values (`{big.name}` "
+                        f"alone {big.shape}); random weights are made for at most {MAX_RANDOM_VALUES:,} (1 GiB of "
+                        f"f32): give a checkpoint, or smaller shapes")
     return random_weights(g, value)

@@ -164,3 +164,18 @@ def test_clip_keeps_a_message_a_line():
     long = clip("x" * 60_000, 60)
     assert len(long) < 80 and "60000 characters" in long
     assert clip("a\nb") == repr("a\nb")
+
+
+def test_a_step_yamls_random_weights_are_bounded():
+    from lanefuse.engine.stepweights import MAX_RANDOM_VALUES, step_weights
+    from lanefuse.engine.stepyaml import from_yaml
+
+    text = ("io: {token: token, position: pos, caches: [], logits: logits, next: next}\ntensors:\n  token: i32[1]\n"
+            "  pos: i32[1]\nconstants:\n  emb: {shape: [%d, 4]}\n  w: {shape: [4], kind: values}\nops:\n"
+            "  - {op: gather, out: x, ins: [emb, token]}\n  - {op: rmsnorm, out: n, ins: [x, w], eps: 1e-6}\n"
+            "  - {op: matmul, out: logits, ins: [n, emb]}\n  - {op: argmax, out: next, ins: [logits]}\n"
+            "weights: {random: 1}\n")
+    assert step_weights(from_yaml(text % 7)).get("emb").shape == (7, 4)
+    with pytest.raises(UserError, match=rf"the step's constants hold [\d,]+ values \(`emb` alone \(\d+, 4\)\); random "
+                                        rf"weights are made for at most {MAX_RANDOM_VALUES:,}"):
+        step_weights(from_yaml(text % (MAX_RANDOM_VALUES // 4 + 1)))
