@@ -14,7 +14,11 @@ The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefil
   tiles than SMs leaves the rest idle (no split of k: the seed's `tail` is not built); `waves` counts rounds of
   BLOCKS_PER_SM x SMS resident blocks;
 - the launch is never faster than its bytes over HBM (4.3 TB/s measured copy bandwidth) and pays LAUNCH_US;
-- the rounding kernel (x to bf16) streams 4 + 2 bytes a value of x.
+- the rounding kernel (x to bf16) streams 4 + 2 bytes a value of x;
+- a prefill chunk's attention at position 0 (CUDA cores, f32: attention.cu, no flash-attention kernel yet) does its
+  causal work, 2 · heads · (hd + vd) · rows(rows+1)/2 flops, at ATTN_TFLOPS = 30 TFLOP/s (half the f32 peak): the
+  lane's own estimate prices every row over the whole cache (its `flops`), a bound for decode, not a chunk;
+- every other launch: the lane's cost model (its cost_us).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ MMA_TFLOPS = 450.0
 PEAK_TFLOPS = 989.0
 HBM_TBPS = 4.3
 LAUNCH_US = 3.0
+ATTN_TFLOPS = 30.0
 BM = BN = 128
 
 
@@ -57,7 +62,8 @@ def gemm_prediction(m: int, n, k: int, weight_bytes: int) -> dict:
 
 
 def plan_prediction(s) -> dict:
-    """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction`, the rest by the lane's cost model (its cost_us)."""
+    """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction`, a chunk's attention by its causal
+    flops, the rest by the lane's cost model (its cost_us)."""
     from lanefuse.kernels import GemmTc, GemmTcParts
 
     gemms, other, kinds = [], 0.0, {}
@@ -70,6 +76,9 @@ def plan_prediction(s) -> dict:
             kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
         else:
             us = float(getattr(x, "cost_us", 0.0))
+            if l.census == "attention" and not getattr(l, "slot", 0) and l.rows > 1:  # a chunk, not a batch
+                causal = 2 * l.heads * (l.hd + l.vd) * l.rows * (l.rows + 1) // 2
+                us = LAUNCH_US + causal / (ATTN_TFLOPS * 1e12) * 1e6
             other += us
             kinds[l.census] = kinds.get(l.census, 0.0) + us
     gemm_us = sum(p["us"] for p in gemms)
@@ -98,7 +107,8 @@ def prefill_plan(rows: int, fmt: str = "bf16"):
 def print_prediction(name: str, p: dict) -> None:
     print(f"PREDICTION {name}: {p['rows']} rows, {p['gemm_launches']} gemm_tc launches {p['gemm_us']:.0f} µs "
           f"({p['gemm_tflops']:.0f} TFLOP/s, {p['gemm_tflops'] / PEAK_TFLOPS:.0%} of {PEAK_TFLOPS:.0f}) + the rest "
-          f"{p['other_us']:.0f} µs (lane cost model) = {p['step_us']:.0f} µs a step, {p['tokens_per_s']:.0f} tokens/s")
+          f"{p['other_us']:.0f} µs (attention by its causal flops, the rest the lane's cost model) = "
+          f"{p['step_us']:.0f} µs a step, {p['tokens_per_s']:.0f} tokens/s")
     print(f"PREDICTION   per kind: " + ", ".join(f"{k} {v:.0f} µs" for k, v in p["kinds_us"].items()))
     seen = set()
     for g in p["gemms"]:
@@ -120,7 +130,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     out = {"assumptions": {"sms": SMS, "blocks_per_sm": BLOCKS_PER_SM, "mma_tflops": MMA_TFLOPS, "hbm_tbps": HBM_TBPS,
-                           "launch_us": LAUNCH_US}, "plans": {}}
+                           "launch_us": LAUNCH_US, "attn_tflops": ATTN_TFLOPS}, "plans": {}}
     for rows in args.rows or [512, 2048]:
         name = f"qwen3-8b-prefill{rows}"
         if args.plans:
