@@ -71,12 +71,9 @@ def llama_cpp(**overrides):
     return patched()
 
 
-def dump(path: Path, prompt: list[int], n_ctx: int = 256) -> tuple[Dump, np.ndarray]:
-    """Evaluate `prompt` in one batch on GGUF file `path`: every contiguous f32 tensor computed, and the logits of
-    each prompt row (rows, vocab)."""
+def _callback(sink):
+    """A cb_eval that copies each contiguous f32 tensor computed into `sink[0]` (a Dump; swapped between evals)."""
     import llama_cpp.llama_cpp as low
-
-    out = Dump()
 
     @low.ggml_backend_sched_eval_callback
     def cb(tp, ask, _):
@@ -88,16 +85,44 @@ def dump(path: Path, prompt: list[int], n_ctx: int = 256) -> tuple[Dump, np.ndar
                 and nb[3] == nb[2] * ne[2]:
             n = ne[0] * ne[1] * ne[2] * ne[3]
             a = np.ctypeslib.as_array(ctypes.cast(t.data, ctypes.POINTER(ctypes.c_float)), shape=(n,))
-            out.add(t.name.decode(), a.reshape(-1, ne[0]).copy())
+            sink[0].add(t.name.decode(), a.reshape(-1, ne[0]).copy())
         return True
 
-    with llama_cpp(cb_eval=cb) as lc:
-        ll = lc.Llama(str(path), verbose=False, n_ctx=n_ctx, n_batch=max(512, len(prompt)),
-                      n_ubatch=max(512, len(prompt)), n_threads=2, logits_all=True, type_k=lc.GGML_TYPE_F32,
-                      type_v=lc.GGML_TYPE_F32, flash_attn=False)
+    return cb
+
+
+def _model(lc, path: Path, n_ctx: int, rows: int):
+    return lc.Llama(str(path), verbose=False, n_ctx=n_ctx, n_batch=max(512, rows), n_ubatch=max(512, rows),
+                    n_threads=2, logits_all=True, type_k=lc.GGML_TYPE_F32, type_v=lc.GGML_TYPE_F32, flash_attn=False)
+
+
+def dump(path: Path, prompt: list[int], n_ctx: int = 256) -> tuple[Dump, np.ndarray]:
+    """Evaluate `prompt` in one batch on GGUF file `path`: every contiguous f32 tensor computed, and the logits of
+    each prompt row (rows, vocab)."""
+    sink = [Dump()]
+    with llama_cpp(cb_eval=_callback(sink)) as lc:
+        ll = _model(lc, path, n_ctx, len(prompt))
         ll.eval(list(prompt))
         logits = np.array(ll.scores[: len(prompt)], dtype=np.float32)
-    return out, logits
+    return sink[0], logits
+
+
+def greedy_dumps(path: Path, prompt: list[int], n: int, n_ctx: int = 256):
+    """llama.cpp's `n` greedy tokens after `prompt` (the prompt in one batch, then a token an eval) and, for each
+    step, the tensors it computed and the logits the token came from: (tokens, [(Dump, logits)])."""
+    sink = [Dump()]
+    steps, toks = [], []
+    with llama_cpp(cb_eval=_callback(sink)) as lc:
+        ll = _model(lc, path, n_ctx, len(prompt))
+        feed = list(prompt)
+        for _ in range(n):
+            sink[0] = Dump()
+            ll.eval(feed)
+            out = np.array(ll.scores[ll.n_tokens - 1], dtype=np.float32)
+            steps.append((sink[0], out))
+            toks.append(int(np.argmax(out)))
+            feed = [toks[-1]]
+    return toks, steps
 
 
 def greedy(path: Path, prompt: list[int], n: int, n_ctx: int = 256) -> tuple[list[int], list[np.ndarray]]:
