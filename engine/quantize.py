@@ -17,7 +17,7 @@ BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k", "q4_1", "q5_0", "q5_1", "q5_k",
 # under q8 the K-quants' and iq4_xs's products read the q8k form (llama.cpp's q8_K), as llama.cpp's do (their
 # vec_dot_type); the others the q8 form: llama.cpp's q8_0 for q8_0, q4_0, q5_0, iq4_nl, and for q4_1 / q5_1 its q8_1 —
 # the same words and f16 scale, and s = d·Σq, which the products sum from the words (kernels/q8dot.py)
-K_FORMATS = ("q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs")
+K_FORMATS = ("q2_k", "q3_k", "q5_k", "iq4_xs", "q4_k", "q6_k")
 Q8K = 3  # the quantize words of the q8k form
 SUM = 16  # the q8k form keeps the sum of each 16 words (block_q8_K's bsums)
 LOW_STEPS = 254  # the low word counts steps of d/254: the residual under the high word is within ±d/2
