@@ -29,3 +29,14 @@ def listed(names, n: int = 8) -> str:
     """Known names as a message lists them: the first `n` in order, then how many there are in all."""
     names = [str(k) for k in names]
     return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def one_line(message, run: int = 160, most: int = 2000) -> str:
+    """A message as it is printed: on one line, each unbroken run of more than `run` characters (an echoed name, a
+    value, a line of a file) cut to its start and its length, the whole at most `most`: the last guard, for an echo
+    no `clip` reached."""
+    import re
+
+    text = " ".join(str(message).split())
+    text = re.sub(r"\S{%d,}" % (run + 1), lambda m: f"{m.group()[: run - 40]}... ({len(m.group())} characters)", text)
+    return text if len(text) <= most else text[: most - 30] + f"... ({len(text)} characters)"

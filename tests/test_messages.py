@@ -119,3 +119,21 @@ def test_no_runnable_plan_over_a_batch_is_one_short_line(tmp_path):
     last = _last(_cli("plan", d, "--batch", "2"))
     assert "no runnable plan" in last and "more tensor(s) with every way refused" in last, last
     assert len(last) < 900, len(last)
+
+
+def test_one_line_is_the_last_guard():
+    from lanefuse.engine.errors import one_line
+
+    assert one_line("line one\nline two") == "line one line two"
+    cut = one_line("unknown `" + HUGE + "`; known: a, b")
+    assert len(cut) < 250 and "(60003 characters)" in cut and cut.endswith("known: a, b")
+    assert len(one_line(" ".join(["word"] * 5000))) <= 2000
+
+
+@pytest.mark.parametrize("flag", ["--knob {X}=1", "--knob sms={X}", "--lane {X}", "--numerics {X}",
+                                  "--weights-format {X}", "--device {X}"])
+def test_a_huge_flag_value_is_echoed_clipped(flag):
+    r = _cli("plan", "demo", *flag.format(X=HUGE).split(" "))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "error: " in last and len(last) < 600 and "characters)" in last, last[:300]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, one_line
 from lanefuse.lane.lower.plan import NUMERICS
 
 EPILOG = ("MODEL is a checkpoint folder (config.json + safetensors), a GGUF file (or a folder holding one), a step "
@@ -80,8 +80,15 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="set a lane knob (repeatable)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its refusals (an invalid choice echoes the value given) on one short line."""
+
+    def error(self, message):
+        super().error(one_line(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="lanefuse",
         description="Compile one step of LLM inference (a decode step or a prefill chunk) into fused GPU kernel "
                     "launches with a rule-table driven e-graph engine, and run it.",
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         check_outputs(args)
         return getattr(commands, "cmd_" + args.cmd)(args) or 0
     except UserError as e:
-        print(f"lanefuse: error: {e}", file=sys.stderr)
+        print(f"lanefuse: error: {one_line(e)}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         print("lanefuse: interrupted", file=sys.stderr)
@@ -229,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if flags.read("LANEFUSE_DEBUG") >= 1:
             raise
-        print(f"lanefuse: internal error: {type(e).__name__}: {e} (LANEFUSE_DEBUG=1 shows the traceback; "
+        print(f"lanefuse: internal error: {type(e).__name__}: {one_line(e)} (LANEFUSE_DEBUG=1 shows the traceback; "
               f"please report it)", file=sys.stderr)
         return 70
 

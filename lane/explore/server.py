@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, one_line
 
 ASSETS = {  # path -> (file under lane/web, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -220,14 +220,15 @@ class _Handler(BaseHTTPRequestHandler):
                 out = fn()
             status = HTTPStatus.OK
         except BadRequest as e:
-            status, out = e.status, {"error": str(e)}
+            status, out = e.status, {"error": one_line(e)}
         except UserError as e:
-            status, out = HTTPStatus.BAD_REQUEST, {"error": str(e)}
+            status, out = HTTPStatus.BAD_REQUEST, {"error": one_line(e)}
         except RecursionError:
             status, out = HTTPStatus.BAD_REQUEST, {"error": "the request nests too deep"}
         except Exception as e:  # a bug: one line to the page, the traceback to the terminal
             traceback.print_exc(file=sys.stderr)
-            status, out = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(e).__name__}: {e}"}
+            status, out = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(e).__name__}: "
+                                                                      f"{one_line(e)}"}
         self._json(status, out)  # outside the try: a tab closed mid-answer is no bug (`handle` drops it)
 
     # ---- GET ---------------------------------------------------------------------------------------------------

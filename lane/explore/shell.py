@@ -10,7 +10,7 @@ import shlex
 import sys
 import traceback
 
-from lanefuse.engine.errors import UserError
+from lanefuse.engine.errors import UserError, one_line
 
 HISTORY = os.path.join(os.path.expanduser("~"), ".lanefuse_explore_history")
 
@@ -122,7 +122,7 @@ class Shell(cmd.Cmd):
     def _error(self, line: str) -> None:
         self.failed = True
         self.stdout.flush()
-        print(line, file=self._err(), flush=True)
+        print(one_line(line), file=self._err(), flush=True)
 
     def parseline(self, line: str):
         """Commands are case-insensitive (`HOLD RULE`); their arguments (tensor and rule names) are not."""
