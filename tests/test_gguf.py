@@ -251,16 +251,16 @@ U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUF
     (dict(drop_tensors=("blk.1.ffn_down.weight",)), "no tensor `blk.1.ffn_down.weight` (expected shape (64, 96))"),
     (dict(add_tensors={"blk.0.attn_q.bias": (np.zeros(64, np.float32), None)}),
      "tensor `blk.0.attn_q.bias` is not one lanefuse reads in a 2-layer LlamaForCausalLM"),
-    (None, "tensor `blk.0.ffn_up.weight` is q5_k, a format lanefuse does not read"),
+    (None, "tensor `blk.0.ffn_up.weight` is iq2_xxs, a format lanefuse does not read"),
 ])
 def test_a_broken_file_is_one_line_naming_it(llama_q8, tmp_path, edit, said):
     _, path = llama_q8
-    if edit is None:  # a format lanefuse does not read (q5_k: rows of 256 values, 176 bytes each)
+    if edit is None:  # a format lanefuse does not read (iq2_xxs: rows of 256 values, 66 bytes each)
         model = gf.tiny_model("llama", **dict(SHAPES["llama"], hidden_size=256))
         path = gf.write_gguf(model, tmp_path / "k.gguf", "f32")
         edit = dict(drop_tensors=("blk.0.ffn_up.weight",),
-                    add_tensors={"blk.0.ffn_up.weight": (np.zeros((96, 176), np.uint8),
-                                                         gguf.GGMLQuantizationType.Q5_K)})
+                    add_tensors={"blk.0.ffn_up.weight": (np.zeros((96, 66), np.uint8),
+                                                         gguf.GGMLQuantizationType.IQ2_XXS)})
     bad = _rewrite(path, tmp_path / "bad.gguf", **edit)
     with pytest.raises(UserError) as e:
         load_model(bad)

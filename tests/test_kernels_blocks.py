@@ -176,7 +176,7 @@ def test_rows_a_kind_cannot_read_are_refused_in_words(fmt):
                    Gather("E", "t", "o", k, format=fmt)):
         why = launch.check()
         assert why is not None and f"a row of {k} values in {fmt}" in why.reason and "whole blocks" in why.reason
-    assert "reads f32, f16, bf16, q8_0" in Gemv("x", "w", "q5_k", Dst("y"), 256, 8, 1).check().reason
+    assert "reads f32, f16, bf16, q8_0" in Gemv("x", "w", "iq2_xxs", Dst("y"), 256, 8, 1).check().reason
     mixed = GemvGlu("x", "wg", "wu", fmt, "o", 256, 8, 1, format_u="bf16" if fmt != "bf16" else "f32")
     assert "different formats" in mixed.check().reason
 
