@@ -234,7 +234,7 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
         # write only the 32-value form)
         by_quant = {w for x in s.launches for k in x.launch.kernels() if k.census == "quant" for w in k.writes()}
         n_q = sum(n in by_quant for n in qk)
-        con.print(f"{s.numerics}: {len(qk)} activation(s) read by products over q4_k/q6_k rows quantized as "
+        con.print(f"{s.numerics}: {len(qk)} activation(s) read by products over K-quant/iq4_xs rows quantized as "
                   f"llama.cpp's q8_K (blocks of 256): {len(qk) - n_q} in a producer's epilogue (a norm, a gate/up GEMV, "
                   f"an attention, a mixture's finalize), {n_q} by a Quant launch"
                   + (" (the other producers' epilogues write only the 32-value q8 form)" if n_q else ""))
