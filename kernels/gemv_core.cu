@@ -256,6 +256,70 @@ __device__ __forceinline__ void gemv_tile_q4_k(const float* __restrict__ x, cons
     }
 }
 
+// q6_k (210-byte super-blocks, 2-byte aligned only: 128 bytes of low nibbles ql, 64 of high pairs qh, 16 int8
+// scales of 16 values, d): eight lanes a super-block, lane t the values 128h + 32u + 4t.. (h < 2, u < 4) — the four
+// bytes 4t.. of ql's four 32-byte runs and of qh's two, as 2-byte loads, and the scale of each (h, u) — a warp four
+// super-blocks (840 bytes) a step. Each value d·sc times (q - 32), rounded as q6_k_get rounds it.
+__device__ __forceinline__ unsigned ld2x16(const u8* p) {  // four bytes at a 2-byte aligned address
+    return (unsigned)__ldcs((const u16*)p) | ((unsigned)__ldcs((const u16*)(p + 2)) << 16);
+}
+
+template <int PW, int NR>
+__device__ __forceinline__ void gemv_tile_q6_k(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                               i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    int lane = threadIdx.x & 31, t = lane & 7;
+    constexpr int PH = PW < 2 ? PW : 2;  // rows a pass over k, as q4_k's tile
+#pragma unroll
+    for (int p0 = 0; p0 < PW; p0 += PH) {
+        const u8* wr[PH];
+#pragma unroll
+        for (int p = 0; p < PH; p++) wr[p] = (const u8*)w + (j0 + p0 + p < n ? j0 + p0 + p : 0) * (k >> 8) * 210;
+#pragma unroll(PH >= 2 ? 1 : PW == 1 ? 4 : 2)
+        for (i64 b = (k0 >> 8) + (lane >> 3); b < (k1 >> 8); b += 4) {
+            unsigned ql[PH][4], qh[PH][2], sc[PH][8], dh[PH];  // every row's loads first (a row past n: zeros)
+#pragma unroll
+            for (int p = 0; p < PH; p++) {
+                const u8* sb = wr[p] + b * 210;
+                bool in = j0 + p0 + p < n;
+#pragma unroll
+                for (int c = 0; c < 4; c++) ql[p][c] = in ? ld2x16(sb + 32 * c + 4 * t) : 0u;
+#pragma unroll
+                for (int h = 0; h < 2; h++) qh[p][h] = in ? ld2x16(sb + 128 + 32 * h + 4 * t) : 0u;
+#pragma unroll
+                for (int c = 0; c < 8; c++) sc[p][c] = in ? (unsigned)__ldcs((const u16*)(sb + 192 + 2 * c)) : 0u;
+                dh[p] = in ? (unsigned)__ldcs((const u16*)(sb + 208)) : 0u;
+            }
+            const float* xr = x + r0 * k + b * 256 + 4 * t;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) {  // values 128h + 32u + 4t..: ql run 2h + (u & 1), high nibbles for u >= 2
+                    float4 xv[NR];
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        xv[r] = r == 0 || r < nr ? *(const float4*)(xr + r * k + 128 * h + 32 * u)
+                                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                    for (int p = 0; p < PH; p++) {
+                        // scale 8h + 2u + (t >> 2): byte t >> 2 of the pair at 192 + 8h + 2u
+                        signed char s = (signed char)((sc[p][4 * h + u] >> (8 * (t >> 2))) & 255u);
+                        float d = __fmul_rn(f16f(dh[p]), (float)s);
+                        unsigned lo = ql[p][2 * h + (u & 1)], hi = qh[p][h];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            unsigned l4 = (lo >> (8 * e + (u >= 2 ? 4 : 0))) & 15u, h2 = (hi >> (8 * e + 2 * u)) & 3u;
+                            float wv = __fmul_rn(d, (float)((int)(l4 | (h2 << 4)) - 32));
+#pragma unroll
+                            for (int r = 0; r < NR; r++)
+                                acc[p0 + p][r] += wv * (e == 0 ? xv[r].x : e == 1 ? xv[r].y
+                                                        : e == 2 ? xv[r].z : xv[r].w);
+                        }
+                    }
+                }
+        }
+    }
+}
+
 // Any format four values a lane a step (a block format's four share one block's scales: qget4), or one at a time where
 // k or the pointers are not aligned for that.
 template <int PW, int NR>
@@ -327,6 +391,9 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
         // words pushed gemm_parts_4 past 168 registers (a spill of the bias pointer and the Dst)
         else if (blocks && fmt == 5 && (AR == 1 || PW == 1))
             gemv_tile_q4_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        // q6_k (2-byte aligned rows), the same shapes as q4_k's
+        else if (fmt == 6 && ((k | k0 | k1) & 255) == 0 && (xa & 15) == 0 && (wa & 1) == 0 && (AR == 1 || PW == 1))
+            gemv_tile_q6_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     } else {
         gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);

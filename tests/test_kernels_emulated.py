@@ -100,10 +100,10 @@ def test_gemv_blocks(fmt, k, m, per_warp, split):
     again_same(launch, dev, ["y"])
 
 
-# The block formats' one- and two-row path (gemv_tile_b32 over BlockQ8_0 / BlockQ4_0, gemv_tile_q4_k: a few lanes a block, x as float4): k of
-# fewer blocks than a warp's step, more (a tail), an odd count (q8_0 / q4_0 rows then start 2 bytes off a 4-byte
-# word), split-K in whole blocks; mxfp4 and q6_k the four-value path.
-BLOCK_ROWS_K = {"q8_0": [96, 352, 512], "q4_0": [96, 352, 512], "q4_k": [256, 1280, 512], "q6_k": [256, 512],
+# The block formats' one- and two-row path (gemv_tile_b32 over BlockQ8_0 / BlockQ4_0, gemv_tile_q4_k, gemv_tile_q6_k: a
+# few lanes a block, x as float4): k of fewer blocks than a warp's step, more (a tail), an odd count (q8_0 / q4_0 / q6_k
+# rows then start 2 bytes off a 4-byte word), split-K in whole blocks; mxfp4 the four-value path.
+BLOCK_ROWS_K = {"q8_0": [96, 352, 512], "q4_0": [96, 352, 512], "q4_k": [256, 1280, 512], "q6_k": [256, 768, 1280],
                 "mxfp4": [96, 512]}
 
 
