@@ -219,6 +219,51 @@ __device__ __noinline__ float qget_more(int fmt, const u8* b, i64 i) {
     }
 }
 
+// Values i..i+3 of the formats past the first five (i a multiple of 4: one block, one sub-block of 16, one scale),
+// the block's scales decoded once for the four, each value as qget_more decodes it; a call, as qget_more.
+__device__ __noinline__ float4 qget4_more(int fmt, const u8* w, i64 i) {
+    float r[4];
+    if (fmt == 8 || fmt == 9 || fmt == 10 || fmt == 14) {  // 32-value blocks: d (and m)
+        int bb = fmt == 8 ? 20 : fmt == 9 ? 22 : fmt == 10 ? 24 : 18, j = (int)(i & 31);
+        const u8* b = w + (i >> 5) * bb;
+        float d = h16(b), m = (fmt == 8 || fmt == 10) ? h16(b + 2) : 0.f;
+        for (int e = 0; e < 4; e++) {
+            if (fmt == 8) r[e] = __fadd_rn(__fmul_rn(d, (float)nib32(b + 4, j + e)), m);
+            else if (fmt == 9) r[e] = __fmul_rn(d, (float)((int)q5_int(b + 2, j + e) - 16));
+            else if (fmt == 10) r[e] = __fadd_rn(__fmul_rn(d, (float)q5_int(b + 4, j + e)), m);
+            else r[e] = __fmul_rn(d, (float)iq4_level(nib32(b + 2, j + e)));
+        }
+    } else if (fmt == 11) {  // q5_k: the sub-block of 32's (d·sc) and dmin·mn
+        const u8* b = w + (i >> 8) * 176;
+        int v = (int)(i & 255), j = v >> 5, l = v & 31, sc, mn;
+        k4_scale_min(b + 4, j, sc, mn);
+        float ds = __fmul_rn(h16(b), (float)sc), dm = __fmul_rn(h16(b + 2), (float)mn);
+        for (int e = 0; e < 4; e++) {
+            unsigned q = b[48 + (j >> 1) * 32 + l + e];
+            q = ((j & 1) ? (q >> 4) : (q & 15u)) | ((b[16 + l + e] >> j & 1u) << 4);
+            r[e] = __fsub_rn(__fmul_rn(ds, (float)q), dm);
+        }
+    } else if (fmt == 12) {  // q3_k: the sub-block of 16's d·(sc - 32)
+        const u8* b = w + (i >> 8) * 110;
+        int v = (int)(i & 255);
+        float dl = __fmul_rn(h16(b + 108), (float)k3_scale(b + 96, v >> 4));
+        for (int e = 0; e < 4; e++) r[e] = __fmul_rn(dl, (float)q3_int(b, v + e));
+    } else if (fmt == 13) {  // q2_k: the sub-block of 16's d·sc and dmin·mn
+        const u8* b = w + (i >> 8) * 84;
+        int v = (int)(i & 255), s = b[v >> 4];
+        float dl = __fmul_rn(h16(b + 80), (float)(s & 15)), ml = __fmul_rn(h16(b + 82), (float)(s >> 4));
+        const u8* q = b + 16 + 32 * (v >> 7) + (v & 31);
+        int sh = 2 * ((v >> 5) & 3);
+        for (int e = 0; e < 4; e++) r[e] = __fsub_rn(__fmul_rn(dl, (float)((q[e] >> sh) & 3u)), ml);
+    } else {  // iq4_xs: the sub-block of 32's d·(ls - 32)
+        const u8* b = w + (i >> 8) * 136;
+        int v = (int)(i & 255), j = v >> 5;
+        float dl = __fmul_rn(h16(b), (float)xs_scale(b, j));
+        for (int e = 0; e < 4; e++) r[e] = __fmul_rn(dl, (float)iq4_level(nib32(b + 8 + 16 * j, (v & 31) + e)));
+    }
+    return make_float4(r[0], r[1], r[2], r[3]);
+}
+
 // fmt 3 q8_0, 4 q4_0, 5 q4_k, 6 q6_k, 7 mxfp4, 8 q4_1, 9 q5_0, 10 q5_1, 11 q5_k, 12 q3_k, 13 q2_k, 14 iq4_nl,
 // 15 iq4_xs (kernels/common.py's FORMAT_CODE)
 __device__ __forceinline__ float qget(int fmt, const void* w, i64 i) {
@@ -272,9 +317,7 @@ __device__ __forceinline__ float4 qget4(int fmt, const void* w, i64 i) {
         return make_float4(ldexpf(fp4f(q[0] & 15u), e), ldexpf(fp4f(q[0] >> 4), e), ldexpf(fp4f(q[1] & 15u), e),
                            ldexpf(fp4f(q[1] >> 4), e));
     }
-    if (fmt >= 8)  // the formats past the first five: each value by qget (four values, scales decoded four times)
-        return make_float4(qget_more(fmt, (const u8*)w, i), qget_more(fmt, (const u8*)w, i + 1),
-                           qget_more(fmt, (const u8*)w, i + 2), qget_more(fmt, (const u8*)w, i + 3));
+    if (fmt >= 8) return qget4_more(fmt, (const u8*)w, i);
     b = (const u8*)w + (i >> 8) * 210;
     int v = (int)(i & 255), h = v >> 7, t = (v >> 5) & 3, l = v & 31, sl = t >= 2 ? 4 : 0, shh = 2 * t;
     const u8* lo = b + 64 * h + 32 * (t & 1) + l;
