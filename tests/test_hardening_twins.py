@@ -7,6 +7,7 @@ lanes. A whole step of the fast runner with huge activations gives the reference
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -27,9 +28,13 @@ TRANSFORMS = ("huge", "big", "edge", "max", "tiny", "denormal", "inf", "-inf", "
 
 
 def has_fast(launch) -> bool:
+    return has_fast_class(type(launch))
+
+
+def has_fast_class(cls) -> bool:
     from lanefuse.kernels import Launch
 
-    return type(launch).bind_fast is not Launch.bind_fast or type(launch).fast is not Launch.fast
+    return cls.bind_fast is not Launch.bind_fast or cls.fast is not Launch.fast
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,17 +44,19 @@ def cases() -> dict[str, list]:
     q8x2 numerics (the fast twins of quantized activations)."""
     from test_hardening_check import q8_step
 
+    from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import ArenaEnv
 
     steps = [(family_step, fam, lane, rows, "f32") for fam in FAMS for lane in LANES for rows in (1, 4)]
     steps += [(lambda _, rows: q8_step(rows), "q8_0", "cuda", rows, numerics) for rows in (1, 4)
               for numerics in ("q8", "q8x2")]
+    steps += [(tc_step, "demo", "cuda", 16, "f32")]  # the tensor-core GEMMs (knob tc_rows): a 16-row chunk
     out: dict[str, list] = {}
     taken: dict[tuple[str, str], int] = {}
     for make, fam, lane, rows, numerics in steps:
         g, w, env0 = make(fam, rows)
-        s = plan(g, lane=lane, numerics=numerics)
+        s = plan(g, lane=lane, numerics=numerics, **({"knobs": Knobs(tc_rows=16)} if make is tc_step else {}))
         env = ArenaEnv(s, w, copy_env({n: env0[n] for n in s.io.tables}), exact=True)
         for n in (s.io.token, s.io.position):
             env.array(n)[:] = np.asarray(env0[n], np.int32).reshape(-1)
@@ -61,6 +68,23 @@ def cases() -> dict[str, list]:
                                                  {k: v.copy() for k, v in env.io.items()}))
             x.launch.numpy(env)
     return out
+
+
+def tc_step(_, rows: int):
+    """The demo's shape (2 layers) as a chunk of `rows` rows with 4 rows of cache history."""
+    from lanefuse.engine.demo import demo_config, random_arrays
+    from lanefuse.engine.model import build_step
+    from lanefuse.engine.weights import Weights
+
+    cfg = dataclasses.replace(demo_config(64), layers=2)
+    g = build_step(cfg, rows)
+    rng = np.random.default_rng(rows)
+    env = {n: np.zeros(g.tensors[n].shape, np.float32) for n in g.io.tables}
+    for t in env.values():
+        t[:4] = 0.5 * rng.standard_normal(t[:4].shape)
+    env[g.io.token] = rng.integers(0, cfg.vocab, rows).astype(np.int32)
+    env[g.io.position] = np.asarray([4], np.int32)
+    return g, Weights.from_dict(random_arrays(cfg), cfg), env
 
 
 def _env(case, exact: bool):
@@ -139,7 +163,23 @@ def run_case(case, name: str | None, how: str, at: int) -> None:
         compare(exact.array(n), fast.array(n), f"launch {i} ({launch.census}) `{n}` after {how} `{name}`")
 
 
-KINDS = ("norm", "rope", "rope_parts", "attention", "gemv", "gemv_glu", "gemm_parts", "fold", "head_gemv", "moe")
+KINDS = ("norm", "rope", "rope_parts", "attention", "gemv", "gemv_glu", "gemm_parts", "fold", "head_gemv", "moe",
+         "gemm_tc", "gemm_tc_parts")
+# kinds no plan here makes whose fast twin is other kinds' or another test's: covered there
+COMPOSED = {"norm_pair": "two Norms",
+            "gemv_f32": "gemv_bind as gemv's (test_the_fast_product_equals_the_reference_product)"}
+
+
+def test_every_kind_with_a_fast_twin_is_covered():
+    """A launch kind that gets a fast twin is added to KINDS (and so to the adversarial comparison), or said in
+    COMPOSED to run twins covered elsewhere."""
+    import lanefuse.kernels as kpkg
+    from lanefuse.lane.lower.planfile import _classes
+    from lanefuse.kernels import Launch
+
+    fast = {c.census for c in _classes().values() if isinstance(c, type) and issubclass(c, Launch)
+            and c is not Launch and getattr(c, "census", None) and has_fast_class(c)}
+    assert kpkg and fast - set(KINDS) - set(COMPOSED) == set()
 
 
 @pytest.mark.parametrize("kind", KINDS)
