@@ -33,3 +33,8 @@ def test_gemv_q8(fmt, words):
 @pytest.mark.parametrize("fmt", ["q5_0", "q3_k"])
 def test_glu_and_parts(fmt):
     fm.test_glu_and_parts_new_formats(fmt, 4)
+
+
+@pytest.mark.parametrize("fmt", fm.NEW)
+def test_gather_decodes_each_block_to_the_bit(fmt):
+    fm.test_gather_decodes_each_block_to_the_bit(fmt)

@@ -79,3 +79,36 @@ def test_gemv_q8_new_formats(fmt, words, m):
 @pytest.mark.parametrize("fmt,words", [("q4_1", 1), ("q5_0", 1), ("q5_k", 3), ("q2_k", 3), ("iq4_xs", 3)])
 def test_glu_and_parts_q8_new_formats(fmt, words):
     qgpu.test_gemv_glu_and_parts_q8_kernels_equal_their_twins(fmt, words)
+
+
+@pytest.mark.parametrize("fmt", NEW)
+def test_gather_decodes_each_block_to_the_bit(fmt):
+    """Embedding rows of random blocks (every edge-case f16 scale: zero, subnormals, the largest, inf, NaN; blocks of
+    one byte) gathered by the kernel (qget, a value a thread) equal kernels/blocks.py's decoding to the bit, NaN as
+    NaN."""
+    from lanefuse.kernels import Gather
+    from lanefuse.kernels.blocks import BLOCKS, F16_SCALES
+    from lanefuse.kernels.common import decode
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    vb, bb = BLOCKS[fmt]
+    g = np.random.default_rng(bb)
+    edge = [0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0x8001, 0x7C00, 0xFC00, 0x7E00, 0x7D55]
+    rows, per_row = 2 * len(edge), 2
+    raw = g.integers(0, 256, size=(rows, per_row * bb), dtype=np.uint8)
+    for r in range(rows):
+        if r >= len(edge):
+            raw[r] = (0, 0x80, 0xFF)[r % 3]
+        h = edge[r % len(edge)]
+        for o in F16_SCALES[fmt]:
+            raw[r, o::bb], raw[r, o + 1::bb] = h & 0xFF, h >> 8
+    cols = per_row * vb
+    idx = np.arange(rows, dtype=np.int32)[::-1].copy()
+    dev = DeviceEnv(0, {}, {"t": idx, "o": np.zeros(rows * cols, np.float32)}, {"E": (raw, fmt)})
+    Gather("E", "t", "o", cols, rows=rows, format=fmt).cuda(dev)
+    got = dev.host("o").reshape(rows, cols)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = decode(raw, fmt)[idx]
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
