@@ -93,3 +93,23 @@ def test_the_device_decode_holds_a_chunk_of_logits_at_most(fake_cupy, monkeypatc
     print(f"peak bytes: 40 tokens {short}, 200 tokens {long}, 200 tokens with logits {kept}")
     assert long - short < logits_of_160 / 4, (short, long)
     assert kept - long > logits_of_160 / 2, (long, kept)
+
+
+def test_the_json_record_is_the_one_json_dumps_writes():
+    """`run --json` writes each logits row as text as it goes (no list of Python floats for the whole run): the same
+    text json.dumps gives for the record with its logits as lists of floats; NaN refused in words as before."""
+    from lanefuse.engine.errors import UserError
+    from lanefuse.lane.cli.commands import _record_text
+    from lanefuse.lane.lower.files import json_text
+
+    rng = np.random.default_rng(3)
+    rows = [(rng.standard_normal(7) * 10.0 ** rng.integers(-30, 30)).astype(np.float32) for _ in range(5)]
+    rec = {"model": "m", "prompt_ids": [1, 2], "generated_ids": [3, 4, 5, 6, 7], "timings": {"load_s": 0.5}}
+    old = {**{k: v for k, v in rec.items() if k != "timings"},
+           "logits": [[float(v) for v in r.reshape(-1)] for r in rows], "timings": rec["timings"]}
+    assert _record_text(rec, rows, "--json x") + "\n" == json_text(old, "--json x")
+    assert _record_text(rec, [], "--json x") + "\n" == json_text({**old, "logits": [], "timings": rec["timings"]},
+                                                                 "--json x")
+    rows[2][3] = np.nan
+    with pytest.raises(UserError, match=r"--json x: not written: .*non-finite"):
+        _record_text(rec, rows, "--json x")

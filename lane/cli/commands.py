@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from lanefuse.engine.errors import UserError, clip
 from lanefuse.lane.lower.files import json_text, write_atomic
 
@@ -168,13 +170,12 @@ def cmd_run(args) -> int:
         chunk = 1 if saved is not None else plan_options(args).knobs.chunk_rows
         res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty(),
                        keep_logits=bool(args.json))  # the logits are kept only where --json writes them
-    out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids],
-           "logits": [[float(v) for v in row.reshape(-1)] for row in res.logits]}
+    out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids]}
     from lanefuse.lane.cli.timings import print_timings, run_timings
 
     out["timings"] = run_timings(load_s, res, getattr(step_fn, "spent", None))
     if args.json:
-        write_atomic(args.json, json_text(out, f"--json {args.json}"))
+        write_atomic(args.json, _record_text(out, res.logits, f"--json {args.json}") + "\n")
     human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
     print(f"model: {src.name} ({label})", file=human)
     print("prompt ids:   ", ",".join(map(str, ids)), file=human)
@@ -184,6 +185,21 @@ def cmd_run(args) -> int:
     sys.stdout.flush()
     print_timings(out["timings"])
     return 0
+
+
+def _record_text(rec: dict, logits, what: str) -> str:
+    """A run's record as JSON text, `{"model", "prompt_ids", "generated_ids", "logits", "timings"}` as json.dumps
+    writes it, its logits a row of text at a time: no list of Python floats for the whole run (8 times the f32 rows),
+    so --json costs the run about the text it writes."""
+    head = {k: v for k, v in rec.items() if k != "timings"}
+    try:
+        rows = ", ".join(json.dumps(np.asarray(row, np.float32).reshape(-1).tolist(), allow_nan=False)
+                         for row in logits)
+    except ValueError:
+        raise UserError(f"{what}: not written: it would hold a non-finite number (NaN or inf), which JSON cannot "
+                        f"hold") from None
+    return (json_text(head, what).rstrip("\n")[:-1] + f', "logits": [{rows}], "timings": '
+            + json_text(rec["timings"], what).rstrip("\n") + "}")
 
 
 BATCH_CAP = 64  # the default slots at most (--batch gives more, up to the step's MAX_BATCH)
@@ -225,10 +241,11 @@ def _run_batch(args, src, saved, load_s: float) -> int:
     for r in results:
         records.append({"model": src.name, "prompt_ids": list(r.prompt_ids),
                         "generated_ids": [int(t) for t in r.generated_ids],
-                        "logits": [[float(v) for v in row.reshape(-1)] for row in r.logits],
                         "timings": run_timings(load_s, r, spent)})
     if args.json:
-        write_atomic(args.json, json_text(records, f"--json {args.json}"))
+        what = f"--json {args.json}"
+        write_atomic(args.json, "[" + ", ".join(_record_text(rec, r.logits, what)
+                                                for rec, r in zip(records, results)) + "]\n")
     print(f"model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s))", file=human)
     for k, rec in enumerate(records, 1):
         line = f"prompt {k}: {','.join(map(str, rec['prompt_ids']))} -> {','.join(map(str, rec['generated_ids']))}"
