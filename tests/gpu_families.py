@@ -222,7 +222,7 @@ def _save_plans(out: str, stem: str, cfg, weights, numerics: str = "f32", batch:
 
     src = {"kind": "pack", "path": stem}
     # launches nearly free in a mixture's chunk, so its plan sorts the rows by expert on so small a model
-    chunk_knobs = Knobs(launch_us=0.01) if cfg.moe is not None else Knobs()
+    chunk_knobs = Knobs(launch_us=0.01, fixed_scale=0.001) if cfg.moe is not None else Knobs()
     plans = {"decode": plan(build_step(cfg, 1), numerics=numerics, source=src),
              "prefill8": plan(build_step(cfg, 8), numerics=numerics, knobs=chunk_knobs, source=src)}
     if batch:

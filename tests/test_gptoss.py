@@ -155,7 +155,7 @@ def test_a_chunk_sorted_by_expert():
     """Where launches are nearly free the chunk's rows are grouped by expert (moe_token_sort.biased)."""
     from lanefuse.lane.lower.knobs import Knobs
 
-    s = plan_against_reference(12, "f32", knobs=Knobs(launch_us=0.01))
+    s = plan_against_reference(12, "f32", knobs=Knobs(launch_us=0.01, fixed_scale=0.001))
     assert s.fusions.get("moe_token_sort.biased"), s.fusions
     assert any(getattr(l.launch, "sort", False) for l in s.launches)
 

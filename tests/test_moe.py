@@ -392,7 +392,7 @@ def test_a_chunk_sorted_by_expert(arch):
     from lanefuse.lane.lower.knobs import Knobs
 
     cfg = tiny(arch, inter=96, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0)
-    s = plan_against_reference(cfg, weights_for(cfg, "f32", 2), 12, knobs=Knobs(launch_us=0.01))
+    s = plan_against_reference(cfg, weights_for(cfg, "f32", 2), 12, knobs=Knobs(launch_us=0.01, fixed_scale=0.001))
     rule = "moe_token_sort.shared" if arch == "Qwen2MoeForCausalLM" else "moe_token_sort"
     assert s.fusions.get(rule), s.fusions
     assert any(getattr(l.launch, "sort", False) for l in s.launches)
@@ -422,7 +422,7 @@ def test_saved_plans_load_pass_the_checks_and_run_alike(arch, tmp_path):
 
     cfg = tiny(arch, inter=96, shared_inter=20 if arch == "Qwen2MoeForCausalLM" else 0)
     w = weights_for(cfg, "bf16", 3)
-    for rows, kw in ((1, {}), (6, {}), (12, {"knobs": Knobs(launch_us=0.01)})):
+    for rows, kw in ((1, {}), (6, {}), (12, {"knobs": Knobs(launch_us=0.01, fixed_scale=0.001)})):
         p = plan(build_step(cfg, rows), **kw)
         save(p, str(tmp_path / "p.json"))
         q = load(str(tmp_path / "p.json"))

@@ -14,6 +14,8 @@ class Knobs:
     smem_kib_per_block: int = 227  # shared memory a block may take
     hbm_gbps: float = 4300.0  # measured device-to-device bandwidth (spec 4800)
     launch_us: float = 2.0  # fixed cost of one kernel launch inside a CUDA graph
+    fixed_scale: float = 1.0  # the share of each kind's own fixed time (the lane table's `costs:`) a launch pays:
+    # near 0 prices launches by the gap and their bytes alone, as a tiny model's tests do to reach the chunk fusions
     tflops_f32: float = 60.0  # f32 CUDA-core peak, for products where flops dominate
     l2_mib: int = 60
     wide_rows: int = 4096  # a product with at least this many outputs takes four rows a warp (rows_a_warp)

@@ -251,7 +251,7 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
                     raise UserError(f"the {lt.name} lane cannot run {x.cls or op.kind} -> `{op.out}`: "
                                     f"{getattr(why, 'reason', why)}")
                 ops = x.ops if i == len(apart) - 1 else ()
-                launched.append(Launched(l, ops, x.layer, x.cls, x.rule, launch_us(l, knobs)))
+                launched.append(Launched(l, ops, x.layer, x.cls, x.rule, launch_us(l, knobs, lt.costs)))
     al = aliases(og)
     bufs = buffers(og, al)
     seq = [x.launch for x in launched]

@@ -14,15 +14,35 @@ from lanefuse.lane.lower.link import Link, where_of
 from lanefuse.lane.lower.table import LaneTable
 
 
-def launch_us(l, knobs: Knobs) -> float:
-    """One linked launch's estimated time: for each kernel it makes, overhead + max(bytes / bandwidth, flops /
-    peak), the peak the tensor cores' for a kernel on them; a view costs nothing."""
+def weight_format(k) -> str | None:
+    """The checkpoint format of the rows a kernel launch streams (a fold's: its product's), if it streams any."""
+    for x in (k, getattr(k, "first", None)):
+        f = getattr(x, "format", None)
+        if isinstance(f, str):
+            return f
+    return None
+
+
+def kind_cost(k, costs: dict):
+    """The lane's `costs:` entry for kernel launch `k`: its kind over its rows' format (`fold@q8_0`), else its kind's,
+    else any kind's over its rows' format (`default@q8_0`), else the table's `default`."""
+    f = weight_format(k)
+    return (costs.get(f"{k.census}@{f}") if f else None) or costs.get(k.census) or \
+        (costs.get(f"default@{f}") if f else None) or costs.get("default")
+
+
+def launch_us(l, knobs: Knobs, costs: dict | None = None) -> float:
+    """One linked launch's estimated time: for each kernel it makes, the launch gap (knob launch_us) + its kind's
+    fixed time + max(bytes / its share of the bandwidth, flops / peak), the peak the tensor cores' for a kernel on
+    them; a view costs nothing. A kind's fixed time and share come from the lane table's `costs:` (issue 34 item 5:
+    fitted per kind and rows' format, rules/lanes/cuda.yaml; kind_cost), else 0 and the whole bandwidth."""
     total = 0.0
     for k in l.kernels():
-        mem = k.bytes() / (knobs.hbm_gbps * 1e3)
+        c = kind_cost(k, costs) if costs else None
+        mem = k.bytes() / (knobs.hbm_gbps * (c.bandwidth if c else 1.0) * 1e3)
         peak = knobs.tflops_tc if getattr(k, "tensor_cores", False) else knobs.tflops_f32
         comp = k.flops() / (peak * 1e6)
-        total += knobs.launch_us + max(mem, comp)
+        total += knobs.launch_us + (c.fixed_us * knobs.fixed_scale if c else 0.0) + max(mem, comp)
     return total
 
 
@@ -61,7 +81,7 @@ class Shim:
         if isinstance(launches, Refusal):
             self._cache[key] = Refusal(launches.reason)  # ops of one shape share the reason, not the names
             return Refusal(launches.reason, where_of(op))
-        v = sum(launch_us(l, self.knobs) for l in launches)
+        v = sum(launch_us(l, self.knobs, self.table.costs) for l in launches)
         if not op.fused and op.kind == "argmax" and op.out == self.g.io.next:
             v += self.knobs.launch_us  # without its advance, the token and position take a launch of their own
         self._cache[key] = v

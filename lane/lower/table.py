@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.errors import UserError, clip, did_you_mean
 from lanefuse.engine.opdefs import OPS
 from lanefuse.engine.rules import contract, load_classes, rule_dirs, short_path
 from lanefuse.engine.yamlsafe import load_file, load_text, read_text, short
@@ -52,6 +52,16 @@ class ClassEntry:
         return self.choices[0] if self.choices else None
 
 
+@dataclass(frozen=True)
+class KindCost:
+    """What one kernel launch of a kind costs on the lane's chip beyond the knobs' launch gap (rules/lanes/*.yaml
+    `costs:`): `fixed_us` its own fixed time (ramp-up, drain, a fold's serial epilogue), `bandwidth` the share of the
+    chip's HBM bandwidth (knob hbm_gbps) its bytes stream at."""
+
+    fixed_us: float
+    bandwidth: float
+
+
 @dataclass
 class LaneTable:
     name: str
@@ -62,6 +72,7 @@ class LaneTable:
     source: str
     gated: dict[str, tuple[str, ...]] = field(default_factory=dict)  # step -> classes it runs as parts when held
     holds: dict[str, tuple[str, ...]] = field(default_factory=dict)  # step -> lifted ops whose rules it holds
+    costs: dict[str, KindCost] = field(default_factory=dict)  # kernel launch kind (census) -> its cost on the chip
 
     def support(self, cls: str) -> ClassEntry:
         e = self.classes.get(cls)
@@ -197,7 +208,7 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
     for k in ("lane", "base", "why"):
         if doc.get(k) is not None and not isinstance(doc[k], str):
             raise UserError(f"{path}:{_line(path, k)}: `{k}:` must be a string, got {short(doc[k])}")
-    for k in ("ops", "classes", "schedule"):
+    for k in ("ops", "classes", "schedule", "costs"):
         if doc.get(k) is not None and not isinstance(doc[k], dict):
             raise UserError(f"{path}:{_line(path, k)}: `{k}:` must be a mapping (name: entry), got {short(doc[k])}")
     base = _load(_base(path, str(doc["base"]), stacks), stacks, known, seen) if doc.get("base") else None
@@ -257,7 +268,37 @@ def _load(path: Path, stacks: dict[str, list[Path]], known: dict[str, dict], see
             gated[step] = tuple(e.get("decompose") or ())
         else:
             sched[step] = str(e)
-    return LaneTable(str(doc["lane"]), str(doc.get("why", "")), ops, classes, sched, str(path), gated, holds)
+    costs = dict(base.costs) if base else {}
+    costs.update(_costs(doc.get("costs") or {}, path))
+    return LaneTable(str(doc["lane"]), str(doc.get("why", "")), ops, classes, sched, str(path), gated, holds, costs)
+
+
+def _costs(doc: dict, path: Path) -> dict[str, KindCost]:
+    """A table's `costs:` (kind: {fixed_us: µs >= 0, bandwidth: a share in (0, 1]}), each kind a launch kind's census
+    name, or `kind@format` for its launches over rows of that checkpoint format, or `default` for every kind it does
+    not name."""
+    import math
+
+    from lanefuse.engine.ir import FORMATS
+
+    kinds = {getattr(c, "census", "") or n for n, c in KINDS.items()}
+    out = {}
+    for kind, e in doc.items():
+        where = f"{path.name}:{_line(path, 'costs')}: costs.{clip(str(kind))}"
+        base, _, fmt = str(kind).partition("@")
+        if base not in kinds and base != "default":
+            raise UserError(f"{where}: unknown launch kind `{clip(base)}`{did_you_mean(base, kinds)}")
+        if fmt and fmt not in FORMATS:
+            raise UserError(f"{where}: unknown rows format `{clip(fmt)}`{did_you_mean(fmt, FORMATS)}")
+        if not isinstance(e, dict) or set(e) != {"fixed_us", "bandwidth"}:
+            raise UserError(f"{where}: expected {{fixed_us: µs, bandwidth: a share of hbm_gbps}}, got {short(e)}")
+        f, b = e["fixed_us"], e["bandwidth"]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (f, b)) or \
+                f < 0 or not 0 < b <= 1:
+            raise UserError(f"{where}: fixed_us must be a number >= 0 and bandwidth a share in (0, 1], got "
+                            f"{short(f)} and {short(b)}")
+        out[str(kind)] = KindCost(float(f), float(b))
+    return out
 
 
 # -- what a field reads ---------------------------------------------------------------------------------------------
