@@ -107,9 +107,24 @@ def test_the_json_record_is_the_one_json_dumps_writes():
     rec = {"model": "m", "prompt_ids": [1, 2], "generated_ids": [3, 4, 5, 6, 7], "timings": {"load_s": 0.5}}
     old = {**{k: v for k, v in rec.items() if k != "timings"},
            "logits": [[float(v) for v in r.reshape(-1)] for r in rows], "timings": rec["timings"]}
-    assert _record_text(rec, rows, "--json x") + "\n" == json_text(old, "--json x")
-    assert _record_text(rec, [], "--json x") + "\n" == json_text({**old, "logits": [], "timings": rec["timings"]},
-                                                                 "--json x")
+    assert "".join(_record_text(rec, rows, "--json x")) + "\n" == json_text(old, "--json x")
+    assert "".join(_record_text(rec, [], "--json x")) + "\n" == json_text(
+        {**old, "logits": [], "timings": rec["timings"]}, "--json x")
     rows[2][3] = np.nan
     with pytest.raises(UserError, match=r"--json x: not written: .*non-finite"):
-        _record_text(rec, rows, "--json x")
+        "".join(_record_text(rec, rows, "--json x"))
+
+
+def test_a_streamed_output_that_fails_leaves_nothing(tmp_path):
+    from lanefuse.engine.errors import UserError
+    from lanefuse.lane.lower.files import write_atomic
+
+    def parts():
+        yield "[1, "
+        raise UserError("--json x: not written")
+
+    with pytest.raises(UserError):
+        write_atomic(str(tmp_path / "x.json"), parts())
+    assert list(tmp_path.iterdir()) == []
+    write_atomic(str(tmp_path / "y.json"), iter(["[1, ", "2]\n"]))
+    assert (tmp_path / "y.json").read_text() == "[1, 2]\n"

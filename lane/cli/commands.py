@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -175,7 +176,7 @@ def cmd_run(args) -> int:
 
     out["timings"] = run_timings(load_s, res, getattr(step_fn, "spent", None))
     if args.json:
-        write_atomic(args.json, _record_text(out, res.logits, f"--json {args.json}") + "\n")
+        write_atomic(args.json, itertools.chain(_record_text(out, res.logits, f"--json {args.json}"), ["\n"]))
     human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
     print(f"model: {src.name} ({label})", file=human)
     print("prompt ids:   ", ",".join(map(str, ids)), file=human)
@@ -187,19 +188,29 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _record_text(rec: dict, logits, what: str) -> str:
+def _record_text(rec: dict, logits, what: str):
     """A run's record as JSON text, `{"model", "prompt_ids", "generated_ids", "logits", "timings"}` as json.dumps
-    writes it, its logits a row of text at a time: no list of Python floats for the whole run (8 times the f32 rows),
-    so --json costs the run about the text it writes."""
+    writes it, in parts (for write_atomic to stream), its logits a row of text at a time: no list of Python floats for
+    the whole run (8 times the f32 rows), nor the whole text at once in a file, so --json costs the run its logits."""
     head = {k: v for k, v in rec.items() if k != "timings"}
-    try:
-        rows = ", ".join(json.dumps(np.asarray(row, np.float32).reshape(-1).tolist(), allow_nan=False)
-                         for row in logits)
-    except ValueError:
-        raise UserError(f"{what}: not written: it would hold a non-finite number (NaN or inf), which JSON cannot "
-                        f"hold") from None
-    return (json_text(head, what).rstrip("\n")[:-1] + f', "logits": [{rows}], "timings": '
-            + json_text(rec["timings"], what).rstrip("\n") + "}")
+    yield json_text(head, what).rstrip("\n")[:-1] + ', "logits": ['
+    for i, row in enumerate(logits):
+        try:
+            yield (", " if i else "") + json.dumps(np.asarray(row, np.float32).reshape(-1).tolist(), allow_nan=False)
+        except ValueError:
+            raise UserError(f"{what}: not written: it would hold a non-finite number (NaN or inf), which JSON "
+                            f"cannot hold") from None
+    yield '], "timings": ' + json_text(rec["timings"], what).rstrip("\n") + "}"
+
+
+def _records_text(records, results, what: str):
+    """A batch's records as a JSON list, in parts (`_record_text`)."""
+    yield "["
+    for k, (rec, r) in enumerate(zip(records, results)):
+        if k:
+            yield ", "
+        yield from _record_text(rec, r.logits, what)
+    yield "]\n"
 
 
 BATCH_CAP = 64  # the default slots at most (--batch gives more, up to the step's MAX_BATCH)
@@ -243,9 +254,7 @@ def _run_batch(args, src, saved, load_s: float) -> int:
                         "generated_ids": [int(t) for t in r.generated_ids],
                         "timings": run_timings(load_s, r, spent)})
     if args.json:
-        what = f"--json {args.json}"
-        write_atomic(args.json, "[" + ", ".join(_record_text(rec, r.logits, what)
-                                                for rec, r in zip(records, results)) + "]\n")
+        write_atomic(args.json, _records_text(records, results, f"--json {args.json}"))
     print(f"model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s))", file=human)
     for k, rec in enumerate(records, 1):
         line = f"prompt {k}: {','.join(map(str, rec['prompt_ids']))} -> {','.join(map(str, rec['generated_ids']))}"

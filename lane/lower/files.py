@@ -72,9 +72,14 @@ def _umask() -> int:
     return m
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text) -> None:
     """Write `text` to `path` whole or not at all: a failed run never leaves partial output behind. A new file gets
-    the user's umask (0666 & ~umask, as the shell's `>` would), a replaced file keeps its mode; `-` is stdout."""
+    the user's umask (0666 & ~umask, as the shell's `>` would), a replaced file keeps its mode; `-` is stdout. `text`
+    may be an iterable of str (a large output made a part at a time: into a file, streamed to its temporary copy;
+    to stdout or a pipe, joined first, so a part that fails writes nothing there either)."""
+    if not isinstance(text, str) and (path == "-" or (os.path.exists(path) and
+                                                      not stat.S_ISREG(os.stat(path).st_mode))):
+        text = "".join(text)
     if path == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -95,7 +100,7 @@ def write_atomic(path: str, text: str) -> None:
         raise UserError(f"{path}: cannot write in folder {d}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+            f.write(text) if isinstance(text, str) else f.writelines(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as e:
