@@ -6,7 +6,8 @@ rest of the step priced by the lane's own cost model (lane/lower/shim.py). Every
 
 The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefill.py measures the same plans):
 - a block is 256 threads at 128 registers and 40 KB of shared memory (ptxas sm_90, tests/test_kernels_compile.py),
-  so an SM holds BLOCKS_PER_SM = 2 of them (65536 registers / (128 x 256));
+  so an SM holds BLOCKS_PER_SM = 2 of them (65536 registers / (128 x 256)); a product of at most 64 rows runs tiles
+  of 64 rows (80-99 registers: counted as 2 a SM too);
 - an SM full of gemm_tc blocks runs MMA_TFLOPS / SMS of bf16 mma.sync work: MMA_TFLOPS = 450 TFLOP/s for the chip,
   45% of the 989 TFLOP/s dense bf16 peak (wgmma's; mma.sync kernels of this shape — two cp.async stages, 128x128x32
   tiles, ldmatrix — reach roughly 40-60% of it on Hopper in published measurements; not measured here);
@@ -42,12 +43,15 @@ BM = BN = 128
 def gemm_prediction(m: int, n, k: int, weight_bytes: int) -> dict:
     """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles):
     tiles, waves, the predicted µs and what bounds it."""
+    from lanefuse.kernels.gemm_tc import block_rows
+
     ns = list(n) if isinstance(n, (list, tuple)) else [n]
     n = sum(ns)
-    tiles = math.ceil(m / BM) * sum(math.ceil(x / BN) for x in ns)
+    bm = block_rows(m)  # 64-row tiles up to 64 rows
+    tiles = math.ceil(m / bm) * sum(math.ceil(x / BN) for x in ns)
     slots = SMS * BLOCKS_PER_SM
     waves = math.ceil(tiles / slots)
-    tile_flops = 2 * BM * BN * math.ceil(k / 32) * 32  # a tile's mma work (edges padded, as the kernel runs them)
+    tile_flops = 2 * bm * BN * math.ceil(k / 32) * 32  # a tile's mma work (edges padded, as the kernel runs them)
     per_sm = MMA_TFLOPS * 1e12 / SMS
     busiest = math.ceil(tiles / SMS)  # tiles on the busiest SM: they share its rate, so its time is their sum
     compute_us = busiest * tile_flops / per_sm * 1e6

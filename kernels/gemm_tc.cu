@@ -1,13 +1,13 @@
 // The tensor-core GEMM (gemm_tc.py): y (m, n) = x (m, k) · wᵀ (+ bias (n,)) (+ add (m, n)), w checkpoint rows (n, k),
 // under the bf16 numerics: x and w rounded to bf16 (to nearest, ties to even), their products summed in f32 by
 // mma.sync m16n8k16 (sm_80+). gemm_tc_round first writes x as bf16 rows of kp = k rounded up to 8 values (zeros past
-// k) into scratch, once for every tile that reads it; a block then computes a TC_BM x TC_BN tile of y, its eight
-// warps each 64 x 32, k in steps of TC_BK through two shared-memory buffers: x's tile (and w's, bf16 rows of whole
-// 16-byte chunks) copied by cp.async while the tensor cores work on the other buffer; any other format (f32, f16, a
-// block format) decoded by wget4/wget into registers, rounded to bf16 and stored after the step's products.
+// k) into scratch, once for every tile that reads it; a block then computes a BM x TC_BN tile of y (BM 128, or 64 for
+// a product of at most 64 rows), its eight warps each BM/2 x 32, k in steps of TC_BK through two shared-memory
+// buffers: x's tile (and w's, bf16 rows of whole 16-byte chunks) copied by cp.async while the tensor cores work on the
+// other buffer; any other format (f32, f16, a block format) decoded into registers, rounded to bf16 and stored after
+// the step's products.
 
-#define TC_BM 128
-#define TC_BN 128
+#define TC_BN 128  // a block's outputs; its rows are 32·MI (128, or 64 for a product of at most 64 rows)
 #define TC_BK 32
 #define TC_PAD 40  // u16 a tile row in shared memory: 32 values + 8, so ldmatrix's 8 rows (80 bytes apart) hit 8
                    // distinct 16-byte bank groups
@@ -61,9 +61,9 @@ extern "C" __global__ void gemm_tc_round(const float* x, unsigned char* xb, i64 
     }
 }
 
-// The tile of rows r0.. (TC_BM or TC_BN of them, `rows` in all) and k0..k0+TC_BK of bf16 rows `pitch` values apart
-// (whole 16-byte chunks, zeros past the rows) into s: two cp.async a thread; a chunk past the rows or the pitch is
-// zero-filled.
+// The tile of rows r0.. (R of them, a multiple of 64; `rows` in all) and k0..k0+TC_BK of bf16 rows `pitch` values
+// apart (whole 16-byte chunks, zeros past the rows) into s: R/64 cp.async a thread; a chunk past the rows or the pitch
+// is zero-filled.
 template <int R>
 __device__ __forceinline__ void tc_copy_tile(u16 (*s)[TC_PAD], const u16* g, i64 r0, i64 rows, i64 k0, i64 pitch) {
 #pragma unroll
@@ -125,26 +125,28 @@ __device__ __forceinline__ void tc_store_w(u16 (*s)[TC_PAD], const unsigned (&v)
     p[1] = make_uint4(v[4], v[5], v[6], v[7]);
 }
 
-// The block's tile: outputs from TC_BN·tile, rows from TC_BM·blockIdx.y. CP: w is bf16 rows of whole 16-byte chunks
-// (k a multiple of 8), copied as x is; else decoded through registers.
-template <bool CP>
+// The block's tile: outputs from TC_BN·tile, rows from BM·blockIdx.y, BM = 32·MI (each warp MI fragments of 16
+// rows). CP: w is bf16 rows of whole 16-byte chunks (k a multiple of 8), copied as x is; else decoded through
+// registers.
+template <bool CP, int MI>
 __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void* w, int fmt, const float* bias,
                                              const float* add, Dst y, i64 k, i64 n, i64 m, i64 tile) {
-    alignas(16) __shared__ u16 xs[2][TC_BM][TC_PAD];
+    constexpr int BM = 32 * MI;
+    alignas(16) __shared__ u16 xs[2][BM][TC_PAD];
     alignas(16) __shared__ u16 ws[2][TC_BN][TC_PAD];
     const u16* xg = (const u16*)xb;
-    i64 kp = (k + 7) / 8 * 8, n0 = tile * TC_BN, m0 = (i64)blockIdx.y * TC_BM;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 64, wn = (warp >> 1) * 32;
+    i64 kp = (k + 7) / 8 * 8, n0 = tile * TC_BN, m0 = (i64)blockIdx.y * BM;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 16 * MI, wn = (warp >> 1) * 32;
     int tiles = (int)((kp + TC_BK - 1) / TC_BK);
-    float acc[4][4][4];
+    float acc[MI][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
     unsigned wv[8];
-    tc_copy_tile<TC_BM>(xs[0], xg, m0, m, 0, kp);
+    tc_copy_tile<BM>(xs[0], xg, m0, m, 0, kp);
     if (CP) {
         tc_copy_tile<TC_BN>(ws[0], (const u16*)w, n0, n, 0, k);
     } else {
@@ -159,7 +161,7 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
         bool next = t + 1 < tiles;
         if (next) {
             i64 k1 = (i64)(t + 1) * TC_BK;
-            tc_copy_tile<TC_BM>(xs[b ^ 1], xg, m0, m, k1, kp);
+            tc_copy_tile<BM>(xs[b ^ 1], xg, m0, m, k1, kp);
             if (CP)
                 tc_copy_tile<TC_BN>(ws[b ^ 1], (const u16*)w, n0, n, k1, k);
             else
@@ -168,14 +170,14 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
         tc_commit();
 #pragma unroll
         for (int kk = 0; kk < TC_BK; kk += 16) {
-            unsigned a[4][4], bf[2][4];
+            unsigned a[MI][4], bf[2][4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) tc_ldsm4(a[i], &xs[b][wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+            for (int i = 0; i < MI; i++) tc_ldsm4(a[i], &xs[b][wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
 #pragma unroll
             for (int j = 0; j < 2; j++)
                 tc_ldsm4(bf[j], &ws[b][wn + j * 16 + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < MI; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) tc_mma(acc[i][j], a[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
         }
@@ -183,7 +185,7 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
     }
     int g = lane >> 2, q = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -198,29 +200,33 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
             }
 }
 
-#define GEMM_TC_KERNEL(NAME, CP)                                                                                  \
+#define GEMM_TC_KERNEL(NAME, CP, MI)                                                                              \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt, \
                                                                   const float* bias, const float* add,           \
                                                                   DST_PARAMS(y), i64 k, i64 n, i64 m) {          \
         PDL_ENTER();                                                                                              \
-        gemm_tc_body<CP>(xb, w, (int)fmt, bias, add, DST(y), k, n, m, blockIdx.x);                                \
+        gemm_tc_body<CP, MI>(xb, w, (int)fmt, bias, add, DST(y), k, n, m, blockIdx.x);                            \
     }
-GEMM_TC_KERNEL(gemm_tc_cp, true)
-GEMM_TC_KERNEL(gemm_tc_any, false)
+GEMM_TC_KERNEL(gemm_tc_cp, true, 4)
+GEMM_TC_KERNEL(gemm_tc_any, false, 4)
+GEMM_TC_KERNEL(gemm_tc_cp_64, true, 2)  // products of at most 64 rows (batches): tiles of 64 rows
+GEMM_TC_KERNEL(gemm_tc_any_64, false, 2)
 
 // Several products of one activation in one launch (q, k and v; gate and up): part p (11 descriptor words, as
 // gemm_parts.cu's: its weight, bias (0: none), outputs n, first tile of outputs, Dst) takes the tiles from its first,
 // ceil(n / TC_BN) of them; x rounded once for all.
 #define TC_GP 11
-#define GEMM_TC_PARTS_KERNEL(NAME, CP)                                                                            \
+#define GEMM_TC_PARTS_KERNEL(NAME, CP, MI)                                                                        \
     extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const i64* t,         \
                                                                   i64 nparts, i64 fmt, i64 k, i64 m) {           \
         PDL_ENTER();                                                                                              \
         int p = 0;                                                                                                \
         while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * TC_GP + 3]) p++;                                  \
         const i64* d = t + p * TC_GP;                                                                             \
-        gemm_tc_body<CP>(xb, (const void*)d[0], (int)fmt, (const float*)d[1], nullptr, dst_from(d + 4), k, d[2], \
-                         m, (i64)blockIdx.x - d[3]);                                                              \
+        gemm_tc_body<CP, MI>(xb, (const void*)d[0], (int)fmt, (const float*)d[1], nullptr, dst_from(d + 4), k,   \
+                             d[2], m, (i64)blockIdx.x - d[3]);                                                    \
     }
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true)
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true, 4)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false, 4)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp_64, true, 2)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any_64, false, 2)

@@ -24,8 +24,19 @@ from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scrat
                                      format_refusal, names, operand, reach, weight_bytes)
 from lanefuse.kernels.gemm_parts import GemmPart
 
-BM, BN, BK = 128, 128, 32  # a block's tile of y (rows, outputs) and its k step (gemm_tc.cu's TC_BM, TC_BN, TC_BK)
-THREADS = 256  # eight warps, each 64 x 32 of the tile
+BM, BN, BK = 128, 128, 32  # a block's tile of y (rows, outputs) and its k step (gemm_tc.cu's BM, TC_BN, TC_BK)
+SMALL_BM = 64  # the rows of a tile for a product of at most this many rows (a batch): the *_64 kernels
+THREADS = 256  # eight warps, each BM/2 x 32 of the tile
+
+
+def block_rows(m: int) -> int:
+    """The rows of a block's tile for a product of m rows: 64 up to 64 rows (half the padded mma work of a batch of
+    16..64), else 128."""
+    return SMALL_BM if m <= SMALL_BM else BM
+
+
+def suffix(m: int) -> str:
+    return "_64" if block_rows(m) == SMALL_BM else ""
 TC_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4")  # gemm_tc.cu's tc_get
 MIN_ROWS = 16  # the fewest rows of x worth the tensor cores (one mma's 16 rows); fewer run as GEMVs
 
@@ -112,7 +123,7 @@ class GemmTc(Launch):
             return why
         if self.format not in TC_FORMATS:
             return Refusal(f"rows in {self.format} (the tensor-core GEMM reads {', '.join(TC_FORMATS)})")
-        if -(-self.m // BM) > MAX_GRID_Y:
+        if -(-self.m // block_rows(self.m)) > MAX_GRID_Y:
             return Refusal(f"a product of {self.m} rows (a launch takes at most {MAX_GRID_Y} tiles of {BM} rows)")
         if self.add is not None and self.add == self.y.buf and self.y != Dst(self.y.buf):
             return Refusal("a residual added in place into rows of a table or parts of a wider array")
@@ -175,11 +186,13 @@ class GemmTc(Launch):
         self.bind_fast(env)()
 
     def grid_block(self):
-        return ((-(-self.n // BN), -(-self.m // BM), 1), (THREADS, 1, 1))
+        return ((-(-self.n // BN), -(-self.m // block_rows(self.m)), 1), (THREADS, 1, 1))
 
     def kernel_name(self) -> str:
-        """gemm_tc_cp (bf16 rows of whole 16-byte chunks, copied to shared memory as they are) or gemm_tc_any."""
-        return "gemm_tc_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_any"
+        """gemm_tc_cp (bf16 rows of whole 16-byte chunks, copied to shared memory as they are) or gemm_tc_any; _64
+        for a product of at most 64 rows (tiles of 64 rows)."""
+        base = "gemm_tc_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_any"
+        return base + suffix(self.m)
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
@@ -273,7 +286,7 @@ class GemmTcParts(Launch):
         self.bind_fast(env)()
 
     def grid_block(self):
-        return ((sum(self.tiles()), -(-self.m // BM), 1), (THREADS, 1, 1))
+        return ((sum(self.tiles()), -(-self.m // block_rows(self.m)), 1), (THREADS, 1, 1))
 
     def table(self, denv) -> list[int]:
         words, first = [], 0
@@ -291,6 +304,6 @@ class GemmTcParts(Launch):
         r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
         g, b = self.grid_block()
         t = denv.table(self.key(), self.table(denv))
-        name = "gemm_tc_parts_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_parts_any"
+        name = ("gemm_tc_parts_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_parts_any") + suffix(self.m)
         denv.function(self.stem, name)(g, b, (xb, t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]),
                                               i64(self.k), i64(self.m)))

@@ -129,7 +129,8 @@ def check_within_bound(launch: GemmTc, arrays, weights, got_y: np.ndarray):
 
 # (m, n, k): one tile short every way; the brief's edge case; whole tiles; k past a tile by less than a chunk and
 # not whole chunks (gemm_tc_any for bf16 too); tiles across a grid both ways
-SHAPES = [(16, 8, 16), (17, 100, 80), (128, 128, 32), (130, 33, 72), (16, 129, 7), (200, 257, 96), (1, 5, 40)]
+SHAPES = [(16, 8, 16), (17, 100, 80), (128, 128, 32), (130, 33, 72), (16, 129, 7), (200, 257, 96), (1, 5, 40),
+          (64, 40, 24), (65, 40, 24)]  # the last two: either side of the 64-row tiles
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +175,8 @@ def test_emulated_gemm_within_the_bound(emulated, m, n, k, fmt):
     launch = GemmTc("x", "w", fmt, Dst("y"), k, n, m, bias="b" if n % 2 else None)
     arrays, weights = tc_case(launch, g)
     dev = emulate(launch, arrays, weights, placed=(m == 130))
-    assert dev.calls[-1][0] == ("gemm_tc_cp" if fmt == "bf16" and k % 8 == 0 else "gemm_tc_any")
+    assert dev.calls[-1][0] == ("gemm_tc_cp" if fmt == "bf16" and k % 8 == 0 else "gemm_tc_any") + (
+        "_64" if m <= 64 else "")  # tiles of 64 rows up to 64 rows
     check_within_bound(launch, arrays, weights, dev.host("y"))
 
 
@@ -223,7 +225,7 @@ def test_scratch_holds_rounded_rows():
 
 @pytest.mark.parametrize("fmt,k", [("bf16", 72), ("bf16", 13), ("f16", 40), ("q8_0", 64)])
 def test_emulated_gemm_in_parts(emulated, fmt, k):
-    parts_case(fmt, k, 19, emulate)
+    parts_case(fmt, k, 19 if fmt != "f16" else 130, emulate)
 
 
 def parts_case(fmt, k, m, run):
@@ -236,7 +238,7 @@ def parts_case(fmt, k, m, run):
     parts = (GemmPart("wq", Dst("q"), 130, bias="bq"), GemmPart("wk", Dst("kc", row="pos", pitch=20), 20),
              GemmPart("wv", Dst("qkv", unit=Part(133, 2, 129)), 129))
     launch = GemmTcParts("x", fmt, k, m, parts)
-    assert launch.check() is None and launch.grid_block()[0] == (2 + 1 + 2, -(-m // 128), 1)
+    assert launch.check() is None and launch.grid_block()[0] == (2 + 1 + 2, -(-m // (64 if m <= 64 else 128)), 1)
     arrays = {"x": r32(g, m, k), "q": np.zeros(m * 130, np.float32), "kc": np.zeros((m + 8) * 20, np.float32),
               "pos": np.array([4], np.int32), "qkv": np.zeros(m * 133, np.float32)}
     weights = {f"w{c}": (encode(r32(g, p.n, k) * 0.5, fmt), fmt) for c, p in zip("qkv", parts)}
@@ -244,7 +246,8 @@ def parts_case(fmt, k, m, run):
     dev = run(launch, arrays, weights)
     if hasattr(dev, "calls"):
         assert [c[0] for c in dev.calls] == [
-            "gemm_tc_round", "gemm_tc_parts_cp" if fmt == "bf16" and k % 8 == 0 else "gemm_tc_parts_any"]
+            "gemm_tc_round", ("gemm_tc_parts_cp" if fmt == "bf16" and k % 8 == 0 else "gemm_tc_parts_any")
+            + ("_64" if m <= 64 else "")]
     for c, p in zip("qkv", parts):
         y = {"q": "q", "k": "kc", "v": "qkv"}[c]
         sub = {"x": arrays["x"], "y": arrays[y]}

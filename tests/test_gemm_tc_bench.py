@@ -29,11 +29,11 @@ def test_gemm_prediction_tiles_waves_and_bounds():
     assert p["bound"] == "mma" and p["us"] > p["compute_us"]
     small = gemm_model.gemm_prediction(16, 1024, 64, 2 * 1024 * 64)  # 8 tiles: most SMs idle, the launch dominates
     assert small["tiles"] == 8 and small["wave_fill"] < 0.05
-    # 16 rows run in tiles of 128 (the kernel pads m): a batch of 16's vocabulary product is mma-bound at 1/8 of its
-    # tiles' work, slower than its bytes; f32 rows' four bytes a value make the same product HBM-bound
+    # 16 rows run in tiles of 64 (the kernel pads m): a batch of 16's vocabulary product does 4x its work on the
+    # tensor cores and is still bound by its bytes; 65 rows take tiles of 128: the same product mma-bound
     wide = gemm_model.gemm_prediction(16, 151936, 4096, 2 * 151936 * 4096)
-    assert wide["bound"] == "mma" and wide["compute_us"] > wide["memory_us"]
-    assert gemm_model.gemm_prediction(16, 151936, 4096, 4 * 151936 * 4096)["bound"] == "hbm"
+    assert wide["bound"] == "hbm" and wide["compute_us"] > wide["memory_us"] / 2
+    assert gemm_model.gemm_prediction(65, 151936, 4096, 2 * 151936 * 4096)["bound"] == "mma"
 
 
 def test_plan_prediction_and_step_flops_of_a_prefill_under_the_knob():

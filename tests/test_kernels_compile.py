@@ -381,13 +381,16 @@ def samples():
 
 def tensor_cores():
     """The tensor-core GEMM: bf16 rows of whole chunks (gemm_tc_cp), f32 rows into a cache row with a residual
-    (gemm_tc_any); in parts, both ways."""
+    (gemm_tc_any); in parts, both ways; each at 64-row tiles (at most 64 rows) and 128-row ones."""
     from lanefuse.kernels import Dst, GemmPart, GemmTc, GemmTcParts
 
     return [GemmTc("x", "w", "bf16", Dst("y"), 64, 40, 17, bias="b"),
             GemmTc("x", "w", "f32", Dst("kc", row="pos", pitch=8), 30, 8, 16, add="r"),
+            GemmTc("x", "w", "bf16", Dst("y"), 64, 40, 130), GemmTc("x", "w", "f16", Dst("y"), 64, 40, 130, add="r"),
             GemmTcParts("x", "bf16", 64, 16, (GemmPart("wq", Dst("q"), 130, bias="b"), GemmPart("wk", Dst("k"), 8))),
-            GemmTcParts("x", "q8_0", 64, 16, (GemmPart("wq", Dst("q"), 8),))]
+            GemmTcParts("x", "q8_0", 64, 16, (GemmPart("wq", Dst("q"), 8),)),
+            GemmTcParts("x", "bf16", 64, 130, (GemmPart("wq", Dst("q"), 8),)),
+            GemmTcParts("x", "q8_0", 64, 130, (GemmPart("wq", Dst("q"), 8),))]
 
 
 def quantizing():
