@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 from lanefuse.engine.errors import UserError, clip
-from lanefuse.engine.userfile import MAX_JSON, read_capped
+from lanefuse.engine.userfile import read_capped
 
 
 def read_json(path: str | Path, what: str):
     """The JSON document in `path`; `what` names the file's kind in messages (e.g. "config.json is JSON")."""
-    data = read_capped(path, MAX_JSON, "a JSON file")
+    from lanefuse.engine import userfile
+
+    data = read_capped(path, userfile.MAX_JSON, "a JSON file")
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:

@@ -51,5 +51,10 @@ def read_capped(path: str | Path, cap: int, what: str, pipes: bool = False, sour
     except OSError as e:
         raise UserError(f"{source}: cannot read ({e.strerror or e})") from None
     if len(data) > cap:
-        raise UserError(f"{source}: more than {cap // MIB} MiB, the most lanefuse reads of {what}")
+        raise UserError(f"{source}: more than {size_text(cap)}, the most lanefuse reads of {what}")
     return data
+
+
+def size_text(n: int) -> str:
+    """A byte count as a bound is stated: whole MiB where it is some, else bytes."""
+    return f"{n // MIB} MiB" if n >= MIB and n % MIB == 0 else f"{n:,} bytes"

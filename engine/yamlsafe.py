@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.userfile import MAX_YAML, read_capped
+from lanefuse.engine.userfile import read_capped
 
 SAFE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # yaml's safe loader, in C where libyaml is present
 MAX_ALIAS_NODES = 100_000  # the nodes aliases may add to a document, expanded (the shared lane tables add a few dozen)
@@ -30,12 +30,15 @@ def short(v: Any) -> str:
     return _short.repr(v)
 
 
-def read_text(path, source: str | None = None, what: str = "", cap: int = MAX_YAML, pipes: bool = False) -> str:
+def read_text(path, source: str | None = None, what: str = "", cap: int | None = None, pipes: bool = False) -> str:
     """The text of `path` as UTF-8, at most `cap` bytes of it (engine/userfile.py: a regular file unless `pipes`);
     an unreadable file, a larger one or a byte that is not UTF-8 is a `UserError` naming `source` (the path as given
     by default) and, for a bad byte, its line."""
     source = str(path) if source is None else source
-    data = read_capped(path, cap, what or "a YAML file", pipes=pipes, source=source)
+    from lanefuse.engine import userfile
+
+    data = read_capped(path, userfile.MAX_YAML if cap is None else cap, what or "a YAML file", pipes=pipes,
+                       source=source)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -179,3 +179,44 @@ def test_a_step_yamls_random_weights_are_bounded():
     with pytest.raises(UserError, match=rf"the step's constants hold [\d,]+ values \(`emb` alone \(\d+, 4\)\); random "
                                         rf"weights are made for at most {MAX_RANDOM_VALUES:,}"):
         step_weights(from_yaml(text % (MAX_RANDOM_VALUES // 4 + 1)))
+
+
+# -- each input's own cap, hit (lowered here so the files stay small) -------------------------------------------------
+
+def test_each_inputs_cap_is_hit(tmp_path, monkeypatch, capsys):
+    from lanefuse.engine import userfile
+    from lanefuse.engine.jsonfile import read_json
+    from lanefuse.engine.yamlsafe import read_text
+    from lanefuse.lane.cli import commands
+    from lanefuse.lane.cli.main import main
+
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(HF))
+    assert read_json(f, "config.json is JSON") == HF
+    monkeypatch.setattr(userfile, "MAX_JSON", 100)
+    with pytest.raises(UserError, match=r"config.json: more than 100 bytes, the most lanefuse reads of a JSON file"):
+        read_json(f, "config.json is JSON")
+    y = tmp_path / "r.yaml"
+    y.write_text("- name: x\n" * 20)
+    monkeypatch.setattr(userfile, "MAX_YAML", 64)
+    with pytest.raises(UserError, match=r"r.yaml: more than 64 bytes, the most lanefuse reads of a YAML file"):
+        read_text(y)
+    p = tmp_path / "p.txt"
+    p.write_text("[1, 2]\n" * 40)
+    monkeypatch.setattr(userfile, "MAX_PROMPTS", 100)
+    assert main(["run", "demo", "--prompts", str(p), "--tokens", "2"]) == 2
+    assert "p.txt: more than 100 bytes, the most lanefuse reads of a --prompts file" in capsys.readouterr().err
+    monkeypatch.setattr(userfile, "MAX_PROMPTS", 1 << 20)
+    monkeypatch.setattr(commands, "MAX_PROMPT_LINE", 5)
+    assert main(["run", "demo", "--prompts", str(p), "--tokens", "2"]) == 2
+    assert "p.txt:1: a line of 6 characters; a prompt line holds at most 5" in capsys.readouterr().err
+
+
+def test_the_default_cache_rows_are_refused_where_even_one_row_is_too_big(monkeypatch):
+    import lanefuse.lane.cli.source as source
+
+    cfg = config_from_hf(HF)
+    monkeypatch.setattr(source, "_memory_bytes", lambda: 256)  # a quarter: 64 bytes; one row of caches: 256
+    with pytest.raises(UserError, match=r"m: the KV caches and carried states of 1 rows need .* GiB, more than the "
+                                        r"25% of this machine's 0 GiB they may take; its sizes are wrong"):
+        source.context_rows(64, cfg, None, "m")

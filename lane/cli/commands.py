@@ -92,10 +92,10 @@ def _batch_prompts(args, src) -> tuple[list[list[int]], object | None]:
     prompts = [_parse_ids(t) for t in args.prompt_ids or ()]
     tok = None
     if args.prompts:
-        from lanefuse.engine.userfile import MAX_PROMPTS
+        from lanefuse.engine import userfile
         from lanefuse.engine.yamlsafe import read_text
 
-        text = read_text(args.prompts, what="a --prompts file", cap=MAX_PROMPTS, pipes=True)  # `<(cmd)` too
+        text = read_text(args.prompts, what="a --prompts file", cap=userfile.MAX_PROMPTS, pipes=True)  # `<(cmd)` too
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
