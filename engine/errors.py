@@ -31,7 +31,7 @@ def listed(names, n: int = 8) -> str:
     return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
 
 
-def one_line(message, run: int = 160, most: int = 2000) -> str:
+def one_line(message, run: int = 300, most: int = 2000) -> str:
     """A message as it is printed: on one line, each unbroken run of more than `run` characters (an echoed name, a
     value, a line of a file) cut to its start and its length, the whole at most `most`: the last guard, for an echo
     no `clip` reached."""
