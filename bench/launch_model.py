@@ -970,7 +970,7 @@ def main() -> None:
                 doc["plans"][key]["revs"][label]["launches"] = [dict(index=k.index, kernel=k.call.name, grid=list(k.call.grid), block=list(k.call.block),
                                regs=k.regs, blocks_sm=k.bpsm, waves=k.waves, bytes=k.bytes, us=k.us) for k in ks]
             summary.append((name, pos, label, tot, tot / floor, floor, bd))
-            if a.pdl and rev is None:
+            if a.pdl and rev == a.rev:  # the kernels modelled, not the --compare ones (no PDL there)
                 kp = with_pdl(ks, cal)
                 tp = sum(k.us for k in kp)
                 bdp = print_breakdown(kp, f"  under PDL (t0 {cal.get('t0_pdl_us', T0_PDL_US)} µs a launch ASSUMED, "

@@ -98,3 +98,18 @@ def test_gpu_decode_per_kind_table_sums_launches(monkeypatch, capsys):
     assert [k["kind"] for k in out] == ["fold", "attention"]
     assert "PREDICTION" in capsys.readouterr().out
     assert gpu_decode.print_kinds(rows, None)[0]["model_us"] is None
+
+
+def test_predict_plans_writes_what_gpu_decode_reads(lm, demo_plan, monkeypatch, tmp_path):
+    from lanefuse.lane.lower.planfile import save
+
+    monkeypatch.setattr(lm.shutil, "which", lambda name: None)
+    monkeypatch.setattr(lm, "CACHE", tmp_path / "cache")
+    save(demo_plan, str(tmp_path / "qwen3-8b-decode.json"))
+    doc = lm.predict_plans(str(tmp_path), lm.load_calibration(), pos=16)
+    on_disk = json.loads((tmp_path / "launch-model.json").read_text())
+    assert on_disk == json.loads(json.dumps(doc)) and "PREDICTIONS" in on_disk["note"]
+    p = on_disk["plans"]["qwen3-8b-decode"]
+    launched = {str(i) for i, x in enumerate(demo_plan.launches) if x.launch.kernels()}
+    assert set(p["launches"]) == launched and 0 < p["us_pdl"] < p["us"]
+    assert p["us"] == pytest.approx(sum(p["launches"].values()), rel=1e-3)
