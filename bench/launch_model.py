@@ -674,7 +674,7 @@ def lane_vs_model(s, ks: list[Kernel]) -> dict[str, tuple[int, float, float]]:
     return {kind: tuple(v) for kind, v in out.items()}
 
 
-def lane_fit(formats: list[str], positions: list[int], cal: dict) -> dict:
+def lane_fit(formats: list[str], positions: list[int], cal: dict, rev: str | None = None) -> dict:
     """--fit-lane: the costs fitted over the plans of `formats` at each position, and the lane's estimate against the
     model per kind (issue 34 item 5: within 25%)."""
     from lanefuse.lane.lower.knobs import Knobs
@@ -683,7 +683,7 @@ def lane_fit(formats: list[str], positions: list[int], cal: dict) -> dict:
     for fmt in formats:
         s = qwen3_plan(fmt)
         for pos in positions:
-            ks = model(s, None, cal, pos)
+            ks = model(s, rev, cal, pos)
             pts += launch_points(ks)
             runs.append((fmt, pos, s, ks))
     fitted = fit_lane(pts, knobs.launch_us, knobs.hbm_gbps, round(cal["t0_us"] - knobs.launch_us, 2))
@@ -917,7 +917,7 @@ def main() -> None:
         predict_plans(a.predict_plans, cal, (a.pos or [512])[0])
         return
     if a.fit_lane:
-        lane_fit(a.formats.split(","), positions, cal)
+        lane_fit(a.formats.split(","), positions, cal, a.rev)
         return
     if a.fit:
         cal = fit(cal)
