@@ -80,6 +80,32 @@ def test_decode_step_cuda_graph_replays_match():
     assert ta == tb
 
 
+@pytest.mark.parametrize("graph", [True, False])
+def test_demo_with_programmatic_dependent_launch_equals_numpy(graph, monkeypatch):
+    """LANEFUSE_PDL=1 (kernels/pdl.py: every kernel through cuLaunchKernelEx, each free to start while the one before
+    it drains, waiting in PDL_ENTER): the demo's 32 tokens and logits as numpy's, in a CUDA graph (programmatic
+    edges) and launched one by one. Below sm_90 the flag is ignored (the plain launch)."""
+    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    monkeypatch.setenv("LANEFUSE_PDL", "1")
+    cfg, w = demo_model()
+    s = _plan("demo-decode", lambda: build_step(cfg, 1))
+    cpu = _generate(cfg, w, s, NumpyRunner)
+    r = CupyRunner(s, w, DeviceState(), graph=graph)
+    import cupy
+
+    assert r.env.pdl == (int(cupy.cuda.Device().compute_capability) >= 90)
+    from lanefuse.lane.run.generate import generate
+
+    gpu = generate(cfg, w, [1, 2, 3, 4], 32, step_fn=lambda g, env: r.step(env), chunk=1)
+    assert gpu.generated_ids == cpu.generated_ids
+    err = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(gpu.logits, cpu.logits))
+    assert err < 1e-3, err
+
+
 def _saved(name: str):
     plans_dir = os.path.join(flags.read("LANEFUSE_PLANS") or "", gfm.SUBDIR)
     if name not in gfm.read_manifest(plans_dir):
