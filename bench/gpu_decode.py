@@ -10,8 +10,9 @@ its time)
 Beside each plan's graph figure, the same graph with programmatic dependent launch (LANEFUSE_PDL=1, kernels/pdl.py:
 every kernel may start while the one before it drains, the GEMVs prefetching their first weights into L2); and for
 the bf16 Qwen3-8B plan a per-kind breakdown (each launch timed alone between CUDA events, no graph, summed by its
-census kind) beside the lane's own estimate (the plan's cost_us a launch, lane/lower/shim.py) and bench/launch_model.py's
-prediction (PLANDIR/launch-model.json, written on the CPU by `bench/gpu_suite.sh prepare`): issue 34 items 5 and 7.
+census kind) beside the lane's own estimate (the plan's cost_us a launch, lane/lower/shim.py) and
+bench/launch_model.py's prediction (PLANDIR/launch-model.json, written on the CPU by `bench/gpu_suite.sh prepare`):
+issue 34 items 5 and 7.
 
 Then the batch figure (issue 16): the Qwen3-8B-shaped decode step of B = 1..64 sequences (qwen3-8b-decode-bB.json,
 each sequence at `--pos`), time a step and the aggregate tokens/s (B tokens a step); skipped where the plans are

@@ -25,8 +25,8 @@ import pytest
 from lanefuse.kernels import pdl
 from test_kernel_lint import strip_comments
 
-CUDA_H = next((p for p in (Path("/usr/local/cuda/include/cuda.h"), *sorted(Path("/usr/local").glob("cuda-*/include/cuda.h")))
-               if p.exists()), None)
+CUDA_H = next((p for p in (Path("/usr/local/cuda/include/cuda.h"),
+                           *sorted(Path("/usr/local").glob("cuda-*/include/cuda.h"))) if p.exists()), None)
 CC = shutil.which("gcc") or shutil.which("cc")
 
 
