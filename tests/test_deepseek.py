@@ -529,12 +529,15 @@ def test_split_attention_twins_against_a_joined_attention(heads, kv, own, tail, 
 
 def narrow_lane(folder) -> dict:
     """plan() options of a lane whose latent attention runs expanded for a chunk of more than 4 rows (the cuda lane
-    with its `mla` entry's `expand_rows` lowered): a user folder's lane table."""
+    with its `mla` entry's `expand_rows` lowered): a user folder's lane table; the kinds' own fixed times (the lane's
+    `costs:`) scaled near 0, for at this tiny size they would price the fused attention's launches above its parts'."""
+    from lanefuse.lane.lower.knobs import Knobs
+
     (folder / "lanes").mkdir(exist_ok=True)
     (folder / "lanes" / "narrow.yaml").write_text(
         "lane: narrow\nbase: cuda\nwhy: the latent attention expanded from chunks of 5 rows\nclasses:\n"
         "  mla: {support: native, hook: latent, fields: {expand_rows: 4}}\n")
-    return dict(lane="narrow", rules_dirs=(str(folder),))
+    return dict(lane="narrow", rules_dirs=(str(folder),), knobs=Knobs(fixed_scale=0.001))
 
 
 def mla_launches(s, layer=1):
