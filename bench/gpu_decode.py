@@ -160,31 +160,38 @@ def time_plan(s, weights_state, pos: int, iters: int, graph: bool, rounds: int =
     return statistics.median(times)
 
 
+def launch_times(s, r, inputs) -> list[tuple[int, float]]:
+    """(plan launch index, µs) of each launch of plan `s` that runs a kernel, one step of runner `r` with `inputs`
+    loaded, each launch alone between CUDA events on the runner's stream (no graph)."""
+    import cupy as cp
+
+    r.load_inputs(inputs)
+    idx = [i for i, x in enumerate(s.launches) if x.launch.kernels()]
+    ev = [cp.cuda.Event() for _ in range(len(idx) + 1)]
+    with r._stream:
+        ev[0].record(r._stream)
+        for j, i in enumerate(idx):
+            s.launches[i].launch.cuda(r.env)
+            ev[j + 1].record(r._stream)
+    ev[-1].synchronize()
+    return [(i, cp.cuda.get_elapsed_time(ev[j], ev[j + 1]) * 1e3) for j, i in enumerate(idx)]
+
+
 def per_kind(s, weights_state, pos: int, rounds: int = 5) -> list[dict]:
     """Each launch of plan `s` timed alone (CUDA events around it, no graph; the median of `rounds` steps), summed by
     its census kind: measured µs beside the lane's estimate (cost_us) and the launch model's prediction."""
     import collections
-
-    import cupy as cp
 
     r = runner(s, weights_state, graph=False)
     r.state.loaded = True
     inputs = {s.io.token: np.ones(s.batch, np.int32), s.io.position: np.full(s.batch, pos, np.int32)}
     r.load_inputs(inputs)
     r._replay()
-    idx = [i for i, x in enumerate(s.launches) if x.launch.kernels()]
     per = collections.defaultdict(list)
     for _ in range(rounds):
-        r.load_inputs(inputs)
-        ev = [cp.cuda.Event() for _ in range(len(idx) + 1)]
-        with r._stream:
-            ev[0].record(r._stream)
-            for j, i in enumerate(idx):
-                s.launches[i].launch.cuda(r.env)
-                ev[j + 1].record(r._stream)
-        ev[-1].synchronize()
-        for j, i in enumerate(idx):
-            per[i].append(cp.cuda.get_elapsed_time(ev[j], ev[j + 1]) * 1e3)
+        for i, us in launch_times(s, r, inputs):
+            per[i].append(us)
+    idx = sorted(per)
     return [{"index": i, "kind": s.launches[i].launch.census, "us": statistics.median(per[i]),
              "lane_us": float(getattr(s.launches[i], "cost_us", 0.0))} for i in idx]
 

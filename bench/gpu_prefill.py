@@ -92,23 +92,15 @@ def time_step(r, inputs, iters: int, graph: bool = True) -> list[float]:
 
 def per_kind(s, r, inputs) -> dict[str, dict]:
     """Each launch alone between CUDA events (no graph), summed by census kind."""
-    import cupy as cp
+    sys.path.insert(0, HERE)
+    from gpu_decode import launch_times
 
-    r.load_inputs(inputs)
-    idx = [i for i, x in enumerate(s.launches) if x.launch.kernels()]
-    ev = [cp.cuda.Event() for _ in range(len(idx) + 1)]
-    with r._stream:
-        ev[0].record(r._stream)
-        for j, i in enumerate(idx):
-            s.launches[i].launch.cuda(r.env)
-            ev[j + 1].record(r._stream)
-    ev[-1].synchronize()
     kinds: dict[str, dict] = {}
-    for j, i in enumerate(idx):
+    for i, us in launch_times(s, r, inputs):
         l = s.launches[i].launch
         k = kinds.setdefault(l.census, {"launches": 0, "us": 0.0, "flops": 0})
         k["launches"] += 1
-        k["us"] += cp.cuda.get_elapsed_time(ev[j], ev[j + 1]) * 1e3
+        k["us"] += us
         k["flops"] += l.flops()
     return kinds
 
