@@ -34,6 +34,8 @@ class HeadGemv(Launch):
     rows_out: bool = True
     quant: str | None = None  # the output's quantized form, written by the last blocks (the q8 numerics)
     words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3)
+    upto: str | None = None  # a position: only the rows below min(m, upto[0] + extra) computed (a cache's filled rows)
+    extra: int = 0
 
     census: ClassVar[str] = "head_gemv"
     stem: ClassVar[tuple[str, ...]] = ("quant", "head_gemv")
@@ -43,7 +45,7 @@ class HeadGemv(Launch):
             object.__setattr__(self, "rows_out", bool(self.rows_out))
 
     def reads(self):
-        return names(self.x, self.w, *self.y.params())
+        return names(self.x, self.w, self.upto, *self.y.params())
 
     def writes(self):
         return names(self.y.buf, self.quant)
@@ -54,6 +56,8 @@ class HeadGemv(Launch):
         return (Scratch("arrivals", "i32", 4 * (self.m * self.heads * self.b // qblock(self.words)), counter=True),)
 
     def check(self):
+        if self.upto is not None and self.quant is not None:
+            return Refusal("a per-head product over a cache's filled rows that quantizes its output")
         if self.quant is not None:
             why = quant_check(self.heads * self.b, self.words, "a per-head product's output row", k_form=True)
             if why:
@@ -73,7 +77,7 @@ class HeadGemv(Launch):
     def extents(self, top, tokens):
         n = self.m * self.heads
         return reach((self.x, n * self.a), (self.w, self.heads * self.a * self.b),
-                     (self.y.buf, self.y.extent(n * self.b, top)), (self.quant, n * self.b))
+                     (self.y.buf, self.y.extent(n * self.b, top)), (self.quant, n * self.b), (self.upto, 1))
 
     def weights(self):
         return {self.w: self.format}
@@ -97,24 +101,32 @@ class HeadGemv(Launch):
         h, a, b = self.heads, self.a, self.b
         return w.reshape(h, b, a).transpose(0, 2, 1) if self.rows_out else w.reshape(h, a, b)
 
+    def filled(self, env) -> int:
+        """The rows computed: all m, or (upto) those below min(m, upto[0] + extra)."""
+        if self.upto is None:
+            return self.m
+        return min(self.m, max(0, int(env.array(self.upto)[0]) + self.extra))
+
     def numpy(self, env):
-        """As the kernel sums: each output's dot in f64, rounded to f32."""
+        """As the kernel sums: each output's dot in f64, rounded to f32 (the filled rows)."""
         raw, fmt = env.weight(self.w)
         w = self._stack(decode(raw, fmt).astype(np.float64))
-        x = env.array(self.x)[: self.m * self.heads * self.a].reshape(self.m, self.heads, self.a)
+        m = self.filled(env)
+        x = env.array(self.x)[: m * self.heads * self.a].reshape(m, self.heads, self.a)
         y = np.einsum("rha,hab->rhb", x.astype(np.float64), w).astype(np.float32)
-        self.y.write(env, y.reshape(self.m, self.heads * self.b))
+        self.y.write(env, y.reshape(m, self.heads * self.b))
         if self.quant is not None:  # from the f32 values stored, as the last blocks read them back
             quant_write(env, self.quant, y, self.words)
 
     def fast(self, env):
         w = self._stack(env.matrix(self.w))
-        x = env.array(self.x)[: self.m * self.heads * self.a].reshape(self.m, self.heads, self.a)
+        m = self.filled(env)
+        x = env.array(self.x)[: m * self.heads * self.a].reshape(m, self.heads, self.a)
         y = np.matmul(x.transpose(1, 0, 2), w).transpose(1, 0, 2)  # (m, heads, b) in f32
         if not (y.max() < np.inf and y.min() > -np.inf):  # NaN fails both: f32 overflowed where f64 may not
             with np.errstate(over="ignore", invalid="ignore"):
                 y = np.einsum("rha,hab->rhb", x.astype(np.float64), w.astype(np.float64)).astype(np.float32)
-        y = np.ascontiguousarray(y).reshape(self.m, self.heads * self.b)
+        y = np.ascontiguousarray(y).reshape(m, self.heads * self.b)
         self.y.write(env, y)
         if self.quant is not None:
             quant_write(env, self.quant, y, self.words)
@@ -131,4 +143,4 @@ class HeadGemv(Launch):
         denv.function(self.stem, "head_gemv")(grid, block, (
             denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
             i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), *tail,
-            i64(self.words if self.quant is not None else 0)))
+            i64(self.words if self.quant is not None else 0), denv.opt(self.upto), i64(self.extra)))

@@ -26,7 +26,7 @@ from lanefuse.kernels.common import encode
 pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
 
 r32 = gpu.r32
-MODULES = [Gemv.stem, ("gemv_core", "gemv"), GemvGlu.stem, GemmParts.stem, Fold.stem]
+MODULES = [Gemv.stem, ("gemv_core", "gemv"), GemvGlu.stem, GemmParts.stem, Fold.stem, ("quant", "head_gemv")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -291,3 +291,14 @@ FULL = bool(flags.read("LANEFUSE_EMU_FULL"))
                                                        "emulated (~500 cases, ~10 min): set LANEFUSE_EMU_FULL=1"))])
 def test_gpu_case_emulated(mod, name, kw):
     getattr(mod, name)(**kw)
+
+
+@pytest.mark.parametrize("pos,extra", gpu.HEAD_FILLED)
+def test_head_gemv_filled_rows(pos, extra):
+    """head_gemv with a position: the filled rows as the twin computes them, the others left as they were (NaN)."""
+    launch, arrays, weights = gpu.head_filled_case(pos, extra)
+    dev = gpu.both(launch, arrays, weights, tol=2e-4)
+    y = dev.host("kx").reshape(64, -1)
+    filled = min(64, pos + extra)
+    assert not np.isnan(y[:filled]).any() and np.isnan(y[filled:]).all()
+    again_same(launch, dev, ["kx"])

@@ -588,6 +588,28 @@ def test_head_gemv(fmt, m, heads, a, b, rows_out):
          placed=m == 3)
 
 
+HEAD_FILLED = [(0, 1), (3, 5), (60, 8), (62, 9)]  # (position, the chunk's rows): 1, 8, 64 (all 64), 64 (clipped)
+
+
+def head_filled_case(pos: int, extra: int, fmt: str = "bf16"):
+    """A chunk's expanded latent key half over a 64-row cache at `pos` with `extra` rows: the launch, its arrays
+    (the output NaN-filled: rows past the filled ones must stay so) and weights."""
+    from lanefuse.kernels import HeadGemv
+
+    g = np.random.default_rng(pos + extra)
+    L, lora, cols = 64, 96, 80
+    arrays = {"lc": r32(g, L, lora), "kx": np.full(L * cols, np.nan, np.float32), "pos": np.array([pos], np.int32)}
+    weights = {"wk": (encode(r32(g, cols, lora) / np.sqrt(lora), fmt), fmt)}
+    launch = HeadGemv("lc", "wk", fmt, Dst("kx"), L, 1, lora, cols, rows_out=True, upto="pos", extra=extra)
+    return launch, arrays, weights
+
+
+@pytest.mark.parametrize("pos,extra", HEAD_FILLED)
+def test_head_gemv_computes_only_the_filled_rows(pos, extra):
+    """The expanded latent attention's halves (lane/lower/hooks._expanded): rows below min(L, pos + rows) only."""
+    both(*head_filled_case(pos, extra), tol=2e-4)
+
+
 @pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (16, True)])
 @pytest.mark.parametrize("shared", [0, 24])
 def test_moe_grouped_sigmoid(rows, sort, shared):

@@ -316,8 +316,9 @@ def _expanded(link, op, scope, attn, fk, fv):
     for name, cols in ((kx, h * nope), (vx, h * vd)):
         if lowering and name not in g.tensors:
             g.tensors[name] = Tensor(name, (L, cols))
-    return [HeadGemv(b["lc"], b["wk"], fk, Dst(kx), L, 1, lora, h * nope, rows_out=True),
-            HeadGemv(b["lc"], b["wv"], fv, Dst(vx), L, 1, lora, h * vd, rows_out=True),
+    # only the cache's filled rows (its position's and the chunk's): the attention reads no other
+    return [HeadGemv(b["lc"], b["wk"], fk, Dst(kx), L, 1, lora, h * nope, rows_out=True, upto=b["pos"], extra=rows),
+            HeadGemv(b["lc"], b["wv"], fv, Dst(vx), L, 1, lora, h * vd, rows_out=True, upto=b["pos"], extra=rows),
             Attention(b["qn"], kx, vx, b["pos"], b["y"], h, 1, nope + rope, vd, L, rows, b["scale"],
                       softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope)]
 
