@@ -117,19 +117,13 @@ def copy_bandwidth() -> float:
 
 
 def runner(s, weights_state, graph: bool, pdl: bool = False):
-    """A CupyRunner of plan `s`, its kernels launched with programmatic dependent launch or not (DeviceEnv reads
-    LANEFUSE_PDL when it is made)."""
+    """A CupyRunner of plan `s`, its kernels launched with programmatic dependent launch (where the device has it:
+    sm_90+) or not, whatever LANEFUSE_PDL says."""
     from lanefuse.lane.run.cupy_runner import CupyRunner
 
-    before = os.environ.get("LANEFUSE_PDL")
-    os.environ["LANEFUSE_PDL"] = "1" if pdl else "0"
-    try:
-        return CupyRunner(s, None, weights_state, graph=graph)
-    finally:
-        if before is None:
-            del os.environ["LANEFUSE_PDL"]
-        else:
-            os.environ["LANEFUSE_PDL"] = before
+    r = CupyRunner(s, None, weights_state, graph=graph)
+    r.env.pdl = pdl and r.env.pdl_able
+    return r
 
 
 def time_plan(s, weights_state, pos: int, iters: int, graph: bool, rounds: int = 5, pdl: bool = False) -> float:

@@ -52,7 +52,12 @@ class DeviceEnv:
         self._tables: dict[str, object] = {}
         # every kernel through cuLaunchKernelEx with programmatic stream serialization (kernels/pdl.py): LANEFUSE_PDL=1
         # on a device of compute capability 9.0 or above (below, griddepcontrol does not exist: the flag is ignored)
-        self.pdl = bool(flags.read("LANEFUSE_PDL")) and int(cupy.cuda.Device().compute_capability) >= 90
+        self.pdl = bool(flags.read("LANEFUSE_PDL")) and self.pdl_able
+
+    @property
+    def pdl_able(self) -> bool:
+        """Whether this device has programmatic dependent launch (compute capability 9.0 or above)."""
+        return int(self.cp.cuda.Device().compute_capability) >= 90
 
     # -- the Env protocol, on the device ---------------------------------------------------------------------------
     def array(self, name: str):

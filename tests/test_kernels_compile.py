@@ -207,6 +207,9 @@ KNOWN_SPILLS = {
     # (32 B, filled through a reference by wblock_ints under a run-time format) kept in local memory (not confirmed
     # in the SASS: no cuobjdump here)
     "gemv_q8": (("gemv_core", "gemv_q8", "gemm_parts"), "128 registers, 32 B stack"),
+    # since the new block formats (q4_1 .. iq4_xs) reach gemv_tile_any through a call (qget4_more, __noinline__):
+    # at 167 registers the call's saved registers spill (gemm_parts_4 only; gemv_4 and the folds stay clean)
+    "gemm_parts_4": (("gemv_core", "gemv_q8", "gemm_parts"), "167 registers, 16 B stack, 16/368 B spill"),
     "gemm_parts_q8": (("gemv_core", "gemv_q8", "gemm_parts"), "128 registers, 32 B stack"),
     "fold_gemv_norm_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
     "fold_parts_rope_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
