@@ -453,7 +453,7 @@ def test_run_batch_refusals_in_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_plan_batch_prints_the_caches(capsys):
-    assert _main("plan", "--batch", "4") == 0
+    assert _main("plan", "--batch", "4", "--all") == 0  # --all: layer 0's launches and their fields
     cap = capsys.readouterr()
     assert "KV caches: 4 slots of 256 rows, 2.0 MiB" in cap.err
     assert "slot=256" in cap.out

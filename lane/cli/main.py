@@ -134,7 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="DIR", help="write a static report of the plan into DIR (made if missing): "
                                                  "open DIR/index.html from the file system, no server needed")
     p.add_argument("--lifted", action="store_true", help="print the lifted graph instead (op, inputs, output, shape)")
-    p.add_argument("--layer", type=int, default=None, metavar="N", help="show only layer N's launches")
+    p.add_argument("--layer", type=int, default=None, metavar="N", help="show layer N's launches (-1: the step's "
+                                                                        "tail)")
+    p.add_argument("--all", "-v", "--verbose", dest="all", action="store_true",
+                   help="every table in full: the census, every rule (those that matched nothing too), layer 0's "
+                        "launches (the default is a summary)")
     _plan_args(p)
 
     p = sub.add_parser("rules", help="list the fusion rule table, or check a rules folder",
@@ -212,6 +216,18 @@ def check_outputs(args) -> None:
             raise UserError("--html -: the report is a folder of files; give a folder name")
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a closed pipe says nothing (and exits 0)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is no file (a test's capture): nothing to flush later
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -222,14 +238,17 @@ def main(argv: list[str] | None = None) -> int:
         from lanefuse.lane.cli import commands
 
         check_outputs(args)
-        return getattr(commands, "cmd_" + args.cmd)(args) or 0
+        rc = getattr(commands, "cmd_" + args.cmd)(args) or 0
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at the interpreter's exit
+        return rc
     except UserError as e:
         print(f"lanefuse: error: {one_line(e)}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         print("lanefuse: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # `lanefuse plan | head -5`: the reader has what it wanted; end quietly, as git log does
+        _quiet_stdout()
         return 0
     except Exception as e:  # a bug of lanefuse's, not the user's: one line, the traceback on request
         from lanefuse.engine import flags

@@ -77,15 +77,74 @@ def plan_command(args, src, g) -> int:
         from lanefuse.lane.lower.planfile import save
 
         save(s, args.save)
+    quiet = "-" in (args.json, args.save, args.trace)  # stdout holds one JSON document, nothing else
+    why = why_not_notes(args, src, g) if args.json or not quiet else {}
     if args.json:
-        write_atomic(args.json, json.dumps({**schedule_json(s), "rules": rule_counts(s, opt, args.rules)}, indent=1)
-                     + "\n")
+        write_atomic(args.json, json.dumps({**schedule_json(s), "rules": rule_counts(s, opt, args.rules, why_not=why)},
+                                           indent=1) + "\n")
     if getattr(args, "html", None):
         _write_html(args, src, g)
-    if "-" in (args.json, args.save, args.trace):
-        return 0  # stdout holds one JSON document, nothing else
-    print_plan(s, args.layer, rule_counts(s, opt, args.rules, _released(args, g)))
+    if quiet:
+        return 0
+    print_plan(s, args.layer, rule_counts(s, opt, args.rules, _released(args, g), why),
+               full=bool(getattr(args, "all", False)))
     return 0
+
+
+def _winner(instead: str) -> str:
+    """The rule (or launch kind) the explorer's `instead` text names: `gemv_gate_up_glu`, or `merged_qkv` of `it
+    computed inside launch #1 (fold, merged_qkv by `merged_qkv`)`."""
+    import re
+
+    m = re.search(r"by `([^`]+)`", instead)
+    if m:
+        return m.group(1)
+    m = re.match(r"it computed inside launch (#\d+) \((\w+)", instead)
+    if m:
+        return f"launch {m.group(1)} ({m.group(2)})"
+    return instead.split(" output ")[0]
+
+
+def why_not_note(w: dict, method: str = "exact") -> str:
+    """One line from the explorer's why-not of a rule (`Explorer.saturation()['rules'][i]['why_not']`): the cost
+    difference of the step with the rule's fused op forced in at one tensor, and what the plan takes there."""
+    t = w["tensor"]
+    if w["support"] in ("refuse", "held"):
+        return f"not chosen: {w['support']} at {t}: {w['reason']}"
+    if w["plan_cost_us"] is None:
+        return f"not chosen: no runnable plan takes it at {t} (a refusal conflicts)"
+    d, win = w["plan_cost_us"] - w["step_us"], _winner(w["instead"])
+    if abs(d) < 0.005:
+        return f"not chosen: a tie at {t} with {win} ({w['step_us']:.2f} µs), broken by rank"
+    if d > 0:
+        return f"not chosen: +{d:.2f} µs a step with it at {t} ({w['plan_cost_us']:.2f} against {w['step_us']:.2f} " \
+               f"µs with {win})"
+    return f"not chosen: {d:+.2f} µs a step with it at {t}: cheaper, which the {method} search missed"
+
+
+def why_not_notes(args, src, g) -> dict[str, str]:
+    """rule -> why the plan never chose it, for each rule that matched in saturation and fused nothing in the plan
+    (the explorer's why-not: the step's cost with the rule's op forced in at one tensor, against the plan's)."""
+    from lanefuse.engine.errors import UserError, one_line
+    from lanefuse.lane.cli.options import plan_options
+    from lanefuse.lane.cli.slow import spinner
+    from lanefuse.lane.explore.explorer import Explorer
+
+    o = plan_options(args)
+    try:
+        with spinner("working out why the rules that matched were not chosen…"):
+            ex = Explorer(g, lane=o.lane, rules_dirs=o.rules_dirs, knobs=o.knobs, held=o.held,
+                          forced=o.forced or None, model_name=src.name, numerics=o.numerics)
+            try:
+                sat = ex.saturation()
+            finally:
+                ex.close()
+    except UserError as e:  # the plan stands; only its notes are missing, and the user is told why
+        print(f"lanefuse: the rules' why-not notes are left out: {one_line(e)}", file=sys.stderr)
+        return {}
+    method = "exact" if sat.get("method") == "ilp" else "local"
+    return {r["name"]: why_not_note(r["why_not"], method) for r in sat["rules"]
+            if r["matches"] and not r["fired"] and not r["held"] and isinstance(r["why_not"], dict)}
 
 
 def _write_html(args, src, g) -> None:
@@ -108,10 +167,11 @@ def _write_html(args, src, g) -> None:
           f"{size / 1024:.0f} KiB; open it in a browser, no server needed)", file=sys.stderr)
 
 
-def rule_counts(s, opt, rules_dirs=(), released=None) -> list[dict]:
+def rule_counts(s, opt, rules_dirs=(), released=None, why_not: dict[str, str] | None = None) -> list[dict]:
     """Each rule of the table with its matches in saturation and the times the plan chose it, and what a user should
     know of it: held back (and whether `released`, the plan with the held rules released, chooses it), a user rule
-    that never matched, a class the plan's lane does not link."""
+    that never matched, a class the plan's lane does not link, why a rule that matched was never chosen (`why_not`,
+    from `why_not_notes`)."""
     from lanefuse.engine.rules import load_table
     from lanefuse.lane.lower.table import load_lane
 
@@ -131,6 +191,8 @@ def rule_counts(s, opt, rules_dirs=(), released=None) -> list[dict]:
             notes.append("your rule never matched this step")
         if r.cls not in linked and r.cls != "into_row":
             notes.append(f"class `{r.cls}` is linked by no launch of the {s.lane} lane: never chosen")
+        elif why_not and r.name in why_not and r.name not in s.held and m and not c:
+            notes.append(why_not[r.name])
         out.append({"rule": r.name, "where": f"{r.file}:{r.line}", "class": r.cls, "matched": m, "chosen": c,
                     "note": "; ".join(notes)})
     return out
@@ -199,9 +261,11 @@ def weight_bytes_line(s) -> str:
     return f"weights read a step: {total:,} B (" + ", ".join(f"{f} {n:,} B" for f, n in by.items()) + ")"
 
 
-def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
-    """The plan on stdout: its line, census, per-rule counts (`rules`, from `rule_counts`), every layer summarized
-    with the step's tail, and one layer's launches (`layer`: 0 unless given; -1 the tail)."""
+def print_plan(s, layer=None, rules: list[dict] | None = None, full: bool = False) -> None:
+    """The plan on stdout, concise: its line, census, the rules that matched (`rules`, from `rule_counts`; why a rule
+    that matched was not chosen in its note), every layer summarized with the step's tail, and `layer`'s launches
+    where given (-1 the tail). `full` (`--all`): the census as a table, every rule, and layer 0's launches unless
+    `layer` names another."""
     from lanefuse.lane.cli.tables import console, table
 
     con = console()
@@ -216,8 +280,8 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
     con.print(f"launches: [bold]{s.n_launches}[/] a step"
               + (f", {min(body)}–{max(body)} a layer" if body and min(body) != max(body) else
                  f", {body[0]} a layer" if body else "")
-              + f" over {s.layers} layers · estimated step {s.cost_us:.1f} µs · arena {s.arena.bytes:,} B "
-                f"(lower bound {s.arena.lower_bound:,} B, ×{s.arena.ratio:.3f})")
+              + f" over {s.layers} layers · estimated step {s.cost_us:.1f} µs")
+    con.print(f"arena {s.arena.bytes:,} B (lower bound {s.arena.lower_bound:,} B, ×{s.arena.ratio:.3f})")
     con.print(weight_bytes_line(s))
     for w in s.warnings:
         con.print(f"[yellow]note:[/] {w}")
@@ -238,49 +302,63 @@ def print_plan(s, layer=None, rules: list[dict] | None = None) -> None:
                   f"llama.cpp's q8_K (blocks of 256): {len(qk) - n_q} in a producer's epilogue (a norm, a gate/up GEMV, "
                   f"an attention, a mixture's finalize), {n_q} by a Quant launch"
                   + (" (the other producers' epilogues write only the 32-value q8 form)" if n_q else ""))
-    t = table("census")
-    t.add_column("launch kind")
-    t.add_column("count", justify="right")
-    for k, v in sorted(s.census.items(), key=lambda kv: -kv[1]):
-        t.add_row(k, str(v))
+    census = sorted(s.census.items(), key=lambda kv: -kv[1])
+    if full:
+        t = table("census")
+        t.add_column("launch kind")
+        t.add_column("count", justify="right")
+        for k, v in census:
+            t.add_row(k, str(v))
+        con.print(t)
+    else:
+        con.print("census: " + ", ".join(f"{k} {v}" for k, v in census))
     if rules is None:
         f = table("fusions fired")
-        f.add_column("rule")
+        f.add_column("rule", no_wrap=True)
         f.add_column("count", justify="right")
         for k, v in sorted(s.fusions.items()):
             f.add_row(k, str(v))
+        idle = []
     else:
-        f = table("rules: matched in saturation, chosen by the plan")
-        for c in ("rule", "source", "matched", "chosen", "note"):
-            f.add_column(c, justify="right" if c in ("matched", "chosen") else "left")
-        for r in rules:
+        shown = rules if full else [r for r in rules if r["matched"] or r["chosen"] or r["note"]]
+        idle = [r["rule"] for r in rules if r not in shown]
+        f = table("rules: matched in saturation, chosen by the plan" + ("" if full else " (those that matched)"))
+        f.add_column("rule", no_wrap=True)  # a name whole, never folded mid-identifier (ellipsized where too narrow)
+        f.add_column("source", no_wrap=True)
+        f.add_column("matched", justify="right", no_wrap=True)
+        f.add_column("chosen", justify="right", no_wrap=True)
+        f.add_column("note", ratio=1)  # the one column that wraps, at spaces
+        for r in shown:
             f.add_row(r["rule"], r["where"], str(r["matched"]), str(r["chosen"]), r["note"] or "")
-    con.print(t)
     con.print(f)
+    if idle:
+        con.print(f"{len(idle)} more rules matched nothing in this step (`--all` lists them)")
     for r in rules or ():
         if r["note"]:
             con.print(f"[yellow]note:[/] {r['rule']} @ {r['where']}: {r['note']}")
     lay = table("every layer")
     for c in ("layer", "launches", "kinds, in order"):
-        lay.add_column(c, justify="right" if c == "launches" else "left")
+        lay.add_column(c, justify="right" if c == "launches" else "left", no_wrap=c != "kinds, in order")
     for name, n, kinds in layer_summary(s):
         lay.add_row(name, str(n), kinds)
     con.print(lay)
     final = next((x for x in s.launches if "final_norm" in x.ops), None)
     if final is not None and final.layer >= 0:
         con.print(f"the final norm is fused into layer {final.layer}'s last {final.launch.census} launch")
-    show = 0 if layer is None else layer
-    lt = table(f"layer {show} launches" if show >= 0 else "the step's tail: launches")
-    for c in ("#", "kind", "class / rule", "computes", "µs", "fields"):
-        lt.add_column(c, overflow="fold")
-    for i, x in enumerate(s.launches):
-        if x.layer != show or not x.launch.kernels():
-            continue
-        lt.add_row(str(i), x.launch.census, f"{x.cls} ({x.rule})" if x.cls else "-", ", ".join(x.ops),
-                   f"{x.cost_us:.2f}", _fields(x.launch))
-    con.print(lt)
+    if layer is not None or full:
+        show = 0 if layer is None else layer
+        lt = table(f"layer {show} launches" if show >= 0 else "the step's tail: launches")
+        for c in ("#", "kind", "class / rule", "computes", "µs", "fields"):
+            lt.add_column(c, overflow="fold" if c == "fields" else "ellipsis", no_wrap=c in ("#", "kind", "µs"))
+        for i, x in enumerate(s.launches):
+            if x.layer != show or not x.launch.kernels():
+                continue
+            lt.add_row(str(i), x.launch.census, f"{x.cls} ({x.rule})" if x.cls else "-", ", ".join(x.ops),
+                       f"{x.cost_us:.2f}", _fields(x.launch))
+        con.print(lt)
     if layer is None and s.layers > 1:
-        con.print(f"`--layer N` shows layer N's launches (0..{s.layers - 1}; -1: the step's tail)")
+        con.print(f"`--layer N` shows layer N's launches (0..{s.layers - 1}; -1: the step's tail); `--all` every "
+                  f"table in full")
 
 
 def rules_command(args) -> int:

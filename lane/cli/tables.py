@@ -16,7 +16,14 @@ def tty(stream=None) -> bool:
 def console(stream=None):
     from rich.console import Console
 
-    return Console(file=stream, width=None if tty(stream) else WIDE, highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """rich ends the process with exit 1 when the reader of stdout goes away; `lanefuse plan | head -5`
+            ends quietly with 0, as `git log | head` does (main() catches this)."""
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(file=stream, width=None if tty(stream) else WIDE, highlight=False)
 
 
 def table(title: str | None = None, stream=None, **kw):
