@@ -1,15 +1,16 @@
 """`conv_parts`: several causal convolutions of one step as one launch (conv_parts: a gated delta net's q, k and v
 convolutions, each with its ring and SiLU, q's and k's heads L2-normed): each part takes the blocks from its first
-(conv_parts.cu, over conv.cu's body); normed parts share one head width, the block."""
+(conv_parts.cu, over conv.cu's body); normed parts share one head width, the block. In a batch step (`seqs`) each
+row is a sequence of its own over its own slot of each ring (conv.py's `seqs`), a block row a sequence."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Launch, names, reach
-from lanefuse.kernels.conv import BLOCK, conv_refusal, convolve, read_rows
+from lanefuse.kernels.common import MAX_GRID_Y, Launch, names, reach
+from lanefuse.kernels.conv import BLOCK, conv_refusal, convolve_rows, seq_rows, seqs_apart
 
 import numpy as np
 
@@ -41,9 +42,12 @@ class ConvParts(Launch):
     silu: bool = True
     block: int = 0  # the normed parts' head width, the threads a block (0: none normed, BLOCK)
     eps: float = 1e-6
+    seqs: bool = False  # a batch's: each row a sequence of its own, over its slot of each ring (taps-1 rows a sequence)
+    seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
 
     census: ClassVar[str] = "conv_parts"
     stem: ClassVar[tuple[str, ...]] = ("conv", "conv_parts")
+    steps: ClassVar[tuple[str, ...]] = ("sequences",)  # a batch apart, one launch a sequence (`apart`)
 
     @property
     def threads(self) -> int:
@@ -60,6 +64,8 @@ class ConvParts(Launch):
             return Refusal("a launch of no convolutions")
         if any(p.l2 for p in self.parts) and not self.block:
             return Refusal("L2-normed convolutions in parts with no head width")
+        if self.seqs and self.rows > MAX_GRID_Y:
+            return Refusal(f"convolutions over a batch of {self.rows} sequences (at most {MAX_GRID_Y}, a block row each)")
         for p in self.parts:
             if p.xoff < 0 or p.xoff + p.chan > p.pitch:
                 return Refusal(f"a convolution of channels {p.xoff}..{p.xoff + p.chan - 1} of rows of {p.pitch}")
@@ -70,10 +76,11 @@ class ConvParts(Launch):
 
     def extents(self, top, tokens):
         out: dict[str, int] = {}
+        n = self.seq0 + self.rows if self.seqs else self.rows  # the rows (a batch's: sequences) reached
         for p in self.parts:
             c = p.chan
-            for k, v in reach((p.x, (self.rows - 1) * p.pitch + p.xoff + c), (p.w, c * self.taps),
-                              (p.ring, (self.taps - 1) * c), (p.y, self.rows * c)).items():
+            for k, v in reach((p.x, (n - 1) * p.pitch + p.xoff + c), (p.w, c * self.taps),
+                              (p.ring, (self.taps - 1) * c * (n if self.seqs else 1)), (p.y, n * c)).items():
                 out[k] = max(out.get(k, 0), v)
         return out
 
@@ -91,11 +98,12 @@ class ConvParts(Launch):
         r, t = self.rows, self.taps
         for p in self.parts:
             c = p.chan
-            ring = env.array(p.ring)[: (t - 1) * c].reshape(t - 1, c)
             w = np.asarray(env.weight(p.w)[0]).reshape(-1)[: c * t].reshape(c, t)
-            x = read_rows(env.array(p.x), r, p.pitch, p.xoff, c)
-            y = convolve(x, w, ring, t, self.silu, self.block if p.l2 else 0, self.eps)
-            env.array(p.y)[: r * c] = y.reshape(-1)
+            x = seq_rows(env, p.x, self.seqs, self.seq0, r, p.pitch, p.xoff, c)
+            y = convolve_rows(x, w, env.array(p.ring), t, self.silu, self.block if p.l2 else 0, self.eps, self.seqs,
+                              self.seq0)
+            first = self.seq0 * c if self.seqs else 0
+            env.array(p.y)[first: first + r * c] = y.reshape(-1)
 
     def firsts(self) -> list[int]:
         out, at = [], 0
@@ -105,13 +113,14 @@ class ConvParts(Launch):
         return out + [at]
 
     def batched(self, pos: str, slot: int):
-        """A batch step's: refused (its kernel runs one sequence's carried state; the reference interpreter runs a
-        batch's, a slot a sequence)."""
-        return Refusal("a gated delta net's carried state over a batch's sequences (this lane's kernels run one "
-                       "sequence's rings and states; decode one sequence at a time)")
+        """A batch step's: each row a sequence of its own, over its own slot of each ring."""
+        return replace(self, seqs=True)
+
+    def apart(self):
+        return seqs_apart(self)
 
     def grid_block(self):
-        return ((self.firsts()[-1], 1, 1), (self.threads, 1, 1))
+        return ((self.firsts()[-1], self.rows if self.seqs else 1, 1), (self.threads, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import f32, i64
@@ -123,4 +132,5 @@ class ConvParts(Launch):
         t = denv.table(self.key(), words)
         g, b = self.grid_block()
         denv.function(self.stem, "conv_parts")(g, b, (t, i64(len(self.parts)), i64(self.taps), i64(self.rows),
-                                                      i64(int(self.silu)), f32(self.eps)))
+                                                      i64(int(self.silu)), f32(self.eps), i64(int(self.seqs)),
+                                                      i64(self.seq0)))

@@ -10,21 +10,28 @@
 // The key width DK is a compile-time constant, one entry a width (delta_32 .. delta_128): every loop over the state
 // column unrolls whole with no bound to test, so the column stays in registers (a runtime bound kept the array in
 // local memory: 1.6 kB of spill stores at 128, measured with -Xptxas -v).
+// A batch's entry (delta_seqs_32 .. delta_seqs_128: SEQS) runs a sequence a block row (grid y): row seq0 + blockIdx.y
+// alone, over its own slot of the state (hv·DK rows of dv a sequence), the rows' indices the batch's (its quantized
+// form's and arrival counters' too). An entry of its own: a runtime choice in one body (a row base, or pointers moved
+// to the row) took delta_64 from 128 to 244 registers and spilled the column at 96 and 128 (ptxas -v, sm_90).
 #define DELTA_PARAMS                                                                                            \
     const float *q, const float *k, const float *v, const float *z, i64 zpitch, i64 zoff, const float *beta,    \
         const float *g, float *st, const float *gn, float *out, i64 hk, i64 hv, i64 dv, i64 rows, float scale, \
-        float eps, signed char *qw, signed char *ql, float *qsc, unsigned *arrivals, i64 qwords
+        float eps, signed char *qw, signed char *ql, float *qsc, unsigned *arrivals, i64 qwords, i64 seq0
 #define DELTA_ARGS q, k, v, z, zpitch, zoff, beta, g, st, gn, out, hk, hv, dv, rows, scale, eps, qw, ql, qsc, arrivals, \
-    qwords
+    qwords, seq0
 
-template <int DK>
+template <int DK, bool SEQS>
 __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
     __shared__ float qs[DK], ks[DK];
     i64 h = blockIdx.x, j = threadIdx.x, kh = h / (hv / hk);
+    // the rows this block runs: the step's in order, or (SEQS) a batch's sequence's one row over its own state,
+    // the state table's heads from s·hv
+    const i64 r0 = SEQS ? seq0 + blockIdx.y : 0, r1 = SEQS ? r0 + 1 : rows, sh = SEQS ? r0 * hv + h : h;
     float S[DK];
 #pragma unroll
-    for (int i = 0; i < DK; i++) S[i] = st[(h * DK + i) * dv + j];
-    for (i64 r = 0; r < rows; r++) {
+    for (int i = 0; i < DK; i++) S[i] = st[(sh * DK + i) * dv + j];
+    for (i64 r = r0; r < r1; r++) {
         __syncthreads();
         for (i64 i = j; i < DK; i += blockDim.x) {
             qs[i] = q[(r * hk + kh) * DK + i] * scale;
@@ -56,13 +63,13 @@ __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
         }
     }
 #pragma unroll
-    for (int i = 0; i < DK; i++) st[(h * DK + i) * dv + j] = S[i];
+    for (int i = 0; i < DK; i++) st[(sh * DK + i) * dv + j] = S[i];
     if (qw && qwords == 3) {  // after the rows (the state column's registers free): each row's q8k blocks
         __shared__ int last;
         __shared__ float blk[256];
         i64 n = hv * dv, b = h * dv >> 8;
         __threadfence();
-        for (i64 r = 0; r < rows; r++) {
+        for (i64 r = r0; r < r1; r++) {
             __syncthreads();
             if (j == 0) last = atomicAdd(arrivals + r * (n >> 8) + b, 1u) == (unsigned)(256 / dv) - 1u;
             __syncthreads();
@@ -74,10 +81,14 @@ __device__ __forceinline__ void delta_body(DELTA_PARAMS) {
     }
 }
 
-#define DELTA_ENTRY(DK)                                                          \
-    extern "C" __global__ void __launch_bounds__(256) delta_##DK(DELTA_PARAMS) { \
-        PDL_ENTER();                                                              \
-        delta_body<DK>(DELTA_ARGS);                                               \
+#define DELTA_ENTRY(DK)                                                               \
+    extern "C" __global__ void __launch_bounds__(256) delta_##DK(DELTA_PARAMS) {      \
+        PDL_ENTER();                                                                   \
+        delta_body<DK, false>(DELTA_ARGS);                                             \
+    }                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) delta_seqs_##DK(DELTA_PARAMS) { \
+        PDL_ENTER();                                                                   \
+        delta_body<DK, true>(DELTA_ARGS);                                              \
     }
 DELTA_ENTRY(32)
 DELTA_ENTRY(64)

@@ -2,18 +2,21 @@
 a block a value head, a thread a value column of the head's (dk, dv) state, the state table rewritten in place
 (delta.cu); and the output's quantized form (`quant`, the q8 numerics: `gdn_output_quant`) written in the epilogue,
 a warp a block of 32 of a head's columns; over K-quant rows the q8k form (llama.cpp's q8_K), a block of 256 spanning
-256 / dv heads, quantized after the rows by the last of their blocks to arrive (an arrival counter a row's block)."""
+256 / dv heads, quantized after the rows by the last of their blocks to arrive (an arrival counter a row's block). In a
+batch step (`seqs`) each row is a sequence of its own over its own slot of the state (hv·dk rows a sequence: the
+reference interpreter's `gated_delta` over a batch's state), a block row (grid y) a sequence (delta.cu's delta_seqs
+entries)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Q8K, QBLOCK_K, Launch, Scratch, names, reach
-from lanefuse.kernels.conv import read_rows
+from lanefuse.kernels.common import MAX_GRID_Y, Q8K, QBLOCK_K, Launch, Scratch, names, reach
+from lanefuse.kernels.conv import read_rows, seqs_apart
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 MAX_DK = 128  # a key head's values a thread holds in registers (delta.cu: an entry a width of 32, 64, 96, 128)
@@ -43,9 +46,17 @@ class Delta(Launch):
     quant: str | None = None  # the output's quantized form, written in the epilogue (the q8 numerics)
     words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3: a block of 256 over the heads it spans,
     # quantized by the last of their blocks to store its row, an arrival counter a row's block)
+    seqs: bool = False  # a batch's: each row a sequence of its own, over its slot of the state (hv·dk rows a sequence)
+    seq0: int = 0  # a batch launch's first sequence (the `sequences` step held: one launch a sequence)
 
     census: ClassVar[str] = "delta"
     stem: ClassVar[tuple[str, ...]] = ("quant", "delta")
+    steps: ClassVar[tuple[str, ...]] = ("sequences",)  # a batch apart, one launch a sequence (`apart`)
+
+    @property
+    def first(self) -> int:
+        """The first row this launch runs: a batch launch's first sequence's, else the step's first."""
+        return self.seq0 if self.seqs else 0
 
     @property
     def zp(self) -> int:
@@ -73,13 +84,17 @@ class Delta(Launch):
             return Refusal(f"a delta-rule key head of {self.dk} (a multiple of 32, at most {MAX_DK})")
         if self.dv % 32 or self.dv > MAX_DV:
             return Refusal(f"a delta-rule value head of {self.dv} (a multiple of 32, at most {MAX_DV})")
+        if self.seqs and self.rows > MAX_GRID_Y:
+            return Refusal(f"a delta rule over a batch of {self.rows} sequences (at most {MAX_GRID_Y}, a block row "
+                           f"each)")
         return None
 
     def extents(self, top, tokens):
-        r, kd, vd = self.rows, self.hk * self.dk, self.hv * self.dv
+        r, kd, vd = self.first + self.rows, self.hk * self.dk, self.hv * self.dv  # rows reached (a batch's from 0)
+        slots = r if self.seqs else 1
         return reach((self.q, r * kd), (self.k, r * kd), (self.v, r * vd), (self.z, (r - 1) * self.zp + self.zoff + vd),
                      (self.beta, r * self.hv),
-                     (self.g, r * self.hv), (self.state, self.hv * self.dk * self.dv), (self.gn, self.dv),
+                     (self.g, r * self.hv), (self.state, slots * self.hv * self.dk * self.dv), (self.gn, self.dv),
                      (self.out, r * vd), (self.quant, r * vd))
 
     def weights(self):
@@ -94,55 +109,64 @@ class Delta(Launch):
         return 6 * self.rows * self.hv * self.dk * self.dv
 
     def numpy(self, env):
-        r, hk, hv, dk, dv = self.rows, self.hk, self.hv, self.dk, self.dv
+        r, hk, hv, dk, dv, r0 = self.rows, self.hk, self.hv, self.dk, self.dv, self.first
         f64 = np.float64
-        q = env.array(self.q)[: r * hk * dk].reshape(r, hk, dk).astype(f64) * np.float32(self.scale)
-        k = env.array(self.k)[: r * hk * dk].reshape(r, hk, dk).astype(f64)
-        v = env.array(self.v)[: r * hv * dv].reshape(r, hv, dv).astype(f64)
-        z = read_rows(env.array(self.z), r, self.zp, self.zoff, hv * dv).reshape(r, hv, dv).astype(f64)
-        b = env.array(self.beta)[: r * hv].reshape(r, hv).astype(f64)
-        g = env.array(self.g)[: r * hv].reshape(r, hv).astype(f64)
-        st = env.array(self.state)[: hv * dk * dv]
-        S = st.reshape(hv, dk, dv).astype(f64)
+        q = env.array(self.q)[r0 * hk * dk:(r0 + r) * hk * dk].reshape(r, hk, dk).astype(f64) * np.float32(self.scale)
+        k = env.array(self.k)[r0 * hk * dk:(r0 + r) * hk * dk].reshape(r, hk, dk).astype(f64)
+        v = env.array(self.v)[r0 * hv * dv:(r0 + r) * hv * dv].reshape(r, hv, dv).astype(f64)
+        z = read_rows(env.array(self.z)[r0 * self.zp:], r, self.zp, self.zoff, hv * dv).reshape(r, hv, dv).astype(f64)
+        b = env.array(self.beta)[r0 * hv:(r0 + r) * hv].reshape(r, hv).astype(f64)
+        g = env.array(self.g)[r0 * hv:(r0 + r) * hv].reshape(r, hv).astype(f64)
         kk = np.repeat(k, hv // hk, axis=1)  # (R, hv, dk): value head h reads key head h // (hv / hk)
         qq = np.repeat(q, hv // hk, axis=1)
         o = np.zeros((r, hv, dv))
-        for i in range(r):
-            S *= np.exp(g[i])[:, None, None]
-            kv = np.einsum("hkd,hk->hd", S, kk[i])
-            S += kk[i][:, :, None] * ((v[i] - kv) * b[i][:, None])[:, None, :]
-            o[i] = np.einsum("hkd,hk->hd", S, qq[i])
-        st[:] = S.reshape(-1).astype(np.float32)
+        n = hv * dk * dv
+        # (the state's start, the rows run over it in order): the step's rows over its one state, or a batch's row i
+        # over its sequence's own slot
+        runs = [((r0 + i) * n, [i]) for i in range(r)] if self.seqs else [(0, range(r))]
+        for at, mine in runs:
+            st = env.array(self.state)[at: at + n]
+            S = st.reshape(hv, dk, dv).astype(f64)
+            for i in mine:
+                S *= np.exp(g[i])[:, None, None]
+                kv = np.einsum("hkd,hk->hd", S, kk[i])
+                S += kk[i][:, :, None] * ((v[i] - kv) * b[i][:, None])[:, None, :]
+                o[i] = np.einsum("hkd,hk->hd", S, qq[i])
+            st[:] = S.reshape(-1).astype(np.float32)
         gn = np.asarray(env.weight(self.gn)[0]).reshape(-1)[:dv].astype(f64)
         y = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + self.eps) * gn * (z / (1.0 + np.exp(-z)))
-        env.array(self.out)[: r * hv * dv] = y.reshape(-1).astype(np.float32)
+        out = env.array(self.out)[r0 * hv * dv:(r0 + r) * hv * dv]
+        out[:] = y.reshape(-1).astype(np.float32)
         if self.quant is not None:  # from the f32 values stored, as the kernel quantizes them
-            quant_write(env, self.quant, env.array(self.out)[: r * hv * dv].reshape(r, hv * dv), self.words)
+            quant_write(env, self.quant, out.reshape(r, hv * dv), self.words, start=r0 * hv * dv)
 
     def batched(self, pos: str, slot: int):
-        """A batch step's: refused (its kernel runs one sequence's carried state; the reference interpreter runs a
-        batch's, a slot a sequence)."""
-        return Refusal("a gated delta net's carried state over a batch's sequences (this lane's kernels run one "
-                       "sequence's rings and states; decode one sequence at a time)")
+        """A batch step's: each row a sequence of its own, over its own slot of the state."""
+        return replace(self, seqs=True)
+
+    def apart(self):
+        return seqs_apart(self)
 
     def scratch(self):
         if self.quant is None or self.words != Q8K:
             return ()
-        return (Scratch("arrivals", "i32", 4 * self.rows * (self.hv * self.dv // QBLOCK_K), counter=True),)
+        n = self.first + self.rows  # a batch launch's rows index the batch's counters
+        return (Scratch("arrivals", "i32", 4 * n * (self.hv * self.dv // QBLOCK_K), counter=True),)
 
     def grid_block(self):
-        return ((self.hv, 1, 1), (self.dv, 1, 1))
+        return ((self.hv, self.rows if self.seqs else 1, 1), (self.dv, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
         g, b = self.grid_block()
         sc = self.scratch()
-        denv.function(self.stem, f"delta_{self.dk}")(g, b, (
+        entry = f"delta_seqs_{self.dk}" if self.seqs else f"delta_{self.dk}"  # a batch's: its own entry
+        denv.function(self.stem, entry)(g, b, (
             denv.array(self.q), denv.array(self.k), denv.array(self.v), denv.array(self.z), i64(self.zp),
             i64(self.zoff), denv.array(self.beta),
             denv.array(self.g), denv.array(self.state), denv.opt(self.gn), denv.array(self.out), i64(self.hk),
             i64(self.hv), i64(self.dv), i64(self.rows), f32(self.scale), f32(self.eps),
             *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
             denv.scratch(self, sc[0]) if sc else NULL,
-            i64(self.words if self.quant is not None else 0)))
+            i64(self.words if self.quant is not None else 0), i64(self.seq0)))

@@ -233,10 +233,19 @@ def test_a_batch_gives_each_sequence_its_tokens_alone(tmp_path):
     assert g.tensors["kc1"].shape == (3 * cfg.max_len, cfg.kv_heads * cfg.head_dim)
 
 
-def test_the_lane_refuses_a_batch_of_qwen3next_in_words():
+def test_the_lane_plans_a_batch_of_qwen3next():
+    """A batch of 5 takes as many launches a layer as one sequence, of the same kinds (the convolutions and the delta
+    rule over every sequence's slot of the rings and states, a block row a sequence); held apart (`sequences`), each
+    sequence's convolutions and delta rule a launch of their own."""
     pytest.importorskip("egglog")
     from lanefuse.lane.lower.plan import plan
 
     cfg = config_from_hf(_cfg())
-    with pytest.raises(UserError, match="carried state over a batch's sequences"):
-        plan(cfg.build_step(1, batch=2))
+    one, five, apart = plan(cfg.build_step(1)), plan(cfg.build_step(1, batch=5)), None
+    assert five.per_layer() == one.per_layer() and five.census == one.census
+    for x in five.launches:
+        if x.launch.census in ("conv_parts", "delta"):
+            assert x.launch.seqs and x.launch.rows == 5
+    apart = plan(cfg.build_step(1, batch=5), held=["sequences"])
+    linear = sum(cfg.linear(i) for i in range(cfg.layers))
+    assert apart.census["conv_parts"] == 5 * linear and apart.census["delta"] == 5 * linear
