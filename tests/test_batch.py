@@ -410,8 +410,8 @@ def test_run_a_batch_json_records_in_prompt_order(tmp_path, capsys):
     out = tmp_path / "o.json"
     assert _main("run", "--prompt-ids", "1,2,3", "--prompt-ids", "7,8", "--prompt-ids", "5", "--batch", "2",
                  "--tokens", "4", "--reference", "--json", str(out)) == 0
-    said = capsys.readouterr().out
-    assert "KV caches: 2 slot(s) of 256 rows, 1.0 MiB" in said and "prompt 3: 5 ->" in said
+    said = capsys.readouterr()
+    assert "KV caches: 2 slot(s) of 256 rows, 1.0 MiB" in said.err and "prompt 3: 5 ->" in said.out
     recs = __import__("json").loads(out.read_text())
     assert [r["prompt_ids"] for r in recs] == [[1, 2, 3], [7, 8], [5]]
     cfg, w = DEMO

@@ -133,8 +133,14 @@ def cmd_run(args) -> int:
     from lanefuse.lane.cli.options import plan_options
     from lanefuse.lane.cli.source import open_for
 
+    t_start = time.perf_counter()
     if args.tokens < 1:
         raise UserError(f"--tokens {args.tokens}: give at least 1")
+    if getattr(args, "model_opt", None) is not None:
+        if args.model is not None and args.model != args.model_opt:
+            raise UserError(f"-m {args.model_opt} and MODEL {args.model}: give the model once")
+        args.model = args.model_opt
+    sampling = _sampling(args)
     model, saved = args.model, None
     if getattr(args, "plan", None):
         from lanefuse.lane.lower.planfile import load
@@ -156,36 +162,106 @@ def cmd_run(args) -> int:
         raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
                         f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
     if args.prompts or len(args.prompt_ids or ()) > 1 or args.batch is not None:
-        return _run_batch(args, src, saved, load_s)
+        return _run_batch(args, src, saved, load_s, sampling, t_start)
     ids, tok = _prompt_ids(args, src)
     if not args.prompt_ids and args.prompt is None:
         print(f"lanefuse: no --prompt-ids or --prompt given: the prompt is token id {ids[0]} (give --prompt-ids "
               f"1,2,3 or --prompt TEXT)", file=sys.stderr)
     step_fn, label = _step_fn(args, src, saved)
-    if src.step is not None:
-        res = generate_step_graph(src.step, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty(),
-                                  keep_logits=bool(args.json))
-    else:
-        # a saved plan is a decode step: row by row; else the lane's knob's chunks (numpy's BLAS and the tensor cores
-        # both gain from big ones: a 512-token prompt ran in 1.0-1.2 s as one chunk, 2.1-6.0 s as 8 of 64, demo CPU)
-        chunk = 1 if saved is not None else plan_options(args).knobs.chunk_rows
-        res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty(),
-                       keep_logits=bool(args.json))  # the logits are kept only where --json writes them
+    _sampling_said(sampling, args, step_fn)
+    human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
+    print(f"model: {src.name} ({label}; {sampling.describe()})", file=sys.stderr)
+    print("prompt ids:   ", ",".join(map(str, ids)), file=human)
+    if tok is not None:
+        print("prompt:", args.prompt, file=human)  # the prompt echoed, as llama-cli does
+    stream = _Stream(human, tok)
+    try:
+        if src.step is not None:
+            res = generate_step_graph(src.step, src.weights, ids, args.tokens, step_fn=step_fn, progress=_tty(),
+                                      keep_logits=bool(args.json), sampling=sampling, on_token=stream.token)
+        else:
+            # a saved plan is a decode step: row by row; else the lane's knob's chunks (numpy's BLAS and the tensor
+            # cores both gain from big ones: a 512-token prompt ran in 1.0-1.2 s as one chunk, 2.1-6.0 s as 8 of 64,
+            # demo CPU)
+            chunk = 1 if saved is not None else plan_options(args).knobs.chunk_rows
+            res = generate(src.cfg, src.weights, ids, args.tokens, step_fn=step_fn, chunk=chunk, progress=_tty(),
+                           keep_logits=bool(args.json),  # the logits are kept only where --json writes them
+                           sampling=sampling, on_token=stream.token)
+    finally:
+        stream.end()
     out = {"model": src.name, "prompt_ids": list(ids), "generated_ids": [int(t) for t in res.generated_ids]}
     from lanefuse.lane.cli.timings import print_timings, run_timings
 
-    out["timings"] = run_timings(load_s, res, getattr(step_fn, "spent", None))
+    if tok is not None:
+        print("generated ids:", ",".join(map(str, out["generated_ids"])), file=human)
+    if sampling is not None and not sampling.greedy:
+        import dataclasses
+
+        out["sampling"] = dataclasses.asdict(sampling)
+    out["timings"] = run_timings(load_s, res, getattr(step_fn, "spent", None), time.perf_counter() - t_start)
     if args.json:
         write_atomic(args.json, itertools.chain(_record_text(out, res.logits, f"--json {args.json}"), ["\n"]))
-    human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
-    print(f"model: {src.name} ({label})", file=human)
-    print("prompt ids:   ", ",".join(map(str, ids)), file=human)
-    print("generated ids:", ",".join(map(str, out["generated_ids"])), file=human)
-    if tok is not None:
-        print("text:", tok.decode(out["generated_ids"]), file=human)
     sys.stdout.flush()
     print_timings(out["timings"])
     return 0
+
+
+def _sampling(args):
+    """The run's sampling flags as a Sampling (greedy unless --temp > 0); top-k/p, min-p or a seed without a
+    temperature would do nothing, so they are refused in one line."""
+    from lanefuse.lane.run.sampling import Sampling
+
+    s = Sampling(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    if s.greedy:
+        given = [f for f, v, off in (("--top-k", s.top_k, 0), ("--top-p", s.top_p, 1.0), ("--min-p", s.min_p, 0.0),
+                                     ("--seed", s.seed, 0)) if v != off]
+        if given:
+            raise UserError(f"{', '.join(given)} without --temp: the run is greedy (the plan's arg-max); give "
+                            f"--temp T > 0 to sample")
+    return s
+
+
+def _sampling_said(sampling, args, step_fn) -> None:
+    """On the device, sampling reads each step's logits back to the host (the device's back-to-back decode loop
+    takes the arg-max only): said in one line, never a silent fall back to greedy."""
+    if sampling.greedy or getattr(step_fn, "decode", None) is None:
+        return
+    print("lanefuse: sampling draws on the host from each step's logits read back from the device (the device's "
+          "back-to-back decode loop is greedy only)", file=sys.stderr)
+
+
+class _Stream:
+    """The generated tokens written as each step ends: `generated ids: 5,6,...` (or, with a tokenizer, `text: ...`
+    decoded as it grows), flushed token by token; `end()` closes the line."""
+
+    def __init__(self, out, tok=None):
+        self.out, self.tok, self.ids, self.shown, self.started = out, tok, [], "", False
+
+    def token(self, t: int) -> None:
+        if not self.started:
+            self.out.write("text: " if self.tok is not None else "generated ids: ")
+            self.started = True
+        self.ids.append(int(t))
+        if self.tok is None:
+            self.out.write(("," if len(self.ids) > 1 else "") + str(int(t)))
+        else:  # the text decoded so far; written where it only grows (a token mid-character waits for the next)
+            text = self.tok.decode(self.ids)
+            if text.startswith(self.shown) and not text.endswith("\ufffd"):
+                self.out.write(text[len(self.shown):])
+                self.shown = text
+        self.out.flush()
+
+    def end(self) -> None:
+        if not self.started:
+            return
+        if self.tok is not None:
+            text = self.tok.decode(self.ids)
+            if text.startswith(self.shown):
+                self.out.write(text[len(self.shown):])
+            else:  # a later token changed what was shown: the whole text again
+                self.out.write(f"\ntext: {text}")
+        self.out.write("\n")
+        self.out.flush()
 
 
 def _record_text(rec: dict, logits, what: str):
@@ -217,11 +293,12 @@ BATCH_CAP = 64  # the default slots at most (--batch gives more, up to the step'
 BATCH_MEMORY = 0.5  # a batch's caches may take at most this share of the machine's memory
 
 
-def _run_batch(args, src, saved, load_s: float) -> int:
+def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int:
     """`run` over a batch of prompts in --batch slots: each prefilled alone into its slot, then decoded with the
-    others; a record a prompt, in the order given."""
+    others; a record a prompt, in the order given. stdout: a line a prompt (its ids and what it generated); stderr:
+    the caches, the model and the timings block a single run prints, over the whole batch."""
     from lanefuse.lane.cli.source import _memory_bytes
-    from lanefuse.lane.cli.timings import run_timings
+    from lanefuse.lane.cli.timings import batch_timings, print_timings, run_timings
     from lanefuse.lane.run.batch import cache_bytes, check_prompts, generate_batch
     from lanefuse.engine.model import MAX_BATCH
 
@@ -242,12 +319,17 @@ def _run_batch(args, src, saved, load_s: float) -> int:
                         f"{need / 2**30:.1f} GiB, more than {BATCH_MEMORY:.0%} of this machine's "
                         f"{mem / 2**30:.0f} GiB: give fewer slots or a smaller --ctx")
     human = sys.stderr if args.json == "-" else sys.stdout
-    print(f"lanefuse: KV caches: {slots} slot(s) of {cfg.max_len} rows, {need / 2**20:.1f} MiB", file=human)
+    print(f"lanefuse: KV caches: {slots} slot(s) of {cfg.max_len} rows, {need / 2**20:.1f} MiB", file=sys.stderr)
     step_fn, label = _step_fn(args, src, None)
+    _sampling_said(sampling, args, step_fn)
+    print(f"model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s); {sampling.describe()})",
+          file=sys.stderr)
     eos = () if args.ignore_eos else src.eos
     results = generate_batch(cfg, src.weights, prompts, args.tokens, slots, step_fn=step_fn, eos=eos,
-                             keep_logits=bool(args.json))  # the logits are kept only where --json writes them
+                             keep_logits=bool(args.json),  # the logits are kept only where --json writes them
+                             sampling=sampling)
     spent = getattr(step_fn, "spent", None)
+    total_s = time.perf_counter() - t_start
     records = []
     for r in results:
         records.append({"model": src.name, "prompt_ids": list(r.prompt_ids),
@@ -255,16 +337,13 @@ def _run_batch(args, src, saved, load_s: float) -> int:
                         "timings": run_timings(load_s, r, spent)})
     if args.json:
         write_atomic(args.json, _records_text(records, results, f"--json {args.json}"))
-    print(f"model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s))", file=human)
     for k, rec in enumerate(records, 1):
         line = f"prompt {k}: {','.join(map(str, rec['prompt_ids']))} -> {','.join(map(str, rec['generated_ids']))}"
         if tok is not None:
             line += f"  {tok.decode(rec['generated_ids'])!r}"
         print(line, file=human)
-    total = sum(r.decode_s for r in results)
-    steps = sum(max(len(r.generated_ids) - 1, 0) for r in results)
-    if total > 0:
-        print(f"decode: {steps} tokens in {total:.3f} s, {steps / total:.1f} tokens/s over the batch", file=human)
+    sys.stdout.flush()
+    print_timings(batch_timings(load_s, results, spent, total_s))  # the batch's, as a single run's: on stderr
     return 0
 
 

@@ -57,7 +57,7 @@ def _rows(text: str) -> int:
 
 
 def _shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ctx", type=_rows, default=None, metavar="N",
+    p.add_argument("--ctx", "-c", "--ctx-size", dest="ctx", type=_rows, default=None, metavar="N",
                    help="KV cache rows: the positions a run can reach (default: what the model allows, at most "
                         "4096 and a quarter of memory; said in the output)")
     p.add_argument("--weights-format", default=None,
@@ -80,11 +80,49 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="set a lane knob (repeatable)")
 
 
+# llama-cli's common flags lanefuse does not take, and what it has instead (said where one is given)
+LLAMA_FLAGS = {
+    "-ngl": "the whole step runs on the device with --device gpu (no layer split)",
+    "--n-gpu-layers": "the whole step runs on the device with --device gpu (no layer split)",
+    "-t": "the CPU backend uses numpy's BLAS threads (OMP_NUM_THREADS)",
+    "--threads": "the CPU backend uses numpy's BLAS threads (OMP_NUM_THREADS)",
+    "-f": "--prompts FILE takes a batch of prompts, one a line; a text prompt: -p TEXT",
+    "--file": "--prompts FILE takes a batch of prompts, one a line; a text prompt: -p TEXT",
+    "-b": "--batch B is the sequences decoded together; the prompt is prefilled in chunks (--knob chunk_rows=N)",
+    "--repeat-penalty": "sampling takes --temp, --top-k, --top-p, --min-p and --seed",
+    "--typical": "sampling takes --temp, --top-k, --top-p, --min-p and --seed",
+    "-cnv": "run generates once; `--chat -p TEXT` puts one user message through a GGUF chat template",
+    "--conversation": "run generates once; `--chat -p TEXT` puts one user message through a GGUF chat template",
+    "-i": "run generates once; `--chat -p TEXT` puts one user message through a GGUF chat template",
+    "--interactive": "run generates once; `--chat -p TEXT` puts one user message through a GGUF chat template",
+    "-e": "-p TEXT is taken as it is (no escapes processed)",
+    "--color": "the streamed text is plain",
+}
+
+
+def llama_hint(message: str) -> str:
+    """For `unrecognized arguments: ...` naming a llama-cli flag: what lanefuse has instead."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    for word in message.split(":", 1)[1].split():
+        flag = word.split("=", 1)[0]
+        if flag in LLAMA_FLAGS:
+            return f" ({flag} is llama-cli's; lanefuse does not take it: {LLAMA_FLAGS[flag]})"
+    return ""
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser, its refusals (an invalid choice echoes the value given) on one short line."""
+    """argparse's parser, its refusals (an invalid choice echoes the value given) on one short line, with a hint
+    where the flag is a llama-cli one lanefuse does not take."""
 
     def error(self, message):
-        super().error(one_line(message))
+        import re
+
+        # an option with aliases named by its long name alone: `argument --ctx: ...`, not `--ctx/-c/--ctx-size`
+        message = re.sub(r"^argument ([-\w]+(?:/[-\w]+)+):",
+                         lambda m: "argument " + next((o for o in m.group(1).split("/") if o.startswith("--")),
+                                                      m.group(1)) + ":", message)
+        super().error(one_line(message) + llama_hint(message))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,9 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"lanefuse {_version()}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    p = sub.add_parser("run", help="generate greedy tokens with a fused plan (or the reference interpreter)",
-                       description="Prefill the prompt in chunks, then decode --tokens greedy tokens.", epilog=EPILOG)
+    p = sub.add_parser("run", help="generate tokens with a fused plan (or the reference interpreter)",
+                       description="Prefill the prompt in chunks, then decode --tokens tokens (greedy unless --temp), "
+                                   "each written to stdout as its step ends; the timings on stderr. llama-cli's "
+                                   "-m, -p, -n, -c, -s, --temp, --top-k, --top-p and --min-p are taken.",
+                       epilog=EPILOG)
     _model_arg(p)
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL", help="MODEL, as llama-cli takes it")
     p.add_argument("--prompt-ids", metavar="IDS", action="append", default=None,
                    help="comma-separated prompt token ids, e.g. 1,2,3 (repeatable: a batch of prompts)")
     p.add_argument("--prompts", metavar="FILE", help="a batch of prompts, one a line: a JSON list of ids, or "
@@ -108,11 +150,23 @@ def build_parser() -> argparse.ArgumentParser:
                         "gives its slot to the next waiting prompt")
     p.add_argument("--ignore-eos", action="store_true",
                    help="a batch's sequences run their --tokens past the end-of-sequence id the config names")
-    p.add_argument("--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder, or a GGUF "
+    p.add_argument("-p", "--prompt", metavar="TEXT", help="prompt text (needs tokenizer.json in the folder, or a GGUF "
                                                     "file's tokenizer, and the `tokenizers` package)")
     p.add_argument("--chat", action="store_true", help="put --prompt TEXT (and each text line of --prompts) through "
                    "the GGUF file's chat template as one user message (tokenizer.chat_template; needs jinja2)")
-    p.add_argument("--tokens", type=int, default=16, metavar="N", help="tokens to generate (default 16)")
+    p.add_argument("-n", "--tokens", "--n-predict", dest="tokens", type=int, default=16, metavar="N",
+                   help="tokens to generate (default 16)")
+    s = p.add_argument_group("sampling (default greedy: the plan's arg-max; the draw is made on the host from the "
+                             "step's logits, as transformers' logits processors define each)")
+    s.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.0, metavar="T",
+                   help="temperature (default 0: greedy)")
+    s.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: off)")
+    s.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="keep the most likely tokens whose probabilities sum to P (1: off)")
+    s.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="keep the tokens at least P times as likely as the most likely one (0: off)")
+    s.add_argument("-s", "--seed", type=int, default=0, metavar="N",
+                   help="the draws' seed (Philox, counter-based: the same seed, the same tokens; default 0)")
     p.add_argument("--json", metavar="FILE", help="write {model, prompt_ids, generated_ids, logits} to FILE (`-`: "
                                                   "stdout, the other lines then go to stderr)")
     p.add_argument("--reference", action="store_true", help="run the reference interpreter of the lifted graph")
@@ -228,8 +282,20 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _llama_flags(ap: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Refuse a llama-cli flag lanefuse does not take before argparse reads it as a short option and its value
+    (`-ngl 99` as `-n gl`, `-cnv` as `-c nv`), saying what lanefuse has instead."""
+    for word in argv:
+        if word == "--":
+            return
+        flag = word.split("=", 1)[0]
+        if flag in LLAMA_FLAGS:
+            ap.error(f"unrecognized arguments: {word}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
+    _llama_flags(ap, sys.argv[1:] if argv is None else list(argv))
     args = ap.parse_args(argv)
     if not args.cmd:
         ap.print_help()

@@ -54,12 +54,15 @@ def check_prompts(cfg: ModelConfig, prompts, n_tokens: int) -> list[list[int]]:
 
 def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int | None = None,
                    step_fn: StepFn | None = None, eos: tuple[int, ...] = (), chunk: int = MAX_CHUNK,
-                   keep_logits: bool = True) -> list[GenResult]:
+                   keep_logits: bool = True, sampling=None) -> list[GenResult]:
     """Greedy-decode up to `n_tokens` after each prompt, `slots` sequences at a time (default: every prompt, at most
     MAX_BATCH); a sequence ends at its `n_tokens`-th token or at an id of `eos`. One result a prompt, in order; each
     step's logits checked finite, kept in the results only with `keep_logits` (else the run's memory does not grow
-    with its tokens)."""
+    with its tokens). `sampling` (a lane.run.sampling.Sampling that is not greedy) draws each sequence's tokens from
+    its logits on the host, prompt k's token i as the k-th sequence's draw i (whatever slot it runs in); the device's
+    back-to-back decode then does not run."""
     prompts = check_prompts(cfg, prompts, n_tokens)
+    draw = sampling is not None and not sampling.greedy
     slots = min(len(prompts), MAX_BATCH) if slots is None else slots
     if not 1 <= slots <= MAX_BATCH:
         raise UserError(f"--batch {slots}: a batch holds 1..{MAX_BATCH} slots")
@@ -100,7 +103,7 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
             results[k].prompt_s += dt
             if not np.isfinite(logits).all():
                 raise UserError(f"prompt {k + 1}: " + _not_finite(logits, len(env["token"]), c, len(prompt)))
-        return logits[0], int(nxt[0])
+        return logits[0], (sampling.pick(logits[0], k, 0) if draw else int(nxt[0]))
 
     waiting = deque(range(len(prompts)))
     held: list[int | None] = [None] * slots  # the prompt each slot decodes
@@ -170,7 +173,7 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
                 if held[s] != k:  # ended (the slot free, or refilled with a prompt decoded from the next chunk)
                     live.discard(s)
 
-    device = getattr(step_fn, "decode", None)
+    device = None if draw else getattr(step_fn, "decode", None)
     for s in range(slots):
         if waiting:
             admit(s)
@@ -190,5 +193,6 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         for s in busy:  # the step's time shared by its sequences: the results' sum is the batch's decode time
             results[held[s]].decode_s += dt / len(busy)
             pos[s] += 1
-            take(s, logits[s], int(nxt[s]))
+            k = held[s]
+            take(s, logits[s], sampling.pick(logits[s], k, len(results[k].generated_ids)) if draw else int(nxt[s]))
     return results

@@ -52,7 +52,7 @@ def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
-                        progress: bool = False, keep_logits: bool = True) -> GenResult:
+                        progress: bool = False, keep_logits: bool = True, sampling=None, on_token=None) -> GenResult:
     """Greedy-decode with one given decode-step graph (a step YAML): the prompt fed row by row, the caches as the
     graph declares them."""
     rows = int(g.meta.get("rows", g.tensors[g.io.token].shape[0]))
@@ -67,19 +67,22 @@ def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: S
     cfg = ModelConfig("step", 0, layers, 1, 1, first.shape[1], 0, vocab, max_len=first.shape[0])
     caches = {t.name: np.zeros(t.shape, dtype=np.float32) for t in tables}
     return generate(cfg, weights, prompt_ids, n_tokens, step_fn=step_fn, chunk=1, progress=progress,
-                    graph=g, caches=caches, keep_logits=keep_logits)
+                    graph=g, caches=caches, keep_logits=keep_logits, sampling=sampling, on_token=on_token)
 
 
 def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
              chunk: int = MAX_CHUNK, progress: bool = False, graph: Graph | None = None,
              caches: dict[str, np.ndarray] | None = None, eos: tuple[int, ...] = (),
-             keep_logits: bool = True) -> GenResult:
+             keep_logits: bool = True, sampling=None, on_token: Callable[[int], None] | None = None) -> GenResult:
     """Greedy-decode `n_tokens` after `prompt_ids` (with `graph`, that one decode step for every row); the run ends
     early after a token of `eos`. A step function with a `decode(graph, env, n, logits=, eos=, on_chunk=)` (the CuPy
     backend's) runs the decode steps after the first back to back on the device, the host reading the tokens and
     logits once a chunk of DECODE_CHUNK steps; the same tokens and logits as one step a token. Every step's logits
     are checked finite; they are kept in the result only with `keep_logits` (without it the run holds at most a
-    chunk's logits at a time, whatever its length)."""
+    chunk's logits at a time, whatever its length). `sampling` (a lane.run.sampling.Sampling that is not greedy) draws
+    each token from the step's logits on the host instead of taking the plan's arg-max (the device's back-to-back
+    decode then does not run: each step's logits come back). `on_token(id)` is called as each token is taken (the
+    device's decode: as each chunk of them comes back), to stream them."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise UserError("the prompt is empty: give at least one token")
@@ -116,6 +119,8 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         result.setup_s += setup
         if not np.isfinite(logits).all():
             raise UserError(_not_finite(logits, rows, pos, len(prompt)))
+        if draw:  # the last row's logits: the next token's
+            nxt = sampling.pick(logits[-cfg.vocab:], 0, len(result.generated_ids))
         return logits, nxt, time.perf_counter() - t0 - setup
 
     def decode_on_device(decode, tokens: list[int], pos: int) -> None:
@@ -143,6 +148,8 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
                 if not np.isfinite(row).all():
                     raise UserError(_not_finite(row, 1, pos + i, len(prompt)))
                 result.generated_ids.append(int(t[-1]))
+                if on_token:
+                    on_token(int(t[-1]))
                 if keep_logits:
                     result.logits.append(np.array(row, dtype=np.float32))
             if len(toks) < k or (len(toks) and int(toks[-1][-1]) in ends):  # an end of sequence: the run stops
@@ -153,6 +160,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
 
     caches = caches if caches is not None else new_caches(cfg)
     ends = frozenset(int(e) for e in eos)
+    draw = sampling is not None and not sampling.greedy
     result = GenResult(prompt, [], [])
     if n_tokens == 0:
         return result
@@ -162,17 +170,25 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
     if show:
         from tqdm import tqdm
 
-        bar = tqdm(total=n_chunks + n_tokens - 1, desc="generating", unit="step", leave=False)
+        # streamed tokens show the decode's progress themselves: the bar then counts the prompt's chunks alone, and
+        # is gone before the first token is written
+        bar = tqdm(total=n_chunks if on_token else n_chunks + n_tokens - 1,
+                   desc="prompt eval" if on_token else "generating", unit="step", leave=False)
     try:
         for c in range(n_chunks):
             logits, nxt, dt = step(prompt[c * chunk:(c + 1) * chunk], c * chunk)
             result.prompt_s += dt
             if bar:
                 bar.update(1)
+        if bar and on_token:
+            bar.close()
+            bar = None
         pos = len(prompt)
-        device = getattr(step_fn, "decode", None)
+        device = None if draw else getattr(step_fn, "decode", None)
         while True:
             result.generated_ids.append(nxt)
+            if on_token:
+                on_token(nxt)
             if keep_logits:
                 result.logits.append(logits)
             if len(result.generated_ids) == n_tokens or nxt in ends:

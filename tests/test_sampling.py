@@ -1,0 +1,183 @@
+"""Sampling (issue 37): temperature, top-k, top-p and min-p as transformers' logits processors define them (the same
+kept tokens and probabilities on fixed logits), the draws' distribution (a χ² test over many counter-based draws),
+the same tokens from the same seed however the run is split, greedy untouched; and `run`'s flags for it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.errors import UserError
+from lanefuse.lane.run.sampling import Sampling
+
+CASES = [dict(temp=0.7), dict(temp=1.3, top_k=5), dict(temp=1.0, top_p=0.9), dict(temp=0.9, min_p=0.05),
+         dict(temp=1.1, top_k=50, top_p=0.8, min_p=0.02), dict(temp=2.0, top_k=1), dict(temp=0.5, top_p=0.05)]
+
+
+def _hf(logits: np.ndarray, temp, top_k=0, top_p=1.0, min_p=0.0) -> np.ndarray:
+    """transformers' warpers in generate's order on one row: the processed scores' probabilities."""
+    torch = pytest.importorskip("torch")
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    s = torch.tensor(logits, dtype=torch.float64)[None]
+    ids = torch.zeros((1, 1), dtype=torch.long)
+    s = lp.TemperatureLogitsWarper(temp)(ids, s)
+    if top_k:
+        s = lp.TopKLogitsWarper(top_k)(ids, s)
+    if top_p < 1.0:
+        s = lp.TopPLogitsWarper(top_p)(ids, s)
+    if min_p > 0.0:
+        s = lp.MinPLogitsWarper(min_p)(ids, s)
+    return torch.softmax(s, -1)[0].numpy()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("vocab", [7, 131, 1000])
+def test_the_kept_tokens_and_probabilities_are_transformers(case, vocab):
+    rng = np.random.default_rng(vocab)
+    for _ in range(5):
+        logits = (rng.standard_normal(vocab) * rng.uniform(0.5, 4)).astype(np.float32)
+        want = _hf(logits.astype(np.float64), **case)
+        ids, p = Sampling(**case).kept(logits)
+        assert list(ids) == list(np.flatnonzero(want > 0)), case
+        np.testing.assert_allclose(p, want[ids], rtol=1e-9, atol=1e-12)
+
+
+def test_the_draws_follow_the_kept_distribution():
+    """χ² of 20,000 draws (one sequence, token indices 0..19,999) against the kept probabilities: below the 0.999
+    quantile of χ² with (kept - 1) degrees of freedom; and a token outside the kept set is never drawn."""
+    chi2_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124}  # tables
+
+    logits = np.log(np.array([0.30, 0.20, 0.15, 0.12, 0.10, 0.06, 0.04, 0.02, 0.01], np.float64)).astype(np.float32)
+    s = Sampling(temp=1.0, top_p=0.95, seed=12345)
+    ids, p = s.kept(logits)
+    assert len(ids) < len(logits)  # top-p removed the tail
+    n = 20_000
+    got = np.bincount([s.pick(logits, 0, i) for i in range(n)], minlength=len(logits))
+    assert got[np.setdiff1d(np.arange(len(logits)), ids)].sum() == 0
+    expect = n * p
+    stat = float((((got[ids] - expect) ** 2) / expect).sum())
+    assert stat < chi2_999[len(ids) - 1], (stat, got, expect)
+
+
+def test_a_draw_depends_on_seed_sequence_and_index_only():
+    logits = np.random.default_rng(0).standard_normal(500).astype(np.float32)
+    a = Sampling(temp=1.0, seed=7)
+    assert [a.pick(logits, 2, i) for i in range(50)] == [Sampling(temp=1.0, seed=7).pick(logits, 2, i)
+                                                         for i in range(50)]
+    assert [a.pick(logits, 0, i) for i in range(50)] != [a.pick(logits, 1, i) for i in range(50)]
+    assert [a.pick(logits, 0, i) for i in range(50)] != [Sampling(temp=1.0, seed=8).pick(logits, 0, i)
+                                                         for i in range(50)]
+    assert Sampling().greedy and Sampling().pick(logits) == int(np.argmax(logits))
+
+
+@pytest.mark.parametrize("bad", [dict(temp=-1.0), dict(temp=float("nan")), dict(temp=1.0, top_p=0.0),
+                                 dict(temp=1.0, top_p=1.5), dict(temp=1.0, min_p=2.0), dict(temp=1.0, top_k=-2),
+                                 dict(temp=1.0, seed=-1)])
+def test_bad_sampling_values_are_refused_in_words(bad):
+    with pytest.raises(UserError, match="--"):
+        Sampling(**bad)
+
+
+# ---- generation --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo():
+    from lanefuse.engine.demo import demo_model
+
+    return demo_model(64)
+
+
+def test_greedy_is_untouched_and_tokens_stream_as_each_step_ends(demo):
+    from lanefuse.lane.run.generate import generate
+
+    cfg, w = demo
+    steps, seen = [], []
+    from lanefuse.engine.interp import evaluate
+
+    def step_fn(g, env):
+        steps.append(1)
+        return evaluate(g, w, env)
+
+    want = generate(cfg, w, [1, 2, 3], 5).generated_ids
+    got = generate(cfg, w, [1, 2, 3], 5, step_fn=step_fn, sampling=Sampling(),
+                   on_token=lambda t: seen.append((t, len(steps))))
+    assert got.generated_ids == want and [t for t, _ in seen] == want
+    assert [n for _, n in seen] == [1, 2, 3, 4, 5]  # each token out as its step ends, not at the run's end
+
+
+def test_a_sampled_run_draws_from_each_steps_logits(demo):
+    from lanefuse.lane.run.generate import generate
+
+    cfg, w = demo
+    s = Sampling(temp=0.9, top_k=20, seed=3)
+    r = generate(cfg, w, [5, 6], 6, sampling=s, chunk=1)
+    assert r.generated_ids == [s.pick(row, 0, i) for i, row in enumerate(r.logits)]
+    assert r.generated_ids != generate(cfg, w, [5, 6], 6).generated_ids  # not greedy in disguise
+    again = generate(cfg, w, [5, 6], 6, sampling=s, chunk=2)  # other chunks: the same draws
+    assert again.generated_ids == r.generated_ids
+
+
+def test_a_batch_samples_each_prompt_as_a_run_alone(demo):
+    from lanefuse.lane.run.batch import generate_batch
+    from lanefuse.lane.run.generate import generate
+
+    cfg, w = demo
+    s = Sampling(temp=1.0, top_p=0.9, seed=11)
+    res = generate_batch(cfg, w, [[1, 2, 3], [7], [4, 4]], 4, slots=2, sampling=s)
+    alone = generate(cfg, w, [1, 2, 3], 4, sampling=s)  # sequence 0: the single run's draws
+    assert res[0].generated_ids == alone.generated_ids
+    for k, r in enumerate(res):
+        assert r.generated_ids == [s.pick(row, k, i) for i, row in enumerate(r.logits)]
+
+
+# ---- the command -----------------------------------------------------------------------------------------------
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_run_takes_llama_cli_flags_samples_and_times_the_whole(tmp_path):
+    greedy = _cli("run", "--prompt-ids", "1,2,3", "-n", "4", "--reference")
+    assert greedy.returncode == 0, greedy.stderr
+    assert greedy.stdout.splitlines()[0] == "prompt ids:    1,2,3"  # the prompt echoed, then the tokens
+    assert greedy.stdout.splitlines()[1].startswith("generated ids: ")
+    assert "total      : " in greedy.stderr and "ms" not in greedy.stdout
+    o = tmp_path / "o.json"
+    r = _cli("run", "-m", "demo", "--prompt-ids", "1,2,3", "-n", "4", "--reference", "--temp", "0.8", "--top-k", "9",
+             "-s", "5", "--json", str(o))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(o.read_text())
+    assert d["sampling"] == {"temp": 0.8, "top_k": 9, "top_p": 1.0, "min_p": 0.0, "seed": 5}
+    assert d["timings"]["total_ms"] >= d["timings"]["prompt_ms"] + d["timings"]["decode_ms"]
+    s = Sampling(temp=0.8, top_k=9, seed=5)
+    assert d["generated_ids"] == [s.pick(row, 0, i) for i, row in enumerate(d["logits"])]
+    assert "sampling: temp 0.8, top-k 9, seed 5" in r.stderr
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-ngl", "99"], "-ngl is llama-cli's; lanefuse does not take it: the whole step runs on the device"),
+    (["-cnv"], "-cnv is llama-cli's"),
+    (["--repeat-penalty", "1.1"], "sampling takes --temp, --top-k, --top-p, --min-p and --seed"),
+    (["--top-p", "0.9"], "--top-p without --temp: the run is greedy"),
+    (["--temp", "0.5", "--top-p", "0"], "--top-p 0.0: give a value in (0, 1]"),
+    (["-m", "demo", "nope"], "-m demo and MODEL nope: give the model once"),
+])
+def test_run_refuses_in_one_line(argv, says):
+    r = _cli("run", *argv)
+    assert r.returncode != 0 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("lanefuse"), r.stderr
+
+
+def test_a_batch_prints_the_timings_block_on_stderr_and_only_its_lines_on_stdout():
+    r = _cli("run", "--prompt-ids", "1,2", "--prompt-ids", "3", "-n", "3", "--reference")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [line for line in r.stdout.splitlines() if line.startswith("prompt ")]
+    assert len(r.stdout.splitlines()) == 2
+    for head in ("load", "plan", "prompt eval", "decode", "total"):
+        assert any(line.startswith(head) for line in r.stderr.splitlines()), r.stderr
+    assert "/    3 tokens" in r.stderr  # the prompts' 3 tokens evaluated
