@@ -49,8 +49,8 @@ class DeepseekConfig(ModelConfig):
     route_scale: float = 1.0  # routed_scaling_factor
     nextn: int = 0  # num_nextn_predict_layers: the layers after the decoder's, whose weights the step ignores
 
-    def build_step(self, rows: int = 1) -> Graph:
-        return build_deepseek_step(self, rows)
+    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
+        return build_deepseek_step(self, rows, batch)
 
     @property
     def cache_widths(self) -> tuple[int, int]:
@@ -317,9 +317,11 @@ def deepseek_config(c: dict[str, Any], where: str, max_len: int, name: str, read
 
 # -- the step graph -------------------------------------------------------------------------------------------------
 
-def build_deepseek_step(cfg: DeepseekConfig, rows: int = 1) -> Graph:
-    """The lifted graph of one DeepSeek-V3 step over `rows` token rows at the position `pos` names."""
-    g, caches = step_frame(cfg, rows)
+def build_deepseek_step(cfg: DeepseekConfig, rows: int = 1, batch: int = 1) -> Graph:
+    """The lifted graph of one DeepSeek-V3 step over `rows` token rows at the position `pos` names; or a batch's
+    decode step (`batch` B > 1: a row a sequence, each with its slot of the latent and rotated-key caches, B·L rows
+    each; the mixture routes every row of the batch)."""
+    g, caches = step_frame(cfg, rows, batch)
     h, r, n, lora, vd, m = cfg.heads, cfg.head_dim, cfg.nope, cfg.kv_lora, cfg.v_dim, cfg.moe
     L = cfg.max_len
     shapes = cfg.weight_names()

@@ -333,7 +333,7 @@ def test_the_fast_runner_against_the_reference(rows):
     plan_against_reference(rows, "bf16", runner="fast")
 
 
-def plan_against_reference(rows, fmt, runner="exact", **opts):
+def plan_against_reference(rows, fmt, runner="exact", cfg=None, **opts):
     import dataclasses
 
     from lanefuse.engine.interp import evaluate
@@ -344,7 +344,7 @@ def plan_against_reference(rows, fmt, runner="exact", **opts):
     from lanefuse.lane.run.generate import new_caches
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
-    cfg = tiny_cfg()
+    cfg = cfg or tiny_cfg()
     r = np.random.default_rng(rows)
     arrays = {}
     for name, shape in cfg.weight_names().items():
@@ -607,3 +607,79 @@ def test_mla_held_runs_the_attention_as_its_parts(rows):
     assert "mla" not in s.fusions and "mla.absorbed" not in s.fusions
     t = plan_against_reference(rows, "bf16")
     assert "join" not in t.census and t.fusions.get("mla.absorbed") == 3
+
+
+# -- a chunk's rows sorted by expert under the grouped routing ---------------------------------------------------------
+
+@pytest.mark.parametrize("shared", [1, 0])
+def test_a_chunk_sorted_by_expert_under_grouped_routing(shared):
+    """A prefill chunk where bytes dominate (launches nearly free, experts wide): the plan sorts its rows by the experts
+    the grouped sigmoid routing chose (moe_token_sort.grouped with the shared experts, .grouped_plain without; four
+    kernels a mixture) and equals the reference, exact and fast; a decode step is not sorted."""
+    from lanefuse.lane.lower.knobs import Knobs
+
+    cfg = tiny_cfg(moe_intermediate_size=96, n_shared_experts=shared)
+    rule = "moe_token_sort.grouped" if shared else "moe_token_sort.grouped_plain"
+    knobs = Knobs(launch_us=0.01, fixed_scale=0.001)
+    for runner in ("exact", "fast"):
+        s = plan_against_reference(12, "bf16", runner=runner, cfg=cfg, knobs=knobs)
+        assert s.fusions.get(rule) == 2, s.fusions
+        sorted_ = [l.launch for l in s.launches if getattr(l.launch, "sort", False)]
+        assert len(sorted_) == 2 and all(m.routing == "sigmoid_group" and m.groups == 4 and m.topk_groups == 2
+                                         and m.route_scale == 2.5 for m in sorted_)
+        assert all(m.shared == bool(shared) for m in sorted_)
+    one = plan_against_reference(1, "bf16", cfg=cfg, knobs=knobs)
+    assert not any(getattr(l.launch, "sort", False) for l in one.launches)
+
+
+def test_the_cost_model_sorts_deepseek_v3s_chunks_and_the_rule_is_held_like_any():
+    """At DeepSeek-V3's own shape (its config's defaults, 5 layers: two mixtures) with the lane's calibrated costs, a
+    chunk of 64 rows sorts its rows by expert and a decode step or a chunk of 8 does not; held, the rule fires
+    nowhere (the mixture without its shared experts still sorted: grouped_plain), held both, no chunk is sorted."""
+    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = config_from_hf({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 5}, "config.json",
+                         max_len=4096)
+
+    def sorted_(p):
+        return sum(bool(getattr(l.launch, "sort", False)) for l in p.launches)
+
+    assert plan(build_step(cfg, 64)).fusions.get("moe_token_sort.grouped") == 2
+    assert sorted_(plan(build_step(cfg, 1))) == 0 and sorted_(plan(build_step(cfg, 8))) == 0
+    held = plan(build_step(cfg, 64), held=["moe_token_sort.grouped"])
+    assert "moe_token_sort.grouped" not in held.fusions and held.fusions.get("moe_token_sort.grouped_plain") == 2
+    both = plan(build_step(cfg, 64), held=["moe_token_sort.grouped", "moe_token_sort.grouped_plain"])
+    assert sorted_(both) == 0
+
+
+# -- batches: a slot of the latent and rotated-key caches a sequence ---------------------------------------------------
+
+@pytest.mark.parametrize("name", ["f32", "bf16"])
+def test_a_batch_gives_each_sequence_its_tokens_alone(name, tmp_path):
+    """Three prompts of different lengths in two slots (the third takes the slot the first leaves), each prefilled
+    alone in chunks of 4, then decoded together: each sequence the tokens and logits it gets alone, by the reference
+    interpreter's batch step, the fused plan's (exact twins; fast with each sequence apart), the plan's batch step as
+    many launches a layer as one sequence's."""
+    from lanefuse.engine.front import load_model
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.generate import generate
+
+    from test_batch import fused, same_as_alone
+
+    dtype, kw = VARIANTS[name]
+    build(dtype, tmp_path / name, **kw)
+    cfg, w = load_model(tmp_path / name)
+    prompts = [PROMPT[:3], PROMPT, PROMPT[2:9]]
+    alone = [generate(cfg, w, p, 5, chunk=4) for p in prompts]
+    same_as_alone(cfg, w, prompts, 5, 2, alone=alone)
+    same_as_alone(cfg, w, prompts, 5, 2, step_fn=fused(cfg, w, exact=True), alone=alone)
+    same_as_alone(cfg, w, prompts, 5, 2, step_fn=fused(cfg, w, exact=False, held=("sequences",)), alone=alone)
+    one, three = plan(cfg.build_step(1)), plan(cfg.build_step(1, batch=3))
+    assert three.per_layer() == one.per_layer() and three.census == one.census
+    g = cfg.build_step(1, batch=3)
+    assert g.tensors["kc0"].shape == (3 * cfg.max_len, cfg.kv_lora) and g.tensors["vc0"].shape == (3 * cfg.max_len,
+                                                                                                    cfg.head_dim)
+    moe = [l.launch for l in three.launches if l.launch.census == "moe"]
+    assert moe and all(m.rows == 3 for m in moe)  # the mixture routes every row of the batch
