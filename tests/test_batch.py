@@ -235,6 +235,15 @@ def _hf_model(name, tmp_path):
 
         folder = tmp_path / name
         build(name, "float32", folder)
+    elif name == "qwen3next":
+        from test_qwen3next import build
+
+        folder, _ = build("f32", tmp_path)
+    elif name == "deepseek_v3":
+        from test_deepseek import VARIANTS, build
+
+        folder = tmp_path / name
+        build(VARIANTS["f32"][0], folder, **VARIANTS["f32"][1])
     else:
         from test_gptoss import build
 
@@ -244,7 +253,7 @@ def _hf_model(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llama_llama3_f32", "mistral_window_f32", "phi3_window_f32", "qwen2_f32", "qwen3_f32",
-                                  "gemma2_f32", "gemma3_f32", "qwen3_moe", "gpt_oss"])
+                                  "gemma2_f32", "gemma3_f32", "qwen3_moe", "gpt_oss", "qwen3next", "deepseek_v3"])
 def test_every_family_batched_as_alone(name, tmp_path):
     cfg, w = _hf_model(name, tmp_path)
     prompts = [[t % cfg.vocab for t in p] for p in HF_PROMPTS]

@@ -215,19 +215,27 @@ def test_census_of_each_layer_type():
 
 # -- batches: a slot of the KV caches, the rings and the recurrent states a sequence -----------------------------------
 
-def test_a_batch_gives_each_sequence_its_tokens_alone(tmp_path):
-    """The reference interpreter's batch decode step over 2 slots and 3 prompts of different lengths (the third
-    takes a slot the first leaves, its rings and states zeroed): each sequence the tokens and logits it gets alone."""
+@pytest.mark.parametrize("name", ["f32", "bf16"])
+def test_a_batch_gives_each_sequence_its_tokens_alone(name, tmp_path):
+    """The batch decode step over 2 slots and 3 prompts of different lengths, each prefilled alone in chunks of 4
+    (the third takes a slot the first leaves, its rings and states zeroed): each sequence the tokens and logits it
+    gets alone — by the reference interpreter's batch step, the fused plan's (exact twins: the convolutions and the
+    delta rule over every sequence's slot in one launch each), and the fast twins with each sequence apart."""
     from lanefuse.lane.run.batch import generate_batch
 
-    folder, _ = build("f32", tmp_path)
+    from test_batch import fused, same_as_alone
+
+    folder, _ = build(name, tmp_path)
     cfg, weights = load_model(folder)
     prompts = [PROMPT[:3], PROMPT, PROMPT[2:9]]
     got = generate_batch(cfg, weights, prompts, 9, slots=2, eos=(), chunk=4)
-    for p, r in zip(prompts, got):
-        alone = generate(cfg, weights, p, 9, chunk=4)
-        assert r.generated_ids == alone.generated_ids
-        assert _rel(r.logits, alone.logits) < 1e-6
+    alone = [generate(cfg, weights, p, 9, chunk=4) for p in prompts]
+    for a, r in zip(alone, got):
+        assert r.generated_ids == a.generated_ids
+        assert _rel(r.logits, a.logits) < 1e-6
+    same_as_alone(cfg, weights, prompts, 9, 2, step_fn=fused(cfg, weights, exact=True), alone=alone)
+    same_as_alone(cfg, weights, prompts, 9, 2, step_fn=fused(cfg, weights, exact=False, held=("sequences",)),
+                  alone=alone)
     g = cfg.build_step(1, batch=3)
     assert g.tensors["ds0"].shape == (3 * cfg.hv * cfg.dk, cfg.dv) and g.tensors["cq0"].shape == (3 * 3, 64)
     assert g.tensors["kc1"].shape == (3 * cfg.max_len, cfg.kv_heads * cfg.head_dim)
