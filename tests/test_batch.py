@@ -516,7 +516,8 @@ def test_a_saved_batch_plan_loads_and_runs_as_planned(tmp_path, held):
     assert np.abs(got["logits"] - want["logits"]).max() <= TOL * float(np.abs(want["logits"]).max())
 
 
-def test_slots_on_the_device_runner_wiring(monkeypatch):
+@pytest.mark.parametrize("family", ["demo", "qwen3next"])
+def test_slots_on_the_device_runner_wiring(monkeypatch, family, tmp_path):
     """The CuPy runner's batch (a stand-in `cupy` backed by numpy, tests/test_cupy_runner_mock.py): each prompt
     prefilled into the one-sequence caches on the device and copied into its slot's rows, the batch step over the
     slots; the same tokens and logits as the numpy backend's."""
@@ -542,10 +543,11 @@ def test_slots_on_the_device_runner_wiring(monkeypatch):
     import lanefuse.lane.run.step as step
 
     monkeypatch.setattr(step, "pick_device", lambda d: "gpu")
-    cfg, w = DEMO
+    cfg, w = DEMO if family == "demo" else _hf_model(family, tmp_path)
+    prompts = [[t % cfg.vocab for t in p] for p in PROMPTS]
     fn, label = step.plan_step_fn(w, "gpu")
     assert "CuPy" in label and hasattr(fn, "to_slot")
-    got = generate_batch(cfg, w, PROMPTS, 4, 2, step_fn=fn, chunk=4)
-    want = generate_batch(cfg, w, PROMPTS, 4, 2, step_fn=fused(cfg, w, exact=True), chunk=4)
+    got = generate_batch(cfg, w, prompts, 4, 2, step_fn=fn, chunk=4)
+    want = generate_batch(cfg, w, prompts, 4, 2, step_fn=fused(cfg, w, exact=True), chunk=4)
     assert [r.generated_ids for r in got] == [r.generated_ids for r in want]
     assert max(float(np.abs(np.array(a.logits) - np.array(b.logits)).max()) for a, b in zip(got, want)) == 0.0

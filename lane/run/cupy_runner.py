@@ -60,6 +60,7 @@ def carried(s: Plan) -> tuple[str, ...]:
     return tuple(dict.fromkeys(h for h in homes if h in inputs and h not in kv))
 
 
+            t.fill(0)
 class CupyRunner:
     """Runs one Plan on the device; `step` has the numpy backend's interface."""
 
