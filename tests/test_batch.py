@@ -520,7 +520,8 @@ def test_a_saved_batch_plan_loads_and_runs_as_planned(tmp_path, held):
 def test_slots_on_the_device_runner_wiring(monkeypatch, family, tmp_path):
     """The CuPy runner's batch (a stand-in `cupy` backed by numpy, tests/test_cupy_runner_mock.py): each prompt
     prefilled into the one-sequence caches on the device and copied into its slot's rows, the batch step over the
-    slots; the same tokens and logits as the numpy backend's."""
+    slots; the same tokens and logits as the numpy backend's. Qwen3-Next's rings and delta-rule states too: a prompt
+    that takes a slot another left is prefilled from zeroed one-sequence states, not the last prompt's."""
     from test_cupy_runner_mock import fake_cupy  # noqa: F401  (the fixture's body, run here)
 
     import test_cupy_runner_mock as mock
