@@ -29,7 +29,10 @@ class DeviceState:
 
 def slot_copier(state: DeviceState, batch_state: DeviceState):
     """`to_slot(slot, slots)` for a batch: a prompt prefilled on the device (into `state`'s one-sequence caches), its
-    caches copied into `slot`'s rows of the batch step's (`slots` slots, made on the first copy), device to device."""
+    caches copied into `slot`'s rows of the batch step's (`slots` slots, made on the first copy), device to device;
+    then the one-sequence tables zeroed for the next prompt's prefill (the host's zeroed copies are not uploaded
+    again): a carried state (a convolution ring, a delta-rule state) is read from its start, as batch.py's prefill
+    zeroes a slot's rows on the host."""
     def to_slot(slot: int, slots: int) -> None:
         import cupy
 
