@@ -42,6 +42,7 @@ def slot_copier(state: DeviceState, batch_state: DeviceState):
                 b = batch_state.tables[n] = cupy.zeros(slots * t.size, dtype=cupy.float32)
                 batch_state.loaded = True  # the host's caches are never uploaded over the slots
             b[slot * t.size: (slot + 1) * t.size] = t
+            t.fill(0)
 
     return to_slot
 
@@ -63,7 +64,6 @@ def carried(s: Plan) -> tuple[str, ...]:
     return tuple(dict.fromkeys(h for h in homes if h in inputs and h not in kv))
 
 
-            t.fill(0)
 class CupyRunner:
     """Runs one Plan on the device; `step` has the numpy backend's interface."""
 
