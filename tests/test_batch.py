@@ -516,12 +516,13 @@ def test_a_saved_batch_plan_loads_and_runs_as_planned(tmp_path, held):
     assert np.abs(got["logits"] - want["logits"]).max() <= TOL * float(np.abs(want["logits"]).max())
 
 
-@pytest.mark.parametrize("family", ["demo", "qwen3next"])
-def test_slots_on_the_device_runner_wiring(monkeypatch, family, tmp_path):
+@pytest.mark.parametrize("family,slots", [("demo", 2), ("qwen3next", 2), ("qwen3next", 1)])
+def test_slots_on_the_device_runner_wiring(monkeypatch, family, slots, tmp_path):
     """The CuPy runner's batch (a stand-in `cupy` backed by numpy, tests/test_cupy_runner_mock.py): each prompt
     prefilled into the one-sequence caches on the device and copied into its slot's rows, the batch step over the
     slots; the same tokens and logits as the numpy backend's. Qwen3-Next's rings and delta-rule states too: a prompt
-    that takes a slot another left is prefilled from zeroed one-sequence states, not the last prompt's."""
+    that takes a slot another left is prefilled from zeroed one-sequence states, not the last prompt's (in one slot
+    too, where the one-sequence step decodes)."""
     from test_cupy_runner_mock import fake_cupy  # noqa: F401  (the fixture's body, run here)
 
     import test_cupy_runner_mock as mock
@@ -548,7 +549,7 @@ def test_slots_on_the_device_runner_wiring(monkeypatch, family, tmp_path):
     prompts = [[t % cfg.vocab for t in p] for p in PROMPTS]
     fn, label = step.plan_step_fn(w, "gpu")
     assert "CuPy" in label and hasattr(fn, "to_slot")
-    got = generate_batch(cfg, w, prompts, 4, 2, step_fn=fn, chunk=4)
-    want = generate_batch(cfg, w, prompts, 4, 2, step_fn=fused(cfg, w, exact=True), chunk=4)
+    got = generate_batch(cfg, w, prompts, 4, slots, step_fn=fn, chunk=4)
+    want = generate_batch(cfg, w, prompts, 4, slots, step_fn=fused(cfg, w, exact=True), chunk=4)
     assert [r.generated_ids for r in got] == [r.generated_ids for r in want]
     assert max(float(np.abs(np.array(a.logits) - np.array(b.logits)).max()) for a, b in zip(got, want)) == 0.0

@@ -129,8 +129,11 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
     def admit(s: int) -> None:
         k = waiting.popleft()
         held[s] = k
-        logits, token = prefill(s, k)
         to_slot = getattr(step_fn, "to_slot", None)  # the device runner's: its caches into the slot's rows
+        fresh = getattr(to_slot, "fresh", None)  # ... and its one-sequence caches zeroed for a prompt (its states)
+        if fresh is not None:
+            fresh()
+        logits, token = prefill(s, k)
         if to_slot is not None and slots > 1:
             to_slot(s, slots)
         pos[s] = len(prompts[k])

@@ -29,10 +29,10 @@ class DeviceState:
 
 def slot_copier(state: DeviceState, batch_state: DeviceState):
     """`to_slot(slot, slots)` for a batch: a prompt prefilled on the device (into `state`'s one-sequence caches), its
-    caches copied into `slot`'s rows of the batch step's (`slots` slots, made on the first copy), device to device;
-    then the one-sequence tables zeroed for the next prompt's prefill (the host's zeroed copies are not uploaded
-    again): a carried state (a convolution ring, a delta-rule state) is read from its start, as batch.py's prefill
-    zeroes a slot's rows on the host."""
+    caches copied into `slot`'s rows of the batch step's (`slots` slots, made on the first copy), device to device.
+    `to_slot.fresh()`: the one-sequence tables zeroed before a prompt's prefill (the host's zeroed copies are
+    uploaded once only): a carried state (a convolution ring, a delta-rule state) is read from its start, so a prompt
+    must not start from the last one's, as batch.py's prefill zeroes a slot's rows on the host."""
     def to_slot(slot: int, slots: int) -> None:
         import cupy
 
@@ -42,7 +42,12 @@ def slot_copier(state: DeviceState, batch_state: DeviceState):
                 b = batch_state.tables[n] = cupy.zeros(slots * t.size, dtype=cupy.float32)
                 batch_state.loaded = True  # the host's caches are never uploaded over the slots
             b[slot * t.size: (slot + 1) * t.size] = t
+
+    def fresh() -> None:
+        for t in state.tables.values():
             t.fill(0)
+
+    to_slot.fresh = fresh
 
     return to_slot
 
