@@ -274,3 +274,67 @@ def test_batch_kernels_on_the_device():
     for launch, arrays, weights, tol in _cases():
         for l in (launch, *launch.apart()):
             both(l, arrays, weights, tol=tol)
+
+
+def _quant_case(words, B=3, hk=2, hv=4, dk=32, dv=64):
+    g = np.random.default_rng(50 + words)
+    arrays, weights = delta_case(g, B, hk, hv, dk, dv)
+    return delta(B, hk, hv, dk, dv, quant="xq", words=words).batched("pos", 8), arrays, weights
+
+
+def _quant_run(env_class, launches, arrays, weights, words, n):
+    """The launches on a device env holding the quantized form `xq` of n values; its output, state and form."""
+    from lanefuse.kernels.quant import quant_layout
+
+    total = quant_layout(n, words)[2]
+    dev = env_class(total, {"xq": (0, total, "u8")}, {k: v.copy() for k, v in arrays.items()}, weights,
+                    quantized={"xq": (n, words)})
+    for l in launches:
+        l.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    return dev.host("o"), dev.host("S"), [None if a is None else dev.cp.asnumpy(a).reshape(-1) for a in dev.quant("xq")]
+
+
+def _quant_agree(env_class, words):
+    """delta_seqs's epilogue over a batch: the rows within the GPU tolerance of the twin's, each row's quantized form
+    the words (sums, scales) engine/quantize.py makes of the values the kernel stored — whole, and each sequence
+    apart (a row's q8k arrival counters from its own row)."""
+    from lanefuse.engine.quantize import quantize
+
+    launch, arrays, weights = _quant_case(words)
+    B, n = launch.rows, launch.hv * launch.dv
+    host = run([launch], arrays, weights, {"xq": quant_form(B * n, words)})
+    whole = _quant_run(env_class, [launch], arrays, weights, words, B * n)
+    apart = _quant_run(env_class, list(reversed(launch.apart())), arrays, weights, words, B * n)
+    np.testing.assert_allclose(whole[0], host.array("o"), rtol=3e-4, atol=3e-4)
+    np.testing.assert_allclose(whole[1], host.array("S"), rtol=3e-4, atol=3e-4)
+    for o, s_, form in (whole, apart):
+        want = quantize(o.reshape(B, n), words).parts()
+        for a, b in zip(form, want):
+            assert (a is None) == (b is None) and (a is None or np.array_equal(a, b.reshape(-1))), words
+    assert np.array_equal(whole[0], apart[0]) and np.array_equal(whole[1], apart[1])
+
+
+@pytest.mark.parametrize("words", [1, 2, 3])
+def test_batch_delta_quantizing_emulated(words):
+    emu = _emu()
+    emu.build(Delta.stem)
+    from lanefuse.kernels import cupy_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        emu.install(mp)
+        env = emu.emu_env_class()
+        mp.setattr(cupy_env, "DeviceEnv", env)
+        _quant_agree(env, words)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("words", [1, 2, 3])
+def test_batch_delta_quantizing_on_the_device(words):
+    from test_kernels_gpu import _device
+
+    if not _device():
+        pytest.skip("no CUDA device")
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    _quant_agree(DeviceEnv, words)
