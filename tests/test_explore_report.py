@@ -147,9 +147,17 @@ def test_the_report_opens_from_the_file_system(browser, demo_report, qwen3_8b_re
     assert page.locator("#graph .node").count() == len(r["layers"][0]["graph"]["nodes"])
     assert page.locator("#static-note").is_visible()
     assert page.locator("#census [data-count='fold']").inner_text() == str(plan["census"]["fold"])
-    page.locator(".node[data-tensor='L0.q_rot']").click()
+    # how the report was made (issue 37): version, the command, date, model, lane, numerics, knobs, held rules
+    head = page.locator("#report-header")
+    assert head.is_visible() and r["header"]["command"].startswith("lanefuse plan --html")
+    for k in ("lanefuse", "command", "date", "model", "lane", "numerics", "knobs", "held"):
+        assert page.locator(f"#report-header [data-h='{k}']").count() == 1, k
+    assert r["header"]["command"] in head.inner_text()
+    page.evaluate("window.lanefuse.select('L0.q_rot')")
     page.wait_for_selector("#choices tr[data-choice]")
     assert page.locator("#choices tr[data-choice]").count() == len(r["choices"]["L0.q_rot"])
+    for row in page.locator("#choices tr[data-choice]").all():  # every alternative's step cost (or why not)
+        assert re.search(r"\d+\.\d|refused|held", row.locator("td").nth(4).inner_text()), row.inner_text()
     page.locator("#fusions tr[data-fusion='merged_qkv']").click()
     page.wait_for_selector("#rule-source")
     page.locator(".glabel").first.click()

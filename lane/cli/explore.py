@@ -18,6 +18,8 @@ def _open(args):
         raise UserError(f"--rows {args.rows}: give at least 1")
     spec = load_spec(args.spec) if getattr(args, "spec", None) else {}
     src = open_for(args, args.model, progress=sys.stderr.isatty())
+    if src.shape_said:  # a config-only folder: the shape alone, said as `plan` says it
+        print(f"lanefuse: {src.shape_said}", file=sys.stderr)
     g = src.graph(args.rows)
     held = list(dict.fromkeys(list(spec.get("held", [])) + list(args.hold or [])))
     knobs = dict(spec.get("knobs", {}))
@@ -28,7 +30,8 @@ def _open(args):
         knobs[k.strip()] = v.strip()
     lane = args.lane or spec.get("lane") or "cuda"
     return Explorer(g, lane=lane, rules_dirs=tuple(args.rules or ()), knobs=knobs, held=held,
-                    forced=spec.get("forced") or None, model_name=src.name,
+                    forced=spec.get("forced") or None,
+                    model_name=src.name + (" (shape only: no weights)" if src.shape_said else ""),
                     what_if="ilp" if getattr(args, "exact", False) else "local",
                     numerics=getattr(args, "numerics", None) or spec.get("numerics") or "f32")
 

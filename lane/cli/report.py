@@ -157,9 +157,10 @@ def _write_html(args, src, g) -> None:
     o = plan_options(args)
     with spinner(f"writing the report of {src.name} into {args.html}…"):
         ex = Explorer(g, lane=o.lane, rules_dirs=o.rules_dirs, knobs=o.knobs, held=o.held, forced=o.forced or None,
-                      model_name=src.name, numerics=o.numerics)
+                      model_name=src.name + (" (shape only: no weights)" if src.shape_said else ""),
+                      numerics=o.numerics)
         try:
-            paths = write_report(ex, args.html)
+            paths = write_report(ex, args.html)  # its header: the command line (sys.argv), version, date, knobs
         finally:
             ex.close()
     size = sum(os.path.getsize(p) for p in paths)

@@ -86,7 +86,15 @@ def open_model(model: str | None, progress: bool = False, ctx: int | None = None
         g = from_yaml(read_text(model), source=model)  # unreadable or not UTF-8: a UserError naming the file
         weights = step_weights(g, base=os.path.dirname(os.path.abspath(model))) if g.meta.get("weights") else None
         return Source(os.path.basename(model), None, weights, step=g, path=model)
+    base = os.path.basename(model)
+    if base.endswith(".safetensors") or base in CHECKPOINT_FILES:  # a file of a checkpoint: the folder is MODEL
+        folder = os.path.dirname(os.path.abspath(model))
+        raise UserError(f"{model}: is a file of a checkpoint folder; give the folder: `{folder}`")
     raise UserError(f"{model}: not a checkpoint folder, a .gguf file or a step YAML (.yaml)")
+
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+                    "generation_config.json")  # the files of a Hugging Face checkpoint folder
 
 
 def open_for(args, model: str | None = None, progress: bool = False, ctx: int | None = None) -> Source:

@@ -898,11 +898,15 @@ class Explorer:
 
     def _step_map(self, p: _Plan) -> dict:
         """The whole step at a glance (the page's mini-map and search): every launch with the layer whose view
-        shows it (its first tensor's), kind, class, rule and tensors; and each tensor's layer."""
+        shows it — the plan's layer of it (the one `lanefuse plan --layer N`, the launch panel and the report count it
+        in) where that view shows it, else its first tensor's (a fold of one layer's last add and the next one's norm
+        is the next layer's launch, shown in both views) — kind, class, rule and tensors; and each tensor's layer."""
         if p.step_map is None:
             launches = []
             for k, x in enumerate(p.sched.launches):
                 view = self.layer_of.get(x.ops[0], self.layers - 1) if x.ops else self.layers - 1
+                if x.layer >= 0 and any(self.layer_of.get(t) == x.layer for t in x.ops):
+                    view = x.layer
                 launches.append({"index": k, "launch": x.launch.census, "layer": view, "plan_layer": x.layer,
                                  "cls": x.cls, "rule": x.rule, "tensors": list(x.ops)})
             p.step_map = {"launches": launches, "tensor_layer": dict(self.layer_of)}

@@ -24,7 +24,8 @@ COMMANDS = [  # (usage, what it does): `help` prints these
                  "µs, numpy twin"),
     ("choices [TENSOR]", "the tensor's alternatives: own cost, support, the step's cost if forced; without one, "
                          "the tensors that have alternatives"),
-    ("why TENSOR", "why the plan computes the tensor its way, and why not the others"),
+    ("why TENSOR|RULE", "why the plan computes the tensor its way, and why not the others; a rule: why it was not "
+                        "chosen where it matched"),
     ("hold RULE", "hold a rule or schedule step back, re-plan, show the diff"),
     ("release RULE", "release a held rule or step"),
     ("force TENSOR N", "force the tensor's alternative #N (see `choices`)"),
@@ -297,8 +298,8 @@ class Shell(cmd.Cmd):
     def do_choices(self, arg: str) -> None:
         from rich.table import Table
 
-        if not arg.strip():
-            self._list_choices()
+        if not arg.strip() or arg.strip() == "--all":
+            self._list_choices(every=bool(arg.strip()))
             return
         tensor = self._one(arg, "choices [TENSOR]")
         ch = self.ex.choices(tensor)
@@ -319,17 +320,40 @@ class Shell(cmd.Cmd):
         if not any(c["chosen"] for c in ch):
             self.console.print(f"{tensor} is computed inside a fused op that does not write it (`why {tensor}`).")
 
-    def _list_choices(self) -> None:
+    def _list_choices(self, every: bool = False) -> None:
+        """The tensors with alternatives; runs of layers whose tensors, alternatives and choices are alike (up to the
+        layer's number) in one row each, as `plan` writes `0–34` (`choices --all`: a row a tensor)."""
+        import re
+
         from rich.table import Table
 
         rows = self.ex.with_choices()
-        t = Table(title=f"{len(rows)} tensors with alternatives (`choices TENSOR` lists one's)", header_style="bold")
-        for c, kw in (("tensor", {}), ("layer", {"justify": "right"}), ("alternatives", {"justify": "right"}),
-                      ("chosen", {"overflow": "fold"})):
-            t.add_column(c, **kw)
+        by: dict[int, list[dict]] = {}
         for r in rows:
-            chosen = (r["chosen"] or "(inside a fused op)") + ("  ⚑ forced" if r["forced"] else "")
-            t.add_row(r["tensor"], str(r["layer"]), str(r["alternatives"]), chosen)
+            by.setdefault(r["layer"], []).append(r)
+
+        def alike(n: int) -> tuple:
+            norm = lambda text: re.sub(rf"\bL{n}\.", "L*.", text or "")  # noqa: E731
+            return tuple((norm(r["tensor"]), r["alternatives"], norm(r["chosen"]), r["forced"]) for r in by[n])
+
+        runs: list[list[int]] = []
+        for n in sorted(by):
+            if not every and runs and runs[-1][-1] == n - 1 and n >= 0 and alike(runs[-1][0]) == alike(n):
+                runs[-1].append(n)
+            else:
+                runs.append([n])
+        merged = sum(len(r) > 1 for r in runs)
+        t = Table(title=f"{len(rows)} tensors with alternatives (`choices TENSOR` lists one's"
+                        + ("; equal layers in one row, `choices --all` a row each)" if merged else ")"),
+                  header_style="bold")
+        for c, kw in (("tensor", {"no_wrap": True}), ("layer", {"justify": "right", "no_wrap": True}),
+                      ("alternatives", {"justify": "right"}), ("chosen", {"overflow": "fold"})):
+            t.add_column(c, **kw)
+        for run in runs:
+            layer = str(run[0]) if len(run) == 1 else f"{run[0]}–{run[-1]}"
+            for r in by[run[0]]:
+                chosen = (r["chosen"] or "(inside a fused op)") + ("  ⚑ forced" if r["forced"] else "")
+                t.add_row(r["tensor"], layer, str(r["alternatives"]), chosen)
         self.console.print(t)
 
     def do_undo(self, arg: str) -> None:
@@ -368,7 +392,17 @@ class Shell(cmd.Cmd):
                            f"{self.ex.plan().cost_us:.2f} µs by {_method(self.ex.method)}")
 
     def do_why(self, arg: str) -> None:
-        self.console.print(self.ex.why(self._one(arg, "why TENSOR")))
+        name = self._one(arg, "why TENSOR|RULE")
+        if name not in self.ex.tensor_names():
+            sat = next((x for x in self.ex.saturation()["rules"] if x["name"] == name), None)
+            if sat is not None:  # a rule: matched, fired, and why it was not chosen where it was not
+                w = sat["why_not"]
+                said = (f"not chosen: {w if isinstance(w, str) else w['text']}" if w else
+                        "chosen wherever it matched")
+                self.console.print(f"{name}: matched {sat['matches']} times in saturation, fired {sat['fired']} "
+                                   f"times in this plan; {said}")
+                return
+        self.console.print(self.ex.why(name))
 
     def do_hold(self, arg: str) -> None:
         self.ex.hold(self._one(arg, "hold RULE"))

@@ -84,7 +84,7 @@ function reportAnswer(path, body) {
     if (!L) { toast(`layer ${q.get("layer")} is out of range: the model has layers 0..${R.layers.length - 1}`); throw new ShownError("layer"); }
     return { ...R.common, ...L };
   }
-  if (u.pathname === "/api/choices") return (R.choices[q.get("tensor")] || []).map((c) => ({ ...c, plan_cost_us: c.chosen ? R.common.cost_us : null }));
+  if (u.pathname === "/api/choices") return (R.choices[q.get("tensor")] || []).map((c) => ({ ...c, plan_cost_us: c.plan_cost_us ?? (c.chosen ? R.common.cost_us : null) }));
   if (u.pathname === "/api/launch") {
     const d = R.launches[Number(q.get("index"))];
     return { ...d, functions: d.functions.map((f) => ({ ...f, ...(R.sources[f.function] || {}) })) };
@@ -256,7 +256,7 @@ function renderRules() {
     ];
     return h("tr", { class: cls, "data-rule-row": r.name, tip },
       h("td", { class: "sw-cell" }, h("label", { class: "switch", title: r.held ? "held: click to release" : "click to hold back" }, cb, h("i"))),
-      h("td", { class: "name", onclick: () => showRule(r.name) }, r.name,
+      h("td", { class: "name", title: r.name, onclick: () => showRule(r.name) }, ...breakable(r.name),
         r.cls !== r.name && r.cls !== "lane step" ? h("span", { class: "cls" }, r.cls) : ""),
       h("td", { class: "num" }, r.fired));
   };
@@ -637,13 +637,26 @@ function fit() {
   const L = S.layout, wrap = $("graph-wrap");
   if (!L) return;
   const W = wrap.clientWidth || 800, H = wrap.clientHeight || 600, b = L.bounds;
-  // the whole layer in view (its tail too), never magnified past 1.4
-  const k = Math.min(1.4, W / (b.x1 - b.x0), H / (b.y1 - b.y0));
-  const x = W / 2 - ((b.x0 + b.x1) / 2) * k;
-  const y = H / 2 - ((b.y0 + b.y1) / 2) * k;
+  // the whole layer in view (its tail too), never magnified past 1.4, and never shrunk below MIN_K: node text stays
+  // at 11 px or more (where the layer is taller or wider than the view, it opens at its top, centred; drag to pan,
+  // − to zoom out past it). The key's strip at the bottom is kept clear of the nodes.
+  const key = document.querySelector("#graph-wrap .graph-key");
+  const room = $("graph").clientHeight || H;  // the key has a strip of its own below the graph: no node under it
+  const whole = Math.min(1.4, W / (b.x1 - b.x0), room / (b.y1 - b.y0));
+  const k = Math.max(MIN_K, whole);
+  const x = (b.x1 - b.x0) * k <= W ? W / 2 - ((b.x0 + b.x1) / 2) * k : 12 - b.x0 * k;
+  const y = (b.y1 - b.y0) * k <= room ? room / 2 - ((b.y0 + b.y1) / 2) * k : 12 - b.y0 * k;
+  S.clipped = k > whole;
+  if (key) key.classList.toggle("clipped", S.clipped);
   S.view = { k, x, y };
   S.fitted = true;  // refitted when the graph's room changes (a banner, a resize) until the user pans or zooms
   applyView();
+}
+const MIN_K = 1.0;  // the fit's least scale: the smallest node text (11 px in SVG units) at 11 px on screen
+// a name as text that breaks only after `_` and `.` (never inside an identifier's word); the whole name in a title
+function breakable(name) {
+  const parts = String(name).split(/(?<=[_.])/);
+  return parts.flatMap((p, i) => (i ? [h("wbr"), p] : [p]));
 }
 function zoom(f, cx, cy) {
   const v = S.view, wrap = $("graph-wrap");
@@ -766,13 +779,13 @@ function renderInspector() {
     rows.push(h("tr", { class: [c.chosen ? "chosen" : "", c.support].join(" "), "data-choice": c.index,
       tip: [["h", `${id} #${c.index}`], ["op", c.op], ["rule", c.rule || "– (the lifted op)"],
         c.also && c.also.length ? ["with", c.also.join(", ")] : null, ["own", `${fmtUs(c.cost_us)} µs`],
-        ["support", c.support], c.reason ? ["why", c.reason] : null, ["step", c.plan_cost_us === null || c.plan_cost_us === undefined ? "no plan: refused" : `${fmtUs(c.plan_cost_us)} µs if forced`]] },
+        ["support", c.support], c.reason ? ["why", c.reason] : null, ["step", c.plan_cost_us === null || c.plan_cost_us === undefined ? (c.plan_cost_why || "no plan: refused") : `${fmtUs(c.plan_cost_us)} µs if forced`]] },
       h("td", { class: "faint" }, c.chosen ? "●" : c.index),
       h("td", { class: "op" }, c.op, c.rule && c.rule !== c.op ? h("span", { class: "faint" }, ` (${c.rule})`) : "",
         c.also && c.also.length ? h("span", { class: "faint" }, ` +${c.also.map((t) => shortName(t, st.layer)).join(" ")}`) : ""),
       h("td", { class: "num" }, fmtUs(c.cost_us)),
       h("td", {}, h("span", { class: "badge " + c.support }, c.support)),
-      h("td", { class: "num" + (c.plan_cost_us === best ? " best" : "") }, c.plan_cost_us === null || c.plan_cost_us === undefined ? "–" : fmtUs(c.plan_cost_us),
+      h("td", { class: "num" + (c.plan_cost_us === best ? " best" : ""), title: c.plan_cost_why || "" }, c.plan_cost_us === null || c.plan_cost_us === undefined ? (c.plan_cost_why ? h("span", { class: "faint why-none" }, c.support === "refuse" ? "refused" : c.support === "held" ? "held" : "–") : "–") : fmtUs(c.plan_cost_us),
         d !== null && Math.abs(d) > 1e-9 ? h("span", {}, " ", delta(0, d, (x) => x.toFixed(1))) : ""),
       h("td", { class: "act" }, isForced ? h("span", { class: "badge forced" }, "forced")
         : h("button", { "data-force": c.index, disabled: !can || !!REPORT, title: can ? `force ${id} to #${c.index}` : c.reason || "", onclick: () => force(id, c.index, c.op) },
@@ -879,6 +892,11 @@ const ruleLink = (name) => h("a", { class: "rule-link", href: "#", "data-rule-li
 function showRule(name) {
   const r = S.st && S.st.rules.find((x) => x.name === name);
   if (!r) { toast(`no rule \`${name}\` in this table`); return; }
+  if (!S.sat && !S.satLoading) {  // the why-not is the saturation's: fetched now, not when its section is opened
+    const st0 = S.st;  // an answer for a plan since changed is dropped
+    S.satLoading = api("/api/saturation").then((v) => { if (S.st !== st0) return; S.sat = v; if ($("sat-details").open) renderSaturation(); })
+      .catch(() => {}).finally(() => { S.satLoading = null; if (S.detail && S.detail.kind === "rule" && S.detail.key === name) showRule(name); });
+  }
   const sat = S.sat && S.sat.rules.find((x) => x.name === name);
   const why = sat && sat.why_not ? (typeof sat.why_not === "string" ? sat.why_not : sat.why_not.text) : null;
   const lane = r.cls === "lane step";
@@ -888,8 +906,8 @@ function showRule(name) {
       ["why", r.why],
       ["state", r.held ? "held: the engine does not apply it" : "applied"],
       [lane ? "shaped" : "fired", `${r.fired} ${lane ? "launches" : "times"} in this plan`],
-      sat ? ["matched", `${sat.matches} times in saturation`] : null,
-      why ? ["not chosen", why] : null,
+      sat ? ["matched", `${sat.matches} times in saturation`] : ["matched", h("span", { class: "faint" }, "working it out…")],
+      why ? ["not chosen", h("span", { id: "rule-why-not" }, why)] : null,
       r.depends_on && r.depends_on.length ? ["builds on", h("span", {}, ...r.depends_on.flatMap((d, i) => [i ? ", " : "", ruleLink(d)]))] : null,
     ]),
     r.pattern && r.pattern.length ? h("div", { class: "sub-h" }, "pattern") : "",
@@ -979,12 +997,17 @@ function renderSaturation() {
     h("td", { class: "num" }, i.iteration), h("td", { class: "num" }, i.stage), h("td", { class: "num" }, i.enodes),
     h("td", { class: "bar-cell" }, h("div", { class: "barv", style: `width:${(i.enodes / max) * 100}%;background:#6cb6ff` })),
     h("td", { class: "wrap" }, i.rules.length ? h("span", {}, ...i.rules.flatMap((r, k) => [k ? "  " : "", ruleLink(r), ` ${i.matches[r]}`])) : h("span", { class: "faint" }, "nothing new: saturated"))));
-  const ruleRows = s.rules.map((r) => h("tr", { class: r.fired ? "" : "zero", "data-sat-rule": r.name },
-    h("td", {}, ruleLink(r.name)), h("td", { class: "num" }, r.matches), h("td", { class: "num" }, r.fired),
-    h("td", { class: "wrap why" }, r.why_not ? (typeof r.why_not === "string" ? r.why_not : r.why_not.text) : "")));
+  // each rule's why-not on a row of its own below it, the table's whole width (a column of its own was ~60 px)
+  const ruleRows = s.rules.flatMap((r) => {
+    const why = r.why_not ? (typeof r.why_not === "string" ? r.why_not : r.why_not.text) : "";
+    return [h("tr", { class: r.fired ? "" : "zero", "data-sat-rule": r.name },
+      h("td", { class: "rname" }, ruleLink(r.name)), h("td", { class: "num" }, r.matches), h("td", { class: "num" }, r.fired)),
+      why ? h("tr", { class: "why-row", "data-sat-why": r.name }, h("td", { class: "wrap why", colspan: 3 }, why)) : null].filter(Boolean);
+  });
   $("sat").replaceChildren(
     h("table", { class: "grid", id: "sat-iterations" }, h("tr", {}, h("th", { class: "num" }, "it"), h("th", { class: "num" }, "stage"), h("th", { class: "num" }, "e-nodes"), h("th", {}, ""), h("th", {}, "matches by rule")), ...itRows),
-    h("table", { class: "grid", id: "sat-rules" }, h("tr", {}, h("th", {}, "rule"), h("th", { class: "num" }, "matched"), h("th", { class: "num" }, "fired"), h("th", {}, `why not chosen (one place; ${s.method === "ilp" ? "exact" : "local search"} plan)`)), ...ruleRows));
+    h("table", { class: "grid", id: "sat-rules" }, h("tr", {}, h("th", {}, "rule"), h("th", { class: "num" }, "matched"), h("th", { class: "num" }, "fired")),
+      h("tr", { class: "why-row" }, h("th", { colspan: 3, class: "wrap" }, `below each: why not chosen (one place; ${s.method === "ilp" ? "exact" : "local search"} plan)`)), ...ruleRows));
 }
 
 // ---- tooltips and toasts -----------------------------------------------------------------------------------------
@@ -1023,6 +1046,16 @@ function setupStatic() {
   $("exact").disabled = true;
   const note = h("span", { id: "static-note", class: "dim", title: "written by `lanefuse plan MODEL --html DIR`; what-ifs need `lanefuse explore MODEL --web`" }, "static report");
   $("busy").before(note);
+  const hd = REPORT.header;
+  if (hd) {  // how the report was made: a report attached to a bug says so
+    const kv = Object.entries(hd.knobs || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+    const items = [["lanefuse", hd.version], ["command", hd.command], ["date", hd.date], ["model", `${hd.model} · ${hd.layers} layers · ${hd.rows} row${hd.rows > 1 ? "s" : ""}`],
+      ["lane", hd.lane], ["numerics", hd.numerics], ["knobs", kv || "defaults"], ["held", (hd.held || []).join(", ") || "none"],
+      Object.keys(hd.forced || {}).length ? ["forced", Object.entries(hd.forced).map(([t, k]) => `${t} #${k}`).join(", ")] : null].filter(Boolean);
+    const bar = h("div", { id: "report-header", class: "mono", title: items.map(([k, v]) => `${k}: ${v}`).join("\n") },
+      ...items.map(([k, v]) => h("span", { "data-h": k }, h("span", { class: "k" }, k + " "), h("span", { class: k === "command" ? "v cmd" : "v" }, String(v)))));
+    $("top").before(bar);
+  }
 }
 
 function setup() {
@@ -1043,7 +1076,8 @@ function setup() {
   $("search").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); search(e.target.value); } });
   $("search").addEventListener("change", (e) => { if (e.target.value && e.target.value in ((S.st && S.st.step && S.st.step.tensor_layer) || {})) search(e.target.value); });
   document.querySelector("#arena-wrap .title").addEventListener("click", () => { $("arena-wrap").classList.toggle("folded"); setTimeout(fit, 0); });
-  $("sat-details").addEventListener("toggle", () => { if ($("sat-details").open && !S.sat) loadSaturation(); });
+  // opened: drawn from the saturation a rule's panel may have fetched already, else fetched now
+  $("sat-details").addEventListener("toggle", () => { if ($("sat-details").open) { if (S.sat) renderSaturation(); else loadSaturation(); } });
   document.addEventListener("keydown", (e) => {
     if (e.target.matches("input, select, textarea")) { if (e.key === "Escape") e.target.blur(); return; }
     if (!S.st || e.ctrlKey || e.metaKey || e.altKey) return;

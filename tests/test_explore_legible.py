@@ -1,0 +1,142 @@
+"""The explorer's graph legible at the sizes people's screens have (issue 37), measured in headless Chromium (not
+only clicked): at 1400×900 and 1280×720, after `fit`, the smallest node text is at least 11 px on screen, the line
+key covers no node, and a rule name in the rules list breaks only after `_` or `.` (never inside an identifier's
+word). The why-not of a rule shows in its panel without opening the saturation section. Screenshots go to
+LANEFUSE_SCREENSHOTS (or the test's tmp folder). Marked `browser`: skipped without /usr/bin/chromium or playwright."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("egglog", reason="the engine needs egglog (the GPU machine has none)")
+
+from lanefuse.engine import flags
+from lanefuse.engine.demo import demo_model
+from lanefuse.engine.model import build_step
+from lanefuse.lane.explore.explorer import Explorer
+from lanefuse.lane.explore.server import serve
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+SIZES = [(1400, 900), (1280, 720)]
+
+pytestmark = pytest.mark.browser
+
+# the smallest node text on screen (its font size times the SVG's screen scale), and each node's screen box
+MEASURE = """() => {
+  const out = { minFont: 1e9, nodes: [] };
+  for (const n of document.querySelectorAll('#graph .node')) {
+    for (const t of n.querySelectorAll('text')) {
+      if (!t.textContent) continue;
+      const k = t.getScreenCTM().a, px = parseFloat(getComputedStyle(t).fontSize) * k;
+      out.minFont = Math.min(out.minFont, px);
+    }
+    const b = n.querySelector('rect.box').getBoundingClientRect();
+    out.nodes.push({ id: n.dataset.tensor, x: b.x, y: b.y, w: b.width, h: b.height });
+  }
+  const k = document.querySelector('#graph-wrap .graph-key').getBoundingClientRect();
+  out.key = { x: k.x, y: k.y, w: k.width, h: k.height };
+  const g = document.querySelector('#graph').getBoundingClientRect();  // the SVG clips what is outside it
+  out.view = { x: g.x, y: g.y, w: g.width, h: g.height };
+  return out;
+}"""
+
+# every rule name's pieces (split after `_` and `.`): each piece on one line, and the cell breaks nowhere else
+BREAKS = """() => {
+  const bad = [];
+  for (const td of document.querySelectorAll('#rules td.name')) {
+    const style = getComputedStyle(td);
+    if (style.overflowWrap === 'anywhere' || style.wordBreak === 'break-all') bad.push(td.title + ': breaks anywhere');
+    for (const node of td.childNodes) {
+      if (node.nodeType !== 3 || !node.textContent) continue;
+      const r = document.createRange();
+      r.selectNodeContents(node);
+      const lines = new Set([...r.getClientRects()].map((q) => Math.round(q.top)));
+      if (lines.size > 1) bad.push(`${td.title}: \"${node.textContent}\" broken over ${lines.size} lines`);
+    }
+  }
+  return bad;
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is missing: pip install playwright (never `playwright install`)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def served():
+    cfg, _ = demo_model()
+    ex = Explorer(build_step(cfg, 1), model_name="demo")
+    server, url = serve(ex)
+    yield ex, url
+    server.stop()
+    ex.close()
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+
+
+def _clip(a: dict, b: dict) -> dict:
+    x0, y0 = max(a["x"], b["x"]), max(a["y"], b["y"])
+    x1, y1 = min(a["x"] + a["w"], b["x"] + b["w"]), min(a["y"] + a["h"], b["y"] + b["h"])
+    return {"id": a["id"], "x": x0, "y": y0, "w": max(0.0, x1 - x0), "h": max(0.0, y1 - y0)}
+
+
+def shots(tmp_path: Path) -> Path:
+    d = Path(flags.read("LANEFUSE_SCREENSHOTS") or tmp_path)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_graph_is_legible_at_fit(browser, served, size, tmp_path):
+    ex, url = served
+    pg = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    log: list[str] = []
+    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    pg.goto(url)
+    pg.wait_for_selector("#graph .node")
+    for layer in (0, ex.layers - 1):
+        pg.select_option("#layer", str(layer))
+        pg.wait_for_selector(f"#graph-title:has-text('L{layer}:')")
+        pg.locator("#fit").click()
+        m = pg.evaluate(MEASURE)
+        assert m["minFont"] >= 11 - 1e-6, (layer, m["minFont"])
+        seen = [_clip(n, m["view"]) for n in m["nodes"] if _overlap(n, m["view"])]  # what shows of each node
+        assert len(seen) >= min(8, len(m["nodes"])), "too few nodes in view after fit"
+        under = [n["id"] for n in seen if _overlap(n, m["key"])]
+        assert not under, f"the key covers {under} at {size}, layer {layer}"
+    assert pg.evaluate(BREAKS) == []
+    pg.screenshot(path=str(shots(tmp_path) / f"explore-{size[0]}x{size[1]}.png"))
+    assert log == [], log
+    pg.close()
+
+
+def test_a_rules_why_not_shows_without_opening_the_saturation(browser, served):
+    ex, url = served
+    pg = browser.new_page(viewport={"width": 1400, "height": 900})
+    pg.goto(url)
+    pg.wait_for_selector("#graph .node")
+    assert not pg.evaluate("document.querySelector('#sat-details').open")
+    pg.locator("#rules td.name[title='glu_act_mul']").click()
+    why = pg.locator("#rule-why-not")
+    why.wait_for()
+    want = next(r for r in ex.saturation()["rules"] if r["name"] == "glu_act_mul")["why_not"]["text"]
+    assert why.inner_text() == want
+    assert not pg.evaluate("document.querySelector('#sat-details').open")
+    pg.close()
