@@ -122,6 +122,19 @@ def why_not_note(w: dict, method: str = "exact") -> str:
     return f"not chosen: {d:+.2f} µs a step with it at {t}: cheaper, which the {method} search missed"
 
 
+def _short_note(note: str) -> str:
+    """A note in a few words for a narrow table (the whole sentence is on its `note:` line below): `+2.00 µs vs
+    gemv_gate_up_glu`."""
+    import re
+
+    m = re.match(r"not chosen: ([+-][\d.]+ µs) a step with it at \S+ \(.* with (.+)\)$", note or "")
+    if m:
+        return f"{m.group(1)} vs {m.group(2)}"
+    if (note or "").startswith("not chosen: a tie"):
+        return "a tie, broken by rank"
+    return (note or "").split(":")[0]
+
+
 def why_not_notes(args, src, g) -> dict[str, str]:
     """rule -> why the plan never chose it, for each rule that matched in saturation and fused nothing in the plan
     (the explorer's why-not: the step's cost with the rule's op forced in at one tensor, against the plan's)."""
@@ -324,13 +337,16 @@ def print_plan(s, layer=None, rules: list[dict] | None = None, full: bool = Fals
         shown = rules if full else [r for r in rules if r["matched"] or r["chosen"] or r["note"]]
         idle = [r["rule"] for r in rules if r not in shown]
         f = table("rules: matched in saturation, chosen by the plan" + ("" if full else " (those that matched)"))
+        narrow = con.width < 110  # an 80-column terminal: the source is in the note lines below
         f.add_column("rule", no_wrap=True)  # a name whole, never folded mid-identifier (ellipsized where too narrow)
-        f.add_column("source", no_wrap=True)
+        if not narrow:
+            f.add_column("source", no_wrap=True)
         f.add_column("matched", justify="right", no_wrap=True)
         f.add_column("chosen", justify="right", no_wrap=True)
         f.add_column("note", ratio=1)  # the one column that wraps, at spaces
         for r in shown:
-            f.add_row(r["rule"], r["where"], str(r["matched"]), str(r["chosen"]), r["note"] or "")
+            f.add_row(r["rule"], *([] if narrow else [r["where"]]), str(r["matched"]), str(r["chosen"]),
+                      _short_note(r["note"]) if narrow else r["note"] or "")
     con.print(f)
     if idle:
         con.print(f"{len(idle)} more rules matched nothing in this step (`--all` lists them)")
