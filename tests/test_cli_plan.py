@@ -99,3 +99,42 @@ def test_the_note_line_of_each_why_not():
     assert why_not_note({**base, "plan_cost_us": None, "support": "refuse", "reason": "no kernel"}) == \
         "not chosen: refuse at L0.glu: no kernel"
     assert why_not_note({**base, "plan_cost_us": None}).startswith("not chosen: no runnable plan takes it at L0.glu")
+
+
+def test_on_an_80_column_terminal_every_line_fits(tmp_path):
+    """On a terminal 80 columns wide (a pty): the rules table drops its source column (in the note lines below) and
+    says each why-not in a few words; every line but the note sentences fits 80 columns, no rule name folded."""
+    import os
+    import pty
+
+    main, sub = pty.openpty()
+    env = {**os.environ, "COLUMNS": "80", "LINES": "50", "TERM": "xterm"}
+    p = subprocess.Popen([sys.executable, "-m", "lanefuse.lane.cli", "plan"], stdout=sub, stderr=subprocess.PIPE,
+                         env=env)
+    os.close(sub)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # the child closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert p.wait(timeout=300) == 0, p.stderr.read()
+    os.close(main)
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", b"".join(chunks).decode()).replace("\r", "")
+    lines = [line for line in text.splitlines() if not line.startswith("note: ")]
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    assert re.search(r"│ glu_act_mul\s+│\s+4 │\s+0 │ \+\d+\.\d\d µs vs gemv_gate_up_glu\s+│", text), text
+    assert "rules/ffn.yaml:2" in text  # in its note line
+
+
+def test_the_short_note():
+    from lanefuse.lane.cli.report import _short_note
+
+    assert _short_note("not chosen: +2.00 µs a step with it at L0.glu (359.70 against 357.70 µs with x_y)") == \
+        "+2.00 µs vs x_y"
+    assert _short_note("not chosen: a tie at L0.glu with x (1.00 µs), broken by rank") == "a tie, broken by rank"
+    assert _short_note("held back: released, the plan would choose it 4 times") == "held back"
+    assert _short_note("") == ""
