@@ -683,3 +683,41 @@ def test_a_batch_gives_each_sequence_its_tokens_alone(name, tmp_path):
                                                                                                     cfg.head_dim)
     moe = [l.launch for l in three.launches if l.launch.census == "moe"]
     assert moe and all(m.rows == 3 for m in moe)  # the mixture routes every row of the batch
+
+
+def test_the_batch_latent_attention_on_the_cuda_host_emulator():
+    """The batch plan's latent attention launch (the Split attention over each sequence's slot of the latent cache
+    and the rotated-key cache, its queries in two parts) run by attention.cu on the host emulator (tests/cuda_host)
+    against its numpy twin, whole and each sequence apart, at positions 5, 0 and the slot's last row; and the
+    expansion's HeadGemv beside it. Skipped without g++."""
+    from cuda_host import emu
+
+    if emu.compiler() is None:
+        pytest.skip("no g++ to build the emulated kernels")
+    import test_kernels_gpu as gpu
+
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = tiny_cfg()
+    B, L = 3, cfg.max_len
+    s = plan(cfg.build_step(1, batch=B))
+    att = next(x.launch for x in s.launches if x.layer == 1 and x.launch.census == "attention")
+    hg = next(x.launch for x in s.launches if x.layer == 1 and x.launch.census == "head_gemv")
+    assert att.slot == L and att.rows == B and att.qtail and att.ktail and len(att.apart()) == B
+    g = np.random.default_rng(61)
+    pos = np.array([5, 0, L - 1], np.int32)
+    reach = att.extents(L - 1, B)
+    arrays = {n: g.standard_normal(k).astype(np.float32) for n, k in reach.items() if n not in (att.pos, att.out)}
+    arrays[att.pos], arrays[att.out] = pos, np.zeros(reach[att.out], np.float32)
+    hw = {hg.w: (g.standard_normal(hg.heads * hg.a * hg.b).astype(np.float32) / 4, "f32")}
+    for stems in (att.stem, hg.stem):
+        emu.build(stems)
+    from lanefuse.kernels import cupy_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        emu.install(mp)
+        mp.setattr(cupy_env, "DeviceEnv", emu.emu_env_class())
+        for a in (att, *att.apart()):
+            gpu.both(a, arrays, {}, tol=2e-4)
+        gpu.both(hg, {hg.x: g.standard_normal(B * hg.heads * hg.a).astype(np.float32),
+                      hg.y.buf: np.zeros(B * hg.heads * hg.b, np.float32)}, hw, tol=2e-4)
