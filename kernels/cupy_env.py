@@ -33,11 +33,14 @@ class DeviceEnv:
                  arrays: dict[str, np.ndarray] | None = None,
                  weights: dict[str, tuple[np.ndarray, str]] | None = None,
                  scratch: dict[tuple[str, str], int] | None = None,
-                 quantized: dict[str, tuple[int, int]] | None = None):
+                 quantized: dict[str, tuple[int, int]] | None = None, arena=None):
         import cupy
 
         self.cp = cupy
-        self.arena = cupy.zeros(max(int(arena_bytes), 1), dtype=cupy.uint8)
+        # `arena`: a device byte buffer of at least `arena_bytes` the plan's forms share (lane/run/cupy_runner.py)
+        if arena is not None and arena.size < arena_bytes:
+            raise ValueError(f"a shared arena of {arena.size} bytes for a plan of {arena_bytes}")
+        self.arena = arena if arena is not None else cupy.zeros(max(int(arena_bytes), 1), dtype=cupy.uint8)
         self.views: dict[str, object] = {}
         for name, (offset, nbytes, dtype) in (placed or {}).items():
             self.views[name] = self.arena[offset:offset + nbytes].view(np.dtype(_np_dtype(dtype)))

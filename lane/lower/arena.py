@@ -158,3 +158,50 @@ def check(arena: Arena) -> None:
                 assert p.offset + p.bytes <= q.offset or q.offset + q.bytes <= p.offset, \
                     f"{p.name} and {q.name} overlap while both live"
     assert arena.bytes >= arena.lower_bound
+
+
+@dataclass(frozen=True)
+class Forms:
+    """A model's forms (its decode step, each prefill chunk width, a batch's step) in one arena, one form running at
+    a time (seed 003): the persistent arrays every form reads and updates — the KV caches and carried states, the
+    same tables for every form — placed once at `tables` {name: (offset, bytes)}, the same offsets for every form;
+    from `base` each form's step-local arena overlaid on the others', so the arena's `bytes` are `base` and the
+    largest form's. `own` {form: its arena's bytes}: what each form allocates when it has an arena of its own."""
+
+    tables: dict[str, tuple[int, int]]
+    base: int
+    own: dict[str, int]
+    bytes: int
+
+    @property
+    def apart(self) -> int:
+        """The bytes of the forms' arenas each on its own (the tables once, as every form shares them already)."""
+        return self.base + sum(aligned(n) for n in self.own.values())
+
+    def offset(self, form: str, placed_offset: int) -> int:
+        """Where an array of `form` placed at `placed_offset` in its own arena lies in the shared one."""
+        if form not in self.own:
+            raise KeyError(form)
+        return self.base + placed_offset
+
+    def to_json(self) -> dict:
+        return {"bytes": self.bytes, "apart": self.apart, "base": self.base, "forms": dict(self.own),
+                "tables": {n: {"offset": o, "bytes": b} for n, (o, b) in self.tables.items()}}
+
+
+def share(forms: dict[str, tuple[Arena, dict[str, int]]]) -> Forms:
+    """The forms `forms` {label: (its arena, its tables {name: bytes})} in one arena: each table placed once (every
+    form that has it must hold the same bytes of it: a form whose cache differs is another model's, refused), in
+    name order from 0; the forms' step-local arrays overlaid from the first aligned offset past them."""
+    tables: dict[str, int] = {}
+    for label, (_, ts) in forms.items():
+        for name, n in ts.items():
+            if tables.setdefault(name, n) != n:
+                raise ValueError(f"form {label}: table `{name}` of {n} bytes, another form's holds {tables[name]}")
+    at: dict[str, tuple[int, int]] = {}
+    off = 0
+    for name in sorted(tables):
+        at[name] = (off, tables[name])
+        off += aligned(tables[name])
+    own = {label: a.bytes for label, (a, _) in forms.items()}
+    return Forms(at, off, own, off + max((aligned(n) for n in own.values()), default=0))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.placement import home_of
 from lanefuse.kernels.quant import quant_layout
@@ -50,10 +52,148 @@ def buffers(g: Graph, al: dict[str, tuple[str, int]]) -> dict[str, Buffer]:
     return out
 
 
-def lifetimes(launches, bufs: dict[str, Buffer]) -> list[Live]:
-    """Each arena array's lifetime: from the first launch that touches its home (through any alias) to the last;
-    and each launch's scratch, live for that launch."""
+class NotWritten(Exception):
+    """An arena array read where no launch before has written the part read: `name` (the array read, as the launch
+    names it), `home` (the array it lies in), `launch` (its index) and what is missing."""
+
+    def __init__(self, name: str, home: str, launch: int, census: str, missing: str):
+        self.name, self.home, self.launch, self.census, self.missing = name, home, launch, census, missing
+        of = f" (a part of `{home}`)" if home != name else ""
+        super().__init__(f"launch {launch} ({census}) reads `{name}`{of} where no launch before it has written "
+                         f"{missing}: a step-local array must be written whole before it is read")
+
+
+def _dst_of(l, name: str):
+    """The destination records inside launch `l` that write `name` (kernels/common.py `Dst`)."""
+    import dataclasses
+
+    from lanefuse.kernels.common import Dst
+
+    out, todo = [], [l]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, Dst):
+            if x.buf == name:
+                out.append(x)
+            continue
+        for f in dataclasses.fields(x):
+            v = getattr(x, f.name)
+            for e in (v if isinstance(v, tuple) else (v,)):
+                if dataclasses.is_dataclass(e) and not isinstance(e, type):
+                    todo.append(e)
+    return out
+
+
+class _Written:
+    """What the launches so far have written of each arena array (by home): whole, or the elements written."""
+
+    def __init__(self, bufs: dict[str, Buffer]):
+        self.bufs = bufs
+        self.whole: set[str] = set()
+        self.parts: dict[str, np.ndarray] = {}  # home -> a bool mask of its elements, made at its first part write
+
+    def write(self, name: str, at: np.ndarray | None) -> None:
+        """`name` written: all of it (`at` None) or the flat elements `at` of its home."""
+        b = self.bufs[name]
+        h, n = b.home, self.bufs[b.home].size
+        if h in self.whole:
+            return
+        if at is None:
+            if b.offset == 0 and b.size >= n:
+                self.whole.add(h)
+                self.parts.pop(h, None)
+                return
+            at = np.arange(b.offset, b.offset + b.size, dtype=np.int64)
+        m = self.parts.get(h)
+        if m is None:
+            m = self.parts[h] = np.zeros(n, dtype=bool)
+        m[at[(at >= 0) & (at < n)]] = True
+        if m.all():
+            self.whole.add(h)
+            del self.parts[h]
+
+    def missing(self, name: str) -> str | None:
+        """What is not written yet of the part `name` of its home, in words; None when all of it is."""
+        b = self.bufs[name]
+        h = b.home
+        if h in self.whole:
+            return None
+        m = self.parts.get(h)
+        if m is None:
+            return "any of it"
+        part = m[b.offset: b.offset + b.size]
+        if part.all():
+            return None
+        return f"{int((~part).sum())} of its {b.size} values (the first at {int(np.flatnonzero(~part)[0])})"
+
+
+def _written_at(l, name: str, b: Buffer):
+    """The elements of `name`'s home launch `l` writes of `name`: None for all of `name` (from its offset), else
+    the flat indices (a destination that places the result in a part of every unit, or from a fixed row)."""
+    idx = []
+    for d in _dst_of(l, name):
+        if d.row is None and d.unit is None and not d.slot:
+            return None
+        if isinstance(d.row, str) or d.slot:
+            return np.zeros(0, dtype=np.int64)  # rows a parameter names: not known when planning
+        base = int(d.row or 0) * d.pitch
+        if d.unit is not None:
+            u = d.unit
+            units = (b.size - base - u.offset + u.pitch - u.width) // u.pitch if u.pitch else 0
+            idx.append(b.offset + base + u.indices(max(units, 0)))
+        else:
+            return np.arange(b.offset + base, b.offset + b.size, dtype=np.int64)
+    return np.concatenate(idx) if idx else None
+
+
+def walk(launches, bufs: dict[str, Buffer]) -> dict[str, int]:
+    """Each arena array's first write (by home): the launch from which its lifetime runs. Raises NotWritten at the
+    first launch that reads a part of an arena array no launch before it has written: every step-local array is
+    written whole (by one launch, or part by part) before any launch reads it, so nothing a step reads of it was left
+    by another array sharing its bytes, by an earlier step or by another form sharing the arena."""
+    written = _Written(bufs)
     first: dict[str, int] = {}
+    for i, top in enumerate(launches):
+        runs = bool(top.kernels())  # a view runs nothing: it writes nothing
+        for l in steps_of(top):
+            for name in l.reads():
+                b = bufs.get(name)
+                if b is None or b.where != "arena":
+                    continue
+                miss = written.missing(name)
+                if miss is not None:
+                    raise NotWritten(name, b.home, i, top.census, miss)
+            if not runs:
+                continue
+            for name in l.writes():
+                b = bufs.get(name)
+                if b is None or b.where != "arena":
+                    continue
+                written.write(name, _written_at(l, name, b))
+                first.setdefault(b.home, i)
+    return first
+
+
+def steps_of(l):
+    """Launch `l` as the launches it runs in turn: a fold's `first` then its `then`, a pair's `a` then its `b` (each
+    of those as its own); any other launch itself."""
+    import dataclasses
+
+    from lanefuse.kernels.common import Launch
+
+    subs = [getattr(l, f.name) for f in dataclasses.fields(l) if isinstance(getattr(l, f.name), Launch)]
+    if not subs:
+        yield l
+        return
+    for sub in subs:
+        yield from steps_of(sub)
+
+
+def lifetimes(launches, bufs: dict[str, Buffer]) -> list[Live]:
+    """Each arena array's lifetime: from the launch that first writes it (whole, or the first of the launches that
+    write it part by part) to the last launch that touches it, through any alias; and each launch's scratch, live
+    for that launch. Raises NotWritten where a launch reads a part of one before any launch writes it (`walk`)."""
+    first = walk(launches, bufs)
     last: dict[str, int] = {}
     size: dict[str, int] = {}
     for i, l in enumerate(launches):
@@ -62,11 +202,10 @@ def lifetimes(launches, bufs: dict[str, Buffer]) -> list[Live]:
             if b is None or b.where != "arena":
                 continue
             h = b.home
-            first.setdefault(h, i)
             last[h] = i
             hb = bufs[h]
             size[h] = array_bytes(hb.size, hb.dtype)
-    items = [Live(h, size[h], first[h], last[h]) for h in sorted(first)]
+    items = [Live(h, size[h], first.get(h, last[h]), last[h]) for h in sorted(last)]
     for i, l in enumerate(launches):
         for s in l.scratch():
             if not s.counter:
@@ -81,3 +220,15 @@ def counters(launches) -> list[tuple[int, str, int]]:
 
 def arena_for(launches, bufs: dict[str, Buffer]) -> Arena:
     return place(lifetimes(launches, bufs))
+
+
+def tables_of(bufs: dict[str, Buffer]) -> dict[str, int]:
+    """The persistent arrays a step reads and updates — its KV caches and carried states — {name: bytes}."""
+    return {b.name: array_bytes(b.size, b.dtype) for b in bufs.values() if b.where == "table" and b.home == b.name}
+
+
+def forms_of(plans: dict) -> "object":
+    """Plans `plans` {label: Plan} — a model's forms — in one arena (lane/lower/arena.py `share`)."""
+    from lanefuse.lane.lower.arena import share
+
+    return share({label: (p.arena, tables_of(p.buffers)) for label, p in plans.items()})

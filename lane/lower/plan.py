@@ -14,7 +14,7 @@ from lanefuse.engine.ir import Constant, Graph, StepIO, Tensor
 from lanefuse.engine.placement import aliases
 from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.arena import Arena
-from lanefuse.lane.lower.buffers import Buffer, arena_for, buffers, counters
+from lanefuse.lane.lower.buffers import Buffer, NotWritten, arena_for, buffers, counters
 from lanefuse.lane.lower.knobs import Knobs
 from lanefuse.lane.lower.shim import Shim, launch_us
 from lanefuse.lane.lower.table import LaneTable, load_lane
@@ -255,7 +255,12 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
     al = aliases(og)
     bufs = buffers(og, al)
     seq = [x.launch for x in launched]
-    arena = arena_for(seq, bufs)
+    try:
+        arena = arena_for(seq, bufs)
+    except NotWritten as e:  # a lowering bug, not the user's: said loudly, naming the array and the launch
+        x = launched[e.launch]
+        raise UserError(f"the {lt.name} lane's plan of `{og.meta.get('model', 'the step')}` is wrong: {e} "
+                        f"(layer {x.layer}, computing {', '.join(x.ops) or '-'})") from None
     census: dict[str, int] = {}
     for x in launched:
         for k in x.launch.kernels():

@@ -379,7 +379,7 @@ def _field(l, name: str) -> str:
 def _arena(p) -> None:
     from lanefuse.kernels import ALIGN
     from lanefuse.lane.lower.arena import aligned
-    from lanefuse.lane.lower.buffers import lifetimes
+    from lanefuse.lane.lower.buffers import NotWritten, lifetimes
 
     a = p.arena
     placed = a.by_name()
@@ -394,7 +394,11 @@ def _arena(p) -> None:
             raise Bad(f"{at}.offset", f"bytes {q.offset}..{q.offset + q.bytes} past the arena's {a.bytes}")
         if not 0 <= q.first <= q.last < n:
             raise Bad(f"{at}.first", f"a lifetime {q.first}..{q.last} outside the plan's {n} launches")
-    for live in lifetimes([x.launch for x in p.launches], p.buffers):
+    try:
+        lives = lifetimes([x.launch for x in p.launches], p.buffers)
+    except NotWritten as e:
+        raise Bad(f"launches[{e.launch}]", str(e)) from None
+    for live in lives:
         q = placed.get(live.name)
         if q is None:
             raise Bad("arena.arrays", f"`{live.name}` is not placed (launches {live.first}..{live.last} use it)")

@@ -18,13 +18,31 @@ from lanefuse.lane.run.constants import host_constant
 DECODE_CHUNK = 16  # decode steps replayed between two host reads of the generated tokens (and their logits)
 
 
+class DeviceArena:
+    """The one device allocation a model's forms share for their step-local arrays, one form running at a time
+    (seed 003): made for the first form, made anew larger only for a larger one — a runner keeps the allocation it
+    was made with (its captured graph holds pointers into it), so forms made after the largest share it. A run
+    prefills its widest chunk first, so its later chunks and its decode step share the first allocation."""
+
+    def __init__(self):
+        self.buf = None
+
+    def fit(self, nbytes: int):
+        import cupy
+
+        if self.buf is None or self.buf.size < nbytes:
+            self.buf = cupy.zeros(max(int(nbytes), 1), dtype=cupy.uint8)
+        return self.buf
+
+
 class DeviceState:
-    """What a model's plans share on the device: the KV-cache tables and the weights, by name."""
+    """What a model's plans share on the device: the KV-cache tables and the weights, by name, and the arena."""
 
     def __init__(self):
         self.tables: dict[str, object] = {}
         self.weights: dict[str, tuple[object, str]] = {}
         self.loaded = False  # the caches were uploaded from the host once
+        self.arena = DeviceArena()
 
 
 def slot_copier(state: DeviceState, batch_state: DeviceState):
@@ -95,7 +113,8 @@ class CupyRunner:
                 if p is not None:
                     scratch[(x.launch.key(), sc.tag)] = p.offset
         missing = _weights_of(s, weights, self.state.weights)
-        self.env = DeviceEnv(s.arena.bytes, arena_views, {}, missing, scratch, quantized)
+        self.env = DeviceEnv(s.arena.bytes, arena_views, {}, missing, scratch, quantized,
+                             arena=self.state.arena.fit(s.arena.bytes))
         self.state.weights.update(self.env.weights)
         self.env.weights = self.state.weights
         for name, b in s.buffers.items():  # the caches (shared), the step's inputs and outputs

@@ -22,11 +22,27 @@ from lanefuse.lane.run.constants import (IN_PLACE, decode_once, host_constant, h
 DT = {"f32": np.float32, "i32": np.int32}
 
 
+class SharedArena:
+    """The one byte buffer a model's forms (its decode step, each prefill chunk width) share, one form running at a
+    time (seed 003): sized for the largest form made so far. A larger form grows it (`fit`): the runners made
+    before take views into the new buffer at their next step (`version`). Nothing a step reads of it is left from
+    another step or form: every array in it is written whole before it is read (lane/lower/buffers.py `walk`)."""
+
+    def __init__(self):
+        self.buf = np.zeros(0, dtype=np.uint8)
+        self.version = 0
+
+    def fit(self, nbytes: int) -> None:
+        if nbytes > self.buf.size:
+            self.buf = np.zeros(nbytes, dtype=np.uint8)
+            self.version += 1
+
+
 class ArenaEnv:
     """The Env the numpy twins read and write through: arena views, cache tables, step I/O, weights."""
 
     def __init__(self, s: Plan, weights, tables: dict[str, np.ndarray], exact: bool = True, temp: int = 0,
-                 stream: bool = False):
+                 stream: bool = False, shared: SharedArena | None = None):
         self.s = s
         self.weights = weights
         self.exact = exact
@@ -35,14 +51,26 @@ class ArenaEnv:
         # launch (`stream_at`: the next part's first value, set back to 0 before each launch); made at first use
         self._stream: np.ndarray | None = None
         self.stream_at = 0
-        # the plan's arena, then (fast twins) a tail of `temp` f32 values every launch's temporaries share in turn
-        self.arena = np.zeros(s.arena.bytes + (-s.arena.bytes % 64) + 4 * temp, dtype=np.uint8)
-        self._temp = np.frombuffer(self.arena, dtype=np.float32, count=temp, offset=len(self.arena) - 4 * temp)
+        # the plan's arena, then (fast twins) a tail of `temp` f32 values every launch's temporaries share in turn,
+        # the first bytes of the buffer the model's forms share (`shared`), or of one of its own
+        self.need = s.arena.bytes + (-s.arena.bytes % 64) + 4 * temp
+        self.temp_count = temp
+        self.shared = shared if shared is not None else SharedArena()
+        self.shared.fit(self.need)
         self.placed = s.arena.by_name()
         self.tables = tables
         self.io: dict[str, np.ndarray] = {}
         self._views: dict[str, np.ndarray] = {}
+        self.bind_arena()
         self._weights: dict[str, tuple[np.ndarray, str]] = {}
+
+    def bind_arena(self) -> None:
+        """Take this plan's part of the shared buffer as it is now (made anew when a larger form grew it)."""
+        self.arena = self.shared.buf[:self.need]
+        self.version = self.shared.version
+        self._temp = np.frombuffer(self.arena, dtype=np.float32, count=self.temp_count,
+                                   offset=self.need - 4 * self.temp_count)
+        self._views.clear()
 
     def _home(self, home: str) -> np.ndarray:
         b = self.s.buffers[home]
@@ -144,7 +172,8 @@ class ArenaEnv:
 class NumpyRunner:
     """Runs one Plan step after step; the arena and weights are kept across steps."""
 
-    def __init__(self, s: Plan, weights, check: bool = False, exact: bool = True, decode_budget: int | None = None):
+    def __init__(self, s: Plan, weights, check: bool = False, exact: bool = True, decode_budget: int | None = None,
+                 shared: SharedArena | None = None):
         self.s = s
         self.check = check  # run the reference beside each step and compare launch by launch (LANEFUSE_CHECK=2)
         self.exact = exact or check  # the exact twins (the kernels' sums imitated in f64), else each kind's fast twin
@@ -153,13 +182,16 @@ class NumpyRunner:
         # the fast twins hold f16/bf16/block rows decoded to f32 where memory allows (`decode_budget` bytes, default
         # half the machine's), else decode each launch's rows as it runs
         self.streamed = not self.exact and not decode_once(s, decode_budget)
-        self.env = ArenaEnv(s, weights, {}, exact=self.exact, temp=temp, stream=self.streamed)
+        self.env = ArenaEnv(s, weights, {}, exact=self.exact, temp=temp, stream=self.streamed, shared=shared)
         self._bound: list | None = None  # the fast twins bound to the env (Launch.bind_fast), made anew with the tables
         self.bind_s = 0.0  # seconds binding them (the first binding reads and stacks the weights: load, not a step)
 
     def step(self, inputs: dict[str, np.ndarray], lifted=None) -> dict[str, np.ndarray]:
         s, env = self.s, self.env
         s.check_position(inputs[s.io.position])
+        if env.version != env.shared.version:  # another form grew the shared arena: this plan's views made anew
+            env.bind_arena()
+            self._bound = None
         tables = {n: inputs[n] for n in s.io.tables}
         if tables.keys() != env.tables.keys() or any(env.tables[n] is not t for n, t in tables.items()):
             env.tables = tables  # other cache arrays than the last step's: views into them are made anew

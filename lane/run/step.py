@@ -28,16 +28,17 @@ def pick_device(device: str) -> str:
     return "gpu" if has_cuda() else "cpu"
 
 
-def make_runner(p, weights, device: str, state=None, check: bool = False, exact: bool = False):
+def make_runner(p, weights, device: str, state=None, check: bool = False, exact: bool = False, shared=None):
     """The runner of plan `p` on `device` (gpu or cpu); on the CPU the fast numpy runner (f32 BLAS on weights decoded
-    once), or the exact twins where `exact` or `check` (which runs the reference beside each numpy step)."""
+    once), or the exact twins where `exact` or `check` (which runs the reference beside each numpy step). `shared`
+    (cpu) / `state.arena` (gpu): the arena the model's forms share."""
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import CupyRunner
 
         return CupyRunner(p, weights, state)
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
-    return NumpyRunner(p, weights, check=check, exact=exact or check)
+    return NumpyRunner(p, weights, check=check, exact=exact or check, shared=shared)
 
 
 def check_saved(p, path: str, g, weights) -> None:
@@ -67,13 +68,18 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
 
     device = pick_device(device)
     runners: dict[tuple[int, int], object] = {}
-    state = batch_state = None
+    state = batch_state = shared = None
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import DeviceState, slot_copier
 
-        state = DeviceState()  # the caches and weights every plan of this model shares on the device
-        batch_state = DeviceState()  # a batch step's caches (each sequence's slot), the same weights
+        state = DeviceState()  # the caches, weights and arena every plan of this model shares on the device
+        batch_state = DeviceState()  # a batch step's caches (each sequence's slot), the same weights and arena
         batch_state.weights = state.weights
+        batch_state.arena = state.arena
+    else:
+        from lanefuse.lane.run.numpy_runner import SharedArena
+
+        shared = SharedArena()  # the one arena buffer the model's forms share, one form running at a time
 
     def runner(g):
         rows = int(g.meta.get("rows", 1))
@@ -91,7 +97,8 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                 s = plan(g, options)
                 spent["plan_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            r = runners[key] = make_runner(s, weights, device, batch_state if key[1] > 1 else state, check, exact)
+            r = runners[key] = make_runner(s, weights, device, batch_state if key[1] > 1 else state, check, exact,
+                                           shared)
             spent["setup_s"] += time.perf_counter() - t0
         return r
 
@@ -102,6 +109,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
         spent["setup_s"] += getattr(r, "bind_s", 0.0) - bound  # the fast runner's first binding reads the weights
         return out
 
+    step_fn.runners = runners  # the forms made so far, (rows, batch) -> runner: they share one arena
     spent = step_fn.spent = {"plan_s": 0.0, "setup_s": 0.0}  # seconds planning, setting up runners: `run`'s timings
 
     if device == "gpu":
