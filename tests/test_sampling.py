@@ -181,3 +181,41 @@ def test_a_batch_prints_the_timings_block_on_stderr_and_only_its_lines_on_stdout
     for head in ("load", "plan", "prompt eval", "decode", "total"):
         assert any(line.startswith(head) for line in r.stderr.splitlines()), r.stderr
     assert "/    3 tokens" in r.stderr  # the prompts' 3 tokens evaluated
+
+
+# ---- the device path (a stand-in cupy: tests/test_cupy_runner_mock.py) ---------------------------------------------
+
+from test_cupy_runner_mock import fake_cupy  # noqa: E402,F401  (the fixture)
+
+
+def test_on_the_device_greedy_keeps_its_loop_and_sampling_reads_the_logits_back(fake_cupy, monkeypatch):  # noqa: F811
+    """Greedy on the CuPy runner: the device's back-to-back decode loop, the same tokens as the numpy runner.
+    Sampling: never that loop (it takes the arg-max only); each step's logits come back and the draws are the numpy
+    run's, token for token."""
+    from lanefuse.engine.demo import demo_model
+    from lanefuse.lane.run.generate import generate
+    from lanefuse.lane.run import step as step_mod
+    from lanefuse.lane.run.step import plan_step_fn
+
+    monkeypatch.setattr(step_mod, "has_cuda", lambda: True)  # the stand-in cupy is the device
+    cfg, w = demo_model(64)
+    calls = []
+    gpu, _ = plan_step_fn(w, "gpu")
+    loop = gpu.decode
+
+    def counted(*a, **k):
+        calls.append(1)
+        return loop(*a, **k)
+
+    gpu.decode = counted
+    cpu, _ = plan_step_fn(w, "cpu")
+    want = generate(cfg, w, [3, 1, 4], 8, step_fn=cpu, chunk=2)
+    got = generate(cfg, w, [3, 1, 4], 8, step_fn=gpu, chunk=2)
+    assert got.generated_ids == want.generated_ids and calls  # greedy: the device loop ran
+    calls.clear()
+    s = Sampling(temp=0.8, top_p=0.95, seed=21)
+    want = generate(cfg, w, [3, 1, 4], 8, step_fn=plan_step_fn(w, "cpu")[0], chunk=2, sampling=s)
+    got = generate(cfg, w, [3, 1, 4], 8, step_fn=gpu, chunk=2, sampling=s)
+    assert not calls  # sampling: one step at a time, the logits read back
+    assert got.generated_ids == want.generated_ids
+    assert got.generated_ids == [s.pick(row, 0, i) for i, row in enumerate(got.logits)]
