@@ -19,6 +19,17 @@ The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefil
 - a prefill chunk's attention at position 0 (CUDA cores, f32: attention.cu, no flash-attention kernel yet) does its
   causal work, 2 · heads · (hd + vd) · rows(rows+1)/2 flops, at ATTN_TFLOPS = 30 TFLOP/s (half the f32 peak): the
   lane's own estimate prices every row over the whole cache (its `flops`), a bound for decode, not a chunk;
+- a chunk's attention on the tensor cores (attention_tc.cu, knob tc_attn_rows, on in this model's plans): a block
+  is 128 threads, one kv head and 64 (row, head) slots, at 202 registers (heads of 128: ptxas sm_90) so an SM holds
+  ATTN_BLOCKS_PER_SM = 2; its keys in tiles of 64, each warp (16 slots) q·kᵀ and p·v of 2·16·64·D flops each
+  (D the head padded to 64 or 128) for every tile it attends (a warp skips the tiles past its last row); the chip
+  runs that mma work at ATTN_TC_TFLOPS = 200 TFLOP/s (20% of peak: mma.sync with k and v loaded as f32, rounded and
+  stored to shared memory through registers, one buffer, no overlap of loads and mma — FA2-class kernels with
+  cp.async pipelines reach 35-45% on Hopper; not measured here), and the launch lasts at least its busiest block's
+  tiles at half an SM's share; its f32 k/v tile loads (64 KB a tile a block at D = 128) stream from L2 at
+  L2_TBPS = 10 TB/s at most (an assumption), q and out once over HBM;
+- with --cuda-core-attention, the chunk's attention on CUDA cores (attention.cu, f32) as before: its causal work,
+  2 · heads · (hd + vd) · rows(rows+1)/2 flops, at ATTN_TFLOPS = 30 TFLOP/s (half the f32 peak);
 - every other launch: the lane's cost model (its cost_us).
 """
 
@@ -37,6 +48,9 @@ PEAK_TFLOPS = 989.0
 HBM_TBPS = 4.3
 LAUNCH_US = 3.0
 ATTN_TFLOPS = 30.0
+ATTN_TC_TFLOPS = 200.0
+ATTN_BLOCKS_PER_SM = 2
+L2_TBPS = 10.0
 BM = BN = 128
 
 
@@ -65,12 +79,55 @@ def gemm_prediction(m: int, n, k: int, weight_bytes: int) -> dict:
             "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1)}
 
 
+def attention_tc_prediction(rows: int, heads: int, group: int, hd: int, vd: int, pos: int = 0, window: int = 0) -> dict:
+    """One attention_tc launch of a chunk of `rows` rows at position `pos`: blocks, waves, the mma work each warp
+    does over the key tiles it attends (as attention_tc.cu skips), and the predicted µs and what bounds it."""
+    from lanefuse.kernels.attention_tc import SLOTS, TILE, dim
+
+    D = dim(hd, vd)
+    kv = heads // group
+    slots = rows * group
+    blocks_a_head = math.ceil(slots / SLOTS)
+    tile_warp_flops = 2 * 2 * 16 * TILE * D  # q·kᵀ and p·v for one warp's 16 slots over one tile of keys
+    per_head_flops, biggest, tiles_loaded = 0, 0, 0
+    for b in range(blocks_a_head):
+        s0 = b * SLOTS
+        last = min(slots, s0 + SLOTS) - 1
+        jlo = max(0, pos + s0 // group - window + 1) if window > 0 else 0
+        jhi = pos + last // group + 1
+        tiles = math.ceil((jhi - jlo) / TILE)
+        tiles_loaded += tiles
+        work = 0
+        for w in range(4):
+            f = s0 + 16 * w
+            if f >= slots:
+                break
+            whi = pos + min(slots - 1, f + 15) // group
+            wlo = max(0, pos + f // group - window + 1) if window > 0 else 0
+            work += sum(1 for t in range(tiles) if not (jlo + t * TILE > whi or jlo + (t + 1) * TILE <= wlo))
+        per_head_flops += work * tile_warp_flops
+        biggest = max(biggest, work * tile_warp_flops)
+    blocks = blocks_a_head * kv
+    flops = per_head_flops * kv
+    per_sm = ATTN_TC_TFLOPS * 1e12 / SMS
+    compute_us = max(flops / (ATTN_TC_TFLOPS * 1e12), biggest / (per_sm / ATTN_BLOCKS_PER_SM)) * 1e6
+    l2_us = tiles_loaded * kv * TILE * (hd + vd) * 4 / (L2_TBPS * 1e12) * 1e6
+    hbm_us = (4 * rows * heads * (hd + vd) + 4 * kv * (pos + rows) * (hd + vd)) / (HBM_TBPS * 1e12) * 1e6
+    us = LAUNCH_US + max(compute_us, l2_us, hbm_us)
+    useful = 2 * heads * (hd + vd) * sum(min(pos + r + 1, window) if window else pos + r + 1 for r in range(rows))
+    return {"rows": rows, "pos": pos, "blocks": blocks, "waves": math.ceil(blocks / (SMS * ATTN_BLOCKS_PER_SM)),
+            "mma_flops": flops, "useful_flops": useful, "compute_us": round(compute_us, 2), "l2_us": round(l2_us, 2),
+            "us": round(us, 2), "bound": max((compute_us, "mma"), (l2_us, "l2"), (hbm_us, "hbm"))[1],
+            "tflops": round(useful / (us * 1e-6) / 1e12, 1)}
+
+
 def plan_prediction(s) -> dict:
-    """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction`, a chunk's attention by its causal
-    flops, the rest by the lane's cost model (its cost_us)."""
+    """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction`, a chunk's attention on the tensor
+    cores by `attention_tc_prediction` (at position 0: a prompt's first chunk), on CUDA cores by its causal flops, the
+    rest by the lane's cost model (its cost_us)."""
     from lanefuse.kernels import GemmTc, GemmTcParts
 
-    gemms, other, kinds = [], 0.0, {}
+    gemms, attn, other, kinds = [], [], 0.0, {}
     for x in s.launches:
         l = x.launch
         if isinstance(l, (GemmTc, GemmTcParts)):
@@ -80,7 +137,11 @@ def plan_prediction(s) -> dict:
             kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
         else:
             us = float(getattr(x, "cost_us", 0.0))
-            if l.census == "attention" and not getattr(l, "slot", 0) and l.rows > 1:  # a chunk, not a batch
+            if l.census == "attention_tc":
+                p = attention_tc_prediction(l.rows, l.heads, l.group, l.hd, l.vd, 0, l.window)
+                attn.append(p)
+                us = p["us"]
+            elif l.census == "attention" and not getattr(l, "slot", 0) and l.rows > 1:  # a chunk, not a batch
                 causal = 2 * l.heads * (l.hd + l.vd) * l.rows * (l.rows + 1) // 2
                 us = LAUNCH_US + causal / (ATTN_TFLOPS * 1e12) * 1e6
             other += us
@@ -91,11 +152,13 @@ def plan_prediction(s) -> dict:
     return {"rows": s.rows, "gemm_launches": len(gemms), "gemm_us": round(gemm_us, 1), "other_us": round(other, 1),
             "step_us": round(total, 1), "tokens_per_s": round(s.rows / (total * 1e-6), 0),
             "gemm_tflops": round(flops / (gemm_us * 1e-6) / 1e12, 1) if gemm_us else 0.0,
-            "kinds_us": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}, "gemms": gemms}
+            "kinds_us": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}, "gemms": gemms,
+            "attention_tc": attn[:1]}
 
 
-def prefill_plan(rows: int, fmt: str = "bf16"):
-    """The Qwen3-8B-shaped prefill step of `rows` rows under the tensor-core knob (needs the engine: egglog)."""
+def prefill_plan(rows: int, fmt: str = "bf16", tc_attention: bool = True):
+    """The Qwen3-8B-shaped prefill step of `rows` rows under the tensor-core knobs (tc_rows; tc_attn_rows unless
+    `tc_attention` is false) (needs the engine: egglog)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     from lane_figures import qwen3_8b
@@ -104,16 +167,21 @@ def prefill_plan(rows: int, fmt: str = "bf16"):
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
 
-    return plan(build_step(qwen3_8b(36, fmt), rows), knobs=Knobs(tc_rows=16, chunk_rows=max(rows, 512)),
+    return plan(build_step(qwen3_8b(36, fmt), rows), knobs=Knobs(tc_rows=16, chunk_rows=max(rows, 512),
+                                                                  tc_attn_rows=16 if tc_attention else 0),
                 source={"kind": "random"})
 
 
 def print_prediction(name: str, p: dict) -> None:
     print(f"PREDICTION {name}: {p['rows']} rows, {p['gemm_launches']} gemm_tc launches {p['gemm_us']:.0f} µs "
           f"({p['gemm_tflops']:.0f} TFLOP/s, {p['gemm_tflops'] / PEAK_TFLOPS:.0%} of {PEAK_TFLOPS:.0f}) + the rest "
-          f"{p['other_us']:.0f} µs (attention by its causal flops, the rest the lane's cost model) = "
+          f"{p['other_us']:.0f} µs (attention by its tiles or causal flops, the rest the lane's cost model) = "
           f"{p['step_us']:.0f} µs a step, {p['tokens_per_s']:.0f} tokens/s")
     print(f"PREDICTION   per kind: " + ", ".join(f"{k} {v:.0f} µs" for k, v in p["kinds_us"].items()))
+    for a in p.get("attention_tc", []):
+        print(f"PREDICTION   {p['kinds_us'].get('attention_tc', 0) / a['us']:.0f} x attention_tc {a['rows']} rows: "
+              f"{a['blocks']} blocks, {a['waves']} waves, {a['us']:.1f} µs ({a['bound']}-bound, {a['tflops']:.0f} "
+              f"TFLOP/s of causal work; mma work {a['mma_flops'] / a['useful_flops']:.2f}x it)")
     seen = set()
     for g in p["gemms"]:
         key = (g["m"], tuple(g["parts"]), g["k"])
@@ -132,9 +200,12 @@ def main() -> None:
     ap.add_argument("--plans", help="read PLANDIR/qwen3-8b-prefillN.json (bench/gpu_prefill.py prepare) instead of "
                                     "planning")
     ap.add_argument("--json")
+    ap.add_argument("--cuda-core-attention", action="store_true", help="plan the chunk's attention on CUDA cores "
+                                                                        "(attention.cu), as before attention_tc")
     args = ap.parse_args()
     out = {"assumptions": {"sms": SMS, "blocks_per_sm": BLOCKS_PER_SM, "mma_tflops": MMA_TFLOPS, "hbm_tbps": HBM_TBPS,
-                           "launch_us": LAUNCH_US, "attn_tflops": ATTN_TFLOPS}, "plans": {}}
+                           "launch_us": LAUNCH_US, "attn_tflops": ATTN_TFLOPS, "attn_tc_tflops": ATTN_TC_TFLOPS,
+                           "attn_blocks_per_sm": ATTN_BLOCKS_PER_SM, "l2_tbps": L2_TBPS}, "plans": {}}
     for rows in args.rows or [512, 2048]:
         name = f"qwen3-8b-prefill{rows}"
         if args.plans:
@@ -142,7 +213,7 @@ def main() -> None:
 
             s = load(os.path.join(args.plans, name + ".json"))
         else:
-            s = prefill_plan(rows)
+            s = prefill_plan(rows, tc_attention=not args.cuda_core_attention)
         p = plan_prediction(s)
         out["plans"][name] = p
         print_prediction(name, p)

@@ -15,6 +15,7 @@ from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Conv, C
                               Gather, GateProj, Gates, GemmPart, GemmParts, GemmTc, GemmTcParts, Gemv, GemvF32, GemvGlu, HeadGemv, Join,
                               L2Norm, Launch, Moe, Norm, NormPair, Part, Quant, Rope, RopeParts, RopeSide, Scale,
                               SetRow, Slice, Softcap, SwiGlu, Unary, View, honoured_steps)
+from lanefuse.kernels.attention_tc import AttentionTc
 from lanefuse.kernels.conv_parts import ConvPart
 from lanefuse.lane.lower.knobs import Knobs
 
@@ -22,6 +23,7 @@ from lanefuse.lane.lower.knobs import Knobs
 SAMPLES: dict[str, Launch] = {
     "argmax": ArgMax("x", "o", 100, advance=Advance("tok", "pos")),
     "attention": Attention("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 4096, 1, 0.125),
+    "attention_tc": AttentionTc("q", "kc", "vc", "pos", "o", 32, 4, 128, 128, 4096, 512, 128 ** -0.5),
     "binary": Binary("add", "a", "b", "o", 64, row=16, gate="silu"),
     "conv": Conv("x", "w", "ring", "y", 256, 4, 1, silu=True, l2=128),
     "conv_parts": ConvParts((ConvPart("q", "wq", "rq", "yq", 256, True), ConvPart("v", "wv", "rv", "yv", 512)), 4, 1,

@@ -258,6 +258,17 @@ def _tensor_cores(s, x):
     return _rows(s, x) >= max(k.tc_rows, MIN_ROWS)
 
 
+def _tensor_core_attention(s, q, hd, vd):
+    """Whether a chunk's attention over queries q runs on the tensor cores (attention_tc): the `tc_attn_rows` knob
+    set, q of at least that many rows (and 16), heads of at most 128 values, q f32 (not quantized)."""
+    from lanefuse.kernels.attention_tc import MAX_D, MIN_ROWS
+
+    k = s.knobs
+    if k is None or not getattr(k, "tc_attn_rows", 0) or _words(s, q) or max(hd, vd) > MAX_D:
+        return False
+    return _rows(s, q) >= max(k.tc_attn_rows, MIN_ROWS)
+
+
 def _mul(s, a, b):
     return a * b
 
@@ -272,6 +283,7 @@ FUNCS: dict[str, Callable] = {
     "token": _token, "mul": _mul, "div": _div, "is_computed": _is_computed, "is_rows": _is_rows, "leaf": _leaf,
     "bcast": _bcast, "each": _each,
     "advance": _advance, "copied": _copied, "words": _words, "stored": _stored, "tensor_cores": _tensor_cores,
+    "tensor_core_attention": _tensor_core_attention,
 }
 READS = ("part", "pitch", "offset")  # functions of an input's read, given the input's name, not its tensor
 

@@ -25,13 +25,15 @@ class Knobs:
     chunk_rows: int = 512  # the rows of a prompt's chunk `run` prefills a step (1..engine/model.py's MAX_CHUNK);
     # 2048 fills the H200's tensor cores, 512 keeps a CPU step's arena small
     tflops_tc: float = 450.0  # what the cost model takes the tensor-core GEMM to reach (bf16 peak 989)
+    tc_attn_rows: int = 0  # a chunk of at least this many rows (and 16) attends on the tensor cores (attention_tc)
+    # under the bf16 numerics: q, k, p and v rounded to bf16, f32 sums; 0 (the default) never
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 KNOB_NAMES = tuple(f.name for f in fields(Knobs))
-OFF_AT_ZERO = ("tc_rows",)  # knobs whose 0 turns their choice off
+OFF_AT_ZERO = ("tc_rows", "tc_attn_rows")  # knobs whose 0 turns their choice off
 
 
 def set_knob(k: Knobs, name: str, value) -> Knobs:
