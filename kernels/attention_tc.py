@@ -149,9 +149,6 @@ class AttentionTc(Launch):
             out = out * act(self.gate[1], gate).astype(np.float32)
         env.array(self.out)[: out.size] = out.reshape(-1)
 
-    def fast(self, env):
-        self.numpy(env)
-
     # -- the device ----------------------------------------------------------------------------------------------------
     def grid_block(self):
         return ((-(-self.rows * self.group // SLOTS), self.kv, 1), (THREADS, 1, 1))
