@@ -57,13 +57,6 @@ class Quantized:
         return (q.reshape(r, n // self.block, self.block) * self.scales.astype(F64)[:, :, None]).reshape(r, n)
 
 
-def round_away(x: np.ndarray) -> np.ndarray:
-    """C's roundf, exactly (halves away from zero; gguf's np_roundf): no f32 rounding of |x| + 0.5."""
-    a = np.abs(np.asarray(x, dtype=F32))
-    fl = np.floor(a)
-    return (np.sign(x) * (fl + np.floor(F32(2) * (a - fl)))).astype(F32)
-
-
 def round_even(x: np.ndarray) -> np.ndarray:
     """ggml's nearest_int: x + 1.5·2²³ in f32, whose rounding is to nearest, halves to even (np.rint's)."""
     return np.rint(np.asarray(x, dtype=F32)).astype(F32)
@@ -90,11 +83,15 @@ def quantize_k(x: np.ndarray) -> Quantized:
 
 
 def quantize(x: np.ndarray, words: int = 1) -> Quantized:
-    """x (R, n) f32 in blocks of QBLOCK: d = max|x|/127 and q = roundf(x·(1/d)) in f32 (ggml's quantize_row_q8_0_ref).
-    Under one word the scale is d rounded to f16 (held in f32): what llama.cpp's block_q8_0 stores and its dot products
+    """x (R, n) f32 in blocks of QBLOCK as llama.cpp's CPU build quantizes an activation (the x86 SIMD
+    quantize_row_q8_0 / q8_1 of ggml-cpu/arch/x86/quants.c, which llama-cpp-python runs; not the scalar _ref):
+    amax = max|x|, d = amax/127, id = 127/amax (not 1/d) and q = x·id in f32 rounded to nearest, halves to even
+    (_mm256_round_ps; the scalar _ref and gguf's quantizer round halves away, a word apart at every tie). Under one
+    word the scale is d rounded to f16 (held in f32): what llama.cpp's block_q8_0 stores and its dot products
     multiply by — with an f32 scale lanefuse's q8 logits were 4e-3 of their scale from llama.cpp's, with this one
-    1e-7. Under two words the scale is d itself and low = roundf((x - q·d)·(254/d)), clipped to ±127 (the residual
-    under an f16 scale could pass ±d/2 by 127·d·2⁻¹¹ and clip)."""
+    1e-7. Under two words the scale is d itself and low = rint((x - q·d)·(id·254)), clipped to ±127 (the residual
+    under an f16 scale could pass ±d/2 by 127·d·2⁻¹¹ and clip). kernels/quant.cu's quant_block is the same
+    arithmetic."""
     if words == Q8K:
         return quantize_k(x)
     xs = np.asarray(x, dtype=F32)
@@ -102,14 +99,15 @@ def quantize(x: np.ndarray, words: int = 1) -> Quantized:
     if n % QBLOCK:
         raise UserError(f"a quantized row of {n} values is not a whole number of {QBLOCK}-value blocks")
     b = xs.reshape(r, n // QBLOCK, QBLOCK)
-    d = (np.abs(b).max(axis=2) / F32(127)).astype(F32)  # (R, nb)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d == 0, F32(0), F32(1) / d).astype(F32)
-    q = round_away(b * inv[:, :, None])
+    amax = np.abs(b).max(axis=2)  # (R, nb)
+    d = (amax / F32(127)).astype(F32)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(d == 0, F32(0), F32(127) / amax).astype(F32)
+    q = round_even(b * inv[:, :, None])
     low = None
     if words == 2:
         res = (b - q * d[:, :, None]).astype(F32)
-        low = np.clip(round_away(res * (inv * F32(LOW_STEPS))[:, :, None]), -127, 127).astype(np.int8).reshape(r, n)
+        low = np.clip(round_even(res * (inv * F32(LOW_STEPS))[:, :, None]), -127, 127).astype(np.int8).reshape(r, n)
     else:
         d = d.astype(np.float16).astype(F32)
     return Quantized(q.astype(np.int8).reshape(r, n), low, d)
@@ -186,8 +184,9 @@ def with_numerics(g: Graph, numerics: str) -> Graph:
     def quantized(x: str, fw: int, layer) -> str:
         if (x, fw) not in made:
             if x in rows_of and g.shape(rows_of[x][0])[-1] % (QBLOCK_K if fw == Q8K else QBLOCK) == 0:
-                src, row = rows_of[x]  # a row (rows of whole blocks) of a computed tensor: a view into its form
-                v = Op("view", (quantized(src, fw, layer),), x + "." + QFORMS[fw], attrs_of({"row": row}), layer=layer)
+                src, row, rows = rows_of[x]  # rows (of whole blocks) of a computed tensor: a view into its form
+                v = Op("view", (quantized(src, fw, layer),), x + "." + QFORMS[fw],
+                       attrs_of({"row": row, "rows": rows}), layer=layer)
                 _name(tensors, g, v.out, x)
                 tensors[v.out] = Tensor(v.out, g.shape(x), QFORMS[fw])
                 ops.append(v)
@@ -214,16 +213,16 @@ def _name(tensors, g: Graph, q: str, x: str) -> None:
         raise UserError(f"the quantized form of `{x}` would be named `{q}`, which the step already names")
 
 
-def _rows_viewed(g: Graph) -> dict[str, tuple[str, int]]:
+def _rows_viewed(g: Graph) -> dict[str, tuple[str, int, int]]:
     """The rows of computed tensors a step reads in place (free views: their tensor is no step input, no table and
-    not written in place before the row's last reader), view -> (its tensor, its row): a product reading such a row
-    quantized reads a view into the tensor's quantized form (seed 000), so the tensor is quantized once, by its
-    producer, for every row the products read of it."""
+    not written in place before the rows' last reader), view -> (its tensor, its first row, its rows): a product
+    reading such rows quantized reads a view into the tensor's quantized form (seed 000), so the tensor is quantized
+    once, by its producer, for every range of rows the products read of it."""
     from lanefuse.engine.placement import copied_views
 
     made = {o for op in g.ops for o in op.outs}
     copied = copied_views(g)
-    return {op.out: (op.ins[0], int(op.a["row"])) for op in g.ops
+    return {op.out: (op.ins[0], int(op.a["row"]), int(op.a.get("rows", 1))) for op in g.ops
             if not op.fused and op.kind == "view" and op.out not in copied and op.ins[0] in made
             and op.ins[0] not in g.io.tables and op.ins[0] not in g.io.inputs}
 

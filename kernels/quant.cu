@@ -1,8 +1,11 @@
-// An activation to int8 blocks of 32 values, one scale a block (llama.cpp's quantize_row_q8_0_ref): a warp a block,
-// lane i its value i. d = max|x| / 127, q = roundf(x * (1/d)); under one word the scale kept is d rounded to f16 (the
-// value llama.cpp's block_q8_0 holds and multiplies by), under two words d itself, and the low word of the residual,
-// roundf((x - q*d) * (254/d)) clipped to +-127. The products and the residual are rounded as numpy rounds them (no
-// fused multiply-add), so the words equal the twin's.
+// An activation to int8 blocks of 32 values, one scale a block, as llama.cpp's CPU build quantizes it (its x86 SIMD
+// quantize_row_q8_0 / q8_1 in ggml-cpu/arch/x86/quants.c, not the scalar _ref): a warp a block, lane i its value i.
+// amax = max|x|, d = amax / 127, id = 127 / amax (not 1/d: the two differ by an f32 ulp for some amax), q = x * id
+// rounded to nearest, halves to even (_mm256_round_ps(_MM_ROUND_NEAREST); rintf here, not roundf); under one word
+// the scale kept is d rounded to f16 (the value block_q8_0 / block_q8_1 hold and the dot products multiply by),
+// under two words d itself, and the low word of the residual, rintf((x - q*d) * (id*254)) clipped to +-127. The
+// products and the residual are rounded as numpy rounds them (no fused multiply-add), so the words equal the twin's
+// (engine/quantize.quantize).
 __device__ __forceinline__ float f16_round(float d) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
@@ -14,12 +17,12 @@ __device__ __forceinline__ void quant_block(float x, signed char* words, signed 
     float a = fabsf(x);
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     float d = __fdiv_rn(a, 127.0f);
-    float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    float q = roundf(__fmul_rn(x, id));
+    float id = d != 0.0f ? __fdiv_rn(127.0f, a) : 0.0f;  // 0 where d underflows, as before
+    float q = rintf(__fmul_rn(x, id));
     words[b * 32 + lane] = (signed char)q;
     if (low) {
         float r = __fsub_rn(x, __fmul_rn(q, d));
-        float l = roundf(__fmul_rn(r, __fmul_rn(id, 254.0f)));
+        float l = rintf(__fmul_rn(r, __fmul_rn(id, 254.0f)));
         low[b * 32 + lane] = (signed char)fminf(fmaxf(l, -127.0f), 127.0f);
     }
     if (lane == 0) scales[b] = low ? d : f16_round(d);

@@ -22,21 +22,42 @@ from lanefuse.kernels.blocks import BLOCKS, _enc_q8_0, encode, encode_matrices
 FMTS = ("q8_0", "q4_0", "q4_k", "q6_k")
 
 
-def test_quantize_is_ggml_q8_0_rounding():
-    """Words and scales as ggml's quantize_row_q8_0_ref makes them (its scale rounded to f16 in the file, kept f32
-    here): every block of random rows, an all-zero block, and values that land on halves."""
+def x86_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's x86 SIMD quantize_row_q8_0 / q8_1 (ggml-cpu/arch/x86/quants.c), a value at a time in Python:
+    amax, d = f16(amax/127), id = f32(127/amax), q = round(f32(x·id)) — Python's round, to nearest, halves to even."""
+    f = np.float32
+    words, scales = np.zeros(x.shape, np.int8), np.zeros((x.shape[0], x.shape[1] // 32), np.float32)
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            blk = x[r, 32 * b: 32 * b + 32]
+            amax = max(abs(f(v)) for v in blk)
+            idv = f(f(127) / amax) if amax else f(0)
+            words[r, 32 * b: 32 * b + 32] = [round(float(f(f(v) * idv))) for v in blk]
+            scales[r, b] = np.float16(f(amax / f(127))).astype(np.float32)
+    return words, scales
+
+
+def test_quantize_is_llama_cpps_x86_q8_0_rounding():
+    """Words and scales as llama.cpp's CPU build (x86 SIMD: halves to even, id = 127/amax) makes them, its scale
+    rounded to f16 (as the file holds it, kept f32 here): every block of random rows, an all-zero block, and values
+    that land on halves; the scalar quantize_row_q8_0_ref (gguf's quantizer: halves away, id = 1/d) differs only at
+    the halves."""
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((3, 96)) * rng.uniform(0.01, 10, (3, 1))).astype(np.float32)
     x[1, 32:64] = 0.0
     x[2, :32] = np.arange(32, dtype=np.float32) - 15.5  # amax 16.5 ... and a block of exact halves below
-    x[2, 64:96] = np.r_[127.0, np.arange(31, dtype=np.float32) - 14.5]  # d = 1: x·(1/d) are halves
+    x[2, 64:96] = np.r_[127.0, np.arange(31, dtype=np.float32) - 14.5]  # amax 127: x·id are halves
     q = quantize(x)
-    ref = _enc_q8_0(x.reshape(-1, 32))  # (blocks, 34): f16 d, then 32 int8
-    assert np.array_equal(q.words.reshape(-1, 32), ref[:, 2:].view(np.int8))
+    words, scales = x86_q8_0(x)
+    assert np.array_equal(q.words, words) and np.array_equal(q.scales, scales)
+    ref = _enc_q8_0(x.reshape(-1, 32))  # (blocks, 34): f16 d, then 32 int8 (the scalar _ref)
     assert np.array_equal(q.scales.reshape(-1).astype(np.float16), ref[:, :2].copy().view(np.float16)[:, 0])
+    apart = q.words.reshape(-1) != ref[:, 2:].view(np.int8).reshape(-1)
+    assert apart.any()
+    assert set(np.flatnonzero(apart) // 32) <= {6, 8}  # only the blocks of halves
     assert q.low is None and q.words.dtype == np.int8 and q.scales.dtype == np.float32
     assert np.all(q.words[1, 32:64] == 0) and q.scales[1, 1] == 0
-    assert list(q.words[2, 65:69]) == [-15, -14, -13, -12]  # -14.5 -> -15: halves away from zero
+    assert list(q.words[2, 65:69]) == [-14, -14, -12, -12]  # -14.5 -> -14, -13.5 -> -14: halves to even
     assert q.words[2, 64] == 127 and q.scales[2, 2] == 1.0
 
 
