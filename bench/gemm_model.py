@@ -11,9 +11,15 @@ The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefil
 - an SM full of gemm_tc blocks runs MMA_TFLOPS / SMS of bf16 mma.sync work: MMA_TFLOPS = 450 TFLOP/s for the chip,
   45% of the 989 TFLOP/s dense bf16 peak (wgmma's; mma.sync kernels of this shape — two cp.async stages, 128x128x32
   tiles, ldmatrix — reach roughly 40-60% of it on Hopper in published measurements; not measured here);
-- the launch takes the time of its busiest SM, whose tiles (ceil(tiles / SMS)) share its rate; a launch of fewer
-  tiles than SMs leaves the rest idle (no split of k: the seed's `tail` is not built); `waves` counts rounds of
-  BLOCKS_PER_SM x SMS resident blocks;
+- an SM's rate is shared by the blocks it holds, and a block alone on an SM reaches half of it (one block's eight
+  warps do not keep the tensor cores busy; two an SM do): a wave of BLOCKS_PER_SM x SMS resident blocks lasts its
+  k steps at half an SM's rate whether it is full or not, so a launch of fewer tiles than that leaves the chip
+  partly idle; `waves` counts those rounds;
+- the seed's `tail` (gemm_tc.py `tail_split`, the lane's `split_k` step): a GemmTc launch of less than one wave of
+  tiles runs each tile as ksplit blocks of 1/ksplit of the k steps, then gemm_tc_combine adds the parts (a launch
+  and (ksplit + 1) f32 (m, n) arrays over HBM); the lane picks ksplit by these same rules (gemm_tc.tail_us, at its
+  knobs: 450 TFLOP/s, 132 SMs, 4300 GB/s), so the plan's ksplit is the one this model finds fastest; GemmTcParts
+  launches are not split;
 - the launch is never faster than its bytes over HBM (4.3 TB/s measured copy bandwidth) and pays LAUNCH_US;
 - the rounding kernel (x to bf16) streams 4 + 2 bytes a value of x;
 - a prefill chunk's attention at position 0 (CUDA cores, f32: attention.cu, no flash-attention kernel yet) does its
@@ -54,9 +60,9 @@ L2_TBPS = 10.0
 BM = BN = 128
 
 
-def gemm_prediction(m: int, n, k: int, weight_bytes: int) -> dict:
-    """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles):
-    tiles, waves, the predicted µs and what bounds it."""
+def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1) -> dict:
+    """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles), its
+    tiles each `ksplit` blocks along k (the tail): tiles, waves, the predicted µs and what bounds it."""
     from lanefuse.kernels.gemm_tc import block_rows
 
     ns = list(n) if isinstance(n, (list, tuple)) else [n]
@@ -64,16 +70,18 @@ def gemm_prediction(m: int, n, k: int, weight_bytes: int) -> dict:
     bm = block_rows(m)  # 64-row tiles up to 64 rows
     tiles = math.ceil(m / bm) * sum(math.ceil(x / BN) for x in ns)
     slots = SMS * BLOCKS_PER_SM
-    waves = math.ceil(tiles / slots)
-    tile_flops = 2 * bm * BN * math.ceil(k / 32) * 32  # a tile's mma work (edges padded, as the kernel runs them)
+    waves = math.ceil(tiles * ksplit / slots)
+    steps = math.ceil(k / 32)  # a tile's k steps (edges padded, as the kernel runs them)
     per_sm = MMA_TFLOPS * 1e12 / SMS
-    busiest = math.ceil(tiles / SMS)  # tiles on the busiest SM: they share its rate, so its time is their sum
-    compute_us = busiest * tile_flops / per_sm * 1e6
+    # each wave: its blocks' k steps at half an SM's rate (two blocks an SM share it; one alone reaches half)
+    compute_us = waves * math.ceil(steps / ksplit) * 2 * bm * BN * 32 / (per_sm / BLOCKS_PER_SM) * 1e6
     nbytes = weight_bytes + 4 * m * k + 4 * m * n
     memory_us = nbytes / (HBM_TBPS * 1e12) * 1e6
     round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
-    us = LAUNCH_US + max(compute_us, memory_us) + round_us
-    return {"m": m, "n": n, "parts": ns, "k": k, "tiles": tiles, "waves": waves, "wave_fill": round(tiles / (waves * slots), 3),
+    combine_us = LAUNCH_US + 4 * m * n * (ksplit + 1) / (HBM_TBPS * 1e12) * 1e6 if ksplit > 1 else 0.0
+    us = LAUNCH_US + max(compute_us, memory_us) + round_us + combine_us
+    return {"m": m, "n": n, "parts": ns, "k": k, "ksplit": ksplit, "tiles": tiles, "waves": waves,
+            "wave_fill": round(tiles * ksplit / (waves * slots), 3),
             "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2), "us": round(us, 2),
             "bound": "mma" if compute_us >= memory_us else "hbm",
             "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1)}
@@ -132,7 +140,7 @@ def plan_prediction(s) -> dict:
         l = x.launch
         if isinstance(l, (GemmTc, GemmTcParts)):
             ns = [l.n] if isinstance(l, GemmTc) else [p.n for p in l.parts]
-            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes())
+            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1))
             gemms.append(p)
             kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
         else:
@@ -184,13 +192,14 @@ def print_prediction(name: str, p: dict) -> None:
               f"TFLOP/s of causal work; mma work {a['mma_flops'] / a['useful_flops']:.2f}x it)")
     seen = set()
     for g in p["gemms"]:
-        key = (g["m"], tuple(g["parts"]), g["k"])
+        key = (g["m"], tuple(g["parts"]), g["k"], g.get("ksplit", 1))
         if key in seen:
             continue
         seen.add(key)
-        count = sum(1 for x in p["gemms"] if (x["m"], tuple(x["parts"]), x["k"]) == key)
+        count = sum(1 for x in p["gemms"] if (x["m"], tuple(x["parts"]), x["k"], x.get("ksplit", 1)) == key)
         n = "+".join(map(str, g["parts"]))
-        print(f"PREDICTION   {count:3d} x gemm {g['m']}x{n}x{g['k']}: {g['tiles']} tiles, {g['waves']} waves "
+        split = f" in {g['ksplit']} parts along k (tail)" if g.get("ksplit", 1) > 1 else ""
+        print(f"PREDICTION   {count:3d} x gemm {g['m']}x{n}x{g['k']}{split}: {g['tiles']} tiles, {g['waves']} waves "
               f"({g['wave_fill']:.0%} full), {g['us']:.1f} µs ({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s)")
 
 

@@ -1,5 +1,6 @@
 """GPU prefill benchmark (issue 35 item 5): prefill tokens/s of a Qwen3-8B-shaped bf16 prompt of 512 and 2048 tokens
-(random weights) under the tensor-core knob (tc_rows=16: every product of the chunk a gemm_tc launch), its TFLOP/s and
+(random weights) under the tensor-core knobs (tc_rows=16: every product of the chunk a gemm_tc launch; tc_attn_rows=16:
+its attention attention_tc), its TFLOP/s and
 share of the H200's 989 TFLOP/s bf16 peak, a per-kind breakdown (each launch alone between CUDA events) beside
 bench/gemm_model.py's PREDICTIONS, and transformers (eager and sdpa attention) on the same device in the same run.
 
@@ -57,7 +58,7 @@ def step_flops(s) -> tuple[int, int]:
         for k in x.launch.kernels():
             if k.census in ("gemm_tc", "gemm_tc_parts", "gemv", "gemv_f32", "gemm_parts", "gemv_glu", "head_gemv"):
                 prod += k.flops()
-            elif k.census == "attention":
+            elif k.census in ("attention", "attention_tc"):
                 att += 4 * k.heads * k.hd * k.rows * (k.rows + 1) // 2
     return prod, att
 

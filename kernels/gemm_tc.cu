@@ -130,7 +130,8 @@ __device__ __forceinline__ void tc_store_w(u16 (*s)[TC_PAD], const unsigned (&v)
 // registers.
 template <bool CP, int MI>
 __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void* w, int fmt, const float* bias,
-                                             const float* add, Dst y, i64 k, i64 n, i64 m, i64 tile) {
+                                             const float* add, Dst y, i64 k, i64 n, i64 m, i64 tile,
+                                             i64 ksplit = 1, float* part = nullptr) {
     constexpr int BM = 32 * MI;
     alignas(16) __shared__ u16 xs[2][BM][TC_PAD];
     alignas(16) __shared__ u16 ws[2][TC_BN][TC_PAD];
@@ -138,6 +139,9 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
     i64 kp = (k + 7) / 8 * 8, n0 = tile * TC_BN, m0 = (i64)blockIdx.y * BM;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 16 * MI, wn = (warp >> 1) * 32;
     int tiles = (int)((kp + TC_BK - 1) / TC_BK);
+    // a k-split (the `tail`): this block's k steps [t0, t1) of the ksplit parts' (blockIdx.z), its sums into `part`
+    int per = (int)((tiles + ksplit - 1) / ksplit), t0 = ksplit > 1 ? (int)blockIdx.z * per : 0;
+    if (ksplit > 1) tiles = min(tiles, t0 + per);
     float acc[MI][4][4];
 #pragma unroll
     for (int i = 0; i < MI; i++)
@@ -146,16 +150,16 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
     unsigned wv[8];
-    tc_copy_tile<BM>(xs[0], xg, m0, m, 0, kp);
+    tc_copy_tile<BM>(xs[0], xg, m0, m, (i64)t0 * TC_BK, kp);
     if (CP) {
-        tc_copy_tile<TC_BN>(ws[0], (const u16*)w, n0, n, 0, k);
+        tc_copy_tile<TC_BN>(ws[0], (const u16*)w, n0, n, (i64)t0 * TC_BK, k);
     } else {
-        tc_load_w(wv, fmt, w, n0, n, 0, k);
+        tc_load_w(wv, fmt, w, n0, n, (i64)t0 * TC_BK, k);
         tc_store_w(ws[0], wv);
     }
     tc_commit();
-    for (int t = 0; t < tiles; t++) {
-        int b = t & 1;
+    for (int t = t0; t < tiles; t++) {
+        int b = (t - t0) & 1;
         tc_wait_all();
         __syncthreads();  // tile t in buffer b for every warp; every warp done with buffer b ^ 1 (tile t - 1)
         bool next = t + 1 < tiles;
@@ -191,7 +195,9 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 i64 r = m0 + wm + i * 16 + g + (e >> 1) * 8, c = n0 + wn + j * 8 + 2 * q + (e & 1);
-                if (r < m && c < n) {
+                if (r < m && c < n && part) {
+                    part[((i64)blockIdx.z * m + r) * n + c] = acc[i][j][e];
+                } else if (r < m && c < n) {
                     float v = acc[i][j][e];
                     if (bias) v += bias[c];
                     if (add) v += add[r * n + c];
@@ -211,6 +217,34 @@ GEMM_TC_KERNEL(gemm_tc_cp, true, 4)
 GEMM_TC_KERNEL(gemm_tc_any, false, 4)
 GEMM_TC_KERNEL(gemm_tc_cp_64, true, 2)  // products of at most 64 rows (batches): tiles of 64 rows
 GEMM_TC_KERNEL(gemm_tc_any_64, false, 2)
+
+// The `tail` split along k (seed 000): a product whose tiles fill less than one wave of the SMs runs each tile as
+// ksplit blocks (grid z), block z the k steps [z·per, (z + 1)·per) (per = ceil(steps / ksplit)), its f32 sums into
+// part (ksplit, m, n); gemm_tc_combine then adds the parts in order z = 0, 1, ... (the same bits every launch), the
+// bias and the added rows, into y.
+#define GEMM_TC_SPLIT_KERNEL(NAME, CP, MI)                                                                        \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt, \
+                                                                  float* part, i64 ksplit, i64 k, i64 n, i64 m) { \
+        PDL_ENTER();                                                                                              \
+        gemm_tc_body<CP, MI>(xb, w, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, ksplit, part);       \
+    }
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp, true, 4)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any, false, 4)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp_64, true, 2)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any_64, false, 2)
+
+extern "C" __global__ void gemm_tc_combine(const float* part, i64 ksplit, const float* bias, const float* add,
+                                           DST_PARAMS(y), i64 n, i64 m) {
+    PDL_ENTER();
+    Dst d = DST(y);
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < m * n; i += (i64)gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (i64 z = 1; z < ksplit; z++) v += part[z * m * n + i];
+        if (bias) v += bias[i % n];
+        if (add) v += add[i];
+        d.y[dst_at(d, i)] = v;
+    }
+}
 
 // Several products of one activation in one launch (q, k and v; gate and up): part p (11 descriptor words, as
 // gemm_parts.cu's: its weight, bias (0: none), outputs n, first tile of outputs, Dst) takes the tiles from its first,

@@ -14,7 +14,7 @@ both sides add in the same f32 order)."""
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -37,6 +37,47 @@ def block_rows(m: int) -> int:
 
 def suffix(m: int) -> str:
     return "_64" if block_rows(m) == SMALL_BM else ""
+BLOCKS_AN_SM = 2  # gemm_tc blocks an SM holds (128 registers x 256 threads, 40 KB shared: ptxas sm_90)
+MAX_KSPLIT = 8  # the most parts the `tail` splits k into
+MIN_STEPS = 4  # k steps (of BK) a part takes at least
+
+
+def tail_us(m: int, n: int, k: int, ksplit: int, sms: int, tflops: float, gbps: float, launch_us: float) -> float:
+    """The predicted µs of a product's tiles run as `ksplit` parts along k (1: unsplit), and of the combine that adds
+    the parts: bench/gemm_model.py's assumptions — an SM's mma rate tflops/sms is shared by the blocks it holds, and a
+    block alone on an SM reaches half of it (one block's eight warps do not keep the tensor cores busy: two an SM
+    do), so a wave of blocks lasts its k steps at half an SM's rate; the combine streams (ksplit + 1) f32 (m, n)
+    arrays over HBM and pays a launch."""
+    bm = block_rows(m)
+    tiles = -(-m // bm) * -(-n // BN)
+    steps = -(-kp(k) // BK)
+    waves = -(-tiles * ksplit // (sms * BLOCKS_AN_SM))
+    step_us = 2 * bm * BN * BK / (tflops * 1e12 / sms / 2) * 1e6
+    us = waves * -(-steps // ksplit) * step_us
+    if ksplit > 1:
+        us += launch_us + 4 * m * n * (ksplit + 1) / (gbps * 1e9) * 1e6
+    return us
+
+
+def tail_split(m: int, n: int, k: int, sms: int, tflops: float, gbps: float, launch_us: float) -> int:
+    """The seed's `tail`: how many parts along k a product's tiles run in — 1 unless its tiles fill less than one
+    wave (sms x BLOCKS_AN_SM blocks), then the count (each part at least MIN_STEPS k steps, at most MAX_KSPLIT, the
+    blocks within one wave) that `tail_us` predicts fastest, where that beats the unsplit product."""
+    tiles = -(-m // block_rows(m)) * -(-n // BN)
+    slots = sms * BLOCKS_AN_SM
+    steps = -(-kp(k) // BK)
+    if tiles >= slots:
+        return 1
+    best, best_us = 1, tail_us(m, n, k, 1, sms, tflops, gbps, launch_us)
+    for s in range(2, MAX_KSPLIT + 1):
+        if tiles * s > slots or steps < MIN_STEPS * s:
+            break
+        us = tail_us(m, n, k, s, sms, tflops, gbps, launch_us)
+        if us < best_us:
+            best, best_us = s, us
+    return best
+
+
 TC_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4")  # gemm_tc.cu's tc_get
 MIN_ROWS = 16  # the fewest rows of x worth the tensor cores (one mma's 16 rows); fewer run as GEMVs
 
@@ -101,10 +142,12 @@ class GemmTc(Launch):
     m: int
     bias: str | None = None
     add: str | None = None
+    ksplit: int = 1  # the seed's `tail`: k in this many parts (a product of less than one wave of tiles), combined
 
     census: ClassVar[str] = "gemm_tc"
     tensor_cores: ClassVar[bool] = True  # the cost model prices its flops at the tensor cores' rate (knob tflops_tc)
     stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
+    steps: ClassVar[tuple[str, ...]] = ("split_k",)  # held: no tail split
 
     def reads(self):
         return names(self.x, self.w, self.bias, self.add, *self.y.params())
@@ -113,7 +156,18 @@ class GemmTc(Launch):
         return (self.y.buf,)
 
     def scratch(self):
-        return (Scratch("xb", "u8", 2 * self.m * kp(self.k)),)  # x rounded to bf16, rows of kp values
+        xb = Scratch("xb", "u8", 2 * self.m * kp(self.k))  # x rounded to bf16, rows of kp values
+        if self.ksplit == 1:
+            return (xb,)
+        return (xb, Scratch("parts", "f32", 4 * self.ksplit * self.m * self.n))
+
+    def tune(self, knobs, held=frozenset()):
+        """`split_k`: the tail split along k where `tail_split` predicts it pays (a product whose tiles fill less
+        than one wave of the chip); held, one part."""
+        if "split_k" in held:
+            return replace(self, ksplit=1)
+        return replace(self, ksplit=tail_split(self.m, self.n, self.k, knobs.sms, knobs.tflops_tc, knobs.hbm_gbps,
+                                               knobs.launch_us))
 
     def check(self):
         if min(self.k, self.n, self.m) < 1:
@@ -127,6 +181,9 @@ class GemmTc(Launch):
             return Refusal(f"a product of {self.m} rows (a launch takes at most {MAX_GRID_Y} tiles of {BM} rows)")
         if self.add is not None and self.add == self.y.buf and self.y != Dst(self.y.buf):
             return Refusal("a residual added in place into rows of a table or parts of a wider array")
+        if not 1 <= self.ksplit <= MAX_KSPLIT or (self.ksplit > 1 and -(-kp(self.k) // BK) < self.ksplit):
+            return Refusal(f"a product of k {self.k} in {self.ksplit} parts along k (1..{MAX_KSPLIT}, each at least "
+                           f"one step of {BK})")
         return None
 
     def extents(self, top, tokens):
@@ -141,7 +198,8 @@ class GemmTc(Launch):
 
     def bytes(self):
         return (self.checkpoint_bytes() + 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k) + 4 * self.m * self.n
-                + (4 * self.n if self.bias else 0) + (4 * self.m * self.n if self.add else 0))
+                + (4 * self.n if self.bias else 0) + (4 * self.m * self.n if self.add else 0)
+                + (8 * self.ksplit * self.m * self.n if self.ksplit > 1 else 0))  # the parts written and read back
 
     def flops(self):
         return 2 * self.m * self.n * self.k
@@ -186,7 +244,7 @@ class GemmTc(Launch):
         self.bind_fast(env)()
 
     def grid_block(self):
-        return ((-(-self.n // BN), -(-self.m // block_rows(self.m)), 1), (THREADS, 1, 1))
+        return ((-(-self.n // BN), -(-self.m // block_rows(self.m)), self.ksplit), (THREADS, 1, 1))
 
     def kernel_name(self) -> str:
         """gemm_tc_cp (bf16 rows of whole 16-byte chunks, copied to shared memory as they are) or gemm_tc_any; _64
@@ -202,6 +260,16 @@ class GemmTc(Launch):
         r = denv.function(self.stem, "gemm_tc_round")
         r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
         g, b = self.grid_block()
+        if self.ksplit > 1:  # the tail: each tile's k in parts into scratch, then added in order
+            parts = denv.scratch(self, self.scratch()[1])
+            f = denv.function(self.stem, self.kernel_name().replace("gemm_tc_", "gemm_tc_split_"))
+            f(g, b, (xb, denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), parts, i64(self.ksplit),
+                     i64(self.k), i64(self.n), i64(self.m)))
+            c = denv.function(self.stem, "gemm_tc_combine")
+            c((min(4096, -(-self.m * self.n // 256)),), (256,), (parts, i64(self.ksplit), denv.opt(self.bias),
+                                                                denv.array(self.add) if self.add else NULL,
+                                                                *denv.dst(self.y), i64(self.n), i64(self.m)))
+            return
         f = denv.function(self.stem, self.kernel_name())
         f(g, b, (xb, denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), denv.opt(self.bias),
                  denv.array(self.add) if self.add else NULL, *denv.dst(self.y), i64(self.k), i64(self.n),

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from lanefuse.kernels import Dst, GemmTc, HostEnv, Part
 from lanefuse.kernels.common import decode, encode
-from lanefuse.kernels.gemm_tc import bf16_round, kp, tc_bound, tc_products
+from lanefuse.kernels.gemm_tc import MAX_KSPLIT, bf16_round, kp, tail_us, tc_bound, tc_products
 
 
 def r32(g, *shape):
@@ -261,3 +261,51 @@ def replace_y(launch: GemmTc, buf: str) -> GemmTc:
     from dataclasses import replace
 
     return replace(launch, w="w", y=replace(launch.y, buf=buf))
+
+
+# -- the tail: k split into parts where the tiles fill less than one wave (seed 000's `tail`) -------------------------
+
+@pytest.mark.parametrize("m,n,k,ksplit,fmt", [(17, 100, 80, 2, "bf16"), (130, 33, 72, 3, "f32"), (64, 40, 200, 7, "f16"),
+                                              (19, 40, 96, 3, "q8_0"), (200, 257, 160, 4, "bf16")])
+def test_emulated_tail_split_within_the_bound(emulated, m, n, k, ksplit, fmt):
+    """Each tile's k in `ksplit` parts (grid z; the last part short or empty), the parts added in order by
+    gemm_tc_combine with the bias and the added rows: within the same bound as one part (the parts' sums are k
+    additions in another order), placed results too; a relaunch, blocks reversed and threads shuffled, the same bits."""
+    from dataclasses import replace
+
+    g = np.random.default_rng(m + n + k + ksplit)
+    launch = GemmTc("x", "w", fmt, Dst("y", row="pos", pitch=n) if m == 19 else Dst("y"), k, n, m, bias="b",
+                    add="res" if m != 19 else None, ksplit=ksplit)
+    assert launch.check() is None and launch.grid_block()[0][2] == ksplit
+    arrays, weights = tc_case(launch, g)
+    dev = emulate(launch, arrays, weights)
+    assert [c[0] for c in dev.calls] == ["gemm_tc_round", ("gemm_tc_split_cp" if fmt == "bf16" and k % 8 == 0 else
+                                                           "gemm_tc_split_any") + ("_64" if m <= 64 else ""),
+                                         "gemm_tc_combine"]
+    first = dev.host("y").copy()
+    check_within_bound(launch, arrays, weights, first)
+    dev.flags, dev.seed = 1, 99
+    launch.cuda(dev)
+    np.testing.assert_array_equal(dev.host("y"), first)
+    assert "parts along k" in str(replace(launch, ksplit=MAX_KSPLIT + 1).check())
+
+
+def test_tail_split_is_chosen_where_the_model_says_it_pays():
+    """At the H200's knobs: a 512-row chunk's o and down projections (128 tiles: under half a wave of 264 blocks)
+    split k in two (each SM's lone block at half rate becomes two blocks of half the steps), predicted faster with
+    the combine; the qkv/gate-up sizes and a 2048-row chunk (whole waves) do not split; a tiny k does not; held
+    (`split_k`), no split."""
+    from lanefuse.lane.lower.knobs import Knobs
+
+    kn = Knobs()
+    o = GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512).tune(kn)
+    down = GemmTc("x", "w", "bf16", Dst("y"), 12288, 4096, 512).tune(kn)
+    assert o.ksplit == 2 and down.ksplit == 2
+    args = (kn.sms, kn.tflops_tc, kn.hbm_gbps, kn.launch_us)
+    assert tail_us(512, 4096, 4096, 2, *args) < tail_us(512, 4096, 4096, 1, *args)
+    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 2048).tune(kn).ksplit == 1  # two whole waves
+    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 12288, 512).tune(kn).ksplit == 1  # 384 tiles: past one wave
+    assert GemmTc("x", "w", "bf16", Dst("y"), 64, 4096, 512).tune(kn).ksplit == 1  # two k steps
+    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512).tune(kn, frozenset({"split_k"})).ksplit == 1
+    small = GemmTc("x", "w", "bf16", Dst("y"), 4096, 64, 16).tune(kn)  # one tile: as many parts as pay, at most 8
+    assert 1 < small.ksplit <= MAX_KSPLIT

@@ -36,6 +36,37 @@ def test_gemm_prediction_tiles_waves_and_bounds():
     assert gemm_model.gemm_prediction(65, 151936, 4096, 2 * 151936 * 4096)["bound"] == "mma"
 
 
+def test_gemm_prediction_of_the_tail_split():
+    """Under half a wave of tiles (512 x 4096 x 4096: 128 tiles, 264 block slots) each SM's lone block runs at half
+    its rate; split in two along k the wave is full and each block does half the steps: the mma time halves and the
+    combine (a launch, three f32 (m, n) arrays) costs less than it saves. The lane's tail_split picks the same."""
+    from lanefuse.kernels.gemm_tc import tail_split
+
+    one = gemm_model.gemm_prediction(512, 4096, 4096, 2 * 4096 * 4096)
+    two = gemm_model.gemm_prediction(512, 4096, 4096, 2 * 4096 * 4096, ksplit=2)
+    assert one["waves"] == two["waves"] == 1 and two["wave_fill"] == pytest.approx(2 * one["wave_fill"], abs=1e-3)
+    assert two["compute_us"] == pytest.approx(one["compute_us"] / 2, rel=1e-6) and two["us"] < one["us"]
+    k = Knobs()
+    assert tail_split(512, 4096, 4096, gemm_model.SMS, gemm_model.MMA_TFLOPS, gemm_model.HBM_TBPS * 1000,
+                      k.launch_us) == 2
+
+
+def test_attention_tc_prediction_counts_the_tiles_each_warp_attends():
+    """A 128-row chunk of 8 heads over 2 kv heads (GQA 4) of 128 values at position 0: 512 slots, 8 blocks a kv head;
+    block b's keys [0, 16(b+1)) in one tile of 64 (b < 4) or two; each warp skips the tiles past its last row: the
+    mma work is the warps' tiles x 2·2·16·64·128, and at least the causal work it does."""
+    p = gemm_model.attention_tc_prediction(128, 8, 4, 128, 128)
+    assert p["blocks"] == 16 and p["waves"] == 1
+    warp_tiles = 0
+    for b in range(8):
+        for w in range(4):
+            last_row = (64 * b + 16 * w + 15) // 4
+            warp_tiles += last_row // 64 + 1
+    assert p["mma_flops"] == 2 * warp_tiles * 2 * 2 * 16 * 64 * 128
+    assert p["mma_flops"] >= p["useful_flops"] == 2 * 8 * 256 * 128 * 129 // 2
+    assert p["us"] >= gemm_model.LAUNCH_US and p["bound"] in ("mma", "l2", "hbm")
+
+
 def test_plan_prediction_and_step_flops_of_a_prefill_under_the_knob():
     cfg, _ = demo_model()
     s = plan(build_step(cfg, 32), knobs=Knobs(tc_rows=16))
