@@ -159,11 +159,11 @@ def _softcap(x, cap, **a):
     return (cap * np.tanh(np.asarray(x, dtype=F64) / cap)).astype(F32)
 
 
-def _view(x, row, **a):
-    if isinstance(x, Quantized):  # a row of a quantized form: its words, low words or sums, scales
-        cut = lambda v: None if v is None else np.array(v[row:row + 1])  # noqa: E731
+def _view(x, row, rows=1, **a):
+    if isinstance(x, Quantized):  # rows of a quantized form: their words, low words or sums, scales
+        cut = lambda v: None if v is None else np.array(v[row:row + rows])  # noqa: E731
         return Quantized(cut(x.words), cut(x.low), cut(x.scales), x.block, cut(x.sums))
-    return np.array(x[row:row + 1], dtype=x.dtype)
+    return np.array(x[row:row + rows], dtype=x.dtype)
 
 
 def _quantize(x, words=1, **a):

@@ -167,12 +167,17 @@ def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
     return g, caches
 
 
-def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1) -> Graph:
+def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -> Graph:
     """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
-    `pos` names; the logits and next token of the last row. `batch` B > 1: a decode step of B sequences, one row
-    each (step_frame), the logits and next token of every row. A family of its own builds its own
-    (engine/gemma.py)."""
+    `pos` names; the logits and next token of the last row — of each of the last `last` rows (a view of those rows of
+    the residual: a verifier of `last - 1` drafted tokens reads the logits of each). `batch` B > 1: a decode step of
+    B sequences, one row each (step_frame), the logits and next token of every row. A family of its own builds its
+    own (engine/gemma.py)."""
+    if not 1 <= last <= rows:
+        raise UserError(f"the logits of the last {last} rows of a step of {rows}")
     build = getattr(cfg, "build_step", None)
+    if last > 1 and build is not None:
+        raise UserError(f"the logits of a step's last {last} rows: {cfg.arch}'s family builds the last row's only")
     if build is not None:
         if batch > 1 and "batch" not in inspect.signature(build).parameters:
             raise UserError(f"a batch step of {cfg.arch}: its family builds steps of one sequence only (yet); "
@@ -230,12 +235,17 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1) -> Graph:
         else:
             gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
             up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
-            act = op("silu", [gp], "gate_act")
+            if cfg.mlp_bias:
+                gp = op("add", [gp, W("mlp.gate_proj.bias")], "gate_bias")
+                up = op("add", [up, W("mlp.up_proj.bias")], "up_bias")
+            act = op(cfg.act, [gp], "gate_act")
             m = op("mul", [act, up], "glu")
             dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
+            if cfg.mlp_bias:
+                dn = op("add", [dn, W("mlp.down_proj.bias")], "down_bias")
         x = op("add", [x1, dn], "resid_ffn")
-    if rows > 1:
-        x = g.add("view", [x], "last", row=rows - 1)
+    if rows > last:
+        x = g.add("view", [x], "last", row=rows - last, **({"rows": last} if last > 1 else {}))
     hn = g.add("rmsnorm", [x, w("model.norm.weight", shapes["model.norm.weight"])], "final_norm", eps=cfg.eps)
     head = embed if cfg.tie_embeddings else w("lm_head.weight", shapes["lm_head.weight"])
     g.add("matmul", [hn, head], "logits")

@@ -66,7 +66,8 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
     _d("argmax", ["x"], doc="the index of each row's largest value (first on ties): (R, n) -> i32 (R,)"),
     _d("scale", ["x"], {"factor": float}, doc="x * factor"),
     _d("softcap", ["x"], {"cap": float}, doc="cap * tanh(x / cap)"),
-    _d("view", ["x"], {"row": int}, doc="one row of a computed tensor, no launch: (R, n) -> (1, n)"),
+    _d("view", ["x"], {"row": int, "rows": int}, {"rows": 1},
+       doc="rows row..row+rows-1 of a computed tensor, in place (no launch): (R, n) -> (rows, n)"),
     _d("quantize", ["x"], {"words": int}, {"words": 1},
        doc="an activation as int8 blocks of 32 values, one f32 scale a block (llama.cpp's q8_0 rounding: "
            "d = max|x|/127, q = round-half-away(x·(1/d))); words 2 (q8x2) adds a low int8 word of the residual "
@@ -232,9 +233,13 @@ def _argmax(shapes, attrs):
 
 def _view(shapes, attrs):
     r, n = _rows_cols(shapes[0])
-    if not 0 <= attrs["row"] < r:
-        raise ValueError(f"row {attrs['row']} outside {r} rows")
-    return (1, n), "f32"
+    row, rows = attrs["row"], attrs.get("rows", 1)
+    if rows < 1:
+        raise ValueError(f"a view of {rows} rows")
+    if not 0 <= row or row + rows > r:
+        raise ValueError(f"rows {row}..{row + rows - 1} outside {r} rows" if rows > 1 else
+                         f"row {row} outside {r} rows")
+    return (rows, n), "f32"
 
 
 QBLOCK = 32  # the values of a quantized activation that share one scale
