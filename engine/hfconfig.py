@@ -164,12 +164,13 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
                         f"{', '.join(SUPPORTED + GEMMA + GPTOSS + QWEN3NEXT + DEEPSEEK)})")
 
     act = r.text("hidden_act", "silu")
-    if act != "silu":
-        raise UserError(f"{where}: hidden_act `{act}` is not supported (only silu)")
-    if r.flag("mlp_bias"):
-        raise UserError(f"{where}: mlp_bias is not supported")
-    if arch == "LlamaForCausalLM" and r.flag("attention_bias"):
-        raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for Llama")
+    llama = arch == "LlamaForCausalLM"  # its MLP's activation and biases as the config says (transformers' Llama)
+    if act not in (LLAMA_ACTS if llama else ("silu",)):
+        known = ", ".join(LLAMA_ACTS) if llama else "silu"
+        raise UserError(f"{where}: hidden_act `{act}` is not supported for {arch.replace('ForCausalLM', '')} "
+                        f"(only {known})")
+    if r.flag("mlp_bias") and not llama:
+        raise UserError(f"{where}: mlp_bias is not supported for {arch.replace('ForCausalLM', '')}")
     if arch in QK_NORM and r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias is not supported for {arch.replace('ForCausalLM', '')}")
     if arch in WINDOWED and r.flag("attention_bias"):
@@ -206,7 +207,14 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         tie_embeddings=r.flag("tie_word_embeddings"),
         qkv_bias=arch in QKV_BIAS, qk_norm=arch in QK_NORM,
         max_len=min(max_len, max_pos), name=name, moe=moe, window=window, layer_types=types,
+        **({"attn_bias": r.flag("attention_bias"), "mlp_bias": r.flag("mlp_bias"), "act": LLAMA_ACTS[act]}
+           if llama else {}),
     )
+
+
+# Llama's hidden_act -> the step's op (transformers' ACT2FN: gelu is the exact erf form; gelu_new and
+# gelu_pytorch_tanh the tanh approximation)
+LLAMA_ACTS = {"silu": "silu", "gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu"}
 
 
 # Under `use_sliding_window`, which layers of a Qwen family slide where config.json has no `layer_types` (transformers

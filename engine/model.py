@@ -59,6 +59,9 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each (none: every layer slides
     # where `window` is set: Mistral, Mixtral, Phi-3; Qwen2 / Qwen3 from max_window_layers on, Gemma, gpt-oss by type;
     # Qwen3-Next's linear_attention | full_attention)
+    attn_bias: bool = False  # Llama's attention_bias: q, k, v and o_proj biases
+    mlp_bias: bool = False  # Llama's mlp_bias: gate, up and down_proj biases (a dense MLP's)
+    act: str = "silu"  # the dense MLP's gate activation, as the step's op (silu, gelu: tanh approximation, gelu_erf)
 
     def sliding(self, i: int) -> bool:
         """Whether layer i's attention takes the window."""
@@ -114,10 +117,12 @@ class ModelConfig:
             w[p + "self_attn.k_proj.weight"] = (kv * hd, d)
             w[p + "self_attn.v_proj.weight"] = (kv * hd, d)
             w[p + "self_attn.o_proj.weight"] = (d, h * hd)
-            if self.qkv_bias:
+            if self.qkv_bias or self.attn_bias:
                 w[p + "self_attn.q_proj.bias"] = (h * hd,)
                 w[p + "self_attn.k_proj.bias"] = (kv * hd,)
                 w[p + "self_attn.v_proj.bias"] = (kv * hd,)
+            if self.attn_bias:
+                w[p + "self_attn.o_proj.bias"] = (d,)
             if self.qk_norm:
                 w[p + "self_attn.q_norm.weight"] = (hd,)
                 w[p + "self_attn.k_norm.weight"] = (hd,)
@@ -129,6 +134,10 @@ class ModelConfig:
             w[p + "mlp.gate_proj.weight"] = (f, d)
             w[p + "mlp.up_proj.weight"] = (f, d)
             w[p + "mlp.down_proj.weight"] = (d, f)
+            if self.mlp_bias:
+                w[p + "mlp.gate_proj.bias"] = (f,)
+                w[p + "mlp.up_proj.bias"] = (f,)
+                w[p + "mlp.down_proj.bias"] = (d,)
         return w
 
 
@@ -212,7 +221,7 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -
         q = op("matmul", [hn, W("self_attn.q_proj.weight")], "q")
         k = op("matmul", [hn, W("self_attn.k_proj.weight")], "k")
         v = op("matmul", [hn, W("self_attn.v_proj.weight")], "v")
-        if cfg.qkv_bias:
+        if cfg.qkv_bias or cfg.attn_bias:
             q = op("add", [q, W("self_attn.q_proj.bias")], "q_bias")
             k = op("add", [k, W("self_attn.k_proj.bias")], "k_bias")
             v = op("add", [v, W("self_attn.v_proj.bias")], "v_bias")
@@ -226,6 +235,8 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -
         a = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
                scale=float(hd) ** -0.5, window=cfg.window if cfg.sliding(i) else 0, softcap=0.0)
         o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
+        if cfg.attn_bias:
+            o = op("add", [o, W("self_attn.o_proj.bias")], "o_bias")
         x1 = op("add", [x, o], "resid_attn")
         h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
         if cfg.sparse(i):

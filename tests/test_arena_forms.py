@@ -23,7 +23,6 @@ from lanefuse.lane.lower.arena import Arena, aligned, share
 from lanefuse.lane.lower.buffers import Buffer, NotWritten, forms_of, lifetimes, tables_of, walk
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.plancheck import check
-from lanefuse.lane.run.generate import new_caches
 from lanefuse.lane.run.numpy_runner import NumpyRunner, SharedArena
 
 FORMS = {"chunk 13": (13, 1), "chunk 5": (5, 1), "decode": (1, 1), "batch 3": (1, 3)}

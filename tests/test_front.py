@@ -169,7 +169,10 @@ def test_bad_config_json(tmp_path):
 
 
 @pytest.mark.parametrize("change,expect", [
-    ({"hidden_act": "gelu"}, "hidden_act `gelu` is not supported"),
+    ({"hidden_act": "relu"}, r"hidden_act `relu` is not supported for Llama \(only silu, gelu, gelu_pytorch_tanh, "),
+    ({"architectures": ["MistralForCausalLM"], "hidden_act": "gelu"},
+     r"hidden_act `gelu` is not supported for Mistral"),
+    ({"architectures": ["Qwen2ForCausalLM"], "mlp_bias": True}, "mlp_bias is not supported for Qwen2"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type `yarn` is not supported"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 4.0}}, "llama3 rope scaling lacks low_freq_factor"),
     ({"num_hidden_layers": None}, "missing `num_hidden_layers`"),

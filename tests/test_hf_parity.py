@@ -35,6 +35,14 @@ CASES = {
                                                num_key_value_heads=1, head_dim=24, intermediate_size=80,
                                                vocab_size=97, rms_norm_eps=1e-5, rope_theta=500.0,
                                                tie_word_embeddings=True), "float16"),
+    # Llama's attention_bias (q, k, v and o_proj biases), mlp_bias (gate, up and down_proj biases) and a non-SiLU
+    # MLP: the exact GELU (hidden_act gelu), and the tanh approximation without MLP biases in bf16
+    "llama_bias_gelu_f32": ("LlamaConfig", dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                                num_key_value_heads=2, intermediate_size=80, vocab_size=97,
+                                                attention_bias=True, mlp_bias=True, hidden_act="gelu"), "float32"),
+    "llama_bias_tanh_bf16": ("LlamaConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=1, intermediate_size=96, vocab_size=110,
+                                                 attention_bias=True, hidden_act="gelu_pytorch_tanh"), "bfloat16"),
     # Mistral: every layer's queries attend the last `sliding_window` positions (5 here: decode at positions 6-37
     # and the second prefill chunk reach past it); Mistral-Nemo's heads wider than hidden / heads, no window
     "mistral_window_f32": ("MistralConfig", dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,

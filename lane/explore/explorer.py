@@ -345,7 +345,11 @@ class Explorer:
     # ---- the actions ---------------------------------------------------------------------------------------------
     @_engine_thread
     def hold(self, rule: str) -> None:
+        from lanefuse.lane.lower.plan import ALWAYS
+
         self._check_name(rule)
+        if rule in ALWAYS:
+            raise UserError(f"hold {rule}: not held: {ALWAYS[rule]}")
         cfg = self._copy()
         if rule in self.steps:
             cfg.held_steps |= {rule}

@@ -144,12 +144,20 @@ def steps_of(lt: LaneTable) -> dict[str, str]:
     return dict(lt.schedule)
 
 
+# rules a plan always takes, and why: holding one is refused in words
+ALWAYS = {"fused_sampling": "the step's arg-max always advances the token and position the next step reads (the seed "
+                            "takes the advance always: a decode step replayed on the device reads them from there)"}
+
+
 def split_held(held, table, lt: LaneTable) -> tuple[frozenset[str], frozenset[str]]:
-    """Held names as (rules, schedule steps); an unknown name lists the known ones."""
+    """Held names as (rules, schedule steps); an unknown name lists the known ones; a rule the plan always takes
+    (ALWAYS) is refused."""
     rules, steps = set(), set()
     lane_steps = steps_of(lt)
     known = set(table.names) | set(lane_steps)
     for h in held:
+        if h in ALWAYS:
+            raise UserError(f"--hold {h}: not held: {ALWAYS[h]}")
         if h in lane_steps:
             steps.add(h)
             kinds = set(lt.holds.get(h, ()))  # a step over lifted ops (fuse_quant: quantize) holds their rules
