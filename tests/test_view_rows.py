@@ -193,3 +193,12 @@ def test_a_range_of_a_table_rewritten_inside_it_is_copied_when_taken(tmp_path):
     (sl,) = [x.launch for x in s.launches if x.launch.census == "slice"]
     assert (sl.start, sl.width) == (3 * 8, 3 * 8)
     assert s.buffers["r"].home == "r" and s.buffers["r"].size == 24
+
+
+def test_a_range_view_round_trips_through_the_step_text():
+    from lanefuse.engine.stepyaml import from_yaml, to_yaml
+
+    cfg, _ = demo_model(64)
+    text = to_yaml(build_step(cfg, 9, last=4))
+    assert "{op: view, out: last, ins: [L3.resid_ffn], row: 5, rows: 4}" in text
+    assert to_yaml(from_yaml(text)) == text
