@@ -73,6 +73,8 @@ def write(model, path, fmt_of, tokenizer: bool = False) -> tuple:
     params = dict(ref.named_parameters())
     formats = {}
     for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:  # the head is token_embd itself
+            continue
         a = t.detach().float().numpy()
         if a.ndim == 1:
             w.add_tensor(gf.gguf_name(name), a.astype(np.float32))
@@ -219,27 +221,47 @@ def llama_cpp_apart(path, prompt, n):
     return pickle.loads(out.read_bytes())
 
 
-# llama-cpp-python 0.3.36 as installed here (measured 2026-12-04, one process a file): on the q4_1, q5_1 and iq4_xs
-# files (hidden 64 / 256) its logits are 1e-2 of their scale off lanefuse's from the first step, under lanefuse's f32
-# and q8x2 numerics as under q8 (so not the activation pairing), where q5_0, q5_k, q3_k, q2_k and iq4_nl agree to
-# 1e-7; an iq4_xs file of hidden 512 agrees to 1e-7 for 5 steps, then is 1.4e-2 off, and late steps of the others
-# (the 10th of q3_k) jump alike. Run in the test process (beside torch) its decode dies of SIGSEGV on the q4_1, q5_k
-# and iq4_xs files. Not understood; llama.cpp is compared over the first LL_STEPS steps, those three marked xfail
-LLAMA_CPP_ODD = ("q4_1", "q5_1", "iq4_xs")
+# llama-cpp-python 0.3.36 as installed here (ggml 0.25.3, x86 AVX2/AVX-512 build, extra buffers off; measured
+# 2026-12-05, one process a file, the files below, 5 steps). lanefuse's q8 numerics — the reference interpreter of the
+# q8 step graph — equal llama.cpp's logits to <= 1.6e-7 of their scale at every step on the q5_0, q5_k, q3_k, q2_k
+# and iq4_xs files (lanefuse quantizes activations as llama.cpp's x86 SIMD code does: halves to even, id = 127/amax).
+# Three keep a true difference (LLAMA_CPP_APART: q4_1 / q5_1 by a term lanefuse does not compute as llama.cpp does,
+# iq4_nl by one flip). The fused plan (exact numpy twins of the CUDA launches) equals the reference to f32
+# rounding, op by op; where that rounding lands one quantized word or f16 scale on the other side (iq4_xs here: the
+# attention twin's output is an ulp apart from the reference's at 473 of 1024 values, and one q8_K word of its
+# quantized form is 116 against 115, then o_proj's product 1e-3 apart and the logits 1.0e-2 from the first step) the
+# run parts by the q8 noise (tests/test_q8_real_width.py's note): its tokens are compared, its logits loosely.
+LLAMA_CPP_APART = {
+    fmt: "llama.cpp pairs q4_1 / q5_1 rows with q8_1, whose s = f16(d*sum(q)) is rounded to f16 from the UNROUNDED "
+         "f32 d = amax/127, and its dot product adds f16(m)*s; lanefuse's q8 form keeps only f16(d), its product adds "
+         "m*f16(d)*sum(q) exactly (f16(f16(d)*sum(q)) is no closer). Measured teacher-forced on llama.cpp's own "
+         "inputs (hidden 64): Qcur 9.3e-4, Vcur 7.3e-4, ffn_up 2.9e-4, ffn_down 1.2e-4 of their scale; with "
+         "llama.cpp's s term 2.1e-7, 2.1e-7, 1.8e-7, 1.3e-7; whole run 1.2e-2..1.4e-2. Removing it needs the q8 form "
+         "to carry the unrounded d (issue 41 item 2)"
+    for fmt in ("q4_1", "q5_1")}
+LLAMA_CPP_APART["iq4_nl"] = (
+    "one flip: steps 1-3 and 5 within 7.2e-8, step 4 2.0e-3 — there layer 0's SwiGLU output, quantized to q8_0, has "
+    "one block whose f16 scale rounds the other way (its max |x| apart by f32 rounding: the ops before agree to ~1e-7, "
+    "not bit for bit — ggml's SiLU is a SIMD expf approximation, its products sum in their own order), then 2 "
+    "words of layer 1's ffn_norm and 9 of its SwiGLU, 1 of the final norm (llama_cpp_dump's tensors against the "
+    "reference's quantized forms, step by step)")
 LL_STEPS = 5
+LL_TOL = 1e-5  # of the logits' scale, the reference interpreter of the q8 graph against llama.cpp (measured <= 1.6e-7)
 
 
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.xfail(
-    reason="llama.cpp's logits on this file are 1e-2 off lanefuse's under f32 numerics too", strict=False))
-    if f in LLAMA_CPP_ODD else f for f in NEW])
+@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.xfail(reason=LLAMA_CPP_APART[f], strict=True))
+                                 if f in LLAMA_CPP_APART else f for f in NEW])
 def test_q8_equals_llama_cpp(fmt, tmp_path):
     """--numerics q8 against llama.cpp (F32 KV cache) on a file whose layers are in each format (embeddings and head
-    q8_0): the same greedy tokens, logits within 5e-3 of their scale over LL_STEPS steps (measured: q5_0 7.2e-8,
-    q5_k 1.1e-7, q3_k 1.0e-7, q2_k 9.9e-8; iq4_nl 7e-8 at every step but the 4th, 2.0e-3 there: one activation word
-    rounded the other way at a half, by llama.cpp's SIMD quantization or lanefuse's, moves a step by about that).
-    q4_1 / q5_1 pair with llama.cpp's q8_1, whose s = d·Σq llama.cpp rounds to f16 and lanefuse keeps exact."""
+    q8_0), LL_STEPS greedy steps after a 6-token prompt: lanefuse's q8 numerics (the reference interpreter of the q8
+    step graph, each product reading the activation form llama.cpp pairs with its rows: q8_0's for q5_0 / iq4_nl, q8_K
+    for the K-quants and iq4_xs) give llama.cpp's tokens and its logits within LL_TOL of their scale at every step;
+    the fused plan (exact twins) gives its tokens, its logits within the q8 noise (2e-2 of their scale: a flip, the
+    note above)."""
     pytest.importorskip("llama_cpp")
+    from lanefuse.engine.quantize import with_numerics as numerics
+
     shape = WIDE if BLOCKS[fmt][0] == 256 else SMALL
     model = gf.tiny_model("llama", **shape)
     edge = ("model.embed_tokens.weight", "lm_head.weight")
@@ -250,7 +272,10 @@ def test_q8_equals_llama_cpp(fmt, tmp_path):
         pytest.skip(f"llama.cpp (llama-cpp-python) crashed decoding the {fmt} file (a signal): nothing to compare")
     want, want_logits = ll
     cfg, weights = load_model(path)
-    got = generate(cfg, weights, PROMPT, LL_STEPS, chunk=4, step_fn=plan_step(weights, "q8"))
-    rel = scaled_error(got.logits, want_logits)
-    print(f"\nq8 llama {fmt} vs llama.cpp: {rel:.1e}")
-    assert got.generated_ids == want and rel < 5e-3
+    ref = generate(cfg, weights, PROMPT, LL_STEPS, chunk=4,
+                   step_fn=lambda g, env: evaluate(numerics(g, "q8"), weights, env))
+    fused = generate(cfg, weights, PROMPT, LL_STEPS, chunk=4, step_fn=plan_step(weights, "q8"))
+    rel, rel_plan = scaled_error(ref.logits, want_logits), scaled_error(fused.logits, want_logits)
+    print(f"\nq8 llama {fmt} vs llama.cpp: reference {rel:.1e}, fused plan {rel_plan:.1e}")
+    assert fused.generated_ids == want and rel_plan < 2e-2
+    assert ref.generated_ids == want and rel < LL_TOL
