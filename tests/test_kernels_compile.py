@@ -384,8 +384,10 @@ def samples():
 
 def tensor_cores():
     """The tensor-core GEMM: bf16 rows of whole chunks (gemm_tc_cp), f32 rows into a cache row with a residual
-    (gemm_tc_any); in parts, both ways; each at 64-row tiles (at most 64 rows) and 128-row ones."""
+    (gemm_tc_any); in parts, both ways; each at 64-row tiles (at most 64 rows) and 128-row ones; split along k (the
+    tail); the chunk attention on the tensor cores."""
     from lanefuse.kernels import Dst, GemmPart, GemmTc, GemmTcParts
+    from lanefuse.kernels.attention_tc import AttentionTc
 
     return [GemmTc("x", "w", "bf16", Dst("y"), 64, 40, 17, bias="b"),
             GemmTc("x", "w", "f32", Dst("kc", row="pos", pitch=8), 30, 8, 16, add="r"),
@@ -393,7 +395,13 @@ def tensor_cores():
             GemmTcParts("x", "bf16", 64, 16, (GemmPart("wq", Dst("q"), 130, bias="b"), GemmPart("wk", Dst("k"), 8))),
             GemmTcParts("x", "q8_0", 64, 16, (GemmPart("wq", Dst("q"), 8),)),
             GemmTcParts("x", "bf16", 64, 130, (GemmPart("wq", Dst("q"), 8),)),
-            GemmTcParts("x", "q8_0", 64, 130, (GemmPart("wq", Dst("q"), 8),))]
+            GemmTcParts("x", "q8_0", 64, 130, (GemmPart("wq", Dst("q"), 8),)),
+            # the tail: k in parts (gemm_tc_split_*), then gemm_tc_combine into a cache row with a residual
+            GemmTc("x", "w", "f32", Dst("kc", row="pos", pitch=8), 130, 8, 16, add="r", bias="b", ksplit=3),
+            GemmTc("x", "w", "bf16", Dst("y"), 64, 40, 130, ksplit=2),
+            # the chunk attention: heads of 64 (attention_tc_64) with sinks, a window and a soft cap; of 128 gated
+            AttentionTc("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 96, 20, 0.125, window=9, sinks="sk", softcap=30.0),
+            AttentionTc("q", "kc", "vc", "pos", "o", 4, 4, 128, 128, 96, 20, 0.125, gate=("g", "silu"))]
 
 
 def quantizing():
