@@ -218,11 +218,13 @@ def chunk_attention(q, keys, vals, p0, group, scale, window=0, softcap=0.0, sink
     qb = bf16_round(q).astype(np.float64)
     out = np.zeros((rows, H, vd))
     got = []
+    top = p0 + rows  # the keys any row attends: rounded once a kv head
     for g in range(kv):
+        kall = bf16_round(keys[:top, g]).astype(np.float64)
+        vall = bf16_round(vals[:top, g]).astype(np.float64)
         for r, hh, jlo, jhi in _blocks(rows, H, group, p0, window):
             h = g * group + hh
-            kb = bf16_round(keys[jlo:jhi, g]).astype(np.float64)
-            vb = bf16_round(vals[jlo:jhi, g]).astype(np.float64)
+            kb, vb = kall[jlo:jhi], vall[jlo:jhi]
             lg = _logits(qb[r, h], kb, scale, softcap)
             lg = np.where(_mask(r, p0, window, jlo, jhi - jlo), lg, -np.inf)
             base, m = _tiles(lg)
