@@ -352,3 +352,61 @@ def test_q8_run_parts_from_llama_cpp_only_at_a_flip(real_file):
             assert rel <= 1e-4, rows
     print("\nstep: logits apart, activations quantized apart: " + "; ".join(rows))
     assert clean >= 2, rows
+
+
+# -- every preset's formats at real width against llama.cpp (issue 41's done-when, at a depth the tests can afford) --
+
+PRESETS = {  # llama.cpp's preset: (the format of rows of whole 256-value blocks, its fallback for the others)
+    "Q8_0": ("q8_0", "q8_0"), "Q6_K": ("q6_k", "q8_0"), "Q5_K_M": ("q5_k", "q5_1"), "Q5_0": ("q5_0", "q5_0"),
+    "Q4_K_M": ("q4_k", "q5_0"), "Q4_0": ("q4_0", "q4_0"), "Q3_K_M": ("q3_k", "q4_0"), "IQ4_NL": ("iq4_nl", "iq4_nl"),
+    "IQ4_XS": ("iq4_xs", "iq4_nl"), "Q2_K": ("q2_k", "q4_0"), "Q4_1": ("q4_1", "q4_1"), "Q5_1": ("q5_1", "q5_1"),
+}
+S_TERM = ("llama.cpp's q8_1 s = f16(f32 d * sum q) against lanefuse's m * f16(d) * sum q "
+          "(test_formats_more_gguf.LLAMA_CPP_APART): q5_1 / q4_1 rows")
+FLIP = ("one flip at step 1 (the prompt's last row): one q8_0 word of layer 0's attention output (kqv_out, its f32 "
+        "values 1.5e-7 apart) quantized apart, then 25 words / 5 scales of ffn_norm, 211 / 45 of the SwiGLU and the "
+        "logits 0.10 (Q5_0) / 0.12 (Q4_K_M) apart; steps 2-4 within 1.9e-6 (llama_cpp_dump's tensors against the "
+        "reference's quantized forms)")
+PRESET_APART = {"Q5_K_M": S_TERM, "Q4_1": S_TERM, "Q5_1": S_TERM, "Q5_0": FLIP, "Q4_K_M": FLIP}
+
+
+@pytest.mark.llamacpp
+@pytest.mark.hf
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.xfail(reason=PRESET_APART[p], strict=True))
+                                    if p in PRESET_APART else p for p in PRESETS])
+def test_each_preset_at_real_width_equals_llama_cpp(preset, tmp_path):
+    """A real-width llama (hidden 576 = 18 blocks of 32 and no whole number of 256-value blocks, 9 heads over 3 KV
+    heads of 64, FFN 1536, tied embeddings; one layer, a 4096-token vocabulary) in each of llama.cpp's presets' formats
+    — a K-quant or iq4_xs where rows are whole 256-value blocks (ffn_down), llama.cpp's fallback elsewhere — a
+    12-token prompt and 4 greedy steps: lanefuse's q8 numerics (the reference interpreter of the q8 step graph) give
+    llama.cpp's tokens and logits within 0.1 (the issue's bound). Measured (max |logit diff| a step): Q6_K, Q4_0,
+    Q3_K_M, IQ4_NL, IQ4_XS, Q2_K <= 1.3e-6 at every step; Q8_0 6.2e-3 at the first (a flip), then 9.5e-7; before
+    lanefuse rounded as llama.cpp's x86 quantize (halves to even, id = 127/amax) the 2-layer Q6_K run was 0.13 apart
+    at 7 of 8 steps, now 1.9e-6 at all. The xfails (PRESET_APART) say why the others part."""
+    pytest.importorskip("llama_cpp")
+    import test_formats_more_gguf as tf
+
+    from lanefuse.engine.front import load_model
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.lane.run.generate import generate
+
+    main, fallback = PRESETS[preset]
+    shape = dict(REAL, vocab_size=4096, num_hidden_layers=1)
+    model = tf.gf.tiny_model("llama", **shape)
+    path, _, formats = tf.write(model, tmp_path / f"{preset}.gguf", lambda n, cols: main if cols % 256 == 0 else
+                                fallback, tokenizer=True)
+    assert set(formats.values()) == {main, fallback}
+    prompt, n = _prompt(12)[:12], 4
+    prompt = [t % 4000 + 50 for t in prompt]
+    ll = tf.llama_cpp_apart(path, prompt, n)
+    if ll is None:
+        pytest.skip(f"llama.cpp (llama-cpp-python) crashed decoding the {preset} file (a signal): nothing to compare")
+    want, want_logits = ll
+    cfg, weights = load_model(path)
+    got = generate(cfg, weights, prompt, n, chunk=8, step_fn=lambda g, env: evaluate(with_numerics(g, "q8"),
+                                                                                       weights, env))
+    apart = [float(np.abs(a - b).max()) for a, b in zip(got.logits, want_logits)]
+    print(f"\n{preset} ({main}/{fallback}): max |logit - llama.cpp's| by step " + " ".join(f"{a:.2g}" for a in apart))
+    assert got.generated_ids == want and max(apart) < 0.1
