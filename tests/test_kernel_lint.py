@@ -329,8 +329,11 @@ def counter_samples():
             Fold(Gemv("xq", "w", "q8_0", Dst("o"), 64, 64, 1, words=1), Norm("r", "w2", "y", 1, 64, 1e-6, **tail)),
             GemvGlu("x", "wg", "wu", "bf16", "o", 32, 64, 1, per_warp=1, quant="oq", quant_words=1),
             Gemv("x", "w", "bf16", Dst("o"), 64, 64, 9, per_warp=1, quant="oq", quant_words=2),
-            *(Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, dk, 64, 3, 0.17, 1e-6, quant="oq", words=3)
-              for dk in (64, 96, 128))]
+            *(Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, dk, 64, 3, 0.17, 1e-6, quant="oq", words=3,
+                    seqs=seqs) for dk in (64, 96, 128) for seqs in (False, True)),
+            # a batch's entry at the narrowest width (delta_seqs_32: each row a sequence of its own, issue 40)
+            Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, 32, 64, 3, 0.17, 1e-6, quant="oq", words=3,
+                  seqs=True)]
 
 
 def test_every_counter_parameter_is_passed_a_counter_scratch():
