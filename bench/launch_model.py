@@ -256,20 +256,27 @@ def features(rev: str | None) -> dict:
     key and head at a time); combine_cw: attention_combine's splits a chunk (5715e40: CW 128, the block's reductions;
     0: three serial loops a thread); new_splits: attention.py's split choice (BLOCKS_AN_SM: 2 x sms blocks,
     attn_split_min 64, at most 128; before: sms blocks, 256, 32); block_tiles: the block formats with a tile of their
-    own in gemv_core.cu (gemv_tile_q8_0 at b780f05; since, a `struct BlockQ8_0` of gemv_tile_b32, and gemv_tile_q4_k)."""
+    own in gemv_core.cu (gemv_tile_q8_0 at b780f05; since, a `struct BlockQ8_0` of gemv_tile_b32, and gemv_tile_q4_k);
+    staged: gemv_tile_staged's blocks a row a stage (STAGE_BLOCKS; 0: no staged tile): q8_0 / q4_0 rows of whole
+    16-byte words read as 16-byte loads through shared memory; q4k_wide: gemv_tile_q4_k's 16-byte loads (Q4K_STEPS:
+    two steps of four super-blocks in flight at four rows a warp, four at one; the SASS keeps all of them)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
     apy = kernel_file("attention.py", rev)
     m = re.search(r"#define NORM_BATCH (\d+)", norm)
+    mv = re.search(r"#define NORM_VBATCH (\d+)", norm)
     cw = re.search(r"#define CW (\d+)", att)
     return dict(
         norm_batch=int(m.group(1)) if m else 1,
+        norm_vbatch=int(mv.group(1)) if mv else 0,
         attn_tiles={n: int(kt) for n, d, pb, kt in re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)\)", att,
                                                                re.M)},
         combine_cw=int(cw.group(1)) if cw else 0,
         new_splits="BLOCKS_AN_SM" in apy,
         wide="gemv_tile16" in core,
         block_tiles=sorted(f for f in VALUE_BYTES
-                           if re.search(rf"void gemv_tile_{f}\(|struct Block{f.upper()} ", core)))
+                           if re.search(rf"void gemv_tile_{f}\(|struct Block{f.upper()} ", core)),
+        staged=int(m.group(1)) if (m := re.search(r"#define STAGE_BLOCKS (\d+)", core)) else 0,
+        q4k_wide="Q4K_STEPS" in core)
 
 
 def old_splits(l, sms: int = 132):
@@ -322,7 +329,14 @@ BLOCK_TILES = {"q8_0": dict(vals=256, bytes=272, unroll=8, sass_share={1: 0.75, 
                "q6_k": dict(vals=1024, bytes=840, unroll=4, sass_share={1: 0.72, 2: 1.0, 4: 0.89})}
 
 
-def gemv_structure(k: Kernel, wide: bool, block_tiles=()):
+# gemv_tile_staged (gemv_core.cu, q8_0 / q4_0 rows of k a multiple of 256 at 1-2 rows of x): a stage of STAGE_BLOCKS
+# blocks of each of the warp's rows as 16-byte loads, every one of them issued before the first is used (the SASS: 320
+# / 192 bytes a lane in flight at gemv_4 for q8_0 / q4_0, the whole stage, read off the cubin with the loads' first
+# uses), then decoded from shared memory: one stage in flight a warp, a round a stage.
+STAGED_BYTES = {"q8_0": 34, "q4_0": 18}
+
+
+def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_wide: bool = False):
     """Bytes in flight a warp and its dependent load rounds, for gemv_core.cu's loops at one kernel of the family.
     wide (the work tree since d081dec): f32/f16/bf16 rows at 1-2 rows of x take gemv_tile16 (16 bytes a lane a load,
     unrolled 4: 4 loads a row a lane in flight); otherwise (block formats, > 2 rows, and everything at 4a43cc2)
@@ -336,6 +350,11 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=()):
         inflight_row = 32 * 16 * min(UNROLL16, steps)
         rounds = math.ceil(steps / UNROLL16)
         loop = "tile16 x4"
+    elif staged and fmt in STAGED_BYTES and m <= 2 and kk % 256 == 0:
+        steps = math.ceil(kk / (32 * staged))
+        inflight_row = min(kk // 32, staged) * STAGED_BYTES[fmt]
+        rounds = steps
+        loop = f"{fmt} staged"
     elif fmt in block_tiles and fmt in BLOCK_TILES and m <= 2 and \
             not (fmt in ("q4_k", "q6_k") and m == 2 and pw == 4):
         # a block format's own tile (gemv_tile_q8_0 since b780f05): a warp step reads a run of whole blocks of a row
@@ -344,7 +363,10 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=()):
         bt = BLOCK_TILES[fmt]
         steps = math.ceil(kk / bt["vals"])
         u = max(1, bt["unroll"] // pw)
-        inflight_row = bt["bytes"] * min(u, steps) * bt["sass_share"].get(pw, 1.0)
+        share = bt["sass_share"].get(pw, 1.0)
+        if fmt == "q4_k" and q4k_wide:  # Q4K_STEPS; bench/sass_inflight.py: gemv_4's loop keeps all 16 loads
+            u, share = (2 if pw >= 4 else 4), 1.0
+        inflight_row = bt["bytes"] * min(u, steps) * share
         rounds = math.ceil(steps / u)
         loop = f"{fmt} x{u}"
     else:
@@ -437,7 +459,7 @@ def combine_rounds(splits: int, vd: int, threads: int, cpb: int, cw: int) -> flo
 def structure(k: Kernel, feats: dict, pos: int):
     name = k.call.name
     if GEMV_F32X.match(name):
-        gemv_structure(k, feats["wide"], feats["block_tiles"])
+        gemv_structure(k, feats["wide"], feats["block_tiles"], feats["staged"], feats["q4k_wide"])
     elif name.startswith(("gemv_q8", "fold_gemv_norm_q8", "fold_parts_rope_q8", "gemm_parts_q8", "gemv_glu_q8")):
         q8_structure(k)
     elif name.startswith("attention"):
@@ -452,7 +474,7 @@ def structure(k: Kernel, feats: dict, pos: int):
 
 # -- the time model --------------------------------------------------------------------------------------------------
 
-def norm_tail_rounds(nm, threads: int, batch: int) -> int:
+def norm_tail_rounds(nm, threads: int, batch: int, vbatch: int = 0) -> int:
     """norm_row's dependent L2 rounds (one block of `threads` over each row, rows one after another): the added
     operand's own norm (pre: a pass and a block_sum), then a head at a time its sum-of-squares pass, a block_sum, its
     write pass; a pass ceil(hd / (threads x batch)) rounds (a0b938a: batch 8, every load of a batch issued first;
@@ -460,6 +482,8 @@ def norm_tail_rounds(nm, threads: int, batch: int) -> int:
     heads = max(1, int(getattr(nm, "heads", 1) or 1))
     hd = nm.cols // heads
     per = lambda n: math.ceil(n / (threads * batch))
+    if vbatch and hd % 4 == 0 and getattr(nm, "y", "y") is not None:  # norm_row_vec: four values a load (the arena's
+        per = lambda n: math.ceil(n / (threads * 4 * vbatch))          # rows 16-byte aligned where cols are words)
     r = (per(nm.cols) + 1) if (nm.add and nm.pre) else 0
     r += heads * (2 * per(hd) + 1)
     return nm.rows * r
@@ -470,7 +494,8 @@ def tail_us(k: Kernel, cal: dict) -> float:
     L_l2_us, the L2 round fitted on 4a43cc2's measured 42.2 µs tail), fold_parts_rope's last block of each head
     rotates it (in parallel over heads)."""
     if k.call.name.startswith("fold_gemv_norm"):
-        k.extra["tail_rounds"] = norm_tail_rounds(k.launch.then, k.threads, k.extra.get("norm_batch", 1))
+        k.extra["tail_rounds"] = norm_tail_rounds(k.launch.then, k.threads, k.extra.get("norm_batch", 1),
+                                                  k.extra.get("norm_vbatch", 0))
         return cal["L_l2_us"] * k.extra["tail_rounds"]
     if k.call.name.startswith("fold_parts_rope"):
         return cal["tail_rope_us"] * max(1, math.ceil(k.extra.get("m", 1) / 4))
@@ -488,8 +513,9 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
     k.warps_sm = min(nb, per_wave) / S * warps_block
     if k.family in ("gemv", "gemv_q8", "attention"):
         L = (cal["L_us"] + k.extra["heads_round"] * cal["attn_head_us"]) if k.family == "attention" else \
-            cal["L_us"] * cal["format_factor"].get(
-                k.extra.get("fmt") if k.extra.get("loop") == "4-value x1" else "dense16", 1.0)
+            cal["L_us"] * cal["format_factor"].get(  # the staged tile's decode from shared memory: as the
+                k.extra.get("fmt") if k.extra.get("loop") in ("4-value x1", f"{k.extra.get('fmt')} staged")
+                else "dense16", 1.0)  # 4-value loop's (fitted there), a conservative charge on each round
         bytes_block = k.bytes / nb
         total, left = 0.0, nb
         while left > 0:
@@ -537,7 +563,7 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
             r = dict(registers=32, smem=0, spill_stores=0)
         k.regs, k.smem, k.spill = int(r["registers"]), int(r.get("smem", 0)), int(r.get("spill_stores", 0))
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
-        k.extra["norm_batch"] = feats["norm_batch"]
+        k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
         structure(k, feats, pos)
         time_us(k, cal)
     return ks

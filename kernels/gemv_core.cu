@@ -140,7 +140,16 @@ __device__ __forceinline__ void dot8_rows(const float* xr, i64 k, int gap, int n
 // q8_0 (34-byte blocks: d, 32 int8): eight values a lane (four 2-byte loads of quants, the block's d), 272 bytes a
 // warp step. int8 q as (q ^ 0x80) = q + 128 in magic23, less 2^23 + 128: exact.
 struct BlockQ8_0 {
-    static constexpr int BYTES = 34, WORDS = 5, UNROLL = 8, XOFF = 8, GAP = 4;
+    static constexpr int BYTES = 34, WORDS = 5, UNROLL = 8, XOFF = 8, GAP = 4, QW = 8;  // QW: quant words a block
+    // values 8h..8h+7 of a block whose quant words (4 bytes each, value 4i.. in word i) and d are q, d
+    __device__ static void decode_eighth(const unsigned (&q)[QW], float d, int h, float (&wf)[8]) {
+        unsigned lo = q[2 * h] ^ 0x80808080u, hi = q[2 * h + 1] ^ 0x80808080u;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            wf[e] = __fmul_rn(__fsub_rn(magic23((lo >> (8 * e)) & 255u), 8388736.f), d);
+            wf[4 + e] = __fmul_rn(__fsub_rn(magic23((hi >> (8 * e)) & 255u), 8388736.f), d);
+        }
+    }
     __device__ static int word(int s, int u) { return u ? 4 * s + u : 0; }
     __device__ static void decode(const unsigned (&raw)[WORDS], float (&wf)[8]) {
         float d = f16f(raw[0]);
@@ -156,7 +165,17 @@ struct BlockQ8_0 {
 // q4_0 (18-byte blocks: d, 16 bytes, value j the low nibble of byte j, 16 + j its high): lane s bytes 4s..4s+3 (two
 // 2-byte loads, and d) for values 4s.. and 16 + 4s.., 144 bytes a warp step. q - 8 as magic23(q) less 2^23 + 8: exact.
 struct BlockQ4_0 {
-    static constexpr int BYTES = 18, WORDS = 3, UNROLL = 16, XOFF = 4, GAP = 16;
+    static constexpr int BYTES = 18, WORDS = 3, UNROLL = 16, XOFF = 4, GAP = 16, QW = 4;
+    // values 8h..8h+7: the low nibbles of words 2h, 2h + 1 (h < 2), else the high nibbles of words 2h - 4, 2h - 3
+    __device__ static void decode_eighth(const unsigned (&q)[QW], float d, int h, float (&wf)[8]) {
+        int sh = h < 2 ? 0 : 4;
+        unsigned a = q[(2 * h) & 3], b = q[(2 * h + 1) & 3];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            wf[e] = __fmul_rn(d, __fsub_rn(magic23((a >> (8 * e + sh)) & 15u), 8388616.f));
+            wf[4 + e] = __fmul_rn(d, __fsub_rn(magic23((b >> (8 * e + sh)) & 15u), 8388616.f));
+        }
+    }
     __device__ static int word(int s, int u) { return u ? 2 * s + u : 0; }
     __device__ static void decode(const unsigned (&raw)[WORDS], float (&wf)[8]) {
         float d = f16f(raw[0]);
@@ -192,63 +211,150 @@ __device__ __forceinline__ void gemv_tile_b32(const float* __restrict__ x, const
     }
 }
 
+// q8_0 and q4_0 rows through 16-byte loads. Their 34- and 18-byte blocks put the quants two bytes off a word in every
+// other block, so gemv_tile_b32 reads them two bytes a load: a lane's loads in flight hold two bytes a register, and
+// the SASS keeps 78 bytes a lane in flight (gemv_4 over q8_0 at 168 registers; bf16's 16-byte loads 256): a third of
+// what streams HBM at its rate (bench/launch_model.py). Where a row is whole 16-byte words (k a multiple of 256: a
+// run of 8 blocks is 272 or 144 bytes) a warp reads a stage of STAGE_BLOCKS blocks of each of its rows as 16-byte
+// loads, every load of the stage issued before any is used (q8_0: 136 words a row, 4-5 a lane: 272 bytes a lane at
+// four rows a warp), stores them in its own slice of shared memory, and then each lane takes whole blocks from there:
+// its block's nine (five) words read at the word boundary at or below it, the quants shifted into place, each value
+// decoded as gemv_tile_b32 decodes it (the same bits), the eight values 8h.. against x as float4 (dot8_rows).
+#define STAGE_BLOCKS 64
+#define STAGE_WORDS (STAGE_BLOCKS * 34 / 16)  // 16-byte words a row a stage at the widest block (q8_0): 136
+
+// The one staging buffer of a kernel (a template's __shared__ would be one a format): WARPS warps x 4 rows x a stage
+// of q8_0, 34,816 bytes.
+__device__ __forceinline__ uint4* stage_buffer() {
+    __shared__ uint4 buf[WARPS * 4 * STAGE_WORDS];
+    return buf;
+}
+
+// Block c of a stage row (16-byte aligned words) as d and QW quant words: nine (q8_0) or five (q4_0) words from the
+// word at or below its start; a block starting two bytes into a word has d in that word's high half and its quants
+// word-aligned, else d in the low half and each quant word straddling two.
+template <class B>
+__device__ __forceinline__ void staged_block(const uint4* row, int c, float& d, unsigned (&q)[B::QW]) {
+    const int* wp = (const int*)row + ((c * B::BYTES) >> 2);  // (unsigned pointers are the arrival counters')
+    unsigned wv[B::QW + 1];
+#pragma unroll
+    for (int t = 0; t <= B::QW; t++) wv[t] = (unsigned)wp[t];
+    bool two = (c * B::BYTES) & 2;
+    d = f16f(two ? wv[0] >> 16 : wv[0]);
+#pragma unroll
+    for (int t = 0; t < B::QW; t++) q[t] = two ? wv[t + 1] : __funnelshift_r(wv[t], wv[t + 1], 16);
+}
+
+template <class B, int PW, int NR>
+__device__ __forceinline__ void gemv_tile_staged(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                                 i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    static_assert(PW <= 4, "the staging buffer holds four rows a warp");
+    constexpr int SV = STAGE_BLOCKS * B::BYTES / 16, PL = (SV + 31) / 32;  // words a row a stage; a lane's loads
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint4* st = stage_buffer() + warp * 4 * STAGE_WORDS;
+    const i64 rw = (k >> 5) * B::BYTES / 16;  // words a row
+    const uint4* w0 = (const uint4*)w + j0 * rw;  // the warp's first row (a row past n is never read)
+    for (i64 b0 = k0 >> 5; b0 < (k1 >> 5); b0 += STAGE_BLOCKS) {
+        const int nb = (int)min((i64)STAGE_BLOCKS, (k1 >> 5) - b0), nv = nb * B::BYTES / 16;  // whole runs of 8
+        const i64 v0 = b0 * B::BYTES / 16;
+        uint4 v[PW][PL];  // every load of the stage first (a row past n, a word past the stage: zeros, no load)
+#pragma unroll
+        for (int p = 0; p < PW; p++)
+#pragma unroll
+            for (int u = 0; u < PL; u++) {
+                int i = lane + 32 * u;
+                v[p][u] = i < nv && j0 + p < n ? __ldcs(w0 + p * rw + v0 + i) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        __syncwarp();  // the warp's lanes done with the last stage's words
+#pragma unroll
+        for (int p = 0; p < PW; p++)
+#pragma unroll
+            for (int u = 0; u < PL; u++)
+                if (lane + 32 * u < SV) st[p * STAGE_WORDS + lane + 32 * u] = v[p][u];
+        __syncwarp();
+#pragma unroll 1
+        for (int c = lane; c < nb; c += 32) {  // a lane a block
+            float d[PW];
+            unsigned q[PW][B::QW];
+#pragma unroll
+            for (int p = 0; p < PW; p++) staged_block<B>(st + p * STAGE_WORDS, c, d[p], q[p]);
+            const float* xb = x + r0 * k + (b0 + c) * 32;
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float wf[PW][8];
+#pragma unroll
+                for (int p = 0; p < PW; p++) B::decode_eighth(q[p], d[p], h, wf[p]);
+                dot8_rows<PW, NR>(xb + 8 * h, k, 4, nr, wf, acc);
+            }
+        }
+    }
+}
+
 // q4_k (144-byte super-blocks, 16-byte aligned: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles:
-// sub-block 2c in the low nibbles of bytes 32c.., 2c + 1 in the high): eight lanes a super-block, lane t the four
-// bytes 4t.. of each 32 (four 4-byte loads) and the 16-byte head (one load, the same for the eight lanes): values
-// 4t.. of every sub-block; a warp four super-blocks (576 bytes) a step. Each sub-block's ds = d * sc and dm = dmin *
-// mn as qget; a value fsub(fmul(ds, q), dm), the product one fma: ds * (2^23 + q) - ds * 2^23 is ds * q exactly
-// (ds * 2^23 exact: a power-of-two scale), rounded once, the f32 __fmul_rn(ds, q) gives for a finite ds (the sign
-// of a zero aside, where ds < 0 and q = 0: no sum sees it).
+// sub-block 2c in the low nibbles of bytes 32c.., 2c + 1 in the high): eight lanes a super-block, lane t one 16-byte
+// load of nibble bytes 16t.. (sub-blocks 2c and 2c + 1, c = t / 2, their values 16(t % 2)..+15) and the 16-byte head
+// (one load, the same for the eight lanes); a warp four super-blocks (576 bytes) a step, Q4K_STEPS(PW) steps of every
+// row's loads issued before the first is used (four 4-byte loads a lane a step until 2026-12-05: 60-64 bytes a lane in
+// flight in the SASS, now 256 at four rows a warp). Each sub-block's ds = d * sc and dm = dmin * mn as qget; a value
+// fsub(fmul(ds, q), dm), the product one fma: ds * (2^23 + q) - ds * 2^23 is ds * q exactly (ds * 2^23 exact: a
+// power-of-two scale), rounded once, the f32 __fmul_rn(ds, q) gives for a finite ds (the sign of a zero aside, where
+// ds < 0 and q = 0: no sum sees it).
+#define Q4K_STEPS(PW) ((PW) >= 4 ? 2 : 4)
+
+// Sub-block j's 6-bit scale and min from a super-block's head (j a run-time value: lanes of one warp differ).
+__device__ __forceinline__ void q4_k_scale(const uint4& h, int j, unsigned& sc, unsigned& mn) {
+    int jl = 8 * (j & 3);
+    unsigned lsc = (h.y >> jl) & 63u, lmn = (h.z >> jl) & 63u;
+    unsigned hsc = ((h.w >> jl) & 15u) | (((h.y >> (jl + 6)) & 3u) << 4);
+    unsigned hmn = ((h.w >> (jl + 4)) & 15u) | (((h.z >> (jl + 6)) & 3u) << 4);
+    sc = j < 4 ? lsc : hsc;
+    mn = j < 4 ? lmn : hmn;
+}
+
 template <int PW, int NR>
 __device__ __forceinline__ void gemv_tile_q4_k(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
                                                i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
-    int lane = threadIdx.x & 31, t = lane & 7;
-    constexpr int PH = PW < 2 ? PW : 2;  // rows a pass over k (four rows' words and scales at once spill)
+    const int lane = threadIdx.x & 31, t = lane & 7, c = t >> 1;
+    const i64 rw = (k >> 8) * 9;  // 16-byte words a row
+    const uint4* w0 = (const uint4*)w + j0 * rw;  // the warp's first row (a row past n is never read)
+#pragma unroll(Q4K_STEPS(PW))
+    for (i64 b = (k0 >> 8) + (lane >> 3); b < (k1 >> 8); b += 4) {
+        uint4 h[PW], v[PW];  // every row's loads first (a row past n: zeros), decoded below
 #pragma unroll
-    for (int p0 = 0; p0 < PW; p0 += PH) {
-        const u8* wr[PH];
+        for (int p = 0; p < PW; p++) {
+            bool in = j0 + p < n;
+            const uint4* sb = w0 + p * rw + b * 9;
+            h[p] = in ? __ldcs(sb) : make_uint4(0u, 0u, 0u, 0u);
+            v[p] = in ? __ldcs(sb + 1 + t) : make_uint4(0u, 0u, 0u, 0u);
+        }
+        const float* xr = x + r0 * k + b * 256 + 64 * c + 16 * (t & 1);
 #pragma unroll
-        for (int p = 0; p < PH; p++) wr[p] = (const u8*)w + (j0 + p0 + p < n ? j0 + p0 + p : 0) * (k >> 8) * 144;
-#pragma unroll(PH >= 2 ? 1 : PW == 1 ? 4 : 2)
-        for (i64 b = (k0 >> 8) + (lane >> 3); b < (k1 >> 8); b += 4) {
-            uint4 h[PH];  // every row's loads first (eight words a row; a row past n reads zeros), decoded below
-            unsigned v[PH][4];
+        for (int s = 0; s < 2; s++) {  // sub-block 2c + s: the low nibbles, then the high
+            float ds[PW], dm[PW], nds[PW];
 #pragma unroll
-            for (int p = 0; p < PH; p++) {
-                const u8* sb = wr[p] + b * 144;
-                h[p] = j0 + p0 + p < n ? __ldcs((const uint4*)sb) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    v[p][c] = j0 + p0 + p < n ? __ldcs((const unsigned*)(sb + 16 + 32 * c + 4 * t)) : 0u;
+            for (int p = 0; p < PW; p++) {
+                unsigned sc, mn;
+                q4_k_scale(h[p], 2 * c + s, sc, mn);
+                ds[p] = __fmul_rn(f16f(h[p].x), __fsub_rn(magic23(sc), 8388608.f));
+                dm[p] = __fmul_rn(f16f(h[p].x >> 16), __fsub_rn(magic23(mn), 8388608.f));
+                nds[p] = -__fmul_rn(ds[p], 8388608.f);
             }
-            const float* xr = x + r0 * k + b * 256 + 4 * t;
 #pragma unroll
-            for (int j = 0; j < 8; j++) {  // sub-block j: values 32j + 4t..
+            for (int g = 0; g < 4; g++) {  // values 4g..4g+3 of the lane's 16: byte 4g + e's nibble
                 float4 xv[NR];
 #pragma unroll
                 for (int r = 0; r < NR; r++)  // as dot8_rows
-                    xv[r] = r == 0 || r < nr ? *(const float4*)(xr + r * k + 32 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    xv[r] = r == 0 || r < nr ? *(const float4*)(xr + r * k + 32 * s + 4 * g)
+                                             : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-                for (int p = 0; p < PH; p++) {
-                    unsigned sc, mn;
-                    if (j < 4) {
-                        sc = (h[p].y >> (8 * j)) & 63u;
-                        mn = (h[p].z >> (8 * j)) & 63u;
-                    } else {
-                        int jj = 8 * (j - 4);
-                        sc = ((h[p].w >> jj) & 15u) | (((h[p].y >> (jj + 6)) & 3u) << 4);
-                        mn = ((h[p].w >> (jj + 4)) & 15u) | (((h[p].z >> (jj + 6)) & 3u) << 4);
-                    }
-                    float ds = __fmul_rn(f16f(h[p].x), __fsub_rn(magic23(sc), 8388608.f));
-                    float dm = __fmul_rn(f16f(h[p].x >> 16), __fsub_rn(magic23(mn), 8388608.f));
-                    float nds = -__fmul_rn(ds, 8388608.f);
-                    unsigned q = (j & 1) ? (v[p][j >> 1] >> 4) : v[p][j >> 1];
+                for (int p = 0; p < PW; p++) {
+                    unsigned q = (g == 0 ? v[p].x : g == 1 ? v[p].y : g == 2 ? v[p].z : v[p].w) >> (4 * s);
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        float wv = __fsub_rn(__fmaf_rn(ds, magic23((q >> (8 * e)) & 15u), nds), dm);
+                        float wv = __fsub_rn(__fmaf_rn(ds[p], magic23((q >> (8 * e)) & 15u), nds[p]), dm[p]);
 #pragma unroll
                         for (int r = 0; r < NR; r++)
-                            acc[p0 + p][r] += wv * (e == 0 ? xv[r].x : e == 1 ? xv[r].y : e == 2 ? xv[r].z : xv[r].w);
+                            acc[p][r] += wv * (e == 0 ? xv[r].x : e == 1 ? xv[r].y : e == 2 ? xv[r].z : xv[r].w);
                     }
                 }
             }
@@ -385,6 +491,11 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
         if (wide && fmt == 0) gemv_tile16<0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide && fmt == 1) gemv_tile16<1, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide) gemv_tile16<2, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        // q8_0 / q4_0 rows of whole 16-byte words (k and the chunk's ends whole runs of 8 blocks, w 16-byte aligned)
+        else if (blocks && fmt <= 4 && ((k | k0 | k1) & 255) == 0 && (wa & 15) == 0 && fmt == 3)
+            gemv_tile_staged<BlockQ8_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (blocks && fmt <= 4 && ((k | k0 | k1) & 255) == 0 && (wa & 15) == 0)
+            gemv_tile_staged<BlockQ4_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (blocks && fmt == 3) gemv_tile_b32<BlockQ8_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (blocks && fmt == 4) gemv_tile_b32<BlockQ4_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         // q4_k at two rows of x and four outputs a warp keeps gemv_tile_any: its x (32 values a row a lane) and

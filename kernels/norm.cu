@@ -39,11 +39,119 @@ __device__ __forceinline__ float norm_in(const NormArgs& a, const float* xr, con
 // L2 round trip an element (32 a pass for 4096 columns) cost ~42 µs a launch on an H200 (2026-12-04 ncu: the idle
 // SMs' time at the end of fold_gemv_norm). Sums run in the same order as one element at a time.
 #define NORM_BATCH 8
+// Where every row, head, added operand and pre-norm weight lies on 16-byte words (norm_vec), four values a load:
+// elements 4(threadIdx.x + j·blockDim.x)..+3, NORM_VBATCH loads of a batch issued first — a fold's tail over 4096
+// columns a pass in one L2 round where NORM_BATCH scalar loads took four (bench/launch_model.py's norm tail: 3 rounds
+// instead of 9). Each thread's sum runs over its values in order, four at a time.
+#define NORM_VBATCH 8
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
+// Whether row r's values may be read four at a time (the quantized form written alone keeps one value a thread: a
+// warp's 32 one block).
+__device__ __forceinline__ bool norm_vec(const NormArgs& a, const float* xr, const float* ar) {
+    return a.y.y && ((a.cols / a.heads) & 3) == 0 && aligned16(xr) && (!ar || aligned16(ar)) &&
+           (!a.pre || aligned16(a.prew));
+}
+
+// Elements i..i+3 of norm_in, each as norm_in computes it.
+__device__ __forceinline__ float4 norm_in4(const NormArgs& a, const float* xr, const float* ar, float pinv, i64 i) {
+    float4 v = __ldcg((const float4*)(xr + i));
+    if (ar) {
+        float4 b = __ldcg((const float4*)(ar + i));
+        if (a.pre) {
+            float4 pw = *(const float4*)(a.prew + i);
+            v.x += b.x * pinv * pw.x, v.y += b.y * pinv * pw.y, v.z += b.z * pinv * pw.z, v.w += b.w * pinv * pw.w;
+        } else {
+            v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+        }
+    }
+    return v;
+}
+
+// The row's quantized form where the launch writes it beside the row (y set), read back from the row just stored.
+__device__ __forceinline__ void norm_quant_epilogue(const NormArgs& a, i64 r) {
+    if (a.qw && a.y.y && a.qwords == 3) {  // the q8_K form (quant.cu's quant_k_block): a warp a block of 256 values,
+        __syncthreads();                       // read back from the row just stored (its own buffer: rows contiguous)
+        i64 nb = a.cols >> 8;
+        for (i64 b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)
+            quant_k_block(a.y.y, a.qw, (short*)a.ql, a.qs, r * nb + b, (int)(threadIdx.x & 31));
+    } else if (a.qw && a.y.y) {  // the row's quantized form in the epilogue: a warp a block of 32, from the f32 values
+        __syncthreads();         // just stored
+        i64 nb = a.cols >> 5;
+        int lane = threadIdx.x & 31;
+        for (i64 b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)
+            quant_block(__ldcg(a.y.y + dst_at(a.y, r * a.cols + b * 32 + lane)), a.qw + r * a.cols,
+                        a.ql ? a.ql + r * a.cols : nullptr, a.qs + r * nb, b, lane);
+    }
+}
+
+#define F4_ZERO make_float4(0.f, 0.f, 0.f, 0.f)
+__device__ __forceinline__ float sq4(const float4& v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+
+// A head's values c0, c0 + step, .. (below n; four a load, from element `base` on): every load of the batch issued
+// before any is used, zeros past n.
+__device__ __forceinline__ void norm_load4(const NormArgs& a, const float* xr, const float* ar, float pinv, i64 base,
+                                           i64 c0, i64 step, i64 n, float4 (&v)[NORM_VBATCH]) {
+#pragma unroll
+    for (int u = 0; u < NORM_VBATCH; u++)
+        v[u] = c0 + u * step < n ? norm_in4(a, xr, ar, pinv, base + c0 + u * step) : F4_ZERO;
+}
+
+// The vectorized norm_row (norm_vec holds): the same passes, four values a load.
+__device__ __forceinline__ void norm_row_vec(const NormArgs& a, i64 r, const float* xr, const float* ar) {
+    const i64 step = 4 * blockDim.x, t4 = 4 * threadIdx.x;
+    float pinv = 1.f;
+    if (ar && a.pre) {
+        float ss = 0.f;
+        for (i64 c0 = t4; c0 < a.cols; c0 += NORM_VBATCH * step) {
+            float4 v[NORM_VBATCH];
+#pragma unroll
+            for (int u = 0; u < NORM_VBATCH; u++)
+                v[u] = c0 + u * step < a.cols ? __ldcg((const float4*)(ar + c0 + u * step)) : F4_ZERO;
+#pragma unroll
+            for (int u = 0; u < NORM_VBATCH; u++) ss += sq4(v[u]);
+        }
+        pinv = rsqrtf(block_sum(ss) / (float)a.cols + a.preeps);
+    }
+    i64 hd = a.cols / a.heads;
+    for (i64 h = 0; h < a.heads; h++) {
+        float ss = 0.f;
+        for (i64 c0 = t4; c0 < hd; c0 += NORM_VBATCH * step) {
+            float4 v[NORM_VBATCH];
+            norm_load4(a, xr, ar, pinv, h * hd, c0, step, hd, v);
+#pragma unroll
+            for (int u = 0; u < NORM_VBATCH; u++) ss += sq4(v[u]);
+        }
+        float inv = rsqrtf(block_sum(ss) / (float)hd + a.eps);
+        for (i64 c0 = t4; c0 < hd; c0 += NORM_VBATCH * step) {
+            float4 v[NORM_VBATCH];
+            norm_load4(a, xr, ar, pinv, h * hd, c0, step, hd, v);
+#pragma unroll
+            for (int u = 0; u < NORM_VBATCH; u++) {
+                i64 c = c0 + u * step;
+                if (c >= hd) break;
+                float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    i64 i = h * hd + c + q;
+                    if (a.sum) a.sum[r * a.cols + i] = e[q];
+                    a.y.y[dst_at(a.y, r * a.cols + i)] = e[q] * inv * (a.w ? a.w[c + q] : 1.f);
+                }
+            }
+        }
+    }
+}
 
 __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
     const float* xr = a.x + r * a.xpitch + a.xoff;
     const float* ar = a.add ? a.add + r * a.cols : nullptr;
     const i64 step = blockDim.x;
+    if (norm_vec(a, xr, ar)) {
+        norm_row_vec(a, r, xr, ar);
+        norm_quant_epilogue(a, r);
+        return;
+    }
     float pinv = 1.f;
     if (ar && a.pre) {
         float ss = 0.f;
@@ -86,19 +194,7 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
             }
         }
     }
-    if (a.qw && a.y.y && a.qwords == 3) {  // the q8_K form (quant.cu's quant_k_block): a warp a block of 256 values,
-        __syncthreads();                       // read back from the row just stored (its own buffer: rows contiguous)
-        i64 nb = a.cols >> 8;
-        for (i64 b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)
-            quant_k_block(a.y.y, a.qw, (short*)a.ql, a.qs, r * nb + b, (int)(threadIdx.x & 31));
-    } else if (a.qw && a.y.y) {  // the row's quantized form in the epilogue: a warp a block of 32, from the f32 values
-        __syncthreads();         // just stored
-        i64 nb = a.cols >> 5;
-        int lane = threadIdx.x & 31;
-        for (i64 b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5)
-            quant_block(__ldcg(a.y.y + dst_at(a.y, r * a.cols + b * 32 + lane)), a.qw + r * a.cols,
-                        a.ql ? a.ql + r * a.cols : nullptr, a.qs + r * nb, b, lane);
-    }
+    norm_quant_epilogue(a, r);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) norm_rows(NORM_PARAMS) { PDL_ENTER();

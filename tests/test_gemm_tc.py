@@ -7,7 +7,6 @@ in reverse block order with shuffled threads, the same bits. `tc_case` is shared
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -139,14 +138,7 @@ def emulated():
 
     if emu.compiler() is None:
         pytest.skip("no g++ to build the emulated kernels")
-    with ThreadPoolExecutor(1) as ex:
-        list(ex.map(emu.build, [GemmTc.stem]))
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([GemmTc.stem], jobs=1) as env:
         yield env
 
 

@@ -8,8 +8,6 @@ results, and every arrival counter back at zero. Skipped without g++."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pytest
 
@@ -33,14 +31,7 @@ MODULES = [Gemv.stem, ("gemv_core", "gemv"), GemvGlu.stem, GemmParts.stem, Fold.
 def emulated():
     """The stand-in cupy in sys.modules and DeviceEnv the emulating one for this module's tests; every module built
     first, two at a time (cached across sessions by their sources' hash)."""
-    with ThreadPoolExecutor(2) as ex:
-        list(ex.map(emu.build, MODULES))
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating(MODULES) as env:
         yield env
 
 
@@ -121,7 +112,24 @@ def test_gemv_block_rows(fmt, k, m, per_warp, split):
     again_same(launch, dev, ["y"])
 
 
-@pytest.mark.parametrize("fmt,k", [("q8_0", 352), ("q4_0", 352), ("q4_k", 1280), ("q6_k", 512), ("mxfp4", 96)])
+# gemv_tile_staged (q8_0 / q4_0 rows of whole 16-byte words, k a multiple of 256): one stage (k 256: 8 blocks), a
+# full stage and a partial one (2304: 64 + 8 blocks), two full stages (4096); split-K whose chunks are whole runs of 8
+# blocks (4096 / 2: staged) or not (2304 / 3: chunks of 768 values, the two-byte tile); rows past n in the warp.
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("k,split", [(256, 1), (2304, 1), (4096, 1), (4096, 2), (2304, 3)])
+@pytest.mark.parametrize("m,per_warp", [(1, 4), (2, 1), (2, 4)])
+def test_gemv_staged_rows(fmt, k, split, m, per_warp):
+    n = 6
+    g = np.random.default_rng(k + m + per_warp + len(fmt) + 10 * split)
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    assert launch.check() is None, launch.check()
+    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=3e-4)
+    again_same(launch, dev, ["y"])
+
+
+@pytest.mark.parametrize("fmt,k", [("q8_0", 352), ("q4_0", 352), ("q4_k", 1280), ("q6_k", 512), ("mxfp4", 96),
+                                   ("q8_0", 2304), ("q4_0", 2304)])  # the last two through gemv_tile_staged
 @pytest.mark.parametrize("per_warp", [1, 4])
 def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
     """x one-hot (two rows, two positions): each output is one decoded value times 1 plus zeros, so the kernel's
@@ -140,12 +148,13 @@ def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
         np.testing.assert_array_equal(dev.host("y"), np.stack([ref[:, i0], ref[:, i1]]).reshape(-1))
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt,k", [("q8_0", 160), ("q4_0", 160), ("q4_k", 512), ("q6_k", 512),
+                                   ("q8_0", 2304), ("q4_0", 2304)])  # the last two through gemv_tile_staged
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("per_warp", [1, 4])
-def test_gemv_glu_and_parts_block_rows(fmt, m, per_warp):
+def test_gemv_glu_and_parts_block_rows(fmt, k, m, per_warp):
     g = np.random.default_rng(16 + m)
-    k, n = (512 if fmt.endswith("_k") else 160), 11
+    n = 11
     w = {"wg": (encode(r32(g, n, k), fmt), fmt), "wu": (encode(r32(g, n, k), fmt), fmt), "bg": (r32(g, n), "f32")}
     glu = GemvGlu("x", "wg", "wu", fmt, "o", k, n, m, bg="bg", per_warp=per_warp)
     dev = gpu.both(glu, {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32)}, w, tol=3e-4)

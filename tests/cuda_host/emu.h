@@ -129,6 +129,10 @@ inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
     for (int e = 0; e < 4; e++) c += ((a >> (8 * e)) & 255u) * ((b >> (8 * e)) & 255u);
     return c;
 }
+// the high word hi and the low word lo as one 64-bit value, shifted right by shift & 31, its low 32 bits (CUDA's)
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+    return (unsigned)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
+}
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }

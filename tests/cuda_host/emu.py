@@ -8,6 +8,7 @@ scalar types as CuPy would pass them, pointee against the array's dtype) before 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -306,3 +307,22 @@ def install(monkeypatch=None):
     else:
         sys.modules["cupy"] = cp
     return cp
+
+
+@contextlib.contextmanager
+def emulating(modules, jobs: int = 2):
+    """For a with-block (a module fixture's body): every module of `modules` built, `jobs` at a time (cached across
+    sessions by their sources' hash), the stand-in cupy in sys.modules and lanefuse's DeviceEnv the emulating one;
+    yields that DeviceEnv class. Both undone after."""
+    import pytest
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(jobs) as ex:
+        list(ex.map(build, modules))
+    from lanefuse.kernels import cupy_env
+
+    with pytest.MonkeyPatch.context() as mp:
+        install(mp)
+        env = emu_env_class()
+        mp.setattr(cupy_env, "DeviceEnv", env)
+        yield env
