@@ -259,7 +259,7 @@ def features(rev: str | None) -> dict:
     own in gemv_core.cu (gemv_tile_q8_0 at b780f05; since, a `struct BlockQ8_0` of gemv_tile_b32, and gemv_tile_q4_k);
     staged: gemv_tile_staged's blocks a row a stage (STAGE_BLOCKS; 0: no staged tile): q8_0 / q4_0 rows of whole
     16-byte words read as 16-byte loads through shared memory; q4k_wide: gemv_tile_q4_k's 16-byte loads (Q4K_STEPS:
-    two steps of four super-blocks in flight at four rows a warp, four at one; the SASS keeps all of them)."""
+    one step of four super-blocks in flight at four rows a warp, four at one)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
     apy = kernel_file("attention.py", rev)
     m = re.search(r"#define NORM_BATCH (\d+)", norm)
@@ -364,8 +364,8 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_w
         steps = math.ceil(kk / bt["vals"])
         u = max(1, bt["unroll"] // pw)
         share = bt["sass_share"].get(pw, 1.0)
-        if fmt == "q4_k" and q4k_wide:  # Q4K_STEPS; bench/sass_inflight.py: gemv_4's loop keeps all 16 loads
-            u, share = (2 if pw >= 4 else 4), 1.0
+        if fmt == "q4_k" and q4k_wide:  # Q4K_STEPS, every load of a step issued first
+            u, share = (1 if pw >= 4 else 4), 1.0
         inflight_row = bt["bytes"] * min(u, steps) * share
         rounds = math.ceil(steps / u)
         loop = f"{fmt} x{u}"

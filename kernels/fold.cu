@@ -194,5 +194,5 @@ extern "C" __global__ void __launch_bounds__(1024) fold_gather_norm(const void* 
         out[r * cols + c] = wget((int)fmt, table, row * cols + c) * scale;
     __syncthreads();  // the row written is seen by every thread of the block (norm_row reads it through L2)
     NormArgs a = NORM_ARGS;
-    norm_row(a, r);
+    norm_row<NORM_VBATCH_WIDE>(a, r);
 }

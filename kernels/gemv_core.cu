@@ -295,11 +295,12 @@ __device__ __forceinline__ void gemv_tile_staged(const float* __restrict__ x, co
 // load of nibble bytes 16t.. (sub-blocks 2c and 2c + 1, c = t / 2, their values 16(t % 2)..+15) and the 16-byte head
 // (one load, the same for the eight lanes); a warp four super-blocks (576 bytes) a step, Q4K_STEPS(PW) steps of every
 // row's loads issued before the first is used (four 4-byte loads a lane a step until 2026-12-05: 60-64 bytes a lane in
-// flight in the SASS, now 256 at four rows a warp). Each sub-block's ds = d * sc and dm = dmin * mn as qget; a value
+// flight in the SASS; now 128 at four rows a warp, one step: two spilled in the folds and the gate-and-up GEMV). Each
+// sub-block's ds = d * sc and dm = dmin * mn as qget; a value
 // fsub(fmul(ds, q), dm), the product one fma: ds * (2^23 + q) - ds * 2^23 is ds * q exactly (ds * 2^23 exact: a
 // power-of-two scale), rounded once, the f32 __fmul_rn(ds, q) gives for a finite ds (the sign of a zero aside, where
 // ds < 0 and q = 0: no sum sees it).
-#define Q4K_STEPS(PW) ((PW) >= 4 ? 2 : 4)
+#define Q4K_STEPS(PW) ((PW) >= 4 ? 1 : 4)
 
 // Sub-block j's 6-bit scale and min from a super-block's head (j a run-time value: lanes of one warp differ).
 __device__ __forceinline__ void q4_k_scale(const uint4& h, int j, unsigned& sc, unsigned& mn) {
@@ -317,7 +318,8 @@ __device__ __forceinline__ void gemv_tile_q4_k(const float* __restrict__ x, cons
     const int lane = threadIdx.x & 31, t = lane & 7, c = t >> 1;
     const i64 rw = (k >> 8) * 9;  // 16-byte words a row
     const uint4* w0 = (const uint4*)w + j0 * rw;  // the warp's first row (a row past n is never read)
-#pragma unroll(Q4K_STEPS(PW))
+    constexpr int STEPS = Q4K_STEPS(PW);  // (nvcc expands no function-like macro inside the pragma)
+#pragma unroll(STEPS)
     for (i64 b = (k0 >> 8) + (lane >> 3); b < (k1 >> 8); b += 4) {
         uint4 h[PW], v[PW];  // every row's loads first (a row past n: zeros), decoded below
 #pragma unroll

@@ -44,6 +44,9 @@ __device__ __forceinline__ float norm_in(const NormArgs& a, const float* xr, con
 // columns a pass in one L2 round where NORM_BATCH scalar loads took four (bench/launch_model.py's norm tail: 3 rounds
 // instead of 9). Each thread's sum runs over its values in order, four at a time.
 #define NORM_VBATCH 8
+// A block of 1024 threads (norm_rows, norm_pair_rows, fold_gather_norm: at most 64 registers, where even two float4 a
+// batch spilled) keeps one value a thread: NORM_BATCH of them a batch already cover 8192 columns in one round.
+#define NORM_VBATCH_WIDE 0
 
 __device__ __forceinline__ bool aligned16(const void* p) { return ((unsigned long long)p & 15) == 0; }
 
@@ -91,44 +94,46 @@ __device__ __forceinline__ float sq4(const float4& v) { return v.x * v.x + v.y *
 
 // A head's values c0, c0 + step, .. (below n; four a load, from element `base` on): every load of the batch issued
 // before any is used, zeros past n.
+template <int VB>
 __device__ __forceinline__ void norm_load4(const NormArgs& a, const float* xr, const float* ar, float pinv, i64 base,
-                                           i64 c0, i64 step, i64 n, float4 (&v)[NORM_VBATCH]) {
+                                           i64 c0, i64 step, i64 n, float4 (&v)[VB]) {
 #pragma unroll
-    for (int u = 0; u < NORM_VBATCH; u++)
+    for (int u = 0; u < VB; u++)
         v[u] = c0 + u * step < n ? norm_in4(a, xr, ar, pinv, base + c0 + u * step) : F4_ZERO;
 }
 
-// The vectorized norm_row (norm_vec holds): the same passes, four values a load.
+// The vectorized norm_row (norm_vec holds): the same passes, four values a load, VB loads a batch.
+template <int VB>
 __device__ __forceinline__ void norm_row_vec(const NormArgs& a, i64 r, const float* xr, const float* ar) {
     const i64 step = 4 * blockDim.x, t4 = 4 * threadIdx.x;
     float pinv = 1.f;
     if (ar && a.pre) {
         float ss = 0.f;
-        for (i64 c0 = t4; c0 < a.cols; c0 += NORM_VBATCH * step) {
-            float4 v[NORM_VBATCH];
+        for (i64 c0 = t4; c0 < a.cols; c0 += VB * step) {
+            float4 v[VB];
 #pragma unroll
-            for (int u = 0; u < NORM_VBATCH; u++)
+            for (int u = 0; u < VB; u++)
                 v[u] = c0 + u * step < a.cols ? __ldcg((const float4*)(ar + c0 + u * step)) : F4_ZERO;
 #pragma unroll
-            for (int u = 0; u < NORM_VBATCH; u++) ss += sq4(v[u]);
+            for (int u = 0; u < VB; u++) ss += sq4(v[u]);
         }
         pinv = rsqrtf(block_sum(ss) / (float)a.cols + a.preeps);
     }
     i64 hd = a.cols / a.heads;
     for (i64 h = 0; h < a.heads; h++) {
         float ss = 0.f;
-        for (i64 c0 = t4; c0 < hd; c0 += NORM_VBATCH * step) {
-            float4 v[NORM_VBATCH];
+        for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
+            float4 v[VB];
             norm_load4(a, xr, ar, pinv, h * hd, c0, step, hd, v);
 #pragma unroll
-            for (int u = 0; u < NORM_VBATCH; u++) ss += sq4(v[u]);
+            for (int u = 0; u < VB; u++) ss += sq4(v[u]);
         }
         float inv = rsqrtf(block_sum(ss) / (float)hd + a.eps);
-        for (i64 c0 = t4; c0 < hd; c0 += NORM_VBATCH * step) {
-            float4 v[NORM_VBATCH];
+        for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
+            float4 v[VB];
             norm_load4(a, xr, ar, pinv, h * hd, c0, step, hd, v);
 #pragma unroll
-            for (int u = 0; u < NORM_VBATCH; u++) {
+            for (int u = 0; u < VB; u++) {
                 i64 c = c0 + u * step;
                 if (c >= hd) break;
                 float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
@@ -143,14 +148,18 @@ __device__ __forceinline__ void norm_row_vec(const NormArgs& a, i64 r, const flo
     }
 }
 
+// VB: the vector path's loads a batch (0: none; NORM_VBATCH_WIDE where a block of 1024 threads runs it).
+template <int VB = NORM_VBATCH>
 __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
     const float* xr = a.x + r * a.xpitch + a.xoff;
     const float* ar = a.add ? a.add + r * a.cols : nullptr;
     const i64 step = blockDim.x;
-    if (norm_vec(a, xr, ar)) {
-        norm_row_vec(a, r, xr, ar);
-        norm_quant_epilogue(a, r);
-        return;
+    if constexpr (VB > 0) {
+        if (norm_vec(a, xr, ar)) {
+            norm_row_vec<VB>(a, r, xr, ar);
+            norm_quant_epilogue(a, r);
+            return;
+        }
     }
     float pinv = 1.f;
     if (ar && a.pre) {
@@ -199,5 +208,5 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
 
 extern "C" __global__ void __launch_bounds__(1024) norm_rows(NORM_PARAMS) { PDL_ENTER();
     NormArgs a = NORM_ARGS;
-    norm_row(a, blockIdx.x);
+    norm_row<NORM_VBATCH_WIDE>(a, blockIdx.x);
 }

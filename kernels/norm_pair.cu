@@ -12,9 +12,9 @@
 extern "C" __global__ void __launch_bounds__(1024) norm_pair_rows(NORM_PARAMS, NORM_PARAMS_B, i64 arows) { PDL_ENTER();
     if ((i64)blockIdx.x < arows) {
         NormArgs a = NORM_ARGS;
-        norm_row(a, blockIdx.x);
+        norm_row<NORM_VBATCH_WIDE>(a, blockIdx.x);
     } else {
         NormArgs b = NORM_ARGS_B;
-        norm_row(b, (i64)blockIdx.x - arows);
+        norm_row<NORM_VBATCH_WIDE>(b, (i64)blockIdx.x - arows);
     }
 }

@@ -212,10 +212,10 @@ KNOWN_SPILLS = {
     # at 167 registers the call's saved registers spill (gemm_parts_4 only; gemv_4 and the folds stay clean)
     "gemm_parts_4": (("gemv_core", "gemv_q8", "gemm_parts"), "167 registers, 16 B stack, 16/368 B spill"),
     "gemm_parts_q8": (("gemv_core", "gemv_q8", "gemm_parts"), "128 registers, 32 B stack"),
-    # since gemv_tile_staged (q8_0 / q4_0 rows through 16-byte loads: 80 registers of loads in flight at four rows a
-    # warp) the gate's sums live through the up's tile: one 64-bit value stored once (an STL.64 in the prologue) and
-    # reloaded twice, outside the staged loop (cuobjdump -sass, nvcc 13)
-    "gemv_glu_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "168 registers, 8 B stack, 8/16 B spill"),
+    # since gemv_tile_staged and gemv_tile_q4_k's 16-byte loads (80 and 32 registers of loads in flight at four rows
+    # a warp) the gate's sums live through the up's tile: a 64-bit and a 32-bit value stored once each (STL.64 / STL)
+    # and reloaded five times in all: 7 local accesses in the whole kernel (cuobjdump -sass, nvcc 13)
+    "gemv_glu_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "168 registers, 16 B stack, 12 B spill"),
     "fold_gemv_norm_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
     "fold_parts_rope_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
     "gemv_q8_quant": (("quant", "gemv_core", "gemv", "gemv_q8", "gemv_quant"), "128 registers, 32 B stack"),
