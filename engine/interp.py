@@ -11,8 +11,9 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Access, Dst, Graph, Op, RowSel
-from lanefuse.engine.opdefs import full_attrs
-from lanefuse.engine.quantize import Quantized, product as q8_product, quantize as q8_quantize
+from lanefuse.engine.opdefs import QBLOCK, full_attrs
+from lanefuse.engine.quantize import MIN_FORMATS, Quantized, block_mins
+from lanefuse.engine.quantize import product as q8_product, quantize as q8_quantize
 
 F32 = np.float32
 F64 = np.float64
@@ -32,9 +33,29 @@ def _rmsnorm(x, w, eps, heads=1, **a):
     return y.reshape(r, n).astype(F32)
 
 
+class MinRows(np.ndarray):
+    """A constant's f32 rows (n, k) decoded from q4_1 / q5_1, with their blocks' f16 mins `mins` (n, k/32): a
+    product of a one-word quantized activation takes its blocks' min terms as llama.cpp's q8_1 pairing does (m·s,
+    engine/quantize.product)."""
+
+    mins: np.ndarray | None = None
+
+
+def with_mins(weights: Any, name: str, v: np.ndarray) -> np.ndarray:
+    """Constant `name`'s f32 value `v`; rows of q4_1 / q5_1 (where `weights` tells their format and bytes) as
+    MinRows."""
+    fmt = getattr(weights, "format", None)
+    if fmt is None or v.ndim != 2 or v.shape[1] % QBLOCK or fmt(name) not in MIN_FORMATS:
+        return v
+    raw, f = weights.raw(name)
+    out = v.view(MinRows)
+    out.mins = block_mins(raw, f, *v.shape)
+    return out
+
+
 def _matmul(x, w, **a):
-    if isinstance(x, Quantized):
-        return q8_product(x, w)  # int8 block sums times the blocks' scales (engine/quantize.py)
+    if isinstance(x, Quantized):  # int8 block sums times the blocks' scales (engine/quantize.py)
+        return q8_product(x, w, getattr(w, "mins", None))
     return (np.asarray(x, dtype=F64) @ np.asarray(w, dtype=F64).T).astype(F32)  # (R, k) @ (k, n) -> (R, n)
 
 
@@ -359,7 +380,7 @@ def run_op(op: Op, *arrays: np.ndarray) -> np.ndarray:
     A set_row writes its table argument in place and returns it."""
     if op.fused:
         raise ValueError("run_op takes a lifted op; evaluate a fused op with apply_op")
-    ins = [x if isinstance(x, Quantized) else read_access(np.asarray(x), op.acc(i)) for i, x in enumerate(arrays)]
+    ins = [x if isinstance(x, Quantized) else read_access(np.asanyarray(x), op.acc(i)) for i, x in enumerate(arrays)]
     return OP_IMPL[op.kind](*ins, **full_attrs(op))
 
 
@@ -420,7 +441,7 @@ def evaluate(g: Graph, weights: Any, env: dict[str, np.ndarray]) -> dict[str, np
             v = np.asarray(weights.get(c.source or c.name), dtype=F32)
             if tuple(v.shape) != c.shape:
                 raise UserError(f"constant `{name}`: the weights hold {tuple(v.shape)}, the step declares {c.shape}")
-            cache[name] = v
+            cache[name] = with_mins(weights, c.source or c.name, v)
         return cache[name]
 
     for op in g.ops:

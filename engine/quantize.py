@@ -11,12 +11,14 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Graph, Op, Tensor, attrs_of
 from lanefuse.engine.opdefs import QBLOCK, QBLOCK_K, QFORMS
+from lanefuse.engine.weights import BLOCK_FORMATS as BLOCK_FORMATS_BYTES
 
 NUMERICS = {"f32": 0, "q8": 1, "q8x2": 2}  # numerics -> int8 words a value of a quantized activation (0: none)
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k", "q4_1", "q5_0", "q5_1", "q5_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs")
 # under q8 the K-quants' and iq4_xs's products read the q8k form (llama.cpp's q8_K), as llama.cpp's do (their
 # vec_dot_type); the others the q8 form: llama.cpp's q8_0 for q8_0, q4_0, q5_0, iq4_nl, and for q4_1 / q5_1 its q8_1 —
 # the same words and f16 scale, and s = d·Σq, which the products sum from the words (kernels/q8dot.py)
+MIN_FORMATS = ("q4_1", "q5_1")  # formats of 32-value blocks d·q + m, paired under q8 with llama.cpp's q8_1
 K_FORMATS = ("q2_k", "q3_k", "q5_k", "iq4_xs", "q4_k", "q6_k")
 Q8K = 3  # the quantize words of the q8k form
 SUM = 16  # the q8k form keeps the sum of each 16 words (block_q8_K's bsums)
@@ -29,8 +31,9 @@ F64 = np.float64
 @dataclass(frozen=True)
 class Quantized:
     """A quantized activation (R, n): int8 `words`, the low int8 words under two words (or None), a scale a block of
-    `block` values (R, n/block) held f32 (an f16 value under one word: `quantize`); under the q8k form (block 256)
-    `sums`, the sum of each 16 words (R, n/16) int16. Its value is d·(q + low/254) — exactly, in f64."""
+    `block` values (R, n/block) held f32 — under one word llama.cpp's unrounded f32 d = amax/127, whose f16 rounding
+    (`d`) is the block's scale and from which q4_1 / q5_1 products take q8_1's s = f16(d·Σq) (`s`); under the q8k form
+    (block 256) `sums`, the sum of each 16 words (R, n/16) int16. Its value is d·(q + low/254) — exactly, in f64."""
 
     words: np.ndarray
     low: np.ndarray | None
@@ -48,13 +51,43 @@ class Quantized:
         low = self.sums if self.block != QBLOCK else self.low
         return self.words.reshape(-1), None if low is None else low.reshape(-1), self.scales.reshape(-1)
 
+    @property
+    def one_word(self) -> bool:
+        """Whether it is the one-word q8 form (llama.cpp's q8_0 / q8_1): its held scale is the f32 d32."""
+        return self.low is None and self.block == QBLOCK
+
+    def d(self) -> np.ndarray:
+        """Each block's scale as the products multiply by it (R, n/block) f32: under one word f16(d32), the d
+        block_q8_0 / block_q8_1 store; else the scale as held."""
+        return half(self.scales) if self.one_word else self.scales
+
+    def s(self) -> np.ndarray:
+        """Under one word each block's q8_1 s (R, n/32) f32: f16(d32·Σq), the f32 product of the unrounded scale and
+        the words' sum rounded to f16, as llama.cpp's quantize_row_q8_1 stores it (what q4_1 / q5_1 products multiply
+        their blocks' mins by)."""
+        r, n = self.words.shape
+        sq = self.words.reshape(r, n // QBLOCK, QBLOCK).astype(np.int32).sum(axis=2).astype(F32)
+        return half(self.scales.astype(F32) * sq)
+
     def values(self) -> np.ndarray:
         """The values it stands for, in f64 (exact: an int8 or int16 times an f32)."""
         r, n = self.words.shape
         q = self.words.astype(F64)
         if self.low is not None:
             q = q + self.low.astype(F64) / LOW_STEPS
-        return (q.reshape(r, n // self.block, self.block) * self.scales.astype(F64)[:, :, None]).reshape(r, n)
+        return (q.reshape(r, n // self.block, self.block) * self.d().astype(F64)[:, :, None]).reshape(r, n)
+
+
+def half(x: np.ndarray) -> np.ndarray:
+    """f32 values rounded to f16 (to nearest, ties to even: F16C's and cvt.rn.f16.f32's), held f32."""
+    return np.asarray(x, dtype=F32).astype(np.float16).astype(F32)
+
+
+def block_mins(raw: np.ndarray, fmt: str, n: int, k: int) -> np.ndarray:
+    """Rows (n, k) of q4_1 / q5_1 (MIN_FORMATS, as stored: (n, k/32·bytes) uint8) as each block's f16 min m (bytes
+    2..3 of a block) (n, k/32) f32."""
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * (k // QBLOCK), BLOCK_FORMATS_BYTES[fmt][1])
+    return b[:, 2:4].copy().view(np.float16)[:, 0].astype(F32).reshape(n, k // QBLOCK)
 
 
 def round_even(x: np.ndarray) -> np.ndarray:
@@ -86,11 +119,12 @@ def quantize(x: np.ndarray, words: int = 1) -> Quantized:
     """x (R, n) f32 in blocks of QBLOCK as llama.cpp's CPU build quantizes an activation (the x86 SIMD
     quantize_row_q8_0 / q8_1 of ggml-cpu/arch/x86/quants.c, which llama-cpp-python runs; not the scalar _ref):
     amax = max|x|, d = amax/127, id = 127/amax (not 1/d) and q = x·id in f32 rounded to nearest, halves to even
-    (_mm256_round_ps; the scalar _ref and gguf's quantizer round halves away, a word apart at every tie). Under one
-    word the scale is d rounded to f16 (held in f32): what llama.cpp's block_q8_0 stores and its dot products
-    multiply by — with an f32 scale lanefuse's q8 logits were 4e-3 of their scale from llama.cpp's, with this one
-    1e-7. Under two words the scale is d itself and low = rint((x - q·d)·(id·254)), clipped to ±127 (the residual
-    under an f16 scale could pass ±d/2 by 127·d·2⁻¹¹ and clip). kernels/quant.cu's quant_block is the same
+    (_mm256_round_ps; the scalar _ref and gguf's quantizer round halves away, a word apart at every tie). The scale
+    held is d in f32 under both. Under one word the products multiply by d rounded to f16 (`Quantized.d`: what
+    llama.cpp's block_q8_0 / q8_1 store and its dot products multiply by — with an f32 scale lanefuse's q8 logits
+    were 4e-3 of their scale from llama.cpp's, with f16 1e-7), and q4_1 / q5_1 products their mins by q8_1's
+    s = f16(d·Σq) of the unrounded d (`Quantized.s`; m·f16(d)·Σq was 0.1-0.19 of the logits off at real width).
+    Under two words low = rint((x - q·d)·(id·254)), clipped to ±127. kernels/quant.cu's quant_block is the same
     arithmetic."""
     if words == Q8K:
         return quantize_k(x)
@@ -108,18 +142,18 @@ def quantize(x: np.ndarray, words: int = 1) -> Quantized:
     if words == 2:
         res = (b - q * d[:, :, None]).astype(F32)
         low = np.clip(round_even(res * (inv * F32(LOW_STEPS))[:, :, None]), -127, 127).astype(np.int8).reshape(r, n)
-    else:
-        d = d.astype(np.float16).astype(F32)
     return Quantized(q.astype(np.int8).reshape(r, n), low, d)
 
 
-def product(xq: Quantized, w: np.ndarray) -> np.ndarray:
+def product(xq: Quantized, w: np.ndarray, mins: np.ndarray | None = None) -> np.ndarray:
     """xq (R, k) · wᵀ (n, k) as the q8 numerics compute it: each block's int8 words dotted with the weights' values
     (under q8_0 and q4_0 rows those are the block's f16 scale times its integers, so the block sum is that scale times
     an int32 sum of int8 products), times the block's activation scale, the blocks summed — in f64, exactly up to
     its rounding. Under two words the low words' sum, over 254, joins the high words'. Under the q8k form (K_FORMATS
     rows under q8) the blocks are its 256-value blocks, each a q8_K block times a super-block, as llama.cpp's
-    vec_dot_q4_K_q8_K and the others sum them (their integer sums are these, grouped)."""
+    vec_dot_q4_K_q8_K and the others sum them (their integer sums are these, grouped). `mins` (n, k/32), q4_1 / q5_1
+    rows' block mins: under one word a block's min term is m·s (llama.cpp's vec_dot_q4_1_q8_1: q8_1's s =
+    f16(d32·Σq)), not the m·f16(d32)·Σq the decoded rows give, so each block adds m·(s - d·Σq)."""
     r, k = xq.shape
     n = w.shape[0]
     bl = xq.block
@@ -129,7 +163,12 @@ def product(xq: Quantized, w: np.ndarray) -> np.ndarray:
     sums = np.einsum("rbi,nbi->rnb", q, wb)  # (R, n, nb)
     if xq.low is not None:
         sums = sums + np.einsum("rbi,nbi->rnb", xq.low.astype(F64).reshape(r, nb, bl), wb) / LOW_STEPS
-    return np.einsum("rnb,rb->rn", sums, xq.scales.astype(F64)).astype(F32)
+    d = xq.d().astype(F64)
+    y = np.einsum("rnb,rb->rn", sums, d)
+    if mins is not None and xq.one_word:
+        ds = xq.s().astype(F64) - q.sum(axis=2) * d  # (R, nb): s - d·Σq
+        y = y + np.einsum("rb,nb->rn", ds, np.asarray(mins, dtype=F64).reshape(n, nb))
+    return y.astype(F32)
 
 
 # -- the step graph under a numerics ----------------------------------------------------------------------------------

@@ -1,14 +1,22 @@
 // The GEMV of a quantized activation (the q8 numerics): y = x · wᵀ (+ bias) where x is int8 blocks of 32 with an f32
-// scale a block (and, under two words, a low int8 word of the residual in steps of d/254). A warp per output, an
+// scale a block (and, under two words, a low int8 word of the residual in steps of d/254). Under one word the scale
+// held is the unrounded d32 and the block's d is f16(d32), as llama.cpp's q8_0 / q8_1 store it. A warp per output, an
 // accumulator per row of a slab of GR rows, each lane a block at a time. Over rows of 32-value blocks (q8_0, q4_0,
 // q5_0, iq4_nl, q4_1, q5_1) the block is eight __dp4a of the activation's words against the weights' integers (q4_0's
 // nibbles less 8, q5_0's values less 16, iq4_nl's levels), the int32 sum times the two scales, and for q4_1 / q5_1
-// (llama.cpp's q8_1 pairing) the block's min m times the activation's scale times the sum of its words; over K-quant
+// (llama.cpp's q8_1 pairing) the block's min m times q8_1's s: f16(d32 * the sum of its words) under one word (the
+// f32 product rounded, as quantize_row_q8_1 stores it), d times the sum of q + low/254 under two; over K-quant
 // rows each value is decoded (wget) and multiplied by the word, the block's sum times the activation's scale. A q8k
 // activation (llama.cpp's q8_K, fmt | 16: K-quant and iq4_xs rows under q8) is summed a 256-value super-block at a
 // time by q8k_tile.
 #define QGR 8
 #define QWARPS 4
+
+__device__ __forceinline__ float q8_half(float d) {  // d rounded to f16 (to nearest, ties to even), as a float
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
+    return f16f(h);
+}
 
 __device__ __forceinline__ int pack4(const signed char* p) {  // four int8 at any alignment as one int
     return (int)(u8)p[0] | ((int)(u8)p[1] << 8) | ((int)(u8)p[2] << 16) | ((int)(u8)p[3] << 24);
@@ -267,8 +275,9 @@ __device__ __forceinline__ void q8_tile(int fmt, const QX& x, const void* w, i64
                             sq += (float)al / 254.f;
                         }
                     }
-                    float xs = x.s[(r0 + r) * nb + b];
-                    acc[r] += dw * xs * v + (mw != 0.f ? mw * xs * sq : 0.f);
+                    float xs = x.s[(r0 + r) * nb + b];  // one word: d = f16(d32), s = f16(d32 * sum q)
+                    float mt = mw != 0.f ? mw * (x.l ? xs * sq : q8_half(__fmul_rn(xs, sq))) : 0.f;
+                    acc[r] += dw * (x.l ? xs : q8_half(xs)) * v + mt;
                 }
             }
         } else {
@@ -289,7 +298,8 @@ __device__ __forceinline__ void q8_tile(int fmt, const QX& x, const void* w, i64
                         for (int t = 0; t < 32; t++) vl += (float)lv[t] * wv[t];
                         v += vl / 254.f;
                     }
-                    acc[r] += x.s[(r0 + r) * nb + b] * v;
+                    float xs = x.s[(r0 + r) * nb + b];
+                    acc[r] += (x.l ? xs : q8_half(xs)) * v;
                 }
             }
         }

@@ -1,12 +1,13 @@
 """The products of a quantized activation (the q8 numerics), as numpy twins of gemv_q8.cu: the exact twin sums each
 32-value block as the kernel does — over rows of 32-value blocks (INT_FORMATS: q8_0, q4_0, q5_0, iq4_nl, q4_1, q5_1)
 the int32 sum of the activation's int8 words times the weights' integers (batched matmuls on integer-valued blocks,
-exact), times the weight block's f16 scale and the activation block's f32 scale, and for q4_1 / q5_1 (llama.cpp's
-q8_1 pairing: the q8 form's words and scale, and s = d·Σq, summed here from the words and kept unrounded where
-llama.cpp rounds it to f16) the block's min m times s; over K-quant rows the words times the decoded values — the
-blocks summed in f64;
+exact), times the weight block's f16 scale and the activation block's scale (under one word f16(d32) of the f32 d32
+held, as llama.cpp's q8_0 / q8_1 store it), and for q4_1 / q5_1 (llama.cpp's q8_1 pairing: the q8 form's words and
+d, and s = f16(d32·Σq), the f32 product of the unrounded scale and the words' sum rounded to f16, as
+quantize_row_q8_1 stores it; under two words d·Σ(q + low/254)) the block's min m times s; over K-quant rows the
+words times the decoded values — the blocks summed in f64;
 the fast twin multiplies the activation's blocks, dequantized (d·q in f32), by the decoded rows with f32 BLAS: the
-same products summed in another order. A q8k activation (llama.cpp's q8_K, read by the K-quants' and iq4_xs's rows
+same products summed in another order (q4_1 / q5_1 blocks' min terms m·d·Σq there, not m·s). A q8k activation (llama.cpp's q8_K, read by the K-quants' and iq4_xs's rows
 under q8: its "low" words are its int16 sums of 16) is summed a 256-value super-block at a time as gemv_q8.cu's q8k
 tile sums it: the int32 sum of its words times the weights' integers each times its sub-block's integer scale, times
 the two scales, less (q4_k, q5_k, q2_k) the sub-blocks' integer mins times the activation's sums of 16, times dmin
@@ -18,11 +19,12 @@ import numpy as np
 
 from lanefuse.kernels.blocks import (BLOCKS, IQ4_LEVELS, _nibbles32, decode_rows, k2_ints, k3_ints, k3_scales,
                                      k4_scales, k5_ints, q5_ints, xs_ints, xs_scales)
+from lanefuse.engine.quantize import MIN_FORMATS, block_mins, half
 from lanefuse.kernels.common import QBLOCK, QBLOCK_K, QSUM
 
 LOW_STEPS = 254
 INT_FORMATS = ("q8_0", "q4_0", "q5_0", "iq4_nl", "q4_1", "q5_1")  # 32-value blocks: d · integers (+ m)
-MIN_FORMATS = ("q4_1", "q5_1")  # ... and a min m a block
+# MIN_FORMATS (q4_1, q5_1): ... and a min m a block
 
 
 def weight_ints(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -32,7 +34,7 @@ def weight_ints(raw: np.ndarray, fmt: str, n: int, k: int) -> tuple[np.ndarray, 
     nb = k // QBLOCK
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * nb, BLOCKS[fmt][1])
     f16 = lambda c: c.copy().view(np.float16)[:, 0].astype(np.float32).reshape(n, nb)  # noqa: E731
-    m = f16(b[:, 2:4]) if fmt in MIN_FORMATS else None
+    m = block_mins(raw, fmt, n, k) if fmt in MIN_FORMATS else None
     if fmt == "q8_0":
         q = b[:, 2:].view(np.int8)
     elif fmt == "q4_0":
@@ -129,18 +131,22 @@ def q8_exact(words: np.ndarray, low: np.ndarray | None, scales: np.ndarray, raw:
     nb = k // QBLOCK
     q = words[: m * k].reshape(m, nb, QBLOCK)
     lq = None if low is None else low[: m * k].reshape(m, nb, QBLOCK)
-    dx = scales[: m * nb].reshape(m, nb).astype(np.float64)
+    d32 = scales[: m * nb].reshape(m, nb).astype(np.float32)
+    dx = (half(d32) if lq is None else d32).astype(np.float64)  # one word: f16(d32)
     if fmt in INT_FORMATS:
         wq, dw, mw = weight_ints(raw, fmt, n, k)
         s = block_sums(q, wq)
         if lq is not None:
             s = s + block_sums(lq, wq) / LOW_STEPS
         s = s * dw.astype(np.float64)[None, :, :]
-        if mw is not None:  # + m · Σq (Σ(q + low/254) under two words)
-            sq = q.astype(np.float64).sum(axis=2)
-            if lq is not None:
-                sq = sq + lq.astype(np.float64).sum(axis=2) / LOW_STEPS
-            s = s + sq[:, None, :] * mw.astype(np.float64)[None, :, :]
+        if mw is not None:  # + m · s: q8_1's s = f16(d32·Σq) under one word, d·Σ(q + low/254) under two
+            sq = q.astype(np.int32).sum(axis=2)
+            if lq is None:
+                sx = half(d32 * sq.astype(np.float32)).astype(np.float64)
+            else:
+                sx = (sq + lq.astype(np.float64).sum(axis=2) / LOW_STEPS) * dx
+            return (np.einsum("mnb,mb->mn", s, dx) + np.einsum("mb,nb->mn", sx, mw.astype(np.float64))
+                    ).astype(np.float32)
     else:
         wv = decode_rows(raw, fmt, k).reshape(n, nb, QBLOCK)
         s = block_sums(q, wv)
@@ -150,10 +156,12 @@ def q8_exact(words: np.ndarray, low: np.ndarray | None, scales: np.ndarray, raw:
 
 
 def dequantized(words: np.ndarray, low: np.ndarray | None, scales: np.ndarray, m: int, k: int) -> np.ndarray:
-    """The activation's values d·(q + low/254) (m, k) in f32: what the fast twins multiply by f32 BLAS."""
+    """The activation's values d·(q + low/254) (m, k) in f32 (one word: d = f16 of the f32 scale held): what the
+    fast twins multiply by f32 BLAS."""
     bl = QBLOCK_K if is_k(low) else QBLOCK
     nb = k // bl
     q = words[: m * k].reshape(m, nb, bl).astype(np.float32)
     if low is not None and not is_k(low):
         q = q + low[: m * k].reshape(m, nb, QBLOCK).astype(np.float32) / np.float32(LOW_STEPS)
-    return (q * scales[: m * nb].reshape(m, nb, 1)).reshape(m, k)
+    d = scales[: m * nb].reshape(m, nb, 1)
+    return (q * (half(d) if low is None else d)).reshape(m, k)  # one word: f16(d32)

@@ -1,16 +1,12 @@
 // An activation to int8 blocks of 32 values, one scale a block, as llama.cpp's CPU build quantizes it (its x86 SIMD
 // quantize_row_q8_0 / q8_1 in ggml-cpu/arch/x86/quants.c, not the scalar _ref): a warp a block, lane i its value i.
 // amax = max|x|, d = amax / 127, id = 127 / amax (not 1/d: the two differ by an f32 ulp for some amax), q = x * id
-// rounded to nearest, halves to even (_mm256_round_ps(_MM_ROUND_NEAREST); rintf here, not roundf); under one word
-// the scale kept is d rounded to f16 (the value block_q8_0 / block_q8_1 hold and the dot products multiply by),
-// under two words d itself, and the low word of the residual, rintf((x - q*d) * (id*254)) clipped to +-127. The
-// products and the residual are rounded as numpy rounds them (no fused multiply-add), so the words equal the twin's
+// rounded to nearest, halves to even (_mm256_round_ps(_MM_ROUND_NEAREST); rintf here, not roundf); the scale kept is
+// d itself, f32, under both forms: under one word the products (gemv_q8.cu's q8_tile) round it to f16 for the
+// block's d (the value block_q8_0 / block_q8_1 hold) and take q8_1's s = f16(d * sum q) from it for q4_1 / q5_1 rows;
+// under two words the low word of the residual, rintf((x - q*d) * (id*254)) clipped to +-127. The products and the
+// residual are rounded as numpy rounds them (no fused multiply-add), so the words equal the twin's
 // (engine/quantize.quantize).
-__device__ __forceinline__ float f16_round(float d) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(d));
-    return f16f(h);
-}
 
 __device__ __forceinline__ void quant_block(float x, signed char* words, signed char* low, float* scales, i64 b,
                                             int lane) {
@@ -25,7 +21,8 @@ __device__ __forceinline__ void quant_block(float x, signed char* words, signed 
         float l = rintf(__fmul_rn(r, __fmul_rn(id, 254.0f)));
         low[b * 32 + lane] = (signed char)fminf(fmaxf(l, -127.0f), 127.0f);
     }
-    if (lane == 0) scales[b] = low ? d : f16_round(d);
+    if (lane == 0) __stcg(scales + b, d);  // past L1: a later launch reads it (a plain store: moe_up_sorted
+                                           // spilled 40 B at 80 registers, nvcc 13.0 sm_90)
 }
 
 // A block of 256 values as llama.cpp's q8_K (ggml's quantize_row_q8_K_ref; the form products over q4_k / q6_k rows

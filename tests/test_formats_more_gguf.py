@@ -225,26 +225,19 @@ def llama_cpp_apart(path, prompt, n):
 # 2026-12-05, one process a file, the files below, 5 steps). lanefuse's q8 numerics — the reference interpreter of the
 # q8 step graph — equal llama.cpp's logits to <= 1.6e-7 of their scale at every step on the q5_0, q5_k, q3_k, q2_k
 # and iq4_xs files (lanefuse quantizes activations as llama.cpp's x86 SIMD code does: halves to even, id = 127/amax).
-# Three keep a true difference (LLAMA_CPP_APART: q4_1 / q5_1 by a term lanefuse does not compute as llama.cpp does,
-# iq4_nl by one flip). The fused plan (exact numpy twins of the CUDA launches) equals the reference to f32
-# rounding, op by op; where that rounding lands one quantized word or f16 scale on the other side (iq4_xs here: the
+# q4_1 / q5_1 too (7.5e-8 / 7.3e-8) since their products take q8_1's s = f16(d32·Σq) from the unrounded scale the
+# one-word q8 form now holds (they were 1.2e-2..1.4e-2 apart with m·f16(d)·Σq). One keeps a true difference
+# (LLAMA_CPP_APART: iq4_nl, by one flip). The fused plan (exact numpy twins of the CUDA launches) equals the reference
+# to f32 rounding, op by op; where that rounding lands one quantized word or f16 scale on the other side (iq4_xs here: the
 # attention twin's output is an ulp apart from the reference's at 473 of 1024 values, and one q8_K word of its
 # quantized form is 116 against 115, then o_proj's product 1e-3 apart and the logits 1.0e-2 from the first step) the
 # run parts by the q8 noise (tests/test_q8_real_width.py's note): its tokens are compared, its logits loosely.
-LLAMA_CPP_APART = {
-    fmt: "llama.cpp pairs q4_1 / q5_1 rows with q8_1, whose s = f16(d*sum(q)) is rounded to f16 from the UNROUNDED "
-         "f32 d = amax/127, and its dot product adds f16(m)*s; lanefuse's q8 form keeps only f16(d), its product adds "
-         "m*f16(d)*sum(q) exactly (f16(f16(d)*sum(q)) is no closer). Measured teacher-forced on llama.cpp's own "
-         "inputs (hidden 64): Qcur 9.3e-4, Vcur 7.3e-4, ffn_up 2.9e-4, ffn_down 1.2e-4 of their scale; with "
-         "llama.cpp's s term 2.1e-7, 2.1e-7, 1.8e-7, 1.3e-7; whole run 1.2e-2..1.4e-2. Removing it needs the q8 form "
-         "to carry the unrounded d (issue 41 item 2)"
-    for fmt in ("q4_1", "q5_1")}
-LLAMA_CPP_APART["iq4_nl"] = (
+LLAMA_CPP_APART = {"iq4_nl": (
     "one flip: steps 1-3 and 5 within 7.2e-8, step 4 2.0e-3 — there layer 0's SwiGLU output, quantized to q8_0, has "
     "one block whose f16 scale rounds the other way (its max |x| apart by f32 rounding: the ops before agree to ~1e-7, "
     "not bit for bit — ggml's SiLU is a SIMD expf approximation, its products sum in their own order), then 2 "
     "words of layer 1's ffn_norm and 9 of its SwiGLU, 1 of the final norm (llama_cpp_dump's tensors against the "
-    "reference's quantized forms, step by step)")
+    "reference's quantized forms, step by step)")}
 LL_STEPS = 5
 LL_TOL = 1e-5  # of the logits' scale, the reference interpreter of the q8 graph against llama.cpp (measured <= 1.6e-7)
 
