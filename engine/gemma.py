@@ -264,7 +264,8 @@ def gemma_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GemmaConfig:
     scalar = cfg.hidden / cfg.heads if layers == GGUF_27B_LAYERS[arch] else cfg.head_dim
     base.update(window=r.size("attention.sliding_window") if r.has("attention.sliding_window") else 0,
                 layer_types=types)
-    return GemmaConfig(**base, act="gelu", attn_scale=float(scalar) ** -0.5, attn_softcap=attn_cap,
+    base["act"] = "gelu"  # (the common reader's `act`, silu, is a Llama's; Gemma's MLP is GELU-tanh)
+    return GemmaConfig(**base, attn_scale=float(scalar) ** -0.5, attn_softcap=attn_cap,
                        final_softcap=final_cap,
                        local_rope_theta=10000.0 if arch == "gemma3" else 0.0, norm_offset=0.0)
 

@@ -199,7 +199,7 @@ def test_the_command_checks_q8_against_the_q8_reference_and_runs_it(tmp_path):
         assert r.returncode == 0, r.stderr
         ids[how] = json.loads(out.read_text())["generated_ids"]
         if how:
-            assert "reference interpreter, q8 numerics" in r.stdout
+            assert "reference interpreter, q8 numerics" in r.stderr  # the model line (lane/cli/commands.py)
     assert ids[()] == ids[("--reference",)]
 
 

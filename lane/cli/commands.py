@@ -170,7 +170,7 @@ def cmd_run(args) -> int:
     step_fn, label = _step_fn(args, src, saved)
     _sampling_said(sampling, args, step_fn)
     human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
-    print(f"model: {src.name} ({label}; {sampling.describe()})", file=sys.stderr)
+    print(f"lanefuse: model: {src.name} ({label}; {sampling.describe()})", file=sys.stderr)
     print("prompt ids:   ", ",".join(map(str, ids)), file=human)
     if tok is not None:
         print("prompt:", args.prompt, file=human)  # the prompt echoed, as llama-cli does
@@ -322,7 +322,7 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
     print(f"lanefuse: KV caches: {slots} slot(s) of {cfg.max_len} rows, {need / 2**20:.1f} MiB", file=sys.stderr)
     step_fn, label = _step_fn(args, src, None)
     _sampling_said(sampling, args, step_fn)
-    print(f"model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s); {sampling.describe()})",
+    print(f"lanefuse: model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s); {sampling.describe()})",
           file=sys.stderr)
     eos = () if args.ignore_eos else src.eos
     results = generate_batch(cfg, src.weights, prompts, args.tokens, slots, step_fn=step_fn, eos=eos,

@@ -13,12 +13,9 @@ EPILOG = ("MODEL is a checkpoint folder (config.json + safetensors), a GGUF file
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from lanefuse.engine.version import version
 
-    try:
-        return version("lanefuse")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
+    return version()
 
 
 def _explore_epilog() -> str:

@@ -72,7 +72,7 @@ def report_header(ex, command: str | None = None) -> dict:
     import shlex
     import sys
 
-    from lanefuse.lane.cli.main import _version
+    from lanefuse.engine.version import version as _version
     from lanefuse.lane.lower.knobs import Knobs
 
     default = Knobs().to_json()
