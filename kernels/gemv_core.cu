@@ -141,24 +141,22 @@ __device__ __forceinline__ void dot8_rows(const float* xr, i64 k, int gap, int n
 // warp step. int8 q as (q ^ 0x80) = q + 128 in magic23, less 2^23 + 128: exact.
 struct BlockQ8_0 {
     static constexpr int BYTES = 34, WORDS = 5, UNROLL = 8, XOFF = 8, GAP = 4, QW = 8;  // QW: quant words a block
-    // values 8h..8h+7 of a block whose quant words (4 bytes each, value 4i.. in word i) and d are q, d
-    __device__ static void decode_eighth(const unsigned (&q)[QW], float d, int h, float (&wf)[8]) {
-        unsigned lo = q[2 * h] ^ 0x80808080u, hi = q[2 * h + 1] ^ 0x80808080u;
+    // eight values d·q: the four int8 of word lo, then the four of hi
+    __device__ static void eight(unsigned lo, unsigned hi, float d, float (&wf)[8]) {
+        lo ^= 0x80808080u, hi ^= 0x80808080u;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             wf[e] = __fmul_rn(__fsub_rn(magic23((lo >> (8 * e)) & 255u), 8388736.f), d);
             wf[4 + e] = __fmul_rn(__fsub_rn(magic23((hi >> (8 * e)) & 255u), 8388736.f), d);
         }
     }
+    // values 8h..8h+7 of a block whose quant words (4 bytes each, value 4i.. in word i) and d are q, d
+    __device__ static void decode_eighth(const unsigned (&q)[QW], float d, int h, float (&wf)[8]) {
+        eight(q[2 * h], q[2 * h + 1], d, wf);
+    }
     __device__ static int word(int s, int u) { return u ? 4 * s + u : 0; }
     __device__ static void decode(const unsigned (&raw)[WORDS], float (&wf)[8]) {
-        float d = f16f(raw[0]);
-        unsigned lo = (raw[1] | (raw[2] << 16)) ^ 0x80808080u, hi = (raw[3] | (raw[4] << 16)) ^ 0x80808080u;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            wf[e] = __fmul_rn(__fsub_rn(magic23((lo >> (8 * e)) & 255u), 8388736.f), d);
-            wf[4 + e] = __fmul_rn(__fsub_rn(magic23((hi >> (8 * e)) & 255u), 8388736.f), d);
-        }
+        eight(raw[1] | (raw[2] << 16), raw[3] | (raw[4] << 16), f16f(raw[0]), wf);
     }
 };
 
@@ -166,25 +164,23 @@ struct BlockQ8_0 {
 // 2-byte loads, and d) for values 4s.. and 16 + 4s.., 144 bytes a warp step. q - 8 as magic23(q) less 2^23 + 8: exact.
 struct BlockQ4_0 {
     static constexpr int BYTES = 18, WORDS = 3, UNROLL = 16, XOFF = 4, GAP = 16, QW = 4;
+    // eight values d·(q - 8): the four nibbles of word a at shift sa, then those of b at sb
+    __device__ static void eight(unsigned a, int sa, unsigned b, int sb, float d, float (&wf)[8]) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            wf[e] = __fmul_rn(d, __fsub_rn(magic23((a >> (8 * e + sa)) & 15u), 8388616.f));
+            wf[4 + e] = __fmul_rn(d, __fsub_rn(magic23((b >> (8 * e + sb)) & 15u), 8388616.f));
+        }
+    }
     // values 8h..8h+7: the low nibbles of words 2h, 2h + 1 (h < 2), else the high nibbles of words 2h - 4, 2h - 3
     __device__ static void decode_eighth(const unsigned (&q)[QW], float d, int h, float (&wf)[8]) {
         int sh = h < 2 ? 0 : 4;
-        unsigned a = q[(2 * h) & 3], b = q[(2 * h + 1) & 3];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            wf[e] = __fmul_rn(d, __fsub_rn(magic23((a >> (8 * e + sh)) & 15u), 8388616.f));
-            wf[4 + e] = __fmul_rn(d, __fsub_rn(magic23((b >> (8 * e + sh)) & 15u), 8388616.f));
-        }
+        eight(q[(2 * h) & 3], sh, q[(2 * h + 1) & 3], sh, d, wf);
     }
     __device__ static int word(int s, int u) { return u ? 2 * s + u : 0; }
     __device__ static void decode(const unsigned (&raw)[WORDS], float (&wf)[8]) {
-        float d = f16f(raw[0]);
         unsigned v = raw[1] | (raw[2] << 16);
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            wf[e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e)) & 15u), 8388616.f));
-            wf[4 + e] = __fmul_rn(d, __fsub_rn(magic23((v >> (8 * e + 4)) & 15u), 8388616.f));
-        }
+        eight(v, 0, v, 4, f16f(raw[0]), wf);
     }
 };
 
