@@ -231,6 +231,21 @@ def _shots(tmp_path: Path) -> Path:
     return d
 
 
+def _pan_into_view(page, selector: str) -> None:
+    """Wheel the graph (the page's own pan) until the node's centre lies inside the graph's box."""
+    graph = page.locator("#graph").bounding_box()
+    for _ in range(40):
+        b = page.locator(selector).bounding_box()
+        cx, cy = b["x"] + b["width"] / 2, b["y"] + b["height"] / 2
+        dx = 0 if graph["x"] + 20 < cx < graph["x"] + graph["width"] - 20 else cx - (graph["x"] + graph["width"] / 2)
+        dy = 0 if graph["y"] + 20 < cy < graph["y"] + graph["height"] - 20 else cy - (graph["y"] + graph["height"] / 2)
+        if not dx and not dy:
+            return
+        page.mouse.move(graph["x"] + graph["width"] / 2, graph["y"] + graph["height"] / 2)
+        page.mouse.wheel(dx, dy)
+    raise AssertionError(f"{selector} never came into the graph's view")
+
+
 @pytest.mark.browser
 def test_page_hold_force_layer(browser_page, tmp_path):
     page, ex, log = browser_page
@@ -262,6 +277,7 @@ def test_page_hold_force_layer(browser_page, tmp_path):
     assert "forced" in page.locator(".node[data-tensor='L0.q']").get_attribute("class")
     assert page.locator("#forced [data-forced='L0.q']").count() == 1
     assert "force L0.q" in banner.inner_text()
+    _pan_into_view(page, ".node[data-tensor='L0.glu']")  # the fit opens a tall layer at its top: scroll, as a user does
     page.hover(".node[data-tensor='L0.glu']")
     page.wait_for_selector("#tip:not(.hidden)")
     path = _shots(tmp_path) / "explore.png"

@@ -831,9 +831,10 @@ async function goToTensor(t) {
   const n = S.st.step.tensor_layer[t];
   if (n === undefined) return false;
   if (n !== S.layer) await load(n);
-  await select(t);
+  const chosen = select(t);  // draws the selection at once; its alternatives come later
   const el = document.querySelector(`.node[data-tensor="${CSS.escape(t)}"]`);
-  if (el) centerOn(t);
+  if (el) centerOn(t);  // in view in the same frame the selection shows, not after its alternatives arrive
+  await chosen;
   return true;
 }
 async function search(text) {
@@ -867,6 +868,7 @@ function centerOn(t) {
   const sx = n.x * v.k + v.x, sy = n.y * v.k + v.y;
   if (sx > 20 && sx < W - 20 && sy > 20 && sy < H - 20) return;
   v.x = W / 2 - n.x * v.k; v.y = H / 2 - n.y * v.k;
+  S.fitted = false;  // a later change of the graph's room must not refit it away from the node it went to
   applyView();
 }
 async function goToTail() {
