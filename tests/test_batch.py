@@ -252,8 +252,11 @@ def _hf_model(name, tmp_path):
     return load_model(folder)
 
 
-@pytest.mark.parametrize("name", ["llama_llama3_f32", "mistral_window_f32", "phi3_window_f32", "qwen2_f32", "qwen3_f32",
-                                  "gemma2_f32", "gemma3_f32", "qwen3_moe", "gpt_oss", "qwen3next", "deepseek_v3"])
+FAMILIES = ["llama_llama3_f32", "mistral_window_f32", "phi3_window_f32", "qwen2_f32", "qwen3_f32", "gemma2_f32",
+            "gemma3_f32", "qwen3_moe", "gpt_oss", "qwen3next", "deepseek_v3"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
 def test_every_family_batched_as_alone(name, tmp_path):
     cfg, w = _hf_model(name, tmp_path)
     prompts = [[t % cfg.vocab for t in p] for p in HF_PROMPTS]
