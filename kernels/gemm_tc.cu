@@ -2,15 +2,17 @@
 // under the bf16 numerics: x and w rounded to bf16 (to nearest, ties to even), their products summed in f32 by
 // mma.sync m16n8k16 (sm_80+). gemm_tc_round first writes x as bf16 rows of kp = k rounded up to 8 values (zeros past
 // k) into scratch, once for every tile that reads it; a block then computes a BM x TC_BN tile of y (BM 128, or 64 for
-// a product of at most 64 rows), its eight warps each BM/2 x 32, k in steps of TC_BK through two shared-memory
-// buffers: x's tile (and w's, bf16 rows of whole 16-byte chunks) copied by cp.async while the tensor cores work on the
-// other buffer; any other format (f32, f16, a block format) decoded into registers, rounded to bf16 and stored after
-// the step's products.
+// a product of at most 64 rows), its eight warps each BM/2 x 32, k in steps of TC_BK through shared-memory stages:
+// bf16 rows of whole 16-byte chunks (gemm_tc_cp*) go global -> shared by cp.async, TC_STAGES of them in flight (the
+// tensor cores multiply step t while steps t + 1 and t + 2 are on their way); any other format (f32, f16, a block
+// format: gemm_tc_any*) is decoded into registers, rounded to bf16 and stored after the step's products, two stages
+// (x still by cp.async). A tile row is TC_BK values (64 bytes, four 16-byte chunks) with its chunks swizzled
+// (tc_sw), so ldmatrix's eight rows at one chunk and cp.async's writes each hit eight distinct 16-byte bank groups
+// with no padding: the three stages of a 128 x 128 tile fill the 48 KB of static shared memory exactly.
 
 #define TC_BN 128  // a block's outputs; its rows are 32·MI (128, or 64 for a product of at most 64 rows)
 #define TC_BK 32
-#define TC_PAD 40  // u16 a tile row in shared memory: 32 values + 8, so ldmatrix's 8 rows (80 bytes apart) hit 8
-                   // distinct 16-byte bank groups
+#define TC_STAGES 3  // shared-memory stages of gemm_tc_cp*: cp.async keeps TC_STAGES - 1 k steps in flight
 #define TC_THREADS 256
 
 // emu: begin tc_ptx (tests/cuda_host/emu.h defines these five for the host emulator, lane by lane)
@@ -21,6 +23,9 @@ __device__ __forceinline__ void tc_cp16(void* s, const void* g, int bytes) {
 }
 __device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 // Four 8x8 b16 matrices: lanes 8j..8j+7 give the rows of matrix j; lane l receives into r[j] row l/4 of matrix j,
 // its values 2(l%4) and 2(l%4)+1.
 __device__ __forceinline__ void tc_ldsm4(unsigned (&r)[4], const void* s) {
@@ -61,16 +66,23 @@ extern "C" __global__ void gemm_tc_round(const float* x, unsigned char* xb, i64 
     }
 }
 
+// Where chunk c (0..3: values 8c..8c+7) of tile row r lies in its 64-byte shared-memory row: c ^ ((r / 2) % 4).
+// ldmatrix reads one chunk of eight consecutive rows (r0 a multiple of 8): their (r % 2, (r / 2) % 4) are the eight
+// pairs, so the rows' 16 bytes fall at (r % 2)·64 + 16·(c ^ ((r / 2) % 4)) of distinct 128-byte bank lines' halves:
+// eight distinct 16-byte bank groups, no conflict (a row of 64 bytes unswizzled would put rows r and r + 2 on one).
+__device__ __forceinline__ int tc_sw(int r, int c) { return c ^ ((r >> 1) & 3); }
+
 // The tile of rows r0.. (R of them, a multiple of 64; `rows` in all) and k0..k0+TC_BK of bf16 rows `pitch` values
-// apart (whole 16-byte chunks, zeros past the rows) into s: R/64 cp.async a thread; a chunk past the rows or the pitch
-// is zero-filled.
+// apart (whole 16-byte chunks, zeros past the rows) into s (swizzled): R/64 cp.async a thread; a chunk past the rows
+// or the pitch is zero-filled.
 template <int R>
-__device__ __forceinline__ void tc_copy_tile(u16 (*s)[TC_PAD], const u16* g, i64 r0, i64 rows, i64 k0, i64 pitch) {
+__device__ __forceinline__ void tc_copy_tile(u16 (*s)[TC_BK], const u16* g, i64 r0, i64 rows, i64 k0, i64 pitch) {
 #pragma unroll
     for (int i = 0; i < R * 4 / TC_THREADS; i++) {
         int c = threadIdx.x + i * TC_THREADS, r = c >> 2, kc = (c & 3) * 8;
         bool ok = r0 + r < rows && k0 + kc < pitch;
-        tc_cp16(&s[r][kc], ok ? (const void*)(g + (r0 + r) * pitch + k0 + kc) : (const void*)g, ok ? 16 : 0);
+        tc_cp16(&s[r][8 * tc_sw(r, c & 3)], ok ? (const void*)(g + (r0 + r) * pitch + k0 + kc) : (const void*)g,
+                ok ? 16 : 0);
     }
 }
 
@@ -119,22 +131,23 @@ __device__ __forceinline__ void tc_load_w(unsigned (&v)[8], int fmt, const void*
     }
 }
 
-__device__ __forceinline__ void tc_store_w(u16 (*s)[TC_PAD], const unsigned (&v)[8]) {
-    uint4* p = (uint4*)&s[threadIdx.x >> 1][(threadIdx.x & 1) * 16];
-    p[0] = make_uint4(v[0], v[1], v[2], v[3]);
-    p[1] = make_uint4(v[4], v[5], v[6], v[7]);
+// tc_load_w's sixteen values into their row's chunks 2(t%2) and 2(t%2) + 1 (swizzled as tc_copy_tile's).
+__device__ __forceinline__ void tc_store_w(u16 (*s)[TC_BK], const unsigned (&v)[8]) {
+    int r = threadIdx.x >> 1, c = (threadIdx.x & 1) * 2;
+    *(uint4*)&s[r][8 * tc_sw(r, c)] = make_uint4(v[0], v[1], v[2], v[3]);
+    *(uint4*)&s[r][8 * tc_sw(r, c + 1)] = make_uint4(v[4], v[5], v[6], v[7]);
 }
 
 // The block's tile: outputs from TC_BN·tile, rows from BM·blockIdx.y, BM = 32·MI (each warp MI fragments of 16
-// rows). CP: w is bf16 rows of whole 16-byte chunks (k a multiple of 8), copied as x is; else decoded through
-// registers.
+// rows). CP: w is bf16 rows of whole 16-byte chunks (k a multiple of 8), copied as x is, TC_STAGES stages; else
+// decoded through registers, two stages.
 template <bool CP, int MI>
 __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void* w, int fmt, const float* bias,
                                              const float* add, Dst y, i64 k, i64 n, i64 m, i64 tile,
                                              i64 ksplit = 1, float* part = nullptr) {
-    constexpr int BM = 32 * MI;
-    alignas(16) __shared__ u16 xs[2][BM][TC_PAD];
-    alignas(16) __shared__ u16 ws[2][TC_BN][TC_PAD];
+    constexpr int BM = 32 * MI, S = CP ? TC_STAGES : 2;
+    alignas(128) __shared__ u16 xs[S][BM][TC_BK];
+    alignas(128) __shared__ u16 ws[S][TC_BN][TC_BK];
     const u16* xg = (const u16*)xb;
     i64 kp = (k + 7) / 8 * 8, n0 = tile * TC_BN, m0 = (i64)blockIdx.y * BM;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 16 * MI, wn = (warp >> 1) * 32;
@@ -150,42 +163,56 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
     unsigned wv[8];
-    tc_copy_tile<BM>(xs[0], xg, m0, m, (i64)t0 * TC_BK, kp);
-    if (CP) {
-        tc_copy_tile<TC_BN>(ws[0], (const u16*)w, n0, n, (i64)t0 * TC_BK, k);
-    } else {
-        tc_load_w(wv, fmt, w, n0, n, (i64)t0 * TC_BK, k);
-        tc_store_w(ws[0], wv);
+    // the first S - 1 steps into stages 0..S-2, a commit group each (empty past the last step)
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (t0 + s < tiles) {
+            i64 k1 = (i64)(t0 + s) * TC_BK;
+            tc_copy_tile<BM>(xs[s], xg, m0, m, k1, kp);
+            if (CP) {
+                tc_copy_tile<TC_BN>(ws[s], (const u16*)w, n0, n, k1, k);
+            } else {
+                tc_load_w(wv, fmt, w, n0, n, k1, k);
+                tc_store_w(ws[s], wv);
+            }
+        }
+        tc_commit();
     }
-    tc_commit();
+    int b = 0, bn = S - 1;  // the stage step t is in; the stage step t + S - 1 goes to
     for (int t = t0; t < tiles; t++) {
-        int b = (t - t0) & 1;
-        tc_wait_all();
-        __syncthreads();  // tile t in buffer b for every warp; every warp done with buffer b ^ 1 (tile t - 1)
-        bool next = t + 1 < tiles;
+        tc_wait<S - 2>();  // this thread's copies of step t landed (groups of t + 1 .. t + S - 2 may be in flight)
+        __syncthreads();   // ... every thread's; and every warp done with stage bn (step t - 1's)
+        bool next = t + S - 1 < tiles;
         if (next) {
-            i64 k1 = (i64)(t + 1) * TC_BK;
-            tc_copy_tile<BM>(xs[b ^ 1], xg, m0, m, k1, kp);
+            i64 k1 = (i64)(t + S - 1) * TC_BK;
+            tc_copy_tile<BM>(xs[bn], xg, m0, m, k1, kp);
             if (CP)
-                tc_copy_tile<TC_BN>(ws[b ^ 1], (const u16*)w, n0, n, k1, k);
+                tc_copy_tile<TC_BN>(ws[bn], (const u16*)w, n0, n, k1, k);
             else
                 tc_load_w(wv, fmt, w, n0, n, k1, k);
         }
         tc_commit();
 #pragma unroll
-        for (int kk = 0; kk < TC_BK; kk += 16) {
+        for (int kk = 0; kk < TC_BK / 8; kk += 2) {  // kk: the 16-byte chunk of the k16 step
             unsigned a[MI][4], bf[2][4];
 #pragma unroll
-            for (int i = 0; i < MI; i++) tc_ldsm4(a[i], &xs[b][wm + i * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+            for (int i = 0; i < MI; i++) {
+                int r = wm + i * 16 + (lane & 15);
+                tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);
+            }
 #pragma unroll
-            for (int j = 0; j < 2; j++)
-                tc_ldsm4(bf[j], &ws[b][wn + j * 16 + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
+            for (int j = 0; j < 2; j++) {
+                int r = wn + j * 16 + (lane & 7) + ((lane >> 4) << 3);
+                tc_ldsm4(bf[j], &ws[b][r][8 * tc_sw(r, kk + ((lane >> 3) & 1))]);
+            }
 #pragma unroll
             for (int i = 0; i < MI; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) tc_mma(acc[i][j], a[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
         }
-        if (!CP && next) tc_store_w(ws[b ^ 1], wv);
+        if (!CP && next) tc_store_w(ws[bn], wv);
+        b = b + 1 == S ? 0 : b + 1;
+        bn = bn + 1 == S ? 0 : bn + 1;
     }
     int g = lane >> 2, q = lane & 3;
 #pragma unroll

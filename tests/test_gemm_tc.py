@@ -210,6 +210,40 @@ def test_emulated_one_hot_picks_each_rounded_weight(emulated):
     np.testing.assert_array_equal(dev.host("y").reshape(m, n), bf16_round(w)[:, cols].T)
 
 
+# -- what the emulator must catch in the pipeline (each a mutated gemm_tc.cu; cp.async lands only when waited for) --
+
+def _mutated_tc(monkeypatch, old: str, new: str):
+    from lanefuse.kernels import compile as kc
+
+    text = kc.cu_text("gemm_tc")
+    assert old in text, f"gemm_tc.cu no longer holds {old!r}: update the mutation"
+    real = kc.cu_text
+    monkeypatch.setattr(kc, "cu_text", lambda stem: text.replace(old, new) if stem == "gemm_tc" else real(stem))
+
+
+@pytest.mark.parametrize("old,new", [
+    # one group too few waited for: step t's stage read before its copies land (the old bytes)
+    ("tc_wait<S - 2>();", "tc_wait<S - 1>();"),
+    # the next step copied over the stage being multiplied (and its own stage never filled)
+    ("tc_copy_tile<TC_BN>(ws[bn],", "tc_copy_tile<TC_BN>(ws[b],"),
+    # x's fragments read unswizzled (the copies swizzle): rows' chunks crossed
+    ("tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);", "tc_ldsm4(a[i], &xs[b][r][8 * (kk + (lane >> 4))]);"),
+    # the stage ring one short: step t + 2 into the stage of step t + 1
+    ("bn = bn + 1 == S ? 0 : bn + 1;", "bn = bn + 1 == S - 1 ? 0 : bn + 1;"),
+])
+def test_the_emulator_catches_pipeline_mistakes(emulated, monkeypatch, old, new):
+    """Each mistake in a bf16 product through the three stages (gemm_tc_cp_64: 40 rows, 130 outputs in two tiles, k
+    200 in seven steps, the last part-filled): values outside the bound (unmutated, the same case passes: the shapes
+    above)."""
+    _mutated_tc(monkeypatch, old, new)
+    g = np.random.default_rng(31)
+    launch = GemmTc("x", "w", "bf16", Dst("y"), 200, 130, 40)
+    arrays, weights = tc_case(launch, g)
+    dev = emulate(launch, arrays, weights)
+    with pytest.raises(AssertionError):
+        check_within_bound(launch, arrays, weights, dev.host("y"))
+
+
 def test_scratch_holds_rounded_rows():
     launch = GemmTc("x", "w", "bf16", Dst("y"), 13, 4, 17)
     assert launch.scratch()[0].nbytes == 2 * 17 * kp(13) == 2 * 17 * 16

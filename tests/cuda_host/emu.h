@@ -229,12 +229,20 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 namespace emu {
 enum State { RUN, BAR, WARP, DONE };
 
+struct CpAsync {  // a cp.async in flight: its 16 bytes read at issue, written to shared memory when waited for
+    void* dst;
+    unsigned char data[16];
+    int group;  // its commit group (1, 2, ...), 0 until committed
+};
+
 struct Fiber {
     ucontext_t ctx;
     char* stack = nullptr;
     uint3 idx;
     int tid = 0;
     State state = RUN;
+    std::vector<CpAsync> cp;  // this thread's cp.async not yet waited for, in issue order
+    int cp_groups = 0;        // groups committed
 };
 
 struct Warp {
@@ -403,6 +411,7 @@ inline bool run_block() {
     for (int t = 0; t < n; t++) {
         Fiber& f = S.fibers[t];
         f.tid = t;
+        f.cp.clear(), f.cp_groups = 0;
         f.idx = uint3{t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
         f.state = RUN;
         getcontext(&f.ctx);
@@ -604,15 +613,36 @@ inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred
 inline unsigned __activemask() { return emu::S.warps[emu::S.cur->tid >> 5].live; }
 
 // -- the tensor-core PTX (kernels/gemm_tc.cu's `emu: begin tc_ptx` region, which emu.py drops), lane by lane --------
-// cp.async as a plain copy (the bytes past `bytes` zero-filled), its groups done at once; ldmatrix and mma.sync as
-// warp operations: every lane's operands exchanged, then each lane computes its own fragment by the PTX ISA's layouts.
+// cp.async as a deferred copy: its bytes (zero-filled past `bytes`) read at issue and written to shared memory only
+// when a cp.async.wait_group lets its commit group complete (so a read of a stage before its wait sees the stage's
+// old bytes, and a wait for too few groups is caught by the values); ldmatrix and mma.sync as warp operations: every
+// lane's operands exchanged, then each lane computes its own fragment by the PTX ISA's layouts.
 inline void tc_cp16(void* s, const void* g, int bytes) {
     if ((uintptr_t)s % 16 || (bytes && (uintptr_t)g % 16)) emu::fail("cp.async: a misaligned 16-byte copy");
-    std::memcpy(s, g, (size_t)bytes);
-    std::memset((char*)s + bytes, 0, (size_t)(16 - bytes));
+    emu::CpAsync c{s, {}, 0};
+    std::memcpy(c.data, g, (size_t)bytes);
+    std::memset(c.data + bytes, 0, (size_t)(16 - bytes));
+    emu::S.cur->cp.push_back(c);
 }
-inline void tc_commit() {}
-inline void tc_wait_all() {}
+inline void tc_commit() {
+    emu::Fiber& f = *emu::S.cur;
+    f.cp_groups++;
+    for (emu::CpAsync& c : f.cp)
+        if (!c.group) c.group = f.cp_groups;
+}
+template <int N>
+inline void tc_wait() {  // every committed group but the newest N complete
+    emu::Fiber& f = *emu::S.cur;
+    std::vector<emu::CpAsync> left;
+    for (emu::CpAsync& c : f.cp) {
+        if (c.group && c.group <= f.cp_groups - N)
+            std::memcpy(c.dst, c.data, 16);
+        else
+            left.push_back(c);
+    }
+    f.cp.swap(left);
+}
+inline void tc_wait_all() { tc_wait<0>(); }
 
 inline void tc_ldsm4(unsigned (&r)[4], const void* s) {  // lane l: r[j] = row l/4 of matrix j (lanes 8j.. its rows), values 2(l%4), +1
     if ((uintptr_t)s % 16) emu::fail("ldmatrix: a row address not 16-byte aligned");
