@@ -87,6 +87,24 @@ def served():
     ex.close()
 
 
+# every tensor the graph stands for: each node's own, and the members of a folded launch's node
+DRAWN = """() => [...document.querySelectorAll('#graph .node')].flatMap((n) =>
+  n.classList.contains('folded') ? n.dataset.members.split(' ') : [n.dataset.tensor])"""
+
+
+CLIPPED = "document.querySelector('#graph-wrap .graph-key').classList.contains('clipped')"
+# no launch of two or more drawn ops left open
+ALL_FOLDED = """() => ![...document.querySelectorAll('#graph .node:not(.folded)')].some((n) => {
+  const g = window.lanefuse.state.groups.find((x) => x.tensors.includes(n.dataset.tensor));
+  const drawn = new Set(window.lanefuse.state.graph.nodes.map((m) => m.id));
+  return g && g.tensors.filter((t) => drawn.has(t)).length >= 2; })"""
+
+
+def _inside(a: dict, b: dict, slack: float = 0.5) -> bool:
+    return (a["x"] >= b["x"] - slack and a["y"] >= b["y"] - slack and a["x"] + a["w"] <= b["x"] + b["w"] + slack
+            and a["y"] + a["h"] <= b["y"] + b["h"] + slack)
+
+
 def _overlap(a: dict, b: dict) -> bool:
     return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
 
@@ -118,7 +136,15 @@ def test_the_graph_is_legible_at_fit(browser, served, size, tmp_path):
         m = pg.evaluate(MEASURE)
         assert m["minFont"] >= 11 - 1e-6, (layer, m["minFont"])
         seen = [_clip(n, m["view"]) for n in m["nodes"] if _overlap(n, m["view"])]  # what shows of each node
-        assert len(seen) >= min(8, len(m["nodes"])), "too few nodes in view after fit"
+        # the largest launches fold until the layer fits: every node whole in view, none lost behind a fold; where
+        # even every launch folded is taller than the view (a chain of launches one below the other: the last layer
+        # and the step's tail at 720 px), every launch is folded and the key says the view is zoomed for legibility
+        out = [n["id"] for n in m["nodes"] if not _inside(n, m["view"])]
+        if out:
+            assert pg.evaluate(ALL_FOLDED) and pg.evaluate(CLIPPED), (layer, size, out)
+        assert layer == ex.layers - 1 or not out, (layer, size, out)
+        drawn = pg.evaluate(DRAWN)
+        assert sorted(drawn) == sorted(n["id"] for n in ex.state(layer)["graph"]["nodes"]), (layer, size)
         under = [n["id"] for n in seen if _overlap(n, m["key"])]
         assert not under, f"the key covers {under} at {size}, layer {layer}"
     assert pg.evaluate(BREAKS) == []
@@ -139,4 +165,52 @@ def test_a_rules_why_not_shows_without_opening_the_saturation(browser, served):
     want = next(r for r in ex.saturation()["rules"] if r["name"] == "glu_act_mul")["why_not"]["text"]
     assert why.inner_text() == want
     assert not pg.evaluate("document.querySelector('#sat-details').open")
+    pg.close()
+
+
+def test_a_fold_opens_on_a_click_and_folds_back(browser, served):
+    """Where a layer does not fit at legible size the largest launches fold into one node each (issue 37): a click
+    opens one (its ops drawn, its shown tensor selected), ▴ on its box folds it again, a search for an op inside a
+    fold opens it, `fit` folds what was opened by hand, and unchecking `fold` draws every op."""
+    ex, url = served
+    pg = browser.new_page(viewport={"width": 1280, "height": 720})
+    log: list[str] = []
+    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    pg.goto(url)
+    pg.wait_for_selector("#graph .node")
+    pg.select_option("#layer", "0")
+    pg.wait_for_selector("#graph-title:has-text('L0:')")
+    st = pg.evaluate("window.lanefuse.state")
+    every = sorted(n["id"] for n in st["graph"]["nodes"])
+    folded = pg.locator("#graph .node.folded")
+    assert folded.count() >= 1
+    biggest = max(folded.all(), key=lambda n: len(n.get_attribute("data-members").split()))
+    rep, members = biggest.get_attribute("data-tensor"), biggest.get_attribute("data-members").split()
+    assert rep in members and len(members) >= 3
+    group = next(g for g in st["groups"] if rep in g["tensors"])
+    assert sorted(members) == sorted(group["tensors"])  # a fold is one launch's ops, all of them
+    assert all(pg.locator(f".node[data-tensor='{t}']").count() == 0 for t in members if t != rep)
+
+    biggest.click()  # opens: every member drawn, the shown tensor selected
+    pg.wait_for_selector(f"#sel-name:text-is('{rep}')")
+    assert all(pg.locator(f".node:not(.folded)[data-tensor='{t}']").count() == 1 for t in members)
+    assert sorted(pg.evaluate(DRAWN)) == every
+
+    pg.locator(f".fold-ctl[data-fold='{rep}']").click()  # folds back by hand
+    pg.wait_for_selector(f".node.folded[data-tensor='{rep}']")
+    inner = next(t for t in members if t != rep)
+    pg.locator("#search").fill(inner)  # a search opens the fold holding it
+    pg.locator("#search").press("Enter")
+    pg.wait_for_selector(f"#sel-name:text-is('{inner}')")
+    assert pg.locator(f".node:not(.folded)[data-tensor='{inner}']").count() == 1
+
+    pg.locator("#fit").click()  # fit: what was opened by hand folds again where the layer does not fit
+    pg.wait_for_selector(f".node.folded[data-tensor='{rep}']")
+    m = pg.evaluate(MEASURE)
+    assert m["minFont"] >= 11 - 1e-6 and all(_inside(n, m["view"]) for n in m["nodes"])
+
+    pg.locator("#fold-auto").uncheck()  # every op drawn
+    pg.wait_for_selector("#graph .node.folded", state="detached")
+    assert sorted(n.get_attribute("data-tensor") for n in pg.locator("#graph .node").all()) == every
+    assert log == [], log
     pg.close()

@@ -221,6 +221,7 @@ def browser_page(served, tmp_path):
         page.on("requestfailed", lambda r: log.append(f"requestfailed: {r.url}"))
         page.goto(url)
         page.wait_for_selector(".node[data-tensor='L0.attn_norm']")
+        page.locator("#fold-auto").uncheck()  # every op drawn: these tests click inner ops (folds have their own test)
         yield page, ex, log
         browser.close()
 

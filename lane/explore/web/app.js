@@ -65,6 +65,9 @@ function tint(hex, alpha) { // "#rrggbb" or hsl() -> a translucent fill
 const S = {
   st: null, layer: null, sel: null, choices: null, showInputs: false, litKind: null,
   view: null, viewKey: null, layout: null, busy: 0,
+  // folds: a fused launch's inner ops behind one node. foldAuto folds the largest launches until the layer fits the
+  // view at legible size; a launch the user opened (S.open) or folded by hand (S.shut) is named by its shown tensor
+  foldAuto: true, open: new Set(), shut: new Set(),
 };
 
 // ---- the API -------------------------------------------------------------------------------------------------
@@ -377,20 +380,49 @@ function inputLines(names) { // "in: a, b, c" wrapped at IN_WRAP characters, nev
   return lines;
 }
 
-function layout(st) {
+// the tensor a folded launch shows: its last member read outside the launch (its output), else its last member
+function foldRep(g, st) {
+  const mem = new Set(g.tensors), shown = new Set(st.graph.nodes.map((n) => n.id));
+  const inside = g.tensors.filter((t) => shown.has(t));
+  const out = inside.filter((t) => st.graph.edges.some(([a, b]) => a === t && !mem.has(b)));
+  return out.length ? out[out.length - 1] : inside[inside.length - 1];
+}
+// the launches that can fold: two or more of their tensors drawn in this layer
+function foldable(st) {
+  const shown = new Set(st.graph.nodes.map((n) => n.id));
+  return st.groups.filter((g) => g.tensors.filter((t) => shown.has(t)).length >= 2);
+}
+
+function layout(st, folded = new Set()) {
   const nodes = new Map();
-  st.graph.nodes.forEach((n, i) => nodes.set(n.id, { ...n, input: false, preds: [], succs: [], ord: i }));
-  const inputs = new Set(st.graph.inputs || []);
-  const edges = [];
+  // a folded launch: its members drawn as one node (its shown tensor's), every edge of a member moved onto it
+  const alias = new Map(), foldOf = new Map(), shown = new Set(st.graph.nodes.map((n) => n.id));
+  for (const g of foldable(st)) {
+    if (!folded.has(g.id)) continue;
+    const r = foldRep(g, st);
+    foldOf.set(r, g);
+    for (const t of g.tensors) alias.set(t, r);
+  }
+  const al = (t) => alias.get(t) || t;
+  st.graph.nodes.forEach((n, i) => {
+    if (al(n.id) !== n.id) return;
+    const g = foldOf.get(n.id) || null;
+    const members = g ? g.tensors.filter((t) => shown.has(t)) : [];
+    nodes.set(n.id, { ...n, input: false, preds: [], succs: [], ord: i, folded: g, members });
+  });
+  const edges = [], seen = new Set();
   for (const n of nodes.values()) n.ins = [];
-  for (const [a, b] of st.graph.edges) {
-    if (!nodes.has(b)) continue;
-    if (!nodes.has(a)) { nodes.get(b).ins.push(a); continue; }
+  for (const [a0, b0] of st.graph.edges) {
+    const a = al(a0), b = al(b0);
+    if (!nodes.has(b) || a === b) continue;
+    if (!nodes.has(a)) { if (!nodes.get(b).ins.includes(a)) nodes.get(b).ins.push(a); continue; }
+    if (seen.has(a + "\u0000" + b)) continue;
+    seen.add(a + "\u0000" + b);
     nodes.get(a).succs.push(b); nodes.get(b).preds.push(a);
     edges.push([a, b]);
   }
   const groupSize = new Map();
-  for (const g of st.groups) groupSize.set(g.id, g.tensors.length);
+  for (const g of st.groups) groupSize.set(g.id, folded.has(g.id) ? 1 : g.tensors.length);
   // topological order (Kahn); anything left in a cycle goes last
   const indeg = new Map([...nodes.values()].map((n) => [n.id, n.preds.length]));
   const order = [], ready = [...nodes.values()].filter((n) => !n.preds.length).sort((a, b) => a.ord - b.ord);
@@ -420,7 +452,7 @@ function layout(st) {
   for (const n of nodes.values()) {
     const nm = shortName(n.id, st.layer);
     n.label = nm;
-    n.sub = `${n.op} · ${fmtShape(n.shape)}`;
+    n.sub = n.folded ? `${n.folded.launch} · ${n.members.length} ops folded ▸` : `${n.op} · ${fmtShape(n.shape)}`;
     n.inLines = S.showInputs ? inputLines(n.ins.map(shortInput)) : [];
     n.w = Math.max(100, nm.length * CH + 34, n.sub.length * CH_SUB + 20, ...n.inLines.map((l) => l.length * CH_SUB + 20));
     n.h = NODE_H + n.inLines.length * IN_LINE;
@@ -503,7 +535,7 @@ function layout(st) {
   const bx1 = Math.max(...all.map((n) => n.x + n.w / 2), ...boxes.map((b) => b.x1)) + 20;
   const by0 = Math.min(...all.map((n) => n.y - n.h / 2), ...boxes.map((b) => b.y0)) - 20;
   const by1 = Math.max(...all.map((n) => n.y + n.h / 2), ...boxes.map((b) => b.y1)) + 20;
-  return { nodes, edges, boxes, bounds: { x0: bx0, y0: by0, x1: bx1, y1: by1 } };
+  return { nodes, edges, boxes, alias, bounds: { x0: bx0, y0: by0, x1: bx1, y1: by1 } };
 }
 
 function groupOf(id) {
@@ -511,9 +543,47 @@ function groupOf(id) {
   return n && n.group !== null && n.group !== undefined ? S.st.groups[n.group] : S.st.groups.find((g) => g.tensors.includes(id)) || null;
 }
 
+// the layout drawn: the launches folded by hand, then (foldAuto) the largest launches folded one by one until the
+// layer fits the graph's room at the fit's least scale, where its text is legible (issue 37: never below 11 px)
+function foldedLayout(st) {
+  const wrap = $("graph-wrap");
+  const W = (wrap && wrap.clientWidth) || 800, room = $("graph").clientHeight || (wrap && wrap.clientHeight) || 600;
+  const can = foldable(st);
+  const folded = new Set(can.filter((g) => S.shut.has(foldRep(g, st))).map((g) => g.id));
+  let L = layout(st, folded);
+  const fits = (l) => (l.bounds.x1 - l.bounds.x0) * MIN_K <= W && (l.bounds.y1 - l.bounds.y0) * MIN_K <= room;
+  if (S.foldAuto) {
+    const order = can.filter((g) => !folded.has(g.id) && !S.open.has(foldRep(g, st)))
+      .sort((a, b) => b.tensors.length - a.tensors.length || a.index - b.index);
+    for (const g of order) {
+      if (fits(L)) break;
+      folded.add(g.id);
+      L = layout(st, folded);
+    }
+  }
+  L.folded = folded;
+  return L;
+}
+// the graph's room changed: fold again where the launches folded would change (foldAuto), else fit
+function refit() {
+  if (S.foldAuto && S.st && S.layout) {
+    const now = foldedLayout(S.st).folded, was = S.layout.folded || new Set();
+    if (now.size !== was.size || [...now].some((g) => !was.has(g))) { renderGraph(); return; }
+  }
+  fit();
+}
+// `fit` (the button, f): the launches opened by hand fold again where the layer does not fit, then the view fits
+function fitAll() {
+  if (S.foldAuto && S.open.size) { S.open.clear(); S.fitted = true; renderGraph(); }
+  fit();
+}
+function openFold(rep, open) {
+  if (open) { S.open.add(rep); S.shut.delete(rep); } else { S.shut.add(rep); S.open.delete(rep); }
+}
+
 function renderGraph() {
   const st = S.st, svg = $("graph");
-  const L = layout(st);
+  const L = foldedLayout(st);
   S.layout = L;
   const gcol = (g) => colour(g ? g.launch : null);
   const groupById = new Map(st.groups.map((g) => [g.id, g]));
@@ -535,7 +605,12 @@ function renderGraph() {
     label._tip = [["h", `launch #${b.g.index} · ${b.g.launch}`], ["", `${b.g.cls}${b.g.rule ? " by " + b.g.rule : ""} — click for its fields and CUDA code`]];
     root.append(s("g", { class: "gbox" + lit, "data-group": b.g.id },
       s("rect", { x: b.x0, y: b.y0, width: b.x1 - b.x0, height: b.y1 - b.y0, rx: 7, fill: tint(c, 0.07), stroke: tint(c, 0.75), "stroke-width": 1.2 })));
-    labels.push(s("g", { class: "gbox-top" + lit }, label));  // drawn over the edges and nodes: always clickable
+    const rep = foldRep(b.g, st), lx = b.x0 + 6 + lbl.length * 6.6 + 16;
+    const shut = s("g", { class: "fold-ctl", "data-fold": rep, onclick: (e) => { e.stopPropagation(); openFold(rep, false); renderGraph(); } },
+      s("rect", { x: lx, y: b.y0 - 8, width: 18, height: 15, rx: 3, fill: "#0f1114" }),
+      s("text", { x: lx + 5, y: b.y0 + 3, fill: c }, "▴"));
+    shut._tip = [["h", `fold launch #${b.g.index}`], ["", `draw its ${b.g.tensors.length} ops as one node`]];
+    labels.push(s("g", { class: "gbox-top" + lit }, label, shut));  // drawn over the edges and nodes: always clickable
   }
   // edges
   const hot = new Set();
@@ -559,10 +634,10 @@ function renderGraph() {
   for (const n of L.nodes.values()) {
     const g = nodeGroup(n), c = gcol(g);
     const forced = st.forced && n.id in st.forced;
-    const cls = ["node", S.sel === n.id ? "sel" : "", forced ? "forced" : "",
+    const cls = ["node", n.folded ? "folded" : "", S.sel === n.id ? "sel" : "", forced ? "forced" : "",
       (S.litKind && g && g.launch === S.litKind) || (focus && hot.has(n.id)) || focus === n.id ? "lit" : ""].join(" ");
     const x = n.x - n.w / 2, y = n.y - n.h / 2;
-    const el = s("g", { class: cls, "data-tensor": n.id, transform: `translate(${x},${y})` });
+    const el = s("g", { class: cls, "data-tensor": n.id, transform: `translate(${x},${y})`, ...(n.folded ? { "data-members": n.members.join(" ") } : {}) });
     el.append(
       s("rect", { class: "box", width: n.w, height: n.h, rx: 4, fill: tint(c, 0.16), stroke: c }),
       s("rect", { x: 0, y: 0, width: 3, height: n.h, fill: c }),
@@ -571,7 +646,9 @@ function renderGraph() {
       s("text", { class: "sub", x: 10, y: 26.5 }, n.sub),
       ...n.inLines.map((l, i) => s("text", { class: "ins", x: 10, y: 26.5 + IN_LINE * (i + 1) }, l)));
     if (forced) el.append(s("text", { class: "pin", x: n.w - 7, y: 13, "text-anchor": "end" }, `⚑${st.forced[n.id]}`));
-    el.addEventListener("click", (e) => { e.stopPropagation(); select(n.id); });
+    if (n.folded) {  // a folded launch opens on a click, its shown tensor selected
+      el.addEventListener("click", (e) => { e.stopPropagation(); openFold(n.id, true); S.viewKeep = true; const p = select(n.id); centerOn(n.id); return p; });
+    } else el.addEventListener("click", (e) => { e.stopPropagation(); select(n.id); });
     el._tip = () => nodeTip(n, g);
     el.addEventListener("mouseenter", () => { S.hover = n.id; highlight(); });
     el.addEventListener("mouseleave", () => { S.hover = null; highlight(); });
@@ -582,7 +659,8 @@ function renderGraph() {
   svg.classList.toggle("dimmed", !!S.litKind);
   // the view: kept across changes of the same layer and graph, fitted otherwise
   const key = `${st.layer}|${S.showInputs}|${st.graph.nodes.length}`;
-  if (S.viewKey !== key || !S.view) { S.viewKey = key; fit(); } else applyView();
+  if (S.viewKey !== key || !S.view) { S.viewKey = key; fit(); } else if (S.fitted && !S.viewKeep) fit(); else applyView();
+  S.viewKeep = false;
   renderLegend();
 }
 
@@ -609,6 +687,8 @@ function highlight() {
 
 function nodeTip(n, g) {
   const st = S.st;
+  if (n.folded) return [["h", `${n.folded.launch} #${n.folded.index} (folded)`], ["", `${n.members.map((t) => shortName(t, st.layer)).join(", ")}`],
+    ["", "click to open it; ▴ on its box folds it again"]];
   const reads = st.graph.edges.filter((e) => e[1] === n.id).map((e) => shortName(e[0], st.layer));
   const readBy = st.graph.edges.filter((e) => e[0] === n.id).map((e) => shortName(e[1], st.layer));
   const arr = st.arena.arrays.find((a) => a.name === n.id);
@@ -740,6 +820,8 @@ function renderArena() {
 
 // ---- the inspector: one tensor's alternatives ------------------------------------------------------------------
 async function select(id) {
+  const L = S.layout;
+  if (id && L && L.alias && L.alias.has(id) && !L.nodes.has(id)) openFold(L.alias.get(id), true);  // inside a fold: open it
   S.sel = id; S.choices = null;
   renderGraph(); renderArena(); renderInspector();
   if (id) await loadChoices();
@@ -1067,7 +1149,8 @@ function setup() {
   $("next").addEventListener("click", () => S.st && S.st.layer < S.st.layers - 1 && load(S.st.layer + 1));
   $("rule-filter").addEventListener("input", () => S.st && renderRules());
   $("show-inputs").addEventListener("change", (e) => { S.showInputs = e.target.checked; renderGraph(); });
-  $("fit").addEventListener("click", fit);
+  $("fold-auto").addEventListener("change", (e) => { S.foldAuto = e.target.checked; if (S.foldAuto) S.open.clear(); else S.shut.clear(); renderGraph(); });
+  $("fit").addEventListener("click", fitAll);
   $("zoom-in").addEventListener("click", () => zoom(1.2));
   $("zoom-out").addEventListener("click", () => zoom(1 / 1.2));
   $("help-btn").addEventListener("click", () => $("help").classList.toggle("hidden"));
@@ -1086,7 +1169,7 @@ function setup() {
     if (e.key === "[" && S.st.layer > 0) load(S.st.layer - 1);
     else if (e.key === "]" && S.st.layer < S.st.layers - 1) load(S.st.layer + 1);
     else if (e.key === "/") { e.preventDefault(); $("rule-filter").focus(); }
-    else if (e.key === "f") fit();
+    else if (e.key === "f") fitAll();
     else if (e.key === "+" || e.key === "=") zoom(1.2);
     else if (e.key === "-") zoom(1 / 1.2);
     else if (e.key === "u") undoLast();
@@ -1096,10 +1179,10 @@ function setup() {
     else if (e.key === "Escape") { $("help").classList.add("hidden"); if (S.detail) closeDetail(); else select(null); }
   });
   let t = null;
-  window.addEventListener("resize", () => { clearTimeout(t); t = setTimeout(() => { if (S.st) { renderArena(); fit(); } }, 120); });
+  window.addEventListener("resize", () => { clearTimeout(t); t = setTimeout(() => { if (S.st) { renderArena(); refit(); } }, 120); });
   window.addEventListener("unhandledrejection", (e) => { e.preventDefault(); toast(String(e.reason && e.reason.message || e.reason)); });
   setupPanZoom();
-  if (window.ResizeObserver) new ResizeObserver(() => { if (S.fitted && S.layout) fit(); }).observe($("graph-wrap"));
+  if (window.ResizeObserver) new ResizeObserver(() => { if (S.fitted && S.layout) refit(); }).observe($("graph-wrap"));
   setupTips();
   const q = new URLSearchParams(location.search);
   load(q.has("layer") ? Number(q.get("layer")) : null);
