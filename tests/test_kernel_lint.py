@@ -147,7 +147,7 @@ class Atomic:
     function: str
     op: str
     ptr: str
-    kind: str  # "counter", "reset" (atomicExch(c, 0)), "unclassified"
+    kind: str  # "counter", "reset" (atomicExch(c, 0)), "shared" (into a block's zeroed shared array), "unclassified"
     problem: str | None = None  # a counter's contract broken: how
 
 
@@ -167,6 +167,13 @@ def lint(src: str, file: str = "<src>") -> list[Atomic]:
                 a.problem = counter_problem(text, f, f.start + m.start(), flag.group(1), args[0])
             elif op == "atomicExch" and re.fullmatch(r"0u?", args[-1]):
                 a = Atomic(file, f.name, op, args[0], "reset")  # a counter set back to zero
+            elif (base := re.match(r"\s*\(?\s*(\w+)", args[0])) and re.search(
+                    r"__shared__\s[^;]*\b" + base.group(1) + r"\s*\[", body):
+                # a block's own shared array (a histogram): it lives for the launch alone; the function must zero it
+                zeroed = re.search(r"\b" + base.group(1) + r"\s*\[[^\]]*\]\s*=\s*0(?:u|ull)?\s*;", body)
+                a = Atomic(file, f.name, op, args[0], "shared",
+                           None if zeroed else f"an atomic into the shared array `{base.group(1)}`, which the "
+                           f"function never sets to zero (shared memory starts undefined in every launch)")
             else:
                 a = Atomic(file, f.name, op, args[0], "unclassified",
                            "an atomic that is not an arrival counter (`last = atomicAdd(c, 1u) == n - 1`): classify it "
@@ -252,6 +259,8 @@ __device__ void tail(unsigned* counter, float* y) {
     ("a return on the way", GOOD.replace("y[0] = 1.f;", "if (y[1] > 0.f) return;"), "a `return` between"),
     ("no gate", GOOD.replace("if (!last) return;", ""), "no gate"),
     ("a float reduction", GOOD.replace("y[0] = 1.f;", "atomicAdd(y, 1.f);"), "not an arrival counter"),
+    ("a shared histogram never zeroed", "__device__ void h(const int* x) { __shared__ unsigned long long hist[256];\n"
+     " atomicAdd(hist + (x[threadIdx.x] & 255), 1ull);\n}", "never sets to zero"),
     ("a loop's reset outside the loop",
      "__device__ void t(unsigned* c, int n) { __shared__ int last;\n for (int r = 0; r < n; r++) {\n"
      "  if (threadIdx.x == 0) last = atomicAdd(c + r, 1u) == 3u; __syncthreads();\n  if (!last) continue;\n }\n"

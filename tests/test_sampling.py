@@ -42,8 +42,15 @@ def test_the_kept_tokens_and_probabilities_are_transformers(case, vocab):
         logits = (rng.standard_normal(vocab) * rng.uniform(0.5, 4)).astype(np.float32)
         want = _hf(logits.astype(np.float64), **case)
         ids, p = Sampling(**case).kept(logits)
-        assert list(ids) == list(np.flatnonzero(want > 0)), case
-        np.testing.assert_allclose(p, want[ids], rtol=1e-9, atol=1e-12)
+        # transformers' kept tokens but those below 2^-40 of the top's probability (a weight of 0: never drawn);
+        # a token within 1% of that ratio may go either way
+        ratio = want / want.max()
+        near = np.abs(np.log2(np.where(ratio > 0, ratio, 1.0)) + 40) < 0.015
+        assert set(ids) - set(np.flatnonzero(near)) == set(np.flatnonzero((ratio >= 2.0 ** -40) & ~near)), case
+        want = np.bincount(ids, want[ids] / want[ids].sum(), minlength=vocab)  # over the same kept tokens
+        # f32 scores (x / temp rounded: 2^-24 of |s| in the exponent), sp_exp's ~2 ulps, the 2^-40 floor
+        rtol = 2.0 ** -22 * (1 + float(np.max(np.abs(logits))) / case["temp"])
+        np.testing.assert_allclose(p, want[ids], rtol=rtol, atol=1e-12)
 
 
 def test_the_draws_follow_the_kept_distribution():

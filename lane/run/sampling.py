@@ -1,17 +1,30 @@
-"""Sampling a step's next token from its logits on the host: temperature, top-k, top-p and min-p, each as
-transformers' logits processors define it (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
-MinPLogitsWarper, applied in that order, each keeping at least one token), then one draw from the kept tokens'
-probabilities with a counter-based generator (numpy's Philox keyed by the seed, its counter the sequence and the
-token's index): a token depends only on (seed, sequence, index, logits), not on how the run was split into steps,
-chunks or batch slots. Temperature 0 is greedy: the plan's own arg-max, untouched (`Sampling.greedy`)."""
+"""Sampling a step's next token: temperature, top-k, top-p and min-p as transformers' logits processors define them
+(TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, in that order, each keeping at least
+one token), then one draw from the kept tokens with a counter-based generator (Philox4x64-10 keyed by the seed, its
+counter the token's index and the sequence): a token depends only on (seed, sequence, index, logits), not on how the
+run was split into steps, chunks or batch slots. Temperature 0 is greedy: the plan's own arg-max, untouched
+(`Sampling.greedy`).
+
+The draw is the step's closing launch (kernels/sample.py, `sample`: `with_sampling` puts it where the plan's arg-max
+closes the step, reading its settings and each sequence's (sequence, index) from the step input `sampling`, an i32
+array a CUDA graph replay reads anew, the launch moving the index on as it moves the position), so neither backend
+reads the logits back to draw. `Sampling.pick` is that launch's numpy twin on one row of logits — the same bits: the
+reference interpreter's runs (which run no launch) draw with it, and the tests check the launch against it. What
+the kept set means where it differs from transformers' float64 definition (f32 weights, ties on the top-p boundary):
+kernels/sample.py's docstring."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.ir import StepIO, Tensor
+from lanefuse.kernels import sample as twin
+
+PARAMS = "sampling"  # the step input holding the draw's settings and each sequence's (sequence, index)
 
 
 @dataclass(frozen=True)
@@ -27,12 +40,18 @@ class Sampling:
             raise UserError(f"--temp {self.temp}: give 0 (greedy) or more")
         if self.top_k < 0:
             raise UserError(f"--top-k {self.top_k}: give 0 (off) or more")
+        if self.top_k >= 2**31:
+            raise UserError(f"--top-k {self.top_k}: give at most {2**31 - 1} (0: off)")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"--top-p {self.top_p}: give a value in (0, 1] (1: off)")
         if not 0.0 <= self.min_p <= 1.0:
             raise UserError(f"--min-p {self.min_p}: give a value in [0, 1] (0: off)")
         if not 0 <= self.seed < 2**64:
             raise UserError(f"--seed {self.seed}: give an integer in 0..2^64-1")
+        with np.errstate(over="ignore"):
+            t32 = np.float32(self.temp)
+        if not self.greedy and (not np.isfinite(t32) or t32 == 0):
+            raise UserError(f"--temp {self.temp}: outside f32's range (the draw divides the f32 logits by it)")
 
     @property
     def greedy(self) -> bool:
@@ -47,51 +66,73 @@ class Sampling:
         parts += [f"min-p {self.min_p:g}"] if self.min_p > 0 else []
         return "sampling: " + ", ".join(parts) + f", seed {self.seed}"
 
-    def scores(self, logits) -> np.ndarray:
-        """The processed scores (float64): the logits over the temperature, -inf where top-k, top-p or min-p
-        removes a token (transformers' warpers, in their order)."""
-        s = np.asarray(logits, dtype=np.float64).reshape(-1) / self.temp
-        if self.top_k:
-            k = min(self.top_k, s.size)
-            kth = np.partition(s, s.size - k)[s.size - k]
-            s = np.where(s < kth, -np.inf, s)
-        if self.top_p < 1.0:
-            order = np.argsort(s, kind="stable")  # ascending, as TopPLogitsWarper sorts
-            cum = np.cumsum(_softmax(s[order]))
-            drop = cum <= 1.0 - self.top_p
-            drop[-1] = False  # keep at least one
-            s = s.copy()
-            s[order[drop]] = -np.inf
-        if self.min_p > 0.0:
-            p = _softmax(s)
-            drop = p < self.min_p * p.max()
-            drop[int(np.argmax(p))] = False
-            s = np.where(drop, -np.inf, s)
-        return s
+    def words(self, pairs) -> np.ndarray:
+        """The `sample` launch's parameter words: these settings and each (sequence, token index) of `pairs`."""
+        return twin.params(self.temp, self.top_k, self.top_p, self.min_p, self.seed, pairs)
+
+    def draw(self, logits, seq: int = 0, index: int = 0) -> twin.Draw:
+        return twin.draw(np.asarray(logits, np.float32).reshape(-1), self.temp, self.top_k, self.top_p, self.min_p,
+                         self.seed, seq, index)
 
     def kept(self, logits) -> tuple[np.ndarray, np.ndarray]:
-        """The tokens left to draw from, in id order, and their probabilities (summing to 1)."""
-        s = self.scores(logits)
-        ids = np.flatnonzero(np.isfinite(s))
-        return ids, _softmax(s[ids])
+        """The tokens left to draw from, in id order, and their probabilities (summing to 1; float64 of the launch's
+        integer weights)."""
+        d = self.draw(logits)
+        ids = np.flatnonzero(d.kept)
+        return ids, d.weights[ids].astype(np.float64) / float(d.total)
 
     def uniform(self, seq: int, index: int) -> float:
-        """The draw for token `index` of sequence `seq`: Philox(key=seed) at counter (index, seq, 0, 0), its first
-        double in [0, 1)."""
-        bits = np.random.Philox(key=self.seed, counter=[index, seq, 0, 0])
-        return float(np.random.Generator(bits).random())
+        """The draw for token `index` of sequence `seq` as a number in [0, 1): its 64 random bits / 2^64 (the first
+        word of numpy's Philox(key=seed, counter=[index, seq, 0, 0]))."""
+        return twin.draw_bits(self.seed, seq, index) / 2.0 ** 64
 
     def pick(self, logits, seq: int = 0, index: int = 0) -> int:
-        """Token `index` of sequence `seq` drawn from `logits` (greedy: their arg-max, the first of ties)."""
+        """Token `index` of sequence `seq` drawn from `logits` as the `sample` launch draws it (greedy: their arg-max,
+        the first of ties)."""
         if self.greedy:
             return int(np.argmax(np.asarray(logits).reshape(-1)))
-        ids, p = self.kept(logits)
-        u = self.uniform(seq, index)
-        j = int(np.searchsorted(np.cumsum(p), u, side="right"))
-        return int(ids[min(j, ids.size - 1)])
+        return self.draw(logits, seq, index).token
 
 
-def _softmax(s: np.ndarray) -> np.ndarray:
-    m = np.max(s)
-    e = np.exp(s - m)
-    return e / e.sum()
+@dataclass(frozen=True)
+class SampledIO(StepIO):
+    """A sampled step's names: the plain step's and the `sampling` parameter words, an input the step advances."""
+
+    params: tuple[str, ...] = (PARAMS,)
+
+    @cached_property
+    def inputs(self) -> tuple[str, ...]:
+        return StepIO.inputs.func(self) + self.params
+
+
+def with_sampling(p):
+    """Plan `p` drawing its next token with the `sample` launch where its arg-max closes the step (the one whose
+    advance writes the token and position the next step reads), its parameter words the step input `sampling`
+    (settings, then a (sequence, index) pair a sequence: one, or a batch's one a row). Refused in one line where the
+    plan has no such arg-max."""
+    from lanefuse.kernels.argmax import ArgMax
+    from lanefuse.kernels.sample import Sample
+    from lanefuse.lane.lower.buffers import Buffer
+
+    at = [i for i, x in enumerate(p.launches) if isinstance(x.launch, ArgMax) and x.launch.out == p.io.next
+          and x.launch.advance is not None]
+    if len(at) != 1:
+        raise UserError(f"sampling: the plan of {p.model} closes its step with {len(at)} arg-max launches advancing "
+                        f"the next token (the draw takes the place of one); run it greedy (no --temp)")
+    i = at[0]
+    a = p.launches[i].launch
+    s = Sample(a.x, a.out, a.n, PARAMS, a.rows, a.advance)
+    why = s.check()
+    if why is not None:
+        raise UserError(f"sampling: {why.reason}")
+    launches = list(p.launches)
+    launches[i] = replace(p.launches[i], launch=s)
+    io = SampledIO(**{f: getattr(p.io, f) for f in ("token", "position", "caches", "logits", "next", "states")})
+    census = dict(p.census)
+    census["argmax"] = census.get("argmax", 1) - 1
+    if not census["argmax"]:
+        del census["argmax"]
+    census["sample"] = census.get("sample", 0) + 1
+    return replace(p, launches=launches, io=io, census=census,
+                   tensors={**p.tensors, PARAMS: Tensor(PARAMS, (s.words,), "i32")},
+                   buffers={**p.buffers, PARAMS: Buffer(PARAMS, PARAMS, 0, s.words, "i32", "io")})
