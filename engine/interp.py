@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from lanefuse.engine.collectives import COLLECTIVES, alone, meet
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Access, Dst, Graph, Op, RowSel
 from lanefuse.engine.opdefs import QBLOCK, full_attrs
@@ -321,6 +322,8 @@ OP_IMPL: dict[str, Callable[..., np.ndarray]] = {
     "scale": _scale, "softcap": _softcap, "view": _view, "moe": _moe, "quantize": _quantize, "l2norm": _l2norm,
     "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta, "head_slice": _head_slice,
     "join": _join, "head_matmul": _head_matmul,
+    "all_reduce": lambda x, **a: alone("all_reduce", x, **a), "all_gather": lambda x, **a: alone("all_gather", x, **a),
+    "all_argmax": lambda x, **a: alone("all_argmax", x, **a),  # without their ranks (engine/collectives.py)
 }
 
 
@@ -384,12 +387,14 @@ def run_op(op: Op, *arrays: np.ndarray) -> np.ndarray:
     return OP_IMPL[op.kind](*ins, **full_attrs(op))
 
 
-def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarray] | None = None) -> None:
+def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarray] | None = None,
+             comm=None) -> None:
     """Evaluate `op` against `env` (name -> array), binding its results in `env`; a fused op runs its parts in order.
-    `const(name)` supplies a name `env` lacks (a constant)."""
+    `const(name)` supplies a name `env` lacks (a constant); `comm` is this rank's communicator, which a collective op
+    meets the other ranks through (engine/collectives.py)."""
     if op.fused:
         for p in op.parts:
-            apply_op(p, env, const)
+            apply_op(p, env, const, comm)
         return
 
     def get(name: str) -> np.ndarray:
@@ -401,7 +406,10 @@ def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarr
             return v
         raise UserError(f"op `{op.kind}` -> `{op.out}` reads `{name}`, which has no value")
 
-    y = run_op(op, *[get(n) for n in op.ins])
+    if comm is not None and op.kind in COLLECTIVES:
+        y = meet(comm, op, read_access(np.asanyarray(get(op.ins[0])), op.acc(0)))
+    else:
+        y = run_op(op, *[get(n) for n in op.ins])
     if op.dst is not None and op.kind != "set_row":
         if op.dst.table not in env:
             raise UserError(f"op `{op.kind}` -> `{op.out}` writes into `{op.dst.table}`, which has no value")
@@ -409,9 +417,10 @@ def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarr
     env[op.out] = y
 
 
-def evaluate(g: Graph, weights: Any, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def evaluate(g: Graph, weights: Any, env: dict[str, np.ndarray], comm=None) -> dict[str, np.ndarray]:
     """Run graph `g` on step inputs `env` (token, pos, cache tables) with constants from `weights` (anything with
-    `get(name) -> array`). Cache tables are written in place. Returns every value: the inputs and each op's results."""
+    `get(name) -> array`). Cache tables are written in place. Returns every value: the inputs and each op's results.
+    `comm`: one rank's communicator, for a rank's step graph (engine/collectives.py)."""
     vals: dict[str, np.ndarray] = {}
     for name in g.io.inputs:
         if name not in env:
@@ -445,7 +454,7 @@ def evaluate(g: Graph, weights: Any, env: dict[str, np.ndarray]) -> dict[str, np
         return cache[name]
 
     for op in g.ops:
-        apply_op(op, vals, const)
+        apply_op(op, vals, const, comm)
     for name in cache:
         vals.pop(name, None)
     return vals

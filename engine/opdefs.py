@@ -112,6 +112,14 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
        doc="from each group of `every` values of a row, the `width` from `start`: (R, n) -> (R, n / every · width)"),
     _d("join", ["a", "b"], {"heads": int},
        doc="each head's part of a, then its part of b: (R, heads·ha), (R, heads·hb) -> (R, heads·(ha + hb))"),
+    _d("all_reduce", ["x"], {"ranks": int},
+       doc="a collective (engine/collectives.py): the sum of every rank's x, on every rank: (R, n) -> (R, n)"),
+    _d("all_gather", ["x"], {"ranks": int},
+       doc="a collective: every rank's x side by side, rank 0's first, on every rank: (R, n) -> (R, ranks·n)"),
+    _d("all_argmax", ["x"], {"ranks": int, "offset": int}, {"offset": 0},
+       doc="a collective: the index of each row's largest value over every rank's part of the row (rank r's part "
+           "starting at its `offset`; the lowest index of equal maxima), two values a row sent a rank, not the "
+           "parts: (R, n) -> i32 (R,)"),
     _d("head_matmul", ["x", "w"], {"heads": int, "a": int, "b": int, "rows_out": bool},
        doc="each head's a values times its own matrix, to b values: (R, heads·a) -> (R, heads·b); w checkpoint rows, "
            "head h's at h·b (rows_out: (heads·b, a), y_h = x_h·W_hᵀ) or at h·a (not rows_out: (heads·a, b), "
@@ -361,6 +369,31 @@ def _head_matmul(shapes, attrs):
     return (r, h * b), "f32"
 
 
+def _ranks(attrs):
+    if attrs["ranks"] < 1:
+        raise ValueError(f"a collective over {attrs['ranks']} ranks")
+
+
+def _all_reduce(shapes, attrs):
+    _ranks(attrs)
+    _rows_cols(shapes[0])
+    return shapes[0], "f32"
+
+
+def _all_gather(shapes, attrs):
+    _ranks(attrs)
+    r, n = _rows_cols(shapes[0])
+    return (r, n * attrs["ranks"]), "f32"
+
+
+def _all_argmax(shapes, attrs):
+    _ranks(attrs)
+    if attrs["offset"] < 0:
+        raise ValueError(f"a part of the row from {attrs['offset']}")
+    r, _ = _rows_cols(shapes[0])
+    return (r,), "i32"
+
+
 INFER: dict[str, Callable] = {
     "gather": _gather, "rmsnorm": _rmsnorm, "matmul": _matmul, "add": _broadcast, "mul": _broadcast,
     "sub": _broadcast, "rope": _rope, "set_row": _set_row, "attention": _attention, "silu": _same,
@@ -368,6 +401,7 @@ INFER: dict[str, Callable] = {
     "softcap": _same, "view": _view, "moe": _moe, "quantize": _quantize, "l2norm": _l2norm,
     "causal_conv": _causal_conv, "decay": _decay, "gated_delta": _gated_delta, "head_slice": _head_slice,
     "join": _join, "head_matmul": _head_matmul,
+    "all_reduce": _all_reduce, "all_gather": _all_gather, "all_argmax": _all_argmax,
 }
 
 QUANTIZED = ("q8", "q8x2", "q8k")
