@@ -1,0 +1,150 @@
+"""What a collective op means: the step graphs of R ranks run side by side, and a collective op (`all_reduce`,
+`all_gather`, `all_argmax`) meets across them — each rank gives its payload, and every rank gets the one result
+(`meet`). The reference interpreter of R ranks (`evaluate_ranks`) runs each rank's graph in a thread of its own with
+an in-process communicator (`LocalComm`); a real one (torch.distributed's gloo, NCCL: lane/run/ranks.py) serves the
+same interface, `Comm.exchange(op, payload) -> [payload of each rank]`."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+
+F32, F64 = np.float32, np.float64
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_argmax")
+
+
+def payload(kind: str, x: np.ndarray, offset: int = 0) -> np.ndarray:
+    """What one rank sends into collective `kind`: its value (all_reduce, all_gather; f32), or for `all_argmax` each
+    row's largest value and its index in the whole row (`offset` + the first local index of it): (R, 2) f64, two
+    values a row whatever the width of the rank's part."""
+    x = np.asarray(x)
+    if kind != "all_argmax":
+        return np.asarray(x, dtype=F32)
+    i = np.argmax(x, axis=-1)  # the first of equal maxima
+    v = np.take_along_axis(np.asarray(x, dtype=F64), i[:, None], axis=-1)[:, 0]
+    return np.stack([v, (i + offset).astype(F64)], axis=-1)
+
+
+def combine(kind: str, parts: list[np.ndarray]) -> np.ndarray:
+    """Every rank's payload (in rank order) into the collective's result, the same on every rank: all_reduce the sum
+    (in f64, rank 0 first, rounded to f32 once), all_gather the parts side by side ((R, n) each -> (R, ranks·n)),
+    all_argmax each row's index of the largest value (the lowest index of equal ones: np.argmax of the whole row)."""
+    if kind == "all_reduce":
+        acc = np.zeros(parts[0].shape, dtype=F64)
+        for p in parts:
+            acc += np.asarray(p, dtype=F64)
+        return acc.astype(F32)
+    if kind == "all_gather":
+        return np.concatenate([np.asarray(p, dtype=F32) for p in parts], axis=-1)
+    if kind == "all_argmax":
+        v = np.stack([p[:, 0] for p in parts], axis=1)  # (R, ranks)
+        idx = np.stack([p[:, 1] for p in parts], axis=1)
+        best = v.max(axis=1, keepdims=True)
+        idx = np.where(v == best, idx, np.inf)  # among equal maxima the lowest index (a rank's parts are in order)
+        return idx.min(axis=1).astype(np.int32)
+    raise ValueError(f"not a collective: {kind}")
+
+
+class Comm(Protocol):
+    rank: int
+    ranks: int
+
+    def exchange(self, kind: str, x: np.ndarray) -> list[np.ndarray]:
+        """Every rank's payload of this collective, in rank order (each rank calls it with its own, in the same
+        order of collectives)."""
+
+
+def meet(comm: Comm, op, x: np.ndarray) -> np.ndarray:
+    """Collective op `op` of this rank, its input `x`, through `comm` (checked: the op's ranks are the comm's)."""
+    a = op.a
+    if a.get("ranks", 1) != comm.ranks:
+        raise UserError(f"op `{op.kind}` -> `{op.out}` is over {a.get('ranks', 1)} ranks; this run has {comm.ranks}")
+    exchange = getattr(comm, op.kind, None)  # a communicator's own form of the collective (a library all-reduce)
+    if exchange is not None:
+        return exchange(payload(op.kind, x, a.get("offset", 0)))
+    return combine(op.kind, comm.exchange(op.kind, payload(op.kind, x, a.get("offset", 0))))
+
+
+def alone(kind: str, x: np.ndarray, ranks: int = 1, offset: int = 0, **a: Any) -> np.ndarray:
+    """A collective op run without a communicator: one rank, the others none (over more ranks, refused: the ranks
+    must run together, `evaluate_ranks` or lane/run/ranks.py)."""
+    if ranks != 1:
+        raise UserError(f"a `{kind}` over {ranks} ranks runs only with its ranks (lanefuse run --ranks {ranks}; "
+                        f"engine/collectives.evaluate_ranks)")
+    return combine(kind, [payload(kind, x, offset)])
+
+
+class LocalComm:
+    """The in-process communicator of `evaluate_ranks`: rank threads meet at a barrier; each collective's payloads
+    are kept by rank until all have arrived. `timeout` seconds bound each wait (a rank that failed breaks the barrier
+    for the others: every rank ends, none hangs)."""
+
+    def __init__(self, ranks: int, timeout: float = 120.0):
+        self.ranks = ranks
+        self.timeout = timeout
+        self.barrier = threading.Barrier(ranks, timeout=timeout)
+        self.slots: list[Any] = [None] * ranks
+
+    def at(self, rank: int) -> "_RankView":
+        return _RankView(self, rank)
+
+
+class _RankView:
+    def __init__(self, group: LocalComm, rank: int):
+        self.group, self.rank, self.ranks = group, rank, group.ranks
+
+    def exchange(self, kind: str, x: np.ndarray) -> list[np.ndarray]:
+        g = self.group
+        g.slots[self.rank] = (kind, np.array(x))
+        g.barrier.wait()
+        got = list(g.slots)
+        g.barrier.wait()  # every rank has read the slots before any writes the next collective's
+        kinds = {k for k, _ in got}
+        if len(kinds) != 1:
+            raise UserError(f"ranks disagree on the collective they meet in: {sorted(kinds)}")
+        return [v for _, v in got]
+
+    def abort(self) -> None:
+        self.group.barrier.abort()
+
+
+def evaluate_ranks(graphs: list, weights: list, envs: list[dict]) -> list[dict]:
+    """The reference interpreter of R ranks: rank r's graph `graphs[r]` over its weights and step inputs, each in a
+    thread of its own; a collective meets across them (`combine`). Returns each rank's values (engine/interp.evaluate's).
+    A rank's error ends every rank and is raised (the first rank's that failed)."""
+    from lanefuse.engine.interp import evaluate
+
+    n = len(graphs)
+    if not n == len(weights) == len(envs):
+        raise ValueError("one graph, one weight store and one environment a rank")
+    group = LocalComm(n)
+    out: list[Any] = [None] * n
+    errors: list[tuple[int, BaseException]] = []
+
+    def run(r: int) -> None:
+        view = group.at(r)
+        try:
+            out[r] = evaluate(graphs[r], weights[r], envs[r], comm=view)
+        except threading.BrokenBarrierError:
+            pass  # another rank failed first: its error is the one raised
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            errors.append((r, e))
+            view.abort()
+
+    if n == 1:
+        return [evaluate(graphs[0], weights[0], envs[0], comm=group.at(0))]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0][1]
+    if any(o is None for o in out):
+        raise UserError("a rank ended without its result (a collective timed out)")
+    return out

@@ -1,0 +1,221 @@
+"""Tensor parallelism over R ranks for the dense decoders (Llama, Mistral, Qwen2, Qwen3): rank r's config, step graph
+and weights. Megatron's split: q/k/v column-parallel by heads (each rank its KV heads and the query heads grouped on
+them, its own KV cache), o row-parallel then an `all_reduce`; gate/up column-parallel, down row-parallel then an
+`all_reduce`; the LM head by vocabulary, the next token an `all_argmax` (two values a row a rank, never the logits).
+The embedding, the norms and the biases after a reduction are whole on every rank."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.ir import Constant, Op, attrs_of
+from lanefuse.engine.model import ModelConfig, build_step
+
+HEAD = "lm_head.weight"  # a rank's part of the LM head, tied or not (a tied one is served from the embedding's rows)
+_ROWS = re.compile(r"model\.layers\.\d+\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.(weight|bias)$")
+_COLS = re.compile(r"model\.layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.weight$")
+_REDUCED = ("o", "down")  # the row-parallel products whose sums every rank needs
+
+
+def part(n: int, ranks: int, rank: int, unit: int = 1) -> tuple[int, int]:
+    """Rank `rank`'s share lo..hi of n values split over `ranks` in whole units of `unit` (a block format's block),
+    as even as they go: the first n/unit % ranks ranks one unit more."""
+    units = n // unit
+    base, more = divmod(units, ranks)
+    lo = rank * base + min(rank, more)
+    return lo * unit, (lo + base + (1 if rank < more else 0)) * unit
+
+
+def check_ranks(cfg: ModelConfig, ranks: int) -> None:
+    """Refuse, in one line, a model or a rank count this split does not serve."""
+    if not isinstance(ranks, int) or ranks < 1:
+        raise UserError(f"--ranks {ranks}: a step runs over 1 or more ranks")
+    if ranks == 1:
+        return
+    if type(cfg) is not ModelConfig or getattr(cfg, "build_step", None) is not None:
+        raise UserError(f"--ranks {ranks}: {cfg.arch} is not split over ranks yet (the dense Llama, Mistral, Qwen2 and "
+                        f"Qwen3 decoders are); run it with --ranks 1")
+    if cfg.moe is not None:
+        raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixtures are not split over ranks yet (expert "
+                        f"parallelism is to come); run it with --ranks 1")
+    if cfg.kv_heads % ranks:
+        raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.kv_heads} KV heads (each rank "
+                        f"holds whole KV heads and its own cache; KV heads are not replicated); give a divisor of "
+                        f"{cfg.kv_heads}")
+    from lanefuse.engine.weights import BLOCK_FORMATS
+
+    for i in range(cfg.layers):
+        o = f"model.layers.{i}.self_attn.o_proj.weight"
+        vb = BLOCK_FORMATS.get(cfg.fmt(o), (1,))[0]
+        if cfg.heads // ranks * cfg.head_dim % vb:
+            raise UserError(f"--ranks {ranks}: tensor `{o}` ({cfg.fmt(o)}) would be cut across its blocks of {vb}: "
+                            f"{cfg.heads // ranks} heads of {cfg.head_dim} a rank")
+    unit = _unit(cfg)
+    if cfg.inter // unit < ranks:
+        raise UserError(f"--ranks {ranks}: {cfg.name}'s FFN of {cfg.inter} values splits into fewer than {ranks} parts "
+                        f"of whole {unit}-value blocks")
+    if cfg.vocab < ranks:
+        raise UserError(f"--ranks {ranks}: a vocabulary of {cfg.vocab} tokens over {ranks} ranks")
+
+
+def _unit(cfg: ModelConfig) -> int:
+    """The FFN's split unit: the down product's block (its rows are cut across their columns), else one value."""
+    from lanefuse.engine.weights import BLOCK_FORMATS
+
+    fmts = {cfg.fmt(f"model.layers.{i}.mlp.down_proj.weight") for i in range(cfg.layers)}
+    return max([BLOCK_FORMATS[f][0] for f in fmts if f in BLOCK_FORMATS] + [1])
+
+
+def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
+    """Rank `rank`'s config: its heads, KV heads and FFN values (its caches' widths follow); the vocabulary whole
+    (the embedding is whole on every rank)."""
+    check_ranks(cfg, ranks)
+    if ranks == 1:
+        return cfg
+    lo, hi = part(cfg.inter, ranks, rank, _unit(cfg))
+    return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=cfg.kv_heads // ranks, inter=hi - lo)
+
+
+def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> "Graph":  # noqa: F821
+    """Rank `rank`'s step graph of `ranks`: the step of its config (its heads and FFN part) with an `all_reduce`
+    after each o and down product (what reads the product reads the sum), and its part of the LM head, the next token
+    the `all_argmax` over every rank's part. `meta` gains rank, ranks and vocab_from (where its logits start)."""
+    rc = rank_config(cfg, rank, ranks)
+    g = build_step(rc, rows)
+    if ranks == 1:
+        return g
+    *body, head, amax = g.ops
+    if head.kind != "matmul" or head.out != g.io.logits or amax.kind != "argmax":
+        raise AssertionError("a dense step ends with the LM head's product and its arg-max")
+    ops: list[Op] = []
+    renamed: dict[str, str] = {}
+    for op in body:
+        op = dataclasses.replace(op, ins=tuple(renamed.get(i, i) for i in op.ins))
+        ops.append(op)
+        if op.kind == "matmul" and op.layer >= 0 and op.out in {f"L{op.layer}.{n}" for n in _REDUCED}:
+            total = g.tensor(op.out + "_sum", g.tensors[op.out].shape)
+            ops.append(Op("all_reduce", (op.out,), total, attrs_of({"ranks": ranks}), layer=op.layer))
+            renamed[op.out] = total
+    g.ops = ops
+    lo, hi = part(cfg.vocab, ranks, rank)
+    embed = "model.embed_tokens.weight"
+    fmt = cfg.fmt(embed if cfg.tie_embeddings else HEAD)
+    g.constants.pop(HEAD, None)
+    g.constant(Constant(HEAD, (hi - lo, cfg.hidden), "rows", fmt, True, HEAD))
+    for n in (g.io.logits, g.io.next):
+        del g.tensors[n]
+    g.add("matmul", [renamed.get(head.ins[0], head.ins[0]), HEAD], g.io.logits)
+    g.add("all_argmax", [g.io.logits], g.io.next, ranks=ranks, offset=lo)
+    g.meta.update(rank=rank, ranks=ranks, vocab_from=lo)
+    g.validate()
+    return g
+
+
+def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, int] | None:
+    """How rank `rank` cuts stored tensor `name`: ("rows" | "cols", lo, hi), or None (whole)."""
+    hd, unit = cfg.head_dim, _unit(cfg)
+    m = _ROWS.match(name)
+    if m:
+        if m.group(2) == "q":
+            lo, hi = part(cfg.heads, ranks, rank)
+            return "rows", lo * hd, hi * hd
+        if m.group(2) in ("k", "v"):
+            lo, hi = part(cfg.kv_heads, ranks, rank)
+            return "rows", lo * hd, hi * hd
+        return ("rows",) + part(cfg.inter, ranks, rank, unit)
+    m = _COLS.match(name)
+    if m:
+        if "o_proj" in name:
+            lo, hi = part(cfg.heads, ranks, rank)
+            return "cols", lo * hd, hi * hd
+        return ("cols",) + part(cfg.inter, ranks, rank, unit)
+    if name == HEAD:
+        return ("rows",) + part(cfg.vocab, ranks, rank)
+    return None
+
+
+class RankStore:
+    """Rank `rank`'s weights over the whole model's store (engine/weights.py's backends): each tensor its rank
+    cuts (`_cut`), under its checkpoint name; the LM head's part from the embedding's rows where they are tied. A
+    block format's columns are cut in whole blocks."""
+
+    def __init__(self, base, cfg: ModelConfig, rank: int, ranks: int):
+        self.base, self.cfg, self.rank, self.ranks = base, cfg, rank, ranks
+
+    def _source(self, name: str) -> str:
+        return "model.embed_tokens.weight" if name == HEAD and self.cfg.tie_embeddings else name
+
+    def names(self) -> list[str]:
+        names = list(self.base.names())
+        return names if HEAD in names else names + [HEAD]
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        shape, fmt = self.base.info(self._source(name))
+        cut = _cut(name, self.cfg, self.rank, self.ranks)
+        if cut is None:
+            return shape, fmt
+        how, lo, hi = cut
+        return ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo), fmt
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        from lanefuse.engine.weights import BLOCK_FORMATS
+
+        arr, fmt = self.base.raw(self._source(name))
+        cut = _cut(name, self.cfg, self.rank, self.ranks)
+        if cut is None:
+            return arr, fmt
+        how, lo, hi = cut
+        a = np.asarray(arr)
+        if how == "rows":
+            return np.ascontiguousarray(a[lo:hi]), fmt
+        if fmt in BLOCK_FORMATS:
+            vb, bb = BLOCK_FORMATS[fmt]
+            if lo % vb or hi % vb:
+                raise UserError(f"tensor `{name}`: rank {self.rank}'s columns {lo}..{hi - 1} are not whole {fmt} "
+                                f"blocks of {vb}")
+            return np.ascontiguousarray(a[:, lo // vb * bb:hi // vb * bb]), fmt
+        return np.ascontiguousarray(a[:, lo:hi]), fmt
+
+    def where(self, name: str) -> str:
+        return self.base.where(self._source(name))
+
+
+def rank_weights(weights, cfg: ModelConfig, rank: int, ranks: int):
+    """Rank `rank`'s weight store (engine/weights.Weights over a RankStore), its config's generated tables."""
+    from lanefuse.engine.weights import Weights
+
+    if ranks == 1:
+        return weights
+    return Weights(RankStore(weights.store, cfg, rank, ranks), rank_config(cfg, rank, ranks))
+
+
+def rank_weight_bytes(cfg: ModelConfig, ranks: int) -> list[int]:
+    """The bytes of the weights each rank holds (its parts in their stored formats; the whole embedding, norms and
+    reduced biases on each). Arithmetic on the config alone: a config-only folder plans any rank count."""
+    from lanefuse.engine.weights import BLOCK_FORMATS
+
+    size = {"f32": 4, "f16": 2, "bf16": 2}
+    out = []
+    for r in range(ranks):
+        total = 0
+        names = dict(cfg.weight_names())
+        if ranks > 1:
+            names[HEAD] = (cfg.vocab, cfg.hidden)
+        for name, shape in names.items():
+            cut = _cut(name, cfg, r, ranks) if ranks > 1 else None
+            if cut is not None:
+                how, lo, hi = cut
+                shape = ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo)
+            fmt = cfg.fmt(name if name != HEAD or not cfg.tie_embeddings else "model.embed_tokens.weight")
+            n = int(np.prod(shape))
+            if fmt in BLOCK_FORMATS:
+                vb, bb = BLOCK_FORMATS[fmt]
+                total += n // vb * bb
+            else:
+                total += n * size.get(fmt, 4)
+        out.append(total)
+    return out

@@ -1,0 +1,189 @@
+"""Tensor parallelism in the reference interpreter: the collectives' meaning (engine/collectives.py), rank r's step
+graph and weights (engine/parallel.py), and R ranks run together (evaluate_ranks: a thread a rank) giving the one-rank
+step's tokens and logits — decode and a prefill chunk, f32, bf16 and q8_0 rows, R = 2 and 3 (uneven FFN and vocabulary
+parts), and the refusals in words."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lanefuse.engine.collectives import combine, evaluate_ranks, payload
+from lanefuse.engine.errors import UserError
+from lanefuse.engine.interp import evaluate, run_op
+from lanefuse.engine.ir import Op, attrs_of
+from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.parallel import (build_rank_step, check_ranks, part, rank_config, rank_weight_bytes,
+                                      rank_weights)
+from lanefuse.engine.stepweights import random_weights
+from lanefuse.lane.run.generate import new_caches
+
+rng = np.random.default_rng(38)
+
+
+def _cfg(fmt: str = "f32", **kw) -> ModelConfig:
+    """A Qwen3-shaped toy: 6 heads over 3 KV heads of 8 (R = 3 takes one KV head a rank; R = 2 runs it over 2), an
+    FFN of 70 (parts 35 / 24, 23, 23), a vocabulary of 101 (51, 50 / 34, 34, 33)."""
+    base = dict(arch="Qwen3ForCausalLM", hidden=48, layers=2, heads=6, kv_heads=3, head_dim=8, inter=70, vocab=101,
+                qk_norm=True, max_len=24)
+    base.update(kw)
+    cfg = ModelConfig(**base)
+    if fmt != "f32":
+        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
+    return cfg
+
+
+def _weights(cfg: ModelConfig, seed: int = 5):
+    return random_weights(build_step(cfg, 1), seed).with_config(cfg)
+
+
+def _env(cfg, tokens, pos):
+    return {"token": np.asarray(tokens, np.int32), "pos": np.asarray([pos], np.int32), **new_caches(cfg)}
+
+
+def test_collectives_combine():
+    a, b, c = (rng.standard_normal((3, 5)).astype(np.float32) for _ in range(3))
+    got = combine("all_reduce", [a, b, c])
+    np.testing.assert_array_equal(got, (a.astype(np.float64) + b + c).astype(np.float32))
+    assert combine("all_gather", [a, b]).shape == (3, 10)
+    np.testing.assert_array_equal(combine("all_gather", [a, b])[:, 5:], b)
+    one = run_op(Op("all_reduce", ("x",), "y", attrs_of({"ranks": 1})), a)
+    np.testing.assert_array_equal(one, a)
+    with pytest.raises(UserError, match="runs only with its ranks"):
+        run_op(Op("all_reduce", ("x",), "y", attrs_of({"ranks": 2})), a)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=5), st.integers(0, 2**31 - 1), st.booleans())
+def test_all_argmax_is_the_whole_rows_argmax(widths, seed, ties):
+    """Whatever the parts' widths, the collective's index is np.argmax of the whole row (the first of equal maxima):
+    ties drawn from a few values cross the parts."""
+    r = np.random.default_rng(seed)
+    n = sum(widths)
+    x = (r.integers(0, 3, size=(4, n)) if ties else r.standard_normal((4, n))).astype(np.float32)
+    offs = np.cumsum([0] + widths[:-1])
+    parts = [payload("all_argmax", x[:, o:o + w], int(o)) for o, w in zip(offs, widths)]
+    np.testing.assert_array_equal(combine("all_argmax", parts), np.argmax(x, axis=-1))
+
+
+def test_part_is_even_and_whole():
+    for n, ranks, unit in [(70, 3, 1), (101, 2, 1), (96, 3, 32), (128, 3, 32), (7, 7, 1)]:
+        cuts = [part(n, ranks, r, unit) for r in range(ranks)]
+        assert cuts[0][0] == 0 and cuts[-1][1] == n // unit * unit
+        assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+        sizes = [hi - lo for lo, hi in cuts]
+        assert max(sizes) - min(sizes) <= unit and all(s % unit == 0 for s in sizes)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_rank_step_census(ranks):
+    """A layer's step of a rank: its heads and FFN part, two all-reduces (after o and down), whose sums the residual
+    adds read; the LM head its vocabulary part, the next token the all_argmax; its caches its own KV heads."""
+    cfg = _cfg(kv_heads=ranks)
+    for r in range(ranks):
+        g = build_rank_step(cfg, r, ranks, 1)
+        kinds = [op.kind for op in g.ops]
+        assert kinds.count("all_reduce") == 2 * cfg.layers and kinds.count("all_argmax") == 1
+        assert "argmax" not in kinds
+        for op in g.ops:
+            if op.kind == "add" and op.out.endswith(("resid_attn", "resid_ffn")):
+                assert op.ins[1].endswith("_sum")
+        lo, hi = part(cfg.vocab, ranks, r)
+        assert g.tensors["logits"].shape == (1, hi - lo) and g.meta["vocab_from"] == lo
+        assert g.tensors["kc0"].shape == (cfg.max_len, cfg.kv_heads // ranks * cfg.head_dim)
+        assert g.constants["model.layers.0.self_attn.o_proj.weight"].shape == (48, 6 // ranks * 8)
+    assert build_rank_step(cfg, 0, 1, 1) == build_step(cfg, 1)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16", "q8_0"])
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_ranks_equal_one_rank(fmt, ranks, rows):
+    """R ranks' step (decode, a chunk of 5 at position 3 after a chunk of 3) against the one-rank step: the same
+    next token, the logits side by side within f32 rounding of the reductions' order."""
+    q8 = fmt == "q8_0"  # a q8_0 step's rows whole blocks: the FFN parts of 64, 32 / 32 a rank, heads of 32
+    cfg = _cfg(fmt, kv_heads=ranks, inter=96 if q8 else 70, hidden=64 if q8 else 48, head_dim=32 if q8 else 8)
+    w = _weights(cfg)
+    first = [4, 9, 2]
+    toks = list(rng.integers(0, cfg.vocab, rows))
+    one = _env(cfg, first, 0)
+    evaluate(build_step(cfg, 3), w, one)
+    one.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
+    want = evaluate(build_step(cfg, rows), w, one)
+    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
+    g3 = [build_rank_step(cfg, r, ranks, 3) for r in range(ranks)]
+    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
+    envs = [_env(rank_config(cfg, r, ranks), first, 0) for r in range(ranks)]
+    evaluate_ranks(g3, ws, envs)
+    for e in envs:
+        e.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
+    got = evaluate_ranks(gs, ws, envs)
+    logits = np.concatenate([o["logits"] for o in got], axis=-1)
+    scale = float(np.abs(want["logits"]).max())
+    assert float(np.abs(logits - want["logits"]).max()) <= 1e-5 * scale
+    for o in got:
+        np.testing.assert_array_equal(o["next"], want["next"])
+    # each rank's cache holds its KV heads of the one rank's
+    hd, kv = cfg.head_dim, cfg.kv_heads // ranks
+    for r, e in enumerate(envs):
+        np.testing.assert_allclose(e["kc1"], one["kc1"][:, r * kv * hd:(r + 1) * kv * hd], atol=1e-5 * scale)
+
+
+def test_rank_weights_cut():
+    cfg = _cfg("bf16")
+    w = _weights(cfg)
+    w1 = rank_weights(w, cfg, 1, 3)
+    full = w.get("model.layers.1.mlp.down_proj.weight")
+    lo, hi = part(70, 3, 1)
+    np.testing.assert_array_equal(w1.get("model.layers.1.mlp.down_proj.weight"), full[:, lo:hi])
+    np.testing.assert_array_equal(w1.get("model.layers.1.self_attn.k_proj.weight"),
+                                  w.get("model.layers.1.self_attn.k_proj.weight")[8:16])
+    assert w1.format("model.layers.1.self_attn.k_proj.weight") == "bf16"
+    lo, hi = part(101, 3, 1)
+    np.testing.assert_array_equal(w1.get("lm_head.weight"), w.get("lm_head.weight")[lo:hi])
+    tied = _cfg(tie_embeddings=True)
+    wt = _weights(tied)
+    np.testing.assert_array_equal(rank_weights(wt, tied, 2, 3).get("lm_head.weight"),
+                                  wt.get("model.embed_tokens.weight")[part(101, 3, 2)[0]:])
+
+
+def test_rank_weight_bytes():
+    cfg = _cfg("bf16")
+    one = rank_weight_bytes(cfg, 1)[0]
+    assert one == 2 * sum(int(np.prod(s)) for s in cfg.weight_names().values() if len(s) == 2) + \
+        4 * sum(int(np.prod(s)) for s in cfg.weight_names().values() if len(s) == 1)
+    three = rank_weight_bytes(cfg, 3)
+    whole = 2 * 101 * 48 + 4 * 48 * (1 + 2 * 2) + 4 * 8 * 2 * 2  # embedding, norms (final, 2 a layer), q/k norms
+    assert sum(three) == one + 2 * whole  # the whole tensors on every rank, the parts once
+
+
+@pytest.mark.parametrize("cfg, ranks, words", [
+    (_cfg(), 2, "do not divide .*3 KV heads"),
+    (_cfg(), 0, "1 or more ranks"),
+    (_cfg(inter=2), 3, "FFN of 2 values"),
+    (_cfg("q8_0", hidden=64, inter=64, head_dim=16, kv_heads=2, heads=2), 2, "cut across its blocks of 32"),
+])
+def test_refusals(cfg, ranks, words):
+    with pytest.raises(UserError, match=words) as e:
+        check_ranks(cfg, ranks)
+    assert "\n" not in str(e.value)
+
+
+def test_refuses_mixtures_and_families():
+    with pytest.raises(UserError, match="expert mixtures are not split"):
+        check_ranks(dataclasses.replace(_cfg(), moe=object()), 3)
+    from lanefuse.engine.gemma import GemmaConfig
+
+    gemma = GemmaConfig(**{f.name: getattr(_cfg(), f.name) for f in dataclasses.fields(ModelConfig)})
+    with pytest.raises(UserError, match="not split over ranks yet"):
+        check_ranks(gemma, 3)
+
+
+def test_rank_step_round_trips_through_text():
+    from lanefuse.engine.stepyaml import from_yaml, to_yaml
+
+    g = build_rank_step(_cfg(), 2, 3, 4)
+    assert from_yaml(to_yaml(g)) == g
