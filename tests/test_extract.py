@@ -297,7 +297,7 @@ def test_memoized_elimination_is_the_elimination(p):
         except NoPlan as e:  # a class every plan needs has no runnable node: both say so
             return ("no plan", e.classes)
 
-    with mock.patch.object(extract, "MEMO_MIN_CLASSES", 1):
+    with mock.patch.object(extract.elimination, "MEMO_MIN_CLASSES", 1):
         memo = solve()
     alone = solve(memo=False)
     assert memo == alone
@@ -311,7 +311,8 @@ def test_memoized_elimination_is_the_elimination(p):
 
 def _tied_cost(p: Problem, choice: dict[int, int]) -> float:
     """A plan's cost as both exact solvers minimise it: scaled, plus the tie-break."""
-    from lanefuse.engine.extract import _objective, reachable
+    from lanefuse.engine.extract import reachable
+    from lanefuse.engine.extract.ilp import _objective
 
     nodes, tied = _objective(p, sorted(reachable(p)))
     weight = dict(zip(nodes, tied))
@@ -321,7 +322,8 @@ def _tied_cost(p: Problem, choice: dict[int, int]) -> float:
 def _tie_step(p: Problem) -> float:
     """The least difference the tie-break makes between two plans: TIE_EPS over the usable nodes of the live
     classes."""
-    from lanefuse.engine.extract import TIE_EPS, _objective, reachable
+    from lanefuse.engine.extract import TIE_EPS, reachable
+    from lanefuse.engine.extract.ilp import _objective
 
     return TIE_EPS / max(1, len(_objective(p, sorted(reachable(p)))[0]))
 
@@ -337,7 +339,7 @@ def _assert_valid(p, choice):
 
 def test_the_ilp_misses_no_cheaper_plan():
     """The example CI's hypothesis run found (2026-12-01): the ILP's rows admit the cost-0 plan, yet HiGHS returned
-    one of cost 1 as proven optimal, its presolve misled by tie-break costs below its tolerances (engine/extract.py,
+    one of cost 1 as proven optimal, its presolve misled by tie-break costs below its tolerances (engine/extract/ilp.py,
     `_for_highs`)."""
     p = Problem(classes={0: [0], 1: [1], 2: [2, 3, 4], 3: [5], 4: [6, 7, 8], 5: [9], 6: [10], 7: [11, 12, 13],
                          8: [14], 9: [15, 16, 17]},
@@ -407,15 +409,16 @@ def test_memoized_elimination_keeps_every_step_plan(name):
 
     p = _step_problem(_shapes()[name])
     solved = []
-    real = extract._eliminate
+    real = extract.elimination._eliminate
 
     def counting(factors, max_width, np, gaps):
         solved.append(gaps)
         return real(factors, max_width, np, gaps)
 
-    with mock.patch.object(extract, "_eliminate", counting):
+    with mock.patch.object(extract.elimination, "_eliminate", counting):
         memo = solve_elimination(p)
-    big = sum(1 for comp, _ in extract._components([(s,) for s in _scopes(p)]) if len(comp) >= extract.MEMO_MIN_CLASSES)
+    big = sum(1 for comp, _ in extract.elimination._components([(s,) for s in _scopes(p)])
+              if len(comp) >= extract.MEMO_MIN_CLASSES)
     assert big > 1 and solved.count(True) < big  # some big component was never eliminated: it was remembered
     alone = solve_elimination(p, memo=False)
     assert memo is not None and memo == alone == solve_ilp(p)
@@ -424,7 +427,8 @@ def test_memoized_elimination_keeps_every_step_plan(name):
 def _scopes(p: Problem) -> list[tuple[int, ...]]:
     """The elimination's table scopes (a class and the undecided classes its nodes need), as solve_elimination
     builds them, to count its components."""
-    from lanefuse.engine.extract import _usable_map, reachable
+    from lanefuse.engine.extract import reachable
+    from lanefuse.engine.extract.problem import _usable_map
 
     usable, live = _usable_map(p), reachable(p)
     need = needed_classes(p, live, usable)
