@@ -141,6 +141,45 @@ def test_a_batch_samples_each_prompt_as_a_run_alone(demo):
         assert r.generated_ids == [s.pick(row, k, i) for i, row in enumerate(r.logits)]
 
 
+@pytest.mark.parametrize("mode", ["fast", "exact", "checked"])
+def test_the_numpy_plan_draws_with_its_sample_launch(demo, mode):
+    """The fused plan on the numpy backend closes each step (prefill chunks of 3, decode) with the `sample` launch in
+    the arg-max's place: its tokens are the twin's draws from the plan's own logits (the launch read no logits back:
+    it ran as a launch of the plan), under the fast twins, the exact ones, and checked launch by launch against the
+    reference (its `next` a draw, not compared to the reference's arg-max); a batch's each prompt's own sequence."""
+    from lanefuse.lane.run.batch import generate_batch
+    from lanefuse.lane.run.generate import generate
+    from lanefuse.lane.run.step import plan_step_fn
+
+    cfg, w = demo
+    s = Sampling(temp=0.9, top_k=30, min_p=0.01, seed=2**40 + 3)
+    fn, _ = plan_step_fn(w, "cpu", sampling=s, exact=mode == "exact", check=mode == "checked")
+    r = generate(cfg, w, [5, 6, 7, 8], 7, step_fn=fn, chunk=3, sampling=s)
+    assert r.generated_ids == [s.pick(row, 0, i) for i, row in enumerate(r.logits)]
+    census = [x.launch.census for run in fn.runners.values() for x in run.s.launches]
+    assert census.count("sample") == len(fn.runners) and "argmax" not in census  # each form's closing launch
+    res = generate_batch(cfg, w, [[1, 2, 3], [7], [4, 4]], 4, slots=2, sampling=s, step_fn=fn)
+    for k, one in enumerate(res):
+        assert one.generated_ids == [s.pick(row, k, i) for i, row in enumerate(one.logits)], k
+
+
+def test_a_plan_without_its_closing_arg_max_is_refused_in_words(demo):
+    from dataclasses import replace
+
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.sampling import with_sampling
+
+    cfg, _ = demo
+    p = plan(build_step(cfg, 1))
+    cut = replace(p, launches=[x for x in p.launches if x.launch.census != "argmax"])
+    with pytest.raises(UserError, match="sampling: the plan of .* closes its step with 0 arg-max launches"):
+        with_sampling(cut)
+    sampled = with_sampling(p)
+    assert sampled.io.inputs[-1] == "sampling" and sampled.tensors["sampling"].shape == (8,)
+    assert p.io.inputs[-1] != "sampling" and "sampling" not in p.tensors  # the greedy plan untouched
+
+
 # ---- the command -----------------------------------------------------------------------------------------------
 
 def _cli(*args):
@@ -164,6 +203,21 @@ def test_run_takes_llama_cli_flags_samples_and_times_the_whole(tmp_path):
     s = Sampling(temp=0.8, top_k=9, seed=5)
     assert d["generated_ids"] == [s.pick(row, 0, i) for i, row in enumerate(d["logits"])]
     assert "sampling: temp 0.8, top-k 9, seed 5" in r.stderr
+
+
+def test_run_samples_with_the_plans_launch(tmp_path):
+    """`lanefuse run --temp 0.8 --seed 3` on the numpy backend: the fused plan draws (the launch), each token the
+    twin's draw from the logits the plan gave; the same again from the same seed."""
+    o = tmp_path / "o.json"
+    args = ("run", "--prompt-ids", "1,2,3", "-n", "6", "--temp", "0.8", "--seed", "3", "--device", "cpu")
+    r = _cli(*args, "--json", str(o))
+    assert r.returncode == 0, r.stderr
+    assert "fused plan, numpy backend" in r.stderr and "sampling: temp 0.8, seed 3" in r.stderr
+    d = json.loads(o.read_text())
+    s = Sampling(temp=0.8, seed=3)
+    assert d["generated_ids"] == [s.pick(row, 0, i) for i, row in enumerate(d["logits"])]
+    again = _cli(*args)
+    assert again.returncode == 0 and ",".join(map(str, d["generated_ids"])) in again.stdout, again.stdout
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -195,34 +249,39 @@ def test_a_batch_prints_the_timings_block_on_stderr_and_only_its_lines_on_stdout
 from test_cupy_runner_mock import fake_cupy  # noqa: E402,F401  (the fixture)
 
 
-def test_on_the_device_greedy_keeps_its_loop_and_sampling_reads_the_logits_back(fake_cupy, monkeypatch):  # noqa: F811
-    """Greedy on the CuPy runner: the device's back-to-back decode loop, the same tokens as the numpy runner.
-    Sampling: never that loop (it takes the arg-max only); each step's logits come back and the draws are the numpy
-    run's, token for token."""
+def test_on_the_device_sampling_is_the_launch_in_the_devices_loop(fake_cupy, monkeypatch):  # noqa: F811
+    """Greedy and sampled runs on the CuPy runner both take the device's back-to-back decode loop (the sampled plan
+    closes its step with the `sample` launch, its index moved on by the replayed step itself: no logits read back to
+    draw); the sampled tokens are the numpy plan's and the twin's on each step's logits, token for token; a batch
+    likewise, each prompt its own sequence."""
     from lanefuse.engine.demo import demo_model
+    from lanefuse.lane.run.batch import generate_batch
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run import step as step_mod
     from lanefuse.lane.run.step import plan_step_fn
 
     monkeypatch.setattr(step_mod, "has_cuda", lambda: True)  # the stand-in cupy is the device
     cfg, w = demo_model(64)
-    calls = []
-    gpu, _ = plan_step_fn(w, "gpu")
-    loop = gpu.decode
-
-    def counted(*a, **k):
-        calls.append(1)
-        return loop(*a, **k)
-
-    gpu.decode = counted
-    cpu, _ = plan_step_fn(w, "cpu")
-    want = generate(cfg, w, [3, 1, 4], 8, step_fn=cpu, chunk=2)
-    got = generate(cfg, w, [3, 1, 4], 8, step_fn=gpu, chunk=2)
-    assert got.generated_ids == want.generated_ids and calls  # greedy: the device loop ran
-    calls.clear()
     s = Sampling(temp=0.8, top_p=0.95, seed=21)
-    want = generate(cfg, w, [3, 1, 4], 8, step_fn=plan_step_fn(w, "cpu")[0], chunk=2, sampling=s)
-    got = generate(cfg, w, [3, 1, 4], 8, step_fn=gpu, chunk=2, sampling=s)
-    assert not calls  # sampling: one step at a time, the logits read back
-    assert got.generated_ids == want.generated_ids
+    for sampling in (None, s):
+        calls = []
+        gpu, _ = plan_step_fn(w, "gpu", sampling=sampling)
+        loop = gpu.decode
+
+        def counted(*a, **k):
+            calls.append(1)
+            return loop(*a, **k)
+
+        gpu.decode = counted
+        cpu, _ = plan_step_fn(w, "cpu", sampling=sampling)
+        want = generate(cfg, w, [3, 1, 4], 20, step_fn=cpu, chunk=2, sampling=sampling)
+        got = generate(cfg, w, [3, 1, 4], 20, step_fn=gpu, chunk=2, sampling=sampling)
+        assert got.generated_ids == want.generated_ids and calls, sampling  # the device loop ran
+        census = [x.launch.census for r in gpu.runners.values() for x in r.s.launches]
+        assert ("sample" in census) == (sampling is not None) and ("argmax" in census) == (sampling is None)
     assert got.generated_ids == [s.pick(row, 0, i) for i, row in enumerate(got.logits)]
+    assert got.generated_ids != generate(cfg, w, [3, 1, 4], 20, chunk=2).generated_ids  # not greedy in disguise
+    gpu, _ = plan_step_fn(w, "gpu", sampling=s)
+    res = generate_batch(cfg, w, [[1, 2, 3], [7], [4, 4]], 5, slots=2, sampling=s, step_fn=gpu)
+    for k, r in enumerate(res):
+        assert r.generated_ids == [s.pick(row, k, i) for i, row in enumerate(r.logits)], k

@@ -167,8 +167,7 @@ def cmd_run(args) -> int:
     if not args.prompt_ids and args.prompt is None:
         print(f"lanefuse: no --prompt-ids or --prompt given: the prompt is token id {ids[0]} (give --prompt-ids "
               f"1,2,3 or --prompt TEXT)", file=sys.stderr)
-    step_fn, label = _step_fn(args, src, saved)
-    _sampling_said(sampling, args, step_fn)
+    step_fn, label = _step_fn(args, src, saved, sampling)
     human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
     print(f"lanefuse: model: {src.name} ({label}; {sampling.describe()})", file=sys.stderr)
     print("prompt ids:   ", ",".join(map(str, ids)), file=human)
@@ -219,15 +218,6 @@ def _sampling(args):
             raise UserError(f"{', '.join(given)} without --temp: the run is greedy (the plan's arg-max); give "
                             f"--temp T > 0 to sample")
     return s
-
-
-def _sampling_said(sampling, args, step_fn) -> None:
-    """On the device, sampling reads each step's logits back to the host (the device's back-to-back decode loop
-    takes the arg-max only): said in one line, never a silent fall back to greedy."""
-    if sampling.greedy or getattr(step_fn, "decode", None) is None:
-        return
-    print("lanefuse: sampling draws on the host from each step's logits read back from the device (the device's "
-          "back-to-back decode loop is greedy only)", file=sys.stderr)
 
 
 class _Stream:
@@ -320,8 +310,7 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
                         f"{mem / 2**30:.0f} GiB: give fewer slots or a smaller --ctx")
     human = sys.stderr if args.json == "-" else sys.stdout
     print(f"lanefuse: KV caches: {slots} slot(s) of {cfg.max_len} rows, {need / 2**20:.1f} MiB", file=sys.stderr)
-    step_fn, label = _step_fn(args, src, None)
-    _sampling_said(sampling, args, step_fn)
+    step_fn, label = _step_fn(args, src, None, sampling)
     print(f"lanefuse: model: {src.name} ({label}; {len(prompts)} prompt(s) in {slots} slot(s); {sampling.describe()})",
           file=sys.stderr)
     eos = () if args.ignore_eos else src.eos
@@ -368,9 +357,10 @@ def _model_of_plan(path: str, s, model: str | None) -> str | None:
     return model
 
 
-def _step_fn(args, src, saved):
+def _step_fn(args, src, saved, sampling=None):
     """The step function generation runs: the reference interpreter, or a fused plan (the saved one, or planned
-    under the command's flags) on the chosen backend."""
+    under the command's flags) on the chosen backend; sampled (`sampling` not greedy), each plan closes its step with
+    the `sample` launch (the reference draws with its twin on the host)."""
     if args.reference:
         numerics = getattr(args, "numerics", None) or "f32"
         if numerics == "f32":
@@ -394,7 +384,8 @@ def _step_fn(args, src, saved):
         from lanefuse.lane.cli.options import plan_options
 
         opts = plan_options(args)
-    return plan_step_fn(src.weights, args.device, opts, saved, args.plan or "", check=flags.read("LANEFUSE_CHECK") == 2)
+    return plan_step_fn(src.weights, args.device, opts, saved, args.plan or "", check=flags.read("LANEFUSE_CHECK") == 2,
+                        sampling=sampling)
 
 
 def cmd_plan(args) -> int:

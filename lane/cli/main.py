@@ -153,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the GGUF file's chat template as one user message (tokenizer.chat_template; needs jinja2)")
     p.add_argument("-n", "--tokens", "--n-predict", dest="tokens", type=int, default=16, metavar="N",
                    help="tokens to generate (default 16)")
-    s = p.add_argument_group("sampling (default greedy: the plan's arg-max; the draw is made on the host from the "
-                             "step's logits, as transformers' logits processors define each)")
+    s = p.add_argument_group("sampling (default greedy: the plan's arg-max; else the step's closing launch draws, "
+                             "Philox keyed by the seed, as transformers' logits processors define each)")
     s.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.0, metavar="T",
                    help="temperature (default 0: greedy)")
     s.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (0: off)")

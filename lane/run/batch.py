@@ -15,6 +15,7 @@ from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.model import MAX_BATCH, MAX_CHUNK, ModelConfig, build_step
 from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s
+from lanefuse.lane.run.sampling import PARAMS
 
 
 def batch_caches(cfg: ModelConfig, slots: int) -> dict[str, np.ndarray]:
@@ -58,11 +59,14 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
     """Greedy-decode up to `n_tokens` after each prompt, `slots` sequences at a time (default: every prompt, at most
     MAX_BATCH); a sequence ends at its `n_tokens`-th token or at an id of `eos`. One result a prompt, in order; each
     step's logits checked finite, kept in the results only with `keep_logits` (else the run's memory does not grow
-    with its tokens). `sampling` (a lane.run.sampling.Sampling that is not greedy) draws each sequence's tokens from
-    its logits on the host, prompt k's token i as the k-th sequence's draw i (whatever slot it runs in); the device's
-    back-to-back decode then does not run."""
+    with its tokens). `sampling` (a lane.run.sampling.Sampling that is not greedy) draws each sequence's tokens,
+    prompt k's token i as the k-th sequence's draw i (whatever slot it runs in): by the plans' `sample` launch where
+    the step function's plans close with it (`step_fn.sampling`: the step input `sampling` names each slot's sequence
+    and token index; the device's back-to-back decode runs as greedy's), else on the host by the launch's twin from
+    the logits (the reference interpreter)."""
     prompts = check_prompts(cfg, prompts, n_tokens)
     draw = sampling is not None and not sampling.greedy
+    launched = draw and getattr(step_fn, "sampling", None) == sampling  # a plan's sample launch draws the tokens
     slots = min(len(prompts), MAX_BATCH) if slots is None else slots
     if not 1 <= slots <= MAX_BATCH:
         raise UserError(f"--batch {slots}: a batch holds 1..{MAX_BATCH} slots")
@@ -99,11 +103,13 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
             env = dict(view)
             env["token"] = np.asarray(prompt[c:c + chunk], dtype=np.int32)
             env["pos"] = np.asarray([c], dtype=np.int32)
+            if launched:  # prompt k's first token: its sequence's draw 0
+                env[PARAMS] = sampling.words([(k, 0)])
             logits, nxt, dt = run(len(env["token"]), 1, env)
             results[k].prompt_s += dt
             if not np.isfinite(logits).all():
                 raise UserError(f"prompt {k + 1}: " + _not_finite(logits, len(env["token"]), c, len(prompt)))
-        return logits[0], (sampling.pick(logits[0], k, 0) if draw else int(nxt[0]))
+        return logits[0], (sampling.pick(logits[0], k, 0) if draw and not launched else int(nxt[0]))
 
     waiting = deque(range(len(prompts)))
     held: list[int | None] = [None] * slots  # the prompt each slot decodes
@@ -176,7 +182,7 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
                 if held[s] != k:  # ended (the slot free, or refilled with a prompt decoded from the next chunk)
                     live.discard(s)
 
-    device = None if draw else getattr(step_fn, "decode", None)
+    device = None if draw and not launched else getattr(step_fn, "decode", None)
     for s in range(slots):
         if waiting:
             admit(s)
@@ -184,6 +190,9 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         env = dict(caches)
         env["token"] = last.copy()
         env["pos"] = pos.copy()  # a free slot decodes a dummy row at position 0 of its own slot, read by no one
+        if launched:  # each slot's sequence and the index of its next token (a free slot's: drawn, read by no one)
+            env[PARAMS] = sampling.words([(k, len(results[k].generated_ids)) if k is not None else (0, 0)
+                                           for k in held])
         if device is not None:
             on_device(device, env)
             continue
@@ -197,5 +206,6 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
             results[held[s]].decode_s += dt / len(busy)
             pos[s] += 1
             k = held[s]
-            take(s, logits[s], sampling.pick(logits[s], k, len(results[k].generated_ids)) if draw else int(nxt[s]))
+            take(s, logits[s], sampling.pick(logits[s], k, len(results[k].generated_ids)) if draw and not launched
+                 else int(nxt[s]))
     return results

@@ -187,6 +187,9 @@ class CupyRunner:
         with self._stream:
             self.env.views[io.token][:] = cp.asarray(np.asarray(inputs[io.token], dtype=np.int32).reshape(-1))
             self.env.views[io.position][:] = cp.asarray(np.asarray(inputs[io.position], dtype=np.int32).reshape(-1))
+            for n in getattr(io, "params", ()):  # a sampled step's parameter words (lane/run/sampling.py)
+                if n in inputs:
+                    self.env.views[n][:] = cp.asarray(np.asarray(inputs[n], dtype=np.int32).reshape(-1))
         self._stream.synchronize()
 
     def step(self, inputs: dict, lifted=None) -> dict:

@@ -14,6 +14,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.model import MAX_CHUNK, ModelConfig, build_step
+from lanefuse.lane.run.sampling import PARAMS
 
 StepFn = Callable[[Graph, dict], dict]
 
@@ -80,9 +81,11 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
     logits once a chunk of DECODE_CHUNK steps; the same tokens and logits as one step a token. Every step's logits
     are checked finite; they are kept in the result only with `keep_logits` (without it the run holds at most a
     chunk's logits at a time, whatever its length). `sampling` (a lane.run.sampling.Sampling that is not greedy) draws
-    each token from the step's logits on the host instead of taking the plan's arg-max (the device's back-to-back
-    decode then does not run: each step's logits come back). `on_token(id)` is called as each token is taken (the
-    device's decode: as each chunk of them comes back), to stream them."""
+    each token instead of the arg-max: by the plan's `sample` launch where the step function's plans close with it
+    (`step_fn.sampling`, plan_step_fn's: the step input `sampling` gives it the token's index; the device's
+    back-to-back decode runs as greedy's, no logits read back to draw), else on the host by the launch's twin from the
+    step's logits (the reference interpreter). `on_token(id)` is called as each token is taken (the device's decode:
+    as each chunk of them comes back), to stream them."""
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise UserError("the prompt is empty: give at least one token")
@@ -110,6 +113,8 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         env = dict(caches)
         env["token"] = np.asarray(tokens, dtype=np.int32)
         env["pos"] = np.asarray([pos], dtype=np.int32)
+        if launched:  # the plan's sample launch draws token len(generated) of sequence 0
+            env[PARAMS] = sampling.words([(0, len(result.generated_ids))])
         t0, s0 = time.perf_counter(), _setup_s(step_fn)
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, naming the step
             out = step_fn(graphs[rows], env)
@@ -119,7 +124,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
         result.setup_s += setup
         if not np.isfinite(logits).all():
             raise UserError(_not_finite(logits, rows, pos, len(prompt)))
-        if draw:  # the last row's logits: the next token's
+        if draw and not launched:  # the reference (no launch): the launch's twin on the last row's logits
             nxt = sampling.pick(logits[-cfg.vocab:], 0, len(result.generated_ids))
         return logits, nxt, time.perf_counter() - t0 - setup
 
@@ -137,6 +142,8 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             env = dict(caches)
             env["token"] = np.asarray(tokens, dtype=np.int32)
             env["pos"] = np.asarray([pos], dtype=np.int32)
+            if launched:  # the first step's draw index; the launch moves it on step by step on the device
+                env[PARAMS] = sampling.words([(0, len(result.generated_ids))])
             k = min(DECODE_CHUNK, left)
             t0, s0 = time.perf_counter(), _setup_s(step_fn)
             with np.errstate(over="ignore", invalid="ignore"):
@@ -161,6 +168,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
     caches = caches if caches is not None else new_caches(cfg)
     ends = frozenset(int(e) for e in eos)
     draw = sampling is not None and not sampling.greedy
+    launched = draw and getattr(step_fn, "sampling", None) == sampling  # a plan's sample launch draws the tokens
     result = GenResult(prompt, [], [])
     if n_tokens == 0:
         return result
@@ -184,7 +192,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             bar.close()
             bar = None
         pos = len(prompt)
-        device = None if draw else getattr(step_fn, "decode", None)
+        device = None if draw and not launched else getattr(step_fn, "decode", None)
         while True:
             result.generated_ids.append(nxt)
             if on_token:

@@ -199,6 +199,9 @@ class NumpyRunner:
             self._bound = None
         for n in (s.io.token, s.io.position):
             env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
+        for n in getattr(s.io, "params", ()):  # a sampled step's parameter words (lane/run/sampling.py)
+            if n in inputs:
+                env.array(n)[:] = np.asarray(inputs[n], dtype=np.int32).reshape(-1)
         if not self.exact:
             if self._bound is None:
                 t0 = time.perf_counter()
@@ -255,6 +258,8 @@ class NumpyRunner:
         for name in x.launch.writes():
             b = s.buffers.get(name)
             if b is None or name not in ref or name == s.io.token or name == s.io.position or last.get(name) != i:
+                continue
+            if name == s.io.next and getattr(s.io, "params", ()):  # sampled: a draw, not the reference's arg-max
                 continue
             if b.dtype in WORDS:  # a quantized form: the values its words stand for, against the reference's
                 from lanefuse.kernels.q8dot import dequantized

@@ -61,13 +61,18 @@ def check_saved(p, path: str, g, weights) -> None:
 
 
 def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = None, saved=None,
-                 saved_path: str = "", check: bool = False, exact: bool = False):
+                 saved_path: str = "", check: bool = False, exact: bool = False, sampling=None):
     """A step function for `generate`: plans each step graph once under `options` (or runs the `saved` plan, read
-    from `saved_path`) on the chosen backend; and its label. `check` runs the reference beside each numpy step."""
+    from `saved_path`) on the chosen backend; and its label. `check` runs the reference beside each numpy step.
+    `sampling` (a lane.run.sampling.Sampling that is not greedy): each plan closes its step with the `sample` launch
+    in the arg-max's place (`with_sampling`), its parameter words the step input `sampling` (`step_fn.sampling`)."""
     from lanefuse.lane.lower.plan import plan
 
     device = pick_device(device)
     runners: dict[tuple[int, int], object] = {}
+    drawn = sampling if sampling is not None and not sampling.greedy else None  # sampled: the plans draw
+    if drawn is not None:
+        from lanefuse.lane.run.sampling import with_sampling
     state = batch_state = shared = None
     if device == "gpu":
         from lanefuse.lane.run.cupy_runner import DeviceState, slot_copier
@@ -96,6 +101,8 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                 t0 = time.perf_counter()
                 s = plan(g, options)
                 spent["plan_s"] += time.perf_counter() - t0
+            if drawn is not None:  # sampled: the draw launch closes the step
+                s = with_sampling(s)
             t0 = time.perf_counter()
             r = runners[key] = make_runner(s, weights, device, batch_state if key[1] > 1 else state, check, exact,
                                            shared)
@@ -110,6 +117,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
         return out
 
     step_fn.runners = runners  # the forms made so far, (rows, batch) -> runner: they share one arena
+    step_fn.sampling = drawn  # the launch draws each token (the caller passes its `sampling` words)
     spent = step_fn.spent = {"plan_s": 0.0, "setup_s": 0.0}  # seconds planning, setting up runners: `run`'s timings
 
     if device == "gpu":
