@@ -92,7 +92,9 @@ def test_generate_runs_its_forms_in_one_arena():
     envs = [r.env for r in fn.runners.values()]
     assert sorted(fn.runners) == [(1, 1), (4, 1)]  # chunks of 4 then 4, 1 (the decode step's width)
     assert len({id(e.shared) for e in envs}) == 1
-    assert envs[0].shared.buf.size == max(e.need for e in envs)
+    shared = envs[0].shared  # the caches first (the forms' tables, once), then the largest form's step-local arrays
+    assert shared.buf.size == shared.base + max(e.need for e in envs)
+    assert shared.base == forms_of({k: r.s for k, r in fn.runners.items()}).base
 
 
 def test_the_forms_figure_places_the_tables_once_and_overlays_the_forms():
@@ -223,10 +225,14 @@ def test_device_runners_of_a_model_share_one_arena_allocation(monkeypatch):
     plans = {r: plan(build_step(cfg, r)) for r in (4, 1)}
     state = DeviceState()
     gpu = {r: CupyRunner(s, w, state) for r, s in plans.items()}
-    assert gpu[4].env.arena is gpu[1].env.arena is state.arena.buf
-    assert state.arena.buf.size == max(s.arena.bytes for s in plans.values())
+    a = state.arena  # the caches first (at the forms' table offsets), then the step-local arrays from `base`
+    f = forms_of(plans)
+    assert a.base == f.base and state.arena.buf.size == f.bytes
+    for name, (off, nbytes) in f.tables.items():
+        assert state.tables[name].ctypes.data - a.buf.ctypes.data == off and state.tables[name].nbytes == nbytes
     for r, s in plans.items():  # each array's device view at its plan's offset in the one allocation
-        base = state.arena.buf.ctypes.data
+        assert gpu[r].env.arena.ctypes.data == a.buf.ctypes.data + a.base
+        base = a.buf.ctypes.data + a.base
         for name, p in s.arena.by_name().items():
             v = gpu[r].env.views.get(name)
             if v is not None and s.buffers[name].dtype == "f32":

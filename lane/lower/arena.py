@@ -189,6 +189,19 @@ class Forms:
                 "tables": {n: {"offset": o, "bytes": b} for n, (o, b) in self.tables.items()}}
 
 
+def place_tables(tables: dict[str, int]) -> tuple[dict[str, tuple[int, int]], int]:
+    """The persistent arrays `tables` {name: bytes} (KV caches, carried states) side by side from offset 0, in name
+    order, each at an aligned offset: {name: (offset, bytes)}, and the first aligned offset past them (where the
+    forms' step-local arrays start). Every runner places a model's tables so: the numpy runner in its arena buffer,
+    the CuPy runner in its device allocation."""
+    at: dict[str, tuple[int, int]] = {}
+    off = 0
+    for name in sorted(tables):
+        at[name] = (off, int(tables[name]))
+        off += aligned(int(tables[name]))
+    return at, off
+
+
 def share(forms: dict[str, tuple[Arena, dict[str, int]]]) -> Forms:
     """The forms `forms` {label: (its arena, its tables {name: bytes})} in one arena: each table placed once (every
     form that has it must hold the same bytes of it: a form whose cache differs is another model's, refused), in
@@ -198,10 +211,6 @@ def share(forms: dict[str, tuple[Arena, dict[str, int]]]) -> Forms:
         for name, n in ts.items():
             if tables.setdefault(name, n) != n:
                 raise ValueError(f"form {label}: table `{name}` of {n} bytes, another form's holds {tables[name]}")
-    at: dict[str, tuple[int, int]] = {}
-    off = 0
-    for name in sorted(tables):
-        at[name] = (off, tables[name])
-        off += aligned(tables[name])
+    at, off = place_tables(tables)
     own = {label: a.bytes for label, (a, _) in forms.items()}
     return Forms(at, off, own, off + max((aligned(n) for n in own.values()), default=0))

@@ -18,12 +18,16 @@ from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s
 from lanefuse.lane.run.sampling import PARAMS
 
 
-def batch_caches(cfg: ModelConfig, slots: int) -> dict[str, np.ndarray]:
+def batch_caches(cfg: ModelConfig, slots: int, step_fn=None):
     """Zeroed carried tables for `slots` sequences, a slot of each a sequence: every KV cache (slots·max_len,
     kv_heads·head_dim) f32, slot s's rows from s·max_len; a family's carried states likewise (`cfg.carried()`:
-    Qwen3-Next's convolution rings and recurrent states, slot s's rows from s times one sequence's)."""
-    return {name: np.zeros((slots * shape[0],) + tuple(shape[1:]), dtype=np.float32)
-            for name, shape in cfg.carried().items()}
+    Qwen3-Next's convolution rings and recurrent states, slot s's rows from s times one sequence's). A step function
+    with a `hold(shapes)` (the numpy backend's) places them in the arena buffer its forms share; else arrays."""
+    shapes = {name: (slots * shape[0],) + tuple(shape[1:]) for name, shape in cfg.carried().items()}
+    hold = getattr(step_fn, "hold", None)
+    if hold is not None:
+        return hold(shapes, slots=slots)
+    return {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
 
 
 def cache_bytes(cfg: ModelConfig, slots: int) -> int:
@@ -74,7 +78,7 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
         def step_fn(g: Graph, env: dict) -> dict:
             return evaluate(g, weights, env)
 
-    caches = batch_caches(cfg, slots)
+    caches = batch_caches(cfg, slots, step_fn)
     graphs: dict[tuple[int, int], Graph] = {}
     results = [GenResult(p, [], []) for p in prompts]
     ends = frozenset(eos)
@@ -94,13 +98,16 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
     def prefill(s: int, k: int) -> tuple[np.ndarray, int]:
         """Prompt k alone into slot s's rows of the caches; the logits and first token it gives."""
         prompt = prompts[k]
-        view = {n: t[s * (len(t) // slots):(s + 1) * (len(t) // slots)] for n, t in caches.items()}  # the slot's
-        # rows, written in place; zeroed first: a carried state (a ring, a delta-rule state) is read from its start,
-        # so the slot's last sequence must leave nothing in it (KV rows past a position are never read either way)
-        for t in view.values():
+
+        def view() -> dict:  # the slot's rows, written in place (taken anew each chunk: a grown arena moves them)
+            return {n: t[s * (len(t) // slots):(s + 1) * (len(t) // slots)] for n, t in caches.items()}
+
+        # zeroed first: a carried state (a ring, a delta-rule state) is read from its start, so the slot's last
+        # sequence must leave nothing in it (KV rows past a position are never read either way)
+        for t in view().values():
             t[...] = 0.0
         for c in range(0, len(prompt), chunk):
-            env = dict(view)
+            env = view()
             env["token"] = np.asarray(prompt[c:c + chunk], dtype=np.int32)
             env["pos"] = np.asarray([c], dtype=np.int32)
             if launched:  # prompt k's first token: its sequence's draw 0

@@ -1,8 +1,12 @@
-"""The CuPy backend: the same Plan as the numpy backend, on the device — one device allocation for the arena
-with every step-local array a view at its placed offset, the caches and the step's carried state on the device
-(shared by a model's decode and prefill plans), the weights uploaded once. A decode step is captured once as a CUDA
-graph and replayed each token; the arg-max's advance writes the next token and position on the device, so the host
-reads only the generated tokens (and the logits where asked). `decode_run` replays N steps back to back without
+"""The CuPy backend: the same Plan as the numpy backend, on the device — one device allocation for the arena: the
+caches and carried states placed first (shared by a model's decode and prefill plans), then every step-local array a
+view at its placed offset. The weights stay apart, uploaded once, each in an allocation of its own: seed 003's arena
+is a step's memory (what a step computes and reads within it, placed by its lifetime) and the caches share its
+allocation as the tables every form reads at the same offsets; a weight has no lifetime to overlay (seed 000's `Fill`:
+filled before the first step, read by every step of every form), so one allocation for them would save no byte, and a
+model's forms upload the constants each one needs as they are made (a later form may read one no form before read).
+A decode step is captured once as a CUDA graph and replayed each token; the arg-max's advance writes the next token
+and position on the device, so the host reads only the generated tokens (and the logits where asked). `decode_run` replays N steps back to back without
 waiting on the host: each step's token (and logits) is copied on the device into a run of DECODE_CHUNK steps, which the
 host reads once a chunk (an end-of-sequence id can stop it there), so N tokens cost ceil(N / DECODE_CHUNK) reads."""
 
@@ -19,46 +23,82 @@ DECODE_CHUNK = 16  # decode steps replayed between two host reads of the generat
 
 
 class DeviceArena:
-    """The one device allocation a model's forms share for their step-local arrays, one form running at a time
-    (seed 003): made for the first form, made anew larger only for a larger one — a runner keeps the allocation it
-    was made with (its captured graph holds pointers into it), so forms made after the largest share it. A run
-    prefills its widest chunk first, so its later chunks and its decode step share the first allocation."""
+    """The device allocation a model's forms share, one form running at a time (seed 003): from offset 0 the model's
+    persistent tables — its KV caches and carried states, and a batch's (a slot a sequence) — each at the offset
+    `place_tables` gives it, then from `base` the step-local arrays of whichever form runs. A runner keeps the
+    allocation it was made with (its captured graph holds pointers into it, and into the tables), so an allocation is
+    made anew only for tables not yet placed or a form larger than its step-local room, holding the new tables and room
+    for the largest form so far; the tables of one no runner has used yet move into the new one (device to device),
+    while a used one's stay where the runners made on it read them. A run prefills its widest chunk first, and a batch
+    run places its slots' tables with the one sequence's before any form (`hold`), so every form of a run shares the
+    first allocation a runner takes."""
 
     def __init__(self):
         self.buf = None
+        self.base = 0  # the step-local arrays' first byte in `buf`
+        self.room = 0  # the step-local bytes `buf` holds past `base`
+        self.largest = 0  # the step-local bytes of the largest form made so far
+        self.used = False  # a runner has taken views into `buf`
+        self.held: dict[str, tuple[dict, str, int, int]] = {}  # key -> (its state's tables, name, offset, bytes)
 
-    def fit(self, nbytes: int):
+    def fit(self, nbytes: int, tables: dict[str, tuple[dict, str, int]] | None = None, runner: bool = True):
+        """Room for a form of `nbytes` step-local bytes and the tables `tables` {key: (the state's tables dict, name,
+        bytes)} (each placed as an f32 view into the allocation, set in its state's dict); the step-local part (a
+        byte view from `base`). `runner`: a runner takes views into it (it stays where it is from now on)."""
         import cupy
 
-        if self.buf is None or self.buf.size < nbytes:
-            self.buf = cupy.zeros(max(int(nbytes), 1), dtype=cupy.uint8)
-        return self.buf
+        from lanefuse.lane.lower.arena import place_tables
+
+        tables = {k: t for k, t in (tables or {}).items() if k not in self.held}
+        self.largest = max(self.largest, int(nbytes))
+        if self.buf is None or tables or nbytes > self.room:
+            keep = {} if self.used else {k: (d, n, b) for k, (d, n, _, b) in self.held.items()}
+            every = {**keep, **tables}
+            at, base = place_tables({k: b for k, (_, _, b) in every.items()})
+            buf = cupy.zeros(max(base + self.largest, 1), dtype=cupy.uint8)
+            held = {}
+            for k, (d, n, b) in every.items():
+                off = at[k][0]
+                view = buf[off:off + b].view(cupy.float32)
+                if k in keep:  # an unused allocation's table: its bytes carried over
+                    view[...] = d[n]
+                d[n] = view
+                held[k] = (d, n, off, b)
+            self.buf, self.base, self.room, self.held, self.used = buf, base, self.largest, held, False
+        self.used = self.used or runner
+        return self.buf[self.base:self.base + self.room]
 
 
 class DeviceState:
-    """What a model's plans share on the device: the KV-cache tables and the weights, by name, and the arena."""
+    """What a model's plans share on the device: the KV-cache tables and the weights, by name, and the arena (which
+    holds the tables). `label` keys this state's tables apart from another state's sharing the arena (a batch's
+    slots beside one sequence's, under the same names)."""
 
-    def __init__(self):
+    def __init__(self, label: str = ""):
         self.tables: dict[str, object] = {}
         self.weights: dict[str, tuple[object, str]] = {}
         self.loaded = False  # the caches were uploaded from the host once
         self.arena = DeviceArena()
+        self.label = label
+
+    def place(self, sizes: dict[str, int]) -> None:
+        """Tables `sizes` {name: f32 values} this state does not hold yet, placed (zeroed) in the arena."""
+        new = {self.label + n: (self.tables, n, 4 * int(v)) for n, v in sizes.items() if n not in self.tables}
+        if new:
+            self.arena.fit(0, new, runner=False)
 
 
 def slot_copier(state: DeviceState, batch_state: DeviceState):
     """`to_slot(slot, slots)` for a batch: a prompt prefilled on the device (into `state`'s one-sequence caches), its
-    caches copied into `slot`'s rows of the batch step's (`slots` slots, made on the first copy), device to device.
-    `to_slot.fresh()`: the one-sequence tables zeroed before a prompt's prefill (the host's zeroed copies are
-    uploaded once only): a carried state (a convolution ring, a delta-rule state) is read from its start, so a prompt
-    must not start from the last one's, as batch.py's prefill zeroes a slot's rows on the host."""
+    caches copied into `slot`'s rows of the batch step's (`slots` slots, placed in the arena on the first copy),
+    device to device. `to_slot.fresh()`: the one-sequence tables zeroed before a prompt's prefill (the host's zeroed
+    copies are uploaded once only): a carried state (a convolution ring, a delta-rule state) is read from its start,
+    so a prompt must not start from the last one's, as batch.py's prefill zeroes a slot's rows on the host."""
     def to_slot(slot: int, slots: int) -> None:
-        import cupy
-
+        batch_state.place({n: slots * t.size for n, t in state.tables.items()})
+        batch_state.loaded = True  # the host's caches are never uploaded over the slots
         for n, t in state.tables.items():
-            b = batch_state.tables.get(n)
-            if b is None:
-                b = batch_state.tables[n] = cupy.zeros(slots * t.size, dtype=cupy.float32)
-                batch_state.loaded = True  # the host's caches are never uploaded over the slots
+            b = batch_state.tables[n]
             b[slot * t.size: (slot + 1) * t.size] = t
 
     def fresh() -> None:
@@ -68,6 +108,24 @@ def slot_copier(state: DeviceState, batch_state: DeviceState):
     to_slot.fresh = fresh
 
     return to_slot
+
+
+def holder(state: DeviceState, batch_state: DeviceState):
+    """`hold(shapes, slots=1)` for generate / generate_batch on the device: the carried tables `shapes` placed in the
+    arena before any form is made — a batch's `slots` slots' tables with one sequence's beside them (its prefill's) —
+    so the run's forms share one allocation; the host's zeroed copies returned (uploaded once, over zeros)."""
+    def hold(shapes: dict, slots: int = 1) -> dict[str, np.ndarray]:
+        one = {n: int(np.prod(sh)) // slots for n, sh in shapes.items()}
+        new = {state.label + n: (state.tables, n, 4 * v) for n, v in one.items() if n not in state.tables}
+        if slots > 1:
+            new.update({batch_state.label + n: (batch_state.tables, n, 4 * v * slots) for n, v in one.items()
+                        if n not in batch_state.tables})
+            batch_state.loaded = True
+        if new:
+            state.arena.fit(0, new, runner=False)
+        return {n: np.zeros(sh, dtype=np.float32) for n, sh in shapes.items()}
+
+    return hold
 
 
 def _weights_of(s: Plan, weights, have) -> dict[str, tuple[np.ndarray, str]]:
@@ -113,15 +171,19 @@ class CupyRunner:
                 if p is not None:
                     scratch[(x.launch.key(), sc.tag)] = p.offset
         missing = _weights_of(s, weights, self.state.weights)
+        st = self.state
+        tables = {st.label + b.home: (st.tables, b.home, 4 * s.tensors[b.home].size) for b in s.buffers.values()
+                  if b.where == "table" and b.home not in st.tables}  # the caches, placed in the arena
         self.env = DeviceEnv(s.arena.bytes, arena_views, {}, missing, scratch, quantized,
-                             arena=self.state.arena.fit(s.arena.bytes))
+                             arena=st.arena.fit(s.arena.bytes, tables))
         self.state.weights.update(self.env.weights)
         self.env.weights = self.state.weights
         for name, b in s.buffers.items():  # the caches (shared), the step's inputs and outputs
             if b.where == "table":
-                t = self.state.tables.get(b.home)
-                if t is None:
-                    t = self.state.tables[b.home] = cupy.zeros(s.tensors[b.home].size, dtype=cupy.float32)
+                t = st.tables[b.home]
+                if t.size != s.tensors[b.home].size:
+                    raise ValueError(f"table `{b.home}` of {s.tensors[b.home].size} values; the model's state holds "
+                                     f"{t.size}")
                 self.env.views[name] = t[b.offset: b.offset + b.size]
         for name, b in s.buffers.items():
             if b.where == "io":

@@ -46,10 +46,15 @@ def _not_finite(logits: np.ndarray, rows: int, pos: int, n_prompt: int) -> str:
             f"config's numbers overflow; no token taken from it")
 
 
-def new_caches(cfg: ModelConfig) -> dict[str, np.ndarray]:
+def new_caches(cfg: ModelConfig, step_fn=None):
     """Zeroed carried tables: the KV caches kc{i} / vc{i} (max_len, kv_heads*head_dim) f32 each, and any carried
-    states the family's step holds (`cfg.carried()`)."""
-    return {name: np.zeros(shape, dtype=np.float32) for name, shape in cfg.carried().items()}
+    states the family's step holds (`cfg.carried()`). A step function with a `hold(shapes)` (the numpy backend's,
+    lane/run/step.py) places them in the arena buffer its forms share (a mapping of views into it); else arrays."""
+    shapes = cfg.carried()
+    hold = getattr(step_fn, "hold", None)
+    if hold is not None:
+        return hold(shapes)
+    return {name: np.zeros(shape, dtype=np.float32) for name, shape in shapes.items()}
 
 
 def generate_step_graph(g: Graph, weights, prompt_ids, n_tokens: int, step_fn: StepFn | None = None,
@@ -165,7 +170,7 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             pos += len(toks)
             tokens = [int(toks[-1][-1])]
 
-    caches = caches if caches is not None else new_caches(cfg)
+    caches = caches if caches is not None else new_caches(cfg, step_fn)
     ends = frozenset(int(e) for e in eos)
     draw = sampling is not None and not sampling.greedy
     launched = draw and getattr(step_fn, "sampling", None) == sampling  # a plan's sample launch draws the tokens

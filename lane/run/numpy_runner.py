@@ -1,6 +1,7 @@
 """The numpy backend: a Plan run launch by launch with each kind's numpy twin, every step-local array a view
-into ONE arena byte buffer at its placed offset (a placement bug shows as a wrong number), the caches and the step's
-inputs and outputs in buffers of their own. Two sets of twins: the exact ones (the kernels' sums imitated in f64, what
+into ONE arena byte buffer at its placed offset (a placement bug shows as a wrong number), the caches and carried
+states in that buffer too where the caller holds them there (SharedArena.hold: generate and generate_batch through
+lane/run/step.py), before the step-local arrays; the step's token, position and outputs in buffers of their own. Two sets of twins: the exact ones (the kernels' sums imitated in f64, what
 the GPU is compared against) and the fast ones `lanefuse run` takes on the CPU (f32 BLAS on weights decoded once,
 results written into the arena views, temporaries in a tail of the arena, each launch bound to its views once; equal
 to the exact ones within f32 rounding). `LANEFUSE_CHECK=2` runs the reference interpreter beside the exact twins and
@@ -9,6 +10,7 @@ names the first launch that diverges."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -23,19 +25,87 @@ DT = {"f32": np.float32, "i32": np.int32}
 
 
 class SharedArena:
-    """The one byte buffer a model's forms (its decode step, each prefill chunk width) share, one form running at a
-    time (seed 003): sized for the largest form made so far. A larger form grows it (`fit`): the runners made
-    before take views into the new buffer at their next step (`version`). Nothing a step reads of it is left from
-    another step or form: every array in it is written whole before it is read (lane/lower/buffers.py `walk`)."""
+    """The one byte buffer a model's forms (its decode step, each prefill chunk width, a batch's step) share, one form
+    running at a time (seed 003): from offset 0 the model's persistent tables — its KV caches and carried states, or a
+    batch's (a slot a sequence) — each at the offset `place_tables` gives it (`hold`), then from `base` the step-local
+    arrays of whichever form runs, sized for the largest form made so far. A larger form grows it (`fit`): the tables'
+    bytes are copied into the new buffer and the runners made before take views into it at their next step
+    (`version`). Nothing a step reads of the step-local part is left from another step or form: every array there is
+    written whole before it is read (lane/lower/buffers.py `walk`)."""
 
     def __init__(self):
         self.buf = np.zeros(0, dtype=np.uint8)
         self.version = 0
+        self.placed: dict[str, tuple[int, int]] = {}  # table -> (offset, bytes) in `buf`
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.base = 0  # the step-local arrays' first byte
+        self.room = 0  # the step-local bytes of the largest form made so far
+        self.moved: np.ndarray | None = None  # the buffer the last growth replaced (views a step was given into it)
 
     def fit(self, nbytes: int) -> None:
-        if nbytes > self.buf.size:
-            self.buf = np.zeros(nbytes, dtype=np.uint8)
-            self.version += 1
+        """Room for a form of `nbytes` step-local bytes."""
+        if nbytes > self.room:
+            self._grow(self.base, nbytes)
+
+    def _grow(self, base: int, room: int) -> None:
+        new = np.zeros(base + room, dtype=np.uint8)
+        keep = min(self.base, base)
+        new[:keep] = self.buf[:keep]  # the tables, where they stay
+        self.moved, self.buf, self.base, self.room = self.buf, new, base, room
+        self.version += 1
+
+    def hold(self, shapes: dict[str, tuple[int, ...]], slots: int = 1) -> "HeldTables":
+        """The persistent tables `shapes` {name: shape} (f32, zeroed) placed in the buffer from offset 0, the step-local
+        part moved past them; the tables as a mapping of f32 views into the current buffer (taken anew after a growth).
+        Holding another set of tables (a batch's slots where one sequence's were) places that set instead. `slots`: a
+        batch's (its one-sequence prefills take a slot's rows of these tables, inside the buffer too)."""
+        from lanefuse.lane.lower.arena import place_tables
+
+        shapes = {n: tuple(int(d) for d in sh) for n, sh in shapes.items()}
+        if shapes != self.shapes:
+            placed, base = place_tables({n: 4 * int(np.prod(sh)) for n, sh in shapes.items()})
+            self.base = 0  # nothing of the old tables is kept
+            self._grow(base, self.room)
+            self.placed, self.shapes = placed, shapes
+            self.moved = None  # the old tables' views are no views of these
+        return HeldTables(self)
+
+    def table(self, name: str) -> np.ndarray:
+        off, nbytes = self.placed[name]
+        return np.frombuffer(self.buf, dtype=np.float32, count=nbytes // 4, offset=off).reshape(self.shapes[name])
+
+    def inside(self, t: np.ndarray) -> np.ndarray:
+        """Table array `t` as the step takes it: a view into the buffer where `t` is one (a held table, a slot's rows
+        of one) or was one before the last growth (the same bytes in the new buffer); any other array as given."""
+        if self.moved is not None and self.moved.size and _within(t, self.moved):
+            at = t.__array_interface__["data"][0] - self.moved.__array_interface__["data"][0]
+            if at + t.nbytes <= self.base and t.flags.c_contiguous:
+                return np.frombuffer(self.buf, dtype=t.dtype, count=t.size, offset=at).reshape(t.shape)
+        return t
+
+
+def _within(t: np.ndarray, buf: np.ndarray) -> bool:
+    lo, n = buf.__array_interface__["data"][0], buf.nbytes
+    at = t.__array_interface__["data"][0]
+    return lo <= at and at + t.nbytes <= lo + n
+
+
+class HeldTables(Mapping):
+    """A SharedArena's tables by name, each a view into its buffer as it is now."""
+
+    def __init__(self, shared: SharedArena):
+        self.shared = shared
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.shared.placed:
+            raise KeyError(name)
+        return self.shared.table(name)
+
+    def __iter__(self):
+        return iter(self.shared.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shared.shapes)
 
 
 class ArenaEnv:
@@ -65,8 +135,9 @@ class ArenaEnv:
         self._weights: dict[str, tuple[np.ndarray, str]] = {}
 
     def bind_arena(self) -> None:
-        """Take this plan's part of the shared buffer as it is now (made anew when a larger form grew it)."""
-        self.arena = self.shared.buf[:self.need]
+        """Take this plan's part of the shared buffer as it is now (made anew when a larger form grew it or tables
+        were placed before its step-local part): `need` bytes from the buffer's `base`."""
+        self.arena = self.shared.buf[self.shared.base:self.shared.base + self.need]
         self.version = self.shared.version
         self._temp = np.frombuffer(self.arena, dtype=np.float32, count=self.temp_count,
                                    offset=self.need - 4 * self.temp_count)
@@ -192,7 +263,7 @@ class NumpyRunner:
         if env.version != env.shared.version:  # another form grew the shared arena: this plan's views made anew
             env.bind_arena()
             self._bound = None
-        tables = {n: inputs[n] for n in s.io.tables}
+        tables = {n: env.shared.inside(inputs[n]) for n in s.io.tables}  # a held table's view into the buffer
         if tables.keys() != env.tables.keys() or any(env.tables[n] is not t for n, t in tables.items()):
             env.tables = tables  # other cache arrays than the last step's: views into them are made anew
             env._views.clear()

@@ -75,10 +75,10 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
         from lanefuse.lane.run.sampling import with_sampling
     state = batch_state = shared = None
     if device == "gpu":
-        from lanefuse.lane.run.cupy_runner import DeviceState, slot_copier
+        from lanefuse.lane.run.cupy_runner import DeviceState, holder, slot_copier
 
         state = DeviceState()  # the caches, weights and arena every plan of this model shares on the device
-        batch_state = DeviceState()  # a batch step's caches (each sequence's slot), the same weights and arena
+        batch_state = DeviceState("batch.")  # a batch step's caches (each sequence's slot), the same weights, arena
         batch_state.weights = state.weights
         batch_state.arena = state.arena
     else:
@@ -118,6 +118,9 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
 
     step_fn.runners = runners  # the forms made so far, (rows, batch) -> runner: they share one arena
     step_fn.sampling = drawn  # the launch draws each token (the caller passes its `sampling` words)
+    if shared is not None:
+        step_fn.hold = shared.hold  # the caches and states in that arena buffer, before its forms' arrays
+        step_fn.shared = shared
     spent = step_fn.spent = {"plan_s": 0.0, "setup_s": 0.0}  # seconds planning, setting up runners: `run`'s timings
 
     if device == "gpu":
@@ -130,6 +133,7 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
         step_fn.decode = decode
 
         step_fn.to_slot = slot_copier(state, batch_state)
+        step_fn.hold = holder(state, batch_state)  # the run's tables in the arena before its first form
 
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"
     if check and device == "cpu":
