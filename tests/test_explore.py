@@ -544,3 +544,32 @@ def test_the_shell_and_plan_agree_on_a_launchs_layer():
     assert down.layer == 1 and "filed under layer 0" in text
     row = next(line for line in text.splitlines() if "L0.down" in line)
     assert re.search(rf"\b{s.launches.index(down)}\b.*\b1\b", row), row
+
+
+def test_a_held_step_holds_the_same_in_the_explorer_as_on_the_command_line():
+    """Issue 39 item 5: `fuse_quant` (a schedule step over the quantize op) held in the explorer holds the rules that
+    quantize in a producer's epilogue, as `plan --hold fuse_quant` does: the same launches; the explorer lists the step
+    as held (not the rules it brings), and releasing it gives back the plan of nothing held."""
+    from test_quant import q8_model
+
+    from lanefuse.lane.lower.plan import plan
+
+    cfg, _ = q8_model("q8_0")
+    g = build_step(cfg, 1)
+    free, cli = plan(g, numerics="q8"), plan(g, numerics="q8", held=("fuse_quant",))
+    assert cli.census.get("quant", 0) > free.census.get("quant", 0)  # the held step changes the plan: this can fail
+    ex = Explorer(g, numerics="q8")
+    try:
+        assert ex.plan().census == free.census
+        ex.hold("fuse_quant")
+        assert ex.held == ["fuse_quant"]
+        assert ex.plan().census == cli.census and ex.plan().fusions == cli.fusions
+        ex.release("fuse_quant")
+        assert ex.held == [] and ex.plan().census == free.census and ex.plan().fusions == free.fusions
+        opened = Explorer(g, numerics="q8", held=("fuse_quant",))  # held from the start, as a plan file holds it
+        try:
+            assert opened.held == ["fuse_quant"] and opened.plan().census == cli.census
+        finally:
+            opened.close()
+    finally:
+        ex.close()

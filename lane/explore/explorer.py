@@ -351,10 +351,9 @@ class Explorer:
         if rule in ALWAYS:
             raise UserError(f"hold {rule}: not held: {ALWAYS[rule]}")
         cfg = self._copy()
-        if rule in self.steps:
-            cfg.held_steps |= {rule}
-        else:
-            cfg.held_rules |= {rule}
+        rules, steps = split_held([rule], self.table, self.lane)  # as `plan --hold`: a step holds its ops' rules too
+        cfg.held_steps |= steps
+        cfg.held_rules |= rules
         self._change(f"hold {rule}", cfg)
 
     @_engine_thread
@@ -363,6 +362,8 @@ class Explorer:
         if rule not in self.cfg.held_rules and rule not in self.cfg.held_steps:
             raise UserError(f"`{rule}` is not held (held: {', '.join(self.held) or 'nothing'})")
         cfg = self._copy()
+        if rule in cfg.held_steps:  # the step, and the rules it held (fuse_quant: the quantize rules)
+            cfg.held_rules -= split_held([rule], self.table, self.lane)[0]
         cfg.held_steps -= {rule}
         cfg.held_rules -= {rule}
         self._change(f"release {rule}", cfg)
@@ -459,7 +460,9 @@ class Explorer:
 
     @property
     def held(self) -> list[str]:
-        return sorted(self.cfg.held_rules | self.cfg.held_steps)
+        """The names held as the user named them: a held step, not the rules it holds with it."""
+        implied = split_held(sorted(self.cfg.held_steps), self.table, self.lane)[0]
+        return sorted((self.cfg.held_rules - implied) | self.cfg.held_steps)
 
     @property
     def forced(self) -> dict[str, int]:
