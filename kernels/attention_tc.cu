@@ -18,6 +18,61 @@
 #define ATC_BN 64  // keys a tile
 #define ATC_THREADS 128
 
+// One tile of keys j0..j0+ATC_BN (zeros from jhi on, and past hd / vd) from the f32 caches into shared memory, rounded
+// to bf16: k as rows ks[key][d], v transposed vt[d][key]. A value pair at a time (any pitch and offset).
+template <int D>
+__device__ __forceinline__ void atc_load_tile(u16 (*ks)[D + 8], u16 (*vt)[ATC_BN + 8], const float* kb, const float* vb,
+                                              i64 j0, i64 jhi, i64 hd, i64 vd, i64 kpitch, i64 vpitch) {
+    for (int i = threadIdx.x; i < ATC_BN * (D / 2); i += ATC_THREADS) {
+        int jj = i / (D / 2), d = 2 * (i % (D / 2));
+        i64 j = j0 + jj;
+        float a = 0.f, b = 0.f, c = 0.f, e = 0.f;
+        if (j < jhi) {
+            const float* kr = kb + j * kpitch;
+            const float* vr = vb + j * vpitch;
+            if (d < hd) a = kr[d];
+            if (d + 1 < hd) b = kr[d + 1];
+            if (d < vd) c = vr[d];
+            if (d + 1 < vd) e = vr[d + 1];
+        }
+        *(unsigned*)&ks[jj][d] = bf16x2(a, b);
+        vt[d][jj] = (u16)bf16_rn(c);
+        vt[d + 1][jj] = (u16)bf16_rn(e);
+    }
+}
+
+// The same tile through 16-byte loads (hd, vd, the pitches and the rows' starts whole four-value words, 16-byte
+// aligned), the same bits. Keys: a warp's 32 lanes four consecutive values each of one key's row (512 contiguous
+// bytes at D = 128), stored as 8 bytes into ks. Values: lane l takes keys 2p, 2p + 1 (p = l / 2 of its half-tile)
+// at four values 4(2c + l % 2), stored as bf16 pairs of the two keys into vt's four rows: a warp's 32 stores land in
+// 32 distinct banks (rows 4 apart are 16 banks apart at ATC_BN + 8 values a row), its loads two full 32-byte sectors
+// a key row.
+template <int D>
+__device__ __forceinline__ void atc_load_tile4(u16 (*ks)[D + 8], u16 (*vt)[ATC_BN + 8], const float* kb,
+                                               const float* vb, i64 j0, i64 jhi, i64 hd, i64 vd, i64 kpitch,
+                                               i64 vpitch) {
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < ATC_BN * (D / 4); i += ATC_THREADS) {
+        int jj = i / (D / 4), d = 4 * (i % (D / 4));
+        i64 j = j0 + jj;
+        float4 f = j < jhi && d < hd ? *(const float4*)(kb + j * kpitch + d) : zero;
+        *(uint2*)&ks[jj][d] = make_uint2(bf16x2(f.x, f.y), bf16x2(f.z, f.w));
+    }
+#pragma unroll 4
+    for (int i = threadIdx.x; i < (ATC_BN / 2) * (D / 4); i += ATC_THREADS) {
+        int lo = i & 31, hi = i >> 5;
+        int jj = 2 * (16 * (hi & 1) + (lo >> 1)), d = 4 * (2 * (hi >> 1) + (lo & 1));
+        i64 j = j0 + jj;
+        float4 a = j < jhi && d < vd ? *(const float4*)(vb + j * vpitch + d) : zero;
+        float4 b = j + 1 < jhi && d < vd ? *(const float4*)(vb + (j + 1) * vpitch + d) : zero;
+        *(unsigned*)&vt[d][jj] = bf16x2(a.x, b.x);
+        *(unsigned*)&vt[d + 1][jj] = bf16x2(a.y, b.y);
+        *(unsigned*)&vt[d + 2][jj] = bf16x2(a.z, b.z);
+        *(unsigned*)&vt[d + 3][jj] = bf16x2(a.w, b.w);
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void attention_tc_body(const float* q, const float* kc, const float* vc, const int* posp,
                                                   const float* sinks, float* out, const float* gate, int gact,
@@ -65,24 +120,15 @@ __device__ __forceinline__ void attention_tc_body(const float* q, const float* k
         for (int e = 0; e < 4; e++) o[j][e] = 0.f;
     const float* kb = kc + koff + kvh * hd;
     const float* vb = vc + voff + kvh * vd;
+    // 16-byte loads where every key's and value's row starts 16-byte aligned (heads, pitches and offsets whole
+    // four-value words: a model's caches); else a value at a time
+    bool v4 = ((hd | vd | kpitch | vpitch | koff | voff) & 3) == 0 && ((size_t)kc & 15) == 0 && ((size_t)vc & 15) == 0;
     for (i64 j0 = jlo; j0 < jhi; j0 += ATC_BN) {
         __syncthreads();  // every warp done with the last tile (and with q's)
-        for (int i = threadIdx.x; i < ATC_BN * (D / 2); i += ATC_THREADS) {
-            int jj = i / (D / 2), d = 2 * (i % (D / 2));
-            i64 j = j0 + jj;
-            float a = 0.f, b = 0.f, c = 0.f, e = 0.f;
-            if (j < jhi) {
-                const float* kr = kb + j * kpitch;
-                const float* vr = vb + j * vpitch;
-                if (d < hd) a = kr[d];
-                if (d + 1 < hd) b = kr[d + 1];
-                if (d < vd) c = vr[d];
-                if (d + 1 < vd) e = vr[d + 1];
-            }
-            *(unsigned*)&ks[jj][d] = bf16x2(a, b);
-            vt[d][jj] = (u16)bf16_rn(c);
-            vt[d + 1][jj] = (u16)bf16_rn(e);
-        }
+        if (v4)
+            atc_load_tile4<D>(ks, vt, kb, vb, j0, jhi, hd, vd, kpitch, vpitch);
+        else
+            atc_load_tile<D>(ks, vt, kb, vb, j0, jhi, hd, vd, kpitch, vpitch);
         __syncthreads();
         if (j0 > whi || j0 + ATC_BN <= wlo) continue;  // no slot of this warp attends these keys
         float sc[ATC_BN / 8][4];

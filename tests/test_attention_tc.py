@@ -23,16 +23,18 @@ def r32(g, *shape):
 
 def tc_attention_case(rows, heads, kv, hd, vd, pos, window=0, cap=0.0, sinks=False, gate=None, shared=False, seed=0):
     """(AttentionTc, the same as an Attention, arrays, weights): random q, a cache of pos + rows + 3 rows (keys and
-    values one table, key then value of each row, at an odd offset, when `shared`)."""
+    values one table, key then value of each row, at an odd offset, when `shared`; at an offset and pitch of whole
+    16-byte words when `shared` is "aligned": the kernel's 16-byte loads)."""
     g = np.random.default_rng(seed + rows * 7 + pos + hd)
     L = pos + rows + 3
     arrays = {"q": 2 * r32(g, rows * heads * hd), "pos": np.array([pos], np.int32),
               "o": np.full(rows * heads * vd, np.nan, np.float32)}
     kw = dict(window=window, softcap=cap, sinks="sk" if sinks else None)
-    if shared:  # one row: 3 pad values, the keys, the values, 1 more
-        pitch = 3 + kv * (hd + vd) + 1
+    if shared:  # one row: 3 pad values, the keys, the values, 1 more (aligned: 4 and 4)
+        pad = 4 if shared == "aligned" else 3
+        pitch = pad + kv * (hd + vd) + (4 if shared == "aligned" else 1)
         arrays["kv"] = r32(g, L * pitch)
-        kw.update(kstride=pitch, koff=3, vstride=pitch, voff=3 + kv * hd)
+        kw.update(kstride=pitch, koff=pad, vstride=pitch, voff=pad + kv * hd)
         kc = vc = "kv"
     else:
         arrays["kc"], arrays["vc"] = r32(g, L * kv * hd), r32(g, L * kv * vd)
@@ -69,7 +71,8 @@ CASES = [  # rows, heads, kv, hd, vd, pos, window, cap, sinks, gate, shared
     (50, 8, 2, 128, 128, 5, 17, 0.0, True, None, False),    # GQA 4, a window, sinks
     (21, 3, 3, 40, 24, 63, 0, 0.0, False, "silu", True),    # no grouping; narrow heads padded; a gate; one table
     (70, 2, 2, 96, 80, 130, 40, 50.0, True, None, True),    # past a block of 64 slots; both heads padded to 128
-]
+    (45, 4, 2, 96, 72, 9, 0, 0.0, False, None, "aligned"),  # 16-byte loads of keys and values padded to 128, one
+]                                                            # table
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -209,3 +212,31 @@ def test_emulated_picks_each_value(emulated):
     for r in range(rows):
         hit = [j for j in range(L) if j % hd == want_key[r] % hd and j <= pos + r]
         np.testing.assert_allclose(got[r], v[hit].sum(axis=0)[[0, 0, 1, 1]] / len(hit), rtol=2**-20, atol=1e-6)
+
+
+# -- what the emulator must catch in the tile loads (each a mutated attention_tc.cu) ---------------------------------
+
+@pytest.mark.parametrize("old,new,case", [
+    # 16-byte loads: a value's two keys swapped in the transposed tile (case: heads of 64 in their own caches)
+    ("*(unsigned*)&vt[d + 1][jj] = bf16x2(a.y, b.y);", "*(unsigned*)&vt[d + 1][jj] = bf16x2(b.y, a.y);", 0),
+    # 16-byte loads: the second key's row one short of the tile's end (keys past the chunk read as zero)
+    ("j + 1 < jhi && d < vd ?", "j + 2 < jhi && d < vd ?", 6),
+    # 16-byte loads: a key's four values shifted by one word in shared memory
+    ("*(uint2*)&ks[jj][d] = make_uint2(bf16x2(f.x, f.y), bf16x2(f.z, f.w));",
+     "*(uint2*)&ks[jj][d] = make_uint2(bf16x2(f.y, f.x), bf16x2(f.z, f.w));", 3),
+    # a value at a time (a table at an odd offset): one value of each pair dropped
+    ("            if (d + 1 < vd) e = vr[d + 1];\n", "", 4),
+])
+def test_the_emulator_catches_tile_load_mistakes(emulated, monkeypatch, old, new, case):
+    """Each mistake in one of the two tile loads, on a case that takes that load: outside the kernel bound."""
+    from lanefuse.kernels import compile as kc
+
+    text = kc.cu_text("attention_tc")
+    assert old in text, f"attention_tc.cu no longer holds {old!r}: update the mutation"
+    real = kc.cu_text
+    monkeypatch.setattr(kc, "cu_text", lambda stem: text.replace(old, new) if stem == "attention_tc" else real(stem))
+    tc, _, arrays, weights = tc_attention_case(*CASES[case])
+    dev = emulated(0, {}, {k: v.copy() for k, v in arrays.items()}, weights)
+    tc.cuda(dev)
+    with pytest.raises(AssertionError):
+        check_kernel(tc, arrays, weights, dev.host("o"))
