@@ -2,18 +2,23 @@
 // under the bf16 numerics: x and w rounded to bf16 (to nearest, ties to even), their products summed in f32 by
 // mma.sync m16n8k16 (sm_80+). gemm_tc_round first writes x as bf16 rows of kp = k rounded up to 8 values (zeros past
 // k) into scratch, once for every tile that reads it; a block then computes a BM x TC_BN tile of y (BM 128, or 64 for
-// a product of at most 64 rows), its eight warps each BM/2 x 32, k in steps of TC_BK through shared-memory stages:
-// bf16 rows of whole 16-byte chunks (gemm_tc_cp*) go global -> shared by cp.async, TC_STAGES of them in flight (the
-// tensor cores multiply step t while steps t + 1 and t + 2 are on their way); any other format (f32, f16, a block
+// a product of at most 64 rows), k in steps of TC_BK through shared-memory stages. bf16 rows of whole 16-byte chunks
+// go global -> shared by cp.async, TC_STAGES stages (the tensor cores multiply step t while steps t + 1 and t + 2 are
+// on their way); at 128 rows (gemm_tc_cp, _parts_cp, _split_cp) four warps of 64 x 64 (128 threads: 8 ldmatrix.x4
+// feed 32 mma a k16 step, where eight warps of 64 x 32 took 6 for 16: shared memory's bandwidth, not the tensor
+// cores, bounded those); at 64 rows (the *_cp_64 kernels) eight warps of 32 x 32. Any other format (f32, f16, a block
 // format: gemm_tc_any*) is decoded into registers, rounded to bf16 and stored after the step's products, two stages
-// (x still by cp.async). A tile row is TC_BK values (64 bytes, four 16-byte chunks) with its chunks swizzled
+// (x still by cp.async), eight warps of BM/2 x 32. A tile row is TC_BK values (64 bytes, four 16-byte chunks) with its chunks swizzled
 // (tc_sw), so ldmatrix's eight rows at one chunk and cp.async's writes each hit eight distinct 16-byte bank groups
 // with no padding: the three stages of a 128 x 128 tile fill the 48 KB of static shared memory exactly.
 
 #define TC_BN 128  // a block's outputs; its rows are 32·MI (128, or 64 for a product of at most 64 rows)
 #define TC_BK 32
 #define TC_STAGES 3  // shared-memory stages of gemm_tc_cp*: cp.async keeps TC_STAGES - 1 k steps in flight
-#define TC_THREADS 256
+#define TC_THREADS 256  // eight warps (gemm_tc_any*, gemm_tc_*_64); gemm_tc_cp and its parts / split: 128
+
+// The threads of a block whose warps each take NJ fragments of 8 outputs (two warps down the tile's rows).
+#define tc_threads(NJ) (2 * (TC_BN / (8 * (NJ))) * 32)
 
 // emu: begin tc_ptx (tests/cuda_host/emu.h defines these five for the host emulator, lane by lane)
 __device__ __forceinline__ unsigned tc_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -73,13 +78,13 @@ extern "C" __global__ void gemm_tc_round(const float* x, unsigned char* xb, i64 
 __device__ __forceinline__ int tc_sw(int r, int c) { return c ^ ((r >> 1) & 3); }
 
 // The tile of rows r0.. (R of them, a multiple of 64; `rows` in all) and k0..k0+TC_BK of bf16 rows `pitch` values
-// apart (whole 16-byte chunks, zeros past the rows) into s (swizzled): R/64 cp.async a thread; a chunk past the rows
+// apart (whole 16-byte chunks, zeros past the rows) into s (swizzled) by T threads: 4R/T cp.async a thread; a chunk past the rows
 // or the pitch is zero-filled.
-template <int R>
+template <int R, int T>
 __device__ __forceinline__ void tc_copy_tile(u16 (*s)[TC_BK], const u16* g, i64 r0, i64 rows, i64 k0, i64 pitch) {
 #pragma unroll
-    for (int i = 0; i < R * 4 / TC_THREADS; i++) {
-        int c = threadIdx.x + i * TC_THREADS, r = c >> 2, kc = (c & 3) * 8;
+    for (int i = 0; i < R * 4 / T; i++) {
+        int c = threadIdx.x + i * T, r = c >> 2, kc = (c & 3) * 8;
         bool ok = r0 + r < rows && k0 + kc < pitch;
         tc_cp16(&s[r][8 * tc_sw(r, c & 3)], ok ? (const void*)(g + (r0 + r) * pitch + k0 + kc) : (const void*)g,
                 ok ? 16 : 0);
@@ -138,28 +143,30 @@ __device__ __forceinline__ void tc_store_w(u16 (*s)[TC_BK], const unsigned (&v)[
     *(uint4*)&s[r][8 * tc_sw(r, c + 1)] = make_uint4(v[4], v[5], v[6], v[7]);
 }
 
-// The block's tile: outputs from TC_BN·tile, rows from BM·blockIdx.y, BM = 32·MI (each warp MI fragments of 16
-// rows). CP: w is bf16 rows of whole 16-byte chunks (k a multiple of 8), copied as x is, TC_STAGES stages; else
-// decoded through registers, two stages.
-template <bool CP, int MI>
+// The block's tile: outputs from TC_BN·tile, rows from BM·blockIdx.y, BM = 32·MI; tc_threads(NJ) threads, each warp
+// MI fragments of 16 rows by NJ of 8 outputs (warps two down the rows, TC_BN / 8NJ across). CP: w is bf16 rows of
+// whole 16-byte chunks (k a multiple of 8), copied as x is, TC_STAGES stages; else decoded through registers (eight
+// warps: NJ 4), two stages.
+template <bool CP, int MI, int NJ>
 __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void* w, int fmt, const float* bias,
                                              const float* add, Dst y, i64 k, i64 n, i64 m, i64 tile,
                                              i64 ksplit = 1, float* part = nullptr) {
-    constexpr int BM = 32 * MI, S = CP ? TC_STAGES : 2;
+    constexpr int BM = 32 * MI, S = CP ? TC_STAGES : 2, T = tc_threads(NJ);
+    static_assert(CP || NJ == 4, "the decoded formats' tc_load_w takes two threads a row of w's tile: eight warps");
     alignas(128) __shared__ u16 xs[S][BM][TC_BK];
     alignas(128) __shared__ u16 ws[S][TC_BN][TC_BK];
     const u16* xg = (const u16*)xb;
     i64 kp = (k + 7) / 8 * 8, n0 = tile * TC_BN, m0 = (i64)blockIdx.y * BM;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 16 * MI, wn = (warp >> 1) * 32;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 16 * MI, wn = (warp >> 1) * 8 * NJ;
     int tiles = (int)((kp + TC_BK - 1) / TC_BK);
     // a k-split (the `tail`): this block's k steps [t0, t1) of the ksplit parts' (blockIdx.z), its sums into `part`
     int per = (int)((tiles + ksplit - 1) / ksplit), t0 = ksplit > 1 ? (int)blockIdx.z * per : 0;
     if (ksplit > 1) tiles = min(tiles, t0 + per);
-    float acc[MI][4][4];
+    float acc[MI][NJ][4];
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
     unsigned wv[8];
@@ -168,9 +175,9 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
     for (int s = 0; s < S - 1; s++) {
         if (t0 + s < tiles) {
             i64 k1 = (i64)(t0 + s) * TC_BK;
-            tc_copy_tile<BM>(xs[s], xg, m0, m, k1, kp);
+            tc_copy_tile<BM, T>(xs[s], xg, m0, m, k1, kp);
             if (CP) {
-                tc_copy_tile<TC_BN>(ws[s], (const u16*)w, n0, n, k1, k);
+                tc_copy_tile<TC_BN, T>(ws[s], (const u16*)w, n0, n, k1, k);
             } else {
                 tc_load_w(wv, fmt, w, n0, n, k1, k);
                 tc_store_w(ws[s], wv);
@@ -185,30 +192,30 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
         bool next = t + S - 1 < tiles;
         if (next) {
             i64 k1 = (i64)(t + S - 1) * TC_BK;
-            tc_copy_tile<BM>(xs[bn], xg, m0, m, k1, kp);
+            tc_copy_tile<BM, T>(xs[bn], xg, m0, m, k1, kp);
             if (CP)
-                tc_copy_tile<TC_BN>(ws[bn], (const u16*)w, n0, n, k1, k);
+                tc_copy_tile<TC_BN, T>(ws[bn], (const u16*)w, n0, n, k1, k);
             else
                 tc_load_w(wv, fmt, w, n0, n, k1, k);
         }
         tc_commit();
 #pragma unroll
         for (int kk = 0; kk < TC_BK / 8; kk += 2) {  // kk: the 16-byte chunk of the k16 step
-            unsigned a[MI][4], bf[2][4];
+            unsigned a[MI][4], bf[NJ / 2][4];
 #pragma unroll
             for (int i = 0; i < MI; i++) {
                 int r = wm + i * 16 + (lane & 15);
                 tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);
             }
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
+            for (int j = 0; j < NJ / 2; j++) {
                 int r = wn + j * 16 + (lane & 7) + ((lane >> 4) << 3);
                 tc_ldsm4(bf[j], &ws[b][r][8 * tc_sw(r, kk + ((lane >> 3) & 1))]);
             }
 #pragma unroll
             for (int i = 0; i < MI; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) tc_mma(acc[i][j], a[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
+                for (int j = 0; j < NJ; j++) tc_mma(acc[i][j], a[i], bf[j >> 1][(j & 1) * 2], bf[j >> 1][(j & 1) * 2 + 1]);
         }
         if (!CP && next) tc_store_w(ws[bn], wv);
         b = b + 1 == S ? 0 : b + 1;
@@ -218,7 +225,7 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 i64 r = m0 + wm + i * 16 + g + (e >> 1) * 8, c = n0 + wn + j * 8 + 2 * q + (e & 1);
@@ -233,32 +240,32 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
             }
 }
 
-#define GEMM_TC_KERNEL(NAME, CP, MI)                                                                              \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt, \
+#define GEMM_TC_KERNEL(NAME, CP, MI, NJ)                                                                          \
+    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const void* w, i64 fmt, \
                                                                   const float* bias, const float* add,           \
                                                                   DST_PARAMS(y), i64 k, i64 n, i64 m) {          \
         PDL_ENTER();                                                                                              \
-        gemm_tc_body<CP, MI>(xb, w, (int)fmt, bias, add, DST(y), k, n, m, blockIdx.x);                            \
+        gemm_tc_body<CP, MI, NJ>(xb, w, (int)fmt, bias, add, DST(y), k, n, m, blockIdx.x);                            \
     }
-GEMM_TC_KERNEL(gemm_tc_cp, true, 4)
-GEMM_TC_KERNEL(gemm_tc_any, false, 4)
-GEMM_TC_KERNEL(gemm_tc_cp_64, true, 2)  // products of at most 64 rows (batches): tiles of 64 rows
-GEMM_TC_KERNEL(gemm_tc_any_64, false, 2)
+GEMM_TC_KERNEL(gemm_tc_cp, true, 4, 8)  // four warps of 64 x 64
+GEMM_TC_KERNEL(gemm_tc_any, false, 4, 4)
+GEMM_TC_KERNEL(gemm_tc_cp_64, true, 2, 4)  // products of at most 64 rows (batches): tiles of 64 rows
+GEMM_TC_KERNEL(gemm_tc_any_64, false, 2, 4)
 
 // The `tail` split along k (seed 000): a product whose tiles fill less than one wave of the SMs runs each tile as
 // ksplit blocks (grid z), block z the k steps [z·per, (z + 1)·per) (per = ceil(steps / ksplit)), its f32 sums into
 // part (ksplit, m, n); gemm_tc_combine then adds the parts in order z = 0, 1, ... (the same bits every launch), the
 // bias and the added rows, into y.
-#define GEMM_TC_SPLIT_KERNEL(NAME, CP, MI)                                                                        \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt, \
+#define GEMM_TC_SPLIT_KERNEL(NAME, CP, MI, NJ)                                                                    \
+    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const void* w, i64 fmt, \
                                                                   float* part, i64 ksplit, i64 k, i64 n, i64 m) { \
         PDL_ENTER();                                                                                              \
-        gemm_tc_body<CP, MI>(xb, w, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, ksplit, part);       \
+        gemm_tc_body<CP, MI, NJ>(xb, w, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, ksplit, part);       \
     }
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp, true, 4)
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any, false, 4)
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp_64, true, 2)
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any_64, false, 2)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp, true, 4, 8)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any, false, 4, 4)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp_64, true, 2, 4)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any_64, false, 2, 4)
 
 extern "C" __global__ void gemm_tc_combine(const float* part, i64 ksplit, const float* bias, const float* add,
                                            DST_PARAMS(y), i64 n, i64 m) {
@@ -277,17 +284,17 @@ extern "C" __global__ void gemm_tc_combine(const float* part, i64 ksplit, const 
 // gemm_parts.cu's: its weight, bias (0: none), outputs n, first tile of outputs, Dst) takes the tiles from its first,
 // ceil(n / TC_BN) of them; x rounded once for all.
 #define TC_GP 11
-#define GEMM_TC_PARTS_KERNEL(NAME, CP, MI)                                                                        \
-    extern "C" __global__ void __launch_bounds__(TC_THREADS) NAME(const unsigned char* xb, const i64* t,         \
+#define GEMM_TC_PARTS_KERNEL(NAME, CP, MI, NJ)                                                                    \
+    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const i64* t,         \
                                                                   i64 nparts, i64 fmt, i64 k, i64 m) {           \
         PDL_ENTER();                                                                                              \
         int p = 0;                                                                                                \
         while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * TC_GP + 3]) p++;                                  \
         const i64* d = t + p * TC_GP;                                                                             \
-        gemm_tc_body<CP, MI>(xb, (const void*)d[0], (int)fmt, (const float*)d[1], nullptr, dst_from(d + 4), k,   \
+        gemm_tc_body<CP, MI, NJ>(xb, (const void*)d[0], (int)fmt, (const float*)d[1], nullptr, dst_from(d + 4), k,   \
                              d[2], m, (i64)blockIdx.x - d[3]);                                                    \
     }
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true, 4)
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false, 4)
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp_64, true, 2)
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any_64, false, 2)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true, 4, 8)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false, 4, 4)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp_64, true, 2, 4)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any_64, false, 2, 4)

@@ -26,7 +26,15 @@ from lanefuse.kernels.gemm_parts import GemmPart
 
 BM, BN, BK = 128, 128, 32  # a block's tile of y (rows, outputs) and its k step (gemm_tc.cu's BM, TC_BN, TC_BK)
 SMALL_BM = 64  # the rows of a tile for a product of at most this many rows (a batch): the *_64 kernels
-THREADS = 256  # eight warps, each BM/2 x 32 of the tile
+THREADS = 256  # eight warps, each BM/2 x 32 of the tile (gemm_tc_any*, the *_64 kernels)
+CP_THREADS = 128  # gemm_tc_cp, _parts_cp, _split_cp (bf16 rows, 128-row tiles): four warps of 64 x 64
+STAGES = 3  # gemm_tc.cu's TC_STAGES: the shared-memory stages of the bf16 rows' kernels (the decoded formats: 2)
+
+
+def block_threads(copied: bool, m: int) -> int:
+    """The threads of a block of the kernel for a product of m rows whose w is copied to shared memory as it is
+    (bf16 rows of whole 16-byte chunks) or not: 128 for the copied rows' 128-row tiles, else 256."""
+    return CP_THREADS if copied and block_rows(m) == BM else THREADS
 
 
 def block_rows(m: int) -> int:
@@ -37,7 +45,8 @@ def block_rows(m: int) -> int:
 
 def suffix(m: int) -> str:
     return "_64" if block_rows(m) == SMALL_BM else ""
-BLOCKS_AN_SM = 2  # gemm_tc blocks an SM holds (128 registers x 256 threads, 40 KB shared: ptxas sm_90)
+BLOCKS_AN_SM = 2  # gemm_tc blocks an SM holds (ptxas sm_90: 128 registers x 256 threads and 32 KB shared, or
+# 128 threads at <= 255 registers and 48 KB: the registers bind at two either way)
 MAX_KSPLIT = 8  # the most parts the `tail` splits k into
 MIN_STEPS = 4  # k steps (of BK) a part takes at least
 
@@ -243,13 +252,18 @@ class GemmTc(Launch):
     def fast(self, env):
         self.bind_fast(env)()
 
+    def copied(self) -> bool:
+        """w copied to shared memory as it is (bf16 rows of whole 16-byte chunks): the gemm_tc_cp* kernels."""
+        return self.format == "bf16" and self.k % 8 == 0
+
     def grid_block(self):
-        return ((-(-self.n // BN), -(-self.m // block_rows(self.m)), self.ksplit), (THREADS, 1, 1))
+        return ((-(-self.n // BN), -(-self.m // block_rows(self.m)), self.ksplit),
+                (block_threads(self.copied(), self.m), 1, 1))
 
     def kernel_name(self) -> str:
         """gemm_tc_cp (bf16 rows of whole 16-byte chunks, copied to shared memory as they are) or gemm_tc_any; _64
         for a product of at most 64 rows (tiles of 64 rows)."""
-        base = "gemm_tc_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_any"
+        base = "gemm_tc_cp" if self.copied() else "gemm_tc_any"
         return base + suffix(self.m)
 
     def cuda(self, denv):
@@ -354,7 +368,8 @@ class GemmTcParts(Launch):
         self.bind_fast(env)()
 
     def grid_block(self):
-        return ((sum(self.tiles()), -(-self.m // block_rows(self.m)), 1), (THREADS, 1, 1))
+        copied = self.format == "bf16" and self.k % 8 == 0
+        return ((sum(self.tiles()), -(-self.m // block_rows(self.m)), 1), (block_threads(copied, self.m), 1, 1))
 
     def table(self, denv) -> list[int]:
         words, first = [], 0

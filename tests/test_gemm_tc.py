@@ -221,27 +221,39 @@ def _mutated_tc(monkeypatch, old: str, new: str):
     monkeypatch.setattr(kc, "cu_text", lambda stem: text.replace(old, new) if stem == "gemm_tc" else real(stem))
 
 
+@pytest.mark.parametrize("m", [40, 130])
 @pytest.mark.parametrize("old,new", [
     # one group too few waited for: step t's stage read before its copies land (the old bytes)
     ("tc_wait<S - 2>();", "tc_wait<S - 1>();"),
     # the next step copied over the stage being multiplied (and its own stage never filled)
-    ("tc_copy_tile<TC_BN>(ws[bn],", "tc_copy_tile<TC_BN>(ws[b],"),
+    ("tc_copy_tile<TC_BN, T>(ws[bn],", "tc_copy_tile<TC_BN, T>(ws[b],"),
     # x's fragments read unswizzled (the copies swizzle): rows' chunks crossed
     ("tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);", "tc_ldsm4(a[i], &xs[b][r][8 * (kk + (lane >> 4))]);"),
     # the stage ring one short: step t + 2 into the stage of step t + 1
     ("bn = bn + 1 == S ? 0 : bn + 1;", "bn = bn + 1 == S - 1 ? 0 : bn + 1;"),
 ])
-def test_the_emulator_catches_pipeline_mistakes(emulated, monkeypatch, old, new):
-    """Each mistake in a bf16 product through the three stages (gemm_tc_cp_64: 40 rows, 130 outputs in two tiles, k
-    200 in seven steps, the last part-filled): values outside the bound (unmutated, the same case passes: the shapes
-    above)."""
+def test_the_emulator_catches_pipeline_mistakes(emulated, monkeypatch, old, new, m):
+    """Each mistake in a bf16 product through the three stages (130 outputs in two tiles, k 200 in seven steps, the
+    last part-filled; 40 rows: gemm_tc_cp_64's eight warps, 130: gemm_tc_cp's four warps of 64 x 64 over two row
+    tiles): values outside the bound (unmutated, the same cases pass: test_unmutated_pipeline_case)."""
     _mutated_tc(monkeypatch, old, new)
     g = np.random.default_rng(31)
-    launch = GemmTc("x", "w", "bf16", Dst("y"), 200, 130, 40)
+    launch = GemmTc("x", "w", "bf16", Dst("y"), 200, 130, m)
+    arrays, weights = tc_case(launch, g)
+    with pytest.raises((AssertionError, RuntimeError)):  # values outside the bound, or a stage past the ring: a fault
+        dev = emulate(launch, arrays, weights)
+        check_within_bound(launch, arrays, weights, dev.host("y"))
+
+
+@pytest.mark.parametrize("m", [40, 130])
+def test_unmutated_pipeline_case(emulated, m):
+    g = np.random.default_rng(31)
+    launch = GemmTc("x", "w", "bf16", Dst("y"), 200, 130, m)
     arrays, weights = tc_case(launch, g)
     dev = emulate(launch, arrays, weights)
-    with pytest.raises(AssertionError):
-        check_within_bound(launch, arrays, weights, dev.host("y"))
+    assert dev.calls[-1][0] == "gemm_tc_cp" + ("_64" if m <= 64 else "")
+    assert dev.calls[-1][2] == (256 if m <= 64 else 128, 1, 1)  # eight warps, or four of 64 x 64
+    check_within_bound(launch, arrays, weights, dev.host("y"))
 
 
 def test_scratch_holds_rounded_rows():
