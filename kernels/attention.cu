@@ -4,15 +4,16 @@
 // `per_block` heads of one row and one split of the keys; its four warps take the split's keys in tiles of KT keys
 // (every key and value row of a tile loaded, 16 bytes a lane, before any is used), an online softmax each
 // (flash-decoding), then combine in shared memory. One split writes the output; more write their
-// (max, sum, weighted values) partials and attention_combine merges them with the sink. Row j's keys start at
+// (max, sum, weighted values) partials, and the last split block of those heads to arrive merges them with the sink
+// (attention_merge: one launch, no combine pass). Row j's keys start at
 // j * kstride + koff of kc, its values at j * vstride + voff of vc (parts of every row of wider tables). A batch
 // (slot > 0): grid row y is sequence r = seq0 + y, at position posp[r], over its own slot of the caches (rows from
 // r * slot); the partials stay indexed by the grid's row. With `gate` (attn_output_gate) each output value is
 // multiplied by act(gate) of its place as it is stored. With `qw` (attn_output_quant) the output's quantized form
 // (quant.cu's blocks of 32, heads of whole blocks) is written by the launch that writes the output: once the block's
-// heads (the combine's head) are stored, a warp a block of 32 reads them back through L2 and quantizes it; where the
+// heads (the merging block's) are stored, a warp a block of 32 reads them back through L2 and quantizes it; where the
 // launch writes the quantized form alone (out null) each warp quantizes the 32 values it holds, one block. With
-// qwords 3 (the q8k form, llama.cpp's q8_K: K-quant rows) a block's heads, or the combine's, hold whole blocks of 256
+// qwords 3 (the q8k form, llama.cpp's q8_K: K-quant rows) a block's heads (the merge's too) hold whole blocks of 256
 // (the launch's heads_a_block), which a warp each quantizes from the output stored (quant.cu's quant_k_block).
 // Heads up to 128 values, 4 a block, 8 keys a tile (attention_split_128); up to MAXD = 256 values, MAXPB = 4 heads a
 // block, 4 keys a tile (attention_split); wider heads, up to 640 values (a latent
@@ -109,12 +110,121 @@ __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAX
     }
 }
 
+// The merge (splits > 1): the last split block of a block's heads to arrive (an arrival counter a row and block of
+// heads, which it resets to zero: the arena's counter contract) merges those `cpb` heads' partials, reading them
+// through L2, a head to each group of AW / cpb warps (a warp a head at cpb >= AW, heads taken in turn): no block
+// barrier until the quantized form. A warp of a head: its lanes read the maxima and sums of CW splits at a time (a
+// round: 4 splits a lane), the warp's maximum (the sink in it), each split's weight exp(M_z - M) into the warp's shared
+// row, the sum (the sink in the denominator); then the values (the group's warps split them, 32 consecutive a warp a
+// step) four a lane at a time, each value's sum over the splits in the splits' order, 8 splits' loads in flight; the
+// output (times act(gate)) and its quantized form, whole blocks of the block's heads. Which block arrives last does
+// not change a bit: every partial is read, in the splits' order.
+#define CW 128
+#define MV 4  // values a lane a pass
+__device__ __forceinline__ void attention_merge(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
+                                                i64 splits, i64 seq0, i64 r, i64 h0, i64 cpb, const float* gate,
+                                                i64 gact, signed char* qw, signed char* ql, float* qscale,
+                                                i64 qwords) {
+    __shared__ float wzs[AW][CW];
+    float* wz = wzs[threadIdx.x >> 5];
+    i64 st = vd + 2;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int wph = cpb >= AW ? 1 : AW / (int)cpb, ng = AW / wph, sub = warp % wph;  // warps a head, heads at once
+    i64 nvl = (vd + 32 * wph - 1) / (32 * wph);  // values a lane
+    for (i64 hh = warp / wph; hh < cpb; hh += ng) {
+        i64 h = h0 + hh;
+        const float* pp = part + (r * heads + h) * splits * st;
+        float mv[CW / 32], sv[CW / 32], M = sinks ? sinks[h] : NEG_INF;
+#pragma unroll
+        for (int u = 0; u < CW / 32; u++) {  // the first CW splits' maxima and sums: one round
+            i64 z = u * 32 + lane;
+            mv[u] = z < splits ? __ldcg(pp + z * st) : NEG_INF;
+            sv[u] = z < splits ? __ldcg(pp + z * st + 1) : 0.f;
+            M = fmaxf(M, mv[u]);
+        }
+        for (i64 z0 = CW; z0 < splits; z0 += CW)
+#pragma unroll
+            for (int u = 0; u < CW / 32; u++) {
+                i64 z = z0 + u * 32 + lane;
+                if (z < splits) M = fmaxf(M, __ldcg(pp + z * st));
+            }
+        M = warp_max(M);
+        float S = 0.f;
+        for (i64 g = 0; g < nvl; g += MV) {
+            float A[MV];
+#pragma unroll
+            for (int e = 0; e < MV; e++) A[e] = 0.f;
+            for (i64 z0 = 0; z0 < splits; z0 += CW) {
+                i64 nz = min((i64)CW, splits - z0);
+                if (g == 0 || splits > CW) {  // the chunk's weights (a split past every key: weight 0), the sum once
+                    __syncwarp();
+#pragma unroll
+                    for (int u = 0; u < CW / 32; u++) {
+                        i64 t = u * 32 + lane;
+                        if (t < nz) {
+                            float mz = z0 ? __ldcg(pp + (z0 + t) * st) : mv[u];
+                            float wt = mz != NEG_INF ? expf(mz - M) : 0.f;
+                            wz[t] = wt;
+                            if (g == 0 && mz != NEG_INF) S += (z0 ? __ldcg(pp + (z0 + t) * st + 1) : sv[u]) * wt;
+                        }
+                    }
+                    __syncwarp();
+                }
+                const float* pa = pp + z0 * st + 2 + sub * 32 + lane;
+                i64 z = 0;
+                for (; z + 8 <= nz; z += 8) {
+                    float a[8][MV];
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+#pragma unroll
+                        for (int e = 0; e < MV; e++) {
+                            i64 i = sub * 32 + lane + 32 * wph * (g + e);
+                            a[u][e] = g + e < nvl && i < vd ? __ldcg(pa + (z + u) * st + 32 * wph * (g + e)) : 0.f;
+                        }
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+#pragma unroll
+                        for (int e = 0; e < MV; e++) A[e] += a[u][e] * wz[z + u];
+                }
+                for (; z < nz; z++)
+#pragma unroll
+                    for (int e = 0; e < MV; e++) {
+                        i64 i = sub * 32 + lane + 32 * wph * (g + e);
+                        if (g + e < nvl && i < vd) A[e] += __ldcg(pa + z * st + 32 * wph * (g + e)) * wz[z];
+                    }
+            }
+            if (g == 0) S = warp_sum(S) + (sinks ? expf(sinks[h] - M) : 0.f);
+#pragma unroll
+            for (int e = 0; e < MV; e++) {
+                i64 i = sub * 32 + lane + 32 * wph * (g + e);
+                if (g + e < nvl && i < vd) {  // a warp's 32 values one block of 32 where it quantizes (vd % 32 == 0)
+                    i64 o = ((seq0 + r) * heads + h) * vd + i;
+                    float y = gate ? A[e] / S * act_apply((int)gact, gate[o]) : A[e] / S;
+                    if (out) out[o] = y;
+                    else quant_block(y, qw, ql, qscale, o >> 5, lane);  // the quantized form alone
+                }
+            }
+        }
+    }
+    if (qw && out) {  // heads h0.. of row seq0 + r, cpb * vd values: whole blocks
+        __syncthreads();
+        if (qwords == 3) {
+            i64 b0 = ((seq0 + r) * heads + h0) * vd >> 8;
+            for (i64 b = warp; b < cpb * vd >> 8; b += AW) quant_k_block(out, qw, (short*)ql, qscale, b0 + b, lane);
+        } else {
+            i64 b0 = ((seq0 + r) * heads + h0) * vd >> 5;
+            for (i64 b = warp; b < cpb * vd >> 5; b += AW)
+                quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
+        }
+    }
+}
+
 template <int MAXD, int MAXPB, int KT>
 __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
-    signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords) {
+    signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords, unsigned* counters) {
     constexpr int NC = (MAXD + 127) / 128;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
@@ -208,7 +318,21 @@ __device__ __forceinline__ void attention_body(
             pp[2 + i] = A;
         }
     }
-    if (splits == 1 && qw && out) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks
+    if (splits > 1) {  // the last split of these heads to arrive merges their partials (its counter back to zero)
+        __shared__ int last;
+        unsigned* c = counters + ry * gridDim.x + blockIdx.x;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)splits - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        attention_merge(part, sinks, out, heads, vd, splits, seq0, ry, h0, per_block, gate, gact, qw, ql, qscale,
+                        qwords);
+        if (threadIdx.x == 0) *c = 0u;
+        return;
+    }
+    if (qw && out) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks
         __syncthreads();
         if (qwords == 3) {
             i64 b0 = (r * heads + h0) * vd >> 8, nb = per_block * vd >> 8;
@@ -227,10 +351,10 @@ __device__ __forceinline__ void attention_body(
         float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,        \
         i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,           \
         i64 gact, signed char* qw, signed char* ql, float* qscale, const float* qtail, const float* ktail,            \
-        i64 tail, i64 qwords) { PDL_ENTER();                                                                          \
+        i64 tail, i64 qwords, unsigned* counters) { PDL_ENTER();                                                      \
         attention_body<D, PB, KT>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits, \
                               kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale,   \
-                              qtail, ktail, tail, qwords);                                                            \
+                              qtail, ktail, tail, qwords, counters);                                                  \
     }
 // Keys a warp a tile: KT rows of keys and of values in flight a warp (128-value heads: 8 KB a warp, 32 KB a block).
 // Three blocks an SM (at most 168 registers; sm_90: 149-168, no spill): a split grid of 2-3 blocks an SM all resident.
@@ -238,81 +362,3 @@ ATTENTION_KERNEL(attention_split_128, 128, 4, 8)  // heads up to 128 values (the
 ATTENTION_KERNEL(attention_split, 256, 4, 4)
 ATTENTION_KERNEL(attention_split_wide, 640, 1, 1)
 ATTENTION_KERNEL(attention_split_narrow, 64, 8, 4)  // eight heads of up to 64: the q8k blocks of heads of 32
-
-// The combine: a block `cpb` heads of one row (the heads of one q8k block; one head for any other form). The splits'
-// maxima first (a thread a split, a block maximum), then each split's weight exp(M_z - M) once into shared memory
-// (CW splits at a time), each value's sum over the splits with its loads unrolled 8 deep (independent: in flight
-// together), the sink in the denominator.
-#define CW 128
-extern "C" __global__ void __launch_bounds__(128) attention_combine(
-    const float* part, const float* sinks, float* out, i64 heads, i64 vd, i64 splits, i64 seq0, const float* gate,
-    i64 gact, signed char* qw, signed char* ql, float* qscale, i64 cpb, i64 qwords) { PDL_ENTER();
-    __shared__ float wz[CW], red[CW / 32];
-    i64 r = blockIdx.y, h0 = (i64)blockIdx.x * cpb, st = vd + 2;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (i64 h = h0; h < h0 + cpb; h++) {
-        const float* pp = part + (r * heads + h) * splits * st;
-        float M = sinks ? sinks[h] : NEG_INF;
-        for (i64 z = threadIdx.x; z < splits; z += blockDim.x) M = fmaxf(M, __ldcg(pp + z * st));
-        M = warp_max(M);
-        if (lane == 0) red[warp] = M;
-        __syncthreads();
-        M = red[0];
-        for (int w = 1; w < nw; w++) M = fmaxf(M, red[w]);
-        __syncthreads();
-        float S = 0.f;
-        for (i64 z = threadIdx.x; z < splits; z += blockDim.x) {
-            float mz = __ldcg(pp + z * st);
-            if (mz != NEG_INF) S += __ldcg(pp + z * st + 1) * expf(mz - M);
-        }
-        S = warp_sum(S);
-        if (lane == 0) red[warp] = S;
-        __syncthreads();
-        S = sinks ? expf(sinks[h] - M) : 0.f;
-        for (int w = 0; w < nw; w++) S += red[w];
-        i64 nv = (vd + blockDim.x - 1) / blockDim.x;  // values a thread (every thread the same count: the barriers)
-        for (i64 v = 0; v < nv; v++) {
-            i64 i = v * blockDim.x + threadIdx.x;
-            float A = 0.f;
-            for (i64 z0 = 0; z0 < splits; z0 += CW) {
-                i64 nz = min((i64)CW, splits - z0);
-                __syncthreads();
-                for (i64 t = threadIdx.x; t < nz; t += blockDim.x) {
-                    float mz = __ldcg(pp + (z0 + t) * st);
-                    wz[t] = mz != NEG_INF ? expf(mz - M) : 0.f;
-                }
-                __syncthreads();
-                if (i < vd) {
-                    const float* pa = pp + z0 * st + 2 + i;
-                    i64 z = 0;
-                    for (; z + 8 <= nz; z += 8) {
-                        float a[8];
-#pragma unroll
-                        for (int u = 0; u < 8; u++) a[u] = __ldcg(pa + (z + u) * st);
-#pragma unroll
-                        for (int u = 0; u < 8; u++) A += a[u] * wz[z + u];
-                    }
-                    for (; z < nz; z++) A += __ldcg(pa + z * st) * wz[z];
-                }
-            }
-            if (i < vd) {
-                i64 o = ((seq0 + r) * heads + h) * vd + i;
-                float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
-                if (out) out[o] = y;
-                else quant_block(y, qw, ql, qscale, o >> 5, lane);  // the quantized form alone
-            }
-        }
-        __syncthreads();
-    }
-    if (qw && out) {  // heads h0.. of row seq0 + r, cpb * vd values: whole blocks
-        __syncthreads();
-        if (qwords == 3) {
-            i64 b0 = ((seq0 + r) * heads + h0) * vd >> 8;
-            for (i64 b = warp; b < cpb * vd >> 8; b += nw) quant_k_block(out, qw, (short*)ql, qscale, b0 + b, lane);
-        } else {
-            i64 b0 = ((seq0 + r) * heads + h0) * vd >> 5;
-            for (i64 b = warp; b < cpb * vd >> 5; b += nw)
-                quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
-        }
-    }
-}

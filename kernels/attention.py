@@ -4,9 +4,9 @@ and per-head sinks; its output gated by act(gate) as it is stored (`gate`, attn_
 quantized form written in the epilogue (`quant`, attn_output_quant: the q8 numerics' o projection), beside the output
 or instead of it (`f32` false: only the projection reads it); over K-quant rows the q8k form (llama.cpp's q8_K, blocks
 of 256 values), which a block writes from the output it stored, taking the heads one such block spans (`kheads`) at
-least, the combine as many a block; `per_block`
-heads a block, the keys in `splits` chunks combined flash-decoding style (attention.cu). In a batch (`slot` set) each
-row is a sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on.
+least; `per_block` heads a block, the keys in `splits` chunks merged flash-decoding style by the last split block of
+those heads to arrive, in the same launch (attention.cu's attention_merge). In a batch (`slot` set) each row is a
+sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on.
 Split (`tail` > 0: a latent attention, 000's Split): each head's query and each key in two parts, read in place — the
 query's first hd - tail values its (row, head)'s in q, the rest its (row, head)'s in `qtail`; a key's first part its
 group's in kc, the rest its row's in `ktail`, one table every group shares (the rotated key part)."""
@@ -94,7 +94,7 @@ class Attention(Launch):
 
     @property
     def kheads(self) -> int:
-        """The heads one block of the output's q8k form spans (256 values): a block of the kernel, and of the combine,
+        """The heads one block of the output's q8k form spans (256 values): a block of the kernel (and its merge)
         takes a whole number of such blocks; 1 for any other form."""
         return max(1, QBLOCK_K // self.vd) if self.quant is not None and self.words == Q8K else 1
 
@@ -129,9 +129,12 @@ class Attention(Launch):
         return names(self.out if self.f32 else None, self.quant)
 
     def scratch(self):
+        """Split keys: each split's partials (max, sum, weighted values of each row and head), and an arrival counter a
+        row and block of heads (the last split block to arrive merges them, attention.cu's attention_merge)."""
         if self.splits == 1:
             return ()
-        return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),)
+        return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),
+                Scratch("arrivals", "i32", 4 * self.rows * (self.heads // self.heads_a_block), counter=True))
 
     def check(self):
         if not self.f32 and self.quant is None:
@@ -382,10 +385,14 @@ class Attention(Launch):
         return ((self.heads // self.heads_a_block, self.rows, self.splits), (128, 1, 1))
 
     def cuda(self, denv):
+        """One launch: a block the heads_a_block heads of one row and one split of the keys; over several splits the
+        last split block of a row's heads to arrive merges their partials and writes the output (gated) and its
+        quantized form (attention.cu's attention_merge: no combine launch)."""
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
         grid, block = self.grid_block()
-        part = denv.scratch(self, self.scratch()[0]) if self.splits > 1 else NULL
+        split = self.splits > 1
+        part, counters = (denv.scratch(self, s) for s in self.scratch()) if split else (NULL, NULL)
         sinks = denv.opt(self.sinks)
         out = denv.array(self.out) if self.f32 else NULL
         gate = denv.array(self.gate[0]) if self.gate else NULL
@@ -399,11 +406,5 @@ class Attention(Launch):
             denv.array(self.q), denv.array(self.kc), denv.array(self.vc), denv.array(self.pos), sinks, out, part,
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.heads_a_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
-            f32(self.softcap), i64(self.slot), i64(self.seq0), gate if self.splits == 1 else NULL, gact,
-            *((qw, ql, qs) if self.splits == 1 else (NULL, NULL, NULL)), denv.opt(self.qtail), denv.opt(self.ktail),
-            i64(self.tail), qwords))
-        if self.splits > 1:  # a block the heads of one q8k block (one head for any other form)
-            kh = self.kheads
-            denv.function(self.stem, "attention_combine")((self.heads // kh, self.rows, 1), (128, 1, 1), (
-                part, sinks, out, i64(self.heads), i64(self.vd), i64(self.splits), i64(self.seq0), gate, gact, qw, ql,
-                qs, i64(kh), qwords))
+            f32(self.softcap), i64(self.slot), i64(self.seq0), gate, gact, qw, ql, qs, denv.opt(self.qtail),
+            denv.opt(self.ktail), i64(self.tail), qwords, counters))

@@ -1,13 +1,13 @@
-"""attention.cu run on the CPU: the real kernels (attention_split and its wide and narrow forms, attention_combine)
-built by g++ against the host emulator of CUDA (tests/cuda_host), each Attention launch's own `cuda()` run
-unmodified through the stand-in cupy, against the numpy twin — the cases and tolerances of the GPU tests'
-attention tests (test_kernels_gpu's test_attention and test_split_attention through its `both`, test_gemma_gpu's soft
-cap, test_gdn_kernels' gate, test_quant_gpu's quantizing epilogues, test_placement's parts of one row, test_batch's
-batch) at sizes emulation affords: position 0, positions not a multiple of anything, windows, sinks, soft caps, GQA
-groups, one to 64 splits (more splits than keys), heads of 6 to 640 values, keys and values as parts of one wider
-row at odd offsets (no 16-byte alignment), a latent attention's split heads, a batch's slots. Then each launch again,
-its blocks in the reverse order and each block's threads shuffled between barriers: the same results to the bit.
-Skipped without g++."""
+"""attention.cu run on the CPU: the real kernels (attention_split and its wide and narrow forms, the last split block
+of a row's heads to arrive merging their splits) built by g++ against the host emulator of CUDA (tests/cuda_host),
+each Attention launch's own `cuda()` run unmodified through the stand-in cupy, against the numpy twin — the cases
+and tolerances of the GPU tests' attention tests (test_kernels_gpu's test_attention and test_split_attention through
+its `both`, test_gemma_gpu's soft cap, test_gdn_kernels' gate, test_quant_gpu's quantizing epilogues, test_placement's
+parts of one row, test_batch's batch) at sizes emulation affords: position 0, positions not a multiple of anything,
+windows, sinks, soft caps, GQA groups, one to 257 splits (more splits than keys), heads of 6 to 640 values, keys and
+values as parts of one wider row at odd offsets (no 16-byte alignment), a latent attention's split heads, a batch's
+slots. Then each launch again, its blocks in the reverse order and each block's threads shuffled between barriers
+(another block arrives last): the same results to the bit, the arrival counters left zero. Skipped without g++."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_attention(heads, kv, hd, vd, rows, pos, window, sinks, splits, per_bloc
     a = Attention("q", "kc", "vc", "pos", "o", heads, heads // kv, hd, vd, L, rows, hd ** -0.5, window=window,
                   sinks="sk" if sinks else None, per_block=per_block, splits=splits, softcap=cap)
     dev = gpu.both(a, arrays, {"sk": (r32(g, heads), "f32")}, tol=2e-4)
-    assert ("attention_combine" in kernels_run(dev)) == (splits > 1)
+    assert len(kernels_run(dev)) == 1  # split or not, one launch: the last split block to arrive merges
     again_same(a, dev, ["o"])
 
 
@@ -81,6 +81,26 @@ def test_attention_long_tuned(heads, kv, hd, vd, pos):
               "pos": np.array([pos], np.int32), "o": np.zeros(heads * vd, np.float32)}
     a = Attention("q", "kc", "vc", "pos", "o", heads, heads // kv, hd, vd, L, 1, hd ** -0.5).tune(Knobs())
     dev = gpu.both(a, arrays, {}, tol=2e-4)
+    again_same(a, dev, ["o"])
+
+
+@pytest.mark.parametrize("heads,kv,hd,vd,per_block,sinks", [(4, 1, 256, 256, 4, True), (2, 1, 64, 640, 1, False),
+                                                            (3, 3, 36, 96, 1, True)])
+@pytest.mark.parametrize("splits,pos", [(130, 300), (257, 256), (2, 0)])
+def test_merge_in_chunks_and_passes(heads, kv, hd, vd, per_block, sinks, splits, pos):
+    """attention_merge past its one-round paths: more splits than a chunk of weights (CW 128: 130, 257 with one key a
+    split or none), a lane's values in two passes (heads of 256 four a block: 8 values a lane; 640 values over the
+    four warps: 5), the sink; position 0 (two splits, one of them past every key)."""
+    g = np.random.default_rng(splits + vd)
+    L = 310
+    arrays = {"q": r32(g, 1, heads * hd), "kc": r32(g, L, kv * hd), "vc": r32(g, L, kv * vd),
+              "pos": np.array([pos], np.int32), "o": np.zeros(heads * vd, np.float32)}
+    a = Attention("q", "kc", "vc", "pos", "o", heads, heads // kv, hd, vd, L, 1, hd ** -0.5, splits=splits,
+                  per_block=per_block, sinks="sk" if sinks else None)
+    assert a.check() is None
+    dev = gpu.both(a, arrays, {"sk": (r32(g, heads), "f32")}, tol=2e-4)
+    assert kernels_run(dev) == ["attention_split_wide" if vd > MAX_HEAD else "attention_split" if vd > 128 else
+                                "attention_split_128"]
     again_same(a, dev, ["o"])
 
 
