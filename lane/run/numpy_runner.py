@@ -40,7 +40,9 @@ class SharedArena:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.base = 0  # the step-local arrays' first byte
         self.room = 0  # the step-local bytes of the largest form made so far
-        self.moved: np.ndarray | None = None  # the buffer the last growth replaced (views a step was given into it)
+        # the buffer the last growth replaced, until the next step: the views its caller took before the growth (the
+        # step whose form grew it) are read in the new buffer; kept no longer, so the tables are not held twice
+        self.moved: np.ndarray | None = None
 
     def fit(self, nbytes: int) -> None:
         """Room for a form of `nbytes` step-local bytes."""
@@ -264,6 +266,7 @@ class NumpyRunner:
             env.bind_arena()
             self._bound = None
         tables = {n: env.shared.inside(inputs[n]) for n in s.io.tables}  # a held table's view into the buffer
+        env.shared.moved = None  # the replaced buffer let go: a caller takes its tables anew each step (generate)
         if tables.keys() != env.tables.keys() or any(env.tables[n] is not t for n, t in tables.items()):
             env.tables = tables  # other cache arrays than the last step's: views into them are made anew
             env._views.clear()
