@@ -167,6 +167,10 @@ def cmd_run(args) -> int:
     if not args.prompt_ids and args.prompt is None:
         print(f"lanefuse: no --prompt-ids or --prompt given: the prompt is token id {ids[0]} (give --prompt-ids "
               f"1,2,3 or --prompt TEXT)", file=sys.stderr)
+    if getattr(args, "ranks", 1) > 1:  # R processes, each its rank's step (lane/cli/ranks.py)
+        from lanefuse.lane.cli.ranks import run_ranks
+
+        return run_ranks(args, src, ids, sampling)
     step_fn, label = _step_fn(args, src, saved, sampling)
     human = sys.stderr if args.json == "-" else sys.stdout  # `--json -`: stdout holds the JSON only
     print(f"lanefuse: model: {src.name} ({label}; {sampling.describe()})", file=sys.stderr)
@@ -399,6 +403,10 @@ def cmd_plan(args) -> int:
     if args.batch > 1 and args.rows != 1:
         raise UserError(f"--batch {args.batch} --rows {args.rows}: a batch step decodes one row a sequence (each "
                         f"prompt is prefilled alone)")
+    if getattr(args, "ranks", 1) > 1:  # each rank's share and collectives (lane/cli/ranks.py)
+        from lanefuse.lane.cli.ranks import plan_ranks
+
+        return plan_ranks(args, src, args.rows)
     g = src.graph(args.rows, args.batch)
     if args.batch > 1 and src.cfg is not None:
         from lanefuse.lane.run.batch import cache_bytes
@@ -452,6 +460,10 @@ def cmd_check(args) -> int:
     if src.weights is None:
         raise UserError(src.no_weights or f"{src.name}: the step YAML names no weights to check with")
     rows_list = args.rows or ([int(src.step.meta.get("rows", 1))] if src.step is not None else [1, 8])
+    if getattr(args, "ranks", 1) > 1:  # R ranks' step against one rank's (lane/cli/ranks.py)
+        from lanefuse.lane.cli.ranks import check_ranks_cmd
+
+        return check_ranks_cmd(args, src, rows_list)
     bad = 0
     for rows in rows_list:
         g = src.graph(rows)

@@ -64,6 +64,21 @@ def _shape_args(p: argparse.ArgumentParser) -> None:
                         "the config's torch_dtype); the demo model: its matrices stored (quantized) in that format")
 
 
+def _rank_count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ranks") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v}: give at least 1 rank")
+    return v
+
+
+def _ranks_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--ranks", type=_rank_count, default=1, metavar="R", help=f"tensor parallel over R ranks: {what} "
+                   f"(the dense Llama / Mistral / Qwen2 / Qwen3 decoders; R divides the KV heads)")
+
+
 def _plan_args(p: argparse.ArgumentParser) -> None:
     _shape_args(p)
     p.add_argument("--hold", action="append", default=[], metavar="RULE",
@@ -170,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto: CuPy when a CUDA device is present, numpy otherwise")
     p.add_argument("--plan", metavar="FILE", help="run a plan saved by `lanefuse plan --save` (no solver needed)")
+    _ranks_arg(p, "R processes of this machine (gloo), each its rank's step")
     _plan_args(p)
 
     p = sub.add_parser("plan", help="plan a step: launches, census, fusions fired, arena, estimated cost",
@@ -182,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "FILE is required, so `--json` never takes MODEL for its file")
     p.add_argument("--trace", metavar="FILE", help="write the rewrite trace as JSON to FILE")
     p.add_argument("--save", metavar="FILE", help="save the plan for `lanefuse run --plan FILE`")
+    _ranks_arg(p, "each rank's weight and cache bytes, whether they fit a device, its step's collectives")
     p.add_argument("--html", metavar="DIR", help="write a static report of the plan into DIR (made if missing): "
                                                  "open DIR/index.html from the file system, no server needed")
     p.add_argument("--lifted", action="store_true", help="print the lifted graph instead (op, inputs, output, shape)")
@@ -208,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, action="append", metavar="R",
                    help="step rows to check (repeatable; default 1 and 8)")
     p.add_argument("--device", default="cpu", choices=["cpu"], help="the backend checked (numpy)")
+    _ranks_arg(p, "R ranks' step (the reference interpreter's) against one rank's")
     _plan_args(p)
 
     p = sub.add_parser("explore", help="explore fusion choices interactively (terminal, or --web in a browser)",

@@ -27,6 +27,10 @@ class Knobs:
     tflops_tc: float = 450.0  # what the cost model takes the tensor-core GEMM to reach (bf16 peak 989)
     tc_attn_rows: int = 0  # a chunk of at least this many rows (and 16) attends on the tensor cores (attention_tc)
     # under the bf16 numerics: q, k, p and v rounded to bf16, f32 sums; 0 (the default) never
+    link_gbps: float = 450.0  # the link between ranks' devices, GB/s one way (NVLink 4: 900 both ways; an
+    # assumption, not measured): what a collective's bytes stream at (lane/lower/collectives.py)
+    link_us: float = 10.0  # a collective's fixed time, µs (NCCL's small-message latency over NVLink; assumed)
+    device_gb: float = 141.0  # a device's memory, GB (H200): `plan --ranks` says whether a rank's weights fit
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,0 +1,123 @@
+"""`--ranks R` on the command: plan (each rank's bytes and whether they fit, the collectives priced on the link; a
+config-only folder of Llama-3-70B's shape over 8 ranks), check (R ranks' step against one rank's), run (R processes:
+the tokens of one rank), and the refusals in one line with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.parallel import rank_weight_bytes
+from lanefuse.engine.stepweights import random_weights
+from lanefuse.lane.cli.main import main
+from lanefuse.lane.cli.ranks import rank_report
+from lanefuse.lane.lower.knobs import Knobs
+
+LLAMA70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+            "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80,
+            "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192,
+            "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
+def _config_only(tmp_path, cfg: dict):
+    d = tmp_path / "shape"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_plan_ranks_of_a_config_only_folder(tmp_path, capsys):
+    d = _config_only(tmp_path, LLAMA70B)
+    out = tmp_path / "r.json"
+    assert main(["plan", str(d), "--ranks", "8", "--ctx", "4096", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert len(rep["rank"]) == 8 and all(r["fits"] for r in rep["rank"])
+    assert [r["kv_heads"] for r in rep["rank"]] == [1] * 8 and [r["ffn"] for r in rep["rank"]] == [3584] * 8
+    assert rep["rank"][7]["vocab"] == [7 * 16032, 128256]
+    # the whole model's bf16 weights: the embedding (whole on every rank) once more a rank past the first
+    d_, v, L, f = 8192, 128256, 80, 28672
+    whole = 2 * (2 * v * d_ + L * (2 * d_ * d_ + 2 * d_ * 1024 + 3 * d_ * f)) + 2 * d_ * (2 * L + 1)
+    embed, norms = 2 * v * d_, 2 * d_ * (2 * L + 1)
+    assert sum(r["weight_bytes"] for r in rep["rank"]) == whole + 7 * (embed + norms)
+    # 2 all-reduces a layer of one f32 row, and the arg-max's two values a row; priced on the link
+    c = rep["collectives"]
+    assert c["all_reduce"]["count"] == 160 and c["all_reduce"]["bytes"] == 160 * 4 * d_
+    assert c["all_argmax"] == {"count": 1, "bytes": 16, "us": pytest.approx(10.0 + 7 * 16 / 450e3)}
+    assert c["all_reduce"]["us"] == pytest.approx(160 * (10.0 + 2 * 7 / 8 * 4 * d_ / 450e3))
+    capsys.readouterr()
+    assert main(["plan", str(d), "--ranks", "8", "--ctx", "4096"]) == 0
+    text = capsys.readouterr().out
+    assert "19.48 GB" in text and "PREDICTION" in text and "160 all_reduce" in text
+
+
+def test_one_rank_does_not_fit_where_two_do(tmp_path):
+    from lanefuse.engine.hfconfig import config_from_hf
+
+    cfg = config_from_hf(LLAMA70B, "config.json", max_len=4096, name="llama70b")
+    cfg = __import__("dataclasses").replace(cfg, formats=tuple((w, "bf16") for w in cfg.weight_names()))
+    one = rank_report(cfg, 1, 1, Knobs())
+    two = rank_report(cfg, 2, 1, Knobs())
+    assert not one["rank"][0]["fits"] and all(r["fits"] for r in two["rank"])
+    assert rank_weight_bytes(cfg, 1)[0] > 141e9 > rank_weight_bytes(cfg, 2)[0]
+    tight = rank_report(cfg, 2, 1, Knobs(device_gb=60.0))
+    assert not any(r["fits"] for r in tight["rank"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["plan", "--ranks", "3"], "3 ranks do not divide demo's 2 KV heads"),
+    (["check", "--ranks", "4"], "4 ranks do not divide demo's 2 KV heads"),
+    (["run", "--ranks", "2", "--prompt-ids", "1,2"], "give a checkpoint folder or a .gguf file"),
+])
+def test_refusals_one_line(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert words in err[-1] and err[-1].startswith("lanefuse: ")
+
+
+def test_rank_count_is_a_number_of_ranks(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--ranks", "0"])
+    assert e.value.code == 2 and "--ranks: 0: give at least 1 rank" in capsys.readouterr().err
+
+
+def test_check_ranks_demo(capsys):
+    assert main(["check", "--ranks", "2", "--rows", "1", "--rows", "7"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(l.endswith("-> ok") and "next token equal" in l for l in lines)
+
+
+def _tiny_checkpoint(tmp_path):
+    """A Qwen3 of 6 heads over 2 KV heads, FFN 37, vocabulary 61, f32, in a safetensors folder."""
+    from safetensors.numpy import save_file
+
+    hf = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 24,
+          "intermediate_size": 37, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 8,
+          "num_hidden_layers": 2, "vocab_size": 61, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+          "max_position_embeddings": 64, "torch_dtype": "float32", "tie_word_embeddings": False}
+    cfg = ModelConfig("Qwen3ForCausalLM", 24, 2, 6, 2, 8, 37, 61, qk_norm=True, max_len=64)
+    w = random_weights(build_step(cfg, 1), 11)
+    arrays = {n: np.asarray(w.get(n), np.float32) * (3.0 if "embed" in n else 1.0) for n in cfg.weight_names()}
+    d = tmp_path / "tiny"
+    d.mkdir()
+    save_file(arrays, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps(hf))
+    return d
+
+
+@pytest.mark.slow
+def test_run_ranks_gives_one_ranks_tokens(tmp_path, capsys):
+    from lanefuse.lane.run.ranks import gloo_missing
+
+    if gloo_missing():
+        pytest.skip(f"CPU ranks need gloo: {gloo_missing()}")
+    d = _tiny_checkpoint(tmp_path)
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert main(["run", str(d), "--prompt-ids", "3,5,7,11", "--tokens", "8", "--reference", "--json", str(one)]) == 0
+    assert main(["run", str(d), "--prompt-ids", "3,5,7,11", "--tokens", "8", "--ranks", "2", "--json", str(two)]) == 0
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert b["generated_ids"] == a["generated_ids"] and b["ranks"] == 2
+    assert len(set(a["generated_ids"])) > 2 and math.isfinite(len(a["generated_ids"]))
