@@ -2,37 +2,53 @@
 block tiles, the waves they make on the H200's SMs, and a predicted time from a stated throughput assumption; the
 rest of the step priced by the lane's own cost model (lane/lower/shim.py). Everything printed here is a PREDICTION.
 
-    python bench/gemm_model.py [--rows 512 --rows 2048] [--plans PLANDIR] [--json FILE]
+    python bench/gemm_model.py [--rows 512 --rows 2048] [--batch 64] [--kernel before] [--plans PLANDIR] [--json FILE]
 
 The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefill.py measures the same plans):
-- a block is 256 threads at 128 registers and 40 KB of shared memory (ptxas sm_90, tests/test_kernels_compile.py),
-  so an SM holds BLOCKS_PER_SM = 2 of them (65536 registers / (128 x 256)); a product of at most 64 rows runs tiles
-  of 64 rows (80-99 registers: counted as 2 a SM too);
-- an SM full of gemm_tc blocks runs MMA_TFLOPS / SMS of bf16 mma.sync work: MMA_TFLOPS = 450 TFLOP/s for the chip,
-  45% of the 989 TFLOP/s dense bf16 peak (wgmma's; mma.sync kernels of this shape — two cp.async stages, 128x128x32
-  tiles, ldmatrix — reach roughly 40-60% of it on Hopper in published measurements; not measured here);
-- an SM's rate is shared by the blocks it holds, and a block alone on an SM reaches half of it (one block's eight
-  warps do not keep the tensor cores busy; two an SM do): a wave of BLOCKS_PER_SM x SMS resident blocks lasts its
-  k steps at half an SM's rate whether it is full or not, so a launch of fewer tiles than that leaves the chip
-  partly idle; `waves` counts those rounds;
+- the GEMM kernels (KERNELS; ptxas sm_90 through bench/kernel_resources.py): a bf16 product of more than 64 rows runs
+  gemm_tc_cp / _parts_cp / _split_cp: 128x128x32 tiles, four warps of 64 x 64, three cp.async stages (240-246
+  registers, 48 KB shared memory: BLOCKS an SM = 2); at most 64 rows the *_64 kernels: 64x128x32 tiles, eight warps
+  of 32 x 32, three stages (80-118 registers, 36 KB: counted as 2 an SM); `--kernel before` prices the kernels of
+  0f140e5 (8 warps of 64 x 32 at 128 rows, two stages, wait_group 0) for comparison;
+- a k step of BK = 32 on an SM holding b of a launch's blocks lasts the longest of (each divided by EFFICIENCY):
+  * the tensor cores: b x the step's 2·BM·BN·32 flops at MMA_SYNC_TFLOPS / SMS — the chip's rate for mma.sync
+    m16n8k16 bf16 (f32 sums) when fed, assumed 660 TFLOP/s (two thirds of wgmma's 989: mma.sync does not reach
+    wgmma's rate on sm_90; not measured here); a block alone on an SM reaches half of it (its warps alone do not keep
+    the tensor cores busy: as before);
+  * shared memory: b x the step's bytes through it — every warp's ldmatrix.x4 (512 B each: per k16 one a 16-row
+    fragment of x and one a pair of 8-output fragments of w) plus the stage's (BM + BN) x 64 B written by cp.async —
+    at SMEM_BYTES_PER_CLK = 128 B a clock at CLOCK_GHZ = 1.75 (the layouts are conflict-free: padded rows before,
+    swizzled chunks now). Eight warps of 64 x 32: 64 KB a 128x128 step; four of 64 x 64: 48 KB;
+  * the copies' latency: a stage's copies are issued STAGES - 1 steps before they are read, so a step lasts at least
+    LATENCY_US / (STAGES - 1), LATENCY_US = 0.6 µs assumed for a cp.async's round trip under load;
+  EFFICIENCY = 0.85 (the barriers, address arithmetic and epilogue no bound above counts; assumed). Under these the
+  old kernel was bound by the latency, shared memory close behind (~390 TFLOP/s over a whole wave), the new one by
+  shared memory, the tensor cores close behind (~540): past that, mma.sync's operands through registers bound it
+  (a 64 x 64 warp tile is the largest the registers hold), wgmma's the way on;
+- waves: the blocks fill SMS x BLOCKS slots; a wave's SMs hold b = ceil(blocks in the wave / SMS) blocks each, so a
+  last partial wave is priced at its own b (b = 1: the lone block's half rate);
 - the seed's `tail` (gemm_tc.py `tail_split`, the lane's `split_k` step): a GemmTc launch of less than one wave of
   tiles runs each tile as ksplit blocks of 1/ksplit of the k steps, then gemm_tc_combine adds the parts (a launch
-  and (ksplit + 1) f32 (m, n) arrays over HBM); the lane picks ksplit by these same rules (gemm_tc.tail_us, at its
-  knobs: 450 TFLOP/s, 132 SMs, 4300 GB/s), so the plan's ksplit is the one this model finds fastest; GemmTcParts
-  launches are not split;
+  and (ksplit + 1) f32 (m, n) arrays over HBM); the lane picks ksplit by its own simpler rule (gemm_tc.tail_us at
+  its knobs: a flat 450 TFLOP/s, 132 SMs, 4300 GB/s), which picks the same splits this model prices fastest at the
+  prefill's and the batch's sizes (tests/test_gemm_tc_bench.py checks the 512-row one); GemmTcParts launches are
+  not split;
+- a decode batch (--batch B, every sequence at --pos): its products as above (tiles of 64 rows up to 64 sequences),
+  its attention (attention.cu, CUDA cores) by each sequence's f32 keys and values up to the position over HBM;
 - the launch is never faster than its bytes over HBM (4.3 TB/s measured copy bandwidth) and pays LAUNCH_US;
 - the rounding kernel (x to bf16) streams 4 + 2 bytes a value of x;
 - a prefill chunk's attention at position 0 (CUDA cores, f32: attention.cu, no flash-attention kernel yet) does its
   causal work, 2 · heads · (hd + vd) · rows(rows+1)/2 flops, at ATTN_TFLOPS = 30 TFLOP/s (half the f32 peak): the
   lane's own estimate prices every row over the whole cache (its `flops`), a bound for decode, not a chunk;
 - a chunk's attention on the tensor cores (attention_tc.cu, knob tc_attn_rows, on in this model's plans): a block
-  is 128 threads, one kv head and 64 (row, head) slots, at 202 registers (heads of 128: ptxas sm_90) so an SM holds
+  is 128 threads, one kv head and 64 (row, head) slots, at 206 registers (heads of 128: ptxas sm_90) so an SM holds
   ATTN_BLOCKS_PER_SM = 2; its keys in tiles of 64, each warp (16 slots) q·kᵀ and p·v of 2·16·64·D flops each
   (D the head padded to 64 or 128) for every tile it attends (a warp skips the tiles past its last row); the chip
-  runs that mma work at ATTN_TC_TFLOPS = 200 TFLOP/s (20% of peak: mma.sync with k and v loaded as f32, rounded and
-  stored to shared memory through registers, one buffer, no overlap of loads and mma — FA2-class kernels with
-  cp.async pipelines reach 35-45% on Hopper; not measured here), and the launch lasts at least its busiest block's
-  tiles at half an SM's share; its f32 k/v tile loads (64 KB a tile a block at D = 128) stream from L2 at
+  runs that mma work at ATTN_TC_TFLOPS = 200 TFLOP/s (20% of peak: mma.sync with k and v loaded as f32 — 16-byte
+  loads since 21a8bc6 — rounded and stored to shared memory through registers, one buffer, no overlap of loads and
+  mma — FA2-class kernels with cp.async pipelines reach 35-45% on Hopper; not measured here; the 16-byte loads are
+  not priced as a gain: this rate is an assumption, not derived from the loads), and the launch lasts at least its
+  busiest block's tiles at half an SM's share; its f32 k/v tile loads (64 KB a tile a block at D = 128) stream from L2 at
   L2_TBPS = 10 TB/s at most (an assumption), q and out once over HBM;
 - with --cuda-core-attention, the chunk's attention on CUDA cores (attention.cu, f32) as before: its causal work,
   2 · heads · (hd + vd) · rows(rows+1)/2 flops, at ATTN_TFLOPS = 30 TFLOP/s (half the f32 peak);
@@ -49,7 +65,11 @@ import sys
 
 SMS = 132
 BLOCKS_PER_SM = 2
-MMA_TFLOPS = 450.0
+MMA_SYNC_TFLOPS = 660.0
+SMEM_BYTES_PER_CLK = 128
+CLOCK_GHZ = 1.75
+LATENCY_US = 0.6
+EFFICIENCY = 0.85
 PEAK_TFLOPS = 989.0
 HBM_TBPS = 4.3
 LAUNCH_US = 3.0
@@ -58,32 +78,58 @@ ATTN_TC_TFLOPS = 200.0
 ATTN_BLOCKS_PER_SM = 2
 L2_TBPS = 10.0
 BM = BN = 128
+BK = 32
+
+# The kernels a product runs, by (kernel set, a product of at most 64 rows): rows and threads of a block, warps, each
+# warp's 16-row fragments (mi) and 8-output fragments (nj), cp.async stages, blocks an SM holds (ptxas sm_90).
+KERNELS = {
+    ("now", False): dict(bm=128, warps=4, mi=4, nj=8, stages=3, blocks=2),   # gemm_tc_cp: 240 registers, 48 KB
+    ("now", True): dict(bm=64, warps=8, mi=2, nj=4, stages=3, blocks=2),     # gemm_tc_cp_64: 80-118 registers, 36 KB
+    ("before", False): dict(bm=128, warps=8, mi=4, nj=4, stages=2, blocks=2),  # 0f140e5: 128 registers, 40 KB
+    ("before", True): dict(bm=64, warps=8, mi=2, nj=4, stages=2, blocks=2),   # 0f140e5's _64: 80-99, 30 KB
+}
 
 
-def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1) -> dict:
+def step_us(kern: dict, b: int) -> tuple[float, str]:
+    """A k step of an SM holding b blocks of `kern` (all its blocks' step done): the µs and what bounds it."""
+    flops = 2 * kern["bm"] * BN * BK
+    ldsm = kern["warps"] * (BK // 16) * (kern["mi"] + kern["nj"] // 2) * 512
+    smem = ldsm + (kern["bm"] + BN) * BK * 2
+    mma = max(b, 2) * flops / (MMA_SYNC_TFLOPS * 1e12 / SMS) * 1e6  # a lone block at half the rate
+    shared = b * smem / (SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e9) * 1e6
+    latency = LATENCY_US / (kern["stages"] - 1)
+    us, bound = max((mma, "mma"), (shared, "smem"), (latency, "latency"))
+    return us / EFFICIENCY, bound
+
+
+def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kernel: str = "now") -> dict:
     """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles), its
-    tiles each `ksplit` blocks along k (the tail): tiles, waves, the predicted µs and what bounds it."""
-    from lanefuse.kernels.gemm_tc import block_rows
-
+    tiles each `ksplit` blocks along k (the tail), by the kernels of `kernel` ("now" or "before"): tiles, waves, the
+    predicted µs and what bounds it."""
     ns = list(n) if isinstance(n, (list, tuple)) else [n]
     n = sum(ns)
-    bm = block_rows(m)  # 64-row tiles up to 64 rows
+    kern = KERNELS[(kernel, m <= 64)]
+    bm = kern["bm"]  # 64-row tiles up to 64 rows
     tiles = math.ceil(m / bm) * sum(math.ceil(x / BN) for x in ns)
-    slots = SMS * BLOCKS_PER_SM
-    waves = math.ceil(tiles * ksplit / slots)
-    steps = math.ceil(k / 32)  # a tile's k steps (edges padded, as the kernel runs them)
-    per_sm = MMA_TFLOPS * 1e12 / SMS
-    # each wave: its blocks' k steps at half an SM's rate (two blocks an SM share it; one alone reaches half)
-    compute_us = waves * math.ceil(steps / ksplit) * 2 * bm * BN * 32 / (per_sm / BLOCKS_PER_SM) * 1e6
+    slots = SMS * kern["blocks"]
+    blocks = tiles * ksplit
+    waves = math.ceil(blocks / slots)
+    steps = math.ceil(math.ceil(math.ceil(k / 8) * 8 / BK) / ksplit)  # a block's k steps (edges padded, as it runs)
+    compute_us, bounds = 0.0, {}
+    for wv in range(waves):
+        b = min(kern["blocks"], math.ceil(min(slots, blocks - wv * slots) / SMS))
+        us, bound = step_us(kern, b)
+        compute_us += steps * us
+        bounds[bound] = bounds.get(bound, 0.0) + steps * us
     nbytes = weight_bytes + 4 * m * k + 4 * m * n
     memory_us = nbytes / (HBM_TBPS * 1e12) * 1e6
     round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
     combine_us = LAUNCH_US + 4 * m * n * (ksplit + 1) / (HBM_TBPS * 1e12) * 1e6 if ksplit > 1 else 0.0
     us = LAUNCH_US + max(compute_us, memory_us) + round_us + combine_us
     return {"m": m, "n": n, "parts": ns, "k": k, "ksplit": ksplit, "tiles": tiles, "waves": waves,
-            "wave_fill": round(tiles * ksplit / (waves * slots), 3),
+            "wave_fill": round(blocks / (waves * slots), 3),
             "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2), "us": round(us, 2),
-            "bound": "mma" if compute_us >= memory_us else "hbm",
+            "bound": "hbm" if memory_us > compute_us else max(bounds, key=bounds.get),
             "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1)}
 
 
@@ -129,18 +175,21 @@ def attention_tc_prediction(rows: int, heads: int, group: int, hd: int, vd: int,
             "tflops": round(useful / (us * 1e-6) / 1e12, 1)}
 
 
-def plan_prediction(s) -> dict:
-    """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction`, a chunk's attention on the tensor
-    cores by `attention_tc_prediction` (at position 0: a prompt's first chunk), on CUDA cores by its causal flops, the
-    rest by the lane's cost model (its cost_us)."""
+def plan_prediction(s, kernel: str = "now", pos: int = 0) -> dict:
+    """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction` (the kernels of `kernel`), a chunk's
+    attention on the tensor cores by `attention_tc_prediction` (at position 0: a prompt's first chunk), on CUDA cores
+    by its causal flops; a batch's attention (s.batch > 1, every sequence at `pos`) by its f32 keys and values of
+    pos + 1 rows a sequence over HBM (attention.cu reads each once: an assumption of its bandwidth bound); the rest by
+    the lane's cost model (its cost_us)."""
     from lanefuse.kernels import GemmTc, GemmTcParts
 
+    batch = getattr(s, "batch", 1) or 1
     gemms, attn, other, kinds = [], [], 0.0, {}
     for x in s.launches:
         l = x.launch
         if isinstance(l, (GemmTc, GemmTcParts)):
             ns = [l.n] if isinstance(l, GemmTc) else [p.n for p in l.parts]
-            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1))
+            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1), kernel)
             gemms.append(p)
             kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
         else:
@@ -149,6 +198,9 @@ def plan_prediction(s) -> dict:
                 p = attention_tc_prediction(l.rows, l.heads, l.group, l.hd, l.vd, 0, l.window)
                 attn.append(p)
                 us = p["us"]
+            elif l.census == "attention" and batch > 1:  # each sequence's row over its own cache at pos
+                cache = 4 * batch * (pos + 1) * (l.heads // l.group) * (l.hd + l.vd)
+                us = LAUNCH_US + (cache + 4 * batch * l.heads * (l.hd + l.vd)) / (HBM_TBPS * 1e12) * 1e6
             elif l.census == "attention" and not getattr(l, "slot", 0) and l.rows > 1:  # a chunk, not a batch
                 causal = 2 * l.heads * (l.hd + l.vd) * l.rows * (l.rows + 1) // 2
                 us = LAUNCH_US + causal / (ATTN_TFLOPS * 1e12) * 1e6
@@ -157,7 +209,8 @@ def plan_prediction(s) -> dict:
     gemm_us = sum(p["us"] for p in gemms)
     flops = sum(2 * p["m"] * p["n"] * p["k"] for p in gemms)
     total = gemm_us + other
-    return {"rows": s.rows, "gemm_launches": len(gemms), "gemm_us": round(gemm_us, 1), "other_us": round(other, 1),
+    return {"rows": s.rows, "batch": batch, "pos": pos, "kernel": kernel,
+            "gemm_launches": len(gemms), "gemm_us": round(gemm_us, 1), "other_us": round(other, 1),
             "step_us": round(total, 1), "tokens_per_s": round(s.rows / (total * 1e-6), 0),
             "gemm_tflops": round(flops / (gemm_us * 1e-6) / 1e12, 1) if gemm_us else 0.0,
             "kinds_us": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}, "gemms": gemms,
@@ -180,8 +233,24 @@ def prefill_plan(rows: int, fmt: str = "bf16", tc_attention: bool = True):
                 source={"kind": "random"})
 
 
+def batch_plan(batch: int, fmt: str = "bf16"):
+    """The Qwen3-8B-shaped decode step of `batch` sequences under the tensor-core knob tc_rows (a batch of >= 16 rows
+    runs its products on the tensor cores)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    from lane_figures import qwen3_8b
+
+    from lanefuse.engine.model import build_step
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import plan
+
+    return plan(build_step(qwen3_8b(36, fmt), 1, batch=batch), knobs=Knobs(tc_rows=16), source={"kind": "random"})
+
+
 def print_prediction(name: str, p: dict) -> None:
-    print(f"PREDICTION {name}: {p['rows']} rows, {p['gemm_launches']} gemm_tc launches {p['gemm_us']:.0f} µs "
+    what = f"{p['batch']} sequences at position {p['pos']}" if p.get("batch", 1) > 1 else f"{p['rows']} rows"
+    print(f"PREDICTION {name} (kernels: {p.get('kernel', 'now')}): {what}, "
+          f"{p['gemm_launches']} gemm_tc launches {p['gemm_us']:.0f} µs "
           f"({p['gemm_tflops']:.0f} TFLOP/s, {p['gemm_tflops'] / PEAK_TFLOPS:.0%} of {PEAK_TFLOPS:.0f}) + the rest "
           f"{p['other_us']:.0f} µs (attention by its tiles or causal flops, the rest the lane's cost model) = "
           f"{p['step_us']:.0f} µs a step, {p['tokens_per_s']:.0f} tokens/s")
@@ -206,15 +275,24 @@ def print_prediction(name: str, p: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, action="append", help="prefill rows (default 512 and 2048)")
+    ap.add_argument("--batch", type=int, action="append", help="decode batches (B sequences at --pos; default 64; 0: "
+                                                                "none)")
+    ap.add_argument("--pos", type=int, default=512, help="the batch's position (default 512)")
+    ap.add_argument("--kernel", choices=("now", "before"), default="now",
+                    help="price the GEMMs by the kernels now, or by 0f140e5's (two stages, eight warps of 64 x 32)")
     ap.add_argument("--plans", help="read PLANDIR/qwen3-8b-prefillN.json (bench/gpu_prefill.py prepare) instead of "
                                     "planning")
     ap.add_argument("--json")
     ap.add_argument("--cuda-core-attention", action="store_true", help="plan the chunk's attention on CUDA cores "
                                                                         "(attention.cu), as before attention_tc")
     args = ap.parse_args()
-    out = {"assumptions": {"sms": SMS, "blocks_per_sm": BLOCKS_PER_SM, "mma_tflops": MMA_TFLOPS, "hbm_tbps": HBM_TBPS,
-                           "launch_us": LAUNCH_US, "attn_tflops": ATTN_TFLOPS, "attn_tc_tflops": ATTN_TC_TFLOPS,
-                           "attn_blocks_per_sm": ATTN_BLOCKS_PER_SM, "l2_tbps": L2_TBPS}, "plans": {}}
+    out = {"assumptions": {"sms": SMS, "blocks_per_sm": BLOCKS_PER_SM, "mma_sync_tflops": MMA_SYNC_TFLOPS,
+                           "smem_bytes_per_clk": SMEM_BYTES_PER_CLK, "clock_ghz": CLOCK_GHZ, "latency_us": LATENCY_US,
+                           "efficiency": EFFICIENCY, "kernels": {f"{k[0]}{'_64' if k[1] else ''}": v
+                                                                 for k, v in KERNELS.items()},
+                           "hbm_tbps": HBM_TBPS, "launch_us": LAUNCH_US, "attn_tflops": ATTN_TFLOPS,
+                           "attn_tc_tflops": ATTN_TC_TFLOPS, "attn_blocks_per_sm": ATTN_BLOCKS_PER_SM,
+                           "l2_tbps": L2_TBPS}, "kernel": args.kernel, "plans": {}}
     for rows in args.rows or [512, 2048]:
         name = f"qwen3-8b-prefill{rows}"
         if args.plans:
@@ -223,7 +301,20 @@ def main() -> None:
             s = load(os.path.join(args.plans, name + ".json"))
         else:
             s = prefill_plan(rows, tc_attention=not args.cuda_core_attention)
-        p = plan_prediction(s)
+        p = plan_prediction(s, args.kernel)
+        out["plans"][name] = p
+        print_prediction(name, p)
+    for b in args.batch or [64]:
+        if b <= 1:
+            continue
+        name = f"qwen3-8b-decode-b{b}"
+        if args.plans:
+            from lanefuse.lane.lower.planfile import load
+
+            s = load(os.path.join(args.plans, name + ".json"))
+        else:
+            s = batch_plan(b)
+        p = plan_prediction(s, args.kernel, args.pos)
         out["plans"][name] = p
         print_prediction(name, p)
     if args.json:

@@ -5,12 +5,13 @@
 // a product of at most 64 rows), k in steps of TC_BK through shared-memory stages. bf16 rows of whole 16-byte chunks
 // go global -> shared by cp.async, TC_STAGES stages (the tensor cores multiply step t while steps t + 1 and t + 2 are
 // on their way); at 128 rows (gemm_tc_cp, _parts_cp, _split_cp) four warps of 64 x 64 (128 threads: 8 ldmatrix.x4
-// feed 32 mma a k16 step, where eight warps of 64 x 32 took 6 for 16: shared memory's bandwidth, not the tensor
-// cores, bounded those); at 64 rows (the *_cp_64 kernels) eight warps of 32 x 32. Any other format (f32, f16, a block
-// format: gemm_tc_any*) is decoded into registers, rounded to bf16 and stored after the step's products, two stages
-// (x still by cp.async), eight warps of BM/2 x 32. A tile row is TC_BK values (64 bytes, four 16-byte chunks) with its chunks swizzled
-// (tc_sw), so ldmatrix's eight rows at one chunk and cp.async's writes each hit eight distinct 16-byte bank groups
-// with no padding: the three stages of a 128 x 128 tile fill the 48 KB of static shared memory exactly.
+// feed 32 mma a k16 step, where eight warps of 64 x 32 took 6 for 16: in bench/gemm_model.py's model shared memory's
+// bandwidth and the copies' latency, not the tensor cores, bounded those); at 64 rows (the *_cp_64 kernels) eight
+// warps of 32 x 32. Any other format (f32, f16, a block format: gemm_tc_any*) is decoded into registers, rounded to
+// bf16 and stored after the step's products, two stages (x still by cp.async), eight warps of BM/2 x 32. A tile row
+// is TC_BK values (64 bytes, four 16-byte chunks) with its chunks swizzled (tc_sw), so ldmatrix's eight rows at one
+// chunk and cp.async's writes each hit eight distinct 16-byte bank groups with no padding: the three stages of a
+// 128 x 128 tile fill the 48 KB of static shared memory exactly.
 
 #define TC_BN 128  // a block's outputs; its rows are 32·MI (128, or 64 for a product of at most 64 rows)
 #define TC_BK 32
@@ -78,8 +79,8 @@ extern "C" __global__ void gemm_tc_round(const float* x, unsigned char* xb, i64 
 __device__ __forceinline__ int tc_sw(int r, int c) { return c ^ ((r >> 1) & 3); }
 
 // The tile of rows r0.. (R of them, a multiple of 64; `rows` in all) and k0..k0+TC_BK of bf16 rows `pitch` values
-// apart (whole 16-byte chunks, zeros past the rows) into s (swizzled) by T threads: 4R/T cp.async a thread; a chunk past the rows
-// or the pitch is zero-filled.
+// apart (whole 16-byte chunks, zeros past the rows) into s (swizzled) by T threads: 4R/T cp.async a thread; a chunk
+// past the rows or the pitch is zero-filled.
 template <int R, int T>
 __device__ __forceinline__ void tc_copy_tile(u16 (*s)[TC_BK], const u16* g, i64 r0, i64 rows, i64 k0, i64 pitch) {
 #pragma unroll

@@ -228,7 +228,8 @@ def _mutated_tc(monkeypatch, old: str, new: str):
     # the next step copied over the stage being multiplied (and its own stage never filled)
     ("tc_copy_tile<TC_BN, T>(ws[bn],", "tc_copy_tile<TC_BN, T>(ws[b],"),
     # x's fragments read unswizzled (the copies swizzle): rows' chunks crossed
-    ("tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);", "tc_ldsm4(a[i], &xs[b][r][8 * (kk + (lane >> 4))]);"),
+    ("tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);",
+     "tc_ldsm4(a[i], &xs[b][r][8 * (kk + (lane >> 4))]);"),
     # the stage ring one short: step t + 2 into the stage of step t + 1
     ("bn = bn + 1 == S ? 0 : bn + 1;", "bn = bn + 1 == S - 1 ? 0 : bn + 1;"),
 ])

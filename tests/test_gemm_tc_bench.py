@@ -21,34 +21,71 @@ from lanefuse.lane.lower.knobs import Knobs  # noqa: E402
 from lanefuse.lane.lower.plan import plan  # noqa: E402
 
 
+def _step(warps, mi, nj, stages, bm, b):
+    """A k step of an SM holding b blocks, restated from the docstring's assumptions: the longest of the tensor
+    cores' time (a lone block at half the rate), shared memory's (ldmatrix.x4 of 512 B: mi + nj/2 a warp a k16, two
+    k16 a step, plus the stage's (bm + 128) rows of 64 B) and the copies' latency over stages - 1 steps, all over
+    EFFICIENCY."""
+    m = gemm_model
+    flops = 2 * bm * 128 * 32
+    smem = warps * 2 * (mi + nj // 2) * 512 + (bm + 128) * 64
+    return max(max(b, 2) * flops / (m.MMA_SYNC_TFLOPS * 1e12 / m.SMS) * 1e6,
+               b * smem / (m.SMEM_BYTES_PER_CLK * m.CLOCK_GHZ * 1e9) * 1e6,
+               m.LATENCY_US / (stages - 1)) / m.EFFICIENCY
+
+
 def test_gemm_prediction_tiles_waves_and_bounds():
+    """2048 x 4096 x 4096: 512 tiles of 128 x 128 in two waves of two blocks an SM, 128 k steps each; the kernels now
+    (four warps of 64 x 64, three stages: 48 KB through shared memory a step) against 0f140e5's (eight of 64 x 32,
+    two stages: 64 KB, and a step no shorter than the copies' whole latency): faster by the model's own arithmetic."""
     p = gemm_model.gemm_prediction(2048, 4096, 4096, 2 * 4096 * 4096)
     assert p["tiles"] == 16 * 32 and p["waves"] == math.ceil(512 / 264)
-    per_sm = gemm_model.MMA_TFLOPS * 1e12 / gemm_model.SMS
-    assert p["compute_us"] == pytest.approx(math.ceil(512 / 132) * 2 * 128 * 128 * 4096 / per_sm * 1e6, abs=0.01)
-    assert p["bound"] == "mma" and p["us"] > p["compute_us"]
+    assert p["compute_us"] == pytest.approx(2 * 128 * _step(4, 4, 8, 3, 128, 2), abs=0.01)
+    assert p["bound"] == "smem" and p["us"] > p["compute_us"]
+    before = gemm_model.gemm_prediction(2048, 4096, 4096, 2 * 4096 * 4096, kernel="before")
+    assert before["compute_us"] == pytest.approx(2 * 128 * _step(8, 4, 4, 2, 128, 2), abs=0.01)
+    assert before["us"] > p["us"] and before["bound"] in ("smem", "latency")
     small = gemm_model.gemm_prediction(16, 1024, 64, 2 * 1024 * 64)  # 8 tiles: most SMs idle, the launch dominates
     assert small["tiles"] == 8 and small["wave_fill"] < 0.05
+    assert small["compute_us"] == pytest.approx(2 * _step(8, 2, 4, 3, 64, 1), abs=0.01)  # a lone block an SM
     # 16 rows run in tiles of 64 (the kernel pads m): a batch of 16's vocabulary product does 4x its work on the
-    # tensor cores and is still bound by its bytes; 65 rows take tiles of 128: the same product mma-bound
+    # tensor cores and is still bound by its bytes; 65 rows take tiles of 128: the same product bound on the SMs
     wide = gemm_model.gemm_prediction(16, 151936, 4096, 2 * 151936 * 4096)
     assert wide["bound"] == "hbm" and wide["compute_us"] > wide["memory_us"] / 2
-    assert gemm_model.gemm_prediction(65, 151936, 4096, 2 * 151936 * 4096)["bound"] == "mma"
+    assert gemm_model.gemm_prediction(65, 151936, 4096, 2 * 151936 * 4096)["bound"] in ("mma", "smem", "latency")
 
 
 def test_gemm_prediction_of_the_tail_split():
     """Under half a wave of tiles (512 x 4096 x 4096: 128 tiles, 264 block slots) each SM's lone block runs at half
-    its rate; split in two along k the wave is full and each block does half the steps: the mma time halves and the
-    combine (a launch, three f32 (m, n) arrays) costs less than it saves. The lane's tail_split picks the same."""
+    its rate; split in two along k the wave is full and each block does half the steps at the two blocks' step:
+    faster, the combine (a launch, three f32 (m, n) arrays) included. The lane's tail_split (at its knobs) picks
+    the same."""
     from lanefuse.kernels.gemm_tc import tail_split
 
     one = gemm_model.gemm_prediction(512, 4096, 4096, 2 * 4096 * 4096)
     two = gemm_model.gemm_prediction(512, 4096, 4096, 2 * 4096 * 4096, ksplit=2)
     assert one["waves"] == two["waves"] == 1 and two["wave_fill"] == pytest.approx(2 * one["wave_fill"], abs=1e-3)
-    assert two["compute_us"] == pytest.approx(one["compute_us"] / 2, rel=1e-6) and two["us"] < one["us"]
+    assert one["compute_us"] == pytest.approx(128 * _step(4, 4, 8, 3, 128, 1), abs=0.01)
+    assert two["compute_us"] == pytest.approx(64 * _step(4, 4, 8, 3, 128, 2), abs=0.01)
+    assert two["us"] < one["us"]
     k = Knobs()
-    assert tail_split(512, 4096, 4096, gemm_model.SMS, gemm_model.MMA_TFLOPS, gemm_model.HBM_TBPS * 1000,
-                      k.launch_us) == 2
+    assert tail_split(512, 4096, 4096, k.sms, k.tflops_tc, k.hbm_gbps, k.launch_us) == 2
+
+
+def test_batch_prediction_prices_each_sequences_cache():
+    """A decode batch of 16 under tc_rows: its products on the tensor cores (tiles of 64 rows), its attention priced
+    by each sequence's f32 keys and values up to the position over HBM (not by the chunk's causal work)."""
+    cfg, _ = demo_model()
+    s = plan(build_step(cfg, 1, batch=16), knobs=Knobs(tc_rows=16))
+    p = gemm_model.plan_prediction(s, pos=40)
+    assert p["batch"] == 16 and p["gemm_launches"] == 4 * cfg.layers + 1  # and every row's logits
+    att = [x.launch for x in s.launches if x.launch.census == "attention"]
+    assert att
+    want = sum(gemm_model.LAUNCH_US + (4 * 16 * 41 * (a.heads // a.group) * (a.hd + a.vd)
+                                       + 4 * 16 * a.heads * (a.hd + a.vd)) / (gemm_model.HBM_TBPS * 1e12) * 1e6
+               for a in att)
+    assert p["kinds_us"]["attention"] == pytest.approx(want, abs=0.2)
+    assert p["tokens_per_s"] == pytest.approx(16 / (p["step_us"] * 1e-6), rel=1e-3)
 
 
 def test_attention_tc_prediction_counts_the_tiles_each_warp_attends():
