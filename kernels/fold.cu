@@ -82,7 +82,17 @@ __device__ __forceinline__ void absorb_epilogue(const Dst& y, i64 n, const i64* 
     }
 }
 
-// Head h of rows r0..r0+nr-1 of a part of n outputs a row (raw product in y), s its side's words.
+// Head h of rows r0..r0+nr-1 of a part of n outputs a row (raw product in y), s its side's words. A warp a row; a
+// lane's values of the head (i = lane, lane + 32, ...) in chunks of HEAD_VALUES, every load of a chunk issued before
+// any is used: the sum of squares one L2 round a chunk, then each value with its rotation partner (i +- half), their
+// norm weights and the position's cos and sin in one more (a head of up to 128 values: two rounds and the warp sum,
+// where one value a lane a round took nine). The same arithmetic in the same order as a value at a time: a lane's
+// squares summed in i's order (a value past the head adds +0 to a sum that is +0 or more), the same expressions. HV
+// the chunk: HEAD_VALUES in the kernels over an f32 x; 1 (a value a round, as before) in fold_parts_rope_q8, whose
+// 128 registers spilled 208 B with four (nvcc 13 sm_90).
+#define HEAD_VALUES 4
+
+template <int HV>
 __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s, i64 h, i64 r0, i64 nr,
                                               const float* cos, const float* sin, i64 pos, const int* posp,
                                               i64 slot) {
@@ -98,20 +108,40 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
         float inv = 1.f;
         if (nw) {
             float ss = 0.f;
-            for (i64 i = lane; i < hd; i += 32) {
-                float v = __ldcg(y.y + dst_at(y, at + i));
-                ss += v * v;
+            for (i64 c0 = 0; c0 < hd; c0 += 32 * HV) {
+                float v[HV];
+#pragma unroll
+                for (int j = 0; j < HV; j++) {
+                    i64 i = c0 + lane + 32 * j;
+                    v[j] = i < hd ? __ldcg(y.y + dst_at(y, at + i)) : 0.f;
+                }
+#pragma unroll
+                for (int j = 0; j < HV; j++) ss += v[j] * v[j];
             }
             inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
         }
-        for (i64 i = lane; i < hd; i += 32) {
-            float v = head_value(y, at, i, nw, inv), out = v;
-            if (i < half) out = v * cos[p * half + i] - head_value(y, at, i + half, nw, inv) * sin[p * half + i];
-            else if (i < rot)
-                out = v * cos[p * half + i - half] + head_value(y, at, i - half, nw, inv) * sin[p * half + i - half];
-            o.y[dst_at(o, (r * heads + h) * hd + i)] = out;
-            if (qw && s[20] != 3)  // a row normed whole (one head, whole blocks of 32): lane i holds value i of a block
-                quant_block(out, qw + r * hd, ql ? ql + r * hd : nullptr, qs + r * (hd >> 5), i >> 5, lane);
+        for (i64 c0 = 0; c0 < hd; c0 += 32 * HV) {
+            float v[HV], u[HV], cs[HV], sn[HV];  // a value, its partner, cos, sin
+#pragma unroll
+            for (int j = 0; j < HV; j++) {
+                i64 i = c0 + lane + 32 * j, q = i < half ? i : i - half;  // q: the pair's place in the tables
+                bool in = i < hd, turn = in && i < rot;
+                v[j] = in ? head_value(y, at, i, nw, inv) : 0.f;
+                u[j] = turn ? head_value(y, at, i < half ? i + half : i - half, nw, inv) : 0.f;
+                cs[j] = turn ? cos[p * half + q] : 0.f;
+                sn[j] = turn ? sin[p * half + q] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < HV; j++) {
+                i64 i = c0 + lane + 32 * j;
+                if (i >= hd) break;  // uniform where hd is whole 32s (every quantized row)
+                float out = v[j];
+                if (i < half) out = v[j] * cs[j] - u[j] * sn[j];
+                else if (i < rot) out = v[j] * cs[j] + u[j] * sn[j];
+                o.y[dst_at(o, (r * heads + h) * hd + i)] = out;
+                if (qw && s[20] != 3)  // a row normed whole (one head, whole blocks of 32): lane i holds value i of a block
+                    quant_block(out, qw + r * hd, ql ? ql + r * hd : nullptr, qs + r * (hd >> 5), i >> 5, lane);
+            }
         }
         if (qw && s[20] == 3) {  // q8_K: the row's blocks of 256 read back from the row the warp just stored
             __syncwarp();
@@ -161,7 +191,7 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
         if (!last) continue;
         __threadfence();
         if (s[13]) absorb_epilogue(y, n, s, h, r0, nr);
-        else head_epilogue(y, n, s, h, r0, nr, cos, sin, pos, posp, slot);
+        else head_epilogue<PW == 0 ? 1 : HEAD_VALUES>(y, n, s, h, r0, nr, cos, sin, pos, posp, slot);
         if (threadIdx.x == 0) *c = 0u;
     }
 }
