@@ -62,12 +62,19 @@ class Comm(Protocol):
 def meet(comm: Comm, op, x: np.ndarray) -> np.ndarray:
     """Collective op `op` of this rank, its input `x`, through `comm` (checked: the op's ranks are the comm's)."""
     a = op.a
-    if a.get("ranks", 1) != comm.ranks:
-        raise UserError(f"op `{op.kind}` -> `{op.out}` is over {a.get('ranks', 1)} ranks; this run has {comm.ranks}")
-    exchange = getattr(comm, op.kind, None)  # a communicator's own form of the collective (a library all-reduce)
+    return meet_values(comm, op.kind, x, a.get("ranks", 1), a.get("offset", 0), f"op `{op.kind}` -> `{op.out}`")
+
+
+def meet_values(comm: Comm | None, kind: str, x: np.ndarray, ranks: int, offset: int = 0, what: str = "") -> np.ndarray:
+    """Collective `kind` over `ranks` ranks of this rank's `x` through `comm` (None: one rank alone)."""
+    if comm is None:
+        return alone(kind, x, ranks, offset)
+    if ranks != comm.ranks:
+        raise UserError(f"{what or kind} is over {ranks} ranks; this run has {comm.ranks}")
+    exchange = getattr(comm, kind, None)  # a communicator's own form of the collective (a library all-reduce)
     if exchange is not None:
-        return exchange(payload(op.kind, x, a.get("offset", 0)))
-    return combine(op.kind, comm.exchange(op.kind, payload(op.kind, x, a.get("offset", 0))))
+        return exchange(payload(kind, x, offset))
+    return combine(kind, comm.exchange(kind, payload(kind, x, offset)))
 
 
 def alone(kind: str, x: np.ndarray, ranks: int = 1, offset: int = 0, **a: Any) -> np.ndarray:

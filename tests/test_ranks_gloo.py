@@ -1,5 +1,6 @@
-"""Real CPU ranks: R processes (lane/run/ranks.launch) each running its rank's step graphs with torch.distributed's
-gloo, against transformers and the one-rank run: tiny random Qwen3 (f32) and Llama (bf16, tied embeddings) saved with
+"""Real CPU ranks: R processes (lane/run/ranks.launch) each running its rank's step graphs — by the reference
+interpreter, or its plan for the cuda lane by the numpy backend — with torch.distributed's gloo, against transformers
+and the one-rank run: tiny random Qwen3 (f32) and Llama (bf16, tied embeddings) saved with
 save_pretrained, a 6-token prompt in chunks of 4 (a 4-row and a 2-row prefill chunk), then decode; R = 2 and 3 (FFN and
 vocabulary parts uneven). The exact communicator gives the reference interpreter's bits (its R threads'), gloo's own
 all-reduce the same tokens within f32 rounding; a rank that dies ends the run in one line, no hang. NCCL's
@@ -89,28 +90,32 @@ def _threads(ranks: int, folder: str) -> list[dict]:
     return got
 
 
+VARIANTS = {"exact": dict(exact=True), "gloo all-reduce": dict(exact=False),
+            "numpy plan": dict(exact=True, plan=True)}  # the rank's plan for the cuda lane, the numpy backend's twins
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_gloo_ranks_give_one_ranks_tokens(models, ranks):
-    jobs = [dict(model=m["folder"], prompt=PROMPT, n_tokens=N_TOKENS, chunk=CHUNK, max_len=32, exact=exact)
-            for m in models.values() for exact in (True, False)]
+    jobs = [dict(model=m["folder"], prompt=PROMPT, n_tokens=N_TOKENS, chunk=CHUNK, max_len=32, **v)
+            for m in models.values() for v in VARIANTS.values()]
     t0 = time.perf_counter()
     res = launch(ranks, jobs)
     print(f"\n{ranks} gloo ranks, {len(jobs)} runs: {time.perf_counter() - t0:.1f} s (process start-up included)")
     for k, (name, m) in enumerate(models.items()):
-        for j, exact in enumerate((True, False)):
-            by_rank = res[2 * k + j]
+        for j, what in enumerate(VARIANTS):
+            by_rank = res[len(VARIANTS) * k + j]
             for r in by_rank:
-                assert r["tokens"] == m["hf_tokens"] == m["one"].generated_ids, (name, exact)
+                assert r["tokens"] == m["hf_tokens"] == m["one"].generated_ids, (name, what)
             logits = joined_logits(by_rank)
             rel_one = scaled_error(logits, m["one"].logits)
             rel_hf = scaled_error(logits, m["hf_logits"])
             # all-reduces a step: 2 a layer; a gathered next token: 1; of 2 prefill chunks and N - 1 decode steps
             steps = 2 + N_TOKENS - 1
             assert all(r["calls"] == steps * (2 * 2 + 1) for r in by_rank)
-            print(f"  {name} {'exact' if exact else 'gloo all-reduce'}: tokens equal; logits vs one rank "
-                  f"{rel_one:.1e}, vs transformers {rel_hf:.1e} of their scale; {by_rank[0]['bytes']} B sent a rank")
+            print(f"  {name} {what}: tokens equal; logits vs one rank {rel_one:.1e}, vs transformers {rel_hf:.1e} of "
+                  f"their scale; {by_rank[0]['bytes']} B sent a rank")
             assert rel_one < 1e-5 and rel_hf < 1e-4
-            if exact:  # the real library's collectives give the reference interpreter's R ranks' bits
+            if what == "exact":  # the real library's collectives give the reference interpreter's R ranks' bits
                 ref = joined_logits(_threads(ranks, m["folder"]))
                 assert all(np.array_equal(a, b) for a, b in zip(logits, ref))
 

@@ -79,9 +79,13 @@ def plan_ranks(args, src, rows: int) -> int:
                       for k, c in rep["collectives"].items())
     print(f"collectives a {what}: {parts or 'none'}; {total:.1f} us a step on the link (a PREDICTION at "
           f"{rep['link']['gbps']:g} GB/s and {rep['link']['us']:g} us each: knobs link_gbps, link_us)")
-    print("the fused plan of a rank's step is not built yet: the lanes have no launch for a collective (run --ranks "
-          "runs each rank's step by the reference interpreter)")
-    return 0
+    from lanefuse.engine.parallel import build_rank_step
+    from lanefuse.lane.cli.report import plan_command
+
+    print(f"rank 0's step (every rank's has its launches; the parts' shapes differ where the FFN or vocabulary "
+          f"does not split evenly):")
+    sys.stdout.flush()
+    return plan_command(args, src, build_rank_step(cfg, 0, args.ranks, rows))
 
 
 def _size(n: int) -> str:
@@ -110,12 +114,13 @@ def run_ranks(args, src, ids: list[int], sampling) -> int:
             raise UserError(f"run --ranks {R}: --{flag} is one rank's (not split over ranks yet)")
     t0 = time.perf_counter()
     res = launch(R, [dict(model=src.path, prompt=list(ids), n_tokens=args.tokens, chunk=min(len(ids), 512),
-                          max_len=src.cfg.max_len)])[0]
+                          max_len=src.cfg.max_len, plan=not args.reference)])[0]
     dt = time.perf_counter() - t0
     toks = res[0]["tokens"]
     out = {"model": src.name, "ranks": R, "prompt_ids": list(ids), "generated_ids": [int(t) for t in toks]}
     human = sys.stderr if args.json == "-" else sys.stdout
-    print(f"lanefuse: model: {src.name} ({R} ranks, gloo, the reference interpreter a rank; greedy)", file=sys.stderr)
+    how = "the reference interpreter" if args.reference else "its plan for the cuda lane on the numpy backend"
+    print(f"lanefuse: model: {src.name} ({R} ranks over gloo, each {how}; greedy)", file=sys.stderr)
     print("prompt ids:   ", ",".join(map(str, ids)), file=human)
     print("generated ids:", ",".join(map(str, out["generated_ids"])), file=human)
     print(f"lanefuse: {R} ranks: {dt:.2f} s (process start-up included); {res[0]['calls']} collectives a rank, "

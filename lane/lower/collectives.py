@@ -20,8 +20,8 @@ def payload_bytes(kind: str, shape: tuple[int, ...], ranks: int) -> int:
 
 
 def collective_us(kind: str, nbytes: int, ranks: int, k: Knobs) -> float:
-    """The predicted µs of one collective of `kind` whose payload is `nbytes` a rank, over `ranks` ranks."""
-    if ranks <= 1:
-        return 0.0
-    share = 2.0 * (ranks - 1) / ranks if kind == "all_reduce" else float(ranks - 1)
-    return k.link_us + share * nbytes / (k.link_gbps * 1e3)  # GB/s = 1e3 bytes a µs
+    """The predicted µs of one collective of `kind` whose payload is `nbytes` a rank, over `ranks` ranks (the
+    launch kind's own formula, kernels/collective.py)."""
+    from lanefuse.kernels.collective import link_time_us
+
+    return link_time_us(kind, nbytes, ranks, k.link_gbps, k.link_us)

@@ -37,6 +37,9 @@ def launch_us(l, knobs: Knobs, costs: dict | None = None) -> float:
     them; a view costs nothing. A kind's fixed time and share come from the lane table's `costs:` (issue 34 item 5:
     fitted per kind and rows' format, rules/lanes/cuda.yaml; kind_cost), else 0 and the whole bandwidth."""
     total = 0.0
+    own = getattr(l, "link_us", None)  # a collective: no kernel of its own, its link's time (kernels/collective.py)
+    if own is not None:
+        total += own(knobs)
     for k in l.kernels():
         c = kind_cost(k, costs) if costs else None
         mem = k.bytes() / (knobs.hbm_gbps * (c.bandwidth if c else 1.0) * 1e3)

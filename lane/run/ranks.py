@@ -125,11 +125,12 @@ def check_combines(comm) -> None:
 
 
 def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int, max_len: int = 512,
-                  stop_after: int | None = None) -> dict:
+                  stop_after: int | None = None, plan: bool = False, exact_twins: bool = True) -> dict:
     """Rank `comm.rank`'s greedy run of checkpoint `model`: its step graphs (engine/parallel.build_rank_step) run by
-    the reference interpreter, each collective through `comm`. Returns its tokens, its logits' parts (the rank's
-    vocabulary part of each step's last row) and where they start. `stop_after`: this rank ends (a test's dying
-    rank) after that many steps."""
+    the reference interpreter — or, with `plan`, planned for the cuda lane and run by the numpy backend in their
+    arena (the exact twins, or the fast ones), each collective launch through the runner env's `comm`. Returns its
+    tokens, its logits' parts (the rank's vocabulary part of each step's last row) and where they start.
+    `stop_after`: this rank ends (a test's dying rank) after that many steps."""
     from lanefuse.engine.front import load_model
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.parallel import build_rank_step, check_ranks, rank_config, rank_weights
@@ -140,6 +141,7 @@ def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int
     rc = rank_config(cfg, comm.rank, comm.ranks)
     w = rank_weights(weights, cfg, comm.rank, comm.ranks)
     graphs: dict[int, object] = {}
+    runners: dict[int, object] = {}
     steps = [0]
 
     def step(g, env):
@@ -149,7 +151,15 @@ def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int
         if stop_after is not None and steps[0] >= stop_after:
             os._exit(3)  # the rank dies as a killed one would: no message, no goodbye to the others
         steps[0] += 1
-        return evaluate(graphs[rows], w, env, comm=comm)
+        if not plan:
+            return evaluate(graphs[rows], w, env, comm=comm)
+        if rows not in runners:
+            from lanefuse.lane.lower.plan import plan as make_plan
+            from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+            runners[rows] = NumpyRunner(make_plan(graphs[rows]), w, exact=exact_twins)
+            runners[rows].env.comm = comm  # the collective launches meet the other ranks through it
+        return runners[rows].step(env)
 
     res = generate(rc, w, prompt, n_tokens, step_fn=step, chunk=chunk)
     first = graphs[min(graphs)].meta.get("vocab_from", 0)
