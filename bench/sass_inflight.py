@@ -11,7 +11,10 @@ shared memory (gemv_tile_staged's).
 
 What it found (nvcc 13, sm_90): gemv_4 over q8_0 rows kept 78 bytes a lane in flight with gemv_tile_b32's 2-byte loads
 (168 registers), a decode kernel of q8_0 alone at 40 registers 10-14 (more warps a SM, fewer bytes a warp: no gain),
-and gemv_tile_staged 320 (q8_0) and 192 (q4_0) bytes a lane, the whole stage.
+and gemv_tile_staged 320 (q8_0) and 192 (q4_0) bytes a lane, the whole stage. q4_k / q6_k rows (gemv_4, four rows a
+warp): 128 / 84 bytes a lane with gemv_tile_q4_k's 16-byte loads and gemv_tile_q6_k's 2-byte ones (8 and 42 loads a
+loop), 320 / 256 through gemv_tile_staged (20 and 16 loads a loop: stages of 16 and 8 super-blocks); gemv_1 64 / 52
+then 80 / 64.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const v
     }
 }
 
-// Block-format rows (q8_0, q4_0, q4_k) for one or two rows of x: the quantized bytes read in place a few lanes a
+// Block-format rows (q8_0, q4_0, q6_k) for one or two rows of x: the quantized bytes read in place a few lanes a
 // block (consecutive lanes consecutive bytes of the row: a warp step reads a run of whole blocks), the loop
 // unrolled so each lane keeps several blocks' loads in flight, each value decoded in registers to the bit qget gives
 // (the small integer to f32 by its bits: 2^23 + t is the float whose low mantissa bits are t, exact, one ALU op
@@ -207,20 +207,24 @@ __device__ __forceinline__ void gemv_tile_b32(const float* __restrict__ x, const
     }
 }
 
-// q8_0 and q4_0 rows through 16-byte loads. Their 34- and 18-byte blocks put the quants two bytes off a word in every
-// other block, so gemv_tile_b32 reads them two bytes a load: a lane's loads in flight hold two bytes a register, and
-// the SASS keeps 78 bytes a lane in flight (gemv_4 over q8_0 at 168 registers; bf16's 16-byte loads 256): a third of
-// what streams HBM at its rate (bench/launch_model.py). Where a row is whole 16-byte words (k a multiple of 256: a
-// run of 8 blocks is 272 or 144 bytes) a warp reads a stage of STAGE_BLOCKS blocks of each of its rows as 16-byte
-// loads, every load of the stage issued before any is used (q8_0: 136 words a row, 4-5 a lane: 272 bytes a lane at
-// four rows a warp), stores them in its own slice of shared memory, and then each lane takes whole blocks from there:
-// its block's nine (five) words read at the word boundary at or below it, the quants shifted into place, each value
-// decoded as gemv_tile_b32 decodes it (the same bits), the eight values 8h.. against x as float4 (dot8_rows).
+// Block-format rows through 16-byte loads. q8_0's 34- and q4_0's 18-byte blocks put the quants two bytes off a word in
+// every other block, so gemv_tile_b32 reads them two bytes a load: a lane's loads in flight hold two bytes a register,
+// and the SASS keeps 78 bytes a lane in flight (gemv_4 over q8_0 at 168 registers; bf16's 16-byte loads 256): a third
+// of what streams HBM at its rate (bench/launch_model.py). Where a row is whole 16-byte words a warp reads a stage of
+// each of its rows as 16-byte loads, every load of the stage issued before any is used (q8_0: 136 words a row, 4-5 a
+// lane: 320 bytes a lane in flight at four rows a warp), stores them in its own slice of shared memory, and then each
+// lane takes whole 32-value pieces from there (a q8_0 / q4_0 block, a q4_k / q6_k sub-block), each value decoded to
+// the bits the format's other tiles give, the eight values 8h.. against x as float4 (dot8_rows). A format's stage:
+//   q8_0 / q4_0: STAGE_BLOCKS blocks (k a multiple of 256: a run of 8 blocks is 272 or 144 bytes, whole words);
+//   q4_k: Q4K_STAGE super-blocks of 144 bytes (nine words each: any row of whole super-blocks);
+//   q6_k: Q6K_STAGE super-blocks of 210 bytes (k and the chunk's ends multiples of 2048: a run of 8 is 105 words).
 #define STAGE_BLOCKS 64
-#define STAGE_WORDS (STAGE_BLOCKS * 34 / 16)  // 16-byte words a row a stage at the widest block (q8_0): 136
+#define Q4K_STAGE 16
+#define Q6K_STAGE 8
+#define STAGE_WORDS 144  // 16-byte words a row a stage at the widest (q4_k's 16 super-blocks; q8_0 136, q6_k 105)
 
-// The one staging buffer of a kernel (a template's __shared__ would be one a format): WARPS warps x 4 rows x a stage
-// of q8_0, 34,816 bytes.
+// The one staging buffer of a kernel (a template's __shared__ would be one a format): WARPS warps x 4 rows x
+// STAGE_WORDS words, 36,864 bytes.
 __device__ __forceinline__ uint4* stage_buffer() {
     __shared__ uint4 buf[WARPS * 4 * STAGE_WORDS];
     return buf;
@@ -241,18 +245,122 @@ __device__ __forceinline__ void staged_block(const uint4* row, int c, float& d, 
     for (int t = 0; t < B::QW; t++) q[t] = two ? wv[t + 1] : __funnelshift_r(wv[t], wv[t + 1], 16);
 }
 
-template <class B, int PW, int NR>
+// The staged tile's view of a format: BYTES a unit (block or super-block) of VALS values, STAGE units a stage, and a
+// Piece — a lane's 32 values c of the stage row, read from shared memory (piece) and decoded eight at a time
+// (eighth: values 8h..8h+7).
+template <class B>
+struct Staged32 {  // q8_0 / q4_0: a piece a block
+    static constexpr int BYTES = B::BYTES, VALS = 32, STAGE = STAGE_BLOCKS;
+    struct Piece {
+        float d;
+        unsigned q[B::QW];
+    };
+    __device__ static void piece(const uint4* row, int c, Piece& s) { staged_block<B>(row, c, s.d, s.q); }
+    __device__ static void eighth(const Piece& s, int h, float (&wf)[8]) { B::decode_eighth(s.q, s.d, h, wf); }
+};
+
+// q4_k (144-byte super-blocks, 16-byte aligned: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles:
+// sub-block 2c in the low nibbles of bytes 32c.., 2c + 1 in the high). Sub-block j's 6-bit scale and min from a
+// super-block's head (j a run-time value: lanes of one warp differ).
+__device__ __forceinline__ void q4_k_scale(const uint4& h, int j, unsigned& sc, unsigned& mn) {
+    int jl = 8 * (j & 3);
+    unsigned lsc = (h.y >> jl) & 63u, lmn = (h.z >> jl) & 63u;
+    unsigned hsc = ((h.w >> jl) & 15u) | (((h.y >> (jl + 6)) & 3u) << 4);
+    unsigned hmn = ((h.w >> (jl + 4)) & 15u) | (((h.z >> (jl + 6)) & 3u) << 4);
+    sc = j < 4 ? lsc : hsc;
+    mn = j < 4 ? lmn : hmn;
+}
+
+// A piece: sub-block j = c % 8 of super-block c / 8 — the head word and the two nibble words 32(j / 2).. (three
+// 16-byte shared loads), its nibbles shifted down. Its ds = d * sc and dm = dmin * mn as qget; a value
+// fsub(fmul(ds, q), dm), the product one fma: ds * (2^23 + q) - ds * 2^23 is ds * q exactly (ds * 2^23 exact: a
+// power-of-two scale), rounded once, the f32 __fmul_rn(ds, q) gives for a finite ds (the sign of a zero aside, where
+// ds < 0 and q = 0: no sum sees it).
+struct StagedQ4K {
+    static constexpr int BYTES = 144, VALS = 256, STAGE = Q4K_STAGE;
+    struct Piece {
+        float ds, dm, nds;
+        unsigned q[8];  // value 4i + e in byte e of q[i]
+    };
+    __device__ static void piece(const uint4* row, int c, Piece& s) {
+        const uint4* sb = row + 9 * (c >> 3);
+        const int j = c & 7, sh = 4 * (j & 1);
+        uint4 h = sb[0], a = sb[1 + 2 * (j >> 1)], b = sb[2 + 2 * (j >> 1)];
+        unsigned sc, mn;
+        q4_k_scale(h, j, sc, mn);
+        s.ds = __fmul_rn(f16f(h.x), __fsub_rn(magic23(sc), 8388608.f));
+        s.dm = __fmul_rn(f16f(h.x >> 16), __fsub_rn(magic23(mn), 8388608.f));
+        s.nds = -__fmul_rn(s.ds, 8388608.f);
+        unsigned u[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) s.q[i] = (u[i] >> sh) & 0x0F0F0F0Fu;
+    }
+    __device__ static void eighth(const Piece& s, int h, float (&wf)[8]) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            wf[e] = __fsub_rn(__fmaf_rn(s.ds, magic23((s.q[2 * h + (e >> 2)] >> (8 * (e & 3))) & 15u), s.nds), s.dm);
+    }
+};
+
+// q6_k (210-byte super-blocks: 128 bytes of low nibbles ql, 64 of high pairs qh, 16 int8 scales of 16 values, d).
+// A piece: values 128u2 + 32u.. (u2 = j / 4, u = j % 4, j = c % 8) of super-block c / 8 — ql's run 2u2 + (u & 1)
+// (high nibbles for u >= 2), qh's run u2 (bits 2u), the scales 8u2 + 2u and + 1 (values 0-15, 16-31): the runs are
+// 2-byte aligned in the stage (a super-block starts 2 bytes into a word every other one), read as nine 4-byte words
+// from the word at or below and shifted into place. Each value d·sc times (q - 32) as q6_k_get rounds it (q - 32 as
+// magic23(q) less 2^23 + 32: exact).
+template <int W>
+__device__ __forceinline__ void shared_run(const uint4* row, int off, unsigned (&q)[W]) {  // W words from byte off
+    const int* wp = (const int*)row + (off >> 2);
+    const int sh = 8 * (off & 2);
+    unsigned wv[W + 1];
+#pragma unroll
+    for (int t = 0; t <= W; t++) wv[t] = (unsigned)wp[t];
+#pragma unroll
+    for (int t = 0; t < W; t++) q[t] = __funnelshift_r(wv[t], wv[t + 1], sh);
+}
+
+struct StagedQ6K {
+    static constexpr int BYTES = 210, VALS = 256, STAGE = Q6K_STAGE;
+    struct Piece {
+        float d0, d1;   // d·sc of values 0-15, 16-31
+        unsigned q[8];  // value 4i + e's six bits in byte e of q[i]
+    };
+    __device__ static void piece(const uint4* row, int c, Piece& s) {
+        const int o = 210 * (c >> 3), j = c & 7, u2 = j >> 2, u = j & 3;
+        unsigned ql[8], qh[8];
+        shared_run<8>(row, o + 64 * u2 + 32 * (u & 1), ql);
+        shared_run<8>(row, o + 128 + 32 * u2, qh);
+        const u16* hw = (const u16*)row;
+        unsigned sc = hw[(o + 192 + 8 * u2 + 2 * u) >> 1];
+        float d = f16f(hw[(o + 208) >> 1]);
+        s.d0 = __fmul_rn(d, (float)(signed char)(sc & 255u));
+        s.d1 = __fmul_rn(d, (float)(signed char)(sc >> 8));
+        const int sl = u >= 2 ? 4 : 0, shh = 2 * u;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s.q[i] = ((ql[i] >> sl) & 0x0F0F0F0Fu) | (((qh[i] >> shh) & 0x03030303u) << 4);
+    }
+    __device__ static void eighth(const Piece& s, int h, float (&wf)[8]) {
+        const float d = h < 2 ? s.d0 : s.d1;
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            wf[e] = __fmul_rn(d, __fsub_rn(magic23((s.q[2 * h + (e >> 2)] >> (8 * (e & 3))) & 63u), 8388640.f));
+    }
+};
+
+template <class S, int PW, int NR>
 __device__ __forceinline__ void gemv_tile_staged(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
                                                  i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
     static_assert(PW <= 4, "the staging buffer holds four rows a warp");
-    constexpr int SV = STAGE_BLOCKS * B::BYTES / 16, PL = (SV + 31) / 32;  // words a row a stage; a lane's loads
+    constexpr int SV = S::STAGE * S::BYTES / 16, PL = (SV + 31) / 32;  // words a row a stage; a lane's loads
+    static_assert(SV <= STAGE_WORDS && S::STAGE * S::BYTES % 16 == 0, "a stage is whole words of the buffer");
+    constexpr int PIECES = S::VALS / 32;  // 32-value pieces a unit
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint4* st = stage_buffer() + warp * 4 * STAGE_WORDS;
-    const i64 rw = (k >> 5) * B::BYTES / 16;  // words a row
+    const i64 rw = k / S::VALS * S::BYTES / 16;  // words a row
     const uint4* w0 = (const uint4*)w + j0 * rw;  // the warp's first row (a row past n is never read)
-    for (i64 b0 = k0 >> 5; b0 < (k1 >> 5); b0 += STAGE_BLOCKS) {
-        const int nb = (int)min((i64)STAGE_BLOCKS, (k1 >> 5) - b0), nv = nb * B::BYTES / 16;  // whole runs of 8
-        const i64 v0 = b0 * B::BYTES / 16;
+    for (i64 b0 = k0 / S::VALS; b0 < k1 / S::VALS; b0 += S::STAGE) {
+        const int nb = (int)min((i64)S::STAGE, k1 / S::VALS - b0), nv = nb * S::BYTES / 16;  // whole words
+        const i64 v0 = b0 * S::BYTES / 16;
         uint4 v[PW][PL];  // every load of the stage first (a row past n, a word past the stage: zeros, no load)
 #pragma unroll
         for (int p = 0; p < PW; p++)
@@ -269,99 +377,24 @@ __device__ __forceinline__ void gemv_tile_staged(const float* __restrict__ x, co
                 if (lane + 32 * u < SV) st[p * STAGE_WORDS + lane + 32 * u] = v[p][u];
         __syncwarp();
 #pragma unroll 1
-        for (int c = lane; c < nb; c += 32) {  // a lane a block
-            float d[PW];
-            unsigned q[PW][B::QW];
+        for (int c = lane; c < nb * PIECES; c += 32) {  // a lane a piece
+            typename S::Piece pc[PW];
 #pragma unroll
-            for (int p = 0; p < PW; p++) staged_block<B>(st + p * STAGE_WORDS, c, d[p], q[p]);
-            const float* xb = x + r0 * k + (b0 + c) * 32;
+            for (int p = 0; p < PW; p++) S::piece(st + p * STAGE_WORDS, c, pc[p]);
+            const float* xb = x + r0 * k + b0 * S::VALS + 32 * c;
 #pragma unroll
             for (int h = 0; h < 4; h++) {
                 float wf[PW][8];
 #pragma unroll
-                for (int p = 0; p < PW; p++) B::decode_eighth(q[p], d[p], h, wf[p]);
+                for (int p = 0; p < PW; p++) S::eighth(pc[p], h, wf[p]);
                 dot8_rows<PW, NR>(xb + 8 * h, k, 4, nr, wf, acc);
             }
         }
     }
 }
 
-// q4_k (144-byte super-blocks, 16-byte aligned: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles:
-// sub-block 2c in the low nibbles of bytes 32c.., 2c + 1 in the high): eight lanes a super-block, lane t one 16-byte
-// load of nibble bytes 16t.. (sub-blocks 2c and 2c + 1, c = t / 2, their values 16(t % 2)..+15) and the 16-byte head
-// (one load, the same for the eight lanes); a warp four super-blocks (576 bytes) a step, Q4K_STEPS(PW) steps of every
-// row's loads issued before the first is used (four 4-byte loads a lane a step until 2026-12-05: 60-64 bytes a lane in
-// flight in the SASS; now 128 at four rows a warp, one step: two spilled in the folds and the gate-and-up GEMV). Each
-// sub-block's ds = d * sc and dm = dmin * mn as qget; a value
-// fsub(fmul(ds, q), dm), the product one fma: ds * (2^23 + q) - ds * 2^23 is ds * q exactly (ds * 2^23 exact: a
-// power-of-two scale), rounded once, the f32 __fmul_rn(ds, q) gives for a finite ds (the sign of a zero aside, where
-// ds < 0 and q = 0: no sum sees it).
-#define Q4K_STEPS(PW) ((PW) >= 4 ? 1 : 4)
-
-// Sub-block j's 6-bit scale and min from a super-block's head (j a run-time value: lanes of one warp differ).
-__device__ __forceinline__ void q4_k_scale(const uint4& h, int j, unsigned& sc, unsigned& mn) {
-    int jl = 8 * (j & 3);
-    unsigned lsc = (h.y >> jl) & 63u, lmn = (h.z >> jl) & 63u;
-    unsigned hsc = ((h.w >> jl) & 15u) | (((h.y >> (jl + 6)) & 3u) << 4);
-    unsigned hmn = ((h.w >> (jl + 4)) & 15u) | (((h.z >> (jl + 6)) & 3u) << 4);
-    sc = j < 4 ? lsc : hsc;
-    mn = j < 4 ? lmn : hmn;
-}
-
-template <int PW, int NR>
-__device__ __forceinline__ void gemv_tile_q4_k(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
-                                               i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
-    const int lane = threadIdx.x & 31, t = lane & 7, c = t >> 1;
-    const i64 rw = (k >> 8) * 9;  // 16-byte words a row
-    const uint4* w0 = (const uint4*)w + j0 * rw;  // the warp's first row (a row past n is never read)
-    constexpr int STEPS = Q4K_STEPS(PW);  // (nvcc expands no function-like macro inside the pragma)
-#pragma unroll(STEPS)
-    for (i64 b = (k0 >> 8) + (lane >> 3); b < (k1 >> 8); b += 4) {
-        uint4 h[PW], v[PW];  // every row's loads first (a row past n: zeros), decoded below
-#pragma unroll
-        for (int p = 0; p < PW; p++) {
-            bool in = j0 + p < n;
-            const uint4* sb = w0 + p * rw + b * 9;
-            h[p] = in ? __ldcs(sb) : make_uint4(0u, 0u, 0u, 0u);
-            v[p] = in ? __ldcs(sb + 1 + t) : make_uint4(0u, 0u, 0u, 0u);
-        }
-        const float* xr = x + r0 * k + b * 256 + 64 * c + 16 * (t & 1);
-#pragma unroll
-        for (int s = 0; s < 2; s++) {  // sub-block 2c + s: the low nibbles, then the high
-            float ds[PW], dm[PW], nds[PW];
-#pragma unroll
-            for (int p = 0; p < PW; p++) {
-                unsigned sc, mn;
-                q4_k_scale(h[p], 2 * c + s, sc, mn);
-                ds[p] = __fmul_rn(f16f(h[p].x), __fsub_rn(magic23(sc), 8388608.f));
-                dm[p] = __fmul_rn(f16f(h[p].x >> 16), __fsub_rn(magic23(mn), 8388608.f));
-                nds[p] = -__fmul_rn(ds[p], 8388608.f);
-            }
-#pragma unroll
-            for (int g = 0; g < 4; g++) {  // values 4g..4g+3 of the lane's 16: byte 4g + e's nibble
-                float4 xv[NR];
-#pragma unroll
-                for (int r = 0; r < NR; r++)  // as dot8_rows
-                    xv[r] = r == 0 || r < nr ? *(const float4*)(xr + r * k + 32 * s + 4 * g)
-                                             : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-                for (int p = 0; p < PW; p++) {
-                    unsigned q = (g == 0 ? v[p].x : g == 1 ? v[p].y : g == 2 ? v[p].z : v[p].w) >> (4 * s);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float wv = __fsub_rn(__fmaf_rn(ds[p], magic23((q >> (8 * e)) & 15u), nds[p]), dm[p]);
-#pragma unroll
-                        for (int r = 0; r < NR; r++)
-                            acc[p][r] += wv * (e == 0 ? xv[r].x : e == 1 ? xv[r].y : e == 2 ? xv[r].z : xv[r].w);
-                    }
-                }
-            }
-        }
-    }
-}
-
-// q6_k (210-byte super-blocks, 2-byte aligned only: 128 bytes of low nibbles ql, 64 of high pairs qh, 16 int8
-// scales of 16 values, d): eight lanes a super-block, lane t the values 128h + 32u + 4t.. (h < 2, u < 4) — the four
+// q6_k rows not staged (210-byte super-blocks, rows 2-byte aligned where k is not a multiple of 2048: 128 bytes of low
+// nibbles ql, 64 of high pairs qh, 16 int8 scales of 16 values, d): eight lanes a super-block, lane t the values 128h + 32u + 4t.. (h < 2, u < 4) — the four
 // bytes 4t.. of ql's four 32-byte runs and of qh's two, as 2-byte loads, and the scale of each (h, u) — a warp four
 // super-blocks (840 bytes) a step. Each value d·sc times (q - 32), rounded as q6_k_get rounds it.
 __device__ __forceinline__ unsigned ld2x16(const u8* p) {  // four bytes at a 2-byte aligned address
@@ -372,7 +405,7 @@ template <int PW, int NR>
 __device__ __forceinline__ void gemv_tile_q6_k(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
                                                i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
     int lane = threadIdx.x & 31, t = lane & 7;
-    constexpr int PH = PW < 2 ? PW : 2;  // rows a pass over k, as q4_k's tile
+    constexpr int PH = PW < 2 ? PW : 2;  // rows a pass over k (their loads in flight at once)
 #pragma unroll
     for (int p0 = 0; p0 < PW; p0 += PH) {
         const u8* wr[PH];
@@ -482,25 +515,23 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
     if constexpr (AR <= 2) {
         // 16-byte loads: k, the chunk's ends and every row start whole 16-byte words of the matrix and of x
         bool wide = fmt <= 2 && ((k | k0 | k1) & (fmt == 0 ? 3 : 7)) == 0 && (xa & 15) == 0 && (wa & 15) == 0;
-        // q8_0, q4_0, q4_k read in place: k and the chunk's ends whole blocks, x 16-byte aligned, the rows 2-byte
-        // aligned (q4_k's, of 144-byte super-blocks, 16)
-        bool blocks = fmt >= 3 && fmt <= 5 && ((k | k0 | k1) & (fmt == 5 ? 255 : 31)) == 0 && (xa & 15) == 0 &&
-                      (wa & (fmt == 5 ? 15 : 1)) == 0;
+        // q8_0, q4_0 read in place: k and the chunk's ends whole blocks, x 16-byte aligned, the rows 2-byte aligned
+        bool blocks = fmt >= 3 && fmt <= 4 && ((k | k0 | k1) & 31) == 0 && (xa & 15) == 0 && (wa & 1) == 0;
+        // staged (gemv_tile_staged): x and w 16-byte aligned, k and the chunk's ends whole runs of words — q8_0 / q4_0
+        // 8 blocks (256 values), q4_k a super-block (256), q6_k 8 super-blocks (2048)
+        bool st = (xa & 15) == 0 && (wa & 15) == 0 && ((k | k0 | k1) & (fmt == 6 ? 2047 : 255)) == 0;
         if (wide && fmt == 0) gemv_tile16<0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide && fmt == 1) gemv_tile16<1, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide) gemv_tile16<2, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        // q8_0 / q4_0 rows of whole 16-byte words (k and the chunk's ends whole runs of 8 blocks, w 16-byte aligned)
-        else if (blocks && fmt <= 4 && ((k | k0 | k1) & 255) == 0 && (wa & 15) == 0 && fmt == 3)
-            gemv_tile_staged<BlockQ8_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        else if (blocks && fmt <= 4 && ((k | k0 | k1) & 255) == 0 && (wa & 15) == 0)
-            gemv_tile_staged<BlockQ4_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (st && fmt == 3) gemv_tile_staged<Staged32<BlockQ8_0>, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (st && fmt == 4) gemv_tile_staged<Staged32<BlockQ4_0>, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (st && fmt == 5) gemv_tile_staged<StagedQ4K, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (st && fmt == 6) gemv_tile_staged<StagedQ6K, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (blocks && fmt == 3) gemv_tile_b32<BlockQ8_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (blocks && fmt == 4) gemv_tile_b32<BlockQ4_0, PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        // q4_k at two rows of x and four outputs a warp keeps gemv_tile_any: its x (32 values a row a lane) and
-        // words pushed gemm_parts_4 past 168 registers (a spill of the bias pointer and the Dst)
-        else if (blocks && fmt == 5 && (AR == 1 || PW == 1))
-            gemv_tile_q4_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        // q6_k (2-byte aligned rows), the same shapes as q4_k's
+        // q6_k rows not staged (2-byte aligned rows: k not a multiple of 2048), at one or two rows of x and one output
+        // a warp, or one row of x at four (at two rows and four outputs its x and words pushed gemm_parts_4 past 168
+        // registers)
         else if (fmt == 6 && ((k | k0 | k1) & 255) == 0 && (xa & 15) == 0 && (wa & 1) == 0 && (AR == 1 || PW == 1))
             gemv_tile_q6_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);

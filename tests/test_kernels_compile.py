@@ -208,13 +208,14 @@ KNOWN_SPILLS = {
     # (32 B, filled through a reference by wblock_ints under a run-time format) kept in local memory (not confirmed
     # in the SASS: no cuobjdump here)
     "gemv_q8": (("gemv_core", "gemv_q8", "gemm_parts"), "128 registers, 32 B stack"),
-    # since the new block formats (q4_1 .. iq4_xs) reach gemv_tile_any through a call (qget4_more, __noinline__):
-    # at 167 registers the call's saved registers spill (gemm_parts_4 only; gemv_4 and the folds stay clean)
-    "gemm_parts_4": (("gemv_core", "gemv_q8", "gemm_parts"), "167 registers, 16 B stack, 16/368 B spill"),
+    # (gemm_parts_4: 167 registers, 16 B stack, 16/368 B spill — the saved registers of gemv_tile_any's call to
+    # qget4_more, __noinline__, for the new block formats q4_1 .. iq4_xs — until q4_k and q6_k rows took
+    # gemv_tile_staged and gemv_tile_q4_k went: ptxas then gave it 168 registers and no spill, no stack, nvcc 13)
     "gemm_parts_q8": (("gemv_core", "gemv_q8", "gemm_parts"), "128 registers, 32 B stack"),
     # since gemv_tile_staged and gemv_tile_q4_k's 16-byte loads (80 and 32 registers of loads in flight at four rows
     # a warp) the gate's sums live through the up's tile: a 64-bit and a 32-bit value stored once each (STL.64 / STL)
-    # and reloaded five times in all: 7 local accesses in the whole kernel (cuobjdump -sass, nvcc 13)
+    # and reloaded five times in all: 7 local accesses in the whole kernel (cuobjdump -sass, nvcc 13); the same
+    # (168 registers, 16 B stack, 12 / 20 B spill stores / loads) since q4_k / q6_k rows took gemv_tile_staged
     "gemv_glu_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "168 registers, 16 B stack, 12 B spill"),
     "fold_gemv_norm_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
     "fold_parts_rope_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),

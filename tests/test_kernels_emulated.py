@@ -91,9 +91,10 @@ def test_gemv_blocks(fmt, k, m, per_warp, split):
     again_same(launch, dev, ["y"])
 
 
-# The block formats' one- and two-row path (gemv_tile_b32 over BlockQ8_0 / BlockQ4_0, gemv_tile_q4_k, gemv_tile_q6_k: a
-# few lanes a block, x as float4): k of fewer blocks than a warp's step, more (a tail), an odd count (q8_0 / q4_0 / q6_k
-# rows then start 2 bytes off a 4-byte word), split-K in whole blocks; mxfp4 the four-value path.
+# The block formats' one- and two-row path (gemv_tile_b32 over BlockQ8_0 / BlockQ4_0, gemv_tile_q6_k: a few lanes a
+# block, x as float4; q4_k, and q8_0 / q4_0 at k 512, through gemv_tile_staged): k of fewer blocks than a warp's step,
+# more (a tail), an odd count (q8_0 / q4_0 / q6_k rows then start 2 bytes off a 4-byte word), split-K in whole blocks;
+# mxfp4 the four-value path.
 BLOCK_ROWS_K = {"q8_0": [96, 352, 512], "q4_0": [96, 352, 512], "q4_k": [256, 1280, 512], "q6_k": [256, 768, 1280],
                 "mxfp4": [96, 512]}
 
@@ -115,8 +116,17 @@ def test_gemv_block_rows(fmt, k, m, per_warp, split):
 # gemv_tile_staged (q8_0 / q4_0 rows of whole 16-byte words, k a multiple of 256): one stage (k 256: 8 blocks), a
 # full stage and a partial one (2304: 64 + 8 blocks), two full stages (4096); split-K whose chunks are whole runs of 8
 # blocks (4096 / 2: staged) or not (2304 / 3: chunks of 768 values, the two-byte tile); rows past n in the warp.
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("k,split", [(256, 1), (2304, 1), (4096, 1), (4096, 2), (2304, 3)])
+# q4_k (stages of 16 super-blocks): one super-block (256), a partial stage (2304: 9), a full and a partial (5120:
+# 16 + 4), split-K staged (4096 / 2: 8 a chunk; 2304 / 3: 3 a chunk). q6_k (stages of 8 super-blocks, k and the chunk's
+# ends multiples of 2048): one stage (2048), two (4096), split-K staged (4096 / 2, 6144 / 3) or not (2304 / 3 and 2304:
+# rows 2 bytes off a word, gemv_tile_q6_k).
+STAGED_K = {"q8_0": [(256, 1), (2304, 1), (4096, 1), (4096, 2), (2304, 3)],
+            "q4_0": [(256, 1), (2304, 1), (4096, 1), (4096, 2), (2304, 3)],
+            "q4_k": [(256, 1), (2304, 1), (5120, 1), (4096, 2), (2304, 3)],
+            "q6_k": [(2048, 1), (4096, 1), (4096, 2), (6144, 3), (2304, 3), (2304, 1)]}
+
+
+@pytest.mark.parametrize("fmt,k,split", [(f, k, s) for f, ks in STAGED_K.items() for k, s in ks])
 @pytest.mark.parametrize("m,per_warp", [(1, 4), (2, 1), (2, 4)])
 def test_gemv_staged_rows(fmt, k, split, m, per_warp):
     n = 6
@@ -128,8 +138,9 @@ def test_gemv_staged_rows(fmt, k, split, m, per_warp):
     again_same(launch, dev, ["y"])
 
 
-@pytest.mark.parametrize("fmt,k", [("q8_0", 352), ("q4_0", 352), ("q4_k", 1280), ("q6_k", 512), ("mxfp4", 96),
-                                   ("q8_0", 2304), ("q4_0", 2304)])  # the last two through gemv_tile_staged
+# (the last four through gemv_tile_staged)
+@pytest.mark.parametrize("fmt,k", [("q8_0", 352), ("q4_0", 352), ("q6_k", 512), ("mxfp4", 96),
+                                   ("q8_0", 2304), ("q4_0", 2304), ("q4_k", 1280), ("q6_k", 2048)])
 @pytest.mark.parametrize("per_warp", [1, 4])
 def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
     """x one-hot (two rows, two positions): each output is one decoded value times 1 plus zeros, so the kernel's
@@ -148,8 +159,9 @@ def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
         np.testing.assert_array_equal(dev.host("y"), np.stack([ref[:, i0], ref[:, i1]]).reshape(-1))
 
 
-@pytest.mark.parametrize("fmt,k", [("q8_0", 160), ("q4_0", 160), ("q4_k", 512), ("q6_k", 512),
-                                   ("q8_0", 2304), ("q4_0", 2304)])  # the last two through gemv_tile_staged
+# (the last four through gemv_tile_staged)
+@pytest.mark.parametrize("fmt,k", [("q8_0", 160), ("q4_0", 160), ("q6_k", 512),
+                                   ("q8_0", 2304), ("q4_0", 2304), ("q4_k", 512), ("q6_k", 2048)])
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("per_warp", [1, 4])
 def test_gemv_glu_and_parts_block_rows(fmt, k, m, per_warp):
@@ -198,6 +210,10 @@ def test_gemv_glu_and_parts(fmt, m, per_warp):
 @pytest.mark.parametrize("fmt", ["bf16", "f32", "q8_0"])
 @pytest.mark.parametrize("m,k,n,per_warp", [(1, 256, 64, 4), (2, 96, 77, 1), (3, 64, 20, 4)])
 def test_fold_gemv_norm(fmt, m, k, n, per_warp):
+    _fold_gemv_norm(fmt, m, k, n, per_warp)
+
+
+def _fold_gemv_norm(fmt, m, k, n, per_warp):
     g = np.random.default_rng(7)
     f = Fold(Gemv("x", "w", fmt, Dst("o"), k, n, m, per_warp=per_warp),
              Norm("res", "nw", "y", m, n, 1e-6, add="o", sum="sum"))
@@ -208,6 +224,26 @@ def test_fold_gemv_norm(fmt, m, k, n, per_warp):
     f.cuda(dev)  # the counter was reset: the second launch's last block runs the norm again
     np.testing.assert_allclose(dev.host("sum"), arrays["res"].reshape(-1) + dev.host("o"), rtol=1e-5, atol=1e-5)
     again_same(f, dev, ["o", "sum", "y"])
+
+
+# q4_k / q6_k rows through gemv_tile_staged in the folds (k 2048: q4_k's eight super-blocks, q6_k's one stage): the
+# GEMV then the norm by the last block, and the products in parts then each head's epilogue.
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("m,n,per_warp", [(1, 40, 4), (2, 33, 1)])
+def test_fold_gemv_norm_staged(fmt, m, n, per_warp):
+    _fold_gemv_norm(fmt, m, 2048, n, per_warp)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("m,pw", [(1, 4), (2, 1)])
+def test_fold_products_then_head_epilogue_staged(fmt, m, pw):
+    g = np.random.default_rng(m + pw + len(fmt))
+    f, arrays, weights = gpu._qkv(g, fmt, m, 2048, 4, 2, 16, 16, True, pw, pw == 4, 16, 9)
+    assert f.fused, f.form()
+    dev = gpu.both(f, arrays, weights, tol=3e-4)
+    gpu._again(f, dev, arrays, weights)
+    counters_zero(f, dev)
+    again_same(f, dev, ["q", "k", "qr", "kc", "vc"])
 
 
 @pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q8_0"])
@@ -263,6 +299,16 @@ def test_the_emulator_catches(monkeypatch, old, new, error):
     _mutated(monkeypatch, old, new)
     with pytest.raises(error):
         _one_gemv()
+
+
+def test_the_one_hot_cases_catch_a_misplaced_staged_value(monkeypatch):
+    """gemv_tile_staged's eighths of a piece decoded in the wrong order (values 24-31 of each 32 against x's 0-7, ...):
+    the one-hot cases of q4_k and q6_k fail, so those shapes take the staged tile and the one-hot x catches a value
+    out of its place."""
+    _mutated(monkeypatch, "S::eighth(pc[p], h, wf[p]);", "S::eighth(pc[p], 3 - h, wf[p]);")
+    for fmt, k in [("q4_k", 1280), ("q6_k", 2048)]:
+        with pytest.raises(AssertionError):
+            test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, 4)
 
 
 # -- the GPU tests' own GEMV-family cases, at their sizes, emulated --------------------------------------------------
