@@ -13,7 +13,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import Launch, reach
+from lanefuse.kernels.common import Launch, reach, rms
 
 OPS = ("all_reduce", "all_gather", "all_argmax")
 
@@ -36,19 +36,29 @@ class Collective(Launch):
     cols: int
     ranks: int
     offset: int = 0  # all_argmax: where this rank's part of the row starts
+    add: str | None = None  # all_reduce_add_norm (rules/collectives.yaml): the residual added to the sum (rows, cols),
+    sum: str | None = None  # ... where the residual sum is written,
+    w: str | None = None  # ... and the RMSNorm's weight (cols,): `out` is then the sum's norm (the reduced row itself
+    eps: float = 0.0  # is not kept: TensorRT-LLM's fused all-reduce + residual + RMSNorm)
 
     census: ClassVar[str] = "collective"
     library: ClassVar[str] = "the ranks' communicator (gloo on the CPU, NCCL on GPUs)"  # runs no source of ours
 
     def reads(self):
-        return (self.x,)
+        return tuple(n for n in (self.x, self.add, self.w) if n is not None)
 
     def writes(self):
-        return (self.out,)
+        return tuple(n for n in (self.out, self.sum) if n is not None)
+
+    def weights(self):
+        return {self.w: "f32"} if self.w is not None else {}
 
     def check(self):
         if self.op not in OPS:
             return Refusal(f"a collective `{self.op}` (known: {', '.join(OPS)})")
+        if self.add is not None and (self.op != "all_reduce" or self.w is None):
+            return Refusal(f"a {self.op} with a residual add and a norm (only an all-reduce's sum, with the norm's "
+                           f"weight)")
         return None
 
     def kernels(self):
@@ -59,7 +69,8 @@ class Collective(Launch):
                 "all_argmax": self.rows}[self.op]
 
     def extents(self, top, tokens):
-        return reach((self.x, self.rows * self.cols), (self.out, self.out_size()))
+        n = self.rows * self.cols
+        return reach((self.x, n), (self.out, self.out_size()), (self.add, n), (self.sum, n), (self.w, self.cols))
 
     def bytes(self):
         return 0
@@ -77,7 +88,13 @@ class Collective(Launch):
         x = np.asarray(env.array(self.x)[: self.rows * self.cols], dtype=np.float32).reshape(self.rows, self.cols)
         y = meet_values(getattr(env, "comm", None), self.op, x, self.ranks, self.offset,
                         f"the {self.op} launch -> `{self.out}`")
-        env.array(self.out)[: self.out_size()] = np.asarray(y).reshape(-1)
+        if self.add is not None:  # the residual add and the norm, as the Norm launch's twin computes them
+            n = self.rows * self.cols
+            s = (np.asarray(y, np.float32) + env.array(self.add)[:n].reshape(self.rows, self.cols)).astype(np.float32)
+            if self.sum is not None:
+                env.array(self.sum)[:n] = s.reshape(-1)
+            y = s * rms(s, self.eps) * np.asarray(env.weight(self.w)[0], dtype=np.float64)[: self.cols]
+        env.array(self.out)[: self.out_size()] = np.asarray(y, dtype=env.array(self.out).dtype).reshape(-1)
 
     def grid_block(self):
         return ((0, 0, 0), (0, 0, 0))

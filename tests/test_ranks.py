@@ -189,11 +189,13 @@ def test_rank_step_round_trips_through_text():
     assert from_yaml(to_yaml(g)) == g
 
 
-@pytest.mark.parametrize("ranks, rows, fmt", [(2, 1, "bf16"), (3, 5, "f32")])
-def test_rank_plans_run_by_the_numpy_backend(ranks, rows, fmt):
-    """Each rank's step planned for the cuda lane (its collectives `collective` launches: 2 a layer and the arg-max)
-    and run by the numpy backend's exact twins in its arena, the ranks meeting through LocalComm: the reference
-    ranks' next token, logits within 1e-5 of their scale."""
+@pytest.mark.parametrize("ranks, rows, fmt, held", [(2, 1, "bf16", ()), (3, 5, "f32", ()),
+                                                    (2, 1, "f32", ("all_reduce_add_norm",))])
+def test_rank_plans_run_by_the_numpy_backend(ranks, rows, fmt, held):
+    """Each rank's step planned for the cuda lane (its collectives `collective` launches: 2 a layer and the arg-max;
+    each all-reduce with the residual add and the next norm in it — all_reduce_add_norm @ rules/collectives.yaml —
+    unless held) and run by the numpy backend's exact twins in its arena, the ranks meeting through LocalComm: the
+    reference ranks' next token, logits within 1e-5 of their scale."""
     import threading
 
     from lanefuse.engine.collectives import LocalComm
@@ -210,9 +212,13 @@ def test_rank_plans_run_by_the_numpy_backend(ranks, rows, fmt):
         return [_env(rank_config(cfg, r, ranks), toks, 0) for r in range(ranks)]
 
     want = evaluate_ranks(gs, ws, envs())
-    plans = [plan(g) for g in gs]
+    plans = [plan(g, held=list(held)) for g in gs]
+    # the decode step's every all-reduce is followed by an add and a norm (the last one's the final norm); a chunk's
+    # last is not (the last row's view comes between)
+    fused = 0 if held else 2 * cfg.layers - (rows > 1)
     for s in plans:
         assert s.census.get("collective") == 2 * cfg.layers + 1
+        assert s.fusions.get("all_reduce_add_norm", 0) == fused
     group, got, es = LocalComm(ranks), [None] * ranks, envs()
 
     def run(r):

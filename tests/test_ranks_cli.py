@@ -25,7 +25,7 @@ LLAMA70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidde
 
 def _config_only(tmp_path, cfg: dict):
     d = tmp_path / "shape"
-    d.mkdir()
+    d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps(cfg))
     return d
 
@@ -49,9 +49,11 @@ def test_plan_ranks_of_a_config_only_folder(tmp_path, capsys):
     assert c["all_argmax"] == {"count": 1, "bytes": 16, "us": pytest.approx(10.0 + 7 * 16 / 450e3)}
     assert c["all_reduce"]["us"] == pytest.approx(160 * (10.0 + 2 * 7 / 8 * 4 * d_ / 450e3))
     capsys.readouterr()
-    assert main(["plan", str(d), "--ranks", "8", "--ctx", "4096"]) == 0
+    two = _config_only(tmp_path / "two", dict(LLAMA70B, num_hidden_layers=2))  # rank 0's plan printed after: 2 layers
+    assert main(["plan", str(two), "--ranks", "8", "--ctx", "4096"]) == 0
     text = capsys.readouterr().out
-    assert "19.48 GB" in text and "PREDICTION" in text and "160 all_reduce" in text
+    assert " GB " in text and " yes" in text and "PREDICTION" in text and "4 all_reduce" in text and "rank 0's step" in text
+    assert "census: collective 5" in text  # 2 all-reduces a layer and the arg-max, each all-reduce with its add+norm
 
 
 def test_one_rank_does_not_fit_where_two_do(tmp_path):

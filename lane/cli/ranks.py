@@ -62,9 +62,8 @@ def plan_ranks(args, src, rows: int) -> int:
     if args.json:
         from lanefuse.lane.lower.files import write_atomic
 
-        write_atomic(args.json, json.dumps(rep, indent=1) + "\n")
-        if args.json == "-":
-            return 0
+        write_atomic(args.json, json.dumps(rep, indent=1) + "\n")  # the ranks' report (rank 0's plan: without --ranks
+        return 0  # on a rank's step YAML)
     print(f"{cfg.name} over {args.ranks} ranks (tensor parallel: heads, KV heads and their caches, the FFN and the "
           f"vocabulary split; the embedding and norms whole on each)")
     print(f"{'rank':>4} {'heads':>5} {'kv':>3} {'ffn':>7} {'vocabulary':>17} {'weights':>10} {'KV cache':>10} "
