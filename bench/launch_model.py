@@ -259,8 +259,11 @@ def features(rev: str | None) -> dict:
     own in gemv_core.cu (gemv_tile_q8_0 at b780f05; since, a `struct BlockQ8_0` of gemv_tile_b32, and gemv_tile_q4_k);
     staged: gemv_tile_staged's blocks a row a stage (STAGE_BLOCKS; 0: no staged tile): q8_0 / q4_0 rows of whole
     16-byte words read as 16-byte loads through shared memory; q4k_wide: gemv_tile_q4_k's 16-byte loads (Q4K_STEPS:
-    one step of four super-blocks in flight at four rows a warp, four at one)."""
+    one step of four super-blocks in flight at four rows a warp, four at one); staged_k: {format: super-blocks a row
+    a stage} of the k-quants staged as q8_0 is (Q4K_STAGE, Q6K_STAGE; none before); head_values: fold.cu's head
+    epilogue's values a lane a round of loads in the kernels over an f32 x (HEAD_VALUES; before it, 1)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
+    hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("fold.cu", rev))
     apy = kernel_file("attention.py", rev)
     m = re.search(r"#define NORM_BATCH (\d+)", norm)
     mv = re.search(r"#define NORM_VBATCH (\d+)", norm)
@@ -276,7 +279,10 @@ def features(rev: str | None) -> dict:
         block_tiles=sorted(f for f in VALUE_BYTES
                            if re.search(rf"void gemv_tile_{f}\(|struct Block{f.upper()} ", core)),
         staged=int(m.group(1)) if (m := re.search(r"#define STAGE_BLOCKS (\d+)", core)) else 0,
-        q4k_wide="Q4K_STEPS" in core)
+        q4k_wide="Q4K_STEPS" in core,
+        head_values=int(hv.group(1)) if hv else 1,
+        staged_k={f: int(m.group(1)) for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"))
+                  if (m := re.search(rf"#define {d} (\d+)", core))})
 
 
 def old_splits(l, sms: int = 132):
@@ -314,6 +320,15 @@ def gemv_shape(k: Kernel):
     return g.format, int(g.k), int(n), int(g.m), int(getattr(g, "per_warp", 1) or 1), tiles
 
 
+def chunk_ends(k: Kernel, kk: int) -> tuple[int, ...]:
+    """k and the ends of a split-K launch's chunks (gemv_chunk: whole four-value words), which a staged tile needs
+    whole runs of words."""
+    first = getattr(k.launch, "first", None)
+    split = int(getattr(first if first is not None and hasattr(first, "k") else k.launch, "split", 1) or 1)
+    kc = ((kk + split - 1) // split + 3) // 4 * 4
+    return (kk,) + tuple(min(kk, z * kc) for z in range(1, split))
+
+
 # gemv_tile_<fmt> (gemv_core.cu): values and bytes a warp step a row, the steps a loop iteration unrolls (8 / per_warp:
 # every row's loads of the iteration issued first), and the share of them the SASS issues before the first use
 # (cuobjdump -sass of b780f05's gemv_1 / gemv_4: 30 and 39 of the 40 LDG.E.EF.U16 of an unrolled iteration)
@@ -332,11 +347,15 @@ BLOCK_TILES = {"q8_0": dict(vals=256, bytes=272, unroll=8, sass_share={1: 0.75, 
 # gemv_tile_staged (gemv_core.cu, q8_0 / q4_0 rows of k a multiple of 256 at 1-2 rows of x): a stage of STAGE_BLOCKS
 # blocks of each of the warp's rows as 16-byte loads, every one of them issued before the first is used (the SASS: 320
 # / 192 bytes a lane in flight at gemv_4 for q8_0 / q4_0, the whole stage, read off the cubin with the loads' first
-# uses), then decoded from shared memory: one stage in flight a warp, a round a stage.
-STAGED_BYTES = {"q8_0": 34, "q4_0": 18}
+# uses), then decoded from shared memory: one stage in flight a warp, a round a stage. Since 2026-12-05 q4_k and q6_k
+# too: stages of Q4K_STAGE / Q6K_STAGE super-blocks (features' staged_k). A format's unit (values, bytes) and the
+# multiple of k (and of the chunk's ends) its rows stage at: q6_k's 210-byte super-blocks make whole 16-byte words in
+# runs of 8.
+STAGED_UNITS = {"q8_0": (32, 34, 256), "q4_0": (32, 18, 256), "q4_k": (256, 144, 256), "q6_k": (256, 210, 2048)}
 
 
-def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_wide: bool = False):
+def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_wide: bool = False,
+                   staged_k: dict | None = None):
     """Bytes in flight a warp and its dependent load rounds, for gemv_core.cu's loops at one kernel of the family.
     wide (the work tree since d081dec): f32/f16/bf16 rows at 1-2 rows of x take gemv_tile16 (16 bytes a lane a load,
     unrolled 4: 4 loads a row a lane in flight); otherwise (block formats, > 2 rows, and everything at 4a43cc2)
@@ -350,9 +369,11 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_w
         inflight_row = 32 * 16 * min(UNROLL16, steps)
         rounds = math.ceil(steps / UNROLL16)
         loop = "tile16 x4"
-    elif staged and fmt in STAGED_BYTES and m <= 2 and kk % 256 == 0:
-        steps = math.ceil(kk / (32 * staged))
-        inflight_row = min(kk // 32, staged) * STAGED_BYTES[fmt]
+    elif (st := {"q8_0": staged, "q4_0": staged, **(staged_k or {})}.get(fmt, 0)) and m <= 2 and \
+            all(e % STAGED_UNITS[fmt][2] == 0 for e in chunk_ends(k, kk)):
+        units = kk // STAGED_UNITS[fmt][0]  # blocks or super-blocks a row
+        steps = math.ceil(units / st)
+        inflight_row = min(units, st) * STAGED_UNITS[fmt][1]
         rounds = steps
         loop = f"{fmt} staged"
     elif fmt in block_tiles and fmt in BLOCK_TILES and m <= 2 and \
@@ -459,7 +480,7 @@ def combine_rounds(splits: int, vd: int, threads: int, cpb: int, cw: int) -> flo
 def structure(k: Kernel, feats: dict, pos: int):
     name = k.call.name
     if GEMV_F32X.match(name):
-        gemv_structure(k, feats["wide"], feats["block_tiles"], feats["staged"], feats["q4k_wide"])
+        gemv_structure(k, feats["wide"], feats["block_tiles"], feats["staged"], feats["q4k_wide"], feats["staged_k"])
     elif name.startswith(("gemv_q8", "fold_gemv_norm_q8", "fold_parts_rope_q8", "gemm_parts_q8", "gemv_glu_q8")):
         q8_structure(k)
     elif name.startswith("attention"):

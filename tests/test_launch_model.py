@@ -68,6 +68,35 @@ def test_the_calibration_is_data(lm):
     assert 0.1 < cal["L_us"] < 10 and cal["B_peak_TBps"] == 4.25
 
 
+@pytest.mark.parametrize("fmt,k,split,staged", [("q4_k", 4096, 1, 16 * 144), ("q4_k", 2304, 1, 9 * 144),
+                                                  ("q4_k", 4096, 2, 16 * 144), ("q6_k", 12288, 1, 8 * 210),
+                                                  ("q6_k", 4096, 2, 8 * 210), ("q6_k", 2304, 1, 0),
+                                                  ("q6_k", 4096, 4, 0), ("q8_0", 4096, 1, 64 * 34)])
+def test_staged_tiles_are_read_off_gemv_core(lm, fmt, k, split, staged):
+    """gemv_tile_staged's stages as gemv_core.cu defines them (STAGE_BLOCKS, Q4K_STAGE, Q6K_STAGE: none of the
+    k-quants' before 2026-12-05): a warp's rows in flight a stage each; q6_k rows only where k and the chunk's ends are
+    whole runs of 8 super-blocks (2048 values), else its two-byte tile."""
+    import re
+
+    core = lm.gemv_core_source(None)
+    feats = lm.features(None)
+    assert feats["staged_k"] == {f: int(re.search(rf"#define {d} (\d+)", core).group(1))
+                                 for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"))}
+    assert lm.features("4a43cc2")["staged_k"] == {}
+    from lanefuse.kernels import Dst, Gemv
+
+    launch = Gemv("x", "w", fmt, Dst("y"), k, 64, 1, per_warp=4, split=split)
+    env = lm.recording_env()({"w": fmt})
+    launch.cuda(env)
+    kern = lm.Kernel(0, "gemv", launch, env.calls[0])
+    lm.gemv_structure(kern, feats["wide"], feats["block_tiles"], feats["staged"], feats["q4k_wide"],
+                      feats["staged_k"])
+    if staged:
+        assert kern.extra["loop"] == f"{fmt} staged" and kern.inflight_warp == 4 * staged
+    else:
+        assert kern.extra["loop"] != f"{fmt} staged"
+
+
 def test_pdl_model_only_removes_fixed_cost_and_prefetched_streaming(lm, demo_plan, monkeypatch, tmp_path):
     monkeypatch.setattr(lm.shutil, "which", lambda name: None)
     monkeypatch.setattr(lm, "CACHE", tmp_path)
