@@ -1,8 +1,9 @@
 """What a collective op means: the step graphs of R ranks run side by side, and a collective op (`all_reduce`,
 `all_gather`, `all_argmax`) meets across them — each rank gives its payload, and every rank gets the one result
-(`meet`). The reference interpreter of R ranks (`evaluate_ranks`) runs each rank's graph in a thread of its own with
+(`meet`). The reference interpreter of R ranks (engine/ranks.py) runs each rank's graph in a thread of its own with
 an in-process communicator (`LocalComm`); a real one (torch.distributed's gloo, NCCL: lane/run/ranks.py) serves the
-same interface, `Comm.exchange(op, payload) -> [payload of each rank]`."""
+same interface, `Comm.exchange(op, payload) -> [payload of each rank]`. (engine/ranks.evaluate_ranks is the
+interpreter of R ranks over these.)"""
 
 from __future__ import annotations
 
@@ -79,15 +80,15 @@ def meet_values(comm: Comm | None, kind: str, x: np.ndarray, ranks: int, offset:
 
 def alone(kind: str, x: np.ndarray, ranks: int = 1, offset: int = 0, **a: Any) -> np.ndarray:
     """A collective op run without a communicator: one rank, the others none (over more ranks, refused: the ranks
-    must run together, `evaluate_ranks` or lane/run/ranks.py)."""
+    must run together, engine/ranks.evaluate_ranks or lane/run/ranks.py)."""
     if ranks != 1:
         raise UserError(f"a `{kind}` over {ranks} ranks runs only with its ranks (lanefuse run --ranks {ranks}; "
-                        f"engine/collectives.evaluate_ranks)")
+                        f"engine/ranks.evaluate_ranks)")
     return combine(kind, [payload(kind, x, offset)])
 
 
 class LocalComm:
-    """The in-process communicator of `evaluate_ranks`: rank threads meet at a barrier; each collective's payloads
+    """The in-process communicator of engine/ranks.evaluate_ranks: rank threads meet at a barrier; each collective's payloads
     are kept by rank until all have arrived. `timeout` seconds bound each wait (a rank that failed breaks the barrier
     for the others: every rank ends, none hangs)."""
 
@@ -118,40 +119,3 @@ class _RankView:
 
     def abort(self) -> None:
         self.group.barrier.abort()
-
-
-def evaluate_ranks(graphs: list, weights: list, envs: list[dict]) -> list[dict]:
-    """The reference interpreter of R ranks: rank r's graph `graphs[r]` over its weights and step inputs, each in a
-    thread of its own; a collective meets across them (`combine`). Returns each rank's values (engine/interp.evaluate's).
-    A rank's error ends every rank and is raised (the first rank's that failed)."""
-    from lanefuse.engine.interp import evaluate
-
-    n = len(graphs)
-    if not n == len(weights) == len(envs):
-        raise ValueError("one graph, one weight store and one environment a rank")
-    group = LocalComm(n)
-    out: list[Any] = [None] * n
-    errors: list[tuple[int, BaseException]] = []
-
-    def run(r: int) -> None:
-        view = group.at(r)
-        try:
-            out[r] = evaluate(graphs[r], weights[r], envs[r], comm=view)
-        except threading.BrokenBarrierError:
-            pass  # another rank failed first: its error is the one raised
-        except BaseException as e:  # noqa: BLE001 - handed to the caller below
-            errors.append((r, e))
-            view.abort()
-
-    if n == 1:
-        return [evaluate(graphs[0], weights[0], envs[0], comm=group.at(0))]
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0][1]
-    if any(o is None for o in out):
-        raise UserError("a rank ended without its result (a collective timed out)")
-    return out

@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.ir import Constant, Op, attrs_of
+from lanefuse.engine.ir import Constant, Graph, Op, attrs_of
 from lanefuse.engine.model import ModelConfig, build_step
 
 HEAD = "lm_head.weight"  # a rank's part of the LM head, tied or not (a tied one is served from the embedding's rows)
@@ -80,7 +80,7 @@ def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
     return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=cfg.kv_heads // ranks, inter=hi - lo)
 
 
-def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> "Graph":  # noqa: F821
+def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> Graph:
     """Rank `rank`'s step graph of `ranks`: the step of its config (its heads and FFN part) with an `all_reduce`
     after each o and down product (what reads the product reads the sum), and its part of the LM head, the next token
     the `all_argmax` over every rank's part. `meta` gains rank, ranks and vocab_from (where its logits start)."""

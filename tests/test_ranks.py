@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lanefuse.engine.collectives import combine, evaluate_ranks, payload
+from lanefuse.engine.collectives import combine, payload
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate, run_op
 from lanefuse.engine.ir import Op, attrs_of
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.parallel import (build_rank_step, check_ranks, part, rank_config, rank_weight_bytes,
                                       rank_weights)
+from lanefuse.engine.ranks import evaluate_ranks
 from lanefuse.engine.stepweights import random_weights
 from lanefuse.lane.run.generate import new_caches
 

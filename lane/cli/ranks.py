@@ -81,8 +81,8 @@ def plan_ranks(args, src, rows: int) -> int:
     from lanefuse.engine.parallel import build_rank_step
     from lanefuse.lane.cli.report import plan_command
 
-    print(f"rank 0's step (every rank's has its launches; the parts' shapes differ where the FFN or vocabulary "
-          f"does not split evenly):")
+    print("rank 0's step (every rank's has its launches; the parts' shapes differ where the FFN or vocabulary "
+          "does not split evenly):")
     sys.stdout.flush()
     return plan_command(args, src, build_rank_step(cfg, 0, args.ranks, rows))
 
@@ -111,6 +111,8 @@ def run_ranks(args, src, ids: list[int], sampling) -> int:
     for flag in ("plan", "batch", "prompts"):
         if getattr(args, flag, None):
             raise UserError(f"run --ranks {R}: --{flag} is one rank's (not split over ranks yet)")
+    how = "the reference interpreter" if args.reference else "its plan for the cuda lane on the numpy backend"
+    print(f"lanefuse: model: {src.name} ({R} ranks over gloo, each {how}; greedy)", file=sys.stderr)
     t0 = time.perf_counter()
     res = launch(R, [dict(model=src.path, prompt=list(ids), n_tokens=args.tokens, chunk=min(len(ids), 512),
                           max_len=src.cfg.max_len, plan=not args.reference)])[0]
@@ -118,8 +120,6 @@ def run_ranks(args, src, ids: list[int], sampling) -> int:
     toks = res[0]["tokens"]
     out = {"model": src.name, "ranks": R, "prompt_ids": list(ids), "generated_ids": [int(t) for t in toks]}
     human = sys.stderr if args.json == "-" else sys.stdout
-    how = "the reference interpreter" if args.reference else "its plan for the cuda lane on the numpy backend"
-    print(f"lanefuse: model: {src.name} ({R} ranks over gloo, each {how}; greedy)", file=sys.stderr)
     print("prompt ids:   ", ",".join(map(str, ids)), file=human)
     print("generated ids:", ",".join(map(str, out["generated_ids"])), file=human)
     print(f"lanefuse: {R} ranks: {dt:.2f} s (process start-up included); {res[0]['calls']} collectives a rank, "
@@ -136,7 +136,7 @@ def check_ranks_cmd(args, src, rows_list: list[int]) -> int:
     the one-rank step on a random cache history: one line a step, a non-zero exit on any difference."""
     import numpy as np
 
-    from lanefuse.engine.collectives import evaluate_ranks
+    from lanefuse.engine.ranks import evaluate_ranks
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.model import build_step
     from lanefuse.engine.parallel import build_rank_step, rank_config, rank_weights

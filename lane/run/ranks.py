@@ -164,7 +164,8 @@ def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int
     res = generate(rc, w, prompt, n_tokens, step_fn=step, chunk=chunk)
     first = graphs[min(graphs)].meta.get("vocab_from", 0)
     return {"tokens": res.generated_ids, "logits": [np.asarray(l, np.float32) for l in res.logits],
-            "vocab_from": first, "calls": getattr(comm, "calls", 0), "bytes": getattr(comm, "bytes", 0)}
+            "vocab_from": first, "calls": getattr(comm, "calls", 0), "bytes": getattr(comm, "bytes", 0),
+            "prompt_s": res.prompt_s, "decode_s": res.decode_s}
 
 
 def _free_port() -> int:
