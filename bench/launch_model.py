@@ -184,9 +184,13 @@ class Kernel:
         return int(b[0] * b[1] * b[2])
 
 
-def plan_kernels(s, retune=None) -> list[Kernel]:
+def plan_kernels(s, retune=None, combine: bool = False) -> list[Kernel]:
     """Every kernel launch of plan `s`: each launch's kernels() run through its cuda() on the recording env (each
-    kernel-level launch first through `retune`, if given: an older commit's tuning of it)."""
+    kernel-level launch first through `retune`, if given: an older commit's tuning of it). `combine`: sources before
+    attention_merge, where a split attention was two launches: its attention_combine (a block the heads of one q8k
+    block, one head otherwise) recorded after it."""
+    from lanefuse.kernels.attention import Attention
+
     formats = {n: (c.format if c.kind == "rows" else "f32") for n, c in s.constants.items()}
     Env = recording_env()
     out = []
@@ -196,7 +200,12 @@ def plan_kernels(s, retune=None) -> list[Kernel]:
                 l = retune(l)
             env = Env(formats)
             l.cuda(env)
-            for c in env.calls:
+            calls = list(env.calls)
+            if combine and isinstance(l, Attention) and l.splits > 1 and \
+                    not any(c.name == "attention_combine" for c in calls):
+                calls.append(Call(calls[0].stems, "attention_combine", (l.heads // l.kheads, l.rows, 1), (128, 1, 1),
+                                  ()))
+            for c in calls:
                 out.append(Kernel(i, l.census, l, c))
     return out
 
@@ -274,6 +283,9 @@ def features(rev: str | None) -> dict:
         attn_tiles={n: int(kt) for n, d, pb, kt in re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)\)", att,
                                                                re.M)},
         combine_cw=int(cw.group(1)) if cw else 0,
+        attn_merge="attention_merge(" in att,
+        attn_mv=int(mv_.group(1)) if (mv_ := re.search(r"#define MV (\d+)", att)) else 4,
+        attn_mz=int(mz_.group(1)) if (mz_ := re.search(r"#define MZ (\d+)", att)) else 8,
         new_splits="BLOCKS_AN_SM" in apy,
         wide="gemv_tile16" in core,
         block_tiles=sorted(f for f in VALUE_BYTES
@@ -458,7 +470,24 @@ def attention_structure(k: Kernel, pos: int, feats: dict):
     kv_heads = a.heads // a.group
     k.bytes = float(a.rows * keys * kv_heads * (a.hd + a.vd) * 4)
     k.extra.update(keys=keys, splits=a.splits, keys_a_warp=steps, heads_a_block=hb, loop=loop, heads_round=hb / walks)
+    if feats.get("attn_merge") and a.splits > 1:  # the last split block of its heads merges them (no combine launch)
+        k.extra["merge_rounds"] = merge_rounds(a.splits, a.vd, hb, feats["combine_cw"], feats["attn_mv"],
+                                               a.quant is not None and a.f32, feats["attn_mz"])
 
+
+def merge_rounds(splits: int, vd: int, cpb: int, cw: int, mv: int, quant: bool, mz: int = 16, aw: int = 4) -> float:
+    """attention_merge's dependent L2 rounds in the last split block of a row's heads to arrive (attention.cu): the
+    arrival (its fence and atomic: a round), then a head to each group of aw / cpb warps (a warp a head at cpb >= aw,
+    heads in turn): the first cw splits' maxima and sums (a round, kept in registers), each further chunk's maxima (a
+    round each); each pass of mv values a lane: each further chunk's weights (a round each), the value
+    loads mz splits at a time (ceil(nz / mz) rounds); where the output is quantized beside it, the read back (a
+    round)."""
+    wph = 1 if cpb >= aw else aw // cpb
+    turns = math.ceil(cpb / (aw // wph))
+    chunks = [min(cw, splits - z0) for z0 in range(0, splits, cw)]
+    passes = math.ceil(math.ceil(vd / (32 * wph)) / mv)
+    head = 1 + (len(chunks) - 1) * (1 + passes) + passes * sum(math.ceil(nz / mz) for nz in chunks)
+    return float(1 + turns * head + (1 if quant else 0))
 
 def combine_rounds(splits: int, vd: int, threads: int, cpb: int, cw: int) -> float:
     """attention_combine's dependent L2 rounds (the partials just written: L2), a block's heads one after another.
@@ -520,6 +549,8 @@ def tail_us(k: Kernel, cal: dict) -> float:
         return cal["L_l2_us"] * k.extra["tail_rounds"]
     if k.call.name.startswith("fold_parts_rope"):
         return cal["tail_rope_us"] * max(1, math.ceil(k.extra.get("m", 1) / 4))
+    if k.family == "attention" and k.extra.get("merge_rounds"):  # the last split block's merge (attention_merge)
+        return cal["L_l2_us"] * k.extra["merge_rounds"]
     return 0.0
 
 
@@ -568,7 +599,7 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
     import kernel_resources as kr
 
     feats = features(rev)
-    ks = plan_kernels(s, None if feats["new_splits"] else old_splits)
+    ks = plan_kernels(s, None if feats["new_splits"] else old_splits, combine=not feats["attn_merge"])
     res_by_stems: dict[tuple, dict] = {}
     for k in ks:
         if k.call.stems not in res_by_stems:
@@ -906,6 +937,17 @@ def breakdown(ks: list[Kernel]) -> dict:
     return b
 
 
+def attention_stream(k: Kernel, cal: dict) -> str:
+    """An attention launch's KV stream (issue 34 item 2: >= 70% of the bandwidth at position 4096): its cache bytes
+    over its waves (its µs less t0 and the merge's tail), beside the launch's whole µs."""
+    waves = k.us - k.fixed - k.tail
+    bw = k.bytes / waves / 1e6 if waves > 0 else 0.0
+    return (f"  {k.call.name}: {k.extra.get('splits', 1)} splits x {k.blocks // max(1, k.extra.get('splits', 1))} "
+            f"blocks, KV {k.bytes / 1e6:.2f} MB streamed in {waves:.1f} µs of waves: {bw:.2f} TB/s "
+            f"({100 * bw / cal['B_peak_TBps']:.0f}% of {cal['B_peak_TBps']}); launch {k.us:.1f} µs = t0 {k.fixed:.1f} "
+            f"+ waves + merge {k.tail:.1f} ({k.extra.get('merge_rounds', 0):.0f} L2 rounds)")
+
+
 def print_breakdown(ks: list[Kernel], title: str) -> dict:
     b = breakdown(ks)
     tot = sum(b.values())
@@ -1007,6 +1049,9 @@ def main() -> None:
             print_table(rows, f"\n{name} (batch {a.batch}, position {pos}), kernels of {label}: {len(ks)} kernel "
                               f"launches, {tot:.0f} µs a token predicted, floor {floor:.0f} µs ({tb / 1e9:.2f} GB at "
                               f"4.25 TB/s): x{tot / floor:.2f}")
+            att = [k for k in ks if k.family == "attention"]
+            if att:  # the first layer's attention
+                print(attention_stream(att[0], cal))
             bd = print_breakdown(ks, f"  where the predicted {tot:.0f} µs go ({name}, position {pos}, {label}):")
             if a.all:
                 for k in ks:

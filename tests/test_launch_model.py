@@ -142,3 +142,55 @@ def test_predict_plans_writes_what_gpu_decode_reads(lm, demo_plan, monkeypatch, 
     launched = {str(i) for i, x in enumerate(demo_plan.launches) if x.launch.kernels()}
     assert set(p["launches"]) == launched and 0 < p["us_pdl"] < p["us"]
     assert p["us"] == pytest.approx(sum(p["launches"].values()), rel=1e-3)
+
+
+
+def _qwen3_attention():
+    from lanefuse.kernels.attention import Attention
+    from lanefuse.lane.lower.knobs import Knobs
+
+    return Attention("q", "kc", "vc", "pos", "o", 32, 4, 128, 128, 4096, 1, 128 ** -0.5).tune(Knobs())
+
+
+def test_a_split_attention_is_one_launch_its_merge_a_tail(lm):
+    """Since attention_merge (issue 34 item 1) a split attention is one kernel, its merge (the last split block of a
+    row's heads) charged as L2 rounds after its waves; before it (combine=True: sources without attention_merge) the
+    combine is recorded after the split as its second kernel."""
+    from types import SimpleNamespace
+
+    a = _qwen3_attention()
+    assert a.splits > 1
+    plan = SimpleNamespace(launches=[SimpleNamespace(launch=a)], constants={})
+    assert [k.call.name for k in lm.plan_kernels(plan)] == ["attention_split_128"]
+    assert [k.call.name for k in lm.plan_kernels(plan, combine=True)] == ["attention_split_128", "attention_combine"]
+    feats = lm.features(None)
+    assert feats["attn_merge"] and feats["attn_mz"] >= 8
+    # counted by hand off attention_merge: the arrival; the maxima and sums of <= 128 splits (one round); ceil(33 / mz)
+    # value rounds (4 values a lane, a warp a head at 4 heads a block); the quantized form's read back
+    mz = feats["attn_mz"]
+    assert lm.merge_rounds(33, 128, 4, 128, 4, False, mz) == 1 + 1 + math.ceil(33 / mz)
+    assert lm.merge_rounds(33, 128, 4, 128, 4, True, mz) == 2 + 1 + math.ceil(33 / mz)
+    # 130 splits: a second chunk (its maxima, its weights: two rounds more), one head over four warps (128 values: a
+    # pass); heads of 256 at 4 a block: two passes, the second chunk's weights again on the second
+    assert lm.merge_rounds(130, 128, 1, 128, 4, False, mz) == 1 + 1 + 2 + math.ceil(128 / mz) + 1
+    assert lm.merge_rounds(130, 256, 4, 128, 4, False, mz) == 1 + 1 + 1 + 2 * (1 + math.ceil(128 / mz) + 1)
+
+
+def test_the_kv_cache_streams_at_70_percent_at_4096(lm):
+    """Issue 34 item 2, PREDICTED: Qwen3-8B's attention (32 heads over 8, heads of 128, a 4096-row cache, the lane's
+    own splits) at position 4096 streams its KV cache at >= 70% of B_peak over its waves (its µs less the launch's
+    fixed t0 and the merge's tail), with sm_90's 168 registers (3 blocks a SM)."""
+    import kernel_resources as kr
+
+    a = _qwen3_attention()
+    cal = lm.load_calibration()
+    env = lm.recording_env()({})
+    a.cuda(env)
+    k = lm.Kernel(0, "attention", a, env.calls[0])
+    k.regs, k.smem = 168, 12420
+    k.bpsm, _ = kr.blocks_per_sm(k.regs, k.smem, k.threads)
+    lm.structure(k, lm.features(None), 4096)
+    lm.time_us(k, cal)
+    waves = k.us - k.fixed - k.tail
+    assert k.bytes == 4096 * 8 * 256 * 4 and k.tail > 0
+    assert k.bytes / waves / 1e6 >= 0.7 * cal["B_peak_TBps"], lm.attention_stream(k, cal)
