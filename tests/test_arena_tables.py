@@ -10,6 +10,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lanefuse.engine.demo import demo_model
 from lanefuse.engine.interp import evaluate
@@ -224,3 +226,35 @@ def test_device_runners_without_held_tables_place_them_at_their_first_form(stand
     a = generate(cfg, w, PROMPT, 5, step_fn=lambda g, env: gpu[g.meta["rows"]].step(env), chunk=9)
     b = generate(cfg, w, PROMPT, 5, step_fn=lambda g, env: cpu[g.meta["rows"]].step(env), chunk=9)
     assert a.generated_ids == b.generated_ids
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from(["kc0", "vc0", "kc1", "vc1", "conv0", "state0"]),
+                       st.tuples(st.integers(1, 9), st.integers(1, 13)), min_size=1, max_size=6),
+       st.lists(st.integers(0, 5000), min_size=1, max_size=6))
+def test_held_tables_keep_their_bytes_and_offsets_as_forms_grow_the_buffer(shapes, rooms):
+    """Tables held, then forms of random step-local sizes fitted in turn: the tables stay at place_tables' offsets
+    with the values written into them (through views taken before any growth, read in the buffer at the next step),
+    and the step-local part past them is as large as the largest form."""
+    shared = SharedArena()
+    held = shared.hold(shapes)
+    at, base = place_tables({n: 4 * a * b for n, (a, b) in shapes.items()})
+    rng = np.random.default_rng(len(shapes))
+    want = {}
+    for n in shapes:
+        want[n] = rng.standard_normal(shapes[n]).astype(np.float32)
+        held[n][...] = want[n]
+    largest = 0
+    for room in rooms:
+        largest = max(largest, room)
+        old = {n: held[n] for n in shapes}  # views taken before this form's growth
+        shared.fit(room)
+        for n in shapes:  # a step given the old views reads the same bytes in the buffer as it is now
+            now = shared.inside(old[n])
+            assert _at(now, shared.buf) == at[n][0] and np.array_equal(now, want[n])
+        shared.moved = None  # what a step does once it has taken them
+        assert shared.placed == at and shared.base == base and shared.buf.size == base + largest
+        for n in shapes:
+            assert np.array_equal(held[n], want[n]) and _at(held[n], shared.buf) == at[n][0]
+        shared.buf[shared.base:] = 0xFF  # a form's arrays overwrite all of the step-local part
+        assert all(np.array_equal(held[n], want[n]) for n in shapes)
