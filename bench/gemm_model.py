@@ -37,6 +37,8 @@ The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefil
   its attention (attention.cu, CUDA cores) by each sequence's f32 keys and values up to the position over HBM;
 - the launch is never faster than its bytes over HBM (4.3 TB/s measured copy bandwidth) and pays LAUNCH_US;
 - the rounding kernel (x to bf16) streams 4 + 2 bytes a value of x;
+- gemm_tc_glu (the gate and up products and their GLU, one launch) as a product of 2n outputs (its tiles 64 outputs
+  of each) that writes n;
 - a prefill chunk's attention at position 0 (CUDA cores, f32: attention.cu, no flash-attention kernel yet) does its
   causal work, 2 · heads · (hd + vd) · rows(rows+1)/2 flops, at ATTN_TFLOPS = 30 TFLOP/s (half the f32 peak): the
   lane's own estimate prices every row over the whole cache (its `flops`), a bound for decode, not a chunk;
@@ -102,10 +104,12 @@ def step_us(kern: dict, b: int) -> tuple[float, str]:
     return us / EFFICIENCY, bound
 
 
-def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kernel: str = "now") -> dict:
+def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kernel: str = "now",
+                    out_n: int | None = None) -> dict:
     """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles), its
     tiles each `ksplit` blocks along k (the tail), by the kernels of `kernel` ("now" or "before"): tiles, waves, the
-    predicted µs and what bounds it."""
+    predicted µs and what bounds it. out_n: the outputs written a row where not n (gemm_tc_glu: n = the gate's and
+    the up's 2n product columns, n written)."""
     ns = list(n) if isinstance(n, (list, tuple)) else [n]
     n = sum(ns)
     kern = KERNELS[(kernel, m <= 64)]
@@ -121,7 +125,7 @@ def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kerne
         us, bound = step_us(kern, b)
         compute_us += steps * us
         bounds[bound] = bounds.get(bound, 0.0) + steps * us
-    nbytes = weight_bytes + 4 * m * k + 4 * m * n
+    nbytes = weight_bytes + 4 * m * k + 4 * m * (n if out_n is None else out_n)
     memory_us = nbytes / (HBM_TBPS * 1e12) * 1e6
     round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
     combine_us = LAUNCH_US + 4 * m * n * (ksplit + 1) / (HBM_TBPS * 1e12) * 1e6 if ksplit > 1 else 0.0
@@ -181,15 +185,17 @@ def plan_prediction(s, kernel: str = "now", pos: int = 0) -> dict:
     by its causal flops; a batch's attention (s.batch > 1, every sequence at `pos`) by its f32 keys and values of
     pos + 1 rows a sequence over HBM (attention.cu reads each once: an assumption of its bandwidth bound); the rest by
     the lane's cost model (its cost_us)."""
-    from lanefuse.kernels import GemmTc, GemmTcParts
+    from lanefuse.kernels import GemmTc, GemmTcGlu, GemmTcParts
 
     batch = getattr(s, "batch", 1) or 1
     gemms, attn, other, kinds = [], [], 0.0, {}
     for x in s.launches:
         l = x.launch
-        if isinstance(l, (GemmTc, GemmTcParts)):
-            ns = [l.n] if isinstance(l, GemmTc) else [p.n for p in l.parts]
-            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1), kernel)
+        if isinstance(l, (GemmTc, GemmTcParts, GemmTcGlu)):
+            ns = [l.n] if isinstance(l, GemmTc) else [2 * l.n] if isinstance(l, GemmTcGlu) else [p.n for p in l.parts]
+            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1), kernel,
+                                l.n if isinstance(l, GemmTcGlu) else None)
+            p["glu"] = isinstance(l, GemmTcGlu)
             gemms.append(p)
             kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
         else:
@@ -266,7 +272,7 @@ def print_prediction(name: str, p: dict) -> None:
             continue
         seen.add(key)
         count = sum(1 for x in p["gemms"] if (x["m"], tuple(x["parts"]), x["k"], x.get("ksplit", 1)) == key)
-        n = "+".join(map(str, g["parts"]))
+        n = f"(2x{g['parts'][0] // 2}: gate, up and GLU)" if g.get("glu") else "+".join(map(str, g["parts"]))
         split = f" in {g['ksplit']} parts along k (tail)" if g.get("ksplit", 1) > 1 else ""
         print(f"PREDICTION   {count:3d} x gemm {g['m']}x{n}x{g['k']}{split}: {g['tiles']} tiles, {g['waves']} waves "
               f"({g['wave_fill']:.0%} full), {g['us']:.1f} µs ({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s)")

@@ -56,7 +56,8 @@ def step_flops(s) -> tuple[int, int]:
     prod = att = 0
     for x in s.launches:
         for k in x.launch.kernels():
-            if k.census in ("gemm_tc", "gemm_tc_parts", "gemv", "gemv_f32", "gemm_parts", "gemv_glu", "head_gemv"):
+            if k.census in ("gemm_tc", "gemm_tc_parts", "gemm_tc_glu", "gemv", "gemv_f32", "gemm_parts", "gemv_glu",
+                            "head_gemv"):
                 prod += k.flops()
             elif k.census in ("attention", "attention_tc"):
                 att += 4 * k.heads * k.hd * k.rows * (k.rows + 1) // 2

@@ -92,6 +92,35 @@ __device__ __forceinline__ void tc_copy_tile(u16 (*s)[TC_BK], const u16* g, i64 
     }
 }
 
+// The weight row tile row r of w's tile holds (row) and its matrix: w's row n0 + r; or, GLU (gemm_tc_glu*: a block
+// 64 outputs of the gate's and the up's products), tile rows 16j..16j+7 the gate's (w's) rows n0 + 8j.., 16j+8..16j+15
+// the up's (wu's) same rows — so a warp's fragments 2i and 2i + 1 (8 outputs each) hold the gate and the up of the
+// same eight outputs, in the same thread.
+template <bool GLU>
+__device__ __forceinline__ const void* tc_wrow(const void* w, const void* wu, i64 n0, int r, i64& row) {
+    if (!GLU) {
+        row = n0 + r;
+        return w;
+    }
+    row = n0 + (r >> 4) * 8 + (r & 7);
+    return (r >> 3) & 1 ? wu : w;
+}
+
+// w's tile (TC_BN rows, tc_wrow's) of bf16 rows `pitch` values apart from k0 into s, as tc_copy_tile copies x's.
+template <int T, bool GLU>
+__device__ __forceinline__ void tc_copy_w(u16 (*s)[TC_BK], const void* w, const void* wu, i64 n0, i64 n, i64 k0,
+                                          i64 pitch) {
+#pragma unroll
+    for (int i = 0; i < TC_BN * 4 / T; i++) {
+        int c = threadIdx.x + i * T, r = c >> 2, kc = (c & 3) * 8;
+        i64 row;
+        const u16* g = (const u16*)tc_wrow<GLU>(w, wu, n0, r, row);
+        bool ok = row < n && k0 + kc < pitch;
+        tc_cp16(&s[r][8 * tc_sw(r, c & 3)], ok ? (const void*)(g + row * pitch + k0 + kc) : (const void*)g,
+                ok ? 16 : 0);
+    }
+}
+
 // Value i of w: dense rows (f32, f16, bf16) read as they are, a block format's value decoded by its own getter
 // (prelude.cu: gguf's order of operations, to the bit).
 __device__ __forceinline__ float tc_get(int fmt, const void* w, i64 i) {
@@ -114,11 +143,14 @@ __device__ __forceinline__ float4 tc_dense4(int fmt, const void* w, i64 i) {
     return make_float4(bf16f(v.x), bf16f(v.x >> 16), bf16f(v.y), bf16f(v.y >> 16));
 }
 
-// Sixteen values of w's row n0 + t/2 from k0 + 16(t%2), decoded, rounded to bf16, as eight words; zeros past the
-// rows and k. Dense rows of whole four-value words four at a time; a block format (whose rows hold whole blocks of
-// 32 or 256) a value at a time, within one block.
-__device__ __forceinline__ void tc_load_w(unsigned (&v)[8], int fmt, const void* w, i64 n0, i64 n, i64 k0, i64 k) {
-    i64 r = n0 + (threadIdx.x >> 1), c0 = k0 + (threadIdx.x & 1) * 16;
+// Sixteen values of tile row t/2's weight row (tc_wrow's) from k0 + 16(t%2), decoded, rounded to bf16, as eight
+// words; zeros past the rows and k. Dense rows of whole four-value words four at a time; a block format (whose rows
+// hold whole blocks of 32 or 256) a value at a time, within one block.
+template <bool GLU>
+__device__ __forceinline__ void tc_load_w(unsigned (&v)[8], int fmt, const void* w0, const void* wu, i64 n0, i64 n,
+                                          i64 k0, i64 k) {
+    i64 r, c0 = k0 + (threadIdx.x & 1) * 16;
+    const void* w = tc_wrow<GLU>(w0, wu, n0, threadIdx.x >> 1, r);
     bool row = r < n;
     if (fmt <= 2 && (k & 3) == 0) {
 #pragma unroll
@@ -148,16 +180,17 @@ __device__ __forceinline__ void tc_store_w(u16 (*s)[TC_BK], const unsigned (&v)[
 // MI fragments of 16 rows by NJ of 8 outputs (warps two down the rows, TC_BN / 8NJ across). CP: w is bf16 rows of
 // whole 16-byte chunks (k a multiple of 8), copied as x is, TC_STAGES stages; else decoded through registers (eight
 // warps: NJ 4), two stages.
-template <bool CP, int MI, int NJ>
+template <bool CP, int MI, int NJ, bool GLU = false>
 __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void* w, int fmt, const float* bias,
                                              const float* add, Dst y, i64 k, i64 n, i64 m, i64 tile,
-                                             i64 ksplit = 1, float* part = nullptr) {
+                                             i64 ksplit = 1, float* part = nullptr, const void* wu = nullptr,
+                                             int gact = 0, float* glu = nullptr) {
     constexpr int BM = 32 * MI, S = CP ? TC_STAGES : 2, T = tc_threads(NJ);
     static_assert(CP || NJ == 4, "the decoded formats' tc_load_w takes two threads a row of w's tile: eight warps");
     alignas(128) __shared__ u16 xs[S][BM][TC_BK];
     alignas(128) __shared__ u16 ws[S][TC_BN][TC_BK];
     const u16* xg = (const u16*)xb;
-    i64 kp = (k + 7) / 8 * 8, n0 = tile * TC_BN, m0 = (i64)blockIdx.y * BM;
+    i64 kp = (k + 7) / 8 * 8, n0 = tile * (GLU ? TC_BN / 2 : TC_BN), m0 = (i64)blockIdx.y * BM;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = (warp & 1) * 16 * MI, wn = (warp >> 1) * 8 * NJ;
     int tiles = (int)((kp + TC_BK - 1) / TC_BK);
     // a k-split (the `tail`): this block's k steps [t0, t1) of the ksplit parts' (blockIdx.z), its sums into `part`
@@ -178,9 +211,9 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
             i64 k1 = (i64)(t0 + s) * TC_BK;
             tc_copy_tile<BM, T>(xs[s], xg, m0, m, k1, kp);
             if (CP) {
-                tc_copy_tile<TC_BN, T>(ws[s], (const u16*)w, n0, n, k1, k);
+                tc_copy_w<T, GLU>(ws[s], w, wu, n0, n, k1, k);
             } else {
-                tc_load_w(wv, fmt, w, n0, n, k1, k);
+                tc_load_w<GLU>(wv, fmt, w, wu, n0, n, k1, k);
                 tc_store_w(ws[s], wv);
             }
         }
@@ -195,9 +228,9 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
             i64 k1 = (i64)(t + S - 1) * TC_BK;
             tc_copy_tile<BM, T>(xs[bn], xg, m0, m, k1, kp);
             if (CP)
-                tc_copy_tile<TC_BN, T>(ws[bn], (const u16*)w, n0, n, k1, k);
+                tc_copy_w<T, GLU>(ws[bn], w, wu, n0, n, k1, k);
             else
-                tc_load_w(wv, fmt, w, n0, n, k1, k);
+                tc_load_w<GLU>(wv, fmt, w, wu, n0, n, k1, k);
         }
         tc_commit();
 #pragma unroll
@@ -223,22 +256,34 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
         bn = bn + 1 == S ? 0 : bn + 1;
     }
     int g = lane >> 2, q = lane & 3;
+    if (GLU) {  // fragments 2j (the gate) and 2j + 1 (the up) of the same eight outputs: up · act(gate)
 #pragma unroll
-    for (int i = 0; i < MI; i++)
+        for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int j = 0; j < NJ; j++)
+            for (int j = 0; j < NJ; j += 2)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                i64 r = m0 + wm + i * 16 + g + (e >> 1) * 8, c = n0 + wn + j * 8 + 2 * q + (e & 1);
-                if (r < m && c < n && part) {
-                    part[((i64)blockIdx.z * m + r) * n + c] = acc[i][j][e];
-                } else if (r < m && c < n) {
-                    float v = acc[i][j][e];
-                    if (bias) v += bias[c];
-                    if (add) v += add[r * n + c];
-                    y.y[dst_at(y, r * n + c)] = v;
+                for (int e = 0; e < 4; e++) {
+                    i64 r = m0 + wm + i * 16 + g + (e >> 1) * 8, c = n0 + ((wn + 8 * j) >> 4) * 8 + 2 * q + (e & 1);
+                    if (r < m && c < n) glu[r * n + c] = acc[i][j + 1][e] * act_apply(gact, acc[i][j][e]);
                 }
-            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    i64 r = m0 + wm + i * 16 + g + (e >> 1) * 8, c = n0 + wn + j * 8 + 2 * q + (e & 1);
+                    if (r < m && c < n && part) {
+                        part[((i64)blockIdx.z * m + r) * n + c] = acc[i][j][e];
+                    } else if (r < m && c < n) {
+                        float v = acc[i][j][e];
+                        if (bias) v += bias[c];
+                        if (add) v += add[r * n + c];
+                        y.y[dst_at(y, r * n + c)] = v;
+                    }
+                }
+    }
 }
 
 #define GEMM_TC_KERNEL(NAME, CP, MI, NJ)                                                                          \
@@ -299,3 +344,19 @@ GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true, 4, 8)
 GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false, 4, 4)
 GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp_64, true, 2, 4)
 GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any_64, false, 2, 4)
+
+// The gate and up products of one activation and their GLU (rules/lanes/cuda.yaml gemv_gate_up_glu on the tensor
+// cores): out (m, n) = (x · wuᵀ) · act(x · wgᵀ), each product as gemm_tc's (bf16 operands, f32 sums), a block 64
+// outputs of both (tc_wrow), ceil(n / 64) blocks across; the two (m, n) products never leave the registers.
+#define GEMM_TC_GLU_KERNEL(NAME, CP, MI, NJ)                                                                      \
+    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const void* wg,   \
+                                                                      const void* wu, i64 fmt, i64 gact,        \
+                                                                      float* out, i64 k, i64 n, i64 m) {       \
+        PDL_ENTER();                                                                                              \
+        gemm_tc_body<CP, MI, NJ, true>(xb, wg, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, 1,         \
+                                       nullptr, wu, (int)gact, out);                                              \
+    }
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_cp, true, 4, 8)
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_any, false, 4, 4)
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_cp_64, true, 2, 4)
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_any_64, false, 2, 4)

@@ -390,3 +390,127 @@ class GemmTcParts(Launch):
         name = ("gemm_tc_parts_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_parts_any") + suffix(self.m)
         denv.function(self.stem, name)(g, b, (xb, t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]),
                                               i64(self.k), i64(self.m)))
+
+
+GLU_BN = BN // 2  # gemm_tc_glu: a block's outputs (the gate's and the up's rows of each, 128 product columns)
+
+
+@dataclass(frozen=True)
+class GemmTcGlu(Launch):
+    """The gate and up products of one activation and their GLU on the tensor cores, under the bf16 numerics: out
+    (m, n) = (x · wuᵀ) · act(x · wgᵀ), wg and wu checkpoint rows (n, k) in one format — rules/lanes/cuda.yaml's
+    gemv_gate_up_glu where the product has tc_rows rows (GemvGlu's fields). A block computes 64 outputs of both
+    products and multiplies them in its epilogue, so neither (m, n) product is written; x rounded once. The twin: each
+    product as GemmTc's exact twin, then act and the product in f32 as Binary's `mul` with a gate (the unfused plan's
+    two launches, to the bit)."""
+
+    x: str
+    wg: str
+    wu: str
+    format: str
+    out: str
+    k: int
+    n: int
+    m: int
+    act: str = "silu"
+    format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
+    words: int = 0  # a quantized activation: refused (the tensor cores read x in f32, rounded to bf16)
+    quant: str | None = None  # a quantized GLU: refused
+    quant_words: int = 0
+    f32: bool = True
+
+    census: ClassVar[str] = "gemm_tc_glu"
+    stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
+    tensor_cores: ClassVar[bool] = True
+
+    def reads(self):
+        return names(self.x, self.wg, self.wu)
+
+    def writes(self):
+        return (self.out,)
+
+    def scratch(self):
+        return (Scratch("xb", "u8", 2 * self.m * kp(self.k)),)
+
+    def check(self):
+        from lanefuse.kernels.common import ACTS
+
+        if self.words or self.quant is not None or not self.f32:
+            return Refusal("a quantized activation or GLU on the tensor cores (they read and write f32, bf16 "
+                           "operands): the gate/up product's GLU quantizes in a launch of its own")
+        if self.format_u is not None and self.format_u != self.format:
+            return Refusal(f"gate and up weights in different formats ({self.format}, {self.format_u}): the kernel "
+                           f"reads both in one")
+        if self.act not in ACTS:
+            return Refusal(f"a gate activation `{self.act}`")
+        return GemmTc(self.x, self.wg, self.format, Dst(self.out), self.k, self.n, self.m).check()
+
+    def extents(self, top, tokens):
+        nk = self.n * self.k
+        return reach((self.x, self.m * self.k), (self.wg, nk), (self.wu, nk), (self.out, self.m * self.n))
+
+    def weights(self):
+        return {self.wg: self.format, self.wu: self.format}
+
+    def checkpoint_bytes(self):
+        return 2 * weight_bytes(self.format, self.n, self.k)
+
+    def bytes(self):
+        return self.checkpoint_bytes() + 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k) + 4 * self.m * self.n
+
+    def flops(self):
+        return 4 * self.m * self.n * self.k
+
+    def glu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """Binary's `mul` with a gate: up · act(gate), act rounded to f32, then the f32 product."""
+        from lanefuse.kernels.common import act
+
+        return up * act(self.act, gate).astype(np.float32)
+
+    def numpy(self, env):
+        x = env.array(self.x)[: self.m * self.k].reshape(self.m, self.k)
+        g, u = (tc_products(x, decode(*env.weight(w)).reshape(self.n, self.k)) for w in (self.wg, self.wu))
+        env.array(self.out)[: self.m * self.n] = self.glu(g, u).reshape(-1)
+
+    def bind_fast(self, env):
+        """The fast twin: each product as GemmTc's (f32 BLAS of the rounded operands, w rounded once), then the GLU."""
+        m, n, k = self.m, self.n, self.k
+        x = env.array(self.x)[: m * k].reshape(m, k)
+        fixed = None if env.stream else [rounded_rows(env.matrix(w).reshape(n, k)).T for w in (self.wg, self.wu)]
+        out = env.array(self.out)[: m * n].reshape(m, n)
+
+        def call():
+            xb = bf16_round(x)
+            ws = fixed or [rounded_rows(env.matrix(w).reshape(n, k)).T for w in (self.wg, self.wu)]
+            g, u = xb @ ws[0], xb @ ws[1]
+            if not all(a.max() < np.inf and a.min() > -np.inf for a in (g, u)):  # f32 overflowed (or NaN)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    g, u = (tc_products(x, env.matrix(w).reshape(n, k)) for w in (self.wg, self.wu))
+            out[...] = self.glu(g, u)
+
+        return call
+
+    def fast(self, env):
+        self.bind_fast(env)()
+
+    def copied(self) -> bool:
+        return self.format == "bf16" and self.k % 8 == 0
+
+    def grid_block(self):
+        return ((-(-self.n // GLU_BN), -(-self.m // block_rows(self.m)), 1), (block_threads(self.copied(), self.m), 1, 1))
+
+    def kernel_name(self) -> str:
+        return ("gemm_tc_glu_cp" if self.copied() else "gemm_tc_glu_any") + suffix(self.m)
+
+    def cuda(self, denv):
+        from lanefuse.kernels.cupy_env import i64
+        from lanefuse.kernels.elementwise import act_code
+
+        xb = denv.scratch(self, self.scratch()[0])
+        pairs = self.m * kp(self.k) // 2
+        r = denv.function(self.stem, "gemm_tc_round")
+        r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
+        g, b = self.grid_block()
+        denv.function(self.stem, self.kernel_name())(
+            g, b, (xb, denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
+                   i64(act_code(self.act)), denv.array(self.out), i64(self.k), i64(self.n), i64(self.m)))

@@ -226,7 +226,7 @@ def _mutated_tc(monkeypatch, old: str, new: str):
     # one group too few waited for: step t's stage read before its copies land (the old bytes)
     ("tc_wait<S - 2>();", "tc_wait<S - 1>();"),
     # the next step copied over the stage being multiplied (and its own stage never filled)
-    ("tc_copy_tile<TC_BN, T>(ws[bn],", "tc_copy_tile<TC_BN, T>(ws[b],"),
+    ("tc_copy_w<T, GLU>(ws[bn],", "tc_copy_w<T, GLU>(ws[b],"),
     # x's fragments read unswizzled (the copies swizzle): rows' chunks crossed
     ("tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);",
      "tc_ldsm4(a[i], &xs[b][r][8 * (kk + (lane >> 4))]);"),
@@ -348,3 +348,106 @@ def test_tail_split_is_chosen_where_the_model_says_it_pays():
     assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512).tune(kn, frozenset({"split_k"})).ksplit == 1
     small = GemmTc("x", "w", "bf16", Dst("y"), 4096, 64, 16).tune(kn)  # one tile: as many parts as pay, at most 8
     assert 1 < small.ksplit <= MAX_KSPLIT
+
+
+# -- the gate and up products' GLU in one launch (gemm_tc_glu*) -----------------------------------------------------
+
+def glu_case(fmt, k, n, m, act="silu", seed=0):
+    from lanefuse.kernels.gemm_tc import GemmTcGlu
+
+    g = np.random.default_rng(seed + k + n + m)
+    launch = GemmTcGlu("x", "wg", "wu", fmt, "y", k, n, m, act=act)
+    arrays = {"x": r32(g, m, k), "y": np.zeros(m * n, np.float32)}
+    weights = {w: (encode(r32(g, n, k) * 0.5, fmt), fmt) for w in ("wg", "wu")}
+    return launch, arrays, weights
+
+
+def test_glu_twin_is_the_unfused_plans_twins():
+    """GemmTcGlu's twin: to the bit, GemmTcParts' gate and up (the exact twin) then Binary's gated `mul` — the launches
+    the lane takes without it; the fast twin within the products' bound carried through the GLU."""
+    from lanefuse.kernels import Binary, GemmPart, GemmTcParts
+
+    launch, arrays, weights = glu_case("bf16", 72, 37, 19, act="gelu")
+    fused = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+    launch.numpy(fused)
+    m, n = launch.m, launch.n
+    parts = GemmTcParts("x", "bf16", 72, 19, (GemmPart("wg", Dst("g"), n), GemmPart("wu", Dst("u"), n)))
+    apart = HostEnv({**{k: v.copy() for k, v in arrays.items()}, "g": np.zeros(m * n, np.float32),
+                     "u": np.zeros(m * n, np.float32)}, weights)
+    parts.numpy(apart)
+    Binary("mul", "u", "g", "y", m * n, gate="gelu").numpy(apart)
+    np.testing.assert_array_equal(fused.array("y"), apart.array("y"))
+    fast = HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+    launch.fast(fast)
+    np.testing.assert_allclose(fast.array("y"), fused.array("y"), rtol=2**-12, atol=1e-5)
+
+
+def glu_bound(launch, arrays, weights):
+    """|kernel - twin| of the GLU: the gate's and the up's sums each within tc_bound (bg, bu), through y = u · act(g)
+    (|act'| < 1.2 for silu and gelu): |u|·1.2·bg + |act(g)|·bu + 1.2·bg·bu, plus the activation's and the product's
+    f32 roundings (2^-21 of the value)."""
+    from lanefuse.kernels.common import act
+
+    m, n, k = launch.m, launch.n, launch.k
+    x = arrays["x"].reshape(m, k)
+    wg, wu = (decode(*weights[w]).reshape(n, k) for w in ("wg", "wu"))
+    g, u = tc_products(x, wg), tc_products(x, wu)
+    bg, bu = tc_bound(x, wg), tc_bound(x, wu)
+    y = launch.glu(g, u)
+    return (np.abs(u) * 1.2 * bg + np.abs(act(launch.act, g)) * bu + 1.2 * bg * bu + 2.0**-21 * np.abs(y)
+            + 1e-30).reshape(-1), y.reshape(-1)
+
+
+@pytest.mark.parametrize("fmt,k,n,m,act", [("bf16", 200, 130, 130, "silu"), ("bf16", 72, 37, 19, "gelu"),
+                                           ("bf16", 13, 70, 140, "silu"), ("f32", 40, 65, 33, "silu"),
+                                           ("q8_0", 64, 20, 70, "gelu_erf")])
+def test_emulated_glu_within_the_bound(emulated, fmt, k, n, m, act):
+    """gemm_tc_glu_cp (four warps of 64 x 64: 130, 140 rows), _cp_64 (19 rows), _any (k 13: not whole chunks; f32
+    rows; q8_0 blocks) against the twin within the products' bounds carried through the GLU, nothing written past
+    the m x n outputs; a relaunch, blocks reversed and threads shuffled, the same bits."""
+    launch, arrays, weights = glu_case(fmt, k, n, m, act)
+    assert launch.check() is None
+    arrays["y"] = np.zeros(m * n + 7, np.float32)
+    dev = emulate(launch, arrays, weights)
+    copied = fmt == "bf16" and k % 8 == 0
+    assert dev.calls[-1][0] == ("gemm_tc_glu_cp" if copied else "gemm_tc_glu_any") + ("_64" if m <= 64 else "")
+    assert dev.calls[-1][1] == (-(-n // 64), -(-m // (64 if m <= 64 else 128)), 1)
+    got = dev.host("y").copy()
+    tol, want = glu_bound(launch, arrays, weights)
+    err = np.abs(got[: m * n] - want)
+    assert (err <= tol).all(), f"{int((err > tol).sum())} of {err.size} outside the bound"
+    np.testing.assert_array_equal(got[m * n:], 0)
+    dev.flags, dev.seed = 1, 515
+    launch.cuda(dev)
+    np.testing.assert_array_equal(dev.host("y"), got)
+
+
+def test_emulated_glu_pairs_each_gate_with_its_up(emulated):
+    """x one-hot and the up rows all ones: output (r, j) is act(ŵg[j, c_r]) exactly (one product of 1s, summed with
+    zeros): a gate paired with another output's up, or a fragment out of place, shows as a wrong value."""
+    from lanefuse.kernels.common import act
+
+    m, n, k = 130, 72, 48
+    g = np.random.default_rng(4)
+    launch, arrays, weights = glu_case("bf16", k, n, m)
+    x = np.zeros((m, k), np.float32)
+    cols = g.integers(0, k, m)
+    x[np.arange(m), cols] = 1.0
+    wg = r32(g, n, k)
+    wu = np.ones((n, k), np.float32) * (1.0 + np.arange(n, dtype=np.float32)[:, None])  # up of output j: j + 1
+    arrays["x"] = x
+    weights = {"wg": (encode(wg, "bf16"), "bf16"), "wu": (encode(wu, "bf16"), "bf16")}
+    dev = emulate(launch, arrays, weights)
+    gate = bf16_round(wg)[:, cols].T
+    want = (1.0 + np.arange(n, dtype=np.float32))[None, :] * act("silu", gate).astype(np.float32)
+    np.testing.assert_allclose(dev.host("y").reshape(m, n), want, rtol=2**-20)
+
+
+def test_glu_refusals_in_words():
+    from lanefuse.kernels.gemm_tc import GemmTcGlu
+
+    base = GemmTcGlu("x", "wg", "wu", "bf16", "y", 64, 32, 16)
+    assert base.check() is None
+    assert "different formats" in str(GemmTcGlu("x", "wg", "wu", "bf16", "y", 64, 32, 16, format_u="q8_0").check())
+    assert "quantized" in str(GemmTcGlu("x", "wg", "wu", "bf16", "y", 64, 32, 16, quant="q", quant_words=1).check())
+    assert "activation" in str(GemmTcGlu("x", "wg", "wu", "bf16", "y", 64, 32, 16, act="relu6").check())

@@ -108,7 +108,7 @@ def test_plan_prediction_and_step_flops_of_a_prefill_under_the_knob():
     cfg, _ = demo_model()
     s = plan(build_step(cfg, 32), knobs=Knobs(tc_rows=16))
     p = gemm_model.plan_prediction(s)
-    gemms = [x.launch for x in s.launches if x.launch.census in ("gemm_tc", "gemm_tc_parts")]
+    gemms = [x.launch for x in s.launches if x.launch.census in ("gemm_tc", "gemm_tc_parts", "gemm_tc_glu")]
     assert p["gemm_launches"] == len(gemms) == 4 * cfg.layers
     assert p["step_us"] == pytest.approx(p["gemm_us"] + p["other_us"], abs=0.2)
     prod, att = gpu_prefill.step_flops(s)
@@ -151,5 +151,6 @@ def test_gpu_prefill_run_on_a_stand_in_device(fake_cupy, monkeypatch, tmp_path):
     gpu_prefill.run(types.SimpleNamespace(plans=str(tmp_path), iters=2, json=str(out), peer="", peer_s=1))
     got = json.loads(out.read_text())["results"][0]
     assert "error" not in got, got.get("error")
-    assert got["us"] == 2000.0 and got["tokens_per_s"] == 8000.0 and got["census"]["gemm_tc_parts"] == 2 * cfg.layers
+    assert got["us"] == 2000.0 and got["tokens_per_s"] == 8000.0 and got["census"]["gemm_tc_parts"] == cfg.layers
+    assert got["census"]["gemm_tc_glu"] == cfg.layers  # gate, up and their GLU one launch
     assert got["kinds"]["gemm_tc"]["launches"] == 2 * cfg.layers and got["flops_products"] > 0

@@ -17,7 +17,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.model import ModelConfig, build_step
 from lanefuse.engine.demo import random_arrays
 from lanefuse.engine.weights import Weights, f32_to_bf16
-from lanefuse.kernels import GemmTc, GemmTcParts, Gemv
+from lanefuse.kernels import GemmTc, GemmTcGlu, GemmTcParts, Gemv
 from lanefuse.lane.lower.knobs import Knobs, parse_knobs
 from lanefuse.lane.lower.plan import PlanOptions, plan
 from lanefuse.lane.run.batch import generate_batch
@@ -31,7 +31,7 @@ TWIN_TOL = 1e-2  # the fast twin against the exact: their f32 sums part by an ul
 
 
 def products(p):
-    return [x.launch for x in p.launches if isinstance(x.launch, (GemmTc, GemmTcParts, Gemv))]
+    return [x.launch for x in p.launches if isinstance(x.launch, (GemmTc, GemmTcParts, GemmTcGlu, Gemv))]
 
 
 def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
@@ -40,10 +40,14 @@ def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
     tc, f32 = plan(g, knobs=TC), plan(g)
     assert "gemm_tc" not in f32.census
     big = [l for l in products(tc) if l.m >= 16]
-    assert big and all(isinstance(l, (GemmTc, GemmTcParts)) for l in big), [l.census for l in big]
-    # q, k and v one GEMM in parts, gate and up another, o and down one each: four launches of products a layer
-    assert tc.census["gemm_tc"] == 2 * cfg.layers and tc.census["gemm_tc_parts"] == 2 * cfg.layers
-    assert sorted(len(l.parts) for l in big if isinstance(l, GemmTcParts))[::cfg.layers] == [2, 3]
+    assert big and all(isinstance(l, (GemmTc, GemmTcParts, GemmTcGlu)) for l in big), [l.census for l in big]
+    # q, k and v one GEMM in parts, gate and up one GEMM with their GLU (gemv_gate_up_glu: no Binary), o and down one
+    # each: four launches of products a layer
+    assert tc.census["gemm_tc"] == 2 * cfg.layers and tc.census["gemm_tc_parts"] == cfg.layers
+    held = plan(g, knobs=TC, held=["gemv_gate_up_glu"])  # gate and up in parts, then the gated mul: a Binary
+    assert tc.census["gemm_tc_glu"] == cfg.layers and held.census["gemm_tc_parts"] == 2 * cfg.layers
+    assert tc.census.get("binary", 0) == held.census["binary"] - cfg.layers
+    assert [len(l.parts) for l in big if isinstance(l, GemmTcParts)] == [3] * cfg.layers
     assert all(isinstance(l, Gemv) for l in products(tc) if l.m < 16)  # the last row's logits: a GEMV
     assert "gemm_tc" not in plan(build_step(cfg, 15), knobs=replace(TC, tc_rows=1)).census  # below one mma's 16
     assert "gemm_tc" not in plan(g, knobs=replace(TC, tc_rows=32)).census
@@ -102,6 +106,26 @@ def test_prefill_under_the_knob_equals_its_twins(model):
     assert 0 < first <= BF16_TOL, first  # bf16 operands: not the f32 numbers, near them
 
 
+def test_the_glu_in_one_launch_leaves_the_tokens_and_logits():
+    """The gate and up products' GLU as one tensor-core launch (gemm_tc_glu) against the same plan with that class
+    held (gemm_tc_parts for gate and up, then Binary's gated mul): the exact twins' logits to the bit, the same
+    tokens; the fast runner's tokens too."""
+    cfg, w = bf16_model()
+    prompt = [int(t) for t in np.random.default_rng(5).integers(1, cfg.vocab, 21)]  # chunks of 16 and 5 rows
+
+    def run(held, exact):
+        fn, _ = plan_step_fn(w, "cpu", PlanOptions(knobs=TC, held=held), exact=exact)
+        return generate(cfg, w, prompt, 4, step_fn=fn, chunk=16)
+
+    assert "gemm_tc_glu" in plan(build_step(cfg, 16), knobs=TC).census
+    assert "gemm_tc_glu" not in plan(build_step(cfg, 16), knobs=TC, held=["gemv_gate_up_glu"]).census
+    fused, apart = run((), True), run(("gemv_gate_up_glu",), True)
+    assert fused.generated_ids == apart.generated_ids
+    for a, b in zip(fused.logits, apart.logits):
+        np.testing.assert_array_equal(a, b)
+    assert run((), False).generated_ids == fused.generated_ids
+
+
 @pytest.mark.slow
 def test_batch_of_16_decodes_under_the_knob():
     """A batch step of 16 sequences: its products (16 rows) on the tensor cores; the fast runner's tokens equal the
@@ -109,7 +133,8 @@ def test_batch_of_16_decodes_under_the_knob():
     cfg, w = demo_model()
     g = build_step(cfg, 1, batch=16)
     census = plan(g, knobs=TC).census
-    assert census.get("gemm_tc") == 2 * cfg.layers + 1 and census.get("gemm_tc_parts") == 2 * cfg.layers  # + logits
+    assert census.get("gemm_tc") == 2 * cfg.layers + 1 and census.get("gemm_tc_parts") == cfg.layers  # + logits
+    assert census.get("gemm_tc_glu") == cfg.layers
     rng = np.random.default_rng(4)
     prompts = [[int(t) for t in rng.integers(1, cfg.vocab, 4)] for _ in range(16)]  # one prefill plan a run
 

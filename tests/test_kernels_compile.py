@@ -391,8 +391,8 @@ def samples():
 def tensor_cores():
     """The tensor-core GEMM: bf16 rows of whole chunks (gemm_tc_cp), f32 rows into a cache row with a residual
     (gemm_tc_any); in parts, both ways; each at 64-row tiles (at most 64 rows) and 128-row ones; split along k (the
-    tail); the chunk attention on the tensor cores."""
-    from lanefuse.kernels import Dst, GemmPart, GemmTc, GemmTcParts
+    tail); the gate and up products' GLU; the chunk attention on the tensor cores."""
+    from lanefuse.kernels import Dst, GemmPart, GemmTc, GemmTcGlu, GemmTcParts
     from lanefuse.kernels.attention_tc import AttentionTc
 
     return [GemmTc("x", "w", "bf16", Dst("y"), 64, 40, 17, bias="b"),
@@ -405,6 +405,8 @@ def tensor_cores():
             # the tail: k in parts (gemm_tc_split_*), then gemm_tc_combine into a cache row with a residual
             GemmTc("x", "w", "f32", Dst("kc", row="pos", pitch=8), 130, 8, 16, add="r", bias="b", ksplit=3),
             GemmTc("x", "w", "bf16", Dst("y"), 64, 40, 130, ksplit=2),
+            # the gate and up products' GLU in one launch: bf16 rows at 128-row tiles, f32 rows at 64-row ones
+            GemmTcGlu("x", "wg", "wu", "bf16", "o", 64, 40, 130), GemmTcGlu("x", "wg", "wu", "f32", "o", 30, 40, 17),
             # the chunk attention: heads of 64 (attention_tc_64) with sinks, a window and a soft cap; of 128 gated
             AttentionTc("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 96, 20, 0.125, window=9, sinks="sk", softcap=30.0),
             AttentionTc("q", "kc", "vc", "pos", "o", 4, 4, 128, 128, 96, 20, 0.125, gate=("g", "silu"))]

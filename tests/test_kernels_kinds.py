@@ -40,6 +40,7 @@ SAMPLES: dict[str, Launch] = {
     "gemv_f32": GemvF32("x", "w", Dst("y"), 4096, 64, 1),
     "gemm_tc": GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512, bias="b"),
     "gemm_tc_parts": GemmTcParts("x", "bf16", 4096, 512, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("k"), 1024))),
+    "gemm_tc_glu": KINDS["gemm_tc_glu"]("x", "wg", "wu", "bf16", "o", 4096, 12288, 512),
     "gemv_glu": GemvGlu("x", "wg", "wu", "f16", "o", 64, 2048, 1),
     "head_gemv": HeadGemv("x", "w", "bf16", Dst("y"), 1, 16, 128, 512, rows_out=False),
     "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),
