@@ -164,7 +164,7 @@ def run_case(case, name: str | None, how: str, at: int) -> None:
 
 
 KINDS = ("norm", "rope", "rope_parts", "attention", "gemv", "gemv_glu", "gemm_parts", "fold", "head_gemv", "moe",
-         "gemm_tc", "gemm_tc_parts")
+         "gemm_tc", "gemm_tc_parts", "gemm_tc_glu")
 # kinds no plan here makes whose fast twin is other kinds' or another test's: covered there
 COMPOSED = {"norm_pair": "two Norms",
             "gemv_f32": "gemv_bind as gemv's (test_the_fast_product_equals_the_reference_product)"}
