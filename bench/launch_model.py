@@ -547,11 +547,42 @@ def tail_us(k: Kernel, cal: dict) -> float:
         k.extra["tail_rounds"] = norm_tail_rounds(k.launch.then, k.threads, k.extra.get("norm_batch", 1),
                                                   k.extra.get("norm_vbatch", 0))
         return cal["L_l2_us"] * k.extra["tail_rounds"]
-    if k.call.name.startswith("fold_parts_rope"):
-        return cal["tail_rope_us"] * max(1, math.ceil(k.extra.get("m", 1) / 4))
+    if k.call.name.startswith("fold_parts_rope"):  # each head's last block: rope_tail_rounds, a round fitted
+        hv = 1 if k.call.name.endswith("_q8") else k.extra.get("head_values", 1)
+        k.extra["tail_rounds"] = rope_tail_rounds(k.launch.then, hv)
+        per_round = cal["tail_rope_us"] / ROPE_ROUNDS_MEASURED
+        return per_round * k.extra["tail_rounds"] * max(1, math.ceil(k.extra.get("m", 1) / 4))
     if k.family == "attention" and k.extra.get("merge_rounds"):  # the last split block's merge (attention_merge)
         return cal["L_l2_us"] * k.extra["merge_rounds"]
     return 0.0
+
+
+# fold_parts_rope_4's tail as ncu measured it (tail_rope_us, kernels at 4a43cc2) was Qwen3-8B's q and k heads of 128
+# values with their norms at one value a lane a round: rope_tail_rounds of that shape, 10; a round tail_rope_us / 10
+ROPE_ROUNDS_MEASURED = 10
+
+
+def rope_tail_rounds(then, hv: int) -> int:
+    """The dependent L2 rounds of fold.cu's head epilogue (the slowest side's; a warp a row, the heads' epilogues in
+    parallel, each by the last of its blocks to arrive): the arrival (an atomic's round trip), then with a norm the
+    sum of squares' rounds (a chunk of hv values a lane a round: ceil(hd / 32hv)) and the warp sum, then the outputs'
+    (each chunk's values, partners, norm weights, cos and sin one round). 4a43cc2: hv 1 (a norm-and-rotate head of 128
+    values ten rounds); HEAD_VALUES 4 since 2026-12-05: four."""
+    from lanefuse.kernels.fold import as_rope_parts
+    from lanefuse.kernels.rope import side_shape
+
+    rp = as_rope_parts(then)
+    if rp is None:
+        return ROPE_ROUNDS_MEASURED
+    worst = 0
+    for sd in rp.sides:
+        if sd.absorb is not None:  # absorb_epilogue (a head's own product): charged as the measured tail, unmodelled
+            worst = max(worst, ROPE_ROUNDS_MEASURED)
+            continue
+        hd = side_shape(sd, rp.hd, rp.rot)[0]
+        per = math.ceil(hd / (32 * max(1, hv)))
+        worst = max(worst, 1 + ((per + 1) if sd.norm is not None else 0) + per)
+    return worst
 
 
 def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
@@ -616,9 +647,58 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
         k.regs, k.smem, k.spill = int(r["registers"]), int(r.get("smem", 0)), int(r.get("spill_stores", 0))
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
         k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
+        k.extra["head_values"] = feats["head_values"]
         structure(k, feats, pos)
         time_us(k, cal)
     return ks
+
+
+def geometries(k: Kernel, cal: dict, S: int = 132) -> list[dict]:
+    """What the model predicts for a GEMV-family launch of one or two rows at each geometry the GEMV kernels take:
+    outputs a warp (`rows_a_warp`: 1 or 4) times splits of k (`split_k`: 1-4; every block's loop over its chunk, the
+    same bytes a warp in flight, its rounds over the chunk) — the blocks a SM as ptxas gives the kernel now (every
+    GEMV kernel is bound to 3 a SM: 165-168 registers at either width). A split adds its partials (written and read
+    back: 8 bytes an output a split) and, done by the last split of each output block to arrive as the fold's
+    epilogue would be, two L2 rounds (the arrival and the partials' read) before the fold's own tail. Rows: dicts of
+    per_warp, split, blocks, waves, us; the launch's own geometry marked `now`."""
+    import copy
+
+    if k.family != "gemv" or k.extra.get("m", 1) > 2:
+        return []
+    pw, n = k.extra["per_warp"], k.extra["n"]
+    first = getattr(k.launch, "first", None)
+    split_now = int(getattr(first if first is not None and hasattr(first, "k") else k.launch, "split", 1) or 1)
+    out = []
+    for pw2 in (1, 4):
+        for split in (1, 2, 3, 4):
+            c = copy.copy(k)
+            c.extra = dict(k.extra)
+            c.call = Call(k.call.stems, k.call.name, (-(-n // (4 * pw2)), k.call.grid[1], split), k.call.block,
+                          k.call.args)
+            c.inflight_warp = k.inflight_warp / pw * pw2
+            c.rounds = max(1, math.ceil(k.rounds * split_now / split))
+            c.bytes = k.bytes + (8.0 * k.extra.get("m", 1) * n * split if split > 1 else 0.0)
+            us = time_us(c, cal, S) + (2 * cal["L_l2_us"] if split > 1 else 0.0)
+            out.append(dict(per_warp=pw2, split=split, blocks=c.blocks, waves=round(c.waves, 2), us=round(us, 1),
+                            now=(pw2 == pw and split == split_now)))
+    return out
+
+
+def print_geometries(ks: list[Kernel], cal: dict) -> None:
+    seen = set()
+    print("\nthe GEMV family's geometries as the model prices them (PREDICTED µs a launch; * the plan's own):")
+    for k in ks:
+        key = kind_of(k)
+        if key in seen or k.family != "gemv":
+            continue
+        seen.add(key)
+        rows = geometries(k, cal)
+        if not rows:
+            continue
+        best = min(rows, key=lambda r: r["us"])
+        print(f"  {key:36} " + "  ".join(f"{'*' if r['now'] else ' '}pw{r['per_warp']}/s{r['split']} {r['blocks']:5d}b "
+                                         f"{r['waves']:5.2f}w {r['us']:6.1f}" for r in rows)
+              + f"  best pw{best['per_warp']}/s{best['split']}")
 
 
 PDL_PREFETCH_ROW = 4096  # gemv_core.cu's GEMV_PREFETCH: bytes of each row a warp asks L2 for before PDL_ENTER
@@ -991,6 +1071,8 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every kernel launch, not only each kind")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--fit", action="store_true", help="refit the calibration and rewrite its file")
+    ap.add_argument("--geometry", action="store_true", help="also price every GEMV kind at the other geometries "
+                    "(outputs a warp x splits of k) the kernels take")
     ap.add_argument("--pdl", action="store_true", help="also model each plan under programmatic dependent launch "
                     f"(an assumed t0 of {T0_PDL_US} µs a launch and the GEMVs' L2 prefetch; not calibrated)")
     ap.add_argument("--fit-lane", action="store_true", help="fit the lane's per-kind costs (rules/lanes/cuda.yaml "
@@ -1053,6 +1135,8 @@ def main() -> None:
             if att:  # the first layer's attention
                 print(attention_stream(att[0], cal))
             bd = print_breakdown(ks, f"  where the predicted {tot:.0f} µs go ({name}, position {pos}, {label}):")
+            if a.geometry and rev == a.rev:
+                print_geometries(ks, cal)
             if a.all:
                 for k in ks:
                     print(f"    #{k.index:3d} {k.call.name:24} grid {k.call.grid} regs {k.regs} b/SM {k.bpsm} "

@@ -144,6 +144,24 @@ def test_predict_plans_writes_what_gpu_decode_reads(lm, demo_plan, monkeypatch, 
     assert p["us"] == pytest.approx(sum(p["launches"].values()), rel=1e-3)
 
 
+def test_rope_tail_rounds_follow_the_head_epilogue(lm):
+    """fold.cu's head epilogue in rounds: the measured shape (Qwen3-8B's normed, rotated heads of 128) at 4a43cc2's
+    value a lane a round is the ten rounds the fitted tail is spread over; the work tree's HEAD_VALUES chunk (read off
+    fold.cu) four; a head without a norm has no sum-of-squares rounds."""
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_kernels_gpu as gpu
+
+    f, _, _ = gpu._qkv(np.random.default_rng(0), "f32", 1, 64, 4, 2, 128, 128, True, 4, False, 16, 9)
+    bare, _, _ = gpu._qkv(np.random.default_rng(0), "f32", 1, 64, 4, 2, 128, 128, False, 4, False, 16, 9)
+    assert f.form()[0] == "parts_rope"
+    assert lm.features("4a43cc2")["head_values"] == 1
+    assert lm.rope_tail_rounds(f.then, 1) == lm.ROPE_ROUNDS_MEASURED == 10
+    hv = lm.features(None)["head_values"]
+    assert hv == 4 and lm.rope_tail_rounds(f.then, hv) == 4
+    assert lm.rope_tail_rounds(bare.then, 1) == 5 and lm.rope_tail_rounds(bare.then, hv) == 2
+
 
 def _qwen3_attention():
     from lanefuse.kernels.attention import Attention
