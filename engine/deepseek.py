@@ -336,7 +336,7 @@ def build_deepseek_step(cfg: DeepseekConfig, rows: int = 1, batch: int = 1) -> G
 
     g.constant(Constant("rope.cos", (L, r // 2), "values", "f32", False, "rope.cos"))
     g.constant(Constant("rope.sin", (L, r // 2), "values", "f32", False, "rope.sin"))
-    embed = w("model.embed_tokens.weight", transposed=False)
+    embed = w("model.embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
     x = g.add("gather", [embed, "token"], "x0")
     for i in range(cfg.layers):
         p = f"model.layers.{i}."

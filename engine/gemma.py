@@ -310,7 +310,7 @@ def build_gemma_step(cfg: GemmaConfig, rows: int = 1, batch: int = 1) -> Graph:
         return values(name + ONE_PLUS)
 
     p = cfg.prefix
-    embed = rows_of(p + "embed_tokens.weight", transposed=False)
+    embed = rows_of(p + "embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
     e = g.add("gather", [embed, "token"], "embed")
     x = g.add("scale", [e], "x0", factor=cfg.embed_scale)
     tables = {False: (values("rope.cos"), values("rope.sin"))}

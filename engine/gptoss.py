@@ -324,7 +324,7 @@ def build_gptoss_step(cfg: GptOssConfig, rows: int = 1, batch: int = 1) -> Graph
 
     g.constant(Constant("rope.cos", (L, cfg.rot // 2), "values", "f32", False, "rope.cos"))
     g.constant(Constant("rope.sin", (L, cfg.rot // 2), "values", "f32", False, "rope.sin"))
-    embed = w("model.embed_tokens.weight", transposed=False)
+    embed = w("model.embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
     x = g.add("gather", [embed, "token"], "x0")
     for i in range(cfg.layers):
         p = f"model.layers.{i}."

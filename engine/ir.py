@@ -284,6 +284,9 @@ class Graph:
         for n in self.io.outputs:
             if n not in defined:
                 raise UserError(f"step output `{n}` is produced by no op")
+        from lanefuse.engine.orientation import check
+
+        check(self)  # every product reads its checkpoint rows as they are stored (`transposed`)
 
     def replace_ops(self, ops: list[Op]) -> "Graph":
         return replace(self, ops=list(ops), tensors=dict(self.tensors))

@@ -205,7 +205,8 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -
     shapes = cfg.weight_names()
     g.constant(Constant("rope.cos", (L, cfg.rot // 2), "values", "f32", False, "rope.cos"))
     g.constant(Constant("rope.sin", (L, cfg.rot // 2), "values", "f32", False, "rope.sin"))
-    embed = w("model.embed_tokens.weight", shapes["model.embed_tokens.weight"], transposed=False)
+    embed = w("model.embed_tokens.weight", shapes["model.embed_tokens.weight"],
+              transposed=cfg.tie_embeddings)  # tied: its rows the head's outputs too (engine/orientation.py)
     x = g.add("gather", [embed, "token"], "x0")
     for i in range(cfg.layers):
         p = f"model.layers.{i}."

@@ -365,7 +365,7 @@ def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1, batch: int = 1) ->
     def norm_w(name: str) -> str:  # the zero-centred norm scales by 1 + w: the generated f32 constant
         return values(name + ONE_PLUS)
 
-    embed = rows_of("model.embed_tokens.weight", transposed=False)
+    embed = rows_of("model.embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
     x = g.add("gather", [embed, "token"], "x0")
     cos, sin = values("rope.cos"), values("rope.sin")
     for i in range(cfg.layers):
