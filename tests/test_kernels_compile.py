@@ -359,8 +359,8 @@ class RecordingEnv:
 
 def samples():
     from lanefuse.kernels import (Advance, ArgMax, Attention, Binary, Dst, Fold, Gather, GemmPart, GemmParts, Gemv,
-                                  GemvF32, GemvGlu, Join, Norm, Part, PreNorm, Rope, RopeParts, RopeSide, Scale,
-                                  SetRow, Slice, Softcap, SwiGlu, Unary)
+                                  GemvF32, GemvGlu, Join, Norm, Part, PreNorm, Rope, RopeParts, RopeSide, Sample,
+                                  Scale, SetRow, Slice, Softcap, SwiGlu, Unary)
 
     cache = Dst("kc", row="pos", pitch=8)
     return [
@@ -375,6 +375,8 @@ def samples():
         Scale("x", "y", 8, 0.5), Slice("x", "y", 2, 8, 2, 3), Join("a", "b", cache, 1, 2, 2, 2),
         Gather("E", "t", "o", 8, format="f16", scale=2.0), SetRow("T", "src", "pos", 8, 1, 16),
         SetRow("T", "src", 3, 8, 1, 16), ArgMax("x", "o", 100, advance=Advance("tok", "pos")), ArgMax("x", "o", 100),
+        Sample("x", "o", 100, "p", advance=Advance("tok", "pos")), Sample("x", "o", 100, "p", stats="st"),
+        Sample("x", "o", 100, "p", 3, advance=Advance("tok", "pos", batch=True)),
         GemvGlu("x", "wg", "wu", "bf16", "o", 32, 8, 1, bg="bg", per_warp=4),
         GemmParts("x", "f32", 32, 1, (GemmPart("wq", Dst("q"), 8, bias="b"), GemmPart("wk", cache, 8))),
         Fold(Gemv("x", "w", "f32", Dst("o"), 32, 8, 1), Norm("r", "w2", "y", 1, 8, 1e-6, add="o", sum="s")),

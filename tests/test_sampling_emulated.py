@@ -99,3 +99,10 @@ def test_a_batch_draws_each_row_with_its_own_pair_and_advances_each(emulated):
     launch.numpy(host)
     for name in arrays:
         np.testing.assert_array_equal(dev.host(name), host.array(name), err_msg=f"{name} on the second launch")
+
+
+def test_a_real_vocabulary(emulated):
+    """Qwen's 151936 logits (each of the block's threads a run of 149 of them): the same bits."""
+    g = np.random.default_rng(3)
+    for kind, s in (("normal", SETTINGS[4]), ("ties", SETTINGS[2]), ("peaked", SETTINGS[1])):
+        run_both(logits(kind, 151936, g), 1, s, int(g.integers(0, 2**63)), [(1, 12345)], False, emulated)
