@@ -150,12 +150,13 @@ extern "C" __global__ void __launch_bounds__(SB, 1) sample_rows(const float* x, 
         kth = want;
     }
 
-    // the weights' total, then top-p: the smallest weight u whose ascending cumulative mass passes (1 - p)·total (the
+    // top-p: over the weights' total, the smallest weight u whose ascending cumulative mass passes (1 - p)·total (the
     // tokens below it dropped, a tie group whole), a radix select over the weights' bytes with each bin's mass
-    u64 total = 0;
-    for (i64 i = threadIdx.x; i < n; i += SB) total += sp_weight(sp_score(xr[i], temp), m, kth);
-    total = sp_block_sum(total, red);
-    u64 u = 0;
+    u64 u = 0, total = 0;
+    if (top_p < 1.0f) {
+        for (i64 i = threadIdx.x; i < n; i += SB) total += sp_weight(sp_score(xr[i], temp), m, kth);
+        total = sp_block_sum(total, red);
+    }
     if (top_p < 1.0f && total > 0) {
         u64 limit = (u64)floor((double)__fsub_rn(1.0f, top_p) * (double)total);  // one double product: nothing to fuse
         if (limit >= total) limit = total - 1;

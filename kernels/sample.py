@@ -178,7 +178,9 @@ class Sample(Launch):
     census: ClassVar[str] = "sample"
     stem: ClassVar[tuple[str, ...]] = ("sample",)
     THREADS: ClassVar[int] = 1024
-    PASSES: ClassVar[int] = 14  # reads of a row: its max, 4 top-k bytes, the total, 6 top-p bytes, the kept, the draw
+    # reads of a row at most: its max, 4 top-k bytes, the total and 6 bytes for top-p, the kept, the draw (a
+    # temperature alone: 3)
+    PASSES: ClassVar[int] = 14
 
     @property
     def batch(self) -> bool:
