@@ -233,15 +233,15 @@ def llama_cpp_apart(path, prompt, n):
 # quantized form is 116 against 115, then o_proj's product 1e-3 apart and the logits 1.0e-2 from the first step) the
 # run parts by the q8 noise (tests/test_q8_real_width.py's note): its tokens are compared, its logits loosely.
 LLAMA_CPP_APART = {"iq4_nl": (
-    "an f32-ulp flip (ggml's SIMD SiLU, not matchable without restating its expf polynomial in the interpreter, the "
-    "twins and every CUDA SiLU): steps 1-3 and 5 within 7.2e-8, step 4 2.0e-3 — there layer 0's SwiGLU output, "
-    "quantized to q8_0, has block 0's max |x| 2.9348989 in lanefuse, 2.9348984 in llama.cpp (2 f32 ulps), so its "
-    "f16 scale is 0.023117 against 0.023102. One ulp is the SwiGLU itself: lanefuse's silu(gate)·up (f64, rounded "
-    "once) on llama.cpp's own gate / up gives 2.9348986, ggml's ggml_v_silu (a SIMD expf approximation, x/(1+e^-x) "
-    "in f32) 2.9348984 (32 of its 96 values an ulp apart), and that alone lands the scale on the other side; the "
-    "other ulp comes from gate / up (products summed in another order). Then 2 words of layer 1's ffn_norm, 9 of its "
-    "SwiGLU, 1 of the final norm apart (llama_cpp_dump's tensors against the reference's quantized forms, step by "
-    "step)")}
+    "an f32-ulp flip (ggml's SIMD SiLU and its products' summation order): steps 1-3 and 5 within 7.2e-8, step 4 "
+    "2.0e-3 — there layer 0's SwiGLU output, quantized to q8_0, has block 0's max |x| 2.9348989 in lanefuse, "
+    "2.9348984 in llama.cpp (2 f32 ulps), so its f16 scale is 0.023117 against 0.023102. One ulp is the SwiGLU "
+    "itself: on llama.cpp's own gate / up lanefuse's silu(gate)·up (f64, rounded once) gives 2.9348986, ggml's "
+    "ggml_v_silu (an AVX-512 expf polynomial, x/(1+e^-x) in f32; restated in numpy it equals all 1728 of llama.cpp's "
+    "SwiGLU values of this run to the bit, lanefuse's f64 one 1030) 2.9348984. The other ulp is gate / up's (their "
+    "products summed in another order): with ggml's SiLU restated in the reference interpreter the max is "
+    "2.9348986, still an ulp apart, and the flip stays. Then 2 words of layer 1's ffn_norm, 9 of its SwiGLU, 1 of "
+    "the final norm apart (llama_cpp_dump's tensors against the reference's quantized forms, step by step)")}
 LL_STEPS = 5
 LL_TOL = 1e-5  # of the logits' scale, the reference interpreter of the q8 graph against llama.cpp (measured <= 1.6e-7)
 
