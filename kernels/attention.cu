@@ -116,11 +116,12 @@ __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAX
 // barrier until the quantized form. A warp of a head: its lanes read the maxima and sums of CW splits at a time (a
 // round: 4 splits a lane), the warp's maximum (the sink in it), each split's weight exp(M_z - M) into the warp's shared
 // row, the sum (the sink in the denominator); then the values (the group's warps split them, 32 consecutive a warp a
-// step) four a lane at a time, each value's sum over the splits in the splits' order, 8 splits' loads in flight; the
+// step) MV a lane at a time, each value's sum over the splits in the splits' order, MZ splits' loads in flight; the
 // output (times act(gate)) and its quantized form, whole blocks of the block's heads. Which block arrives last does
 // not change a bit: every partial is read, in the splits' order.
 #define CW 128
-#define MV 4  // values a lane a pass
+#define MV 4   // values a lane a pass
+#define MZ 12  // splits a round: MZ x MV loads in flight a lane (16: ptxas spills at 168 registers)
 __device__ __forceinline__ void attention_merge(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
                                                 i64 splits, i64 seq0, i64 r, i64 h0, i64 cpb, const float* gate,
                                                 i64 gact, signed char* qw, signed char* ql, float* qscale,
@@ -171,27 +172,22 @@ __device__ __forceinline__ void attention_merge(const float* part, const float* 
                     __syncwarp();
                 }
                 const float* pa = pp + z0 * st + 2 + sub * 32 + lane;
-                i64 z = 0;
-                for (; z + 8 <= nz; z += 8) {
-                    float a[8][MV];
+                for (i64 z = 0; z < nz; z += MZ) {
+                    float a[MZ][MV];
 #pragma unroll
-                    for (int u = 0; u < 8; u++)
+                    for (int u = 0; u < MZ; u++)
 #pragma unroll
                         for (int e = 0; e < MV; e++) {
                             i64 i = sub * 32 + lane + 32 * wph * (g + e);
-                            a[u][e] = g + e < nvl && i < vd ? __ldcg(pa + (z + u) * st + 32 * wph * (g + e)) : 0.f;
+                            a[u][e] = z + u < nz && g + e < nvl && i < vd ?
+                                __ldcg(pa + (z + u) * st + 32 * wph * (g + e)) : 0.f;
                         }
 #pragma unroll
-                    for (int u = 0; u < 8; u++)
+                    for (int u = 0; u < MZ; u++)
+                        if (z + u < nz)
 #pragma unroll
-                        for (int e = 0; e < MV; e++) A[e] += a[u][e] * wz[z + u];
+                            for (int e = 0; e < MV; e++) A[e] += a[u][e] * wz[z + u];
                 }
-                for (; z < nz; z++)
-#pragma unroll
-                    for (int e = 0; e < MV; e++) {
-                        i64 i = sub * 32 + lane + 32 * wph * (g + e);
-                        if (g + e < nvl && i < vd) A[e] += __ldcg(pa + z * st + 32 * wph * (g + e)) * wz[z];
-                    }
             }
             if (g == 0) S = warp_sum(S) + (sinks ? expf(sinks[h] - M) : 0.f);
 #pragma unroll
