@@ -330,8 +330,10 @@ def recording_env():
 
 def counter_samples():
     """Variants keeping a counter that test_kernels_compile's samples do not reach: a fold's GEMV four outputs a warp
-    and over a quantized activation, the quantizing tails a warp an output, the delta rule's q8k tail at each width."""
-    from lanefuse.kernels import Delta, Dst, Fold, Gemv, GemvGlu, Norm
+    and over a quantized activation, the quantizing tails a warp an output, the delta rule's q8k tail at each width,
+    the split attention's merge in its kernel for heads of 256 and in the narrow kernel (heads of 32, a q8k block's 8
+    a block)."""
+    from lanefuse.kernels import Attention, Delta, Dst, Fold, Gemv, GemvGlu, Norm
 
     tail = dict(add="o", sum="s")
     return [Fold(Gemv("x", "w", "bf16", Dst("o"), 64, 64, 1, per_warp=4), Norm("r", "w2", "y", 1, 64, 1e-6, **tail)),
@@ -340,6 +342,9 @@ def counter_samples():
             Gemv("x", "w", "bf16", Dst("o"), 64, 64, 9, per_warp=1, quant="oq", quant_words=2),
             *(Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, dk, 64, 3, 0.17, 1e-6, quant="oq", words=3,
                     seqs=seqs) for dk in (64, 96, 128) for seqs in (False, True)),
+            Attention("q", "kc", "vc", "pos", "o", 4, 2, 256, 256, 16, 1, 0.06, splits=2, per_block=2),
+            Attention("q", "kc", "vc", "pos", "o", 16, 4, 32, 32, 16, 1, 0.2, splits=3, per_block=4, quant="oq",
+                      words=3),
             # a batch's entry at the narrowest width (delta_seqs_32: each row a sequence of its own, issue 40)
             Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, 32, 64, 3, 0.17, 1e-6, quant="oq", words=3,
                   seqs=True)]
