@@ -55,3 +55,20 @@ def check(g) -> None:
         why = refusal(g, op)
         if why is not None:
             raise UserError(why)
+
+
+def settle(g, unsaid) -> None:
+    """The constants `unsaid` (a step YAML's that do not say `transposed`) take the orientation their products read
+    them in: transposed where every op multiplying by them reads their rows as its outputs (a tied table, gathered
+    too, among them); as they are (not transposed) where none multiplies by them or their readers disagree (then
+    `check` names the first that cannot read them)."""
+    import dataclasses
+
+    want: dict[str, set[bool]] = {}
+    for op in g.ops:
+        w = wants(g, op)
+        if w is not None and w[0] in unsaid:
+            want.setdefault(w[0], set()).add(w[1])
+    for name, ws in want.items():
+        if ws == {True}:
+            g.constants[name] = dataclasses.replace(g.constants[name], transposed=True)

@@ -341,6 +341,7 @@ def _from_yaml(text: str, source: str) -> Graph:
     g = Graph(io=step_io, meta=meta)
 
     consts = doc.get("constants") or {}
+    unsaid = set()  # constants that do not say `transposed`: their products' orientation (engine/orientation.py)
     if not isinstance(consts, dict):
         raise UserError(f"{w.key('constants')}: `constants` must be a mapping of name -> {{shape: [...]}}")
     for name, c in consts.items():
@@ -358,6 +359,8 @@ def _from_yaml(text: str, source: str) -> Graph:
         for k in ("format", "source"):
             if k in c and not isinstance(c[k], str):
                 raise UserError(f"{at}: `{k}` must be a string, got {short(c[k])}")
+        if "transposed" not in c:
+            unsaid.add(str(name))
         try:
             g.constant(Constant(str(name), shape, c.get("kind", "rows"), str(c.get("format", "f32")),
                                 bool(c.get("transposed", False)), str(c.get("source", name))))
@@ -386,6 +389,9 @@ def _from_yaml(text: str, source: str) -> Graph:
             msg = str(e) if str(e).startswith("op `") else f"op `{op.kind}` -> `{op.out}`: {e}"
             raise UserError(f"{w.op(i)}: {msg}") from None
         g.ops.append(op)
+    from lanefuse.engine.orientation import settle
+
+    settle(g, unsaid)
     try:
         g.validate()
     except UserError as e:

@@ -137,3 +137,31 @@ def test_the_reference_and_the_plan_of_a_tied_model_agree():
     ref = evaluate(g, wt, {k: v.copy() for k, v in env.items()})
     got = NumpyRunner(plan(g), wt, exact=True).step({k: v.copy() for k, v in env.items()})
     assert np.array_equal(got["logits"], np.asarray(ref["logits"]).reshape(got["logits"].shape))
+
+
+def test_a_step_yaml_that_does_not_say_takes_its_products_orientation():
+    """A hand-written step YAML may leave `transposed` out: a constant every product reads as its outputs is
+    transposed (a tied table, gathered too), one no product multiplies by is not; one that says false is checked."""
+    base = """\
+io: {token: token, position: pos, caches: [], logits: logits, next: next}
+tensors:
+  token: i32[1]
+  pos: i32[1]
+constants:
+  emb: {shape: [7, 4]}
+  w: {shape: [4], kind: values}
+  h: {shape: [7, 4]}
+ops:
+  - {op: gather, out: x, ins: [emb, token]}
+  - {op: rmsnorm, out: n, ins: [x, w], eps: 1e-6}
+  - {op: matmul, out: logits, ins: [n, HEAD]}
+  - {op: argmax, out: next, ins: [logits]}
+"""
+    tied = from_yaml(base.replace("HEAD", "emb"), "step.yaml")
+    assert tied.constants["emb"].transposed and not tied.constants["h"].transposed
+    apart = from_yaml(base.replace("HEAD", "h"), "step.yaml")
+    assert apart.constants["h"].transposed and not apart.constants["emb"].transposed
+    assert from_yaml(to_yaml(apart), "again.yaml").constants == apart.constants
+    said = base.replace("HEAD", "h").replace("h: {shape: [7, 4]}", "h: {shape: [7, 4], transposed: false}")
+    with pytest.raises(UserError, match=r"step.yaml: op `matmul` -> `logits` reads constant `h`"):
+        from_yaml(said, "step.yaml")
