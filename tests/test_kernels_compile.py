@@ -415,7 +415,7 @@ def tensor_cores():
 
 
 def quantizing():
-    """The q8 numerics' quantizing epilogues: the attention (one split, three: the combine quantizes), the gated
+    """The q8 numerics' quantizing epilogues: the attention (one split, three: the merging block quantizes), the gated
     product (glu_act_mul_quant), the gate/up GEMV over an f32 activation (four outputs a warp) and a quantized one;
     and each writing its quantized form alone; the q8k form's Quant and products."""
     from lanefuse.kernels import (Attention, Binary, Dst, Fold, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm,
@@ -439,7 +439,7 @@ def quantizing():
             # over an f32 activation: the arrival-counted tail at 256 (gate and up over bf16 rows, down over K-quant)
             GemvGlu("x", "wg", "wu", "bf16", "o", 96, 512, 3, per_warp=4, quant="oq", quant_words=3, f32=False),
             Norm("x", "w", "y", 2, 512, 1e-6, add="a", sum="s", quant="oq", words=3),  # norm.cu's q8k epilogue
-            # the attention's q8k epilogue: heads of 128 two a block (one split) and two a combine block (three)
+            # the attention's q8k epilogue: heads of 128 two a block (one split) and two a merging block (three)
             Attention("q", "kc", "vc", "pos", "o", 4, 1, 128, 128, 16, 1, 0.3, quant="oq", words=3),
             Attention("q", "kc", "vc", "pos", "o", 8, 4, 64, 64, 16, 2, 0.3, splits=3, quant="oq", words=3),
             GemmParts("xq", "q4_k", 256, 1, (GemmPart("wq", Dst("q"), 8), GemmPart("wk", Dst("k"), 8)), words=3),

@@ -132,8 +132,8 @@ def test_per_head_product_writes_the_q8k_form():
 
 
 def test_attention_writes_the_q8k_form_by_whole_blocks_of_heads():
-    """An attention quantizing its output as q8k takes the heads of one 256-value block a kernel block at least (and
-    as many a combine block): heads of 128 two, of 64 four, of 32 eight (the narrow kernel), of 256 one, of 512 one
+    """An attention quantizing its output as q8k takes the heads of one 256-value block a kernel block at least (its
+    merge as many): heads of 128 two, of 64 four, of 32 eight (the narrow kernel), of 256 one, of 512 one
     (two blocks a head); tuned, its heads a block stay a multiple of that; refused in words: the form alone, heads of
     16, of 96, a row of no whole number of blocks. Its numpy twin's form is the interpreter's quantize of the output
     it stored, decode and a chunk."""

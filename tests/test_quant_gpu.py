@@ -192,7 +192,7 @@ def test_norm_quantizing_in_its_epilogue(rows, cols, words):
                                                       (4, 1, 256, 1, 2)])
 def test_attention_quantizing_q8k_in_its_epilogue(heads, group, d, rows, splits):
     """attention.cu's q8k epilogue (attn_output_quant over K-quant rows): a block the heads of whole 256-value blocks
-    (two heads of 128, four of 64, eight of 32 in the narrow kernel), the combine as many: the f32 output within
+    (two heads of 128, four of 64, eight of 32 in the narrow kernel), its merge as many: the f32 output within
     rounding of the twin's, the words, sums and scales those the twin makes of the values the kernel stored; tuned as
     the plan tunes it, and held `attn_splits`."""
     from lanefuse.kernels import Attention
@@ -278,7 +278,7 @@ def _form_is(dev, name: str, values: np.ndarray, words: int, what=None) -> None:
 
 @pytest.mark.parametrize("words", [1, 2])
 def test_quantizing_epilogues_equal_the_quant_kernel(words):
-    """attention.cu (one split; three, the combine quantizing; each gated by sigmoid(gate) too), binary.cu
+    """attention.cu (one split; three, the merging block quantizing; each gated by sigmoid(gate) too), binary.cu
     (glu_act_mul_quant) and gemv_glu.cu (the arrival-counted tail over an f32 activation, four outputs a warp;
     gemv_glu_q8_quant over a quantized one) on the device: the f32 result within
     rounding of the numpy twin's, and its quantized form exactly quant.cu's words and scales of the f32 values the
