@@ -48,11 +48,6 @@ extern "C" __global__ void __launch_bounds__(128)
 // form's blocks of 256 read back by the warp from the row it stored).
 #define PR 32
 
-__device__ __forceinline__ float head_value(const Dst& y, i64 at, i64 i, const float* nw, float inv) {
-    float v = __ldcg(y.y + dst_at(y, at + i));
-    return nw ? v * inv * nw[i] : v;
-}
-
 // An absorbing side (head_gemv.cu's arithmetic over one head): head h of rows r0..r0+nr-1 (its hd raw values a row
 // in y) times the head's own matrix, b outputs a head written through the side's Dst. rows_out: W (heads*b, hd), a
 // warp an output, its lanes along the row; else W (heads*hd, b), the lanes along 32 outputs, a row of W a step.
@@ -121,15 +116,24 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
             inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
         }
         for (i64 c0 = 0; c0 < hd; c0 += 32 * HV) {
-            float v[HV], u[HV], cs[HV], sn[HV];  // a value, its partner, cos, sin
+            // every load of the chunk first (a value, its partner, their norm weights, cos, sin), then the arithmetic:
+            // a value's product placed after its own load held the next value's loads back (the SASS)
+            float v[HV], u[HV], wv[HV], wu[HV], cs[HV], sn[HV];
 #pragma unroll
             for (int j = 0; j < HV; j++) {
                 i64 i = c0 + lane + 32 * j, q = i < half ? i : i - half;  // q: the pair's place in the tables
+                i64 pi = i < half ? i + half : i - half;  // the partner
                 bool in = i < hd, turn = in && i < rot;
-                v[j] = in ? head_value(y, at, i, nw, inv) : 0.f;
-                u[j] = turn ? head_value(y, at, i < half ? i + half : i - half, nw, inv) : 0.f;
+                v[j] = in ? __ldcg(y.y + dst_at(y, at + i)) : 0.f;
+                u[j] = turn ? __ldcg(y.y + dst_at(y, at + pi)) : 0.f;
+                wv[j] = nw && in ? nw[i] : 0.f;
+                wu[j] = nw && turn ? nw[pi] : 0.f;
                 cs[j] = turn ? cos[p * half + q] : 0.f;
                 sn[j] = turn ? sin[p * half + q] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < HV; j++) {  // a normed value: v * inv * nw[i]
+                if (nw) v[j] = v[j] * inv * wv[j], u[j] = u[j] * inv * wu[j];
             }
 #pragma unroll
             for (int j = 0; j < HV; j++) {
