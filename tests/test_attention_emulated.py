@@ -221,13 +221,13 @@ FULL = bool(flags.read("LANEFUSE_EMU_FULL"))
 def _gpu_cases():
     import test_gdn_kernels as gdn
     import test_gemma_gpu as gemma
-    from test_kernels_emulated import _cases
+    from parametrized import cases
 
     out = []
     for mod, name in ((gpu, "test_attention"), (gpu, "test_split_attention"), (gemma, "test_attention_soft_cap"),
                       (gdn, "test_gpu_gated_attention")):
         fn = getattr(mod, name, None)
-        for kw in _cases(fn) if fn else []:
+        for kw in cases(fn) if fn else []:
             out.append(pytest.param(mod, name, kw, id=f"{name}[{'-'.join(map(str, kw.values()))}]"))
     return out
 
