@@ -81,6 +81,53 @@ def test_a_draw_depends_on_seed_sequence_and_index_only():
     assert Sampling().greedy and Sampling().pick(logits) == int(np.argmax(logits))
 
 
+def test_the_launchs_exp_is_within_two_ulps():
+    """sp_exp (sample.cu's own exp, f32 operations one at a time) against float64's exp over [-28, 0]: within 2 ulps
+    (2^-22 relative), e^0 exactly 1, 0 below -28 and for -inf."""
+    from lanefuse.kernels.sample import sp_exp
+
+    d = np.concatenate([np.linspace(-28, 0, 200_001, dtype=np.float32), np.float32([-1e-30, -0.0, 0.0])])
+    got = sp_exp(d).astype(np.float64)
+    want = np.exp(d.astype(np.float64))
+    assert np.max(np.abs(got - want) / want) < 2.0 ** -22
+    assert sp_exp(np.float32([0.0]))[0] == 1.0
+    assert not sp_exp(np.float32([-28.01, -np.inf, -1e30])).any()
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2**32), st.sampled_from([0.3, 1.0, 2.5]), st.integers(0, 40),
+       st.sampled_from([1.0, 0.99, 0.5, 1e-3]), st.sampled_from([0.0, 0.01, 0.5, 1.0]), st.integers(0, 3))
+def test_the_draw_keeps_its_promises(n, seed, temp, top_k, top_p, min_p, ties):
+    """On any logits (some tied, some -inf): the drawn token is kept; the arg-max is always kept; top-k keeps every
+    token tied with the k-th score and none below it; a larger top-p or a smaller min-p never keeps fewer; the token
+    is the first whose cumulative kept weight passes bits·total / 2^64 (the inverse of the cumulative, in id order)."""
+    from lanefuse.kernels.sample import draw, keys, scores
+
+    g = np.random.default_rng(seed)
+    x = (g.standard_normal(n) * 3).astype(np.float32)
+    if ties:
+        x = np.round(x * ties) / ties  # a few values shared by many tokens
+    x[g.random(n) < 0.2] = -np.inf
+    d = draw(x, temp, top_k, top_p, min_p, seed, 1, seed % 1000)
+    s = scores(x, temp)
+    if np.isfinite(s).any():
+        assert d.kept[d.token] and d.kept[int(np.argmax(s))]
+        if 0 < top_k < n:
+            kth = np.sort(s)[n - top_k]
+            assert not d.kept[s < kth].any()
+        wider = draw(x, temp, top_k, min(1.0, top_p * 2), min_p / 2, seed, 1, seed % 1000)
+        assert (wider.kept | ~d.kept).all()  # every token kept here is kept there
+        cum = np.cumsum(d.weights.astype(object))
+        target = (d.bits * d.total) >> 64
+        assert d.token == next(i for i, c in enumerate(cum) if c > target)
+    else:
+        assert d.token == 0 and not d.kept.any()
+    assert keys(s).dtype == np.uint32
+
+
 @pytest.mark.parametrize("bad", [dict(temp=-1.0), dict(temp=float("nan")), dict(temp=1.0, top_p=0.0),
                                  dict(temp=1.0, top_p=1.5), dict(temp=1.0, min_p=2.0), dict(temp=1.0, top_k=-2),
                                  dict(temp=1.0, seed=-1)])
