@@ -51,6 +51,7 @@ SAMPLES: dict[str, Launch] = {
                                                                     into=Dst("lc", row="pos", pitch=512))),
     "quant": Quant("x", "xq", 64),
     "rope": Rope("x", "cos", "sin", "pos", Dst("y"), 1, 4, 16, 16),
+    "sample": KINDS["sample"]("x", "o", 151936, "p", advance=Advance("tok", "pos")),
     "rope_parts": RopeParts((RopeSide("q", Dst("qr"), 4), RopeSide("k", Dst("kc", row="pos", pitch=16), 1)),
                             "cos", "sin", "pos", 1, 16, 16),
     "scale": Scale("x", "y", 64, 0.5),
@@ -103,7 +104,8 @@ def test_refusals_are_values_in_the_users_words():
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", routing="sigmoid_group", groups=3),
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", groups=2, topk_groups=1),
                Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", format_d="q8_0"),  # 37 in blocks
-               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", sg="sg")]
+               Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 37, 8, 2, 1, "bf16", sg="sg"),
+               KINDS["sample"]("x", "o", 100, "p", 2, advance=Advance("tok", "pos"))]  # two rows of one sequence
     for l in refused:
         why = l.check()
         assert isinstance(why, Refusal) and why.where == "" and str(why) == why.reason, (l.census, why)
