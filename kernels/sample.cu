@@ -126,10 +126,20 @@ extern "C" __global__ void __launch_bounds__(SB, 1) sample_rows(const float* x, 
         for (int sh = 24; sh >= 0; sh -= 8) {
             for (int b = threadIdx.x; b < 256; b += SB) hist[b] = 0;
             __syncthreads();
+            u64 acc = 0;  // a run of one bin counted in a register, added once (most keys share the top byte)
+            int cur = 0;
             for (i64 i = threadIdx.x; i < n; i += SB) {
                 unsigned k = sp_key(sp_score(xr[i], temp));
-                if ((k & mask) == want) atomicAdd(hist + ((k >> sh) & 255u), 1ull);
+                if ((k & mask) != want) continue;
+                int b = (int)((k >> sh) & 255u);
+                if (b != cur && acc) {
+                    atomicAdd(hist + cur, acc);
+                    acc = 0;
+                }
+                cur = b;
+                acc += 1ull;
             }
+            if (acc) atomicAdd(hist + cur, acc);
             __syncthreads();
             if (threadIdx.x == 0) {
                 u64 acc = 0;
@@ -164,10 +174,20 @@ extern "C" __global__ void __launch_bounds__(SB, 1) sample_rows(const float* x, 
         for (int sh = 40; sh >= 0; sh -= 8) {
             for (int b = threadIdx.x; b < 256; b += SB) hist[b] = 0;
             __syncthreads();
+            u64 acc = 0;  // as above: a run of one bin's mass in a register
+            int cur = 0;
             for (i64 i = threadIdx.x; i < n; i += SB) {
                 u64 w = sp_weight(sp_score(xr[i], temp), m, kth);
-                if ((w & mask) == want) atomicAdd(hist + ((w >> sh) & 255ull), w);
+                if ((w & mask) != want) continue;
+                int b = (int)((w >> sh) & 255ull);
+                if (b != cur && acc) {
+                    atomicAdd(hist + cur, acc);
+                    acc = 0;
+                }
+                cur = b;
+                acc += w;
             }
+            if (acc) atomicAdd(hist + cur, acc);
             __syncthreads();
             if (threadIdx.x == 0) {
                 u64 acc = below;
