@@ -248,7 +248,8 @@ def test_fold_products_then_head_epilogue_staged(fmt, m, pw):
 
 @pytest.mark.parametrize("fmt", ["f32", "f16", "bf16", "q8_0"])
 @pytest.mark.parametrize("m", [1, 2, 5])
-@pytest.mark.parametrize("heads,kv,hd,rot", [(4, 2, 16, 16), (5, 1, 12, 8), (2, 1, 64, 32)])
+# (heads of 160: fold.cu's head epilogue in two chunks of HEAD_VALUES x 32, the second a part one)
+@pytest.mark.parametrize("heads,kv,hd,rot", [(4, 2, 16, 16), (5, 1, 12, 8), (2, 1, 64, 32), (1, 1, 160, 96)])
 @pytest.mark.parametrize("norm,pw,bias", [(True, 1, False), (False, 4, True)])
 def test_fold_products_then_head_epilogue(fmt, m, heads, kv, hd, rot, norm, pw, bias):
     g = np.random.default_rng(m * hd + heads + pw)
