@@ -21,7 +21,7 @@
 // The threads of a block whose warps each take NJ fragments of 8 outputs (two warps down the tile's rows).
 #define tc_threads(NJ) (2 * (TC_BN / (8 * (NJ))) * 32)
 
-// emu: begin tc_ptx (tests/cuda_host/emu.h defines these five for the host emulator, lane by lane)
+// emu: begin tc_ptx (tests/cuda_host/emu.h defines these for the host emulator, lane by lane)
 __device__ __forceinline__ unsigned tc_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 // 16 bytes global -> shared, asynchronously; `bytes` (16 or 0) read, the rest of the 16 zero-filled.
 __device__ __forceinline__ void tc_cp16(void* s, const void* g, int bytes) {
