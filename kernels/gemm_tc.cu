@@ -286,32 +286,34 @@ __device__ __forceinline__ void gemm_tc_body(const unsigned char* xb, const void
     }
 }
 
-#define GEMM_TC_KERNEL(NAME, CP, MI, NJ)                                                                          \
-    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const void* w, i64 fmt, \
-                                                                  const float* bias, const float* add,           \
-                                                                  DST_PARAMS(y), i64 k, i64 n, i64 m) {          \
-        PDL_ENTER();                                                                                              \
-        gemm_tc_body<CP, MI, NJ>(xb, w, (int)fmt, bias, add, DST(y), k, n, m, blockIdx.x);                            \
+#define GEMM_TC_KERNEL(NAME, CP, MI, NJ, THREADS)                                                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt,        \
+                                                                  const float* bias, const float* add,                 \
+                                                                  DST_PARAMS(y), i64 k, i64 n, i64 m) {                \
+        PDL_ENTER();                                                                                                   \
+        static_assert(tc_threads(NJ) == THREADS, "a block's threads are its warps'");                                  \
+        gemm_tc_body<CP, MI, NJ>(xb, w, (int)fmt, bias, add, DST(y), k, n, m, blockIdx.x);                             \
     }
-GEMM_TC_KERNEL(gemm_tc_cp, true, 4, 8)  // four warps of 64 x 64
-GEMM_TC_KERNEL(gemm_tc_any, false, 4, 4)
-GEMM_TC_KERNEL(gemm_tc_cp_64, true, 2, 4)  // products of at most 64 rows (batches): tiles of 64 rows
-GEMM_TC_KERNEL(gemm_tc_any_64, false, 2, 4)
+GEMM_TC_KERNEL(gemm_tc_cp, true, 4, 8, 128)  // four warps of 64 x 64
+GEMM_TC_KERNEL(gemm_tc_any, false, 4, 4, 256)
+GEMM_TC_KERNEL(gemm_tc_cp_64, true, 2, 4, 256)  // products of at most 64 rows (batches): tiles of 64 rows
+GEMM_TC_KERNEL(gemm_tc_any_64, false, 2, 4, 256)
 
 // The `tail` split along k (seed 000): a product whose tiles fill less than one wave of the SMs runs each tile as
 // ksplit blocks (grid z), block z the k steps [z·per, (z + 1)·per) (per = ceil(steps / ksplit)), its f32 sums into
 // part (ksplit, m, n); gemm_tc_combine then adds the parts in order z = 0, 1, ... (the same bits every launch), the
 // bias and the added rows, into y.
-#define GEMM_TC_SPLIT_KERNEL(NAME, CP, MI, NJ)                                                                    \
-    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const void* w, i64 fmt, \
-                                                                  float* part, i64 ksplit, i64 k, i64 n, i64 m) { \
-        PDL_ENTER();                                                                                              \
-        gemm_tc_body<CP, MI, NJ>(xb, w, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, ksplit, part);       \
+#define GEMM_TC_SPLIT_KERNEL(NAME, CP, MI, NJ, THREADS)                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const unsigned char* xb, const void* w, i64 fmt,        \
+                                                                  float* part, i64 ksplit, i64 k, i64 n, i64 m) {      \
+        PDL_ENTER();                                                                                                   \
+        static_assert(tc_threads(NJ) == THREADS, "a block's threads are its warps'");                                  \
+        gemm_tc_body<CP, MI, NJ>(xb, w, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, ksplit, part);         \
     }
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp, true, 4, 8)
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any, false, 4, 4)
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp_64, true, 2, 4)
-GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any_64, false, 2, 4)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp, true, 4, 8, 128)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any, false, 4, 4, 256)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_cp_64, true, 2, 4, 256)
+GEMM_TC_SPLIT_KERNEL(gemm_tc_split_any_64, false, 2, 4, 256)
 
 extern "C" __global__ void gemm_tc_combine(const float* part, i64 ksplit, const float* bias, const float* add,
                                            DST_PARAMS(y), i64 n, i64 m) {
@@ -330,33 +332,35 @@ extern "C" __global__ void gemm_tc_combine(const float* part, i64 ksplit, const 
 // gemm_parts.cu's: its weight, bias (0: none), outputs n, first tile of outputs, Dst) takes the tiles from its first,
 // ceil(n / TC_BN) of them; x rounded once for all.
 #define TC_GP 11
-#define GEMM_TC_PARTS_KERNEL(NAME, CP, MI, NJ)                                                                    \
-    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const i64* t,         \
-                                                                  i64 nparts, i64 fmt, i64 k, i64 m) {           \
-        PDL_ENTER();                                                                                              \
-        int p = 0;                                                                                                \
-        while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * TC_GP + 3]) p++;                                  \
-        const i64* d = t + p * TC_GP;                                                                             \
-        gemm_tc_body<CP, MI, NJ>(xb, (const void*)d[0], (int)fmt, (const float*)d[1], nullptr, dst_from(d + 4), k,   \
-                             d[2], m, (i64)blockIdx.x - d[3]);                                                    \
+#define GEMM_TC_PARTS_KERNEL(NAME, CP, MI, NJ, THREADS)                                                                \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const unsigned char* xb, const i64* t,                  \
+                                                                  i64 nparts, i64 fmt, i64 k, i64 m) {                 \
+        PDL_ENTER();                                                                                                   \
+        int p = 0;                                                                                                     \
+        while (p + 1 < nparts && (i64)blockIdx.x >= t[(p + 1) * TC_GP + 3]) p++;                                       \
+        const i64* d = t + p * TC_GP;                                                                                  \
+        static_assert(tc_threads(NJ) == THREADS, "a block's threads are its warps'");                                  \
+        gemm_tc_body<CP, MI, NJ>(xb, (const void*)d[0], (int)fmt, (const float*)d[1], nullptr, dst_from(d + 4), k,     \
+                             d[2], m, (i64)blockIdx.x - d[3]);                                                         \
     }
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true, 4, 8)
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false, 4, 4)
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp_64, true, 2, 4)
-GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any_64, false, 2, 4)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp, true, 4, 8, 128)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any, false, 4, 4, 256)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_cp_64, true, 2, 4, 256)
+GEMM_TC_PARTS_KERNEL(gemm_tc_parts_any_64, false, 2, 4, 256)
 
 // The gate and up products of one activation and their GLU (rules/lanes/cuda.yaml gemv_gate_up_glu on the tensor
 // cores): out (m, n) = (x · wuᵀ) · act(x · wgᵀ), each product as gemm_tc's (bf16 operands, f32 sums), a block 64
 // outputs of both (tc_wrow), ceil(n / 64) blocks across; the two (m, n) products never leave the registers.
-#define GEMM_TC_GLU_KERNEL(NAME, CP, MI, NJ)                                                                      \
-    extern "C" __global__ void __launch_bounds__(tc_threads(NJ)) NAME(const unsigned char* xb, const void* wg,   \
-                                                                      const void* wu, i64 fmt, i64 gact,        \
-                                                                      float* out, i64 k, i64 n, i64 m) {       \
-        PDL_ENTER();                                                                                              \
-        gemm_tc_body<CP, MI, NJ, true>(xb, wg, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, 1,         \
-                                       nullptr, wu, (int)gact, out);                                              \
+#define GEMM_TC_GLU_KERNEL(NAME, CP, MI, NJ, THREADS)                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME(const unsigned char* xb, const void* wg,                \
+                                                                      const void* wu, i64 fmt, i64 gact,               \
+                                                                      float* out, i64 k, i64 n, i64 m) {               \
+        PDL_ENTER();                                                                                                   \
+        static_assert(tc_threads(NJ) == THREADS, "a block's threads are its warps'");                                  \
+        gemm_tc_body<CP, MI, NJ, true>(xb, wg, (int)fmt, nullptr, nullptr, Dst{}, k, n, m, blockIdx.x, 1,              \
+                                       nullptr, wu, (int)gact, out);                                                   \
     }
-GEMM_TC_GLU_KERNEL(gemm_tc_glu_cp, true, 4, 8)
-GEMM_TC_GLU_KERNEL(gemm_tc_glu_any, false, 4, 4)
-GEMM_TC_GLU_KERNEL(gemm_tc_glu_cp_64, true, 2, 4)
-GEMM_TC_GLU_KERNEL(gemm_tc_glu_any_64, false, 2, 4)
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_cp, true, 4, 8, 128)
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_any, false, 4, 4, 256)
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_cp_64, true, 2, 4, 256)
+GEMM_TC_GLU_KERNEL(gemm_tc_glu_any_64, false, 2, 4, 256)
