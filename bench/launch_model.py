@@ -269,7 +269,8 @@ def features(rev: str | None) -> dict:
     staged: gemv_tile_staged's blocks a row a stage (STAGE_BLOCKS; 0: no staged tile): q8_0 / q4_0 rows of whole
     16-byte words read as 16-byte loads through shared memory; q4k_wide: gemv_tile_q4_k's 16-byte loads (Q4K_STEPS:
     one step of four super-blocks in flight at four rows a warp, four at one); staged_k: {format: super-blocks a row
-    a stage} of the k-quants staged as q8_0 is (Q4K_STAGE, Q6K_STAGE; none before); head_values: fold.cu's head
+    a stage} of the k-quants staged as q8_0 is (Q4K_STAGE, Q6K_STAGE; none before) and q4_0's own stage where it has
+    one (Q40_STAGE; before, STAGE_BLOCKS as q8_0's); head_values: fold.cu's head
     epilogue's values a lane a round of loads in the kernels over an f32 x (HEAD_VALUES; before it, 1)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
     hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("fold.cu", rev))
@@ -293,7 +294,7 @@ def features(rev: str | None) -> dict:
         staged=int(m.group(1)) if (m := re.search(r"#define STAGE_BLOCKS (\d+)", core)) else 0,
         q4k_wide="Q4K_STEPS" in core,
         head_values=int(hv.group(1)) if hv else 1,
-        staged_k={f: int(m.group(1)) for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"))
+        staged_k={f: int(m.group(1)) for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"), ("q4_0", "Q40_STAGE"))
                   if (m := re.search(rf"#define {d} (\d+)", core))})
 
 
@@ -488,6 +489,7 @@ def merge_rounds(splits: int, vd: int, cpb: int, cw: int, mv: int, quant: bool, 
     passes = math.ceil(math.ceil(vd / (32 * wph)) / mv)
     head = 1 + (len(chunks) - 1) * (1 + passes) + passes * sum(math.ceil(nz / mz) for nz in chunks)
     return float(1 + turns * head + (1 if quant else 0))
+
 
 def combine_rounds(splits: int, vd: int, threads: int, cpb: int, cw: int) -> float:
     """attention_combine's dependent L2 rounds (the partials just written: L2), a block's heads one after another.

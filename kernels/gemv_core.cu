@@ -215,13 +215,15 @@ __device__ __forceinline__ void gemv_tile_b32(const float* __restrict__ x, const
 // lane: 320 bytes a lane in flight at four rows a warp), stores them in its own slice of shared memory, and then each
 // lane takes whole 32-value pieces from there (a q8_0 / q4_0 block, a q4_k / q6_k sub-block), each value decoded to
 // the bits the format's other tiles give, the eight values 8h.. against x as float4 (dot8_rows). A format's stage:
-//   q8_0 / q4_0: STAGE_BLOCKS blocks (k a multiple of 256: a run of 8 blocks is 272 or 144 bytes, whole words);
+//   q8_0: STAGE_BLOCKS blocks, q4_0: Q40_STAGE (k a multiple of 256: a run of 8 blocks is 272 or 144 bytes, whole
+//   words; q4_0's 18-byte blocks twice as many a stage, the same words in flight as q8_0's);
 //   q4_k: Q4K_STAGE super-blocks of 144 bytes (nine words each: any row of whole super-blocks);
 //   q6_k: Q6K_STAGE super-blocks of 210 bytes (k and the chunk's ends multiples of 2048: a run of 8 is 105 words).
 #define STAGE_BLOCKS 64
+#define Q40_STAGE 128
 #define Q4K_STAGE 16
 #define Q6K_STAGE 8
-#define STAGE_WORDS 144  // 16-byte words a row a stage at the widest (q4_k's 16 super-blocks; q8_0 136, q6_k 105)
+#define STAGE_WORDS 144  // 16-byte words a row a stage at the widest (q4_k's 16 super-blocks, q4_0's 128 blocks; q8_0 136, q6_k 105)
 
 // The one staging buffer of a kernel (a template's __shared__ would be one a format): WARPS warps x 4 rows x
 // STAGE_WORDS words, 36,864 bytes.
@@ -250,7 +252,7 @@ __device__ __forceinline__ void staged_block(const uint4* row, int c, float& d, 
 // (eighth: values 8h..8h+7).
 template <class B>
 struct Staged32 {  // q8_0 / q4_0: a piece a block
-    static constexpr int BYTES = B::BYTES, VALS = 32, STAGE = STAGE_BLOCKS;
+    static constexpr int BYTES = B::BYTES, VALS = 32, STAGE = B::BYTES == 18 ? Q40_STAGE : STAGE_BLOCKS;
     struct Piece {
         float d;
         unsigned q[B::QW];

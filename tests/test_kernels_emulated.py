@@ -119,9 +119,10 @@ def test_gemv_block_rows(fmt, k, m, per_warp, split):
 # q4_k (stages of 16 super-blocks): one super-block (256), a partial stage (2304: 9), a full and a partial (5120:
 # 16 + 4), split-K staged (4096 / 2: 8 a chunk; 2304 / 3: 3 a chunk). q6_k (stages of 8 super-blocks, k and the chunk's
 # ends multiples of 2048): one stage (2048), two (4096), split-K staged (4096 / 2, 6144 / 3) or not (2304 / 3 and 2304:
-# rows 2 bytes off a word, gemv_tile_q6_k).
+# rows 2 bytes off a word, gemv_tile_q6_k). q4_0's stages are of 128 blocks (Q40_STAGE): a partial one (2304: 72), one
+# full (4096), a full and a partial (4352: 128 + 8), two full (8192) and split-K staged at 8192 / 2 (a stage a chunk).
 STAGED_K = {"q8_0": [(256, 1), (2304, 1), (4096, 1), (4096, 2), (2304, 3)],
-            "q4_0": [(256, 1), (2304, 1), (4096, 1), (4096, 2), (2304, 3)],
+            "q4_0": [(256, 1), (2304, 1), (4096, 1), (4352, 1), (8192, 1), (8192, 2), (4096, 2), (2304, 3)],
             "q4_k": [(256, 1), (2304, 1), (5120, 1), (4096, 2), (2304, 3)],
             "q6_k": [(2048, 1), (4096, 1), (4096, 2), (6144, 3), (2304, 3), (2304, 1)]}
 
@@ -138,9 +139,9 @@ def test_gemv_staged_rows(fmt, k, split, m, per_warp):
     again_same(launch, dev, ["y"])
 
 
-# (the last four through gemv_tile_staged)
+# (the last five through gemv_tile_staged; q4_0 at 4352 across its 128-block stage)
 @pytest.mark.parametrize("fmt,k", [("q8_0", 352), ("q4_0", 352), ("q6_k", 512), ("mxfp4", 96),
-                                   ("q8_0", 2304), ("q4_0", 2304), ("q4_k", 1280), ("q6_k", 2048)])
+                                   ("q8_0", 2304), ("q4_0", 2304), ("q4_0", 4352), ("q4_k", 1280), ("q6_k", 2048)])
 @pytest.mark.parametrize("per_warp", [1, 4])
 def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
     """x one-hot (two rows, two positions): each output is one decoded value times 1 plus zeros, so the kernel's
