@@ -184,7 +184,28 @@ GRAPHS = {
     "qwen3next_q8_shared": lambda: qwen3next_q8_shared(),
     "deepseek": lambda: build_step(deepseek()),
     "deepseek_no_q_lora": lambda: build_step(deepseek(q_lora_rank=None, num_hidden_layers=1)),
+    # rank 0's step of two (issue 38): its all-reduces before the residual adds (all_reduce_add_norm), run by `run`
+    # with a communicator whose other rank mirrors this one
+    "qwen3_rank0of2": lambda: rank_step(cfg("Qwen3ForCausalLM", qk_norm=True), 0, 2),
 }
+
+
+def rank_step(c, rank, ranks):
+    from lanefuse.engine.parallel import build_rank_step
+
+    return build_rank_step(c, rank, ranks)
+
+
+class MirrorComm:
+    """A communicator of `ranks` ranks whose other ranks hold this rank's values (each collective's payload `ranks`
+    times): not a real run's numbers, but the same function for a rank's graph and its fused plan — what a rule's
+    soundness asks."""
+
+    def __init__(self, ranks: int):
+        self.rank, self.ranks = 0, ranks
+
+    def exchange(self, kind, x):
+        return [x] * self.ranks
 
 
 def in_blocks(c, fmt="q8_0", skip=()):
@@ -275,7 +296,8 @@ def run(g: Graph, seed: int = 5) -> dict[str, np.ndarray]:
     env = {"token": rng.integers(0, 40, rows).astype(np.int32), "pos": np.array([4], np.int32)}
     for t in g.io.tables:
         env[t] = rng.standard_normal(g.tensors[t].shape).astype(np.float32)
-    vals = evaluate(g, random_weights(g, seed), env)
+    ranks = int(g.meta.get("ranks") or 1)
+    vals = evaluate(g, random_weights(g, seed), env, comm=MirrorComm(ranks) if ranks > 1 else None)
     return {k: vals[k] for k in list(g.io.outputs) + list(g.io.tables)}
 
 

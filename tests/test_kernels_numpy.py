@@ -701,8 +701,10 @@ def test_registry_names_every_kind_once():
 
 def test_scratch_and_costs():
     a = Attention("q", "k", "v", "pos", "o", 8, 2, 64, 64, 128, 1, 0.125, splits=4)
-    (s,) = a.scratch()
+    s, c = a.scratch()  # the splits' partials, and the arrival counters the last split block of a row's heads reads
     assert s.tag == "partials" and s.nbytes == 4 * 8 * 4 * 66 and not s.counter
+    assert c.tag == "arrivals" and c.counter and c.nbytes == 4 * (8 // a.heads_a_block)
+    assert Attention("q", "k", "v", "pos", "o", 8, 2, 64, 64, 128, 1, 0.125, splits=1).scratch() == ()
     assert a.bytes() > 0 and a.flops() > 0
     gm = Gemv("x", "w", "bf16", Dst("y"), 4096, 1024, 1)
     assert gm.bytes() == 2 * 4096 * 1024 + 4 * 4096 + 4 * 1024 and gm.flops() == 2 * 4096 * 1024

@@ -71,17 +71,18 @@ def test_the_calibration_is_data(lm):
 @pytest.mark.parametrize("fmt,k,split,staged", [("q4_k", 4096, 1, 16 * 144), ("q4_k", 2304, 1, 9 * 144),
                                                   ("q4_k", 4096, 2, 16 * 144), ("q6_k", 12288, 1, 8 * 210),
                                                   ("q6_k", 4096, 2, 8 * 210), ("q6_k", 2304, 1, 0),
-                                                  ("q6_k", 4096, 4, 0), ("q8_0", 4096, 1, 64 * 34)])
+                                                  ("q6_k", 4096, 4, 0), ("q8_0", 4096, 1, 64 * 34),
+                                                  ("q4_0", 4096, 1, 128 * 18), ("q4_0", 2304, 1, 72 * 18)])
 def test_staged_tiles_are_read_off_gemv_core(lm, fmt, k, split, staged):
-    """gemv_tile_staged's stages as gemv_core.cu defines them (STAGE_BLOCKS, Q4K_STAGE, Q6K_STAGE: none of the
-    k-quants' before 2026-12-05): a warp's rows in flight a stage each; q6_k rows only where k and the chunk's ends are
+    """gemv_tile_staged's stages as gemv_core.cu defines them (STAGE_BLOCKS, Q4K_STAGE, Q6K_STAGE, Q40_STAGE: none of
+    the k-quants' before 2026-12-05, q4_0's as q8_0's before b142039): a warp's rows in flight a stage each; q6_k rows only where k and the chunk's ends are
     whole runs of 8 super-blocks (2048 values), else its two-byte tile."""
     import re
 
     core = lm.gemv_core_source(None)
     feats = lm.features(None)
     assert feats["staged_k"] == {f: int(re.search(rf"#define {d} (\d+)", core).group(1))
-                                 for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"))}
+                                 for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"), ("q4_0", "Q40_STAGE"))}
     assert lm.features("4a43cc2")["staged_k"] == {}
     from lanefuse.kernels import Dst, Gemv
 
