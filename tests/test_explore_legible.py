@@ -214,3 +214,43 @@ def test_a_fold_opens_on_a_click_and_folds_back(browser, served):
     assert sorted(n.get_attribute("data-tensor") for n in pg.locator("#graph .node").all()) == every
     assert log == [], log
     pg.close()
+
+
+# every edge's points (every 3 px of its path) that fall inside a node's text: none may (issue 37 item 3, "edges
+# cross labels"); an edge's own two nodes are skipped only at its ends (its first and last 4 px)
+EDGES_OVER_TEXT = """() => {
+  const boxes = [...document.querySelectorAll('#graph .node')].flatMap((n) =>
+    [...n.querySelectorAll('text')].filter((t) => t.textContent).map((t) => ({ id: n.dataset.tensor, b: t.getBBox(), m: t.getCTM() })));
+  const bad = [];
+  for (const e of document.querySelectorAll('#graph path.edge')) {
+    const len = e.getTotalLength(), m = e.getCTM();
+    for (let at = 4; at < len - 4; at += 3) {
+      const p = e.getPointAtLength(at).matrixTransform(m);
+      for (const { id, b, m: tm } of boxes) {
+        const q = new DOMPoint(p.x, p.y).matrixTransform(tm.inverse());
+        if (q.x > b.x + 1 && q.x < b.x + b.width - 1 && q.y > b.y + 1 && q.y < b.y + b.height - 1) { bad.push(id); break; }
+      }
+    }
+  }
+  return [...new Set(bad)];
+}"""
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "every-op"])
+def test_no_edge_crosses_a_nodes_text(browser, served, fold):
+    ex, url = served
+    pg = browser.new_page(viewport={"width": 1400, "height": 900})
+    log: list[str] = []
+    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    pg.goto(url)
+    pg.wait_for_selector("#graph .node")
+    if not fold:
+        pg.locator("#fold-auto").uncheck()
+        pg.wait_for_selector("#graph .node.folded", state="detached")
+    for layer in (0, ex.layers - 1):
+        pg.select_option("#layer", str(layer))
+        pg.wait_for_selector(f"#graph-title:has-text('L{layer}:')")
+        assert pg.locator("#graph path.edge").count() > 5
+        assert pg.evaluate(EDGES_OVER_TEXT) == [], (layer, fold)
+    assert log == [], log
+    pg.close()

@@ -615,17 +615,15 @@ function renderGraph() {
   // edges
   const hot = new Set();
   const focus = S.hover || S.sel;
-  const edgeEls = [];
+  const edgeEls = [], lanes = { l: 0, r: 0 };
   for (const [a, b] of L.edges) {
     const na = L.nodes.get(a), nb = L.nodes.get(b);
     const ga = nodeGroup(na), gb = nodeGroup(nb);
     const fused = ga && gb && ga === gb;
-    const x1 = na.x, y1 = na.y + na.h / 2, x2 = nb.x, y2 = nb.y - nb.h / 2 - 1;
-    const dy = Math.max(18, (y2 - y1) * 0.5);
     const isHot = focus && (a === focus || b === focus);
     if (isHot) { hot.add(a); hot.add(b); }
     const cls = ["edge", fused ? "fused" : "", isHot ? "hot" : ""].join(" ");
-    const e = s("path", { class: cls, d: `M${x1},${y1} C${x1},${y1 + dy} ${x2},${y2 - dy} ${x2},${y2}`,
+    const e = s("path", { class: cls, d: edgePath(L, na, nb, lanes),
       stroke: fused ? gcol(ga) : null, "marker-end": fused ? null : isHot ? "url(#arrow-hot)" : "url(#arrow)" });
     edgeEls.push(e);
   }
@@ -662,6 +660,37 @@ function renderGraph() {
   if (S.viewKey !== key || !S.view) { S.viewKey = key; fit(); } else if (S.fitted && !S.viewKeep) fit(); else applyView();
   S.viewKeep = false;
   renderLegend();
+}
+
+// an edge's path: a curve from the source's foot to the target's head, or, where nodes of the rows between stand in
+// its way, down a lane beside them (each such edge a lane of its own on its side), so no edge crosses a node's text
+function edgePath(L, na, nb, lanes) {
+  const x1 = na.x, y1 = na.y + na.h / 2, x2 = nb.x, y2 = nb.y - nb.h / 2 - 1;
+  const dy = Math.max(18, (y2 - y1) * 0.5), PAD = 8;
+  const straight = `M${x1},${y1} C${x1},${y1 + dy} ${x2},${y2 - dy} ${x2},${y2}`;
+  const between = [...L.nodes.values()].filter((n) => n !== na && n !== nb && n.y - n.h / 2 > y1 - 1 && n.y + n.h / 2 < y2 + 1);
+  const lo = Math.min(x1, x2), hi = Math.max(x1, x2);
+  const inWay = between.filter((n) => n.x + n.w / 2 + PAD > lo && n.x - n.w / 2 - PAD < hi);
+  if (!inWay.length) return straight;
+  // the lane on each side: past every node of the rows between that it would cross
+  const lane = (side) => {
+    let x = side > 0 ? Math.max(...inWay.map((n) => n.x + n.w / 2)) + 14 + 7 * lanes.r
+                     : Math.min(...inWay.map((n) => n.x - n.w / 2)) - 14 - 7 * lanes.l;
+    for (let moved = true; moved;) {
+      moved = false;
+      for (const n of between) {
+        if (n.x - n.w / 2 - PAD < x && x < n.x + n.w / 2 + PAD) { x = side > 0 ? n.x + n.w / 2 + 14 : n.x - n.w / 2 - 14; moved = true; }
+      }
+    }
+    return x;
+  };
+  const xr = lane(1), xl = lane(-1), mid = (x1 + x2) / 2;
+  const right = Math.abs(xr - mid) <= Math.abs(xl - mid), xs = right ? xr : xl;
+  if (right) lanes.r++; else lanes.l++;
+  const top = Math.min(...between.map((n) => n.y - n.h / 2)), bot = Math.max(...between.map((n) => n.y + n.h / 2));
+  const ya = (y1 + top) / 2, yb = (bot + y2) / 2;  // turn in the gap under the source and over the target
+  return `M${x1},${y1} C${x1},${ya} ${x1},${ya} ${(x1 + xs) / 2},${ya} S${xs},${ya} ${xs},${Math.min(ya + 10, (ya + yb) / 2)} ` +
+    `L${xs},${Math.max(yb - 10, (ya + yb) / 2)} C${xs},${yb} ${xs},${yb} ${(xs + x2) / 2},${yb} S${x2},${yb} ${x2},${y2}`;
 }
 
 // a light redraw on hover: the edges and nodes around the focus
