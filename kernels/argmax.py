@@ -25,8 +25,19 @@ class Advance:
     batch: bool = False
 
 
+class Advancing:
+    """A launch closing a step with an `advance` (the arg-max, the sample launch): in a batch step over `pos`, the
+    advance moves each sequence's token and position (its `batch` form); any other batching is the launch's own."""
+
+    def batched(self, pos, slot):
+        a = self.advance
+        if a is None or a.position != pos:
+            return super().batched(pos, slot)
+        return replace(self, advance=replace(a, batch=True))
+
+
 @dataclass(frozen=True)
-class ArgMax(Launch):
+class ArgMax(Advancing, Launch):
     x: str
     out: str
     n: int
@@ -53,12 +64,6 @@ class ArgMax(Launch):
         if self.rows > MAX_GRID_Y:
             return Refusal(f"an arg-max of {self.rows} rows (a launch takes at most {MAX_GRID_Y}, a block row each)")
         return None
-
-    def batched(self, pos, slot):
-        a = self.advance
-        if a is None or a.position != pos:
-            return super().batched(pos, slot)
-        return replace(self, advance=replace(a, batch=True))
 
     def scratch(self):
         nb = self.blocks * self.rows

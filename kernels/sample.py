@@ -25,13 +25,13 @@ threshold without a sort: radix selects over the keys' (the scores' ordered bits
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.argmax import Advance
+from lanefuse.kernels.argmax import Advance, Advancing
 from lanefuse.kernels.common import MAX_GRID_Y, Launch, names, reach
 
 WORDS = 6  # the parameters' leading words: temperature, top-k, top-p, min-p (f32 bits), seed low, seed high
@@ -161,7 +161,7 @@ def unpack(p: np.ndarray) -> tuple[float, int, float, float, int]:
 
 
 @dataclass(frozen=True)
-class Sample(Launch):
+class Sample(Advancing, Launch):
     """Each row of `x` (rows of n logits) draws its token into `out`, its settings and (sequence, index) pairs in the
     i32 words of `params`; with an `advance`, the arg-max's (the token and position the next step reads), and the
     token index drawn from moves on by one. `stats` (tests): 8 words a row — kept count, the random bits (low,
@@ -207,12 +207,6 @@ class Sample(Launch):
             return Refusal(f"a sampled draw from {self.rows} rows of one sequence's logits (it draws from one row, "
                            f"or one a sequence of a batch)")
         return None
-
-    def batched(self, pos, slot):
-        a = self.advance
-        if a is None or a.position != pos:
-            return super().batched(pos, slot)
-        return replace(self, advance=replace(a, batch=True))
 
     def extents(self, top, tokens):
         a = self.advance
