@@ -105,6 +105,16 @@ def _inside(a: dict, b: dict, slack: float = 0.5) -> bool:
             and a["y"] + a["h"] <= b["y"] + b["h"] + slack)
 
 
+def _open(browser, url: str, size: tuple[int, int]):
+    """A page of the explorer at `size`, its graph drawn, and the list its page errors go to."""
+    pg = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    log: list[str] = []
+    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
+    pg.goto(url)
+    pg.wait_for_selector("#graph .node")
+    return pg, log
+
+
 def _overlap(a: dict, b: dict) -> bool:
     return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
 
@@ -124,11 +134,7 @@ def shots(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_the_graph_is_legible_at_fit(browser, served, size, tmp_path):
     ex, url = served
-    pg = browser.new_page(viewport={"width": size[0], "height": size[1]})
-    log: list[str] = []
-    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    pg.goto(url)
-    pg.wait_for_selector("#graph .node")
+    pg, log = _open(browser, url, size)
     for layer in (0, ex.layers - 1):
         pg.select_option("#layer", str(layer))
         pg.wait_for_selector(f"#graph-title:has-text('L{layer}:')")
@@ -173,11 +179,7 @@ def test_a_fold_opens_on_a_click_and_folds_back(browser, served):
     opens one (its ops drawn, its shown tensor selected), ▴ on its box folds it again, a search for an op inside a
     fold opens it, `fit` folds what was opened by hand, and unchecking `fold` draws every op."""
     ex, url = served
-    pg = browser.new_page(viewport={"width": 1280, "height": 720})
-    log: list[str] = []
-    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    pg.goto(url)
-    pg.wait_for_selector("#graph .node")
+    pg, log = _open(browser, url, (1280, 720))
     pg.select_option("#layer", "0")
     pg.wait_for_selector("#graph-title:has-text('L0:')")
     st = pg.evaluate("window.lanefuse.state")
@@ -239,11 +241,7 @@ EDGES_OVER_TEXT = """() => {
 @pytest.mark.parametrize("fold", [True, False], ids=["folded", "every-op"])
 def test_no_edge_crosses_a_nodes_text(browser, served, fold):
     ex, url = served
-    pg = browser.new_page(viewport={"width": 1400, "height": 900})
-    log: list[str] = []
-    pg.on("pageerror", lambda e: log.append(f"pageerror: {e}"))
-    pg.goto(url)
-    pg.wait_for_selector("#graph .node")
+    pg, log = _open(browser, url, (1400, 900))
     if not fold:
         pg.locator("#fold-auto").uncheck()
         pg.wait_for_selector("#graph .node.folded", state="detached")
