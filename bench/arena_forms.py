@@ -12,8 +12,8 @@ import dataclasses
 import json
 import time
 
-from lanefuse.engine.demo import demo_config
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.demo import demo_config
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.lane.lower.buffers import forms_of
 from lanefuse.lane.lower.plan import plan
 

@@ -22,14 +22,14 @@ def _threads(n: int) -> None:
 
 
 def shape(layers: int):
-    from lanefuse.engine.model import ModelConfig
+    from lanefuse.engine.front.model import ModelConfig
 
     return ModelConfig(arch="Qwen3ForCausalLM", hidden=1024, layers=layers, heads=16, kv_heads=8, head_dim=64,
                        inter=3072, vocab=32000, qk_norm=True, max_len=128, name="cpu_decode")
 
 
 def launches(cfg) -> None:
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     def per_layer(p) -> str:
@@ -50,7 +50,7 @@ def launches(cfg) -> None:
 def decode_rates(cfg, weights, batches, steps: int, rounds: int) -> None:
     import numpy as np
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.batch import batch_caches
     from lanefuse.lane.run.numpy_runner import NumpyRunner
@@ -93,8 +93,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     _threads(a.threads)
-    from lanefuse.engine.demo import random_arrays
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.demo import random_arrays
+    from lanefuse.engine.front.weights import Weights
 
     cfg = shape(a.layers)
     launches(cfg)

@@ -14,8 +14,8 @@ import argparse
 import dataclasses
 import json
 
-from lanefuse.engine.hfconfig import config_from_hf
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.hfconfig import config_from_hf
+from lanefuse.engine.front.model import build_step
 from lanefuse.engine.rules import load_table
 from lanefuse.lane.lower.plan import plan
 from qnext_figures import timed_plan
@@ -42,7 +42,7 @@ def deepseek_v3(layers: int = 61):
 
 
 def qwen3_8b(layers: int = 36):
-    from lanefuse.engine.model import ModelConfig
+    from lanefuse.engine.front.model import ModelConfig
 
     return bf16(ModelConfig("Qwen3ForCausalLM", 4096, layers, 32, 8, 128, 12288, 151936, qk_norm=True,
                             rope_theta=1e6, max_len=4096, name=f"qwen3-8b-shape-{layers}L"))

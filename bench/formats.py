@@ -30,7 +30,7 @@ CPU_FORMATS = ("f32", "q8_0", "q4_0", "q4_k")
 def plan_figures(out: dict) -> None:
     from lane_figures import qwen3_8b
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     print("Qwen3-8B-shaped decode step (36 layers, lane cuda), checkpoint bytes a step reads, from the plan:")
@@ -49,7 +49,7 @@ def plan_figures(out: dict) -> None:
 
 
 def cpu_model(layers: int):
-    from lanefuse.engine.model import ModelConfig
+    from lanefuse.engine.front.model import ModelConfig
 
     return ModelConfig("Qwen3ForCausalLM", 1024, layers, 16, 8, 64, 3072, 32000, qk_norm=True, rope_theta=1e6,
                        max_len=512, name=f"qwen3-shaped-{layers}L")
@@ -59,7 +59,7 @@ class Model:
     """One format of the model: its weights (stored bytes), its step function, timed decode steps."""
 
     def __init__(self, cfg, arrays, fmt: str):
-        from lanefuse.engine.weights import Weights
+        from lanefuse.engine.front.weights import Weights
         from lanefuse.kernels.blocks import encode_matrices
         from lanefuse.lane.run.step import plan_step_fn
 
@@ -86,7 +86,7 @@ class Model:
 
 
 def cpu_figures(args, out: dict) -> None:
-    from lanefuse.engine.demo import random_arrays
+    from lanefuse.engine.front.demo import random_arrays
     from lanefuse.lane.run.generate import generate
 
     cfg = cpu_model(args.layers)

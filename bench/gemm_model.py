@@ -230,7 +230,7 @@ def prefill_plan(rows: int, fmt: str = "bf16", tc_attention: bool = True):
     sys.path.insert(0, here)
     from lane_figures import qwen3_8b
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
 
@@ -246,7 +246,7 @@ def batch_plan(batch: int, fmt: str = "bf16"):
     sys.path.insert(0, here)
     from lane_figures import qwen3_8b
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
 

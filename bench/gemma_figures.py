@@ -44,7 +44,7 @@ SMALL = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_
 
 def shape(c: dict, name: str, max_len: int = 4096):
     """A config dict's shape, every matrix planned as bf16 checkpoint rows."""
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     cfg = config_from_hf(c, name, max_len=max_len, name=name)
     return dataclasses.replace(cfg, formats=tuple((n, "bf16") for n, s in cfg.weight_names().items() if len(s) == 2))
@@ -66,7 +66,7 @@ def census(out: dict, table) -> None:
 
 
 def plan_times(out: dict, table, repeat: int) -> None:
-    from lanefuse.engine.model import ModelConfig, build_step
+    from lanefuse.engine.front.model import ModelConfig, build_step
     from lanefuse.lane.lower.plan import plan
 
     q = ModelConfig("Qwen3ForCausalLM", 4096, 36, 32, 8, 128, 12288, 151936, qk_norm=True, rope_theta=1e6,

@@ -116,7 +116,7 @@ def child_lanefuse(path: str, tokens: int) -> dict:
     """Load the file (timed, resident memory after), then decode `tokens` greedy steps on the fast numpy runner."""
     before = resident()
     t0 = time.perf_counter()
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     cfg, weights = load_model(path, max_len=64)
     load_s = time.perf_counter() - t0

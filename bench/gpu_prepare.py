@@ -29,8 +29,8 @@ import sys
 
 import numpy as np
 
-from lanefuse.engine.demo import demo_config
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.demo import demo_config
+from lanefuse.engine.front.model import build_step
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.planfile import save
 
@@ -60,7 +60,7 @@ def main() -> None:
         save(plan(build_step(batch_cfg, 1, batch=b), source={"kind": "random"}),
              os.path.join(out, f"qwen3-8b-decode-b{b}.json"))
     print("saved qwen3-8b-decode-b" + "/".join(map(str, BATCHES)) + " (batch decode steps)")
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     folder = os.path.join(out, "tiny-hf")
     write_tiny_qwen3(folder)
@@ -101,8 +101,8 @@ def write_tiny_qwen3(folder: str) -> None:
 
     from safetensors.numpy import save_file
 
-    from lanefuse.engine.demo import random_arrays
-    from lanefuse.engine.model import ModelConfig
+    from lanefuse.engine.front.demo import random_arrays
+    from lanefuse.engine.front.model import ModelConfig
 
     cfg = ModelConfig(arch="Qwen3ForCausalLM", hidden=128, layers=2, heads=4, kv_heads=2, head_dim=32, inter=256,
                       vocab=320, eps=1e-6, rope_theta=1000000.0, qk_norm=True, max_len=128, name="tiny-hf")

@@ -11,8 +11,8 @@ import json
 import statistics
 import time
 
-from lanefuse.engine.demo import demo_config
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.demo import demo_config
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.rules import load_table
 from lanefuse.lane.lower.plan import plan
 

@@ -875,7 +875,7 @@ def token_bytes(s, pos: int) -> int:
 def qwen3_plan(fmt: str, batch: int = 1):
     sys.path.insert(0, str(HERE))
     from lane_figures import qwen3_8b
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg = qwen3_8b(36) if fmt == "bf16" else qwen3_8b(36, fmt)

@@ -23,8 +23,8 @@ import sys
 import tempfile
 import time
 
-from lanefuse.engine.model import ModelConfig, build_step
-from lanefuse.engine.moe import MoeConfig
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.families.mixtures import MoeConfig
 from lanefuse.engine.rules import load_table
 from lanefuse.lane.lower.plan import plan
 
@@ -57,7 +57,7 @@ def gptoss_120b(layers: int = 36, experts: str = "bf16") -> ModelConfig:
     bf16 rows; `experts` "mxfp4" for the experts as a real checkpoint holds them (kernels/blocks.py's mxfp4)."""
     import dataclasses
 
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     cfg = config_from_hf({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": layers,
                           "num_local_experts": 128, "num_experts_per_tok": 4}, "gpt-oss-120b shape", max_len=4096,

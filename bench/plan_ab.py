@@ -29,7 +29,7 @@ def worker() -> int:
 
     import dataclasses
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.engine.rules import load_table
     from lanefuse.lane.lower.plan import plan
 

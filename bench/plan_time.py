@@ -10,7 +10,7 @@ import argparse
 import statistics
 import time
 
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.optimize import Session
 from lanefuse.engine.rules import load_table
 

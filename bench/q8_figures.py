@@ -34,8 +34,8 @@ def layer_launches(p, layer: int) -> int:
 def plan_figures(path: str, chunk: int = 1) -> list[tuple]:
     """Per numerics (and fuse_quant held): the middle layer's launches, the Quant launches, all launches, the arena's
     bytes, its lower bound and their ratio, and the plan's seconds, for a step of `chunk` rows."""
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.load import load_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg, _ = load_model(path, max_len=64)
@@ -53,7 +53,7 @@ def plan_figures(path: str, chunk: int = 1) -> list[tuple]:
 
 def child_decode(path: str, numerics: str, tokens: int) -> dict:
     from cpu_decode import timed_generate
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.lower.plan import PlanOptions
     from lanefuse.lane.run.step import plan_step_fn
 
@@ -67,7 +67,7 @@ def child_side_by_side(path: str, tokens: int, rounds: int) -> dict:
     """q8 and f32 fast CPU runners on one file's weights in this process, their decodes interleaved (f32, q8, f32,
     ...) `rounds` times: each numerics' median decode step, and their tokens."""
     from cpu_decode import timed_decode
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.lower.plan import PlanOptions
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.step import plan_step_fn

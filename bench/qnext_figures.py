@@ -17,8 +17,8 @@ import statistics
 import sys
 import time
 
-from lanefuse.engine.hfconfig import config_from_hf
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.hfconfig import config_from_hf
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.rules import load_table
 from lanefuse.lane.lower.plan import plan
 

@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import time
 
-from lanefuse.engine.model import ModelConfig
+from lanefuse.engine.front.model import ModelConfig
 
 
 def shapes(layers: int | None) -> dict[str, ModelConfig]:
@@ -58,8 +58,8 @@ def cpu_ranks(ranks: list[int], tokens: int) -> list[dict]:
     import numpy as np
     from safetensors.numpy import save_file
 
-    from lanefuse.engine.model import build_step
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.stepweights import random_weights
     from lanefuse.lane.run.ranks import launch
 
     cfg = ModelConfig("Qwen3ForCausalLM", 1024, 8, 16, 8, 64, 3072, 32000, qk_norm=True, max_len=128, name="cpu")

@@ -13,8 +13,8 @@ from lanefuse.engine.collectives import COLLECTIVES, alone, meet
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Access, Dst, Graph, Op, RowSel
 from lanefuse.engine.opdefs import QBLOCK, full_attrs
-from lanefuse.engine.quantize import MIN_FORMATS, Quantized, block_mins
-from lanefuse.engine.quantize import product as q8_product, quantize as q8_quantize
+from lanefuse.engine.formats.quantize import MIN_FORMATS, Quantized, block_mins
+from lanefuse.engine.formats.quantize import product as q8_product, quantize as q8_quantize
 
 F32 = np.float32
 F64 = np.float64
@@ -55,7 +55,7 @@ def with_mins(weights: Any, name: str, v: np.ndarray) -> np.ndarray:
 
 
 def _matmul(x, w, **a):
-    if isinstance(x, Quantized):  # int8 block sums times the blocks' scales (engine/quantize.py)
+    if isinstance(x, Quantized):  # int8 block sums times the blocks' scales (engine/formats/quantize.py)
         return q8_product(x, w, getattr(w, "mins", None))
     return (np.asarray(x, dtype=F64) @ np.asarray(w, dtype=F64).T).astype(F32)  # (R, k) @ (k, n) -> (R, n)
 
@@ -195,7 +195,7 @@ def _quantize(x, words=1, **a):
 def _moe(x, router, gate_up, down, router_bias=None, gate_up_bias=None, down_bias=None, *, experts, k, inter,
          norm_topk, act="silu", routing="softmax_topk", limit=0.0, alpha=1.702, groups=1, topk_groups=1,
          route_scale=1.0, **a):
-    from lanefuse.engine.moe import route
+    from lanefuse.engine.front.families.mixtures import route
 
     xs = np.asarray(x, dtype=F64)  # (R, d)
     r, d = xs.shape

@@ -9,7 +9,7 @@ from typing import Any
 
 from lanefuse.engine.errors import UserError
 
-DTYPES = ("f32", "i32", "q8", "q8x2", "q8k")  # q8/q8x2: a quantized activation (engine/quantize.py), read only by
+DTYPES = ("f32", "i32", "q8", "q8x2", "q8k")  # q8/q8x2: a quantized activation (engine/formats/quantize.py), read only by
 # the products over block-quantized rows
 FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4", "q4_1", "q5_0", "q5_1", "q5_k", "q3_k",
            "q2_k", "iq4_nl", "iq4_xs")  # checkpoint row formats (GGUF's blocks,

@@ -73,7 +73,7 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "d = max|x|/127, q = round-half-away(x·(1/d))); words 2 (q8x2) adds a low int8 word of the residual "
            "x - d·q in steps of d/254; words 3 (q8k) is llama.cpp's q8_K, for products over K-quant rows: blocks of "
            "256, d = max/-127 of the value of largest |x|, q = round-half-even(x·(-127/max)), d kept f32, and the sums "
-           "of each 16 words: (R, n) f32 -> (R, n) q8 | q8x2 | q8k, read only by products (engine/quantize.py)"),
+           "of each 16 words: (R, n) f32 -> (R, n) q8 | q8x2 | q8k, read only by products (engine/formats/quantize.py)"),
     _d("moe", ["x", "router", "gate_up", "down", "router_bias?", "gate_up_bias?", "down_bias?"],
        {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str, "limit": float,
         "alpha": float, "groups": int, "topk_groups": int, "route_scale": float},
@@ -82,7 +82,7 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
        doc="an expert mixture of each row: router logits x·routerᵀ (E,), the k experts of the largest (routing "
            "softmax_topk: softmax over all E, then top-k, renormalized when norm_topk; equal probabilities: the "
            "lower expert first), each chosen expert's act(x·gᵀ)·(x·uᵀ) times its down rows, weighed and summed. "
-           "The experts are stacked, one constant a role (engine/moe.py): gate_up (E·2f, d), expert e's gate rows "
+           "The experts are stacked, one constant a role (engine/front/families/mixtures.py): gate_up (E·2f, d), expert e's gate rows "
            "at e·2f and its up rows at e·2f + f; down (E·d, f), expert e's rows at e·d: (R, d) -> (R, d). gpt-oss: routing "
            "topk_softmax (the k largest logits, then a softmax over them), biases added to the router logits (E,), "
            "the gate/up values (E·2f,) and the down values (E·d,), and act clamped_glu: g = min(gate, limit), "

@@ -13,7 +13,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Constant, Graph, Op, attrs_of
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
 
 HEAD = "lm_head.weight"  # a rank's part of the LM head, tied or not (a tied one is served from the embedding's rows)
 _ROWS = re.compile(r"model\.layers\.\d+\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.(weight|bias)$")
@@ -46,7 +46,7 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
         raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.kv_heads} KV heads (each rank "
                         f"holds whole KV heads and its own cache; KV heads are not replicated); give a divisor of "
                         f"{cfg.kv_heads}")
-    from lanefuse.engine.weights import BLOCK_FORMATS
+    from lanefuse.engine.front.weights import BLOCK_FORMATS
 
     for i in range(cfg.layers):
         o = f"model.layers.{i}.self_attn.o_proj.weight"
@@ -64,7 +64,7 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
 
 def _unit(cfg: ModelConfig) -> int:
     """The FFN's split unit: the down product's block (its rows are cut across their columns), else one value."""
-    from lanefuse.engine.weights import BLOCK_FORMATS
+    from lanefuse.engine.front.weights import BLOCK_FORMATS
 
     fmts = {cfg.fmt(f"model.layers.{i}.mlp.down_proj.weight") for i in range(cfg.layers)}
     return max([BLOCK_FORMATS[f][0] for f in fmts if f in BLOCK_FORMATS] + [1])
@@ -139,7 +139,7 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
 
 
 class RankStore:
-    """Rank `rank`'s weights over the whole model's store (engine/weights.py's backends): each tensor its rank
+    """Rank `rank`'s weights over the whole model's store (engine/front/weights.py's backends): each tensor its rank
     cuts (`_cut`), under its checkpoint name; the LM head's part from the embedding's rows where they are tied. A
     block format's columns are cut in whole blocks."""
 
@@ -162,7 +162,7 @@ class RankStore:
         return ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo), fmt
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
-        from lanefuse.engine.weights import BLOCK_FORMATS
+        from lanefuse.engine.front.weights import BLOCK_FORMATS
 
         arr, fmt = self.base.raw(self._source(name))
         cut = _cut(name, self.cfg, self.rank, self.ranks)
@@ -186,7 +186,7 @@ class RankStore:
 
 def rank_weights(weights, cfg: ModelConfig, rank: int, ranks: int):
     """Rank `rank`'s weight store (engine/weights.Weights over a RankStore), its config's generated tables."""
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.weights import Weights
 
     if ranks == 1:
         return weights
@@ -196,7 +196,7 @@ def rank_weights(weights, cfg: ModelConfig, rank: int, ranks: int):
 def rank_weight_bytes(cfg: ModelConfig, ranks: int) -> list[int]:
     """The bytes of the weights each rank holds (its parts in their stored formats; the whole embedding, norms and
     reduced biases on each). Arithmetic on the config alone: a config-only folder plans any rank count."""
-    from lanefuse.engine.weights import BLOCK_FORMATS
+    from lanefuse.engine.front.weights import BLOCK_FORMATS
 
     size = {"f32": 4, "f16": 2, "bf16": 2}
     out = []

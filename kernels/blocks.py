@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lanefuse.engine.mxfp4 import FP4_VALUES, mxfp4_blocks, pack_mxfp4, unpack_mxfp4  # noqa: F401  (the format's own)
+# the format's own, re-exported
+from lanefuse.engine.formats.mxfp4 import FP4_VALUES, mxfp4_blocks, pack_mxfp4, unpack_mxfp4  # noqa: F401
 
 # format -> (values a block, bytes a block): GGUF's layouts (gguf.GGML_QUANT_SIZES), and MXFP4 (`mxfp4`: gpt-oss's
 # experts as transformers' checkpoints hold them, a block's e8m0 scale byte then its 16 bytes of fp4 e2m1 pairs)
@@ -571,6 +572,6 @@ def scales_finite(raw: np.ndarray, fmt: str) -> np.ndarray:
 
 def encode_matrices(arrays: dict[str, np.ndarray], fmt: str) -> dict[str, tuple[np.ndarray, str]]:
     """Every 2-D array (checkpoint rows: projections, the embedding) of a model's `arrays` as (storage, fmt); 1-D ones
-    (norm weights, biases) kept as f32 values — a DictStore model (engine/weights.py) in `fmt`."""
+    (norm weights, biases) kept as f32 values — a DictStore model (engine/front/weights.py) in `fmt`."""
     return {n: (encode(a, fmt), fmt) if np.ndim(a) == 2 else (np.asarray(a, np.float32), "f32")
             for n, a in arrays.items()}

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.engine.quantize import BLOCK_FORMATS, K_FORMATS
+from lanefuse.engine.formats.quantize import BLOCK_FORMATS, K_FORMATS
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Q8K, Chip, Dst, Launch, Scratch, decode,

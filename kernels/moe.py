@@ -9,7 +9,7 @@ GLU in the up kernel's epilogue (scratch `squant`), and multiply by gemv_q8.cu's
 (`qwords` 3) both are llama.cpp's q8_K form (blocks of 256, gemv_q8.cu's q8k_tile), the GLU quantized whole by each
 block of the down kernels into its shared memory (a block of 256 spans four of the up kernel's tiles); the finalize
 writes the next norm's q8k form too (`quant_words` 3).
-The experts are stacked one constant a role (engine/moe.py): gate_up (E·2f, d), down (E·d, f).
+The experts are stacked one constant a role (engine/front/families/mixtures.py): gate_up (E·2f, d), down (E·d, f).
 
 The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
 one choice's hidden values; moe_down: the weighed down products, the shared expert, and the finalize by the last block
@@ -26,8 +26,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.engine.moe import route
-from lanefuse.engine.quantize import Quantized, quantize
+from lanefuse.engine.front.families.mixtures import route
+from lanefuse.engine.formats.quantize import Quantized, quantize
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Q8K, Dst, Launch, Scratch, act, decode,
                                      format_refusal, names, quant_layout, reach, rms, weight_bytes)

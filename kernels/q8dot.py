@@ -19,7 +19,7 @@ import numpy as np
 
 from lanefuse.kernels.blocks import (BLOCKS, IQ4_LEVELS, _nibbles32, decode_rows, k2_ints, k3_ints, k3_scales,
                                      k4_scales, k5_ints, q5_ints, xs_ints, xs_scales)
-from lanefuse.engine.quantize import MIN_FORMATS, block_mins, half
+from lanefuse.engine.formats.quantize import MIN_FORMATS, block_mins, half
 from lanefuse.kernels.common import QBLOCK, QBLOCK_K, QSUM
 
 LOW_STEPS = 254

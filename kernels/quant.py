@@ -1,5 +1,5 @@
 """`quant`: an activation quantized to int8 blocks of QBLOCK values with one f32 scale a block (llama.cpp's q8_0
-rounding, engine/quantize.py), one word a value (q8) or two (q8x2: a low int8 word of the residual) — for an activation
+rounding, engine/formats/quantize.py), one word a value (q8) or two (q8x2: a low int8 word of the residual) — for an activation
 no producer quantizes in its epilogue. A quantized array's bytes (`quant_layout`): its int8 words, then its low words
 under two words (under the q8k form, llama.cpp's q8_K for K-quant rows: its int16 sums of 16 words), then a scale a
 block, each part ALIGN-aligned. A launch that writes the q8k form says so to `quant_check` (`k_form`); one that does
@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.engine.quantize import quantize
+from lanefuse.engine.formats.quantize import quantize
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (Q8K, QBLOCK, QSUM, Launch, qblock, quant_layout,  # noqa: F401  (quant_layout:
                                      reach)  # its home here)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lanefuse.engine.gguf_vocab import PRES  # llama.cpp's pre-tokenizers (src/llama-vocab.cpp)
+from lanefuse.engine.front.gguf_vocab import PRES  # llama.cpp's pre-tokenizers (src/llama-vocab.cpp)
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -204,7 +204,7 @@ def check_llama_cpp(path: Path, ref, prompt: list[int], n: int, what: str, tol: 
     their scale of both (printed, `what` naming the file)."""
     from hf_ref import fused_step, hf_greedy, scaled_error
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     want, want_logits = hf_greedy(ref, prompt, n)
@@ -223,7 +223,7 @@ def bpe_tokenizer(vocab_size: int, pre: str = "qwen2", specials=("<|endoftext|>"
     (padded with [PADi] as the converter pads): (tokenizers.Tokenizer, tokens, merges, token types)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from lanefuse.engine.gguf_vocab import splits
+    from lanefuse.engine.front.gguf_vocab import splits
 
     tok = Tokenizer(models.BPE(ignore_merges=PRES[pre].ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(

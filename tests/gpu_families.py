@@ -215,7 +215,7 @@ def save_pack(plans, weights, path: str) -> int:
 
 
 def _save_plans(out: str, stem: str, cfg, weights, numerics: str = "f32", batch: bool = False) -> dict:
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.lower.planfile import save
@@ -240,7 +240,7 @@ def prepare(out: str, names=None, log=print) -> dict:
     pack, written once all of them are planned."""
     import tempfile
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     os.makedirs(out, exist_ok=True)
     names = list(names or model_names())
@@ -304,7 +304,7 @@ class Pack:
     def shape(self, name: str) -> tuple[int, ...]:
         a, fmt = self.raw(name)
         if fmt in ("q8_0", "q4_0", "q4_k", "q6_k", "mxfp4"):
-            from lanefuse.engine.weights import block_shape
+            from lanefuse.engine.front.weights import block_shape
 
             return block_shape(name, a.shape, fmt)
         return tuple(a.shape)
@@ -417,7 +417,7 @@ def run_batch(plans, pack, entry, device: str = "cpu", eos=(), graph: bool = Tru
     slot (as lane/run/step.py's plan_step_fn). The results, by prompt."""
     import dataclasses
 
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
     from lanefuse.lane.run.batch import generate_batch
 
     cfg = config_from_hf(entry["config"], "config.json", max_len=entry["max_len"], name="batch")

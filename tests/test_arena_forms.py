@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import build_step
-from lanefuse.engine.quantize import with_numerics
+from lanefuse.engine.front.model import build_step
+from lanefuse.engine.formats.quantize import with_numerics
 from lanefuse.kernels.common import Dst, Launch, Part
 from lanefuse.lane.lower.arena import Arena, aligned, share
 from lanefuse.lane.lower.buffers import Buffer, NotWritten, forms_of, lifetimes, tables_of, walk

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.lane.lower.arena import aligned, place_tables
 from lanefuse.lane.lower.buffers import forms_of, tables_of
 from lanefuse.lane.lower.plan import plan

@@ -172,7 +172,7 @@ def _quant_dev(n, words, arrays):
     (8, 4, 64, 3, 1, True), (8, 4, 64, 3, 3, True), (8, 2, 64, 1, 1, False), (8, 2, 64, 2, 5, False),
     (16, 4, 32, 2, 1, True), (16, 4, 32, 1, 3, True), (4, 1, 256, 1, 2, True), (8, 2, 128, 1, 6, True)])
 def test_attention_quantizing_its_output(words, heads, group, d, rows, splits, f32):
-    from lanefuse.engine.quantize import quantize
+    from lanefuse.engine.formats.quantize import quantize
 
     if words == 3 and not f32:
         pytest.skip("the q8k form is written beside the output")

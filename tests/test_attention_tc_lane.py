@@ -10,9 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.lane.lower.knobs import Knobs, parse_knobs
 from lanefuse.lane.lower.plan import PlanOptions, plan
 from lanefuse.lane.run.generate import generate

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.run.batch import generate_batch
 from lanefuse.lane.run.generate import generate
@@ -220,7 +220,7 @@ HF_PROMPTS = [[3, 17, 5, 42, 8, 11], [9, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48
 def _hf_model(name, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     if name in ("llama_llama3_f32", "mistral_window_f32", "phi3_window_f32", "qwen2_f32", "qwen3_f32"):
         from test_hf_parity import _build

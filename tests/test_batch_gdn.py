@@ -297,9 +297,9 @@ def _quant_run(env_class, launches, arrays, weights, words, n):
 
 def _quant_agree(env_class, words):
     """delta_seqs's epilogue over a batch: the rows within the GPU tolerance of the twin's, each row's quantized form
-    the words (sums, scales) engine/quantize.py makes of the values the kernel stored — whole, and each sequence
+    the words (sums, scales) engine/formats/quantize.py makes of the values the kernel stored — whole, and each sequence
     apart (a row's q8k arrival counters from its own row)."""
-    from lanefuse.engine.quantize import quantize
+    from lanefuse.engine.formats.quantize import quantize
 
     launch, arrays, weights = _quant_case(words)
     B, n = launch.rows, launch.hv * launch.dv

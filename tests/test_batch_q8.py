@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.quantize import with_numerics
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.formats.quantize import with_numerics
+from lanefuse.engine.front.weights import Weights
 from lanefuse.kernels.blocks import encode
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.run.batch import generate_batch
@@ -31,7 +31,7 @@ def _model(name, tmp_path):
         pytest.importorskip("transformers")
         from test_hf_parity import _build
 
-        from lanefuse.engine.front import load_model
+        from lanefuse.engine.front.load import load_model
 
         folder, _ = _build(name, tmp_path)
         return load_model(folder)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.front.weights import Weights
 from lanefuse.kernels import blocks
 from lanefuse.kernels.common import FORMAT_CODE, decode, encode
 
@@ -268,7 +268,7 @@ def test_the_store_refuses_broken_block_tensors_in_words():
     with pytest.raises(UserError, match="tensor `w` holds 1 q8_0 block.*NaN or inf.*first block 3"):
         Weights.from_dict({"w": (bad, "q8_0")})
     assert list(blocks.scales_finite(bad, "q8_0")) == [True, True, True, False]
-    from lanefuse.engine.weights import _check_finite  # what a file's store calls on each tensor it reads
+    from lanefuse.engine.front.weights import _check_finite  # what a file's store calls on each tensor it reads
 
     with pytest.raises(UserError, match="x.gguf: tensor `w` holds 1 q8_0 block"):
         _check_finite(bad, "q8_0", "x.gguf: tensor `w`")

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_config, random_arrays
+from lanefuse.engine.front.demo import demo_config, random_arrays
 
 
 def _cli(*args):

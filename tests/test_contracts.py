@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_config, demo_model
+from lanefuse.engine.front.demo import demo_config, demo_model
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.run.generate import new_caches
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.engine.rules import contract_problems, load_classes, load_table, rule_binds
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.table import load_lane

@@ -10,9 +10,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_model, random_arrays
-from lanefuse.engine.model import ModelConfig, build_step
-from lanefuse.engine.weights import Weights, f32_to_bf16
+from lanefuse.engine.front.demo import demo_model, random_arrays
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.weights import Weights, f32_to_bf16
 from lanefuse.kernels import (Attention, Dst, Fold, GemmPart, GemmParts, Gemv, GemvF32, GemvGlu, HostEnv, Norm,
                               Part)
 from lanefuse.kernels.common import encode
@@ -329,15 +329,15 @@ def test_streamed_weights_decode_into_one_buffer(monkeypatch, fmt, family):
     """Past the decode budget the fast runner decodes each launch's bf16/f16/q8_0/q4_0 rows as it runs, into one buffer
     made once (each constant of a launch its own part of it: a mixture's launch reads its router, experts and shared
     expert at once), never kept: the same greedy tokens as decoding once, logits within f32 rounding."""
-    from lanefuse.engine.model import build_step as build
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.model import build_step as build
+    from lanefuse.engine.front.stepweights import random_weights
     from lanefuse.lane.run import numpy_runner
     from lanefuse.lane.run.constants import streamed_bytes
 
     if family == "qwen3":
         cfg = ModelConfig("Qwen3ForCausalLM", 64, 2, 4, 1, 32, 96, 100, qk_norm=True, max_len=64, name="tiny-qwen3")
     else:
-        from lanefuse.engine.moe import MoeConfig
+        from lanefuse.engine.front.families.mixtures import MoeConfig
 
         cfg = ModelConfig("Qwen3MoeForCausalLM", 32, 2, 4, 2, 8, 40, 64, qk_norm=True, max_len=32,
                           moe=MoeConfig(experts=8, k=2, inter=37, norm_topk=True, sparse=(0, 1)))

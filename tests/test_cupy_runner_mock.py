@@ -14,9 +14,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.lane.run.generate import generate
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.kernels.common import Launch
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.run.numpy_runner import NumpyRunner
@@ -227,7 +227,7 @@ def test_qwen3_next_states_under_a_graph_are_the_numpy_runners(fake_cupy, tmp_pa
     _sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from test_qwen3next import build
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState, carried
     from lanefuse.lane.run.generate import new_caches
 

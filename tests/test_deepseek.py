@@ -77,7 +77,7 @@ def test_hf_parity_reference(model, chunk):
     """The reference interpreter of the lifted graph (absorbed latent attention, the latent cache) against
     transformers: decode steps (chunk 1) and prefill chunks of 8 then decode; the same greedy tokens, logits within
     1e-4 of their scale."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     folder, ref, want, want_logits = model
@@ -95,8 +95,8 @@ def test_hf_parity_reference(model, chunk):
 def test_the_cache_holds_the_latent_and_the_rotated_key(model):
     """A layer's cache is two tables: the normed latent (kv_lora_rank wide) and the rotated key part
     (qk_rope_head_dim wide), nothing expanded per head."""
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.load import load_model
+    from lanefuse.engine.front.model import build_step
 
     folder = model[0]
     cfg, _ = load_model(folder)
@@ -112,8 +112,8 @@ def test_the_bias_the_groups_and_the_scales_matter(model):
     factor, mscale_all_dim's softmax scale or YaRN's attention factor the reference leaves transformers' logits."""
     import dataclasses
 
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.load import load_model
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.lane.run.generate import generate
 
     folder, ref, want, want_logits = model
@@ -149,7 +149,7 @@ def test_routing_against_transformers_router():
     transformers = pytest.importorskip("transformers")
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-    from lanefuse.engine.moe import route
+    from lanefuse.engine.front.families.mixtures import route
 
     for groups, topk_groups, k, norm in ((4, 2, 3, True), (8, 3, 5, False), (1, 1, 4, True)):
         cfg = transformers.DeepseekV3Config(hidden_size=16, n_routed_experts=16, n_group=groups, topk_group=topk_groups,
@@ -183,7 +183,7 @@ def test_routing_property_against_transformers_router():
     from hypothesis import given, settings, strategies as st
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-    from lanefuse.engine.moe import route
+    from lanefuse.engine.front.families.mixtures import route
 
     @settings(max_examples=25, deadline=None, derandomize=True)  # f32 against f64: no run may find a near tie
     @given(st.sampled_from([(1, 1), (2, 1), (4, 2), (4, 4), (8, 3), (16, 5)]), st.integers(1, 8), st.booleans(),
@@ -234,7 +234,7 @@ def test_ops_against_their_definitions():
 
 
 def tiny_cfg(**kw):
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     return config_from_hf({**SMALL, "architectures": ["DeepseekV3ForCausalLM"], **kw}, "config.json", max_len=64)
 
@@ -259,7 +259,7 @@ def test_config_reading():
 
 def test_config_refusals_are_one_line():
     base = {**SMALL, "architectures": ["DeepseekV3ForCausalLM"]}
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     for bad, word in (({"attention_bias": True}, "attention_bias"), ({"n_group": 3}, "n_group"),
                       ({"topk_group": 5}, "topk_group"), ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
@@ -283,7 +283,7 @@ def test_nextn_layers_are_ignored_and_missing_tensors_named(tmp_path):
     generates as without it; a missing kv_b_proj is named in one line."""
     from safetensors.numpy import load_file, save_file
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     build("float32", tmp_path / "m")
@@ -307,7 +307,7 @@ def test_nextn_layers_are_ignored_and_missing_tensors_named(tmp_path):
 @pytest.mark.parametrize("chunk", [1, 8])
 def test_hf_parity_fused_plan(model, chunk):
     """The fused plan run in the numpy arena (exact twins) against transformers, decode and chunks of 8."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     folder, ref, want, want_logits = model
@@ -337,8 +337,8 @@ def plan_against_reference(rows, fmt, runner="exact", cfg=None, **opts):
     import dataclasses
 
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.model import build_step
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.kernels.common import encode
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import new_caches
@@ -379,7 +379,7 @@ def test_census_golden_of_a_deepseek_decode_layer():
     (shared_expert_fusion.grouped, moe_deferred_finalize.grouped; the Moe launch is counted in the layer whose norm it
     computes). Without q_lora_rank the four products of the layer's norm are one launch, the latent's norm, both
     rotations and the absorption in its epilogue (merged_quad.rotated_normed_absorbed): 6."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     def layer(p):
@@ -442,7 +442,7 @@ def test_head_slice_links_to_the_slice_launch():
     """head_slice (a part of every group of a row) planned and run in the arena against the reference."""
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.ir import Constant, Graph, StepIO
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -469,7 +469,7 @@ def test_head_slice_links_to_the_slice_launch():
 
 def test_a_wide_absorbed_head_plans():
     """DeepSeek-V3's absorbed head (latent 512 + rotated 64 keys, 512 values) links to the wide attention kernel."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg = tiny_cfg(kv_lora_rank=512, qk_rope_head_dim=64, num_hidden_layers=2)
@@ -480,7 +480,7 @@ def test_a_wide_absorbed_head_plans():
 
 def test_the_step_round_trips_through_text():
     """A DeepSeek-V3 step (its three new ops, the grouped mixture) prints as step YAML that parses back to itself."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.engine.stepyaml import from_yaml, to_yaml
 
     for rows in (1, 3):
@@ -548,8 +548,8 @@ def mla_launches(s, layer=1):
 def test_hf_parity_expanded_prefill(model, tmp_path):
     """Prefill chunks across the lane's threshold: chunks of 8 and 6 rows run expanded (the key half, the value half,
     the attention over each head's expanded keys and values), the decode steps absorbed; against transformers."""
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.load import load_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import generate
 
@@ -573,7 +573,7 @@ def test_hf_parity_expanded_prefill(model, tmp_path):
 def test_expanded_plan_against_the_reference(rows, fmt, tmp_path):
     """A chunk wider than the lane's `expand_rows`: the latent attention expanded, in its arena, against the reference
     interpreter (exact and fast twins)."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     opts = narrow_lane(tmp_path)
@@ -590,7 +590,7 @@ def test_expanded_plan_against_the_reference(rows, fmt, tmp_path):
 def test_the_cuda_lane_keeps_chunks_absorbed():
     """The cuda lane's `expand_rows` is 64, the widest chunk (the expansions pay only from 171 rows at DeepSeek-V3's
     shape): a chunk of 64 rows runs absorbed."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg = tiny_cfg(num_hidden_layers=2, first_k_dense_replace=2)
@@ -636,8 +636,8 @@ def test_the_cost_model_sorts_deepseek_v3s_chunks_and_the_rule_is_held_like_any(
     """At DeepSeek-V3's own shape (its config's defaults, 5 layers: two mixtures) with the lane's calibrated costs, a
     chunk of 64 rows sorts its rows by expert and a decode step or a chunk of 8 does not; held, the rule fires
     nowhere (the mixture without its shared experts still sorted: grouped_plain), held both, no chunk is sorted."""
-    from lanefuse.engine.hfconfig import config_from_hf
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.hfconfig import config_from_hf
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg = config_from_hf({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 5}, "config.json",
@@ -662,7 +662,7 @@ def test_a_batch_gives_each_sequence_its_tokens_alone(name, tmp_path):
     alone in chunks of 4, then decoded together: each sequence the tokens and logits it gets alone, by the reference
     interpreter's batch step, the fused plan's (exact twins; fast with each sequence apart), the plan's batch step as
     many launches a layer as one sequence's."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import generate
 

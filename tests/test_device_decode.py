@@ -19,7 +19,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 
 from test_cupy_runner_mock import _Arr, fake_cupy  # noqa: E402,F401  (the stand-in cupy fixture)
 
-from lanefuse.engine.model import build_step  # noqa: E402
+from lanefuse.engine.front.model import build_step  # noqa: E402
 from lanefuse.lane.run.cupy_runner import DECODE_CHUNK, CupyRunner as _CupyRunner  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 
@@ -29,13 +29,13 @@ MODELS = ["demo", "gemma2", "qwen3next"]
 
 def _model(name, tmp_path):
     if name == "demo":
-        from lanefuse.engine.demo import demo_model
+        from lanefuse.engine.front.demo import demo_model
 
         return demo_model()
     if name == "gemma2":
         from test_gemma import gemma_shape
 
-        from lanefuse.engine.stepweights import random_weights
+        from lanefuse.engine.front.stepweights import random_weights
 
         cfg = gemma_shape("gemma2", layers=2, max_len=64)
         return cfg, random_weights(cfg.build_step(1), 1)  # its run changes token mid-chunk
@@ -43,7 +43,7 @@ def _model(name, tmp_path):
     pytest.importorskip("transformers")
     from test_qwen3next import build
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     return load_model(build("f32", tmp_path)[0])
 
@@ -168,8 +168,8 @@ def test_an_end_of_sequence_mid_chunk_stops_where_the_step_by_step_loop_stops(fa
 def test_decode_reads_the_device_once_a_chunk(fake_cupy, monkeypatch, graph):
     """`CupyRunner.decode` from the device's own token and position: one read of the position, then one a chunk
     (any chunk size; a last chunk shorter); the tokens of the reference."""
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step as bs
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step as bs
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
     from lanefuse.lane.run.generate import new_caches

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Constant, Graph, StepIO
-from lanefuse.engine.model import ModelConfig, build_step
-from lanefuse.engine.moe import MoeConfig
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.families.mixtures import MoeConfig
 from lanefuse.engine.optimize import Session, optimize
-from lanefuse.engine.quantize import with_numerics
+from lanefuse.engine.formats.quantize import with_numerics
 from lanefuse.engine.rules import load_table
-from lanefuse.engine.stepweights import random_weights
+from lanefuse.engine.front.stepweights import random_weights
 
 
 def cfg(arch, **kw):
@@ -31,7 +31,7 @@ def cfg(arch, **kw):
 
 def gemma(**kw):
     """A Gemma-shaped step (sandwich norms, soft caps, a window on layer 0), or with `kw` its config."""
-    from lanefuse.engine.gemma import GemmaConfig
+    from lanefuse.engine.front.families.gemma import GemmaConfig
 
     base = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, inter=96, vocab=100, max_len=16, window=3,
                 attn_scale=0.25, attn_softcap=20.0, final_softcap=10.0, tie_embeddings=True,
@@ -148,7 +148,7 @@ def row_write_graph(rows: int = 1, producer: str = "add", d: int = 64, length: i
 
 
 def elementwise_q8() -> Graph:
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
 
     return with_numerics(elementwise_graph(), "q8")
 
@@ -219,14 +219,14 @@ def in_blocks(c, fmt="q8_0", skip=()):
 
 def q8_graph(numerics, arch="Qwen3ForCausalLM", rows=1, config=None):
     """A one-layer step (or `config`'s) over q8_0 rows under a quantized numerics: its quantize ops
-    (engine/quantize.py) for the `*_quant` rules."""
+    (engine/formats/quantize.py) for the `*_quant` rules."""
     return q8_of(config or cfg(arch, qk_norm=arch == "Qwen3ForCausalLM", layers=1), numerics, rows)
 
 
 def q8_of(c, numerics, rows=1):
     """Config `c`'s step over q8_0 rows (those of whole blocks) under a quantized numerics (the delta net's
     `gdn_output_quant`)."""
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
 
     return with_numerics(build_step(in_blocks(c), rows=rows), numerics)
 
@@ -234,7 +234,7 @@ def q8_of(c, numerics, rows=1):
 def qwen3next():
     """A Qwen3-Next-shaped config: a gated delta-net layer (key heads fewer than value heads) with a dense FFN, then a
     gated full-attention layer with experts and the sigmoid-gated shared expert."""
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     c = {"architectures": ["Qwen3NextForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 40,
@@ -249,7 +249,7 @@ def qwen3next_q8_shared():
     """Two mixture layers whose shared experts read quantized activations (a shared expert of 32: whole blocks), the
     first's gate score row f32 as a GGUF file keeps it, the second's q8_0, under q8: shared_expert_fusion.quant and
     .quant_f32_gate, moe_deferred_finalize.shared_quant."""
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
 
     c = dataclasses.replace(qwen3next(), moe=dataclasses.replace(qwen3next().moe, shared_inter=32, sparse=(0, 1)))
     c = in_blocks(c, skip=("model.layers.0.mlp.shared_expert_gate.weight",))
@@ -259,7 +259,7 @@ def qwen3next_q8_shared():
 def deepseek(**kw):
     """A DeepSeek-V3-shaped config (latent attention, a dense layer then a mixture routed in groups, shared experts;
     `kw` changes its config.json: q_lora_rank null, the query from the layer's norm)."""
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     c = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "intermediate_size": 40, "moe_intermediate_size": 24, "vocab_size": 100,
@@ -271,7 +271,7 @@ def deepseek(**kw):
 
 def gptoss():
     """A gpt-oss-shaped config (biased products and mixture, sinks, a sliding layer, YaRN by default)."""
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     c = {"architectures": ["GptOssForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 24, "vocab_size": 100,

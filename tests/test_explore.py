@@ -21,9 +21,9 @@ import pytest
 pytest.importorskip("egglog", reason="the engine needs egglog (the GPU machine has none)")
 
 from lanefuse.engine import flags
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.lane.cli.main import build_parser
 from lanefuse.lane.explore.explorer import Explorer
 from lanefuse.lane.cli.explore import explore_command

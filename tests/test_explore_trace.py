@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("egglog", reason="the engine needs egglog (the GPU machine has none)")
 
 import lanefuse.kernels as kernels_pkg
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.engine.optimize import Session
 from lanefuse.engine.rules import load_table
 from lanefuse.lane.cli.explore import explore_command

@@ -22,8 +22,8 @@ def _cli(*args, stdin=None):
 
 @pytest.fixture(scope="module")
 def ex():
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.explore.explorer import Explorer
 
     cfg, _ = demo_model(64)

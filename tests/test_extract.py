@@ -188,7 +188,7 @@ def test_local_search_bundle_move_keeps_a_forced_output():
 @pytest.mark.parametrize("layers", [1, 2, 5, 12])
 def test_elimination_matches_ilp_on_qwen3_steps(layers):
     from lanefuse.engine.cost_default import Refusal, default_cost
-    from lanefuse.engine.model import ModelConfig, build_step
+    from lanefuse.engine.front.model import ModelConfig, build_step
     from lanefuse.engine.optimize import Session
     from lanefuse.engine.rules import load_table
 
@@ -238,7 +238,7 @@ def test_forced_choice():
 
 
 def test_step_graph_never_recomputes_a_shared_tensor():
-    from lanefuse.engine.model import ModelConfig, build_step
+    from lanefuse.engine.front.model import ModelConfig, build_step
     from lanefuse.engine.optimize import optimize
     from lanefuse.engine.rules import load_table
 
@@ -359,7 +359,7 @@ def test_the_ilp_misses_no_cheaper_plan():
 
 def _step_problem(cfg):
     from lanefuse.engine.cost_default import Refusal, default_cost
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.engine.optimize import Session
     from lanefuse.engine.rules import load_table
 
@@ -374,9 +374,9 @@ def _step_problem(cfg):
 def _shapes():
     import dataclasses
 
-    from lanefuse.engine.demo import demo_config
-    from lanefuse.engine.hfconfig import config_from_hf
-    from lanefuse.engine.model import ModelConfig
+    from lanefuse.engine.front.demo import demo_config
+    from lanefuse.engine.front.hfconfig import config_from_hf
+    from lanefuse.engine.front.model import ModelConfig
 
     gptoss = config_from_hf({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 4, "num_local_experts": 16,
                              "num_experts_per_tok": 4}, "gpt-oss shape", max_len=256)

@@ -34,7 +34,7 @@ def test_the_fast_runners_first_binding_counts_as_load_not_as_a_step(monkeypatch
     weights: a one-time cost counted with the runners' setup (`load`), not in the prompt eval or the decode."""
     import time
 
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
     from lanefuse.kernels import GemvGlu
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.step import plan_step_fn
@@ -169,7 +169,7 @@ def test_ctx_is_validated(args, said):
 
 # ---- a shape without its weights -----------------------------------------------------------------------------------
 def _config(d, **over):
-    from lanefuse.engine.demo import demo_config
+    from lanefuse.engine.front.demo import demo_config
 
     cfg = demo_config()
     c = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers,

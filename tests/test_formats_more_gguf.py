@@ -18,9 +18,9 @@ gguf = pytest.importorskip("gguf")
 
 import gguf_files as gf  # noqa: E402
 from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.engine.interp import evaluate  # noqa: E402
-from lanefuse.engine.quantize import K_FORMATS, with_numerics  # noqa: E402
+from lanefuse.engine.formats.quantize import K_FORMATS, with_numerics  # noqa: E402
 from lanefuse.kernels.blocks import BLOCKS, encode  # noqa: E402
 from lanefuse.lane.lower.plan import plan  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
@@ -117,7 +117,7 @@ def check_file(path, ref, formats, what: str):
     half rounds to the other word (the twins round each super-block's term to f32 as the kernel does, the
     interpreter sums in f64: one step of one block), no farther than the quantization's own noise — the same next
     token."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
 
     cfg, weights = load_model(path)
     for name, fmt in formats.items():
@@ -154,7 +154,7 @@ def test_the_q8_step_pairs_each_format_with_llama_cpps_activation_form():
     product sums from the words)."""
     import dataclasses
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from test_quant import q8_model
 
     cfg, _ = q8_model("q8_0")
@@ -190,7 +190,7 @@ def test_a_file_mixing_formats_plans_each_product_in_its_own(tmp_path):
     path, ref, formats = write(model, tmp_path / "llama-mixed.gguf", fmt_of)
     cfg, weights = check_file(path, ref, formats, "llama mixed")
     assert set(NEW) <= set(formats.values())
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
 
     read = {}
     for numerics in ("f32", "q8"):
@@ -257,7 +257,7 @@ def test_q8_equals_llama_cpp(fmt, tmp_path):
     the fused plan (exact twins) gives its tokens, its logits within the q8 noise (2e-2 of their scale: a flip, the
     note above)."""
     pytest.importorskip("llama_cpp")
-    from lanefuse.engine.quantize import with_numerics as numerics
+    from lanefuse.engine.formats.quantize import with_numerics as numerics
 
     shape = WIDE if BLOCKS[fmt][0] == 256 else SMALL
     model = gf.tiny_model("llama", **shape)

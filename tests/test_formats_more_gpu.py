@@ -12,7 +12,7 @@ import pytest
 
 import test_kernels_gpu as gpu
 import test_quant_gpu as qgpu
-from lanefuse.engine.quantize import K_FORMATS
+from lanefuse.engine.formats.quantize import K_FORMATS
 from lanefuse.kernels import Dst, Gemv, Part
 from lanefuse.kernels.blocks import decode_rows
 from lanefuse.kernels.common import encode

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from lanefuse.engine.demo import random_arrays
+from lanefuse.engine.front.demo import random_arrays
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.front import load_model
+from lanefuse.engine.front.load import load_model
 from lanefuse.lane.run.generate import generate
-from lanefuse.engine.hfconfig import config_from_hf
-from lanefuse.engine.model import ModelConfig, build_step
-from lanefuse.engine.stepweights import step_weights
-from lanefuse.engine.weights import Weights, bf16_to_f32, f32_to_bf16, inv_freq
+from lanefuse.engine.front.hfconfig import config_from_hf
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.stepweights import step_weights
+from lanefuse.engine.front.weights import Weights, bf16_to_f32, f32_to_bf16, inv_freq
 
 HF = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": 50, "rms_norm_eps": 1e-5,

@@ -104,9 +104,9 @@ def test_delta_equals_gated_delta(rows, hk, group, dk, dv, seed):
 @pytest.mark.parametrize("words", [1, 2, 3])
 def test_delta_quantizing_in_its_epilogue(words):
     """gdn_output_quant's launch: the delta rule's f32 output and state as without it, and the output rows'
-    quantized form (3: the q8k form, blocks of 256 over four heads of 64), the words (sums) engine/quantize.py makes
+    quantized form (3: the q8k form, blocks of 256 over four heads of 64), the words (sums) engine/formats/quantize.py makes
     of the values stored; the q8k form over heads a block of 256 does not hold whole refused in words."""
-    from lanefuse.engine.quantize import quantize
+    from lanefuse.engine.formats.quantize import quantize
 
     g = np.random.default_rng(3)
     rows, hk, hv, dk, dv = 3, 2, 4, 32, 64

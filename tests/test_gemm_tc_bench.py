@@ -15,8 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import gemm_model  # noqa: E402
 import gpu_prefill  # noqa: E402
 
-from lanefuse.engine.demo import demo_model  # noqa: E402
-from lanefuse.engine.model import build_step  # noqa: E402
+from lanefuse.engine.front.demo import demo_model  # noqa: E402
+from lanefuse.engine.front.model import build_step  # noqa: E402
 from lanefuse.lane.lower.knobs import Knobs  # noqa: E402
 from lanefuse.lane.lower.plan import plan  # noqa: E402
 

@@ -12,11 +12,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.model import ModelConfig, build_step
-from lanefuse.engine.demo import random_arrays
-from lanefuse.engine.weights import Weights, f32_to_bf16
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.demo import random_arrays
+from lanefuse.engine.front.weights import Weights, f32_to_bf16
 from lanefuse.kernels import GemmTc, GemmTcGlu, GemmTcParts, Gemv
 from lanefuse.lane.lower.knobs import Knobs, parse_knobs
 from lanefuse.lane.lower.plan import PlanOptions, plan
@@ -152,7 +152,7 @@ def test_batch_of_16_decodes_under_the_knob():
 # -- prompt chunks as large as the lane wants (issue 35 item 3) ------------------------------------------------------
 
 def test_chunk_rows_knob_bounds_in_words():
-    from lanefuse.engine.model import MAX_CHUNK
+    from lanefuse.engine.front.model import MAX_CHUNK
 
     assert Knobs().chunk_rows == 512 and MAX_CHUNK >= 2048
     assert parse_knobs([f"chunk_rows={MAX_CHUNK}"]).chunk_rows == MAX_CHUNK

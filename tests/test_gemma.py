@@ -15,7 +15,7 @@ import pytest
 
 from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.hfconfig import config_from_hf
+from lanefuse.engine.front.hfconfig import config_from_hf
 
 TOL = 1e-4
 PROMPT = [3, 17, 5, 42, 8, 11, 29]  # 7 rows: with chunk=4 a chunk of 4 and one of 3, both past the window of 5
@@ -171,7 +171,7 @@ def _build(name: str, tmp_path, conditional: bool = False):
 
 
 def _compare(folder, ref, fused: bool, chunk: int = 4):
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     want_tokens, want_logits = hf_greedy(ref, PROMPT, N_TOKENS)
@@ -289,7 +289,7 @@ def test_sandwich_norm_twins_equal_the_reference(rows):
 
 def gemma_shape(family: str, layers: int = 4, **kw):
     """A small Gemma 2 / Gemma 3 shape (sliding and global layers alternating; Gemma 2 soft-capped)."""
-    from lanefuse.engine.gemma import GemmaConfig
+    from lanefuse.engine.front.families.gemma import GemmaConfig
 
     base = dict(hidden=64, layers=layers, heads=4, kv_heads=2, head_dim=16, inter=96, vocab=128, max_len=32, window=6,
                 attn_scale=0.25, tie_embeddings=True,
@@ -338,7 +338,7 @@ def test_fused_plan_equals_the_reference_with_rules_held(family, rows, held):
     """The plan with Gemma's fusions held back (each then runs as its parts: a norm with no pre, a softcap launch,
     a gather and a scale) still computes what the lifted graph does, at a position past the window."""
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -499,7 +499,7 @@ def test_gguf_gemma_matches_transformers(name, tmp_path):
         cfg_cls(max_position_embeddings=64, **kw)).eval()
     _init(model, torch, zlib.crc32(name.encode()), gain)
     path = _write_gemma_gguf(model, tmp_path / f"{name}.gguf")
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     cfg, _ = load_model(path)
     assert cfg.norm_offset == 0.0 and cfg.arch == type(model).__name__

@@ -86,7 +86,7 @@ def test_sandwich_folded_into_the_product(m):
 
 
 def test_transformers_made_gemma2_32_tokens():
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.lower.planfile import load
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
     from lanefuse.lane.run.generate import generate

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_model, random_arrays
+from lanefuse.engine.front.demo import demo_model, random_arrays
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.run.generate import generate
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import ModelConfig, build_step
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.weights import Weights
 
 PROMPT = [5, 77, 301, 12, 9, 140, 33]
 

@@ -20,7 +20,7 @@ import gguf  # noqa: E402
 import gguf_files as gf  # noqa: E402
 from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -115,7 +115,7 @@ def test_gguf_phi3_fused_projections_and_window(fmt, tmp_path):
 
 
 def test_gguf_phi3_longrope_is_refused(tmp_path):
-    from lanefuse.engine.gguf import config_from_gguf, metadata, open_reader
+    from lanefuse.engine.front.gguf import config_from_gguf, metadata, open_reader
 
     model = gf.tiny_model("phi3", **PHI3_SHAPE)
     path = gf.write_gguf(model, tmp_path / "phi3.gguf", "f32")
@@ -332,8 +332,8 @@ EXTRA = ["", " ", "hello world", "  two  spaces  ", "tabs\tand\nnew\n\nlines", "
 
 @pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt-2", "default"])
 def test_tokenizer_from_the_metadata_equals_the_trained_one(pre, tmp_path):
-    from lanefuse.engine.gguf import open_reader
-    from lanefuse.engine.gguf_vocab import tokenizer_from_gguf
+    from lanefuse.engine.front.gguf import open_reader
+    from lanefuse.engine.front.gguf_vocab import tokenizer_from_gguf
 
     tok, tokens, merges, types = gf.bpe_tokenizer(VOCAB, pre)
     model = gf.tiny_model("llama", **SHAPES["llama"])
@@ -346,8 +346,8 @@ def test_tokenizer_from_the_metadata_equals_the_trained_one(pre, tmp_path):
 
 
 def test_tokenizer_adds_bos_where_the_file_says(tmp_path):
-    from lanefuse.engine.gguf import open_reader
-    from lanefuse.engine.gguf_vocab import tokenizer_from_gguf
+    from lanefuse.engine.front.gguf import open_reader
+    from lanefuse.engine.front.gguf_vocab import tokenizer_from_gguf
 
     tok, tokens, merges, types = gf.bpe_tokenizer(VOCAB, "llama-bpe")
     model = gf.tiny_model("llama", **SHAPES["llama"])
@@ -385,7 +385,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st  
 @settings(max_examples=60, deadline=None)
 @given(heads=st.integers(1, 9), half=st.integers(1, 40), cols=st.integers(1, 4))
 def test_the_row_order_undoes_the_converters_permutation(heads, half, cols):
-    from lanefuse.engine.gguf import _row_permutation
+    from lanefuse.engine.front.gguf import _row_permutation
 
     w = np.arange(heads * 2 * half * cols).reshape(heads * 2 * half, cols)
     assert np.array_equal(gf.permute(w, heads)[_row_permutation(len(w), heads)], w)
@@ -413,7 +413,7 @@ def test_any_metadata_edit_loads_or_is_one_line(llama_q8, edits):
     says why in one line naming it — never another exception."""
     from unittest import mock
 
-    import lanefuse.engine.gguf as G
+    import lanefuse.engine.front.gguf as G
 
     _, path = llama_q8
     real = G.metadata
@@ -433,7 +433,7 @@ def test_any_metadata_edit_loads_or_is_one_line(llama_q8, edits):
         except UserError as e:
             assert str(path) in str(e) and "\n" not in str(e), str(e)
             return
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
 
     build_step(cfg, 1)  # what loaded builds its step
 

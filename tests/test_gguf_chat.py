@@ -15,8 +15,8 @@ pytest.importorskip("tokenizers")
 
 import gguf_files as gf  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.gguf import open_reader  # noqa: E402
-from lanefuse.engine.gguf_vocab import chat_text, tokenizer_from_gguf  # noqa: E402
+from lanefuse.engine.front.gguf import open_reader  # noqa: E402
+from lanefuse.engine.front.gguf_vocab import chat_text, tokenizer_from_gguf  # noqa: E402
 
 # ChatML as SmolLM's instruct files hold it: a system turn when none is given, the generation prompt at the end
 CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

@@ -19,7 +19,7 @@ gguf = pytest.importorskip("gguf")
 import gguf_files as gf  # noqa: E402
 from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine import flags  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 from test_gguf import PROMPT, SHAPES, VOCAB, _needs_blocks  # noqa: E402
 

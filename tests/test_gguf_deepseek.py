@@ -20,7 +20,7 @@ gguf = pytest.importorskip("gguf")
 import gguf_files as gf  # noqa: E402
 from hf_ref import hf_greedy, margins_ok, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from test_deepseek import build  # noqa: E402
 from test_gguf import U32, VOCAB, _rewrite  # noqa: E402
 
@@ -228,7 +228,7 @@ def test_yarn_the_softmax_scale_and_the_pair_rotation_matter(tmp_path):
     scale, or rotating halves instead of llama.cpp's adjacent pairs, the logits leave transformers'."""
     import dataclasses
 
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.lane.run.generate import generate
 
     path = tmp_path / "m.gguf"

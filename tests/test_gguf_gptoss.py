@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 import gguf_files as gf  # noqa: E402
 from hf_ref import hf_greedy, margins_ok, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from test_gguf import U32, VOCAB, _rewrite  # noqa: E402
 
 pytestmark = pytest.mark.hf
@@ -176,7 +176,7 @@ def test_the_window_the_clamp_the_sinks_and_yarn_matter(tiny, tmp_path):
     or with YaRN's ramp ends left unrounded (transformers' truncate false), the logits leave transformers'."""
     import dataclasses
 
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.lane.run.generate import generate
 
     path = write_gptoss_gguf(tiny, tmp_path / "m.gguf", "f32", "mxfp4")
@@ -207,8 +207,8 @@ def test_the_window_the_clamp_the_sinks_and_yarn_matter(tiny, tmp_path):
 def test_ggml_mxfp4_is_repacked_to_the_same_values():
     """Every ggml MXFP4 code and a spread of scales: GGUFStore's repacking decodes (kernels' mxfp4) to gguf's own
     dequantization exactly (its code 8 is +0 where transformers' table says -0: equal in every product)."""
-    from lanefuse.engine.gguf import mxfp4_from_ggml
-    from lanefuse.engine.weights import dequantize
+    from lanefuse.engine.front.gguf import mxfp4_from_ggml
+    from lanefuse.engine.front.weights import dequantize
 
     rng = np.random.default_rng(5)
     blocks = rng.integers(0, 256, (300, 17), dtype=np.uint8)
@@ -222,7 +222,7 @@ def test_ggml_mxfp4_is_repacked_to_the_same_values():
 def test_gguf_gptoss_census(tiny, tmp_path):
     """A file's decode step plans to five kernels a layer (the mixture's two among them), as the checkpoint's does."""
     pytest.importorskip("egglog")
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg, _ = load_model(write_gptoss_gguf(tiny, tmp_path / "m.gguf", "q8_0", "mxfp4"))

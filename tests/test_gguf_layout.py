@@ -17,7 +17,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, KV, INTER, VOCAB = 32, 2, 4, 2, 48, 64
 

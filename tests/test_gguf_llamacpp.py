@@ -13,9 +13,9 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import gguf_files as gf  # noqa: E402
 from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
-from lanefuse.engine.gguf import open_reader  # noqa: E402
-from lanefuse.engine.gguf_vocab import tokenizer_from_gguf  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
+from lanefuse.engine.front.gguf import open_reader  # noqa: E402
+from lanefuse.engine.front.gguf_vocab import tokenizer_from_gguf  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 from test_gguf import EXTRA, PROMPT, SHAPES, VOCAB  # noqa: E402
 

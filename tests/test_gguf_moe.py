@@ -16,7 +16,7 @@ pytest.importorskip("gguf")
 
 import gguf_files as gf  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from test_gguf import PROMPT, U32, VOCAB, _parity, _rewrite  # noqa: E402
 
@@ -114,7 +114,7 @@ def test_mixture_census_and_bytes(tmp_path):
     """A q8_0 qwen3moe file's fused decode step: five launches a layer (the mixture's two among them), and the plan
     reads only the chosen experts' rows."""
     pytest.importorskip("egglog")
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     model = _model("qwen3moe")

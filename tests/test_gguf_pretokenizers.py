@@ -1,5 +1,5 @@
 """The pre-tokenizers llama.cpp builds for byte-level BPE GGUF files (`tokenizer.ggml.pre`), restated for the
-`tokenizers` package in engine/gguf_vocab.py: each one's words pinned on two strings (CPU, no llama.cpp), every name
+`tokenizers` package in engine/front/gguf_vocab.py: each one's words pinned on two strings (CPU, no llama.cpp), every name
 building a tokenizer that round-trips a corpus of code, digits, whitespace runs, accents and CJK, the names it refuses
 said in one line; and, with llama-cpp-python, token ids equal to llama.cpp's on that corpus for every name (a
 vocabulary trained on the corpus with that pre-tokenizer, so the merges meet every kind of word)."""
@@ -12,8 +12,8 @@ pytest.importorskip("tokenizers")
 
 import gguf_files as gf  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.gguf import open_reader  # noqa: E402
-from lanefuse.engine.gguf_vocab import NOT_BUILT, PRES, tokenizer_from_gguf, words  # noqa: E402
+from lanefuse.engine.front.gguf import open_reader  # noqa: E402
+from lanefuse.engine.front.gguf_vocab import NOT_BUILT, PRES, tokenizer_from_gguf, words  # noqa: E402
 
 CORPUS = [
     "def area(r):\n    return 3.14159 * r ** 2  # a circle's\n\n\tprint(f\"{area(2):>10.3f}\")\n",

@@ -67,7 +67,7 @@ def model(request, tmp_path_factory):
 def test_hf_parity_reference(model, chunk):
     """The reference interpreter of the lifted graph against transformers: decode steps (chunk 1) and prefill chunks
     of 8 then decode; the same greedy tokens, logits within 1e-4 of their scale."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     folder, ref, want, want_logits = model
@@ -85,7 +85,7 @@ def test_hf_parity_reference(model, chunk):
 @pytest.mark.parametrize("chunk", [1, 8])
 def test_hf_parity_fused_plan(model, chunk):
     """The fused plan run in the numpy arena (exact twins) against transformers, decode and chunks of 8."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     folder, ref, want, want_logits = model
@@ -105,8 +105,8 @@ def test_the_window_the_clamp_and_yarn_matter(model):
     reference leaves transformers' logits."""
     import dataclasses
 
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.load import load_model
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.lane.run.generate import generate
 
     folder, ref, want, want_logits = model
@@ -120,7 +120,7 @@ def test_the_window_the_clamp_and_yarn_matter(model):
 
 
 def tiny_cfg(layers=4, experts=8, k=2):
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     c = {**SMALL, "architectures": ["GptOssForCausalLM"], "num_hidden_layers": layers, "num_local_experts": experts,
          "num_experts_per_tok": k, "layer_types": ["sliding_attention", "full_attention"] * (layers // 2)}
@@ -132,7 +132,7 @@ def test_census_golden_of_a_gptoss_decode_layer():
     sinks; the o product with its bias, the residual add and the norm (a fold: gemv_norm_epilogue.bias); the
     mixture's two kernels, its weighed sum added to the residual and normed for the next layer by the last block of
     the row (moe_deferred_finalize.biased)."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     s = plan(build_step(tiny_cfg(), 1))
@@ -162,11 +162,11 @@ def test_a_chunk_sorted_by_expert():
 
 def plan_against_reference(rows, fmt, **opts):
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import new_caches
     from lanefuse.lane.run.numpy_runner import NumpyRunner
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.kernels.common import encode
 
     cfg = tiny_cfg()
@@ -222,7 +222,7 @@ def test_the_fast_runner_against_the_reference(rows):
 
 
 def test_plan_is_one_op_whatever_the_expert_count():
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     a, b = plan(build_step(tiny_cfg(experts=8), 1)), plan(build_step(tiny_cfg(experts=128, k=4), 1))
@@ -230,7 +230,7 @@ def test_plan_is_one_op_whatever_the_expert_count():
 
 
 def test_config_refusals_are_one_line():
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     base = {**SMALL, "architectures": ["GptOssForCausalLM"]}
     for bad, word in (({"attention_bias": False}, "attention_bias"), ({"layer_types": ["full_attention"]}, "layer_types"),
@@ -247,7 +247,7 @@ def test_config_refusals_are_one_line():
 def test_mxfp4_and_missing_experts_are_refused_in_words(tmp_path):
     from safetensors.numpy import load_file, save_file
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     build("float32", tmp_path / "m")
     t = load_file(str(tmp_path / "m" / "model.safetensors"))

@@ -107,8 +107,8 @@ def test_a_near_tie_ends_the_token_comparison_and_nothing_else_does():
 def test_a_qwen3_next_plan_saved_loads(tmp_path):
     pytest.importorskip("egglog")
     pytest.importorskip("torch")
-    from lanefuse.engine.front import load_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.load import load_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.lower.planfile import load, save
 

@@ -47,8 +47,8 @@ def _generate(cfg, weights, s, runner_cls, n=32, state=None):
 
 
 def test_demo_32_tokens_cupy_equals_numpy():
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -64,9 +64,9 @@ def test_demo_32_tokens_cupy_equals_numpy():
 
 def test_decode_step_cuda_graph_replays_match():
     """Graph capture on and off give the same logits; the device advances the token and position itself."""
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
     from lanefuse.lane.run.generate import new_caches
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
 
     cfg, w = demo_model()
@@ -85,8 +85,8 @@ def test_demo_with_programmatic_dependent_launch_equals_numpy(graph, monkeypatch
     """LANEFUSE_PDL=1 (kernels/pdl.py: every kernel through cuLaunchKernelEx, each free to start while the one before
     it drains, waiting in PDL_ENTER): the demo's 32 tokens and logits as numpy's, in a CUDA graph (programmatic
     edges) and launched one by one. Below sm_90 the flag is ignored (the plain launch)."""
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 

@@ -21,9 +21,9 @@ from test_hardening_fast import copy_env, family_step  # noqa: E402
 
 def q8_step(rows: int):
     """The demo's shape, 2 layers, every layer's rows q8_0 (seeded blocks), a step of `rows` with cache history."""
-    from lanefuse.engine.demo import demo_config
-    from lanefuse.engine.model import build_step
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.demo import demo_config
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.stepweights import random_weights
 
     cfg = dataclasses.replace(demo_config(32), layers=2)
     names = [n for n in cfg.weight_names() if n.startswith("model.layers.") and n.endswith("proj.weight")]
@@ -45,7 +45,7 @@ def _rel(a, b) -> float:
 @pytest.mark.parametrize("numerics", ["q8", "q8x2"])
 def test_a_q8_plan_equals_the_q8_reference_not_the_f32_one(numerics):
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -62,7 +62,7 @@ def test_a_q8_plan_equals_the_q8_reference_not_the_f32_one(numerics):
 
 def test_run_reference_honors_numerics():
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.cli.commands import _step_fn
 
     g, w, env = q8_step(1)
@@ -90,9 +90,9 @@ def test_a_bias_added_in_place_is_no_divergence(rows):
 def test_a_table_row_written_twice_is_compared_after_its_last_write():
     """A launch writing a cache table's rows, run twice in the step with other values first (a stand-in for a row
     written, then rewritten): no divergence where the row ends right; a wrong last write is still named."""
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
     from lanefuse.engine.errors import UserError
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -206,9 +206,9 @@ def test_the_command_checks_q8_against_the_q8_reference_and_runs_it(tmp_path):
 def test_a_wrong_write_into_a_later_sequences_slot_is_named():
     """A batch step's cache writes are compared in every sequence's slot (the comparison looked at the first
     sequence's rows only): a launch that writes the last sequence's row wrong is named."""
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
     from lanefuse.engine.errors import UserError
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 

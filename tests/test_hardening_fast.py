@@ -22,9 +22,9 @@ TOL = 2e-4
 def family_step(name: str, rows: int):
     """Family `name`'s tiny shape (tests/gpu_families.py, no transformers) as a step graph of `rows` rows, seeded
     weights for its constants, and an env with 4 rows of cache history."""
-    from lanefuse.engine.hfconfig import config_from_hf
-    from lanefuse.engine.model import build_step
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.hfconfig import config_from_hf
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.stepweights import random_weights
 
     stem, kw, *_ = FAMILIES[name]
     cfg = config_from_hf({"architectures": [f"{stem}ForCausalLM"], "max_position_embeddings": 128, **kw},
@@ -68,8 +68,8 @@ def test_the_fast_runner_agrees_with_the_reference(family, lane):
 def test_a_launch_asking_for_more_temporaries_than_it_declared_is_named():
     """A fast twin whose kind under-declares `fast_temp` (the conservative lane's Rope did: an empty view, then
     `cannot reshape array of size 0`) is said at binding, in words."""
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import ArenaEnv
 

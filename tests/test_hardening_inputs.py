@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import random_arrays
+from lanefuse.engine.front.demo import random_arrays
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.hfconfig import config_from_hf
-from lanefuse.engine.weights import f32_to_bf16
+from lanefuse.engine.front.hfconfig import config_from_hf
+from lanefuse.engine.front.weights import f32_to_bf16
 
 HF = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": 50, "rms_norm_eps": 1e-5,
@@ -325,7 +325,7 @@ def test_good_configs_still_read(change):
 
 def test_symlinked_shards_inside_the_folder_load(tmp_path):
     """A hub snapshot keeps its shards as symlinks into a blob store outside the folder: still fine."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     d = _sharded(tmp_path / "m")
     blobs = tmp_path / "blobs"
@@ -339,7 +339,7 @@ def test_symlinked_shards_inside_the_folder_load(tmp_path):
 
 
 def test_the_decode_step_is_named_when_its_logits_are_not_finite():
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
     from lanefuse.lane.run.generate import generate
 
     cfg, w = demo_model(64)
@@ -367,9 +367,9 @@ def test_json_output_refuses_nan_in_words():
 
 @pytest.mark.parametrize("seed", [-1, 1.5, True, "3"])
 def test_a_step_yamls_random_seed_must_be_a_non_negative_integer(seed):
-    from lanefuse.engine.demo import demo_config
-    from lanefuse.engine.model import build_step
-    from lanefuse.engine.stepweights import step_weights
+    from lanefuse.engine.front.demo import demo_config
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.stepweights import step_weights
 
     g = build_step(demo_config(16), 1)
     g.meta["weights"] = {"random": seed}

@@ -143,8 +143,8 @@ def test_run_json_dash_puts_only_json_on_stdout(capsys):
 
 @pytest.fixture(scope="module")
 def explorer():
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.explore.explorer import Explorer
 
     cfg, _ = demo_model()

@@ -17,8 +17,8 @@ pytest.importorskip("egglog")
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    from lanefuse.engine.demo import demo_config
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_config
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.lower.planfile import save
 

@@ -72,9 +72,9 @@ def cases() -> dict[str, list]:
 
 def tc_step(_, rows: int):
     """The demo's shape (2 layers) as a chunk of `rows` rows with 4 rows of cache history."""
-    from lanefuse.engine.demo import demo_config, random_arrays
-    from lanefuse.engine.model import build_step
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.demo import demo_config, random_arrays
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.weights import Weights
 
     cfg = dataclasses.replace(demo_config(64), layers=2)
     g = build_step(cfg, rows)
@@ -202,8 +202,8 @@ def test_fast_twin_equals_exact_twin_on_adversarial_values(kind):
 def test_huge_and_tiny_activations_give_the_references_tokens(scale):
     """The demo model's embeddings scaled by 1e20 (each norm's f32 sum of squares overflowed: every logit 0, token 0
     every step) or by 1e-25 (squares underflow): the fast runner prints the reference's tokens."""
-    from lanefuse.engine.demo import demo_config, random_arrays
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.demo import demo_config, random_arrays
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.step import plan_step_fn
 

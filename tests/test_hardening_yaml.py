@@ -333,8 +333,8 @@ def test_ilp_time_limit_is_a_few_seconds_scaled():
 
 def test_a_plan_whose_ilp_runs_out_of_time_says_so(monkeypatch):
     from lanefuse.engine import extract
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.engine.optimize import optimize
     from lanefuse.engine.rules import load_table
 

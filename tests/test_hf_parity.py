@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 
 pytestmark = pytest.mark.hf

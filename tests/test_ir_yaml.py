@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Access, Dst, Graph, Op, RowSel, attrs_of
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.stepyaml import from_yaml, to_yaml
 
 

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from lanefuse.engine.demo import demo_config
+from lanefuse.engine.front.demo import demo_config
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.hfconfig import config_from_hf
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.hfconfig import config_from_hf
+from lanefuse.engine.front.model import build_step
 from lanefuse.lane.lower.plan import plan
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,

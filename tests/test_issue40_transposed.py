@@ -11,11 +11,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Constant
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.engine.orientation import refusal, wants
 from lanefuse.engine.stepyaml import from_yaml, to_yaml
 
@@ -123,7 +123,7 @@ def test_the_command_refuses_such_a_step_in_one_line(tmp_path, capsys):
 def test_the_reference_and_the_plan_of_a_tied_model_agree():
     """A tied model's table, transposed for its head, is gathered as before: the reference interpreter and the fused
     plan give the same logits (nothing reads the flag but the check)."""
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 

@@ -392,8 +392,8 @@ def test_the_sources_use_unsigned_pointers_for_counters_alone():
 
 
 def plans():
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from test_quant import q8_model
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lanefuse.engine.demo import demo_config, random_arrays
-from lanefuse.engine.model import build_step
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.front.demo import demo_config, random_arrays
+from lanefuse.engine.front.model import build_step
+from lanefuse.engine.front.weights import Weights
 from lanefuse.kernels import (Dst, Fold, Gather, GemmPart, GemmParts, Gemv, GemvGlu, HostEnv, Norm, Part, RopeParts,
                               RopeSide)
 from lanefuse.kernels.blocks import BLOCKS, encode_matrices
@@ -362,7 +362,7 @@ ops:
 def test_a_step_yamls_random_weights_are_blocks_of_its_formats():
     """`weights: {random: SEED}` makes each constant in the format it declares (random blocks with finite scales),
     so the kernels read what the plan says they read; the plan runs against the reference."""
-    from lanefuse.engine.stepweights import step_weights
+    from lanefuse.engine.front.stepweights import step_weights
     from lanefuse.engine.stepyaml import from_yaml
 
     g = from_yaml(STEP)

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from lanefuse.engine.demo import demo_model, random_arrays
+from lanefuse.engine.front.demo import demo_model, random_arrays
 from lanefuse.engine.errors import UserError
 from lanefuse.lane.run.generate import generate, new_caches
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.rules import load_table
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.front.weights import Weights
 from lanefuse.lane.lower.arena import check
 from lanefuse.lane.lower.plan import ALWAYS, plan
 from lanefuse.lane.lower.table import load_lane
@@ -81,7 +81,7 @@ def _weights(cfg: ModelConfig) -> Weights:
     arrays = random_arrays(cfg, seed=11)
     for name, fmt in cfg.formats:
         if fmt == "bf16":
-            from lanefuse.engine.weights import f32_to_bf16
+            from lanefuse.engine.front.weights import f32_to_bf16
 
             arrays[name] = f32_to_bf16(arrays[name])
     return Weights.from_dict(arrays, cfg)
@@ -334,7 +334,7 @@ def test_cli_errors_are_one_line():
 
 
 def test_run_a_step_yaml_equals_the_demo(tmp_path):
-    from lanefuse.engine.demo import demo_config
+    from lanefuse.engine.front.demo import demo_config
     from lanefuse.engine.stepyaml import to_yaml
 
     g = build_step(demo_config(), 1)
@@ -375,7 +375,7 @@ def small_models(draw):
 def test_random_models_shapes_and_held_sets(cfg, rows, held, lane):
     """Random architectures and shapes, random rows and held rules, both lanes: the plan run in its arena equals the
     reference interpreter of the lifted graph (the caches too)."""
-    from lanefuse.engine.weights import f32_to_bf16
+    from lanefuse.engine.front.weights import f32_to_bf16
 
     arrays = random_arrays(cfg, seed=5)
     for name, fmt in cfg.formats:
@@ -446,7 +446,7 @@ MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "num
 def test_golden_mistral_7b_decode():
     """Mistral-7B v0.1's shape (its config.json alone): Llama's 5 launches a layer, every attention over the last 4096
     positions (the window the lifted graph's attention carries to its launch)."""
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     cfg = config_from_hf(MISTRAL_7B, max_len=8192)
     s = plan(build_step(cfg, 1))
@@ -466,7 +466,7 @@ PHI3_MINI = {"architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "num_hid
 def test_golden_phi3_mini_decode():
     """Phi-3-mini-4k's shape (its config.json alone): its fused projections read in parts plan as Llama's, 5 launches
     a layer, every attention over the last 2047 positions."""
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     cfg = config_from_hf(PHI3_MINI, max_len=4096)
     s = plan(build_step(cfg, 1))

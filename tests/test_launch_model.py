@@ -24,8 +24,8 @@ def lm():
 
 @pytest.fixture(scope="module")
 def demo_plan():
-    from lanefuse.engine.demo import demo_config
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_config
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     return plan(build_step(demo_config(), 1))

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from lanefuse.engine.errors import UserError, clip  # noqa: E402
-from lanefuse.engine.hfconfig import MAX_LAYERS, config_from_hf  # noqa: E402
+from lanefuse.engine.front.hfconfig import MAX_LAYERS, config_from_hf  # noqa: E402
 from lanefuse.engine.userfile import MIB, read_capped, regular  # noqa: E402
 
 HF = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -52,7 +52,7 @@ def test_building_a_step_is_linear_in_its_layers():
     import dataclasses
     import time
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
 
     def seconds(layers):
         cfg = config_from_hf({**HF, "num_hidden_layers": layers})
@@ -72,7 +72,7 @@ def test_a_gguf_expert_count_of_a_billion_is_refused_before_any_store(tmp_path):
     pytest.importorskip("gguf")
     from test_gguf_layout import write_llama
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     p = write_llama(tmp_path / "m.gguf", keys={"llama.expert_count": 10 ** 9, "llama.expert_used_count": 2},
                     experts=4)
@@ -88,7 +88,7 @@ def test_a_gguf_expert_count_of_a_billion_is_refused_before_any_store(tmp_path):
 def test_a_config_whose_sizes_its_files_cannot_hold_is_refused(tmp_path):
     from test_hardening_inputs import _folder
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     d = _folder(tmp_path / "m")
     (d / "config.json").write_text(json.dumps({**HF, "intermediate_size": 2 ** 30}))
@@ -167,7 +167,7 @@ def test_clip_keeps_a_message_a_line():
 
 
 def test_a_step_yamls_random_weights_are_bounded():
-    from lanefuse.engine.stepweights import MAX_RANDOM_VALUES, step_weights
+    from lanefuse.engine.front.stepweights import MAX_RANDOM_VALUES, step_weights
     from lanefuse.engine.stepyaml import from_yaml
 
     text = ("io: {token: token, position: pos, caches: [], logits: logits, next: next}\ntensors:\n  token: i32[1]\n"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError, listed
-from lanefuse.engine.model import build_step
+from lanefuse.engine.front.model import build_step
 from lanefuse.engine.rules import MAX_NAME, MAX_TABLE_QUERIES, load_table
 
 HUGE = "x" * 60_000

@@ -15,7 +15,7 @@ import pytest
 from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import OP_IMPL
-from lanefuse.engine.moe import route
+from lanefuse.engine.front.families.mixtures import route
 from lanefuse.kernels import Dst, HostEnv, Moe
 from lanefuse.kernels.common import encode
 
@@ -242,7 +242,7 @@ PARITY = [(n, d) for n in CASES for d in ("float32", "bfloat16")]
 def test_hf_parity_reference_and_fused_plan(name, dtype, tmp_path):
     """The reference interpreter of the lifted graph and the fused plan in the numpy arena (exact twins) against
     transformers: the same greedy tokens, logits within 1e-4 of their scale, prefill chunks of 8 rows then decode."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     ref = build(name, dtype, tmp_path / name)
@@ -264,7 +264,7 @@ def test_hf_parity_reference_and_fused_plan(name, dtype, tmp_path):
 @pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
 def test_the_fused_spelling_of_transformers_5(name, tmp_path):
     """A checkpoint holding each layer's experts as the fused 3-D tensors reads as the per-expert one."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     ref = build(name, "float32", tmp_path / name)
@@ -278,7 +278,7 @@ def test_the_fused_spelling_of_transformers_5(name, tmp_path):
 
 @pytest.mark.hf
 def test_missing_experts_and_bad_config_are_one_line(tmp_path):
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from safetensors.numpy import load_file, save_file
 
     build("qwen3_moe", "float32", tmp_path / "m")
@@ -298,8 +298,8 @@ def test_missing_experts_and_bad_config_are_one_line(tmp_path):
 # -- the fused plan in the numpy arena, its classes alone and held (no transformers needed) -------------------------
 
 def tiny(arch: str, layers: int = 2, **moe) -> "object":
-    from lanefuse.engine.model import ModelConfig
-    from lanefuse.engine.moe import MoeConfig
+    from lanefuse.engine.front.model import ModelConfig
+    from lanefuse.engine.front.families.mixtures import MoeConfig
 
     m = dict(experts=8, k=2, inter=37, norm_topk=arch != "Qwen2MoeForCausalLM", sparse=tuple(range(layers)))
     m.update(moe)
@@ -308,9 +308,9 @@ def tiny(arch: str, layers: int = 2, **moe) -> "object":
 
 
 def weights_for(cfg, fmt="f32", seed=0):
-    from lanefuse.engine.stepweights import random_weights
-    from lanefuse.engine.model import build_step
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.stepweights import random_weights
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.weights import Weights
 
     w = random_weights(build_step(cfg, 1), seed)
     if fmt == "f32":
@@ -323,7 +323,7 @@ def plan_against_reference(cfg, weights, rows, **opts):
     """The plan of a step of `rows` run in its arena (exact twins) and the reference interpreter, from the same
     caches: the logits and every cache table agree."""
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import new_caches
     from lanefuse.lane.run.numpy_runner import NumpyRunner
@@ -351,7 +351,7 @@ def test_census_golden_of_a_qwen3_moe_decode_layer():
     """Five launches a layer: q/k/v with heads normed, rotated and cached (a fold); the attention; the o product with
     the residual add and the next norm (a fold); the mixture, two kernels, its weighed sum added to the residual and
     normed for the next layer by the last block of the row (moe_deferred_finalize)."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     s = plan(build_step(tiny("Qwen3MoeForCausalLM", layers=4), 1))
@@ -400,7 +400,7 @@ def test_a_chunk_sorted_by_expert(arch):
 
 def test_the_plan_is_one_op_whatever_the_expert_count():
     """The e-graph and the plan do not grow with the experts: 8 or 128 experts, the same launches."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     a = plan(build_step(tiny("Qwen3MoeForCausalLM", experts=8), 1))
@@ -413,7 +413,7 @@ def test_the_plan_is_one_op_whatever_the_expert_count():
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_saved_plans_load_pass_the_checks_and_run_alike(arch, tmp_path):
     """Decode, a chunk, a sorted chunk: saved, loaded (every plan check), equal launches and the same logits."""
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.lower.planfile import load, save
@@ -436,7 +436,7 @@ def test_saved_plans_load_pass_the_checks_and_run_alike(arch, tmp_path):
 
 
 def test_config_refusals_are_one_line():
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     base = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 32, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 37,
@@ -460,8 +460,8 @@ def test_config_refusals_are_one_line():
 
 
 def test_experts_of_two_formats_or_the_wrong_shape_are_refused_in_words():
-    from lanefuse.engine.moe import ExpertStore
-    from lanefuse.engine.weights import DictStore
+    from lanefuse.engine.front.families.mixtures import ExpertStore
+    from lanefuse.engine.front.weights import DictStore
 
     cfg = tiny("Qwen3MoeForCausalLM", layers=1)
     arrays = {f"model.layers.0.mlp.experts.{e}.{r}.weight": np.zeros((37, 32) if r != "down_proj" else (32, 37),
@@ -521,7 +521,7 @@ def test_the_fast_runner_against_the_exact_twins(arch):
 
 
 def test_a_mixture_step_round_trips_through_its_text():
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.engine.stepyaml import from_yaml, to_yaml
 
     for arch in FAMILIES:

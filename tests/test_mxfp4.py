@@ -121,7 +121,7 @@ def mxfp4_model(tmp_path_factory):
 
 @pytest.mark.hf
 def test_the_store_serves_mxfp4_rows_equal_to_transformers_experts(mxfp4_model):
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.kernels.common import decode
 
     folder, ref, _, _ = mxfp4_model
@@ -148,7 +148,7 @@ def test_mxfp4_gptoss_parity_with_transformers(mxfp4_model, chunk, fused):
     from hf_ref import margins_ok
     from test_gptoss import N_TOKENS, PROMPT, TOL
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 
     folder, _, want, want_logits = mxfp4_model
@@ -182,7 +182,7 @@ def test_a_broken_mxfp4_checkpoint_is_one_line(tmp_path):
     from safetensors.numpy import load_file, save_file
 
     from lanefuse.engine.errors import UserError
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from test_gptoss import build
 
     folder = tmp_path / "g"

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("egglog", reason="the engine needs egglog")
 
-from lanefuse.engine.demo import demo_model  # noqa: E402
+from lanefuse.engine.front.demo import demo_model  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.model import build_step  # noqa: E402
+from lanefuse.engine.front.model import build_step  # noqa: E402
 from lanefuse.lane.explore import report  # noqa: E402
 
 

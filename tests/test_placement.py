@@ -15,7 +15,7 @@ import pytest
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.placement import aliases, copied_views
-from lanefuse.engine.stepweights import step_weights
+from lanefuse.engine.front.stepweights import step_weights
 from lanefuse.engine.stepyaml import from_yaml
 from lanefuse.kernels import Attention, HostEnv
 from lanefuse.lane.lower.plan import plan

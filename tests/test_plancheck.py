@@ -274,8 +274,8 @@ def test_the_plans_the_lane_makes_pass_the_checks():
     pytest.importorskip("egglog")
     from test_lane import ARCHS
 
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
     cfg, _ = demo_model()
@@ -298,7 +298,7 @@ def test_a_gate_and_up_of_two_formats_is_not_one_gemv_glu():
 
     from test_lane import ARCHS
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.kernels import GemvGlu
     from lanefuse.lane.lower.plan import plan
 

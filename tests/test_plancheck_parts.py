@@ -15,7 +15,7 @@ pytest.importorskip("egglog")
 transformers = pytest.importorskip("transformers")
 
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.hfconfig import config_from_hf  # noqa: E402
+from lanefuse.engine.front.hfconfig import config_from_hf  # noqa: E402
 
 PLANNED = [({}, 1), ({}, 4), ({}, 8), ({"numerics": "q8"}, 1), ({"numerics": "q8x2"}, 8),
            ({"lane": "conservative"}, 1), ({"lane": "conservative"}, 8), ({"held": ["conv_parts"]}, 4),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lanefuse.engine.quantize import product, quantize
+from lanefuse.engine.formats.quantize import product, quantize
 from lanefuse.kernels.q8dot import q8_exact
 
 F32, F64 = np.float32, np.float64
@@ -271,9 +271,9 @@ def test_fused_q8_plan_equals_the_reference_at_real_width_past_a_chunk(real_file
     3 decode steps, gives the reference interpreter's logits (measured: bit-equal) — every activation quantized where
     the reference quantizes it, in the same form, so a plan that read one f32 or grouped one otherwise at this size
     parts from it at once (by a flip's 1e-3..1e-2 at least)."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.numpy_runner import NumpyRunner
@@ -315,9 +315,9 @@ def test_q8_run_parts_from_llama_cpp_only_at_a_flip(real_file):
     pytest.importorskip("llama_cpp")
     import llama_cpp_dump
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.run.generate import generate
 
     path = real_file(1)
@@ -391,9 +391,9 @@ def test_each_preset_at_real_width_equals_llama_cpp(preset, tmp_path):
     pytest.importorskip("llama_cpp")
     import test_formats_more_gguf as tf
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.run.generate import generate
 
     main, fallback = PRESETS[preset]
@@ -429,9 +429,9 @@ def test_q8_run_is_the_same_at_every_prefill_chunk(tmp_path):
     llama.cpp, the f32 inputs 6 ulps apart from the products' summation order, the V row it makes held in the cache.)"""
     import test_formats_more_gguf as tf
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.run.generate import generate
 
     model = tf.gf.tiny_model("llama", **dict(REAL, vocab_size=4096, num_hidden_layers=1))

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import build_step
-from lanefuse.engine.quantize import product, quantize, with_numerics
+from lanefuse.engine.front.model import build_step
+from lanefuse.engine.formats.quantize import product, quantize, with_numerics
 from lanefuse.kernels import Binary, Dst, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm, Part
 from lanefuse.kernels.blocks import decode_rows, encode
 from lanefuse.kernels.common import act
@@ -309,9 +309,9 @@ def test_q8_mixture_finalize_quantizes_the_next_norm(fmt):
     (moe_deferred_finalize.quant; on q4_k rows the q8k form, a warp a block of 256 from the row it stored), so the step
     has no Quant launch and the f32 plan's launches; decode and a 3-row chunk, the exact twins in the plan's arena
     equal to the interpreter of the quantized graph."""
-    from lanefuse.engine.demo import demo_config, random_arrays
-    from lanefuse.engine.moe import MoeConfig
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.demo import demo_config, random_arrays
+    from lanefuse.engine.front.families.mixtures import MoeConfig
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.kernels.blocks import encode_matrices
 
     cfg = dataclasses.replace(demo_config(32), arch="Qwen3MoeForCausalLM", layers=2,
@@ -365,7 +365,7 @@ def test_elementwise_results_quantized_as_they_are_stored(numerics):
     form as it stores it (elementwise_quant, .sub; the f32 result alone where only the projections read it): one Quant
     launch left, the gathered embedding row's; held `fuse_quant` a Quant launch each. Both plans, run by the exact twins in their arenas, equal the
     interpreter of the quantized graph bit for bit."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
     from test_engine import elementwise_graph
 
     g = elementwise_graph()
@@ -390,7 +390,7 @@ def test_q8_latent_attention_on_k_quant_rows():
     arrival-counted tail at 256), the mixture's finalize the next norm's, and the q_a norm in the first products'
     epilogue reads its stored row back a warp a block of 256 (merged_qkv.rotated_normed_quant): no Quant launch; the
     exact twins in the plan's arena equal the interpreter of the quantized graph, decode and a 3-row chunk."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
     from test_engine import deepseek, in_blocks
 
     cfg = in_blocks(deepseek(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, vocab_size=97,
@@ -485,7 +485,7 @@ def test_glu_over_an_f32_activation_writes_the_q8k_form():
     arrival-counted tail quantizes its GLU as llama.cpp's q8_K (the last block of each 256 outputs to arrive, from the
     values stored), no Quant launch; the exact twins in the
     plan's arena equal the interpreter of the quantized graph, decode and a 3-row chunk."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
 
     cfg, _ = q8_model("q6_k")
     cfg = dataclasses.replace(cfg, formats=tuple((n, "bf16" if "gate_proj" in n or "up_proj" in n else f)

@@ -9,14 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_config, random_arrays
+from lanefuse.engine.front.demo import demo_config, random_arrays
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.model import build_step
-from lanefuse.engine.quantize import LOW_STEPS, f32_reads, product, quantize, with_numerics
+from lanefuse.engine.front.model import build_step
+from lanefuse.engine.formats.quantize import LOW_STEPS, f32_reads, product, quantize, with_numerics
 from lanefuse.engine.stepyaml import from_yaml, to_yaml
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.front.weights import Weights
 from lanefuse.kernels.blocks import BLOCKS, _enc_q8_0, encode, encode_matrices
 
 FMTS = ("q8_0", "q4_0", "q4_k", "q6_k")
@@ -117,7 +117,7 @@ def test_min_rows_take_q8_1s_s(fmt):
     value-at-a-time x86 quantizer — in the engine's product (the decoded rows and their mins) and the kernels' exact
     twin (kernels/q8dot.py) alike; without the mins (m·f16(d32)·Σq) it is measurably off. Under two words the min term
     stays d·Σ(q + low/254)."""
-    from lanefuse.engine.quantize import block_mins
+    from lanefuse.engine.formats.quantize import block_mins
     from lanefuse.kernels.blocks import decode_rows
     from lanefuse.kernels.q8dot import q8_exact, weight_ints
 

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from lanefuse.engine.quantize import quantize
+from lanefuse.engine.formats.quantize import quantize
 from lanefuse.kernels import Dst, Gemv
 from lanefuse.kernels.common import encode
 from lanefuse.kernels.env import HostEnv

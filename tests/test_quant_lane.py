@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanefuse.engine.interp import evaluate
-from lanefuse.engine.model import build_step
-from lanefuse.engine.quantize import product, quantize, with_numerics
+from lanefuse.engine.front.model import build_step
+from lanefuse.engine.formats.quantize import product, quantize, with_numerics
 from lanefuse.kernels import Dst, Gemv
 from lanefuse.kernels.blocks import decode_rows, encode
 from lanefuse.kernels.env import HostEnv
@@ -396,7 +396,7 @@ def test_a_latent_attention_quantizes_its_expansion_for_the_o_projection(numeric
     (mla.absorbed.quant). The q_a norm runs in the first product's epilogue, which quantizes its row for q_b's
     products as it stores it (merged_qkv.rotated_normed_quant): no Quant launch either way; with fuse_quant held, the
     q_a norm's and the expansion's quantizes are Quant launches, the same numbers."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
     from test_engine import deepseek, in_blocks
 
     cfg = in_blocks(deepseek(intermediate_size=64, moe_intermediate_size=32, q_lora_rank=64))
@@ -475,7 +475,7 @@ def test_rows_read_quantized_are_views_into_the_quantized_form(numerics, fmt, d)
     are no launch and live in the form's bytes (words, low words or sums, scales each at the row's first block); the
     exact and fast twins in the plan's arena equal the interpreter of the quantized graph, and holding fuse_quant the
     same numbers."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
 
     g = rows_read_graph(fmt, d)
     gq = with_numerics(g, numerics)
@@ -521,7 +521,7 @@ def test_products_quantize_what_the_next_product_reads(numerics, rows):
     reads f32 too: stored beside its form), so no Quant launch is left but the gathered row's; the exact twins in the
     plan's arena equal the interpreter of the quantized graph bit for bit, the fast twins within f32 noise, and held
     `fuse_quant` (Quant launches) the same numbers."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
     from test_engine import product_chain_graph
 
     g = product_chain_graph(rows=rows)
@@ -592,7 +592,7 @@ def test_a_row_write_quantizes_the_table_a_product_reads(numerics, rows, produce
     left is the gathered row's; where a product computes the rows, the placement writing them straight into the table
     (`place.value_row`) competes, and held it is row_write_quant again. Every plan, and held `fuse_quant`, run by the
     exact twins in its arena equals the interpreter of the quantized graph bit for bit, the table after the step too."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
     from test_engine import row_write_graph
 
     g = row_write_graph(rows, producer)

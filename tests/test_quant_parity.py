@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 import gguf_files as gf  # noqa: E402
 from hf_ref import hf_greedy, scaled_error as _rel  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.lane.lower.plan import plan  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 from lanefuse.lane.run.numpy_runner import NumpyRunner  # noqa: E402

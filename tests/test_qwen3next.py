@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.hfconfig import config_from_hf
+from lanefuse.engine.front.hfconfig import config_from_hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 
 TOL = 1e-4

@@ -19,7 +19,7 @@ gguf = pytest.importorskip("gguf")
 import gguf_files as gf  # noqa: E402
 from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 from test_engine import in_blocks  # noqa: E402
 from test_gguf import _needs_blocks, _rewrite  # noqa: E402
@@ -176,7 +176,7 @@ def test_q8_delta_output_quantized_in_its_epilogue(numerics, tmp_path):
     that close to a half rounds to the other word)."""
     pytest.importorskip("egglog")
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -227,8 +227,8 @@ def test_q8_census_of_a_qwen3next_file(tmp_path):
 def _all_q8_shape():
     """A tiny Qwen3-Next shape with every matrix q8_0 (the shared expert's gate score row too, as the bench's
     80B-A3B shape has it; a GGUF file keeps that row f32) and attention heads of 32, seeded random weights."""
-    from lanefuse.engine.hfconfig import config_from_hf
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.hfconfig import config_from_hf
+    from lanefuse.engine.front.stepweights import random_weights
 
     c = {"architectures": ["Qwen3NextForCausalLM"], **SHAPE, "head_dim": 32}  # attention heads of whole blocks
     cfg = in_blocks(config_from_hf(c, "Qwen3-Next q8 test config", max_len=16), "q8_0")
@@ -252,7 +252,7 @@ def test_q8_shared_expert_runs_inside_the_mixture(numerics, source, tmp_path):
     interpreter of the quantized step graph; a decode step and a chunk of 3 rows (the rows grouped by expert)."""
     pytest.importorskip("egglog")
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -304,8 +304,8 @@ def _all_k_shape(fmt: str):
     """A tiny Qwen3-Next shape whose matrices of 256-value rows are all in a K-quant format (the rest f32): hidden 256,
     attention heads of 64, value heads of 64 (a q8k block spans four of either), experts and the shared expert of
     256; seeded random weights."""
-    from lanefuse.engine.hfconfig import config_from_hf
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.hfconfig import config_from_hf
+    from lanefuse.engine.front.stepweights import random_weights
 
     c = {"architectures": ["Qwen3NextForCausalLM"], **K_SHAPE, "head_dim": 64, "linear_value_head_dim": 64,
          "intermediate_size": 256}
@@ -323,7 +323,7 @@ def test_q8_on_k_quant_rows_keeps_the_f32_launches(fmt):
     exact twins in their arenas), equal to the interpreter of the quantized graph; decode and a chunk of 3 rows."""
     pytest.importorskip("egglog")
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 

@@ -15,11 +15,11 @@ from lanefuse.engine.collectives import combine, payload
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate, run_op
 from lanefuse.engine.ir import Op, attrs_of
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.parallel import (build_rank_step, check_ranks, part, rank_config, rank_weight_bytes,
                                       rank_weights)
 from lanefuse.engine.ranks import evaluate_ranks
-from lanefuse.engine.stepweights import random_weights
+from lanefuse.engine.front.stepweights import random_weights
 from lanefuse.lane.run.generate import new_caches
 
 rng = np.random.default_rng(38)
@@ -176,7 +176,7 @@ def test_refusals(cfg, ranks, words):
 def test_refuses_mixtures_and_families():
     with pytest.raises(UserError, match="expert mixtures are not split"):
         check_ranks(dataclasses.replace(_cfg(), moe=object()), 3)
-    from lanefuse.engine.gemma import GemmaConfig
+    from lanefuse.engine.front.families.gemma import GemmaConfig
 
     gemma = GemmaConfig(**{f.name: getattr(_cfg(), f.name) for f in dataclasses.fields(ModelConfig)})
     with pytest.raises(UserError, match="not split over ranks yet"):

@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.parallel import rank_weight_bytes
-from lanefuse.engine.stepweights import random_weights
+from lanefuse.engine.front.stepweights import random_weights
 from lanefuse.lane.cli.main import main
 from lanefuse.lane.cli.ranks import rank_report
 from lanefuse.lane.lower.knobs import Knobs
@@ -57,7 +57,7 @@ def test_plan_ranks_of_a_config_only_folder(tmp_path, capsys):
 
 
 def test_one_rank_does_not_fit_where_two_do(tmp_path):
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     cfg = config_from_hf(LLAMA70B, "config.json", max_len=4096, name="llama70b")
     cfg = __import__("dataclasses").replace(cfg, formats=tuple((w, "bf16") for w in cfg.weight_names()))

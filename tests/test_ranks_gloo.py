@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 from hf_ref import hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine.collectives import LocalComm  # noqa: E402
 from lanefuse.engine.errors import UserError  # noqa: E402
-from lanefuse.engine.front import load_model  # noqa: E402
+from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 from lanefuse.lane.run.ranks import gloo_missing, joined_logits, launch, rank_generate  # noqa: E402
 

@@ -83,7 +83,7 @@ def test_unknown_attribute_and_var(tmp_path):
 
 
 def test_unknown_held_lists_known(table):
-    from lanefuse.engine.model import ModelConfig, build_step
+    from lanefuse.engine.front.model import ModelConfig, build_step
 
     g = build_step(ModelConfig("Qwen3ForCausalLM", 64, 1, 4, 2, 16, 128, 100, qk_norm=True, max_len=16))
     with pytest.raises(UserError) as e:
@@ -132,7 +132,7 @@ USER_RULE = """\
 
 def test_user_rule_dir_fires_and_changes_plan(tmp_path, monkeypatch):
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
 
     g = sandwich_graph()
     held = frozenset({"norm_then_add"})

@@ -17,7 +17,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from test_cupy_runner_mock import fake_cupy  # noqa: E402,F401  (the stand-in cupy fixture)
 from test_device_decode import _device_fn, _numpy_fn  # noqa: E402
 
-from lanefuse.engine.demo import demo_model  # noqa: E402
+from lanefuse.engine.front.demo import demo_model  # noqa: E402
 from lanefuse.lane.run.batch import generate_batch  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 

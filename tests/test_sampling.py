@@ -140,7 +140,7 @@ def test_bad_sampling_values_are_refused_in_words(bad):
 
 @pytest.fixture(scope="module")
 def demo():
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
 
     return demo_model(64)
 
@@ -213,7 +213,7 @@ def test_the_numpy_plan_draws_with_its_sample_launch(demo, mode):
 def test_a_plan_without_its_closing_arg_max_is_refused_in_words(demo):
     from dataclasses import replace
 
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
     from lanefuse.lane.run.sampling import with_sampling
 
@@ -301,7 +301,7 @@ def test_on_the_device_sampling_is_the_launch_in_the_devices_loop(fake_cupy, mon
     closes its step with the `sample` launch, its index moved on by the replayed step itself: no logits read back to
     draw); the sampled tokens are the numpy plan's and the twin's on each step's logits, token for token; a batch
     likewise, each prompt its own sequence."""
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
     from lanefuse.lane.run.batch import generate_batch
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run import step as step_mod

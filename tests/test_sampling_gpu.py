@@ -63,7 +63,7 @@ def test_a_batch_on_the_device_and_again():
 
 def test_cupy_and_numpy_runs_draw_the_same_tokens():
     pytest.importorskip("egglog", reason="the run plans its steps (no engine here)")
-    from lanefuse.engine.demo import demo_model
+    from lanefuse.engine.front.demo import demo_model
     from lanefuse.lane.run.batch import generate_batch
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.step import plan_step_fn

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lanefuse.engine.demo import demo_model
+from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Constant, Graph, StepIO
-from lanefuse.engine.model import build_step
-from lanefuse.engine.quantize import with_numerics
+from lanefuse.engine.front.model import build_step
+from lanefuse.engine.formats.quantize import with_numerics
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.plancheck import check
 from lanefuse.lane.run.numpy_runner import NumpyRunner
@@ -107,7 +107,7 @@ def ranges_read_graph(fmt: str = "q8_0", d: int = 64, rows: int = 7):
 def test_ranges_read_quantized_are_views_into_the_quantized_form(numerics, fmt, d):
     """Products reading row ranges of a computed tensor quantized read views into its one quantized form, each at
     its range's first block (words, low words or sums, scales); exact and fast twins equal the interpreter."""
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
 
     g = ranges_read_graph(fmt, d)
     gq = with_numerics(g, numerics)
@@ -137,7 +137,7 @@ def test_device_views_of_ranges_sit_at_their_offsets(monkeypatch):
     ranges quantized the numpy runner's logits exactly: its views into the quantized form at the ranges' offsets."""
     import test_cupy_runner_mock as mock
 
-    from lanefuse.engine.stepweights import random_weights
+    from lanefuse.engine.front.stepweights import random_weights
     from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
 
     mock.fake_cupy.__wrapped__(monkeypatch)

@@ -474,8 +474,8 @@ def test_a_knob_takes_only_its_own_json_type(knobbed, capsys):
 
 
 def test_the_real_explorers_knobs_refuse_strings_and_infinity(capsys):
-    from lanefuse.engine.demo import demo_model
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.model import build_step
     from lanefuse.lane.explore.explorer import Explorer
 
     cfg, _ = demo_model()

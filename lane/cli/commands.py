@@ -294,7 +294,7 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
     from lanefuse.lane.cli.source import _memory_bytes
     from lanefuse.lane.cli.timings import batch_timings, print_timings, run_timings
     from lanefuse.lane.run.batch import cache_bytes, check_prompts, generate_batch
-    from lanefuse.engine.model import MAX_BATCH
+    from lanefuse.engine.front.model import MAX_BATCH
 
     if src.step is not None:
         raise UserError(f"{src.name}: a step YAML is one step of its own; a batch needs a model (a checkpoint folder, "
@@ -370,7 +370,7 @@ def _step_fn(args, src, saved, sampling=None):
         if numerics == "f32":
             return None, "reference interpreter"
         from lanefuse.engine.interp import evaluate
-        from lanefuse.engine.quantize import with_numerics
+        from lanefuse.engine.formats.quantize import with_numerics
 
         under: dict = {}
 
@@ -451,7 +451,7 @@ def cmd_check(args) -> int:
     import numpy as np
 
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
     from lanefuse.lane.cli.report import plan_from_args
     from lanefuse.lane.run.numpy_runner import NumpyRunner
     from lanefuse.lane.cli.source import open_for

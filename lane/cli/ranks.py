@@ -138,7 +138,7 @@ def check_ranks_cmd(args, src, rows_list: list[int]) -> int:
 
     from lanefuse.engine.ranks import evaluate_ranks
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.model import build_step
+    from lanefuse.engine.front.model import build_step
     from lanefuse.engine.parallel import build_rank_step, rank_config, rank_weights
 
     cfg = _cfg(src, args.ranks, "check")

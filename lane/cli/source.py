@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.jsonfile import read_json
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
 
 
 @dataclass
@@ -58,7 +58,7 @@ def open_model(model: str | None, progress: bool = False, ctx: int | None = None
     if ctx is not None and ctx < 1:
         raise UserError(f"--ctx {ctx}: give at least 1 row")
     if model is None or model == "demo":
-        from lanefuse.engine.demo import demo_config, demo_model
+        from lanefuse.engine.front.demo import demo_config, demo_model
 
         rows, said = context_rows(DEMO_CTX, demo_config(), ctx, "the demo model")
         cfg, weights = demo_model(rows)
@@ -78,7 +78,7 @@ def open_model(model: str | None, progress: bool = False, ctx: int | None = None
             raise UserError(f"{model}: {flag} is for a checkpoint folder or the demo model (a step YAML fixes its "
                             f"caches' rows and its weights' formats)")
     if model.endswith((".yaml", ".yml")):
-        from lanefuse.engine.stepweights import step_weights
+        from lanefuse.engine.front.stepweights import step_weights
         from lanefuse.engine.stepyaml import from_yaml
 
         from lanefuse.engine.yamlsafe import read_text
@@ -170,8 +170,8 @@ def _demo_in(cfg, fmt: str):
     values, encoded (a block format: quantized, so the numbers are the quantized weights')."""
     import dataclasses
 
-    from lanefuse.engine.demo import random_arrays
-    from lanefuse.engine.weights import Weights
+    from lanefuse.engine.front.demo import random_arrays
+    from lanefuse.engine.front.weights import Weights
     from lanefuse.kernels.blocks import encode_matrices
 
     arrays = encode_matrices(random_arrays(cfg), fmt)
@@ -199,8 +199,8 @@ def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> So
     import dataclasses
     from pathlib import Path
 
-    from lanefuse.engine.gguf import find_gguf
-    from lanefuse.engine.hfconfig import config_from_hf
+    from lanefuse.engine.front.gguf import find_gguf
+    from lanefuse.engine.front.hfconfig import config_from_hf
 
     if not os.path.exists(os.path.join(folder, "config.json")):
         one = find_gguf(Path(folder))  # several: refused, named
@@ -216,7 +216,7 @@ def _open_folder(folder: str, ctx: int | None, weights_format: str | None) -> So
         if weights_format:
             raise UserError(f"--weights-format {weights_format}: {folder} holds safetensors, which give each "
                             f"tensor's format (the flag is for a folder holding only config.json)")
-        from lanefuse.engine.front import load_model
+        from lanefuse.engine.front.load import load_model
 
         cfg, weights = load_model(folder, max_len=rows)  # its progress bar shows where stderr is a terminal
         eos = eos_ids(raw.get("eos_token_id", (raw.get("text_config") or {}).get("eos_token_id")))
@@ -241,7 +241,7 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
     """A GGUF file: its config from the metadata, its tensors memory-mapped, its tokenizer on demand."""
     import dataclasses
 
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
 
     if weights_format:
         raise UserError(f"--weights-format {weights_format}: {path} is a GGUF file, which gives each tensor's format "
@@ -260,12 +260,12 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
     reader = store.reader
 
     def tokenizer():
-        from lanefuse.engine.gguf_vocab import tokenizer_from_gguf
+        from lanefuse.engine.front.gguf_vocab import tokenizer_from_gguf
 
         return tokenizer_from_gguf(reader, path)
 
     def chat(text: str) -> str:
-        from lanefuse.engine.gguf_vocab import chat_text
+        from lanefuse.engine.front.gguf_vocab import chat_text
 
         return chat_text(reader, path, text)
 

@@ -121,7 +121,7 @@ class Explorer:
         self.numerics = numerics
         if what_if not in METHODS:
             raise UserError(f"what-if method `{what_if}`: local or ilp")
-        from lanefuse.engine.quantize import with_numerics
+        from lanefuse.engine.formats.quantize import with_numerics
 
         t0 = time.perf_counter()
         g = with_numerics(g, numerics)  # q8 / q8x2: the quantize ops before the products over block-quantized rows

@@ -205,7 +205,7 @@ def _plan_traced(g: Graph, opts: PlanOptions | None, *, session, table, source: 
     from lanefuse.engine.optimize import Session
     from lanefuse.engine.rules import load_table
 
-    from lanefuse.engine.quantize import with_numerics
+    from lanefuse.engine.formats.quantize import with_numerics
 
     t0 = time.perf_counter()
     o = options(opts, **changes)
@@ -237,7 +237,7 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
           source: dict | None = None, warnings=(), timings: dict[str, float] | None = None) -> Plan:
     """The engine's optimized graph (`opt`, its result) linked, scheduled and placed under the shim's lane, knobs
     and held steps: the Plan, built once."""
-    from lanefuse.engine.quantize import f32_reads
+    from lanefuse.engine.formats.quantize import f32_reads
 
     t0 = time.perf_counter()
     og: Graph = opt.graph

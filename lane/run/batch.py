@@ -1,5 +1,5 @@
 """Greedy generation of several prompts in slots: each prompt prefilled alone into its slot's rows of the caches, then
-decoded with the others, one batch step (engine/model.py `build_step(cfg, 1, batch=B)`) a token for every slot; a
+decoded with the others, one batch step (engine/front/model.py `build_step(cfg, 1, batch=B)`) a token for every slot; a
 sequence that ends (its token count, or the config's end-of-sequence id) gives its slot to the next waiting prompt.
 The steps' graphs never change while it runs: only which cache rows each slot holds."""
 
@@ -13,7 +13,7 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.model import MAX_BATCH, MAX_CHUNK, ModelConfig, build_step
+from lanefuse.engine.front.model import MAX_BATCH, MAX_CHUNK, ModelConfig, build_step
 from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s
 from lanefuse.lane.run.sampling import PARAMS
 

@@ -312,7 +312,7 @@ class NumpyRunner:
     def _reference(self, lifted, inputs):
         from lanefuse.engine.interp import evaluate
 
-        from lanefuse.engine.quantize import with_numerics
+        from lanefuse.engine.formats.quantize import with_numerics
 
         env = {k: (np.array(v, copy=True) if k in self.s.io.tables else v) for k, v in inputs.items()}
         return evaluate(with_numerics(lifted, self.s.numerics), self.weights, env)

@@ -131,7 +131,7 @@ def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int
     arena (the exact twins, or the fast ones), each collective launch through the runner env's `comm`. Returns its
     tokens, its logits' parts (the rank's vocabulary part of each step's last row) and where they start.
     `stop_after`: this rank ends (a test's dying rank) after that many steps."""
-    from lanefuse.engine.front import load_model
+    from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.parallel import build_rank_step, check_ranks, rank_config, rank_weights
     from lanefuse.lane.run.generate import generate

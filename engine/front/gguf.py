@@ -1,6 +1,6 @@
 """A GGUF file (llama.cpp's format) read with the `gguf` package's memory-mapped reader: the `ModelConfig` from its
 metadata (every key checked, each refusal naming the file and the key), and a weight store that serves each tensor
-under the Hugging Face name the step graph uses (engine/gguf_names.py), held raw as the file holds it — block formats
+under the Hugging Face name the step graph uses (engine/front/gguf_names.py), held raw as the file holds it — block formats
 as (rows, bytes a row) uint8 — with llama's permuted q/k rows put back in transformers' order."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError, clip
-from lanefuse.engine.gguf_names import (FAMILIES, MIXTURE_OF, ROPE_FREQS, Family, hf_names, permuted_by,
+from lanefuse.engine.front.gguf_names import (FAMILIES, MIXTURE_OF, ROPE_FREQS, Family, hf_names, permuted_by,
                                        read_as_row)
-from lanefuse.engine.gguf_shapes import vocab_size
-from lanefuse.engine.hfconfig import MAX_LAYERS, _Reader
-from lanefuse.engine.model import ModelConfig
-from lanefuse.engine.weights import BLOCK_FORMATS
+from lanefuse.engine.front.gguf_shapes import vocab_size
+from lanefuse.engine.front.hfconfig import MAX_LAYERS, _Reader
+from lanefuse.engine.front.model import ModelConfig
+from lanefuse.engine.front.weights import BLOCK_FORMATS
 
 # GGML tensor type name -> lanefuse format (formats.md); any other type is refused at load, naming the tensor
 FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k",
@@ -147,8 +147,8 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     vocabulary where the metadata leaves them out; `freq_factors`: rope_freqs.weight's values, where the file has it."""
     arch, fam = family_of(meta, where)
     r = _arch_reader(meta, arch, where)
-    if fam.moe == "deepseek":  # latent attention: its own keys (engine/deepseek_gguf.py)
-        from lanefuse.engine.deepseek_gguf import deepseek_from_gguf
+    if fam.moe == "deepseek":  # latent attention: its own keys (engine/front/families/deepseek_gguf.py)
+        from lanefuse.engine.front.families.deepseek_gguf import deepseek_from_gguf
 
         return deepseek_from_gguf(meta, tensors, r, arch, where, max_len, name)
     if meta.get(f"{arch}.expert_count") and fam.moe is None:
@@ -186,7 +186,7 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
     partial = rot / head_dim
     if int(head_dim * partial) != rot:  # the config keeps a factor; it must give back the width
         raise UserError(f"{where}: a rotary width of {rot} out of {head_dim} is not expressible")
-    # gpt-oss's YaRN: the family's own reading (engine/gptoss.py), below
+    # gpt-oss's YaRN: the family's own reading (engine/front/families/gptoss.py), below
     scaling = () if fam.moe == "gptoss" else _rope_scaling(meta, r, arch, where, rot, freq_factors)
     if not r.has("context_length"):
         raise UserError(f"{where}: missing `{arch}.context_length` (a positive integer)")
@@ -199,29 +199,29 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
         qkv_bias=any(k.endswith("bias") for k in fam.layer), qk_norm=any("q_norm" in k for k in fam.layer),
         max_len=min(max_len, ctx), name=name, moe=moe,
     )
-    if arch in ("gemma2", "gemma3"):  # the family's own keys (engine/gemma.py)
-        from lanefuse.engine.gemma import gemma_from_gguf
+    if arch in ("gemma2", "gemma3"):  # the family's own keys (engine/front/families/gemma.py)
+        from lanefuse.engine.front.families.gemma import gemma_from_gguf
 
         return gemma_from_gguf(cfg, r, arch, where)
     if fam.moe == "gptoss":  # its YaRN, window and clamped GLU
-        from lanefuse.engine.gptoss import gptoss_from_gguf
+        from lanefuse.engine.front.families.gptoss import gptoss_from_gguf
 
         return gptoss_from_gguf(cfg, r, arch, where)
-    if arch == "phi3":  # its window, its fused projections read in parts (engine/phi3.py)
-        from lanefuse.engine.phi3 import phi3_from_gguf
+    if arch == "phi3":  # its window, its fused projections read in parts (engine/front/families/phi3.py)
+        from lanefuse.engine.front.families.phi3 import phi3_from_gguf
 
         return phi3_from_gguf(cfg, r, arch, where, tensors)
-    if arch == "qwen3next":  # the gated delta net's keys (engine/qwen3next.py)
-        from lanefuse.engine.qwen3next import qwen3next_from_gguf
+    if arch == "qwen3next":  # the gated delta net's keys (engine/front/families/qwen3next.py)
+        from lanefuse.engine.front.families.qwen3next import qwen3next_from_gguf
 
         return qwen3next_from_gguf(cfg, r, arch, where, meta)
     return cfg
 
 
 def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
-    """The mixture every layer of a qwen3moe / qwen2moe file holds (engine/moe.py's MoeConfig), as llama.cpp reads
+    """The mixture every layer of a qwen3moe / qwen2moe file holds (engine/front/families/mixtures.py's MoeConfig), as llama.cpp reads
     its keys: softmax routing, the chosen weights renormalized where the family (or `expert_weights_norm`) says."""
-    from lanefuse.engine.moe import MoeConfig
+    from lanefuse.engine.front.families.mixtures import MoeConfig
 
     experts, k = r.size("expert_count"), r.size("expert_used_count")
     if k > experts:
@@ -329,7 +329,7 @@ class GGUFStore:
         else:
             arr = _data(t, fmt, shape)
         if name not in self._checked:  # read once: NaN or inf values, or block scales, refused
-            from lanefuse.engine.weights import _check_finite, check_blocks
+            from lanefuse.engine.front.weights import _check_finite, check_blocks
 
             (check_blocks if fmt in BLOCK_FORMATS else _check_finite)(arr, fmt, f"{self.path}: tensor `{gname}`")
             self._checked.add(name)
@@ -345,7 +345,7 @@ class GGUFStore:
 
 def mxfp4_from_ggml(arr: np.ndarray) -> np.ndarray:
     """ggml's MXFP4 blocks (byte 0 the e8m0 scale; byte 1 + j values j (low nibble) and j + 16 (high)) as `mxfp4`
-    rows (engine/mxfp4.py: byte 1 + j values 2j and 2j + 1); the scale bytes, and what they mean, unchanged."""
+    rows (engine/formats/mxfp4.py: byte 1 + j values 2j and 2j + 1); the scale bytes, and what they mean, unchanged."""
     b = np.asarray(arr, np.uint8).reshape(-1, 17)
     q = b[:, 1:]
     v = np.concatenate([q & 0x0F, q >> 4], axis=1)  # (blocks, 32): the values' 4-bit codes in order
@@ -402,7 +402,7 @@ def load_gguf(path: str | Path, max_len: int = 512):
     factors = None
     for t in reader.tensors:
         if t.name == ROPE_FREQS:
-            from lanefuse.engine.weights import dequantize
+            from lanefuse.engine.front.weights import dequantize
 
             shape, fmt = tensors[t.name]
             factors = dequantize(_data(t, fmt, shape), fmt)

@@ -25,7 +25,7 @@ class MoeConfig:
     sparse: tuple[int, ...]  # the layers whose FFN is the mixture (the others are dense)
     shared_inter: int = 0  # Qwen2-MoE's shared expert's width (0: none), scaled by a sigmoid gate
     spelling: str = "qwen"  # where the layer's tensors live: qwen (mlp.gate, mlp.experts) | mixtral (block_sparse_moe)
-    # | gptoss (mlp.router, mlp.experts' interleaved gate_up_proj: engine/gptoss.py)
+    # | gptoss (mlp.router, mlp.experts' interleaved gate_up_proj: engine/front/families/gptoss.py)
 
 
 def read_moe(r, arch: str, layers: int) -> MoeConfig:
@@ -133,7 +133,7 @@ def _spellings(m: MoeConfig, i: int) -> dict[str, list[tuple[str, ...]]]:
                "down": [tuple(f"{b}{e}.down_proj.weight" for e in E)]}
     fused = {"router": (router_name(i),), "gate_up": (gate_up_name(i),), "down": (down_name(i),)}
     out = {k: [fused[k]] + v for k, v in per.items()}
-    # a GGUF file's (engine/gguf_names.py): every expert's gate rows in one tensor and their up rows in another,
+    # a GGUF file's (engine/front/gguf_names.py): every expert's gate rows in one tensor and their up rows in another,
     # interleaved expert by expert (`_interleaved`)
     out["gate_up"].append((f"model.layers.{i}.mlp.experts.gate_proj.stacked",
                            f"model.layers.{i}.mlp.experts.up_proj.stacked"))
@@ -146,12 +146,12 @@ def _interleaved(parts: tuple[str, ...]) -> bool:
 
 
 class ExpertStore:
-    """A weight store (engine/weights.py's backends) that also serves each mixture layer's stacked tensors: the
+    """A weight store (engine/front/weights.py's backends) that also serves each mixture layer's stacked tensors: the
     router (E, d), gate_up (E·2f, d) and down (E·d, f) as 2-D rows, from a fused 3-D tensor (reshaped, no copy) or the
     per-expert tensors (stacked once, in memory). A layer holding neither names the first tensor it lacks.
 
     What it stacks from what is its name table (`_table`): a family whose file holds its experts otherwise serves
-    them through its own table (engine/gptoss.py's GptOssGGUFStore); a 1-D stacked tensor (the experts' biases) is
+    them through its own table (engine/front/families/gptoss.py's GptOssGGUFStore); a 1-D stacked tensor (the experts' biases) is
     served as f32 values."""
 
     def __init__(self, base, cfg, where: str):
@@ -213,7 +213,7 @@ class ExpertStore:
             parts, _ = self.stacked[name]
             shape, fmt = self.info(name)
             if len(shape) == 1:  # (E, n) values each -> expert e's from each part in turn, f32
-                from lanefuse.engine.weights import dequantize
+                from lanefuse.engine.front.weights import dequantize
 
                 vals = [(np.asarray(a, np.float32) if f == "f32" else dequantize(np.asarray(a), f)).reshape(
                     self.experts, -1) for a, f in (self.base.raw(p) for p in parts)]
@@ -243,7 +243,7 @@ class ExpertStore:
 
 def stack_store(store, cfg, where: str) -> Any:
     """`store` serving the stacked expert tensors where `cfg` has a sparse mixture, else `store` itself (gpt-oss's
-    interleaved experts: engine/gptoss.py's GptOssStore, which the front picks)."""
+    interleaved experts: engine/front/families/gptoss.py's GptOssStore, which the front picks)."""
     return ExpertStore(store, cfg, where) if cfg.moe is not None and cfg.moe.sparse else store
 
 

@@ -54,7 +54,7 @@ class ModelConfig:
     max_len: int = 256  # rows of each KV-cache table
     formats: tuple[tuple[str, str], ...] = ()  # weight name -> checkpoint format (f32 / f16 / bf16), default f32
     name: str = "model"
-    moe: Any = None  # engine/moe.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
+    moe: Any = None  # engine/front/families/mixtures.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
     window: int = 0  # the positions a sliding layer's query attends, its own the last (0: all before it)
     layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each (none: every layer slides
     # where `window` is set: Mistral, Mixtral, Phi-3; Qwen2 / Qwen3 from max_window_layers on, Gemma, gpt-oss by type;
@@ -90,7 +90,7 @@ class ModelConfig:
 
     def carried(self) -> dict[str, tuple[int, ...]]:
         """The tables a step carries, name -> shape: each layer's K and V caches (a family with carried states adds
-        them: engine/qwen3next.py)."""
+        them: engine/front/families/qwen3next.py)."""
         (kw, vw), L = self.cache_widths, self.max_len
         return {n: (L, w) for i in range(self.layers) for n, w in ((f"kc{i}", kw), (f"vc{i}", vw))}
 
@@ -127,7 +127,7 @@ class ModelConfig:
                 w[p + "self_attn.q_norm.weight"] = (hd,)
                 w[p + "self_attn.k_norm.weight"] = (hd,)
             if self.sparse(i):
-                from lanefuse.engine.moe import weight_names
+                from lanefuse.engine.front.families.mixtures import weight_names
 
                 w.update(weight_names(self, i))
                 continue
@@ -181,7 +181,7 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -
     `pos` names; the logits and next token of the last row — of each of the last `last` rows (a view of those rows of
     the residual: a verifier of `last - 1` drafted tokens reads the logits of each). `batch` B > 1: a decode step of
     B sequences, one row each (step_frame), the logits and next token of every row. A family of its own builds its
-    own (engine/gemma.py)."""
+    own (engine/front/families/gemma.py)."""
     if not 1 <= last <= rows:
         raise UserError(f"the logits of the last {last} rows of a step of {rows}")
     build = getattr(cfg, "build_step", None)
@@ -241,7 +241,7 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -
         x1 = op("add", [x, o], "resid_attn")
         h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
         if cfg.sparse(i):
-            from lanefuse.engine.moe import build_ffn
+            from lanefuse.engine.front.families.mixtures import build_ffn
 
             dn = build_ffn(cfg, i, h2, op, W)
         else:

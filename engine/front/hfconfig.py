@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.model import ModelConfig, read_layer_types
+from lanefuse.engine.front.model import ModelConfig, read_layer_types
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
              "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
@@ -16,7 +16,7 @@ WINDOWED = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")  # `s
 # layer's window
 QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
 QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")  # engine/moe.py reads their mixture
+MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")  # engine/front/families/mixtures.py reads their mixture
 ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 MAX_LAYERS = 512  # the deepest released models have about 130; planning takes time and memory with the layers
@@ -144,16 +144,16 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
         raise UserError(f"{where}: `architectures` is {_show(archs)}; expected a list of names, e.g. "
                         f"[\"{SUPPORTED[0]}\"]")
     arch = archs[0] if archs else None
-    from lanefuse.engine.gemma import ARCHS as GEMMA, gemma_config
+    from lanefuse.engine.front.families.gemma import ARCHS as GEMMA, gemma_config
 
     if arch in GEMMA:
         return gemma_config(c, arch, where, max_len, name, _Reader, _rope, MAX_LAYERS)
-    from lanefuse.engine.gptoss import ARCHS as GPTOSS, gptoss_config
+    from lanefuse.engine.front.families.gptoss import ARCHS as GPTOSS, gptoss_config
 
     if arch in GPTOSS:
         return gptoss_config(c, where, max_len, name, _Reader, MAX_LAYERS)
-    from lanefuse.engine.deepseek import ARCHS as DEEPSEEK, deepseek_config
-    from lanefuse.engine.qwen3next import ARCHS as QWEN3NEXT, qwen3next_config
+    from lanefuse.engine.front.families.deepseek import ARCHS as DEEPSEEK, deepseek_config
+    from lanefuse.engine.front.families.qwen3next import ARCHS as QWEN3NEXT, qwen3next_config
 
     if arch in QWEN3NEXT:
         return qwen3next_config(c, where, max_len, name, _Reader, _rope, MAX_LAYERS)
@@ -195,10 +195,10 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
     window, types = _window(r, arch, layers)
     moe = None
     if arch in MOE_ARCHS:
-        from lanefuse.engine.moe import read_moe
+        from lanefuse.engine.front.families.mixtures import read_moe
 
         moe = read_moe(r, arch, layers)
-    from lanefuse.engine.phi3 import ARCHS as PHI3, Phi3Config
+    from lanefuse.engine.front.families.phi3 import ARCHS as PHI3, Phi3Config
 
     return (Phi3Config if arch in PHI3 else ModelConfig)(
         arch=arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,

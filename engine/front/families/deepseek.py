@@ -18,7 +18,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Constant, Graph
-from lanefuse.engine.model import ModelConfig, step_frame
+from lanefuse.engine.front.model import ModelConfig, step_frame
 
 ARCHS = ("DeepseekV3ForCausalLM",)
 ROPE_TYPES = ("default", "yarn")
@@ -83,7 +83,7 @@ class DeepseekConfig(ModelConfig):
             w[a + "kv_b_proj.v_rows"] = (h * self.v_dim, self.kv_lora)
             w[a + "o_proj.weight"] = (d, h * self.v_dim)
             if self.sparse(i):
-                from lanefuse.engine.moe import weight_names
+                from lanefuse.engine.front.families.mixtures import weight_names
 
                 w.update(weight_names(self, i))
                 w[p + "mlp.gate.e_score_correction_bias"] = (self.moe.experts,)
@@ -247,7 +247,7 @@ def _rope(r, reader, max_pos: int) -> tuple[float, tuple[tuple[str, Any], ...], 
 def deepseek_config(c: dict[str, Any], where: str, max_len: int, name: str, reader, max_layers: int) -> DeepseekConfig:
     """A DeepSeek-V3 config.json (transformers 4.x or 5.x) read into a DeepseekConfig; what the step cannot express
     is refused naming the key. hfconfig passes its typed reader class and its layer limit."""
-    from lanefuse.engine.moe import MoeConfig
+    from lanefuse.engine.front.families.mixtures import MoeConfig
 
     c = {**DEFAULTS, **{k: v for k, v in c.items() if v is not None or k in ("q_lora_rank",)}}
     r = reader(c, where)

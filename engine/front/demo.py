@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lanefuse.engine.model import ModelConfig
-from lanefuse.engine.weights import Weights
+from lanefuse.engine.front.model import ModelConfig
+from lanefuse.engine.front.weights import Weights
 
 DEMO_SEED = 0
 

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gguf_shapes import check_shapes
+from lanefuse.engine.front.gguf_shapes import check_shapes
 from lanefuse.engine.ir import Constant, Graph
-from lanefuse.engine.model import ModelConfig, read_layer_types, step_frame
-from lanefuse.engine.moe import ExpertStore
+from lanefuse.engine.front.model import ModelConfig, read_layer_types, step_frame
+from lanefuse.engine.front.families.mixtures import ExpertStore
 
 ARCHS = ("GptOssForCausalLM",)
 ROPE_TYPES = ("yarn", "default")
@@ -128,12 +128,12 @@ class GptOssStore:
         if name not in self._cache:
             stored, role, shape = self.stacked[name]
             if role.endswith("_mxfp4"):  # blocks and scales packed into mxfp4 rows (out, in): already the rows
-                from lanefuse.engine.mxfp4 import pack_mxfp4
+                from lanefuse.engine.formats.mxfp4 import pack_mxfp4
 
                 a = pack_mxfp4(self.base.u8(stored + "_blocks"), self.base.u8(stored + "_scales"))
                 if role == "gate_up_proj_mxfp4":  # (E, 2f, row bytes): rows 2j gate, 2j + 1 up -> gate rows first
                     a = np.concatenate([a[:, 0::2], a[:, 1::2]], axis=1)
-                from lanefuse.engine.weights import check_blocks
+                from lanefuse.engine.front.weights import check_blocks
 
                 a = np.ascontiguousarray(a).reshape(shape[0], -1)
                 check_blocks(a, "mxfp4", f"{self.where_}: tensor `{stored}_scales`")
@@ -205,7 +205,7 @@ def gptoss_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GptOssConfig
     transformers' `truncate`), and the GLU clamped at 7 with alpha 1.702 (llama.cpp's constants for gpt-oss)."""
     import dataclasses
 
-    from lanefuse.engine.model import ModelConfig as Base
+    from lanefuse.engine.front.model import ModelConfig as Base
 
     kind = r.text("rope.scaling.type", "none")
     if kind not in ("none", "yarn"):
@@ -282,7 +282,7 @@ def _yarn(r, reader, head_dim: int, max_pos: int) -> tuple[float, tuple[tuple[st
 def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str, reader, max_layers: int) -> GptOssConfig:
     """A gpt-oss config.json (transformers 4.x or 5.x) read into a GptOssConfig; what the step cannot express is
     refused naming the key. hfconfig passes its typed reader class and its layer limit."""
-    from lanefuse.engine.moe import MoeConfig
+    from lanefuse.engine.front.families.mixtures import MoeConfig
 
     c = {**DEFAULTS, **{k: v for k, v in c.items() if v is not None or k in ("sliding_window",)}}
     r = reader(c, where)

@@ -4,7 +4,7 @@ per `layer_types`, gated delta-net layers (q/k/v/z and b/a products, causal conv
 SiLU, L2-normed q and k, the write strength and forget gate, the gated delta rule over a carried recurrent state with
 its gated output norm) and gated full-attention layers (a query and its gate from one product, zero-centred q/k norms,
 partial rotary, the attention output times sigmoid(gate)); zero-centred (1 + w) norms; Qwen2-MoE's mixture with its
-sigmoid-gated shared expert (engine/moe.py) or a dense MLP."""
+sigmoid-gated shared expert (engine/front/families/mixtures.py) or a dense MLP."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gemma import ONE_PLUS
+from lanefuse.engine.front.families.gemma import ONE_PLUS
 from lanefuse.engine.ir import Constant, Graph
-from lanefuse.engine.model import ModelConfig, read_layer_types, step_frame
-from lanefuse.engine.weights import BLOCK_FORMATS, PartsStore
+from lanefuse.engine.front.model import ModelConfig, read_layer_types, step_frame
+from lanefuse.engine.front.weights import BLOCK_FORMATS, PartsStore
 
 ARCHS = ("Qwen3NextForCausalLM",)
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -111,7 +111,7 @@ class Qwen3NextConfig(ModelConfig):
                           a + "k_proj.weight": (kv * hd, d), a + "v_proj.weight": (kv * hd, d),
                           a + "o_proj.weight": (d, h * hd)})
             if self.sparse(i):
-                from lanefuse.engine.moe import weight_names
+                from lanefuse.engine.front.families.mixtures import weight_names
 
                 w.update(weight_names(self, i))
             else:
@@ -124,7 +124,7 @@ class Qwen3NextConfig(ModelConfig):
     def split_store(self, base, where: str) -> "SplitStore":
         return SplitStore(base, self, where)
 
-    # -- the constants the weight store generates (engine/weights.py asks) ------------------------------------------
+    # -- the constants the weight store generates (engine/front/weights.py asks) ------------------------------------------
 
     def generated(self) -> dict[str, tuple[int, ...]]:
         """The rotary tables and each zero-centred norm's 1 + w (f32)."""
@@ -135,7 +135,7 @@ class Qwen3NextConfig(ModelConfig):
     def generate(self, name: str, weights) -> dict[str, np.ndarray]:
         """A norm's 1 + w: the stored weight decoded to f32, then 1 added in f32 (transformers'
         `1.0 + self.weight.float()`), or as stored where the file holds 1 + w (GGUF); or the rotary tables."""
-        from lanefuse.engine.weights import rope_tables
+        from lanefuse.engine.front.weights import rope_tables
 
         if name.endswith(ONE_PLUS):
             w = np.asarray(weights.get(name[: -len(ONE_PLUS)]), dtype=np.float32)
@@ -177,9 +177,9 @@ def _splits(cfg: Qwen3NextConfig, i: int) -> dict[str, tuple[str, np.ndarray]]:
 
 
 class SplitStore(PartsStore):
-    """A weight store (engine/weights.py's backends) that also serves Qwen3-Next's fused tensors split into the parts
+    """A weight store (engine/front/weights.py's backends) that also serves Qwen3-Next's fused tensors split into the parts
     the step reads, as rows of the stored tensors in their stored format (no copy until read; a block format's rows
-    are whole blocks, so rows of it taken apart are still that format). A GGUF file's (engine/gguf_names.py) may hold
+    are whole blocks, so rows of it taken apart are still that format). A GGUF file's (engine/front/gguf_names.py) may hold
     in_proj_qkvz as its q, k, v rows and its z rows apart (served joined) and -exp(A_log) for A_log (served as
     log(-A)). A fused tensor missing or of the wrong shape is named at load."""
 
@@ -234,7 +234,7 @@ class SplitStore(PartsStore):
     def raw(self, name: str) -> tuple[np.ndarray, str]:
         if name not in self.log_neg:
             return super().raw(name)
-        from lanefuse.engine.weights import dequantize
+        from lanefuse.engine.front.weights import dequantize
 
         rows, fmt = self.rows(name)
         neg = -np.asarray(dequantize(rows.reshape(-1), fmt), dtype=np.float64)
@@ -287,7 +287,7 @@ def qwen3next_config(c: dict[str, Any], where: str, max_len: int, name: str, rea
     experts = t.get("num_experts")
     moe = None
     if experts != 0:
-        from lanefuse.engine.moe import read_moe
+        from lanefuse.engine.front.families.mixtures import read_moe
 
         moe = read_moe(r, "Qwen3NextForCausalLM", layers)
         if not moe.sparse:
@@ -310,7 +310,7 @@ def qwen3next_from_gguf(cfg: ModelConfig, r, arch: str, where: str, meta: dict[s
     mixture in every layer, norms held as 1 + w."""
     import dataclasses
 
-    from lanefuse.engine.model import ModelConfig as Base
+    from lanefuse.engine.front.model import ModelConfig as Base
 
     if cfg.moe is None:
         raise UserError(f"{where}: missing `{arch}.expert_count` (llama.cpp's {arch} has a mixture in every layer)")
@@ -417,7 +417,7 @@ def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1, batch: int = 1) ->
         x1 = op("add", [x, mixed], "resid_attn")
         h2 = op("rmsnorm", [x1, norm_w(p + "post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
         if cfg.sparse(i):
-            from lanefuse.engine.moe import build_ffn
+            from lanefuse.engine.front.families.mixtures import build_ffn
 
             dn = build_ffn(cfg, i, h2, op, W)
         else:

@@ -1,5 +1,5 @@
-"""The GGUF loaders' shared checks (engine/gguf.py and the families with their own keys, engine/deepseek_gguf.py and
-engine/gptoss.py): the vocabulary's size and each tensor's shape against what the metadata makes it."""
+"""The GGUF loaders' shared checks (engine/front/gguf.py and the families with their own keys, engine/front/families/deepseek_gguf.py and
+engine/front/families/gptoss.py): the vocabulary's size and each tensor's shape against what the metadata makes it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from lanefuse.engine.errors import UserError
 
 
 def vocab_size(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], r: Any, where: str) -> int:
-    """The vocabulary's size (`r`: engine/hfconfig.py's reader of the file's keys): `{arch}.vocab_size`, else the
+    """The vocabulary's size (`r`: engine/front/hfconfig.py's reader of the file's keys): `{arch}.vocab_size`, else the
     length of the token list, else the embedding's rows; a file without `token_embd.weight` is refused."""
     embd = tensors.get("token_embd.weight")
     if embd is None:

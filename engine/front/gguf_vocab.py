@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gguf import shown
+from lanefuse.engine.front.gguf import shown
 
 # The pre-tokenizers llama.cpp builds (src/llama-vocab.cpp, llm_tokenizer_bpe): the regexes each splits the text by, in
 # order, restated for the `tokenizers` package's Oniguruma. Where llama.cpp runs a regex through std::regex on its

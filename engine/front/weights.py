@@ -48,8 +48,8 @@ def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
     logical shape (rows, cols) for (rows, row bytes)."""
     if fmt == "bf16":
         return bf16_to_f32(arr)
-    if fmt == "mxfp4":  # not a GGUF type: transformers' decoding (engine/mxfp4.py)
-        from lanefuse.engine.mxfp4 import mxfp4_blocks
+    if fmt == "mxfp4":  # not a GGUF type: transformers' decoding (engine/formats/mxfp4.py)
+        from lanefuse.engine.formats.mxfp4 import mxfp4_blocks
 
         a = np.ascontiguousarray(arr, dtype=np.uint8)
         return mxfp4_blocks(a.reshape(-1, 17)).reshape(*a.shape[:-1], -1)
@@ -179,7 +179,7 @@ class DictStore:
 
 
 class PartsStore:
-    """A weight store over another (`base`, engine/weights.py's backends) that also serves tensors made of rows of the
+    """A weight store over another (`base`, engine/front/weights.py's backends) that also serves tensors made of rows of the
     stored ones, what a family's checkpoint holds fused and its step reads in parts: `parts` name -> ((stored tensor,
     its rows taken in order: indices, or a slice), ...) joined, and the shape served. Rows in the stored format (a
     block format's rows are whole blocks, so rows of it taken apart are still that format): one slice of a tensor is a
@@ -277,7 +277,7 @@ class SafetensorsStore:
         return self.entries[name][0].name
 
     def u8(self, name: str) -> np.ndarray | None:
-        """A U8 tensor's bytes at its shape (MXFP4 blocks and scales, which engine/gptoss.py reads); None for a tensor
+        """A U8 tensor's bytes at its shape (MXFP4 blocks and scales, which engine/front/families/gptoss.py reads); None for a tensor
         of another dtype."""
         p, dt, _, _ = self.entries[name]
         return self._open[p].get_tensor(name) if dt == "U8" else None

@@ -1,7 +1,7 @@
 """Phi-3 (`Phi3ForCausalLM`): Llama's step over a checkpoint that holds each layer's q, k and v projections as one
 `self_attn.qkv_proj` (q's rows, then k's, then v's) and its gate and up projections as one `mlp.gate_up_proj` (the
 gate's rows, then the up's). The step reads them in parts, as Llama's names, each served as rows of the stored tensor
-(engine/weights.py's PartsStore: a view of its rows, a block format's rows still whole blocks), so Phi-3 plans and
+(engine/front/weights.py's PartsStore: a view of its rows, a block format's rows still whole blocks), so Phi-3 plans and
 fuses as Llama does. Every layer's attention is over the last `sliding_window` positions where the config gives one
 (hfconfig.py reads it). A checkpoint already holding the parts apart is read as it is."""
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.model import ModelConfig
-from lanefuse.engine.weights import PartsStore
+from lanefuse.engine.front.model import ModelConfig
+from lanefuse.engine.front.weights import PartsStore
 
 ARCHS = ("Phi3ForCausalLM",)
 
@@ -52,7 +52,7 @@ def fused_parts(cfg: ModelConfig, base, where: str) -> dict:
 
 
 def phi3_from_gguf(cfg: ModelConfig, r, arch: str, where: str, tensors: dict) -> Phi3Config:
-    """A phi3 GGUF file's model (`cfg` as engine/gguf.py reads any dense decoder): a Phi3Config, every layer's window
+    """A phi3 GGUF file's model (`cfg` as engine/front/gguf.py reads any dense decoder): a Phi3Config, every layer's window
     from `phi3.attention.sliding_window`; LongRoPE (its factor tensors) refused."""
     long = [n for n in ("rope_factors_long.weight", "rope_factors_short.weight") if n in tensors]
     if long or r.has("rope.scaling.attn_factor"):

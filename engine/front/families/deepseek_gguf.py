@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.gguf_shapes import check_shapes, vocab_size
-from lanefuse.engine.hfconfig import MAX_LAYERS, MAX_SIZE
+from lanefuse.engine.front.gguf_shapes import check_shapes, vocab_size
+from lanefuse.engine.front.hfconfig import MAX_LAYERS, MAX_SIZE
 
 
 def deepseek_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], r, arch: str,
                        where: str, max_len: int, name: str):
     """The DeepseekConfig of a `deepseek2` file: `r` reads its `{arch}.*` keys, `tensors` GGUF name -> (shape,
     format) for the tied head and the vocabulary."""
-    from lanefuse.engine.deepseek import DeepseekConfig
-    from lanefuse.engine.moe import MoeConfig
+    from lanefuse.engine.front.families.deepseek import DeepseekConfig
+    from lanefuse.engine.front.families.mixtures import MoeConfig
 
     def need(key: str, what: str) -> None:
         if not r.has(key):
@@ -192,7 +192,7 @@ class DeepseekGGUFStore:
         if name not in self.joined:
             return self.base.raw(name)
         if name not in self._cache:
-            from lanefuse.engine.weights import dequantize
+            from lanefuse.engine.front.weights import dequantize
 
             c = self.cfg
             kb, vb = (dequantize(np.asarray(a), f).reshape(s) for (a, f), s in (
@@ -212,7 +212,7 @@ class DeepseekGGUFStore:
 
 
 class _Named:
-    """A store (engine/deepseek.py's DeepseekStore) naming each tensor it cuts by the file tensor it is cut from."""
+    """A store (engine/front/families/deepseek.py's DeepseekStore) naming each tensor it cuts by the file tensor it is cut from."""
 
     def __init__(self, store, inner):
         self.store, self.inner = store, inner
@@ -227,8 +227,8 @@ class _Named:
 
 def deepseek_gguf_store(gstore, cfg, where: str):
     """A `deepseek2` file's store as the step reads it: kv_b_proj put back together, each mixture layer's experts
-    stacked (engine/moe.py), then cut as the step reads a checkpoint's (DeepseekStore); every name the file's."""
-    from lanefuse.engine.moe import stack_store
+    stacked (engine/front/families/mixtures.py), then cut as the step reads a checkpoint's (DeepseekStore); every name the file's."""
+    from lanefuse.engine.front.families.mixtures import stack_store
 
     inner = stack_store(DeepseekGGUFStore(gstore, cfg, where), cfg, where)
     return _Named(cfg.serve(inner, where), inner)

@@ -10,7 +10,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.weights import BLOCK_FORMATS, F16_SCALES, Weights, f32_to_bf16
+from lanefuse.engine.front.weights import BLOCK_FORMATS, F16_SCALES, Weights, f32_to_bf16
 
 KINDS = ("demo", "checkpoint", "random")
 
@@ -85,11 +85,11 @@ def step_weights(g: Graph, base: str | Path = ".") -> Weights:
         hint = did_you_mean(str(kind), KINDS)
         raise UserError(f"unknown weights source `{kind}`{hint}; expected one of {', '.join(KINDS)}")
     if kind == "demo":
-        from lanefuse.engine.demo import demo_model
+        from lanefuse.engine.front.demo import demo_model
 
         return demo_model(_max_len(g))[1]
     if kind == "checkpoint":
-        from lanefuse.engine.front import load_model
+        from lanefuse.engine.front.load import load_model
 
         path = Path(str(value))
         return load_model(path if path.is_absolute() else Path(base) / path, max_len=_max_len(g))[1]

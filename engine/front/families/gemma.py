@@ -13,7 +13,7 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Constant, Graph
-from lanefuse.engine.model import LAYER_TYPES, ModelConfig, read_layer_types, step_frame
+from lanefuse.engine.front.model import LAYER_TYPES, ModelConfig, read_layer_types, step_frame
 
 ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 # hidden_activation -> the lifted op: transformers' ACT2FN names of the tanh approximation, and the exact (erf) GELU
@@ -105,7 +105,7 @@ class GemmaConfig(ModelConfig):
             w[n] = (hd,) if n.endswith(("q_norm.weight", "k_norm.weight")) else (d,)
         return w
 
-    # -- the constants the weight store generates from the config (engine/weights.py asks) --------------------------
+    # -- the constants the weight store generates from the config (engine/front/weights.py asks) --------------------------
 
     def generated(self) -> dict[str, tuple[int, ...]]:
         """name -> shape of each generated f32 constant: the rotary tables (a second pair for Gemma 3's sliding
@@ -123,7 +123,7 @@ class GemmaConfig(ModelConfig):
         """The generated constant `name` (with its siblings where they come together), from `weights`' stored ones.
         A norm's 1 + w: the stored weight decoded to f32 (bf16 exactly), then 1 added in f32 — transformers'
         `1.0 + self.weight.float()`; the stored bf16 weight itself is never changed."""
-        from lanefuse.engine.weights import rope_tables
+        from lanefuse.engine.front.weights import rope_tables
 
         if name.endswith(ONE_PLUS):
             w = np.asarray(weights.get(name[: -len(ONE_PLUS)]), dtype=np.float32)
@@ -251,7 +251,7 @@ def gemma_from_gguf(cfg: ModelConfig, r, arch: str, where: str) -> GemmaConfig:
     weights that already hold 1 + w (the converter adds the 1)."""
     import dataclasses
 
-    from lanefuse.engine.model import ModelConfig as Base
+    from lanefuse.engine.front.model import ModelConfig as Base
 
     base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(Base)}
     layers, n = cfg.layers, r.size("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)

@@ -34,7 +34,7 @@ QK_NORM = {
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
 PHI3_LAYER = {  # llama.cpp's phi3: q, k and v in one attn_qkv (or apart), gate and up in one ffn_up (the gate's rows
-    # first), as a Phi-3 checkpoint holds them (engine/phi3.py reads them in parts); no row permutation (NEOX rotation)
+    # first), as a Phi-3 checkpoint holds them (engine/front/families/phi3.py reads them in parts); no row permutation (NEOX rotation)
     **{k: v for k, v in LAYER.items() if k not in ("ffn_gate.weight", "ffn_up.weight")},
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
     "ffn_up.weight": "mlp.gate_up_proj.weight",
@@ -47,7 +47,7 @@ GEMMA_LAYER = {  # Gemma's four norms a layer: llama.cpp names the pre-feed-forw
 }
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 # An expert mixture's tensors (llama.cpp's qwen3moe / qwen2moe): the router, and each role's experts in one 3-D tensor
-# (E, rows, cols), read as (E·rows, cols); gate and up are stacked into the `moe` op's gate_up rows by engine/moe.py's
+# (E, rows, cols), read as (E·rows, cols); gate and up are stacked into the `moe` op's gate_up rows by engine/front/families/mixtures.py's
 # ExpertStore (the `.stacked` names), down is already the op's down rows
 EXPERTS = {
     "ffn_gate_inp.weight": "mlp.gate.weight",
@@ -63,7 +63,7 @@ SHARED_EXPERT = {  # Qwen2-MoE's shared expert and its gate score row (a 1-D ten
 }
 # Qwen3-Next (llama.cpp's `qwen3next`, every layer a mixture with the shared expert): the layer's norms (held as 1 + w
 # by the converter, the gated delta net's own norm as w), a gated attention's q_proj whole (each head's query and gate),
-# and the gated delta net's tensors under the HF names engine/qwen3next.py's split store reads: ssm_in is
+# and the gated delta net's tensors under the HF names engine/front/families/qwen3next.py's split store reads: ssm_in is
 # in_proj_qkvz as stored (key-head groups; older converters), attn_qkv / attn_gate its q, k, v rows and z rows apart
 # (newer ones), ssm_a holds -exp(A_log), ssm_dt.bias dt_bias, ssm_conv1d the (channels, taps) convolution
 QWEN3NEXT_LAYER = {
@@ -86,7 +86,7 @@ QWEN3NEXT_LAYER = {
 }
 # gpt-oss (llama.cpp's `gpt-oss`): biased q/k/v/o, the attention sinks, the norm before the mixture named
 # post_attention_norm, a biased router, and each role's experts and their biases apart (gate and up split from the
-# checkpoint's interleaved gate_up, rows (out, in)); engine/gptoss.py's GptOssGGUFStore serves the `moe` op's rows
+# checkpoint's interleaved gate_up, rows (out, in)); engine/front/families/gptoss.py's GptOssGGUFStore serves the `moe` op's rows
 GPTOSS_LAYER = {
     **{k: v for k, v in LAYER.items() if k not in DENSE_FFN and k != "ffn_norm.weight"},
     **QKV_BIAS,
@@ -100,7 +100,7 @@ GPTOSS_LAYER = {
 }
 # DeepSeek-V3 (llama.cpp's `deepseek2`): latent attention's projections and norms; the key and value expansions
 # either in one `attn_kv_b` (older converters) or split, `attn_k_b` stored transposed (H, lora, nope) and `attn_v_b`
-# (H, v, lora) (engine/deepseek_gguf.py puts kv_b_proj back together); the dense first layers' FFN; the mixture's
+# (H, v, lora) (engine/front/families/deepseek_gguf.py puts kv_b_proj back together); the dense first layers' FFN; the mixture's
 # router, its correction bias `exp_probs_b`, the stacked experts and the always-on shared experts
 DEEPSEEK2_LAYER = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -133,8 +133,8 @@ class Family:
     hf_arch: str  # the transformers architecture the step graph is built for
     layer: dict[str, str]  # GGUF name inside `blk.{i}.` -> HF name inside `model.layers.{i}.`
     permuted: dict[str, str] = field(default_factory=dict)  # GGUF layer name -> "heads" | "kv_heads"
-    moe: str | None = None  # an expert mixture in every layer: how it weighs its chosen experts (engine/gguf.py;
-    # "deepseek": its first layers dense, read by engine/deepseek_gguf.py)
+    moe: str | None = None  # an expert mixture in every layer: how it weighs its chosen experts (engine/front/gguf.py;
+    # "deepseek": its first layers dense, read by engine/front/families/deepseek_gguf.py)
     as_row: tuple[str, ...] = ()  # GGUF layer names of 1-D tensors read as one row (1, n)
 
 
@@ -152,9 +152,9 @@ FAMILIES = {
                        as_row=("ffn_gate_inp_shexp.weight",)),
     "qwen3next": Family("Qwen3NextForCausalLM", {**QWEN3NEXT_LAYER, **EXPERTS, **SHARED_EXPERT}, moe="normed",
                         as_row=("ffn_gate_inp_shexp.weight",)),
-    # top-k of a biased router, then a softmax over the chosen; the clamped GLU (engine/gptoss.py's gptoss_from_gguf)
+    # top-k of a biased router, then a softmax over the chosen; the clamped GLU (engine/front/families/gptoss.py's gptoss_from_gguf)
     "gpt-oss": Family("GptOssForCausalLM", GPTOSS_LAYER, moe="gptoss"),
-    # latent attention and grouped sigmoid routing, its own keys (engine/deepseek_gguf.py's deepseek_from_gguf)
+    # latent attention and grouped sigmoid routing, its own keys (engine/front/families/deepseek_gguf.py's deepseek_from_gguf)
     "deepseek2": Family("DeepseekV3ForCausalLM", DEEPSEEK2_LAYER, moe="deepseek"),
 }
 

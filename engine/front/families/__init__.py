@@ -1,0 +1,1 @@
+"""The model families the front reads, one file each."""
