@@ -246,8 +246,9 @@ U32, F32, STR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUF
     (dict(set_keys={"llama.rope.dimension_count": (7, U32)}), "`llama.rope.dimension_count` is 7"),
     (dict(set_keys={"llama.expert_count": (8, U32)}), "missing `llama.expert_used_count`"),  # read as Mixtral
     (dict(set_keys={"qwen2.expert_count": (8, U32)}, arch="qwen2"), "`qwen2.expert_count` is 8: an expert mixture"),
-    (dict(arch="falcon"), "`general.architecture` is `falcon`, which lanefuse does not read (supported: llama, "
-                          "qwen2, qwen3, phi3, gemma2, gemma3, qwen3moe, qwen2moe, qwen3next, gpt-oss, deepseek2)"),
+    (dict(arch="falcon"), "`general.architecture` is `falcon`, which lanefuse does not read (supported: deepseek: "
+                          "deepseek2; gemma: gemma2, gemma3; gptoss: gpt-oss; llama: llama, phi3; mixtures: qwen3moe, "
+                          "qwen2moe; qwen: qwen2, qwen3; qwen3next: qwen3next)"),
     (dict(drop_tensors=("blk.1.ffn_down.weight",)), "no tensor `blk.1.ffn_down.weight` (expected shape (64, 96))"),
     (dict(add_tensors={"blk.0.attn_q.bias": (np.zeros(64, np.float32), None)}),
      "tensor `blk.0.attn_q.bias` is not one lanefuse reads in a 2-layer LlamaForCausalLM"),

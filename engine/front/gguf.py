@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError, clip
-from lanefuse.engine.front.gguf_names import (FAMILIES, MIXTURE_OF, ROPE_FREQS, Family, hf_names, permuted_by,
-                                       read_as_row)
+from lanefuse.engine.front.family import Family, for_gguf
+from lanefuse.engine.front.gguf_names import ROPE_FREQS, Names, hf_names, permuted_by, read_as_row
 from lanefuse.engine.front.gguf_shapes import vocab_size
-from lanefuse.engine.front.hfconfig import MAX_LAYERS, _Reader
+from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader
 from lanefuse.engine.front.model import ModelConfig
 from lanefuse.engine.front.weights import BLOCK_FORMATS
 
@@ -122,35 +122,38 @@ def metadata(reader) -> dict[str, Any]:
 
 # -- the config -----------------------------------------------------------------------------------------------------
 
-def family_of(meta: dict[str, Any], where: str) -> tuple[str, Family]:
+def family_of(meta: dict[str, Any], where: str) -> tuple[str, type[Family], Names]:
+    """The file's `general.architecture`, the family that reads it (engine/front/family.py) and its tensor names."""
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise UserError(f"{where}: missing `general.architecture` (a GGUF model file names its architecture)"
                         if arch is None else f"{where}: `general.architecture` is {arch!r}; expected a name")
-    if arch not in FAMILIES:
-        raise UserError(f"{where}: `general.architecture` is `{shown(arch)}`, which lanefuse does not read "
-                        f"(supported: {', '.join(FAMILIES)})")
-    if arch in MIXTURE_OF and meta.get(f"{arch}.expert_count"):  # Mixtral, written as llama
-        return arch, MIXTURE_OF[arch]
-    return arch, FAMILIES[arch]
+    fam = for_gguf(arch, where)
+    return arch, fam, fam.names(arch, meta)
 
 
-def _arch_reader(meta: dict[str, Any], arch: str, where: str) -> _Reader:
+def _arch_reader(meta: dict[str, Any], arch: str, where: str) -> Reader:
     """Typed reads of the `{arch}.*` keys, each named in full in a refusal."""
     n = len(arch) + 1
-    return _Reader({k[n:]: v for k, v in meta.items() if k.startswith(arch + ".")}, where, f"{arch}.")
+    return Reader({k[n:]: v for k, v in meta.items() if k.startswith(arch + ".")}, where, f"{arch}.")
 
 
 def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], where: str,
                      max_len: int = 512, name: str = "model", freq_factors: np.ndarray | None = None) -> ModelConfig:
     """The model's shape from the metadata; `tensors`: GGUF name -> (logical shape, format), for the tied head and the
     vocabulary where the metadata leaves them out; `freq_factors`: rope_freqs.weight's values, where the file has it."""
-    arch, fam = family_of(meta, where)
+    arch, family, fam = family_of(meta, where)
     r = _arch_reader(meta, arch, where)
-    if fam.moe == "deepseek":  # latent attention: its own keys (engine/front/families/deepseek_gguf.py)
-        from lanefuse.engine.front.families.deepseek_gguf import deepseek_from_gguf
+    if not family.dense_gguf:  # its own keys (DeepSeek-V3's latent attention)
+        return family.read_gguf(meta, tensors, r, arch, where, max_len, name)
+    return family.from_gguf(dense_config(meta, tensors, r, arch, fam, where, max_len, name, freq_factors), r, arch,
+                            where, meta, tensors)
 
-        return deepseek_from_gguf(meta, tensors, r, arch, where, max_len, name)
+
+def dense_config(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...], str]], r: Reader, arch: str,
+                 fam: Names, where: str, max_len: int, name: str, freq_factors: np.ndarray | None) -> ModelConfig:
+    """Any dense decoder's (and mixture's) shape from the `{arch}.*` keys `r` reads (`fam`: the file's tensor
+    names); a family's own keys are read over it (Family.from_gguf)."""
     if meta.get(f"{arch}.expert_count") and fam.moe is None:
         raise UserError(f"{where}: `{arch}.expert_count` is {meta[f'{arch}.expert_count']!r}: an expert mixture, "
                         f"which lanefuse's {arch} does not read")
@@ -192,33 +195,16 @@ def config_from_gguf(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, .
         raise UserError(f"{where}: missing `{arch}.context_length` (a positive integer)")
     ctx = r.size("context_length")
     vocab = vocab_size(meta, tensors, r, where)
-    cfg = ModelConfig(
+    return ModelConfig(
         arch=fam.hf_arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, inter=inter,
         vocab=vocab, eps=eps, rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
         tie_embeddings="output.weight" not in tensors,
         qkv_bias=any(k.endswith("bias") for k in fam.layer), qk_norm=any("q_norm" in k for k in fam.layer),
         max_len=min(max_len, ctx), name=name, moe=moe,
     )
-    if arch in ("gemma2", "gemma3"):  # the family's own keys (engine/front/families/gemma.py)
-        from lanefuse.engine.front.families.gemma import gemma_from_gguf
-
-        return gemma_from_gguf(cfg, r, arch, where)
-    if fam.moe == "gptoss":  # its YaRN, window and clamped GLU
-        from lanefuse.engine.front.families.gptoss import gptoss_from_gguf
-
-        return gptoss_from_gguf(cfg, r, arch, where)
-    if arch == "phi3":  # its window, its fused projections read in parts (engine/front/families/phi3.py)
-        from lanefuse.engine.front.families.phi3 import phi3_from_gguf
-
-        return phi3_from_gguf(cfg, r, arch, where, tensors)
-    if arch == "qwen3next":  # the gated delta net's keys (engine/front/families/qwen3next.py)
-        from lanefuse.engine.front.families.qwen3next import qwen3next_from_gguf
-
-        return qwen3next_from_gguf(cfg, r, arch, where, meta)
-    return cfg
 
 
-def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
+def _experts(r: Reader, fam: Names, arch: str, where: str, layers: int):
     """The mixture every layer of a qwen3moe / qwen2moe file holds (engine/front/families/mixtures.py's MoeConfig), as llama.cpp reads
     its keys: softmax routing, the chosen weights renormalized where the family (or `expert_weights_norm`) says."""
     from lanefuse.engine.front.families.mixtures import MoeConfig
@@ -241,11 +227,11 @@ def _experts(r: _Reader, fam: Family, arch: str, where: str, layers: int):
     norm = r.flag("expert_weights_norm") if r.has("expert_weights_norm") else fam.moe == "normed"
     shared = r.size("expert_shared_feed_forward_length") if "ffn_gate_shexp.weight" in fam.layer else 0
     # llama's mixture (Mixtral) gives its experts' width as the layer's feed_forward_length
-    inter = r.size("expert_feed_forward_length", r.size("feed_forward_length") if arch == "llama" else None)
+    inter = r.size("expert_feed_forward_length", r.size("feed_forward_length") if fam.experts_ffn else None)
     return MoeConfig(experts, k, inter, norm, tuple(range(layers)), shared)
 
 
-def _rope_scaling(meta, r: _Reader, arch: str, where: str, rot: int,
+def _rope_scaling(meta, r: Reader, arch: str, where: str, rot: int,
                   freq_factors: np.ndarray | None) -> tuple[tuple[str, Any], ...]:
     kind = r.text("rope.scaling.type", "none")
     if kind not in ("none", "linear"):
@@ -282,7 +268,7 @@ class GGUFStore:
     """A GGUF file's tensors under their HF names: `info` the logical (rows, cols) and format, `raw` the file's bytes
     in place (memory-mapped; llama's q/k rows reordered into a copy, kept), `where` the file and the GGUF name."""
 
-    def __init__(self, path: Path, reader, family: Family, layers: int, heads: int, kv_heads: int):
+    def __init__(self, path: Path, reader, family: Names, layers: int, heads: int, kv_heads: int):
         self.path = path
         self.reader = reader
         known = hf_names(family, layers)
@@ -397,7 +383,7 @@ def load_gguf(path: str | Path, max_len: int = 512):
     reader = open_reader(p)
     where = str(p)
     meta = metadata(reader)
-    arch, fam = family_of(meta, where)
+    _, _, fam = family_of(meta, where)
     tensors = {t.name: tensor_info(p, t) for t in reader.tensors}
     factors = None
     for t in reader.tensors:

@@ -8,35 +8,29 @@ import math
 from typing import Any
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.front.family import for_hf
 from lanefuse.engine.front.model import ModelConfig, read_layer_types
 
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-             "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
-WINDOWED = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")  # `sliding_window` (null: none) is every
-# layer's window
-QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
-QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")  # engine/front/families/mixtures.py reads their mixture
 ROPE_TYPES = ("default", "linear", "llama3")
 ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 MAX_LAYERS = 512  # the deepest released models have about 130; planning takes time and memory with the layers
 MAX_SIZE = 1 << 31  # no size of a real model comes near; beyond it a shape's product overflows what numpy indexes
 
 
-def _show(v: Any) -> str:
+def show(v: Any) -> str:
     """A value echoed in a message, cut short."""
     r = repr(v)
     return r if len(r) <= 40 else r[:37] + "..."
 
 
-class _Reader:
+class Reader:
     """Typed reads of one config mapping; `where` names the file, `prefix` the enclosing key (`rope_scaling.`)."""
 
     def __init__(self, c: dict[str, Any], where: str, prefix: str = ""):
         self.c, self.where, self.prefix = c, where, prefix
 
     def _bad(self, key: str, v: Any, expected: str) -> UserError:
-        return UserError(f"{self.where}: `{self.prefix}{key}` is {_show(v)}; expected {expected}")
+        return UserError(f"{self.where}: `{self.prefix}{key}` is {show(v)}; expected {expected}")
 
     def has(self, key: str) -> bool:
         return self.c.get(key) is not None
@@ -98,21 +92,21 @@ class _Reader:
         return v
 
 
-def _rope(r: _Reader) -> tuple[float, tuple[tuple[str, Any], ...], float]:
+def read_rope(r: Reader) -> tuple[float, tuple[tuple[str, Any], ...], float]:
     """rope_theta, the scaling entries (rope_type and its factors), partial rotary factor."""
     c, where = r.c, r.where
     params = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling") or {}
     for key, v in (("rope_parameters", params), ("rope_scaling", scaling)):
         if not isinstance(v, dict):
-            raise UserError(f"{where}: `{key}` is {_show(v)}; expected a mapping (or null)")
+            raise UserError(f"{where}: `{key}` is {show(v)}; expected a mapping (or null)")
     merged = {**scaling, **params}
-    m = _Reader(merged, where, "rope_parameters." if params else "rope_scaling.")
+    m = Reader(merged, where, "rope_parameters." if params else "rope_scaling.")
     top_theta = r.number("rope_theta", 10000.0)
     theta = m.number("rope_theta", top_theta)
     kind = merged.get("rope_type", merged.get("type", "default"))
     if kind not in ROPE_TYPES:
-        raise UserError(f"{where}: rope type `{_show(kind)[1:-1] if isinstance(kind, str) else _show(kind)}` is not "
+        raise UserError(f"{where}: rope type `{show(kind)[1:-1] if isinstance(kind, str) else show(kind)}` is not "
                         f"supported (supported: {', '.join(ROPE_TYPES)})")
     if kind == "linear" and merged.get("factor") is None:
         raise UserError(f"{where}: linear rope scaling without a `factor`")
@@ -138,46 +132,34 @@ def _rope(r: _Reader) -> tuple[float, tuple[tuple[str, Any], ...], float]:
 
 
 def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int = 512, name: str = "model") -> ModelConfig:
-    r = _Reader(c, where)
+    """config.json `c` read by the family its `architectures` names (engine/front/family.py)."""
     archs = c.get("architectures")
     if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
-        raise UserError(f"{where}: `architectures` is {_show(archs)}; expected a list of names, e.g. "
-                        f"[\"{SUPPORTED[0]}\"]")
+        raise UserError(f"{where}: `architectures` is {show(archs)}; expected a list of names, e.g. "
+                        f"[\"LlamaForCausalLM\"]")
     arch = archs[0] if archs else None
-    from lanefuse.engine.front.families.gemma import ARCHS as GEMMA, gemma_config
+    return for_hf(arch, where).read_config(c, arch, where, max_len, name)
 
-    if arch in GEMMA:
-        return gemma_config(c, arch, where, max_len, name, _Reader, _rope, MAX_LAYERS)
-    from lanefuse.engine.front.families.gptoss import ARCHS as GPTOSS, gptoss_config
 
-    if arch in GPTOSS:
-        return gptoss_config(c, where, max_len, name, _Reader, MAX_LAYERS)
-    from lanefuse.engine.front.families.deepseek import ARCHS as DEEPSEEK, deepseek_config
-    from lanefuse.engine.front.families.qwen3next import ARCHS as QWEN3NEXT, qwen3next_config
-
-    if arch in QWEN3NEXT:
-        return qwen3next_config(c, where, max_len, name, _Reader, _rope, MAX_LAYERS)
-    if arch in DEEPSEEK:
-        return deepseek_config(c, where, max_len, name, _Reader, MAX_LAYERS)
-    if arch not in SUPPORTED:
-        raise UserError(f"{where}: architecture `{arch}` is not supported (supported: "
-                        f"{', '.join(SUPPORTED + GEMMA + GPTOSS + QWEN3NEXT + DEEPSEEK)})")
-
+def read_decoder(c: dict[str, Any], arch: str, where: str, max_len: int, name: str, *, llama: bool = False,
+                 windowed: bool = False, qkv_bias: bool = False, qk_norm: bool = False, sliding=None, config: type[ModelConfig] = ModelConfig) -> ModelConfig:
+    """A dense decoder's config.json (transformers' Llama and its cousins) as `config`: `llama` its MLP's activation
+    and biases as the config says; `windowed` every layer over `sliding_window`; q/k/v biases (`qkv_bias`), per-head
+    q/k norms (`qk_norm`); `sliding(i, n)` which layers slide under `use_sliding_window` where `layer_types` is
+    absent (the Qwen families). Every FFN dense: a mixture family adds its experts (families/mixtures.py)."""
+    r = Reader(c, where)
     act = r.text("hidden_act", "silu")
-    llama = arch == "LlamaForCausalLM"  # its MLP's activation and biases as the config says (transformers' Llama)
     if act not in (LLAMA_ACTS if llama else ("silu",)):
         known = ", ".join(LLAMA_ACTS) if llama else "silu"
         raise UserError(f"{where}: hidden_act `{act}` is not supported for {arch.replace('ForCausalLM', '')} "
                         f"(only {known})")
     if r.flag("mlp_bias") and not llama:
         raise UserError(f"{where}: mlp_bias is not supported for {arch.replace('ForCausalLM', '')}")
-    if arch in QK_NORM and r.flag("attention_bias"):
+    if qk_norm and r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias is not supported for {arch.replace('ForCausalLM', '')}")
-    if arch in WINDOWED and r.flag("attention_bias"):
+    if windowed and r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias (an o_proj bias) is not supported for "
                         f"{arch.replace('ForCausalLM', '')}")
-    if arch == "Qwen2MoeForCausalLM" and c.get("qkv_bias") is False:
-        raise UserError(f"{where}: a Qwen2-MoE without its q/k/v biases (qkv_bias false) is not supported")
     hidden, heads, layers, inter, vocab, kv = r.sizes(MAX_LAYERS)
     if r.has("head_dim"):
         head_dim = r.size("head_dim")
@@ -187,26 +169,19 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
     else:
         head_dim = hidden // heads
     eps = r.number("rms_norm_eps", 1e-6)
-    theta, scaling, partial = _rope(r)
+    theta, scaling, partial = read_rope(r)
     if int(head_dim * partial) < 2:
         raise UserError(f"{where}: a rotary width of {int(head_dim * partial)} (head_dim {head_dim} x "
                         f"partial_rotary_factor {partial}); expected at least 2")
     max_pos = r.size("max_position_embeddings", max_len)
-    window, types = _window(r, arch, layers)
-    moe = None
-    if arch in MOE_ARCHS:
-        from lanefuse.engine.front.families.mixtures import read_moe
-
-        moe = read_moe(r, arch, layers)
-    from lanefuse.engine.front.families.phi3 import ARCHS as PHI3, Phi3Config
-
-    return (Phi3Config if arch in PHI3 else ModelConfig)(
+    window, types = _window(r, layers, windowed, sliding)
+    return config(
         arch=arch, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim,
         inter=inter, vocab=vocab, eps=eps,
         rope_theta=theta, rope_scaling=scaling, partial_rotary=partial,
         tie_embeddings=r.flag("tie_word_embeddings"),
-        qkv_bias=arch in QKV_BIAS, qk_norm=arch in QK_NORM,
-        max_len=min(max_len, max_pos), name=name, moe=moe, window=window, layer_types=types,
+        qkv_bias=qkv_bias, qk_norm=qk_norm,
+        max_len=min(max_len, max_pos), name=name, window=window, layer_types=types,
         **({"attn_bias": r.flag("attention_bias"), "mlp_bias": r.flag("mlp_bias"), "act": LLAMA_ACTS[act]}
            if llama else {}),
     )
@@ -217,24 +192,16 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
 LLAMA_ACTS = {"silu": "silu", "gelu": "gelu_erf", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu"}
 
 
-# Under `use_sliding_window`, which layers of a Qwen family slide where config.json has no `layer_types` (transformers
-# 5.x): Qwen2 and Qwen3 from layer `max_window_layers` on, Qwen2-MoE its even layers before it, Qwen3-MoE every layer.
-QWEN_SLIDING = {
-    "Qwen2ForCausalLM": lambda i, n: i >= n, "Qwen3ForCausalLM": lambda i, n: i >= n,
-    "Qwen2MoeForCausalLM": lambda i, n: i % 2 == 0 and i < n, "Qwen3MoeForCausalLM": lambda i, n: True,
-}
-
-
-def _window(r, arch: str, layers: int) -> tuple[int, tuple[str, ...]]:
+def _window(r, layers: int, windowed: bool, sliding) -> tuple[int, tuple[str, ...]]:
     """The window of a sliding layer (0: none) and the layers' types (none: every layer slides where the window is
-    set). Mistral, Mixtral and Phi-3 slide every layer over `sliding_window` (null: none); the Qwen families only under
-    `use_sliding_window`, the layers `layer_types` names or their default (QWEN_SLIDING)."""
-    if arch in WINDOWED:
+    set). Mistral, Mixtral and Phi-3 slide every layer over `sliding_window` (null: none: `windowed`); the Qwen
+    families only under `use_sliding_window`, the layers `layer_types` names or their default (`sliding(i, n)`)."""
+    if windowed:
         return (r.size("sliding_window") if r.has("sliding_window") else 0), ()
-    if arch not in QWEN_SLIDING or not r.flag("use_sliding_window") or not r.has("sliding_window"):
+    if sliding is None or not r.flag("use_sliding_window") or not r.has("sliding_window"):
         return 0, ()
     n = r.number("max_window_layers", 28, low=0.0, low_open=False, expected="a layer count (0 or more)")
     if not float(n).is_integer():
         raise r._bad("max_window_layers", r.c["max_window_layers"], "a layer count (0 or more)")
-    types = read_layer_types(r, layers, lambda i: QWEN_SLIDING[arch](i, n))
+    types = read_layer_types(r, layers, lambda i: sliding(i, n))
     return (r.size("sliding_window"), types) if "sliding_attention" in types else (0, ())

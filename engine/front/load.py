@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.jsonfile import read_json
+from lanefuse.engine.front.family import of_config
 from lanefuse.engine.front.hfconfig import config_from_hf
 from lanefuse.engine.front.model import ModelConfig
 from lanefuse.engine.front.weights import Weights
@@ -76,21 +77,8 @@ def load_model(path: str | Path, max_len: int = 512) -> tuple[ModelConfig, Weigh
                   cfg.extra_layers)  # before listing names
     held = sum(f.stat().st_size for f in folder.glob("*.safetensors") if f.is_file())
     weights_fit(cfg, str(cfg_path), "config.json's sizes", held, "its safetensors files'")  # before any store
-    if cfg.moe is not None:  # the experts' tensors stacked, one constant a role (engine/front/families/mixtures.py)
-        if cfg.moe.spelling == "gptoss":
-            from lanefuse.engine.front.families.gptoss import GptOssStore
-
-            store = Weights(GptOssStore(store.store, cfg, str(folder)))
-        else:
-            from lanefuse.engine.front.families.mixtures import stack_store
-
-            store = Weights(stack_store(store.store, cfg, str(folder)))
-    split = getattr(cfg, "split_store", None)  # a family whose fused tensors the step reads in parts (Qwen3-Next)
-    if split is not None:
-        store = Weights(split(store.store, str(folder)))
-    serve = getattr(cfg, "serve", None)  # a family serving tensors cut from the stored ones (engine/front/families/deepseek.py)
-    if serve is not None:
-        store = Weights(serve(store.store, str(folder)))
+    # the family's store: each mixture layer's experts stacked, its fused tensors read in parts, its cuts served
+    store = Weights(of_config(cfg).store(cfg, store.store, str(folder)))
     cfg = _checked(cfg, store, str(folder), "config.json")
     return cfg, store.with_config(cfg)
 
@@ -132,21 +120,7 @@ def _load_gguf(path: Path, max_len: int) -> tuple[ModelConfig, Weights]:
 
     cfg, gstore = load_gguf(path, max_len)
     weights_fit(cfg, str(path), "the metadata's sizes", path.stat().st_size, "the file's")  # before any store
-    if getattr(cfg, "serve", None) is not None:  # deepseek2: cut as a checkpoint's (engine/front/families/deepseek_gguf.py)
-        from lanefuse.engine.front.families.deepseek_gguf import deepseek_gguf_store
-
-        gstore = deepseek_gguf_store(gstore, cfg, str(path))
-    elif cfg.moe is not None and cfg.moe.spelling == "gptoss":  # gpt-oss's experts and biases as the op's rows
-        from lanefuse.engine.front.families.gptoss import GptOssGGUFStore
-
-        gstore = GptOssGGUFStore(gstore, cfg, str(path))
-    elif cfg.moe is not None:  # each layer's gate and up experts stacked into the `moe` op's rows (engine/front/families/mixtures.py)
-        from lanefuse.engine.front.families.mixtures import stack_store
-
-        gstore = stack_store(gstore, cfg, str(path))
-    split = getattr(cfg, "split_store", None)  # a family whose fused tensors the step reads in parts (Qwen3-Next)
-    if split is not None:
-        gstore = split(gstore, str(path))
+    gstore = of_config(cfg).gguf_store(cfg, gstore, str(path))  # the family's (engine/front/family.py)
     store = Weights(gstore)
     cfg = _checked(cfg, store, str(path), "the file's metadata", label=gstore.file_name)
     return cfg, store.with_config(cfg)

@@ -127,9 +127,7 @@ class ModelConfig:
                 w[p + "self_attn.q_norm.weight"] = (hd,)
                 w[p + "self_attn.k_norm.weight"] = (hd,)
             if self.sparse(i):
-                from lanefuse.engine.front.families.mixtures import weight_names
-
-                w.update(weight_names(self, i))
+                w.update(self.moe.names(self, i))
                 continue
             w[p + "mlp.gate_proj.weight"] = (f, d)
             w[p + "mlp.up_proj.weight"] = (f, d)
@@ -241,9 +239,7 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -
         x1 = op("add", [x, o], "resid_attn")
         h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
         if cfg.sparse(i):
-            from lanefuse.engine.front.families.mixtures import build_ffn
-
-            dn = build_ffn(cfg, i, h2, op, W)
+            dn = cfg.moe.ffn(cfg, i, h2, op, W)
         else:
             gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
             up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")

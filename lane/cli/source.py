@@ -247,10 +247,9 @@ def _open_gguf(path: str, ctx: int | None, weights_format: str | None) -> Source
         raise UserError(f"--weights-format {weights_format}: {path} is a GGUF file, which gives each tensor's format "
                         f"(the flag is for a folder holding only config.json)")
     cfg, weights = load_model(path, max_len=1 << 30)  # the KV caches' rows: the file's context length, for now
-    arch = {"LlamaForCausalLM": "llama", "MixtralForCausalLM": "llama", "Phi3ForCausalLM": "phi3",
-            "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-            "Qwen3MoeForCausalLM": "qwen3moe", "Qwen2MoeForCausalLM": "qwen2moe",
-            "GptOssForCausalLM": "gpt-oss", "DeepseekV3ForCausalLM": "deepseek2"}.get(cfg.arch, "")
+    from lanefuse.engine.front.family import gguf_arch
+
+    arch = gguf_arch(cfg)  # the file's `general.architecture`, as its family reads it
     name = os.path.basename(path)
     rows, said = context_rows(cfg.max_len, cfg, ctx, f"{name} ({arch or 'its'}.context_length in the file)")
     cfg = dataclasses.replace(cfg, max_len=rows)

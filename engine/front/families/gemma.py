@@ -13,9 +13,33 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Constant, Graph
+from lanefuse.engine.front.family import Family
+from lanefuse.engine.front.gguf_names import LAYER, QK_NORM, Names
+from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader, read_rope
 from lanefuse.engine.front.model import LAYER_TYPES, ModelConfig, read_layer_types, step_frame
 
 ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+GEMMA_LAYER = {  # Gemma's four norms a layer: llama.cpp names the pre-feed-forward one ffn_norm
+    **{k: v for k, v in LAYER.items() if k != "ffn_norm.weight"},
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
+
+class Gemma(Family):
+    name = "gemma"
+    hf = ARCHS
+    gguf = {"gemma2": Names("Gemma2ForCausalLM", GEMMA_LAYER),
+            "gemma3": Names("Gemma3ForCausalLM", {**GEMMA_LAYER, **QK_NORM})}
+
+    @classmethod
+    def read_config(cls, c, arch, where, max_len, name):
+        return gemma_config(c, arch, where, max_len, name)
+
+    @classmethod
+    def from_gguf(cls, cfg, r, arch, where, meta, tensors):
+        return gemma_from_gguf(cfg, r, arch, where)
 # hidden_activation -> the lifted op: transformers' ACT2FN names of the tanh approximation, and the exact (erf) GELU
 ACTIVATIONS = {"gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu": "gelu_erf",
                "gelu_python": "gelu_erf"}
@@ -171,11 +195,9 @@ def _cap(r, key: str) -> float:
     return r.number(key, 0.0, expected="a positive number (the cap), or null for none")
 
 
-def _ropes(r, family: str, rope) -> tuple[tuple[float, tuple, float], tuple[float, tuple, float] | None]:
+def _ropes(r, family: str) -> tuple[tuple[float, tuple, float], tuple[float, tuple, float] | None]:
     """(the global layers' rope_theta, scaling, partial), and Gemma 3's sliding layers' (None for Gemma 2): from
-    5.x's `rope_parameters` keyed by layer type, or 4.x's rope_theta / rope_scaling / rope_local_base_freq. `rope`
-    reads one (hfconfig's)."""
-    _Reader, _rope = type(r), rope
+    5.x's `rope_parameters` keyed by layer type, or 4.x's rope_theta / rope_scaling / rope_local_base_freq."""
     c, where = r.c, r.where
     params = c.get("rope_parameters")
     if isinstance(params, dict) and any(k in params for k in LAYER_TYPES):
@@ -183,26 +205,24 @@ def _ropes(r, family: str, rope) -> tuple[tuple[float, tuple, float], tuple[floa
             if not isinstance(params.get(k) or {}, dict):
                 raise UserError(f"{where}: `rope_parameters.{k}` is {params.get(k)!r:.40}; expected a mapping")
         base = {k: v for k, v in c.items() if k not in ("rope_parameters", "rope_scaling")}
-        full = _rope(_Reader({**base, "rope_parameters": params.get("full_attention") or {}},
-                             f"{where} (rope_parameters.full_attention)"))
-        local = _rope(_Reader({**base, "rope_parameters": params.get("sliding_attention") or {},
-                               "rope_theta": c.get("rope_local_base_freq", DEFAULTS["gemma3"]["rope_local_base_freq"])},
-                              f"{where} (rope_parameters.sliding_attention)"))
+        full = read_rope(Reader({**base, "rope_parameters": params.get("full_attention") or {}},
+                                f"{where} (rope_parameters.full_attention)"))
+        local_theta = c.get("rope_local_base_freq", DEFAULTS["gemma3"]["rope_local_base_freq"])
+        local = read_rope(Reader({**base, "rope_parameters": params.get("sliding_attention") or {},
+                                  "rope_theta": local_theta}, f"{where} (rope_parameters.sliding_attention)"))
         return full, (local if family == "gemma3" else None)
-    full = _rope(r)  # rope_scaling, where given, scales the global layers only (as transformers applies it)
+    full = read_rope(r)  # rope_scaling, where given, scales the global layers only (as transformers applies it)
     if family == "gemma2":
         return full, None
     theta = r.number("rope_local_base_freq", DEFAULTS["gemma3"]["rope_local_base_freq"])
     return full, (theta, (), full[2])
 
 
-def gemma_config(c: dict[str, Any], arch: str, where: str, max_len: int, name: str, reader, rope,
-                 max_layers: int) -> GemmaConfig:
-    """A Gemma 2 / Gemma 3 config.json read into a GemmaConfig; what the step cannot express refused naming the key.
-    hfconfig, which imports this module, passes its typed reader class, its rope reading and its layer limit."""
+def gemma_config(c: dict[str, Any], arch: str, where: str, max_len: int, name: str) -> GemmaConfig:
+    """A Gemma 2 / Gemma 3 config.json read into a GemmaConfig; what the step cannot express refused naming the key."""
     family = _family(arch)
     t, where = _text_config(c, arch, where)
-    r = reader(t, where)
+    r = Reader(t, where)
     act_name = t.get("hidden_activation") or t.get("hidden_act") or "gelu_pytorch_tanh"
     if act_name not in ACTIVATIONS:
         raise UserError(f"{where}: hidden_activation `{act_name!s:.40}` is not supported (supported: "
@@ -213,10 +233,10 @@ def gemma_config(c: dict[str, Any], arch: str, where: str, max_len: int, name: s
         raise UserError(f"{where}: use_bidirectional_attention is not supported (a decode step attends causally)")
     if r.flag("mlp_bias"):
         raise UserError(f"{where}: mlp_bias is not supported")
-    hidden, heads, layers, inter, vocab, kv = r.sizes(max_layers)
+    hidden, heads, layers, inter, vocab, kv = r.sizes(MAX_LAYERS)
     head_dim = r.size("head_dim")
     eps = r.number("rms_norm_eps", 1e-6)
-    (theta, scaling, partial), local = _ropes(r, family, rope)
+    (theta, scaling, partial), local = _ropes(r, family)
     if partial != 1.0:
         raise UserError(f"{where}: partial_rotary_factor {partial} is not supported for Gemma (it rotates whole heads)")
     scalar = r.number("query_pre_attn_scalar", 256.0)

@@ -16,10 +16,50 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.front.gguf_shapes import check_shapes
 from lanefuse.engine.ir import Constant, Graph
+from lanefuse.engine.front.family import Family
+from lanefuse.engine.front.gguf_names import DENSE_FFN, LAYER, QKV_BIAS, Names
+from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader
 from lanefuse.engine.front.model import ModelConfig, read_layer_types, step_frame
 from lanefuse.engine.front.families.mixtures import ExpertStore
 
 ARCHS = ("GptOssForCausalLM",)
+# gpt-oss (llama.cpp's `gpt-oss`): biased q/k/v/o, the attention sinks, the norm before the mixture named
+# post_attention_norm, a biased router, and each role's experts and their biases apart (gate and up split from the
+# checkpoint's interleaved gate_up, rows (out, in)); GptOssGGUFStore serves the `moe` op's rows
+GPTOSS_LAYER = {
+    **{k: v for k, v in LAYER.items() if k not in DENSE_FFN and k != "ffn_norm.weight"},
+    **QKV_BIAS,
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.weight": "mlp.router.weight",
+    "ffn_gate_inp.bias": "mlp.router.bias",
+    **{f"ffn_{r}_exps.{k}": f"mlp.experts.{r}_proj{'_bias' if k == 'bias' else ''}.gguf"
+       for r in ("gate", "up", "down") for k in ("weight", "bias")},
+}
+
+
+class GptOss(Family):
+    name = "gptoss"
+    hf = ARCHS
+    # top-k of a biased router, then a softmax over the chosen; the clamped GLU (gptoss_from_gguf)
+    gguf = {"gpt-oss": Names("GptOssForCausalLM", GPTOSS_LAYER, moe="gptoss")}
+
+    @classmethod
+    def read_config(cls, c, arch, where, max_len, name):
+        return gptoss_config(c, where, max_len, name)
+
+    @classmethod
+    def from_gguf(cls, cfg, r, arch, where, meta, tensors):
+        return gptoss_from_gguf(cfg, r, arch, where)
+
+    @classmethod
+    def store(cls, cfg, base, where):
+        return GptOssStore(base, cfg, where)
+
+    @classmethod
+    def gguf_store(cls, cfg, base, where):  # the experts and their biases as the op's rows
+        return GptOssGGUFStore(base, cfg, where)
 ROPE_TYPES = ("yarn", "default")
 # What GptOssConfig (transformers 5.24) takes for a key the config.json leaves out
 DEFAULTS = dict(num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880,
@@ -239,7 +279,7 @@ def _layer_types(r, layers: int) -> tuple[str, ...]:
     return read_layer_types(r, layers, lambda i: (i + 1) % 2)  # transformers' default: even layers slide
 
 
-def _yarn(r, reader, head_dim: int, max_pos: int) -> tuple[float, tuple[tuple[str, Any], ...]]:
+def _yarn(r, head_dim: int, max_pos: int) -> tuple[float, tuple[tuple[str, Any], ...]]:
     """rope_theta and the YaRN entries (with the attention factor transformers scales cos and sin by), from 5.x's
     `rope_parameters` or 4.x's `rope_theta` / `rope_scaling`; absent both, GptOssConfig's default YaRN."""
     c, where = r.c, r.where
@@ -251,7 +291,7 @@ def _yarn(r, reader, head_dim: int, max_pos: int) -> tuple[float, tuple[tuple[st
     merged = {**DEFAULT_ROPE, **given} if not given or given.get("rope_type", given.get("type")) in (None, "yarn") \
         else given
     prefix = "rope_parameters." if params else "rope_scaling."
-    m = reader(merged, where, prefix)
+    m = Reader(merged, where, prefix)
     theta = m.number("rope_theta", r.number("rope_theta", DEFAULTS["rope_theta"]))
     kind = merged.get("rope_type", merged.get("type", "yarn"))
     if kind not in ROPE_TYPES:
@@ -279,22 +319,22 @@ def _yarn(r, reader, head_dim: int, max_pos: int) -> tuple[float, tuple[tuple[st
                    ("original_max_position_embeddings", old), ("truncate", truncate), ("attention_factor", att))
 
 
-def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str, reader, max_layers: int) -> GptOssConfig:
+def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str) -> GptOssConfig:
     """A gpt-oss config.json (transformers 4.x or 5.x) read into a GptOssConfig; what the step cannot express is
-    refused naming the key. hfconfig passes its typed reader class and its layer limit."""
+    refused naming the key."""
     from lanefuse.engine.front.families.mixtures import MoeConfig
 
     c = {**DEFAULTS, **{k: v for k, v in c.items() if v is not None or k in ("sliding_window",)}}
-    r = reader(c, where)
+    r = Reader(c, where)
     if c.get("attention_bias") is not True:
         raise UserError(f"{where}: a gpt-oss without its q/k/v/o biases (attention_bias false) is not supported")
-    hidden, heads, layers, inter, vocab, kv = r.sizes(max_layers)
+    hidden, heads, layers, inter, vocab, kv = r.sizes(MAX_LAYERS)
     head_dim = r.size("head_dim")
     experts, k = r.size("num_local_experts"), r.size("num_experts_per_tok")
     if k > experts:
         raise UserError(f"{where}: `num_experts_per_tok` {k} is more than the {experts} experts")
     max_pos = r.size("max_position_embeddings")
-    theta, scaling = _yarn(r, reader, head_dim, max_pos)
+    theta, scaling = _yarn(r, head_dim, max_pos)
     window = r.size("sliding_window") if c.get("sliding_window") is not None else 0
     limit = r.number("swiglu_limit", 7.0, expected="a positive number (the GLU's clamp)")
     alpha = r.number("swiglu_alpha", 1.702, expected="a positive number")

@@ -1,5 +1,6 @@
-"""Expert mixtures at the front: what a mixture-of-experts config says (`MoeConfig`, read from config.json for
-Qwen3-MoE, Mixtral and Qwen2-MoE), the routing every consumer shares (`route`: softmax, top-k, renormalize), the
+"""Expert mixtures at the front: the family of Qwen3-MoE, Mixtral and Qwen2-MoE (`Mixtures`: a dense decoder whose
+layers' FFNs are expert mixtures; GGUF's `qwen3moe` / `qwen2moe`, Mixtral's is `llama`'s: families/llama.py), what a
+mixture-of-experts config says (`MoeConfig`, read from config.json), the routing every consumer shares (`route`: softmax, top-k, renormalize), the
 experts' weights stacked one constant a role (`ExpertStore`: the per-expert tensors of a 4.x checkpoint or the fused
 3-D ones of a 5.x checkpoint, read as the same 2-D rows) and one layer's mixture built into a step graph."""
 
@@ -11,9 +12,38 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.front.family import Family
+from lanefuse.engine.front.gguf_names import EXPERTS, MOE_LAYER, QK_NORM, QKV_BIAS, SHARED_EXPERT, Names
+from lanefuse.engine.front.hfconfig import Reader, read_decoder
 
 ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 SHARED_GATED = ("Qwen2MoeForCausalLM", "Qwen3NextForCausalLM")  # a shared expert scaled by sigmoid(x·gate)
+# Under `use_sliding_window`, which layers slide where config.json has no `layer_types` (transformers 5.x): Qwen2-MoE
+# its even layers before `max_window_layers`, Qwen3-MoE every layer (Mixtral: every layer over `sliding_window`)
+SLIDING = {"Qwen2MoeForCausalLM": lambda i, n: i % 2 == 0 and i < n, "Qwen3MoeForCausalLM": lambda i, n: True}
+
+
+class Mixtures(Family):
+    name = "mixtures"
+    hf = ARCHS
+    gguf = {
+        # llama.cpp renormalizes qwen3moe's chosen weights and not qwen2moe's (build_moe_ffn's norm_w), whatever the
+        # checkpoint's norm_topk_prob said; `{arch}.expert_weights_norm` overrides where a file holds it
+        "qwen3moe": Names("Qwen3MoeForCausalLM", {**MOE_LAYER, **QK_NORM, **EXPERTS}, moe="normed"),
+        "qwen2moe": Names("Qwen2MoeForCausalLM", {**MOE_LAYER, **QKV_BIAS, **EXPERTS, **SHARED_EXPERT}, moe="plain",
+                          as_row=("ffn_gate_inp_shexp.weight",)),
+    }
+
+    @classmethod
+    def read_config(cls, c, arch, where, max_len, name):
+        import dataclasses
+
+        if arch == "Qwen2MoeForCausalLM" and c.get("qkv_bias") is False:
+            raise UserError(f"{where}: a Qwen2-MoE without its q/k/v biases (qkv_bias false) is not supported")
+        cfg = read_decoder(c, arch, where, max_len, name, windowed=arch == "MixtralForCausalLM",
+                           qkv_bias=arch == "Qwen2MoeForCausalLM", qk_norm=arch == "Qwen3MoeForCausalLM",
+                           sliding=SLIDING.get(arch))
+        return dataclasses.replace(cfg, moe=read_moe(Reader(c, where), arch, cfg.layers))
 
 
 @dataclass(frozen=True)
@@ -26,6 +56,19 @@ class MoeConfig:
     shared_inter: int = 0  # Qwen2-MoE's shared expert's width (0: none), scaled by a sigmoid gate
     spelling: str = "qwen"  # where the layer's tensors live: qwen (mlp.gate, mlp.experts) | mixtral (block_sparse_moe)
     # | gptoss (mlp.router, mlp.experts' interleaved gate_up_proj: engine/front/families/gptoss.py)
+
+    # what the step and the loader ask of a config's mixture (so that neither imports this module)
+    def names(self, cfg, i: int) -> dict[str, tuple[int, ...]]:
+        """Layer i's mixture tensors with their shapes (`weight_names`)."""
+        return weight_names(cfg, i)
+
+    def ffn(self, cfg, i: int, h: str, op, W) -> str:
+        """Layer i's mixture built into the step over its normed input `h` (`build_ffn`)."""
+        return build_ffn(cfg, i, h, op, W)
+
+    def stack(self, store, cfg, where: str):
+        """`store` with the experts' tensors stacked, one constant a role (`stack_store`)."""
+        return stack_store(store, cfg, where)
 
 
 def read_moe(r, arch: str, layers: int) -> MoeConfig:

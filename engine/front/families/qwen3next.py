@@ -16,10 +16,51 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.front.families.gemma import ONE_PLUS
 from lanefuse.engine.ir import Constant, Graph
+from lanefuse.engine.front.family import Family
+from lanefuse.engine.front.gguf_names import EXPERTS, QK_NORM, SHARED_EXPERT, Names
+from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader, read_rope
 from lanefuse.engine.front.model import ModelConfig, read_layer_types, step_frame
 from lanefuse.engine.front.weights import BLOCK_FORMATS, PartsStore
 
 ARCHS = ("Qwen3NextForCausalLM",)
+# Qwen3-Next (llama.cpp's `qwen3next`, every layer a mixture with the shared expert): the layer's norms (held as 1 + w
+# by the converter, the gated delta net's own norm as w), a gated attention's q_proj whole (each head's query and gate),
+# and the gated delta net's tensors under the HF names the split store (below) reads: ssm_in is
+# in_proj_qkvz as stored (key-head groups; older converters), attn_qkv / attn_gate its q, k, v rows and z rows apart
+# (newer ones), ssm_a holds -exp(A_log), ssm_dt.bias dt_bias, ssm_conv1d the (channels, taps) convolution
+QWEN3NEXT_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    **QK_NORM,
+    "ssm_in.weight": "linear_attn.in_proj_qkvz.weight",
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight",
+    "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
+    "ssm_conv1d.weight": "linear_attn.conv1d.weight",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_a": "linear_attn.A",
+    "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
+}
+
+
+class Qwen3Next(Family):
+    name = "qwen3next"
+    hf = ARCHS
+    gguf = {"qwen3next": Names("Qwen3NextForCausalLM", {**QWEN3NEXT_LAYER, **EXPERTS, **SHARED_EXPERT}, moe="normed",
+                               as_row=("ffn_gate_inp_shexp.weight",))}
+
+    @classmethod
+    def read_config(cls, c, arch, where, max_len, name):
+        return qwen3next_config(c, where, max_len, name)
+
+    @classmethod
+    def from_gguf(cls, cfg, r, arch, where, meta, tensors):  # the gated delta net's keys
+        return qwen3next_from_gguf(cfg, r, arch, where, meta)
 LAYER_TYPES = ("linear_attention", "full_attention")
 L2_EPS = 1e-6  # the L2 norm of q and k inside transformers' delta rule (use_qk_l2norm_in_kernel), fixed
 ELEMENTWISE = ("f32", "f16", "bf16")  # stored formats whose rows the split store can take apart
@@ -251,8 +292,7 @@ def _layer_types(r, layers: int) -> tuple[str, ...]:
     return read_layer_types(r, layers, lambda i: (i + 1) % r.size("full_attention_interval", 4), LAYER_TYPES)
 
 
-def qwen3next_config(c: dict[str, Any], where: str, max_len: int, name: str, reader, rope,
-                     max_layers: int) -> Qwen3NextConfig:
+def qwen3next_config(c: dict[str, Any], where: str, max_len: int, name: str) -> Qwen3NextConfig:
     """A Qwen3-Next config.json over transformers' defaults, read into a Qwen3NextConfig; what the step cannot express
     refused naming the key. hfconfig, which imports this module, passes its reader class, rope reading and layer
     limit."""
@@ -260,17 +300,17 @@ def qwen3next_config(c: dict[str, Any], where: str, max_len: int, name: str, rea
     params = t.get("rope_parameters")
     if t.get("partial_rotary_factor") is None and not (isinstance(params, dict) and "partial_rotary_factor" in params):
         t["partial_rotary_factor"] = 0.25  # transformers' default for the family
-    r = reader(t, where)
+    r = Reader(t, where)
     act = r.text("hidden_act", "silu")
     if act != "silu":
         raise UserError(f"{where}: hidden_act `{act:.40}` is not supported for Qwen3-Next (only silu)")
     if r.flag("attention_bias"):
         raise UserError(f"{where}: attention_bias is not supported for Qwen3-Next (its q/k/v/o products have no "
                         f"biases)")
-    hidden, heads, layers, inter, vocab, kv = r.sizes(max_layers)
+    hidden, heads, layers, inter, vocab, kv = r.sizes(MAX_LAYERS)
     head_dim = r.size("head_dim")
     eps = r.number("rms_norm_eps", 1e-6)
-    theta, scaling, partial = rope(r)
+    theta, scaling, partial = read_rope(r)
     if int(head_dim * partial) < 2:
         raise UserError(f"{where}: a rotary width of {int(head_dim * partial)} (head_dim {head_dim} x "
                         f"partial_rotary_factor {partial}); expected at least 2")

@@ -1,19 +1,62 @@
-"""Phi-3 (`Phi3ForCausalLM`): Llama's step over a checkpoint that holds each layer's q, k and v projections as one
+"""Llama (`LlamaForCausalLM`), Mistral (`MistralForCausalLM`: every layer over the last `sliding_window` positions)
+and Phi-3 (`Phi3ForCausalLM`), transformers' dense decoder and the front's default step (engine/front/model.py), and
+GGUF's `llama` (its q/k rows permuted for llama.cpp's adjacent-pair rotation; with `llama.expert_count`, Mixtral) and
+`phi3`.
+
+Phi-3: Llama's step over a checkpoint that holds each layer's q, k and v projections as one
 `self_attn.qkv_proj` (q's rows, then k's, then v's) and its gate and up projections as one `mlp.gate_up_proj` (the
 gate's rows, then the up's). The step reads them in parts, as Llama's names, each served as rows of the stored tensor
 (engine/front/weights.py's PartsStore: a view of its rows, a block format's rows still whole blocks), so Phi-3 plans and
 fuses as Llama does. Every layer's attention is over the last `sliding_window` positions where the config gives one
-(hfconfig.py reads it). A checkpoint already holding the parts apart is read as it is."""
+(read_decoder reads it). A checkpoint already holding the parts apart is read as it is."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 from lanefuse.engine.errors import UserError
+from lanefuse.engine.front.family import Family
+from lanefuse.engine.front.gguf_names import EXPERTS, LAYER, MOE_LAYER, Names
+from lanefuse.engine.front.hfconfig import read_decoder
 from lanefuse.engine.front.model import ModelConfig
 from lanefuse.engine.front.weights import PartsStore
 
-ARCHS = ("Phi3ForCausalLM",)
+PERMUTED = {"attn_q.weight": "heads", "attn_k.weight": "kv_heads"}  # llama.cpp's rows for its adjacent-pair rotation
+PHI3_LAYER = {  # llama.cpp's phi3: q, k and v in one attn_qkv (or apart), gate and up in one ffn_up (the gate's rows
+    # first), as a Phi-3 checkpoint holds them (read in parts, below); no row permutation (NEOX rotation)
+    **{k: v for k, v in LAYER.items() if k not in ("ffn_gate.weight", "ffn_up.weight")},
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
+
+
+class Llama(Family):
+    name = "llama"
+    hf = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
+    gguf = {
+        # llama.cpp writes Mixtral as `llama` with `llama.expert_count`: every layer a mixture (softmax routing, the
+        # chosen weights renormalized), its experts 3-D tensors, q and k rows permuted as llama's, the experts as wide
+        # as `llama.feed_forward_length`
+        "llama": Names("LlamaForCausalLM", LAYER, permuted=PERMUTED,
+                       mixture=Names("MixtralForCausalLM", {**MOE_LAYER, **EXPERTS}, permuted=PERMUTED, moe="normed",
+                                     experts_ffn=True)),
+        "phi3": Names("Phi3ForCausalLM", PHI3_LAYER),
+    }
+
+    @classmethod
+    def read_config(cls, c, arch, where, max_len, name):
+        llama = arch == "LlamaForCausalLM"  # its MLP's activation and biases as the config says (transformers')
+        return read_decoder(c, arch, where, max_len, name, llama=llama, windowed=not llama,
+                            config=Phi3Config if arch == "Phi3ForCausalLM" else ModelConfig)
+
+    @classmethod
+    def names(cls, arch, meta):
+        n = cls.gguf[arch]
+        return n.mixture if n.mixture is not None and meta.get(f"{arch}.expert_count") else n
+
+    @classmethod
+    def from_gguf(cls, cfg, r, arch, where, meta, tensors):
+        return phi3_from_gguf(cfg, r, arch, where, tensors) if arch == "phi3" else cfg
 
 
 @dataclass(frozen=True)
