@@ -28,7 +28,7 @@ import tempfile
 import time
 
 PROMPT = [3, 17, 5, 42, 8, 11, 29, 7]  # an 8-token prompt, as in the issue
-MAX_CHUNK_ROWS = 64  # engine/front/model.py's MAX_CHUNK (not imported here: the transformers side runs without lanefuse)
+MAX_CHUNK_ROWS = 64  # engine/ir.py's MAX_CHUNK (not imported here: the transformers side runs without lanefuse)
 
 SHAPE = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, head_dim=64,
              intermediate_size=3072, vocab_size=32000, max_position_embeddings=512, tie_word_embeddings=False)

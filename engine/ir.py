@@ -9,6 +9,9 @@ from typing import Any
 
 from lanefuse.engine.errors import UserError
 
+MAX_CHUNK = 4096  # the largest prefill chunk a step graph is built for (`run` cuts a prompt by the lane's knob
+# chunk_rows, up to this: the tensor cores want chunks of 2048 rows; numpy's BLAS GEMM gains from them too)
+MAX_BATCH = 256  # the most sequences a batch step decodes
 DTYPES = ("f32", "i32", "q8", "q8x2", "q8k")  # q8/q8x2: a quantized activation (engine/formats/quantize.py), read only by
 # the products over block-quantized rows
 FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4", "q4_1", "q5_0", "q5_1", "q5_k", "q3_k",

@@ -137,7 +137,7 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
         "architecture `FalconForCausalLM` is not supported (supported: deepseek: DeepseekV3ForCausalLM; gemma: "
         "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration; gptoss: GptOssForCausalLM; llama: "
         "LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM; mixtures: Qwen3MoeForCausalLM, MixtralForCausalLM, "
-        "Qwen2MoeForCausalLM; qwen: Qwen2ForCausalLM, Qwen3ForCausalLM; qwen3next: Qwen3NextForCausalLM)")
+        "Qwen2MoeForCausalLM; olmo2: Olmo2ForCausalLM; qwen: Qwen2ForCausalLM, Qwen3ForCausalLM; qwen3next: Qwen3NextForCausalLM)")
     assert "\n" not in str(e.value)
 
 

@@ -152,7 +152,7 @@ def test_batch_of_16_decodes_under_the_knob():
 # -- prompt chunks as large as the lane wants (issue 35 item 3) ------------------------------------------------------
 
 def test_chunk_rows_knob_bounds_in_words():
-    from lanefuse.engine.front.model import MAX_CHUNK
+    from lanefuse.engine.ir import MAX_CHUNK
 
     assert Knobs().chunk_rows == 512 and MAX_CHUNK >= 2048
     assert parse_knobs([f"chunk_rows={MAX_CHUNK}"]).chunk_rows == MAX_CHUNK

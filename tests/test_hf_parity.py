@@ -1,4 +1,4 @@
-"""Parity with transformers: tiny random Llama / Mistral / Phi-3 / Qwen2 / Qwen3 models (windowed ones too) saved with
+"""Parity with transformers: tiny random Llama / Mistral / Phi-3 / Qwen2 / Qwen3 / OLMo 2 models (windowed ones too) saved with
 `save_pretrained`, loaded
 by the front and run by the reference interpreter, give the same 32 greedy tokens and logits within 1e-4 of their
 scale."""
@@ -80,6 +80,14 @@ CASES = {
                                                num_key_value_heads=1, head_dim=16, intermediate_size=37,
                                                vocab_size=97, use_sliding_window=True, sliding_window=3,
                                                max_window_layers=2), "bfloat16"),
+    # OLMo 2 (engine/front/families/olmo2.py, its layer on the decoder skeleton): the norms after the attention and the
+    # MLP, q and k normed over the whole projection; heads wider than hidden / heads, and GQA in bf16
+    "olmo2_f32": ("Olmo2Config", dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                                      num_key_value_heads=1, head_dim=16, intermediate_size=37, vocab_size=97),
+                  "float32"),
+    "olmo2_bf16": ("Olmo2Config", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=96, vocab_size=110, rope_theta=1e6,
+                                       eos_token_id=2), "bfloat16"),
 }
 
 SALT = 4  # a seed under which every case decodes a varied run (random models often fall into a fixed point)

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.ir import Constant, Graph, StepIO
+from lanefuse.engine.front.decoder import build, pre_norm_layer
+from lanefuse.engine.ir import Graph
 
-MAX_CHUNK = 4096  # the largest prefill chunk a step graph is built for (`run` cuts a prompt by the lane's knob
-# chunk_rows, up to this: the tensor cores want chunks of 2048 rows; numpy's BLAS GEMM gains from them too)
 
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -88,6 +87,11 @@ class ModelConfig:
         r = int(self.head_dim * self.partial_rotary)
         return r - (r % 2)
 
+    def layer(self, step, i: int, x: str) -> str:
+        """Layer i of the step over the residual `x` (engine/front/decoder.py): Llama's pre-norm layer; a family
+        whose layer differs gives its own."""
+        return pre_norm_layer(step, i, x)
+
     def carried(self) -> dict[str, tuple[int, ...]]:
         """The tables a step carries, name -> shape: each layer's K and V caches (a family with carried states adds
         them: engine/front/families/qwen3next.py)."""
@@ -139,124 +143,20 @@ class ModelConfig:
         return w
 
 
-MAX_BATCH = 256  # the most sequences a batch step decodes
-
-
-def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
-               states: dict[str, tuple[int, ...]] | None = None) -> tuple[Graph, dict[int, tuple[str, str]]]:
-    """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each attention layer's K and V
-    cache tables of max_len rows, `cfg.cache_widths` wide: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
-    declared; and the caches' names, a (K, V) pair by layer. A batch step (`batch` B > 1) decodes one row for each of
-    B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table (B·max_len, kv·hd), sequence s's
-    rows the slot from s·max_len (the `states` given already a slot a sequence: the family's own shapes)."""
-    if not 1 <= rows <= MAX_CHUNK:
-        raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
-    if not 1 <= batch <= MAX_BATCH:
-        raise UserError(f"a batch of {batch} sequences: a batch step decodes 1..{MAX_BATCH}")
-    if batch > 1 and rows != 1:
-        raise UserError(f"a batch step of {rows}-row chunks: a batch decodes one row a sequence (each prompt is "
-                        f"prefilled alone, into its slot's cache rows)")
-    (kw, vw), L = cfg.cache_widths, cfg.max_len
-    layers = range(cfg.layers) if attention is None else attention
-    caches = {i: (f"kc{i}", f"vc{i}") for i in layers}
-    states = states or {}
-    g = Graph(io=StepIO(caches=tuple(caches.values()), states=tuple(states)))
-    g.meta = {"model": cfg.name, "arch": cfg.arch, "layers": cfg.layers, "rows": rows * batch}
-    if batch > 1:
-        g.meta["batch"] = batch
-    g.tensor("token", (rows * batch,), "i32")
-    g.tensor("pos", (batch,), "i32")
-    for k, v in caches.values():
-        g.tensor(k, (batch * L, kw))
-        g.tensor(v, (batch * L, vw))
-    for name, shape in states.items():
-        g.tensor(name, shape)
-    return g, caches
-
-
 def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -> Graph:
     """The lifted graph of one step over `rows` token rows (1: a decode step; more: a prefill chunk) at the position
     `pos` names; the logits and next token of the last row — of each of the last `last` rows (a view of those rows of
     the residual: a verifier of `last - 1` drafted tokens reads the logits of each). `batch` B > 1: a decode step of
-    B sequences, one row each (step_frame), the logits and next token of every row. A family of its own builds its
-    own (engine/front/families/gemma.py)."""
+    B sequences, one row each (step_frame), the logits and next token of every row: engine/front/decoder.py's
+    skeleton over the config's `layer`. A family of its own builds its own (engine/front/families/gemma.py)."""
     if not 1 <= last <= rows:
         raise UserError(f"the logits of the last {last} rows of a step of {rows}")
-    build = getattr(cfg, "build_step", None)
-    if last > 1 and build is not None:
+    own = getattr(cfg, "build_step", None)
+    if last > 1 and own is not None:
         raise UserError(f"the logits of a step's last {last} rows: {cfg.arch}'s family builds the last row's only")
-    if build is not None:
-        if batch > 1 and "batch" not in inspect.signature(build).parameters:
+    if own is not None:
+        if batch > 1 and "batch" not in inspect.signature(own).parameters:
             raise UserError(f"a batch step of {cfg.arch}: its family builds steps of one sequence only (yet); "
                             f"decode one sequence at a time")
-        return build(rows, batch) if batch > 1 else build(rows)
-    g, caches = step_frame(cfg, rows, batch)
-    h, kv, hd, L = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len
-
-    def w(name: str, shape: tuple[int, ...], transposed: bool = True) -> str:
-        kind = "rows" if len(shape) == 2 else "values"
-        if name not in g.constants:
-            g.constant(Constant(name, shape, kind, cfg.fmt(name) if kind == "rows" else "f32",
-                                transposed if kind == "rows" else False, name))
-        return name
-
-    shapes = cfg.weight_names()
-    g.constant(Constant("rope.cos", (L, cfg.rot // 2), "values", "f32", False, "rope.cos"))
-    g.constant(Constant("rope.sin", (L, cfg.rot // 2), "values", "f32", False, "rope.sin"))
-    embed = w("model.embed_tokens.weight", shapes["model.embed_tokens.weight"],
-              transposed=cfg.tie_embeddings)  # tied: its rows the head's outputs too (engine/orientation.py)
-    x = g.add("gather", [embed, "token"], "x0")
-    for i in range(cfg.layers):
-        p = f"model.layers.{i}."
-        t = f"L{i}."
-
-        def op(kind, ins, out, **attrs):
-            return g.add(kind, ins, t + out, layer=i, **attrs)
-
-        def W(name):
-            return w(p + name, shapes[p + name])
-
-        hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
-        q = op("matmul", [hn, W("self_attn.q_proj.weight")], "q")
-        k = op("matmul", [hn, W("self_attn.k_proj.weight")], "k")
-        v = op("matmul", [hn, W("self_attn.v_proj.weight")], "v")
-        if cfg.qkv_bias or cfg.attn_bias:
-            q = op("add", [q, W("self_attn.q_proj.bias")], "q_bias")
-            k = op("add", [k, W("self_attn.k_proj.bias")], "k_bias")
-            v = op("add", [v, W("self_attn.v_proj.bias")], "v_bias")
-        if cfg.qk_norm:
-            q = op("rmsnorm", [q, W("self_attn.q_norm.weight")], "q_norm", eps=cfg.eps, heads=h)
-            k = op("rmsnorm", [k, W("self_attn.k_norm.weight")], "k_norm", eps=cfg.eps, heads=kv)
-        q = op("rope", [q, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
-        k = op("rope", [k, "rope.cos", "rope.sin", "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
-        kc = op("set_row", [caches[i][0], k, "pos"], "kc")
-        vc = op("set_row", [caches[i][1], v, "pos"], "vc")
-        a = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
-               scale=float(hd) ** -0.5, window=cfg.window if cfg.sliding(i) else 0, softcap=0.0)
-        o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
-        if cfg.attn_bias:
-            o = op("add", [o, W("self_attn.o_proj.bias")], "o_bias")
-        x1 = op("add", [x, o], "resid_attn")
-        h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
-        if cfg.sparse(i):
-            dn = cfg.moe.ffn(cfg, i, h2, op, W)
-        else:
-            gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
-            up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
-            if cfg.mlp_bias:
-                gp = op("add", [gp, W("mlp.gate_proj.bias")], "gate_bias")
-                up = op("add", [up, W("mlp.up_proj.bias")], "up_bias")
-            act = op(cfg.act, [gp], "gate_act")
-            m = op("mul", [act, up], "glu")
-            dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
-            if cfg.mlp_bias:
-                dn = op("add", [dn, W("mlp.down_proj.bias")], "down_bias")
-        x = op("add", [x1, dn], "resid_ffn")
-    if rows > last:
-        x = g.add("view", [x], "last", row=rows - last, **({"rows": last} if last > 1 else {}))
-    hn = g.add("rmsnorm", [x, w("model.norm.weight", shapes["model.norm.weight"])], "final_norm", eps=cfg.eps)
-    head = embed if cfg.tie_embeddings else w("lm_head.weight", shapes["lm_head.weight"])
-    g.add("matmul", [hn, head], "logits")
-    g.add("argmax", ["logits"], "next")
-    g.validate()
-    return g
+        return own(rows, batch) if batch > 1 else own(rows)
+    return build(cfg, rows, batch, last, cfg.layer)

@@ -294,7 +294,7 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
     from lanefuse.lane.cli.source import _memory_bytes
     from lanefuse.lane.cli.timings import batch_timings, print_timings, run_timings
     from lanefuse.lane.run.batch import cache_bytes, check_prompts, generate_batch
-    from lanefuse.engine.front.model import MAX_BATCH
+    from lanefuse.engine.ir import MAX_BATCH
 
     if src.step is not None:
         raise UserError(f"{src.name}: a step YAML is one step of its own; a batch needs a model (a checkpoint folder, "

@@ -22,7 +22,7 @@ class Knobs:
     attn_split_min: int = 64  # attended positions a split of a split attention takes at least
     tc_rows: int = 0  # a product of at least this many rows (and 16) runs on the tensor cores (gemm_tc) under the bf16
     # numerics: x and w rounded to bf16, f32 sums; 0 (the default) never, the f32 numerics exact
-    chunk_rows: int = 512  # the rows of a prompt's chunk `run` prefills a step (1..engine/front/model.py's MAX_CHUNK);
+    chunk_rows: int = 512  # the rows of a prompt's chunk `run` prefills a step (1..engine/ir.py's MAX_CHUNK);
     # 2048 fills the H200's tensor cores, 512 keeps a CPU step's arena small
     tflops_tc: float = 450.0  # what the cost model takes the tensor-core GEMM to reach (bf16 peak 989)
     tc_attn_rows: int = 0  # a chunk of at least this many rows (and 16) attends on the tensor cores (attention_tc)
@@ -54,7 +54,7 @@ def set_knob(k: Knobs, name: str, value) -> Knobs:
         raise UserError(f"knob `{name}`: {value!r} must be a positive finite number"
                         + (" (or 0: off)" if name in OFF_AT_ZERO else ""))
     if name == "chunk_rows":
-        from lanefuse.engine.front.model import MAX_CHUNK
+        from lanefuse.engine.ir import MAX_CHUNK
 
         if v > MAX_CHUNK:
             raise UserError(f"knob `chunk_rows`: {value!r} rows a chunk (a step graph takes at most {MAX_CHUNK})")

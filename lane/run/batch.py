@@ -13,7 +13,8 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.front.model import MAX_BATCH, MAX_CHUNK, ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.ir import MAX_BATCH, MAX_CHUNK
 from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s
 from lanefuse.lane.run.sampling import PARAMS
 

@@ -13,7 +13,8 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.front.model import MAX_CHUNK, ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.ir import MAX_CHUNK
 from lanefuse.lane.run.sampling import PARAMS
 
 StepFn = Callable[[Graph, dict], dict]

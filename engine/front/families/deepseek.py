@@ -22,7 +22,8 @@ from lanefuse.engine.front.family import Family
 from lanefuse.engine.front.gguf_names import DENSE_FFN, EXPERTS, LAYER, Names
 from lanefuse.engine.front.gguf_shapes import check_shapes, vocab_size
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, MAX_SIZE, Reader
-from lanefuse.engine.front.model import ModelConfig, step_frame
+from lanefuse.engine.front.decoder import step_frame
+from lanefuse.engine.front.model import ModelConfig
 
 ARCHS = ("DeepseekV3ForCausalLM",)
 # DeepSeek-V3 (llama.cpp's `deepseek2`): latent attention's projections and norms; the key and value expansions

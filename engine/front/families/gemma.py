@@ -16,7 +16,8 @@ from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.front.family import Family
 from lanefuse.engine.front.gguf_names import LAYER, QK_NORM, Names
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader, read_rope
-from lanefuse.engine.front.model import LAYER_TYPES, ModelConfig, read_layer_types, step_frame
+from lanefuse.engine.front.decoder import step_frame
+from lanefuse.engine.front.model import LAYER_TYPES, ModelConfig, read_layer_types
 
 ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GEMMA_LAYER = {  # Gemma's four norms a layer: llama.cpp names the pre-feed-forward one ffn_norm

@@ -19,7 +19,8 @@ from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.front.family import Family
 from lanefuse.engine.front.gguf_names import DENSE_FFN, LAYER, QKV_BIAS, Names
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader
-from lanefuse.engine.front.model import ModelConfig, read_layer_types, step_frame
+from lanefuse.engine.front.decoder import step_frame
+from lanefuse.engine.front.model import ModelConfig, read_layer_types
 from lanefuse.engine.front.families.mixtures import ExpertStore
 
 ARCHS = ("GptOssForCausalLM",)
