@@ -281,8 +281,8 @@ def features(rev: str | None) -> dict:
     return dict(
         norm_batch=int(m.group(1)) if m else 1,
         norm_vbatch=int(mv.group(1)) if mv else 0,
-        attn_tiles={n: int(kt) for n, d, pb, kt in re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)\)", att,
-                                                               re.M)},
+        attn_tiles={n: int(kt) for n, d, pb, kt in  # (a fifth argument since the shared-row kernel: ROWS)
+                    re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)(?:, \w+)?\)", att, re.M)},
         combine_cw=int(cw.group(1)) if cw else 0,
         attn_merge="attention_merge(" in att,
         attn_mv=int(mv_.group(1)) if (mv_ := re.search(r"#define MV (\d+)", att)) else 4,
@@ -441,7 +441,8 @@ def attention_structure(k: Kernel, pos: int, feats: dict):
     tile. A round: L_us (the GEMV's dependent HBM round) + the block's heads of that key/value head x attn_head_us
     (a head's warp sum, exps and correction; fitted so 4a43cc2's kernel gives its measured 32.9 µs at 512). A block
     spanning several key/value heads walks its keys once for each.
-    attention_combine: see combine_rounds."""
+    attention_combine: see combine_rounds. Shared rows (`shared`, issue 40 item 4): a block's rows walk their keys once
+    (bytes: ceil(rows / shared) passes over the rows' span), a round's heads its slots (rows x heads)."""
     a = k.launch
     hb = a.heads_a_block if hasattr(a, "heads_a_block") else a.per_block
     keys = attention_keys(a, pos)
@@ -469,8 +470,11 @@ def attention_structure(k: Kernel, pos: int, feats: dict):
         k.inflight_warp = min(kt, steps) * (a.hd + a.vd) * 4
         loop = f"tile {kt}"
     kv_heads = a.heads // a.group
-    k.bytes = float(a.rows * keys * kv_heads * (a.hd + a.vd) * 4)
-    k.extra.update(keys=keys, splits=a.splits, keys_a_warp=steps, heads_a_block=hb, loop=loop, heads_round=hb / walks)
+    shared = getattr(a, "shared", 1)  # shared rows (issue 40 item 4): a block's rows take each tile once, its slots
+    # (rows x heads) a round's heads
+    k.bytes = float(math.ceil(a.rows / shared) * (keys + shared - 1) * kv_heads * (a.hd + a.vd) * 4)
+    k.extra.update(keys=keys, splits=a.splits, keys_a_warp=steps, heads_a_block=hb, loop=loop,
+                   heads_round=hb * shared / walks, shared=shared)
     if feats.get("attn_merge") and a.splits > 1:  # the last split block of its heads merges them (no combine launch)
         k.extra["merge_rounds"] = merge_rounds(a.splits, a.vd, hb, feats["combine_cw"], feats["attn_mv"],
                                                a.quant is not None and a.f32, feats["attn_mz"])

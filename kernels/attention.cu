@@ -18,7 +18,10 @@
 // Heads up to 128 values, 4 a block, 8 keys a tile (attention_split_128); up to MAXD = 256 values, MAXPB = 4 heads a
 // block, 4 keys a tile (attention_split); wider heads, up to 640 values (a latent
 // attention's absorbed head: DeepSeek-V3's 512 + 64), one head a block (attention_split_wide); heads up to 64 values,
-// 8 a block (attention_split_narrow: a q8k block of 256 output values over heads of 32).
+// 8 a block (attention_split_narrow: a q8k block of 256 output values over heads of 32). Shared rows (`shared` > 1,
+// attention_rows_128: a chunk's rows, no batch): a block's slots are `shared` consecutive rows times its heads, all of
+// one key/value head; the rows' keys (the first row's window start to the last row's position) split as one row's
+// are, each tile loaded once for every slot, each slot masking the keys its row does not attend.
 // Split (tail > 0: a latent attention's queries and keys in two parts): a head's first own = hd - tail query values
 // are its unit's in q ((r * heads + h) * own), the rest its unit's in qtail ((r * heads + h) * tail); a key's first own
 // values are its group's in kc (j * kstride + koff + kvh * own), the rest row j's of ktail (j * tail), every group's
@@ -48,15 +51,16 @@ __device__ __forceinline__ void attn_ld4(float (&d)[4], const float* a, const fl
 // key/value head share each tile's loads (GQA: K and V read once a block); a block whose heads span several key/value
 // heads walks its keys once for each. Each tile: the logits of its keys (a warp sum a key and head), then one online
 // softmax step (its maximum, one correction of the running sums).
-template <int MAXD, int MAXPB, int KT, bool VEC, int NC = (MAXD + 127) / 128>
+template <int MAXD, int MAXPB, int KT, bool VEC, bool ROWS, int NC = (MAXD + 127) / 128>
 __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAXPB], float (&acc)[MAXPB][NC][4],
                                                const float (&qv)[MAXPB][NC][4], const float* kc, const float* vc,
                                                const float* ktail, i64 h0, i64 group, i64 per_block, i64 hd, i64 vd,
                                                i64 own, i64 tail, i64 kstride, i64 koff, i64 vstride, i64 voff, i64 js,
-                                               i64 je, float scale, float softcap, int lane, int warp) {
-    for (i64 hb = 0, he; hb < per_block; hb = he) {  // the block's heads hb..he read key/value head kvh
-        i64 kvh = (h0 + hb) / group;
-        he = min(per_block, (kvh + 1) * group - h0);
+                                               i64 je, float scale, float softcap, int lane, int warp, i64 nslots,
+                                               i64 p0, i64 window) {
+    for (i64 hb = 0, he; hb < (ROWS ? nslots : per_block); hb = he) {  // the block's slots hb..he read kv head kvh
+        i64 kvh = (h0 + (ROWS ? 0 : hb)) / group;
+        he = ROWS ? nslots : min(per_block, (kvh + 1) * group - h0);  // shared rows: one kv head (the check's)
         const float* kb = kc + koff + kvh * own;
         const float* vb = vc + voff + kvh * vd;
         for (i64 j0 = js + (i64)warp * KT; j0 < je; j0 += AW * KT) {
@@ -75,6 +79,9 @@ __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAX
 #pragma unroll
             for (int hh = 0; hh < MAXPB; hh++) {
                 if (hh >= hb && hh < he) {
+                    // the tile's keys t in [tlo, thi) the slot's row attends (shared rows: each its own position)
+                    int ro = ROWS ? hh / (int)per_block : 0, thi = ROWS ? (int)min(je - j0, p0 + ro + 1 - j0) : KT;
+                    int tlo = ROWS && window > 0 ? (int)(p0 + ro - window + 1 - j0) : -1;
                     float l[KT], mt = NEG_INF;
 #pragma unroll
                     for (int t = 0; t < KT; t++) {
@@ -85,9 +92,10 @@ __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAX
                             for (int e = 0; e < 4; e++) d += qv[hh][c][e] * kr[t][c][e];
                         l[t] = warp_sum(d) * scale;
                         if (softcap > 0.f) l[t] = softcap * tanhf(l[t] / softcap);
-                        if (j0 + t >= je) l[t] = NEG_INF;
+                        if (ROWS ? t >= thi || t < tlo : j0 + t >= je) l[t] = NEG_INF;
                         mt = fmaxf(mt, l[t]);
                     }
+                    if (ROWS && mt == NEG_INF) continue;  // a shared row's tile past its position (or its window)
                     float mn = fmaxf(m[hh], mt), corr = expf(m[hh] - mn), sum = 0.f;
 #pragma unroll
                     for (int c = 0; c < NC; c++)
@@ -215,33 +223,37 @@ __device__ __forceinline__ void attention_merge(const float* part, const float* 
     }
 }
 
-template <int MAXD, int MAXPB, int KT>
+template <int MAXD, int MAXPB, int KT, bool ROWS>
 __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
-    signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords, unsigned* counters) {
+    signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords, unsigned* counters,
+    i64 rows, i64 shared) {
     constexpr int NC = (MAXD + 127) / 128;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
     __shared__ float wacc[AW][MAXPB][MAXD];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    i64 h0 = (i64)blockIdx.x * per_block, ry = blockIdx.y, r = seq0 + ry, z = blockIdx.z;
+    // shared rows (`shared` > 1): the block's slots are rows ry.. (up to `shared` of them) times its heads, slot s
+    // row ry + s / per_block, head h0 + s % per_block; each tile of keys and values loaded once for all of them
+    i64 h0 = (i64)blockIdx.x * per_block, ry = (i64)blockIdx.y * (ROWS ? shared : 1), r = seq0 + ry, z = blockIdx.z;
+    i64 nslots = ROWS ? min(shared, rows - ry) * per_block : per_block, nrows = ROWS ? nslots / per_block : 1;
     if (slot > 0) {
         kc += r * slot * kstride;
         vc += r * slot * vstride;
         if (ktail) ktail += r * slot * tail;
     }
     i64 own = hd - tail;
-    for (i64 i = threadIdx.x; i < per_block * hd; i += blockDim.x) {
-        i64 u = r * heads + h0 + i / hd, c = i % hd;
-        qs[i / hd][c] = c < own ? q[u * own + c] : qtail[u * tail + c - own];
+    for (i64 i = threadIdx.x; i < nslots * hd; i += blockDim.x) {
+        i64 sl = i / hd, u = (r + (ROWS ? sl / per_block : 0)) * heads + h0 + (ROWS ? sl % per_block : sl), c = i % hd;
+        qs[sl][c] = c < own ? q[u * own + c] : qtail[u * tail + c - own];
     }
     __syncthreads();
-    i64 p = slot > 0 ? (i64)posp[r] : (posp ? (i64)posp[0] : 0) + r;
+    i64 p = slot > 0 ? (i64)posp[r] : (posp ? (i64)posp[0] : 0) + r;  // the first row's (a slot's: p + its row)
     i64 lo = window > 0 ? max((i64)0, p - window + 1) : 0;
-    i64 cnt = p - lo + 1, chunk = (cnt + splits - 1) / splits;
-    i64 js = lo + z * chunk, je = min(p + 1, js + chunk);
+    i64 cnt = p + nrows - lo, chunk = (cnt + splits - 1) / splits;  // the rows' keys, split
+    i64 js = lo + z * chunk, je = min(p + nrows, js + chunk);
     bool vec = ((kstride | koff | own | vstride | voff | vd | tail) & 3) == 0 &&
                (((unsigned long long)kc | (unsigned long long)vc | (unsigned long long)ktail) & 15) == 0;
     float m[MAXPB], s[MAXPB], acc[MAXPB][NC][4], qv[MAXPB][NC][4];
@@ -255,19 +267,21 @@ __device__ __forceinline__ void attention_body(
             for (int e = 0; e < 4; e++) {
                 i64 i = c * 128 + 4 * lane + e;
                 acc[hh][c][e] = 0.f;
-                qv[hh][c][e] = hh < per_block && i < hd ? qs[hh][i] : 0.f;
+                qv[hh][c][e] = hh < nslots && i < hd ? qs[hh][i] : 0.f;
             }
     }
     if (vec)
-        attention_keys<MAXD, MAXPB, KT, true>(m, s, acc, qv, kc, vc, ktail, h0, group, per_block, hd, vd, own, tail,
-                                              kstride, koff, vstride, voff, js, je, scale, softcap, lane, warp);
+        attention_keys<MAXD, MAXPB, KT, true, ROWS>(m, s, acc, qv, kc, vc, ktail, h0, group, per_block, hd, vd, own,
+                                                    tail, kstride, koff, vstride, voff, js, je, scale, softcap, lane,
+                                                    warp, nslots, p, window);
     else  // rows at any offset: four loads a lane a row, half the keys a tile
-        attention_keys<MAXD, MAXPB, (KT > 1 ? KT / 2 : 1), false>(m, s, acc, qv, kc, vc, ktail, h0, group, per_block,
-                                                                  hd, vd, own, tail, kstride, koff, vstride, voff, js,
-                                                                  je, scale, softcap, lane, warp);
+        attention_keys<MAXD, MAXPB, (KT > 1 ? KT / 2 : 1), false, ROWS>(m, s, acc, qv, kc, vc, ktail, h0, group,
+                                                                        per_block, hd, vd, own, tail, kstride, koff,
+                                                                        vstride, voff, js, je, scale, softcap, lane,
+                                                                        warp, nslots, p, window);
 #pragma unroll
     for (int hh = 0; hh < MAXPB; hh++) {
-        if (hh < per_block) {
+        if (hh < nslots) {
             if (lane == 0) {
                 wm[warp][hh] = m[hh];
                 wsum[warp][hh] = s[hh];
@@ -282,9 +296,9 @@ __device__ __forceinline__ void attention_body(
         }
     }
     __syncthreads();
-    for (i64 e = threadIdx.x; e < per_block * vd; e += blockDim.x) {
+    for (i64 e = threadIdx.x; e < nslots * vd; e += blockDim.x) {
         int hh = (int)(e / vd);
-        i64 i = e % vd, h = h0 + hh;
+        i64 i = e % vd, h = h0 + (ROWS ? hh % per_block : hh), rr = ry + (ROWS ? hh / per_block : 0), rs = seq0 + rr;
         float M = NEG_INF;
         for (int w = 0; w < AW; w++) M = fmaxf(M, wm[w][hh]);
         float S = 0.f, A = 0.f;
@@ -301,12 +315,12 @@ __device__ __forceinline__ void attention_body(
                 S = S * f + expf(sk - mf);
                 A = A * f;
             }
-            i64 o = (r * heads + h) * vd + i;
+            i64 o = (rs * heads + h) * vd + i;
             float y = gate ? A / S * act_apply((int)gact, gate[o]) : A / S;
             if (out) out[o] = y;
             else quant_block(y, qw, ql, qscale, o >> 5, lane);  // the quantized form alone: a warp's 32 one block
         } else {
-            float* pp = part + ((ry * heads + h) * splits + z) * (vd + 2);
+            float* pp = part + ((rr * heads + h) * splits + z) * (vd + 2);
             if (i == 0) {
                 pp[0] = M;
                 pp[1] = S;
@@ -316,45 +330,57 @@ __device__ __forceinline__ void attention_body(
     }
     if (splits > 1) {  // the last split of these heads to arrive merges their partials (its counter back to zero)
         __shared__ int last;
-        unsigned* c = counters + ry * gridDim.x + blockIdx.x;
+        unsigned* c = counters + blockIdx.y * gridDim.x + blockIdx.x;
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)splits - 1;
         __syncthreads();
         if (!last) return;
         __threadfence();
-        attention_merge(part, sinks, out, heads, vd, splits, seq0, ry, h0, per_block, gate, gact, qw, ql, qscale,
-                        qwords);
+        if (ROWS)  // the block's rows, one after another
+            for (i64 rr = ry; rr < ry + nrows; rr++)
+                attention_merge(part, sinks, out, heads, vd, splits, seq0, rr, h0, per_block, gate, gact, qw, ql,
+                                qscale, qwords);
+        else
+            attention_merge(part, sinks, out, heads, vd, splits, seq0, ry, h0, per_block, gate, gact, qw, ql, qscale,
+                            qwords);
         if (threadIdx.x == 0) *c = 0u;
         return;
     }
-    if (qw && out) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks
+    if (qw && out) {  // the block's heads, per_block * vd values from (r * heads + h0) * vd: whole blocks (each row's)
         __syncthreads();
         if (qwords == 3) {
-            i64 b0 = (r * heads + h0) * vd >> 8, nb = per_block * vd >> 8;
-            for (i64 b = warp; b < nb; b += AW) quant_k_block(out, qw, (short*)ql, qscale, b0 + b, lane);
+            i64 b0 = (r * heads + h0) * vd >> 8, nb = per_block * vd >> 8, rb = heads * vd >> 8;
+            for (i64 b = warp; b < nb * nrows; b += AW)
+                quant_k_block(out, qw, (short*)ql, qscale, b0 + b / nb * rb + b % nb, lane);
         } else {
-            i64 b0 = (r * heads + h0) * vd >> 5, nb = per_block * vd >> 5;
-            for (i64 b = warp; b < nb; b += AW)
-                quant_block(__ldcg(out + (b0 + b) * 32 + lane), qw, ql, qscale, b0 + b, lane);
+            i64 b0 = (r * heads + h0) * vd >> 5, nb = per_block * vd >> 5, rb = heads * vd >> 5;
+            for (i64 b = warp; b < nb * nrows; b += AW) {
+                i64 bb = b0 + b / nb * rb + b % nb;
+                quant_block(__ldcg(out + bb * 32 + lane), qw, ql, qscale, bb, lane);
+            }
         }
     }
 }
 
-#define ATTENTION_KERNEL(NAME, D, PB, KT)                                                                             \
+#define ATTENTION_KERNEL(NAME, D, PB, KT, ROWS)                                                                       \
     extern "C" __global__ void __launch_bounds__(128, 3) NAME(                                                        \
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out,            \
         float* part, i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,        \
         i64 koff, i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate,           \
         i64 gact, signed char* qw, signed char* ql, float* qscale, const float* qtail, const float* ktail,            \
-        i64 tail, i64 qwords, unsigned* counters) { PDL_ENTER();                                                      \
-        attention_body<D, PB, KT>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block, splits, \
-                              kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, qw, ql, qscale,   \
-                              qtail, ktail, tail, qwords, counters);                                                  \
+        i64 tail, i64 qwords, unsigned* counters, i64 rows, i64 shared) { PDL_ENTER();                                \
+        attention_body<D, PB, KT, ROWS>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block,  \
+                                        splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, \
+                                        qw, ql, qscale, qtail, ktail, tail, qwords, counters, rows, shared);          \
     }
 // Keys a warp a tile: KT rows of keys and of values in flight a warp (128-value heads: 8 KB a warp, 32 KB a block).
 // Three blocks an SM (at most 168 registers; sm_90: 149-168, no spill): a split grid of 2-3 blocks an SM all resident.
-ATTENTION_KERNEL(attention_split_128, 128, 4, 8)  // heads up to 128 values (the common head)
-ATTENTION_KERNEL(attention_split, 256, 4, 4)
-ATTENTION_KERNEL(attention_split_wide, 640, 1, 1)
-ATTENTION_KERNEL(attention_split_narrow, 64, 8, 4)  // eight heads of up to 64: the q8k blocks of heads of 32
+ATTENTION_KERNEL(attention_split_128, 128, 4, 8, false)  // heads up to 128 values (the common head)
+ATTENTION_KERNEL(attention_split, 256, 4, 4, false)
+ATTENTION_KERNEL(attention_split_wide, 640, 1, 1, false)
+ATTENTION_KERNEL(attention_split_narrow, 64, 8, 4, false)  // eight heads of up to 64: the q8k blocks of heads of 32
+// Shared rows (a chunk's rows a block, attention.py `shared`): the block's four slots (row, head) of heads up to 128
+// values take each tile once, each slot masking the keys past its own row's position (sm_90: 166 registers, no spill;
+// eight slots of heads up to 64, as attention_split_narrow, spilled 8 B at 168 with tiles of 4 keys, 12 B with 2)
+ATTENTION_KERNEL(attention_rows_128, 128, 4, 8, true)

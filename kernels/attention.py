@@ -7,6 +7,10 @@ of 256 values), which a block writes from the output it stored, taking the heads
 least; `per_block` heads a block, the keys in `splits` chunks merged flash-decoding style by the last split block of
 those heads to arrive, in the same launch (attention.cu's attention_merge). In a batch (`slot` set) each row is a
 sequence of its own: row s (from `seq0`) at position pos[s] over its slot of the caches, rows s·slot on.
+Shared rows (`shared` > 1, the seed's shared-row attention; step `shared_rows`): a chunk's `shared` consecutive rows
+a block beside its heads, all of one key/value head, so each tile of keys and values is read once for all of them
+(attention.cu attention_rows_128): the rows' keys, from the first row's window start to the last row's position, split
+as one row's are, each row masking the keys past its own position or before its own window.
 Split (`tail` > 0: a latent attention, 000's Split): each head's query and each key in two parts, read in place — the
 query's first hd - tail values its (row, head)'s in q, the rest its (row, head)'s in `qtail`; a key's first part its
 group's in kc, the rest its row's in `ktail`, one table every group shares (the rotated key part)."""
@@ -31,6 +35,7 @@ MAX_NARROW = (8, 64)  # the narrow kernel's heads a block, of at most 64 values 
 MAX_SPLITS = 128  # the most chunks the schedule splits an attention's keys into
 BLOCKS_AN_SM = 2  # the blocks an attention's splits aim for, an SM each (two resident: 196 registers a thread)
 MAX_WIDE = 640  # the widest head the wide kernel holds, one head a block (attention.cu attention_split_wide)
+MAX_ROWS_HEAD = 128  # the widest head the shared-row kernel holds (attention.cu attention_rows_128)
 
 
 def span(length: int, window: int) -> int:
@@ -82,10 +87,11 @@ class Attention(Launch):
     qtail: str | None = None  # Split: each (row, head)'s last `tail` query values, (rows, heads·tail)
     ktail: str | None = None  # Split: each key row's last `tail` values, one table the groups share, (len, tail)
     tail: int = 0  # Split: the width of the second part (0: queries and keys whole)
+    shared: int = 1  # rows a block (> 1: shared rows, each tile of keys and values read once for them all)
 
     census: ClassVar[str] = "attention"
     stem: ClassVar[tuple[str, ...]] = ("quant", "attention")
-    steps: ClassVar[tuple[str, ...]] = ("attn_splits", "sequences")  # sequences: `apart`
+    steps: ClassVar[tuple[str, ...]] = ("attn_splits", "shared_rows", "sequences")  # sequences: `apart`
 
     @property
     def wide(self) -> bool:
@@ -179,15 +185,47 @@ class Attention(Launch):
             return Refusal("an attention in no splits")
         if not self.softcap >= 0.0 or self.softcap == float("inf"):
             return Refusal(f"a soft cap of {self.softcap} on the attention's logits (a positive number, or 0: none)")
+        if self.shared != 1:
+            why = self.rows_refusal()
+            if why:
+                return why
         if self.rows > MAX_GRID_Y or self.splits > MAX_GRID_Y:
             return Refusal(f"an attention of {self.rows} rows in {self.splits} splits (a launch takes at most "
                            f"{MAX_GRID_Y} of each: rows and splits are its grid's y and z)")
         return None
 
+    def rows_refusal(self) -> Refusal | None:
+        """Why this launch's `shared` rows a block cannot run (attention_rows_128), or None."""
+        hb = self.heads_a_block
+        if self.shared < 1:
+            return Refusal(f"an attention of {self.shared} rows a block")
+        if self.slot:
+            return Refusal("shared rows of a batch's sequences (each row its own slot of the caches)")
+        if max(self.hd, self.vd) > MAX_ROWS_HEAD or self.tail:
+            return Refusal(f"shared rows of heads of {max(self.hd, self.vd)} values or split heads (the shared-row "
+                           f"kernel takes whole heads of at most {MAX_ROWS_HEAD})")
+        if self.group % hb:
+            return Refusal(f"shared rows of {hb} heads a block spanning key/value heads of {self.group} (a block "
+                           f"reads one)")
+        if self.shared * hb > MAX_PER_BLOCK:
+            return Refusal(f"{self.shared} rows of {hb} heads a block (the shared-row kernel holds "
+                           f"{MAX_PER_BLOCK} (row, head) slots)")
+        return None
+
+    @property
+    def row_blocks(self) -> int:
+        """The grid's rows of blocks: a block `shared` rows."""
+        return -(-self.rows // self.shared)
+
+    def block_rows(self, r: int) -> tuple[int, int]:
+        """The first and last row of row r's block (r from seq0)."""
+        first = self.seq0 + (r - self.seq0) // self.shared * self.shared
+        return first, min(self.seq0 + self.rows, first + self.shared) - 1
+
     def batched(self, pos, slot):
         if self.pos != pos:
             return super().batched(pos, slot)
-        return replace(self, slot=slot, len=slot)  # a sequence attends its own slot's rows at most
+        return replace(self, slot=slot, len=slot, shared=1)  # a sequence attends its own slot's rows at most
 
     def apart(self):
         return batch_apart(self)
@@ -206,9 +244,10 @@ class Attention(Launch):
         them), and when the blocks do not fill the chip twice over (BLOCKS_AN_SM blocks an SM: every SM busy, a
         tile of keys and values in flight in each warp), the keys split until they do, each split at least
         `attn_split_min` of the positions the cache holds (the splits are fixed by the plan; each query divides the
-        positions it attends among them)."""
+        positions it attends among them). Then `shared_rows` (rows_tuned): a chunk's rows a block where that
+        streams fewer bytes."""
         if "attn_splits" in held:
-            return replace(self, per_block=1, splits=1)
+            return self.rows_tuned(replace(self, per_block=1, splits=1, shared=1), knobs, held, split=False)
         per_block = 1
         for c in range(1 if self.wide else min(MAX_PER_BLOCK, self.group), 0, -1):
             if self.group % c == 0 and self.heads % c == 0:
@@ -217,13 +256,42 @@ class Attention(Launch):
         kh = self.kheads  # the output's q8k blocks: whole in a block's heads (heads_a_block, their multiple)
         if per_block % kh and kh % per_block:
             per_block = 1
-        blocks = (self.heads // math.lcm(per_block, kh)) * self.rows
+        return self.rows_tuned(replace(self, per_block=per_block, shared=1), knobs, held)
+
+    def split_for(self, knobs) -> int:
+        """`attn_splits`' count for this launch's blocks: the keys split until the blocks fill the chip twice over,
+        each split at least `attn_split_min` positions."""
+        blocks = (self.heads // self.heads_a_block) * self.row_blocks
         target = BLOCKS_AN_SM * knobs.sms
-        splits = 1
-        if blocks < target:
-            n = span(self.len, self.window)
-            splits = max(1, min(-(-target // blocks), n // knobs.attn_split_min, MAX_SPLITS))
-        return replace(self, per_block=per_block, splits=splits)
+        if blocks >= target:
+            return 1
+        n = span(self.len, self.window)
+        return max(1, min(-(-target // blocks), n // knobs.attn_split_min, MAX_SPLITS))
+
+    def pass_bytes(self) -> int:
+        """The bytes the blocks stream (the cost `shared_rows` weighs, at the most positions the cache holds): each
+        block its key/value head's keys and values over its rows' span, once for all its slots; and over several
+        splits the partials, written and read back by the merge."""
+        n = span(self.len, self.window) + self.shared - 1
+        kv = self.row_blocks * (self.heads // self.heads_a_block) * n * (self.own + self.tail + self.vd) * 4
+        return kv + (8 * self.rows * self.heads * self.splits * (self.vd + 2) if self.splits > 1 else 0)
+
+    def rows_tuned(self, a: Attention, knobs, held, split: bool = True) -> Attention:
+        """`shared_rows`: of the rows a block the shared-row kernel holds (1, 2, 4 ...: its slots over the block's
+        heads), the count whose blocks stream the fewest bytes (`pass_bytes`, the splits retuned for each), the
+        fewer rows on a tie; 1 where held, for one row, a batch, or a launch the kernel refuses."""
+        best = replace(a, splits=a.split_for(knobs) if split else 1)
+        if "shared_rows" in held or a.rows < 2 or a.slot:
+            return best
+        s = 2
+        while s <= min(a.rows, MAX_PER_BLOCK):
+            c = replace(a, shared=s)
+            if c.rows_refusal() is None:
+                c = replace(c, splits=c.split_for(knobs) if split else 1)
+                if c.pass_bytes() < best.pass_bytes():
+                    best = c
+            s *= 2
+        return best
 
     def extents(self, top, tokens):
         n = self.seq0 + self.rows  # the rows of q and out reached
@@ -265,11 +333,14 @@ class Attention(Launch):
         kp, vp = self.kpitch, self.vpitch
         for r, p, at in self.queries(env):
             lo = max(0, p - self.window + 1) if self.window > 0 else 0
+            first, last = self.block_rows(r)  # shared rows: the block's keys split, each row's own taken
+            lo_b = max(0, p - (r - first) - self.window + 1) if self.window > 0 else 0
             for h in range(H):
                 g = h // self.group
                 ms, ss, accs = [], [], []
                 for z in range(self.splits):
-                    js, je = split_range(lo, p, self.splits, z)
+                    js, je = split_range(lo_b, p + last - r, self.splits, z)
+                    js, je = max(js, lo), min(je, p + 1)
                     if je <= js:
                         continue
                     j = at + np.arange(js, je)
@@ -382,7 +453,7 @@ class Attention(Launch):
         return 0 if self.f32 else (self.seq0 + self.rows) * self.heads * self.vd
 
     def grid_block(self):
-        return ((self.heads // self.heads_a_block, self.rows, self.splits), (128, 1, 1))
+        return ((self.heads // self.heads_a_block, self.row_blocks, self.splits), (128, 1, 1))
 
     def cuda(self, denv):
         """One launch: a block the heads_a_block heads of one row and one split of the keys; over several splits the
@@ -399,7 +470,7 @@ class Attention(Launch):
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
         qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
         qwords = i64(self.words if self.quant is not None else 0)
-        kernel = "attention_split_wide" if self.wide else \
+        kernel = "attention_rows_128" if self.shared > 1 else "attention_split_wide" if self.wide else \
             "attention_split_narrow" if self.heads_a_block > MAX_PER_BLOCK else \
             "attention_split_128" if max(self.hd, self.vd) <= 128 else "attention_split"
         denv.function(self.stem, kernel)(grid, block, (
@@ -407,4 +478,4 @@ class Attention(Launch):
             i64(self.heads), i64(self.group), i64(self.hd), i64(self.vd), i64(self.window), i64(self.heads_a_block),
             i64(self.splits), i64(self.kpitch), i64(self.koff), i64(self.vpitch), i64(self.voff), f32(self.scale),
             f32(self.softcap), i64(self.slot), i64(self.seq0), gate, gact, qw, ql, qs, denv.opt(self.qtail),
-            denv.opt(self.ktail), i64(self.tail), qwords, counters))
+            denv.opt(self.ktail), i64(self.tail), qwords, counters, i64(self.rows), i64(self.shared)))

@@ -331,8 +331,8 @@ def recording_env():
 def counter_samples():
     """Variants keeping a counter that test_kernels_compile's samples do not reach: a fold's GEMV four outputs a warp
     and over a quantized activation, the quantizing tails a warp an output, the delta rule's q8k tail at each width,
-    the split attention's merge in its kernel for heads of 256 and in the narrow kernel (heads of 32, a q8k block's 8
-    a block)."""
+    the split attention's merge in its kernel for heads of 256, in the narrow kernel (heads of 32, a q8k block's 8
+    a block) and in the shared-row kernel."""
     from lanefuse.kernels import Attention, Delta, Dst, Fold, Gemv, GemvGlu, Norm
 
     tail = dict(add="o", sum="s")
@@ -345,6 +345,8 @@ def counter_samples():
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 256, 256, 16, 1, 0.06, splits=2, per_block=2),
             Attention("q", "kc", "vc", "pos", "o", 16, 4, 32, 32, 16, 1, 0.2, splits=3, per_block=4, quant="oq",
                       words=3),
+            # the shared-row kernel's merge (two rows of two heads a block, issue 40 item 4)
+            Attention("q", "kc", "vc", "pos", "o", 4, 2, 64, 64, 16, 3, 0.1, splits=3, per_block=2, shared=2),
             # a batch's entry at the narrowest width (delta_seqs_32: each row a sequence of its own, issue 40)
             Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, 32, 64, 3, 0.17, 1e-6, quant="oq", words=3,
                   seqs=True)]
