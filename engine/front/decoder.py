@@ -10,7 +10,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import MAX_BATCH, MAX_CHUNK, Constant, Graph, StepIO
 
 
-def step_frame(cfg: ModelConfig, rows: int, batch: int = 1, attention=None,
+def step_frame(cfg, rows: int, batch: int = 1, attention=None,
                states: dict[str, tuple[int, ...]] | None = None) -> tuple[Graph, dict[int, tuple[str, str]]]:
     """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each attention layer's K and V
     cache tables of max_len rows, `cfg.cache_widths` wide: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
@@ -49,6 +49,8 @@ class Step:
     def __init__(self, cfg, g: Graph, caches: dict[int, tuple[str, str]]):
         self.cfg, self.g, self.caches = cfg, g, caches
         self.shapes = cfg.weight_names()
+        self.generated = cfg.generated() if hasattr(cfg, "generated") else {}  # a family's generated constants
+        self.embed = ""  # the embedding's constant (the head's too, where tied)
 
     def w(self, name: str, transposed: bool = True) -> str:
         """A checkpoint tensor as a constant: rows (a 2-D tensor, in its stored format) or f32 values."""
@@ -59,8 +61,15 @@ class Step:
                                      transposed if kind == "rows" else False, name))
         return name
 
-    def W(self, i: int, name: str) -> str:
-        return self.w(f"model.layers.{i}.{name}")
+    def W(self, i: int, name: str, transposed: bool = True) -> str:
+        return self.w(f"{self.cfg.layer_prefix}{i}.{name}", transposed)
+
+    def values(self, name: str) -> str:
+        """An f32 values constant: one the family generates (rope tables, a norm's 1 + w), or a checkpoint tensor."""
+        if name not in self.g.constants:
+            shape = self.generated[name] if name in self.generated else self.shapes[name]
+            self.g.constant(Constant(name, shape, "values", "f32", False, name))
+        return name
 
     def op(self, i: int, kind: str, ins: list[str], out: str, **attrs) -> str:
         return self.g.add(kind, ins, f"L{i}.{out}", layer=i, **attrs)
@@ -126,26 +135,37 @@ def pre_norm_layer(s: Step, i: int, x: str) -> str:
     return s.op(i, "add", [x1, mlp(s, i, h2)], "resid_ffn")
 
 
-def build(cfg, rows: int, batch: int, last: int, layer) -> Graph:
-    """The step graph over `rows` token rows (a batch of `batch` sequences, a row each): the frame, the rope tables,
-    the embedding (tied: its rows the head's outputs too, engine/orientation.py), `layer(step, i, x)` for each layer,
-    the last `last` rows, the final norm, the head (the embedding where tied), the logits and the arg-max."""
-    if not 1 <= last <= rows:
-        raise UserError(f"the logits of the last {last} rows of a step of {rows}")
-    g, caches = step_frame(cfg, rows, batch)
-    s = Step(cfg, g, caches)
-    L = cfg.max_len
+def embed(s: Step) -> str:
+    """The step's first rows: the rope tables, then the embedding's rows of the tokens (tied: the embedding is the
+    head's outputs too, engine/orientation.py)."""
+    cfg, g, L = s.cfg, s.g, s.cfg.max_len
     g.constant(Constant("rope.cos", (L, cfg.rot // 2), "values", "f32", False, "rope.cos"))
     g.constant(Constant("rope.sin", (L, cfg.rot // 2), "values", "f32", False, "rope.sin"))
-    embed = s.w("model.embed_tokens.weight", transposed=cfg.tie_embeddings)
-    x = g.add("gather", [embed, "token"], "x0")
+    s.embed = s.w("model.embed_tokens.weight", transposed=cfg.tie_embeddings)
+    return g.add("gather", [s.embed, "token"], "x0")
+
+
+def logits(s: Step, x: str, norm: str = "model.norm.weight", head: str = "lm_head.weight") -> str:
+    """The final norm of the residual rows `x` (its weight `norm`) and the head's product (the embedding where
+    tied)."""
+    cfg, g = s.cfg, s.g
+    hn = g.add("rmsnorm", [x, norm if norm in g.constants else s.w(norm)], "final_norm", eps=cfg.eps)
+    return g.add("matmul", [hn, s.embed if cfg.tie_embeddings else s.w(head)], "logits")
+
+
+def build(cfg, rows: int, batch: int, last: int, layer) -> Graph:
+    """The step graph over `rows` token rows (a batch of `batch` sequences, a row each): the frame (with the family's
+    carried states, `cfg.frame_io`), the first rows (`cfg.embed`), `layer(step, i, x)` for each layer, the last `last`
+    rows, the final norm and the head (`cfg.logits`), the arg-max."""
+    if not 1 <= last <= rows:
+        raise UserError(f"the logits of the last {last} rows of a step of {rows}")
+    g, caches = step_frame(cfg, rows, batch, **cfg.frame_io(batch))
+    s = Step(cfg, g, caches)
+    x = cfg.embed(s)
     for i in range(cfg.layers):
         x = layer(s, i, x)
     if rows > last:
         x = g.add("view", [x], "last", row=rows - last, **({"rows": last} if last > 1 else {}))
-    hn = g.add("rmsnorm", [x, s.w("model.norm.weight")], "final_norm", eps=cfg.eps)
-    head = embed if cfg.tie_embeddings else s.w("lm_head.weight")
-    g.add("matmul", [hn, head], "logits")
-    g.add("argmax", ["logits"], "next")
+    g.add("argmax", [cfg.logits(s, x)], "next")
     g.validate()
     return g

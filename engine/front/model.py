@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import functools
-import inspect
 
 from dataclasses import dataclass
 from typing import Any
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.front.decoder import build, pre_norm_layer
+from lanefuse.engine.front.decoder import build, embed, logits, pre_norm_layer
 from lanefuse.engine.ir import Graph
 
 
@@ -87,10 +86,28 @@ class ModelConfig:
         r = int(self.head_dim * self.partial_rotary)
         return r - (r % 2)
 
+    # the step's parts on engine/front/decoder.py's skeleton: Llama's; a family whose parts differ gives its own
+    layer_prefix = "model.layers."  # where layer i's tensors are named: `{layer_prefix}{i}.`
+
+    def frame_io(self, batch: int) -> dict[str, Any]:
+        """The frame's layers with caches and the carried states (step_frame's `attention`, `states`)."""
+        return {}
+
+    def embed(self, step) -> str:
+        """The rope tables and the embedded tokens: the residual's first rows."""
+        return embed(step)
+
     def layer(self, step, i: int, x: str) -> str:
-        """Layer i of the step over the residual `x` (engine/front/decoder.py): Llama's pre-norm layer; a family
-        whose layer differs gives its own."""
+        """Layer i over the residual `x`: Llama's pre-norm layer."""
         return pre_norm_layer(step, i, x)
+
+    def logits(self, step, x: str) -> str:
+        """The final norm and the head over the last rows `x`."""
+        return logits(step, x)
+
+    def build_step(self, rows: int = 1, batch: int = 1, last: int = 1) -> Graph:
+        """This model's step graph (`build_step`, below)."""
+        return build_step(self, rows, batch, last)
 
     def carried(self) -> dict[str, tuple[int, ...]]:
         """The tables a step carries, name -> shape: each layer's K and V caches (a family with carried states adds
@@ -148,15 +165,7 @@ def build_step(cfg: ModelConfig, rows: int = 1, batch: int = 1, last: int = 1) -
     `pos` names; the logits and next token of the last row — of each of the last `last` rows (a view of those rows of
     the residual: a verifier of `last - 1` drafted tokens reads the logits of each). `batch` B > 1: a decode step of
     B sequences, one row each (step_frame), the logits and next token of every row: engine/front/decoder.py's
-    skeleton over the config's `layer`. A family of its own builds its own (engine/front/families/gemma.py)."""
+    skeleton over the config's parts (`frame_io`, `embed`, `layer`, `logits`: a family gives those that differ)."""
     if not 1 <= last <= rows:
         raise UserError(f"the logits of the last {last} rows of a step of {rows}")
-    own = getattr(cfg, "build_step", None)
-    if last > 1 and own is not None:
-        raise UserError(f"the logits of a step's last {last} rows: {cfg.arch}'s family builds the last row's only")
-    if own is not None:
-        if batch > 1 and "batch" not in inspect.signature(own).parameters:
-            raise UserError(f"a batch step of {cfg.arch}: its family builds steps of one sequence only (yet); "
-                            f"decode one sequence at a time")
-        return own(rows, batch) if batch > 1 else own(rows)
     return build(cfg, rows, batch, last, cfg.layer)

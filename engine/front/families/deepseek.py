@@ -17,12 +17,10 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.front.family import Family
 from lanefuse.engine.front.gguf_names import DENSE_FFN, EXPERTS, LAYER, Names
 from lanefuse.engine.front.gguf_shapes import check_shapes, vocab_size
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, MAX_SIZE, Reader
-from lanefuse.engine.front.decoder import step_frame
 from lanefuse.engine.front.model import ModelConfig
 
 ARCHS = ("DeepseekV3ForCausalLM",)
@@ -98,8 +96,8 @@ class DeepseekConfig(ModelConfig):
     route_scale: float = 1.0  # routed_scaling_factor
     nextn: int = 0  # num_nextn_predict_layers: the layers after the decoder's, whose weights the step ignores
 
-    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
-        return build_deepseek_step(self, rows, batch)
+    def layer(self, step, i: int, x: str) -> str:
+        return deepseek_layer(step, i, x)
 
     @property
     def cache_widths(self) -> tuple[int, int]:
@@ -366,90 +364,65 @@ def deepseek_config(c: dict[str, Any], where: str, max_len: int, name: str) -> D
 
 # -- the step graph -------------------------------------------------------------------------------------------------
 
-def build_deepseek_step(cfg: DeepseekConfig, rows: int = 1, batch: int = 1) -> Graph:
-    """The lifted graph of one DeepSeek-V3 step over `rows` token rows at the position `pos` names; or a batch's
-    decode step (`batch` B > 1: a row a sequence, each with its slot of the latent and rotated-key caches, B·L rows
-    each; the mixture routes every row of the batch)."""
-    g, caches = step_frame(cfg, rows, batch)
+def deepseek_layer(s, i: int, x: str) -> str:
+    """Layer i of a DeepSeek-V3 step (engine/front/decoder.py's skeleton around it; a batch's decode step too: each
+    sequence its slot of the latent and rotated-key caches, the mixture routing every row): the latent attention,
+    absorbed (the query's unrotated part to latent space, the values from it), then the mixture (with its shared
+    experts) or, on the first dense layers, the gated MLP."""
+    cfg, caches, w = s.cfg, s.caches, s.w
     h, r, n, lora, vd, m = cfg.heads, cfg.head_dim, cfg.nope, cfg.kv_lora, cfg.v_dim, cfg.moe
-    L = cfg.max_len
-    shapes = cfg.weight_names()
 
-    def w(name: str, transposed: bool = True) -> str:
-        shape = shapes[name]
-        kind = "rows" if len(shape) == 2 else "values"
-        if name not in g.constants:
-            g.constant(Constant(name, shape, kind, cfg.fmt(name) if kind == "rows" else "f32",
-                                transposed if kind == "rows" else False, name))
-        return name
+    def op(kind, ins, out, **attrs):
+        return s.op(i, kind, ins, out, **attrs)
 
-    g.constant(Constant("rope.cos", (L, r // 2), "values", "f32", False, "rope.cos"))
-    g.constant(Constant("rope.sin", (L, r // 2), "values", "f32", False, "rope.sin"))
-    embed = w("model.embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
-    x = g.add("gather", [embed, "token"], "x0")
-    for i in range(cfg.layers):
-        p = f"model.layers.{i}."
-        t = f"L{i}."
+    def W(name, transposed=True):
+        return s.W(i, name, transposed)
 
-        def op(kind, ins, out, **attrs):
-            return g.add(kind, ins, t + out, layer=i, **attrs)
-
-        def W(name, transposed=True):
-            return w(p + name, transposed)
-
-        hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
-        xq = hn
-        if cfg.q_lora:
-            xq = op("matmul", [hn, W("self_attn.q_a_proj.weight")], "q_a")
-            xq = op("rmsnorm", [xq, W("self_attn.q_a_layernorm.weight")], "q_a_norm", eps=NORM_EPS)
-        q_nope = op("matmul", [xq, w(cfg.query(i) + ".nope_rows")], "q_nope")  # (R, H·nope)
-        q_pe = op("matmul", [xq, w(cfg.query(i) + ".rope_rows")], "q_pe")  # (R, H·rope)
-        q_pe = op("rope", [q_pe, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=r, rot=r)
-        lat = op("matmul", [hn, W("self_attn.kv_a_proj_with_mqa.latent_rows")], "latent")  # (R, lora)
-        lat = op("rmsnorm", [lat, W("self_attn.kv_a_layernorm.weight")], "latent_norm", eps=NORM_EPS)
-        k_pe = op("matmul", [hn, W("self_attn.kv_a_proj_with_mqa.rope_rows")], "k_pe")  # (R, rope)
-        k_pe = op("rope", [k_pe, "rope.cos", "rope.sin", "pos"], "k_rot", heads=1, hd=r, rot=r)
-        lc = op("set_row", [caches[i][0], lat, "pos"], "lc")  # (L, lora): the latent cache
-        kr = op("set_row", [caches[i][1], k_pe, "pos"], "krc")  # (L, rope): the rotated keys
-        # absorbed: each head's unrotated query times its key expansion, to latent space
-        q_lat = op("head_matmul", [q_nope, W("self_attn.kv_b_proj.k_rows", transposed=False)], "q_absorb",
-                   heads=h, a=n, b=lora, rows_out=False)  # (R, H·lora)
-        qj = op("join", [q_lat, q_pe], "q_join", heads=h)  # (R, H·(lora + rope))
-        keys = op("join", [lc, kr], "keys", heads=1)  # (L, lora + rope)
-        a = op("attention", [qj, keys, lc, "pos"], "attn", heads=h, kv_heads=1, hd=lora + r, vd=lora,
-               scale=cfg.scale, window=0, softcap=0.0)  # (R, H·lora)
-        ov = op("head_matmul", [a, W("self_attn.kv_b_proj.v_rows")], "attn_v", heads=h, a=lora, b=vd,
-                rows_out=True)  # (R, H·v)
-        o = op("matmul", [ov, W("self_attn.o_proj.weight")], "o")
-        x1 = op("add", [x, o], "resid_attn")
-        h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
-        if cfg.sparse(i):
-            y = op("moe", [h2, W("mlp.gate.weight"), W("mlp.experts.gate_up_proj"), W("mlp.experts.down_proj"),
-                           W("mlp.gate.e_score_correction_bias")], "moe",
-                   experts=m.experts, k=m.k, inter=m.inter, norm_topk=m.norm_topk, act="silu",
-                   routing="sigmoid_group", groups=cfg.groups, topk_groups=cfg.topk_groups,
-                   route_scale=cfg.route_scale)
-            if cfg.shared_inter:
-                s = "mlp.shared_experts."
-                gp = op("matmul", [h2, W(s + "gate_proj.weight")], "sh_gate")
-                up = op("matmul", [h2, W(s + "up_proj.weight")], "sh_up")
-                sh = op("mul", [op("silu", [gp], "sh_gate_act"), up], "sh_glu")
-                sh = op("matmul", [sh, W(s + "down_proj.weight")], "sh_down")
-                y = op("add", [y, sh], "moe_out")
-        else:
-            gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
-            up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
-            mm = op("mul", [op("silu", [gp], "gate_act"), up], "glu")
-            y = op("matmul", [mm, W("mlp.down_proj.weight")], "down")
-        x = op("add", [x1, y], "resid_ffn")
-    if rows > 1:
-        x = g.add("view", [x], "last", row=rows - 1)
-    hn = g.add("rmsnorm", [x, w("model.norm.weight")], "final_norm", eps=cfg.eps)
-    head = embed if cfg.tie_embeddings else w("lm_head.weight")
-    g.add("matmul", [hn, head], "logits")
-    g.add("argmax", ["logits"], "next")
-    g.validate()
-    return g
+    hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+    xq = hn
+    if cfg.q_lora:
+        xq = op("matmul", [hn, W("self_attn.q_a_proj.weight")], "q_a")
+        xq = op("rmsnorm", [xq, W("self_attn.q_a_layernorm.weight")], "q_a_norm", eps=NORM_EPS)
+    q_nope = op("matmul", [xq, w(cfg.query(i) + ".nope_rows")], "q_nope")  # (R, H·nope)
+    q_pe = op("matmul", [xq, w(cfg.query(i) + ".rope_rows")], "q_pe")  # (R, H·rope)
+    q_pe = op("rope", [q_pe, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=r, rot=r)
+    lat = op("matmul", [hn, W("self_attn.kv_a_proj_with_mqa.latent_rows")], "latent")  # (R, lora)
+    lat = op("rmsnorm", [lat, W("self_attn.kv_a_layernorm.weight")], "latent_norm", eps=NORM_EPS)
+    k_pe = op("matmul", [hn, W("self_attn.kv_a_proj_with_mqa.rope_rows")], "k_pe")  # (R, rope)
+    k_pe = op("rope", [k_pe, "rope.cos", "rope.sin", "pos"], "k_rot", heads=1, hd=r, rot=r)
+    lc = op("set_row", [caches[i][0], lat, "pos"], "lc")  # (L, lora): the latent cache
+    kr = op("set_row", [caches[i][1], k_pe, "pos"], "krc")  # (L, rope): the rotated keys
+    # absorbed: each head's unrotated query times its key expansion, to latent space
+    q_lat = op("head_matmul", [q_nope, W("self_attn.kv_b_proj.k_rows", transposed=False)], "q_absorb",
+               heads=h, a=n, b=lora, rows_out=False)  # (R, H·lora)
+    qj = op("join", [q_lat, q_pe], "q_join", heads=h)  # (R, H·(lora + rope))
+    keys = op("join", [lc, kr], "keys", heads=1)  # (L, lora + rope)
+    a = op("attention", [qj, keys, lc, "pos"], "attn", heads=h, kv_heads=1, hd=lora + r, vd=lora,
+           scale=cfg.scale, window=0, softcap=0.0)  # (R, H·lora)
+    ov = op("head_matmul", [a, W("self_attn.kv_b_proj.v_rows")], "attn_v", heads=h, a=lora, b=vd,
+            rows_out=True)  # (R, H·v)
+    o = op("matmul", [ov, W("self_attn.o_proj.weight")], "o")
+    x1 = op("add", [x, o], "resid_attn")
+    h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
+    if cfg.sparse(i):
+        y = op("moe", [h2, W("mlp.gate.weight"), W("mlp.experts.gate_up_proj"), W("mlp.experts.down_proj"),
+                       W("mlp.gate.e_score_correction_bias")], "moe",
+               experts=m.experts, k=m.k, inter=m.inter, norm_topk=m.norm_topk, act="silu",
+               routing="sigmoid_group", groups=cfg.groups, topk_groups=cfg.topk_groups,
+               route_scale=cfg.route_scale)
+        if cfg.shared_inter:
+            se = "mlp.shared_experts."
+            gp = op("matmul", [h2, W(se + "gate_proj.weight")], "sh_gate")
+            up = op("matmul", [h2, W(se + "up_proj.weight")], "sh_up")
+            sh = op("mul", [op("silu", [gp], "sh_gate_act"), up], "sh_glu")
+            sh = op("matmul", [sh, W(se + "down_proj.weight")], "sh_down")
+            y = op("add", [y, sh], "moe_out")
+    else:
+        gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
+        up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
+        mm = op("mul", [op("silu", [gp], "gate_act"), up], "glu")
+        y = op("matmul", [mm, W("mlp.down_proj.weight")], "down")
+    return op("add", [x1, y], "resid_ffn")
 
 
 # -- a GGUF file (llama.cpp's `deepseek2`) ----------------------------------------------------------------------------

@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.front.family import Family
 from lanefuse.engine.front.gguf_names import LAYER, QK_NORM, Names
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader, read_rope
-from lanefuse.engine.front.decoder import step_frame
+from lanefuse.engine.front.decoder import mlp
 from lanefuse.engine.front.model import LAYER_TYPES, ModelConfig, read_layer_types
 
 ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
@@ -85,8 +84,26 @@ class GemmaConfig(ModelConfig):
     def layer_prefix(self) -> str:
         return self.prefix + "layers."
 
-    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
-        return build_gemma_step(self, rows, batch)
+    # the step on engine/front/decoder.py's skeleton: the embedding scaled, a second rope table for the sliding
+    # layers, the sandwich-normed layer, the head's soft cap
+    def embed(self, step) -> str:
+        step.embed = step.w(self.prefix + "embed_tokens.weight", transposed=self.tie_embeddings)  # tied: the head's
+        e = step.g.add("gather", [step.embed, "token"], "embed")
+        x = step.g.add("scale", [e], "x0", factor=self.embed_scale)
+        for t in ("rope.cos", "rope.sin") + (("rope.local.cos", "rope.local.sin") if self.local_rope() else ()):
+            step.values(t)
+        return x
+
+    def layer(self, step, i: int, x: str) -> str:
+        return gemma_layer(step, i, x)
+
+    def logits(self, step, x: str) -> str:
+        g = step.g
+        hn = g.add("rmsnorm", [x, norm_w(step, self.prefix + "norm.weight")], "final_norm", eps=self.eps)
+        head = step.embed if self.tie_embeddings else step.w(self.head)
+        if self.final_softcap > 0:
+            return g.add("softcap", [g.add("matmul", [hn, head], "logits_raw")], "logits", cap=self.final_softcap)
+        return g.add("matmul", [hn, head], "logits")
 
     def with_layout(self, stored: set[str]) -> "GemmaConfig":
         return with_layout(self, stored)
@@ -306,82 +323,44 @@ def with_layout(cfg: GemmaConfig, stored: set[str]) -> GemmaConfig:
 
 # -- the step graph -------------------------------------------------------------------------------------------------
 
-def build_gemma_step(cfg: GemmaConfig, rows: int = 1, batch: int = 1) -> Graph:
-    """The lifted graph of one Gemma step over `rows` token rows at the position `pos` names."""
-    g, caches = step_frame(cfg, rows, batch)
+def norm_w(s, name: str) -> str:
+    """A Gemma norm's weight: the generated 1 + w (the norm scales by it), or a GGUF file's as stored."""
+    return s.values(name + ONE_PLUS if s.cfg.norm_offset else name)
+
+
+def gemma_layer(s, i: int, x: str) -> str:
+    """Layer i of a Gemma step: the attention (q/k normed a head at a time on Gemma 3, rotated by the sliding layers'
+    own table where it has one, scaled by query_pre_attn_scalar, soft-capped) and the GELU MLP, each normed before
+    and after (the sandwich), each added to the residual."""
+    cfg, caches = s.cfg, s.caches
     h, kv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
-    shapes = cfg.weight_names()
-    generated = cfg.generated()
+    q_ = f"{cfg.layer_prefix}{i}."
 
-    def rows_of(name: str, transposed: bool = True) -> str:
-        if name not in g.constants:
-            g.constant(Constant(name, shapes[name], "rows", cfg.fmt(name), transposed, name))
-        return name
+    def op(kind, ins, out, **attrs):
+        return s.op(i, kind, ins, out, **attrs)
 
-    def values(name: str) -> str:
-        if name not in g.constants:
-            g.constant(Constant(name, generated[name], "values", "f32", False, name))
-        return name
+    def W(name):
+        return s.W(i, name)
 
-    def norm_w(name: str) -> str:  # Gemma's norm scales by 1 + w: the generated f32 constant (a GGUF file's as stored)
-        if not cfg.norm_offset:
-            if name not in g.constants:
-                g.constant(Constant(name, shapes[name], "values", "f32", False, name))
-            return name
-        return values(name + ONE_PLUS)
-
-    p = cfg.prefix
-    embed = rows_of(p + "embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
-    e = g.add("gather", [embed, "token"], "embed")
-    x = g.add("scale", [e], "x0", factor=cfg.embed_scale)
-    tables = {False: (values("rope.cos"), values("rope.sin"))}
-    if cfg.local_rope() is not None:
-        tables[True] = (values("rope.local.cos"), values("rope.local.sin"))
-    for i in range(cfg.layers):
-        q_ = f"{p}layers.{i}."
-        t = f"L{i}."
-
-        def op(kind, ins, out, **attrs):
-            return g.add(kind, ins, t + out, layer=i, **attrs)
-
-        def W(name):
-            return rows_of(q_ + name)
-
-        sliding = cfg.sliding(i)
-        cos, sin = tables.get(sliding, tables[False])
-        hn = op("rmsnorm", [x, norm_w(q_ + "input_layernorm.weight")], "attn_norm", eps=cfg.eps)
-        q = op("matmul", [hn, W("self_attn.q_proj.weight")], "q")
-        k = op("matmul", [hn, W("self_attn.k_proj.weight")], "k")
-        v = op("matmul", [hn, W("self_attn.v_proj.weight")], "v")
-        if cfg.qk_norm:
-            q = op("rmsnorm", [q, norm_w(q_ + "self_attn.q_norm.weight")], "q_norm", eps=cfg.eps, heads=h)
-            k = op("rmsnorm", [k, norm_w(q_ + "self_attn.k_norm.weight")], "k_norm", eps=cfg.eps, heads=kv)
-        q = op("rope", [q, cos, sin, "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
-        k = op("rope", [k, cos, sin, "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
-        kc = op("set_row", [caches[i][0], k, "pos"], "kc")
-        vc = op("set_row", [caches[i][1], v, "pos"], "vc")
-        a = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd, scale=cfg.attn_scale,
-               window=cfg.window if sliding else 0, softcap=cfg.attn_softcap)
-        o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
-        on = op("rmsnorm", [o, norm_w(q_ + "post_attention_layernorm.weight")], "o_norm", eps=cfg.eps)
-        x1 = op("add", [x, on], "resid_attn")
-        h2 = op("rmsnorm", [x1, norm_w(q_ + "pre_feedforward_layernorm.weight")], "ffn_norm", eps=cfg.eps)
-        gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
-        up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
-        act = op(cfg.act, [gp], "gate_act")
-        m = op("mul", [act, up], "glu")
-        dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
-        dnn = op("rmsnorm", [dn, norm_w(q_ + "post_feedforward_layernorm.weight")], "down_norm", eps=cfg.eps)
-        x = op("add", [x1, dnn], "resid_ffn")
-    if rows > 1:
-        x = g.add("view", [x], "last", row=rows - 1)
-    hn = g.add("rmsnorm", [x, norm_w(p + "norm.weight")], "final_norm", eps=cfg.eps)
-    head = embed if cfg.tie_embeddings else rows_of(cfg.head)
-    if cfg.final_softcap > 0:
-        raw = g.add("matmul", [hn, head], "logits_raw")
-        g.add("softcap", [raw], "logits", cap=cfg.final_softcap)
-    else:
-        g.add("matmul", [hn, head], "logits")
-    g.add("argmax", ["logits"], "next")
-    g.validate()
-    return g
+    sliding = cfg.sliding(i)
+    cos, sin = ("rope.local.cos", "rope.local.sin") if sliding and cfg.local_rope() else ("rope.cos", "rope.sin")
+    hn = op("rmsnorm", [x, norm_w(s, q_ + "input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+    q = op("matmul", [hn, W("self_attn.q_proj.weight")], "q")
+    k = op("matmul", [hn, W("self_attn.k_proj.weight")], "k")
+    v = op("matmul", [hn, W("self_attn.v_proj.weight")], "v")
+    if cfg.qk_norm:
+        q = op("rmsnorm", [q, norm_w(s, q_ + "self_attn.q_norm.weight")], "q_norm", eps=cfg.eps, heads=h)
+        k = op("rmsnorm", [k, norm_w(s, q_ + "self_attn.k_norm.weight")], "k_norm", eps=cfg.eps, heads=kv)
+    q = op("rope", [q, cos, sin, "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
+    k = op("rope", [k, cos, sin, "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
+    kc = op("set_row", [caches[i][0], k, "pos"], "kc")
+    vc = op("set_row", [caches[i][1], v, "pos"], "vc")
+    a = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd, scale=cfg.attn_scale,
+           window=cfg.window if sliding else 0, softcap=cfg.attn_softcap)
+    o = op("matmul", [a, W("self_attn.o_proj.weight")], "o")
+    on = op("rmsnorm", [o, norm_w(s, q_ + "post_attention_layernorm.weight")], "o_norm", eps=cfg.eps)
+    x1 = op("add", [x, on], "resid_attn")
+    h2 = op("rmsnorm", [x1, norm_w(s, q_ + "pre_feedforward_layernorm.weight")], "ffn_norm", eps=cfg.eps)
+    dn = mlp(s, i, h2)
+    dnn = op("rmsnorm", [dn, norm_w(s, q_ + "post_feedforward_layernorm.weight")], "down_norm", eps=cfg.eps)
+    return op("add", [x1, dnn], "resid_ffn")

@@ -15,11 +15,9 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.front.gguf_shapes import check_shapes
-from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.front.family import Family
 from lanefuse.engine.front.gguf_names import DENSE_FFN, LAYER, QKV_BIAS, Names
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader
-from lanefuse.engine.front.decoder import step_frame
 from lanefuse.engine.front.model import ModelConfig, read_layer_types
 from lanefuse.engine.front.families.mixtures import ExpertStore
 
@@ -78,8 +76,8 @@ class GptOssConfig(ModelConfig):
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
 
-    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
-        return build_gptoss_step(self, rows, batch)
+    def layer(self, step, i: int, x: str) -> str:
+        return gptoss_layer(step, i, x)
 
     def weight_names(self) -> dict[str, tuple[int, ...]]:
         d, h, kv, hd, f, E = self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter, self.moe.experts
@@ -349,58 +347,34 @@ def gptoss_config(c: dict[str, Any], where: str, max_len: int, name: str) -> Gpt
 
 # -- the step graph -------------------------------------------------------------------------------------------------
 
-def build_gptoss_step(cfg: GptOssConfig, rows: int = 1, batch: int = 1) -> Graph:
-    """The lifted graph of one gpt-oss step over `rows` token rows at the position `pos` names."""
-    g, caches = step_frame(cfg, rows, batch)
-    h, kv, hd, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_len, cfg.moe
-    shapes = cfg.weight_names()
+def gptoss_layer(s, i: int, x: str) -> str:
+    """Layer i of a gpt-oss step (engine/front/decoder.py's skeleton around it): biased q/k/v/o, the attention with
+    its sinks (and its window on a sliding layer), the biased router's mixture with its clamped GLU."""
+    cfg, caches = s.cfg, s.caches
+    h, kv, hd, m = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.moe
 
-    def w(name: str, transposed: bool = True) -> str:
-        shape = shapes[name]
-        kind = "rows" if len(shape) == 2 else "values"
-        if name not in g.constants:
-            g.constant(Constant(name, shape, kind, cfg.fmt(name) if kind == "rows" else "f32",
-                                transposed if kind == "rows" else False, name))
-        return name
+    def op(kind, ins, out, **attrs):
+        return s.op(i, kind, ins, out, **attrs)
 
-    g.constant(Constant("rope.cos", (L, cfg.rot // 2), "values", "f32", False, "rope.cos"))
-    g.constant(Constant("rope.sin", (L, cfg.rot // 2), "values", "f32", False, "rope.sin"))
-    embed = w("model.embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
-    x = g.add("gather", [embed, "token"], "x0")
-    for i in range(cfg.layers):
-        p = f"model.layers.{i}."
-        t = f"L{i}."
+    def W(name):
+        return s.W(i, name)
 
-        def op(kind, ins, out, **attrs):
-            return g.add(kind, ins, t + out, layer=i, **attrs)
-
-        def W(name):
-            return w(p + name)
-
-        hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
-        q = op("add", [op("matmul", [hn, W("self_attn.q_proj.weight")], "q"), W("self_attn.q_proj.bias")], "q_bias")
-        k = op("add", [op("matmul", [hn, W("self_attn.k_proj.weight")], "k"), W("self_attn.k_proj.bias")], "k_bias")
-        v = op("add", [op("matmul", [hn, W("self_attn.v_proj.weight")], "v"), W("self_attn.v_proj.bias")], "v_bias")
-        q = op("rope", [q, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
-        k = op("rope", [k, "rope.cos", "rope.sin", "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
-        kc = op("set_row", [caches[i][0], k, "pos"], "kc")
-        vc = op("set_row", [caches[i][1], v, "pos"], "vc")
-        a = op("attention", [q, kc, vc, "pos", W("self_attn.sinks")], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
-               scale=float(hd) ** -0.5, window=cfg.window if cfg.sliding(i) else 0, softcap=0.0)
-        o = op("add", [op("matmul", [a, W("self_attn.o_proj.weight")], "o"), W("self_attn.o_proj.bias")], "o_bias")
-        x1 = op("add", [x, o], "resid_attn")
-        h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
-        e = "mlp.experts."
-        y = op("moe", [h2, W("mlp.router.weight"), W(e + "gate_up_proj.rows"), W(e + "down_proj.rows"),
-                       W("mlp.router.bias"), W(e + "gate_up_proj_bias.rows"), W(e + "down_proj_bias.rows")], "moe",
-               experts=m.experts, k=m.k, inter=m.inter, norm_topk=False, act="clamped_glu", routing="topk_softmax",
-               limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha)
-        x = op("add", [x1, y], "resid_ffn")
-    if rows > 1:
-        x = g.add("view", [x], "last", row=rows - 1)
-    hn = g.add("rmsnorm", [x, w("model.norm.weight")], "final_norm", eps=cfg.eps)
-    head = embed if cfg.tie_embeddings else w("lm_head.weight")
-    g.add("matmul", [hn, head], "logits")
-    g.add("argmax", ["logits"], "next")
-    g.validate()
-    return g
+    hn = op("rmsnorm", [x, W("input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+    q = op("add", [op("matmul", [hn, W("self_attn.q_proj.weight")], "q"), W("self_attn.q_proj.bias")], "q_bias")
+    k = op("add", [op("matmul", [hn, W("self_attn.k_proj.weight")], "k"), W("self_attn.k_proj.bias")], "k_bias")
+    v = op("add", [op("matmul", [hn, W("self_attn.v_proj.weight")], "v"), W("self_attn.v_proj.bias")], "v_bias")
+    q = op("rope", [q, "rope.cos", "rope.sin", "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
+    k = op("rope", [k, "rope.cos", "rope.sin", "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
+    kc = op("set_row", [caches[i][0], k, "pos"], "kc")
+    vc = op("set_row", [caches[i][1], v, "pos"], "vc")
+    a = op("attention", [q, kc, vc, "pos", W("self_attn.sinks")], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
+           scale=float(hd) ** -0.5, window=cfg.window if cfg.sliding(i) else 0, softcap=0.0)
+    o = op("add", [op("matmul", [a, W("self_attn.o_proj.weight")], "o"), W("self_attn.o_proj.bias")], "o_bias")
+    x1 = op("add", [x, o], "resid_attn")
+    h2 = op("rmsnorm", [x1, W("post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
+    e = "mlp.experts."
+    y = op("moe", [h2, W("mlp.router.weight"), W(e + "gate_up_proj.rows"), W(e + "down_proj.rows"),
+                   W("mlp.router.bias"), W(e + "gate_up_proj_bias.rows"), W(e + "down_proj_bias.rows")], "moe",
+           experts=m.experts, k=m.k, inter=m.inter, norm_topk=False, act="clamped_glu", routing="topk_softmax",
+           limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha)
+    return op("add", [x1, y], "resid_ffn")

@@ -15,11 +15,10 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.front.families.gemma import ONE_PLUS
-from lanefuse.engine.ir import Constant, Graph
 from lanefuse.engine.front.family import Family
 from lanefuse.engine.front.gguf_names import EXPERTS, QK_NORM, SHARED_EXPERT, Names
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader, read_rope
-from lanefuse.engine.front.decoder import step_frame
+from lanefuse.engine.front.decoder import logits, mlp
 from lanefuse.engine.front.model import ModelConfig, read_layer_types
 from lanefuse.engine.front.weights import BLOCK_FORMATS, PartsStore
 
@@ -95,8 +94,22 @@ class Qwen3NextConfig(ModelConfig):
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.layers) if not self.linear(i))
 
-    def build_step(self, rows: int = 1, batch: int = 1) -> Graph:
-        return build_qwen3next_step(self, rows, batch)
+    # the step on engine/front/decoder.py's skeleton: the attention layers' caches and the delta net's carried
+    # states in the frame, the rope tables after the embedding, its layer, the zero-centred final norm
+    def frame_io(self, batch: int) -> dict[str, Any]:
+        return {"attention": self.attention_layers, "states": self.states(batch)}
+
+    def embed(self, step) -> str:
+        step.embed = step.w("model.embed_tokens.weight", transposed=self.tie_embeddings)  # tied: the head's too
+        x = step.g.add("gather", [step.embed, "token"], "x0")
+        step.values("rope.cos"), step.values("rope.sin")
+        return x
+
+    def layer(self, step, i: int, x: str) -> str:
+        return qwen3next_layer(step, i, x)
+
+    def logits(self, step, x: str) -> str:
+        return logits(step, x, norm=step.values("model.norm.weight" + ONE_PLUS))
 
     def states(self, batch: int = 1) -> dict[str, tuple[int, ...]]:
         """Each delta-net layer's carried state, name -> shape: the q, k and v convolutions' rings (their last taps-1
@@ -383,96 +396,62 @@ def qwen3next_from_gguf(cfg: ModelConfig, r, arch: str, where: str, meta: dict[s
 
 # -- the step graph ---------------------------------------------------------------------------------------------------
 
-def build_qwen3next_step(cfg: Qwen3NextConfig, rows: int = 1, batch: int = 1) -> Graph:
-    """The lifted graph of one Qwen3-Next step over `rows` token rows at the position `pos` names; or a batch's
-    decode step (`batch` B > 1: a row a sequence, each with its slot of the KV caches, the rings and the states)."""
-    g, caches = step_frame(cfg, rows, batch, attention=cfg.attention_layers, states=cfg.states(batch))
+def qwen3next_layer(s, i: int, x: str) -> str:
+    """Layer i of a Qwen3-Next step (a batch's decode step too: each sequence its slot of the KV caches, the rings and
+    the states): the gated delta net (its convolution ring and state carried) or the gated attention, then the
+    mixture or the dense MLP; the norms zero-centred (scaling by 1 + w)."""
+    cfg, caches = s.cfg, s.caches
     h, kv, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
     hk, hv, dk, dv = cfg.hk, cfg.hv, cfg.dk, cfg.dv
-    shapes = cfg.weight_names()
-    generated = cfg.generated()
+    cos, sin, values = "rope.cos", "rope.sin", s.values
+    p = f"model.layers.{i}."
 
-    def rows_of(name: str, transposed: bool = True) -> str:
-        if name not in g.constants:
-            g.constant(Constant(name, shapes[name], "rows", cfg.fmt(name), transposed, name))
-        return name
+    def op(kind, ins, out, **attrs):
+        return s.op(i, kind, ins, out, **attrs)
 
-    def values(name: str) -> str:
-        if name not in g.constants:
-            shape = generated[name] if name in generated else shapes[name]
-            g.constant(Constant(name, shape, "values", "f32", False, name))
-        return name
+    def W(name):
+        return s.W(i, name)
 
     def norm_w(name: str) -> str:  # the zero-centred norm scales by 1 + w: the generated f32 constant
         return values(name + ONE_PLUS)
 
-    embed = rows_of("model.embed_tokens.weight", transposed=cfg.tie_embeddings)  # tied: the head's outputs too
-    x = g.add("gather", [embed, "token"], "x0")
-    cos, sin = values("rope.cos"), values("rope.sin")
-    for i in range(cfg.layers):
-        p = f"model.layers.{i}."
-        t = f"L{i}."
-
-        def op(kind, ins, out, **attrs):
-            return g.add(kind, ins, t + out, layer=i, **attrs)
-
-        def W(name):
-            return rows_of(p + name)
-
-        hn = op("rmsnorm", [x, norm_w(p + "input_layernorm.weight")], "attn_norm", eps=cfg.eps)
-        if cfg.linear(i):
-            a = "linear_attn."
-            kd, vd = hk * dk, hv * dv
-            qkvz = op("matmul", [hn, W(a + "in_proj_qkvz.split.weight")], "qkvz")  # (R, q | k | v | z)
-            b = op("matmul", [hn, W(a + "in_proj_b.weight")], "b")
-            ar = op("matmul", [hn, W(a + "in_proj_a.weight")], "a")
-            conv = {}
-            for part, start, ring in (("q", 0, f"cq{i}"), ("k", kd, f"ck{i}"), ("v", 2 * kd, f"cv{i}")):
-                c = op("causal_conv", [qkvz, values(p + a + f"conv1d.{part}.weight"), ring], f"{part}_conv",
-                       taps=cfg.taps, start=start)
-                conv[part] = op("silu", [c], f"{part}_act")
-            qn = op("l2norm", [conv["q"]], "q_l2", heads=hk, eps=L2_EPS)
-            kn = op("l2norm", [conv["k"]], "k_l2", heads=hk, eps=L2_EPS)
-            beta = op("sigmoid", [b], "beta")
-            decay = op("decay", [ar, values(p + a + "dt_bias"), values(p + a + "A_log")], "decay")
-            o = op("gated_delta", [qn, kn, conv["v"], qkvz, beta, decay, f"ds{i}", values(p + a + "norm.weight")],
-                   "delta", hk=hk, hv=hv, dk=dk, dv=dv, scale=float(dk) ** -0.5, eps=cfg.eps, zoff=2 * kd + vd)
-            mixed = op("matmul", [o, W(a + "out_proj.weight")], "o")
-        else:
-            a = "self_attn."
-            q = op("matmul", [hn, W(a + "q_proj.query.weight")], "q")
-            gate = op("matmul", [hn, W(a + "q_proj.gate.weight")], "q_gate")
-            k = op("matmul", [hn, W(a + "k_proj.weight")], "k")
-            v = op("matmul", [hn, W(a + "v_proj.weight")], "v")
-            q = op("rmsnorm", [q, norm_w(p + a + "q_norm.weight")], "q_norm", eps=cfg.eps, heads=h)
-            k = op("rmsnorm", [k, norm_w(p + a + "k_norm.weight")], "k_norm", eps=cfg.eps, heads=kv)
-            q = op("rope", [q, cos, sin, "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
-            k = op("rope", [k, cos, sin, "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
-            kc = op("set_row", [caches[i][0], k, "pos"], "kc")
-            vc = op("set_row", [caches[i][1], v, "pos"], "vc")
-            att = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
-                     scale=float(hd) ** -0.5, window=0, softcap=0.0)
-            ga = op("sigmoid", [gate], "q_gate_act")
-            gated = op("mul", [att, ga], "attn_gated")
-            mixed = op("matmul", [gated, W(a + "o_proj.weight")], "o")
-        x1 = op("add", [x, mixed], "resid_attn")
-        h2 = op("rmsnorm", [x1, norm_w(p + "post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
-        if cfg.sparse(i):
-            from lanefuse.engine.front.families.mixtures import build_ffn
-
-            dn = build_ffn(cfg, i, h2, op, W)
-        else:
-            gp = op("matmul", [h2, W("mlp.gate_proj.weight")], "gate")
-            up = op("matmul", [h2, W("mlp.up_proj.weight")], "up")
-            act = op("silu", [gp], "gate_act")
-            m = op("mul", [act, up], "glu")
-            dn = op("matmul", [m, W("mlp.down_proj.weight")], "down")
-        x = op("add", [x1, dn], "resid_ffn")
-    if rows > 1:
-        x = g.add("view", [x], "last", row=rows - 1)
-    hn = g.add("rmsnorm", [x, norm_w("model.norm.weight")], "final_norm", eps=cfg.eps)
-    head = embed if cfg.tie_embeddings else rows_of("lm_head.weight")
-    g.add("matmul", [hn, head], "logits")
-    g.add("argmax", ["logits"], "next")
-    g.validate()
-    return g
+    hn = op("rmsnorm", [x, norm_w(p + "input_layernorm.weight")], "attn_norm", eps=cfg.eps)
+    if cfg.linear(i):
+        a = "linear_attn."
+        kd, vd = hk * dk, hv * dv
+        qkvz = op("matmul", [hn, W(a + "in_proj_qkvz.split.weight")], "qkvz")  # (R, q | k | v | z)
+        b = op("matmul", [hn, W(a + "in_proj_b.weight")], "b")
+        ar = op("matmul", [hn, W(a + "in_proj_a.weight")], "a")
+        conv = {}
+        for part, start, ring in (("q", 0, f"cq{i}"), ("k", kd, f"ck{i}"), ("v", 2 * kd, f"cv{i}")):
+            c = op("causal_conv", [qkvz, values(p + a + f"conv1d.{part}.weight"), ring], f"{part}_conv",
+                   taps=cfg.taps, start=start)
+            conv[part] = op("silu", [c], f"{part}_act")
+        qn = op("l2norm", [conv["q"]], "q_l2", heads=hk, eps=L2_EPS)
+        kn = op("l2norm", [conv["k"]], "k_l2", heads=hk, eps=L2_EPS)
+        beta = op("sigmoid", [b], "beta")
+        decay = op("decay", [ar, values(p + a + "dt_bias"), values(p + a + "A_log")], "decay")
+        o = op("gated_delta", [qn, kn, conv["v"], qkvz, beta, decay, f"ds{i}", values(p + a + "norm.weight")],
+               "delta", hk=hk, hv=hv, dk=dk, dv=dv, scale=float(dk) ** -0.5, eps=cfg.eps, zoff=2 * kd + vd)
+        mixed = op("matmul", [o, W(a + "out_proj.weight")], "o")
+    else:
+        a = "self_attn."
+        q = op("matmul", [hn, W(a + "q_proj.query.weight")], "q")
+        gate = op("matmul", [hn, W(a + "q_proj.gate.weight")], "q_gate")
+        k = op("matmul", [hn, W(a + "k_proj.weight")], "k")
+        v = op("matmul", [hn, W(a + "v_proj.weight")], "v")
+        q = op("rmsnorm", [q, norm_w(p + a + "q_norm.weight")], "q_norm", eps=cfg.eps, heads=h)
+        k = op("rmsnorm", [k, norm_w(p + a + "k_norm.weight")], "k_norm", eps=cfg.eps, heads=kv)
+        q = op("rope", [q, cos, sin, "pos"], "q_rot", heads=h, hd=hd, rot=cfg.rot)
+        k = op("rope", [k, cos, sin, "pos"], "k_rot", heads=kv, hd=hd, rot=cfg.rot)
+        kc = op("set_row", [caches[i][0], k, "pos"], "kc")
+        vc = op("set_row", [caches[i][1], v, "pos"], "vc")
+        att = op("attention", [q, kc, vc, "pos"], "attn", heads=h, kv_heads=kv, hd=hd, vd=hd,
+                 scale=float(hd) ** -0.5, window=0, softcap=0.0)
+        ga = op("sigmoid", [gate], "q_gate_act")
+        gated = op("mul", [att, ga], "attn_gated")
+        mixed = op("matmul", [gated, W(a + "o_proj.weight")], "o")
+    x1 = op("add", [x, mixed], "resid_attn")
+    h2 = op("rmsnorm", [x1, norm_w(p + "post_attention_layernorm.weight")], "ffn_norm", eps=cfg.eps)
+    dn = mlp(s, i, h2)
+    return op("add", [x1, dn], "resid_ffn")
