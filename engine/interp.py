@@ -13,6 +13,7 @@ from lanefuse.engine.collectives import COLLECTIVES, alone, meet
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Access, Dst, Graph, Op, RowSel
 from lanefuse.engine.opdefs import QBLOCK, full_attrs
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.formats.quantize import MIN_FORMATS, Quantized, block_mins
 from lanefuse.engine.formats.quantize import product as q8_product, quantize as q8_quantize
 
@@ -26,8 +27,11 @@ def _gather(table, index, **a):
     return np.asarray(table, dtype=F32)[np.asarray(index, dtype=np.int64)]  # (R, d)
 
 
-def _rmsnorm(x, w, eps, heads=1, **a):
+def _rmsnorm(x, w, eps, heads=1, ggml_order=False, **a):
     r, n = x.shape
+    if ggml_order:  # read quantized under q8: llama.cpp's arithmetic (engine/formats/ggml.py)
+        y = ggml.rmsnorm(np.asarray(x, dtype=F32).reshape(r, heads, n // heads), np.asarray(w, dtype=F32), eps)
+        return y.reshape(r, n)
     xs = np.asarray(x, dtype=F64).reshape(r, heads, n // heads)  # (R, heads, hd)
     ms = np.mean(xs * xs, axis=-1, keepdims=True)
     y = xs / np.sqrt(ms + eps) * np.asarray(w, dtype=F64)
@@ -35,18 +39,21 @@ def _rmsnorm(x, w, eps, heads=1, **a):
 
 
 class MinRows(np.ndarray):
-    """A constant's f32 rows (n, k) decoded from q4_1 / q5_1, with their blocks' f16 mins `mins` (n, k/32): a
-    product of a one-word quantized activation takes its blocks' min terms as llama.cpp's q8_1 pairing does (m·s,
-    engine/quantize.product)."""
+    """A constant's f32 rows (n, k) decoded from a block format, with the bytes they were decoded from (`raw`, in
+    format `fmt`: a product of llama.cpp's q8_0 / q8_1 / q8_K form sums them in llama.cpp's order,
+    engine/formats/ggml.dot) and for q4_1 / q5_1 their blocks' f16 mins `mins` (n, k/32): a product of a one-word
+    quantized activation takes its blocks' min terms as llama.cpp's q8_1 pairing does (m·s, engine/quantize.product)."""
 
     mins: np.ndarray | None = None
+    raw: np.ndarray | None = None
+    fmt: str | None = None
 
 
 def with_mins(weights: Any, name: str, v: np.ndarray) -> np.ndarray:
-    """Constant `name`'s f32 value `v`; rows of q4_1 / q5_1 (where `weights` tells their format and bytes) as
+    """Constant `name`'s f32 value `v`; rows of a block format (where `weights` tells their format and bytes) as
     MinRows."""
     fmt = getattr(weights, "format", None)
-    if fmt is None or v.ndim != 2 or v.shape[1] % QBLOCK or fmt(name) not in MIN_FORMATS:
+    if fmt is None or v.ndim != 2 or v.shape[1] % QBLOCK or fmt(name) not in ggml.FORMATS:
         return v
     raw, f = weights.raw(name)
     out = v.view(MinRows)
@@ -56,6 +63,8 @@ def with_mins(weights: Any, name: str, v: np.ndarray) -> np.ndarray:
 
 def _matmul(x, w, **a):
     if isinstance(x, Quantized):  # int8 block sums times the blocks' scales (engine/formats/quantize.py)
+        if ggml.ordered(x, getattr(w, "fmt", None)):  # llama.cpp's q8_0 / q8_1 / q8_K form: summed in its order
+            return ggml.dot_form(x, w.raw, w.fmt, *w.shape)
         return q8_product(x, w, getattr(w, "mins", None))
     return (np.asarray(x, dtype=F64) @ np.asarray(w, dtype=F64).T).astype(F32)  # (R, k) @ (k, n) -> (R, n)
 
@@ -137,7 +146,9 @@ def _attention(q, k, v, pos, sinks=None, *, heads, kv_heads, hd, vd, scale, wind
     return out.reshape(r, heads * vd).astype(F32)
 
 
-def _silu(x, **a):
+def _silu(x, ggml_order=False, **a):
+    if ggml_order:  # of a product of a q8 form (q8 numerics): llama.cpp's ggml_v_silu
+        return ggml.silu(x)
     x = np.asarray(x, dtype=F64)
     return (x / (1.0 + np.exp(-x))).astype(F32)
 
@@ -164,7 +175,9 @@ def _gelu_erf(x, **a):
     return (0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))).astype(F32)
 
 
-def _swiglu(g, u, **a):
+def _swiglu(g, u, ggml_order=False, **a):
+    if ggml_order:
+        return ggml.swiglu(g, u)
     g = np.asarray(g, dtype=F64)
     return (g / (1.0 + np.exp(-g)) * np.asarray(u, dtype=F64)).astype(F32)
 
@@ -378,23 +391,43 @@ def write_dst(table: np.ndarray, y: np.ndarray, dst: Dst, env: dict[str, np.ndar
 
 # -- evaluating ops ------------------------------------------------------------------------------------------------
 
-def run_op(op: Op, *arrays: np.ndarray) -> np.ndarray:
+def run_op(op: Op, *arrays: np.ndarray, ggml_order: bool = False) -> np.ndarray:
     """Lifted op `op` on its input arrays (whole tensors: each input's access is applied here), without its dst.
-    A set_row writes its table argument in place and returns it."""
+    A set_row writes its table argument in place and returns it. `ggml_order`: an rmsnorm / silu / swiglu computed
+    as llama.cpp computes it (`ggml_ops`)."""
     if op.fused:
         raise ValueError("run_op takes a lifted op; evaluate a fused op with apply_op")
     ins = [x if isinstance(x, Quantized) else read_access(np.asanyarray(x), op.acc(i)) for i, x in enumerate(arrays)]
-    return OP_IMPL[op.kind](*ins, **full_attrs(op))
+    extra = {"ggml_order": True} if ggml_order and op.kind in GGML_KINDS else {}
+    return OP_IMPL[op.kind](*ins, **full_attrs(op), **extra)
+
+
+GGML_KINDS = ("rmsnorm", "silu", "swiglu")
+
+
+def ggml_ops(g: Graph) -> frozenset[str]:
+    """The outputs of the ops of `g` that compute as llama.cpp's CPU build does (engine/formats/ggml.py), under the
+    q8 numerics: an rmsnorm whose result is quantized to llama.cpp's q8_0 / q8_K form, and a silu / swiglu of a
+    product of such a form — where the plan's launches do the same (a Norm writing that form, a GemvGlu over it). The
+    rope and the attention are not yet (ggml.attend restates llama.cpp's attention; its rope tables and head order
+    need the model's rope type, which the step graph does not carry)."""
+    leaves = [leaf for op in g.ops for leaf in (op.leaves() if op.fused else (op,))]
+    quantized = {op.ins[0] for op in leaves if op.kind == "quantize" and int(op.a.get("words", 1)) in ggml.WORDS}
+    forms = {op.out for op in leaves if op.kind == "quantize" and int(op.a.get("words", 1)) in ggml.WORDS}
+    forms |= {op.out for op in leaves if op.kind == "view" and op.ins[0] in forms}
+    products = {op.out for op in leaves if op.kind == "matmul" and op.ins[0] in forms}
+    return frozenset(op.out for op in leaves if (op.kind == "rmsnorm" and op.out in quantized)
+                     or (op.kind in ("silu", "swiglu") and op.ins[0] in products))
 
 
 def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarray] | None = None,
-             comm=None) -> None:
+             comm=None, ggml_outs: frozenset[str] = frozenset()) -> None:
     """Evaluate `op` against `env` (name -> array), binding its results in `env`; a fused op runs its parts in order.
     `const(name)` supplies a name `env` lacks (a constant); `comm` is this rank's communicator, which a collective op
     meets the other ranks through (engine/collectives.py)."""
     if op.fused:
         for p in op.parts:
-            apply_op(p, env, const, comm)
+            apply_op(p, env, const, comm, ggml_outs)
         return
 
     def get(name: str) -> np.ndarray:
@@ -409,7 +442,7 @@ def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarr
     if comm is not None and op.kind in COLLECTIVES:
         y = meet(comm, op, read_access(np.asanyarray(get(op.ins[0])), op.acc(0)))
     else:
-        y = run_op(op, *[get(n) for n in op.ins])
+        y = run_op(op, *[get(n) for n in op.ins], ggml_order=op.out in ggml_outs)
     if op.dst is not None and op.kind != "set_row":
         if op.dst.table not in env:
             raise UserError(f"op `{op.kind}` -> `{op.out}` writes into `{op.dst.table}`, which has no value")
@@ -453,8 +486,9 @@ def evaluate(g: Graph, weights: Any, env: dict[str, np.ndarray], comm=None) -> d
             cache[name] = with_mins(weights, c.source or c.name, v)
         return cache[name]
 
+    outs = ggml_ops(g)
     for op in g.ops:
-        apply_op(op, vals, const, comm)
+        apply_op(op, vals, const, comm, outs)
     for name in cache:
         vals.pop(name, None)
     return vals

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Q8K, Launch, Scratch, act, decode, format_refusal,
                                      names, operand, qblock, reach, weight_bytes)
@@ -150,8 +151,11 @@ class GemvGlu(Launch):
                 y = products(x, decode(raw, fmt).reshape(self.n, self.k), 1)
             return y if b is None else (y + operand(env, b)[: self.n]).astype(np.float32)
 
-        g = act(self.act, product(self.wg, self.bg)).astype(np.float32)
-        y = (g * product(self.wu, self.bu)).reshape(-1)
+        if self.words in ggml.WORDS and self.act == "silu":  # over llama.cpp's q8 forms: its SiLU (formats/ggml.py)
+            y = ggml.swiglu(product(self.wg, self.bg), product(self.wu, self.bu)).reshape(-1)
+        else:
+            g = act(self.act, product(self.wg, self.bg)).astype(np.float32)
+            y = (g * product(self.wu, self.bu)).reshape(-1)
         if self.f32:
             env.array(self.out)[: self.m * self.n] = y
         self.quantize(env, y)

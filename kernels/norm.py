@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, RmsScale, at_call, dst_at, read_part, read_part_at,
                                      names, reach, rms)
@@ -107,9 +108,13 @@ class Norm(Launch):
             env.array(self.sum)[: r * c] = s.reshape(-1)
         hd = c // self.heads
         sh = s.reshape(r, self.heads, hd)
-        y = sh * rms(sh, self.eps)
-        if self.w is not None:
-            y = y * np.asarray(env.weight(self.w)[0], dtype=np.float64)[:hd]
+        if self.quant is not None and self.words in ggml.WORDS and self.w is not None:
+            # llama.cpp's q8_0 / q8_K form of it (the q8 numerics): normed as llama.cpp norms (formats/ggml.py)
+            y = ggml.rmsnorm(sh, np.asarray(env.weight(self.w)[0], dtype=np.float32)[:hd], self.eps)
+        else:
+            y = sh * rms(sh, self.eps)
+            if self.w is not None:
+                y = y * np.asarray(env.weight(self.w)[0], dtype=np.float64)[:hd]
         if self.f32:
             self.dst().write(env, y)
         if self.quant is not None:  # from the f32 values stored, as the kernel reads them back

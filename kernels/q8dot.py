@@ -19,6 +19,7 @@ import numpy as np
 
 from lanefuse.kernels.blocks import (BLOCKS, IQ4_LEVELS, _nibbles32, decode_rows, k2_ints, k3_ints, k3_scales,
                                      k4_scales, k5_ints, q5_ints, xs_ints, xs_scales)
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.formats.quantize import MIN_FORMATS, block_mins, half
 from lanefuse.kernels.common import QBLOCK, QBLOCK_K, QSUM
 
@@ -125,7 +126,12 @@ def block_sums(q: np.ndarray, wq: np.ndarray) -> np.ndarray:
 def q8_exact(words: np.ndarray, low: np.ndarray | None, scales: np.ndarray, raw: np.ndarray, fmt: str, m: int,
              n: int, k: int) -> np.ndarray:
     """y (m, n) f32 of a quantized activation (words/low (m·k,) int8, scales (m·k/32,)) times rows `raw` in `fmt`; a
-    q8k form's (its int16 sums in `low`) by `q8k_exact`."""
+    q8k form's (its int16 sums in `low`) by `q8k_exact`. llama.cpp's own pairs (the q8 numerics: a q8_0 / q8_1 form
+    over rows of 32-value blocks, a q8_K form over K-quant rows) are summed in llama.cpp's order (engine/formats/ggml.py),
+    as the reference interpreter sums them."""
+    y = ggml.dot_parts(words, low, scales, raw, fmt, m, n, k)
+    if y is not None:
+        return y
     if is_k(low):
         return q8k_exact(words, low, scales, raw, fmt, m, n, k)
     nb = k // QBLOCK

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, RmsScale, batch_apart, batch_dsts, dst_at,
                                      format_refusal, names, reach, read_part, read_part_at, rms)
@@ -82,7 +83,9 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
         absorbing(s, rows, hd).numpy(env)
         return
     x = read_part(env, s.x, s.part, n, w)[seq0:].astype(np.float32).reshape(rows, s.heads, hd)
-    if s.norm is not None:
+    if s.norm is not None and rot == 0 and s.quant is not None and s.words in ggml.WORDS:
+        x = ggml.rmsnorm(x, np.asarray(env.weight(s.norm[0])[0], dtype=np.float32)[:hd], s.norm[1])  # llama.cpp's
+    elif s.norm is not None:
         nw = np.asarray(env.weight(s.norm[0])[0], dtype=np.float64)[:hd]
         x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
     if rot == 0:  # normed only

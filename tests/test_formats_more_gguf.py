@@ -221,27 +221,21 @@ def llama_cpp_apart(path, prompt, n):
     return pickle.loads(out.read_bytes())
 
 
-# llama-cpp-python 0.3.36 as installed here (ggml 0.25.3, x86 AVX2/AVX-512 build, extra buffers off; measured
-# 2026-12-05, one process a file, the files below, 5 steps). lanefuse's q8 numerics — the reference interpreter of the
-# q8 step graph — equal llama.cpp's logits to <= 1.6e-7 of their scale at every step on the q5_0, q5_k, q3_k, q2_k
-# and iq4_xs files (lanefuse quantizes activations as llama.cpp's x86 SIMD code does: halves to even, id = 127/amax).
-# q4_1 / q5_1 too (7.5e-8 / 7.3e-8) since their products take q8_1's s = f16(d32·Σq) from the unrounded scale the
-# one-word q8 form now holds (they were 1.2e-2..1.4e-2 apart with m·f16(d)·Σq). One keeps a true difference
-# (LLAMA_CPP_APART: iq4_nl, by one flip). The fused plan (exact numpy twins of the CUDA launches) equals the reference
-# to f32 rounding, op by op; where that rounding lands one quantized word or f16 scale on the other side (iq4_xs here: the
-# attention twin's output is an ulp apart from the reference's at 473 of 1024 values, and one q8_K word of its
-# quantized form is 116 against 115, then o_proj's product 1e-3 apart and the logits 1.0e-2 from the first step) the
-# run parts by the q8 noise (tests/test_q8_real_width.py's note): its tokens are compared, its logits loosely.
-LLAMA_CPP_APART = {"iq4_nl": (
-    "an f32-ulp flip (ggml's SIMD SiLU and its products' summation order): steps 1-3 and 5 within 7.2e-8, step 4 "
-    "2.0e-3 — there layer 0's SwiGLU output, quantized to q8_0, has block 0's max |x| 2.9348989 in lanefuse, "
-    "2.9348984 in llama.cpp (2 f32 ulps), so its f16 scale is 0.023117 against 0.023102. One ulp is the SwiGLU "
-    "itself: on llama.cpp's own gate / up lanefuse's silu(gate)·up (f64, rounded once) gives 2.9348986, ggml's "
-    "ggml_v_silu (an AVX-512 expf polynomial, x/(1+e^-x) in f32; restated in numpy it equals all 1728 of llama.cpp's "
-    "SwiGLU values of this run to the bit, lanefuse's f64 one 1030) 2.9348984. The other ulp is gate / up's (their "
-    "products summed in another order): with ggml's SiLU restated in the reference interpreter the max is "
-    "2.9348986, still an ulp apart, and the flip stays. Then 2 words of layer 1's ffn_norm, 9 of its SwiGLU, 1 of "
-    "the final norm apart (llama_cpp_dump's tensors against the reference's quantized forms, step by step)")}
+# llama-cpp-python 0.3.36 as installed here (ggml 0.25.3, x86 AVX2/AVX-512 build, extra buffers off; one process a
+# file, the files below, 5 steps). lanefuse's q8 numerics — the reference interpreter of the q8 step graph — sum, norm
+# and SiLU as llama.cpp's CPU build does (engine/formats/ggml.py: vec_dot's and sgemm's orders, ggml_v_silu, its RMS
+# norm), and quantize activations as its x86 SIMD code does (halves to even, id = 127/amax): its logits equal
+# llama.cpp's to the bit in q4_1, q5_0, q5_1, q5_k, q3_k, q2_k and iq4_nl (which was 2.0e-3 apart at step 4 by one
+# flip while the SiLU and the products' sums were lanefuse's own). Its rope and attention are not llama.cpp's yet, so
+# an ulp there can still land one quantized word on the other side (LLAMA_CPP_APART; the run then parts by the q8
+# noise, tests/test_q8_real_width.py's note). The fused plan (exact numpy twins of the CUDA launches) equals the
+# reference here: its tokens are compared, its logits loosely.
+LLAMA_CPP_APART = {"iq4_xs": (
+    "an f32-ulp flip in the attention, which the q8 step does not yet compute as llama.cpp does (engine/formats/ggml.py "
+    "has its rope and attention; the step graph carries no rope base or type): at the prompt's third row layer 0's "
+    "attention output, quantized to q8_K, has x·(-127/max) = -115.5 in lanefuse and -115.49999 in llama.cpp (x and "
+    "max one f32 ulp apart each), so one word is 116 against 115 and the logits 1.5e-2 of their scale apart from "
+    "the first step; every product, norm and SwiGLU before it equal to the bit (llama_cpp_dump's tensors)")}
 LL_STEPS = 5
 LL_TOL = 1e-5  # of the logits' scale, the reference interpreter of the q8 graph against llama.cpp (measured <= 1.6e-7)
 

@@ -1,26 +1,21 @@
 """q8 numerics at a real model's width (hidden 576 = 18 blocks of 32, 9 heads over 3 KV heads of 64, an FFN of 1536 =
-48 blocks, a tied head over 49,152 tokens — SmolLM-135M's shape) against llama.cpp, and why whole runs part.
+48 blocks, a tied head over 49,152 tokens — SmolLM-135M's shape) against llama.cpp, and why whole runs parted.
 
-Measured (issue 41, llama-cpp-python 0.3.36 on this CPU, its extra buffers off): lanefuse's q8 logits on such a model
-equal llama.cpp's to ~1e-7 of their scale on most steps, and on others part by 1e-2 (one layer, a 70-token prompt:
-0, 1 or 3 of 4 steps) or, with four layers past ~40 tokens, by 0.10..0.22 of logits ~11 for good. llama.cpp's own
-tensors (its eval callback, llama_cpp_dump.py) show why: every op agrees with lanefuse's to f32 rounding (<= 3e-7),
-until one q8_0 block of one activation has a max |x| an f32 ulp apart in the two programs and its scale, max/127
-rounded to f16, lands on the other side of an f16 rounding point (4 layers, 40 tokens: layer 1's FFN-down input,
-row 28, block 25: 0.0154037 vs 0.0153961), or one value x·127/max lands on the other side of a half. (A value on
-the half itself was a flip too while lanefuse rounded ties away from zero; it rounds them to even now, as llama.cpp's
-x86 SIMD quantize does, with its id = 127/max: test_halfway_ties_and_the_reciprocal_are_llama_cpps.) That block's
-product moves by 2^-11 of itself (a word: by d·w), the next layer's activations by ~7e-5, and their quantization then
-turns 5, 60, 347, 3453 words... of the following layers: past the first such flip the two runs are two draws of the
-q8 rounding noise (the whole q8-vs-f32 difference there is 0.27). A one-ulp nudge of lanefuse's own attention output
-moves its q8 logits by 0.17 (its f32 logits by 4e-6). Flips come at roughly (values and blocks quantized a token) x
-(f32 ulps apart) / (the rounding grid), so the tests' tiny models never meet one and a real-width model meets some
-every few tokens: no op of lanefuse's differs from llama.cpp's, and no tolerance on whole runs can hold past a flip
-(nor could two llama.cpp builds of other SIMD widths agree). What holds at any size is each product and op on
-llama.cpp's own inputs (teacher-forced), lanefuse's fused plan equal to its reference under q8, and a whole run equal
-to llama.cpp's on every step where no quantized activation differs (one layer: steps of 1e-7 and of 1e-2, nothing
-between); those are the tests here, the CPU ones against a numpy restatement of ggml's quantize_row_q8_0 and
-ggml_vec_dot_q8_0_q8_0."""
+At a real model's width a quantized activation turns f32 ulps into flips: one q8_0 block of one activation whose max
+|x| is an f32 ulp apart in two programs gets an f16 scale on the other side of a rounding point, or one value x·127/max
+lands on the other side of a half, and that block's product moves by 2^-11 of itself, the next layer's activations by
+~7e-5, and their quantization then turns 5, 60, 347, 3453 words... of the following layers (measured: the logits
+0.10..0.22 apart for good, tokens apart at 30 layers). Every op of lanefuse's agreed with llama.cpp's to f32 rounding
+(teacher-forced, <= 3e-7), and that was not enough: the ulps came from the order llama.cpp's CPU build sums in (its
+vec_dot's eight lanes, llamafile's sgemm, ggml-cpu/tiled for K-quant batches of 8 rows or more), its RMS norm (a double
+sum, then 1/sqrtf) and its SiLU (an expf polynomial of fused multiply-adds). Under --numerics q8 lanefuse now computes
+those as llama.cpp does (engine/formats/ggml.py, checked against llama.cpp's own functions in
+tests/test_ggml_order.py), and the runs here equal llama.cpp's logits to the bit at two layers in every preset
+(measured: 0 at every step; an iq4_nl head 1.9e-6 at the prompt's step, where llama.cpp multiplies every prompt row's
+logits in sgemm's order). What is left at depth is the attention (its K·Q and V sums and its softmax, still summed in
+f64 here): at 30 layers its ulps flip a word every few layers. The tests: each product, norm and SwiGLU on llama.cpp's
+own inputs (teacher-forced) equal to the bit, each preset's run equal to llama.cpp's, lanefuse's fused plan equal to
+its reference under q8, and the quantization itself (llama.cpp's x86 quantize_row_q8_0) word for word."""
 
 from __future__ import annotations
 
@@ -207,14 +202,15 @@ def test_each_op_on_llama_cpps_inputs_at_real_width(real_file, fmt):
     llama.cpp (both read under q8 as llama.cpp reads them: activations in q8_0 blocks),
     its tensors read back; every q8 product of every layer and the tied head, computed by lanefuse (the reference's
     quantize + product, and gemv_q8.cu's exact twin over the file's bytes) on llama.cpp's own input, equals
-    llama.cpp's output to f32 rounding, and so do the RMS norms, the attention (9 heads over 3, GQA) and the SwiGLU.
-    A product that quantized on one side only, another block grouping or scale, or an op at odds with llama.cpp
-    at this size is 1e-4..1e-1 off here, whatever flips the whole run meets."""
+    llama.cpp's output to the bit, and so do the RMS norms and the SwiGLU; the attention (9 heads over 3, GQA) to
+    f32 rounding. Summed in another order (lanefuse's f64 sums before) the products were an ulp off on most outputs,
+    the SiLU on 40% of them."""
     pytest.importorskip("llama_cpp")
     import gguf
     import llama_cpp_dump
 
-    from lanefuse.engine.interp import OP_IMPL
+    from lanefuse.engine.formats import ggml
+    from lanefuse.engine.interp import OP_IMPL, MinRows
 
     rows, layers = 70, 2
     path = real_file(layers, fmt)
@@ -222,27 +218,30 @@ def test_each_op_on_llama_cpps_inputs_at_real_width(real_file, fmt):
     held = {t.name: t for t in gguf.GGUFReader(path).tensors}
     worst = {}
 
-    def check(what, got, want, tol=1e-6):
+    def check(what, got, want, tol=0.0):
         err = float(np.abs(got - want).max() / np.abs(want).max())
         worst[what.split("-")[0]] = max(worst.get(what.split("-")[0], 0.0), err)
         assert err <= tol, (what, err)
 
     def prod(what, x, wname, want):
         """lanefuse's products of llama.cpp's input: lanefuse's quantization of it is llama.cpp's own (ggml's x86
-        quantize_row_q8_0, restated: halves to even, id = 127/amax), word for word; the reference's product, the
-        twin over the file's bytes on it, equal llama.cpp's output."""
+        quantize_row_q8_0, restated: halves to even, id = 127/amax), word for word; the reference's product (the
+        interpreter's matmul over the file's rows) and the twin over the file's bytes on it equal llama.cpp's output
+        to the bit (sgemm's order for a prompt's rows, vec_dot's for the head's one)."""
         t = held[wname]
         n, k, fmt, raw = int(t.shape[1]), int(t.shape[0]), t.tensor_type.name.lower(), np.asarray(t.data).reshape(-1)
         w86, s86 = ggml_quantize_q8_0(x)
         xq = quantize(x)
         assert np.array_equal(xq.words, w86) and np.array_equal(xq.d(), s86), what
         words, low, scales = xq.parts()
-        for got in (product(xq, gguf.quants.dequantize(t.data, t.tensor_type).reshape(n, k)),
-                    q8_exact(words, low, scales, raw, fmt, x.shape[0], n, k)):
+        rows = gguf.quants.dequantize(t.data, t.tensor_type).reshape(n, k).view(MinRows)
+        rows.raw, rows.fmt = raw, fmt
+        for got in (OP_IMPL["matmul"](xq, rows), q8_exact(words, low, scales, raw, fmt, x.shape[0], n, k)):
             check(what, got, want)
 
-    def norm(x, wname):
-        return OP_IMPL["rmsnorm"](x, np.asarray(held[wname].data, dtype=F32), eps=REAL["rms_norm_eps"])
+    def norm(x, wname):  # quantized next: llama.cpp's arithmetic (ggml_ops)
+        return OP_IMPL["rmsnorm"](x, np.asarray(held[wname].data, dtype=F32), eps=REAL["rms_norm_eps"],
+                                  ggml_order=True)
 
     for i in range(layers):
         for xn, yn, wn in PRODUCTS:
@@ -250,12 +249,23 @@ def test_each_op_on_llama_cpps_inputs_at_real_width(real_file, fmt):
         resid = d.first("embd") if i == 0 else d.last(f"l_out-{i - 1}")
         check(f"attn_norm-{i}", norm(resid, f"blk.{i}.attn_norm.weight"), d.first(f"attn_norm-{i}"))
         check(f"ffn_norm-{i}", norm(d.last(f"ffn_inp-{i}"), f"blk.{i}.ffn_norm.weight"), d.first(f"ffn_norm-{i}"))
-        q = d.last(f"Qcur-{i}").reshape(rows, -1)  # roped, in the file's (permuted) order: dot products as in halves
+        pre, q = d.first(f"Qcur-{i}").reshape(rows, 9, 64), d.last(f"Qcur-{i}").reshape(rows, -1)  # q roped, in the
+        # file's (permuted: pairs adjacent) order; llama.cpp's rope cache and rotation restated give it to the bit
+        c, sn = ggml.rope_tables(rows, 64, REAL["rope_theta"])
+        y0, y1 = ggml.rope(pre[..., 0::2], pre[..., 1::2], c[:, None, :], sn[:, None, :])
+        roped = np.empty_like(pre)
+        roped[..., 0::2], roped[..., 1::2] = y0, y1
+        check(f"Qcur-{i}", roped.reshape(rows, -1), q)
         k, v = d.last(f"Kcur-{i}").reshape(rows, -1), d.first(f"Vcur-{i}")
         att = OP_IMPL["attention"](q, k, v, np.array([0], dtype=np.int32), heads=9, kv_heads=3, hd=64, vd=64,
                                    scale=1 / 8)
-        check(f"kqv_out-{i}", att, d.first(f"kqv_out-{i}"))
-        glu = OP_IMPL["mul"](OP_IMPL["silu"](d.first(f"ffn_gate-{i}")), d.first(f"ffn_up-{i}"))
+        check(f"kqv_out-{i}", att, d.first(f"kqv_out-{i}"), tol=1e-6)  # summed in f64 (the module's note)
+        vs = v.reshape(rows, 3, 64)  # ggml.attend, llama.cpp's order (q / k here in its own head order): to the bit
+        ga = np.stack([np.concatenate([ggml.attend(q[r].reshape(9, 64)[h], k[:r + 1].reshape(-1, 3, 64)[:, h // 3],
+                                                   vs[:r + 1, h // 3], 1 / 8, rows) for h in range(9)])
+                       for r in range(rows)])
+        check(f"kqv_out-{i}", ga, d.first(f"kqv_out-{i}"))
+        glu = OP_IMPL["mul"](OP_IMPL["silu"](d.first(f"ffn_gate-{i}"), ggml_order=True), d.first(f"ffn_up-{i}"))
         check(f"ffn_swiglu-{i}", glu, d.first(f"ffn_swiglu-{i}"))
     prod("result_output", d.last("result_norm"), "token_embd.weight", d.last("result_output"))
     assert {t.tensor_type.name.lower() for t in held.values() if len(t.shape) == 2} == {fmt}
@@ -361,15 +371,17 @@ PRESETS = {  # llama.cpp's preset: (the format of rows of whole 256-value blocks
     "Q4_K_M": ("q4_k", "q5_0"), "Q4_0": ("q4_0", "q4_0"), "Q3_K_M": ("q3_k", "q4_0"), "IQ4_NL": ("iq4_nl", "iq4_nl"),
     "IQ4_XS": ("iq4_xs", "iq4_nl"), "Q2_K": ("q2_k", "q4_0"), "Q4_1": ("q4_1", "q4_1"), "Q5_1": ("q5_1", "q5_1"),
 }
-FLIP = ("an f32-ulp flip (ggml's summation order, not matchable without restating its SIMD order in every "
-        "product): at step 1 (the prompt's last row) one q8_0 word of layer 0's attention output (kqv_out row 11, "
-        "value 15) — lanefuse 0.1001255 (x·127/amax = 12.499987 -> 12), llama.cpp 0.10012564 (12.500007 -> 13), 19 "
-        "f32 ulps (1.4e-7) apart. lanefuse's attention on llama.cpp's own q / k / v gives llama.cpp's value there to "
-        "the bit, so the ulps come from q / k / v (their products agree with ggml's vec_dot to 1.3e-7 of their scale, "
-        "teacher-forced, summed in another order); then 25 words / 5 scales of ffn_norm, 211 / 45 of the SwiGLU and "
-        "the logits 0.10 (Q5_0) / 0.12 (Q4_K_M) apart; steps 2-4 within 1.9e-6 (llama_cpp_dump's tensors against the "
-        "reference's quantized forms)")
-PRESET_APART = {"Q5_0": FLIP, "Q4_K_M": FLIP}
+
+
+ROPE_FLIP = ("an f32-ulp flip from the rope and the attention, which the q8 step still computes its own way: at the "
+             "prompt's last row one q8_0 word of the attention output (kqv_out row 11, value 15; x·127/amax 12.499987 "
+             "in lanefuse, 12.500007 in llama.cpp) lands on the other side of a half, the logits 0.10 (Q5_0) / 0.12 "
+             "(Q4_K_M) apart at that step, 0 at every other. lanefuse's q / k are llama.cpp's to the bit before the "
+             "rope; llama.cpp's rope cache (f32 theta multiplied pair after pair, libm cosf / sinf) and rotation "
+             "(ggml.rope) and its attention (ggml.attend, its K·Q in the converter's interleaved head order) give "
+             "llama.cpp's tensors to the bit on its inputs (test_each_op_on_llama_cpps_inputs_at_real_width), but the "
+             "step graph carries neither the rope base nor llama.cpp's rope type to compute them")
+PRESET_APART = {"Q5_0": ROPE_FLIP, "Q4_K_M": ROPE_FLIP}
 
 
 @pytest.mark.llamacpp
@@ -381,13 +393,13 @@ def test_each_preset_at_real_width_equals_llama_cpp(preset, tmp_path):
     """A real-width llama (hidden 576 = 18 blocks of 32 and no whole number of 256-value blocks, 9 heads over 3 KV
     heads of 64, FFN 1536, tied embeddings; one layer, a 4096-token vocabulary) in each of llama.cpp's presets' formats
     — a K-quant or iq4_xs where rows are whole 256-value blocks (ffn_down), llama.cpp's fallback elsewhere — a
-    12-token prompt and 4 greedy steps: lanefuse's q8 numerics (the reference interpreter of the q8 step graph) give
-    llama.cpp's tokens and logits within 0.1 (the issue's bound). Measured (max |logit diff| a step): Q6_K, Q4_0,
-    Q3_K_M, IQ4_NL, IQ4_XS, Q2_K <= 1.3e-6 at every step; Q8_0 6.2e-3 at the first (a flip), then 9.5e-7; Q5_K_M,
-    Q4_1, Q5_1 (q5_1 / q4_1 rows) <= 2.9e-6 since their products take q8_1's s = f16(d32·Σq) from the unrounded scale
-    (0.10-0.19 at every step with m·f16(d)·Σq); before
-    lanefuse rounded as llama.cpp's x86 quantize (halves to even, id = 127/amax) the 2-layer Q6_K run was 0.13 apart
-    at 7 of 8 steps, now 1.9e-6 at all. The xfails (PRESET_APART) say why the others part."""
+    12-token prompt (one chunk, as llama.cpp evaluates it in one batch: its K-quant products take ggml-cpu/tiled's
+    order from 8 rows, its q8_0 / q4_0 / q5_0 / iq4_nl ones sgemm's from 2) and 4 greedy steps: lanefuse's q8 numerics
+    (the reference interpreter of the q8 step graph) give llama.cpp's tokens and its logits to 1e-5 (the issue's bound
+    is 0.1). Measured: 0 at every step in 8 presets, IQ4_NL / IQ4_XS 9.5e-7 / 1.4e-6 at the first (llama.cpp
+    multiplies the head over every prompt row, in sgemm's order) then 0; Q5_0 / Q4_K_M part at the first step by a
+    flip the rope and attention make (PRESET_APART). Before lanefuse summed as llama.cpp does (engine/formats/ggml.py)
+    Q8_0 was 6.2e-3 apart at the first step."""
     pytest.importorskip("llama_cpp")
     import test_formats_more_gguf as tf
 
@@ -409,18 +421,20 @@ def test_each_preset_at_real_width_equals_llama_cpp(preset, tmp_path):
         pytest.skip(f"llama.cpp (llama-cpp-python) crashed decoding the {preset} file (a signal): nothing to compare")
     want, want_logits = ll
     cfg, weights = load_model(path)
-    got = generate(cfg, weights, prompt, n, chunk=8, step_fn=lambda g, env: evaluate(with_numerics(g, "q8"),
-                                                                                       weights, env))
+    got = generate(cfg, weights, prompt, n, chunk=len(prompt),
+                   step_fn=lambda g, env: evaluate(with_numerics(g, "q8"), weights, env))
     apart = [float(np.abs(a - b).max()) for a, b in zip(got.logits, want_logits)]
     print(f"\n{preset} ({main}/{fallback}): max |logit - llama.cpp's| by step " + " ".join(f"{a:.2g}" for a in apart))
-    assert got.generated_ids == want and max(apart) < 0.1
+    assert got.generated_ids == want and max(apart) <= 1e-5
 
 
 @pytest.mark.hf
 @pytest.mark.slow
 def test_q8_run_is_the_same_at_every_prefill_chunk(tmp_path):
     """Issue 41's "Q4_1 at a prefill chunk of 4" gap, traced: lanefuse's q8 step quantizes each row alone (its blocks)
-    and a chunk's attention reads the earlier rows from the cache, so how a prompt is cut into chunks changes nothing.
+    and a chunk's attention reads the earlier rows from the cache, so how a prompt is cut into chunks changes nothing
+    over q4_1 rows (llama.cpp multiplies them by vec_dot at any batch; its q8_0 / q4_0 / q5_0 / iq4_nl and K-quant
+    products take other orders from 2 and 8 rows, and lanefuse's under q8 with them, engine/formats/ggml.py).
     A real-width q4_1 file (q8_1's s term), a 12-token prompt in chunks of 4, 8 and 12 and 3 decode steps: the
     reference interpreter's logits equal to the bit at every step, and the fused plan's (exact twins) at chunks of 4
     and 12 equal to the bit too. (The gap measured with chunks of 4 — 2 layers, vocabulary 49,152,
