@@ -57,7 +57,9 @@ def with_mins(weights: Any, name: str, v: np.ndarray) -> np.ndarray:
         return v
     raw, f = weights.raw(name)
     out = v.view(MinRows)
-    out.mins = block_mins(raw, f, *v.shape)
+    out.raw, out.fmt = raw, f
+    if f in MIN_FORMATS:
+        out.mins = block_mins(raw, f, *v.shape)
     return out
 
 

@@ -40,7 +40,7 @@ def test_one_row_product_is_llama_cpps_vec_dot_to_the_bit(fmt):
     byte. Summing the same int32 block sums in f64 (the old q8 numerics) is an f32 ulp off on most outputs."""
     rng = np.random.default_rng(len(fmt))
     form = ggml_cpu.VEC_DOT_TYPE[fmt]
-    for k in ((576, 1536) if form != "q8_K" else (1536, 2304)):
+    for k in ((96, 576, 1536) if form != "q8_K" else (1536, 2304)):  # 3 blocks: iq4_nl's scalar tail
         n = 48
         raw = encode((rng.standard_normal((n, k)) / np.sqrt(k)).astype(F32), fmt).reshape(n, -1)
         x = _activations(rng, 3, k)

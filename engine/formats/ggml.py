@@ -168,12 +168,14 @@ def _dot_q0(words, d, s, raw, fmt, n, k, weight_ints, batch):
         for b in range(nb):
             summs = (summs + ms[:, :, b]).astype(F32)
         return (hsum8(acc) + summs).astype(F32)
-    if fmt == "iq4_nl" and batch < 2:  # vec_dot_iq4_nl_q8_0: even and odd blocks in two accumulators
-        a1 = chain(scale, ints, step=2, start=0)
-        a2 = chain(scale, ints, step=2, start=1) if nb > 1 else np.zeros_like(a1)
-        if nb % 2:  # its scalar tail: the last block's two int sums, d·(sumi1 + sumi2) added to the f32 sum
-            raise NotImplementedError("an odd number of iq4_nl blocks (its vec_dot's scalar tail)")
-        return hsum8((a1 + a2).astype(F32))
+    if fmt == "iq4_nl" and batch < 2:  # vec_dot_iq4_nl_q8_0: block pairs, even and odd in two accumulators
+        pairs = nb - nb % 2
+        a1 = chain(scale[:, :, :pairs], ints[:, :, :pairs], step=2, start=0)
+        a2 = chain(scale[:, :, :pairs], ints[:, :, :pairs], step=2, start=1)
+        y = hsum8((a1 + a2).astype(F32))
+        if nb % 2:  # its scalar tail: sumf += d·(sumi1 + sumi2), contracted to a fused multiply-add
+            y = fma(scale[:, :, -1], ints[:, :, -1, :].sum(axis=2).astype(F32), y)
+        return y
     return hsum8(chain(scale, ints))
 
 
