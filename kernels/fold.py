@@ -1,9 +1,11 @@
 """`fold`: two launches as one, `first` then `then` over what `first` wrote (gemv_norm_epilogue, embed_norm,
-qkv_head_epilogue). Three pairs run as one kernel (fold.cu): a GEMV then a norm (the norm done by the last block to
-arrive); products in parts (or one GEMV) then their heads' norm and rotation (each head's epilogue done by the last
-block of its outputs to arrive; a side of its own shape, one head of its part's width and no rotation, is that part's
-rows normed: DeepSeek-V3's q_a and latent norms); an embedding gather then a norm of the gathered rows (a block a row). Any other pair
-runs as its two kernels in turn. The numpy twin is always `first` then `then`: exactly what each fused kernel does."""
+qkv_head_epilogue, head_argmax). Four pairs run as one kernel (fold.cu): a GEMV then a norm (the norm done by the last
+block to arrive); a GEMV then the arg-max of its rows (each block's best folded into a row's key by an atomic max, the
+last block to arrive writing the index and the advance: the LM head and the step's next token); products in parts (or
+one GEMV) then their heads' norm and rotation (each head's epilogue done by the last block of its outputs to arrive;
+a side of its own shape, one head of its part's width and no rotation, is that part's rows normed: DeepSeek-V3's q_a
+and latent norms); an embedding gather then a norm of the gathered rows (a block a row). Any other pair runs as its
+two kernels in turn. The numpy twin is always `first` then `then`: exactly what each fused kernel does."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.argmax import ArgMax
 from lanefuse.kernels.common import FORMAT_CODE, GEMV_ROWS, Dst, Launch, Part, Scratch, names, reach
 from lanefuse.kernels.gather import Gather
 from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
@@ -85,6 +88,17 @@ def rotated(gp: GemmParts, rp: RopeParts) -> tuple[list[RopeSide | None], Refusa
     return by_part, None
 
 
+def argmax_of(g: Gemv, a: ArgMax) -> Refusal | None:
+    """Why a GEMV then an arg-max is not one kernel (the arg-max must take the product's rows as they lie, whole);
+    None if it is."""
+    if g.split != 1:
+        return Refusal(f"a product split {g.split} ways before its arg-max")
+    if a.x != g.y.buf or g.y != Dst(g.y.buf) or a.rows != g.m or a.n != g.n:
+        return Refusal(f"an arg-max of `{a.x}` ({a.rows}x{a.n}) that is not the product `{g.y.buf}` ({g.m}x{g.n}) "
+                       f"as it lies")
+    return None
+
+
 def gathered(g: Gather, nm: Norm) -> Refusal | None:
     """Why a gather then a norm is not one kernel (the norm must take the gathered rows as they lie); None if it is."""
     if nm.x != g.out or nm.rows != g.rows or nm.cols != g.cols:
@@ -118,6 +132,9 @@ class Fold(Launch):
         if isinstance(self.first, Gemv) and self.first.quant is not None:
             return None, Refusal("a product quantizing its output folded with what follows (gemv_quant.cu's tail "
                                  "runs alone)")
+        if isinstance(self.then, ArgMax) and isinstance(self.first, Gemv):
+            why = argmax_of(self.first, self.then)
+            return (None, why) if why else ("gemv_argmax", None)
         if isinstance(self.then, Norm):
             if isinstance(self.first, Gemv):
                 if self.first.split == 1:
@@ -162,6 +179,8 @@ class Fold(Launch):
             return (Scratch("arrivals", "i32", 4 * heads * -(-rp.rows // GEMV_ROWS), counter=True),)
         if f == "gather_norm":
             return ()
+        if f == "gemv_argmax":  # a row's 64-bit key (two i32 words) and the arrivals, both left zero by the last block
+            return (Scratch("keys", "i32", 8 * self.then.rows, counter=True), Scratch("arrivals", "i32", 4, counter=True))
         return (tuple(Scratch("first." + s.tag, s.dtype, s.nbytes, s.counter) for s in self.first.scratch())
                 + tuple(Scratch("then." + s.tag, s.dtype, s.nbytes, s.counter) for s in self.then.scratch()))
 
@@ -257,7 +276,7 @@ class Fold(Launch):
             self.first.cuda(denv)
             self.then.cuda(denv)
             return
-        from lanefuse.kernels.cupy_env import f32, i64
+        from lanefuse.kernels.cupy_env import NULL, f32, i64
 
         grid, block = self.grid_block()
         if f == "gemv_norm":
@@ -269,6 +288,18 @@ class Fold(Launch):
             denv.function(self.stem, name)(grid, block, (
                 *x, denv.weight(g.w)[0], i64(q8_code(g.format, g.words)), denv.opt(g.bias), *denv.dst(g.y),
                 i64(g.k), i64(g.n), i64(g.m), counter, i64(nm.rows), *nm.args(denv)))
+        elif f == "gemv_argmax":
+            g3: Gemv = self.first  # type: ignore[assignment]
+            a: ArgMax = self.then  # type: ignore[assignment]
+            keys, counter = (denv.scratch(self, s) for s in self.scratch())
+            x = denv.quant(g3.x) if g3.words else (denv.array(g3.x),)
+            name = "fold_gemv_argmax_q8" if g3.words else f"fold_gemv_argmax_{g3.per_warp}"
+            adv = a.advance
+            denv.function(self.stem, name)(grid, block, (
+                *x, denv.weight(g3.w)[0], i64(q8_code(g3.format, g3.words)), denv.opt(g3.bias), *denv.dst(g3.y),
+                i64(g3.k), i64(g3.n), i64(g3.m), keys, counter, denv.array(a.out),
+                denv.array(adv.token) if adv else NULL, denv.array(adv.position) if adv else NULL,
+                i64(adv.step if adv else 0), i64(1 if adv is not None and adv.batch else 0)))
         elif f == "parts_rope":
             gp, rp = as_parts(self.first), as_rope_parts(self.then)
             counters = denv.scratch(self, self.scratch()[0])

@@ -404,7 +404,7 @@ def test_terminal_explorer_scripted_in_process(tmp_path):
     assert "rules/norm.yaml:11" in text and "blocked by" not in text  # rules
     assert "L0.q_rot: 9 alternatives" in text and "●" in text  # choices
     assert "the step would cost" in text  # why
-    assert re.search(r"hold gemv_norm_epilogue: launches 23 → 31 \(\+8\)", text)
+    assert re.search(r"hold gemv_norm_epilogue: launches 22 → 30 \(\+8\)", text)
     assert "fusions: add_norm 0→8  gemv_norm_epilogue 8→0" in text
     assert "error: no rule or schedule step `add_nrom` (did you mean `add_norm`?)" in text
     assert "fusions fired" in text and "launch census" in text

@@ -264,7 +264,7 @@ launch 0
 def test_shell_history_exact_choices_rule_saturation_launch():
     rc, text = shell(SCRIPT)
     assert rc == 1  # `undo` with nothing left, `release add_norm`: two errors, the loop went on
-    assert "hold merged_qkv: launches 23 → 31" in text  # a command in capitals
+    assert "hold merged_qkv: launches 22 → 30" in text  # a command in capitals
     assert "[local search," in text and "`exact on` keeps them exact" in text
     assert re.search(r"\d+ tensors with alternatives", text) and "L0.q_rot" in text
     assert "1  hold merged_qkv: 31 launches" in text and "2  force L0.q_rot #0" in text

@@ -94,7 +94,7 @@ def test_plan_summarizes_every_layer_and_the_tail():
     r = _cli("plan")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert "every layer" in out and "0–2" in out and "tail" in out and "logits (gemv), next (argmax)" in out
+    assert "every layer" in out and "0–2" in out and "tail" in out and "logits, next (fold)" in out
     assert "the final norm is fused into layer 3" in out
     assert "`--layer N` shows layer N's launches (0..3" in out
     tail = _cli("plan", "--layer", "-1")

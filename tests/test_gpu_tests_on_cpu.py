@@ -21,9 +21,11 @@ from test_cupy_runner_mock import _fake_cupy
 
 
 # the GPU tests whose host side runs here (the mixtures' are left to their own file's work: slow twins)
-TESTS = [(test_gdn_kernels, "test_gpu_delta"), (test_kernels_gpu, "test_norm")] + [
+TESTS = [(test_gdn_kernels, "test_gpu_delta"), (test_kernels_gpu, "test_norm"),
+         (test_kernels_gpu, "test_fold_gemv_argmax")] + [
     (test_quant_gpu, n) for n in ("test_quant_kernel_equals_its_twin", "test_gemv_q8_kernel_equals_its_twin",
                                   "test_fold_q8_kernels_equal_their_twins", "test_norm_quantizing_in_its_epilogue",
+                                  "test_fold_gemv_argmax_q8_kernel_equals_its_twin",
                                   "test_delta_quantizing_in_its_epilogue",
                                   "test_quantizing_epilogues_equal_the_quant_kernel",
                                   "test_gemv_glu_q8k_quant_equals_the_quant_kernel",

@@ -5,8 +5,10 @@ atomicInc whose old value is compared, `last = atomicAdd(c, 1u) == blocks - 1`) 
 function, by the block that saw itself last: after its gate (`if (!last) return;` / `continue;`, or inside
 `if (last) {...}`), in the gate's own block, with no return, break or continue between the gate and the reset. A counter
 is zero before the launch and left zero by it; under a CUDA graph every step after the first is a second launch, so a
-counter left non-zero stalls every later step. Any other atomic fails the lint until it is classified here (a reduction
-into an output needs its output zeroed before each launch, which a graph replay does not do by itself).
+counter left non-zero stalls every later step. A keyed reduction (an atomicMax / atomicMin into a scratch, fold.cu's
+arg-max keys) is held to the same contract: the last block to arrive at the function's arrival counter sets it back to
+zero. Any other atomic fails the lint until it is classified here (a reduction into an output needs its output zeroed
+before each launch, which a graph replay does not do by itself).
 
 The Python side: every kernel parameter that is a counter (`unsigned*`: the sources use that type for counters alone)
 is passed a scratch its launch declares `counter=True`; a plan keeps counters out of the arena, and the device env
@@ -135,7 +137,7 @@ def reset_forms(ptr: str) -> list[str]:
     if re.fullmatch(r"\w+", p):
         forms += [f"*{p}", f"{p}[0]"]
     forms.append(f"*({p})")
-    zero = r"=\s*(?:\(unsigned\))?0u?;"
+    zero = r"=\s*(?:\(unsigned\))?0(?:u|ull)?;"
     pats = [re.escape(f) + zero for f in forms]
     pats.append(r"atomicExch\(" + re.escape(p) + r",0u?\);")
     return pats
@@ -147,7 +149,8 @@ class Atomic:
     function: str
     op: str
     ptr: str
-    kind: str  # "counter", "reset" (atomicExch(c, 0)), "shared" (into a block's zeroed shared array), "unclassified"
+    kind: str  # "counter", "reset" (atomicExch(c, 0)), "shared" (into a block's zeroed shared array), "keyed" (a max or
+    # min into scratch the last block zeroes), "unclassified"
     problem: str | None = None  # a counter's contract broken: how
 
 
@@ -165,6 +168,11 @@ def lint(src: str, file: str = "<src>") -> list[Atomic]:
             if op in COUNTER_OPS and re.match(r"\s*==", after) and flag:
                 a = Atomic(file, f.name, op, args[0], "counter")
                 a.problem = counter_problem(text, f, f.start + m.start(), flag.group(1), args[0])
+            elif op in ("atomicMax", "atomicMin") and (c := re.search(
+                    r"(\w+)\s*=\s*atomic(?:Add|Inc)\s*\([^;]*\)\s*==", text[call:f.end])):
+                # a keyed reduction into scratch: the last block to arrive at the counter after it must zero it
+                a = Atomic(file, f.name, op, args[0], "keyed")
+                a.problem = counter_problem(text, f, call + c.start(), c.group(1), args[0])
             elif op == "atomicExch" and re.fullmatch(r"0u?", args[-1]):
                 a = Atomic(file, f.name, op, args[0], "reset")  # a counter set back to zero
             elif (base := re.match(r"\s*\(?\s*(\w+)", args[0])) and re.search(
@@ -250,6 +258,23 @@ __device__ void tail(unsigned* counter, float* y) {
 """
 
 
+KEYED = """
+__device__ void keyed(unsigned long long* keys, unsigned* counter, int* out, int m) {
+    __shared__ int last;
+    for (int r = threadIdx.x; r < m; r += blockDim.x) atomicMax(keys + r, 5ull);
+    __threadfence();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    for (int r = threadIdx.x; r < m; r += blockDim.x) {
+        out[r] = (int)keys[r];
+        keys[r] = 0ull;
+    }
+    if (threadIdx.x == 0) *counter = 0u;
+}
+"""
+
+
 @pytest.mark.parametrize("name,src,says", [
     ("no reset", GOOD.replace("if (threadIdx.x == 0) *counter = 0u;", ""), "never set back to zero"),
     ("reset before the gate", GOOD.replace("if (!last) return;", "*counter = 0u; if (!last) return;")
@@ -259,6 +284,9 @@ __device__ void tail(unsigned* counter, float* y) {
     ("a return on the way", GOOD.replace("y[0] = 1.f;", "if (y[1] > 0.f) return;"), "a `return` between"),
     ("no gate", GOOD.replace("if (!last) return;", ""), "no gate"),
     ("a float reduction", GOOD.replace("y[0] = 1.f;", "atomicAdd(y, 1.f);"), "not an arrival counter"),
+    ("a keyed max never zeroed", KEYED.replace("keys[r] = 0ull;", ""), "never set back to zero"),
+    ("a keyed max without a counter after it", "__device__ void k(unsigned long long* keys) {\n"
+     " atomicMax(keys, 1ull);\n}", "not an arrival counter"),
     ("a shared histogram never zeroed", "__device__ void h(const int* x) { __shared__ unsigned long long hist[256];\n"
      " atomicAdd(hist + (x[threadIdx.x] & 255), 1ull);\n}", "never sets to zero"),
     ("a loop's reset outside the loop",
@@ -284,6 +312,8 @@ def test_the_lint_passes_the_forms_the_kernels_use():
     for src in forms:
         found = lint(src)
         assert [a.kind for a in found if a.kind != "reset"] == ["counter"] and found[0].problem is None, (src, found)
+    found = lint(KEYED)
+    assert [a.kind for a in found] == ["keyed", "counter"] and not any(a.problem for a in found), found
 
 
 # -- the Python side: counters declared, passed, kept apart ----------------------------------------------------------
@@ -302,7 +332,7 @@ def kernel_params(src: str) -> dict[str, list[str]]:
 
 
 def is_counter_param(decl: str) -> bool:
-    return re.match(r"(?:const\s+)?unsigned(?:\s+int)?\s*\*", decl) is not None
+    return re.match(r"(?:const\s+)?unsigned(?:\s+int|\s+long\s+long)?\s*\*", decl) is not None  # a keyed max's too
 
 
 class Marked(np.ndarray):
@@ -333,7 +363,7 @@ def counter_samples():
     and over a quantized activation, the quantizing tails a warp an output, the delta rule's q8k tail at each width,
     the split attention's merge in its kernel for heads of 256, in the narrow kernel (heads of 32, a q8k block's 8
     a block) and in the shared-row kernel."""
-    from lanefuse.kernels import Attention, Delta, Dst, Fold, Gemv, GemvGlu, Norm
+    from lanefuse.kernels import Advance, ArgMax, Attention, Delta, Dst, Fold, Gemv, GemvGlu, Norm
 
     tail = dict(add="o", sum="s")
     return [Fold(Gemv("x", "w", "bf16", Dst("o"), 64, 64, 1, per_warp=4), Norm("r", "w2", "y", 1, 64, 1e-6, **tail)),
@@ -347,6 +377,10 @@ def counter_samples():
                       words=3),
             # the shared-row kernel's merge (two rows of two heads a block, issue 40 item 4)
             Attention("q", "kc", "vc", "pos", "o", 4, 2, 64, 64, 16, 3, 0.1, splits=3, per_block=2, shared=2),
+            # the LM head and its arg-max in one launch (head_argmax): the keys and the arrivals, both counters
+            *(Fold(Gemv("x", "w", "bf16", Dst("o"), 64, 64, m, per_warp=pw, words=wd),
+                   ArgMax("o", "t", 64, m, Advance("tok", "pos", batch=m > 1)))
+              for m, pw, wd in ((1, 4, 0), (3, 1, 0), (2, 1, 1))),
             # a batch's entry at the narrowest width (delta_seqs_32: each row a sequence of its own, issue 40)
             Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, 32, 64, 3, 0.17, 1e-6, quant="oq", words=3,
                   seqs=True)]
@@ -389,8 +423,8 @@ def test_the_sources_use_unsigned_pointers_for_counters_alone():
     """The check above reads `unsigned*` as "a counter": every unsigned pointer a kernel source declares is one of
     the counter names."""
     for name, src in sources().items():
-        for m in re.finditer(r"\bunsigned\s*\*\s*(\w+)", strip_comments(src)):
-            assert m.group(1) in ("counter", "counters", "arrivals", "c"), f"{name}: unsigned* {m.group(1)}"
+        for m in re.finditer(r"\bunsigned(?:\s+long\s+long)?\s*\*\s*(\w+)", strip_comments(src)):
+            assert m.group(1) in ("counter", "counters", "arrivals", "c", "keys"), f"{name}: unsigned* {m.group(1)}"
 
 
 def plans():
@@ -457,7 +491,7 @@ def test_each_launch_twice_in_a_row_writes_the_same(planned):
     """The numpy twin's side of the protocol: each launch of a plan, run a second time right after the first (as a
     graph replay runs it), leaves the arena, the caches and the step's inputs and outputs as the first run left them,
     bit for bit. The one launch allowed to differ is the arg-max advancing the position it reads (a decode loop on the
-    device)."""
+    device), alone or at the end of the LM head's fold."""
     from lanefuse.kernels import ArgMax
     from lanefuse.lane.run.numpy_runner import NumpyRunner
 
@@ -478,8 +512,9 @@ def test_each_launch_twice_in_a_row_writes_the_same(planned):
             l.numpy(env)
             twice = state(env)
             counted += bool(l.scratch() and any(sc.counter for sc in l.scratch()))
-            if isinstance(l, ArgMax) and l.advance is not None:
-                assert int(env.array(s.io.position)[0]) == 3 + 2 * l.advance.step
+            a = getattr(l, "then", l)  # the arg-max's own launch, or the LM head's fold ending with it (head_argmax)
+            if isinstance(a, ArgMax) and a.advance is not None:
+                assert int(env.array(s.io.position)[0]) == 3 + 2 * a.advance.step
                 continue
             for a, b in zip(once, twice):
                 assert np.array_equal(a, b, equal_nan=True), f"launch {i} ({l.census}) wrote other values the second time"

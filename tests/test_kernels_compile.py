@@ -219,6 +219,8 @@ KNOWN_SPILLS = {
     "gemv_glu_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "168 registers, 16 B stack, 12 B spill"),
     "fold_gemv_norm_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
     "fold_parts_rope_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
+    # the LM head over a quantized activation with its arg-max (head_argmax): gemv_q8.cu's body, its int q[8] as above
+    "fold_gemv_argmax_q8": (("gemv_core", "gemv_q8", "quant", "norm", "fold"), "128 registers, 32 B stack"),
     "gemv_q8_quant": (("quant", "gemv_core", "gemv", "gemv_q8", "gemv_quant"), "128 registers, 32 B stack"),
     "gemv_glu_q8_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),
     "gemv_glu_q8k_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),

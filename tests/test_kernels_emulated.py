@@ -227,6 +227,26 @@ def _fold_gemv_norm(fmt, m, k, n, per_warp):
     again_same(f, dev, ["o", "sum", "y"])
 
 
+# -- The LM head and its arg-max in one launch (fold_gemv_argmax): ties, NaN, a batch's advance, the q8 body --------
+
+@pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_k"])
+@pytest.mark.parametrize("m,k,n,per_warp,advance,ties", [c for c in gpu.GEMV_ARGMAX if c[1] * c[2] <= 256 * 1031])
+def test_fold_gemv_argmax(fmt, m, k, n, per_warp, advance, ties):
+    if fmt == "q4_k" and k % 256:
+        pytest.skip("q4_k rows are whole super-blocks of 256")
+    f, g, arrays, weights = gpu.gemv_argmax_case(fmt, m, k, n, per_warp, advance, ties)
+    arrays["x"] = r32(g, m, k)
+    dev = gpu.both(f, arrays, weights, tol=3e-4)
+    gpu.check_gemv_argmax(dev, m, n)
+    again_same(f, dev, ["logits", "next"])
+
+
+@pytest.mark.parametrize("fmt,words,m,advance", [("q8_0", 1, 3, "batch"), ("q4_k", 3, 1, "one")])
+def test_fold_gemv_argmax_q8(fmt, words, m, advance):
+    """fold_gemv_argmax_q8: the products by gemv_q8.cu's body over the quantized activation, then the arg-max."""
+    qgpu.test_fold_gemv_argmax_q8_kernel_equals_its_twin(fmt, words, m, advance)
+
+
 # q4_k / q6_k rows through gemv_tile_staged in the folds (k 2048: q4_k's eight super-blocks, q6_k's one stage): the
 # GEMV then the norm by the last block, and the products in parts then each head's epilogue.
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
@@ -319,11 +339,12 @@ REPLAY = {gpu: ["test_gemv", "test_gemv_f32_and_into_a_cache_row", "test_gemv_gl
                 "test_fold_products_then_head_epilogue", "test_fold_products_then_row_norms_and_a_rotation",
                 "test_fold_products_then_absorbed_and_rotated_heads", "test_fold_one_product_then_head_epilogue",
                 "test_gemv_blocks", "test_gemv_glu_and_parts_blocks", "test_fold_gemv_norm_blocks",
-                "test_fold_products_then_head_epilogue_blocks", "test_norm", "test_rope_parts"],
+                "test_fold_products_then_head_epilogue_blocks", "test_norm", "test_rope_parts", "test_fold_gemv_argmax"],
           qgpu: ["test_quant_kernel_equals_its_twin", "test_gemv_q8_kernel_equals_its_twin",
                  "test_gemv_glu_and_parts_q8_kernels_equal_their_twins", "test_fold_q8_kernels_equal_their_twins",
                  "test_norm_quantizing_in_its_epilogue", "test_quantizing_epilogues_equal_the_quant_kernel",
                  "test_gemv_glu_q8k_quant_equals_the_quant_kernel", "test_products_row_norm_quantizing_in_its_epilogue",
+                 "test_fold_gemv_argmax_q8_kernel_equals_its_twin",
                  "test_gemv_glu_over_f32_quantizing_q8k", "test_gemv_quantizing_tail_equals_the_quant_kernel"]}
 
 

@@ -251,6 +251,52 @@ def test_fold_gemv_norm(m, k, n, per_warp):
     np.testing.assert_allclose(dev.host("sum"), arrays["res"].reshape(-1) + dev.host("o"), rtol=1e-5, atol=1e-5)
 
 
+def gemv_argmax_case(fmt, m, k, n, per_warp, advance, ties, words=0):
+    """The LM head and the step's arg-max as one launch (head_argmax): random rows, or (`ties`) the largest output
+    copied to three other rows, two of them below it and one above (the smallest index must win), and a NaN row
+    after the first quarter (the first NaN wins, as numpy's argmax); an advance of one sequence or of a batch."""
+    g = np.random.default_rng(11 + m + n)
+    w = r32(g, n, k)
+    if ties:
+        top = int(np.argmax(r32(g, m, k)[0] @ w.T))
+        for j in (n // 2, n - 1, max(top - 5, 0)):
+            w[j] = w[top]
+    if ties == "nan" and fmt in ("f32", "f16", "bf16"):  # a block format encodes no NaN: its case keeps the ties
+        w[n // 4 + 1, 3] = np.nan
+        w[n - 2, 0] = np.nan
+    adv = {None: None, "one": Advance("tok", "posn"), "batch": Advance("tok", "posn", step=1, batch=True)}[advance]
+    f = Fold(Gemv("x", "w", fmt, Dst("logits"), k, n, m, per_warp=per_warp, words=words),
+             ArgMax("logits", "next", n, m, adv))
+    assert f.fused, f.form()
+    arrays = {"logits": np.zeros(m * n, np.float32), "next": np.full(m, -1, np.int32),
+              "tok": np.full(m, -1, np.int32), "posn": np.arange(5, 5 + m, dtype=np.int32)}
+    return f, g, arrays, {"w": (encode(w, fmt), fmt)}
+
+
+def check_gemv_argmax(dev, m, n):
+    """The indices are numpy's argmax of the logits the launch itself stored (its own sums), to the index."""
+    logits = dev.host("logits").reshape(m, n)
+    np.testing.assert_array_equal(dev.host("next"), np.argmax(logits, axis=1).astype(np.int32))
+
+
+GEMV_ARGMAX = [(1, 256, 1031, 4, "one", True), (1, 96, 77, 1, None, "nan"), (3, 64, 40, 4, "batch", False),
+               (9, 128, 33, 1, "batch", True), (2, 2048, 300, 4, "one", False)]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f32", "q8_0", "q4_k"])
+@pytest.mark.parametrize("m,k,n,per_warp,advance,ties", GEMV_ARGMAX)
+def test_fold_gemv_argmax(fmt, m, k, n, per_warp, advance, ties):
+    if fmt == "q4_k" and k % 256:
+        pytest.skip("q4_k rows are whole super-blocks of 256")
+    f, g, arrays, weights = gemv_argmax_case(fmt, m, k, n, per_warp, advance, ties)
+    arrays["x"] = r32(g, m, k)
+    dev = both(f, arrays, weights, tol=3e-4)
+    check_gemv_argmax(dev, m, n)
+    f.cuda(dev)  # the keys and the counter were left zero: a second launch picks the same and advances again
+    np.testing.assert_array_equal(dev.host("posn"), arrays["posn"] + (0 if advance is None else 2) * (
+        np.arange(m) < (m if advance == "batch" else 1)))
+
+
 def _qkv(g, fmt, m, k, heads, kv, hd, rot, norm, pw, bias, L, pos):
     """A q/k/v fold as the lane makes it: q, k, v of one activation in parts, q's and k's heads normed (or not) and
     rotated, the rotated key and the value straight into their cache rows at pos."""

@@ -442,7 +442,7 @@ def test_the_lanes_folds_are_each_one_kernel():
     for rows in (1, 5):
         s = plan(build_step(demo_config(), rows))
         folds = [x.launch for x in s.launches if isinstance(x.launch, Fold)]
-        assert {f.form()[0] for f in folds} == {"gather_norm", "parts_rope", "gemv_norm"}
+        assert {f.form()[0] for f in folds} == {"gather_norm", "parts_rope", "gemv_norm", "gemv_argmax"}
         for f in folds:
             assert f.fused, (f.form()[1], f.describe())
             assert f.check() is None

@@ -148,9 +148,9 @@ def _halve_k(p):  # the head's product over half of its input: other tokens, exi
 
 TAMPERED = [
     ("two live arrays at one offset", _overlap, "arena.arrays[", "overlap `L0.attn_norm`"),
-    ("a norm's cols halved", _halve_cols, "launches[0] (fold).then.out", "128 values written but `L0.attn_norm` holds 256"),
+    ("a norm's cols halved", _halve_cols, "launches[0] (fold).then.x", "128 values read but `x0` holds 256"),
     ("a far offset", _far, "(x0).offset", "past the arena's"),
-    ("a bigger n", _bigger_n, "(argmax).x", "1024 values of `logits` reached but it holds 512"),
+    ("a bigger n", _bigger_n, "(fold).then.x", "1024 values of `logits` reached but it holds 512"),
     ("a misaligned offset", _misaligned, "(x0).offset", "not a multiple of 256"),
     ("an unknown launch kind", _kind, "launches[2]", "`Frobnicate` this lanefuse does not know"),
     ("a string where an int goes", _string, "launches[2] (attention).rows", "expected an integer, got '1'"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -154,6 +156,19 @@ def test_fold_q8_kernels_equal_their_twins(fmt, words):
     f.cuda(dev)
     dev.cp.cuda.Device().synchronize()
     np.testing.assert_array_equal(dev.host("qr"), want)
+
+
+@pytest.mark.parametrize("fmt,words", [("q8_0", 1), ("q4_k", 2)] + Q8K_CASES[:1])
+@pytest.mark.parametrize("m,advance", [(1, "one"), (3, "batch")])
+def test_fold_gemv_argmax_q8_kernel_equals_its_twin(fmt, words, m, advance):
+    """The LM head over a quantized activation and the step's arg-max in one launch (fold_gemv_argmax_q8): the
+    logits as gemv_q8's body sums them, the tied maximum's smallest index, the advance."""
+    import test_kernels_gpu as gpu
+
+    f, g, arrays, weights = gpu.gemv_argmax_case(fmt, m, 512, 299, 1, advance, True, words=words)
+    f = replace(f, first=replace(f.first, x="xq"))
+    dev = _both_q8(f, g.standard_normal(m * 512).astype(np.float32), words, arrays, weights, tol=1e-4)
+    gpu.check_gemv_argmax(dev, m, 299)
 
 
 @pytest.mark.parametrize("rows,cols,words", [(r, c, w) for w in (1, 2) for r, c in ((1, 4096), (3, 96))]

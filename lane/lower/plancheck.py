@@ -261,7 +261,9 @@ def _launches(p) -> None:
             elif n not in p.buffers:
                 what = "a constant (an array goes there)" if c is not None else "not a tensor of the plan"
                 raise Bad(at, f"names `{n}`, which is {what}{did_you_mean(n, p.buffers) if c is None else ''}")
-        for pre, sub in _launch_records(l):  # a fold's pair each on its own: one's full reach hides no other's
+        # a fold's pair each on its own, before the fold's merged reach (which would name the pair's first field on a
+        # buffer both touch): one's full reach hides no other's
+        for pre, sub in reversed(list(_launch_records(l))):
             for n, need in sub.extents(top, tokens).items():
                 if n not in named:
                     raise Bad(at, f"reaches `{n}`, which it does not read or write")

@@ -114,25 +114,31 @@ def with_sampling(p):
     from lanefuse.kernels.sample import Sample
     from lanefuse.lane.lower.buffers import Buffer
 
-    at = [i for i, x in enumerate(p.launches) if isinstance(x.launch, ArgMax) and x.launch.out == p.io.next
-          and x.launch.advance is not None]
+    from lanefuse.kernels.fold import Fold
+
+    def closing(l):  # the arg-max advancing the next token: a launch of its own, or the LM head's fold (head_argmax)
+        a = l.then if isinstance(l, Fold) else l
+        return a if isinstance(a, ArgMax) and a.out == p.io.next and a.advance is not None else None
+
+    at = [i for i, x in enumerate(p.launches) if closing(x.launch) is not None]
     if len(at) != 1:
         raise UserError(f"sampling: the plan of {p.model} closes its step with {len(at)} arg-max launches advancing "
                         f"the next token (the draw takes the place of one); run it greedy (no --temp)")
     i = at[0]
-    a = p.launches[i].launch
+    a = closing(p.launches[i].launch)
     s = Sample(a.x, a.out, a.n, PARAMS, a.rows, a.advance)
     why = s.check()
     if why is not None:
         raise UserError(f"sampling: {why.reason}")
     launches = list(p.launches)
-    launches[i] = replace(p.launches[i], launch=s)
+    held = p.launches[i].launch  # the head's fold: its product, then the draw (two kernels: no kernel runs the pair)
+    launches[i] = replace(p.launches[i], launch=replace(held, then=s) if isinstance(held, Fold) else s)
     io = SampledIO(**{f: getattr(p.io, f) for f in ("token", "position", "caches", "logits", "next", "states")})
-    census = dict(p.census)
-    census["argmax"] = census.get("argmax", 1) - 1
-    if not census["argmax"]:
-        del census["argmax"]
-    census["sample"] = census.get("sample", 0) + 1
+    census: dict[str, int] = {}  # counted as the plan counts them: a kernel each (the head's fold is now two)
+    for x in launches:
+        for k in x.launch.kernels():
+            census[k.census] = census.get(k.census, 0) + 1
+    census = dict(sorted(census.items()))
     return replace(p, launches=launches, io=io, census=census,
                    tensors={**p.tensors, PARAMS: Tensor(PARAMS, (s.words,), "i32")},
                    buffers={**p.buffers, PARAMS: Buffer(PARAMS, PARAMS, 0, s.words, "i32", "io")})

@@ -207,6 +207,9 @@ inline int atomicMax(int* p, int v) { return emu_atomic_update(p, [v](int o) { r
 inline unsigned atomicMax(unsigned* p, unsigned v) {
     return emu_atomic_update(p, [v](unsigned o) { return o > v ? o : v; });
 }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+    return emu_atomic_update(p, [v](unsigned long long o) { return o > v ? o : v; });
+}
 inline int atomicMin(int* p, int v) { return emu_atomic_update(p, [v](int o) { return o < v ? o : v; }); }
 inline unsigned atomicMin(unsigned* p, unsigned v) {
     return emu_atomic_update(p, [v](unsigned o) { return o < v ? o : v; });
