@@ -433,8 +433,8 @@ def test_fold_gemv_then_add_norm():
 
 
 def test_the_lanes_folds_are_each_one_kernel():
-    """Every fold the lane plans for the demo step (the head epilogue of q/k/v in parts, the GEMV-then-norms) runs
-    as one kernel: the decode step's launches are the kernels it runs."""
+    """Every fold the lane plans for the demo step (the head epilogue of q/k/v in parts, the GEMV-then-norms, the LM
+    head then the arg-max) runs as one kernel: the decode step's launches are the kernels it runs."""
     from lanefuse.engine.front.demo import demo_config
     from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
