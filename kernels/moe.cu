@@ -18,7 +18,7 @@
 #define MOE_CLAMPED 4  // act: gpt-oss's clamped GLU, (min(max(u, -l), l) + 1)·g·sigmoid(alpha·g), g = min(g, l)
 
 #define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 fd, i64 act, int *choices, \
-    float *weights, float *hidden, const float *bgu, const float *bd, float limit, float alpha
+    float *weights, float *hidden, const float *bgu, const float *bd, float limit, float alpha, i64 pw
 #define MOE_ROUTE const void *wr, i64 fr, i64 norm, const float *br, i64 topk_first, i64 grouped, i64 groups, \
     i64 tgroups, float rscale
 #define MOE_ROUTE_ARGS wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, (int)grouped, groups, tgroups, rscale
@@ -176,11 +176,45 @@ __device__ __forceinline__ float moe_act(int act, float g, float u, float limit,
     return (u + 1.f) * g / (1.f + expf(-alpha * g));
 }
 
-// Hidden values j0.. of one slot: act(x·gᵀ + bg)·(x·uᵀ + bu), gate row `gr` and up row `ur` of `w` (a warp a value),
-// the biases of those rows where `b` is given.
+// PW dots of a warp at once (`per_warp`, moe.py): x (n values) with rows row0 + q·MOE_WARPS of w, q < cnt, every row's
+// load of a lane issued before its products; each sum in moe_dot's order (a lane's values, then warp_sum): the same
+// bits as PW dots one after another.
+template <int PW>
+__device__ __forceinline__ void moe_dots(const float* x, int fm, const void* w, i64 row0, i64 cnt, i64 n,
+                                         float (&s)[PW]) {
+#pragma unroll
+    for (int q = 0; q < PW; q++) s[q] = 0.f;
+    for (i64 j = threadIdx.x & 31; j < n; j += 32) {
+        float xv = x[j], wv[PW];
+#pragma unroll
+        for (int q = 0; q < PW; q++) wv[q] = q < cnt ? wget(fm, w, (row0 + q * MOE_WARPS) * n + j) : 0.f;
+#pragma unroll
+        for (int q = 0; q < PW; q++) s[q] += xv * wv[q];
+    }
+#pragma unroll
+    for (int q = 0; q < PW; q++) s[q] = warp_sum(s[q]);
+}
+
+// Hidden values j0.. of one slot: act(x·gᵀ + bg)·(x·uᵀ + bu), gate row `gr` and up row `ur` of `w` (a warp a value;
+// pw 4: four of the warp's values at once, moe_dots), the biases of those rows where `b` is given.
 __device__ __forceinline__ void moe_glu(const float* xr, int fm, const void* w, const float* b, i64 gr, i64 ur,
-                                        i64 d, i64 j0, i64 n, int act, float limit, float alpha, float* h) {
+                                        i64 d, i64 j0, i64 n, int act, float limit, float alpha, float* h, i64 pw) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (pw == 4) {
+        for (i64 j = j0 + warp; j < j0 + MOE_TILE && j < n; j += 4 * MOE_WARPS) {
+            i64 cnt = min((i64)4, (min(j0 + MOE_TILE, n) - j + MOE_WARPS - 1) / MOE_WARPS);
+            float g[4], u[4];
+            moe_dots<4>(xr, fm, w, gr + j, cnt, d, g);
+            moe_dots<4>(xr, fm, w, ur + j, cnt, d, u);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (q < cnt && lane == 0) {
+                    i64 jq = j + q * MOE_WARPS;
+                    h[jq] = moe_act(act, b ? g[q] + b[gr + jq] : g[q], b ? u[q] + b[ur + jq] : u[q], limit, alpha);
+                }
+        }
+        return;
+    }
     for (i64 j = j0 + warp; j < j0 + MOE_TILE && j < n; j += MOE_WARPS) {
         float g = moe_dot(xr, fm, w, gr + j, d), u = moe_dot(xr, fm, w, ur + j, d);
         if (b) {
@@ -223,7 +257,8 @@ extern "C" __global__ void __launch_bounds__(256)
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
     i64 e = ch[c];
-    moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, blockIdx.x * MOE_TILE, f, (int)act, limit, alpha, h);
+    moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, blockIdx.x * MOE_TILE, f, (int)act, limit, alpha, h,
+            pw);
 }
 
 // The mixture's value i of row r: its choices' down products (plus their biases `bd` where given) weighed in choice
@@ -240,6 +275,30 @@ __device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i6
     }
     if (sd) acc += weights[rows * k + r] * moe_shared_down(hidden + (r * (k + 1) + k) * F, i, sf, (int)fs, sd, qw, hx);
     return acc;
+}
+
+// Values i + q·MOE_WARPS (q < cnt) of row r at once (pw 4): each as moe_value sums it, its choices' down products
+// four rows at a time (moe_dots: the same bits).
+__device__ __forceinline__ void moe_values4(i64 r, i64 i, i64 cnt, i64 d, i64 f, i64 k, i64 fd, const int* choices,
+                                            const float* weights, const float* hidden, const void* wd, const float* bd,
+                                            const void* sd, i64 sf, i64 fs, i64 rows, i64 qw, const QX& hx,
+                                            float (&acc)[4]) {
+    i64 F = f > sf ? f : sf;
+#pragma unroll
+    for (int q = 0; q < 4; q++) acc[q] = 0.f;
+    for (i64 c = 0; c < k; c++) {
+        i64 e = choices[r * k + c];
+        float v[4], wc = weights[r * k + c];
+        moe_dots<4>(hidden + (r * (k + 1) + c) * F, (int)fd, wd, e * d + i, cnt, f, v);
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[q] += wc * (bd ? v[q] + bd[e * d + i + q * MOE_WARPS] : v[q]);
+    }
+    if (sd)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (q < cnt)
+                acc[q] += weights[rows * k + r] *
+                          moe_shared_down(hidden + (r * (k + 1) + k) * F, i + q * MOE_WARPS, sf, (int)fs, sd, qw, hx);
 }
 
 // Row r's finalize over its sums (already in `sum`): the RMS norm times nw into out, by the calling block; where yqw
@@ -278,13 +337,29 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ MoeQRow hq;
     QX hx = sd && qw ? moe_shared_glu(hidden + (r * (k + 1) + k) * F, r, sf, qw, hw, hl, hs, hq)
                      : QX{nullptr, nullptr, nullptr};
-    for (i64 i = blockIdx.x * MOE_TILE + warp; i < (blockIdx.x + 1) * MOE_TILE && i < d; i += MOE_WARPS) {
-        float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows, qw, hx);
-        if (lane != 0) continue;
-        if (add) v += add[r * d + i];
-        if (nw) sum[r * d + i] = v;
-        else o.y[dst_at(o, r * d + i)] = v;
-    }
+    i64 end = min((i64)(blockIdx.x + 1) * MOE_TILE, d);
+    if (pw == 4)  // four of the warp's values at once
+        for (i64 i = blockIdx.x * MOE_TILE + warp; i < end; i += 4 * MOE_WARPS) {
+            i64 cnt = min((i64)4, (end - i + MOE_WARPS - 1) / MOE_WARPS);
+            float v[4];
+            moe_values4(r, i, cnt, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows, qw, hx, v);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                i64 iq = i + q * MOE_WARPS;
+                if (q >= cnt || lane != 0) continue;
+                float y = add ? v[q] + add[r * d + iq] : v[q];
+                if (nw) sum[r * d + iq] = y;
+                else o.y[dst_at(o, r * d + iq)] = y;
+            }
+        }
+    else
+        for (i64 i = blockIdx.x * MOE_TILE + warp; i < end; i += MOE_WARPS) {
+            float v = moe_value(r, i, d, f, k, fd, choices, weights, hidden, wd, bd, sd, sf, fs, rows, qw, hx);
+            if (lane != 0) continue;
+            if (add) v += add[r * d + i];
+            if (nw) sum[r * d + i] = v;
+            else o.y[dst_at(o, r * d + i)] = v;
+        }
     if (!nw) return;
     __shared__ int last;
     __threadfence();
@@ -340,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, cons
         for (i64 c = 0; c < k; c++)
             if (choices[r * k + c] == e)
                 moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, j0, f, (int)act, limit, alpha,
-                        hidden + (r * (k + 1) + c) * F);
+                        hidden + (r * (k + 1) + c) * F, 1);  // a value a warp: four spilled at 80 registers
     }
 }
 

@@ -104,9 +104,11 @@ class Moe(Launch):
     quant_words: int = 0  # numerics: moe_deferred_finalize's .quant rules), that many int8 words a value (3: the q8k
     # form, llama.cpp's q8_K, for K-quant rows)
     stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
+    per_warp: int = 1  # a row at a time: the experts' values a warp at once (4: moe.cu moe_dots; the same bits)
 
     census: ClassVar[str] = "moe"
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "moe")
+    steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
@@ -141,6 +143,8 @@ class Moe(Launch):
         return names(self.out.buf, self.sum, self.quant)
 
     def check(self):
+        if self.per_warp not in (1, 4):
+            return Refusal(f"an expert mixture {self.per_warp} values a warp (the kernels take 1 or 4)")
         if self.routing not in ROUTINGS:
             return Refusal(f"an expert mixture routed by `{self.routing}` (the kernel takes {' or '.join(ROUTINGS)})")
         if self.routing != "sigmoid_group" and (self.groups, self.topk_groups, self.route_scale) != (1, 1, 1.0):
@@ -207,6 +211,14 @@ class Moe(Launch):
         if self.nw is not None and (self.add is None or self.sum is None):
             return Refusal("a mixture normed without the residual it is added to and the sum it writes")
         return None
+
+    def tune(self, knobs, held=frozenset()):
+        """`rows_a_warp` (seed 002's Moe `per_warp`): a row at a time (moe_up, moe_down: the decode step's mixture),
+        four of a warp's values at once (its loads of four weight rows in flight where it had one) once a tile gives
+        every warp four (the experts' and the model's widths at least 4 x WARPS); held, sorted rows, or narrower: one.
+        No byte or launch changes: the latency of a warp's dependent loads does."""
+        four = "rows_a_warp" not in held and not self.sort and min(self.f, self.d) >= 4 * WARPS
+        return replace(self, per_warp=4 if four else 1)
 
     # -- what it touches and costs ------------------------------------------------------------------------------
     def scratch(self):
@@ -458,7 +470,8 @@ class Moe(Launch):
         common = (denv.array(self.x), i64(self.rows), i64(self.d), i64(self.f), i64(self.experts), i64(self.k),
                   i64(FORMAT_CODE[self.format]), i64(FORMAT_CODE[self.format_d or self.format]),
                   i64(MOE_ACTS.index(self.act)), sc["choices"], sc["weights"],
-                  sc["hidden"], denv.opt(self.bgu), denv.opt(self.bd), f32(self.limit), f32(self.alpha))
+                  sc["hidden"], denv.opt(self.bgu), denv.opt(self.bd), f32(self.limit), f32(self.alpha),
+                  i64(1 if self.sort else self.per_warp))
         shared = (denv.opt(self.sg), denv.opt(self.su), denv.opt(self.sd), denv.opt(self.sgate), i64(self.sf),
                   i64(fs), i64(FORMAT_CODE[self._fsg]), i64(self.qwords), i64(int(bool(self.qgate))),
                   *self._squant(denv, sc.get("squant")))

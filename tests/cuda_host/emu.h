@@ -34,6 +34,7 @@
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
+#define __align__(n) alignas(n)
 #define __shared__ static thread_local
 #define __constant__ static
 
