@@ -210,7 +210,7 @@ def _quantize(x, words=1, **a):
 def _moe(x, router, gate_up, down, router_bias=None, gate_up_bias=None, down_bias=None, *, experts, k, inter,
          norm_topk, act="silu", routing="softmax_topk", limit=0.0, alpha=1.702, groups=1, topk_groups=1,
          route_scale=1.0, **a):
-    from lanefuse.engine.front.families.mixtures import route
+    from lanefuse.engine.routing import route
 
     xs = np.asarray(x, dtype=F64)  # (R, d)
     r, d = xs.shape

@@ -46,7 +46,7 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
         raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.kv_heads} KV heads (each rank "
                         f"holds whole KV heads and its own cache; KV heads are not replicated); give a divisor of "
                         f"{cfg.kv_heads}")
-    from lanefuse.engine.front.weights import BLOCK_FORMATS
+    from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
     for i in range(cfg.layers):
         o = f"model.layers.{i}.self_attn.o_proj.weight"
@@ -64,7 +64,7 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
 
 def _unit(cfg: ModelConfig) -> int:
     """The FFN's split unit: the down product's block (its rows are cut across their columns), else one value."""
-    from lanefuse.engine.front.weights import BLOCK_FORMATS
+    from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
     fmts = {cfg.fmt(f"model.layers.{i}.mlp.down_proj.weight") for i in range(cfg.layers)}
     return max([BLOCK_FORMATS[f][0] for f in fmts if f in BLOCK_FORMATS] + [1])
@@ -162,7 +162,7 @@ class RankStore:
         return ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo), fmt
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
-        from lanefuse.engine.front.weights import BLOCK_FORMATS
+        from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
         arr, fmt = self.base.raw(self._source(name))
         cut = _cut(name, self.cfg, self.rank, self.ranks)
@@ -196,7 +196,7 @@ def rank_weights(weights, cfg: ModelConfig, rank: int, ranks: int):
 def rank_weight_bytes(cfg: ModelConfig, ranks: int) -> list[int]:
     """The bytes of the weights each rank holds (its parts in their stored formats; the whole embedding, norms and
     reduced biases on each). Arithmetic on the config alone: a config-only folder plans any rank count."""
-    from lanefuse.engine.front.weights import BLOCK_FORMATS
+    from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
     size = {"f32": 4, "f16": 2, "bf16": 2}
     out = []

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.engine.front.families.mixtures import route
+from lanefuse.engine.routing import route
 from lanefuse.engine.formats.quantize import Quantized, quantize
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Q8K, Dst, Launch, Scratch, act, decode,

@@ -268,8 +268,8 @@ def test_the_store_refuses_broken_block_tensors_in_words():
     with pytest.raises(UserError, match="tensor `w` holds 1 q8_0 block.*NaN or inf.*first block 3"):
         Weights.from_dict({"w": (bad, "q8_0")})
     assert list(blocks.scales_finite(bad, "q8_0")) == [True, True, True, False]
-    from lanefuse.engine.front.weights import _check_finite  # what a file's store calls on each tensor it reads
+    from lanefuse.engine.front.weights import check_finite  # what a file's store calls on each tensor it reads
 
     with pytest.raises(UserError, match="x.gguf: tensor `w` holds 1 q8_0 block"):
-        _check_finite(bad, "q8_0", "x.gguf: tensor `w`")
-    _check_finite(raw, "q8_0", "x.gguf: tensor `w`")
+        check_finite(bad, "q8_0", "x.gguf: tensor `w`")
+    check_finite(raw, "q8_0", "x.gguf: tensor `w`")

@@ -149,7 +149,7 @@ def test_routing_against_transformers_router():
     transformers = pytest.importorskip("transformers")
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-    from lanefuse.engine.front.families.mixtures import route
+    from lanefuse.engine.routing import route
 
     for groups, topk_groups, k, norm in ((4, 2, 3, True), (8, 3, 5, False), (1, 1, 4, True)):
         cfg = transformers.DeepseekV3Config(hidden_size=16, n_routed_experts=16, n_group=groups, topk_group=topk_groups,
@@ -183,7 +183,7 @@ def test_routing_property_against_transformers_router():
     from hypothesis import given, settings, strategies as st
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-    from lanefuse.engine.front.families.mixtures import route
+    from lanefuse.engine.routing import route
 
     @settings(max_examples=25, deadline=None, derandomize=True)  # f32 against f64: no run may find a near tie
     @given(st.sampled_from([(1, 1), (2, 1), (4, 2), (4, 4), (8, 3), (16, 5)]), st.integers(1, 8), st.booleans(),

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.front.weights import BLOCK_FORMATS, F16_SCALES, Weights
+from lanefuse.engine.formats.layout import BLOCK_FORMATS, F16_SCALES
+from lanefuse.engine.front.weights import Weights
 from lanefuse.kernels import blocks
 from lanefuse.kernels.common import FORMAT_CODE, decode
 

@@ -386,10 +386,10 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st  
 @settings(max_examples=60, deadline=None)
 @given(heads=st.integers(1, 9), half=st.integers(1, 40), cols=st.integers(1, 4))
 def test_the_row_order_undoes_the_converters_permutation(heads, half, cols):
-    from lanefuse.engine.front.gguf import _row_permutation
+    from lanefuse.engine.front.gguf import row_permutation
 
     w = np.arange(heads * 2 * half * cols).reshape(heads * 2 * half, cols)
-    assert np.array_equal(gf.permute(w, heads)[_row_permutation(len(w), heads)], w)
+    assert np.array_equal(gf.permute(w, heads)[row_permutation(len(w), heads)], w)
     assert np.array_equal(gf.unpermute(gf.permute(w, heads), heads), w)
 
 

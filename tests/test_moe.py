@@ -15,7 +15,7 @@ import pytest
 from hf_ref import fused_step, hf_greedy, margins_ok, scaled_error
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import OP_IMPL
-from lanefuse.engine.front.families.mixtures import route
+from lanefuse.engine.routing import route
 from lanefuse.kernels import Dst, HostEnv, Moe
 from lanefuse.kernels.common import encode
 

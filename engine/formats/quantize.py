@@ -11,7 +11,7 @@ import numpy as np
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.ir import Graph, Op, Tensor, attrs_of
 from lanefuse.engine.opdefs import QBLOCK, QBLOCK_K, QFORMS
-from lanefuse.engine.front.weights import BLOCK_FORMATS as BLOCK_FORMATS_BYTES
+from lanefuse.engine.formats.layout import BLOCK_FORMATS as BLOCK_FORMATS_BYTES
 
 NUMERICS = {"f32": 0, "q8": 1, "q8x2": 2}  # numerics -> int8 words a value of a quantized activation (0: none)
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k", "q4_1", "q5_0", "q5_1", "q5_k", "q3_k", "q2_k", "iq4_nl", "iq4_xs")

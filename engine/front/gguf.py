@@ -1,6 +1,6 @@
 """A GGUF file (llama.cpp's format) read with the `gguf` package's memory-mapped reader: the `ModelConfig` from its
 metadata (every key checked, each refusal naming the file and the key), and a weight store that serves each tensor
-under the Hugging Face name the step graph uses (engine/front/gguf_names.py), held raw as the file holds it — block formats
+under the Hugging Face name the step graph uses (gguf_names.py), held raw as the file holds it — block formats
 as (rows, bytes a row) uint8 — with llama's permuted q/k rows put back in transformers' order."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from lanefuse.engine.front.gguf_names import ROPE_FREQS, Names, hf_names, permut
 from lanefuse.engine.front.gguf_shapes import vocab_size
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader
 from lanefuse.engine.front.model import ModelConfig
-from lanefuse.engine.front.weights import BLOCK_FORMATS
+from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
 # GGML tensor type name -> lanefuse format (formats.md); any other type is refused at load, naming the tensor
 FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k",
@@ -205,7 +205,7 @@ def dense_config(meta: dict[str, Any], tensors: dict[str, tuple[tuple[int, ...],
 
 
 def _experts(r: Reader, fam: Names, arch: str, where: str, layers: int):
-    """The mixture every layer of a qwen3moe / qwen2moe file holds (engine/front/families/mixtures.py's MoeConfig), as llama.cpp reads
+    """The mixture every layer of a qwen3moe / qwen2moe file holds (families/mixtures.py's MoeConfig), as llama.cpp reads
     its keys: softmax routing, the chosen weights renormalized where the family (or `expert_weights_norm`) says."""
     from lanefuse.engine.front.families.mixtures import MoeConfig
 
@@ -255,7 +255,7 @@ def _rope_scaling(meta, r: Reader, arch: str, where: str, rot: int,
 
 # -- the store ------------------------------------------------------------------------------------------------------
 
-def _row_permutation(rows: int, heads: int) -> np.ndarray:
+def row_permutation(rows: int, heads: int) -> np.ndarray:
     """The order of a llama GGUF q/k tensor's rows that gives transformers' rows: the converter stored
     hf.reshape(heads, 2, hd/2, cols).swapaxes(1, 2), each head's two halves interleaved for adjacent pairs."""
     hd = rows // heads
@@ -309,15 +309,15 @@ class GGUFStore:
             arr = self._permuted.get(name)
             if arr is None:
                 arr = _data(t, fmt, shape)
-                arr = arr[_row_permutation(shape[0], heads)] if heads else arr
+                arr = arr[row_permutation(shape[0], heads)] if heads else arr
                 arr = mxfp4_from_ggml(arr) if fmt == "mxfp4" else arr
                 self._permuted[name] = arr
         else:
             arr = _data(t, fmt, shape)
         if name not in self._checked:  # read once: NaN or inf values, or block scales, refused
-            from lanefuse.engine.front.weights import _check_finite, check_blocks
+            from lanefuse.engine.front.weights import check_blocks, check_finite
 
-            (check_blocks if fmt in BLOCK_FORMATS else _check_finite)(arr, fmt, f"{self.path}: tensor `{gname}`")
+            (check_blocks if fmt in BLOCK_FORMATS else check_finite)(arr, fmt, f"{self.path}: tensor `{gname}`")
             self._checked.add(name)
         return arr, fmt
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Graph
-from lanefuse.engine.front.weights import BLOCK_FORMATS, F16_SCALES, Weights, f32_to_bf16
+from lanefuse.engine.formats.layout import BLOCK_FORMATS, F16_SCALES
+from lanefuse.engine.front.weights import Weights, f32_to_bf16
 
 KINDS = ("demo", "checkpoint", "random")
 

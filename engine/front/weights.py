@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from lanefuse.engine.errors import UserError, did_you_mean
+from lanefuse.engine.formats.layout import BLOCK_FORMATS, F16_SCALES
 from lanefuse.engine.jsonfile import read_json
 
 ST_FORMATS = {"F32": ("f32", np.float32), "F16": ("f16", np.float16), "BF16": ("bf16", np.uint16)}
@@ -30,17 +31,6 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     return u.astype(np.uint16)
-
-
-# GGUF's block formats: name -> (values a block, bytes a block), the layouts of gguf.GGML_QUANT_SIZES. A tensor of
-# logical shape (rows, cols) is held as uint8 (rows, cols / values * bytes), each row's blocks in turn.
-BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k": (256, 210), "mxfp4": (32, 17),
-                 "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q5_k": (256, 176), "q3_k": (256, 110),
-                 "q2_k": (256, 84), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
-F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,), "mxfp4": (), "q4_1": (0, 2), "q5_0": (0,),
-              "q5_1": (0, 2), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "iq4_nl": (0,),
-              "iq4_xs": (0,)}  # a block's f16 scales' bytes (kernels/blocks.py holds the same tables)
-# (mxfp4's scale is one e8m0 byte, at 0)
 
 
 def dequantize(arr: np.ndarray, fmt: str) -> np.ndarray:
@@ -179,7 +169,7 @@ class DictStore:
 
 
 class PartsStore:
-    """A weight store over another (`base`, engine/front/weights.py's backends) that also serves tensors made of rows of the
+    """A weight store over another (`base`, weights.py's backends) that also serves tensors made of rows of the
     stored ones, what a family's checkpoint holds fused and its step reads in parts: `parts` name -> ((stored tensor,
     its rows taken in order: indices, or a slice), ...) joined, and the shape served. Rows in the stored format (a
     block format's rows are whole blocks, so rows of it taken apart are still that format): one slice of a tensor is a
@@ -269,7 +259,7 @@ class SafetensorsStore:
         else:
             arr = self._open[p].get_tensor(name)
         if name not in self._checked:
-            _check_finite(arr, fmt, f"{p}: tensor `{name}`")
+            check_finite(arr, fmt, f"{p}: tensor `{name}`")
             self._checked.add(name)
         return arr, fmt
 
@@ -277,7 +267,7 @@ class SafetensorsStore:
         return self.entries[name][0].name
 
     def u8(self, name: str) -> np.ndarray | None:
-        """A U8 tensor's bytes at its shape (MXFP4 blocks and scales, which engine/front/families/gptoss.py reads); None for a tensor
+        """A U8 tensor's bytes at its shape (MXFP4 blocks and scales, which families/gptoss.py reads); None for a tensor
         of another dtype."""
         p, dt, _, _ = self.entries[name]
         return self._open[p].get_tensor(name) if dt == "U8" else None
@@ -309,7 +299,7 @@ def _library_open(path: Path):
         raise UserError(f"{path}: the safetensors library refuses the file ({str(e)[:200]})") from None
 
 
-def _check_finite(arr: np.ndarray, fmt: str, where: str) -> None:
+def check_finite(arr: np.ndarray, fmt: str, where: str) -> None:
     """Refuse a stored tensor holding NaN or inf (bf16: the exponent bits all ones; a block format: its f16 scales,
     `check_blocks`)."""
     if fmt in BLOCK_FORMATS:

@@ -20,7 +20,8 @@ from lanefuse.engine.front.gguf_names import EXPERTS, QK_NORM, SHARED_EXPERT, Na
 from lanefuse.engine.front.hfconfig import MAX_LAYERS, Reader, read_rope
 from lanefuse.engine.front.decoder import logits, mlp
 from lanefuse.engine.front.model import ModelConfig, read_layer_types
-from lanefuse.engine.front.weights import BLOCK_FORMATS, PartsStore
+from lanefuse.engine.formats.layout import BLOCK_FORMATS
+from lanefuse.engine.front.weights import PartsStore
 
 ARCHS = ("Qwen3NextForCausalLM",)
 # Qwen3-Next (llama.cpp's `qwen3next`, every layer a mixture with the shared expert): the layer's norms (held as 1 + w
@@ -179,7 +180,7 @@ class Qwen3NextConfig(ModelConfig):
     def split_store(self, base, where: str) -> "SplitStore":
         return SplitStore(base, self, where)
 
-    # -- the constants the weight store generates (engine/front/weights.py asks) ------------------------------------------
+    # -- the constants the weight store generates (weights.py asks) ------------------------------------------
 
     def generated(self) -> dict[str, tuple[int, ...]]:
         """The rotary tables and each zero-centred norm's 1 + w (f32)."""
@@ -232,9 +233,9 @@ def _splits(cfg: Qwen3NextConfig, i: int) -> dict[str, tuple[str, np.ndarray]]:
 
 
 class SplitStore(PartsStore):
-    """A weight store (engine/front/weights.py's backends) that also serves Qwen3-Next's fused tensors split into the parts
+    """A weight store (weights.py's backends) that also serves Qwen3-Next's fused tensors split into the parts
     the step reads, as rows of the stored tensors in their stored format (no copy until read; a block format's rows
-    are whole blocks, so rows of it taken apart are still that format). A GGUF file's (engine/front/gguf_names.py) may hold
+    are whole blocks, so rows of it taken apart are still that format). A GGUF file's (gguf_names.py) may hold
     in_proj_qkvz as its q, k, v rows and its z rows apart (served joined) and -exp(A_log) for A_log (served as
     log(-A)). A fused tensor missing or of the wrong shape is named at load."""
 
