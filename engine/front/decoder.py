@@ -13,10 +13,11 @@ from lanefuse.engine.ir import MAX_BATCH, MAX_CHUNK, Constant, Graph, StepIO
 def step_frame(cfg, rows: int, batch: int = 1, attention=None,
                states: dict[str, tuple[int, ...]] | None = None) -> tuple[Graph, dict[int, tuple[str, str]]]:
     """A step graph's frame, every family's alike: `rows` checked, the I/O (token, pos, each attention layer's K and V
-    cache tables of max_len rows, `cfg.cache_widths` wide: every layer's, or those `attention` lists; and the carried `states`, name -> shape)
-    declared; and the caches' names, a (K, V) pair by layer. A batch step (`batch` B > 1) decodes one row for each of
-    B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table (B·max_len, kv·hd), sequence s's
-    rows the slot from s·max_len (the `states` given already a slot a sequence: the family's own shapes)."""
+    cache tables of max_len rows, `cfg.cache_widths` wide: every layer's, or those `attention` lists; and the carried
+    `states`, name -> shape) declared; and the caches' names, a (K, V) pair by layer. A batch step (`batch` B > 1)
+    decodes one row for each of B sequences: token (B,), pos (B,) (row s at position pos[s]), each cache table
+    (B·max_len, kv·hd), sequence s's rows the slot from s·max_len (the `states` given already a slot a sequence: the
+    family's own shapes)."""
     if not 1 <= rows <= MAX_CHUNK:
         raise UserError(f"a step of {rows} rows: a step is 1 row (decode) or a prefill chunk of up to {MAX_CHUNK}")
     if not 1 <= batch <= MAX_BATCH:

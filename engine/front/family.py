@@ -1,7 +1,9 @@
 """A model family, the front's unit: the architectures it reads (config.json's `architectures`, a GGUF file's
 `general.architecture` and its tensor names), how it reads a config into a `ModelConfig`, the store its checkpoints are
-read through, and (by its config) its step. `FAMILIES` is found from the `Family` subclasses in families/, as the
-kernels' KINDS is found from their launch kinds; the readers and the CLI ask it, and nothing else names a family."""
+read through, and, by that config, the parts of its step that differ from the decoder skeleton's
+(engine/front/decoder.py). The families (`families()`, FAMILIES) are found from the `Family` subclasses in families/,
+as the kernels' KINDS is found from their launch kinds, on first use (the families import the readers, which ask
+it); the readers and the CLI ask it, and nothing else names a family."""
 
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ QK_NORM = {
 }
 DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 # An expert mixture's tensors (llama.cpp's qwen3moe / qwen2moe): the router, and each role's experts in one 3-D tensor
-# (E, rows, cols), read as (E·rows, cols); gate and up are stacked into the `moe` op's gate_up rows by engine/front/families/mixtures.py's
-# ExpertStore (the `.stacked` names), down is already the op's down rows
+# (E, rows, cols), read as (E·rows, cols); gate and up are stacked into the `moe` op's gate_up rows by
+# families/mixtures.py's ExpertStore (the `.stacked` names), down is already the op's down rows
 EXPERTS = {
     "ffn_gate_inp.weight": "mlp.gate.weight",
     "ffn_gate_exps.weight": "mlp.experts.gate_proj.stacked",
@@ -63,7 +63,7 @@ class Names:
     layer: dict[str, str]  # GGUF name inside `blk.{i}.` -> HF name inside `model.layers.{i}.`
     permuted: dict[str, str] = field(default_factory=dict)  # GGUF layer name -> "heads" | "kv_heads"
     moe: str | None = None  # an expert mixture in every layer: how it weighs its chosen experts (engine/front/gguf.py;
-    # "deepseek": its first layers dense, read by engine/front/families/deepseek_gguf.py)
+    # "deepseek": its first layers dense, read by families/deepseek.py)
     as_row: tuple[str, ...] = ()  # GGUF layer names of 1-D tensors read as one row (1, n)
     mixture: "Names | None" = None  # the names where `{arch}.expert_count` is set (Mixtral, written as llama)
     experts_ffn: bool = False  # the experts as wide as `{arch}.feed_forward_length` where no expert width is given

@@ -1,4 +1,4 @@
-"""The GGUF loaders' shared checks (engine/front/gguf.py and the families with their own keys, engine/front/families/deepseek_gguf.py and
+"""The GGUF loaders' shared checks (gguf.py and the families with their own keys, families/deepseek.py and
 engine/front/families/gptoss.py): the vocabulary's size and each tensor's shape against what the metadata makes it."""
 
 from __future__ import annotations

@@ -142,7 +142,8 @@ def config_from_hf(c: dict[str, Any], where: str = "config.json", max_len: int =
 
 
 def read_decoder(c: dict[str, Any], arch: str, where: str, max_len: int, name: str, *, llama: bool = False,
-                 windowed: bool = False, qkv_bias: bool = False, qk_norm: bool = False, sliding=None, config: type[ModelConfig] = ModelConfig) -> ModelConfig:
+                 windowed: bool = False, qkv_bias: bool = False, qk_norm: bool = False, sliding=None,
+                 config: type[ModelConfig] = ModelConfig) -> ModelConfig:
     """A dense decoder's config.json (transformers' Llama and its cousins) as `config`: `llama` its MLP's activation
     and biases as the config says; `windowed` every layer over `sliding_window`; q/k/v biases (`qkv_bias`), per-head
     q/k norms (`qk_norm`); `sliding(i, n)` which layers slide under `use_sliding_window` where `layer_types` is

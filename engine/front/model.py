@@ -52,7 +52,7 @@ class ModelConfig:
     max_len: int = 256  # rows of each KV-cache table
     formats: tuple[tuple[str, str], ...] = ()  # weight name -> checkpoint format (f32 / f16 / bf16), default f32
     name: str = "model"
-    moe: Any = None  # engine/front/families/mixtures.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
+    moe: Any = None  # families/mixtures.py MoeConfig: the expert mixture of the layers it names (None: every FFN dense)
     window: int = 0  # the positions a sliding layer's query attends, its own the last (0: all before it)
     layer_types: tuple[str, ...] = ()  # sliding_attention | full_attention, a layer each (none: every layer slides
     # where `window` is set: Mistral, Mixtral, Phi-3; Qwen2 / Qwen3 from max_window_layers on, Gemma, gpt-oss by type;

@@ -643,7 +643,7 @@ class _Named:
 
 def deepseek_gguf_store(gstore, cfg, where: str):
     """A `deepseek2` file's store as the step reads it: kv_b_proj put back together, each mixture layer's experts
-    stacked (engine/front/families/mixtures.py), then cut as the step reads a checkpoint's (DeepseekStore); every name the file's."""
+    stacked (mixtures.py), then cut as the step reads a checkpoint's (DeepseekStore); every name the file's."""
     from lanefuse.engine.front.families.mixtures import stack_store
 
     inner = stack_store(DeepseekGGUFStore(gstore, cfg, where), cfg, where)

@@ -147,7 +147,7 @@ class GemmaConfig(ModelConfig):
             w[n] = (hd,) if n.endswith(("q_norm.weight", "k_norm.weight")) else (d,)
         return w
 
-    # -- the constants the weight store generates from the config (engine/front/weights.py asks) --------------------------
+    # -- the constants the weight store generates from the config (weights.py asks) --------------------------
 
     def generated(self) -> dict[str, tuple[int, ...]]:
         """name -> shape of each generated f32 constant: the rotary tables (a second pair for Gemma 3's sliding

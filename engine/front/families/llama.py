@@ -95,7 +95,7 @@ def fused_parts(cfg: ModelConfig, base, where: str) -> dict:
 
 
 def phi3_from_gguf(cfg: ModelConfig, r, arch: str, where: str, tensors: dict) -> Phi3Config:
-    """A phi3 GGUF file's model (`cfg` as engine/front/gguf.py reads any dense decoder): a Phi3Config, every layer's window
+    """A phi3 GGUF file's model (`cfg` as gguf.py reads any dense decoder): a Phi3Config, every layer's window
     from `phi3.attention.sliding_window`; LongRoPE (its factor tensors) refused."""
     long = [n for n in ("rope_factors_long.weight", "rope_factors_short.weight") if n in tensors]
     if long or r.has("rope.scaling.attn_factor"):
