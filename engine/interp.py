@@ -89,11 +89,16 @@ def _slots(pos, table_rows: int) -> tuple[int, int]:
     return n, table_rows // n
 
 
-def _rope(x, cos, sin, pos, heads, hd, rot, **a):
+def _rope(x, cos, sin, pos, heads, hd, rot, ggml_order=False, **a):
     r = x.shape[0]
     p = _positions(pos, r)
     if p.max() >= cos.shape[0] or p.min() < 0:
         raise UserError(f"rope: positions {p.min()}..{p.max()} outside the {cos.shape[0]} rows of the cos/sin tables")
+    if ggml_order:  # llama.cpp's tables (evaluate gives them) and rotation, in f32
+        xs = np.asarray(x, dtype=F32).reshape(r, heads, hd).copy()
+        c, s = np.asarray(cos, dtype=F32)[p][:, None, :], np.asarray(sin, dtype=F32)[p][:, None, :]
+        xs[..., :rot // 2], xs[..., rot // 2:rot] = ggml.rope(xs[..., :rot // 2], xs[..., rot // 2:rot], c, s)
+        return xs.reshape(r, heads * hd)
     c = np.asarray(cos, dtype=F64)[p][:, None, :]  # (R, 1, rot/2)
     s = np.asarray(sin, dtype=F64)[p][:, None, :]
     xs = np.asarray(x, dtype=F64).reshape(r, heads, hd).copy()
@@ -120,13 +125,24 @@ def _set_row(table, src, pos, **a):
     return table
 
 
-def _attention(q, k, v, pos, sinks=None, *, heads, kv_heads, hd, vd, scale, window=0, softcap=0.0, **a):
+def _attention(q, k, v, pos, sinks=None, *, heads, kv_heads, hd, vd, scale, window=0, softcap=0.0, ggml_order=False,
+               pairs=False, **a):
     r = q.shape[0]
     p = _positions(pos, r)
     seqs, slot = _slots(pos, k.shape[0])
     if p.max() >= slot:
         raise UserError(f"attention: position {p.max()} outside a cache of {slot} rows")
     group = heads // kv_heads
+    if ggml_order and sinks is None and not window and not softcap:  # llama.cpp's attention (ggml.attend)
+        qs = np.asarray(q, dtype=F32).reshape(r, heads, hd)
+        out32 = np.zeros((r, heads, vd), dtype=F32)
+        for i in range(r):
+            at = i * slot if seqs > 1 else 0
+            ks = np.asarray(k[at:at + p[i] + 1], dtype=F32).reshape(-1, kv_heads, hd)
+            vs = np.asarray(v[at:at + p[i] + 1], dtype=F32).reshape(-1, kv_heads, vd)
+            for h in range(heads):
+                out32[i, h] = ggml.attend(qs[i, h], ks[:, h // group], vs[:, h // group], scale, r, pairs)
+        return out32.reshape(r, heads * vd)
     qs = np.asarray(q, dtype=F64).reshape(r, heads, hd)
     out = np.zeros((r, heads, vd), dtype=F64)
     for i in range(r):
@@ -393,37 +409,48 @@ def write_dst(table: np.ndarray, y: np.ndarray, dst: Dst, env: dict[str, np.ndar
 
 # -- evaluating ops ------------------------------------------------------------------------------------------------
 
-def run_op(op: Op, *arrays: np.ndarray, ggml_order: bool = False) -> np.ndarray:
+def run_op(op: Op, *arrays: np.ndarray, ggml_order: dict[str, Any] | None = None) -> np.ndarray:
     """Lifted op `op` on its input arrays (whole tensors: each input's access is applied here), without its dst.
-    A set_row writes its table argument in place and returns it. `ggml_order`: an rmsnorm / silu / swiglu computed
-    as llama.cpp computes it (`ggml_ops`)."""
+    A set_row writes its table argument in place and returns it. `ggml_order`: an rmsnorm / silu / swiglu / rope /
+    attention computed as llama.cpp computes it, with these arguments (`ggml_ops`)."""
     if op.fused:
         raise ValueError("run_op takes a lifted op; evaluate a fused op with apply_op")
     ins = [x if isinstance(x, Quantized) else read_access(np.asanyarray(x), op.acc(i)) for i, x in enumerate(arrays)]
-    extra = {"ggml_order": True} if ggml_order and op.kind in GGML_KINDS else {}
+    extra = dict(ggml_order, ggml_order=True) if ggml_order is not None and op.kind in GGML_KINDS else {}
     return OP_IMPL[op.kind](*ins, **full_attrs(op), **extra)
 
 
-GGML_KINDS = ("rmsnorm", "silu", "swiglu")
+GGML_KINDS = ("rmsnorm", "silu", "swiglu", "rope", "attention")
+ROPE_TABLES = ("rope.cos", "rope.sin")
 
 
-def ggml_ops(g: Graph) -> frozenset[str]:
-    """The outputs of the ops of `g` that compute as llama.cpp's CPU build does (engine/formats/ggml.py), under the
-    q8 numerics: an rmsnorm whose result is quantized to llama.cpp's q8_0 / q8_K form, and a silu / swiglu of a
-    product of such a form — where the plan's launches do the same (a Norm writing that form, a GemvGlu over it). The
-    rope and the attention are not yet (ggml.attend restates llama.cpp's attention; its rope tables and head order
-    need the model's rope type, which the step graph does not carry)."""
+def ggml_ops(g: Graph, rope: ggml.LlamaRope | None = None) -> dict[str, dict[str, Any]]:
+    """The outputs of the ops of `g` that compute as llama.cpp's CPU build does (engine/formats/ggml.py) under the
+    q8 numerics, each with its arguments: an rmsnorm or attention whose result is quantized to llama.cpp's q8_0 /
+    q8_K form and a silu / swiglu of a product of such a form — where the plan's launches do the same (a Norm,
+    Attention writing that form or feeding a Quant launch that does, a GemvGlu over it) — and, where llama.cpp's rope
+    of the model is known (`rope`: ggml.llama_rope), every rope over the step's rope tables (evaluate reads llama.cpp's
+    in their place) and the attention in its head order."""
+    if g.meta.get("numerics") != "q8":
+        return {}
     leaves = [leaf for op in g.ops for leaf in (op.leaves() if op.fused else (op,))]
     quantized = {op.ins[0] for op in leaves if op.kind == "quantize" and int(op.a.get("words", 1)) in ggml.WORDS}
     forms = {op.out for op in leaves if op.kind == "quantize" and int(op.a.get("words", 1)) in ggml.WORDS}
     forms |= {op.out for op in leaves if op.kind == "view" and op.ins[0] in forms}
     products = {op.out for op in leaves if op.kind == "matmul" and op.ins[0] in forms}
-    return frozenset(op.out for op in leaves if (op.kind == "rmsnorm" and op.out in quantized)
-                     or (op.kind in ("silu", "swiglu") and op.ins[0] in products))
+    out: dict[str, dict[str, Any]] = {}
+    for op in leaves:
+        if (op.kind == "rmsnorm" and op.out in quantized) or (op.kind in ("silu", "swiglu") and op.ins[0] in products):
+            out[op.out] = {}
+        elif rope is not None and op.kind == "rope" and tuple(op.ins[1:3]) == ROPE_TABLES:
+            out[op.out] = {}
+        elif rope is not None and op.kind == "attention" and op.out in quantized:
+            out[op.out] = {"pairs": rope.pairs}
+    return out
 
 
 def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarray] | None = None,
-             comm=None, ggml_outs: frozenset[str] = frozenset()) -> None:
+             comm=None, ggml_outs: dict[str, dict[str, Any]] | None = None) -> None:
     """Evaluate `op` against `env` (name -> array), binding its results in `env`; a fused op runs its parts in order.
     `const(name)` supplies a name `env` lacks (a constant); `comm` is this rank's communicator, which a collective op
     meets the other ranks through (engine/collectives.py)."""
@@ -444,7 +471,7 @@ def apply_op(op: Op, env: dict[str, np.ndarray], const: Callable[[str], np.ndarr
     if comm is not None and op.kind in COLLECTIVES:
         y = meet(comm, op, read_access(np.asanyarray(get(op.ins[0])), op.acc(0)))
     else:
-        y = run_op(op, *[get(n) for n in op.ins], ggml_order=op.out in ggml_outs)
+        y = run_op(op, *[get(n) for n in op.ins], ggml_order=(ggml_outs or {}).get(op.out))
     if op.dst is not None and op.kind != "set_row":
         if op.dst.table not in env:
             raise UserError(f"op `{op.kind}` -> `{op.out}` writes into `{op.dst.table}`, which has no value")
@@ -483,12 +510,15 @@ def evaluate(g: Graph, weights: Any, env: dict[str, np.ndarray], comm=None) -> d
             raise UserError(f"`{name}` is neither a step input nor a constant")
         if name not in cache:
             v = np.asarray(weights.get(c.source or c.name), dtype=F32)
+            if rope is not None and (c.source or c.name) in ROPE_TABLES and v.shape == rope.cos.shape:
+                v = rope.cos if (c.source or c.name) == ROPE_TABLES[0] else rope.sin  # llama.cpp's, under q8
             if tuple(v.shape) != c.shape:
                 raise UserError(f"constant `{name}`: the weights hold {tuple(v.shape)}, the step declares {c.shape}")
             cache[name] = with_mins(weights, c.source or c.name, v)
         return cache[name]
 
-    outs = ggml_ops(g)
+    rope = ggml.llama_rope(getattr(weights, "cfg", None)) if g.meta.get("numerics") == "q8" else None
+    outs = ggml_ops(g, rope)
     for op in g.ops:
         apply_op(op, vals, const, comm, outs)
     for name in cache:

@@ -23,10 +23,12 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, MAX_GRID_Y, MAX_HEAD, Q8K, QBLOCK_K, Launch, Scratch, act, batch_apart, names,
                                      reach)
 from lanefuse.kernels.elementwise import act_code
+from lanefuse.kernels.norm import quantized_next
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 MAX_PER_BLOCK = 4  # heads a block holds
@@ -331,7 +333,18 @@ class Attention(Launch):
         sinks = env.weight(self.sinks)[0] if self.sinks else None
         out = np.zeros((n, H, vd))
         kp, vp = self.kpitch, self.vpitch
+        llama = ggml.plan_rope(env) if (not t and sinks is None and not self.window and not self.softcap and
+                                        self.gate is None and (self.quant is not None and self.words in ggml.WORDS or
+                                                               self.f32 and quantized_next(env, self.out))) else None
         for r, p, at in self.queries(env):
+            if llama is not None:  # q8, llama.cpp's form next: attended as llama.cpp does (interp's too)
+                j = at + np.arange(p + 1)
+                for h in range(H):
+                    g = h // self.group
+                    out[r, h] = ggml.attend(q[r, h].astype(np.float32), kc[(j * kp + self.koff + g * own)[:, None] +
+                                            np.arange(own)], vc[(j * vp + self.voff + g * vd)[:, None] + np.arange(vd)],
+                                            self.scale, self.rows, llama.pairs)
+                continue
             lo = max(0, p - self.window + 1) if self.window > 0 else 0
             first, last = self.block_rows(r)  # shared rows: the block's keys split, each row's own taken
             lo_b = max(0, p - (r - first) - self.window + 1) if self.window > 0 else 0

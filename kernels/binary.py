@@ -12,9 +12,11 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, Q8K, act, names, operand, reach
 from lanefuse.kernels.elementwise import Elementwise, act_code
+from lanefuse.kernels.norm import quantized_next
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 OPS = ("add", "mul", "sub")
@@ -85,7 +87,10 @@ class Binary(Elementwise):
         else:
             b = operand(env, self.b)[: self.n]
         b = b.astype(np.float32)
-        if self.gate is not None:
+        if self.gate == "silu" and self.op == "mul" and (self.quant is not None and self.words in ggml.WORDS or
+                                                         self.f32 and quantized_next(env, self.out)):
+            b = ggml.silu(b)  # a GLU quantized to llama.cpp's form next (the q8 numerics): its SiLU (formats/ggml.py)
+        elif self.gate is not None:
             b = act(self.gate, b).astype(np.float32)
         y = {"add": a + b, "mul": a * b, "sub": a - b}[self.op]
         if self.f32:

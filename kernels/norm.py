@@ -18,6 +18,17 @@ from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, RmsScale, at_call, 
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
 
+def quantized_next(env, buf: str) -> bool:
+    """Whether the plan `env` runs (an ArenaEnv's `s`) quantizes buffer `buf` to llama.cpp's q8_0 / q8_K form by a
+    Quant launch (`fuse_quant` held): then its norm computes as llama.cpp's too, as the fused norm that writes the form
+    itself and the reference interpreter (interp.ggml_ops) do."""
+    s = getattr(env, "s", None)
+    if s is None:
+        return False
+    return any(getattr(x.launch, "census", "") == "quant" and getattr(x.launch, "x", None) == buf
+               and getattr(x.launch, "words", 0) in ggml.WORDS for x in s.launches)
+
+
 @dataclass(frozen=True)
 class PreNorm:
     """The norm the launch takes of its added operand before adding it: that operand's own norm weight and eps."""
@@ -108,7 +119,8 @@ class Norm(Launch):
             env.array(self.sum)[: r * c] = s.reshape(-1)
         hd = c // self.heads
         sh = s.reshape(r, self.heads, hd)
-        if self.quant is not None and self.words in ggml.WORDS and self.w is not None:
+        if self.w is not None and (self.quant is not None and self.words in ggml.WORDS or
+                                   self.f32 and quantized_next(env, self.dst().buf)):
             # llama.cpp's q8_0 / q8_K form of it (the q8 numerics): normed as llama.cpp norms (formats/ggml.py)
             y = ggml.rmsnorm(sh, np.asarray(env.weight(self.w)[0], dtype=np.float32)[:hd], self.eps)
         else:

@@ -93,9 +93,16 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
         if s.quant is not None:  # from the f32 values stored, as the epilogue quantizes them
             quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
         return
-    x = x.astype(np.float64)
     half = rot // 2
     p = env.array(pos)[seq0:n].astype(np.int64) if slot else env.param(pos) + np.arange(rows)
+    llama = ggml.plan_rope(env) if (cos, sin) == ("rope.cos", "rope.sin") and rot == hd else None
+    if llama is not None and llama.cos.shape[1] == half:  # q8: llama.cpp's rope cache and rotation (interp's too)
+        y = x.copy()
+        y[..., :half], y[..., half:rot] = ggml.rope(x[..., :half], x[..., half:rot], llama.cos[p][:, None, :],
+                                                    llama.sin[p][:, None, :])
+        s.y.write(env, y, first=seq0 * w)
+        return
+    x = x.astype(np.float64)
     c = env.weight(cos)[0].reshape(-1, half)[p][:, None, :].astype(np.float64)
     sn = env.weight(sin)[0].reshape(-1, half)[p][:, None, :].astype(np.float64)
     y = x.copy()

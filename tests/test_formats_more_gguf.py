@@ -225,24 +225,16 @@ def llama_cpp_apart(path, prompt, n):
 # file, the files below, 5 steps). lanefuse's q8 numerics — the reference interpreter of the q8 step graph — sum, norm
 # and SiLU as llama.cpp's CPU build does (engine/formats/ggml.py: vec_dot's and sgemm's orders, ggml_v_silu, its RMS
 # norm), and quantize activations as its x86 SIMD code does (halves to even, id = 127/amax): its logits equal
-# llama.cpp's to the bit in q4_1, q5_0, q5_1, q5_k, q3_k, q2_k and iq4_nl (which was 2.0e-3 apart at step 4 by one
-# flip while the SiLU and the products' sums were lanefuse's own). Its rope and attention are not llama.cpp's yet, so
-# an ulp there can still land one quantized word on the other side (LLAMA_CPP_APART; the run then parts by the q8
-# noise, tests/test_q8_real_width.py's note). The fused plan (exact numpy twins of the CUDA launches) equals the
-# reference here: its tokens are compared, its logits loosely.
-LLAMA_CPP_APART = {"iq4_xs": (
-    "an f32-ulp flip in the attention, which the q8 step does not yet compute as llama.cpp does (engine/formats/ggml.py "
-    "has its rope and attention; the step graph carries no rope base or type): at the prompt's third row layer 0's "
-    "attention output, quantized to q8_K, has x·(-127/max) = -115.5 in lanefuse and -115.49999 in llama.cpp (x and "
-    "max one f32 ulp apart each), so one word is 116 against 115 and the logits 1.5e-2 of their scale apart from "
-    "the first step; every product, norm and SwiGLU before it equal to the bit (llama_cpp_dump's tensors)")}
+# llama.cpp's to the bit in every format (iq4_nl was 2.0e-3 apart at step 4 by one flip while the SiLU and the
+# products' sums were lanefuse's own; iq4_xs 1.5e-2 by one in the attention while its rope and attention were). The
+# fused plan (exact numpy twins of the CUDA launches) computes as the reference does: its tokens are compared, its
+# logits loosely (the q8 noise, tests/test_q8_real_width.py's note, wherever a twin rounds otherwise).
 LL_STEPS = 5
 LL_TOL = 1e-5  # of the logits' scale, the reference interpreter of the q8 graph against llama.cpp (measured <= 1.6e-7)
 
 
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.xfail(reason=LLAMA_CPP_APART[f], strict=True))
-                                 if f in LLAMA_CPP_APART else f for f in NEW])
+@pytest.mark.parametrize("fmt", NEW)
 def test_q8_equals_llama_cpp(fmt, tmp_path):
     """--numerics q8 against llama.cpp (F32 KV cache) on a file whose layers are in each format (embeddings and head
     q8_0), LL_STEPS greedy steps after a 6-token prompt: lanefuse's q8 numerics (the reference interpreter of the q8

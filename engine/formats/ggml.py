@@ -17,6 +17,13 @@ the same values summed in another order are not enough.
   (float)(sum/n), scale = 1.0f/sqrtf(mean + eps), y = x·scale then ·w, each an f32 rounding.
 - `silu` / `swiglu`: ggml_v_silu of AVX-512 (ggml-cpu/vec.h): x/(1 + ggml_v_expf(-x)), ggml_v_expf a polynomial of
   fused multiply-adds and a scalef, then ·up in f32 (ggml_vec_swiglu_f32).
+- `attend`: the attention without flash attention over an f32 cache: K·Q by ggml_vec_dot_f32 (its 64-value steps of
+  four 16-lane accumulators, _mm512_reduce_add_ps as gcc expands it), soft_max (scale, max, ggml_v_expf, a double sum
+  of 16-lane sums), V by tinyBLAS<16> for a batch or ggml_vec_dot_f32 for one row; for a NORM-rope model in the
+  converter's interleaved head order.
+- `rope_tables` / `rope`: ggml_rope_cache_init (theta multiplied by powf(base, -2/n) in f32, libm cosf / sinf) and
+  rotate_pairs' contracted rotation; `llama_rope` says for which model configs (the default rope of Llama / Mistral,
+  Qwen2 / Qwen3).
 
 `fma` is an exact single-rounding fused multiply-add of f32 values (the product in f64 is exact; the f64 sum's error
 is recovered by TwoSum and the one f32 midpoint case corrected), so these are bit-exact restatements, checked against
@@ -379,8 +386,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, batch: int
     return vec_dot_f32(_padded(vt, 64), _padded(p, 64)[None, :])
 
 
-# -- rope (llama.cpp's rope cache and rotation; not yet what the q8 step computes: the step graph carries no rope
-# base and no rope type, see engine/interp.ggml_ops) -------------------------------------------------------------------
+# -- rope (llama.cpp's rope cache and rotation) ---------------------------------------------------------------------
 
 def _libm():
     import ctypes
@@ -414,3 +420,44 @@ def rope(x1: np.ndarray, x2: np.ndarray, c: np.ndarray, s: np.ndarray) -> tuple[
     """rotate_pairs' x0·cos - x1·sin and x0·sin + x1·cos as gcc compiles them: the first product fused into the
     subtraction / addition of the second, rounded."""
     return fma(x1, c, -(x2 * s).astype(F32)), fma(x1, s, (x2 * c).astype(F32))
+
+
+NORM_ROPE = ("LlamaForCausalLM", "MistralForCausalLM")  # llama.cpp's NORM rope: its converter interleaves q / k rows
+NEOX_ROPE = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")  # its NEOX rope: the halves as transformers holds them
+
+
+class LlamaRope:
+    """A model's rope as llama.cpp computes it: its cache (`rope_tables`) in place of the step's rope.cos / rope.sin,
+    and whether its heads are summed in the converter's interleaved order (`pairs`: a NORM-rope architecture)."""
+
+    def __init__(self, cos: np.ndarray, sin: np.ndarray, pairs: bool):
+        self.cos, self.sin, self.pairs = cos, sin, pairs
+
+
+_ROPES: dict[tuple, LlamaRope] = {}
+
+
+def llama_rope(cfg) -> LlamaRope | None:
+    """llama.cpp's rope for a model config, where its recipe is restated here: the default rope (no scaling), every
+    dimension of a head rotated, of an architecture whose llama.cpp rope type is known (NORM_ROPE, NEOX_ROPE); else
+    None (the step's own tables and f64 rotation then, and its own attention)."""
+    arch = getattr(cfg, "arch", None)
+    if arch not in NORM_ROPE + NEOX_ROPE:
+        return None
+    sc = dict(getattr(cfg, "rope_scaling", None) or {})
+    if sc.get("rope_type", sc.get("type", "default")) != "default" or cfg.rot != cfg.head_dim:
+        return None
+    key = (int(cfg.max_len), int(cfg.rot), float(cfg.rope_theta), arch in NORM_ROPE)
+    if key not in _ROPES:
+        c, sn = rope_tables(key[0], key[1], key[2])
+        _ROPES[key] = LlamaRope(c, sn, key[3])
+    return _ROPES[key]
+
+
+def plan_rope(env) -> LlamaRope | None:
+    """llama_rope of the model a twin's env runs under the q8 numerics (an ArenaEnv: its plan `s` and `weights`); None
+    for any other env (a HostEnv of a launch alone) or numerics."""
+    s = getattr(env, "s", None)
+    if getattr(s, "numerics", None) != "q8":
+        return None
+    return llama_rope(getattr(getattr(env, "weights", None), "cfg", None))
