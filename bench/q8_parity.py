@@ -1,0 +1,90 @@
+"""q8 parity with llama.cpp at a real model's width (issue 41): a random-weight llama of SmolLM-135M's shape (hidden
+576, 9 heads over 3 KV heads of 64, FFN 1536, tied embeddings, a 49,152-token vocabulary; LAYERS layers) written in
+each of llama.cpp's presets' formats (a K-quant or iq4_xs where rows are whole 256-value blocks, llama.cpp's fallback
+elsewhere), a 12-token prompt and STEPS greedy steps in llama.cpp (llama-cpp-python, CPU, F32 KV cache, extra buffers
+off; tests/llama_cpp_dump.py) and in lanefuse under --numerics q8 (the reference interpreter of the q8 step graph; or
+`--plan`, the fused plan's exact numpy twins), the prompt in one chunk as llama.cpp evaluates it in one batch. Prints,
+per preset, the largest |logit - llama.cpp's| and each step's, and whether the greedy tokens are equal. The files and
+llama.cpp's answers are kept in --files (made once).
+
+    python bench/q8_parity.py [--layers 2] [--steps 8] [--vocab 49152] [--plan] [--files DIR] [PRESET ...]"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+PRESETS = {  # llama.cpp's preset: (the format of rows of whole 256-value blocks, its fallback)
+    "Q8_0": ("q8_0", "q8_0"), "Q6_K": ("q6_k", "q8_0"), "Q5_K_M": ("q5_k", "q5_1"), "Q5_0": ("q5_0", "q5_0"),
+    "Q4_K_M": ("q4_k", "q5_0"), "Q4_0": ("q4_0", "q4_0"), "Q3_K_M": ("q3_k", "q4_0"), "IQ4_NL": ("iq4_nl", "iq4_nl"),
+    "IQ4_XS": ("iq4_xs", "iq4_nl"), "Q4_1": ("q4_1", "q4_1"), "Q5_1": ("q5_1", "q5_1"), "Q2_K": ("q2_k", "q4_0")}
+COMMON = ["Q8_0", "Q6_K", "Q5_K_M", "Q5_0", "Q4_K_M", "Q4_0", "Q3_K_M", "IQ4_NL", "IQ4_XS"]  # the issue's presets
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("presets", nargs="*", default=COMMON)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--plan", action="store_true", help="the fused plan's exact twins, not the reference interpreter")
+    ap.add_argument("--files", default=str(Path(tempfile.gettempdir()) / "lanefuse-q8-parity"))
+    args = ap.parse_args()
+    sys.path.insert(0, str(TESTS))
+    import test_formats_more_gguf as tf
+
+    from lanefuse.engine.formats.quantize import with_numerics
+    from lanefuse.engine.front.load import load_model
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.lane.run.generate import generate
+
+    files = Path(args.files)
+    files.mkdir(parents=True, exist_ok=True)
+    shape = dict(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                 vocab_size=args.vocab, tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-5,
+                 num_hidden_layers=args.layers, max_position_embeddings=256)
+    prompt = [int(x) for x in np.random.default_rng(1).integers(100, args.vocab - 100, 12)]
+    model = None
+    print(f"{args.layers} layers, vocabulary {args.vocab}, {args.steps} steps, lanefuse "
+          f"{'fused plan (exact twins)' if args.plan else 'reference interpreter'} under q8", flush=True)
+    for name in args.presets:
+        main_f, fallback = PRESETS[name]
+        path = files / f"{name}-{args.layers}-{args.vocab}.gguf"
+        answer = path.with_suffix(f".s{args.steps}.pkl")
+        if not path.exists():
+            if model is None:
+                model = tf.gf.tiny_model("llama", **shape)
+            tf.write(model, path, lambda n, cols: main_f if cols % 256 == 0 else fallback, tokenizer=True)
+        if not answer.exists():  # llama.cpp in a child process: a crash there takes only the child
+            code = ("import pickle, sys; sys.path.insert(0, %r); from llama_cpp_dump import greedy; "
+                    "pickle.dump(greedy(%r, %r, %d, n_ctx=256), open(%r, 'wb'))"
+                    % (str(TESTS), str(path), prompt, args.steps, str(answer)))
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+            if p.returncode:
+                print(f"{name}: llama.cpp failed ({p.returncode}): {p.stderr[-300:]}", flush=True)
+                continue
+        want, want_logits = pickle.loads(answer.read_bytes())
+        t0 = time.time()
+        cfg, weights = load_model(path)
+        step = (tf.plan_step(weights, "q8") if args.plan else
+                lambda g, env: evaluate(with_numerics(g, "q8"), weights, env))
+        got = generate(cfg, weights, prompt, args.steps, chunk=len(prompt), step_fn=step)
+        apart = [float(np.abs(a - b).max()) for a, b in zip(got.logits, want_logits)]
+        first = next((i for i, (a, b) in enumerate(zip(got.generated_ids, want)) if a != b), None)
+        scale = max(float(np.abs(b).max()) for b in want_logits)
+        print(f"{name} ({main_f}/{fallback}): max |dlogit| {max(apart):.3g} (by step "
+              f"{' '.join(f'{a:.2g}' for a in apart)}; logits up to {scale:.3g}); tokens "
+              f"{'equal' if first is None else f'apart from step {first}'} [{time.time() - t0:.0f} s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
