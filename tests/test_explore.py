@@ -410,7 +410,7 @@ def test_terminal_explorer_scripted_in_process(tmp_path):
     assert "fusions fired" in text and "launch census" in text
     assert "force L0.q #0: launches" in text
     assert "layer 0:" in text and "merged_qkv" in text
-    assert re.search(r"release gemv_norm_epilogue: launches \d+ → 23", text)
+    assert re.search(r"release gemv_norm_epilogue: launches \d+ → 22", text)
     assert "knob launch_us=3.0" in text
     assert "plan (local search" in text
     assert f"saved {path}" in text and load_spec(str(path))["knobs"] == {"launch_us": 3.0}
@@ -425,7 +425,7 @@ def test_terminal_explorer_as_a_subprocess(tmp_path):
                        timeout=120, env=env)
     assert r.returncode == 1, r.stderr
     assert "held:    merged_qkv" in r.stdout
-    assert "release merged_qkv: launches 31 → 23" in r.stdout
+    assert "release merged_qkv: launches 30 → 22" in r.stdout
     assert r.stdout.count("plan (") == 1  # `quit` ended it before the second plan
     errs = [l for l in r.stderr.splitlines() if l.strip()]
     assert errs == ["error: no rule or schedule step `add_nrom` (did you mean `add_norm`?); known: "
