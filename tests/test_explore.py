@@ -573,3 +573,33 @@ def test_a_held_step_holds_the_same_in_the_explorer_as_on_the_command_line():
             opened.close()
     finally:
         ex.close()
+
+
+def test_every_hold_the_command_line_accepts_holds_the_same_in_the_explorer():
+    """Issue 39 item 5: the explorer plans a what-if by the command line's path (`plan(..., session=...)` under a
+    PlanOptions), so each name `--hold` accepts — every schedule step of the lane and the rules a step holds with it —
+    gives the explorer (exact what-ifs) the launches `plan --hold NAME` gives, and its release the plan of nothing
+    held. On the demo in q8_0 under q8 numerics, where fuse_quant holds the quantize rules too."""
+    from test_quant import q8_model
+
+    from lanefuse.lane.lower.plan import plan
+
+    cfg, _ = q8_model("q8_0")
+    g = build_step(cfg, 1)
+    ex = Explorer(g, numerics="q8", what_if="ilp")
+    try:
+        free = plan(g, numerics="q8")
+        names = sorted(ex.steps) + ["add_norm", "gemv_gate_up_glu"]
+        changed = 0
+        for name in names:
+            cli = plan(g, numerics="q8", held=(name,))
+            ex.hold(name)
+            got = ex.plan()
+            assert [repr(x.launch) for x in got.launches] == [repr(x.launch) for x in cli.launches], name
+            assert got.census == cli.census and got.fusions == cli.fusions, name
+            changed += cli.census != free.census
+            ex.release(name)
+            assert ex.plan().census == free.census, name
+        assert changed >= 2  # the holds change the plan: the comparison can fail
+    finally:
+        ex.close()

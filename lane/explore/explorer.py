@@ -3,8 +3,9 @@ tensor's alternative, set a knob — each re-planned on ONE engine Session (a sa
 with the diff against the plan before, each tensor's alternatives with their costs and refusals, and `why` in words.
 `lanefuse explore` drives it from the terminal (lane/explore/shell.py) or the web page (lane/explore/server.py), whose
 protocol `state / choices / hold / release / force / unforce / set_knob` this class implements. It stands on the
-engine's public API (`Session.alternatives`, `Session.plan`, `Optimized.chosen`) and the lane's `lower()`; what a
-schedule step is and which classes it gates come from the lane table.
+engine's public API (`Session.alternatives`, `Optimized.chosen`) and plans every what-if by the command line's path,
+the lane's `plan(..., session=...)` under a PlanOptions; what a schedule step is and which classes it gates come from
+the lane table.
 
 Speed: the first plan is exact (the ILP); every what-if after it takes the engine's local search (`method="local"`),
 about 20-30 ms on the demo model against ~350 ms for the ILP, unless `set_what_if("ilp")` keeps every plan exact;
@@ -29,7 +30,8 @@ from lanefuse.engine.ir import Graph, Op
 from lanefuse.engine.optimize import Alternative, Optimized, Session
 from lanefuse.engine.refusal import Refusal
 from lanefuse.lane.lower.knobs import KNOB_NAMES, Knobs, parse_knobs, set_knob
-from lanefuse.lane.lower.plan import METHODS, NUMERICS, Launched, Plan, lower, split_held, steps_of
+from lanefuse.lane.lower.plan import (METHODS, NUMERICS, Launched, Plan, PlanOptions, options, plan_traced,
+                                     split_held, steps_of)
 from lanefuse.lane.lower.shim import Shim
 from lanefuse.lane.lower.spec import resolve_choice
 from lanefuse.lane.lower.table import LaneTable
@@ -126,8 +128,9 @@ class Explorer:
         t0 = time.perf_counter()
         g = with_numerics(g, numerics)  # q8 / q8x2: the quantize ops before the products over block-quantized rows
         self.g = g
-        self.table = load_table(tuple(rules_dirs))
-        self.lane = load_lane(lane, tuple(rules_dirs))
+        self.rules_dirs = tuple(rules_dirs)
+        self.table = load_table(self.rules_dirs)
+        self.lane = load_lane(lane, self.rules_dirs)
         self.model = model_name or str(g.meta.get("model", "") or "step")
         self.what_if = what_if
         self.steps = steps_of(self.lane)  # the lane's schedule steps: name -> what it does
@@ -309,21 +312,43 @@ class Explorer:
             return hit
         t0 = time.perf_counter()
         method = method or self.what_if
-        opt = self._extract(cfg, forced, method)
-        shim, _ = self._shim(cfg.knobs, cfg.held_steps)
-        sched = lower(opt, shim, cfg.held_rules, self.numerics, method, self.g.meta.get("source", {}), notes)
+        sched, opt = self._planned(cfg, forced, method, notes)
         p = _Plan(sched, opt, method, list(opt.warnings) + notes, (time.perf_counter() - t0) * 1e3)
         self._plans[key] = p
         return p
 
+    def _planned(self, cfg: _Config, forced: dict[str, int], method: str, notes: list[str]) -> tuple[Plan, Optimized]:
+        """The plan under `cfg` by the command line's path, `plan(..., session=...)` with its PlanOptions (so a name
+        holds here what `--hold` holds there), on this explorer's session, shim and memoized costs; a local search
+        that leaves a forced tensor unwritten falls back to the exact ILP."""
+        opts = PlanOptions(lane=self.lane.name, numerics=self.numerics, knobs=cfg.knobs,
+                           held=tuple(sorted(cfg.held_rules | cfg.held_steps)), rules_dirs=self.rules_dirs,
+                           forced=forced, method=method)
+        shim, _ = self._shim(cfg.knobs, cfg.held_steps)
+
+        def planned(o: PlanOptions):
+            return plan_traced(self.g, o, session=self.session, table=self.table, shim=shim, warnings=notes,
+                               cost=self._cost_fn(cfg, forced, o.method == "local"))
+
+        got = None
+        try:
+            got = planned(opts)
+        except UserError:
+            if method != "local" or not forced:
+                raise  # else the local search found nothing under the forces: the ILP decides
+        if method == "local" and (got is None or any(got[1].chosen.get(t) != k for t, k in forced.items())):
+            got = planned(options(opts, method="ilp"))
+        return got
+
     def _extract(self, cfg: _Config, forced: dict[str, int], method: str) -> Optimized:
-        """Extract under `cfg`; a local search that leaves a forced tensor unwritten falls back to the exact ILP."""
+        """The engine's extraction alone under `cfg` (a what-if's cost, `_plan_cost`: nothing lowered), falling back
+        to the exact ILP as `_planned` does."""
         opt = None
         try:
             opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, method == "local"), forced, method)
         except UserError:
             if method != "local" or not forced:
-                raise  # else the local search found nothing under the forces: the ILP decides
+                raise
         if method == "local" and (opt is None or any(opt.chosen.get(t) != k for t, k in forced.items())):
             opt = self.session.plan(cfg.held_rules, self._cost_fn(cfg, forced, False), forced, "ilp")
         return opt

@@ -188,20 +188,25 @@ def options(base: PlanOptions | None = None, **changes) -> PlanOptions:
 
 def plan(g: Graph, opts: PlanOptions | None = None, *, session=None, table=None, source: dict | None = None,
          **changes) -> Plan:
-    """The step `g` lowered under `opts` (keyword arguments change single options: `plan(g, held=["add_norm"])`)."""
+    """The step `g` lowered under `opts` (keyword arguments change single options: `plan(g, held=["add_norm"])`);
+    `session`: an engine Session over `g` kept between plans (the explorer's), whose saturated e-graphs it reuses."""
     return plan_traced(g, opts, session=session, table=table, source=source, **changes)[0]
 
 
 def plan_traced(g: Graph, opts: PlanOptions | None = None, *, session=None, table=None, source: dict | None = None,
-                **changes):
-    """`plan()` and the engine's result beside it (its trace: `lanefuse plan --trace`)."""
+                shim: Shim | None = None, cost=None, warnings=(), **changes):
+    """`plan()` and the engine's result beside it (its trace: `lanefuse plan --trace`). A caller that plans the same
+    step again and again (the explorer's what-ifs) may give its `shim` for these options (its costs memoized), a
+    `cost` the extraction prices ops by in place of the shim's, and `warnings` the plan carries."""
     from lanefuse.engine.optimize import gc_paused
 
     with gc_paused():  # the cyclic collector's passes over planning's objects cost a tenth of plan() and free nothing
-        return _plan_traced(g, opts, session=session, table=table, source=source, **changes)
+        return _plan_traced(g, opts, session=session, table=table, source=source, shim=shim, cost=cost,
+                            warnings=warnings, **changes)
 
 
-def _plan_traced(g: Graph, opts: PlanOptions | None, *, session, table, source: dict | None, **changes):
+def _plan_traced(g: Graph, opts: PlanOptions | None, *, session, table, source: dict | None, shim, cost, warnings,
+                 **changes):
     from lanefuse.engine.optimize import Session
     from lanefuse.engine.rules import load_table
 
@@ -215,7 +220,10 @@ def _plan_traced(g: Graph, opts: PlanOptions | None, *, session, table, source: 
     lt = load_lane(o.lane, o.rules_dirs)
     table = table or (session.table if session is not None else load_table(o.rules_dirs))
     held_rules, held_steps = split_held(o.held, table, lt)
-    shim = Shim(g, lt, o.knobs, held_steps)
+    if shim is None:
+        shim = Shim(g, lt, o.knobs, held_steps)
+    elif shim.g is not g or (shim.table.name, shim.knobs, shim.held_steps) != (lt.name, o.knobs, held_steps):
+        raise ValueError("plan(): the shim given is not these options' (its graph, lane, knobs or held steps differ)")
     if session is not None and getattr(session, "g", g) is not g:
         raise UserError(f"a session over an f32 step graph cannot plan under {o.numerics} numerics (open one over "
                         f"the step under {o.numerics})")
@@ -226,9 +234,9 @@ def _plan_traced(g: Graph, opts: PlanOptions | None, *, session, table, source: 
 
         made = {op.out for op in g.ops}
         forced = {t: resolve_choice(t, k, s.alternatives(t, held_rules), made) for t, k in forced.items()}
-    opt = s.plan(held_rules, shim.cost, forced or None, o.method)
+    opt = s.plan(held_rules, cost or shim.cost, forced or None, o.method)
     t1 = time.perf_counter()
-    p = lower(opt, shim, held_rules, o.numerics, o.method, source or g.meta.get("source", {}),
+    p = lower(opt, shim, held_rules, o.numerics, o.method, source or g.meta.get("source", {}), warnings,
               timings={"engine_s": t1 - t0})
     return p, opt
 
