@@ -33,6 +33,25 @@ __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, 
     return warp_sum(s);
 }
 
+// PW dots of a warp at once (`per_warp`, moe.py): x (n values) with rows row0 + q·MOE_WARPS of w, q < cnt, every row's
+// load of a lane issued before its products; each sum in moe_dot's order (a lane's values, then warp_sum): the same
+// bits as PW dots one after another.
+template <int PW>
+__device__ __forceinline__ void moe_dots(const float* x, int fm, const void* w, i64 row0, i64 cnt, i64 n,
+                                         float (&s)[PW]) {
+#pragma unroll
+    for (int q = 0; q < PW; q++) s[q] = 0.f;
+    for (i64 j = threadIdx.x & 31; j < n; j += 32) {
+        float xv = x[j], wv[PW];
+#pragma unroll
+        for (int q = 0; q < PW; q++) wv[q] = q < cnt ? wget(fm, w, (row0 + q * MOE_WARPS) * n + j) : 0.f;
+#pragma unroll
+        for (int q = 0; q < PW; q++) s[q] += xv * wv[q];
+    }
+#pragma unroll
+    for (int q = 0; q < PW; q++) s[q] = warp_sum(s[q]);
+}
+
 // Row xr (d values) quantized into the block's shared memory (quant.cu's quant_block, a warp a block of 32; qw 3: the
 // q8k form, quant_k_vals, a warp a block of 256, its sums of 16 words in l): what the shared expert's q8 products
 // read. Every thread returns after it.
@@ -103,14 +122,26 @@ __device__ __forceinline__ QX moe_shared_glu(const float* h, i64 r, i64 sf, i64 
 // weights, renormalized over their sum + 1e-20 when `norm`, times `rscale`. Every thread returns after it.
 __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm,
                               const float* br, int topk_first, int grouped, i64 groups, i64 tgroups, float rscale,
-                              int* ch, float* wt) {
+                              int* ch, float* wt, i64 pw) {
     __shared__ float logit[MOE_MAXE];
     __shared__ unsigned char taken[MOE_MAXE];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (i64 e = warp; e < E; e += MOE_WARPS) {
-        float s = moe_dot(xr, fr, wr, e, d);
-        if (lane == 0) { logit[e] = br && !grouped ? s + br[e] : s; taken[e] = 0; }
-    }
+    if (pw == 4)  // four of the warp's logits at once (moe_dots: the same bits)
+        for (i64 e = warp; e < E; e += 4 * MOE_WARPS) {
+            i64 cnt = min((i64)4, (E - e + MOE_WARPS - 1) / MOE_WARPS);
+            float s[4];
+            moe_dots<4>(xr, fr, wr, e, cnt, d, s);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                i64 eq = e + q * MOE_WARPS;
+                if (q < cnt && lane == 0) { logit[eq] = br && !grouped ? s[q] + br[eq] : s[q]; taken[eq] = 0; }
+            }
+        }
+    else
+        for (i64 e = warp; e < E; e += MOE_WARPS) {
+            float s = moe_dot(xr, fr, wr, e, d);
+            if (lane == 0) { logit[e] = br && !grouped ? s + br[e] : s; taken[e] = 0; }
+        }
     __syncthreads();
     if (threadIdx.x == 0 && grouped) {
         // logit[e] becomes the sigmoid score; the choice score is score + bias, masked out of the groups not kept
@@ -176,25 +207,6 @@ __device__ __forceinline__ float moe_act(int act, float g, float u, float limit,
     return (u + 1.f) * g / (1.f + expf(-alpha * g));
 }
 
-// PW dots of a warp at once (`per_warp`, moe.py): x (n values) with rows row0 + q·MOE_WARPS of w, q < cnt, every row's
-// load of a lane issued before its products; each sum in moe_dot's order (a lane's values, then warp_sum): the same
-// bits as PW dots one after another.
-template <int PW>
-__device__ __forceinline__ void moe_dots(const float* x, int fm, const void* w, i64 row0, i64 cnt, i64 n,
-                                         float (&s)[PW]) {
-#pragma unroll
-    for (int q = 0; q < PW; q++) s[q] = 0.f;
-    for (i64 j = threadIdx.x & 31; j < n; j += 32) {
-        float xv = x[j], wv[PW];
-#pragma unroll
-        for (int q = 0; q < PW; q++) wv[q] = q < cnt ? wget(fm, w, (row0 + q * MOE_WARPS) * n + j) : 0.f;
-#pragma unroll
-        for (int q = 0; q < PW; q++) s[q] += xv * wv[q];
-    }
-#pragma unroll
-    for (int q = 0; q < PW; q++) s[q] = warp_sum(s[q]);
-}
-
 // Hidden values j0.. of one slot: act(x·gᵀ + bg)·(x·uᵀ + bu), gate row `gr` and up row `ur` of `w` (a warp a value;
 // pw 4: four of the warp's values at once, moe_dots), the biases of those rows where `b` is given.
 __device__ __forceinline__ void moe_glu(const float* xr, int fm, const void* w, const float* b, i64 gr, i64 ur,
@@ -251,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
-    moe_route_row(xr, MOE_ROUTE_ARGS, ch, wt);
+    moe_route_row(xr, MOE_ROUTE_ARGS, ch, wt, pw);
     if (blockIdx.x == 0 && c == 0 && threadIdx.x < k) {
         choices[r * k + threadIdx.x] = ch[threadIdx.x];
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
@@ -377,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
     i64 r = blockIdx.x;
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
-    moe_route_row(x + r * d, MOE_ROUTE_ARGS, ch, wt);
+    moe_route_row(x + r * d, MOE_ROUTE_ARGS, ch, wt, 1);
     if (threadIdx.x < k) {
         choices[r * k + threadIdx.x] = ch[threadIdx.x];
         weights[r * k + threadIdx.x] = wt[threadIdx.x];

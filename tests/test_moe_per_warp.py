@@ -1,6 +1,6 @@
 """Moe `per_warp` (issue 40 item 4, seed 002's Moe `per_warp`; the schedule's `rows_a_warp`): a mixture a row at a time
-(moe_up, moe_down: the decode step's) computes four of a warp's expert values at once, each warp's loads of four
-weight rows in flight where it had one, every sum in the same order (moe.cu moe_dots). The real kernels run by the host
+(moe_up, moe_down: the decode step's) computes four of a warp's expert values (and router logits) at once, each warp's
+loads of four weight rows in flight where it had one, every sum in the same order (moe.cu moe_dots). The real kernels run by the host
 emulator of CUDA: equal to the numpy twin and to one value a warp to the bit (a shared expert, the finalize, gpt-oss's
 biases and clamp, block formats, the q8 numerics' shared expert), again in reverse block order with shuffled threads;
 the step's choice and refusal; a tiny Qwen3-MoE's decode planned with it, equal to the reference interpreter."""
@@ -63,6 +63,8 @@ CASES = [  # fmt, rows, d, f, E, k, shared, finalize, gptoss, qwords
     ("bf16", 1, 64, 72, 6, 2, 0, True, True, 0),
     ("q8_0", 1, 128, 96, 8, 2, 64, True, False, 1),
     ("q4_k", 1, 256, 256, 4, 2, 256, False, False, 3),
+    ("bf16", 1, 64, 40, 64, 4, 0, False, False, 0),  # the router four logits a warp: 64 experts, and 37
+    ("f32", 2, 32, 37, 37, 3, 24, True, False, 0),
 ]
 
 
