@@ -58,6 +58,27 @@ CACHE = Path(flags.read("LANEFUSE_MODEL_CACHE") or Path.home() / ".cache" / "lan
 OLD_REV = "4a43cc2"
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_k", "q6_k")
 MEASURED_TOKEN_US = {"bf16": 27667.0, "q8_0": 31669.0, "q4_0": 30597.3, "q4_k": 31625.9}  # gpu_decode.log, graph on
+# cuBLAS's bf16 GEMV on the same H200 the same day (gpu-runs/2026-12-04/cublas-gemv.log: torch x @ w.t(), 50 launches
+# back to back on a stream, CUDA events; µs a launch): a cross-check of t0, the fixed cost of a launch that streams
+CUBLAS_GEMV_US = {(6144, 4096): 15.8, (4096, 4096): 19.1, (24576, 4096): 49.1, (4096, 12288): 30.0,
+                  (151936, 4096): 284.9}
+CUBLAS_OUTLIER = (4096, 4096)  # 1.76 TB/s where the four others run 3.2-4.4: cuBLAS's own kernel choice, left out
+
+
+def cublas_anchor() -> tuple[float, float]:
+    """(fixed µs a launch, TB/s) of a least-squares line through cuBLAS's measured GEMV times against their bf16
+    bytes (CUBLAS_OUTLIER left out): what a launch that streams at the copy bandwidth costs beyond its bytes on this
+    H200, back to back on a stream without PDL. Measured 2026-12-04: about 5.3 µs, against the model's t0 of 10.3
+    (fitted on the 4a43cc2 kernels, in the latency regime)."""
+    pts = [(n * k * 2 / 1e6, us) for (n, k), us in CUBLAS_GEMV_US.items() if (n, k) != CUBLAS_OUTLIER]
+    (c, slope), *_ = np.linalg.lstsq(np.array([[1.0, mb] for mb, _ in pts]), np.array([us for _, us in pts]),
+                                     rcond=None)
+    return float(c), 1.0 / float(slope)
+
+
+def at_t0(ks: list, cal: dict, t0: float) -> float:
+    """The token's µs with every launch's fixed cost t0 (the calibration's) replaced by `t0` (the combine pays none)."""
+    return sum(k.us - ((cal["t0_us"] - t0) if k.family != "attention_combine" else 0.0) for k in ks)
 
 # bytes a value of each checkpoint format in HBM (a block format's scales included)
 VALUE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_k": 144 / 256,
@@ -1116,6 +1137,10 @@ def main() -> None:
           f"{cal['tail_rope_us']} µs; attention a round L + heads x {cal['attn_head_us']} µs; combine "
           f"{cal['combine_c0_us']} µs + rounds x L_l2; B_peak = {cal['B_peak_TBps']} TB/s; block-format factor on L "
           f"(4-value loop) {cal['format_factor']}")
+    c0, cbw = cublas_anchor()
+    print(f"cross-check of t0: cuBLAS's bf16 GEMV on the same H200 (cublas-gemv.log, 4 shapes) costs {c0:.1f} µs a "
+          f"launch beyond its bytes at {cbw:.2f} TB/s, back to back without PDL: a launch that streams need not pay "
+          f"the model's t0 of {cal['t0_us']} µs (fitted on the 4a43cc2 kernels)")
     print("\ncalibration residuals (kernels at 4a43cc2, bf16 plan; measured 2026-12-04):")
     for label, meas, pred in residuals(cal):
         print(f"  {label:44} measured {meas:7.1f} µs  model {pred:7.1f} µs  {100 * (pred / meas - 1):+6.1f}%")
@@ -1161,6 +1186,11 @@ def main() -> None:
                 doc["plans"][key]["revs"][label]["launches"] = [dict(index=k.index, kernel=k.call.name, grid=list(k.call.grid), block=list(k.call.block),
                                regs=k.regs, blocks_sm=k.bpsm, waves=k.waves, bytes=k.bytes, us=k.us) for k in ks]
             summary.append((name, pos, label, tot, tot / floor, floor, bd))
+            if rev == a.rev:  # the same launches at cuBLAS's fixed cost a launch (no PDL): the t0 sensitivity
+                tc = at_t0(ks, cal, c0)
+                print(f"  at cuBLAS's fixed cost a launch ({c0:.1f} µs, no PDL; not this model's calibration): "
+                      f"{tc:.0f} µs a token, x{tc / floor:.2f}")
+                doc["plans"][key]["revs"][label + " at cuBLAS t0"] = dict(us=tc, x_floor=tc / floor)
             if a.pdl and rev == a.rev:  # the kernels modelled, not the --compare ones (no PDL there)
                 kp = with_pdl(ks, cal)
                 tp = sum(k.us for k in kp)
