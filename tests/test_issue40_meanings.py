@@ -36,7 +36,9 @@ def test_the_explorer_refuses_to_hold_fused_sampling():
     ex = Explorer(build_step(demo_config(), 1), model_name="demo")
     with pytest.raises(UserError, match="hold fused_sampling: not held"):
         ex.hold("fused_sampling")
-    assert plan(build_step(demo_config(), 1)).fusions.get("fused_sampling") == 1  # taken, as ever
+    f = plan(build_step(demo_config(), 1)).fusions  # the advance taken, as ever: alone, or with the LM head
+    assert f.get("fused_sampling", 0) + f.get("head_argmax", 0) == 1 and f.get("head_argmax") == 1  # (head_argmax)
+    assert plan(build_step(demo_config(), 1), held=("head_argmax",)).fusions.get("fused_sampling") == 1
 
 
 @pytest.mark.parametrize("act, op", [("silu", "silu"), ("gelu", "gelu_erf"), ("gelu_pytorch_tanh", "gelu"),
