@@ -455,8 +455,11 @@ def llama_rope(cfg) -> LlamaRope | None:
 
 
 def plan_rope(env) -> LlamaRope | None:
-    """llama_rope of the model a twin's env runs under the q8 numerics (an ArenaEnv: its plan `s` and `weights`); None
-    for any other env (a HostEnv of a launch alone) or numerics."""
+    """llama_rope of the model a twin's env runs under the q8 numerics (an ArenaEnv: its plan `s` and `weights`; a
+    runner's DeviceEnv: the `llama_rope` it was given); None for any other env (a HostEnv of a launch alone) or
+    numerics."""
+    if hasattr(env, "llama_rope"):
+        return env.llama_rope
     s = getattr(env, "s", None)
     if getattr(s, "numerics", None) != "q8":
         return None

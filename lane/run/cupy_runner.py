@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lanefuse.engine.formats import ggml
 from lanefuse.kernels.cupy_env import DeviceEnv
 from lanefuse.lane.lower.buffers import WORDS, array_bytes
 from lanefuse.lane.lower.plan import Plan
@@ -178,6 +179,10 @@ class CupyRunner:
                              arena=st.arena.fit(s.arena.bytes, tables))
         self.state.weights.update(self.env.weights)
         self.env.weights = self.state.weights
+        # what a launch's numpy twin run on this env reads of the plan, as on an ArenaEnv (its Quant launches: the
+        # q8 numerics' norms and attention; llama.cpp's rope of the model: engine/formats/ggml.plan_rope)
+        self.env.s = s
+        self.env.llama_rope = ggml.llama_rope(getattr(weights, "cfg", None)) if s.numerics == "q8" else None
         for name, b in s.buffers.items():  # the caches (shared), the step's inputs and outputs
             if b.where == "table":
                 t = st.tables[b.home]
