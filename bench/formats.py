@@ -60,7 +60,7 @@ class Model:
 
     def __init__(self, cfg, arrays, fmt: str):
         from lanefuse.engine.front.weights import Weights
-        from lanefuse.kernels.blocks import encode_matrices
+        from lanefuse.engine.formats.blocks import encode_matrices
         from lanefuse.lane.run.step import plan_step_fn
 
         t0 = time.perf_counter()

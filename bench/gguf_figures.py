@@ -63,7 +63,7 @@ def write_model(path: str, fmt: str, shape: dict, seed: int = 18) -> None:
             return a.astype(np.float16), None
         qt = gguf.GGMLQuantizationType[GGML[fmt]]
         if fmt in ("q4_k", "q6_k"):
-            from lanefuse.kernels.blocks import encode
+            from lanefuse.engine.formats.blocks import encode
 
             return np.asarray(encode(a, fmt), dtype=np.uint8).reshape(rows, -1), qt
         return gguf.quants.quantize(a, qt), qt

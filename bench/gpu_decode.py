@@ -36,7 +36,7 @@ def block_weights(c, rng):
     (about 1/sqrt(cols) a value), so the step's numbers stay finite."""
     import cupy as cp
 
-    from lanefuse.kernels.blocks import BLOCKS
+    from lanefuse.engine.formats.blocks import BLOCKS
 
     vb, bb = BLOCKS[c.format]
     raw = rng.integers(0, 256, size=(c.size // vb, bb), dtype=cp.int32).astype(cp.uint8)
@@ -51,7 +51,7 @@ def device_weights(s, seed: int = 0):
     as random blocks)."""
     import cupy as cp
 
-    from lanefuse.kernels.blocks import BLOCKS
+    from lanefuse.engine.formats.blocks import BLOCKS
 
     rng = cp.random.default_rng(seed)
     out = {}

@@ -54,7 +54,7 @@ def qwen3_8b(layers: int = 36) -> ModelConfig:
 
 def gptoss_120b(layers: int = 36, experts: str = "bf16") -> ModelConfig:
     """gpt-oss-120b's shape (config.json's keys, no weights): 128 experts of 2880, top-4, sliding layers of 128, YaRN,
-    bf16 rows; `experts` "mxfp4" for the experts as a real checkpoint holds them (kernels/blocks.py's mxfp4)."""
+    bf16 rows; `experts` "mxfp4" for the experts as a real checkpoint holds them (engine/formats/blocks.py's mxfp4)."""
     import dataclasses
 
     from lanefuse.engine.front.hfconfig import config_from_hf

@@ -252,6 +252,7 @@ def _view(shapes, attrs):
 
 QBLOCK = 32  # the values of a quantized activation that share one scale
 QBLOCK_K = 256  # ... under the q8k form (llama.cpp's q8_K, the activation of a product over K-quant rows)
+QSUM = 16  # ... and its words a sum (its int16 sums of 16 words)
 QFORMS = {1: "q8", 2: "q8x2", 3: "q8k"}  # a quantize's words -> the dtype of its result
 
 

@@ -12,8 +12,8 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.blocks import BLOCKS, bytes_per_value, decode_blocks, row_bytes, row_refusal
-from lanefuse.kernels.blocks import encode as encode_any
+from lanefuse.engine.formats.blocks import BLOCKS, bytes_per_value, decode_blocks, row_bytes, row_refusal
+from lanefuse.engine.formats.blocks import encode as encode_any
 
 GEMV_ROWS = 8  # rows of x one GEMV warp multiplies at once (an accumulator per row); more rows run as slabs of this many
 QBLOCK = 32  # values of an activation's quantized form that share one scale
@@ -282,9 +282,9 @@ _STORED = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}  # the dtype
 
 def decode(raw: np.ndarray, fmt: str, out: np.ndarray | None = None) -> np.ndarray:
     """Checkpoint values to f32: f16 as float16, bf16 as the uint16 of its top half (shifted into the high half of
-    an f32 word), a block format's bytes (rows of whole blocks, or flat) by its blocks (kernels/blocks.py): (rows,
+    an f32 word), a block format's bytes (rows of whole blocks, or flat) by its blocks (formats/blocks.py): (rows,
     cols) from (rows, row bytes), else flat. With `out` (flat f32, as many values): written there in one pass where
-    the format allows (f16, bf16 and kernels/blocks.py's INTO), and `out` returned."""
+    the format allows (f16, bf16 and engine/formats/blocks.py's INTO), and `out` returned."""
     if fmt in BLOCKS:
         a = np.asarray(raw, dtype=np.uint8)
         if out is not None:
@@ -309,7 +309,7 @@ def decode(raw: np.ndarray, fmt: str, out: np.ndarray | None = None) -> np.ndarr
 
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     """f32 values as checkpoint storage in `fmt` (bf16 rounded to nearest even; a block format's rows (rows, cols) as
-    uint8 (rows, row bytes)), for tests and demo weights: kernels/blocks.py's `encode`, which holds every format."""
+    uint8 (rows, row bytes)), for tests and demo weights: formats/blocks.py's `encode`, which holds every format."""
     return encode_any(values, fmt)
 
 

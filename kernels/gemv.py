@@ -16,7 +16,7 @@ import numpy as np
 
 from lanefuse.engine.formats.quantize import BLOCK_FORMATS, K_FORMATS
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.blocks import BLOCKS
+from lanefuse.engine.formats.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Q8K, Chip, Dst, Launch, Scratch, decode,
                                      at_call, dst_at, format_refusal, names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.q8dot import dequantized, q8_exact

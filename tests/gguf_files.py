@@ -99,7 +99,7 @@ def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     if fmt == "f16":
         return values.astype(np.float16)
     if fmt in ("q4_k", "q6_k"):
-        from lanefuse.kernels.blocks import encode as block_encode  # the K-quants: the blocks helper's quantizer
+        from lanefuse.engine.formats.blocks import encode as block_encode  # the K-quants: the blocks helper's quantizer
 
         return np.asarray(block_encode(values, fmt), dtype=np.uint8).reshape(values.shape[0], -1)
     return gguf.quants.quantize(values, gguf.GGMLQuantizationType[GGUF_TYPES[fmt]])

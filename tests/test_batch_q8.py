@@ -14,7 +14,7 @@ import pytest
 from lanefuse.engine.interp import evaluate
 from lanefuse.engine.formats.quantize import with_numerics
 from lanefuse.engine.front.weights import Weights
-from lanefuse.kernels.blocks import encode
+from lanefuse.engine.formats.blocks import encode
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.run.batch import generate_batch
 from lanefuse.lane.run.generate import generate

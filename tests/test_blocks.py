@@ -1,4 +1,4 @@
-"""GGUF's block formats (kernels/blocks.py): the numpy decoding equals `gguf.quants.dequantize` to the bit on every
+"""GGUF's block formats (formats/blocks.py): the numpy decoding equals `gguf.quants.dequantize` to the bit on every
 format — random blocks with extreme, subnormal, zero and non-finite f16 scales, all-zero blocks, -128, odd row counts
 — the CUDA decoding (prelude.cu's block section, compiled as host C++) equals the numpy twin to the bit, the encoders
 round-trip (q8_0 / q4_0 byte for byte as gguf's own quantizer, q4_k / q6_k within stated errors), and the weight
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.front.weights import Weights
-from lanefuse.kernels import blocks
+from lanefuse.engine.formats import blocks
 from lanefuse.kernels.common import FORMAT_CODE, decode, encode
 
 gguf = pytest.importorskip("gguf")
@@ -219,7 +219,7 @@ def host_qget(tmp_path_factory):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_the_cuda_decoding_equals_the_numpy_twin(host_qget, fmt):
     """Every value of random blocks (edge-case scales and fills among them), decoded by the device functions the
-    kernels call inside their dot products (one value: qget; four: qget4), equals kernels/blocks.py's decoding to the
+    kernels call inside their dot products (one value: qget; four: qget4), equals formats/blocks.py's decoding to the
     bit (NaN as NaN)."""
     g = np.random.default_rng(FORMAT_CODE[fmt])
     vb, bb = blocks.BLOCKS[fmt]

@@ -1,5 +1,5 @@
 """The GGUF block formats past q8_0 / q4_0 / q4_k / q6_k that llama.cpp's presets write — q4_1, q5_0, q5_1, q5_k,
-q3_k, q2_k, iq4_nl, iq4_xs (kernels/blocks.py): the numpy decoding equals `gguf.quants.dequantize` to the bit on random
+q3_k, q2_k, iq4_nl, iq4_xs (formats/blocks.py): the numpy decoding equals `gguf.quants.dequantize` to the bit on random
 blocks with extreme, subnormal, zero and non-finite f16 scales; the encoders the tests write files with (gguf's own
 for q4_1 / q5_0 / q5_1, whose fallbacks here equal it byte for byte; the quantizers here for the others) round-trip
 within a step; the CUDA decoding (prelude.cu's block section, compiled as host C++) equals the numpy twin to the bit;
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.formats.layout import BLOCK_FORMATS, F16_SCALES
 from lanefuse.engine.front.weights import Weights
-from lanefuse.kernels import blocks
+from lanefuse.engine.formats import blocks
 from lanefuse.kernels.common import FORMAT_CODE, decode
 
 gguf = pytest.importorskip("gguf")
@@ -131,7 +131,7 @@ def test_encoded_values_lie_within_a_step(fmt, seed, scale, shift):
 @pytest.mark.parametrize("fmt", NEW)
 def test_the_cuda_decoding_equals_the_numpy_twin(host_qget, fmt):
     """Every value of random blocks (each edge-case scale, blocks of one byte among them), decoded by prelude.cu's
-    qget (one value) and qget4 (four), equals kernels/blocks.py's decoding to the bit (NaN as NaN)."""
+    qget (one value) and qget4 (four), equals engine/formats/blocks.py's decoding to the bit (NaN as NaN)."""
     g = np.random.default_rng(FORMAT_CODE[fmt])
     vb, bb = blocks.BLOCKS[fmt]
     raws = []

@@ -21,7 +21,7 @@ from hf_ref import fused_step, hf_greedy, scaled_error  # noqa: E402
 from lanefuse.engine.front.load import load_model  # noqa: E402
 from lanefuse.engine.interp import evaluate  # noqa: E402
 from lanefuse.engine.formats.quantize import K_FORMATS, with_numerics  # noqa: E402
-from lanefuse.kernels.blocks import BLOCKS, encode  # noqa: E402
+from lanefuse.engine.formats.blocks import BLOCKS, encode  # noqa: E402
 from lanefuse.lane.lower.plan import plan  # noqa: E402
 from lanefuse.lane.run.generate import generate  # noqa: E402
 from lanefuse.lane.run.numpy_runner import NumpyRunner  # noqa: E402

@@ -14,7 +14,7 @@ import test_kernels_gpu as gpu
 import test_quant_gpu as qgpu
 from lanefuse.engine.formats.quantize import K_FORMATS
 from lanefuse.kernels import Dst, Gemv, Part
-from lanefuse.kernels.blocks import decode_rows
+from lanefuse.engine.formats.blocks import decode_rows
 from lanefuse.kernels.common import encode
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu._device(), reason="no CUDA device")]
@@ -84,10 +84,10 @@ def test_glu_and_parts_q8_new_formats(fmt, words):
 @pytest.mark.parametrize("fmt", NEW)
 def test_gather_decodes_each_block_to_the_bit(fmt):
     """Embedding rows of random blocks (every edge-case f16 scale: zero, subnormals, the largest, inf, NaN; blocks of
-    one byte) gathered by the kernel (qget, a value a thread) equal kernels/blocks.py's decoding to the bit, NaN as
+    one byte) gathered by the kernel (qget, a value a thread) equal formats/blocks.py's decoding to the bit, NaN as
     NaN."""
     from lanefuse.kernels import Gather
-    from lanefuse.kernels.blocks import BLOCKS, F16_SCALES
+    from lanefuse.engine.formats.blocks import BLOCKS, F16_SCALES
     from lanefuse.kernels.common import decode
     from lanefuse.kernels.cupy_env import DeviceEnv
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import ggml_cpu
 from lanefuse.engine.formats import ggml
 from lanefuse.engine.formats.quantize import quantize
-from lanefuse.kernels.blocks import encode
+from lanefuse.engine.formats.blocks import encode
 
 F32 = np.float32
 needs_ggml = pytest.mark.skipif(ggml_cpu.lib() is None, reason="needs llama-cpp-python (its libggml-cpu)")
@@ -59,7 +59,7 @@ def test_old_f64_sums_part_from_llama_cpp(fmt):
     rounded once (lanefuse's q8 numerics before), differ from llama.cpp's vec_dot by f32 ulps on many outputs — each
     a possible flip of a quantized word downstream."""
     from lanefuse.engine.formats.quantize import product
-    from lanefuse.kernels.blocks import decode_rows
+    from lanefuse.engine.formats.blocks import decode_rows
 
     rng = np.random.default_rng(3)
     k, n = 2304, 64

@@ -45,12 +45,12 @@ K_FORMATS = ["q4_k", "q6_k"]
 
 
 def _needs_blocks(fmt: str) -> None:
-    """The block formats run once the kernels read them (kernels/blocks.py, the `blocks` helper's part)."""
+    """The block formats run once the kernels read them (engine/formats/blocks.py, the `blocks` helper's part)."""
     if fmt in ("q8_0", "q4_0", "q4_k", "q6_k"):
         from lanefuse.engine import ir
 
         if fmt not in ir.FORMATS:
-            pytest.skip(f"the kernels do not read {fmt} yet (kernels/blocks.py)")
+            pytest.skip(f"the kernels do not read {fmt} yet (engine/formats/blocks.py)")
 
 
 def _parity(model, path, fmt, out_fmt=None, fused=True):
@@ -87,7 +87,7 @@ def test_gguf_parity_with_transformers(arch, fmt, tmp_path):
 @pytest.mark.parametrize("arch", list(SHAPES))
 def test_gguf_parity_k_quants(arch, fmt, tmp_path):
     _needs_blocks(fmt)
-    pytest.importorskip("lanefuse.kernels.blocks")
+    pytest.importorskip("lanefuse.engine.formats.blocks")
     kw = dict(K_SHAPE, **({"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
                           if arch == "qwen3" else {}))
     model = gf.tiny_model(arch, **kw)

@@ -104,7 +104,7 @@ def test_files_quantized_by_llama_cpp(arch, ftype, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k", "q6_k"])
 def test_llama_cpp_reads_the_block_files_written_here(fmt):
-    """llama.cpp on the tests' block-format llama files (q/k rows permuted, blocks from gguf's and kernels/blocks.py's
+    """llama.cpp on the tests' block-format llama files (q/k rows permuted, blocks from gguf's and formats/blocks.py's
     quantizers): its logits of the prompt within 5% of transformers' on the decoded weights — it quantizes the
     activations as well (q8_0 blocks, q8_K for K-quants: measured 0.7-2.1%), so only a loose bound; a misread tensor
     or row order is far off."""

@@ -17,7 +17,7 @@ from lanefuse.engine.front.model import build_step
 from lanefuse.engine.front.weights import Weights
 from lanefuse.kernels import (Dst, Fold, Gather, GemmPart, GemmParts, Gemv, GemvGlu, HostEnv, Norm, Part, RopeParts,
                               RopeSide)
-from lanefuse.kernels.blocks import BLOCKS, encode_matrices
+from lanefuse.engine.formats.blocks import BLOCKS, encode_matrices
 from lanefuse.kernels.common import encode
 from lanefuse.kernels.gemv import chunk
 from lanefuse.lane.lower.knobs import Knobs

@@ -145,8 +145,8 @@ def test_gemv_staged_rows(fmt, k, split, m, per_warp):
 @pytest.mark.parametrize("per_warp", [1, 4])
 def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
     """x one-hot (two rows, two positions): each output is one decoded value times 1 plus zeros, so the kernel's
-    decoded values must equal the numpy twin's (kernels/blocks.py, gguf's) to the bit."""
-    from lanefuse.kernels.blocks import decode_rows
+    decoded values must equal the numpy twin's (engine/formats/blocks.py, gguf's) to the bit."""
+    from lanefuse.engine.formats.blocks import decode_rows
 
     n = 5
     g = np.random.default_rng(k + per_warp)

@@ -450,8 +450,8 @@ BLOCK_FMTS = ["q8_0", "q4_0", "q4_k", "q6_k"]
 @pytest.mark.parametrize("fmt", BLOCK_FMTS)
 def test_block_decoding_on_the_device_is_bit_exact(fmt):
     """Rows of random blocks (every edge-case f16 scale: zero, subnormals, the largest, inf, NaN) gathered by the
-    kernel (times 1.0) equal kernels/blocks.py's decoding to the bit, NaN as NaN."""
-    from lanefuse.kernels.blocks import BLOCKS
+    kernel (times 1.0) equal engine/formats/blocks.py's decoding to the bit, NaN as NaN."""
+    from lanefuse.engine.formats.blocks import BLOCKS
     from lanefuse.kernels.common import decode
 
     vb, bb = BLOCKS[fmt]

@@ -1,5 +1,5 @@
 """MXFP4 (issue 19): gpt-oss's experts as transformers' checkpoints hold them (`*_blocks` (E, rows, G, 16) fp4 e2m1
-pairs, `*_scales` (E, rows, G) e8m0), read as the `mxfp4` block format (kernels/blocks.py: a block's scale byte then
+pairs, `*_scales` (E, rows, G) e8m0), read as the `mxfp4` block format (formats/blocks.py: a block's scale byte then
 its 16 bytes). Its numpy decoding equals transformers' own dequantization (integrations/mxfp4.py) to the bit, the
 CUDA decoding (prelude.cu, built for the host) equals the numpy one, and a tiny MXFP4 gpt-oss checkpoint written here
 decodes the same greedy tokens as transformers on it (which, on a CPU without triton kernels, dequantizes the experts
@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from lanefuse.kernels import blocks
+from lanefuse.engine.formats import blocks
 from lanefuse.kernels.common import FORMAT_CODE
 
 from test_blocks import host_qget, same_bits  # noqa: F401  (host_qget: a fixture)
@@ -47,7 +47,7 @@ def test_decoding_equals_transformers_dequantization(dtype):
 
 
 def test_the_cuda_decoding_equals_the_numpy_twin(host_qget):  # noqa: F811
-    """prelude.cu's mxfp4_get (one value) and qget4's four, built for the host, against kernels/blocks.py on every
+    """prelude.cu's mxfp4_get (one value) and qget4's four, built for the host, against formats/blocks.py on every
     code and scale."""
     g = np.random.default_rng(8)
     b, s = _random_mxfp4(g, 255, 3)

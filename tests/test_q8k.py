@@ -15,7 +15,7 @@ from lanefuse.engine.interp import evaluate
 from lanefuse.engine.front.model import build_step
 from lanefuse.engine.formats.quantize import product, quantize, with_numerics
 from lanefuse.kernels import Binary, Dst, GemmPart, GemmParts, Gemv, GemvGlu, HeadGemv, Norm, Part
-from lanefuse.kernels.blocks import decode_rows, encode
+from lanefuse.engine.formats.blocks import decode_rows, encode
 from lanefuse.kernels.common import act
 from lanefuse.kernels.env import HostEnv
 from lanefuse.kernels.quant import Quant, quant_bytes, quant_layout
@@ -312,7 +312,7 @@ def test_q8_mixture_finalize_quantizes_the_next_norm(fmt):
     from lanefuse.engine.front.demo import demo_config, random_arrays
     from lanefuse.engine.front.families.mixtures import MoeConfig
     from lanefuse.engine.front.weights import Weights
-    from lanefuse.kernels.blocks import encode_matrices
+    from lanefuse.engine.formats.blocks import encode_matrices
 
     cfg = dataclasses.replace(demo_config(32), arch="Qwen3MoeForCausalLM", layers=2,
                               moe=MoeConfig(8, 2, 256, True, (0, 1)))

@@ -17,7 +17,7 @@ from lanefuse.engine.front.model import build_step
 from lanefuse.engine.formats.quantize import LOW_STEPS, f32_reads, product, quantize, with_numerics
 from lanefuse.engine.stepyaml import from_yaml, to_yaml
 from lanefuse.engine.front.weights import Weights
-from lanefuse.kernels.blocks import BLOCKS, _enc_q8_0, encode, encode_matrices
+from lanefuse.engine.formats.blocks import BLOCKS, _enc_q8_0, encode, encode_matrices
 
 FMTS = ("q8_0", "q4_0", "q4_k", "q6_k")
 
@@ -98,7 +98,7 @@ def test_block_product_is_int32_sums_scaled(fmt):
     else:
         nib = raw[:, :, 2:]
         qw = np.concatenate([nib & 15, nib >> 4], axis=2).astype(np.int32) - 8
-    from lanefuse.kernels.blocks import decode_rows
+    from lanefuse.engine.formats.blocks import decode_rows
 
     wf = decode_rows(encode(w, fmt), fmt, k)
     x = rng.standard_normal((2, k)).astype(np.float32)
@@ -118,8 +118,9 @@ def test_min_rows_take_q8_1s_s(fmt):
     twin (kernels/q8dot.py) alike; without the mins (m·f16(d32)·Σq) it is measurably off. Under two words the min term
     stays d·Σ(q + low/254)."""
     from lanefuse.engine.formats.quantize import block_mins
-    from lanefuse.kernels.blocks import decode_rows
-    from lanefuse.kernels.q8dot import q8_exact, weight_ints
+    from lanefuse.engine.formats.blocks import decode_rows
+    from lanefuse.engine.formats.ints import weight_ints
+    from lanefuse.kernels.q8dot import q8_exact
 
     rng = np.random.default_rng(4)
     k, n, r = 160, 9, 3

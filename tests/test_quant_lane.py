@@ -14,7 +14,7 @@ from lanefuse.engine.interp import evaluate
 from lanefuse.engine.front.model import build_step
 from lanefuse.engine.formats.quantize import product, quantize, with_numerics
 from lanefuse.kernels import Dst, Gemv
-from lanefuse.kernels.blocks import decode_rows, encode
+from lanefuse.engine.formats.blocks import decode_rows, encode
 from lanefuse.kernels.env import HostEnv
 from lanefuse.kernels.quant import Quant, quant_layout
 from lanefuse.lane.lower.plan import plan

@@ -143,7 +143,7 @@ def dot(words: np.ndarray, d: np.ndarray, raw: np.ndarray, fmt: str, n: int, k: 
     blocks' scales d (R, k/B) f32 as ggml multiplies them (q8_0 / q8_1: the f16 d; q8_K: the f32 d), q8_1's s (R, k/32)
     f32 for q4_1 / q5_1 rows and q8_K's sums of 16 words (R, k/16) for the K-quants' — and w the rows `raw` of `fmt`
     (n, k). Two rows or more over Q0_SGEMM rows take tinyBLAS's order (one accumulator chain), else vec_dot's."""
-    from lanefuse.kernels.q8dot import INT_FORMATS, k_ints, weight_ints
+    from lanefuse.engine.formats.ints import INT_FORMATS, k_ints, weight_ints
 
     r = words.shape[0]
     batch = r if batch is None else batch

@@ -8,5 +8,5 @@ BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_k": (256, 144), "q6_k":
                  "q2_k": (256, 84), "iq4_nl": (32, 18), "iq4_xs": (256, 136)}
 F16_SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_k": (0, 2), "q6_k": (208,), "mxfp4": (), "q4_1": (0, 2), "q5_0": (0,),
               "q5_1": (0, 2), "q5_k": (0, 2), "q3_k": (108,), "q2_k": (80, 82), "iq4_nl": (0,),
-              "iq4_xs": (0,)}  # a block's f16 scales' bytes (kernels/blocks.py holds the same tables)
+              "iq4_xs": (0,)}  # a block's f16 scales' bytes (engine/formats/blocks.py holds the same tables)
 # (mxfp4's scale is one e8m0 byte, at 0)

@@ -1,6 +1,6 @@
 """MXFP4, the block format of gpt-oss checkpoints' experts (not a GGUF type): blocks of 32 fp4 e2m1 values with one
 e8m0 scale, stored here as `mxfp4` rows of 17-byte blocks (the scale byte, then the 16 bytes of the checkpoint's
-`*_blocks`). What the front needs to read a checkpoint (packing, decoding to f32); kernels/blocks.py holds the
+`*_blocks`). What the front needs to read a checkpoint (packing, decoding to f32); engine/formats/blocks.py holds the
 format among the others (its row sizes, encoder) and the kernels decode it in place."""
 
 from __future__ import annotations

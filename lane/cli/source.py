@@ -172,7 +172,7 @@ def _demo_in(cfg, fmt: str):
 
     from lanefuse.engine.front.demo import random_arrays
     from lanefuse.engine.front.weights import Weights
-    from lanefuse.kernels.blocks import encode_matrices
+    from lanefuse.engine.formats.blocks import encode_matrices
 
     arrays = encode_matrices(random_arrays(cfg), fmt)
     cfg = dataclasses.replace(cfg, formats=tuple((n, f) for n, (_, f) in arrays.items() if f != "f32"))
@@ -182,7 +182,7 @@ def _demo_in(cfg, fmt: str):
 def _block_rows(cfg, fmt: str, whence: str) -> None:
     """Refuse a block format some checkpoint rows of the model cannot be held in (a row not whole blocks), naming the
     first such tensor."""
-    from lanefuse.kernels.blocks import BLOCKS, row_refusal
+    from lanefuse.engine.formats.blocks import BLOCKS, row_refusal
 
     if fmt not in BLOCKS:
         return

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from lanefuse.kernels.blocks import INTO
+from lanefuse.engine.formats.blocks import INTO
 
 
 def host_constant(c, weights) -> tuple[np.ndarray, str]:

@@ -113,7 +113,7 @@ class GptOssStore:
     (E, d, 2f), its columns gate and up interleaved (gate at 2j, up at 2j + 1), and down_proj (E, f, d), both the
     transpose of the rows a product reads; each one de-interleaved and transposed once, in memory, in its stored
     format. A real gpt-oss checkpoint's MXFP4 experts (`*_blocks` (E, rows, G, 16), `*_scales` (E, rows, G): rows
-    (out, in), the product's own) are served as `mxfp4` rows (kernels/blocks.py), each block's scale byte packed
+    (out, in), the product's own) are served as `mxfp4` rows (engine/formats/blocks.py), each block's scale byte packed
     before its 16 bytes, gate_up's interleaved rows put gate first (whole rows move, the bytes are unchanged)."""
 
     def __init__(self, base, cfg: GptOssConfig, where: str):
