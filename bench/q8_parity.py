@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--plan", action="store_true", help="the fused plan's exact twins, not the reference interpreter")
+    ap.add_argument("--fast", action="store_true", help="the fused plan as `lanefuse run --numerics q8` runs it on the "
+                    "CPU (its default twins: f32 BLAS on decoded rows), not the reference interpreter")
     ap.add_argument("--files", default=str(Path(tempfile.gettempdir()) / "lanefuse-q8-parity"))
     args = ap.parse_args()
     sys.path.insert(0, str(TESTS))
@@ -54,8 +56,9 @@ def main() -> None:
                  num_hidden_layers=args.layers, max_position_embeddings=256)
     prompt = [int(x) for x in np.random.default_rng(1).integers(100, args.vocab - 100, 12)]
     model = None
-    print(f"{args.layers} layers, vocabulary {args.vocab}, {args.steps} steps, lanefuse "
-          f"{'fused plan (exact twins)' if args.plan else 'reference interpreter'} under q8", flush=True)
+    what = ("fused plan (run's default twins)" if args.fast else "fused plan (exact twins)" if args.plan else
+            "reference interpreter")
+    print(f"{args.layers} layers, vocabulary {args.vocab}, {args.steps} steps, lanefuse {what} under q8", flush=True)
     for name in args.presets:
         main_f, fallback = PRESETS[name]
         path = files / f"{name}-{args.layers}-{args.vocab}.gguf"
@@ -75,8 +78,14 @@ def main() -> None:
         want, want_logits = pickle.loads(answer.read_bytes())
         t0 = time.time()
         cfg, weights = load_model(path)
-        step = (tf.plan_step(weights, "q8") if args.plan else
-                lambda g, env: evaluate(with_numerics(g, "q8"), weights, env))
+        if args.fast:
+            from lanefuse.lane.lower.plan import PlanOptions
+            from lanefuse.lane.run.step import plan_step_fn
+
+            step, _ = plan_step_fn(weights, "cpu", PlanOptions(numerics="q8"))
+        else:
+            step = (tf.plan_step(weights, "q8") if args.plan else
+                    lambda g, env: evaluate(with_numerics(g, "q8"), weights, env))
         got = generate(cfg, weights, prompt, args.steps, chunk=len(prompt), step_fn=step)
         apart = [float(np.abs(a - b).max()) for a, b in zip(got.logits, want_logits)]
         first = next((i for i, (a, b) in enumerate(zip(got.generated_ids, want)) if a != b), None)

@@ -365,6 +365,9 @@ def _step_fn(args, src, saved, sampling=None):
     """The step function generation runs: the reference interpreter, or a fused plan (the saved one, or planned
     under the command's flags) on the chosen backend; sampled (`sampling` not greedy), each plan closes its step with
     the `sample` launch (the reference draws with its twin on the host)."""
+    if args.reference and getattr(args, "exact", False):
+        raise UserError("--exact and --reference: the exact twins run a fused plan, the reference the lifted graph; "
+                        "give one")
     if args.reference:
         numerics = getattr(args, "numerics", None) or "f32"
         if numerics == "f32":
@@ -388,8 +391,14 @@ def _step_fn(args, src, saved, sampling=None):
         from lanefuse.lane.cli.options import plan_options
 
         opts = plan_options(args)
+    exact = bool(getattr(args, "exact", False))
+    if exact:
+        from lanefuse.lane.run.step import pick_device
+
+        if pick_device(args.device) != "cpu":
+            raise UserError("--exact: the exact twins are the numpy backend's; run them with --device cpu")
     return plan_step_fn(src.weights, args.device, opts, saved, args.plan or "", check=flags.read("LANEFUSE_CHECK") == 2,
-                        sampling=sampling)
+                        sampling=sampling, exact=exact)
 
 
 def cmd_plan(args) -> int:

@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write {model, prompt_ids, generated_ids, logits} to FILE (`-`: "
                                                   "stdout, the other lines then go to stderr)")
     p.add_argument("--reference", action="store_true", help="run the reference interpreter of the lifted graph")
+    p.add_argument("--exact", action="store_true",
+                   help="the numpy backend's exact twins (each kernel's sums as it makes them; under --numerics q8 "
+                        "llama.cpp's CPU arithmetic, its logits to the bit) in place of the fast ones; slower")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto: CuPy when a CUDA device is present, numpy otherwise")
     p.add_argument("--plan", metavar="FILE", help="run a plan saved by `lanefuse plan --save` (no solver needed)")
