@@ -29,7 +29,7 @@ def shapes(layers: int | None) -> dict[str, ModelConfig]:
 
 
 def plan_figures(cfg: ModelConfig, ranks: list[int], rounds: int) -> list[dict]:
-    from lanefuse.engine.parallel import build_rank_step
+    from lanefuse.engine.front.parallel import build_rank_step
     from lanefuse.lane.cli.ranks import rank_report
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan

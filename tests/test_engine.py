@@ -191,7 +191,7 @@ GRAPHS = {
 
 
 def rank_step(c, rank, ranks):
-    from lanefuse.engine.parallel import build_rank_step
+    from lanefuse.engine.front.parallel import build_rank_step
 
     return build_rank_step(c, rank, ranks)
 

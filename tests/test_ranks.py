@@ -1,5 +1,5 @@
 """Tensor parallelism in the reference interpreter: the collectives' meaning (engine/collectives.py), rank r's step
-graph and weights (engine/parallel.py), and R ranks run together (evaluate_ranks: a thread a rank) giving the one-rank
+graph and weights (front/parallel.py), and R ranks run together (evaluate_ranks: a thread a rank) giving the one-rank
 step's tokens and logits — decode and a prefill chunk, f32, bf16 and q8_0 rows, R = 2 and 3 (uneven FFN and vocabulary
 parts), and the refusals in words."""
 
@@ -16,7 +16,7 @@ from lanefuse.engine.errors import UserError
 from lanefuse.engine.interp import evaluate, run_op
 from lanefuse.engine.ir import Op, attrs_of
 from lanefuse.engine.front.model import ModelConfig, build_step
-from lanefuse.engine.parallel import (build_rank_step, check_ranks, part, rank_config, rank_weight_bytes,
+from lanefuse.engine.front.parallel import (build_rank_step, check_ranks, part, rank_config, rank_weight_bytes,
                                       rank_weights)
 from lanefuse.engine.ranks import evaluate_ranks
 from lanefuse.engine.front.stepweights import random_weights

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lanefuse.engine.front.model import ModelConfig, build_step
-from lanefuse.engine.parallel import rank_weight_bytes
+from lanefuse.engine.front.parallel import rank_weight_bytes
 from lanefuse.engine.front.stepweights import random_weights
 from lanefuse.lane.cli.main import main
 from lanefuse.lane.cli.ranks import rank_report

@@ -1,4 +1,4 @@
-"""`--ranks R` on plan, run and check: each rank's share of the model (engine/parallel.py) and what it costs, R
+"""`--ranks R` on plan, run and check: each rank's share of the model (engine/front/parallel.py) and what it costs, R
 processes' run (lane/run/ranks.py), and R ranks' step checked against one rank's."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from lanefuse.engine.errors import UserError
 
 
 def _cfg(src, ranks: int, what: str):
-    from lanefuse.engine.parallel import check_ranks
+    from lanefuse.engine.front.parallel import check_ranks
 
     if src.cfg is None:
         raise UserError(f"{what} --ranks {ranks}: {src.name} is one step YAML; --ranks splits a model (a checkpoint "
@@ -24,7 +24,7 @@ def rank_report(cfg, ranks: int, rows: int, knobs) -> dict:
     """Each rank's share (heads, KV heads, FFN and vocabulary parts, weight and KV-cache bytes, whether they fit a
     device of knob device_gb) and the collectives of its step of `rows` rows, each priced on the lane's link
     (PREDICTIONS: lane/lower/collectives.py)."""
-    from lanefuse.engine.parallel import build_rank_step, part, rank_config, rank_weight_bytes
+    from lanefuse.engine.front.parallel import build_rank_step, part, rank_config, rank_weight_bytes
     from lanefuse.lane.lower.collectives import collective_us, payload_bytes
 
     weights = rank_weight_bytes(cfg, ranks)
@@ -78,7 +78,7 @@ def plan_ranks(args, src, rows: int) -> int:
                       for k, c in rep["collectives"].items())
     print(f"collectives a {what}: {parts or 'none'}; {total:.1f} us a step on the link (a PREDICTION at "
           f"{rep['link']['gbps']:g} GB/s and {rep['link']['us']:g} us each: knobs link_gbps, link_us)")
-    from lanefuse.engine.parallel import build_rank_step
+    from lanefuse.engine.front.parallel import build_rank_step
     from lanefuse.lane.cli.report import plan_command
 
     print("rank 0's step (every rank's has its launches; the parts' shapes differ where the FFN or vocabulary "
@@ -139,7 +139,7 @@ def check_ranks_cmd(args, src, rows_list: list[int]) -> int:
     from lanefuse.engine.ranks import evaluate_ranks
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.front.model import build_step
-    from lanefuse.engine.parallel import build_rank_step, rank_config, rank_weights
+    from lanefuse.engine.front.parallel import build_rank_step, rank_config, rank_weights
 
     cfg = _cfg(src, args.ranks, "check")
     R, bad = args.ranks, 0

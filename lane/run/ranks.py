@@ -1,6 +1,6 @@
 """R ranks as R processes on this machine: the launcher (`launch`), the communicators a rank meets the others through
 (`GlooComm`: torch.distributed's gloo on the CPU; `NcclComm`: NCCL through CuPy on GPUs, imported when made) and a
-rank's greedy run (`rank_generate`: its step graphs, engine/parallel.py, run by the reference interpreter with its
+rank's greedy run (`rank_generate`: its step graphs, engine/front/parallel.py, run by the reference interpreter with its
 communicator). Every collective waits at most `timeout` seconds: a rank that dies ends every rank, and the launcher
 says which, in one line."""
 
@@ -126,14 +126,14 @@ def check_combines(comm) -> None:
 
 def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int, max_len: int = 512,
                   stop_after: int | None = None, plan: bool = False, exact_twins: bool = True) -> dict:
-    """Rank `comm.rank`'s greedy run of checkpoint `model`: its step graphs (engine/parallel.build_rank_step) run by
+    """Rank `comm.rank`'s greedy run of checkpoint `model`: its step graphs (front/parallel.build_rank_step) run by
     the reference interpreter — or, with `plan`, planned for the cuda lane and run by the numpy backend in their
     arena (the exact twins, or the fast ones), each collective launch through the runner env's `comm`. Returns its
     tokens, its logits' parts (the rank's vocabulary part of each step's last row) and where they start.
     `stop_after`: this rank ends (a test's dying rank) after that many steps."""
     from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
-    from lanefuse.engine.parallel import build_rank_step, check_ranks, rank_config, rank_weights
+    from lanefuse.engine.front.parallel import build_rank_step, check_ranks, rank_config, rank_weights
     from lanefuse.lane.run.generate import generate
 
     cfg, weights = load_model(model, max_len=max_len)
