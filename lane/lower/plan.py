@@ -186,6 +186,15 @@ def options(base: PlanOptions | None = None, **changes) -> PlanOptions:
     return PlanOptions(**kw)
 
 
+def census_of(launched) -> dict[str, int]:
+    """A plan's census: its kernels counted by kind (a fused fold one, an unfused pair its two), sorted by kind."""
+    census: dict[str, int] = {}
+    for x in launched:
+        for k in x.launch.kernels():
+            census[k.census] = census.get(k.census, 0) + 1
+    return dict(sorted(census.items()))
+
+
 def plan(g: Graph, opts: PlanOptions | None = None, *, session=None, table=None, source: dict | None = None,
          **changes) -> Plan:
     """The step `g` lowered under `opts` (keyword arguments change single options: `plan(g, held=["add_norm"])`);
@@ -277,16 +286,13 @@ def lower(opt, shim: Shim, held_rules=frozenset(), numerics: str = "f32", method
         x = launched[e.launch]
         raise UserError(f"the {lt.name} lane's plan of `{og.meta.get('model', 'the step')}` is wrong: {e} "
                         f"(layer {x.layer}, computing {', '.join(x.ops) or '-'})") from None
-    census: dict[str, int] = {}
-    for x in launched:
-        for k in x.launch.kernels():
-            census[k.census] = census.get(k.census, 0) + 1
+    census = census_of(launched)
     times = dict(timings or {})
     times["lower_s"] = time.perf_counter() - t0
     return Plan(model=str(og.meta.get("model", "")), rows=int(og.meta.get("rows", 1)), lane=lt.name,
                 numerics=numerics, knobs=knobs, held=tuple(sorted(set(held_rules) | set(held_steps))),
                 launches=launched, buffers=bufs, arena=arena, counters=counters(seq),
-                fusions=dict(sorted(opt.fusions.items())), census=dict(sorted(census.items())),
+                fusions=dict(sorted(opt.fusions.items())), census=census,
                 cost_us=sum(x.cost_us for x in launched), layers=og.layers, io=og.io, tensors=dict(og.tensors),
                 constants=dict(og.constants), source=dict(source or {}),
                 warnings=tuple(opt.warnings) + tuple(warnings), method=method, timings=times,

@@ -113,6 +113,7 @@ def with_sampling(p):
     from lanefuse.kernels.argmax import ArgMax
     from lanefuse.kernels.sample import Sample
     from lanefuse.lane.lower.buffers import Buffer
+    from lanefuse.lane.lower.plan import census_of
 
     from lanefuse.kernels.fold import Fold
 
@@ -134,11 +135,7 @@ def with_sampling(p):
     held = p.launches[i].launch  # the head's fold: its product, then the draw (two kernels: no kernel runs the pair)
     launches[i] = replace(p.launches[i], launch=replace(held, then=s) if isinstance(held, Fold) else s)
     io = SampledIO(**{f: getattr(p.io, f) for f in ("token", "position", "caches", "logits", "next", "states")})
-    census: dict[str, int] = {}  # counted as the plan counts them: a kernel each (the head's fold is now two)
-    for x in launches:
-        for k in x.launch.kernels():
-            census[k.census] = census.get(k.census, 0) + 1
-    census = dict(sorted(census.items()))
+    census = census_of(launches)  # counted as the plan counts them: a kernel each (the head's fold is now two)
     return replace(p, launches=launches, io=io, census=census,
                    tensors={**p.tensors, PARAMS: Tensor(PARAMS, (s.words,), "i32")},
                    buffers={**p.buffers, PARAMS: Buffer(PARAMS, PARAMS, 0, s.words, "i32", "io")})
