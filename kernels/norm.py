@@ -15,7 +15,7 @@ from lanefuse.engine.formats import ggml
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, RmsScale, at_call, dst_at, read_part, read_part_at,
                                      names, reach, rms)
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 
 
 def quantized_next(env, buf: str) -> bool:
@@ -38,7 +38,7 @@ class PreNorm:
 
 
 @dataclass(frozen=True)
-class Norm(Launch):
+class Norm(QuantEpilogue, Launch):
     """out (rows, cols) = rmsnorm(x (+ add)) · w, per head when heads > 1 (w then (cols/heads,))."""
 
     x: str
@@ -68,14 +68,14 @@ class Norm(Launch):
                      *(self.dst().params() if self.f32 else ()))
 
     def writes(self):
-        return names(self.dst().buf if self.f32 else None, self.sum, self.quant)
+        return names(self.stored(self.dst().buf), self.sum, self.quant)
 
     def check(self):
         if not self.f32 and (self.quant is None or self.heads != 1 or self.into is not None):
             return Refusal("a norm writing its quantized form alone needs one: its rows whole (one head) in its own "
                            "buffer")
         if self.quant is not None:
-            why = quant_check(self.cols, self.words, "a normed row", k_form=True)
+            why = self.epilogue_refusal(self.cols, "a normed row")
             if why:
                 return why
             if self.words == Q8K and (not self.f32 or self.into is not None):
@@ -93,7 +93,7 @@ class Norm(Launch):
         n, d = self.rows * self.cols, self.dst()
         x = self.part.extent(self.rows) if self.part is not None else n
         return reach((self.x, x), (self.add, n), (self.sum, n), (self.w, self.cols // max(self.heads, 1)),
-                     (self.pre.w if self.pre else None, self.cols), (d.buf if self.f32 else None, d.extent(n, top)),
+                     (self.pre.w if self.pre else None, self.cols), (self.stored(d.buf), d.extent(n, top)),
                      (self.quant, n))
 
     def weights(self):
@@ -101,8 +101,8 @@ class Norm(Launch):
 
     def bytes(self):
         n = self.rows * self.cols
-        q = quant_bytes(n, self.words) if self.quant is not None else 0
-        return 4 * (n * (1 + self.f32 + (self.add is not None) + (self.sum is not None)) + self.cols) + q
+        return (4 * (n * (1 + self.f32 + (self.add is not None) + (self.sum is not None)) + self.cols)
+                + self.epilogue_bytes(n))
 
     def flops(self):
         return 4 * self.rows * self.cols
@@ -130,7 +130,7 @@ class Norm(Launch):
         if self.f32:
             self.dst().write(env, y)
         if self.quant is not None:  # from the f32 values stored, as the kernel reads them back
-            quant_write(env, self.quant, np.asarray(y, dtype=np.float32).reshape(r, c), self.words)
+            self.epilogue_write(env, np.asarray(y, dtype=np.float32).reshape(r, c))
 
     def fast(self, env):
         self.bind_fast(env)()
@@ -154,7 +154,7 @@ class Norm(Launch):
         yt = t[r * c: 2 * r * c].reshape(r, c)  # the result where it has no view of its own
         norm = RmsScale(r, heads, hd, env.weight(self.w)[0] if self.w is not None else None, self.eps)
         pnorm = RmsScale(r, 1, c, pw, pre.eps) if pre is not None else None
-        f32, quant, words = self.f32, self.quant, self.words
+        f32, quant, quantize = self.f32, self.quant, self.epilogue_write
 
         def call():
             s = at_call(x)
@@ -173,7 +173,7 @@ class Norm(Launch):
             if view is None and f32:
                 d.write(env, y)
             if quant is not None:
-                quant_write(env, quant, y, words)
+                quantize(env, y)
 
         return call
 
@@ -193,8 +193,7 @@ class Norm(Launch):
                 f32(self.pre.eps if self.pre else 0.0), i64(self.pre is not None), denv.opt(self.sum),
                 denv.opt(self.w), f32(self.eps), i64(self.cols), i64(self.heads),
                 *(denv.dst(self.dst()) if self.f32 else (NULL, NULL) + (i64(0),) * 5),
-                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
-                i64(self.words if self.quant is not None else 0))
+                *self.epilogue_args(denv))
 
     def cuda(self, denv):
         grid, block = self.grid_block()

@@ -53,6 +53,68 @@ def quant_bytes(n: int, words: int) -> int:
     return words * n + 4 * (n // QBLOCK) if words else 0
 
 
+class QuantEpilogue:
+    """What a launch kind that quantizes its result in its epilogue (the q8 numerics) shares: its refusal, bytes,
+    twin's write, the kernel's arguments and the names it writes. The kind declares the fields, where they stand in
+    its field order (a launch's repr, its saved plan and the plan digests list the fields in that order): `quant`,
+    the tensor whose quantized form it writes (None: none); the form's int8 words a value, in the field
+    `words_field` names (`words`, or `quant_words` where `words` is the activation's); and, where the f32 result
+    may go unwritten (only projections read it, through the form), `f32`."""
+
+    words_field: ClassVar[str] = "words"
+    k_form: ClassVar[bool] = True  # whether the kernel writes the q8k form (llama.cpp's q8_K, blocks of 256)
+
+    @property
+    def epilogue_words(self) -> int:
+        """The quantized form's words a value; 0 where the launch writes none."""
+        return getattr(self, self.words_field) if self.quant is not None else 0
+
+    @property
+    def stores_f32(self) -> bool:
+        """Whether the launch writes its f32 result (a kind with no `f32` field always does)."""
+        return getattr(self, "f32", True)
+
+    def stored(self, name: str | None) -> str | None:
+        """`name`, the f32 result's buffer, where the launch writes it; None where only the quantized form is."""
+        return name if self.stores_f32 else None
+
+    def written_refusal(self, who: str, result: str) -> Refusal | None:
+        """Why a launch of `who` (in words) that writes neither its `result` nor its quantized form cannot run."""
+        if not self.stores_f32 and self.quant is None:
+            return Refusal(f"{who} that writes neither its {result} nor its quantized form")
+        return None
+
+    def epilogue_refusal(self, n: int, what: str) -> Refusal | None:
+        """Why the result's rows of n values (`what`, in words) cannot be quantized as the fields ask; None when they
+        can, or when no form is written."""
+        if self.quant is None:
+            return None
+        return quant_check(n, getattr(self, self.words_field), what, k_form=self.k_form)
+
+    def epilogue_bytes(self, n: int) -> int:
+        """The bytes the epilogue writes of the quantized form of n values; 0 for none."""
+        return quant_bytes(n, self.epilogue_words)
+
+    def epilogue_write(self, env, values: np.ndarray, start: int = 0) -> None:
+        """The twin's epilogue: `values` (rows, n) f32 into the quantized form from value `start` on, if one is
+        written."""
+        if self.quant is not None:
+            quant_write(env, self.quant, values, self.epilogue_words, start=start)
+
+    def epilogue_ptrs(self, denv) -> tuple:
+        """The kernel's three pointers of the form (words, low words or the q8k form's sums, scales); null ones where
+        it writes none."""
+        from lanefuse.kernels.cupy_env import NULL
+
+        return denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
+
+    def epilogue_args(self, denv) -> tuple:
+        """The kernel's arguments of the epilogue: its three pointers and the form's words (0: none)."""
+        from lanefuse.kernels.cupy_env import i64
+
+        return (*self.epilogue_ptrs(denv), i64(self.epilogue_words))
+
+
 @dataclass(frozen=True)
 class Quant(Launch):
     """y (the quantized form of x's first n values) = quantize(x): a warp a block of QBLOCK values (a q8k form: a
