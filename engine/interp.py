@@ -225,7 +225,9 @@ def _quantize(x, words=1, **a):
 
 def _moe(x, router, gate_up, down, router_bias=None, gate_up_bias=None, down_bias=None, *, experts, k, inter,
          norm_topk, act="silu", routing="softmax_topk", limit=0.0, alpha=1.702, groups=1, topk_groups=1,
-         route_scale=1.0, **a):
+         route_scale=1.0, lo=0, local=0, **a):
+    """The mixture of each row (engine/opdefs.py `moe`); a rank's part (`local` > 0): its experts lo..lo+local-1
+    alone, each row routed over all `experts`."""
     from lanefuse.engine.routing import route
 
     xs = np.asarray(x, dtype=F64)  # (R, d)
@@ -238,14 +240,18 @@ def _moe(x, router, gate_up, down, router_bias=None, gate_up_bias=None, down_bia
         logits = logits + np.asarray(router_bias, dtype=F64)
     chosen, weights = route(logits, k, bool(norm_topk), routing, choice_bias, groups, topk_groups,
                             route_scale)  # (R, k) each
-    gu = np.asarray(gate_up, dtype=F64).reshape(experts, 2 * inter, d)
-    dn = np.asarray(down, dtype=F64).reshape(experts, d, inter)
-    gub = np.zeros((experts, 2 * inter)) if gate_up_bias is None else \
-        np.asarray(gate_up_bias, dtype=F64).reshape(experts, 2 * inter)
-    db = np.zeros((experts, d)) if down_bias is None else np.asarray(down_bias, dtype=F64).reshape(experts, d)
+    n = local or experts  # the experts held: lo..lo+n-1
+    gu = np.asarray(gate_up, dtype=F64).reshape(n, 2 * inter, d)
+    dn = np.asarray(down, dtype=F64).reshape(n, d, inter)
+    gub = np.zeros((n, 2 * inter)) if gate_up_bias is None else \
+        np.asarray(gate_up_bias, dtype=F64).reshape(n, 2 * inter)
+    db = np.zeros((n, d)) if down_bias is None else np.asarray(down_bias, dtype=F64).reshape(n, d)
     out = np.zeros((r, d), dtype=F64)
     for i in range(r):
         for e, w in zip(chosen[i], weights[i]):
+            e = int(e) - lo  # its slot among those held; another rank's expert adds nothing here
+            if not 0 <= e < n:
+                continue
             g = gu[e, :inter] @ xs[i] + gub[e, :inter]  # (f,) each
             u = gu[e, inter:] @ xs[i] + gub[e, inter:]
             h = clamped_glu(g, u, limit, alpha) if act == "clamped_glu" else _ACT64[act](g) * u

@@ -76,9 +76,9 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "of each 16 words: (R, n) f32 -> (R, n) q8 | q8x2 | q8k, read only by products (engine/formats/quantize.py)"),
     _d("moe", ["x", "router", "gate_up", "down", "router_bias?", "gate_up_bias?", "down_bias?"],
        {"experts": int, "k": int, "inter": int, "norm_topk": bool, "act": str, "routing": str, "limit": float,
-        "alpha": float, "groups": int, "topk_groups": int, "route_scale": float},
+        "alpha": float, "groups": int, "topk_groups": int, "route_scale": float, "lo": int, "local": int},
        {"act": "silu", "routing": "softmax_topk", "limit": 0.0, "alpha": 1.702, "groups": 1, "topk_groups": 1,
-        "route_scale": 1.0},
+        "route_scale": 1.0, "lo": 0, "local": 0},
        doc="an expert mixture of each row: router logits x·routerᵀ (E,), the k experts of the largest (routing "
            "softmax_topk: softmax over all E, then top-k, renormalized when norm_topk; equal probabilities: the "
            "lower expert first), each chosen expert's act(x·gᵀ)·(x·uᵀ) times its down rows, weighed and summed. "
@@ -89,7 +89,10 @@ OPS: dict[str, OpDef] = {d.kind: d for d in [
            "u = clamp(up, -limit, limit), (u + 1)·g·sigmoid(alpha·g). DeepSeek-V3: routing sigmoid_group (the "
            "sigmoid of each logit; router_bias, the correction bias, added for the choice only; the experts in `groups` "
            "equal groups, the `topk_groups` groups of the largest sum of their top two kept, the k largest of those; "
-           "the chosen sigmoids the weights, renormalized when norm_topk, times route_scale)"),
+           "the chosen sigmoids the weights, renormalized when norm_topk, times route_scale). A rank's part of the mixture "
+           "(expert parallelism, engine/front/parallel.py): `local` > 0 experts lo..lo+local-1 held (gate_up "
+           "(local·2f, d), down (local·d, f), their biases likewise; the router whole), each row routed over all E "
+           "and only its chosen experts among those held weighed and summed: the ranks' parts sum to the mixture"),
     _d("l2norm", ["x"], {"heads": int, "eps": float}, {"heads": 1},
        doc="each of `heads` equal parts of a row scaled to unit length: x / sqrt(sum(x²) + eps): (R, n) -> (R, n)"),
     _d("causal_conv", ["x", "w", "ring"], {"taps": int, "start": int}, {"start": 0},
@@ -287,8 +290,11 @@ def _moe(shapes, attrs):
     if n > 1 and (attrs["routing"] != "sigmoid_group" or e // n < 2 or t * (e // n) < k):
         raise ValueError(f"the top {k} of {t} of {n} groups of {e // n} experts (groups: sigmoid_group routing, "
                          f"groups of at least 2, enough experts in the groups kept)")
-    want = {"router": (e, d), "gate_up": (e * 2 * f, d), "down": (e * d, f), "router_bias": (e,),
-            "gate_up_bias": (e * 2 * f,), "down_bias": (e * d,)}
+    lo, n = attrs["lo"], attrs["local"] or e  # a rank's part: its experts lo..lo+n-1 of the e
+    if attrs["local"] < 0 or lo < 0 or lo + n > e:
+        raise ValueError(f"experts {lo}..{lo + n - 1} of {e}")
+    want = {"router": (e, d), "gate_up": (n * 2 * f, d), "down": (n * d, f), "router_bias": (e,),
+            "gate_up_bias": (n * 2 * f,), "down_bias": (n * d,)}
     for name, s in zip(("router", "gate_up", "down", "router_bias", "gate_up_bias", "down_bias"), shapes[1:]):
         if s != want[name]:
             raise ValueError(f"{name} {s} is not {want[name]} ({e} experts of {f} over {d})")

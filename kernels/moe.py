@@ -105,6 +105,8 @@ class Moe(Launch):
     # form, llama.cpp's q8_K, for K-quant rows)
     stage: int | None = None  # one of the kernels the launch makes (`kernels()`: its share of the bytes and flops)
     per_warp: int = 1  # a row at a time: the experts' values a warp at once (4: moe.cu moe_dots; the same bits)
+    lo: int = 0  # a rank's part (expert parallelism: engine/front/parallel.py): `local` > 0 experts lo..lo+local-1
+    local: int = 0  # held (wgu, wd, bgu, bd theirs alone), each row routed over all E, only those held summed
 
     census: ClassVar[str] = "moe"
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "moe")
@@ -113,7 +115,7 @@ class Moe(Launch):
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
         for name, default in (("limit", 0.0), ("alpha", 1.702), ("groups", 1), ("topk_groups", 1),
-                              ("route_scale", 1.0), ("qwords", 0), ("quant_words", 0)):  # an optional variable its rule did not bind
+                              ("route_scale", 1.0), ("qwords", 0), ("quant_words", 0), ("lo", 0), ("local", 0)):  # an optional variable its rule did not bind
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
         for name in ("norm_topk", "sort", "qgate"):
@@ -124,6 +126,16 @@ class Moe(Launch):
     @property
     def shared(self) -> bool:
         return self.sg is not None
+
+    @property
+    def held(self) -> int:
+        """The experts whose weights the launch holds: all E, or a rank's part (`local`)."""
+        return self.local or self.experts
+
+    def mine(self, e: int) -> int:
+        """Global expert e's slot among those held, or -1 (another rank's)."""
+        e -= self.lo
+        return e if 0 <= e < self.held else -1
 
     @property
     def _fsg(self) -> str:
@@ -145,6 +157,9 @@ class Moe(Launch):
     def check(self):
         if self.per_warp not in (1, 4):
             return Refusal(f"an expert mixture {self.per_warp} values a warp (the kernels take 1 or 4)")
+        if self.local < 0 or self.lo < 0 or self.lo + self.held > self.experts:
+            return Refusal(f"a part of an expert mixture of experts {self.lo}..{self.lo + self.held - 1} of "
+                           f"{self.experts}")
         if self.routing not in ROUTINGS:
             return Refusal(f"an expert mixture routed by `{self.routing}` (the kernel takes {' or '.join(ROUTINGS)})")
         if self.routing != "sigmoid_group" and (self.groups, self.topk_groups, self.route_scale) != (1, 1, 1.0):
@@ -240,10 +255,10 @@ class Moe(Launch):
         return tuple(replace(self, stage=i) for i in range(4 if self.sort else 2))
 
     def extents(self, top, tokens):
-        n, E = self.rows * self.d, self.experts
-        return reach((self.x, n), (self.wr, E * self.d), (self.wgu, E * 2 * self.f * self.d),
-                     (self.wd, E * self.d * self.f), (self.br, E), (self.bgu, E * 2 * self.f),
-                     (self.bd, E * self.d), (self.sg, self.sf * self.d), (self.su, self.sf * self.d),
+        n, E, H = self.rows * self.d, self.experts, self.held
+        return reach((self.x, n), (self.wr, E * self.d), (self.wgu, H * 2 * self.f * self.d),
+                     (self.wd, H * self.d * self.f), (self.br, E), (self.bgu, H * 2 * self.f),
+                     (self.bd, H * self.d), (self.sg, self.sf * self.d), (self.su, self.sf * self.d),
                      (self.sd, self.d * self.sf), (self.sgate, self.d), (self.add, n), (self.sum, n),
                      (self.nw, self.d), (self.out.buf, self.out.extent(n, top)), (self.quant, n))
 
@@ -262,7 +277,10 @@ class Moe(Launch):
         return w
 
     def chosen(self) -> int:
-        """Expert weights read at most: each row's k choices, or over sorted rows each expert once."""
+        """Expert weights read at most: each row's k choices, or over sorted rows each expert once; a rank's part
+        its share of them (the choices falling evenly on the experts: an expectation, rounded up)."""
+        if self.local:
+            return min(self.held, -(-self.rows * self.k * self.held // self.experts))
         return min(self.experts, self.rows * self.k) if self.sort else self.rows * self.k
 
     def checkpoint_bytes(self):
@@ -361,16 +379,19 @@ class Moe(Launch):
         """The exact twin's mixture of x (rows, d) f32, before the residual add and the norm: (rows, d) f32."""
         d, f, k = self.d, self.f, self.k
         chosen, w = self._route(env, x)
+        H = self.held
         raw, fmt = env.weight(self.wgu)
-        gu = decode(raw, fmt).reshape(self.experts, 2 * f, d)
+        gu = decode(raw, fmt).reshape(H, 2 * f, d)
         raw, fmt = env.weight(self.wd)
-        dn = decode(raw, fmt).reshape(self.experts, d, f)
-        bgu = self._bias(env, self.bgu, self.experts * 2 * f).reshape(self.experts, 2 * f)
-        bd = self._bias(env, self.bd, self.experts * d).reshape(self.experts, d)
+        dn = decode(raw, fmt).reshape(H, d, f)
+        bgu = self._bias(env, self.bgu, H * 2 * f).reshape(H, 2 * f)
+        bd = self._bias(env, self.bd, H * d).reshape(H, d)
         y = np.zeros((self.rows, d), dtype=np.float32)
         for r in range(self.rows):
             for c in range(k):
-                e = int(chosen[r, c])
+                e = self.mine(int(chosen[r, c]))
+                if e < 0:  # another rank's expert
+                    continue
                 g = (products(x[r:r + 1], gu[e, :f], 1) + bgu[e, :f]).astype(np.float32)
                 u = (products(x[r:r + 1], gu[e, f:], 1) + bgu[e, f:]).astype(np.float32)
                 h = self._glu(g, u)
@@ -425,13 +446,17 @@ class Moe(Launch):
         else:
             chosen, w = route(logits + self._bias(env, self.br, self.experts), self.k, bool(self.norm_topk),
                               self.routing)
-        bgu = self._bias(env, self.bgu, self.experts * 2 * f).reshape(self.experts, 2 * f)
-        bd = self._bias(env, self.bd, self.experts * d).reshape(self.experts, d)
-        gu = env.matrix(self.wgu).reshape(self.experts, 2 * f, d)
-        dn = env.matrix(self.wd).reshape(self.experts, d, f)
+        H = self.held
+        bgu = self._bias(env, self.bgu, H * 2 * f).reshape(H, 2 * f)
+        bd = self._bias(env, self.bd, H * d).reshape(H, d)
+        gu = env.matrix(self.wgu).reshape(H, 2 * f, d)
+        dn = env.matrix(self.wd).reshape(H, d, f)
         y = np.zeros((self.rows, d), dtype=np.float32)
-        for e in np.unique(chosen):
-            rows, cs = np.nonzero(chosen == e)  # a row chooses an expert once: `rows` are distinct
+        for g in np.unique(chosen):
+            rows, cs = np.nonzero(chosen == g)  # a row chooses an expert once: `rows` are distinct
+            e = self.mine(int(g))
+            if e < 0:  # another rank's expert
+                continue
             if len(rows) == 1:  # a GEMV each (np.dot: BLAS gemv on the stored rows)
                 a = np.dot(gu[e], x[rows[0]])[None, :]  # (1, 2f)
             else:
@@ -463,6 +488,13 @@ class Moe(Launch):
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
+
+        if self.local:
+            from lanefuse.engine.errors import UserError
+
+            raise UserError(f"a rank's part of an expert mixture (experts {self.lo}..{self.lo + self.held - 1} of "
+                            f"{self.experts}) on a device: moe.cu takes every expert; the ranks run on the CPU "
+                            f"(a collective inside a device plan is not built either)")
 
         sc = {s.tag: denv.scratch(self, s) for s in self.scratch()}
         block = (32 * WARPS, 1, 1)

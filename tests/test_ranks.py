@@ -174,8 +174,14 @@ def test_refusals(cfg, ranks, words):
 
 
 def test_refuses_mixtures_and_families():
-    with pytest.raises(UserError, match="expert mixtures are not split"):
-        check_ranks(dataclasses.replace(_cfg(), moe=object()), 3)
+    from lanefuse.engine.front.families.mixtures import MoeConfig
+
+    moe = MoeConfig(8, 2, 16, True, (0, 1), spelling="gptoss")
+    with pytest.raises(UserError, match=r"expert mixture \(gptoss\) is not split") as e:
+        check_ranks(dataclasses.replace(_cfg(), moe=moe), 3)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="2 experts over 3 ranks"):
+        check_ranks(dataclasses.replace(_cfg(), moe=MoeConfig(2, 1, 16, True, (0, 1))), 3)
     from lanefuse.engine.front.families.gemma import GemmaConfig
 
     gemma = GemmaConfig(**{f.name: getattr(_cfg(), f.name) for f in dataclasses.fields(ModelConfig)})

@@ -1,8 +1,17 @@
-"""Tensor parallelism over R ranks for the dense decoders (Llama, Mistral, Qwen2, Qwen3): rank r's config, step graph
-and weights. Megatron's split: q/k/v column-parallel by heads (each rank its KV heads and the query heads grouped on
-them, its own KV cache), o row-parallel then an `all_reduce`; gate/up column-parallel, down row-parallel then an
-`all_reduce`; the LM head by vocabulary, the next token an `all_argmax` (two values a row a rank, never the logits).
-The embedding, the norms and the biases after a reduction are whole on every rank."""
+"""Tensor and expert parallelism over R ranks for the dense decoders (Llama, Mistral, Qwen2, Qwen3) and the expert
+mixtures (Qwen3-MoE, Qwen2-MoE, Mixtral): rank r's config, step graph and weights. Megatron's split: q/k/v
+column-parallel by heads (each rank its KV heads and the query heads grouped on them, its own KV cache), o row-parallel
+then an `all_reduce`; gate/up column-parallel, down row-parallel then an `all_reduce`; the LM head by vocabulary, the
+next token an `all_argmax` (two values a row a rank, never the logits). The embedding, the norms and the biases after a
+reduction are whole on every rank.
+
+A mixture's layer is expert-parallel: each rank holds E/R of its experts (uneven parts allowed: the first E % R ranks
+one more), the router whole on every rank. The rows are the same on every rank after the attention's all-reduce, so
+every rank computes the same router logits and the same choices: the dispatch is local (each rank runs only its experts
+for the rows that chose them, the `moe` op's `lo`/`local`) and the combine is a sum, the all-reduce the layer ends with
+anyway (no all-to-all: that is what data-parallel attention, each rank its own rows, would need). A shared expert
+(Qwen2-MoE) is split like a dense FFN (its gate score whole: the same sigmoid on every rank), its part added before the
+one all-reduce."""
 
 from __future__ import annotations
 
@@ -18,7 +27,11 @@ from lanefuse.engine.front.model import ModelConfig, build_step
 HEAD = "lm_head.weight"  # a rank's part of the LM head, tied or not (a tied one is served from the embedding's rows)
 _ROWS = re.compile(r"model\.layers\.\d+\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.(weight|bias)$")
 _COLS = re.compile(r"model\.layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.weight$")
-_REDUCED = ("o", "down")  # the row-parallel products whose sums every rank needs
+_SHARED = re.compile(r"model\.layers\.\d+\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$")
+_EXPERTS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # the stacked experts (mixtures.py)
+# the partial sums every rank needs, by layer: the o product's; the FFN's down product, or a mixture's sum (with its
+# shared expert's part where it has one)
+_REDUCED = ("o", "down", "moe", "moe_out")
 
 
 def part(n: int, ranks: int, rank: int, unit: int = 1) -> tuple[int, int]:
@@ -38,10 +51,14 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
         return
     if type(cfg) is not ModelConfig:  # a family of its own (its config a subclass) is not split yet
         raise UserError(f"--ranks {ranks}: {cfg.arch} is not split over ranks yet (the dense Llama, Mistral, Qwen2 and "
-                        f"Qwen3 decoders are); run it with --ranks 1")
-    if cfg.moe is not None:
-        raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixtures are not split over ranks yet (expert "
-                        f"parallelism is to come); run it with --ranks 1")
+                        f"Qwen3 decoders and the Qwen3-MoE, Qwen2-MoE and Mixtral mixtures are); run it with --ranks 1")
+    m = cfg.moe
+    if m is not None and m.spelling not in ("qwen", "mixtral"):
+        raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixture ({m.spelling}) is not split over ranks yet; run "
+                        f"it with --ranks 1")
+    if m is not None and m.sparse and m.experts < ranks:
+        raise UserError(f"--ranks {ranks}: {cfg.name}'s {m.experts} experts over {ranks} ranks (each rank holds at "
+                        f"least one expert); give at most {m.experts} ranks")
     if cfg.kv_heads % ranks:
         raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.kv_heads} KV heads (each rank "
                         f"holds whole KV heads and its own cache; KV heads are not replicated); give a divisor of "
@@ -55,19 +72,30 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
             raise UserError(f"--ranks {ranks}: tensor `{o}` ({cfg.fmt(o)}) would be cut across its blocks of {vb}: "
                             f"{cfg.heads // ranks} heads of {cfg.head_dim} a rank")
     unit = _unit(cfg)
-    if cfg.inter // unit < ranks:
+    dense = [i for i in range(cfg.layers) if not cfg.sparse(i)]
+    if dense and cfg.inter // unit < ranks:
         raise UserError(f"--ranks {ranks}: {cfg.name}'s FFN of {cfg.inter} values splits into fewer than {ranks} parts "
                         f"of whole {unit}-value blocks")
+    if m is not None and m.sparse and m.shared_inter and m.shared_inter // _unit(cfg, True) < ranks:
+        raise UserError(f"--ranks {ranks}: {cfg.name}'s shared expert of {m.shared_inter} values splits into fewer "
+                        f"than {ranks} parts of whole {_unit(cfg, True)}-value blocks")
     if cfg.vocab < ranks:
         raise UserError(f"--ranks {ranks}: a vocabulary of {cfg.vocab} tokens over {ranks} ranks")
 
 
-def _unit(cfg: ModelConfig) -> int:
-    """The FFN's split unit: the down product's block (its rows are cut across their columns), else one value."""
+def _unit(cfg: ModelConfig, shared: bool = False) -> int:
+    """The FFN's split unit (`shared`: the shared expert's): the down product's block (its rows are cut across their
+    columns), else one value."""
     from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
-    fmts = {cfg.fmt(f"model.layers.{i}.mlp.down_proj.weight") for i in range(cfg.layers)}
+    down = "mlp.shared_expert.down_proj.weight" if shared else "mlp.down_proj.weight"
+    fmts = {cfg.fmt(f"model.layers.{i}.{down}") for i in range(cfg.layers)}
     return max([BLOCK_FORMATS[f][0] for f in fmts if f in BLOCK_FORMATS] + [1])
+
+
+def expert_part(cfg: ModelConfig, rank: int, ranks: int) -> tuple[int, int]:
+    """Rank `rank`'s experts lo..hi-1 of a mixture's E (the first E % R ranks one more)."""
+    return part(cfg.moe.experts, ranks, rank)
 
 
 def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
@@ -77,13 +105,19 @@ def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
     if ranks == 1:
         return cfg
     lo, hi = part(cfg.inter, ranks, rank, _unit(cfg))
-    return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=cfg.kv_heads // ranks, inter=hi - lo)
+    moe = cfg.moe
+    if moe is not None and moe.sparse:
+        elo, ehi = expert_part(cfg, rank, ranks)
+        slo, shi = part(moe.shared_inter, ranks, rank, _unit(cfg, True)) if moe.shared_inter else (0, 0)
+        moe = dataclasses.replace(moe, lo=elo, local=ehi - elo, shared_inter=shi - slo)
+    return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=cfg.kv_heads // ranks, inter=hi - lo, moe=moe)
 
 
 def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> Graph:
-    """Rank `rank`'s step graph of `ranks`: the step of its config (its heads and FFN part) with an `all_reduce`
-    after each o and down product (what reads the product reads the sum), and its part of the LM head, the next token
-    the `all_argmax` over every rank's part. `meta` gains rank, ranks and vocab_from (where its logits start)."""
+    """Rank `rank`'s step graph of `ranks`: the step of its config (its heads, FFN part and experts) with an
+    `all_reduce` after each o and down product and each mixture's sum (what reads the partial sum reads the whole),
+    and its part of the LM head, the next token the `all_argmax` over every rank's part. `meta` gains rank, ranks and
+    vocab_from (where its logits start)."""
     rc = rank_config(cfg, rank, ranks)
     g = build_step(rc, rows)
     if ranks == 1:
@@ -93,10 +127,14 @@ def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> G
         raise AssertionError("a dense step ends with the LM head's product and its arg-max")
     ops: list[Op] = []
     renamed: dict[str, str] = {}
+    outs = {op.out for op in body}
     for op in body:
         op = dataclasses.replace(op, ins=tuple(renamed.get(i, i) for i in op.ins))
         ops.append(op)
-        if op.kind == "matmul" and op.layer >= 0 and op.out in {f"L{op.layer}.{n}" for n in _REDUCED}:
+        mine = op.layer >= 0 and op.out in {f"L{op.layer}.{n}" for n in _REDUCED}
+        if mine and op.kind == "moe" and f"L{op.layer}.moe_out" in outs:  # its shared expert's part is added first
+            mine = False
+        if mine and op.kind in ("matmul", "moe", "add"):
             total = g.tensor(op.out + "_sum", g.tensors[op.out].shape)
             ops.append(Op("all_reduce", (op.out,), total, attrs_of({"ranks": ranks}), layer=op.layer))
             renamed[op.out] = total
@@ -135,6 +173,15 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
         return ("cols",) + part(cfg.inter, ranks, rank, unit)
     if name == HEAD:
         return ("rows",) + part(cfg.vocab, ranks, rank)
+    m = _EXPERTS.match(name)
+    if m:  # a rank's experts' rows: expert e's 2f gate/up rows at e·2f, its d down rows at e·d
+        lo, hi = expert_part(cfg, rank, ranks)
+        n = 2 * cfg.moe.inter if m.group(1) == "gate_up" else cfg.hidden
+        return "rows", lo * n, hi * n
+    m = _SHARED.match(name)
+    if m:
+        lo, hi = part(cfg.moe.shared_inter, ranks, rank, _unit(cfg, True))
+        return ("cols" if m.group(1) == "down" else "rows"), lo, hi
     return None
 
 
@@ -164,11 +211,13 @@ class RankStore:
     def raw(self, name: str) -> tuple[np.ndarray, str]:
         from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
-        arr, fmt = self.base.raw(self._source(name))
         cut = _cut(name, self.cfg, self.rank, self.ranks)
         if cut is None:
-            return arr, fmt
+            return self.base.raw(self._source(name))
         how, lo, hi = cut
+        if how == "rows" and hasattr(self.base, "rows"):  # only the rows read (a rank's experts: mixtures.py)
+            return self.base.rows(self._source(name), lo, hi)
+        arr, fmt = self.base.raw(self._source(name))
         a = np.asarray(arr)
         if how == "rows":
             return np.ascontiguousarray(a[lo:hi]), fmt

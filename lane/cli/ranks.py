@@ -21,8 +21,8 @@ def _cfg(src, ranks: int, what: str):
 
 
 def rank_report(cfg, ranks: int, rows: int, knobs) -> dict:
-    """Each rank's share (heads, KV heads, FFN and vocabulary parts, weight and KV-cache bytes, whether they fit a
-    device of knob device_gb) and the collectives of its step of `rows` rows, each priced on the lane's link
+    """Each rank's share (heads, KV heads, FFN, experts and vocabulary parts, weight and KV-cache bytes, whether they
+    fit a device of knob device_gb) and the collectives of its step of `rows` rows, each priced on the lane's link
     (PREDICTIONS: lane/lower/collectives.py)."""
     from lanefuse.engine.front.parallel import build_rank_step, part, rank_config, rank_weight_bytes
     from lanefuse.lane.lower.collectives import collective_us, payload_bytes
@@ -34,9 +34,11 @@ def rank_report(cfg, ranks: int, rows: int, knobs) -> dict:
         caches = 4 * sum(math.prod(s) for s in rc.carried().values())
         lo, hi = part(cfg.vocab, ranks, r) if ranks > 1 else (0, cfg.vocab)
         need = weights[r] + caches
+        m = rc.moe if rc.moe is not None and rc.moe.sparse else None
+        experts = [m.lo, m.lo + m.held] if m is not None else None
         out["rank"].append({"rank": r, "heads": rc.heads, "kv_heads": rc.kv_heads, "ffn": rc.inter,
-                            "vocab": [lo, hi], "weight_bytes": weights[r], "kv_cache_bytes": caches,
-                            "fits": need <= knobs.device_gb * 1e9})
+                            "experts": experts, "vocab": [lo, hi], "weight_bytes": weights[r],
+                            "kv_cache_bytes": caches, "fits": need <= knobs.device_gb * 1e9})
     g = build_rank_step(cfg, 0, ranks, rows)
     coll: dict[str, dict] = {}
     for op in g.ops:
@@ -64,14 +66,18 @@ def plan_ranks(args, src, rows: int) -> int:
 
         write_atomic(args.json, json.dumps(rep, indent=1) + "\n")  # the ranks' report (rank 0's plan: without --ranks
         return 0  # on a rank's step YAML)
+    moe = rep["rank"][0]["experts"] is not None
     print(f"{cfg.name} over {args.ranks} ranks (tensor parallel: heads, KV heads and their caches, the FFN and the "
-          f"vocabulary split; the embedding and norms whole on each)")
-    print(f"{'rank':>4} {'heads':>5} {'kv':>3} {'ffn':>7} {'vocabulary':>17} {'weights':>10} {'KV cache':>10} "
-          f" fits {knobs_gb(rep)}")
+          f"vocabulary split; " + ("expert parallel: each rank its experts, the router whole; " if moe else "") +
+          "the embedding and norms whole on each)")
+    print(f"{'rank':>4} {'heads':>5} {'kv':>3} {'ffn':>7} " + (f"{'experts':>11} " if moe else "") +
+          f"{'vocabulary':>17} {'weights':>10} {'KV cache':>10}  fits {knobs_gb(rep)}")
     for r in rep["rank"]:
         lo, hi = r["vocab"]
-        print(f"{r['rank']:>4} {r['heads']:>5} {r['kv_heads']:>3} {r['ffn']:>7} {f'{lo}..{hi - 1}':>17} "
-              f"{_size(r['weight_bytes']):>10} {_size(r['kv_cache_bytes']):>10}  {'yes' if r['fits'] else 'NO'}")
+        ex = f"{r['experts'][0]}..{r['experts'][1] - 1}" if moe else ""
+        print(f"{r['rank']:>4} {r['heads']:>5} {r['kv_heads']:>3} {r['ffn']:>7} " + (f"{ex:>11} " if moe else "") +
+              f"{f'{lo}..{hi - 1}':>17} {_size(r['weight_bytes']):>10} {_size(r['kv_cache_bytes']):>10}  "
+              f"{'yes' if r['fits'] else 'NO'}")
     total = sum(c["us"] for c in rep["collectives"].values())
     what = "decode step" if rows == 1 else f"{rows}-row chunk"
     parts = ", ".join(f"{c['count']} {k} ({c['bytes'] / c['count']:,.0f} B a rank each)"

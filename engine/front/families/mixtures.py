@@ -56,6 +56,17 @@ class MoeConfig:
     shared_inter: int = 0  # Qwen2-MoE's shared expert's width (0: none), scaled by a sigmoid gate
     spelling: str = "qwen"  # where the layer's tensors live: qwen (mlp.gate, mlp.experts) | mixtral (block_sparse_moe)
     # | gptoss (mlp.router, mlp.experts' interleaved gate_up_proj: engine/front/families/gptoss.py)
+    lo: int = 0  # a rank's part (expert parallelism, engine/front/parallel.py): `local` > 0 experts lo..lo+local-1
+    local: int = 0  # held, the router whole; 0: every expert
+
+    @property
+    def held(self) -> int:
+        """The experts whose weights a step holds: every one, or a rank's part."""
+        return self.local or self.experts
+
+    def part_attrs(self) -> dict[str, int]:
+        """The `moe` op's attributes of a rank's part (none for the whole mixture)."""
+        return {"lo": self.lo, "local": self.local} if self.local else {}
 
     # what the step and the loader ask of a config's mixture (so that neither imports this module)
     def names(self, cfg, i: int) -> dict[str, tuple[int, ...]]:
@@ -107,8 +118,8 @@ def down_name(i: int) -> str:
 def weight_names(cfg, i: int) -> dict[str, tuple[int, ...]]:
     """Layer i's mixture tensors as the step reads them (the stacked names `ExpertStore` serves)."""
     m, d = cfg.moe, cfg.hidden
-    w = {router_name(i): (m.experts, d), gate_up_name(i): (m.experts * 2 * m.inter, d),
-         down_name(i): (m.experts * d, m.inter)}
+    w = {router_name(i): (m.experts, d), gate_up_name(i): (m.held * 2 * m.inter, d),
+         down_name(i): (m.held * d, m.inter)}
     if m.shared_inter:
         p = f"model.layers.{i}.mlp.shared_expert."
         w[p + "gate_proj.weight"] = (m.shared_inter, d)
@@ -231,6 +242,25 @@ class ExpertStore:
             self._cache[name] = (arr, fmt)
         return self._cache[name]
 
+    def rows(self, name: str, lo: int, hi: int) -> tuple[np.ndarray, str]:
+        """Rows lo..hi-1 of `name` (a rank's experts of a stacked tensor, engine/front/parallel.py's RankStore),
+        reading only the per-expert tensors that hold them (a fused tensor: its slice, memory-mapped where the store
+        maps it; GGUF's interleaved pair: stacked whole, then cut)."""
+        if name in self.stacked and name not in self._cache:
+            parts, shape = self.stacked[name]
+            if len(shape) == 2 and len(parts) > 1 and not self._by_expert(parts):
+                fmt = self.info(name)[1]
+                got, at = [], 0
+                for p in parts:
+                    n = self.base.info(p)[0][0]
+                    if at < hi and at + n > lo:
+                        a = self.base.raw(p)[0]
+                        got.append(a.reshape(n, -1)[max(lo - at, 0):min(hi - at, n)])
+                    at += n
+                return np.ascontiguousarray(np.concatenate(got)), fmt
+        arr, fmt = self.raw(name)
+        return np.ascontiguousarray(arr[lo:hi]), fmt
+
     def where(self, name: str) -> str:
         parts = self.stacked.get(name)
         return self.base.where(parts[0][0] if parts else name)
@@ -256,7 +286,8 @@ def build_ffn(cfg, i: int, h: str, op, W) -> str:
     sigmoid of its gate and added."""
     m = cfg.moe
     y = op("moe", [h, W("mlp.gate.weight"), W("mlp.experts.gate_up_proj"), W("mlp.experts.down_proj")], "moe",
-           experts=m.experts, k=m.k, inter=m.inter, norm_topk=m.norm_topk, act="silu", routing="softmax_topk")
+           experts=m.experts, k=m.k, inter=m.inter, norm_topk=m.norm_topk, act="silu", routing="softmax_topk",
+           **m.part_attrs())
     if not m.shared_inter:
         return y
     g = op("matmul", [h, W("mlp.shared_expert.gate_proj.weight")], "sh_gate")
