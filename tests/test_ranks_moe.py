@@ -1,0 +1,264 @@
+"""Expert parallelism in the reference interpreter and the numpy backend: a mixture's `moe` op over a rank's part of
+its experts (`lo`, `local`: engine/opdefs.py), the parts summing to the whole mixture; rank r's step of a Qwen3-MoE
+(a dense layer among its sparse ones) and of a Qwen2-MoE (its shared expert split like a dense FFN) over R = 2 and 3
+ranks (7 experts: uneven parts 4/3 and 3/2/2), decode and a 5-row chunk after a 3-row one, f32 and bf16, against the
+one-rank step; the Moe launch's twins over a part; each rank's weights (only its experts' rows read) and bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lanefuse.engine.collectives import LocalComm
+from lanefuse.engine.front.families.mixtures import MoeConfig
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.parallel import (build_rank_step, check_ranks, expert_part, rank_config, rank_weight_bytes,
+                                            rank_weights)
+from lanefuse.engine.front.stepweights import random_weights
+from lanefuse.engine.interp import OP_IMPL, evaluate
+from lanefuse.engine.ranks import evaluate_ranks
+from lanefuse.lane.run.generate import new_caches
+
+QWEN3, QWEN2 = "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"
+
+
+def _cfg(arch: str, ranks: int, fmt: str = "f32") -> ModelConfig:
+    """3 layers, the middle one dense (FFN 40: Qwen3-MoE's mlp_only_layers); 7 experts of 20, top 2; Qwen2-MoE's
+    shared expert of 30; 2R heads over R KV heads of 8; vocabulary 61."""
+    m = MoeConfig(experts=7, k=2, inter=20, norm_topk=arch == QWEN3, sparse=(0, 2),
+                  shared_inter=30 if arch == QWEN2 else 0)
+    cfg = ModelConfig(arch, 32, 3, 2 * ranks, ranks, 8, 40, 61, qk_norm=arch == QWEN3, qkv_bias=arch == QWEN2,
+                      max_len=24, moe=m)
+    if fmt != "f32":
+        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
+    return cfg
+
+
+def _weights(cfg, seed: int = 3):
+    return random_weights(build_step(cfg, 1), seed).with_config(cfg)  # each constant in its format
+
+
+def _env(cfg, tokens, pos):
+    return {"token": np.asarray(tokens, np.int32), "pos": np.asarray([pos], np.int32), **new_caches(cfg)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.integers(1, 5), st.integers(1, 3), st.integers(0, 2**31 - 1),
+       st.sampled_from(["softmax_topk", "topk_softmax"]))
+def test_moe_parts_sum_to_the_mixture(experts, k, ranks, rows, seed, routing):
+    """Whatever the experts, top-k and ranks (more ranks than experts: some hold none), the parts' sum in f64 is the
+    whole mixture's within f32 rounding; a part's rows are zero where none of its experts was chosen."""
+    k, ranks = min(k, experts), min(ranks, experts)
+    r = np.random.default_rng(seed)
+    d, f = 6, 5
+    x = r.standard_normal((rows, d)).astype(np.float32)
+    wr = (3 * r.standard_normal((experts, d))).astype(np.float32)
+    gu = r.standard_normal((experts * 2 * f, d)).astype(np.float32)
+    dn = r.standard_normal((experts * d, f)).astype(np.float32)
+    a = dict(experts=experts, k=k, inter=f, norm_topk=True, routing=routing)
+    whole = OP_IMPL["moe"](x, wr, gu, dn, **a)
+    total = np.zeros_like(whole, dtype=np.float64)
+    for rank in range(ranks):
+        lo = rank * experts // ranks
+        hi = (rank + 1) * experts // ranks
+        part = OP_IMPL["moe"](x, wr, gu[lo * 2 * f:hi * 2 * f], dn[lo * d:hi * d], lo=lo, local=hi - lo, **a)
+        total += part
+    np.testing.assert_allclose(total, whole, rtol=1e-5, atol=1e-5 * float(np.abs(whole).max() + 1))
+
+
+def test_expert_parts_are_uneven_and_whole():
+    cfg = _cfg(QWEN3, 3)
+    assert [expert_part(cfg, r, 3) for r in range(3)] == [(0, 3), (3, 5), (5, 7)]
+    assert [expert_part(cfg, r, 2) for r in range(2)] == [(0, 4), (4, 7)]
+
+
+@pytest.mark.parametrize("arch", [QWEN3, QWEN2])
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_rank_step_of_a_mixture(arch, ranks):
+    """Each sparse layer's mixture a `moe` over the rank's experts (the router whole) and one all-reduce after its
+    sum (with the shared expert's part where it has one); the dense layer's FFN split as Megatron splits it."""
+    cfg = _cfg(arch, ranks)
+    for r in range(ranks):
+        g = build_rank_step(cfg, r, ranks, 1)
+        lo, hi = expert_part(cfg, r, ranks)
+        moes = [op for op in g.ops if op.kind == "moe"]
+        assert [op.layer for op in moes] == [0, 2]
+        assert all(op.a["lo"] == lo and op.a["local"] == hi - lo and op.a["experts"] == 7 for op in moes)
+        assert g.constants["model.layers.0.mlp.gate.weight"].shape == (7, 32)
+        assert g.constants["model.layers.2.mlp.experts.gate_up_proj"].shape == ((hi - lo) * 40, 32)
+        reduced = [op.ins[0] for op in g.ops if op.kind == "all_reduce"]
+        ffn = "moe_out" if arch == QWEN2 else "moe"
+        assert reduced == ["L0.o", f"L0.{ffn}", "L1.o", "L1.down", "L2.o", f"L2.{ffn}"]
+        if arch == QWEN2:
+            assert g.constants["model.layers.0.mlp.shared_expert.down_proj.weight"].shape[1] == \
+                rank_config(cfg, r, ranks).moe.shared_inter
+            assert g.constants["model.layers.0.mlp.shared_expert_gate.weight"].shape == (1, 32)
+
+
+@pytest.mark.parametrize("arch", [QWEN3, QWEN2])
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_mixture_ranks_equal_one_rank(arch, fmt, ranks, rows):
+    """R ranks' step (decode, or a 5-row chunk, after a 3-row chunk) against the one-rank step: the same next token,
+    the logits within f32 rounding of the sums' order; each rank's caches its KV heads of the one rank's."""
+    cfg = _cfg(arch, ranks, fmt)
+    w = _weights(cfg)
+    first, toks = [4, 9, 2], [(7 * i + rows) % 61 for i in range(rows)]
+    one = _env(cfg, first, 0)
+    evaluate(build_step(cfg, 3), w, one)
+    one.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
+    want = evaluate(build_step(cfg, rows), w, one)
+    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
+    envs = [_env(rank_config(cfg, r, ranks), first, 0) for r in range(ranks)]
+    evaluate_ranks([build_rank_step(cfg, r, ranks, 3) for r in range(ranks)], ws, envs)
+    for e in envs:
+        e.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
+    got = evaluate_ranks([build_rank_step(cfg, r, ranks, rows) for r in range(ranks)], ws, envs)
+    logits = np.concatenate([o["logits"] for o in got], axis=-1)
+    scale = float(np.abs(want["logits"]).max())
+    assert float(np.abs(logits - want["logits"]).max()) <= 1e-5 * scale
+    for o in got:
+        np.testing.assert_array_equal(o["next"], want["next"])
+    hd = cfg.head_dim
+    for r, e in enumerate(envs):
+        np.testing.assert_allclose(e["vc2"], one["vc2"][:, r * hd:(r + 1) * hd], atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("arch, ranks, rows, fmt, exact", [(QWEN3, 2, 1, "bf16", True), (QWEN3, 3, 5, "f32", False),
+                                                          (QWEN2, 2, 5, "f32", True), (QWEN2, 3, 1, "bf16", False)])
+def test_mixture_rank_plans_run_by_the_numpy_backend(arch, ranks, rows, fmt, exact):
+    """Each rank's step planned for the cuda lane (its mixtures Moe launches over its experts; none of
+    rules/moe.yaml's fusions joins a part, every all-reduce takes the residual add and the next norm) and run by the
+    numpy backend's exact or fast twins, the ranks meeting through LocalComm: the reference ranks' next token, the
+    logits within 1e-5 of their scale."""
+    from lanefuse.kernels import Moe
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg = _cfg(arch, ranks, fmt)
+    w = _weights(cfg)
+    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
+    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
+    toks = np.asarray([(5 * i + 1) % 61 for i in range(rows)], np.int32)
+
+    def envs():
+        return [_env(rank_config(cfg, r, ranks), toks, 0) for r in range(ranks)]
+
+    want = evaluate_ranks(gs, ws, envs())
+    plans = [plan(g) for g in gs]
+    for r, s in enumerate(plans):
+        lo, hi = expert_part(cfg, r, ranks)
+        moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
+        assert len(moes) == 2 and all((m.lo, m.local, m.experts, m.shared) == (lo, hi - lo, 7, False) for m in moes)
+        assert not {"shared_expert_fusion", "moe_deferred_finalize", "moe_token_sort"} & {
+            n.split(".")[0] for n in s.fusions}
+        assert s.census["collective"] == 2 * 3 + 1
+    group, got, es = LocalComm(ranks), [None] * ranks, envs()
+
+    def run(r):
+        runner = NumpyRunner(plans[r], ws[r], exact=exact)
+        runner.env.comm = group.at(r)
+        got[r] = runner.step(es[r])
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    a = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in got], axis=-1)
+    b = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in want], axis=-1)
+    assert float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())
+    for o in got:
+        assert int(np.asarray(o["next"]).reshape(-1)[0]) == int(np.asarray(want[0]["next"]).reshape(-1)[0])
+
+
+@pytest.mark.parametrize("sort", [False, True])
+@pytest.mark.parametrize("twin", ["numpy", "fast"])
+def test_moe_launch_twins_over_a_part(sort, twin):
+    """The Moe launch over experts 2..4 of 7 (its weights theirs alone): the reference interpreter's part; its
+    bytes read are its share (the router whole)."""
+    from lanefuse.kernels import Dst, HostEnv, Moe
+
+    r = np.random.default_rng(11)
+    E, k, d, f, rows, lo, n = 7, 3, 32, 24, 4, 2, 3
+    x = r.standard_normal((rows, d)).astype(np.float32)
+    wr = (3 * r.standard_normal((E, d)) / d ** 0.5).astype(np.float32)
+    gu = (r.standard_normal((n * 2 * f, d)) / d ** 0.5).astype(np.float32)
+    dn = (r.standard_normal((n * d, f)) / f ** 0.5).astype(np.float32)
+    want = OP_IMPL["moe"](x, wr, gu, dn, experts=E, k=k, inter=f, norm_topk=True, lo=lo, local=n)
+    assert np.abs(want).max() > 0  # some row chose one of the part's experts
+    env = HostEnv({"x": x.ravel(), "y": np.zeros(rows * d, np.float32)}, {"wr": (wr, "f32"), "wgu": (gu, "f32"), "wd": (dn, "f32")})
+    m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "f32", norm_topk=True, sort=sort, lo=lo, local=n)
+    assert m.check() is None
+    getattr(m, twin)(env)
+    np.testing.assert_allclose(env.array("y").reshape(rows, d), want, rtol=2e-5, atol=2e-5)
+    whole = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "f32", norm_topk=True, sort=sort)
+    assert m.checkpoint_bytes() < whole.checkpoint_bytes()
+    assert Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "f32", lo=5, local=3).check() is not None
+
+
+def test_rank_weights_read_only_their_experts():
+    """A rank's stacked experts are rows of the whole stack; from a per-expert checkpoint (4.x spelling) only its
+    experts' tensors are read."""
+    from lanefuse.engine.front.families.mixtures import ExpertStore
+    from lanefuse.engine.front.weights import DictStore, Weights
+
+    cfg = _cfg(QWEN3, 3)
+    w = _weights(cfg)
+    name = "model.layers.2.mlp.experts.gate_up_proj"
+    full = w.get(name)
+    for r in range(3):
+        lo, hi = expert_part(cfg, r, 3)
+        np.testing.assert_array_equal(rank_weights(w, cfg, r, 3).get(name), full[lo * 40:hi * 40])
+    # the 4.x spelling: expert e's gate_proj and up_proj (20, 32) each, its down_proj (32, 20)
+    arrays = {n: a for n, (a, _) in w.store.arrays.items() if ".experts." not in n}
+    for i in (0, 2):
+        gu = w.get(f"model.layers.{i}.mlp.experts.gate_up_proj").reshape(7, 40, 32)
+        dn = w.get(f"model.layers.{i}.mlp.experts.down_proj").reshape(7, 32, 20)
+        for e in range(7):
+            arrays[f"model.layers.{i}.mlp.experts.{e}.gate_proj.weight"] = gu[e, :20]
+            arrays[f"model.layers.{i}.mlp.experts.{e}.up_proj.weight"] = gu[e, 20:]
+            arrays[f"model.layers.{i}.mlp.experts.{e}.down_proj.weight"] = dn[e]
+    read: list[str] = []
+
+    class Counting(DictStore):
+        def raw(self, n):
+            read.append(n)
+            return super().raw(n)
+
+    stacked = Weights(ExpertStore(Counting(arrays), cfg, "test"), cfg)
+    mine = rank_weights(stacked, cfg, 1, 3)  # experts 3, 4
+    np.testing.assert_array_equal(mine.get(name), full[3 * 40:5 * 40])
+    np.testing.assert_array_equal(mine.get("model.layers.2.mlp.experts.down_proj"),
+                                  w.get("model.layers.2.mlp.experts.down_proj")[3 * 32:5 * 32])
+    experts = {n.split(".experts.")[1].split(".")[0] for n in read if ".experts." in n}
+    assert experts == {"3", "4"}
+
+
+def test_rank_weight_bytes_of_a_mixture():
+    """Each rank holds its experts once, the router, norms and embedding whole on every rank."""
+    cfg = _cfg(QWEN2, 3, "bf16")
+    one = rank_weight_bytes(cfg, 1)[0]
+    three = rank_weight_bytes(cfg, 3)
+    routers = 2 * 2 * (7 * 32) + 2 * 2 * 32  # two layers' router rows and shared-expert gate rows (bf16)
+    whole = 2 * 61 * 32 + 4 * 32 * (1 + 2 * 3) + routers  # the embedding, the norms (f32), the routers
+    assert sum(three) == one + 2 * whole
+    # rank 0 holds 3 experts to rank 1's 2 (the shared experts' parts 10 each), one more of the dense layer's FFN
+    # values (14 to 13: its gate, up and down) and one more LM-head row (21 to 20)
+    per_expert = 2 * 2 * (40 * 32 + 32 * 20)  # two layers' gate_up and down rows of one expert (bf16)
+    assert three[0] - three[1] == per_expert + 2 * 3 * 32 + 2 * 32
+
+
+def test_mixture_refusals():
+    cfg = _cfg(QWEN3, 2)
+    with pytest.raises(UserError, match="7 experts over 8 ranks") as e:
+        check_ranks(dataclasses.replace(cfg, kv_heads=8, heads=16), 8)
+    assert "\n" not in str(e.value)
+
+
+from lanefuse.engine.errors import UserError  # noqa: E402
