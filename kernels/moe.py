@@ -26,12 +26,14 @@ from typing import ClassVar
 
 import numpy as np
 
+from lanefuse.engine.formats import ggml
 from lanefuse.engine.routing import route
 from lanefuse.engine.formats.quantize import Quantized, quantize
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Q8K, Dst, Launch, Scratch, act, decode,
                                      format_refusal, names, quant_layout, reach, rms, weight_bytes)
 from lanefuse.kernels.gemv import products, q8_check
+from lanefuse.kernels.norm import quantized_next
 from lanefuse.kernels.q8dot import q8_exact
 from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
 
@@ -363,8 +365,12 @@ class Moe(Launch):
             return
         s = y
         env.array(self.sum)[: s.size] = s.reshape(-1)
-        w = np.asarray(env.weight(self.nw)[0], dtype=np.float64)[: self.d]
-        normed = (s * rms(s, self.eps) * w).astype(np.float32)
+        if self.quant is not None and self.quant_words in ggml.WORDS or quantized_next(env, self.out.buf):
+            # quantized to llama.cpp's form (here or by a Quant launch, `fuse_quant` held): normed as llama.cpp norms
+            normed = ggml.rmsnorm(s, np.asarray(env.weight(self.nw)[0], dtype=np.float32)[: self.d], self.eps)
+        else:
+            w = np.asarray(env.weight(self.nw)[0], dtype=np.float64)[: self.d]
+            normed = (s * rms(s, self.eps) * w).astype(np.float32)
         self.out.write(env, normed)
         if self.quant is not None:  # from the f32 values stored, as the last block reads them back
             quant_write(env, self.quant, normed, self.quant_words)
@@ -426,7 +432,10 @@ class Moe(Launch):
             return q8_exact(words, low, scales, raw, fmt, a.shape[0], n, kk)
 
         g, u = qprod(x, self.sg, sf, d, True), qprod(x, self.su, sf, d, True)
-        h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
+        if self.act == "silu" and self.qwords in ggml.WORDS:  # a GLU of products of llama.cpp's form: its SiLU
+            h = ggml.swiglu(g, u)
+        else:
+            h = (act(self.act, g).astype(np.float32) * u).astype(np.float32)
         down = qprod(h, self.sd, d, sf, True)
         if self.sgate is None:
             return down.astype(np.float32)

@@ -20,13 +20,16 @@ from lanefuse.kernels.quant import QuantEpilogue
 
 def quantized_next(env, buf: str) -> bool:
     """Whether the plan `env` runs (an ArenaEnv's `s`) quantizes buffer `buf` to llama.cpp's q8_0 / q8_K form by a
-    Quant launch (`fuse_quant` held): then its norm computes as llama.cpp's too, as the fused norm that writes the form
-    itself and the reference interpreter (interp.ggml_ops) do."""
+    Quant launch (`fuse_quant` held) or by a launch that reads it f32 and quantizes it itself (a mixture's shared
+    expert, `Moe.qwords`): then its norm computes as llama.cpp's too, as the fused norm that writes the form itself
+    and the reference interpreter (interp.ggml_ops) do."""
     s = getattr(env, "s", None)
     if s is None:
         return False
-    return any(getattr(x.launch, "census", "") == "quant" and getattr(x.launch, "x", None) == buf
-               and getattr(x.launch, "words", 0) in ggml.WORDS for x in s.launches)
+    return any(getattr(x.launch, "x", None) == buf and (
+        getattr(x.launch, "census", "") == "quant" and getattr(x.launch, "words", 0) in ggml.WORDS
+        or getattr(x.launch, "qwords", 0) in ggml.WORDS)  # a mixture's shared expert quantizing its input itself
+        for x in s.launches)
 
 
 @dataclass(frozen=True)

@@ -292,11 +292,7 @@ def test_q8_shared_expert_runs_inside_the_mixture(numerics, source, tmp_path):
         want = evaluate(gq, w, env)
         a, b = (NumpyRunner(q, w, exact=True).step(_env(g, rows, pos, np.random.default_rng(rows)), lifted=g)
                 for q in (p, held))
-        # KNOWN (2026-12-05, since the q8 numerics took llama.cpp's order, 6bdf996): in the decode step the fused
-        # plan's Qwen3-Next layer is f32 ulps from the held plan's (first at conv_parts' outputs, 3e-8..1e-6; the
-        # held plan equals the interpreter to the bit): not bit for bit any more; the next token and 1e-6 kept
-        assert np.array_equal(a["next"], b["next"])
-        assert np.abs(a["logits"] - b["logits"]).max() <= 1e-6 * np.abs(b["logits"]).max()
+        assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["next"], b["next"])
         err = np.abs(a["logits"] - want["logits"]).max() / np.abs(want["logits"]).max()
         assert err <= (1e-6 if words == 1 else 1e-4), (rows, err)
         assert np.array_equal(a["next"], want["next"])
@@ -323,9 +319,10 @@ def test_q8_on_k_quant_rows_keeps_the_f32_launches(fmt):
     it in its epilogue: the norms, the gated attention (heads of 64, four a block), the delta rule (the last of a
     block's four heads to arrive quantizes it), the shared expert inside the mixture's launches (its input row and its
     GLU quantized into their shared memory, gemv_q8.cu's q8k_tile) and the mixture's finalize: each layer has the f32
-    plan's launches, no Quant launch. Held `fuse_quant`, the parts' launches give the same next token and logits within
-    1e-6 of their scale (the exact twins in their arenas; bit for bit until 6bdf996, see below), and the interpreter
-    of the quantized graph's within 1e-6; decode and a chunk of 3 rows."""
+    plan's launches, no Quant launch. Held `fuse_quant`, the parts' launches give the same logits bit for bit (the exact
+    twins in their arenas: the norm before the mixture, quantized by the shared expert inside it, the shared expert's
+    SiLU and the finalize's norm all llama.cpp's, as the held plan's Norm, Binary and Quant launches compute them), and
+    the interpreter of the quantized graph's within 1e-6; decode and a chunk of 3 rows."""
     pytest.importorskip("egglog")
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.formats.quantize import with_numerics
@@ -351,10 +348,6 @@ def test_q8_on_k_quant_rows_keeps_the_f32_launches(fmt):
         want = evaluate(gq, w, _env(gq, rows, pos, np.random.default_rng(rows)))
         a, b = (NumpyRunner(q, w, exact=True, check=True).step(_env(g, rows, pos, np.random.default_rng(rows)),
                                                                lifted=g) for q in (p, held))
-        # KNOWN (2026-12-05, since the q8 numerics took llama.cpp's order, 6bdf996): in the decode step the fused
-        # plan's Qwen3-Next layer is f32 ulps from the held plan's (first at conv_parts' outputs, 3e-8..1e-6; the
-        # held plan equals the interpreter to the bit): not bit for bit any more; the next token and 1e-6 kept
-        assert np.array_equal(a["next"], b["next"])
-        assert np.abs(a["logits"] - b["logits"]).max() <= 1e-6 * np.abs(b["logits"]).max()
+        assert np.array_equal(a["logits"], b["logits"]) and np.array_equal(a["next"], b["next"])
         err = np.abs(a["logits"] - want["logits"]).max() / np.abs(want["logits"]).max()
         assert err <= 1e-6 and np.array_equal(a["next"], want["next"]), (rows, err)
