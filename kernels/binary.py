@@ -17,13 +17,13 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import ACTS, Q8K, act, names, operand, reach
 from lanefuse.kernels.elementwise import Elementwise, act_code
 from lanefuse.kernels.norm import quantized_next
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 
 OPS = ("add", "mul", "sub")
 
 
 @dataclass(frozen=True)
-class Binary(Elementwise):
+class Binary(QuantEpilogue, Elementwise):
     op: str
     a: str
     b: str
@@ -45,15 +45,13 @@ class Binary(Elementwise):
         return self.n
 
     def writes(self):
-        return names(self.out if self.f32 else None, self.quant)
+        return names(self.stored(self.out), self.quant)
 
     def check(self):
-        if not self.f32 and self.quant is None:
-            return Refusal("an elementwise op that writes neither its result nor its quantized form")
-        if self.quant is not None:
-            why = quant_check(self.n, self.words, "an elementwise result", k_form=True)
-            if why:
-                return why
+        why = (self.written_refusal("an elementwise op", "result")
+               or self.epilogue_refusal(self.n, "an elementwise result"))
+        if why:
+            return why
         if self.op not in OPS:
             return Refusal(f"an elementwise `{self.op}` (the kernel adds, multiplies, subtracts)")
         if self.gate is not None and self.gate not in ACTS:
@@ -66,14 +64,14 @@ class Binary(Elementwise):
 
     def extents(self, top, tokens):
         return reach((self.a, self.n), (self.b, self.row or (self.n // self.each if self.each else self.n)),
-                     (self.out if self.f32 else None, self.n), (self.quant, self.n))
+                     (self.stored(self.out), self.n), (self.quant, self.n))
 
     def weights(self):
         return {self.b: None}
 
     def bytes(self):
         return (4 * ((1 + self.f32) * self.n + (self.row or (self.n // self.each if self.each else self.n)))
-                + quant_bytes(self.n, self.words if self.quant else 0))
+                + self.epilogue_bytes(self.n))
 
     def flops(self):
         return self.n * (1 + 4 * (self.gate is not None))
@@ -95,17 +93,14 @@ class Binary(Elementwise):
         y = {"add": a + b, "mul": a * b, "sub": a - b}[self.op]
         if self.f32:
             env.array(self.out)[: self.n] = y
-        if self.quant is not None:
-            quant_write(env, self.quant, y, self.words)
+        self.epilogue_write(env, y)
 
     def args(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
 
         return (denv.array(self.a), denv.opt(self.b), denv.array(self.out) if self.f32 else NULL, i64(self.n),
                 i64(self.row),
-                i64(OPS.index(self.op)), i64(act_code(self.gate)), i64(self.each),
-                *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
-                i64(self.words if self.quant is not None else 0))
+                i64(OPS.index(self.op)), i64(act_code(self.gate)), i64(self.each), *self.epilogue_args(denv))
 
     def grid_block(self):
         if self.quant is not None and self.words == Q8K:  # a block of 256 threads a q8_K block of values
