@@ -14,13 +14,13 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import QBLOCK, batch_apart, names, reach
 from lanefuse.kernels.elementwise import Elementwise
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 
 WARPS = 4  # set_row_quant: warps a block, a block of 32 values each
 
 
 @dataclass(frozen=True)
-class SetRow(Elementwise):
+class SetRow(QuantEpilogue, Elementwise):
     table: str
     src: str
     row: str | int
@@ -37,6 +37,7 @@ class SetRow(Elementwise):
     steps: ClassVar[tuple[str, ...]] = ("sequences",)  # a batch apart, one launch a sequence (`apart`)
     inputs: ClassVar[tuple[str, ...]] = ("src", "row")  # row: a parameter's name, or a fixed row (not read)
     output: ClassVar[str] = "table"
+    k_form: ClassVar[bool] = False  # set_row_quant writes q8 and q8x2 forms, blocks of 32
 
     def elements(self):
         return self.count * self.cols
@@ -47,7 +48,7 @@ class SetRow(Elementwise):
     def check(self):
         if self.quant is None:
             return None
-        why = quant_check(self.len * self.cols, self.words, "a table written by rows")
+        why = self.epilogue_refusal(self.len * self.cols, "a table written by rows")
         if why:
             return why
         if self.cols % QBLOCK:
@@ -78,7 +79,7 @@ class SetRow(Elementwise):
 
     def bytes(self):
         if self.quant is not None:  # the rows written, every other row read, the whole form written
-            return 4 * (self.len + self.count) * self.cols + quant_bytes(self.len * self.cols, self.words)
+            return 4 * (self.len + self.count) * self.cols + self.epilogue_bytes(self.len * self.cols)
         return 8 * self.count * self.cols
 
     def numpy(self, env):
@@ -92,7 +93,7 @@ class SetRow(Elementwise):
             n = max(0, min(self.count, self.len - r0)) * self.cols
             env.array(self.table)[r0 * self.cols: r0 * self.cols + n] = env.array(self.src)[:n]
         if self.quant is not None:  # from the table's values after the write, as the kernel's blocks take them
-            quant_write(env, self.quant, np.asarray(env.array(self.table)[: self.len * self.cols]), self.words)
+            self.epilogue_write(env, np.asarray(env.array(self.table)[: self.len * self.cols]))
 
     def grid_block(self):
         if self.quant is None:
@@ -103,10 +104,8 @@ class SetRow(Elementwise):
         if self.quant is None:
             super().cuda(denv)
             return
-        from lanefuse.kernels.cupy_env import i64
-
         g, b = self.grid_block()
-        denv.function(self.stem, "set_row_quant")(g, b, (*self.args(denv), *denv.quant(self.quant), i64(self.words)))
+        denv.function(self.stem, "set_row_quant")(g, b, (*self.args(denv), *self.epilogue_args(denv)))
 
     def args(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
