@@ -117,7 +117,8 @@ class Moe(Launch):
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
         for name, default in (("limit", 0.0), ("alpha", 1.702), ("groups", 1), ("topk_groups", 1),
-                              ("route_scale", 1.0), ("qwords", 0), ("quant_words", 0), ("lo", 0), ("local", 0)):  # an optional variable its rule did not bind
+                              ("route_scale", 1.0), ("qwords", 0), ("quant_words", 0),
+                              ("lo", 0), ("local", 0)):  # an optional variable its rule did not bind
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
         for name in ("norm_topk", "sort", "qgate"):

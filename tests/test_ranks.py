@@ -182,11 +182,13 @@ def test_refuses_mixtures_and_families():
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="2 experts over 3 ranks"):
         check_ranks(dataclasses.replace(_cfg(), moe=MoeConfig(2, 1, 16, True, (0, 1))), 3)
-    from lanefuse.engine.front.families.gemma import GemmaConfig
+    from lanefuse.engine.front.families.olmo2 import Olmo2Config
 
-    gemma = GemmaConfig(**{f.name: getattr(_cfg(), f.name) for f in dataclasses.fields(ModelConfig)})
-    with pytest.raises(UserError, match="not split over ranks yet"):
-        check_ranks(gemma, 3)
+    olmo = Olmo2Config(**{f.name: getattr(_cfg(), f.name) for f in dataclasses.fields(ModelConfig)})
+    with pytest.raises(UserError, match="q and k norms span the whole projection") as e:
+        check_ranks(olmo, 3)
+    assert "\n" not in str(e.value)
+    check_ranks(olmo, 1)
 
 
 def test_rank_step_round_trips_through_text():

@@ -192,7 +192,8 @@ def test_moe_launch_twins_over_a_part(sort, twin):
     dn = (r.standard_normal((n * d, f)) / f ** 0.5).astype(np.float32)
     want = OP_IMPL["moe"](x, wr, gu, dn, experts=E, k=k, inter=f, norm_topk=True, lo=lo, local=n)
     assert np.abs(want).max() > 0  # some row chose one of the part's experts
-    env = HostEnv({"x": x.ravel(), "y": np.zeros(rows * d, np.float32)}, {"wr": (wr, "f32"), "wgu": (gu, "f32"), "wd": (dn, "f32")})
+    env = HostEnv({"x": x.ravel(), "y": np.zeros(rows * d, np.float32)},
+                  {"wr": (wr, "f32"), "wgu": (gu, "f32"), "wd": (dn, "f32")})
     m = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "f32", norm_topk=True, sort=sort, lo=lo, local=n)
     assert m.check() is None
     getattr(m, twin)(env)

@@ -25,13 +25,28 @@ from lanefuse.engine.ir import Constant, Graph, Op, attrs_of
 from lanefuse.engine.front.model import ModelConfig, build_step
 
 HEAD = "lm_head.weight"  # a rank's part of the LM head, tied or not (a tied one is served from the embedding's rows)
-_ROWS = re.compile(r"model\.layers\.\d+\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.(weight|bias)$")
-_COLS = re.compile(r"model\.layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.weight$")
-_SHARED = re.compile(r"model\.layers\.\d+\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$")
-_EXPERTS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # the stacked experts (mixtures.py)
+# a layer's tensors under its family's prefix (`model.layers.` or Gemma 3's `language_model.model.layers.`)
+_ROWS = re.compile(r"(?:^|\.)layers\.\d+\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.(weight|bias)$")
+_COLS = re.compile(r"(?:^|\.)layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.weight$")
+_SHARED = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$")
+_EXPERTS = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # the stacked experts (mixtures.py)
 # the partial sums every rank needs, by layer: the o product's; the FFN's down product, or a mixture's sum (with its
 # shared expert's part where it has one)
 _REDUCED = ("o", "down", "moe", "moe_out")
+
+
+# the configs whose steps split as above: the dense decoders', Phi-3's (its fused q/k/v and gate/up read in parts: the
+# same tensors), Gemma's (its norms, soft caps and scaled embedding whole on every rank; a capped head capped a part at
+# a time, the cap elementwise)
+SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig")
+UNSPLIT = {  # why the other families' are not, in the user's words
+    "Olmo2Config": "OLMo 2's q and k norms span the whole projection (every head's values), and a rank holds only its "
+                   "heads: the norm needs every rank's sums of squares (an all-reduce of them is not built)",
+    "Qwen3NextConfig": "Qwen3-Next's gated delta-rule layers (their state by heads) are not split over ranks yet",
+    "GptOssConfig": "gpt-oss (its attention sinks and interleaved experts) is not split over ranks yet",
+    "DeepseekConfig": "DeepSeek-V3's latent attention (its compressed KV shared by every head) is not split over "
+                      "ranks yet",
+}
 
 
 def part(n: int, ranks: int, rank: int, unit: int = 1) -> tuple[int, int]:
@@ -49,9 +64,11 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
         raise UserError(f"--ranks {ranks}: a step runs over 1 or more ranks")
     if ranks == 1:
         return
-    if type(cfg) is not ModelConfig:  # a family of its own (its config a subclass) is not split yet
-        raise UserError(f"--ranks {ranks}: {cfg.arch} is not split over ranks yet (the dense Llama, Mistral, Qwen2 and "
-                        f"Qwen3 decoders and the Qwen3-MoE, Qwen2-MoE and Mixtral mixtures are); run it with --ranks 1")
+    kind = type(cfg).__name__
+    if kind not in SPLITS:  # a family of its own (its config a subclass) this split does not know
+        why = UNSPLIT.get(kind, "its family is not split over ranks yet")
+        raise UserError(f"--ranks {ranks}: {cfg.arch}: {why} (the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and 3 "
+                        f"decoders and the Qwen3-MoE, Qwen2-MoE and Mixtral mixtures split); run it with --ranks 1")
     m = cfg.moe
     if m is not None and m.spelling not in ("qwen", "mixtral"):
         raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixture ({m.spelling}) is not split over ranks yet; run "
@@ -66,7 +83,7 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
     for i in range(cfg.layers):
-        o = f"model.layers.{i}.self_attn.o_proj.weight"
+        o = f"{cfg.layer_prefix}{i}.self_attn.o_proj.weight"
         vb = BLOCK_FORMATS.get(cfg.fmt(o), (1,))[0]
         if cfg.heads // ranks * cfg.head_dim % vb:
             raise UserError(f"--ranks {ranks}: tensor `{o}` ({cfg.fmt(o)}) would be cut across its blocks of {vb}: "
@@ -89,7 +106,7 @@ def _unit(cfg: ModelConfig, shared: bool = False) -> int:
     from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
     down = "mlp.shared_expert.down_proj.weight" if shared else "mlp.down_proj.weight"
-    fmts = {cfg.fmt(f"model.layers.{i}.{down}") for i in range(cfg.layers)}
+    fmts = {cfg.fmt(f"{cfg.layer_prefix}{i}.{down}") for i in range(cfg.layers)}
     return max([BLOCK_FORMATS[f][0] for f in fmts if f in BLOCK_FORMATS] + [1])
 
 
@@ -123,8 +140,11 @@ def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> G
     if ranks == 1:
         return g
     *body, head, amax = g.ops
-    if head.kind != "matmul" or head.out != g.io.logits or amax.kind != "argmax":
-        raise AssertionError("a dense step ends with the LM head's product and its arg-max")
+    cap = None
+    if head.kind == "softcap":  # Gemma 2's capped logits: each rank caps its part (elementwise), then the arg-max
+        cap, (*body, head) = head, body
+    if head.kind != "matmul" or (cap or head).out != g.io.logits or amax.kind != "argmax":
+        raise AssertionError("a dense step ends with the LM head's product (its soft cap) and its arg-max")
     ops: list[Op] = []
     renamed: dict[str, str] = {}
     outs = {op.out for op in body}
@@ -140,23 +160,35 @@ def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> G
             renamed[op.out] = total
     g.ops = ops
     lo, hi = part(cfg.vocab, ranks, rank)
-    embed = "model.embed_tokens.weight"
-    fmt = cfg.fmt(embed if cfg.tie_embeddings else HEAD)
-    g.constants.pop(HEAD, None)
+    fmt = cfg.fmt(head_source(cfg))
+    if not cfg.tie_embeddings:
+        g.constants.pop(head.ins[1], None)
     g.constant(Constant(HEAD, (hi - lo, cfg.hidden), "rows", fmt, True, HEAD))
-    for n in (g.io.logits, g.io.next):
-        del g.tensors[n]
-    g.add("matmul", [renamed.get(head.ins[0], head.ins[0]), HEAD], g.io.logits)
+    for n in (g.io.logits, g.io.next, head.out):
+        g.tensors.pop(n, None)
+    y = g.add("matmul", [renamed.get(head.ins[0], head.ins[0]), HEAD], head.out)
+    if cap is not None:
+        g.add("softcap", [y], g.io.logits, **cap.a)
     g.add("all_argmax", [g.io.logits], g.io.next, ranks=ranks, offset=lo)
     g.meta.update(rank=rank, ranks=ranks, vocab_from=lo)
     g.validate()
     return g
 
 
+def embed_name(cfg: ModelConfig) -> str:
+    """The embedding's checkpoint name (under Gemma's prefix where it has one)."""
+    return getattr(cfg, "prefix", "model.") + "embed_tokens.weight"
+
+
+def head_source(cfg: ModelConfig) -> str:
+    """The stored tensor a rank's LM-head part is cut from: the embedding where tied, else the family's head."""
+    return embed_name(cfg) if cfg.tie_embeddings else getattr(cfg, "head", HEAD)
+
+
 def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, int] | None:
     """How rank `rank` cuts stored tensor `name`: ("rows" | "cols", lo, hi), or None (whole)."""
     hd, unit = cfg.head_dim, _unit(cfg)
-    m = _ROWS.match(name)
+    m = _ROWS.search(name)
     if m:
         if m.group(2) == "q":
             lo, hi = part(cfg.heads, ranks, rank)
@@ -165,7 +197,7 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
             lo, hi = part(cfg.kv_heads, ranks, rank)
             return "rows", lo * hd, hi * hd
         return ("rows",) + part(cfg.inter, ranks, rank, unit)
-    m = _COLS.match(name)
+    m = _COLS.search(name)
     if m:
         if "o_proj" in name:
             lo, hi = part(cfg.heads, ranks, rank)
@@ -173,12 +205,12 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
         return ("cols",) + part(cfg.inter, ranks, rank, unit)
     if name == HEAD:
         return ("rows",) + part(cfg.vocab, ranks, rank)
-    m = _EXPERTS.match(name)
+    m = _EXPERTS.search(name)
     if m:  # a rank's experts' rows: expert e's 2f gate/up rows at e·2f, its d down rows at e·d
         lo, hi = expert_part(cfg, rank, ranks)
         n = 2 * cfg.moe.inter if m.group(1) == "gate_up" else cfg.hidden
         return "rows", lo * n, hi * n
-    m = _SHARED.match(name)
+    m = _SHARED.search(name)
     if m:
         lo, hi = part(cfg.moe.shared_inter, ranks, rank, _unit(cfg, True))
         return ("cols" if m.group(1) == "down" else "rows"), lo, hi
@@ -194,7 +226,7 @@ class RankStore:
         self.base, self.cfg, self.rank, self.ranks = base, cfg, rank, ranks
 
     def _source(self, name: str) -> str:
-        return "model.embed_tokens.weight" if name == HEAD and self.cfg.tie_embeddings else name
+        return head_source(self.cfg) if name == HEAD else name
 
     def names(self) -> list[str]:
         names = list(self.base.names())
@@ -215,8 +247,8 @@ class RankStore:
         if cut is None:
             return self.base.raw(self._source(name))
         how, lo, hi = cut
-        if how == "rows" and hasattr(self.base, "rows"):  # only the rows read (a rank's experts: mixtures.py)
-            return self.base.rows(self._source(name), lo, hi)
+        if how == "rows" and hasattr(self.base, "expert_rows"):  # only its experts read (mixtures.py)
+            return self.base.expert_rows(self._source(name), lo, hi)
         arr, fmt = self.base.raw(self._source(name))
         a = np.asarray(arr)
         if how == "rows":
@@ -253,13 +285,15 @@ def rank_weight_bytes(cfg: ModelConfig, ranks: int) -> list[int]:
         total = 0
         names = dict(cfg.weight_names())
         if ranks > 1:
+            if not cfg.tie_embeddings:
+                names.pop(head_source(cfg), None)  # served as the rank's part (HEAD)
             names[HEAD] = (cfg.vocab, cfg.hidden)
         for name, shape in names.items():
             cut = _cut(name, cfg, r, ranks) if ranks > 1 else None
             if cut is not None:
                 how, lo, hi = cut
                 shape = ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo)
-            fmt = cfg.fmt(name if name != HEAD or not cfg.tie_embeddings else "model.embed_tokens.weight")
+            fmt = cfg.fmt(head_source(cfg) if name == HEAD else name)
             n = int(np.prod(shape))
             if fmt in BLOCK_FORMATS:
                 vb, bb = BLOCK_FORMATS[fmt]

@@ -215,6 +215,17 @@ def _dead(procs, but: int, wait: float = 2.0) -> int | None:
         time.sleep(0.05)
 
 
+def _context(mp):
+    """The processes' start method: a fork server that imported torch and lanefuse once (each rank a fork of it: no
+    second import of torch a rank, the most of a rank's start-up), else spawn (where fork is not offered)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "lanefuse.lane.run.ranks", "lanefuse.lane.lower.plan",
+                                "lanefuse.engine.front.load"])
+    return ctx
+
+
 def launch(ranks: int, jobs: list[dict], backend: str = "gloo", timeout: float = TIMEOUT_S) -> list[list[dict]]:
     """Run `jobs` (rank_generate's keyword arguments, and `exact`) over `ranks` processes of this machine, each in
     turn; returns each job's results by rank. A rank that fails or dies ends the run with a UserError naming it (the
@@ -226,7 +237,7 @@ def launch(ranks: int, jobs: list[dict], backend: str = "gloo", timeout: float =
         raise UserError(f"--ranks {ranks}: {why}")
     if backend not in ("gloo", "nccl"):
         raise UserError(f"unknown rank backend `{backend}` (gloo on the CPU, nccl on GPUs)")
-    ctx = mp.get_context("spawn")
+    ctx = _context(mp)
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, ranks, port, jobs, out, backend, timeout), daemon=True)

@@ -242,7 +242,7 @@ class ExpertStore:
             self._cache[name] = (arr, fmt)
         return self._cache[name]
 
-    def rows(self, name: str, lo: int, hi: int) -> tuple[np.ndarray, str]:
+    def expert_rows(self, name: str, lo: int, hi: int) -> tuple[np.ndarray, str]:
         """Rows lo..hi-1 of `name` (a rank's experts of a stacked tensor, engine/front/parallel.py's RankStore),
         reading only the per-expert tensors that hold them (a fused tensor: its slice, memory-mapped where the store
         maps it; GGUF's interleaved pair: stacked whole, then cut)."""
