@@ -17,14 +17,14 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import MAX_GRID_Y, Q8K, QBLOCK_K, Launch, Scratch, names, reach
 from lanefuse.kernels.conv import read_rows, seqs_apart
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 
 MAX_DK = 128  # a key head's values a thread holds in registers (delta.cu: an entry a width of 32, 64, 96, 128)
 MAX_DV = 256  # a value head's columns, a thread each (delta.cu's launch bounds: registers enough for MAX_DK)
 
 
 @dataclass(frozen=True)
-class Delta(Launch):
+class Delta(QuantEpilogue, Launch):
     q: str
     k: str
     v: str
@@ -70,7 +70,7 @@ class Delta(Launch):
 
     def check(self):
         if self.quant is not None:
-            why = quant_check(self.hv * self.dv, self.words, "a delta-rule output row", k_form=True)
+            why = self.epilogue_refusal(self.hv * self.dv, "a delta-rule output row")
             if why:
                 return why
             if self.words == Q8K and QBLOCK_K % self.dv:
@@ -102,8 +102,8 @@ class Delta(Launch):
 
     def bytes(self):
         r, kd, vd = self.rows, self.hk * self.dk, self.hv * self.dv
-        q = quant_bytes(r * vd, self.words) if self.quant is not None else 0
-        return 4 * (2 * r * kd + 3 * r * vd + 2 * r * self.hv + 2 * self.hv * self.dk * self.dv + self.dv) + q
+        return (4 * (2 * r * kd + 3 * r * vd + 2 * r * self.hv + 2 * self.hv * self.dk * self.dv + self.dv)
+                + self.epilogue_bytes(r * vd))
 
     def flops(self):
         return 6 * self.rows * self.hv * self.dk * self.dv
@@ -137,8 +137,8 @@ class Delta(Launch):
         y = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + self.eps) * gn * (z / (1.0 + np.exp(-z)))
         out = env.array(self.out)[r0 * hv * dv:(r0 + r) * hv * dv]
         out[:] = y.reshape(-1).astype(np.float32)
-        if self.quant is not None:  # from the f32 values stored, as the kernel quantizes them
-            quant_write(env, self.quant, out.reshape(r, hv * dv), self.words, start=r0 * hv * dv)
+        # the quantized form from the f32 values stored, as the kernel quantizes them
+        self.epilogue_write(env, out.reshape(r, hv * dv), start=r0 * hv * dv)
 
     def batched(self, pos: str, slot: int):
         """A batch step's: each row a sequence of its own, over its own slot of the state."""
@@ -167,6 +167,5 @@ class Delta(Launch):
             i64(self.zoff), denv.array(self.beta),
             denv.array(self.g), denv.array(self.state), denv.opt(self.gn), denv.array(self.out), i64(self.hk),
             i64(self.hv), i64(self.dv), i64(self.rows), f32(self.scale), f32(self.eps),
-            *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
-            denv.scratch(self, sc[0]) if sc else NULL,
-            i64(self.words if self.quant is not None else 0), i64(self.seq0)))
+            *self.epilogue_ptrs(denv), denv.scratch(self, sc[0]) if sc else NULL, i64(self.epilogue_words),
+            i64(self.seq0)))
