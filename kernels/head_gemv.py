@@ -15,14 +15,14 @@ import numpy as np
 
 from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, decode, format_refusal, names,
                                      qblock, reach, weight_bytes)
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 from lanefuse.engine.refusal import Refusal
 
 WARPS = 4  # warps a block: one output each
 
 
 @dataclass(frozen=True)
-class HeadGemv(Launch):
+class HeadGemv(QuantEpilogue, Launch):
     x: str
     w: str
     format: str
@@ -59,7 +59,7 @@ class HeadGemv(Launch):
         if self.upto is not None and self.quant is not None:
             return Refusal("a per-head product over a cache's filled rows that quantizes its output")
         if self.quant is not None:
-            why = quant_check(self.heads * self.b, self.words, "a per-head product's output row", k_form=True)
+            why = self.epilogue_refusal(self.heads * self.b, "a per-head product's output row")
             if why:
                 return why
             if self.y != Dst(self.y.buf):
@@ -91,7 +91,7 @@ class HeadGemv(Launch):
 
     def bytes(self):
         return (self.checkpoint_bytes() + 4 * self.m * self.heads * (self.a + self.b)
-                + quant_bytes(self.m * self.heads * self.b, self.words if self.quant else 0))
+                + self.epilogue_bytes(self.m * self.heads * self.b))
 
     def flops(self):
         return 2 * self.m * self.heads * self.a * self.b
@@ -115,8 +115,7 @@ class HeadGemv(Launch):
         x = env.array(self.x)[: m * self.heads * self.a].reshape(m, self.heads, self.a)
         y = np.einsum("rha,hab->rhb", x.astype(np.float64), w).astype(np.float32)
         self.y.write(env, y.reshape(m, self.heads * self.b))
-        if self.quant is not None:  # from the f32 values stored, as the last blocks read them back
-            quant_write(env, self.quant, y, self.words)
+        self.epilogue_write(env, y)  # from the f32 values stored, as the last blocks read them back
 
     def fast(self, env):
         w = self._stack(env.matrix(self.w))
@@ -128,8 +127,7 @@ class HeadGemv(Launch):
                 y = np.einsum("rha,hab->rhb", x.astype(np.float64), w.astype(np.float64)).astype(np.float32)
         y = np.ascontiguousarray(y).reshape(m, self.heads * self.b)
         self.y.write(env, y)
-        if self.quant is not None:
-            quant_write(env, self.quant, y, self.words)
+        self.epilogue_write(env, y)
 
     def grid_block(self):
         return ((-(-self.m * self.heads * self.b // WARPS), 1, 1), (32 * WARPS, 1, 1))
@@ -138,9 +136,8 @@ class HeadGemv(Launch):
         from lanefuse.kernels.cupy_env import NULL, i64
 
         grid, block = self.grid_block()
-        tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant)) if self.quant is not None
-                else (NULL, NULL, NULL, NULL))
+        counters = denv.scratch(self, self.scratch()[0]) if self.quant is not None else NULL
         denv.function(self.stem, "head_gemv")(grid, block, (
             denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
-            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), *tail,
-            i64(self.words if self.quant is not None else 0), denv.opt(self.upto), i64(self.extra)))
+            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), counters,
+            *self.epilogue_args(denv), denv.opt(self.upto), i64(self.extra)))
