@@ -123,3 +123,41 @@ def test_run_ranks_gives_one_ranks_tokens(tmp_path, capsys):
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert b["generated_ids"] == a["generated_ids"] and b["ranks"] == 2
     assert len(set(a["generated_ids"])) > 2 and math.isfinite(len(a["generated_ids"]))
+
+
+DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+               "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+               "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+               "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+               "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+               "first_k_dense_replace": 3, "norm_topk_prob": True, "vocab_size": 129280,
+               "max_position_embeddings": 163840, "rope_theta": 10000, "torch_dtype": "bfloat16",
+               "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}}
+
+
+def test_plan_ranks_of_deepseek_v3(tmp_path):
+    """DeepSeek-V3's config over 8 ranks: 16 query heads and 32 of the 256 experts a rank, the latent cache whole on
+    each; in bf16 171.18 GB a rank (no fit in 141 GB), in q8_0 90.94 GB (fits). The bytes: every rank's parts once,
+    what every rank holds whole (the embedding, norms, routers and their biases, q_a and kv_a) eight times."""
+    d = _config_only(tmp_path, DEEPSEEK_V3)
+    for fmt, gb, fits in (("bf16", 171.18, False), ("q8_0", 90.94, True)):
+        out = tmp_path / f"{fmt}.json"
+        assert main(["plan", str(d), "--ranks", "8", "--ctx", "4096", "--weights-format", fmt, "--json",
+                     str(out)]) == 0
+        rep = json.loads(out.read_text())
+        assert [r["experts"] for r in rep["rank"]] == [[32 * r, 32 * r + 32] for r in range(8)]
+        assert {r["heads"] for r in rep["rank"]} == {16} and {r["fits"] for r in rep["rank"]} == {fits}
+        assert {round(r["weight_bytes"] / 1e9, 2) for r in rep["rank"]} == {gb}
+        assert rep["collectives"]["all_reduce"]["count"] == 2 * 61
+    # bf16 (a config-only folder's every tensor in the given format): the whole model once, and 7 more copies of
+    # what each rank holds whole
+    L, d_, v, E, sparse = 61, 7168, 129280, 256, 61 - 3
+    whole_layer = (1536 + 512 + 64) * d_ + 2 * d_ + 1536 + 512  # q_a, kv_a's latent and rotated rows; 4 norms
+    whole = 2 * (v * d_ + d_ + L * whole_layer + sparse * (E * d_ + E))  # the embedding, final norm, routers, biases
+    rep = json.loads((tmp_path / "bf16.json").read_text())
+    from lanefuse.engine.front.hfconfig import config_from_hf
+
+    cfg = config_from_hf(DEEPSEEK_V3, "config.json", max_len=4096, name="ds")
+    cfg = __import__("dataclasses").replace(cfg, formats=tuple((w, "bf16") for w in cfg.weight_names()))
+    assert sum(r["weight_bytes"] for r in rep["rank"]) == rank_weight_bytes(cfg, 1)[0] + 7 * whole

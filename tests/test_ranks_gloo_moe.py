@@ -104,3 +104,27 @@ def test_gloo_mixture_ranks_give_one_ranks_tokens(models, ranks):
             layers = MODELS[name][1].get("num_hidden_layers", 2)
             steps = 2 + N_TOKENS - 1  # 2 prefill chunks, then decode: 2 all-reduces a layer and the arg-max a step
             assert all(r["calls"] == steps * (2 * layers + 1) for r in by_rank)
+
+
+def test_gloo_deepseek_ranks_give_one_ranks_tokens(tmp_path):
+    """tests/test_deepseek.py's tiny DeepSeek-V3 (bf16: latent attention over 4 heads, YaRN, a dense first layer, the
+    grouped routing with its correction bias, a shared expert) over 2 gloo ranks (each rank's plan on the numpy
+    backend) and 4 (the reference interpreter): transformers' tokens and the one-rank run's."""
+    from test_deepseek import build
+
+    folder = tmp_path / "deepseek"
+    ref = build("bfloat16", folder)
+    want, hf_logits = hf_greedy(ref, PROMPT, N_TOKENS)
+    cfg, w = load_model(folder, max_len=32)
+    one = generate(cfg, w, PROMPT, N_TOKENS, chunk=CHUNK)
+    assert one.generated_ids == want
+    for ranks, plan in ((2, True), (4, False)):
+        t0 = time.perf_counter()
+        by_rank = launch(ranks, [dict(model=str(folder), prompt=PROMPT, n_tokens=N_TOKENS, chunk=CHUNK, max_len=32,
+                                      exact=True, plan=plan)])[0]
+        logits = joined_logits(by_rank)
+        rel_one, rel_hf = scaled_error(logits, one.logits), scaled_error(logits, hf_logits)
+        print(f"\nDeepSeek-V3 over {ranks} gloo ranks ({'numpy plan' if plan else 'reference'}): "
+              f"{time.perf_counter() - t0:.1f} s; logits vs one rank {rel_one:.1e}, vs transformers {rel_hf:.1e}")
+        assert all(r["tokens"] == want for r in by_rank)
+        assert rel_one < 1e-5 and rel_hf < 1e-4

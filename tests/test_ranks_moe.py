@@ -263,3 +263,93 @@ def test_mixture_refusals():
 
 
 from lanefuse.engine.errors import UserError  # noqa: E402
+
+
+# -- DeepSeek-V3: latent attention split by query heads, the grouped mixture by experts ------------------------------
+
+def _deepseek(fmt: str = "f32"):
+    """tests/test_deepseek.py's tiny DeepSeek-V3: 4 heads (the latent of 16 and rotated key of 8 whole on every
+    rank), a dense first layer (FFN 37), then 8 experts of 11 in 4 groups (top 3 of the best 2 groups, a correction
+    bias) and a shared expert of 11."""
+    from test_deepseek import tiny_cfg
+
+    cfg = tiny_cfg()
+    if fmt != "f32":
+        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
+    return cfg
+
+
+@pytest.mark.parametrize("ranks, fmt", [(2, "f32"), (4, "bf16"), (3, "f32")])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_deepseek_ranks_equal_one_rank(ranks, fmt, rows):
+    """R ranks' DeepSeek-V3 step against one rank's: each rank its query heads (q, the key and value expansions and o
+    cut by heads), the latent and rotated-key caches whole on every rank (the same rows on each), its experts of the
+    grouped mixture (the routing over all 8 on every rank), its part of the shared expert; R = 3 refused (4 heads)."""
+    cfg = _deepseek(fmt)
+    if ranks == 3:
+        with pytest.raises(UserError, match="3 ranks do not divide .*4 heads") as e:
+            check_ranks(cfg, 3)
+        assert "\n" not in str(e.value)
+        return
+    w = _weights(cfg)
+    first, toks = [4, 9, 2], [(7 * i + rows) % 97 for i in range(rows)]
+    one = _env(cfg, first, 0)
+    evaluate(build_step(cfg, 3), w, one)
+    one.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
+    want = evaluate(build_step(cfg, rows), w, one)
+    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
+    envs = [_env(rank_config(cfg, r, ranks), first, 0) for r in range(ranks)]
+    evaluate_ranks([build_rank_step(cfg, r, ranks, 3) for r in range(ranks)], ws, envs)
+    for e in envs:
+        e.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
+    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
+    got = evaluate_ranks(gs, ws, envs)
+    logits = np.concatenate([o["logits"] for o in got], axis=-1)
+    scale = float(np.abs(want["logits"]).max())
+    assert float(np.abs(logits - want["logits"]).max()) <= 1e-5 * scale
+    for o in got:
+        np.testing.assert_array_equal(o["next"], want["next"])
+    for r, e in enumerate(envs):  # the latent cache: every rank's the one rank's
+        np.testing.assert_allclose(e["kc2"], one["kc2"], atol=1e-5 * scale)
+    moes = [op for op in gs[-1].ops if op.kind == "moe"]
+    assert [op.a["lo"] for op in moes] == [8 - 8 // ranks] * 2 and gs[-1].ops[-1].kind == "all_argmax"
+    assert [op.a["heads"] for op in gs[0].ops if op.kind == "attention"] == [4 // ranks] * 3
+
+
+def test_deepseek_rank_plans_run_by_the_numpy_backend():
+    """Each rank's DeepSeek-V3 decode step planned (the latent attention's fusions on its heads, its grouped mixture
+    a Moe over its experts unjoined with the shared expert) and run by the numpy backend's exact twins."""
+    from lanefuse.kernels import Moe
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg, ranks = _deepseek("bf16"), 2
+    w = _weights(cfg)
+    gs = [build_rank_step(cfg, r, ranks, 1) for r in range(ranks)]
+    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
+
+    def envs():
+        return [_env(rank_config(cfg, r, ranks), [5], 0) for r in range(ranks)]
+
+    want = evaluate_ranks(gs, ws, envs())
+    plans = [plan(g) for g in gs]
+    for r, s in enumerate(plans):
+        moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
+        assert [(m.lo, m.local, m.groups, m.shared) for m in moes] == [(4 * r, 4, 4, False)] * 2
+        assert s.fusions.get("mla.absorbed") == 3
+    group, got, es = LocalComm(ranks), [None] * ranks, envs()
+
+    def run(r):
+        runner = NumpyRunner(plans[r], ws[r])
+        runner.env.comm = group.at(r)
+        got[r] = runner.step(es[r])
+
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    a = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in got], axis=-1)
+    b = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in want], axis=-1)
+    assert float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())
+    assert {int(np.asarray(o["next"]).reshape(-1)[0]) for o in got} == {int(np.asarray(want[0]["next"])[0])}

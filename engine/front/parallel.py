@@ -28,7 +28,10 @@ HEAD = "lm_head.weight"  # a rank's part of the LM head, tied or not (a tied one
 # a layer's tensors under its family's prefix (`model.layers.` or Gemma 3's `language_model.model.layers.`)
 _ROWS = re.compile(r"(?:^|\.)layers\.\d+\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.(weight|bias)$")
 _COLS = re.compile(r"(?:^|\.)layers\.\d+\.(self_attn\.o_proj|mlp\.down_proj)\.weight$")
-_SHARED = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$")
+_SHARED = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.shared_experts?\.(gate|up|down)_proj\.weight$")  # DeepSeek's: experts
+# DeepSeek-V3's latent attention, as its store serves it (families/deepseek.py DeepseekStore): each head's query rows
+# (unrotated, rotated) and its key and value expansions of the latent
+_MLA = re.compile(r"(?:^|\.)layers\.\d+\.self_attn\.(?:(?:q_b_proj|q_proj)\.(nope|rope)_rows|kv_b_proj\.(k|v)_rows)$")
 _EXPERTS = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # the stacked experts (mixtures.py)
 # the partial sums every rank needs, by layer: the o product's; the FFN's down product, or a mixture's sum (with its
 # shared expert's part where it has one)
@@ -38,14 +41,12 @@ _REDUCED = ("o", "down", "moe", "moe_out")
 # the configs whose steps split as above: the dense decoders', Phi-3's (its fused q/k/v and gate/up read in parts: the
 # same tensors), Gemma's (its norms, soft caps and scaled embedding whole on every rank; a capped head capped a part at
 # a time, the cap elementwise)
-SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig")
+SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig", "DeepseekConfig")
 UNSPLIT = {  # why the other families' are not, in the user's words
     "Olmo2Config": "OLMo 2's q and k norms span the whole projection (every head's values), and a rank holds only its "
                    "heads: the norm needs every rank's sums of squares (an all-reduce of them is not built)",
     "Qwen3NextConfig": "Qwen3-Next's gated delta-rule layers (their state by heads) are not split over ranks yet",
     "GptOssConfig": "gpt-oss (its attention sinks and interleaved experts) is not split over ranks yet",
-    "DeepseekConfig": "DeepSeek-V3's latent attention (its compressed KV shared by every head) is not split over "
-                      "ranks yet",
 }
 
 
@@ -68,7 +69,8 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     if kind not in SPLITS:  # a family of its own (its config a subclass) this split does not know
         why = UNSPLIT.get(kind, "its family is not split over ranks yet")
         raise UserError(f"--ranks {ranks}: {cfg.arch}: {why} (the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and 3 "
-                        f"decoders and the Qwen3-MoE, Qwen2-MoE and Mixtral mixtures split); run it with --ranks 1")
+                        f"decoders and the Qwen3-MoE, Qwen2-MoE, Mixtral and DeepSeek-V3 mixtures split); run it with "
+                        f"--ranks 1")
     m = cfg.moe
     if m is not None and m.spelling not in ("qwen", "mixtral"):
         raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixture ({m.spelling}) is not split over ranks yet; run "
@@ -76,7 +78,10 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     if m is not None and m.sparse and m.experts < ranks:
         raise UserError(f"--ranks {ranks}: {cfg.name}'s {m.experts} experts over {ranks} ranks (each rank holds at "
                         f"least one expert); give at most {m.experts} ranks")
-    if cfg.kv_heads % ranks:
+    if mla(cfg) and cfg.heads % ranks:
+        raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.heads} heads (each rank its "
+                        f"heads; the latent cache whole on every rank); give a divisor of {cfg.heads}")
+    if not mla(cfg) and cfg.kv_heads % ranks:
         raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.kv_heads} KV heads (each rank "
                         f"holds whole KV heads and its own cache; KV heads are not replicated); give a divisor of "
                         f"{cfg.kv_heads}")
@@ -85,17 +90,18 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     for i in range(cfg.layers):
         o = f"{cfg.layer_prefix}{i}.self_attn.o_proj.weight"
         vb = BLOCK_FORMATS.get(cfg.fmt(o), (1,))[0]
-        if cfg.heads // ranks * cfg.head_dim % vb:
+        if cfg.heads // ranks * _o_width(cfg) % vb:
             raise UserError(f"--ranks {ranks}: tensor `{o}` ({cfg.fmt(o)}) would be cut across its blocks of {vb}: "
-                            f"{cfg.heads // ranks} heads of {cfg.head_dim} a rank")
+                            f"{cfg.heads // ranks} heads of {_o_width(cfg)} a rank")
     unit = _unit(cfg)
     dense = [i for i in range(cfg.layers) if not cfg.sparse(i)]
     if dense and cfg.inter // unit < ranks:
         raise UserError(f"--ranks {ranks}: {cfg.name}'s FFN of {cfg.inter} values splits into fewer than {ranks} parts "
                         f"of whole {unit}-value blocks")
-    if m is not None and m.sparse and m.shared_inter and m.shared_inter // _unit(cfg, True) < ranks:
-        raise UserError(f"--ranks {ranks}: {cfg.name}'s shared expert of {m.shared_inter} values splits into fewer "
-                        f"than {ranks} parts of whole {_unit(cfg, True)}-value blocks")
+    sh = _shared_inter(cfg)
+    if m is not None and m.sparse and sh and sh // _unit(cfg, True) < ranks:
+        raise UserError(f"--ranks {ranks}: {cfg.name}'s shared expert of {sh} values splits into fewer than {ranks} "
+                        f"parts of whole {_unit(cfg, True)}-value blocks")
     if cfg.vocab < ranks:
         raise UserError(f"--ranks {ranks}: a vocabulary of {cfg.vocab} tokens over {ranks} ranks")
 
@@ -105,9 +111,31 @@ def _unit(cfg: ModelConfig, shared: bool = False) -> int:
     columns), else one value."""
     from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
-    down = "mlp.shared_expert.down_proj.weight" if shared else "mlp.down_proj.weight"
+    down = (_shared_prefix(cfg) + "down_proj.weight") if shared else "mlp.down_proj.weight"
     fmts = {cfg.fmt(f"{cfg.layer_prefix}{i}.{down}") for i in range(cfg.layers)}
     return max([BLOCK_FORMATS[f][0] for f in fmts if f in BLOCK_FORMATS] + [1])
+
+
+def mla(cfg: ModelConfig) -> bool:
+    """Whether the attention is DeepSeek-V3's latent attention: split by query heads, its latent and rotated-key
+    caches (one, shared by every head) whole on every rank."""
+    return type(cfg).__name__ == "DeepseekConfig"
+
+
+def _o_width(cfg: ModelConfig) -> int:
+    """The o product's columns a head (its value width)."""
+    return cfg.v_dim if mla(cfg) else cfg.head_dim
+
+
+def _shared_inter(cfg: ModelConfig) -> int:
+    """A mixture's shared expert width (DeepSeek-V3's on its config, Qwen2-MoE's on the mixture's); 0: none."""
+    if mla(cfg):
+        return cfg.shared_inter
+    return cfg.moe.shared_inter if cfg.moe is not None else 0
+
+
+def _shared_prefix(cfg: ModelConfig) -> str:
+    return "mlp.shared_experts." if mla(cfg) else "mlp.shared_expert."
 
 
 def expert_part(cfg: ModelConfig, rank: int, ranks: int) -> tuple[int, int]:
@@ -122,11 +150,15 @@ def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
     if ranks == 1:
         return cfg
     lo, hi = part(cfg.inter, ranks, rank, _unit(cfg))
-    moe = cfg.moe
+    moe, sh = cfg.moe, _shared_inter(cfg)
+    slo, shi = part(sh, ranks, rank, _unit(cfg, True)) if sh else (0, 0)
     if moe is not None and moe.sparse:
         elo, ehi = expert_part(cfg, rank, ranks)
-        slo, shi = part(moe.shared_inter, ranks, rank, _unit(cfg, True)) if moe.shared_inter else (0, 0)
-        moe = dataclasses.replace(moe, lo=elo, local=ehi - elo, shared_inter=shi - slo)
+        moe = dataclasses.replace(moe, lo=elo, local=ehi - elo)
+        if not mla(cfg):
+            moe = dataclasses.replace(moe, shared_inter=shi - slo)
+    if mla(cfg):  # the query heads split; the latent (one "KV head") whole on every rank
+        return dataclasses.replace(cfg, heads=cfg.heads // ranks, inter=hi - lo, moe=moe, shared_inter=shi - slo)
     return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=cfg.kv_heads // ranks, inter=hi - lo, moe=moe)
 
 
@@ -201,7 +233,7 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
     if m:
         if "o_proj" in name:
             lo, hi = part(cfg.heads, ranks, rank)
-            return "cols", lo * hd, hi * hd
+            return "cols", lo * _o_width(cfg), hi * _o_width(cfg)
         return ("cols",) + part(cfg.inter, ranks, rank, unit)
     if name == HEAD:
         return ("rows",) + part(cfg.vocab, ranks, rank)
@@ -212,8 +244,13 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
         return "rows", lo * n, hi * n
     m = _SHARED.search(name)
     if m:
-        lo, hi = part(cfg.moe.shared_inter, ranks, rank, _unit(cfg, True))
+        lo, hi = part(_shared_inter(cfg), ranks, rank, _unit(cfg, True))
         return ("cols" if m.group(1) == "down" else "rows"), lo, hi
+    m = _MLA.search(name) if mla(cfg) else None
+    if m:  # a rank's heads' rows: unrotated query / key expansion `nope` a head, rotated query `rope`, value `v_dim`
+        lo, hi = part(cfg.heads, ranks, rank)
+        n = {"nope": cfg.nope, "rope": cfg.head_dim, "k": cfg.nope, "v": cfg.v_dim}[m.group(1) or m.group(2)]
+        return "rows", lo * n, hi * n
     return None
 
 

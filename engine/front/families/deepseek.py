@@ -409,7 +409,7 @@ def deepseek_layer(s, i: int, x: str) -> str:
                        W("mlp.gate.e_score_correction_bias")], "moe",
                experts=m.experts, k=m.k, inter=m.inter, norm_topk=m.norm_topk, act="silu",
                routing="sigmoid_group", groups=cfg.groups, topk_groups=cfg.topk_groups,
-               route_scale=cfg.route_scale)
+               route_scale=cfg.route_scale, **m.part_attrs())  # a rank's experts (engine/front/parallel.py)
         if cfg.shared_inter:
             se = "mlp.shared_experts."
             gp = op("matmul", [h2, W(se + "gate_proj.weight")], "sh_gate")
