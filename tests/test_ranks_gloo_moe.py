@@ -128,3 +128,26 @@ def test_gloo_deepseek_ranks_give_one_ranks_tokens(tmp_path):
               f"{time.perf_counter() - t0:.1f} s; logits vs one rank {rel_one:.1e}, vs transformers {rel_hf:.1e}")
         assert all(r["tokens"] == want for r in by_rank)
         assert rel_one < 1e-5 and rel_hf < 1e-4
+
+
+def test_gloo_gptoss_ranks_give_one_ranks_tokens(tmp_path):
+    """tests/test_gptoss.py's tiny gpt-oss (f32: biased attention with sinks, sliding and full layers, YaRN, 8 biased
+    experts with the clamped GLU) over 2 gloo ranks, each rank's plan on the numpy backend: transformers' tokens and
+    the one-rank run's."""
+    from test_gptoss import build
+
+    folder = tmp_path / "gptoss"
+    ref = build("float32", folder)
+    want, hf_logits = hf_greedy(ref, PROMPT, N_TOKENS)
+    cfg, w = load_model(folder, max_len=32)
+    one = generate(cfg, w, PROMPT, N_TOKENS, chunk=CHUNK)
+    assert one.generated_ids == want
+    t0 = time.perf_counter()
+    by_rank = launch(2, [dict(model=str(folder), prompt=PROMPT, n_tokens=N_TOKENS, chunk=CHUNK, max_len=32,
+                              exact=True, plan=True)])[0]
+    logits = joined_logits(by_rank)
+    rel_one, rel_hf = scaled_error(logits, one.logits), scaled_error(logits, hf_logits)
+    print(f"\ngpt-oss over 2 gloo ranks (numpy plan): {time.perf_counter() - t0:.1f} s; logits vs one rank "
+          f"{rel_one:.1e}, vs transformers {rel_hf:.1e}")
+    assert all(r["tokens"] == want for r in by_rank)
+    assert rel_one < 1e-5 and rel_hf < 1e-4

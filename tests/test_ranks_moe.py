@@ -353,3 +353,73 @@ def test_deepseek_rank_plans_run_by_the_numpy_backend():
     b = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in want], axis=-1)
     assert float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())
     assert {int(np.asarray(o["next"]).reshape(-1)[0]) for o in got} == {int(np.asarray(want[0]["next"])[0])}
+
+
+# -- gpt-oss: biased q/k/v/o and attention sinks split by heads, its biased, clamped experts by experts -------------
+
+def _gptoss(fmt: str = "f32"):
+    """tests/test_gptoss.py's tiny gpt-oss: 4 heads over 2 KV heads of 8 (their sinks), sliding and full layers,
+    8 experts of 37, top 2 (topk then softmax, router and expert biases, the clamped GLU)."""
+    from test_gptoss import tiny_cfg
+
+    cfg = tiny_cfg(layers=2)
+    if fmt != "f32":
+        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
+    return cfg
+
+
+def _gptoss_weights(cfg, seed: int = 3):
+    """Random weights under the names the step reads (gpt-oss's stacked rows and their biases)."""
+    from lanefuse.engine.formats.blocks import encode
+    from lanefuse.engine.front.weights import Weights
+
+    r = np.random.default_rng(seed)
+    arrays = {}
+    for name, shape in cfg.weight_names().items():
+        a = (r.standard_normal(shape) / (np.sqrt(shape[-1]) if len(shape) == 2 else 3)).astype(np.float32)
+        arrays[name] = (encode(a, cfg.fmt(name)), cfg.fmt(name)) if len(shape) == 2 and cfg.fmt(name) != "f32" else a
+    return Weights.from_dict(arrays, cfg)
+
+
+@pytest.mark.parametrize("fmt, rows, plan_it", [("f32", 1, False), ("bf16", 5, False), ("bf16", 1, True),
+                                                ("f32", 5, True)])
+def test_gptoss_ranks_equal_one_rank(fmt, rows, plan_it):
+    """gpt-oss over 2 ranks (its KV heads): each rank its heads' q/k/v rows and biases, sinks and o columns (o's
+    bias added after the all-reduce, once), 4 of the 8 experts with their gate/up and down biases (the router and its
+    bias whole); against one rank, by the reference interpreter or each rank's plan on the numpy backend."""
+    from lanefuse.kernels import Moe
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg, ranks = _gptoss(fmt), 2
+    w = _gptoss_weights(cfg)
+    toks = [(7 * i + rows) % 97 for i in range(rows)]
+    want = evaluate(build_step(cfg, rows), w, _env(cfg, toks, 0))
+    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
+    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
+    assert ws[1].get("model.layers.0.self_attn.sinks").tolist() == w.get("model.layers.0.self_attn.sinks")[2:].tolist()
+    envs = [_env(rank_config(cfg, r, ranks), toks, 0) for r in range(ranks)]
+    if not plan_it:
+        got = evaluate_ranks(gs, ws, envs)
+    else:
+        plans = [plan(g) for g in gs]
+        for r, s in enumerate(plans):
+            moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
+            assert [(m.lo, m.local, m.bgu is not None) for m in moes] == [(4 * r, 4, True)] * 2
+        group, got = LocalComm(ranks), [None] * ranks
+
+        def run(r):
+            runner = NumpyRunner(plans[r], ws[r])
+            runner.env.comm = group.at(r)
+            got[r] = runner.step(envs[r])
+
+        ts = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    logits = np.concatenate([np.asarray(o["logits"]).reshape(-1, o["logits"].shape[-1])[-1:] for o in got], axis=-1)
+    want_last = np.asarray(want["logits"]).reshape(-1, want["logits"].shape[-1])[-1:]
+    assert float(np.abs(logits - want_last).max()) <= 1e-5 * float(np.abs(want_last).max())
+    for o in got:
+        assert int(np.asarray(o["next"]).reshape(-1)[-1]) == int(np.asarray(want["next"]).reshape(-1)[-1])

@@ -32,7 +32,9 @@ _SHARED = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.shared_experts?\.(gate|up|down)
 # DeepSeek-V3's latent attention, as its store serves it (families/deepseek.py DeepseekStore): each head's query rows
 # (unrotated, rotated) and its key and value expansions of the latent
 _MLA = re.compile(r"(?:^|\.)layers\.\d+\.self_attn\.(?:(?:q_b_proj|q_proj)\.(nope|rope)_rows|kv_b_proj\.(k|v)_rows)$")
-_EXPERTS = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.experts\.(gate_up|down)_proj$")  # the stacked experts (mixtures.py)
+# the stacked experts (mixtures.py; gpt-oss's rows and their biases: gptoss.py)
+_EXPERTS = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.experts\.(gate_up|down)_proj(?:(?:_bias)?\.rows)?$")
+_SINKS = re.compile(r"(?:^|\.)layers\.\d+\.self_attn\.sinks$")  # gpt-oss: a value a head
 # the partial sums every rank needs, by layer: the o product's; the FFN's down product, or a mixture's sum (with its
 # shared expert's part where it has one)
 _REDUCED = ("o", "down", "moe", "moe_out")
@@ -41,12 +43,11 @@ _REDUCED = ("o", "down", "moe", "moe_out")
 # the configs whose steps split as above: the dense decoders', Phi-3's (its fused q/k/v and gate/up read in parts: the
 # same tensors), Gemma's (its norms, soft caps and scaled embedding whole on every rank; a capped head capped a part at
 # a time, the cap elementwise)
-SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig", "DeepseekConfig")
+SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig", "DeepseekConfig", "GptOssConfig")
 UNSPLIT = {  # why the other families' are not, in the user's words
     "Olmo2Config": "OLMo 2's q and k norms span the whole projection (every head's values), and a rank holds only its "
                    "heads: the norm needs every rank's sums of squares (an all-reduce of them is not built)",
     "Qwen3NextConfig": "Qwen3-Next's gated delta-rule layers (their state by heads) are not split over ranks yet",
-    "GptOssConfig": "gpt-oss (its attention sinks and interleaved experts) is not split over ranks yet",
 }
 
 
@@ -69,10 +70,10 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     if kind not in SPLITS:  # a family of its own (its config a subclass) this split does not know
         why = UNSPLIT.get(kind, "its family is not split over ranks yet")
         raise UserError(f"--ranks {ranks}: {cfg.arch}: {why} (the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and 3 "
-                        f"decoders and the Qwen3-MoE, Qwen2-MoE, Mixtral and DeepSeek-V3 mixtures split); run it with "
-                        f"--ranks 1")
+                        f"decoders and the Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss and DeepSeek-V3 mixtures split); "
+                        f"run it with --ranks 1")
     m = cfg.moe
-    if m is not None and m.spelling not in ("qwen", "mixtral"):
+    if m is not None and m.spelling not in ("qwen", "mixtral", "gptoss"):
         raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixture ({m.spelling}) is not split over ranks yet; run "
                         f"it with --ranks 1")
     if m is not None and m.sparse and m.experts < ranks:
@@ -150,6 +151,8 @@ def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
     if ranks == 1:
         return cfg
     lo, hi = part(cfg.inter, ranks, rank, _unit(cfg))
+    if all(cfg.sparse(i) for i in range(cfg.layers)):  # no dense FFN to split (gpt-oss's inter is its experts')
+        lo, hi = 0, cfg.inter
     moe, sh = cfg.moe, _shared_inter(cfg)
     slo, shi = part(sh, ranks, rank, _unit(cfg, True)) if sh else (0, 0)
     if moe is not None and moe.sparse:
@@ -242,6 +245,8 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
         lo, hi = expert_part(cfg, rank, ranks)
         n = 2 * cfg.moe.inter if m.group(1) == "gate_up" else cfg.hidden
         return "rows", lo * n, hi * n
+    if _SINKS.search(name):
+        return ("rows",) + part(cfg.heads, ranks, rank)
     m = _SHARED.search(name)
     if m:
         lo, hi = part(_shared_inter(cfg), ranks, rank, _unit(cfg, True))

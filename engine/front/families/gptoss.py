@@ -94,7 +94,7 @@ class GptOssConfig(ModelConfig):
             w[p + "self_attn.sinks"] = (h,)
             w[p + "mlp.router.weight"] = (E, d)
             w[p + "mlp.router.bias"] = (E,)
-            w.update({n: s for n, s in stacked_names(i, E, d, f).items()})
+            w.update({n: s for n, s in stacked_names(i, self.moe.held, d, f).items()})  # a rank's experts, or all E
         return w
 
 
@@ -376,5 +376,5 @@ def gptoss_layer(s, i: int, x: str) -> str:
     y = op("moe", [h2, W("mlp.router.weight"), W(e + "gate_up_proj.rows"), W(e + "down_proj.rows"),
                    W("mlp.router.bias"), W(e + "gate_up_proj_bias.rows"), W(e + "down_proj_bias.rows")], "moe",
            experts=m.experts, k=m.k, inter=m.inter, norm_topk=False, act="clamped_glu", routing="topk_softmax",
-           limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha)
+           limit=cfg.swiglu_limit, alpha=cfg.swiglu_alpha, **m.part_attrs())  # a rank's experts (front/parallel.py)
     return op("add", [x1, y], "resid_ffn")
