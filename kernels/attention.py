@@ -339,11 +339,10 @@ class Attention(Launch):
         for r, p, at in self.queries(env):
             if llama is not None:  # q8, llama.cpp's form next: attended as llama.cpp does (interp's too)
                 j = at + np.arange(p + 1)
-                for h in range(H):
-                    g = h // self.group
-                    out[r, h] = ggml.attend(q[r, h].astype(np.float32), kc[(j * kp + self.koff + g * own)[:, None] +
-                                            np.arange(own)], vc[(j * vp + self.voff + g * vd)[:, None] + np.arange(vd)],
-                                            self.scale, self.rows, llama.pairs)
+                g = (np.arange(H) // self.group)[:, None, None]  # each head's KV head: the heads attended at once
+                out[r] = ggml.attend(q[r].astype(np.float32), kc[(j * kp + self.koff)[None, :, None] + g * own +
+                                     np.arange(own)], vc[(j * vp + self.voff)[None, :, None] + g * vd + np.arange(vd)],
+                                     self.scale, self.rows, llama.pairs)
                 continue
             lo = max(0, p - self.window + 1) if self.window > 0 else 0
             first, last = self.block_rows(r)  # shared rows: the block's keys split, each row's own taken

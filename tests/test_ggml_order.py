@@ -137,3 +137,59 @@ def test_fma_breaks_the_double_rounding_tie():
     assert ggml.fma(a, b, c) == F32(1 + 2.0 ** -23) == _exact_fma(a, b, c)
     assert ggml.fma(np.array([a, a]), np.array([b, -b]), np.array([c, -c])).tolist() == [1 + 2.0 ** -23,
                                                                                          -(1 + 2.0 ** -23)]
+
+
+def _planted_ties(rng, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scales (nb, R, N), integer lane sums (nb, L, R, N) and accumulators (L, R, N) f32 of unit size, with places
+    where scale·I + acc is an f32 midpoint in f64 but not exactly (the double-rounding tie a one-pass f64 sum gets
+    wrong): scale (2^12+1)·2^-20, I 2^24 - 4095 (their product 2^-20·(2^36 + 1)), acc ±2^40, both signs; and places
+    where the f64 sum is an exact midpoint (ties to even, nothing to fix)."""
+    nb, lanes, r, n = shape
+    scale = rng.uniform(0.01, 0.1, (nb, r, n)).astype(F32)
+    ints = rng.integers(-65024, 65025, shape).astype(F32)
+    acc = (rng.standard_normal((lanes, r, n)) * 50).astype(F32)
+    for _ in range(6):
+        b, m, i, j = rng.integers(0, nb), rng.integers(0, lanes), rng.integers(0, r), rng.integers(1, n)
+        sign = F32(rng.choice([-1, 1]))
+        scale[b, i, j] = F32((2 ** 12 + 1) * 2.0 ** -20)
+        ints[b, m, i, j] = sign * F32(2 ** 24 - 4095)
+        if b == 0:
+            acc[m, i, j] = sign * F32(2.0 ** 40)
+    scale[0, 0, 0], ints[0, 0, 0, 0], acc[0, 0, 0] = F32(2.0 ** -24), F32(1), F32(1)  # 1 + 2^-24: an exact tie
+    # (output 0 is the exact tie's alone: the planted ones are at outputs 1..N-1)
+    return scale, ints, acc
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from([(1, 8, 1, 5), (3, 8, 2, 7), (18, 8, 1, 33), (5, 4, 3, 2)]))
+def test_the_whole_array_chain_is_fma_after_fma(seed, shape):
+    """ggml.chain (each block's fused multiply-add over all lanes, rows and outputs at once, the f64 sum's halfway
+    cases mended where they are inexact) equals ggml.fma applied block after block, element by element in turn, with
+    planted double-rounding ties; and a tie it mends is where a plain f64-then-f32 rounding is wrong."""
+    rng = np.random.default_rng(seed)
+    scale, ints, acc = _planted_ties(rng, shape)
+    got = ggml.chain([(scale, ints)], shape[0], acc=acc.copy())
+    want = acc.copy()
+    for b in range(shape[0]):
+        for m in range(shape[1]):
+            want[m] = ggml.fma(scale[b], ints[b, m], want[m])
+    assert np.array_equal(got, want)
+    plain = acc.copy()
+    for b in range(shape[0]):
+        plain = (scale[b].astype(np.float64) * ints[b].astype(np.float64) + plain).astype(F32)
+    planted = ints == F32(2 ** 24 - 4095)
+    if planted[0].any():
+        assert not np.array_equal(plain, want)
+
+
+def test_prepared_rows_are_kept_for_every_view_of_a_weight():
+    """The rows' integers are laid out once a matrix (ggml.prepared) and found again for another view of the same
+    bytes (each runner's view of a weight); a copy of them is other bytes, prepared anew; the product is the same."""
+    rng = np.random.default_rng(11)
+    n, k = 40, 576
+    raw = encode((rng.standard_normal((n, k)) / 24).astype(F32), "q4_0").reshape(-1)
+    p = ggml.prepared(raw, "q4_0", n, k, 4096)
+    assert ggml.prepared(raw.reshape(n, -1), "q4_0", n, k, 4096) is p
+    assert ggml.prepared(raw.copy(), "q4_0", n, k, 4096) is not p
+    x = quantize(_activations(rng, 2, k), 1)
+    assert np.array_equal(ggml.dot_form(x, raw, "q4_0", n, k), ggml.dot_form(x, raw.copy(), "q4_0", n, k))

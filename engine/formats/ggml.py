@@ -114,6 +114,134 @@ def by_lane(v: np.ndarray) -> np.ndarray:
     return v.reshape(*lead, nb, bl // RUN, LANES, 4).swapaxes(-3, -2).reshape(*lead, nb, LANES, bl // LANES)
 
 
+def lanes_first(ints: np.ndarray, nb: int, bl: int) -> np.ndarray:
+    """Integers (R, nb·bl) as the left operand of the lanes' batched product: (nb·8, R, bl/8) f32, group g = 8b + m
+    the values of block b's lane m."""
+    r = ints.shape[0]
+    v = by_lane(np.asarray(ints).reshape(r, nb, bl).astype(F32))
+    return np.ascontiguousarray(v.reshape(r, nb * LANES, bl // LANES).transpose(1, 0, 2))
+
+
+def mid_fix(s: np.ndarray, scale: np.ndarray, ints: np.ndarray, acc: np.ndarray, low: np.ndarray,
+            mid: np.ndarray) -> None:
+    """Where the f64 sum s of scale·ints + acc lies exactly halfway between two f32 values (its low 29 bits), the one
+    case where rounding it to f32 rounds twice: those places of s set to `fma`'s single rounding (its f64 stand-in)."""
+    np.bitwise_and(s.view(np.uint64), np.uint64(0x1FFFFFFF), out=low)
+    np.equal(low, np.uint64(0x10000000), out=mid)
+    if mid.any():
+        at = np.flatnonzero(mid)
+        flat = s.reshape(-1)
+        p = np.asarray(scale, dtype=F32).reshape(-1)[at % scale.size].astype(F64)  # scale (R, N) over (L, R, N)
+        p *= np.asarray(ints, dtype=F32).reshape(-1)[at]
+        c = acc.reshape(-1)[at].astype(F64)
+        t = flat[at]
+        bb = t - p
+        err = (p - (t - bb)) + (c - bb)  # TwoSum: the f64 sum's rounding error (0 where it is exact)
+        fix = err != 0
+        if fix.any():
+            flat[at[fix]] = np.nextafter(t[fix], np.where(err[fix] > 0, np.inf, -np.inf))
+
+
+def chain(terms, nb: int, acc: np.ndarray | None = None, step: int = 1, start: int = 0) -> np.ndarray:
+    """acc (L, R, N) f32 after, for blocks b = start, start+step, ... in turn and each (scale, ints) of `terms` in
+    order, acc = fma(scale[b], f32(ints[b]), acc): scale (nb, R, N) f32 (one a block, over the L lanes), ints
+    (nb, L, R, N) exact integers (f32, or f64 rounded to f32 here as cvtepi32_ps rounds). Each fused multiply-add
+    over the whole array at once: the exact product and sum in f64, rounded to f32 (mid_fix: the halfway case)."""
+    terms = [(np.asarray(sc, dtype=F32), np.asarray(i, dtype=F32)) for sc, i in terms]
+    shape = terms[0][1].shape[1:]
+    acc = np.zeros(shape, dtype=F32) if acc is None else acc
+    s = np.empty(shape, dtype=F64)
+    low, mid = np.empty(shape, dtype=np.uint64), np.empty(shape, dtype=bool)
+    for b in range(start, nb, step):
+        for sc, ints in terms:
+            np.multiply(ints[b], sc[b], out=s, dtype=F64)  # exact: 24-bit scale times an integer below 2^24
+            np.add(s, acc, out=s)
+            mid_fix(s, sc[b], ints[b], acc, low, mid)
+            np.copyto(acc, s, casting="same_kind")
+    return acc
+
+
+class Prepared:
+    """Rows `raw` (n, k) of `fmt` as llama.cpp's products multiply them, made once a matrix: the integers of each
+    accumulator's lane in f32, (nb·8, B/8, c) a chunk of c rows (exact: the integers are at most 4096 in magnitude
+    and a lane's products sum below 2^24 in any order — at most 32 of 128·4096 — so one batched f32 matmul sums
+    them), each block's f16 scale (n, nb) f32, and q4_1's / q5_1's mins, the K-quants' dmin and integer mins, q6_k's
+    scales (and each value's, by lane)."""
+
+    def __init__(self, raw: np.ndarray, fmt: str, n: int, k: int, chunk: int):
+        from lanefuse.engine.formats.ints import INT_FORMATS, k_ints, weight_ints
+
+        self.fmt, self.n, self.k = fmt, n, k
+        self.bl = RUN if fmt in INT_FORMATS else 256
+        self.nb = k // self.bl
+        raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, -1)
+        self.mw = self.dmin = self.mins = self.sc = None
+        if fmt in INT_FORMATS:
+            w, self.dw, self.mw = weight_ints(raw, fmt, n, k)
+        else:
+            w, self.dw, self.dmin, self.mins = k_ints(raw, fmt, n, k)
+        self.spans = [(j, min(n, j + chunk)) for j in range(0, n, chunk)]
+        self.lanes = [self._lanes(w[j0:j1]) for j0, j1 in self.spans]
+        self.scv = None
+        if fmt == "q6_k":  # each value's int8 scale, by lane; and the scales of 16 (n, nb, 16)
+            sc = raw.reshape(n * self.nb, 210)[:, 192:208].view(np.int8).reshape(n, self.nb, 16)
+            self.sc = sc.astype(np.int64)
+            scv = np.repeat(sc.astype(np.int16), 16, axis=2)
+            self.scv = [self._lanes(scv[j0:j1]) for j0, j1 in self.spans]
+        self.bytes = sum(a.nbytes for a in self.lanes) + sum(a.nbytes for a in self.scv or ())
+
+    def _lanes(self, w: np.ndarray) -> np.ndarray:
+        c = w.shape[0]
+        v = by_lane(np.asarray(w).reshape(c, self.nb, self.bl).astype(F32))  # (c, nb, 8, B/8)
+        return np.ascontiguousarray(v.reshape(c, self.nb * LANES, self.bl // LANES).transpose(1, 2, 0))
+
+    def lane_sums(self, xl: np.ndarray, i: int, lanes: list | None = None) -> np.ndarray:
+        """xl (nb·8, R, B/8) f32 (lanes_first) times chunk i: (nb, 8, R, c) f32, each block's exact lane sums."""
+        y = np.matmul(xl, (lanes or self.lanes)[i])
+        return y.reshape(self.nb, LANES, xl.shape[1], y.shape[-1])
+
+
+_PREPARED: dict[tuple, tuple] = {}  # (id(owner), offset, bytes, fmt, n, k, chunk) -> (weakref to owner, Prepared)
+PREPARED_MEMORY = 0.25  # matrices prepared once while they take at most this share of the machine's memory
+_held = [0]
+
+
+def _budget() -> int:
+    import os
+
+    try:
+        return int(PREPARED_MEMORY * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 31
+
+
+def prepared(raw: np.ndarray, fmt: str, n: int, k: int, chunk: int) -> Prepared:
+    """Rows `raw` of `fmt` Prepared, kept while the array that owns raw's bytes lives (a weight's: every view of it,
+    each plan's runner's, finds the same) and the kept matrices fit PREPARED_MEMORY; else made for this product
+    alone."""
+    import weakref
+
+    owner = raw
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    at = raw.__array_interface__["data"][0] - owner.__array_interface__["data"][0]
+    key = (id(owner), at, raw.nbytes, fmt, n, k, chunk)
+    hit = _PREPARED.get(key)
+    if hit is not None and hit[0]() is owner:
+        return hit[1]
+    p = Prepared(raw, fmt, n, k, chunk)
+    if _held[0] + p.bytes <= _budget():
+        _PREPARED[key] = (weakref.ref(owner), p)
+        _held[0] += p.bytes
+        weakref.finalize(owner, _drop, key, p.bytes)
+    return p
+
+
+def _drop(key: tuple, size: int) -> None:
+    if _PREPARED.pop(key, None) is not None:
+        _held[0] -= size
+
+
 def lane_sums(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Integers x (R, nb, B) and w (N, nb, B): each block's exact sum of products per accumulator, (R, N, nb, 8) f64
     (integers below 2^53: f64 matmuls are exact)."""
@@ -124,15 +252,9 @@ def lane_sums(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.matmul(a, b).reshape(nb, LANES, r, n).transpose(2, 3, 0, 1)
 
 
-def chain(scale: np.ndarray, ints: np.ndarray, acc: np.ndarray | None = None, step: int = 1,
-          start: int = 0) -> np.ndarray:
-    """acc (R, N, 8) f32 after acc = fma(scale_b, f32(ints_b), acc) for blocks b = start, start+step, ... in turn;
-    scale (R, N, nb) f32, ints (R, N, nb, 8) integers."""
-    r, n, nb = scale.shape
-    acc = np.zeros((r, n, LANES), dtype=F32) if acc is None else acc
-    for b in range(start, nb, step):
-        acc = fma(scale[:, :, b, None], ints[:, :, b, :].astype(F32), acc)
-    return acc
+def lanes_last(a: np.ndarray) -> np.ndarray:
+    """Accumulators (L, R, N) as (R, N, L), for hsum8 / hsum4."""
+    return np.moveaxis(a, 0, -1)
 
 
 # -- products ---------------------------------------------------------------------------------------------------------
@@ -142,116 +264,111 @@ def dot(words: np.ndarray, d: np.ndarray, raw: np.ndarray, fmt: str, n: int, k: 
     """y (R, n) f32 = x · wᵀ as llama.cpp's CPU build computes it: x a quantized activation — its int8 words (R, k), its
     blocks' scales d (R, k/B) f32 as ggml multiplies them (q8_0 / q8_1: the f16 d; q8_K: the f32 d), q8_1's s (R, k/32)
     f32 for q4_1 / q5_1 rows and q8_K's sums of 16 words (R, k/16) for the K-quants' — and w the rows `raw` of `fmt`
-    (n, k). Two rows or more over Q0_SGEMM rows take tinyBLAS's order (one accumulator chain), else vec_dot's."""
-    from lanefuse.engine.formats.ints import INT_FORMATS, k_ints, weight_ints
+    (n, k), Prepared once a matrix. Two rows or more over Q0_SGEMM rows take tinyBLAS's order (one accumulator chain),
+    else vec_dot's."""
+    from lanefuse.engine.formats.ints import INT_FORMATS
 
     r = words.shape[0]
     batch = r if batch is None else batch
-    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, -1)
+    p = prepared(raw, fmt, n, k, chunk)
+    xl = lanes_first(words, p.nb, p.bl)
+    d = np.asarray(d, dtype=F32).reshape(r, p.nb)
     out = np.empty((r, n), dtype=F32)
-    for j0 in range(0, n, chunk):
-        j1 = min(n, j0 + chunk)
-        part = raw[j0:j1]
+    for i, (j0, j1) in enumerate(p.spans):
         if fmt in INT_FORMATS:
-            out[:, j0:j1] = _dot_q0(words, d, s, part, fmt, j1 - j0, k, weight_ints, batch)
+            out[:, j0:j1] = _dot_q0(xl, d, s, p, i, batch)
         elif fmt in TILED and batch >= TILED_ROWS:
-            out[:, j0:j1] = _dot_tiled(words, d, sums, part, fmt, j1 - j0, k, k_ints)
+            out[:, j0:j1] = _dot_tiled(xl, d, sums, p, i)
         else:
-            out[:, j0:j1] = _dot_k(words, d, sums, part, fmt, j1 - j0, k, k_ints)
+            out[:, j0:j1] = _dot_k(xl, d, sums, p, i)
     return out
 
 
-def _dot_q0(words, d, s, raw, fmt, n, k, weight_ints, batch):
+def _dot_q0(xl, d, s, p: Prepared, i: int, batch: int):
     """Rows of 32-value blocks: q8_0 / q4_0 / q5_0 / iq4_nl (with q8_0) and q4_1 / q5_1 (with q8_1)."""
-    r = words.shape[0]
-    nb = k // RUN
-    wq, dw, mw = weight_ints(raw, fmt, n, k)
-    ints = lane_sums(np.asarray(words).reshape(r, nb, RUN), wq)  # (R, N, nb, 8)
-    scale = (dw[None, :, :] * np.asarray(d, dtype=F32)[:, None, :]).astype(F32)  # f16 · f16: exact in f32
-    if mw is not None:  # vec_dot_q4_1_q8_1 / q5_1: acc = fma(q, dx·dy, acc); summs += m·s, a block at a time
-        acc = chain(scale, ints)
-        summs = np.zeros((r, n), dtype=F32)
-        ms = (mw[None, :, :] * np.asarray(s, dtype=F32)[:, None, :]).astype(F32)  # f16 · f16: exact
+    j0, j1 = p.spans[i]
+    nb = p.nb
+    ints = p.lane_sums(xl, i)  # (nb, 8, R, c)
+    scale = (p.dw[j0:j1].T[:, None, :] * d.T[:, :, None]).astype(F32)  # (nb, R, c): f16 · f16, exact in f32
+    if p.mw is not None:  # vec_dot_q4_1_q8_1 / q5_1: acc = fma(q, dx·dy, acc); summs += m·s, a block at a time
+        acc = chain([(scale, ints)], nb)
+        ms = (p.mw[j0:j1].T[:, None, :] * np.asarray(s, dtype=F32).T[:, :, None]).astype(F32)  # f16 · f16: exact
+        summs = np.zeros(ms.shape[1:], dtype=F32)
         for b in range(nb):
-            summs = (summs + ms[:, :, b]).astype(F32)
-        return (hsum8(acc) + summs).astype(F32)
-    if fmt == "iq4_nl" and batch < 2:  # vec_dot_iq4_nl_q8_0: block pairs, even and odd in two accumulators
+            summs = (summs + ms[b]).astype(F32)
+        return (hsum8(lanes_last(acc)) + summs).astype(F32)
+    if p.fmt == "iq4_nl" and batch < 2:  # vec_dot_iq4_nl_q8_0: block pairs, even and odd in two accumulators
         pairs = nb - nb % 2
-        a1 = chain(scale[:, :, :pairs], ints[:, :, :pairs], step=2, start=0)
-        a2 = chain(scale[:, :, :pairs], ints[:, :, :pairs], step=2, start=1)
-        y = hsum8((a1 + a2).astype(F32))
+        a1 = chain([(scale, ints)], pairs, step=2, start=0)
+        a2 = chain([(scale, ints)], pairs, step=2, start=1)
+        y = hsum8(lanes_last((a1 + a2).astype(F32)))
         if nb % 2:  # its scalar tail: sumf += d·(sumi1 + sumi2), contracted to a fused multiply-add
-            y = fma(scale[:, :, -1], ints[:, :, -1, :].sum(axis=2).astype(F32), y)
+            y = fma(scale[-1], ints[-1].sum(axis=0, dtype=F64).astype(F32), y)
         return y
-    return hsum8(chain(scale, ints))
+    return hsum8(lanes_last(chain([(scale, ints)], nb)))
 
 
-def _dot_k(words, d, sums, raw, fmt, n, k, k_ints):
+def _pair_sums(bs: np.ndarray, m: np.ndarray, groups: int) -> np.ndarray:
+    """Σ over each of `groups` runs of adjacent j of bs (R, nb, J) · m (c, nb, J), integers: (nb, groups, R, c) f64
+    (exact: below 2^53)."""
+    r, nb, j = bs.shape
+    c = m.shape[0]
+    a = np.asarray(bs, dtype=F64).reshape(r, nb, groups, j // groups).transpose(1, 2, 0, 3)  # (nb, G, R, J/G)
+    b = np.asarray(m, dtype=F64).reshape(c, nb, groups, j // groups).transpose(1, 2, 3, 0)  # (nb, G, J/G, c)
+    return np.matmul(a, b)
+
+
+def _dot_k(xl, d, sums, p: Prepared, i: int):
     """Rows of 256-value super-blocks (q2_k... q6_k, iq4_xs) with q8_K: ggml_vec_dot_<fmt>_q8_K's AVX2 order."""
-    r = words.shape[0]
-    nb = k // 256
-    w, dw, dmin, mins = k_ints(raw, fmt, n, k)  # w: each value's integer times its sub-block's scale
-    x = np.asarray(words).reshape(r, nb, 256)
-    dy = np.asarray(d, dtype=F32).reshape(r, nb)
-    ints = lane_sums(x, w)  # (R, N, nb, 8)
+    j0, j1 = p.spans[i]
+    nb, fmt = p.nb, p.fmt
+    r = xl.shape[1]
+    ints = p.lane_sums(xl, i)  # (nb, 8, R, c)
     if fmt == "q6_k":  # q6's values are unsigned (0..63); 32·Σ sc·q8 over sub-blocks 2m, 2m+1 comes off lane m
-        sc = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * nb, 210)[:, 192:208].view(np.int8)
-        sc = sc.astype(F64).reshape(n, nb, 16)
-        bs = np.asarray(sums, dtype=F64).reshape(r, nb, 16)
-        scv = np.repeat(sc, 16, axis=2)  # each value's scale (N, nb, 256)
-        ints = ints + 32 * lane_sums(x, scv)  # the signed values' lanes back to the unsigned ones'
-        sub = np.einsum("rbg,nbg->rnbg", bs, sc).reshape(r, n, nb, LANES, 2).sum(axis=4)
-        ints = ints - 32 * sub
-    scale = (dy[:, None, :] * dw[None, :, :]).astype(F32)  # y.d · f16(x.d)
+        bs = np.asarray(sums).reshape(r, nb, 16)
+        sub = _pair_sums(bs, p.sc[j0:j1], LANES)
+        ints = ints.astype(F64) + 32 * p.lane_sums(xl, i, p.scv).astype(F64) - 32 * sub
+    scale = (d.T[:, :, None] * p.dw[j0:j1].T[:, None, :]).astype(F32)  # (nb, R, c): y.d · f16(x.d)
     if fmt == "q2_k":  # per super-block its mins first (dmin · Σ mins·sums over 16-value pairs, a lane), then d · I
-        bs = np.asarray(sums, dtype=np.int64).reshape(r, nb, 16)
-        prod = np.einsum("rbj,nbj->rnbj", bs, np.asarray(mins, dtype=np.int64)).reshape(r, n, nb, LANES, 2).sum(axis=4)
-        dm = (-dy[:, None, :] * dmin[None, :, :]).astype(F32)
-        acc = np.zeros((r, n, LANES), dtype=F32)
-        for b in range(nb):
-            acc = fma(dm[:, :, b, None], prod[:, :, b, :].astype(F32), acc)
-            acc = fma(scale[:, :, b, None], ints[:, :, b, :].astype(F32), acc)
-        return hsum8(acc)
-    acc = chain(scale, ints)
+        bs = np.asarray(sums).reshape(r, nb, 16)
+        prod = _pair_sums(bs, p.mins[j0:j1], LANES)
+        dm = (-d.T[:, :, None] * p.dmin[j0:j1].T[:, None, :]).astype(F32)
+        return hsum8(lanes_last(chain([(dm, prod), (scale, ints)], nb)))
+    acc = chain([(scale, ints)], nb)
     if fmt in ("q4_k", "q5_k"):
         bs = np.asarray(sums, dtype=np.int64).reshape(r, nb, 16)
         s32 = bs.reshape(r, nb, 8, 2).sum(axis=3)  # q8_K's sums of 32
-        mn = np.asarray(mins[:, :, ::2], dtype=np.int64)  # (N, nb, 8): the mins of sub-blocks of 32
-        dm = (-dy[:, None, :] * dmin[None, :, :]).astype(F32)  # -y.d · f16(x.dmin)
+        mn = np.asarray(p.mins[j0:j1, :, ::2], dtype=np.int64)  # (c, nb, 8): the mins of sub-blocks of 32
+        dm = (-d.T[:, :, None] * p.dmin[j0:j1].T[:, None, :]).astype(F32)  # -y.d · f16(x.dmin)
         if fmt == "q4_k":  # four more accumulators: lane i the mins of sub-blocks 2i, 2i+1
-            prod = np.einsum("rbj,nbj->rnbj", s32, mn).reshape(r, n, nb, 4, 2).sum(axis=4)
-            am = np.zeros((r, n, 4), dtype=F32)
-            for b in range(nb):
-                am = fma(dm[:, :, b, None], prod[:, :, b, :].astype(F32), am)
-            return (hsum8(acc) + hsum4(am)).astype(F32)
-        if fmt == "q5_k":  # summs += dmin · M (M the int sum of the mins times the sums of 32): the compiler
-            # contracts it to one fused multiply-add (gcc's default -ffp-contract=fast under -std=gnu11)
-            m_all = np.einsum("rbj,nbj->rnb", s32, mn).astype(F32)
-            summs = np.zeros((r, n), dtype=F32)
-            for b in range(nb):
-                summs = fma(dm[:, :, b], m_all[:, :, b], summs)
-            return (hsum8(acc) + summs).astype(F32)
-    return hsum8(acc)
+            am = chain([(dm, _pair_sums(s32, mn, 4))], nb)
+            return (hsum8(lanes_last(acc)) + hsum4(lanes_last(am))).astype(F32)
+        # q5_k: summs += dmin · M (M the int sum of the mins times the sums of 32): the compiler contracts it to one
+        # fused multiply-add (gcc's default -ffp-contract=fast under -std=gnu11)
+        m_all = _pair_sums(s32, mn, 1)[:, 0].astype(F32)  # (nb, R, c)
+        summs = np.zeros(m_all.shape[1:], dtype=F32)
+        for b in range(nb):
+            summs = fma(dm[b], m_all[b], summs)
+        return (hsum8(lanes_last(acc)) + summs).astype(F32)
+    return hsum8(lanes_last(acc))
 
 
-def _dot_tiled(words, d, sums, raw, fmt, n, k, k_ints):
+def _dot_tiled(xl, d, sums, p: Prepared, i: int):
     """K-quant and iq4_xs rows times 8 or more rows of q8_K (ggml-cpu/tiled, its AVX-512 VNNI microkernel): per
     super-block the exact int sum I of the products (and M of the mins times q8_K's sums), r = f32(I)·d, less dmin·M
     by one fused multiply-add, then buf = fma(r, dx, buf), super-block after super-block."""
-    r = words.shape[0]
-    nb = k // 256
-    w, dw, dmin, mins = k_ints(raw, fmt, n, k)
-    x = np.asarray(words).reshape(r, nb, 256)
-    dy = np.asarray(d, dtype=F32).reshape(r, nb)
-    ints = lane_sums(x, w).sum(axis=3)  # (R, N, nb): exact
-    res = (ints.astype(F32) * dw[None, :, :]).astype(F32)
-    if mins is not None:
-        bs = np.asarray(sums, dtype=np.int64).reshape(r, nb, 16)
-        m = np.einsum("rbj,nbj->rnb", bs, np.asarray(mins, dtype=np.int64)).astype(F32)
-        res = fma(-dmin[None, :, :], m, res)
-    buf = np.zeros((r, n), dtype=F32)
+    j0, j1 = p.spans[i]
+    nb = p.nb
+    r = xl.shape[1]
+    ints = p.lane_sums(xl, i).sum(axis=1, dtype=F64)  # (nb, R, c): exact
+    res = (ints.astype(F32) * p.dw[j0:j1].T[:, None, :]).astype(F32)
+    if p.mins is not None:
+        bs = np.asarray(sums).reshape(r, nb, 16)
+        m = _pair_sums(bs, p.mins[j0:j1], 1)[:, 0].astype(F32)
+        res = fma(-p.dmin[j0:j1].T[:, None, :], m, res)
+    buf = np.zeros(res.shape[1:], dtype=F32)
     for b in range(nb):
-        buf = fma(res[:, :, b], dy[:, None, b], buf)
+        buf = fma(res[b], d.T[b][:, None], buf)
     return buf
 
 
@@ -348,15 +465,14 @@ def sgemm_dot_f32(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def softmax(s: np.ndarray, scale: float) -> np.ndarray:
-    """ggml_compute_forward_soft_max_f32 of one row of kept logits s (T,) (the masked ones are -inf there: they add 0):
-    s·scale in f32, the max, e = ggml_v_expf(s - max), their sum in a double 16 at a time (reduce16 each), then
-    e·(float)(1/sum)."""
+    """ggml_compute_forward_soft_max_f32 of rows of kept logits s (..., T) (the masked ones are -inf there: they add
+    0): s·scale in f32, the max, e = ggml_v_expf(s - max), their sum in a double 16 at a time (reduce16 each, added
+    in order), then e·(float)(1/sum)."""
     w = (np.asarray(s, dtype=F32) * F32(scale)).astype(F32)
-    e = expf((w - w.max()).astype(F32))
-    total = 0.0
-    for c in _padded(e, 16).reshape(-1, 16):
-        total += float(reduce16(c))
-    return (e * F32(1.0 / total)).astype(F32)
+    e = expf((w - w.max(axis=-1, keepdims=True)).astype(F32))
+    parts = reduce16(_padded(e, 16).reshape(e.shape[:-1] + (-1, 16))).astype(F64)
+    total = np.cumsum(parts, axis=-1)[..., -1]  # one after another, in a double
+    return (e * (1.0 / total).astype(F32)[..., None]).astype(F32)
 
 
 def interleaved(a: np.ndarray) -> np.ndarray:
@@ -370,20 +486,20 @@ def interleaved(a: np.ndarray) -> np.ndarray:
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, batch: int, pairs: bool = False) -> np.ndarray:
-    """One query row's head q (hd,) over its kept keys k (T, hd) and values v (T, vd), as llama.cpp's CPU build
-    attends without flash attention over an f32 cache of a whole number of 64 cells (here its 256): K·Q by vec_dot_f32
-    (the query is a permuted view, never sgemm's), the softmax, and the values' sums by tinyBLAS where the batch has
-    two rows or more (its V·KQ product is contiguous), else by vec_dot_f32 over the cells (the padding cells, zeros,
-    change no sum). `pairs`: q and k in half-split order, summed in llama.cpp's interleaved one (a NORM-rope model,
-    whose rows its converter permuted)."""
+    """One query row's head q (..., hd) over its kept keys k (..., T, hd) and values v (..., T, vd) (leading axes:
+    heads attended at once, each alone), as llama.cpp's CPU build attends without flash attention over an f32 cache of
+    a whole number of 64 cells (here its 256): K·Q by vec_dot_f32 (the query is a permuted view, never sgemm's), the
+    softmax, and the values' sums by tinyBLAS where the batch has two rows or more (its V·KQ product is contiguous),
+    else by vec_dot_f32 over the cells (the padding cells, zeros, change no sum). `pairs`: q and k in half-split
+    order, summed in llama.cpp's interleaved one (a NORM-rope model, whose rows its converter permuted)."""
     if pairs:
         q, k = interleaved(q), interleaved(k)
-    s = vec_dot_f32(k, q[None, :])
+    s = vec_dot_f32(k, np.asarray(q)[..., None, :])
     p = softmax(s, scale)
-    vt = np.ascontiguousarray(np.asarray(v, dtype=F32).T)  # (vd, T): the transposed V cache's rows
+    vt = np.ascontiguousarray(np.swapaxes(np.asarray(v, dtype=F32), -1, -2))  # (..., vd, T): the transposed V cache
     if batch >= 2:
-        return sgemm_dot_f32(vt, p[None, :])
-    return vec_dot_f32(_padded(vt, 64), _padded(p, 64)[None, :])
+        return sgemm_dot_f32(vt, p[..., None, :])
+    return vec_dot_f32(_padded(vt, 64), _padded(p, 64)[..., None, :])
 
 
 # -- rope (llama.cpp's rope cache and rotation) ---------------------------------------------------------------------
