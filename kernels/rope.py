@@ -18,7 +18,7 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (Q8K, Dst, Launch, Part, RmsScale, batch_apart, batch_dsts, dst_at,
                                      format_refusal, names, reach, read_part, read_part_at, rms)
 from lanefuse.kernels.head_gemv import HeadGemv
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 
 MAX_HD = 1024
 
@@ -36,7 +36,7 @@ class Absorb:
 
 
 @dataclass(frozen=True)
-class RopeSide:
+class RopeSide(QuantEpilogue):
     """One rotation of a launch: x (rows, heads·hd) (or a part of every row of a wider tensor), its optional
     per-head norm (weight (hd,), eps), and where the rotated heads land."""
 
@@ -90,8 +90,8 @@ def side_numpy(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: in
         x = (x * rms(x, s.norm[1]) * nw).astype(np.float32)
     if rot == 0:  # normed only
         s.y.write(env, x, first=seq0 * w)
-        if s.quant is not None:  # from the f32 values stored, as the epilogue quantizes them
-            quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
+        # the quantized form from the f32 values stored, as the epilogue quantizes them
+        s.epilogue_write(env, x.reshape(rows, w), start=seq0 * w)
         return
     half = rot // 2
     p = env.array(pos)[seq0:n].astype(np.int64) if slot else env.param(pos) + np.arange(rows)
@@ -161,8 +161,7 @@ def side_bind(env, s: RopeSide, cos: str, sin: str, pos: str, rows: int, hd: int
             if norm is not None:
                 divide(x, ss, out=x)
             s.y.write(env, x, first=seq0 * w)
-            if s.quant is not None:
-                quant_write(env, s.quant, x.reshape(rows, w), s.words, start=seq0 * w)
+            s.epilogue_write(env, x.reshape(rows, w), start=seq0 * w)
             return
         if slot:
             p = at[seq0:n].astype(np.int64)
@@ -196,7 +195,7 @@ def side_check(s: RopeSide, hd: int, rot: int, epilogue: bool = False) -> Refusa
                        "(only fold.cu's products in parts run it)")
     hd, rot = side_shape(s, hd, rot)
     if s.quant is not None:
-        why = quant_check(s.heads * hd, s.words, "a row normed in a products' epilogue", k_form=True)
+        why = s.epilogue_refusal(s.heads * hd, "a row normed in a products' epilogue")
         if why:
             return why
         if not epilogue or rot != 0 or s.norm is None or s.absorb is not None or s.heads != 1:
@@ -299,7 +298,7 @@ class RopeParts(Launch):
 
     def bytes(self):
         n = sum(s.heads * self._hd(s) + (s.width or s.heads * self._hd(s)) for s in self.sides) * self.rows
-        q = sum(quant_bytes(self.rows * s.heads * self._hd(s), s.words) for s in self.sides if s.quant)
+        q = sum(s.epilogue_bytes(self.rows * s.heads * self._hd(s)) for s in self.sides)
         return 4 * (n + self.rows * self.rot) + q + self.checkpoint_bytes()
 
     def flops(self):
