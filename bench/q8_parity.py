@@ -3,11 +3,12 @@
 each of llama.cpp's presets' formats (a K-quant or iq4_xs where rows are whole 256-value blocks, llama.cpp's fallback
 elsewhere), a 12-token prompt and STEPS greedy steps in llama.cpp (llama-cpp-python, CPU, F32 KV cache, extra buffers
 off; tests/llama_cpp_dump.py) and in lanefuse under --numerics q8 (the reference interpreter of the q8 step graph; or
-`--plan`, the fused plan's exact numpy twins), the prompt in one chunk as llama.cpp evaluates it in one batch. Prints,
+`--plan`, the fused plan's exact numpy twins, what `lanefuse run --numerics q8` runs on the CPU; or `--fast`, its
+fast twins, `run --fast-twins`), the prompt in one chunk as llama.cpp evaluates it in one batch. Prints,
 per preset, the largest |logit - llama.cpp's| and each step's, and whether the greedy tokens are equal. The files and
 llama.cpp's answers are kept in --files (made once).
 
-    python bench/q8_parity.py [--layers 2] [--steps 8] [--vocab 49152] [--plan] [--files DIR] [PRESET ...]"""
+    python bench/q8_parity.py [--layers 2] [--steps 8] [--vocab 49152] [--plan | --fast] [--files DIR] [PRESET ...]"""
 
 from __future__ import annotations
 
@@ -37,8 +38,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--plan", action="store_true", help="the fused plan's exact twins, not the reference interpreter")
-    ap.add_argument("--fast", action="store_true", help="the fused plan as `lanefuse run --numerics q8` runs it on the "
-                    "CPU (its default twins: f32 BLAS on decoded rows), not the reference interpreter")
+    ap.add_argument("--fast", action="store_true", help="the fused plan as `lanefuse run --numerics q8 --fast-twins` "
+                    "runs it on the CPU (the fast twins: f32 BLAS on decoded rows), not the reference interpreter")
+    ap.add_argument("--timing", type=int, default=0, metavar="ROUNDS", help="also time the exact and the fast twins "
+                    "(ms a decode token and for the prompt, the median of ROUNDS rounds taken in turn)")
     ap.add_argument("--files", default=str(Path(tempfile.gettempdir()) / "lanefuse-q8-parity"))
     args = ap.parse_args()
     sys.path.insert(0, str(TESTS))
@@ -56,8 +59,8 @@ def main() -> None:
                  num_hidden_layers=args.layers, max_position_embeddings=256)
     prompt = [int(x) for x in np.random.default_rng(1).integers(100, args.vocab - 100, 12)]
     model = None
-    what = ("fused plan (run's default twins)" if args.fast else "fused plan (exact twins)" if args.plan else
-            "reference interpreter")
+    what = ("fused plan (the fast twins, run --fast-twins)" if args.fast else
+            "fused plan (exact twins, run's default)" if args.plan else "reference interpreter")
     print(f"{args.layers} layers, vocabulary {args.vocab}, {args.steps} steps, lanefuse {what} under q8", flush=True)
     for name in args.presets:
         main_f, fallback = PRESETS[name]
@@ -78,14 +81,10 @@ def main() -> None:
         want, want_logits = pickle.loads(answer.read_bytes())
         t0 = time.time()
         cfg, weights = load_model(path)
-        if args.fast:
-            from lanefuse.lane.lower.plan import PlanOptions
-            from lanefuse.lane.run.step import plan_step_fn
-
-            step, _ = plan_step_fn(weights, "cpu", PlanOptions(numerics="q8"))
+        if args.fast or args.plan:  # as `lanefuse run --numerics q8 [--fast-twins]` runs on the CPU
+            step = run_step(weights, exact=not args.fast)
         else:
-            step = (tf.plan_step(weights, "q8") if args.plan else
-                    lambda g, env: evaluate(with_numerics(g, "q8"), weights, env))
+            step = lambda g, env: evaluate(with_numerics(g, "q8"), weights, env)  # noqa: E731
         got = generate(cfg, weights, prompt, args.steps, chunk=len(prompt), step_fn=step)
         apart = [float(np.abs(a - b).max()) for a, b in zip(got.logits, want_logits)]
         first = next((i for i, (a, b) in enumerate(zip(got.generated_ids, want)) if a != b), None)
@@ -93,6 +92,37 @@ def main() -> None:
         print(f"{name} ({main_f}/{fallback}): max |dlogit| {max(apart):.3g} (by step "
               f"{' '.join(f'{a:.2g}' for a in apart)}; logits up to {scale:.3g}); tokens "
               f"{'equal' if first is None else f'apart from step {first}'} [{time.time() - t0:.0f} s]", flush=True)
+        if args.timing:
+            print(f"  {token_ms(cfg, weights, prompt, args.timing)}", flush=True)
+
+
+def run_step(weights, exact: bool):
+    from lanefuse.lane.lower.plan import PlanOptions
+    from lanefuse.lane.run.step import plan_step_fn
+
+    return plan_step_fn(weights, "cpu", PlanOptions(numerics="q8"), exact=exact)[0]
+
+
+def token_ms(cfg, weights, prompt: list[int], rounds: int, steps: int = 4) -> str:
+    """The exact and the fast twins' milliseconds a decode token and for the prompt (one chunk), each the median of
+    `rounds` rounds taken in turn (this machine's other load falls on both): a round's decode is (prompt + 1 +
+    `steps` steps) less (prompt + 1 step), over `steps`."""
+    from lanefuse.lane.run.generate import generate
+
+    fns = {"exact": run_step(weights, True), "fast": run_step(weights, False)}
+    times: dict[str, list] = {k: [] for k in fns}
+    for _ in range(rounds + 1):  # the first round plans and binds (not counted)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            generate(cfg, weights, prompt, 1, chunk=len(prompt), step_fn=fn)
+            t1 = time.perf_counter()
+            generate(cfg, weights, prompt, 1 + steps, chunk=len(prompt), step_fn=fn)
+            t2 = time.perf_counter()
+            times[k].append((1000 * (t1 - t0), 1000 * ((t2 - t1) - (t1 - t0)) / steps))
+    med = {k: np.median(np.array(v[1:]), axis=0) for k, v in times.items()}
+    return (f"ms a decode token: exact {med['exact'][1]:.0f}, fast {med['fast'][1]:.0f} "
+            f"({med['exact'][1] / med['fast'][1]:.2f}x); the prompt of {len(prompt)}: exact {med['exact'][0]:.0f}, "
+            f"fast {med['fast'][0]:.0f} (median of {rounds} rounds)")
 
 
 if __name__ == "__main__":
