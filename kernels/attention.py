@@ -29,7 +29,7 @@ from lanefuse.kernels.common import (ACTS, MAX_GRID_Y, MAX_HEAD, Q8K, QBLOCK_K, 
                                      reach)
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.norm import quantized_next
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 
 MAX_PER_BLOCK = 4  # heads a block holds
 MAX_NARROW = (8, 64)  # the narrow kernel's heads a block, of at most 64 values (attention_split_narrow: the q8k blocks of
@@ -54,7 +54,7 @@ def split_range(lo: int, p: int, splits: int, z: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class Attention(Launch):
+class Attention(QuantEpilogue, Launch):
     """out (rows, heads·vd): row r at position pos + r attends cache rows lo..pos+r of kc (keys of row j at
     j·kstride + koff + kvh·hd) and vc (values of row j at j·vstride + voff + kvh·vd), head h reading kv head
     h // group: keys and values may be parts of every row of wider tables (the two halves of one cache row)."""
@@ -134,7 +134,7 @@ class Attention(Launch):
                      self.ktail)
 
     def writes(self):
-        return names(self.out if self.f32 else None, self.quant)
+        return names(self.stored(self.out), self.quant)
 
     def scratch(self):
         """Split keys: each split's partials (max, sum, weighted values of each row and head), and an arrival counter a
@@ -145,12 +145,11 @@ class Attention(Launch):
                 Scratch("arrivals", "i32", 4 * self.rows * (self.heads // self.heads_a_block), counter=True))
 
     def check(self):
-        if not self.f32 and self.quant is None:
-            return Refusal("an attention that writes neither its output nor its quantized form")
+        why = (self.written_refusal("an attention", "output")
+               or self.epilogue_refusal(self.heads * self.vd, "an attention's output row"))
+        if why:
+            return why
         if self.quant is not None:
-            why = quant_check(self.heads * self.vd, self.words, "an attention's output row", k_form=True)
-            if why:
-                return why
             if self.words == Q8K:
                 if not self.f32:
                     return Refusal("an attention writing its output's q8k form alone (a block quantizes the 256 "
@@ -305,7 +304,7 @@ class Attention(Launch):
                      (self.kc, j * self.kpitch + self.koff + self.kv * self.own),
                      (self.qtail, n * self.heads * t), (self.ktail, (j + 1) * t),
                      (self.vc, j * self.vpitch + self.voff + self.kv * self.vd),
-                     (self.out if self.f32 else None, n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
+                     (self.stored(self.out), n * self.heads * self.vd), (self.quant, n * self.heads * self.vd),
                      (self.gate[0] if self.gate else None, n * self.heads * self.vd))
 
     def weights(self):
@@ -316,7 +315,7 @@ class Attention(Launch):
         # a latent attention's values are its keys' first part (one read of the cache rows), its tail one table
         keys = self.kv * (max(self.own, self.vd) if (self.vc, self.voff) == (self.kc, self.koff) else self.own + self.vd)
         return (4 * (self.rows * self.heads * (self.hd + self.vd * self.f32) + n * (keys + self.tail))
-                + quant_bytes(self.rows * self.heads * self.vd, self.words if self.quant else 0))
+                + self.epilogue_bytes(self.rows * self.heads * self.vd))
 
     def flops(self):
         return 2 * self.rows * self.heads * span(self.len, self.window) * (self.hd + self.vd)
@@ -377,13 +376,7 @@ class Attention(Launch):
         mine = out[self.seq0:].reshape(-1).astype(np.float32)
         if self.f32:
             env.array(self.out)[self.seq0 * H * vd: out.size] = mine
-        self.quantize(env, mine)
-
-    def quantize(self, env, values: np.ndarray):
-        """The output's quantized form from its f32 values (as the kernel stores them, or holds them where it writes
-        the quantized form alone): this launch's rows, a batch's from seq0."""
-        if self.quant is not None:
-            quant_write(env, self.quant, values, self.words, start=self.seq0 * self.heads * self.vd)
+        self.epilogue_write(env, mine, start=self.seq0 * H * vd)  # this launch's rows, a batch's from seq0
 
     def fast(self, env):
         self.bind_fast(env)()
@@ -437,7 +430,7 @@ class Attention(Launch):
 
             if gate is not None:  # times act(gate)
                 np.multiply(mine, act(self.gate[1], gate).astype(np.float32), out=mine)
-            self.quantize(env, mine)
+            self.epilogue_write(env, mine, start=self.seq0 * self.heads * self.vd)  # as the kernel holds them
 
         def exact_row(r, lo, p):
             """Row r's heads (positions lo..p of the tables) again in f64, as the exact twin and the reference
@@ -480,8 +473,8 @@ class Attention(Launch):
         out = denv.array(self.out) if self.f32 else NULL
         gate = denv.array(self.gate[0]) if self.gate else NULL
         gact = i64(act_code(self.gate[1]) if self.gate else -1)
-        qw, ql, qs = denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)
-        qwords = i64(self.words if self.quant is not None else 0)
+        qw, ql, qs = self.epilogue_ptrs(denv)
+        qwords = i64(self.epilogue_words)
         kernel = "attention_rows_128" if self.shared > 1 else "attention_split_wide" if self.wide else \
             "attention_split_narrow" if self.heads_a_block > MAX_PER_BLOCK else \
             "attention_split_128" if max(self.hd, self.vd) <= 128 else "attention_split"
