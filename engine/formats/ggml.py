@@ -515,19 +515,25 @@ def _libm():
     return m
 
 
-def rope_tables(positions: int, n_dims: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp's rope cache (ggml_rope_cache_init, no scaling): at position p, theta = (float)p, then theta *=
-    powf(base, -2.0f/n_dims) pair after pair, in f32, and each pair's cosf / sinf (the C library's, which llama.cpp
-    links): cos, sin (positions, n_dims/2) f32. (transformers' angles, p·base^(-2i/n) in f64, differ by up to ~1e-5
-    of a radian at the 256th position.)"""
+def rope_tables(positions: int, n_dims: int, base: float, freq_scale: float = 1.0,
+                freq_factors=None) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's rope cache (ggml_rope_cache_init and rope_yarn with no YaRN ramp, ext_factor 0, mscale 1): at
+    position p, theta = (float)p, then theta *= powf(base, -2.0f/n_dims) pair after pair, in f32; pair i's angle
+    freq_scale · (theta / freq_factors[i]) in f32 (linear scaling: freq_scale = 1/factor; llama3 scaling: the file's
+    rope_freqs.weight as freq_factors) and its cosf / sinf (the C library's, which llama.cpp links): cos, sin
+    (positions, n_dims/2) f32. (transformers' angles, p·base^(-2i/n) in f64, differ by up to ~1e-5 of a radian at the
+    256th position.)"""
     m = _libm()
     scale = F32(m.powf(F32(base), F32(-2.0 / n_dims)))
+    fs = F32(freq_scale)
+    ff = np.ones(n_dims // 2, dtype=F32) if freq_factors is None else np.asarray(freq_factors, dtype=F32)
     c = np.zeros((positions, n_dims // 2), dtype=F32)
     s = np.zeros_like(c)
     for p in range(positions):
         theta = F32(p)
         for i in range(n_dims // 2):
-            c[p, i], s[p, i] = m.cosf(theta), m.sinf(theta)
+            angle = F32(fs * F32(theta / ff[i]))  # theta_interp = freq_scale · theta_extrap, theta_extrap = theta/ff
+            c[p, i], s[p, i] = m.cosf(angle), m.sinf(angle)
             theta = F32(theta * scale)
     return c, s
 
@@ -554,18 +560,26 @@ _ROPES: dict[tuple, LlamaRope] = {}
 
 
 def llama_rope(cfg) -> LlamaRope | None:
-    """llama.cpp's rope for a model config, where its recipe is restated here: the default rope (no scaling), every
-    dimension of a head rotated, of an architecture whose llama.cpp rope type is known (NORM_ROPE, NEOX_ROPE); else
-    None (the step's own tables and f64 rotation then, and its own attention)."""
+    """llama.cpp's rope for a model config, where its recipe is restated here: the default rope, linear scaling (its
+    freq_scale 1/factor in f32) or a GGUF file's rope_freqs.weight (llama3 scaling: `freq_factors`), every dimension
+    of a head rotated, of an architecture whose llama.cpp rope type is known (NORM_ROPE, NEOX_ROPE); else None (the
+    step's own tables and f64 rotation then, and its own attention)."""
     arch = getattr(cfg, "arch", None)
-    if arch not in NORM_ROPE + NEOX_ROPE:
+    if arch not in NORM_ROPE + NEOX_ROPE or cfg.rot != cfg.head_dim:
         return None
     sc = dict(getattr(cfg, "rope_scaling", None) or {})
-    if sc.get("rope_type", sc.get("type", "default")) != "default" or cfg.rot != cfg.head_dim:
+    kind = sc.get("rope_type", sc.get("type", "default"))
+    if kind == "default":
+        scaled: tuple = (1.0, None)
+    elif kind == "linear":
+        scaled = (float(F32(1) / F32(sc["factor"])), None)  # llama.cpp's rope_freq_scale_train = 1.0f/ropescale
+    elif kind == "freq_factors":
+        scaled = (1.0, tuple(float(F32(x)) for x in sc["freq_factors"]))
+    else:
         return None
-    key = (int(cfg.max_len), int(cfg.rot), float(cfg.rope_theta), arch in NORM_ROPE)
+    key = (int(cfg.max_len), int(cfg.rot), float(cfg.rope_theta), arch in NORM_ROPE) + scaled
     if key not in _ROPES:
-        c, sn = rope_tables(key[0], key[1], key[2])
+        c, sn = rope_tables(key[0], key[1], key[2], scaled[0], scaled[1])
         _ROPES[key] = LlamaRope(c, sn, key[3])
     return _ROPES[key]
 
