@@ -137,8 +137,50 @@ def rounded_rows(w: np.ndarray) -> np.ndarray:
     return got
 
 
+class TcProduct(Launch):
+    """What the tensor-core products share (GemmTc, GemmTcParts, GemmTcGlu; each declares x, format, k and m among
+    its fields): x (m, k) rounded to bf16 once into scratch by a first kernel (gemm_tc_round), w's rows copied to
+    shared memory as they are where they are bf16 of whole 16-byte chunks, and the tiles of 64 or 128 rows of the
+    product's kernel."""
+
+    stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
+    tensor_cores: ClassVar[bool] = True  # the cost model prices its flops at the tensor cores' rate (knob tflops_tc)
+
+    def rounded_x(self) -> Scratch:
+        """x rounded to bf16, rows of kp values: the first scratch of every tensor-core product."""
+        return Scratch("xb", "u8", 2 * self.m * kp(self.k))
+
+    def x_bytes(self) -> int:
+        """The bytes of x: read in f32, its rounded copy written and read back."""
+        return 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k)
+
+    def copied(self) -> bool:
+        """w copied to shared memory as it is (bf16 rows of whole 16-byte chunks): the *_cp kernels."""
+        return self.format == "bf16" and self.k % 8 == 0
+
+    def block(self) -> tuple[int, int, int]:
+        return (block_threads(self.copied(), self.m), 1, 1)
+
+    def row_tiles(self) -> int:
+        """The tiles of rows of the product's grid (y)."""
+        return -(-self.m // block_rows(self.m))
+
+    def fast(self, env):
+        self.bind_fast(env)()
+
+    def round_x(self, denv):
+        """The first kernel: x rounded into its scratch (gemm_tc_round), which it gives back for the product's."""
+        from lanefuse.kernels.cupy_env import i64
+
+        xb = denv.scratch(self, self.scratch()[0])
+        pairs = self.m * kp(self.k) // 2
+        r = denv.function(self.stem, "gemm_tc_round")
+        r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
+        return xb
+
+
 @dataclass(frozen=True)
-class GemmTc(Launch):
+class GemmTc(TcProduct):
     """y (m, n) = x (m, k) · wᵀ (+ bias) (+ add: an (m, n) array, the residual) under the bf16 numerics, w checkpoint
     rows (n, k) in `format`. Two kernels: x rounded into scratch, then the product a 128 x 128 tile of y a block."""
 
@@ -154,8 +196,6 @@ class GemmTc(Launch):
     ksplit: int = 1  # the seed's `tail`: k in this many parts (a product of less than one wave of tiles), combined
 
     census: ClassVar[str] = "gemm_tc"
-    tensor_cores: ClassVar[bool] = True  # the cost model prices its flops at the tensor cores' rate (knob tflops_tc)
-    stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
     steps: ClassVar[tuple[str, ...]] = ("split_k",)  # held: no tail split
 
     def reads(self):
@@ -165,7 +205,7 @@ class GemmTc(Launch):
         return (self.y.buf,)
 
     def scratch(self):
-        xb = Scratch("xb", "u8", 2 * self.m * kp(self.k))  # x rounded to bf16, rows of kp values
+        xb = self.rounded_x()
         if self.ksplit == 1:
             return (xb,)
         return (xb, Scratch("parts", "f32", 4 * self.ksplit * self.m * self.n))
@@ -186,7 +226,7 @@ class GemmTc(Launch):
             return why
         if self.format not in TC_FORMATS:
             return Refusal(f"rows in {self.format} (the tensor-core GEMM reads {', '.join(TC_FORMATS)})")
-        if -(-self.m // block_rows(self.m)) > MAX_GRID_Y:
+        if self.row_tiles() > MAX_GRID_Y:
             return Refusal(f"a product of {self.m} rows (a launch takes at most {MAX_GRID_Y} tiles of {BM} rows)")
         if self.add is not None and self.add == self.y.buf and self.y != Dst(self.y.buf):
             return Refusal("a residual added in place into rows of a table or parts of a wider array")
@@ -206,7 +246,7 @@ class GemmTc(Launch):
         return weight_bytes(self.format, self.n, self.k)
 
     def bytes(self):
-        return (self.checkpoint_bytes() + 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k) + 4 * self.m * self.n
+        return (self.checkpoint_bytes() + self.x_bytes() + 4 * self.m * self.n
                 + (4 * self.n if self.bias else 0) + (4 * self.m * self.n if self.add else 0)
                 + (8 * self.ksplit * self.m * self.n if self.ksplit > 1 else 0))  # the parts written and read back
 
@@ -249,16 +289,8 @@ class GemmTc(Launch):
 
         return call
 
-    def fast(self, env):
-        self.bind_fast(env)()
-
-    def copied(self) -> bool:
-        """w copied to shared memory as it is (bf16 rows of whole 16-byte chunks): the gemm_tc_cp* kernels."""
-        return self.format == "bf16" and self.k % 8 == 0
-
     def grid_block(self):
-        return ((-(-self.n // BN), -(-self.m // block_rows(self.m)), self.ksplit),
-                (block_threads(self.copied(), self.m), 1, 1))
+        return (-(-self.n // BN), self.row_tiles(), self.ksplit), self.block()
 
     def kernel_name(self) -> str:
         """gemm_tc_cp (bf16 rows of whole 16-byte chunks, copied to shared memory as they are) or gemm_tc_any; _64
@@ -269,10 +301,7 @@ class GemmTc(Launch):
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
 
-        xb = denv.scratch(self, self.scratch()[0])
-        pairs = self.m * kp(self.k) // 2
-        r = denv.function(self.stem, "gemm_tc_round")
-        r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
+        xb = self.round_x(denv)
         g, b = self.grid_block()
         if self.ksplit > 1:  # the tail: each tile's k in parts into scratch, then added in order
             parts = denv.scratch(self, self.scratch()[1])
@@ -291,7 +320,7 @@ class GemmTc(Launch):
 
 
 @dataclass(frozen=True)
-class GemmTcParts(Launch):
+class GemmTcParts(TcProduct):
     """Several products of one activation in one launch under the bf16 numerics (q, k and v; gate and up): each part
     its weight (checkpoint rows (n, k), one format for all), bias, n and destination (kernels/gemm_parts.py's
     GemmPart), its own ceil(n / 128) tiles of outputs; x rounded once for all."""
@@ -303,8 +332,6 @@ class GemmTcParts(Launch):
     parts: tuple[GemmPart, ...]
 
     census: ClassVar[str] = "gemm_tc_parts"
-    stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
-    tensor_cores: ClassVar[bool] = True
 
     def tiles(self) -> list[int]:
         return [-(-p.n // BN) for p in self.parts]
@@ -320,7 +347,7 @@ class GemmTcParts(Launch):
         return names(*(p.y.buf for p in self.parts))
 
     def scratch(self):
-        return (Scratch("xb", "u8", 2 * self.m * kp(self.k)),)
+        return (self.rounded_x(),)
 
     def check(self):
         if not self.parts:
@@ -345,8 +372,7 @@ class GemmTcParts(Launch):
         return weight_bytes(self.format, sum(p.n for p in self.parts), self.k)
 
     def bytes(self):
-        return (self.checkpoint_bytes() + 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k)
-                + 4 * self.m * sum(p.n for p in self.parts))
+        return self.checkpoint_bytes() + self.x_bytes() + 4 * self.m * sum(p.n for p in self.parts)
 
     def flops(self):
         return 2 * self.m * self.k * sum(p.n for p in self.parts)
@@ -364,12 +390,8 @@ class GemmTcParts(Launch):
 
         return call
 
-    def fast(self, env):
-        self.bind_fast(env)()
-
     def grid_block(self):
-        copied = self.format == "bf16" and self.k % 8 == 0
-        return ((sum(self.tiles()), -(-self.m // block_rows(self.m)), 1), (block_threads(copied, self.m), 1, 1))
+        return (sum(self.tiles()), self.row_tiles(), 1), self.block()
 
     def table(self, denv) -> list[int]:
         words, first = [], 0
@@ -381,13 +403,10 @@ class GemmTcParts(Launch):
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import i64
 
-        xb = denv.scratch(self, self.scratch()[0])
-        pairs = self.m * kp(self.k) // 2
-        r = denv.function(self.stem, "gemm_tc_round")
-        r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
+        xb = self.round_x(denv)
         g, b = self.grid_block()
         t = denv.table(self.key(), self.table(denv))
-        name = ("gemm_tc_parts_cp" if self.format == "bf16" and self.k % 8 == 0 else "gemm_tc_parts_any") + suffix(self.m)
+        name = ("gemm_tc_parts_cp" if self.copied() else "gemm_tc_parts_any") + suffix(self.m)
         denv.function(self.stem, name)(g, b, (xb, t, i64(len(self.parts)), i64(FORMAT_CODE[self.format]),
                                               i64(self.k), i64(self.m)))
 
@@ -396,7 +415,7 @@ GLU_BN = BN // 2  # gemm_tc_glu: a block's outputs (the gate's and the up's rows
 
 
 @dataclass(frozen=True)
-class GemmTcGlu(Launch):
+class GemmTcGlu(TcProduct):
     """The gate and up products of one activation and their GLU on the tensor cores, under the bf16 numerics: out
     (m, n) = (x · wuᵀ) · act(x · wgᵀ), wg and wu checkpoint rows (n, k) in one format — rules/lanes/cuda.yaml's
     gemv_gate_up_glu where the product has tc_rows rows (GemvGlu's fields). A block computes 64 outputs of both
@@ -420,8 +439,6 @@ class GemmTcGlu(Launch):
     f32: bool = True
 
     census: ClassVar[str] = "gemm_tc_glu"
-    stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
-    tensor_cores: ClassVar[bool] = True
 
     def reads(self):
         return names(self.x, self.wg, self.wu)
@@ -430,7 +447,7 @@ class GemmTcGlu(Launch):
         return (self.out,)
 
     def scratch(self):
-        return (Scratch("xb", "u8", 2 * self.m * kp(self.k)),)
+        return (self.rounded_x(),)
 
     def check(self):
         from lanefuse.kernels.common import ACTS
@@ -456,7 +473,7 @@ class GemmTcGlu(Launch):
         return 2 * weight_bytes(self.format, self.n, self.k)
 
     def bytes(self):
-        return self.checkpoint_bytes() + 4 * self.m * self.k + 2 * 2 * self.m * kp(self.k) + 4 * self.m * self.n
+        return self.checkpoint_bytes() + self.x_bytes() + 4 * self.m * self.n
 
     def flops(self):
         return 4 * self.m * self.n * self.k
@@ -490,14 +507,8 @@ class GemmTcGlu(Launch):
 
         return call
 
-    def fast(self, env):
-        self.bind_fast(env)()
-
-    def copied(self) -> bool:
-        return self.format == "bf16" and self.k % 8 == 0
-
     def grid_block(self):
-        return ((-(-self.n // GLU_BN), -(-self.m // block_rows(self.m)), 1), (block_threads(self.copied(), self.m), 1, 1))
+        return (-(-self.n // GLU_BN), self.row_tiles(), 1), self.block()
 
     def kernel_name(self) -> str:
         return ("gemm_tc_glu_cp" if self.copied() else "gemm_tc_glu_any") + suffix(self.m)
@@ -506,10 +517,7 @@ class GemmTcGlu(Launch):
         from lanefuse.kernels.cupy_env import i64
         from lanefuse.kernels.elementwise import act_code
 
-        xb = denv.scratch(self, self.scratch()[0])
-        pairs = self.m * kp(self.k) // 2
-        r = denv.function(self.stem, "gemm_tc_round")
-        r((min(4096, -(-pairs // 256)),), (256,), (denv.array(self.x), xb, i64(self.m), i64(self.k), i64(kp(self.k))))
+        xb = self.round_x(denv)
         g, b = self.grid_block()
         denv.function(self.stem, self.kernel_name())(
             g, b, (xb, denv.weight(self.wg)[0], denv.weight(self.wu)[0], i64(FORMAT_CODE[self.format]),
