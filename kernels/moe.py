@@ -35,7 +35,7 @@ from lanefuse.kernels.common import (ACTS, FORMAT_CODE, FORMATS, Q8K, Dst, Launc
 from lanefuse.kernels.gemv import products, q8_check
 from lanefuse.kernels.norm import quantized_next
 from lanefuse.kernels.q8dot import q8_exact
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue, quant_check
 
 MAX_EXPERTS = 4096  # router logits held in a block's shared memory (moe.cu MOE_MAXE)
 MAX_K = 32  # experts chosen a row
@@ -60,7 +60,7 @@ def router64(env, name: str, experts: int, d: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Moe(Launch):
+class Moe(QuantEpilogue, Launch):
     x: str  # (rows, d) the normed input
     wr: str  # router rows (E, d)
     wgu: str  # experts' gate and up rows (E·2f, d): expert e's gate at e·2f, its up at e·2f + f
@@ -111,6 +111,7 @@ class Moe(Launch):
     local: int = 0  # held (wgu, wd, bgu, bd theirs alone), each row routed over all E, only those held summed
 
     census: ClassVar[str] = "moe"
+    words_field: ClassVar[str] = "quant_words"  # the finalized norm's form (`qwords`: the shared expert's input)
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "moe")
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
@@ -220,7 +221,7 @@ class Moe(Launch):
             return Refusal("a mixture quantizing its result without the norm it finalizes (the quantized form is the "
                            "norm's)")
         if self.quant is not None:
-            why = quant_check(self.d, self.quant_words, "a mixture's normed row", k_form=True)
+            why = self.epilogue_refusal(self.d, "a mixture's normed row")
             if why:
                 return why
             if self.quant_words == Q8K and (self.out.row is not None or not self.out.contiguous):
@@ -309,7 +310,7 @@ class Moe(Launch):
         down = (self.chosen() * weight_bytes(fd, d, f) + hidden + (weight_bytes(fs, d, self.sf) if self.shared else 0),
                 2 * R * (self.k * f * d + self.sf * d * self.shared))
         tail = 4 * (n + (n if self.add else 0) + (n if self.sum else 0) + (d if self.nw else 0)) + \
-            quant_bytes(n, self.quant_words if self.quant else 0)
+            self.epilogue_bytes(n)
         if not self.sort:  # moe_up routes each row itself; moe_down sums and finalizes
             return [(router[0] + up[0], router[1] + up[1]), (down[0] + tail, down[1])]
         parts = 4 * R * (self.k + 1) * d
@@ -373,8 +374,7 @@ class Moe(Launch):
             w = np.asarray(env.weight(self.nw)[0], dtype=np.float64)[: self.d]
             normed = (s * rms(s, self.eps) * w).astype(np.float32)
         self.out.write(env, normed)
-        if self.quant is not None:  # from the f32 values stored, as the last block reads them back
-            quant_write(env, self.quant, normed, self.quant_words)
+        self.epilogue_write(env, normed)  # from the f32 values stored, as the last block reads them back
 
     def numpy(self, env):
         """As the kernels sum: each product's dot in f64 rounded to f32, the GLU in f32, the chosen experts' down
@@ -522,8 +522,7 @@ class Moe(Launch):
                  denv.opt(self.br), i64(int(self.routing == "topk_softmax")), i64(int(grouped)), i64(self.groups),
                  i64(self.topk_groups), f32(self.route_scale))
         fin = (denv.opt(self.add), denv.opt(self.sum), denv.opt(self.nw), f32(self.eps), *denv.dst(self.out),
-               *(denv.quant(self.quant) if self.quant is not None else (NULL, NULL, NULL)),
-               i64(self.quant_words if self.quant is not None else 0))
+               *self.epilogue_args(denv))
         up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
         wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]
         if not self.sort:
