@@ -436,17 +436,26 @@ def _enc_iq4_xs(x: np.ndarray) -> np.ndarray:
     return np.concatenate([d.view(np.uint8).reshape(n, 2), h.view(np.uint8).reshape(n, 2), scales_l, qs], axis=1)
 
 
+def _scales_mins(x: np.ndarray, width: int, levels: int, top: int):
+    """A K-quant's search of x (n, 256) in sub-blocks of `width` values: each sub-block's scale and min (both
+    non-negative, at most `top`) over the super-block's f16 d and dmin, each value the nearest of levels + 1 levels
+    the stored scales give. (d, dmin, sc, mn, q): q (n, 256 / width, width)."""
+    n = x.shape[0]
+    sub = x.reshape(n, QK // width, width).astype(np.float64)
+    lo = np.minimum(sub.min(axis=2), 0.0)
+    step = (sub.max(axis=2) - lo) / float(levels)
+    d, dmin = _as_f16(step.max(axis=1) / float(top)), _as_f16((-lo).max(axis=1) / float(top))
+    df, dmf = d.astype(np.float64)[:, None], dmin.astype(np.float64)[:, None]
+    sc = np.ceil(_div0(step, df)).clip(0, top).astype(np.uint8)
+    mn = np.rint(_div0(-lo, dmf)).clip(0, top).astype(np.uint8)
+    q = np.rint(_div0(sub + (dmf * mn)[:, :, None], (df * sc)[:, :, None])).clip(0, levels).astype(np.uint8)
+    return d, dmin, sc, mn, q
+
+
 def _enc_q5_k(x: np.ndarray) -> np.ndarray:
     """q5_k blocks of x (n, 256): q4_k's encoder over 32 levels, the fifth bits in qh."""
     n = x.shape[0]
-    sub = x.reshape(n, 8, 32).astype(np.float64)
-    lo = np.minimum(sub.min(axis=2), 0.0)
-    step = (sub.max(axis=2) - lo) / 31.0
-    d, dmin = _as_f16(step.max(axis=1) / 63.0), _as_f16((-lo).max(axis=1) / 63.0)
-    df, dmf = d.astype(np.float64)[:, None], dmin.astype(np.float64)[:, None]
-    sc = np.ceil(_div0(step, df)).clip(0, 63).astype(np.uint8)
-    mn = np.rint(_div0(-lo, dmf)).clip(0, 63).astype(np.uint8)
-    q = np.rint(_div0(sub + (dmf * mn)[:, :, None], (df * sc)[:, :, None])).clip(0, 31).astype(np.uint8)
+    d, dmin, sc, mn, q = _scales_mins(x, 32, 31, 63)
     scales = np.zeros((n, 12), np.uint8)
     scales[:, 0:4] = (sc[:, 0:4] & 0x3F) | ((sc[:, 4:8] >> 4) << 6)
     scales[:, 4:8] = (mn[:, 0:4] & 0x3F) | ((mn[:, 4:8] >> 4) << 6)
@@ -468,14 +477,7 @@ def _enc_q2_k(x: np.ndarray) -> np.ndarray:
     """q2_k blocks of x (n, 256): per sub-block of 16 a 4-bit scale and min over the super-block's f16 d and dmin,
     values the nearest of the 4 levels the stored scales give."""
     n = x.shape[0]
-    sub = x.reshape(n, 16, 16).astype(np.float64)
-    lo = np.minimum(sub.min(axis=2), 0.0)
-    step = (sub.max(axis=2) - lo) / 3.0
-    d, dmin = _as_f16(step.max(axis=1) / 15.0), _as_f16((-lo).max(axis=1) / 15.0)
-    df, dmf = d.astype(np.float64)[:, None], dmin.astype(np.float64)[:, None]
-    sc = np.ceil(_div0(step, df)).clip(0, 15).astype(np.uint8)
-    mn = np.rint(_div0(-lo, dmf)).clip(0, 15).astype(np.uint8)
-    q = np.rint(_div0(sub + (dmf * mn)[:, :, None], (df * sc)[:, :, None])).clip(0, 3).astype(np.uint8)
+    d, dmin, sc, mn, q = _scales_mins(x, 16, 3, 15)
     return np.concatenate([sc | (mn << 4), _pack2(q.reshape(n, QK)), d.view(np.uint8).reshape(n, 2),
                            dmin.view(np.uint8).reshape(n, 2)], axis=1)
 
