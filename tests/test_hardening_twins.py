@@ -167,7 +167,8 @@ KINDS = ("norm", "rope", "rope_parts", "attention", "gemv", "gemv_glu", "gemm_pa
          "gemm_tc", "gemm_tc_parts", "gemm_tc_glu")
 # kinds no plan here makes whose fast twin is other kinds' or another test's: covered there
 COMPOSED = {"norm_pair": "two Norms",
-            "gemv_f32": "gemv_bind as gemv's (test_the_fast_product_equals_the_reference_product)"}
+            "gemv_f32": "gemv_bind as gemv's (test_the_fast_product_equals_the_reference_product)",
+            "chain": "a GemvGlu's then a Fold's, in order (gemv_glu, fold)"}
 
 
 def test_every_kind_with_a_fast_twin_is_covered():

@@ -182,6 +182,13 @@ def lint(src: str, file: str = "<src>") -> list[Atomic]:
                 a = Atomic(file, f.name, op, args[0], "shared",
                            None if zeroed else f"an atomic into the shared array `{base.group(1)}`, which the "
                            f"function never sets to zero (shared memory starts undefined in every launch)")
+            elif op == "atomicAdd" and (c := re.search(
+                    r"(\w+)\s*=\s*atomic(?:Add|Inc)\s*\([^;]*\)\s*==", text[call:f.end])):
+                # a ticket or an uncounted arrival (chain.cu: a block's place in a ticket-ordered launch, a phase's
+                # arrivals a later phase waits on): the last block to arrive at the function's arrival counter after
+                # it must zero it, as a keyed reduction's
+                a = Atomic(file, f.name, op, args[0], "ticket")
+                a.problem = counter_problem(text, f, call + c.start(), c.group(1), args[0])
             else:
                 a = Atomic(file, f.name, op, args[0], "unclassified",
                            "an atomic that is not an arrival counter (`last = atomicAdd(c, 1u) == n - 1`): classify it "
@@ -275,6 +282,29 @@ __device__ void keyed(unsigned long long* keys, unsigned* counter, int* out, int
 """
 
 
+# chain.cu's form: a ticket (its value kept), the first phase's uncounted arrivals, the second phase's gated last block
+TICKET = """
+__device__ void chained(unsigned* c, float* y, unsigned g1) {
+    __shared__ unsigned ticket;
+    __shared__ int last;
+    if (threadIdx.x == 0) ticket = atomicAdd(c, 1u);
+    __syncthreads();
+    if (ticket < g1) {
+        if (threadIdx.x == 0) atomicAdd(c + 1, 1u);
+        return;
+    }
+    if (threadIdx.x == 0) last = atomicAdd(c + 1, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    y[0] = 1.f;
+    if (threadIdx.x == 0) {
+        c[0] = 0u;
+        c[1] = 0u;
+    }
+}
+"""
+
+
 @pytest.mark.parametrize("name,src,says", [
     ("no reset", GOOD.replace("if (threadIdx.x == 0) *counter = 0u;", ""), "never set back to zero"),
     ("reset before the gate", GOOD.replace("if (!last) return;", "*counter = 0u; if (!last) return;")
@@ -285,6 +315,11 @@ __device__ void keyed(unsigned long long* keys, unsigned* counter, int* out, int
     ("no gate", GOOD.replace("if (!last) return;", ""), "no gate"),
     ("a float reduction", GOOD.replace("y[0] = 1.f;", "atomicAdd(y, 1.f);"), "not an arrival counter"),
     ("a keyed max never zeroed", KEYED.replace("keys[r] = 0ull;", ""), "never set back to zero"),
+    ("a ticket never zeroed", TICKET.replace("c[0] = 0u;", ""), "never set back to zero"),
+    ("a ticket zeroed before the gate", TICKET.replace("if (!last) return;", "c[0] = 0u; if (!last) return;")
+     .replace("        c[0] = 0u;\n", ""), "never set back to zero"),
+    ("a ticket without a counter after it", "__device__ void k(unsigned* c) { unsigned t = atomicAdd(c, 1u); }",
+     "not an arrival counter"),
     ("a keyed max without a counter after it", "__device__ void k(unsigned long long* keys) {\n"
      " atomicMax(keys, 1ull);\n}", "not an arrival counter"),
     ("a shared histogram never zeroed", "__device__ void h(const int* x) { __shared__ unsigned long long hist[256];\n"
@@ -308,10 +343,11 @@ def test_the_lint_passes_the_forms_the_kernels_use():
              "  if (!last) continue;\n  if (threadIdx.x == 0) arrivals[r * (n >> 8) + 1] = 0u;\n }\n}",
              "#define K(NAME) \\\n extern \"C\" __global__ void NAME(unsigned* c) { \\\n  __shared__ int last; \\\n"
              "  last = atomicInc(c, 9u) == 9u; /* a comment's } brace */ \\\n  if (!last) return; \\\n"
-             "  atomicExch(c, 0u); \\\n }\nK(k1)\n"]
+             "  atomicExch(c, 0u); \\\n }\nK(k1)\n", TICKET]
     for src in forms:
         found = lint(src)
-        assert [a.kind for a in found if a.kind != "reset"] == ["counter"] and found[0].problem is None, (src, found)
+        assert [a.kind for a in found if a.kind not in ("reset", "ticket")] == ["counter"], (src, found)
+        assert not [a for a in found if a.problem], (src, found)
     found = lint(KEYED)
     assert [a.kind for a in found] == ["keyed", "counter"] and not any(a.problem for a in found), found
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Conv, ConvParts, Decay, Delta, Dst, Fold,
+from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Chain, Conv, ConvParts, Decay, Delta, Dst, Fold,
                               Gather, GateProj, Gates, GemmPart, GemmParts, GemmTc, GemmTcParts, Gemv, GemvF32, GemvGlu, HeadGemv, Join,
                               L2Norm, Launch, Moe, Norm, NormPair, Part, Quant, Rope, RopeParts, RopeSide, Scale,
                               SetRow, Slice, Softcap, SwiGlu, Unary, View, honoured_steps)
@@ -32,6 +32,9 @@ SAMPLES: dict[str, Launch] = {
     "decay": Decay("a", "dt", "al", "y", 32, 32),
     "delta": Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 16, 32, 128, 128, 1, 128 ** -0.5, 1e-6),
     "fold": Fold(Gemv("x", "w", "f32", Dst("y"), 4096, 4096, 1), Norm("y", "nw", "z", 1, 4096, 1e-6)),
+    "chain": Chain(GemvGlu("x", "wg", "wu", "bf16", "h", 4096, 12288, 1),
+                   Fold(Gemv("h", "wd", "bf16", Dst("o"), 12288, 4096, 1),
+                        Norm("r", "nw", "z", 1, 4096, 1e-6, add="o", sum="s"))),
     "gate_proj": GateProj("x", "wb", "wa", "bf16", "dt", "al", "b", "g", 2048, 32, 1),
     "gates": Gates("b", "a", "dt", "al", "beta", "g", 32, 32),
     "gather": Gather("E", "t", "e", 64, rows=2, format="bf16", scale=2.0),
@@ -135,8 +138,8 @@ def test_tune_reads_only_the_steps_its_kind_declares(launch):
     tuned = launch.tune(knobs, frozenset())
     assert type(tuned) is type(launch) and tuned.check() == launch.check()  # the schedule keeps a launch runnable
     assert launch.tune(knobs, every) == launch  # every step held: the untuned settings
-    if isinstance(launch, Fold):
-        return  # a fold's steps are its pair's
+    if isinstance(launch, (Fold, Chain)):
+        return  # a fold's (a chain's) steps are its pair's
     assert launch.tune(knobs, every - set(launch.steps)) == tuned
     if not launch.steps:
         assert tuned == launch

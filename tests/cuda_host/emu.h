@@ -574,6 +574,8 @@ int launch(void (*k)(A...), void** args, const unsigned* grid, const unsigned* b
 }  // namespace emu
 
 inline void __syncthreads() { emu::syncthreads(); }
+// A kernel's own trap (chain.cu's bounded wait under the emulator): the launch fails there, naming the block.
+[[noreturn]] inline void __trap() { emu::fail("__trap: the kernel trapped (a wait never met, a check failed)"); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::warp_exchange(mask, 0, "__syncwarp"); }
 
 template <class T>
