@@ -1,0 +1,119 @@
+// Launches in a chain: phases of one launch, each over what the phase before wrote (chain.py). The grid is every
+// phase's blocks together; each block takes a TICKET (an atomicAdd on a counter) as it starts, and its ticket, not
+// its blockIdx, says which phase and which of that phase's blocks it runs: tickets 0..g1-1 the first phase, the rest
+// the next. A block of a later phase waits (a spin on the arrivals counter, an acquire load and __nanosleep) until
+// every block of the phase before has stored its outputs and arrived. It only ever waits on blocks that took earlier
+// tickets, and a block that took a ticket is running: no deadlock on any GPU, however many blocks are resident, and
+// no cooperative launch. (By blockIdx the same wait could deadlock: nothing runs block 0 before block g1.) Before it
+// waits, a block asks L2 for the first bytes of its own weight rows (gemv_prefetch: read-only, so reading them early
+// sees no other order), so the phase boundary costs a poll where the two launches paid a launch. The kernel enters
+// through PDL_ENTER first (the ticket is taken after: which rows a block prefetches depends on it), so under PDL the
+// first phase does not prefetch while the launch before drains, as gemv_glu does.
+//
+// Memory order. The writer: every thread's stores, __threadfence, the block's barrier, then one atomicAdd on the
+// arrivals (fold_tail's arrival). The reader: thread 0 polls the arrivals with ld.acquire.gpu until they reach the
+// phase's count, a __threadfence, then the block's barrier; the block's threads then read the phase-1 outputs. The x
+// loads of gemv_tile are plain (ld.global, not ld.global.nc: the chain's PTX was read, nvcc 13 sm_90) and no block of
+// this launch reads the phase-1 outputs before its wait, so no SM holds a stale line of them.
+//
+// Counters (chain.py's Scratch, zero before the launch): [0] the tickets, [1] the arrivals (phase 1's blocks, then
+// phase 2's). The last phase-2 block to arrive (arrivals g1 + g2 - 1) runs the fold's norm over every row and leaves
+// both zero: every block has taken its ticket and none waits any more, so a CUDA graph replays the launch as it is.
+#define CHAIN_SLEEP_NS 64
+#define CHAIN_SPIN_BOUND 4096  // the host emulator's polls before it gives up (it runs blocks one after another)
+
+__device__ __forceinline__ unsigned chain_acquire(const unsigned* c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+    return v;
+#else
+    return *(const volatile unsigned*)c;
+#endif
+}
+
+// Until the arrivals `c` reach `count` (every block of the phase before arrived). On the device a spin with a sleep;
+// under the host emulator (blocks one after another) a wait not met at once is never met: a bounded poll, then a trap
+// (an error naming the block, not a hang).
+__device__ __forceinline__ void chain_wait(const unsigned* c, unsigned count) {
+    if (threadIdx.x == 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+        while (chain_acquire(c) < count) __nanosleep(CHAIN_SLEEP_NS);
+#else
+        for (int i = 0; chain_acquire(c) < count; i++)
+            if (i >= CHAIN_SPIN_BOUND) __trap();
+#endif
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// gemv_body's and glu_body's work for output block bx at one or two rows of x (m <= 2: chain.py's check), through
+// their AR 1 / 2 accumulators only (the slab's GR accumulators spilled gemv_glu_4).
+template <int PW>
+__device__ __forceinline__ void chain_glu(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
+                                          const float* bu, float* h, i64 k, i64 f, i64 m, int a, i64 bx) {
+    i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
+    if (j0 >= f) return;
+    if (m == 1) glu_rows<PW, 1>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
+    else glu_rows<PW, 2>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
+}
+
+template <int PW>
+__device__ __forceinline__ void chain_gemv(int fmt, const float* x, const void* w, const float* bias, const Dst& d,
+                                           i64 k, i64 n, i64 m, i64 bx) {
+    i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
+    if (j0 >= n) return;
+    if (m == 1) gemv_rows<PW, 1>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
+    else gemv_rows<PW, 2>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
+}
+
+// fold_glu_down: phase 1 the gate/up GLU (gemv_glu's product) into h (m x f), phase 2 the down product of h (m x n,
+// k = f) through the fold's Dst and then, by its last block, the norm over its rows (fold_gemv_norm's tail). g1: the
+// first phase's blocks (gridDim.x = g1 + the second's, one slab of rows). counters[0] the tickets, [1] the arrivals:
+// phase 1's blocks arrive uncounted (the wait counts them), phase 2's as fold_tail's do, the last one gated.
+template <int PW>
+__device__ __forceinline__ void glu_down_body(const float* x, const void* wg, const void* wu, int fmt, const float* bg,
+                                              const float* bu, float* h, i64 k, i64 f, int a, const void* wd,
+                                              int fmtd, const float* bd, const Dst& y, i64 n, i64 m,
+                                              unsigned* counters, i64 g1, i64 rows, const NormArgs& na) {
+    __shared__ unsigned ticket;
+    __shared__ int last;
+    if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);  // the block's place in the chain (reset by the last)
+    __syncthreads();
+    const unsigned t = ticket;
+    if (t < (unsigned)g1) {  // phase 1: GLU block t
+        chain_glu<PW>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, t);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the wait counts (reset by the last)
+        return;
+    }
+    const i64 bx = (i64)t - g1;  // phase 2: down block bx, its rows asked of L2 before the wait
+    gemv_prefetch<PW>(fmtd, wd, nullptr, f, n, 1, bx);
+    chain_wait(counters + 1, (unsigned)g1);
+    chain_gemv<PW>(fmtd, h, wd, bd, y, f, n, m, bx);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + 1, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (i64 r = 0; r < rows; r++) norm_row(na, r);
+    if (threadIdx.x == 0) {
+        counters[0] = 0u;
+        counters[1] = 0u;
+    }
+}
+
+#define FOLD_GLU_DOWN_KERNEL(NAME, PW)                                                                                \
+    extern "C" __global__ void GEMV_BOUNDS NAME(const float* x, const void* wg, const void* wu, i64 fmt,              \
+                                                const float* bg, const float* bu, float* h, i64 k, i64 f, i64 a,      \
+                                                const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n,      \
+                                                i64 m, unsigned* counters, i64 g1, i64 rows, NORM_PARAMS) {           \
+        PDL_ENTER();                                                                                                  \
+        glu_down_body<PW>(x, wg, wu, (int)fmt, bg, bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters,   \
+                          g1, rows, NORM_ARGS);                                                                       \
+    }
+FOLD_GLU_DOWN_KERNEL(fold_glu_down_1, 1)
+FOLD_GLU_DOWN_KERNEL(fold_glu_down_4, 4)

@@ -1,0 +1,163 @@
+"""chain.cu's fold_glu_down (the gate/up GLU, then the down product with its residual and norm, as one ticket-ordered
+launch) on the CPU through the host emulator (tests/cuda_host), against the numpy twin (the GLU's twin, then the
+fold's): every format the phases serve, sizes that are no multiple of a block's outputs, one and two rows, the
+counters back at zero after every launch, a relaunch in reverse block order with shuffled threads giving the same
+bits. The emulator runs blocks one after another, so a wait not met at once is never met: chain.cu's poll is
+bounded there and traps. Two mutations show what the ticket does: phases by blockIdx in reverse order trap in the
+wait; and with the wait gone too, the down blocks read a GLU not yet written and the values are wrong. (The wait
+alone removed cannot be shown here: in ticket order every GLU block has finished before the first down block runs.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import test_kernels_gpu as gpu
+from cuda_host import emu
+from lanefuse.kernels import Chain, Dst, Fold, Gemv, GemvGlu, Norm, PreNorm
+from lanefuse.kernels.common import encode
+from test_kernels_emulated import again_same, counters_zero
+
+pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
+r32 = gpu.r32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def emulated():
+    with emu.emulating([Chain.stem]) as env:
+        yield env
+
+
+def chain(fmt, m, k, f, n, per_warp, fmt_down=None, pre=False, bias=False):
+    glu = GemvGlu("x", "wg", "wu", fmt, "h", k, f, m, per_warp=per_warp, bg="bg" if bias else None)
+    down = Gemv("h", "wd", fmt_down or fmt, Dst("o"), f, n, m, per_warp=per_warp, bias="bd" if bias else None)
+    norm = Norm("res", "nw", "y", m, n, 1e-6, add="o", sum="sum", pre=PreNorm("pw", 1e-6) if pre else None)
+    return Chain(glu, Fold(down, norm))
+
+
+def run(c, seed=3, tol=3e-4):
+    g = np.random.default_rng(seed)
+    glu, down = c.first, c.then.first
+    m, k, f, n = glu.m, glu.k, glu.n, down.n
+    arrays = {"x": r32(g, m, k), "h": np.zeros(m * f, np.float32), "o": np.zeros(m * n, np.float32),
+              "res": r32(g, m, n), "sum": np.zeros(m * n, np.float32), "y": np.zeros(m * n, np.float32)}
+    weights = {"wg": (encode(r32(g, f, k) * 0.3, glu.format), glu.format),
+               "wu": (encode(r32(g, f, k) * 0.3, glu.format), glu.format),
+               "wd": (encode(r32(g, n, f) * 0.3, down.format), down.format),
+               "nw": (r32(g, n), "f32"), "pw": (r32(g, n), "f32"), "bg": (r32(g, f), "f32"), "bd": (r32(g, n), "f32")}
+    dev = gpu.both(c, arrays, weights, tol=tol)
+    counters_zero(c, dev)
+    return dev
+
+
+# (fmt, k, f, n): dense rows at k and f that are no whole 16-byte words (gemv_tile_any) and at whole words
+# (gemv_tile16); q8_0 / q4_0 read in place (k, f whole blocks of 32 but not of 256) and staged (whole 256s); q4_k
+# staged (256s); q6_k in place (k a multiple of 256 only) and staged (2048). n and f never a multiple of the 16
+# outputs a block of four outputs a warp takes.
+CASES = [("f32", 130, 37, 45), ("f16", 130, 37, 45), ("bf16", 130, 37, 45), ("bf16", 256, 264, 45),
+         ("f32", 256, 72, 45), ("q8_0", 288, 96, 45), ("q8_0", 512, 256, 45), ("q4_0", 288, 96, 45),
+         ("q4_0", 512, 256, 45), ("q4_k", 512, 256, 45), ("q6_k", 256, 256, 45)]
+
+
+@pytest.mark.parametrize("fmt,k,f,n", CASES)
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_glu_down_chain_matches_its_phases_twins(fmt, k, f, n, m, per_warp):
+    c = chain(fmt, m, k, f, n, per_warp)
+    assert c.check() is None, c.check()
+    dev = run(c, seed=k + f + m)
+    again_same(c, dev, ["h", "o", "sum", "y"])
+
+
+def test_q6_k_staged_and_a_down_in_another_format():
+    """q6_k rows staged (k and f multiples of 2048) at two rows; then the GLU in q4_k and the down product in q6_k (a
+    Q4_K_M file's mix: the kernel takes each phase's format)."""
+    dev = run(chain("q6_k", 2, 2048, 2048, 21, 4), seed=5)
+    c = chain("q4_k", 1, 256, 512, 33, 4, fmt_down="q6_k")
+    again_same(c, run(c, seed=6), ["h", "o", "sum", "y"])
+    assert dev is not None
+
+
+def test_biases_and_a_sandwich_norm():
+    c = chain("bf16", 2, 130, 37, 45, 1, pre=True, bias=True)
+    again_same(c, run(c, seed=9), ["h", "o", "sum", "y"])
+
+
+def test_a_second_launch_runs_the_norm_again():
+    """The counters were left zero: a second launch in order takes tickets from 0 again and its last block norms."""
+    c = chain("bf16", 1, 256, 72, 45, 4)
+    dev = run(c)
+    y = dev.host("y").copy()
+    dev.array("y")[...] = 0
+    c.cuda(dev)
+    np.testing.assert_array_equal(dev.host("y"), y)
+    counters_zero(c, dev)
+
+
+@pytest.mark.parametrize("why,c", [
+    ("quantized", GemvGlu("x", "wg", "wu", "q8_0", "h", 256, 64, 1, words=1)),
+    ("rows", GemvGlu("x", "wg", "wu", "bf16", "h", 256, 64, 3)),
+])
+def test_what_the_chain_refuses_in_one_line(why, c):
+    m = c.m
+    ch = Chain(c, Fold(Gemv("h", "wd", "bf16", Dst("o"), 64, 32, m), Norm("res", "nw", "y", m, 32, 1e-6, add="o",
+                                                                           sum="sum")))
+    r = ch.check()
+    assert r is not None and "\n" not in str(r)
+    assert ("quantized" if why == "quantized" else "3 rows") in str(r)
+
+
+def test_a_down_product_of_another_tensor_is_refused():
+    c = chain("bf16", 1, 256, 64, 32, 1)
+    c = Chain(c.first, Fold(Gemv("z", "wd", "bf16", Dst("o"), 64, 32, 1), c.then.then))
+    assert "not the GLU `h`" in str(c.check())
+
+
+# -- what the ticket does: each a mutated chain.cu --------------------------------------------------------------------
+
+def _mutated(monkeypatch, *pairs):
+    from lanefuse.kernels import compile as kc
+
+    text = kc.cu_text("chain")
+    for old, new in pairs:
+        assert old in text, f"chain.cu no longer holds {old!r}: update the mutation"
+        text = text.replace(old, new)
+    real = kc.cu_text
+    monkeypatch.setattr(kc, "cu_text", lambda stem: text if stem == "chain" else real(stem))
+
+
+BY_BLOCK = ("const unsigned t = ticket;", "const unsigned t = blockIdx.x;")
+NO_WAIT = ("chain_wait(counters + 1, (unsigned)g1);", "")
+
+
+def _reverse(monkeypatch, c):
+    """The chain's first launch with its blocks in the reverse order (threads shuffled)."""
+    from lanefuse.kernels import cupy_env
+
+    real = cupy_env.DeviceEnv.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        self.flags, self.seed = 1, 7
+
+    monkeypatch.setattr(cupy_env.DeviceEnv, "__init__", init)
+    return run(c)
+
+
+def test_phases_by_block_index_trap_in_the_bounded_wait(monkeypatch):
+    """Blocks in reverse order, phase by blockIdx: the first block to run is a down block whose GLU blocks have not
+    run; its wait is never met (on a device with too few resident blocks, a hang): the emulator's bound traps."""
+    _mutated(monkeypatch, BY_BLOCK)
+    with pytest.raises(RuntimeError, match="trap"):
+        _reverse(monkeypatch, chain("bf16", 1, 256, 72, 45, 4))
+
+
+def test_phases_by_block_index_without_the_wait_read_a_glu_not_yet_written(monkeypatch):
+    _mutated(monkeypatch, BY_BLOCK, NO_WAIT)
+    with pytest.raises(AssertionError):
+        _reverse(monkeypatch, chain("bf16", 1, 256, 72, 45, 4))
+
+
+def test_by_ticket_in_reverse_block_order_is_right(monkeypatch):
+    """The real kernel, the same reverse order as the mutations: tickets, not block indices, order the phases."""
+    _reverse(monkeypatch, chain("bf16", 1, 256, 72, 45, 4))
