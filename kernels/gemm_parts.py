@@ -26,8 +26,46 @@ class GemmPart:
     bias: str | None = None
 
 
+class InParts:
+    """What the products of one activation in parts share (GemmParts; GemmTcParts on the tensor cores), each
+    declaring x, format, k, m and `parts` among its fields and its parts' blocks of outputs (`blocks`): what they read,
+    write and reach, their weights, rows' bytes and flops, and the descriptor table the kernels take (each part's
+    weight, bias, n, first block and Dst)."""
+
+    def outputs(self) -> int:
+        """Every part's outputs (a row)."""
+        return sum(p.n for p in self.parts)
+
+    def reads(self):
+        return names(self.x, *(v for p in self.parts for v in (p.w, p.bias, *p.y.params())))
+
+    def writes(self):
+        return names(*(p.y.buf for p in self.parts))
+
+    def extents(self, top, tokens):
+        return reach((self.x, self.m * self.k), *(v for p in self.parts for v in (
+            (p.w, p.n * self.k), (p.bias, p.n), (p.y.buf, p.y.extent(self.m * p.n, top)))))
+
+    def weights(self):
+        out: dict[str, str | None] = {p.bias: None for p in self.parts if p.bias}
+        return {**out, **{p.w: self.format for p in self.parts}}
+
+    def checkpoint_bytes(self):
+        return weight_bytes(self.format, self.outputs(), self.k)
+
+    def flops(self):
+        return 2 * self.m * self.k * self.outputs()
+
+    def table(self, denv) -> list[int]:
+        words, first = [], 0
+        for p, nb in zip(self.parts, self.blocks()):
+            words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
+            first += nb
+        return words
+
+
 @dataclass(frozen=True)
-class GemmParts(Launch):
+class GemmParts(InParts, Launch):
     x: str
     format: str
     k: int
@@ -43,12 +81,6 @@ class GemmParts(Launch):
     def blocks(self) -> list[int]:
         """Each part's output blocks (WARPS·per_warp outputs a block)."""
         return [-(-p.n // (WARPS * self.per_warp)) for p in self.parts]
-
-    def reads(self):
-        return names(self.x, *(v for p in self.parts for v in (p.w, p.bias, *p.y.params())))
-
-    def writes(self):
-        return names(*(p.y.buf for p in self.parts))
 
     def check(self):
         if not self.parts:
@@ -70,23 +102,8 @@ class GemmParts(Launch):
             return replace(self, per_warp=1)  # gemv_q8's body: a warp an output
         return replace(self, per_warp=rows_a_warp(sum(p.n for p in self.parts), knobs, held))
 
-    def extents(self, top, tokens):
-        return reach((self.x, self.m * self.k), *(v for p in self.parts for v in (
-            (p.w, p.n * self.k), (p.bias, p.n), (p.y.buf, p.y.extent(self.m * p.n, top)))))
-
-    def weights(self):
-        out: dict[str, str | None] = {p.bias: None for p in self.parts if p.bias}
-        return {**out, **{p.w: self.format for p in self.parts}}
-
-    def checkpoint_bytes(self):
-        return weight_bytes(self.format, sum(p.n for p in self.parts), self.k)
-
     def bytes(self):
-        return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words)
-                + 4 * self.m * sum(p.n for p in self.parts))
-
-    def flops(self):
-        return 2 * self.m * self.k * sum(p.n for p in self.parts)
+        return self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.outputs()
 
     def numpy(self, env):
         for p in self.parts:
@@ -138,13 +155,6 @@ class GemmParts(Launch):
 
     def grid_block(self):
         return ((sum(self.blocks()), -(-self.m // GEMV_ROWS), 1), (32 * WARPS, 1, 1))
-
-    def table(self, denv) -> list[int]:
-        words, first = [], 0
-        for p, nb in zip(self.parts, self.blocks()):
-            words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
-            first += nb
-        return words
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import i64

@@ -22,7 +22,7 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, at_call, decode, dst_at,
                                      format_refusal, names, operand, reach, weight_bytes)
-from lanefuse.kernels.gemm_parts import GemmPart
+from lanefuse.kernels.gemm_parts import GemmPart, InParts
 
 BM, BN, BK = 128, 128, 32  # a block's tile of y (rows, outputs) and its k step (gemm_tc.cu's BM, TC_BN, TC_BK)
 SMALL_BM = 64  # the rows of a tile for a product of at most this many rows (a batch): the *_64 kernels
@@ -320,7 +320,7 @@ class GemmTc(TcProduct):
 
 
 @dataclass(frozen=True)
-class GemmTcParts(TcProduct):
+class GemmTcParts(InParts, TcProduct):
     """Several products of one activation in one launch under the bf16 numerics (q, k and v; gate and up): each part
     its weight (checkpoint rows (n, k), one format for all), bias, n and destination (kernels/gemm_parts.py's
     GemmPart), its own ceil(n / 128) tiles of outputs; x rounded once for all."""
@@ -333,18 +333,13 @@ class GemmTcParts(TcProduct):
 
     census: ClassVar[str] = "gemm_tc_parts"
 
-    def tiles(self) -> list[int]:
+    def blocks(self) -> list[int]:
+        """Each part's tiles of outputs."""
         return [-(-p.n // BN) for p in self.parts]
 
     def one(self, p: GemmPart) -> GemmTc:
         """Part `p` as a launch of its own (the twins run each so)."""
         return GemmTc(self.x, p.w, self.format, p.y, self.k, p.n, self.m, bias=p.bias)
-
-    def reads(self):
-        return names(self.x, *(v for p in self.parts for v in (p.w, p.bias, *p.y.params())))
-
-    def writes(self):
-        return names(*(p.y.buf for p in self.parts))
 
     def scratch(self):
         return (self.rounded_x(),)
@@ -356,26 +351,12 @@ class GemmTcParts(TcProduct):
             why = self.one(p).check()
             if why:
                 return why
-        if sum(self.tiles()) > 2**31 - 1:
-            return Refusal(f"products in parts of {sum(p.n for p in self.parts)} outputs (too many tiles)")
+        if sum(self.blocks()) > 2**31 - 1:
+            return Refusal(f"products in parts of {self.outputs()} outputs (too many tiles)")
         return None
 
-    def extents(self, top, tokens):
-        return reach((self.x, self.m * self.k), *(v for p in self.parts for v in (
-            (p.w, p.n * self.k), (p.bias, p.n), (p.y.buf, p.y.extent(self.m * p.n, top)))))
-
-    def weights(self):
-        out: dict[str, str | None] = {p.bias: None for p in self.parts if p.bias}
-        return {**out, **{p.w: self.format for p in self.parts}}
-
-    def checkpoint_bytes(self):
-        return weight_bytes(self.format, sum(p.n for p in self.parts), self.k)
-
     def bytes(self):
-        return self.checkpoint_bytes() + self.x_bytes() + 4 * self.m * sum(p.n for p in self.parts)
-
-    def flops(self):
-        return 2 * self.m * self.k * sum(p.n for p in self.parts)
+        return self.checkpoint_bytes() + self.x_bytes() + 4 * self.m * self.outputs()
 
     def numpy(self, env):
         for p in self.parts:
@@ -391,14 +372,7 @@ class GemmTcParts(TcProduct):
         return call
 
     def grid_block(self):
-        return (sum(self.tiles()), self.row_tiles(), 1), self.block()
-
-    def table(self, denv) -> list[int]:
-        words, first = [], 0
-        for p, nt in zip(self.parts, self.tiles()):
-            words += [denv.ptr(p.w), denv.ptr(p.bias), p.n, first, *denv.dst_words(p.y)]
-            first += nt
-        return words
+        return (sum(self.blocks()), self.row_tiles(), 1), self.block()
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import i64
