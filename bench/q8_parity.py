@@ -3,8 +3,8 @@
 each of llama.cpp's presets' formats (a K-quant or iq4_xs where rows are whole 256-value blocks, llama.cpp's fallback
 elsewhere), a 12-token prompt and STEPS greedy steps in llama.cpp (llama-cpp-python, CPU, F32 KV cache, extra buffers
 off; tests/llama_cpp_dump.py) and in lanefuse under --numerics q8 (the reference interpreter of the q8 step graph; or
-`--plan`, the fused plan's exact numpy twins, what `lanefuse run --numerics q8 --exact` runs on the CPU; or `--fast`,
-its fast twins, run's default), the prompt in one chunk as llama.cpp evaluates it in one batch. Prints,
+`--plan`, the fused plan's exact numpy twins, what `lanefuse run --numerics q8` runs on the CPU; or `--fast`, its
+fast twins, `run --fast-twins`), the prompt in one chunk as llama.cpp evaluates it in one batch. Prints,
 per preset, the largest |logit - llama.cpp's| and each step's, and whether the greedy tokens are equal. The files and
 llama.cpp's answers are kept in --files (made once).
 
@@ -38,8 +38,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--plan", action="store_true", help="the fused plan's exact twins, not the reference interpreter")
-    ap.add_argument("--fast", action="store_true", help="the fused plan as `lanefuse run --numerics q8` runs it on the "
-                    "CPU (its default twins: f32 BLAS on decoded rows), not the reference interpreter")
+    ap.add_argument("--fast", action="store_true", help="the fused plan as `lanefuse run --numerics q8 --fast-twins` "
+                    "runs it on the CPU (the fast twins: f32 BLAS on decoded rows), not the reference interpreter")
     ap.add_argument("--timing", type=int, default=0, metavar="ROUNDS", help="also time the exact and the fast twins "
                     "(ms a decode token and for the prompt, the median of ROUNDS rounds taken in turn)")
     ap.add_argument("--files", default=str(Path(tempfile.gettempdir()) / "lanefuse-q8-parity"))
@@ -59,8 +59,8 @@ def main() -> None:
                  num_hidden_layers=args.layers, max_position_embeddings=256)
     prompt = [int(x) for x in np.random.default_rng(1).integers(100, args.vocab - 100, 12)]
     model = None
-    what = ("fused plan (run's default twins, the fast ones)" if args.fast else
-            "fused plan (exact twins, run --exact)" if args.plan else "reference interpreter")
+    what = ("fused plan (the fast twins, run --fast-twins)" if args.fast else
+            "fused plan (exact twins, run's default)" if args.plan else "reference interpreter")
     print(f"{args.layers} layers, vocabulary {args.vocab}, {args.steps} steps, lanefuse {what} under q8", flush=True)
     for name in args.presets:
         main_f, fallback = PRESETS[name]
@@ -81,7 +81,7 @@ def main() -> None:
         want, want_logits = pickle.loads(answer.read_bytes())
         t0 = time.time()
         cfg, weights = load_model(path)
-        if args.fast or args.plan:  # as `lanefuse run --numerics q8 [--exact]` runs on the CPU
+        if args.fast or args.plan:  # as `lanefuse run --numerics q8 [--fast-twins]` runs on the CPU
             step = run_step(weights, exact=not args.fast)
         else:
             step = lambda g, env: evaluate(with_numerics(g, "q8"), weights, env)  # noqa: E731

@@ -368,6 +368,12 @@ def _step_fn(args, src, saved, sampling=None):
     if args.reference and getattr(args, "exact", False):
         raise UserError("--exact and --reference: the exact twins run a fused plan, the reference the lifted graph; "
                         "give one")
+    fast = bool(getattr(args, "fast_twins", False))
+    if fast and (args.reference or getattr(args, "exact", False)):
+        other = ("--reference", "the reference the lifted graph") if args.reference else \
+            ("--exact", "the exact twins as each kernel sums")
+        raise UserError(f"--fast-twins and {other[0]}: the fast twins run a fused plan's launches by f32 BLAS, "
+                        f"{other[1]}; give one")
     if args.reference:
         numerics = getattr(args, "numerics", None) or "f32"
         if numerics == "f32":
@@ -391,12 +397,15 @@ def _step_fn(args, src, saved, sampling=None):
         from lanefuse.lane.cli.options import plan_options
 
         opts = plan_options(args)
-    exact = bool(getattr(args, "exact", False))
-    if exact:
-        from lanefuse.lane.run.step import pick_device
+    from lanefuse.lane.run.step import pick_device
 
-        if pick_device(args.device) != "cpu":
-            raise UserError("--exact: the exact twins are the numpy backend's; run them with --device cpu")
+    exact = bool(getattr(args, "exact", False))
+    if (exact or fast) and pick_device(args.device) != "cpu":
+        raise UserError(f"--{'exact' if exact else 'fast-twins'}: the {'exact' if exact else 'fast'} twins are the "
+                        f"numpy backend's; run them with --device cpu")
+    numerics = saved.numerics if saved is not None else opts.numerics
+    if numerics == "q8" and not fast and pick_device(args.device) == "cpu":
+        exact = True  # q8 on the CPU: the exact twins, llama.cpp's arithmetic (--fast-twins: f32 BLAS, 4-5x faster)
     return plan_step_fn(src.weights, args.device, opts, saved, args.plan or "", check=flags.read("LANEFUSE_CHECK") == 2,
                         sampling=sampling, exact=exact)
 

@@ -184,8 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", action="store_true", help="run the reference interpreter of the lifted graph")
     p.add_argument("--exact", action="store_true",
                    help="the numpy backend's exact twins (each kernel's sums as it makes them; under --numerics q8 "
-                        "llama.cpp's CPU arithmetic, its logits to the bit, where the fast twins' f32 BLAS parts from "
-                        "it at depth) in place of the fast ones; about 4x slower a decode token")
+                        "llama.cpp's CPU arithmetic, its logits to the bit) in place of the fast ones; slower (the "
+                        "default on the CPU under --numerics q8)")
+    p.add_argument("--fast-twins", action="store_true",
+                   help="under --numerics q8 on the CPU, the numpy backend's fast twins (f32 BLAS on decoded rows, "
+                        "about 4-5x faster a decode token, 11-13x a prompt's chunk) in place of the exact ones: "
+                        "llama.cpp's numbers no longer to the bit (0.1-0.4 apart in the logits, the greedy tokens "
+                        "apart within a few steps at depth)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu"],
                    help="auto: CuPy when a CUDA device is present, numpy otherwise")
     p.add_argument("--plan", metavar="FILE", help="run a plan saved by `lanefuse plan --save` (no solver needed)")
