@@ -1,6 +1,9 @@
 // Expert mixtures (moe.py). Scratch: choices (rows, k) i32, weights (rows, k) f32 then each row's shared-expert
 // scale (rows) f32, hidden (rows, k+1, F) f32 — choice c's act(gate)·up of its expert, slot k the shared expert's —
 // F = max(f, sf); over sorted rows also parts (rows, k+1, d): each choice's down product before its weight.
+// A rank's part of a mixture (moe.py lo, local; expert parallelism): its nl experts lo..lo+nl-1 held (wgu, wd, bgu,
+// bd theirs alone), every row routed over all E; `choices` keeps each choice's slot among those held, -1 for another
+// rank's expert (which adds nothing); nl = E, lo = 0: the whole mixture.
 // Weights are read a value at a time (any width), a warp an output: the experts' gate/up rows in format `fmt`, their
 // down rows in `fd` (a llama.cpp Q4_K_M file keeps ffn_down_exps in q6_k beside q4_k gate/up experts); the shared
 // expert's rows in `fs`, its gate score row in `fsg` (f32 in a GGUF file, as llama.cpp keeps ffn_gate_inp_shexp). gpt-oss's mixture (act 4, the clamped GLU) also
@@ -18,7 +21,7 @@
 #define MOE_CLAMPED 4  // act: gpt-oss's clamped GLU, (min(max(u, -l), l) + 1)·g·sigmoid(alpha·g), g = min(g, l)
 
 #define MOE_COMMON const float *x, i64 rows, i64 d, i64 f, i64 E, i64 k, i64 fmt, i64 fd, i64 act, int *choices, \
-    float *weights, float *hidden, const float *bgu, const float *bd, float limit, float alpha, i64 pw
+    float *weights, float *hidden, const float *bgu, const float *bd, float limit, float alpha, i64 pw, i64 lo, i64 nl
 #define MOE_ROUTE const void *wr, i64 fr, i64 norm, const float *br, i64 topk_first, i64 grouped, i64 groups, \
     i64 tgroups, float rscale
 #define MOE_ROUTE_ARGS wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, (int)grouped, groups, tgroups, rscale
@@ -26,6 +29,9 @@
     i64 qw, i64 qgate, signed char *hw, signed char *hl, float *hs
 #define MOE_FIN const float *add, float *sum, const float *nw, float eps, DST_PARAMS(out), signed char *yqw, \
     signed char *yql, float *yqs, i64 yqwords
+
+// Global expert e's slot among the nl held from lo, or -1 (another rank's).
+__device__ __forceinline__ int moe_slot(int e, i64 lo, i64 nl) { return e >= lo && e < lo + nl ? (int)(e - lo) : -1; }
 
 __device__ __forceinline__ float moe_dot(const float* x, int fm, const void* w, i64 row, i64 n) {
     float s = 0.f;
@@ -265,10 +271,11 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float wt[MOE_MAXK];
     moe_route_row(xr, MOE_ROUTE_ARGS, ch, wt, pw);
     if (blockIdx.x == 0 && c == 0 && threadIdx.x < k) {
-        choices[r * k + threadIdx.x] = ch[threadIdx.x];
+        choices[r * k + threadIdx.x] = moe_slot(ch[threadIdx.x], lo, nl);
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
-    i64 e = ch[c];
+    i64 e = ch[c] - lo;  // its slot among the experts held; another rank's: nothing to compute
+    if (e < 0 || e >= nl) return;
     moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, blockIdx.x * MOE_TILE, f, (int)act, limit, alpha, h,
             pw);
 }
@@ -282,6 +289,7 @@ __device__ __forceinline__ float moe_value(i64 r, i64 i, i64 d, i64 f, i64 k, i6
     float acc = 0.f;
     for (i64 c = 0; c < k; c++) {
         i64 e = choices[r * k + c];
+        if (e < 0) continue;  // another rank's expert
         float v = moe_dot(hidden + (r * (k + 1) + c) * F, (int)fd, wd, e * d + i, f);
         acc += weights[r * k + c] * (bd ? v + bd[e * d + i] : v);
     }
@@ -300,6 +308,7 @@ __device__ __forceinline__ void moe_values4(i64 r, i64 i, i64 cnt, i64 d, i64 f,
     for (int q = 0; q < 4; q++) acc[q] = 0.f;
     for (i64 c = 0; c < k; c++) {
         i64 e = choices[r * k + c];
+        if (e < 0) continue;  // another rank's expert
         float v[4], wc = weights[r * k + c];
         moe_dots<4>(hidden + (r * (k + 1) + c) * F, (int)fd, wd, e * d + i, cnt, f, v);
 #pragma unroll
@@ -391,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
     __shared__ float wt[MOE_MAXK];
     moe_route_row(x + r * d, MOE_ROUTE_ARGS, ch, wt, 1);
     if (threadIdx.x < k) {
-        choices[r * k + threadIdx.x] = ch[threadIdx.x];
+        choices[r * k + threadIdx.x] = moe_slot(ch[threadIdx.x], lo, nl);
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
     __shared__ MoeQRow qrow;
@@ -403,8 +412,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUT
     }
 }
 
-// Grid (tiles of F, E + shared): block (x, e) computes its tile of the hidden values of every (row, choice) that
-// chose expert e, its weight rows read once for the chunk (they stay in L1/L2 across the rows); slot E the shared
+// Grid (tiles of F, nl + shared): block (x, e) computes its tile of the hidden values of every (row, choice) that
+// chose expert e, its weight rows read once for the chunk (they stay in L1/L2 across the rows); slot nl the shared
 // expert over every row.
 extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, const void* wgu, MOE_SHARED) { PDL_ENTER();
     i64 e = blockIdx.y, F = f > sf ? f : sf, j0 = blockIdx.x * MOE_TILE;
@@ -412,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, cons
     __shared__ MoeQRow qrow;
     for (i64 r = 0; r < rows; r++) {
         const float* xr = x + r * d;
-        if (e == E) {
+        if (e == nl) {
             __syncthreads();  // the previous row's quantized input read by every warp
             QX xq = qw ? moe_quant_row(xr, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
             float* h = hidden + (r * (k + 1) + k) * F;
@@ -431,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_up_sorted(MOE_COMMON, cons
     }
 }
 
-// Grid (tiles of d, E + shared): block (x, e) the down products of expert e's (row, choice) slots into parts.
+// Grid (tiles of d, nl + shared): block (x, e) the down products of expert e's (row, choice) slots into parts.
 extern "C" __global__ void __launch_bounds__(256)
     moe_down_sorted(MOE_COMMON, const void* wd, MOE_SHARED, float* parts) { PDL_ENTER();
     i64 e = blockIdx.y, F = f > sf ? f : sf, i0 = blockIdx.x * MOE_TILE;
@@ -439,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ MoeQRow hq;
     for (i64 r = 0; r < rows; r++)
         for (i64 c = 0; c <= k; c++) {
-            bool mine = c < k ? choices[r * k + c] == e : e == E;
+            bool mine = c < k ? choices[r * k + c] == e : e == nl;
             if (!mine) continue;
             const float* h = hidden + (r * (k + 1) + c) * F;
             // the shared slot (the block's y is E: every thread of the block here alike)
@@ -459,7 +468,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_finish(MOE_COMMON, MOE_SHA
     Dst o = DST(out);
     for (i64 i = threadIdx.x; i < d; i += blockDim.x) {
         float v = 0.f;
-        for (i64 c = 0; c < k; c++) v += weights[r * k + c] * parts[(r * (k + 1) + c) * d + i];
+        for (i64 c = 0; c < k; c++)  // the choices of another rank's experts have no part here
+            if (choices[r * k + c] >= 0) v += weights[r * k + c] * parts[(r * (k + 1) + c) * d + i];
         if (sd) v += weights[rows * k + r] * parts[(r * (k + 1) + k) * d + i];
         if (add) v += add[r * d + i];
         if (nw) sum[r * d + i] = v;

@@ -9,7 +9,9 @@ GLU in the up kernel's epilogue (scratch `squant`), and multiply by gemv_q8.cu's
 (`qwords` 3) both are llama.cpp's q8_K form (blocks of 256, gemv_q8.cu's q8k_tile), the GLU quantized whole by each
 block of the down kernels into its shared memory (a block of 256 spans four of the up kernel's tiles); the finalize
 writes the next norm's q8k form too (`quant_words` 3).
-The experts are stacked one constant a role (engine/front/families/mixtures.py): gate_up (E·2f, d), down (E·d, f).
+The experts are stacked one constant a role (engine/front/families/mixtures.py): gate_up (E·2f, d), down (E·d, f);
+a rank's part of a mixture (`lo`, `local`: expert parallelism, engine/front/parallel.py) holds its experts' rows
+alone, every row routed over all E, the choices of other ranks' experts adding nothing (the ranks' parts sum to it).
 
 The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
 one choice's hidden values; moe_down: the weighed down products, the shared expert, and the finalize by the last block
@@ -499,13 +501,6 @@ class Moe(QuantEpilogue, Launch):
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
-        if self.local:
-            from lanefuse.engine.errors import UserError
-
-            raise UserError(f"a rank's part of an expert mixture (experts {self.lo}..{self.lo + self.held - 1} of "
-                            f"{self.experts}) on a device: moe.cu takes every expert; the ranks run on the CPU "
-                            f"(a collective inside a device plan is not built either)")
-
         sc = {s.tag: denv.scratch(self, s) for s in self.scratch()}
         block = (32 * WARPS, 1, 1)
         fs = FORMAT_CODE[self.format_s or self.format]
@@ -513,7 +508,7 @@ class Moe(QuantEpilogue, Launch):
                   i64(FORMAT_CODE[self.format]), i64(FORMAT_CODE[self.format_d or self.format]),
                   i64(MOE_ACTS.index(self.act)), sc["choices"], sc["weights"],
                   sc["hidden"], denv.opt(self.bgu), denv.opt(self.bd), f32(self.limit), f32(self.alpha),
-                  i64(1 if self.sort else self.per_warp))
+                  i64(1 if self.sort else self.per_warp), i64(self.lo), i64(self.held))
         shared = (denv.opt(self.sg), denv.opt(self.su), denv.opt(self.sd), denv.opt(self.sgate), i64(self.sf),
                   i64(fs), i64(FORMAT_CODE[self._fsg]), i64(self.qwords), i64(int(bool(self.qgate))),
                   *self._squant(denv, sc.get("squant")))
@@ -532,8 +527,8 @@ class Moe(QuantEpilogue, Launch):
                                                  common + (wd,) + shared + (sc.get("arrivals", NULL),) + fin)
             return
         denv.function(self.stem, "moe_route")((self.rows, 1, 1), block, common + route + shared)
-        denv.function(self.stem, "moe_up_sorted")((up_tiles, self.experts + self.shared, 1), block,
+        denv.function(self.stem, "moe_up_sorted")((up_tiles, self.held + self.shared, 1), block,
                                                   common + (wgu,) + shared)
-        denv.function(self.stem, "moe_down_sorted")((down_tiles, self.experts + self.shared, 1), block,
+        denv.function(self.stem, "moe_down_sorted")((down_tiles, self.held + self.shared, 1), block,
                                                     common + (wd,) + shared + (sc["parts"],))
         denv.function(self.stem, "moe_finish")((self.rows, 1, 1), block, common + shared + (sc["parts"],) + fin)

@@ -161,3 +161,26 @@ def test_plan_ranks_of_deepseek_v3(tmp_path):
     cfg = config_from_hf(DEEPSEEK_V3, "config.json", max_len=4096, name="ds")
     cfg = __import__("dataclasses").replace(cfg, formats=tuple((w, "bf16") for w in cfg.weight_names()))
     assert sum(r["weight_bytes"] for r in rep["rank"]) == rank_weight_bytes(cfg, 1)[0] + 7 * whole
+
+
+@pytest.mark.parametrize("family", ["deepseek", "qwen2_moe"])
+def test_check_ranks_of_a_mixture(family, capsys):
+    """`check --ranks 2` of a tiny DeepSeek-V3 (its latent cache whole on every rank: every rank the one rank's
+    history) and Qwen2-MoE (a shared expert): each step of 2 ranks against one rank's."""
+    import types
+
+    from lanefuse.lane.cli.ranks import check_ranks_cmd
+
+    if family == "deepseek":
+        from test_deepseek import tiny_cfg
+
+        cfg = tiny_cfg()
+    else:
+        from test_ranks_moe import QWEN2, _cfg
+
+        cfg = _cfg(QWEN2, 2)
+    w = random_weights(build_step(cfg, 1), 5).with_config(cfg)
+    src = types.SimpleNamespace(cfg=cfg, weights=w, name=family)
+    assert check_ranks_cmd(types.SimpleNamespace(ranks=2), src, [1, 5]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(l.endswith("-> ok") for l in lines)

@@ -160,9 +160,9 @@ def check_ranks_cmd(args, src, rows_list: list[int]) -> int:
         for r in range(R):
             rc = rank_config(cfg, r, R)
             e = {}
-            for n, s in rc.carried().items():  # each rank's KV heads of the one rank's history
-                w = s[1]
-                e[n] = np.ascontiguousarray(one[n][:, r * w:(r + 1) * w])
+            for n, s in rc.carried().items():  # each rank's KV heads of the one rank's history (a cache whole on
+                w = s[1]  # every rank, DeepSeek-V3's latent: all of it)
+                e[n] = np.array(one[n]) if w == one[n].shape[1] else np.ascontiguousarray(one[n][:, r * w:(r + 1) * w])
             e.update(token=tok, pos=np.asarray([hist], np.int32))
             envs.append(e)
         one.update(token=tok, pos=np.asarray([hist], np.int32))
