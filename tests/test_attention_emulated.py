@@ -31,13 +31,7 @@ r32 = gpu.r32
 @pytest.fixture(scope="module", autouse=True)
 def emulated():
     """The stand-in cupy in sys.modules and DeviceEnv the emulating one for this module's tests."""
-    emu.build(Attention.stem)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([Attention.stem]) as env:
         yield env
 
 

@@ -27,13 +27,7 @@ needs_gxx = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build t
 @pytest.fixture(scope="module")
 def emulated():
     """The stand-in cupy in sys.modules and DeviceEnv the emulating one, for the tests that ask for it."""
-    emu.build(Attention.stem)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([Attention.stem]) as env:
         yield env
 
 

@@ -139,13 +139,7 @@ def emulated():
 
     if emu.compiler() is None:
         pytest.skip("no g++ to build the emulated kernels")
-    emu.build(AttentionTc.stem)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([AttentionTc.stem]) as env:
         yield env
 
 

@@ -244,14 +244,7 @@ def test_batch_kernels_emulated():
     emu = _emu()
     import test_kernels_gpu as gpu
 
-    for stems in (Conv.stem, ConvParts.stem, Delta.stem):
-        emu.build(stems)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([Conv.stem, ConvParts.stem, Delta.stem]) as env:
         for launch, arrays, weights, tol in _cases():
             for l in (launch, *launch.apart()[1:]):
                 dev = gpu.both(l, arrays, weights, tol=tol)
@@ -318,13 +311,7 @@ def _quant_agree(env_class, words):
 @pytest.mark.parametrize("words", [1, 2, 3])
 def test_batch_delta_quantizing_emulated(words):
     emu = _emu()
-    emu.build(Delta.stem)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([Delta.stem]) as env:
         _quant_agree(env, words)
 
 

@@ -710,13 +710,7 @@ def test_the_batch_latent_attention_on_the_cuda_host_emulator():
     arrays = {n: g.standard_normal(k).astype(np.float32) for n, k in reach.items() if n not in (att.pos, att.out)}
     arrays[att.pos], arrays[att.out] = pos, np.zeros(reach[att.out], np.float32)
     hw = {hg.w: (g.standard_normal(hg.heads * hg.a * hg.b).astype(np.float32) / 4, "f32")}
-    for stems in (att.stem, hg.stem):
-        emu.build(stems)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        mp.setattr(cupy_env, "DeviceEnv", emu.emu_env_class())
+    with emu.emulating([att.stem, hg.stem]):
         for a in (att, *att.apart()):
             gpu.both(a, arrays, {}, tol=2e-4)
         gpu.both(hg, {hg.x: g.standard_normal(B * hg.heads * hg.a).astype(np.float32),

@@ -25,13 +25,7 @@ needs_gxx = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build t
 
 @pytest.fixture(scope="module")
 def emulated():
-    emu.build(GateProj.stem)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([GateProj.stem]) as env:
         yield env
 
 

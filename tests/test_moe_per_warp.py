@@ -25,13 +25,7 @@ r32 = gpu.r32
 
 @pytest.fixture(scope="module")
 def emulated():
-    emu.build(Moe.stem)
-    from lanefuse.kernels import cupy_env
-
-    with pytest.MonkeyPatch.context() as mp:
-        emu.install(mp)
-        env = emu.emu_env_class()
-        mp.setattr(cupy_env, "DeviceEnv", env)
+    with emu.emulating([Moe.stem]) as env:
         yield env
 
 
