@@ -54,10 +54,10 @@ def split_range(lo: int, p: int, splits: int, z: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class Attention(QuantEpilogue, Launch):
-    """out (rows, heads·vd): row r at position pos + r attends cache rows lo..pos+r of kc (keys of row j at
-    j·kstride + koff + kvh·hd) and vc (values of row j at j·vstride + voff + kvh·vd), head h reading kv head
-    h // group: keys and values may be parts of every row of wider tables (the two halves of one cache row)."""
+class Attends(Launch):
+    """The fields both attention kinds lead with (Attention, and AttentionTc, kernels/attention_tc.py: a chunk of one
+    sequence on the tensor cores), in this order: q, the key and value tables, the position, the output, the heads,
+    their grouping and widths, the cache's rows, the step's rows, the logits' scale, the window and the sinks."""
 
     q: str
     kc: str
@@ -73,6 +73,19 @@ class Attention(QuantEpilogue, Launch):
     scale: float
     window: int = 0
     sinks: str | None = None
+
+    @property
+    def kv(self) -> int:
+        """The key/value heads."""
+        return self.heads // self.group
+
+
+@dataclass(frozen=True)
+class Attention(QuantEpilogue, Attends):
+    """out (rows, heads·vd): row r at position pos + r attends cache rows lo..pos+r of kc (keys of row j at
+    j·kstride + koff + kvh·hd) and vc (values of row j at j·vstride + voff + kvh·vd), head h reading kv head
+    h // group: keys and values may be parts of every row of wider tables (the two halves of one cache row)."""
+
     per_block: int = 1
     splits: int = 1
     kstride: int = 0  # 0: kv·hd (a key table of its own)
@@ -111,10 +124,6 @@ class Attention(QuantEpilogue, Launch):
         """The heads a block of the kernel takes: `per_block`, at least the heads a q8k block spans (the least
         multiple of both)."""
         return math.lcm(self.per_block, self.kheads)
-
-    @property
-    def kv(self) -> int:
-        return self.heads // self.group
 
     @property
     def own(self) -> int:

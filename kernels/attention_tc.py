@@ -22,7 +22,8 @@ from typing import ClassVar
 import numpy as np
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import ACTS, MAX_GRID_Y, Launch, act, names, reach
+from lanefuse.kernels.attention import Attends
+from lanefuse.kernels.common import ACTS, MAX_GRID_Y, act, names, reach
 from lanefuse.kernels.gemm_tc import bf16_round
 
 SLOTS = 64  # a block's slots (attention_tc.cu ATC_BM)
@@ -39,24 +40,10 @@ def dim(hd: int, vd: int) -> int:
 
 
 @dataclass(frozen=True)
-class AttentionTc(Launch):
+class AttentionTc(Attends):
     """out (rows, heads·vd): row r at position pos + r over cache rows lo..pos + r of kc (keys of row j at j·kstride +
     koff + kvh·hd) and vc (values at j·vstride + voff + kvh·vd), head h reading kv head h // group."""
 
-    q: str
-    kc: str
-    vc: str
-    pos: str
-    out: str
-    heads: int
-    group: int
-    hd: int
-    vd: int
-    len: int
-    rows: int
-    scale: float
-    window: int = 0
-    sinks: str | None = None
     kstride: int = 0
     koff: int = 0
     vstride: int = 0
@@ -67,10 +54,6 @@ class AttentionTc(Launch):
     census: ClassVar[str] = "attention_tc"
     stem: ClassVar[tuple[str, ...]] = ("gemm_tc", "attention_tc")
     tensor_cores: ClassVar[bool] = True
-
-    @property
-    def kv(self) -> int:
-        return self.heads // self.group
 
     @property
     def kpitch(self) -> int:
