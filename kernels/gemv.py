@@ -20,7 +20,7 @@ from lanefuse.engine.formats.blocks import BLOCKS
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, MAX_GRID_Y, Q8K, Chip, Dst, Launch, Scratch, decode,
                                      at_call, dst_at, format_refusal, names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.q8dot import dequantized, q8_exact
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue, quant_bytes
 from lanefuse.kernels.softcap import cap_check, capped
 
 WARPS = 4  # warps a block
@@ -251,7 +251,7 @@ def split_k(n: int, k: int, m: int, per_warp: int, knobs: Chip, held: Collection
 
 
 @dataclass(frozen=True)
-class Gemv(Launch):
+class Gemv(QuantEpilogue, Launch):
     """y (m, n) = x (m, k) · wᵀ (+ bias (n,)), w checkpoint rows (n, k) in `format`; `per_warp` outputs a warp;
     `split` > 1 sums k in that many chunks (partials in scratch, a combine pass)."""
 
@@ -271,6 +271,7 @@ class Gemv(Launch):
     quant_words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3)
 
     census: ClassVar[str] = "gemv"
+    words_field: ClassVar[str] = "quant_words"  # the output's form (`words`: the activation's)
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv", "gemv_q8", "gemv_quant")
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp", "split_k")
 
@@ -296,7 +297,7 @@ class Gemv(Launch):
     def quant_refusal(self) -> Refusal | None:
         if self.quant is None:
             return None
-        why = quant_check(self.n, self.quant_words, "a product's output row", k_form=True)
+        why = self.epilogue_refusal(self.n, "a product's output row")
         if why:
             return why
         if self.y != Dst(self.y.buf):
@@ -326,7 +327,7 @@ class Gemv(Launch):
 
     def bytes(self):
         return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n
-                + (4 * self.n if self.bias else 0) + quant_bytes(self.m * self.n, self.quant_words if self.quant else 0))
+                + (4 * self.n if self.bias else 0) + self.epilogue_bytes(self.m * self.n))
 
     def flops(self):
         return 2 * self.m * self.n * self.k
@@ -345,7 +346,7 @@ class Gemv(Launch):
     def quantize(self, env):
         """The output's quantized form from the f32 values stored (as the last blocks read them back; y is plain)."""
         if self.quant is not None:
-            quant_write(env, self.quant, env.array(self.y.buf)[: self.m * self.n], self.quant_words)
+            self.epilogue_write(env, env.array(self.y.buf)[: self.m * self.n])
 
     def fast(self, env):
         self.bind_fast(env)()
@@ -425,7 +426,7 @@ def gemv_quant_cuda(launch: Gemv, denv) -> None:
     """gemv_quant.cu: the product (gemv_core's, or gemv_q8's over a quantized activation) and its quantizing tail."""
     from lanefuse.kernels.cupy_env import f32, i64
 
-    tail = (denv.scratch(launch, launch.scratch()[0]), *denv.quant(launch.quant), i64(launch.quant_words))
+    tail = (denv.scratch(launch, launch.scratch()[0]), *launch.epilogue_args(denv))
     w, fmt = denv.weight(launch.w)[0], i64(q8_code(launch.format, launch.words) if launch.words
                                               else FORMAT_CODE[launch.format])
     y, cap = denv.array(launch.y.buf), f32(launch.cap)
