@@ -1,9 +1,9 @@
-"""The families with a config of their own over real CPU ranks (lane/run/ranks.launch, torch.distributed's gloo):
-tiny transformers-made Gemma 2 (f32: soft-capped attention and head, sliding and global layers), Gemma 3 (bf16, untied
+"""The families with a config of their own over real CPU ranks (lane/run/ranks.launch, torch.distributed's gloo): tiny
+transformers-made Gemma 2 (f32: soft-capped attention and head, sliding and global layers), Gemma 3 (bf16, untied
 head: q/k normed a head at a time, the sliding layers' own rope) and Phi-3 (bf16: its fused qkv_proj and gate_up_proj
-read in parts, a window, half its heads' width rotated) saved with save_pretrained; a 6-token prompt in chunks of 4 and
-2, then decode; R = 2 (each rank's plan on the numpy backend: run's default) and R = 4 (Phi-3, by the reference
-interpreter). The tokens equal transformers' and the one-rank run's."""
+read in parts, a window, half its heads' width rotated; f32: GQA, no window) saved with save_pretrained; a 6-token
+prompt in chunks of 4 and 2, then decode; R = 2 (each rank's plan on the numpy backend: run's default) and R = 4
+(Phi-3, by the reference interpreter). The tokens equal transformers' and the one-rank run's."""
 
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ MODELS = {  # name: (config class, model class, its keywords, dtype)
                   dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                        intermediate_size=37, vocab_size=97, sliding_window=4, partial_rotary_factor=0.5,
                        pad_token_id=0), "bfloat16"),
+    "phi3_f32": ("Phi3Config", "Phi3ForCausalLM",
+                 dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                      intermediate_size=37, vocab_size=97, sliding_window=None, pad_token_id=0), "float32"),
 }
 
 
