@@ -23,7 +23,7 @@ from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.gemv import (activation_at, activation_bytes, bound_product, gemv_check, gemv_grid, products,
                                    q8_check, q8_code, rows_a_warp, rows_at)
 from lanefuse.kernels.q8dot import q8_exact
-from lanefuse.kernels.quant import quant_bytes, quant_check, quant_write
+from lanefuse.kernels.quant import QuantEpilogue
 
 
 def act_in_place(name: str, x: np.ndarray, t: np.ndarray) -> None:
@@ -57,7 +57,7 @@ def act_in_place(name: str, x: np.ndarray, t: np.ndarray) -> None:
 
 
 @dataclass(frozen=True)
-class GemvGlu(Launch):
+class GemvGlu(QuantEpilogue, Launch):
     x: str
     wg: str
     wu: str
@@ -79,13 +79,14 @@ class GemvGlu(Launch):
 
     census: ClassVar[str] = "gemv_glu"
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu")
+    words_field: ClassVar[str] = "quant_words"  # the GLU's form (`words`: the activation's)
     steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
 
     def reads(self):
         return names(self.x, self.wg, self.wu, self.bg, self.bu)
 
     def writes(self):
-        return names(self.out if self.f32 else None, self.quant)
+        return names(self.stored(self.out), self.quant)
 
     def scratch(self):
         if self.quant is None or self.words:  # gemv_glu_q8_quant: a block's 32 outputs in shared memory
@@ -95,13 +96,9 @@ class GemvGlu(Launch):
         return (counts,) if self.f32 else (counts, Scratch("glu", "f32", 4 * self.m * self.n))
 
     def check(self):
-        if not self.f32 and self.quant is None:
-            return Refusal("a gate and up GEMV that writes neither its GLU nor its quantized form")
-        if self.quant is not None:
-            why = quant_check(self.n, self.quant_words, "a gate and up GEMV's GLU row", k_form=True)
-            if why:
-                return why
-        why = format_refusal(self.format, self.k, "the gate and up GEMV")
+        why = (self.written_refusal("a gate and up GEMV", "GLU")
+               or self.epilogue_refusal(self.n, "a gate and up GEMV's GLU row")
+               or format_refusal(self.format, self.k, "the gate and up GEMV"))
         if why:
             return why
         if self.act not in ACTS:
@@ -125,7 +122,7 @@ class GemvGlu(Launch):
     def extents(self, top, tokens):
         nk, n = self.n * self.k, self.n
         return reach((self.x, self.m * self.k), (self.wg, nk), (self.wu, nk), (self.bg, n), (self.bu, n),
-                     (self.out if self.f32 else None, self.m * n), (self.quant, self.m * n))
+                     (self.stored(self.out), self.m * n), (self.quant, self.m * n))
 
     def weights(self):
         return {self.wg: self.format, self.wu: self.format_u or self.format, **{b: None for b in (self.bg, self.bu) if b}}
@@ -135,7 +132,7 @@ class GemvGlu(Launch):
 
     def bytes(self):
         return (self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.n * self.f32
-                + quant_bytes(self.m * self.n, self.quant_words if self.quant else 0))
+                + self.epilogue_bytes(self.m * self.n))
 
     def flops(self):
         return 4 * self.m * self.n * self.k
@@ -158,12 +155,7 @@ class GemvGlu(Launch):
             y = (g * product(self.wu, self.bu)).reshape(-1)
         if self.f32:
             env.array(self.out)[: self.m * self.n] = y
-        self.quantize(env, y)
-
-    def quantize(self, env, values: np.ndarray):
-        """The GLU's quantized form, from its f32 values (as the kernel's last blocks read them back)."""
-        if self.quant is not None:
-            quant_write(env, self.quant, values, self.quant_words)
+        self.epilogue_write(env, y)  # from the f32 values, as the kernel's last blocks read them back
 
     def fast(self, env):
         self.bind_fast(env)()
@@ -190,7 +182,7 @@ class GemvGlu(Launch):
                 np.add(u, bu, out=u)
             act_in_place(act, g, out)
             np.multiply(g, u, out=out)
-            self.quantize(env, out)
+            self.epilogue_write(env, out)
 
         return call
 
@@ -212,10 +204,9 @@ class GemvGlu(Launch):
                 *denv.quant(self.x), denv.weight(self.wg)[0], denv.weight(self.wu)[0],
                 i64(q8_code(self.format, self.words)), denv.opt(self.bg), denv.opt(self.bu),
                 denv.array(self.out) if self.f32 else NULL, i64(self.k), i64(self.n), i64(self.m),
-                i64(act_code(self.act)), *denv.quant(self.quant)))
+                i64(act_code(self.act)), *self.epilogue_ptrs(denv)))
             return
-        tail = ((denv.scratch(self, self.scratch()[0]), *denv.quant(self.quant), i64(self.quant_words))
-                if self.quant is not None else (NULL, NULL, NULL, NULL, i64(0)))
+        tail = (denv.scratch(self, self.scratch()[0]) if self.quant is not None else NULL, *self.epilogue_args(denv))
         out = denv.array(self.out) if self.f32 else denv.scratch(self, self.scratch()[1])
         if self.words:
             denv.function(self.stem, "gemv_glu_q8")(g, b, (
