@@ -184,3 +184,25 @@ def test_check_ranks_of_a_mixture(family, capsys):
     assert check_ranks_cmd(types.SimpleNamespace(ranks=2), src, [1, 5]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all(l.endswith("-> ok") for l in lines)
+
+
+QWEN3_235B = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 4096, "intermediate_size": 12288,
+              "moe_intermediate_size": 1536, "num_hidden_layers": 94, "num_attention_heads": 64,
+              "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+              "norm_topk_prob": True, "vocab_size": 151936, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+              "max_position_embeddings": 40960, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
+def test_plan_ranks_of_qwen3_235b(tmp_path, capsys):
+    """Qwen3-235B-A22B's shape in bf16: 118.56 GB a rank over 4 ranks (32 experts each, no dense FFN: `ffn` none);
+    over 8 refused in one line (its 4 KV heads are not replicated)."""
+    d = _config_only(tmp_path, QWEN3_235B)
+    out = tmp_path / "r.json"
+    assert main(["plan", str(d), "--ranks", "4", "--ctx", "4096", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert [(r["experts"], r["ffn"], round(r["weight_bytes"] / 1e9, 2), r["fits"]) for r in rep["rank"]] == \
+        [([32 * r, 32 * r + 32], None, 118.56, True) for r in range(4)]
+    capsys.readouterr()
+    assert main(["plan", str(d), "--ranks", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "8 ranks do not divide" in err[-1] and "4 KV heads" in err[-1]

@@ -36,7 +36,8 @@ def rank_report(cfg, ranks: int, rows: int, knobs) -> dict:
         need = weights[r] + caches
         m = rc.moe if rc.moe is not None and rc.moe.sparse else None
         experts = [m.lo, m.lo + m.held] if m is not None else None
-        out["rank"].append({"rank": r, "heads": rc.heads, "kv_heads": rc.kv_heads, "ffn": rc.inter,
+        dense = any(not cfg.sparse(i) for i in range(cfg.layers))  # no dense FFN: no part of one (None)
+        out["rank"].append({"rank": r, "heads": rc.heads, "kv_heads": rc.kv_heads, "ffn": rc.inter if dense else None,
                             "experts": experts, "vocab": [lo, hi], "weight_bytes": weights[r],
                             "kv_cache_bytes": caches, "fits": need <= knobs.device_gb * 1e9})
     g = build_rank_step(cfg, 0, ranks, rows)
@@ -75,7 +76,8 @@ def plan_ranks(args, src, rows: int) -> int:
     for r in rep["rank"]:
         lo, hi = r["vocab"]
         ex = f"{r['experts'][0]}..{r['experts'][1] - 1}" if moe else ""
-        print(f"{r['rank']:>4} {r['heads']:>5} {r['kv_heads']:>3} {r['ffn']:>7} " + (f"{ex:>11} " if moe else "") +
+        ffn = "-" if r["ffn"] is None else r["ffn"]
+        print(f"{r['rank']:>4} {r['heads']:>5} {r['kv_heads']:>3} {ffn:>7} " + (f"{ex:>11} " if moe else "") +
               f"{f'{lo}..{hi - 1}':>17} {_size(r['weight_bytes']):>10} {_size(r['kv_cache_bytes']):>10}  "
               f"{'yes' if r['fits'] else 'NO'}")
     total = sum(c["us"] for c in rep["collectives"].values())
