@@ -265,7 +265,7 @@ class Fold(Launch):
                       *side_shape(s, rp.hd, rp.rot),
                       *((denv.ptr(ab.w), FORMAT_CODE[ab.format], ab.b, int(ab.rows_out)) if ab
                         else (0, 0, 0, 0)),
-                      *((*denv.quant_addresses(s.quant), s.words) if s.quant is not None else (0, 0, 0, 0))]
+                      *s.epilogue_addresses(denv)]
             head += s.heads
         assert len(words) == PR * len(gp.parts)
         return words

@@ -114,6 +114,13 @@ class QuantEpilogue:
 
         return (*self.epilogue_ptrs(denv), i64(self.epilogue_words))
 
+    def epilogue_addresses(self, denv) -> tuple[int, int, int, int]:
+        """The form as the four words a launch's descriptor table holds: its three device addresses (0: a part it
+        lacks) and its words a value; zeros where it writes none."""
+        if self.quant is None:
+            return (0, 0, 0, 0)
+        return (*denv.quant_addresses(self.quant), self.epilogue_words)
+
 
 @dataclass(frozen=True)
 class Quant(Launch):
