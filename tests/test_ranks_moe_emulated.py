@@ -12,8 +12,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-import test_kernels_gpu as gpu
-from cuda_host import emu
 from lanefuse.kernels import Moe
 from test_moe_per_warp import emulated, mixture, needs_gxx  # noqa: F401 - the emulator fixture
 
@@ -21,7 +19,7 @@ E_PARTS = {"wgu": "gate_up", "wd": "down", "bgu": "gate_up", "bd": "down"}
 
 
 def poisoned(launch: Moe, arrays: dict, weights: dict, tol: float = 2e-4):
-    """gpu.both with the launch's scratch (choices, weights, hidden, parts) NaN before it runs, as a device's
+    """test_kernels_gpu.both with the launch's scratch (choices, weights, hidden, parts) NaN before it runs, as a device's
     memory holds what it held: a slot of another rank's choice read anywhere shows."""
     from lanefuse.kernels import HostEnv
     from lanefuse.kernels.cupy_env import DeviceEnv
@@ -89,7 +87,7 @@ def test_the_ranks_parts_sum_to_the_whole(emulated, sort):  # noqa: F811 - the f
     rows, d, f, E, k = 4 if sort else 1, 32, 37, 7, 2
     whole, arrays, weights = mixture("f32", rows, d, f, E, k, seed=3)
     whole = dataclasses.replace(whole, sort=sort)
-    full = gpu.both(whole, {n: a.copy() for n, a in arrays.items()}, weights).host("y").astype(np.float64)
+    full = poisoned(whole, arrays, weights).host("y").astype(np.float64)
     total = np.zeros_like(full)
     x = arrays["x"].reshape(rows, d).astype(np.float64)
     chosen, _ = route(x @ weights["wr"][0].astype(np.float64).T, k, True)
