@@ -151,3 +151,21 @@ def test_gloo_gptoss_ranks_give_one_ranks_tokens(tmp_path):
           f"{rel_one:.1e}, vs transformers {rel_hf:.1e}")
     assert all(r["tokens"] == want for r in by_rank)
     assert rel_one < 1e-5 and rel_hf < 1e-4
+
+
+@pytest.mark.parametrize("arch, fmt", [("qwen2moe", "q8_0"), ("qwen3moe", "f32")])
+def test_gloo_gguf_mixture_ranks_give_one_ranks_tokens(arch, fmt, tmp_path):
+    """A llama.cpp mixture file (tests/test_gguf_moe.py's tiny model: its experts stacked in ffn_*_exps, gate and up
+    apart, interleaved by expert as the rank reads them) over 2 gloo ranks, each rank's plan on the numpy backend:
+    the one-rank run's tokens (q8_0: the shared expert's and the o product's parts whole 32-value blocks)."""
+    import gguf_files as gf
+    from test_gguf_moe import _model
+
+    model = _model(arch, **({"num_attention_heads": 4, "num_key_value_heads": 2} if arch == "qwen3moe" else {}))
+    path = gf.write_gguf(model, tmp_path / f"{arch}-{fmt}.gguf", fmt)
+    cfg, w = load_model(path, max_len=32)
+    one = generate(cfg, w, PROMPT, N_TOKENS, chunk=CHUNK)
+    by_rank = launch(2, [dict(model=str(path), prompt=PROMPT, n_tokens=N_TOKENS, chunk=CHUNK, max_len=32,
+                              exact=True, plan=True)])[0]
+    assert all(r["tokens"] == one.generated_ids for r in by_rank) and len(set(one.generated_ids)) > 1
+    assert scaled_error(joined_logits(by_rank), one.logits) < 1e-5
