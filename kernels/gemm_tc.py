@@ -23,6 +23,8 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, at_call, decode, dst_at,
                                      format_refusal, names, operand, reach, weight_bytes)
 from lanefuse.kernels.gemm_parts import GemmPart, InParts
+from lanefuse.kernels.gemv import RowsProduct
+from lanefuse.kernels.gemv_glu import GateUp
 
 BM, BN, BK = 128, 128, 32  # a block's tile of y (rows, outputs) and its k step (gemm_tc.cu's BM, TC_BN, TC_BK)
 SMALL_BM = 64  # the rows of a tile for a product of at most this many rows (a batch): the *_64 kernels
@@ -180,18 +182,10 @@ class TcProduct(Launch):
 
 
 @dataclass(frozen=True)
-class GemmTc(TcProduct):
+class GemmTc(TcProduct, RowsProduct):
     """y (m, n) = x (m, k) · wᵀ (+ bias) (+ add: an (m, n) array, the residual) under the bf16 numerics, w checkpoint
     rows (n, k) in `format`. Two kernels: x rounded into scratch, then the product a 128 x 128 tile of y a block."""
 
-    x: str
-    w: str
-    format: str
-    y: Dst
-    k: int
-    n: int
-    m: int
-    bias: str | None = None
     add: str | None = None
     ksplit: int = 1  # the seed's `tail`: k in this many parts (a product of less than one wave of tiles), combined
 
@@ -389,7 +383,7 @@ GLU_BN = BN // 2  # gemm_tc_glu: a block's outputs (the gate's and the up's rows
 
 
 @dataclass(frozen=True)
-class GemmTcGlu(TcProduct):
+class GemmTcGlu(TcProduct, GateUp):
     """The gate and up products of one activation and their GLU on the tensor cores, under the bf16 numerics: out
     (m, n) = (x · wuᵀ) · act(x · wgᵀ), wg and wu checkpoint rows (n, k) in one format — rules/lanes/cuda.yaml's
     gemv_gate_up_glu where the product has tc_rows rows (GemvGlu's fields). A block computes 64 outputs of both
@@ -397,15 +391,6 @@ class GemmTcGlu(TcProduct):
     product as GemmTc's exact twin, then act and the product in f32 as Binary's `mul` with a gate (the unfused plan's
     two launches, to the bit)."""
 
-    x: str
-    wg: str
-    wu: str
-    format: str
-    out: str
-    k: int
-    n: int
-    m: int
-    act: str = "silu"
     format_u: str | None = None  # the up weights' format where the lane says it: the kernel reads both in `format`
     words: int = 0  # a quantized activation: refused (the tensor cores read x in f32, rounded to bf16)
     quant: str | None = None  # a quantized GLU: refused

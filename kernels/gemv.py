@@ -251,9 +251,9 @@ def split_k(n: int, k: int, m: int, per_warp: int, knobs: Chip, held: Collection
 
 
 @dataclass(frozen=True)
-class Gemv(QuantEpilogue, Launch):
-    """y (m, n) = x (m, k) · wᵀ (+ bias (n,)), w checkpoint rows (n, k) in `format`; `per_warp` outputs a warp;
-    `split` > 1 sums k in that many chunks (partials in scratch, a combine pass)."""
+class RowsProduct(Launch):
+    """The fields a product of checkpoint rows leads with (Gemv; GemmTc, kernels/gemm_tc.py, on the tensor cores):
+    y (m, n) = x (m, k) · wᵀ (+ bias (n,)), w checkpoint rows (n, k) in `format`, y landing in a Dst."""
 
     x: str
     w: str
@@ -263,6 +263,13 @@ class Gemv(QuantEpilogue, Launch):
     n: int
     m: int
     bias: str | None = None
+
+
+@dataclass(frozen=True)
+class Gemv(QuantEpilogue, RowsProduct):
+    """y (m, n) = x (m, k) · wᵀ (+ bias (n,)), w checkpoint rows (n, k) in `format`; `per_warp` outputs a warp;
+    `split` > 1 sums k in that many chunks (partials in scratch, a combine pass)."""
+
     per_warp: int = 1
     split: int = 1
     cap: float = 0.0  # > 0: each output soft-capped, cap · tanh(y / cap), as it is stored

@@ -57,7 +57,10 @@ def act_in_place(name: str, x: np.ndarray, t: np.ndarray) -> None:
 
 
 @dataclass(frozen=True)
-class GemvGlu(QuantEpilogue, Launch):
+class GateUp(Launch):
+    """The fields a gate and up product and its GLU leads with (GemvGlu; GemmTcGlu, kernels/gemm_tc.py, on the tensor
+    cores): out (m, n) = act(x·wgᵀ) · (x·wuᵀ), wg and wu checkpoint rows (n, k) in `format`."""
+
     x: str
     wg: str
     wu: str
@@ -67,6 +70,10 @@ class GemvGlu(QuantEpilogue, Launch):
     n: int
     m: int
     act: str = "silu"
+
+
+@dataclass(frozen=True)
+class GemvGlu(QuantEpilogue, GateUp):
     bg: str | None = None
     bu: str | None = None
     per_warp: int = 1
