@@ -330,7 +330,8 @@ def test_a_b(page, tmp_path):
 
 
 def test_qwen3_8b_shape_page(browser, tmp_path):
-    """The live page over a config-only Qwen3-8B folder (36 layers, 182 launches): the mini-map fits, every layer
+    """The live page over a config-only Qwen3-8B folder (36 layers, 146 launches: each layer's GLU and down fold one
+    chained launch, glu_down_norm; 182 before it): the mini-map fits, every layer
     and the step's tail are reachable, a hold answers; bench/explore_page.py times it."""
     import json
 
@@ -352,7 +353,7 @@ def test_qwen3_8b_shape_page(browser, tmp_path):
     try:
         pg.goto(url)
         pg.wait_for_selector(".node[data-tensor='L0.attn_norm']")
-        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 182
+        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 146
         assert pg.evaluate("(() => { const m = document.querySelector('#minimap'); "
                            "return m.scrollWidth <= m.clientWidth; })()")  # all 36 layers in the strip
         pg.locator("#minimap .mm-col[data-mm-layer='35']").click()
