@@ -1,0 +1,117 @@
+"""The chain in the lane (issue 34): rule `glu_down_norm` (rules/ffn.yaml: the gate/up GLU, then the down product with
+the residual's add and the next norm) -> class glu_down_norm -> the cuda lane's Chain(GemvGlu, Fold(Gemv, Norm)),
+chosen by the extraction's cost (one launch's fixed cost less than the two) and held like any rule. Its numpy twin
+is its phases' twins in order, so a decode step's numbers are the unchained plan's to the bit; a prompt's chunk of
+more rows than the chained kernel takes, and the q8 numerics, keep the two launches."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.front.demo import demo_model, random_arrays
+from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.weights import Weights, f32_to_bf16
+from lanefuse.kernels import Chain, GemvGlu
+from lanefuse.lane.lower.plan import PlanOptions, plan
+from lanefuse.lane.run.generate import generate
+from lanefuse.lane.run.step import plan_step_fn
+
+HOLD = ("glu_down_norm",)
+
+
+def tiny_bf16():
+    """A tiny Qwen3 (awkward sizes: FFN 88, hidden 40), every layer matrix a bf16 checkpoint tensor."""
+    base = ModelConfig("Qwen3ForCausalLM", 40, 3, 4, 2, 16, 88, 97, qk_norm=True, max_len=64, name="tiny")
+    arrays = random_arrays(base, seed=11)
+    names = tuple(n for n, a in arrays.items() if ".layers." in n and np.ndim(a) == 2)
+    cfg = dataclasses.replace(base, formats=tuple((n, "bf16") for n in names))
+    for n in names:
+        arrays[n] = f32_to_bf16(arrays[n])
+    return cfg, Weights.from_dict(arrays, cfg)
+
+
+def chains(p) -> list[Chain]:
+    return [x.launch for x in p.launches if isinstance(x.launch, Chain)]
+
+
+@pytest.mark.parametrize("model", ["demo", "bf16"])
+def test_a_decode_step_chains_each_layers_mlp_and_held_keeps_two_launches(model):
+    cfg, w = demo_model() if model == "demo" else tiny_bf16()
+    on, off = plan(build_step(cfg, 1)), plan(build_step(cfg, 1), held=list(HOLD))
+    assert len(chains(on)) == cfg.layers and on.census["chain"] == cfg.layers and "gemv_glu" not in on.census
+    assert not chains(off) and off.census["gemv_glu"] == cfg.layers
+    assert on.n_launches == off.n_launches - cfg.layers
+    assert on.fusions.get("glu_down_norm", 0) == cfg.layers
+    for c in chains(on):
+        assert c.check() is None and c.first.per_warp == c.then.first.per_warp and c.then.first.split == 1
+        assert c.kernels() == (c,)
+
+
+def test_a_chunk_of_three_rows_keeps_two_launches():
+    cfg, _ = demo_model()
+    p = plan(build_step(cfg, 3))
+    assert not chains(p) and p.census["gemv_glu"] == cfg.layers
+
+
+@pytest.mark.parametrize("numerics", ["q8", "q8x2"])
+def test_the_q8_numerics_keep_two_launches_over_quantized_activations(numerics):
+    """Over a quantized activation (q8_0 rows under the q8 numerics) the chained kernel has no body (gemv_q8.cu's):
+    the chain is refused and the plan is the one it was; f32 rows, read by the f32 products under any numerics,
+    chain."""
+    from test_quant import q8_model
+
+    cfg, _ = q8_model("q8_0")
+    p = plan(build_step(cfg, 1), numerics=numerics)
+    held = plan(build_step(cfg, 1), numerics=numerics, held=list(HOLD))
+    assert not chains(p) and p.census == held.census
+    cfg, _ = demo_model()
+    assert len(chains(plan(build_step(cfg, 1), numerics=numerics))) == cfg.layers
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_block_rows_under_f32_numerics_chain_to_the_bit(fmt):
+    """q8_0 / q4_k rows read by the f32 products (the default numerics): chained, and the decode step's logits equal
+    the held plan's to the bit."""
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+    from test_quant import _env, q8_model
+
+    cfg, w = q8_model(fmt)
+    g = build_step(cfg, 1)
+    on, off = plan(g), plan(g, held=list(HOLD))
+    assert len(chains(on)) == cfg.layers
+    a, b = (NumpyRunner(p, w, exact=True).step(_env(g, cfg, token=7, pos=0)) for p in (on, off))
+    np.testing.assert_array_equal(a["logits"], b["logits"])
+
+
+@pytest.mark.parametrize("model", ["demo", "bf16"])
+def test_chained_tokens_and_logits_equal_the_unchained_plan_to_the_bit(model):
+    """Greedy tokens through the exact twins: the chained plan's logits equal the held plan's to the bit at every step
+    (a prompt's chunk of 5 rows, then decode steps), and the reference interpreter's tokens (logits within 1e-5 of
+    their scale), as tests/test_hf_parity.py compares."""
+    cfg, w = demo_model() if model == "demo" else tiny_bf16()
+    prompt = [int(t) for t in np.random.default_rng(5).integers(1, cfg.vocab, 5)]
+
+    def run(held):
+        fn, _ = plan_step_fn(w, "cpu", PlanOptions(held=held), exact=True)
+        return generate(cfg, w, prompt, 6, step_fn=fn, chunk=8)
+
+    got, apart, ref = run(()), run(HOLD), generate(cfg, w, prompt, 6, chunk=8)
+    assert got.generated_ids == apart.generated_ids == ref.generated_ids
+    for x, y, z in zip(got.logits, apart.logits, ref.logits):
+        np.testing.assert_array_equal(x, y)
+        assert np.abs(np.asarray(x, np.float64) - z).max() <= 1e-5 * float(np.abs(z).max())
+
+
+def test_the_conservative_lane_runs_the_chain_as_its_parts():
+    cfg, _ = demo_model()
+    p = plan(build_step(cfg, 1), lane="conservative")
+    assert not chains(p)
+
+
+def test_a_chain_of_gemv_glu_launches_refuses_other_pairs_in_one_line():
+    glu = GemvGlu("x", "wg", "wu", "bf16", "h", 64, 32, 1)
+    r = Chain(glu, glu).check()
+    assert r is not None and "no chained kernel runs a gemv_glu then a gemv_glu" in str(r) and "\n" not in str(r)
