@@ -655,6 +655,48 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
     return us
 
 
+# kernels/chain.cu's fold_glu_down (the GLU and the down product's fold as two phases of one launch, tickets ordering
+# them): the boundary between the phases is a poll, not a launch. ASSUMED, not measured: the last GLU block's fence and
+# arrival (an L2 round), a waiting block's acquire load seeing it (an L2 round), its __nanosleep(64) granularity and
+# its barrier: 2 x L_l2 (0.65 µs fitted) + 0.2 µs, rounded up to 1.5 µs. No device has run a chained launch.
+CHAIN_POLL_US = 1.5
+
+
+def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> None:
+    """A chained launch (fold_glu_down_PW) priced as its two phases, each as the launch it replaces (gemv_glu_PW over
+    the GLU's blocks, fold_gemv_norm_PW over the down product's and its norm tail) with the chained kernel's
+    registers and blocks a SM, less one t0 (one launch), plus CHAIN_POLL_US (ASSUMED) at the boundary; the down
+    blocks resident at the boundary asked L2 for their rows' first PDL_PREFETCH_ROW bytes before they waited, which
+    streams while HBM would idle in the poll: up to min(those bytes / B_peak, the poll, the phase's waves) hidden."""
+    c = k.launch
+    pw = c.first.per_warp
+    g1, g2 = c.phases()
+    phases = []
+    for launch, name, blocks in ((c.first, f"gemv_glu_{pw}", g1), (c.then, f"fold_gemv_norm_{pw}", g2)):
+        p = Kernel(k.index, launch.census, launch, Call(k.call.stems, name, (blocks, 1, 1), k.call.block, ()))
+        p.regs, p.smem, p.spill, p.bpsm, p.limit = k.regs, k.smem, k.spill, k.bpsm, k.limit
+        p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")})
+        structure(p, feats, pos)
+        time_us(p, cal, S)
+        phases.append(p)
+    p1, p2 = phases
+    resident = min(p2.blocks, S * k.bpsm)
+    pre = min(p2.bytes, resident * (k.threads // 32) * pw * PDL_PREFETCH_ROW)
+    waves2 = p2.us - p2.fixed - p2.tail
+    hidden = min(pre / (cal["B_peak_TBps"] * 1e6), CHAIN_POLL_US, waves2)
+    k.family = "gemv"
+    k.inflight_warp, k.rounds = p1.inflight_warp, p1.rounds + p2.rounds
+    k.bytes = p1.bytes + p2.bytes
+    k.waves = p1.waves + p2.waves
+    k.warps_sm = p1.warps_sm
+    k.fixed, k.tail = cal["t0_us"], p2.tail
+    k.us = p1.us + p2.us - cal["t0_us"] + CHAIN_POLL_US - hidden
+    k.tbps = k.bytes / k.us / 1e6
+    k.extra.update(fmt=p1.extra["fmt"], k=p1.extra["k"], n=p1.extra["n"], m=p1.extra["m"], per_warp=pw, tiles=2,
+                   loop=p1.extra["loop"], phases=((p1.extra["n"], p1.extra["k"]), (p2.extra["n"], p2.extra["k"])),
+                   poll_us=CHAIN_POLL_US, chain_hidden_us=hidden, phase_us=(p1.us, p2.us))
+
+
 def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
     """Every kernel of plan `s` with its resources (the sources of `rev`, or the work tree's) and predicted µs."""
     from lanefuse.kernels.compile import source  # noqa: F401  (the package must import)
@@ -679,6 +721,9 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
         k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
         k.extra["head_values"] = feats["head_values"]
+        if k.call.name.startswith("fold_glu_down"):
+            chain_time(k, feats, cal, pos)
+            continue
         structure(k, feats, pos)
         time_us(k, cal)
     return ks
@@ -694,7 +739,7 @@ def geometries(k: Kernel, cal: dict, S: int = 132) -> list[dict]:
     per_warp, split, blocks, waves, us; the launch's own geometry marked `now`."""
     import copy
 
-    if k.family != "gemv" or k.extra.get("m", 1) > 2:
+    if k.family != "gemv" or k.extra.get("m", 1) > 2 or "phases" in k.extra:  # (a chained launch: not priced)
         return []
     pw, n = k.extra["per_warp"], k.extra["n"]
     first = getattr(k.launch, "first", None)
@@ -902,8 +947,11 @@ def token_bytes(s, pos: int) -> int:
 # -- plans ----------------------------------------------------------------------------------------------------------
 
 # the rules a plan of the 2026-12-04 run did not have (their kernels were not written): the calibration's plans hold
-# them, so its kernels are the ones measured (head_argmax: the LM head and the arg-max ran as two launches)
-MEASURED_PLAN_HOLDS = ("head_argmax",)
+# them, so its kernels are the ones measured (head_argmax: the LM head and the arg-max ran as two launches;
+# glu_down_norm: the GLU and the down product's fold ran as two launches)
+MEASURED_PLAN_HOLDS = ("head_argmax", "glu_down_norm")
+# the rules that make a chained launch (kernels/chain.py): held, a plan's GLU and down product are two launches
+CHAIN_HOLDS = ("glu_down_norm",)
 
 
 def qwen3_plan(fmt: str, batch: int = 1, held: tuple[str, ...] = ()):
@@ -1014,6 +1062,8 @@ def residuals(cal: dict, rev: str = OLD_REV) -> list[tuple[str, float, float]]:
 
 def kind_of(k: Kernel) -> str:
     e = k.extra
+    if "phases" in e:  # a chained launch: each phase's outputs x k
+        return f"{k.call.name} " + "+".join(f"{n}x{kk}" for n, kk in e["phases"])
     if k.family in ("gemv", "gemv_q8"):
         return f"{k.call.name} {e['n']}x{e['k']}"
     return k.call.name
@@ -1109,6 +1159,9 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="refit the calibration and rewrite its file")
     ap.add_argument("--geometry", action="store_true", help="also price every GEMV kind at the other geometries "
                     "(outputs a warp x splits of k) the kernels take")
+    ap.add_argument("--unchained", action="store_true", help="also model each plan with the chained launch's rules "
+                    f"held ({', '.join(CHAIN_HOLDS)}: the GLU and the down product's fold two launches), labelled "
+                    "`unchained`: the before of the chain")
     ap.add_argument("--pdl", action="store_true", help="also model each plan under programmatic dependent launch "
                     f"(an assumed t0 of {T0_PDL_US} µs a launch and the GEMVs' L2 prefetch; not calibrated)")
     ap.add_argument("--fit-lane", action="store_true", help="fit the lane's per-kind costs (rules/lanes/cuda.yaml "
@@ -1163,10 +1216,14 @@ def main() -> None:
         floor = tb / 4.25e6
         key = name if pos == positions[0] else f"{name}@{pos}"
         doc["plans"][key] = dict(position=pos, token_bytes=tb, floor_us=floor, launches=s.n_launches, revs={})
-        for rev in revs:
-            ks = model(s, rev, cal, pos)
+        variants = [(rev, ()) for rev in revs]
+        if a.unchained and not a.plan:
+            variants.insert(0, (a.rev, CHAIN_HOLDS))
+        for rev, held in variants:
+            sv = qwen3_plan(name, a.batch, held=held) if held else s
+            ks = model(sv, rev, cal, pos)
             tot = sum(k.us for k in ks)
-            label = rev_label(rev)
+            label = "unchained" if held else rev_label(rev)
             rows = summarize(ks)
             print_table(rows, f"\n{name} (batch {a.batch}, position {pos}), kernels of {label}: {len(ks)} kernel "
                               f"launches, {tot:.0f} µs a token predicted, floor {floor:.0f} µs ({tb / 1e9:.2f} GB at "

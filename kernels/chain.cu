@@ -6,9 +6,9 @@
 // tickets, and a block that took a ticket is running: no deadlock on any GPU, however many blocks are resident, and
 // no cooperative launch. (By blockIdx the same wait could deadlock: nothing runs block 0 before block g1.) Before it
 // waits, a block asks L2 for the first bytes of its own weight rows (gemv_prefetch: read-only, so reading them early
-// sees no other order), so the phase boundary costs a poll where the two launches paid a launch. The kernel enters
-// through PDL_ENTER first (the ticket is taken after: which rows a block prefetches depends on it), so under PDL the
-// first phase does not prefetch while the launch before drains, as gemv_glu does.
+// sees no other order), so the phase boundary costs a poll where the two launches paid a launch. The ticket is taken
+// after PDL_ENTER; before it, under PDL, the first g1 blocks ask L2 for the GLU rows of their blockIdx (a hint: blocks
+// start about in that order).
 //
 // Memory order. The writer: every thread's stores, __threadfence, the block's barrier, then one atomicAdd on the
 // arrivals (fold_tail's arrival). The reader: thread 0 polls the arrivals with ld.acquire.gpu until they reach the
@@ -68,6 +68,14 @@ __device__ __forceinline__ void chain_gemv(int fmt, const float* x, const void* 
     else gemv_rows<PW, 2>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
 }
 
+// Before PDL_ENTER (under PDL, while the launch before drains): the GLU's rows of block blockIdx.x into L2, for the
+// first g1 blocks. A hint only (the weights are read-only; which block runs which rows is its ticket's, taken after
+// PDL_ENTER): blocks start about in blockIdx order, so most ask for the rows their ticket gives them.
+template <int PW>
+__device__ __forceinline__ void chain_prefetch(int fmt, const void* wg, const void* wu, i64 k, i64 f, i64 g1) {
+    if ((i64)blockIdx.x < g1) gemv_prefetch<PW>(fmt, wg, wu, k, f, 1, blockIdx.x);
+}
+
 // fold_glu_down: phase 1 the gate/up GLU (gemv_glu's product) into h (m x f), phase 2 the down product of h (m x n,
 // k = f) through the fold's Dst and then, by its last block, the norm over its rows (fold_gemv_norm's tail). g1: the
 // first phase's blocks (gridDim.x = g1 + the second's, one slab of rows). counters[0] the tickets, [1] the arrivals:
@@ -111,6 +119,7 @@ __device__ __forceinline__ void glu_down_body(const float* x, const void* wg, co
                                                 const float* bg, const float* bu, float* h, i64 k, i64 f, i64 a,      \
                                                 const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n,      \
                                                 i64 m, unsigned* counters, i64 g1, i64 rows, NORM_PARAMS) {           \
+        chain_prefetch<PW>((int)fmt, wg, wu, k, f, g1);                                                              \
         PDL_ENTER();                                                                                                  \
         glu_down_body<PW>(x, wg, wu, (int)fmt, bg, bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters,   \
                           g1, rows, NORM_ARGS);                                                                       \
