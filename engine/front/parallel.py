@@ -11,7 +11,10 @@ every rank computes the same router logits and the same choices: the dispatch is
 for the rows that chose them, the `moe` op's `lo`/`local`) and the combine is a sum, the all-reduce the layer ends with
 anyway (no all-to-all: that is what data-parallel attention, each rank its own rows, would need). A shared expert
 (Qwen2-MoE) is split like a dense FFN (its gate score whole: the same sigmoid on every rank), its part added before the
-one all-reduce."""
+one all-reduce.
+
+OLMo 2's q and k norms span the whole projection (every head's values): each rank's part is gathered with the others'
+(`all_gather`), normed whole and its own heads taken back (`head_slice`); see `_whole_qk_norms`."""
 
 from __future__ import annotations
 
@@ -43,10 +46,8 @@ _REDUCED = ("o", "down", "moe", "moe_out")
 # the configs whose steps split as above: the dense decoders', Phi-3's (its fused q/k/v and gate/up read in parts: the
 # same tensors), Gemma's (its norms, soft caps and scaled embedding whole on every rank; a capped head capped a part at
 # a time, the cap elementwise)
-SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig", "DeepseekConfig", "GptOssConfig")
+SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig", "DeepseekConfig", "GptOssConfig", "Olmo2Config")
 UNSPLIT = {  # why the other families' are not, in the user's words
-    "Olmo2Config": "OLMo 2's q and k norms span the whole projection (every head's values), and a rank holds only its "
-                   "heads: the norm needs every rank's sums of squares (an all-reduce of them is not built)",
     "Qwen3NextConfig": "Qwen3-Next's gated delta-rule layers (their state by heads) are not split over ranks yet",
 }
 
@@ -69,9 +70,9 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     kind = type(cfg).__name__
     if kind not in SPLITS:  # a family of its own (its config a subclass) this split does not know
         why = UNSPLIT.get(kind, "its family is not split over ranks yet")
-        raise UserError(f"--ranks {ranks}: {cfg.arch}: {why} (the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and 3 "
-                        f"decoders and the Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss and DeepSeek-V3 mixtures split); "
-                        f"run it with --ranks 1")
+        raise UserError(f"--ranks {ranks}: {cfg.arch}: {why} (the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and 3, "
+                        f"OLMo 2 decoders and the Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss and DeepSeek-V3 mixtures "
+                        f"split); run it with --ranks 1")
     m = cfg.moe
     if m is not None and m.spelling not in ("qwen", "mixtral", "gptoss"):
         raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixture ({m.spelling}) is not split over ranks yet; run "
@@ -194,6 +195,8 @@ def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> G
             ops.append(Op("all_reduce", (op.out,), total, attrs_of({"ranks": ranks}), layer=op.layer))
             renamed[op.out] = total
     g.ops = ops
+    if type(cfg).__name__ == "Olmo2Config":
+        _whole_qk_norms(g, cfg, rank, ranks)
     lo, hi = part(cfg.vocab, ranks, rank)
     fmt = cfg.fmt(head_source(cfg))
     if not cfg.tie_embeddings:
@@ -208,6 +211,32 @@ def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> G
     g.meta.update(rank=rank, ranks=ranks, vocab_from=lo)
     g.validate()
     return g
+
+
+def _whole_qk_norms(g: Graph, cfg: ModelConfig, rank: int, ranks: int) -> None:
+    """OLMo 2's q and k norms over the whole projection (every head's values) in rank `rank`'s step: its part of q
+    (k) is gathered with the others' (`all_gather`, rank 0's first: the whole projection in head order), normed whole
+    by the whole norm weight (on every rank, as one rank norms it), and its own heads' values taken back
+    (`head_slice`). The norm's sum of squares is then the one rank's, to the bit; the gather moves a row's q and k
+    values (not one sum of squares a row: an op that takes its sum from outside is not built)."""
+    out: list[Op] = []
+    for op in g.ops:
+        i = op.layer
+        if op.kind != "rmsnorm" or op.out not in (f"L{i}.q_norm", f"L{i}.k_norm"):
+            out.append(op)
+            continue
+        heads = cfg.heads if op.out.endswith("q_norm") else cfg.kv_heads
+        n, w = heads * cfg.head_dim, op.ins[1]
+        rows, width = g.tensors[op.out].shape
+        lo, _ = part(heads, ranks, rank)
+        g.constants[w] = dataclasses.replace(g.constants[w], shape=(n,))
+        whole = g.tensor(op.out + "_all", (rows, n))
+        normed = g.tensor(op.out + "_whole", (rows, n))
+        out += [Op("all_gather", (op.ins[0],), whole, attrs_of({"ranks": ranks}), layer=i),
+                dataclasses.replace(op, ins=(whole, w), out=normed),
+                Op("head_slice", (normed,), op.out,
+                   attrs_of({"every": n, "start": lo * cfg.head_dim, "width": width}), layer=i)]
+    g.ops = out
 
 
 def embed_name(cfg: ModelConfig) -> str:
