@@ -281,11 +281,11 @@ def test_whole_step_minimap_search_tail(page, tmp_path):
     pg.locator("#search").press("Enter")
     pg.wait_for_selector(f"#detail-title:text-is('launch #{last} · {ex.launch(last)['census']}')")
     assert pg.locator("#layer").input_value() == str(ex.layers - 1)  # the step's last launch: the last layer's view
-    pg.locator("#search").fill("gemv_gate_up_glu")
+    pg.locator("#search").fill("glu_down_norm")  # a rule the plan chose (the MLP's chained launch, issue 34)
     pg.locator("#search").press("Enter")
-    pg.wait_for_selector("#detail-title:text-is('gemv_gate_up_glu @ rules/ffn.yaml:26')")
+    pg.wait_for_selector("#detail-title:text-is('glu_down_norm @ rules/ffn.yaml:53')")
     lit = pg.locator("#minimap .mm-cell.lit").count()
-    assert lit == ex.plan().fusions["gemv_gate_up_glu"]
+    assert lit == ex.plan().fusions["glu_down_norm"]
     pg.locator("#search").fill("nothing_like_this")
     pg.locator("#search").press("Enter")
     pg.locator(".toast").wait_for()

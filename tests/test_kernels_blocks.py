@@ -316,7 +316,12 @@ def test_plan_prints_the_weight_bytes_and_weights_format_takes_the_block_formats
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert list(doc["weight_bytes"]["by_format"]) == ["q4_0"] and doc["weight_bytes"]["total"] > 0
-    assert {l["fields"].get("format") for l in doc["launches"]} >= {"q4_0"}
+    def formats(v):  # every `format` field, nested launches (a fold's, a chain's phases) included
+        if isinstance(v, dict):
+            return ({v["format"]} if "format" in v else set()) | set().union(*map(formats, v.values()))
+        return set().union(*map(formats, v)) if isinstance(v, list) else set()
+
+    assert formats([l["fields"] for l in doc["launches"]]) >= {"q4_0"}
     text = _cli("plan", str(d), "--weights-format", "q8_0")
     assert text.returncode == 0 and "weights read a step: " in text.stdout and "B (q8_0)" in text.stdout
     # a K-quant format the model's rows are not whole blocks of: one line naming the tensor

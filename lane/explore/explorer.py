@@ -663,7 +663,10 @@ class Explorer:
             elif not out["matches"]:
                 out["why_not"] = "its pattern matched nothing in this step"
             else:
-                lost = [(t, k) for t, k, c in mine if not c]
+                # a multi-output fusion's alternative at one of its outputs (the chain's GLU) is not the one chosen
+                # there when the tensor is computed inside the launch the same rule made: not a loss
+                lost = [(t, k) for t, k, c in mine if not c and getattr((self._owner(t) or (0, None))[1], "rule",
+                                                                        None) != name]
                 if lost:
                     t, k = lost[0]
                     out["why_not"] = self._why_not(t, k)
