@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels.common import FORMAT_CODE, Launch, Scratch, names, reach
+from lanefuse.kernels.common import FORMAT_CODE, Launch, Scratch, names
 from lanefuse.kernels.elementwise import act_code
-from lanefuse.kernels.fold import Fold
+from lanefuse.kernels.fold import Fold, Sequenced
 from lanefuse.kernels.gemv import Gemv
 from lanefuse.kernels.gemv_glu import GemvGlu
 
@@ -28,7 +28,7 @@ def blocks(n: int, per_warp: int) -> int:
 
 
 @dataclass(frozen=True)
-class Chain(Launch):
+class Chain(Sequenced, Launch):
     first: Launch  # the GLU (GemvGlu)
     then: Launch  # the down product and its norm (Fold of a Gemv and a Norm)
 
@@ -81,40 +81,6 @@ class Chain(Launch):
         if isinstance(then, Fold) and isinstance(then.first, Gemv) and isinstance(first, GemvGlu):
             then = replace(then, first=replace(then.first, split=1, per_warp=first.per_warp))
         return replace(self, first=first, then=then)
-
-    def extents(self, top, tokens):
-        return reach(*self.first.extents(top, tokens).items(), *self.then.extents(top, tokens).items())
-
-    def weights(self):
-        return {**self.first.weights(), **self.then.weights()}
-
-    def bytes(self):
-        return self.first.bytes() + self.then.bytes()
-
-    def checkpoint_bytes(self):
-        return self.first.checkpoint_bytes() + self.then.checkpoint_bytes()
-
-    def flops(self):
-        return self.first.flops() + self.then.flops()
-
-    def numpy(self, env):
-        self.first.numpy(env)
-        self.then.numpy(env)
-
-    def fast(self, env):
-        self.bind_fast(env)()
-
-    def bind_fast(self, env):
-        first, then = self.first.bind_fast(env), self.then.bind_fast(env)
-
-        def call():
-            first()
-            then()
-
-        return call
-
-    def fast_temp(self):
-        return max(self.first.fast_temp(), self.then.fast_temp())
 
     def phases(self) -> tuple[int, int]:
         """Each phase's blocks (the grid is their sum, in x)."""

@@ -109,8 +109,47 @@ def gathered(g: Gather, nm: Norm) -> Refusal | None:
     return None
 
 
+class Sequenced:
+    """What a launch of two launches run in turn shares (`first`, then `then`: a Fold, a Chain): the tensors it reaches,
+    its weights, bytes and flops are both's; its twins run both's in order."""
+
+    def extents(self, top, tokens):
+        return reach(*self.first.extents(top, tokens).items(), *self.then.extents(top, tokens).items())
+
+    def weights(self):
+        return {**self.first.weights(), **self.then.weights()}
+
+    def bytes(self):
+        return self.first.bytes() + self.then.bytes()
+
+    def checkpoint_bytes(self):
+        return self.first.checkpoint_bytes() + self.then.checkpoint_bytes()
+
+    def flops(self):
+        return self.first.flops() + self.then.flops()
+
+    def numpy(self, env):
+        self.first.numpy(env)
+        self.then.numpy(env)
+
+    def fast(self, env):
+        self.bind_fast(env)()
+
+    def bind_fast(self, env):
+        first, then = self.first.bind_fast(env), self.then.bind_fast(env)
+
+        def call():
+            first()
+            then()
+
+        return call
+
+    def fast_temp(self):
+        return max(self.first.fast_temp(), self.then.fast_temp())
+
+
 @dataclass(frozen=True)
-class Fold(Launch):
+class Fold(Sequenced, Launch):
     first: Launch
     then: Launch
 
@@ -202,40 +241,6 @@ class Fold(Launch):
     def kernels(self):
         """One kernel when the pair is fused; else the kernels of each in turn."""
         return (self,) if self.fused else self.first.kernels() + self.then.kernels()
-
-    def extents(self, top, tokens):
-        return reach(*self.first.extents(top, tokens).items(), *self.then.extents(top, tokens).items())
-
-    def weights(self):
-        return {**self.first.weights(), **self.then.weights()}
-
-    def bytes(self):
-        return self.first.bytes() + self.then.bytes()
-
-    def checkpoint_bytes(self):
-        return self.first.checkpoint_bytes() + self.then.checkpoint_bytes()
-
-    def flops(self):
-        return self.first.flops() + self.then.flops()
-
-    def numpy(self, env):
-        self.first.numpy(env)
-        self.then.numpy(env)
-
-    def fast(self, env):
-        self.bind_fast(env)()
-
-    def bind_fast(self, env):
-        first, then = self.first.bind_fast(env), self.then.bind_fast(env)
-
-        def call():
-            first()
-            then()
-
-        return call
-
-    def fast_temp(self):
-        return max(self.first.fast_temp(), self.then.fast_temp())
 
     def grid_block(self):
         f = self.form()[0]
