@@ -4,13 +4,18 @@ installed `lanefuse.*`, never through the root.
 
 Two hooks for a newcomer's first run: an `hf`-marked test that stops at a missing torch/transformers is a skip (the
 marker's meaning), not a failure; and the run ends with a few lines that say why the skipped tests skipped, grouped
-by what they need and how to get it."""
+by what they need and how to get it. A third for CI: a pytest-xdist worker that dies (a fault in native code, an abort)
+leaves its fatal traceback (faulthandler's, and the host CUDA emulator's last words) in a file the controller prints
+at the end, where a CI log's tail shows it."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
+import shutil
 import sys
+import tempfile
 from collections import Counter
 
 import pytest
@@ -83,7 +88,58 @@ def skip_summary(reasons: list[str], most: int = 8) -> list[str]:
     return lines
 
 
+def _crash_dir(config) -> str:
+    """This run's folder of worker crash files, named by the controller's process (a worker's parent)."""
+    run = os.getppid() if hasattr(config, "workerinput") else os.getpid()
+    return os.path.join(tempfile.gettempdir(), f"lanefuse-crash-{os.getuid()}-{run}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """In an xdist worker: faulthandler (and the emulator's fatal messages: LANEFUSE_CRASH_LOG) into this worker's own
+    file."""
+    if not hasattr(config, "workerinput"):
+        return
+    d = _crash_dir(config)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{config.workerinput.get('workerid', 'gw')}.log")
+    f = open(path, "a")  # noqa: SIM115 - open for the worker's life (appending: the emulator's words go first)
+    config._lanefuse_crash_file = f
+    os.environ["LANEFUSE_CRASH_LOG"] = path
+    faulthandler.enable(file=f, all_threads=True)
+
+
+def crashed_workers(config) -> list[str]:
+    """The lines to print for each worker whose crash file holds something (a worker that ended well removed its)."""
+    d = _crash_dir(config)
+    lines: list[str] = []
+    if not os.path.isdir(d):
+        return lines
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name), errors="replace") as f:
+            text = f.read().strip()
+        if text:
+            lines.append(f"worker {name[:-4]} (its fatal traceback, innermost first):")
+            lines += ["    " + line for line in text.splitlines()[:40]]
+    return lines
+
+
+def pytest_unconfigure(config):
+    f = getattr(config, "_lanefuse_crash_file", None)
+    if f is not None:  # this worker ended well: nothing to say
+        faulthandler.disable()
+        f.close()
+        os.remove(f.name)
+    elif not hasattr(config, "workerinput"):
+        shutil.rmtree(_crash_dir(config), ignore_errors=True)
+
+
 def pytest_terminal_summary(terminalreporter):
+    crashed = crashed_workers(terminalreporter.config)
+    if crashed:
+        terminalreporter.write_sep("-", "workers that crashed")
+        for line in crashed:
+            terminalreporter.write_line(line)
     reasons = [skip_reason(r) for r in terminalreporter.stats.get("skipped", [])]
     lines = skip_summary(reasons)
     if lines:

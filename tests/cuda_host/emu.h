@@ -285,12 +285,23 @@ inline std::string where() {
     return s;
 }
 
+// Before an abort: the message on stderr and, under pytest-xdist (tests/conftest.py), appended to the worker's crash
+// file, which the controller prints at the end (a worker's stderr is captured, and lost with it).
+inline void last_words(const char* what) {
+    std::fprintf(stderr, "emu: %s\n", what);
+    if (const char* p = std::getenv("LANEFUSE_CRASH_LOG"))
+        if (FILE* f = std::fopen(p, "a")) {
+            std::fprintf(f, "emu: %s\n", what);
+            std::fclose(f);
+        }
+}
+
 // The launch stops at the first error: the fiber hands control back and is never resumed.
 [[noreturn]] inline void fail(const std::string& what) {
     if (S.error.empty()) S.error = what + " [" + where() + "]";
     S.aborted = true;
     if (S.cur) swapcontext(&S.cur->ctx, &S.main);
-    std::fprintf(stderr, "emu: %s\n", S.error.c_str());
+    last_words(S.error.c_str());
     std::abort();  // not in a fiber: nowhere to return to
 }
 
@@ -392,7 +403,7 @@ inline void ensure_fibers(int n) {
         if (!f.stack) {
             void* p = mmap(nullptr, STACK + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (p == MAP_FAILED) {
-                std::fprintf(stderr, "emu: no memory for a fiber stack\n");
+                last_words("no memory for a fiber stack (mmap failed)");
                 std::abort();
             }
             mprotect(p, 4096, PROT_NONE);  // the guard page: an overflow faults
