@@ -19,34 +19,7 @@
 // Counters (chain.py's Scratch, zero before the launch): [0] the tickets, [1] the arrivals (phase 1's blocks, then
 // phase 2's). The last phase-2 block to arrive (arrivals g1 + g2 - 1) runs the fold's norm over every row and leaves
 // both zero: every block has taken its ticket and none waits any more, so a CUDA graph replays the launch as it is.
-#define CHAIN_SLEEP_NS 64
-#define CHAIN_SPIN_BOUND 4096  // the host emulator's polls before it gives up (it runs blocks one after another)
-
-__device__ __forceinline__ unsigned chain_acquire(const unsigned* c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
-    return v;
-#else
-    return *(const volatile unsigned*)c;
-#endif
-}
-
-// Until the arrivals `c` reach `count` (every block of the phase before arrived). On the device a spin with a sleep;
-// under the host emulator (blocks one after another) a wait not met at once is never met: a bounded poll, then a trap
-// (an error naming the block, not a hang).
-__device__ __forceinline__ void chain_wait(const unsigned* c, unsigned count) {
-    if (threadIdx.x == 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-        while (chain_acquire(c) < count) __nanosleep(CHAIN_SLEEP_NS);
-#else
-        for (int i = 0; chain_acquire(c) < count; i++)
-            if (i >= CHAIN_SPIN_BOUND) __trap();
-#endif
-        __threadfence();
-    }
-    __syncthreads();
-}
+// The wait (chain_wait, chain_acquire) is prelude.cu's: moe.cu's routed mixture waits the same way.
 
 // gemv_body's and glu_body's work for output block bx at one or two rows of x (m <= 2: chain.py's check), through
 // their AR 1 / 2 accumulators only (the slab's GR accumulators spilled gemv_glu_4).

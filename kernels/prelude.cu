@@ -404,3 +404,35 @@ __device__ __forceinline__ float act_apply(int a, float x) {
     if (a == 3) return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));  // gelu_erf (exact)
     return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));  // gelu (tanh)
 }
+
+// -- ticket-ordered phases of one launch (chain.cu, moe.cu's router_split): a block of a later phase waits on the
+// arrivals of the phase before, whose blocks took earlier tickets (so are running: no co-residency needed). The
+// writer: its stores, __threadfence, the block's barrier, one atomicAdd on the arrivals.
+#define CHAIN_SLEEP_NS 64
+#define CHAIN_SPIN_BOUND 4096  // the host emulator's polls before it gives up (it runs blocks one after another)
+
+__device__ __forceinline__ unsigned chain_acquire(const unsigned* c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+    return v;
+#else
+    return *(const volatile unsigned*)c;
+#endif
+}
+
+// Until the arrivals `c` reach `count` (every block of the phase before arrived). On the device a spin with a sleep;
+// under the host emulator (blocks one after another) a wait not met at once is never met: a bounded poll, then a trap
+// (an error naming the block, not a hang).
+__device__ __forceinline__ void chain_wait(const unsigned* c, unsigned count) {
+    if (threadIdx.x == 0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+        while (chain_acquire(c) < count) __nanosleep(CHAIN_SLEEP_NS);
+#else
+        for (int i = 0; chain_acquire(c) < count; i++)
+            if (i >= CHAIN_SPIN_BOUND) __trap();
+#endif
+        __threadfence();
+    }
+    __syncthreads();
+}
