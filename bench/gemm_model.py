@@ -54,6 +54,16 @@ The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefil
   L2_TBPS = 10 TB/s at most (an assumption), q and out once over HBM;
 - with --cuda-core-attention, the chunk's attention on CUDA cores (attention.cu, f32) as before: its causal work,
   2 · heads · (hd + vd) · rows(rows+1)/2 flops, at ATTN_TFLOPS = 30 TFLOP/s (half the f32 peak);
+- a product through cuBLAS (kernels/gemm_blas.py: gemm_blas, _parts, _glu, the lane's `cublas` step; `--hold cublas`
+  prices gemm_tc's plan instead): the rounding kernel as above, then each cublasGemmEx at BLAS_TFLOPS = 692 TFLOP/s
+  (ASSUMED: 70% of the 989 peak; ../shared/KERNEL-NOTES.md notes about 790 TFLOP/s, 80%, for a bf16 8192^3 product
+  on this H200, with no log kept; nothing here measured cuBLAS's GEMM) times the share of the SMs its tiles of
+  BLAS_TILE x BLAS_TILE keep busy over its waves (gemm_blas.blas_fill: one tile an SM at a time, no split of k — an
+  assumption; cuBLAS may split k for a product of few tiles, which this prices slower than it may be), never faster
+  than its bytes (w, the rounded x, y written, y read where beta is 1) over HBM, plus BLAS_LAUNCH_US = 5.3 µs a call
+  (what cuBLAS's bf16 GEMV cost beyond its bytes on the H200, cublas-gemv.log 2026-12-04: taken for its GEMM too);
+  then its epilogue launch where it has one (gemm_tc_combine for a bias, rows added from another array or a
+  destination of rows apart; the GLU's gated mul), which streams 12 bytes an output over HBM and pays LAUNCH_US;
 - every other launch: the lane's cost model (its cost_us).
 """
 
@@ -81,6 +91,8 @@ ATTN_BLOCKS_PER_SM = 2
 L2_TBPS = 10.0
 BM = BN = 128
 BK = 32
+BLAS_TFLOPS = 692.0  # cuBLAS's bf16 GEMM at full waves: ASSUMED (see the docstring)
+BLAS_LAUNCH_US = 5.3  # cuBLAS's fixed cost a call: its GEMV's, measured 2026-12-04, taken for its GEMM (assumed)
 
 # The kernels a product runs, by (kernel set, a product of at most 64 rows): rows and threads of a block, warps, each
 # warp's 16-row fragments (mi) and 8-output fragments (nj), cp.async stages, blocks an SM holds (ptxas sm_90).
@@ -137,6 +149,39 @@ def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kerne
             "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1)}
 
 
+def blas_prediction(l) -> dict:
+    """One cuBLAS launch (kernels/gemm_blas.py: GemmBlas, GemmBlasParts, GemmBlasGlu): the rounding kernel, each
+    cublasGemmEx (its tiles' fill of the SMs at BLAS_TFLOPS, or its bytes over HBM, + BLAS_LAUNCH_US), its epilogue
+    launches; the predicted µs and what bounds the calls."""
+    from lanefuse.kernels.gemm_blas import GemmBlas, GemmBlasGlu, blas_fill
+    from lanefuse.kernels.gemm_tc import kp
+
+    m, k = l.m, l.k
+    if isinstance(l, GemmBlasGlu):
+        calls = [(l.n, l.checkpoint_bytes() // 2, True, False)] * 2  # (n, weight bytes, direct, beta)
+        epilogues = [l.n]  # the gated mul
+    else:
+        ones = [l] if isinstance(l, GemmBlas) else [l.one(p) for p in l.parts]
+        calls = [(o.n, o.checkpoint_bytes(), o.direct() is not None, o.add is not None and o.direct() is not None)
+                 for o in ones]
+        epilogues = [o.n for o in ones if o.direct() is None]  # gemm_tc_combine
+    compute_us = memory_us = calls_us = 0.0
+    for n, wb, _, beta in calls:
+        c = 2 * m * n * k / (BLAS_TFLOPS * 1e12 * blas_fill(m, n, SMS)) * 1e6
+        b = (wb + 2 * m * kp(k) + 4 * m * n * (1 + beta)) / (HBM_TBPS * 1e12) * 1e6
+        compute_us, memory_us = compute_us + c, memory_us + b
+        calls_us += BLAS_LAUNCH_US + max(c, b)
+    round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
+    epilogue_us = sum(LAUNCH_US + 12 * m * n / (HBM_TBPS * 1e12) * 1e6 for n in epilogues)
+    ns = [n for n, *_ in calls]
+    us = calls_us + round_us + epilogue_us
+    return {"m": m, "n": sum(ns), "parts": ns, "k": k, "ksplit": 1, "blas": True, "calls": len(calls),
+            "tiles": sum(-(-m // 128) * -(-n // 128) for n in ns), "waves": 0, "wave_fill": min(
+                blas_fill(m, n, SMS) for n in ns), "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2),
+            "us": round(us, 2), "bound": "hbm" if memory_us > compute_us else "cublas",
+            "tflops": round(2 * m * sum(ns) * k / (us * 1e-6) / 1e12, 1)}
+
+
 def attention_tc_prediction(rows: int, heads: int, group: int, hd: int, vd: int, pos: int = 0, window: int = 0) -> dict:
     """One attention_tc launch of a chunk of `rows` rows at position `pos`: blocks, waves, the mma work each warp
     does over the key tiles it attends (as attention_tc.cu skips), and the predicted µs and what bounds it."""
@@ -186,12 +231,18 @@ def plan_prediction(s, kernel: str = "now", pos: int = 0) -> dict:
     pos + 1 rows a sequence over HBM (attention.cu reads each once: an assumption of its bandwidth bound); the rest by
     the lane's cost model (its cost_us)."""
     from lanefuse.kernels import GemmTc, GemmTcGlu, GemmTcParts
+    from lanefuse.kernels.gemm_blas import BlasProduct
 
     batch = getattr(s, "batch", 1) or 1
     gemms, attn, other, kinds = [], [], 0.0, {}
     for x in s.launches:
         l = x.launch
-        if isinstance(l, (GemmTc, GemmTcParts, GemmTcGlu)):
+        if isinstance(l, BlasProduct):
+            p = blas_prediction(l)
+            p["glu"] = l.census == "gemm_blas_glu"
+            gemms.append(p)
+            kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
+        elif isinstance(l, (GemmTc, GemmTcParts, GemmTcGlu)):
             ns = [l.n] if isinstance(l, GemmTc) else [2 * l.n] if isinstance(l, GemmTcGlu) else [p.n for p in l.parts]
             p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1), kernel,
                                 l.n if isinstance(l, GemmTcGlu) else None)
@@ -223,9 +274,9 @@ def plan_prediction(s, kernel: str = "now", pos: int = 0) -> dict:
             "attention_tc": attn[:1]}
 
 
-def prefill_plan(rows: int, fmt: str = "bf16", tc_attention: bool = True):
+def prefill_plan(rows: int, fmt: str = "bf16", tc_attention: bool = True, held=()):
     """The Qwen3-8B-shaped prefill step of `rows` rows under the tensor-core knobs (tc_rows; tc_attn_rows unless
-    `tc_attention` is false) (needs the engine: egglog)."""
+    `tc_attention` is false), the rules and schedule steps `held` held (needs the engine: egglog)."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     from lane_figures import qwen3_8b
@@ -236,12 +287,12 @@ def prefill_plan(rows: int, fmt: str = "bf16", tc_attention: bool = True):
 
     return plan(build_step(qwen3_8b(36, fmt), rows), knobs=Knobs(tc_rows=16, chunk_rows=max(rows, 512),
                                                                   tc_attn_rows=16 if tc_attention else 0),
-                source={"kind": "random"})
+                source={"kind": "random"}, held=list(held))
 
 
-def batch_plan(batch: int, fmt: str = "bf16"):
+def batch_plan(batch: int, fmt: str = "bf16", held=()):
     """The Qwen3-8B-shaped decode step of `batch` sequences under the tensor-core knob tc_rows (a batch of >= 16 rows
-    runs its products on the tensor cores)."""
+    runs its products on the tensor cores), `held` held."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, here)
     from lane_figures import qwen3_8b
@@ -250,13 +301,14 @@ def batch_plan(batch: int, fmt: str = "bf16"):
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
 
-    return plan(build_step(qwen3_8b(36, fmt), 1, batch=batch), knobs=Knobs(tc_rows=16), source={"kind": "random"})
+    return plan(build_step(qwen3_8b(36, fmt), 1, batch=batch), knobs=Knobs(tc_rows=16), source={"kind": "random"},
+                held=list(held))
 
 
 def print_prediction(name: str, p: dict) -> None:
     what = f"{p['batch']} sequences at position {p['pos']}" if p.get("batch", 1) > 1 else f"{p['rows']} rows"
     print(f"PREDICTION {name} (kernels: {p.get('kernel', 'now')}): {what}, "
-          f"{p['gemm_launches']} gemm_tc launches {p['gemm_us']:.0f} µs "
+          f"{p['gemm_launches']} tensor-core GEMM launches {p['gemm_us']:.0f} µs "
           f"({p['gemm_tflops']:.0f} TFLOP/s, {p['gemm_tflops'] / PEAK_TFLOPS:.0%} of {PEAK_TFLOPS:.0f}) + the rest "
           f"{p['other_us']:.0f} µs (attention by its tiles or causal flops, the rest the lane's cost model) = "
           f"{p['step_us']:.0f} µs a step, {p['tokens_per_s']:.0f} tokens/s")
@@ -272,8 +324,13 @@ def print_prediction(name: str, p: dict) -> None:
             continue
         seen.add(key)
         count = sum(1 for x in p["gemms"] if (x["m"], tuple(x["parts"]), x["k"], x.get("ksplit", 1)) == key)
-        n = f"(2x{g['parts'][0] // 2}: gate, up and GLU)" if g.get("glu") else "+".join(map(str, g["parts"]))
+        n = f"(2x{g['n'] // 2}: gate, up and GLU)" if g.get("glu") else "+".join(map(str, g["parts"]))
         split = f" in {g['ksplit']} parts along k (tail)" if g.get("ksplit", 1) > 1 else ""
+        if g.get("blas"):
+            print(f"PREDICTION   {count:3d} x cuBLAS {g['m']}x{n}x{g['k']}: {g['calls']} cublasGemmEx, {g['tiles']} "
+                  f"tiles of 128 x 128 (the least-filled call {g['wave_fill']:.0%} of its waves), {g['us']:.1f} µs "
+                  f"({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s; BLAS_TFLOPS {BLAS_TFLOPS:.0f} assumed)")
+            continue
         print(f"PREDICTION   {count:3d} x gemm {g['m']}x{n}x{g['k']}{split}: {g['tiles']} tiles, {g['waves']} waves "
               f"({g['wave_fill']:.0%} full), {g['us']:.1f} µs ({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s)")
 
@@ -289,6 +346,8 @@ def main() -> None:
     ap.add_argument("--plans", help="read PLANDIR/qwen3-8b-prefillN.json (bench/gpu_prefill.py prepare) instead of "
                                     "planning")
     ap.add_argument("--json")
+    ap.add_argument("--hold", action="append", default=[], help="rules or schedule steps the plans hold (`--hold "
+                                                                  "cublas`: gemm_tc's plans, as before the cuBLAS form)")
     ap.add_argument("--cuda-core-attention", action="store_true", help="plan the chunk's attention on CUDA cores "
                                                                         "(attention.cu), as before attention_tc")
     args = ap.parse_args()
@@ -298,7 +357,8 @@ def main() -> None:
                                                                  for k, v in KERNELS.items()},
                            "hbm_tbps": HBM_TBPS, "launch_us": LAUNCH_US, "attn_tflops": ATTN_TFLOPS,
                            "attn_tc_tflops": ATTN_TC_TFLOPS, "attn_blocks_per_sm": ATTN_BLOCKS_PER_SM,
-                           "l2_tbps": L2_TBPS}, "kernel": args.kernel, "plans": {}}
+                           "l2_tbps": L2_TBPS, "blas_tflops": BLAS_TFLOPS, "blas_launch_us": BLAS_LAUNCH_US},
+           "kernel": args.kernel, "held": args.hold, "plans": {}}
     for rows in args.rows or [512, 2048]:
         name = f"qwen3-8b-prefill{rows}"
         if args.plans:
@@ -306,7 +366,7 @@ def main() -> None:
 
             s = load(os.path.join(args.plans, name + ".json"))
         else:
-            s = prefill_plan(rows, tc_attention=not args.cuda_core_attention)
+            s = prefill_plan(rows, tc_attention=not args.cuda_core_attention, held=args.hold)
         p = plan_prediction(s, args.kernel)
         out["plans"][name] = p
         print_prediction(name, p)
@@ -319,7 +379,7 @@ def main() -> None:
 
             s = load(os.path.join(args.plans, name + ".json"))
         else:
-            s = batch_plan(b)
+            s = batch_plan(b, held=args.hold)
         p = plan_prediction(s, args.kernel, args.pos)
         out["plans"][name] = p
         print_prediction(name, p)

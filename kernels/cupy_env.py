@@ -166,6 +166,13 @@ class DeviceEnv:
 
         return call
 
+    def blas(self):
+        """cuBLAS through CuPy's binding and CuPy's handle for this device (kernels/gemm_blas.py): its gemmEx sets the
+        handle's stream to CuPy's current stream on every call."""
+        from cupy_backends.cuda.libs import cublas
+
+        return cublas, self.cp.cuda.device.get_cublas_handle()
+
     def host(self, name: str) -> np.ndarray:
         return self.cp.asnumpy(self.array(name))
 

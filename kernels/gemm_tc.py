@@ -147,6 +147,20 @@ class TcProduct(Launch):
 
     stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
     tensor_cores: ClassVar[bool] = True  # the cost model prices its flops at the tensor cores' rate (knob tflops_tc)
+    steps: ClassVar[tuple[str, ...]] = ("cublas",)  # held: never the cuBLAS form (kernels/gemm_blas.py)
+
+    def tune(self, knobs, held=frozenset()):
+        """`cublas`: the product through cuBLAS (kernels/gemm_blas.py) where the lane prices it cheaper; held, this
+        kernel."""
+        if "cublas" in held:
+            return self
+        from lanefuse.kernels.gemm_blas import prefer
+
+        return prefer(self, knobs)
+
+    def rate(self, knobs) -> float:
+        """TFLOP/s the lane prices its flops at: knob tflops_tc (kernels/gemm_blas.py's cuBLAS forms: their own)."""
+        return knobs.tflops_tc
 
     def rounded_x(self) -> Scratch:
         """x rounded to bf16, rows of kp values: the first scratch of every tensor-core product."""
@@ -190,7 +204,7 @@ class GemmTc(TcProduct, RowsProduct):
     ksplit: int = 1  # the seed's `tail`: k in this many parts (a product of less than one wave of tiles), combined
 
     census: ClassVar[str] = "gemm_tc"
-    steps: ClassVar[tuple[str, ...]] = ("split_k",)  # held: no tail split
+    steps: ClassVar[tuple[str, ...]] = ("split_k", "cublas")  # held: no tail split; never the cuBLAS form
 
     def reads(self):
         return names(self.x, self.w, self.bias, self.add, *self.y.params())
@@ -206,11 +220,13 @@ class GemmTc(TcProduct, RowsProduct):
 
     def tune(self, knobs, held=frozenset()):
         """`split_k`: the tail split along k where `tail_split` predicts it pays (a product whose tiles fill less
-        than one wave of the chip); held, one part."""
+        than one wave of the chip); held, one part. Then `cublas` (TcProduct.tune)."""
         if "split_k" in held:
-            return replace(self, ksplit=1)
-        return replace(self, ksplit=tail_split(self.m, self.n, self.k, knobs.sms, knobs.tflops_tc, knobs.hbm_gbps,
-                                               knobs.launch_us))
+            tc = replace(self, ksplit=1)
+        else:
+            tc = replace(self, ksplit=tail_split(self.m, self.n, self.k, knobs.sms, knobs.tflops_tc, knobs.hbm_gbps,
+                                                 knobs.launch_us))
+        return TcProduct.tune(tc, knobs, held)
 
     def check(self):
         if min(self.k, self.n, self.m) < 1:

@@ -32,6 +32,7 @@ class _Arr(np.ndarray):
 
 
 _CAPTURE: list | None = None
+_CURRENT: list = []  # the streams entered (`with stream:`), innermost last: CuPy's current stream
 
 
 class _Graph:
@@ -48,9 +49,11 @@ class _Stream:
         pass
 
     def __enter__(self):
+        _CURRENT.append(self)
         return self
 
     def __exit__(self, *a):
+        _CURRENT.pop()
         return False
 
     def synchronize(self):
@@ -73,8 +76,57 @@ def _fake_cupy():
     cp.zeros = lambda n, dtype=np.float32: np.zeros(n, dtype).view(_Arr)
     cp.asarray = lambda a, dtype=None: np.array(a, dtype=dtype).view(_Arr)
     cp.asnumpy = lambda a, stream=None: np.asarray(a).copy()
-    cp.cuda = types.SimpleNamespace(Stream=_Stream, Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None))
+    cp.cuda = types.SimpleNamespace(Stream=_Stream, Device=lambda *a: types.SimpleNamespace(synchronize=lambda: None),
+                                    device=types.SimpleNamespace(get_cublas_handle=lambda: _HANDLE),
+                                    get_current_stream=lambda: _CURRENT[-1] if _CURRENT else None)
     return cp
+
+
+_HANDLE = 0x5EED  # the stand-in cuBLAS handle
+
+
+def _memory(ptr: int, dtype, count: int) -> np.ndarray:
+    """`count` values of `dtype` at device (here: host) address `ptr`, a writable view."""
+    import ctypes
+
+    dt = np.dtype(dtype)
+    return np.frombuffer((ctypes.c_char * (count * dt.itemsize)).from_address(int(ptr)), dtype=dt)
+
+
+def fake_cublas(calls: list):
+    """A stand-in `cupy_backends.cuda.libs.cublas`: gemmEx records each call (its arguments, CuPy's current stream
+    and whether a capture is on) into `calls`, then computes it on the memory its pointers address, column-major as
+    cuBLAS reads it (op(A) m x k, op(B) k x n, C m x n at its leading dimensions): bf16 (14) or f32 (0) operands,
+    their products summed exactly and rounded once to f32, then C = that (+ C, beta 1) in f32."""
+    mod = types.ModuleType("cupy_backends.cuda.libs.cublas")
+    types_ = {14: np.uint16, 0: np.float32}
+
+    def values(ptr, t, rows, cols, ld, trans):  # op(X) (rows x cols) of X stored column-major, ld apart
+        r, c = np.arange(rows)[:, None], np.arange(cols)[None, :]
+        idx = c + r * ld if trans else r + c * ld
+        raw = _memory(ptr, types_[t], int(idx.max()) + 1)[idx]
+        return (raw.astype(np.uint32) << 16).view(np.float32) if t == 14 else raw
+
+    def gemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+               computeType, algo):
+        import ctypes
+
+        calls.append(dict(handle=handle, transa=transa, transb=transb, m=m, n=n, k=k, A=A, Atype=Atype, lda=lda,
+                          B=B, Btype=Btype, ldb=ldb, C=C, Ctype=Ctype, ldc=ldc, computeType=computeType, algo=algo,
+                          alpha=ctypes.c_float.from_address(alpha).value,
+                          beta=ctypes.c_float.from_address(beta).value,
+                          stream=_CURRENT[-1] if _CURRENT else None, capturing=_CAPTURE is not None))
+        assert Ctype == 0 and lda >= (k if transa else m) and ldb >= (n if transb else k) and ldc >= m
+        a = values(A, Atype, m, k, lda, transa).astype(np.float64)
+        b = values(B, Btype, k, n, ldb, transb).astype(np.float64)
+        acc = (a @ b).astype(np.float32) * np.float32(calls[-1]["alpha"])
+        r, c = np.arange(m)[:, None], np.arange(n)[None, :]
+        idx = r + c * ldc
+        out = _memory(C, np.float32, int(idx.max()) + 1)
+        out[idx] = acc + np.float32(calls[-1]["beta"]) * out[idx] if calls[-1]["beta"] else acc
+
+    mod.gemmEx = gemmEx
+    return mod
 
 
 @pytest.fixture

@@ -167,7 +167,10 @@ KINDS = ("norm", "rope", "rope_parts", "attention", "gemv", "gemv_glu", "gemm_pa
          "gemm_tc", "gemm_tc_parts", "gemm_tc_glu", "chain")
 # kinds no plan here makes whose fast twin is other kinds' or another test's: covered there
 COMPOSED = {"norm_pair": "two Norms",
-            "gemv_f32": "gemv_bind as gemv's (test_the_fast_product_equals_the_reference_product)"}
+            "gemv_f32": "gemv_bind as gemv's (test_the_fast_product_equals_the_reference_product)",
+            "gemm_blas": "gemm_tc's twins (kernels/gemm_blas.py: cuBLAS runs the same product; tests/test_gemm_blas.py)",
+            "gemm_blas_parts": "gemm_tc_parts' twins (tests/test_gemm_blas.py)",
+            "gemm_blas_glu": "gemm_tc_glu's twins (tests/test_gemm_blas.py)"}
 
 
 def test_every_kind_with_a_fast_twin_is_covered():

@@ -18,6 +18,7 @@ from lanefuse.kernels import (KINDS, Advance, ArgMax, Attention, Binary, Chain, 
 from lanefuse.kernels.attention_tc import AttentionTc
 from lanefuse.kernels.collective import Collective
 from lanefuse.kernels.conv_parts import ConvPart
+from lanefuse.kernels.gemm_blas import BLAS_OF
 from lanefuse.lane.lower.knobs import Knobs
 
 # A launch of every kind at its untuned settings (a warp an output, no splits, a head a block).
@@ -44,6 +45,10 @@ SAMPLES: dict[str, Launch] = {
     "gemm_tc": GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512, bias="b"),
     "gemm_tc_parts": GemmTcParts("x", "bf16", 4096, 512, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("k"), 1024))),
     "gemm_tc_glu": KINDS["gemm_tc_glu"]("x", "wg", "wu", "bf16", "o", 4096, 12288, 512),
+    "gemm_blas": KINDS["gemm_blas"]("x", "w", "bf16", Dst("y"), 4096, 4096, 512, bias="b"),
+    "gemm_blas_parts": KINDS["gemm_blas_parts"]("x", "bf16", 4096, 512, (GemmPart("wq", Dst("q"), 4096),
+                                                                         GemmPart("wk", Dst("k"), 1024))),
+    "gemm_blas_glu": KINDS["gemm_blas_glu"]("x", "wg", "wu", "bf16", "o", 4096, 12288, 512),
     "gemv_glu": GemvGlu("x", "wg", "wu", "f16", "o", 64, 2048, 1),
     "head_gemv": HeadGemv("x", "w", "bf16", Dst("y"), 1, 16, 128, 512, rows_out=False),
     "join": Join("a", "b", Dst("t", row="pos", pitch=24), 1, 2, 8, 4),
@@ -136,7 +141,8 @@ def test_tune_reads_only_the_steps_its_kind_declares(launch):
     knobs = Knobs()
     every = frozenset(lane_steps("cuda"))
     tuned = launch.tune(knobs, frozenset())
-    assert type(tuned) is type(launch) and tuned.check() == launch.check()  # the schedule keeps a launch runnable
+    # the schedule keeps a launch runnable, of its kind (the `cublas` step: a tensor-core product's cuBLAS form)
+    assert type(tuned) in (type(launch), BLAS_OF.get(type(launch))) and tuned.check() == launch.check()
     assert launch.tune(knobs, every) == launch  # every step held: the untuned settings
     if isinstance(launch, (Fold, Chain)):
         return  # a fold's (a chain's) steps are its pair's

@@ -688,7 +688,8 @@ def test_registry_names_every_kind_once():
     want = {"gemv", "gemv_f32", "norm", "rope", "rope_parts", "attention", "binary", "swiglu", "gemv_glu",
             "gemm_parts", "gather", "set_row", "argmax", "slice", "join", "unary", "scale", "fold", "quant", "view",
             "moe", "softcap", "conv", "conv_parts", "delta", "decay", "l2norm", "gates", "gate_proj", "head_gemv", "norm_pair",
-            "gemm_tc", "gemm_tc_parts", "gemm_tc_glu", "attention_tc", "collective", "sample", "chain"}
+            "gemm_tc", "gemm_tc_parts", "gemm_tc_glu", "attention_tc", "collective", "sample", "chain", "gemm_blas",
+            "gemm_blas_parts", "gemm_blas_glu"}
     assert set(KINDS) == want
     from importlib import resources
 

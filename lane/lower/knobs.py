@@ -25,6 +25,9 @@ class Knobs:
     chunk_rows: int = 512  # the rows of a prompt's chunk `run` prefills a step (1..engine/ir.py's MAX_CHUNK);
     # 2048 fills the H200's tensor cores, 512 keeps a CPU step's arena small
     tflops_tc: float = 450.0  # what the cost model takes the tensor-core GEMM to reach (bf16 peak 989)
+    tflops_blas: float = 692.0  # what the cost model takes cuBLAS's bf16 GEMM to reach (kernels/gemm_blas.py): an
+    # ASSUMPTION, 70% of the 989 peak, not measured by this project (../shared/KERNEL-NOTES.md notes about 790 TFLOP/s
+    # for a bf16 8192^3 product on the H200, 80%; an 8B model's products are smaller and fill fewer whole waves)
     tc_attn_rows: int = 0  # a chunk of at least this many rows (and 16) attends on the tensor cores (attention_tc)
     # under the bf16 numerics: q, k, p and v rounded to bf16, f32 sums; 0 (the default) never
     link_gbps: float = 450.0  # the link between ranks' devices, GB/s one way (NVLink 4: 900 both ways; an

@@ -43,7 +43,8 @@ def launch_us(l, knobs: Knobs, costs: dict | None = None) -> float:
     for k in l.kernels():
         c = kind_cost(k, costs) if costs else None
         mem = k.bytes() / (knobs.hbm_gbps * (c.bandwidth if c else 1.0) * 1e3)
-        peak = knobs.tflops_tc if getattr(k, "tensor_cores", False) else knobs.tflops_f32
+        rate = getattr(k, "rate", None)  # a tensor-core product's own (kernels/gemm_tc.py, gemm_blas.py)
+        peak = rate(knobs) if rate else knobs.tflops_tc if getattr(k, "tensor_cores", False) else knobs.tflops_f32
         comp = k.flops() / (peak * 1e6)
         total += knobs.launch_us + (c.fixed_us * knobs.fixed_scale if c else 0.0) + max(mem, comp)
     return total
