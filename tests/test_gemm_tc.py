@@ -343,11 +343,11 @@ def test_tail_split_is_chosen_where_the_model_says_it_pays():
     assert o.ksplit == 2 and down.ksplit == 2
     args = (kn.sms, kn.tflops_tc, kn.hbm_gbps, kn.launch_us)
     assert tail_us(512, 4096, 4096, 2, *args) < tail_us(512, 4096, 4096, 1, *args)
-    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 2048).tune(kn).ksplit == 1  # two whole waves
-    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 12288, 512).tune(kn).ksplit == 1  # 384 tiles: past one wave
-    assert GemmTc("x", "w", "bf16", Dst("y"), 64, 4096, 512).tune(kn).ksplit == 1  # two k steps
-    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512).tune(kn, frozenset({"split_k"})).ksplit == 1
-    small = GemmTc("x", "w", "bf16", Dst("y"), 4096, 64, 16).tune(kn)  # one tile: as many parts as pay, at most 8
+    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 2048).tune(kn, tc).ksplit == 1  # two whole waves
+    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 12288, 512).tune(kn, tc).ksplit == 1  # 384 tiles: past one wave
+    assert GemmTc("x", "w", "bf16", Dst("y"), 64, 4096, 512).tune(kn, tc).ksplit == 1  # two k steps
+    assert GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512).tune(kn, tc | {"split_k"}).ksplit == 1
+    small = GemmTc("x", "w", "bf16", Dst("y"), 4096, 64, 16).tune(kn, tc)  # one tile: as many parts as pay, at most 8
     assert 1 < small.ksplit <= MAX_KSPLIT
 
 

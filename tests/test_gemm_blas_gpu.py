@@ -1,0 +1,123 @@
+"""The cuBLAS forms of the tensor-core products (kernels/gemm_blas.py) on a CUDA device against gemm_tc's numpy twin
+within its bound (gemm_tc.tc_bound, plus an f32 rounding of the result for the epilogue's additions: cuBLAS sums in
+its own order), over awkward and prefill-sized shapes, destinations, parts and the GLU; and inside a captured CUDA
+graph (the runner's way: one warm-up launch, then capture; a replay writes the same bits). Skipped without a CUDA
+device; the calls' arguments are checked on the CPU against a stand-in cuBLAS in tests/test_gemm_blas.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lanefuse.kernels import Dst, GemmPart, GemmTcGlu, HostEnv, Part
+from lanefuse.kernels.common import encode
+from lanefuse.kernels.gemm_blas import GemmBlas, GemmBlasGlu, GemmBlasParts
+
+from test_gemm_tc import check_within_bound, r32, tc_case
+from test_kernels_gpu import _device
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _device(), reason="no CUDA device")]
+
+
+def run(launch, arrays, weights):
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    assert launch.check() is None, launch.check()
+    dev = DeviceEnv(0, {}, arrays, weights)
+    launch.cuda(dev)
+    dev.cp.cuda.Device().synchronize()
+    return dev
+
+
+@pytest.mark.parametrize("m,n,k", [(16, 8, 16), (19, 24, 37), (17, 100, 80), (130, 33, 72), (33, 70000, 64),
+                                   (512, 1024, 4096), (2048, 4096, 512), (64, 6144, 1024)])
+def test_gemm_blas_within_the_bound(m, n, k):
+    g = np.random.default_rng(m + n + k)
+    launch = GemmBlas("x", "w", "bf16", Dst("y"), k, n, m, bias="b" if n % 2 else None)
+    arrays, weights = tc_case(launch, g)
+    dev = run(launch, arrays, weights)
+    first = dev.host("y")
+    check_within_bound(launch, arrays, weights, first)
+    launch.cuda(dev)  # again: cuBLAS's default algorithm gives the same bits
+    np.testing.assert_array_equal(dev.host("y"), first)
+
+
+@pytest.mark.parametrize("dst", [Dst("y", unit=Part(23, 2, 19)), Dst("y", row="pos", pitch=19), Dst("y"),
+                                 Dst("y", row=2, pitch=19)])
+@pytest.mark.parametrize("epilogue", [True, False])
+def test_gemm_blas_epilogue_and_destinations(dst, epilogue):
+    g = np.random.default_rng(5)
+    kw = dict(bias="b", add="res") if epilogue else {}
+    launch = GemmBlas("x", "w", "bf16", dst, 48, 19, 33, **kw)
+    arrays, weights = tc_case(launch, g)
+    check_within_bound(launch, arrays, weights, run(launch, arrays, weights).host("y"))
+
+
+def test_gemm_blas_residual_in_place():
+    g = np.random.default_rng(6)
+    launch = GemmBlas("x", "w", "bf16", Dst("y"), 40, 24, 17, add="y")
+    arrays = {"x": r32(g, 17, 40), "y": r32(g, 17 * 24)}
+    weights = {"w": (encode(r32(g, 24, 40) * 0.5, "bf16"), "bf16")}
+    check_within_bound(launch, arrays, weights, run(launch, arrays, weights).host("y"))
+
+
+def test_gemm_blas_parts_and_glu():
+    from lanefuse.kernels.gemm_tc import tc_bound
+
+    g = np.random.default_rng(7)
+    m, k = 19, 72
+    parts = (GemmPart("wq", Dst("q"), 130, bias="bq"), GemmPart("wk", Dst("kc", row="pos", pitch=20), 20),
+             GemmPart("wv", Dst("qkv", unit=Part(133, 2, 129)), 129))
+    launch = GemmBlasParts("x", "bf16", k, m, parts)
+    arrays = {"x": r32(g, m, k), "q": np.zeros(m * 130, np.float32), "kc": np.zeros((m + 8) * 20, np.float32),
+              "pos": np.array([4], np.int32), "qkv": np.zeros(m * 133, np.float32)}
+    weights = {f"w{c}": (encode(r32(g, p.n, k) * 0.5, "bf16"), "bf16") for c, p in zip("qkv", parts)}
+    weights["bq"] = (r32(g, 130), "f32")
+    dev = run(launch, arrays, weights)
+    host = HostEnv({n: a.copy() for n, a in arrays.items()}, weights)
+    launch.numpy(host)
+    for name in ("q", "kc", "qkv"):
+        got, want = dev.host(name), host.array(name)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4, err_msg=name)  # within the bound, loosely
+    n = 40
+    glu = GemmBlasGlu("x", "wg", "wu", "bf16", "o", k, n, m)
+    arrays = {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32)}
+    weights = {w: (encode(r32(g, n, k) * 0.5, "bf16"), "bf16") for w in ("wg", "wu")}
+    got = run(glu, arrays, weights).host("o")
+    host = HostEnv({n_: a.copy() for n_, a in arrays.items()}, weights)
+    GemmTcGlu("x", "wg", "wu", "bf16", "o", k, n, m).numpy(host)
+    from lanefuse.kernels.common import decode
+
+    b = max(tc_bound(arrays["x"], decode(*weights[w]).reshape(n, k)).max() for w in ("wg", "wu"))
+    scale = np.abs(host.array("o")).max()
+    assert np.abs(got - host.array("o")).max() <= 4 * b * (1 + scale) + 2.0**-22 * scale
+
+
+def test_gemm_blas_in_a_captured_graph():
+    """The runner's way: a warm-up launch (CuPy's handle and cuBLAS's workspace made outside capture), then the
+    launch captured on a non-blocking stream; the replayed graph writes the twin's values within the bound, again
+    the same bits."""
+    from lanefuse.kernels.cupy_env import DeviceEnv
+
+    g = np.random.default_rng(8)
+    launch = GemmBlas("x", "w", "bf16", Dst("y"), 512, 1024, 200)
+    arrays, weights = tc_case(launch, g)
+    dev = DeviceEnv(0, {}, arrays, weights)
+    cp = dev.cp
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        launch.cuda(dev)
+        s.synchronize()
+        dev.array("y")[:] = 0
+        s.begin_capture()
+        launch.cuda(dev)
+        graph = s.end_capture()
+        graph.launch(s)
+        s.synchronize()
+    first = dev.host("y")
+    check_within_bound(launch, arrays, weights, first)
+    with s:
+        dev.array("y")[:] = 0
+        graph.launch(s)
+        s.synchronize()
+    np.testing.assert_array_equal(dev.host("y"), first)
