@@ -262,7 +262,7 @@ def _census(p):
     return {k: v for k, v in p.census.items() if k.startswith("gemm")}
 
 
-def test_a_tiny_bf16_prefill_and_batch_choose_cublas_and_hold_it_back():
+def test_a_tiny_bf16_prefill_and_batch_choose_cublas_and_hold_it_back(tmp_path):
     """A tiny bf16 Qwen3's 16-row chunk and a batch of 16 sequences on a chip where flops bind: every product
     of bf16 rows through cuBLAS (gemm_blas for o and down, _parts for q/k/v, _glu for gate/up; the batch's f32
     head stays gemm_tc); --hold cublas gives gemm_tc's
@@ -271,6 +271,7 @@ def test_a_tiny_bf16_prefill_and_batch_choose_cublas_and_hold_it_back():
     from test_gemm_tc_lane import bf16_model
 
     from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.lower.planfile import load, save
 
     cfg, _ = bf16_model()
     L = cfg.layers
@@ -283,6 +284,9 @@ def test_a_tiny_bf16_prefill_and_batch_choose_cublas_and_hold_it_back():
         assert not any(k.startswith("gemm_blas") for k in held.census) and "cublas" in held.held
         assert len(blas.launches) == len(held.launches) and blas.cost_us < held.cost_us
         assert not any(k.startswith("gemm_blas") for k in plan(g, knobs=Knobs(tc_rows=16)).census)
+    saved = tmp_path / "blas.json"  # a plan that travels to a device keeps its cuBLAS launches
+    save(blas, str(saved))
+    assert [x.launch for x in load(str(saved)).launches] == [x.launch for x in blas.launches]
     one = cfg.build_step(1)
     assert plan(one, knobs=ONE_SM).census == plan(one, knobs=ONE_SM, held=["cublas"]).census == plan(one).census
 
