@@ -346,8 +346,9 @@ def main() -> None:
     ap.add_argument("--plans", help="read PLANDIR/qwen3-8b-prefillN.json (bench/gpu_prefill.py prepare) instead of "
                                     "planning")
     ap.add_argument("--json")
-    ap.add_argument("--hold", action="append", default=[], help="rules or schedule steps the plans hold (`--hold "
-                                                                  "cublas`: gemm_tc's plans, as before the cuBLAS form)")
+    ap.add_argument("--hold", action="append", default=[],
+                    help="rules or schedule steps the plans hold (`--hold cublas`: gemm_tc's plans, before the cuBLAS "
+                         "form)")
     ap.add_argument("--cuda-core-attention", action="store_true", help="plan the chunk's attention on CUDA cores "
                                                                         "(attention.cu), as before attention_tc")
     args = ap.parse_args()
