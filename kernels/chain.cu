@@ -1,24 +1,31 @@
-// Launches in a chain: phases of one launch, each over what the phase before wrote (chain.py). The grid is every
+// Launches in a chain: phases of one launch, each over what the phases before wrote (chain.py). The grid is every
 // phase's blocks together; each block takes a TICKET (an atomicAdd on a counter) as it starts, and its ticket, not
-// its blockIdx, says which phase and which of that phase's blocks it runs: tickets 0..g1-1 the first phase, the rest
-// the next. A block of a later phase waits (a spin on the arrivals counter, an acquire load and __nanosleep) until
-// every block of the phase before has stored its outputs and arrived. It only ever waits on blocks that took earlier
-// tickets, and a block that took a ticket is running: no deadlock on any GPU, however many blocks are resident, and
-// no cooperative launch. (By blockIdx the same wait could deadlock: nothing runs block 0 before block g1.) Before it
-// waits, a block asks L2 for the first bytes of its own weight rows (gemv_prefetch: read-only, so reading them early
-// sees no other order), so the phase boundary costs a poll where the two launches paid a launch. The ticket is taken
-// after PDL_ENTER; before it, under PDL, the first g1 blocks ask L2 for the GLU rows of their blockIdx (a hint: blocks
-// start about in that order).
+// its blockIdx, says which phase and which of that phase's blocks it runs: the first g0 tickets phase 0, the next g1
+// phase 1, and so on. A block of a later phase waits (a spin on the arrivals counter, an acquire load and __nanosleep)
+// until every block of the phases before has stored its outputs and arrived, and each of their tails has run. It only
+// ever waits on blocks that took earlier tickets, and a block that took a ticket is running: no deadlock on any GPU,
+// however many blocks are resident, and no cooperative launch. (By blockIdx the same wait could deadlock: nothing runs
+// block 0 before block g0.) Before it waits, a block asks L2 for the first bytes of its own weight rows (gemv_prefetch:
+// read-only, so reading them early sees no other order), so a phase boundary costs a poll where the launches paid a
+// launch. The ticket is taken after PDL_ENTER; before it, under PDL, the first g0 blocks ask L2 for phase 0's rows of
+// their blockIdx (a hint: blocks start about in that order).
 //
 // Memory order. The writer: every thread's stores, __threadfence, the block's barrier, then one atomicAdd on the
 // arrivals (fold_tail's arrival). The reader: thread 0 polls the arrivals with ld.acquire.gpu until they reach the
-// phase's count, a __threadfence, then the block's barrier; the block's threads then read the phase-1 outputs. The x
-// loads of gemv_tile are plain (ld.global, not ld.global.nc: the chain's PTX was read, nvcc 13 sm_90) and no block of
-// this launch reads the phase-1 outputs before its wait, so no SM holds a stale line of them.
+// phase's count, a __threadfence, then the block's barrier; the block's threads then read the earlier phases'
+// outputs. The x loads of gemv_tile are plain (ld.global, not ld.global.nc: the chain's PTX was read, nvcc 13 sm_90)
+// and no block of this launch reads an earlier phase's outputs before its wait, so no SM holds a stale line of them.
 //
-// Counters (chain.py's Scratch, zero before the launch): [0] the tickets, [1] the arrivals (phase 1's blocks, then
-// phase 2's). The last phase-2 block to arrive (arrivals g1 + g2 - 1) runs the fold's norm over every row and leaves
-// both zero: every block has taken its ticket and none waits any more, so a CUDA graph replays the launch as it is.
+// Counters (chain.py's Scratch, zero before the launch): [0] the tickets, [1] the arrivals (each phase's blocks in
+// turn; after a middle phase's blocks, one more for its tail: a fold's norm run by that phase's last block to arrive,
+// which the next phase reads). The last block of the last phase to arrive (arrivals gridDim.x - 1 plus the middle
+// tails) runs the fold's norm over every row and leaves both zero: every block has taken its ticket and none waits any
+// more, so a CUDA graph replays the launch as it is.
+//
+// One generic body over a pack of phases (a ticket's phase found at run time, each phase's code inlined under its
+// branch) was tried first: nvcc 13 sm_90 spilled it (fold_glu_down_4 2 B, fold_o_glu_down_4 24 B, both at 168
+// registers), so each chain has a body of its own over the shared phase bodies (chain_glu, chain_gemv, norm_row,
+// chain_wait).
 // The wait (chain_wait, chain_acquire) is prelude.cu's: moe.cu's routed mixture waits the same way.
 
 // gemv_body's and glu_body's work for output block bx at one or two rows of x (m <= 2: chain.py's check), through
@@ -41,12 +48,13 @@ __device__ __forceinline__ void chain_gemv(int fmt, const float* x, const void* 
     else gemv_rows<PW, 2>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
 }
 
-// Before PDL_ENTER (under PDL, while the launch before drains): the GLU's rows of block blockIdx.x into L2, for the
-// first g1 blocks. A hint only (the weights are read-only; which block runs which rows is its ticket's, taken after
-// PDL_ENTER): blocks start about in blockIdx order, so most ask for the rows their ticket gives them.
+// Before PDL_ENTER (under PDL, while the launch before drains): phase 0's rows of block blockIdx.x into L2, for its
+// g0 blocks (w2: the GLU's up rows, or null). A hint only (the weights are read-only; which block runs which rows is
+// its ticket's, taken after PDL_ENTER): blocks start about in blockIdx order, so most ask for the rows their ticket
+// gives them.
 template <int PW>
-__device__ __forceinline__ void chain_prefetch(int fmt, const void* wg, const void* wu, i64 k, i64 f, i64 g1) {
-    if ((i64)blockIdx.x < g1) gemv_prefetch<PW>(fmt, wg, wu, k, f, 1, blockIdx.x);
+__device__ __forceinline__ void chain_prefetch(int fmt, const void* w, const void* w2, i64 k, i64 n, i64 g0) {
+    if ((i64)blockIdx.x < g0) gemv_prefetch<PW>(fmt, w, w2, k, n, 1, blockIdx.x);
 }
 
 // fold_glu_down: phase 1 the gate/up GLU (gemv_glu's product) into h (m x f), phase 2 the down product of h (m x n,
@@ -99,3 +107,78 @@ __device__ __forceinline__ void glu_down_body(const float* x, const void* wg, co
     }
 FOLD_GLU_DOWN_KERNEL(fold_glu_down_1, 1)
 FOLD_GLU_DOWN_KERNEL(fold_glu_down_4, 4)
+
+// fold_o_glu_down: a decode layer's o projection, MLP and next norm as three phases. Phase 0 (tickets 0..g0-1) the o
+// product of the attention's output z (m x ko, no outputs) into its Dst, then, by its last block to arrive, the
+// residual's add and the post-attention norm (fold_gemv_norm's tail, the o_ norm parameters) and the tail's arrival;
+// phase 1 (the next g1) the GLU of that norm's output x, each block waiting for g0 + 1 arrivals (the o blocks' and
+// the o tail's); phase 2 the down product and the next norm as fold_glu_down's, each block waiting for g0 + 1 + g1.
+// Each later block asks L2 for its rows before it waits.
+template <int PW>
+__device__ __forceinline__ void o_glu_down_body(const float* z, const void* wo, int fmto, const float* bo,
+                                                const Dst& o, i64 ko, i64 no, i64 orows, const NormArgs& ona,
+                                                const float* x, const void* wg, const void* wu, int fmt,
+                                                const float* bg, const float* bu, float* h, i64 k, i64 f, int a,
+                                                const void* wd, int fmtd, const float* bd, const Dst& y, i64 n,
+                                                i64 m, unsigned* counters, i64 g0, i64 g1, i64 rows,
+                                                const NormArgs& na) {
+    __shared__ unsigned ticket, prior;
+    __shared__ int last;
+    if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);  // the block's place in the chain (reset by the last)
+    __syncthreads();
+    const unsigned t = ticket;
+    if (t < (unsigned)g0) {  // phase 0: o block t, then (its last block to arrive) the o tail and the tail's arrival
+        chain_gemv<PW>(fmto, z, wo, bo, o, ko, no, m, t);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) prior = atomicAdd(counters + 1, 1u);  // an arrival the GLU's wait counts
+        __syncthreads();
+        if (prior != (unsigned)g0 - 1u) return;
+        __threadfence();
+        for (i64 r = 0; r < orows; r++) norm_row(ona, r);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // the o tail's arrival: the GLU reads the norm it wrote
+        return;
+    }
+    if (t < (unsigned)(g0 + g1)) {  // phase 1: GLU block t - g0, after the o phase and its tail
+        const i64 bx = (i64)t - g0;
+        gemv_prefetch<PW>(fmt, wg, wu, k, f, 1, bx);
+        chain_wait(counters + 1, (unsigned)g0 + 1u);
+        chain_glu<PW>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, bx);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the down phase's wait counts
+        return;
+    }
+    const i64 bx = (i64)t - g0 - g1;  // phase 2: down block bx
+    gemv_prefetch<PW>(fmtd, wd, nullptr, f, n, 1, bx);
+    chain_wait(counters + 1, (unsigned)(g0 + 1 + g1));
+    chain_gemv<PW>(fmtd, h, wd, bd, y, f, n, m, bx);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + 1, 1u) == gridDim.x;  // every block's arrival and the o tail's
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (i64 r = 0; r < rows; r++) norm_row(na, r);
+    if (threadIdx.x == 0) {
+        counters[0] = 0u;
+        counters[1] = 0u;
+    }
+}
+
+#define FOLD_O_GLU_DOWN_KERNEL(NAME, PW)                                                                              \
+    extern "C" __global__ void GEMV_BOUNDS NAME(const float* z, const void* wo, i64 fmto, const float* bo,            \
+                                                DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_),         \
+                                                const float* x, const void* wg, const void* wu, i64 fmt,              \
+                                                const float* bg, const float* bu, float* h, i64 k, i64 f, i64 a,      \
+                                                const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n,      \
+                                                i64 m, unsigned* counters, i64 g0, i64 g1, i64 rows, NORM_PARAMS) {   \
+        chain_prefetch<PW>((int)fmto, wo, nullptr, ko, no, g0);                                                      \
+        PDL_ENTER();                                                                                                  \
+        o_glu_down_body<PW>(z, wo, (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg,  \
+                            bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, g0, g1, rows, NORM_ARGS); \
+    }
+FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_1, 1)
+FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_4, 4)

@@ -1,11 +1,14 @@
-"""`chain`: launches that run as the phases of one launch (chain.cu), each phase over what the one before wrote: the
-gate/up GLU, then the down product folded with the residual and the next norm (`glu_down_norm`: gemv_gate_up_glu
-then gemv_norm_epilogue, a layer's MLP in one launch where it took two). Every block takes a ticket as it starts; the
-first tickets run the GLU, the rest the down product, each of those waiting until every GLU block has arrived (it only
-waits on blocks that took earlier tickets, which are running: no deadlock, no cooperative launch). The numpy twin is
-`first` then `then`: exactly what the phases compute, in order. Where the kernel does not serve the pair (a quantized
-activation or GLU, a split or capped down product, more than two rows, the norm not the fold's) the chain is refused,
-in one line, and the plan keeps its two launches."""
+"""`chain`: launches that run as the phases of one launch (chain.cu), each phase over what the phases before wrote.
+Two chains have a kernel: the gate/up GLU, then the down product folded with the residual and the next norm
+(`glu_down_norm`: gemv_gate_up_glu then gemv_norm_epilogue, a layer's MLP in one launch where it took two); and the o
+projection folded with the residual and the post-attention norm before those two (`o_glu_down_norm`: a decode layer's
+o product, MLP and next norm in one launch where it took two, three before the first chain). Every block takes a
+ticket as it starts; the first tickets run phase 0, the next phase 1, and so on, each block of a later phase waiting
+until every block of the phases before has arrived and their tails (a fold's norm) have run (it only waits on blocks
+that took earlier tickets, which are running: no deadlock, no cooperative launch). The numpy twin is the phases'
+twins in order: exactly what the phases compute. Where the kernel does not serve the phases (a quantized activation
+or GLU, a split or capped product, more than two rows, a norm not the fold's, phases of another order) the chain is
+refused, in one line, and the plan keeps the launches it had."""
 
 from __future__ import annotations
 
@@ -27,80 +30,119 @@ def blocks(n: int, per_warp: int) -> int:
     return -(-n // (4 * per_warp))
 
 
+def _fold_of_gemv(l: Launch) -> bool:
+    return isinstance(l, Fold) and isinstance(l.first, Gemv)
+
+
+# The chains chain.cu has a kernel for, by their phases' kinds: a kernel name's stem a chain
+KERNELS = {("gemv_glu", "fold"): "fold_glu_down", ("fold", "gemv_glu", "fold"): "fold_o_glu_down"}
+
+
 @dataclass(frozen=True)
 class Chain(Sequenced, Launch):
-    first: Launch  # the GLU (GemvGlu)
-    then: Launch  # the down product and its norm (Fold of a Gemv and a Norm)
+    phases: tuple[Launch, ...]  # in order: (GemvGlu, Fold(Gemv, Norm)), or an o Fold(Gemv, Norm) before those
 
     census: ClassVar[str] = "chain"
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "chain")
 
+    def sequence(self):
+        return self.phases
+
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(p.census for p in self.phases)
+
+    @property
+    def glu(self) -> GemvGlu:
+        return self.phases[-2]  # type: ignore[return-value]
+
+    @property
+    def down(self) -> Fold:
+        return self.phases[-1]  # type: ignore[return-value]
+
     def check(self) -> Refusal | None:
-        """Why the pair is not one chained launch (the plan then keeps its two), in one line; None if it is."""
-        glu, fold = self.first, self.then
-        if not isinstance(glu, GemvGlu) or not isinstance(fold, Fold) or not isinstance(fold.first, Gemv):
-            return Refusal(f"no chained kernel runs a {self.first.census} then a {self.then.census}")
+        """Why the phases are not one chained launch (the plan then keeps its launches), in one line; None if they
+        are."""
+        kinds = self.kinds()
+        if kinds not in KERNELS or not all(_fold_of_gemv(p) for p in self.phases if isinstance(p, Fold)):
+            return Refusal(f"no chained kernel runs a {' then a '.join(kinds)}")
+        glu, fold = self.glu, self.down
         down = fold.first
-        why = glu.check() or fold.check()
+        folds = [p for p in self.phases if isinstance(p, Fold)]
+        why = glu.check() or next((w for w in (p.check() for p in folds) if w), None)
         if why:
             return why
-        if fold.form()[0] != "gemv_norm":
-            return Refusal("a chain whose second phase is not a product folded with its norm")
-        if glu.words or down.words or glu.quant is not None or down.quant is not None:
-            return Refusal("a chain over quantized activations (the q8 numerics): the GLU and the down product run "
-                           "as two launches")
+        if any(p.form()[0] != "gemv_norm" for p in folds):
+            return Refusal("a chain whose product phase is not a product folded with its norm")
+        if glu.words or glu.quant is not None or any(p.first.words or p.first.quant is not None for p in folds):
+            return Refusal("a chain over quantized activations (the q8 numerics): its phases run as launches of "
+                           "their own")
         if not glu.f32:
             return Refusal("a chain whose GLU is not stored in f32 (the down phase reads it)")
         if down.x != glu.out or down.k != glu.n or down.m != glu.m:
             return Refusal(f"a chain whose down product reads `{down.x}` ({down.m}x{down.k}), not the GLU `{glu.out}` "
                            f"({glu.m}x{glu.n})")
+        if len(self.phases) == 3:
+            o: Fold = self.phases[0]  # type: ignore[assignment]
+            nm = o.then
+            if nm.quant is not None or not nm.f32 or nm.into is not None or nm.part is not None or nm.heads != 1 \
+                    or nm.out != glu.x or nm.rows != glu.m or nm.cols != glu.k \
+                    or o.first.m != glu.m:
+                return Refusal(f"a chain whose GLU reads `{glu.x}`, not the o product's norm `{nm.out}` as it lies")
         if glu.m > CHAIN_ROWS:
             return Refusal(f"a chain of {glu.m} rows (the chained kernel takes at most {CHAIN_ROWS}: its phases keep "
                            f"an accumulator a row)")
-        if down.split != 1 or down.cap:
-            return Refusal("a chain whose down product is split or capped")
-        if glu.per_warp != down.per_warp:
-            return Refusal(f"a chain of {glu.per_warp} and {down.per_warp} outputs a warp (the kernel takes one)")
+        if any(p.first.split != 1 or p.first.cap for p in folds):
+            return Refusal("a chain whose product is split or capped")
+        if any(p.first.per_warp != glu.per_warp for p in folds):
+            return Refusal(f"a chain of {glu.per_warp} and {folds[-1].first.per_warp} outputs a warp (the kernel "
+                           f"takes one)")
         return None
 
     def reads(self):
-        return names(*self.first.reads(), *self.then.reads())
+        return names(*(n for p in self.phases for n in p.reads()))
 
     def writes(self):
-        return names(*self.first.writes(), *self.then.writes())
+        return names(*(n for p in self.phases for n in p.writes()))
 
     def scratch(self):
         """The tickets and the arrivals, left zero by the last block."""
         return (Scratch("tickets", "i32", 8, counter=True),)
 
     def tune(self, knobs, held=frozenset()):
-        """Each phase tuned as its own launch (the down product takes no split-K: its last block norms it), then both
-        at the GLU's outputs a warp (one kernel template; the twin's bits are the same at either)."""
-        first = self.first.tune(knobs, held)
-        then = self.then.tune(knobs, held)
-        if isinstance(then, Fold) and isinstance(then.first, Gemv) and isinstance(first, GemvGlu):
-            then = replace(then, first=replace(then.first, split=1, per_warp=first.per_warp))
-        return replace(self, first=first, then=then)
+        """Each phase tuned as its own launch (a product takes no split-K: its last block norms it), then every
+        product at the GLU's outputs a warp (one kernel template; the twin's bits are the same at either)."""
+        phases = tuple(p.tune(knobs, held) for p in self.phases)
+        glu = next((p for p in phases if isinstance(p, GemvGlu)), None)
+        if glu is not None:
+            phases = tuple(replace(p, first=replace(p.first, split=1, per_warp=glu.per_warp)) if _fold_of_gemv(p)
+                           else p for p in phases)
+        return replace(self, phases=phases)
 
-    def phases(self) -> tuple[int, int]:
+    def blocks_of(self) -> tuple[int, ...]:
         """Each phase's blocks (the grid is their sum, in x)."""
-        return blocks(self.first.n, self.first.per_warp), blocks(self.then.first.n, self.first.per_warp)
+        pw = self.glu.per_warp
+        return tuple(blocks(p.n if isinstance(p, GemvGlu) else p.first.n, pw) for p in self.phases)
 
     def grid_block(self):
-        g1, g2 = self.phases()
-        return ((g1 + g2, 1, 1), (128, 1, 1))
+        return ((sum(self.blocks_of()), 1, 1), (128, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import i64
 
-        glu: GemvGlu = self.first  # type: ignore[assignment]
-        fold: Fold = self.then  # type: ignore[assignment]
+        glu, fold = self.glu, self.down
         down: Gemv = fold.first  # type: ignore[assignment]
         nm = fold.then
         grid, block = self.grid_block()
         counters = denv.scratch(self, self.scratch()[0])
-        denv.function(self.stem, f"fold_glu_down_{glu.per_warp}")(grid, block, (
-            denv.array(glu.x), denv.weight(glu.wg)[0], denv.weight(glu.wu)[0], i64(FORMAT_CODE[glu.format]),
+        g = self.blocks_of()
+        head = ()
+        if len(self.phases) == 3:
+            o: Fold = self.phases[0]  # type: ignore[assignment]
+            og: Gemv = o.first  # type: ignore[assignment]
+            head = (denv.array(og.x), denv.weight(og.w)[0], i64(FORMAT_CODE[og.format]), denv.opt(og.bias),
+                    *denv.dst(og.y), i64(og.k), i64(og.n), i64(o.then.rows), *o.then.args(denv))
+        denv.function(self.stem, f"{KERNELS[self.kinds()]}_{glu.per_warp}")(grid, block, (
+            *head, denv.array(glu.x), denv.weight(glu.wg)[0], denv.weight(glu.wu)[0], i64(FORMAT_CODE[glu.format]),
             denv.opt(glu.bg), denv.opt(glu.bu), denv.array(glu.out), i64(glu.k), i64(glu.n), i64(act_code(glu.act)),
             denv.weight(down.w)[0], i64(FORMAT_CODE[down.format]), denv.opt(down.bias), *denv.dst(down.y),
-            i64(down.n), i64(glu.m), counters, i64(self.phases()[0]), i64(nm.rows), *nm.args(denv)))
+            i64(down.n), i64(glu.m), counters, *(i64(x) for x in g[:-1]), i64(nm.rows), *nm.args(denv)))

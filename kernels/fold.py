@@ -110,42 +110,45 @@ def gathered(g: Gather, nm: Norm) -> Refusal | None:
 
 
 class Sequenced:
-    """What a launch of two launches run in turn shares (`first`, then `then`: a Fold, a Chain): the tensors it reaches,
-    its weights, bytes and flops are both's; its twins run both's in order."""
+    """What a launch of launches run in turn shares (a Fold's `first` then `then`, a Chain's phases: `sequence()`): the
+    tensors it reaches, its weights, bytes and flops are all of theirs; its twins run theirs in order."""
+
+    def sequence(self) -> tuple:
+        return (self.first, self.then)
 
     def extents(self, top, tokens):
-        return reach(*self.first.extents(top, tokens).items(), *self.then.extents(top, tokens).items())
+        return reach(*(kv for l in self.sequence() for kv in l.extents(top, tokens).items()))
 
     def weights(self):
-        return {**self.first.weights(), **self.then.weights()}
+        return {k: v for l in self.sequence() for k, v in l.weights().items()}
 
     def bytes(self):
-        return self.first.bytes() + self.then.bytes()
+        return sum(l.bytes() for l in self.sequence())
 
     def checkpoint_bytes(self):
-        return self.first.checkpoint_bytes() + self.then.checkpoint_bytes()
+        return sum(l.checkpoint_bytes() for l in self.sequence())
 
     def flops(self):
-        return self.first.flops() + self.then.flops()
+        return sum(l.flops() for l in self.sequence())
 
     def numpy(self, env):
-        self.first.numpy(env)
-        self.then.numpy(env)
+        for l in self.sequence():
+            l.numpy(env)
 
     def fast(self, env):
         self.bind_fast(env)()
 
     def bind_fast(self, env):
-        first, then = self.first.bind_fast(env), self.then.bind_fast(env)
+        calls = tuple(l.bind_fast(env) for l in self.sequence())
 
         def call():
-            first()
-            then()
+            for c in calls:
+                c()
 
         return call
 
     def fast_temp(self):
-        return max(self.first.fast_temp(), self.then.fast_temp())
+        return max(l.fast_temp() for l in self.sequence())
 
 
 @dataclass(frozen=True)

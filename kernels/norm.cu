@@ -20,12 +20,16 @@ struct NormArgs {
     int qwords;  // its words a value: 1, 2, or 3 for llama.cpp's q8_K (blocks of 256; ql its int16 sums of 16 words)
 };
 
-#define NORM_PARAMS                                                                                               \
-    const float *nx, i64 xpitch, i64 xoff, const float *add, const float *prew, float preeps, i64 pre, float *sum, \
-        const float *nw, float eps, i64 cols, i64 heads, DST_PARAMS(ny), signed char *qw, signed char *ql, float *qs, \
-        i64 qwords
-#define NORM_ARGS \
-    NormArgs{nx, xpitch, xoff, add, prew, preeps, (int)pre, sum, nw, eps, cols, heads, DST(ny), qw, ql, qs, (int)qwords}
+// A norm's parameters, their names prefixed by p (empty: NORM_PARAMS; chain.cu's o phase takes a second set, o_).
+#define NORM_PARAMS_OF(p)                                                                                         \
+    const float *p##nx, i64 p##xpitch, i64 p##xoff, const float *p##add, const float *p##prew, float p##preeps,    \
+        i64 p##pre, float *p##sum, const float *p##nw, float p##eps, i64 p##cols, i64 p##heads, DST_PARAMS(p##ny), \
+        signed char *p##qw, signed char *p##ql, float *p##qs, i64 p##qwords
+#define NORM_ARGS_OF(p)                                                                                           \
+    NormArgs{p##nx, p##xpitch, p##xoff, p##add, p##prew, p##preeps, (int)p##pre, p##sum, p##nw, p##eps, p##cols, \
+             p##heads, DST(p##ny), p##qw, p##ql, p##qs, (int)p##qwords}
+#define NORM_PARAMS NORM_PARAMS_OF()
+#define NORM_ARGS NORM_ARGS_OF()
 
 // The value a row's element i normalizes: x (+ add, itself normed first under `pre`), read through L2.
 __device__ __forceinline__ float norm_in(const NormArgs& a, const float* xr, const float* ar, float pinv, i64 i) {

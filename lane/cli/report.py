@@ -17,7 +17,7 @@ def _fields(l) -> str:
     out = []
     for f in dataclasses.fields(l):
         v = getattr(l, f.name)
-        if v is None or v is False or (f.name in ("first", "then", "parts", "sides")):
+        if v is None or v is False or (f.name in ("first", "then", "parts", "sides", "phases")):
             continue
         if dataclasses.is_dataclass(v) and type(v).__name__ == "Dst":
             v = v.buf if v.row is None else f"{v.buf}[{v.row}]"

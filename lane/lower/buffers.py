@@ -175,13 +175,14 @@ def walk(launches, bufs: dict[str, Buffer]) -> dict[str, int]:
 
 
 def steps_of(l):
-    """Launch `l` as the launches it runs in turn: a fold's `first` then its `then`, a pair's `a` then its `b` (each
-    of those as its own); any other launch itself."""
+    """Launch `l` as the launches it runs in turn: a fold's `first` then its `then`, a pair's `a` then its `b`, a
+    chain's phases (each of those as its own); any other launch itself."""
     import dataclasses
 
     from lanefuse.kernels.common import Launch
 
-    subs = [getattr(l, f.name) for f in dataclasses.fields(l) if isinstance(getattr(l, f.name), Launch)]
+    subs = [s for f in dataclasses.fields(l) for v in [getattr(l, f.name)]
+            for s in (v if isinstance(v, tuple) else (v,)) if isinstance(s, Launch)]  # a chain's phases: a tuple
     if not subs:
         yield l
         return

@@ -18,7 +18,7 @@ from lanefuse.kernels import KINDS, Dst
 from lanefuse.lane.lower.fill import Scope, Strided, evaluate
 from lanefuse.lane.lower.hooks import HOOKS
 from lanefuse.lane.lower.placement import placed_parts, placed_whole, to_dst, to_part
-from lanefuse.lane.lower.table import Choice, LaneTable
+from lanefuse.lane.lower.table import Choice, LaneTable, is_launches
 
 
 @dataclass
@@ -227,7 +227,13 @@ class Link:
         """The launch `ch` names with its fields filled in `scope`, or why its fields make none."""
         kw = {}
         for name, expr in ch.fields.items():
-            if isinstance(expr, dict) and "launch" in expr:
+            if is_launches(expr):  # launches in turn (a chain's phases): a tuple of them
+                subs = tuple(self.build(Choice(None, e["launch"], e.get("fields") or {}), scope) for e in expr)
+                bad = next((x for x in subs if isinstance(x, Refusal)), None)
+                if bad is not None:
+                    return bad
+                kw[name] = subs
+            elif isinstance(expr, dict) and "launch" in expr:
                 sub = self.build(Choice(None, expr["launch"], expr.get("fields") or {}), scope)
                 if isinstance(sub, Refusal):
                     return sub

@@ -284,6 +284,10 @@ def _launch_records(l, pre: str = ""):
         v = getattr(l, f.name)
         if isinstance(v, Launch):
             yield from _launch_records(v, f"{pre}.{f.name}")
+        elif isinstance(v, tuple):  # a chain's phases
+            for i, e in enumerate(v):
+                if isinstance(e, Launch):
+                    yield from _launch_records(e, f"{pre}.{f.name}[{i}]")
 
 
 def _records(x):

@@ -147,6 +147,11 @@ def _class_choices(e: dict, where: str) -> tuple[Choice, ...]:
     return tuple(chs)
 
 
+def is_launches(v) -> bool:
+    """Whether a field's value is a list of launches run in turn (a chain's `phases:`), each `{launch:, fields:}`."""
+    return isinstance(v, list) and bool(v) and all(isinstance(e, dict) and "launch" in e for e in v)
+
+
 def _check_fields(fields: dict, launch: str | None, where: str) -> None:
     import dataclasses
 
@@ -157,7 +162,10 @@ def _check_fields(fields: dict, launch: str | None, where: str) -> None:
         if k not in names:
             hint = did_you_mean(k, names)
             raise UserError(f"{where}: launch `{launch}` has no field `{k}`{hint}")
-        if isinstance(v, dict) and "launch" in v:
+        if is_launches(v):
+            for i, e in enumerate(v):
+                _choice(e, f"{where}.{k}[{i}]")
+        elif isinstance(v, dict) and "launch" in v:
             _choice(v, f"{where}.{k}")
         else:
             check_expr(v, f"{where}.{k}")
@@ -308,7 +316,10 @@ def _reads(ch: Choice) -> list[tuple[str, str, bool]]:
 
     def walk(fields: dict, at: str):
         for k, v in fields.items():
-            if isinstance(v, dict) and "launch" in v:
+            if is_launches(v):
+                for i, e in enumerate(v):
+                    walk(e.get("fields") or {}, f"{at}{k}[{i}].")
+            elif isinstance(v, dict) and "launch" in v:
                 walk(v.get("fields") or {}, f"{at}{k}.")
             else:
                 out.extend((f"{at}{k}", n, o) for n, o in names_read(v))
