@@ -13,14 +13,11 @@ from hypothesis import given, settings, strategies as st
 
 from lanefuse.engine.collectives import combine, payload
 from lanefuse.engine.errors import UserError
-from lanefuse.engine.interp import evaluate, run_op
+from lanefuse.engine.interp import run_op
 from lanefuse.engine.ir import Op, attrs_of
 from lanefuse.engine.front.model import ModelConfig, build_step
-from lanefuse.engine.front.parallel import (build_rank_step, check_ranks, part, rank_config, rank_weight_bytes,
-                                      rank_weights)
-from lanefuse.engine.ranks import evaluate_ranks
-from lanefuse.engine.front.stepweights import random_weights
-from lanefuse.lane.run.generate import new_caches
+from lanefuse.engine.front.parallel import build_rank_step, check_ranks, part, rank_weight_bytes, rank_weights
+from ranks_helpers import RankPlans, after_a_chunk, assert_same_step, in_format, seeded_weights
 
 rng = np.random.default_rng(38)
 
@@ -31,18 +28,11 @@ def _cfg(fmt: str = "f32", **kw) -> ModelConfig:
     base = dict(arch="Qwen3ForCausalLM", hidden=48, layers=2, heads=6, kv_heads=3, head_dim=8, inter=70, vocab=101,
                 qk_norm=True, max_len=24)
     base.update(kw)
-    cfg = ModelConfig(**base)
-    if fmt != "f32":
-        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
-    return cfg
+    return in_format(ModelConfig(**base), fmt)
 
 
-def _weights(cfg: ModelConfig, seed: int = 5):
-    return random_weights(build_step(cfg, 1), seed).with_config(cfg)
-
-
-def _env(cfg, tokens, pos):
-    return {"token": np.asarray(tokens, np.int32), "pos": np.asarray([pos], np.int32), **new_caches(cfg)}
+def _weights(cfg: ModelConfig):
+    return seeded_weights(cfg, 5)
 
 
 def test_collectives_combine():
@@ -107,30 +97,12 @@ def test_ranks_equal_one_rank(fmt, ranks, rows):
     next token, the logits side by side within f32 rounding of the reductions' order."""
     q8 = fmt == "q8_0"  # a q8_0 step's rows whole blocks: the FFN parts of 64, 32 / 32 a rank, heads of 32
     cfg = _cfg(fmt, kv_heads=ranks, inter=96 if q8 else 70, hidden=64 if q8 else 48, head_dim=32 if q8 else 8)
-    w = _weights(cfg)
-    first = [4, 9, 2]
-    toks = list(rng.integers(0, cfg.vocab, rows))
-    one = _env(cfg, first, 0)
-    evaluate(build_step(cfg, 3), w, one)
-    one.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
-    want = evaluate(build_step(cfg, rows), w, one)
-    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
-    g3 = [build_rank_step(cfg, r, ranks, 3) for r in range(ranks)]
-    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
-    envs = [_env(rank_config(cfg, r, ranks), first, 0) for r in range(ranks)]
-    evaluate_ranks(g3, ws, envs)
-    for e in envs:
-        e.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
-    got = evaluate_ranks(gs, ws, envs)
-    logits = np.concatenate([o["logits"] for o in got], axis=-1)
-    scale = float(np.abs(want["logits"]).max())
-    assert float(np.abs(logits - want["logits"]).max()) <= 1e-5 * scale
-    for o in got:
-        np.testing.assert_array_equal(o["next"], want["next"])
+    run = after_a_chunk(cfg, _weights(cfg), ranks, list(rng.integers(0, cfg.vocab, rows)))
+    scale = assert_same_step(run.got, run.want)
     # each rank's cache holds its KV heads of the one rank's
     hd, kv = cfg.head_dim, cfg.kv_heads // ranks
-    for r, e in enumerate(envs):
-        np.testing.assert_allclose(e["kc1"], one["kc1"][:, r * kv * hd:(r + 1) * kv * hd], atol=1e-5 * scale)
+    for r, e in enumerate(run.envs):
+        np.testing.assert_allclose(e["kc1"], run.one["kc1"][:, r * kv * hd:(r + 1) * kv * hd], atol=1e-5 * scale)
 
 
 def test_rank_weights_cut():
@@ -206,43 +178,12 @@ def test_rank_plans_run_by_the_numpy_backend(ranks, rows, fmt, held):
     each all-reduce with the residual add and the next norm in it — all_reduce_add_norm @ rules/collectives.yaml —
     unless held) and run by the numpy backend's exact twins in its arena, the ranks meeting through LocalComm: the
     reference ranks' next token, logits within 1e-5 of their scale."""
-    import threading
-
-    from lanefuse.engine.collectives import LocalComm
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
     cfg = _cfg(fmt, kv_heads=ranks)
-    w = _weights(cfg)
-    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
-    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
-    toks = rng.integers(0, cfg.vocab, rows).astype(np.int32)
-
-    def envs():
-        return [_env(rank_config(cfg, r, ranks), toks, 0) for r in range(ranks)]
-
-    want = evaluate_ranks(gs, ws, envs())
-    plans = [plan(g, held=list(held)) for g in gs]
+    ranked = RankPlans(cfg, _weights(cfg), ranks, rng.integers(0, cfg.vocab, rows), held=list(held))
     # the decode step's every all-reduce is followed by an add and a norm (the last one's the final norm); a chunk's
     # last is not (the last row's view comes between)
     fused = 0 if held else 2 * cfg.layers - (rows > 1)
-    for s in plans:
+    for s in ranked.plans:
         assert s.census.get("collective") == 2 * cfg.layers + 1
         assert s.fusions.get("all_reduce_add_norm", 0) == fused
-    group, got, es = LocalComm(ranks), [None] * ranks, envs()
-
-    def run(r):
-        runner = NumpyRunner(plans[r], ws[r])
-        runner.env.comm = group.at(r)
-        got[r] = runner.step(es[r])
-
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    a = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in got], axis=-1)
-    b = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in want], axis=-1)
-    assert float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())
-    for o in got:
-        assert int(np.asarray(o["next"]).reshape(-1)[0]) == int(np.asarray(want[0]["next"]).reshape(-1)[0])
+    ranked.check()

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 
 import numpy as np
 import pytest
 
-from lanefuse.engine.front.model import ModelConfig, build_step
+from lanefuse.engine.front.model import ModelConfig
 from lanefuse.engine.front.parallel import rank_weight_bytes
-from lanefuse.engine.front.stepweights import random_weights
 from lanefuse.lane.cli.main import main
 from lanefuse.lane.cli.ranks import rank_report
 from lanefuse.lane.lower.knobs import Knobs
+from ranks_helpers import seeded_weights
 
 LLAMA70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
             "intermediate_size": 28672, "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80,
@@ -101,7 +103,7 @@ def _tiny_checkpoint(tmp_path):
           "num_hidden_layers": 2, "vocab_size": 61, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
           "max_position_embeddings": 64, "torch_dtype": "float32", "tie_word_embeddings": False}
     cfg = ModelConfig("Qwen3ForCausalLM", 24, 2, 6, 2, 8, 37, 61, qk_norm=True, max_len=64)
-    w = random_weights(build_step(cfg, 1), 11)
+    w = seeded_weights(cfg, 11)
     arrays = {n: np.asarray(w.get(n), np.float32) * (3.0 if "embed" in n else 1.0) for n in cfg.weight_names()}
     d = tmp_path / "tiny"
     d.mkdir()
@@ -125,22 +127,21 @@ def test_run_ranks_gives_one_ranks_tokens(tmp_path, capsys):
     assert len(set(a["generated_ids"])) > 2 and math.isfinite(len(a["generated_ids"]))
 
 
-DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
-               "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
-               "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
-               "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
-               "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
-               "first_k_dense_replace": 3, "norm_topk_prob": True, "vocab_size": 129280,
-               "max_position_embeddings": 163840, "rope_theta": 10000, "torch_dtype": "bfloat16",
-               "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                                "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}}
+def _deepseek_v3() -> dict:
+    """DeepSeek-V3's config.json keys (bench/deepseek_figures.py's: the released model's values), in bf16."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    if bench not in sys.path:
+        sys.path.append(bench)
+    from deepseek_figures import DEEPSEEK_V3
+
+    return {**DEEPSEEK_V3, "torch_dtype": "bfloat16"}
 
 
 def test_plan_ranks_of_deepseek_v3(tmp_path):
     """DeepSeek-V3's config over 8 ranks: 16 query heads and 32 of the 256 experts a rank, the latent cache whole on
     each; in bf16 171.18 GB a rank (no fit in 141 GB), in q8_0 90.94 GB (fits). The bytes: every rank's parts once,
     what every rank holds whole (the embedding, norms, routers and their biases, q_a and kv_a) eight times."""
-    d = _config_only(tmp_path, DEEPSEEK_V3)
+    d = _config_only(tmp_path, _deepseek_v3())
     for fmt, gb, fits in (("bf16", 171.18, False), ("q8_0", 90.94, True)):
         out = tmp_path / f"{fmt}.json"
         assert main(["plan", str(d), "--ranks", "8", "--ctx", "4096", "--weights-format", fmt, "--json",
@@ -158,7 +159,7 @@ def test_plan_ranks_of_deepseek_v3(tmp_path):
     rep = json.loads((tmp_path / "bf16.json").read_text())
     from lanefuse.engine.front.hfconfig import config_from_hf
 
-    cfg = config_from_hf(DEEPSEEK_V3, "config.json", max_len=4096, name="ds")
+    cfg = config_from_hf(_deepseek_v3(), "config.json", max_len=4096, name="ds")
     cfg = __import__("dataclasses").replace(cfg, formats=tuple((w, "bf16") for w in cfg.weight_names()))
     assert sum(r["weight_bytes"] for r in rep["rank"]) == rank_weight_bytes(cfg, 1)[0] + 7 * whole
 
@@ -179,8 +180,7 @@ def test_check_ranks_of_a_mixture(family, capsys):
         from test_ranks_moe import QWEN2, _cfg
 
         cfg = _cfg(QWEN2, 2)
-    w = random_weights(build_step(cfg, 1), 5).with_config(cfg)
-    src = types.SimpleNamespace(cfg=cfg, weights=w, name=family)
+    src = types.SimpleNamespace(cfg=cfg, weights=seeded_weights(cfg, 5), name=family)
     assert check_ranks_cmd(types.SimpleNamespace(ranks=2), src, [1, 5]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all(l.endswith("-> ok") for l in lines)

@@ -7,21 +7,18 @@ one-rank step; the Moe launch's twins over a part; each rank's weights (only its
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lanefuse.engine.collectives import LocalComm
+from lanefuse.engine.errors import UserError
 from lanefuse.engine.front.families.mixtures import MoeConfig
 from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.front.parallel import (build_rank_step, check_ranks, expert_part, rank_config, rank_weight_bytes,
                                             rank_weights)
-from lanefuse.engine.front.stepweights import random_weights
 from lanefuse.engine.interp import OP_IMPL, evaluate
-from lanefuse.engine.ranks import evaluate_ranks
-from lanefuse.lane.run.generate import new_caches
+from ranks_helpers import RankPlans, after_a_chunk, assert_same_step, env, in_format, seeded_weights, stored_weights
 
 QWEN3, QWEN2 = "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"
 
@@ -31,19 +28,12 @@ def _cfg(arch: str, ranks: int, fmt: str = "f32") -> ModelConfig:
     shared expert of 30; 2R heads over R KV heads of 8; vocabulary 61."""
     m = MoeConfig(experts=7, k=2, inter=20, norm_topk=arch == QWEN3, sparse=(0, 2),
                   shared_inter=30 if arch == QWEN2 else 0)
-    cfg = ModelConfig(arch, 32, 3, 2 * ranks, ranks, 8, 40, 61, qk_norm=arch == QWEN3, qkv_bias=arch == QWEN2,
-                      max_len=24, moe=m)
-    if fmt != "f32":
-        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
-    return cfg
+    return in_format(ModelConfig(arch, 32, 3, 2 * ranks, ranks, 8, 40, 61, qk_norm=arch == QWEN3,
+                                 qkv_bias=arch == QWEN2, max_len=24, moe=m), fmt)
 
 
-def _weights(cfg, seed: int = 3):
-    return random_weights(build_step(cfg, 1), seed).with_config(cfg)  # each constant in its format
-
-
-def _env(cfg, tokens, pos):
-    return {"token": np.asarray(tokens, np.int32), "pos": np.asarray([pos], np.int32), **new_caches(cfg)}
+def _weights(cfg):
+    return seeded_weights(cfg, 3)
 
 
 @settings(max_examples=40, deadline=None)
@@ -107,26 +97,11 @@ def test_mixture_ranks_equal_one_rank(arch, fmt, ranks, rows):
     """R ranks' step (decode, or a 5-row chunk, after a 3-row chunk) against the one-rank step: the same next token,
     the logits within f32 rounding of the sums' order; each rank's caches its KV heads of the one rank's."""
     cfg = _cfg(arch, ranks, fmt)
-    w = _weights(cfg)
-    first, toks = [4, 9, 2], [(7 * i + rows) % 61 for i in range(rows)]
-    one = _env(cfg, first, 0)
-    evaluate(build_step(cfg, 3), w, one)
-    one.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
-    want = evaluate(build_step(cfg, rows), w, one)
-    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
-    envs = [_env(rank_config(cfg, r, ranks), first, 0) for r in range(ranks)]
-    evaluate_ranks([build_rank_step(cfg, r, ranks, 3) for r in range(ranks)], ws, envs)
-    for e in envs:
-        e.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
-    got = evaluate_ranks([build_rank_step(cfg, r, ranks, rows) for r in range(ranks)], ws, envs)
-    logits = np.concatenate([o["logits"] for o in got], axis=-1)
-    scale = float(np.abs(want["logits"]).max())
-    assert float(np.abs(logits - want["logits"]).max()) <= 1e-5 * scale
-    for o in got:
-        np.testing.assert_array_equal(o["next"], want["next"])
+    run = after_a_chunk(cfg, _weights(cfg), ranks, [(7 * i + rows) % 61 for i in range(rows)])
+    scale = assert_same_step(run.got, run.want)
     hd = cfg.head_dim
-    for r, e in enumerate(envs):
-        np.testing.assert_allclose(e["vc2"], one["vc2"][:, r * hd:(r + 1) * hd], atol=1e-5 * scale)
+    for r, e in enumerate(run.envs):
+        np.testing.assert_allclose(e["vc2"], run.one["vc2"][:, r * hd:(r + 1) * hd], atol=1e-5 * scale)
 
 
 @pytest.mark.parametrize("arch, ranks, rows, fmt, exact", [(QWEN3, 2, 1, "bf16", True), (QWEN3, 3, 5, "f32", False),
@@ -137,44 +112,16 @@ def test_mixture_rank_plans_run_by_the_numpy_backend(arch, ranks, rows, fmt, exa
     numpy backend's exact or fast twins, the ranks meeting through LocalComm: the reference ranks' next token, the
     logits within 1e-5 of their scale."""
     from lanefuse.kernels import Moe
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
     cfg = _cfg(arch, ranks, fmt)
-    w = _weights(cfg)
-    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
-    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
-    toks = np.asarray([(5 * i + 1) % 61 for i in range(rows)], np.int32)
-
-    def envs():
-        return [_env(rank_config(cfg, r, ranks), toks, 0) for r in range(ranks)]
-
-    want = evaluate_ranks(gs, ws, envs())
-    plans = [plan(g) for g in gs]
-    for r, s in enumerate(plans):
+    ranked = RankPlans(cfg, _weights(cfg), ranks, [(5 * i + 1) % 61 for i in range(rows)])
+    for r, s in enumerate(ranked.plans):
         lo, hi = expert_part(cfg, r, ranks)
         moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
         assert len(moes) == 2 and all((m.lo, m.local, m.experts, m.shared) == (lo, hi - lo, 7, False) for m in moes)
         assert not {"shared_expert_fusion", "moe_deferred_finalize", "moe_token_sort"} & {
             n.split(".")[0] for n in s.fusions}
         assert s.census["collective"] == 2 * 3 + 1
-    group, got, es = LocalComm(ranks), [None] * ranks, envs()
-
-    def run(r):
-        runner = NumpyRunner(plans[r], ws[r], exact=exact)
-        runner.env.comm = group.at(r)
-        got[r] = runner.step(es[r])
-
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    a = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in got], axis=-1)
-    b = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in want], axis=-1)
-    assert float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())
-    for o in got:
-        assert int(np.asarray(o["next"]).reshape(-1)[0]) == int(np.asarray(want[0]["next"]).reshape(-1)[0])
+    ranked.check(exact)
 
 
 @pytest.mark.parametrize("sort", [False, True])
@@ -262,9 +209,6 @@ def test_mixture_refusals():
     assert "\n" not in str(e.value)
 
 
-from lanefuse.engine.errors import UserError  # noqa: E402
-
-
 # -- DeepSeek-V3: latent attention split by query heads, the grouped mixture by experts ------------------------------
 
 def _deepseek(fmt: str = "f32"):
@@ -273,10 +217,7 @@ def _deepseek(fmt: str = "f32"):
     bias) and a shared expert of 11."""
     from test_deepseek import tiny_cfg
 
-    cfg = tiny_cfg()
-    if fmt != "f32":
-        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
-    return cfg
+    return in_format(tiny_cfg(), fmt)
 
 
 @pytest.mark.parametrize("ranks, fmt", [(2, "f32"), (4, "bf16"), (3, "f32")])
@@ -291,26 +232,11 @@ def test_deepseek_ranks_equal_one_rank(ranks, fmt, rows):
             check_ranks(cfg, 3)
         assert "\n" not in str(e.value)
         return
-    w = _weights(cfg)
-    first, toks = [4, 9, 2], [(7 * i + rows) % 97 for i in range(rows)]
-    one = _env(cfg, first, 0)
-    evaluate(build_step(cfg, 3), w, one)
-    one.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
-    want = evaluate(build_step(cfg, rows), w, one)
-    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
-    envs = [_env(rank_config(cfg, r, ranks), first, 0) for r in range(ranks)]
-    evaluate_ranks([build_rank_step(cfg, r, ranks, 3) for r in range(ranks)], ws, envs)
-    for e in envs:
-        e.update(token=np.asarray(toks, np.int32), pos=np.asarray([3], np.int32))
-    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
-    got = evaluate_ranks(gs, ws, envs)
-    logits = np.concatenate([o["logits"] for o in got], axis=-1)
-    scale = float(np.abs(want["logits"]).max())
-    assert float(np.abs(logits - want["logits"]).max()) <= 1e-5 * scale
-    for o in got:
-        np.testing.assert_array_equal(o["next"], want["next"])
-    for r, e in enumerate(envs):  # the latent cache: every rank's the one rank's
-        np.testing.assert_allclose(e["kc2"], one["kc2"], atol=1e-5 * scale)
+    run = after_a_chunk(cfg, _weights(cfg), ranks, [(7 * i + rows) % 97 for i in range(rows)])
+    scale = assert_same_step(run.got, run.want)
+    for r, e in enumerate(run.envs):  # the latent cache: every rank's the one rank's
+        np.testing.assert_allclose(e["kc2"], run.one["kc2"], atol=1e-5 * scale)
+    gs = run.graphs
     moes = [op for op in gs[-1].ops if op.kind == "moe"]
     assert [op.a["lo"] for op in moes] == [8 - 8 // ranks] * 2 and gs[-1].ops[-1].kind == "all_argmax"
     assert [op.a["heads"] for op in gs[0].ops if op.kind == "attention"] == [4 // ranks] * 3
@@ -320,39 +246,13 @@ def test_deepseek_rank_plans_run_by_the_numpy_backend():
     """Each rank's DeepSeek-V3 decode step planned (the latent attention's fusions on its heads, its grouped mixture
     a Moe over its experts unjoined with the shared expert) and run by the numpy backend's exact twins."""
     from lanefuse.kernels import Moe
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
-
-    cfg, ranks = _deepseek("bf16"), 2
-    w = _weights(cfg)
-    gs = [build_rank_step(cfg, r, ranks, 1) for r in range(ranks)]
-    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
-
-    def envs():
-        return [_env(rank_config(cfg, r, ranks), [5], 0) for r in range(ranks)]
-
-    want = evaluate_ranks(gs, ws, envs())
-    plans = [plan(g) for g in gs]
-    for r, s in enumerate(plans):
+    cfg = _deepseek("bf16")
+    ranked = RankPlans(cfg, _weights(cfg), 2, [5])
+    for r, s in enumerate(ranked.plans):
         moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
         assert [(m.lo, m.local, m.groups, m.shared) for m in moes] == [(4 * r, 4, 4, False)] * 2
         assert s.fusions.get("mla.absorbed") == 3
-    group, got, es = LocalComm(ranks), [None] * ranks, envs()
-
-    def run(r):
-        runner = NumpyRunner(plans[r], ws[r])
-        runner.env.comm = group.at(r)
-        got[r] = runner.step(es[r])
-
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    a = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in got], axis=-1)
-    b = np.concatenate([np.asarray(o["logits"]).reshape(1, -1) for o in want], axis=-1)
-    assert float(np.abs(a - b).max()) <= 1e-5 * float(np.abs(b).max())
-    assert {int(np.asarray(o["next"]).reshape(-1)[0]) for o in got} == {int(np.asarray(want[0]["next"])[0])}
+    ranked.check()
 
 
 # -- gpt-oss: biased q/k/v/o and attention sinks split by heads, its biased, clamped experts by experts -------------
@@ -362,23 +262,12 @@ def _gptoss(fmt: str = "f32"):
     8 experts of 37, top 2 (topk then softmax, router and expert biases, the clamped GLU)."""
     from test_gptoss import tiny_cfg
 
-    cfg = tiny_cfg(layers=2)
-    if fmt != "f32":
-        cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
-    return cfg
+    return in_format(tiny_cfg(layers=2), fmt)
 
 
-def _gptoss_weights(cfg, seed: int = 3):
+def _gptoss_weights(cfg):
     """Random weights under the names the step reads (gpt-oss's stacked rows and their biases)."""
-    from lanefuse.engine.formats.blocks import encode
-    from lanefuse.engine.front.weights import Weights
-
-    r = np.random.default_rng(seed)
-    arrays = {}
-    for name, shape in cfg.weight_names().items():
-        a = (r.standard_normal(shape) / (np.sqrt(shape[-1]) if len(shape) == 2 else 3)).astype(np.float32)
-        arrays[name] = (encode(a, cfg.fmt(name)), cfg.fmt(name)) if len(shape) == 2 and cfg.fmt(name) != "f32" else a
-    return Weights.from_dict(arrays, cfg)
+    return stored_weights(cfg, 3, vector=3.0)
 
 
 @pytest.mark.parametrize("fmt, rows, plan_it", [("f32", 1, False), ("bf16", 5, False), ("bf16", 1, True),
@@ -388,38 +277,15 @@ def test_gptoss_ranks_equal_one_rank(fmt, rows, plan_it):
     bias added after the all-reduce, once), 4 of the 8 experts with their gate/up and down biases (the router and its
     bias whole); against one rank, by the reference interpreter or each rank's plan on the numpy backend."""
     from lanefuse.kernels import Moe
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
 
-    cfg, ranks = _gptoss(fmt), 2
+    cfg = _gptoss(fmt)
     w = _gptoss_weights(cfg)
     toks = [(7 * i + rows) % 97 for i in range(rows)]
-    want = evaluate(build_step(cfg, rows), w, _env(cfg, toks, 0))
-    gs = [build_rank_step(cfg, r, ranks, rows) for r in range(ranks)]
-    ws = [rank_weights(w, cfg, r, ranks) for r in range(ranks)]
-    assert ws[1].get("model.layers.0.self_attn.sinks").tolist() == w.get("model.layers.0.self_attn.sinks")[2:].tolist()
-    envs = [_env(rank_config(cfg, r, ranks), toks, 0) for r in range(ranks)]
-    if not plan_it:
-        got = evaluate_ranks(gs, ws, envs)
-    else:
-        plans = [plan(g) for g in gs]
-        for r, s in enumerate(plans):
+    ranked = RankPlans(cfg, w, 2, toks)
+    sinks = "model.layers.0.self_attn.sinks"
+    assert ranked.weights[1].get(sinks).tolist() == w.get(sinks)[2:].tolist()
+    if plan_it:
+        for r, s in enumerate(ranked.plans):
             moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
             assert [(m.lo, m.local, m.bgu is not None) for m in moes] == [(4 * r, 4, True)] * 2
-        group, got = LocalComm(ranks), [None] * ranks
-
-        def run(r):
-            runner = NumpyRunner(plans[r], ws[r])
-            runner.env.comm = group.at(r)
-            got[r] = runner.step(envs[r])
-
-        ts = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    logits = np.concatenate([np.asarray(o["logits"]).reshape(-1, o["logits"].shape[-1])[-1:] for o in got], axis=-1)
-    want_last = np.asarray(want["logits"]).reshape(-1, want["logits"].shape[-1])[-1:]
-    assert float(np.abs(logits - want_last).max()) <= 1e-5 * float(np.abs(want_last).max())
-    for o in got:
-        assert int(np.asarray(o["next"]).reshape(-1)[-1]) == int(np.asarray(want["next"]).reshape(-1)[-1])
+    assert_same_step(ranked.run() if plan_it else ranked.want, evaluate(build_step(cfg, rows), w, env(cfg, toks)))

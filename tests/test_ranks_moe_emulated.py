@@ -30,7 +30,7 @@ def poisoned(launch: Moe, arrays: dict, weights: dict, tol: float = 2e-4):
     for sc in launch.scratch():
         if not sc.counter:
             a = dev.scratch(launch, sc)
-            a[...] = -1 if a.dtype.kind == "i" else np.nan
+            a[...] = {"i": -1, "u": 255}.get(a.dtype.kind, np.nan)
     launch.cuda(dev)
     for name in arrays:
         np.testing.assert_allclose(dev.host(name), host.array(name), rtol=tol, atol=tol, err_msg=name)
