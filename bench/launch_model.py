@@ -542,12 +542,46 @@ def structure(k: Kernel, feats: dict, pos: int):
         q8_structure(k)
     elif name.startswith("attention"):
         attention_structure(k, pos, feats)
+    elif name in ("moe_up", "moe_up_split"):
+        moe_up_structure(k)
     else:
         k.family = "small"
         try:
             k.bytes = float(k.launch.bytes())
         except Exception:
             k.bytes = 0.0
+
+
+# moe.cu's moe_dot / moe_dots: a lane reads one value of a row a step (a value of x beside it), `per_warp` rows at once;
+# ASSUMED, not read in the SASS (no cuobjdump here): nvcc unrolls the runtime-bound loop 4 ways, every load of the 4
+# steps issued first. No device has run a mixture's kernels at a real shape.
+MOE_UNROLL = 4
+
+
+def moe_up_structure(k: Kernel):
+    """A mixture a row at a time, its up kernel (moe_up; moe_up_split under `router_split`, kernels/moe.py), as the
+    GEMV family's wave model takes it: the bytes of its share (kernels/moe.py _shares: the router's rows once, the
+    chosen experts' gate/up rows), a warp's bytes in flight (per_warp rows x 32 lanes x MOE_UNROLL values), and the
+    dependent rounds on a block's path, each a dot of d values (ceil(d / (32 x MOE_UNROLL)) rounds):
+      moe_up: the row's E router logits, router_rounds() dots a warp (every block computes them all), then its tile's
+        gate and up values: ceil(TILE / (WARPS x per_warp)) x 2 dots;
+      moe_up_split: one router dot (phase 0: router_split blocks of one round a row), then the same tile, and the phase
+        boundary (the chosen blocks' poll, CHAIN_POLL_US as kernels/chain.cu's: ASSUMED) in its tail.
+    The top-k's serial loop (thread 0, E x k steps) is on the path either way and is not counted in either. Every figure
+    is a PREDICTION."""
+    from lanefuse.kernels.moe import TILE, WARPS
+
+    m = k.launch
+    pw = m.per_warp
+    dot = math.ceil(m.d / (32 * MOE_UNROLL))
+    route = m.router_rounds() if k.call.name == "moe_up" else 1
+    glu = math.ceil(TILE / (WARPS * pw)) * 2
+    k.family = "gemv"
+    k.inflight_warp = pw * 32 * MOE_UNROLL * VALUE_BYTES.get(m.format, 4.0)
+    k.rounds = (route + glu) * dot
+    k.bytes = float(m.bytes())
+    k.extra.update(fmt=m.format, k=m.d, n=m.f, m=m.rows, per_warp=pw, tiles=1, loop="moe_dot", experts=m.experts,
+                   router_split=m.router_split, router_rounds=route * dot, glu_rounds=glu * dot)
 
 
 # -- the time model --------------------------------------------------------------------------------------------------
@@ -585,6 +619,8 @@ def tail_us(k: Kernel, cal: dict) -> float:
         return cal["L_l2_us"] * k.extra["tail_rounds"]
     if k.family == "attention" and k.extra.get("merge_rounds"):  # the last split block's merge (attention_merge)
         return cal["L_l2_us"] * k.extra["merge_rounds"]
+    if k.call.name == "moe_up_split":  # the chosen blocks' wait on phase 0 (the routing): a poll, as chain.cu's
+        return CHAIN_POLL_US
     return 0.0
 
 

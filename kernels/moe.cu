@@ -120,39 +120,43 @@ __device__ __forceinline__ QX moe_shared_glu(const float* h, i64 r, i64 sf, i64 
     return QX{hw + r * sf, qw == 2 ? hl + r * sf : nullptr, hs + r * (sf / 32)};
 }
 
-// Row r's routing into choices/weights (thread 0 writes): logits (plus the router bias `br` where given) in shared
-// memory, the k largest (equal logits: the lower expert first), softmax weights, renormalized over the chosen when
-// `norm`; with `topk_first` the softmax over the k chosen logits alone. `grouped` (sigmoid_group, DeepSeek-V3):
-// sigmoid scores, `br` (may be null) the correction bias added for the choice only, the `tgroups` groups of the
-// largest sum of their two best kept (equal sums: the lower group), the k best of those; the chosen scores the
-// weights, renormalized over their sum + 1e-20 when `norm`, times `rscale`. Every thread returns after it.
-__device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm,
-                              const float* br, int topk_first, int grouped, i64 groups, i64 tgroups, float rscale,
-                              int* ch, float* wt, i64 pw) {
-    __shared__ float logit[MOE_MAXE];
-    __shared__ unsigned char taken[MOE_MAXE];
+// Router logits e0..e1-1 of row xr into lg (lane 0 of the warp that sums each; the router bias `br` added where
+// given and not grouped): a warp a logit, or (pw 4) four of the warp's at once (moe_dots: the same bits).
+__device__ __forceinline__ void moe_logits(const float* xr, const void* wr, int fr, i64 d, i64 e0, i64 e1,
+                                           const float* br, int grouped, i64 pw, float* lg) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (pw == 4)  // four of the warp's logits at once (moe_dots: the same bits)
-        for (i64 e = warp; e < E; e += 4 * MOE_WARPS) {
-            i64 cnt = min((i64)4, (E - e + MOE_WARPS - 1) / MOE_WARPS);
+    if (pw == 4)
+        for (i64 e = e0 + warp; e < e1; e += 4 * MOE_WARPS) {
+            i64 cnt = min((i64)4, (e1 - e + MOE_WARPS - 1) / MOE_WARPS);
             float s[4];
             moe_dots<4>(xr, fr, wr, e, cnt, d, s);
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 i64 eq = e + q * MOE_WARPS;
-                if (q < cnt && lane == 0) { logit[eq] = br && !grouped ? s[q] + br[eq] : s[q]; taken[eq] = 0; }
+                if (q < cnt && lane == 0) lg[eq] = br && !grouped ? s[q] + br[eq] : s[q];
             }
         }
     else
-        for (i64 e = warp; e < E; e += MOE_WARPS) {
+        for (i64 e = e0 + warp; e < e1; e += MOE_WARPS) {
             float s = moe_dot(xr, fr, wr, e, d);
-            if (lane == 0) { logit[e] = br && !grouped ? s + br[e] : s; taken[e] = 0; }
+            if (lane == 0) lg[e] = br && !grouped ? s + br[e] : s;
         }
-    __syncthreads();
+}
+
+// The choice over a row's E logits (in shared memory, `taken` all zero), by thread 0 into ch/wt: the k largest (equal
+// logits: the lower expert first), softmax weights, renormalized over the chosen when `norm`; with `topk_first` the
+// softmax over the k chosen logits alone. `grouped` (sigmoid_group, DeepSeek-V3): sigmoid scores, `br` (may be null)
+// the correction bias added for the choice only, the `tgroups` groups of the largest sum of their two best kept
+// (equal sums: the lower group), the k best of those; the chosen scores the weights, renormalized over their sum +
+// 1e-20 when `norm`, times `rscale`. The group scores and the chosen weights are indexed by data: in shared memory,
+// not a stack frame.
+__device__ __forceinline__ void moe_choose(float* logit, unsigned char* taken, i64 E, i64 k, int norm,
+                                           const float* br, int topk_first, int grouped, i64 groups, i64 tgroups,
+                                           float rscale, int* ch, float* wt) {
+    __shared__ float gs[MOE_MAXG], p[MOE_MAXK];
+    __shared__ unsigned char keep[MOE_MAXG];
     if (threadIdx.x == 0 && grouped) {
         // logit[e] becomes the sigmoid score; the choice score is score + bias, masked out of the groups not kept
-        float gs[MOE_MAXG];
-        unsigned char keep[MOE_MAXG];
         i64 per = E / groups;
         for (i64 e = 0; e < E; e++) logit[e] = 1.f / (1.f + expf(-logit[e]));
         for (i64 g = 0; g < groups; g++) {
@@ -190,7 +194,7 @@ __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i6
         for (i64 e = 0; e < E; e++) m = fmaxf(m, logit[e]);
         float z = 0.f;
         for (i64 e = 0; e < E; e++) z += expf(logit[e] - m);
-        float p[MOE_MAXK], tot = 0.f;
+        float tot = 0.f;
         for (i64 c = 0; c < k; c++) {
             i64 best = -1;
             for (i64 e = 0; e < E; e++)
@@ -202,6 +206,19 @@ __device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i6
         }
         for (i64 c = 0; c < k; c++) wt[c] = norm || topk_first ? p[c] / tot : p[c];
     }
+}
+
+// Row r's routing into ch/wt (thread 0 writes): its E logits (moe_logits) in shared memory, then moe_choose. Every
+// thread returns after it.
+__device__ void moe_route_row(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm,
+                              const float* br, int topk_first, int grouped, i64 groups, i64 tgroups, float rscale,
+                              int* ch, float* wt, i64 pw) {
+    __shared__ float logit[MOE_MAXE];
+    __shared__ unsigned char taken[MOE_MAXE];
+    moe_logits(xr, wr, fr, d, 0, E, br, grouped, pw, logit);
+    for (i64 e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
+    __syncthreads();
+    moe_choose(logit, taken, E, k, norm, br, topk_first, grouped, groups, tgroups, rscale, ch, wt);
     __syncthreads();
 }
 
@@ -243,41 +260,142 @@ __device__ __forceinline__ void moe_glu(const float* xr, int fm, const void* w, 
     }
 }
 
+// Tile bx of the shared expert's hidden values of row r into its slot (k) of `hidden`, and by tile 0 the row's shared
+// scale (the sigmoid of its gate score) into weights[rows·k + r]. Called by every thread of the block.
+__device__ __forceinline__ void moe_shared_tile(const float* x, i64 r, i64 bx, i64 rows, i64 d, i64 k, i64 F,
+                                                i64 act, float* weights, float* hidden, const void* sg, const void* su,
+                                                const void* sgate, i64 sf, i64 fs, i64 fsg, i64 qw, i64 qgate,
+                                                signed char* hw, signed char* hl, float* hs) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* xr = x + r * d;
+    float* h = hidden + (r * (k + 1) + k) * F;
+    __shared__ MoeQRow qrow;
+    QX xq = qw ? moe_quant_row(xr, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
+    for (i64 j = bx * MOE_TILE + warp; j < (bx + 1) * MOE_TILE && j < sf; j += MOE_WARPS) {
+        float g = qw ? moe_qdot(xq, moe_qf(fs, qw), sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
+        float u = qw ? moe_qdot(xq, moe_qf(fs, qw), su, j, d) : moe_dot(xr, (int)fs, su, j, d);
+        if (lane == 0) h[j] = act_apply((int)act, g) * u;
+    }
+    if (bx == 0 && warp == 0) {  // no gate score (DeepSeek's shared experts): unscaled
+        float s = !sgate ? 0.f : qw && qgate ? moe_qdot(xq, moe_qf(fsg, qw), sgate, 0, d)
+                                             : moe_dot(xr, (int)fsg, sgate, 0, d);
+        if (lane == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
+    }
+    if (qw == 1 || qw == 2) moe_quant_glu(h, r, sf, bx * MOE_TILE, qw, hw, hl, hs);
+}
+
+#define MOE_SHARED_TILE_ARGS x, r, bx, rows, d, k, F, act, weights, hidden, sg, su, sgate, sf, fs, fsg, qw, qgate, hw, \
+    hl, hs
+
 // A row at a time. Grid (tiles of F, k + shared, rows): every block routes its row (the same sums, the same
 // choices), block (0, 0) keeps them for moe_down; block (x, c) computes its tile of slot c's hidden values.
 extern "C" __global__ void __launch_bounds__(256)
     moe_up(MOE_COMMON, MOE_ROUTE, const void* wgu, MOE_SHARED) { PDL_ENTER();
-    i64 r = blockIdx.z, c = blockIdx.y, F = f > sf ? f : sf;
-    const float* xr = x + r * d;
-    float* h = hidden + (r * (k + 1) + c) * F;
+    i64 r = blockIdx.z, c = blockIdx.y, bx = blockIdx.x, F = f > sf ? f : sf;
     if (c == k) {  // the shared expert; block 0 also its gate score
-        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        __shared__ MoeQRow qrow;
-        QX xq = qw ? moe_quant_row(xr, d, qw, qrow) : QX{nullptr, nullptr, nullptr};
-        for (i64 j = blockIdx.x * MOE_TILE + warp; j < (blockIdx.x + 1) * MOE_TILE && j < sf; j += MOE_WARPS) {
-            float g = qw ? moe_qdot(xq, moe_qf(fs, qw), sg, j, d) : moe_dot(xr, (int)fs, sg, j, d);
-            float u = qw ? moe_qdot(xq, moe_qf(fs, qw), su, j, d) : moe_dot(xr, (int)fs, su, j, d);
-            if (lane == 0) h[j] = act_apply((int)act, g) * u;
-        }
-        if (blockIdx.x == 0 && warp == 0) {  // no gate score (DeepSeek's shared experts): unscaled
-            float s = !sgate ? 0.f : qw && qgate ? moe_qdot(xq, moe_qf(fsg, qw), sgate, 0, d)
-                                                 : moe_dot(xr, (int)fsg, sgate, 0, d);
-            if (lane == 0) weights[rows * k + r] = sgate ? 1.f / (1.f + expf(-s)) : 1.f;
-        }
-        if (qw == 1 || qw == 2) moe_quant_glu(h, r, sf, blockIdx.x * MOE_TILE, qw, hw, hl, hs);
+        moe_shared_tile(MOE_SHARED_TILE_ARGS);
         return;
     }
+    const float* xr = x + r * d;
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];
     moe_route_row(xr, MOE_ROUTE_ARGS, ch, wt, pw);
-    if (blockIdx.x == 0 && c == 0 && threadIdx.x < k) {
+    if (bx == 0 && c == 0 && threadIdx.x < k) {
         choices[r * k + threadIdx.x] = moe_slot(ch[threadIdx.x], lo, nl);
         weights[r * k + threadIdx.x] = wt[threadIdx.x];
     }
     i64 e = ch[c] - lo;  // its slot among the experts held; another rank's: nothing to compute
     if (e < 0 || e >= nl) return;
-    moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, blockIdx.x * MOE_TILE, f, (int)act, limit, alpha, h,
-            pw);
+    moe_glu(xr, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, bx * MOE_TILE, f, (int)act, limit, alpha,
+            hidden + (r * (k + 1) + c) * F, pw);
+}
+
+// Phase 0 of moe_up_split: block `part` of row r's rs router blocks, its logits part·per.. (per = ceil(E / rs)) into
+// `logits` (rows, E), then an arrival on the row's counter counters[2 + r]; the last of the rs to arrive reads the
+// row's E logits back, chooses (moe_choose: the sums and choices of moe_route_row), writes choices/weights, sets the
+// row's counter back to zero and its flag counters[2 + rows + r] to 1 (after a fence: what the row's choice blocks
+// wait for; the launch's last block sets it back to zero).
+__device__ __forceinline__ void moe_router_part(const float* xr, const void* wr, int fr, i64 d, i64 E, i64 k, int norm,
+                                                const float* br, int topk_first, int grouped, i64 groups,
+                                                i64 tgroups, float rscale, i64 r, i64 part, i64 rs, i64 rows, i64 pw,
+                                                i64 lo, i64 nl, float* logits, unsigned* counters, int* choices,
+                                                float* weights) {
+    i64 per = (E + rs - 1) / rs, e0 = part * per;
+    moe_logits(xr, wr, fr, d, e0, min(E, e0 + per), br, grouped, pw, logits + r * E);
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + 2 + r, 1u) == (unsigned)rs - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ float logit[MOE_MAXE];
+    __shared__ unsigned char taken[MOE_MAXE];
+    __shared__ int ch[MOE_MAXK];
+    __shared__ float wt[MOE_MAXK];
+    for (i64 e = threadIdx.x; e < E; e += blockDim.x) {
+        logit[e] = __ldcg(logits + r * E + e);
+        taken[e] = 0;
+    }
+    __syncthreads();
+    moe_choose(logit, taken, E, k, norm, br, topk_first, grouped, groups, tgroups, rscale, ch, wt);
+    __syncthreads();
+    if (threadIdx.x < k) {
+        choices[r * k + threadIdx.x] = moe_slot(ch[threadIdx.x], lo, nl);
+        weights[r * k + threadIdx.x] = wt[threadIdx.x];
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        counters[2 + r] = 0u;  // every router block of the row has arrived: none touches it again this launch
+        *(volatile unsigned*)(counters + 2 + rows + r) = 1u;  // the row routed (its stores fenced before)
+    }
+}
+
+// A row at a time, the routing as phase 0 of the launch (`router_split` rs > 1, moe.py): each row's router logits and
+// its choice computed once, where moe_up's every block computes them all. Grid (rows·rs + rows·tiles·(k + shared)),
+// a block's work its TICKET's (counters[0], an atomicAdd as it starts; chain.cu's order): tickets 0..rows·rs-1 the
+// router blocks (moe_router_part, rs a row); then the shared expert's tiles (no wait); then each choice's tiles, row by
+// row, each waiting (chain_wait) until its row's flag counters[2 + rows + r] is set (its choice written) and reading
+// its expert from `choices`. A block waits only on blocks that took earlier tickets, which are running: no
+// co-residency needed. Every block past phase 0 arrives at counters[1]; the last to arrive leaves every counter zero
+// (none waits any more: a CUDA graph replays the launch as it is). Bounds (256, 1): at (256) ptxas gave it 80
+// registers and a 68 B spill; at (256, 1) 96 and none (nvcc 13, sm_90).
+extern "C" __global__ void __launch_bounds__(256, 1)
+    moe_up_split(MOE_COMMON, MOE_ROUTE, const void* wgu, MOE_SHARED, float* logits, unsigned* counters, i64 rs) {
+    PDL_ENTER();
+    __shared__ unsigned ticket;
+    __shared__ int last;
+    if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);  // the block's place in the launch (reset by the last)
+    __syncthreads();
+    const i64 t = ticket, routers = rows * rs;
+    if (t < routers) {  // phase 0: router block t % rs of row t / rs
+        i64 r = t / rs;
+        moe_router_part(x + r * d, wr, (int)fr, d, E, k, (int)norm, br, (int)topk_first, (int)grouped, groups,
+                        tgroups, rscale, r, t % rs, rs, rows, pw, lo, nl, logits, counters, choices, weights);
+        return;
+    }
+    i64 F = f > sf ? f : sf, tiles = (F + MOE_TILE - 1) / MOE_TILE, u = t - routers;
+    i64 slot = u / (rows * tiles), r = u / tiles % rows, bx = u % tiles;
+    i64 c = sg ? (slot == 0 ? k : slot - 1) : slot;  // the shared expert's tiles first: they wait on nothing
+    if (c == k) {
+        moe_shared_tile(MOE_SHARED_TILE_ARGS);
+    } else {
+        chain_wait(counters + 2 + rows + r, 1u);
+        int e = __ldcg(choices + r * k + c);  // its slot among the experts held; another rank's (-1): nothing
+        if (e >= 0)
+            moe_glu(x + r * d, (int)fmt, wgu, bgu, e * 2 * f, e * 2 * f + f, d, bx * MOE_TILE, f, (int)act, limit,
+                    alpha, hidden + (r * (k + 1) + c) * F, pw);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + 1, 1u) == gridDim.x - (unsigned)routers - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) {
+        counters[0] = 0u;
+        counters[1] = 0u;
+        for (i64 q = 0; q < rows; q++) counters[2 + rows + q] = 0u;  // the rows' flags (their arrivals are zero)
+    }
 }
 
 // The mixture's value i of row r: its choices' down products (plus their biases `bd` where given) weighed in choice
@@ -393,8 +511,9 @@ extern "C" __global__ void __launch_bounds__(256)
     if (threadIdx.x == 0) arrivals[r] = 0u;
 }
 
-// Sorted rows. Grid (rows): each row routed, its shared-expert scale taken.
-extern "C" __global__ void __launch_bounds__(256) moe_route(MOE_COMMON, MOE_ROUTE, MOE_SHARED) { PDL_ENTER();
+// Sorted rows. Grid (rows): each row routed, its shared-expert scale taken. Bounds (256, 1): once the top-k's arrays
+// left its stack, ptxas gave it 64 registers and a 24 B spill at (256); at (256, 1) 103 and none (nvcc 13, sm_90).
+extern "C" __global__ void __launch_bounds__(256, 1) moe_route(MOE_COMMON, MOE_ROUTE, MOE_SHARED) { PDL_ENTER();
     i64 r = blockIdx.x;
     __shared__ int ch[MOE_MAXK];
     __shared__ float wt[MOE_MAXK];

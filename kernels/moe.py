@@ -15,8 +15,10 @@ alone, every row routed over all E, the choices of other ranks' experts adding n
 
 The CUDA side (moe.cu) is two kernels for a row at a time (moe_up: every block routes its row and computes its tile of
 one choice's hidden values; moe_down: the weighed down products, the shared expert, and the finalize by the last block
-of a row to arrive), four over sorted rows (moe_route, moe_up_sorted and moe_down_sorted a block an expert over the
-rows that chose it, moe_finish a block a row). gpt-oss's mixture (router and expert biases, top-k then softmax, the
+of a row to arrive; with `router_split` > 1, moe_up_split in moe_up's place: each row's router logits and choice
+computed once, by `router_split` blocks, as phase 0 of the launch, the choices' blocks taking later tickets and waiting
+on it, as kernels/chain.cu orders its phases), four over sorted rows (moe_route, moe_up_sorted and moe_down_sorted a
+block an expert over the rows that chose it, moe_finish a block a row). gpt-oss's mixture (router and expert biases, top-k then softmax, the
 clamped GLU) runs in the same kernels, its biases and clamp passed as arguments."""
 
 from __future__ import annotations
@@ -111,17 +113,20 @@ class Moe(QuantEpilogue, Launch):
     per_warp: int = 1  # a row at a time: the experts' values a warp at once (4: moe.cu moe_dots; the same bits)
     lo: int = 0  # a rank's part (expert parallelism: engine/front/parallel.py): `local` > 0 experts lo..lo+local-1
     local: int = 0  # held (wgu, wd, bgu, bd theirs alone), each row routed over all E, only those held summed
+    router_split: int = 1  # a row at a time: > 1, each row's router logits computed once by that many blocks and its
+    # choice by the last of them, phase 0 of the launch (moe.cu moe_up_split); 1, by every block of moe_up
 
     census: ClassVar[str] = "moe"
     words_field: ClassVar[str] = "quant_words"  # the finalized norm's form (`qwords`: the shared expert's input)
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "moe")
-    steps: ClassVar[tuple[str, ...]] = ("rows_a_warp",)
+    steps: ClassVar[tuple[str, ...]] = ("rows_a_warp", "router_split")
 
     def __post_init__(self):
         # a flag that came through the e-graph, which holds booleans as 0 / 1
         for name, default in (("limit", 0.0), ("alpha", 1.702), ("groups", 1), ("topk_groups", 1),
                               ("route_scale", 1.0), ("qwords", 0), ("quant_words", 0),
-                              ("lo", 0), ("local", 0)):  # an optional variable its rule did not bind
+                              ("lo", 0), ("local", 0),
+                              ("router_split", 1)):  # an optional variable its rule did not bind
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
         for name in ("norm_topk", "sort", "qgate"):
@@ -163,6 +168,9 @@ class Moe(QuantEpilogue, Launch):
     def check(self):
         if self.per_warp not in (1, 4):
             return Refusal(f"an expert mixture {self.per_warp} values a warp (the kernels take 1 or 4)")
+        why = self.split_refusal(self.router_split)
+        if why:
+            return why
         if self.local < 0 or self.lo < 0 or self.lo + self.held > self.experts:
             return Refusal(f"a part of an expert mixture of experts {self.lo}..{self.lo + self.held - 1} of "
                            f"{self.experts}")
@@ -239,7 +247,40 @@ class Moe(QuantEpilogue, Launch):
         every warp four (the experts' and the model's widths at least 4 x WARPS); held, sorted rows, or narrower: one.
         No byte or launch changes: the latency of a warp's dependent loads does."""
         four = "rows_a_warp" not in held and not self.sort and min(self.f, self.d) >= 4 * WARPS
-        return replace(self, per_warp=4 if four else 1)
+        tuned = replace(self, per_warp=4 if four else 1)
+        return replace(tuned, router_split=tuned.split_for(held))
+
+    def router_rounds(self) -> int:
+        """The rounds of router dots a warp makes where one block computes a row's E logits (moe_up: WARPS warps,
+        `per_warp` logits each at once)."""
+        return -(-self.experts // (WARPS * self.per_warp))
+
+    def split_for(self, held=frozenset()) -> int:
+        """`router_split` (seed 002's Moe `router_split`): a row at a time, moe_up's every block computes the row's
+        E router logits (E x d products, `router_rounds` rounds of a warp's dots) before its tile of one choice's
+        hidden values: the same sums in each of the row's k x tiles blocks. Split, the row's logits are
+        computed once, by `router_rounds` blocks of one round each (each block's warps one logit or four), and its
+        choice by the last of them; the choices' blocks wait on that (a poll where the kernel had the rounds). Taken
+        where a block routing whole makes more than one round (that is what the split removes from every block's
+        path; at one round it would add a poll and save none); 1 where held, over sorted rows (moe_route routes in a
+        launch of its own), or where the kernel refuses it."""
+        n = self.router_rounds()
+        if "router_split" in held or n < 2:
+            return 1
+        return n if self.split_refusal(n) is None else 1
+
+    def split_refusal(self, n: int) -> Refusal | None:
+        """Why the routing cannot be split in n (one line), or None."""
+        if n < 1:
+            return Refusal(f"an expert mixture's routing split in {n} blocks")
+        if n == 1:
+            return None
+        if self.sort:
+            return Refusal("a mixture over sorted rows with its routing split (moe_route routes each row in a launch "
+                           "of its own: router_split 1)")
+        if n > self.experts:
+            return Refusal(f"a mixture's routing of {self.experts} experts split in {n} blocks (at most one a logit)")
+        return None
 
     # -- what it touches and costs ------------------------------------------------------------------------------
     def scratch(self):
@@ -250,6 +291,10 @@ class Moe(QuantEpilogue, Launch):
             s.append(Scratch("parts", "f32", 4 * self.rows * (self.k + 1) * self.d))
         elif self.nw is not None:
             s.append(Scratch("arrivals", "i32", 4 * self.rows, counter=True))
+        if self.router_split > 1:  # phase 0's logits (rows, E); the tickets, the arrivals past phase 0, each row's
+            # router arrivals, each row's flag (moe.cu moe_up_split)
+            s += [Scratch("logits", "f32", 4 * self.rows * self.experts),
+                  Scratch("routed", "i32", 4 * (2 + 2 * self.rows), counter=True)]
         if self.qwords in (1, 2):  # the shared expert's GLU quantized (kernels/quant.py's layout), for its down product
             # (the q8k form's: in the down kernels' shared memory)
             s.append(Scratch("squant", "u8", quant_layout(self.rows * self.sf, self.qwords)[2]))
@@ -496,7 +541,12 @@ class Moe(QuantEpilogue, Launch):
         return a[:n].view(denv.cp.int8), low, a[sc:sc + 4 * (n // 32)].view(denv.cp.float32)
 
     def grid_block(self):
-        return ((-(-self.width // TILE), self.k + self.shared, self.rows), (32 * WARPS, 1, 1))
+        """moe_up's grid: (tiles, k + shared, rows), or with `router_split` its blocks in one dimension, the router's
+        first (moe_up_split: a block's ticket says its work)."""
+        tiles = -(-self.width // TILE)
+        if self.router_split > 1:
+            return ((self.rows * (self.router_split + tiles * (self.k + self.shared)), 1, 1), (32 * WARPS, 1, 1))
+        return ((tiles, self.k + self.shared, self.rows), (32 * WARPS, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, f32, i64
@@ -520,15 +570,21 @@ class Moe(QuantEpilogue, Launch):
                *self.epilogue_args(denv))
         up_tiles, down_tiles = -(-self.width // TILE), -(-self.d // TILE)
         wgu, wd = denv.weight(self.wgu)[0], denv.weight(self.wd)[0]
+        calls = []  # (kernel, grid, arguments) in order; a stage (kernels()) launches its own alone
         if not self.sort:
-            denv.function(self.stem, "moe_up")((up_tiles, self.k + self.shared, self.rows), block,
-                                               common + route + (wgu,) + shared)
-            denv.function(self.stem, "moe_down")((down_tiles, self.rows, 1), block,
-                                                 common + (wd,) + shared + (sc.get("arrivals", NULL),) + fin)
-            return
-        denv.function(self.stem, "moe_route")((self.rows, 1, 1), block, common + route + shared)
-        denv.function(self.stem, "moe_up_sorted")((up_tiles, self.held + self.shared, 1), block,
-                                                  common + (wgu,) + shared)
-        denv.function(self.stem, "moe_down_sorted")((down_tiles, self.held + self.shared, 1), block,
-                                                    common + (wd,) + shared + (sc["parts"],))
-        denv.function(self.stem, "moe_finish")((self.rows, 1, 1), block, common + shared + (sc["parts"],) + fin)
+            if self.router_split > 1:
+                calls.append(("moe_up_split", self.grid_block()[0], common + route + (wgu,) + shared
+                              + (sc["logits"], sc["routed"], i64(self.router_split))))
+            else:
+                calls.append(("moe_up", (up_tiles, self.k + self.shared, self.rows), common + route + (wgu,) + shared))
+            calls.append(("moe_down", (down_tiles, self.rows, 1),
+                          common + (wd,) + shared + (sc.get("arrivals", NULL),) + fin))
+        else:
+            calls += [("moe_route", (self.rows, 1, 1), common + route + shared),
+                      ("moe_up_sorted", (up_tiles, self.held + self.shared, 1), common + (wgu,) + shared),
+                      ("moe_down_sorted", (down_tiles, self.held + self.shared, 1),
+                       common + (wd,) + shared + (sc["parts"],)),
+                      ("moe_finish", (self.rows, 1, 1), common + shared + (sc["parts"],) + fin)]
+        for i, (name, grid, args) in enumerate(calls):
+            if self.stage is None or self.stage == i:
+                denv.function(self.stem, name)(grid, block, args)

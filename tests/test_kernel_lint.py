@@ -399,7 +399,7 @@ def counter_samples():
     and over a quantized activation, the quantizing tails a warp an output, the delta rule's q8k tail at each width,
     the split attention's merge in its kernel for heads of 256, in the narrow kernel (heads of 32, a q8k block's 8
     a block) and in the shared-row kernel."""
-    from lanefuse.kernels import Advance, ArgMax, Attention, Delta, Dst, Fold, Gemv, GemvGlu, Norm
+    from lanefuse.kernels import Advance, ArgMax, Attention, Delta, Dst, Fold, Gemv, GemvGlu, Moe, Norm
 
     tail = dict(add="o", sum="s")
     return [Fold(Gemv("x", "w", "bf16", Dst("o"), 64, 64, 1, per_warp=4), Norm("r", "w2", "y", 1, 64, 1e-6, **tail)),
@@ -419,7 +419,9 @@ def counter_samples():
               for m, pw, wd in ((1, 4, 0), (3, 1, 0), (2, 1, 1))),
             # a batch's entry at the narrowest width (delta_seqs_32: each row a sequence of its own, issue 40)
             Delta("q", "k", "v", "z", "b", "g", "S", "gn", "o", 2, 8, 32, 64, 3, 0.17, 1e-6, quant="oq", words=3,
-                  seqs=True)]
+                  seqs=True),
+            # the mixture's routing as phase 0 of its launch (moe_up_split: tickets, arrivals and flags, issue 40)
+            Moe("x", "wr", "wgu", "wd", Dst("y"), 64, 64, 40, 2, 2, "bf16", router_split=2)]
 
 
 def test_every_counter_parameter_is_passed_a_counter_scratch():

@@ -201,7 +201,9 @@ STACK_ALLOWED = {
 KNOWN_SPILLS = {
     # (moe_down and moe_down_sorted spilled at 64 registers until PDL_ENTER's griddepcontrol.wait began each kernel:
     # ptxas then gave them 100 / 109 registers and no spill, no stack)
-    "moe_up": (("quant", "gemv_core", "gemv_q8", "moe"), "80 registers, 448 B stack (56/240 B spill at 64 before)"),
+    # (moe_up: 80 registers, a 448 B stack — the router's top-k arrays, 56/240 B spill at 64 before that — until the
+    # top-k's group scores and chosen weights moved to shared memory (moe.cu moe_choose, issue 40's router_split):
+    # ptxas then gave it 80 registers and no stack; moe_route 103, moe_up_split 96, neither a stack, nvcc 13)
     # (moe_up_sorted: 80 registers, 24 B stack, 40 B spill until quant_block rounded as llama.cpp's x86 quantize does
     # (rintf, 127/amax; issue 41): ptxas then gave it 111 registers and no spill, no stack)
     # no spill, a 32 B stack frame in every product over a quantized activation: most likely gemv_q8.cu's int q[8]

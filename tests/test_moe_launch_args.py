@@ -55,7 +55,8 @@ def signatures() -> dict[str, list[str]]:
     src = _cu("moe")
     macros = {**_macros(_cu("prelude")), **_macros(src)}
     out = {}
-    for m in re.finditer(r'extern "C" __global__ void __launch_bounds__\(\d+\)\s*(\w+)\(([^)]*(?:\([^)]*\)[^)]*)*)\)',
+    for m in re.finditer(r'extern "C" __global__ void __launch_bounds__\(\d+(?:, \d+)?\)\s*(\w+)'
+                         r'\(([^)]*(?:\([^)]*\)[^)]*)*)\)',
                          src):
         types = []
         for p in _expand(m.group(2), macros).split(","):
@@ -117,10 +118,11 @@ def dry_run(launch: Moe, arrays, weights, quantized=None) -> list:
     up, down, sh = -(-F // TILE), -(-m.d // TILE), int(m.shared)
     want_grid = {"moe_up": (up, m.k + sh, m.rows), "moe_down": (down, m.rows, 1), "moe_route": (m.rows, 1, 1),
                  "moe_up_sorted": (up, m.experts + sh, 1), "moe_down_sorted": (down, m.experts + sh, 1),
-                 "moe_finish": (m.rows, 1, 1)}
+                 "moe_finish": (m.rows, 1, 1),  # the split's: each row's router blocks, then every slot's tiles
+                 "moe_up_split": (m.rows * (m.router_split + up * (m.k + sh)), 1, 1)}
     names = [n for n, *_ in env.launched]
     assert names == (["moe_route", "moe_up_sorted", "moe_down_sorted", "moe_finish"] if m.sort else
-                     ["moe_up", "moe_down"])
+                     ["moe_up_split" if m.router_split > 1 else "moe_up", "moe_down"])
     for name, grid, block, args in env.launched:
         assert tuple(grid) == want_grid[name], name
         assert grid[0] * TILE >= (F if "up" in name else m.d) or name in ("moe_route", "moe_finish")
@@ -142,7 +144,9 @@ def dry_run(launch: Moe, arrays, weights, quantized=None) -> list:
 
 def test_the_signatures_parse():
     s = signatures()
-    assert set(s) == {"moe_up", "moe_down", "moe_route", "moe_up_sorted", "moe_down_sorted", "moe_finish"}
+    assert set(s) == {"moe_up", "moe_down", "moe_route", "moe_up_sorted", "moe_down_sorted", "moe_finish",
+                      "moe_up_split"}
+    assert s["moe_up_split"][-3:] == ["float*", "unsigned*", "i64"]  # the logits, the counters, router_split
     assert s["moe_up"][:3] == ["float*", "i64", "i64"] and s["moe_down"][-1] == "i64"
 
 
@@ -162,10 +166,10 @@ def _small(rows=3, fmt="f32", wr_dtype=np.float32, **kw):
     return Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, fmt, norm_topk=True, **kw), arrays, weights
 
 
-@pytest.mark.parametrize("sort", [False, True])
+@pytest.mark.parametrize("sort,split", [(False, 1), (True, 1), (False, 3)])
 @pytest.mark.parametrize("fin", [{}, {"add": "a"}, {"add": "a", "sum": "s", "nw": "nw", "eps": 1e-6}])
-def test_moe_launches_pack_their_arguments_as_moe_cu_takes_them(sort, fin):
-    launched = dry_run(*_small(sort=sort, **fin))
+def test_moe_launches_pack_their_arguments_as_moe_cu_takes_them(sort, split, fin):
+    launched = dry_run(*_small(sort=sort, router_split=split, **fin))
     assert len(launched) == (4 if sort else 2)
 
 
