@@ -2,13 +2,14 @@
 random weights, R ranks' step against the one-rank step after a 3-row chunk (the reference interpreter), each rank's
 plan run by the numpy backend with the ranks meeting through LocalComm, and the comparison of the ranks' logits parts
 and tokens with the whole. Over real CPU ranks (gloo): the tiny transformers models saved once a process with
-transformers' greedy tokens and the one-rank run's, a module's jobs of one rank count run by one `launch` (one set of
-rank processes), and a run's comparison with its references."""
+transformers' greedy tokens and the one-rank run's, every gloo test's runs of one rank count made by one `launch` (one
+set of rank processes), and a run's comparison with its references."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 import zlib
@@ -136,6 +137,15 @@ def run_plans(plans, ws, envs, exact: bool = True) -> list[dict]:
     return in_threads(len(plans), run)
 
 
+@functools.lru_cache(maxsize=1)
+def rule_table():
+    """The shared rule table (engine/rules.load_table), read once a process: plan() without one reads and expands
+    the rules' YAML anew each call (0.13 s of a toy rank step's 0.3 s plan)."""
+    from lanefuse.engine.rules import load_table
+
+    return load_table()
+
+
 class RankPlans:
     """R ranks' step of `toks` at position 0: each rank's graph and weights, the reference interpreter's outputs
     (`want`), and each rank's plan for the cuda lane (`plans`: plan() with `plan_kw`, made when first asked for)."""
@@ -156,7 +166,7 @@ class RankPlans:
         if self._plans is None:
             from lanefuse.lane.lower.plan import plan
 
-            self._plans = [plan(g, **self.plan_kw) for g in self.graphs]
+            self._plans = [plan(g, table=rule_table(), **self.plan_kw) for g in self.graphs]
         return self._plans
 
     def run(self, exact: bool = True) -> list[dict]:
@@ -277,7 +287,7 @@ HF_MODELS = {
                           num_experts_per_tok=2), "bfloat16", _init_mixture),
 }
 _SAVED: dict[str, tuple] = {}  # name: (folder, transformers' f32 model of the saved weights), once a process
-_REFERENCES: dict[tuple, dict] = {}  # (name, tokens): reference()'s answer
+_REFERENCES: dict[tuple, dict] = {}  # (name, tokens): model_reference()'s answer
 
 
 def hf_model(name: str, tmp_path_factory):
@@ -319,16 +329,83 @@ def reference(folder, ref, n_tokens: int) -> dict:
     return out
 
 
-def hf_reference(name: str, n_tokens: int, tmp_path_factory) -> dict:
-    """reference() of HF_MODELS[name], once a process."""
+def _built(name: str, folder):
+    """The checkpoints other test files make: tests/test_deepseek.py's tiny DeepSeek-V3 (bf16) and
+    tests/test_gptoss.py's gpt-oss (f32), saved by transformers (its model of them returned too), and
+    tests/test_gguf_moe.py's llama.cpp mixtures (`arch-fmt.gguf`, no transformers model)."""
+    if name == "deepseek":
+        from test_deepseek import build
+
+        return folder, build("bfloat16", folder)
+    if name == "gptoss":
+        from test_gptoss import build
+
+        return folder, build("float32", folder)
+    import gguf_files as gf
+    from test_gguf_moe import _model
+
+    arch, fmt = name.split("-")
+    model = _model(arch, **({"num_attention_heads": 4, "num_key_value_heads": 2} if arch == "qwen3moe" else {}))
+    return gf.write_gguf(model, folder.with_suffix(".gguf"), fmt), None
+
+
+def model_reference(name: str, n_tokens: int, tmp_path_factory) -> dict:
+    """reference() of HF_MODELS[name] or of a checkpoint _built() makes, once a process."""
     if (name, n_tokens) not in _REFERENCES:
-        _REFERENCES[name, n_tokens] = reference(*hf_model(name, tmp_path_factory), n_tokens)
+        if name in HF_MODELS:
+            made = hf_model(name, tmp_path_factory)
+        else:
+            with one_torch_thread():
+                made = _built(name, tmp_path_factory.mktemp("ranks") / name)
+        _REFERENCES[name, n_tokens] = reference(*made, n_tokens)
     return _REFERENCES[name, n_tokens]
+
+
+EXACT, GLOO_SUM, PLAN = dict(exact=True), dict(exact=False), dict(exact=True, plan=True)
+# the runs of the real-process tests by rank count: (model, what) -> (tokens, job keywords); `what` names the way
+# each rank steps: its reference interpreter with the exact communicator, the same with gloo's own all-reduce, or
+# its plan for the cuda lane on the numpy backend's exact twins
+DENSE = {"exact": EXACT, "gloo all-reduce": GLOO_SUM, "numpy plan": PLAN}  # tests/test_ranks_gloo.py
+DENSE_RUNS = {r: {(n, w): (10, v) for n in ("qwen3_f32", "llama_tied_bf16") for w, v in DENSE.items()}
+              for r in (2, 3)}
+FAMILY_RUNS = {2: {(n, "numpy plan"): (6, PLAN) for n in ("gemma2_f32", "gemma3_bf16", "phi3_bf16", "phi3_f32",
+                                                           "olmo2_bf16")},
+               4: {("phi3_bf16", "reference"): (6, EXACT)}}  # tests/test_ranks_gloo_families.py
+MIXTURE = {"numpy plan": PLAN, "reference": EXACT}  # tests/test_ranks_gloo_moe.py
+MIXTURE_RUNS = {r: {(n, w): (6, v) for n, rs in (("qwen3_moe_f32", (2, 3)), ("qwen2_moe_bf16", (2, 4)),
+                                                  ("mixtral_bf16", (2, 4))) if r in rs for w, v in MIXTURE.items()}
+                for r in (2, 3, 4)}
+OTHER_RUNS = {2: {("deepseek", "numpy plan"): (6, PLAN), ("gptoss", "numpy plan"): (6, PLAN),
+                  ("qwen2moe-q8_0", "numpy plan"): (6, PLAN), ("qwen3moe-f32", "numpy plan"): (6, PLAN)},
+              4: {("deepseek", "reference"): (6, EXACT)}}  # tests/test_ranks_gloo_moe.py
+GLOO_RUNS: dict[int, dict] = {}
+for _runs in (DENSE_RUNS, FAMILY_RUNS, MIXTURE_RUNS, OTHER_RUNS):
+    for _r, _jobs in _runs.items():
+        GLOO_RUNS.setdefault(_r, {}).update(_jobs)
+_LAUNCHED: dict[int, dict] = {}  # ranks: (model, what) -> its results by rank
 
 
 def job(m: dict, n_tokens: int, **kw) -> dict:
     """A launch job: reference `m`'s checkpoint, n_tokens after PROMPT in chunks of CHUNK; `kw`: exact, plan, ..."""
     return dict(model=m["folder"], prompt=PROMPT, n_tokens=n_tokens, chunk=CHUNK, max_len=MAX_LEN, **kw)
+
+
+def gloo_run(ranks: int, key, tmp_path_factory) -> tuple[list[dict], dict]:
+    """Run `key` (model, what) of GLOO_RUNS over `ranks` gloo processes: its results by rank, and its model's
+    references. Every run of that rank count, whichever test file asks for it, is made by ONE launch (one set of
+    rank processes: each rank's start-up, imports and lane tables once) when a test first asks for one of them."""
+    from lanefuse.lane.run.ranks import launch
+
+    runs = GLOO_RUNS[ranks]
+    if ranks not in _LAUNCHED:
+        keys = list(runs)
+        jobs = [job(model_reference(k[0], runs[k][0], tmp_path_factory), runs[k][0], **runs[k][1]) for k in keys]
+        t0 = time.perf_counter()
+        res = launch(ranks, jobs)
+        print(f"\n{ranks} gloo ranks, {len(keys)} runs: {time.perf_counter() - t0:.1f} s (process start-up "
+              f"included)")
+        _LAUNCHED[ranks] = dict(zip(keys, res))
+    return _LAUNCHED[ranks][key], model_reference(key[0], runs[key][0], tmp_path_factory)
 
 
 def thread_ranks(ranks: int, folder: str, n_tokens: int) -> list[dict]:
@@ -339,26 +416,6 @@ def thread_ranks(ranks: int, folder: str, n_tokens: int) -> list[dict]:
 
     group = LocalComm(ranks)
     return in_threads(ranks, lambda r: rank_generate(group.at(r), folder, PROMPT, n_tokens, CHUNK, max_len=MAX_LEN))
-
-
-class Launches:
-    """A module's jobs by rank count ({ranks: {key: job}}), every job of a count run by one `launch` (one set of R
-    rank processes, one process group) when a test first asks for one of them; a job's results by rank."""
-
-    def __init__(self, jobs: dict[int, dict]):
-        self.jobs, self.done = jobs, {}
-
-    def __call__(self, ranks: int, key) -> list[dict]:
-        from lanefuse.lane.run.ranks import launch
-
-        if ranks not in self.done:
-            keys = list(self.jobs[ranks])
-            t0 = time.perf_counter()
-            res = launch(ranks, [self.jobs[ranks][k] for k in keys])
-            print(f"\n{ranks} gloo ranks, {len(keys)} runs: {time.perf_counter() - t0:.1f} s (process start-up "
-                  f"included)")
-            self.done[ranks] = dict(zip(keys, res))
-        return self.done[ranks][key]
 
 
 def check_run(by_rank: list[dict], m: dict, what, calls: int | None = None) -> None:

@@ -149,9 +149,9 @@ def test_olmo2_ranks_give_transformers_tokens_in_process(tmp_path_factory):
     f32-rounded reference, and the one-rank run's."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from ranks_helpers import check_run, hf_reference, thread_ranks
+    from ranks_helpers import check_run, model_reference, thread_ranks
 
-    m = hf_reference("olmo2_bf16", 6, tmp_path_factory)
+    m = model_reference("olmo2_bf16", 6, tmp_path_factory)
     assert m["one"].generated_ids == m["hf_tokens"] and len(set(m["hf_tokens"])) > 2
     check_run(thread_ranks(2, m["folder"], 6), m, "olmo2_bf16 over 2 threads")
 

@@ -4,7 +4,9 @@ head: q/k normed a head at a time, the sliding layers' own rope) and Phi-3 (bf16
 read in parts, a window, half its heads' width rotated; f32: GQA, no window) and OLMo 2 (bf16, GQA: its q/k norms
 over the whole projection, each rank's part gathered) saved with save_pretrained; a 6-token
 prompt in chunks of 4 and 2, then decode; R = 2 (each rank's plan on the numpy backend: run's default) and R = 4
-(Phi-3, by the reference interpreter). The tokens equal transformers' and the one-rank run's."""
+(Phi-3, by the reference interpreter). The tokens equal transformers' and the one-rank run's. The models and runs are
+tables in tests/ranks_helpers.py (HF_MODELS, FAMILY_RUNS); the runs of one rank count of the three gloo files are one
+launch."""
 
 from __future__ import annotations
 
@@ -13,34 +15,18 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ranks_helpers import GLOO, Launches, check_run, hf_reference, job  # noqa: E402
+from ranks_helpers import FAMILY_RUNS, GLOO, check_run, gloo_run  # noqa: E402
 
 pytestmark = GLOO
 
-N_TOKENS = 6
-NAMES = ("gemma2_f32", "gemma3_bf16", "phi3_bf16", "phi3_f32", "olmo2_bf16")  # tests/ranks_helpers.HF_MODELS
 GATHERS = {"olmo2_bf16": 2 * 2}  # OLMo 2's q and k parts gathered a layer (its norms over the whole projection)
-RUNS = {2: (NAMES, True), 4: (("phi3_bf16",), False)}  # ranks: the models, whether by their plans (else reference)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    out = {}
-    for name in NAMES:
-        out[name] = m = hf_reference(name, N_TOKENS, tmp_path_factory)
+@pytest.mark.parametrize("ranks, names, plan", [(r, tuple(n for n, _ in FAMILY_RUNS[r]),
+                                                 all(v.get("plan") for _, v in FAMILY_RUNS[r].values()))
+                                                for r in FAMILY_RUNS])
+def test_gloo_family_ranks_give_one_ranks_tokens(tmp_path_factory, ranks, names, plan):
+    for (name, what), (n_tokens, _) in FAMILY_RUNS[ranks].items():
+        by_rank, m = gloo_run(ranks, (name, what), tmp_path_factory)
         assert m["one"].generated_ids == m["hf_tokens"] and len(set(m["hf_tokens"])) > 2, name
-    return out
-
-
-@pytest.fixture(scope="module")
-def runs(models):
-    return Launches({ranks: {name: job(models[name], N_TOKENS, exact=True, plan=plan) for name in names}
-                     for ranks, (names, plan) in RUNS.items()})
-
-
-@pytest.mark.parametrize("ranks, names, plan", [(r, *RUNS[r]) for r in RUNS])
-def test_gloo_family_ranks_give_one_ranks_tokens(models, runs, ranks, names, plan):
-    for name in names:
-        steps = 2 + N_TOKENS - 1
-        check_run(runs(ranks, name), models[name], f"{name} ({'numpy plan' if plan else 'reference'})",
-                  calls=steps * (2 * 2 + 1 + GATHERS.get(name, 0)))
+        check_run(by_rank, m, f"{name} ({what})", calls=(2 + n_tokens - 1) * (2 * 2 + 1 + GATHERS.get(name, 0)))
