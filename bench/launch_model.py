@@ -691,46 +691,52 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
     return us
 
 
-# kernels/chain.cu's fold_glu_down (the GLU and the down product's fold as two phases of one launch, tickets ordering
-# them): the boundary between the phases is a poll, not a launch. ASSUMED, not measured: the last GLU block's fence and
-# arrival (an L2 round), a waiting block's acquire load seeing it (an L2 round), its __nanosleep(64) granularity and
-# its barrier: 2 x L_l2 (0.65 µs fitted) + 0.2 µs, rounded up to 1.5 µs. No device has run a chained launch.
+# kernels/chain.cu's chained launches (fold_glu_down: the GLU and the down product's fold; fold_o_glu_down: the o
+# product's fold before those two), phases of one launch, tickets ordering them: each boundary between phases is a
+# poll, not a launch. ASSUMED, not measured: the phase's last fence and arrival (an L2 round; after a fold phase, its
+# norm tail first, which the phase's own price holds), a waiting block's acquire load seeing it (an L2 round), its
+# __nanosleep(64) granularity and its barrier: 2 x L_l2 (0.65 µs fitted) + 0.2 µs, rounded up to 1.5 µs. No device has
+# run a chained launch.
 CHAIN_POLL_US = 1.5
 
 
 def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> None:
-    """A chained launch (fold_glu_down_PW) priced as its two phases, each as the launch it replaces (gemv_glu_PW over
-    the GLU's blocks, fold_gemv_norm_PW over the down product's and its norm tail) with the chained kernel's
-    registers and blocks a SM, less one t0 (one launch), plus CHAIN_POLL_US (ASSUMED) at the boundary; the down
-    blocks resident at the boundary asked L2 for their rows' first PDL_PREFETCH_ROW bytes before they waited, which
-    streams while HBM would idle in the poll: up to min(those bytes / B_peak, the poll, the phase's waves) hidden."""
+    """A chained launch (fold_glu_down_PW, fold_o_glu_down_PW) priced as its phases, each as the launch it replaces
+    (gemv_glu_PW over the GLU's blocks, fold_gemv_norm_PW over a product's and its norm tail) with the chained kernel's
+    registers and blocks a SM, less a t0 for every phase but the first (one launch), plus CHAIN_POLL_US (ASSUMED) at
+    each boundary; the blocks of a later phase resident at its boundary asked L2 for their rows' first
+    PDL_PREFETCH_ROW bytes before they waited, which streams while HBM would idle in the poll: up to min(those bytes /
+    B_peak, the poll, the phase's waves) hidden at each boundary."""
     c = k.launch
-    pw = c.first.per_warp
-    g1, g2 = c.phases()
+    pw = c.glu.per_warp
     phases = []
-    for launch, name, blocks in ((c.first, f"gemv_glu_{pw}", g1), (c.then, f"fold_gemv_norm_{pw}", g2)):
+    for launch, blocks in zip(c.phases, c.blocks_of()):
+        name = f"gemv_glu_{pw}" if launch.census == "gemv_glu" else f"fold_gemv_norm_{pw}"
         p = Kernel(k.index, launch.census, launch, Call(k.call.stems, name, (blocks, 1, 1), k.call.block, ()))
         p.regs, p.smem, p.spill, p.bpsm, p.limit = k.regs, k.smem, k.spill, k.bpsm, k.limit
         p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")})
         structure(p, feats, pos)
         time_us(p, cal, S)
         phases.append(p)
-    p1, p2 = phases
-    resident = min(p2.blocks, S * k.bpsm)
-    pre = min(p2.bytes, resident * (k.threads // 32) * pw * PDL_PREFETCH_ROW)
-    waves2 = p2.us - p2.fixed - p2.tail
-    hidden = min(pre / (cal["B_peak_TBps"] * 1e6), CHAIN_POLL_US, waves2)
+    hidden = 0.0
+    for p in phases[1:]:
+        resident = min(p.blocks, S * k.bpsm)
+        pre = min(p.bytes, resident * (k.threads // 32) * pw * PDL_PREFETCH_ROW)
+        hidden += min(pre / (cal["B_peak_TBps"] * 1e6), CHAIN_POLL_US, p.us - p.fixed - p.tail)
+    first, last = phases[0], phases[-1]
+    bounds = len(phases) - 1
     k.family = "gemv"
-    k.inflight_warp, k.rounds = p1.inflight_warp, p1.rounds + p2.rounds
-    k.bytes = p1.bytes + p2.bytes
-    k.waves = p1.waves + p2.waves
-    k.warps_sm = p1.warps_sm
-    k.fixed, k.tail = cal["t0_us"], p2.tail
-    k.us = p1.us + p2.us - cal["t0_us"] + CHAIN_POLL_US - hidden
+    k.inflight_warp, k.rounds = first.inflight_warp, sum(p.rounds for p in phases)
+    k.bytes = sum(p.bytes for p in phases)
+    k.waves = sum(p.waves for p in phases)
+    k.warps_sm = first.warps_sm
+    k.fixed, k.tail = cal["t0_us"], last.tail
+    k.us = sum(p.us for p in phases) - bounds * cal["t0_us"] + bounds * CHAIN_POLL_US - hidden
     k.tbps = k.bytes / k.us / 1e6
-    k.extra.update(fmt=p1.extra["fmt"], k=p1.extra["k"], n=p1.extra["n"], m=p1.extra["m"], per_warp=pw, tiles=2,
-                   loop=p1.extra["loop"], phases=((p1.extra["n"], p1.extra["k"]), (p2.extra["n"], p2.extra["k"])),
-                   poll_us=CHAIN_POLL_US, chain_hidden_us=hidden, phase_us=(p1.us, p2.us))
+    k.extra.update(fmt=first.extra["fmt"], k=first.extra["k"], n=first.extra["n"], m=first.extra["m"], per_warp=pw,
+                   tiles=len(phases), loop=first.extra["loop"],
+                   phases=tuple((p.extra["n"], p.extra["k"]) for p in phases), poll_us=CHAIN_POLL_US,
+                   chain_hidden_us=hidden, phase_us=tuple(p.us for p in phases))
 
 
 def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
@@ -757,7 +763,7 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
         k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
         k.extra["head_values"] = feats["head_values"]
-        if k.call.name.startswith("fold_glu_down"):
+        if k.call.name.startswith(("fold_glu_down", "fold_o_glu_down")):
             chain_time(k, feats, cal, pos)
             continue
         structure(k, feats, pos)
@@ -984,10 +990,12 @@ def token_bytes(s, pos: int) -> int:
 
 # the rules a plan of the 2026-12-04 run did not have (their kernels were not written): the calibration's plans hold
 # them, so its kernels are the ones measured (head_argmax: the LM head and the arg-max ran as two launches;
-# glu_down_norm: the GLU and the down product's fold ran as two launches)
-MEASURED_PLAN_HOLDS = ("head_argmax", "glu_down_norm")
-# the rules that make a chained launch (kernels/chain.py): held, a plan's GLU and down product are two launches
-CHAIN_HOLDS = ("glu_down_norm",)
+# glu_down_norm, o_glu_down_norm: the o product's fold, the GLU and the down product's fold ran as three launches)
+MEASURED_PLAN_HOLDS = ("head_argmax", "glu_down_norm", "o_glu_down_norm")
+# the rules that make a chained launch (kernels/chain.py): held, a plan's o fold, GLU and down fold are three launches
+CHAIN_HOLDS = ("o_glu_down_norm", "glu_down_norm")
+# the three-phase rule held: a layer's o fold one launch, its GLU and down fold the two-phase chained launch
+TWO_PHASE_HOLDS = ("o_glu_down_norm",)
 
 
 def qwen3_plan(fmt: str, batch: int = 1, held: tuple[str, ...] = ()):
@@ -1196,8 +1204,11 @@ def main() -> None:
     ap.add_argument("--geometry", action="store_true", help="also price every GEMV kind at the other geometries "
                     "(outputs a warp x splits of k) the kernels take")
     ap.add_argument("--unchained", action="store_true", help="also model each plan with the chained launch's rules "
-                    f"held ({', '.join(CHAIN_HOLDS)}: the GLU and the down product's fold two launches), labelled "
+                    f"held ({', '.join(CHAIN_HOLDS)}: the o fold, the GLU and the down fold three launches), labelled "
                     "`unchained`: the before of the chain")
+    ap.add_argument("--two-phase", action="store_true", help="also model each plan with the three-phase chain's rule "
+                    f"held ({', '.join(TWO_PHASE_HOLDS)}: the o product's fold a launch of its own before the two-phase "
+                    "chain), labelled `two-phase`: the before of the three-phase chain")
     ap.add_argument("--pdl", action="store_true", help="also model each plan under programmatic dependent launch "
                     f"(an assumed t0 of {T0_PDL_US} µs a launch and the GEMVs' L2 prefetch; not calibrated)")
     ap.add_argument("--fit-lane", action="store_true", help="fit the lane's per-kind costs (rules/lanes/cuda.yaml "
@@ -1253,13 +1264,15 @@ def main() -> None:
         key = name if pos == positions[0] else f"{name}@{pos}"
         doc["plans"][key] = dict(position=pos, token_bytes=tb, floor_us=floor, launches=s.n_launches, revs={})
         variants = [(rev, ()) for rev in revs]
+        if a.two_phase and not a.plan:
+            variants.insert(0, (a.rev, TWO_PHASE_HOLDS))
         if a.unchained and not a.plan:
             variants.insert(0, (a.rev, CHAIN_HOLDS))
         for rev, held in variants:
             sv = qwen3_plan(name, a.batch, held=held) if held else s
             ks = model(sv, rev, cal, pos)
             tot = sum(k.us for k in ks)
-            label = "unchained" if held else rev_label(rev)
+            label = {CHAIN_HOLDS: "unchained", TWO_PHASE_HOLDS: "two-phase"}.get(held) or rev_label(rev)
             rows = summarize(ks)
             print_table(rows, f"\n{name} (batch {a.batch}, position {pos}), kernels of {label}: {len(ks)} kernel "
                               f"launches, {tot:.0f} µs a token predicted, floor {floor:.0f} µs ({tb / 1e9:.2f} GB at "

@@ -310,11 +310,11 @@ def test_qwen3_layer_is_five_launches(sessions):
     g, s = sessions["qwen3"]
     o = s.plan()
     o.graph.validate()
-    # per layer: qkv (merged, head epilogue, k/v into cache rows), attention, o-proj epilogue, and the gate/up GLU
-    # with the down epilogue (glu_down_norm: one chained launch, kernels/chain.py; five before it); plus the
+    # per layer: qkv (merged, head epilogue, k/v into cache rows), attention, and the o-proj epilogue, the gate/up GLU
+    # and the down epilogue (o_glu_down_norm: one chained launch, kernels/chain.py; five before the chains); plus the
     # embedding's norm, and the head product with the sampling (head_argmax: one launch)
-    assert len(o.graph.ops) == 4 * 2 + 2
-    assert o.fusions["glu_down_norm"] == 2
+    assert len(o.graph.ops) == 3 * 2 + 2
+    assert o.fusions["o_glu_down_norm"] == 2
     assert o.fusions["merged_qkv"] == 2 and o.fusions["place.key_row"] == 2 and o.fusions["place.value_row"] == 2
     qkv = next(op for op in o.graph.ops if op.cls == "merged_qkv")
     assert {p.kind for p in qkv.parts} == {"matmul", "rmsnorm", "rope", "set_row"}

@@ -145,9 +145,10 @@ def test_each_rule_held_in_turn_removes_its_class():
 # Reviewed by eye: per layer, the q/k/v products in parts with the head norms and rotations in their epilogue and
 # k/v written into the cache rows; the attention; the o product folded with the add and the next norm; the gate/up
 # products with the GLU; the down product folded with the add and the next norm. Counted in kernel launches: each
-# fold here runs as one kernel (kernels/fold.py); at decode the GLU and the down fold are one chained launch
-# (glu_down_norm, kernels/chain.py: fold 14, gemv_glu 4 before it), a chunk of 8 rows keeps the two.
-GOLDEN_DECODE = {"attention": 4, "chain": 4, "fold": 10}  # the head and its arg-max one fold (head_argmax)
+# fold here runs as one kernel (kernels/fold.py); at decode the o fold, the GLU and the down fold are one chained
+# launch (o_glu_down_norm, kernels/chain.py: fold 10 with the two-phase chain, glu_down_norm; fold 14, gemv_glu 4
+# before that), a chunk of 8 rows keeps the three.
+GOLDEN_DECODE = {"attention": 4, "chain": 4, "fold": 6}  # the head and its arg-max one fold (head_argmax)
 GOLDEN_PREFILL8 = {"attention": 4, "binary": 1, "fold": 13, "gemv": 1, "gemv_glu": 4, "norm": 1}
 
 
@@ -156,8 +157,9 @@ def test_goldens_demo_decode_and_prefill():
     dec = plan(build_step(cfg, 1))
     assert dec.census == GOLDEN_DECODE
     # the attention's keys in 4 splits (256 cache rows, at least 64 a split: attn_split_min), their partials in the
-    # arena: 4 splits x 8 heads x (32 + 2) floats a row
-    assert dec.arena.bytes == 7424 and dec.arena.lower_bound == 7424
+    # arena: 4 splits x 8 heads x (32 + 2) floats a row; the chained launch's o product, sum, normed row, GLU and down
+    # product all live through that one launch (7424 with the two-phase chain, o_glu_down_norm held)
+    assert dec.arena.bytes == 10240 and dec.arena.lower_bound == 10240
     pre = plan(build_step(cfg, 8))
     assert pre.census == GOLDEN_PREFILL8
     assert pre.arena.bytes == 59392 and pre.arena.lower_bound == 59392
@@ -168,9 +170,9 @@ def test_launches_a_layer_of_a_qwen3_decode_step():
     s = plan(build_step(cfg, 1))
     per = [v for k, v in s.per_layer().items() if 0 <= k < cfg.layers - 1]
     assert per and max(per) <= 5
-    # four a layer (the GLU and the down fold one chained launch, glu_down_norm), and the embedding, the head's product
-    # with its arg-max (head_argmax)
-    assert s.n_launches == 4 * cfg.layers + 2
+    # three a layer (the o fold, the GLU and the down fold one chained launch, o_glu_down_norm), and the embedding, the
+    # head's product with its arg-max (head_argmax)
+    assert s.n_launches == 3 * cfg.layers + 2
 
 
 def test_conservative_lane_plans_from_data_alone():
@@ -213,7 +215,7 @@ def test_check_2_names_the_first_divergent_launch(monkeypatch):
     monkeypatch.setattr(GemvGlu, "numpy", broken)
     env = new_caches(cfg)
     env["token"], env["pos"] = np.asarray([7], np.int32), np.asarray([0], np.int32)
-    # the GLU runs in the chained launch of layer 0's MLP (glu_down_norm), counted in layer 1 (whose norm it writes)
+    # the GLU runs in layer 0's chained launch (o_glu_down_norm), counted in layer 1 (whose norm it writes last)
     first = next(i for i, x in enumerate(s.launches) if x.launch.census == "chain")
     with pytest.raises(UserError, match=rf"launch {first} \(chain, layer 1.*diverges from the reference at `L0.glu`"):
         NumpyRunner(s, w, check=True).step(env, lifted=g)  # what LANEFUSE_CHECK=2 asks of `lanefuse run`
@@ -449,13 +451,14 @@ MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "num
 
 def test_golden_mistral_7b_decode():
     """Mistral-7B v0.1's shape (its config.json alone): Llama's 5 launches a layer, every attention over the last 4096
-    positions (the window the lifted graph's attention carries to its launch); 4 with the GLU and down fold chained."""
+    positions (the window the lifted graph's attention carries to its launch); 3 with the o fold, GLU and down fold
+    chained."""
     from lanefuse.engine.front.hfconfig import config_from_hf
 
     cfg = config_from_hf(MISTRAL_7B, max_len=8192)
     s = plan(build_step(cfg, 1))
-    assert s.census == {"attention": 32, "chain": 32, "fold": 66}  # the GLU and down fold chained (glu_down_norm)
-    assert max(v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1) == 4  # 5 unchained
+    assert s.census == {"attention": 32, "chain": 32, "fold": 34}  # o fold, GLU, down fold chained (o_glu_down_norm)
+    assert max(v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1) == 3  # 5 unchained
     windows = {k.window for x in s.launches for k in x.launch.kernels() if k.census == "attention"}
     assert windows == {4096}
     assert plan(build_step(config_from_hf({**MISTRAL_7B, "sliding_window": None}), 1)).census == s.census
@@ -469,11 +472,11 @@ PHI3_MINI = {"architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "num_hid
 
 def test_golden_phi3_mini_decode():
     """Phi-3-mini-4k's shape (its config.json alone): its fused projections read in parts plan as Llama's, 5 launches
-    a layer (4 chained), every attention over the last 2047 positions."""
+    a layer (3 chained), every attention over the last 2047 positions."""
     from lanefuse.engine.front.hfconfig import config_from_hf
 
     cfg = config_from_hf(PHI3_MINI, max_len=4096)
     s = plan(build_step(cfg, 1))
-    assert s.census == {"attention": 32, "chain": 32, "fold": 66}  # the GLU and down fold chained (glu_down_norm)
-    assert max(v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1) == 4  # 5 unchained
+    assert s.census == {"attention": 32, "chain": 32, "fold": 34}  # o fold, GLU, down fold chained (o_glu_down_norm)
+    assert max(v for k, v in s.per_layer().items() if 0 < k < cfg.layers - 1) == 3  # 5 unchained
     assert {k.window for x in s.launches for k in x.launch.kernels() if k.census == "attention"} == {2047}
