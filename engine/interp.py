@@ -344,8 +344,8 @@ def _join(a_, b, heads, **a):
 
 
 def _head_matmul(x, w, heads, a, b, rows_out, **at):
-    r = x.shape[0]
-    xs = np.asarray(x, dtype=F64).reshape(r, heads, a)
+    xs = np.asarray(x, dtype=F64).reshape(-1, heads, a)  # (rows, heads·a), or read in parts: a unit a row's head
+    r = xs.shape[0]
     ws = np.asarray(w, dtype=F64)
     ws = ws.reshape(heads, b, a).transpose(0, 2, 1) if rows_out else ws.reshape(heads, a, b)  # (heads, a, b)
     return np.einsum("rha,hab->rhb", xs, ws).reshape(r, heads * b).astype(F32)

@@ -368,7 +368,9 @@ def _join(shapes, attrs):
 def _head_matmul(shapes, attrs):
     r, n = _rows_cols(shapes[0])
     h, a, b = attrs["heads"], attrs["a"], attrs["b"]
-    if n != h * a:
+    if n == a and h > 1 and r % h == 0:  # read in parts (an access: a unit a row's head, e.g. each head's unrotated
+        r //= h                          # query values inside a wider row of every head's query)
+    elif n != h * a:
         raise ValueError(f"x {shapes[0]} is not {h} heads of {a}")
     want = (h * b, a) if attrs["rows_out"] else (h * a, b)
     if shapes[1] != want:

@@ -4,18 +4,20 @@
 // (gemv_quant.heads) the output's quantized form too (rows of whole blocks): quant.cu's slab_quant_tail over the flat
 // output as one row, the last block to store each 32 outputs (256 under the q8k form, llama.cpp's q8_K: K-quant o
 // rows) quantizing them. With `upto` (a position; never with `qw`) only the rows below min(m, upto[0] + extra): the
-// filled rows of a cache a chunk's expanded latent attention reads.
+// filled rows of a cache a chunk's expanded latent attention reads. Head h of row r reads its a values of x at
+// (r*heads + h)*xpitch + xoff (head_gemv.py `part`; whole: xpitch a, xoff 0).
 extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, const void* w, i64 fmt, DST_PARAMS(y),
                                                               i64 m, i64 heads, i64 a, i64 b, i64 rows_out,
                                                               unsigned* counters, signed char* qw, signed char* ql,
-                                                              float* qs, i64 qwords, const int* upto, i64 extra) {
+                                                              float* qs, i64 qwords, const int* upto, i64 extra,
+                                                              i64 xpitch, i64 xoff) {
     PDL_ENTER();
     Dst d = DST(y);
     i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     i64 total = m * heads * b, filled = upto ? min(m, max((i64)0, (i64)upto[0] + extra)) : m;
     if (warp < filled * heads * b) {  // no return before the quantizing tail: every thread reaches its barriers
         i64 j = warp % b, h = (warp / b) % heads, r = warp / (b * heads);
-        const float* xr = x + (r * heads + h) * a;
+        const float* xr = x + (r * heads + h) * xpitch + xoff;
         float s = 0.f;
         for (i64 i = lane; i < a; i += 32)
             s += xr[i] * wget((int)fmt, w, rows_out ? (h * b + j) * a + i : (h * a + i) * b + j);

@@ -4,7 +4,12 @@ output expanded out of it). `rows_out`: w is (heads·b, a), head h's b output ro
 (heads·a, b), head h's a input rows at h·a (y_h = x_h·W_h). One kernel (head_gemv.cu), a warp an output. With
 `quant` (gemv_quant.heads: the q8 numerics' o projection of a latent attention) the output's quantized form too: the
 last block to arrive at each 32 outputs quantizes them (an arrival counter a block of 32; the q8k form, llama.cpp's
-q8_K for K-quant o rows: at each 256)."""
+q8_K for K-quant o rows: at each 256). With `part` (seed 002's HeadGemv `part`: an access of its input) head h of row
+r reads its a values at (r·heads + h)·pitch + offset of a wider x: each head's unrotated query values inside every
+head's whole query row, as a latent attention's query absorbed in the seed's spelling (one query projection) reads
+them. The real fronts cut the query projection's rows instead (engine/front/families/deepseek.py: `nope_rows`, a
+product of its own beside the rotated rows', which the merged products take in one launch), so only a step YAML with
+an access reaches it (tests/test_head_gemv_part.py plans one, DeepSeek-V3-shaped)."""
 
 from __future__ import annotations
 
@@ -13,8 +18,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Scratch, decode, format_refusal, names,
-                                     qblock, reach, weight_bytes)
+from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Part, Scratch, decode, format_refusal,
+                                     names, qblock, reach, weight_bytes)
 from lanefuse.kernels.quant import QuantEpilogue
 from lanefuse.engine.refusal import Refusal
 
@@ -36,6 +41,7 @@ class HeadGemv(QuantEpilogue, Launch):
     words: int = 0  # its int8 words a value (q8 1, q8x2 2, the q8k form 3)
     upto: str | None = None  # a position: only the rows below min(m, upto[0] + extra) computed (a cache's filled rows)
     extra: int = 0
+    part: Part | None = None  # x read in parts: head h of row r's a values at (r·heads + h)·pitch + offset
 
     census: ClassVar[str] = "head_gemv"
     stem: ClassVar[tuple[str, ...]] = ("quant", "head_gemv")
@@ -64,6 +70,9 @@ class HeadGemv(QuantEpilogue, Launch):
                 return why
             if self.y != Dst(self.y.buf):
                 return Refusal("a per-head product quantizing an output it writes into a table's rows")
+        if self.part is not None and (self.part.width != self.a or self.part.offset + self.a > self.part.pitch):
+            return Refusal(f"a per-head product reading {self.part.width} values at offset {self.part.offset} of every "
+                           f"{self.part.pitch} as a head's {self.a}")
         if min(self.m, self.heads, self.a, self.b) < 1:
             return Refusal(f"a per-head product of no values ({self.m} rows, {self.heads} heads, {self.a} to {self.b})")
         cols = self.a if self.rows_out else self.b
@@ -76,7 +85,7 @@ class HeadGemv(QuantEpilogue, Launch):
 
     def extents(self, top, tokens):
         n = self.m * self.heads
-        return reach((self.x, n * self.a), (self.w, self.heads * self.a * self.b),
+        return reach((self.x, self.part.extent(n) if self.part else n * self.a), (self.w, self.heads * self.a * self.b),
                      (self.y.buf, self.y.extent(n * self.b, top)), (self.quant, n * self.b), (self.upto, 1))
 
     def weights(self):
@@ -107,12 +116,19 @@ class HeadGemv(QuantEpilogue, Launch):
             return self.m
         return min(self.m, max(0, int(env.array(self.upto)[0]) + self.extra))
 
+    def _x(self, env, m: int) -> np.ndarray:
+        """Rows 0..m-1 of x as (m, heads, a): whole, or each head's part of a wider row."""
+        flat = env.array(self.x)
+        if self.part is None:
+            return flat[: m * self.heads * self.a].reshape(m, self.heads, self.a)
+        return flat[self.part.indices(m * self.heads)].reshape(m, self.heads, self.a)
+
     def numpy(self, env):
         """As the kernel sums: each output's dot in f64, rounded to f32 (the filled rows)."""
         raw, fmt = env.weight(self.w)
         w = self._stack(decode(raw, fmt).astype(np.float64))
         m = self.filled(env)
-        x = env.array(self.x)[: m * self.heads * self.a].reshape(m, self.heads, self.a)
+        x = self._x(env, m)
         y = np.einsum("rha,hab->rhb", x.astype(np.float64), w).astype(np.float32)
         self.y.write(env, y.reshape(m, self.heads * self.b))
         self.epilogue_write(env, y)  # from the f32 values stored, as the last blocks read them back
@@ -120,7 +136,7 @@ class HeadGemv(QuantEpilogue, Launch):
     def fast(self, env):
         w = self._stack(env.matrix(self.w))
         m = self.filled(env)
-        x = env.array(self.x)[: m * self.heads * self.a].reshape(m, self.heads, self.a)
+        x = self._x(env, m)
         y = np.matmul(x.transpose(1, 0, 2), w).transpose(1, 0, 2)  # (m, heads, b) in f32
         if not (y.max() < np.inf and y.min() > -np.inf):  # NaN fails both: f32 overflowed where f64 may not
             with np.errstate(over="ignore", invalid="ignore"):
@@ -140,4 +156,5 @@ class HeadGemv(QuantEpilogue, Launch):
         denv.function(self.stem, "head_gemv")(grid, block, (
             denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
             i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), counters,
-            *self.epilogue_args(denv), denv.opt(self.upto), i64(self.extra)))
+            *self.epilogue_args(denv), denv.opt(self.upto), i64(self.extra),
+            i64(self.part.pitch if self.part else self.a), i64(self.part.offset if self.part else 0)))
