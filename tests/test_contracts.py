@@ -27,7 +27,8 @@ from lanefuse.lane.lower.table import load_lane
 from lanefuse.lane.run.numpy_runner import NumpyRunner
 
 TOL = 1e-4
-HOLD = ("add_norm", "gemv_norm_epilogue", "glu_down_norm")  # the built-in rules joining the ops the new class joins
+# the built-in rules joining the ops the new class joins
+HOLD = ("add_norm", "gemv_norm_epilogue", "glu_down_norm", "o_glu_down_norm")
 README = Path(__file__).resolve().parent.parent / "rules" / "README.md"
 
 CLASSES = """\

@@ -94,7 +94,8 @@ def test_plan_summarizes_every_layer_and_the_tail():
     r = _cli("plan")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    # layers 1-2 alike: the chained GLU and down fold (glu_down_norm) counts in the layer whose norm it writes
+    # layers 1-2 alike: the chained o fold, GLU and down fold (o_glu_down_norm) counts in the layer whose norm it
+    # writes last
     assert "every layer" in out and "1–2" in out and "tail" in out and "logits, next (fold)" in out
     assert "the final norm is fused into layer 3" in out
     assert "`--layer N` shows layer N's launches (0..3" in out
@@ -119,17 +120,19 @@ def test_plan_counts_matches_and_choices_per_rule(tmp_path):
     r = _cli("plan", "--hold", "merged_qkv", "--rules", str(tmp_path))
     assert r.returncode == 0, r.stderr
     row = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["gemv_norm_epilogue"])
-    # matched 8, chosen 4: the o projection's fold a layer (the down product's rides in the chain, glu_down_norm)
-    assert row[1] == "rules/norm.yaml:11" and row[2:4] == ["8", "4"]
+    # matched 8, chosen 0: the o and down products' folds ride in each layer's chained launch (o_glu_down_norm)
+    assert row[1] == "rules/norm.yaml:11" and row[2:4] == ["8", "0"]
+    chain = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["o_glu_down_norm"])
+    assert chain[1] == "rules/ffn.yaml:71" and chain[2:4] == ["4", "4"]
     notes = [line for line in r.stdout.splitlines() if line.startswith("note: ")]
     assert "note: merged_qkv @ rules/products.yaml:11: held back: released, the plan would choose it 4 times" in notes
     assert f"note: my.gelu_glu @ {tmp_path / 'mine.yaml'}:1: your rule never matched this step" in notes
     assert f"note: my.add @ {tmp_path / 'mine.yaml'}:9: class `my_add` is linked by no launch of the cuda lane: " \
            f"never chosen" in notes
     js = _cli("plan", "--json", "-")
-    rule = next(r for r in json.loads(js.stdout)["rules"] if r["rule"] == "gemv_norm_epilogue")
-    assert rule == {"rule": "gemv_norm_epilogue", "where": "rules/norm.yaml:11", "class": "gemv_norm_epilogue",
-                    "matched": 8, "chosen": 4, "note": ""}
+    rule = next(r for r in json.loads(js.stdout)["rules"] if r["rule"] == "o_glu_down_norm")
+    assert rule == {"rule": "o_glu_down_norm", "where": "rules/ffn.yaml:71", "class": "o_glu_down_norm",
+                    "matched": 4, "chosen": 4, "note": ""}
     idle = _cli("plan", "--hold", "embed_scale")  # the demo model scales no embedding: the hold changes nothing
     assert "note: embed_scale @ rules/norm.yaml:30: held back, and not chosen anyway: the plan with it released " \
            "does not choose it" in idle.stdout

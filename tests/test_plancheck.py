@@ -147,7 +147,7 @@ def _halve_k(p):  # the head's product over half of its input: other tokens, exi
 
 
 TAMPERED = [
-    ("two live arrays at one offset", _overlap, "arena.arrays[", "overlap `x0`"),
+    ("two live arrays at one offset", _overlap, "arena.arrays[", "overlap `L0.attn_norm`"),
     ("a norm's cols halved", _halve_cols, "launches[0] (fold).then.x", "128 values read but `x0` holds 256"),
     ("a far offset", _far, "(x0).offset", "past the arena's"),
     ("a bigger n", _bigger_n, "(fold).then.x", "1024 values of `logits` reached but it holds 512"),
@@ -160,8 +160,8 @@ TAMPERED = [
     ("a buffer past its home", _past_home, "buffers['L0.kc'].offset", "past `kc0`'s 16384"),
     ("a buffer with no home", _no_home, "buffers['L0.kc'].home", "`kc9` is not a buffer"),
     ("a lifetime shorter than its launches", _shrunk_lifetime, "(x0).last", "launches 0..3 use it"),
-    # the GLU of layer 0's chained MLP launch (glu_down_norm)
-    ("a weight's format misstated", _format_lie, "launches[4] (chain)", "as bf16 values but the plan holds it as f32"),
+    # the GLU of layer 0's chained launch (o_glu_down_norm)
+    ("a weight's format misstated", _format_lie, "launches[3] (chain)", "as bf16 values but the plan holds it as f32"),
     ("a result into no tensor", _writes_nothing_known, "launches[2] (attention)", "writes `L0.atn`"),
     ("a NaN eps", _nan, ".eps", "expected a finite number"),
     ("an arena of a petabyte", _huge_arena, "arena.bytes", "more than all its arrays side by side"),
@@ -169,7 +169,9 @@ TAMPERED = [
     ("a weight where an array goes", _weight_as_array, "launches[2] (attention)", "which is a constant"),
     ("a key offset past the cache row", _big_cache_row, "launches[2] (attention).kc", "reached but it holds 16384"),
     ("a lower bound past the arena", _lower_bound, "arena.lower_bound", "for an arena of"),
-    ("a product's k halved", _halve_k, "launches[3] (fold).first.x", "128 values read but `L0.attn` holds 256"),
+    # the o product: the first phase of layer 0's chained launch (o_glu_down_norm)
+    ("a product's k halved", _halve_k, "launches[3] (chain).phases[0].first.x",
+     "128 values read but `L0.attn` holds 256"),
     ("a string in a shape", _shape_string, "tensors['x0'].shape[0]", "expected an integer"),
     ("a constant shaped otherwise than the weights", _wrong_constant_shape, "constants['model.norm.weight']",
      "edited after the plan was saved"),  # its digest: before the checkpoint's shape is read
@@ -303,11 +305,11 @@ def test_a_gate_and_up_of_two_formats_is_not_one_gemv_glu():
     from lanefuse.kernels import GemvGlu
     from lanefuse.lane.lower.plan import plan
 
-    p = plan(build_step(ARCHS["qwen3"], 1), held=["glu_down_norm"])  # the GLU a launch of its own, not chained
+    p = plan(build_step(ARCHS["qwen3"], 1), held=["o_glu_down_norm", "glu_down_norm"])  # the GLU apart
     glu_layers = {x.layer for x in p.launches if isinstance(x.launch, GemvGlu)}
     assert 0 not in glu_layers and 1 in glu_layers  # layer 0's up rows are bf16, its gate's f32: apart
     _round_trip(p)
-    demo = plan(build_step(ARCHS["llama"], 1), held=["glu_down_norm"])
+    demo = plan(build_step(ARCHS["llama"], 1), held=["o_glu_down_norm", "glu_down_norm"])
     (g, *_) = [x.launch for x in demo.launches if isinstance(x.launch, GemvGlu)] or [None]
     if g is not None:
         why = dataclasses.replace(g, format_u="bf16" if g.format != "bf16" else "f32").check()
