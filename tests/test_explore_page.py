@@ -281,11 +281,11 @@ def test_whole_step_minimap_search_tail(page, tmp_path):
     pg.locator("#search").press("Enter")
     pg.wait_for_selector(f"#detail-title:text-is('launch #{last} · {ex.launch(last)['census']}')")
     assert pg.locator("#layer").input_value() == str(ex.layers - 1)  # the step's last launch: the last layer's view
-    pg.locator("#search").fill("glu_down_norm")  # a rule the plan chose (the MLP's chained launch, issue 34)
+    pg.locator("#search").fill("o_glu_down_norm")  # a rule the plan chose (the o fold and MLP's chained launch, #34)
     pg.locator("#search").press("Enter")
-    pg.wait_for_selector("#detail-title:text-is('glu_down_norm @ rules/ffn.yaml:53')")
+    pg.wait_for_selector("#detail-title:text-is('o_glu_down_norm @ rules/ffn.yaml:71')")
     lit = pg.locator("#minimap .mm-cell.lit").count()
-    assert lit == ex.plan().fusions["glu_down_norm"]
+    assert lit == ex.plan().fusions["o_glu_down_norm"]
     pg.locator("#search").fill("nothing_like_this")
     pg.locator("#search").press("Enter")
     pg.locator(".toast").wait_for()
@@ -330,9 +330,9 @@ def test_a_b(page, tmp_path):
 
 
 def test_qwen3_8b_shape_page(browser, tmp_path):
-    """The live page over a config-only Qwen3-8B folder (36 layers, 146 launches: each layer's GLU and down fold one
-    chained launch, glu_down_norm; 182 before it): the mini-map fits, every layer
-    and the step's tail are reachable, a hold answers; bench/explore_page.py times it."""
+    """The live page over a config-only Qwen3-8B folder (36 layers, 110 launches: each layer's o fold, GLU and down
+    fold one chained launch, o_glu_down_norm; 146 with the two-phase chain, 182 before it): the mini-map fits, every
+    layer and the step's tail are reachable, a hold answers; bench/explore_page.py times it."""
     import json
 
     from lanefuse.lane.cli.explore import _open
@@ -353,7 +353,7 @@ def test_qwen3_8b_shape_page(browser, tmp_path):
     try:
         pg.goto(url)
         pg.wait_for_selector(".node[data-tensor='L0.attn_norm']")
-        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 146
+        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 110
         assert pg.evaluate("(() => { const m = document.querySelector('#minimap'); "
                            "return m.scrollWidth <= m.clientWidth; })()")  # all 36 layers in the strip
         pg.locator("#minimap .mm-col[data-mm-layer='35']").click()
