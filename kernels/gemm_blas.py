@@ -45,7 +45,7 @@ import numpy as np
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import Dst, Scratch
-from lanefuse.kernels.gemm_tc import GemmTc, GemmTcGlu, GemmTcParts, kp, tc_bound
+from lanefuse.kernels.gemm_tc import BLAS_FORMS, GemmTc, GemmTcGlu, GemmTcParts, kp, tc_bound
 
 # cuBLAS's and CUDA's enumerations (cublas_api.h, library_types.h)
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
@@ -255,3 +255,4 @@ class GemmBlasGlu(BlasProduct, GemmTcGlu):
 
 
 BLAS_OF = {GemmTc: GemmBlas, GemmTcParts: GemmBlasParts, GemmTcGlu: GemmBlasGlu}
+BLAS_FORMS[:] = [prefer]  # gemm_tc's `cublas` step (its tune) asks this module's choice

@@ -139,6 +139,11 @@ def rounded_rows(w: np.ndarray) -> np.ndarray:
     return got
 
 
+# The `cublas` step's choice (kernels/gemm_blas.py's `prefer`, which registers itself here when the kinds are imported:
+# the cuBLAS forms build on these kinds, so this module cannot import that one).
+BLAS_FORMS: list = []
+
+
 class TcProduct(Launch):
     """What the tensor-core products share (GemmTc, GemmTcParts, GemmTcGlu; each declares x, format, k and m among
     its fields): x (m, k) rounded to bf16 once into scratch by a first kernel (gemm_tc_round), w's rows copied to
@@ -152,11 +157,9 @@ class TcProduct(Launch):
     def tune(self, knobs, held=frozenset()):
         """`cublas`: the product through cuBLAS (kernels/gemm_blas.py) where the lane prices it cheaper; held, this
         kernel."""
-        if "cublas" in held:
+        if "cublas" in held or not BLAS_FORMS:
             return self
-        from lanefuse.kernels.gemm_blas import prefer
-
-        return prefer(self, knobs)
+        return BLAS_FORMS[0](self, knobs)
 
     def rate(self, knobs) -> float:
         """TFLOP/s the lane prices its flops at: knob tflops_tc (kernels/gemm_blas.py's cuBLAS forms: their own)."""
