@@ -140,6 +140,9 @@ def pytest_unconfigure(config):
         os.remove(f.name)
     elif not hasattr(config, "workerinput"):
         shutil.rmtree(_crash_dir(config), ignore_errors=True)
+        # the compiles the workers shared (tests/test_kernels_compile.py run_dir)
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), f"lanefuse-run-{os.getuid()}-{os.getpid()}"),
+                      ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -58,18 +58,59 @@ NVCC = shutil.which("nvcc")
 _NVRTC: dict[tuple, tuple] = {}
 
 
+def run_dir() -> Path:
+    """A folder every xdist worker of this run shares (named by the controller's process, a worker's parent; removed
+    when the run ends: tests/conftest.py), where one worker's compile is every worker's."""
+    run = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+    d = Path(tempfile.gettempdir()) / f"lanefuse-run-{os.getuid()}-{run}" / "compiles"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def shared_result(cache: Path | None, key: str, compute) -> tuple:
+    """compute()'s result (a JSON-able tuple), computed once a run: a worker that finds another computing the same key
+    waits on its lock and reads the result it left."""
+    if cache is None:
+        return tuple(compute())
+    done = cache / f"{key}.json"
+    try:
+        import fcntl
+
+        lock = open(cache / f"{key}.lock", "w")  # noqa: SIM115 - held until the result is written
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except ImportError:  # no POSIX locks: each worker computes for itself
+        lock = None
+    try:
+        if done.exists():
+            return tuple(json.loads(done.read_text()))
+        got = tuple(compute())
+        tmp = done.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps(got))
+        tmp.replace(done)
+        return got
+    finally:
+        if lock is not None:
+            lock.close()
+
+
 def nvrtc_compile(stems, arch) -> tuple[bool, str, str]:
-    """(compiled, log, PTX) of the module `stems` on `arch` as CuPy compiles it, once a session: the PTX the argument
-    check reads comes from the same compile (NVRTC keeps it beside the cubin)."""
+    """(compiled, log, PTX) of the module `stems` on `arch` as CuPy compiles it, once a run (the workers share it:
+    run_dir): the PTX the argument checks of several test files read comes from the same compile (NVRTC keeps it
+    beside the cubin). The chain module takes NVRTC ~3 minutes here: once, not once a reader."""
     key = (tuple(stems), arch)
-    if key not in _NVRTC:
-        n = nvrtc()
-        src = source(stems).encode()
-        err, prog = n.nvrtcCreateProgram(src, b"kernel.cu", 0, [], [])
+    if key in _NVRTC:
+        return _NVRTC[key]
+    n = nvrtc()
+    src = source(stems)
+    opts = [f"--gpu-architecture={arch}", *OPTIONS, *(f"-I{d}" for d in include_dirs())]
+    _, major, minor = n.nvrtcVersion()
+    digest = hashlib.sha256("\0".join(["nvrtc", f"{major}.{minor}", *opts, src]).encode()).hexdigest()[:24]
+
+    def compile_it():
+        err, prog = n.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], [])
         assert err == n.nvrtcResult.NVRTC_SUCCESS
-        opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in OPTIONS)]
-        opts += [f"-I{d}".encode() for d in include_dirs()]
-        (res,) = n.nvrtcCompileProgram(prog, len(opts), opts)
+        raw = [o.encode() for o in opts]
+        (res,) = n.nvrtcCompileProgram(prog, len(raw), raw)
         _, size = n.nvrtcGetProgramLogSize(prog)
         # NVRTC writes into the buffer: a bytearray, never bytes (`b" " * 1` is CPython's one cached b" ", which
         # NVRTC's empty log overwrote with a NUL for the whole process: every later b" " padding became b"\x00")
@@ -82,8 +123,9 @@ def nvrtc_compile(stems, arch) -> tuple[bool, str, str]:
             n.nvrtcGetPTX(prog, buf)
             ptx = bytes(buf).rstrip(b"\x00").decode(errors="replace")
         n.nvrtcDestroyProgram(prog)
-        _NVRTC[key] = (res == n.nvrtcResult.NVRTC_SUCCESS, bytes(log).rstrip(b"\x00 \n").decode(errors="replace"),
-                       ptx)
+        return (res == n.nvrtcResult.NVRTC_SUCCESS, bytes(log).rstrip(b"\x00 \n").decode(errors="replace"), ptx)
+
+    _NVRTC[key] = shared_result(run_dir(), digest, compile_it)
     return _NVRTC[key]
 
 
@@ -128,35 +170,17 @@ def nvcc_build(stems, arch, cache: Path | None) -> tuple[int, str]:
     key = hashlib.sha256("\0".join([NVCC, *flags, src]).encode()).hexdigest()[:24]
     if key in _NVCC:
         return _NVCC[key]
-    lock = done = None
-    if cache is not None:
-        done = cache / f"{key}.json"
-        try:
-            import fcntl
 
-            lock = open(cache / f"{key}.lock", "w")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except ImportError:  # no POSIX locks: each worker compiles for itself
-            lock = None
-    try:
-        if done is not None and done.exists():
-            got = tuple(json.loads(done.read_text()))
-        else:
-            with tempfile.TemporaryDirectory() as d:
-                cu = Path(d) / "kernel.cu"
-                cu.write_text(src)
-                r = subprocess.run([NVCC, *flags, "-o", str(Path(d) / "kernel.cubin"), str(cu)], capture_output=True,
-                                   text=True)
-            got = (r.returncode, r.stdout + r.stderr)
-            if done is not None:
-                tmp = done.with_suffix(f".{os.getpid()}")
-                tmp.write_text(json.dumps(got))
-                tmp.replace(done)
-    finally:
-        if lock is not None:
-            lock.close()
-    _NVCC[key] = got
-    return got
+    def compile_it():
+        with tempfile.TemporaryDirectory() as d:
+            cu = Path(d) / "kernel.cu"
+            cu.write_text(src)
+            r = subprocess.run([NVCC, *flags, "-o", str(Path(d) / "kernel.cubin"), str(cu)], capture_output=True,
+                               text=True)
+        return (r.returncode, r.stdout + r.stderr)
+
+    _NVCC[key] = shared_result(cache, key, compile_it)
+    return _NVCC[key]
 
 
 def ptxas_report(line: str) -> bool:
