@@ -206,12 +206,12 @@ def test_undo_history_failed_request_exact(page, tmp_path):
 def test_rule_source_launch_code_saturation(page, tmp_path):
     pg, ex, log = page
     # a fusion fired: its rule's source
-    pg.locator("#fusions tr[data-fusion='gemv_norm_epilogue']").click()
+    pg.locator("#fusions tr[data-fusion='o_glu_down_norm']").click()
     pg.wait_for_selector("#detail-panel:not(.hidden)")
-    assert pg.locator("#detail-title").inner_text() == "gemv_norm_epilogue @ rules/norm.yaml:11"
+    assert pg.locator("#detail-title").inner_text() == "o_glu_down_norm @ rules/ffn.yaml:71"
     src = pg.locator("#rule-source").inner_text()
-    assert src.startswith("- name: gemv_norm_epilogue") and "keeps: [s]" in src
-    assert "p: matmul(x, wp)" in pg.locator("#rule-pattern").inner_text()
+    assert src.startswith("- name: o_glu_down_norm") and "keeps: [o, r, x, h, p, s]" in src
+    assert "p: matmul(h, wp)" in pg.locator("#rule-pattern").inner_text()
     # a rule's name in the rules panel
     pg.locator("[data-rule-row='qkv_head_epilogue'] td.name").click()
     pg.wait_for_selector("#detail-title:text-is('qkv_head_epilogue @ rules/rope.yaml:9')")
@@ -249,7 +249,7 @@ def test_rule_source_launch_code_saturation(page, tmp_path):
     assert last == str(sat["egraph"]["nodes"])
     why_row = pg.locator("#sat-rules tr[data-sat-why='add_norm']")  # its why-not on a row of its own, under it
     why = why_row.locator("td.why").inner_text()
-    assert "the step would cost" in why and "gemv_norm_epilogue" in why
+    assert "the step would cost" in why and "o_glu_down_norm" in why  # add_norm's add and norm: inside the chain
     assert why_row.bounding_box()["width"] >= 0.9 * box(pg, "#sat-rules")["width"]  # the table's width, not ~60 px
     pg.locator("#sat-rules tr[data-sat-rule='add_norm'] a").click()
     pg.wait_for_selector("#detail-title:text-is('add_norm @ rules/norm.yaml:2')")
@@ -360,9 +360,9 @@ def test_qwen3_8b_shape_page(browser, tmp_path):
         pg.wait_for_selector(".node[data-tensor='next']")
         fitted(pg)
         fold = pg.locator("#census [data-count='fold']").inner_text()
-        pg.locator("[data-rule-row='gemv_norm_epilogue'] .switch").click()
+        pg.locator("[data-rule-row='o_glu_down_norm'] .switch").click()  # held: each layer's o fold its own launch
         pg.wait_for_selector(f"#census:not(:has([data-count='fold']:text-is('{fold}')))")
-        assert ex.held == ["gemv_norm_epilogue"]
+        assert ex.held == ["o_glu_down_norm"]
         pg.screenshot(path=str(shots(tmp_path) / "explore-qwen3-8b.png"))
         assert log == [], log
     finally:
