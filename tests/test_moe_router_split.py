@@ -27,6 +27,7 @@ from lanefuse.kernels import Dst, Moe
 from lanefuse.kernels.common import encode
 from lanefuse.lane.lower.knobs import Knobs
 from test_kernels_emulated import again_same, counters_zero
+from test_ranks_moe_emulated import poisoned  # scratch NaN / -1 / 0xff before the launch: a read before a write shows
 from test_moe_per_warp import emulated, mixture, needs_gxx  # noqa: F401 - the emulator fixture
 from test_ranks_moe_emulated import part_of
 
@@ -47,27 +48,6 @@ def grouped(rows: int, d: int, f: int, E: int, k: int, groups: int, topk: int, s
         kw.update(sg="sg", su="su", sd="sd", sf=shared, format_s="bf16")
     return Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "bf16", norm_topk=True, routing="sigmoid_group",
                br="cb", groups=groups, topk_groups=topk, route_scale=2.5, **kw), arrays, weights
-
-
-
-def poisoned(launch: Moe, arrays: dict, weights: dict, tol: float = 2e-4):
-    """test_kernels_gpu.both with the launch's scratch (logits, choices, weights, hidden, a quantized GLU) poisoned
-    before it runs (NaN, -1, 0xff), as a device's memory holds what it held: a routing read before it is written
-    shows."""
-    from lanefuse.kernels import HostEnv
-    from lanefuse.kernels.cupy_env import DeviceEnv
-
-    host = HostEnv({n: a.copy() for n, a in arrays.items()}, weights)
-    launch.numpy(host)
-    dev = DeviceEnv(0, {}, {n: a.copy() for n, a in arrays.items()}, weights)
-    for sc in launch.scratch():
-        if not sc.counter:
-            a = dev.scratch(launch, sc)
-            a[...] = {"i": -1, "u": 255}.get(a.dtype.kind, np.nan)
-    launch.cuda(dev)
-    for name in arrays:
-        np.testing.assert_allclose(dev.host(name), host.array(name), rtol=tol, atol=tol, err_msg=name)
-    return dev
 
 
 def run_split(launch: Moe, arrays: dict, weights: dict, split: int) -> dict:
