@@ -14,19 +14,10 @@ from lanefuse.kernels.common import encode
 from lanefuse.kernels.gemm_blas import GemmBlas, GemmBlasGlu, GemmBlasParts
 
 from test_gemm_tc import check_within_bound, r32, tc_case
+from test_gemm_tc_gpu import run  # the launch on the device, synchronized
 from test_kernels_gpu import _device
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _device(), reason="no CUDA device")]
-
-
-def run(launch, arrays, weights):
-    from lanefuse.kernels.cupy_env import DeviceEnv
-
-    assert launch.check() is None, launch.check()
-    dev = DeviceEnv(0, {}, arrays, weights)
-    launch.cuda(dev)
-    dev.cp.cuda.Device().synchronize()
-    return dev
 
 
 @pytest.mark.parametrize("m,n,k", [(16, 8, 16), (19, 24, 37), (17, 100, 80), (130, 33, 72), (33, 70000, 64),
