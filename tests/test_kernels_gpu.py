@@ -661,20 +661,27 @@ def test_head_gemv_computes_only_the_filled_rows(pos, extra):
 def test_moe_grouped_sigmoid(rows, sort, shared):
     """DeepSeek-V3's routing on the device: sigmoid scores, a correction bias large enough to change the choices, the
     best groups by their top two, weights renormalized and scaled; an ungated shared expert."""
+    for d, f, E, k, groups, topk in ((32, 11, 8, 3, 4, 2), (256, 64, 256, 8, 8, 4)):
+        both(*grouped_moe(rows, d, f, E, k, groups, topk, shared, seed=rows + shared + d, sort=sort), tol=2e-4)
+
+
+def grouped_moe(rows: int, d: int, f: int, E: int, k: int, groups: int, topk: int, shared: int, seed: int,
+                sort: bool = False):
+    """(launch, arrays, weights): DeepSeek-V3's routing (sigmoid scores, a correction bias large enough to change the
+    choices, the best groups kept) over bf16 experts, an ungated bf16 shared expert of width `shared` (0: none)."""
     from lanefuse.kernels import Moe
 
-    for d, f, E, k, groups, topk in ((32, 11, 8, 3, 4, 2), (256, 64, 256, 8, 8, 4)):
-        g = np.random.default_rng(rows + shared + d)
-        arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
-        weights = {"wr": ((r32(g, E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
-                   "cb": (0.5 * r32(g, E), "f32"),
-                   "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
-                   "wd": (encode(r32(g, E * d, f) / np.sqrt(f), "bf16"), "bf16")}
-        kw = {}
-        if shared:
-            for n, shape in (("sg", (shared, d)), ("su", (shared, d)), ("sd", (d, shared))):
-                weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), "bf16"), "bf16")
-            kw.update(sg="sg", su="su", sd="sd", sf=shared, format_s="bf16")
-        both(Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "bf16", norm_topk=True, sort=sort,
-                 routing="sigmoid_group", br="cb", groups=groups, topk_groups=topk, route_scale=2.5, **kw),
-             arrays, weights, tol=2e-4)
+    g = np.random.default_rng(seed)
+    arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
+    weights = {"wr": ((r32(g, E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"),
+               "cb": (0.5 * r32(g, E), "f32"),
+               "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
+               "wd": (encode(r32(g, E * d, f) / np.sqrt(f), "bf16"), "bf16")}
+    kw = {}
+    if shared:
+        for n, shape in (("sg", (shared, d)), ("su", (shared, d)), ("sd", (d, shared))):
+            weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), "bf16"), "bf16")
+        kw.update(sg="sg", su="su", sd="sd", sf=shared, format_s="bf16")
+    return (Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "bf16", norm_topk=True, sort=sort,
+                routing="sigmoid_group", br="cb", groups=groups, topk_groups=topk, route_scale=2.5, **kw),
+            arrays, weights)

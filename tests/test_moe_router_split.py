@@ -24,7 +24,6 @@ import pytest
 import test_kernels_gpu as gpu
 from cuda_host import emu
 from lanefuse.kernels import Dst, Moe
-from lanefuse.kernels.common import encode
 from lanefuse.lane.lower.knobs import Knobs
 from test_kernels_emulated import again_same, counters_zero
 from test_ranks_moe_emulated import poisoned  # scratch NaN / -1 / 0xff before the launch: a read before a write shows
@@ -32,22 +31,6 @@ from test_moe_per_warp import emulated, mixture, needs_gxx  # noqa: F401 - the e
 from test_ranks_moe_emulated import part_of
 
 r32 = gpu.r32
-
-
-def grouped(rows: int, d: int, f: int, E: int, k: int, groups: int, topk: int, shared: int = 0):
-    """DeepSeek-V3's routing (sigmoid scores, a correction bias, the best groups kept) over bf16 experts."""
-    g = np.random.default_rng(rows + d + E)
-    arrays = {"x": r32(g, rows, d), "y": np.zeros(rows * d, np.float32)}
-    weights = {"wr": ((r32(g, E, d) * 3 / np.sqrt(d)).astype(np.float32), "f32"), "cb": (0.5 * r32(g, E), "f32"),
-               "wgu": (encode(r32(g, E * 2 * f, d) / np.sqrt(d), "bf16"), "bf16"),
-               "wd": (encode(r32(g, E * d, f) / np.sqrt(f), "bf16"), "bf16")}
-    kw = {}
-    if shared:
-        for n, shape in (("sg", (shared, d)), ("su", (shared, d)), ("sd", (d, shared))):
-            weights[n] = (encode(r32(g, *shape) / np.sqrt(shape[1]), "bf16"), "bf16")
-        kw.update(sg="sg", su="su", sd="sd", sf=shared, format_s="bf16")
-    return Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "bf16", norm_topk=True, routing="sigmoid_group",
-               br="cb", groups=groups, topk_groups=topk, route_scale=2.5, **kw), arrays, weights
 
 
 def run_split(launch: Moe, arrays: dict, weights: dict, split: int) -> dict:
@@ -89,7 +72,7 @@ def test_grouped_routing_and_a_ranks_part_split(emulated):
     """DeepSeek-V3's grouped routing (8 groups of 4, 3 kept, a shared expert; its group scores in shared memory now)
     at router_split 1 and 4; then a rank's part of a mixture (experts 2..4 of 9 held, every row routed over all 9):
     the choices of other ranks' experts are -1 in `choices` and their blocks compute nothing."""
-    launch, arrays, weights = grouped(2, 64, 40, 32, 4, 8, 3, shared=24)
+    launch, arrays, weights = gpu.grouped_moe(2, 64, 40, 32, 4, 8, 3, 24, seed=2 + 64 + 32)  # DeepSeek-V3's routing
     one, four = run_split(launch, arrays, weights, 1), run_split(launch, arrays, weights, 4)
     np.testing.assert_array_equal(four["y"], one["y"])
     whole, arrays, weights = mixture("bf16", 2, 64, 40, 9, 3)
