@@ -203,6 +203,27 @@ def test_undo_history_failed_request_exact(page, tmp_path):
     assert all("status of 500" in line for line in log), log
 
 
+def test_layer_switches_answered_out_of_order(page):
+    """Two layer switches whose answers cross (the server answers on threads; CI's loaded machine did it): the page
+    shows the layer the switch names, never the older answer arriving last."""
+    pg, ex, log = page
+    last = ex.layers - 1
+    held, zero = [], lambda u: "/api/state?layer=0" in u
+    pg.route(zero, lambda r: held.append(r))  # layer 0's answer waits until the test lets it go
+    pg.select_option("#layer", "0")
+    pg.wait_for_function("() => document.body.style.cursor === 'progress'")
+    pg.select_option("#layer", str(last))
+    pg.wait_for_selector(f"#graph-title:has-text('L{last}:')")
+    assert len(held) == 1
+    held[0].continue_()
+    pg.wait_for_function("() => window.lanefuse.state && document.body.style.cursor === ''")  # both loads done
+    assert pg.locator("#graph-title").inner_text().startswith(f"L{last}:")
+    assert pg.locator("#layer").input_value() == str(last)
+    assert pg.evaluate("window.lanefuse.state.layer") == last
+    pg.unroute(zero)
+    assert log == [], log
+
+
 def test_rule_source_launch_code_saturation(page, tmp_path):
     pg, ex, log = page
     # a fusion fired: its rule's source

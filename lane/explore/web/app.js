@@ -112,11 +112,16 @@ function busy(on) {
   document.body.style.cursor = S.busy > 0 ? "progress" : "";
 }
 
+// the server answers on threads, so two layer switches in a row may be answered out of order: only the newest
+// load draws (an older answer arriving last would show a layer the switch no longer names)
+let loads = 0;
 async function load(layer) {
+  const mine = ++loads;
   busy(true);
   try {
     const q = layer === null || layer === undefined ? "" : `?layer=${layer}`;
     const st = await api("/api/state" + q);
+    if (mine !== loads) return;
     if (S.sel && S.layer !== null && S.layer !== st.layer) { // the same tensor in the new layer
       const short = shortName(S.sel, S.layer);
       const next = st.graph.nodes.find((n) => shortName(n.id, st.layer) === short);
