@@ -105,6 +105,31 @@ def test_ranks_equal_one_rank(fmt, ranks, rows):
         np.testing.assert_allclose(e["kc1"], run.one["kc1"][:, r * kv * hd:(r + 1) * kv * hd], atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("fmt, ranks, rows", [("f32", 4, 1), ("bf16", 4, 5), ("f32", 8, 5)])
+def test_kv_heads_replicated(fmt, ranks, rows):
+    """More ranks than KV heads (8 heads over 2 KV heads; R = 4 and 8): each rank holds the one KV head its query
+    heads read (rank r's is r·2/R), R/2 ranks the same one, and keeps that head's cache; the ranks' step (decode, a
+    chunk) gives the one rank's token and logits, and each rank's plan run by the numpy backend the reference ranks'."""
+    cfg = _cfg(fmt, heads=8, kv_heads=2)
+    w = _weights(cfg)
+    run = after_a_chunk(cfg, w, ranks, list(rng.integers(0, cfg.vocab, rows)))
+    scale = assert_same_step(run.got, run.want)
+    hd = cfg.head_dim
+    for r, e in enumerate(run.envs):
+        h = r * 2 // ranks
+        assert e["kc1"].shape[1] == hd
+        np.testing.assert_allclose(e["kc1"], run.one["kc1"][:, h * hd:(h + 1) * hd], atol=1e-5 * scale)
+        np.testing.assert_array_equal(rank_weights(w, cfg, r, ranks).get("model.layers.0.self_attn.v_proj.weight"),
+                                      w.get("model.layers.0.self_attn.v_proj.weight")[h * hd:(h + 1) * hd])
+    if rows == 1:
+        RankPlans(cfg, w, ranks, rng.integers(0, cfg.vocab, rows)).check()
+    # the ranks' bytes: the whole tensors on every rank, the parts once, and each KV head's k and v rows R/2 times
+    sz = 4 if fmt == "f32" else 2
+    whole = sz * 101 * 48 + 4 * 48 * (1 + 2 * 2) + 4 * 8 * 2 * 2  # embedding, norms (final, 2 a layer), q/k norms
+    head = 2 * 2 * hd * cfg.hidden * sz  # one KV head's k and v rows, both layers
+    assert sum(rank_weight_bytes(cfg, ranks)) == rank_weight_bytes(cfg, 1)[0] + (ranks - 1) * whole + (ranks - 2) * head
+
+
 def test_rank_weights_cut():
     cfg = _cfg("bf16")
     w = _weights(cfg)
@@ -136,6 +161,8 @@ def test_rank_weight_bytes():
 @pytest.mark.parametrize("cfg, ranks, words", [
     (_cfg(), 2, "do not divide .*3 KV heads"),
     (_cfg(), 0, "1 or more ranks"),
+    (_cfg(kv_heads=2), 4, "4 ranks do not divide .*2 KV heads .* or a multiple of it that divides 6"),  # 6 % 4
+    (_cfg(heads=8, kv_heads=2), 3, "3 ranks do not divide .*2 KV heads"),
     (_cfg(inter=2), 3, "FFN of 2 values"),
     (_cfg("q8_0", hidden=64, inter=64, head_dim=16, kv_heads=2, heads=2), 2, "cut across its blocks of 32"),
 ])
@@ -160,6 +187,10 @@ def test_refuses_mixtures_and_families():
     check_ranks(olmo, 3)  # split (its whole-projection q/k norms gathered: tests/test_ranks_families.py)
     with pytest.raises(UserError, match="2 ranks do not divide .* 3 KV heads") as e:
         check_ranks(olmo, 2)
+    assert "\n" not in str(e.value)
+    check_ranks(_cfg(), 6)  # one KV head on two ranks each
+    with pytest.raises(UserError, match="6 ranks do not divide .* 3 KV heads .*OLMo 2's k norm") as e:
+        check_ranks(olmo, 6)  # its whole-projection k norm would count a replicated head twice
     assert "\n" not in str(e.value)
     check_ranks(olmo, 1)
 

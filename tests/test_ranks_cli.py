@@ -73,7 +73,7 @@ def test_one_rank_does_not_fit_where_two_do(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["plan", "--ranks", "3"], "3 ranks do not divide demo's 2 KV heads"),
-    (["check", "--ranks", "4"], "4 ranks do not divide demo's 2 KV heads"),
+    (["check", "--ranks", "3"], "3 ranks do not divide demo's 2 KV heads"),
     (["run", "--ranks", "2", "--prompt-ids", "1,2"], "give a checkpoint folder or a .gguf file"),
 ])
 def test_refusals_one_line(argv, words, capsys):
@@ -195,14 +195,18 @@ QWEN3_235B = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 4096, "in
 
 def test_plan_ranks_of_qwen3_235b(tmp_path, capsys):
     """Qwen3-235B-A22B's shape in bf16: 118.56 GB a rank over 4 ranks (32 experts each, no dense FFN: `ffn` none);
-    over 8 refused in one line (its 4 KV heads are not replicated)."""
+    60.05 GB over 8 (16 experts each, its 4 KV heads each held by 2 ranks); over 6 refused in one line."""
     d = _config_only(tmp_path, QWEN3_235B)
     out = tmp_path / "r.json"
     assert main(["plan", str(d), "--ranks", "4", "--ctx", "4096", "--json", str(out)]) == 0
     rep = json.loads(out.read_text())
     assert [(r["experts"], r["ffn"], round(r["weight_bytes"] / 1e9, 2), r["fits"]) for r in rep["rank"]] == \
         [([32 * r, 32 * r + 32], None, 118.56, True) for r in range(4)]
+    assert main(["plan", str(d), "--ranks", "8", "--ctx", "4096", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert [(r["experts"], r["kv_heads"], round(r["weight_bytes"] / 1e9, 2), r["fits"]) for r in rep["rank"]] == \
+        [([16 * r, 16 * r + 16], 1, 60.05, True) for r in range(8)]
     capsys.readouterr()
-    assert main(["plan", str(d), "--ranks", "8"]) == 2
+    assert main(["plan", str(d), "--ranks", "6"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert "8 ranks do not divide" in err[-1] and "4 KV heads" in err[-1]
+    assert "6 ranks do not divide" in err[-1] and "4 KV heads" in err[-1] and err[-1].startswith("lanefuse: error:")

@@ -1,6 +1,7 @@
 """Tensor and expert parallelism over R ranks for the dense decoders (Llama, Mistral, Qwen2, Qwen3) and the expert
 mixtures (Qwen3-MoE, Qwen2-MoE, Mixtral): rank r's config, step graph and weights. Megatron's split: q/k/v
-column-parallel by heads (each rank its KV heads and the query heads grouped on them, its own KV cache), o row-parallel
+column-parallel by heads (each rank its KV heads and the query heads grouped on them, its own KV cache; where the
+ranks outnumber the KV heads, one KV head held by R/KV ranks: `replicated`), o row-parallel
 then an `all_reduce`; gate/up column-parallel, down row-parallel then an `all_reduce`; the LM head by vocabulary, the
 next token an `all_argmax` (two values a row a rank, never the logits). The embedding, the norms and the biases after a
 reduction are whole on every rank.
@@ -83,10 +84,15 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     if mla(cfg) and cfg.heads % ranks:
         raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.heads} heads (each rank its "
                         f"heads; the latent cache whole on every rank); give a divisor of {cfg.heads}")
-    if not mla(cfg) and cfg.kv_heads % ranks:
-        raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.kv_heads} KV heads (each rank "
-                        f"holds whole KV heads and its own cache; KV heads are not replicated); give a divisor of "
-                        f"{cfg.kv_heads}")
+    if not mla(cfg) and cfg.kv_heads % ranks and not replicated(cfg, ranks):
+        why = ("each rank holds whole KV heads, or one KV head shared with other ranks where the ranks are a multiple "
+               "of the KV heads and divide the heads")
+        if type(cfg).__name__ == "Olmo2Config":
+            why = "each rank holds whole KV heads: OLMo 2's k norm over the whole projection gathers every rank's part"
+        raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.kv_heads} KV heads ({why}); "
+                        f"give a divisor of {cfg.kv_heads}"
+                        + ("" if type(cfg).__name__ == "Olmo2Config" else f" or a multiple of it that divides "
+                                                                          f"{cfg.heads}"))
     from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
     for i in range(cfg.layers):
@@ -106,6 +112,24 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
                         f"parts of whole {_unit(cfg, True)}-value blocks")
     if cfg.vocab < ranks:
         raise UserError(f"--ranks {ranks}: a vocabulary of {cfg.vocab} tokens over {ranks} ranks")
+
+
+def replicated(cfg: ModelConfig, ranks: int) -> bool:
+    """Whether each rank holds one KV head that other ranks hold too (vLLM's replication where the ranks outnumber
+    the KV heads): R a multiple of the KV heads and a divisor of the heads, so that rank r's query heads
+    r·H/R .. (r+1)·H/R - 1 all read KV head r·KV/R, the same on R/KV ranks. Each such rank keeps that head's cache
+    (the bytes R/KV times over: the price of no all-gather a layer). Not OLMo 2's (its k norm spans the whole
+    projection, gathered from every rank's part: a replicated head would be counted twice)."""
+    return (not mla(cfg) and ranks > cfg.kv_heads and ranks % cfg.kv_heads == 0 and cfg.heads % ranks == 0
+            and type(cfg).__name__ != "Olmo2Config")
+
+
+def kv_part(cfg: ModelConfig, ranks: int, rank: int) -> tuple[int, int]:
+    """Rank `rank`'s KV heads lo..hi-1: its share, or the one it holds with others (replicated)."""
+    if replicated(cfg, ranks):
+        h = rank * cfg.kv_heads // ranks
+        return h, h + 1
+    return part(cfg.kv_heads, ranks, rank)
 
 
 def _unit(cfg: ModelConfig, shared: bool = False) -> int:
@@ -163,7 +187,8 @@ def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
             moe = dataclasses.replace(moe, shared_inter=shi - slo)
     if mla(cfg):  # the query heads split; the latent (one "KV head") whole on every rank
         return dataclasses.replace(cfg, heads=cfg.heads // ranks, inter=hi - lo, moe=moe, shared_inter=shi - slo)
-    return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=cfg.kv_heads // ranks, inter=hi - lo, moe=moe)
+    klo, khi = kv_part(cfg, ranks, rank)
+    return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=khi - klo, inter=hi - lo, moe=moe)
 
 
 def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> Graph:
@@ -258,7 +283,7 @@ def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, 
             lo, hi = part(cfg.heads, ranks, rank)
             return "rows", lo * hd, hi * hd
         if m.group(2) in ("k", "v"):
-            lo, hi = part(cfg.kv_heads, ranks, rank)
+            lo, hi = kv_part(cfg, ranks, rank)
             return "rows", lo * hd, hi * hd
         return ("rows",) + part(cfg.inter, ranks, rank, unit)
     m = _COLS.search(name)
