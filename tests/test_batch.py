@@ -521,7 +521,7 @@ def test_a_saved_batch_plan_loads_and_runs_as_planned(tmp_path, held):
     assert np.abs(got["logits"] - want["logits"]).max() <= TOL * float(np.abs(want["logits"]).max())
 
 
-@pytest.mark.parametrize("family,slots", [("demo", 2), ("qwen3next", 2), ("qwen3next", 1)])
+@pytest.mark.parametrize("family,slots", [("demo", 2), ("qwen3next", 2), ("qwen3next", 1), ("deepseek_v3", 2)])
 def test_slots_on_the_device_runner_wiring(monkeypatch, family, slots, tmp_path):
     """The CuPy runner's batch (a stand-in `cupy` backed by numpy, tests/test_cupy_runner_mock.py): each prompt
     prefilled into the one-sequence caches on the device and copied into its slot's rows, the batch step over the

@@ -717,3 +717,64 @@ def test_the_batch_latent_attention_on_the_cuda_host_emulator():
             gpu.both(a, arrays, {}, tol=2e-4)
         gpu.both(hg, {hg.x: g.standard_normal(B * hg.heads * hg.a).astype(np.float32),
                       hg.y.buf: np.zeros(B * hg.heads * hg.b, np.float32)}, hw, tol=2e-4)
+
+
+def _mixture_case(moe, g):
+    """Random inputs and weights for a plan's Moe launch: the rows, the residual and the sum from its extents, each
+    weight in the launch's format at its own row width (an expert's gate/up rows d wide, its down rows f; the shared
+    expert's likewise), the correction bias half a standard normal (large enough to change choices)."""
+    from lanefuse.kernels.common import encode
+
+    reach = moe.extents(0, moe.rows)
+    width = {moe.wgu: moe.d, moe.wd: moe.f, moe.wr: moe.d, moe.sg: moe.d, moe.su: moe.d, moe.sd: moe.sf,
+             moe.nw: moe.d, moe.br: moe.experts}
+    weights = {}
+    for name, fmt in moe.weights().items():
+        k = width[name]
+        a = g.standard_normal((reach[name] // k, k)).astype(np.float32)
+        a = 0.5 * a if name == moe.br else (1 + 0.2 * a if name == moe.nw else a / np.sqrt(k))
+        weights[name] = (encode(a.astype(np.float32), fmt) if fmt != "f32" else a.astype(np.float32), fmt)
+    arrays = {n: g.standard_normal(reach[n]).astype(np.float32) for n in (moe.x, moe.add)}
+    arrays[moe.sum] = np.full(reach[moe.sum], np.nan, np.float32)
+    arrays[moe.out.buf] = np.full(reach[moe.out.buf], np.nan, np.float32)
+    return arrays, weights
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+def test_the_batch_grouped_mixture_on_the_cuda_host_emulator(fmt):
+    """The batch plan's mixture (every sequence's row routed by DeepSeek-V3's grouped sigmoid routing, its shared
+    expert, the residual add and the next norm in its last block: moe_deferred_finalize) run by moe.cu on the host
+    emulator against its numpy twin, f32 and bf16 experts; each row equal to the same launch over that row alone (a
+    sequence's routing reads no other's). Skipped without g++."""
+    import dataclasses
+
+    from cuda_host import emu
+
+    if emu.compiler() is None:
+        pytest.skip("no g++ to build the emulated kernels")
+    import test_kernels_gpu as gpu
+
+    from lanefuse.kernels import HostEnv
+    from lanefuse.lane.lower.plan import plan
+
+    cfg = tiny_cfg()
+    cfg = dataclasses.replace(cfg, formats=tuple((w, fmt) for w in cfg.weight_names()))
+    B = 3
+    s = plan(cfg.build_step(1, batch=B))
+    moes = [x.launch for x in s.launches if x.launch.census == "moe"]
+    assert len(moes) == len(cfg.moe.sparse) and all(m.rows == B and m.routing == "sigmoid_group" for m in moes)
+    assert all(m.format == fmt and m.shared and m.add and m.nw for m in moes)
+    g = np.random.default_rng(67)
+    with emu.emulating([moes[0].stem]):
+        for moe in moes:
+            arrays, weights = _mixture_case(moe, g)
+            dev = gpu.both(moe, arrays, weights, tol=2e-4)
+            d = moe.d
+            for r in range(B):  # row r alone: the launch over one row, its inputs that row's
+                one = dataclasses.replace(moe, rows=1)
+                mine = {n: a.reshape(B, d)[r].copy() for n, a in arrays.items()}
+                host = HostEnv(mine, weights)
+                one.numpy(host)
+                for n in (moe.sum, moe.out.buf):
+                    np.testing.assert_allclose(dev.host(n).reshape(B, d)[r], host.array(n), rtol=2e-4, atol=2e-4,
+                                               err_msg=f"{n} row {r}")
