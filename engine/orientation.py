@@ -5,11 +5,24 @@ router multiply by; rows not transposed are each a row a step takes whole (a tok
 product, each head's inputs (DeepSeek's absorbed key expansion, (heads·a, b): `head_matmul` with rows_out false). A
 gather takes a table's rows either way: a tied embedding is transposed, its rows the head's outputs as well. A
 checkpoint that stores a product's matrix the other way round is transposed by its front as it is read (GPT-OSS's
-experts, DeepSeek GGUF's `attn_k_b`), or refused here, naming the constant and the op."""
+experts, DeepSeek GGUF's `attn_k_b`), or refused here, naming the constant and the op. A step YAML says so itself: a
+`matmul`'s (or a mixture router's) matrix declared `transposed: false`, stored (k, n) as GPT-2's Conv1D stores it, is
+read transposed as it is loaded (`read_transposed`, `as_read`): the step holds it (n, k), transposed, and the weight
+store serves the stored matrix's transpose, once; a block format, whose blocks run along the stored rows, cannot be
+and is refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from lanefuse.engine.errors import UserError
+
+# g.meta key: the constants a step YAML declares stored (k, n), `transposed: false` under a product, read transposed
+READ_TRANSPOSED = "read_transposed"
+READERS = ("matmul", "moe")  # the ops whose second input is a matrix of the product's outputs, (n, k) or (experts, d)
+PLAIN = ("f32", "f16", "bf16")  # formats whose stored matrix transposes value by value
 
 
 def wants(g, op) -> tuple[str, bool] | None:
@@ -62,8 +75,6 @@ def settle(g, unsaid) -> None:
     them in: transposed where every op multiplying by them reads their rows as its outputs (a tied table, gathered
     too, among them); as they are (not transposed) where none multiplies by them or their readers disagree (then
     `check` names the first that cannot read them)."""
-    import dataclasses
-
     want: dict[str, set[bool]] = {}
     for op in g.ops:
         w = wants(g, op)
@@ -72,3 +83,83 @@ def settle(g, unsaid) -> None:
     for name, ws in want.items():
         if ws == {True}:
             g.constants[name] = dataclasses.replace(g.constants[name], transposed=True)
+
+
+def read_transposed(g, op, name: str) -> None:
+    """Lifted op `op` (a READERS op) multiplies by constant `name`, which its step YAML declares stored not
+    transposed, (k, n): read it transposed as it is loaded — the step holds it (n, k), `transposed`, and records it
+    in g.meta[READ_TRANSPOSED] for the weight store (`as_read`). A UserError, in words, where it cannot be: a block
+    format, or a shape the product's activation does not fit as (k, n) that it does fit as a Linear's (n, k)."""
+    c = g.constants[name]
+    if name in g.meta.get(READ_TRANSPOSED, ()):
+        return
+    k, n = c.shape
+    me = f"op `{op.kind}` -> `{op.out}` reads constant `{name}` {list(c.shape)}"
+    if c.format not in PLAIN:
+        raise UserError(f"{me}, declared `transposed: false` (stored (k, n): its rows the product's inputs); a "
+                        f"{c.format} matrix cannot be read transposed (its blocks run along its stored rows): store it "
+                        f"(n, k) with `transposed: true`, as a Linear does, or in {', '.join(PLAIN)}")
+    x = op.ins[0]
+    acc = op.acc(0)
+    cols = acc.width if acc is not None else (g.shape(x)[-1] if x in g.tensors or x in g.constants else None)
+    if cols is not None and cols != k and cols == n:
+        raise UserError(f"{me}, declared `transposed: false` (stored (k, n): its rows the product's inputs), but `{x}`"
+                        f" has {cols} values a row, its columns' count: stored (n, k) as a Linear stores it, it is "
+                        f"`transposed: true`")
+    g.constants[name] = dataclasses.replace(c, shape=(n, k), transposed=True)
+    g.meta[READ_TRANSPOSED] = list(g.meta.get(READ_TRANSPOSED, ())) + [name]
+
+
+def stored_shape(g, name: str) -> tuple[int, ...]:
+    """Constant `name`'s shape as its weight store holds it: (k, n) for one read transposed, else its own."""
+    c = g.constants[name]
+    return tuple(reversed(c.shape)) if name in g.meta.get(READ_TRANSPOSED, ()) else c.shape
+
+
+class TransposedStore:
+    """A weight store over another that serves some of its matrices transposed (f32, f16, bf16: stored (k, n), served
+    (n, k)), each made once, when first read; every other tensor as the base store serves it."""
+
+    def __init__(self, base, names):
+        self.base, self.flipped = base, frozenset(names)
+        self._made: dict[str, tuple[np.ndarray, str]] = {}
+
+    def names(self) -> list[str]:
+        return self.base.names()
+
+    def info(self, name: str) -> tuple[tuple[int, ...], str]:
+        shape, fmt = self.base.info(name)
+        return (tuple(reversed(shape)) if name in self.flipped else shape), fmt
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        if name not in self.flipped:
+            return self.base.raw(name)
+        if name not in self._made:
+            arr, fmt = self.base.raw(name)
+            k, n = self.base.info(name)[0]
+            self._made[name] = np.ascontiguousarray(np.asarray(arr).reshape(k, n).T), fmt
+        return self._made[name]
+
+    def __getattr__(self, attr):  # where(), file_name(), u8(): the base store's
+        return getattr(self.base, attr)
+
+
+def as_read(g, weights):
+    """`weights` as step `g` reads them: each constant g.meta[READ_TRANSPOSED] names served transposed (its stored
+    (k, n) as the (n, k) the step holds); `weights` itself where there is none. A stored matrix of another shape is a
+    UserError naming the constant."""
+    names = g.meta.get(READ_TRANSPOSED, ())
+    if not names:
+        return weights
+    from lanefuse.engine.front.weights import Weights
+
+    sources = {}
+    for name in names:
+        c = g.constants[name]
+        src = c.source or name
+        have = tuple(weights.shape(src))
+        if have != tuple(reversed(c.shape)):
+            raise UserError(f"constant `{name}`: the step declares it stored {list(reversed(c.shape))} (`transposed: "
+                            f"false`: its rows the product's inputs), but the weights hold `{src}` as {list(have)}")
+        sources[src] = name
+    return Weights(TransposedStore(weights.store, sources), weights.cfg)

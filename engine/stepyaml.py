@@ -12,6 +12,7 @@ import yaml
 from lanefuse.engine.errors import UserError, did_you_mean
 from lanefuse.engine.ir import Access, Constant, Dst, Graph, Op, RowSel, StepIO, Tensor, attrs_of
 from lanefuse.engine.opdefs import OPS, infer
+from lanefuse.engine.orientation import READ_TRANSPOSED, READERS, read_transposed, settle
 from lanefuse.engine.yamlsafe import load_text, short
 
 TOP_KEYS = ("meta", "weights", "io", "tensors", "constants", "ops")
@@ -134,7 +135,7 @@ def to_yaml(g: Graph) -> str:
     for op in g.ops:
         _declare_outs(sim, op, on_infer)
 
-    meta = {k: v for k, v in g.meta.items() if k != "weights"}
+    meta = {k: v for k, v in g.meta.items() if k not in ("weights", READ_TRANSPOSED)}
     head = ", ".join(f"{k} {v}" for k, v in meta.items() if isinstance(v, (str, int, float)))
     out = [f"# lanefuse step{': ' + head if head else ''}"]
     if meta:
@@ -155,13 +156,16 @@ def to_yaml(g: Graph) -> str:
     for n in names:
         out.append(f"  {_flow(n)}: {_tensor_text(g.tensors[n])}")
     out.append("constants:" + ("" if g.constants else " {}"))
+    flipped = set(g.meta.get(READ_TRANSPOSED, ()))  # printed as stored, (k, n) not transposed: read so again
     for n, c in g.constants.items():
-        d: dict[str, Any] = {"shape": list(c.shape)}
+        d: dict[str, Any] = {"shape": list(reversed(c.shape)) if n in flipped else list(c.shape)}
         if c.kind != "rows":
             d["kind"] = c.kind
         if c.format != "f32":
             d["format"] = c.format
-        if c.transposed:
+        if n in flipped:
+            d["transposed"] = False
+        elif c.transposed:
             d["transposed"] = True
         if c.source != n:
             d["source"] = c.source
@@ -292,6 +296,18 @@ def _shape_text(text: Any, what: str) -> tuple[tuple[int, ...], str]:
     return dims, m.group(1)
 
 
+def _read_by_products(ops, names: set[str]) -> set[str]:
+    """Those of `names` that only products (READERS, as their matrix) read: a matrix stored (k, n) they read
+    transposed. One another op reads as well (a gather, a per-head product) is left as it says, for the check."""
+    readers: dict[str, set[bool]] = {}
+    for op in ops:
+        for leaf in op.leaves():
+            for k, n in enumerate(leaf.ins):
+                if n in names:
+                    readers.setdefault(n, set()).add(leaf.kind in READERS and k == 1)
+    return {n for n, r in readers.items() if r == {True}}
+
+
 def from_yaml(text: str, source: str = "<file>") -> Graph:
     """The graph a step YAML describes; a mistake is a `UserError` citing `source`, the line and the op."""
     try:
@@ -314,6 +330,7 @@ def _from_yaml(text: str, source: str) -> Graph:
     meta = doc.get("meta") or {}
     if not isinstance(meta, dict):
         raise UserError(f"{w.key('meta')}: `meta` must be a mapping")
+    meta = {k: v for k, v in meta.items() if k != READ_TRANSPOSED}  # what the constants say, worked out again
     if "weights" in doc:
         if not isinstance(doc["weights"], dict):
             raise UserError(f"{w.key('weights')}: `weights` must be a mapping ({{demo: true}}, {{checkpoint: PATH}} "
@@ -342,6 +359,7 @@ def _from_yaml(text: str, source: str) -> Graph:
 
     consts = doc.get("constants") or {}
     unsaid = set()  # constants that do not say `transposed`: their products' orientation (engine/orientation.py)
+    said_inputs = set()  # rows that say `transposed: false`: read transposed where only products read them
     if not isinstance(consts, dict):
         raise UserError(f"{w.key('constants')}: `constants` must be a mapping of name -> {{shape: [...]}}")
     for name, c in consts.items():
@@ -361,6 +379,8 @@ def _from_yaml(text: str, source: str) -> Graph:
                 raise UserError(f"{at}: `{k}` must be a string, got {short(c[k])}")
         if "transposed" not in c:
             unsaid.add(str(name))
+        elif c["transposed"] is False and c.get("kind", "rows") == "rows":
+            said_inputs.add(str(name))
         try:
             g.constant(Constant(str(name), shape, c.get("kind", "rows"), str(c.get("format", "f32")),
                                 bool(c.get("transposed", False)), str(c.get("source", name))))
@@ -381,16 +401,18 @@ def _from_yaml(text: str, source: str) -> Graph:
     ops = doc["ops"] or []
     if not isinstance(ops, list):
         raise UserError(f"{w.key('ops')}: `ops` must be a list")
-    for i, d in enumerate(ops):
-        op = _parse_op(d, w.op(i))
+    parsed = [_parse_op(d, w.op(i)) for i, d in enumerate(ops)]
+    flip = _read_by_products(parsed, said_inputs)
+    for i, op in enumerate(parsed):
         try:
+            for leaf in op.leaves():
+                if leaf.kind in READERS and len(leaf.ins) > 1 and leaf.ins[1] in flip:
+                    read_transposed(g, leaf, leaf.ins[1])  # stored (k, n): the step holds it (n, k)
             _declare_outs(g, op, lambda o, got: False)
         except UserError as e:
             msg = str(e) if str(e).startswith("op `") else f"op `{op.kind}` -> `{op.out}`: {e}"
             raise UserError(f"{w.op(i)}: {msg}") from None
         g.ops.append(op)
-    from lanefuse.engine.orientation import settle
-
     settle(g, unsaid)
     try:
         g.validate()

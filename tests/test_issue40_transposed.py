@@ -1,8 +1,10 @@
 """`transposed` (issue 40, seed 002): a checkpoint constant's rows are the outputs of the product that reads them,
 (n, k) as a Hugging Face `Linear` stores a projection — or, not transposed, each a row a step takes whole or a
 per-head product's inputs. Every front declares it so and every step graph is checked to read its rows as they are
-stored (engine/orientation.py, in Graph.validate): a step YAML whose projection's matrix says otherwise is refused in
-one line naming the op and the constant."""
+stored (engine/orientation.py, in Graph.validate). A step YAML whose product's matrix says `transposed: false` is
+stored (k, n), GPT-2's Conv1D layout: it is read transposed as it is loaded (the same tokens as the model stored as a
+Linear stores it, reference and plan), or refused in one line where it cannot be (a block format; a Linear's (n, k)
+said to be (k, n))."""
 
 from __future__ import annotations
 
@@ -109,15 +111,25 @@ def test_a_step_yaml_keeps_transposed_and_one_that_drops_it_is_refused(tmp_path)
 
 
 def test_the_command_refuses_such_a_step_in_one_line(tmp_path, capsys):
+    """A projection's matrix kept (n, k) as a Linear stores it but said `transposed: false` (stored (k, n)): the
+    activation's width names the mistake; a q8_0 matrix stored (k, n) cannot be read transposed. One line each."""
     from lanefuse.lane.cli.main import main
 
     cfg, _ = demo_model(64)
     text = to_yaml(build_step(cfg, 1))
-    path = tmp_path / "step.yaml"
-    path.write_text(text.replace("transposed: true", "transposed: false", 1))
-    assert main(["plan", str(path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "Traceback" not in err[0] and "transposed" in err[0] and "step.yaml" in err[0]
+    k = "model.layers.0.self_attn.k_proj.weight"
+    line = f"  {k}: {{shape: [64, 256], transposed: true}}"
+    assert line in text
+    cases = {"linear": (line.replace("true", "false"), "has 256 values a row, its columns' count"),
+             "q8_0": (f"  {k}: {{shape: [256, 64], format: q8_0, transposed: false}}", "a q8_0 matrix cannot be "
+                                                                                      "read transposed")}
+    for name, (said, why) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text.replace(line, said))
+        assert main(["plan", str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0] and why in err[0] and f"{name}.yaml:" in err[0], err
+        assert f"reads constant `{k}`" in err[0]
 
 
 def test_the_reference_and_the_plan_of_a_tied_model_agree():
@@ -163,5 +175,92 @@ ops:
     assert apart.constants["h"].transposed and not apart.constants["emb"].transposed
     assert from_yaml(to_yaml(apart), "again.yaml").constants == apart.constants
     said = base.replace("HEAD", "h").replace("h: {shape: [7, 4]}", "h: {shape: [7, 4], transposed: false}")
-    with pytest.raises(UserError, match=r"step.yaml: op `matmul` -> `logits` reads constant `h`"):
-        from_yaml(said, "step.yaml")
+    with pytest.raises(UserError, match=r"step.yaml:12: op `matmul` -> `logits` reads constant `h` \[7, 4\], "
+                                        r"declared `transposed: false`.* it is `transposed: true`"):
+        from_yaml(said, "step.yaml")  # (n, k) said stored (k, n): the width of `n` tells
+    stored = said.replace("[7, 4], transposed: false", "[4, 7], transposed: false")
+    read = from_yaml(stored, "step.yaml")  # stored (k, n) as it says: read transposed, held (n, k)
+    assert read.constants["h"].shape == (7, 4) and read.constants["h"].transposed
+    assert read.meta["read_transposed"] == ["h"] and to_yaml(read).count("h: {shape: [4, 7], transposed: false}") == 1
+
+
+def _stored_the_other_way(cfg, w, names):
+    """Demo step `cfg`'s decode step YAML with `names` declared stored (k, n), `transposed: false`, and its weights
+    stored so: the step as read, and its weights as it reads them."""
+    from lanefuse.engine.front.weights import Weights
+    from lanefuse.engine.orientation import as_read
+
+    g = build_step(cfg, 1)
+    text = to_yaml(g)
+    for n in names:
+        rows, cols = g.constants[n].shape
+        line = f"  {n}: {{shape: [{rows}, {cols}], transposed: true}}"
+        assert line in text
+        text = text.replace(line, f"  {n}: {{shape: [{cols}, {rows}], transposed: false}}")
+    read = from_yaml(text, "stored.yaml")
+    arrays = {n: w.get(n) for n in w.store.names()}
+    arrays.update({n: np.ascontiguousarray(arrays[n].T) for n in names})
+    return g, text, read, as_read(read, Weights.from_dict(arrays, cfg))
+
+
+def _decode(cfg, run, steps=4):
+    env = {n: np.zeros(s, np.float32) for n, s in cfg.carried().items()}
+    tok, toks, logits = 3, [], []
+    for p in range(steps):
+        env.update(token=np.array([tok], np.int32), pos=np.array([p], np.int32))
+        out = run(env)
+        tok = int(np.asarray(out["next"]).reshape(-1)[0])
+        toks.append(tok)
+        logits.append(np.asarray(out["logits"]).reshape(-1).copy())
+    return toks, logits
+
+
+def test_matrices_stored_as_their_inputs_rows_give_the_same_tokens():
+    """Layer 0's seven products and the LM head stored (k, n) (square and not), `transposed: false`: read transposed
+    as loaded, the step is the Linear-stored model's (constants equal, text printed as stored), and the reference over
+    the stored weights and the fused plan (numpy backend) give the untransposed model's tokens and logits to the bit."""
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg, w = demo_model(64)
+    g0 = build_step(cfg, 1)
+    names = [n for n, c in g0.constants.items() if c.transposed and ".layers.0." in n] + ["lm_head.weight"]
+    assert len(names) == 8
+    g, text, read, wt = _stored_the_other_way(cfg, w, names)
+    assert read.meta["read_transposed"] == names and read.constants == g.constants
+    assert to_yaml(read) == text and from_yaml(to_yaml(read), "again.yaml") == read
+    assert wt.store.base.info(names[1])[0] == (256, 64) and wt.shape(names[1]) == (64, 256)
+    toks, logits = _decode(cfg, lambda e: evaluate(g, w, e))
+    got = _decode(cfg, lambda e: evaluate(read, wt, e))
+    fused = _decode(cfg, NumpyRunner(plan(read), wt, exact=True).step)
+    assert got[0] == toks and fused[0] == toks
+    assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(logits, got[1], fused[1]))
+
+
+def test_a_stored_matrix_is_served_transposed_to_the_bit_in_every_plain_format():
+    from lanefuse.engine.front.weights import Weights, f32_to_bf16
+    from lanefuse.engine.orientation import TransposedStore
+
+    v = np.random.default_rng(0).standard_normal((6, 10)).astype(np.float32)
+    for arr in (v, v.astype(np.float16), f32_to_bf16(v)):
+        st = TransposedStore(Weights.from_dict({"w": arr, "b": v}).store, ["w"])
+        got, fmt = st.raw("w")
+        assert got.shape == (10, 6) and got.dtype == arr.dtype and np.array_equal(got, arr.T)
+        assert st.info("w")[0] == (10, 6) and st.raw("b")[0] is not None and st.info("b")[0] == (6, 10)
+
+
+def test_weights_that_do_not_hold_the_stored_shape_are_refused_and_random_ones_are_stored_so():
+    """`weights: {demo: true}` holds each projection (n, k): a step saying its k projection is stored (k, n) is
+    refused in one line naming it; `{random: SEED}` draws the declared stored (k, n) and serves its transpose."""
+    from lanefuse.engine.front.stepweights import random_weights, step_weights
+
+    cfg, w = demo_model(64)
+    k = "model.layers.0.self_attn.k_proj.weight"
+    _, text, read, _ = _stored_the_other_way(cfg, w, [k])
+    read.meta["weights"] = {"demo": True}
+    with pytest.raises(UserError, match=r"constant `model\.layers\.0\.self_attn\.k_proj\.weight`: the step "
+                                        r"declares it stored \[256, 64\] .* the weights hold `.*` as \[64, 256\]"):
+        step_weights(read)
+    rw = random_weights(read, 3)
+    assert rw.store.base.info(k)[0] == (256, 64) and rw.get(k).shape == (64, 256)
+    assert np.array_equal(rw.get(k), rw.store.base.raw(k)[0].T)

@@ -25,11 +25,22 @@ MAX_RANDOM_VALUES = 1 << 28  # the values a step YAML's `weights: {random: SEED}
 
 
 def random_weights(g: Graph, seed: int) -> Weights:
-    """Seeded values for every constant of `g`: rows of variance 1/width, value vectors near 1, rotary tables."""
+    """Seeded values for every constant of `g`: rows of variance 1/width, value vectors near 1, rotary tables; a matrix
+    the step reads transposed (engine/orientation.py) stored (k, n) and served as the step reads it."""
+    from lanefuse.engine.orientation import as_read
+
+    return as_read(g, _random_stored(g, seed))
+
+
+def _random_stored(g: Graph, seed: int) -> Weights:
+    """`random_weights` as stored: a matrix the step reads transposed as (k, n)."""
+    from lanefuse.engine.orientation import stored_shape
+
     rng = np.random.default_rng(seed)
     arrays = {}
     for name, c in g.constants.items():
         src = c.source or name
+        shape = stored_shape(g, name)
         if src in ("rope.cos", "rope.sin") and len(c.shape) == 2:
             half = c.shape[1]
             ang = np.arange(c.shape[0])[:, None] * (10000.0 ** (-np.arange(half) / max(half, 1)))[None, :]
@@ -39,7 +50,7 @@ def random_weights(g: Graph, seed: int) -> Weights:
         elif c.format in BLOCK_FORMATS:
             arrays[src] = (random_blocks(rng, c.shape, c.format, name), c.format)
         else:
-            v = (rng.standard_normal(c.shape) / np.sqrt(c.shape[-1])).astype(np.float32)
+            v = (rng.standard_normal(shape) / np.sqrt(c.shape[-1])).astype(np.float32)
             arrays[src] = (f32_to_bf16(v), "bf16") if c.format == "bf16" else \
                 (v.astype(np.float16), "f16") if c.format == "f16" else v
     return Weights.from_dict(arrays)
@@ -74,7 +85,14 @@ def random_blocks(rng, shape: tuple[int, ...], fmt: str, name: str = "") -> np.n
 
 
 def step_weights(g: Graph, base: str | Path = ".") -> Weights:
-    """The weights `g.meta["weights"]` names; `base` is the folder a relative checkpoint path starts from."""
+    """The weights `g.meta["weights"]` names, as the step reads them (a matrix it declares stored (k, n) served
+    transposed: engine/orientation.as_read); `base` is the folder a relative checkpoint path starts from."""
+    from lanefuse.engine.orientation import as_read
+
+    return as_read(g, _named_weights(g, base))
+
+
+def _named_weights(g: Graph, base: str | Path) -> Weights:
     spec = g.meta.get("weights")
     if not spec:
         raise UserError("the step names no weights: add `weights: {demo: true}`, `{checkpoint: PATH}` or "
@@ -104,4 +122,4 @@ def step_weights(g: Graph, base: str | Path = ".") -> Weights:
         raise UserError(f"`weights: {{random: {value}}}`: the step's constants hold {total:,} values (`{big.name}` "
                         f"alone {big.shape}); random weights are made for at most {MAX_RANDOM_VALUES:,} (1 GiB of "
                         f"f32): give a checkpoint, or smaller shapes")
-    return random_weights(g, value)
+    return _random_stored(g, value)
