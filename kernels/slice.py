@@ -1,5 +1,7 @@
 """`slice`: a part of every group of a tensor copied out: y's group g is x's `width` values from g·every + start (a
-head slice, or a row of a table written in place before the row's last reader)."""
+head slice, or a row of a table written in place before the row's last reader). A real front reaches it: OLMo 2 over
+R ranks (engine/front/parallel.py `_whole_qk_norms`) norms the gathered whole q and k and takes each rank's own heads
+back with `head_slice`, one slice launch each a layer's q and k (tests/test_ranks_families.py)."""
 
 from __future__ import annotations
 

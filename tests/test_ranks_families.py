@@ -119,10 +119,12 @@ def test_olmo2_ranks_equal_one_rank(ranks, fmt, rows):
 def test_olmo2_rank_plans_run_by_the_numpy_backend():
     """Each rank's bf16 OLMo 2 step (a 4-row chunk) planned for the cuda lane and run by the numpy backend's exact
     twins, the ranks meeting through LocalComm: the reference ranks' last-row logits and token; a collective launch
-    each gather and all-reduce, and the arg-max."""
+    each gather and all-reduce, and the arg-max; a slice launch each of a layer's q and k norms taking the rank's own
+    heads back (`head_slice`: the front that reaches kernels/slice.py's launch, issue 40)."""
     cfg = _olmo2(2, "bf16")
     ranked = RankPlans(cfg, _weights(cfg, seed=6), 2, [(5 * i + 1) % 101 for i in range(4)])
     assert all(s.census["collective"] == 4 * cfg.layers + 1 for s in ranked.plans)
+    assert all(s.census["slice"] == 2 * cfg.layers for s in ranked.plans)
     ranked.check()  # the chunk's last row
 
 
