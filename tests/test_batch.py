@@ -453,6 +453,10 @@ def test_run_prompts_file_and_its_bad_lines(tmp_path, capsys):
 def test_run_batch_refusals_in_one_line(tmp_path, capsys, monkeypatch):
     assert _main("run", "--prompt-ids", "1", "--prompt-ids", "2", "--tokens", "300", "--reference") != 0
     assert "prompt 1: 1 prompt tokens and 300 generated need 300 positions" in capsys.readouterr().err
+    for more in (["--prompt-ids", "2"], ["--batch", "1"]):  # a batch over ranks: refused, not run in one process
+        assert _main("run", "--prompt-ids", "1", *more, "--tokens", "2", "--ranks", "2") != 0
+        err = capsys.readouterr().err
+        assert "run --ranks 2 of a batch" in err and err.count("error:") == 1 and "Traceback" not in err, err
     import lanefuse.lane.cli.source as source
 
     # a slot's caches (0.5 MiB) within a quarter of 2.5 MiB, three slots' past half of it
