@@ -57,7 +57,8 @@ def step_flops(s) -> tuple[int, int]:
     for x in s.launches:
         for k in x.launch.kernels():
             if k.census in ("gemm_tc", "gemm_tc_parts", "gemm_tc_glu", "gemv", "gemv_f32", "gemm_parts", "gemv_glu",
-                            "head_gemv", "gemm_blas", "gemm_blas_parts", "gemm_blas_glu"):
+                            "head_gemv", "gemm_blas", "gemm_blas_parts", "gemm_blas_glu", "gemm_deq",
+                            "gemm_deq_parts", "gemm_deq_glu"):
                 prod += k.flops()
             elif k.census in ("attention", "attention_tc"):
                 att += 4 * k.heads * k.hd * k.rows * (k.rows + 1) // 2
@@ -163,7 +164,8 @@ def run(args) -> None:
             for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["us"]):
                 pred = f" · PREDICTION {model[k]:9.0f} µs" if k in model else ""
                 extra = ""
-                if k in ("gemm_tc", "gemm_tc_parts", "gemm_blas", "gemm_blas_parts", "gemm_blas_glu"):
+                if k in ("gemm_tc", "gemm_tc_parts", "gemm_blas", "gemm_blas_parts", "gemm_blas_glu", "gemm_deq",
+                         "gemm_deq_parts", "gemm_deq_glu"):
                     extra = f" ({v['flops'] / (v['us'] * 1e-6) / 1e12:.0f} TFLOP/s)"
                 print(f"prefill {name}   {k:12s} {v['launches']:4d} launches {v['us']:10.0f} µs "
                       f"({v['us'] / total:5.1%}){extra}{pred}")

@@ -91,11 +91,13 @@ def price_us(l, knobs) -> float:
     return knobs.launch_us + max(l.bytes() / (knobs.hbm_gbps * 1e3), l.flops() / (l.rate(knobs) * 1e6))
 
 
-def prefer(tc, knobs):
+def prefer(tc, knobs, held=frozenset()):
     """The `cublas` schedule step: the cuBLAS form of tensor-core product `tc` where it can run it, its rows are of
-    whole 16-byte chunks, and the lane prices it below `tc` (a tie keeps gemm_tc); else `tc`."""
-    cls = BLAS_OF.get(type(tc))
-    if cls is None or tc.k % 8:
+    whole 16-byte chunks, and the lane prices it below `tc` (a tie keeps gemm_tc); else `tc`. Rows in a block format
+    take the decoded form (kernels/gemm_deq.py: the rows decoded to bf16 in scratch, then cuBLAS) unless `dequant` is
+    held."""
+    cls = BLAS_OF.get(type(tc)) if tc.format in BLAS_FORMATS else DECODED_OF.get(type(tc))
+    if cls is None or tc.k % 8 or (tc.format not in BLAS_FORMATS and "dequant" in held):
         return tc
     b = cls(**{f.name: getattr(tc, f.name) for f in fields(tc) if f.name != "ksplit"})
     if b.check() is not None:
@@ -128,6 +130,11 @@ class BlasProduct:
 
     def tune(self, knobs, held=frozenset()):
         return self
+
+    def rows_of(self, denv, w: str, owner):
+        """The bf16 rows (n, k) cuBLAS reads for checkpoint matrix `w`: the weight as stored (kernels/gemm_deq.py's
+        forms: decoded into `owner`'s scratch first)."""
+        return denv.weight(w)[0]
 
     def rate(self, knobs) -> float:
         """The lane's rate of its products: `blas_rate` (knob tflops_blas at each call's fill of the SMs)."""
@@ -176,7 +183,7 @@ class GemmBlas(BlasProduct, GemmTc):
         """The product of the rounded x `xb` into y, by cuBLAS, then its epilogue; scratch `tag` of `owner`."""
         from lanefuse.kernels.cupy_env import NULL, i64
 
-        w = denv.weight(self.w)[0]
+        w = self.rows_of(denv, self.w, owner)
         at = self.direct()
         if at is not None:
             blas_gemm(denv, w, xb, denv.array(self.y.buf), at[0], at[1], self.n, self.m, self.k, self.add is not None)
@@ -247,12 +254,13 @@ class GemmBlasGlu(BlasProduct, GemmTcGlu):
         m, n, k = self.m, self.n, self.k
         xb = self.round_x(denv)
         out, gate = denv.array(self.out), denv.scratch(self, self.scratch()[1])
-        blas_gemm(denv, denv.weight(self.wu)[0], xb, out, 0, n, n, m, k, False)
-        blas_gemm(denv, denv.weight(self.wg)[0], xb, gate, 0, n, n, m, k, False)
+        blas_gemm(denv, self.rows_of(denv, self.wu, self), xb, out, 0, n, n, m, k, False)
+        blas_gemm(denv, self.rows_of(denv, self.wg, self), xb, gate, 0, n, n, m, k, False)
         g, b = grid(m * n)
         denv.function(Binary.stem, "binary")(g, b, (out, gate, out, i64(m * n), i64(0), i64(OPS.index("mul")),
                                                     i64(act_code(self.act)), i64(0), NULL, NULL, NULL, i64(0)))
 
 
 BLAS_OF = {GemmTc: GemmBlas, GemmTcParts: GemmBlasParts, GemmTcGlu: GemmBlasGlu}
+DECODED_OF: dict = {}  # the same for rows in a block format: kernels/gemm_deq.py's forms (it registers them here)
 BLAS_FORMS[:] = [prefer]  # gemm_tc's `cublas` step (its tune) asks this module's choice

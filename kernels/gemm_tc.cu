@@ -72,6 +72,20 @@ extern "C" __global__ void gemm_tc_round(const float* x, unsigned char* xb, i64 
     }
 }
 
+// w (n, k) checkpoint rows in a block format -> wb (n, k) bf16 bits, decoded once for cuBLAS's bf16 product
+// (kernels/gemm_deq.py: a prefill chunk's block-format rows): a thread eight consecutive values, one 16-byte store.
+// i a multiple of 8 lies in one block and one sub-block (one scale) of every block format (blocks of 32 or 256
+// values, sub-blocks of 16 or 32), so qget4 decodes four at a time as every reader does (gguf's order of operations,
+// to the bit), then bf16_rn; count (n·k) a multiple of 8, wb 16-byte aligned.
+extern "C" __global__ void gemm_tc_dequant(const void* w, i64 fmt, unsigned char* wb, i64 count) {
+    PDL_ENTER();
+    for (i64 g = (i64)blockIdx.x * blockDim.x + threadIdx.x; g < (count >> 3); g += (i64)gridDim.x * blockDim.x) {
+        i64 i = g << 3;
+        float4 a = qget4((int)fmt, w, i), b = qget4((int)fmt, w, i + 4);
+        *(uint4*)((u16*)wb + i) = make_uint4(bf16x2(a.x, a.y), bf16x2(a.z, a.w), bf16x2(b.x, b.y), bf16x2(b.z, b.w));
+    }
+}
+
 // Where chunk c (0..3: values 8c..8c+7) of tile row r lies in its 64-byte shared-memory row: c ^ ((r / 2) % 4).
 // ldmatrix reads one chunk of eight consecutive rows (r0 a multiple of 8): their (r % 2, (r / 2) % 4) are the eight
 // pairs, so the rows' 16 bytes fall at (r % 2)·64 + 16·(c ^ ((r / 2) % 4)) of distinct 128-byte bank lines' halves:

@@ -152,14 +152,15 @@ class TcProduct(Launch):
 
     stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
     tensor_cores: ClassVar[bool] = True  # the cost model prices its flops at the tensor cores' rate (knob tflops_tc)
-    steps: ClassVar[tuple[str, ...]] = ("cublas",)  # held: never the cuBLAS form (kernels/gemm_blas.py)
+    steps: ClassVar[tuple[str, ...]] = ("cublas", "dequant")  # held: never the cuBLAS form (kernels/gemm_blas.py);
+    # never block-format rows decoded to bf16 for it (kernels/gemm_deq.py)
 
     def tune(self, knobs, held=frozenset()):
-        """`cublas`: the product through cuBLAS (kernels/gemm_blas.py) where the lane prices it cheaper; held, this
-        kernel."""
+        """`cublas`: the product through cuBLAS (kernels/gemm_blas.py; block-format rows decoded to bf16 first,
+        kernels/gemm_deq.py, unless `dequant` is held) where the lane prices it cheaper; held, this kernel."""
         if "cublas" in held or not BLAS_FORMS:
             return self
-        return BLAS_FORMS[0](self, knobs)
+        return BLAS_FORMS[0](self, knobs, held)
 
     def rate(self, knobs) -> float:
         """TFLOP/s the lane prices its flops at: knob tflops_tc (kernels/gemm_blas.py's cuBLAS forms: their own)."""
@@ -207,7 +208,8 @@ class GemmTc(TcProduct, RowsProduct):
     ksplit: int = 1  # the seed's `tail`: k in this many parts (a product of less than one wave of tiles), combined
 
     census: ClassVar[str] = "gemm_tc"
-    steps: ClassVar[tuple[str, ...]] = ("split_k", "cublas")  # held: no tail split; never the cuBLAS form
+    steps: ClassVar[tuple[str, ...]] = ("split_k", "cublas", "dequant")  # held: no tail split; never the cuBLAS
+    # form; never block-format rows decoded for it
 
     def reads(self):
         return names(self.x, self.w, self.bias, self.add, *self.y.params())

@@ -170,7 +170,10 @@ COMPOSED = {"norm_pair": "two Norms",
             "gemv_f32": "gemv_bind as gemv's (test_the_fast_product_equals_the_reference_product)",
             "gemm_blas": "gemm_tc's twins (kernels/gemm_blas.py: cuBLAS runs the same product; tests/test_gemm_blas.py)",
             "gemm_blas_parts": "gemm_tc_parts' twins (tests/test_gemm_blas.py)",
-            "gemm_blas_glu": "gemm_tc_glu's twins (tests/test_gemm_blas.py)"}
+            "gemm_blas_glu": "gemm_tc_glu's twins (tests/test_gemm_blas.py)",
+            "gemm_deq": "gemm_tc's twins (kernels/gemm_deq.py: decoded rows, cuBLAS's product; tests/test_gemm_deq.py)",
+            "gemm_deq_parts": "gemm_tc_parts' twins (tests/test_gemm_deq.py)",
+            "gemm_deq_glu": "gemm_tc_glu's twins (tests/test_gemm_deq.py)"}
 
 
 def test_every_kind_with_a_fast_twin_is_covered():

@@ -690,7 +690,7 @@ def test_registry_names_every_kind_once():
             "gemm_parts", "gather", "set_row", "argmax", "slice", "join", "unary", "scale", "fold", "quant", "view",
             "moe", "softcap", "conv", "conv_parts", "delta", "decay", "l2norm", "gates", "gate_proj", "head_gemv", "norm_pair",
             "gemm_tc", "gemm_tc_parts", "gemm_tc_glu", "attention_tc", "collective", "sample", "chain", "gemm_blas",
-            "gemm_blas_parts", "gemm_blas_glu"}
+            "gemm_blas_parts", "gemm_blas_glu", "gemm_deq", "gemm_deq_parts", "gemm_deq_glu"}
     assert set(KINDS) == want
     from importlib import resources
 

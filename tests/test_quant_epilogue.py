@@ -28,8 +28,8 @@ def test_every_kind_that_quantizes_its_result_takes_the_mixin():
     assert {k.__name__ for k in kinds} >= {"Attention", "Binary", "Delta", "Gemv", "GemvGlu", "HeadGemv", "Moe",
                                            "Norm", "RopeSide", "SetRow"}
     for k in kinds:
-        if getattr(k, "census", "") in ("gemm_tc_glu", "gemm_blas_glu"):  # GemvGlu's fields; the tensor cores (and
-            # cuBLAS's form of them) refuse a quantized form
+        if getattr(k, "census", "") in ("gemm_tc_glu", "gemm_blas_glu", "gemm_deq_glu"):  # GemvGlu's fields; the
+            # tensor cores (and cuBLAS's forms of them) refuse a quantized form
             continue
         assert issubclass(k, QuantEpilogue), f"{k.__name__} has a `quant` field but threads it by hand"
         names = {f.name: f for f in dataclasses.fields(k)}
