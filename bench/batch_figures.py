@@ -5,6 +5,12 @@ random Qwen3-shaped f32 model: hidden 1024, 8 layers, 16 heads, 8 kv heads, head
 32000; weights made here, no transformers needed). Rounds interleaved, medians: the machine may be shared.
 
     python bench/batch_figures.py [--rounds 3] [--steps 8] [--batches 1,2,4,8] [--layers 8] [--threads 2]
+    python bench/batch_figures.py --families        # the two families' batch plans alone (no CPU rates)
+
+The families' section (issue 40): the Qwen3-Next-80B-A3B and DeepSeek-V3 shapes (bench/qnext_figures.py,
+bench/deepseek_figures.py: shape only, bf16 rows, no weights), their decode step for one sequence and batches of 8
+and 64 (every sequence's rings, delta-rule states and caches a slot; the latent caches a slot) and 8 held apart:
+launches a step, by layer, and the lane's cost model's step time (a PREDICTION, no device).
 
 The GPU figure (B = 1..64 on the Qwen3-8B-shaped step) lives in bench/gpu_decode.py --batch."""
 
@@ -45,6 +51,28 @@ def launches(cfg) -> None:
     print(f"  batch of 8, sequences held : {per_layer(held):>8}  ({held.n_launches} a step)")
     kinds = [x.launch.census for x in b8.launches if x.layer == 0]
     print(f"  batch of 8, layer 0 kinds  : {', '.join(kinds)}")
+
+
+def families() -> None:
+    """Qwen3-Next's and DeepSeek-V3's batch decode steps at their real shapes: launches and the cost model's time."""
+    from deepseek_figures import deepseek_v3
+    from qnext_figures import qwen3_next_80b_a3b
+
+    from lanefuse.engine.rules import load_table
+    from lanefuse.lane.lower.plan import plan
+
+    table = load_table()
+    for cfg in (qwen3_next_80b_a3b(4096), deepseek_v3()):
+        print(f"{cfg.name} decode, KV caches of 4096 rows a slot (the lane's cost model: PREDICTIONS, no device):")
+        for b, held in ((1, ()), (8, ()), (64, ()), (8, ("sequences",))):
+            t0 = time.perf_counter()
+            p = plan(cfg.build_step(1, batch=b), held=list(held), table=table)
+            by = sorted({v for k, v in p.per_layer().items() if k >= 0})
+            moe = [x.launch for x in p.launches if x.launch.census == "moe"]
+            what = f"batch of {b}" + (", sequences held" if held else "") if b > 1 else "one sequence"
+            print(f"  {what:<27}: {p.n_launches:>4} launches ({'/'.join(map(str, by))} a layer), "
+                  f"estimated {p.cost_us:9.1f} us a step, {p.cost_us / b:8.1f} a token; mixture rows sorted: "
+                  f"{'yes' if moe and moe[0].sort else 'no'} (planned in {time.perf_counter() - t0:.1f} s)")
 
 
 def decode_rates(cfg, weights, batches, steps: int, rounds: int) -> None:
@@ -91,8 +119,12 @@ def main() -> None:
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--families", action="store_true", help="the Qwen3-Next and DeepSeek-V3 shapes' batch plans only")
     a = ap.parse_args()
     _threads(a.threads)
+    if a.families:
+        families()
+        return
     from lanefuse.engine.front.demo import random_arrays
     from lanefuse.engine.front.weights import Weights
 
