@@ -450,7 +450,13 @@ def gemv_quant_cuda(launch: Gemv, denv) -> None:
 
 @dataclass(frozen=True)
 class GemvF32(Launch):
-    """y (m, n) = x (m, k) · wᵀ (+ bias), w f32 values (n, k) (a constant that is not checkpoint rows)."""
+    """y (m, n) = x (m, k) · wᵀ (+ bias), w f32 values (n, k) (a constant that is not checkpoint rows).
+
+    Why it exists (seed 002's link: a matmul by `values`, not rows, is `Launch::GemvF32`): a matrix the step holds as
+    f32 values — one a step YAML declares `kind: values`, or one a front computes rather than reads from the checkpoint
+    — has no format to decode. No front of this project declares a 2-D constant as values (engine/front/decoder.py
+    makes every matrix checkpoint rows), so none reaches it; tests/test_issue40_rows.py plans it from the demo
+    decoder's step with its LM head and one k projection held as values, against the reference."""
 
     x: str
     w: str
@@ -471,14 +477,15 @@ class GemvF32(Launch):
     def writes(self):
         return (self.y.buf,)
 
-    def scratch(self):
-        return Gemv.scratch(self)  # type: ignore[arg-type]
+    def scratch(self):  # no quantized output (Gemv's own reads its `quant`, a field this launch has not)
+        return () if self.split == 1 else (Scratch("partials", "f32", 4 * self.split * self.m * self.n),)
 
     def check(self):
         return gemv_check(self.k, self.n, self.m, 1, self.split)
 
     def extents(self, top, tokens):
-        return Gemv.extents(self, top, tokens)  # type: ignore[arg-type]
+        return reach((self.x, self.m * self.k), (self.w, self.n * self.k), (self.bias, self.n),
+                     (self.y.buf, self.y.extent(self.m * self.n, top)))
 
     def weights(self):
         return {self.w: "f32", **({self.bias: None} if self.bias else {})}

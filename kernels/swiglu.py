@@ -1,4 +1,10 @@
-"""`swiglu`: out = silu(g) · u over n values."""
+"""`swiglu`: out = silu(g) · u over n values.
+
+Why it exists (seed 002's link: `TensorOpSpec::SwiGlu` -> `Launch::SwiGlu`): the seed's front lifts a SwiGLU FFN as
+one `swiglu` op, and a step YAML written in that lifted form runs it. This project's fronts build the same FFN as
+`silu` and `mul` (glu_act_mul and the chains fuse that form), so no front reaches this launch: a `swiglu` op runs in
+the gate and up products' launch (gemv_gate_up_glu.swiglu), and here only where that rule is held.
+tests/test_issue40_rows.py plans it from the demo decoder's step with its FFN lifted so, against the reference."""
 
 from __future__ import annotations
 

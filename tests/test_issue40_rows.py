@@ -1,0 +1,101 @@
+"""Launches no model's front reaches (issue 40: "rows only a hand-written step YAML reaches"), each planned from a
+model-shaped step: the demo decoder's step as its front builds it, changed only where the seed's front computes
+differently — its FFN lifted as one `swiglu` op (SwiGlu), a projection's matrix held as f32 values (GemvF32) — and
+run by the numpy backend against the reference interpreter. Why each launch exists is written in kernels/README.md.
+(Slice and `head_slice` are reached by a real front: OLMo 2 over ranks, tests/test_ranks_families.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from lanefuse.engine.front.demo import demo_model
+from lanefuse.engine.front.model import build_step
+from lanefuse.engine.interp import evaluate
+from lanefuse.engine.ir import Op, attrs_of
+from lanefuse.lane.lower.plan import plan
+from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return demo_model(64)
+
+
+def _decode(cfg, run, steps=3):
+    """`steps` greedy decode steps from token 3 at position 0: the tokens and each step's logits."""
+    env = {n: np.zeros(s, np.float32) for n, s in cfg.carried().items()}
+    tok, toks, logits = 3, [], []
+    for p in range(steps):
+        env.update(token=np.array([tok], np.int32), pos=np.array([p], np.int32))
+        out = run(env)
+        tok = int(np.asarray(out["next"]).reshape(-1)[0])
+        toks.append(tok)
+        logits.append(np.asarray(out["logits"]).reshape(-1).copy())
+    return toks, logits
+
+
+def _same_run(cfg, g, w, want, **plan_kw):
+    """The plan of `g` (numpy backend, exact twins) against the reference of `g`, and both against `want` (the
+    front's own step's tokens and logits): the plan."""
+    p = plan(g, **plan_kw)
+    ref = _decode(cfg, lambda e: evaluate(g, w, e))
+    got = _decode(cfg, NumpyRunner(p, w, exact=True).step)
+    assert ref[0] == want[0] and got[0] == want[0]
+    for a, b, c in zip(want[1], ref[1], got[1]):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * float(np.abs(a).max()))
+        np.testing.assert_allclose(c, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+    return p
+
+
+def as_swiglu(g):
+    """Step `g` with each layer's gated MLP lifted as the seed's front lifts it: act(gate) · up as one `swiglu`
+    (the seed's TensorOpSpec::SwiGlu) in place of the `silu` and the `mul`."""
+    out = dataclasses.replace(g, tensors=dict(g.tensors), ops=[])
+    acts = {op.out: op for op in g.ops if op.kind == "silu"}
+    for op in g.ops:
+        if op.kind == "silu":
+            continue
+        if op.kind == "mul" and op.ins[0] in acts:
+            out.ops.append(Op("swiglu", (acts[op.ins[0]].ins[0], op.ins[1]), op.out, attrs_of({}), layer=op.layer))
+            out.tensors.pop(op.ins[0])
+            continue
+        out.ops.append(op)
+    out.validate()
+    return out
+
+
+def test_a_lifted_swiglu_runs_as_the_gate_up_launch_and_held_as_swiglu(demo):
+    """The FFN lifted as `swiglu`: the gate and up products and their SwiGLU one GemvGlu launch a layer
+    (gemv_gate_up_glu.swiglu); that rule held, the SwiGlu launch a layer; both the front's step's tokens."""
+    cfg, w = demo
+    g = build_step(cfg, 1)
+    want = _decode(cfg, lambda e: evaluate(g, w, e))
+    s = as_swiglu(g)
+    assert [op.kind for op in s.ops].count("swiglu") == cfg.layers and "silu" not in {op.kind for op in s.ops}
+    fused = _same_run(cfg, s, w, want)
+    assert fused.fusions.get("gemv_gate_up_glu.swiglu") == cfg.layers and "swiglu" not in fused.census
+    held = _same_run(cfg, s, w, want, held=("gemv_gate_up_glu.swiglu",))
+    assert held.census.get("swiglu") == cfg.layers, held.census
+    (sw,) = {x.launch for x in held.launches if x.launch.census == "swiglu" and x.launch.out == "L0.glu"}
+    assert sw.n == cfg.inter
+
+
+def test_a_projection_by_f32_values_runs_as_gemv_f32(demo):
+    """A projection whose matrix the step holds as f32 values (not checkpoint rows: a matrix the seed's front
+    computes, or a step YAML's values): the GemvF32 launch, with no format, the front's step's tokens."""
+    cfg, w = demo
+    g = build_step(cfg, 1)
+    want = _decode(cfg, lambda e: evaluate(g, w, e))
+    names = ["model.layers.1.self_attn.k_proj.weight", "lm_head.weight"]  # k: out of merged_qkv
+    v = dataclasses.replace(g, constants=dict(g.constants))
+    for n in names:
+        v.constants[n] = dataclasses.replace(g.constants[n], kind="values", transposed=False)
+    v.validate()
+    p = _same_run(cfg, v, w, want)  # the same stored values, read as f32 values
+    f32 = [x.launch for x in p.launches if x.launch.census == "gemv_f32"]
+    assert sorted(x.w for x in f32) == sorted(names), p.census
+    head = next(x for x in f32 if x.w == "lm_head.weight")
+    assert (head.k, head.n, head.m) == (cfg.hidden, cfg.vocab, 1)
