@@ -457,6 +457,12 @@ def test_run_batch_refusals_in_one_line(tmp_path, capsys, monkeypatch):
         assert _main("run", "--prompt-ids", "1", *more, "--tokens", "2", "--ranks", "2") != 0
         err = capsys.readouterr().err
         assert "run --ranks 2 of a batch" in err and err.count("error:") == 1 and "Traceback" not in err, err
+    saved = tmp_path / "b2.json"  # a saved batch step's caches hold 2 slots of the demo's 256 rows: a slot is 256
+    assert _main("plan", "--batch", "2", "--save", str(saved)) == 0
+    capsys.readouterr()
+    assert _main("run", "--plan", str(saved), "--prompt-ids", "1", "--prompt-ids", "2", "--batch", "2") != 0
+    err = capsys.readouterr().err  # (was: "--ctx 512: the demo model allows at most 256 positions")
+    assert "a saved plan is one step; a batch plans its own steps" in err and err.count("error:") == 1, err
     import lanefuse.lane.cli.source as source
 
     # a slot's caches (0.5 MiB) within a quarter of 2.5 MiB, three slots' past half of it

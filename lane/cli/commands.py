@@ -344,10 +344,11 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
 
 
 def _cache_rows(saved) -> int | None:
-    """The KV caches' rows a saved plan was made for: a run of it opens the model with as many."""
+    """The KV caches' rows a saved plan was made for, a sequence's (a batch step's tables hold a slot a sequence): a
+    run of it opens the model with as many."""
     if saved is None or not saved.io.caches:
         return None
-    return int(saved.tensors[saved.io.caches[0][0]].shape[0])
+    return int(saved.tensors[saved.io.caches[0][0]].shape[0]) // max(1, saved.batch)
 
 
 def _model_of_plan(path: str, s, model: str | None) -> str | None:
