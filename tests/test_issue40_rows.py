@@ -1,8 +1,9 @@
 """Launches no model's front reaches (issue 40: "rows only a hand-written step YAML reaches"), each planned from a
 model-shaped step: the demo decoder's step as its front builds it, changed only where the seed's front computes
 differently — its FFN lifted as one `swiglu` op (SwiGlu), a projection's matrix held as f32 values (GemvF32) — and
-run by the numpy backend against the reference interpreter. Why each launch exists is written in kernels/README.md.
-(Slice and `head_slice` are reached by a real front: OLMo 2 over ranks, tests/test_ranks_families.py.)"""
+run by the numpy backend against the reference interpreter; why each exists is in its launch's docstring. Two are
+reached by a real front: `elementwise_quant` (OLMo 2's post-normed residual sums under q8, here) and Slice /
+`head_slice` (OLMo 2 over ranks, tests/test_ranks_families.py)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,36 @@ def test_a_projection_by_f32_values_runs_as_gemv_f32(demo):
     assert sorted(x.w for x in f32) == sorted(names), p.census
     head = next(x for x in f32 if x.w == "lm_head.weight")
     assert (head.k, head.n, head.m) == (cfg.hidden, cfg.vocab, 1)
+
+
+def test_olmo2_sums_read_by_products_quantize_as_they_are_stored():
+    """elementwise_quant reached from a real front: OLMo 2 norms after its attention and its MLP (post-norms), so its
+    residual sums are read by the next products themselves — the MLP's gate and up, the next layer's q, k and v. Under
+    q8 over q8_0 rows each such add quantizes its sum as it stores it (the Binary launch's `quant`): 3 in 2 layers
+    (the last sum is read by the final norm). Run by the exact twins (launch by launch against the interpreter), it
+    equals the interpreter of the quantized step; held, Quant launches give the same logits to the bit."""
+    from lanefuse.engine.formats.quantize import with_numerics
+    from lanefuse.engine.front.families.olmo2 import Olmo2Config
+    from lanefuse.engine.front.stepweights import random_weights
+
+    base = Olmo2Config("Olmo2ForCausalLM", hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, inter=128,
+                       vocab=96, max_len=24, tie_embeddings=False)
+    g = build_step(base, 1)
+    cfg = dataclasses.replace(base, formats=tuple((c.name, "q8_0") for c in g.constants.values()
+                                                  if c.kind == "rows"))
+    g = build_step(cfg, 1)
+    w = random_weights(g, 3).with_config(cfg)
+    p = plan(g, numerics="q8")
+    assert p.fusions.get("elementwise_quant") == 3, p.fusions
+    sums = [x.launch for x in p.launches if x.launch.census == "binary" and x.launch.quant]
+    assert sorted(s.out for s in sums) == ["L0.resid_attn", "L0.resid_ffn", "L1.resid_attn"]
+    gq = with_numerics(g, "q8")
+    env = {"token": np.array([5], np.int32), "pos": np.array([0], np.int32)}
+    env.update({n: np.zeros(g.tensors[n].shape, np.float32) for n in g.io.tables})
+    want = evaluate(gq, w, {k: v.copy() for k, v in env.items()})
+    got = NumpyRunner(p, w, check=True).step({k: v.copy() for k, v in env.items()}, lifted=g)
+    assert np.abs(got["logits"] - want["logits"]).max() <= 1e-6 * np.abs(want["logits"]).max()  # test_quant_lane's
+    held = plan(g, numerics="q8", held=("elementwise_quant",))
+    assert "elementwise_quant" not in held.fusions and held.census["quant"] > p.census.get("quant", 0)
+    again = NumpyRunner(held, w, check=True).step({k: v.copy() for k, v in env.items()}, lifted=g)
+    assert np.array_equal(again["logits"], got["logits"])
