@@ -133,3 +133,53 @@ def test_olmo2_sums_read_by_products_quantize_as_they_are_stored():
     assert "elementwise_quant" not in held.fusions and held.census["quant"] > p.census.get("quant", 0)
     again = NumpyRunner(held, w, check=True).step({k: v.copy() for k, v in env.items()}, lifted=g)
     assert np.array_equal(again["logits"], got["logits"])
+
+
+def mla_one_cache(voff: int, H: int = 4, c: int = 32, r: int = 16, d: int = 64, L: int = 16, V: int = 50):
+    """A latent attention's decode step over ONE cache a layer, as vLLM and llama.cpp keep DeepSeek's compressed KV:
+    each row the latent (c values) and the rotated key (r) side by side (`voff` 0: latent first; r: rope first),
+    written whole by one row write; the queries already in latent space (absorbed) attend over whole rows as keys and
+    read the latent part of each row as values (Attention `vstride` = c + r, `voff`), no join of the caches a step."""
+    from lanefuse.engine.ir import Access, Constant, Graph, StepIO
+
+    g = Graph(io=StepIO(caches=(("kv", "kv"),)))
+    g.tensor("token", (1,), "i32")
+    g.tensor("pos", (1,), "i32")
+    g.tensor("kv", (L, c + r))
+    g.constant(Constant("emb", (V, d), "rows"))
+    for n, shape in (("wq", (H * (c + r), d)), ("wkv", (c + r, d)), ("wo", (V, H * c))):
+        g.constant(Constant(n, shape, "rows", transposed=True))
+    g.add("gather", ["emb", "token"], "x")
+    g.add("matmul", ["x", "wq"], "q")  # (1, H·(c + r)): each head's absorbed query and its rotated part
+    g.add("matmul", ["x", "wkv"], "row")  # (1, c + r): the row the cache keeps
+    g.add("set_row", ["kv", "row", "pos"], "kvc")
+    g.add("attention", ["q", "kvc", "kvc", "pos"], "a", access=(None, None, Access(c + r, voff, c)), heads=H,
+          kv_heads=1, hd=c + r, vd=c, scale=(c + r) ** -0.5, window=0, softcap=0.0)  # (1, H·c)
+    g.add("matmul", ["a", "wo"], "logits")
+    g.add("argmax", ["logits"], "next")
+    g.validate()
+    return g
+
+
+@pytest.mark.parametrize("voff", [0, 16])
+def test_values_read_as_a_part_of_the_key_rows(voff):
+    """Attention `vstride` / `voff` from a latent attention's one cache: the plan's attention launch reads its values
+    at pitch c + r from `voff` in the key table itself; 4 decode steps by the exact twins equal the reference, to
+    the bit, the cache too."""
+    from lanefuse.engine.front.weights import Weights
+
+    g = mla_one_cache(voff)
+    rng = np.random.default_rng(7)
+    w = Weights.from_dict({n: (rng.standard_normal(c.shape) / np.sqrt(c.shape[1])).astype(np.float32)
+                           for n, c in g.constants.items()})
+    p = plan(g)
+    (att,) = [x.launch for x in p.launches if x.launch.census == "attention"]
+    assert (att.kc, att.vc, att.vstride, att.voff, att.hd, att.vd) == ("kvc", "kvc", 48, voff, 48, 32)
+    run = NumpyRunner(p, w, exact=True)
+    ref_kv, got_kv, tok = np.zeros((16, 48), np.float32), np.zeros((16, 48), np.float32), 3
+    for step in range(4):
+        want = evaluate(g, w, {"token": np.array([tok], np.int32), "pos": np.array([step], np.int32), "kv": ref_kv})
+        got = run.step({"token": np.array([tok], np.int32), "pos": np.array([step], np.int32), "kv": got_kv})
+        assert np.array_equal(got["logits"].reshape(-1), np.asarray(want["logits"]).reshape(-1))
+        assert np.array_equal(got_kv, ref_kv) and np.abs(ref_kv[step]).max() > 0
+        tok = int(np.asarray(want["next"]).reshape(-1)[0])
