@@ -232,9 +232,13 @@ def test_matrices_stored_as_their_inputs_rows_give_the_same_tokens():
     assert wt.store.base.info(names[1])[0] == (256, 64) and wt.shape(names[1]) == (64, 256)
     toks, logits = _decode(cfg, lambda e: evaluate(g, w, e))
     got = _decode(cfg, lambda e: evaluate(read, wt, e))
-    fused = _decode(cfg, NumpyRunner(plan(read), wt, exact=True).step)
+    p = plan(read)
+    fused = _decode(cfg, NumpyRunner(p, wt, exact=True).step)
     assert got[0] == toks and fused[0] == toks
     assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(logits, got[1], fused[1]))
+    fast = _decode(cfg, NumpyRunner(p, wt, exact=False).step)  # the fast twins' decoded and stacked matrices
+    assert fast[0] == toks and all(np.allclose(a, f, rtol=0, atol=1e-5 * np.abs(a).max())
+                                   for a, f in zip(logits, fast[1]))
 
 
 def test_a_stored_matrix_is_served_transposed_to_the_bit_in_every_plain_format():
@@ -264,3 +268,38 @@ def test_weights_that_do_not_hold_the_stored_shape_are_refused_and_random_ones_a
     rw = random_weights(read, 3)
     assert rw.store.base.info(k)[0] == (256, 64) and rw.get(k).shape == (64, 256)
     assert np.array_equal(rw.get(k), rw.store.base.raw(k)[0].T)
+
+
+def test_a_mixtures_router_stored_as_its_inputs_rows_is_read_transposed():
+    """An expert mixture's router stored (d, experts), `transposed: false` (a Qwen3-MoE decode step's, every layer):
+    read transposed as loaded, the reference over the stored weights and the fused plan give the Linear-stored
+    step's logits to the bit."""
+    from lanefuse.engine.front.families.mixtures import MoeConfig
+    from lanefuse.engine.front.model import ModelConfig
+    from lanefuse.engine.front.stepweights import random_weights
+    from lanefuse.engine.front.weights import Weights
+    from lanefuse.engine.orientation import as_read
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg = ModelConfig("Qwen3MoeForCausalLM", 32, 2, 4, 2, 8, 40, 64, qk_norm=True, max_len=32,
+                      moe=MoeConfig(experts=8, k=2, inter=37, norm_topk=True, sparse=(0, 1)))
+    g = build_step(cfg, 1)
+    w = Weights(random_weights(g, 0).store, cfg)
+    routers = [op.ins[1] for op in g.ops if op.kind == "moe"]
+    assert len(routers) == 2 and all(g.constants[n].shape == (8, 32) and g.constants[n].transposed for n in routers)
+    text = to_yaml(g)
+    for n in routers:
+        text = text.replace(f"  {n}: {{shape: [8, 32], transposed: true}}", f"  {n}: {{shape: [32, 8], "
+                                                                           f"transposed: false}}")
+    read = from_yaml(text, "moe.yaml")
+    assert read.meta["read_transposed"] == routers and read.constants == g.constants
+    arrays = {n: w.get(n) for n in w.store.names()}
+    arrays.update({n: np.ascontiguousarray(arrays[n].T) for n in routers})
+    wt = as_read(read, Weights.from_dict(arrays, cfg))
+    toks, logits = _decode(cfg, lambda e: evaluate(g, w, e), steps=3)
+    got = _decode(cfg, lambda e: evaluate(read, wt, e), steps=3)
+    fused = _decode(cfg, NumpyRunner(plan(read), wt, exact=True).step, steps=3)
+    assert got[0] == toks and fused[0] == toks
+    assert all(np.array_equal(a, b) for a, b in zip(logits, got[1]))
+    assert all(np.allclose(a, c, rtol=0, atol=1e-5 * np.abs(a).max()) for a, c in zip(logits, fused[1]))
