@@ -64,6 +64,17 @@ The assumptions, each a figure to be replaced by a measurement (bench/gpu_prefil
   (what cuBLAS's bf16 GEMV cost beyond its bytes on the H200, cublas-gemv.log 2026-12-04: taken for its GEMM too);
   then its epilogue launch where it has one (gemm_tc_combine for a bias, rows added from another array or a
   destination of rows apart; the GLU's gated mul), which streams 12 bytes an output over HBM and pays LAUNCH_US;
+- rows in a block format (--format q4_k, q8_0, ...; issue 35's q4_k / q8_0 prefill): gemm_tc's own kernel for them is
+  gemm_tc_any (eight warps of 64 x 32, two stages), each thread decoding 16 values of w's tile a k step a value at a
+  time (tc_get), for every tile of rows: a step also lasts at least its blocks' decode instructions at ISSUE_PER_CLK
+  warp instructions an SM a clock, DECODE_PTX's first figure a value (kernels/gemm_tc.py DECODE_INSTR, counted by
+  bench/decode_ptx.py in nvcc 13's sm_90 PTX: an upper-bound proxy of the SASS, no cuobjdump here); the decoded form
+  (kernels/gemm_deq.py: gemm_deq, _parts, _glu, the lane's `dequant` step; `--hold dequant` prices gemm_tc_any's
+  plan) as a cuBLAS launch whose calls read bf16 rows (2 bytes a value), each matrix first decoded by a
+  gemm_tc_dequant launch: its block bytes read and bf16 rows written over HBM, or DECODE_PTX's second figure a value
+  issued, whichever is longer, + LAUNCH_US; `--kernel tiles` prices the other choice, not built: block-format rows
+  decoded into shared memory a tile at a time inside gemm_tc_cp's pipeline (Marlin style), DECODE_PTX's second figure
+  a value for every tile of rows, issued beside the mma (an optimistic overlap);
 - every other launch: the lane's cost model (its cost_us).
 """
 
@@ -93,6 +104,11 @@ BM = BN = 128
 BK = 32
 BLAS_TFLOPS = 692.0  # cuBLAS's bf16 GEMM at full waves: ASSUMED (see the docstring)
 BLAS_LAUNCH_US = 5.3  # cuBLAS's fixed cost a call: its GEMV's, measured 2026-12-04, taken for its GEMM (assumed)
+ISSUE_PER_CLK = 4  # warp instructions an SM issues a clock (four schedulers)
+# Instructions a thread spends decoding one value of block-format rows to bf16: kernels/gemm_tc.py's DECODE_INSTR
+# (bench/decode_ptx.py: PTX of nvcc 13 sm_90, an upper-bound proxy of the SASS; no cuobjdump here): (gemm_tc_any's
+# tc_load_w, a value at a time by tc_get; gemm_tc_dequant's qget4, four values a call)
+from lanefuse.kernels.gemm_tc import DECODE_INSTR as DECODE_PTX  # noqa: E402 (one table: the lane prices by it too)
 
 # The kernels a product runs, by (kernel set, a product of at most 64 rows): rows and threads of a block, warps, each
 # warp's 16-row fragments (mi) and 8-output fragments (nj), cp.async stages, blocks an SM holds (ptxas sm_90).
@@ -101,30 +117,50 @@ KERNELS = {
     ("now", True): dict(bm=64, warps=8, mi=2, nj=4, stages=3, blocks=2),     # gemm_tc_cp_64: 80-118 registers, 36 KB
     ("before", False): dict(bm=128, warps=8, mi=4, nj=4, stages=2, blocks=2),  # 0f140e5: 128 registers, 40 KB
     ("before", True): dict(bm=64, warps=8, mi=2, nj=4, stages=2, blocks=2),   # 0f140e5's _64: 80-99, 30 KB
+    # gemm_tc_any / _64 (rows that are not bf16, decoded through registers): eight warps, two stages, each thread
+    # decoding 16 values of w's tile a k step (DECODE_PTX's first figure a value)
+    ("any", False): dict(bm=128, warps=8, mi=4, nj=4, stages=2, blocks=2),
+    ("any", True): dict(bm=64, warps=8, mi=2, nj=4, stages=2, blocks=2),
 }
 
 
-def step_us(kern: dict, b: int) -> tuple[float, str]:
-    """A k step of an SM holding b blocks of `kern` (all its blocks' step done): the µs and what bounds it."""
+def decode_us(values: int, per_value: float, sms: int = SMS) -> float:
+    """µs to issue `per_value` instructions a thread for each of `values` (a warp's 32 lanes one value each) over
+    `sms` SMs at ISSUE_PER_CLK warp instructions a clock: the decode's bound by instruction issue."""
+    return values * per_value / 32 / (sms * ISSUE_PER_CLK * CLOCK_GHZ * 1e9) * 1e6
+
+
+def step_us(kern: dict, b: int, decode: float = 0.0) -> tuple[float, str]:
+    """A k step of an SM holding b blocks of `kern` (all its blocks' step done): the µs and what bounds it. `decode`:
+    the instructions a thread spends on each value of w's tile (gemm_tc_any over a block format), issued by the SM
+    beside the rest (an optimistic overlap: the bounds are not added)."""
     flops = 2 * kern["bm"] * BN * BK
     ldsm = kern["warps"] * (BK // 16) * (kern["mi"] + kern["nj"] // 2) * 512
     smem = ldsm + (kern["bm"] + BN) * BK * 2
     mma = max(b, 2) * flops / (MMA_SYNC_TFLOPS * 1e12 / SMS) * 1e6  # a lone block at half the rate
     shared = b * smem / (SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e9) * 1e6
     latency = LATENCY_US / (kern["stages"] - 1)
-    us, bound = max((mma, "mma"), (shared, "smem"), (latency, "latency"))
+    issue = decode_us(b * BN * BK, decode, 1)
+    us, bound = max((mma, "mma"), (shared, "smem"), (latency, "latency"), (issue, "decode"))
     return us / EFFICIENCY, bound
 
 
 def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kernel: str = "now",
-                    out_n: int | None = None) -> dict:
+                    out_n: int | None = None, fmt: str = "bf16") -> dict:
     """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles), its
     tiles each `ksplit` blocks along k (the tail), by the kernels of `kernel` ("now" or "before"): tiles, waves, the
     predicted µs and what bounds it. out_n: the outputs written a row where not n (gemm_tc_glu: n = the gate's and
-    the up's 2n product columns, n written)."""
+    the up's 2n product columns, n written). Rows in a block format `fmt` run gemm_tc_any (decoded a value at a time
+    into registers, DECODE_PTX's figure a value, for every tile of rows)."""
     ns = list(n) if isinstance(n, (list, tuple)) else [n]
     n = sum(ns)
-    kern = KERNELS[(kernel, m <= 64)]
+    dec = DECODE_PTX.get(fmt)
+    if dec and kernel == "tiles":  # (b), not built: decoded into shared memory a tile at a time (qget4's count)
+        decode, kern = dec[1], KERNELS[("now", m <= 64)]
+    elif dec and kernel == "now":  # gemm_tc_any: a value at a time into registers
+        decode, kern = dec[0], KERNELS[("any", m <= 64)]
+    else:
+        decode, kern = 0.0, KERNELS[("now" if kernel == "tiles" else kernel, m <= 64)]
     bm = kern["bm"]  # 64-row tiles up to 64 rows
     tiles = math.ceil(m / bm) * sum(math.ceil(x / BN) for x in ns)
     slots = SMS * kern["blocks"]
@@ -134,7 +170,7 @@ def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kerne
     compute_us, bounds = 0.0, {}
     for wv in range(waves):
         b = min(kern["blocks"], math.ceil(min(slots, blocks - wv * slots) / SMS))
-        us, bound = step_us(kern, b)
+        us, bound = step_us(kern, b, decode)
         compute_us += steps * us
         bounds[bound] = bounds.get(bound, 0.0) + steps * us
     nbytes = weight_bytes + 4 * m * k + 4 * m * (n if out_n is None else out_n)
@@ -142,7 +178,7 @@ def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kerne
     round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
     combine_us = LAUNCH_US + 4 * m * n * (ksplit + 1) / (HBM_TBPS * 1e12) * 1e6 if ksplit > 1 else 0.0
     us = LAUNCH_US + max(compute_us, memory_us) + round_us + combine_us
-    return {"m": m, "n": n, "parts": ns, "k": k, "ksplit": ksplit, "tiles": tiles, "waves": waves,
+    return {"m": m, "n": n, "parts": ns, "k": k, "ksplit": ksplit, "tiles": tiles, "waves": waves, "format": fmt,
             "wave_fill": round(blocks / (waves * slots), 3),
             "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2), "us": round(us, 2),
             "bound": "hbm" if memory_us > compute_us else max(bounds, key=bounds.get),
@@ -154,9 +190,11 @@ def blas_prediction(l) -> dict:
     cublasGemmEx (its tiles' fill of the SMs at BLAS_TFLOPS, or its bytes over HBM, + BLAS_LAUNCH_US), its epilogue
     launches; the predicted µs and what bounds the calls."""
     from lanefuse.kernels.gemm_blas import GemmBlas, GemmBlasGlu, blas_fill
+    from lanefuse.kernels.gemm_deq import Decoded
     from lanefuse.kernels.gemm_tc import kp
 
     m, k = l.m, l.k
+    decoded = isinstance(l, Decoded)
     if isinstance(l, GemmBlasGlu):
         calls = [(l.n, l.checkpoint_bytes() // 2, True, False)] * 2  # (n, weight bytes, direct, beta)
         epilogues = [l.n]  # the gated mul
@@ -165,8 +203,13 @@ def blas_prediction(l) -> dict:
         calls = [(o.n, o.checkpoint_bytes(), o.direct() is not None, o.add is not None and o.direct() is not None)
                  for o in ones]
         epilogues = [o.n for o in ones if o.direct() is None]  # gemm_tc_combine
-    compute_us = memory_us = calls_us = 0.0
+    compute_us = memory_us = calls_us = dequant_us = 0.0
     for n, wb, _, beta in calls:
+        if decoded:  # gemm_tc_dequant: the block bytes read, bf16 rows written (or its instructions' issue), then
+            # cuBLAS reads those rows
+            dequant_us += LAUNCH_US + max((wb + 2 * n * k) / (HBM_TBPS * 1e12) * 1e6,
+                                          decode_us(n * k, DECODE_PTX[l.format][1]))
+            wb = 2 * n * k
         c = 2 * m * n * k / (BLAS_TFLOPS * 1e12 * blas_fill(m, n, SMS)) * 1e6
         b = (wb + 2 * m * kp(k) + 4 * m * n * (1 + beta)) / (HBM_TBPS * 1e12) * 1e6
         compute_us, memory_us = compute_us + c, memory_us + b
@@ -174,8 +217,9 @@ def blas_prediction(l) -> dict:
     round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
     epilogue_us = sum(LAUNCH_US + 12 * m * n / (HBM_TBPS * 1e12) * 1e6 for n in epilogues)
     ns = [n for n, *_ in calls]
-    us = calls_us + round_us + epilogue_us
+    us = calls_us + round_us + epilogue_us + dequant_us
     return {"m": m, "n": sum(ns), "parts": ns, "k": k, "ksplit": 1, "blas": True, "calls": len(calls),
+            "format": l.format, "dequant_us": round(dequant_us, 2),
             "tiles": sum(-(-m // 128) * -(-n // 128) for n in ns), "waves": 0, "wave_fill": min(
                 blas_fill(m, n, SMS) for n in ns), "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2),
             "us": round(us, 2), "bound": "hbm" if memory_us > compute_us else "cublas",
@@ -245,7 +289,7 @@ def plan_prediction(s, kernel: str = "now", pos: int = 0) -> dict:
         elif isinstance(l, (GemmTc, GemmTcParts, GemmTcGlu)):
             ns = [l.n] if isinstance(l, GemmTc) else [2 * l.n] if isinstance(l, GemmTcGlu) else [p.n for p in l.parts]
             p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1), kernel,
-                                l.n if isinstance(l, GemmTcGlu) else None)
+                                l.n if isinstance(l, GemmTcGlu) else None, l.format)
             p["glu"] = isinstance(l, GemmTcGlu)
             gemms.append(p)
             kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
@@ -326,12 +370,15 @@ def print_prediction(name: str, p: dict) -> None:
         count = sum(1 for x in p["gemms"] if (x["m"], tuple(x["parts"]), x["k"], x.get("ksplit", 1)) == key)
         n = f"(2x{g['n'] // 2}: gate, up and GLU)" if g.get("glu") else "+".join(map(str, g["parts"]))
         split = f" in {g['ksplit']} parts along k (tail)" if g.get("ksplit", 1) > 1 else ""
+        rows = "" if g.get("format", "bf16") == "bf16" else f" {g['format']} rows"
+        if g.get("dequant_us"):
+            rows += f" decoded to bf16 ({g['calls']} x gemm_tc_dequant {g['dequant_us']:.1f} µs in all)"
         if g.get("blas"):
-            print(f"PREDICTION   {count:3d} x cuBLAS {g['m']}x{n}x{g['k']}: {g['calls']} cublasGemmEx, {g['tiles']} "
+            print(f"PREDICTION   {count:3d} x cuBLAS {g['m']}x{n}x{g['k']}{rows}: {g['calls']} cublasGemmEx, {g['tiles']} "
                   f"tiles of 128 x 128 (the least-filled call {g['wave_fill']:.0%} of its waves), {g['us']:.1f} µs "
                   f"({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s; BLAS_TFLOPS {BLAS_TFLOPS:.0f} assumed)")
             continue
-        print(f"PREDICTION   {count:3d} x gemm {g['m']}x{n}x{g['k']}{split}: {g['tiles']} tiles, {g['waves']} waves "
+        print(f"PREDICTION   {count:3d} x gemm {g['m']}x{n}x{g['k']}{rows}{split}: {g['tiles']} tiles, {g['waves']} waves "
               f"({g['wave_fill']:.0%} full), {g['us']:.1f} µs ({g['bound']}-bound, {g['tflops']:.0f} TFLOP/s)")
 
 
@@ -341,10 +388,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, action="append", help="decode batches (B sequences at --pos; default 64; 0: "
                                                                 "none)")
     ap.add_argument("--pos", type=int, default=512, help="the batch's position (default 512)")
-    ap.add_argument("--kernel", choices=("now", "before"), default="now",
-                    help="price the GEMMs by the kernels now, or by 0f140e5's (two stages, eight warps of 64 x 32)")
+    ap.add_argument("--kernel", choices=("now", "before", "tiles"), default="now",
+                    help="price the GEMMs by the kernels now, or by 0f140e5's (two stages, eight warps of 64 x 32), or "
+                         "(tiles, not built) block-format rows decoded into shared memory a tile at a time inside "
+                         "gemm_tc_cp's pipeline (Marlin style: qget4's instructions a value, for every tile of rows)")
     ap.add_argument("--plans", help="read PLANDIR/qwen3-8b-prefillN.json (bench/gpu_prefill.py prepare) instead of "
                                     "planning")
+    ap.add_argument("--format", action="append", help="the prefill plans' checkpoint rows (default bf16; q4_k, q8_0, "
+                                                      "q4_0, q6_k: a plan each, named qwen3-8b-FORMAT-prefillN)")
     ap.add_argument("--json")
     ap.add_argument("--hold", action="append", default=[],
                     help="rules or schedule steps the plans hold (`--hold cublas`: gemm_tc's plans, before the cuBLAS "
@@ -358,19 +409,21 @@ def main() -> None:
                                                                  for k, v in KERNELS.items()},
                            "hbm_tbps": HBM_TBPS, "launch_us": LAUNCH_US, "attn_tflops": ATTN_TFLOPS,
                            "attn_tc_tflops": ATTN_TC_TFLOPS, "attn_blocks_per_sm": ATTN_BLOCKS_PER_SM,
-                           "l2_tbps": L2_TBPS, "blas_tflops": BLAS_TFLOPS, "blas_launch_us": BLAS_LAUNCH_US},
+                           "l2_tbps": L2_TBPS, "blas_tflops": BLAS_TFLOPS, "blas_launch_us": BLAS_LAUNCH_US,
+                           "issue_per_clk": ISSUE_PER_CLK, "decode_ptx": DECODE_PTX},
            "kernel": args.kernel, "held": args.hold, "plans": {}}
-    for rows in args.rows or [512, 2048]:
-        name = f"qwen3-8b-prefill{rows}"
-        if args.plans:
-            from lanefuse.lane.lower.planfile import load
+    for fmt in args.format or ["bf16"]:
+        for rows in args.rows or [512, 2048]:
+            name = f"qwen3-8b-prefill{rows}" if fmt == "bf16" else f"qwen3-8b-{fmt}-prefill{rows}"
+            if args.plans:
+                from lanefuse.lane.lower.planfile import load
 
-            s = load(os.path.join(args.plans, name + ".json"))
-        else:
-            s = prefill_plan(rows, tc_attention=not args.cuda_core_attention, held=args.hold)
-        p = plan_prediction(s, args.kernel)
-        out["plans"][name] = p
-        print_prediction(name, p)
+                s = load(os.path.join(args.plans, name + ".json"))
+            else:
+                s = prefill_plan(rows, fmt, tc_attention=not args.cuda_core_attention, held=args.hold)
+            p = plan_prediction(s, args.kernel)
+            out["plans"][name] = p
+            print_prediction(name, p)
     for b in args.batch or [64]:
         if b <= 1:
             continue

@@ -20,7 +20,9 @@ dequantize kernel's own twin is `decoded_bf16`, to the bit.
 
 Chosen by the lane's `cublas` step (gemm_blas.prefer) where it prices below gemm_tc, held by `dequant` (block
 formats keep gemm_tc's kernel) or `cublas`. Its price: the decode's bytes (the block bytes read, 2 bytes a value
-written and read back by cuBLAS) over HBM beside cuBLAS's flops at knob tflops_blas. The scratch: 2·n·k bytes for
+written and read back by cuBLAS) over HBM beside cuBLAS's flops at knob tflops_blas plus the decode's instructions
+(gemm_tc.DECODE_INSTR, once a value), against gemm_tc's kernel at the rate its own decode allows (once a value for
+every tile of rows: gemm_tc.TcProduct.rate). The scratch: 2·n·k bytes for
 the largest matrix of the launch (Qwen3-8B's gate or up: 100.7 MB), placed for the launch alone (the arena reuses it
 for every other launch's scratch)."""
 
@@ -34,7 +36,7 @@ import numpy as np
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import FORMAT_CODE, Scratch, decode
 from lanefuse.kernels.gemm_blas import (DECODED_OF, GemmBlas, GemmBlasGlu, GemmBlasParts, INT_MAX)
-from lanefuse.kernels.gemm_tc import GemmTc, GemmTcGlu, GemmTcParts, bf16_round
+from lanefuse.kernels.gemm_tc import DECODE_INSTR, GemmTc, GemmTcGlu, GemmTcParts, bf16_round, decode_us
 
 DEQ_FORMATS = ("q8_0", "q4_0", "q4_k", "q6_k", "mxfp4")  # gemm_tc's block formats (TC_FORMATS), decoded by qget4
 DEQ_THREADS = 256
@@ -88,6 +90,13 @@ class Decoded:
         denv.function(GemmTc.stem, "gemm_tc_dequant")(g, b, (denv.weight(w)[0], i64(FORMAT_CODE[self.format]), wb,
                                                              i64(n * self.k)))
         return wb
+
+    def rate(self, knobs) -> float:
+        """The lane's rate of its flops: cuBLAS's (gemm_blas.blas_rate) with the decode's instruction issue
+        (DECODE_INSTR's second figure a value of each matrix, once) added to their time."""
+        blas, flops = super().rate(knobs), self.flops()
+        us = decode_us(sum(n for _, n in self.matrices()) * self.k, DECODE_INSTR[self.format][1], knobs.sms)
+        return flops / (flops / (blas * 1e6) + us) / 1e6
 
     def refusal(self) -> Refusal | None:
         for _, n in self.matrices():

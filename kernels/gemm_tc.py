@@ -90,6 +90,19 @@ def tail_split(m: int, n: int, k: int, sms: int, tflops: float, gbps: float, lau
 
 
 TC_FORMATS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mxfp4")  # gemm_tc.cu's tc_get
+# What a thread spends decoding one value of block-format rows to bf16, in instructions (bench/decode_ptx.py: the PTX
+# of nvcc 13 for sm_90, an upper-bound proxy of the SASS ptxas issues): (gemm_tc_any's tc_load_w, a value at a time
+# by tc_get, for every tile of rows that reads it; gemm_tc_dequant's, kernels/gemm_deq.py, four values a qget4)
+DECODE_INSTR = {"q8_0": (28.2, 16.0), "q4_0": (33.3, 19.8), "q4_k": (70.3, 29.8), "q6_k": (61.3, 30.1),
+                "mxfp4": (71.3, 43.2)}
+ISSUE_PER_CLK = 4  # warp instructions an SM issues a clock (four schedulers)
+CLOCK_GHZ = 1.75  # the SMs' clock the decode's issue is priced at (an assumption, bench/gemm_model.py's)
+
+
+def decode_us(values: int, per_value: float, sms: int) -> float:
+    """µs to issue `per_value` instructions a thread for each of `values` (a lane a value) over `sms` SMs: a decode's
+    bound by instruction issue."""
+    return values * per_value / 32 / (sms * ISSUE_PER_CLK * CLOCK_GHZ * 1e3)
 MIN_ROWS = 16  # the fewest rows of x worth the tensor cores (one mma's 16 rows); fewer run as GEMVs
 
 
@@ -163,8 +176,13 @@ class TcProduct(Launch):
         return BLAS_FORMS[0](self, knobs, held)
 
     def rate(self, knobs) -> float:
-        """TFLOP/s the lane prices its flops at: knob tflops_tc (kernels/gemm_blas.py's cuBLAS forms: their own)."""
-        return knobs.tflops_tc
+        """TFLOP/s the lane prices its flops at: knob tflops_tc, or where lower, over block-format rows, what the
+        decode's instructions allow (DECODE_INSTR's first figure for each of the flops / 2m values of its matrices,
+        once for every tile of rows) (kernels/gemm_blas.py's cuBLAS forms: their own)."""
+        if self.copied() or self.format not in DECODE_INSTR:
+            return knobs.tflops_tc
+        us = self.row_tiles() * decode_us(self.flops() // (2 * self.m), DECODE_INSTR[self.format][0], knobs.sms)
+        return min(knobs.tflops_tc, self.flops() / (us * 1e6))
 
     def rounded_x(self) -> Scratch:
         """x rounded to bf16, rows of kp values: the first scratch of every tensor-core product."""
