@@ -20,6 +20,7 @@ from lanefuse.engine.ir import Constant
 from lanefuse.engine.front.model import build_step
 from lanefuse.engine.orientation import refusal, wants
 from lanefuse.engine.stepyaml import from_yaml, to_yaml
+from test_cupy_runner_mock import fake_cupy  # noqa: F401  (a fixture: the stand-in cupy)
 
 
 def _roles(g):
@@ -303,3 +304,18 @@ def test_a_mixtures_router_stored_as_its_inputs_rows_is_read_transposed():
     assert got[0] == toks and fused[0] == toks
     assert all(np.array_equal(a, b) for a, b in zip(logits, got[1]))
     assert all(np.allclose(a, c, rtol=0, atol=1e-5 * np.abs(a).max()) for a, c in zip(logits, fused[1]))
+
+
+def test_the_device_runner_uploads_the_stored_matrices_transposed(fake_cupy):
+    """The CuPy runner (a stand-in cupy, each launch its numpy twin: tests/test_cupy_runner_mock.py) uploads a matrix
+    stored (k, n) as the step reads it: the Linear-stored model's tokens and logits on the numpy runner, to the bit."""
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.cupy_runner import CupyRunner, DeviceState
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg, w = demo_model(64)
+    names = ["model.layers.1.self_attn.k_proj.weight", "model.layers.2.mlp.down_proj.weight", "lm_head.weight"]
+    g, _, read, wt = _stored_the_other_way(cfg, w, names)
+    want = _decode(cfg, NumpyRunner(plan(g), w).step)
+    got = _decode(cfg, CupyRunner(plan(read), wt, DeviceState(), graph=False).step)
+    assert got[0] == want[0] and all(np.array_equal(a, b) for a, b in zip(want[1], got[1]))
