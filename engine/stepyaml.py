@@ -1,6 +1,9 @@
 """A step graph as a step YAML and back: `to_yaml(g)` prints a readable document (one line per tensor, constant and
 op) and `from_yaml(text)` parses it to an equal graph. Op results whose shape the op infers are not printed; errors
-cite the file, line and op. A `weights:` entry (demo / checkpoint / random) says what the step runs with."""
+cite the file, line and op. A `weights:` entry (demo / checkpoint / random) says what the step runs with. A checkpoint
+constant's `transposed` (engine/orientation.py): true, its rows a product's outputs, (n, k) as a Linear stores them;
+false, as stored: under a `matmul` (or a mixture's router) alone, a matrix stored (k, n), read transposed as it is
+loaded and printed back as stored; left out, the orientation its products read it in."""
 
 from __future__ import annotations
 
