@@ -153,7 +153,12 @@ def as_read(g, weights):
         return weights
     from lanefuse.engine.front.weights import Weights
 
-    sources = {}
+    sources = {g.constants[n].source or n: n for n in names}
+    for name, c in g.constants.items():  # a stored tensor is served one way: every constant of it read transposed
+        if (c.source or name) in sources and name not in names:
+            raise UserError(f"constants `{sources[c.source or name]}` and `{name}` read the same stored tensor "
+                            f"`{c.source or name}`, the first transposed (`transposed: false` under a product) and the "
+                            f"second as stored; give them one orientation")
     for name in names:
         c = g.constants[name]
         src = c.source or name
@@ -161,5 +166,4 @@ def as_read(g, weights):
         if have != tuple(reversed(c.shape)):
             raise UserError(f"constant `{name}`: the step declares it stored {list(reversed(c.shape))} (`transposed: "
                             f"false`: its rows the product's inputs), but the weights hold `{src}` as {list(have)}")
-        sources[src] = name
     return Weights(TransposedStore(weights.store, sources), weights.cfg)

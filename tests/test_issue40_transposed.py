@@ -266,6 +266,10 @@ def test_weights_that_do_not_hold_the_stored_shape_are_refused_and_random_ones_a
     with pytest.raises(UserError, match=r"constant `model\.layers\.0\.self_attn\.k_proj\.weight`: the step "
                                         r"declares it stored \[256, 64\] .* the weights hold `.*` as \[64, 256\]"):
         step_weights(read)
+    both = dataclasses.replace(read, constants={**read.constants, "k_again": Constant("k_again", (64, 256), "rows",
+                                                                                     source=k)})
+    with pytest.raises(UserError, match=r"constants `.*k_proj\.weight` and `k_again` read the same stored tensor"):
+        random_weights(both, 3)
     rw = random_weights(read, 3)
     assert rw.store.base.info(k)[0] == (256, 64) and rw.get(k).shape == (64, 256)
     assert np.array_equal(rw.get(k), rw.store.base.raw(k)[0].T)
