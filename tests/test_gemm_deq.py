@@ -254,6 +254,9 @@ def test_a_block_format_chunk_gives_the_held_plans_tokens_and_logits(fmt):
     chunk = plan(cfg.build_step(16), knobs=ONE_SM)
     got = {k: v for k, v in chunk.census.items() if k.startswith("gemm_deq")}
     assert got == {"gemm_deq": 2 * L, "gemm_deq_parts": L, "gemm_deq_glu": L}, chunk.census
+    placed = {p.scratch_of: p.bytes for p in chunk.arena.arrays if p.name.endswith(".wb")}  # the decoded rows
+    deqs = {i: x.launch for i, x in enumerate(chunk.launches) if x.launch.census.startswith("gemm_deq")}
+    assert placed == {i: l.decoded().nbytes for i, l in deqs.items()} and max(placed.values()) == 2 * 512 * 256
     held = plan(cfg.build_step(16), knobs=ONE_SM, held=["dequant"])
     assert not any(k.startswith("gemm_deq") for k in held.census) and len(held.launches) == len(chunk.launches)
     prompt = [int(t) for t in np.random.default_rng(5).integers(1, cfg.vocab, 21)]
