@@ -130,12 +130,14 @@ __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAX
 #define CW 128
 #define MV 4   // values a lane a pass
 #define MZ 12  // splits a round: MZ x MV loads in flight a lane (16: ptxas spills at 168 registers)
+// wzs: AW x CW floats of shared memory, the body's per-warp sums (wacc) once they are read: the merge runs after the
+// block's barrier that follows their last read (one block of shared memory less: the chained kernel's phases together
+// stay under the 48 KB a block may hold statically).
 __device__ __forceinline__ void attention_merge(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
                                                 i64 splits, i64 seq0, i64 r, i64 h0, i64 cpb, const float* gate,
                                                 i64 gact, signed char* qw, signed char* ql, float* qscale,
-                                                i64 qwords) {
-    __shared__ float wzs[AW][CW];
-    float* wz = wzs[threadIdx.x >> 5];
+                                                i64 qwords, float* wzs) {
+    float* wz = wzs + (threadIdx.x >> 5) * CW;
     i64 st = vd + 2;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int wph = cpb >= AW ? 1 : AW / (int)cpb, ng = AW / wph, sub = warp % wph;  // warps a head, heads at once
@@ -223,21 +225,24 @@ __device__ __forceinline__ void attention_merge(const float* part, const float* 
     }
 }
 
+// The work of block (bx, by, bz) of a grid gx blocks wide (the arrival counter of its heads: by * gx + bx): the
+// standalone kernels pass their blockIdx and gridDim.x; a chain (chain.cu fold_attn_o_glu_down) its ticket's place.
 template <int MAXD, int MAXPB, int KT, bool ROWS>
 __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
     signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords, unsigned* counters,
-    i64 rows, i64 shared) {
+    i64 rows, i64 shared, i64 bx, i64 by, i64 bz, i64 gx) {
     constexpr int NC = (MAXD + 127) / 128;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
-    __shared__ float wacc[AW][MAXPB][MAXD];
+    __shared__ float wacc[AW][MAXPB][MAXD];  // the merge's weights too, once read (attention_merge's wzs)
+    static_assert(MAXPB * MAXD >= CW, "the merge's weights fit the per-warp sums' shared memory");
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // shared rows (`shared` > 1): the block's slots are rows ry.. (up to `shared` of them) times its heads, slot s
     // row ry + s / per_block, head h0 + s % per_block; each tile of keys and values loaded once for all of them
-    i64 h0 = (i64)blockIdx.x * per_block, ry = (i64)blockIdx.y * (ROWS ? shared : 1), r = seq0 + ry, z = blockIdx.z;
+    i64 h0 = bx * per_block, ry = by * (ROWS ? shared : 1), r = seq0 + ry, z = bz;
     i64 nslots = ROWS ? min(shared, rows - ry) * per_block : per_block, nrows = ROWS ? nslots / per_block : 1;
     if (slot > 0) {
         kc += r * slot * kstride;
@@ -330,7 +335,7 @@ __device__ __forceinline__ void attention_body(
     }
     if (splits > 1) {  // the last split of these heads to arrive merges their partials (its counter back to zero)
         __shared__ int last;
-        unsigned* c = counters + blockIdx.y * gridDim.x + blockIdx.x;
+        unsigned* c = counters + by * gx + bx;
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)splits - 1;
@@ -340,10 +345,10 @@ __device__ __forceinline__ void attention_body(
         if (ROWS)  // the block's rows, one after another
             for (i64 rr = ry; rr < ry + nrows; rr++)
                 attention_merge(part, sinks, out, heads, vd, splits, seq0, rr, h0, per_block, gate, gact, qw, ql,
-                                qscale, qwords);
+                                qscale, qwords, &wacc[0][0][0]);
         else
             attention_merge(part, sinks, out, heads, vd, splits, seq0, ry, h0, per_block, gate, gact, qw, ql, qscale,
-                            qwords);
+                            qwords, &wacc[0][0][0]);
         if (threadIdx.x == 0) *c = 0u;
         return;
     }
@@ -372,7 +377,8 @@ __device__ __forceinline__ void attention_body(
         i64 tail, i64 qwords, unsigned* counters, i64 rows, i64 shared) { PDL_ENTER();                                \
         attention_body<D, PB, KT, ROWS>(q, kc, vc, posp, sinks, out, part, heads, group, hd, vd, window, per_block,  \
                                         splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, gate, gact, \
-                                        qw, ql, qscale, qtail, ktail, tail, qwords, counters, rows, shared);          \
+                                        qw, ql, qscale, qtail, ktail, tail, qwords, counters, rows, shared,           \
+                                        blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x);                               \
     }
 // Keys a warp a tile: KT rows of keys and of values in flight a warp (128-value heads: 8 KB a warp, 32 KB a block).
 // Three blocks an SM (at most 168 registers; sm_90: 149-168, no spill): a split grid of 2-3 blocks an SM all resident.

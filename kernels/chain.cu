@@ -182,3 +182,105 @@ __device__ __forceinline__ void o_glu_down_body(const float* z, const void* wo, 
     }
 FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_1, 1)
 FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_4, 4)
+
+// fold_attn_o_glu_down: a decode layer's attention, o projection, MLP and next norm as one launch: fold_o_glu_down's
+// three phases after the attention's. Phase A (tickets 0..ga-1, ga = gx x m x splits) the split attention's blocks
+// (attention.cu attention_body of heads up to 128 values, 4 a block, 8 keys a tile: attention_split_128's), block
+// (bx, by, bz) of ticket bx + gx (by + m bz); over several splits the last split block of a row's heads to arrive
+// merges their partials (its own arrival counter, `acounters`), so once the ga blocks have arrived the output z is
+// whole. Each arrives after its work (a merging block after its merge). The o phase (the next g0) asks L2 for its
+// rows, waits for ga arrivals and runs fold_o_glu_down's phase 0 and tail; the GLU waits for ga + g0 + 1, the down
+// phase for ga + g0 + 1 + g1. The attention blocks never wait (they read the caches and q the launch before wrote).
+// ga is an argument (chain.py's blocks_of), not computed here: a kernel parameter stays in the constant bank, where
+// a value computed before the product phases' loops would hold a register through them.
+template <int PW>
+__device__ __forceinline__ void attn_o_glu_down_body(
+    const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,
+    i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
+    i64 voff, float scale, float softcap, unsigned* acounters, i64 gx, i64 ga, const void* wo, int fmto,
+    const float* bo, const Dst& o, i64 ko, i64 no, i64 orows, const NormArgs& ona, const float* x, const void* wg,
+    const void* wu, int fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, int a, const void* wd, int fmtd,
+    const float* bd, const Dst& y, i64 n, i64 m, unsigned* counters, i64 g0, i64 g1, i64 rows, const NormArgs& na) {
+    __shared__ unsigned ticket, prior;
+    __shared__ int last;
+    if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);  // the block's place in the chain (reset by the last)
+    __syncthreads();
+    const unsigned t = ticket;
+    if (t < (unsigned)ga) {  // phase A: attention block (bx, by, bz), then its arrival (a merging block's: merged)
+        const unsigned gxu = (unsigned)gx, gxy = gxu * (unsigned)m;  // 32-bit: no 64-bit division's registers
+        const i64 bx = t % gxu, by = t % gxy / gxu, bz = t / gxy;
+        attention_body<128, 4, 8, false>(q, kc, vc, posp, sinks, z, part, heads, group, hd, vd, window, per_block,
+                                         splits, kstride, koff, vstride, voff, scale, softcap, 0, 0, nullptr, -1,
+                                         nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, acounters, m, 1, bx, by,
+                                         bz, gx);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the o phase's wait counts
+        return;
+    }
+    if (t < (unsigned)(ga + g0)) {  // phase 0: o block t - ga after the attention, then (its last block) the o tail
+        const i64 bx = (i64)t - ga;
+        gemv_prefetch<PW>(fmto, wo, nullptr, ko, no, 1, bx);
+        chain_wait(counters + 1, (unsigned)ga);
+        chain_gemv<PW>(fmto, z, wo, bo, o, ko, no, m, bx);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) prior = atomicAdd(counters + 1, 1u);  // an arrival the GLU's wait counts
+        __syncthreads();
+        if (prior != (unsigned)(ga + g0) - 1u) return;
+        __threadfence();
+        for (i64 r = 0; r < orows; r++) norm_row(ona, r);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // the o tail's arrival: the GLU reads the norm it wrote
+        return;
+    }
+    if (t < (unsigned)(ga + g0 + g1)) {  // phase 1: GLU block, after the o phase and its tail
+        const i64 bx = (i64)t - ga - g0;
+        gemv_prefetch<PW>(fmt, wg, wu, k, f, 1, bx);
+        chain_wait(counters + 1, (unsigned)(ga + g0) + 1u);
+        chain_glu<PW>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, bx);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the down phase's wait counts
+        return;
+    }
+    const i64 bx = (i64)t - ga - g0 - g1;  // phase 2: down block bx
+    gemv_prefetch<PW>(fmtd, wd, nullptr, f, n, 1, bx);
+    chain_wait(counters + 1, (unsigned)(ga + g0 + 1 + g1));
+    chain_gemv<PW>(fmtd, h, wd, bd, y, f, n, m, bx);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counters + 1, 1u) == gridDim.x;  // every block's arrival and the o tail's
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (i64 r = 0; r < rows; r++) norm_row(na, r);
+    if (threadIdx.x == 0) {
+        counters[0] = 0u;
+        counters[1] = 0u;
+    }
+}
+
+// Before PDL_ENTER: the o phase's rows of the blocks whose index is its tickets' into L2 (a hint, as chain_prefetch);
+// the attention's caches are not asked for (the launch before writes this position's key and value).
+#define FOLD_ATTN_O_GLU_DOWN_KERNEL(NAME, PW)                                                                         \
+    extern "C" __global__ void GEMV_BOUNDS NAME(                                                                      \
+        const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part, \
+        i64 aheads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff,          \
+        i64 vstride, i64 voff, float scale, float softcap, unsigned* acounters, i64 gx, i64 ga, const void* wo,       \
+        i64 fmto,                                                                                                     \
+        const float* bo, DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_), const float* x,               \
+        const void* wg, const void* wu, i64 fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, i64 a,     \
+        const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n, i64 m, unsigned* counters, i64 g0, i64 g1,  \
+        i64 rows, NORM_PARAMS) {                                                                                      \
+        if ((i64)blockIdx.x >= ga && (i64)blockIdx.x < ga + g0)                                                       \
+            gemv_prefetch<PW>((int)fmto, wo, nullptr, ko, no, 1, (i64)blockIdx.x - ga);                               \
+        PDL_ENTER();                                                                                                  \
+        attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,    \
+                                 kstride, koff, vstride, voff, scale, softcap, acounters, gx, ga, wo, (int)fmto, bo,  \
+                                 DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg, bu, h, k, f,       \
+                                 (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, g0, g1, rows, NORM_ARGS);         \
+    }
+FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_1, 1)
+FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_4, 4)

@@ -8,7 +8,12 @@ until every block of the phases before has arrived and their tails (a fold's nor
 that took earlier tickets, which are running: no deadlock, no cooperative launch). The numpy twin is the phases'
 twins in order: exactly what the phases compute. Where the kernel does not serve the phases (a quantized activation
 or GLU, a split or capped product, more than two rows, a norm not the fold's, phases of another order) the chain is
-refused, in one line, and the plan keeps the launches it had."""
+refused, in one line, and the plan keeps the launches it had.
+A third chain runs the layer's attention before those three (`attn_o_glu_down_norm`: a decode layer's attention to
+its next norm in one launch): the split attention's blocks first (attention.cu's body, its last split block of a row's
+heads merging their partials), the o phase waiting for all of them; the attention is refused where the chained kernel
+does not serve it (heads wider than 128 values, more than 4 a block, shared rows, a batch's slots, a gate, a quantized
+output, split heads)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
+from lanefuse.kernels.attention import Attention
 from lanefuse.kernels.common import FORMAT_CODE, Launch, Scratch, names
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.fold import Fold, Sequenced
@@ -30,20 +36,30 @@ def blocks(n: int, per_warp: int) -> int:
     return -(-n // (4 * per_warp))
 
 
+def attention_blocks(a: Attention) -> int:
+    """An attention phase's blocks: its launch's grid (heads a block, rows, splits) in one row of tickets."""
+    (x, y, z), _ = a.grid_block()
+    return x * y * z
+
+
 def _fold_of_gemv(l: Launch) -> bool:
     return isinstance(l, Fold) and isinstance(l.first, Gemv)
 
 
 # The chains chain.cu has a kernel for, by their phases' kinds: a kernel name's stem a chain
-KERNELS = {("gemv_glu", "fold"): "fold_glu_down", ("fold", "gemv_glu", "fold"): "fold_o_glu_down"}
+KERNELS = {("gemv_glu", "fold"): "fold_glu_down", ("fold", "gemv_glu", "fold"): "fold_o_glu_down",
+           ("attention", "fold", "gemv_glu", "fold"): "fold_attn_o_glu_down"}
+ATTN_HEAD = 128  # the widest head the chained attention holds (attention_split_128's body: 4 heads a block)
+ATTN_PER_BLOCK = 4
 
 
 @dataclass(frozen=True)
 class Chain(Sequenced, Launch):
-    phases: tuple[Launch, ...]  # in order: (GemvGlu, Fold(Gemv, Norm)), or an o Fold(Gemv, Norm) before those
+    phases: tuple[Launch, ...]  # in order: (GemvGlu, Fold(Gemv, Norm)), an o Fold(Gemv, Norm) before those, and an
+    # Attention before that
 
     census: ClassVar[str] = "chain"
-    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "chain")
+    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "chain")
 
     def sequence(self):
         return self.phases
@@ -81,8 +97,8 @@ class Chain(Sequenced, Launch):
         if down.x != glu.out or down.k != glu.n or down.m != glu.m:
             return Refusal(f"a chain whose down product reads `{down.x}` ({down.m}x{down.k}), not the GLU `{glu.out}` "
                            f"({glu.m}x{glu.n})")
-        if len(self.phases) == 3:
-            o: Fold = self.phases[0]  # type: ignore[assignment]
+        if len(self.phases) >= 3:
+            o: Fold = self.phases[-3]  # type: ignore[assignment]
             nm = o.then
             if nm.quant is not None or not nm.f32 or nm.into is not None or nm.part is not None or nm.heads != 1 \
                     or nm.out != glu.x or nm.rows != glu.m or nm.cols != glu.k \
@@ -96,6 +112,29 @@ class Chain(Sequenced, Launch):
         if any(p.first.per_warp != glu.per_warp for p in folds):
             return Refusal(f"a chain of {glu.per_warp} and {folds[-1].first.per_warp} outputs a warp (the kernel "
                            f"takes one)")
+        if len(self.phases) == 4:
+            return self.attention_refusal()
+        return None
+
+    def attention_refusal(self) -> Refusal | None:
+        """Why the attention phase cannot run before the o phase in one launch, in one line; None if it can."""
+        att: Attention = self.phases[0]  # type: ignore[assignment]
+        og: Gemv = self.phases[1].first  # type: ignore[attr-defined]
+        why = att.check()
+        if why:
+            return why
+        if max(att.hd, att.vd) > ATTN_HEAD or att.heads_a_block > ATTN_PER_BLOCK:
+            return Refusal(f"a chained attention of heads of {max(att.hd, att.vd)} values, {att.heads_a_block} a "
+                           f"block (the chained kernel holds heads of up to {ATTN_HEAD}, {ATTN_PER_BLOCK} a block)")
+        if att.shared != 1 or att.slot or att.seq0:
+            return Refusal("a chained attention over shared rows or a batch's slots (the chain takes a sequence's "
+                           "one or two rows)")
+        if att.gate is not None or att.quant is not None or not att.f32 or att.tail:
+            return Refusal("a chained attention gated, quantizing its output or in split heads (attention's own "
+                           "launch does those)")
+        if og.x != att.out or og.k != att.heads * att.vd or att.rows != og.m:
+            return Refusal(f"a chain whose o product reads `{og.x}` ({og.m}x{og.k}), not the attention's output "
+                           f"`{att.out}` ({att.rows}x{att.heads * att.vd})")
         return None
 
     def reads(self):
@@ -105,8 +144,10 @@ class Chain(Sequenced, Launch):
         return names(*(n for p in self.phases for n in p.writes()))
 
     def scratch(self):
-        """The tickets and the arrivals, left zero by the last block."""
-        return (Scratch("tickets", "i32", 8, counter=True),)
+        """The tickets and the arrivals, left zero by the last block; an attention phase's partials and its arrival
+        counters (its merging blocks leave them zero)."""
+        att = self.phases[0]
+        return (Scratch("tickets", "i32", 8, counter=True), *(att.scratch() if isinstance(att, Attention) else ()))
 
     def tune(self, knobs, held=frozenset()):
         """Each phase tuned as its own launch (a product takes no split-K: its last block norms it), then every
@@ -121,7 +162,8 @@ class Chain(Sequenced, Launch):
     def blocks_of(self) -> tuple[int, ...]:
         """Each phase's blocks (the grid is their sum, in x)."""
         pw = self.glu.per_warp
-        return tuple(blocks(p.n if isinstance(p, GemvGlu) else p.first.n, pw) for p in self.phases)
+        return tuple(attention_blocks(p) if isinstance(p, Attention) else
+                     blocks(p.n if isinstance(p, GemvGlu) else p.first.n, pw) for p in self.phases)
 
     def grid_block(self):
         return ((sum(self.blocks_of()), 1, 1), (128, 1, 1))
@@ -136,13 +178,28 @@ class Chain(Sequenced, Launch):
         counters = denv.scratch(self, self.scratch()[0])
         g = self.blocks_of()
         head = ()
-        if len(self.phases) == 3:
-            o: Fold = self.phases[0]  # type: ignore[assignment]
+        if len(self.phases) >= 3:
+            o: Fold = self.phases[-3]  # type: ignore[assignment]
             og: Gemv = o.first  # type: ignore[assignment]
             head = (denv.array(og.x), denv.weight(og.w)[0], i64(FORMAT_CODE[og.format]), denv.opt(og.bias),
                     *denv.dst(og.y), i64(og.k), i64(og.n), i64(o.then.rows), *o.then.args(denv))
+        if len(self.phases) == 4:
+            head = (*self.attention_args(denv), *head[1:])  # the attention writes the o product's x
+            g = g[1:]
         denv.function(self.stem, f"{KERNELS[self.kinds()]}_{glu.per_warp}")(grid, block, (
             *head, denv.array(glu.x), denv.weight(glu.wg)[0], denv.weight(glu.wu)[0], i64(FORMAT_CODE[glu.format]),
             denv.opt(glu.bg), denv.opt(glu.bu), denv.array(glu.out), i64(glu.k), i64(glu.n), i64(act_code(glu.act)),
             denv.weight(down.w)[0], i64(FORMAT_CODE[down.format]), denv.opt(down.bias), *denv.dst(down.y),
             i64(down.n), i64(glu.m), counters, *(i64(x) for x in g[:-1]), i64(nm.rows), *nm.args(denv)))
+
+    def attention_args(self, denv):
+        """The attention phase's arguments (fold_attn_o_glu_down's first): attention.cu's body's, those the chain
+        refuses (slot, gate, quantized form, tail) left out."""
+        from lanefuse.kernels.cupy_env import NULL, f32, i64
+
+        a: Attention = self.phases[0]  # type: ignore[assignment]
+        part, acounters = (denv.scratch(self, s) for s in a.scratch()) if a.splits > 1 else (NULL, NULL)
+        return (denv.array(a.q), denv.array(a.kc), denv.array(a.vc), denv.array(a.pos), denv.opt(a.sinks),
+                denv.array(a.out), part, i64(a.heads), i64(a.group), i64(a.hd), i64(a.vd), i64(a.window),
+                i64(a.heads_a_block), i64(a.splits), i64(a.kpitch), i64(a.koff), i64(a.vpitch), i64(a.voff),
+                f32(a.scale), f32(a.softcap), acounters, i64(a.heads // a.heads_a_block), i64(attention_blocks(a)))

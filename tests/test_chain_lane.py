@@ -1,9 +1,11 @@
-"""The chains in the lane (issue 34): rule `o_glu_down_norm` (rules/ffn.yaml: the o product with the residual's add and
-the post-attention norm, the gate/up GLU, then the down product with the residual's add and the next norm) -> the cuda
-lane's Chain((Fold(Gemv, Norm), GemvGlu, Fold(Gemv, Norm))), and held, rule `glu_down_norm` (the last two phases) ->
-Chain((GemvGlu, Fold(Gemv, Norm))); each chosen by the extraction's cost (one launch's fixed cost less) and held like
-any rule. A chain's numpy twin is its phases' twins in order, so a decode step's numbers are the unchained plan's to
-the bit; a prompt's chunk of more rows than the chained kernels take, and the q8 numerics, keep the launches."""
+"""The chains in the lane (issue 34): rule `attn_o_glu_down_norm` (a decode layer's attention, then the three phases
+below) -> the cuda lane's Chain((Attention, Fold(Gemv, Norm), GemvGlu, Fold(Gemv, Norm))); held, rule
+`o_glu_down_norm` (rules/ffn.yaml: the o product with the residual's add and the post-attention norm, the gate/up GLU,
+then the down product with the residual's add and the next norm) -> Chain((Fold(Gemv, Norm), GemvGlu, Fold(Gemv,
+Norm))), and held, rule `glu_down_norm` (the last two phases) -> Chain((GemvGlu, Fold(Gemv, Norm))); each chosen by
+the extraction's cost (one launch's fixed cost less) and held like any rule. A chain's numpy twin is its phases' twins
+in order, so a decode step's numbers are the unchained plan's to the bit; a prompt's chunk of more rows than the
+chained kernels take, and the q8 numerics, keep the launches."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from lanefuse.lane.lower.plan import PlanOptions, plan
 from lanefuse.lane.run.generate import generate
 from lanefuse.lane.run.step import plan_step_fn
 
-HOLD = ("o_glu_down_norm", "glu_down_norm")  # both held: no chain
-HOLD3 = ("o_glu_down_norm",)  # the three-phase rule held: the two-phase chain
+HOLD = ("attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm")  # all held: no chain
+HOLD3 = ("attn_o_glu_down_norm", "o_glu_down_norm")  # the four- and three-phase rules held: the two-phase chain
+HOLD4 = ("attn_o_glu_down_norm",)  # the four-phase rule held: the three-phase chain
 
 
 def tiny_bf16():
@@ -43,20 +46,29 @@ def chains(p) -> list[Chain]:
 def test_a_decode_step_chains_each_layers_o_and_mlp_and_held_keeps_the_launches(model):
     cfg, w = demo_model() if model == "demo" else tiny_bf16()
     g = build_step(cfg, 1)
-    on, two, off = plan(g), plan(g, held=list(HOLD3)), plan(g, held=list(HOLD))
+    on, three = plan(g), plan(g, held=list(HOLD4))
+    two, off = plan(g, held=list(HOLD3)), plan(g, held=list(HOLD))
     assert len(chains(on)) == cfg.layers and on.census["chain"] == cfg.layers and "gemv_glu" not in on.census
-    assert all(len(c.phases) == 3 for c in chains(on)) and all(len(c.phases) == 2 for c in chains(two))
+    assert "attention" not in on.census and three.census["attention"] == cfg.layers
+    assert all(len(c.phases) == 4 for c in chains(on)) and all(len(c.phases) == 3 for c in chains(three))
+    assert all(len(c.phases) == 2 for c in chains(two))
     assert len(chains(two)) == cfg.layers and two.fusions.get("glu_down_norm", 0) == cfg.layers
     assert not chains(off) and off.census["gemv_glu"] == cfg.layers
-    assert on.n_launches == two.n_launches - cfg.layers == off.n_launches - 2 * cfg.layers
-    assert on.fusions.get("o_glu_down_norm", 0) == cfg.layers and "glu_down_norm" not in on.fusions
-    for c in chains(on) + chains(two):
+    assert on.n_launches == three.n_launches - cfg.layers == two.n_launches - 2 * cfg.layers \
+        == off.n_launches - 3 * cfg.layers
+    assert on.fusions.get("attn_o_glu_down_norm", 0) == cfg.layers and "glu_down_norm" not in on.fusions
+    assert "o_glu_down_norm" not in on.fusions and three.fusions.get("o_glu_down_norm", 0) == cfg.layers
+    for c in chains(on) + chains(three) + chains(two):
         assert c.check() is None and c.kernels() == (c,)
-        assert all(p.first.per_warp == c.glu.per_warp and p.first.split == 1 for p in c.phases if p is not c.glu)
-    # the three-phase chain's phases are the held plans' launches, in order
+        assert all(p.first.per_warp == c.glu.per_warp and p.first.split == 1 for p in c.phases
+                   if p is not c.glu and p.census == "fold")
+    # each chain's phases are the held plans' launches, in order: the attention the held plan's own launch
     o_folds = [x.launch for x in two.launches if x.launch.census == "fold"]
-    assert [c.phases[1:] for c in chains(on)] == [c.phases for c in chains(two)]
-    assert all(c.phases[0] in o_folds for c in chains(on))
+    attentions = [x.launch for x in three.launches if x.launch.census == "attention"]
+    assert [c.phases[1:] for c in chains(on)] == [c.phases for c in chains(three)]
+    assert [c.phases[0] for c in chains(on)] == attentions
+    assert [c.phases[1:] for c in chains(three)] == [c.phases for c in chains(two)]
+    assert all(c.phases[0] in o_folds for c in chains(three))
 
 
 def test_a_chunk_of_three_rows_keeps_two_launches():
@@ -97,9 +109,10 @@ def test_block_rows_under_f32_numerics_chain_to_the_bit(fmt):
 
 @pytest.mark.parametrize("model", ["demo", "bf16"])
 def test_chained_tokens_and_logits_equal_the_unchained_plan_to_the_bit(model):
-    """Greedy tokens through the exact twins: the three-phase chained plan's logits equal the two-phase one's and the
-    unchained plan's to the bit at every step (a prompt's chunk of 5 rows, then decode steps), and the reference
-    interpreter's tokens (logits within 1e-5 of their scale), as tests/test_hf_parity.py compares."""
+    """Greedy tokens through the exact twins: the four-phase chained plan's logits equal the three-phase one's, the
+    two-phase one's and the unchained plan's to the bit at every step (a prompt's chunk of 5 rows, then decode
+    steps), and the reference interpreter's tokens (logits within 1e-5 of their scale), as tests/test_hf_parity.py
+    compares."""
     cfg, w = demo_model() if model == "demo" else tiny_bf16()
     prompt = [int(t) for t in np.random.default_rng(5).integers(1, cfg.vocab, 5)]
 
@@ -107,10 +120,12 @@ def test_chained_tokens_and_logits_equal_the_unchained_plan_to_the_bit(model):
         fn, _ = plan_step_fn(w, "cpu", PlanOptions(held=held), exact=True)
         return generate(cfg, w, prompt, 6, step_fn=fn, chunk=8)
 
-    got, two, apart, ref = run(()), run(HOLD3), run(HOLD), generate(cfg, w, prompt, 6, chunk=8)
-    assert got.generated_ids == two.generated_ids == apart.generated_ids == ref.generated_ids
-    for x, x2, y, z in zip(got.logits, two.logits, apart.logits, ref.logits):
+    got, three, two, apart = run(()), run(HOLD4), run(HOLD3), run(HOLD)
+    ref = generate(cfg, w, prompt, 6, chunk=8)
+    assert got.generated_ids == three.generated_ids == two.generated_ids == apart.generated_ids == ref.generated_ids
+    for x, x3, x2, y, z in zip(got.logits, three.logits, two.logits, apart.logits, ref.logits):
         np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x3, y)
         np.testing.assert_array_equal(x2, y)
         assert np.abs(np.asarray(x, np.float64) - z).max() <= 1e-5 * float(np.abs(z).max())
 
