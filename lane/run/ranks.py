@@ -143,6 +143,7 @@ def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int
     graphs: dict[int, object] = {}
     runners: dict[int, object] = {}
     steps = [0]
+    table: list = [None]
 
     def step(g, env):
         rows = int(g.meta["rows"])
@@ -154,10 +155,13 @@ def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int
         if not plan:
             return evaluate(graphs[rows], w, env, comm=comm)
         if rows not in runners:
+            from lanefuse.engine.rules import load_table
             from lanefuse.lane.lower.plan import plan as make_plan
             from lanefuse.lane.run.numpy_runner import NumpyRunner
 
-            runners[rows] = NumpyRunner(make_plan(graphs[rows]), w, exact=exact_twins)
+            if not runners:
+                table[0] = load_table()  # the rule table read once a run (each plan() would read its YAML anew)
+            runners[rows] = NumpyRunner(make_plan(graphs[rows], table=table[0]), w, exact=exact_twins)
             runners[rows].env.comm = comm  # the collective launches meet the other ranks through it
         return runners[rows].step(env)
 
@@ -172,6 +176,11 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# what a rank puts on the queue in place of a job's index when it ends early: its own refusal (a UserError: a model or
+# rank count it does not serve), or a failure that may follow from another rank's death (a collective that lost a peer)
+OWN, FAILED = -1, -2
 
 
 def _worker(rank: int, ranks: int, port: int, jobs: list[dict], out, backend: str, timeout: float) -> None:
@@ -195,12 +204,12 @@ def _worker(rank: int, ranks: int, port: int, jobs: list[dict], out, backend: st
                 args.pop("stop_after", None)
             out.put((rank, i, rank_generate(comm, **args)))
         dist.destroy_process_group()
-    except UserError as e:
-        out.put((rank, -1, str(e)))
+    except UserError as e:  # the rank's own refusal (every rank refuses alike): no other rank to blame
+        out.put((rank, OWN, str(e)))
     except Exception as e:  # noqa: BLE001 - a rank's failure is said in one line by the launcher
         last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
         where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
-        out.put((rank, -1, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"))
+        out.put((rank, FAILED, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"))
 
 
 def _dead(procs, but: int, wait: float = 2.0) -> int | None:
@@ -221,6 +230,8 @@ def _context(mp):
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
+    # not egglog (lanefuse.engine.egraph, 0.5 s an import): a rank forked from a server that imported it hung in its
+    # first plan (test_gloo_ranks_give_one_ranks_tokens[2] past 400 s; 54 s without it)
     ctx.set_forkserver_preload(["torch", "torch.distributed", "lanefuse.lane.run.ranks", "lanefuse.lane.lower.plan",
                                 "lanefuse.engine.front.load"])
     return ctx
@@ -269,7 +280,7 @@ def launch(ranks: int, jobs: list[dict], backend: str = "gloo", timeout: float =
                     continue
             if i < 0:
                 failed = f"rank {rank} of {ranks}: {res}"
-                dead = _dead(procs, rank)
+                dead = _dead(procs, rank) if i == FAILED else None
                 if dead is not None:  # the others' errors follow from a rank that died: name it first
                     failed = (f"rank {dead} of {ranks} died (exit code {procs[dead].exitcode}); every rank stopped "
                               f"(rank {rank}: {clip(res, 100)})")
