@@ -50,3 +50,22 @@ def test_a_batch_run_gives_each_prompt_its_run_alone(family, dtype, tmp_path, ca
         assert b["generated_ids"] == alone["generated_ids"], p
         x, y = np.array(b["logits"]), np.array(alone["logits"])
         assert x.shape == y.shape and np.abs(x - y).max() <= 1e-5 * max(1.0, float(np.abs(y).max())), p
+
+
+def test_the_caches_bytes_a_batch_run_states_are_its_tables():
+    """The bytes `run` states for a batch's caches and checks against the machine's memory (batch.cache_bytes) are
+    those of the batch step's carried tables: DeepSeek-V3's latent and rotated-key caches, Qwen3-Next's
+    full-attention caches, convolution rings and delta-rule states (they were 2 x layers x kv_heads x head_dim a
+    row: DeepSeek-V3's shape understated 4.5x, Qwen3-Next's overstated 2.9x)."""
+    from lanefuse.engine.front.demo import demo_model
+    from lanefuse.engine.front.hfconfig import config_from_hf
+    from lanefuse.lane.run.batch import batch_caches, cache_bytes
+
+    from test_deepseek import tiny_cfg
+    from test_qwen3next import _cfg
+
+    for cfg in (demo_model()[0], tiny_cfg(), config_from_hf(_cfg())):
+        g = cfg.build_step(1, batch=3)
+        tables = {n: g.tensors[n].shape for n in cfg.carried()}
+        assert cache_bytes(cfg, 3) == 4 * sum(int(np.prod(s)) for s in tables.values()), cfg.arch
+        assert cache_bytes(cfg, 3) == sum(t.nbytes for t in batch_caches(cfg, 3).values()), cfg.arch

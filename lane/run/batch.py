@@ -32,8 +32,11 @@ def batch_caches(cfg: ModelConfig, slots: int, step_fn=None):
 
 
 def cache_bytes(cfg: ModelConfig, slots: int) -> int:
-    """The bytes of the caches of `slots` sequences of max_len positions (keys and values, f32)."""
-    return 2 * cfg.layers * slots * cfg.max_len * cfg.kv_heads * cfg.head_dim * 4
+    """The bytes of the carried tables of `slots` sequences of max_len positions, f32: every KV cache at its family's
+    widths and layers (`cfg.carried()`: DeepSeek-V3's latent and rotated-key caches, Qwen3-Next's full-attention
+    layers' alone) and a family's carried states (Qwen3-Next's rings and delta-rule states), a slot of each a
+    sequence, as batch_caches makes them."""
+    return 4 * slots * sum(int(np.prod(shape)) for shape in cfg.carried().values())
 
 
 def check_prompts(cfg: ModelConfig, prompts, n_tokens: int) -> list[list[int]]:
