@@ -735,8 +735,8 @@ def _mixture_case(moe, g):
         a = 0.5 * a if name == moe.br else (1 + 0.2 * a if name == moe.nw else a / np.sqrt(k))
         weights[name] = (encode(a.astype(np.float32), fmt) if fmt != "f32" else a.astype(np.float32), fmt)
     arrays = {n: g.standard_normal(reach[n]).astype(np.float32) for n in (moe.x, moe.add)}
-    arrays[moe.sum] = np.full(reach[moe.sum], np.nan, np.float32)
-    arrays[moe.out.buf] = np.full(reach[moe.out.buf], np.nan, np.float32)
+    for n in {moe.sum, moe.out.buf} - {None}:  # (no sum kept without a norm after the mixture)
+        arrays[n] = np.full(reach[n], np.nan, np.float32)
     return arrays, weights
 
 
