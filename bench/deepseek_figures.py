@@ -5,7 +5,10 @@ the KV-cache bytes per token per layer: the latent cache (the normed latent and 
 expanded cache of the same model (each head's key and value); and for a prefill chunk, the latent attention's
 launches and the cost model's estimate of one layer's, absorbed against expanded (the lane entry's `expand_rows`).
 
-    python bench/deepseek_figures.py [--repeat 3] [--json FILE]
+    python bench/deepseek_figures.py [--repeat 3] [--json FILE] [--sort]
+
+--sort prints only a prefill chunk's mixtures sorted by expert against a row at a time (sort_figures: PREDICTIONS of
+the lane's cost model), 8 to 256 rows.
 """
 
 from __future__ import annotations
@@ -82,6 +85,36 @@ def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
     return out
 
 
+SORT_RULES = ["moe_token_sort.grouped", "moe_token_sort.grouped_plain"]
+
+
+def sort_figures(table, rows_list=(8, 16, 32, 64, 128, 256), layers: int = 5) -> dict:
+    """A prefill chunk's mixtures (5 layers: 2 mixture layers) under the cuda lane's cost model, the rows sorted by
+    expert (moe_token_sort.grouped: moe_route, moe_up_sorted, moe_down_sorted, moe_finish; each chosen expert's
+    weights read once a chunk) against the same chunk with the sort rules held (a row at a time: moe_up, moe_down;
+    each row's 8 choices read): the Moe launches' estimate, the expert weights they read, and what the plan chooses.
+    PREDICTIONS of the lane's cost model (rules/lanes/cuda.yaml's costs), not measurements."""
+    out = {}
+    cfg = deepseek_v3(layers)
+    for rows in rows_list:
+        g = build_step(cfg, rows)
+        row = {}
+        for name, held in (("chosen", []), ("per_row", SORT_RULES)):
+            s = plan(g, table=table, held=held)
+            moes = [l for l in s.launches if l.launch.census == "moe"]
+            row[name] = {"sorted": sum(bool(l.launch.sort) for l in moes), "mixtures": len(moes),
+                         "cost_us": round(sum(l.cost_us for l in moes), 1),
+                         "experts_read": sum(l.launch.chosen() for l in moes),
+                         "bytes_mb": round(sum(l.launch.bytes() for l in moes) / 1e6, 1)}
+        a, b = row["chosen"], row["per_row"]
+        print(f"  chunk of {rows:3d} rows: mixtures sorted {a['sorted']} of {a['mixtures']}; Moe launches "
+              f"{a['cost_us']:,.1f} us ({a['experts_read']} experts read, {a['bytes_mb']:,.1f} MB) against per row "
+              f"{b['cost_us']:,.1f} us ({b['experts_read']} read, {b['bytes_mb']:,.1f} MB): "
+              f"{b['cost_us'] / a['cost_us']:.2f}x (PREDICTION)")
+        out[rows] = row
+    return out
+
+
 def q8_figures(table, layers: int = 6) -> dict:
     """A 6-layer DeepSeek-V3 decode step on q8_0 and on q4_k rows (every product's rows of whole blocks) under
     --numerics q8 beside f32: launches a step and a mixture layer, and the Quant launches left (the goal: none, every
@@ -108,9 +141,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="plan() runs a shape (median)")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--sort", action="store_true", help="only the sorted chunks' figures")
     args = ap.parse_args()
     table = load_table()
     out = {}
+    if args.sort:
+        print("DeepSeek-V3 shape (5 layers, bf16), a prefill chunk's two mixtures: sorted by expert or a row at a time "
+              "(PREDICTIONS of the cuda lane's cost model, no device)")
+        out["sort"] = sort_figures(table)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return 0
     print(f"whole plan() of a decode step (engine + link + schedule + arena), median of {args.repeat}")
     for name, cfg in (("deepseek-v3", deepseek_v3()), ("qwen3-8b", qwen3_8b())):
         sec, s, least = timed_plan(cfg, table, args.repeat)
@@ -144,6 +186,7 @@ def main() -> int:
         out[name] = row
     out["chunk"] = chunk_figures(table)
     out["q8"] = q8_figures(table)
+    out["sort"] = sort_figures(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -149,3 +149,23 @@ def _host(arrays, weights):
     from lanefuse.kernels import HostEnv
 
     return HostEnv({k: v.copy() for k, v in arrays.items()}, weights)
+
+
+def test_the_bench_prices_a_sorted_chunk():
+    """bench/deepseek_figures.py's sort_figures (PREDICTIONS of the lane's cost model): at DeepSeek-V3's shape a chunk
+    of 64 rows sorts both mixtures, each chosen expert read once (2 x 256 against a row at a time's 2 x 64 x 8), and its
+    Moe launches are estimated below the per-row plan's."""
+    import os
+    import sys
+
+    from lanefuse.engine.rules import load_table
+
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    if bench not in sys.path:
+        sys.path.append(bench)
+    from deepseek_figures import sort_figures
+
+    got = sort_figures(load_table(), rows_list=(64,))[64]
+    assert got["chosen"]["sorted"] == got["chosen"]["mixtures"] == 2 and got["per_row"]["sorted"] == 0
+    assert (got["chosen"]["experts_read"], got["per_row"]["experts_read"]) == (512, 1024)
+    assert got["chosen"]["cost_us"] < got["per_row"]["cost_us"]
