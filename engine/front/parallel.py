@@ -15,7 +15,15 @@ anyway (no all-to-all: that is what data-parallel attention, each rank its own r
 one all-reduce.
 
 OLMo 2's q and k norms span the whole projection (every head's values): each rank's part is gathered with the others'
-(`all_gather`), normed whole and its own heads taken back (`head_slice`); see `_whole_qk_norms`."""
+(`all_gather`), normed whole and its own heads taken back (`head_slice`); see `_whole_qk_norms`.
+
+Qwen3-Next as vLLM splits it: its gated full-attention layers as the other decoders (each head's query and gate rows,
+k and v by KV heads, the per-head q/k norms whole, o row-parallel); its gated delta-net layers by key heads (R dividing
+them), each rank its key heads and the value heads grouped on them (value head t reads key head t // (hv/hk)): its q, k,
+v and z rows of the split in_proj_qkvz (`_qnext_qkvz`: four runs, one a part), its b and a rows, its convolution
+channels, A_log and dt_bias by value head, the gated norm (one weight a head) whole, out_proj row-parallel then the
+all-reduce the layer's `o` takes anyway; each rank its own rings and recurrent states (its heads'). The mixture and
+its sigmoid-gated shared expert as Qwen2-MoE's."""
 
 from __future__ import annotations
 
@@ -47,10 +55,14 @@ _REDUCED = ("o", "down", "moe", "moe_out")
 # the configs whose steps split as above: the dense decoders', Phi-3's (its fused q/k/v and gate/up read in parts: the
 # same tensors), Gemma's (its norms, soft caps and scaled embedding whole on every rank; a capped head capped a part at
 # a time, the cap elementwise)
-SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig", "DeepseekConfig", "GptOssConfig", "Olmo2Config")
-UNSPLIT = {  # why the other families' are not, in the user's words
-    "Qwen3NextConfig": "Qwen3-Next's gated delta-rule layers (their state by heads) are not split over ranks yet",
-}
+SPLITS = ("ModelConfig", "Phi3Config", "GemmaConfig", "DeepseekConfig", "GptOssConfig", "Olmo2Config",
+          "Qwen3NextConfig")
+UNSPLIT: dict[str, str] = {}  # why a family's config is not split, in the user's words (none today)
+# Qwen3-Next's tensors as its split store serves them (families/qwen3next.py SplitStore): a delta-net layer's (group 1:
+# what; 2: conv1d's part), a gated attention's query and gate rows of q_proj
+_QNEXT = re.compile(r"(?:^|\.)layers\.\d+\.linear_attn\.(in_proj_qkvz\.split\.weight|in_proj_b\.weight|in_proj_a\.weight|"
+                    r"conv1d\.(q|k|v)\.weight|A_log|dt_bias|out_proj\.weight)$")
+_GATED_Q = re.compile(r"(?:^|\.)layers\.\d+\.self_attn\.q_proj\.(query|gate)\.weight$")
 
 
 def part(n: int, ranks: int, rank: int, unit: int = 1) -> tuple[int, int]:
@@ -72,8 +84,8 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
     if kind not in SPLITS:  # a family of its own (its config a subclass) this split does not know
         why = UNSPLIT.get(kind, "its family is not split over ranks yet")
         raise UserError(f"--ranks {ranks}: {cfg.arch}: {why} (the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and 3, "
-                        f"OLMo 2 decoders and the Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss and DeepSeek-V3 mixtures "
-                        f"split); run it with --ranks 1")
+                        f"OLMo 2 decoders, Qwen3-Next and the Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss and DeepSeek-V3 "
+                        f"mixtures split); run it with --ranks 1")
     m = cfg.moe
     if m is not None and m.spelling not in ("qwen", "mixtral", "gptoss"):
         raise UserError(f"--ranks {ranks}: {cfg.arch}'s expert mixture ({m.spelling}) is not split over ranks yet; run "
@@ -93,6 +105,8 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
                         f"give a divisor of {cfg.kv_heads}"
                         + ("" if type(cfg).__name__ == "Olmo2Config" else f" or a multiple of it that divides "
                                                                           f"{cfg.heads}"))
+    if qnext(cfg):
+        _check_delta(cfg, ranks)
     from lanefuse.engine.formats.layout import BLOCK_FORMATS
 
     for i in range(cfg.layers):
@@ -112,6 +126,72 @@ def check_ranks(cfg: ModelConfig, ranks: int) -> None:
                         f"parts of whole {_unit(cfg, True)}-value blocks")
     if cfg.vocab < ranks:
         raise UserError(f"--ranks {ranks}: a vocabulary of {cfg.vocab} tokens over {ranks} ranks")
+
+
+def qnext(cfg: ModelConfig) -> bool:
+    """Whether the model is Qwen3-Next (gated delta-net layers beside its gated attention)."""
+    return type(cfg).__name__ == "Qwen3NextConfig"
+
+
+def _check_delta(cfg, ranks: int) -> None:
+    """Refuse, in one line, a split of Qwen3-Next's delta-net layers that is not whole key heads a rank, or that cuts
+    out_proj's stored blocks."""
+    from lanefuse.engine.formats.layout import BLOCK_FORMATS
+
+    if cfg.hk % ranks:
+        raise UserError(f"--ranks {ranks}: {ranks} ranks do not divide {cfg.name}'s {cfg.hk} key heads of its gated "
+                        f"delta-rule layers (each rank holds whole key heads and the {cfg.hv // cfg.hk} value heads "
+                        f"grouped on each); give a divisor of {cfg.hk}")
+    width = cfg.hv // ranks * cfg.dv
+    for i in range(cfg.layers):
+        o = f"{cfg.layer_prefix}{i}.linear_attn.out_proj.weight"
+        vb = BLOCK_FORMATS.get(cfg.fmt(o), (1,))[0] if cfg.linear(i) else 1
+        if width % vb:
+            raise UserError(f"--ranks {ranks}: tensor `{o}` ({cfg.fmt(o)}) would be cut across its blocks of {vb}: "
+                            f"{cfg.hv // ranks} value heads of {cfg.dv} a rank")
+
+
+def _qnext_qkvz(cfg, rank: int, ranks: int) -> np.ndarray:
+    """Rank `rank`'s rows of a delta-net layer's split in_proj_qkvz (every key head's q rows, then their k, v and z
+    rows: families/qwen3next.py _splits): its key heads' q and k rows and its value heads' v and z rows, in that order
+    (the rank's own split layout)."""
+    klo, khi = part(cfg.hk, ranks, rank)
+    g = cfg.hv // cfg.hk
+    kd, vd = cfg.hk * cfg.dk, cfg.hv * cfg.dv
+    runs = ((0, klo * cfg.dk, khi * cfg.dk), (kd, klo * cfg.dk, khi * cfg.dk),
+            (2 * kd, klo * g * cfg.dv, khi * g * cfg.dv), (2 * kd + vd, klo * g * cfg.dv, khi * g * cfg.dv))
+    return np.concatenate([np.arange(at + lo, at + hi) for at, lo, hi in runs])
+
+
+def _qnext_cut(name: str, cfg, rank: int, ranks: int):
+    """How rank `rank` cuts a Qwen3-Next tensor `name` (`_cut`'s answer), or None where `name` is none of its own."""
+    m = _GATED_Q.search(name)
+    if m:  # the query heads' rows (their query, or their gate)
+        lo, hi = part(cfg.heads, ranks, rank)
+        return "rows", lo * cfg.head_dim, hi * cfg.head_dim
+    m = _QNEXT.search(name)
+    if m is None:
+        return None
+    what, conv = m.group(1), m.group(2)
+    klo, khi = part(cfg.hk, ranks, rank)
+    vlo, vhi = klo * (cfg.hv // cfg.hk), khi * (cfg.hv // cfg.hk)  # the value heads grouped on its key heads
+    if what.startswith("in_proj_qkvz"):
+        return "pick", _qnext_qkvz(cfg, rank, ranks), None
+    if conv in ("q", "k"):
+        return "rows", klo * cfg.dk, khi * cfg.dk
+    if conv == "v":
+        return "rows", vlo * cfg.dv, vhi * cfg.dv
+    if what.startswith("out_proj"):
+        return "cols", vlo * cfg.dv, vhi * cfg.dv
+    return "rows", vlo, vhi  # in_proj_b / in_proj_a rows, A_log, dt_bias: a value a value head
+
+
+def _cut_shape(shape, cut) -> tuple[int, ...]:
+    """A stored tensor's shape after a rank's cut."""
+    how, lo, hi = cut
+    if how == "pick":
+        return (len(lo),) + tuple(shape[1:])
+    return ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo)
 
 
 def replicated(cfg: ModelConfig, ranks: int) -> bool:
@@ -188,7 +268,8 @@ def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
     if mla(cfg):  # the query heads split; the latent (one "KV head") whole on every rank
         return dataclasses.replace(cfg, heads=cfg.heads // ranks, inter=hi - lo, moe=moe, shared_inter=shi - slo)
     klo, khi = kv_part(cfg, ranks, rank)
-    return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=khi - klo, inter=hi - lo, moe=moe)
+    more = dict(hk=cfg.hk // ranks, hv=cfg.hv // ranks) if qnext(cfg) else {}  # its delta-net heads
+    return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=khi - klo, inter=hi - lo, moe=moe, **more)
 
 
 def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> Graph:
@@ -274,9 +355,14 @@ def head_source(cfg: ModelConfig) -> str:
     return embed_name(cfg) if cfg.tie_embeddings else getattr(cfg, "head", HEAD)
 
 
-def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple[str, int, int] | None:
-    """How rank `rank` cuts stored tensor `name`: ("rows" | "cols", lo, hi), or None (whole)."""
+def _cut(name: str, cfg: ModelConfig, rank: int, ranks: int) -> tuple | None:
+    """How rank `rank` cuts stored tensor `name`: ("rows" | "cols", lo, hi), ("pick", the rows in order, None), or
+    None (whole)."""
     hd, unit = cfg.head_dim, _unit(cfg)
+    if qnext(cfg):
+        cut = _qnext_cut(name, cfg, rank, ranks)
+        if cut is not None:
+            return cut
     m = _ROWS.search(name)
     if m:
         if m.group(2) == "q":
@@ -333,8 +419,7 @@ class RankStore:
         cut = _cut(name, self.cfg, self.rank, self.ranks)
         if cut is None:
             return shape, fmt
-        how, lo, hi = cut
-        return ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo), fmt
+        return _cut_shape(shape, cut), fmt
 
     def raw(self, name: str) -> tuple[np.ndarray, str]:
         from lanefuse.engine.formats.layout import BLOCK_FORMATS
@@ -347,6 +432,8 @@ class RankStore:
             return self.base.expert_rows(self._source(name), lo, hi)
         arr, fmt = self.base.raw(self._source(name))
         a = np.asarray(arr)
+        if how == "pick":  # rows in a rank's order (whole rows: a block format's too)
+            return np.ascontiguousarray(a[lo]), fmt
         if how == "rows":
             return np.ascontiguousarray(a[lo:hi]), fmt
         if fmt in BLOCK_FORMATS:
@@ -387,8 +474,7 @@ def rank_weight_bytes(cfg: ModelConfig, ranks: int) -> list[int]:
         for name, shape in names.items():
             cut = _cut(name, cfg, r, ranks) if ranks > 1 else None
             if cut is not None:
-                how, lo, hi = cut
-                shape = ((hi - lo,) + tuple(shape[1:])) if how == "rows" else (shape[0], hi - lo)
+                shape = _cut_shape(shape, cut)
             fmt = cfg.fmt(head_source(cfg) if name == HEAD else name)
             n = int(np.prod(shape))
             if fmt in BLOCK_FORMATS:

@@ -1,0 +1,124 @@
+"""Lifetimes from the launch that first writes an array, over random programs whose writes are whole, a part of every
+unit, or one row (a view): lane/lower/buffers.py's check refuses exactly the first read of an element no launch has
+written yet (an oracle kept here, element by element), and where it passes, two programs (two forms) placed by
+lifetimes() and run turn about in ONE buffer, never poisoned between them, read back exactly what each launch wrote:
+nothing a launch reads was left by another array sharing its bytes, nor by the other form."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from lanefuse.kernels.common import Dst, Part
+from lanefuse.lane.lower.arena import check as check_arena, place
+from lanefuse.lane.lower.buffers import Buffer, NotWritten, lifetimes, walk
+
+from test_arena_forms import _W
+
+PITCH = 4  # values a unit (a row)
+HALVES = (Part(PITCH, 0, 2), Part(PITCH, 2, 2))
+
+
+@st.composite
+def _programs(draw):
+    """(buffers, launches, writes): homes of 1-3 rows and a view of each row; each launch reads up to two buffers and
+    writes a home whole, one half of every row of it, or one row through its view; `writes` the elements each writes.
+    """
+    homes = {f"h{i}": draw(st.integers(1, 3)) for i in range(draw(st.integers(1, 3)))}
+    bufs = {h: Buffer(h, h, 0, r * PITCH, "f32", "arena") for h, r in homes.items()}
+    for h, r in homes.items():
+        for j in range(r):
+            bufs[f"{h}.r{j}"] = Buffer(f"{h}.r{j}", h, j * PITCH, PITCH, "f32", "arena")
+    names = sorted(bufs)
+    done = {h: np.zeros(b.size, bool) for h, b in bufs.items() if b.home == h}
+    launches, writes = [], []
+    for _ in range(draw(st.integers(1, 14))):
+        # mostly reads of what is written by now (so most programs pass and are run), now and then any buffer
+        ready = [n for n in names if done[bufs[n].home][bufs[n].offset:bufs[n].offset + bufs[n].size].all()]
+        pool = names if draw(st.integers(0, 3)) == 0 or not ready else ready
+        ins = tuple(draw(st.lists(st.sampled_from(pool), max_size=2, unique=True)))
+        h = draw(st.sampled_from(sorted(homes)))
+        n = bufs[h].size
+        kind = draw(st.sampled_from(["whole", "half", "row"]))
+        if kind == "whole":
+            dst, at = Dst(h), np.arange(n)
+        elif kind == "half":
+            part = draw(st.sampled_from(HALVES))
+            dst = Dst(h, unit=part)
+            at = np.array([u * PITCH + part.offset + k for u in range(n // PITCH) for k in range(part.width)])
+        else:
+            j = draw(st.integers(0, homes[h] - 1))
+            dst, at = Dst(f"{h}.r{j}"), np.arange(j * PITCH, (j + 1) * PITCH)
+        launches.append(_W(ins, dst))
+        writes.append((h, at))
+        done[h][at] = True
+    return bufs, launches, writes
+
+
+def _oracle(bufs, launches, writes):
+    """(the first unwritten read (launch, name) or None, each home's first write)."""
+    done = {h: np.zeros(b.size, bool) for h, b in bufs.items() if b.home == h}
+    first = {}
+    for i, (l, (h, at)) in enumerate(zip(launches, writes)):
+        for name in l.ins:
+            b = bufs[name]
+            if not done[b.home][b.offset:b.offset + b.size].all():
+                return (i, name), first
+        done[h][at] = True
+        first.setdefault(h, i)
+    return None, first
+
+
+def _run(arena, bufs, launches, writes, mem, tag):
+    """Run the program in `mem` at the arena's offsets: launch i writes tag + 1000 i + e at element e of its home; each
+    read must see exactly what the launch that last wrote each element wrote."""
+    at_of = {p.name: p.offset // 4 for p in arena.arrays}
+    ref = {h: np.full(b.size, np.nan, np.float32) for h, b in bufs.items() if b.home == h}
+    for i, (l, (h, at)) in enumerate(zip(launches, writes)):
+        for name in l.ins:
+            b = bufs[name]
+            lo = at_of[b.home] + b.offset
+            got = mem[lo:lo + b.size]
+            want = ref[b.home][b.offset:b.offset + b.size]
+            assert np.array_equal(got, want), f"launch {i} read `{name}`: {got} where {want} was written"
+        vals = (tag + 1000 * i + at).astype(np.float32)
+        mem[at_of[h] + at] = vals
+        ref[h][at] = vals
+
+
+@settings(max_examples=200, deadline=None)
+@given(_programs(), _programs())
+def test_lifetimes_from_the_first_write_share_bytes_and_read_only_what_was_written(a, b):
+    placed = []
+    for bufs, launches, writes in (a, b):
+        bad, first = _oracle(bufs, launches, writes)
+        if bad is not None:
+            try:
+                walk(launches, bufs)
+            except NotWritten as e:
+                assert (e.launch, e.name) == bad
+                continue
+            raise AssertionError(f"launch {bad[0]} reads `{bad[1]}` before all of it is written, and walk passed")
+        lives = lifetimes(launches, bufs)
+        assert {x.name: x.first for x in lives} == first  # from the first write, whole or a part of it
+        arena = place(lives)
+        check_arena(arena)
+        placed.append((arena, bufs, launches, writes))
+    if not placed:
+        return
+    mem = np.full(max(x[0].bytes for x in placed) // 4 + 1, np.nan, np.float32)  # one buffer, the largest form's
+    for turn in range(3):  # the forms turn about, one running at a time, nothing cleared between them
+        for k, form in enumerate(placed):
+            _run(*form, mem, tag=0.5 * (k + 2 * turn))
+
+
+def test_a_half_written_row_read_whole_is_refused_and_both_halves_pass():
+    bufs = {"h": Buffer("h", "h", 0, 8, "f32", "arena"), "h.r1": Buffer("h.r1", "h", 4, 4, "f32", "arena"),
+            "z": Buffer("z", "z", 0, 4, "f32", "arena")}
+    left, right = _W((), Dst("h", unit=HALVES[0])), _W((), Dst("h", unit=HALVES[1]))
+    try:
+        walk([left, _W(("h.r1",), Dst("z"))], bufs)
+        raise AssertionError("walk passed a read of a row only half written")
+    except NotWritten as e:
+        assert (e.launch, e.name, e.home) == (1, "h.r1", "h") and "2 of its 4 values" in str(e)
+    assert walk([_W((), Dst("z")), left, right, _W(("h.r1",), Dst("z"))], bufs) == {"z": 0, "h": 1}
