@@ -122,3 +122,50 @@ def test_a_half_written_row_read_whole_is_refused_and_both_halves_pass():
     except NotWritten as e:
         assert (e.launch, e.name, e.home) == (1, "h.r1", "h") and "2 of its 4 values" in str(e)
     assert walk([_W((), Dst("z")), left, right, _W(("h.r1",), Dst("z"))], bufs) == {"z": 0, "h": 1}
+
+
+# -- an expert mixture's forms in one buffer ---------------------------------------------------------------------------
+
+MOE_FORMS = {"chunk 12": (12, 1), "decode": (1, 1), "batch 2": (1, 2), "chunk 5": (5, 1)}
+
+
+def test_a_mixtures_forms_in_one_poisoned_buffer_equal_each_form_in_its_own():
+    """A tiny Qwen3-MoE (8 experts of 96, top 2; on a chip where bytes dominate its 12-row chunk sorts its rows by
+    expert, test_moe's test_a_chunk_sorted_by_expert, with scratch of its own): its decode
+    step, two chunk widths and a batch of 2 run turn about in ONE buffer filled with NaN bytes before every step give
+    the logits, tokens and caches of each form run in a zeroed buffer of its own, to the bit (exact twins), and the
+    reference interpreter's tokens, logits within 1e-6 of their scale (the mixture's sums run in another order)."""
+    from test_arena_forms import _inputs
+    from test_moe import tiny, weights_for
+
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner, SharedArena
+
+    cfg = tiny("Qwen3MoeForCausalLM", inter=96)
+    w = weights_for(cfg, "f32", 2)
+    graphs = {k: build_step(cfg, r, b) for k, (r, b) in MOE_FORMS.items()}
+    plans = {k: plan(g, knobs=Knobs(launch_us=0.01, fixed_scale=0.001)) for k, g in graphs.items()}
+    assert any(getattr(l.launch, "sort", False) for l in plans["chunk 12"].launches)
+    shared = SharedArena()
+    one = {k: NumpyRunner(p, w, exact=True, shared=shared) for k, p in plans.items()}
+    assert shared.buf.size == max(r.env.need for r in one.values())
+    for turn, k in enumerate(["chunk 12", "decode", "batch 2", "chunk 5", "decode", "chunk 12", "batch 2"]):
+        shared.buf[:] = 0xFF
+        env = _inputs(cfg, graphs[k], 5 + turn, turn)
+        mine = {n: v.copy() for n, v in env.items()}
+        apart = {n: v.copy() for n, v in env.items()}
+        got = one[k].step(mine)
+        assert np.shares_memory(one[k].env.arena, shared.buf), k  # it ran inside the one buffer
+        want = NumpyRunner(plans[k], w, exact=True).step(apart)
+        ref = evaluate(graphs[k], w, {n: v.copy() for n, v in env.items()})
+        logits = np.asarray(ref["logits"]).reshape(got["logits"].shape)
+        assert np.abs(got["logits"] - logits).max() <= 1e-6 * np.abs(logits).max(), k
+        assert np.array_equal(got["next"], np.asarray(ref["next"]).reshape(-1)), k
+        assert np.all(np.isfinite(got["logits"])), k
+        assert np.array_equal(got["logits"], want["logits"]) and np.array_equal(got["next"], want["next"]), k
+        for n in env:  # the caches, written in place
+            assert np.array_equal(mine[n], apart[n]), (k, n)
+        assert not np.array_equal(mine["kc0"], env["kc0"]), k
