@@ -153,3 +153,22 @@ def test_qnext_refusals_in_one_line():
         check_ranks(cfg, 4)  # a value head of 16 a rank
     assert "\n" not in str(e.value)
     check_ranks(cfg, 2)  # two value heads of 16 a rank: one block
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", ["f32", "bf16"])
+def test_qnext_ranks_give_transformers_tokens_in_process(name, tmp_path):
+    """tests/test_qwen3next.py's tiny transformers Qwen3-Next (2 key heads over 4 value heads of 32, its checkpoint's
+    in_proj_qkvz grouped by key head; a mixture with its shared expert beside dense layers) over 2 in-process ranks
+    (threads meeting through LocalComm, lane/run/ranks.rank_generate, the reference interpreter: a 4-row and a 2-row
+    chunk, then decode): transformers' greedy tokens and logits (1e-4 of their scale) and the one-rank run's (1e-5)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ranks_helpers import check_run, one_torch_thread, reference, thread_ranks
+    from test_qwen3next import build
+
+    with one_torch_thread():
+        folder, ref = build(name, tmp_path)
+    m = reference(folder, ref, 6)
+    assert m["one"].generated_ids == m["hf_tokens"] and len(set(m["hf_tokens"])) > 2
+    check_run(thread_ranks(2, str(folder), 6), m, f"qwen3next {name} over 2 threads")
