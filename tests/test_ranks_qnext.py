@@ -172,3 +172,48 @@ def test_qnext_ranks_give_transformers_tokens_in_process(name, tmp_path):
     m = reference(folder, ref, 6)
     assert m["one"].generated_ids == m["hf_tokens"] and len(set(m["hf_tokens"])) > 2
     check_run(thread_ranks(2, str(folder), 6), m, f"qwen3next {name} over 2 threads")
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_qnext_gguf_file_over_ranks(legacy, tmp_path):
+    """tests/test_qwen3next_gguf.py's tiny model written as llama.cpp's converter writes it, q8_0 (in_proj_qkvz as
+    attn_qkv + attn_gate, or `legacy` as ssm_in grouped by key head; A as -exp(A_log); norms held as 1 + w) over 2
+    ranks: each rank's weights (its q8_0 rows whole blocks, out_proj's columns two value heads of 32: one block) give
+    the one rank's step, decode and a 5-row chunk after a 3-row one."""
+    pytest.importorskip("gguf")
+    import gguf_files as gf
+    from lanefuse.engine.front.load import load_model
+    from ranks_helpers import one_torch_thread
+    from test_qwen3next_gguf import tiny
+
+    with one_torch_thread():
+        path = gf.write_qwen3next(tiny(2), tmp_path / "qnext.gguf", "q8_0", legacy=legacy)
+    cfg, w = load_model(path)
+    assert cfg.fmt("model.layers.0.linear_attn.out_proj.weight") == "q8_0" and cfg.hk == 2
+    for toks in ([11], [5, 60, 2, 29, 71]):
+        run = after_a_chunk(cfg, w, 2, toks)
+        assert_same_step(run.got, run.want)
+
+
+def test_the_80b_shape_fits_a_device_a_rank_over_2_ranks():
+    """Qwen3-Next-80B-A3B's shape (bench/qnext_figures.py's config: 16 key heads over 32 value heads, 16 heads over 2
+    KV heads, 512 experts; bf16 rows), planned from its config alone: 159.3 GB on one rank (no 141 GB device holds
+    it), 80.0 GB a rank over 2 and 40.4 over 4 (its 2 KV heads replicated), 10.7 over 16 (one key head a rank); 32
+    ranks refused in one line."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from qnext_figures import qwen3_next_80b_a3b
+
+    cfg = qwen3_next_80b_a3b(4096)
+    assert (cfg.hk, cfg.hv, cfg.heads, cfg.kv_heads) == (16, 32, 16, 2)
+    got = {r: rank_weight_bytes(cfg, r) for r in (1, 2, 4, 16)}
+    assert round(got[1][0] / 1e9, 1) == 159.3
+    assert [round(b / 1e9, 1) for b in got[2]] == [80.0, 80.0] and max(got[4]) < 40.5e9 and max(got[16]) < 10.7e9
+    rc = rank_config(cfg, 3, 16)
+    assert (rc.hk, rc.hv, rc.heads, rc.kv_heads) == (1, 2, 1, 1)
+    with pytest.raises(UserError, match="--ranks 32: ") as e:
+        check_ranks(cfg, 32)
+    assert "\n" not in str(e.value)
