@@ -31,19 +31,22 @@ def knobs():
 
 
 def model(fmt: str):
-    """The tiny DeepSeek-V3 (experts 96 wide) with random weights, its matrices in `fmt`."""
+    """The tiny DeepSeek-V3 (experts 96 wide) with random weights, its matrices in `fmt` (q8_0: those whose rows are
+    whole blocks of 32; the others f32)."""
     from lanefuse.engine.front.weights import Weights
     from lanefuse.kernels.common import encode
 
     cfg = tiny_cfg(moe_intermediate_size=96)
     r = np.random.default_rng(40 + len(fmt))
+    consts = cfg.build_step(1).constants
+    mine = [n for n, k in consts.items() if k.kind == "rows" and (fmt != "q8_0" or k.shape[-1] % 32 == 0)]
     arrays = {}
     for name, shape in cfg.weight_names().items():
         a = (r.standard_normal(shape) / (np.sqrt(shape[-1]) if len(shape) == 2 else 3)).astype(np.float32)
         if name.endswith("e_score_correction_bias"):  # large enough to change choices
             a = (0.5 * r.standard_normal(shape)).astype(np.float32)
-        arrays[name] = (encode(a, fmt), fmt) if len(shape) == 2 and fmt != "f32" else a
-    cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
+        arrays[name] = (encode(a, fmt), fmt) if name in mine and fmt != "f32" else a
+    cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n in mine))
     return cfg, Weights.from_dict(arrays, cfg)
 
 
@@ -169,3 +172,48 @@ def test_the_bench_prices_a_sorted_chunk():
     assert got["chosen"]["sorted"] == got["chosen"]["mixtures"] == 2 and got["per_row"]["sorted"] == 0
     assert (got["chosen"]["experts_read"], got["per_row"]["experts_read"]) == (512, 1024)
     assert got["chosen"]["cost_us"] < got["per_row"]["cost_us"]
+
+
+def test_q8_numerics_sorted_chunks_equal_the_per_row_plans():
+    """Under --numerics q8 on q8_0 rows the chunk's sorted mixtures quantize the shared expert's input and GLU
+    themselves (qwords 1: shared_expert_fusion.grouped_quant inside moe_token_sort.grouped, no Quant launch for
+    them) and give the per-row plan's (the rules held: shared_expert_fusion.grouped_quant and
+    moe_deferred_finalize.grouped_quant) tokens and logits to the bit."""
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.generate import generate
+
+    cfg, w = model("q8_0")
+    s = plan(cfg.build_step(CHUNK), knobs=knobs(), numerics="q8")
+    moes = [l.launch for l in s.launches if l.launch.census == "moe"]
+    assert s.fusions.get("moe_token_sort.grouped") == 2 and all(m.sort and m.qwords == 1 for m in moes)
+    got = generate(cfg, w, PROMPT, N_TOKENS, chunk=CHUNK, step_fn=fused_step(w, knobs=knobs(), numerics="q8"))
+    per_row = generate(cfg, w, PROMPT, N_TOKENS, chunk=CHUNK,
+                       step_fn=fused_step(w, knobs=knobs(), numerics="q8", held=list(RULES)))
+    assert got.generated_ids == per_row.generated_ids
+    for a, b in zip(got.logits, per_row.logits):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_sorted_q8_mixture_on_the_cuda_host_emulator():
+    """The q8 chunk plan's sorted Moe launch (q8_0 experts, the shared expert's products over the input and GLU
+    quantized in moe_up_sorted / moe_down_sorted) by moe.cu on the host emulator: equal to the twin and to the per-row
+    kernels (moe_up, moe_down) to the bit. Skipped without g++."""
+    from cuda_host import emu
+
+    if emu.compiler() is None:
+        pytest.skip("no g++ to build the emulated kernels")
+    import test_kernels_gpu as gpu
+
+    from lanefuse.lane.lower.plan import plan
+
+    cfg, _ = model("q8_0")
+    s = plan(cfg.build_step(CHUNK), knobs=knobs(), numerics="q8")
+    moe = next(l.launch for l in s.launches if l.launch.census == "moe")
+    assert moe.sort and moe.qwords == 1 and moe.format == "q8_0" and moe.shared
+    g = np.random.default_rng(73)
+    with emu.emulating([moe.stem]):
+        arrays, weights = _mixture_case(moe, g)
+        dev = gpu.both(moe, arrays, weights, tol=2e-4)
+        row = gpu.both(dataclasses.replace(moe, sort=False), arrays, weights, tol=2e-4)
+        for n in {moe.out.buf, moe.sum} - {None}:
+            np.testing.assert_array_equal(dev.host(n), row.host(n), err_msg=n)
