@@ -19,7 +19,10 @@ of a row to arrive; with `router_split` > 1, moe_up_split in moe_up's place: eac
 computed once, by `router_split` blocks, as phase 0 of the launch, the choices' blocks taking later tickets and waiting
 on it, as kernels/chain.cu orders its phases), four over sorted rows (moe_route, moe_up_sorted and moe_down_sorted a
 block an expert over the rows that chose it, moe_finish a block a row). gpt-oss's mixture (router and expert biases, top-k then softmax, the
-clamped GLU) runs in the same kernels, its biases and clamp passed as arguments."""
+clamped GLU) runs in the same kernels, its biases and clamp passed as arguments; so does DeepSeek-V3's grouped sigmoid
+routing (moe_choose's `grouped` branch: the correction bias in the choice alone, the groups kept, the routed scale),
+routed by moe_up a row at a time and by moe_route over sorted rows (a prefill chunk's moe_token_sort.grouped; one
+twin for both forms: the same choices, weights and sums; tests/test_deepseek_sorted_chunk.py)."""
 
 from __future__ import annotations
 
