@@ -656,11 +656,12 @@ def test_head_gemv_computes_only_the_filled_rows(pos, extra):
     both(*head_filled_case(pos, extra), tol=2e-4)
 
 
-@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (16, True)])
+@pytest.mark.parametrize("rows,sort", [(1, False), (3, False), (16, True), (7, True)])
 @pytest.mark.parametrize("shared", [0, 24])
 def test_moe_grouped_sigmoid(rows, sort, shared):
     """DeepSeek-V3's routing on the device: sigmoid scores, a correction bias large enough to change the choices, the
-    best groups by their top two, weights renormalized and scaled; an ungated shared expert."""
+    best groups by their top two, weights renormalized and scaled; an ungated shared expert. Over sorted rows also a
+    chunk of 7 (a prefill chunk's moe_token_sort.grouped: tests/test_deepseek_sorted_chunk.py on the emulator)."""
     for d, f, E, k, groups, topk in ((32, 11, 8, 3, 4, 2), (256, 64, 256, 8, 8, 4)):
         both(*grouped_moe(rows, d, f, E, k, groups, topk, shared, seed=rows + shared + d, sort=sort), tol=2e-4)
 
