@@ -88,8 +88,11 @@ def test_rank_count_is_a_number_of_ranks(capsys):
     assert e.value.code == 2 and "--ranks: 0: give at least 1 rank" in capsys.readouterr().err
 
 
-def test_check_ranks_demo(capsys):
-    assert main(["check", "--ranks", "2", "--rows", "1", "--rows", "7"]) == 0
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_check_ranks_demo(capsys, ranks):
+    """4 ranks: the demo's 2 KV heads replicated, rank r's cache history KV head r // 2's (it was head r's columns:
+    rank 2's and 3's empty, refused at the step's inputs)."""
+    assert main(["check", "--ranks", str(ranks), "--rows", "1", "--rows", "7"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all(l.endswith("-> ok") and "next token equal" in l for l in lines)
 

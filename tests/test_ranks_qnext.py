@@ -19,7 +19,8 @@ import pytest
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.front.families.mixtures import MoeConfig
 from lanefuse.engine.front.families.qwen3next import Qwen3NextConfig, SplitStore, _splits
-from lanefuse.engine.front.parallel import check_ranks, part, rank_config, rank_weight_bytes, rank_weights
+from lanefuse.engine.front.parallel import (check_ranks, part, rank_carried, rank_config, rank_weight_bytes,
+                                            rank_weights)
 from lanefuse.engine.front.weights import DictStore, Weights
 from ranks_helpers import RankPlans, after_a_chunk, assert_same_step, in_format, stored_weights
 
@@ -65,6 +66,10 @@ def test_qnext_ranks_equal_one_rank(ranks, fmt, rows):
             same(e[f"cv{i}"], one[f"cv{i}"][:, klo * g * dv:khi * g * dv])
         kv = r * cfg.kv_heads // ranks if ranks > cfg.kv_heads else r
         same(e["vc1"], one["vc1"][:, kv * hd:(kv + 1) * hd])
+        mine = rank_carried(cfg, one, r, ranks)  # what `check --ranks` hands each rank of a one-rank history
+        assert mine.keys() == e.keys() - {"token", "pos"}
+        for n, a in mine.items():
+            same(e[n], a)
     kinds = [op.kind for op in run.graphs[0].ops]
     assert kinds.count("all_reduce") == 2 * cfg.layers and kinds[-1] == "all_argmax"
 
@@ -172,6 +177,10 @@ def test_qnext_ranks_give_transformers_tokens_in_process(name, tmp_path):
     m = reference(folder, ref, 6)
     assert m["one"].generated_ids == m["hf_tokens"] and len(set(m["hf_tokens"])) > 2
     check_run(thread_ranks(2, str(folder), 6), m, f"qwen3next {name} over 2 threads")
+    if name == "bf16":  # `lanefuse check --ranks 2`: each rank its part of a random history (rank_carried)
+        from lanefuse.lane.cli.main import main
+
+        assert main(["check", str(folder), "--ranks", "2", "--rows", "1", "--rows", "5"]) == 0
 
 
 @pytest.mark.hf

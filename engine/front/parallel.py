@@ -272,6 +272,30 @@ def rank_config(cfg: ModelConfig, rank: int, ranks: int) -> ModelConfig:
     return dataclasses.replace(cfg, heads=cfg.heads // ranks, kv_heads=khi - klo, inter=hi - lo, moe=moe, **more)
 
 
+def rank_carried(cfg: ModelConfig, tables: dict, rank: int, ranks: int) -> dict:
+    """Rank `rank`'s part of the one rank's carried tables `tables` (one sequence's, cfg.carried()'s names): each KV
+    cache its KV heads' columns (`kv_part`: a replicated head's on every rank that holds it), a cache whole on every
+    rank whole (DeepSeek-V3's latent); Qwen3-Next's rings its key heads' (q, k) or value heads' (v) channels and its
+    recurrent states its value heads' rows. Copies: a step that writes a rank's tables leaves `tables` as they were."""
+    rc = rank_config(cfg, rank, ranks)
+    out = {}
+    for n, shape in rc.carried().items():
+        whole = np.asarray(tables[n])
+        if tuple(whole.shape) == tuple(shape):
+            out[n] = np.array(whole)
+            continue
+        if qnext(cfg) and n[:2] in ("ds", "cq", "ck", "cv"):
+            klo, _ = part(cfg.hk, ranks, rank)
+            vlo = klo * (cfg.hv // cfg.hk)
+            at = {"ds": vlo * cfg.dk, "cq": klo * cfg.dk, "ck": klo * cfg.dk, "cv": vlo * cfg.dv}[n[:2]]
+            rows = n.startswith("ds")
+        else:  # a KV cache: its KV heads' columns
+            klo, _ = kv_part(cfg, ranks, rank)
+            at, rows = klo * (shape[1] // rc.kv_heads), False
+        out[n] = np.array(whole[at:at + shape[0]] if rows else whole[:, at:at + shape[1]], order="C")  # a copy
+    return out
+
+
 def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> Graph:
     """Rank `rank`'s step graph of `ranks`: the step of its config (its heads, FFN part and experts) with an
     `all_reduce` after each o and down product and each mixture's sum (what reads the partial sum reads the whole),

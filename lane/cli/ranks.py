@@ -147,7 +147,7 @@ def check_ranks_cmd(args, src, rows_list: list[int]) -> int:
     from lanefuse.engine.ranks import evaluate_ranks
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.front.model import build_step
-    from lanefuse.engine.front.parallel import build_rank_step, rank_config, rank_weights
+    from lanefuse.engine.front.parallel import build_rank_step, rank_carried, rank_weights
 
     cfg = _cfg(src, args.ranks, "check")
     R, bad = args.ranks, 0
@@ -159,12 +159,8 @@ def check_ranks_cmd(args, src, rows_list: list[int]) -> int:
         for n in one:
             one[n][:hist] = rng.standard_normal(one[n][:hist].shape).astype(np.float32)
         envs = []
-        for r in range(R):
-            rc = rank_config(cfg, r, R)
-            e = {}
-            for n, s in rc.carried().items():  # each rank's KV heads of the one rank's history (a cache whole on
-                w = s[1]  # every rank, DeepSeek-V3's latent: all of it)
-                e[n] = np.array(one[n]) if w == one[n].shape[1] else np.ascontiguousarray(one[n][:, r * w:(r + 1) * w])
+        for r in range(R):  # each rank's part of the one rank's history: its KV heads' (a cache whole on every rank,
+            e = rank_carried(cfg, one, r, R)  # DeepSeek-V3's latent: all of it), Qwen3-Next's rings and states its heads'
             e.update(token=tok, pos=np.asarray([hist], np.int32))
             envs.append(e)
         one.update(token=tok, pos=np.asarray([hist], np.int32))
