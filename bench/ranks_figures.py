@@ -5,7 +5,11 @@ link_gbps 450, link_us 10: assumptions, never measured here), and plan time of r
 (median of --rounds; the machine may be shared). Then CPU ranks' decode tokens/s (gloo processes, each rank's plan on
 the numpy backend's fast twins) against one rank on the same machine: a random Qwen3-shaped f32 checkpoint made here.
 
-    python bench/ranks_figures.py [--rounds 3] [--ranks 1,2,8] [--layers N] [--cpu-ranks 1,2] [--tokens 16]"""
+--models picks the shapes (qwen3-8b, llama-3-70b, qwen3-next-80b-a3b: bench/qnext_figures.py's Qwen3-Next-80B-A3B,
+its gated delta-net layers split by key heads, its 512 experts by rank, its 2 KV heads replicated past 2 ranks).
+
+    python bench/ranks_figures.py [--rounds 3] [--ranks 1,2,8] [--layers N] [--cpu-ranks 1,2] [--tokens 16]
+                                  [--models qwen3-8b,llama-3-70b]"""
 
 from __future__ import annotations
 
@@ -25,7 +29,14 @@ def shapes(layers: int | None) -> dict[str, ModelConfig]:
                     max_len=4096, name="qwen3-8b")
     ll = ModelConfig("LlamaForCausalLM", 8192, layers or 80, 64, 8, 128, 28672, 128256, eps=1e-5, max_len=4096,
                      name="llama-3-70b")
-    return {c.name: dataclasses.replace(c, formats=tuple((w, "bf16") for w in c.weight_names())) for c in (q, ll)}
+    out = {c.name: dataclasses.replace(c, formats=tuple((w, "bf16") for w in c.weight_names())) for c in (q, ll)}
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from qnext_figures import qwen3_next_80b_a3b
+
+    out["qwen3-next-80b-a3b"] = qwen3_next_80b_a3b(4096)  # its 48 layers whatever --layers says (its layer types)
+    return out
 
 
 def plan_figures(cfg: ModelConfig, ranks: list[int], rounds: int) -> list[dict]:
@@ -89,13 +100,19 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="layers of both shapes (default: the models')")
     ap.add_argument("--cpu-ranks", default="1,2")
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--models", default="qwen3-8b,llama-3-70b", help="shapes, comma-separated (also: "
+                    "qwen3-next-80b-a3b)")
     a = ap.parse_args()
     ranks = [int(x) for x in a.ranks.split(",")]
-    print("model        R  weights/rank  fits 141 GB  all-reduces  collective B/step  link us (PREDICTED)  "
+    print("model                     R  weights/rank  fits 141 GB  all-reduces  collective B/step  link us (PREDICTED)  "
           "launches (held)  plan s")
-    for cfg in shapes(a.layers).values():
+    known = shapes(a.layers)
+    for name in a.models.split(","):
+        if name not in known:
+            raise SystemExit(f"--models: no shape `{name}` (known: {', '.join(known)})")
+        cfg = known[name]
         for r in plan_figures(cfg, ranks, a.rounds):
-            print(f"{r['model']:<12} {r['ranks']:>1} {r['weights_gb']:>10.2f} GB  {'yes' if r['fits_141'] else 'no':>11}"
+            print(f"{r['model']:<24} {r['ranks']:>2} {r['weights_gb']:>10.2f} GB  {'yes' if r['fits_141'] else 'no':>11}"
                   f"  {r['all_reduce']:>11}  {r['bytes_a_step']:>17,}  {r['link_us_predicted']:>19.1f}  "
                   f"{r['launches']:>8} ({r['launches_held']})  {r['plan_s']:>6.2f}")
     if a.cpu_ranks:
