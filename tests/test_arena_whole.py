@@ -169,3 +169,31 @@ def test_a_mixtures_forms_in_one_poisoned_buffer_equal_each_form_in_its_own():
         for n in env:  # the caches, written in place
             assert np.array_equal(mine[n], apart[n]), (k, n)
         assert not np.array_equal(mine["kc0"], env["kc0"]), k
+
+
+# -- the plan check over sampled plans ----------------------------------------------------------------------------------
+
+def test_every_sampled_form_passes_the_plan_check_and_a_swap_in_it_is_refused_in_words():
+    """with_sampling's plans (every plan a run makes: decode, a chunk, a batch) are checked whole as they are made,
+    the written-whole check among the rest; the check let a sampled step advance its `sampling` words (it refused
+    every sampled plan: 'writes the step's input `sampling`'), and still refuses a read before any write in one."""
+    import dataclasses
+
+    import pytest
+
+    from lanefuse.engine.errors import UserError
+    from lanefuse.engine.front.demo import demo_config
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.lower.plancheck import check
+    from lanefuse.lane.run.sampling import with_sampling
+
+    cfg = demo_config()
+    for rows, batch in ((1, 1), (9, 1), (1, 3)):
+        s = with_sampling(plan(build_step(cfg, rows, batch)))
+        check(s)
+        assert "sampling" in s.io.inputs and any(x.launch.census == "fold" and "sampling" in x.launch.writes()
+                                                 for x in s.launches)
+    moved = dataclasses.replace(s, launches=[s.launches[1], s.launches[0], *s.launches[2:]])
+    with pytest.raises(UserError, match=r"launches\[0\]: launch 0 \(\w+\) reads `\S+` where no launch before it"):
+        check(moved)

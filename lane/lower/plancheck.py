@@ -244,7 +244,10 @@ def _launches(p) -> None:
         for n in l.writes():
             if n not in p.buffers:
                 raise Bad(at, f"writes `{n}`, which is not an array of the plan{did_you_mean(n, p.buffers)}")
-            if n in io.inputs and n not in io.tables and n != io.token and n != io.position:
+            # the inputs a step advances for the next: its token and position, a sampled step's parameter words
+            # (lane/run/sampling.py SampledIO.params: the draw's index moves on)
+            advanced = (io.token, io.position, *getattr(io, "params", ()))
+            if n in io.inputs and n not in io.tables and n not in advanced:
                 raise Bad(at, f"writes the step's input `{n}`")
         for n in named:
             c = p.constants.get(n)

@@ -136,6 +136,10 @@ def with_sampling(p):
     launches[i] = replace(p.launches[i], launch=replace(held, then=s) if isinstance(held, Fold) else s)
     io = SampledIO(**{f: getattr(p.io, f) for f in ("token", "position", "caches", "logits", "next", "states")})
     census = census_of(launches)  # counted as the plan counts them: a kernel each (the head's fold is now two)
-    return replace(p, launches=launches, io=io, census=census,
-                   tensors={**p.tensors, PARAMS: Tensor(PARAMS, (s.words,), "i32")},
-                   buffers={**p.buffers, PARAMS: Buffer(PARAMS, PARAMS, 0, s.words, "i32", "io")})
+    out = replace(p, launches=launches, io=io, census=census,
+                  tensors={**p.tensors, PARAMS: Tensor(PARAMS, (s.words,), "i32")},
+                  buffers={**p.buffers, PARAMS: Buffer(PARAMS, PARAMS, 0, s.words, "i32", "io")})
+    from lanefuse.lane.lower.plancheck import check
+
+    check(out)  # the plan as it runs, checked whole as a saved plan is: every arena array written before it is read
+    return out
