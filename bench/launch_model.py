@@ -296,14 +296,20 @@ def features(rev: str | None) -> dict:
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
     hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("fold.cu", rev))
     apy = kernel_file("attention.py", rev)
+    try:  # (no chain.cu before 2026-12-05)
+        chain_att = re.search(r"attention_body<\d+, \d+, (\d+), false>", kernel_file("chain.cu", rev))
+    except subprocess.CalledProcessError:
+        chain_att = None
     m = re.search(r"#define NORM_BATCH (\d+)", norm)
     mv = re.search(r"#define NORM_VBATCH (\d+)", norm)
     cw = re.search(r"#define CW (\d+)", att)
     return dict(
         norm_batch=int(m.group(1)) if m else 1,
         norm_vbatch=int(mv.group(1)) if mv else 0,
-        attn_tiles={n: int(kt) for n, d, pb, kt in  # (a fifth argument since the shared-row kernel: ROWS)
-                    re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)(?:, \w+)?\)", att, re.M)},
+        attn_tiles={**{n: int(kt) for n, d, pb, kt in  # (a fifth argument since the shared-row kernel: ROWS)
+                       re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)(?:, \w+)?\)", att, re.M)},
+                    # the chained attention phase's (chain.cu fold_attn_o_glu_down: attention_body<D, PB, KT, false>)
+                    **{"attention_chain": int(m.group(1)) for m in [chain_att] if m}},
         combine_cw=int(cw.group(1)) if cw else 0,
         attn_merge="attention_merge(" in att,
         attn_mv=int(mv_.group(1)) if (mv_ := re.search(r"#define MV (\d+)", att)) else 4,
@@ -711,7 +717,9 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
     pw = c.glu.per_warp
     phases = []
     for launch, blocks in zip(c.phases, c.blocks_of()):
-        name = f"gemv_glu_{pw}" if launch.census == "gemv_glu" else f"fold_gemv_norm_{pw}"
+        # an attention phase (fold_attn_o_glu_down) as attention_split_128 at the chain's own tile (attention_chain)
+        name = "attention_chain" if launch.census == "attention" else f"gemv_glu_{pw}" \
+            if launch.census == "gemv_glu" else f"fold_gemv_norm_{pw}"
         p = Kernel(k.index, launch.census, launch, Call(k.call.stems, name, (blocks, 1, 1), k.call.block, ()))
         p.regs, p.smem, p.spill, p.bpsm, p.limit = k.regs, k.smem, k.spill, k.bpsm, k.limit
         p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")})
@@ -723,7 +731,8 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
         resident = min(p.blocks, S * k.bpsm)
         pre = min(p.bytes, resident * (k.threads // 32) * pw * PDL_PREFETCH_ROW)
         hidden += min(pre / (cal["B_peak_TBps"] * 1e6), CHAIN_POLL_US, p.us - p.fixed - p.tail)
-    first, last = phases[0], phases[-1]
+    att = [p for p in phases if p.family == "attention"]
+    first, last = next(p for p in phases if p.family != "attention"), phases[-1]
     bounds = len(phases) - 1
     k.family = "gemv"
     k.inflight_warp, k.rounds = first.inflight_warp, sum(p.rounds for p in phases)
@@ -734,9 +743,13 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
     k.us = sum(p.us for p in phases) - bounds * cal["t0_us"] + bounds * CHAIN_POLL_US - hidden
     k.tbps = k.bytes / k.us / 1e6
     k.extra.update(fmt=first.extra["fmt"], k=first.extra["k"], n=first.extra["n"], m=first.extra["m"], per_warp=pw,
-                   tiles=len(phases), loop=first.extra["loop"],
-                   phases=tuple((p.extra["n"], p.extra["k"]) for p in phases), poll_us=CHAIN_POLL_US,
+                   tiles=len(phases) - len(att), loop=first.extra["loop"],
+                   phases=tuple(f"attn{p.extra['splits']}" if p.family == "attention" else (p.extra["n"], p.extra["k"])
+                                for p in phases), poll_us=CHAIN_POLL_US,
                    chain_hidden_us=hidden, phase_us=tuple(p.us for p in phases))
+    if att:  # the attention phase's share beyond a launch's t0 (breakdown files it under attention); its record
+        k.extra["attention_us"] = sum(p.us - p.fixed for p in att)
+        k.extra["attention_phase"] = att[0]
 
 
 def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
@@ -763,7 +776,7 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
         k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
         k.extra["head_values"] = feats["head_values"]
-        if k.call.name.startswith(("fold_glu_down", "fold_o_glu_down")):
+        if k.call.name.startswith(("fold_glu_down", "fold_o_glu_down", "fold_attn_o_glu_down")):
             chain_time(k, feats, cal, pos)
             continue
         structure(k, feats, pos)
@@ -991,11 +1004,13 @@ def token_bytes(s, pos: int) -> int:
 # the rules a plan of the 2026-12-04 run did not have (their kernels were not written): the calibration's plans hold
 # them, so its kernels are the ones measured (head_argmax: the LM head and the arg-max ran as two launches;
 # glu_down_norm, o_glu_down_norm: the o product's fold, the GLU and the down product's fold ran as three launches)
-MEASURED_PLAN_HOLDS = ("head_argmax", "glu_down_norm", "o_glu_down_norm")
+MEASURED_PLAN_HOLDS = ("head_argmax", "glu_down_norm", "o_glu_down_norm", "attn_o_glu_down_norm")
 # the rules that make a chained launch (kernels/chain.py): held, a plan's o fold, GLU and down fold are three launches
-CHAIN_HOLDS = ("o_glu_down_norm", "glu_down_norm")
+CHAIN_HOLDS = ("attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm")
 # the three-phase rule held: a layer's o fold one launch, its GLU and down fold the two-phase chained launch
-TWO_PHASE_HOLDS = ("o_glu_down_norm",)
+TWO_PHASE_HOLDS = ("attn_o_glu_down_norm", "o_glu_down_norm")
+# the four-phase rule held: a layer's attention a launch of its own before the three-phase chain (fold_o_glu_down)
+THREE_PHASE_HOLDS = ("attn_o_glu_down_norm",)
 
 
 def qwen3_plan(fmt: str, batch: int = 1, held: tuple[str, ...] = ()):
@@ -1107,7 +1122,7 @@ def residuals(cal: dict, rev: str = OLD_REV) -> list[tuple[str, float, float]]:
 def kind_of(k: Kernel) -> str:
     e = k.extra
     if "phases" in e:  # a chained launch: each phase's outputs x k
-        return f"{k.call.name} " + "+".join(f"{n}x{kk}" for n, kk in e["phases"])
+        return f"{k.call.name} " + "+".join(p if isinstance(p, str) else f"{p[0]}x{p[1]}" for p in e["phases"])
     if k.family in ("gemv", "gemv_q8"):
         return f"{k.call.name} {e['n']}x{e['k']}"
     return k.call.name
@@ -1138,8 +1153,10 @@ def breakdown(ks: list[Kernel]) -> dict:
         small = k.family not in ("gemv", "gemv_q8", "attention", "attention_combine")
         b["launch fixed"] += (k.us - k.bytes / 4.25e6) if small else k.fixed
         if k.family in ("gemv", "gemv_q8"):
-            b["products"] += k.us - k.fixed - k.tail
+            att = k.extra.get("attention_us", 0.0)  # a chained attention phase's (fold_attn_o_glu_down)
+            b["products"] += k.us - k.fixed - k.tail - att
             b["tails"] += k.tail
+            b["attention"] += att
         elif k.family in ("attention", "attention_combine"):
             b["attention"] += k.us - k.fixed
         else:
@@ -1206,9 +1223,13 @@ def main() -> None:
     ap.add_argument("--unchained", action="store_true", help="also model each plan with the chained launch's rules "
                     f"held ({', '.join(CHAIN_HOLDS)}: the o fold, the GLU and the down fold three launches), labelled "
                     "`unchained`: the before of the chain")
-    ap.add_argument("--two-phase", action="store_true", help="also model each plan with the three-phase chain's rule "
+    ap.add_argument("--two-phase", action="store_true", help="also model each plan with the three- and four-phase "
+                    "chains' rules "
                     f"held ({', '.join(TWO_PHASE_HOLDS)}: the o product's fold a launch of its own before the two-phase "
                     "chain), labelled `two-phase`: the before of the three-phase chain")
+    ap.add_argument("--three-phase", action="store_true", help="also model each plan with the four-phase chain's rule "
+                    f"held ({', '.join(THREE_PHASE_HOLDS)}: the attention a launch of its own before the three-phase "
+                    "chain), labelled `three-phase`: the before of the four-phase chain")
     ap.add_argument("--pdl", action="store_true", help="also model each plan under programmatic dependent launch "
                     f"(an assumed t0 of {T0_PDL_US} µs a launch and the GEMVs' L2 prefetch; not calibrated)")
     ap.add_argument("--fit-lane", action="store_true", help="fit the lane's per-kind costs (rules/lanes/cuda.yaml "
@@ -1264,6 +1285,8 @@ def main() -> None:
         key = name if pos == positions[0] else f"{name}@{pos}"
         doc["plans"][key] = dict(position=pos, token_bytes=tb, floor_us=floor, launches=s.n_launches, revs={})
         variants = [(rev, ()) for rev in revs]
+        if a.three_phase and not a.plan:
+            variants.insert(0, (a.rev, THREE_PHASE_HOLDS))
         if a.two_phase and not a.plan:
             variants.insert(0, (a.rev, TWO_PHASE_HOLDS))
         if a.unchained and not a.plan:
@@ -1272,13 +1295,15 @@ def main() -> None:
             sv = qwen3_plan(name, a.batch, held=held) if held else s
             ks = model(sv, rev, cal, pos)
             tot = sum(k.us for k in ks)
-            label = {CHAIN_HOLDS: "unchained", TWO_PHASE_HOLDS: "two-phase"}.get(held) or rev_label(rev)
+            label = {CHAIN_HOLDS: "unchained", TWO_PHASE_HOLDS: "two-phase",
+                     THREE_PHASE_HOLDS: "three-phase"}.get(held) or rev_label(rev)
             rows = summarize(ks)
             print_table(rows, f"\n{name} (batch {a.batch}, position {pos}), kernels of {label}: {len(ks)} kernel "
                               f"launches, {tot:.0f} µs a token predicted, floor {floor:.0f} µs ({tb / 1e9:.2f} GB at "
                               f"4.25 TB/s): x{tot / floor:.2f}")
-            att = [k for k in ks if k.family == "attention"]
-            if att:  # the first layer's attention
+            att = [k for k in ks if k.family == "attention"] or \
+                [k.extra["attention_phase"] for k in ks if "attention_phase" in k.extra]
+            if att:  # the first layer's attention (a chain's attention phase where the chain runs it)
                 print(attention_stream(att[0], cal))
             bd = print_breakdown(ks, f"  where the predicted {tot:.0f} µs go ({name}, position {pos}, {label}):")
             if a.geometry and rev == a.rev:

@@ -197,7 +197,8 @@ template <int PW>
 __device__ __forceinline__ void attn_o_glu_down_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale, float softcap, unsigned* acounters, i64 gx, i64 ga, const void* wo, int fmto,
+    i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* acounters, i64 gx, i64 ga, const void* wo,
+    int fmto,
     const float* bo, const Dst& o, i64 ko, i64 no, i64 orows, const NormArgs& ona, const float* x, const void* wg,
     const void* wu, int fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, int a, const void* wd, int fmtd,
     const float* bd, const Dst& y, i64 n, i64 m, unsigned* counters, i64 g0, i64 g1, i64 rows, const NormArgs& na) {
@@ -210,7 +211,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         const unsigned gxu = (unsigned)gx, gxy = gxu * (unsigned)m;  // 32-bit: no 64-bit division's registers
         const i64 bx = t % gxu, by = t % gxy / gxu, bz = t / gxy;
         attention_body<128, 4, 8, false>(q, kc, vc, posp, sinks, z, part, heads, group, hd, vd, window, per_block,
-                                         splits, kstride, koff, vstride, voff, scale, softcap, 0, 0, nullptr, -1,
+                                         splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, nullptr, -1,
                                          nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, acounters, m, 1, bx, by,
                                          bz, gx);
         __threadfence();
@@ -268,9 +269,8 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     extern "C" __global__ void GEMV_BOUNDS NAME(                                                                      \
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part, \
         i64 aheads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff,          \
-        i64 vstride, i64 voff, float scale, float softcap, unsigned* acounters, i64 gx, i64 ga, const void* wo,       \
-        i64 fmto,                                                                                                     \
-        const float* bo, DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_), const float* x,               \
+        i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* acounters, i64 gx, i64 ga,  \
+        const void* wo, i64 fmto, const float* bo, DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_), const float* x,               \
         const void* wg, const void* wu, i64 fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, i64 a,     \
         const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n, i64 m, unsigned* counters, i64 g0, i64 g1,  \
         i64 rows, NORM_PARAMS) {                                                                                      \
@@ -278,8 +278,8 @@ __device__ __forceinline__ void attn_o_glu_down_body(
             gemv_prefetch<PW>((int)fmto, wo, nullptr, ko, no, 1, (i64)blockIdx.x - ga);                               \
         PDL_ENTER();                                                                                                  \
         attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,    \
-                                 kstride, koff, vstride, voff, scale, softcap, acounters, gx, ga, wo, (int)fmto, bo,  \
-                                 DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg, bu, h, k, f,       \
+                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, acounters, gx, ga, wo,     \
+                                 (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg, bu, h, k, f,       \
                                  (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, g0, g1, rows, NORM_ARGS);         \
     }
 FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_1, 1)

@@ -12,7 +12,7 @@ refused, in one line, and the plan keeps the launches it had.
 A third chain runs the layer's attention before those three (`attn_o_glu_down_norm`: a decode layer's attention to
 its next norm in one launch): the split attention's blocks first (attention.cu's body, its last split block of a row's
 heads merging their partials), the o phase waiting for all of them; the attention is refused where the chained kernel
-does not serve it (heads wider than 128 values, more than 4 a block, shared rows, a batch's slots, a gate, a quantized
+does not serve it (heads wider than 128 values, more than 4 a block, shared rows, a gate, a quantized
 output, split heads)."""
 
 from __future__ import annotations
@@ -126,9 +126,9 @@ class Chain(Sequenced, Launch):
         if max(att.hd, att.vd) > ATTN_HEAD or att.heads_a_block > ATTN_PER_BLOCK:
             return Refusal(f"a chained attention of heads of {max(att.hd, att.vd)} values, {att.heads_a_block} a "
                            f"block (the chained kernel holds heads of up to {ATTN_HEAD}, {ATTN_PER_BLOCK} a block)")
-        if att.shared != 1 or att.slot or att.seq0:
-            return Refusal("a chained attention over shared rows or a batch's slots (the chain takes a sequence's "
-                           "one or two rows)")
+        if att.shared != 1 or att.seq0:
+            return Refusal("a chained attention over shared rows, or a batch's sequences from one past the first (the "
+                           "chained kernel takes the split attention's blocks of every row)")
         if att.gate is not None or att.quant is not None or not att.f32 or att.tail:
             return Refusal("a chained attention gated, quantizing its output or in split heads (attention's own "
                            "launch does those)")
@@ -150,9 +150,12 @@ class Chain(Sequenced, Launch):
         return (Scratch("tickets", "i32", 8, counter=True), *(att.scratch() if isinstance(att, Attention) else ()))
 
     def tune(self, knobs, held=frozenset()):
-        """Each phase tuned as its own launch (a product takes no split-K: its last block norms it), then every
+        """Each phase tuned as its own launch (a product takes no split-K: its last block norms it; an attention no
+        shared rows), then every
         product at the GLU's outputs a warp (one kernel template; the twin's bits are the same at either)."""
-        phases = tuple(p.tune(knobs, held) for p in self.phases)
+        # an attention phase of one block a (row, heads) (the chained kernel's: `shared_rows` held for it)
+        phases = tuple(p.tune(knobs, held | {"shared_rows"} if isinstance(p, Attention) else held)
+                       for p in self.phases)
         glu = next((p for p in phases if isinstance(p, GemvGlu)), None)
         if glu is not None:
             phases = tuple(replace(p, first=replace(p.first, split=1, per_warp=glu.per_warp)) if _fold_of_gemv(p)
@@ -194,7 +197,7 @@ class Chain(Sequenced, Launch):
 
     def attention_args(self, denv):
         """The attention phase's arguments (fold_attn_o_glu_down's first): attention.cu's body's, those the chain
-        refuses (slot, gate, quantized form, tail) left out."""
+        refuses (gate, quantized form, tail, shared rows) left out."""
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
         a: Attention = self.phases[0]  # type: ignore[assignment]
@@ -202,4 +205,5 @@ class Chain(Sequenced, Launch):
         return (denv.array(a.q), denv.array(a.kc), denv.array(a.vc), denv.array(a.pos), denv.opt(a.sinks),
                 denv.array(a.out), part, i64(a.heads), i64(a.group), i64(a.hd), i64(a.vd), i64(a.window),
                 i64(a.heads_a_block), i64(a.splits), i64(a.kpitch), i64(a.koff), i64(a.vpitch), i64(a.voff),
-                f32(a.scale), f32(a.softcap), acounters, i64(a.heads // a.heads_a_block), i64(attention_blocks(a)))
+                f32(a.scale), f32(a.softcap), i64(a.slot), i64(a.seq0), acounters, i64(a.heads // a.heads_a_block),
+                i64(attention_blocks(a)))

@@ -122,7 +122,7 @@ def test_what_the_attention_chain_refuses_in_one_line():
         (replace(att, gate=("g", "sigmoid")), "gated"),
         (replace(att, quant="zq", words=1), "quantiz"),
         (replace(att, out="other"), "not the attention's output `other`"),
-        (replace(att, slot=L), "a batch's slots"),
+        (replace(att, seq0=1), "sequences from one past the first"),
     ]
     for a, words in cases:
         r = Chain((a, o, glu, down)).check()
@@ -185,3 +185,29 @@ def test_o_blocks_without_the_wait_read_an_attention_not_yet_written(monkeypatch
     _mutated(monkeypatch, BY_BLOCK, NO_O_WAIT, NO_GLU_WAIT, NO_DOWN_WAIT)
     with pytest.raises(AssertionError):
         _reverse(monkeypatch, attn_chain("bf16", 1, 8, 2, 32, 256, 72, 4, splits=3, per_block=4), 40)
+
+
+def test_a_batch_of_two_sequences_each_in_its_slot():
+    """A batch step's two rows, each a sequence of its own at its own position over its own slot of the caches (the
+    attention's `slot`: its rows from r x slot): the chain's attention phase takes the slots as the attention's own
+    launch does."""
+    slot = L // 2
+    c = attn_chain("bf16", 2, 8, 2, 32, 256, 72, 4, splits=3, per_block=4)
+    att = replace(c.phases[0], slot=slot, len=slot)
+    c = Chain((att, *c.phases[1:]))
+    assert c.check() is None, c.check()
+    g = np.random.default_rng(21)
+    o, glu = c.phases[1], c.glu
+    m, k, f, ko = 2, glu.k, glu.n, o.first.k
+    nan = np.float32("nan")
+    arrays = {"q": 2 * r32(g, m, att.heads * att.hd), "kc": r32(g, 2 * slot, 2 * att.hd),
+              "vc": r32(g, 2 * slot, 2 * att.vd), "pos": np.array([29, 17], np.int32),
+              "z": np.full(m * ko, nan, np.float32), "op": np.zeros(m * k, np.float32), "res0": r32(g, m, k),
+              "x": np.full(m * k, nan, np.float32), "res": np.full(m * k, nan, np.float32),
+              "h": np.zeros(m * f, np.float32), "o": np.zeros(m * k, np.float32), "sum": np.zeros(m * k, np.float32),
+              "y": np.zeros(m * k, np.float32)}
+    weights = {"wo": (encode(r32(g, k, ko) * 0.3, "bf16"), "bf16"), "nw0": (r32(g, k), "f32"),
+               "wg": (encode(r32(g, f, k) * 0.3, "bf16"), "bf16"), "wu": (encode(r32(g, f, k) * 0.3, "bf16"), "bf16"),
+               "wd": (encode(r32(g, k, f) * 0.3, "bf16"), "bf16"), "nw": (r32(g, k), "f32")}
+    dev = gpu.both(c, arrays, weights, tol=3e-4)
+    again_same(c, dev, OUTS)

@@ -269,6 +269,13 @@ KNOWN_SPILLS = {
     "gemv_q8_quant": (("quant", "gemv_core", "gemv", "gemv_q8", "gemv_quant"), "128 registers, 32 B stack"),
     "gemv_glu_q8_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),
     "gemv_glu_q8k_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),
+    # the four-phase chain (attn_o_glu_down_norm, issue 34): 168 registers, 8 B stack, one 4-byte value stored once and
+    # loaded once (4 / 4 B; _1: 168, none); fold_o_glu_down_4, the same product phases without the attention's, has
+    # none. Tried, each still 4 / 4 B (nvcc 13 sm_90, a trimmed module): the attention phase with 4 keys a tile, the
+    # attention phase __noinline__, the o blocks without their L2 prefetch, the merge counter reset before the merge;
+    # the attention's first and last tickets as an argument (ga) took it from 20 / 196 B to 4 / 4 B
+    "fold_attn_o_glu_down_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "chain"),
+                               "168 registers, 8 B stack, 4 B spill"),
 }
 
 
