@@ -187,7 +187,7 @@ FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_4, 4)
 // three phases after the attention's. Phase A (tickets 0..ga-1, ga = gx x m x splits) the split attention's blocks
 // (attention.cu attention_body of heads up to 128 values, 4 a block, 8 keys a tile: attention_split_128's), block
 // (bx, by, bz) of ticket bx + gx (by + m bz); over several splits the last split block of a row's heads to arrive
-// merges their partials (its own arrival counter, `acounters`), so once the ga blocks have arrived the output z is
+// merges their partials (its own arrival counter, `arrivals`), so once the ga blocks have arrived the output z is
 // whole. Each arrives after its work (a merging block after its merge). The o phase (the next g0) asks L2 for its
 // rows, waits for ga arrivals and runs fold_o_glu_down's phase 0 and tail; the GLU waits for ga + g0 + 1, the down
 // phase for ga + g0 + 1 + g1. The attention blocks never wait (they read the caches and q the launch before wrote).
@@ -197,7 +197,7 @@ template <int PW>
 __device__ __forceinline__ void attn_o_glu_down_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* acounters, i64 gx, i64 ga, const void* wo,
+    i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ga, const void* wo,
     int fmto,
     const float* bo, const Dst& o, i64 ko, i64 no, i64 orows, const NormArgs& ona, const float* x, const void* wg,
     const void* wu, int fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, int a, const void* wd, int fmtd,
@@ -212,7 +212,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         const i64 bx = t % gxu, by = t % gxy / gxu, bz = t / gxy;
         attention_body<128, 4, 8, false>(q, kc, vc, posp, sinks, z, part, heads, group, hd, vd, window, per_block,
                                          splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, nullptr, -1,
-                                         nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, acounters, m, 1, bx, by,
+                                         nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, arrivals, m, 1, bx, by,
                                          bz, gx);
         __threadfence();
         __syncthreads();
@@ -269,7 +269,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     extern "C" __global__ void GEMV_BOUNDS NAME(                                                                      \
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part, \
         i64 aheads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff,          \
-        i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* acounters, i64 gx, i64 ga,  \
+        i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ga,  \
         const void* wo, i64 fmto, const float* bo, DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_), const float* x,               \
         const void* wg, const void* wu, i64 fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, i64 a,     \
         const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n, i64 m, unsigned* counters, i64 g0, i64 g1,  \
@@ -278,7 +278,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
             gemv_prefetch<PW>((int)fmto, wo, nullptr, ko, no, 1, (i64)blockIdx.x - ga);                               \
         PDL_ENTER();                                                                                                  \
         attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,    \
-                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, acounters, gx, ga, wo,     \
+                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx, ga, wo,     \
                                  (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg, bu, h, k, f,       \
                                  (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, g0, g1, rows, NORM_ARGS);         \
     }
