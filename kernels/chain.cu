@@ -265,22 +265,28 @@ __device__ __forceinline__ void attn_o_glu_down_body(
 
 // Before PDL_ENTER: the o phase's rows of the blocks whose index is its tickets' into L2 (a hint, as chain_prefetch);
 // the attention's caches are not asked for (the launch before writes this position's key and value).
+template <int PW>
+__device__ __forceinline__ void chain_prefetch_after(int fmt, const void* w, i64 k, i64 n, i64 ga, i64 g0) {
+    if ((i64)blockIdx.x >= ga && (i64)blockIdx.x < ga + g0)
+        gemv_prefetch<PW>(fmt, w, nullptr, k, n, 1, (i64)blockIdx.x - ga);
+}
+
 #define FOLD_ATTN_O_GLU_DOWN_KERNEL(NAME, PW)                                                                         \
     extern "C" __global__ void GEMV_BOUNDS NAME(                                                                      \
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part, \
         i64 aheads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff,          \
-        i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ga,  \
-        const void* wo, i64 fmto, const float* bo, DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_), const float* x,               \
-        const void* wg, const void* wu, i64 fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, i64 a,     \
-        const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n, i64 m, unsigned* counters, i64 g0, i64 g1,  \
-        i64 rows, NORM_PARAMS) {                                                                                      \
-        if ((i64)blockIdx.x >= ga && (i64)blockIdx.x < ga + g0)                                                       \
-            gemv_prefetch<PW>((int)fmto, wo, nullptr, ko, no, 1, (i64)blockIdx.x - ga);                               \
+        i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ga,    \
+        const void* wo, i64 fmto, const float* bo, DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_),      \
+        const float* x, const void* wg, const void* wu, i64 fmt, const float* bg, const float* bu, float* h, i64 k,   \
+        i64 f, i64 a, const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n, i64 m, unsigned* counters,     \
+        i64 g0, i64 g1, i64 rows, NORM_PARAMS) {                                                                      \
+        chain_prefetch_after<PW>((int)fmto, wo, ko, no, ga, g0);                                                      \
         PDL_ENTER();                                                                                                  \
-        attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,    \
-                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx, ga, wo,     \
-                                 (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg, bu, h, k, f,       \
-                                 (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, g0, g1, rows, NORM_ARGS);         \
+        attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,   \
+                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx, ga, wo,      \
+                                 (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg,     \
+                                 bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, g0, g1, rows,        \
+                                 NORM_ARGS);                                                                          \
     }
 FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_1, 1)
 FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_4, 4)
