@@ -84,22 +84,22 @@ def test_a_forced_choice_shows_in_the_plan(ex):
 
 def test_hold_then_release_gives_the_same_plan(ex):
     before = summary(ex.plan())
-    ex.hold("o_glu_down_norm")
+    ex.hold("attn_o_glu_down_norm")
     held = ex.plan()
-    assert summary(held) != before and "o_glu_down_norm" not in held.fusions
+    assert summary(held) != before and "attn_o_glu_down_norm" not in held.fusions
     d = ex.diff()
-    assert d["what"] == "hold o_glu_down_norm"
+    assert d["what"] == "hold attn_o_glu_down_norm"
     assert d["launches"] == [before[4], held.n_launches] and d["launches"][1] > d["launches"][0]
-    # held, each layer's o fold a launch again (gemv_norm_epilogue) before its two-phase chain (glu_down_norm)
-    assert d["fusions"]["o_glu_down_norm"] == [4, 0] and d["fusions"]["gemv_norm_epilogue"] == [0, 4]
+    # held, each layer's attention a launch again before its three-phase chain (o_glu_down_norm)
+    assert d["fusions"]["attn_o_glu_down_norm"] == [4, 0] and d["fusions"]["o_glu_down_norm"] == [0, 4]
     assert d["cost_us"][1] > d["cost_us"][0] and d["arena"] == [before[3], held.arena.bytes]
-    assert d["census"]["fold"][1] > d["census"]["fold"][0]
+    assert d["census"]["attention"] == [0, 4]
     st = ex.state()
-    assert next(r for r in st["rules"] if r["name"] == "o_glu_down_norm")["held"]
-    assert st["diff"] == d and st["held"] == ["o_glu_down_norm"]
-    ex.release("o_glu_down_norm")
+    assert next(r for r in st["rules"] if r["name"] == "attn_o_glu_down_norm")["held"]
+    assert st["diff"] == d and st["held"] == ["attn_o_glu_down_norm"]
+    ex.release("attn_o_glu_down_norm")
     assert summary(ex.plan()) == before
-    assert ex.diff()["fusions"]["o_glu_down_norm"] == [0, 4]
+    assert ex.diff()["fusions"]["attn_o_glu_down_norm"] == [0, 4]
 
 
 def test_holding_a_rule_others_build_on_says_which(ex):
@@ -251,7 +251,7 @@ def test_what_if_timings(step):
     ex = Explorer(step, model_name="demo")
     first = (time.perf_counter() - t0) * 1e3
     times = {}
-    for name, act in [("hold o_glu_down_norm", lambda: ex.hold("o_glu_down_norm")),
+    for name, act in [("hold attn_o_glu_down_norm", lambda: ex.hold("attn_o_glu_down_norm")),
                       ("hold merged_qkv", lambda: ex.hold("merged_qkv")),
                       ("force L0.q #0", lambda: ex.force("L0.q", 0)),
                       ("knob launch_us=3", lambda: ex.set_knob("launch_us", 3)),
@@ -378,14 +378,14 @@ help
 rules
 choices L0.q_rot
 why L0.q_rot
-hold o_glu_down_norm
+hold attn_o_glu_down_norm
 hold add_nrom
 fired
 force L0.q 0
 layer 0
 diff
 unforce L0.q
-release o_glu_down_norm
+release attn_o_glu_down_norm
 knob launch_us 3
 plan
 save {path}
@@ -405,14 +405,14 @@ def test_terminal_explorer_scripted_in_process(tmp_path):
     assert "rules/norm.yaml:11" in text and "blocked by" not in text  # rules
     assert "L0.q_rot: 9 alternatives" in text and "●" in text  # choices
     assert "the step would cost" in text  # why
-    # the o products' folds apart before the two-phase chains (glu_down_norm)
-    assert re.search(r"hold o_glu_down_norm: launches 14 → 18 \(\+4\)", text)
-    assert "fusions: gemv_norm_epilogue 0→4  glu_down_norm 0→4  o_glu_down_norm 4→0" in text
+    # each layer's attention apart before its three-phase chain (o_glu_down_norm)
+    assert re.search(r"hold attn_o_glu_down_norm: launches 10 → 14 \(\+4\)", text)
+    assert "fusions: attn_o_glu_down_norm 4→0  o_glu_down_norm 0→4" in text
     assert "error: no rule or schedule step `add_nrom` (did you mean `add_norm`?)" in text
     assert "fusions fired" in text and "launch census" in text
     assert "force L0.q #0: launches" in text
     assert "layer 0:" in text and "merged_qkv" in text
-    assert re.search(r"release o_glu_down_norm: launches \d+ → 14", text)
+    assert re.search(r"release attn_o_glu_down_norm: launches \d+ → 10", text)
     assert "knob launch_us=3.0" in text
     assert "plan (local search" in text
     assert f"saved {path}" in text and load_spec(str(path))["knobs"] == {"launch_us": 3.0}
@@ -427,8 +427,8 @@ def test_terminal_explorer_as_a_subprocess(tmp_path):
                        timeout=120, env=env)
     assert r.returncode == 1, r.stderr
     assert "held:    merged_qkv" in r.stdout
-    # each layer's o fold and MLP one chained launch (o_glu_down_norm)
-    assert "release merged_qkv: launches 22 → 14" in r.stdout
+    # each layer's attention, o fold and MLP one chained launch (attn_o_glu_down_norm)
+    assert "release merged_qkv: launches 18 → 10" in r.stdout
     assert r.stdout.count("plan (") == 1  # `quit` ended it before the second plan
     errs = [l for l in r.stderr.splitlines() if l.strip()]
     assert errs == ["error: no rule or schedule step `add_nrom` (did you mean `add_norm`?); known: "
@@ -471,18 +471,18 @@ def test_web_api_over_the_real_explorer(served):
     ex, url = served
     status, st = get(url + "api/state")
     assert status == 200 and st["model"] == "demo" and st["layer"] == 0 and st["diff"] is None
-    status, st2 = post(url + "api/hold", {"rule": "o_glu_down_norm", "layer": 2})
+    status, st2 = post(url + "api/hold", {"rule": "attn_o_glu_down_norm", "layer": 2})
     assert status == 200 and st2["layer"] == 2
     assert st2["diff"]["launches"] == [st["launches"], st2["launches"]] and st2["launches"] > st["launches"]
-    assert "o_glu_down_norm" in st2["held"]
+    assert "attn_o_glu_down_norm" in st2["held"]
     status, ch = get(url + "api/choices?tensor=L2.q_rot")
     assert status == 200 and sum(c["chosen"] for c in ch) == 1
     status, st3 = post(url + "api/force", {"tensor": "L2.q_rot", "index": 0})
     assert status == 200 and st3["forced"] == {"L2.q_rot": 0}
     status, err = post(url + "api/hold", {"rule": "add_nrom"})
     assert status == 400 and "did you mean `add_norm`" in err["error"]
-    status, st4 = post(url + "api/release", {"rule": "o_glu_down_norm"})
-    assert status == 200 and "o_glu_down_norm" not in st4["held"]
+    status, st4 = post(url + "api/release", {"rule": "attn_o_glu_down_norm"})
+    assert status == 200 and "attn_o_glu_down_norm" not in st4["held"]
 
 
 @pytest.mark.browser
@@ -509,12 +509,13 @@ def test_page_over_the_real_explorer(served, tmp_path):
             assert page.locator("#graph .node:not(.input)").count() == len(ex.state(0)["graph"]["nodes"])
             assert page.locator("#graph .gbox").count() >= 3
             assert page.locator("#arena .arr").count() > 0
-            fold = ex.plan().census["fold"]
-            assert page.locator("#census [data-count='fold']").inner_text() == str(fold)
-            page.locator("[data-rule-row='o_glu_down_norm'] .switch").click()
-            page.wait_for_selector(f"#census:not(:has([data-count='fold']:text-is('{fold}')))")
-            assert "o_glu_down_norm" in ex.held
-            assert "hold o_glu_down_norm" in page.locator("#diff").inner_text()
+            chains = ex.plan().census["chain"]
+            assert page.locator("#census [data-count='chain']").inner_text() == str(chains)
+            assert page.locator("#census [data-count='attention']").count() == 0  # each in its layer's chain
+            page.locator("[data-rule-row='attn_o_glu_down_norm'] .switch").click()
+            page.wait_for_selector("#census [data-count='attention']:text-is('4')")  # a launch of its own again
+            assert "attn_o_glu_down_norm" in ex.held
+            assert "hold attn_o_glu_down_norm" in page.locator("#diff").inner_text()
             page.locator(".node[data-tensor='L0.q_rot']").click()
             page.wait_for_selector("#choices tr[data-choice]")
             assert page.locator("#choices tr[data-choice]").count() == len(ex.choices("L0.q_rot"))

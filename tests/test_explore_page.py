@@ -227,11 +227,11 @@ def test_layer_switches_answered_out_of_order(page):
 def test_rule_source_launch_code_saturation(page, tmp_path):
     pg, ex, log = page
     # a fusion fired: its rule's source
-    pg.locator("#fusions tr[data-fusion='o_glu_down_norm']").click()
+    pg.locator("#fusions tr[data-fusion='attn_o_glu_down_norm']").click()
     pg.wait_for_selector("#detail-panel:not(.hidden)")
-    assert pg.locator("#detail-title").inner_text() == "o_glu_down_norm @ rules/ffn.yaml:71"
+    assert pg.locator("#detail-title").inner_text() == "attn_o_glu_down_norm @ rules/ffn.yaml:92"
     src = pg.locator("#rule-source").inner_text()
-    assert src.startswith("- name: o_glu_down_norm") and "keeps: [o, r, x, h, p, s]" in src
+    assert src.startswith("- name: attn_o_glu_down_norm") and "keeps: [z, o, r, x, h, p, s]" in src
     assert "p: matmul(h, wp)" in pg.locator("#rule-pattern").inner_text()
     # a rule's name in the rules panel
     pg.locator("[data-rule-row='qkv_head_epilogue'] td.name").click()
@@ -270,7 +270,7 @@ def test_rule_source_launch_code_saturation(page, tmp_path):
     assert last == str(sat["egraph"]["nodes"])
     why_row = pg.locator("#sat-rules tr[data-sat-why='add_norm']")  # its why-not on a row of its own, under it
     why = why_row.locator("td.why").inner_text()
-    assert "the step would cost" in why and "o_glu_down_norm" in why  # add_norm's add and norm: inside the chain
+    assert "the step would cost" in why and "attn_o_glu_down_norm" in why  # add_norm's add and norm: in the chain
     assert why_row.bounding_box()["width"] >= 0.9 * box(pg, "#sat-rules")["width"]  # the table's width, not ~60 px
     pg.locator("#sat-rules tr[data-sat-rule='add_norm'] a").click()
     pg.wait_for_selector("#detail-title:text-is('add_norm @ rules/norm.yaml:2')")
@@ -302,11 +302,11 @@ def test_whole_step_minimap_search_tail(page, tmp_path):
     pg.locator("#search").press("Enter")
     pg.wait_for_selector(f"#detail-title:text-is('launch #{last} · {ex.launch(last)['census']}')")
     assert pg.locator("#layer").input_value() == str(ex.layers - 1)  # the step's last launch: the last layer's view
-    pg.locator("#search").fill("o_glu_down_norm")  # a rule the plan chose (the o fold and MLP's chained launch, #34)
+    pg.locator("#search").fill("attn_o_glu_down_norm")  # a rule the plan chose (a layer's chained launch, #34)
     pg.locator("#search").press("Enter")
-    pg.wait_for_selector("#detail-title:text-is('o_glu_down_norm @ rules/ffn.yaml:71')")
+    pg.wait_for_selector("#detail-title:text-is('attn_o_glu_down_norm @ rules/ffn.yaml:92')")
     lit = pg.locator("#minimap .mm-cell.lit").count()
-    assert lit == ex.plan().fusions["o_glu_down_norm"]
+    assert lit == ex.plan().fusions["attn_o_glu_down_norm"]
     pg.locator("#search").fill("nothing_like_this")
     pg.locator("#search").press("Enter")
     pg.locator(".toast").wait_for()
@@ -351,9 +351,10 @@ def test_a_b(page, tmp_path):
 
 
 def test_qwen3_8b_shape_page(browser, tmp_path):
-    """The live page over a config-only Qwen3-8B folder (36 layers, 110 launches: each layer's o fold, GLU and down
-    fold one chained launch, o_glu_down_norm; 146 with the two-phase chain, 182 before it): the mini-map fits, every
-    layer and the step's tail are reachable, a hold answers; bench/explore_page.py times it."""
+    """The live page over a config-only Qwen3-8B folder (36 layers, 74 launches: each layer's attention, o fold, GLU
+    and down fold one chained launch, attn_o_glu_down_norm; 110 with the three-phase chain, 146 with the two-phase,
+    182 before it): the mini-map fits, every layer and the step's tail are reachable, a hold answers;
+    bench/explore_page.py times it."""
     import json
 
     from lanefuse.lane.cli.explore import _open
@@ -374,16 +375,16 @@ def test_qwen3_8b_shape_page(browser, tmp_path):
     try:
         pg.goto(url)
         pg.wait_for_selector(".node[data-tensor='L0.attn_norm']")
-        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 110
+        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 74
         assert pg.evaluate("(() => { const m = document.querySelector('#minimap'); "
                            "return m.scrollWidth <= m.clientWidth; })()")  # all 36 layers in the strip
         pg.locator("#minimap .mm-col[data-mm-layer='35']").click()
         pg.wait_for_selector(".node[data-tensor='next']")
         fitted(pg)
-        fold = pg.locator("#census [data-count='fold']").inner_text()
-        pg.locator("[data-rule-row='o_glu_down_norm'] .switch").click()  # held: each layer's o fold its own launch
-        pg.wait_for_selector(f"#census:not(:has([data-count='fold']:text-is('{fold}')))")
-        assert ex.held == ["o_glu_down_norm"]
+        assert pg.locator("#census [data-count='attention']").count() == 0
+        pg.locator("[data-rule-row='attn_o_glu_down_norm'] .switch").click()  # held: each attention its own launch
+        pg.wait_for_selector("#census [data-count='attention']:text-is('36')")
+        assert ex.held == ["attn_o_glu_down_norm"]
         pg.screenshot(path=str(shots(tmp_path) / "explore-qwen3-8b.png"))
         assert log == [], log
     finally:

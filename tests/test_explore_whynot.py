@@ -78,7 +78,7 @@ def test_a_launch_lands_on_the_layer_its_panel_names(ex):
 
 
 def test_the_shell_compresses_equal_layers_and_answers_why_rule():
-    r = _cli("explore", stdin="choices\nchoices --all\nwhy glu_act_mul\nwhy o_glu_down_norm\nquit\n")
+    r = _cli("explore", stdin="choices\nchoices --all\nwhy glu_act_mul\nwhy attn_o_glu_down_norm\nquit\n")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     short, full = out.split("tensors with alternatives")[1:3]
@@ -86,8 +86,8 @@ def test_the_shell_compresses_equal_layers_and_answers_why_rule():
     assert "L2.q_rot" in full
     assert re.search(r"glu_act_mul: matched 4 times in saturation, fired 0 times in this plan; not chosen: at L0\.glu "
                      r"\(#1\): the step would cost [\d.]+ µs with it \(\+[\d.]+ µs\)", re.sub(r"\s+", " ", out)), out
-    assert "o_glu_down_norm: matched 4 times in saturation, fired 4 times in this plan; chosen wherever it matched" \
-        in re.sub(r"\s+", " ", out)
+    said = "attn_o_glu_down_norm: matched 4 times in saturation, fired 4 times in this plan; chosen wherever it matched"
+    assert said in re.sub(r"\s+", " ", out)
 
 
 def test_a_config_only_folder_is_said_to_be_a_shape_and_a_checkpoint_file_names_its_folder(tmp_path):
