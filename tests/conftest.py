@@ -157,3 +157,27 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "why tests skipped")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+# The suite's longest single items: the chain module's compiles (its kernels inline the attention and three products
+# in every format; nvcc's ptxas took over 5 minutes of one core here, NVRTC's full sm_90 compile ~4.5). Where they came
+# in collection order (test_kernels_compile, near the end of a run) one worker compiled for minutes while the others had
+# nothing left: a tail the run waited on. Here nvcc's goes first, so the first worker starts it at once, and NVRTC's
+# first in the second worker's first batch (xdist's load scheduling hands each worker a quarter of its share of the
+# items, in order, to begin with); xdist hands out the rest meanwhile. The same order in every worker (xdist's rule).
+SLOW_FIRST = ("test_kernels_compile.py::test_nvcc[", "test_kernels_compile.py::test_nvrtc[")
+
+
+def _slow_first(item) -> bool:
+    nid = item.nodeid
+    return any(s in nid for s in SLOW_FIRST) and "+chain" in nid and "sm_80" not in nid
+
+
+def pytest_collection_modifyitems(session, config, items):
+    slow = sorted((i for i in items if _slow_first(i)), key=lambda i: "test_nvrtc[" in i.nodeid)  # nvcc's first
+    if not slow:
+        return
+    rest = [i for i in items if not _slow_first(i)]
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    at = (len(items) // workers) // 4 if workers > 1 else 1  # where the second worker's first batch begins
+    items[:] = slow[:1] + rest[:at - 1] + slow[1:] + rest[at - 1:]
