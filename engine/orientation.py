@@ -151,8 +151,6 @@ def as_read(g, weights):
     names = g.meta.get(READ_TRANSPOSED, ())
     if not names:
         return weights
-    from lanefuse.engine.front.weights import Weights
-
     sources = {g.constants[n].source or n: n for n in names}
     for name, c in g.constants.items():  # a stored tensor is served one way: every constant of it read transposed
         if (c.source or name) in sources and name not in names:
@@ -166,4 +164,4 @@ def as_read(g, weights):
         if have != tuple(reversed(c.shape)):
             raise UserError(f"constant `{name}`: the step declares it stored {list(reversed(c.shape))} (`transposed: "
                             f"false`: its rows the product's inputs), but the weights hold `{src}` as {list(have)}")
-    return Weights(TransposedStore(weights.store, sources), weights.cfg)
+    return type(weights)(TransposedStore(weights.store, sources), weights.cfg)  # its class: the front's, not imported

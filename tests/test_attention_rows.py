@@ -184,7 +184,8 @@ def tiny(kv: int, bf16: bool):
 
 
 def attentions(p) -> list[Attention]:
-    return [x.launch for x in p.launches if isinstance(x.launch, Attention)]
+    """The plan's attentions: launches of their own, and a chained launch's attention phase (attn_o_glu_down_norm)."""
+    return [a for x in p.launches for a in getattr(x.launch, "phases", (x.launch,)) if isinstance(a, Attention)]
 
 
 @pytest.mark.parametrize("kv,bf16,shared", [(2, False, 2), (4, True, 4)])

@@ -59,7 +59,9 @@ def test_plan_a_checkpoint_folder(folder):
     r = _cli("plan", str(folder), "--json", "-")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["census"]["attention"] == 4 and d["arena"]["bytes"] >= d["arena"]["lower_bound"]
+    # each layer's attention inside its chained launch (attn_o_glu_down_norm: attention, o fold, GLU, down fold)
+    assert d["census"]["chain"] == 4 and "attention" not in d["census"]
+    assert d["arena"]["bytes"] >= d["arena"]["lower_bound"]
 
 
 def test_a_misshaped_tensor_is_named(folder, tmp_path):

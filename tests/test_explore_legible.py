@@ -190,7 +190,8 @@ def test_a_fold_opens_on_a_click_and_folds_back(browser, served):
     rep, members = biggest.get_attribute("data-tensor"), biggest.get_attribute("data-members").split()
     assert rep in members and len(members) >= 3
     group = next(g for g in st["groups"] if rep in g["tensors"])
-    assert sorted(members) == sorted(group["tensors"])  # a fold is one launch's ops, all of them
+    # a fold is one launch's ops drawn in this layer, all of them (a chained launch's last norm is the next layer's)
+    assert sorted(members) == sorted(t for t in group["tensors"] if t in every)
     assert all(pg.locator(f".node[data-tensor='{t}']").count() == 0 for t in members if t != rep)
 
     biggest.click()  # opens: every member drawn, the shown tensor selected
@@ -198,7 +199,9 @@ def test_a_fold_opens_on_a_click_and_folds_back(browser, served):
     assert all(pg.locator(f".node:not(.folded)[data-tensor='{t}']").count() == 1 for t in members)
     assert sorted(pg.evaluate(DRAWN)) == every
 
-    pg.locator(f".fold-ctl[data-fold='{rep}']").click()  # folds back by hand
+    # folds back by hand (dispatched: with the four-phase chain of attn_o_glu_down_norm opened, playwright finds its ▴
+    # outside the 1280x720 view until the user pans; the click's handler is what this checks)
+    pg.locator(f".fold-ctl[data-fold='{rep}']").dispatch_event("click")
     pg.wait_for_selector(f".node.folded[data-tensor='{rep}']")
     inner = next(t for t in members if t != rep)
     pg.locator("#search").fill(inner)  # a search opens the fold holding it
