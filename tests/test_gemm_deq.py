@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from test_cupy_runner_mock import _fake_cupy, fake_cublas
-from test_gemm_tc import r32
+from test_gemm_tc import emulated, r32  # noqa: F401  (emulated: a fixture, gemm_tc's module on the host emulator)
 
 from lanefuse.kernels import Binary, Dst, GemmPart, GemmTc, GemmTcGlu, GemmTcParts, HostEnv
 from lanefuse.kernels.common import FORMAT_CODE, encode
@@ -31,16 +31,6 @@ CASES = [("q8_0", 37, 96), ("q4_0", 29, 64), ("q4_k", 13, 512), ("q6_k", 11, 256
 def block_rows(g, fmt, n, k):
     """Rows (n, k) in `fmt` whose values span small and large magnitudes (so a truncating rounding shows)."""
     return encode(r32(g, n, k) * np.exp(r32(g, n, 1)), fmt)
-
-
-@pytest.fixture(scope="module")
-def emulated():
-    from cuda_host import emu
-
-    if emu.compiler() is None:
-        pytest.skip("no g++ to build the emulated kernels")
-    with emu.emulating([GemmTc.stem], jobs=1) as env:
-        yield env
 
 
 def run_dequant(raw, fmt, n, k, grid=None):

@@ -21,6 +21,7 @@ from lanefuse.engine.front.model import build_step
 from lanefuse.engine.orientation import refusal, wants
 from lanefuse.engine.stepyaml import from_yaml, to_yaml
 from test_cupy_runner_mock import fake_cupy  # noqa: F401  (a fixture: the stand-in cupy)
+from test_issue40_rows import _decode as decode_steps
 
 
 def _roles(g):
@@ -205,15 +206,8 @@ def _stored_the_other_way(cfg, w, names):
 
 
 def _decode(cfg, run, steps=4):
-    env = {n: np.zeros(s, np.float32) for n, s in cfg.carried().items()}
-    tok, toks, logits = 3, [], []
-    for p in range(steps):
-        env.update(token=np.array([tok], np.int32), pos=np.array([p], np.int32))
-        out = run(env)
-        tok = int(np.asarray(out["next"]).reshape(-1)[0])
-        toks.append(tok)
-        logits.append(np.asarray(out["logits"]).reshape(-1).copy())
-    return toks, logits
+    """test_issue40_rows' greedy decode, 4 steps unless told."""
+    return decode_steps(cfg, run, steps)
 
 
 def test_matrices_stored_as_their_inputs_rows_give_the_same_tokens():
