@@ -615,7 +615,9 @@ function renderGraph() {
       s("rect", { x: lx, y: b.y0 - 8, width: 18, height: 15, rx: 3, fill: "#0f1114" }),
       s("text", { x: lx + 5, y: b.y0 + 3, fill: c }, "▴"));
     shut._tip = [["h", `fold launch #${b.g.index}`], ["", `draw its ${b.g.tensors.length} ops as one node`]];
-    labels.push(s("g", { class: "gbox-top" + lit }, label, shut));  // drawn over the edges and nodes: always clickable
+    // drawn over the edges and nodes: always clickable; kept inside the view while its box crosses the view's top or
+    // left edge (applyView), so an opened launch taller or wider than the view can be folded back without panning
+    labels.push(s("g", { class: "gbox-top" + lit, "data-box": `${b.x0} ${b.y0} ${b.x1} ${b.y1} ${lx + 18 - b.x0}` }, label, shut));
   }
   // edges
   const hot = new Set();
@@ -745,7 +747,15 @@ function renderLegend() {
 // pan and zoom
 function applyView() {
   const v = S.view, vp = $("viewport");
-  if (vp) vp.setAttribute("transform", `translate(${v.x},${v.y}) scale(${v.k})`);
+  if (!vp) return;
+  vp.setAttribute("transform", `translate(${v.x},${v.y}) scale(${v.k})`);
+  // a box's label and ▴ stick to the view's top and left edges while the box crosses them (never past its own box)
+  const top = (4 - v.y) / v.k + 8, left = (4 - v.x) / v.k - 6;  // the label's rect 4 px inside the view's corner
+  for (const el of vp.querySelectorAll(".gbox-top[data-box]")) {
+    const [x0, y0, x1, y1, w] = el.dataset.box.split(" ").map(Number);
+    const dy = Math.max(0, Math.min(top - y0, y1 - y0 - 24)), dx = Math.max(0, Math.min(left - x0, x1 - x0 - w));
+    if (dx || dy) el.setAttribute("transform", `translate(${dx},${dy})`); else el.removeAttribute("transform");
+  }
 }
 function fit() {
   const L = S.layout, wrap = $("graph-wrap");
