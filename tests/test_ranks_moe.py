@@ -107,19 +107,24 @@ def test_mixture_ranks_equal_one_rank(arch, fmt, ranks, rows):
 @pytest.mark.parametrize("arch, ranks, rows, fmt, exact", [(QWEN3, 2, 1, "bf16", True), (QWEN3, 3, 5, "f32", False),
                                                           (QWEN2, 2, 5, "f32", True), (QWEN2, 3, 1, "bf16", False)])
 def test_mixture_rank_plans_run_by_the_numpy_backend(arch, ranks, rows, fmt, exact):
-    """Each rank's step planned for the cuda lane (its mixtures Moe launches over its experts; none of
-    rules/moe.yaml's fusions joins a part, every all-reduce takes the residual add and the next norm) and run by the
+    """Each rank's step planned for the cuda lane (its mixtures Moe launches over its experts; Qwen2-MoE's shared
+    expert's part inside them, shared_expert_fusion over the rank's part; the mixture's residual add and norm not: the
+    part is summed over the ranks first, every all-reduce taking the residual add and the next norm) and run by the
     numpy backend's exact or fast twins, the ranks meeting through LocalComm: the reference ranks' next token, the
     logits within 1e-5 of their scale."""
     from lanefuse.kernels import Moe
     cfg = _cfg(arch, ranks, fmt)
     ranked = RankPlans(cfg, _weights(cfg), ranks, [(5 * i + 1) % 61 for i in range(rows)])
+    shared = arch == QWEN2
     for r, s in enumerate(ranked.plans):
         lo, hi = expert_part(cfg, r, ranks)
         moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
-        assert len(moes) == 2 and all((m.lo, m.local, m.experts, m.shared) == (lo, hi - lo, 7, False) for m in moes)
-        assert not {"shared_expert_fusion", "moe_deferred_finalize", "moe_token_sort"} & {
-            n.split(".")[0] for n in s.fusions}
+        assert len(moes) == 2 and all((m.lo, m.local, m.experts, m.shared) == (lo, hi - lo, 7, shared) for m in moes)
+        fused = {n.split(".")[0] for n in s.fusions}
+        assert not {"moe_deferred_finalize", "moe_token_sort"} & fused
+        assert ("shared_expert_fusion" in fused) == shared
+        if shared:  # the shared expert's part: its rows cut to the rank's 15 of 30 (10 of 30 over 3 ranks)
+            assert all(m.sf == 30 // ranks for m in moes)
         assert s.census["collective"] == 2 * 3 + 1
     ranked.check(exact)
 
@@ -244,13 +249,15 @@ def test_deepseek_ranks_equal_one_rank(ranks, fmt, rows):
 
 def test_deepseek_rank_plans_run_by_the_numpy_backend():
     """Each rank's DeepSeek-V3 decode step planned (the latent attention's fusions on its heads, its grouped mixture
-    a Moe over its experts unjoined with the shared expert) and run by the numpy backend's exact twins."""
+    a Moe over its experts with its part of the shared experts inside: shared_expert_fusion.grouped) and run by the
+    numpy backend's exact twins."""
     from lanefuse.kernels import Moe
     cfg = _deepseek("bf16")
     ranked = RankPlans(cfg, _weights(cfg), 2, [5])
     for r, s in enumerate(ranked.plans):
         moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
-        assert [(m.lo, m.local, m.groups, m.shared) for m in moes] == [(4 * r, 4, 4, False)] * 2
+        assert [(m.lo, m.local, m.groups, m.shared) for m in moes] == [(4 * r, 4, 4, True)] * 2
+        assert s.fusions.get("shared_expert_fusion.grouped") == 2
         assert s.fusions.get("mla.absorbed") == 3
     ranked.check()
 
