@@ -444,7 +444,18 @@ class EGraph:
 
     def _audit(self, snap: Snapshot, merged: dict[int, set[str]]) -> None:
         """No e-class may hold two tensors of the step graph: a rule that merged them is wrong."""
+        ops = {out: (fname, ins) for fname, out, ins in self._ops}
         for c, nms in merged.items():
+            same: dict[tuple, list[str]] = {}  # one op over the same inputs twice: merged as it loads, by no rule
+            for n in sorted(nms & ops.keys()):
+                fname, ins = ops[n]
+                same.setdefault((fname, tuple(snap.by_name[i] for i in ins), self._attrs[n]), []).append(n)
+            twice = next((v for v in same.values() if len(v) > 1), None)
+            if twice:
+                ins = ", ".join(f"`{i}`" for i in ops[twice[0]][1])
+                raise UserError(f"tensors {', '.join(f'`{n}`' for n in twice)} are one op over the same inputs "
+                                f"({ins}) computed twice: a step graph computes a value once (keep `{twice[0]}` "
+                                f"and read it where {', '.join(f'`{n}`' for n in twice[1:])} is read)")
             if len(nms) > 1:
                 rules = sorted({self.variant_of[n.fn].rule for n in snap.classes.get(c, []) if n.fn in self.variant_of})
                 culprits = ", ".join(f"`{self.table.by_name[r].where}`" for r in rules) or "unknown"
