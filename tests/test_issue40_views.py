@@ -150,3 +150,36 @@ def test_lanefuse_plan_refuses_a_step_yamls_range_outside_its_tensor_in_one_line
     assert "`view` -> `last`" in err and "rows 2..3 outside 3 rows" in err and "x (3, 8)" in err
     f.write_text(OUT_OF_RANGE.replace("row: 2, rows: 2", "row: 1, rows: 2"))
     assert main(["plan", str(f), "--rows", "3"]) == 0
+
+
+def test_lanefuse_plan_and_check_take_a_chunks_last_rows(tmp_path, capsys):
+    """`--last K` reaches the front's range (build_step(last=K)) from the command line: the plan's final norm reads
+    the view `last` of the chunk's last K rows (no launch), and check finds the plan equal to the reference."""
+    import json
+
+    from lanefuse.lane.cli.main import main
+
+    out = tmp_path / "plan.json"
+    for last in (1, 4):
+        assert main(["plan", "--rows", "9", "--last", str(last), "--json", str(out)]) == 0
+        d = json.loads(out.read_text())
+        (norm,) = [x for x in d["launches"] if "last" in x["reads"]]
+        assert norm["fields"]["rows"] == last and "view" not in d["census"]
+    capsys.readouterr()
+    assert main(["check", "--rows", "9", "--last", "4"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("rows 9:") and "next token equal" in said and said.rstrip().endswith("ok")
+
+
+def test_last_rows_the_step_cannot_give_are_refused_in_one_line(tmp_path, capsys):
+    from lanefuse.lane.cli.main import main
+
+    f = tmp_path / "ranges.yaml"
+    f.write_text(OUT_OF_RANGE.replace("row: 2, rows: 2", "row: 1, rows: 2"))
+    for argv, what in ((["check", "--last", "4"], "--last 4: the logits of the last 4 rows of a step of 1 (give "
+                                                  "--rows of at least 4)"),
+                       (["plan", "--batch", "2", "--last", "2"], "a batch step's logits are already every row's"),
+                       (["plan", str(f), "--rows", "3", "--last", "2"], "--last needs a model")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert what in err and err.count("\n") == 0 and "Traceback" not in err

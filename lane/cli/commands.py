@@ -425,11 +425,15 @@ def cmd_plan(args) -> int:
     if args.batch > 1 and args.rows != 1:
         raise UserError(f"--batch {args.batch} --rows {args.rows}: a batch step decodes one row a sequence (each "
                         f"prompt is prefilled alone)")
+    if getattr(args, "ranks", 1) > 1 and args.last > 1:
+        raise UserError(f"--last {args.last} --ranks {args.ranks}: the ranks' steps give their last row's logits")
     if getattr(args, "ranks", 1) > 1:  # each rank's share and collectives (lane/cli/ranks.py)
         from lanefuse.lane.cli.ranks import plan_ranks
 
         return plan_ranks(args, src, args.rows)
-    g = src.graph(args.rows, args.batch)
+    if args.last > 1 and args.batch > 1:
+        raise UserError(f"--last {args.last} --batch {args.batch}: a batch step's logits are already every row's")
+    g = src.graph(args.rows, args.batch, args.last)
     if args.batch > 1 and src.cfg is not None:
         from lanefuse.lane.run.batch import cache_bytes
 
@@ -482,13 +486,15 @@ def cmd_check(args) -> int:
     if src.weights is None:
         raise UserError(src.no_weights or f"{src.name}: the step YAML names no weights to check with")
     rows_list = args.rows or ([int(src.step.meta.get("rows", 1))] if src.step is not None else [1, 8])
+    if getattr(args, "ranks", 1) > 1 and args.last > 1:
+        raise UserError(f"--last {args.last} --ranks {args.ranks}: the ranks' steps give their last row's logits")
     if getattr(args, "ranks", 1) > 1:  # R ranks' step against one rank's (lane/cli/ranks.py)
         from lanefuse.lane.cli.ranks import check_ranks_cmd
 
         return check_ranks_cmd(args, src, rows_list)
     bad = 0
     for rows in rows_list:
-        g = src.graph(rows)
+        g = src.graph(rows, last=args.last)
         s = plan_from_args(args, src, g)
         rng = np.random.default_rng(rows)
         env = {n: np.zeros(g.tensors[n].shape, np.float32) for n in g.io.tables}

@@ -203,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=1, metavar="R", help="rows of the step: 1 = decode, >1 = prefill chunk")
     p.add_argument("--batch", type=_rows, default=1, metavar="B",
                    help="the decode step of a batch of B sequences (one row each, each over its own cache slot)")
+    _last_arg(p)
     p.add_argument("--json", metavar="FILE", help="write the plan as JSON to FILE (`-`: stdout, nothing else printed); "
                                                   "FILE is required, so `--json` never takes MODEL for its file")
     p.add_argument("--trace", metavar="FILE", help="write the rewrite trace as JSON to FILE")
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p)
     p.add_argument("--rows", type=int, action="append", metavar="R",
                    help="step rows to check (repeatable; default 1 and 8)")
+    _last_arg(p)
     p.add_argument("--device", default="cpu", choices=["cpu"], help="the backend checked (numpy)")
     _ranks_arg(p, "R ranks' step (the reference interpreter's) against one rank's")
     _plan_args(p)
@@ -315,6 +317,12 @@ def _llama_flags(ap: argparse.ArgumentParser, argv: list[str]) -> None:
         flag = word.split("=", 1)[0]
         if flag in LLAMA_FLAGS:
             ap.error(f"unrecognized arguments: {word}")
+
+
+def _last_arg(p) -> None:
+    p.add_argument("--last", type=_rows, default=1, metavar="K",
+                   help="the logits of the chunk's last K rows, not only its last row's (a verifier of K-1 drafted "
+                        "tokens: a view of those rows of the residual, no launch); K at most the step's rows")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,8 +26,13 @@ class Source:
     eos: tuple[int, ...] = ()  # the end-of-sequence ids the model's config names (a batch's sequences end there)
     chat: object | None = None  # a GGUF file's: a user message through its chat template, as text (--chat)
 
-    def graph(self, rows: int = 1, batch: int = 1) -> Graph:
+    def graph(self, rows: int = 1, batch: int = 1, last: int = 1) -> Graph:
+        """The step of `rows` rows (`batch` sequences); `last` > 1: the logits of the chunk's last `last` rows (a
+        verifier of last - 1 drafted tokens: a view of those rows of the residual, engine/front/model.build_step)."""
         if self.step is not None:
+            if last > 1:
+                raise UserError(f"{self.name}: a step YAML is one step of its own; --last needs a model (a checkpoint "
+                                f"folder, a GGUF file or the demo)")
             if batch > 1:
                 raise UserError(f"{self.name}: a step YAML is one step of its own; --batch needs a model (a "
                                 f"checkpoint folder, a GGUF file or the demo)")
@@ -36,7 +41,10 @@ class Source:
                                 f"not {rows}")
             return self.step
         assert self.cfg is not None
-        return build_step(self.cfg, rows, batch=batch)
+        if last > rows:
+            raise UserError(f"--last {last}: the logits of the last {last} rows of a step of {rows} (give --rows of at "
+                            f"least {last})")
+        return build_step(self.cfg, rows, batch=batch, last=last)
 
 
 def eos_ids(value) -> tuple[int, ...]:
