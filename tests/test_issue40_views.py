@@ -8,14 +8,18 @@ the quantized ones inside the one quantized form, no launch copies them, the pla
 backend in its arena (exact twins) gives the reference interpreter's logits and token. A range outside its tensor
 is refused in one line naming the op and the tensor, from the graph and from `lanefuse plan` of a step YAML.
 
-No kernel changes for a view (its readers take a pointer at the offset): the device runner's offsets are
-tests/test_view_rows.py's (the stand-in cupy)."""
+No kernel changes for a view (its readers take a pointer at the offset): the device runner runs such a plan with
+every launch the real .cu on the host emulator, its readers given pointers at the ranges' arena offsets, and gives
+the numpy backend's logits and tokens. `lanefuse plan/check --last K` reach the front's range (a chunk's last K
+rows' logits)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+
+from cuda_host import emu
 
 from lanefuse.engine.errors import UserError
 from lanefuse.engine.formats.quantize import with_numerics
@@ -183,3 +187,48 @@ def test_last_rows_the_step_cannot_give_are_refused_in_one_line(tmp_path, capsys
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert what in err and err.count("\n") == 0 and "Traceback" not in err
+
+
+class _Stream:  # what CupyRunner asks of cupy.cuda.Stream, run in order on the host
+    def __init__(self, **kw):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
+@pytest.mark.parametrize("numerics, case", [("f32", (7, (2, 4), 1, (1, 2))), ("q8x2", (7, (2, 4), 1, (1, 2))),
+                                            ("q8", (5, (3, 2), 0, (1, 1)))])
+def test_the_cuda_kernels_read_the_ranges_at_their_arena_offsets(numerics, case, monkeypatch):
+    """The plan run by the device runner with every launch the real .cu on the host emulator (gather, quant, gemv,
+    binary, argmax; the head's arg-max apart, head_argmax held, so no fold module is built): the products and adds
+    reading the ranges take pointers into the arena at the ranges' offsets (f32, and the quantized form's words and
+    scales at their blocks), and give the numpy backend's logits (within the kernels' own summation order, 2e-5 of
+    their scale) and tokens."""
+    import sys
+
+    from lanefuse.lane.run import cupy_runner
+
+    rows, a, b, c = case
+    g = ranges_graph(rows, a, b, c)
+    p = plan(g, numerics=numerics, held=["head_argmax"])
+    w = random_weights(with_numerics(g, numerics), 5)
+    env = {"token": np.random.default_rng(rows).integers(0, 50, rows).astype(np.int32), "pos": np.array([0], np.int32)}
+    want = NumpyRunner(p, w, exact=True).step(dict(env))
+    with emu.emulating(sorted({x.launch.stem for x in p.launches if x.launch.kernels()})) as device_env:
+        monkeypatch.setattr(cupy_runner, "DeviceEnv", device_env)  # bound by name as the runner was imported
+        monkeypatch.setattr(sys.modules["cupy"].cuda, "Stream", _Stream, raising=False)
+        r = cupy_runner.CupyRunner(p, w, cupy_runner.DeviceState(), graph=False)
+        got = r.step(dict(env))
+        ran = [k for k, _, _ in r.env.calls]
+    assert ran.count("binary") == 3 and sum(k.startswith("gemv") for k in ran) == 4  # a launch a reader, no copy
+    scale = float(np.abs(want["logits"]).max())
+    assert np.abs(got["logits"] - want["logits"]).max() <= 2e-5 * scale
+    assert np.array_equal(got["next"], want["next"])
