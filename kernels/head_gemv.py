@@ -9,7 +9,10 @@ r reads its a values at (r·heads + h)·pitch + offset of a wider x: each head's
 head's whole query row, as a latent attention's query absorbed in the seed's spelling (one query projection) reads
 them. The real fronts cut the query projection's rows instead (engine/front/families/deepseek.py: `nope_rows`, a
 product of its own beside the rotated rows', which the merged products take in one launch), so only a step YAML with
-an access reaches it (tests/test_head_gemv_part.py plans one, DeepSeek-V3-shaped)."""
+an access reaches it (tests/test_head_gemv_part.py plans one, DeepSeek-V3-shaped). Seed 002's `shared` (set false by
+its link, described nowhere; read here as x's row shared by every head, as the key and value halves of a wide chunk's
+expanded latent attention read the latent cache) is heads 1 with b every head's outputs here: one row of x times the heads' stacked rows (rows_out), as
+lane/lower/hooks.py's expanded halves take it, with `upto` (tests/test_head_gemv_filled.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """`join`: every (row, head) of the result is a's head of `ha` values then b's of `hb` (a latent attention's query
-parts put back together), landing where a Dst says."""
+parts put back together), landing where a Dst says. Seed 002's Join and RopeSide carry a field `yz` that every site
+of its link sets to 0 and nothing in the seed documents reads or describes (its link leaves such fields to the
+lane's schedule, which the seeds do not hold): not carried, as no launch or pass it saves can be read from them."""
 
 from __future__ import annotations
 
