@@ -378,8 +378,11 @@ MIXTURE_RUNS = {r: {(n, w): (6, v) for n, rs in (("qwen3_moe_f32", (2, 3)), ("qw
 OTHER_RUNS = {2: {("deepseek", "numpy plan"): (6, PLAN), ("gptoss", "numpy plan"): (6, PLAN),
                   ("qwen2moe-q8_0", "numpy plan"): (6, PLAN), ("qwen3moe-f32", "numpy plan"): (6, PLAN)},
               4: {("deepseek", "reference"): (6, EXACT)}}  # tests/test_ranks_gloo_moe.py
+# three prompts in two slots (the third waits for a slot, taken mid-run), 5 tokens each: tests/test_ranks_batch.py
+SLOTS_PROMPTS = [[3, 17, 5, 42, 8, 11], [9, 1, 30], [44, 2, 7, 19, 6]]
+BATCH_RUNS = {2: {("qwen2_moe_bf16", "batch numpy plan"): (5, dict(PLAN, prompts=SLOTS_PROMPTS, slots=2))}}
 GLOO_RUNS: dict[int, dict] = {}
-for _runs in (DENSE_RUNS, FAMILY_RUNS, MIXTURE_RUNS, OTHER_RUNS):
+for _runs in (DENSE_RUNS, FAMILY_RUNS, MIXTURE_RUNS, OTHER_RUNS, BATCH_RUNS):
     for _r, _jobs in _runs.items():
         GLOO_RUNS.setdefault(_r, {}).update(_jobs)
 _LAUNCHED: dict[int, dict] = {}  # ranks: (model, what) -> its results by rank

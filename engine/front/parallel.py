@@ -296,13 +296,14 @@ def rank_carried(cfg: ModelConfig, tables: dict, rank: int, ranks: int) -> dict:
     return out
 
 
-def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1) -> Graph:
+def build_rank_step(cfg: ModelConfig, rank: int, ranks: int, rows: int = 1, batch: int = 1) -> Graph:
     """Rank `rank`'s step graph of `ranks`: the step of its config (its heads, FFN part and experts) with an
     `all_reduce` after each o and down product and each mixture's sum (what reads the partial sum reads the whole),
-    and its part of the LM head, the next token the `all_argmax` over every rank's part. `meta` gains rank, ranks and
-    vocab_from (where its logits start)."""
+    and its part of the LM head, the next token the `all_argmax` over every rank's part (each row's). `batch` B > 1:
+    the decode step of B sequences (build_step's), a row each, over the rank's slots of its caches (its KV heads'
+    columns, a slot a sequence). `meta` gains rank, ranks and vocab_from (where its logits start)."""
     rc = rank_config(cfg, rank, ranks)
-    g = build_step(rc, rows)
+    g = build_step(rc, rows, batch)
     if ranks == 1:
         return g
     *body, head, amax = g.ops

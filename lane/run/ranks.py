@@ -124,52 +124,67 @@ def check_combines(comm) -> None:
         raise UserError(f"rank {comm.rank}: the communicator's sum {got.ravel()[0]} is not {want.ravel()[0]}")
 
 
-def rank_generate(comm, model: str, prompt: list[int], n_tokens: int, chunk: int, max_len: int = 512,
-                  stop_after: int | None = None, plan: bool = False, exact_twins: bool = True) -> dict:
+def rank_generate(comm, model: str, prompt: list[int] | None, n_tokens: int, chunk: int, max_len: int = 512,
+                  stop_after: int | None = None, plan: bool = False, exact_twins: bool = True,
+                  prompts: list[list[int]] | None = None, slots: int | None = None) -> dict:
     """Rank `comm.rank`'s greedy run of checkpoint `model`: its step graphs (front/parallel.build_rank_step) run by
     the reference interpreter — or, with `plan`, planned for the cuda lane and run by the numpy backend in their
     arena (the exact twins, or the fast ones), each collective launch through the runner env's `comm`. Returns its
     tokens, its logits' parts (the rank's vocabulary part of each step's last row) and where they start.
+    `prompts` (in place of `prompt`): a batch in `slots` slots (lane/run/batch.generate_batch over the rank's config:
+    each slot's caches its KV heads', each prompt prefilled alone into its slot, then the batch's decode steps over
+    every rank); `batch` then holds each prompt's tokens and logits' parts, in order.
     `stop_after`: this rank ends (a test's dying rank) after that many steps."""
     from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
     from lanefuse.engine.front.parallel import build_rank_step, check_ranks, rank_config, rank_weights
+    from lanefuse.lane.run.batch import generate_batch
     from lanefuse.lane.run.generate import generate
 
     cfg, weights = load_model(model, max_len=max_len)
     check_ranks(cfg, comm.ranks)
     rc = rank_config(cfg, comm.rank, comm.ranks)
     w = rank_weights(weights, cfg, comm.rank, comm.ranks)
-    graphs: dict[int, object] = {}
-    runners: dict[int, object] = {}
+    graphs: dict[tuple[int, int], object] = {}  # by (rows, batch): a 3-row chunk and a batch of 3 are two steps
+    runners: dict[tuple[int, int], object] = {}
     steps = [0]
     table: list = [None]
 
     def step(g, env):
-        rows = int(g.meta["rows"])
-        if rows not in graphs:
-            graphs[rows] = build_rank_step(cfg, comm.rank, comm.ranks, rows)
+        batch = int(g.meta.get("batch", 1))
+        key = (int(g.meta["rows"]) // batch, batch)
+        if key not in graphs:
+            graphs[key] = build_rank_step(cfg, comm.rank, comm.ranks, *key)
         if stop_after is not None and steps[0] >= stop_after:
             os._exit(3)  # the rank dies as a killed one would: no message, no goodbye to the others
         steps[0] += 1
         if not plan:
-            return evaluate(graphs[rows], w, env, comm=comm)
-        if rows not in runners:
+            return evaluate(graphs[key], w, env, comm=comm)
+        if key not in runners:
             from lanefuse.engine.rules import load_table
             from lanefuse.lane.lower.plan import plan as make_plan
             from lanefuse.lane.run.numpy_runner import NumpyRunner
 
             if not runners:
                 table[0] = load_table()  # the rule table read once a run (each plan() would read its YAML anew)
-            runners[rows] = NumpyRunner(make_plan(graphs[rows], table=table[0]), w, exact=exact_twins)
-            runners[rows].env.comm = comm  # the collective launches meet the other ranks through it
-        return runners[rows].step(env)
+            runners[key] = NumpyRunner(make_plan(graphs[key], table=table[0]), w, exact=exact_twins)
+            runners[key].env.comm = comm  # the collective launches meet the other ranks through it
+        return runners[key].step(env)
 
-    res = generate(rc, w, prompt, n_tokens, step_fn=step, chunk=chunk)
-    first = graphs[min(graphs)].meta.get("vocab_from", 0)
-    return {"tokens": res.generated_ids, "logits": [np.asarray(l, np.float32) for l in res.logits],
-            "vocab_from": first, "calls": getattr(comm, "calls", 0), "bytes": getattr(comm, "bytes", 0),
-            "prompt_s": res.prompt_s, "decode_s": res.decode_s}
+    out = {"calls": 0, "bytes": 0}
+    if prompts is not None:
+        res = generate_batch(rc, w, prompts, n_tokens, slots, step_fn=step, chunk=chunk)
+        out["batch"] = [{"tokens": r.generated_ids, "logits": [np.asarray(l, np.float32) for l in r.logits]}
+                        for r in res]
+        out["tokens"] = res[0].generated_ids
+        out["prompt_s"], out["decode_s"] = sum(r.prompt_s for r in res), sum(r.decode_s for r in res)
+    else:
+        res = generate(rc, w, prompt, n_tokens, step_fn=step, chunk=chunk)
+        out.update(tokens=res.generated_ids, logits=[np.asarray(l, np.float32) for l in res.logits],
+                   prompt_s=res.prompt_s, decode_s=res.decode_s)
+    out.update(vocab_from=graphs[min(graphs)].meta.get("vocab_from", 0), calls=getattr(comm, "calls", 0),
+               bytes=getattr(comm, "bytes", 0))
+    return out
 
 
 def _free_port() -> int:
