@@ -454,10 +454,11 @@ def test_run_prompts_file_and_its_bad_lines(tmp_path, capsys):
 def test_run_batch_refusals_in_one_line(tmp_path, capsys, monkeypatch):
     assert _main("run", "--prompt-ids", "1", "--prompt-ids", "2", "--tokens", "300", "--reference") != 0
     assert "prompt 1: 1 prompt tokens and 300 generated need 300 positions" in capsys.readouterr().err
-    for more in (["--prompt-ids", "2"], ["--batch", "1"]):  # a batch over ranks: refused, not run in one process
-        assert _main("run", "--prompt-ids", "1", *more, "--tokens", "2", "--ranks", "2") != 0
-        err = capsys.readouterr().err
-        assert "run --ranks 2 of a batch" in err and err.count("error:") == 1 and "Traceback" not in err, err
+    for more in (["--prompt-ids", "2"], ["--batch", "1"]):  # a batch over ranks runs in rank processes, never in
+        assert _main("run", "--prompt-ids", "1", *more, "--tokens", "2", "--ranks", "2") != 0  # one: the demo not
+        err = capsys.readouterr().err  # in a file, refused (tests/test_ranks_cli.py runs a checkpoint's batch)
+        assert "run --ranks 2: each rank process reads the model from its file" in err and err.count("error:") == 1 \
+            and "Traceback" not in err, err
     saved = tmp_path / "b2.json"  # a saved batch step's caches hold 2 slots of the demo's 256 rows: a slot is 256
     assert _main("plan", "--batch", "2", "--save", str(saved)) == 0
     capsys.readouterr()

@@ -115,7 +115,7 @@ def test_a_batch_steps_rank_plans_run_by_the_numpy_backend(model):
 # -- a rank's greedy run of a batch ------------------------------------------------------------------------------------
 
 def _alone(folder: str, n_tokens: int) -> list:
-    """Each prompt of SLOTS_PROMPTS alone on one rank (lane/run/generate, the reference interpreter, chunks of CHUNK)."""
+    """Each prompt of SLOTS_PROMPTS alone on one rank (lane/run/generate, the reference interpreter, chunks of 4)."""
     from lanefuse.engine.front.load import load_model
     from lanefuse.lane.run.generate import generate
 

@@ -130,6 +130,28 @@ def test_run_ranks_gives_one_ranks_tokens(tmp_path, capsys):
     assert len(set(a["generated_ids"])) > 2 and math.isfinite(len(a["generated_ids"]))
 
 
+@pytest.mark.slow
+def test_run_ranks_of_a_batch_gives_one_ranks_tokens(tmp_path, capsys):
+    """run --ranks 2 of three prompts in two slots (one launch of 2 gloo processes, each its rank's batch plans on the
+    numpy backend): each prompt's tokens of the one-rank batch run; plan --ranks 2 --batch 2 prices its collectives."""
+    from lanefuse.lane.run.ranks import gloo_missing
+
+    if gloo_missing():
+        pytest.skip(f"CPU ranks need gloo: {gloo_missing()}")
+    d = _tiny_checkpoint(tmp_path)
+    prompts = ["--prompt-ids", "3,5,7,11", "--prompt-ids", "9,2", "--prompt-ids", "40,1,6"]
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert main(["run", str(d), *prompts, "--batch", "2", "--tokens", "5", "--reference", "--json", str(one)]) == 0
+    assert main(["run", str(d), *prompts, "--batch", "2", "--tokens", "5", "--ranks", "2", "--json", str(two)]) == 0
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert [r["generated_ids"] for r in b] == [r["generated_ids"] for r in a] and all(r["ranks"] == 2 for r in b)
+    out = capsys.readouterr()
+    assert "prompt 3: 40,1,6 -> " in out.out and "3 prompt(s) in 2 slot(s)" in out.err
+    assert main(["plan", str(d), "--ranks", "2", "--batch", "2"]) == 0
+    assert "collectives a batch step of 2: 4 all_reduce (192 B a rank each), 1 all_argmax (32 B" in \
+        capsys.readouterr().out
+
+
 def _deepseek_v3() -> dict:
     """DeepSeek-V3's config.json keys (bench/deepseek_figures.py's: the released model's values), in bf16."""
     bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")

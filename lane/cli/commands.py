@@ -162,9 +162,10 @@ def cmd_run(args) -> int:
         raise UserError(f"{src.name}: the step YAML names no weights (add `weights: {{demo: true}}`, "
                         f"`{{checkpoint: PATH}}` or `{{random: SEED}}`)")
     if args.prompts or len(args.prompt_ids or ()) > 1 or args.batch is not None:
-        if getattr(args, "ranks", 1) > 1:  # (it ran the batch in one process, --ranks unsaid)
-            raise UserError(f"run --ranks {args.ranks} of a batch (several prompts, --prompts or --batch): a batch "
-                            f"step is not split over ranks yet; run each prompt with --ranks, or the batch without")
+        if getattr(args, "ranks", 1) > 1:  # R processes, each its rank's batch steps (lane/cli/ranks.py)
+            from lanefuse.lane.cli.ranks import run_ranks_batch
+
+            return run_ranks_batch(args, src, sampling)
         return _run_batch(args, src, saved, load_s, sampling, t_start)
     ids, tok = _prompt_ids(args, src)
     if not args.prompt_ids and args.prompt is None:

@@ -20,18 +20,19 @@ def _cfg(src, ranks: int, what: str):
     return src.cfg
 
 
-def rank_report(cfg, ranks: int, rows: int, knobs) -> dict:
+def rank_report(cfg, ranks: int, rows: int, knobs, batch: int = 1) -> dict:
     """Each rank's share (heads, KV heads, FFN, experts and vocabulary parts, weight and KV-cache bytes, whether they
-    fit a device of knob device_gb) and the collectives of its step of `rows` rows, each priced on the lane's link
-    (PREDICTIONS: lane/lower/collectives.py)."""
+    fit a device of knob device_gb) and the collectives of its step of `rows` rows (`batch` > 1: the decode step of
+    that many sequences, their caches a slot each), each priced on the lane's link (PREDICTIONS:
+    lane/lower/collectives.py)."""
     from lanefuse.engine.front.parallel import build_rank_step, part, rank_config, rank_weight_bytes
     from lanefuse.lane.lower.collectives import collective_us, payload_bytes
 
     weights = rank_weight_bytes(cfg, ranks)
-    out = {"model": cfg.name, "ranks": ranks, "rows": rows, "device_gb": knobs.device_gb, "rank": []}
+    out = {"model": cfg.name, "ranks": ranks, "rows": rows, "batch": batch, "device_gb": knobs.device_gb, "rank": []}
     for r in range(ranks):
         rc = rank_config(cfg, r, ranks)
-        caches = 4 * sum(math.prod(s) for s in rc.carried().values())
+        caches = 4 * batch * sum(math.prod(s) for s in rc.carried().values())
         lo, hi = part(cfg.vocab, ranks, r) if ranks > 1 else (0, cfg.vocab)
         need = weights[r] + caches
         m = rc.moe if rc.moe is not None and rc.moe.sparse else None
@@ -40,7 +41,7 @@ def rank_report(cfg, ranks: int, rows: int, knobs) -> dict:
         out["rank"].append({"rank": r, "heads": rc.heads, "kv_heads": rc.kv_heads, "ffn": rc.inter if dense else None,
                             "experts": experts, "vocab": [lo, hi], "weight_bytes": weights[r],
                             "kv_cache_bytes": caches, "fits": need <= knobs.device_gb * 1e9})
-    g = build_rank_step(cfg, 0, ranks, rows)
+    g = build_rank_step(cfg, 0, ranks, rows, batch)
     coll: dict[str, dict] = {}
     for op in g.ops:
         if op.kind in ("all_reduce", "all_gather", "all_argmax"):
@@ -59,9 +60,8 @@ def plan_ranks(args, src, rows: int) -> int:
     from lanefuse.lane.cli.options import plan_options
 
     cfg = _cfg(src, args.ranks, "plan")
-    if getattr(args, "batch", 1) > 1:
-        raise UserError(f"plan --ranks {args.ranks} --batch {args.batch}: a batch step is not split over ranks yet")
-    rep = rank_report(cfg, args.ranks, rows, plan_options(args).knobs)
+    batch = getattr(args, "batch", 1) or 1
+    rep = rank_report(cfg, args.ranks, rows, plan_options(args).knobs, batch)
     if args.json:
         from lanefuse.lane.lower.files import write_atomic
 
@@ -81,7 +81,7 @@ def plan_ranks(args, src, rows: int) -> int:
               f"{f'{lo}..{hi - 1}':>17} {_size(r['weight_bytes']):>10} {_size(r['kv_cache_bytes']):>10}  "
               f"{'yes' if r['fits'] else 'NO'}")
     total = sum(c["us"] for c in rep["collectives"].values())
-    what = "decode step" if rows == 1 else f"{rows}-row chunk"
+    what = f"batch step of {batch}" if batch > 1 else "decode step" if rows == 1 else f"{rows}-row chunk"
     parts = ", ".join(f"{c['count']} {k} ({c['bytes'] / c['count']:,.0f} B a rank each)"
                       for k, c in rep["collectives"].items())
     print(f"collectives a {what}: {parts or 'none'}; {total:.1f} us a step on the link (a PREDICTION at "
@@ -92,7 +92,7 @@ def plan_ranks(args, src, rows: int) -> int:
     print("rank 0's step (every rank's has its launches; the parts' shapes differ where the FFN or vocabulary "
           "does not split evenly):")
     sys.stdout.flush()
-    return plan_command(args, src, build_rank_step(cfg, 0, args.ranks, rows))
+    return plan_command(args, src, build_rank_step(cfg, 0, args.ranks, rows, batch))
 
 
 def _size(n: int) -> str:
@@ -103,12 +103,8 @@ def knobs_gb(rep: dict) -> str:
     return f"({rep['device_gb']:g} GB: knob device_gb)"
 
 
-def run_ranks(args, src, ids: list[int], sampling) -> int:
-    """`lanefuse run --ranks R`: R processes of this machine (gloo), each its rank's steps; rank 0's tokens."""
-    import time
-
-    from lanefuse.lane.run.ranks import launch
-
+def _run_checks(args, src, sampling, batch: bool) -> None:
+    """What `run --ranks R` refuses, in one line each: a model not in a file, sampling, a saved plan."""
     R = args.ranks
     _cfg(src, R, "run")
     if src.path is None:
@@ -116,9 +112,19 @@ def run_ranks(args, src, ids: list[int], sampling) -> int:
                         f"folder or a .gguf file (the demo model lives in memory)")
     if sampling is not None and not sampling.greedy:
         raise UserError(f"run --ranks {R}: ranks decode greedily (their arg-max meets across them); drop --temp")
-    for flag in ("plan", "batch", "prompts"):
+    for flag in ("plan",) if batch else ("plan", "batch", "prompts"):
         if getattr(args, flag, None):
             raise UserError(f"run --ranks {R}: --{flag} is one rank's (not split over ranks yet)")
+
+
+def run_ranks(args, src, ids: list[int], sampling) -> int:
+    """`lanefuse run --ranks R`: R processes of this machine (gloo), each its rank's steps; rank 0's tokens."""
+    import time
+
+    from lanefuse.lane.run.ranks import launch
+
+    R = args.ranks
+    _run_checks(args, src, sampling, False)
     how = "the reference interpreter" if args.reference else "its plan for the cuda lane on the numpy backend"
     print(f"lanefuse: model: {src.name} ({R} ranks over gloo, each {how}; greedy)", file=sys.stderr)
     t0 = time.perf_counter()
@@ -136,6 +142,51 @@ def run_ranks(args, src, ids: list[int], sampling) -> int:
         from lanefuse.lane.lower.files import write_atomic
 
         write_atomic(args.json, json.dumps(out) + "\n")
+    return 0
+
+
+def run_ranks_batch(args, src, sampling) -> int:
+    """`lanefuse run --ranks R` of a batch (several --prompt-ids, --prompts FILE or --batch N): R processes of this
+    machine (gloo), each its rank's batch steps (lane/run/ranks.rank_generate with the prompts: each prompt prefilled
+    alone into its slot of the rank's caches, then decoded with the others); a line a prompt, as one rank's batch
+    prints (rank 0's tokens: every rank's are the same)."""
+    import time
+
+    from lanefuse.engine.ir import MAX_BATCH
+    from lanefuse.lane.cli.commands import BATCH_CAP, _batch_prompts
+    from lanefuse.lane.run.batch import check_prompts
+    from lanefuse.lane.run.ranks import launch
+
+    R = args.ranks
+    _run_checks(args, src, sampling, True)
+    prompts, tok = _batch_prompts(args, src)
+    slots = args.batch or min(len(prompts), BATCH_CAP)
+    if not 1 <= slots <= MAX_BATCH:
+        raise UserError(f"--batch {slots}: a batch step decodes 1..{MAX_BATCH} sequences")
+    check_prompts(src.cfg, prompts, args.tokens)  # each prompt and its tokens fit a slot: refused before ranks start
+    how = "the reference interpreter" if args.reference else "its plan for the cuda lane on the numpy backend"
+    print(f"lanefuse: model: {src.name} ({R} ranks over gloo, each {how}; {len(prompts)} prompt(s) in {slots} "
+          f"slot(s); greedy)", file=sys.stderr)
+    t0 = time.perf_counter()
+    res = launch(R, [dict(model=src.path, prompt=None, prompts=prompts, slots=slots, n_tokens=args.tokens,
+                          chunk=min(max(len(p) for p in prompts), 512), max_len=src.cfg.max_len,
+                          plan=not args.reference, eos=() if args.ignore_eos else tuple(src.eos))])[0]  # as run's batch
+    dt = time.perf_counter() - t0
+    human = sys.stderr if args.json == "-" else sys.stdout
+    records = [{"model": src.name, "ranks": R, "prompt_ids": list(p), "generated_ids": [int(t) for t in b["tokens"]]}
+               for p, b in zip(prompts, res[0]["batch"])]  # (the logits stay with the ranks, each its part)
+    if args.json:
+        from lanefuse.lane.lower.files import write_atomic
+
+        write_atomic(args.json, json.dumps(records) + "\n")
+    for k, rec in enumerate(records, 1):
+        line = f"prompt {k}: {','.join(map(str, rec['prompt_ids']))} -> {','.join(map(str, rec['generated_ids']))}"
+        if tok is not None:
+            line += f"  {tok.decode(rec['generated_ids'])!r}"
+        print(line, file=human)
+    sys.stdout.flush()
+    print(f"lanefuse: {R} ranks: {dt:.2f} s (process start-up included); {res[0]['calls']} collectives a rank, "
+          f"{res[0]['bytes']:,} B sent a rank", file=sys.stderr)
     return 0
 
 

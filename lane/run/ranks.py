@@ -126,14 +126,15 @@ def check_combines(comm) -> None:
 
 def rank_generate(comm, model: str, prompt: list[int] | None, n_tokens: int, chunk: int, max_len: int = 512,
                   stop_after: int | None = None, plan: bool = False, exact_twins: bool = True,
-                  prompts: list[list[int]] | None = None, slots: int | None = None) -> dict:
+                  prompts: list[list[int]] | None = None, slots: int | None = None, eos: tuple[int, ...] = ()) -> dict:
     """Rank `comm.rank`'s greedy run of checkpoint `model`: its step graphs (front/parallel.build_rank_step) run by
     the reference interpreter — or, with `plan`, planned for the cuda lane and run by the numpy backend in their
     arena (the exact twins, or the fast ones), each collective launch through the runner env's `comm`. Returns its
     tokens, its logits' parts (the rank's vocabulary part of each step's last row) and where they start.
     `prompts` (in place of `prompt`): a batch in `slots` slots (lane/run/batch.generate_batch over the rank's config:
     each slot's caches its KV heads', each prompt prefilled alone into its slot, then the batch's decode steps over
-    every rank); `batch` then holds each prompt's tokens and logits' parts, in order.
+    every rank); `batch` then holds each prompt's tokens and logits' parts, in order. A sequence ends at a token of
+    `eos` (every rank's arg-max is the same token, so every rank ends it at the same step).
     `stop_after`: this rank ends (a test's dying rank) after that many steps."""
     from lanefuse.engine.front.load import load_model
     from lanefuse.engine.interp import evaluate
@@ -173,13 +174,13 @@ def rank_generate(comm, model: str, prompt: list[int] | None, n_tokens: int, chu
 
     out = {"calls": 0, "bytes": 0}
     if prompts is not None:
-        res = generate_batch(rc, w, prompts, n_tokens, slots, step_fn=step, chunk=chunk)
+        res = generate_batch(rc, w, prompts, n_tokens, slots, step_fn=step, chunk=chunk, eos=eos)
         out["batch"] = [{"tokens": r.generated_ids, "logits": [np.asarray(l, np.float32) for l in r.logits]}
                         for r in res]
         out["tokens"] = res[0].generated_ids
         out["prompt_s"], out["decode_s"] = sum(r.prompt_s for r in res), sum(r.decode_s for r in res)
     else:
-        res = generate(rc, w, prompt, n_tokens, step_fn=step, chunk=chunk)
+        res = generate(rc, w, prompt, n_tokens, step_fn=step, chunk=chunk, eos=eos)
         out.update(tokens=res.generated_ids, logits=[np.asarray(l, np.float32) for l in res.logits],
                    prompt_s=res.prompt_s, decode_s=res.decode_s)
     out.update(vocab_from=graphs[min(graphs)].meta.get("vocab_from", 0), calls=getattr(comm, "calls", 0),
