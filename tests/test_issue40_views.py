@@ -232,3 +232,54 @@ def test_the_cuda_kernels_read_the_ranges_at_their_arena_offsets(numerics, case,
     scale = float(np.abs(want["logits"]).max())
     assert np.abs(got["logits"] - want["logits"]).max() <= 2e-5 * scale
     assert np.array_equal(got["next"], want["next"])
+
+
+def cache_range_step(row: int, n: int, view_at: int, read_first: bool) -> str:
+    """A decode step over a cache of 16 rows of 8 taking rows row..row+n-1 of it (`view_at`: 0 before the key's
+    product, 1 between it and the row write) and reading them with the head's product before the cache's row write
+    (`read_first`: a free view) or after it (the rows copied when taken: seed 000)."""
+    from test_placement import HEAD
+
+    view = f"  - {{op: view, out: r, ins: [kc1], row: {row}, rows: {n}}}\n"
+    read = "  - {op: matmul, out: logits, ins: [r, wo]}\n"
+    ops = ["  - {op: gather, out: x, ins: [emb, token]}\n", "  - {op: matmul, out: k, ins: [x, wk]}\n"]
+    ops.insert(1 + view_at, view)
+    ops += [read, "  - {op: set_row, out: kc, ins: [kc1, k, pos]}\n"] if read_first else \
+        ["  - {op: set_row, out: kc, ins: [kc1, k, pos]}\n", read]
+    return HEAD + "".join(ops) + "  - {op: argmax, out: next, ins: [logits]}\n"
+
+
+@settings(max_examples=16, deadline=None)
+@given(st.integers(0, 15).flatmap(lambda row: st.tuples(st.just(row), st.integers(1, 16 - row))),
+       st.integers(0, 1), st.booleans(), st.integers(0, 15))
+def test_a_range_of_a_cache_is_the_rows_before_the_steps_write_wherever_it_lands(rn, view_at, read_first, pos):
+    """Any range of a cache, any position written (inside the range or not): the rows the step reads are the cache's
+    before its write, in the arena as in the reference. The step graph copies the range where its write comes
+    before the range's reader; the plan may order the reader after the key's product, which writes the cache row
+    itself (place.key_row), so it copies it then too: one slice of exactly the range, or a free view in the cache at
+    the range's first row."""
+    from lanefuse.engine.front.stepweights import step_weights
+    from lanefuse.engine.placement import copied_views
+    from lanefuse.engine.stepyaml import from_yaml
+
+    (row, n) = rn
+    g = from_yaml(cache_range_step(row, n, view_at, read_first), source="cache_range.yaml")
+    assert copied_views(g) == (set() if read_first else {"r"})
+    s = plan(g)
+    check(s)
+    slices = [x.launch for x in s.launches if x.launch.census == "slice"]
+    if slices or not read_first:
+        assert [(x.x, x.start, x.width) for x in slices] == [("kc1", row * 8, n * 8)] and s.buffers["r"].home == "r"
+    else:
+        assert (s.buffers["r"].home, s.buffers["r"].offset) == ("kc1", row * 8)
+    w = step_weights(g)
+    rng = np.random.default_rng(row * 16 + n)
+    env = {t: rng.standard_normal(g.tensors[t].shape).astype(np.float32) for t in g.io.tables}
+    env["token"], env["pos"] = np.array([5], np.int32), np.array([pos], np.int32)
+    ref_env = {k: v.copy() for k, v in env.items()}
+    want = evaluate(g, w, ref_env)
+    out = NumpyRunner(s, w, exact=True, check=True).step(env, lifted=g)
+    assert np.array_equal(out["logits"], np.asarray(want["logits"]))
+    assert np.array_equal(out["next"], np.asarray(want["next"]).reshape(-1))
+    for t in g.io.tables:  # the row write landed, in place, in both
+        assert np.array_equal(env[t], ref_env[t]), t
