@@ -330,9 +330,10 @@ def reference(folder, ref, n_tokens: int) -> dict:
 
 
 def _built(name: str, folder):
-    """The checkpoints other test files make: tests/test_deepseek.py's tiny DeepSeek-V3 (bf16) and
-    tests/test_gptoss.py's gpt-oss (f32), saved by transformers (its model of them returned too), and
-    tests/test_gguf_moe.py's llama.cpp mixtures (`arch-fmt.gguf`, no transformers model)."""
+    """The checkpoints other test files make: tests/test_deepseek.py's tiny DeepSeek-V3 (bf16),
+    tests/test_gptoss.py's gpt-oss (f32) and tests/test_qwen3next.py's Qwen3-Next (bf16), saved by transformers (its
+    model of them returned too), and tests/test_gguf_moe.py's llama.cpp mixtures (`arch-fmt.gguf`, no transformers
+    model)."""
     if name == "deepseek":
         from test_deepseek import build
 
@@ -341,6 +342,10 @@ def _built(name: str, folder):
         from test_gptoss import build
 
         return folder, build("float32", folder)
+    if name == "qnext":
+        from test_qwen3next import build
+
+        return build("bf16", folder)
     import gguf_files as gf
     from test_gguf_moe import _model
 
@@ -376,6 +381,7 @@ MIXTURE_RUNS = {r: {(n, w): (6, v) for n, rs in (("qwen3_moe_f32", (2, 3)), ("qw
                                                   ("mixtral_bf16", (2, 4))) if r in rs for w, v in MIXTURE.items()}
                 for r in (2, 3, 4)}
 OTHER_RUNS = {2: {("deepseek", "numpy plan"): (6, PLAN), ("gptoss", "numpy plan"): (6, PLAN),
+                  ("qnext", "numpy plan"): (6, PLAN),
                   ("qwen2moe-q8_0", "numpy plan"): (6, PLAN), ("qwen3moe-f32", "numpy plan"): (6, PLAN)},
               4: {("deepseek", "reference"): (6, EXACT)}}  # tests/test_ranks_gloo_moe.py
 # three prompts in two slots (the third waits for a slot, taken mid-run), 5 tokens each: tests/test_ranks_batch.py

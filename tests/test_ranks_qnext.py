@@ -183,6 +183,28 @@ def test_qnext_ranks_give_transformers_tokens_in_process(name, tmp_path):
         assert main(["check", str(folder), "--ranks", "2", "--rows", "1", "--rows", "5"]) == 0
 
 
+def _gloo(fn):
+    from ranks_helpers import GLOO
+
+    for mark in GLOO:  # hf, slow, and skipped without gloo
+        fn = mark(fn)
+    return fn
+
+
+@_gloo
+def test_gloo_qnext_ranks_give_one_ranks_tokens(tmp_path_factory):
+    """tests/test_qwen3next.py's tiny transformers Qwen3-Next (bf16) over 2 gloo processes, each rank's plan on the
+    numpy backend (its delta-net launches over its heads, its mixture's Moe launches with the shared expert's part):
+    transformers' tokens and the one-rank run's, 2 all-reduces a layer and the arg-max a step. One job in the launch
+    of every 2-rank gloo run (tests/ranks_helpers.OTHER_RUNS): ~3 s of it here, the checkpoint and references ~4 s."""
+    pytest.importorskip("transformers")
+    from ranks_helpers import check_run, gloo_run
+
+    by_rank, m = gloo_run(2, ("qnext", "numpy plan"), tmp_path_factory)
+    assert m["one"].generated_ids == m["hf_tokens"]
+    check_run(by_rank, m, "Qwen3-Next over 2 gloo ranks (numpy plan)", calls=(2 + 6 - 1) * (2 * m["cfg"].layers + 1))
+
+
 @pytest.mark.hf
 @pytest.mark.parametrize("legacy", [False, True])
 def test_a_qnext_gguf_file_over_ranks(legacy, tmp_path):
