@@ -184,32 +184,53 @@ FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_1, 1)
 FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_4, 4)
 
 // fold_attn_o_glu_down: a decode layer's attention, o projection, MLP and next norm as one launch: fold_o_glu_down's
-// three phases after the attention's. Phase A (tickets 0..ga-1, ga = gx x m x splits) the split attention's blocks
-// (attention.cu attention_body of heads up to 128 values, 4 a block, 8 keys a tile: attention_split_128's), block
-// (bx, by, bz) of ticket bx + gx (by + m bz); over several splits the last split block of a row's heads to arrive
-// merges their partials (its own arrival counter, `arrivals`), so once the ga blocks have arrived the output z is
-// whole. Each arrives after its work (a merging block after its merge). The o phase (the next g0) asks L2 for its
-// rows, waits for ga arrivals and runs fold_o_glu_down's phase 0 and tail; the GLU waits for ga + g0 + 1, the down
-// phase for ga + g0 + 1 + g1. The attention blocks never wait (they read the caches and q the launch before wrote).
-// ga is an argument (chain.py's blocks_of), not computed here: a kernel parameter stays in the constant bank, where
-// a value computed before the product phases' loops would hold a register through them.
+// three phases after the attention's, and (gq > 0: qkv_attn_o_glu_down_norm) the layer's q/k/v products before the
+// attention. Phase Q (tickets 0..gq-1) the products in parts of one activation xq with their heads' epilogue
+// (parts_rope.cu: fold_parts_rope's blocks, one slab of rows, a block's part and place found from its ticket in the
+// descriptor table tq; the heads' arrival counters from counters + 2): each block stores its outputs (the value rows straight into their cache rows), the last block
+// of a head to arrive norms and rotates it (the key rows written into their cache rows), then the block arrives. Phase
+// A (the next ga, ga = gx x m x splits) the split attention's blocks (attention.cu attention_body of heads up to 128
+// values, 4 a block, 8 keys a tile: attention_split_128's), block (bx, by, bz) of ticket gq + bx + gx (by + m bz),
+// each waiting for the gq arrivals first (a phase counter: q, k and v of every head whole, its epilogue's included,
+// since each block arrives after the epilogues it ran); over several splits the last split block of a row's heads to
+// arrive merges their partials (its own arrival counter, `arrivals`), so once the ga blocks have arrived the output z
+// is whole. Each arrives after its work (a merging block after its merge). The o phase (the next g0) asks L2 for its
+// rows, waits for gq + ga arrivals and runs fold_o_glu_down's phase 0 and tail; the GLU waits for gq + ga + g0 + 1, the
+// down phase for gq + ga + g0 + 1 + g1. Without the q/k/v phase (gq 0) the attention blocks never wait (they read the
+// caches and q the launch before wrote). The phases' ends are arguments (chain.py's ends: gq, ea = gq + ga, eo = ea +
+// g0, eg = eo + g1), not computed here: a kernel parameter stays in the constant bank, where a sum computed before the
+// product phases' loops held a register through them (nvcc 13 sm_90: ga computed, 20 / 196 B spilled; the ends summed
+// here with gq, the same 20 / 196 B; as arguments, 4 / 4 B).
 template <int PW>
 __device__ __forceinline__ void attn_o_glu_down_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
-    i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ga, const void* wo,
+    i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ea, const void* wo,
     int fmto,
     const float* bo, const Dst& o, i64 ko, i64 no, i64 orows, const NormArgs& ona, const float* x, const void* wg,
     const void* wu, int fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, int a, const void* wd, int fmtd,
-    const float* bd, const Dst& y, i64 n, i64 m, unsigned* counters, i64 g0, i64 g1, i64 rows, const NormArgs& na) {
+    const float* bd, const Dst& y, i64 n, i64 m, unsigned* counters, i64 eo, i64 eg, i64 rows, const NormArgs& na,
+    const float* xq, const i64* tq, i64 nparts, int fmtq, i64 kq, const float* cos, const float* sin, i64 gq) {
     __shared__ unsigned ticket, prior;
     __shared__ int last;
     if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);  // the block's place in the chain (reset by the last)
     __syncthreads();
     const unsigned t = ticket;
-    if (t < (unsigned)ga) {  // phase A: attention block (bx, by, bz), then its arrival (a merging block's: merged)
-        const unsigned gxu = (unsigned)gx, gxy = gxu * (unsigned)m;  // 32-bit: no 64-bit division's registers
-        const i64 bx = t % gxu, by = t % gxy / gxu, bz = t / gxy;
+    if (t < (unsigned)gq) {  // phase Q: q/k/v block t (its part's block bx), its heads' epilogue, then its arrival
+        const i64* d = part_of(tq, nparts, t);
+        const i64 bx = (i64)t - d[3];
+        chain_gemv<PW>(fmtq, xq, (const void*)d[0], (const float*)d[1], dst_from(d + 4), kq, d[2], m, bx);
+        parts_epilogue<HEAD_VALUES, false>(d, WARPS * PW, bx, 0, 1, m, counters + 2, cos, sin, posp, slot);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the attention's wait counts
+        return;
+    }
+    if (t < (unsigned)ea) {  // phase A: attention block (bx, by, bz), then its arrival (a merging block's:
+        // merged)
+        const unsigned gxu = (unsigned)gx, gxy = gxu * (unsigned)m, ta = t - (unsigned)gq;  // 32-bit divisions
+        const i64 bx = ta % gxu, by = ta % gxy / gxu, bz = ta / gxy;
+        if (gq) chain_wait(counters + 1, (unsigned)gq);  // q, k and v rotated and in their cache rows
         attention_body<128, 4, 8, false>(q, kc, vc, posp, sinks, z, part, heads, group, hd, vd, window, per_block,
                                          splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, nullptr, -1,
                                          nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, arrivals, m, 1, bx, by,
@@ -219,16 +240,16 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the o phase's wait counts
         return;
     }
-    if (t < (unsigned)(ga + g0)) {  // phase 0: o block t - ga after the attention, then (its last block) the o tail
-        const i64 bx = (i64)t - ga;
+    if (t < (unsigned)eo) {  // phase 0: o block t - ea after the attention, then (its last block) the o tail
+        const i64 bx = (i64)t - ea;
         gemv_prefetch<PW>(fmto, wo, nullptr, ko, no, 1, bx);
-        chain_wait(counters + 1, (unsigned)ga);
+        chain_wait(counters + 1, (unsigned)ea);
         chain_gemv<PW>(fmto, z, wo, bo, o, ko, no, m, bx);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) prior = atomicAdd(counters + 1, 1u);  // an arrival the GLU's wait counts
         __syncthreads();
-        if (prior != (unsigned)(ga + g0) - 1u) return;
+        if (prior != (unsigned)eo - 1u) return;
         __threadfence();
         for (i64 r = 0; r < orows; r++) norm_row(ona, r);
         __threadfence();
@@ -236,19 +257,19 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // the o tail's arrival: the GLU reads the norm it wrote
         return;
     }
-    if (t < (unsigned)(ga + g0 + g1)) {  // phase 1: GLU block, after the o phase and its tail
-        const i64 bx = (i64)t - ga - g0;
+    if (t < (unsigned)eg) {  // phase 1: GLU block, after the o phase and its tail
+        const i64 bx = (i64)t - eo;
         gemv_prefetch<PW>(fmt, wg, wu, k, f, 1, bx);
-        chain_wait(counters + 1, (unsigned)(ga + g0) + 1u);
+        chain_wait(counters + 1, (unsigned)eo + 1u);
         chain_glu<PW>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, bx);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the down phase's wait counts
         return;
     }
-    const i64 bx = (i64)t - ga - g0 - g1;  // phase 2: down block bx
+    const i64 bx = (i64)t - eg;  // phase 2: down block bx
     gemv_prefetch<PW>(fmtd, wd, nullptr, f, n, 1, bx);
-    chain_wait(counters + 1, (unsigned)(ga + g0 + 1 + g1));
+    chain_wait(counters + 1, (unsigned)eg + 1u);
     chain_gemv<PW>(fmtd, h, wd, bd, y, f, n, m, bx);
     __threadfence();
     __syncthreads();
@@ -263,30 +284,35 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     }
 }
 
-// Before PDL_ENTER: the o phase's rows of the blocks whose index is its tickets' into L2 (a hint, as chain_prefetch);
-// the attention's caches are not asked for (the launch before writes this position's key and value).
+// Before PDL_ENTER: the q/k/v phase's rows of the blocks whose index is its tickets' (parts_prefetch: the descriptor
+// table is uploaded once, never written by a launch) and the o phase's into L2 (a hint, as chain_prefetch); the
+// attention's caches are not asked for (this position's key and value are written by the q/k/v phase or the launch
+// before).
 template <int PW>
-__device__ __forceinline__ void chain_prefetch_after(int fmt, const void* w, i64 k, i64 n, i64 ga, i64 g0) {
-    if ((i64)blockIdx.x >= ga && (i64)blockIdx.x < ga + g0)
-        gemv_prefetch<PW>(fmt, w, nullptr, k, n, 1, (i64)blockIdx.x - ga);
+__device__ __forceinline__ void chain_prefetch_after(int fmt, const void* w, i64 k, i64 n, i64 ea, i64 eo, int fmtq,
+                                                     const i64* tq, i64 nparts, i64 kq, i64 gq) {
+    if ((i64)blockIdx.x < gq) parts_prefetch<PW>(fmtq, tq, nparts, kq);
+    else if ((i64)blockIdx.x >= ea && (i64)blockIdx.x < eo)
+        gemv_prefetch<PW>(fmt, w, nullptr, k, n, 1, (i64)blockIdx.x - ea);
 }
 
 #define FOLD_ATTN_O_GLU_DOWN_KERNEL(NAME, PW)                                                                         \
     extern "C" __global__ void GEMV_BOUNDS NAME(                                                                      \
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part, \
         i64 aheads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff,          \
-        i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ga,    \
+        i64 vstride, i64 voff, float scale, float softcap, i64 slot, i64 seq0, unsigned* arrivals, i64 gx, i64 ea,    \
         const void* wo, i64 fmto, const float* bo, DST_PARAMS(o), i64 ko, i64 no, i64 orows, NORM_PARAMS_OF(o_),      \
         const float* x, const void* wg, const void* wu, i64 fmt, const float* bg, const float* bu, float* h, i64 k,   \
         i64 f, i64 a, const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n, i64 m, unsigned* counters,     \
-        i64 g0, i64 g1, i64 rows, NORM_PARAMS) {                                                                      \
-        chain_prefetch_after<PW>((int)fmto, wo, ko, no, ga, g0);                                                      \
+        i64 eo, i64 eg, i64 rows, NORM_PARAMS, const float* xq, const i64* tq, i64 nparts, i64 fmtq, i64 kq,          \
+        const float* cos, const float* sin, i64 gq) {                                                                 \
+        chain_prefetch_after<PW>((int)fmto, wo, ko, no, ea, eo, (int)fmtq, tq, nparts, kq, gq);                       \
         PDL_ENTER();                                                                                                  \
         attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,   \
-                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx, ga, wo,      \
+                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx, ea, wo,      \
                                  (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg,     \
-                                 bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, g0, g1, rows,        \
-                                 NORM_ARGS);                                                                          \
+                                 bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, eo, eg, rows,        \
+                                 NORM_ARGS, xq, tq, nparts, (int)fmtq, kq, cos, sin, gq);                             \
     }
 FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_1, 1)
 FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_4, 4)

@@ -13,7 +13,13 @@ A third chain runs the layer's attention before those three (`attn_o_glu_down_no
 its next norm in one launch): the split attention's blocks first (attention.cu's body, its last split block of a row's
 heads merging their partials), the o phase waiting for all of them; the attention is refused where the chained kernel
 does not serve it (heads wider than 128 values, more than 4 a block, shared rows, a gate, a quantized
-output, split heads)."""
+output, split heads).
+A fourth runs the layer's q/k/v products before those four (`qkv_attn_o_glu_down_norm`: a decode layer from its q/k/v
+products to its next norm in one launch): fold_parts_rope's blocks first (the products in parts, each head's norm
+and rotation by the last block of the head to arrive, the key and value rows written into their cache rows), the
+attention's blocks waiting for all of them (a phase counter), then the four phases above. Refused where the chained
+kernel does not serve the q/k/v fold (a quantized activation, an absorbing side or a quantized row norm, rows or a
+position not the attention's), the plan then keeping the fold and the four-phase chain."""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.attention import Attention
 from lanefuse.kernels.common import FORMAT_CODE, Launch, Scratch, names
 from lanefuse.kernels.elementwise import act_code
-from lanefuse.kernels.fold import Fold, Sequenced
+from lanefuse.kernels.fold import Fold, Sequenced, as_parts, as_rope_parts
 from lanefuse.kernels.gemv import Gemv
 from lanefuse.kernels.gemv_glu import GemvGlu
 
@@ -48,18 +54,19 @@ def _fold_of_gemv(l: Launch) -> bool:
 
 # The chains chain.cu has a kernel for, by their phases' kinds: a kernel name's stem a chain
 KERNELS = {("gemv_glu", "fold"): "fold_glu_down", ("fold", "gemv_glu", "fold"): "fold_o_glu_down",
-           ("attention", "fold", "gemv_glu", "fold"): "fold_attn_o_glu_down"}
+           ("attention", "fold", "gemv_glu", "fold"): "fold_attn_o_glu_down",
+           ("fold", "attention", "fold", "gemv_glu", "fold"): "fold_attn_o_glu_down"}  # its q/k/v phase present (gq > 0)
 ATTN_HEAD = 128  # the widest head the chained attention holds (attention_split_128's body: 4 heads a block)
 ATTN_PER_BLOCK = 4
 
 
 @dataclass(frozen=True)
 class Chain(Sequenced, Launch):
-    phases: tuple[Launch, ...]  # in order: (GemvGlu, Fold(Gemv, Norm)), an o Fold(Gemv, Norm) before those, and an
-    # Attention before that
+    phases: tuple[Launch, ...]  # in order: (GemvGlu, Fold(Gemv, Norm)), an o Fold(Gemv, Norm) before those, an
+    # Attention before that, and the q/k/v Fold(GemmParts, RopeParts) before that
 
     census: ClassVar[str] = "chain"
-    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "chain")
+    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "parts_rope", "chain")
 
     def sequence(self):
         return self.phases
@@ -75,15 +82,29 @@ class Chain(Sequenced, Launch):
     def down(self) -> Fold:
         return self.phases[-1]  # type: ignore[return-value]
 
+    @property
+    def attention(self) -> Attention | None:
+        return self.phases[-4] if len(self.phases) >= 4 else None  # type: ignore[return-value]
+
+    @property
+    def qkv(self) -> Fold | None:
+        """The q/k/v products with their heads' epilogue (a fold of products in parts and a rotation), the first of
+        five phases; None in a shorter chain."""
+        return self.phases[0] if len(self.phases) == 5 else None  # type: ignore[return-value]
+
+    def products(self) -> list[Fold]:
+        """The product phases folded with their norm (o, down): every Fold but the q/k/v one."""
+        return [p for p in self.phases if isinstance(p, Fold) and p is not self.qkv]
+
     def check(self) -> Refusal | None:
         """Why the phases are not one chained launch (the plan then keeps its launches), in one line; None if they
         are."""
         kinds = self.kinds()
-        if kinds not in KERNELS or not all(_fold_of_gemv(p) for p in self.phases if isinstance(p, Fold)):
+        if kinds not in KERNELS or not all(_fold_of_gemv(p) for p in self.products()):
             return Refusal(f"no chained kernel runs a {' then a '.join(kinds)}")
         glu, fold = self.glu, self.down
         down = fold.first
-        folds = [p for p in self.phases if isinstance(p, Fold)]
+        folds = self.products()
         why = glu.check() or next((w for w in (p.check() for p in folds) if w), None)
         if why:
             return why
@@ -112,14 +133,14 @@ class Chain(Sequenced, Launch):
         if any(p.first.per_warp != glu.per_warp for p in folds):
             return Refusal(f"a chain of {glu.per_warp} and {folds[-1].first.per_warp} outputs a warp (the kernel "
                            f"takes one)")
-        if len(self.phases) == 4:
-            return self.attention_refusal()
+        if self.attention is not None:
+            return self.attention_refusal() or (self.qkv_refusal() if self.qkv is not None else None)
         return None
 
     def attention_refusal(self) -> Refusal | None:
         """Why the attention phase cannot run before the o phase in one launch, in one line; None if it can."""
-        att: Attention = self.phases[0]  # type: ignore[assignment]
-        og: Gemv = self.phases[1].first  # type: ignore[attr-defined]
+        att: Attention = self.attention  # type: ignore[assignment]
+        og: Gemv = self.phases[-3].first  # type: ignore[attr-defined]
         why = att.check()
         if why:
             return why
@@ -137,6 +158,33 @@ class Chain(Sequenced, Launch):
                            f"`{att.out}` ({att.rows}x{att.heads * att.vd})")
         return None
 
+    def qkv_refusal(self) -> Refusal | None:
+        """Why the q/k/v fold cannot run before the attention in one launch, in one line; None if it can."""
+        q: Fold = self.qkv  # type: ignore[assignment]
+        att: Attention = self.attention  # type: ignore[assignment]
+        form, why = q.form()
+        if form != "parts_rope":
+            return why or Refusal(f"a chain whose first phase is a {q.first.census} then a {q.then.census}, not "
+                                  f"products in parts with their heads' rotation in one kernel")
+        gp, rp = as_parts(q.first), as_rope_parts(q.then)
+        why = q.check()
+        if why:
+            return why
+        if gp.words:
+            return Refusal("a chained q/k/v phase over a quantized activation (the q8 numerics): fold_parts_rope_q8 "
+                           "runs it apart")
+        if any(s.absorb is not None or s.quant is not None for s in rp.sides):
+            return Refusal("a chained q/k/v phase with a side absorbing its heads or quantizing a row norm (the "
+                           "products' own fold runs those)")
+        if gp.m != att.rows or rp.pos != att.pos or rp.slot != att.slot:
+            return Refusal(f"a chained q/k/v phase of {gp.m} rows at `{rp.pos}` before an attention of {att.rows} "
+                           f"at `{att.pos}` (one position and its rows for both)")
+        if att.q not in q.writes():  # (its caches are the tables the phase writes rows of, by names of their own)
+            return Refusal(f"a chain whose attention reads `{att.q}`, which its q/k/v phase does not write")
+        if gp.per_warp != self.glu.per_warp:
+            return Refusal(f"a chain of {self.glu.per_warp} and {gp.per_warp} outputs a warp (the kernel takes one)")
+        return None
+
     def reads(self):
         return names(*(n for p in self.phases for n in p.reads()))
 
@@ -144,10 +192,12 @@ class Chain(Sequenced, Launch):
         return names(*(n for p in self.phases for n in p.writes()))
 
     def scratch(self):
-        """The tickets and the arrivals, left zero by the last block; an attention phase's partials and its arrival
-        counters (its merging blocks leave them zero)."""
-        att = self.phases[0]
-        return (Scratch("tickets", "i32", 8, counter=True), *(att.scratch() if isinstance(att, Attention) else ()))
+        """The tickets and the arrivals, left zero by the last block, then a q/k/v phase's arrivals a head (each
+        head's last block leaves its own zero); an attention phase's partials and its arrival counters (its merging
+        blocks leave them zero)."""
+        att, qkv = self.attention, self.qkv
+        heads = qkv.scratch()[0].nbytes if qkv is not None else 0
+        return (Scratch("tickets", "i32", 8 + heads, counter=True), *(att.scratch() if att is not None else ()))
 
     def tune(self, knobs, held=frozenset()):
         """Each phase tuned as its own launch (a product takes no split-K: its last block norms it; an attention no
@@ -157,15 +207,18 @@ class Chain(Sequenced, Launch):
         phases = tuple(p.tune(knobs, held | {"shared_rows"} if isinstance(p, Attention) else held)
                        for p in self.phases)
         glu = next((p for p in phases if isinstance(p, GemvGlu)), None)
-        if glu is not None:
+        if glu is not None:  # the q/k/v fold's products in parts too (its first phase)
             phases = tuple(replace(p, first=replace(p.first, split=1, per_warp=glu.per_warp)) if _fold_of_gemv(p)
-                           else p for p in phases)
+                           else replace(p, first=replace(p.first, per_warp=glu.per_warp))
+                           if i == 0 and len(phases) == 5 and isinstance(p, Fold) and p.form()[0] == "parts_rope"
+                           else p for i, p in enumerate(phases))
         return replace(self, phases=phases)
 
     def blocks_of(self) -> tuple[int, ...]:
         """Each phase's blocks (the grid is their sum, in x)."""
         pw = self.glu.per_warp
         return tuple(attention_blocks(p) if isinstance(p, Attention) else
+                     sum(as_parts(p.first).blocks()) if p is self.qkv else
                      blocks(p.n if isinstance(p, GemvGlu) else p.first.n, pw) for p in self.phases)
 
     def grid_block(self):
@@ -186,24 +239,41 @@ class Chain(Sequenced, Launch):
             og: Gemv = o.first  # type: ignore[assignment]
             head = (denv.array(og.x), denv.weight(og.w)[0], i64(FORMAT_CODE[og.format]), denv.opt(og.bias),
                     *denv.dst(og.y), i64(og.k), i64(og.n), i64(o.then.rows), *o.then.args(denv))
-        if len(self.phases) == 4:
-            head = (*self.attention_args(denv), *head[1:])  # the attention writes the o product's x
-            g = g[1:]
+        tail = ()
+        if self.attention is not None:  # the phases' ends (ticket counts), the q/k/v phase's arguments after the norm's
+            gq, ga, g0, g1 = (0, *g[:3]) if self.qkv is None else g[:4]
+            head = (*self.attention_args(denv, gq + ga), *head[1:])  # the attention writes the o product's x
+            g = (gq + ga + g0, gq + ga + g0 + g1, 0)
+            tail = self.qkv_args(denv, gq)
         denv.function(self.stem, f"{KERNELS[self.kinds()]}_{glu.per_warp}")(grid, block, (
             *head, denv.array(glu.x), denv.weight(glu.wg)[0], denv.weight(glu.wu)[0], i64(FORMAT_CODE[glu.format]),
             denv.opt(glu.bg), denv.opt(glu.bu), denv.array(glu.out), i64(glu.k), i64(glu.n), i64(act_code(glu.act)),
             denv.weight(down.w)[0], i64(FORMAT_CODE[down.format]), denv.opt(down.bias), *denv.dst(down.y),
-            i64(down.n), i64(glu.m), counters, *(i64(x) for x in g[:-1]), i64(nm.rows), *nm.args(denv)))
+            i64(down.n), i64(glu.m), counters, *(i64(x) for x in g[:-1]), i64(nm.rows), *nm.args(denv), *tail))
 
-    def attention_args(self, denv):
+    def qkv_args(self, denv, gq: int):
+        """The q/k/v phase's arguments (fold_attn_o_glu_down's last): fold_parts_rope's (its descriptor table, the
+        rotation's tables; its arrivals a head follow the tickets) and its blocks gq; a chain without one passes nulls
+        and gq 0."""
+        from lanefuse.kernels.cupy_env import NULL, i64
+
+        q = self.qkv
+        if q is None:
+            return (NULL, NULL, i64(0), i64(0), i64(0), NULL, NULL, i64(0))
+        gp, rp = as_parts(q.first), as_rope_parts(q.then)
+        t = denv.table(q.key(), q.table(denv, gp, rp))
+        return (denv.array(gp.x), t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k),
+                denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], i64(gq))
+
+    def attention_args(self, denv, ea: int):
         """The attention phase's arguments (fold_attn_o_glu_down's first): attention.cu's body's, those the chain
-        refuses (gate, quantized form, tail, shared rows) left out."""
+        refuses (gate, quantized form, tail, shared rows) left out; ea the attention phase's last ticket + 1."""
         from lanefuse.kernels.cupy_env import NULL, f32, i64
 
-        a: Attention = self.phases[0]  # type: ignore[assignment]
+        a: Attention = self.attention  # type: ignore[assignment]
         part, acounters = (denv.scratch(self, s) for s in a.scratch()) if a.splits > 1 else (NULL, NULL)
         return (denv.array(a.q), denv.array(a.kc), denv.array(a.vc), denv.array(a.pos), denv.opt(a.sinks),
                 denv.array(a.out), part, i64(a.heads), i64(a.group), i64(a.hd), i64(a.vd), i64(a.window),
                 i64(a.heads_a_block), i64(a.splits), i64(a.kpitch), i64(a.koff), i64(a.vpitch), i64(a.voff),
                 f32(a.scale), f32(a.softcap), i64(a.slot), i64(a.seq0), acounters, i64(a.heads // a.heads_a_block),
-                i64(attention_blocks(a)))
+                i64(ea))

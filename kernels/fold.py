@@ -157,7 +157,7 @@ class Fold(Sequenced, Launch):
     then: Launch
 
     census: ClassVar[str] = "fold"
-    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_q8", "quant", "norm", "fold")
+    stem: ClassVar[tuple[str, ...]] = ("gemv_core", "gemv_q8", "quant", "norm", "parts_rope", "fold")
 
     def form(self) -> tuple[str | None, Refusal | None]:
         """(the fused kernel's form, None): "gemv_norm", "parts_rope" or "gather_norm"; or (None, why) when the pair

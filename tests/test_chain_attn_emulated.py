@@ -146,11 +146,11 @@ def _mutated(monkeypatch, *pairs):
     monkeypatch.setattr(kc, "cu_text", lambda stem: text if stem == "chain" else real(stem))
 
 
-BY_BLOCK = ("const unsigned t = ticket;\n    if (t < (unsigned)ga) {",
-            "const unsigned t = blockIdx.x;\n    if (t < (unsigned)ga) {")
-NO_O_WAIT = ("chain_wait(counters + 1, (unsigned)ga);", "")
-NO_GLU_WAIT = ("chain_wait(counters + 1, (unsigned)(ga + g0) + 1u);", "")
-NO_DOWN_WAIT = ("chain_wait(counters + 1, (unsigned)(ga + g0 + 1 + g1));", "")
+BY_BLOCK = ("const unsigned t = ticket;\n    if (t < (unsigned)gq) {",
+            "const unsigned t = blockIdx.x;\n    if (t < (unsigned)gq) {")
+NO_O_WAIT = ("chain_wait(counters + 1, (unsigned)ea);", "")
+NO_GLU_WAIT = ("chain_wait(counters + 1, (unsigned)eo + 1u);", "")
+NO_DOWN_WAIT = ("chain_wait(counters + 1, (unsigned)eg + 1u);", "")
 
 
 def _reverse(monkeypatch, c, pos):
