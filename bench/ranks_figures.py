@@ -6,7 +6,9 @@ link_gbps 450, link_us 10: assumptions, never measured here), and plan time of r
 the numpy backend's fast twins) against one rank on the same machine: a random Qwen3-shaped f32 checkpoint made here.
 
 --models picks the shapes (qwen3-8b, llama-3-70b, qwen3-next-80b-a3b: bench/qnext_figures.py's Qwen3-Next-80B-A3B,
-its gated delta-net layers split by key heads, its 512 experts by rank, its 2 KV heads replicated past 2 ranks).
+its gated delta-net layers split by key heads, its 512 experts by rank, its 2 KV heads replicated past 2 ranks;
+qwen2-57b-a14b: Qwen2-57B-A14B's shape, 64 experts and a sigmoid-gated shared expert of 20480, 4 KV heads). A rank
+count a shape's split refuses is a line saying why.
 
     python bench/ranks_figures.py [--rounds 3] [--ranks 1,2,8] [--layers N] [--cpu-ranks 1,2] [--tokens 16]
                                   [--models qwen3-8b,llama-3-70b]"""
@@ -36,7 +38,22 @@ def shapes(layers: int | None) -> dict[str, ModelConfig]:
     from qnext_figures import qwen3_next_80b_a3b
 
     out["qwen3-next-80b-a3b"] = qwen3_next_80b_a3b(4096)  # its 48 layers whatever --layers says (its layer types)
+    out["qwen2-57b-a14b"] = qwen2_57b_a14b(layers)
     return out
+
+
+def qwen2_57b_a14b(layers: int | None) -> ModelConfig:
+    """Qwen2-57B-A14B's shape from its config.json's keys: 28 layers, 28 heads over 4 KV heads of 128, 64 experts of
+    2560 (top 8, not renormalized), a sigmoid-gated shared expert of 20480; bf16 rows, 4096 positions."""
+    from lanefuse.engine.front.hfconfig import config_from_hf
+
+    c = {"architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 3584, "num_hidden_layers": layers or 28,
+         "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+         "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480, "num_experts": 64,
+         "num_experts_per_tok": 8, "norm_topk_prob": False, "vocab_size": 151936, "rope_theta": 1000000.0,
+         "rms_norm_eps": 1e-6, "max_position_embeddings": 32768}
+    cfg = config_from_hf(c, "Qwen2-57B-A14B shape", max_len=4096, name="qwen2-57b-a14b")
+    return dataclasses.replace(cfg, formats=tuple((w, "bf16") for w, sh in cfg.weight_names().items() if len(sh) == 2))
 
 
 def plan_figures(cfg: ModelConfig, ranks: list[int], rounds: int) -> list[dict]:
@@ -45,8 +62,16 @@ def plan_figures(cfg: ModelConfig, ranks: list[int], rounds: int) -> list[dict]:
     from lanefuse.lane.lower.knobs import Knobs
     from lanefuse.lane.lower.plan import plan
 
+    from lanefuse.engine.errors import UserError
+    from lanefuse.engine.front.parallel import check_ranks
+
     rows = []
     for R in ranks:
+        try:
+            check_ranks(cfg, R)
+        except UserError as e:
+            rows.append({"model": cfg.name, "ranks": R, "refused": str(e)})
+            continue
         rep = rank_report(cfg, R, 1, Knobs())
         g = build_rank_step(cfg, 0, R, 1)
         times = []
@@ -58,6 +83,7 @@ def plan_figures(cfg: ModelConfig, ranks: list[int], rounds: int) -> list[dict]:
         c = rep["collectives"]
         rows.append({"model": cfg.name, "ranks": R, "weights_gb": rep["rank"][0]["weight_bytes"] / 1e9,
                      "fits_141": rep["rank"][0]["fits"], "all_reduce": c.get("all_reduce", {}).get("count", 0),
+                     "layers": cfg.layers,
                      "bytes_a_step": sum(v["bytes"] for v in c.values()),
                      "link_us_predicted": sum(v["us"] for v in c.values()), "launches": s.n_launches,
                      "launches_held": held.n_launches, "plan_s": statistics.median(times)})
@@ -104,16 +130,20 @@ def main() -> None:
                     "qwen3-next-80b-a3b)")
     a = ap.parse_args()
     ranks = [int(x) for x in a.ranks.split(",")]
-    print("model                     R  weights/rank  fits 141 GB  all-reduces  collective B/step  link us (PREDICTED)  "
-          "launches (held)  plan s")
+    print("model                     R  weights/rank  fits 141 GB  all-reduces (a layer)  collective B/step  "
+          "link us (PREDICTED)  launches (held)  plan s")
     known = shapes(a.layers)
     for name in a.models.split(","):
         if name not in known:
             raise SystemExit(f"--models: no shape `{name}` (known: {', '.join(known)})")
         cfg = known[name]
         for r in plan_figures(cfg, ranks, a.rounds):
+            if "refused" in r:
+                print(f"{r['model']:<24} {r['ranks']:>2} refused: {r['refused']}")
+                continue
+            per = f"{r['all_reduce']} ({r['all_reduce'] / r['layers']:g})"
             print(f"{r['model']:<24} {r['ranks']:>2} {r['weights_gb']:>10.2f} GB  {'yes' if r['fits_141'] else 'no':>11}"
-                  f"  {r['all_reduce']:>11}  {r['bytes_a_step']:>17,}  {r['link_us_predicted']:>19.1f}  "
+                  f"  {per:>21}  {r['bytes_a_step']:>17,}  {r['link_us_predicted']:>19.1f}  "
                   f"{r['launches']:>8} ({r['launches_held']})  {r['plan_s']:>6.2f}")
     if a.cpu_ranks:
         print("\nCPU ranks (gloo processes, each rank's plan on the numpy fast twins), Qwen3-shaped f32, hidden 1024, "
