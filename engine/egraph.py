@@ -443,9 +443,14 @@ class EGraph:
         return snap
 
     def _audit(self, snap: Snapshot, merged: dict[int, set[str]]) -> None:
-        """No e-class may hold two tensors of the step graph: a rule that merged them is wrong."""
+        """No e-class may hold two tensors of the step graph: a rule that merged them is wrong. Two of one op over the
+        same inputs merge as they load, by no rule: said so, with any rule that put a node beside them."""
         ops = {out: (fname, ins) for fname, out, ins in self._ops}
         for c, nms in merged.items():
+            if len(nms) < 2:
+                continue
+            rules = sorted({self.variant_of[n.fn].rule for n in snap.classes.get(c, []) if n.fn in self.variant_of})
+            culprits = ", ".join(f"`{self.table.by_name[r].where}`" for r in rules) or "unknown"
             same: dict[tuple, list[str]] = {}  # one op over the same inputs twice: merged as it loads, by no rule
             for n in sorted(nms & ops.keys()):
                 fname, ins = ops[n]
@@ -453,11 +458,9 @@ class EGraph:
             twice = next((v for v in same.values() if len(v) > 1), None)
             if twice:
                 ins = ", ".join(f"`{i}`" for i in ops[twice[0]][1])
+                also = f"; rules with a node in their e-class: {culprits}" if rules else ""
                 raise UserError(f"tensors {', '.join(f'`{n}`' for n in twice)} are one op over the same inputs "
                                 f"({ins}) computed twice: a step graph computes a value once (keep `{twice[0]}` "
-                                f"and read it where {', '.join(f'`{n}`' for n in twice[1:])} is read)")
-            if len(nms) > 1:
-                rules = sorted({self.variant_of[n.fn].rule for n in snap.classes.get(c, []) if n.fn in self.variant_of})
-                culprits = ", ".join(f"`{self.table.by_name[r].where}`" for r in rules) or "unknown"
-                raise UserError(f"unsound rule: tensors {', '.join(f'`{n}`' for n in sorted(nms))} ended up in one "
-                                f"e-class; made by {culprits}; fix or hold that rule")
+                                f"and read it where {', '.join(f'`{n}`' for n in twice[1:])} is read){also}")
+            raise UserError(f"unsound rule: tensors {', '.join(f'`{n}`' for n in sorted(nms))} ended up in one "
+                            f"e-class; made by {culprits}; fix or hold that rule")
