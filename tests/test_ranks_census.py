@@ -1,10 +1,13 @@
 """Per-rank census goldens (issue 38): each rank's decode plan for the cuda lane at R = 2, its census {launch kind:
-count} and one middle layer's launches in order (census kind, the rule that made each), beside the one rank's, for a
-Qwen3 (dense), a Qwen2-MoE (its sigmoid-gated shared expert) and a Qwen3-Next (its gated attention and gated delta-net
-layers, each with a mixture) decode step. Reviewed by eye; a refactor shows no diff. What they pin: a rank's mixture
-takes its part of the shared expert inside its Moe launches (shared_expert_fusion over the rank's experts), then the
-one all-reduce a layer's FFN, which takes the residual add and the next norm (all_reduce_add_norm); both ranks plan
-the same launches."""
+count} and one middle layer's launches in order (census kind, the rule that made each), for a Qwen3 (dense), a
+Qwen2-MoE (its sigmoid-gated shared expert) and a Qwen3-Next (its gated attention and gated delta-net layers, each
+with a mixture) decode step. Reviewed by eye; a refactor shows no diff. What they pin: a rank's mixture takes its part
+of the shared expert inside its Moe launches (shared_expert_fusion over the rank's experts), then the one all-reduce a
+layer's FFN, which takes the residual add and the next norm (all_reduce_add_norm); both ranks plan the same launches.
+The one rank's plans are other goldens' (tests/test_lane.py, test_engine.py: the chained layers change with
+kernels/chain.*); a failure here prints the one rank's census beside the rank's to compare (at 342d7da: Qwen3 chain 3
++ fold 5, a layer one chain and the next q/k/v fold; Qwen2-MoE a layer moe_deferred_finalize.shared's Moe, the q/k/v
+fold, the attention, the o fold with its add and norm)."""
 
 from __future__ import annotations
 
@@ -37,26 +40,16 @@ def _qwen3_next():
     return _cfg()
 
 
-# model: (layer, one rank's census, its layer, a rank's census, its layer)
+# model: (layer, a rank's census, its layer's launches)
 GOLDEN = {
-    "qwen3": (1, {"chain": 3, "fold": 5},
-              [("chain", "attn_o_glu_down_norm"), ("fold", "merged_qkv")],
-              {"attention": 3, "collective": 7, "fold": 4, "gemv": 7, "gemv_glu": 3},
+    "qwen3": (1, {"attention": 3, "collective": 7, "fold": 4, "gemv": 7, "gemv_glu": 3},
               [AR, ("fold", "merged_qkv"), ("attention", None), ("gemv", None), AR, ("gemv_glu", "gemv_gate_up_glu"),
                ("gemv", None)]),
-    "qwen2-moe": (1, {"attention": 3, "fold": 8, "moe": 6},
-                  [("moe", "moe_deferred_finalize.shared"), ("fold", "merged_qkv"), ("attention", None),
-                   ("fold", "gemv_norm_epilogue")],
-                  {"attention": 3, "collective": 7, "fold": 4, "gemv": 4, "moe": 6},
+    "qwen2-moe": (1, {"attention": 3, "collective": 7, "fold": 4, "gemv": 4, "moe": 6},
                   [AR, ("fold", "merged_qkv"), ("attention", None), ("gemv", None), AR,
                    ("moe", "shared_expert_fusion")]),
-    "qwen3-next": (3, {"attention": 1, "chain": 2, "conv_parts": 3, "delta": 3, "fold": 4, "gates": 3,
-                       "gemm_parts": 4, "moe": 4, "rope_parts": 1},
-                   [("chain", "o_glu_down_norm"), ("gemm_parts", "merged_qkv"), ("conv_parts", "conv_parts"),
-                    ("gates", "gdn_gating"), ("delta", None), ("fold", "gemv_norm_epilogue"),
-                    ("moe", "moe_deferred_finalize.shared")],
-                   {"attention": 1, "collective": 9, "conv_parts": 3, "delta": 3, "fold": 1, "gates": 3,
-                    "gemm_parts": 4, "gemv": 7, "gemv_glu": 2, "moe": 4, "rope_parts": 1},
+    "qwen3-next": (3, {"attention": 1, "collective": 9, "conv_parts": 3, "delta": 3, "fold": 1, "gates": 3,
+                       "gemm_parts": 4, "gemv": 7, "gemv_glu": 2, "moe": 4, "rope_parts": 1},
                    [AR, ("gemm_parts", "merged_qkv"), ("conv_parts", "conv_parts"), ("gates", "gdn_gating"),
                     ("delta", None), ("gemv", None), AR, ("moe", "shared_expert_fusion"), AR]),
 }
@@ -72,13 +65,14 @@ def _census(cfg, rank: int, ranks: int, layer: int):
 
 @pytest.mark.parametrize("model", list(GOLDEN))
 def test_rank_census_golden(model):
-    """One rank's decode census and layer, and each of 2 ranks' (the same on both)."""
+    """Each of 2 ranks' decode census and layer (the same on both)."""
     cfg = CONFIGS[model]()
-    layer, one, one_layer, two, two_layer = GOLDEN[model]
-    census, launches, _ = _census(cfg, 0, 1, layer)
-    assert (census, launches) == (one, one_layer)
+    layer, two, two_layer = GOLDEN[model]
     for r in range(2):
         census, launches, p = _census(cfg, r, 2, layer)
+        if (census, launches) != (two, two_layer):
+            one, one_layer, _ = _census(cfg, 0, 1, layer)
+            print(f"one rank: {one}\n  layer {layer}: {one_layer}\nrank {r}: {census}\n  layer {layer}: {launches}")
         assert (census, launches) == (two, two_layer), f"rank {r}"
         # collectives: two all-reduces a layer (the o product's, the FFN's or the mixture's with its shared expert's
         # part), each with the residual add and the next norm, and the arg-max over the ranks
