@@ -296,3 +296,25 @@ def test_gptoss_ranks_equal_one_rank(fmt, rows, plan_it):
             moes = [l.launch for l in s.launches if isinstance(l.launch, Moe)]
             assert [(m.lo, m.local, m.bgu is not None) for m in moes] == [(4 * r, 4, True)] * 2
     assert_same_step(ranked.run() if plan_it else ranked.want, evaluate(build_step(cfg, rows), w, env(cfg, toks)))
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_qwen2_moe_ranks_under_q8_numerics(rows):
+    """A q8_0 Qwen2-MoE (its shared expert of 128: 64 a rank, whole blocks of 32) over 2 ranks under the q8 numerics:
+    each rank's Moe launches take its part of the shared expert with the input and the GLU quantized inside them
+    (shared_expert_fusion.quant over the rank's experts), and the ranks' plans run by the exact twins give the one
+    rank's q8 plan's token and logits (to the bit here: the quantized products' block sums are the one rank's, the
+    all-reduce sums them in f64 once), which are not the f32 numerics' (0.7% of their scale apart)."""
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+    from ranks_helpers import env, rule_table
+
+    m = MoeConfig(experts=6, k=2, inter=64, norm_topk=False, sparse=(0, 1), shared_inter=128)
+    cfg = in_format(ModelConfig(QWEN2, 64, 2, 4, 2, 32, 128, 101, qkv_bias=True, max_len=24, moe=m), "q8_0")
+    w = stored_weights(cfg, 3)
+    toks = [(5 * i + 1) % 101 for i in range(rows)]
+    ranked = RankPlans(cfg, w, 2, toks, numerics="q8")
+    for s in ranked.plans:
+        assert s.fusions.get("shared_expert_fusion.quant") == 2 and s.census["collective"] == 5
+    one = NumpyRunner(plan(build_step(cfg, rows), table=rule_table(), numerics="q8"), w).step(env(cfg, toks))
+    assert_same_step(ranked.run(), one, tol=1e-6)
