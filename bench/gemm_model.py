@@ -88,11 +88,6 @@ import sys
 
 SMS = 132
 BLOCKS_PER_SM = 2
-MMA_SYNC_TFLOPS = 660.0
-SMEM_BYTES_PER_CLK = 128
-CLOCK_GHZ = 1.75
-LATENCY_US = 0.6
-EFFICIENCY = 0.85
 PEAK_TFLOPS = 989.0
 HBM_TBPS = 4.3
 LAUNCH_US = 3.0
@@ -104,91 +99,51 @@ BM = BN = 128
 BK = 32
 BLAS_TFLOPS = 692.0  # cuBLAS's bf16 GEMM at full waves: ASSUMED (see the docstring)
 BLAS_LAUNCH_US = 5.3  # cuBLAS's fixed cost a call: its GEMV's, measured 2026-12-04, taken for its GEMM (assumed)
-ISSUE_PER_CLK = 4  # warp instructions an SM issues a clock (four schedulers)
-# Instructions a thread spends decoding one value of block-format rows to bf16: kernels/gemm_tc.py's DECODE_INSTR
-# (bench/decode_ptx.py: PTX of nvcc 13 sm_90, an upper-bound proxy of the SASS; no cuobjdump here): (gemm_tc_any's
-# tc_load_w, a value at a time by tc_get; gemm_tc_dequant's qget4, four values a call)
+# The tensor-core kernels' wave arithmetic and its assumptions (MMA_SYNC_TFLOPS, SMEM_BYTES_PER_CLK, CLOCK_GHZ,
+# LATENCY_US, EFFICIENCY, KERNELS, step_us, tc_waves) live in kernels/gemm_tc.py: the lane prices gemm_tc by the same
+# function (TcProduct.rate). Instructions a thread spends decoding one value of block-format rows to bf16:
+# kernels/gemm_tc.py's DECODE_INSTR (bench/decode_ptx.py: PTX of nvcc 13 sm_90, an upper-bound proxy of the SASS; no
+# cuobjdump here): (gemm_tc_any's tc_load_w, a value at a time by tc_get; gemm_tc_dequant's qget4, four values a call)
 from lanefuse.kernels.gemm_tc import DECODE_INSTR as DECODE_PTX  # noqa: E402 (one table: the lane prices by it too)
-
-# The kernels a product runs, by (kernel set, a product of at most 64 rows): rows and threads of a block, warps, each
-# warp's 16-row fragments (mi) and 8-output fragments (nj), cp.async stages, blocks an SM holds (ptxas sm_90).
-KERNELS = {
-    ("now", False): dict(bm=128, warps=4, mi=4, nj=8, stages=3, blocks=2),   # gemm_tc_cp: 240 registers, 48 KB
-    ("now", True): dict(bm=64, warps=8, mi=2, nj=4, stages=3, blocks=2),     # gemm_tc_cp_64: 80-118 registers, 36 KB
-    ("before", False): dict(bm=128, warps=8, mi=4, nj=4, stages=2, blocks=2),  # 0f140e5: 128 registers, 40 KB
-    ("before", True): dict(bm=64, warps=8, mi=2, nj=4, stages=2, blocks=2),   # 0f140e5's _64: 80-99, 30 KB
-    # gemm_tc_any / _64 (rows that are not bf16, decoded through registers): eight warps, two stages, each thread
-    # decoding 16 values of w's tile a k step (DECODE_PTX's first figure a value)
-    ("any", False): dict(bm=128, warps=8, mi=4, nj=4, stages=2, blocks=2),
-    ("any", True): dict(bm=64, warps=8, mi=2, nj=4, stages=2, blocks=2),
-}
+from lanefuse.kernels.gemm_tc import (CLOCK_GHZ, EFFICIENCY, ISSUE_PER_CLK, KERNELS, LATENCY_US,  # noqa: E402,F401
+                                      MMA_SYNC_TFLOPS, SMEM_BYTES_PER_CLK, step_us, tc_waves)
+from lanefuse.kernels.gemm_tc import decode_us as _decode_us  # noqa: E402
 
 
 def decode_us(values: int, per_value: float, sms: int = SMS) -> float:
     """µs to issue `per_value` instructions a thread for each of `values` (a warp's 32 lanes one value each) over
     `sms` SMs at ISSUE_PER_CLK warp instructions a clock: the decode's bound by instruction issue."""
-    return values * per_value / 32 / (sms * ISSUE_PER_CLK * CLOCK_GHZ * 1e9) * 1e6
-
-
-def step_us(kern: dict, b: int, decode: float = 0.0) -> tuple[float, str]:
-    """A k step of an SM holding b blocks of `kern` (all its blocks' step done): the µs and what bounds it. `decode`:
-    the instructions a thread spends on each value of w's tile (gemm_tc_any over a block format), issued by the SM
-    beside the rest (an optimistic overlap: the bounds are not added)."""
-    flops = 2 * kern["bm"] * BN * BK
-    ldsm = kern["warps"] * (BK // 16) * (kern["mi"] + kern["nj"] // 2) * 512
-    smem = ldsm + (kern["bm"] + BN) * BK * 2
-    mma = max(b, 2) * flops / (MMA_SYNC_TFLOPS * 1e12 / SMS) * 1e6  # a lone block at half the rate
-    shared = b * smem / (SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e9) * 1e6
-    latency = LATENCY_US / (kern["stages"] - 1)
-    issue = decode_us(b * BN * BK, decode, 1)
-    us, bound = max((mma, "mma"), (shared, "smem"), (latency, "latency"), (issue, "decode"))
-    return us / EFFICIENCY, bound
+    return _decode_us(values, per_value, sms)
 
 
 def gemm_prediction(m: int, n, k: int, weight_bytes: int, ksplit: int = 1, kernel: str = "now",
-                    out_n: int | None = None, fmt: str = "bf16") -> dict:
+                    out_n: int | None = None, fmt: str = "bf16", launch_us: float = LAUNCH_US) -> dict:
     """One gemm_tc launch of x (m, k) · w (n, k)ᵀ (n a list: a gemm_tc_parts launch, each part its own tiles), its
     tiles each `ksplit` blocks along k (the tail), by the kernels of `kernel` ("now" or "before"): tiles, waves, the
     predicted µs and what bounds it. out_n: the outputs written a row where not n (gemm_tc_glu: n = the gate's and
     the up's 2n product columns, n written). Rows in a block format `fmt` run gemm_tc_any (decoded a value at a time
-    into registers, DECODE_PTX's figure a value, for every tile of rows)."""
+    into registers, DECODE_PTX's figure a value, for every tile of rows). launch_us: the fixed cost of each of its
+    kernel launches (the product, the rounding kernel, the tail's combine)."""
     ns = list(n) if isinstance(n, (list, tuple)) else [n]
     n = sum(ns)
-    dec = DECODE_PTX.get(fmt)
-    if dec and kernel == "tiles":  # (b), not built: decoded into shared memory a tile at a time (qget4's count)
-        decode, kern = dec[1], KERNELS[("now", m <= 64)]
-    elif dec and kernel == "now":  # gemm_tc_any: a value at a time into registers
-        decode, kern = dec[0], KERNELS[("any", m <= 64)]
-    else:
-        decode, kern = 0.0, KERNELS[("now" if kernel == "tiles" else kernel, m <= 64)]
-    bm = kern["bm"]  # 64-row tiles up to 64 rows
-    tiles = math.ceil(m / bm) * sum(math.ceil(x / BN) for x in ns)
-    slots = SMS * kern["blocks"]
-    blocks = tiles * ksplit
-    waves = math.ceil(blocks / slots)
-    steps = math.ceil(math.ceil(math.ceil(k / 8) * 8 / BK) / ksplit)  # a block's k steps (edges padded, as it runs)
-    compute_us, bounds = 0.0, {}
-    for wv in range(waves):
-        b = min(kern["blocks"], math.ceil(min(slots, blocks - wv * slots) / SMS))
-        us, bound = step_us(kern, b, decode)
-        compute_us += steps * us
-        bounds[bound] = bounds.get(bound, 0.0) + steps * us
+    w = tc_waves(m, ns, k, ksplit, fmt, SMS, kernel)
+    tiles, waves, compute_us = w["tiles"], w["waves"], w["compute_us"]
     nbytes = weight_bytes + 4 * m * k + 4 * m * (n if out_n is None else out_n)
     memory_us = nbytes / (HBM_TBPS * 1e12) * 1e6
-    round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
-    combine_us = LAUNCH_US + 4 * m * n * (ksplit + 1) / (HBM_TBPS * 1e12) * 1e6 if ksplit > 1 else 0.0
-    us = LAUNCH_US + max(compute_us, memory_us) + round_us + combine_us
+    round_us = launch_us + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
+    combine_us = launch_us + 4 * m * n * (ksplit + 1) / (HBM_TBPS * 1e12) * 1e6 if ksplit > 1 else 0.0
+    us = launch_us + max(compute_us, memory_us) + round_us + combine_us
     return {"m": m, "n": n, "parts": ns, "k": k, "ksplit": ksplit, "tiles": tiles, "waves": waves, "format": fmt,
-            "wave_fill": round(blocks / (waves * slots), 3),
+            "wave_fill": round(w["wave_fill"], 3),
             "compute_us": round(compute_us, 2), "memory_us": round(memory_us, 2), "us": round(us, 2),
-            "bound": "hbm" if memory_us > compute_us else max(bounds, key=bounds.get),
+            "bound": "hbm" if memory_us > compute_us else w["bound"],
             "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1)}
 
 
-def blas_prediction(l) -> dict:
+def blas_prediction(l, launch_us: float = LAUNCH_US, blas_launch_us: float = BLAS_LAUNCH_US) -> dict:
     """One cuBLAS launch (kernels/gemm_blas.py: GemmBlas, GemmBlasParts, GemmBlasGlu): the rounding kernel, each
-    cublasGemmEx (its tiles' fill of the SMs at BLAS_TFLOPS, or its bytes over HBM, + BLAS_LAUNCH_US), its epilogue
-    launches; the predicted µs and what bounds the calls."""
+    cublasGemmEx (its tiles' fill of the SMs at BLAS_TFLOPS, or its bytes over HBM, + blas_launch_us), its epilogue
+    launches (each + launch_us, as the rounding and decoding kernels); the predicted µs and what bounds the calls."""
     from lanefuse.kernels.gemm_blas import GemmBlas, GemmBlasGlu, blas_fill
     from lanefuse.kernels.gemm_deq import Decoded
     from lanefuse.kernels.gemm_tc import kp
@@ -207,15 +162,15 @@ def blas_prediction(l) -> dict:
     for n, wb, _, beta in calls:
         if decoded:  # gemm_tc_dequant: the block bytes read, bf16 rows written (or its instructions' issue), then
             # cuBLAS reads those rows
-            dequant_us += LAUNCH_US + max((wb + 2 * n * k) / (HBM_TBPS * 1e12) * 1e6,
+            dequant_us += launch_us + max((wb + 2 * n * k) / (HBM_TBPS * 1e12) * 1e6,
                                           decode_us(n * k, DECODE_PTX[l.format][1]))
             wb = 2 * n * k
         c = 2 * m * n * k / (BLAS_TFLOPS * 1e12 * blas_fill(m, n, SMS)) * 1e6
         b = (wb + 2 * m * kp(k) + 4 * m * n * (1 + beta)) / (HBM_TBPS * 1e12) * 1e6
         compute_us, memory_us = compute_us + c, memory_us + b
-        calls_us += BLAS_LAUNCH_US + max(c, b)
-    round_us = LAUNCH_US + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
-    epilogue_us = sum(LAUNCH_US + 12 * m * n / (HBM_TBPS * 1e12) * 1e6 for n in epilogues)
+        calls_us += blas_launch_us + max(c, b)
+    round_us = launch_us + 6 * m * k / (HBM_TBPS * 1e12) * 1e6
+    epilogue_us = sum(launch_us + 12 * m * n / (HBM_TBPS * 1e12) * 1e6 for n in epilogues)
     ns = [n for n, *_ in calls]
     us = calls_us + round_us + epilogue_us + dequant_us
     return {"m": m, "n": sum(ns), "parts": ns, "k": k, "ksplit": 1, "blas": True, "calls": len(calls),
@@ -268,29 +223,39 @@ def attention_tc_prediction(rows: int, heads: int, group: int, hd: int, vd: int,
             "tflops": round(useful / (us * 1e-6) / 1e12, 1)}
 
 
+def tc_prediction(l, kernel: str = "now", launch_us: float = LAUNCH_US,
+                  blas_launch_us: float = BLAS_LAUNCH_US) -> dict | None:
+    """The prediction of launch `l` where it is a tensor-core product (gemm_tc, _parts, _glu by `gemm_prediction`;
+    their cuBLAS and decoded forms by `blas_prediction`), each kernel launch at `launch_us` (a cuBLAS call at
+    `blas_launch_us`); None for any other kind."""
+    from lanefuse.kernels import GemmTc, GemmTcGlu, GemmTcParts
+    from lanefuse.kernels.gemm_blas import BlasProduct
+
+    if isinstance(l, BlasProduct):
+        p = blas_prediction(l, launch_us, blas_launch_us)
+        p["glu"] = l.census == "gemm_blas_glu"
+        return p
+    if isinstance(l, (GemmTc, GemmTcParts, GemmTcGlu)):
+        ns = [l.n] if isinstance(l, GemmTc) else [2 * l.n] if isinstance(l, GemmTcGlu) else [p.n for p in l.parts]
+        p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1), kernel,
+                            l.n if isinstance(l, GemmTcGlu) else None, l.format, launch_us)
+        p["glu"] = isinstance(l, GemmTcGlu)
+        return p
+    return None
+
+
 def plan_prediction(s, kernel: str = "now", pos: int = 0) -> dict:
     """Every launch of plan `s`: gemm_tc and gemm_tc_parts by `gemm_prediction` (the kernels of `kernel`), a chunk's
     attention on the tensor cores by `attention_tc_prediction` (at position 0: a prompt's first chunk), on CUDA cores
     by its causal flops; a batch's attention (s.batch > 1, every sequence at `pos`) by its f32 keys and values of
     pos + 1 rows a sequence over HBM (attention.cu reads each once: an assumption of its bandwidth bound); the rest by
     the lane's cost model (its cost_us)."""
-    from lanefuse.kernels import GemmTc, GemmTcGlu, GemmTcParts
-    from lanefuse.kernels.gemm_blas import BlasProduct
-
     batch = getattr(s, "batch", 1) or 1
     gemms, attn, other, kinds = [], [], 0.0, {}
     for x in s.launches:
         l = x.launch
-        if isinstance(l, BlasProduct):
-            p = blas_prediction(l)
-            p["glu"] = l.census == "gemm_blas_glu"
-            gemms.append(p)
-            kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
-        elif isinstance(l, (GemmTc, GemmTcParts, GemmTcGlu)):
-            ns = [l.n] if isinstance(l, GemmTc) else [2 * l.n] if isinstance(l, GemmTcGlu) else [p.n for p in l.parts]
-            p = gemm_prediction(l.m, ns, l.k, l.checkpoint_bytes(), getattr(l, "ksplit", 1), kernel,
-                                l.n if isinstance(l, GemmTcGlu) else None, l.format)
-            p["glu"] = isinstance(l, GemmTcGlu)
+        p = tc_prediction(l, kernel)
+        if p is not None:
             gemms.append(p)
             kinds[l.census] = kinds.get(l.census, 0.0) + p["us"]
         else:

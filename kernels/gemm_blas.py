@@ -66,6 +66,7 @@ def blas_bound(x: np.ndarray, w: np.ndarray, y: np.ndarray, adds: int) -> np.nda
     return tc_bound(x, w) + adds * 2.0**-24 * np.abs(y.astype(np.float64))
 
 
+BLAS_CALL_US = 2.3  # lane/lower/knobs.py's default of knob blas_call_us (where a chip protocol lacks it)
 BLAS_TILE = 128  # the rows and outputs of a tile of cuBLAS's kernel as its price counts them (an assumption)
 
 
@@ -86,9 +87,10 @@ def blas_rate(m: int, ns, k: int, knobs) -> float:
 
 def price_us(l, knobs) -> float:
     """The lane's price of one product launch (lane/lower/shim.py launch_us without the table's fixed costs, which
-    are the rows' format's for both kinds): the gap, then its bytes over HBM or its flops at its kind's rate,
-    whichever is longer."""
-    return knobs.launch_us + max(l.bytes() / (knobs.hbm_gbps * 1e3), l.flops() / (l.rate(knobs) * 1e6))
+    are the rows' format's for both kinds): a gap for each of its device launches, then its bytes over HBM or its
+    flops at its kind's rate, whichever is longer."""
+    return knobs.launch_us * l.device_launches() + l.call_us(knobs) + max(l.bytes() / (knobs.hbm_gbps * 1e3),
+                                                       l.flops() / (l.rate(knobs) * 1e6))
 
 
 def prefer(tc, knobs, held=frozenset()):
@@ -140,6 +142,19 @@ class BlasProduct:
         """The lane's rate of its products: `blas_rate` (knob tflops_blas at each call's fill of the SMs)."""
         return blas_rate(self.m, self.outputs_each(), self.k, knobs)
 
+    def epilogues(self) -> int:
+        """Its launches beside x's rounding and the cuBLAS calls (gemm_tc_combine; the GLU's gated mul)."""
+        return 0
+
+    def device_launches(self) -> int:
+        """x rounded, each cuBLAS call, each epilogue launch (kernels/gemm_deq.py's: each matrix's decode too)."""
+        return 1 + len(self.outputs_each()) + self.epilogues()
+
+    def call_us(self, knobs) -> float:
+        """The cuBLAS calls' fixed cost beyond their launch gaps (knob blas_call_us each: bench/gemm_model.py's
+        BLAS_LAUNCH_US over its LAUNCH_US)."""
+        return getattr(knobs, "blas_call_us", BLAS_CALL_US) * len(self.outputs_each())
+
 
 @dataclass(frozen=True)
 class GemmBlas(BlasProduct, GemmTc):
@@ -150,6 +165,9 @@ class GemmBlas(BlasProduct, GemmTc):
 
     def outputs_each(self) -> list[int]:
         return [self.n]
+
+    def epilogues(self) -> int:
+        return int(self.direct() is None)
 
     def check(self):
         if self.ksplit != 1:
@@ -210,6 +228,9 @@ class GemmBlasParts(BlasProduct, GemmTcParts):
     def outputs_each(self) -> list[int]:
         return [p.n for p in self.parts]
 
+    def epilogues(self) -> int:
+        return sum(self.one(p).direct() is None for p in self.parts)
+
     def one(self, p) -> GemmBlas:
         return GemmBlas(self.x, p.w, self.format, p.y, self.k, p.n, self.m, bias=p.bias)
 
@@ -236,6 +257,9 @@ class GemmBlasGlu(BlasProduct, GemmTcGlu):
 
     def outputs_each(self) -> list[int]:
         return [self.n, self.n]
+
+    def epilogues(self) -> int:
+        return 1
 
     def check(self):
         return GemmTcGlu.check(self) or blas_refusal(self.format, self.m, self.n, self.k)

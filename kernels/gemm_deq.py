@@ -98,6 +98,10 @@ class Decoded:
         us = decode_us(sum(n for _, n in self.matrices()) * self.k, DECODE_INSTR[self.format][1], knobs.sms)
         return flops / (flops / (blas * 1e6) + us) / 1e6
 
+    def device_launches(self) -> int:
+        """The cuBLAS form's launches (gemm_blas.BlasProduct) and each matrix's decode."""
+        return super().device_launches() + len(self.matrices())
+
     def refusal(self) -> Refusal | None:
         for _, n in self.matrices():
             why = deq_refusal(self.format, n, self.k)

@@ -103,6 +103,82 @@ def decode_us(values: int, per_value: float, sms: int) -> float:
     """µs to issue `per_value` instructions a thread for each of `values` (a lane a value) over `sms` SMs: a decode's
     bound by instruction issue."""
     return values * per_value / 32 / (sms * ISSUE_PER_CLK * CLOCK_GHZ * 1e3)
+
+
+# The tensor-core kernels' waves: what a k step of an SM costs and how a launch's tiles fill the SMs' block slots.
+# bench/gemm_model.py prints these figures (its docstring states each assumption) and the lane prices gemm_tc,
+# gemm_tc_parts and gemm_tc_glu by them (TcProduct.rate): one arithmetic for both. ASSUMED rates, not measured:
+MMA_SYNC_TFLOPS = 660.0  # mma.sync m16n8k16 bf16 (f32 sums) over the H200's 132 SMs, fed (two thirds of wgmma's 989)
+MMA_SMS = 132  # the SMs that rate is over (an SM's share is the chip's; the knob sms counts the slots)
+SMEM_BYTES_PER_CLK = 128  # shared memory a clock an SM
+LATENCY_US = 0.6  # a cp.async's round trip under load
+EFFICIENCY = 0.85  # the barriers, address arithmetic and epilogue no bound counts
+# The kernels a product runs, by (kernel set, a product of at most 64 rows): rows of a block's tile, warps, each warp's
+# 16-row fragments (mi) and 8-output fragments (nj), cp.async stages, blocks an SM holds (ptxas sm_90). "now": the
+# bf16 rows' gemm_tc_cp (240 registers, 48 KB) / _64 (80-118, 36 KB); "before": 0f140e5's (two stages, eight warps
+# of 64 x 32); "any": gemm_tc_any / _64 (rows that are not bf16, decoded a value at a time into registers).
+KERNELS = {
+    ("now", False): dict(bm=128, warps=4, mi=4, nj=8, stages=3, blocks=2),
+    ("now", True): dict(bm=64, warps=8, mi=2, nj=4, stages=3, blocks=2),
+    ("before", False): dict(bm=128, warps=8, mi=4, nj=4, stages=2, blocks=2),
+    ("before", True): dict(bm=64, warps=8, mi=2, nj=4, stages=2, blocks=2),
+    ("any", False): dict(bm=128, warps=8, mi=4, nj=4, stages=2, blocks=2),
+    ("any", True): dict(bm=64, warps=8, mi=2, nj=4, stages=2, blocks=2),
+}
+
+
+def step_us(kern: dict, b: int, decode: float = 0.0) -> tuple[float, str]:
+    """A k step of an SM holding b blocks of `kern` (all its blocks' step done): the µs and what bounds it — the
+    tensor cores (a lone block at half an SM's rate), shared memory (every warp's ldmatrix.x4 and the stage's
+    cp.async), the copies' latency over stages - 1 steps, or `decode` instructions a thread for each value of w's
+    tile (gemm_tc_any over a block format; issued beside the rest: an optimistic overlap), over EFFICIENCY."""
+    flops = 2 * kern["bm"] * BN * BK
+    ldsm = kern["warps"] * (BK // 16) * (kern["mi"] + kern["nj"] // 2) * 512
+    smem = ldsm + (kern["bm"] + BN) * BK * 2
+    mma = max(b, 2) * flops / (MMA_SYNC_TFLOPS * 1e12 / MMA_SMS) * 1e6
+    shared = b * smem / (SMEM_BYTES_PER_CLK * CLOCK_GHZ * 1e9) * 1e6
+    latency = LATENCY_US / (kern["stages"] - 1)
+    issue = decode_us(b * BN * BK, decode, 1)
+    us, bound = max((mma, "mma"), (shared, "smem"), (latency, "latency"), (issue, "decode"))
+    return us / EFFICIENCY, bound
+
+
+def tc_kernel(m: int, fmt: str, kernel: str = "now") -> tuple[dict, float]:
+    """The kernel (KERNELS' entry) a product of m rows in `fmt` runs and its decode instructions a value: bf16 rows
+    gemm_tc_cp*, a block format gemm_tc_any* (DECODE_INSTR's first figure); `kernel` "before" (0f140e5's) or
+    "tiles" (not built: a block format decoded into shared memory a tile at a time, DECODE_INSTR's second figure,
+    inside gemm_tc_cp's pipeline)."""
+    dec = DECODE_INSTR.get(fmt)
+    small = m <= SMALL_BM
+    if dec and kernel == "tiles":
+        return KERNELS[("now", small)], dec[1]
+    if dec and kernel == "now":
+        return KERNELS[("any", small)], dec[0]
+    return KERNELS[("now" if kernel == "tiles" else kernel, small)], 0.0
+
+
+def tc_waves(m: int, ns, k: int, ksplit: int = 1, fmt: str = "bf16", sms: int = MMA_SMS,
+             kernel: str = "now") -> dict:
+    """A tensor-core launch's tiles of x (m, k) · w (n, k)ᵀ for each n of `ns` (the parts of gemm_tc_parts, each its
+    own tiles; gemm_tc_glu: one n of 2n), each tile `ksplit` blocks along k, over `sms` SMs of BLOCKS an SM: its
+    tiles, waves, wave fill, and the µs its waves take on the SMs (each wave's SMs hold b = ceil(blocks in it / sms)
+    blocks, so a last partial wave runs at its own b; a lone block at half the rate), with what bounds them."""
+    kern, decode = tc_kernel(m, fmt, kernel)
+    tiles = -(-m // kern["bm"]) * sum(-(-n // BN) for n in ns)
+    slots = sms * kern["blocks"]
+    blocks = tiles * ksplit
+    waves = -(-blocks // slots)
+    steps = -(-(-(-kp(k) // BK)) // ksplit)  # a block's k steps (edges padded, as it runs)
+    compute_us, bounds = 0.0, {}
+    for wv in range(waves):
+        b = min(kern["blocks"], -(-min(slots, blocks - wv * slots) // sms))
+        us, bound = step_us(kern, b, decode)
+        compute_us += steps * us
+        bounds[bound] = bounds.get(bound, 0.0) + steps * us
+    return {"tiles": tiles, "waves": waves, "wave_fill": blocks / (waves * slots), "compute_us": compute_us,
+            "bound": max(bounds, key=bounds.get)}
+
+
 MIN_ROWS = 16  # the fewest rows of x worth the tensor cores (one mma's 16 rows); fewer run as GEMVs
 
 
@@ -164,7 +240,7 @@ class TcProduct(Launch):
     product's kernel."""
 
     stem: ClassVar[tuple[str, ...]] = ("gemm_tc",)
-    tensor_cores: ClassVar[bool] = True  # the cost model prices its flops at the tensor cores' rate (knob tflops_tc)
+    tensor_cores: ClassVar[bool] = True  # on the tensor cores (its price: `rate`, by its waves)
     steps: ClassVar[tuple[str, ...]] = ("cublas", "dequant")  # held: never the cuBLAS form (kernels/gemm_blas.py);
     # never block-format rows decoded to bf16 for it (kernels/gemm_deq.py)
 
@@ -175,14 +251,26 @@ class TcProduct(Launch):
             return self
         return BLAS_FORMS[0](self, knobs, held)
 
+    def device_launches(self) -> int:
+        """The kernel launches it makes, each a launch gap in the lane's price: x rounded, the product, the tail's
+        combine where k is split (kernels/gemm_blas.py's forms: each cuBLAS call and epilogue)."""
+        return 2 + (getattr(self, "ksplit", 1) > 1)
+
+    def call_us(self, knobs) -> float:
+        """A fixed cost beyond its launch gaps (the cuBLAS forms' calls': kernels/gemm_blas.py); none."""
+        return 0.0
+
+    def outputs_tc(self) -> list[int]:
+        """The outputs of each part of the launch's grid of tiles (GemmTc: n; gemm_tc_parts: each part's; the GLU:
+        the gate's and the up's 2n)."""
+        raise NotImplementedError
+
     def rate(self, knobs) -> float:
-        """TFLOP/s the lane prices its flops at: knob tflops_tc, or where lower, over block-format rows, what the
-        decode's instructions allow (DECODE_INSTR's first figure for each of the flops / 2m values of its matrices,
-        once for every tile of rows) (kernels/gemm_blas.py's cuBLAS forms: their own)."""
-        if self.copied() or self.format not in DECODE_INSTR:
-            return knobs.tflops_tc
-        us = self.row_tiles() * decode_us(self.flops() // (2 * self.m), DECODE_INSTR[self.format][0], knobs.sms)
-        return min(knobs.tflops_tc, self.flops() / (us * 1e6))
+        """TFLOP/s the lane prices its flops at: its flops over the time `tc_waves` gives its tiles' waves on
+        knob sms SMs — the wave fill, a lone block's half rate, shared memory, the copies' latency and a block
+        format's decode, as bench/gemm_model.py predicts it (kernels/gemm_blas.py's cuBLAS forms: their own)."""
+        w = tc_waves(self.m, self.outputs_tc(), self.k, getattr(self, "ksplit", 1), self.format, knobs.sms)
+        return self.flops() / (w["compute_us"] * 1e6)
 
     def rounded_x(self) -> Scratch:
         """x rounded to bf16, rows of kp values: the first scratch of every tensor-core product."""
@@ -286,6 +374,9 @@ class GemmTc(TcProduct, RowsProduct):
     def flops(self):
         return 2 * self.m * self.n * self.k
 
+    def outputs_tc(self):
+        return [self.n]
+
     def finish(self, env, acc: np.ndarray) -> np.ndarray:
         """The epilogue in the kernel's order: the bias, then the added rows, each one f32 rounding."""
         if self.bias is not None:
@@ -369,6 +460,9 @@ class GemmTcParts(InParts, TcProduct):
     def blocks(self) -> list[int]:
         """Each part's tiles of outputs."""
         return [-(-p.n // BN) for p in self.parts]
+
+    def outputs_tc(self):
+        return [p.n for p in self.parts]
 
     def one(self, p: GemmPart) -> GemmTc:
         """Part `p` as a launch of its own (the twins run each so)."""
@@ -475,6 +569,9 @@ class GemmTcGlu(TcProduct, GateUp):
 
     def flops(self):
         return 4 * self.m * self.n * self.k
+
+    def outputs_tc(self):
+        return [2 * self.n]
 
     def glu(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         """Binary's `mul` with a gate: up · act(gate), act rounded to f32, then the f32 product."""

@@ -180,14 +180,19 @@ def test_the_step_takes_the_decoded_form_where_it_prices_cheaper_and_holds():
         big = GemmTc("x", "w", fmt, Dst("y"), 4096, 4096, 2048)
         assert type(big.tune(k)) is GemmDeq and big.tune(k).check() is None
         assert type(big.tune(k, {"dequant"})) is GemmTc and type(big.tune(k, {"cublas"})) is GemmTc
-        tiny = GemmTc("x", "w", fmt, Dst("y"), 256, 64, 16)  # bound by its bytes: the decoded rows' 4 more a value
-        assert type(tiny.tune(k)) is GemmTc
+        # a product of one tile: its lone block's steps, each decoding its 4096 values a value at a time
+        # (gemm_tc.tc_waves), outlast the decoded form's two more launches
+        tiny = GemmTc("x", "w", fmt, Dst("y"), 256, 64, 16)
+        assert type(tiny.tune(k)) is GemmDeq
         # at 16 rows of an 8B model's product, gemm_tc's kernel decodes each value once too, a value at a time
         # (DECODE_INSTR's first figure) against qget4's (its second) and 4 more bytes a value: the price chooses
         one = GemmTc("x", "w", fmt, Dst("y"), 4096, 4096, 16)
         deq = GemmDeq(**{f: getattr(one, f) for f in ("x", "w", "format", "y", "k", "n", "m")})
-        assert (type(one.tune(k)) is GemmDeq) == (price_us(deq, k) < price_us(one, k))
+        assert (type(one.tune(k)) is GemmDeq) == (price_us(deq, k) < price_us(one.tune(k, {"cublas"}), k))
     assert type(GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 2048).tune(k)) is GemmBlas  # bf16 as it is stored
+    # 16 rows of q8_0 over 32 tiles: one tile of rows decodes each value once, bound by the rows' bytes; the decoded
+    # rows' 4 more bytes a value cost more
+    assert type(GemmTc("x", "w", "q8_0", Dst("y"), 4096, 4096, 16).tune(k)) is GemmTc
     glu = GemmTcGlu("x", "wg", "wu", "q4_k", "o", 4096, 12288, 512)
     parts = GemmTcParts("x", "q8_0", 4096, 2048, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("k"), 1024)))
     assert type(glu.tune(k)) is GemmDeqGlu and type(parts.tune(k)) is GemmDeqParts
@@ -208,7 +213,8 @@ def test_refusals_in_one_line():
 
 # -- plans: a tiny q4_k / q8_0 Qwen3 ----------------------------------------------------------------------------------
 
-ONE_SM = Knobs(tc_rows=16, sms=1, hbm_gbps=1e9)  # a chip whose products are bound by flops: the decoded form pays
+ONE_SM = Knobs(tc_rows=16, sms=1, hbm_gbps=1e9, launch_us=0.01, blas_call_us=0.0)  # a chip whose products are bound by flops (its
+# launches nearly free: the decoded form's more launches a product do not decide): the decoded form pays
 
 
 def block_model(fmt):
@@ -281,3 +287,35 @@ def test_the_qwen3_8b_q4_k_prefill_plan_decodes_its_rows_and_the_model_prices_it
     bf16 = gemm_model.plan_prediction(gemm_model.prefill_plan(2048))
     assert q["tokens_per_s"] < p["tokens_per_s"] and p["tokens_per_s"] >= 0.6 * bf16["tokens_per_s"]
     assert p["gemms"][0]["dequant_us"] > 0 and all(g["bound"] == "decode" for g in q["gemms"])
+
+
+def test_the_lane_prices_gemm_tc_by_its_waves_so_the_512_row_q8_0_chunk_decodes_k_and_v():
+    """The lane's price of a tensor-core product follows bench/gemm_model.py's waves (one function: gemm_tc.tc_waves):
+    the Qwen3-8B-shaped 512-row q8_0 chunk's k and v products (2 x 1024 outputs: 64 tiles, a quarter of a wave of lone
+    blocks, latency-bound) were kept on gemm_tc_parts by a flat 450 TFLOP/s; priced by their waves, q, k and v take
+    one decoded launch (gemm_deq_parts: each matrix decoded, then cuBLAS), as the model predicts faster; held
+    (`dequant`), gemm_tc's kernel again (q, k and v each a launch of its own, split along k: a gemm_tc_parts launch is
+    not split, and its waves price it above the three)."""
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import gemm_model
+
+    from lanefuse.kernels.gemm_tc import tc_waves
+    from lanefuse.lane.lower.shim import launch_us
+
+    k = Knobs()
+    kv = GemmTcParts("x", "q8_0", 4096, 512, (GemmPart("wk", Dst("k"), 1024), GemmPart("wv", Dst("v"), 1024)))
+    w = tc_waves(512, [1024, 1024], 4096, 1, "q8_0", k.sms)
+    assert w["tiles"] == 64 and w["waves"] == 1 and w["wave_fill"] < 0.25 and w["bound"] == "latency"
+    p = gemm_model.tc_prediction(kv)
+    assert p["compute_us"] == pytest.approx(w["compute_us"], abs=0.01)  # the model's and the lane's: one arithmetic
+    assert launch_us(kv, k) == pytest.approx(k.launch_us * 2 + max(kv.bytes() / (k.hbm_gbps * 1e3), w["compute_us"]))
+    s, held = gemm_model.prefill_plan(512, "q8_0"), gemm_model.prefill_plan(512, "q8_0", held=["dequant"])
+    gemms = lambda p: {c: n for c, n in p.census.items() if c.startswith("gemm")}  # noqa: E731
+    assert gemms(s) == {"gemm_deq": 72, "gemm_deq_glu": 36, "gemm_deq_parts": 36}, gemms(s)
+    assert gemms(held) == {"gemm_tc": 180, "gemm_tc_glu": 36}, gemms(held)
+    assert {x.launch.ksplit for x in held.launches if x.launch.census == "gemm_tc" and x.launch.n == 1024} == {8}
+    parts = [x.launch for x in s.launches if x.launch.census == "gemm_deq_parts"]
+    assert all([q.n for q in l.parts] == [4096, 1024, 1024] for l in parts)
+    assert gemm_model.plan_prediction(s)["step_us"] < gemm_model.plan_prediction(held)["step_us"]

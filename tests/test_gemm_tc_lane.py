@@ -56,14 +56,19 @@ def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
 
 def test_the_cost_model_prices_the_gemm_at_the_tensor_cores_rate():
     """A tiny model's plan costs more launches under the knob; a prefill chunk of an 8B model's product is cheaper
-    as a GEMM (flops at tflops_tc) than as GEMV slabs (flops at tflops_f32)."""
+    as a GEMM (its tiles' waves on the tensor cores: gemm_tc.tc_waves) than as GEMV slabs (flops at tflops_f32):
+    unsplit, its 128 tiles fill half a wave of lone blocks (4x cheaper); split in two along k (the lane's `tail`), a
+    full wave (7x: its combine a third launch)."""
     from lanefuse.kernels import Dst
     from lanefuse.lane.lower.shim import launch_us
 
     k = Knobs()
     gemm = GemmTc("x", "w", "bf16", Dst("y"), 4096, 4096, 512)
     gemv = Gemv("x", "w", "bf16", Dst("y"), 4096, 4096, 512)
-    assert launch_us(gemm, k) < launch_us(gemv, k) / 5
+    split = gemm.tune(k, frozenset({"cublas"}))
+    assert split.ksplit == 2
+    assert launch_us(split, k) < launch_us(gemm, k) < launch_us(gemv, k) / 4
+    assert launch_us(split, k) < launch_us(gemv, k) / 7
 
 
 def test_knob_values_in_words():

@@ -28,6 +28,8 @@ class Knobs:
     tflops_blas: float = 692.0  # what the cost model takes cuBLAS's bf16 GEMM to reach (kernels/gemm_blas.py): an
     # ASSUMPTION, 70% of the 989 peak, not measured by this project (../shared/KERNEL-NOTES.md notes about 790 TFLOP/s
     # for a bf16 8192^3 product on the H200, 80%; an 8B model's products are smaller and fill fewer whole waves)
+    blas_call_us: float = 2.3  # what a cuBLAS call costs beyond a launch gap: its bf16 GEMV measured 5.3 µs a call
+    # beyond its bytes on the H200 (gpu-runs/2026-12-04/cublas-gemv.log) against bench/gemm_model.py's 3.0 µs launch
     tc_attn_rows: int = 0  # a chunk of at least this many rows (and 16) attends on the tensor cores (attention_tc)
     # under the bf16 numerics: q, k, p and v rounded to bf16, f32 sums; 0 (the default) never
     link_gbps: float = 450.0  # the link between ranks' devices, GB/s one way (NVLink 4: 900 both ways; an

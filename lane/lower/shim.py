@@ -32,9 +32,10 @@ def kind_cost(k, costs: dict):
 
 
 def launch_us(l, knobs: Knobs, costs: dict | None = None) -> float:
-    """One linked launch's estimated time: for each kernel it makes, the launch gap (knob launch_us) + its kind's
-    fixed time + max(bytes / its share of the bandwidth, flops / peak), the peak the tensor cores' for a kernel on
-    them; a view costs nothing. A kind's fixed time and share come from the lane table's `costs:` (issue 34 item 5:
+    """One linked launch's estimated time: for each kernel it makes, the launch gap (knob launch_us; a tensor-core
+    product one for each of its `device_launches`, and its cuBLAS calls' `call_us`) + its kind's fixed time +
+    max(bytes / its share of the bandwidth, flops / peak), the peak the tensor cores' for a kernel on them (a
+    tensor-core product's own `rate`: its tiles' waves, kernels/gemm_tc.py); a view costs nothing. A kind's fixed time and share come from the lane table's `costs:` (issue 34 item 5:
     fitted per kind and rows' format, rules/lanes/cuda.yaml; kind_cost), else 0 and the whole bandwidth."""
     total = 0.0
     own = getattr(l, "link_us", None)  # a collective: no kernel of its own, its link's time (kernels/collective.py)
@@ -46,7 +47,10 @@ def launch_us(l, knobs: Knobs, costs: dict | None = None) -> float:
         rate = getattr(k, "rate", None)  # a tensor-core product's own (kernels/gemm_tc.py, gemm_blas.py)
         peak = rate(knobs) if rate else knobs.tflops_tc if getattr(k, "tensor_cores", False) else knobs.tflops_f32
         comp = k.flops() / (peak * 1e6)
-        total += knobs.launch_us + (c.fixed_us * knobs.fixed_scale if c else 0.0) + max(mem, comp)
+        gaps = getattr(k, "device_launches", None)  # a tensor-core product's kernels and cuBLAS calls (gemm_tc.py)
+        own = k.call_us(knobs) if gaps else 0.0
+        total += knobs.launch_us * (gaps() if gaps else 1) + own + (c.fixed_us * knobs.fixed_scale if c else 0.0) + \
+            max(mem, comp)
     return total
 
 
