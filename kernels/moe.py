@@ -332,9 +332,11 @@ class Moe(QuantEpilogue, Launch):
 
     def chosen(self) -> int:
         """Expert weights read at most: each row's k choices, or over sorted rows each expert once; a rank's part
-        its share of them (the choices falling evenly on the experts: an expectation, rounded up)."""
+        its share of the choices (falling evenly on the experts: an expectation, rounded up), over sorted rows at most
+        each of its experts once (a row at a time, a row's choices each read again: a chunk's part is not capped)."""
         if self.local:
-            return min(self.held, -(-self.rows * self.k * self.held // self.experts))
+            n = -(-self.rows * self.k * self.held // self.experts)
+            return min(self.held, n) if self.sort else n
         return min(self.experts, self.rows * self.k) if self.sort else self.rows * self.k
 
     def checkpoint_bytes(self):

@@ -152,6 +152,9 @@ def test_moe_launch_twins_over_a_part(sort, twin):
     np.testing.assert_allclose(env.array("y").reshape(rows, d), want, rtol=2e-5, atol=2e-5)
     whole = Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "f32", norm_topk=True, sort=sort)
     assert m.checkpoint_bytes() < whole.checkpoint_bytes()
+    # the part's expert reads: 4 rows x 3 choices x 3/7 of them its own, 6 expected a row at a time; sorted, each of
+    # its 3 experts once
+    assert m.chosen() == (3 if sort else 6)
     assert Moe("x", "wr", "wgu", "wd", Dst("y"), d, f, E, k, rows, "f32", lo=5, local=3).check() is not None
 
 
