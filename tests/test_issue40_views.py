@@ -183,10 +183,13 @@ def test_last_rows_the_step_cannot_give_are_refused_in_one_line(tmp_path, capsys
     for argv, what in ((["check", "--last", "4"], "--last 4: the logits of the last 4 rows of a step of 1 (give "
                                                   "--rows of at least 4)"),
                        (["plan", "--batch", "2", "--last", "2"], "a batch step's logits are already every row's"),
-                       (["plan", str(f), "--rows", "3", "--last", "2"], "--last needs a model")):
+                       (["plan", str(f), "--rows", "3", "--last", "2"], "--last needs a model"),
+                       (["plan", "--rows", "9", "--last", "2", "--save", str(tmp_path / "p.plan")],
+                        "a saved plan is a step `lanefuse run --plan` takes")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert what in err and err.count("\n") == 0 and "Traceback" not in err
+    assert not (tmp_path / "p.plan").exists()
 
 
 class _Stream:  # what CupyRunner asks of cupy.cuda.Stream, run in order on the host

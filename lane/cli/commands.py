@@ -434,6 +434,9 @@ def cmd_plan(args) -> int:
         return plan_ranks(args, src, args.rows)
     if args.last > 1 and args.batch > 1:
         raise UserError(f"--last {args.last} --batch {args.batch}: a batch step's logits are already every row's")
+    if args.last > 1 and args.save:
+        raise UserError(f"--last {args.last} --save {args.save}: a saved plan is a step `lanefuse run --plan` takes, "
+                        f"whose logits are its last row's; plan it without --last")
     g = src.graph(args.rows, args.batch, args.last)
     if args.batch > 1 and src.cfg is not None:
         from lanefuse.lane.run.batch import cache_bytes
