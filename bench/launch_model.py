@@ -292,9 +292,15 @@ def features(rev: str | None) -> dict:
     one step of four super-blocks in flight at four rows a warp, four at one); staged_k: {format: super-blocks a row
     a stage} of the k-quants staged as q8_0 is (Q4K_STAGE, Q6K_STAGE; none before) and q4_0's own stage where it has
     one (Q40_STAGE; before, STAGE_BLOCKS as q8_0's); head_values: fold.cu's head
-    epilogue's values a lane a round of loads in the kernels over an f32 x (HEAD_VALUES; before it, 1)."""
+    epilogue's values a lane a round of loads in the kernels over an f32 x (HEAD_VALUES, fold.cu's, parts_rope.cu's
+    since the chain's q/k/v phase; before it, 1)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
     hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("fold.cu", rev))
+    if hv is None:  # (since the q/k/v phase joined the chain, the head epilogue lives in parts_rope.cu)
+        try:
+            hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("parts_rope.cu", rev))
+        except subprocess.CalledProcessError:
+            hv = None
     apy = kernel_file("attention.py", rev)
     try:  # (no chain.cu before 2026-12-05)
         chain_att = re.search(r"attention_body<\d+, \d+, (\d+), false>", kernel_file("chain.cu", rev))
@@ -717,9 +723,10 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
     pw = c.glu.per_warp
     phases = []
     for launch, blocks in zip(c.phases, c.blocks_of()):
-        # an attention phase (fold_attn_o_glu_down) as attention_split_128 at the chain's own tile (attention_chain)
+        # an attention phase (fold_attn_o_glu_down) as attention_split_128 at the chain's own tile (attention_chain);
+        # a q/k/v phase (its first, qkv_attn_o_glu_down_norm) as fold_parts_rope_PW, its heads' tail included
         name = "attention_chain" if launch.census == "attention" else f"gemv_glu_{pw}" \
-            if launch.census == "gemv_glu" else f"fold_gemv_norm_{pw}"
+            if launch.census == "gemv_glu" else f"fold_parts_rope_{pw}" if launch is c.qkv else f"fold_gemv_norm_{pw}"
         p = Kernel(k.index, launch.census, launch, Call(k.call.stems, name, (blocks, 1, 1), k.call.block, ()))
         p.regs, p.smem, p.spill, p.bpsm, p.limit = k.regs, k.smem, k.spill, k.bpsm, k.limit
         p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")})
@@ -1004,13 +1011,16 @@ def token_bytes(s, pos: int) -> int:
 # the rules a plan of the 2026-12-04 run did not have (their kernels were not written): the calibration's plans hold
 # them, so its kernels are the ones measured (head_argmax: the LM head and the arg-max ran as two launches;
 # glu_down_norm, o_glu_down_norm: the o product's fold, the GLU and the down product's fold ran as three launches)
-MEASURED_PLAN_HOLDS = ("head_argmax", "glu_down_norm", "o_glu_down_norm", "attn_o_glu_down_norm")
+MEASURED_PLAN_HOLDS = ("head_argmax", "glu_down_norm", "o_glu_down_norm", "attn_o_glu_down_norm",
+                       "qkv_attn_o_glu_down_norm")
 # the rules that make a chained launch (kernels/chain.py): held, a plan's o fold, GLU and down fold are three launches
-CHAIN_HOLDS = ("attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm")
+CHAIN_HOLDS = ("qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm")
 # the three-phase rule held: a layer's o fold one launch, its GLU and down fold the two-phase chained launch
-TWO_PHASE_HOLDS = ("attn_o_glu_down_norm", "o_glu_down_norm")
+TWO_PHASE_HOLDS = ("qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm", "o_glu_down_norm")
 # the four-phase rule held: a layer's attention a launch of its own before the three-phase chain (fold_o_glu_down)
-THREE_PHASE_HOLDS = ("attn_o_glu_down_norm",)
+THREE_PHASE_HOLDS = ("qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm")
+# the five-phase rule held: a layer's q/k/v fold a launch of its own before the four-phase chain (two a layer)
+FOUR_PHASE_HOLDS = ("qkv_attn_o_glu_down_norm",)
 
 
 def qwen3_plan(fmt: str, batch: int = 1, held: tuple[str, ...] = ()):
@@ -1230,6 +1240,9 @@ def main() -> None:
     ap.add_argument("--three-phase", action="store_true", help="also model each plan with the four-phase chain's rule "
                     f"held ({', '.join(THREE_PHASE_HOLDS)}: the attention a launch of its own before the three-phase "
                     "chain), labelled `three-phase`: the before of the four-phase chain")
+    ap.add_argument("--four-phase", action="store_true", help="also model each plan with the five-phase chain's rule "
+                    f"held ({', '.join(FOUR_PHASE_HOLDS)}: the q/k/v fold a launch of its own before the four-phase "
+                    "chain), labelled `four-phase`: the before of the five-phase chain")
     ap.add_argument("--pdl", action="store_true", help="also model each plan under programmatic dependent launch "
                     f"(an assumed t0 of {T0_PDL_US} µs a launch and the GEMVs' L2 prefetch; not calibrated)")
     ap.add_argument("--fit-lane", action="store_true", help="fit the lane's per-kind costs (rules/lanes/cuda.yaml "
@@ -1285,6 +1298,8 @@ def main() -> None:
         key = name if pos == positions[0] else f"{name}@{pos}"
         doc["plans"][key] = dict(position=pos, token_bytes=tb, floor_us=floor, launches=s.n_launches, revs={})
         variants = [(rev, ()) for rev in revs]
+        if a.four_phase and not a.plan:
+            variants.insert(0, (a.rev, FOUR_PHASE_HOLDS))
         if a.three_phase and not a.plan:
             variants.insert(0, (a.rev, THREE_PHASE_HOLDS))
         if a.two_phase and not a.plan:
@@ -1295,8 +1310,8 @@ def main() -> None:
             sv = qwen3_plan(name, a.batch, held=held) if held else s
             ks = model(sv, rev, cal, pos)
             tot = sum(k.us for k in ks)
-            label = {CHAIN_HOLDS: "unchained", TWO_PHASE_HOLDS: "two-phase",
-                     THREE_PHASE_HOLDS: "three-phase"}.get(held) or rev_label(rev)
+            label = {CHAIN_HOLDS: "unchained", TWO_PHASE_HOLDS: "two-phase", THREE_PHASE_HOLDS: "three-phase",
+                     FOUR_PHASE_HOLDS: "four-phase"}.get(held) or rev_label(rev)
             rows = summarize(ks)
             print_table(rows, f"\n{name} (batch {a.batch}, position {pos}), kernels of {label}: {len(ks)} kernel "
                               f"launches, {tot:.0f} µs a token predicted, floor {floor:.0f} µs ({tb / 1e9:.2f} GB at "

@@ -187,20 +187,20 @@ FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_4, 4)
 // three phases after the attention's, and (gq > 0: qkv_attn_o_glu_down_norm) the layer's q/k/v products before the
 // attention. Phase Q (tickets 0..gq-1) the products in parts of one activation xq with their heads' epilogue
 // (parts_rope.cu: fold_parts_rope's blocks, one slab of rows, a block's part and place found from its ticket in the
-// descriptor table tq; the heads' arrival counters from counters + 2): each block stores its outputs (the value rows straight into their cache rows), the last block
-// of a head to arrive norms and rotates it (the key rows written into their cache rows), then the block arrives. Phase
-// A (the next ga, ga = gx x m x splits) the split attention's blocks (attention.cu attention_body of heads up to 128
-// values, 4 a block, 8 keys a tile: attention_split_128's), block (bx, by, bz) of ticket gq + bx + gx (by + m bz),
-// each waiting for the gq arrivals first (a phase counter: q, k and v of every head whole, its epilogue's included,
-// since each block arrives after the epilogues it ran); over several splits the last split block of a row's heads to
-// arrive merges their partials (its own arrival counter, `arrivals`), so once the ga blocks have arrived the output z
-// is whole. Each arrives after its work (a merging block after its merge). The o phase (the next g0) asks L2 for its
-// rows, waits for gq + ga arrivals and runs fold_o_glu_down's phase 0 and tail; the GLU waits for gq + ga + g0 + 1, the
-// down phase for gq + ga + g0 + 1 + g1. Without the q/k/v phase (gq 0) the attention blocks never wait (they read the
-// caches and q the launch before wrote). The phases' ends are arguments (chain.py's ends: gq, ea = gq + ga, eo = ea +
-// g0, eg = eo + g1), not computed here: a kernel parameter stays in the constant bank, where a sum computed before the
-// product phases' loops held a register through them (nvcc 13 sm_90: ga computed, 20 / 196 B spilled; the ends summed
-// here with gq, the same 20 / 196 B; as arguments, 4 / 4 B).
+// descriptor table tq; the heads' arrival counters head_arrivals): each block stores its outputs (the value rows
+// straight into their cache rows), the last block of a head to arrive norms and rotates it (the key rows written into
+// their cache rows), then the block arrives. Phase A (the next ga, ga = gx x m x splits) the split attention's blocks
+// (attention.cu attention_body of heads up to 128 values, 4 a block, 8 keys a tile: attention_split_128's), block (bx,
+// by, bz) of ticket gq + bx + gx (by + m bz), each waiting for the gq arrivals first (a phase counter: q, k and v of
+// every head whole, its epilogue's included, since each block arrives after the epilogues it ran); over several splits
+// the last split block of a row's heads to arrive merges their partials (its own arrival counter, `arrivals`), so once
+// the ga blocks have arrived the output z is whole. Each arrives after its work (a merging block after its merge). The
+// o phase (the next g0) asks L2 for its rows, waits for gq + ga arrivals and runs fold_o_glu_down's phase 0 and tail;
+// the GLU waits for gq + ga + g0 + 1, the down phase for gq + ga + g0 + 1 + g1. Without the q/k/v phase (gq 0) the
+// attention blocks never wait (they read the caches and q the launch before wrote). The phases' ends are arguments
+// (chain.py's ends: gq, ea = gq + ga, eo = ea + g0, eg = eo + g1), not computed here: a kernel parameter stays in the
+// constant bank, where a sum computed before the product phases' loops held a register through them (nvcc 13 sm_90: ga
+// computed, 20 / 196 B spilled; the ends summed here with gq, the same 20 / 196 B; as arguments, 4 / 4 B).
 template <int PW>
 __device__ __forceinline__ void attn_o_glu_down_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,
@@ -210,7 +210,8 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     const float* bo, const Dst& o, i64 ko, i64 no, i64 orows, const NormArgs& ona, const float* x, const void* wg,
     const void* wu, int fmt, const float* bg, const float* bu, float* h, i64 k, i64 f, int a, const void* wd, int fmtd,
     const float* bd, const Dst& y, i64 n, i64 m, unsigned* counters, i64 eo, i64 eg, i64 rows, const NormArgs& na,
-    const float* xq, const i64* tq, i64 nparts, int fmtq, i64 kq, const float* cos, const float* sin, i64 gq) {
+    const float* xq, const i64* tq, i64 nparts, int fmtq, i64 kq, unsigned* head_arrivals, const float* cos,
+    const float* sin, i64 gq) {
     __shared__ unsigned ticket, prior;
     __shared__ int last;
     if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);  // the block's place in the chain (reset by the last)
@@ -220,7 +221,8 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         const i64* d = part_of(tq, nparts, t);
         const i64 bx = (i64)t - d[3];
         chain_gemv<PW>(fmtq, xq, (const void*)d[0], (const float*)d[1], dst_from(d + 4), kq, d[2], m, bx);
-        parts_epilogue<HEAD_VALUES, false>(d, WARPS * PW, bx, 0, 1, m, counters + 2, cos, sin, posp, slot);
+        parts_epilogue<HEAD_VALUES, false, false>(d, dst_from(d + 4), d[2], WARPS * PW, bx, m, head_arrivals, cos,
+                                                  sin, posp, slot);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the attention's wait counts
@@ -305,14 +307,14 @@ __device__ __forceinline__ void chain_prefetch_after(int fmt, const void* w, i64
         const float* x, const void* wg, const void* wu, i64 fmt, const float* bg, const float* bu, float* h, i64 k,   \
         i64 f, i64 a, const void* wd, i64 fmtd, const float* bd, DST_PARAMS(y), i64 n, i64 m, unsigned* counters,     \
         i64 eo, i64 eg, i64 rows, NORM_PARAMS, const float* xq, const i64* tq, i64 nparts, i64 fmtq, i64 kq,          \
-        const float* cos, const float* sin, i64 gq) {                                                                 \
+        unsigned* head_arrivals, const float* cos, const float* sin, i64 gq) {                                        \
         chain_prefetch_after<PW>((int)fmto, wo, ko, no, ea, eo, (int)fmtq, tq, nparts, kq, gq);                       \
         PDL_ENTER();                                                                                                  \
         attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,   \
                                  kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx, ea, wo,      \
                                  (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg,     \
                                  bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, eo, eg, rows,        \
-                                 NORM_ARGS, xq, tq, nparts, (int)fmtq, kq, cos, sin, gq);                             \
+                                 NORM_ARGS, xq, tq, nparts, (int)fmtq, kq, head_arrivals, cos, sin, gq);            \
     }
 FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_1, 1)
 FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_4, 4)

@@ -55,7 +55,7 @@ def _fold_of_gemv(l: Launch) -> bool:
 # The chains chain.cu has a kernel for, by their phases' kinds: a kernel name's stem a chain
 KERNELS = {("gemv_glu", "fold"): "fold_glu_down", ("fold", "gemv_glu", "fold"): "fold_o_glu_down",
            ("attention", "fold", "gemv_glu", "fold"): "fold_attn_o_glu_down",
-           ("fold", "attention", "fold", "gemv_glu", "fold"): "fold_attn_o_glu_down"}  # its q/k/v phase present (gq > 0)
+           ("fold", "attention", "fold", "gemv_glu", "fold"): "fold_attn_o_glu_down"}  # the q/k/v phase's (gq > 0)
 ATTN_HEAD = 128  # the widest head the chained attention holds (attention_split_128's body: 4 heads a block)
 ATTN_PER_BLOCK = 4
 
@@ -66,7 +66,8 @@ class Chain(Sequenced, Launch):
     # Attention before that, and the q/k/v Fold(GemmParts, RopeParts) before that
 
     census: ClassVar[str] = "chain"
-    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "parts_rope", "chain")
+    stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "parts_rope",
+                                       "chain")
 
     def sequence(self):
         return self.phases
@@ -192,12 +193,13 @@ class Chain(Sequenced, Launch):
         return names(*(n for p in self.phases for n in p.writes()))
 
     def scratch(self):
-        """The tickets and the arrivals, left zero by the last block, then a q/k/v phase's arrivals a head (each
-        head's last block leaves its own zero); an attention phase's partials and its arrival counters (its merging
-        blocks leave them zero)."""
+        """The tickets and the arrivals, left zero by the last block; an attention phase's partials and its arrival
+        counters (its merging blocks leave them zero); a q/k/v phase's arrivals a head (each head's last block leaves
+        its own zero; a kernel argument of their own: as the tickets' words 2.., the pointer computed in the kernel
+        made nvcc 13 spill fold_attn_o_glu_down_4 20 / 196 B)."""
         att, qkv = self.attention, self.qkv
-        heads = qkv.scratch()[0].nbytes if qkv is not None else 0
-        return (Scratch("tickets", "i32", 8 + heads, counter=True), *(att.scratch() if att is not None else ()))
+        return (Scratch("tickets", "i32", 8, counter=True), *(att.scratch() if att is not None else ()),
+                *(Scratch("qkv." + s.tag, s.dtype, s.nbytes, s.counter) for s in (qkv.scratch() if qkv else ())))
 
     def tune(self, knobs, held=frozenset()):
         """Each phase tuned as its own launch (a product takes no split-K: its last block norms it; an attention no
@@ -252,17 +254,17 @@ class Chain(Sequenced, Launch):
             i64(down.n), i64(glu.m), counters, *(i64(x) for x in g[:-1]), i64(nm.rows), *nm.args(denv), *tail))
 
     def qkv_args(self, denv, gq: int):
-        """The q/k/v phase's arguments (fold_attn_o_glu_down's last): fold_parts_rope's (its descriptor table, the
-        rotation's tables; its arrivals a head follow the tickets) and its blocks gq; a chain without one passes nulls
-        and gq 0."""
+        """The q/k/v phase's arguments (fold_attn_o_glu_down's last): fold_parts_rope's (its descriptor table, its
+        arrivals a head, the rotation's tables) and its blocks gq; a chain without one passes nulls and gq 0."""
         from lanefuse.kernels.cupy_env import NULL, i64
 
         q = self.qkv
         if q is None:
-            return (NULL, NULL, i64(0), i64(0), i64(0), NULL, NULL, i64(0))
+            return (NULL, NULL, i64(0), i64(0), i64(0), NULL, NULL, NULL, i64(0))
         gp, rp = as_parts(q.first), as_rope_parts(q.then)
+        arrivals = denv.scratch(self, self.scratch()[-1])
         t = denv.table(q.key(), q.table(denv, gp, rp))
-        return (denv.array(gp.x), t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k),
+        return (denv.array(gp.x), t, i64(len(gp.parts)), i64(FORMAT_CODE[gp.format]), i64(gp.k), arrivals,
                 denv.weight(rp.cos)[0], denv.weight(rp.sin)[0], i64(gq))
 
     def attention_args(self, denv, ea: int):

@@ -139,27 +139,27 @@ __device__ __forceinline__ void parts_prefetch(int fmt, const i64* t, i64 nparts
     gemv_prefetch<PW>(fmt, (const void*)d[0], nullptr, k, d[2], 1, blockIdx.x - d[3]);
 }
 
-// The epilogue of block bx of a part (its words d) over slab `by` of `gy` slabs of rows, after the block stored its
-// outputs of the product (`per` of them): it arrives at each head its outputs touch; the last to arrive at a head runs
-// the head's epilogue (absorb_epilogue where ABSORB and the side absorbs, else head_epilogue) and leaves its counter
-// zero. fold_parts_rope's blocks (bx, by, gy their part's block and the grid's slabs) and the chained q/k/v phase's
-// (chain.cu: one slab, its block from its ticket) run the same code.
-template <int HV, bool ABSORB>
-__device__ __forceinline__ void parts_epilogue(const i64* d, i64 per, i64 bx, i64 by, i64 gy, i64 m,
+// The epilogue of block bx of a part (its words d; y and n its Dst and outputs), after the block stored its outputs
+// of the product (`per` of them): it arrives at each head its outputs touch; the last to arrive at a head runs the head's epilogue
+// (absorb_epilogue where ABSORB and the side absorbs, else head_epilogue) and leaves its counter zero. fold_parts_rope's
+// blocks (GRID: the slab of rows blockIdx.y of gridDim.y, read here, not passed: passed in, the slab held registers
+// through the product and fold_parts_rope_4 spilled 28 / 560 B, nvcc 13 sm_90) and the chained q/k/v phase's (chain.cu:
+// one slab, its block from its ticket) run the same code.
+template <int HV, bool ABSORB, bool GRID>
+__device__ __forceinline__ void parts_epilogue(const i64* d, const Dst& y, i64 n, i64 per, i64 bx, i64 m,
                                                unsigned* counters, const float* cos, const float* sin,
                                                const int* posp, i64 slot) {
     __shared__ int last;
     const i64* s = d + 11;
     if (s[0] == 0) return;  // a part with no epilogue: a plain GEMV block
-    Dst y = dst_from(d + 4);
-    const i64 n = d[2], hd = s[11];
+    const i64 hd = s[11];
     i64 j0 = bx * per, j1 = min(n, j0 + per);
-    i64 r0 = by * GR, nr = min((i64)GR, m - r0);
+    i64 r0 = GRID ? (i64)blockIdx.y * GR : 0, nr = min((i64)GR, m - r0);
     i64 pos = posp ? (i64)posp[0] : 0;
     __threadfence();
     for (i64 h = j0 / hd; h <= (j1 - 1) / hd; h++) {
         __syncthreads();  // every write of the product fenced; `last` read by all before it is set again
-        unsigned* c = counters + (s[1] + h) * gy + by;
+        unsigned* c = counters + (GRID ? (s[1] + h) * gridDim.y + blockIdx.y : s[1] + h);
         unsigned blocks = (unsigned)(((h + 1) * hd - 1) / per - (h * hd) / per + 1);  // blocks touching head h
         if (threadIdx.x == 0) last = atomicAdd(c, 1u) == blocks - 1;
         __syncthreads();
@@ -181,6 +181,6 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
     i64 n = d[2], bx = blockIdx.x - d[3];
     if (PW == 0) q8_body(fmt, qx, (const void*)d[0], (const float*)d[1], y, k, n, m, bx);
     else gemv_body<(PW > 0 ? PW : 1)>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, n, m, 1, bx);
-    parts_epilogue<PW == 0 ? 1 : HEAD_VALUES, true>(d, WARPS * (PW > 0 ? PW : 1), bx, blockIdx.y, gridDim.y, m,
-                                                     counters, cos, sin, posp, slot);
+    parts_epilogue<PW == 0 ? 1 : HEAD_VALUES, true, true>(d, y, n, WARPS * (PW > 0 ? PW : 1), bx, m, counters, cos,
+                                                           sin, posp, slot);
 }

@@ -183,3 +183,45 @@ def test_attention_without_the_wait_reads_q_not_yet_written(monkeypatch):
     c, arrays, weights = _case()
     with pytest.raises(AssertionError):
         _reverse(monkeypatch, lambda: run(c, arrays, weights))
+
+
+# -- the lane's plan: a decode step run by the device runner on the host emulator ---------------------------------
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_a_planned_decode_step_on_the_emulator_gives_the_numpy_backends_tokens(arch, monkeypatch):
+    """tests/test_lane.py's tiny Qwen3 (q/k head norms), Llama (none, llama3 rope scaling) and Qwen2 (q/k/v biases)
+    planned as the lane plans a decode step (one five-phase chain a layer: qkv_attn_o_glu_down_norm), three steps
+    run by the device runner with every launch the real .cu on the host emulator, the caches carried between them:
+    the numpy backend's logits (within the kernels' summation order) and tokens, and the plan held back
+    (`--hold qkv_attn_o_glu_down_norm`: the q/k/v fold and the four-phase chain) gives the same."""
+    import sys
+
+    from test_issue40_views import _Stream
+    from test_lane import ARCHS, _weights
+
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run import cupy_runner
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg = ARCHS[arch]
+    w = _weights(cfg)
+    g = build_step(cfg, 1)
+    on, off = plan(g), plan(g, held=["qkv_attn_o_glu_down_norm"])
+    chained = on.fusions.get("qkv_attn_o_glu_down_norm", 0)  # (tiny-qwen3's layer 0: gate f32, up bf16: no chain)
+    assert chained >= 1 and on.n_launches == off.n_launches - chained
+    stems = sorted({x.launch.stem for p in (on, off) for x in p.launches if x.launch.kernels()})
+    for p in (on, off):
+        want_r = NumpyRunner(p, w, exact=True)
+        tables = {n: np.zeros(g.shape(n), np.float32) for n in p.io.tables}  # each runner's caches, carried
+        mine = {n: t.copy() for n, t in tables.items()}
+        with emu.emulating(stems) as device_env:
+            monkeypatch.setattr(cupy_runner, "DeviceEnv", device_env)
+            monkeypatch.setattr(sys.modules["cupy"].cuda, "Stream", _Stream, raising=False)
+            r = cupy_runner.CupyRunner(p, w, cupy_runner.DeviceState(), graph=False)
+            for pos, tok in enumerate((3, 17, 5)):
+                env = {"token": np.array([tok], np.int32), "pos": np.array([pos], np.int32)}
+                want, got = want_r.step({**env, **tables}), r.step({**env, **mine})
+                scale = float(np.abs(want["logits"]).max())
+                assert np.abs(got["logits"] - want["logits"]).max() <= 2e-5 * scale, (arch, pos)
+                assert np.array_equal(got["next"], want["next"]), (arch, pos)

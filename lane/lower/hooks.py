@@ -10,11 +10,12 @@ from __future__ import annotations
 from lanefuse.engine.ir import Op
 from lanefuse.engine.placement import arg, row_write
 from lanefuse.engine.refusal import Refusal
-from lanefuse.kernels import (Absorb, Attention, ConvParts, Dst, Fold, GemmPart, GemmParts, Gemv, HeadGemv, Rope,
-                              RopeParts, RopeSide)
+from lanefuse.kernels import (Absorb, Attention, Chain, ConvParts, Dst, Fold, GemmPart, GemmParts, Gemv, HeadGemv,
+                              Rope, RopeParts, RopeSide)
 from lanefuse.kernels.conv_parts import ConvPart
 from lanefuse.lane.lower.buffers import WORDS
 from lanefuse.lane.lower.fill import Scope, evaluate
+from lanefuse.lane.lower.table import Choice
 
 
 def _leaves(op: Op) -> dict[str, Op]:
@@ -72,12 +73,13 @@ def _members(op: Op) -> list[str]:
     return list(op.outs)
 
 
-def gemm_parts(link, op: Op, scope: Scope) -> list | Refusal:
+def gemm_parts(link, op: Op, scope: Scope, members: list[str] | None = None) -> list | Refusal:
     """The products of one activation as one GEMV in parts; members whose heads are rotated take their rotations
     in the same launch's epilogue (a fold of the parts and a rotation in parts), and members whose rows are normed
-    (a norm of one head) their norm, as a side of its own shape: one head of the part's width, no rotation."""
+    (a norm of one head) their norm, as a side of its own shape: one head of the part's width, no rotation. The
+    members are the op's results, or `members` (qkv_chain: what the attention reads)."""
     parts, sides, rope, x, fmt, seen = [], [], None, None, None, set()
-    for t in _members(op):
+    for t in members if members is not None else _members(op):
         ch = _chain(op, t)
         if "product" not in ch or ch["product"].out in seen:  # a normed row's f32 member after its quantized one
             continue
@@ -323,5 +325,25 @@ def _expanded(link, op, scope, attn, fk, fv):
                       softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope)]
 
 
-HOOKS = {"latent": latent, "gemm_parts": gemm_parts, "gemm_tc_parts": gemm_tc_parts, "conv_parts": conv_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts,
+def qkv_chain(link, op: Op, scope: Scope) -> list | Refusal:
+    """A decode layer from its q/k/v products to its next norm as one chained launch: the entry's own `launch: chain`
+    fields make the attention, o, GLU and down phases (attn_o_glu_down_norm's four), and the q/k/v products with their
+    heads' epilogue before them are gemm_parts' fold over what the attention reads (its query, and the rows its key
+    and value caches' row writes take, written straight into those rows)."""
+    ch = next(c for c in link.table.support(op.cls).choices if c.hook == "qkv_chain")
+    rest = link.build(Choice(None, ch.launch, ch.fields), scope)
+    if isinstance(rest, Refusal):
+        return rest
+    att = rest.attention if isinstance(rest, Chain) else None
+    if att is None:
+        return Refusal("a q/k/v chain whose entry's fields make no chain with an attention", f"`{op.cls}`")
+    got = gemm_parts(link, op, scope, members=[att.q, att.kc, att.vc])
+    if isinstance(got, Refusal):
+        return got
+    if len(got) != 1 or not isinstance(got[0], Fold):
+        return Refusal("q/k/v products with no heads' rotation before the attention", f"`{op.cls}` -> `{op.out}`")
+    return [Chain((got[0], *rest.phases))]
+
+
+HOOKS = {"qkv_chain": qkv_chain, "latent": latent, "gemm_parts": gemm_parts, "gemm_tc_parts": gemm_tc_parts, "conv_parts": conv_parts, "head_epilogue": head_epilogue, "rope_parts": rope_parts,
          "into_row": into_row}
