@@ -5,10 +5,11 @@ the KV-cache bytes per token per layer: the latent cache (the normed latent and 
 expanded cache of the same model (each head's key and value); and for a prefill chunk, the latent attention's
 launches and the cost model's estimate of one layer's, absorbed against expanded (the lane entry's `expand_rows`).
 
-    python bench/deepseek_figures.py [--repeat 3] [--json FILE] [--sort]
+    python bench/deepseek_figures.py [--repeat 3] [--json FILE] [--sort | --expand]
 
 --sort prints only a prefill chunk's mixtures sorted by expert against a row at a time (sort_figures: PREDICTIONS of
-the lane's cost model), 8 to 256 rows.
+the lane's cost model), 8 to 256 rows. --expand prints only a chunk's latent attention, its expansions priced by the
+lane against bench/launch_model.py's wave model and bench/gemm_model.py's tensor-core product (expand_figures).
 """
 
 from __future__ import annotations
@@ -85,6 +86,116 @@ def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
     return out
 
 
+def head_gemv_prediction(hg, filled: int) -> dict:
+    """bench/launch_model.py's wave model (time_us, the GEMV family's Little's law) of one HeadGemv launch over
+    `filled` rows of x: a warp an output, one bf16 value a lane in flight (64 B: head_gemv.cu's loop is not unrolled,
+    PTX one load of w an iteration), ceil(a / 32) dependent rounds, 16 blocks of 4 warps a SM (ptxas: 32 registers).
+    Every row re-reads the heads' matrices: the first row's pass from HBM (the calibration's L_us round, B_peak), the
+    later rows' from L2 (they fit: 16 MiB of 60 MB) at its L_l2_us round, capped at bench/gemm_model.py's L2_TBPS
+    (an assumption). A PREDICTION: no device has run head_gemv."""
+    import dataclasses as dc
+    import math
+
+    from gemm_model import L2_TBPS
+    from launch_model import Call, Kernel, load_calibration, time_us
+    from lanefuse.kernels.head_gemv import RESIDENT_BLOCKS, WARPS
+
+    cal = load_calibration()
+    l2 = dict(cal, L_us=cal["L_l2_us"], B_peak_TBps=L2_TBPS)
+    wbytes = hg.checkpoint_bytes()
+    us, parts = 0.0, []
+    first = 1 if filled > 1 else filled
+    for rows, c in ((first, cal), (filled - first, l2)):
+        if rows <= 0:
+            continue
+        one = dc.replace(hg, m=rows, upto=None, extra=0)
+        grid, block = one.grid_block()
+        k = Kernel(0, "head_gemv", one, Call(("head_gemv",), "head_gemv", grid, block, ()), bpsm=RESIDENT_BLOCKS,
+                   family="gemv", bytes=float(rows * wbytes), inflight_warp=32 * 2.0,
+                   rounds=float(math.ceil(hg.a / 32)), extra={"fmt": "bf16", "loop": "head_gemv x1"})
+        t = time_us(k, c)
+        us += t - (cal["t0_us"] if parts else 0.0)  # one launch: its fixed cost once
+        parts.append(round(t, 1))
+    return {"us": round(us, 1), "streamed_gb": round(filled * wbytes / 1e9, 2),
+            "tbps": round(filled * wbytes / (us * 1e-6) / 1e12, 2)}
+
+
+def expand_figures(table, chunks=(64, 128, 512, 2048), positions=(0, 4096), layers: int = 4) -> dict:
+    """A prefill chunk's latent attention at DeepSeek-V3's shape (issue 35 H5): for each chunk and position, each
+    expanded half (HeadGemv, 512 -> 128 heads x 128, over the filled cache rows pos + rows) as the lane priced it at
+    d7e3618 (the weights read once, the flops at tflops_f32, over the plan's cache rows L), as it prices it now
+    (HeadGemv.rate: the loop's rounds) over the filled rows and over L, bench/launch_model.py's wave model of the
+    kernel as written (head_gemv_prediction), and bench/gemm_model.py's tensor-core product of the same (gemm_tc: x
+    (filled, 512) by w (16384, 512)); the absorbed form's output expansion (HeadGemv over the chunk's rows) the same
+    ways; and which form the plan takes at each width (lane cuda, a cache of `max_len` rows). Every time a
+    PREDICTION."""
+    import dataclasses as dc
+
+    from gemm_model import gemm_prediction
+    from lanefuse.kernels.common import Dst
+    from lanefuse.kernels.head_gemv import HeadGemv
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.shim import kind_cost, launch_us
+
+    knobs, costs = Knobs(), table_costs()
+    cfg = deepseek_v3(layers)
+    h, nope, vd, lora, L = cfg.heads, cfg.nope, cfg.v_dim, cfg.kv_lora, cfg.max_len
+    half = HeadGemv("lc", "wk", "bf16", Dst("kx"), L, 1, lora, h * nope, rows_out=True, upto="pos")
+
+    def old_us(hg):  # the price before HeadGemv.rate: the gap, the kind's fixed time, max(bytes, flops at f32)
+        c = kind_cost(hg, costs)
+        return knobs.launch_us + c.fixed_us + max(hg.bytes() / (knobs.hbm_gbps * c.bandwidth * 1e3),
+                                                  hg.flops() / (knobs.tflops_f32 * 1e6))
+
+    out = {"cache_rows": L, "rows": {}}
+    print(f"DeepSeek-V3 shape, one layer's latent attention in a prefill chunk (bf16 rows; kv_b {lora} x {h} x "
+          f"({nope} + {vd}) = {2 * half.checkpoint_bytes() / 2 ** 20:.0f} MiB; the plan's cache {L} rows). "
+          f"PREDICTIONS, no device:")
+    print(f"  an expanded half (key or value, {lora} -> {h} x {nope}), over the filled rows pos + rows:")
+    print(f"  {'rows':>5} {'pos':>5} {'filled':>6} | {'priced d7e3618':>14} {'priced now':>10} | "
+          f"{'wave model':>10} {'L2 TB/s':>7} {'GB':>7} | {'old/model':>9} {'now/model':>9} | {'gemm_tc':>8}")
+    for rows in chunks:
+        row = {}
+        for pos in positions:
+            f = pos + rows
+            at = dc.replace(half, m=f, upto=None)
+            pred = head_gemv_prediction(half, f)
+            old, now = old_us(half), launch_us(at, knobs, costs)  # d7e3618 priced the plan's L rows, f unknown
+            tc = gemm_prediction(f, h * nope, lora, half.checkpoint_bytes())
+            row[pos] = {"filled": f, "priced_before_us": round(old, 1), "priced_now_us": round(now, 1),
+                        "priced_now_at_L_us": round(launch_us(half, knobs, costs), 1), "model": pred,
+                        "gemm_tc_us": tc["us"]}
+            print(f"  {rows:5d} {pos:5d} {f:6d} | {old:14,.1f} {now:10,.1f} | {pred['us']:10,.1f} "
+                  f"{pred['tbps']:7.2f} {pred['streamed_gb']:7.1f} | {old / pred['us']:9.3f} "
+                  f"{now / pred['us']:9.3f} | {tc['us']:8,.1f}")
+        absorbed = HeadGemv("a", "wv", "bf16", Dst("y"), rows, h, lora, vd, rows_out=True)
+        row["absorbed_expansion"] = {"priced_before_us": round(old_us(absorbed), 1),
+                                     "priced_now_us": round(launch_us(absorbed, knobs, costs), 1),
+                                     "model": head_gemv_prediction(absorbed, rows)}
+        out["rows"][rows] = row
+    print("  the absorbed form's output expansion (128 heads, 512 -> 128 each, over the chunk's rows):")
+    for rows in chunks:
+        a = out["rows"][rows]["absorbed_expansion"]
+        print(f"  {rows:5d} rows: priced d7e3618 {a['priced_before_us']:,.1f} us, now {a['priced_now_us']:,.1f} us; "
+              f"wave model {a['model']['us']:,.1f} us ({a['priced_now_us'] / a['model']['us']:.3f})")
+    print(f"  the plan's latent attention (lane cuda, a {layers}-layer step, the layer {layers - 1}):")
+    for rows in chunks:
+        s = plan(build_step(cfg, rows), table=table)
+        mine = [l for l in s.launches if l.layer == layers - 1]
+        halves = [l for l in mine if l.launch.census == "head_gemv" and l.launch.upto is not None]
+        form = "expanded" if halves else "absorbed"
+        attn = sum(l.cost_us for l in mine if l.launch.census in ("attention", "head_gemv"))
+        out["rows"][rows]["plan"] = {"form": form, "attention_and_expansions_us": round(attn, 1)}
+        print(f"  {rows:5d} rows: {form}; its attention and per-head products priced {attn:,.1f} us")
+    return out
+
+
+def table_costs():
+    from lanefuse.lane.lower.table import load_lane
+
+    return load_lane("cuda").costs
+
+
 SORT_RULES = ["moe_token_sort.grouped", "moe_token_sort.grouped_plain"]
 
 
@@ -142,9 +253,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="plan() runs a shape (median)")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--sort", action="store_true", help="only the sorted chunks' figures")
+    ap.add_argument("--expand", action="store_true", help="only the latent attention's expansions in a chunk")
     args = ap.parse_args()
     table = load_table()
     out = {}
+    if args.expand:
+        out["expand"] = expand_figures(table)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return 0
     if args.sort:
         print("DeepSeek-V3 shape (5 layers, bf16), a prefill chunk's two mixtures: sorted by expert or a row at a time "
               "(PREDICTIONS of the cuda lane's cost model, no device)")

@@ -28,6 +28,18 @@ from lanefuse.engine.refusal import Refusal
 
 WARPS = 4  # warps a block: one output each
 
+# What the loop runs at (the lane's price, `rate`; issue 35 H5). The loop (head_gemv.cu) is not unrolled: nvcc 13's PTX
+# for sm_90 has one load of x and one of w an iteration behind the format's switch, so a warp keeps one value a lane of
+# w in flight (64 bytes of bf16) and makes ceil(a / 32) dependent rounds; ptxas (nvcc 13 -arch=sm_90 -Xptxas -v):
+# 32 registers, 1028 B of shared memory, so 16 blocks of 4 warps a SM (the 2048 threads). Every row of x re-reads all
+# the heads' matrices (a warp an output), from L2 once the first pass has brought them there if they fit. The rounds'
+# latencies are bench/launch_model_calibration.json's (fitted on the 2026-12-04 H200 figures, not measured on this
+# kernel): L_us 2.02 (an HBM round of the GEMV family's loop) and L_l2_us 0.65 (an L2 round). PREDICTIONS, not measured.
+RESIDENT_BLOCKS = 16  # blocks a SM
+ROUND_US = 2.02  # a dependent round whose loads come from HBM
+L2_ROUND_US = 0.65  # a dependent round whose loads hit L2
+L2_SHARE = 0.5  # the matrices stay in L2 between rows when they take at most this share of it (knob l2_mib)
+
 
 @dataclass(frozen=True)
 class HeadGemv(QuantEpilogue, Launch):
@@ -107,6 +119,25 @@ class HeadGemv(QuantEpilogue, Launch):
 
     def flops(self):
         return 2 * self.m * self.heads * self.a * self.b
+
+    def loop_us(self, knobs) -> float:
+        """The loop's time as it runs (latency-bound: a round's loads a warp, RESIDENT_BLOCKS a SM): the m rows' warps
+        in waves of sms x RESIDENT_BLOCKS x WARPS, ceil(a / 32) rounds a wave; the first row's waves at an HBM round,
+        the later rows' at an L2 round where the matrices fit L2_SHARE of it (else every round from HBM). With `upto`
+        the plan does not know the position: all m rows (the cache's), as the attention prices its keys. A partial
+        wave takes a whole wave's rounds (latency, not bytes)."""
+        per_wave = knobs.sms * RESIDENT_BLOCKS * WARPS
+        rounds = -(-self.a // 32)
+        waves = -(-self.m * self.heads * self.b // per_wave)
+        first = min(waves, -(-self.heads * self.b // per_wave))
+        fits = self.checkpoint_bytes() <= L2_SHARE * knobs.l2_mib * 2 ** 20
+        return rounds * (first * ROUND_US + (waves - first) * (L2_ROUND_US if fits else ROUND_US))
+
+    def rate(self, knobs) -> float:
+        """The lane's rate of its flops (TFLOP/s; lane/lower/shim.launch_us divides the flops by it): what loop_us
+        leaves, at most the CUDA cores' peak (knob tflops_f32)."""
+        flops = self.flops()
+        return flops / max(self.loop_us(knobs), flops / (knobs.tflops_f32 * 1e6)) / 1e6
 
     def _stack(self, w: np.ndarray) -> np.ndarray:
         """The heads' matrices as (heads, a, b)."""

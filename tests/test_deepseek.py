@@ -530,14 +530,16 @@ def test_split_attention_twins_against_a_joined_attention(heads, kv, own, tail, 
 def narrow_lane(folder) -> dict:
     """plan() options of a lane whose latent attention runs expanded for a chunk of more than 4 rows (the cuda lane
     with its `mla` entry's `expand_rows` lowered): a user folder's lane table; the kinds' own fixed times (the lane's
-    `costs:`) scaled near 0, for at this tiny size they would price the fused attention's launches above its parts'."""
+    `costs:`) scaled near 0, for at this tiny size they would price the fused attention's launches above its parts';
+    and a launch gap of 10 µs, for at this size a per-head product's price is its launch and its loop's one or two
+    dependent rounds (HeadGemv.rate), which would put the three expanded launches level with the absorbed parts' five."""
     from lanefuse.lane.lower.knobs import Knobs
 
     (folder / "lanes").mkdir(exist_ok=True)
     (folder / "lanes" / "narrow.yaml").write_text(
         "lane: narrow\nbase: cuda\nwhy: the latent attention expanded from chunks of 5 rows\nclasses:\n"
         "  mla: {support: native, hook: latent, fields: {expand_rows: 4}}\n")
-    return dict(lane="narrow", rules_dirs=(str(folder),), knobs=Knobs(fixed_scale=0.001))
+    return dict(lane="narrow", rules_dirs=(str(folder),), knobs=Knobs(fixed_scale=0.001, launch_us=10.0))
 
 
 def mla_launches(s, layer=1):

@@ -1,0 +1,104 @@
+"""DeepSeek-V3's latent attention in a wide prefill chunk, priced as its per-head products run (issue 35 H5): HeadGemv's
+loop re-reads every head's matrix for each row of x (a warp an output, one value a lane in flight), so the lane
+prices its waves of dependent rounds (HeadGemv.rate), not the weights once and the flops at the f32 peak; the plan's
+choice between the expanded halves and the absorbed form follows that price at every width."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+CHUNKS = (64, 128, 512, 2048)
+
+
+def deepseek_v3_layer(max_len: int = 4096):
+    """DeepSeek-V3's shape (its config's values) in two dense layers: one latent attention after the first layer."""
+    from deepseek_figures import DEEPSEEK_V3, bf16
+    from lanefuse.engine.front.hfconfig import config_from_hf
+
+    return bf16(config_from_hf({**DEEPSEEK_V3, "num_hidden_layers": 2, "first_k_dense_replace": 2}, "config.json",
+                               max_len=max_len))
+
+
+def expanded_half(cfg, m: int):
+    from lanefuse.kernels.common import Dst
+    from lanefuse.kernels.head_gemv import HeadGemv
+
+    return HeadGemv("lc", "wk", "bf16", Dst("kx"), m, 1, cfg.kv_lora, cfg.heads * cfg.nope, rows_out=True)
+
+
+@pytest.mark.parametrize("rows,pos", [(64, 0), (64, 4096), (512, 0), (2048, 0), (2048, 4096)])
+def test_the_lane_prices_a_half_as_the_wave_model_runs_it(rows, pos):
+    """An expanded half over pos + rows filled rows: the lane's price (lane/lower/shim.launch_us) within 25% of
+    bench/launch_model.py's wave model of the kernel as written (bench/deepseek_figures.head_gemv_prediction: the
+    first row's pass from HBM, the others from L2, 64 B a warp in flight); before HeadGemv.rate (the weights once,
+    the flops at knob tflops_f32) it was 1.4% to 2.3% of it."""
+    from deepseek_figures import head_gemv_prediction
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.shim import launch_us
+    from lanefuse.lane.lower.table import load_lane
+
+    cfg = deepseek_v3_layer()
+    f = rows + pos
+    half = expanded_half(cfg, f)
+    priced = launch_us(half, Knobs(), load_lane("cuda").costs)
+    model = head_gemv_prediction(half, f)["us"]
+    assert abs(priced / model - 1) <= 0.25, (priced, model)
+    assert model > 15 * f  # about 20 µs a row of the cache: the loop's rounds, not the 16 MiB matrix once
+
+
+def expanding_lane(folder) -> dict:
+    (folder / "lanes").mkdir(exist_ok=True)
+    (folder / "lanes" / "expanding.yaml").write_text(
+        "lane: expanding\nbase: cuda\nwhy: chunks of more than 16 rows may run expanded\nclasses:\n"
+        "  mla: {support: native, hook: latent, fields: {expand_rows: 16}}\n")
+    return dict(lane="expanding", rules_dirs=(str(folder),))
+
+
+def test_the_plan_takes_the_form_its_price_says_at_every_width(tmp_path):
+    """At each chunk width (64 to 2048 rows, a 4096-row cache) the plan of the cuda lane, and of a lane whose `mla`
+    may expand from 17 rows, keeps the latent attention absorbed: the two expanded halves priced over the cache's rows
+    (what the plan knows of the position) cost more than the absorbed form's attention and output expansion it
+    takes. Before HeadGemv.rate the chunks of 512 and 2048 rows ran expanded (each half a flat 1158.6 µs)."""
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.rules import load_table
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.lower.shim import launch_us
+    from lanefuse.lane.lower.table import load_lane
+
+    cfg, table = deepseek_v3_layer(), load_table()
+    halves = 2 * launch_us(expanded_half(cfg, cfg.max_len), Knobs(), load_lane("cuda").costs)
+    for rows in CHUNKS:
+        g = build_step(cfg, rows)
+        for opts in ({}, expanding_lane(tmp_path)):
+            s = plan(g, table=table, **opts)
+            mine = [l for l in s.launches if l.layer == 1]
+            expanded = [l for l in mine if l.launch.census == "head_gemv" and l.launch.upto is not None]
+            assert not expanded, (rows, opts.get("lane"), [l.cost_us for l in expanded])
+            attn = [l for l in mine if l.launch.census in ("attention", "head_gemv")]
+            assert [l.launch.census for l in attn] == ["attention", "head_gemv"], attn
+            assert attn[0].launch.hd == cfg.kv_lora + cfg.head_dim  # over the latent cache: absorbed
+            out = attn[1].launch
+            assert (out.m, out.heads, out.a, out.b) == (rows, cfg.heads, cfg.kv_lora, cfg.v_dim)
+            assert attn[1].cost_us < halves, (rows, attn[1].cost_us, halves)
+
+
+def test_a_decode_steps_expansion_is_priced_by_its_rounds():
+    """The absorbed form's output expansion in a decode step (1 row, 128 heads of 512 -> 128: 16384 warps, two waves
+    of 16 rounds from HBM): its loop 64.6 µs, where the weights' bytes alone are 3.9 µs."""
+    from lanefuse.kernels.common import Dst
+    from lanefuse.kernels.head_gemv import HeadGemv
+    from lanefuse.lane.lower.knobs import Knobs
+
+    hg = HeadGemv("a", "wv", "bf16", Dst("y"), 1, 128, 512, 128, rows_out=True)
+    assert hg.loop_us(Knobs()) == pytest.approx(2 * 16 * 2.02)
+    assert hg.loop_us(dataclasses.replace(Knobs(), l2_mib=8)) == pytest.approx(2 * 16 * 2.02)  # one row: HBM either way
+    wide = dataclasses.replace(hg, m=3)
+    assert wide.loop_us(Knobs()) == pytest.approx(16 * (2 * 2.02 + 4 * 0.65))  # later rows from L2
+    assert wide.loop_us(dataclasses.replace(Knobs(), l2_mib=8)) == pytest.approx(16 * 6 * 2.02)  # 16 MiB > 4 MiB
