@@ -179,7 +179,12 @@ def tc_waves(m: int, ns, k: int, ksplit: int = 1, fmt: str = "bf16", sms: int = 
             "bound": max(bounds, key=bounds.get)}
 
 
-MIN_ROWS = 16  # the fewest rows of x worth the tensor cores (one mma's 16 rows); fewer run as GEMVs
+# The fewest rows of x the knob tc_rows sends to the tensor cores; fewer run as GEMVs. The kernels take any m (a tile
+# of 64 rows pads them; cuBLAS any m): one or two rows of x a GEMV streams at the copy bandwidth by 16-byte loads
+# (gemv_core.cu gemv_tile16), a slab of 3-8 four values a lane a step, one step in flight (gemv_tile_any), which
+# bench/launch_model.py predicts 2-4x slower than these forms (bench/batch_curve.py: a Qwen3-8B-shaped decode of 8
+# sequences 26237 µs a step as GEMV slabs, 10911 here, at t0 10.3 µs a launch; 1 sequence 4566)
+MIN_ROWS = 3
 
 
 def bf16_round(a: np.ndarray) -> np.ndarray:

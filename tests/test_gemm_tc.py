@@ -129,7 +129,7 @@ def check_within_bound(launch: GemmTc, arrays, weights, got_y: np.ndarray):
 # (m, n, k): one tile short every way; the brief's edge case; whole tiles; k past a tile by less than a chunk and
 # not whole chunks (gemm_tc_any for bf16 too); tiles across a grid both ways
 SHAPES = [(16, 8, 16), (17, 100, 80), (128, 128, 32), (130, 33, 72), (16, 129, 7), (200, 257, 96), (1, 5, 40),
-          (64, 40, 24), (65, 40, 24)]  # the last two: either side of the 64-row tiles
+          (64, 40, 24), (65, 40, 24), (5, 70, 48)]  # (64/65: either side of the 64-row tiles; 5: a batch of 5)
 
 
 @pytest.fixture(scope="module")

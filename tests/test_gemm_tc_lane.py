@@ -34,7 +34,7 @@ def products(p):
     return [x.launch for x in p.launches if isinstance(x.launch, (GemmTc, GemmTcParts, GemmTcGlu, Gemv))]
 
 
-def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
+def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores_and_of_3():
     cfg, _ = demo_model()
     g = build_step(cfg, 16)
     tc, f32 = plan(g, knobs=TC), plan(g)
@@ -49,7 +49,11 @@ def test_the_knob_puts_products_of_16_rows_on_the_tensor_cores():
     assert tc.census.get("binary", 0) == held.census["binary"] - cfg.layers
     assert [len(l.parts) for l in big if isinstance(l, GemmTcParts)] == [3] * cfg.layers
     assert all(isinstance(l, Gemv) for l in products(tc) if l.m < 16)  # the last row's logits: a GEMV
-    assert "gemm_tc" not in plan(build_step(cfg, 15), knobs=replace(TC, tc_rows=1)).census  # below one mma's 16
+    # 2 rows: the GEMV's 16-byte tile streams them (gemm_tc.MIN_ROWS 3); from 3 rows the tensor cores where tc_rows
+    # says so (a tile of 64 rows pads them)
+    assert "gemm_tc" not in plan(build_step(cfg, 2), knobs=replace(TC, tc_rows=1)).census
+    three = plan(build_step(cfg, 3), knobs=replace(TC, tc_rows=1))
+    assert three.census["gemm_tc_parts"] == cfg.layers and three.census["gemm_tc_glu"] == cfg.layers
     assert "gemm_tc" not in plan(g, knobs=replace(TC, tc_rows=32)).census
 
 

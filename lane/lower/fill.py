@@ -249,7 +249,7 @@ def _token(s):
 
 def _tensor_cores(s, x):
     """Whether a product of activation x runs on the tensor cores: the `tc_rows` knob set, x of at least that many rows
-    (and the 16 of one mma) and f32 (not a quantized activation)."""
+    (and kernels/gemm_tc.py's MIN_ROWS) and f32 (not a quantized activation)."""
     from lanefuse.kernels.gemm_tc import MIN_ROWS
 
     k = s.knobs
