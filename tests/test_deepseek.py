@@ -590,7 +590,7 @@ def test_expanded_plan_against_the_reference(rows, fmt, tmp_path):
 
 
 def test_the_cuda_lane_keeps_chunks_absorbed():
-    """The cuda lane's `expand_rows` is 64, the widest chunk (the expansions pay only from 171 rows at DeepSeek-V3's
+    """The cuda lane's `expand_rows` is 64, the widest chunk (the expansions never pay below it at DeepSeek-V3's
     shape): a chunk of 64 rows runs absorbed."""
     from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan

@@ -102,3 +102,74 @@ def test_a_decode_steps_expansion_is_priced_by_its_rounds():
     wide = dataclasses.replace(hg, m=3)
     assert wide.loop_us(Knobs()) == pytest.approx(16 * (2 * 2.02 + 4 * 0.65))  # later rows from L2
     assert wide.loop_us(dataclasses.replace(Knobs(), l2_mib=8)) == pytest.approx(16 * 6 * 2.02)  # 16 MiB > 4 MiB
+
+
+# -- the expanded halves on the tensor cores ---------------------------------------------------------------------------
+
+def test_deepseek_v3s_wide_chunks_expand_on_the_tensor_cores():
+    """With the tensor cores on (knob tc_rows 16: the bf16 numerics), each expanded half of a chunk wider than
+    `expand_rows` is one product of the cache's rows by every head's stacked expansion rows (lane/lower/hooks._half:
+    GemmTc, x (L, 512) by w (16384, 512)ᵀ; the lane may take it through cuBLAS), priced at its waves: the plan then
+    takes the expanded form at 128, 512 and 2048 rows, its halves far below the absorbed form's warp-an-output
+    expansion; 64 rows (the lane's expand_rows) stays absorbed; without the knob nothing changes."""
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.rules import load_table
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import plan
+
+    cfg, table = deepseek_v3_layer(), load_table()
+    for rows in CHUNKS:
+        s = plan(build_step(cfg, rows), table=table, knobs=Knobs(tc_rows=16))
+        mla = [l for l in s.launches if l.layer == 1 and l.cls == "mla"]
+        if rows <= 64:
+            assert "head_gemv" in [l.launch.census for l in mla] and mla[0].launch.census != "gemm_tc", mla
+            continue
+        assert [l.launch.census in ("gemm_tc", "gemm_blas") for l in mla] == [True, True, False], mla
+        for l, n in zip(mla, (cfg.heads * cfg.nope, cfg.heads * cfg.v_dim)):
+            k = l.launch
+            assert (k.m, k.n, k.k) == (cfg.max_len, n, cfg.kv_lora)  # every cache row by every head's rows
+            assert l.cost_us < 1000, l.cost_us  # the warp-an-output half over 4096 rows: 83 ms
+        assert mla[2].launch.hd == cfg.nope + cfg.head_dim  # the attention over the expanded keys
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("runner", ["exact", "fast"])
+def test_the_tensor_core_halves_against_the_reference(fmt, runner, tmp_path):
+    """A tiny DeepSeek-V3 (tests/test_deepseek.py's: 4 heads, latent 16, a 64-row cache) in a chunk of 20 rows under
+    a lane expanding from 5 rows with the tensor cores on (tc_rows 16): the halves are tensor-core products of the 64
+    cache rows, and the step's logits are the reference interpreter's within the bf16 numerics' tolerance (x and w
+    rounded to bf16, f32 sums, every product of 16 rows or more: tests/test_gemm_tc_lane.py's 5e-2 of the logits'
+    scale), at position 40 (60 of the 64 rows filled)."""
+    import numpy as np
+
+    from test_deepseek import mla_launches, narrow_lane, tiny_cfg
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.engine.front.weights import Weights
+    from lanefuse.engine.interp import evaluate
+    from lanefuse.kernels.common import encode
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run.generate import new_caches
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    opts = narrow_lane(tmp_path)
+    opts["knobs"] = dataclasses.replace(opts["knobs"], tc_rows=16)
+    rows, r = 20, np.random.default_rng(7)
+    cfg = tiny_cfg()
+    arrays = {}
+    for name, shape in cfg.weight_names().items():
+        a = (r.standard_normal(shape) / (np.sqrt(shape[-1]) if len(shape) == 2 else 3)).astype(np.float32)
+        arrays[name] = (encode(a, fmt), fmt) if len(shape) == 2 and fmt != "f32" else a
+    cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
+    g = build_step(cfg, rows)
+    s = plan(g, **opts)
+    halves = [l.launch for l in mla_launches(s)][:2]
+    assert [h.census in ("gemm_tc", "gemm_blas") for h in halves] == [True, True], [h.census for h in halves]
+    assert [h.m for h in halves] == [64, 64]
+    weights = Weights.from_dict(arrays, cfg)
+    caches = {k: r.standard_normal(v.shape).astype(np.float32) for k, v in new_caches(cfg).items()}
+    inputs = {"token": r.integers(0, cfg.vocab, rows).astype(np.int32), "pos": np.array([40], np.int32)}  # 60 filled
+    ref = evaluate(g, weights, {**inputs, **{k: v.copy() for k, v in caches.items()}})
+    got = NumpyRunner(s, weights, exact=runner == "exact").step({**inputs, **{k: v.copy() for k, v in caches.items()}})
+    err = float(np.abs(got["logits"] - ref["logits"]).max()) / float(np.abs(ref["logits"]).max())
+    print(f"\n{fmt} {runner} halves {[h.census for h in halves]}: {err:.2e}")
+    assert err <= 5e-2, err

@@ -318,11 +318,25 @@ def _expanded(link, op, scope, attn, fk, fv):
     for name, cols in ((kx, h * nope), (vx, h * vd)):
         if lowering and name not in g.tensors:
             g.tensors[name] = Tensor(name, (L, cols))
-    # only the cache's filled rows (its position's and the chunk's): the attention reads no other
-    return [HeadGemv(b["lc"], b["wk"], fk, Dst(kx), L, 1, lora, h * nope, rows_out=True, upto=b["pos"], extra=rows),
-            HeadGemv(b["lc"], b["wv"], fv, Dst(vx), L, 1, lora, h * vd, rows_out=True, upto=b["pos"], extra=rows),
+    return [_half(link, b["lc"], b["wk"], fk, kx, L, lora, h * nope, b["pos"], rows),
+            _half(link, b["lc"], b["wv"], fv, vx, L, lora, h * vd, b["pos"], rows),
             Attention(b["qn"], kx, vx, b["pos"], b["y"], h, 1, nope + rope, vd, L, rows, b["scale"],
                       softcap=b["a.softcap"], qtail=b["qr"], ktail=b["kr"], tail=rope)]
+
+
+def _half(link, lc: str, w: str, fmt: str, y: str, L: int, lora: int, n: int, pos: str, rows: int):
+    """One expanded half, y (L, n) = lc (L, lora) · wᵀ (w n checkpoint rows of lora values: every head's expansion
+    stacked): a GEMM on the tensor cores (GemmTc over every cache row, the bf16 numerics) where the lane's knob
+    `tc_rows` takes a product of L rows and the kernel reads the rows' format; else HeadGemv, a warp an output, over
+    the cache's filled rows only (its position's and the chunk's: the attention reads no other). The GEMM computes
+    the unfilled rows too (it has no `upto`), which no one reads; at DeepSeek-V3's shape it is priced far below the
+    warp-an-output loop's L passes over the 16 MiB matrix (bench/deepseek_figures.py --expand)."""
+    from lanefuse.kernels.gemm_tc import MIN_ROWS, TC_FORMATS, GemmTc
+
+    k = link.knobs
+    if k is not None and getattr(k, "tc_rows", 0) and L >= max(k.tc_rows, MIN_ROWS) and fmt in TC_FORMATS:
+        return GemmTc(lc, w, fmt, Dst(y), lora, n, L)
+    return HeadGemv(lc, w, fmt, Dst(y), L, 1, lora, n, rows_out=True, upto=pos, extra=rows)
 
 
 def qkv_chain(link, op: Op, scope: Scope) -> list | Refusal:
