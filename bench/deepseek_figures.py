@@ -178,15 +178,20 @@ def expand_figures(table, chunks=(64, 128, 512, 2048), positions=(0, 4096), laye
         a = out["rows"][rows]["absorbed_expansion"]
         print(f"  {rows:5d} rows: priced d7e3618 {a['priced_before_us']:,.1f} us, now {a['priced_now_us']:,.1f} us; "
               f"wave model {a['model']['us']:,.1f} us ({a['priced_now_us'] / a['model']['us']:.3f})")
-    print(f"  the plan's latent attention (lane cuda, a {layers}-layer step, the layer {layers - 1}):")
-    for rows in chunks:
-        s = plan(build_step(cfg, rows), table=table)
-        mine = [l for l in s.launches if l.layer == layers - 1]
-        halves = [l for l in mine if l.launch.census == "head_gemv" and l.launch.upto is not None]
-        form = "expanded" if halves else "absorbed"
-        attn = sum(l.cost_us for l in mine if l.launch.census in ("attention", "head_gemv"))
-        out["rows"][rows]["plan"] = {"form": form, "attention_and_expansions_us": round(attn, 1)}
-        print(f"  {rows:5d} rows: {form}; its attention and per-head products priced {attn:,.1f} us")
+    print(f"  the plan's latent attention (lane cuda, a {layers}-layer step, the layer {layers - 1}; the expanded halves "
+          f"priced over the cache's {L} rows, {launch_us(half, knobs, costs):,.1f} us each as head_gemv):")
+    for tc in (0, 16):
+        for rows in chunks:
+            s = plan(build_step(cfg, rows), table=table, knobs=dc.replace(knobs, tc_rows=tc))
+            mine = [l for l in s.launches if l.layer == layers - 1]
+            mla = [l for l in mine if l.cls == "mla"]
+            form = "expanded" if any(l.launch.census != "head_gemv" and l.launch.census != "attention" or
+                                     getattr(l.launch, "upto", None) for l in mla) else "absorbed"
+            kinds = [f"{l.launch.census} {l.cost_us:,.1f}" for l in mine
+                     if l.cls == "mla" or l.launch.census in ("attention", "head_gemv")]
+            layer = sum(l.cost_us for l in mine)
+            out["rows"][rows][f"plan_tc_rows_{tc}"] = {"form": form, "launches": kinds, "layer_us": round(layer, 1)}
+            print(f"  tc_rows {tc:2d}, {rows:5d} rows: {form}; {'; '.join(kinds)} us; the layer {layer:,.1f} us")
     return out
 
 
