@@ -334,14 +334,20 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
                         "timings": run_timings(load_s, r, spent)})
     if args.json:
         write_atomic(args.json, _records_text(records, results, f"--json {args.json}"))
+    print_prompt_lines(records, tok, human)
+    print_timings(batch_timings(load_s, results, spent, total_s))  # the batch's, as a single run's: on stderr
+    return 0
+
+
+def print_prompt_lines(records, tok, human) -> None:
+    """A batch run's line a prompt (`prompt k: ids -> generated ids`, the text where a tokenizer is at hand) on
+    `human`, for `run`'s batch and `run --ranks R`'s."""
     for k, rec in enumerate(records, 1):
         line = f"prompt {k}: {','.join(map(str, rec['prompt_ids']))} -> {','.join(map(str, rec['generated_ids']))}"
         if tok is not None:
             line += f"  {tok.decode(rec['generated_ids'])!r}"
         print(line, file=human)
     sys.stdout.flush()
-    print_timings(batch_timings(load_s, results, spent, total_s))  # the batch's, as a single run's: on stderr
-    return 0
 
 
 def _cache_rows(saved) -> int | None:

@@ -153,7 +153,7 @@ def run_ranks_batch(args, src, sampling) -> int:
     import time
 
     from lanefuse.engine.ir import MAX_BATCH
-    from lanefuse.lane.cli.commands import BATCH_CAP, _batch_prompts
+    from lanefuse.lane.cli.commands import BATCH_CAP, _batch_prompts, print_prompt_lines
     from lanefuse.lane.run.batch import check_prompts
     from lanefuse.lane.run.ranks import launch
 
@@ -179,12 +179,7 @@ def run_ranks_batch(args, src, sampling) -> int:
         from lanefuse.lane.lower.files import write_atomic
 
         write_atomic(args.json, json.dumps(records) + "\n")
-    for k, rec in enumerate(records, 1):
-        line = f"prompt {k}: {','.join(map(str, rec['prompt_ids']))} -> {','.join(map(str, rec['generated_ids']))}"
-        if tok is not None:
-            line += f"  {tok.decode(rec['generated_ids'])!r}"
-        print(line, file=human)
-    sys.stdout.flush()
+    print_prompt_lines(records, tok, human)
     print(f"lanefuse: {R} ranks: {dt:.2f} s (process start-up included); {res[0]['calls']} collectives a rank, "
           f"{res[0]['bytes']:,} B sent a rank", file=sys.stderr)
     return 0
