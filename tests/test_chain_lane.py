@@ -1,5 +1,6 @@
-"""The chains in the lane (issue 34): rule `attn_o_glu_down_norm` (a decode layer's attention, then the three phases
-below) -> the cuda lane's Chain((Attention, Fold(Gemv, Norm), GemvGlu, Fold(Gemv, Norm))); held, rule
+"""The chains in the lane (issue 34): rule `qkv_attn_o_glu_down_norm` (a decode layer's q/k/v fold, then the four
+phases below) -> Chain((Fold(GemmParts, RopeParts), Attention, ...)); held, rule `attn_o_glu_down_norm` (a decode
+layer's attention, then the three phases below) -> the cuda lane's Chain((Attention, Fold(Gemv, Norm), GemvGlu, Fold(Gemv, Norm))); held, rule
 `o_glu_down_norm` (rules/ffn.yaml: the o product with the residual's add and the post-attention norm, the gate/up GLU,
 then the down product with the residual's add and the next norm) -> Chain((Fold(Gemv, Norm), GemvGlu, Fold(Gemv,
 Norm))), and held, rule `glu_down_norm` (the last two phases) -> Chain((GemvGlu, Fold(Gemv, Norm))); each chosen by
@@ -22,9 +23,10 @@ from lanefuse.lane.lower.plan import PlanOptions, plan
 from lanefuse.lane.run.generate import generate
 from lanefuse.lane.run.step import plan_step_fn
 
-HOLD = ("attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm")  # all held: no chain
-HOLD3 = ("attn_o_glu_down_norm", "o_glu_down_norm")  # the four- and three-phase rules held: the two-phase chain
-HOLD4 = ("attn_o_glu_down_norm",)  # the four-phase rule held: the three-phase chain
+HOLD5 = ("qkv_attn_o_glu_down_norm",)  # the five-phase rule held: the q/k/v fold apart, the four-phase chain
+HOLD = HOLD5 + ("attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm")  # all held: no chain
+HOLD3 = HOLD5 + ("attn_o_glu_down_norm", "o_glu_down_norm")  # the five-, four-, three-phase held: the two-phase chain
+HOLD4 = HOLD5 + ("attn_o_glu_down_norm",)  # the five- and four-phase rules held: the three-phase chain
 
 
 def tiny_bf16():
@@ -46,7 +48,7 @@ def chains(p) -> list[Chain]:
 def test_a_decode_step_chains_each_layers_o_and_mlp_and_held_keeps_the_launches(model):
     cfg, w = demo_model() if model == "demo" else tiny_bf16()
     g = build_step(cfg, 1)
-    on, three = plan(g), plan(g, held=list(HOLD4))
+    five, on, three = plan(g), plan(g, held=list(HOLD5)), plan(g, held=list(HOLD4))
     two, off = plan(g, held=list(HOLD3)), plan(g, held=list(HOLD))
     assert len(chains(on)) == cfg.layers and on.census["chain"] == cfg.layers and "gemv_glu" not in on.census
     assert "attention" not in on.census and three.census["attention"] == cfg.layers
@@ -69,6 +71,16 @@ def test_a_decode_step_chains_each_layers_o_and_mlp_and_held_keeps_the_launches(
     assert [c.phases[0] for c in chains(on)] == attentions
     assert [c.phases[1:] for c in chains(three)] == [c.phases for c in chains(two)]
     assert all(c.phases[0] in o_folds for c in chains(three))
+    # the five-phase chain (qkv_attn_o_glu_down_norm): the held plan's q/k/v fold (its products at the chain's outputs
+    # a warp), then the four-phase chain's phases; one launch a layer fewer
+    assert len(chains(five)) == cfg.layers and all(len(c.phases) == 5 for c in chains(five))
+    assert five.n_launches == on.n_launches - cfg.layers and five.fusions["qkv_attn_o_glu_down_norm"] == cfg.layers
+    assert [c.phases[1:] for c in chains(five)] == [c.phases for c in chains(on)]
+    qkv = [x.launch for x in on.launches if x.launch.census == "fold" and x.launch.form()[0] == "parts_rope"]
+    assert [c.phases[0] for c in chains(five)] == [
+        dataclasses.replace(f, first=dataclasses.replace(f.first, per_warp=c.glu.per_warp))
+        for f, c in zip(qkv, chains(five))]
+    assert all(c.check() is None and c.kernels() == (c,) for c in chains(five))
 
 
 def test_a_chunk_of_three_rows_keeps_two_launches():

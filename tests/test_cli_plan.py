@@ -41,9 +41,9 @@ def test_the_default_plan_is_a_summary_and_all_is_everything(plans):
     assert f"{len(idle)} more rules matched nothing in this step (`--all` lists them)" in short.stdout
     assert len(short.stdout.splitlines()) < len(full.stdout.splitlines()) // 2
     assert "layer 0 launches" not in short.stdout and "layer 0 launches" in full.stdout
-    # the LM head and its arg-max one fold; each layer's attention, o fold, GLU and down fold one chained launch
-    # (attn_o_glu_down_norm)
-    assert "census: fold 6, chain 4" in short.stdout
+    # the LM head and its arg-max one fold; each layer's q/k/v fold, attention, o fold, GLU and down fold one chained
+    # launch (qkv_attn_o_glu_down_norm)
+    assert "census: chain 4, fold 2" in short.stdout
     # every line but the rules' notes (a sentence each, wrapped by the terminal) fits 100 columns
     long = [line for line in short.stdout.splitlines() if len(line.strip()) > 100 and "not chosen" not in line]
     assert not long, long
@@ -55,28 +55,31 @@ def test_a_rule_that_matched_and_lost_says_why_in_its_note(plans):
     for rule, (_, matched, chosen, note) in rows.items():
         if int(matched) and not int(chosen):
             assert note.startswith("not chosen: "), (rule, note)
-    # glu_act_mul lost at L0.glu to the chained attention, o fold, GLU and down fold (attn_o_glu_down_norm, which the
-    # fused gate/up GEMV alone, the two-phase chain glu_down_norm and the three-phase o_glu_down_norm lose to too): the step's cost with it, against the plan's
+    # glu_act_mul lost at L0.glu to the chained q/k/v fold, attention, o fold, GLU and down fold
+    # (qkv_attn_o_glu_down_norm, which the fused gate/up GEMV alone, the two-phase chain glu_down_norm, the three-phase
+    # o_glu_down_norm and the four-phase attn_o_glu_down_norm lose to too): the step's cost with it, against the plan's
     note = rows["glu_act_mul"][3]
     m = re.search(r"\+(\d+\.\d\d) µs a step with it at L0\.glu \((\d+\.\d\d) against (\d+\.\d\d) µs with "
-                  r"attn_o_glu_down_norm\)", note)
+                  r"qkv_attn_o_glu_down_norm\)", note)
     assert m, note
     d, with_it, plan = map(float, m.groups())
     assert d > 0 and abs(with_it - plan - d) < 0.011
     assert re.search(rf"estimated step {plan:.1f} µs", short.stdout)
     assert f"note: glu_act_mul @ rules/ffn.yaml:2: {note}" in short.stdout
-    assert rows["attn_o_glu_down_norm"][3] == ""  # chosen: no note
-    assert "with attn_o_glu_down_norm" in rows["gemv_gate_up_glu"][3]
-    assert "with attn_o_glu_down_norm" in rows["glu_down_norm"][3]
-    assert "with attn_o_glu_down_norm" in rows["o_glu_down_norm"][3]  # the three-phase chain: the four's last phases
-    assert "with attn_o_glu_down_norm" in rows["gemv_norm_epilogue"][3]  # the o products' folds are the chain's phases
+    assert rows["qkv_attn_o_glu_down_norm"][3] == ""  # chosen: no note
+    assert "with qkv_attn_o_glu_down_norm" in rows["gemv_gate_up_glu"][3]
+    assert "with qkv_attn_o_glu_down_norm" in rows["glu_down_norm"][3]
+    assert "with qkv_attn_o_glu_down_norm" in rows["o_glu_down_norm"][3]  # the three-phase chain: the five's last
+    assert "with qkv_attn_o_glu_down_norm" in rows["attn_o_glu_down_norm"][3]  # the four-phase: the five's last four
+    assert "with qkv_attn_o_glu_down_norm" in rows["gemv_norm_epilogue"][3]  # the o products' folds are its phases
+    assert "with qkv_attn_o_glu_down_norm" in rows["merged_qkv"][3]  # the q/k/v products in parts: its first phase
 
 
 def test_the_note_is_in_the_json_too():
     doc = json.loads(_cli("plan", "--json", "-").stdout)
     notes = {r["rule"]: r["note"] for r in doc["rules"]}
-    assert notes["glu_act_mul"].startswith("not chosen: +") and "attn_o_glu_down_norm" in notes["glu_act_mul"]
-    assert notes["attn_o_glu_down_norm"] == ""
+    assert notes["glu_act_mul"].startswith("not chosen: +") and "qkv_attn_o_glu_down_norm" in notes["glu_act_mul"]
+    assert notes["qkv_attn_o_glu_down_norm"] == ""
 
 
 def test_a_held_rule_keeps_its_held_note_not_a_why_not():
@@ -133,7 +136,7 @@ def test_on_an_80_column_terminal_every_line_fits(tmp_path):
     text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", b"".join(chunks).decode()).replace("\r", "")
     lines = [line for line in text.splitlines() if not line.startswith("note: ")]
     assert max(len(line) for line in lines) <= 80, max(lines, key=len)
-    assert re.search(r"│ glu_act_mul\s+│\s+4 │\s+0 │ \+\d+\.\d\d µs vs attn_o_glu_down_norm\s+│", text), text
+    assert re.search(r"│ glu_act_mul\s+│\s+4 │\s+0 │ \+\d+\.\d\d µs vs[\s│]*qkv_attn_o_glu_down_norm\s+│", text), text  # (wrapped at 80)
     assert "rules/ffn.yaml:2" in text  # in its note line
 
 

@@ -28,7 +28,8 @@ from lanefuse.lane.run.numpy_runner import NumpyRunner
 
 TOL = 1e-4
 # the built-in rules joining the ops the new class joins
-HOLD = ("add_norm", "gemv_norm_epilogue", "glu_down_norm", "o_glu_down_norm", "attn_o_glu_down_norm")
+HOLD = ("add_norm", "gemv_norm_epilogue", "glu_down_norm", "o_glu_down_norm", "attn_o_glu_down_norm",
+        "qkv_attn_o_glu_down_norm")
 README = Path(__file__).resolve().parent.parent / "rules" / "README.md"
 
 CLASSES = """\

@@ -120,19 +120,21 @@ def test_plan_counts_matches_and_choices_per_rule(tmp_path):
     r = _cli("plan", "--hold", "merged_qkv", "--rules", str(tmp_path))
     assert r.returncode == 0, r.stderr
     row = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["gemv_norm_epilogue"])
-    # matched 8, chosen 0: the o and down products' folds ride in each layer's chained launch (attn_o_glu_down_norm)
+    # matched 8, chosen 0: the o and down products' folds ride in each layer's chained launch
+    # (qkv_attn_o_glu_down_norm, whose first phase runs the q/k/v products in parts, merged_qkv held or not)
     assert row[1] == "rules/norm.yaml:11" and row[2:4] == ["8", "0"]
-    chain = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["attn_o_glu_down_norm"])
-    assert chain[1] == "rules/ffn.yaml:92" and chain[2:4] == ["4", "4"]
+    chain = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["qkv_attn_o_glu_down_norm"])
+    assert chain[1] == "rules/ffn.yaml:116" and chain[2:4] == ["4", "4"]
     notes = [line for line in r.stdout.splitlines() if line.startswith("note: ")]
-    assert "note: merged_qkv @ rules/products.yaml:11: held back: released, the plan would choose it 4 times" in notes
+    assert "note: merged_qkv @ rules/products.yaml:11: held back, and not chosen anyway: the plan with it released " \
+           "does not choose it" in notes
     assert f"note: my.gelu_glu @ {tmp_path / 'mine.yaml'}:1: your rule never matched this step" in notes
     assert f"note: my.add @ {tmp_path / 'mine.yaml'}:9: class `my_add` is linked by no launch of the cuda lane: " \
            f"never chosen" in notes
     js = _cli("plan", "--json", "-")
-    rule = next(r for r in json.loads(js.stdout)["rules"] if r["rule"] == "attn_o_glu_down_norm")
-    assert rule == {"rule": "attn_o_glu_down_norm", "where": "rules/ffn.yaml:92", "class": "attn_o_glu_down_norm",
-                    "matched": 4, "chosen": 4, "note": ""}
+    rule = next(r for r in json.loads(js.stdout)["rules"] if r["rule"] == "qkv_attn_o_glu_down_norm")
+    assert rule == {"rule": "qkv_attn_o_glu_down_norm", "where": "rules/ffn.yaml:116",
+                    "class": "qkv_attn_o_glu_down_norm", "matched": 4, "chosen": 4, "note": ""}
     idle = _cli("plan", "--hold", "embed_scale")  # the demo model scales no embedding: the hold changes nothing
     assert "note: embed_scale @ rules/norm.yaml:30: held back, and not chosen anyway: the plan with it released " \
            "does not choose it" in idle.stdout

@@ -270,7 +270,8 @@ def test_unjoined_pattern_is_a_note_of_the_plan(tmp_path, capsys, monkeypatch):
     _write(tmp_path, {R: UNJOINED})
     rc, out, err = _in_process(["plan", "--rules", str(tmp_path / "r"), "--hold", "add_norm",
                                 "--hold", "gemv_norm_epilogue", "--hold", "glu_down_norm",
-                                "--hold", "o_glu_down_norm", "--hold", "attn_o_glu_down_norm"], capsys)
+                                "--hold", "o_glu_down_norm", "--hold", "attn_o_glu_down_norm",
+                                "--hold", "qkv_attn_o_glu_down_norm"], capsys)
     assert rc == 0, err
     assert "do not join" in out and "mine.slip @ " in out
     assert "did not finish within its 0.5 s limit" in out and "local search" in out

@@ -68,7 +68,7 @@ def _misaligned(p):
 
 
 def _kind(p):
-    p["launches"][2]["launch"]["_t"] = "Frobnicate"
+    p["launches"][1]["launch"]["_t"] = "Frobnicate"
 
 
 def _string(p):
@@ -121,8 +121,8 @@ def _refused(p):
     _first(p, "Attention")["group"] = 3
 
 
-def _weight_as_array(p):
-    _first(p, "Attention")["q"] = "model.layers.0.input_layernorm.weight"
+def _weight_as_array(p):  # (its q: the chain refuses a query its q/k/v phase does not write first)
+    _first(p, "Attention")["vc"] = "model.layers.0.input_layernorm.weight"
 
 
 def _big_cache_row(p):
@@ -152,30 +152,30 @@ TAMPERED = [
     ("a far offset", _far, "(x0).offset", "past the arena's"),
     ("a bigger n", _bigger_n, "(fold).then.x", "1024 values of `logits` reached but it holds 512"),
     ("a misaligned offset", _misaligned, "(x0).offset", "not a multiple of 256"),
-    ("an unknown launch kind", _kind, "launches[2]", "`Frobnicate` this lanefuse does not know"),
-    ("a string where an int goes", _string, "launches[2] (chain).phases[0] (attention).rows",
+    ("an unknown launch kind", _kind, "launches[1]", "`Frobnicate` this lanefuse does not know"),
+    ("a string where an int goes", _string, "launches[1] (chain).phases[1] (attention).rows",
      "expected an integer, got '1'"),
-    ("a bool where an int goes", _bool, "launches[2] (chain).phases[0] (attention).rows",
+    ("a bool where an int goes", _bool, "launches[1] (chain).phases[1] (attention).rows",
      "expected an integer, got True"),
-    ("a missing field", _missing, "launches[2] (chain).phases[0] (attention)", "has no `hd`"),
-    ("an unknown field", _unknown_field, "launches[2] (chain).phases[0] (attention).hdd",
+    ("a missing field", _missing, "launches[1] (chain).phases[1] (attention)", "has no `hd`"),
+    ("an unknown field", _unknown_field, "launches[1] (chain).phases[1] (attention).hdd",
      "has no field `hdd` (did you mean `hd`?)"),
     ("a buffer past its home", _past_home, "buffers['L0.kc'].offset", "past `kc0`'s 16384"),
     ("a buffer with no home", _no_home, "buffers['L0.kc'].home", "`kc9` is not a buffer"),
-    ("a lifetime shorter than its launches", _shrunk_lifetime, "(x0).last", "launches 0..2 use it"),
-    # the GLU of layer 0's chained launch (attn_o_glu_down_norm)
-    ("a weight's format misstated", _format_lie, "launches[2] (chain)", "as bf16 values but the plan holds it as f32"),
-    ("a result into no tensor", _writes_nothing_known, "launches[2] (chain)",
+    ("a lifetime shorter than its launches", _shrunk_lifetime, "(x0).last", "launches 0..1 use it"),
+    # the GLU of layer 0's chained launch (qkv_attn_o_glu_down_norm: launches[1], the q/k/v fold its phases[0])
+    ("a weight's format misstated", _format_lie, "launches[1] (chain)", "as bf16 values but the plan holds it as f32"),
+    ("a result into no tensor", _writes_nothing_known, "launches[1] (chain)",
      "not the attention's output `L0.atn`"),
     ("a NaN eps", _nan, ".eps", "expected a finite number"),
     ("an arena of a petabyte", _huge_arena, "arena.bytes", "more than all its arrays side by side"),
-    ("a launch its kernel refuses", _refused, "launches[2] (chain)", "refused: query heads that do not group"),
-    ("a weight where an array goes", _weight_as_array, "launches[2] (chain)", "which is a constant"),
-    ("a key offset past the cache row", _big_cache_row, "launches[2] (chain).phases[0].kc",
+    ("a launch its kernel refuses", _refused, "launches[1] (chain)", "refused: query heads that do not group"),
+    ("a weight where an array goes", _weight_as_array, "launches[1] (chain)", "which is a constant"),
+    ("a key offset past the cache row", _big_cache_row, "launches[1] (chain).phases[1].kc",
      "reached but it holds 16384"),
     ("a lower bound past the arena", _lower_bound, "arena.lower_bound", "for an arena of"),
-    # the o product: the second phase of layer 0's chained launch (attn_o_glu_down_norm)
-    ("a product's k halved", _halve_k, "launches[2] (chain)",
+    # the o product: the third phase of layer 0's chained launch (qkv_attn_o_glu_down_norm)
+    ("a product's k halved", _halve_k, "launches[1] (chain)",
      "reads `L0.attn` (1x128), not the attention's output `L0.attn` (1x256)"),
     ("a string in a shape", _shape_string, "tensors['x0'].shape[0]", "expected an integer"),
     ("a constant shaped otherwise than the weights", _wrong_constant_shape, "constants['model.norm.weight']",
@@ -311,7 +311,8 @@ def test_a_gate_and_up_of_two_formats_is_not_one_gemv_glu():
     from lanefuse.lane.lower.plan import plan
 
     # the GLU apart
-    p = plan(build_step(ARCHS["qwen3"], 1), held=["attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm"])
+    p = plan(build_step(ARCHS["qwen3"], 1), held=["qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm", "o_glu_down_norm",
+                                                  "glu_down_norm"])
     glu_layers = {x.layer for x in p.launches if isinstance(x.launch, GemvGlu)}
     assert 0 not in glu_layers and 1 in glu_layers  # layer 0's up rows are bf16, its gate's f32: apart
     _round_trip(p)

@@ -213,7 +213,8 @@ def test_a_q8_decode_layer_is_the_f32_plans_five_launches(numerics):
     # the f32 plan with its layers unchained (the chain rules held): over quantized activations the
     # chained kernels have no body, so the q8 plan keeps the o fold, the GLU and the down fold three launches
     # (kernels/chain.py)
-    f32 = plan(build_step(cfg, 1), numerics="f32", held=["attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm"])
+    f32 = plan(build_step(cfg, 1), numerics="f32", held=["qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm",
+                                                         "o_glu_down_norm", "glu_down_norm"])
     q8 = plan(build_step(cfg, 1), numerics=numerics)
     assert q8.census == f32.census == {"attention": 2, "fold": 8, "gemv_glu": 2}
     layer0 = [x for x in q8.launches if x.layer == 0]  # (the last layer's takes the final norm's fold too)
