@@ -154,3 +154,22 @@ def test_gpu_prefill_run_on_a_stand_in_device(fake_cupy, monkeypatch, tmp_path):
     assert got["us"] == 2000.0 and got["tokens_per_s"] == 8000.0 and got["census"]["gemm_tc_parts"] == cfg.layers
     assert got["census"]["gemm_tc_glu"] == cfg.layers  # gate, up and their GLU one launch
     assert got["kinds"]["gemm_tc"]["launches"] == 2 * cfg.layers and got["flops_products"] > 0
+
+
+def test_batch_curve_targets_and_distinct_launches():
+    """bench/batch_curve.py's verdicts from a curve: B = 8 against 6.5x B = 1's tokens/s, B = 64 against 4,000
+    tokens/s, the batches whose step is slower than a larger batch's; and its launches one of each shape, counted."""
+    import batch_curve
+
+    def row(b, us):
+        return {"batch": b, "t0": {"c": {"t0_us": 10.0, "step_us": us, "tokens_per_s": b / (us * 1e-6)}}}
+
+    rows = [row(1, 5000.0), row(4, 25000.0), row(8, 6000.0), row(64, 15000.0)]
+    lines = batch_curve.targets(rows, ["c"])
+    assert "B=8 x6.67 of B=1 (target 6.5: met)" in lines[0] and "B=64 4267 tokens/s (target 4000: met)" in lines[1]
+    assert lines[2].endswith("a step slower than a larger batch's at B = 4")
+    short = batch_curve.targets([row(1, 5000.0), row(8, 7000.0), row(64, 17000.0)], ["c"])
+    assert "SHORT" in short[0] and "SHORT" in short[1] and len(short) == 2
+    g = {"census": "gemm_tc", "m": 8, "parts": [4096], "k": 4096, "ksplit": 8, "us": 20.0}
+    got = batch_curve.distinct([g, dict(g), {**g, "k": 12288}])
+    assert [(x["k"], x["count"]) for x in got] == [(4096, 2), (12288, 1)]
