@@ -80,6 +80,14 @@ class Decoded:
         """Each matrix's bf16 rows written by the decode and read back by cuBLAS."""
         return sum(4 * n * self.k for _, n in self.matrices())
 
+    def scratch(self):
+        """The cuBLAS form's scratch (gemm_blas.py), then the decoded rows `wb`."""
+        return (*super().scratch(), self.decoded())
+
+    def bytes(self):
+        """The cuBLAS form's bytes and the decoded rows'."""
+        return super().bytes() + self.decode_bytes()
+
     def rows_of(self, denv, w: str, owner):
         """Matrix `w` decoded into `owner`'s scratch `wb` (gemm_tc_dequant), which cuBLAS then reads as bf16 rows."""
         from lanefuse.kernels.cupy_env import i64
@@ -125,12 +133,6 @@ class GemmDeq(Decoded, GemmBlas):
             return Refusal(f"a cuBLAS product in {self.ksplit} parts along k (cuBLAS splits k itself)")
         return GemmTc.check(self) or self.refusal()
 
-    def scratch(self):
-        return (*GemmBlas.scratch(self), self.decoded())
-
-    def bytes(self):
-        return GemmBlas.bytes(self) + self.decode_bytes()
-
 
 @dataclass(frozen=True)
 class GemmDeqParts(Decoded, GemmBlasParts):
@@ -148,12 +150,6 @@ class GemmDeqParts(Decoded, GemmBlasParts):
     def check(self):
         return GemmTcParts.check(self) or self.refusal()
 
-    def scratch(self):
-        return (*GemmBlasParts.scratch(self), self.decoded())
-
-    def bytes(self):
-        return GemmBlasParts.bytes(self) + self.decode_bytes()
-
 
 @dataclass(frozen=True)
 class GemmDeqGlu(Decoded, GemmBlasGlu):
@@ -167,12 +163,6 @@ class GemmDeqGlu(Decoded, GemmBlasGlu):
 
     def check(self):
         return GemmTcGlu.check(self) or self.refusal()
-
-    def scratch(self):
-        return (*GemmBlasGlu.scratch(self), self.decoded())
-
-    def bytes(self):
-        return GemmBlasGlu.bytes(self) + self.decode_bytes()
 
 
 DECODED_OF.update({GemmTc: GemmDeq, GemmTcParts: GemmDeqParts, GemmTcGlu: GemmDeqGlu})
