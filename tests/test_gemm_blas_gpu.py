@@ -14,7 +14,7 @@ from lanefuse.kernels.common import encode
 from lanefuse.kernels.gemm_blas import GemmBlas, GemmBlasGlu, GemmBlasParts
 
 from test_gemm_tc import check_within_bound, r32, tc_case
-from test_gemm_tc_gpu import run  # the launch on the device, synchronized
+from test_gemm_tc_gpu import replayed, run  # the launch on the device, synchronized; captured in a graph, replayed
 from test_kernels_gpu import _device
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _device(), reason="no CUDA device")]
@@ -94,27 +94,4 @@ def test_gemm_blas_in_a_captured_graph():
     """The runner's way: a warm-up launch (CuPy's handle and cuBLAS's workspace made outside capture), then the
     launch captured on a non-blocking stream; the replayed graph writes the twin's values within the bound, again
     the same bits."""
-    from lanefuse.kernels.cupy_env import DeviceEnv
-
-    g = np.random.default_rng(8)
-    launch = GemmBlas("x", "w", "bf16", Dst("y"), 512, 1024, 200)
-    arrays, weights = tc_case(launch, g)
-    dev = DeviceEnv(0, {}, arrays, weights)
-    cp = dev.cp
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        launch.cuda(dev)
-        s.synchronize()
-        dev.array("y")[:] = 0
-        s.begin_capture()
-        launch.cuda(dev)
-        graph = s.end_capture()
-        graph.launch(s)
-        s.synchronize()
-    first = dev.host("y")
-    check_within_bound(launch, arrays, weights, first)
-    with s:
-        dev.array("y")[:] = 0
-        graph.launch(s)
-        s.synchronize()
-    np.testing.assert_array_equal(dev.host("y"), first)
+    replayed(GemmBlas("x", "w", "bf16", Dst("y"), 512, 1024, 200))
