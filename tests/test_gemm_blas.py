@@ -297,22 +297,28 @@ def test_the_tokens_and_logits_of_cublas_plans_are_gemm_tcs():
     held plan's logits to the bit through the exact twins, and the same tokens through the fast ones."""
     from test_gemm_tc_lane import bf16_model
 
+    gives_the_held_plans_tokens(*bf16_model(), ONE_SM, "cublas", 4)
+
+
+def gives_the_held_plans_tokens(cfg, w, knobs, step: str, steps: int) -> None:
+    """A 21-token prompt (chunks of 16 and 5 rows) and `steps` greedy steps under `knobs`: the plan gives the plan
+    with schedule step `step` held the same tokens and logits to the bit through the exact twins, and the same tokens
+    through the fast ones."""
     from lanefuse.lane.lower.plan import PlanOptions
     from lanefuse.lane.run.generate import generate
     from lanefuse.lane.run.step import plan_step_fn
 
-    cfg, w = bf16_model()
     prompt = [int(t) for t in np.random.default_rng(5).integers(1, cfg.vocab, 21)]
 
     def run(held, exact):
-        fn, _ = plan_step_fn(w, "cpu", PlanOptions(knobs=ONE_SM, held=held), exact=exact)
-        return generate(cfg, w, prompt, 4, step_fn=fn, chunk=16)
+        fn, _ = plan_step_fn(w, "cpu", PlanOptions(knobs=knobs, held=held), exact=exact)
+        return generate(cfg, w, prompt, steps, step_fn=fn, chunk=16)
 
-    blas, held = run((), True), run(("cublas",), True)
-    assert blas.generated_ids == held.generated_ids
-    for a, b in zip(blas.logits, held.logits):
+    new, kept = run((), True), run((step,), True)
+    assert new.generated_ids == kept.generated_ids
+    for a, b in zip(new.logits, kept.logits):
         np.testing.assert_array_equal(a, b)
-    assert run((), False).generated_ids == blas.generated_ids
+    assert run((), False).generated_ids == new.generated_ids
 
 
 def test_the_qwen3_8b_prefill_plan_takes_cublas_the_batch_of_64_keeps_gemm_tc():

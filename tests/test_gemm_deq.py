@@ -241,9 +241,9 @@ def test_a_block_format_chunk_gives_the_held_plans_tokens_and_logits(fmt):
     for cuBLAS (gemm_deq, _parts, _glu) gives the plan with `dequant` held (gemm_tc's kernels) the same logits to
     the bit through the exact twins (one numerics: the rows' decoded values rounded to bf16, f32 sums; the device's
     sums differ within gemm_blas.blas_bound), the same tokens through the fast twins."""
-    from lanefuse.lane.lower.plan import PlanOptions, plan
-    from lanefuse.lane.run.generate import generate
-    from lanefuse.lane.run.step import plan_step_fn
+    from test_gemm_blas import gives_the_held_plans_tokens
+
+    from lanefuse.lane.lower.plan import plan
 
     cfg, w = block_model(fmt)
     L = cfg.layers
@@ -255,17 +255,7 @@ def test_a_block_format_chunk_gives_the_held_plans_tokens_and_logits(fmt):
     assert placed == {i: l.decoded().nbytes for i, l in deqs.items()} and max(placed.values()) == 2 * 512 * 256
     held = plan(cfg.build_step(16), knobs=ONE_SM, held=["dequant"])
     assert not any(k.startswith("gemm_deq") for k in held.census) and len(held.launches) == len(chunk.launches)
-    prompt = [int(t) for t in np.random.default_rng(5).integers(1, cfg.vocab, 21)]
-
-    def run(held_, exact):
-        fn, _ = plan_step_fn(w, "cpu", PlanOptions(knobs=ONE_SM, held=held_), exact=exact)
-        return generate(cfg, w, prompt, 2, step_fn=fn, chunk=16)
-
-    deq, kept = run((), True), run(("dequant",), True)
-    assert deq.generated_ids == kept.generated_ids
-    for a, b in zip(deq.logits, kept.logits):
-        np.testing.assert_array_equal(a, b)
-    assert run((), False).generated_ids == deq.generated_ids
+    gives_the_held_plans_tokens(cfg, w, ONE_SM, "dequant", 2)
 
 
 def test_the_qwen3_8b_q4_k_prefill_plan_decodes_its_rows_and_the_model_prices_it():
