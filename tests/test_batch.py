@@ -134,8 +134,8 @@ def test_sequences_as_one_launch_and_held_apart():
     g1, g8 = build_step(cfg, 1, batch=1), build_step(cfg, 1, batch=8)
     # (one sequence's MLP unchained: a batch of 8 rows keeps the GLU and down fold two launches, the chained kernel
     # takes at most 2 rows, kernels/chain.py)
-    one, as_one, apart = plan(g1, held=["attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm"]), plan(g8), \
-        plan(g8, held=["sequences"])
+    one, as_one, apart = plan(g1, held=["qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm", "o_glu_down_norm",
+                                        "glu_down_norm"]), plan(g8), plan(g8, held=["sequences"])
     assert as_one.per_layer() == one.per_layer() and as_one.census == one.census
     assert apart.census["attention"] == 8 * cfg.layers and apart.census["rope_parts"] == 8 * cfg.layers
     assert all(apart.per_layer()[k] > one.per_layer()[k] for k in range(cfg.layers))

@@ -36,6 +36,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync"]
 
 
+# The explorer's mechanics (force, hold and release, alternatives, the shell, the page) are checked on the demo decode
+# plan of two launches a layer, the q/k/v fold apart from the four-phase chain (qkv_attn_o_glu_down_norm held: with it
+# each layer is one launch and the q/k/v tensors have no alternative left to force or hold)
+HELD = ("qkv_attn_o_glu_down_norm",)
+
+
 @pytest.fixture(scope="module")
 def step():
     cfg, _ = demo_model()
@@ -44,7 +50,7 @@ def step():
 
 @pytest.fixture
 def ex(step):
-    return Explorer(step, model_name="demo")
+    return Explorer(step, model_name="demo", held=HELD)
 
 
 def summary(s) -> tuple:
@@ -59,7 +65,7 @@ def launch_of(sched, tensor):
 
 def test_first_plan_is_exact_and_matches_plan(ex, step):
     assert ex.method == "ilp"
-    assert summary(ex.plan()) == summary(plan(step))
+    assert summary(ex.plan()) == summary(plan(step, held=list(HELD)))
     assert ex.diff() is None
 
 
@@ -96,7 +102,7 @@ def test_hold_then_release_gives_the_same_plan(ex):
     assert d["census"]["attention"] == [0, 4]
     st = ex.state()
     assert next(r for r in st["rules"] if r["name"] == "attn_o_glu_down_norm")["held"]
-    assert st["diff"] == d and st["held"] == ["attn_o_glu_down_norm"]
+    assert st["diff"] == d and st["held"] == sorted(["attn_o_glu_down_norm", *HELD])
     ex.release("attn_o_glu_down_norm")
     assert summary(ex.plan()) == before
     assert ex.diff()["fusions"]["attn_o_glu_down_norm"] == [0, 4]
@@ -128,6 +134,9 @@ def test_choices_have_one_chosen_costs_and_kinds(ex):
     assert chosen["plan_cost_us"] == pytest.approx(ex.plan().cost_us, abs=1e-3)
     assert ch[0]["support"] == "lifted" and ch[0]["op"] == "rope" and ch[0]["rule"] is None
     for c in ch:
+        if c["support"] == "held":  # (HELD's own alternative: listed, no cost)
+            assert c["rule"] in HELD and c["cost_us"] is None
+            continue
         assert c["cost_us"] > 0 and c["plan_cost_us"] >= chosen["plan_cost_us"] - 1e-6
         assert c["support"] in ("lifted", "native")
     # a tensor computed inside a fused op it does not write: none of its own alternatives is chosen, and `why` says so
@@ -212,7 +221,7 @@ def test_save_then_the_plan_file_replays_the_same_plan(ex, step, tmp_path):
     path = tmp_path / "plan.yaml"
     ex.save(str(path))
     spec = load_spec(str(path))
-    assert spec["held"] == ["merged_pair", "rows_a_warp"] and spec["knobs"] == {"sms": 100}
+    assert spec["held"] == sorted(["merged_pair", "rows_a_warp", *HELD]) and spec["knobs"] == {"sms": 100}
     assert set(spec["forced"]) == {"L0.q_rot"}
     replay = plan(step, lane=spec["lane"], knobs=parse_knobs(spec["knobs"]), held=spec["held"],
                   forced=spec["forced"])
@@ -248,7 +257,7 @@ def test_state_has_the_page_protocol(ex):
 
 def test_what_if_timings(step):
     t0 = time.perf_counter()
-    ex = Explorer(step, model_name="demo")
+    ex = Explorer(step, model_name="demo", held=HELD)
     first = (time.perf_counter() - t0) * 1e3
     times = {}
     for name, act in [("hold attn_o_glu_down_norm", lambda: ex.hold("attn_o_glu_down_norm")),
@@ -309,7 +318,7 @@ def test_session_alternatives_signatures_and_chosen(step):
     assert opt.chosen["L0.q"] == 0
     pair = next(a.index for a in free if a.rule == "merged_pair")
     assert s.plan(forced={"L0.q": pair}).chosen["L0.q"] == pair
-    top = s.plan()
+    top = s.plan(held=frozenset(HELD))  # (unheld, L0.q_rot is computed inside the five-phase chain)
     q_rot = s.alternatives("L0.q_rot")
     assert q_rot[top.chosen["L0.q_rot"]].kind in ("lifted", "fused", "output")
     assert "L0.q_norm" not in top.chosen  # computed inside a fused op that does not write it
@@ -394,7 +403,7 @@ frobnicate
 
 
 def test_terminal_explorer_scripted_in_process(tmp_path):
-    args = build_parser().parse_args(["explore"])
+    args = build_parser().parse_args(["explore", "--hold", HELD[0]])
     out = io.StringIO()
     path = tmp_path / "s.yaml"
     rc = explore_command(args, stdin=io.StringIO(SCRIPT.format(path=path)), stdout=out)
@@ -403,7 +412,7 @@ def test_terminal_explorer_scripted_in_process(tmp_path):
     assert "lanefuse> " not in text  # no prompt noise when scripted
     assert "choices [TENSOR]" in text and "save FILE" in text and "undo" in text  # help
     assert "rules/norm.yaml:11" in text and "blocked by" not in text  # rules
-    assert "L0.q_rot: 9 alternatives" in text and "●" in text  # choices
+    assert "L0.q_rot: 10 alternatives" in text and "●" in text  # choices (HELD's among them)
     assert "the step would cost" in text  # why
     # each layer's attention apart before its three-phase chain (o_glu_down_norm)
     assert re.search(r"hold attn_o_glu_down_norm: launches 10 → 14 \(\+4\)", text)
@@ -422,7 +431,7 @@ def test_terminal_explorer_scripted_in_process(tmp_path):
 
 def test_terminal_explorer_as_a_subprocess(tmp_path):
     env = dict(os.environ, COLUMNS="200")
-    r = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "explore", "--hold", "merged_qkv"],
+    r = subprocess.run([sys.executable, "-m", "lanefuse.lane.cli", "explore", "--hold", HELD[0], "--hold", "merged_qkv"],
                        input="plan\nhold add_nrom\nrelease merged_qkv\nquit\nplan\n", capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 1, r.stderr
@@ -537,12 +546,12 @@ def test_page_over_the_real_explorer(served, tmp_path):
 def test_the_shell_and_plan_agree_on_a_launchs_layer():
     """`layer N` in the shell lists every launch touching layer N's tensors, each with the layer `lanefuse plan`
     files it under: the down product fused with the next layer's norm shows layer 1 in layer 0's table."""
-    args = build_parser().parse_args(["explore"])
+    args = build_parser().parse_args(["explore", "--hold", HELD[0]])
     out = io.StringIO()
     rc = explore_command(args, stdin=io.StringIO("layer 0\nquit\n"), stdout=out)
     assert rc == 0, out.getvalue()
     cfg, _ = demo_model()
-    s = plan(build_step(cfg, 1))
+    s = plan(build_step(cfg, 1), held=list(HELD))
     down = next(x for x in s.launches if "L0.down" in x.ops)
     text = out.getvalue()
     assert down.layer == 1 and "filed under layer 0" in text

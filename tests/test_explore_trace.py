@@ -25,6 +25,7 @@ from lanefuse.lane.cli.main import build_parser
 from lanefuse.lane.explore.explorer import Explorer
 from lanefuse.lane.lower.plan import plan
 from lanefuse.lane.lower.spec import load_spec
+from test_explore import HELD
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def step():
 
 @pytest.fixture
 def ex(step):
-    e = Explorer(step, model_name="demo")
+    e = Explorer(step, model_name="demo", held=HELD)  # (test_explore.py's HELD: the q/k/v fold apart)
     yield e
     e.close()
 
@@ -45,7 +46,7 @@ def summary(s) -> tuple:
 
 
 def shell(script: str) -> tuple[int, str]:
-    args = build_parser().parse_args(["explore"])
+    args = build_parser().parse_args(["explore", "--hold", HELD[0]])
     out = io.StringIO()
     rc = explore_command(args, stdin=io.StringIO(script), stdout=out)
     return rc, out.getvalue()
@@ -64,7 +65,7 @@ def test_undo_walks_back_every_change_and_goto_jumps(ex):
     assert ex.undo() == "knob sms=100" and ex.knobs.sms != 100
     assert ex.undo() == "force L0.q_rot #0" and ex.forced == {}
     assert summary(ex.plan()) == after_hold and ex.diff()["what"] == "undo force L0.q_rot #0"
-    assert ex.undo() == "hold merged_qkv" and ex.held == []
+    assert ex.undo() == "hold merged_qkv" and ex.held == list(HELD)
     assert summary(ex.plan()) == start and ex.method == "ilp"  # the first, exact plan again
     with pytest.raises(UserError, match="nothing to undo"):
         ex.undo()
@@ -73,7 +74,7 @@ def test_undo_walks_back_every_change_and_goto_jumps(ex):
     ex.hold("add_norm")
     ex.force("L0.q_rot", 0)
     ex.goto(1)
-    assert ex.held == ["merged_qkv"] and ex.forced == {} and len(ex.history()) == 1
+    assert ex.held == sorted([*HELD, "merged_qkv"]) and ex.forced == {} and len(ex.history()) == 1
     assert summary(ex.plan()) == after_hold
     ex.goto(0)
     assert ex.history() == [] and summary(ex.plan()) == start
@@ -83,10 +84,10 @@ def test_undo_walks_back_every_change_and_goto_jumps(ex):
 
 
 def test_release_of_a_rule_not_held_says_so(ex):
-    with pytest.raises(UserError, match=r"`add_norm` is not held \(held: nothing\)"):
+    with pytest.raises(UserError, match=r"`add_norm` is not held \(held: qkv_attn_o_glu_down_norm\)"):
         ex.release("add_norm")
     ex.hold("add_norm")
-    with pytest.raises(UserError, match=r"`merged_qkv` is not held \(held: add_norm\)"):
+    with pytest.raises(UserError, match=r"`merged_qkv` is not held \(held: [^)]*add_norm"):
         ex.release("merged_qkv")
     assert len(ex.history()) == 1
 
@@ -98,7 +99,7 @@ def test_exact_what_ifs(ex, step):
     assert ex.method == "ilp" and ex.state()["what_if"] == "ilp"
     ex.hold("rows_a_warp")
     assert ex.method == "ilp"
-    assert summary(ex.plan()) == summary(plan(step, held=["merged_qkv", "rows_a_warp"]))
+    assert summary(ex.plan()) == summary(plan(step, held=[*HELD, "merged_qkv", "rows_a_warp"]))
     with pytest.raises(UserError, match="local or ilp"):
         ex.set_what_if("greedy")
 
@@ -127,7 +128,7 @@ def test_a_saved_force_replays_after_the_rule_set_changes(ex, step, tmp_path):
     assert f["op"] == "rope_qk_one_launch" and f["rule"] == "rope_qk_one_launch" and f["output"] == 0
     assert f["reads"] == ["L0.q_norm", "L0.k_norm"] and f["writes"] == ["L0.q_rot", "L0.k_rot"]
     # holding qk_norm_rope removes alternatives numbered before this one: the index moves, the description holds
-    held = plan(step, held=["qk_norm_rope"], forced=load_spec(str(path))["forced"])
+    held = plan(step, held=[*HELD, "qk_norm_rope"], forced=load_spec(str(path))["forced"])
     x = next(x for x in held.launches if "L0.q_rot" in x.ops)
     assert x.rule == "rope_qk_one_launch" and "L0.k_rot" in x.ops
     s = Session(step, load_table(()))
@@ -135,9 +136,9 @@ def test_a_saved_force_replays_after_the_rule_set_changes(ex, step, tmp_path):
                               if a.rule == "rope_qk_one_launch")
     # a choice the rules no longer make is refused, naming the tensor and the rule
     with pytest.raises(UserError, match=r"`L0.q_rot` is forced to rope_qk_one_launch by rule `rope_qk_one_launch`"):
-        plan(step, held=["rope_qk_one_launch"], forced=load_spec(str(path))["forced"])
+        plan(step, held=[*HELD, "rope_qk_one_launch"], forced=load_spec(str(path))["forced"])
     # an explorer opened on it stands where this one stood
-    again = Explorer(step, forced=load_spec(str(path))["forced"])
+    again = Explorer(step, forced=load_spec(str(path))["forced"], held=HELD)
     assert again.forced == ex.forced
     again.close()
 
@@ -272,7 +273,7 @@ def test_shell_history_exact_choices_rule_saturation_launch():
     assert "1  hold merged_qkv: 18 launches" in text and "2  force L0.q_rot #0" in text
     assert "undo force L0.q_rot #0: launches" in text and "undo hold merged_qkv: launches 18 → 10" in text
     assert "error: nothing to undo" in text
-    assert "error: `add_norm` is not held (held: nothing)" in text
+    assert "error: `add_norm` is not held (held: qkv_attn_o_glu_down_norm)" in text
     assert "exact on: every change re-plans exactly" in text
     # held, each layer's attention runs apart before its three-phase chain (-4)
     assert "release attn_o_glu_down_norm: launches 14 → 10 (-4)" in text and "[exact (ILP)," in text
@@ -293,16 +294,16 @@ def test_compare_two_specs(ex, step, tmp_path):
     ex.hold("merged_qkv")
     ex.force("L0.q_rot", 0)
     r = ex.compare(a)  # the pinned start against now
-    want_a, want_b = plan(step), plan(step, held=["merged_qkv"], forced={"L0.q_rot": 0})
+    want_a, want_b = plan(step, held=HELD), plan(step, held=[*HELD, "merged_qkv"], forced={"L0.q_rot": 0})
     assert r["a"]["launches"] == want_a.n_launches and r["a"]["census"] == dict(want_a.census)
-    assert r["b"]["held"] == ["merged_qkv"] and r["b"]["forced"] == {"L0.q_rot": 0} and r["b"]["current"]
+    assert sorted(r["b"]["held"]) == sorted([*HELD, "merged_qkv"]) and r["b"]["forced"] == {"L0.q_rot": 0} and r["b"]["current"]
     assert r["b"]["launches"] == want_b.n_launches and r["b"]["census"] == dict(want_b.census)
     d = r["diff"]
     assert d["launches"] == [want_a.n_launches, r["b"]["launches"]]
     assert d["fusions"]["merged_qkv"][0] == 4 and d["fusions"]["merged_qkv"][1] < 4
     assert d["same"] + len(d["only_a"]) == want_a.n_launches and d["same"] + len(d["only_b"]) == r["b"]["launches"]
     assert any(x["rule"] == "merged_qkv" for x in d["only_a"])
-    assert ex.compare(a, a)["diff"]["only_a"] == [] and ex.held == ["merged_qkv"]  # comparing changes nothing
+    assert ex.compare(a, a)["diff"]["only_a"] == [] and sorted(ex.held) == sorted([*HELD, "merged_qkv"])  # comparing changes nothing
     # plan files on both sides: by what each forced choice is
     pa, pb = tmp_path / "a.yaml", tmp_path / "b.yaml"
     ex.save(str(pb))
@@ -320,7 +321,7 @@ def test_shell_pin_and_compare(tmp_path):
     rc, text = shell(f"compare\npin\nhold merged_qkv\ncompare\nsave {tmp_path / 'b.yaml'}\nundo\n"
                      f"compare {tmp_path / 'b.yaml'}\n")
     assert rc == 1 and "error: nothing pinned" in text
-    assert "pinned as A: held nothing" in text
+    assert "pinned as A: held qkv_attn_o_glu_down_norm" in text
     assert re.search(r"launches\s+│ 10\s+│ 18\s+│\s+\+8", text), text
     assert re.search(r"6 launches alike; 4 only in A, 12 only in B", text)
     assert re.search(r"launches\s+│ 18\s+│ 10\s+│\s+-8", text)

@@ -78,7 +78,7 @@ def test_a_launch_lands_on_the_layer_its_panel_names(ex):
 
 
 def test_the_shell_compresses_equal_layers_and_answers_why_rule():
-    r = _cli("explore", stdin="choices\nchoices --all\nwhy glu_act_mul\nwhy attn_o_glu_down_norm\nquit\n")
+    r = _cli("explore", "--hold", "qkv_attn_o_glu_down_norm", stdin="choices\nchoices --all\nwhy glu_act_mul\nwhy attn_o_glu_down_norm\nquit\n")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     short, full = out.split("tensors with alternatives")[1:3]
