@@ -88,36 +88,39 @@ def chunk_figures(table, rows: int = 64, layers: int = 5) -> dict:
 
 def head_gemv_prediction(hg, filled: int) -> dict:
     """bench/launch_model.py's wave model (time_us, the GEMV family's Little's law) of one HeadGemv launch over
-    `filled` rows of x: a warp an output, one bf16 value a lane in flight (64 B: head_gemv.cu's loop is not unrolled,
-    PTX one load of w an iteration), ceil(a / 32) dependent rounds, 16 blocks of 4 warps a SM (ptxas: 32 registers).
-    Every row re-reads the heads' matrices: the first row's pass from HBM (the calibration's L_us round, B_peak), the
-    later rows' from L2 (they fit: 16 MiB of 60 MB) at its L_l2_us round, capped at bench/gemm_model.py's L2_TBPS
-    (an assumption). A PREDICTION: no device has run head_gemv."""
+    `filled` rows of x: a warp an output of rows_a_warp() rows (head_gemv: 1, 16 blocks of 4 warps a SM at 32
+    registers; head_gemv_rows: 8, 9 blocks at 56), one bf16 value of w a lane in flight (64 B: PTX one load of w an
+    iteration), ceil(a / 32) dependent rounds. Every warp's rows re-read the heads' matrices: the first pass from HBM
+    (the calibration's L_us round, B_peak), the later ones from L2 (they fit: 16 MiB of 60 MB) at its L_l2_us round,
+    capped at bench/gemm_model.py's L2_TBPS (an assumption). A PREDICTION: no device has run head_gemv."""
     import dataclasses as dc
     import math
 
     from gemm_model import L2_TBPS
     from launch_model import Call, Kernel, load_calibration, time_us
-    from lanefuse.kernels.head_gemv import RESIDENT_BLOCKS, WARPS
+    from lanefuse.kernels.head_gemv import RESIDENT_BLOCKS, RESIDENT_BLOCKS_ROWS
 
     cal = load_calibration()
     l2 = dict(cal, L_us=cal["L_l2_us"], B_peak_TBps=L2_TBPS)
     wbytes = hg.checkpoint_bytes()
+    rw = dc.replace(hg, m=filled).rows_a_warp()
     us, parts = 0.0, []
-    first = 1 if filled > 1 else filled
+    first = min(rw, filled)
     for rows, c in ((first, cal), (filled - first, l2)):
         if rows <= 0:
             continue
         one = dc.replace(hg, m=rows, upto=None, extra=0)
-        grid, block = one.grid_block()
-        k = Kernel(0, "head_gemv", one, Call(("head_gemv",), "head_gemv", grid, block, ()), bpsm=RESIDENT_BLOCKS,
-                   family="gemv", bytes=float(rows * wbytes), inflight_warp=32 * 2.0,
+        grid = (-(-(-(-rows // rw)) * hg.heads * hg.b // 4), 1, 1)  # the filled rows' kernel's grid (rw rows a warp)
+        k = Kernel(0, "head_gemv", one, Call(("head_gemv",), "head_gemv", grid, (128, 1, 1), ()),
+                   bpsm=RESIDENT_BLOCKS if rw == 1 else RESIDENT_BLOCKS_ROWS,
+                   family="gemv", bytes=float(-(-rows // rw) * wbytes), inflight_warp=32 * 2.0,
                    rounds=float(math.ceil(hg.a / 32)), extra={"fmt": "bf16", "loop": "head_gemv x1"})
         t = time_us(k, c)
         us += t - (cal["t0_us"] if parts else 0.0)  # one launch: its fixed cost once
         parts.append(round(t, 1))
-    return {"us": round(us, 1), "streamed_gb": round(filled * wbytes / 1e9, 2),
-            "tbps": round(filled * wbytes / (us * 1e-6) / 1e12, 2)}
+    streamed = -(-filled // rw) * wbytes
+    return {"us": round(us, 1), "streamed_gb": round(streamed / 1e9, 2), "tbps": round(streamed / (us * 1e-6) / 1e12, 2),
+            "rows_a_warp": rw}
 
 
 def expand_figures(table, chunks=(64, 128, 512, 2048), positions=(0, 4096), layers: int = 4) -> dict:

@@ -6,6 +6,13 @@
 // rows) quantizing them. With `upto` (a position; never with `qw`) only the rows below min(m, upto[0] + extra): the
 // filled rows of a cache a chunk's expanded latent attention reads. Head h of row r reads its a values of x at
 // (r*heads + h)*xpitch + xoff (head_gemv.py `part`; whole: xpitch a, xoff 0).
+// head_gemv_rows: HEAD_ROWS rows of x a warp (head_gemv.py ROWS_A_WARP; never with `qw`, whose tail counts a block's
+// outputs as consecutive), each value of w read once for the warp's rows where head_gemv re-reads the heads' whole
+// matrices every row (a chunk's expanded halves, its output expansion); each output's sum in the same order as
+// head_gemv's. A kernel of its own: its accumulators take 44 registers (10 blocks a SM) where head_gemv's 32 keep 16
+// (a decode step's single row). nvcc 13 -arch=sm_90 -Xptxas -v: no spill in either.
+#define HEAD_ROWS 8
+
 extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, const void* w, i64 fmt, DST_PARAMS(y),
                                                               i64 m, i64 heads, i64 a, i64 b, i64 rows_out,
                                                               unsigned* counters, signed char* qw, signed char* ql,
@@ -25,4 +32,35 @@ extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, cons
         if (lane == 0) d.y[dst_at(d, warp)] = s;
     }
     if (qw) slab_quant_tail(d.y, total, 1, blockDim.x >> 5, 1, counters, qw, ql, qs, qwords);  // y plain (check)
+}
+
+extern "C" __global__ void __launch_bounds__(128) head_gemv_rows(const float* x, const void* w, i64 fmt,
+                                                                   DST_PARAMS(y), i64 m, i64 heads, i64 a, i64 b,
+                                                                   i64 rows_out, const int* upto, i64 extra,
+                                                                   i64 xpitch, i64 xoff) {
+    PDL_ENTER();
+    const i64 rw = HEAD_ROWS;
+    Dst d = DST(y);
+    i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    i64 filled = upto ? min(m, max((i64)0, (i64)upto[0] + extra)) : m;
+    if (warp < (filled + rw - 1) / rw * heads * b) {
+        i64 j = warp % b, h = (warp / b) % heads, r0 = warp / (b * heads) * rw;
+        i64 nr = min(rw, filled - r0);
+        const float* xr = x + (r0 * heads + h) * xpitch + xoff;
+        i64 step = heads * xpitch;  // from a row of x to the next
+        float s[HEAD_ROWS];
+#pragma unroll
+        for (int t = 0; t < HEAD_ROWS; t++) s[t] = 0.f;
+        for (i64 i = lane; i < a; i += 32) {
+            float v = wget((int)fmt, w, rows_out ? (h * b + j) * a + i : (h * a + i) * b + j);
+#pragma unroll
+            for (int t = 0; t < HEAD_ROWS; t++)
+                if (t < nr) s[t] += xr[t * step + i] * v;
+        }
+#pragma unroll
+        for (int t = 0; t < HEAD_ROWS; t++) {
+            float u = warp_sum(s[t]);
+            if (lane == 0 && t < nr) d.y[dst_at(d, ((r0 + t) * heads + h) * b + j)] = u;
+        }
+    }
 }

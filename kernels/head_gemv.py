@@ -1,7 +1,7 @@
 """`head_gemv`: each head's own product, y (m, heads·b) from x (m, heads·a) — head h's a values times its matrix of
 checkpoint rows in `format` (the lifted `head_matmul`: a latent attention's query absorbed into latent space, its
 output expanded out of it). `rows_out`: w is (heads·b, a), head h's b output rows at h·b (y_h = x_h·W_hᵀ); else
-(heads·a, b), head h's a input rows at h·a (y_h = x_h·W_h). One kernel (head_gemv.cu), a warp an output. With
+(heads·a, b), head h's a input rows at h·a (y_h = x_h·W_h). Two kernels (head_gemv.cu): a warp an output of a row, or of ROWS_A_WARP rows. With
 `quant` (gemv_quant.heads: the q8 numerics' o projection of a latent attention) the output's quantized form too: the
 last block to arrive at each 32 outputs quantizes them (an arrival counter a block of 32; the q8k form, llama.cpp's
 q8_K for K-quant o rows: at each 256). With `part` (seed 002's HeadGemv `part`: an access of its input) head h of row
@@ -26,16 +26,19 @@ from lanefuse.kernels.common import (FORMAT_CODE, MAX_GRID_Y, Dst, Launch, Part,
 from lanefuse.kernels.quant import QuantEpilogue
 from lanefuse.engine.refusal import Refusal
 
-WARPS = 4  # warps a block: one output each
+WARPS = 4  # warps a block: one output each (of ROWS_A_WARP rows of x in head_gemv_rows)
+ROWS_A_WARP = 8  # head_gemv.cu's HEAD_ROWS: head_gemv_rows reads each value of w once for this many rows of x
 
-# What the loop runs at (the lane's price, `rate`; issue 35 H5). The loop (head_gemv.cu) is not unrolled: nvcc 13's PTX
-# for sm_90 has one load of x and one of w an iteration behind the format's switch, so a warp keeps one value a lane of
-# w in flight (64 bytes of bf16) and makes ceil(a / 32) dependent rounds; ptxas (nvcc 13 -arch=sm_90 -Xptxas -v):
-# 32 registers, 1028 B of shared memory, so 16 blocks of 4 warps a SM (the 2048 threads). Every row of x re-reads all
-# the heads' matrices (a warp an output), from L2 once the first pass has brought them there if they fit. The rounds'
+# What the loop runs at (the lane's price, `rate`; issue 35 H5). The loop (head_gemv.cu) keeps one value a lane of w in
+# flight (64 bytes of bf16; nvcc 13's PTX for sm_90: one load of w an iteration behind the format's switch, beside the
+# rows' loads of x) and makes ceil(a / 32) dependent rounds; ptxas (nvcc 13 -arch=sm_90 -Xptxas -v): head_gemv 32
+# registers and 1028 B of shared memory (16 blocks of 4 warps a SM), head_gemv_rows 56 (9 blocks). Every row of x
+# (head_gemv), or every ROWS_A_WARP rows (head_gemv_rows), re-reads all the heads' matrices, from L2 once the first
+# pass has brought them there if they fit. The rounds'
 # latencies are bench/launch_model_calibration.json's (fitted on the 2026-12-04 H200 figures, not measured on this
 # kernel): L_us 2.02 (an HBM round of the GEMV family's loop) and L_l2_us 0.65 (an L2 round). PREDICTIONS, not measured.
-RESIDENT_BLOCKS = 16  # blocks a SM
+RESIDENT_BLOCKS = 16  # head_gemv's blocks a SM (32 registers)
+RESIDENT_BLOCKS_ROWS = 9  # head_gemv_rows' (56 registers)
 ROUND_US = 2.02  # a dependent round whose loads come from HBM
 L2_ROUND_US = 0.65  # a dependent round whose loads hit L2
 L2_SHARE = 0.5  # the matrices stay in L2 between rows when they take at most this share of it (knob l2_mib)
@@ -121,14 +124,15 @@ class HeadGemv(QuantEpilogue, Launch):
         return 2 * self.m * self.heads * self.a * self.b
 
     def loop_us(self, knobs) -> float:
-        """The loop's time as it runs (latency-bound: a round's loads a warp, RESIDENT_BLOCKS a SM): the m rows' warps
-        in waves of sms x RESIDENT_BLOCKS x WARPS, ceil(a / 32) rounds a wave; the first row's waves at an HBM round,
-        the later rows' at an L2 round where the matrices fit L2_SHARE of it (else every round from HBM). With `upto`
+        """The loop's time as it runs (latency-bound: a round's loads a warp, RESIDENT_BLOCKS a SM): the warps of the
+        m rows (rows_a_warp rows each) in waves of sms x RESIDENT_BLOCKS x WARPS, ceil(a / 32) rounds a wave; the first
+        rows' waves at an HBM round, the later ones' at an L2 round where the matrices fit L2_SHARE of it (else every
+        round from HBM). With `upto`
         the plan does not know the position: all m rows (the cache's), as the attention prices its keys. A partial
         wave takes a whole wave's rounds (latency, not bytes)."""
-        per_wave = knobs.sms * RESIDENT_BLOCKS * WARPS
+        per_wave = knobs.sms * (RESIDENT_BLOCKS if self.rows_a_warp() == 1 else RESIDENT_BLOCKS_ROWS) * WARPS
         rounds = -(-self.a // 32)
-        waves = -(-self.m * self.heads * self.b // per_wave)
+        waves = -(-(-(-self.m // self.rows_a_warp())) * self.heads * self.b // per_wave)
         first = min(waves, -(-self.heads * self.b // per_wave))
         fits = self.checkpoint_bytes() <= L2_SHARE * knobs.l2_mib * 2 ** 20
         return rounds * (first * ROUND_US + (waves - first) * (L2_ROUND_US if fits else ROUND_US))
@@ -179,16 +183,25 @@ class HeadGemv(QuantEpilogue, Launch):
         self.y.write(env, y)
         self.epilogue_write(env, y)
 
+    def rows_a_warp(self) -> int:
+        """The rows of x a warp takes: ROWS_A_WARP (head_gemv_rows), or 1 (head_gemv) for a single row or under
+        `quant` (the quantizing tail counts each block's outputs as consecutive)."""
+        return 1 if self.quant is not None or self.m == 1 else ROWS_A_WARP
+
     def grid_block(self):
-        return ((-(-self.m * self.heads * self.b // WARPS), 1, 1), (32 * WARPS, 1, 1))
+        warps = -(-self.m // self.rows_a_warp()) * self.heads * self.b
+        return ((-(-warps // WARPS), 1, 1), (32 * WARPS, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
 
         grid, block = self.grid_block()
         counters = denv.scratch(self, self.scratch()[0]) if self.quant is not None else NULL
-        denv.function(self.stem, "head_gemv")(grid, block, (
-            denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
-            i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)), counters,
-            *self.epilogue_args(denv), denv.opt(self.upto), i64(self.extra),
-            i64(self.part.pitch if self.part else self.a), i64(self.part.offset if self.part else 0)))
+        head = (denv.array(self.x), denv.weight(self.w)[0], i64(FORMAT_CODE[self.format]), *denv.dst(self.y),
+                i64(self.m), i64(self.heads), i64(self.a), i64(self.b), i64(int(self.rows_out)))
+        tail = (denv.opt(self.upto), i64(self.extra), i64(self.part.pitch if self.part else self.a),
+                i64(self.part.offset if self.part else 0))
+        if self.rows_a_warp() > 1:  # head_gemv_rows: no quantizing tail
+            denv.function(self.stem, "head_gemv_rows")(grid, block, head + tail)
+            return
+        denv.function(self.stem, "head_gemv")(grid, block, head + (counters, *self.epilogue_args(denv)) + tail)
