@@ -9,8 +9,10 @@
 // head_gemv_rows: HEAD_ROWS rows of x a warp (head_gemv.py ROWS_A_WARP; never with `qw`, whose tail counts a block's
 // outputs as consecutive), each value of w read once for the warp's rows where head_gemv re-reads the heads' whole
 // matrices every row (a chunk's expanded halves, its output expansion); each output's sum in the same order as
-// head_gemv's. A kernel of its own: its accumulators take 44 registers (10 blocks a SM) where head_gemv's 32 keep 16
-// (a decode step's single row). nvcc 13 -arch=sm_90 -Xptxas -v: no spill in either.
+// head_gemv's. A kernel of its own: its accumulators take 56 registers (9 blocks a SM) where head_gemv's 32 keep 16
+// (a decode step's single row). nvcc 13 -arch=sm_90 -Xptxas -v: no spill and no stack frame in either (the
+// group's rows through an array of row pointers, the last filled row again past the group's end: a row test in
+// the loop kept an 8 B stack frame).
 #define HEAD_ROWS 8
 
 extern "C" __global__ void __launch_bounds__(128) head_gemv(const float* x, const void* w, i64 fmt, DST_PARAMS(y),
@@ -51,11 +53,13 @@ extern "C" __global__ void __launch_bounds__(128) head_gemv_rows(const float* x,
         float s[HEAD_ROWS];
 #pragma unroll
         for (int t = 0; t < HEAD_ROWS; t++) s[t] = 0.f;
+        const float* xt[HEAD_ROWS];  // row t of the group, the last filled one again past it (its sums not stored)
+#pragma unroll
+        for (int t = 0; t < HEAD_ROWS; t++) xt[t] = xr + min((i64)t, nr - 1) * step;
         for (i64 i = lane; i < a; i += 32) {
             float v = wget((int)fmt, w, rows_out ? (h * b + j) * a + i : (h * a + i) * b + j);
 #pragma unroll
-            for (int t = 0; t < HEAD_ROWS; t++)
-                if (t < nr) s[t] += xr[t * step + i] * v;
+            for (int t = 0; t < HEAD_ROWS; t++) s[t] += xt[t][i] * v;
         }
 #pragma unroll
         for (int t = 0; t < HEAD_ROWS; t++) {
