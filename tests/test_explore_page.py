@@ -21,6 +21,7 @@ from lanefuse.engine.front.demo import demo_model
 from lanefuse.engine.front.model import build_step
 from lanefuse.lane.explore.explorer import Explorer
 from lanefuse.lane.explore.server import serve
+from test_explore import HELD
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -46,7 +47,7 @@ def browser():
 @pytest.fixture
 def page(browser):
     cfg, _ = demo_model()
-    ex = Explorer(build_step(cfg, 1), model_name="demo")
+    ex = Explorer(build_step(cfg, 1), model_name="demo", held=HELD)  # (test_explore.py's: the q/k/v fold apart)
     server, url = serve(ex)
     pg = browser.new_page(viewport={"width": 1600, "height": 1000})
     log: list[str] = []
@@ -169,7 +170,7 @@ def test_undo_history_failed_request_exact(page, tmp_path):
     assert ex.forced == {} and "undo force L0.q_rot #0" in pg.locator("#diff").inner_text()
     pg.locator("#undo").click()
     pg.wait_for_selector("#history li[data-history='2']", state="detached")
-    assert ex.held == ["gemv_norm_epilogue"]
+    assert ex.held == sorted(["gemv_norm_epilogue", *HELD])
     assert pg.locator("[data-rule-row='merged_qkv'] input").is_checked() is False
     # a history entry goes back to it
     pg.evaluate("window.lanefuse.hold('merged_qkv')")
@@ -177,7 +178,7 @@ def test_undo_history_failed_request_exact(page, tmp_path):
     pg.locator("#history li[data-history='0']").click()
     pg.wait_for_selector("#history li[data-history='1']", state="detached")
     assert pg.locator("#history li").count() == 1  # the start only
-    assert ex.held == [] and ex.history() == [] and ex.plan().n_launches == start
+    assert ex.held == list(HELD) and ex.history() == [] and ex.plan().n_launches == start
     assert pg.locator("[data-rule-row='gemv_norm_epilogue'] input").is_checked() is False
     assert pg.locator("#stats .stat b").first.inner_text() == str(start)
 
@@ -187,7 +188,7 @@ def test_undo_history_failed_request_exact(page, tmp_path):
     pg.locator("[data-rule-row='add_norm'] .switch").click()
     pg.locator(".toast").wait_for()
     assert "the test broke it" in pg.locator(".toast").inner_text()
-    assert pg.locator("[data-rule-row='add_norm'] input").is_checked() is False and ex.held == []
+    assert pg.locator("[data-rule-row='add_norm'] input").is_checked() is False and ex.held == list(HELD)
     pg.unroute("**/api/hold")
 
     # exact what-ifs: every change re-planned exactly, and the header says how the plan was found
@@ -333,7 +334,7 @@ def test_a_b(page, tmp_path):
     pg.wait_for_function("document.querySelector('#ab-table').innerText.includes('sms')")
     assert pg.locator("#diff").is_visible()  # the diff banner took room: the fitted graph was fitted again
     fitted(pg)
-    r = ex.compare({"held": [], "forced": {}, "knobs": {}}, None)
+    r = ex.compare({"held": list(HELD), "forced": {}, "knobs": {}}, None)  # A: the start
     table = pg.locator("#ab-table").inner_text()
     assert f"{r['a']['launches']}\t{r['b']['launches']}" in table
     for k, (a, b) in r["diff"]["census"].items():
@@ -375,16 +376,16 @@ def test_qwen3_8b_shape_page(browser, tmp_path):
     try:
         pg.goto(url)
         pg.wait_for_selector(".node[data-tensor='L0.attn_norm']")
-        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 74
+        assert pg.locator("#minimap .mm-cell").count() == ex.plan().n_launches == 38  # a launch a layer + 2
         assert pg.evaluate("(() => { const m = document.querySelector('#minimap'); "
                            "return m.scrollWidth <= m.clientWidth; })()")  # all 36 layers in the strip
         pg.locator("#minimap .mm-col[data-mm-layer='35']").click()
         pg.wait_for_selector(".node[data-tensor='next']")
         fitted(pg)
         assert pg.locator("#census [data-count='attention']").count() == 0
-        pg.locator("[data-rule-row='attn_o_glu_down_norm'] .switch").click()  # held: each attention its own launch
-        pg.wait_for_selector("#census [data-count='attention']:text-is('36')")
-        assert ex.held == ["attn_o_glu_down_norm"]
+        pg.locator("[data-rule-row='qkv_attn_o_glu_down_norm'] .switch").click()  # held: each q/k/v fold a launch
+        pg.wait_for_selector("#census [data-count='fold']:text-is('38')")
+        assert ex.held == ["qkv_attn_o_glu_down_norm"]
         pg.screenshot(path=str(shots(tmp_path) / "explore-qwen3-8b.png"))
         assert log == [], log
     finally:

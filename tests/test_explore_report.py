@@ -159,7 +159,7 @@ def test_the_report_opens_from_the_file_system(browser, demo_report, qwen3_8b_re
     assert page.locator("#choices tr[data-choice]").count() == len(r["choices"]["L0.q_rot"])
     for row in page.locator("#choices tr[data-choice]").all():  # every alternative's step cost (or why not)
         assert re.search(r"\d+\.\d|refused|held", row.locator("td").nth(4).inner_text()), row.inner_text()
-    page.locator("#fusions tr[data-fusion='merged_qkv']").click()
+    page.locator("#fusions tr[data-fusion='qkv_attn_o_glu_down_norm']").click()  # (a fusion the demo plan chose)
     page.wait_for_selector("#rule-source")
     page.locator(".glabel").first.click()
     page.wait_for_selector("#detail-panel[data-kind='launch'] pre.cu")
