@@ -308,12 +308,18 @@ def same(a, b):
 
 def test_qwen3_layer_is_five_launches(sessions):
     g, s = sessions["qwen3"]
-    o = s.plan()
+    # per layer one chained launch (qkv_attn_o_glu_down_norm, kernels/chain.py): the q/k/v products with their head
+    # norms and rotations and the k/v row writes, the attention, the o-proj epilogue, the gate/up GLU and the down
+    # epilogue; plus the embedding's norm, and the head product with the sampling (head_argmax: one launch)
+    five = s.plan()
+    five.graph.validate()
+    assert len(five.graph.ops) == 2 + 2 and five.fusions["qkv_attn_o_glu_down_norm"] == 2
+    layer = next(op for op in five.graph.ops if op.cls == "qkv_attn_o_glu_down_norm")
+    assert {"matmul", "rmsnorm", "rope", "set_row", "attention", "silu"} <= {p.kind for p in layer.leaves()}
+    # held: qkv (merged, head epilogue, k/v into cache rows), then the attention to the next norm (attn_o_glu_down_norm:
+    # one chained launch; five before the chains)
+    o = s.plan(held=frozenset({"qkv_attn_o_glu_down_norm"}))
     o.graph.validate()
-    # per layer: qkv (merged, head epilogue, k/v into cache rows), attention, and the o-proj epilogue, the gate/up GLU
-    # and the down epilogue, after the attention (attn_o_glu_down_norm: one chained launch, kernels/chain.py; five
-    # before the chains); plus the
-    # embedding's norm, and the head product with the sampling (head_argmax: one launch)
     assert len(o.graph.ops) == 2 * 2 + 2
     assert o.fusions["attn_o_glu_down_norm"] == 2
     assert o.fusions["merged_qkv"] == 2 and o.fusions["place.key_row"] == 2 and o.fusions["place.value_row"] == 2
