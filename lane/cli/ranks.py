@@ -153,7 +153,7 @@ def run_ranks_batch(args, src, sampling) -> int:
     import time
 
     from lanefuse.engine.ir import MAX_BATCH
-    from lanefuse.lane.cli.commands import BATCH_CAP, _batch_prompts, print_prompt_lines
+    from lanefuse.lane.cli.prompts import BATCH_CAP, _batch_prompts, print_prompt_lines
     from lanefuse.lane.run.batch import check_prompts
     from lanefuse.lane.run.ranks import launch
 
