@@ -198,8 +198,17 @@ def test_fast_twin_equals_exact_twin_on_adversarial_values(kind):
     @given(st.integers(0, len(got) - 1), st.sampled_from(TRANSFORMS), st.integers(0, 1 << 20), st.integers(0, 7))
     def prop(c, how, at, which):
         case = got[c]
-        names = activations(case[0], case[0].launches[case[2]].launch)
-        run_case(case, names[which % len(names)] if names else None, how, at)
+        launch = case[0].launches[case[2]].launch
+        names = activations(case[0], launch)
+        name = names[which % len(names)] if names else None
+        # a chain's q/k/v phase feeds its attention in the same launch: its input scaled by s gives q and k both
+        # scaled by s and scores by s^2, past f32's range from s = 1e20 (1e40 > 3.4e38), where the kernel's and the
+        # fast twin's f32 scores are infinite and only the exact twin's f64 sums are not: no f32 twin can agree there
+        # (the attention kind alone scales one of q, k, v). inf, NaN, tiny, denormal and zero still reach it.
+        qkv = getattr(launch, "qkv", None)
+        hypothesis.assume(not (qkv is not None and how in ("huge", "big", "edge", "max")
+                               and name in activations(case[0], qkv.first)))
+        run_case(case, name, how, at)
 
     prop()
 
