@@ -84,6 +84,12 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
 
     caches = batch_caches(cfg, slots, step_fn)
     graphs: dict[tuple[int, int], Graph] = {}
+    reserve = getattr(step_fn, "reserve", None)  # the device's: its forms' room in one allocation up front
+    if reserve is not None:
+        widths = {min(chunk, len(p) - c) for p in prompts for c in range(0, len(p), chunk)}
+        for key in [(w, 1) for w in sorted(widths)] + [(1, slots)]:
+            graphs[key] = build_step(cfg, key[0], batch=key[1])
+        reserve(list(graphs.values()))
     results = [GenResult(p, [], []) for p in prompts]
     ends = frozenset(eos)
 

@@ -172,6 +172,12 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
             tokens = [int(toks[-1][-1])]
 
     caches = caches if caches is not None else new_caches(cfg, step_fn)
+    reserve = getattr(step_fn, "reserve", None)  # the device's: its forms' room in one allocation up front
+    if reserve is not None and graph is None and n_tokens > 0:
+        widths = {min(chunk, len(prompt) - c) for c in range(0, len(prompt), chunk)} | {1}
+        for w in sorted(widths):
+            graphs[w] = build_step(cfg, w)
+        reserve([graphs[w] for w in sorted(widths)])
     ends = frozenset(int(e) for e in eos)
     draw = sampling is not None and not sampling.greedy
     launched = draw and getattr(step_fn, "sampling", None) == sampling  # a plan's sample launch draws the tokens

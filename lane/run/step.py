@@ -86,11 +86,15 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
 
         shared = SharedArena()  # the one arena buffer the model's forms share, one form running at a time
 
-    def runner(g):
+    plans: dict[tuple[int, int], object] = {}
+
+    def planned(g):
+        """Step graph `g`'s form key (rows, batch) and its plan, made once (a batch step of B rows is not a prefill
+        chunk of B)."""
         rows = int(g.meta.get("rows", 1))
-        key = (rows, int(g.meta.get("batch", 1)))  # a batch step of B rows is not a prefill chunk of B
-        r = runners.get(key)
-        if r is None:
+        key = (rows, int(g.meta.get("batch", 1)))
+        s = plans.get(key)
+        if s is None:
             if saved is not None:
                 if saved.rows != rows:
                     raise UserError(f"{saved_path}: the plan is a step of {saved.rows} rows; this step has {rows} "
@@ -103,6 +107,13 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
                 spent["plan_s"] += time.perf_counter() - t0
             if drawn is not None:  # sampled: the draw launch closes the step
                 s = with_sampling(s)
+            plans[key] = s
+        return key, s
+
+    def runner(g):
+        key, s = planned(g)
+        r = runners.get(key)
+        if r is None:
             t0 = time.perf_counter()
             r = runners[key] = make_runner(s, weights, device, batch_state if key[1] > 1 else state, check, exact,
                                            shared)
@@ -134,6 +145,16 @@ def plan_step_fn(weights, device: str = "auto", options: PlanOptions | None = No
 
         step_fn.to_slot = slot_copier(state, batch_state)
         step_fn.hold = holder(state, batch_state)  # the run's tables in the arena before its first form
+
+        def reserve(graphs) -> None:
+            """Room in the one device allocation for the largest of these step graphs' forms, before any runner
+            takes it (a runner's captured graph keeps the allocation it was made with): a run's forms are not
+            largest at its widest chunk where a decode step chains its layer (the chain's attention partials and
+            counters), so a run reserves its forms' room up front and every form shares the first allocation."""
+            if saved is None and graphs:
+                state.arena.fit(max(planned(g)[1].arena.bytes for g in graphs), runner=False)
+
+        step_fn.reserve = reserve
 
     label = f"fused plan, {'CuPy' if device == 'gpu' else 'numpy'} backend"
     if check and device == "cpu":
