@@ -187,7 +187,7 @@ def test_each_inputs_cap_is_hit(tmp_path, monkeypatch, capsys):
     from lanefuse.engine import userfile
     from lanefuse.engine.jsonfile import read_json
     from lanefuse.engine.yamlsafe import read_text
-    from lanefuse.lane.cli import commands
+    from lanefuse.lane.cli import prompts
     from lanefuse.lane.cli.main import main
 
     f = tmp_path / "config.json"
@@ -207,7 +207,7 @@ def test_each_inputs_cap_is_hit(tmp_path, monkeypatch, capsys):
     assert main(["run", "demo", "--prompts", str(p), "--tokens", "2"]) == 2
     assert "p.txt: more than 100 bytes, the most lanefuse reads of a --prompts file" in capsys.readouterr().err
     monkeypatch.setattr(userfile, "MAX_PROMPTS", 1 << 20)
-    monkeypatch.setattr(commands, "MAX_PROMPT_LINE", 5)
+    monkeypatch.setattr(prompts, "MAX_PROMPT_LINE", 5)
     assert main(["run", "demo", "--prompts", str(p), "--tokens", "2"]) == 2
     assert "p.txt:1: a line of 6 characters; a prompt line holds at most 5" in capsys.readouterr().err
 
