@@ -11,8 +11,7 @@ import time
 import numpy as np
 
 from lanefuse.engine.errors import UserError
-from lanefuse.lane.cli.prompts import (BATCH_CAP, MAX_PROMPT_LINE, _batch_prompts, _encode, _in_vocab,  # noqa: F401
-                                       _parse_ids, _prompt_ids, _tokenizer, print_prompt_lines)
+from lanefuse.lane.cli.prompts import _batch_prompts, _prompt_ids, batch_slots, print_prompt_lines
 from lanefuse.lane.lower.files import json_text, write_atomic
 
 
@@ -189,7 +188,6 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
     from lanefuse.lane.cli.source import _memory_bytes
     from lanefuse.lane.cli.timings import batch_timings, print_timings, run_timings
     from lanefuse.lane.run.batch import cache_bytes, check_prompts, generate_batch
-    from lanefuse.engine.ir import MAX_BATCH
 
     if src.step is not None:
         raise UserError(f"{src.name}: a step YAML is one step of its own; a batch needs a model (a checkpoint folder, "
@@ -197,9 +195,7 @@ def _run_batch(args, src, saved, load_s: float, sampling, t_start: float) -> int
     if saved is not None:
         raise UserError(f"--plan {args.plan}: a saved plan is one step; a batch plans its own steps (drop --plan)")
     prompts, tok = _batch_prompts(args, src)
-    slots = args.batch or min(len(prompts), BATCH_CAP)
-    if slots > MAX_BATCH:
-        raise UserError(f"--batch {slots}: a batch step decodes at most {MAX_BATCH} sequences")
+    slots = batch_slots(args, prompts)
     cfg = src.cfg
     check_prompts(cfg, prompts, args.tokens)  # each prompt and its tokens fit a slot: refused before anything runs
     need, mem = cache_bytes(cfg, slots), _memory_bytes()

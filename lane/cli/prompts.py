@@ -123,6 +123,16 @@ def _batch_prompts(args, src) -> tuple[list[list[int]], object | None]:
     return prompts, tok
 
 
+def batch_slots(args, prompts) -> int:
+    """The slots of a batch run: --batch, else every prompt up to BATCH_CAP; more than a batch step holds refused."""
+    from lanefuse.engine.ir import MAX_BATCH
+
+    slots = args.batch or min(len(prompts), BATCH_CAP)
+    if slots > MAX_BATCH:
+        raise UserError(f"--batch {slots}: a batch step decodes at most {MAX_BATCH} sequences")
+    return slots
+
+
 def print_prompt_lines(records, tok, human) -> None:
     """A batch run's line a prompt (`prompt k: ids -> generated ids`, the text where a tokenizer is at hand) on
     `human`, for `run`'s batch and `run --ranks R`'s."""

@@ -152,17 +152,14 @@ def run_ranks_batch(args, src, sampling) -> int:
     prints (rank 0's tokens: every rank's are the same)."""
     import time
 
-    from lanefuse.engine.ir import MAX_BATCH
-    from lanefuse.lane.cli.prompts import BATCH_CAP, _batch_prompts, print_prompt_lines
+    from lanefuse.lane.cli.prompts import _batch_prompts, batch_slots, print_prompt_lines
     from lanefuse.lane.run.batch import check_prompts
     from lanefuse.lane.run.ranks import launch
 
     R = args.ranks
     _run_checks(args, src, sampling, True)
     prompts, tok = _batch_prompts(args, src)
-    slots = args.batch or min(len(prompts), BATCH_CAP)
-    if not 1 <= slots <= MAX_BATCH:
-        raise UserError(f"--batch {slots}: a batch step decodes 1..{MAX_BATCH} sequences")
+    slots = batch_slots(args, prompts)
     check_prompts(src.cfg, prompts, args.tokens)  # each prompt and its tokens fit a slot: refused before ranks start
     how = "the reference interpreter" if args.reference else "its plan for the cuda lane on the numpy backend"
     print(f"lanefuse: model: {src.name} ({R} ranks over gloo, each {how}; {len(prompts)} prompt(s) in {slots} "
