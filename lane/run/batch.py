@@ -15,7 +15,7 @@ from lanefuse.engine.interp import evaluate
 from lanefuse.engine.ir import Graph
 from lanefuse.engine.front.model import ModelConfig, build_step
 from lanefuse.engine.ir import MAX_BATCH, MAX_CHUNK
-from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s
+from lanefuse.lane.run.generate import GenResult, StepFn, _not_finite, _setup_s, run_forms
 from lanefuse.lane.run.sampling import PARAMS
 
 
@@ -86,8 +86,7 @@ def generate_batch(cfg: ModelConfig, weights, prompts, n_tokens: int, slots: int
     graphs: dict[tuple[int, int], Graph] = {}
     reserve = getattr(step_fn, "reserve", None)  # the device's: its forms' room in one allocation up front
     if reserve is not None:
-        widths = {min(chunk, len(p) - c) for p in prompts for c in range(0, len(p), chunk)}
-        for key in [(w, 1) for w in sorted(widths)] + [(1, slots)]:
+        for key in run_forms(prompts, chunk, n_tokens, slots):
             graphs[key] = build_step(cfg, key[0], batch=key[1])
         reserve(list(graphs.values()))
     results = [GenResult(p, [], []) for p in prompts]

@@ -30,9 +30,10 @@ class DeviceArena:
     allocation it was made with (its captured graph holds pointers into it, and into the tables), so an allocation is
     made anew only for tables not yet placed or a form larger than its step-local room, holding the new tables and room
     for the largest form so far; the tables of one no runner has used yet move into the new one (device to device),
-    while a used one's stay where the runners made on it read them. A run prefills its widest chunk first, and a batch
-    run places its slots' tables with the one sequence's before any form (`hold`), so every form of a run shares the
-    first allocation a runner takes."""
+    while a used one's stay where the runners made on it read them. A run places its tables (a batch's slots' with the
+    one sequence's: `hold`) and reserves the room of the largest form it will take (lane/run/step.py `reserve`: a
+    chained decode step can need more than the widest chunk) before any runner is made, so every form of a run shares
+    the first allocation."""
 
     def __init__(self):
         self.buf = None

@@ -47,6 +47,15 @@ def _not_finite(logits: np.ndarray, rows: int, pos: int, n_prompt: int) -> str:
             f"config's numbers overflow; no token taken from it")
 
 
+def run_forms(prompts, chunk: int, n_tokens: int, slots: int) -> list[tuple[int, int]]:
+    """The forms (rows, batch) a run of `prompts` in `slots` slots takes: each prefill chunk's width, then the decode
+    step (a batch's of its slots) where a token follows the prefill's."""
+    forms = {(min(chunk, len(p) - c), 1) for p in prompts for c in range(0, len(p), chunk)}
+    if n_tokens > 1:
+        forms.add((1, slots))
+    return sorted(forms)
+
+
 def new_caches(cfg: ModelConfig, step_fn=None):
     """Zeroed carried tables: the KV caches kc{i} / vc{i} (max_len, kv_heads*head_dim) f32 each, and any carried
     states the family's step holds (`cfg.carried()`). A step function with a `hold(shapes)` (the numpy backend's,
@@ -174,10 +183,9 @@ def generate(cfg: ModelConfig, weights, prompt_ids, n_tokens: int, step_fn: Step
     caches = caches if caches is not None else new_caches(cfg, step_fn)
     reserve = getattr(step_fn, "reserve", None)  # the device's: its forms' room in one allocation up front
     if reserve is not None and graph is None and n_tokens > 0:
-        widths = {min(chunk, len(prompt) - c) for c in range(0, len(prompt), chunk)} | {1}
-        for w in sorted(widths):
-            graphs[w] = build_step(cfg, w)
-        reserve([graphs[w] for w in sorted(widths)])
+        for rows, _ in run_forms([prompt], chunk, n_tokens, 1):
+            graphs[rows] = build_step(cfg, rows)
+        reserve(list(graphs.values()))
     ends = frozenset(int(e) for e in eos)
     draw = sampling is not None and not sampling.greedy
     launched = draw and getattr(step_fn, "sampling", None) == sampling  # a plan's sample launch draws the tokens

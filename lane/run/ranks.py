@@ -172,7 +172,7 @@ def rank_generate(comm, model: str, prompt: list[int] | None, n_tokens: int, chu
             runners[key].env.comm = comm  # the collective launches meet the other ranks through it
         return runners[key].step(env)
 
-    out = {"calls": 0, "bytes": 0}
+    out = {}
     if prompts is not None:
         res = generate_batch(rc, w, prompts, n_tokens, slots, step_fn=step, chunk=chunk, eos=eos)
         out["batch"] = [{"tokens": r.generated_ids, "logits": [np.asarray(l, np.float32) for l in r.logits]}
