@@ -41,16 +41,8 @@ def test_rows_a_warp_equal_the_twin(fmt, m, heads, a, b, rows_out):
     again_same(launch, dev, ["y"])
 
 
-@pytest.mark.parametrize("pos,extra", [(0, 1), (3, 5), (9, 12), (60, 8), (62, 9)])
-def test_the_filled_rows_in_groups(pos, extra):
-    """The expanded half over a 64-row cache: rows below min(64, pos + extra) computed, in groups of 8 (the last one
-    short), the others left NaN."""
-    launch, arrays, weights = gpu.head_filled_case(pos, extra)
-    dev = gpu.both(launch, arrays, weights, tol=2e-4)
-    y = dev.host("kx").reshape(64, -1)
-    filled = min(64, pos + extra)
-    assert not np.isnan(y[:filled]).any() and np.isnan(y[filled:]).all()
-    again_same(launch, dev, ["kx"])
+# the filled rows of a cache (`upto`), in groups of 8 with a short last one: test_kernels_emulated's
+# test_head_gemv_filled_rows over test_kernels_gpu.HEAD_FILLED (the same kernel and case)
 
 
 def test_a_part_of_a_wider_row_in_groups():

@@ -634,7 +634,8 @@ def test_head_gemv(fmt, m, heads, a, b, rows_out):
          placed=m == 3)
 
 
-HEAD_FILLED = [(0, 1), (3, 5), (60, 8), (62, 9)]  # (position, the chunk's rows): 1, 8, 64 (all 64), 64 (clipped)
+HEAD_FILLED = [(0, 1), (3, 5), (9, 12), (60, 8), (62, 9)]  # (position, the chunk's rows): 1, 8, 21 (groups of 8,
+# the last short), 64 (all 64), 64 (clipped)
 
 
 def head_filled_case(pos: int, extra: int, fmt: str = "bf16"):
