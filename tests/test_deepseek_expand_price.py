@@ -153,36 +153,12 @@ def test_the_tensor_core_halves_against_the_reference(fmt, runner, tmp_path):
     cache rows, and the step's logits are the reference interpreter's within the bf16 numerics' tolerance (x and w
     rounded to bf16, f32 sums, every product of 16 rows or more: tests/test_gemm_tc_lane.py's 5e-2 of the logits'
     scale), at position 40 (60 of the 64 rows filled)."""
-    import numpy as np
-
-    from test_deepseek import mla_launches, narrow_lane, tiny_cfg
-    from lanefuse.engine.front.model import build_step
-    from lanefuse.engine.front.weights import Weights
-    from lanefuse.engine.interp import evaluate
-    from lanefuse.kernels.common import encode
-    from lanefuse.lane.lower.plan import plan
-    from lanefuse.lane.run.generate import new_caches
-    from lanefuse.lane.run.numpy_runner import NumpyRunner
+    from test_deepseek import mla_launches, narrow_lane, plan_against_reference
 
     opts = narrow_lane(tmp_path)
     opts["knobs"] = dataclasses.replace(opts["knobs"], tc_rows=16)
-    rows, r = 20, np.random.default_rng(7)
-    cfg = tiny_cfg()
-    arrays = {}
-    for name, shape in cfg.weight_names().items():
-        a = (r.standard_normal(shape) / (np.sqrt(shape[-1]) if len(shape) == 2 else 3)).astype(np.float32)
-        arrays[name] = (encode(a, fmt), fmt) if len(shape) == 2 and fmt != "f32" else a
-    cfg = dataclasses.replace(cfg, formats=tuple((n, fmt) for n, s in cfg.weight_names().items() if len(s) == 2))
-    g = build_step(cfg, rows)
-    s = plan(g, **opts)
+    # 60 of the 64 rows filled; the latent cache row is a product of the chunk's 20 rows on the tensor cores too
+    s = plan_against_reference(20, fmt, runner, pos=40, seed=7, tol=5e-2, cache_tol=5e-2, **opts)
     halves = [l.launch for l in mla_launches(s)][:2]
     assert [h.census in ("gemm_tc", "gemm_blas") for h in halves] == [True, True], [h.census for h in halves]
     assert [h.m for h in halves] == [64, 64]
-    weights = Weights.from_dict(arrays, cfg)
-    caches = {k: r.standard_normal(v.shape).astype(np.float32) for k, v in new_caches(cfg).items()}
-    inputs = {"token": r.integers(0, cfg.vocab, rows).astype(np.int32), "pos": np.array([40], np.int32)}  # 60 filled
-    ref = evaluate(g, weights, {**inputs, **{k: v.copy() for k, v in caches.items()}})
-    got = NumpyRunner(s, weights, exact=runner == "exact").step({**inputs, **{k: v.copy() for k, v in caches.items()}})
-    err = float(np.abs(got["logits"] - ref["logits"]).max()) / float(np.abs(ref["logits"]).max())
-    print(f"\n{fmt} {runner} halves {[h.census for h in halves]}: {err:.2e}")
-    assert err <= 5e-2, err
