@@ -39,13 +39,19 @@ def attn_chain(fmt, m, heads, kv, hd, k, f, per_warp, splits=1, per_block=1, win
     the down product, its residual `res` and the next norm into y."""
     att = Attention("q", "kc", "vc", "pos", "z", heads, heads // kv, hd, hd, L, m, hd ** -0.5, window=window,
                     sinks="sk" if sinks else None, per_block=per_block, splits=splits, softcap=cap)
-    ko = heads * hd
+    return Chain((att, *o_glu_down(fmt, m, heads * hd, k, f, per_warp)))
+
+
+def o_glu_down(fmt, m, ko, k, f, per_warp, x="x"):
+    """The chain's last three phases after its attention into z (ko values a row): the o product of z into `op`, its
+    residual `res0` added (the sum `res`) and normed into `x`; the GLU of x into h; the down product, its residual
+    `res` and the next norm into y."""
     o = Fold(Gemv("z", "wo", fmt, Dst("op"), ko, k, m, per_warp=per_warp),
-             Norm("res0", "nw0", "x", m, k, 1e-5, add="op", sum="res"))
-    glu = GemvGlu("x", "wg", "wu", fmt, "h", k, f, m, per_warp=per_warp)
+             Norm("res0", "nw0", x, m, k, 1e-5, add="op", sum="res"))
+    glu = GemvGlu(x, "wg", "wu", fmt, "h", k, f, m, per_warp=per_warp)
     down = Fold(Gemv("h", "wd", fmt, Dst("o"), f, k, m, per_warp=per_warp),
                 Norm("res", "nw", "y", m, k, 1e-6, add="o", sum="sum"))
-    return Chain((att, o, glu, down))
+    return o, glu, down
 
 
 OUTS = ["z", "op", "res", "x", "h", "o", "sum", "y"]

@@ -17,9 +17,9 @@ import pytest
 
 import test_kernels_gpu as gpu
 from cuda_host import emu
-from lanefuse.kernels import Attention, Chain, Dst, Fold, Gemv, GemvGlu, Norm
+from lanefuse.kernels import Attention, Chain, Fold
 from lanefuse.kernels.common import encode
-from test_chain_attn_emulated import BY_BLOCK, NO_DOWN_WAIT, NO_GLU_WAIT, NO_O_WAIT, _mutated
+from test_chain_attn_emulated import BY_BLOCK, NO_DOWN_WAIT, NO_GLU_WAIT, NO_O_WAIT, _mutated, o_glu_down
 from test_kernels_emulated import again_same, counters_zero
 
 pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
@@ -42,11 +42,7 @@ def qkv_chain(g, fmt, m, heads, kv, hd, k, f, per_warp, pos, splits=1, per_block
     att = Attention("qr", "kc", "vc", "pos", "z", heads, heads // kv, hd, hd, L, m, hd ** -0.5, per_block=per_block,
                     splits=splits)
     ko = heads * hd
-    o = Fold(Gemv("z", "wo", fmt, Dst("op"), ko, k, m, per_warp=per_warp),
-             Norm("res0", "nw0", "x1", m, k, 1e-5, add="op", sum="res"))
-    glu = GemvGlu("x1", "wg", "wu", fmt, "h", k, f, m, per_warp=per_warp)
-    down = Fold(Gemv("h", "wd", fmt, Dst("o"), f, k, m, per_warp=per_warp),
-                Norm("res", "nw", "y", m, k, 1e-6, add="o", sum="sum"))
+    o, glu, down = o_glu_down(fmt, m, ko, k, f, per_warp, x="x1")
     nan = np.float32("nan")
     arrays.update({"q": np.full(m * ko, nan, np.float32), "qr": np.full(m * ko, nan, np.float32),
                    "z": np.full(m * ko, nan, np.float32), "op": np.zeros(m * k, np.float32), "res0": r32(g, m, k),
