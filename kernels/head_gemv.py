@@ -132,7 +132,7 @@ class HeadGemv(QuantEpilogue, Launch):
         wave takes a whole wave's rounds (latency, not bytes)."""
         per_wave = knobs.sms * (RESIDENT_BLOCKS if self.rows_a_warp() == 1 else RESIDENT_BLOCKS_ROWS) * WARPS
         rounds = -(-self.a // 32)
-        waves = -(-(-(-self.m // self.rows_a_warp())) * self.heads * self.b // per_wave)
+        waves = -(-self.warps() // per_wave)
         first = min(waves, -(-self.heads * self.b // per_wave))
         fits = self.checkpoint_bytes() <= L2_SHARE * knobs.l2_mib * 2 ** 20
         return rounds * (first * ROUND_US + (waves - first) * (L2_ROUND_US if fits else ROUND_US))
@@ -183,14 +183,17 @@ class HeadGemv(QuantEpilogue, Launch):
         self.y.write(env, y)
         self.epilogue_write(env, y)
 
+    def warps(self) -> int:
+        """The launch's warps: one an output of each rows_a_warp rows of x."""
+        return -(-self.m // self.rows_a_warp()) * self.heads * self.b
+
     def rows_a_warp(self) -> int:
         """The rows of x a warp takes: ROWS_A_WARP (head_gemv_rows), or 1 (head_gemv) for a single row or under
         `quant` (the quantizing tail counts each block's outputs as consecutive)."""
         return 1 if self.quant is not None or self.m == 1 else ROWS_A_WARP
 
     def grid_block(self):
-        warps = -(-self.m // self.rows_a_warp()) * self.heads * self.b
-        return ((-(-warps // WARPS), 1, 1), (32 * WARPS, 1, 1))
+        return ((-(-self.warps() // WARPS), 1, 1), (32 * WARPS, 1, 1))
 
     def cuda(self, denv):
         from lanefuse.kernels.cupy_env import NULL, i64
