@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite. Three steps:
 #   bench/gpu_suite.sh prepare PLANDIR        on a CPU machine with the engine (egglog): plans saved to PLANDIR, its
-#                                             size printed (all of it travels to the GPU machine: at most 40 MB)
+#                                             size printed (all of it travels to the GPU machine: at most 40 MB), and
+#                                             the kernels' cubins for sm_90 (nvcc; PLANDIR/cubins, xz)
 #   bench/gpu_suite.sh run PLANDIR OUTDIR     on a bare GPU machine (python3 with CuPy, numpy, pytest; no egglog, no
 #                                             highspy, no gguf, no network): pytest -m gpu, the decode figures and
 #                                             the batch curve, in at most 6 minutes; logs and summary.txt in OUTDIR
@@ -22,6 +23,9 @@ case "$cmd" in
     # the tensor-core prefill plans (Qwen3-8B shape, 512 and 2048 rows, knob tc_rows=16) and bench/gemm_model.py's
     # PREDICTIONS for them (PLANDIR/gemm-model.json)
     "$py" "$here/bench/gpu_prefill.py" prepare "$plans" || echo "no prefill plans"
+    # every kernel module compiled ahead of time for sm_90 (nvcc here), xz-compressed into PLANDIR/cubins: the GPU
+    # machine would compile each in every process at its first launch, the chain module ~7 minutes of ptxas alone
+    "$py" "$here/bench/gpu_cubins.py" pack "$plans" || echo "no prebuilt kernels: the GPU machine compiles them (minutes)"
     echo "to travel: $(du -sh "$plans" | cut -f1) in $plans (the GPU machine takes 64 MiB with the repository)"
     ;;
   run)
@@ -36,6 +40,10 @@ case "$cmd" in
     for d in engine lane kernels rules; do ln -s "$here/$d" "$ns/lanefuse/$d"; done
     export PYTHONPATH="$ns${PYTHONPATH:+:$PYTHONPATH}"
     export LANEFUSE_PLANS="$plans"
+    # the kernels built ahead of time (prepare), unpacked: every process loads them instead of compiling
+    if "$py" "$here/bench/gpu_cubins.py" unpack "$plans" "$ns/cubins" > "$out/cubins.txt" 2>&1; then
+      export LANEFUSE_CUBINS="$ns/cubins"
+    fi
     cd "$here"
     nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
     {
@@ -43,7 +51,7 @@ case "$cmd" in
       "$py" -c "import sys, numpy, cupy; d = cupy.cuda.runtime.getDeviceProperties(0)
 print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'cupy', cupy.__version__, '|',
       d['name'].decode(), d['multiProcessorCount'], 'SMs')" 2>&1 | tail -1
-      echo "PLANDIR $(du -sh "$plans" | cut -f1)"
+      echo "PLANDIR $(du -sh "$plans" | cut -f1); LANEFUSE_CUBINS ${LANEFUSE_CUBINS:-unset}: $(cat "$out/cubins.txt")"
     } > "$out/env.txt"
     # pytest-xdist and pytest-timeout where installed
     xdist=(); tmo=()

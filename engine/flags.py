@@ -31,6 +31,8 @@ FLAGS = {f.name: f for f in (
                                           "own sizes on the host CUDA emulator (~10 min)"),
     Flag("LANEFUSE_EMU_CACHE", "", "path", "tests: where the host CUDA emulator keeps its compiled kernel modules "
                                            "(default a folder under the temp dir)"),
+    Flag("LANEFUSE_CUBINS", "", "path", "a folder of kernel modules compiled ahead of time (`lanefuse kernels --build "
+                                        "DIR`): the CuPy runner loads a module's cubin from it instead of compiling it"),
     Flag("LANEFUSE_PDL", "0", "int", "1: the CuPy runner launches every kernel with programmatic dependent launch "
                                      "(sm_90+; kernels/pdl.py): each may start while the one before it drains"),
     Flag("LANEFUSE_LLAMACPP_SRC", "", "path", "tests: a llama.cpp source tree (convert_hf_to_gguf.py, conversion/, "

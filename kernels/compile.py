@@ -29,8 +29,9 @@ _MODULES: dict[str, object] = {}
 
 
 def module(stems: tuple[str, ...]):
-    """The CuPy RawModule of `stems` for the current device's arch, compiled once a process (CuPy also keeps its own
-    on-disk cache keyed by source and options)."""
+    """The CuPy RawModule of `stems` for the current device's arch: the cubin `LANEFUSE_CUBINS` holds for this source
+    and arch (kernels/prebuilt.py), else compiled once a process (CuPy also keeps its own on-disk cache keyed by
+    source and options)."""
     import cupy
 
     dev = cupy.cuda.Device()
@@ -39,7 +40,12 @@ def module(stems: tuple[str, ...]):
     key = cache_key(src, arch)
     m = _MODULES.get(key)
     if m is None:
-        m = cupy.RawModule(code=src, options=OPTIONS, name_expressions=None)
+        from lanefuse.engine import flags
+        from lanefuse.kernels.prebuilt import find
+
+        cubin = find(src, arch, flags.read("LANEFUSE_CUBINS"))  # built ahead of time (lanefuse kernels --build)
+        m = (cupy.RawModule(path=str(cubin)) if cubin is not None
+             else cupy.RawModule(code=src, options=OPTIONS, name_expressions=None))
         _MODULES[key] = m
     return m
 

@@ -1,5 +1,5 @@
 """Every kernel source compiles as CuPy will compile it at run time — NVRTC through cuda-python with CuPy's options —
-for sm_90 (in full) and sm_80 (its front end: FULL_ARCH says why), and with nvcc for sm_90, with no error and no
+for sm_90 (to its PTX) and sm_80 (its front end: FULL_ARCH says why), and with nvcc for sm_90, with no error and no
 warning; and on sm_90 (the H200) ptxas reports no spill and no stack frame in any kernel, the exceptions listed below.
 Skips only where neither compiler is present.
 
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from lanefuse.kernels import KINDS
 from lanefuse.kernels.compile import ARCHS, OPTIONS, source
+from lanefuse.kernels.prebuilt import modules
 
-STEMS = sorted({k.stem for k in KINDS.values() if isinstance(k.stem, tuple) and k.stem})
+STEMS = modules()  # every module a launch kind compiles (what `lanefuse kernels --build` builds)
 
 
 def include_dirs() -> list[str]:
@@ -94,8 +94,11 @@ def shared_result(cache: Path | None, key: str, compute) -> tuple:
             lock.close()
 
 
-# The arch the kernels are built for and measured on (the H200): NVRTC compiles for it in full (front end, NVVM's
-# optimizer and code generation: the PTX the argument checks read). The other archs compile through NVRTC's front end
+# The arch the kernels are built for and measured on (the H200): NVRTC compiles for its virtual arch compute_90 in
+# full (front end, NVVM's optimizer and code generation: the PTX the argument checks read), and stops at the PTX:
+# ptxas for sm_90 runs once, in nvcc's compile below (its registers, spills and warnings), not twice. ptxas was two
+# thirds of a module's compile: the chain module 286 s of nvcc's 419 s (cicc 133 s; nvcc 13 -time, 2026-12-06), and
+# NVRTC through sm_90 ran the same ptxas again (448 s there against nvcc's 396 s at the last stop). The other archs compile through NVRTC's front end
 # only (-dlto: parsed, templates instantiated, each arch's __CUDA_ARCH__ branches and the headers' arch guards checked,
 # every error and warning the front end gives; NVVM IR out, not optimized into PTX): the full sm_80 compile repeated
 # the optimizer's minutes for the same code (the chain module 273 s for sm_90 here, under load, against 0.7 s through
@@ -107,14 +110,15 @@ FULL_ARCH = "sm_90"
 def nvrtc_compile(stems, arch) -> tuple[bool, str, str]:
     """(compiled, log, PTX) of the module `stems` on `arch` as CuPy compiles it, once a run (the workers share it:
     run_dir): the PTX the argument checks of several test files read comes from the same compile (NVRTC keeps it
-    beside the cubin). The chain module takes NVRTC ~3 minutes here: once, not once a reader. An arch other than
-    FULL_ARCH: its front end only, no PTX."""
+    beside the cubin). The chain module takes NVRTC ~2 minutes here: once, not once a reader. FULL_ARCH compiles to
+    its virtual arch's PTX (no ptxas: nvcc's compile runs it); another arch: its front end only, no PTX."""
     key = (tuple(stems), arch)
     if key in _NVRTC:
         return _NVRTC[key]
     n = nvrtc()
     src = source(stems)
-    opts = [f"--gpu-architecture={arch}", *OPTIONS, *(f"-I{d}" for d in include_dirs()),
+    virtual = arch.replace("sm_", "compute_") if arch == FULL_ARCH else arch
+    opts = [f"--gpu-architecture={virtual}", *OPTIONS, *(f"-I{d}" for d in include_dirs()),
             *(() if arch == FULL_ARCH else ("-dlto",))]
     _, major, minor = n.nvrtcVersion()
     digest = hashlib.sha256("\0".join(["nvrtc", f"{major}.{minor}", *opts, src]).encode()).hexdigest()[:24]

@@ -426,6 +426,12 @@ def cmd_rules(args) -> int:
     return rules_command(args)
 
 
+def cmd_kernels(args) -> int:
+    from lanefuse.lane.cli.kernels import kernels_command
+
+    return kernels_command(args)
+
+
 def cmd_explore(args) -> int:
     from lanefuse.lane.cli.explore import explore_command
 

@@ -1,11 +1,13 @@
-"""The `lanefuse` command: run, plan, rules, explore. User errors end in one line on stderr and a non-zero exit."""
+"""The `lanefuse` command: run, plan, rules, check, kernels, explore. User errors end in one line on stderr and a non-zero exit."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lanefuse.engine.errors import UserError, one_line
+from lanefuse.kernels.prebuilt import ARCH_CHOICES
 from lanefuse.lane.lower.plan import NUMERICS
 
 EPILOG = ("MODEL is a checkpoint folder (config.json + safetensors), a GGUF file (or a folder holding one), a step "
@@ -41,6 +43,16 @@ def _port(text: str) -> int:
 def _model_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint folder, .gguf file, step YAML, or omit for the demo "
                                                               "model")
+
+
+def _jobs(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of compiles") from None
+    if not 1 <= v <= 256:
+        raise argparse.ArgumentTypeError(f"{v}: give 1 to 256 compiles at a time")
+    return v
 
 
 def _rows(text: str) -> int:
@@ -238,6 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu"], help="the backend checked (numpy)")
     _ranks_arg(p, "R ranks' step (the reference interpreter's) against one rank's")
     _plan_args(p)
+
+    p = sub.add_parser("kernels", help="list the CUDA kernel modules, or compile them ahead of time (--build DIR)",
+                       description="Every CUDA kernel module the launch kinds compile. --build DIR compiles each to a "
+                                   "cubin for --arch (nvcc, or NVRTC through cuda-python: no GPU needed), several at "
+                                   "a time; with LANEFUSE_CUBINS=DIR the CuPy runner loads them instead of compiling "
+                                   "each at a process's first launch (the decode modules take minutes in ptxas).")
+    p.add_argument("--build", metavar="DIR", help="compile every module (or each --module) to DIR/KEY.cubin")
+    p.add_argument("--arch", default="sm_90", choices=ARCH_CHOICES, help="the GPU arch (default sm_90: H100/H200)")
+    p.add_argument("--compiler", default="auto", choices=("auto", "nvcc", "nvrtc"),
+                   help="nvcc, or NVRTC through cuda-python as CuPy compiles (auto: nvcc where it is on PATH)")
+    p.add_argument("--jobs", "-j", type=_jobs, default=os.cpu_count() or 1, metavar="N",
+                   help="compiles at a time (default: the CPUs)")
+    p.add_argument("--module", action="append", metavar="NAME",
+                   help="only this module (its name as listed; repeatable)")
+    p.add_argument("--force", action="store_true", help="rebuild cubins already in DIR")
 
     p = sub.add_parser("explore", help="explore fusion choices interactively (terminal, or --web in a browser)",
                        description="Explore the fusion choices of a step: a command loop in the terminal (scripted "
