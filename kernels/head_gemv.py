@@ -35,12 +35,11 @@ ROWS_A_WARP = 8  # head_gemv.cu's HEAD_ROWS: head_gemv_rows reads each value of 
 # registers and 1028 B of shared memory (16 blocks of 4 warps a SM), head_gemv_rows 56 (9 blocks). Every row of x
 # (head_gemv), or every ROWS_A_WARP rows (head_gemv_rows), re-reads all the heads' matrices, from L2 once the first
 # pass has brought them there if they fit. The rounds'
-# latencies are bench/launch_model_calibration.json's (fitted on the 2026-12-04 H200 figures, not measured on this
-# kernel): L_us 2.02 (an HBM round of the GEMV family's loop) and L_l2_us 0.65 (an L2 round). PREDICTIONS, not measured.
+# latencies are the lane's knobs hbm_round_us and l2_round_us (lane/lower/knobs.py: bench/launch_model_calibration.json's
+# L_us 2.02 and L_l2_us 0.65, fitted on the 2026-12-04 H200 figures of the GEMV family's loop, not measured on this
+# kernel). PREDICTIONS, not measured.
 RESIDENT_BLOCKS = 16  # head_gemv's blocks a SM (32 registers)
 RESIDENT_BLOCKS_ROWS = 9  # head_gemv_rows' (56 registers)
-ROUND_US = 2.02  # a dependent round whose loads come from HBM
-L2_ROUND_US = 0.65  # a dependent round whose loads hit L2
 L2_SHARE = 0.5  # the matrices stay in L2 between rows when they take at most this share of it (knob l2_mib)
 
 
@@ -126,8 +125,8 @@ class HeadGemv(QuantEpilogue, Launch):
     def loop_us(self, knobs) -> float:
         """The loop's time as it runs (latency-bound: a round's loads a warp, RESIDENT_BLOCKS a SM): the warps of the
         m rows (rows_a_warp rows each) in waves of sms x RESIDENT_BLOCKS x WARPS, ceil(a / 32) rounds a wave; the first
-        rows' waves at an HBM round, the later ones' at an L2 round where the matrices fit L2_SHARE of it (else every
-        round from HBM). With `upto`
+        rows' waves at an HBM round (knob hbm_round_us), the later ones' at an L2 round (l2_round_us) where the
+        matrices fit L2_SHARE of it (else every round from HBM). With `upto`
         the plan does not know the position: all m rows (the cache's), as the attention prices its keys. A partial
         wave takes a whole wave's rounds (latency, not bytes)."""
         per_wave = knobs.sms * (RESIDENT_BLOCKS if self.rows_a_warp() == 1 else RESIDENT_BLOCKS_ROWS) * WARPS
@@ -135,7 +134,8 @@ class HeadGemv(QuantEpilogue, Launch):
         waves = -(-self.warps() // per_wave)
         first = min(waves, -(-self.heads * self.b // per_wave))
         fits = self.checkpoint_bytes() <= L2_SHARE * knobs.l2_mib * 2 ** 20
-        return rounds * (first * ROUND_US + (waves - first) * (L2_ROUND_US if fits else ROUND_US))
+        hbm, l2 = knobs.hbm_round_us, knobs.l2_round_us
+        return rounds * (first * hbm + (waves - first) * (l2 if fits else hbm))
 
     def rate(self, knobs) -> float:
         """The lane's rate of its flops (TFLOP/s; lane/lower/shim.launch_us divides the flops by it): what loop_us

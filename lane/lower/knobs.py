@@ -30,6 +30,10 @@ class Knobs:
     # for a bf16 8192^3 product on the H200, 80%; an 8B model's products are smaller and fill fewer whole waves)
     blas_call_us: float = 2.3  # what a cuBLAS call costs beyond a launch gap: its bf16 GEMV measured 5.3 µs a call
     # beyond its bytes on the H200 (gpu-runs/2026-12-04/cublas-gemv.log) against bench/gemm_model.py's 3.0 µs launch
+    hbm_round_us: float = 2.02  # a latency-bound loop's dependent round of loads from HBM, µs (a load in flight a
+    # lane: kernels/head_gemv.py's loop), and one whose loads hit L2: bench/launch_model_calibration.json's L_us and
+    # L_l2_us, fitted on the 2026-12-04 H200 figures of the GEMV family (tests/test_knobs_calibration.py keeps them so)
+    l2_round_us: float = 0.65
     tc_attn_rows: int = 0  # a chunk of at least this many rows (and 16) attends on the tensor cores (attention_tc)
     # under the bf16 numerics: q, k, p and v rounded to bf16, f32 sums; 0 (the default) never
     link_gbps: float = 450.0  # the link between ranks' devices, GB/s one way (NVLink 4: 900 both ways; an
