@@ -309,6 +309,52 @@ def test_memoized_elimination_is_the_elimination(p):
         assert _tied_cost(p, alone) == pytest.approx(_tied_cost(p, ilp), rel=0, abs=_tie_step(p) / 2)
 
 
+@settings(max_examples=150, deadline=None)
+@given(repeated_problems(), st.booleans())
+def test_batched_elimination_is_each_alone(p, memo):
+    """Components over one pattern eliminated together (their tables stacked), with the tie-broken runs riding
+    along with the first ones' or not, give the very plan each eliminated alone gives (a batch of one: every run
+    split to single components), ties included."""
+    from unittest import mock
+
+    from lanefuse.engine import extract
+
+    def solve(**patches):
+        with mock.patch.multiple(extract.elimination, MEMO_MIN_CLASSES=1, **patches):
+            try:
+                return solve_elimination(p, memo=memo)
+            except NoPlan as e:
+                return ("no plan", e.classes)
+
+    alone = solve(BATCH_ENTRIES=1, SPECULATE_WIDTH=0)
+    assert solve() == alone
+    assert solve(SPECULATE_WIDTH=extract.MAX_WIDTH) == alone
+    assert solve(BATCH_ENTRIES=1, SPECULATE_WIDTH=extract.MAX_WIDTH) == alone
+
+
+def test_batched_elimination_on_a_qwen3_step():
+    """A Qwen3-8B step of 5 layers (its layers' components tie exactly by the real costs, so each is solved by
+    the tie-break): batched, the same plan as every component eliminated alone, and fewer runs than components."""
+    from unittest import mock
+
+    from lanefuse.engine import extract
+
+    p = _step_problem(_shapes()["qwen3-8b"])
+    runs = []
+    real = extract.elimination._eliminate
+
+    def counting(factors, *args):
+        runs.append(factors[0][1].shape[-1])  # the batch: the tables' last axis
+        return real(factors, *args)
+
+    with mock.patch.object(extract.elimination, "_eliminate", counting):
+        batched = solve_elimination(p)
+    with mock.patch.multiple(extract.elimination, BATCH_ENTRIES=1, SPECULATE_WIDTH=0):
+        alone = solve_elimination(p)
+    assert batched is not None and batched == alone == solve_ilp(p)
+    assert max(runs) > 1 and len(runs) < sum(runs)
+
+
 def _tied_cost(p: Problem, choice: dict[int, int]) -> float:
     """A plan's cost as both exact solvers minimise it: scaled, plus the tie-break."""
     from lanefuse.engine.extract import reachable
@@ -409,17 +455,17 @@ def test_memoized_elimination_keeps_every_step_plan(name):
 
     p = _step_problem(_shapes()[name])
     solved = []
-    real = extract.elimination._eliminate
+    real = extract.elimination._solve_all
 
-    def counting(factors, max_width, np, gaps):
-        solved.append(gaps)
-        return real(factors, max_width, np, gaps)
+    def counting(lanes, *args):  # each lane a component and its weights: 3 the real costs, 2 the tie-broken
+        solved.extend(w for _, w in lanes)
+        return real(lanes, *args)
 
-    with mock.patch.object(extract.elimination, "_eliminate", counting):
+    with mock.patch.object(extract.elimination, "_solve_all", counting):
         memo = solve_elimination(p)
     big = sum(1 for comp, _ in extract.elimination._components([(s,) for s in _scopes(p)])
               if len(comp) >= extract.MEMO_MIN_CLASSES)
-    assert big > 1 and solved.count(True) < big  # some big component was never eliminated: it was remembered
+    assert big > 1 and solved.count(3) < big  # some big component was never solved by its real costs: remembered
     alone = solve_elimination(p, memo=False)
     assert memo is not None and memo == alone == solve_ilp(p)
 

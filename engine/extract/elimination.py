@@ -96,35 +96,59 @@ def solve_elimination(p: Problem, max_width: int = MAX_WIDTH, memo: bool = True)
     if const == INF:
         return None
     shapes: dict[tuple, tuple[Any, Any, Any]] = {}
-    solved: dict[tuple, tuple[tuple[int, ...], bool] | None] = {}  # component key -> its choices (None: tie-break)
-    val: dict[int, int] = {}
-    for comp, fs in _components(specs):
-        key = _component_key(comp, [specs[f] for f in fs]) if memo and len(comp) >= MEMO_MIN_CLASSES else None
-        if key is not None and key in solved:
-            got = solved[key]
-            if got is not None:
-                bits, feasible = got
-                if not feasible:
-                    return None
-                val.update(zip(comp, bits))
-                continue
-        elif key is not None:  # the first of its kind: solved by the real costs, kept where no tie-break decided
-            out = _eliminate([(specs[f][0], _table(specs[f], shapes, 3, np)) for f in fs], max_width, np, gaps=True)
-            if out is None:
-                return None
-            got_val, value, gap = out
-            decided = value < INF and gap > TIE_EPS * (len(fs) + 1)
-            solved[key] = (tuple(got_val[v] for v in comp), True) if decided else (
-                ((), False) if value == INF else None)
+    comps = _components(specs)
+    keys = [_component_key(comp, [specs[f] for f in fs]) if memo and len(comp) >= MEMO_MIN_CLASSES else None
+            for comp, fs in comps]
+    # the first component of each key is solved by the real costs; its choices are kept where no tie-break decided
+    first: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        if key is not None and key not in first:
+            first[key] = i
+    # the components over one pattern of classes are eliminated in one run (see `_solve_all`). Where the first
+    # key's first component is undecided (a Qwen3 layer's: its real costs tie exactly), the others likely are too:
+    # the tie-broken eliminations of the components with a key then ride along with the first ones' runs where
+    # those are narrow, instead of a second run each pattern (unneeded where a first decides; the choices are the
+    # same either way)
+    runs = _Runs(comps, specs, keys, max_width)
+    firsts = list(first.values())
+    solved: dict[tuple, tuple[int, ...] | None] = {}  # component key -> its choices (None: the tie-break decides)
+    got: dict[tuple[int, int], tuple] = {}
+    for at, part in enumerate((firsts[:1], firsts[1:])):
+        lanes = [(i, 3) for i in part]
+        if at:  # the components no key covers need the tie-break whatever the firsts say
+            lanes += [(i, 2) for i in range(len(comps)) if keys[i] is None]
+            if firsts and solved.get(keys[firsts[0]], ()) is None:
+                lanes += [(i, 2) for i in range(len(comps)) if keys[i] is not None and keys[i] not in solved
+                          and runs.widest(i) <= SPECULATE_WIDTH]
+        out = _solve_all(lanes, comps, specs, shapes, runs, np)
+        if out is None:
+            return None
+        got.update(out)
+        for i in part:
+            bits, value, gap = got[i, 3]
             if value == INF:
                 return None
-            if decided:
-                val.update(got_val)
-                continue
-        out = _eliminate([(specs[f][0], _table(specs[f], shapes, 2, np)) for f in fs], max_width, np, gaps=False)
-        if out is None or out[1] == INF:
+            solved[keys[i]] = bits if gap > TIE_EPS * (len(comps[i][1]) + 1) else None
+    val: dict[int, int] = {}
+    rest = []
+    for i, ((comp, fs), key) in enumerate(zip(comps, keys)):
+        bits = solved[key] if key is not None else None
+        if bits is None and (i, 2) not in got:
+            rest.append((i, 2))
+        elif bits is None:
+            bits, value, _ = got[i, 2]
+            if value == INF:
+                return None
+        if bits is not None:
+            val.update(zip(comp, bits))
+    got = _solve_all(rest, comps, specs, shapes, runs, np)
+    if got is None:
+        return None
+    for i, w in rest:
+        bits, value, _ = got[i, w]
+        if value == INF:
             return None
-        val.update(out[0])
+        val.update(zip(comps[i][0], bits))
 
     comp = need | {v for v, x in val.items() if x}  # the classes computed
 
@@ -183,15 +207,109 @@ def _component_key(comp: list[int], specs: list[tuple]) -> tuple:
     return tuple((tuple(at[v] for v in scope), shape, tuple(rs)) for scope, shape, _, rs in specs)
 
 
-def _table(spec: tuple, shapes: dict, which: int, np) -> Any:
-    """A class's table (2,)*k: the cheapest of its nodes that the assignment meets, by the tie-broken (which=2) or
-    the real (3) weights; INF where none, 0 where the class is not computed."""
-    key, ws = spec[1], spec[which]
+# the most table entries (doubles) one batch of equal components holds at once: their tables, or the widest table
+# the elimination builds, times the batch (32 MiB)
+BATCH_ENTRIES = 1 << 22
+# the widest table (classes) a pattern's elimination may build for its components' tie-broken runs to ride along
+# with its first ones' (work wasted where those decide: a few lanes of at most 16384 entries; a Qwen3 layer's is 14)
+SPECULATE_WIDTH = 14
+
+
+class _Runs:
+    """Each component's pattern (its tables' scopes over its classes' places in it: the same layer after layer of a
+    step), the elimination's order over it and the widest table that builds (`_order`, once a pattern), as asked."""
+
+    def __init__(self, comps: list[tuple[list[int], list[int]]], specs: list[tuple], keys: list, max_width: int):
+        self.comps, self.specs, self.keys, self.max_width = comps, specs, keys, max_width
+        self.of: dict[int, tuple] = {}
+        self.orders: dict[tuple, Any] = {}
+
+    def pattern(self, i: int) -> tuple:
+        got = self.of.get(i)
+        if got is None:
+            key = self.keys[i]
+            if key is not None:  # a key names each table's scope by places already
+                got = tuple([x[0] for x in key])
+            else:
+                comp, fs = self.comps[i]
+                at = {v: j for j, v in enumerate(comp)}
+                got = tuple([tuple([at[v] for v in self.specs[f][0]]) for f in fs])
+            self.of[i] = got
+        return got
+
+    def order(self, pattern: tuple) -> tuple[list[tuple], int] | None:
+        """`_order` over the pattern; None where too wide."""
+        if pattern not in self.orders:
+            self.orders[pattern] = _order(list(pattern), self.max_width)
+        return self.orders[pattern]
+
+    def widest(self, i: int) -> int:
+        got = self.order(self.pattern(i))
+        return self.max_width + 1 if got is None else got[1]
+
+
+def _solve_all(lanes: list[tuple[int, int]], comps: list[tuple[list[int], list[int]]], specs: list[tuple],
+               shapes: dict, runs: _Runs, np) -> dict[tuple[int, int], tuple] | None:
+    """Each (component, weights) eliminated, by the real (3) or the tie-broken (2) weights: (its classes' values in
+    order, the minimum, the least margin where a lane of real weights is in its run, else INF); None where one is
+    too wide.
+
+    Components over one pattern (`_Runs`) are eliminated together, their tables stacked on a last axis: the same
+    order of elimination, the same sums and minima entry by entry, so each gets what eliminating it alone gives."""
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for lane in lanes:
+        groups.setdefault(runs.pattern(lane[0]), []).append(lane)
+    out: dict[tuple[int, int], tuple] = {}
+    for pattern, members in groups.items():
+        got = runs.order(pattern)
+        if got is None:
+            return None
+        order, widest = got
+        per = max(sum(1 << len(sc) for sc in pattern), 1 << widest)
+        step = max(1, BATCH_ENTRIES // per)
+        for b0 in range(0, len(members), step):
+            part = members[b0:b0 + step]
+            gaps = any(w == 3 for _, w in part)
+            factors = [(scope, _tables([(specs[comps[i][1][t]], w) for i, w in part], shapes, np))
+                       for t, scope in enumerate(pattern)]
+            bits, value, gap = _eliminate(factors, order, np, gaps)
+            for b, lane in enumerate(part):
+                out[lane] = (tuple(bits[b].tolist()), float(value[b]), float(gap[b]))
+    return out
+
+
+def _tables(group: list[tuple[tuple, int]], shapes: dict, np) -> Any:
+    """`_table` of each (spec, weights), stacked on a last axis: (2,)*k+(B,). Specs of one shape (the masks repeat
+    layer after layer) are built in one minimum over their stacked weights: each entry the least weight of the nodes
+    the assignment meets, as `_table` has it."""
+    key = group[0][0][1]
     k, own, free, rows = key
-    # the table's shape (which assignments each node's needs meet) repeats layer after layer: the masks are worked
-    # out once a shape, and the cheapest node an assignment meets is one minimum over them
+    if len(group) == 1:
+        sp, which = group[0]
+        return _table(sp, shapes, which, np).reshape((2,) * k + (1,))
+    if not rows or any(sp[1] != key for sp, _ in group):
+        return np.stack([_table(sp, shapes, which, np) for sp, which in group], axis=-1)
+    mkey = ("mask", key)
+    got = shapes.get(mkey)
+    if got is None:
+        wide, init, meets = _shape(key, shapes, np)
+        if not wide:  # the small form's lists of assignments, as a mask
+            mask = np.zeros((len(rows), 1 << k), dtype=bool)
+            for r, at in enumerate(meets):
+                mask[r, at] = True
+            init, meets = np.array(init), mask
+        got = shapes[mkey] = (init, meets)
+    init, meets = got
+    w = np.array([sp[which] for sp, which in group])  # (B, nodes)
+    t = np.minimum(init[:, None], np.where(meets[:, :, None], w.T[:, None, :], INF).min(axis=0))  # (2**k, B)
+    return t.reshape((2,) * k + (len(group),))
+
+
+def _shape(key: tuple, shapes: dict, np) -> tuple[bool, Any, Any]:
+    """A table shape's initial entries and which assignments each of its nodes' needs meet, worked out once."""
     shape = shapes.get(key)
     if shape is None:
+        k, own, free, rows = key
         if len(rows) << k <= 32:  # small: the assignments each node meets, as lists
             init = [INF if a & own else 0.0 for a in range(1 << k)] if free else [INF] * (1 << k)
             meets = [[a for a in range(1 << k) if a & (m_on | m_off) == m_on] for m_on, m_off in rows]
@@ -201,6 +319,17 @@ def _table(spec: tuple, shapes: dict, which: int, np) -> Any:
             init = np.where(idx & own, INF, 0.0) if free else np.full(1 << k, INF)
             meets = np.array([(idx & (m_on | m_off)) == m_on for m_on, m_off in rows]) if rows else None
             shape = shapes[key] = (True, init, meets)
+    return shape
+
+
+def _table(spec: tuple, shapes: dict, which: int, np) -> Any:
+    """A class's table (2,)*k: the cheapest of its nodes that the assignment meets, by the tie-broken (which=2) or
+    the real (3) weights; INF where none, 0 where the class is not computed."""
+    key, ws = spec[1], spec[which]
+    k, own, free, rows = key
+    # the table's shape (which assignments each node's needs meet) repeats layer after layer: the masks are worked
+    # out once a shape, and the cheapest node an assignment meets is one minimum over them
+    shape = _shape(key, shapes, np)
     wide, init, meets = shape
     if wide:
         t = init if meets is None else np.minimum(init, np.where(meets, np.array(ws)[:, None], INF).min(axis=0))
@@ -214,17 +343,27 @@ def _table(spec: tuple, shapes: dict, which: int, np) -> Any:
     return t.reshape((2,) * k)
 
 
-def _eliminate(factors: list[tuple[tuple[int, ...], Any]], max_width: int, np,
-               gaps: bool) -> tuple[dict[int, int], float, float] | None:
-    """Eliminate every class of the tables (fewest neighbours first): (the minimising assignment, the minimum, and
-    with `gaps` the least margin by which a choice on its way was decided; else INF), or None past `max_width`."""
+def _eliminate(factors: list[tuple[tuple[int, ...], Any]], order: list[tuple], np,
+               gaps: bool) -> tuple[Any, Any, Any]:
+    """Eliminate every class of the tables in `_order`'s order (fewest neighbours first), for a batch of B problems
+    over the same scopes at once (each table (2,)*k+(B,), the batch innermost: the sums' loops run along it): per
+    problem the minimising assignment (B, classes, in the order of their numbers), the minimum (B,), and with `gaps`
+    the least margin by which a choice on its way was decided (else INF)."""
+    return _run(order, [arr for _, arr in factors], np, gaps)
+
+
+def _order(scopes: list[tuple[int, ...]], max_width: int) -> tuple[list[tuple], int] | None:
+    """The elimination's steps over the tables' scopes (fewest neighbours first; ties by the lower class): each
+    (the class, its new table's axes z with the class's place j, the tables summed in order with the axes each
+    lacks, the new table's id, or None where it is the last), and the widest table a step builds; None past
+    `max_width`."""
     import bisect
     import heapq
 
-    factors = list(factors)
+    scopes = list(scopes)
     of_var: dict[int, set[int]] = {}
     adj: dict[int, set[int]] = {}
-    for fid, (scope, _) in enumerate(factors):
+    for fid, scope in enumerate(scopes):
         for v in scope:
             of_var.setdefault(v, set()).add(fid)
             adj.setdefault(v, set()).update(scope)
@@ -235,14 +374,14 @@ def _eliminate(factors: list[tuple[tuple[int, ...], Any]], max_width: int, np,
     heap = [(len(nb), v) for v, nb in adj.items()]
     heapq.heapify(heap)
     del adj
-    trail = []
-    const = 0.0
     heappop, heappush = heapq.heappop, heapq.heappush
+    order = []
+    widest = 0
     while heap:
         deg, v = heappop(heap)
         nb = set()
         for f in of_var.get(v, ()):
-            nb.update(factors[f][0])
+            nb.update(scopes[f])
         nb.discard(v)
         if len(nb) > deg:
             heappush(heap, (len(nb), v))
@@ -254,43 +393,64 @@ def _eliminate(factors: list[tuple[tuple[int, ...], Any]], max_width: int, np,
         j = bisect.bisect(z, v)
         z.insert(j, v)
         n_z = len(z)
-        total = None
+        widest = max(widest, n_z)
+        terms = []
         for f in sorted(of_var.pop(v, ())):
-            scope, arr = factors[f]
-            factors[f] = None
+            scope = scopes[f]
+            scopes[f] = None
             for u in scope:
                 if u != v:
                     of_var[u].discard(f)
+            shape = None
             if len(scope) != n_z:
                 shape = [1] * n_z
                 for u in scope:
                     shape[bisect.bisect_left(z, u)] = 2
-                arr = arr.reshape(shape)
-            total = arr if total is None else total + arr
-        if total is None or total.ndim != n_z or total.size != 1 << n_z:
-            total = np.zeros((2,) * n_z) + (0.0 if total is None else total)
-        # the variable's axis has two entries: its minimum and where it lies (0 on a tie, as argmin would say)
-        lo, hi = total[(slice(None),) * j + (0,)], total[(slice(None),) * j + (1,)]
-        zr = z[:j] + z[j + 1:]
-        if gaps:
-            with np.errstate(invalid="ignore"):
-                margin = np.abs(hi - lo)  # nan where both are INF
-        trail.append((v, zr, hi < lo, margin if gaps else None))
-        rest = np.minimum(lo, hi)
-        if not nb:
-            const += float(rest)
-            continue
-        fid = len(factors)
-        factors.append((tuple(zr), rest))
-        for u in nb:
-            of_var.setdefault(u, set()).add(fid)
-    val: dict[int, int] = {}
-    gap = INF
-    for v, us, arg, margin in reversed(trail):
-        at = tuple(val[u] for u in us)
-        val[v] = int(arg[at])
-        if gaps:
-            m = float(margin[at])
-            gap = m if not m >= gap else gap  # nan (both INF) counts as no margin
-    return val, const, gap
+            terms.append((f, shape))
+        fid = None
+        if nb:
+            fid = len(scopes)
+            scopes.append(tuple(z[:j] + z[j + 1:]))
+            for u in nb:
+                of_var.setdefault(u, set()).add(fid)
+        order.append((v, z, j, terms, fid))
+    return order, widest
 
+
+def _run(order: list[tuple], arrays: list[Any], np, gaps: bool) -> tuple[Any, Any, Any]:
+    """`_order`'s steps over a batch of tables (each (2,)*k+(B,)): the assignments (B, classes), minima, margins."""
+    arrays = list(arrays)
+    n = arrays[0].shape[-1] if arrays else 1
+    trail = []
+    const = np.zeros(n)
+    with np.errstate(invalid="ignore"):  # a margin between two INF entries is nan
+        for v, z, j, terms, fid in order:
+            n_z = len(z)
+            total = None
+            for f, shape in terms:
+                arr = arrays[f]
+                arrays[f] = None
+                if shape is not None:
+                    arr = arr.reshape(shape + [n])
+                total = arr if total is None else total + arr
+            if total is None or total.ndim != n_z + 1 or total.size != n << n_z:
+                total = np.zeros((2,) * n_z + (n,)) + (0.0 if total is None else total)
+            # the variable's axis has two entries: its minimum and where it lies (0 on a tie, as argmin would say)
+            lo, hi = total[(slice(None),) * j + (0,)], total[(slice(None),) * j + (1,)]
+            trail.append((v, z[:j] + z[j + 1:], hi < lo, np.abs(hi - lo) if gaps else None))
+            rest = np.minimum(lo, hi)
+            if fid is None:
+                const = const + rest
+            else:
+                arrays.append(rest)
+    val: dict[int, Any] = {}
+    gap = np.full(n, INF)
+    batch = np.arange(n)
+    for v, us, arg, margin in reversed(trail):
+        at = tuple([val[u] for u in us]) + (batch,)
+        val[v] = arg[at].astype(np.int64)
+        if gaps:
+            m = margin[at]
+            gap = np.where(m >= gap, gap, m)  # nan (both INF) counts as no margin
+    bits = np.stack([val[v] for v in sorted(val)], axis=1) if val else np.zeros((n, 0), dtype=np.int64)
+    return bits, const, gap
