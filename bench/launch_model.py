@@ -712,13 +712,33 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
 CHAIN_POLL_US = 1.5
 
 
+# kernels/chain.cu's chain_rows_prefetch: a product phase whose weight rows (gate and up together) fit this many bytes
+# asks L2 for its rows whole before its wait, a wider one for each row's first PDL_PREFETCH_ROW bytes
+CHAIN_PREFETCH_PHASE = 32 << 20
+
+
+def chain_prefetch_bytes(p: Kernel, resident: int, warps: int, pw: int, pos: int) -> float:
+    """The bytes a chain's later phase p asks L2 for before its wait (fold_attn_o_glu_down), by its `resident` blocks
+    of `warps` warps of `pw` rows: an attention phase (after a q/k/v phase: its blocks' attn_prefetch) the keys and
+    values before the position, pos / (pos + 1) of its KV stream; a product phase its rows whole where the phase's
+    rows fit CHAIN_PREFETCH_PHASE, else each row's first PDL_PREFETCH_ROW bytes (gate and up both for the GLU)."""
+    if p.family == "attention":
+        return p.bytes * pos / (pos + 1) * min(1.0, resident / max(1, p.blocks))
+    mats = 2 if p.call.name.startswith("gemv_glu") else 1
+    rb = VALUE_BYTES.get(p.extra["fmt"], 4.0) * p.extra["k"]
+    row = rb if rb * p.extra["n"] * mats <= CHAIN_PREFETCH_PHASE else min(rb, PDL_PREFETCH_ROW)
+    return min(p.bytes, resident * warps * pw * mats * row)
+
+
 def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> None:
     """A chained launch (fold_glu_down_PW, fold_o_glu_down_PW) priced as its phases, each as the launch it replaces
     (gemv_glu_PW over the GLU's blocks, fold_gemv_norm_PW over a product's and its norm tail) with the chained kernel's
     registers and blocks a SM, less a t0 for every phase but the first (one launch), plus CHAIN_POLL_US (ASSUMED) at
-    each boundary; the blocks of a later phase resident at its boundary asked L2 for their rows' first
-    PDL_PREFETCH_ROW bytes before they waited, which streams while HBM would idle in the poll: up to min(those bytes /
-    B_peak, the poll, the phase's waves) hidden at each boundary."""
+    each boundary; the blocks of a later phase resident at its boundary asked L2 for their rows before they waited
+    (chain_prefetch_bytes: what chain.cu asks for), which streams while HBM would idle: up to min(those bytes /
+    B_peak, the phase before's serial tail + the poll, the phase's waves) hidden at each boundary. ASSUMED, as
+    with_pdl assumes of a launch's tail: HBM idles in the tail of the phase before (its one block's norm, its heads'
+    rotations, its merge) and in the poll, and the lines asked for stay in L2 until the phase reads them."""
     c = k.launch
     pw = c.glu.per_warp
     phases = []
@@ -733,11 +753,11 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
         structure(p, feats, pos)
         time_us(p, cal, S)
         phases.append(p)
-    hidden = 0.0
-    for p in phases[1:]:
-        resident = min(p.blocks, S * k.bpsm)
-        pre = min(p.bytes, resident * (k.threads // 32) * pw * PDL_PREFETCH_ROW)
-        hidden += min(pre / (cal["B_peak_TBps"] * 1e6), CHAIN_POLL_US, p.us - p.fixed - p.tail)
+    hidden, hides = 0.0, []
+    for before, p in zip(phases, phases[1:]):
+        pre = chain_prefetch_bytes(p, min(p.blocks, S * k.bpsm), k.threads // 32, pw, pos)
+        hides.append(min(pre / (cal["B_peak_TBps"] * 1e6), before.tail + CHAIN_POLL_US, p.us - p.fixed - p.tail))
+        hidden += hides[-1]
     att = [p for p in phases if p.family == "attention"]
     first, last = next(p for p in phases if p.family != "attention"), phases[-1]
     bounds = len(phases) - 1
@@ -753,7 +773,8 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
                    tiles=len(phases) - len(att), loop=first.extra["loop"],
                    phases=tuple(f"attn{p.extra['splits']}" if p.family == "attention" else (p.extra["n"], p.extra["k"])
                                 for p in phases), poll_us=CHAIN_POLL_US,
-                   chain_hidden_us=hidden, phase_us=tuple(p.us for p in phases))
+                   chain_hidden_us=hidden, chain_hides_us=tuple(hides), phase_us=tuple(p.us for p in phases),
+                   phase_tail_us=tuple(p.tail for p in phases))
     if att:  # the attention phase's share beyond a launch's t0 (breakdown files it under attention); its record
         k.extra["attention_us"] = sum(p.us - p.fixed for p in att)
         k.extra["attention_phase"] = att[0]

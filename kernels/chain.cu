@@ -6,9 +6,11 @@
 // ever waits on blocks that took earlier tickets, and a block that took a ticket is running: no deadlock on any GPU,
 // however many blocks are resident, and no cooperative launch. (By blockIdx the same wait could deadlock: nothing runs
 // block 0 before block g0.) Before it waits, a block asks L2 for the first bytes of its own weight rows (gemv_prefetch:
-// read-only, so reading them early sees no other order), so a phase boundary costs a poll where the launches paid a
-// launch. The ticket is taken after PDL_ENTER; before it, under PDL, the first g0 blocks ask L2 for phase 0's rows of
-// their blockIdx (a hint: blocks start about in that order).
+// read-only, so reading them early sees no other order; in fold_attn_o_glu_down a phase's rows whole where they fit
+// CHAIN_PREFETCH_PHASE, and an attention block its keys and values before the position), so a phase boundary costs a
+// poll where the launches paid a launch, and the rows stream while the phase before runs its tail. The ticket is
+// taken after PDL_ENTER; before it, under PDL, the first g0 blocks ask L2 for phase 0's rows of their blockIdx (a
+// hint: blocks start about in that order).
 //
 // Memory order. The writer: every thread's stores, __threadfence, the block's barrier, then one atomicAdd on the
 // arrivals (fold_tail's arrival). The reader: thread 0 polls the arrivals with ld.acquire.gpu until they reach the
@@ -183,6 +185,59 @@ __device__ __forceinline__ void o_glu_down_body(const float* z, const void* wo, 
 FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_1, 1)
 FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_4, 4)
 
+// A product phase's rows into L2 before its wait (issue 34), bounded by the phase's rows. A phase whose rows (w and w2
+// together) fit CHAIN_PREFETCH_PHASE bytes asks for its block's rows whole (prefetch_rows, a GEMV_PREFETCH chunk of
+// whole 256-value blocks at a time); a wider one for each row's first GEMV_PREFETCH bytes (gemv_prefetch, as a launch
+// asks before PDL_ENTER). A Qwen3-8B layer at 3 blocks a SM (396 slots), PW 4: the o rows (4096 x 4096) are 32 MiB in
+// bf16, 17 MiB in q8_0, asked whole; the GLU's gate and up (192 MiB in bf16) and the down's (96 MiB) 4 KB a row. At
+// the attention's end the slots hold the 256 o blocks (their 32 MiB) and 140 GLU blocks (16 rows x 2 x 4 KB each,
+// 18 MiB): about 50 MiB of lines asked for, beside the attention's 4.2 MB of keys and values at position 512, inside
+// the H200's 60 MB L2 (KERNEL-NOTES), and the phases' own weight loads are __ldcs (evict-first), so the stream of the
+// phase before is what L2 lets go first. A hint only: the weights are read-only.
+#define CHAIN_PREFETCH_PHASE (32ll << 20)
+template <int PW>
+__device__ __forceinline__ void chain_rows_prefetch(int fmt, const void* w, const void* w2, i64 k, i64 n, i64 bx) {
+    const i64 rb = format_bytes(fmt, k), blk = format_bytes(fmt, 256);
+    if (rb <= 0 || blk <= 0 || rb * n * (w2 ? 2 : 1) > CHAIN_PREFETCH_PHASE) {
+        gemv_prefetch<PW>(fmt, w, w2, k, n, 1, bx);
+        return;
+    }
+    const i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW, step = max((i64)GEMV_PREFETCH / blk, (i64)1) * 256;
+    for (i64 k0 = 0; k0 < k; k0 += step) {
+        prefetch_rows(fmt, w, k, n, j0, PW, k0, min(k, k0 + step));
+        prefetch_rows(fmt, w2, k, n, j0, PW, k0, min(k, k0 + step));
+    }
+}
+
+// An attention phase's keys and values into L2 before its wait: attention_body's rows for block (bx, by, bz) (ROWS
+// false, no tail: its heads' kv heads, row by's position p, split bz's keys), the keys before p only (p's own key and
+// value the q/k/v phase writes in this launch; the earlier ones a launch before wrote, whole at PDL_ENTER). A thread a
+// row of a kv head, one bulk prefetch of its hd (key) or vd (value) floats. A hint: L2 is where the SMs' loads meet,
+// and the attention's own loads come after its wait.
+__device__ __forceinline__ void attn_prefetch(const float* kc, const float* vc, const int* posp, i64 heads, i64 group,
+                                              i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride,
+                                              i64 koff, i64 vstride, i64 voff, i64 slot, i64 seq0, i64 bx, i64 by,
+                                              i64 bz) {
+    const i64 r = seq0 + by, h0 = bx * per_block;
+    if (slot > 0) {
+        kc += r * slot * kstride;
+        vc += r * slot * vstride;
+    }
+    const i64 p = slot > 0 ? (i64)posp[r] : (posp ? (i64)posp[0] : 0) + r;
+    const i64 lo = window > 0 ? max((i64)0, p - window + 1) : 0, chunk = (p + 1 - lo + splits - 1) / splits;
+    const i64 js = lo + bz * chunk, je = min(p, js + chunk), kv0 = h0 / group;
+    const i64 nh = (min(h0 + per_block, heads) - 1) / group - kv0 + 1, items = 2 * nh * (je - js);
+    for (i64 i = threadIdx.x; i < items; i += blockDim.x) {
+        const i64 j = js + i / (2 * nh), h = kv0 + i % (2 * nh) / 2;
+        const bool v = i & 1;
+        unsigned long long s = (unsigned long long)(v ? vc + voff + h * vd + j * vstride : kc + koff + h * hd +
+                                                                                         j * kstride),
+                           e = (s + 4 * (v ? vd : hd)) & ~15ull;
+        s &= ~15ull;
+        if (e > s) PDL_PREFETCH((const void*)s, e - s);
+    }
+}
+
 // fold_attn_o_glu_down: a decode layer's attention, o projection, MLP and next norm as one launch: fold_o_glu_down's
 // three phases after the attention's, and (gq > 0: qkv_attn_o_glu_down_norm) the layer's q/k/v products before the
 // attention. Phase Q (tickets 0..gq-1) the products in parts of one activation xq with their heads' epilogue
@@ -194,8 +249,10 @@ FOLD_O_GLU_DOWN_KERNEL(fold_o_glu_down_4, 4)
 // by, bz) of ticket gq + bx + gx (by + m bz), each waiting for the gq arrivals first (a phase counter: q, k and v of
 // every head whole, its epilogue's included, since each block arrives after the epilogues it ran); over several splits
 // the last split block of a row's heads to arrive merges their partials (its own arrival counter, `arrivals`), so once
-// the ga blocks have arrived the output z is whole. Each arrives after its work (a merging block after its merge). The
-// o phase (the next g0) asks L2 for its rows, waits for gq + ga arrivals and runs fold_o_glu_down's phase 0 and tail;
+// the ga blocks have arrived the output z is whole. Each arrives after its work (a merging block after its merge); it
+// asks L2 for its keys and values before the position before it waits (attn_prefetch). The o phase (the next g0)
+// asks L2 for its rows (whole where the phase's fit CHAIN_PREFETCH_PHASE: chain_rows_prefetch, as the GLU and the
+// down blocks ask for theirs), waits for gq + ga arrivals and runs fold_o_glu_down's phase 0 and tail;
 // the GLU waits for gq + ga + g0 + 1, the down phase for gq + ga + g0 + 1 + g1. Without the q/k/v phase (gq 0) the
 // attention blocks never wait (they read the caches and q the launch before wrote). The phases' ends are arguments
 // (chain.py's ends: gq, ea = gq + ga, eo = ea + g0, eg = eo + g1), not computed here: a kernel parameter stays in the
@@ -232,7 +289,11 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         // merged)
         const unsigned gxu = (unsigned)gx, gxy = gxu * (unsigned)m, ta = t - (unsigned)gq;  // 32-bit divisions
         const i64 bx = ta % gxu, by = ta % gxy / gxu, bz = ta / gxy;
-        if (gq) chain_wait(counters + 1, (unsigned)gq);  // q, k and v rotated and in their cache rows
+        if (gq) {  // its keys and values before p asked of L2, then q, k and v rotated and in their cache rows
+            attn_prefetch(kc, vc, posp, heads, group, hd, vd, window, per_block, splits, kstride, koff, vstride,
+                          voff, slot, seq0, bx, by, bz);
+            chain_wait(counters + 1, (unsigned)gq);
+        }
         attention_body<128, 4, 8, false>(q, kc, vc, posp, sinks, z, part, heads, group, hd, vd, window, per_block,
                                          splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, nullptr, -1,
                                          nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, arrivals, m, 1, bx, by,
@@ -244,7 +305,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     }
     if (t < (unsigned)eo) {  // phase 0: o block t - ea after the attention, then (its last block) the o tail
         const i64 bx = (i64)t - ea;
-        gemv_prefetch<PW>(fmto, wo, nullptr, ko, no, 1, bx);
+        chain_rows_prefetch<PW>(fmto, wo, nullptr, ko, no, bx);  // whole rows where the o phase's fit
         chain_wait(counters + 1, (unsigned)ea);
         chain_gemv<PW>(fmto, z, wo, bo, o, ko, no, m, bx);
         __threadfence();
@@ -261,7 +322,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     }
     if (t < (unsigned)eg) {  // phase 1: GLU block, after the o phase and its tail
         const i64 bx = (i64)t - eo;
-        gemv_prefetch<PW>(fmt, wg, wu, k, f, 1, bx);
+        chain_rows_prefetch<PW>(fmt, wg, wu, k, f, bx);
         chain_wait(counters + 1, (unsigned)eo + 1u);
         chain_glu<PW>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, bx);
         __threadfence();
@@ -270,7 +331,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         return;
     }
     const i64 bx = (i64)t - eg;  // phase 2: down block bx
-    gemv_prefetch<PW>(fmtd, wd, nullptr, f, n, 1, bx);
+    chain_rows_prefetch<PW>(fmtd, wd, nullptr, f, n, bx);
     chain_wait(counters + 1, (unsigned)eg + 1u);
     chain_gemv<PW>(fmtd, h, wd, bd, y, f, n, m, bx);
     __threadfence();

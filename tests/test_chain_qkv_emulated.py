@@ -144,7 +144,7 @@ def test_what_the_qkv_chain_refuses_in_one_line():
 
 # -- what the attention's wait for the q/k/v phase does: a mutated chain.cu ----------------------------------------
 
-NO_QKV_WAIT = ("if (gq) chain_wait(counters + 1, (unsigned)gq);", "")
+NO_QKV_WAIT = ("chain_wait(counters + 1, (unsigned)gq);", "")
 
 
 def _reverse(monkeypatch, go):

@@ -274,15 +274,13 @@ KNOWN_SPILLS = {
     "gemv_q8_quant": (("quant", "gemv_core", "gemv", "gemv_q8", "gemv_quant"), "128 registers, 32 B stack"),
     "gemv_glu_q8_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),
     "gemv_glu_q8k_quant": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "80 registers, 64 B stack"),
-    # the four-phase chain (attn_o_glu_down_norm, issue 34): 168 registers, 8 B stack, one 4-byte value stored once and
-    # loaded once (4 / 4 B; _1: 168, none); fold_o_glu_down_4, the same product phases without the attention's, has
-    # none. Tried, each still 4 / 4 B (nvcc 13 sm_90, a trimmed module): the attention phase with 4 keys a tile, the
-    # attention phase __noinline__, the o blocks without their L2 prefetch, the merge counter reset before the merge;
-    # the attention's first and last tickets as an argument (ga) took it from 20 / 196 B to 4 / 4 B. With the q/k/v
-    # phase (qkv_attn_o_glu_down_norm, gq > 0) the same 168 / 8 B / 4 / 4 B, 47380 B smem, with the phases' ends and
-    # the heads' arrival counters arguments (their sums, or the tickets' words 2.., computed in the kernel: 20 / 196 B)
-    "fold_attn_o_glu_down_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "parts_rope",
-                                "chain"), "168 registers, 8 B stack, 4 B spill"),
+    # (fold_attn_o_glu_down_4, the four- and five-phase chain, issue 34: 168 registers, 8 B stack, one 4-byte value
+    # stored once and loaded once (4 / 4 B) — tried without change: the attention phase with 4 keys a tile or
+    # __noinline__, the o blocks without their L2 prefetch, the merge counter reset before the merge; the ends computed
+    # in the kernel 20 / 196 B — until each waiting phase asked L2 for its own rows before its wait (the attention its
+    # keys and values, the o rows whole where they fit; chain.cu attn_prefetch, chain_rows_prefetch): ptxas then gave
+    # it 168 registers and no spill, no stack, 47384 B smem, nvcc 13 sm_90, the whole module. Not explained: a module
+    # trimmed to the chain's two kernels gave 20 / 196 B before the change and none after)
 }
 
 

@@ -213,3 +213,39 @@ def test_the_kv_cache_streams_at_70_percent_at_4096(lm):
     waves = k.us - k.fixed - k.tail
     assert k.bytes == 4096 * 8 * 256 * 4 and k.tail > 0
     assert k.bytes / waves / 1e6 >= 0.7 * cal["B_peak_TBps"], lm.attention_stream(k, cal)
+
+
+def test_a_chains_phase_boundary_hides_what_its_blocks_asked_l2_for(lm, demo_plan, monkeypatch, tmp_path):
+    """chain_prefetch_bytes is what chain.cu's waiting blocks ask L2 for (fold_attn_o_glu_down): an attention phase
+    after the q/k/v phase its keys and values before the position; a product phase its rows whole where the phase's
+    rows (gate and up together) fit CHAIN_PREFETCH_PHASE, else each row's first PDL_PREFETCH_ROW bytes. A boundary
+    hides at most those bytes' streaming, the phase before's tail and the poll, and the phase's own waves."""
+    from types import SimpleNamespace as NS
+
+    def phase(name, family, fmt, k, n, nbytes, blocks):
+        return NS(family=family, bytes=nbytes, blocks=blocks, call=NS(name=name), extra=dict(fmt=fmt, k=k, n=n))
+
+    o = phase("fold_gemv_norm_4", "gemv", "bf16", 4096, 4096, 4096 * 4096 * 2.0, 256)  # 32 MiB: whole rows
+    assert lm.chain_prefetch_bytes(o, 256, 4, 4, 512) == 256 * 16 * 8192 == o.bytes
+    assert lm.chain_prefetch_bytes(o, 100, 4, 4, 512) == 100 * 16 * 8192  # only the resident blocks' rows
+    o32 = phase("fold_gemv_norm_4", "gemv", "f32", 4096, 4096, 4096 * 4096 * 4.0, 256)  # 64 MiB: 4 KB a row
+    assert lm.chain_prefetch_bytes(o32, 256, 4, 4, 512) == 256 * 16 * lm.PDL_PREFETCH_ROW
+    glu = phase("gemv_glu_4", "gemv", "bf16", 4096, 12288, 2 * 12288 * 4096 * 2.0, 768)  # 192 MiB: gate and up, 4 KB
+    assert lm.chain_prefetch_bytes(glu, 396, 4, 4, 512) == 396 * 16 * 2 * lm.PDL_PREFETCH_ROW
+    small = phase("gemv_glu_4", "gemv", "q8_0", 64, 88, 2 * 88 * 68.0, 6)  # a tiny model's GLU: whole rows, both
+    assert lm.chain_prefetch_bytes(small, 6, 4, 4, 512) == pytest.approx(small.bytes)
+    att = phase("attention_chain", "attention", "f32", 0, 0, 4.2e6, 264)
+    assert lm.chain_prefetch_bytes(att, 264, 4, 4, 512) == pytest.approx(4.2e6 * 512 / 513)
+    assert lm.chain_prefetch_bytes(att, 132, 4, 4, 512) == pytest.approx(4.2e6 * 512 / 513 / 2)
+
+    monkeypatch.setattr(lm.shutil, "which", lambda name: None)
+    monkeypatch.setattr(lm, "CACHE", tmp_path)
+    cal = lm.load_calibration()
+    chained = [k for k in lm.model(demo_plan, None, cal, pos=16) if "phases" in k.extra]
+    assert chained, "the demo plan chains its layers"
+    for k in chained:
+        hides = k.extra["chain_hides_us"]
+        assert len(hides) == len(k.extra["phases"]) - 1 and sum(hides) == pytest.approx(k.extra["chain_hidden_us"])
+        assert all(0 <= h for h in hides) and max(hides) > 0
+        tails = k.extra["phase_tail_us"]  # never more than the tail of the phase before and the poll
+        assert all(h <= t + lm.CHAIN_POLL_US + 1e-9 for h, t in zip(hides, tails))
