@@ -730,6 +730,21 @@ def chain_prefetch_bytes(p: Kernel, resident: int, warps: int, pw: int, pos: int
     return min(p.bytes, resident * warps * pw * mats * row)
 
 
+def pdl_prefetch_bytes(phases: list[Kernel], asks: list[int], resident: int, warps: int, pw: int) -> float:
+    """The bytes a chained launch's first wave asks L2 for before PDL_ENTER: the blocks of blockIdx below `resident`
+    (the grid's first wave) that fall in a phase of `asks` (the phases' blocks in ticket order), each its warps' pw rows'
+    first PDL_PREFETCH_ROW bytes (gate and up both for a GLU)."""
+    total, start = 0.0, 0
+    for i, p in enumerate(phases):
+        end = start + p.blocks
+        if i in asks:
+            mats = 2 if p.call.name.startswith("gemv_glu") else 1
+            row = min(VALUE_BYTES.get(p.extra["fmt"], 4.0) * p.extra["k"], PDL_PREFETCH_ROW)
+            total += min(p.bytes, max(0, min(resident, end) - start) * warps * pw * mats * row)
+        start = end
+    return total
+
+
 def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> None:
     """A chained launch (fold_glu_down_PW, fold_o_glu_down_PW) priced as its phases, each as the launch it replaces
     (gemv_glu_PW over the GLU's blocks, fold_gemv_norm_PW over a product's and its norm tail) with the chained kernel's
@@ -775,6 +790,14 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
                                 for p in phases), poll_us=CHAIN_POLL_US,
                    chain_hidden_us=hidden, chain_hides_us=tuple(hides), phase_us=tuple(p.us for p in phases),
                    phase_tail_us=tuple(p.tail for p in phases))
+    # under PDL, before PDL_ENTER (chain.cu chain_prefetch, chain_prefetch_after): the blocks of the first wave whose
+    # blockIdx falls in phase 0 (fold_glu_down, fold_o_glu_down), or in the q/k/v or the o phase (fold_attn_o_glu_down),
+    # ask L2 for that phase's first PDL_PREFETCH_ROW bytes of their rows; with_pdl credits these bytes, not a row of
+    # every phase ("tiles") for every resident block
+    asks = [phases.index(p) for p in phases if p is not att[0]][:2] if att else [0]
+    if att and c.qkv is None:
+        asks = asks[:1]
+    k.extra["pdl_prefetch_bytes"] = pdl_prefetch_bytes(phases, asks, S * k.bpsm, k.threads // 32, pw)
     if att:  # the attention phase's share beyond a launch's t0 (breakdown files it under attention); its record
         k.extra["attention_us"] = sum(p.us - p.fixed for p in att)
         k.extra["attention_phase"] = att[0]
@@ -867,7 +890,8 @@ T0_PDL_US = 4.0  # ASSUMED, not measured: a launch's fixed cost left when it is 
 def with_pdl(ks: list[Kernel], cal: dict, S: int = 132) -> list[Kernel]:
     """The same launches under programmatic dependent launch (LANEFUSE_PDL=1), an UNCALIBRATED model: each launch's
     fixed cost t0 becomes t0_pdl (ASSUMED: T0_PDL_US, or the calibration's "t0_pdl_us" once a device measured it),
-    and a GEMV-family launch's first-wave L2 prefetch (PDL_PREFETCH_ROW bytes a row of each resident warp) streams
+    and a GEMV-family launch's first-wave L2 prefetch (PDL_PREFETCH_ROW bytes a row of each resident warp; a chained
+    launch's pdl_prefetch_bytes, what its first wave asks for before PDL_ENTER) streams
     while the launch before it runs its serial tail and its fixed part (HBM idle there): up to min(prefetched bytes /
     B_peak, that tail + t0_pdl) of its waves is hidden. Returns new Kernel records (the input ones untouched)."""
     import copy
@@ -884,7 +908,8 @@ def with_pdl(ks: list[Kernel], cal: dict, S: int = 132) -> list[Kernel]:
                 k.fixed -= t0 - tp
         if k.family == "gemv" and prev is not None:
             resident = min(k.blocks, S * k.bpsm)
-            pre = min(k.bytes, resident * (k.threads // 32) * k.extra.get("per_warp", 1) * k.extra.get("tiles", 1)
+            pre = min(k.bytes, k.extra["pdl_prefetch_bytes"] if "pdl_prefetch_bytes" in k.extra else
+                      resident * (k.threads // 32) * k.extra.get("per_warp", 1) * k.extra.get("tiles", 1)
                       * PDL_PREFETCH_ROW)
             waves = k.us - k.fixed - k.tail
             hidden = min(pre / B, prev.tail + tp, waves)  # HBM idle under the previous launch: its tail, its fixed

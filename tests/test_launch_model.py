@@ -238,6 +238,15 @@ def test_a_chains_phase_boundary_hides_what_its_blocks_asked_l2_for(lm, demo_pla
     assert lm.chain_prefetch_bytes(att, 264, 4, 4, 512) == pytest.approx(4.2e6 * 512 / 513)
     assert lm.chain_prefetch_bytes(att, 132, 4, 4, 512) == pytest.approx(4.2e6 * 512 / 513 / 2)
 
+    # under PDL, before PDL_ENTER, the first wave's blocks (blockIdx below 396) of the q/k/v and the o phases ask for
+    # their rows' first 4 KB (chain_prefetch_after): in the five-phase chain the o phase starts past the first wave
+    qkv = phase("fold_parts_rope_4", "gemv", "bf16", 4096, 6144, 6144 * 4096 * 2.0, 384)
+    down = phase("fold_gemv_norm_4", "gemv", "bf16", 12288, 4096, 4096 * 12288 * 2.0, 256)
+    five, four = [qkv, att, o, glu, down], [att, o, glu, down]
+    assert lm.pdl_prefetch_bytes(five, [0, 2], 396, 4, 4) == 384 * 16 * lm.PDL_PREFETCH_ROW
+    assert lm.pdl_prefetch_bytes(four, [1], 396, 4, 4) == (396 - 264) * 16 * lm.PDL_PREFETCH_ROW
+    assert lm.pdl_prefetch_bytes([glu, down], [0], 396, 4, 4) == 396 * 16 * 2 * lm.PDL_PREFETCH_ROW
+
     monkeypatch.setattr(lm.shutil, "which", lambda name: None)
     monkeypatch.setattr(lm, "CACHE", tmp_path)
     cal = lm.load_calibration()
@@ -249,3 +258,4 @@ def test_a_chains_phase_boundary_hides_what_its_blocks_asked_l2_for(lm, demo_pla
         assert all(0 <= h for h in hides) and max(hides) > 0
         tails = k.extra["phase_tail_us"]  # never more than the tail of the phase before and the poll
         assert all(h <= t + lm.CHAIN_POLL_US + 1e-9 for h, t in zip(hides, tails))
+        assert 0 < k.extra["pdl_prefetch_bytes"] <= k.bytes  # what with_pdl credits of it
