@@ -212,8 +212,8 @@ class EGraph:
         they are kept (`compiled`, `program`); inside one they are gone at the pop, so the next push adds them again."""
         lines = [f"(constructor {c} ({' '.join(p.type for p in self.variant_of[c].params)}) T)" for c in ctors]
         for c in ctors:
-            r = self.rule_of[c]
-            lines += _compiled(self.variant_of[c], r, self.rule_label[r.name])
+            r, v = self.rule_of[c], self.variant_of[c]
+            lines += [text for text, q in zip(_compiled(v, r, self.rule_label[r.name]), v.queries) if self._may_match(q)]
         for cmd in lines:
             self._run(cmd)
         if self._depth:
@@ -221,6 +221,23 @@ class EGraph:
         else:
             self.program_lines += lines
             self.compiled.update(ctors)
+
+    def _may_match(self, query) -> bool:
+        """Whether a query (one commutative order of a variant) can match this graph: each lifted op it names must
+        have a node in the graph reading, at every input the query binds to another lifted op's result, a tensor
+        that op's kind produced. The lifted e-nodes are the graph's ops, each in its result's e-class (rules add only
+        fused nodes and projections, and merge no two tensors: `_audit`), so an order no op of the graph reads its
+        inputs in (an add's `a + o` where the graph has `o + a`) never matches: not compiled, its join never run.
+        A Qwen3 layer's five-phase chain has 8 orders (three adds and a mul), of which one matches."""
+        made = {a.var: a.ctor for a in query if a.ctor in self.lifted}
+        for a in query:
+            info = self.lifted.get(a.ctor)
+            if info is None:
+                continue
+            need = [(i, made[x.var]) for i, x in enumerate(a.args[:info[1]]) if x.var is not None and x.var in made]
+            if need and not any(all(sig[i] == c for i, c in need) for sig in self._reads.get(a.ctor, ())):
+                return False
+        return True
 
     def _load(self, tmp: Path) -> list[str]:
         g = self.g
@@ -262,6 +279,11 @@ class EGraph:
             attrs[op.out] = tuple(row[1 + n:])
             self._ops.append((ctor, op.out, op.ins))
         self._rows = rows
+        made = {out: ctor for ctor, out, _ in self._ops}
+        reads: dict[str, set[tuple]] = {}  # constructor -> the constructors its nodes' inputs are made by (None: a leaf)
+        for ctor, _, ins in self._ops:
+            reads.setdefault(ctor, set()).add(tuple([made.get(i) for i in ins]))
+        self._reads = reads
         layer = {op.out: op.layer for op in g.ops}
         depth: dict[str, int] = {}  # the longest chain of ops from the step's inputs (same_depth: neither reads the other)
         for op in g.ops:

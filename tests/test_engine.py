@@ -509,3 +509,59 @@ def test_staged_compile_equals_eager_on_random_models(arch, layers, rows, flags,
     a, b = eager.saturate(held), staged.saturate(held)
     assert a.matches == b.matches and a.stop == b.stop
     assert _shape(eager.snapshot()) == _shape(staged.snapshot())
+
+
+def _every_order(g, table, held, eager=False):
+    """An e-graph saturated with every commutative order of every variant compiled (none left out as unmatchable),
+    and one as the engine compiles it: their reports and snapshots."""
+    from unittest import mock
+
+    from lanefuse.engine.egraph import EGraph
+
+    with mock.patch.object(EGraph, "_may_match", lambda self, q: True):
+        every = EGraph(g, table, eager=eager)
+        a = every.saturate(held)
+        sa = every.snapshot()
+    pruned = EGraph(g, table, eager=eager)
+    b = pruned.saturate(held)
+    return (a, sa), (b, pruned.snapshot()), (every, pruned)
+
+
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+def test_orders_no_op_reads_are_left_out_and_change_nothing(graph, table):
+    """A query order whose lifted ops no op of the graph reads that way (a residual add's inputs swapped) is not
+    compiled: the saturated e-graph, the match counts per rule and per iteration and the stop are those of every
+    order compiled, with nothing held and with the five-phase chain held, eager and staged."""
+    g = GRAPHS[graph]()
+    for held in (frozenset(), frozenset({"qkv_attn_o_glu_down_norm"})):
+        for eager in (False, True):
+            (a, sa), (b, sb), _ = _every_order(g, table, held, eager)
+            assert a.matches == b.matches and a.stop == b.stop and a.iterations == b.iterations
+            assert [(x["stage"], x["matches"], x["enodes"]) for x in a.steps] == \
+                [(x["stage"], x["matches"], x["enodes"]) for x in b.steps]
+            assert _shape(sa) == _shape(sb)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arch=st.sampled_from(["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]), layers=st.integers(1, 2),
+       rows=st.sampled_from([1, 3]), flags=st.booleans(), held_bits=st.integers(0, (1 << 19) - 1))
+def test_orders_left_out_change_nothing_on_random_models(arch, layers, rows, flags, held_bits, table):
+    """The same over random architectures, depths, chunk rows and held sets."""
+    kw = {"LlamaForCausalLM": {}, "Qwen2ForCausalLM": {"qkv_bias": flags}, "Qwen3ForCausalLM": {"qk_norm": flags}}
+    g = build_step(cfg(arch, layers=layers, **kw[arch]), rows=rows)
+    held = frozenset(r.name for i, r in enumerate(table.rules) if held_bits >> i & 1)
+    (a, sa), (b, sb), _ = _every_order(g, table, held)
+    assert a.matches == b.matches and a.stop == b.stop
+    assert _shape(sa) == _shape(sb)
+
+
+def test_the_qwen3_chain_compiles_the_one_order_its_graph_reads(table):
+    """qkv_attn_o_glu_down_norm's query has 8 commutative orders (its three adds and its mul); on a Qwen3 step the
+    one the graph's ops read compiles, and it matches every layer; fewer egglog rules in all."""
+    g = GRAPHS["qwen3"]()
+    _, (b, _), (every, pruned) = _every_order(g, table, frozenset())
+    v = next(v for v in table.variants["qkv_attn_o_glu_down_norm"] if v.ctor in pruned.compiled | set(pruned._pending))
+    assert len(v.queries) == 8 and sum(map(pruned._may_match, v.queries)) == 1
+    assert b.matches["qkv_attn_o_glu_down_norm"] == len({op.layer for op in g.ops if op.kind == "attention"}) > 0
+    rules = lambda eg: sum(line.startswith("(rule ") for line in eg.program_lines)  # noqa: E731
+    assert rules(pruned) < rules(every)
