@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-SHAPES = ("qwen3-next-80b-a3b", "qwen3-8b", "deepseek-v3")
+SHAPES = ("qwen3-next-80b-a3b", "qwen3-8b", "deepseek-v3", "demo")  # demo: the seeded demo model (`lanefuse demo`)
 
 
 def worker() -> int:
@@ -29,6 +29,7 @@ def worker() -> int:
 
     import dataclasses
 
+    from lanefuse.engine.front.demo import demo_config
     from lanefuse.engine.front.model import build_step
     from lanefuse.engine.rules import load_table
     from lanefuse.lane.lower.plan import plan
@@ -39,7 +40,7 @@ def worker() -> int:
         shape, numerics = line.split()
         if (shape, numerics) not in graphs:
             cfg = {"qwen3-next-80b-a3b": lambda: qwen3_next_80b_a3b(4096), "qwen3-8b": lambda: qwen3_8b(4096),
-                   "deepseek-v3": deepseek_v3}[shape]()
+                   "deepseek-v3": deepseek_v3, "demo": demo_config}[shape]()
             if numerics != "f32":
                 cfg = dataclasses.replace(cfg, formats=tuple((n, "q8_0") for n, _ in cfg.formats))
             graphs[shape, numerics] = build_step(cfg, 1)
