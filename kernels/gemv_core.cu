@@ -106,6 +106,66 @@ __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const v
     }
 }
 
+// The slab's dense tile (f32/f16/bf16 rows at 3..GR rows of x, gemv_tile's AR = GR): gemv_tile16's 16-byte loads, a
+// lane's values of a step (VW, 32·VW a warp) against NR rows of x, acc[PW][NR] kept. nvcc's unroll of gemv_tile16 at
+// NR = GR hoists each unrolled step's x loads (8 rows x 8 values) beside its weight loads and spilled (2026-12-06:
+// gemv_1 112 B, gemv_glu_1 32 B, gemv_glu_4 28 B at unroll 4); here the weight loads of D steps are a ring of
+// registers filled ahead in a loop nvcc does not unroll (#pragma unroll 1 over groups of D steps): a step's buffer
+// is decoded, refilled with the step D on, then its values meet x's NR rows (float4 loads, L1 hits: the block's
+// warps read the same x) — D steps of PW rows in flight a lane through the sums, D·PW·16 bytes (SLAB_DEPTH: 2 at four
+// outputs a warp, 2 KB a warp; 4 at one). A lane's step past k1 is neither loaded nor summed.
+#define SLAB_DEPTH(PW) ((PW) >= 4 ? 2 : 4)
+template <int FMT, int PW, int NR, int D>
+__device__ __forceinline__ void gemv_slab16(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                            i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    constexpr int VW = FMT == 0 ? 4 : 8, ES = FMT == 0 ? 4 : 2;  // values a 16-byte load, bytes a value
+    constexpr i64 STEP = 32 * VW;                                // values a warp step
+    const int lane = threadIdx.x & 31;
+    const char* wr[PW];
+#pragma unroll
+    for (int p = 0; p < PW; p++) wr[p] = (const char*)w + (j0 + p < n ? (j0 + p) * k : 0) * ES;
+    const float* xr = x + r0 * k;
+    i64 i = k0 + VW * lane;
+    uint4 buf[D][PW];  // the ring: step s of the group in buf[s]
+#pragma unroll
+    for (int s = 0; s < D; s++)
+#pragma unroll
+        for (int p = 0; p < PW; p++)
+            buf[s][p] = j0 + p < n && i + s * STEP < k1 ? __ldcs((const uint4*)(wr[p] + (i + s * STEP) * ES))
+                                                        : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll 1
+    for (; i < k1; i += D * STEP) {
+#pragma unroll
+        for (int s = 0; s < D; s++) {
+            const i64 is = i + s * STEP, nx = is + D * STEP;
+            if (is < k1) {
+                float wf[PW][VW];
+#pragma unroll
+                for (int p = 0; p < PW; p++) {
+                    unpack16<FMT>(buf[s][p], wf[p]);
+                    buf[s][p] = j0 + p < n && nx < k1 ? __ldcs((const uint4*)(wr[p] + nx * ES))
+                                                      : make_uint4(0u, 0u, 0u, 0u);
+                }
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    if (r < nr) {
+                        float xv[VW];
+#pragma unroll
+                        for (int q = 0; q < VW; q += 4) {
+                            float4 t = *(const float4*)(xr + r * k + is + q);
+                            xv[q] = t.x, xv[q + 1] = t.y, xv[q + 2] = t.z, xv[q + 3] = t.w;
+                        }
+#pragma unroll
+                        for (int p = 0; p < PW; p++)
+#pragma unroll
+                            for (int e = 0; e < VW; e++) acc[p][r] += wf[p][e] * xv[e];
+                    }
+                }
+            }
+        }
+    }
+}
+
 // Block-format rows (q8_0, q4_0, q6_k) for one or two rows of x: the quantized bytes read in place a few lanes a
 // block (consecutive lanes consecutive bytes of the row: a warp step reads a run of whole blocks), the loop
 // unrolled so each lane keeps several blocks' loads in flight, each value decoded in registers to the bit qget gives
@@ -502,8 +562,9 @@ __device__ __forceinline__ void gemv_tile_any(int fmt, const float* __restrict__
 // The warp's PW outputs j0.. over rows r0..r0+AR-1 of x (those below m) and k0..k1 of k, summed over the warp into
 // every lane's acc; AR the rows the caller keeps accumulators for (1, 2 or a slab of GR: gemv_rows picks it from the
 // rows left, so a decode step carries one accumulator an output, not GR). The format is dispatched once, outside the
-// loop (one uniform branch): f32/f16/bf16 rows of one or two rows of x stream 16 bytes a lane a load.
-template <int PW, int AR>
+// loop (one uniform branch): f32/f16/bf16 rows stream 16 bytes a lane a load, at one or two rows of x by
+// gemv_tile16, at a slab of 3..GR by gemv_slab16 (SLAB; without it, as block formats at a slab, gemv_tile_any).
+template <int PW, int AR, bool SLAB = true>
 __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 m,
                                           i64 j0, i64 n, i64 r0, i64 k0, i64 k1, float (&acc)[PW][AR]) {
 #pragma unroll
@@ -537,6 +598,13 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
         else if (fmt == 6 && ((k | k0 | k1) & 255) == 0 && (xa & 15) == 0 && (wa & 1) == 0 && (AR == 1 || PW == 1))
             gemv_tile_q6_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
+    } else if constexpr (SLAB) {
+        // the slab: f32/f16/bf16 rows on 16-byte loads (gemv_slab16) where k, the chunk's ends and the pointers allow
+        bool wide = fmt <= 2 && ((k | k0 | k1) & (fmt == 0 ? 3 : 7)) == 0 && (xa & 15) == 0 && (wa & 15) == 0;
+        if (wide && fmt == 0) gemv_slab16<0, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (wide && fmt == 1) gemv_slab16<1, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (wide) gemv_slab16<2, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     } else {
         gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     }
@@ -553,14 +621,14 @@ __device__ __forceinline__ float capped(float v, float cap) { return cap > 0.f ?
 // The k chunk split z of `split` sums: whole four-value words, so every chunk starts aligned.
 __device__ __forceinline__ i64 gemv_chunk(i64 k, i64 split) { return ((k + split - 1) / split + 3) / 4 * 4; }
 
-template <int PW, int AR>
+template <int PW, int AR, bool SLAB = true>
 __device__ __forceinline__ void gemv_rows(int fmt, const float* x, const void* w, const float* bias, const Dst& d,
                                           float* part, i64 k, i64 n, i64 m, i64 split, i64 j0, float cap) {
     i64 r0 = (i64)blockIdx.y * GR;
     i64 kc = gemv_chunk(k, split);
     i64 k0 = (i64)blockIdx.z * kc, k1 = min(k, k0 + kc);
     float acc[PW][AR];
-    gemv_tile<PW, AR>(fmt, x, w, k, m, j0, n, r0, k0, k1, acc);
+    gemv_tile<PW, AR, SLAB>(fmt, x, w, k, m, j0, n, r0, k0, k1, acc);
     if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
     for (int p = 0; p < PW; p++)
@@ -575,8 +643,9 @@ __device__ __forceinline__ void gemv_rows(int fmt, const float* x, const void* w
 }
 
 // The warp's outputs j0.. of output block `bx` (blocks of WARPS*PW outputs), rows of slab blockIdx.y: accumulators
-// for one row, two or the slab's GR, as many as the slab holds.
-template <int PW>
+// for one row, two or the slab's GR, as many as the slab holds. SLAB false: a slab of dense rows as gemv_tile_any
+// (fold_parts_rope: beside its heads' epilogue gemv_slab16 spilled it, 8 B at 168 registers, nvcc 13).
+template <int PW, bool SLAB = true>
 __device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w, const float* bias, const Dst& d, float* part,
                                           i64 k, i64 n, i64 m, i64 split, i64 bx, float cap = 0.f) {
     i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
@@ -584,5 +653,5 @@ __device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w
     i64 left = m - (i64)blockIdx.y * GR;
     if (left == 1) gemv_rows<PW, 1>(fmt, x, w, bias, d, part, k, n, m, split, j0, cap);
     else if (left == 2) gemv_rows<PW, 2>(fmt, x, w, bias, d, part, k, n, m, split, j0, cap);
-    else gemv_rows<PW, GR>(fmt, x, w, bias, d, part, k, n, m, split, j0, cap);
+    else gemv_rows<PW, GR, SLAB>(fmt, x, w, bias, d, part, k, n, m, split, j0, cap);
 }

@@ -2,22 +2,56 @@
 // the GEMV's warp per output (or four), slabs of GR rows. With `qw` (gemv_gate_up_glu.quant) the GLU's quantized form
 // (quant.cu's slab_quant_tail: the last block to store each block of 32 outputs, or of 256 for llama.cpp's q8_K,
 // quantizes it in each row of its slab).
+
+// A lane's own output of the warp's PW x AR (lane p·AR + r: output j0 + p, row r0 + r) from sums every lane holds
+// (gemv_tile's warp_sum), by selects: no indexed register array (a stack frame).
+template <int PW, int AR>
+__device__ __forceinline__ float own_sum(const float (&acc)[PW][AR], int lane) {
+    float v = 0.f;
+#pragma unroll
+    for (int p = 0; p < PW; p++)
+#pragma unroll
+        for (int r = 0; r < AR; r++) v = lane == p * AR + r ? acc[p][r] : v;
+    return v;
+}
+
+// At one or two rows of x (the chain's too) lane 0 stores the warp's outputs. In a slab (AR = GR) the gate's sums
+// are kept one a lane (own_sum) through the up's tile, so its PW x GR accumulators are not live beside the up's loop
+// (at four outputs a warp: 32 registers; beside gemv_slab16's ring ptxas spilled them into a 56 B stack at 168
+// registers), and each lane stores its own output.
 template <int PW, int AR>
 __device__ __forceinline__ void glu_rows(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
                                          const float* bu, float* out, i64 k, i64 n, i64 m, int a, i64 j0) {
     i64 r0 = (i64)blockIdx.y * GR;
-    float ga[PW][AR], ua[PW][AR];
-    gemv_tile<PW, AR>(fmt, x, wg, k, m, j0, n, r0, 0, k, ga);
-    gemv_tile<PW, AR>(fmt, x, wu, k, m, j0, n, r0, 0, k, ua);
-    if ((threadIdx.x & 31) != 0) return;
+    if constexpr (AR <= 2) {
+        float ga[PW][AR], ua[PW][AR];
+        gemv_tile<PW, AR>(fmt, x, wg, k, m, j0, n, r0, 0, k, ga);
+        gemv_tile<PW, AR>(fmt, x, wu, k, m, j0, n, r0, 0, k, ua);
+        if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
-    for (int p = 0; p < PW; p++)
+        for (int p = 0; p < PW; p++)
 #pragma unroll
-        for (int r = 0; r < AR; r++) {
-            i64 j = j0 + p, row = r0 + r;
-            if (j < n && row < m)
-                out[row * n + j] = act_apply(a, ga[p][r] + (bg ? bg[j] : 0.f)) * (ua[p][r] + (bu ? bu[j] : 0.f));
+            for (int r = 0; r < AR; r++) {
+                i64 j = j0 + p, row = r0 + r;
+                if (j < n && row < m)
+                    out[row * n + j] = act_apply(a, ga[p][r] + (bg ? bg[j] : 0.f)) * (ua[p][r] + (bu ? bu[j] : 0.f));
+            }
+    } else {
+        static_assert(PW * AR <= 32, "an output a lane");
+        const int lane = threadIdx.x & 31;
+        float g;
+        {
+            float ga[PW][AR];
+            gemv_tile<PW, AR>(fmt, x, wg, k, m, j0, n, r0, 0, k, ga);
+            g = own_sum<PW, AR>(ga, lane);
         }
+        float ua[PW][AR];
+        gemv_tile<PW, AR>(fmt, x, wu, k, m, j0, n, r0, 0, k, ua);
+        const float u = own_sum<PW, AR>(ua, lane);
+        const i64 j = j0 + lane / AR, row = r0 + lane % AR;
+        if (lane < PW * AR && j < n && row < m)
+            out[row * n + j] = act_apply(a, g + (bg ? bg[j] : 0.f)) * (u + (bu ? bu[j] : 0.f));
+    }
 }
 
 // Accumulators for one row, two or a slab of GR, as many as the slab holds (gemv_body's choice).

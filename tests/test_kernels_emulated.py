@@ -77,6 +77,50 @@ def test_gemv(fmt, k, m, per_warp, split):
     again_same(launch, dev, ["y"])
 
 
+# The slab of 3..8 rows over f32/f16/bf16 rows (gemv_slab16: 16-byte loads, a ring of SLAB_DEPTH steps a lane): every
+# slab size, and a slab plus a remainder of one and of three rows (9, 11); k of one load a lane or less than a warp
+# step (8, 16), a step and a tail (264, 132 in f32), past the ring (ring of 2 steps at four outputs a warp, 4 at one:
+# 1544 bf16 is 6 steps and a tail of 8 values), a k of whole four-value words but not eight (260: f16/bf16 take
+# gemv_tile_any); n leaving a warp's rows past n (7 at four a warp); split-K into chunks of whole 8-value words
+# (1544 / 2: 772 ... not, so the second chunk falls back to gemv_tile_any) or not.
+SLAB_CASES = [(3, 8, 7), (4, 264, 13), (5, 1544, 7), (6, 16, 9), (7, 260, 7), (8, 776, 13), (9, 264, 7), (11, 520, 9)]
+
+
+@pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("m,k,n", SLAB_CASES)
+@pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (4, 2)])
+def test_gemv_slab(fmt, m, k, n, per_warp, split):
+    if fmt == "f32" and k % 8 == 0:
+        k -= 4  # whole four-value words, not eight (f32's 16-byte load)
+    g = np.random.default_rng(k + n + m + 7 * per_warp)
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    if launch.check():
+        pytest.skip(str(launch.check()))
+    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, placed=(m == 5))
+    again_same(launch, dev, ["y"])
+
+
+@pytest.mark.parametrize("fmt", ["f32", "bf16"])
+@pytest.mark.parametrize("m,k,n", [(3, 264, 7), (8, 1544, 9), (6, 16, 13)])
+@pytest.mark.parametrize("per_warp", [1, 4])
+def test_gemv_glu_and_parts_slab(fmt, m, k, n, per_warp):
+    """GemvGlu (the gate's sums kept one a lane through the up's tile, each lane storing its own output) and
+    GemmParts over the slab's tile."""
+    g = np.random.default_rng(m + k + per_warp)
+    w = {"wg": (encode(r32(g, n, k), fmt), fmt), "wu": (encode(r32(g, n, k), fmt), fmt), "bg": (r32(g, n), "f32"),
+         "bu": (r32(g, n), "f32")}
+    glu = GemvGlu("x", "wg", "wu", fmt, "o", k, n, m, bg="bg", bu="bu", per_warp=per_warp)
+    dev = gpu.both(glu, {"x": r32(g, m, k), "o": np.zeros(m * n, np.float32)}, w)
+    again_same(glu, dev, ["o"])
+    W = 2 * n + 5
+    parts = (GemmPart("wg", Dst("qkv", unit=Part(W, 0, n)), n, bias="bg"),
+             GemmPart("wu", Dst("qkv", unit=Part(W, n + 5, n)), n))
+    gp = GemmParts("x", fmt, k, m, parts, per_warp=per_warp)
+    dev = gpu.both(gp, {"x": r32(g, m, k), "qkv": np.zeros(m * W, np.float32)}, w)
+    again_same(gp, dev, ["qkv"])
+
+
 @pytest.mark.parametrize("fmt,k", [("q8_0", 64), ("q8_0", 96), ("q4_k", 256), ("q4_k", 512)])
 @pytest.mark.parametrize("m", [1, 2, 3, 9])
 @pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 2), (4, 2)])
@@ -321,6 +365,22 @@ def test_the_emulator_catches(monkeypatch, old, new, error):
     _mutated(monkeypatch, old, new)
     with pytest.raises(error):
         _one_gemv()
+
+
+@pytest.mark.parametrize("old,new", [
+    # the ring refilled one step short: a step summed twice, the last never
+    ("nx = is + D * STEP;", "nx = is + (D - 1) * STEP;"),
+    # the slab's rows of x in reverse order against their accumulators
+    ("float4 t = *(const float4*)(xr + r * k + is + q);",
+     "float4 t = *(const float4*)(xr + (nr - 1 - r) * k + is + q);"),
+])
+def test_the_slab_cases_catch_a_broken_slab_tile(monkeypatch, old, new):
+    """Each a mutated gemv_slab16: the slab's cases fail (wrong values), so they take the slab's tile (were it gone,
+    `_mutated` fails: its text no longer in gemv_core.cu)."""
+    _mutated(monkeypatch, old, new)
+    for fmt, (m, k, n), pw in [("bf16", (5, 1544, 7), 4), ("f32", (8, 772, 13), 1)]:
+        with pytest.raises(AssertionError):
+            test_gemv_slab(fmt, m, k, n, pw, 1)
 
 
 def test_the_one_hot_cases_catch_a_misplaced_staged_value(monkeypatch):
