@@ -19,7 +19,7 @@ from lanefuse.kernels.argmax import ArgMax
 from lanefuse.kernels.common import FORMAT_CODE, GEMV_ROWS, Dst, Launch, Part, Scratch, names, reach
 from lanefuse.kernels.gather import Gather
 from lanefuse.kernels.gemm_parts import GemmPart, GemmParts
-from lanefuse.kernels.gemv import Gemv, q8_code
+from lanefuse.kernels.gemv import Gemv, loop_rate, q8_code
 from lanefuse.kernels.norm import Norm
 from lanefuse.kernels.rope import Rope, RopeParts, RopeSide, side_shape
 
@@ -240,6 +240,17 @@ class Fold(Sequenced, Launch):
         if isinstance(first, Gemv):
             first = replace(first, split=1)
         return replace(self, first=first, then=self.then.tune(knobs, held))
+
+    def loop_us(self, knobs) -> float:
+        """A fused fold's product's loop at a slab (Gemv / GemmParts loop_us; its epilogue unpriced here): the products
+        in parts before their heads' epilogue (fold_parts_rope) run a slab of dense rows by gemv_tile_any too
+        (parts_rope.cu: gemv_body without gemv_slab16)."""
+        if not self.fused or not isinstance(self.first, (Gemv, GemmParts)):
+            return 0.0
+        return self.first.loop_us(knobs, slab16=self.form()[0] != "parts_rope")
+
+    def rate(self, knobs) -> float:
+        return loop_rate(self.flops(), self.loop_us(knobs), knobs)
 
     def kernels(self):
         """One kernel when the pair is fused; else the kernels of each in turn."""

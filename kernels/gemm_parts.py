@@ -14,7 +14,7 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (FORMAT_CODE, GEMV_ROWS, Dst, Launch, decode, dst_at, format_refusal,
                                      names, operand, reach, weight_bytes)
 from lanefuse.kernels.gemv import (WARPS, activation_at, activation_bytes, bound_product, gemv_bind, gemv_check,
-                                   gemv_numpy, q8_check, q8_code, rows_a_warp, rows_at)
+                                   gemv_numpy, loop_rate, q8_check, q8_code, rows_a_warp, rows_at, slab_loop_us)
 from lanefuse.kernels.q8dot import q8_exact
 
 
@@ -96,6 +96,15 @@ class GemmParts(InParts, Launch):
             if why:
                 return why
         return None
+
+    def loop_us(self, knobs, slab16: bool = True) -> float:
+        """The loop's µs at a slab (gemv.slab_loop_us over the parts' output blocks; over a quantized activation:
+        0); slab16 False: in a kernel built without gemv_slab16 (fold_parts_rope)."""
+        return 0.0 if self.words else slab_loop_us(self.format, self.k, sum(self.blocks()) * WARPS * self.per_warp,
+                                                    self.m, self.per_warp, 1, 1, knobs, slab16)
+
+    def rate(self, knobs) -> float:
+        return loop_rate(self.flops(), self.loop_us(knobs), knobs)
 
     def tune(self, knobs, held=frozenset()):
         if self.words:

@@ -20,8 +20,8 @@ from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.common import (ACTS, FORMAT_CODE, GEMV_ROWS, Q8K, Launch, Scratch, act, decode, format_refusal,
                                      names, operand, qblock, reach, weight_bytes)
 from lanefuse.kernels.elementwise import act_code
-from lanefuse.kernels.gemv import (activation_at, activation_bytes, bound_product, gemv_check, gemv_grid, products,
-                                   q8_check, q8_code, rows_a_warp, rows_at)
+from lanefuse.kernels.gemv import (activation_at, activation_bytes, bound_product, gemv_check, gemv_grid, loop_rate,
+                                   products, q8_check, q8_code, rows_a_warp, rows_at, slab_loop_us)
 from lanefuse.kernels.q8dot import q8_exact
 from lanefuse.kernels.quant import QuantEpilogue
 
@@ -143,6 +143,13 @@ class GemvGlu(QuantEpilogue, GateUp):
 
     def flops(self):
         return 4 * self.m * self.n * self.k
+
+    def loop_us(self, knobs) -> float:
+        """The loop's µs at a slab, two products a warp (gemv.slab_loop_us; over a quantized activation: 0)."""
+        return 0.0 if self.words else slab_loop_us(self.format, self.k, self.n, self.m, self.per_warp, 1, 2, knobs)
+
+    def rate(self, knobs) -> float:
+        return loop_rate(self.flops(), self.loop_us(knobs), knobs)
 
     def numpy(self, env):
         x = None if self.words else env.array(self.x)[: self.m * self.k].reshape(self.m, self.k)

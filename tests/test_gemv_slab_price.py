@@ -1,0 +1,99 @@
+"""The lane's price of a GEMV-family launch at a slab of 3-8 rows of x (kernels/gemv.py slab_loop_us): where the slab
+runs gemv_core.cu's gemv_tile_any (block formats, rows not whole 16-byte words), its dependent rounds of four values a
+lane; one or two rows, and a slab through gemv_slab16's 16-byte ring (f32/f16/bf16), keep the bytes-over-bandwidth
+price. The constants are read off the kernels' sources, so a change there fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from lanefuse.kernels import Dst, Fold, GemmPart, GemmParts, Gemv, GemvGlu, Norm
+from lanefuse.kernels import gemv as G
+from lanefuse.lane.lower.knobs import Knobs
+from lanefuse.lane.lower.shim import launch_us
+
+KERNELS = Path(G.__file__).resolve().parent
+KN = Knobs()
+
+
+def test_the_slab_constants_are_the_kernels():
+    core = (KERNELS / "gemv_core.cu").read_text()
+    d4, d1 = map(int, re.search(r"#define SLAB_DEPTH\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core).groups())
+    assert G.SLAB_DEPTH == {4: d4, 1: d1}
+    assert G.GEMV_RESIDENT == int(re.search(r"#define GEMV_BOUNDS __launch_bounds__\(128, (\d+)\)", core).group(1))
+    assert int(re.search(r"#define GR (\d+)", core).group(1)) == G.GEMV_ROWS
+
+
+def launches(fmt, m, k=4096, n=4096):
+    g = Gemv("x", "w", fmt, Dst("y"), k, n, m).tune(KN)
+    glu = GemvGlu("x", "wg", "wu", fmt, "o", k, 3 * n, m).tune(KN)
+    parts = GemmParts("x", fmt, k, m, (GemmPart("wq", Dst("q"), n), GemmPart("wk", Dst("kk"), n // 4))).tune(KN)
+    fold = Fold(Gemv("x", "w", fmt, Dst("o"), k, n, m, per_warp=4), Norm("res", "nw", "y", m, n, 1e-6, add="o"))
+    return g, glu, parts, fold
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f32", "q8_0", "q4_k"])
+def test_one_or_two_rows_keep_the_bytes_price(fmt):
+    for m in (1, 2):
+        for l in launches(fmt, m):
+            assert l.loop_us(KN) == 0.0 and l.rate(KN) == KN.tflops_f32, (l, m)
+
+
+@pytest.mark.parametrize("fmt,m", [("bf16", 3), ("bf16", 8), ("f16", 5), ("f32", 8), ("q8_0", 4), ("q4_k", 8),
+                                   ("q4_0", 3)])
+def test_a_slab_is_priced_by_its_loop(fmt, m):
+    g, glu, parts, fold = launches(fmt, m)
+    assert fold.fused and g.per_warp == 4 and g.split == 1
+    if fmt in ("bf16", "f16", "f32"):  # gemv_slab16: the bytes price it, as at one or two rows
+        for l in (g, glu, parts, fold):
+            assert l.loop_us(KN) == 0.0 and l.rate(KN) == KN.tflops_f32
+        return
+    # 4096 x 4096 at four outputs a warp: 256 blocks, one wave of 132 x 3; 32 rounds of 128 values a warp
+    rounds = 4096 // 128
+    assert g.loop_us(KN) == pytest.approx(rounds * KN.hbm_round_us)
+    assert fold.loop_us(KN) == pytest.approx(rounds * KN.hbm_round_us)
+    assert glu.loop_us(KN) == pytest.approx(2 * 2 * rounds * KN.hbm_round_us)  # 768 blocks: two waves, two products
+    for l in (g, glu, parts, fold):
+        two = {type(x): x for x in launches(fmt, 2)}[type(l)]
+        assert launch_us(l, KN) > 5 * launch_us(two, KN), l
+        assert l.rate(KN) < KN.tflops_f32
+
+
+def test_a_split_slab_and_unaligned_rows():
+    # one slab of 4 q8_0 rows split 4 ways: each chunk of 1024 values 8 rounds a warp (64 blocks x 4: one wave)
+    g = Gemv("x", "w", "q8_0", Dst("y"), 4096, 256, 4, per_warp=4, split=4)
+    assert g.loop_us(KN) == pytest.approx(8 * KN.hbm_round_us)
+    # bf16 whose split chunks are not whole 8-value words (4104 / 2: 2052): gemv_tile_any, 17 rounds of 128 values
+    s = Gemv("x", "w", "bf16", Dst("y"), 4104, 256, 4, per_warp=4, split=2)
+    assert s.loop_us(KN) == pytest.approx(17 * KN.hbm_round_us)
+    # k not whole 8-value words: the four-value loop (gemv_tile_any), 33 rounds of 128 values
+    u = Gemv("x", "w", "bf16", Dst("y"), 4100, 256, 4, per_warp=4)
+    assert u.loop_us(KN) == pytest.approx(33 * KN.hbm_round_us)
+    # over a quantized activation (gemv_q8.cu): unpriced here
+    q = Gemv("x", "w", "q8_0", Dst("y"), 4096, 256, 4, words=1)
+    assert q.loop_us(KN) == 0.0
+
+
+@pytest.mark.parametrize("m", [3, 8])
+def test_the_parts_rope_fold_prices_its_dense_slab_by_the_four_value_loop(m):
+    """fold_parts_rope's products (parts_rope.cu: gemv_body without gemv_slab16) run a slab of bf16 rows through
+    gemv_tile_any: its fold is priced by that loop, the plain parts launch by its bytes."""
+    core = (KERNELS / "parts_rope.cu").read_text()
+    assert re.search(r"gemv_body<\(PW > 0 \? PW : 1\), false>", core)
+    parts = GemmParts("x", "bf16", 4096, m, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("kk"), 1024)))
+    assert parts.tune(KN).loop_us(KN) == 0.0
+    import inspect
+
+    assert "slab16" in inspect.signature(parts.loop_us).parameters
+    assert parts.tune(KN).loop_us(KN, slab16=False) == pytest.approx(-(-4096 // 128) * KN.hbm_round_us)
+
+
+def test_the_rounds_are_the_knobs():
+    """A slab's loop scales with knob hbm_round_us (the launch model's L), as HeadGemv's does."""
+    from dataclasses import replace
+
+    g = Gemv("x", "w", "q4_0", Dst("y"), 4096, 4096, 5).tune(KN)
+    assert g.loop_us(replace(KN, hbm_round_us=2 * KN.hbm_round_us)) == pytest.approx(2 * g.loop_us(KN))
