@@ -3,7 +3,7 @@ sequences at one position, planned as the lane plans it (knob tc_rows 16: a batc
 each launch priced by the model that owns its kind, one fixed cost a kernel launch (t0) for all. PREDICTIONS only.
 
     python bench/batch_curve.py [--batch 1,2,4,8,16,32,64] [--format bf16 --format q8_0 --format q4_k] [--pos 512]
-                                [--tc-rows 16 --tc-rows 3] [--slab-tile16] [--hold RULE] [--json FILE]
+                                [--tc-rows 16 --tc-rows 3] [--hold RULE] [--json FILE]
 
 - the plans: knob tc_rows 16 (a batch of 16 or more on the tensor cores, fewer as GEMVs) and 3 (from 3 rows on the
   tensor cores: gemm_tc.MIN_ROWS; the bf16 numerics of x from 3 sequences), a curve each;
@@ -12,7 +12,9 @@ each launch priced by the model that owns its kind, one fixed cost a kernel laun
   tc_prediction (tiles, waves, wave fill), every kernel launch of theirs (the rounding kernel, the product, a tail's
   combine, each cublasGemmEx, each decode) at t0;
 - every other launch (the GEMV family, the chained launches, attention over the B slots, norms, rotations, the
-  arg-max): bench/launch_model.py's model (Little's law over each kernel's loads in flight, ptxas' resources), its t0
+  arg-max): bench/launch_model.py's model (Little's law over each kernel's loads in flight, ptxas' resources; a GEMV
+  slab of 3-8 rows of f32/f16/bf16 rows as gemv_core.cu's gemv_slab16 streams it, SLAB_DEPTH 16-byte steps a row a
+  lane in flight, floored by its x's L1 reads and its FMAs; of block-format rows as gemv_tile_any), its t0
   the calibration's (10.3 µs, fitted on the 2026-12-04 ncu figures), so B = 1 is launch-model-8's 4920 µs a token;
 - the same at t0 = cuBLAS's measured fixed cost a launch (5.3 µs: launch_model.cublas_anchor), every launch of every
   B alike, as a sensitivity line.
@@ -21,7 +23,6 @@ each launch priced by the model that owns its kind, one fixed cost a kernel laun
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -48,35 +49,6 @@ def batch_plan(b: int, fmt: str, held=(), tc_rows: int = 16):
         cfg = dataclasses.replace(cfg, max_len=1024)
     step = build_step(cfg, 1, batch=b) if b > 1 else build_step(cfg, 1)
     return plan(step, knobs=Knobs(tc_rows=tc_rows), held=list(held))
-
-
-@contextlib.contextmanager
-def slab_tile16():
-    """A kernel NOT built, priced: gemv_core.cu's slab of 3-8 rows of x (gemv_tile's AR = GR branch, which takes
-    gemv_tile_any: four values a lane a step, one step in flight) streaming bf16/f16/f32 rows by gemv_tile16's 16-byte
-    loads, four in flight a lane, as the 1-2-row branch does: bench/launch_model.py's gemv_structure prices such a
-    launch's loop as at 2 rows (its bytes and blocks its own). Tried at 2026-12-06 with gemv_tile16's unroll 4 at
-    8 rows: nvcc 13 sm_90 spilled gemv_1 (112 B), gemv_glu_1 (32 B) and gemv_glu_4 (28 B) at 168 registers."""
-    import launch_model as lm
-
-    shape, structure = lm.gemv_shape, lm.gemv_structure
-
-    def as_slab16(k, wide, *args, **kw):
-        fmt, kk, n, m, pw, tiles = shape(k)
-        if not (wide and fmt in ("f32", "f16", "bf16") and 2 < m <= 8):
-            return structure(k, wide, *args, **kw)
-        lm.gemv_shape = lambda _k: (fmt, kk, n, 2, pw, tiles)
-        try:
-            structure(k, wide, *args, **kw)
-        finally:
-            lm.gemv_shape = shape
-        k.extra.update(m=m, rows_x=m, loop="tile16 x4 (slab, not built)")
-
-    lm.gemv_structure = as_slab16
-    try:
-        yield
-    finally:
-        lm.gemv_structure = structure
 
 
 def price(s, pos: int, cal: dict, t0: float) -> dict:
@@ -177,8 +149,6 @@ def main() -> None:
     ap.add_argument("--hold", action="append", default=[], help="rules or schedule steps the plans hold")
     ap.add_argument("--tc-rows", type=int, action="append", help="knob tc_rows of the plans (default 16, then 3: "
                     "from 3 rows on the tensor cores, gemm_tc.MIN_ROWS), a curve each")
-    ap.add_argument("--slab-tile16", action="store_true", help="also price the curve as if a GEMV slab of 3-8 rows "
-                    "streamed as the 1-2-row tile does (a kernel NOT built: slab_tile16)")
     ap.add_argument("--json")
     a = ap.parse_args()
     cal = lm.load_calibration()
@@ -196,12 +166,6 @@ def main() -> None:
             rows = curve(fmt, batches, a.pos, cal, t0s, a.hold, tc)
             print_curve(rows, list(t0s))
             out["curves"][f"{fmt} tc_rows {tc}"] = rows
-        if a.slab_tile16 and fmt in ("bf16", "f16", "f32"):
-            with slab_tile16():
-                rows = curve(fmt, [b for b in batches if b <= 8], a.pos, cal, t0s, a.hold)
-            print(f"# {fmt}, tc_rows 16, a GEMV slab of 3-8 rows as 16-byte loads (NOT built; slab_tile16):")
-            print_curve(rows, list(t0s))
-            out["curves"][f"{fmt} tc_rows 16 slab-tile16 (not built)"] = rows
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -322,6 +322,8 @@ def features(rev: str | None) -> dict:
         attn_mz=int(mz_.group(1)) if (mz_ := re.search(r"#define MZ (\d+)", att)) else 8,
         new_splits="BLOCKS_AN_SM" in apy,
         wide="gemv_tile16" in core,
+        slab_depth={4: int(m.group(1)), 1: int(m.group(2))}
+        if (m := re.search(r"#define SLAB_DEPTH\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core)) else {},
         block_tiles=sorted(f for f in VALUE_BYTES
                            if re.search(rf"void gemv_tile_{f}\(|struct Block{f.upper()} ", core)),
         staged=int(m.group(1)) if (m := re.search(r"#define STAGE_BLOCKS (\d+)", core)) else 0,
@@ -352,6 +354,8 @@ def old_splits(l, sms: int = 132):
 
 GEMV_F32X = re.compile(r"^(gemv|fold_gemv_norm|fold_gemv_argmax|fold_parts_rope|gemm_parts|gemv_glu)_(1|4)$")
 UNROLL16 = 4  # gemv_tile16's `#pragma unroll 4`: four 16-byte loads a row a lane in flight
+L1_BYTES_CLK = 128  # an H200 SM's L1 / shared memory: 128 bytes a clock (the 16-byte tiles' x, read by every warp)
+FMA_CLK = 128  # an H200 SM's FP32 lanes: 128 FMAs a clock
 
 
 def gemv_shape(k: Kernel):
@@ -401,20 +405,30 @@ STAGED_UNITS = {"q8_0": (32, 34, 256), "q4_0": (32, 18, 256), "q4_k": (256, 144,
 
 
 def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_wide: bool = False,
-                   staged_k: dict | None = None):
+                   staged_k: dict | None = None, slab_depth: dict | None = None):
     """Bytes in flight a warp and its dependent load rounds, for gemv_core.cu's loops at one kernel of the family.
     wide (the work tree since d081dec): f32/f16/bf16 rows at 1-2 rows of x take gemv_tile16 (16 bytes a lane a load,
-    unrolled 4: 4 loads a row a lane in flight); otherwise (block formats, > 2 rows, and everything at 4a43cc2)
-    gemv_tile_any's four values a lane a step, one step in flight."""
+    unrolled 4: 4 loads a row a lane in flight); slab_depth ({per_warp: steps}, the work tree since gemv_slab16):
+    the same rows at 3-8 rows of x (a slab) take gemv_slab16, a ring of that many 16-byte steps a row a lane in flight
+    (every slab of a launch of more than 8 rows priced so: its remainder slab of 1-2 rows streams as gemv_tile16;
+    fold_parts_rope's products, built without it, as gemv_tile_any);
+    otherwise (block formats at > 2 rows, and everything at 4a43cc2) gemv_tile_any's four values a lane a step, one
+    step in flight. The 16-byte tiles' x: every warp reads its slab's rows of x from L1 (l1_bytes: time_us' floor)."""
     fmt, kk, n, m, pw, tiles = gemv_shape(k)
     vb = VALUE_BYTES.get(fmt, 4.0)
     rows_x = min(m, 8)
-    if wide and fmt in ("f32", "f16", "bf16") and m <= 2 and kk % (4 if fmt == "f32" else 8) == 0:
-        vw = 4 if fmt == "f32" else 8
+    vw = 4 if fmt == "f32" else 8
+    dense16 = fmt in ("f32", "f16", "bf16") and all(e % vw == 0 for e in chunk_ends(k, kk))
+    # (fold_parts_rope's products take no gemv_slab16: parts_rope.cu's gemv_body<PW, false>)
+    depth = 0 if k.call.name.startswith("fold_parts_rope") else (slab_depth or {}).get(4 if pw >= 4 else 1, 0)
+    if wide and dense16 and (m <= 2 or depth):
         steps = math.ceil(kk / (32 * vw))  # 16-byte loads a lane a row
-        inflight_row = 32 * 16 * min(UNROLL16, steps)
-        rounds = math.ceil(steps / UNROLL16)
-        loop = "tile16 x4"
+        d = UNROLL16 if m <= 2 else depth
+        inflight_row = 32 * 16 * min(d, steps)
+        rounds = math.ceil(steps / d)
+        loop = "tile16 x4" if m <= 2 else f"slab16 x{d}"
+        # each warp's x: its slab's rows over k, 4 bytes a value, once a tile (a GLU's two), every slab of the launch
+        k.extra["l1_bytes"] = math.ceil(n / pw) * kk * m * 4 * tiles
     elif (st := {"q8_0": staged, "q4_0": staged, **(staged_k or {})}.get(fmt, 0)) and m <= 2 and \
             all(e % STAGED_UNITS[fmt][2] == 0 for e in chunk_ends(k, kk)):
         units = kk // STAGED_UNITS[fmt][0]  # blocks or super-blocks a row
@@ -548,7 +562,8 @@ def combine_rounds(splits: int, vd: int, threads: int, cpb: int, cw: int) -> flo
 def structure(k: Kernel, feats: dict, pos: int):
     name = k.call.name
     if GEMV_F32X.match(name):
-        gemv_structure(k, feats["wide"], feats["block_tiles"], feats["staged"], feats["q4k_wide"], feats["staged_k"])
+        gemv_structure(k, feats["wide"], feats["block_tiles"], feats["staged"], feats["q4k_wide"], feats["staged_k"],
+                       feats["slab_depth"])
     elif name.startswith(("gemv_q8", "fold_gemv_norm_q8", "fold_gemv_argmax_q8", "fold_parts_rope_q8", "gemm_parts_q8",
                           "gemv_glu_q8")):
         q8_structure(k)
@@ -688,6 +703,12 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
             # a warp's rounds bound the wave below: rounds x L when latency-bound
             total += max(blocks_sm * bytes_block / X, k.rounds * L * (inflight_sm / L <= B))
             left -= w
+        # the 16-byte tiles' floors, ASSUMED (no device has run a slab): x's rows read from L1 by every warp at
+        # L1_BYTES_CLK a SM, and the sums' FMAs at the SMs' FP32 rate (FMA_CLK lanes a SM a clock)
+        ghz = cal.get("ncu_sm_freq_ghz", 1.975)
+        if k.extra.get("l1_bytes"):
+            fl = k.launch.flops() if hasattr(k.launch, "flops") else 0
+            total = max(total, k.extra["l1_bytes"] / (S * L1_BYTES_CLK * ghz * 1e3), fl / 2 / (S * FMA_CLK * ghz * 1e3))
         k.tail = tail_us(k, cal)
         k.fixed = t0
         us = t0 + total + k.tail
