@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
+from pathlib import Path
 from importlib import resources
 
 OPTIONS = ("-std=c++17",)  # CuPy adds --gpu-architecture itself
@@ -25,6 +26,15 @@ def cache_key(src: str, arch: str) -> str:
     return hashlib.sha256((arch + "\0" + " ".join(OPTIONS) + "\0" + src).encode()).hexdigest()[:24]
 
 
+def find_cubin(src: str, arch: str, folder) -> "Path | None":
+    """The cubin of module source `src` for `arch` built ahead of time into `folder` (kernels/prebuilt.py), if it is
+    there: its name is the run-time cache key, so a cubin of an older source or another arch is never taken."""
+    if not folder:
+        return None
+    p = Path(folder) / f"{cache_key(src, arch)}.cubin"
+    return p if p.is_file() else None
+
+
 _MODULES: dict[str, object] = {}
 
 
@@ -41,9 +51,8 @@ def module(stems: tuple[str, ...]):
     m = _MODULES.get(key)
     if m is None:
         from lanefuse.engine import flags
-        from lanefuse.kernels.prebuilt import find
 
-        cubin = find(src, arch, flags.read("LANEFUSE_CUBINS"))  # built ahead of time (lanefuse kernels --build)
+        cubin = find_cubin(src, arch, flags.read("LANEFUSE_CUBINS"))  # built ahead of time (lanefuse kernels --build)
         m = (cupy.RawModule(path=str(cubin)) if cubin is not None
              else cupy.RawModule(code=src, options=OPTIONS, name_expressions=None))
         _MODULES[key] = m

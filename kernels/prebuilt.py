@@ -1,6 +1,6 @@
 """Kernel modules compiled ahead of time: every module the launch kinds name, built to a cubin for one arch (nvcc, or
 NVRTC through cuda-python), kept in a folder under its run-time cache key, and loaded from there by kernels/compile.py
-where `LANEFUSE_CUBINS` names that folder, instead of compiled at run time.
+(find_cubin) where `LANEFUSE_CUBINS` names that folder, instead of compiled at run time.
 
 Why: ptxas takes minutes on the decode modules (the chain module 286 s of nvcc's 419 s on one core here, nvcc 13,
 2026-12-06), and CuPy compiles a module when a process first launches one of its kernels: a first run on a GPU, and
@@ -37,15 +37,6 @@ def module_name(stems: tuple[str, ...]) -> str:
 def cubin_name(stems: tuple[str, ...], arch: str) -> str:
     """The file a module's cubin for `arch` is kept under: its run-time cache key (source, arch and options)."""
     return f"{cache_key(source(stems), arch)}.cubin"
-
-
-def find(src: str, arch: str, folder: str | os.PathLike | None) -> Path | None:
-    """The prebuilt cubin of module source `src` for `arch` in `folder`, if it is there (its key names this source: a
-    cubin of an older source is never taken)."""
-    if not folder:
-        return None
-    p = Path(folder) / f"{cache_key(src, arch)}.cubin"
-    return p if p.is_file() else None
 
 
 @dataclass(frozen=True)
