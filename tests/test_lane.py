@@ -149,8 +149,12 @@ def test_each_rule_held_in_turn_removes_its_class():
 # the down fold are one chained launch (qkv_attn_o_glu_down_norm, kernels/chain.py: fold 6 and chain 4 with the
 # q/k/v fold apart, attn_o_glu_down_norm; attention 4 and chain 4 with the three-phase chain, o_glu_down_norm; fold 10
 # with the two-phase chain, glu_down_norm; fold 14, gemv_glu 4 before that), a chunk of 8 rows keeps the three.
+# A chunk of 8 rows runs its q/k/v products as gemm_parts and their rotation as rope_parts (fold 13 before bc666ef):
+# fold_parts_rope's products at 3-8 rows take gemv_tile_any (one four-value step in flight, priced by its rounds),
+# gemm_parts' dense rows gemv_slab16's 16-byte loads (priced by bytes), so two launches beat one.
 GOLDEN_DECODE = {"chain": 4, "fold": 2}  # the embedding's norm fold; the head and its arg-max one fold (head_argmax)
-GOLDEN_PREFILL8 = {"attention": 4, "binary": 1, "fold": 13, "gemv": 1, "gemv_glu": 4, "norm": 1}
+GOLDEN_PREFILL8 = {"attention": 4, "binary": 1, "fold": 9, "gemm_parts": 4, "gemv": 1, "gemv_glu": 4, "norm": 1,
+                   "rope_parts": 4}
 
 
 def test_goldens_demo_decode_and_prefill():

@@ -18,9 +18,11 @@ OVER = {
                                       "modules: a static report opens it from file://)"),
     "lane/explore/explorer.py": (1100, "the explorer's session (holds, forces, knobs, history, what-ifs); its "
                                        "what-ifs move to plan(..., session=...) in issue 39 item 5"),
-    "bench/launch_model.py": (1400, "the launch model reads every decode kernel's constants from the sources and "
+    "bench/launch_model.py": (1450, "the launch model reads every decode kernel's constants from the sources and "
                                     "prints its calibration beside each prediction (issue 34 item 6); a bench "
-                                    "script, not the tool"),
+                                    "script, not the tool; 1400 -> 1450 for the chain's prefetch credit and the "
+                                    "built slab (2026-12-06): the chain's pricing is the next to move to a file "
+                                    "of its own"),
     "engine/rules.py": (760, "the rule table's reader and its checks, each error naming the file and the rule"),
 }
 
