@@ -30,8 +30,9 @@ def pack(plans: Path, cache: Path, arch: str) -> int:
         old.unlink()
     raw = packed = 0
     for stems in modules():
-        blob = (cache / cubin_name(stems, arch)).read_bytes()
-        dst = out / (cubin_name(stems, arch) + ".xz")
+        name = cubin_name(stems, arch)
+        blob = (cache / name).read_bytes()
+        dst = out / (name + ".xz")
         dst.write_bytes(lzma.compress(blob, preset=6))
         raw += len(blob)
         packed += dst.stat().st_size

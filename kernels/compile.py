@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
-from pathlib import Path
 from importlib import resources
+from pathlib import Path
 
 OPTIONS = ("-std=c++17",)  # CuPy adds --gpu-architecture itself
 ARCHS = ("sm_80", "sm_90")
@@ -26,12 +26,17 @@ def cache_key(src: str, arch: str) -> str:
     return hashlib.sha256((arch + "\0" + " ".join(OPTIONS) + "\0" + src).encode()).hexdigest()[:24]
 
 
-def find_cubin(src: str, arch: str, folder) -> "Path | None":
-    """The cubin of module source `src` for `arch` built ahead of time into `folder` (kernels/prebuilt.py), if it is
-    there: its name is the run-time cache key, so a cubin of an older source or another arch is never taken."""
+def cubin_file(src: str, arch: str) -> str:
+    """The file name a module's cubin built ahead of time is kept under (kernels/prebuilt.py): its run-time cache key,
+    so a cubin of an older source or another arch is never taken for this one."""
+    return f"{cache_key(src, arch)}.cubin"
+
+
+def find_cubin(src: str, arch: str, folder) -> Path | None:
+    """The cubin of module source `src` for `arch` built ahead of time into `folder`, if it is there."""
     if not folder:
         return None
-    p = Path(folder) / f"{cache_key(src, arch)}.cubin"
+    p = Path(folder) / cubin_file(src, arch)
     return p if p.is_file() else None
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from lanefuse.kernels.compile import OPTIONS, cache_key, source
+from lanefuse.kernels.compile import OPTIONS, cubin_file, source
 
 ARCH_CHOICES = ("sm_80", "sm_86", "sm_89", "sm_90")
 
@@ -35,8 +35,8 @@ def module_name(stems: tuple[str, ...]) -> str:
 
 
 def cubin_name(stems: tuple[str, ...], arch: str) -> str:
-    """The file a module's cubin for `arch` is kept under: its run-time cache key (source, arch and options)."""
-    return f"{cache_key(source(stems), arch)}.cubin"
+    """The file a module's cubin for `arch` is kept under (compile.cubin_file of its source)."""
+    return cubin_file(source(stems), arch)
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _nvrtc(src: str, arch: str, out: Path) -> str:
 def build_one(stems: tuple[str, ...], arch: str, folder: Path, compiler: str, force: bool = False) -> Built:
     """One module's cubin in `folder` (written whole: a temporary file renamed, so a reader never sees half)."""
     src = source(stems)
-    dst = folder / f"{cache_key(src, arch)}.cubin"
+    dst = folder / cubin_file(src, arch)
     if dst.is_file() and not force:
         return Built(stems, dst, 0.0, dst.stat().st_size)
     tmp = folder / f".{dst.name}.{os.getpid()}.{abs(hash(stems))}"

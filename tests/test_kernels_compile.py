@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lanefuse.kernels.compile import ARCHS, OPTIONS, source
-from lanefuse.kernels.prebuilt import modules
+from lanefuse.kernels.prebuilt import module_name, modules
 
 STEMS = modules()  # every module a launch kind compiles (what `lanefuse kernels --build` builds)
 
@@ -147,7 +147,7 @@ def nvrtc_compile(stems, arch) -> tuple[bool, str, str]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("stems", STEMS, ids=["+".join(s) for s in STEMS])
+@pytest.mark.parametrize("stems", STEMS, ids=[module_name(s) for s in STEMS])
 def test_nvrtc(stems, arch):
     if nvrtc() is None:
         pytest.skip("cuda-python's NVRTC bindings are not installed")
@@ -212,7 +212,7 @@ NVCC_ARCHS = ("sm_90",)
 
 
 @pytest.mark.parametrize("arch", NVCC_ARCHS)
-@pytest.mark.parametrize("stems", STEMS, ids=["+".join(s) for s in STEMS])
+@pytest.mark.parametrize("stems", STEMS, ids=[module_name(s) for s in STEMS])
 def test_nvcc(stems, arch, nvcc_cache):
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
@@ -308,7 +308,7 @@ def sm90_resources(stems, cache) -> dict[str, dict]:
     return KR.ptxas_resources(out)
 
 
-@pytest.mark.parametrize("stems", STEMS, ids=["+".join(s) for s in STEMS])
+@pytest.mark.parametrize("stems", STEMS, ids=[module_name(s) for s in STEMS])
 def test_no_kernel_spills_or_keeps_a_stack_frame_on_sm90(stems, nvcc_cache):
     """Every kernel of the module: no register spilled, no local-memory stack frame (STACK_ALLOWED aside; the known
     violations are checked one by one below)."""

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from lanefuse.engine.errors import UserError, clip, did_you_mean
@@ -58,22 +57,23 @@ def _compiler(choice: str) -> str:
 
 def kernels_command(args) -> int:
     from lanefuse.engine import flags
-    from lanefuse.kernels.compile import source
-    from lanefuse.kernels.prebuilt import build, cubin_name, module_name, modules
+    from lanefuse.kernels.compile import find_cubin, source
+    from lanefuse.kernels.prebuilt import build, module_name, modules
 
     only = _chosen(args.module)
+    todo = only or modules()
     if not args.build:  # the list: each module, its source size, and whether a cubin for --arch is built
         where = flags.read("LANEFUSE_CUBINS")
-        print(f"{len(only or modules())} kernel modules; cubins for {args.arch} "
+        print(f"{len(todo)} kernel modules; cubins for {args.arch} "
               + (f"in LANEFUSE_CUBINS={where}" if where else "(LANEFUSE_CUBINS unset: compiled at run time)"))
-        for stems in only or modules():
-            built = bool(where) and (Path(where) / cubin_name(stems, args.arch)).is_file()
-            print(f"  {module_name(stems):60s} {len(source(stems).splitlines()):6d} lines"
+        for stems in todo:
+            src = source(stems)
+            built = find_cubin(src, args.arch, where) is not None
+            print(f"  {module_name(stems):60s} {len(src.splitlines()):6d} lines"
                   + (f"  {'built' if built else 'not built'}" if where else ""))
         return 0
     folder = _folder(args.build)
     compiler = _compiler(args.compiler)
-    todo = only or modules()
     print(f"building {len(todo)} kernel modules for {args.arch} with {compiler}, {args.jobs} at a time, into "
           f"{folder}", flush=True)
 
@@ -83,13 +83,11 @@ def kernels_command(args) -> int:
         print(f"  {module_name(b.stems):60s} {state}" + ("" if b.error else f"  {b.bytes / 2**20:.1f} MiB"),
               flush=True)
 
-    done = build(folder, args.arch, compiler, args.jobs, only, force=args.force, progress=said)
+    done = build(folder, args.arch, compiler, args.jobs, todo, force=args.force, progress=said)
     bad = [b for b in done if b.error]
-    total = sum(b.bytes for b in done)
     if bad:
-        first = bad[0]
         raise UserError(f"{len(bad)} of {len(done)} kernel modules did not compile for {args.arch} with {compiler}; "
-                        f"{module_name(first.stems)}: {first.error.splitlines()[0] if first.error else '?'}", code=1)
-    print(f"{len(done)} modules, {total / 2**20:.1f} MiB in {folder}; run with LANEFUSE_CUBINS={folder}",
-          file=sys.stdout)
+                        f"{module_name(bad[0].stems)}: {bad[0].error.splitlines()[0]}", code=1)
+    print(f"{len(done)} modules, {sum(b.bytes for b in done) / 2**20:.1f} MiB in {folder}; run with "
+          f"LANEFUSE_CUBINS={folder}")
     return 0
