@@ -72,6 +72,17 @@ __device__ __forceinline__ void unpack16(const uint4& v, float (&f)[FMT == 0 ? 4
     }
 }
 
+// VW values of a row of x from p (16-byte aligned) into registers, a float4 at a time: gemv_tile16's and
+// gemv_slab16's x loads (plain loads: the chain reads x its own blocks wrote, chain.cu)
+template <int VW>
+__device__ __forceinline__ void x_values(const float* p, float (&xv)[VW]) {
+#pragma unroll
+    for (int q = 0; q < VW; q += 4) {
+        float4 t = *(const float4*)(p + q);
+        xv[q] = t.x, xv[q + 1] = t.y, xv[q + 2] = t.z, xv[q + 3] = t.w;
+    }
+}
+
 template <int FMT, int PW, int NR>
 __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
                                             i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
@@ -92,11 +103,7 @@ __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const v
         for (int r = 0; r < NR; r++) {
             if (r < nr) {
                 float xv[VW];
-#pragma unroll
-                for (int q = 0; q < VW; q += 4) {
-                    float4 t = *(const float4*)(x + (r0 + r) * k + i + q);
-                    xv[q] = t.x, xv[q + 1] = t.y, xv[q + 2] = t.z, xv[q + 3] = t.w;
-                }
+                x_values<VW>(x + (r0 + r) * k + i, xv);
 #pragma unroll
                 for (int p = 0; p < PW; p++)
 #pragma unroll
@@ -150,11 +157,7 @@ __device__ __forceinline__ void gemv_slab16(const float* __restrict__ x, const v
                 for (int r = 0; r < NR; r++) {
                     if (r < nr) {
                         float xv[VW];
-#pragma unroll
-                        for (int q = 0; q < VW; q += 4) {
-                            float4 t = *(const float4*)(xr + r * k + is + q);
-                            xv[q] = t.x, xv[q + 1] = t.y, xv[q + 2] = t.z, xv[q + 3] = t.w;
-                        }
+                        x_values<VW>(xr + r * k + is, xv);
 #pragma unroll
                         for (int p = 0; p < PW; p++)
 #pragma unroll

@@ -356,8 +356,8 @@ def _one_gemv(fmt="f16", k=256, m=1, n=9):
     # a 16-byte load off its alignment
     ("__ldcs((const uint4*)(wr[p] + i * ES))", "__ldcs((const uint4*)(wr[p] + i * ES + 4))", RuntimeError),
     # a float4 load of x off its alignment (a plain dereference: -fsanitize=alignment's trap)
-    ("float4 t = *(const float4*)(x + (r0 + r) * k + i + q);",
-     "float4 t = *(const float4*)(x + (r0 + r) * k + i + q + 1);", RuntimeError),
+    ("x_values<VW>(x + (r0 + r) * k + i, xv);",
+     "x_values<VW>(x + (r0 + r) * k + i + 1, xv);", RuntimeError),
     # a store past the output (the red zone)
     ("d.y[dst_at(d, row * n + j)] =", "d.y[dst_at(d, row * n + j) + 64] =", RuntimeError),
 ])
@@ -371,8 +371,8 @@ def test_the_emulator_catches(monkeypatch, old, new, error):
     # the ring refilled one step short: a step summed twice, the last never
     ("nx = is + D * STEP;", "nx = is + (D - 1) * STEP;"),
     # the slab's rows of x in reverse order against their accumulators
-    ("float4 t = *(const float4*)(xr + r * k + is + q);",
-     "float4 t = *(const float4*)(xr + (nr - 1 - r) * k + is + q);"),
+    ("x_values<VW>(xr + r * k + is, xv);",
+     "x_values<VW>(xr + (nr - 1 - r) * k + is, xv);"),
 ])
 def test_the_slab_cases_catch_a_broken_slab_tile(monkeypatch, old, new):
     """Each a mutated gemv_slab16: the slab's cases fail (wrong values), so they take the slab's tile (were it gone,
