@@ -68,12 +68,17 @@ DENSE_K = [7, 130, 260, 256]  # odd; even, not whole words; whole words, not who
 @pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 2), (4, 2)])
 def test_gemv(fmt, k, m, per_warp, split):
     n = 5 if k < 200 else 33
-    g = np.random.default_rng(k + n + m)
+    gemv_case(fmt, k, n, m, per_warp, split, seed=k + n + m, placed=(m == 3))
+
+
+def gemv_case(fmt, k, n, m, per_warp, split, seed, placed):
+    """A biased GEMV of m rows into a strided output (n of every n + 3), emulated against its twin, and again."""
+    g = np.random.default_rng(seed)
     launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
     if launch.check():
         pytest.skip(str(launch.check()))
     dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
-                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, placed=(m == 3))
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, placed=placed)
     again_same(launch, dev, ["y"])
 
 
@@ -92,13 +97,7 @@ SLAB_CASES = [(3, 8, 7), (4, 264, 13), (5, 1544, 7), (6, 16, 9), (7, 260, 7), (8
 def test_gemv_slab(fmt, m, k, n, per_warp, split):
     if fmt == "f32" and k % 8 == 0:
         k -= 4  # whole four-value words, not eight (f32's 16-byte load)
-    g = np.random.default_rng(k + n + m + 7 * per_warp)
-    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
-    if launch.check():
-        pytest.skip(str(launch.check()))
-    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
-                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, placed=(m == 5))
-    again_same(launch, dev, ["y"])
+    gemv_case(fmt, k, n, m, per_warp, split, seed=k + n + m + 7 * per_warp, placed=(m == 5))
 
 
 @pytest.mark.parametrize("fmt", ["f32", "bf16"])
