@@ -495,6 +495,13 @@ def test_staged_compile_equals_eager(graph, table):
         assert _shape(eager.snapshot()) == _shape(sb)
 
 
+def _random_step(table, arch, layers, rows, flags, held_bits):
+    """A drawn model's step graph (its bias or head-norm flag) and a held set of the table's rules (a bit a rule)."""
+    kw = {"LlamaForCausalLM": {}, "Qwen2ForCausalLM": {"qkv_bias": flags}, "Qwen3ForCausalLM": {"qk_norm": flags}}
+    g = build_step(cfg(arch, layers=layers, **kw[arch]), rows=rows)
+    return g, frozenset(r.name for i, r in enumerate(table.rules) if held_bits >> i & 1)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=st.sampled_from(["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]), layers=st.integers(1, 2),
        rows=st.sampled_from([1, 3]), flags=st.booleans(), held_bits=st.integers(0, (1 << 19) - 1))
@@ -502,9 +509,7 @@ def test_staged_compile_equals_eager_on_random_models(arch, layers, rows, flags,
     """The same over random architectures, depths, chunk rows and held sets: the e-graph and the match counts."""
     from lanefuse.engine.egraph import EGraph
 
-    kw = {"LlamaForCausalLM": {}, "Qwen2ForCausalLM": {"qkv_bias": flags}, "Qwen3ForCausalLM": {"qk_norm": flags}}
-    g = build_step(cfg(arch, layers=layers, **kw[arch]), rows=rows)
-    held = frozenset(r.name for i, r in enumerate(table.rules) if held_bits >> i & 1)
+    g, held = _random_step(table, arch, layers, rows, flags, held_bits)
     eager, staged = EGraph(g, table, eager=True), EGraph(g, table)
     a, b = eager.saturate(held), staged.saturate(held)
     assert a.matches == b.matches and a.stop == b.stop
@@ -547,9 +552,7 @@ def test_orders_no_op_reads_are_left_out_and_change_nothing(graph, table):
        rows=st.sampled_from([1, 3]), flags=st.booleans(), held_bits=st.integers(0, (1 << 19) - 1))
 def test_orders_left_out_change_nothing_on_random_models(arch, layers, rows, flags, held_bits, table):
     """The same over random architectures, depths, chunk rows and held sets."""
-    kw = {"LlamaForCausalLM": {}, "Qwen2ForCausalLM": {"qkv_bias": flags}, "Qwen3ForCausalLM": {"qk_norm": flags}}
-    g = build_step(cfg(arch, layers=layers, **kw[arch]), rows=rows)
-    held = frozenset(r.name for i, r in enumerate(table.rules) if held_bits >> i & 1)
+    g, held = _random_step(table, arch, layers, rows, flags, held_bits)
     (a, sa), (b, sb), _ = _every_order(g, table, held)
     assert a.matches == b.matches and a.stop == b.stop
     assert _shape(sa) == _shape(sb)
