@@ -5,9 +5,12 @@ graph, and a snapshot decodes `freeze()` into Python e-classes and e-nodes."""
 
 from __future__ import annotations
 
+import atexit
 import csv
 import functools
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,12 +147,48 @@ def _compiled(v: Variant, rule: Rule, label: str) -> tuple[str, ...]:
     return tuple(compile_variant(v, rule, label))
 
 
+# egglog's e-graph is bound to the thread that made it: dropped on another it is leaked with a RuntimeError printed as
+# unraisable. Python's cyclic collector runs on whichever thread allocates when it is due, so a wrapper left in a cycle
+# (a traceback's frames holding a Session, as a refused plan leaves them) was collected on the explorer's engine thread
+# (CI, 2026-12-06). Such an e-graph waits here for its own thread, which drops it when it next makes one (or at exit);
+# one whose thread has ended is let go: egglog leaks it, as it would anyway, without the line.
+_ORPHANS: dict[threading.Thread, list] = {}
+_ORPHANS_LOCK = threading.Lock()
+_LEAKED = "is unsendable, but is being dropped on another thread"
+
+
+def _let_go(egs: list) -> None:
+    """Drop e-graphs whose thread has ended: egglog leaks each (nothing else can free it) and says so as unraisable;
+    that line, expected here, is not printed."""
+    old = sys.unraisablehook
+    sys.unraisablehook = lambda u: None if _LEAKED in str(u.exc_value) else old(u)
+    try:
+        egs.clear()
+    finally:
+        sys.unraisablehook = old
+
+
+def _drop_orphans() -> None:
+    """On this thread: drop the e-graphs that waited for it, and let go of those whose thread has ended."""
+    me = threading.current_thread()
+    with _ORPHANS_LOCK:
+        mine = _ORPHANS.pop(me, [])
+        gone = [eg for t in [t for t in _ORPHANS if not t.is_alive()] for eg in _ORPHANS.pop(t)]
+    mine.clear()
+    _let_go(gone)
+
+
+atexit.register(_drop_orphans)
+
+
 class EGraph:
     """One step graph in egglog with every rule of a table compiled, ready to saturate under a held set."""
 
     def __init__(self, g: Graph, table: RuleTable, eager: bool = False):
         t0 = time.perf_counter()
+        _drop_orphans()
         self.g, self.table = g, table
+        self._thread = threading.current_thread()
         self.eg = bindings.EGraph()
         self.variant_of: dict[str, Variant] = {}
         self.rule_of: dict[str, Rule] = {}  # variant constructor -> its rule
@@ -336,6 +375,17 @@ class EGraph:
             raise RuntimeError(f"egglog refused the program: {e}\n--- program ---\n{text[:4000]}") from None
 
     # -- saturation -----------------------------------------------------------------------------------------------
+    def __del__(self):
+        thread = self.__dict__.get("_thread")
+        if "eg" not in self.__dict__ or thread is None or thread is threading.current_thread():
+            return
+        egs = [self.__dict__.pop("eg")]  # the only reference left: whoever clears the list drops it
+        if not thread.is_alive():
+            _let_go(egs)
+            return
+        with _ORPHANS_LOCK:
+            _ORPHANS.setdefault(thread, []).extend(egs)
+
     def push(self):
         if self._depth == 0 and self._pending:  # what an earlier saturation compiled inside its push, kept for good
             todo, self._pending = [c for c in dict.fromkeys(self._pending) if c not in self.compiled], []

@@ -6,7 +6,8 @@ Two hooks for a newcomer's first run: an `hf`-marked test that stops at a missin
 marker's meaning), not a failure; and the run ends with a few lines that say why the skipped tests skipped, grouped
 by what they need and how to get it. A third for CI: a pytest-xdist worker that dies (a fault in native code, an abort)
 leaves its fatal traceback (faulthandler's, and the host CUDA emulator's last words) in a file the controller prints
-at the end, where a CI log's tail shows it."""
+at the end, where a CI log's tail shows it. A fourth runs a `forked` test (one that emulates a mutated kernel) in a child
+process, so that what the mutation writes out of bounds never reaches the worker."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import faulthandler
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import traceback
+import warnings
 from collections import Counter
 
 import pytest
@@ -65,6 +69,57 @@ def pytest_runtest_makereport(item, call):
             rep.outcome = "skipped"
             rep.longrepr = (str(item.path), item.location[1] or 0,
                             f"Skipped: could not import {missing!r}: an hf test needs the hf extra")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A `forked` test's body runs in a child process of its own: a mutated kernel run by the host CUDA emulator may
+    write out of bounds before it faults, and the emulator's recovery from the fault (a longjmp out of the block) leaves
+    the heap as the mutation left it; a worker went on to die in an unrelated test (CI, 2026-12-06: a segfault in
+    numpy's allocator two tests later). The child reports its outcome through a pipe: a failure with its traceback, a
+    skip as a skip; a child that dies of a signal is a failure that names it. The parent's memory never meets the
+    mutation."""
+    if pyfuncitem.get_closest_marker("forked") is None or not hasattr(os, "fork"):
+        return None
+    args = {a: pyfuncitem.funcargs[a] for a in pyfuncitem._fixtureinfo.argnames}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12's warning about fork in a threaded process (xdist's reader thread)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: the test's body, its outcome down the pipe, then out without pytest's teardown
+        code = 0
+        try:
+            os.close(r)
+            faulthandler.disable()  # a death here is the child's, reported by the parent: not a worker crash
+            os.environ.pop("LANEFUSE_CRASH_LOG", None)
+            try:
+                pyfuncitem.obj(**args)
+                msg = ""
+            except pytest.skip.Exception as e:
+                code, msg = 2, str(e)
+            except BaseException:  # noqa: BLE001 - every outcome goes to the parent
+                code, msg = 1, traceback.format_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with os.fdopen(w, "wb") as f:
+                f.write(msg.encode(errors="replace"))
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        msg = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        pytest.fail(f"the test's child process died of {signal.Signals(sig).name}", pytrace=False)
+    code = os.WEXITSTATUS(status)
+    if code == 2:
+        pytest.skip(msg)
+    if code:
+        pytest.fail(f"in the test's child process:\n{msg}", pytrace=False)
+    return True
 
 
 def skip_reason(rep) -> str:

@@ -221,6 +221,7 @@ def test_emulated_picks_each_value(emulated):
     # a value at a time (a table at an odd offset): one value of each pair dropped
     ("            if (d + 1 < vd) e = vr[d + 1];\n", "", 4),
 ])
+@pytest.mark.forked
 def test_the_emulator_catches_tile_load_mistakes(emulated, monkeypatch, old, new, case):
     """Each mistake in one of the two tile loads, on a case that takes that load: outside the kernel bound."""
     from lanefuse.kernels import compile as kc

@@ -177,6 +177,7 @@ def test_by_ticket_in_reverse_block_order_is_right(monkeypatch):
     _reverse(monkeypatch, attn_chain("bf16", 1, 8, 2, 32, 256, 72, 4, splits=3, per_block=4), 40)
 
 
+@pytest.mark.forked
 def test_phases_by_block_index_trap_in_the_bounded_wait(monkeypatch):
     """Blocks in reverse order, phase by blockIdx: the first block to run is a down block whose phases before have
     not run; its wait is never met (on a device with too few resident blocks, a hang): the emulator's bound traps."""
@@ -185,6 +186,7 @@ def test_phases_by_block_index_trap_in_the_bounded_wait(monkeypatch):
         _reverse(monkeypatch, attn_chain("bf16", 1, 8, 2, 32, 256, 72, 4, splits=3, per_block=4), 40)
 
 
+@pytest.mark.forked
 def test_o_blocks_without_the_wait_read_an_attention_not_yet_written(monkeypatch):
     """Phases by blockIdx in reverse order and no waits: the o blocks run before the attention's blocks and merges,
     so they read z not yet written (NaN) and the values are wrong."""

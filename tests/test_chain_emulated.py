@@ -165,6 +165,7 @@ def _reverse(monkeypatch, c, runner=None):
     return (runner or run)(c)
 
 
+@pytest.mark.forked
 def test_phases_by_block_index_trap_in_the_bounded_wait(monkeypatch):
     """Blocks in reverse order, phase by blockIdx: the first block to run is a down block whose GLU blocks have not
     run; its wait is never met (on a device with too few resident blocks, a hang): the emulator's bound traps."""
@@ -173,6 +174,7 @@ def test_phases_by_block_index_trap_in_the_bounded_wait(monkeypatch):
         _reverse(monkeypatch, chain("bf16", 1, 256, 72, 45, 4))
 
 
+@pytest.mark.forked
 def test_phases_by_block_index_without_the_wait_read_a_glu_not_yet_written(monkeypatch):
     _mutated(monkeypatch, BY_BLOCK, NO_WAIT)
     with pytest.raises(AssertionError):
@@ -224,12 +226,14 @@ def test_o_chain_by_ticket_in_reverse_block_order_is_right(monkeypatch):
     _reverse(monkeypatch, o_chain("bf16", 1, 70, 130, 37, 4))
 
 
+@pytest.mark.forked
 def test_o_chain_phases_by_block_index_trap_in_the_bounded_wait(monkeypatch):
     _mutated(monkeypatch, BY_BLOCK)
     with pytest.raises(RuntimeError, match="trap"):
         _reverse(monkeypatch, o_chain("bf16", 1, 70, 130, 37, 4))
 
 
+@pytest.mark.forked
 def test_o_chain_a_glu_reading_before_the_o_tail_fails(monkeypatch):
     """Phases by blockIdx in reverse order and no GLU wait: the GLU blocks run before the o phase and its norm tail,
     so they read an x not yet written (NaN) and the values are wrong."""
@@ -238,6 +242,7 @@ def test_o_chain_a_glu_reading_before_the_o_tail_fails(monkeypatch):
         _reverse(monkeypatch, o_chain("bf16", 1, 70, 130, 37, 4))
 
 
+@pytest.mark.forked
 def test_o_chain_a_tail_by_the_first_o_block_to_arrive_fails(monkeypatch):
     """The o tail run by the first o block to arrive, not the last: it norms a product not yet whole, and the GLU
     reads that norm."""

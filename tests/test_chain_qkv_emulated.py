@@ -171,6 +171,7 @@ def test_by_ticket_in_reverse_block_order_is_right(monkeypatch):
     _reverse(monkeypatch, lambda: run(c, arrays, weights))
 
 
+@pytest.mark.forked
 def test_attention_without_the_wait_reads_q_not_yet_written(monkeypatch):
     """Phases by blockIdx in reverse order, the o blocks' wait and the attention's wait gone: the attention blocks
     run before the q/k/v blocks, so they read q not yet rotated (NaN) and this position's key and value rows not yet

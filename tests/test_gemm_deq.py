@@ -71,6 +71,7 @@ def test_the_twin_is_the_formats_decode_rounded():
     assert dequant_grid(8 * 256 * DEQ_MAX_BLOCKS * 3)[0] == (DEQ_MAX_BLOCKS,) and dequant_grid(8)[0] == (1,)
 
 
+@pytest.mark.forked
 def test_a_truncating_dequant_is_caught(emulated, monkeypatch):
     """gemm_tc_dequant with its rounding made a truncation (bf16x2 of the top halves): the twin check fails."""
     import lanefuse.kernels.compile as kc

@@ -233,6 +233,7 @@ def _mutated_tc(monkeypatch, old: str, new: str):
     # the stage ring one short: step t + 2 into the stage of step t + 1
     ("bn = bn + 1 == S ? 0 : bn + 1;", "bn = bn + 1 == S - 1 ? 0 : bn + 1;"),
 ])
+@pytest.mark.forked
 def test_the_emulator_catches_pipeline_mistakes(emulated, monkeypatch, old, new, m):
     """Each mistake in a bf16 product through the three stages (130 outputs in two tiles, k 200 in seven steps, the
     last part-filled; 40 rows: gemm_tc_cp_64's eight warps, 130: gemm_tc_cp's four warps of 64 x 64 over two row

@@ -360,6 +360,7 @@ def _one_gemv(fmt="f16", k=256, m=1, n=9):
     # a store past the output (the red zone)
     ("d.y[dst_at(d, row * n + j)] =", "d.y[dst_at(d, row * n + j) + 64] =", RuntimeError),
 ])
+@pytest.mark.forked
 def test_the_emulator_catches(monkeypatch, old, new, error):
     _mutated(monkeypatch, old, new)
     with pytest.raises(error):
@@ -373,6 +374,7 @@ def test_the_emulator_catches(monkeypatch, old, new, error):
     ("x_values<VW>(xr + r * k + is, xv);",
      "x_values<VW>(xr + (nr - 1 - r) * k + is, xv);"),
 ])
+@pytest.mark.forked
 def test_the_slab_cases_catch_a_broken_slab_tile(monkeypatch, old, new):
     """Each a mutated gemv_slab16: the slab's cases fail (wrong values), so they take the slab's tile (were it gone,
     `_mutated` fails: its text no longer in gemv_core.cu)."""
@@ -382,6 +384,7 @@ def test_the_slab_cases_catch_a_broken_slab_tile(monkeypatch, old, new):
             test_gemv_slab(fmt, m, k, n, pw, 1)
 
 
+@pytest.mark.forked
 def test_the_one_hot_cases_catch_a_misplaced_staged_value(monkeypatch):
     """gemv_tile_staged's eighths of a piece decoded in the wrong order (values 24-31 of each 32 against x's 0-7, ...):
     the one-hot cases of q4_k and q6_k fail, so those shapes take the staged tile and the one-hot x catches a value

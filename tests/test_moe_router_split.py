@@ -112,6 +112,7 @@ def _mutated_reverse(monkeypatch, *pairs):
 
 
 @needs_gxx
+@pytest.mark.forked
 def test_phase_by_block_index_traps_in_the_bounded_wait(monkeypatch):
     """Blocks in reverse order, the phase by blockIdx: the first block to run is a choice's whose row's router blocks
     have not run; its wait is never met (on a device with too few resident blocks, a hang): the emulator traps."""
@@ -120,6 +121,7 @@ def test_phase_by_block_index_traps_in_the_bounded_wait(monkeypatch):
 
 
 @needs_gxx
+@pytest.mark.forked
 def test_phase_by_block_index_without_the_wait_reads_no_routing(monkeypatch):
     with pytest.raises(AssertionError):
         _mutated_reverse(monkeypatch, BY_BLOCK, NO_WAIT)
