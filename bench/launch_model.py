@@ -328,6 +328,7 @@ def features(rev: str | None) -> dict:
                            if re.search(rf"void gemv_tile_{f}\(|struct Block{f.upper()} ", core)),
         staged=int(m.group(1)) if (m := re.search(r"#define STAGE_BLOCKS (\d+)", core)) else 0,
         q4k_wide="Q4K_STEPS" in core,
+        slab_staged="gemv_tile_staged<StagedQ4K, 1, AR>" in core,  # a slab of block rows staged at one output a warp
         head_values=int(hv.group(1)) if hv else 1,
         staged_k={f: int(m.group(1)) for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"), ("q4_0", "Q40_STAGE"))
                   if (m := re.search(rf"#define {d} (\d+)", core))})
@@ -405,7 +406,7 @@ STAGED_UNITS = {"q8_0": (32, 34, 256), "q4_0": (32, 18, 256), "q4_k": (256, 144,
 
 
 def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_wide: bool = False,
-                   staged_k: dict | None = None, slab_depth: dict | None = None):
+                   staged_k: dict | None = None, slab_depth: dict | None = None, slab_staged: bool = False):
     """Bytes in flight a warp and its dependent load rounds, for gemv_core.cu's loops at one kernel of the family.
     wide (the work tree since d081dec): f32/f16/bf16 rows at 1-2 rows of x take gemv_tile16 (16 bytes a lane a load,
     unrolled 4: 4 loads a row a lane in flight); slab_depth ({per_warp: steps}, the work tree since gemv_slab16):
@@ -413,7 +414,8 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_w
     (every slab of a launch of more than 8 rows priced so: its remainder slab of 1-2 rows streams as gemv_tile16;
     fold_parts_rope's products, built without it, as gemv_tile_any);
     otherwise (block formats at > 2 rows, and everything at 4a43cc2) gemv_tile_any's four values a lane a step, one
-    step in flight. The 16-byte tiles' x: every warp reads its slab's rows of x from L1 (l1_bytes: time_us' floor)."""
+    step in flight. The 16-byte tiles' x: every warp reads its slab's rows of x from L1 (l1_bytes: time_us' floor).
+    slab_staged: a slab of block rows at one output a warp takes the staged tile too, its x from L1 as the slab16's."""
     fmt, kk, n, m, pw, tiles = gemv_shape(k)
     vb = VALUE_BYTES.get(fmt, 4.0)
     rows_x = min(m, 8)
@@ -429,13 +431,16 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_w
         loop = "tile16 x4" if m <= 2 else f"slab16 x{d}"
         # each warp's x: its slab's rows over k, 4 bytes a value, once a tile (a GLU's two), every slab of the launch
         k.extra["l1_bytes"] = math.ceil(n / pw) * kk * m * 4 * tiles
-    elif (st := {"q8_0": staged, "q4_0": staged, **(staged_k or {})}.get(fmt, 0)) and m <= 2 and \
+    elif (st := {"q8_0": staged, "q4_0": staged, **(staged_k or {})}.get(fmt, 0)) and \
+            (m <= 2 or (slab_staged and pw == 1 and not k.call.name.startswith("fold_parts_rope"))) and \
             all(e % STAGED_UNITS[fmt][2] == 0 for e in chunk_ends(k, kk)):
         units = kk // STAGED_UNITS[fmt][0]  # blocks or super-blocks a row
         steps = math.ceil(units / st)
         inflight_row = min(units, st) * STAGED_UNITS[fmt][1]
         rounds = steps
         loop = f"{fmt} staged"
+        if m > 2:
+            k.extra["l1_bytes"] = math.ceil(n / pw) * kk * m * 4 * tiles
     elif fmt in block_tiles and fmt in BLOCK_TILES and m <= 2 and \
             not (fmt in ("q4_k", "q6_k") and m == 2 and pw == 4):
         # a block format's own tile (gemv_tile_q8_0 since b780f05): a warp step reads a run of whole blocks of a row
@@ -563,7 +568,7 @@ def structure(k: Kernel, feats: dict, pos: int):
     name = k.call.name
     if GEMV_F32X.match(name):
         gemv_structure(k, feats["wide"], feats["block_tiles"], feats["staged"], feats["q4k_wide"], feats["staged_k"],
-                       feats["slab_depth"])
+                       feats["slab_depth"], feats.get("slab_staged", False))
     elif name.startswith(("gemv_q8", "fold_gemv_norm_q8", "fold_gemv_argmax_q8", "fold_parts_rope_q8", "gemm_parts_q8",
                           "gemv_glu_q8")):
         q8_structure(k)

@@ -109,7 +109,8 @@ class GemmParts(InParts, Launch):
     def tune(self, knobs, held=frozenset()):
         if self.words:
             return replace(self, per_warp=1)  # gemv_q8's body: a warp an output
-        return replace(self, per_warp=rows_a_warp(sum(p.n for p in self.parts), knobs, held))
+        return replace(self, per_warp=rows_a_warp(sum(p.n for p in self.parts), knobs, held, self.format, self.m,
+                                                  self.k))
 
     def bytes(self):
         return self.checkpoint_bytes() + activation_bytes(self.m * self.k, self.words) + 4 * self.m * self.outputs()

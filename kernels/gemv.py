@@ -230,8 +230,21 @@ def gemv_check(k: int, n: int, m: int, per_warp: int, split: int, fmt: str = "f3
     return None
 
 
-def rows_a_warp(n: int, knobs: Chip, held: Collection[str]) -> int:
-    """Outputs a warp for a product of n outputs (`rows_a_warp`): four once it has at least `wide_rows`."""
+STAGED_UNIT = {"q8_0": 256, "q4_0": 256, "q4_k": 256, "q6_k": 2048}  # gemv_core.cu's staged tile: k's multiple
+
+
+def slab_staged(fmt: str, k: int, split: int = 1) -> bool:
+    """Whether a slab of `fmt` rows takes the staged tile at one output a warp: k and each split's chunk whole runs
+    of the format's stage units (gemv_core.cu gemv_tile's `st`)."""
+    u = STAGED_UNIT.get(fmt, 0)
+    return bool(u) and k % u == 0 and chunk(k, split) % u == 0
+
+
+def rows_a_warp(n: int, knobs: Chip, held: Collection[str], fmt: str = "f32", m: int = 1, k: int = 0) -> int:
+    """Outputs a warp for a product of n outputs (`rows_a_warp`): four once it has at least `wide_rows`; one where a
+    slab of m > 2 rows of block-format rows takes the staged tile (built at one output a warp: at four it spilled)."""
+    if m > GEMV_ROWS // 4 and slab_staged(fmt, k):
+        return 1
     return 4 if "rows_a_warp" not in held and n >= knobs.wide_rows else 1
 
 
@@ -276,9 +289,13 @@ def slab_loop_us(fmt: str, k: int, n: int, m: int, per_warp: int, split: int, ti
     takes gemv_tile_any: each warp's dependent rounds (128 values of its k chunk each) times knob hbm_round_us (the
     launch model's fitted L), in waves of
     sms x GEMV_RESIDENT blocks over the slabs, outputs and splits. 0 at one or two rows, and where the slab streams
-    through gemv_slab16 (the bytes price it; slab16 False: a kernel built without it, fold_parts_rope)."""
+    through gemv_slab16 (the bytes price it; slab16 False: a kernel built without it, fold_parts_rope). A slab of
+    block rows through the staged tile (one output a warp) streams its weights but reads every output's rows of x from
+    L1: those reads at knob l1_tbps (the weights' bytes price the rest)."""
     if m <= GEMV_ROWS // 4 or (slab16 and slab_16byte(fmt, k, split)):
         return 0.0
+    if slab16 and per_warp == 1 and slab_staged(fmt, k, split):  # the staged tile: its rows of x read from L1 once
+        return n * k * m * 4.0 * tiles / (knobs.l1_tbps * 1e6)  # an output (the weights stream: their bytes' price)
     rounds = -(-chunk(k, split) // 128)
     blocks = -(-n // (WARPS * per_warp)) * -(-m // GEMV_ROWS) * split
     waves = -(-blocks // (knobs.sms * GEMV_RESIDENT))
@@ -358,7 +375,7 @@ class Gemv(QuantEpilogue, RowsProduct):
     def tune(self, knobs, held=frozenset()):
         if self.words:
             return replace(self, per_warp=1, split=1)  # gemv_q8: a warp an output, no split of k
-        pw = rows_a_warp(self.n, knobs, held)
+        pw = rows_a_warp(self.n, knobs, held, self.format, self.m, self.k)
         if self.quant is not None:
             return replace(self, per_warp=pw, split=1)
         return replace(self, per_warp=pw, split=split_k(self.n, self.k, self.m, pw, knobs, held, self.format))

@@ -412,6 +412,21 @@ struct StagedQ6K {
     }
 };
 
+// Eighth h (values 8h..8h+7) of each of the warp's pieces against NR rows of x. A slab's h is a run-time value (its
+// loop not unrolled: four eighths of eight rows of x would not fit in 168 registers beside the pieces), each eighth
+// decoded under its own constant h (the pieces' words picked by constant indices: no local memory).
+template <class S, int PW, int NR>
+__device__ __forceinline__ void staged_eighth(const typename S::Piece (&pc)[PW], int h, const float* xb, i64 k, int nr,
+                                              float (&acc)[PW][NR]) {
+    float wf[PW][8];
+#pragma unroll
+    for (int H = 0; H < 4; H++)
+        if (h == H)
+#pragma unroll
+            for (int p = 0; p < PW; p++) S::eighth(pc[p], H, wf[p]);
+    dot8_rows<PW, NR>(xb + 8 * h, k, 4, nr, wf, acc);
+}
+
 template <class S, int PW, int NR>
 __device__ __forceinline__ void gemv_tile_staged(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
                                                  i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
@@ -447,12 +462,12 @@ __device__ __forceinline__ void gemv_tile_staged(const float* __restrict__ x, co
 #pragma unroll
             for (int p = 0; p < PW; p++) S::piece(st + p * STAGE_WORDS, c, pc[p]);
             const float* xb = x + r0 * k + b0 * S::VALS + 32 * c;
+            if constexpr (NR <= 2) {
 #pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float wf[PW][8];
-#pragma unroll
-                for (int p = 0; p < PW; p++) S::eighth(pc[p], h, wf[p]);
-                dot8_rows<PW, NR>(xb + 8 * h, k, 4, nr, wf, acc);
+                for (int h = 0; h < 4; h++) staged_eighth<S, PW, NR>(pc, h, xb, k, nr, acc);
+            } else {
+#pragma unroll 1
+                for (int h = 0; h < 4; h++) staged_eighth<S, PW, NR>(pc, h, xb, k, nr, acc);
             }
         }
     }
@@ -602,12 +617,23 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
             gemv_tile_q6_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     } else if constexpr (SLAB) {
-        // the slab: f32/f16/bf16 rows on 16-byte loads (gemv_slab16) where k, the chunk's ends and the pointers allow
+        // the slab: f32/f16/bf16 rows on 16-byte loads (gemv_slab16) where k, the chunk's ends and the pointers allow;
+        // block-format rows through the staged tile on the same conditions as at one or two rows (each piece decoded
+        // once for the slab's rows)
         bool wide = fmt <= 2 && ((k | k0 | k1) & (fmt == 0 ? 3 : 7)) == 0 && (xa & 15) == 0 && (wa & 15) == 0;
+        bool st = (xa & 15) == 0 && (wa & 15) == 0 && ((k | k0 | k1) & (fmt == 6 ? 2047 : 255)) == 0;
         if (wide && fmt == 0) gemv_slab16<0, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide && fmt == 1) gemv_slab16<1, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide) gemv_slab16<2, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
+        else if constexpr (PW == 1) {  // (at four outputs a warp the staged slab spilled: 40-80 B, nvcc 13)
+            if (st && fmt == 3) gemv_tile_staged<Staged32<BlockQ8_0>, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+            else if (st && fmt == 4) gemv_tile_staged<Staged32<BlockQ4_0>, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+            else if (st && fmt == 5) gemv_tile_staged<StagedQ4K, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+            else if (st && fmt == 6) gemv_tile_staged<StagedQ6K, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+            else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
+        } else {
+            gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
+        }
     } else {
         gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     }

@@ -182,6 +182,43 @@ def test_gemv_staged_rows(fmt, k, split, m, per_warp):
     again_same(launch, dev, ["y"])
 
 
+# The staged tile at a slab of 3..8 rows (one output a warp; at four a slab of block rows takes gemv_tile_any): the
+# slab's sizes and a remainder (11: a slab of 8 and one of 3), every staged format over one stage, a partial one and
+# split-K in whole runs (and not: q8_0 2304 / 3's chunks of 768 values take gemv_tile_any), rows past n.
+STAGED_SLAB_K = {"q8_0": [(2304, 1), (4096, 2), (2304, 3)], "q4_0": [(4352, 1), (8192, 2)],
+                 "q4_k": [(2304, 1), (4096, 2)], "q6_k": [(2048, 1), (6144, 3)]}
+
+
+@pytest.mark.parametrize("fmt,k,split", [(f, k, s) for f, ks in STAGED_SLAB_K.items() for k, s in ks])
+@pytest.mark.parametrize("m,per_warp", [(3, 1), (8, 1), (11, 1), (5, 4)])
+def test_gemv_staged_slab(fmt, k, split, m, per_warp):
+    n = 6
+    g = np.random.default_rng(k + m + per_warp + len(fmt) + 10 * split)
+    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
+    assert launch.check() is None, launch.check()
+    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=3e-4, placed=(m == 8))
+    again_same(launch, dev, ["y"])
+
+
+@pytest.mark.parametrize("fmt,k", [("q8_0", 2304), ("q4_0", 4352), ("q4_k", 1280), ("q6_k", 2048)])
+def test_gemv_staged_slab_decodes_each_value_to_the_bit(fmt, k):
+    """Eight rows of x one-hot, each at its own position: each output is one decoded value, so the slab's eighths
+    (decoded under a run-time h) must give the twin's values to the bit, each against its own row and position."""
+    from lanefuse.engine.formats.blocks import decode_rows
+
+    n = 5
+    g = np.random.default_rng(k + 3)
+    raw = encode(r32(g, n, k), fmt)
+    ref = decode_rows(raw, fmt, k).reshape(n, k)
+    at = [0, k - 1, 13, 31 + k // 2, k // 3, 7 + 4 * (k // 5), 8, 255]
+    x = np.zeros((8, k), np.float32)
+    x[np.arange(8), at] = 1.0
+    launch = Gemv("x", "w", fmt, Dst("y"), k, n, 8, per_warp=1)
+    dev = gpu.both(launch, {"x": x, "y": np.zeros(8 * n, np.float32)}, {"w": (raw, fmt)}, tol=0)
+    np.testing.assert_array_equal(dev.host("y"), ref[:, at].T.reshape(-1))
+
+
 # (the last five through gemv_tile_staged; q4_0 at 4352 across its 128-block stage)
 @pytest.mark.parametrize("fmt,k", [("q8_0", 352), ("q4_0", 352), ("q6_k", 512), ("mxfp4", 96),
                                    ("q8_0", 2304), ("q4_0", 2304), ("q4_0", 4352), ("q4_k", 1280), ("q6_k", 2048)])
@@ -206,7 +243,7 @@ def test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, per_warp):
 # (the last four through gemv_tile_staged)
 @pytest.mark.parametrize("fmt,k", [("q8_0", 160), ("q4_0", 160), ("q6_k", 512),
                                    ("q8_0", 2304), ("q4_0", 2304), ("q4_k", 512), ("q6_k", 2048)])
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, 2, 6])  # (6: a slab, the staged tile at one output a warp)
 @pytest.mark.parametrize("per_warp", [1, 4])
 def test_gemv_glu_and_parts_block_rows(fmt, k, m, per_warp):
     g = np.random.default_rng(16 + m)
@@ -293,7 +330,7 @@ def test_fold_gemv_argmax_q8(fmt, words, m, advance):
 # q4_k / q6_k rows through gemv_tile_staged in the folds (k 2048: q4_k's eight super-blocks, q6_k's one stage): the
 # GEMV then the norm by the last block, and the products in parts then each head's epilogue.
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
-@pytest.mark.parametrize("m,n,per_warp", [(1, 40, 4), (2, 33, 1)])
+@pytest.mark.parametrize("m,n,per_warp", [(1, 40, 4), (2, 33, 1), (5, 33, 1)])  # (5: a slab, the staged tile)
 def test_fold_gemv_norm_staged(fmt, m, n, per_warp):
     _fold_gemv_norm(fmt, m, 2048, n, per_warp)
 
@@ -389,10 +426,12 @@ def test_the_one_hot_cases_catch_a_misplaced_staged_value(monkeypatch):
     """gemv_tile_staged's eighths of a piece decoded in the wrong order (values 24-31 of each 32 against x's 0-7, ...):
     the one-hot cases of q4_k and q6_k fail, so those shapes take the staged tile and the one-hot x catches a value
     out of its place."""
-    _mutated(monkeypatch, "S::eighth(pc[p], h, wf[p]);", "S::eighth(pc[p], 3 - h, wf[p]);")
+    _mutated(monkeypatch, "S::eighth(pc[p], H, wf[p]);", "S::eighth(pc[p], 3 - H, wf[p]);")
     for fmt, k in [("q4_k", 1280), ("q6_k", 2048)]:
         with pytest.raises(AssertionError):
             test_gemv_block_rows_decode_each_value_to_the_bit(fmt, k, 4)
+        with pytest.raises(AssertionError):  # the slab's run-time eighth
+            test_gemv_staged_slab_decodes_each_value_to_the_bit(fmt, k)
 
 
 # -- the GPU tests' own GEMV-family cases, at their sizes, emulated --------------------------------------------------

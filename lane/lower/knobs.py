@@ -34,6 +34,9 @@ class Knobs:
     # lane: kernels/head_gemv.py's loop), and one whose loads hit L2: bench/launch_model_calibration.json's L_us and
     # L_l2_us, fitted on the 2026-12-04 H200 figures of the GEMV family (tests/test_knobs_calibration.py keeps them so)
     l2_round_us: float = 0.65
+    l1_tbps: float = 33.4  # the SMs' L1 / shared-memory reads in all, TB/s (128 bytes a clock a SM at 1.975 GHz: an
+    # ASSUMPTION, bench/launch_model.py's L1_BYTES_CLK): a slab of block rows through the staged tile reads its rows
+    # of x there once an output (kernels/gemv.py slab_loop_us)
     tc_attn_rows: int = 0  # a chunk of at least this many rows (and 16) attends on the tensor cores (attention_tc)
     # under the bf16 numerics: q, k, p and v rounded to bf16, f32 sums; 0 (the default) never
     link_gbps: float = 450.0  # the link between ranks' devices, GB/s one way (NVLink 4: 900 both ways; an
