@@ -173,12 +173,18 @@ STAGED_K = {"q8_0": [(256, 1), (2304, 1), (4096, 1), (4096, 2), (2304, 3)],
 @pytest.mark.parametrize("fmt,k,split", [(f, k, s) for f, ks in STAGED_K.items() for k, s in ks])
 @pytest.mark.parametrize("m,per_warp", [(1, 4), (2, 1), (2, 4)])
 def test_gemv_staged_rows(fmt, k, split, m, per_warp):
+    staged_case(fmt, k, split, m, per_warp)
+
+
+def staged_case(fmt, k, split, m, per_warp, placed=False):
+    """A biased GEMV of m rows of block-format rows (6 outputs, strided) that the staged tile takes, emulated against
+    its twin within 3e-4, and again."""
     n = 6
     g = np.random.default_rng(k + m + per_warp + len(fmt) + 10 * split)
     launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
     assert launch.check() is None, launch.check()
     dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
-                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=3e-4)
+                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=3e-4, placed=placed)
     again_same(launch, dev, ["y"])
 
 
@@ -192,13 +198,7 @@ STAGED_SLAB_K = {"q8_0": [(2304, 1), (4096, 2), (2304, 3)], "q4_0": [(4352, 1), 
 @pytest.mark.parametrize("fmt,k,split", [(f, k, s) for f, ks in STAGED_SLAB_K.items() for k, s in ks])
 @pytest.mark.parametrize("m,per_warp", [(3, 1), (8, 1), (11, 1), (5, 4)])
 def test_gemv_staged_slab(fmt, k, split, m, per_warp):
-    n = 6
-    g = np.random.default_rng(k + m + per_warp + len(fmt) + 10 * split)
-    launch = Gemv("x", "w", fmt, Dst("y", unit=Part(n + 3, 1, n)), k, n, m, bias="b", per_warp=per_warp, split=split)
-    assert launch.check() is None, launch.check()
-    dev = gpu.both(launch, {"x": r32(g, m, k), "y": np.zeros(m * (n + 3), np.float32)},
-                   {"w": (encode(r32(g, n, k), fmt), fmt), "b": (r32(g, n), "f32")}, tol=3e-4, placed=(m == 8))
-    again_same(launch, dev, ["y"])
+    staged_case(fmt, k, split, m, per_warp, placed=(m == 8))
 
 
 @pytest.mark.parametrize("fmt,k", [("q8_0", 2304), ("q4_0", 4352), ("q4_k", 1280), ("q6_k", 2048)])
