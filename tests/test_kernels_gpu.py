@@ -480,7 +480,8 @@ def test_block_decoding_on_the_device_is_bit_exact(fmt):
 
 
 @pytest.mark.parametrize("fmt", BLOCK_FMTS)
-@pytest.mark.parametrize("m,k,n", [(1, 4096, 1031), (3, 512, 33), (9, 256, 64), (64, 768, 40), (1, 4096, 96)])
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 1031), (3, 512, 33), (9, 256, 64), (64, 768, 40), (1, 4096, 96),
+                                   (8, 2048, 70)])  # (a slab of 3..8 through the staged tile at one output a warp)
 @pytest.mark.parametrize("per_warp,split", [(1, 1), (4, 1), (1, 3), (4, 2), (1, 16)])
 def test_gemv_blocks(fmt, m, k, n, per_warp, split):
     g = np.random.default_rng(k + n + len(fmt))
