@@ -144,24 +144,35 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", default=",".join(map(str, BATCHES)), help="the batches, comma-separated")
-    ap.add_argument("--format", action="append", help="checkpoint rows (default bf16, q8_0, q4_k)")
+    ap.add_argument("--format", action="append", help="checkpoint rows, comma-separated or repeated (default bf16, "
+                    "q8_0, q4_k)")
     ap.add_argument("--pos", type=int, default=512, help="every sequence's position (default 512)")
     ap.add_argument("--hold", action="append", default=[], help="rules or schedule steps the plans hold")
     ap.add_argument("--tc-rows", type=int, action="append", help="knob tc_rows of the plans (default 16, then 3: "
                     "from 3 rows on the tensor cores, gemm_tc.MIN_ROWS), a curve each")
     ap.add_argument("--json")
     a = ap.parse_args()
+    from lanefuse.engine.ir import FORMATS
+
+    formats = [f for arg in a.format or ["bf16,q8_0,q4_k"] for f in arg.split(",") if f]
+    bad = [f for f in formats if f not in FORMATS]
+    try:
+        batches = [int(b) for b in a.batch.split(",")]
+    except ValueError:
+        batches = []
+    if bad or not batches or min(batches) < 1:
+        ap.error(f"--format {', '.join(bad)}: not a checkpoint format ({', '.join(FORMATS)})" if bad else
+                 f"--batch {a.batch!r}: expected batches of at least 1, comma-separated (e.g. 1,8,64)")
     cal = lm.load_calibration()
     c0, _ = lm.cublas_anchor()
     t0s = {"calibration": cal["t0_us"], "cublas": round(c0, 2)}
-    batches = [int(b) for b in a.batch.split(",")]
     print(f"# PREDICTIONS (no device): bench/batch_curve.py, Qwen3-8B-shaped decode of B sequences at position {a.pos}, "
           f"knob tc_rows {'/'.join(map(str, a.tc_rows or [16, 3]))}; tensor-core kinds by bench/gemm_model.py, the rest by bench/launch_model.py; every "
           f"kernel launch at t0 = {t0s['calibration']} µs (the launch model's calibration) and, beside it, "
           f"{t0s['cublas']} µs (cuBLAS's measured fixed cost)")
     out = {"note": "PREDICTIONS (bench/batch_curve.py), not measurements", "pos": a.pos, "held": a.hold, "t0": t0s,
            "curves": {}}
-    for fmt in a.format or ["bf16", "q8_0", "q4_k"]:
+    for fmt in formats:
         for tc in a.tc_rows or [16, 3]:
             rows = curve(fmt, batches, a.pos, cal, t0s, a.hold, tc)
             print_curve(rows, list(t0s))
