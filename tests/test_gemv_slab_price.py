@@ -1,11 +1,12 @@
 """The lane's price of a GEMV-family launch at a slab of 3-8 rows of x (kernels/gemv.py slab_loop_us): where the slab
 runs gemv_core.cu's gemv_tile_any (block formats, rows not whole 16-byte words), its dependent rounds of four values a
 lane; one or two rows, and a slab through gemv_slab16's 16-byte ring (f32/f16/bf16), keep the bytes-over-bandwidth
-price. The constants are read off the kernels' sources, so a change there fails here."""
+price; a slab of block rows through the staged tile (one output a warp) is priced by its x's L1 reads. The constants are read off the kernels' sources, so a change there fails here."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,20 +47,43 @@ def test_one_or_two_rows_keep_the_bytes_price(fmt):
                                    ("q4_0", 3)])
 def test_a_slab_is_priced_by_its_loop(fmt, m):
     g, glu, parts, fold = launches(fmt, m)
-    assert fold.fused and g.per_warp == 4 and g.split == 1
+    assert fold.fused and g.split == 1
     if fmt in ("bf16", "f16", "f32"):  # gemv_slab16: the bytes price it, as at one or two rows
+        assert g.per_warp == 4
         for l in (g, glu, parts, fold):
             assert l.loop_us(KN) == 0.0 and l.rate(KN) == KN.tflops_f32
         return
-    # 4096 x 4096 at four outputs a warp: 256 blocks, one wave of 132 x 3; 32 rounds of 128 values a warp
+    # block rows at a slab the staged tile takes (k 4096: whole runs of 256 values): one output a warp, priced by
+    # every output's reads of its rows of x from L1 (knob l1_tbps); the weights' bytes price the rest
+    assert g.per_warp == glu.per_warp == parts.per_warp == 1
+
+    def l1_us(outputs, tiles=1):
+        return outputs * 4096 * m * 4 * tiles / (KN.l1_tbps * 1e6)
+
+    assert g.loop_us(KN) == pytest.approx(l1_us(4096))
+    assert glu.loop_us(KN) == pytest.approx(l1_us(3 * 4096, 2))  # the gate's and the up's tiles
+    assert parts.loop_us(KN) == pytest.approx(l1_us(sum(parts.blocks()) * G.WARPS))
+    # at four outputs a warp (the fold's, as built here) the slab takes gemv_tile_any: 4096 x 4096 is 256 blocks,
+    # one wave of 132 x 3; 32 rounds of 128 values a warp, many times the bytes' time
     rounds = 4096 // 128
-    assert g.loop_us(KN) == pytest.approx(rounds * KN.hbm_round_us)
     assert fold.loop_us(KN) == pytest.approx(rounds * KN.hbm_round_us)
-    assert glu.loop_us(KN) == pytest.approx(2 * 2 * rounds * KN.hbm_round_us)  # 768 blocks: two waves, two products
-    for l in (g, glu, parts, fold):
-        two = {type(x): x for x in launches(fmt, 2)}[type(l)]
-        assert launch_us(l, KN) > 5 * launch_us(two, KN), l
-        assert l.rate(KN) < KN.tflops_f32
+    two = launches(fmt, 2)[3]
+    assert launch_us(fold, KN) > 5 * launch_us(two, KN)
+    for l in (g, glu, parts):  # the staged slab: below the four-value loop's price at four outputs a warp
+        assert l.loop_us(KN) < replace(l, per_warp=4).loop_us(KN), l
+
+
+def test_the_staged_slab_is_the_kernels():
+    """gemv_core.cu's slab branch takes the staged tile at one output a warp only, on the staged conditions the
+    lane's slab_staged reads (k and the chunk's ends multiples of 256 values, 2048 for q6_k)."""
+    core = (KERNELS / "gemv_core.cu").read_text()
+    slab = core[core.index("} else if constexpr (SLAB) {"):]
+    assert "(fmt == 6 ? 2047 : 255)) == 0" in slab
+    assert re.search(r"else if constexpr \(PW == 1\) \{.*?gemv_tile_staged<StagedQ6K, 1, AR>", slab, re.S)
+    assert G.STAGED_UNIT == {"q8_0": 256, "q4_0": 256, "q4_k": 256, "q6_k": 2048}
+    assert G.slab_staged("q6_k", 4096, 2) and not G.slab_staged("q6_k", 6144, 2)  # chunks of 3072: not 2048's
+    assert not G.slab_staged("q8_0", 4096 + 32) and not G.slab_staged("bf16", 4096)
+    assert Gemv("x", "w", "q8_0", Dst("y"), 4096 + 32, 4096, 5).tune(KN).per_warp == 4  # gemv_tile_any at four
 
 
 def test_a_split_slab_and_unaligned_rows():
@@ -92,8 +116,9 @@ def test_the_parts_rope_fold_prices_its_dense_slab_by_the_four_value_loop(m):
 
 
 def test_the_rounds_are_the_knobs():
-    """A slab's loop scales with knob hbm_round_us (the launch model's L), as HeadGemv's does."""
-    from dataclasses import replace
-
-    g = Gemv("x", "w", "q4_0", Dst("y"), 4096, 4096, 5).tune(KN)
+    """A slab's loop through gemv_tile_any scales with knob hbm_round_us (the launch model's L), as HeadGemv's does;
+    one through the staged tile with 1 / l1_tbps."""
+    g = Gemv("x", "w", "q4_0", Dst("y"), 4096, 4096, 5, per_warp=4)
     assert g.loop_us(replace(KN, hbm_round_us=2 * KN.hbm_round_us)) == pytest.approx(2 * g.loop_us(KN))
+    s = Gemv("x", "w", "q4_0", Dst("y"), 4096, 4096, 5).tune(KN)
+    assert s.per_warp == 1 and s.loop_us(replace(KN, l1_tbps=KN.l1_tbps / 2)) == pytest.approx(2 * s.loop_us(KN))
