@@ -323,7 +323,10 @@ def test_q8_mixture_finalize_quantizes_the_next_norm(fmt):
         g = build_step(cfg, rows)
         p, p32 = plan(g, numerics="q8"), plan(g)
         gq = with_numerics(g, "q8")
-        assert p.census.get("quant", 0) == 0 and len(p.launches) == len(p32.launches), p.census
+        # no Quant launch: as many launches as the f32 plan's at one row; at a 3-row chunk no more (the f32 plan runs
+        # its q/k/v as gemm_parts + rope_parts there, the staged slab of block rows, where q8's fold keeps them whole)
+        assert p.census.get("quant", 0) == 0, p.census
+        assert len(p.launches) == len(p32.launches) if rows == 1 else len(p.launches) <= len(p32.launches), p.census
         fins = [x.launch for x in p.launches if x.launch.census == "moe" and x.launch.quant is not None]
         # every mixture's finalize but a chunk's last, whose sum the step views to its last row before the final norm
         assert len(fins) == (2 if rows == 1 else 1), fins
