@@ -625,7 +625,7 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
         if (wide && fmt == 0) gemv_slab16<0, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide && fmt == 1) gemv_slab16<1, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if (wide) gemv_slab16<2, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        else if constexpr (PW == 1) {  // (at four outputs a warp the staged slab spilled: 40-80 B, nvcc 13)
+        else if constexpr (PW == 1) {  // (four outputs a warp spilled: 40-196 B alone, to 2900 B in kernels, nvcc 13)
             if (st && fmt == 3) gemv_tile_staged<Staged32<BlockQ8_0>, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
             else if (st && fmt == 4) gemv_tile_staged<Staged32<BlockQ4_0>, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
             else if (st && fmt == 5) gemv_tile_staged<StagedQ4K, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
