@@ -222,27 +222,33 @@ def _mutated_tc(monkeypatch, old: str, new: str):
 
 
 @pytest.mark.parametrize("m", [40, 130])
-@pytest.mark.parametrize("old,new", [
+@pytest.mark.parametrize("old,new,trap", [
     # one group too few waited for: step t's stage read before its copies land (the old bytes)
-    ("tc_wait<S - 2>();", "tc_wait<S - 1>();"),
+    ("tc_wait<S - 2>();", "tc_wait<S - 1>();", None),
     # the next step copied over the stage being multiplied (and its own stage never filled)
-    ("tc_copy_w<T, GLU>(ws[bn],", "tc_copy_w<T, GLU>(ws[b],"),
+    ("tc_copy_w<T, GLU>(ws[bn],", "tc_copy_w<T, GLU>(ws[b],", None),
     # x's fragments read unswizzled (the copies swizzle): rows' chunks crossed
     ("tc_ldsm4(a[i], &xs[b][r][8 * tc_sw(r, kk + (lane >> 4))]);",
-     "tc_ldsm4(a[i], &xs[b][r][8 * (kk + (lane >> 4))]);"),
-    # the stage ring one short: step t + 2 into the stage of step t + 1
-    ("bn = bn + 1 == S ? 0 : bn + 1;", "bn = bn + 1 == S - 1 ? 0 : bn + 1;"),
+     "tc_ldsm4(a[i], &xs[b][r][8 * (kk + (lane >> 4))]);", None),
+    # the ring's wrap missed: stages S, S + 1, ... past the shared tiles. -fsanitize=bounds traps at the first
+    # (without it the copies wrote into the heap: CI's "corrupted double-linked list")
+    ("bn = bn + 1 == S ? 0 : bn + 1;", "bn = bn + 1 == S - 1 ? 0 : bn + 1;", "index past an array's bound"),
 ])
 @pytest.mark.forked
-def test_the_emulator_catches_pipeline_mistakes(emulated, monkeypatch, old, new, m):
+def test_the_emulator_catches_pipeline_mistakes(emulated, monkeypatch, old, new, trap, m):
     """Each mistake in a bf16 product through the three stages (130 outputs in two tiles, k 200 in seven steps, the
     last part-filled; 40 rows: gemm_tc_cp_64's eight warps, 130: gemm_tc_cp's four warps of 64 x 64 over two row
-    tiles): values outside the bound (unmutated, the same cases pass: test_unmutated_pipeline_case)."""
+    tiles): values outside the bound, or the named trap where the mistake indexes past a shared tile (unmutated, the
+    same cases pass: test_unmutated_pipeline_case)."""
     _mutated_tc(monkeypatch, old, new)
     g = np.random.default_rng(31)
     launch = GemmTc("x", "w", "bf16", Dst("y"), 200, 130, m)
     arrays, weights = tc_case(launch, g)
-    with pytest.raises((AssertionError, RuntimeError)):  # values outside the bound, or a stage past the ring: a fault
+    if trap:  # caught as it happens, named
+        with pytest.raises(RuntimeError, match=trap):
+            emulate(launch, arrays, weights)
+        return
+    with pytest.raises(AssertionError, match="outside the bound"):
         dev = emulate(launch, arrays, weights)
         check_within_bound(launch, arrays, weights, dev.host("y"))
 

@@ -6,9 +6,11 @@
 // a warp operation (__shfl*_sync, __ballot_sync, __syncwarp...: every lane its mask names, each with the same mask).
 // Whatever CUDA leaves undefined or deadlocked is an error here, reported with the block and thread: a deadlock (no
 // fiber can run), lanes of one warp disagreeing on a mask, a mask naming an exited lane (or a lane exiting while its
-// warp waits for it), a misaligned vector load (-fsanitize=alignment traps), a fault (SIGSEGV/SIGBUS). `__shared__`
-// is `static thread_local` (each variable once, the blocks run one at a time). Floating point is IEEE single, no
-// contraction (-ffp-contract=off): the device's fused multiply-adds round differently, within the tests' tolerances.
+// warp waits for it), a misaligned vector load (-fsanitize=alignment traps), an index past a declared array's bound
+// (-fsanitize=bounds traps before the access: a `__shared__` tile's stage past the ring would otherwise write into
+// the heap), a fault (SIGSEGV/SIGBUS). `__shared__` is `static thread_local` (each variable once, the blocks run one
+// at a time). Floating point is IEEE single, no contraction (-ffp-contract=off): the device's fused multiply-adds
+// round differently, within the tests' tolerances.
 #pragma once
 
 #include <math.h>
@@ -475,9 +477,10 @@ inline bool run_block() {
 }
 
 inline void on_signal(int sig, siginfo_t* info, void*) {
-    char b[160];
+    char b[256];
     std::snprintf(b, sizeof b, "%s at %p", sig == SIGILL ? "a trap (a misaligned access under "
-                  "-fsanitize=alignment, or __trap; the address is the instruction's)" : sig == SIGSEGV ? "an invalid memory access (SIGSEGV)" :
+                  "-fsanitize=alignment, an index past an array's bound under -fsanitize=bounds, or __trap; the "
+                  "address is the instruction's)" : sig == SIGSEGV ? "an invalid memory access (SIGSEGV)" :
                   sig == SIGBUS ? "a bus error" : "an arithmetic fault (SIGFPE)", info->si_addr);
     if (S.error.empty()) S.error = std::string(b) + " [" + where() + "]";
     S.aborted = true;

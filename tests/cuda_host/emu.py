@@ -28,7 +28,7 @@ from lanefuse.engine import flags
 HERE = Path(__file__).parent
 EMU_H = HERE / "emu.h"
 FLAGS = ("-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off",
-         "-fno-strict-aliasing", "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error", "-w")
+         "-fno-strict-aliasing", "-fsanitize=alignment,bounds", "-fsanitize-undefined-trap-on-error", "-w")
 
 _ASM = re.compile(r'asm(?:\s+volatile)?\s*\(\s*"([^"]*)"\s*:\s*"=[a-z]"\s*\((\w+)\)\s*:\s*"[a-z]"\s*\(([^()]*)\)\s*\)\s*;')
 # A source's `// emu: begin NAME` .. `// emu: end NAME` region (PTX wrappers whose asm the one-output swap cannot
