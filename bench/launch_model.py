@@ -282,9 +282,10 @@ def gemv_core_source(rev: str | None) -> str:
 def features(rev: str | None) -> dict:
     """What the model needs of the kernels' structure at `rev` (read from the sources, not assumed by date):
     norm_batch: norm_row's elements a thread a batch (a0b938a: NORM_BATCH 8; before, 1: a dependent L2 round an
-    element); attn_tiles: {kernel: keys a warp a tile} (5715e40's ATTENTION_KERNEL(name, D, PB, KT); before, none: a
-    key and head at a time); combine_cw: attention_combine's splits a chunk (5715e40: CW 128, the block's reductions;
-    0: three serial loops a thread); new_splits: attention.py's split choice (BLOCKS_AN_SM: 2 x sms blocks,
+    element); norm_pairs: a fold's tail two rows at a time (norm_rows_tail; before, a row at a time); attn_tiles:
+    {kernel: keys a warp a tile} (5715e40's ATTENTION_KERNEL(name, D, PB, KT); before, none: a key and head at a
+    time); combine_cw: attention_combine's splits a chunk (5715e40: CW 128, the block's reductions; 0: three serial
+    loops a thread); new_splits: attention.py's split choice (BLOCKS_AN_SM: 2 x sms blocks,
     attn_split_min 64, at most 128; before: sms blocks, 256, 32); block_tiles: the block formats with a tile of their
     own in gemv_core.cu (gemv_tile_q8_0 at b780f05; since, a `struct BlockQ8_0` of gemv_tile_b32, and gemv_tile_q4_k);
     staged: gemv_tile_staged's blocks a row a stage (STAGE_BLOCKS; 0: no staged tile): q8_0 / q4_0 rows of whole
@@ -312,6 +313,7 @@ def features(rev: str | None) -> dict:
     return dict(
         norm_batch=int(m.group(1)) if m else 1,
         norm_vbatch=int(mv.group(1)) if mv else 0,
+        norm_pairs="norm_rows_vec<VB, 2>" in norm,  # fold_gemv_norm_1/_4's tail two rows at a time
         attn_tiles={**{n: int(kt) for n, d, pb, kt in  # (a fifth argument since the shared-row kernel: ROWS)
                        re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)(?:, \w+)?\)", att, re.M)},
                     # the chained attention phase's (chain.cu fold_attn_o_glu_down: attention_body<D, PB, KT, false>)
@@ -618,19 +620,24 @@ def moe_up_structure(k: Kernel):
 
 # -- the time model --------------------------------------------------------------------------------------------------
 
-def norm_tail_rounds(nm, threads: int, batch: int, vbatch: int = 0) -> int:
+def norm_tail_rounds(nm, threads: int, batch: int, vbatch: int = 0, pairs: bool = False) -> int:
     """norm_row's dependent L2 rounds (one block of `threads` over each row, rows one after another): the added
     operand's own norm (pre: a pass and a block_sum), then a head at a time its sum-of-squares pass, a block_sum, its
     write pass; a pass ceil(hd / (threads x batch)) rounds (a0b938a: batch 8, every load of a batch issued first;
-    before: 1, an element's loads (x, add) one round). Each block_sum counted as a round."""
+    before: 1, an element's loads (x, add) one round). Each block_sum counted as a round. pairs (norm.cu's
+    norm_rows_tail<2>: the vector path two rows at a time): a pair's pre pass and each head's sum-of-squares pass one
+    pass for both rows, one block_sums for both, the write pass a row at a time."""
     heads = max(1, int(getattr(nm, "heads", 1) or 1))
     hd = nm.cols // heads
     per = lambda n: math.ceil(n / (threads * batch))
-    if vbatch and hd % 4 == 0 and getattr(nm, "y", "y") is not None:  # norm_row_vec: four values a load (the arena's
-        per = lambda n: math.ceil(n / (threads * 4 * vbatch))          # rows 16-byte aligned where cols are words)
-    r = (per(nm.cols) + 1) if (nm.add and nm.pre) else 0
-    r += heads * (2 * per(hd) + 1)
-    return nm.rows * r
+    vec = bool(vbatch) and hd % 4 == 0 and getattr(nm, "y", "y") is not None
+    if vec:  # norm_row_vec: four values a load (the arena's rows 16-byte aligned where cols are words)
+        per = lambda n: math.ceil(n / (threads * 4 * vbatch))
+    pre = (per(nm.cols) + 1) if (nm.add and nm.pre) else 0
+    r = pre + heads * (2 * per(hd) + 1)
+    if not (pairs and vec):
+        return nm.rows * r
+    return nm.rows // 2 * (pre + heads * (3 * per(hd) + 1)) + nm.rows % 2 * r
 
 
 def tail_us(k: Kernel, cal: dict) -> float:
@@ -639,7 +646,8 @@ def tail_us(k: Kernel, cal: dict) -> float:
     rotates it (in parallel over heads)."""
     if k.call.name.startswith("fold_gemv_norm"):
         k.extra["tail_rounds"] = norm_tail_rounds(k.launch.then, k.threads, k.extra.get("norm_batch", 1),
-                                                  k.extra.get("norm_vbatch", 0))
+                                                  k.extra.get("norm_vbatch", 0),
+                                                  k.extra.get("norm_pairs", False) and not k.call.name.endswith("_q8"))
         return cal["L_l2_us"] * k.extra["tail_rounds"]
     if k.call.name.startswith("fold_parts_rope"):  # each head's last block: rope_tail_rounds, a round fitted
         hv = 1 if k.call.name.endswith("_q8") else k.extra.get("head_values", 1)
@@ -790,7 +798,7 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
             if launch.census == "gemv_glu" else f"fold_parts_rope_{pw}" if launch is c.qkv else f"fold_gemv_norm_{pw}"
         p = Kernel(k.index, launch.census, launch, Call(k.call.stems, name, (blocks, 1, 1), k.call.block, ()))
         p.regs, p.smem, p.spill, p.bpsm, p.limit = k.regs, k.smem, k.spill, k.bpsm, k.limit
-        p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")})
+        p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")})  # (rows one at a time)
         structure(p, feats, pos)
         time_us(p, cal, S)
         phases.append(p)
@@ -852,6 +860,7 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
         k.regs, k.smem, k.spill = int(r["registers"]), int(r.get("smem", 0)), int(r.get("spill_stores", 0))
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
         k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
+        k.extra["norm_pairs"] = feats["norm_pairs"]
         k.extra["head_values"] = feats["head_values"]
         if k.call.name.startswith(("fold_glu_down", "fold_o_glu_down", "fold_attn_o_glu_down")):
             chain_time(k, feats, cal, pos)

@@ -1,5 +1,7 @@
 // Folds run as one launch. A GEMV and then a norm (gemv_norm_epilogue): every block runs its outputs of the product;
-// the last block to arrive (an arrival counter it resets to zero) runs the norm over every row, reading through L2.
+// the last block to arrive (an arrival counter it resets to zero) runs the norm over every row, two at a time where
+// they read four values a load (norm_rows_tail), reading through L2.
+template <int R = 2>
 __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const NormArgs& a) {
     __shared__ int last;
     __threadfence();
@@ -8,7 +10,7 @@ __device__ __forceinline__ void fold_tail(unsigned* counter, i64 rows, const Nor
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (i64 r = 0; r < rows; r++) norm_row(a, r);
+    norm_rows_tail<R>(a, rows);
     if (threadIdx.x == 0) *counter = 0u;
 }
 
@@ -30,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(128)
                       const float* bias, DST_PARAMS(y), i64 k, i64 n, i64 m, unsigned* counter, i64 rows,
                       NORM_PARAMS) { PDL_ENTER();
     q8_body((int)fmt, QX{xw, xl, xs}, w, bias, DST(y), k, n, m, blockIdx.x);
-    fold_tail(counter, rows, NORM_ARGS);
+    fold_tail<1>(counter, rows, NORM_ARGS);
 }
 
 // A GEMV and then the arg-max of each row of its result (head_argmax: the LM head and the step's next token, with its

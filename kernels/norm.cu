@@ -106,6 +106,80 @@ __device__ __forceinline__ void norm_load4(const NormArgs& a, const float* xr, c
         v[u] = c0 + u * step < n ? norm_in4(a, xr, ar, pinv, base + c0 + u * step) : F4_ZERO;
 }
 
+// The vectorized norm of R rows r0.. at once (norm_vec holds for each; norm_rows_tail's pairs): norm_row_vec's passes,
+// every row's loads of a sum-of-squares pass issued before any is used, one block reduction for the R sums, then each
+// row's write pass (a fold's tail over 2 rows of 4096 columns: 4 dependent L2 rounds where a row at a time took 6).
+// Each row's sums run in norm_row_vec's order, so its values are the same bits. (norm_row_vec stays a function of its
+// own: as this template at R 1, nvcc 13 spilled 4 B in chain.cu's fold_o_glu_down_4.)
+template <int VB, int R>
+__device__ __forceinline__ void norm_rows_vec(const NormArgs& a, i64 r0) {
+    const i64 step = 4 * blockDim.x, t4 = 4 * threadIdx.x;
+    const float* xr[R];
+    const float* ar[R];
+    float pinv[R], ss[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        xr[j] = a.x + (r0 + j) * a.xpitch + a.xoff;
+        ar[j] = a.add ? a.add + (r0 + j) * a.cols : nullptr;
+        pinv[j] = 1.f;
+    }
+    if (a.add && a.pre) {
+#pragma unroll
+        for (int j = 0; j < R; j++) ss[j] = 0.f;
+        for (i64 c0 = t4; c0 < a.cols; c0 += VB * step) {
+            float4 v[R][VB];
+#pragma unroll
+            for (int j = 0; j < R; j++)
+#pragma unroll
+                for (int u = 0; u < VB; u++)
+                    v[j][u] = c0 + u * step < a.cols ? __ldcg((const float4*)(ar[j] + c0 + u * step)) : F4_ZERO;
+#pragma unroll
+            for (int j = 0; j < R; j++)
+#pragma unroll
+                for (int u = 0; u < VB; u++) ss[j] += sq4(v[j][u]);
+        }
+        block_sums<R>(ss);
+#pragma unroll
+        for (int j = 0; j < R; j++) pinv[j] = rsqrtf(ss[j] / (float)a.cols + a.preeps);
+    }
+    i64 hd = a.cols / a.heads;
+    for (i64 h = 0; h < a.heads; h++) {
+        float inv[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) ss[j] = 0.f;
+        for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
+            float4 v[R][VB];
+#pragma unroll
+            for (int j = 0; j < R; j++) norm_load4(a, xr[j], ar[j], pinv[j], h * hd, c0, step, hd, v[j]);
+#pragma unroll
+            for (int j = 0; j < R; j++)
+#pragma unroll
+                for (int u = 0; u < VB; u++) ss[j] += sq4(v[j][u]);
+        }
+        block_sums<R>(ss);
+#pragma unroll
+        for (int j = 0; j < R; j++) inv[j] = rsqrtf(ss[j] / (float)hd + a.eps);
+#pragma unroll
+        for (int j = 0; j < R; j++)  // the write pass a row at a time (both rows' loads at once spilled: nvcc 13)
+            for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
+                float4 v[VB];
+                norm_load4(a, xr[j], ar[j], pinv[j], h * hd, c0, step, hd, v);
+#pragma unroll
+                for (int u = 0; u < VB; u++) {
+                    i64 c = c0 + u * step;
+                    if (c >= hd) break;
+                    float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        i64 i = h * hd + c + q;
+                        if (a.sum) a.sum[(r0 + j) * a.cols + i] = e[q];
+                        a.y.y[dst_at(a.y, (r0 + j) * a.cols + i)] = e[q] * inv[j] * (a.w ? a.w[c + q] : 1.f);
+                    }
+                }
+            }
+    }
+}
+
 // The vectorized norm_row (norm_vec holds): the same passes, four values a load, VB loads a batch.
 template <int VB>
 __device__ __forceinline__ void norm_row_vec(const NormArgs& a, i64 r, const float* xr, const float* ar) {
@@ -208,6 +282,27 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
         }
     }
     norm_quant_epilogue(a, r);
+}
+
+// Rows 0..rows-1 of a fold's tail (one block): R (1 or 2) at a time where each reads four values a load
+// (norm_rows_vec<VB, R>), the rest one at a time; the same values as norm_row a row at a time. R 2 takes ~64 more
+// registers in the sum-of-squares pass: fold_gemv_norm_q8 (128 registers) spilled at 2, and chain.cu's kernels at
+// four outputs a warp (16 and 8 bytes, nvcc 13): those keep a row at a time.
+template <int R = 2, int VB = NORM_VBATCH>
+__device__ __forceinline__ void norm_rows_tail(const NormArgs& a, i64 rows) {
+    i64 r = 0;
+    if constexpr (VB > 0 && R == 2) {
+        for (; r + 1 < rows; r += 2) {
+            const float* x0 = a.x + r * a.xpitch + a.xoff;
+            if (!norm_vec(a, x0, a.add ? a.add + r * a.cols : nullptr) ||
+                !norm_vec(a, x0 + a.xpitch, a.add ? a.add + (r + 1) * a.cols : nullptr))
+                break;
+            norm_rows_vec<VB, 2>(a, r);
+            norm_quant_epilogue(a, r);
+            norm_quant_epilogue(a, r + 1);
+        }
+    }
+    for (; r < rows; r++) norm_row<VB>(a, r);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) norm_rows(NORM_PARAMS) { PDL_ENTER();

@@ -398,6 +398,30 @@ __device__ __forceinline__ float block_sum(float v) {
     return t;
 }
 
+// block_sum of R values at once: each summed in block_sum's order (the same bits), one pair of barriers for the R.
+template <int R>
+__device__ __forceinline__ void block_sums(float (&v)[R]) {
+    if constexpr (R == 1) {
+        v[0] = block_sum(v[0]);
+    } else {
+        __shared__ float part[R][32];
+        int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+        for (int j = 0; j < R; j++) v[j] = warp_sum(v[j]);
+        __syncthreads();
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < R; j++) part[j][warp] = v[j];
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            float t = 0.f;
+            for (int i = 0; i < nw; i++) t += part[j][i];
+            v[j] = t;
+        }
+    }
+}
+
 __device__ __forceinline__ float act_apply(int a, float x) {
     if (a == 0) return x / (1.f + expf(-x));  // silu
     if (a == 1) return 1.f / (1.f + expf(-x));  // sigmoid

@@ -307,6 +307,62 @@ def _fold_gemv_norm(fmt, m, k, n, per_warp):
     again_same(f, dev, ["o", "sum", "y"])
 
 
+# A fold's tail two rows at a time (norm.cu's norm_rows_tail<2>): the same bits as a row at a time (the kernels with
+# fold_tail<1>), for pairs and a row left over, a pre-normed added operand and heads; rows of 130 values (not
+# four-value words) every one alone. (Wide rows: the pair's loads of a pass in one round, 4096 values a row.)
+@pytest.mark.parametrize("m,n,heads,pre,per_warp", [(2, 4096, 1, False, 4), (5, 128, 2, True, 1),
+                                                    (4, 512, 4, True, 4), (3, 130, 1, False, 1)])
+def test_fold_tail_in_pairs_gives_the_bits_of_rows_alone(monkeypatch, m, n, heads, pre, per_warp):
+    pairs, alone = _tail_both_ways(monkeypatch, m, n, heads, pre, per_warp)
+    for b in pairs:
+        np.testing.assert_array_equal(pairs[b], alone[b], err_msg=b)
+
+
+def test_the_tail_cases_catch_a_pair_normed_by_its_first_row(monkeypatch):
+    """The pairs' path is the one those cases run: a pair's second row scaled by the first's rms differs."""
+    pairs, alone = _tail_both_ways(monkeypatch, 2, 4096, 1, False, 4,
+                                   ("e[q] * inv[j] * (a.w ?", "e[q] * inv[0] * (a.w ?"))
+    assert np.array_equal(pairs["y"][:4096], alone["y"][:4096]) and not np.array_equal(pairs["y"], alone["y"])
+
+
+def _tail_both_ways(monkeypatch, m, n, heads, pre, per_warp, norm_mutation=None):
+    """The fold's o, sum and y (f32 rows: k 40) run by the kernels as they are and with fold_tail<1>: a row at a time
+    (norm.cu mutated by `norm_mutation` in both)."""
+    from lanefuse.kernels import PreNorm
+    from lanefuse.kernels import compile as kc
+
+    def run():
+        g = np.random.default_rng(m * n)
+        f = Fold(Gemv("x", "w", "f32", Dst("o"), 40, n, m, per_warp=per_warp),
+                 Norm("res", "nw", "y", m, n, 1e-6, heads=heads, add="o", sum="sum",
+                      pre=PreNorm("pw", 1e-5) if pre else None))
+        assert f.fused, f.form()
+        arrays = {"x": r32(g, m, 40), "o": np.zeros(m * n, np.float32), "res": r32(g, m, n),
+                  "sum": np.zeros(m * n, np.float32), "y": np.zeros(m * n, np.float32)}
+        weights = {"w": (encode(r32(g, n, 40), "f32"), "f32"), "nw": (r32(g, n // heads), "f32"),
+                   "pw": (r32(g, n), "f32")}
+        if norm_mutation is None:
+            dev = gpu.both(f, arrays, weights, tol=3e-4)
+        else:  # (its pairs wrong: no twin to agree with)
+            from lanefuse.kernels.cupy_env import DeviceEnv
+
+            dev = DeviceEnv(0, {}, arrays, weights)
+            f.cuda(dev)
+        return {b: dev.host(b).copy() for b in ("o", "sum", "y")}
+
+    real = kc.cu_text
+    texts = {stem: real(stem) for stem in ("fold", "norm")}
+    if norm_mutation:
+        assert norm_mutation[0] in texts["norm"], f"norm.cu no longer holds {norm_mutation[0]!r}: update the test"
+        texts["norm"] = texts["norm"].replace(*norm_mutation)
+    monkeypatch.setattr(kc, "cu_text", lambda stem: texts[stem] if stem in texts else real(stem))
+    pairs = run()
+    old = "fold_tail(counter, rows, NORM_ARGS);"
+    assert old in texts["fold"], f"fold.cu no longer holds {old!r}: update the test"
+    texts["fold"] = texts["fold"].replace(old, "fold_tail<1>(counter, rows, NORM_ARGS);")
+    return pairs, run()
+
+
 # -- The LM head and its arg-max in one launch (fold_gemv_argmax): ties, NaN, a batch's advance, the q8 body --------
 
 @pytest.mark.parametrize("fmt", ["bf16", "q8_0", "q4_k"])

@@ -203,6 +203,25 @@ def test_rope_tail_rounds_follow_the_head_epilogue(lm):
     assert lm.rope_tail_rounds(bare.then, 1) == 5 and lm.rope_tail_rounds(bare.then, hv) == 2
 
 
+def test_a_folds_tail_takes_its_rows_two_at_a_time(lm):
+    """norm.cu's norm_rows_tail<2> (read off norm.cu: norm_pairs; not at 38929db): a Qwen3-8B fold's norm over 8 rows
+    of 4096 in 16 dependent rounds where a row at a time took 24 (a pair: one sum-of-squares pass and one block_sums
+    for both, then each row's write pass); a row left over alone; heads and a pre-normed operand paired alike; rows not
+    of four-value words a row at a time."""
+    from lanefuse.kernels import Norm, PreNorm
+
+    assert lm.features(None)["norm_pairs"] and not lm.features("38929db")["norm_pairs"]
+    nm = Norm("res", "nw", "y", 8, 4096, 1e-6, add="o", sum="s")
+    assert lm.norm_tail_rounds(nm, 128, 8, 8) == 24 and lm.norm_tail_rounds(nm, 128, 8, 8, pairs=True) == 16
+    odd = Norm("res", "nw", "y", 7, 4096, 1e-6, add="o", sum="s")
+    assert lm.norm_tail_rounds(odd, 128, 8, 8, pairs=True) == 3 * 4 + 3
+    pre = Norm("res", "nw", "y", 2, 1024, 1e-6, heads=2, add="o", sum="s", pre=PreNorm("pw", 1e-5))
+    assert lm.norm_tail_rounds(pre, 128, 8, 8) == 2 * (2 + 2 * 3)
+    assert lm.norm_tail_rounds(pre, 128, 8, 8, pairs=True) == 2 + 2 * 4
+    words = Norm("res", "nw", "y", 8, 4098, 1e-6, add="o", sum="s")
+    assert lm.norm_tail_rounds(words, 128, 8, 8, pairs=True) == lm.norm_tail_rounds(words, 128, 8, 8)
+
+
 def _qwen3_attention():
     from lanefuse.kernels.attention import Attention
     from lanefuse.lane.lower.knobs import Knobs
