@@ -106,6 +106,30 @@ __device__ __forceinline__ void norm_load4(const NormArgs& a, const float* xr, c
         v[u] = c0 + u * step < n ? norm_in4(a, xr, ar, pinv, base + c0 + u * step) : F4_ZERO;
 }
 
+// Row r's head h written (its sum where kept, its normed values where the Dst says): values c0, c0 + step, ... of the
+// head four a load, VB loads a batch.
+template <int VB>
+__device__ __forceinline__ void norm_write4(const NormArgs& a, i64 r, const float* xr, const float* ar, float pinv,
+                                            float inv, i64 h, i64 hd) {
+    const i64 step = 4 * blockDim.x, t4 = 4 * threadIdx.x;
+    for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
+        float4 v[VB];
+        norm_load4(a, xr, ar, pinv, h * hd, c0, step, hd, v);
+#pragma unroll
+        for (int u = 0; u < VB; u++) {
+            i64 c = c0 + u * step;
+            if (c >= hd) break;
+            float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                i64 i = h * hd + c + q;
+                if (a.sum) a.sum[r * a.cols + i] = e[q];
+                a.y.y[dst_at(a.y, r * a.cols + i)] = e[q] * inv * (a.w ? a.w[c + q] : 1.f);
+            }
+        }
+    }
+}
+
 // The vectorized norm of R rows r0.. at once (norm_vec holds for each; norm_rows_tail's pairs): norm_row_vec's passes,
 // every row's loads of a sum-of-squares pass issued before any is used, one block reduction for the R sums, then each
 // row's write pass (a fold's tail over 2 rows of 4096 columns: 4 dependent L2 rounds where a row at a time took 6).
@@ -161,22 +185,7 @@ __device__ __forceinline__ void norm_rows_vec(const NormArgs& a, i64 r0) {
         for (int j = 0; j < R; j++) inv[j] = rsqrtf(ss[j] / (float)hd + a.eps);
 #pragma unroll
         for (int j = 0; j < R; j++)  // the write pass a row at a time (both rows' loads at once spilled: nvcc 13)
-            for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
-                float4 v[VB];
-                norm_load4(a, xr[j], ar[j], pinv[j], h * hd, c0, step, hd, v);
-#pragma unroll
-                for (int u = 0; u < VB; u++) {
-                    i64 c = c0 + u * step;
-                    if (c >= hd) break;
-                    float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        i64 i = h * hd + c + q;
-                        if (a.sum) a.sum[(r0 + j) * a.cols + i] = e[q];
-                        a.y.y[dst_at(a.y, (r0 + j) * a.cols + i)] = e[q] * inv[j] * (a.w ? a.w[c + q] : 1.f);
-                    }
-                }
-            }
+            norm_write4<VB>(a, r0 + j, xr[j], ar[j], pinv[j], inv[j], h, hd);
     }
 }
 
@@ -207,22 +216,7 @@ __device__ __forceinline__ void norm_row_vec(const NormArgs& a, i64 r, const flo
             for (int u = 0; u < VB; u++) ss += sq4(v[u]);
         }
         float inv = rsqrtf(block_sum(ss) / (float)hd + a.eps);
-        for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
-            float4 v[VB];
-            norm_load4(a, xr, ar, pinv, h * hd, c0, step, hd, v);
-#pragma unroll
-            for (int u = 0; u < VB; u++) {
-                i64 c = c0 + u * step;
-                if (c >= hd) break;
-                float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    i64 i = h * hd + c + q;
-                    if (a.sum) a.sum[r * a.cols + i] = e[q];
-                    a.y.y[dst_at(a.y, r * a.cols + i)] = e[q] * inv * (a.w ? a.w[c + q] : 1.f);
-                }
-            }
-        }
+        norm_write4<VB>(a, r, xr, ar, pinv, inv, h, hd);
     }
 }
 

@@ -321,7 +321,8 @@ def test_fold_tail_in_pairs_gives_the_bits_of_rows_alone(monkeypatch, m, n, head
 def test_the_tail_cases_catch_a_pair_normed_by_its_first_row(monkeypatch):
     """The pairs' path is the one those cases run: a pair's second row scaled by the first's rms is off its twin."""
     with pytest.raises(AssertionError, match=r"\ny\n"):  # (the product and its sum are right)
-        _tail_both_ways(monkeypatch, 2, 4096, 1, False, 4, ("e[q] * inv[j] * (a.w ?", "e[q] * inv[0] * (a.w ?"))
+        _tail_both_ways(monkeypatch, 2, 4096, 1, False, 4,
+                        ("pinv[j], inv[j], h, hd);", "pinv[j], inv[0], h, hd);"))
 
 
 def _tail_both_ways(monkeypatch, m, n, heads, pre, per_warp, norm_mutation=None):
