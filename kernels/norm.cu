@@ -130,6 +130,35 @@ __device__ __forceinline__ void norm_write4(const NormArgs& a, i64 r, const floa
     }
 }
 
+// The R rows' sums of squares over n values from `base` (block-wide, every row's loads of a batch issued first): the
+// added operand as it is (PRE: the pre-norm's pass over it) or the values norm_in4 gives.
+template <int VB, int R, bool PRE>
+__device__ __forceinline__ void rows_sum_squares(const NormArgs& a, const float* const (&xr)[R],
+                                                 const float* const (&ar)[R], const float (&pinv)[R], i64 base, i64 n,
+                                                 float (&ss)[R]) {
+    const i64 step = 4 * blockDim.x;
+#pragma unroll
+    for (int j = 0; j < R; j++) ss[j] = 0.f;
+    for (i64 c0 = 4 * threadIdx.x; c0 < n; c0 += VB * step) {
+        float4 v[R][VB];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            if (PRE) {
+#pragma unroll
+                for (int u = 0; u < VB; u++)
+                    v[j][u] = c0 + u * step < n ? __ldcg((const float4*)(ar[j] + c0 + u * step)) : F4_ZERO;
+            } else {
+                norm_load4(a, xr[j], ar[j], pinv[j], base, c0, step, n, v[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < R; j++)
+#pragma unroll
+            for (int u = 0; u < VB; u++) ss[j] += sq4(v[j][u]);
+    }
+    block_sums<R>(ss);
+}
+
 // The vectorized norm of R rows r0.. at once (norm_vec holds for each; norm_rows_tail's pairs): norm_row_vec's passes,
 // every row's loads of a sum-of-squares pass issued before any is used, one block reduction for the R sums, then each
 // row's write pass (a fold's tail over 2 rows of 4096 columns: 4 dependent L2 rounds where a row at a time took 6).
@@ -137,7 +166,6 @@ __device__ __forceinline__ void norm_write4(const NormArgs& a, i64 r, const floa
 // own: as this template at R 1, nvcc 13 spilled 4 B in chain.cu's fold_o_glu_down_4.)
 template <int VB, int R>
 __device__ __forceinline__ void norm_rows_vec(const NormArgs& a, i64 r0) {
-    const i64 step = 4 * blockDim.x, t4 = 4 * threadIdx.x;
     const float* xr[R];
     const float* ar[R];
     float pinv[R], ss[R];
@@ -148,39 +176,14 @@ __device__ __forceinline__ void norm_rows_vec(const NormArgs& a, i64 r0) {
         pinv[j] = 1.f;
     }
     if (a.add && a.pre) {
-#pragma unroll
-        for (int j = 0; j < R; j++) ss[j] = 0.f;
-        for (i64 c0 = t4; c0 < a.cols; c0 += VB * step) {
-            float4 v[R][VB];
-#pragma unroll
-            for (int j = 0; j < R; j++)
-#pragma unroll
-                for (int u = 0; u < VB; u++)
-                    v[j][u] = c0 + u * step < a.cols ? __ldcg((const float4*)(ar[j] + c0 + u * step)) : F4_ZERO;
-#pragma unroll
-            for (int j = 0; j < R; j++)
-#pragma unroll
-                for (int u = 0; u < VB; u++) ss[j] += sq4(v[j][u]);
-        }
-        block_sums<R>(ss);
+        rows_sum_squares<VB, R, true>(a, xr, ar, pinv, 0, a.cols, ss);
 #pragma unroll
         for (int j = 0; j < R; j++) pinv[j] = rsqrtf(ss[j] / (float)a.cols + a.preeps);
     }
     i64 hd = a.cols / a.heads;
     for (i64 h = 0; h < a.heads; h++) {
         float inv[R];
-#pragma unroll
-        for (int j = 0; j < R; j++) ss[j] = 0.f;
-        for (i64 c0 = t4; c0 < hd; c0 += VB * step) {
-            float4 v[R][VB];
-#pragma unroll
-            for (int j = 0; j < R; j++) norm_load4(a, xr[j], ar[j], pinv[j], h * hd, c0, step, hd, v[j]);
-#pragma unroll
-            for (int j = 0; j < R; j++)
-#pragma unroll
-                for (int u = 0; u < VB; u++) ss[j] += sq4(v[j][u]);
-        }
-        block_sums<R>(ss);
+        rows_sum_squares<VB, R, false>(a, xr, ar, pinv, h * hd, hd, ss);
 #pragma unroll
         for (int j = 0; j < R; j++) inv[j] = rsqrtf(ss[j] / (float)hd + a.eps);
 #pragma unroll
