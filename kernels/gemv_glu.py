@@ -124,8 +124,8 @@ class GemvGlu(QuantEpilogue, GateUp):
     def tune(self, knobs, held=frozenset()):
         if self.words:
             return replace(self, per_warp=1)  # gemv_q8's tile: a warp an output
-        return replace(self, per_warp=rows_a_warp(2 * self.n, knobs, held, self.format, self.m, self.k))  # the gate's
-        # and the up's outputs
+        # the gate's and the up's outputs
+        return replace(self, per_warp=rows_a_warp(2 * self.n, knobs, held, self.format, self.m, self.k))
 
     def extents(self, top, tokens):
         nk, n = self.n * self.k, self.n
