@@ -324,14 +324,18 @@ def features(rev: str | None) -> dict:
         attn_mz=int(mz_.group(1)) if (mz_ := re.search(r"#define MZ (\d+)", att)) else 8,
         new_splits="BLOCKS_AN_SM" in apy,
         wide="gemv_tile16" in core,
-        slab_depth={4: int(m.group(1)), 1: int(m.group(2))}
-        if (m := re.search(r"#define SLAB_DEPTH\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core)) else {},
+        # a dense slab's 16-byte steps a row a lane in flight by outputs a warp: all but the one being summed of
+        # gemv_slab_cp's SLAB_STAGES in shared memory, gemv_slab16's SLAB_DEPTH registers before it, none before that
+        slab_depth=next(({4: int(m.group(1)) - less, 1: int(m.group(2)) - less} for name, less in (
+            ("SLAB_STAGES", 1), ("SLAB_DEPTH", 0))
+            if (m := re.search(rf"#define {name}\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core))), {}),
         block_tiles=sorted(f for f in VALUE_BYTES
                            if re.search(rf"void gemv_tile_{f}\(|struct Block{f.upper()} ", core)),
         staged=int(m.group(1)) if (m := re.search(r"#define STAGE_BLOCKS (\d+)", core)) else 0,
         q4k_wide="Q4K_STEPS" in core,
         slab_staged="gemv_tile_staged<StagedQ4K, 1, AR>" in core,  # a slab of block rows staged at one output a warp
         head_values=int(hv.group(1)) if hv else 1,
+        parts_rope_slab=bool(hv) and "gemv_body<(PW > 0 ? PW : 1), (PW >= 4)>" in hv.string,
         staged_k={f: int(m.group(1)) for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"), ("q4_0", "Q40_STAGE"))
                   if (m := re.search(rf"#define {d} (\d+)", core))})
 
@@ -384,11 +388,9 @@ def chunk_ends(k: Kernel, kk: int) -> tuple[int, ...]:
 
 # gemv_tile_<fmt> (gemv_core.cu): values and bytes a warp step a row, the steps a loop iteration unrolls (8 / per_warp:
 # every row's loads of the iteration issued first), and the share of them the SASS issues before the first use
-# (cuobjdump -sass of b780f05's gemv_1 / gemv_4: 30 and 39 of the 40 LDG.E.EF.U16 of an unrolled iteration)
-# a43dc2e's q4_0 (four lanes an 18-byte block: 8 blocks, 144 bytes a warp step, unrolled 16 / per_warp) and q4_k
-# (eight lanes a 144-byte super-block: 4 of them, 576 bytes a warp step, unrolled 4 / per_warp); their shares from the
-# most weight bytes a lane keeps outstanding in the SASS (q4_0 42 / 88 B at per_warp 1 / 4, q4_k 52 / 64 B) over the
-# nominal (1344 / 2304 and 1664 / 2304 B a warp at per_warp 1; at 4 the nominal or more)
+# (cuobjdump -sass of b780f05's gemv_1 / gemv_4: 30 and 39 of 40 LDG.E.EF.U16); a43dc2e's q4_0 (four lanes an 18-byte
+# block, 144 bytes a warp step, unrolled 16 / per_warp) and q4_k (eight lanes a 144-byte super-block, 576 bytes a warp
+# step, unrolled 4 / per_warp): shares from the most weight bytes a lane keeps outstanding in the SASS over the nominal
 BLOCK_TILES = {"q8_0": dict(vals=256, bytes=272, unroll=8, sass_share={1: 0.75, 2: 1.0, 4: 1.0}),
                "q4_0": dict(vals=256, bytes=144, unroll=16, sass_share={1: 0.58, 2: 1.0, 4: 1.0}),
                "q4_k": dict(vals=1024, bytes=576, unroll=4, sass_share={1: 0.72, 2: 1.0, 4: 0.89}),
@@ -398,12 +400,10 @@ BLOCK_TILES = {"q8_0": dict(vals=256, bytes=272, unroll=8, sass_share={1: 0.75, 
 
 
 # gemv_tile_staged (gemv_core.cu, q8_0 / q4_0 rows of k a multiple of 256 at 1-2 rows of x): a stage of STAGE_BLOCKS
-# blocks of each of the warp's rows as 16-byte loads, every one of them issued before the first is used (the SASS: 320
-# / 192 bytes a lane in flight at gemv_4 for q8_0 / q4_0, the whole stage, read off the cubin with the loads' first
-# uses), then decoded from shared memory: one stage in flight a warp, a round a stage. Since 2026-12-05 q4_k and q6_k
-# too: stages of Q4K_STAGE / Q6K_STAGE super-blocks (features' staged_k). A format's unit (values, bytes) and the
-# multiple of k (and of the chunk's ends) its rows stage at: q6_k's 210-byte super-blocks make whole 16-byte words in
-# runs of 8.
+# blocks of each of the warp's rows as 16-byte loads, every one issued before the first is used (the SASS: 320 / 192
+# bytes a lane in flight at gemv_4 for q8_0 / q4_0), decoded from shared memory: a stage in flight a warp, a round a
+# stage; q4_k and q6_k in stages of Q4K_STAGE / Q6K_STAGE super-blocks (staged_k). A format's unit (values, bytes) and
+# the multiple of k (and the chunk's ends) its rows stage at (q6_k's 210-byte super-blocks: whole words in runs of 8).
 STAGED_UNITS = {"q8_0": (32, 34, 256), "q4_0": (32, 18, 256), "q4_k": (256, 144, 256), "q6_k": (256, 210, 2048)}
 
 
@@ -412,7 +412,8 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_w
     """Bytes in flight a warp and its dependent load rounds, for gemv_core.cu's loops at one kernel of the family.
     wide (the work tree since d081dec): f32/f16/bf16 rows at 1-2 rows of x take gemv_tile16 (16 bytes a lane a load,
     unrolled 4: 4 loads a row a lane in flight); slab_depth ({per_warp: steps}, the work tree since gemv_slab16):
-    the same rows at 3-8 rows of x (a slab) take gemv_slab16, a ring of that many 16-byte steps a row a lane in flight
+    the same rows at 3-8 rows of x (a slab) take the slab's ring (gemv_slab_cp's in shared memory, gemv_slab16's of
+    registers before it), that many 16-byte steps a row a lane in flight
     (every slab of a launch of more than 8 rows priced so: its remainder slab of 1-2 rows streams as gemv_tile16;
     fold_parts_rope's products, built without it, as gemv_tile_any);
     otherwise (block formats at > 2 rows, and everything at 4a43cc2) gemv_tile_any's four values a lane a step, one
@@ -423,14 +424,15 @@ def gemv_structure(k: Kernel, wide: bool, block_tiles=(), staged: int = 0, q4k_w
     rows_x = min(m, 8)
     vw = 4 if fmt == "f32" else 8
     dense16 = fmt in ("f32", "f16", "bf16") and all(e % vw == 0 for e in chunk_ends(k, kk))
-    # (fold_parts_rope's products take no gemv_slab16: parts_rope.cu's gemv_body<PW, false>)
-    depth = 0 if k.call.name.startswith("fold_parts_rope") else (slab_depth or {}).get(4 if pw >= 4 else 1, 0)
+    # (no slab in fold_parts_rope_1: parts_rope.cu's gemv_body<PW, PW >= 4>; nor in _4 before the ring in shared memory)
+    bare = k.call.name.startswith("fold_parts_rope") and not (pw >= 4 and k.extra.get("parts_rope_slab"))
+    depth = 0 if bare else (slab_depth or {}).get(4 if pw >= 4 else 1, 0)
     if wide and dense16 and (m <= 2 or depth):
         steps = math.ceil(kk / (32 * vw))  # 16-byte loads a lane a row
         d = UNROLL16 if m <= 2 else depth
         inflight_row = 32 * 16 * min(d, steps)
         rounds = math.ceil(steps / d)
-        loop = "tile16 x4" if m <= 2 else f"slab16 x{d}"
+        loop = "tile16 x4" if m <= 2 else f"slab x{d}"
         # each warp's x: its slab's rows over k, 4 bytes a value, once a tile (a GLU's two), every slab of the launch
         k.extra["l1_bytes"] = math.ceil(n / pw) * kk * m * 4 * tiles
     elif (st := {"q8_0": staged, "q4_0": staged, **(staged_k or {})}.get(fmt, 0)) and \
@@ -860,7 +862,7 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
         k.regs, k.smem, k.spill = int(r["registers"]), int(r.get("smem", 0)), int(r.get("spill_stores", 0))
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
         k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
-        k.extra["norm_pairs"] = feats["norm_pairs"]
+        k.extra["norm_pairs"], k.extra["parts_rope_slab"] = feats["norm_pairs"], feats["parts_rope_slab"]
         k.extra["head_values"] = feats["head_values"]
         if k.call.name.startswith(("fold_glu_down", "fold_o_glu_down", "fold_attn_o_glu_down")):
             chain_time(k, feats, cal, pos)

@@ -243,11 +243,11 @@ class Fold(Sequenced, Launch):
 
     def loop_us(self, knobs) -> float:
         """A fused fold's product's loop at a slab (Gemv / GemmParts loop_us; its epilogue unpriced here): the products
-        in parts before their heads' epilogue (fold_parts_rope) run a slab of dense rows by gemv_tile_any too
-        (parts_rope.cu: gemv_body without gemv_slab16)."""
+        in parts before their heads' epilogue (fold_parts_rope) at one output a warp run a slab of dense rows by
+        gemv_tile_any (parts_rope.cu: gemv_body without the slab's ring there, which spilled it); at four, the slab."""
         if not self.fused or not isinstance(self.first, (Gemv, GemmParts)):
             return 0.0
-        return self.first.loop_us(knobs, slab16=self.form()[0] != "parts_rope")
+        return self.first.loop_us(knobs, ring=self.form()[0] != "parts_rope" or self.first.per_warp >= 4)
 
     def rate(self, knobs) -> float:
         return loop_rate(self.flops(), self.loop_us(knobs), knobs)

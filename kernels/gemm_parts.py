@@ -97,11 +97,11 @@ class GemmParts(InParts, Launch):
                 return why
         return None
 
-    def loop_us(self, knobs, slab16: bool = True) -> float:
+    def loop_us(self, knobs, ring: bool = True) -> float:
         """The loop's µs at a slab (gemv.slab_loop_us over the parts' output blocks; over a quantized activation:
-        0); slab16 False: in a kernel built without gemv_slab16 (fold_parts_rope)."""
+        0); ring False: in a kernel built without the slab's ring (fold_parts_rope_1)."""
         return 0.0 if self.words else slab_loop_us(self.format, self.k, sum(self.blocks()) * WARPS * self.per_warp,
-                                                    self.m, self.per_warp, 1, 1, knobs, slab16)
+                                                    self.m, self.per_warp, 1, 1, knobs, ring)
 
     def rate(self, knobs) -> float:
         return loop_rate(self.flops(), self.loop_us(knobs), knobs)

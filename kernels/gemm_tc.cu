@@ -22,16 +22,6 @@
 #define tc_threads(NJ) (2 * (TC_BN / (8 * (NJ))) * 32)
 
 // emu: begin tc_ptx (tests/cuda_host/emu.h defines these for the host emulator, lane by lane)
-__device__ __forceinline__ unsigned tc_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-// 16 bytes global -> shared, asynchronously; `bytes` (16 or 0) read, the rest of the 16 zero-filled.
-__device__ __forceinline__ void tc_cp16(void* s, const void* g, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_smem(s)), "l"(g), "r"(bytes));
-}
-__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// Until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 // Four 8x8 b16 matrices: lanes 8j..8j+7 give the rows of matrix j; lane l receives into r[j] row l/4 of matrix j,
 // its values 2(l%4) and 2(l%4)+1.
 __device__ __forceinline__ void tc_ldsm4(unsigned (&r)[4], const void* s) {

@@ -265,36 +265,36 @@ def split_k(n: int, k: int, m: int, per_warp: int, knobs: Chip, held: Collection
 
 # The lane's price of a GEMV-family loop at a slab of 3..GEMV_ROWS rows of x (gemv_core.cu gemv_tile's AR = GR) where
 # the loop, not the bytes, bounds it. One or two rows stream near the copy bandwidth (gemv_tile16, the staged and
-# block tiles), and so does a slab of f32/f16/bf16 rows of whole 16-byte words through gemv_slab16 (a ring of
-# SLAB_DEPTH 16-byte steps a row a lane in flight): the lane's bytes over hbm_gbps price those. A slab of block-format
-# rows (or of rows not whole words, or fold_parts_rope's products) runs gemv_tile_any, four values a lane a dependent
+# block tiles), and so does a slab of f32/f16/bf16 rows of whole 16-byte words through gemv_slab_cp (a ring of
+# SLAB_STAGES 16-byte steps a row a lane in shared memory): the lane's bytes over hbm_gbps price those. A slab of
+# block-format rows (or of rows not whole words, or fold_parts_rope_1's products) runs gemv_tile_any, four values a lane a dependent
 # round of knob hbm_round_us, many times its bytes' time (4096 x 4096 q8_0: 32 rounds, 65 µs against 4 µs of bytes),
 # which the lane sees through `rate`. PREDICTIONS of bench/launch_model.py's kind (no device has run a slab). Dense
 # slabs are left at the bytes price: priced by their rounds (2 µs each) a 3-row GLU of small k costs twice a
 # gate-and-up product in parts, and the lane then splits it into parts and a GLU launch, whose 2 µs gap (knob
 # launch_us) is a fifth of a launch's fixed cost in the launch model (t0 10.3 µs).
-SLAB_DEPTH = {4: 2, 1: 4}  # gemv_slab16's ring by outputs a warp (gemv_core.cu SLAB_DEPTH)
+SLAB_STAGES = {4: 4, 1: 16}  # gemv_slab_cp's ring by outputs a warp (gemv_core.cu SLAB_STAGES)
 GEMV_RESIDENT = 3  # the GEMV kernels' blocks a SM (GEMV_BOUNDS: __launch_bounds__(128, 3))
 
 
 def slab_16byte(fmt: str, k: int, split: int) -> bool:
-    """Whether a slab takes gemv_slab16: f32/f16/bf16 rows, k and each split's chunk whole 16-byte words."""
+    """Whether a slab takes gemv_slab_cp: f32/f16/bf16 rows, k and each split's chunk whole 16-byte words."""
     vw = 4 if fmt == "f32" else 8
     return fmt in ("f32", "f16", "bf16") and k % vw == 0 and chunk(k, split) % vw == 0
 
 
 def slab_loop_us(fmt: str, k: int, n: int, m: int, per_warp: int, split: int, tiles: int, knobs,
-                 slab16: bool = True) -> float:
+                 ring: bool = True) -> float:
     """The loop's µs of a GEMV-family kernel (`tiles` products a warp: the GLU's two) at m > 2 rows where the slab
     takes gemv_tile_any: each warp's dependent rounds (128 values of its k chunk each) times knob hbm_round_us (the
     launch model's fitted L), in waves of
     sms x GEMV_RESIDENT blocks over the slabs, outputs and splits. 0 at one or two rows, and where the slab streams
-    through gemv_slab16 (the bytes price it; slab16 False: a kernel built without it, fold_parts_rope). A slab of
+    through gemv_slab_cp (the bytes price it; ring False: a kernel built without it, fold_parts_rope_1). A slab of
     block rows through the staged tile (one output a warp) streams its weights but reads every output's rows of x from
     L1: those reads at knob l1_tbps (the weights' bytes price the rest)."""
-    if m <= GEMV_ROWS // 4 or (slab16 and slab_16byte(fmt, k, split)):
+    if m <= GEMV_ROWS // 4 or (ring and slab_16byte(fmt, k, split)):
         return 0.0
-    if slab16 and per_warp == 1 and slab_staged(fmt, k, split):  # the staged tile: its rows of x read from L1 once
+    if ring and per_warp == 1 and slab_staged(fmt, k, split):  # the staged tile: its rows of x read from L1 once
         return n * k * m * 4.0 * tiles / (knobs.l1_tbps * 1e6)  # an output (the weights stream: their bytes' price)
     rounds = -(-chunk(k, split) // 128)
     blocks = -(-n // (WARPS * per_warp)) * -(-m // GEMV_ROWS) * split
@@ -397,11 +397,11 @@ class Gemv(QuantEpilogue, RowsProduct):
     def flops(self):
         return 2 * self.m * self.n * self.k
 
-    def loop_us(self, knobs, slab16: bool = True) -> float:
+    def loop_us(self, knobs, ring: bool = True) -> float:
         """The loop's µs at a slab (slab_loop_us; gemv_q8.cu's product over a quantized activation: 0, unpriced);
-        slab16 False: in a kernel built without gemv_slab16 (fold_parts_rope)."""
+        ring False: in a kernel built without the slab's ring (fold_parts_rope_1)."""
         return 0.0 if self.words else slab_loop_us(self.format, self.k, self.n, self.m, self.per_warp, self.split, 1,
-                                                    knobs, slab16)
+                                                    knobs, ring)
 
     def rate(self, knobs) -> float:
         return loop_rate(self.flops(), self.loop_us(knobs), knobs)

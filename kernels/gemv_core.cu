@@ -73,7 +73,7 @@ __device__ __forceinline__ void unpack16(const uint4& v, float (&f)[FMT == 0 ? 4
 }
 
 // VW values of a row of x from p (16-byte aligned) into registers, a float4 at a time: gemv_tile16's and
-// gemv_slab16's x loads (plain loads: the chain reads x its own blocks wrote, chain.cu)
+// gemv_slab_cp's x loads (plain loads: the chain reads x its own blocks wrote, chain.cu)
 template <int VW>
 __device__ __forceinline__ void x_values(const float* p, float (&xv)[VW]) {
 #pragma unroll
@@ -108,62 +108,6 @@ __device__ __forceinline__ void gemv_tile16(const float* __restrict__ x, const v
                 for (int p = 0; p < PW; p++)
 #pragma unroll
                     for (int e = 0; e < VW; e++) acc[p][r] += wf[p][e] * xv[e];
-            }
-        }
-    }
-}
-
-// The slab's dense tile (f32/f16/bf16 rows at 3..GR rows of x, gemv_tile's AR = GR): gemv_tile16's 16-byte loads, a
-// lane's values of a step (VW, 32·VW a warp) against NR rows of x, acc[PW][NR] kept. nvcc's unroll of gemv_tile16 at
-// NR = GR hoists each unrolled step's x loads (8 rows x 8 values) beside its weight loads and spilled (2026-12-06:
-// gemv_1 112 B, gemv_glu_1 32 B, gemv_glu_4 28 B at unroll 4); here the weight loads of D steps are a ring of
-// registers filled ahead in a loop nvcc does not unroll (#pragma unroll 1 over groups of D steps): a step's buffer
-// is decoded, refilled with the step D on, then its values meet x's NR rows (float4 loads, L1 hits: the block's
-// warps read the same x) — D steps of PW rows in flight a lane through the sums, D·PW·16 bytes (SLAB_DEPTH: 2 at four
-// outputs a warp, 2 KB a warp; 4 at one). A lane's step past k1 is neither loaded nor summed.
-#define SLAB_DEPTH(PW) ((PW) >= 4 ? 2 : 4)
-template <int FMT, int PW, int NR, int D>
-__device__ __forceinline__ void gemv_slab16(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
-                                            i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
-    constexpr int VW = FMT == 0 ? 4 : 8, ES = FMT == 0 ? 4 : 2;  // values a 16-byte load, bytes a value
-    constexpr i64 STEP = 32 * VW;                                // values a warp step
-    const int lane = threadIdx.x & 31;
-    const char* wr[PW];
-#pragma unroll
-    for (int p = 0; p < PW; p++) wr[p] = (const char*)w + (j0 + p < n ? (j0 + p) * k : 0) * ES;
-    const float* xr = x + r0 * k;
-    i64 i = k0 + VW * lane;
-    uint4 buf[D][PW];  // the ring: step s of the group in buf[s]
-#pragma unroll
-    for (int s = 0; s < D; s++)
-#pragma unroll
-        for (int p = 0; p < PW; p++)
-            buf[s][p] = j0 + p < n && i + s * STEP < k1 ? __ldcs((const uint4*)(wr[p] + (i + s * STEP) * ES))
-                                                        : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll 1
-    for (; i < k1; i += D * STEP) {
-#pragma unroll
-        for (int s = 0; s < D; s++) {
-            const i64 is = i + s * STEP, nx = is + D * STEP;
-            if (is < k1) {
-                float wf[PW][VW];
-#pragma unroll
-                for (int p = 0; p < PW; p++) {
-                    unpack16<FMT>(buf[s][p], wf[p]);
-                    buf[s][p] = j0 + p < n && nx < k1 ? __ldcs((const uint4*)(wr[p] + nx * ES))
-                                                      : make_uint4(0u, 0u, 0u, 0u);
-                }
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    if (r < nr) {
-                        float xv[VW];
-                        x_values<VW>(xr + r * k + is, xv);
-#pragma unroll
-                        for (int p = 0; p < PW; p++)
-#pragma unroll
-                            for (int e = 0; e < VW; e++) acc[p][r] += wf[p][e] * xv[e];
-                    }
-                }
             }
         }
     }
@@ -293,6 +237,71 @@ __device__ __forceinline__ void gemv_tile_b32(const float* __restrict__ x, const
 __device__ __forceinline__ uint4* stage_buffer() {
     __shared__ uint4 buf[WARPS * 4 * STAGE_WORDS];
     return buf;
+}
+
+// The slab's dense tile (f32/f16/bf16 rows at 3..GR rows of x, gemv_tile's AR = GR): gemv_tile16's 16-byte loads, a
+// lane's values of a step (VW, 32·VW a warp) against NR rows of x, acc[PW][NR] kept. The weights of the steps ahead
+// wait in a ring of shared memory, not registers: each lane copies its own 16 bytes of each of the warp's PW rows a
+// step by cp.async into the warp's slice of the kernel's staging buffer (stage_buffer: SLAB_STAGES(PW) steps of PW
+// rows x 32 lanes x 16 bytes), one commit group a step, SLAB_STAGES - 1 steps in flight through the sums — 6 KB a warp
+// at four outputs a warp, 7.5 KB at one, where a ring of registers held 4 and 2 KB (SLAB_DEPTH 2 and 4: its buffers
+// beside the 32 accumulators and the step's values were what 168 registers allowed; nvcc's unroll of gemv_tile16 at
+// NR = GR spilled). A step: wait for its group, read it from the ring, refill the slot the step before used with the
+// step S - 1 on (its values summed an iteration ago), then its values meet x's NR rows (float4 loads, L1 hits: the
+// block's warps read the same x) in gemv_tile16's order of sums: the same bits as the register ring gave. A lane's
+// step past k1 is neither copied nor summed; a row past n is zero-filled (cp.async of 0 bytes). Each lane reads only
+// what its own copies wrote: no barrier.
+// Step t of a lane's slab (its 16 bytes of each of PW rows, STEP_BYTES on from step t - 1's) into slot t % S of its
+// ring, one commit group (empty where the step lies past the chunk: `in` false); a row at or past `pn` zero-filled.
+template <int PW, int S, int STEP_BYTES>
+__device__ __forceinline__ void slab_issue(uint4* ring, const char* src, i64 rk, int pn, int t, bool in) {
+    if (in) {
+#pragma unroll
+        for (int p = 0; p < PW; p++)
+            tc_cp16(ring + ((t % S) * PW + p) * 32, src + (p < pn ? p * rk : 0) + (i64)t * STEP_BYTES, p < pn ? 16 : 0);
+    }
+    tc_commit();
+}
+
+#define SLAB_STAGES(PW) ((PW) >= 4 ? 4 : 16)
+template <int FMT, int PW, int NR, int S>
+__device__ __forceinline__ void gemv_slab_cp(const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 j0,
+                                             i64 n, i64 r0, i64 k0, i64 k1, int nr, float (&acc)[PW][NR]) {
+    constexpr int VW = FMT == 0 ? 4 : 8, ES = FMT == 0 ? 4 : 2;  // values a 16-byte load, bytes a value
+    constexpr i64 STEP = 32 * VW;                                // values a warp step
+    static_assert(S * PW * 32 <= 4 * STAGE_WORDS, "the ring fits the warp's slice of the staging buffer");
+    const int lane = threadIdx.x & 31;
+    uint4* ring = stage_buffer() + (threadIdx.x >> 5) * 4 * STAGE_WORDS + lane;  // step slot s, row p: [(s·PW + p)·32]
+    const i64 i0 = k0 + VW * lane, rk = k * ES;  // the lane's first value; a row's bytes
+    const char* src = (const char*)w + j0 * rk + i0 * ES;  // row j0's bytes of the lane's first step
+    const int pn = (int)min((i64)PW, n - j0);  // the warp's rows below n (rows past: zero-filled, nothing read)
+    const float* xr = x + r0 * k;
+#pragma unroll
+    for (int t = 0; t < S - 1; t++) slab_issue<PW, S, STEP * ES>(ring, src, rk, pn, t, i0 + (i64)t * STEP < k1);
+#pragma unroll 1
+    for (int t = 0; i0 + (i64)t * STEP < k1; t++) {
+        const i64 is = i0 + (i64)t * STEP;
+        tc_wait<S - 2>();  // step t's group complete (steps t + 1 .. t + S - 2 may still be in flight)
+        uint4 v[PW];
+#pragma unroll
+        for (int p = 0; p < PW; p++) v[p] = ring[((t % S) * PW + p) * 32];
+        slab_issue<PW, S, STEP * ES>(ring, src, rk, pn, t + S - 1, is + (S - 1) * STEP < k1);  // into step t - 1's slot
+        float wf[PW][VW];
+#pragma unroll
+        for (int p = 0; p < PW; p++) unpack16<FMT>(v[p], wf[p]);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r < nr) {
+                float xv[VW];
+                x_values<VW>(xr + r * k + is, xv);
+#pragma unroll
+                for (int p = 0; p < PW; p++)
+#pragma unroll
+                    for (int e = 0; e < VW; e++) acc[p][r] += wf[p][e] * xv[e];
+            }
+        }
+    }
+    tc_wait_all();  // (nothing left in flight past k1: the ring free for the kernel's next tile)
 }
 
 // Block c of a stage row (16-byte aligned words) as d and QW quant words: nine (q8_0) or five (q4_0) words from the
@@ -581,7 +590,7 @@ __device__ __forceinline__ void gemv_tile_any(int fmt, const float* __restrict__
 // every lane's acc; AR the rows the caller keeps accumulators for (1, 2 or a slab of GR: gemv_rows picks it from the
 // rows left, so a decode step carries one accumulator an output, not GR). The format is dispatched once, outside the
 // loop (one uniform branch): f32/f16/bf16 rows stream 16 bytes a lane a load, at one or two rows of x by
-// gemv_tile16, at a slab of 3..GR by gemv_slab16 (SLAB; without it, as block formats at a slab, gemv_tile_any).
+// gemv_tile16, at a slab of 3..GR by gemv_slab_cp (SLAB; without it, as block formats at a slab, gemv_tile_any).
 template <int PW, int AR, bool SLAB = true>
 __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, const void* __restrict__ w, i64 k, i64 m,
                                           i64 j0, i64 n, i64 r0, i64 k0, i64 k1, float (&acc)[PW][AR]) {
@@ -617,14 +626,14 @@ __device__ __forceinline__ void gemv_tile(int fmt, const float* __restrict__ x, 
             gemv_tile_q6_k<PW, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else gemv_tile_any<PW, AR>(fmt, x, w, k, j0, n, r0, k0, k1, nr, vec, acc);
     } else if constexpr (SLAB) {
-        // the slab: f32/f16/bf16 rows on 16-byte loads (gemv_slab16) where k, the chunk's ends and the pointers allow;
+        // the slab: f32/f16/bf16 rows on 16-byte loads (gemv_slab_cp) where k, the chunk's ends and the pointers allow;
         // block-format rows through the staged tile on the same conditions as at one or two rows (each piece decoded
         // once for the slab's rows)
         bool wide = fmt <= 2 && ((k | k0 | k1) & (fmt == 0 ? 3 : 7)) == 0 && (xa & 15) == 0 && (wa & 15) == 0;
         bool st = (xa & 15) == 0 && (wa & 15) == 0 && ((k | k0 | k1) & (fmt == 6 ? 2047 : 255)) == 0;
-        if (wide && fmt == 0) gemv_slab16<0, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        else if (wide && fmt == 1) gemv_slab16<1, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
-        else if (wide) gemv_slab16<2, PW, AR, SLAB_DEPTH(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        if (wide && fmt == 0) gemv_slab_cp<0, PW, AR, SLAB_STAGES(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (wide && fmt == 1) gemv_slab_cp<1, PW, AR, SLAB_STAGES(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
+        else if (wide) gemv_slab_cp<2, PW, AR, SLAB_STAGES(PW)>(x, w, k, j0, n, r0, k0, k1, nr, acc);
         else if constexpr (PW == 1) {  // (four outputs a warp spilled: 40-196 B alone, to 2900 B in kernels, nvcc 13)
             if (st && fmt == 3) gemv_tile_staged<Staged32<BlockQ8_0>, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
             else if (st && fmt == 4) gemv_tile_staged<Staged32<BlockQ4_0>, 1, AR>(x, w, k, j0, n, r0, k0, k1, nr, acc);
@@ -673,7 +682,7 @@ __device__ __forceinline__ void gemv_rows(int fmt, const float* x, const void* w
 
 // The warp's outputs j0.. of output block `bx` (blocks of WARPS*PW outputs), rows of slab blockIdx.y: accumulators
 // for one row, two or the slab's GR, as many as the slab holds. SLAB false: a slab of dense rows as gemv_tile_any
-// (fold_parts_rope: beside its heads' epilogue gemv_slab16 spilled it, 8 B at 168 registers, nvcc 13).
+// (fold_parts_rope: beside its heads' epilogue gemv_slab16's ring of registers spilled it, 8 B at 168 registers, nvcc 13).
 template <int PW, bool SLAB = true>
 __device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w, const float* bias, const Dst& d, float* part,
                                           i64 k, i64 n, i64 m, i64 split, i64 bx, float cap = 0.f) {

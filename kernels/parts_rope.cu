@@ -180,8 +180,9 @@ __device__ __forceinline__ void parts_rope_body(int fmt, const float* x, const Q
     Dst y = dst_from(d + 4);
     i64 n = d[2], bx = blockIdx.x - d[3];
     if (PW == 0) q8_body(fmt, qx, (const void*)d[0], (const float*)d[1], y, k, n, m, bx);
-    else  // (a slab of dense rows as gemv_tile_any: gemv_slab16 beside the epilogue spilled fold_parts_rope, 8 B)
-        gemv_body<(PW > 0 ? PW : 1), false>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, n, m, 1, bx);
+    else  // (a slab of dense rows at one output a warp as gemv_tile_any: gemv_slab_cp beside the epilogue spilled
+          // fold_parts_rope_1, 16 B stack, 16 / 44 B, nvcc 13; at four it takes the slab, no spill)
+        gemv_body<(PW > 0 ? PW : 1), (PW >= 4)>(fmt, x, (const void*)d[0], (const float*)d[1], y, nullptr, k, n, m, 1, bx);
     parts_epilogue<PW == 0 ? 1 : HEAD_VALUES, true, true>(d, y, n, WARPS * (PW > 0 ? PW : 1), bx, m, counters, cos,
                                                            sin, posp, slot);
 }

@@ -24,6 +24,22 @@ typedef long long i64;
 #endif
 #define PDL_ENTER() do { PDL_WAIT(); PDL_LAUNCH(); } while (0)
 
+// cp.async (sm_80+): 16 bytes global -> shared without a register, a thread's copies in commit groups it waits on.
+// The tensor-core GEMM's stages (gemm_tc.cu) and the GEMV slab's ring of weight steps (gemv_core.cu gemv_slab_cp).
+// A thread reads what its own copies wrote once its wait lets their group complete.
+// emu: begin cp_ptx (tests/cuda_host/emu.h defines these for the host emulator, lane by lane)
+__device__ __forceinline__ unsigned tc_smem(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// 16 bytes global -> shared, asynchronously; `bytes` (16 or 0) read, the rest of the 16 zero-filled.
+__device__ __forceinline__ void tc_cp16(void* s, const void* g, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tc_smem(s)), "l"(g), "r"(bytes));
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void tc_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// emu: end cp_ptx
+
 __device__ __forceinline__ float bf16f(unsigned b) { return __uint_as_float((b & 0xffffu) << 16); }
 __device__ __forceinline__ float f16f(unsigned h) {
     float f;

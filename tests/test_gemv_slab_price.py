@@ -1,6 +1,6 @@
 """The lane's price of a GEMV-family launch at a slab of 3-8 rows of x (kernels/gemv.py slab_loop_us): where the slab
 runs gemv_core.cu's gemv_tile_any (block formats, rows not whole 16-byte words), its dependent rounds of four values a
-lane; one or two rows, and a slab through gemv_slab16's 16-byte ring (f32/f16/bf16), keep the bytes-over-bandwidth
+lane; one or two rows, and a slab through gemv_slab_cp's 16-byte ring (f32/f16/bf16), keep the bytes-over-bandwidth
 price; a slab of block rows through the staged tile (one output a warp) is priced by its x's L1 reads. The constants are read off the kernels' sources, so a change there fails here."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ KN = Knobs()
 
 def test_the_slab_constants_are_the_kernels():
     core = (KERNELS / "gemv_core.cu").read_text()
-    d4, d1 = map(int, re.search(r"#define SLAB_DEPTH\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core).groups())
-    assert G.SLAB_DEPTH == {4: d4, 1: d1}
+    s4, s1 = map(int, re.search(r"#define SLAB_STAGES\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core).groups())
+    assert G.SLAB_STAGES == {4: s4, 1: s1}
     assert G.GEMV_RESIDENT == int(re.search(r"#define GEMV_BOUNDS __launch_bounds__\(128, (\d+)\)", core).group(1))
     assert int(re.search(r"#define GR (\d+)", core).group(1)) == G.GEMV_ROWS
 
@@ -48,7 +48,7 @@ def test_one_or_two_rows_keep_the_bytes_price(fmt):
 def test_a_slab_is_priced_by_its_loop(fmt, m):
     g, glu, parts, fold = launches(fmt, m)
     assert fold.fused and g.split == 1
-    if fmt in ("bf16", "f16", "f32"):  # gemv_slab16: the bytes price it, as at one or two rows
+    if fmt in ("bf16", "f16", "f32"):  # gemv_slab_cp: the bytes price it, as at one or two rows
         assert g.per_warp == 4
         for l in (g, glu, parts, fold):
             assert l.loop_us(KN) == 0.0 and l.rate(KN) == KN.tflops_f32
@@ -102,17 +102,22 @@ def test_a_split_slab_and_unaligned_rows():
 
 
 @pytest.mark.parametrize("m", [3, 8])
-def test_the_parts_rope_fold_prices_its_dense_slab_by_the_four_value_loop(m):
-    """fold_parts_rope's products (parts_rope.cu: gemv_body without gemv_slab16) run a slab of bf16 rows through
-    gemv_tile_any: its fold is priced by that loop, the plain parts launch by its bytes."""
-    core = (KERNELS / "parts_rope.cu").read_text()
-    assert re.search(r"gemv_body<\(PW > 0 \? PW : 1\), false>", core)
-    parts = GemmParts("x", "bf16", 4096, m, (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("kk"), 1024)))
-    assert parts.tune(KN).loop_us(KN) == 0.0
-    import inspect
+def test_the_parts_rope_fold_takes_the_slab_at_four_outputs_a_warp(m):
+    """fold_parts_rope's products (parts_rope.cu: gemv_body with the slab's ring at four outputs a warp, without it at
+    one, where it spilled) run a slab of bf16 rows through gemv_slab_cp at four — the fold priced by its bytes, as the
+    plain parts launch — and through gemv_tile_any at one, priced by that loop's rounds."""
+    from lanefuse.kernels import RopeParts, RopeSide
 
-    assert "slab16" in inspect.signature(parts.loop_us).parameters
-    assert parts.tune(KN).loop_us(KN, slab16=False) == pytest.approx(-(-4096 // 128) * KN.hbm_round_us)
+    core = (KERNELS / "parts_rope.cu").read_text()
+    assert re.search(r"gemv_body<\(PW > 0 \? PW : 1\), \(PW >= 4\)>", core)
+    parts = (GemmPart("wq", Dst("q"), 4096), GemmPart("wk", Dst("kk"), 1024))
+    sides = (RopeSide("q", Dst("qr"), 32), RopeSide("kk", Dst("kr"), 8))
+    for pw, rounds in ((4, 0), (1, -(-4096 // 128))):
+        gp = GemmParts("x", "bf16", 4096, m, parts, per_warp=pw)
+        f = Fold(gp, RopeParts(sides, "cos", "sin", "pos", m, 128, 128))
+        assert f.fused and f.form()[0] == "parts_rope"
+        assert gp.loop_us(KN) == 0.0
+        assert f.loop_us(KN) == pytest.approx(rounds * KN.hbm_round_us * -(-(5120 // (4 * pw)) // (KN.sms * 3)))
 
 
 def test_the_rounds_are_the_knobs():

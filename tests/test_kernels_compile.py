@@ -266,8 +266,10 @@ KNOWN_SPILLS = {
     # a warp) the gate's sums live through the up's tile: a 64-bit and a 32-bit value stored once each (STL.64 / STL)
     # and reloaded five times in all: 7 local accesses in the whole kernel (cuobjdump -sass, nvcc 13); the same
     # (168 registers, 16 B stack, 12 / 20 B spill stores / loads) since q4_k / q6_k rows took gemv_tile_staged; 8 B
-    # stack, 4 / 4 B since the slab's GLU keeps the gate's sums one a lane (gemv_glu.cu own_sum, nvcc 13)
-    "gemv_glu_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "168 registers, 8 B stack, 4 B spill"),
+    # stack, 4 / 4 B since the slab's GLU keeps the gate's sums one a lane (gemv_glu.cu own_sum, nvcc 13); 16 B stack,
+    # 12 / 20 B again since the dense slab's ring moved to shared memory (gemv_slab_cp) — and as much with no dense
+    # slab in the kernel at all (tried: the slab's dispatch removed), so not the slab's loop
+    "gemv_glu_4": (("quant", "gemv_core", "gemv_q8", "gemv_glu"), "168 registers, 16 B stack, 12 / 20 B spill"),
     "fold_gemv_norm_q8": (FOLD_STEMS, "128 registers, 32 B stack"),
     "fold_parts_rope_q8": (FOLD_STEMS, "128 registers, 32 B stack"),
     # the LM head over a quantized activation with its arg-max (head_argmax): gemv_q8.cu's body, its int q[8] as above

@@ -82,13 +82,15 @@ def gemv_case(fmt, k, n, m, per_warp, split, seed, placed):
     again_same(launch, dev, ["y"])
 
 
-# The slab of 3..8 rows over f32/f16/bf16 rows (gemv_slab16: 16-byte loads, a ring of SLAB_DEPTH steps a lane): every
-# slab size, and a slab plus a remainder of one and of three rows (9, 11); k of one load a lane or less than a warp
-# step (8, 16), a step and a tail (264, 132 in f32), past the ring (ring of 2 steps at four outputs a warp, 4 at one:
-# 1544 bf16 is 6 steps and a tail of 8 values), a k of whole four-value words but not eight (260: f16/bf16 take
-# gemv_tile_any); n leaving a warp's rows past n (7 at four a warp); split-K into chunks of whole 8-value words
-# (1544 / 2: 772 ... not, so the second chunk falls back to gemv_tile_any) or not.
-SLAB_CASES = [(3, 8, 7), (4, 264, 13), (5, 1544, 7), (6, 16, 9), (7, 260, 7), (8, 776, 13), (9, 264, 7), (11, 520, 9)]
+# The slab of 3..8 rows over f32/f16/bf16 rows (gemv_slab_cp: 16-byte loads, a ring of SLAB_STAGES steps a lane in
+# shared memory): every slab size, and a slab plus a remainder of one and of three rows (9, 11); k of one load a lane
+# or less than a warp step (8, 16), a step and a tail (264, 132 in f32), past the ring (4 steps at four outputs a warp:
+# 1544 bf16 is 6 steps and a tail of 8 values; 16 at one: 4616 bf16 is 18 steps and a tail, 4612 f32 36), a k of whole
+# four-value words but not eight (260: f16/bf16 take gemv_tile_any); n leaving a warp's rows past n (7 at four a warp);
+# split-K into chunks of whole 8-value words (1544 / 2: 772 ... not, so the second chunk falls back to gemv_tile_any)
+# or not.
+SLAB_CASES = [(3, 8, 7), (4, 264, 13), (5, 1544, 7), (6, 16, 9), (7, 260, 7), (8, 776, 13), (9, 264, 7), (11, 520, 9),
+              (5, 4616, 5)]
 
 
 @pytest.mark.parametrize("fmt", ["f32", "f16", "bf16"])
@@ -415,6 +417,20 @@ def test_fold_products_then_head_epilogue(fmt, m, heads, kv, hd, rot, norm, pw, 
     again_same(f, dev, ["q", "k", "qr", "kc", "vc"])
 
 
+# fold_parts_rope at a slab and four outputs a warp takes gemv_slab_cp (parts_rope.cu: gemv_body<PW, PW >= 4>): k past
+# its ring (bf16 1544: 6 steps of the ring's 4; f32 1540: 13 steps and a tail), GQA heads normed and rotated, a slab
+# of 6 and one of 8 and 3 (11), against the twin, again in reverse block order, the counters back at zero.
+@pytest.mark.parametrize("fmt,k", [("bf16", 1544), ("f32", 1540), ("f16", 1544)])
+@pytest.mark.parametrize("m", [6, 11])
+def test_fold_parts_rope_slab_past_its_ring(fmt, k, m):
+    g = np.random.default_rng(k + m)
+    f, arrays, weights = gpu._qkv(g, fmt, m, k, 4, 2, 16, 16, True, 4, True, 32, 9)
+    assert f.fused and f.form()[0] == "parts_rope" and f.first.per_warp == 4
+    dev = gpu.both(f, arrays, weights, tol=2e-4)
+    counters_zero(f, dev)
+    again_same(f, dev, ["q", "k", "qr", "kc", "vc"])
+
+
 # -- the emulator itself: what it must catch (each a mutated gemv_core.cu) ------------------------------------------
 
 def _mutated(monkeypatch, old: str, new: str):
@@ -455,20 +471,25 @@ def test_the_emulator_catches(monkeypatch, old, new, error):
 
 
 @pytest.mark.parametrize("old,new", [
-    # the ring refilled one step short: a step summed twice, the last never
-    ("nx = is + D * STEP;", "nx = is + (D - 1) * STEP;"),
+    # a step read from the ring before its copies complete (the wait one group short: the emulator writes a
+    # cp.async's bytes only when its group's wait lets it, so the slot still holds the step S steps back)
+    ("tc_wait<S - 2>();  // step t's", "tc_wait<S - 1>();  // step t's"),
+    # the ring refilled one step long: step t + S - 1 never copied, its slot read with the step before's values
+    ("pn, t + S - 1, is + (S - 1) * STEP < k1);", "pn, t + S, is + S * STEP < k1);"),
     # the slab's rows of x in reverse order against their accumulators
     ("x_values<VW>(xr + r * k + is, xv);",
      "x_values<VW>(xr + (nr - 1 - r) * k + is, xv);"),
 ])
 @pytest.mark.forked
 def test_the_slab_cases_catch_a_broken_slab_tile(monkeypatch, old, new):
-    """Each a mutated gemv_slab16: the slab's cases fail (wrong values), so they take the slab's tile (were it gone,
+    """Each a mutated gemv_slab_cp: the slab's cases fail (wrong values), so they take the slab's tile (were it gone,
     `_mutated` fails: its text no longer in gemv_core.cu)."""
     _mutated(monkeypatch, old, new)
-    for fmt, (m, k, n), pw in [("bf16", (5, 1544, 7), 4), ("f32", (8, 772, 13), 1)]:
+    for fmt, (m, k, n), pw in [("bf16", (5, 1544, 7), 4), ("f32", (8, 2052, 13), 1)]:
         with pytest.raises(AssertionError):
             test_gemv_slab(fmt, m, k, n, pw, 1)
+    with pytest.raises(AssertionError):  # fold_parts_rope_4's products at a slab
+        test_fold_parts_rope_slab_past_its_ring("bf16", 1544, 6)
 
 
 @pytest.mark.forked

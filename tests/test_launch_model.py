@@ -98,19 +98,21 @@ def test_staged_tiles_are_read_off_gemv_core(lm, fmt, k, split, staged):
         assert kern.extra["loop"] != f"{fmt} staged"
 
 
-@pytest.mark.parametrize("fmt,m,pw,loop", [("bf16", 5, 4, "slab16"), ("f32", 8, 1, "slab16"), ("bf16", 2, 4, "tile16 x4"),
-                                             ("q8_0", 8, 4, "4-value x1"), ("f16", 9, 4, "slab16")])
+@pytest.mark.parametrize("fmt,m,pw,loop", [("bf16", 5, 4, "slab x"), ("f32", 8, 1, "slab x"), ("bf16", 2, 4, "tile16 x4"),
+                                             ("q8_0", 8, 4, "4-value x1"), ("f16", 9, 4, "slab x")])
 def test_the_slab_tile_is_read_off_gemv_core(lm, fmt, m, pw, loop):
-    """gemv_slab16's ring (SLAB_DEPTH: steps a row a lane in flight, by outputs a warp) as gemv_core.cu defines it
-    (none at 4a43cc2): a slab of f32/f16/bf16 rows streams that many 16-byte steps a row a lane, its x's L1 reads
+    """The slab's ring (gemv_slab_cp's SLAB_STAGES in shared memory: all but one of them in flight a row a lane, by
+    outputs a warp; gemv_slab16's SLAB_DEPTH registers at d628a8c; none at 4a43cc2) as gemv_core.cu defines it: a slab of f32/f16/bf16 rows streams that many 16-byte steps a row a lane, its x's L1 reads
     recorded for time_us' floor; block formats at a slab take the four-value loop. The slab is priced well below
     the four-value loop it replaced, and never below its bytes at the copy bandwidth."""
     import re
 
     core = lm.gemv_core_source(None)
-    d4, d1 = map(int, re.search(r"#define SLAB_DEPTH\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core).groups())
+    s4, s1 = map(int, re.search(r"#define SLAB_STAGES\(PW\) \(\(PW\) >= 4 \? (\d+) : (\d+)\)", core).groups())
+    d4, d1 = s4 - 1, s1 - 1  # gemv_slab_cp: every step of its ring but the one being summed in flight
     feats = lm.features(None)
     assert feats["slab_depth"] == {4: d4, 1: d1} and lm.features("4a43cc2")["slab_depth"] == {}
+    assert lm.features("d628a8c")["slab_depth"] == {4: 2, 1: 4}
     from lanefuse.kernels import Dst, Gemv
 
     launch = Gemv("x", "w", fmt, Dst("y"), 4096, 4096, m, per_warp=pw)
@@ -128,9 +130,9 @@ def test_the_slab_tile_is_read_off_gemv_core(lm, fmt, m, pw, loop):
 
     kern = priced(feats["slab_depth"])
     assert kern.extra["loop"].startswith(loop)
-    if loop == "slab16":
+    if loop == "slab x":
         d = d4 if pw == 4 else d1
-        assert kern.extra["loop"] == f"slab16 x{d}" and kern.inflight_warp == pw * 32 * 16 * d
+        assert kern.extra["loop"] == f"slab x{d}" and kern.inflight_warp == pw * 32 * 16 * d
         assert kern.extra["l1_bytes"] == 4096 // pw * 4096 * m * 4
         old = priced({})
         assert old.extra["loop"] == "4-value x1" and kern.us < 0.6 * old.us
