@@ -296,7 +296,7 @@ def features(rev: str | None) -> dict:
     epilogue's values a lane a round of loads in the kernels over an f32 x (HEAD_VALUES, fold.cu's, parts_rope.cu's
     since the chain's q/k/v phase; before it, 1)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
-    hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("fold.cu", rev))
+    hv = re.search(r"#define HEAD_VALUES (\d+)", fold := kernel_file("fold.cu", rev))
     if hv is None:  # (since the q/k/v phase joined the chain, the head epilogue lives in parts_rope.cu)
         try:
             hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("parts_rope.cu", rev))
@@ -313,7 +313,9 @@ def features(rev: str | None) -> dict:
     return dict(
         norm_batch=int(m.group(1)) if m else 1,
         norm_vbatch=int(mv.group(1)) if mv else 0,
-        norm_pairs="norm_rows_vec<VB, 2>" in norm,  # fold_gemv_norm_1/_4's tail two rows at a time
+        norm_pairs="norm_rows_vec<VB, 2>" in norm,  # fold_gemv_norm_1/_4's tail two rows at a time, but where fold.cu
+        # gives a kernel fold_tail<1> (a row at a time: fold_gemv_norm_q8, which pairs spilled)
+        tail_one={m.group(1) for m in re.finditer(r"(fold_gemv_norm\w*)\((?:(?!\n}).)*?fold_tail<1>", fold, re.S)},
         attn_tiles={**{n: int(kt) for n, d, pb, kt in  # (a fifth argument since the shared-row kernel: ROWS)
                        re.findall(r"^ATTENTION_KERNEL\((\w+), (\d+), (\d+), (\d+)(?:, \w+)?\)", att, re.M)},
                     # the chained attention phase's (chain.cu fold_attn_o_glu_down: attention_body<D, PB, KT, false>)
@@ -648,8 +650,7 @@ def tail_us(k: Kernel, cal: dict) -> float:
     rotates it (in parallel over heads)."""
     if k.call.name.startswith("fold_gemv_norm"):
         k.extra["tail_rounds"] = norm_tail_rounds(k.launch.then, k.threads, k.extra.get("norm_batch", 1),
-                                                  k.extra.get("norm_vbatch", 0),
-                                                  k.extra.get("norm_pairs", False) and not k.call.name.endswith("_q8"))
+                                                  k.extra.get("norm_vbatch", 0), k.extra.get("norm_pairs", False))
         return cal["L_l2_us"] * k.extra["tail_rounds"]
     if k.call.name.startswith("fold_parts_rope"):  # each head's last block: rope_tail_rounds, a round fitted
         hv = 1 if k.call.name.endswith("_q8") else k.extra.get("head_values", 1)
@@ -861,9 +862,8 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
             r = dict(registers=32, smem=0, spill_stores=0)
         k.regs, k.smem, k.spill = int(r["registers"]), int(r.get("smem", 0)), int(r.get("spill_stores", 0))
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
-        k.extra["norm_batch"], k.extra["norm_vbatch"] = feats["norm_batch"], feats["norm_vbatch"]
-        k.extra["norm_pairs"], k.extra["parts_rope_slab"] = feats["norm_pairs"], feats["parts_rope_slab"]
-        k.extra["head_values"] = feats["head_values"]
+        k.extra.update({f: feats[f] for f in ("norm_batch", "norm_vbatch", "parts_rope_slab", "head_values")},
+                       norm_pairs=feats["norm_pairs"] and k.call.name not in feats["tail_one"])
         if k.call.name.startswith(("fold_glu_down", "fold_o_glu_down", "fold_attn_o_glu_down")):
             chain_time(k, feats, cal, pos)
             continue

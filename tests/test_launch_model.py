@@ -213,6 +213,8 @@ def test_a_folds_tail_takes_its_rows_two_at_a_time(lm):
     from lanefuse.kernels import Norm, PreNorm
 
     assert lm.features(None)["norm_pairs"] and not lm.features("38929db")["norm_pairs"]
+    # fold.cu says which fold keeps a row at a time (fold_tail<1>: the q8 fold, which pairs spilled)
+    assert lm.features(None)["tail_one"] == {"fold_gemv_norm_q8"}
     nm = Norm("res", "nw", "y", 8, 4096, 1e-6, add="o", sum="s")
     assert lm.norm_tail_rounds(nm, 128, 8, 8) == 24 and lm.norm_tail_rounds(nm, 128, 8, 8, pairs=True) == 16
     odd = Norm("res", "nw", "y", 7, 4096, 1e-6, add="o", sum="s")
