@@ -1,0 +1,59 @@
+"""A batch decode step whose products run the GEMV slab (3-8 rows of x) through gemv_slab_cp's ring of shared memory,
+planned as the lane plans it and run by the device runner with every launch the real .cu on the host emulator (g++:
+tests/cuda_host/emu.h): tests/test_lane.py's tiny Qwen3, Llama and Qwen2 at a batch of 5 sequences, each at its own
+position in its own slot, knob wide_rows low enough that their products take four outputs a warp — so the q/k/v
+products, head norms and rotation run as one fold_parts_rope_4 launch on the slab (parts_rope.cu: gemv_body with the
+ring at four outputs a warp), the o and down products as fold_gemv_norm_4 and the GLU as gemv_glu_4. Two steps, the
+caches carried: the numpy backend's logits (within the kernels' order of sums) and tokens."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from cuda_host import emu
+
+pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
+
+B = 5
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_a_planned_batch_step_on_the_slab_gives_the_numpy_backends_tokens(arch, monkeypatch):
+    from test_batch import _random_env
+    from test_issue40_views import _Stream
+    from test_lane import ARCHS, _weights
+
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.kernels import Fold, GemmParts
+    from lanefuse.lane.lower.knobs import Knobs
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run import cupy_runner
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg = ARCHS[arch]
+    w = _weights(cfg)
+    g = build_step(cfg, 1, batch=B)
+    p = plan(g, knobs=Knobs(wide_rows=16))
+    kinds = [x.launch for x in p.launches]
+    folds = [x for x in kinds if isinstance(x, Fold) and isinstance(x.first, GemmParts) and x.fused]
+    assert folds and all(f.form()[0] == "parts_rope" and f.first.per_warp == 4 and f.first.m == B for f in folds)
+    assert "gemm_parts" not in p.census and "rope_parts" not in p.census, p.census
+    stems = sorted({x.launch.stem for x in p.launches if x.launch.kernels()})
+    want_r = NumpyRunner(p, w, exact=True)
+    tables = _random_env(cfg, B, 3)
+    mine = {n: np.array(t, copy=True) for n, t in tables.items()}
+    with emu.emulating(stems) as device_env:
+        monkeypatch.setattr(cupy_runner, "DeviceEnv", device_env)
+        monkeypatch.setattr(sys.modules["cupy"].cuda, "Stream", _Stream, raising=False)
+        r = cupy_runner.CupyRunner(p, w, cupy_runner.DeviceState(), graph=False)
+        for step in range(2):
+            want, got = want_r.step(tables), r.step(mine)
+            scale = float(np.abs(want["logits"]).max())
+            assert np.abs(got["logits"] - want["logits"]).max() <= 2e-5 * scale, (arch, step)
+            assert np.array_equal(got["next"], want["next"]), (arch, step)
+            for env in (tables, mine):  # the next step: each sequence's token and position advanced
+                env["token"] = np.asarray(want["next"], np.int32).reshape(-1)[:B].copy()
+                env["pos"] = env["pos"] + 1
