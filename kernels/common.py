@@ -191,7 +191,8 @@ def batch_dsts(l: "Launch", pos: str, slot: int):
 
 
 def own_names(obj) -> set[str]:
-    """The names a launch's fields hold outside its Dsts' rows and its nested launches: what it reads itself."""
+    """The names a launch's fields hold outside its Dsts' rows and its nested launches (a field's, or a tuple's of
+    them: a chain's phases): what it reads itself."""
     from dataclasses import fields as fields_of, is_dataclass
 
     out: set[str] = set()
@@ -201,7 +202,8 @@ def own_names(obj) -> set[str]:
         out.add(obj.buf)
     elif isinstance(obj, tuple):
         for x in obj:
-            out |= own_names(x)
+            if not isinstance(x, Launch):
+                out |= own_names(x)
     elif is_dataclass(obj):
         for f in fields_of(obj):
             v = getattr(obj, f.name)
