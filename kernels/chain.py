@@ -69,6 +69,14 @@ class Chain(Sequenced, Launch):
     stem: ClassVar[tuple[str, ...]] = ("quant", "gemv_core", "gemv_q8", "gemv_glu", "norm", "attention", "parts_rope",
                                        "chain")
 
+    def apart(self) -> tuple[Launch, ...]:
+        """Held `sequences`: a chain whose attention phase runs a batch's sequences (its slot set) as its phases'
+        own launches, each apart by its own kind; any other chain as it is (it reads no sequence's position)."""
+        att = self.attention
+        if att is None or not att.slot:
+            return (self,)
+        return tuple(k for p in self.phases for k in p.apart())
+
     def sequence(self):
         return self.phases
 

@@ -147,6 +147,28 @@ def test_sequences_as_one_launch_and_held_apart():
     assert "sequences" in apart.held
 
 
+def test_a_batch_of_two_is_one_chain_a_layer_and_held_apart():
+    """A batch of 2 runs each layer as one five-phase chain (qkv_attn_o_glu_down_norm: its attention phase reads each
+    sequence's position and slot), as one sequence does; `sequences` held, no launch reads a batch's positions for
+    two sequences (each attention and rotation a launch a sequence, the chain's phases apart where it had them), and
+    the same logits and tokens."""
+    from lanefuse.kernels import Chain
+
+    cfg, w = DEMO
+    g = build_step(cfg, 1, batch=2)
+    on, apart = plan(g), plan(g, held=["sequences"])
+    assert on.census == plan(build_step(cfg, 1)).census
+    assert on.fusions.get("qkv_attn_o_glu_down_norm") == cfg.layers
+    assert all(x.launch.attention.slot for x in on.launches if isinstance(x.launch, Chain))
+    assert apart.census["attention"] == 2 * cfg.layers and apart.census["rope_parts"] == 2 * cfg.layers
+    assert not any(isinstance(x.launch, Chain) and x.launch.attention is not None for x in apart.launches)
+    env = _random_env(cfg, 2, 5)
+    a = NumpyRunner(on, w, exact=True).step(_copy(env))
+    b = NumpyRunner(apart, w, exact=True).step(_copy(env))
+    assert np.abs(a["logits"] - b["logits"]).max() <= TOL * max(1.0, float(np.abs(a["logits"]).max()))
+    assert np.array_equal(a["next"], b["next"])
+
+
 def test_held_sequences_unknown_before_now_is_a_step():
     cfg, _ = DEMO
     with pytest.raises(UserError, match="did you mean"):
