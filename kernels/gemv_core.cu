@@ -681,8 +681,8 @@ __device__ __forceinline__ void gemv_rows(int fmt, const float* x, const void* w
 }
 
 // The warp's outputs j0.. of output block `bx` (blocks of WARPS*PW outputs), rows of slab blockIdx.y: accumulators
-// for one row, two or the slab's GR, as many as the slab holds. SLAB false: a slab of dense rows as gemv_tile_any
-// (fold_parts_rope: beside its heads' epilogue gemv_slab16's ring of registers spilled it, 8 B at 168 registers, nvcc 13).
+// for one row, two or the slab's GR, as many as the slab holds. SLAB false: a slab as gemv_tile_any (fold_parts_rope_1:
+// beside its heads' epilogue the slab's tiles spilled it, 16 / 44 B at 168 registers, nvcc 13).
 template <int PW, bool SLAB = true>
 __device__ __forceinline__ void gemv_body(int fmt, const float* x, const void* w, const float* bias, const Dst& d, float* part,
                                           i64 k, i64 n, i64 m, i64 split, i64 bx, float cap = 0.f) {
