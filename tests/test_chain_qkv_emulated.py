@@ -105,10 +105,9 @@ def test_partial_rotation_and_a_second_launch():
     counters_zero(c, dev)
 
 
-def test_a_batch_of_two_sequences_each_in_its_slot():
-    """A batch step's two rows, each a sequence at its own position (posp) in its own slot of the caches: the q/k/v
-    phase rotates each row at its position and writes its key and value rows into its slot, as the fold's launch
-    does; the attention reads each slot."""
+def batch_of_two():
+    """The chain of a batch step's two rows, each a sequence at its own position (posp) in its own slot of the
+    caches, and its inputs (tests/test_kernels_gpu.py runs it on a device too)."""
     slot = L // 2
     g = np.random.default_rng(21)
     c, arrays, weights = qkv_chain(g, "bf16", 2, 8, 2, 32, 256, 72, 4, 0, splits=3, per_block=4)
@@ -121,6 +120,13 @@ def test_a_batch_of_two_sequences_each_in_its_slot():
     assert c.check() is None, c.check()
     arrays["pos"] = np.array([13, 29], np.int32)
     arrays["kc"], arrays["vc"] = r32(g, L, nk), r32(g, L, nk)
+    return c, arrays, weights
+
+
+def test_a_batch_of_two_sequences_each_in_its_slot():
+    """The q/k/v phase rotates each row at its position and writes its key and value rows into its slot, as the
+    fold's launch does; the attention reads each slot."""
+    c, arrays, weights = batch_of_two()
     dev = run(c, arrays, weights)
     again_same(c, dev, OUTS)
 

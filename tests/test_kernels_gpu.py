@@ -255,6 +255,16 @@ def test_fold_gemv_norm(m, k, n, per_warp):
     np.testing.assert_allclose(dev.host("sum"), arrays["res"].reshape(-1) + dev.host("o"), rtol=1e-5, atol=1e-5)
 
 
+def test_chain_over_a_batch_of_two():
+    """The five-phase decode layer (chain.cu fold_attn_o_glu_down with its q/k/v phase) over a batch of two
+    sequences, each at its own position in its own slot of the caches: a batch of 2's layer since the lane batches the
+    chain (tests/test_chain_qkv_emulated.py's case, there on the host emulator), against its phases' twins."""
+    from test_chain_qkv_emulated import batch_of_two
+
+    c, arrays, weights = batch_of_two()
+    both(c, arrays, weights, tol=3e-4)
+
+
 def gemv_argmax_case(fmt, m, k, n, per_warp, advance, ties, words=0):
     """The LM head and the step's arg-max as one launch (head_argmax): random rows, or (`ties`) the largest output
     copied to three other rows, two of them below it and one above (the smallest index must win), and a NaN row
