@@ -30,24 +30,36 @@
 // chain_wait).
 // The wait (chain_wait, chain_acquire) is prelude.cu's: moe.cu's routed mixture waits the same way.
 
-// gemv_body's and glu_body's work for output block bx at one or two rows of x (m <= 2: chain.py's check), through
-// their AR 1 / 2 accumulators only (the slab's GR accumulators spilled gemv_glu_4).
-template <int PW>
+// gemv_body's and glu_body's work for output block bx: R 0 at one or two rows of x through their AR 1 / 2
+// accumulators and at 3..GR (a batch's sequences, a chunk's rows) through the slab's GR at four outputs a warp
+// (gemv_slab_cp's ring of f32/f16/bf16 rows: chain.py's check takes no other slab; at one output a warp a slab traps,
+// the staged tiles of block rows beside the chain's phases being more than its registers); R 2 one row, else two (as
+// before the slab), R GR the slab only: fold_attn_o_glu_down_4 and _slab, the whole module, nvcc 13 sm_90, 168
+// registers, no stack, no spill each, where beside its attention and q/k/v phases the three paths in one kernel
+// spilled 8 / 8 B, and R 2 trapping past two rows (m == 2 tested) 16 / 104 B. The glu_down and o_glu_down kernels take
+// R 0: all three paths, no spill.
+template <int PW, int R = 0>
 __device__ __forceinline__ void chain_glu(int fmt, const float* x, const void* wg, const void* wu, const float* bg,
                                           const float* bu, float* h, i64 k, i64 f, i64 m, int a, i64 bx) {
     i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
     if (j0 >= f) return;
-    if (m == 1) glu_rows<PW, 1>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
-    else glu_rows<PW, 2>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
+    if constexpr (R == GR) glu_rows<PW, GR>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
+    else if (m == 1) glu_rows<PW, 1>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
+    else if (R == 2 || m == 2) glu_rows<PW, 2>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
+    else if constexpr (PW >= 4) glu_rows<PW, GR>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, j0);
+    else __trap();
 }
 
-template <int PW>
+template <int PW, int R = 0>
 __device__ __forceinline__ void chain_gemv(int fmt, const float* x, const void* w, const float* bias, const Dst& d,
                                            i64 k, i64 n, i64 m, i64 bx) {
     i64 j0 = (bx * WARPS + (threadIdx.x >> 5)) * PW;
     if (j0 >= n) return;
-    if (m == 1) gemv_rows<PW, 1>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
-    else gemv_rows<PW, 2>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
+    if constexpr (R == GR) gemv_rows<PW, GR>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
+    else if (m == 1) gemv_rows<PW, 1>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
+    else if (R == 2 || m == 2) gemv_rows<PW, 2>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
+    else if constexpr (PW >= 4) gemv_rows<PW, GR>(fmt, x, w, bias, d, nullptr, k, n, m, 1, j0, 0.f);
+    else __trap();
 }
 
 // Before PDL_ENTER (under PDL, while the launch before drains): phase 0's rows of block blockIdx.x into L2, for its
@@ -258,7 +270,7 @@ __device__ __forceinline__ void attn_prefetch(const float* kc, const float* vc, 
 // (chain.py's ends: gq, ea = gq + ga, eo = ea + g0, eg = eo + g1), not computed here: a kernel parameter stays in the
 // constant bank, where a sum computed before the product phases' loops held a register through them (nvcc 13 sm_90: ga
 // computed, 20 / 196 B spilled; the ends summed here with gq, the same 20 / 196 B; as arguments, 4 / 4 B).
-template <int PW>
+template <int PW, int R>
 __device__ __forceinline__ void attn_o_glu_down_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
@@ -277,7 +289,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     if (t < (unsigned)gq) {  // phase Q: q/k/v block t (its part's block bx), its heads' epilogue, then its arrival
         const i64* d = part_of(tq, nparts, t);
         const i64 bx = (i64)t - d[3];
-        chain_gemv<PW>(fmtq, xq, (const void*)d[0], (const float*)d[1], dst_from(d + 4), kq, d[2], m, bx);
+        chain_gemv<PW, R>(fmtq, xq, (const void*)d[0], (const float*)d[1], dst_from(d + 4), kq, d[2], m, bx);
         parts_epilogue<HEAD_VALUES, false, false>(d, dst_from(d + 4), d[2], WARPS * PW, bx, m, head_arrivals, cos,
                                                   sin, posp, slot);
         __threadfence();
@@ -307,7 +319,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         const i64 bx = (i64)t - ea;
         chain_rows_prefetch<PW>(fmto, wo, nullptr, ko, no, bx);  // whole rows where the o phase's fit
         chain_wait(counters + 1, (unsigned)ea);
-        chain_gemv<PW>(fmto, z, wo, bo, o, ko, no, m, bx);
+        chain_gemv<PW, R>(fmto, z, wo, bo, o, ko, no, m, bx);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) prior = atomicAdd(counters + 1, 1u);  // an arrival the GLU's wait counts
@@ -324,7 +336,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         const i64 bx = (i64)t - eo;
         chain_rows_prefetch<PW>(fmt, wg, wu, k, f, bx);
         chain_wait(counters + 1, (unsigned)eo + 1u);
-        chain_glu<PW>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, bx);
+        chain_glu<PW, R>(fmt, x, wg, wu, bg, bu, h, k, f, m, a, bx);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the down phase's wait counts
@@ -333,7 +345,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     const i64 bx = (i64)t - eg;  // phase 2: down block bx
     chain_rows_prefetch<PW>(fmtd, wd, nullptr, f, n, bx);
     chain_wait(counters + 1, (unsigned)eg + 1u);
-    chain_gemv<PW>(fmtd, h, wd, bd, y, f, n, m, bx);
+    chain_gemv<PW, R>(fmtd, h, wd, bd, y, f, n, m, bx);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(counters + 1, 1u) == gridDim.x;  // every block's arrival and the o tail's
@@ -359,7 +371,7 @@ __device__ __forceinline__ void chain_prefetch_after(int fmt, const void* w, i64
         gemv_prefetch<PW>(fmt, w, nullptr, k, n, 1, (i64)blockIdx.x - ea);
 }
 
-#define FOLD_ATTN_O_GLU_DOWN_KERNEL(NAME, PW)                                                                         \
+#define FOLD_ATTN_O_GLU_DOWN_KERNEL(NAME, PW, R)                                                                      \
     extern "C" __global__ void GEMV_BOUNDS NAME(                                                                      \
         const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part, \
         i64 aheads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff,          \
@@ -371,11 +383,13 @@ __device__ __forceinline__ void chain_prefetch_after(int fmt, const void* w, i64
         unsigned* head_arrivals, const float* cos, const float* sin, i64 gq) {                                        \
         chain_prefetch_after<PW>((int)fmto, wo, ko, no, ea, eo, (int)fmtq, tq, nparts, kq, gq);                       \
         PDL_ENTER();                                                                                                  \
-        attn_o_glu_down_body<PW>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block, splits,   \
-                                 kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx, ea, wo,      \
-                                 (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu, (int)fmt, bg,     \
-                                 bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters, eo, eg, rows,        \
-                                 NORM_ARGS, xq, tq, nparts, (int)fmtq, kq, head_arrivals, cos, sin, gq);            \
+        attn_o_glu_down_body<PW, R>(q, kc, vc, posp, sinks, z, part, aheads, group, hd, vd, window, per_block,        \
+                                    splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, arrivals, gx,   \
+                                    ea, wo, (int)fmto, bo, DST(o), ko, no, orows, NORM_ARGS_OF(o_), x, wg, wu,        \
+                                    (int)fmt, bg, bu, h, k, f, (int)a, wd, (int)fmtd, bd, DST(y), n, m, counters,     \
+                                    eo, eg, rows, NORM_ARGS, xq, tq, nparts, (int)fmtq, kq, head_arrivals, cos,       \
+                                    sin, gq);                                                                         \
     }
-FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_1, 1)
-FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_4, 4)
+FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_1, 1, 2)
+FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_4, 4, 2)
+FOLD_ATTN_O_GLU_DOWN_KERNEL(fold_attn_o_glu_down_slab, 4, GR)  // 3..GR rows of f32/f16/bf16 rows (chain.py)

@@ -7,7 +7,8 @@ ticket as it starts; the first tickets run phase 0, the next phase 1, and so on,
 until every block of the phases before has arrived and their tails (a fold's norm) have run (it only waits on blocks
 that took earlier tickets, which are running: no deadlock, no cooperative launch). The numpy twin is the phases'
 twins in order: exactly what the phases compute. Where the kernel does not serve the phases (a quantized activation
-or GLU, a split or capped product, more than two rows, a norm not the fold's, phases of another order) the chain is
+or GLU, a split or capped product, more than two rows (but a slab of up to eight over f32/f16/bf16 rows at four
+outputs a warp: a batch's sequences), a norm not the fold's, phases of another order) the chain is
 refused, in one line, and the plan keeps the launches it had.
 A third chain runs the layer's attention before those three (`attn_o_glu_down_norm`: a decode layer's attention to
 its next norm in one launch): the split attention's blocks first (attention.cu's body, its last split block of a row's
@@ -34,7 +35,9 @@ from lanefuse.kernels.fold import Fold, Sequenced, as_parts, as_rope_parts
 from lanefuse.kernels.gemv import Gemv
 from lanefuse.kernels.gemv_glu import GemvGlu
 
-CHAIN_ROWS = 2  # the rows of x the chained kernel takes (a decode step, or two): gemv_rows' AR 1 / 2 accumulators
+CHAIN_ROWS = 2  # the rows of x the chained kernel takes at any format (a decode step, or two): gemv_rows' AR 1 / 2
+CHAIN_SLAB = 8  # at four outputs a warp over f32/f16/bf16 rows: a slab of up to GR (chain.cu's gemv_slab_cp ring)
+SLAB_FORMATS = frozenset({"f32", "f16", "bf16"})
 
 
 def blocks(n: int, per_warp: int) -> int:
@@ -134,9 +137,9 @@ class Chain(Sequenced, Launch):
                     or nm.out != glu.x or nm.rows != glu.m or nm.cols != glu.k \
                     or o.first.m != glu.m:
                 return Refusal(f"a chain whose GLU reads `{glu.x}`, not the o product's norm `{nm.out}` as it lies")
-        if glu.m > CHAIN_ROWS:
-            return Refusal(f"a chain of {glu.m} rows (the chained kernel takes at most {CHAIN_ROWS}: its phases keep "
-                           f"an accumulator a row)")
+        if glu.m > CHAIN_ROWS and (glu.m > CHAIN_SLAB or not self.formats() <= SLAB_FORMATS):
+            return Refusal(f"a chain of {glu.m} rows over {'/'.join(sorted(self.formats()))} rows (the chained kernel "
+                           f"takes at most {CHAIN_ROWS} rows, or a slab of up to {CHAIN_SLAB} over f32/f16/bf16 rows)")
         if any(p.first.split != 1 or p.first.cap for p in folds):
             return Refusal("a chain whose product is split or capped")
         if any(p.first.per_warp != glu.per_warp for p in folds):
@@ -145,6 +148,12 @@ class Chain(Sequenced, Launch):
         if self.attention is not None:
             return self.attention_refusal() or (self.qkv_refusal() if self.qkv is not None else None)
         return None
+
+    def formats(self) -> frozenset[str]:
+        """The formats of every product phase's weight rows (the GLU's gate and up, the q/k/v phase's parts)."""
+        glu, qkv = self.glu, self.qkv
+        return frozenset({glu.format, glu.format_u or glu.format, *(p.first.format for p in self.products()),
+                          *([qkv.first.format] if qkv is not None else [])})
 
     def attention_refusal(self) -> Refusal | None:
         """Why the attention phase cannot run before the o phase in one launch, in one line; None if it can."""
@@ -217,6 +226,9 @@ class Chain(Sequenced, Launch):
         phases = tuple(p.tune(knobs, held | {"shared_rows"} if isinstance(p, Attention) else held)
                        for p in self.phases)
         glu = next((p for p in phases if isinstance(p, GemvGlu)), None)
+        if glu is not None and glu.m > CHAIN_ROWS:  # a slab: four outputs a warp (chain.cu's only slab)
+            glu = replace(glu, per_warp=4)
+            phases = tuple(glu if isinstance(p, GemvGlu) else p for p in phases)
         if glu is not None:  # the q/k/v fold's products in parts too (its first phase)
             phases = tuple(replace(p, first=replace(p.first, split=1, per_warp=glu.per_warp)) if _fold_of_gemv(p)
                            else replace(p, first=replace(p.first, per_warp=glu.per_warp))
@@ -255,11 +267,19 @@ class Chain(Sequenced, Launch):
             head = (*self.attention_args(denv, gq + ga), *head[1:])  # the attention writes the o product's x
             g = (gq + ga + g0, gq + ga + g0 + g1, 0)
             tail = self.qkv_args(denv, gq)
-        denv.function(self.stem, f"{KERNELS[self.kinds()]}_{glu.per_warp}")(grid, block, (
+        denv.function(self.stem, self.kernel_name())(grid, block, (
             *head, denv.array(glu.x), denv.weight(glu.wg)[0], denv.weight(glu.wu)[0], i64(FORMAT_CODE[glu.format]),
             denv.opt(glu.bg), denv.opt(glu.bu), denv.array(glu.out), i64(glu.k), i64(glu.n), i64(act_code(glu.act)),
             denv.weight(down.w)[0], i64(FORMAT_CODE[down.format]), denv.opt(down.bias), *denv.dst(down.y),
             i64(down.n), i64(glu.m), counters, *(i64(x) for x in g[:-1]), i64(nm.rows), *nm.args(denv), *tail))
+
+    def kernel_name(self) -> str:
+        """chain.cu's kernel: its stem at the GLU's outputs a warp; a chain with an attention phase over more than
+        CHAIN_ROWS rows the slab's own (fold_attn_o_glu_down_slab: the three row paths in one kernel spilled it)."""
+        stem, glu = KERNELS[self.kinds()], self.glu
+        if glu.m > CHAIN_ROWS and glu.per_warp != 4:  # (the lowering tunes a chain first: tune sets four)
+            raise ValueError(f"a chain of {glu.m} rows at {glu.per_warp} outputs a warp: chain.cu's slab takes four")
+        return f"{stem}_slab" if self.attention is not None and glu.m > CHAIN_ROWS else f"{stem}_{glu.per_warp}"
 
     def qkv_args(self, denv, gq: int):
         """The q/k/v phase's arguments (fold_attn_o_glu_down's last): fold_parts_rope's (its descriptor table, its

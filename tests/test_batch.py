@@ -132,16 +132,11 @@ def test_sequences_as_one_launch_and_held_apart():
     a launch of its own."""
     cfg, w = DEMO
     g1, g8 = build_step(cfg, 1, batch=1), build_step(cfg, 1, batch=8)
-    # (one sequence's MLP unchained: a batch of 8 rows keeps the GLU and down fold two launches, the chained kernel
-    # takes at most 2 rows, kernels/chain.py)
-    one, as_one, apart = plan(g1, held=["qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm", "o_glu_down_norm",
-                                        "glu_down_norm"]), plan(g8), plan(g8, held=["sequences"])
-    # since bc666ef a batch of 8 rows runs its q/k/v products as gemm_parts (gemv_slab16's 16-byte loads) and their
-    # rotation as rope_parts (writing each sequence's key rows into its slot): one launch a layer more than one
-    # sequence's fold_parts_rope, whose products at 3-8 rows take gemv_tile_any, priced by its rounds
-    want = dict(one.census, fold=one.census["fold"] - cfg.layers, gemm_parts=cfg.layers, rope_parts=cfg.layers)
-    assert as_one.census == want
-    assert as_one.per_layer() == {k: n + (k >= 0) for k, n in one.per_layer().items()}
+    # a batch of 8 rows runs each layer as one sequence does, one five-phase chain (its products on chain.cu's slab,
+    # fold_attn_o_glu_down_slab; a batch of more than 2 kept five launches a layer before)
+    one, as_one, apart = plan(g1), plan(g8), plan(g8, held=["sequences"])
+    assert as_one.census == one.census and as_one.per_layer() == one.per_layer()
+    assert as_one.fusions.get("qkv_attn_o_glu_down_norm") == cfg.layers
     assert apart.census["attention"] == 8 * cfg.layers and apart.census["rope_parts"] == 8 * cfg.layers
     assert all(apart.per_layer()[k] > one.per_layer()[k] for k in range(cfg.layers))
     assert "sequences" in apart.held
@@ -190,7 +185,7 @@ def test_a_position_past_a_slot_is_refused():
 def test_batch_launches_apart_write_what_the_batch_launch_writes():
     cfg, w = DEMO
     g = build_step(cfg, 1, batch=5)
-    p = plan(g)
+    p = plan(g, held=["qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm"])  # the attention a launch of its own
     attn = [x.launch for x in p.launches if x.launch.census == "attention"]
     # each layer's rotations writing the key rows into each slot: rope_parts of their own at 5 rows (bc666ef), or a
     # fold's epilogue where the products and rotations fold
@@ -512,7 +507,12 @@ def test_plan_batch_prints_the_caches(capsys):
     assert _main("plan", "--batch", "4", "--all") == 0  # --all: layer 0's launches and their fields
     cap = capsys.readouterr()
     assert "KV caches: 4 slots of 256 rows, 2.0 MiB" in cap.err
-    assert "slot=256" in cap.out
+    # layer 0's attention to layer 1's norm one chained launch (listed under layer 1): its phases, rows and slot
+    assert _main("plan", "--batch", "4", "--layer", "1") == 0
+    assert "phases=fold+attention+fold+gemv_glu+fold rows=4 per_warp=4 slot=256" in capsys.readouterr().out
+    held = [a for r in ("qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm") for a in ("--hold", r)]
+    assert _main("plan", "--batch", "4", "--all", *held) == 0  # the attention a launch of its own
+    assert "slot=256" in capsys.readouterr().out
     assert _main("plan", "--batch", "4", "--rows", "2") != 0
     assert "a batch step decodes one row a sequence" in capsys.readouterr().err
 

@@ -3,10 +3,11 @@ the host emulator (g++: tests/cuda_host/emu.h), tests/test_lane.py's tiny Qwen3,
 own position in its own slot, two steps with the caches carried, against the numpy backend's logits (within the
 kernels' order of sums) and tokens:
 - a batch of 5 whose products run the GEMV slab (3-8 rows of x) through gemv_slab_cp's ring of shared memory (knob
-  wide_rows low enough that they take four outputs a warp): the q/k/v products, head norms and rotation one
-  fold_parts_rope_4 launch on the slab, the o and down products fold_gemv_norm_4, the GLU gemv_glu_4;
-- a batch of 2, a layer one five-phase chain (qkv_attn_o_glu_down_norm: each phase batched by its own kind, the
-  attention phase reading each sequence's position and slot)."""
+  wide_rows low enough that they take four outputs a warp), the chains' rules held: the q/k/v products, head norms and
+  rotation one fold_parts_rope_4 launch on the slab, the o and down products fold_gemv_norm_4, the GLU gemv_glu_4;
+- a batch of 2, and of 5 and 8 on the slab, a layer one five-phase chain (qkv_attn_o_glu_down_norm: each phase
+  batched by its own kind, the attention phase reading each sequence's position and slot; at 5 and 8 rows every
+  product phase on chain.cu's slab, gemv_slab_cp's ring at four outputs a warp)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from cuda_host import emu
 pytestmark = pytest.mark.skipif(emu.compiler() is None, reason="no g++ to build the emulated kernels")
 
 B = 5
+CHAINS = ("qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm", "o_glu_down_norm", "glu_down_norm")
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
@@ -33,7 +35,7 @@ def test_a_planned_batch_step_on_the_slab_gives_the_numpy_backends_tokens(arch, 
 
     cfg = ARCHS[arch]
     g = build_step(cfg, 1, batch=B)
-    p = plan(g, knobs=Knobs(wide_rows=16))
+    p = plan(g, knobs=Knobs(wide_rows=16), held=list(CHAINS))
     kinds = [x.launch for x in p.launches]
     folds = [x for x in kinds if isinstance(x, Fold) and isinstance(x.first, GemmParts) and x.fused]
     assert folds and all(f.form()[0] == "parts_rope" and f.first.per_warp == 4 and f.first.m == B for f in folds)
@@ -41,8 +43,8 @@ def test_a_planned_batch_step_on_the_slab_gives_the_numpy_backends_tokens(arch, 
     _emulated_steps(cfg, _weights(cfg), p, B, monkeypatch)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
-def test_a_planned_batch_of_two_runs_each_layer_as_one_chain(arch, monkeypatch):
+@pytest.mark.parametrize("arch,b", [("qwen3", 2), ("llama", 2), ("qwen2", 2), ("qwen3", 5), ("llama", 8)])
+def test_a_planned_batch_runs_each_layer_as_one_chain(arch, b, monkeypatch):
     from test_lane import ARCHS, _weights
 
     from lanefuse.engine.front.model import build_step
@@ -50,13 +52,14 @@ def test_a_planned_batch_of_two_runs_each_layer_as_one_chain(arch, monkeypatch):
     from lanefuse.lane.lower.plan import plan
 
     cfg = ARCHS[arch]
-    g = build_step(cfg, 1, batch=2)
+    g = build_step(cfg, 1, batch=b)
     p = plan(g)
     chains = [x.launch for x in p.launches if isinstance(x.launch, Chain) and x.launch.qkv is not None]
     # (tiny-qwen3's layer 0: gate f32, up bf16: no chain there)
     assert chains and p.fusions.get("qkv_attn_o_glu_down_norm", 0) == len(chains) >= cfg.layers - 1
-    assert all(c.attention.slot and c.attention.rows == 2 for c in chains)
-    _emulated_steps(cfg, _weights(cfg), p, 2, monkeypatch)
+    assert all(c.attention.slot and c.attention.rows == b for c in chains)
+    assert all(c.glu.per_warp == 4 for c in chains) if b > 2 else True
+    _emulated_steps(cfg, _weights(cfg), p, b, monkeypatch)
 
 
 def _emulated_steps(cfg, w, p, b, monkeypatch):

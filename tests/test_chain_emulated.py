@@ -112,17 +112,31 @@ def test_a_second_launch_runs_the_norm_again():
     counters_zero(c, dev)
 
 
+@pytest.mark.parametrize("fmt,k,f,n,m", [("bf16", 256, 264, 45, 3), ("f32", 130, 37, 45, 8), ("f16", 256, 72, 45, 5)])
+def test_a_slab_of_rows_chains_at_four_outputs_a_warp(fmt, k, f, n, m):
+    """3..8 rows (a batch's sequences, a chunk's rows) of f32/f16/bf16 rows: every product phase on chain.cu's slab
+    (gemv_slab_cp's ring at four outputs a warp; k = 130 no whole 16-byte words: the slab's tile_any), the two- and the
+    three-phase chain against their phases' twins, the same bits in reverse block order."""
+    c = chain(fmt, m, k, f, n, 4)
+    assert c.check() is None, c.check()
+    again_same(c, run(c, seed=k + m), ["h", "o", "sum", "y"])
+    c = o_chain(fmt, m, 2 * k - 6, k, f, 4)
+    assert c.check() is None, c.check()
+    again_same(c, run(c, seed=f + m), ["x", "res", "h", "o", "sum", "y"])
+
+
 @pytest.mark.parametrize("why,c", [
     ("quantized", GemvGlu("x", "wg", "wu", "q8_0", "h", 256, 64, 1, words=1)),
-    ("rows", GemvGlu("x", "wg", "wu", "bf16", "h", 256, 64, 3)),
+    ("9 rows over bf16", GemvGlu("x", "wg", "wu", "bf16", "h", 256, 64, 9)),
+    ("3 rows over q8_0", GemvGlu("x", "wg", "wu", "q8_0", "h", 256, 64, 3)),
 ])
 def test_what_the_chain_refuses_in_one_line(why, c):
     m = c.m
-    ch = Chain((c, Fold(Gemv("h", "wd", "bf16", Dst("o"), 64, 32, m), Norm("res", "nw", "y", m, 32, 1e-6, add="o",
-                                                                            sum="sum"))))
+    ch = Chain((c, Fold(Gemv("h", "wd", c.format, Dst("o"), 64, 32, m), Norm("res", "nw", "y", m, 32, 1e-6, add="o",
+                                                                              sum="sum"))))
     r = ch.check()
     assert r is not None and "\n" not in str(r)
-    assert ("quantized" if why == "quantized" else "3 rows") in str(r)
+    assert why in str(r)
 
 
 def test_a_down_product_of_another_tensor_is_refused():

@@ -83,10 +83,31 @@ def test_a_decode_step_chains_each_layers_o_and_mlp_and_held_keeps_the_launches(
     assert all(c.check() is None and c.kernels() == (c,) for c in chains(five))
 
 
-def test_a_chunk_of_three_rows_keeps_two_launches():
+def test_a_chunk_of_up_to_eight_rows_chains_and_of_nine_keeps_the_launches():
+    """A prompt's chunk of 3..8 rows over f32 rows chains every layer but the last (whose down product's next norm
+    reads the last row only): every product phase on chain.cu's slab, four outputs a warp; past the slab's 8 rows the
+    plan keeps its launches."""
     cfg, _ = demo_model()
-    p = plan(build_step(cfg, 3))
+    for m in (3, 8):
+        p = plan(build_step(cfg, m))
+        assert len(chains(p)) == cfg.layers - 1 and p.census["gemv_glu"] == 1
+        assert all(c.glu.m == m and c.check() is None for c in chains(p))
+        assert all(ph.first.per_warp == 4 for c in chains(p) for ph in c.phases if ph.census == "fold")
+        assert all(c.glu.per_warp == 4 for c in chains(p))
+    p = plan(build_step(cfg, 9))
     assert not chains(p) and p.census["gemv_glu"] == cfg.layers
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_k"])
+def test_a_batch_of_block_rows_past_two_keeps_the_launches(fmt):
+    """Block-format rows at a batch of 4 (past two rows the chained kernel's slab takes f32/f16/bf16 rows only): no
+    chain, the held plan's launches; at a batch of 2 each layer one chain."""
+    from test_quant import q8_model
+
+    cfg, _ = q8_model(fmt)
+    p, held = (plan(build_step(cfg, 1, batch=4), held=h) for h in ([], list(HOLD)))
+    assert not chains(p) and p.census == held.census
+    assert len(chains(plan(build_step(cfg, 1, batch=2)))) == cfg.layers
 
 
 @pytest.mark.parametrize("numerics", ["q8", "q8x2"])

@@ -105,12 +105,13 @@ def test_partial_rotation_and_a_second_launch():
     counters_zero(c, dev)
 
 
-def batch_of_two():
-    """The chain of a batch step's two rows, each a sequence at its own position (posp) in its own slot of the
-    caches, and its inputs (tests/test_kernels_gpu.py runs it on a device too)."""
-    slot = L // 2
+def batch_of(b: int = 2, fmt: str = "bf16"):
+    """The chain of a batch step's b rows, each a sequence at its own position (posp) in its own slot of the caches
+    (L // b rows), and its inputs (tests/test_kernels_gpu.py runs it on a device too); past two rows every product
+    phase runs chain.cu's slab (gemv_slab_cp's ring, four outputs a warp)."""
+    slot = L // b
     g = np.random.default_rng(21)
-    c, arrays, weights = qkv_chain(g, "bf16", 2, 8, 2, 32, 256, 72, 4, 0, splits=3, per_block=4)
+    c, arrays, weights = qkv_chain(g, fmt, b, 8, 2, 32, 256, 72, 4, 0, splits=3, per_block=4)
     fold, att, *rest = c.phases
     nk = 2 * 32
     parts = tuple(replace(p, y=replace(p.y, slot=slot)) if p.y.row is not None else p for p in fold.first.parts)
@@ -118,16 +119,30 @@ def batch_of_two():
     fold = Fold(replace(fold.first, parts=parts), replace(fold.then, sides=sides, slot=slot))
     c = Chain((fold, replace(att, slot=slot, len=slot), *rest))
     assert c.check() is None, c.check()
-    arrays["pos"] = np.array([13, 29], np.int32)
+    arrays["pos"] = np.array([13, 29] if b == 2 else g.integers(0, slot - 1, b), np.int32)
     arrays["kc"], arrays["vc"] = r32(g, L, nk), r32(g, L, nk)
     return c, arrays, weights
 
 
-def test_a_batch_of_two_sequences_each_in_its_slot():
+@pytest.mark.parametrize("b,fmt", [(2, "bf16"), (5, "bf16"), (8, "f32"), (3, "f16")])
+def test_a_batch_of_sequences_each_in_its_slot(b, fmt):
     """The q/k/v phase rotates each row at its position and writes its key and value rows into its slot, as the
-    fold's launch does; the attention reads each slot."""
-    c, arrays, weights = batch_of_two()
+    fold's launch does; the attention reads each slot; past two rows the products run the slab."""
+    c, arrays, weights = batch_of(b, fmt)
     dev = run(c, arrays, weights)
+    again_same(c, dev, OUTS)
+
+
+@pytest.mark.parametrize("fmt,m,pos", [("bf16", 5, 37), ("f32", 8, 0), ("f16", 3, 50)])
+def test_a_chunk_of_rows_on_the_slab(fmt, m, pos):
+    """A prompt's chunk of 3..8 rows at pos, pos + 1, ... (one sequence, slot 0: each row's keys up to its own), every
+    product phase on chain.cu's slab at four outputs a warp: its phases' twins, then the same bits in reverse block
+    order."""
+    g = np.random.default_rng(m + pos)
+    c, arrays, weights = qkv_chain(g, fmt, m, 4, 2, 64, 256, 96, 4, pos, splits=2, per_block=2)
+    assert c.check() is None, c.check()
+    dev = run(c, arrays, weights)
+    assert [n for n, *_ in dev.calls] == ["fold_attn_o_glu_down_slab"]
     again_same(c, dev, OUTS)
 
 

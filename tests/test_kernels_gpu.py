@@ -255,13 +255,15 @@ def test_fold_gemv_norm(m, k, n, per_warp):
     np.testing.assert_allclose(dev.host("sum"), arrays["res"].reshape(-1) + dev.host("o"), rtol=1e-5, atol=1e-5)
 
 
-def test_chain_over_a_batch_of_two():
-    """The five-phase decode layer (chain.cu fold_attn_o_glu_down with its q/k/v phase) over a batch of two
-    sequences, each at its own position in its own slot of the caches: a batch of 2's layer since the lane batches the
-    chain (tests/test_chain_qkv_emulated.py's case, there on the host emulator), against its phases' twins."""
-    from test_chain_qkv_emulated import batch_of_two
+@pytest.mark.parametrize("b", [2, 8])
+def test_chain_over_a_batch(b):
+    """The five-phase decode layer (chain.cu fold_attn_o_glu_down with its q/k/v phase) over a batch of b
+    sequences, each at its own position in its own slot of the caches: a batch's layer since the lane batches the
+    chain (tests/test_chain_qkv_emulated.py's case, there on the host emulator; at 8 every product phase on the
+    slab), against its phases' twins."""
+    from test_chain_qkv_emulated import batch_of
 
-    c, arrays, weights = batch_of_two()
+    c, arrays, weights = batch_of(b)
     both(c, arrays, weights, tol=3e-4)
 
 

@@ -24,6 +24,10 @@ def _fields(l) -> str:
         elif dataclasses.is_dataclass(v):
             continue
         out.append(f"{f.name}={v}")
+    if hasattr(l, "phases"):  # a chained launch: its phases' kinds, rows, outputs a warp and the attention's slot
+        att = getattr(l, "attention", None)
+        out += [f"phases={'+'.join(l.kinds())}", f"rows={l.glu.m}", f"per_warp={l.glu.per_warp}",
+                *([f"slot={att.slot}"] if att is not None and att.slot else [])]
     return " ".join(out)
 
 
