@@ -201,8 +201,12 @@ def test_a_tiny_models_chunks_take_shared_rows(kv, bf16, shared):
     from lanefuse.lane.run.step import plan_step_fn
 
     cfg, w = tiny(kv, bf16)
+    # (a chunk of 5 rows chains its first layer, the chained attention one row a block: the chains' rules held here)
+    chains = ["qkv_attn_o_glu_down_norm", "attn_o_glu_down_norm"]
+    five = plan(build_step(cfg, 5))
+    assert {x.shared for x in attentions(five)} == {1, shared} and five.census["chain"] == cfg.layers - 1
     for rows in (16, 5):
-        on, off = plan(build_step(cfg, rows)), plan(build_step(cfg, rows), held=["shared_rows"])
+        on, off = plan(build_step(cfg, rows), held=chains), plan(build_step(cfg, rows), held=chains + ["shared_rows"])
         a, b = attentions(on), attentions(off)
         assert len(a) == cfg.layers and {x.shared for x in a} == {shared} and {x.shared for x in b} == {1}
         assert on.n_launches == off.n_launches

@@ -439,10 +439,10 @@ def test_the_lanes_folds_are_each_one_kernel():
     from lanefuse.engine.front.model import build_step
     from lanefuse.lane.lower.plan import plan
 
-    # (at 5 rows the q/k/v products run as gemm_parts and their rotation as rope_parts, no parts_rope fold: at 3-8
-    # rows fold_parts_rope's products take gemv_tile_any, priced by its rounds, gemm_parts' the 16-byte slab, bc666ef)
+    # (at 5 rows the q/k/v products and their rotation a parts_rope fold too: the first phase of each chained layer
+    # but the last, whose products run as gemm_parts and rotation as rope_parts)
     for rows, forms in ((1, {"gather_norm", "parts_rope", "gemv_norm", "gemv_argmax"}),
-                        (5, {"gather_norm", "gemv_norm", "gemv_argmax"})):
+                        (5, {"gather_norm", "parts_rope", "gemv_norm", "gemv_argmax"})):
         s = plan(build_step(demo_config(), rows))
         folds = [f for x in s.launches for f in getattr(x.launch, "phases", (x.launch,)) if isinstance(f, Fold)]
         # (at one row the o and down products' folds are phases of each layer's chained launch, o_glu_down_norm)
