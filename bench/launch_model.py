@@ -795,13 +795,14 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
     pw = c.glu.per_warp
     phases = []
     for launch, blocks in zip(c.phases, c.blocks_of()):
-        # an attention phase (fold_attn_o_glu_down) as attention_split_128 at the chain's own tile (attention_chain);
-        # a q/k/v phase (its first, qkv_attn_o_glu_down_norm) as fold_parts_rope_PW, its heads' tail included
+        # an attention phase as attention_split_128 at the chain's own tile (attention_chain); a q/k/v phase as
+        # fold_parts_rope_PW, its heads' tail in (fold_attn_o_glu_down_slab: products on the slab, norm tails paired)
         name = "attention_chain" if launch.census == "attention" else f"gemv_glu_{pw}" \
             if launch.census == "gemv_glu" else f"fold_parts_rope_{pw}" if launch is c.qkv else f"fold_gemv_norm_{pw}"
         p = Kernel(k.index, launch.census, launch, Call(k.call.stems, name, (blocks, 1, 1), k.call.block, ()))
         p.regs, p.smem, p.spill, p.bpsm, p.limit = k.regs, k.smem, k.spill, k.bpsm, k.limit
-        p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")})  # (rows one at a time)
+        p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")},  # (rows one at a time)
+                       parts_rope_slab=k.call.name.endswith("_slab"), norm_pairs=k.call.name.endswith("_slab"))
         structure(p, feats, pos)
         time_us(p, cal, S)
         phases.append(p)
@@ -827,10 +828,9 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
                                 for p in phases), poll_us=CHAIN_POLL_US,
                    chain_hidden_us=hidden, chain_hides_us=tuple(hides), phase_us=tuple(p.us for p in phases),
                    phase_tail_us=tuple(p.tail for p in phases))
-    # under PDL, before PDL_ENTER (chain.cu chain_prefetch, chain_prefetch_after): the blocks of the first wave whose
-    # blockIdx falls in phase 0 (fold_glu_down, fold_o_glu_down), or in the q/k/v or the o phase (fold_attn_o_glu_down),
-    # ask L2 for that phase's first PDL_PREFETCH_ROW bytes of their rows; with_pdl credits these bytes, not a row of
-    # every phase ("tiles") for every resident block
+    # under PDL, before PDL_ENTER (chain.cu chain_prefetch, chain_prefetch_after): the first wave blocks whose blockIdx
+    # falls in phase 0 (fold_glu_down, fold_o_glu_down), or the q/k/v or o phase (fold_attn_o_glu_down), ask L2 for its
+    # first PDL_PREFETCH_ROW bytes of their rows; with_pdl credits these, not every phase's row for every block
     asks = [phases.index(p) for p in phases if p is not att[0]][:2] if att else [0]
     if att and c.qkv is None:
         asks = asks[:1]

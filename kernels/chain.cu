@@ -326,7 +326,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         __syncthreads();
         if (prior != (unsigned)eo - 1u) return;
         __threadfence();
-        for (i64 r = 0; r < orows; r++) norm_row(ona, r);
+        norm_rows_tail<R == GR ? 2 : 1>(ona, orows);  // (the slab's two rows at a time)
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // the o tail's arrival: the GLU reads the norm it wrote
@@ -352,7 +352,7 @@ __device__ __forceinline__ void attn_o_glu_down_body(
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (i64 r = 0; r < rows; r++) norm_row(na, r);
+    norm_rows_tail<R == GR ? 2 : 1>(na, rows);
     if (threadIdx.x == 0) {
         counters[0] = 0u;
         counters[1] = 0u;

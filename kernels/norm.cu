@@ -284,7 +284,8 @@ __device__ __forceinline__ void norm_row(const NormArgs& a, i64 r) {
 // Rows 0..rows-1 of a fold's tail (one block): R (1 or 2) at a time where each reads four values a load
 // (norm_rows_vec<VB, R>), the rest one at a time; the same values as norm_row a row at a time. R 2 takes ~64 more
 // registers in the sum-of-squares pass: fold_gemv_norm_q8 (128 registers) spilled at 2, and chain.cu's kernels at
-// four outputs a warp (16 and 8 bytes, nvcc 13): those keep a row at a time.
+// four outputs a warp (16 and 8 bytes, nvcc 13): those keep a row at a time, but fold_attn_o_glu_down_slab (the slab of
+// 3..8 rows alone in its kernel: 168 registers, no spill).
 template <int R = 2, int VB = NORM_VBATCH>
 __device__ __forceinline__ void norm_rows_tail(const NormArgs& a, i64 rows) {
     i64 r = 0;
