@@ -34,7 +34,8 @@
 // accumulators and at 3..GR (a batch's sequences, a chunk's rows) through the slab's GR at four outputs a warp
 // (gemv_slab_cp's ring of f32/f16/bf16 rows: chain.py's check takes no other slab; at one output a warp a slab traps,
 // the staged tiles of block rows beside the chain's phases being more than its registers); R 2 one row, else two (as
-// before the slab), R GR the slab only: fold_attn_o_glu_down_4 and _slab, the whole module, nvcc 13 sm_90, 168
+// before the slab), R GR the slab only, its o and down tails two rows at a time (norm_rows_tail<2>, the folds' own; a
+// row at a time in the others): fold_attn_o_glu_down_4 and _slab, the whole module, nvcc 13 sm_90, 168
 // registers, no stack, no spill each, where beside its attention and q/k/v phases the three paths in one kernel
 // spilled 8 / 8 B, and R 2 trapping past two rows (m == 2 tested) 16 / 104 B. The glu_down and o_glu_down kernels take
 // R 0: all three paths, no spill.
