@@ -86,3 +86,40 @@ def _emulated_steps(cfg, w, p, b, monkeypatch):
             for env in (tables, mine):  # the next step: each sequence's token and position advanced
                 env["token"] = np.asarray(want["next"], np.int32).reshape(-1)[:b].copy()
                 env["pos"] = env["pos"] + 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_planned_prompt_chunk_of_eight_rows_chains_on_the_slab(arch, monkeypatch):
+    """A prompt's chunks of 8 rows (positions 0..7, then 8..15, the caches carried) planned as the lane plans them:
+    every layer but the last one five-phase chain on fold_attn_o_glu_down_slab (each row attending to the keys up to
+    its own), run by the device runner with every launch emulated, against the numpy backend's logits and tokens."""
+    from test_issue40_views import _Stream
+    from test_lane import ARCHS, _weights
+
+    from lanefuse.engine.front.model import build_step
+    from lanefuse.kernels import Chain
+    from lanefuse.lane.lower.plan import plan
+    from lanefuse.lane.run import cupy_runner
+    from lanefuse.lane.run.numpy_runner import NumpyRunner
+
+    cfg = ARCHS[arch]
+    w = _weights(cfg)
+    g = build_step(cfg, 8)
+    p = plan(g)
+    chains = [x.launch for x in p.launches if isinstance(x.launch, Chain)]
+    assert len(chains) == cfg.layers - 1 and all(c.kernel_name() == "fold_attn_o_glu_down_slab" for c in chains)
+    stems = sorted({x.launch.stem for x in p.launches if x.launch.kernels()})
+    want_r = NumpyRunner(p, w, exact=True)
+    tables = {n: np.zeros(g.shape(n), np.float32) for n in p.io.tables}
+    mine = {n: t.copy() for n, t in tables.items()}
+    toks = np.random.default_rng(3).integers(1, cfg.vocab, 16).astype(np.int32)
+    with emu.emulating(stems) as device_env:
+        monkeypatch.setattr(cupy_runner, "DeviceEnv", device_env)
+        monkeypatch.setattr(sys.modules["cupy"].cuda, "Stream", _Stream, raising=False)
+        r = cupy_runner.CupyRunner(p, w, cupy_runner.DeviceState(), graph=False)
+        for pos in (0, 8):
+            env = {"token": toks[pos:pos + 8], "pos": np.array([pos], np.int32)}
+            want, got = want_r.step({**env, **tables}), r.step({**env, **mine})
+            scale = float(np.abs(want["logits"]).max())
+            assert np.abs(got["logits"] - want["logits"]).max() <= 2e-5 * scale, (arch, pos)
+            assert np.array_equal(got["next"], want["next"]), (arch, pos)
