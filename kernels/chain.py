@@ -29,15 +29,15 @@ from typing import ClassVar
 
 from lanefuse.engine.refusal import Refusal
 from lanefuse.kernels.attention import Attention
-from lanefuse.kernels.common import FORMAT_CODE, Launch, Scratch, names
+from lanefuse.kernels.common import DENSE, FORMAT_CODE, GEMV_ROWS, Launch, Scratch, names
 from lanefuse.kernels.elementwise import act_code
 from lanefuse.kernels.fold import Fold, Sequenced, as_parts, as_rope_parts
 from lanefuse.kernels.gemv import Gemv
 from lanefuse.kernels.gemv_glu import GemvGlu
 
 CHAIN_ROWS = 2  # the rows of x the chained kernel takes at any format (a decode step, or two): gemv_rows' AR 1 / 2
-CHAIN_SLAB = 8  # at four outputs a warp over f32/f16/bf16 rows: a slab of up to GR (chain.cu's gemv_slab_cp ring)
-SLAB_FORMATS = frozenset({"f32", "f16", "bf16"})
+CHAIN_SLAB = GEMV_ROWS  # at four outputs a warp over dense rows: a slab of up to GR (chain.cu's gemv_slab_cp ring)
+SLAB_FORMATS = frozenset(DENSE)  # f32, f16, bf16
 
 
 def blocks(n: int, per_warp: int) -> int:
