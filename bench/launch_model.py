@@ -98,18 +98,8 @@ class Stub(np.ndarray):
         return _Ptr(self.addr)
 
 
-@dataclass
-class _Ptr:
-    ptr: int
-
-
-@dataclass
-class Call:
-    stems: tuple
-    name: str
-    grid: tuple
-    block: tuple
-    args: tuple
+_Ptr = collections.namedtuple("_Ptr", "ptr")
+Call = collections.namedtuple("Call", "stems name grid block args")  # a kernel launch the plan made: module, kernel, geometry
 
 
 def recording_env():
@@ -304,9 +294,10 @@ def features(rev: str | None) -> dict:
             hv = None
     apy = kernel_file("attention.py", rev)
     try:  # (no chain.cu before 2026-12-05)
-        chain_att = re.search(r"attention_body<\d+, \d+, (\d+), false>", kernel_file("chain.cu", rev))
+        chain_cu = kernel_file("chain.cu", rev)  # its attention phase (and its merge's stage: attention_merge<STAGE>)
+        chain_att = re.search(r"attention_body<\d+, \d+, (\d+), false(, CHAIN_MERGE_STAGE)?>", chain_cu)
     except subprocess.CalledProcessError:
-        chain_att = None
+        chain_cu, chain_att = "", None
     m = re.search(r"#define NORM_BATCH (\d+)", norm)
     mv = re.search(r"#define NORM_VBATCH (\d+)", norm)
     cw = re.search(r"#define CW (\d+)", att)
@@ -324,6 +315,7 @@ def features(rev: str | None) -> dict:
         attn_merge="attention_merge(" in att,
         attn_mv=int(mv_.group(1)) if (mv_ := re.search(r"#define MV (\d+)", att)) else 4,
         attn_mz=int(mz_.group(1)) if (mz_ := re.search(r"#define MZ (\d+)", att)) else 8,
+        attn_stage=int(re.search(r"#define CHAIN_MERGE_STAGE (\d+)", chain_cu)[1]) if chain_att and chain_att[2] else 0,
         new_splits="BLOCKS_AN_SM" in apy,
         wide="gemv_tile16" in core,
         # a dense slab's 16-byte steps a row a lane in flight by outputs a warp: all but the one being summed of
@@ -535,21 +527,26 @@ def attention_structure(k: Kernel, pos: int, feats: dict):
                    heads_round=hb * shared / walks, shared=shared)
     if feats.get("attn_merge") and a.splits > 1:  # the last split block of its heads merges them (no combine launch)
         k.extra["merge_rounds"] = merge_rounds(a.splits, a.vd, hb, feats["combine_cw"], feats["attn_mv"],
-                                               a.quant is not None and a.f32, feats["attn_mz"])
+                                               a.quant is not None and a.f32, feats["attn_mz"],
+                                               stage=feats["attn_stage"] if k.call.name == "attention_chain" else 0)
 
 
-def merge_rounds(splits: int, vd: int, cpb: int, cw: int, mv: int, quant: bool, mz: int = 16, aw: int = 4) -> float:
+def merge_rounds(splits: int, vd: int, cpb: int, cw: int, mv: int, quant: bool, mz: int = 16, aw: int = 4,
+                 stage: int = 0) -> float:
     """attention_merge's dependent L2 rounds in the last split block of a row's heads to arrive (attention.cu): the
     arrival (its fence and atomic: a round), then a head to each group of aw / cpb warps (a warp a head at cpb >= aw,
     heads in turn): the first cw splits' maxima and sums (a round, kept in registers), each further chunk's maxima (a
     round each); each pass of mv values a lane: each further chunk's weights (a round each), the value
     loads mz splits at a time (ceil(nz / mz) rounds); where the output is quantized beside it, the read back (a
-    round)."""
+    round). Staged (`stage` floats of shared memory a warp: chain.cu's merge, attention_merge<STAGE>): the values by
+    cp.async, batches of stage / (32 x values a lane) splits a round, the first beside the first chunk's maxima."""
     wph = 1 if cpb >= aw else aw // cpb
     turns = math.ceil(cpb / (aw // wph))
     chunks = [min(cw, splits - z0) for z0 in range(0, splits, cw)]
     passes = math.ceil(math.ceil(vd / (32 * wph)) / mv)
-    head = 1 + (len(chunks) - 1) * (1 + passes) + passes * sum(math.ceil(nz / mz) for nz in chunks)
+    nb = min(cw, stage // (32 * math.ceil(vd / (32 * wph)))) if stage else 0
+    head = 2 * len(chunks) - 2 + sum(math.ceil(nz / nb) for nz in chunks) if stage else \
+        1 + (len(chunks) - 1) * (1 + passes) + passes * sum(math.ceil(nz / mz) for nz in chunks)
     return float(1 + turns * head + (1 if quant else 0))
 
 

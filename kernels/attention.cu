@@ -130,21 +130,54 @@ __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAX
 #define CW 128
 #define MV 4   // values a lane a pass
 #define MZ 12  // splits a round: MZ x MV loads in flight a lane (16: ptxas spills at 168 registers)
+// A (row, head, split)'s partial: its maximum at 0, its sum at 1, its vd weighted values from PART_V on, the stride
+// vd rounded up to four floats plus PART_V (part_stride): every split's values start 16-byte aligned (the staged
+// merge's cp.async; the arena aligns `part` to 256 bytes).
+#define PART_V 4
+__device__ __forceinline__ i64 part_stride(i64 vd) { return (vd + 3) / 4 * 4 + PART_V; }
+// The staged merge (STAGE > 0 floats of shared memory a warp, the caller's `stage`: chain.cu hands it its GEMV
+// phases' staging buffer, idle in an attention block): a warp's value loads go global -> shared by cp.async (no
+// register holds them), every split's whole row of the warp's values at once where they fit (STAGE / (32 x values a
+// lane) splits a batch: 18 at heads of 128 values, a warp a head), the first batch issued beside the maxima' loads.
+// Qwen3-8B's 33 splits: the arrival, the maxima with the first 18 splits' values, the other 15: three dependent L2
+// rounds where the register batches of MZ took five. The sums as the register path's: each value's over the splits in
+// their order, the same bits.
 // wzs: AW x CW floats of shared memory, the body's per-warp sums (wacc) once they are read: the merge runs after the
 // block's barrier that follows their last read (one block of shared memory less: the chained kernel's phases together
 // stay under the 48 KB a block may hold statically).
+// Splits z0..z0+n-1 of a head's partials (pp) into the warp's stage wb: the warp's nvl segments of 32 values each
+// (sub's: values sub x 32 + 32 x wph x e ..), a segment 8 chunks of 16 bytes (past vd: fewer bytes, zero-filled),
+// segment zz x nvl + e at wb + 32 (zz x nvl + e); one commit group.
+__device__ __forceinline__ void merge_issue(float* wb, const float* pp, i64 st, i64 vd, i64 z0, i64 n, i64 nvl,
+                                            int sub, int wph, int lane) {
+    for (i64 t = lane; t < n * nvl * 8; t += 32) {
+        const i64 seg = t >> 3, c = t & 7, zz = seg / nvl, e = seg % nvl, i0 = sub * 32 + 32 * wph * e + 4 * c;
+        const i64 bytes = 4 * max((i64)0, min(vd - i0, (i64)4));
+        tc_cp16(wb + 32 * seg + 4 * c, bytes ? pp + (z0 + zz) * st + PART_V + i0 : pp, (int)bytes);
+    }
+    tc_commit();
+}
+
+template <int STAGE = 0>
 __device__ __forceinline__ void attention_merge(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
                                                 i64 splits, i64 seq0, i64 r, i64 h0, i64 cpb, const float* gate,
                                                 i64 gact, signed char* qw, signed char* ql, float* qscale,
-                                                i64 qwords, float* wzs) {
+                                                i64 qwords, float* wzs, float* stage = nullptr) {
     float* wz = wzs + (threadIdx.x >> 5) * CW;
-    i64 st = vd + 2;
+    i64 st = part_stride(vd);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int wph = cpb >= AW ? 1 : AW / (int)cpb, ng = AW / wph, sub = warp % wph;  // warps a head, heads at once
     i64 nvl = (vd + 32 * wph - 1) / (32 * wph);  // values a lane
+    static_assert(STAGE == 0 || STAGE >= 32 * MV, "a staged batch holds a split's values (nvl <= MV: one pass)");
+    float* wb = stage + (STAGE > 0 ? warp * STAGE : 0);
+    const i64 nb = STAGE > 0 ? min((i64)CW, (i64)STAGE / (32 * nvl)) : 0;  // splits a staged batch
     for (i64 hh = warp / wph; hh < cpb; hh += ng) {
         i64 h = h0 + hh;
         const float* pp = part + (r * heads + h) * splits * st;
+        if constexpr (STAGE > 0) {  // the first batch's values in flight beside the maxima (the warp's stage free)
+            __syncwarp();
+            merge_issue(wb, pp, st, vd, 0, min(nb, splits), nvl, sub, wph, lane);
+        }
         float mv[CW / 32], sv[CW / 32], M = sinks ? sinks[h] : NEG_INF;
 #pragma unroll
         for (int u = 0; u < CW / 32; u++) {  // the first CW splits' maxima and sums: one round
@@ -181,7 +214,23 @@ __device__ __forceinline__ void attention_merge(const float* part, const float* 
                     }
                     __syncwarp();
                 }
-                const float* pa = pp + z0 * st + 2 + sub * 32 + lane;
+                if constexpr (STAGE > 0) {  // the staged batches, each a round (one pass: nvl <= MV)
+                    for (i64 zb = 0; zb < nz; zb += nb) {
+                        const i64 n = min(nb, nz - zb);
+                        if (z0 + zb > 0) {  // (the batch before read by every lane)
+                            __syncwarp();
+                            merge_issue(wb, pp, st, vd, z0 + zb, n, nvl, sub, wph, lane);
+                        }
+                        tc_wait_all();
+                        __syncwarp();
+                        for (i64 zz = 0; zz < n; zz++)
+#pragma unroll
+                            for (int e = 0; e < MV; e++)
+                                if (e < nvl) A[e] += wb[32 * (zz * nvl + e) + lane] * wz[zb + zz];
+                    }
+                    continue;
+                }
+                const float* pa = pp + z0 * st + PART_V + sub * 32 + lane;
                 for (i64 z = 0; z < nz; z += MZ) {
                     float a[MZ][MV];
 #pragma unroll
@@ -226,14 +275,15 @@ __device__ __forceinline__ void attention_merge(const float* part, const float* 
 }
 
 // The work of block (bx, by, bz) of a grid gx blocks wide (the arrival counter of its heads: by * gx + bx): the
-// standalone kernels pass their blockIdx and gridDim.x; a chain (chain.cu fold_attn_o_glu_down) its ticket's place.
-template <int MAXD, int MAXPB, int KT, bool ROWS>
+// standalone kernels pass their blockIdx and gridDim.x; a chain (chain.cu fold_attn_o_glu_down) its ticket's place,
+// and its staging buffer as the merge's `stage` (STAGE floats a warp).
+template <int MAXD, int MAXPB, int KT, bool ROWS, int STAGE = 0>
 __device__ __forceinline__ void attention_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* out, float* part,
     i64 heads, i64 group, i64 hd, i64 vd, i64 window, i64 per_block, i64 splits, i64 kstride, i64 koff, i64 vstride,
     i64 voff, float scale, float softcap, i64 slot, i64 seq0, const float* gate, i64 gact, signed char* qw,
     signed char* ql, float* qscale, const float* qtail, const float* ktail, i64 tail, i64 qwords, unsigned* counters,
-    i64 rows, i64 shared, i64 bx, i64 by, i64 bz, i64 gx) {
+    i64 rows, i64 shared, i64 bx, i64 by, i64 bz, i64 gx, float* stage = nullptr) {
     constexpr int NC = (MAXD + 127) / 128;
     __shared__ float qs[MAXPB][MAXD];
     __shared__ float wm[AW][MAXPB], wsum[AW][MAXPB];
@@ -325,12 +375,12 @@ __device__ __forceinline__ void attention_body(
             if (out) out[o] = y;
             else quant_block(y, qw, ql, qscale, o >> 5, lane);  // the quantized form alone: a warp's 32 one block
         } else {
-            float* pp = part + ((rr * heads + h) * splits + z) * (vd + 2);
+            float* pp = part + ((rr * heads + h) * splits + z) * part_stride(vd);
             if (i == 0) {
                 pp[0] = M;
                 pp[1] = S;
             }
-            pp[2 + i] = A;
+            pp[PART_V + i] = A;
         }
     }
     if (splits > 1) {  // the last split of these heads to arrive merges their partials (its counter back to zero)
@@ -344,11 +394,11 @@ __device__ __forceinline__ void attention_body(
         __threadfence();
         if (ROWS)  // the block's rows, one after another
             for (i64 rr = ry; rr < ry + nrows; rr++)
-                attention_merge(part, sinks, out, heads, vd, splits, seq0, rr, h0, per_block, gate, gact, qw, ql,
-                                qscale, qwords, &wacc[0][0][0]);
+                attention_merge<STAGE>(part, sinks, out, heads, vd, splits, seq0, rr, h0, per_block, gate, gact, qw,
+                                       ql, qscale, qwords, &wacc[0][0][0], stage);
         else
-            attention_merge(part, sinks, out, heads, vd, splits, seq0, ry, h0, per_block, gate, gact, qw, ql, qscale,
-                            qwords, &wacc[0][0][0]);
+            attention_merge<STAGE>(part, sinks, out, heads, vd, splits, seq0, ry, h0, per_block, gate, gact, qw, ql,
+                                   qscale, qwords, &wacc[0][0][0], stage);
         if (threadIdx.x == 0) *c = 0u;
         return;
     }

@@ -45,6 +45,12 @@ def span(length: int, window: int) -> int:
     return min(length, window) if window > 0 else length
 
 
+def part_stride(vd: int) -> int:
+    """A (row, head, split)'s partial in floats (attention.cu part_stride): its maximum, its sum, two unused, its vd
+    weighted values, vd rounded up to four (each split's values 16-byte aligned: the staged merge's cp.async)."""
+    return -(-vd // 4) * 4 + 4
+
+
 def split_range(lo: int, p: int, splits: int, z: int) -> tuple[int, int]:
     """Keys [js, je) of split z for a query at p attending from lo (attention.cu's partition)."""
     cnt = p - lo + 1
@@ -150,7 +156,7 @@ class Attention(QuantEpilogue, Attends):
         row and block of heads (the last split block to arrive merges them, attention.cu's attention_merge)."""
         if self.splits == 1:
             return ()
-        return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * (self.vd + 2)),
+        return (Scratch("partials", "f32", 4 * self.rows * self.heads * self.splits * part_stride(self.vd)),
                 Scratch("arrivals", "i32", 4 * self.rows * (self.heads // self.heads_a_block), counter=True))
 
     def check(self):

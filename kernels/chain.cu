@@ -271,6 +271,12 @@ __device__ __forceinline__ void attn_prefetch(const float* kc, const float* vc, 
 // (chain.py's ends: gq, ea = gq + ga, eo = ea + g0, eg = eo + g1), not computed here: a kernel parameter stays in the
 // constant bank, where a sum computed before the product phases' loops held a register through them (nvcc 13 sm_90: ga
 // computed, 20 / 196 B spilled; the ends summed here with gq, the same 20 / 196 B; as arguments, 4 / 4 B).
+// The attention phase's merge stages its value loads in the block's GEMV staging buffer (attention.cu
+// attention_merge's STAGE: idle in an attention block, which runs no product): a warp's slice, CHAIN_MERGE_STAGE
+// floats.
+#define CHAIN_MERGE_STAGE 2304
+static_assert(CHAIN_MERGE_STAGE * 4 * WARPS == WARPS * 4 * STAGE_WORDS * 16 && WARPS == AW,
+              "the merge's stage is a warp's slice of stage_buffer");
 template <int PW, int R>
 __device__ __forceinline__ void attn_o_glu_down_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,
@@ -307,10 +313,10 @@ __device__ __forceinline__ void attn_o_glu_down_body(
                           voff, slot, seq0, bx, by, bz);
             chain_wait(counters + 1, (unsigned)gq);
         }
-        attention_body<128, 4, 8, false>(q, kc, vc, posp, sinks, z, part, heads, group, hd, vd, window, per_block,
-                                         splits, kstride, koff, vstride, voff, scale, softcap, slot, seq0, nullptr, -1,
-                                         nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, arrivals, m, 1, bx, by,
-                                         bz, gx);
+        attention_body<128, 4, 8, false, CHAIN_MERGE_STAGE>(
+            q, kc, vc, posp, sinks, z, part, heads, group, hd, vd, window, per_block, splits, kstride, koff, vstride,
+            voff, scale, softcap, slot, seq0, nullptr, -1, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, arrivals,
+            m, 1, bx, by, bz, gx, (float*)stage_buffer());
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the o phase's wait counts

@@ -219,3 +219,38 @@ def test_a_batch_of_two_sequences_each_in_its_slot():
                "wd": (encode(r32(g, k, f) * 0.3, "bf16"), "bf16"), "nw": (r32(g, k), "f32")}
     dev = gpu.both(c, arrays, weights, tol=3e-4)
     again_same(c, dev, OUTS)
+
+
+# -- the merge's staged batches (attention.cu attention_merge<STAGE>: the chain hands it its staging buffer) ---------
+
+# (heads, kv, hd, per_block, splits, pos): a warp a head of 128 values (18 splits a batch: 40 splits three batches,
+# the last of 4), two warps a head of 64 (72 a batch: 80 splits two), heads of 10 values (no whole 16-byte chunk at
+# the row's end, three warps a block of three heads: 230 splits a batch, 25 one), splits past every key beside
+STAGED = [(8, 2, 128, 4, 40, 60), (4, 2, 64, 2, 80, 66), (6, 2, 10, 3, 25, 41), (8, 2, 128, 4, 40, 23)]
+
+
+@pytest.mark.parametrize("heads,kv,hd,per_block,splits,pos", STAGED)
+def test_the_merge_stages_its_values_in_batches(heads, kv, hd, per_block, splits, pos):
+    c = attn_chain("bf16", 1, heads, kv, hd, 64, 40, 4, splits=splits, per_block=per_block, sinks=pos == 23)
+    assert c.check() is None, c.check()
+    again_same(c, run(c, pos, seed=hd + splits), OUTS)
+
+
+def _mutated_attention(monkeypatch, old, new):
+    from lanefuse.kernels import compile as kc
+
+    text = kc.cu_text("attention")
+    assert text.count(old) == 1, f"attention.cu holds {old!r} {text.count(old)} times: update the mutation"
+    real = kc.cu_text
+    monkeypatch.setattr(kc, "cu_text", lambda stem: text.replace(old, new) if stem == "attention" else real(stem))
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("old,new", [
+    ("                        tc_wait_all();\n", ""),  # a batch read before its copies land
+    ("merge_issue(wb, pp, st, vd, z0 + zb, n,", "merge_issue(wb, pp, st, vd, z0, n,"),  # every batch the first's values
+])
+def test_a_mutated_staged_merge_is_caught(monkeypatch, old, new):
+    _mutated_attention(monkeypatch, old, new)
+    with pytest.raises(AssertionError):
+        run(attn_chain("bf16", 1, 8, 2, 128, 64, 40, 4, splits=40, per_block=4), 60, seed=168)

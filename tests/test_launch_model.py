@@ -255,6 +255,15 @@ def test_a_split_attention_is_one_launch_its_merge_a_tail(lm):
     # pass); heads of 256 at 4 a block: two passes, the second chunk's weights again on the second
     assert lm.merge_rounds(130, 128, 1, 128, 4, False, mz) == 1 + 1 + 2 + math.ceil(128 / mz) + 1
     assert lm.merge_rounds(130, 256, 4, 128, 4, False, mz) == 1 + 1 + 1 + 2 * (1 + math.ceil(128 / mz) + 1)
+    # the chain's merge stages its values in shared memory (chain.cu's CHAIN_MERGE_STAGE floats a warp, read off the
+    # source): 18 splits of 128 values a batch, the first beside the maxima (the arrival and two rounds at 33 splits,
+    # three at 40); a head over four warps (a value a lane) 72 a batch: 130 splits the arrival, the maxima with the
+    # first batch, the second chunk's maxima, the first chunk's second batch, the second chunk's weights and batch
+    stage = feats["attn_stage"]
+    assert stage == 2304
+    assert lm.merge_rounds(33, 128, 4, 128, 4, False, mz, stage=stage) == 1 + 2
+    assert lm.merge_rounds(40, 128, 4, 128, 4, False, mz, stage=stage) == 1 + 3
+    assert lm.merge_rounds(130, 128, 1, 128, 4, False, mz, stage=stage) == 1 + 5
 
 
 def test_the_kv_cache_streams_at_70_percent_at_4096(lm):
