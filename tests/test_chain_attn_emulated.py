@@ -225,15 +225,22 @@ def test_a_batch_of_two_sequences_each_in_its_slot():
 
 # (heads, kv, hd, per_block, splits, pos): a warp a head of 128 values (18 splits a batch: 40 splits three batches,
 # the last of 4), two warps a head of 64 (72 a batch: 80 splits two), heads of 10 values (no whole 16-byte chunk at
-# the row's end, three warps a block of three heads: 230 splits a batch, 25 one), splits past every key beside
-STAGED = [(8, 2, 128, 4, 40, 60), (4, 2, 64, 2, 80, 66), (6, 2, 10, 3, 25, 41), (8, 2, 128, 4, 40, 23)]
+# the row's end, three warps a block of three heads: 230 splits a batch, 25 one), splits past every key beside;
+# Qwen3-8B's heads (32 over 8) and 33 splits (two batches: 18 and 15)
+STAGED = [(8, 2, 128, 4, 40, 60), (4, 2, 64, 2, 80, 66), (6, 2, 10, 3, 25, 41), (8, 2, 128, 4, 40, 23),
+          (32, 8, 128, 4, 33, 66)]
 
 
-@pytest.mark.parametrize("heads,kv,hd,per_block,splits,pos", STAGED)
-def test_the_merge_stages_its_values_in_batches(heads, kv, hd, per_block, splits, pos):
+def staged_case(heads, kv, hd, per_block, splits, pos):
+    """A STAGED case's chain, run (every array against the twins'); sinks at position 23."""
     c = attn_chain("bf16", 1, heads, kv, hd, 64, 40, 4, splits=splits, per_block=per_block, sinks=pos == 23)
     assert c.check() is None, c.check()
-    again_same(c, run(c, pos, seed=hd + splits), OUTS)
+    return c, run(c, pos, seed=hd + splits)
+
+
+@pytest.mark.parametrize("case", STAGED)
+def test_the_merge_stages_its_values_in_batches(case):
+    again_same(*staged_case(*case), OUTS)
 
 
 def _mutated_attention(monkeypatch, old, new):

@@ -267,6 +267,16 @@ def test_chain_over_a_batch(b):
     both(c, arrays, weights, tol=3e-4)
 
 
+@pytest.mark.parametrize("case", range(5))
+def test_the_chained_merge_stages_its_values(case):
+    """The chained attention's merge through the chain's staging buffer (cp.async batches: attention.cu
+    attention_merge<STAGE>) at 25-80 splits and at Qwen3-8B's heads and 33 splits (tests/test_chain_attn_emulated.py's
+    STAGED cases, there on the host emulator), against the phases' twins."""
+    from test_chain_attn_emulated import STAGED, staged_case
+
+    staged_case(*STAGED[case])
+
+
 def gemv_argmax_case(fmt, m, k, n, per_warp, advance, ties, words=0):
     """The LM head and the step's arg-max as one launch (head_argmax): random rows, or (`ties`) the largest output
     copied to three other rows, two of them below it and one above (the smallest index must win), and a NaN row
