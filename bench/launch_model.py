@@ -90,12 +90,10 @@ VALUE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 
 class Stub(np.ndarray):
     """A tiny numpy array standing in for a device array: `.data.ptr` a fake, 256-aligned device address."""
 
+    data = property(lambda self: _Ptr(self.addr))
+
     def __array_finalize__(self, obj):
         self.addr = getattr(obj, "addr", 0)
-
-    @property
-    def data(self):
-        return _Ptr(self.addr)
 
 
 _Ptr = collections.namedtuple("_Ptr", "ptr")
@@ -286,12 +284,12 @@ def features(rev: str | None) -> dict:
     epilogue's values a lane a round of loads in the kernels over an f32 x (HEAD_VALUES, fold.cu's, parts_rope.cu's
     since the chain's q/k/v phase; before it, 1)."""
     norm, att, core = kernel_file("norm.cu", rev), kernel_file("attention.cu", rev), gemv_core_source(rev)
-    hv = re.search(r"#define HEAD_VALUES (\d+)", fold := kernel_file("fold.cu", rev))
-    if hv is None:  # (since the q/k/v phase joined the chain, the head epilogue lives in parts_rope.cu)
-        try:
-            hv = re.search(r"#define HEAD_VALUES (\d+)", kernel_file("parts_rope.cu", rev))
-        except subprocess.CalledProcessError:
-            hv = None
+    try:  # (since the q/k/v phase joined the chain, the head epilogue lives in parts_rope.cu)
+        prope = kernel_file("parts_rope.cu", rev)
+    except subprocess.CalledProcessError:
+        prope = ""
+    hv = re.search(r"#define HEAD_VALUES (\d+)", fold := kernel_file("fold.cu", rev)) or \
+        re.search(r"#define HEAD_VALUES (\d+)", prope)
     apy = kernel_file("attention.py", rev)
     try:  # (no chain.cu before 2026-12-05)
         chain_cu = kernel_file("chain.cu", rev)  # its attention phase (and its merge's stage: attention_merge<STAGE>)
@@ -329,6 +327,7 @@ def features(rev: str | None) -> dict:
         q4k_wide="Q4K_STEPS" in core,
         slab_staged="gemv_tile_staged<StagedQ4K, 1, AR>" in core,  # a slab of block rows staged at one output a warp
         head_values=int(hv.group(1)) if hv else 1,
+        rope_one="parts_epilogue<HEAD_VALUES, false, false, true>" in chain_cu and "ONE && hd <= 32 * HV" in prope,
         parts_rope_slab=bool(hv) and "gemv_body<(PW > 0 ? PW : 1), (PW >= 4)>" in hv.string,
         staged_k={f: int(m.group(1)) for f, d in (("q4_k", "Q4K_STAGE"), ("q6_k", "Q6K_STAGE"), ("q4_0", "Q40_STAGE"))
                   if (m := re.search(rf"#define {d} (\d+)", core))})
@@ -538,8 +537,8 @@ def merge_rounds(splits: int, vd: int, cpb: int, cw: int, mv: int, quant: bool, 
     heads in turn): the first cw splits' maxima and sums (a round, kept in registers), each further chunk's maxima (a
     round each); each pass of mv values a lane: each further chunk's weights (a round each), the value
     loads mz splits at a time (ceil(nz / mz) rounds); where the output is quantized beside it, the read back (a
-    round). Staged (`stage` floats of shared memory a warp: chain.cu's merge, attention_merge<STAGE>): the values by
-    cp.async, batches of stage / (32 x values a lane) splits a round, the first beside the first chunk's maxima."""
+    round). Staged (`stage` floats a warp of shared memory: chain.cu's): batches of stage / (32 x values a lane) splits
+    a round by cp.async, the first beside the first chunk's maxima."""
     wph = 1 if cpb >= aw else aw // cpb
     turns = math.ceil(cpb / (aw // wph))
     chunks = [min(cw, splits - z0) for z0 in range(0, splits, cw)]
@@ -651,7 +650,7 @@ def tail_us(k: Kernel, cal: dict) -> float:
         return cal["L_l2_us"] * k.extra["tail_rounds"]
     if k.call.name.startswith("fold_parts_rope"):  # each head's last block: rope_tail_rounds, a round fitted
         hv = 1 if k.call.name.endswith("_q8") else k.extra.get("head_values", 1)
-        k.extra["tail_rounds"] = rope_tail_rounds(k.launch.then, hv)
+        k.extra["tail_rounds"] = rope_tail_rounds(k.launch.then, hv, k.extra.get("rope_one", False))
         per_round = cal["tail_rope_us"] / ROPE_ROUNDS_MEASURED
         return per_round * k.extra["tail_rounds"] * max(1, math.ceil(k.extra.get("m", 1) / 4))
     if k.call.name.startswith("fold_gemv_argmax"):  # the block's key (its read back, the atomic max: a round each),
@@ -669,12 +668,16 @@ def tail_us(k: Kernel, cal: dict) -> float:
 ROPE_ROUNDS_MEASURED = 10
 
 
-def rope_tail_rounds(then, hv: int) -> int:
+ROPE_NORM_FEATS = ("norm_batch", "norm_vbatch", "head_values")  # the tails' rounds, off the sources
+
+
+def rope_tail_rounds(then, hv: int, one: bool = False) -> int:
     """The dependent L2 rounds of fold.cu's head epilogue (the slowest side's; a warp a row, the heads' epilogues in
     parallel, each by the last of its blocks to arrive): the arrival (an atomic's round trip), then with a norm the
     sum of squares' rounds (a chunk of hv values a lane a round: ceil(hd / 32hv)) and the warp sum, then the outputs'
     (each chunk's values, partners, norm weights, cos and sin one round). 4a43cc2: hv 1 (a norm-and-rotate head of 128
-    values ten rounds); HEAD_VALUES 4 since 2026-12-05: four."""
+    values ten rounds); HEAD_VALUES 4 since 2026-12-05: four; `one` (the chain's q/k/v phase, parts_rope.cu's ONE: a
+    normed head's one chunk loaded once): three."""
     from lanefuse.kernels.fold import as_rope_parts
     from lanefuse.kernels.rope import side_shape
 
@@ -688,7 +691,8 @@ def rope_tail_rounds(then, hv: int) -> int:
             continue
         hd = side_shape(sd, rp.hd, rp.rot)[0]
         per = math.ceil(hd / (32 * max(1, hv)))
-        worst = max(worst, 1 + ((per + 1) if sd.norm is not None else 0) + per)
+        normed = sd.norm is not None
+        worst = max(worst, 1 + ((per + 1) if normed else 0) + (0 if one and normed and per == 1 else per))
     return worst
 
 
@@ -741,9 +745,8 @@ def time_us(k: Kernel, cal: dict, S: int = 132) -> float:
 # product's fold before those two), phases of one launch, tickets ordering them: each boundary between phases is a
 # poll, not a launch. ASSUMED, not measured: the phase's last fence and arrival (an L2 round; after a fold phase, its
 # norm tail first, which the phase's own price holds), a waiting block's acquire load seeing it (an L2 round), its
-# __nanosleep(64) granularity and its barrier: 2 x L_l2 (0.65 µs fitted) + 0.2 µs, rounded up to 1.5 µs. No device has
-# run a chained launch.
-CHAIN_POLL_US = 1.5
+# __nanosleep(64) granularity and its barrier: 2 x L_l2 (0.65 µs fitted) + 0.2 µs, rounded up to 1.5 µs.
+CHAIN_POLL_US = 1.5  # (no device has run a chained launch)
 
 
 # kernels/chain.cu's chain_rows_prefetch: a product phase whose weight rows (gate and up together) fit this many bytes
@@ -798,7 +801,7 @@ def chain_time(k: Kernel, feats: dict, cal: dict, pos: int, S: int = 132) -> Non
             if launch.census == "gemv_glu" else f"fold_parts_rope_{pw}" if launch is c.qkv else f"fold_gemv_norm_{pw}"
         p = Kernel(k.index, launch.census, launch, Call(k.call.stems, name, (blocks, 1, 1), k.call.block, ()))
         p.regs, p.smem, p.spill, p.bpsm, p.limit = k.regs, k.smem, k.spill, k.bpsm, k.limit
-        p.extra.update({x: k.extra[x] for x in ("norm_batch", "norm_vbatch", "head_values")},  # (rows one at a time)
+        p.extra.update({x: k.extra[x] for x in ROPE_NORM_FEATS}, rope_one=feats["rope_one"],  # (rows one at a time)
                        parts_rope_slab=k.call.name.endswith("_slab"), norm_pairs=k.call.name.endswith("_slab"))
         structure(p, feats, pos)
         time_us(p, cal, S)
@@ -859,7 +862,7 @@ def model(s, rev: str | None, cal: dict, pos: int = 512) -> list[Kernel]:
             r = dict(registers=32, smem=0, spill_stores=0)
         k.regs, k.smem, k.spill = int(r["registers"]), int(r.get("smem", 0)), int(r.get("spill_stores", 0))
         k.bpsm, k.limit = kr.blocks_per_sm(k.regs, k.smem, k.threads)
-        k.extra.update({f: feats[f] for f in ("norm_batch", "norm_vbatch", "parts_rope_slab", "head_values")},
+        k.extra.update({f: feats[f] for f in ROPE_NORM_FEATS + ("parts_rope_slab",)},
                        norm_pairs=feats["norm_pairs"] and k.call.name not in feats["tail_one"])
         if k.call.name.startswith(("fold_glu_down", "fold_o_glu_down", "fold_attn_o_glu_down")):
             chain_time(k, feats, cal, pos)

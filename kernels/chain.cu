@@ -297,8 +297,8 @@ __device__ __forceinline__ void attn_o_glu_down_body(
         const i64* d = part_of(tq, nparts, t);
         const i64 bx = (i64)t - d[3];
         chain_gemv<PW, R>(fmtq, xq, (const void*)d[0], (const float*)d[1], dst_from(d + 4), kq, d[2], m, bx);
-        parts_epilogue<HEAD_VALUES, false, false>(d, dst_from(d + 4), d[2], WARPS * PW, bx, m, head_arrivals, cos,
-                                                  sin, posp, slot);
+        parts_epilogue<HEAD_VALUES, false, false, true>(d, dst_from(d + 4), d[2], WARPS * PW, bx, m, head_arrivals,
+                                                        cos, sin, posp, slot);  // (a head of one chunk: one round)
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicAdd(counters + 1, 1u);  // an arrival the attention's wait counts

@@ -56,13 +56,40 @@ __device__ __forceinline__ void absorb_epilogue(const Dst& y, i64 n, const i64* 
 // lane's values of the head (i = lane, lane + 32, ...) in chunks of HEAD_VALUES, every load of a chunk issued before
 // any is used: the sum of squares one L2 round a chunk, then each value with its rotation partner (i +- half), their
 // norm weights and the position's cos and sin in one more (a head of up to 128 values: two rounds and the warp sum,
-// where one value a lane a round took nine). The same arithmetic in the same order as a value at a time: a lane's
+// where one value a lane a round took nine; a head of one chunk, one round: head_epilogue's `one`). The same arithmetic in the same order as a value at a time: a lane's
 // squares summed in i's order (a value past the head adds +0 to a sum that is +0 or more), the same expressions. HV
 // the chunk: HEAD_VALUES in the kernels over an f32 x; 1 (a value a round, as before) in fold_parts_rope_q8, whose
 // 128 registers spilled 208 B with four (nvcc 13 sm_90).
 #define HEAD_VALUES 4
 
+// A chunk of a lane's values of a head (i = c0 + lane + 32j, j < HV): each value, its rotation partner (i +- half),
+// their norm weights and the position's cos and sin, every load issued before any is used (zeros past the head and
+// past the rotated part).
 template <int HV>
+__device__ __forceinline__ void head_chunk(const Dst& y, i64 at, i64 c0, i64 hd, i64 half, i64 rot, const float* nw,
+                                           const float* cos, const float* sin, i64 p, int lane, float (&v)[HV],
+                                           float (&u)[HV], float (&wv)[HV], float (&wu)[HV], float (&cs)[HV],
+                                           float (&sn)[HV]) {
+#pragma unroll
+    for (int j = 0; j < HV; j++) {
+        i64 i = c0 + lane + 32 * j, q = i < half ? i : i - half;  // q: the pair's place in the tables
+        i64 pi = i < half ? i + half : i - half;  // the partner
+        bool in = i < hd, turn = in && i < rot;
+        v[j] = in ? __ldcg(y.y + dst_at(y, at + i)) : 0.f;
+        u[j] = turn ? __ldcg(y.y + dst_at(y, at + pi)) : 0.f;
+        wv[j] = nw && in ? nw[i] : 0.f;
+        wu[j] = nw && turn ? nw[pi] : 0.f;
+        cs[j] = turn ? cos[p * half + q] : 0.f;
+        sn[j] = turn ? sin[p * half + q] : 0.f;
+    }
+}
+
+// ONE (chain.cu's q/k/v phase): a head of one chunk (hd <= 32 HV: Qwen3's 128 at HEAD_VALUES 4) loads its chunk
+// once, the norm's squares summed from the values the rotation then uses (the arrival, one round of loads and the warp
+// sum, where the squares' round and the chunk's took two); the same values in the same order, the same bits. Not in
+// fold_parts_rope_4, which it spilled (nvcc 13 sm_90, a run-time choice there: 8 / 8 B), nor as a branch of its own
+// beside the two-pass code (the chain's kernels then 56 / 60 B and more).
+template <int HV, bool ONE>
 __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s, i64 h, i64 r0, i64 nr,
                                               const float* cos, const float* sin, i64 pos, const int* posp,
                                               i64 slot) {
@@ -73,17 +100,22 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
     signed char *qw = (signed char*)s[17], *ql = (signed char*)s[18];  // a row norm's quantized form (0: none)
     float* qs = (float*)s[19];
     int lane = threadIdx.x & 31;
+    const bool one = ONE && hd <= 32 * HV;
     for (i64 r = r0 + (threadIdx.x >> 5); r < r0 + nr; r += WARPS) {
         i64 at = r * n + h * hd, p = slot > 0 ? (i64)posp[r] : pos + r;  // a batch: row r a sequence's own
         float inv = 1.f;
+        float v[HV], u[HV], wv[HV], wu[HV], cs[HV], sn[HV];
         if (nw) {
             float ss = 0.f;
             for (i64 c0 = 0; c0 < hd; c0 += 32 * HV) {
-                float v[HV];
+                if (one) {  // the chunk's loads once: the squares from its values
+                    head_chunk<HV>(y, at, c0, hd, half, rot, nw, cos, sin, p, lane, v, u, wv, wu, cs, sn);
+                } else {
 #pragma unroll
-                for (int j = 0; j < HV; j++) {
-                    i64 i = c0 + lane + 32 * j;
-                    v[j] = i < hd ? __ldcg(y.y + dst_at(y, at + i)) : 0.f;
+                    for (int j = 0; j < HV; j++) {
+                        i64 i = c0 + lane + 32 * j;
+                        v[j] = i < hd ? __ldcg(y.y + dst_at(y, at + i)) : 0.f;
+                    }
                 }
 #pragma unroll
                 for (int j = 0; j < HV; j++) ss += v[j] * v[j];
@@ -91,21 +123,9 @@ __device__ __forceinline__ void head_epilogue(const Dst& y, i64 n, const i64* s,
             inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
         }
         for (i64 c0 = 0; c0 < hd; c0 += 32 * HV) {
-            // every load of the chunk first (a value, its partner, their norm weights, cos, sin), then the arithmetic:
-            // a value's product placed after its own load held the next value's loads back (the SASS)
-            float v[HV], u[HV], wv[HV], wu[HV], cs[HV], sn[HV];
-#pragma unroll
-            for (int j = 0; j < HV; j++) {
-                i64 i = c0 + lane + 32 * j, q = i < half ? i : i - half;  // q: the pair's place in the tables
-                i64 pi = i < half ? i + half : i - half;  // the partner
-                bool in = i < hd, turn = in && i < rot;
-                v[j] = in ? __ldcg(y.y + dst_at(y, at + i)) : 0.f;
-                u[j] = turn ? __ldcg(y.y + dst_at(y, at + pi)) : 0.f;
-                wv[j] = nw && in ? nw[i] : 0.f;
-                wu[j] = nw && turn ? nw[pi] : 0.f;
-                cs[j] = turn ? cos[p * half + q] : 0.f;
-                sn[j] = turn ? sin[p * half + q] : 0.f;
-            }
+            // every load of the chunk first, then the arithmetic: a value's product placed after its own load held the
+            // next value's loads back (the SASS)
+            if (!(one && nw)) head_chunk<HV>(y, at, c0, hd, half, rot, nw, cos, sin, p, lane, v, u, wv, wu, cs, sn);
 #pragma unroll
             for (int j = 0; j < HV; j++) {  // a normed value: v * inv * nw[i]
                 if (nw) v[j] = v[j] * inv * wv[j], u[j] = u[j] * inv * wu[j];
@@ -145,7 +165,7 @@ __device__ __forceinline__ void parts_prefetch(int fmt, const i64* t, i64 nparts
 // blocks (GRID: the slab of rows blockIdx.y of gridDim.y, read here, not passed: passed in, the slab held registers
 // through the product and fold_parts_rope_4 spilled 28 / 560 B, nvcc 13 sm_90) and the chained q/k/v phase's (chain.cu:
 // one slab, its block from its ticket) run the same code.
-template <int HV, bool ABSORB, bool GRID>
+template <int HV, bool ABSORB, bool GRID, bool ONE = false>
 __device__ __forceinline__ void parts_epilogue(const i64* d, const Dst& y, i64 n, i64 per, i64 bx, i64 m,
                                                unsigned* counters, const float* cos, const float* sin,
                                                const int* posp, i64 slot) {
@@ -166,7 +186,7 @@ __device__ __forceinline__ void parts_epilogue(const i64* d, const Dst& y, i64 n
         if (!last) continue;
         __threadfence();
         if (ABSORB && s[13]) absorb_epilogue(y, n, s, h, r0, nr);
-        else head_epilogue<HV>(y, n, s, h, r0, nr, cos, sin, pos, posp, slot);
+        else head_epilogue<HV, ONE>(y, n, s, h, r0, nr, cos, sin, pos, posp, slot);
         if (threadIdx.x == 0) *c = 0u;
     }
 }

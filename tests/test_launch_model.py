@@ -203,6 +203,12 @@ def test_rope_tail_rounds_follow_the_head_epilogue(lm):
     hv = lm.features(None)["head_values"]
     assert hv == 4 and lm.rope_tail_rounds(f.then, hv) == 4
     assert lm.rope_tail_rounds(bare.then, 1) == 5 and lm.rope_tail_rounds(bare.then, hv) == 2
+    # the chain's q/k/v phase (parts_rope.cu head_epilogue's ONE, read off the sources): a normed head of one chunk
+    # loaded once, its squares from the values the rotation uses (the arrival, the loads, the warp sum); a head
+    # without a norm as before; the standalone fold keeps the two rounds
+    assert lm.features(None)["rope_one"] and not lm.features("4a43cc2")["rope_one"]
+    assert lm.rope_tail_rounds(f.then, hv, True) == 3 and lm.rope_tail_rounds(bare.then, hv, True) == 2
+    assert lm.rope_tail_rounds(f.then, 1, True) == 10  # (a chunk of 32 values: four chunks, no single load)
 
 
 def test_a_folds_tail_takes_its_rows_two_at_a_time(lm):
