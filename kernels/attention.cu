@@ -135,16 +135,7 @@ __device__ __forceinline__ void attention_keys(float (&m)[MAXPB], float (&s)[MAX
 // merge's cp.async; the arena aligns `part` to 256 bytes).
 #define PART_V 4
 __device__ __forceinline__ i64 part_stride(i64 vd) { return (vd + 3) / 4 * 4 + PART_V; }
-// The staged merge (STAGE > 0 floats of shared memory a warp, the caller's `stage`: chain.cu hands it its GEMV
-// phases' staging buffer, idle in an attention block): a warp's value loads go global -> shared by cp.async (no
-// register holds them), every split's whole row of the warp's values at once where they fit (STAGE / (32 x values a
-// lane) splits a batch: 18 at heads of 128 values, a warp a head), the first batch issued beside the maxima' loads.
-// Qwen3-8B's 33 splits: the arrival, the maxima with the first 18 splits' values, the other 15: three dependent L2
-// rounds where the register batches of MZ took five. The sums as the register path's: each value's over the splits in
-// their order, the same bits.
-// wzs: AW x CW floats of shared memory, the body's per-warp sums (wacc) once they are read: the merge runs after the
-// block's barrier that follows their last read (one block of shared memory less: the chained kernel's phases together
-// stay under the 48 KB a block may hold statically).
+
 // Splits z0..z0+n-1 of a head's partials (pp) into the warp's stage wb: the warp's nvl segments of 32 values each
 // (sub's: values sub x 32 + 32 x wph x e ..), a segment 8 chunks of 16 bytes (past vd: fewer bytes, zero-filled),
 // segment zz x nvl + e at wb + 32 (zz x nvl + e); one commit group.
@@ -158,6 +149,16 @@ __device__ __forceinline__ void merge_issue(float* wb, const float* pp, i64 st, 
     tc_commit();
 }
 
+// The staged merge (STAGE > 0 floats of shared memory a warp, the caller's `stage`: chain.cu hands it its GEMV
+// phases' staging buffer, idle in an attention block): a warp's value loads go global -> shared by cp.async (no
+// register holds them), every split's whole row of the warp's values at once where they fit (STAGE / (32 x values a
+// lane) splits a batch: 18 at heads of 128 values, a warp a head), the first batch issued beside the maxima' loads.
+// Qwen3-8B's 33 splits: the arrival, the maxima with the first 18 splits' values, the other 15: three dependent L2
+// rounds where the register batches of MZ took five. The sums as the register path's: each value's over the splits in
+// their order, the same bits.
+// wzs: AW x CW floats of shared memory, the body's per-warp sums (wacc) once they are read: the merge runs after the
+// block's barrier that follows their last read (one block of shared memory less: the chained kernel's phases together
+// stay under the 48 KB a block may hold statically).
 template <int STAGE = 0>
 __device__ __forceinline__ void attention_merge(const float* part, const float* sinks, float* out, i64 heads, i64 vd,
                                                 i64 splits, i64 seq0, i64 r, i64 h0, i64 cpb, const float* gate,

@@ -275,8 +275,8 @@ __device__ __forceinline__ void attn_prefetch(const float* kc, const float* vc, 
 // attention_merge's STAGE: idle in an attention block, which runs no product): a warp's slice, CHAIN_MERGE_STAGE
 // floats.
 #define CHAIN_MERGE_STAGE 2304
-static_assert(CHAIN_MERGE_STAGE * 4 * WARPS == WARPS * 4 * STAGE_WORDS * 16 && WARPS == AW,
-              "the merge's stage is a warp's slice of stage_buffer");
+static_assert(CHAIN_MERGE_STAGE == 4 * STAGE_WORDS * 4 && WARPS == AW,
+              "the merge's stage is a warp's slice of stage_buffer (4 rows x STAGE_WORDS 16-byte words)");
 template <int PW, int R>
 __device__ __forceinline__ void attn_o_glu_down_body(
     const float* q, const float* kc, const float* vc, const int* posp, const float* sinks, float* z, float* part,

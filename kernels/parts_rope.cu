@@ -56,8 +56,9 @@ __device__ __forceinline__ void absorb_epilogue(const Dst& y, i64 n, const i64* 
 // lane's values of the head (i = lane, lane + 32, ...) in chunks of HEAD_VALUES, every load of a chunk issued before
 // any is used: the sum of squares one L2 round a chunk, then each value with its rotation partner (i +- half), their
 // norm weights and the position's cos and sin in one more (a head of up to 128 values: two rounds and the warp sum,
-// where one value a lane a round took nine; a head of one chunk, one round: head_epilogue's `one`). The same arithmetic in the same order as a value at a time: a lane's
-// squares summed in i's order (a value past the head adds +0 to a sum that is +0 or more), the same expressions. HV
+// where one value a lane a round took nine; a head of one chunk, one round: head_epilogue's ONE). The same arithmetic
+// in the same order as a value at a time: a lane's squares summed in i's order (a value past the head adds +0 to a sum
+// that is +0 or more), the same expressions. HV
 // the chunk: HEAD_VALUES in the kernels over an f32 x; 1 (a value a round, as before) in fold_parts_rope_q8, whose
 // 128 registers spilled 208 B with four (nvcc 13 sm_90).
 #define HEAD_VALUES 4

@@ -141,15 +141,15 @@ def test_what_the_attention_chain_refuses_in_one_line():
 
 # -- what the ticket and the wait do: each a mutated chain.cu -------------------------------------------------------
 
-def _mutated(monkeypatch, *pairs):
+def _mutated(monkeypatch, *pairs, stem="chain"):
     from lanefuse.kernels import compile as kc
 
-    text = kc.cu_text("chain")
+    text = kc.cu_text(stem)
     for old, new in pairs:
-        assert text.count(old) == 1, f"chain.cu holds {old!r} {text.count(old)} times: update the mutation"
+        assert text.count(old) == 1, f"{stem}.cu holds {old!r} {text.count(old)} times: update the mutation"
         text = text.replace(old, new)
     real = kc.cu_text
-    monkeypatch.setattr(kc, "cu_text", lambda stem: text if stem == "chain" else real(stem))
+    monkeypatch.setattr(kc, "cu_text", lambda s: text if s == stem else real(s))
 
 
 BY_BLOCK = ("const unsigned t = ticket;\n    if (t < (unsigned)gq) {",
@@ -223,33 +223,16 @@ def test_a_batch_of_two_sequences_each_in_its_slot():
 
 # -- the merge's staged batches (attention.cu attention_merge<STAGE>: the chain hands it its staging buffer) ---------
 
-# (heads, kv, hd, per_block, splits, pos): a warp a head of 128 values (18 splits a batch: 40 splits three batches,
-# the last of 4), two warps a head of 64 (72 a batch: 80 splits two), heads of 10 values (no whole 16-byte chunk at
-# the row's end, three warps a block of three heads: 230 splits a batch, 25 one), splits past every key beside;
-# Qwen3-8B's heads (32 over 8) and 33 splits (two batches: 18 and 15)
-STAGED = [(8, 2, 128, 4, 40, 60), (4, 2, 64, 2, 80, 66), (6, 2, 10, 3, 25, 41), (8, 2, 128, 4, 40, 23),
-          (32, 8, 128, 4, 33, 66)]
-
-
 def staged_case(heads, kv, hd, per_block, splits, pos):
-    """A STAGED case's chain, run (every array against the twins'); sinks at position 23."""
+    """A case of test_kernels_gpu.py's STAGED: its chain, run (every array against the twins'); sinks at position 23."""
     c = attn_chain("bf16", 1, heads, kv, hd, 64, 40, 4, splits=splits, per_block=per_block, sinks=pos == 23)
     assert c.check() is None, c.check()
     return c, run(c, pos, seed=hd + splits)
 
 
-@pytest.mark.parametrize("case", STAGED)
+@pytest.mark.parametrize("case", gpu.STAGED)
 def test_the_merge_stages_its_values_in_batches(case):
     again_same(*staged_case(*case), OUTS)
-
-
-def _mutated_attention(monkeypatch, old, new):
-    from lanefuse.kernels import compile as kc
-
-    text = kc.cu_text("attention")
-    assert text.count(old) == 1, f"attention.cu holds {old!r} {text.count(old)} times: update the mutation"
-    real = kc.cu_text
-    monkeypatch.setattr(kc, "cu_text", lambda stem: text.replace(old, new) if stem == "attention" else real(stem))
 
 
 @pytest.mark.forked
@@ -258,6 +241,6 @@ def _mutated_attention(monkeypatch, old, new):
     ("merge_issue(wb, pp, st, vd, z0 + zb, n,", "merge_issue(wb, pp, st, vd, z0, n,"),  # every batch the first's values
 ])
 def test_a_mutated_staged_merge_is_caught(monkeypatch, old, new):
-    _mutated_attention(monkeypatch, old, new)
+    _mutated(monkeypatch, (old, new), stem="attention")
     with pytest.raises(AssertionError):
         run(attn_chain("bf16", 1, 8, 2, 128, 64, 40, 4, splits=40, per_block=4), 60, seed=168)

@@ -267,14 +267,22 @@ def test_chain_over_a_batch(b):
     both(c, arrays, weights, tol=3e-4)
 
 
-@pytest.mark.parametrize("case", range(5))
+# The chained merge's staged batches (heads, kv, hd, per_block, splits, pos): a warp a head of 128 values (18 splits a
+# batch: 40 splits three batches, the last of 4), two warps a head of 64 (72 a batch: 80 splits two), heads of 10
+# values (no whole 16-byte chunk at the row's end, three warps a block of three heads: 230 splits a batch, 25 one),
+# splits past every key beside; Qwen3-8B's heads (32 over 8) and 33 splits (two batches: 18 and 15). Here and on the
+# host emulator (tests/test_chain_attn_emulated.py).
+STAGED = [(8, 2, 128, 4, 40, 60), (4, 2, 64, 2, 80, 66), (6, 2, 10, 3, 25, 41), (8, 2, 128, 4, 40, 23),
+          (32, 8, 128, 4, 33, 66)]
+
+
+@pytest.mark.parametrize("case", STAGED)
 def test_the_chained_merge_stages_its_values(case):
     """The chained attention's merge through the chain's staging buffer (cp.async batches: attention.cu
-    attention_merge<STAGE>) at 25-80 splits and at Qwen3-8B's heads and 33 splits (tests/test_chain_attn_emulated.py's
-    STAGED cases, there on the host emulator), against the phases' twins."""
-    from test_chain_attn_emulated import STAGED, staged_case
+    attention_merge<STAGE>) at 25-80 splits and at Qwen3-8B's heads and 33 splits, against the phases' twins."""
+    from test_chain_attn_emulated import staged_case
 
-    staged_case(*STAGED[case])
+    staged_case(*case)
 
 
 def gemv_argmax_case(fmt, m, k, n, per_warp, advance, ties, words=0):
